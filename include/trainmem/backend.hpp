@@ -1,0 +1,131 @@
+// The op interface every execution backend implements: cpu (reference arithmetic, OpenBLAS),
+// meta (no arithmetic; allocations only) and cuda (our kernels + cuBLAS). One model code path
+// (src/model.cpp) runs on all three.
+//
+// Conventions (llm.c style): outputs first, then inputs, then dimensions. Buffers marked D
+// are in the backend's training dtype (dtype()); f32 buffers are float*; token ids int32.
+// Weight gradients accumulate with +=; activation gradients are written with =, except where
+// a comment says "+=". All math is done in fp32 and rounded once when stored to D.
+// Dimension letters: B batch, T sequence, C channels, NH heads, NKV kv heads, HD head dim,
+// V vocab, N rows or elements.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "trainmem/config.hpp"
+#include "trainmem/dtype.hpp"
+#include "trainmem/ledger.hpp"
+
+namespace trainmem {
+
+enum class Trans { no, yes };
+
+struct AdamWParams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  // decoupled (AdamW)
+};
+
+enum class BackendKind { cpu, meta, cuda };
+const char* backend_name(BackendKind k);
+
+class Backend {
+ public:
+  explicit Backend(DType dtype) : dtype_(dtype) {}
+  virtual ~Backend() = default;
+  DType dtype() const { return dtype_; }
+  virtual BackendKind kind() const = 0;
+  virtual Allocator& allocator() = 0;
+  // False for meta: the model then skips reading results (loss is reported as NaN).
+  virtual bool computes() const { return true; }
+  virtual void synchronize() {}
+
+  // ---- data movement (host pointers are ordinary memory) ----
+  virtual void upload(void* dst, const void* host_src, std::uint64_t bytes) = 0;
+  virtual void download(void* host_dst, const void* src, std::uint64_t bytes) = 0;
+  virtual void fill_zero(void* dst, std::uint64_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, std::uint64_t bytes) = 0;
+  // Tells GEMMs which buffer to use as scratch (cuBLAS workspace). cpu/meta ignore it.
+  virtual void set_gemm_workspace(void* ptr, std::uint64_t bytes) {}
+
+  // ---- ops ----
+  // out (B,T,C) D = wte[tokens] ; wte (V,C) D
+  virtual void embedding_forward(void* out, const std::int32_t* tokens, const void* wte,
+                                 std::int64_t B, std::int64_t T, std::int64_t C,
+                                 std::int64_t V) = 0;
+  // dwte (V,C) D += scatter of dout (B,T,C) D by tokens
+  virtual void embedding_backward(void* dwte, const void* dout, const std::int32_t* tokens,
+                                  std::int64_t B, std::int64_t T, std::int64_t C,
+                                  std::int64_t V) = 0;
+  // out (N,C) D = inp * rstd * weight, rstd (N) f32 = 1/sqrt(mean(inp^2) + eps)
+  virtual void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight,
+                               std::int64_t N, std::int64_t C, float eps) = 0;
+  // dinp (N,C) D += ..., dweight (C) D += ...
+  virtual void rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp,
+                                const void* weight, const float* rstd, std::int64_t N,
+                                std::int64_t C) = 0;
+  // c (M,N) = alpha * op(a) * op(b) + beta * c, row-major, all D, fp32 accumulation.
+  // op(a) is (M,K): a is (M,K) for Trans::no, (K,M) for Trans::yes; op(b) is (K,N).
+  virtual void matmul(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N,
+                      std::int64_t K, Trans ta, Trans tb, float alpha, float beta) = 0;
+  // In place on q (B,T,NH,HD) and k (B,T,NKV,HD): HuggingFace rotate-half RoPE at positions
+  // 0..T-1 with inv_freq[j] = theta^(-2j/HD). Backward applies the inverse rotation.
+  virtual void rope_forward(void* q, void* k, std::int64_t B, std::int64_t T, std::int64_t NH,
+                            std::int64_t NKV, std::int64_t HD, double theta) = 0;
+  virtual void rope_backward(void* dq, void* dk, std::int64_t B, std::int64_t T,
+                             std::int64_t NH, std::int64_t NKV, std::int64_t HD,
+                             double theta) = 0;
+  // Causal attention, scale 1/sqrt(HD), GQA: query head h reads kv head h / (NH/NKV).
+  // q, out (B,T,NH,HD) D; k, v (B,T,NKV,HD) D.
+  // eager: probs (B,NH,T,T) D receives the softmax probabilities (lse unused, may be null).
+  // flash: lse (B,NH,T) f32 receives the row log-sum-exp (probs unused, may be null).
+  virtual void attention_forward(void* out, void* probs, float* lse, const void* q,
+                                 const void* k, const void* v, std::int64_t B, std::int64_t T,
+                                 std::int64_t NH, std::int64_t NKV, std::int64_t HD,
+                                 Attention variant) = 0;
+  // dq (B,T,NH,HD), dk, dv (B,T,NKV,HD) written with =. Scratch: eager dprobs (B,NH,T,T) D;
+  // flash delta (B,NH,T) f32 (= rowsum(dout * out)).
+  virtual void attention_backward(void* dq, void* dk, void* dv, void* dprobs, float* delta,
+                                  const void* dout, const void* q, const void* k,
+                                  const void* v, const void* out, const void* probs,
+                                  const float* lse, std::int64_t B, std::int64_t T,
+                                  std::int64_t NH, std::int64_t NKV, std::int64_t HD,
+                                  Attention variant) = 0;
+  // out (N) D = silu(gate) * up
+  virtual void swiglu_forward(void* out, const void* gate, const void* up, std::int64_t N) = 0;
+  virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate,
+                               const void* up, std::int64_t N) = 0;
+  // losses (N) f32 = lse - logit[target] (0 where target < 0); lse (N) f32; logits (N,V) D.
+  virtual void cross_entropy_forward(float* losses, float* lse, const void* logits,
+                                     const std::int32_t* targets, std::int64_t N,
+                                     std::int64_t V) = 0;
+  // dlogits (N,V) D = scale * (softmax(logits) - onehot(target)); rows with target < 0 are 0.
+  // dlogits may alias logits.
+  virtual void cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
+                                      const std::int32_t* targets, std::int64_t N,
+                                      std::int64_t V, float scale) = 0;
+  // AdamW with bias correction (step >= 1) and decoupled weight decay. master (n) f32 is the
+  // fp32 copy when D is 16-bit (param is then written as round(master)); nullptr when D is
+  // fp32 (param itself is updated). m, v (n) f32.
+  virtual void adamw_update(void* param, const void* grad, float* master, float* m, float* v,
+                            std::int64_t n, const AdamWParams& hp, int step) = 0;
+  // param -= lr * grad (through master when non-null). LOMO uses this with master = nullptr.
+  virtual void sgd_update(void* param, const void* grad, float* master, std::int64_t n,
+                          float lr) = 0;
+
+ private:
+  DType dtype_;
+};
+
+// Factories. make_cuda_backend throws DeviceError when no device is usable.
+std::unique_ptr<Backend> make_cpu_backend(DType dtype);
+std::unique_ptr<Backend> make_meta_backend(DType dtype);
+std::unique_ptr<Backend> make_cuda_backend(DType dtype);
+// "" when a CUDA device is usable, else the reason (e.g. "cudaGetDeviceCount: CUDA driver
+// version is insufficient (cudaErrorInsufficientDriver, 35)", or "built without CUDA").
+std::string cuda_unavailable_reason();
+
+}  // namespace trainmem

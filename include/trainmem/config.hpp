@@ -1,0 +1,74 @@
+// Model and training-run configuration: LLaMA-family presets, HuggingFace config.json
+// loading, and validation. Dimension letters used project-wide:
+//   b batch, s sequence, h hidden, i intermediate (SwiGLU width), a heads, k kv heads,
+//   d head dim (h / a), L layers, V vocab, P parameters.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainmem/dtype.hpp"
+
+namespace trainmem {
+
+struct ModelConfig {
+  std::string name;                 // preset name or the config.json path
+  std::int64_t vocab = 0;           // V
+  std::int64_t hidden = 0;          // h
+  std::int64_t intermediate = 0;    // i
+  std::int64_t layers = 0;          // L
+  std::int64_t heads = 0;           // a
+  std::int64_t kv_heads = 0;        // k (== a without GQA)
+  std::int64_t max_positions = 0;   // longest sequence the model was trained for
+  double rms_eps = 1e-6;
+  double rope_theta = 10000.0;
+  bool tied_embeddings = false;     // lm_head shares embed_tokens
+  std::optional<DType> torch_dtype; // what config.json says the checkpoint is stored in
+
+  std::int64_t head_dim() const { return hidden / heads; }
+  std::int64_t kv_dim() const { return kv_heads * head_dim(); }
+  // Exact parameter count (checked arithmetic): embeddings, per layer q/k/v/o, gate/up/down,
+  // two RMSNorm weights, final norm, and lm_head unless tied.
+  std::uint64_t param_count() const;
+  // Throws InputError naming the field: sizes > 0, heads | hidden, kv_heads | heads,
+  // sizes whose byte counts would overflow 64 bits.
+  void validate() const;
+};
+
+enum class Optimizer { adamw, sgd, lomo };
+enum class Checkpointing { none, full };
+enum class Attention { eager, flash };
+
+const char* optimizer_name(Optimizer o);
+const char* checkpointing_name(Checkpointing c);
+const char* attention_name(Attention a);
+std::optional<Optimizer> parse_optimizer(const std::string& s);
+std::optional<Checkpointing> parse_checkpointing(const std::string& s);
+std::optional<Attention> parse_attention(const std::string& s);
+
+struct TrainConfig {
+  std::int64_t batch = 8;  // b
+  std::int64_t seq = 512;  // s
+  DType dtype = DType::bf16;
+  Optimizer optimizer = Optimizer::adamw;
+  Checkpointing checkpointing = Checkpointing::none;
+  Attention attention = Attention::eager;
+  void validate() const;  // batch >= 1, seq >= 2 (the loss needs a next token)
+};
+
+// Presets: llama-7b, llama-13b, llama-33b, llama-65b, llama2-7b, llama2-13b, llama2-70b,
+// llama3-8b, and tiny ones for tests (tiny, tiny-gqa, tiny-tied, tiny-awkward).
+std::vector<std::string> preset_names();
+std::optional<ModelConfig> find_preset(const std::string& name);
+
+// Parses a HuggingFace LLaMA-family config.json (text). Errors name the field. `source`
+// labels messages and becomes ModelConfig::name.
+ModelConfig parse_hf_config(const std::string& json_text, const std::string& source);
+ModelConfig load_hf_config(const std::string& path);
+
+// --model NAME|path/config.json: a preset, else a file path ending in .json, else an
+// InputError listing the presets.
+ModelConfig resolve_model(const std::string& name_or_path);
+
+}  // namespace trainmem

@@ -1,0 +1,78 @@
+// The trainmem command line: common flags shared by every subcommand, run flags for the
+// subcommands that execute steps, and one registration function per subcommand (each in
+// its own file: cmd_estimate.cpp, cmd_profile.cpp, cmd_compare.cpp, cmd_sweep.cpp,
+// cmd_maxbatch.cpp). Exit codes: 0 ok, 2 bad input, 3 out of memory, 1 anything else.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainmem/config.hpp"
+
+namespace trainmem::cli {
+
+enum class Format { table, json, csv, markdown };
+
+// Raw flag values, as typed. Defaults follow DESIGN.md.
+struct CommonFlags {
+  std::string model = "llama-7b";
+  std::int64_t batch = 8;
+  std::int64_t seq = 512;
+  std::string dtype = "bf16";
+  std::string optimizer = "adamw";          // adamw|sgd|lomo (|all where a command allows)
+  std::string checkpointing = "none";       // none|full (|both); the bare flag means full
+  std::string attention = "eager";          // eager|flash
+  std::string profile = "all";              // native|hf-eager|megatron|zero|all (comma list)
+  std::string format = "table";
+  std::string output;                       // empty: stdout
+  std::string log_level = "info";
+};
+
+struct RunFlags {
+  std::string backend = "auto";  // auto|cuda|cpu|meta
+  int steps = 2;
+  std::uint64_t seed = 0;
+  std::string weights;   // .safetensors
+  std::string tokens;    // raw int32 LE, batch*seq
+  std::string dump;      // .safetensors
+  std::string timeline;  // .json (Perfetto) or .svg
+};
+
+// Flags after validation. Errors are InputError naming the flag and what is allowed.
+struct Common {
+  ModelConfig model;
+  TrainConfig train;                      // with the first optimizer / checkpointing mode
+  std::vector<Optimizer> optimizers;      // one, or all three for "all"
+  std::vector<Checkpointing> checkpointing_modes;  // one, or none+full for "both"
+  std::vector<std::string> profiles;      // expanded "all"
+  Format format = Format::table;
+  std::string output;
+};
+
+// Adds the common flags (and the run flags when `run` is non-null) to a subcommand.
+void add_common_flags(CLI::App& cmd, CommonFlags& flags);
+void add_run_flags(CLI::App& cmd, RunFlags& flags);
+// Validates the flags. allow_all_optimizers / allow_both_modes say whether "all" / "both" are
+// accepted by this subcommand.
+Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers,
+                      bool allow_both_modes);
+
+// Writes `text` to --output (or stdout when empty).
+void write_output(const std::string& output_path, const std::string& text);
+
+// A subcommand: registers its flags and sets `run` to the function that executes it and
+// returns the exit code.
+using Runner = std::function<int()>;
+Runner register_estimate(CLI::App& app);
+Runner register_profile(CLI::App& app);
+Runner register_compare(CLI::App& app);
+Runner register_sweep(CLI::App& app);
+Runner register_maxbatch(CLI::App& app);
+
+// The whole CLI; returns the process exit code. Never throws.
+int run_cli(int argc, char** argv);
+
+}  // namespace trainmem::cli

@@ -1,0 +1,17 @@
+// trainmem compare — registered, not built yet: it says so and exits 2.
+#include <spdlog/spdlog.h>
+
+#include "cli/cli.hpp"
+
+namespace trainmem::cli {
+
+Runner register_compare(CLI::App& app) {
+  auto* cmd = app.add_subcommand("compare", "(not built yet)");
+  cmd->allow_extras();
+  return [] {
+    spdlog::error("trainmem compare is not built yet in this version");
+    return 2;
+  };
+}
+
+}  // namespace trainmem::cli

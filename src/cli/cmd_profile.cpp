@@ -1,0 +1,17 @@
+// trainmem profile — registered, not built yet: it says so and exits 2.
+#include <spdlog/spdlog.h>
+
+#include "cli/cli.hpp"
+
+namespace trainmem::cli {
+
+Runner register_profile(CLI::App& app) {
+  auto* cmd = app.add_subcommand("profile", "(not built yet)");
+  cmd->allow_extras();
+  return [] {
+    spdlog::error("trainmem profile is not built yet in this version");
+    return 2;
+  };
+}
+
+}  // namespace trainmem::cli
