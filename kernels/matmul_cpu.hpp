@@ -1,0 +1,18 @@
+// GEMM, CPU reference through OpenBLAS cblas_sgemm (fp32 compute). 16-bit operands are
+// converted to fp32 scratch (not ledger allocations: an implementation detail of the cpu
+// backend) and the result is rounded once into c.
+#pragma once
+#include <cstdint>
+
+#include "trainmem/backend.hpp"
+#include "trainmem/dtype.hpp"
+
+namespace trainmem {
+
+// c (M,N) = alpha * op(a) * op(b) + beta * c, row-major, all D.
+// op(a) is (M,K): a is (M,K) for Trans::no, (K,M) for Trans::yes; op(b) is (K,N): b is
+// (K,N) for Trans::no, (N,K) for Trans::yes. beta == 0 never reads c.
+void matmul_cpu(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N,
+                std::int64_t K, Trans ta, Trans tb, float alpha, float beta, DType dt);
+
+}  // namespace trainmem
