@@ -1,0 +1,63 @@
+// The meta backend: the model's allocations go through a MetaAllocator (unique fake
+// addresses, nothing touched) and every op is a no-op, so a LLaMA-65B step is traced in well
+// under a second. computes() is false: the model never reads results back (loss is NaN).
+#include "trainmem/backend.hpp"
+
+namespace trainmem {
+namespace {
+
+class MetaBackend final : public Backend {
+ public:
+  explicit MetaBackend(DType dtype) : Backend(dtype) {}
+  BackendKind kind() const override { return BackendKind::meta; }
+  Allocator& allocator() override { return alloc_; }
+  bool computes() const override { return false; }
+
+  void upload(void*, const void*, std::uint64_t) override {}
+  void download(void*, const void*, std::uint64_t) override {}
+  void fill_zero(void*, std::uint64_t) override {}
+  void copy(void*, const void*, std::uint64_t) override {}
+
+  void embedding_forward(void*, const std::int32_t*, const void*, std::int64_t, std::int64_t,
+                         std::int64_t, std::int64_t) override {}
+  void embedding_backward(void*, const void*, const std::int32_t*, std::int64_t, std::int64_t,
+                          std::int64_t, std::int64_t) override {}
+  void rmsnorm_forward(void*, float*, const void*, const void*, std::int64_t, std::int64_t,
+                       float) override {}
+  void rmsnorm_backward(void*, void*, const void*, const void*, const void*, const float*,
+                        std::int64_t, std::int64_t) override {}
+  void matmul(void*, const void*, const void*, std::int64_t, std::int64_t, std::int64_t, Trans,
+              Trans, float, float) override {}
+  void rope_forward(void*, void*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                    std::int64_t, double) override {}
+  void rope_backward(void*, void*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                     std::int64_t, double) override {}
+  void attention_forward(void*, void*, float*, const void*, const void*, const void*, std::int64_t,
+                         std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                         Attention) override {}
+  void attention_backward(void*, void*, void*, void*, float*, const void*, const void*, const void*,
+                          const void*, const void*, const void*, const float*, std::int64_t,
+                          std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                          Attention) override {}
+  void swiglu_forward(void*, const void*, const void*, std::int64_t) override {}
+  void swiglu_backward(void*, void*, const void*, const void*, const void*, std::int64_t) override {
+  }
+  void cross_entropy_forward(float*, float*, const void*, const std::int32_t*, std::int64_t,
+                             std::int64_t) override {}
+  void cross_entropy_backward(void*, const void*, const float*, const std::int32_t*, std::int64_t,
+                              std::int64_t, float) override {}
+  void adamw_update(void*, const void*, float*, float*, float*, std::int64_t, const AdamWParams&,
+                    int) override {}
+  void sgd_update(void*, const void*, float*, std::int64_t, float) override {}
+
+ private:
+  MetaAllocator alloc_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_meta_backend(DType dtype) {
+  return std::make_unique<MetaBackend>(dtype);
+}
+
+}  // namespace trainmem
