@@ -49,6 +49,8 @@ class Allocator {
   virtual void deallocate(void* ptr, std::uint64_t bytes) = 0;
   virtual const char* name() const = 0;
   virtual bool touches_memory() const { return true; }  // false for meta
+  // Why the last allocate() returned nullptr, for the OutOfMemory message ("" if unknown).
+  virtual std::string failure_detail() const { return {}; }
 };
 
 class HostAllocator final : public Allocator {
@@ -77,11 +79,16 @@ class BudgetAllocator final : public Allocator {
   void deallocate(void* ptr, std::uint64_t bytes) override;
   const char* name() const override { return inner_.name(); }
   bool touches_memory() const override { return inner_.touches_memory(); }
+  std::string failure_detail() const override;
+  std::uint64_t budget_bytes() const { return budget_; }
+  std::uint64_t live_bytes() const { return live_; }
 
  private:
   Allocator& inner_;
   std::uint64_t budget_;
   std::uint64_t live_ = 0;
+  std::uint64_t last_refused_ = 0;  // bytes of the last refused request
+  bool inner_refused_ = false;      // the inner allocator, not the budget, said no
 };
 
 struct TensorRecord {
@@ -126,6 +133,7 @@ struct LedgerOptions {
 class Ledger;
 
 // RAII handle to one ledger allocation. Move-only; releases on destruction or reset().
+// A Tensor must not outlive the Ledger that made it.
 class Tensor {
  public:
   Tensor() = default;
