@@ -15,4 +15,11 @@ namespace trainmem {
 void matmul_cpu(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N,
                 std::int64_t K, Trans ta, Trans tb, float alpha, float beta, DType dt);
 
+// The fp32 building block (also used by the cpu attention): row-major cblas_sgemm with leading
+// dimensions, c = alpha * op(a) * op(b) + beta * c. Must not be called from inside an OpenMP
+// parallel region (OpenBLAS threads itself; nesting its pthreads under OpenMP is ~10x slower).
+void sgemm_cpu(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+               const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+               float* c, std::int64_t ldc);
+
 }  // namespace trainmem

@@ -1,0 +1,53 @@
+// Optimizer updates, CPU reference (math in adamw_math.hpp): elementwise, in parallel. The
+// per-step constants (bias corrections) are computed once on the host in double.
+#include "adamw_cpu.hpp"
+
+#include <string>
+
+#include "adamw_math.hpp"
+#include "storage.hpp"
+#include "trainmem/error.hpp"
+
+namespace trainmem {
+namespace {
+
+template <class S>
+void adamw_impl(void* param, const void* grad, float* master, float* m, float* v, std::int64_t n,
+                const AdamWStepConsts& k) {
+#pragma omp parallel for if (n > 32768)
+  for (std::int64_t i = 0; i < n; ++i) {
+    float p = master ? master[i] : S::load(param, i);
+    adamw_update_elem(&p, &m[i], &v[i], S::load(grad, i), k.beta1, k.beta2, k.eps, k.step_size,
+                      k.inv_sqrt_bc2, k.decay);
+    if (master) master[i] = p;
+    S::store(param, i, p);
+  }
+}
+
+template <class S>
+void sgd_impl(void* param, const void* grad, float* master, std::int64_t n, float lr) {
+#pragma omp parallel for if (n > 32768)
+  for (std::int64_t i = 0; i < n; ++i) {
+    float p = master ? master[i] : S::load(param, i);
+    p = sgd_update_elem(p, S::load(grad, i), lr);
+    if (master) master[i] = p;
+    S::store(param, i, p);
+  }
+}
+
+}  // namespace
+
+void adamw_update_cpu(void* param, const void* grad, float* master, float* m, float* v,
+                      std::int64_t n, const AdamWParams& hp, int step, DType dt) {
+  if (step < 1) throw InputError("adamw: step must be >= 1, got " + std::to_string(step));
+  const AdamWStepConsts k =
+      adamw_step_consts(hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, step);
+  TM_DISPATCH_STORAGE(dt, "adamw_update", adamw_impl<S>(param, grad, master, m, v, n, k));
+}
+
+void sgd_update_cpu(void* param, const void* grad, float* master, std::int64_t n, float lr,
+                    DType dt) {
+  TM_DISPATCH_STORAGE(dt, "sgd_update", sgd_impl<S>(param, grad, master, n, lr));
+}
+
+}  // namespace trainmem

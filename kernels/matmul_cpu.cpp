@@ -1,0 +1,77 @@
+// GEMM, CPU reference: OpenBLAS cblas_sgemm in fp32. For a 16-bit D the operands are widened
+// into fp32 scratch vectors (kept per thread between calls; not ledger allocations, they are
+// an implementation detail of the cpu backend) and the fp32 result is rounded once into c.
+#include "matmul_cpu.hpp"
+
+#include <cblas.h>
+
+#include <climits>
+#include <string>
+#include <vector>
+
+#include "storage.hpp"
+#include "trainmem/error.hpp"
+
+namespace trainmem {
+namespace {
+
+int blas_dim(std::int64_t x, const char* what) {
+  if (x < 0 || x > INT_MAX)
+    throw InputError(std::string("matmul: ") + what + " = " + std::to_string(x) +
+                     " is outside [0, 2^31) (OpenBLAS uses 32-bit dimensions)");
+  return int(x);
+}
+
+template <class S>
+void widen(float* dst, const void* src, std::int64_t n) {
+#pragma omp parallel for if (n > 65536)
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = S::load(src, i);
+}
+
+template <class S>
+void matmul_16bit(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N,
+                  std::int64_t K, Trans ta, Trans tb, float alpha, float beta) {
+  thread_local std::vector<float> fa, fb, fc;
+  fa.resize(std::size_t(M) * K);
+  fb.resize(std::size_t(K) * N);
+  fc.resize(std::size_t(M) * N);
+  widen<S>(fa.data(), a, M * K);
+  widen<S>(fb.data(), b, K * N);
+  if (beta != 0.0f) widen<S>(fc.data(), c, M * N);
+  sgemm_cpu(ta, tb, M, N, K, alpha, fa.data(), ta == Trans::no ? K : M, fb.data(),
+            tb == Trans::no ? N : K, beta, fc.data(), N);
+  const std::int64_t n = M * N;
+#pragma omp parallel for if (n > 65536)
+  for (std::int64_t i = 0; i < n; ++i) S::store(c, i, fc[i]);
+}
+
+}  // namespace
+
+void sgemm_cpu(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+               const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+               float* c, std::int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // op(a) * op(b) is all zeros; BLAS would reject the leading dimensions
+    for (std::int64_t i = 0; i < M; ++i)
+      for (std::int64_t j = 0; j < N; ++j)
+        c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, ta == Trans::yes ? CblasTrans : CblasNoTrans,
+              tb == Trans::yes ? CblasTrans : CblasNoTrans, blas_dim(M, "M"), blas_dim(N, "N"),
+              blas_dim(K, "K"), alpha, a, blas_dim(lda, "lda"), b, blas_dim(ldb, "ldb"), beta, c,
+              blas_dim(ldc, "ldc"));
+}
+
+void matmul_cpu(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N,
+                std::int64_t K, Trans ta, Trans tb, float alpha, float beta, DType dt) {
+  if (dt == DType::f32) {
+    sgemm_cpu(ta, tb, M, N, K, alpha, static_cast<const float*>(a), ta == Trans::no ? K : M,
+              static_cast<const float*>(b), tb == Trans::no ? N : K, beta, static_cast<float*>(c),
+              N);
+    return;
+  }
+  TM_DISPATCH_STORAGE(dt, "matmul", matmul_16bit<S>(c, a, b, M, N, K, ta, tb, alpha, beta));
+}
+
+}  // namespace trainmem

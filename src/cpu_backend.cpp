@@ -1,0 +1,119 @@
+// The cpu backend: real arithmetic in fp32 on host memory (HostAllocator), storage in the
+// run's dtype (bf16/fp16 buffers hold 16-bit values, converted on the fly, so the ledger's
+// bytes are those of a GPU run). Each op forwards to its CPU reference in kernels/*_cpu.cpp
+// with the same argument order the CUDA launchers use. GEMMs go through OpenBLAS; elementwise
+// and row loops use OpenMP.
+#include <cstring>
+
+#include "adamw_cpu.hpp"
+#include "attention_cpu.hpp"
+#include "cross_entropy_cpu.hpp"
+#include "embedding_cpu.hpp"
+#include "matmul_cpu.hpp"
+#include "rmsnorm_cpu.hpp"
+#include "rope_cpu.hpp"
+#include "swiglu_cpu.hpp"
+#include "trainmem/backend.hpp"
+#include "trainmem/error.hpp"
+
+namespace trainmem {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(DType dtype) : Backend(dtype) {}
+  BackendKind kind() const override { return BackendKind::cpu; }
+  Allocator& allocator() override { return alloc_; }
+
+  void upload(void* dst, const void* host_src, std::uint64_t bytes) override {
+    if (bytes) std::memcpy(dst, host_src, bytes);
+  }
+  void download(void* host_dst, const void* src, std::uint64_t bytes) override {
+    if (bytes) std::memcpy(host_dst, src, bytes);
+  }
+  void fill_zero(void* dst, std::uint64_t bytes) override {
+    if (bytes) std::memset(dst, 0, bytes);
+  }
+  void copy(void* dst, const void* src, std::uint64_t bytes) override {
+    if (bytes && dst != src) std::memmove(dst, src, bytes);
+  }
+
+  void embedding_forward(void* out, const std::int32_t* tokens, const void* wte, std::int64_t B,
+                         std::int64_t T, std::int64_t C, std::int64_t V) override {
+    embedding_forward_cpu(out, tokens, wte, B, T, C, V, dtype());
+  }
+  void embedding_backward(void* dwte, const void* dout, const std::int32_t* tokens, std::int64_t B,
+                          std::int64_t T, std::int64_t C, std::int64_t V) override {
+    embedding_backward_cpu(dwte, dout, tokens, B, T, C, V, dtype());
+  }
+  void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, std::int64_t N,
+                       std::int64_t C, float eps) override {
+    rmsnorm_forward_cpu(out, rstd, inp, weight, N, C, eps, dtype());
+  }
+  void rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp,
+                        const void* weight, const float* rstd, std::int64_t N,
+                        std::int64_t C) override {
+    rmsnorm_backward_cpu(dinp, dweight, dout, inp, weight, rstd, N, C, dtype());
+  }
+  void matmul(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N, std::int64_t K,
+              Trans ta, Trans tb, float alpha, float beta) override {
+    matmul_cpu(c, a, b, M, N, K, ta, tb, alpha, beta, dtype());
+  }
+  void rope_forward(void* q, void* k, std::int64_t B, std::int64_t T, std::int64_t NH,
+                    std::int64_t NKV, std::int64_t HD, double theta) override {
+    rope_forward_cpu(q, k, B, T, NH, NKV, HD, theta, dtype());
+  }
+  void rope_backward(void* dq, void* dk, std::int64_t B, std::int64_t T, std::int64_t NH,
+                     std::int64_t NKV, std::int64_t HD, double theta) override {
+    rope_backward_cpu(dq, dk, B, T, NH, NKV, HD, theta, dtype());
+  }
+  void attention_forward(void* out, void* probs, float* lse, const void* q, const void* k,
+                         const void* v, std::int64_t B, std::int64_t T, std::int64_t NH,
+                         std::int64_t NKV, std::int64_t HD, Attention variant) override {
+    attention_forward_cpu(out, probs, lse, q, k, v, B, T, NH, NKV, HD, variant, dtype());
+  }
+  void attention_backward(void* dq, void* dk, void* dv, void* dprobs, float* delta,
+                          const void* dout, const void* q, const void* k, const void* v,
+                          const void* out, const void* probs, const float* lse, std::int64_t B,
+                          std::int64_t T, std::int64_t NH, std::int64_t NKV, std::int64_t HD,
+                          Attention variant) override {
+    attention_backward_cpu(dq, dk, dv, dprobs, delta, dout, q, k, v, out, probs, lse, B, T, NH, NKV,
+                           HD, variant, dtype());
+  }
+  void swiglu_forward(void* out, const void* gate, const void* up, std::int64_t N) override {
+    swiglu_forward_cpu(out, gate, up, N, dtype());
+  }
+  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
+                       std::int64_t N) override {
+    swiglu_backward_cpu(dgate, dup, dout, gate, up, N, dtype());
+  }
+  void cross_entropy_forward(float* losses, float* lse, const void* logits,
+                             const std::int32_t* targets, std::int64_t N, std::int64_t V) override {
+    cross_entropy_forward_cpu(losses, lse, logits, targets, N, V, dtype());
+  }
+  void cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
+                              const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                              float scale) override {
+    cross_entropy_backward_cpu(dlogits, logits, lse, targets, N, V, scale, dtype());
+  }
+  void adamw_update(void* param, const void* grad, float* master, float* m, float* v,
+                    std::int64_t n, const AdamWParams& hp, int step) override {
+    adamw_update_cpu(param, grad, master, m, v, n, hp, step, dtype());
+  }
+  void sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr) override {
+    sgd_update_cpu(param, grad, master, n, lr, dtype());
+  }
+
+ private:
+  HostAllocator alloc_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(DType dtype) {
+  if (dtype == DType::i32)
+    throw InputError("dtype: the cpu backend trains in fp32, fp16 or bf16, not int32");
+  return std::make_unique<CpuBackend>(dtype);
+}
+
+}  // namespace trainmem
