@@ -1,0 +1,297 @@
+// Causal attention with GQA, eager and flash: the shared softmax pieces in fp64, both variants'
+// backward against fp32 finite differences, forward/backward against a naive fp64 reference
+// over dtype x shape x variant, eager vs flash agreement, and the causal mask (a change to a
+// later key/value leaves earlier outputs bit-identical).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "attention_cpu.hpp"
+#include "attention_math.hpp"
+#include "ops_testing.hpp"
+
+namespace trainmem {
+namespace {
+using namespace trainmem::testing;
+
+struct Shape {
+  std::int64_t B, T, NH, NKV, HD;
+  std::int64_t nq() const { return B * T * NH * HD; }
+  std::int64_t nk() const { return B * T * NKV * HD; }
+  std::string label() const {
+    return "B" + std::to_string(B) + "_T" + std::to_string(T) + "_NH" + std::to_string(NH) +
+           "_NKV" + std::to_string(NKV) + "_HD" + std::to_string(HD);
+  }
+};
+
+// The naive reference, in fp64, straight from the definition.
+struct Reference {
+  std::vector<double> out, probs, lse, dq, dk, dv, delta;
+};
+Reference naive_attention(const Shape& s, const std::vector<double>& q,
+                          const std::vector<double>& k, const std::vector<double>& v,
+                          const std::vector<double>& dout) {
+  const std::int64_t T = s.T, HD = s.HD;
+  Reference r;
+  r.out.assign(s.nq(), 0.0);
+  r.dq.assign(s.nq(), 0.0);
+  r.dk.assign(s.nk(), 0.0);
+  r.dv.assign(s.nk(), 0.0);
+  r.probs.assign(s.B * s.NH * T * T, 0.0);
+  r.lse.assign(s.B * s.NH * T, 0.0);
+  r.delta.assign(s.B * s.NH * T, 0.0);
+  const double scale = 1.0 / std::sqrt(double(HD));
+  auto qi = [&](std::int64_t b, std::int64_t t, std::int64_t h) {
+    return ((b * T + t) * s.NH + h) * HD;
+  };
+  auto ki = [&](std::int64_t b, std::int64_t t, std::int64_t h) {
+    return ((b * T + t) * s.NKV + h) * HD;
+  };
+  for (std::int64_t b = 0; b < s.B; ++b)
+    for (std::int64_t h = 0; h < s.NH; ++h) {
+      const std::int64_t g = h / (s.NH / s.NKV);
+      for (std::int64_t i = 0; i < T; ++i) {
+        std::vector<double> sc(i + 1), dp(i + 1);
+        double mx = -INFINITY;
+        for (std::int64_t j = 0; j <= i; ++j) {
+          double d = 0;
+          for (std::int64_t e = 0; e < HD; ++e) d += q[qi(b, i, h) + e] * k[ki(b, j, g) + e];
+          sc[j] = d * scale;
+          mx = std::max(mx, sc[j]);
+        }
+        double sum = 0;
+        for (std::int64_t j = 0; j <= i; ++j) sum += std::exp(sc[j] - mx);
+        const std::int64_t row = (b * s.NH + h) * T + i;
+        r.lse[row] = mx + std::log(sum);
+        double delta = 0;
+        for (std::int64_t j = 0; j <= i; ++j) {
+          const double p = std::exp(sc[j] - r.lse[row]);
+          r.probs[row * T + j] = p;
+          double d = 0;
+          for (std::int64_t e = 0; e < HD; ++e) {
+            r.out[qi(b, i, h) + e] += p * v[ki(b, j, g) + e];
+            d += dout[qi(b, i, h) + e] * v[ki(b, j, g) + e];
+          }
+          dp[j] = d;
+          delta += p * d;
+        }
+        r.delta[row] = delta;
+        for (std::int64_t j = 0; j <= i; ++j) {
+          const double p = r.probs[row * T + j];
+          const double ds = p * (dp[j] - delta);
+          for (std::int64_t e = 0; e < HD; ++e) {
+            r.dq[qi(b, i, h) + e] += scale * ds * k[ki(b, j, g) + e];
+            r.dk[ki(b, j, g) + e] += scale * ds * q[qi(b, i, h) + e];
+            r.dv[ki(b, j, g) + e] += p * dout[qi(b, i, h) + e];
+          }
+        }
+      }
+    }
+  return r;
+}
+
+// The op's buffers for one shape, dtype and variant.
+struct AttnRun {
+  Shape s;
+  DType dt;
+  Attention variant;
+  Buf q, k, v, dout, out, probs, dq, dk, dv, dprobs;
+  std::vector<float> lse, delta;
+  AttnRun(const Shape& shape, DType d, Attention var, std::uint32_t seed)
+      : s(shape), dt(d), variant(var) {
+    q = Buf::from(uniform(s.nq(), seed, -2, 2), dt);
+    k = Buf::from(uniform(s.nk(), seed + 1, -2, 2), dt);
+    v = Buf::from(uniform(s.nk(), seed + 2), dt);
+    dout = Buf::from(uniform(s.nq(), seed + 3), dt);
+    out = dq = Buf(s.nq(), dt);
+    dk = dv = Buf(s.nk(), dt);
+    probs = dprobs = Buf(s.B * s.NH * s.T * s.T, dt);
+    lse.assign(s.B * s.NH * s.T, 0.0f);
+    delta = lse;
+  }
+  void forward() {
+    attention_forward_cpu(out.data(), probs.data(), lse.data(), q.data(), k.data(), v.data(), s.B,
+                          s.T, s.NH, s.NKV, s.HD, variant, dt);
+  }
+  void backward() {
+    attention_backward_cpu(dq.data(), dk.data(), dv.data(), dprobs.data(), delta.data(),
+                           dout.data(), q.data(), k.data(), v.data(), out.data(), probs.data(),
+                           lse.data(), s.B, s.T, s.NH, s.NKV, s.HD, variant, dt);
+  }
+};
+
+const char* variant_label(Attention a) {
+  return a == Attention::eager ? "eager" : "flash";
+}
+
+TEST(OpsAttention, MathOnlineSoftmaxAndBackwardInFp64) {
+  const auto f = uniform(150, 111, -20, 20);
+  std::vector<double> s(f.begin(), f.end()), w(150);
+  const auto fw = uniform(150, 112);
+  for (int j = 0; j < 150; ++j) w[j] = fw[j];
+  auto lse_naive = [&] {
+    double mx = -INFINITY, sum = 0;
+    for (double x : s) mx = std::max(mx, x);
+    for (double x : s) sum += std::exp(x - mx);
+    return mx + std::log(sum);
+  };
+  // Online softmax over blocks of 64 (the flash tile) gives the two-pass log-sum-exp.
+  OnlineSoftmax<double> st = OnlineSoftmax<double>::start();
+  for (int j0 = 0; j0 < 150; j0 += 64) {
+    double bmax = -INFINITY;
+    for (int j = j0; j < std::min(150, j0 + 64); ++j) bmax = std::max(bmax, s[j]);
+    online_softmax_rescale(&st, bmax);
+    for (int j = j0; j < std::min(150, j0 + 64); ++j) st.l += online_softmax_weight(st, s[j]);
+  }
+  EXPECT_NEAR(online_softmax_lse(st), lse_naive(), 1e-12);
+  // d/ds_j of sum_k w_k softmax_k(s) = p_j (w_j - sum_k p_k w_k).
+  const double lse = lse_naive();
+  double delta = 0;
+  for (int j = 0; j < 150; ++j) delta += softmax_prob_from_lse(s[j], lse) * w[j];
+  auto loss = [&] {
+    const double l = lse_naive();
+    double acc = 0;
+    for (int j = 0; j < 150; ++j) acc += w[j] * std::exp(s[j] - l);
+    return acc;
+  };
+  for (int j = 0; j < 150; j += 7) {
+    const double fd = central_difference([&](double x) { s[j] = x; }, s[j], 1e-6, loss);
+    EXPECT_NEAR(softmax_backward_elem(softmax_prob_from_lse(s[j], lse), w[j], delta), fd, 1e-9);
+  }
+  EXPECT_EQ(attention_kv_head(5, 6, 2), 1);
+  EXPECT_EQ(attention_kv_head(2, 6, 2), 0);
+  EXPECT_TRUE(causal_visible(3, 3));
+  EXPECT_FALSE(causal_visible(3, 4));
+}
+
+TEST(OpsAttention, BackwardMatchesFp32FiniteDifferences) {
+  const Shape s{2, 7, 3, 1, 6};
+  for (Attention var : {Attention::eager, Attention::flash}) {
+    SCOPED_TRACE(variant_label(var));
+    AttnRun r(s, DType::f32, var, 120);
+    const std::vector<float> w = r.dout.f32();
+    auto loss = [&] {
+      r.forward();
+      double acc = 0;
+      for (std::int64_t i = 0; i < s.nq(); ++i) acc += double(w[i]) * r.out.get(i);
+      return acc;
+    };
+    loss();
+    r.backward();
+    for (auto [buf, grad, name] : {std::tuple{&r.q, &r.dq, "dq"}, std::tuple{&r.k, &r.dk, "dk"},
+                                   std::tuple{&r.v, &r.dv, "dv"}}) {
+      std::vector<double> fd(buf->size());
+      for (std::size_t i = 0; i < buf->size(); ++i)
+        fd[i] = central_difference([&, b = buf](double x) { b->set(i, float(x)); }, buf->get(i),
+                                   1e-2, loss);
+      EXPECT_TRUE(all_close(name, grad->f32(), fd, {2e-3, 1e-2}));
+    }
+  }
+}
+
+struct AttnCase {
+  DType dt;
+  Shape s;
+  Attention variant;
+};
+class OpsAttentionP : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(OpsAttentionP, MatchesNaiveReference) {
+  const auto c = GetParam();
+  AttnRun r(c.s, c.dt, c.variant, 130);
+  r.forward();
+  r.backward();
+  const Reference ref = naive_attention(c.s, r.q.f64(), r.k.f64(), r.v.f64(), r.dout.f64());
+  // 16-bit: probabilities (eager) and outputs are rounded before the backward reads them.
+  const Tol tol = tolerance(c.dt, c.dt == DType::f32 ? 1.0 : 2.0);
+  EXPECT_TRUE(all_close("out", r.out.f32(), ref.out, tol));
+  if (c.variant == Attention::eager) {
+    EXPECT_TRUE(all_close("probs", r.probs.f32(), ref.probs, tolerance(c.dt)));
+  } else {
+    EXPECT_TRUE(all_close("lse", r.lse, ref.lse, tolerance(DType::f32)));
+    EXPECT_TRUE(all_close("delta", r.delta, ref.delta, tol));
+  }
+  EXPECT_TRUE(all_close("dq", r.dq.f32(), ref.dq, tol));
+  EXPECT_TRUE(all_close("dk", r.dk.f32(), ref.dk, tol));
+  EXPECT_TRUE(all_close("dv", r.dv.f32(), ref.dv, tol));
+}
+
+const Shape kShapes[] = {
+    {2, 7, 3, 1, 6},    // awkward, GQA 3:1
+    {1, 69, 4, 2, 8},   // crosses the 64-row/64-key flash tile, GQA 2:1
+    {2, 130, 2, 2, 4},  // three tiles, no GQA
+    {1, 1, 2, 1, 2},    // a single position
+};
+std::vector<AttnCase> attention_cases() {
+  std::vector<AttnCase> out;
+  for (DType dt : all_dtypes())
+    for (const Shape& s : kShapes)
+      for (Attention var : {Attention::eager, Attention::flash}) out.push_back({dt, s, var});
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(DtypeByShapeByVariant, OpsAttentionP,
+                         ::testing::ValuesIn(attention_cases()), [](const auto& info) {
+                           const auto& c = info.param;
+                           return dtype_label(c.dt) + "_" + variant_label(c.variant) + "_" +
+                                  c.s.label();
+                         });
+
+TEST(OpsAttention, EagerAndFlashAgree) {
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(s.label());
+    AttnRun e(s, DType::f32, Attention::eager, 140), f(s, DType::f32, Attention::flash, 140);
+    e.forward();
+    e.backward();
+    f.forward();
+    f.backward();
+    const Tol tol{1e-5, 1e-4};
+    EXPECT_TRUE(all_close("out", f.out.f32(), e.out.f64(), tol));
+    EXPECT_TRUE(all_close("dq", f.dq.f32(), e.dq.f64(), tol));
+    EXPECT_TRUE(all_close("dk", f.dk.f32(), e.dk.f64(), tol));
+    EXPECT_TRUE(all_close("dv", f.dv.f32(), e.dv.f64(), tol));
+  }
+}
+
+TEST(OpsAttention, LaterKeysAndValuesDoNotChangeEarlierOutputs) {
+  for (DType dt : all_dtypes())
+    for (Attention var : {Attention::eager, Attention::flash}) {
+      const Shape s{2, 69, 4, 2, 8};
+      SCOPED_TRACE(dtype_label(dt) + " " + variant_label(var));
+      AttnRun r(s, dt, var, 150);
+      r.forward();
+      const std::vector<float> before = r.out.f32();
+      const std::int64_t t0 = 40;  // change every key and value at position t0
+      for (std::int64_t b = 0; b < s.B; ++b)
+        for (std::int64_t e = 0; e < s.NKV * s.HD; ++e) {
+          const std::int64_t i = (b * s.T + t0) * s.NKV * s.HD + e;
+          r.k.set(i, r.k.get(i) + 1.5f);
+          r.v.set(i, -r.v.get(i) - 0.5f);
+        }
+      r.forward();
+      const std::vector<float> after = r.out.f32();
+      std::int64_t changed_later = 0;
+      for (std::int64_t b = 0; b < s.B; ++b)
+        for (std::int64_t t = 0; t < s.T; ++t)
+          for (std::int64_t e = 0; e < s.NH * s.HD; ++e) {
+            const std::int64_t i = (b * s.T + t) * s.NH * s.HD + e;
+            if (t < t0)
+              ASSERT_EQ(after[i], before[i]) << "b " << b << " t " << t << " e " << e;
+            else
+              changed_later += after[i] != before[i];
+          }
+      EXPECT_GT(changed_later, s.B * (s.T - t0) * s.NH * s.HD / 2);
+    }
+}
+
+TEST(OpsAttention, KvHeadsMustDivideHeads) {
+  AttnRun r({1, 2, 3, 2, 2}, DType::f32, Attention::eager, 160);
+  try {
+    r.forward();
+    FAIL() << "no exception";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(), "attention: kv heads (2) must divide query heads (3)");
+  }
+}
+
+}  // namespace
+}  // namespace trainmem

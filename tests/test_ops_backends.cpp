@@ -1,0 +1,117 @@
+// The cpu and meta backends through the Backend interface: kinds, allocators, transfers, a few
+// ops against naive references in the backend's dtype (cpu), and that the meta backend never
+// touches memory (its ops run on MetaAllocator addresses that must not be dereferenced).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "ops_testing.hpp"
+#include "trainmem/backend.hpp"
+
+namespace trainmem {
+namespace {
+using namespace trainmem::testing;
+
+TEST(OpsBackends, CpuBackendBasics) {
+  auto be = make_cpu_backend(DType::bf16);
+  EXPECT_EQ(be->kind(), BackendKind::cpu);
+  EXPECT_EQ(be->dtype(), DType::bf16);
+  EXPECT_TRUE(be->computes());
+  EXPECT_STREQ(be->allocator().name(), "host");
+  EXPECT_TRUE(be->allocator().touches_memory());
+  void* p = be->allocator().allocate(64);
+  ASSERT_NE(p, nullptr);
+  const std::vector<unsigned char> src = {1, 2, 3, 4, 5, 6, 7, 8};
+  be->upload(p, src.data(), 8);
+  std::vector<unsigned char> back(8);
+  be->download(back.data(), p, 8);
+  EXPECT_EQ(back, src);
+  be->copy(static_cast<char*>(p) + 8, p, 8);
+  be->fill_zero(p, 4);
+  be->download(back.data(), static_cast<char*>(p) + 8, 8);
+  EXPECT_EQ(back, src);
+  be->download(back.data(), p, 8);
+  EXPECT_EQ(back, (std::vector<unsigned char>{0, 0, 0, 0, 5, 6, 7, 8}));
+  be->allocator().deallocate(p, 64);
+}
+
+TEST(OpsBackends, CpuBackendRejectsInt32) {
+  try {
+    make_cpu_backend(DType::i32);
+    FAIL() << "no exception";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(), "dtype: the cpu backend trains in fp32, fp16 or bf16, not int32");
+  }
+}
+
+// A linear layer (x W^T) and SwiGLU through the interface, in each dtype, against fp64.
+TEST(OpsBackends, CpuBackendOpsUseItsDtype) {
+  for (DType dt : all_dtypes()) {
+    SCOPED_TRACE(dtype_label(dt));
+    auto be = make_cpu_backend(dt);
+    const std::int64_t N = 5, K = 12, M = 7;
+    Buf x = Buf::from(uniform(N * K, 171), dt), w = Buf::from(uniform(M * K, 172), dt);
+    Buf y(N * M, dt), act(N * M, dt);
+    be->matmul(y.data(), x.data(), w.data(), N, M, K, Trans::no, Trans::yes, 1.0f, 0.0f);
+    std::vector<double> ref(N * M), ref_act(N * M);
+    for (std::int64_t i = 0; i < N; ++i)
+      for (std::int64_t j = 0; j < M; ++j) {
+        double s = 0;
+        for (std::int64_t p = 0; p < K; ++p) s += double(x.get(i * K + p)) * w.get(j * K + p);
+        ref[i * M + j] = s;
+      }
+    EXPECT_TRUE(all_close("y", y.f32(), ref, tolerance(dt, 4)));
+    be->swiglu_forward(act.data(), y.data(), y.data(), N * M);
+    for (std::int64_t i = 0; i < N * M; ++i) {
+      const double g = y.get(i);
+      ref_act[i] = g * g / (1 + std::exp(-g));
+    }
+    EXPECT_TRUE(all_close("act", act.f32(), ref_act, tolerance(dt)));
+  }
+}
+
+TEST(OpsBackends, MetaBackendNeverTouchesMemory) {
+  for (DType dt : all_dtypes()) {
+    auto be = make_meta_backend(dt);
+    EXPECT_EQ(be->kind(), BackendKind::meta);
+    EXPECT_EQ(be->dtype(), dt);
+    EXPECT_FALSE(be->computes());
+    EXPECT_FALSE(be->allocator().touches_memory());
+    // Fake addresses: any dereference would crash the test.
+    void* a = be->allocator().allocate(std::uint64_t(1) << 40);  // 1 TiB, not backed
+    void* b = be->allocator().allocate(1024);
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(a, b);
+    auto* f = static_cast<float*>(b);
+    auto* t = static_cast<const std::int32_t*>(b);
+    const std::int64_t B = 8, T = 4096, C = 8192, V = 128256, NH = 64, NKV = 8, HD = 128;
+    be->upload(a, b, 1 << 20);
+    be->download(b, a, 1 << 20);
+    be->fill_zero(a, std::uint64_t(1) << 40);
+    be->copy(a, b, 1 << 20);
+    be->embedding_forward(a, t, b, B, T, C, V);
+    be->embedding_backward(a, b, t, B, T, C, V);
+    be->rmsnorm_forward(a, f, b, b, B * T, C, 1e-5f);
+    be->rmsnorm_backward(a, a, b, b, b, f, B * T, C);
+    be->matmul(a, b, b, B * T, V, C, Trans::no, Trans::yes, 1.0f, 0.0f);
+    be->rope_forward(a, b, B, T, NH, NKV, HD, 5e5);
+    be->rope_backward(a, b, B, T, NH, NKV, HD, 5e5);
+    for (Attention var : {Attention::eager, Attention::flash}) {
+      be->attention_forward(a, a, f, b, b, b, B, T, NH, NKV, HD, var);
+      be->attention_backward(a, a, a, a, f, b, b, b, b, b, b, f, B, T, NH, NKV, HD, var);
+    }
+    be->swiglu_forward(a, b, b, B * T * C);
+    be->swiglu_backward(a, a, b, b, b, B * T * C);
+    be->cross_entropy_forward(f, f, b, t, B * T, V);
+    be->cross_entropy_backward(a, a, f, t, B * T, V, 1.0f);
+    be->adamw_update(a, b, f, f, f, std::int64_t(1) << 36, AdamWParams{}, 1);
+    be->sgd_update(a, b, f, std::int64_t(1) << 36, 1e-3f);
+    be->synchronize();
+    be->allocator().deallocate(b, 1024);
+    be->allocator().deallocate(a, std::uint64_t(1) << 40);
+  }
+}
+
+}  // namespace
+}  // namespace trainmem

@@ -1,0 +1,141 @@
+// Cross-entropy: the shared log-sum-exp state and per-element gradient against fp64 finite
+// differences; the cpu op against fp32 finite differences with ignored targets (-1); forward
+// and backward (also in place) against a naive fp64 reference over dtype x shape.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "cross_entropy_cpu.hpp"
+#include "cross_entropy_math.hpp"
+#include "ops_testing.hpp"
+
+namespace trainmem {
+namespace {
+using namespace trainmem::testing;
+
+TEST(OpsCrossEntropy, MathLseStateAndGradientInFp64) {
+  const std::int64_t V = 11;
+  const auto f = uniform(V, 71, -30, 30);
+  std::vector<double> x(f.begin(), f.end());
+  auto naive_lse = [&] {
+    double mx = -INFINITY;
+    for (double v : x) mx = std::max(mx, v);
+    double s = 0;
+    for (double v : x) s += std::exp(v - mx);
+    return mx + std::log(s);
+  };
+  // Online update, and merging two partial states, both equal the naive value.
+  LseState<double> st = LseState<double>::empty(), a = st, b = st;
+  for (std::int64_t j = 0; j < V; ++j) {
+    lse_update(&st, x[j]);
+    lse_update(j < 4 ? &a : &b, x[j]);
+  }
+  EXPECT_NEAR(lse_finish(st), naive_lse(), 1e-12);
+  EXPECT_NEAR(lse_finish(lse_merge(a, b)), naive_lse(), 1e-12);
+  EXPECT_NEAR(lse_finish(lse_merge(LseState<double>::empty(), a)), lse_finish(a), 0);
+  // Gradient of loss = lse - x[t] against central differences.
+  const int t = 3;
+  const double scale = 0.7;
+  const double lse = naive_lse();
+  auto loss = [&] { return scale * cross_entropy_loss(naive_lse(), x[t]); };
+  for (std::int64_t j = 0; j < V; ++j) {
+    const double fd = central_difference([&](double v) { x[j] = v; }, x[j], 1e-5, loss);
+    EXPECT_NEAR(cross_entropy_dlogit(x[j], lse, j == t, scale), fd, 1e-9) << "j " << j;
+  }
+}
+
+TEST(OpsCrossEntropy, CpuBackwardMatchesFp32FiniteDifferences) {
+  const std::int64_t N = 14, V = 11;
+  std::vector<std::int32_t> targets = {3, -1, 10, 0, 5, 5, -1, 7, 1, 2, 9, 8, 4, 6};
+  Buf logits = Buf::from(uniform(N * V, 72, -3, 3), DType::f32);
+  std::vector<float> losses(N), lse(N);
+  const float scale = 1.0f / 12;  // mean over the 12 counted positions
+  auto loss = [&] {
+    cross_entropy_forward_cpu(losses.data(), lse.data(), logits.data(), targets.data(), N, V,
+                              DType::f32);
+    double s = 0;
+    for (float l : losses) s += l;
+    return s * scale;
+  };
+  loss();
+  for (std::int64_t n = 0; n < N; ++n)
+    if (targets[n] < 0) EXPECT_EQ(losses[n], 0.0f) << "ignored row " << n;
+  Buf dlogits(N * V, DType::f32);
+  cross_entropy_backward_cpu(dlogits.data(), logits.data(), lse.data(), targets.data(), N, V, scale,
+                             DType::f32);
+  std::vector<double> fd(N * V);
+  for (std::int64_t i = 0; i < N * V; ++i)
+    fd[i] =
+        central_difference([&](double v) { logits.set(i, float(v)); }, logits.get(i), 1e-2, loss);
+  EXPECT_TRUE(all_close("dlogits", dlogits.f32(), fd, {2e-4, 1e-2}));
+  for (std::int64_t j = 0; j < V; ++j) EXPECT_EQ(dlogits.get(1 * V + j), 0.0f);
+}
+
+struct CeCase {
+  DType dt;
+  std::int64_t N, V;
+};
+class OpsCrossEntropyP : public ::testing::TestWithParam<CeCase> {};
+
+TEST_P(OpsCrossEntropyP, MatchesNaiveReferenceAndRunsInPlace) {
+  const auto [dt, N, V] = GetParam();
+  std::vector<std::int32_t> targets(N);
+  std::mt19937 gen(73);
+  for (auto& t : targets) t = std::int32_t(gen() % std::uint32_t(V));
+  targets[N / 2] = -1;
+  Buf logits = Buf::from(uniform(N * V, 74, -8, 8), dt);
+  const std::vector<double> x = logits.f64();
+  const float scale = 0.37f;
+  std::vector<float> losses(N), lse(N);
+  cross_entropy_forward_cpu(losses.data(), lse.data(), logits.data(), targets.data(), N, V, dt);
+  std::vector<double> ref_loss(N), ref_lse(N), ref_d(N * V);
+  for (std::int64_t n = 0; n < N; ++n) {
+    double mx = -INFINITY, s = 0;
+    for (std::int64_t j = 0; j < V; ++j) mx = std::max(mx, x[n * V + j]);
+    for (std::int64_t j = 0; j < V; ++j) s += std::exp(x[n * V + j] - mx);
+    ref_lse[n] = mx + std::log(s);
+    ref_loss[n] = targets[n] < 0 ? 0.0 : ref_lse[n] - x[n * V + targets[n]];
+    for (std::int64_t j = 0; j < V; ++j)
+      ref_d[n * V + j] =
+          targets[n] < 0
+              ? 0.0
+              : scale * (std::exp(x[n * V + j] - ref_lse[n]) - (j == targets[n] ? 1.0 : 0.0));
+  }
+  // lse and losses are fp32 computations on the stored logits, whatever D is.
+  EXPECT_TRUE(all_close("lse", lse, ref_lse, tolerance(DType::f32)));
+  EXPECT_TRUE(all_close("losses", losses, ref_loss, tolerance(DType::f32, 10)));
+  Buf d(N * V, dt);
+  cross_entropy_backward_cpu(d.data(), logits.data(), lse.data(), targets.data(), N, V, scale, dt);
+  EXPECT_TRUE(all_close("dlogits", d.f32(), ref_d, tolerance(dt)));
+  // In place: dlogits aliases logits, bit-identical to the out-of-place result.
+  cross_entropy_backward_cpu(logits.data(), logits.data(), lse.data(), targets.data(), N, V, scale,
+                             dt);
+  EXPECT_EQ(logits.f32(), d.f32());
+}
+
+INSTANTIATE_TEST_SUITE_P(DtypeByShape, OpsCrossEntropyP,
+                         ::testing::Values(CeCase{DType::f32, 14, 11}, CeCase{DType::bf16, 14, 11},
+                                           CeCase{DType::f16, 14, 11}, CeCase{DType::f32, 33, 1000},
+                                           CeCase{DType::bf16, 33, 1000},
+                                           CeCase{DType::f16, 33, 1000}),
+                         [](const auto& info) {
+                           return dtype_label(info.param.dt) + "_N" + std::to_string(info.param.N) +
+                                  "_V" + std::to_string(info.param.V);
+                         });
+
+TEST(OpsCrossEntropy, TargetOutsideVocabularyIsRejected) {
+  std::vector<float> logits(2 * 4), losses(2), lse(2);
+  std::vector<std::int32_t> targets = {1, 4};
+  try {
+    cross_entropy_forward_cpu(losses.data(), lse.data(), logits.data(), targets.data(), 2, 4,
+                              DType::f32);
+    FAIL() << "no exception";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(),
+                 "targets: id 4 at position 1 is outside the vocabulary [0, 4) (negative ids "
+                 "mark ignored positions)");
+  }
+}
+
+}  // namespace
+}  // namespace trainmem
