@@ -229,6 +229,7 @@ void* Ledger::allocate_bytes(std::uint64_t bytes, const std::string& name, Categ
                              int layer, std::uint64_t* id_out) {
   if (bytes == 0)
     throw InputError("ledger: allocation '" + name + "' of 0 bytes; allocations must be > 0 bytes");
+  alloc_.annotate(category, next_id_);
   void* p = alloc_.allocate(bytes);
   if (p == nullptr) {
     std::string detail = alloc_.failure_detail();
@@ -267,6 +268,7 @@ void* Ledger::allocate_bytes(std::uint64_t bytes, const std::string& name, Categ
     throw;
   }
   ++next_id_;
+  if (live_ptrs_.size() > peak_live_count_) peak_live_count_ = live_ptrs_.size();
   on_alloc(id, bytes, category, layer, name);
   if (id_out) *id_out = id;
   return p;
@@ -383,6 +385,7 @@ void Ledger::begin_step(int step) {
     phase_peak_[p] = active ? live_total_ : 0;
   }
   act_end_forward_ = 0;
+  peak_live_count_ = live_ptrs_.size();
 }
 
 void Ledger::mark_end_of_forward() {

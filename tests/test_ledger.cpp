@@ -30,6 +30,7 @@ struct ModelBooks {
   std::array<std::uint64_t, kNumPhases> phase_peak{};
   std::vector<int> stack;  // phases as ints
   std::uint64_t act_end_forward = 0;
+  std::uint64_t peak_count = 0;
   std::uint64_t events = 0;
   std::vector<std::int64_t> deltas;  // every event, in order
   std::vector<std::uint64_t> totals;
@@ -56,6 +57,7 @@ struct ModelBooks {
   }
   void on_alloc(std::uint64_t id, std::uint64_t bytes, int c, const std::string& name) {
     live[id] = {bytes, c};
+    peak_count = std::max<std::uint64_t>(peak_count, live.size());
     for (int k = 0; k < kNumCategories; ++k) peak[k] = std::max(peak[k], live_cat(k));
     const auto t = live_total();
     if (t > peak_total) {
@@ -91,6 +93,7 @@ struct ModelBooks {
     const auto act = active_phases();
     for (int p = 0; p < kNumPhases; ++p) phase_peak[p] = act.count(p) ? live_total() : 0;
     act_end_forward = 0;
+    peak_count = live.size();
   }
 };
 
@@ -109,6 +112,8 @@ void expect_books_equal(const Ledger& l, const ModelBooks& m, const std::string&
     EXPECT_EQ(l.phase_peak(static_cast<Phase>(p)), m.phase_peak[p])
         << phase_name(static_cast<Phase>(p));
   EXPECT_EQ(l.activations_end_of_forward(), m.act_end_forward);
+  EXPECT_EQ(l.live_count(), m.live.size());
+  EXPECT_EQ(l.peak_live_count(), m.peak_count);
 }
 
 // Random allocate / release / phase push-pop / step / end-of-forward sequences.
@@ -421,6 +426,45 @@ TEST(Ledger, OutOfMemoryThroughBudgetCarriesTheFacts) {
   a.reset();
   Tensor d = l.allocate("fits_again", Category::activations, 0, {1500}, DType::f32);
   EXPECT_EQ(budget.live_bytes(), 10000u);
+}
+
+// Records what the ledger tells the allocator before each allocation.
+class AnnotationRecorder final : public Allocator {
+ public:
+  void* allocate(std::uint64_t bytes) override {
+    calls.push_back({last_category, last_id, bytes});
+    return meta.allocate(bytes);
+  }
+  void deallocate(void* p, std::uint64_t bytes) override { meta.deallocate(p, bytes); }
+  const char* name() const override { return "recorder"; }
+  void annotate(Category c, std::uint64_t id) override {
+    last_category = c;
+    last_id = id;
+  }
+  struct Call {
+    Category category;
+    std::uint64_t id;
+    std::uint64_t bytes;
+  };
+  std::vector<Call> calls;
+  Category last_category = Category::inputs;
+  std::uint64_t last_id = 0;
+  MetaAllocator meta;
+};
+
+TEST(Allocators, LedgerAnnotatesEachAllocationThroughABudget) {
+  AnnotationRecorder rec;
+  BudgetAllocator budget(rec, 1 << 20);
+  Ledger l(budget);
+  Tensor a = l.allocate("a", Category::gradients, 0, {10}, DType::f32);
+  Tensor b = l.allocate("b", Category::optimizer_states, 0, {3}, DType::bf16);
+  ASSERT_EQ(rec.calls.size(), 2u);
+  EXPECT_EQ(rec.calls[0].category, Category::gradients);
+  EXPECT_EQ(rec.calls[0].id, a.id());
+  EXPECT_EQ(rec.calls[0].bytes, 40u);
+  EXPECT_EQ(rec.calls[1].category, Category::optimizer_states);
+  EXPECT_EQ(rec.calls[1].id, b.id());
+  EXPECT_EQ(rec.calls[1].bytes, 6u);
 }
 
 TEST(Allocators, HostIsAlignedAndWritable) {

@@ -51,6 +51,9 @@ class Allocator {
   virtual bool touches_memory() const { return true; }  // false for meta
   // Why the last allocate() returned nullptr, for the OutOfMemory message ("" if unknown).
   virtual std::string failure_detail() const { return {}; }
+  // Called by the ledger just before allocate() with what the bytes are for. The device
+  // allocator tags its driver call with it (a CUPTI external correlation id); others ignore it.
+  virtual void annotate(Category category, std::uint64_t tensor_id) {}
 };
 
 class HostAllocator final : public Allocator {
@@ -80,6 +83,9 @@ class BudgetAllocator final : public Allocator {
   const char* name() const override { return inner_.name(); }
   bool touches_memory() const override { return inner_.touches_memory(); }
   std::string failure_detail() const override;
+  void annotate(Category category, std::uint64_t tensor_id) override {
+    inner_.annotate(category, tensor_id);
+  }
   std::uint64_t budget_bytes() const { return budget_; }
   std::uint64_t live_bytes() const { return live_; }
 
@@ -214,6 +220,10 @@ class Ledger {
   std::uint64_t phase_peak(Phase p) const { return phase_peak_[static_cast<int>(p)]; }
   std::uint64_t activations_end_of_forward() const { return act_end_forward_; }
   CategoryBytes live_all() const { return live_; }
+  // Number of allocations alive now, and its maximum since the last begin_step (the device
+  // pool rounds each allocation, so this bounds the pool's rounding; see reconcile.hpp).
+  std::uint64_t live_count() const { return live_ptrs_.size(); }
+  std::uint64_t peak_live_count() const { return peak_live_count_; }
 
   const std::vector<LedgerEvent>& timeline() const { return events_; }
   std::uint64_t dropped_events() const { return dropped_; }
@@ -250,6 +260,7 @@ class Ledger {
   std::uint64_t seq_ = 0;
   std::uint64_t next_id_ = 1;
   std::uint64_t dropped_ = 0;
+  std::uint64_t peak_live_count_ = 0;
   int step_ = 0;
   std::vector<LedgerEvent> events_;
   std::vector<TensorRecord> records_;
