@@ -1,0 +1,66 @@
+// DeviceAllocator (include/trainmem/device_allocator.hpp).
+#include "trainmem/device_allocator.hpp"
+
+#include <limits>
+
+#include "probes/cupti_tag.hpp"
+#include "trainmem/cuda_check.hpp"
+#include "trainmem/probes.hpp"
+
+namespace trainmem {
+
+DeviceAllocator::DeviceAllocator(int device, cudaStream_t stream)
+    : device_(device), stream_(stream) {
+  TM_CUDA_CHECK(cudaSetDevice(device));
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  TM_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
+  // Keep every freed byte in the pool: reserved memory then only grows, and the pool's
+  // ReservedMemHigh is the step's footprint.
+  std::uint64_t threshold = std::numeric_limits<std::uint64_t>::max();
+  TM_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
+}
+
+DeviceAllocator::~DeviceAllocator() {
+  if (pool_ == nullptr) return;
+  TM_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(stream_));
+  TM_CUDA_CHECK_NOTHROW(cudaMemPoolDestroy(pool_));
+}
+
+void DeviceAllocator::annotate(Category category, std::uint64_t tensor_id) {
+  pending_external_id_ = encode_external_id(category, tensor_id);
+}
+
+void* DeviceAllocator::allocate(std::uint64_t bytes) {
+  const std::uint64_t tag = pending_external_id_;
+  pending_external_id_ = 0;
+  if (bytes > std::numeric_limits<std::size_t>::max()) {
+    failure_ = "request does not fit in size_t";
+    return nullptr;
+  }
+  void* p = nullptr;
+  const bool pushed = tag != 0 && probes::cupti_push_external_id(tag);
+  const cudaError_t e =
+      cudaMallocFromPoolAsync(&p, static_cast<std::size_t>(bytes), pool_, stream_);
+  if (pushed) probes::cupti_pop_external_id();
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // not sticky: clear it so later calls do not report it
+    std::size_t free_b = 0, total_b = 0;
+    failure_ = "cudaMallocFromPoolAsync: " + detail::cuda_error_string(e);
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+      failure_ +=
+          " (device free " + std::to_string(free_b) + " of " + std::to_string(total_b) + " bytes)";
+    return nullptr;
+  }
+  TM_CUDA_CHECK(e);
+  return p;
+}
+
+void DeviceAllocator::deallocate(void* ptr, std::uint64_t) {
+  TM_CUDA_CHECK(cudaFreeAsync(ptr, stream_));
+}
+
+}  // namespace trainmem
