@@ -35,6 +35,7 @@ class MemInfoProbe {
   void note_used(std::uint64_t used);
 
   int device_ = 0;
+  std::chrono::microseconds interval_{1000};  // read by the sampler thread
   bool running_ = false;
   MemGetInfoResult r_;  // snapshots and closed windows; guarded by mu_
   mutable std::mutex mu_;

@@ -48,6 +48,7 @@ bool MemInfoProbe::read(std::uint64_t* free_b, std::uint64_t* used_b) const {
 bool MemInfoProbe::start(int device, std::chrono::microseconds interval, bool sampler,
                          const Ledger* ledger, std::string* reason) {
   device_ = device;
+  interval_ = interval;
   cudaError_t e = cudaSetDevice(device);
   std::size_t f = 0, t = 0;
   if (e == cudaSuccess) e = cudaMemGetInfo(&f, &t);  // creates the primary context
@@ -89,7 +90,7 @@ void MemInfoProbe::sampler_loop() {
   while (!stop_requested_) {
     std::uint64_t f = 0, used = 0;
     if (read(&f, &used)) note_used(used);
-    stop_cv_.wait_for(lock, r_.sample_interval, [this] { return stop_requested_; });
+    stop_cv_.wait_for(lock, interval_, [this] { return stop_requested_; });
   }
 }
 
