@@ -5,6 +5,7 @@
 #include <string>
 
 #include "adamw_math.hpp"
+#include "cpu_parallel.hpp"
 #include "storage.hpp"
 #include "trainmem/error.hpp"
 
@@ -14,7 +15,7 @@ namespace {
 template <class S>
 void adamw_impl(void* param, const void* grad, float* master, float* m, float* v, std::int64_t n,
                 const AdamWStepConsts& k) {
-#pragma omp parallel for if (n > 32768)
+#pragma omp parallel for if (n >= kParallelMinElements)
   for (std::int64_t i = 0; i < n; ++i) {
     float p = master ? master[i] : S::load(param, i);
     adamw_update_elem(&p, &m[i], &v[i], S::load(grad, i), k.beta1, k.beta2, k.eps, k.step_size,
@@ -26,7 +27,7 @@ void adamw_impl(void* param, const void* grad, float* master, float* m, float* v
 
 template <class S>
 void sgd_impl(void* param, const void* grad, float* master, std::int64_t n, float lr) {
-#pragma omp parallel for if (n > 32768)
+#pragma omp parallel for if (n >= kParallelMinElements)
   for (std::int64_t i = 0; i < n; ++i) {
     float p = master ? master[i] : S::load(param, i);
     p = sgd_update_elem(p, S::load(grad, i), lr);
@@ -39,6 +40,7 @@ void sgd_impl(void* param, const void* grad, float* master, std::int64_t n, floa
 
 void adamw_update_cpu(void* param, const void* grad, float* master, float* m, float* v,
                       std::int64_t n, const AdamWParams& hp, int step, DType dt) {
+  cpu_threads_setup();
   if (step < 1) throw InputError("adamw: step must be >= 1, got " + std::to_string(step));
   const AdamWStepConsts k =
       adamw_step_consts(hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, step);
@@ -47,6 +49,7 @@ void adamw_update_cpu(void* param, const void* grad, float* master, float* m, fl
 
 void sgd_update_cpu(void* param, const void* grad, float* master, std::int64_t n, float lr,
                     DType dt) {
+  cpu_threads_setup();
   TM_DISPATCH_STORAGE(dt, "sgd_update", sgd_impl<S>(param, grad, master, n, lr));
 }
 

@@ -1,8 +1,9 @@
 // Causal attention with GQA, CPU reference (math in attention_math.hpp), eager and
-// flash-style. The loops run over (batch, kv head, query head of the group); every product is
-// an OpenBLAS sgemm on one head's (T,HD) slice (leading dimension H*HD for an fp32 buffer, or
-// a contiguous fp32 copy of a 16-bit one). The sgemms are called from the serial outer loops,
-// never from inside an OpenMP region (OpenBLAS threads itself).
+// flash-style. OpenMP runs one task per (batch, query head) in forward and per (batch, kv
+// head) in backward (a kv head's dk, dv sum over its query heads); inside a task every product
+// is a single-threaded sgemm on one head's (T,HD) slice (leading dimension H*HD for an fp32
+// buffer, or a contiguous fp32 copy of a 16-bit one). Results do not depend on the thread
+// count.
 //
 // Eager: S = scale * Q K^T (T,T), causal softmax row by row into probs (stored rounded to D;
 // the stored values are what P.V and the backward use). Backward: dP = dO V^T,
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "attention_math.hpp"
+#include "cpu_parallel.hpp"
 #include "matmul_cpu.hpp"
 #include "storage.hpp"
 #include "trainmem/error.hpp"
@@ -31,6 +33,8 @@ constexpr std::int64_t kBlockCols = 64;  // flash key tile
 struct Dims {
   std::int64_t B, T, NH, NKV, HD;
   std::int64_t group() const { return NH / NKV; }
+  // Whether the (T,T,HD) products of all heads are worth an OpenMP team.
+  bool parallel() const { return double(B) * NH * T * T * HD >= kParallelMinMacs; }
 };
 
 void check_dims(const Dims& d) {
@@ -76,42 +80,41 @@ void eager_forward(void* out, void* probs, const void* q, const void* k, const v
                    const Dims& d) {
   const std::int64_t T = d.T, HD = d.HD;
   const float scale = attention_scale<float>(HD);
-  std::vector<float> qs, ks, vs, p_scratch, os(std::size_t(T * HD));
-  for (std::int64_t b = 0; b < d.B; ++b) {
-    for (std::int64_t kvh = 0; kvh < d.NKV; ++kvh) {
+#pragma omp parallel if (d.parallel())
+  {
+    std::vector<float> qs, ks, vs, p_scratch, os(std::size_t(T * HD));
+#pragma omp for schedule(dynamic)
+    for (std::int64_t task = 0; task < d.B * d.NH; ++task) {
+      const std::int64_t b = task / d.NH, h = task % d.NH, kvh = h / d.group();
       const HeadView K = head_in<S>(k, b, kvh, T, d.NKV, HD, ks);
       const HeadView V = head_in<S>(v, b, kvh, T, d.NKV, HD, vs);
-      for (std::int64_t g = 0; g < d.group(); ++g) {
-        const std::int64_t h = kvh * d.group() + g;
-        const HeadView Q = head_in<S>(q, b, h, T, d.NH, HD, qs);
-        const std::size_t pbase = std::size_t((b * d.NH + h) * T * T);
-        float* P;  // (T,T) scores, then probabilities as stored
-        if constexpr (std::is_same_v<S, F32>) {
-          P = static_cast<float*>(probs) + pbase;
-        } else {
-          p_scratch.resize(std::size_t(T * T));
-          P = p_scratch.data();
-        }
-        sgemm_cpu(Trans::no, Trans::yes, T, T, HD, scale, Q.ptr, Q.ld, K.ptr, K.ld, 0.0f, P, T);
-#pragma omp parallel for if (T * T > 65536)
-        for (std::int64_t i = 0; i < T; ++i) {
-          float* row = P + i * T;
-          float mx = tm_neg_inf<float>();
-          for (std::int64_t j = 0; j <= i; ++j) mx = tm_max(mx, row[j]);
-          float sum = 0.0f;
-          for (std::int64_t j = 0; j <= i; ++j) {
-            row[j] = tm_exp(row[j] - mx);
-            sum += row[j];
-          }
-          const float inv = 1.0f / sum;
-          for (std::int64_t j = 0; j <= i; ++j) row[j] = S::round(row[j] * inv);
-          for (std::int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
-          if constexpr (!std::is_same_v<S, F32>)
-            for (std::int64_t j = 0; j < T; ++j) S::store(probs, pbase + i * T + j, row[j]);
-        }
-        sgemm_cpu(Trans::no, Trans::no, T, HD, T, 1.0f, P, T, V.ptr, V.ld, 0.0f, os.data(), HD);
-        head_out<S>(out, b, h, T, d.NH, HD, os.data());
+      const HeadView Q = head_in<S>(q, b, h, T, d.NH, HD, qs);
+      const std::size_t pbase = std::size_t((b * d.NH + h) * T * T);
+      float* P;  // (T,T) scores, then probabilities as stored
+      if constexpr (std::is_same_v<S, F32>) {
+        P = static_cast<float*>(probs) + pbase;
+      } else {
+        p_scratch.resize(std::size_t(T * T));
+        P = p_scratch.data();
       }
+      sgemm_cpu(Trans::no, Trans::yes, T, T, HD, scale, Q.ptr, Q.ld, K.ptr, K.ld, 0.0f, P, T);
+      for (std::int64_t i = 0; i < T; ++i) {
+        float* row = P + i * T;
+        float mx = tm_neg_inf<float>();
+        for (std::int64_t j = 0; j <= i; ++j) mx = tm_max(mx, row[j]);
+        float sum = 0.0f;
+        for (std::int64_t j = 0; j <= i; ++j) {
+          row[j] = tm_exp(row[j] - mx);
+          sum += row[j];
+        }
+        const float inv = 1.0f / sum;
+        for (std::int64_t j = 0; j <= i; ++j) row[j] = S::round(row[j] * inv);
+        for (std::int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+        if constexpr (!std::is_same_v<S, F32>)
+          for (std::int64_t j = 0; j < T; ++j) S::store(probs, pbase + i * T + j, row[j]);
+      }
+      sgemm_cpu(Trans::no, Trans::no, T, HD, T, 1.0f, P, T, V.ptr, V.ld, 0.0f, os.data(), HD);
+      head_out<S>(out, b, h, T, d.NH, HD, os.data());
     }
   }
 }
@@ -121,11 +124,14 @@ void eager_backward(void* dq, void* dk, void* dv, const void* dout, const void* 
                     const void* v, const void* probs, const Dims& d) {
   const std::int64_t T = d.T, HD = d.HD;
   const float scale = attention_scale<float>(HD);
-  std::vector<float> qs, ks, vs, dos, p_scratch;
-  std::vector<float> dP(std::size_t(T * T));  // (T,T) dP, then dS in place
-  std::vector<float> dQ(std::size_t(T * HD)), dK(std::size_t(T * HD)), dV(std::size_t(T * HD));
-  for (std::int64_t b = 0; b < d.B; ++b) {
-    for (std::int64_t kvh = 0; kvh < d.NKV; ++kvh) {
+#pragma omp parallel if (d.parallel())
+  {
+    std::vector<float> qs, ks, vs, dos, p_scratch;
+    std::vector<float> dP(std::size_t(T * T));  // (T,T) dP, then dS in place
+    std::vector<float> dQ(std::size_t(T * HD)), dK(std::size_t(T * HD)), dV(std::size_t(T * HD));
+#pragma omp for schedule(dynamic)
+    for (std::int64_t task = 0; task < d.B * d.NKV; ++task) {
+      const std::int64_t b = task / d.NKV, kvh = task % d.NKV;
       const HeadView K = head_in<S>(k, b, kvh, T, d.NKV, HD, ks);
       const HeadView V = head_in<S>(v, b, kvh, T, d.NKV, HD, vs);
       std::fill(dK.begin(), dK.end(), 0.0f);
@@ -145,7 +151,6 @@ void eager_backward(void* dq, void* dk, void* dv, const void* dout, const void* 
         }
         sgemm_cpu(Trans::no, Trans::yes, T, T, HD, 1.0f, dO.ptr, dO.ld, V.ptr, V.ld, 0.0f,
                   dP.data(), T);
-#pragma omp parallel for if (T * T > 65536)
         for (std::int64_t i = 0; i < T; ++i) {
           const float* p = P + i * T;
           float* ds = dP.data() + i * T;
@@ -174,52 +179,52 @@ void flash_forward(void* out, float* lse, const void* q, const void* k, const vo
                    const Dims& d) {
   const std::int64_t T = d.T, HD = d.HD;
   const float scale = attention_scale<float>(HD);
-  std::vector<float> qs, ks, vs;
-  std::vector<float> tile(std::size_t(kBlockRows * kBlockCols));  // (Br,Bc) scores, then p
-  std::vector<float> acc(std::size_t(kBlockRows * HD));           // (Br,HD)
-  std::vector<float> os(std::size_t(T * HD));                     // (T,HD)
-  std::vector<OnlineSoftmax<float>> st(kBlockRows);
-  for (std::int64_t b = 0; b < d.B; ++b) {
-    for (std::int64_t kvh = 0; kvh < d.NKV; ++kvh) {
+#pragma omp parallel if (d.parallel())
+  {
+    std::vector<float> qs, ks, vs;
+    std::vector<float> tile(std::size_t(kBlockRows * kBlockCols));  // (Br,Bc) scores, then p
+    std::vector<float> acc(std::size_t(kBlockRows * HD));           // (Br,HD)
+    std::vector<float> os(std::size_t(T * HD));                     // (T,HD)
+    std::vector<OnlineSoftmax<float>> st(kBlockRows);
+#pragma omp for schedule(dynamic)
+    for (std::int64_t task = 0; task < d.B * d.NH; ++task) {
+      const std::int64_t b = task / d.NH, h = task % d.NH, kvh = h / d.group();
       const HeadView K = head_in<S>(k, b, kvh, T, d.NKV, HD, ks);
       const HeadView V = head_in<S>(v, b, kvh, T, d.NKV, HD, vs);
-      for (std::int64_t g = 0; g < d.group(); ++g) {
-        const std::int64_t h = kvh * d.group() + g;
-        const HeadView Q = head_in<S>(q, b, h, T, d.NH, HD, qs);
-        for (std::int64_t i0 = 0; i0 < T; i0 += kBlockRows) {
-          const std::int64_t rows = std::min(kBlockRows, T - i0);
-          std::fill(acc.begin(), acc.end(), 0.0f);
-          std::fill(st.begin(), st.end(), OnlineSoftmax<float>::start());
-          for (std::int64_t j0 = 0; j0 < i0 + rows; j0 += kBlockCols) {
-            const std::int64_t cols = std::min(kBlockCols, i0 + rows - j0);
-            sgemm_cpu(Trans::no, Trans::yes, rows, cols, HD, scale, Q.ptr + i0 * Q.ld, Q.ld,
-                      K.ptr + j0 * K.ld, K.ld, 0.0f, tile.data(), kBlockCols);
-            for (std::int64_t r = 0; r < rows; ++r) {
-              const std::int64_t i = i0 + r;
-              float* s = tile.data() + r * kBlockCols;
-              float bmax = tm_neg_inf<float>();
-              for (std::int64_t c = 0; c < cols; ++c)
-                if (causal_visible(i, j0 + c)) bmax = tm_max(bmax, s[c]);
-              const float alpha = online_softmax_rescale(&st[r], bmax);
-              for (std::int64_t e = 0; e < HD; ++e) acc[r * HD + e] *= alpha;
-              float sum = 0.0f;
-              for (std::int64_t c = 0; c < cols; ++c) {
-                s[c] = causal_visible(i, j0 + c) ? online_softmax_weight(st[r], s[c]) : 0.0f;
-                sum += s[c];
-              }
-              st[r].l += sum;
-            }
-            sgemm_cpu(Trans::no, Trans::no, rows, HD, cols, 1.0f, tile.data(), kBlockCols,
-                      V.ptr + j0 * V.ld, V.ld, 1.0f, acc.data(), HD);
-          }
+      const HeadView Q = head_in<S>(q, b, h, T, d.NH, HD, qs);
+      for (std::int64_t i0 = 0; i0 < T; i0 += kBlockRows) {
+        const std::int64_t rows = std::min(kBlockRows, T - i0);
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        std::fill(st.begin(), st.end(), OnlineSoftmax<float>::start());
+        for (std::int64_t j0 = 0; j0 < i0 + rows; j0 += kBlockCols) {
+          const std::int64_t cols = std::min(kBlockCols, i0 + rows - j0);
+          sgemm_cpu(Trans::no, Trans::yes, rows, cols, HD, scale, Q.ptr + i0 * Q.ld, Q.ld,
+                    K.ptr + j0 * K.ld, K.ld, 0.0f, tile.data(), kBlockCols);
           for (std::int64_t r = 0; r < rows; ++r) {
-            const float inv = 1.0f / st[r].l;
-            for (std::int64_t e = 0; e < HD; ++e) os[(i0 + r) * HD + e] = acc[r * HD + e] * inv;
-            lse[(b * d.NH + h) * T + i0 + r] = online_softmax_lse(st[r]);
+            const std::int64_t i = i0 + r;
+            float* s = tile.data() + r * kBlockCols;
+            float bmax = tm_neg_inf<float>();
+            for (std::int64_t c = 0; c < cols; ++c)
+              if (causal_visible(i, j0 + c)) bmax = tm_max(bmax, s[c]);
+            const float alpha = online_softmax_rescale(&st[r], bmax);
+            for (std::int64_t e = 0; e < HD; ++e) acc[r * HD + e] *= alpha;
+            float sum = 0.0f;
+            for (std::int64_t c = 0; c < cols; ++c) {
+              s[c] = causal_visible(i, j0 + c) ? online_softmax_weight(st[r], s[c]) : 0.0f;
+              sum += s[c];
+            }
+            st[r].l += sum;
           }
+          sgemm_cpu(Trans::no, Trans::no, rows, HD, cols, 1.0f, tile.data(), kBlockCols,
+                    V.ptr + j0 * V.ld, V.ld, 1.0f, acc.data(), HD);
         }
-        head_out<S>(out, b, h, T, d.NH, HD, os.data());
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const float inv = 1.0f / st[r].l;
+          for (std::int64_t e = 0; e < HD; ++e) os[(i0 + r) * HD + e] = acc[r * HD + e] * inv;
+          lse[(b * d.NH + h) * T + i0 + r] = online_softmax_lse(st[r]);
+        }
       }
+      head_out<S>(out, b, h, T, d.NH, HD, os.data());
     }
   }
 }
@@ -230,12 +235,15 @@ void flash_backward(void* dq, void* dk, void* dv, float* delta, const void* dout
                     const Dims& d) {
   const std::int64_t T = d.T, HD = d.HD;
   const float scale = attention_scale<float>(HD);
-  std::vector<float> qs, ks, vs, dos, os;
-  std::vector<float> p(std::size_t(kBlockRows * kBlockCols));   // (Br,Bc) recomputed P
-  std::vector<float> ds(std::size_t(kBlockRows * kBlockCols));  // (Br,Bc) dP, then dS
-  std::vector<float> dQ(std::size_t(T * HD)), dK(std::size_t(T * HD)), dV(std::size_t(T * HD));
-  for (std::int64_t b = 0; b < d.B; ++b) {
-    for (std::int64_t kvh = 0; kvh < d.NKV; ++kvh) {
+#pragma omp parallel if (d.parallel())
+  {
+    std::vector<float> qs, ks, vs, dos, os;
+    std::vector<float> p(std::size_t(kBlockRows * kBlockCols));   // (Br,Bc) recomputed P
+    std::vector<float> ds(std::size_t(kBlockRows * kBlockCols));  // (Br,Bc) dP, then dS
+    std::vector<float> dQ(std::size_t(T * HD)), dK(std::size_t(T * HD)), dV(std::size_t(T * HD));
+#pragma omp for schedule(dynamic)
+    for (std::int64_t task = 0; task < d.B * d.NKV; ++task) {
+      const std::int64_t b = task / d.NKV, kvh = task % d.NKV;
       const HeadView K = head_in<S>(k, b, kvh, T, d.NKV, HD, ks);
       const HeadView V = head_in<S>(v, b, kvh, T, d.NKV, HD, vs);
       std::fill(dK.begin(), dK.end(), 0.0f);
@@ -291,6 +299,7 @@ void flash_backward(void* dq, void* dk, void* dv, float* delta, const void* dout
 void attention_eager_forward_cpu(void* out, void* probs, const void* q, const void* k,
                                  const void* v, std::int64_t B, std::int64_t T, std::int64_t NH,
                                  std::int64_t NKV, std::int64_t HD, DType dt) {
+  cpu_threads_setup();
   const Dims d{B, T, NH, NKV, HD};
   check_dims(d);
   TM_DISPATCH_STORAGE(dt, "attention_forward", eager_forward<S>(out, probs, q, k, v, d));
@@ -300,6 +309,7 @@ void attention_eager_backward_cpu(void* dq, void* dk, void* dv, void* /*dprobs*/
                                   const void* q, const void* k, const void* v, const void* probs,
                                   std::int64_t B, std::int64_t T, std::int64_t NH, std::int64_t NKV,
                                   std::int64_t HD, DType dt) {
+  cpu_threads_setup();
   const Dims d{B, T, NH, NKV, HD};
   check_dims(d);
   TM_DISPATCH_STORAGE(dt, "attention_backward",
@@ -309,6 +319,7 @@ void attention_eager_backward_cpu(void* dq, void* dk, void* dv, void* /*dprobs*/
 void attention_flash_forward_cpu(void* out, float* lse, const void* q, const void* k, const void* v,
                                  std::int64_t B, std::int64_t T, std::int64_t NH, std::int64_t NKV,
                                  std::int64_t HD, DType dt) {
+  cpu_threads_setup();
   const Dims d{B, T, NH, NKV, HD};
   check_dims(d);
   TM_DISPATCH_STORAGE(dt, "attention_forward", flash_forward<S>(out, lse, q, k, v, d));
@@ -318,6 +329,7 @@ void attention_flash_backward_cpu(void* dq, void* dk, void* dv, float* delta, co
                                   const void* q, const void* k, const void* v, const void* out,
                                   const float* lse, std::int64_t B, std::int64_t T, std::int64_t NH,
                                   std::int64_t NKV, std::int64_t HD, DType dt) {
+  cpu_threads_setup();
   const Dims d{B, T, NH, NKV, HD};
   check_dims(d);
   TM_DISPATCH_STORAGE(dt, "attention_backward",
@@ -327,6 +339,7 @@ void attention_flash_backward_cpu(void* dq, void* dk, void* dv, float* delta, co
 void attention_forward_cpu(void* out, void* probs, float* lse, const void* q, const void* k,
                            const void* v, std::int64_t B, std::int64_t T, std::int64_t NH,
                            std::int64_t NKV, std::int64_t HD, Attention variant, DType dt) {
+  cpu_threads_setup();
   if (variant == Attention::eager)
     attention_eager_forward_cpu(out, probs, q, k, v, B, T, NH, NKV, HD, dt);
   else
@@ -338,6 +351,7 @@ void attention_backward_cpu(void* dq, void* dk, void* dv, void* dprobs, float* d
                             const void* out, const void* probs, const float* lse, std::int64_t B,
                             std::int64_t T, std::int64_t NH, std::int64_t NKV, std::int64_t HD,
                             Attention variant, DType dt) {
+  cpu_threads_setup();
   if (variant == Attention::eager)
     attention_eager_backward_cpu(dq, dk, dv, dprobs, dout, q, k, v, probs, B, T, NH, NKV, HD, dt);
   else

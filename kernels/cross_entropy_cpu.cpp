@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "cpu_parallel.hpp"
 #include "cross_entropy_math.hpp"
 #include "storage.hpp"
 #include "trainmem/error.hpp"
@@ -25,7 +26,7 @@ void check_targets(const std::int32_t* targets, std::int64_t N, std::int64_t V) 
 template <class S>
 void cross_entropy_forward_impl(float* losses, float* lse, const void* logits,
                                 const std::int32_t* targets, std::int64_t N, std::int64_t V) {
-#pragma omp parallel for if (N * V > 16384)
+#pragma omp parallel for if (N * V >= kParallelMinElements)
   for (std::int64_t n = 0; n < N; ++n) {
     const std::size_t base = std::size_t(n) * V;
     LseState<float> st = LseState<float>::empty();
@@ -42,7 +43,7 @@ template <class S>
 void cross_entropy_backward_impl(void* dlogits, const void* logits, const float* lse,
                                  const std::int32_t* targets, std::int64_t N, std::int64_t V,
                                  float scale) {
-#pragma omp parallel for if (N * V > 16384)
+#pragma omp parallel for if (N * V >= kParallelMinElements)
   for (std::int64_t n = 0; n < N; ++n) {
     const std::size_t base = std::size_t(n) * V;
     const std::int32_t t = targets[n];
@@ -62,6 +63,7 @@ void cross_entropy_backward_impl(void* dlogits, const void* logits, const float*
 void cross_entropy_forward_cpu(float* losses, float* lse, const void* logits,
                                const std::int32_t* targets, std::int64_t N, std::int64_t V,
                                DType dt) {
+  cpu_threads_setup();
   check_targets(targets, N, V);
   TM_DISPATCH_STORAGE(dt, "cross_entropy_forward",
                       cross_entropy_forward_impl<S>(losses, lse, logits, targets, N, V));
@@ -70,6 +72,7 @@ void cross_entropy_forward_cpu(float* losses, float* lse, const void* logits,
 void cross_entropy_backward_cpu(void* dlogits, const void* logits, const float* lse,
                                 const std::int32_t* targets, std::int64_t N, std::int64_t V,
                                 float scale, DType dt) {
+  cpu_threads_setup();
   check_targets(targets, N, V);
   TM_DISPATCH_STORAGE(dt, "cross_entropy_backward",
                       cross_entropy_backward_impl<S>(dlogits, logits, lse, targets, N, V, scale));

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_parallel.hpp"
 #include "storage.hpp"
 #include "trainmem/error.hpp"
 
@@ -38,7 +39,7 @@ void embedding_backward_impl(void* dwte, const void* dout, const std::int32_t* t
     if (i == 0 || tokens[order[i]] != tokens[order[i - 1]]) starts.push_back(i);
   starts.push_back(BT);
   const std::int64_t groups = std::int64_t(starts.size()) - 1;
-#pragma omp parallel
+#pragma omp parallel if (BT * C >= kParallelMinElements)
   {
     std::vector<float> acc(C);  // (C) the row being accumulated
 #pragma omp for schedule(dynamic, 8)
@@ -58,12 +59,13 @@ void embedding_backward_impl(void* dwte, const void* dout, const std::int32_t* t
 
 void embedding_forward_cpu(void* out, const std::int32_t* tokens, const void* wte, std::int64_t B,
                            std::int64_t T, std::int64_t C, std::int64_t V, DType dt) {
+  cpu_threads_setup();
   const std::int64_t BT = B * T;
   check_tokens(tokens, BT, V);
   const std::size_t row_bytes = std::size_t(C) * dtype_size(dt);
   auto* dst = static_cast<unsigned char*>(out);
   const auto* src = static_cast<const unsigned char*>(wte);
-#pragma omp parallel for if (BT * C > 32768)
+#pragma omp parallel for if (BT * C >= kParallelMinElements)
   for (std::int64_t n = 0; n < BT; ++n) {
     std::memcpy(dst + std::size_t(n) * row_bytes, src + std::size_t(tokens[n]) * row_bytes,
                 row_bytes);
@@ -73,6 +75,7 @@ void embedding_forward_cpu(void* out, const std::int32_t* tokens, const void* wt
 void embedding_backward_cpu(void* dwte, const void* dout, const std::int32_t* tokens,
                             std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t V,
                             DType dt) {
+  cpu_threads_setup();
   check_tokens(tokens, B * T, V);
   TM_DISPATCH_STORAGE(dt, "embedding_backward",
                       embedding_backward_impl<S>(dwte, dout, tokens, B * T, C));

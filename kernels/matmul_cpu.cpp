@@ -4,11 +4,15 @@
 #include "matmul_cpu.hpp"
 
 #include <cblas.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <climits>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "cpu_parallel.hpp"
 #include "storage.hpp"
 #include "trainmem/error.hpp"
 
@@ -22,9 +26,17 @@ int blas_dim(std::int64_t x, const char* what) {
   return int(x);
 }
 
+void cblas_rowmajor(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                    const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+                    float* c, std::int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta == Trans::yes ? CblasTrans : CblasNoTrans,
+              tb == Trans::yes ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), alpha, a,
+              int(lda), b, int(ldb), beta, c, int(ldc));
+}
+
 template <class S>
 void widen(float* dst, const void* src, std::int64_t n) {
-#pragma omp parallel for if (n > 65536)
+#pragma omp parallel for if (n >= kParallelMinElements)
   for (std::int64_t i = 0; i < n; ++i) dst[i] = S::load(src, i);
 }
 
@@ -41,7 +53,7 @@ void matmul_16bit(void* c, const void* a, const void* b, std::int64_t M, std::in
   sgemm_cpu(ta, tb, M, N, K, alpha, fa.data(), ta == Trans::no ? K : M, fb.data(),
             tb == Trans::no ? N : K, beta, fc.data(), N);
   const std::int64_t n = M * N;
-#pragma omp parallel for if (n > 65536)
+#pragma omp parallel for if (n >= kParallelMinElements)
   for (std::int64_t i = 0; i < n; ++i) S::store(c, i, fc[i]);
 }
 
@@ -51,20 +63,48 @@ void sgemm_cpu(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
                const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
                float* c, std::int64_t ldc) {
   if (M == 0 || N == 0) return;
+  blas_dim(M, "M");
+  blas_dim(N, "N");
+  blas_dim(K, "K");
+  blas_dim(lda, "lda");
+  blas_dim(ldb, "ldb");
+  blas_dim(ldc, "ldc");
   if (K == 0) {  // op(a) * op(b) is all zeros; BLAS would reject the leading dimensions
     for (std::int64_t i = 0; i < M; ++i)
       for (std::int64_t j = 0; j < N; ++j)
         c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
-  cblas_sgemm(CblasRowMajor, ta == Trans::yes ? CblasTrans : CblasNoTrans,
-              tb == Trans::yes ? CblasTrans : CblasNoTrans, blas_dim(M, "M"), blas_dim(N, "N"),
-              blas_dim(K, "K"), alpha, a, blas_dim(lda, "lda"), b, blas_dim(ldb, "ldb"), beta, c,
-              blas_dim(ldc, "ldc"));
+  cpu_threads_setup();
+  static std::once_flag single_threaded_blas;
+  std::call_once(single_threaded_blas, [] { openblas_set_num_threads(1); });
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (threads <= 1 || double(M) * double(N) * double(K) < kParallelMinMacs) {
+    cblas_rowmajor(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  // Split the larger of M and N into one block per thread (multiples of 16 rows/columns).
+  const bool split_rows = M >= N;
+  const std::int64_t dim = split_rows ? M : N;
+  const std::int64_t parts = std::max<std::int64_t>(1, std::min<std::int64_t>(threads, dim / 16));
+#pragma omp parallel for num_threads(int(parts)) schedule(static, 1)
+  for (std::int64_t p = 0; p < parts; ++p) {
+    const std::int64_t lo = p == 0 ? 0 : (dim * p / parts) / 16 * 16;
+    const std::int64_t hi = p == parts - 1 ? dim : (dim * (p + 1) / parts) / 16 * 16;
+    if (hi <= lo) continue;
+    if (split_rows) {  // rows lo..hi of op(a) and c
+      const float* ap = ta == Trans::no ? a + lo * lda : a + lo;
+      cblas_rowmajor(ta, tb, hi - lo, N, K, alpha, ap, lda, b, ldb, beta, c + lo * ldc, ldc);
+    } else {  // columns lo..hi of op(b) and c
+      const float* bp = tb == Trans::no ? b + lo : b + lo * ldb;
+      cblas_rowmajor(ta, tb, M, hi - lo, K, alpha, a, lda, bp, ldb, beta, c + lo, ldc);
+    }
+  }
 }
 
 void matmul_cpu(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N,
                 std::int64_t K, Trans ta, Trans tb, float alpha, float beta, DType dt) {
+  cpu_threads_setup();
   if (dt == DType::f32) {
     sgemm_cpu(ta, tb, M, N, K, alpha, static_cast<const float*>(a), ta == Trans::no ? K : M,
               static_cast<const float*>(b), tb == Trans::no ? N : K, beta, static_cast<float*>(c),

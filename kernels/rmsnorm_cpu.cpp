@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "cpu_parallel.hpp"
 #include "rmsnorm_math.hpp"
 #include "storage.hpp"
 
@@ -17,7 +18,7 @@ void rmsnorm_forward_impl(void* out, float* rstd, const void* inp, const void* w
                           std::int64_t N, std::int64_t C, float eps) {
   std::vector<float> w(C);  // (C)
   for (std::int64_t c = 0; c < C; ++c) w[c] = S::load(weight, c);
-#pragma omp parallel for if (N * C > 16384)
+#pragma omp parallel for if (N * C >= kParallelMinElements)
   for (std::int64_t n = 0; n < N; ++n) {
     const std::size_t base = std::size_t(n) * C;
     float sum_sq = 0.0f;
@@ -39,7 +40,7 @@ void rmsnorm_backward_impl(void* dinp, void* dweight, const void* dout, const vo
   for (std::int64_t c = 0; c < C; ++c) w[c] = S::load(weight, c);
   const std::int64_t chunks = std::min<std::int64_t>(N, 32);
   std::vector<float> dw_part(std::size_t(chunks) * C, 0.0f);  // (chunks, C)
-#pragma omp parallel for schedule(static, 1) if (N * C > 16384)
+#pragma omp parallel for schedule(static, 1) if (N * C >= kParallelMinElements)
   for (std::int64_t ch = 0; ch < chunks; ++ch) {
     const std::int64_t n0 = N * ch / chunks, n1 = N * (ch + 1) / chunks;
     float* dw = dw_part.data() + std::size_t(ch) * C;
@@ -68,6 +69,7 @@ void rmsnorm_backward_impl(void* dinp, void* dweight, const void* dout, const vo
 
 void rmsnorm_forward_cpu(void* out, float* rstd, const void* inp, const void* weight,
                          std::int64_t N, std::int64_t C, float eps, DType dt) {
+  cpu_threads_setup();
   TM_DISPATCH_STORAGE(dt, "rmsnorm_forward",
                       rmsnorm_forward_impl<S>(out, rstd, inp, weight, N, C, eps));
 }
@@ -75,6 +77,7 @@ void rmsnorm_forward_cpu(void* out, float* rstd, const void* inp, const void* we
 void rmsnorm_backward_cpu(void* dinp, void* dweight, const void* dout, const void* inp,
                           const void* weight, const float* rstd, std::int64_t N, std::int64_t C,
                           DType dt) {
+  cpu_threads_setup();
   TM_DISPATCH_STORAGE(dt, "rmsnorm_backward",
                       rmsnorm_backward_impl<S>(dinp, dweight, dout, inp, weight, rstd, N, C));
 }

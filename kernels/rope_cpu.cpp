@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_parallel.hpp"
 #include "rope_math.hpp"
 #include "storage.hpp"
 #include "trainmem/error.hpp"
@@ -20,7 +21,7 @@ void rope_heads(void* x, std::int64_t B, std::int64_t T, std::int64_t H, std::in
                 const std::vector<float>& cos_t, const std::vector<float>& sin_t, Direction dir) {
   const std::int64_t half = HD / 2;
   const float sign = dir == Direction::forward ? 1.0f : -1.0f;
-#pragma omp parallel for if (B * T * H * HD > 32768)
+#pragma omp parallel for if (B * T * H * HD >= kParallelMinElements)
   for (std::int64_t bt = 0; bt < B * T; ++bt) {
     const std::int64_t t = bt % T;
     const float* c = cos_t.data() + t * half;
@@ -59,11 +60,13 @@ void rope_apply(void* q, void* k, std::int64_t B, std::int64_t T, std::int64_t N
 
 void rope_forward_cpu(void* q, void* k, std::int64_t B, std::int64_t T, std::int64_t NH,
                       std::int64_t NKV, std::int64_t HD, double theta, DType dt) {
+  cpu_threads_setup();
   rope_apply(q, k, B, T, NH, NKV, HD, theta, dt, Direction::forward);
 }
 
 void rope_backward_cpu(void* dq, void* dk, std::int64_t B, std::int64_t T, std::int64_t NH,
                        std::int64_t NKV, std::int64_t HD, double theta, DType dt) {
+  cpu_threads_setup();
   rope_apply(dq, dk, B, T, NH, NKV, HD, theta, dt, Direction::backward);
 }
 

@@ -1,6 +1,7 @@
 // SwiGLU, CPU reference (math in swiglu_math.hpp): elementwise, in parallel.
 #include "swiglu_cpu.hpp"
 
+#include "cpu_parallel.hpp"
 #include "storage.hpp"
 #include "swiglu_math.hpp"
 
@@ -9,7 +10,7 @@ namespace {
 
 template <class S>
 void swiglu_forward_impl(void* out, const void* gate, const void* up, std::int64_t N) {
-#pragma omp parallel for if (N > 32768)
+#pragma omp parallel for if (N >= kParallelMinElements)
   for (std::int64_t i = 0; i < N; ++i)
     S::store(out, i, swiglu_forward_elem(S::load(gate, i), S::load(up, i)));
 }
@@ -17,7 +18,7 @@ void swiglu_forward_impl(void* out, const void* gate, const void* up, std::int64
 template <class S>
 void swiglu_backward_impl(void* dgate, void* dup, const void* dout, const void* gate,
                           const void* up, std::int64_t N) {
-#pragma omp parallel for if (N > 32768)
+#pragma omp parallel for if (N >= kParallelMinElements)
   for (std::int64_t i = 0; i < N; ++i) {
     float dg, du;
     swiglu_backward_elem(S::load(dout, i), S::load(gate, i), S::load(up, i), &dg, &du);
@@ -29,11 +30,13 @@ void swiglu_backward_impl(void* dgate, void* dup, const void* dout, const void* 
 }  // namespace
 
 void swiglu_forward_cpu(void* out, const void* gate, const void* up, std::int64_t N, DType dt) {
+  cpu_threads_setup();
   TM_DISPATCH_STORAGE(dt, "swiglu_forward", swiglu_forward_impl<S>(out, gate, up, N));
 }
 
 void swiglu_backward_cpu(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
                          std::int64_t N, DType dt) {
+  cpu_threads_setup();
   TM_DISPATCH_STORAGE(dt, "swiglu_backward",
                       swiglu_backward_impl<S>(dgate, dup, dout, gate, up, N));
 }

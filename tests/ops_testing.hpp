@@ -3,6 +3,7 @@
 // the max error, and central finite differences.
 #pragma once
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_parallel.hpp"
 #include "trainmem/dtype.hpp"
 #include "trainmem/error.hpp"
 
@@ -131,6 +133,19 @@ inline double dot(const std::vector<double>& a, const std::vector<float>& b) {
   double s = 0;
   for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * double(b[i]);
   return s;
+}
+
+// Runs f with exactly n OpenMP threads (dynamic teams off), then restores the settings. The
+// cpu ops must give the same bits for any team size.
+template <class F>
+void with_threads(int n, F&& f) {
+  cpu_threads_setup();  // first, so that the ops' own one-time setup does not undo ours
+  const int dyn = omp_get_dynamic(), max = omp_get_max_threads();
+  omp_set_dynamic(0);
+  omp_set_num_threads(n);
+  f();
+  omp_set_num_threads(max);
+  omp_set_dynamic(dyn);
 }
 
 inline std::vector<DType> all_dtypes() {

@@ -283,6 +283,27 @@ TEST(OpsAttention, LaterKeysAndValuesDoNotChangeEarlierOutputs) {
     }
 }
 
+TEST(OpsAttention, SameBitsForAnyThreadCount) {
+  const Shape s{3, 130, 4, 2, 16};  // large enough for the OpenMP team
+  for (DType dt : {DType::f32, DType::bf16})
+    for (Attention var : {Attention::eager, Attention::flash}) {
+      SCOPED_TRACE(dtype_label(dt) + " " + variant_label(var));
+      AttnRun one(s, dt, var, 170), three(s, dt, var, 170);
+      with_threads(1, [&] {
+        one.forward();
+        one.backward();
+      });
+      with_threads(3, [&] {
+        three.forward();
+        three.backward();
+      });
+      EXPECT_EQ(one.out.f32(), three.out.f32());
+      EXPECT_EQ(one.dq.f32(), three.dq.f32());
+      EXPECT_EQ(one.dk.f32(), three.dk.f32());
+      EXPECT_EQ(one.dv.f32(), three.dv.f32());
+    }
+}
+
 TEST(OpsAttention, KvHeadsMustDivideHeads) {
   AttnRun r({1, 2, 3, 2, 2}, DType::f32, Attention::eager, 160);
   try {

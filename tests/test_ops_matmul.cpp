@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "matmul_cpu.hpp"
 #include "ops_testing.hpp"
@@ -66,6 +67,25 @@ INSTANTIATE_TEST_SUITE_P(DtypeByShape, OpsMatmulP, ::testing::ValuesIn(matmul_ca
                                   std::to_string(c.M) + "_N" + std::to_string(c.N) + "_K" +
                                   std::to_string(c.K) + (c.beta == 0.0f ? "_beta0" : "_beta");
                          });
+
+TEST(OpsMatmul, SameBitsForAnyThreadCount) {
+  // Large enough to be split into row (M >= N) or column (N > M) blocks across threads.
+  for (auto [M, N, K] : {std::tuple{300, 200, 64}, std::tuple{70, 333, 129}})
+    for (Trans ta : {Trans::no, Trans::yes})
+      for (Trans tb : {Trans::no, Trans::yes}) {
+        const auto a = uniform(M * K, 54), b = uniform(K * N, 55), c0 = uniform(M * N, 56);
+        std::vector<float> one = c0, three = c0;
+        matmul_cpu(one.data(), a.data(), b.data(), M, N, K, ta, tb, 0.5f, 1.0f, DType::f32);
+        with_threads(1, [&] {
+          one = c0;
+          matmul_cpu(one.data(), a.data(), b.data(), M, N, K, ta, tb, 0.5f, 1.0f, DType::f32);
+        });
+        with_threads(3, [&] {
+          matmul_cpu(three.data(), a.data(), b.data(), M, N, K, ta, tb, 0.5f, 1.0f, DType::f32);
+        });
+        EXPECT_EQ(one, three) << "M " << M << " N " << N << " K " << K;
+      }
+}
 
 TEST(OpsMatmul, EmptyInnerDimensionScalesC) {
   std::vector<float> c = {1, 2, 3, 4, 5, 6};

@@ -128,6 +128,26 @@ TEST_P(OpsRmsnormP, MatchesNaiveReference) {
   EXPECT_TRUE(all_close("dweight", dweight.f32(), ref_dw, tolerance(dt, 1 + N / 16.0)));
 }
 
+TEST(OpsRmsnorm, SameBitsForAnyThreadCount) {
+  const std::int64_t N = 300, C = 130;
+  const auto x = uniform(N * C, 31), w = uniform(C, 32), dy = uniform(N * C, 33);
+  auto run = [&](std::vector<float>& out, std::vector<float>& dx, std::vector<float>& dw) {
+    std::vector<float> rstd(N);
+    out.assign(N * C, 0.0f);
+    dx.assign(N * C, 0.0f);
+    dw.assign(C, 0.0f);
+    rmsnorm_forward_cpu(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f, DType::f32);
+    rmsnorm_backward_cpu(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C,
+                         DType::f32);
+  };
+  std::vector<float> o1, dx1, dw1, o3, dx3, dw3;
+  with_threads(1, [&] { run(o1, dx1, dw1); });
+  with_threads(3, [&] { run(o3, dx3, dw3); });
+  EXPECT_EQ(o1, o3);
+  EXPECT_EQ(dx1, dx3);
+  EXPECT_EQ(dw1, dw3);
+}
+
 INSTANTIATE_TEST_SUITE_P(DtypeByShape, OpsRmsnormP,
                          ::testing::Values(RmsCase{DType::f32, 14, 13}, RmsCase{DType::f32, 3, 1},
                                            RmsCase{DType::f32, 70, 257},
