@@ -29,6 +29,9 @@ struct AdamCase {
   DType dt;
   float weight_decay;
 };
+void PrintTo(const AdamCase& c, std::ostream* os) {
+  *os << dtype_label(c.dt) << " weight_decay " << c.weight_decay;
+}
 class OpsAdamwP : public ::testing::TestWithParam<AdamCase> {};
 
 TEST_P(OpsAdamwP, ThreeStepsMatchReference) {

@@ -194,6 +194,9 @@ struct AttnCase {
   Shape s;
   Attention variant;
 };
+void PrintTo(const AttnCase& c, std::ostream* os) {
+  *os << dtype_label(c.dt) << " " << variant_label(c.variant) << " " << c.s.label();
+}
 class OpsAttentionP : public ::testing::TestWithParam<AttnCase> {};
 
 TEST_P(OpsAttentionP, MatchesNaiveReference) {

@@ -75,6 +75,9 @@ struct CeCase {
   DType dt;
   std::int64_t N, V;
 };
+void PrintTo(const CeCase& c, std::ostream* os) {
+  *os << dtype_label(c.dt) << " N " << c.N << " V " << c.V;
+}
 class OpsCrossEntropyP : public ::testing::TestWithParam<CeCase> {};
 
 TEST_P(OpsCrossEntropyP, MatchesNaiveReferenceAndRunsInPlace) {

@@ -15,6 +15,9 @@ struct EmbCase {
   DType dt;
   std::int64_t B, T, C, V;
 };
+void PrintTo(const EmbCase& c, std::ostream* os) {
+  *os << dtype_label(c.dt) << " B " << c.B << " T " << c.T << " C " << c.C << " V " << c.V;
+}
 class OpsEmbeddingP : public ::testing::TestWithParam<EmbCase> {};
 
 TEST_P(OpsEmbeddingP, ForwardGathersAndBackwardScatters) {

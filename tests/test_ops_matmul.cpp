@@ -19,6 +19,11 @@ struct MatmulCase {
   Trans ta, tb;
   float alpha, beta;
 };
+void PrintTo(const MatmulCase& c, std::ostream* os) {
+  *os << dtype_label(c.dt) << " M " << c.M << " N " << c.N << " K " << c.K << " ta "
+      << (c.ta == Trans::yes) << " tb " << (c.tb == Trans::yes) << " alpha " << c.alpha << " beta "
+      << c.beta;
+}
 class OpsMatmulP : public ::testing::TestWithParam<MatmulCase> {};
 
 TEST_P(OpsMatmulP, MatchesNaiveLoop) {

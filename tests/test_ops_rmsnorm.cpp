@@ -89,6 +89,9 @@ struct RmsCase {
   DType dt;
   std::int64_t N, C;
 };
+void PrintTo(const RmsCase& c, std::ostream* os) {
+  *os << dtype_label(c.dt) << " N " << c.N << " C " << c.C;
+}
 class OpsRmsnormP : public ::testing::TestWithParam<RmsCase> {};
 
 TEST_P(OpsRmsnormP, MatchesNaiveReference) {

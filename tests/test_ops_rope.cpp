@@ -58,6 +58,10 @@ struct RopeCase {
   std::int64_t B, T, NH, NKV, HD;
   double theta;
 };
+void PrintTo(const RopeCase& c, std::ostream* os) {
+  *os << dtype_label(c.dt) << " B " << c.B << " T " << c.T << " NH " << c.NH << " NKV " << c.NKV
+      << " HD " << c.HD << " theta " << c.theta;
+}
 class OpsRopeP : public ::testing::TestWithParam<RopeCase> {};
 
 void check_transpose_and_inverse(const RopeCase& c) {

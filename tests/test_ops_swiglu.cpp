@@ -59,6 +59,9 @@ struct SwigluCase {
   DType dt;
   std::int64_t N;
 };
+void PrintTo(const SwigluCase& c, std::ostream* os) {
+  *os << dtype_label(c.dt) << " N " << c.N;
+}
 class OpsSwigluP : public ::testing::TestWithParam<SwigluCase> {};
 
 TEST_P(OpsSwigluP, MatchesNaiveReference) {
