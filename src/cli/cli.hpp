@@ -60,6 +60,12 @@ void add_run_flags(CLI::App& cmd, RunFlags& flags);
 Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers,
                       bool allow_both_modes);
 
+// Sets spdlog's level from a --log-level value: trace|debug|info|warn|error|off (InputError
+// listing them otherwise). add_common_flags wires --log-level to it during parsing.
+void set_log_level(const std::string& level);
+// Adds only --log-level (the top-level app has it too: `trainmem --log-level debug estimate`).
+void add_log_level_flag(CLI::App& cmd, std::string& level);
+
 // Writes `text` to --output (or stdout when empty).
 void write_output(const std::string& output_path, const std::string& text);
 
@@ -71,6 +77,10 @@ Runner register_profile(CLI::App& app);
 Runner register_compare(CLI::App& app);
 Runner register_sweep(CLI::App& app);
 Runner register_maxbatch(CLI::App& app);
+
+// Runs `body` and returns its exit code; an exception becomes a message on stderr and the
+// exit code of its kind: InputError (and CLI11 errors) 2, OutOfMemory 3, anything else 1.
+int run_guarded(const std::function<int()>& body);
 
 // The whole CLI; returns the process exit code. Never throws.
 int run_cli(int argc, char** argv);

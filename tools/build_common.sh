@@ -1,0 +1,34 @@
+# Shared by tools/main.sh and tools/test.sh (sourced, not run): configure and build
+# trainmem in build/release. CUDA is on when nvcc is found, off otherwise.
+# Environment overrides: TRAINMEM_BUILD_DIR (default build/release), TRAINMEM_JOBS (default
+# nproc), TRAINMEM_CUDA_ARCHS (default: the CMakeLists.txt default, "80;90").
+
+trainmem_find_nvcc() {
+  if [ -x /usr/local/cuda/bin/nvcc ]; then
+    echo /usr/local/cuda/bin/nvcc
+  elif command -v nvcc >/dev/null 2>&1; then
+    command -v nvcc
+  fi
+}
+
+# trainmem_configure_and_build [cmake --build target...]
+trainmem_configure_and_build() {
+  local build_dir="${TRAINMEM_BUILD_DIR:-build/release}"
+  local jobs="${TRAINMEM_JOBS:-$(nproc)}"
+  local nvcc
+  nvcc="$(trainmem_find_nvcc)"
+  local args=(-S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release)
+  if [ -n "$nvcc" ]; then
+    args+=(-DTRAINMEM_CUDA=ON "-DCMAKE_CUDA_COMPILER=$nvcc")
+    [ -n "${TRAINMEM_CUDA_ARCHS:-}" ] && args+=("-DCMAKE_CUDA_ARCHITECTURES=$TRAINMEM_CUDA_ARCHS")
+    echo "trainmem: configuring with CUDA ($nvcc) in $build_dir" >&2
+  else
+    args+=(-DTRAINMEM_CUDA=OFF)
+    echo "trainmem: nvcc not found: configuring without CUDA in $build_dir" >&2
+  fi
+  cmake "${args[@]}" >/dev/null
+  local targets=()
+  for t in "$@"; do targets+=(--target "$t"); done
+  echo "trainmem: building (-j$jobs)" >&2
+  cmake --build "$build_dir" -j "$jobs" "${targets[@]}"
+}
