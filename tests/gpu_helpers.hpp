@@ -7,8 +7,8 @@
 
 #include "trainmem/backend.hpp"
 
-#define require_cuda_device()                                               \
-  do {                                                                      \
-    const std::string tm_reason_ = ::trainmem::cuda_unavailable_reason();   \
+#define require_cuda_device()                                                  \
+  do {                                                                         \
+    const std::string tm_reason_ = ::trainmem::cuda_unavailable_reason();      \
     if (!tm_reason_.empty()) GTEST_SKIP() << "no CUDA device: " << tm_reason_; \
   } while (0)

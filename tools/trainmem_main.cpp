@@ -1,4 +1,6 @@
 // trainmem: where does the GPU memory of an LLM training step go? See README.md.
 #include "cli/cli.hpp"
 
-int main(int argc, char** argv) { return trainmem::cli::run_cli(argc, argv); }
+int main(int argc, char** argv) {
+  return trainmem::cli::run_cli(argc, argv);
+}

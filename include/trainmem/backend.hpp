@@ -75,25 +75,22 @@ class Backend {
   // 0..T-1 with inv_freq[j] = theta^(-2j/HD). Backward applies the inverse rotation.
   virtual void rope_forward(void* q, void* k, std::int64_t B, std::int64_t T, std::int64_t NH,
                             std::int64_t NKV, std::int64_t HD, double theta) = 0;
-  virtual void rope_backward(void* dq, void* dk, std::int64_t B, std::int64_t T,
-                             std::int64_t NH, std::int64_t NKV, std::int64_t HD,
-                             double theta) = 0;
+  virtual void rope_backward(void* dq, void* dk, std::int64_t B, std::int64_t T, std::int64_t NH,
+                             std::int64_t NKV, std::int64_t HD, double theta) = 0;
   // Causal attention, scale 1/sqrt(HD), GQA: query head h reads kv head h / (NH/NKV).
   // q, out (B,T,NH,HD) D; k, v (B,T,NKV,HD) D.
   // eager: probs (B,NH,T,T) D receives the softmax probabilities (lse unused, may be null).
   // flash: lse (B,NH,T) f32 receives the row log-sum-exp (probs unused, may be null).
-  virtual void attention_forward(void* out, void* probs, float* lse, const void* q,
-                                 const void* k, const void* v, std::int64_t B, std::int64_t T,
-                                 std::int64_t NH, std::int64_t NKV, std::int64_t HD,
-                                 Attention variant) = 0;
+  virtual void attention_forward(void* out, void* probs, float* lse, const void* q, const void* k,
+                                 const void* v, std::int64_t B, std::int64_t T, std::int64_t NH,
+                                 std::int64_t NKV, std::int64_t HD, Attention variant) = 0;
   // dq (B,T,NH,HD), dk, dv (B,T,NKV,HD) written with =. Scratch: eager dprobs (B,NH,T,T) D;
   // flash delta (B,NH,T) f32 (= rowsum(dout * out)).
   virtual void attention_backward(void* dq, void* dk, void* dv, void* dprobs, float* delta,
-                                  const void* dout, const void* q, const void* k,
-                                  const void* v, const void* out, const void* probs,
-                                  const float* lse, std::int64_t B, std::int64_t T,
-                                  std::int64_t NH, std::int64_t NKV, std::int64_t HD,
-                                  Attention variant) = 0;
+                                  const void* dout, const void* q, const void* k, const void* v,
+                                  const void* out, const void* probs, const float* lse,
+                                  std::int64_t B, std::int64_t T, std::int64_t NH, std::int64_t NKV,
+                                  std::int64_t HD, Attention variant) = 0;
   // out (N) D = silu(gate) * up
   virtual void swiglu_forward(void* out, const void* gate, const void* up, std::int64_t N) = 0;
   virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate,
@@ -105,8 +102,8 @@ class Backend {
   // dlogits (N,V) D = scale * (softmax(logits) - onehot(target)); rows with target < 0 are 0.
   // dlogits may alias logits.
   virtual void cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
-                                      const std::int32_t* targets, std::int64_t N,
-                                      std::int64_t V, float scale) = 0;
+                                      const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                                      float scale) = 0;
   // AdamW with bias correction (step >= 1) and decoupled weight decay. master (n) f32 is the
   // fp32 copy when D is 16-bit (param is then written as round(master)); nullptr when D is
   // fp32 (param itself is updated). m, v (n) f32.

@@ -13,18 +13,18 @@
 namespace trainmem {
 
 struct ModelConfig {
-  std::string name;                 // preset name or the config.json path
-  std::int64_t vocab = 0;           // V
-  std::int64_t hidden = 0;          // h
-  std::int64_t intermediate = 0;    // i
-  std::int64_t layers = 0;          // L
-  std::int64_t heads = 0;           // a
-  std::int64_t kv_heads = 0;        // k (== a without GQA)
-  std::int64_t max_positions = 0;   // longest sequence the model was trained for
+  std::string name;                // preset name or the config.json path
+  std::int64_t vocab = 0;          // V
+  std::int64_t hidden = 0;         // h
+  std::int64_t intermediate = 0;   // i
+  std::int64_t layers = 0;         // L
+  std::int64_t heads = 0;          // a
+  std::int64_t kv_heads = 0;       // k (== a without GQA)
+  std::int64_t max_positions = 0;  // longest sequence the model was trained for
   double rms_eps = 1e-6;
   double rope_theta = 10000.0;
-  bool tied_embeddings = false;     // lm_head shares embed_tokens
-  std::optional<DType> torch_dtype; // what config.json says the checkpoint is stored in
+  bool tied_embeddings = false;      // lm_head shares embed_tokens
+  std::optional<DType> torch_dtype;  // what config.json says the checkpoint is stored in
 
   std::int64_t head_dim() const { return hidden / heads; }
   std::int64_t kv_dim() const { return kv_heads * head_dim(); }

@@ -31,11 +31,13 @@ TM_HD float bits_f32(std::uint32_t u) {
   std::memcpy(&f, &u, 4);
   return f;
 }
-TM_HD float bf16_to_f32(std::uint16_t h) { return bits_f32(std::uint32_t(h) << 16); }
+TM_HD float bf16_to_f32(std::uint16_t h) {
+  return bits_f32(std::uint32_t(h) << 16);
+}
 TM_HD std::uint16_t f32_to_bf16(float f) {
   std::uint32_t u = f32_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                                               // RNE
+  u += 0x7fffu + ((u >> 16) & 1u);                                              // RNE
   return std::uint16_t(u >> 16);
 }
 TM_HD float f16_to_f32(std::uint16_t h) {
@@ -55,10 +57,10 @@ TM_HD std::uint16_t f32_to_f16(float f) {
   std::uint32_t u = f32_bits(f);
   std::uint32_t sign = (u >> 16) & 0x8000u;
   std::uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return std::uint16_t(sign | 0x7e00u);  // NaN
+  if (a > 0x7f800000u) return std::uint16_t(sign | 0x7e00u);   // NaN
   if (a >= 0x477ff000u) return std::uint16_t(sign | 0x7c00u);  // overflow (>= 65520) -> inf
-  if (a < 0x38800000u) {                                         // subnormal or zero in f16
-    if (a < 0x33000000u) return std::uint16_t(sign);             // < 2^-25 rounds to 0
+  if (a < 0x38800000u) {                                       // subnormal or zero in f16
+    if (a < 0x33000000u) return std::uint16_t(sign);           // < 2^-25 rounds to 0
     std::uint32_t exp = a >> 23;
     std::uint32_t man = (a & 0x7fffffu) | 0x800000u;
     std::uint32_t shift = 126u - exp;  // 14 + (112 - exp) + 0

@@ -112,9 +112,9 @@ struct TensorRecord {
 };
 
 struct LedgerEvent {
-  std::uint64_t seq = 0;      // 1, 2, ... over the ledger's life
-  std::int64_t time_ns = 0;   // since the ledger was created
-  std::int64_t delta = 0;     // +bytes allocate, -bytes release
+  std::uint64_t seq = 0;     // 1, 2, ... over the ledger's life
+  std::int64_t time_ns = 0;  // since the ledger was created
+  std::int64_t delta = 0;    // +bytes allocate, -bytes release
   Category category = Category::activations;
   std::uint64_t tensor_id = 0;
   int layer = -1;
@@ -123,10 +123,10 @@ struct LedgerEvent {
 };
 
 struct PeakInfo {
-  std::uint64_t bytes = 0;           // total live at the peak
-  CategoryBytes breakdown{};         // per category at that instant
-  Phase phase = Phase::setup;        // phase of the allocation that made the peak
-  std::string tensor;                // tensor whose allocation made the peak
+  std::uint64_t bytes = 0;     // total live at the peak
+  CategoryBytes breakdown{};   // per category at that instant
+  Phase phase = Phase::setup;  // phase of the allocation that made the peak
+  std::string tensor;          // tensor whose allocation made the peak
   int layer = -1;
   std::uint64_t seq = 0;
 };
@@ -153,7 +153,9 @@ class Tensor {
   explicit operator bool() const { return data_ != nullptr; }
   void* data() const { return data_; }
   template <class T>
-  T* as() const { return static_cast<T*>(data_); }
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
   DType dtype() const { return dtype_; }
   const std::vector<std::int64_t>& shape() const { return shape_; }
   std::int64_t dim(int i) const { return shape_.at(i); }
@@ -184,8 +186,8 @@ class Ledger {
   Tensor allocate(const std::string& name, Category category, int layer,
                   std::vector<std::int64_t> shape, DType dtype);
   // Raw form for allocations that are not tensors (e.g. the probes' self-test).
-  void* allocate_bytes(std::uint64_t bytes, const std::string& name, Category category,
-                       int layer, std::uint64_t* id_out = nullptr);
+  void* allocate_bytes(std::uint64_t bytes, const std::string& name, Category category, int layer,
+                       std::uint64_t* id_out = nullptr);
   // Releases a pointer previously returned. A double release or a foreign pointer throws
   // Error("ledger: release of unknown pointer ...").
   void release(void* ptr);

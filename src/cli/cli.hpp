@@ -22,12 +22,12 @@ struct CommonFlags {
   std::int64_t batch = 8;
   std::int64_t seq = 512;
   std::string dtype = "bf16";
-  std::string optimizer = "adamw";          // adamw|sgd|lomo (|all where a command allows)
-  std::string checkpointing = "none";       // none|full (|both); the bare flag means full
-  std::string attention = "eager";          // eager|flash
-  std::string profile = "all";              // native|hf-eager|megatron|zero|all (comma list)
+  std::string optimizer = "adamw";     // adamw|sgd|lomo (|all where a command allows)
+  std::string checkpointing = "none";  // none|full (|both); the bare flag means full
+  std::string attention = "eager";     // eager|flash
+  std::string profile = "all";         // native|hf-eager|megatron|zero|all (comma list)
   std::string format = "table";
-  std::string output;                       // empty: stdout
+  std::string output;  // empty: stdout
   std::string log_level = "info";
 };
 
@@ -44,10 +44,10 @@ struct RunFlags {
 // Flags after validation. Errors are InputError naming the flag and what is allowed.
 struct Common {
   ModelConfig model;
-  TrainConfig train;                      // with the first optimizer / checkpointing mode
-  std::vector<Optimizer> optimizers;      // one, or all three for "all"
+  TrainConfig train;                               // with the first optimizer / checkpointing mode
+  std::vector<Optimizer> optimizers;               // one, or all three for "all"
   std::vector<Checkpointing> checkpointing_modes;  // one, or none+full for "both"
-  std::vector<std::string> profiles;      // expanded "all"
+  std::vector<std::string> profiles;               // expanded "all"
   Format format = Format::table;
   std::string output;
 };
@@ -57,8 +57,7 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags);
 void add_run_flags(CLI::App& cmd, RunFlags& flags);
 // Validates the flags. allow_all_optimizers / allow_both_modes say whether "all" / "both" are
 // accepted by this subcommand.
-Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers,
-                      bool allow_both_modes);
+Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool allow_both_modes);
 
 // Sets spdlog's level from a --log-level value: trace|debug|info|warn|error|off (InputError
 // listing them otherwise). add_common_flags wires --log-level to it during parsing.
