@@ -1,0 +1,523 @@
+// Memory timelines: Chrome/Perfetto trace JSON and a self-contained SVG stacked-area plot
+// (see include/trainmem/timeline.hpp).
+#include "trainmem/timeline.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <unordered_map>
+
+#include "trainmem/error.hpp"
+
+namespace trainmem {
+
+namespace {
+
+std::string lower_extension(const std::string& path) {
+  const auto dot = path.find_last_of('.');
+  const auto slash = path.find_last_of('/');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return "";
+  std::string ext = path.substr(dot);
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext;
+}
+
+// The SVG stacks categories bottom to top in this order: persistent state first, then what
+// comes and goes, so the activations' rise and fall sits on top where it can be read.
+constexpr std::array<Category, kNumCategories> kStackOrder = {
+    Category::params, Category::optimizer_states, Category::gradients,
+    Category::inputs, Category::workspace,        Category::activations};
+
+const char* category_colour(Category c) {
+  switch (c) {  // Okabe-Ito palette: distinguishable with common colour-vision deficiencies
+    case Category::params:
+      return "#0072B2";
+    case Category::gradients:
+      return "#E69F00";
+    case Category::optimizer_states:
+      return "#009E73";
+    case Category::activations:
+      return "#D55E00";
+    case Category::workspace:
+      return "#CC79A7";
+    case Category::inputs:
+      return "#56B4E9";
+  }
+  return "#888888";
+}
+
+const char* phase_colour(Phase p) {
+  switch (p) {
+    case Phase::setup:
+      return "#f0f0f0";
+    case Phase::forward:
+      return "#e3edf9";
+    case Phase::backward:
+      return "#fbeadb";
+    case Phase::recompute:
+      return "#efe2f3";
+    case Phase::optimizer:
+      return "#e2f3e8";
+  }
+  return "#ffffff";
+}
+
+std::string xml_escape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// "12.5 GiB" with at most two decimals, trailing zeros dropped.
+std::string tick_label(double value, const char* unit) {
+  std::string s = fmt("%.2f", value);
+  while (!s.empty() && s.back() == '0') s.pop_back();
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s + " " + unit;
+}
+
+std::string bytes_label(std::uint64_t bytes) {
+  const ByteUnit u = byte_unit_for(bytes);
+  return fmt("%.2f", double(bytes) / u.bytes) + " " + u.name;
+}
+
+// A "nice" tick step (1, 2, 2.5 or 5 × 10^k) giving about `target` intervals over [0, max].
+double nice_step(double max, int target) {
+  if (max <= 0) return 1;
+  const double raw = max / target;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
+    if (m * mag >= raw) return m * mag;
+  return 10 * mag;
+}
+
+double trace_ts_us(const TimelineData& d, std::size_t i) {
+  if (d.axis == TimeAxis::event_index) return double(i + 1);
+  return double(d.points[i].time_ns) / 1000.0;
+}
+
+}  // namespace
+
+ByteUnit byte_unit_for(std::uint64_t max_bytes) {
+  if (max_bytes >= (std::uint64_t{1} << 30)) return {double(std::uint64_t{1} << 30), "GiB"};
+  if (max_bytes >= (std::uint64_t{1} << 20)) return {double(std::uint64_t{1} << 20), "MiB"};
+  return {1024.0, "KiB"};
+}
+
+TimelineData build_timeline(const std::vector<LedgerEvent>& events,
+                            const std::vector<TensorRecord>& tensors, std::uint64_t from_seq,
+                            TimeAxis axis, std::string title, std::uint64_t dropped_events) {
+  TimelineData d;
+  d.title = std::move(title);
+  d.axis = axis;
+  d.dropped_events = dropped_events;
+  std::unordered_map<std::uint64_t, const TensorRecord*> by_id;
+  by_id.reserve(tensors.size());
+  for (const auto& t : tensors) by_id[t.id] = &t;
+
+  CategoryBytes live{};
+  std::int64_t t0 = 0;
+  auto apply = [&](const LedgerEvent& e) {
+    auto& slot = live[static_cast<int>(e.category)];
+    if (e.delta < 0 && std::uint64_t(-e.delta) > slot)
+      throw Error("timeline: event " + std::to_string(e.seq) + " releases more " +
+                  category_name(e.category) + " bytes than are live");
+    slot = e.delta < 0 ? slot - std::uint64_t(-e.delta) : slot + std::uint64_t(e.delta);
+  };
+  for (const auto& e : events) {
+    if (e.seq < from_seq) {
+      apply(e);
+      continue;
+    }
+    if (d.points.empty()) {
+      d.initial = live;
+      t0 = e.time_ns;
+    }
+    apply(e);
+    TimelinePoint p;
+    p.seq = e.seq;
+    p.time_ns = e.time_ns - t0;
+    p.delta = e.delta;
+    p.category = e.category;
+    p.layer = e.layer;
+    p.phase = e.phase;
+    if (auto it = by_id.find(e.tensor_id); it != by_id.end()) p.tensor = it->second->name;
+    p.live = live;
+    for (auto b : live) p.live_total += b;
+    d.points.push_back(std::move(p));
+  }
+  if (d.points.empty())
+    throw Error("timeline: the ledger recorded no events from sequence number " +
+                std::to_string(from_seq));
+
+  for (std::size_t i = 0; i < d.points.size(); ++i)
+    if (d.points[i].live_total > d.points[d.peak_index].live_total) d.peak_index = i;
+
+  for (std::size_t i = 0; i < d.points.size(); ++i) {
+    if (d.phases.empty() || d.phases.back().phase != d.points[i].phase) {
+      if (!d.phases.empty()) d.phases.back().end_ns = d.points[i].time_ns;
+      d.phases.push_back({d.points[i].phase, i, i, d.points[i].time_ns, d.points[i].time_ns});
+    }
+    d.phases.back().last = i;
+    d.phases.back().end_ns = d.points[i].time_ns;
+  }
+  return d;
+}
+
+std::string timeline_trace_json(const TimelineData& d) {
+  using nlohmann::json;
+  std::vector<json> ev;
+  const int pid = 1, tid_phases = 1, tid_allocs = 2;
+  ev.push_back({{"name", "process_name"},
+                {"ph", "M"},
+                {"pid", pid},
+                {"args", {{"name", "trainmem: " + d.title}}}});
+  ev.push_back({{"name", "thread_name"},
+                {"ph", "M"},
+                {"pid", pid},
+                {"tid", tid_phases},
+                {"args", {{"name", "phases"}}}});
+  ev.push_back({{"name", "thread_name"},
+                {"ph", "M"},
+                {"pid", pid},
+                {"tid", tid_allocs},
+                {"args", {{"name", "allocations"}}}});
+
+  auto counter = [&](const std::string& name, double ts, std::uint64_t bytes) {
+    ev.push_back(
+        {{"name", name}, {"ph", "C"}, {"pid", pid}, {"ts", ts}, {"args", {{"bytes", bytes}}}});
+  };
+  // Initial values of every counter track, at time 0.
+  std::uint64_t total0 = 0;
+  for (Category c : all_categories()) {
+    counter(std::string("live ") + category_name(c), 0.0, d.initial[static_cast<int>(c)]);
+    total0 += d.initial[static_cast<int>(c)];
+  }
+  counter("live total", 0.0, total0);
+
+  for (std::size_t i = 0; i < d.points.size(); ++i) {
+    const TimelinePoint& p = d.points[i];
+    const double ts = trace_ts_us(d, i);
+    counter(std::string("live ") + category_name(p.category), ts,
+            p.live[static_cast<int>(p.category)]);
+    counter("live total", ts, p.live_total);
+    ev.push_back({{"name", (p.delta >= 0 ? "alloc " : "free ") +
+                               (p.tensor.empty() ? std::string("?") : p.tensor)},
+                  {"cat", category_name(p.category)},
+                  {"ph", "i"},
+                  {"s", "t"},
+                  {"pid", pid},
+                  {"tid", tid_allocs},
+                  {"ts", ts},
+                  {"args",
+                   {{"seq", p.seq},
+                    {"bytes", p.delta},
+                    {"category", category_name(p.category)},
+                    {"layer", p.layer},
+                    {"phase", phase_name(p.phase)}}}});
+  }
+
+  for (const PhaseSlice& s : d.phases) {
+    double start, end;
+    if (d.axis == TimeAxis::event_index) {
+      start = trace_ts_us(d, s.first);
+      end = trace_ts_us(d, s.last) + 1.0;
+    } else {
+      start = double(s.start_ns) / 1000.0;
+      end = double(s.end_ns) / 1000.0;
+      if (end <= start) end = start + 0.001;  // a visible sliver rather than nothing
+    }
+    std::uint64_t phase_peak = 0;
+    for (std::size_t i = s.first; i <= s.last; ++i)
+      phase_peak = std::max(phase_peak, d.points[i].live_total);
+    ev.push_back({{"name", phase_name(s.phase)},
+                  {"cat", "phase"},
+                  {"ph", "X"},
+                  {"pid", pid},
+                  {"tid", tid_phases},
+                  {"ts", start},
+                  {"dur", end - start},
+                  {"args", {{"events", s.last - s.first + 1}, {"peak_bytes", phase_peak}}}});
+  }
+
+  const TimelinePoint& pk = d.points[d.peak_index];
+  json breakdown = json::object();
+  for (Category c : all_categories()) breakdown[category_name(c)] = pk.live[static_cast<int>(c)];
+  ev.push_back({{"name", "peak " + bytes_label(pk.live_total)},
+                {"cat", "peak"},
+                {"ph", "i"},
+                {"s", "g"},
+                {"pid", pid},
+                {"tid", tid_phases},
+                {"ts", trace_ts_us(d, d.peak_index)},
+                {"args",
+                 {{"bytes", pk.live_total},
+                  {"tensor", pk.tensor},
+                  {"layer", pk.layer},
+                  {"phase", phase_name(pk.phase)},
+                  {"seq", pk.seq},
+                  {"breakdown", breakdown}}}});
+
+  std::string out = "{\"traceEvents\": [\n";
+  for (std::size_t i = 0; i < ev.size(); ++i) {
+    out += ev[i].dump();
+    out += i + 1 < ev.size() ? ",\n" : "\n";
+  }
+  json other = {{"title", d.title},
+                {"time_axis", d.axis == TimeAxis::wall ? "wall" : "event_index"},
+                {"time_axis_note", d.axis == TimeAxis::wall
+                                       ? "ts is wall time in microseconds since the step began"
+                                       : "ts is the ledger event index (1 us per event): the "
+                                         "meta backend does no work, so no time passes"},
+                {"peak_bytes", pk.live_total},
+                {"dropped_events", d.dropped_events}};
+  out += "],\n\"displayTimeUnit\": \"ms\",\n\"otherData\": " + other.dump() + "\n}\n";
+  return out;
+}
+
+std::string timeline_svg(const TimelineData& d, int width, int height) {
+  const double left = 84, right = 270, top = 78, bottom = 64;
+  const double x0 = left, x1 = width - right, y0 = top, y1 = height - bottom;
+  const std::size_t n = d.points.size();
+  const TimelinePoint& pk = d.points[d.peak_index];
+
+  const ByteUnit unit = byte_unit_for(pk.live_total);
+  const double max_u = double(pk.live_total) / unit.bytes;
+  const double ystep = nice_step(max_u, 5);
+  const double ytop = std::max(ystep, std::ceil(max_u / ystep - 1e-9) * ystep);
+  auto X = [&](double idx) { return x0 + (x1 - x0) * idx / double(n); };
+  auto Y = [&](double bytes) { return y1 - (y1 - y0) * (bytes / unit.bytes) / ytop; };
+
+  // Columns to draw: every event when they fit, else the event with the largest total in
+  // each pixel-wide bucket (the envelope, and the peak, survive the thinning).
+  std::vector<std::size_t> cols;
+  const std::size_t max_cols = static_cast<std::size_t>(2 * (x1 - x0));
+  if (n <= max_cols) {
+    for (std::size_t i = 0; i < n; ++i) cols.push_back(i);
+  } else {
+    for (std::size_t b = 0; b < max_cols; ++b) {
+      const std::size_t lo = b * n / max_cols, hi = std::max(lo + 1, (b + 1) * n / max_cols);
+      std::size_t best = lo;
+      for (std::size_t i = lo; i < hi && i < n; ++i)
+        if (d.points[i].live_total > d.points[best].live_total) best = i;
+      if (d.peak_index >= lo && d.peak_index < hi) best = d.peak_index;
+      cols.push_back(best);
+    }
+  }
+  // Column k spans [start_k, start_{k+1}) on the event axis.
+  auto col_start = [&](std::size_t k) -> double {
+    if (n <= max_cols) return double(cols[k]);
+    return double(k * n / max_cols);
+  };
+  auto col_end = [&](std::size_t k) -> double {
+    return k + 1 < cols.size() ? col_start(k + 1) : double(n);
+  };
+
+  std::ostringstream o;
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
+    << "\" viewBox=\"0 0 " << width << " " << height
+    << "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" font-size=\"12\">\n";
+  o << "<title>" << xml_escape("trainmem memory timeline: " + d.title) << "</title>\n";
+  o << "<rect x=\"0\" y=\"0\" width=\"" << width << "\" height=\"" << height
+    << "\" fill=\"#ffffff\"/>\n";
+  o << "<text x=\"" << x0 << "\" y=\"24\" font-size=\"16\" font-weight=\"bold\">"
+    << xml_escape(d.title) << "</text>\n";
+  o << "<text x=\"" << x0 << "\" y=\"44\" fill=\"#444444\">"
+    << xml_escape("Live bytes per category over the step (ledger); peak " +
+                  bytes_label(pk.live_total))
+    << "</text>\n";
+
+  // Phase bands with their names above the plot.
+  o << "<g id=\"phases\">\n";
+  for (const PhaseSlice& s : d.phases) {
+    const double bx0 = X(double(s.first)), bx1 = X(double(s.last + 1));
+    o << "<rect class=\"phase\" data-phase=\"" << phase_name(s.phase) << "\" x=\""
+      << fmt("%.1f", bx0) << "\" y=\"" << y0 << "\" width=\"" << fmt("%.1f", bx1 - bx0)
+      << "\" height=\"" << (y1 - y0) << "\" fill=\"" << phase_colour(s.phase) << "\"/>\n";
+    if (bx1 - bx0 >= 8.0 * std::string(phase_name(s.phase)).size())
+      o << "<text x=\"" << fmt("%.1f", (bx0 + bx1) / 2) << "\" y=\"" << (y0 - 8)
+        << "\" text-anchor=\"middle\" fill=\"#333333\">" << phase_name(s.phase) << "</text>\n";
+  }
+  o << "</g>\n";
+
+  // Grid lines and the y axis.
+  o << "<g id=\"y-axis\" fill=\"#333333\">\n";
+  for (double v = 0; v <= ytop + 1e-9; v += ystep) {
+    const double y = y1 - (y1 - y0) * v / ytop;
+    o << "<line x1=\"" << x0 << "\" y1=\"" << fmt("%.1f", y) << "\" x2=\"" << x1 << "\" y2=\""
+      << fmt("%.1f", y) << "\" stroke=\"#d0d0d0\" stroke-width=\"1\"/>\n";
+    o << "<text x=\"" << (x0 - 6) << "\" y=\"" << fmt("%.1f", y + 4) << "\" text-anchor=\"end\">"
+      << tick_label(v, unit.name) << "</text>\n";
+  }
+  o << "<text transform=\"translate(18," << fmt("%.1f", (y0 + y1) / 2)
+    << ") rotate(-90)\" text-anchor=\"middle\">live memory (" << unit.name << ")</text>\n";
+  o << "</g>\n";
+
+  // Stacked areas, one closed step polygon per category (bottom edge = the layer below).
+  o << "<g id=\"areas\" stroke=\"none\">\n";
+  std::vector<double> below(cols.size(), 0.0);
+  for (Category c : kStackOrder) {
+    const int ci = static_cast<int>(c);
+    bool any = false;
+    for (std::size_t k = 0; k < cols.size(); ++k) any |= d.points[cols[k]].live[ci] > 0;
+    if (!any) continue;
+    std::vector<double> above(cols.size());
+    for (std::size_t k = 0; k < cols.size(); ++k)
+      above[k] = below[k] + double(d.points[cols[k]].live[ci]);
+    o << "<path class=\"area\" data-category=\"" << category_name(c) << "\" fill=\""
+      << category_colour(c) << "\" fill-opacity=\"0.85\" d=\"M";
+    for (std::size_t k = 0; k < cols.size(); ++k) {
+      o << fmt("%.1f", X(col_start(k))) << "," << fmt("%.1f", Y(above[k])) << " "
+        << fmt("%.1f", X(col_end(k))) << "," << fmt("%.1f", Y(above[k])) << " ";
+    }
+    for (std::size_t k = cols.size(); k-- > 0;) {
+      o << fmt("%.1f", X(col_end(k))) << "," << fmt("%.1f", Y(below[k])) << " "
+        << fmt("%.1f", X(col_start(k))) << "," << fmt("%.1f", Y(below[k])) << " ";
+    }
+    o << "Z\"/>\n";
+    below = above;
+  }
+  // The total as a thin outline along the top of the stack.
+  o << "<path class=\"total\" fill=\"none\" stroke=\"#222222\" stroke-width=\"1\" d=\"M";
+  for (std::size_t k = 0; k < cols.size(); ++k)
+    o << fmt("%.1f", X(col_start(k))) << "," << fmt("%.1f", Y(below[k])) << " "
+      << fmt("%.1f", X(col_end(k))) << "," << fmt("%.1f", Y(below[k])) << " ";
+  o << "\"/>\n";
+  o << "</g>\n";
+
+  // Axes frame and the x axis.
+  o << "<rect x=\"" << x0 << "\" y=\"" << y0 << "\" width=\"" << (x1 - x0) << "\" height=\""
+    << (y1 - y0) << "\" fill=\"none\" stroke=\"#333333\" stroke-width=\"1\"/>\n";
+  o << "<g id=\"x-axis\" fill=\"#333333\">\n";
+  const double xstep = nice_step(double(n), 8);
+  for (double v = 0; v <= double(n) + 1e-9; v += xstep) {
+    const double x = X(v);
+    o << "<line x1=\"" << fmt("%.1f", x) << "\" y1=\"" << y1 << "\" x2=\"" << fmt("%.1f", x)
+      << "\" y2=\"" << (y1 + 5) << "\" stroke=\"#333333\"/>\n";
+    o << "<text x=\"" << fmt("%.1f", x) << "\" y=\"" << (y1 + 19) << "\" text-anchor=\"middle\">"
+      << fmt("%.0f", v) << "</text>\n";
+  }
+  o << "<text x=\"" << fmt("%.1f", (x0 + x1) / 2) << "\" y=\"" << (y1 + 42)
+    << "\" text-anchor=\"middle\">ledger events in the step (allocations and releases, in "
+       "order)</text>\n";
+  o << "</g>\n";
+
+  // The peak: a dashed line, a dot on the top of the stack, and a label.
+  {
+    const double px = X(double(d.peak_index) + 0.5), py = Y(double(pk.live_total));
+    o << "<g id=\"peak\">\n";
+    o << "<line x1=\"" << fmt("%.1f", px) << "\" y1=\"" << y0 << "\" x2=\"" << fmt("%.1f", px)
+      << "\" y2=\"" << y1
+      << "\" stroke=\"#000000\" stroke-width=\"1.2\" stroke-dasharray=\"5,3\"/>\n";
+    o << "<circle cx=\"" << fmt("%.1f", px) << "\" cy=\"" << fmt("%.1f", py)
+      << "\" r=\"4.5\" fill=\"#000000\"/>\n";
+    std::string where = phase_name(pk.phase);
+    if (pk.layer >= 0) where += ", layer " + std::to_string(pk.layer);
+    if (!pk.tensor.empty()) where += ", " + pk.tensor;
+    const bool label_left = px > (x0 + x1) / 2;
+    const double lx = label_left ? px - 8 : px + 8;
+    const char* anchor = label_left ? "end" : "start";
+    const double ly = std::max(y0 + 16, py + 4);
+    o << "<text x=\"" << fmt("%.1f", lx) << "\" y=\"" << fmt("%.1f", ly) << "\" text-anchor=\""
+      << anchor << "\" font-weight=\"bold\" stroke=\"#ffffff\" stroke-width=\"3\" "
+      << "paint-order=\"stroke\">" << xml_escape("peak " + bytes_label(pk.live_total))
+      << "</text>\n";
+    o << "<text x=\"" << fmt("%.1f", lx) << "\" y=\"" << fmt("%.1f", ly + 15) << "\" text-anchor=\""
+      << anchor << "\" stroke=\"#ffffff\" stroke-width=\"3\" paint-order=\"stroke\">"
+      << xml_escape("(" + where + ")") << "</text>\n";
+    o << "</g>\n";
+  }
+
+  // Legend: categories top to bottom in the stack's visual order, with bytes at the peak.
+  o << "<g id=\"legend\">\n";
+  double ly = y0 + 4;
+  const double lx = x1 + 22;
+  o << "<text x=\"" << lx << "\" y=\"" << ly << "\" font-weight=\"bold\">at the peak</text>\n";
+  ly += 12;
+  for (auto it = kStackOrder.rbegin(); it != kStackOrder.rend(); ++it) {
+    const Category c = *it;
+    const std::uint64_t b = pk.live[static_cast<int>(c)];
+    o << "<rect x=\"" << lx << "\" y=\"" << ly << "\" width=\"14\" height=\"14\" fill=\""
+      << category_colour(c) << "\" fill-opacity=\"0.85\"/>\n";
+    o << "<text x=\"" << (lx + 20) << "\" y=\"" << (ly + 11) << "\">" << category_name(c)
+      << "</text>\n";
+    o << "<text x=\"" << (width - 12) << "\" y=\"" << (ly + 11) << "\" text-anchor=\"end\">"
+      << (b ? bytes_label(b) : std::string("0")) << "</text>\n";
+    ly += 22;
+  }
+  o << "<line x1=\"" << lx << "\" y1=\"" << (ly - 2) << "\" x2=\"" << (width - 12) << "\" y2=\""
+    << (ly - 2) << "\" stroke=\"#999999\"/>\n";
+  o << "<text x=\"" << (lx + 20) << "\" y=\"" << (ly + 12) << "\" font-weight=\"bold\">total"
+    << "</text>\n";
+  o << "<text x=\"" << (width - 12) << "\" y=\"" << (ly + 12)
+    << "\" text-anchor=\"end\" font-weight=\"bold\">" << bytes_label(pk.live_total) << "</text>\n";
+  ly += 40;
+  o << "<text x=\"" << lx << "\" y=\"" << ly << "\" font-weight=\"bold\">phases</text>\n";
+  ly += 12;
+  std::vector<Phase> seen;
+  for (const PhaseSlice& s : d.phases)
+    if (std::find(seen.begin(), seen.end(), s.phase) == seen.end()) seen.push_back(s.phase);
+  for (Phase p : seen) {
+    o << "<rect x=\"" << lx << "\" y=\"" << ly << "\" width=\"14\" height=\"14\" fill=\""
+      << phase_colour(p) << "\" stroke=\"#999999\"/>\n";
+    o << "<text x=\"" << (lx + 20) << "\" y=\"" << (ly + 11) << "\">" << phase_name(p)
+      << "</text>\n";
+    ly += 20;
+  }
+  if (d.dropped_events > 0) {
+    ly += 10;
+    o << "<text x=\"" << lx << "\" y=\"" << ly << "\" fill=\"#aa0000\">" << d.dropped_events
+      << " events past the ledger's cap not shown</text>\n";
+  }
+  o << "</g>\n";
+  o << "</svg>\n";
+  return o.str();
+}
+
+void validate_timeline_path(const std::string& path) {
+  const std::string ext = lower_extension(path);
+  if (ext != ".json" && ext != ".svg")
+    throw InputError("--timeline: '" + path +
+                     "' must end in .json (Chrome/Perfetto trace) or .svg (plot)");
+}
+
+void write_timeline(const std::string& path, const TimelineData& data) {
+  validate_timeline_path(path);
+  const std::string text =
+      lower_extension(path) == ".json" ? timeline_trace_json(data) : timeline_svg(data);
+  std::ofstream f(path, std::ios::binary);
+  if (!f) throw Error("--timeline: cannot open '" + path + "' for writing");
+  f << text;
+  f.close();
+  if (!f) throw Error("--timeline: writing '" + path + "' failed");
+}
+
+}  // namespace trainmem
