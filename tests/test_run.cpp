@@ -1,0 +1,83 @@
+// The run helpers: SIZE parsing, the largest-fitting search behind maxbatch.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "trainmem/error.hpp"
+#include "trainmem/run.hpp"
+
+namespace trainmem {
+namespace {
+
+TEST(ParseSize, UnitsBinaryAndDecimal) {
+  EXPECT_EQ(parse_size("80GiB", "--budget"), 80ull * 1024 * 1024 * 1024);
+  EXPECT_EQ(parse_size("24GB", "--budget"), 24'000'000'000ull);
+  EXPECT_EQ(parse_size("24gb", "--budget"), 24'000'000'000ull);
+  EXPECT_EQ(parse_size("512MiB", "--budget"), 512ull << 20);
+  EXPECT_EQ(parse_size("1.5GiB", "--budget"), 3ull << 29);
+  EXPECT_EQ(parse_size("2T", "--budget"), 2ull << 40);
+  EXPECT_EQ(parse_size("4096", "--budget"), 4096u);
+  EXPECT_EQ(parse_size("10 KB", "--budget"), 10000u);
+  EXPECT_EQ(parse_size("7b", "--budget"), 7u);
+}
+
+TEST(ParseSize, BadSizesNameTheFlag) {
+  for (const char* bad : {"", "GiB", "-5GiB", "1.2.3GB", "12 parsecs", "99999999999TiB", "."}) {
+    try {
+      parse_size(bad, "--device-budget");
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("--device-budget"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("GiB"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A monotone "peak" with a known threshold; counts the probes and checks none repeats.
+struct Oracle {
+  std::int64_t limit;
+  std::map<std::int64_t, int> seen;
+  Probe operator()(std::int64_t v) {
+    ++seen[v];
+    return {v <= limit, std::uint64_t(v) * 1000};
+  }
+};
+
+TEST(FindLargestFitting, FindsTheThresholdForManyLimits) {
+  for (std::int64_t limit : {1, 2, 3, 7, 8, 9, 100, 1023, 1024, 1025, 99999}) {
+    Oracle o{limit, {}};
+    const SearchResult r =
+        find_largest_fitting(1, 1 << 20, 1, [&](std::int64_t v) { return o(v); });
+    EXPECT_EQ(r.best, limit);
+    EXPECT_TRUE(r.at_best.fits);
+    EXPECT_EQ(r.at_best.peak, std::uint64_t(limit) * 1000);
+    EXPECT_FALSE(r.at_next.fits);
+    EXPECT_EQ(r.at_next.peak, std::uint64_t(limit + 1) * 1000);
+    for (auto& [v, n] : o.seen) EXPECT_EQ(n, 1) << "probed " << v << " twice";
+    EXPECT_LE(r.probes, 2 * 21 + 2) << "limit " << limit;  // log2 growth + bisection
+  }
+}
+
+TEST(FindLargestFitting, StepsAndRangeEnds) {
+  // Sequence lengths in steps of 64 from 64: the largest multiple of 64 <= 1000 is 960.
+  Oracle o{1000, {}};
+  SearchResult r = find_largest_fitting(64, 1 << 16, 64, [&](std::int64_t v) { return o(v); });
+  EXPECT_EQ(r.best, 960);
+  EXPECT_EQ(r.at_next.peak, 1024u * 1000);
+  // Nothing fits.
+  Oracle none{0, {}};
+  r = find_largest_fitting(1, 100, 1, [&](std::int64_t v) { return none(v); });
+  EXPECT_EQ(r.best, 0);
+  EXPECT_FALSE(r.at_next.fits);
+  EXPECT_EQ(r.probes, 1);
+  // Everything up to the top fits: best is the top, next is one past it.
+  Oracle all{1000, {}};
+  r = find_largest_fitting(1, 37, 1, [&](std::int64_t v) { return all(v); });
+  EXPECT_EQ(r.best, 37);
+  EXPECT_TRUE(r.at_next.fits);
+  EXPECT_EQ(r.at_next.peak, 38000u);
+  EXPECT_THROW(find_largest_fitting(0, 10, 1, [&](std::int64_t v) { return all(v); }), Error);
+}
+
+}  // namespace
+}  // namespace trainmem
