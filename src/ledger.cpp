@@ -354,11 +354,13 @@ void Ledger::push_phase(Phase p) {
   ++phase_depth_[static_cast<int>(p)];
   auto& pk = phase_peak_[static_cast<int>(p)];
   if (live_total_ > pk) pk = live_total_;
+  if (phase_listener_) phase_listener_(p, true);
 }
 
 void Ledger::pop_phase() {
   if (phase_stack_.empty()) throw Error("ledger: pop_phase without a matching push_phase");
   const Phase p = phase_stack_.back();
+  if (phase_listener_) phase_listener_(p, false);
   phase_stack_.pop_back();
   --phase_depth_[static_cast<int>(p)];
   if (phase_stack_.empty()) {

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "trainmem/error.hpp"
+#include "trainmem/ledger.hpp"
 #include "trainmem/run.hpp"
 
 namespace trainmem {
@@ -77,6 +78,37 @@ TEST(FindLargestFitting, StepsAndRangeEnds) {
   EXPECT_TRUE(r.at_next.fits);
   EXPECT_EQ(r.at_next.peak, 38000u);
   EXPECT_THROW(find_largest_fitting(0, 10, 1, [&](std::int64_t v) { return all(v); }), Error);
+}
+
+}  // namespace
+}  // namespace trainmem
+
+namespace trainmem {
+namespace {
+
+TEST(LedgerPhaseListener, SeesEveryPushAndPopInOrder) {
+  MetaAllocator meta;
+  Ledger ledger(meta);
+  std::vector<std::pair<Phase, bool>> seen;
+  ledger.set_phase_listener([&](Phase p, bool entering) {
+    seen.emplace_back(p, entering);
+    // On pop the phase is still the current one; on push it already is.
+    EXPECT_EQ(ledger.phase(), p);
+  });
+  {
+    auto fwd = ledger.scope(Phase::forward);
+    auto rc = ledger.scope(Phase::recompute);
+  }
+  ledger.push_phase(Phase::optimizer);
+  ledger.pop_phase();
+  const std::vector<std::pair<Phase, bool>> want = {
+      {Phase::forward, true},  {Phase::recompute, true}, {Phase::recompute, false},
+      {Phase::forward, false}, {Phase::optimizer, true}, {Phase::optimizer, false}};
+  EXPECT_EQ(seen, want);
+  ledger.set_phase_listener(nullptr);
+  ledger.push_phase(Phase::backward);
+  ledger.pop_phase();
+  EXPECT_EQ(seen.size(), want.size());
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -208,6 +209,12 @@ class Ledger {
     Ledger& l_;
   };
   PhaseScope scope(Phase p) { return PhaseScope(*this, p); }
+  // Observes phase changes: called with (p, true) right after p is pushed and with (p, false)
+  // right before it is popped. The run code closes the device probes' windows on it. One
+  // listener; an empty function removes it. It must not throw (pop_phase runs in
+  // PhaseScope's destructor).
+  using PhaseListener = std::function<void(Phase p, bool entering)>;
+  void set_phase_listener(PhaseListener listener) { phase_listener_ = std::move(listener); }
 
   // Steps: begin_step resets all peaks (per category, total, per phase) to the live bytes.
   void begin_step(int step);
@@ -258,6 +265,7 @@ class Ledger {
   std::array<std::uint64_t, kNumPhases> phase_peak_{};
   std::array<int, kNumPhases> phase_depth_{};
   std::vector<Phase> phase_stack_;
+  PhaseListener phase_listener_;
   std::uint64_t act_end_forward_ = 0;
   std::uint64_t seq_ = 0;
   std::uint64_t next_id_ = 1;
