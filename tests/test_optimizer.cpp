@@ -1,0 +1,160 @@
+// Optimizers: state allocation through the ledger (names, categories, bytes) and the updates
+// on the cpu backend against a float64 re-statement of PyTorch's AdamW / SGD algorithms.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "trainmem/backend.hpp"
+#include "trainmem/dtype.hpp"
+#include "trainmem/ledger.hpp"
+#include "trainmem/optimizer.hpp"
+
+using namespace trainmem;
+
+namespace {
+
+std::vector<float> grads_for_step(int step, std::size_t n) {
+  std::vector<float> g(n);
+  for (std::size_t i = 0; i < n; ++i)
+    g[i] = float(std::sin(0.7 * double(i) + 1.3 * step) * (i % 3 == 0 ? 1e-3 : 0.5));
+  return g;
+}
+
+std::vector<float> initial_weights(std::size_t n) {
+  std::vector<float> w(n);
+  for (std::size_t i = 0; i < n; ++i) w[i] = float(0.1 * std::cos(1.1 * double(i)) + 0.01 * i);
+  return w;
+}
+
+struct OneParam {
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Ledger> ledger;
+  std::unique_ptr<ParameterOptimizer> opt;
+  Tensor param, grad;
+  std::size_t index = 0;
+  OneParam(DType dt, const OptimizerSettings& s, std::size_t n, const std::vector<float>& w0) {
+    be = make_cpu_backend(dt);
+    ledger = std::make_unique<Ledger>(be->allocator());
+    opt = std::make_unique<ParameterOptimizer>(s, *be, *ledger);
+    param = ledger->allocate("w", Category::params, 0, {std::int64_t(n)}, dt);
+    grad = ledger->allocate("w.grad", Category::gradients, 0, {std::int64_t(n)}, dt);
+    index = opt->add_parameter("w", 0, {std::int64_t(n)});
+    for (std::size_t i = 0; i < n; ++i) store_from_f32(param.data(), i, dt, w0[i]);
+    if (float* m = opt->master(index))
+      for (std::size_t i = 0; i < n; ++i) m[i] = w0[i];
+  }
+  void set_grad(const std::vector<float>& g) {
+    for (std::size_t i = 0; i < g.size(); ++i) store_from_f32(grad.data(), i, be->dtype(), g[i]);
+  }
+  std::vector<float> weights() const {
+    std::vector<float> w(param.numel());
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = load_as_f32(param.data(), i, be->dtype());
+    return w;
+  }
+  ~OneParam() {
+    param.reset();
+    grad.reset();
+    opt.reset();
+  }
+};
+
+}  // namespace
+
+TEST(Optimizer, StatesAreAllocatedPerParameterWithTheirNames) {
+  struct C {
+    Optimizer o;
+    DType dt;
+    std::vector<std::string> suffixes;
+  };
+  for (const C& c : {C{Optimizer::adamw, DType::bf16, {".master", ".exp_avg", ".exp_avg_sq"}},
+                     C{Optimizer::adamw, DType::f32, {".exp_avg", ".exp_avg_sq"}},
+                     C{Optimizer::sgd, DType::f16, {".master"}}, C{Optimizer::sgd, DType::f32, {}},
+                     C{Optimizer::lomo, DType::bf16, {}}}) {
+    auto be = make_meta_backend(c.dt);
+    Ledger ledger(be->allocator());
+    ParameterOptimizer opt(default_optimizer_settings(c.o), *be, ledger);
+    opt.add_parameter("a", 3, {5, 7});
+    opt.add_parameter("b", -1, {11});
+    std::vector<std::string> names;
+    for (const auto& r : ledger.tensors()) {
+      EXPECT_EQ(r.category, Category::optimizer_states);
+      EXPECT_EQ(r.dtype, DType::f32);
+      names.push_back(r.name);
+    }
+    std::vector<std::string> want;
+    for (const char* p : {"a", "b"})
+      for (const auto& s : c.suffixes) want.push_back(p + s);
+    EXPECT_EQ(names, want) << optimizer_name(c.o) << " " << dtype_name(c.dt);
+    EXPECT_EQ(ledger.live(Category::optimizer_states),
+              (35 + 11) * optimizer_state_bytes_per_param(c.o, c.dt));
+    EXPECT_EQ(opt.master(0) != nullptr, !c.suffixes.empty() && c.suffixes[0] == ".master");
+    EXPECT_EQ(opt.fused_into_backward(), c.o == Optimizer::lomo);
+  }
+  EXPECT_EQ(optimizer_state_bytes_per_param(Optimizer::adamw, DType::bf16), 12u);
+  EXPECT_EQ(optimizer_state_bytes_per_param(Optimizer::sgd, DType::f16), 4u);
+  EXPECT_EQ(optimizer_state_bytes_per_param(Optimizer::lomo, DType::f32), 0u);
+}
+
+TEST(Optimizer, AdamWMatchesPyTorchsAlgorithmWithMasterWeights) {
+  OptimizerSettings s = default_optimizer_settings(Optimizer::adamw);
+  s.adamw = AdamWParams{1e-2f, 0.9f, 0.95f, 1e-6f, 0.1f};
+  const std::size_t n = 37;
+  const auto w0 = initial_weights(n);
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    OneParam st(dt, s, n, w0);
+    std::vector<double> p(w0.begin(), w0.end()), m(n, 0), v(n, 0);
+    for (int t = 1; t <= 4; ++t) {
+      const auto g = grads_for_step(t, n);
+      st.set_grad(g);
+      st.opt->update(st.index, st.param.data(), st.grad.data(), t);
+      for (std::size_t i = 0; i < n; ++i) {
+        const double gi = round_to(dt, g[i]);  // the gradient as stored in D
+        p[i] *= 1.0 - 1e-2 * 0.1;              // decoupled weight decay
+        m[i] = 0.9 * m[i] + 0.1 * gi;
+        v[i] = 0.95 * v[i] + 0.05 * gi * gi;
+        const double mh = m[i] / (1 - std::pow(0.9, t)), vh = v[i] / (1 - std::pow(0.95, t));
+        p[i] -= 1e-2 * mh / (std::sqrt(vh) + 1e-6);
+      }
+    }
+    const auto w = st.weights();
+    const float* master = st.opt->master(st.index);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (master) {
+        EXPECT_NEAR(master[i], p[i], 2e-6 * (1 + std::abs(p[i]))) << dtype_name(dt) << " " << i;
+        EXPECT_EQ(w[i], round_to(dt, master[i])) << "param = round(master)";
+      } else {
+        EXPECT_NEAR(w[i], p[i], 2e-6 * (1 + std::abs(p[i]))) << i;
+      }
+    }
+  }
+  OneParam st(DType::f32, s, n, w0);
+  EXPECT_THROW(st.opt->update(st.index, st.param.data(), st.grad.data(), 0), Error);
+}
+
+TEST(Optimizer, SgdAndLomoStepAgainstTheGradient) {
+  const std::size_t n = 29;
+  const auto w0 = initial_weights(n);
+  const auto g = grads_for_step(1, n);
+  for (Optimizer o : {Optimizer::sgd, Optimizer::lomo}) {
+    for (DType dt : {DType::f32, DType::bf16}) {
+      OptimizerSettings s = default_optimizer_settings(o);
+      s.sgd_lr = 0.25f;
+      s.lomo_lr = 0.125f;
+      const double lr = o == Optimizer::sgd ? 0.25 : 0.125;
+      OneParam st(dt, s, n, w0);
+      st.set_grad(g);
+      st.opt->update(st.index, st.param.data(), st.grad.data(), 1);
+      const auto w = st.weights();
+      const float* master = st.opt->master(st.index);
+      for (std::size_t i = 0; i < n; ++i) {
+        // SGD goes through the fp32 master when D is 16-bit; LOMO updates the D weights.
+        const double start = master ? w0[i] : round_to(dt, w0[i]);
+        const double want = start - lr * round_to(dt, g[i]);
+        if (master) EXPECT_NEAR(master[i], want, 1e-7 * (1 + std::abs(want)));
+        EXPECT_NEAR(w[i], round_to(dt, float(want)), 1e-7 * (1 + std::abs(want)))
+            << optimizer_name(o) << " " << dtype_name(dt) << " " << i;
+      }
+    }
+  }
+}
