@@ -1,0 +1,172 @@
+// The LLaMA decoder and its training step, on any backend (cpu, meta, cuda).
+//
+// Architecture (HuggingFace LlamaForCausalLM): token embedding; L layers of
+//   x = x + o_proj(attention(rope(q_proj(rmsnorm(x))), rope(k_proj(..)), v_proj(..)))
+//   x = x + down_proj(silu(gate_proj(rmsnorm(x))) * up_proj(rmsnorm(x)))
+// then a final RMSNorm and the LM head (its own weight, or the embedding's when tied).
+// Attention is causal with GQA (a query heads share k kv heads), eager (probabilities
+// materialised) or flash-style (only the row log-sum-exp kept). RoPE is HF's rotate-half.
+//
+// Memory: every allocation goes through the Ledger with its category, tensor name, layer and
+// phase, exactly in the order of docs/native-plan.md (the contract with the analytic
+// `native` profile). Activation checkpointing (full) keeps each layer's input and recomputes
+// one layer at a time during backward.
+//
+// Loss: the HuggingFace causal-LM loss, the mean cross-entropy of token t+1 given positions
+// <= t over the b·(s−1) predicted positions.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "trainmem/backend.hpp"
+#include "trainmem/config.hpp"
+#include "trainmem/figures.hpp"
+#include "trainmem/ledger.hpp"
+#include "trainmem/optimizer.hpp"
+#include "trainmem/safetensors.hpp"
+
+namespace trainmem {
+
+// One trainable weight, in setup order. `grad` is persistent under AdamW/SGD and exists only
+// while its gradient is being produced under LOMO.
+struct Parameter {
+  std::string name;  // HuggingFace name, e.g. model.layers.0.self_attn.q_proj.weight
+  int layer = -1;    // -1 for embeddings, final norm and head
+  std::vector<std::int64_t> shape;
+  Tensor value;  // D
+  Tensor grad;   // D
+  std::size_t opt_index = 0;
+  std::uint64_t numel() const;
+};
+
+// Receives a parameter's complete gradient (fp32 host copy) during the step it is passed to:
+// after backward under AdamW/SGD, right before the update and free under LOMO.
+using GradientCapture = std::function<void(const Parameter& param, const std::vector<float>&)>;
+
+class LlamaModel {
+ public:
+  // Validates the configs and allocates, in phase `setup`: params, gradients (AdamW/SGD),
+  // optimizer states, inputs (tokens, targets) and the 32 MiB GEMM workspace. Weights are
+  // unset until init_random() or load_weights(); tokens until set_tokens()/random_tokens().
+  LlamaModel(const ModelConfig& model, const TrainConfig& train, Backend& backend, Ledger& ledger,
+             const OptimizerSettings& optimizer);
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+
+  // HF's initialisation: normal(0, 0.02) for embeddings and linear weights, 1 for RMSNorm
+  // weights, drawn from a counter-based generator keyed by (seed, parameter, element).
+  void init_random(std::uint64_t seed);
+  // Loads every parameter by its HF name (any stored float dtype converted). Errors
+  // (InputError) name the file and the tensor: missing tensors, shape mismatches. Tensors the
+  // model does not use are ignored with a note; lm_head.weight is ignored when tied. On the
+  // meta backend only the files' headers are checked. A path named like an HF shard,
+  // <stem>-00001-of-00003.safetensors, loads all the shards of that checkpoint.
+  void load_weights(const std::string& path);
+  void load_weights(const SafeTensorsReader& file);
+  void load_weights(const std::vector<const SafeTensorsReader*>& files);
+  // b·s ids, row-major (batch, seq); each in [0, vocab) (InputError naming `source`).
+  void set_tokens(const std::vector<std::int32_t>& ids, const std::string& source = "tokens");
+  void random_tokens(std::uint64_t seed);
+
+  // One training step: ledger.begin_step, forward (marks the end of forward), backward (with
+  // recomputation when checkpointing), optimizer. Returns the loss (NaN on meta).
+  // `capture`, when set, receives every parameter gradient of this step.
+  float train_step(const GradientCapture& capture = nullptr);
+  int steps_done() const { return step_; }
+
+  const ModelConfig& model_config() const { return cfg_; }
+  const TrainConfig& train_config() const { return train_; }
+  const std::vector<Parameter>& parameters() const { return params_; }
+  const Parameter& parameter(const std::string& hf_name) const;
+  // Current values of a parameter as fp32 (downloads; not on meta).
+  std::vector<float> parameter_values(const std::string& hf_name) const;
+  const std::vector<std::int32_t>& tokens() const { return host_tokens_; }
+  // Activation bytes alive at the end of the last forward, by layer: [0] outside the layers
+  // (embedding output, head), [l + 1] layer l.
+  const std::vector<std::uint64_t>& activations_by_layer() const { return act_by_layer_; }
+  ParameterOptimizer& optimizer() { return opt_; }
+
+ private:
+  // Activations of one layer (docs/native-plan.md, forward).
+  struct LayerActs {
+    Tensor rstd1, xn1, q, k, v, probs, lse, attn_out, h_mid, rstd2, xn2, gate, up, act, out;
+  };
+  enum class Pass { forward, recompute };
+
+  Parameter& P(std::size_t i) { return params_[i]; }
+  std::size_t layer_param(int l, int j) const { return 1 + std::size_t(l) * 9 + j; }
+  std::size_t final_norm_index() const { return 1 + std::size_t(cfg_.layers) * 9; }
+  std::size_t head_index() const;  // embed (0) when tied
+  Tensor act(const char* name, int layer, std::vector<std::int64_t> shape, DType dt);
+  Tensor ws(const char* name, int layer, std::vector<std::int64_t> shape, DType dt);
+
+  void write_parameter(std::size_t index,
+                       const std::function<void(float*, std::uint64_t, std::uint64_t)>& fill);
+  void upload_inputs();
+  void forward();
+  void layer_forward(int l, const void* x, LayerActs& a, Pass pass);
+  void free_layer_except_out(LayerActs& a);
+  void backward(const GradientCapture& capture);
+  void layer_backward(int l, Tensor& d_residual, const GradientCapture& capture);
+  // Gradient bookkeeping: AdamW/SGD use the persistent buffer; LOMO allocates it zeroed here.
+  void* begin_grad(std::size_t index);
+  // LOMO: capture, update and free now. AdamW/SGD: nothing (captured after backward).
+  void end_grad(std::size_t index, const GradientCapture& capture);
+  void capture_grad(std::size_t index, const GradientCapture& capture);
+
+  ModelConfig cfg_;
+  TrainConfig train_;
+  Backend& be_;
+  Ledger& ledger_;
+  DType D_;
+  std::int64_t b_, s_, h_, i_, a_, k_, d_, V_, N_;
+  std::vector<Parameter> params_;
+  ParameterOptimizer opt_;
+  Tensor tokens_, targets_;  // (b,s) int32, inputs
+  Tensor gemm_workspace_;    // 32 MiB, workspace
+  std::vector<std::int32_t> host_tokens_;
+  bool weights_set_ = false, tokens_set_ = false;
+  int step_ = 0;
+  float loss_ = 0.0f;
+  std::vector<std::uint64_t> act_by_layer_;
+
+  // Forward state kept for backward.
+  Tensor embed_out_;
+  std::vector<LayerActs> layers_;
+  Tensor final_norm_out_, final_rstd_, logits_, ce_lse_;
+};
+
+// The 32 MiB GEMM workspace every backend allocates (cuBLAS's recommendation for Hopper).
+constexpr std::uint64_t kGemmWorkspaceBytes = 32ull << 20;
+
+// The files a --weights path stands for: itself, or every shard of an HF sharded checkpoint
+// when it is named <stem>-0000k-of-0000n.safetensors.
+std::vector<std::string> weight_files(const std::string& path);
+
+// The ledger's figures for the step run last (DESIGN.md meanings): params, optimizer_states and
+// inputs live; gradients, activations_peak, workspace the step's peaks; activations alive at
+// the end of forward; peak the total high-water mark with its breakdown; sum = params +
+// gradients + optimizer_states + activations.
+MemoryFigures measured_figures(const Ledger& ledger);
+
+// --tokens: a raw file of batch·seq int32 little-endian ids. InputError naming --tokens when
+// the size is not exactly batch·seq·4 bytes or an id is outside [0, vocab).
+std::vector<std::int32_t> load_tokens_file(const std::string& path, std::int64_t batch,
+                                           std::int64_t seq, std::int64_t vocab);
+
+// --dump: writes `loss` (fp32 [1]) and every parameter gradient (fp32, HF names) of a step.
+// Declare the parameters, then capture() inside train_step and finish(loss) after it.
+class GradientDump {
+ public:
+  GradientDump(std::string path, const LlamaModel& model);
+  GradientCapture capture();
+  void finish(float loss);
+
+ private:
+  std::string path_;
+  SafeTensorsWriter writer_;
+};
+
+}  // namespace trainmem

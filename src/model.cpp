@@ -1,0 +1,722 @@
+// The LLaMA training step (see include/trainmem/model.hpp).
+//
+// THE PLAN. What this file allocates, in which order, with which names, categories, layers
+// and phases is specified by docs/native-plan.md, and nothing else: the analytic `native`
+// profile (src/analytic*) reproduces the same figures in closed form from that page, and the
+// tests compare the two byte for byte. Summary (b batch, s seq, h hidden, i intermediate,
+// a heads, k kv heads, d head dim, V vocab, D training dtype):
+//
+//   setup     params (HF names) -> gradients (AdamW/SGD) -> optimizer states per parameter
+//             (.master when D != fp32, .exp_avg, .exp_avg_sq) -> inputs tokens, targets
+//             -> ws cublas_workspace (32 MiB)
+//   forward   embed_out; per layer rstd1 xn1 q k v probs|lse attn_out h_mid rstd2 xn2 gate up
+//             act out (checkpointing full: all but `out` freed right after `out`);
+//             final_norm_out final_rstd logits ce_lse, ws ce_losses (freed)
+//   backward  head: dlogits in place of logits, ws d_final_norm_out, ws d_residual;
+//             per layer (recompute first when checkpointing) ws d_act, d_gate, d_up, d_xn2,
+//             d_attn_out, d_q, d_k, d_v, d_probs|attn_delta, d_xn1; embedding.
+//             LOMO: each gradient allocated right before the op producing it, then the update
+//             and the free (tied: the embedding gradient lives from the head to the end).
+//   optimizer AdamW/SGD over all parameters in setup order; no allocations.
+//
+// Any change here is a change to docs/native-plan.md first (and to the analytic profile).
+#include "trainmem/model.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <regex>
+#include <set>
+
+#include "trainmem/checked.hpp"
+#include "trainmem/error.hpp"
+
+namespace trainmem {
+
+namespace {
+
+constexpr DType f32 = DType::f32;
+constexpr DType i32 = DType::i32;
+
+// Per-layer parameter slots, in setup order.
+enum LayerParam : int { kInNorm = 0, kQ, kK, kV, kO, kPostNorm, kGate, kUp, kDown, kLayerParams };
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// A counter-based stream: element `i` of stream `stream` under `seed` (thread-count independent).
+std::uint64_t random_bits(std::uint64_t seed, std::uint64_t stream, std::uint64_t i) {
+  return splitmix64(splitmix64(seed * 0x2545f4914f6cdd1dull + stream) + i);
+}
+
+// Standard normal by Box-Muller from one 64-bit draw.
+float normal_at(std::uint64_t seed, std::uint64_t stream, std::uint64_t i) {
+  const std::uint64_t u = random_bits(seed, stream, i);
+  const double u1 = (double(u >> 32) + 0.5) * (1.0 / 4294967296.0);  // (0, 1)
+  const double u2 = double(u & 0xffffffffu) * (1.0 / 4294967296.0);  // [0, 1)
+  return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+constexpr std::uint64_t kTokenStream = 0x746f6b656e73ull;  // "tokens"
+constexpr std::uint64_t kChunkElems = 1ull << 20;          // host staging chunk for weights
+
+std::string shape_str(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+std::uint64_t Parameter::numel() const {
+  std::uint64_t n = 1;
+  for (auto d : shape) n = checked_mul(n, std::uint64_t(d), "parameter size");
+  return n;
+}
+
+// ------------------------------------------------------------------------------ setup
+
+LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backend& backend,
+                       Ledger& ledger, const OptimizerSettings& optimizer)
+    : cfg_(model),
+      train_(train),
+      be_(backend),
+      ledger_(ledger),
+      D_(backend.dtype()),
+      opt_(optimizer, backend, ledger) {
+  cfg_.validate();
+  train_.validate();
+  if (train_.dtype != be_.dtype())
+    throw Error(std::string("model: training dtype ") + dtype_name(train_.dtype) +
+                " differs from the backend's " + dtype_name(be_.dtype()));
+  if (optimizer.kind != train_.optimizer)
+    throw Error(std::string("model: optimizer settings are for ") + optimizer_name(optimizer.kind) +
+                ", the run asks for " + optimizer_name(train_.optimizer));
+  b_ = train_.batch;
+  s_ = train_.seq;
+  h_ = cfg_.hidden;
+  i_ = cfg_.intermediate;
+  a_ = cfg_.heads;
+  k_ = cfg_.kv_heads;
+  d_ = cfg_.head_dim();
+  V_ = cfg_.vocab;
+  N_ = std::int64_t(checked_mul(std::uint64_t(b_), std::uint64_t(s_), "batch x seq"));
+  // Every buffer's byte count must fit: the largest are logits (b,s,V) and probs (b,a,s,s).
+  checked_product({std::uint64_t(N_), std::uint64_t(V_), 4}, "logits bytes");
+  checked_product({std::uint64_t(N_), std::uint64_t(a_), std::uint64_t(s_), 4}, "probs bytes");
+  checked_product({std::uint64_t(N_), std::uint64_t(i_), 4}, "intermediate activation bytes");
+  layers_.resize(std::size_t(cfg_.layers));
+
+  auto setup = ledger_.scope(Phase::setup);
+
+  // 1. params, D, in HF order.
+  auto add = [&](std::string name, int layer, std::vector<std::int64_t> shape) {
+    Parameter p;
+    p.name = std::move(name);
+    p.layer = layer;
+    p.shape = std::move(shape);
+    p.value = ledger_.allocate(p.name, Category::params, layer, p.shape, D_);
+    params_.push_back(std::move(p));
+  };
+  const std::int64_t ad = a_ * d_, kd = k_ * d_;
+  add("model.embed_tokens.weight", -1, {V_, h_});
+  for (int l = 0; l < cfg_.layers; ++l) {
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    add(pre + "input_layernorm.weight", l, {h_});
+    add(pre + "self_attn.q_proj.weight", l, {ad, h_});
+    add(pre + "self_attn.k_proj.weight", l, {kd, h_});
+    add(pre + "self_attn.v_proj.weight", l, {kd, h_});
+    add(pre + "self_attn.o_proj.weight", l, {h_, ad});
+    add(pre + "post_attention_layernorm.weight", l, {h_});
+    add(pre + "mlp.gate_proj.weight", l, {i_, h_});
+    add(pre + "mlp.up_proj.weight", l, {i_, h_});
+    add(pre + "mlp.down_proj.weight", l, {h_, i_});
+  }
+  add("model.norm.weight", -1, {h_});
+  if (!cfg_.tied_embeddings) add("lm_head.weight", -1, {V_, h_});
+
+  // 2. gradients, D, persistent (AdamW/SGD). LOMO allocates them during backward.
+  if (opt_.holds_gradients())
+    for (auto& p : params_)
+      p.grad = ledger_.allocate(p.name + ".grad", Category::gradients, p.layer, p.shape, D_);
+
+  // 3. optimizer states, f32, per parameter in order.
+  for (auto& p : params_) p.opt_index = opt_.add_parameter(p.name, p.layer, p.shape);
+
+  // 4. inputs.
+  tokens_ = ledger_.allocate("tokens", Category::inputs, -1, {b_, s_}, i32);    // (B,T)
+  targets_ = ledger_.allocate("targets", Category::inputs, -1, {b_, s_}, i32);  // (B,T)
+
+  // 5. the GEMM workspace (cuBLAS's 32 MiB; allocated on every backend so that the ledgers
+  // agree). Held as 8 Mi fp32 elements.
+  gemm_workspace_ = ledger_.allocate("cublas_workspace", Category::workspace, -1,
+                                     {std::int64_t(kGemmWorkspaceBytes / 4)}, f32);
+  be_.set_gemm_workspace(gemm_workspace_.data(), gemm_workspace_.bytes());
+}
+
+std::size_t LlamaModel::head_index() const {
+  return cfg_.tied_embeddings ? 0 : final_norm_index() + 1;
+}
+
+const Parameter& LlamaModel::parameter(const std::string& hf_name) const {
+  for (const auto& p : params_)
+    if (p.name == hf_name) return p;
+  throw InputError("model: no parameter named '" + hf_name + "'");
+}
+
+std::vector<float> LlamaModel::parameter_values(const std::string& hf_name) const {
+  const auto& p = parameter(hf_name);
+  if (!be_.computes()) throw Error("model: parameter values are not available on this backend");
+  std::vector<unsigned char> raw(p.value.bytes());
+  be_.download(raw.data(), p.value.data(), raw.size());
+  std::vector<float> out(p.numel());
+  for (std::size_t e = 0; e < out.size(); ++e) out[e] = load_as_f32(raw.data(), e, D_);
+  return out;
+}
+
+Tensor LlamaModel::act(const char* name, int layer, std::vector<std::int64_t> shape, DType dt) {
+  return ledger_.allocate(name, Category::activations, layer, std::move(shape), dt);
+}
+Tensor LlamaModel::ws(const char* name, int layer, std::vector<std::int64_t> shape, DType dt) {
+  return ledger_.allocate(name, Category::workspace, layer, std::move(shape), dt);
+}
+
+// ------------------------------------------------------------------------------ weights, tokens
+
+void LlamaModel::write_parameter(
+    std::size_t index, const std::function<void(float*, std::uint64_t, std::uint64_t)>& fill) {
+  auto& p = params_[index];
+  float* master = opt_.master(p.opt_index);
+  const std::uint64_t n = p.numel();
+  const std::size_t w = dtype_size(D_);
+  std::vector<float> vals(std::min(n, kChunkElems));
+  std::vector<unsigned char> stored(vals.size() * w);
+  for (std::uint64_t first = 0; first < n; first += kChunkElems) {
+    const std::uint64_t count = std::min(kChunkElems, n - first);
+    fill(vals.data(), first, count);
+    for (std::uint64_t e = 0; e < count; ++e) store_from_f32(stored.data(), e, D_, vals[e]);
+    be_.upload(static_cast<unsigned char*>(p.value.data()) + first * w, stored.data(), count * w);
+    // The fp32 master starts from the values as given (before rounding to D).
+    if (master) be_.upload(master + first, vals.data(), count * 4);
+  }
+}
+
+void LlamaModel::init_random(std::uint64_t seed) {
+  if (be_.computes()) {
+    for (std::size_t pi = 0; pi < params_.size(); ++pi) {
+      const bool is_norm = params_[pi].shape.size() == 1;
+      write_parameter(pi, [&](float* dst, std::uint64_t first, std::uint64_t count) {
+        if (is_norm) {
+          std::fill(dst, dst + count, 1.0f);
+          return;
+        }
+#pragma omp parallel for schedule(static)
+        for (std::int64_t e = 0; e < std::int64_t(count); ++e)
+          dst[e] = 0.02f * normal_at(seed, pi + 1, first + std::uint64_t(e));
+      });
+    }
+  }
+  weights_set_ = true;
+}
+
+std::vector<std::string> weight_files(const std::string& path) {
+  // HF shards: <stem>-00001-of-00003.safetensors names all three files.
+  static const std::regex shard(R"((.*)-(\d{5})-of-(\d{5})\.safetensors)");
+  std::smatch m;
+  if (!std::regex_match(path, m, shard)) return {path};
+  const int total = std::stoi(m[3].str());
+  if (total < 1) return {path};
+  std::vector<std::string> files;
+  char buf[32];
+  for (int k = 1; k <= total; ++k) {
+    std::snprintf(buf, sizeof buf, "-%05d-of-%05d.safetensors", k, total);
+    files.push_back(m[1].str() + buf);
+  }
+  return files;
+}
+
+void LlamaModel::load_weights(const std::string& path) {
+  const auto files = weight_files(path);
+  if (files.size() > 1)
+    spdlog::info("--weights {}: reading the {} shards of this checkpoint", path, files.size());
+  std::vector<std::unique_ptr<SafeTensorsReader>> readers;
+  for (const auto& f : files) readers.push_back(std::make_unique<SafeTensorsReader>(f));
+  std::vector<const SafeTensorsReader*> ptrs;
+  for (const auto& r : readers) ptrs.push_back(r.get());
+  load_weights(ptrs);
+}
+
+void LlamaModel::load_weights(const SafeTensorsReader& file) {
+  load_weights(std::vector<const SafeTensorsReader*>{&file});
+}
+
+void LlamaModel::load_weights(const std::vector<const SafeTensorsReader*>& files) {
+  if (files.empty()) throw Error("model: load_weights without a file");
+  const std::string label =
+      files.size() == 1
+          ? files[0]->path()
+          : files[0]->path() + " (and " + std::to_string(files.size() - 1) + " more shards)";
+  // Check everything before touching any weight.
+  std::vector<const SafeTensorsReader*> source(params_.size(), nullptr);
+  for (std::size_t pi = 0; pi < params_.size(); ++pi) {
+    const auto& p = params_[pi];
+    const SafeTensorInfo* t = nullptr;
+    for (const auto* f : files)
+      if ((t = f->find(p.name))) {
+        source[pi] = f;
+        break;
+      }
+    if (!t)
+      throw InputError("--weights " + label + ": missing tensor '" + p.name +
+                       "' (needed by model " + cfg_.name + ")");
+    const std::string where = "--weights " + source[pi]->path() + ": tensor '" + p.name + "'";
+    if (t->shape != p.shape)
+      throw InputError(where + " has shape " + t->shape_string() + ", the model config needs " +
+                       shape_str(p.shape));
+    if (!safe_dtype_is_float(t->dtype))
+      throw InputError(where + " has dtype " + safe_dtype_name(t->dtype) +
+                       ", expected a floating dtype");
+  }
+  std::set<std::string> used;
+  for (const auto& p : params_) used.insert(p.name);
+  std::size_t ignored = 0;
+  for (const auto* f : files)
+    for (const auto& t : f->tensors()) {
+      if (used.count(t.name)) continue;
+      ++ignored;
+      if (t.name == "lm_head.weight" && cfg_.tied_embeddings)
+        spdlog::info(
+            "--weights {}: lm_head.weight ignored (tied embeddings: the head uses "
+            "model.embed_tokens.weight)",
+            f->path());
+      else
+        spdlog::debug("--weights {}: tensor '{}' not used by the model", f->path(), t.name);
+    }
+  if (ignored) spdlog::info("--weights {}: {} tensor(s) not used by the model", label, ignored);
+  if (be_.computes()) {
+    for (std::size_t pi = 0; pi < params_.size(); ++pi) {
+      const std::string& name = params_[pi].name;
+      const SafeTensorsReader* f = source[pi];
+      write_parameter(pi, [&](float* dst, std::uint64_t first, std::uint64_t count) {
+        f->read_f32(name, dst, first, count);
+      });
+    }
+  }
+  weights_set_ = true;
+}
+
+void LlamaModel::set_tokens(const std::vector<std::int32_t>& ids, const std::string& source) {
+  if (std::int64_t(ids.size()) != N_)
+    throw InputError(source + ": " + std::to_string(ids.size()) +
+                     " token ids, expected batch x seq = " + std::to_string(b_) + " x " +
+                     std::to_string(s_) + " = " + std::to_string(N_));
+  for (std::size_t j = 0; j < ids.size(); ++j)
+    if (ids[j] < 0 || ids[j] >= V_)
+      throw InputError(source + ": token id " + std::to_string(ids[j]) + " at position " +
+                       std::to_string(j) + " (row " + std::to_string(j / std::size_t(s_)) +
+                       ", column " + std::to_string(j % std::size_t(s_)) +
+                       ") is outside the vocabulary [0, " + std::to_string(V_) + ")");
+  host_tokens_ = ids;
+  upload_inputs();
+  tokens_set_ = true;
+}
+
+void LlamaModel::random_tokens(std::uint64_t seed) {
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(N_));
+  for (std::size_t j = 0; j < ids.size(); ++j)
+    ids[j] = std::int32_t(random_bits(seed, kTokenStream, j) % std::uint64_t(V_));
+  set_tokens(ids, "random tokens");
+}
+
+void LlamaModel::upload_inputs() {
+  // targets[t] = tokens[t+1] within a row, -1 (ignored) at the last position: the shifted
+  // HF causal-LM loss over b·(s−1) positions.
+  std::vector<std::int32_t> targets(host_tokens_.size());
+  for (std::int64_t r = 0; r < b_; ++r)
+    for (std::int64_t t = 0; t < s_; ++t)
+      targets[std::size_t(r * s_ + t)] =
+          t + 1 < s_ ? host_tokens_[std::size_t(r * s_ + t + 1)] : -1;
+  if (be_.computes()) {
+    be_.upload(tokens_.data(), host_tokens_.data(), tokens_.bytes());
+    be_.upload(targets_.data(), targets.data(), targets_.bytes());
+  }
+}
+
+std::vector<std::int32_t> load_tokens_file(const std::string& path, std::int64_t batch,
+                                           std::int64_t seq, std::int64_t vocab) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError("--tokens " + path + ": cannot open file");
+  in.seekg(0, std::ios::end);
+  const std::uint64_t size = std::uint64_t(in.tellg());
+  in.seekg(0);
+  const std::uint64_t n = checked_mul(std::uint64_t(batch), std::uint64_t(seq), "batch x seq");
+  const std::uint64_t want = checked_mul(n, 4, "token file bytes");
+  if (size != want)
+    throw InputError("--tokens " + path + ": file has " + std::to_string(size) +
+                     " bytes, expected batch x seq x 4 = " + std::to_string(batch) + " x " +
+                     std::to_string(seq) + " x 4 = " + std::to_string(want) +
+                     " (raw int32 little-endian ids, row-major)");
+  std::vector<std::int32_t> ids(n);
+  in.read(reinterpret_cast<char*>(ids.data()), std::streamsize(want));
+  if (!in) throw InputError("--tokens " + path + ": read failed");
+  for (std::size_t j = 0; j < ids.size(); ++j)
+    if (ids[j] < 0 || ids[j] >= vocab)
+      throw InputError("--tokens " + path + ": token id " + std::to_string(ids[j]) +
+                       " at position " + std::to_string(j) + " is outside the vocabulary [0, " +
+                       std::to_string(vocab) + ")");
+  return ids;
+}
+
+// ------------------------------------------------------------------------------ the step
+
+float LlamaModel::train_step(const GradientCapture& capture) {
+  if (be_.computes() && !weights_set_)
+    throw Error("model: train_step before init_random() or load_weights()");
+  if (be_.computes() && !tokens_set_)
+    throw Error("model: train_step before set_tokens() or random_tokens()");
+  ++step_;
+  ledger_.begin_step(step_);
+  forward();
+  backward(capture);
+  {
+    auto ph = ledger_.scope(Phase::optimizer);
+    if (opt_.holds_gradients())
+      for (auto& p : params_) opt_.update(p.opt_index, p.value.data(), p.grad.data(), step_);
+  }
+  return loss_;
+}
+
+// Forward of layer l from input x (B,T,C). Pass::recompute allocates everything but `out`.
+void LlamaModel::layer_forward(int l, const void* x, LayerActs& A, Pass pass) {
+  const std::int64_t ad = a_ * d_, kd = k_ * d_;
+  const float eps = float(cfg_.rms_eps);
+  auto W = [&](int j) { return params_[layer_param(l, j)].value.data(); };
+
+  A.rstd1 = act("rstd1", l, {b_, s_}, f32);  // (B,T)
+  A.xn1 = act("xn1", l, {b_, s_, h_}, D_);   // (B,T,C)
+  be_.rmsnorm_forward(A.xn1.data(), A.rstd1.as<float>(), x, W(kInNorm), N_, h_, eps);
+  A.q = act("q", l, {b_, s_, ad}, D_);  // (B,T,NH,HD)
+  A.k = act("k", l, {b_, s_, kd}, D_);  // (B,T,NKV,HD)
+  A.v = act("v", l, {b_, s_, kd}, D_);  // (B,T,NKV,HD)
+  be_.matmul(A.q.data(), A.xn1.data(), W(kQ), N_, ad, h_, Trans::no, Trans::yes, 1.f, 0.f);
+  be_.matmul(A.k.data(), A.xn1.data(), W(kK), N_, kd, h_, Trans::no, Trans::yes, 1.f, 0.f);
+  be_.matmul(A.v.data(), A.xn1.data(), W(kV), N_, kd, h_, Trans::no, Trans::yes, 1.f, 0.f);
+  be_.rope_forward(A.q.data(), A.k.data(), b_, s_, a_, k_, d_, cfg_.rope_theta);  // in place
+  if (train_.attention == Attention::eager)
+    A.probs = act("probs", l, {b_, a_, s_, s_}, D_);  // (B,NH,T,T)
+  else
+    A.lse = act("lse", l, {b_, a_, s_}, f32);         // (B,NH,T)
+  A.attn_out = act("attn_out", l, {b_, s_, ad}, D_);  // (B,T,NH,HD)
+  be_.attention_forward(A.attn_out.data(), A.probs.data(), A.lse.as<float>(), A.q.data(),
+                        A.k.data(), A.v.data(), b_, s_, a_, k_, d_, train_.attention);
+  // h_mid = x + attn_out · Woᵀ: copy then GEMM with beta 1 (no transient).
+  A.h_mid = act("h_mid", l, {b_, s_, h_}, D_);  // (B,T,C)
+  be_.copy(A.h_mid.data(), x, A.h_mid.bytes());
+  be_.matmul(A.h_mid.data(), A.attn_out.data(), W(kO), N_, h_, ad, Trans::no, Trans::yes, 1.f, 1.f);
+  A.rstd2 = act("rstd2", l, {b_, s_}, f32);  // (B,T)
+  A.xn2 = act("xn2", l, {b_, s_, h_}, D_);   // (B,T,C)
+  be_.rmsnorm_forward(A.xn2.data(), A.rstd2.as<float>(), A.h_mid.data(), W(kPostNorm), N_, h_, eps);
+  A.gate = act("gate", l, {b_, s_, i_}, D_);  // (B,T,I)
+  A.up = act("up", l, {b_, s_, i_}, D_);      // (B,T,I)
+  be_.matmul(A.gate.data(), A.xn2.data(), W(kGate), N_, i_, h_, Trans::no, Trans::yes, 1.f, 0.f);
+  be_.matmul(A.up.data(), A.xn2.data(), W(kUp), N_, i_, h_, Trans::no, Trans::yes, 1.f, 0.f);
+  A.act = act("act", l, {b_, s_, i_}, D_);  // (B,T,I) = silu(gate) * up
+  be_.swiglu_forward(A.act.data(), A.gate.data(), A.up.data(), N_ * i_);
+  if (pass == Pass::recompute) return;
+  // out = h_mid + act · Wdownᵀ; it is x_{l+1}.
+  A.out = act("out", l, {b_, s_, h_}, D_);  // (B,T,C)
+  be_.copy(A.out.data(), A.h_mid.data(), A.out.bytes());
+  be_.matmul(A.out.data(), A.act.data(), W(kDown), N_, h_, i_, Trans::no, Trans::yes, 1.f, 1.f);
+}
+
+// Checkpointing full: everything but `out`, in reverse allocation order.
+void LlamaModel::free_layer_except_out(LayerActs& A) {
+  A.act.reset();
+  A.up.reset();
+  A.gate.reset();
+  A.xn2.reset();
+  A.rstd2.reset();
+  A.h_mid.reset();
+  A.attn_out.reset();
+  A.lse.reset();
+  A.probs.reset();
+  A.v.reset();
+  A.k.reset();
+  A.q.reset();
+  A.xn1.reset();
+  A.rstd1.reset();
+}
+
+void LlamaModel::forward() {
+  auto ph = ledger_.scope(Phase::forward);
+  embed_out_ = act("embed_out", -1, {b_, s_, h_}, D_);  // (B,T,C), x_0
+  be_.embedding_forward(embed_out_.data(), tokens_.as<std::int32_t>(), params_[0].value.data(), b_,
+                        s_, h_, V_);
+  const void* x = embed_out_.data();
+  for (int l = 0; l < cfg_.layers; ++l) {
+    layer_forward(l, x, layers_[std::size_t(l)], Pass::forward);
+    if (train_.checkpointing == Checkpointing::full) free_layer_except_out(layers_[std::size_t(l)]);
+    x = layers_[std::size_t(l)].out.data();
+  }
+  // Head.
+  final_norm_out_ = act("final_norm_out", -1, {b_, s_, h_}, D_);  // (B,T,C)
+  final_rstd_ = act("final_rstd", -1, {b_, s_}, f32);             // (B,T)
+  be_.rmsnorm_forward(final_norm_out_.data(), final_rstd_.as<float>(), x,
+                      params_[final_norm_index()].value.data(), N_, h_, float(cfg_.rms_eps));
+  logits_ = act("logits", -1, {b_, s_, V_}, D_);  // (B,T,V)
+  be_.matmul(logits_.data(), final_norm_out_.data(), params_[head_index()].value.data(), N_, V_, h_,
+             Trans::no, Trans::yes, 1.f, 0.f);
+  ce_lse_ = act("ce_lse", -1, {b_, s_}, f32);  // (B,T)
+  {
+    Tensor losses = ws("ce_losses", -1, {b_, s_}, f32);  // (B,T), 0 at ignored positions
+    be_.cross_entropy_forward(losses.as<float>(), ce_lse_.as<float>(), logits_.data(),
+                              targets_.as<std::int32_t>(), N_, V_);
+    if (be_.computes()) {
+      std::vector<float> host(static_cast<std::size_t>(N_));
+      be_.download(host.data(), losses.data(), losses.bytes());
+      double sum = 0.0;
+      for (float v : host) sum += v;
+      loss_ = float(sum / double(b_ * (s_ - 1)));
+    } else {
+      loss_ = std::numeric_limits<float>::quiet_NaN();
+    }
+  }
+  ledger_.mark_end_of_forward();
+  act_by_layer_.assign(std::size_t(cfg_.layers) + 1, 0);
+  for (const TensorRecord* r : ledger_.live_tensors())
+    if (r->category == Category::activations && r->layer >= -1 && r->layer < cfg_.layers)
+      act_by_layer_[std::size_t(r->layer + 1)] += r->bytes;
+}
+
+void* LlamaModel::begin_grad(std::size_t index) {
+  auto& p = params_[index];
+  if (!p.grad) {  // LOMO (AdamW/SGD hold theirs from setup)
+    p.grad = ledger_.allocate(p.name + ".grad", Category::gradients, p.layer, p.shape, D_);
+    be_.fill_zero(p.grad.data(), p.grad.bytes());
+  }
+  return p.grad.data();
+}
+
+void LlamaModel::capture_grad(std::size_t index, const GradientCapture& capture) {
+  if (!capture || !be_.computes()) return;
+  const auto& p = params_[index];
+  std::vector<unsigned char> raw(p.grad.bytes());
+  be_.download(raw.data(), p.grad.data(), raw.size());
+  std::vector<float> g(p.numel());
+  for (std::size_t e = 0; e < g.size(); ++e) g[e] = load_as_f32(raw.data(), e, D_);
+  capture(p, g);
+}
+
+void LlamaModel::end_grad(std::size_t index, const GradientCapture& capture) {
+  if (opt_.holds_gradients()) return;
+  auto& p = params_[index];
+  capture_grad(index, capture);
+  opt_.update(p.opt_index, p.value.data(), p.grad.data(), step_);
+  p.grad.reset();
+}
+
+void LlamaModel::backward(const GradientCapture& capture) {
+  auto ph = ledger_.scope(Phase::backward);
+  if (opt_.holds_gradients())
+    for (auto& p : params_) be_.fill_zero(p.grad.data(), p.grad.bytes());
+  const float scale = 1.0f / float(b_ * (s_ - 1));
+  const std::size_t head = head_index(), fnorm = final_norm_index();
+  const void* x_L = cfg_.layers > 0 ? layers_.back().out.data() : embed_out_.data();
+
+  // 1. dlogits in place of logits.
+  be_.cross_entropy_backward(logits_.data(), logits_.data(), ce_lse_.as<float>(),
+                             targets_.as<std::int32_t>(), N_, V_, scale);
+  ce_lse_.reset();
+  // 2. through the head. Tied: the embedding gradient, kept until the embedding backward.
+  Tensor d_fno = ws("d_final_norm_out", -1, {b_, s_, h_}, D_);  // (B,T,C)
+  void* dW_head = begin_grad(head);
+  be_.matmul(d_fno.data(), logits_.data(), params_[head].value.data(), N_, h_, V_, Trans::no,
+             Trans::no, 1.f, 0.f);
+  be_.matmul(dW_head, logits_.data(), final_norm_out_.data(), V_, h_, N_, Trans::yes, Trans::no,
+             1.f, 1.f);
+  if (!cfg_.tied_embeddings) end_grad(head, capture);
+  logits_.reset();
+  // 3. final norm; d_residual carries dL/dx from here down to the embedding.
+  Tensor d_res = ws("d_residual", -1, {b_, s_, h_}, D_);  // (B,T,C), accumulates
+  be_.fill_zero(d_res.data(), d_res.bytes());
+  be_.rmsnorm_backward(d_res.data(), begin_grad(fnorm), d_fno.data(), x_L,
+                       params_[fnorm].value.data(), final_rstd_.as<float>(), N_, h_);
+  end_grad(fnorm, capture);
+  d_fno.reset();
+  final_norm_out_.reset();
+  final_rstd_.reset();
+  if (cfg_.layers > 0) layers_.back().out.reset();
+
+  for (int l = int(cfg_.layers) - 1; l >= 0; --l) layer_backward(l, d_res, capture);
+
+  // Embedding (x_0 = embed_out was freed by layer 0).
+  be_.embedding_backward(begin_grad(0), d_res.data(), tokens_.as<std::int32_t>(), b_, s_, h_, V_);
+  end_grad(0, capture);
+  d_res.reset();
+
+  if (opt_.holds_gradients())
+    for (std::size_t pi = 0; pi < params_.size(); ++pi) capture_grad(pi, capture);
+}
+
+void LlamaModel::layer_backward(int l, Tensor& d_res, const GradientCapture& capture) {
+  const std::int64_t ad = a_ * d_, kd = k_ * d_;
+  LayerActs& A = layers_[std::size_t(l)];
+  Tensor& x = l == 0 ? embed_out_ : layers_[std::size_t(l) - 1].out;  // (B,T,C), x_l
+  auto Wp = [&](int j) { return params_[layer_param(l, j)].value.data(); };
+  auto G = [&](int j) { return begin_grad(layer_param(l, j)); };
+  auto done = [&](int j) { end_grad(layer_param(l, j), capture); };
+
+  // 0. recompute the layer from its checkpointed input.
+  if (train_.checkpointing == Checkpointing::full) {
+    auto rc = ledger_.scope(Phase::recompute);
+    layer_forward(l, x.data(), A, Pass::recompute);
+  }
+  // 1. down_proj.
+  Tensor d_act = ws("d_act", l, {b_, s_, i_}, D_);  // (B,T,I)
+  {
+    void* g = G(kDown);
+    be_.matmul(d_act.data(), d_res.data(), Wp(kDown), N_, i_, h_, Trans::no, Trans::no, 1.f, 0.f);
+    be_.matmul(g, d_res.data(), A.act.data(), h_, i_, N_, Trans::yes, Trans::no, 1.f, 1.f);
+    done(kDown);
+  }
+  A.act.reset();
+  // 2. SwiGLU.
+  Tensor d_gate = ws("d_gate", l, {b_, s_, i_}, D_);  // (B,T,I)
+  Tensor d_up = ws("d_up", l, {b_, s_, i_}, D_);      // (B,T,I)
+  be_.swiglu_backward(d_gate.data(), d_up.data(), d_act.data(), A.gate.data(), A.up.data(),
+                      N_ * i_);
+  d_act.reset();
+  A.gate.reset();
+  A.up.reset();
+  // 3. gate_proj, up_proj.
+  Tensor d_xn2 = ws("d_xn2", l, {b_, s_, h_}, D_);  // (B,T,C)
+  {
+    void* g = G(kGate);
+    be_.matmul(d_xn2.data(), d_gate.data(), Wp(kGate), N_, h_, i_, Trans::no, Trans::no, 1.f, 0.f);
+    be_.matmul(g, d_gate.data(), A.xn2.data(), i_, h_, N_, Trans::yes, Trans::no, 1.f, 1.f);
+    done(kGate);
+  }
+  {
+    void* g = G(kUp);
+    be_.matmul(d_xn2.data(), d_up.data(), Wp(kUp), N_, h_, i_, Trans::no, Trans::no, 1.f, 1.f);
+    be_.matmul(g, d_up.data(), A.xn2.data(), i_, h_, N_, Trans::yes, Trans::no, 1.f, 1.f);
+    done(kUp);
+  }
+  d_gate.reset();
+  d_up.reset();
+  A.xn2.reset();
+  // 4. post-attention RMSNorm: d_residual += ..., through h_mid.
+  be_.rmsnorm_backward(d_res.data(), G(kPostNorm), d_xn2.data(), A.h_mid.data(), Wp(kPostNorm),
+                       A.rstd2.as<float>(), N_, h_);
+  done(kPostNorm);
+  d_xn2.reset();
+  A.h_mid.reset();
+  A.rstd2.reset();
+  // 5. o_proj.
+  Tensor d_ao = ws("d_attn_out", l, {b_, s_, ad}, D_);  // (B,T,NH,HD)
+  {
+    void* g = G(kO);
+    be_.matmul(d_ao.data(), d_res.data(), Wp(kO), N_, ad, h_, Trans::no, Trans::no, 1.f, 0.f);
+    be_.matmul(g, d_res.data(), A.attn_out.data(), h_, ad, N_, Trans::yes, Trans::no, 1.f, 1.f);
+    done(kO);
+  }
+  // 6. attention.
+  Tensor d_q = ws("d_q", l, {b_, s_, ad}, D_);  // (B,T,NH,HD)
+  Tensor d_k = ws("d_k", l, {b_, s_, kd}, D_);  // (B,T,NKV,HD)
+  Tensor d_v = ws("d_v", l, {b_, s_, kd}, D_);  // (B,T,NKV,HD)
+  Tensor scratch = train_.attention == Attention::eager
+                       ? ws("d_probs", l, {b_, a_, s_, s_}, D_)   // (B,NH,T,T)
+                       : ws("attn_delta", l, {b_, a_, s_}, f32);  // (B,NH,T)
+  const bool eager = train_.attention == Attention::eager;
+  be_.attention_backward(d_q.data(), d_k.data(), d_v.data(), eager ? scratch.data() : nullptr,
+                         eager ? nullptr : scratch.as<float>(), d_ao.data(), A.q.data(), A.k.data(),
+                         A.v.data(), A.attn_out.data(), A.probs.data(), A.lse.as<float>(), b_, s_,
+                         a_, k_, d_, train_.attention);
+  scratch.reset();
+  d_ao.reset();
+  A.attn_out.reset();
+  A.probs.reset();
+  A.lse.reset();
+  // 7. RoPE backward in place.
+  be_.rope_backward(d_q.data(), d_k.data(), b_, s_, a_, k_, d_, cfg_.rope_theta);
+  // 8. q_proj, k_proj, v_proj.
+  Tensor d_xn1 = ws("d_xn1", l, {b_, s_, h_}, D_);  // (B,T,C)
+  {
+    void* g = G(kQ);
+    be_.matmul(d_xn1.data(), d_q.data(), Wp(kQ), N_, h_, ad, Trans::no, Trans::no, 1.f, 0.f);
+    be_.matmul(g, d_q.data(), A.xn1.data(), ad, h_, N_, Trans::yes, Trans::no, 1.f, 1.f);
+    done(kQ);
+  }
+  {
+    void* g = G(kK);
+    be_.matmul(d_xn1.data(), d_k.data(), Wp(kK), N_, h_, kd, Trans::no, Trans::no, 1.f, 1.f);
+    be_.matmul(g, d_k.data(), A.xn1.data(), kd, h_, N_, Trans::yes, Trans::no, 1.f, 1.f);
+    done(kK);
+  }
+  {
+    void* g = G(kV);
+    be_.matmul(d_xn1.data(), d_v.data(), Wp(kV), N_, h_, kd, Trans::no, Trans::no, 1.f, 1.f);
+    be_.matmul(g, d_v.data(), A.xn1.data(), kd, h_, N_, Trans::yes, Trans::no, 1.f, 1.f);
+    done(kV);
+  }
+  d_q.reset();
+  d_k.reset();
+  d_v.reset();
+  A.q.reset();
+  A.k.reset();
+  A.v.reset();
+  A.xn1.reset();
+  // 9. input RMSNorm: d_residual += ..., through x_l; then x_l is no longer needed.
+  be_.rmsnorm_backward(d_res.data(), G(kInNorm), d_xn1.data(), x.data(), Wp(kInNorm),
+                       A.rstd1.as<float>(), N_, h_);
+  done(kInNorm);
+  d_xn1.reset();
+  A.rstd1.reset();
+  x.reset();
+}
+
+// ------------------------------------------------------------------------------ figures
+
+MemoryFigures measured_figures(const Ledger& ledger) {
+  MemoryFigures f;
+  f.params = ledger.live(Category::params);
+  f.gradients = ledger.peak(Category::gradients);
+  f.optimizer_states = ledger.live(Category::optimizer_states);
+  f.activations = ledger.activations_end_of_forward();
+  f.activations_peak = ledger.peak(Category::activations);
+  f.workspace = ledger.peak(Category::workspace);
+  f.inputs = ledger.live(Category::inputs);
+  f.sum = checked_add(checked_add(f.params, f.gradients),
+                      checked_add(f.optimizer_states, f.activations));
+  f.peak = ledger.peak_total().bytes;
+  f.peak_breakdown = ledger.peak_total().breakdown;
+  return f;
+}
+
+// ------------------------------------------------------------------------------ --dump
+
+GradientDump::GradientDump(std::string path, const LlamaModel& model) : path_(std::move(path)) {
+  writer_.set_metadata("format", "trainmem gradient dump");
+  writer_.set_metadata("model", model.model_config().name);
+  writer_.declare("loss", SafeDType::F32, {1});
+  for (const auto& p : model.parameters()) writer_.declare(p.name, SafeDType::F32, p.shape);
+  writer_.open(path_);
+}
+
+GradientCapture GradientDump::capture() {
+  return [this](const Parameter& p, const std::vector<float>& g) { writer_.put(p.name, g.data()); };
+}
+
+void GradientDump::finish(float loss) {
+  writer_.put("loss", &loss);
+  writer_.close();
+}
+
+}  // namespace trainmem

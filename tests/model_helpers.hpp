@@ -1,0 +1,79 @@
+// Helpers for the model tests: one training run (backend + ledger + model) and gradient capture.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainmem/backend.hpp"
+#include "trainmem/config.hpp"
+#include "trainmem/ledger.hpp"
+#include "trainmem/model.hpp"
+
+namespace trainmem::test {
+
+inline ModelConfig preset(const std::string& name) {
+  auto m = find_preset(name);
+  if (!m) throw Error("test: no preset " + name);
+  return *m;
+}
+
+inline TrainConfig train_config(std::int64_t b, std::int64_t s, DType dt, Optimizer o,
+                                Checkpointing c, Attention a) {
+  TrainConfig t;
+  t.batch = b;
+  t.seq = s;
+  t.dtype = dt;
+  t.optimizer = o;
+  t.checkpointing = c;
+  t.attention = a;
+  return t;
+}
+
+// Backend, ledger and model, destroyed in the right order (model, ledger, backend).
+struct ModelRun {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Ledger> ledger;
+  std::unique_ptr<LlamaModel> model;
+
+  ModelRun(BackendKind kind, const ModelConfig& m, const TrainConfig& t,
+           const OptimizerSettings* settings = nullptr) {
+    backend = kind == BackendKind::cpu ? make_cpu_backend(t.dtype) : make_meta_backend(t.dtype);
+    ledger = std::make_unique<Ledger>(backend->allocator());
+    OptimizerSettings s = settings ? *settings : default_optimizer_settings(t.optimizer);
+    model = std::make_unique<LlamaModel>(m, t, *backend, *ledger, s);
+  }
+  ~ModelRun() {
+    model.reset();
+    ledger.reset();
+  }
+};
+
+using GradMap = std::map<std::string, std::vector<float>>;
+
+inline GradientCapture capture_into(GradMap& out) {
+  return [&out](const Parameter& p, const std::vector<float>& g) { out[p.name] = g; };
+}
+
+// max |a-b| and the index of the first element outside atol + rtol·|b|.
+struct Diff {
+  double max_abs = 0;
+  double max_ref = 0;
+  long first_bad = -1;
+};
+inline Diff compare(const std::vector<float>& got, const std::vector<float>& ref, double atol,
+                    double rtol) {
+  Diff d;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double e = std::abs(double(got[i]) - double(ref[i]));
+    d.max_abs = std::max(d.max_abs, e);
+    d.max_ref = std::max(d.max_ref, std::abs(double(ref[i])));
+    if (d.first_bad < 0 && !(e <= atol + rtol * std::abs(double(ref[i])))) d.first_bad = long(i);
+  }
+  return d;
+}
+
+}  // namespace trainmem::test

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Golden data for the model test: a hand-written PyTorch LLaMA (HuggingFace semantics).
+
+Builds a tiny LLaMA exactly as transformers' LlamaForCausalLM computes it with eager attention
+(pre-norm RMSNorm as HF's LlamaRMSNorm, rotate-half RoPE, GQA by repeating kv heads, SwiGLU
+MLP, final norm, untied or tied LM head, the shifted causal-LM cross-entropy), runs forward and
+backward, and writes under tests/data/:
+
+  golden_<name>_config.json          HF config.json of the model (loadable by --model)
+  golden_<name>_weights.safetensors  fp32 weights under HF names (loadable by --weights)
+  golden_<name>_tokens.bin           batch x seq int32 little-endian ids (loadable by --tokens)
+  golden_<name>_expected.safetensors `loss` (fp32 [1]) and every parameter gradient under its
+                                     HF name, fp32: the format of `trainmem profile --dump`
+
+The weights are fp32 values; the forward/backward runs in float64 by default (--compute fp32
+to run it in fp32) so that the stored loss and gradients are the exact answer for those
+weights, rounded once to fp32. The test needs no PyTorch.
+
+Run with the Debian interpreter that has torch: /usr/bin/python3 tools/make_golden.py
+"""
+import argparse
+import json
+import math
+import os
+import struct
+
+import torch
+
+CONFIGS = {
+    # name: (vocab, hidden, intermediate, layers, heads, kv_heads, tied, batch, seq)
+    "tiny_gqa": (96, 48, 128, 2, 6, 2, False, 2, 16),
+    "tiny_tied": (64, 32, 96, 2, 2, 2, True, 3, 9),
+}
+RMS_EPS = 1e-5
+ROPE_THETA = 10000.0
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """tensors: list of (name, torch tensor) written in order, fp32 or int32."""
+    header = {}
+    if metadata:
+        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
+    blobs, offset = [], 0
+    for name, t in tensors:
+        t = t.detach().contiguous().cpu()
+        dtype = {torch.float32: "F32", torch.int32: "I32"}[t.dtype]
+        data = t.numpy().tobytes()
+        header[name] = {"dtype": dtype, "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def param_shapes(V, h, i, L, a, k, tied):
+    d = h // a
+    shapes = [("model.embed_tokens.weight", (V, h))]
+    for l in range(L):
+        p = f"model.layers.{l}."
+        shapes += [
+            (p + "input_layernorm.weight", (h,)),
+            (p + "self_attn.q_proj.weight", (a * d, h)),
+            (p + "self_attn.k_proj.weight", (k * d, h)),
+            (p + "self_attn.v_proj.weight", (k * d, h)),
+            (p + "self_attn.o_proj.weight", (h, a * d)),
+            (p + "post_attention_layernorm.weight", (h,)),
+            (p + "mlp.gate_proj.weight", (i, h)),
+            (p + "mlp.up_proj.weight", (i, h)),
+            (p + "mlp.down_proj.weight", (h, i)),
+        ]
+    shapes.append(("model.norm.weight", (h,)))
+    if not tied:
+        shapes.append(("lm_head.weight", (V, h)))
+    return shapes
+
+
+def rms_norm(x, w, eps):
+    # LlamaRMSNorm: variance in fp32 (here: the compute dtype), weight * normalised.
+    var = x.pow(2).mean(-1, keepdim=True)
+    return w * (x * torch.rsqrt(var + eps))
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_cos_sin(s, d, theta, dtype):
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    t = torch.arange(s, dtype=torch.float64)
+    freqs = torch.outer(t, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def llama_loss(W, tokens, V, h, i, L, a, k, tied, rms_eps=RMS_EPS, rope_theta=ROPE_THETA):
+    b, s = tokens.shape
+    d = h // a
+    dtype = W["model.embed_tokens.weight"].dtype
+    cos, sin = rope_cos_sin(s, d, rope_theta, dtype)
+    x = W["model.embed_tokens.weight"][tokens.long()]  # (b, s, h)
+    mask = torch.full((s, s), float("-inf"), dtype=dtype).triu(1)
+    for l in range(L):
+        p = f"model.layers.{l}."
+        res = x
+        xn = rms_norm(x, W[p + "input_layernorm.weight"], rms_eps)
+        q = (xn @ W[p + "self_attn.q_proj.weight"].T).view(b, s, a, d).transpose(1, 2)
+        kk = (xn @ W[p + "self_attn.k_proj.weight"].T).view(b, s, k, d).transpose(1, 2)
+        v = (xn @ W[p + "self_attn.v_proj.weight"].T).view(b, s, k, d).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        kk = kk * cos + rotate_half(kk) * sin
+        rep = a // k  # repeat_kv: query head j reads kv head j // rep
+        if rep > 1:
+            kk = kk.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        scores = q @ kk.transpose(2, 3) / math.sqrt(d) + mask
+        probs = torch.softmax(scores, dim=-1)
+        o = (probs @ v).transpose(1, 2).reshape(b, s, a * d)
+        x = res + o @ W[p + "self_attn.o_proj.weight"].T
+        res = x
+        xn = rms_norm(x, W[p + "post_attention_layernorm.weight"], rms_eps)
+        g = xn @ W[p + "mlp.gate_proj.weight"].T
+        u = xn @ W[p + "mlp.up_proj.weight"].T
+        x = res + (torch.nn.functional.silu(g) * u) @ W[p + "mlp.down_proj.weight"].T
+    x = rms_norm(x, W["model.norm.weight"], rms_eps)
+    head = W["model.embed_tokens.weight"] if tied else W["lm_head.weight"]
+    logits = x @ head.T
+    # HF causal-LM loss: predict token t+1 from positions <= t, mean over b*(s-1).
+    shift_logits = logits[:, :-1, :].reshape(-1, V)
+    shift_labels = tokens[:, 1:].reshape(-1).long()
+    return torch.nn.functional.cross_entropy(shift_logits, shift_labels)
+
+
+def make(name, out_dir, compute_dtype, seed):
+    V, h, i, L, a, k, tied, b, s = CONFIGS[name]
+    gen = torch.Generator().manual_seed(seed)
+    weights = []
+    for pname, shape in param_shapes(V, h, i, L, a, k, tied):
+        if len(shape) == 1:  # RMSNorm weights: around 1, not all 1, so their gradients matter
+            w = 1.0 + 0.1 * torch.randn(shape, generator=gen)
+        else:  # larger than HF's 0.02 so that attention is far from uniform
+            w = 0.2 * torch.randn(shape, generator=gen)
+        weights.append((pname, w.to(torch.float32)))
+    tokens = torch.randint(0, V, (b, s), generator=gen, dtype=torch.int32)
+
+    W = {n: w.to(compute_dtype).requires_grad_(True) for n, w in weights}
+    loss = llama_loss(W, tokens, V, h, i, L, a, k, tied)
+    loss.backward()
+
+    # Cross-check: the same in fp32 (printed, so a reader sees the fp32 rounding level).
+    W32 = {n: w.clone().requires_grad_(True) for n, w in weights}
+    loss32 = llama_loss(W32, tokens, V, h, i, L, a, k, tied)
+    loss32.backward()
+    worst = max(((W32[n].grad.double() - W[n].grad.double()).abs().max().item()
+                 / max(W[n].grad.abs().max().item(), 1e-30)) for n, _ in weights)
+
+    prefix = os.path.join(out_dir, f"golden_{name}")
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": V, "hidden_size": h, "intermediate_size": i,
+        "num_hidden_layers": L, "num_attention_heads": a, "num_key_value_heads": k,
+        "max_position_embeddings": 256, "rms_norm_eps": RMS_EPS, "rope_theta": ROPE_THETA,
+        "tie_word_embeddings": tied, "torch_dtype": "float32", "hidden_act": "silu",
+    }
+    with open(prefix + "_config.json", "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+    meta = {"batch": b, "seq": s, "seed": seed, "compute": str(compute_dtype),
+            "generator": "tools/make_golden.py"}
+    write_safetensors(prefix + "_weights.safetensors", weights, meta)
+    with open(prefix + "_tokens.bin", "wb") as f:
+        f.write(tokens.numpy().astype("<i4").tobytes())
+    expected = [("loss", loss.detach().reshape(1).to(torch.float32))]
+    expected += [(n, W[n].grad.to(torch.float32)) for n, _ in weights]
+    write_safetensors(prefix + "_expected.safetensors", expected, meta)
+    print(f"{name}: loss {loss.item():.8f} (fp32 run {loss32.item():.8f}); "
+          f"fp32 vs {compute_dtype} worst gradient error relative to the tensor's max: {worst:.2e}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "data"))
+    ap.add_argument("--compute", choices=["fp64", "fp32"], default="fp64")
+    ap.add_argument("--seed", type=int, default=1234)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    dtype = torch.float64 if args.compute == "fp64" else torch.float32
+    for name in CONFIGS:
+        make(name, args.out, dtype, args.seed)
+
+
+if __name__ == "__main__":
+    main()
