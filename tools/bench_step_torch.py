@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""The PyTorch side of bench/bench_step: one LLaMA training step on the CPU, timed.
+
+The same model as trainmem's (tools/make_golden.py's hand-written LLaMA with HF semantics,
+eager attention), fp32, AdamW over all parameters; one step = zero the gradients, forward,
+backward, optimizer. Prints one JSON line: {"torch": version, "threads": n, "ms": [...],
+"median_ms": m, "loss": first loss}. Run with the Debian interpreter that has torch:
+/usr/bin/python3 tools/bench_step_torch.py --vocab 2048 --hidden 256 ...
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_golden import llama_loss, param_shapes  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--vocab", type=int, default=2048)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--intermediate", type=int, default=688)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--tied", action="store_true")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--rms-eps", type=float, default=1e-5)
+    ap.add_argument("--rope-theta", type=float, default=10000.0)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: default)")
+    args = ap.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+
+    V, h, i, L, a, k = (args.vocab, args.hidden, args.intermediate, args.layers, args.heads,
+                        args.kv_heads)
+    gen = torch.Generator().manual_seed(0)
+    W = {}
+    for name, shape in param_shapes(V, h, i, L, a, k, args.tied):
+        w = torch.ones(shape) if len(shape) == 1 else 0.02 * torch.randn(shape, generator=gen)
+        W[name] = w.requires_grad_(True)
+    tokens = torch.randint(0, V, (args.batch, args.seq), generator=gen, dtype=torch.int32)
+    opt = torch.optim.AdamW(list(W.values()), lr=1e-5, weight_decay=0.01)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss = llama_loss(W, tokens, V, h, i, L, a, k, args.tied, args.rms_eps, args.rope_theta)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    first = step()  # warm-up
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads(),
+                      "ms": times, "median_ms": statistics.median(times), "loss": first}))
+
+
+if __name__ == "__main__":
+    main()
