@@ -1,0 +1,152 @@
+// The analytic memory model: closed-form figures for one training step, without a GPU.
+//
+// Written from DESIGN.md and docs/native-plan.md only (never from the model's code), so that
+// agreement with the measured ledger is a real check. Derivations and a worked LLaMA-7B
+// example: docs/formulas.md.
+//
+// Profiles (what "activations" means differs between them):
+//   native    exactly what trainmem's own step allocates (docs/native-plan.md), eager or flash
+//             attention, checkpointing none or full; params..peak must equal the ledger byte
+//             for byte.
+//   hf-eager  the tensors PyTorch autograd saves for a HuggingFace LlamaForCausalLM training
+//             step with eager attention (transformers 4.30, PyTorch 2.0 semantics), verified
+//             against saved_tensors_hooks by tools/hf_saved_tensors.py.
+//   megatron  Korthikanti et al. 2022, sbh(34 + 5as/h) bytes per layer (GPT-style reference).
+//   zero      the ZeRO paper's 12·h·b·s elements per layer × dtype width (GPT-style reference).
+//
+// Activation bytes of one layer are written as
+//   c_sbh·sbh + c_sbi·sbi + c_as2b·a·s²·b + c_sb·sb (+ bytes that fit none of these)
+// where s seq, b batch, h hidden, i intermediate, a heads. Every coefficient is the sum of the
+// per-tensor entries below, so each figure can be traced to a tensor and the op that keeps it.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainmem/config.hpp"
+#include "trainmem/figures.hpp"
+
+namespace trainmem {
+
+enum class Profile { native, hf_eager, megatron, zero };
+constexpr int kNumProfiles = 4;
+
+const char* profile_name(Profile p);  // "native", "hf-eager", "megatron", "zero"
+std::optional<Profile> parse_profile(const std::string& s);
+std::vector<Profile> all_profiles();  // in the order above
+
+// The monomial one activation tensor's bytes are proportional to.
+//   sbh: s·b·h   sbi: s·b·i   as2b: a·s²·b   sb: s·b   other: none of these (fixed bytes for
+//   the given configuration, e.g. a (b, s-1, V) head tensor or a 0-dim constant)
+enum class Term { sbh, sbi, as2b, sb, other };
+const char* term_name(Term t);  // "sbh", "sbi", "as2b", "sb", "other"
+
+// One tensor kept (or transiently allocated) by a profile.
+struct TensorEntry {
+  std::string name;   // e.g. "probs", "input_layernorm.x_f32"
+  std::string shape;  // shape expression in the project's letters, e.g. "(b,a,s,s)"
+  std::string dtype;  // "fp16", "bf16", "fp32", "int64", "int8" (1-byte masks)
+  std::uint64_t bytes = 0;
+  Term term = Term::other;
+  double coefficient = 0;  // bytes = coefficient · monomial(term); for `other`, = bytes
+  std::string kept_by;     // the op (or plan step) that keeps it
+  std::string why;         // why it is needed
+};
+
+// Per-layer coefficients (bytes per unit of each monomial). `other_bytes` holds what fits no
+// monomial (per layer, for this configuration).
+struct Coefficients {
+  double sbh = 0;
+  double sbi = 0;
+  double as2b = 0;
+  double sb = 0;
+  std::uint64_t other_bytes = 0;
+};
+
+// Sums entries' coefficients (checked byte sum in `other_bytes` only for Term::other).
+Coefficients sum_coefficients(const std::vector<TensorEntry>& entries);
+std::uint64_t sum_bytes(const std::vector<TensorEntry>& entries);
+
+// The activation books of one profile for one configuration.
+struct ActivationBreakdown {
+  // Alive at the end of forward:
+  std::vector<TensorEntry> embedding;  // before layer 0 (once)
+  std::vector<TensorEntry> layer;      // what ONE layer keeps (identical for every layer)
+  std::vector<TensorEntry> shared;     // kept once for all layers (e.g. HF checkpointing's mask)
+  std::vector<TensorEntry> head;       // final norm, lm_head, loss (once)
+  // Checkpointing full: what one layer re-creates during its backward (empty otherwise).
+  std::vector<TensorEntry> recompute;
+  // Inputs (token ids, labels), reported as `inputs`, not as activations.
+  std::vector<TensorEntry> inputs;
+
+  Coefficients per_layer;             // of `layer`
+  std::uint64_t per_layer_bytes = 0;  // sum of `layer`
+  std::uint64_t embedding_bytes = 0;
+  std::uint64_t shared_bytes = 0;
+  std::uint64_t head_bytes = 0;
+  std::uint64_t recompute_bytes = 0;
+  std::int64_t layers = 0;
+  // embedding + layers·per_layer + shared + head (= MemoryFigures::activations)
+  std::uint64_t total_bytes = 0;
+};
+
+// One parameter tensor (HuggingFace name, shape, element count).
+struct ParamSpec {
+  std::string name;  // e.g. "model.layers.3.mlp.down_proj.weight"
+  std::vector<std::int64_t> shape;
+  std::uint64_t elements = 0;
+};
+// All parameters in setup order (docs/native-plan.md, Setup 1). lm_head omitted when tied.
+std::vector<ParamSpec> parameter_specs(const ModelConfig& m);
+std::uint64_t parameter_count(const std::vector<ParamSpec>& specs);
+
+// One instant of the step the native peak is taken over (in chronological order).
+struct Instant {
+  std::string name;       // e.g. "backward layer L-1 step 6 (attention backward)"
+  CategoryBytes bytes{};  // live bytes per category at that instant
+  std::uint64_t total() const;
+};
+
+struct Estimate {
+  Profile profile = Profile::native;
+  std::string label;  // what the profile is (shown in tables and JSON)
+  ModelConfig model;
+  TrainConfig train;
+  MemoryFigures figures;
+  ActivationBreakdown activations;
+  std::uint64_t param_count = 0;
+  std::uint64_t largest_gradient_bytes = 0;  // largest single gradient tensor
+  std::string largest_gradient_name;
+  // native: the candidate instants, chronological, and the index of the peak one.
+  std::vector<Instant> instants;
+  int peak_instant = -1;
+  // Plain-language notes: what the profile assumes, what it ignores, how peak is defined.
+  std::vector<std::string> notes;
+};
+
+// The closed-form estimate. Validates model and train (InputError naming the field).
+// Sizes use checked 64-bit arithmetic (OverflowError when they do not fit).
+Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& train);
+
+// The rules shared by every profile (DESIGN.md "Optimizer states"), in bytes:
+// params P·w; gradients P·w (AdamW, SGD) or the largest single gradient (LOMO; plus the
+// embedding gradient when embeddings are tied, which stays alive through the backward);
+// optimizer states: AdamW 12 B/param (8 when the training dtype is fp32: no master copy),
+// SGD 4 B/param (0 in fp32), LOMO 0.
+struct StateFigures {
+  std::uint64_t params = 0;
+  std::uint64_t gradients = 0;
+  std::uint64_t optimizer_states = 0;
+  std::uint64_t largest_gradient_bytes = 0;
+  std::string largest_gradient_name;
+};
+StateFigures state_figures(const ModelConfig& model, const TrainConfig& train);
+
+// The cuBLAS workspace the native plan allocates at setup (32 MiB).
+constexpr std::uint64_t kCublasWorkspaceBytes = 33554432;
+
+// "(b,a,s,s)" style shape string of concrete sizes, e.g. "(8,32,512,512)"; used by explain.
+std::string format_bytes_human(std::uint64_t bytes);  // "45.61 GiB", "512.00 KiB", "12 B"
+
+}  // namespace trainmem

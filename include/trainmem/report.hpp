@@ -1,0 +1,106 @@
+// Output helpers shared by every subcommand: GiB formatting, a small aligned table (text like a
+// paper's memory table, Markdown, CSV), and the JSON blocks of DESIGN.md's schema "trainmem/1"
+// ("model", "run", "analytic", figures, tensor lists). Subcommands compose these: `estimate`
+// emits {"schema", "model", "run", "analytic"}; `profile` adds "measured", "reconciliation" and
+// "tensors"; `compare` and `sweep` wrap several such objects in {"schema", "runs": [...]}.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trainmem/analytic.hpp"
+#include "trainmem/config.hpp"
+#include "trainmem/figures.hpp"
+
+namespace trainmem::report {
+
+constexpr const char* kSchema = "trainmem/1";
+
+// ---------------------------------------------------------------- numbers
+double to_gib(std::uint64_t bytes);     // bytes / 2^30
+std::string gib2(std::uint64_t bytes);  // two decimals, e.g. "45.61"
+std::string fixed(double value, int decimals);
+// Compact coefficient: "32", "8.5", "0.0625" (up to 4 decimals, trailing zeros dropped).
+std::string coef(double value);
+std::string with_commas(std::uint64_t n);  // 6738415616 -> "6,738,415,616"
+
+// ---------------------------------------------------------------- tables
+enum class Align { left, right };
+
+// A table with aligned columns. Rows are added as strings; rules separate groups of rows in
+// the text form (ignored by Markdown and CSV).
+class Table {
+ public:
+  struct Column {
+    std::string header;
+    Align align = Align::right;
+  };
+  explicit Table(std::vector<Column> columns);
+  // Throws Error when the cell count differs from the column count.
+  void add_row(std::vector<std::string> cells);
+  void add_rule();
+  std::size_t row_count() const;
+  std::size_t column_count() const { return columns_.size(); }
+
+  // Text: header, a rule of '-', rows; columns separated by two spaces, aligned per column.
+  std::string text() const;
+  // GitHub Markdown (alignment row uses ---: for right-aligned columns).
+  std::string markdown() const;
+  // RFC 4180 CSV: header line then rows; fields quoted when they hold , " or newlines.
+  std::string csv() const;
+
+ private:
+  std::vector<Column> columns_;
+  std::vector<std::vector<std::string>> rows_;  // an empty row marks a rule
+};
+
+std::string csv_field(const std::string& s);
+
+// ---------------------------------------------------------------- JSON blocks
+// "model": {"name", "params", "layers", "hidden", "intermediate", "heads", "kv_heads", "vocab"}
+// (plus "tied_embeddings").
+nlohmann::json model_json(const ModelConfig& m, std::uint64_t param_count);
+// "run": {"batch", "seq", "dtype", "optimizer", "checkpointing", "attention", "backend",
+// "steps"}. `backend` empty and steps < 0 write null (estimate runs nothing).
+nlohmann::json run_json(const TrainConfig& t, const std::string& backend, int steps);
+// {"params", ..., "inputs", "sum", "peak"}; with `breakdown`, also "peak_breakdown":
+// {category: bytes}.
+nlohmann::json figures_json(const MemoryFigures& f, bool breakdown);
+nlohmann::json breakdown_json(const CategoryBytes& b);
+// One tensor entry of the analytic lists, with its group ("embedding", "layer", ...).
+nlohmann::json tensor_entry_json(const TensorEntry& e, const std::string& group);
+// "analytic": {"<profile>": {figures, "per_layer_activations", "coefficients": {"sbh", "sbi",
+// "as2b", "sb", "other_bytes"}, "label", "notes", "tensors", ...}}
+nlohmann::json analytic_profile_json(const Estimate& e);
+nlohmann::json analytic_json(const std::vector<Estimate>& estimates);
+
+// ---------------------------------------------------------------- memory tables
+// One row of a paper-style memory table.
+struct MemoryRow {
+  std::vector<std::string> keys;  // leading label cells (e.g. optimizer, checkpointing, profile)
+  MemoryFigures figures;
+};
+// Columns: <key headers...>, Params, Gradients, Optimizer States, Activations, Total, Peak —
+// GiB with two decimals. `Total` is `sum` (params + gradients + optimizer states +
+// activations, as published tables add them); `Peak` is the high-water mark.
+Table memory_table(const std::vector<std::string>& key_headers, const std::vector<MemoryRow>& rows);
+// The same rows in bytes (exact integers) for CSV: <keys>, params, gradients, optimizer_states,
+// activations, activations_peak, workspace, inputs, sum, peak.
+Table memory_table_bytes(const std::vector<std::string>& key_headers,
+                         const std::vector<MemoryRow>& rows);
+
+// ---------------------------------------------------------------- explanations
+// The per-tensor list of one estimate as a table: group, tensor, shape, dtype, bytes, term,
+// coefficient, kept by.
+Table tensor_table(const Estimate& e);
+// "32·sbh + 8·sbi + 8·as²b + 8·sb + 2052 B" (omits zero terms).
+std::string per_layer_formula(const Estimate& e);
+// Per-layer bytes expressed as one coefficient of s·b·h:
+// c_sbh + c_sbi·i/h + c_as2b·a·s/h + (c_sb + other/(sb))/h. ZeRO's 12 elements are 12·w here.
+double sbh_equivalent(const Estimate& e);
+// A multi-line plain-text explanation of one estimate (formula, groups, notes, tensor table).
+std::string explain_text(const Estimate& e);
+
+}  // namespace trainmem::report

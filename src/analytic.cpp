@@ -1,0 +1,307 @@
+// The analytic model: profile names, parameter list, optimizer rules shared by every profile,
+// and the dispatch to the per-profile builders (analytic_native.cpp, analytic_hf.cpp,
+// analytic_reference.cpp). Formulas: docs/formulas.md.
+#include "trainmem/analytic.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "analytic_detail.hpp"
+#include "trainmem/checked.hpp"
+#include "trainmem/error.hpp"
+
+namespace trainmem {
+
+using analytic_detail::Dims;
+
+const char* profile_name(Profile p) {
+  switch (p) {
+    case Profile::native:
+      return "native";
+    case Profile::hf_eager:
+      return "hf-eager";
+    case Profile::megatron:
+      return "megatron";
+    case Profile::zero:
+      return "zero";
+  }
+  return "?";
+}
+
+std::optional<Profile> parse_profile(const std::string& s) {
+  for (Profile p : all_profiles())
+    if (s == profile_name(p)) return p;
+  if (s == "hf_eager" || s == "hf") return Profile::hf_eager;
+  return std::nullopt;
+}
+
+std::vector<Profile> all_profiles() {
+  return {Profile::native, Profile::hf_eager, Profile::megatron, Profile::zero};
+}
+
+const char* term_name(Term t) {
+  switch (t) {
+    case Term::sbh:
+      return "sbh";
+    case Term::sbi:
+      return "sbi";
+    case Term::as2b:
+      return "as2b";
+    case Term::sb:
+      return "sb";
+    case Term::other:
+      return "other";
+  }
+  return "?";
+}
+
+std::uint64_t Instant::total() const {
+  std::uint64_t t = 0;
+  for (auto x : bytes) t = checked_add(t, x, "instant total");
+  return t;
+}
+
+Coefficients sum_coefficients(const std::vector<TensorEntry>& entries) {
+  Coefficients c;
+  for (const auto& e : entries) {
+    switch (e.term) {
+      case Term::sbh:
+        c.sbh += e.coefficient;
+        break;
+      case Term::sbi:
+        c.sbi += e.coefficient;
+        break;
+      case Term::as2b:
+        c.as2b += e.coefficient;
+        break;
+      case Term::sb:
+        c.sb += e.coefficient;
+        break;
+      case Term::other:
+        c.other_bytes = checked_add(c.other_bytes, e.bytes, "other bytes");
+        break;
+    }
+  }
+  return c;
+}
+
+std::uint64_t sum_bytes(const std::vector<TensorEntry>& entries) {
+  std::uint64_t t = 0;
+  for (const auto& e : entries) t = checked_add(t, e.bytes, "activation bytes");
+  return t;
+}
+
+std::vector<ParamSpec> parameter_specs(const ModelConfig& m) {
+  const std::int64_t h = m.hidden, i = m.intermediate, V = m.vocab;
+  const std::int64_t ad = m.heads * m.head_dim(), kd = m.kv_dim();
+  std::vector<ParamSpec> specs;
+  auto add = [&](std::string name, std::vector<std::int64_t> shape) {
+    std::uint64_t n = 1;
+    for (auto x : shape) n = checked_mul(n, static_cast<std::uint64_t>(x), "parameter size");
+    specs.push_back({std::move(name), std::move(shape), n});
+  };
+  add("model.embed_tokens.weight", {V, h});
+  for (std::int64_t l = 0; l < m.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {h});
+    add(p + "self_attn.q_proj.weight", {ad, h});
+    add(p + "self_attn.k_proj.weight", {kd, h});
+    add(p + "self_attn.v_proj.weight", {kd, h});
+    add(p + "self_attn.o_proj.weight", {h, ad});
+    add(p + "post_attention_layernorm.weight", {h});
+    add(p + "mlp.gate_proj.weight", {i, h});
+    add(p + "mlp.up_proj.weight", {i, h});
+    add(p + "mlp.down_proj.weight", {h, i});
+  }
+  add("model.norm.weight", {h});
+  if (!m.tied_embeddings) add("lm_head.weight", {V, h});
+  return specs;
+}
+
+std::uint64_t parameter_count(const std::vector<ParamSpec>& specs) {
+  std::uint64_t n = 0;
+  for (const auto& p : specs) n = checked_add(n, p.elements, "parameter count");
+  return n;
+}
+
+StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
+  const std::uint64_t w = dtype_size(train.dtype);
+  const bool fp32 = train.dtype == DType::f32;
+  // The largest gradient tensor comes from the first layer and the embedding/head; the other
+  // layers repeat the same shapes, so one layer is enough (keeps 80-layer models cheap).
+  ModelConfig one_layer = model;
+  one_layer.layers = std::min<std::int64_t>(model.layers, 1);
+  const auto few = parameter_specs(one_layer);
+  // Exact count for all layers: embedding + final norm (+ lm_head) + L × one layer.
+  std::uint64_t per_layer = 0, outside = 0;
+  for (const auto& p : few) {
+    if (p.name.rfind("model.layers.", 0) == 0)
+      per_layer = checked_add(per_layer, p.elements, "parameter count");
+    else
+      outside = checked_add(outside, p.elements, "parameter count");
+  }
+  const std::uint64_t P =
+      checked_add(outside, checked_mul(per_layer, model.layers, "parameter count"), "params");
+
+  StateFigures f;
+  f.params = checked_mul(P, w, "params bytes");
+  const ParamSpec* largest = nullptr;
+  for (const auto& p : few)
+    if (!largest || p.elements > largest->elements) largest = &p;
+  f.largest_gradient_bytes = checked_mul(largest->elements, w, "gradient bytes");
+  f.largest_gradient_name = largest->name + ".grad";
+  switch (train.optimizer) {
+    case Optimizer::adamw:
+      f.gradients = f.params;
+      f.optimizer_states = checked_mul(P, fp32 ? 8 : 12, "optimizer states");
+      break;
+    case Optimizer::sgd:
+      f.gradients = f.params;
+      f.optimizer_states = fp32 ? 0 : checked_mul(P, 4, "optimizer states");
+      break;
+    case Optimizer::lomo: {
+      f.optimizer_states = 0;
+      if (model.tied_embeddings) {
+        // The shared embedding/lm_head gradient lives from the head's backward to the
+        // embedding's; the largest other gradient is allocated while it is alive.
+        const std::uint64_t emb = checked_mul(checked_mul(model.vocab, model.hidden), w);
+        std::uint64_t other = 0;
+        for (const auto& p : few)
+          if (p.name != "model.embed_tokens.weight")
+            other = std::max(other, checked_mul(p.elements, w, "gradient bytes"));
+        f.gradients = checked_add(emb, other, "gradients");
+      } else {
+        f.gradients = f.largest_gradient_bytes;
+      }
+      break;
+    }
+  }
+  return f;
+}
+
+std::string format_bytes_human(std::uint64_t bytes) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 5) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+  return buf;
+}
+
+Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& train) {
+  model.validate();
+  train.validate();
+  Estimate est;
+  est.profile = profile;
+  est.model = model;
+  est.train = train;
+  const StateFigures st = state_figures(model, train);
+  est.figures.params = st.params;
+  est.figures.gradients = st.gradients;
+  est.figures.optimizer_states = st.optimizer_states;
+  est.param_count = st.params / dtype_size(train.dtype);
+  est.largest_gradient_bytes = st.largest_gradient_bytes;
+  est.largest_gradient_name = st.largest_gradient_name;
+  switch (profile) {
+    case Profile::native:
+      analytic_detail::build_native(est);
+      break;
+    case Profile::hf_eager:
+      analytic_detail::build_hf_eager(est);
+      break;
+    case Profile::megatron:
+      analytic_detail::build_megatron(est);
+      break;
+    case Profile::zero:
+      analytic_detail::build_zero(est);
+      break;
+  }
+  auto& f = est.figures;
+  f.sum = analytic_detail::csum({f.params, f.gradients, f.optimizer_states, f.activations}, "sum");
+  return est;
+}
+
+namespace analytic_detail {
+
+Dims make_dims(const ModelConfig& m, const TrainConfig& t) {
+  Dims d;
+  d.b = static_cast<std::uint64_t>(t.batch);
+  d.s = static_cast<std::uint64_t>(t.seq);
+  d.h = static_cast<std::uint64_t>(m.hidden);
+  d.i = static_cast<std::uint64_t>(m.intermediate);
+  d.a = static_cast<std::uint64_t>(m.heads);
+  d.k = static_cast<std::uint64_t>(m.kv_heads);
+  d.d = static_cast<std::uint64_t>(m.head_dim());
+  d.kd = checked_mul(d.k, d.d, "kv dim");
+  d.V = static_cast<std::uint64_t>(m.vocab);
+  d.L = static_cast<std::uint64_t>(m.layers);
+  d.w = dtype_size(t.dtype);
+  d.dt = dtype_name(t.dtype);
+  return d;
+}
+
+TensorEntry entry(const Dims& d, std::string name, std::string shape, std::string dtype,
+                  std::uint64_t bytes, Term term, std::string kept_by, std::string why) {
+  TensorEntry e;
+  e.name = std::move(name);
+  e.shape = std::move(shape);
+  e.dtype = std::move(dtype);
+  e.bytes = bytes;
+  e.term = term;
+  const double sb = static_cast<double>(d.s) * static_cast<double>(d.b);
+  double mono = 1;
+  switch (term) {
+    case Term::sbh:
+      mono = sb * static_cast<double>(d.h);
+      break;
+    case Term::sbi:
+      mono = sb * static_cast<double>(d.i);
+      break;
+    case Term::as2b:
+      mono = sb * static_cast<double>(d.a) * static_cast<double>(d.s);
+      break;
+    case Term::sb:
+      mono = sb;
+      break;
+    case Term::other:
+      mono = 1;
+      break;
+  }
+  e.coefficient = static_cast<double>(bytes) / mono;
+  e.kept_by = std::move(kept_by);
+  e.why = std::move(why);
+  return e;
+}
+
+void finish(ActivationBreakdown& acts, std::int64_t layers) {
+  acts.layers = layers;
+  acts.per_layer = sum_coefficients(acts.layer);
+  acts.per_layer_bytes = sum_bytes(acts.layer);
+  acts.embedding_bytes = sum_bytes(acts.embedding);
+  acts.shared_bytes = sum_bytes(acts.shared);
+  acts.head_bytes = sum_bytes(acts.head);
+  acts.recompute_bytes = sum_bytes(acts.recompute);
+  acts.total_bytes =
+      csum({acts.embedding_bytes, checked_mul(acts.per_layer_bytes, layers, "activations"),
+            acts.shared_bytes, acts.head_bytes},
+           "activations");
+}
+
+std::uint64_t csum(std::initializer_list<std::uint64_t> xs, const char* what) {
+  std::uint64_t t = 0;
+  for (auto x : xs) t = checked_add(t, x, what);
+  return t;
+}
+
+std::uint64_t csub(std::uint64_t a, std::uint64_t b, const char* what) {
+  if (b > a) throw Error(std::string("analytic: negative byte count in ") + what);
+  return a - b;
+}
+
+}  // namespace analytic_detail
+}  // namespace trainmem

@@ -1,0 +1,44 @@
+// Internals shared by the analytic profiles (src/analytic*.cpp). Not a public header.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainmem/analytic.hpp"
+#include "trainmem/checked.hpp"
+
+namespace trainmem::analytic_detail {
+
+// The sizes every formula uses, as unsigned 64-bit numbers (validated > 0 before use).
+struct Dims {
+  std::uint64_t b, s, h, i, a, k, d, kd, V, L;
+  std::uint64_t w;  // width of the training dtype in bytes (2 or 4)
+  std::string dt;   // its name ("bf16", "fp16", "fp32")
+};
+Dims make_dims(const ModelConfig& m, const TrainConfig& t);
+
+// Checked product of sizes, times a byte width.
+inline std::uint64_t bytes_of(std::initializer_list<std::uint64_t> dims, std::uint64_t width) {
+  return checked_mul(checked_product(dims, "activation size"), width, "activation size");
+}
+
+// Builds an entry; the coefficient is bytes / monomial(term) for the given dims.
+TensorEntry entry(const Dims& d, std::string name, std::string shape, std::string dtype,
+                  std::uint64_t bytes, Term term, std::string kept_by, std::string why);
+
+// Fills the sums of an ActivationBreakdown (per_layer, *_bytes, total_bytes).
+void finish(ActivationBreakdown& acts, std::int64_t layers);
+
+// Profile builders. Each fills est.activations, figures.activations, activations_peak,
+// workspace, inputs, peak (+ breakdown), instants and notes; est.figures.params, gradients and
+// optimizer_states are already set from state_figures().
+void build_native(Estimate& est);
+void build_hf_eager(Estimate& est);
+void build_megatron(Estimate& est);
+void build_zero(Estimate& est);
+
+std::uint64_t csum(std::initializer_list<std::uint64_t> xs, const char* what = "bytes");
+// a - b, throwing Error when b > a (an internal accounting mistake, never user input).
+std::uint64_t csub(std::uint64_t a, std::uint64_t b, const char* what);
+
+}  // namespace trainmem::analytic_detail

@@ -1,0 +1,383 @@
+// Output helpers: GiB numbers, aligned tables (text, Markdown, CSV) and the JSON blocks of
+// schema "trainmem/1". See include/trainmem/report.hpp.
+#include "trainmem/report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "trainmem/error.hpp"
+
+namespace trainmem::report {
+
+using nlohmann::json;
+
+// ---------------------------------------------------------------- numbers
+
+double to_gib(std::uint64_t bytes) {
+  return static_cast<double>(bytes) / 1073741824.0;
+}
+
+std::string fixed(double value, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, value);
+  return buf;
+}
+
+std::string gib2(std::uint64_t bytes) {
+  return fixed(to_gib(bytes), 2);
+}
+
+std::string coef(double value) {
+  std::string s = fixed(value, 4);
+  if (s.find('.') != std::string::npos) {
+    while (!s.empty() && s.back() == '0') s.pop_back();
+    if (!s.empty() && s.back() == '.') s.pop_back();
+  }
+  if (s == "-0") s = "0";
+  return s;
+}
+
+std::string with_commas(std::uint64_t n) {
+  std::string digits = std::to_string(n), out;
+  int count = 0;
+  for (auto it = digits.rbegin(); it != digits.rend(); ++it) {
+    if (count && count % 3 == 0) out.push_back(',');
+    out.push_back(*it);
+    ++count;
+  }
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
+// ---------------------------------------------------------------- tables
+
+Table::Table(std::vector<Column> columns) : columns_(std::move(columns)) {}
+
+void Table::add_row(std::vector<std::string> cells) {
+  if (cells.size() != columns_.size())
+    throw Error("report table: row has " + std::to_string(cells.size()) + " cells, table has " +
+                std::to_string(columns_.size()) + " columns");
+  rows_.push_back(std::move(cells));
+}
+
+void Table::add_rule() {
+  rows_.emplace_back();
+}
+
+std::size_t Table::row_count() const {
+  return static_cast<std::size_t>(
+      std::count_if(rows_.begin(), rows_.end(), [](const auto& r) { return !r.empty(); }));
+}
+
+namespace {
+// Display width: counts UTF-8 code points (the tables carry "·" and "²").
+std::size_t display_width(const std::string& s) {
+  std::size_t n = 0;
+  for (unsigned char c : s)
+    if ((c & 0xC0) != 0x80) ++n;
+  return n;
+}
+std::string pad(const std::string& s, std::size_t width, Align a) {
+  const std::size_t w = display_width(s);
+  if (w >= width) return s;
+  const std::string fill(width - w, ' ');
+  return a == Align::left ? s + fill : fill + s;
+}
+}  // namespace
+
+std::string Table::text() const {
+  std::vector<std::size_t> width(columns_.size());
+  for (std::size_t c = 0; c < columns_.size(); ++c) width[c] = display_width(columns_[c].header);
+  for (const auto& r : rows_)
+    for (std::size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], display_width(r[c]));
+  std::size_t total = 0;
+  for (auto w : width) total += w;
+  total += columns_.empty() ? 0 : 2 * (columns_.size() - 1);
+  auto line = [&](const std::vector<std::string>& cells, bool header) {
+    std::string out;
+    for (std::size_t c = 0; c < columns_.size(); ++c) {
+      if (c) out += "  ";
+      out += pad(cells[c], width[c], header ? columns_[c].align : columns_[c].align);
+    }
+    while (!out.empty() && out.back() == ' ') out.pop_back();
+    return out + "\n";
+  };
+  std::vector<std::string> headers;
+  for (const auto& col : columns_) headers.push_back(col.header);
+  std::string out = line(headers, true);
+  out += std::string(total, '-') + "\n";
+  for (const auto& r : rows_) out += r.empty() ? std::string(total, '-') + "\n" : line(r, false);
+  return out;
+}
+
+std::string Table::markdown() const {
+  auto esc = [](const std::string& s) {
+    std::string o;
+    for (char c : s) {
+      if (c == '|')
+        o += "\\|";
+      else
+        o.push_back(c);
+    }
+    return o;
+  };
+  std::string out = "|";
+  for (const auto& col : columns_) out += " " + esc(col.header) + " |";
+  out += "\n|";
+  for (const auto& col : columns_) out += col.align == Align::right ? " ---: |" : " :--- |";
+  out += "\n";
+  for (const auto& r : rows_) {
+    if (r.empty()) continue;
+    out += "|";
+    for (const auto& cell : r) out += " " + esc(cell) + " |";
+    out += "\n";
+  }
+  return out;
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"')
+      o += "\"\"";
+    else
+      o.push_back(c);
+  }
+  return o + "\"";
+}
+
+std::string Table::csv() const {
+  std::string out;
+  for (std::size_t c = 0; c < columns_.size(); ++c)
+    out += (c ? "," : "") + csv_field(columns_[c].header);
+  out += "\n";
+  for (const auto& r : rows_) {
+    if (r.empty()) continue;
+    for (std::size_t c = 0; c < r.size(); ++c) out += (c ? "," : "") + csv_field(r[c]);
+    out += "\n";
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- JSON blocks
+
+json model_json(const ModelConfig& m, std::uint64_t param_count) {
+  return json{{"name", m.name},
+              {"params", param_count},
+              {"layers", m.layers},
+              {"hidden", m.hidden},
+              {"intermediate", m.intermediate},
+              {"heads", m.heads},
+              {"kv_heads", m.kv_heads},
+              {"vocab", m.vocab},
+              {"tied_embeddings", m.tied_embeddings}};
+}
+
+json run_json(const TrainConfig& t, const std::string& backend, int steps) {
+  json j{{"batch", t.batch},
+         {"seq", t.seq},
+         {"dtype", dtype_name(t.dtype)},
+         {"optimizer", optimizer_name(t.optimizer)},
+         {"checkpointing", checkpointing_name(t.checkpointing)},
+         {"attention", attention_name(t.attention)}};
+  j["backend"] = backend.empty() ? json(nullptr) : json(backend);
+  j["steps"] = steps < 0 ? json(nullptr) : json(steps);
+  return j;
+}
+
+json breakdown_json(const CategoryBytes& b) {
+  json j = json::object();
+  for (Category c : all_categories()) j[category_name(c)] = b[static_cast<int>(c)];
+  return j;
+}
+
+json figures_json(const MemoryFigures& f, bool breakdown) {
+  json j{{"params", f.params},
+         {"gradients", f.gradients},
+         {"optimizer_states", f.optimizer_states},
+         {"activations", f.activations},
+         {"activations_peak", f.activations_peak},
+         {"workspace", f.workspace},
+         {"inputs", f.inputs},
+         {"sum", f.sum},
+         {"peak", f.peak}};
+  if (breakdown) j["peak_breakdown"] = breakdown_json(f.peak_breakdown);
+  return j;
+}
+
+json tensor_entry_json(const TensorEntry& e, const std::string& group) {
+  return json{{"group", group},
+              {"name", e.name},
+              {"shape", e.shape},
+              {"dtype", e.dtype},
+              {"bytes", e.bytes},
+              {"term", term_name(e.term)},
+              {"coefficient", e.coefficient},
+              {"kept_by", e.kept_by},
+              {"why", e.why}};
+}
+
+namespace {
+// The groups of an activation breakdown in a fixed order, with how many times each counts.
+struct Group {
+  const char* name;
+  const std::vector<TensorEntry>* entries;
+};
+std::vector<Group> groups(const ActivationBreakdown& a) {
+  return {{"embedding", &a.embedding}, {"layer", &a.layer},         {"shared", &a.shared},
+          {"head", &a.head},           {"recompute", &a.recompute}, {"inputs", &a.inputs}};
+}
+}  // namespace
+
+json analytic_profile_json(const Estimate& e) {
+  json j = figures_json(e.figures, true);
+  const auto& a = e.activations;
+  j["per_layer_activations"] = a.per_layer_bytes;
+  j["coefficients"] = json{{"sbh", a.per_layer.sbh},
+                           {"sbi", a.per_layer.sbi},
+                           {"as2b", a.per_layer.as2b},
+                           {"sb", a.per_layer.sb},
+                           {"other_bytes", a.per_layer.other_bytes}};
+  j["sbh_equivalent"] = sbh_equivalent(e);
+  j["label"] = e.label;
+  j["embedding_activations"] = a.embedding_bytes;
+  j["shared_activations"] = a.shared_bytes;
+  j["head_activations"] = a.head_bytes;
+  j["recompute_activations"] = a.recompute_bytes;
+  j["largest_gradient"] =
+      json{{"name", e.largest_gradient_name}, {"bytes", e.largest_gradient_bytes}};
+  if (e.peak_instant >= 0)
+    j["peak_instant"] = e.instants[static_cast<std::size_t>(e.peak_instant)].name;
+  j["notes"] = e.notes;
+  json tensors = json::array();
+  for (const auto& g : groups(a))
+    for (const auto& t : *g.entries) tensors.push_back(tensor_entry_json(t, g.name));
+  j["tensors"] = std::move(tensors);
+  return j;
+}
+
+json analytic_json(const std::vector<Estimate>& estimates) {
+  json j = json::object();
+  for (const auto& e : estimates) j[profile_name(e.profile)] = analytic_profile_json(e);
+  return j;
+}
+
+// ---------------------------------------------------------------- memory tables
+
+Table memory_table(const std::vector<std::string>& key_headers,
+                   const std::vector<MemoryRow>& rows) {
+  std::vector<Table::Column> cols;
+  for (const auto& k : key_headers) cols.push_back({k, Align::left});
+  for (const char* h : {"Params", "Gradients", "Optimizer States", "Activations", "Total", "Peak"})
+    cols.push_back({h, Align::right});
+  Table t(cols);
+  for (const auto& r : rows) {
+    std::vector<std::string> cells = r.keys;
+    const auto& f = r.figures;
+    for (auto b : {f.params, f.gradients, f.optimizer_states, f.activations, f.sum, f.peak})
+      cells.push_back(gib2(b));
+    t.add_row(std::move(cells));
+  }
+  return t;
+}
+
+Table memory_table_bytes(const std::vector<std::string>& key_headers,
+                         const std::vector<MemoryRow>& rows) {
+  std::vector<Table::Column> cols;
+  for (const auto& k : key_headers) cols.push_back({k, Align::left});
+  for (const char* h : {"params", "gradients", "optimizer_states", "activations",
+                        "activations_peak", "workspace", "inputs", "sum", "peak"})
+    cols.push_back({h, Align::right});
+  Table t(cols);
+  for (const auto& r : rows) {
+    std::vector<std::string> cells = r.keys;
+    const auto& f = r.figures;
+    for (auto b : {f.params, f.gradients, f.optimizer_states, f.activations, f.activations_peak,
+                   f.workspace, f.inputs, f.sum, f.peak})
+      cells.push_back(std::to_string(b));
+    t.add_row(std::move(cells));
+  }
+  return t;
+}
+
+// ---------------------------------------------------------------- explanations
+
+Table tensor_table(const Estimate& e) {
+  Table t({{"group", Align::left},
+           {"tensor", Align::left},
+           {"shape", Align::left},
+           {"dtype", Align::left},
+           {"bytes", Align::right},
+           {"term", Align::left},
+           {"coef", Align::right},
+           {"kept by", Align::left}});
+  bool first = true;
+  for (const auto& g : groups(e.activations)) {
+    if (g.entries->empty()) continue;
+    if (!first) t.add_rule();
+    first = false;
+    for (const auto& x : *g.entries)
+      t.add_row({g.name, x.name, x.shape, x.dtype, with_commas(x.bytes), term_name(x.term),
+                 x.term == Term::other ? "-" : coef(x.coefficient), x.kept_by});
+  }
+  return t;
+}
+
+std::string per_layer_formula(const Estimate& e) {
+  const auto& c = e.activations.per_layer;
+  std::string out;
+  auto add = [&](double v, const char* mono) {
+    if (v == 0) return;
+    if (!out.empty()) out += " + ";
+    out += coef(v) + "·" + mono;
+  };
+  add(c.sbh, "sbh");
+  add(c.sbi, "sbi");
+  add(c.as2b, "as²b");
+  add(c.sb, "sb");
+  if (c.other_bytes) out += (out.empty() ? "" : " + ") + std::to_string(c.other_bytes) + " B";
+  return out.empty() ? "0" : out;
+}
+
+double sbh_equivalent(const Estimate& e) {
+  const auto& c = e.activations.per_layer;
+  const double s = static_cast<double>(e.train.seq), b = static_cast<double>(e.train.batch);
+  const double h = static_cast<double>(e.model.hidden),
+               i = static_cast<double>(e.model.intermediate);
+  const double a = static_cast<double>(e.model.heads);
+  return c.sbh + c.sbi * i / h + c.as2b * a * s / h + c.sb / h +
+         static_cast<double>(c.other_bytes) / (s * b * h);
+}
+
+std::string explain_text(const Estimate& e) {
+  const auto& a = e.activations;
+  const auto& t = e.train;
+  std::ostringstream o;
+  o << "== " << profile_name(e.profile) << ": " << e.label << "\n";
+  o << "   " << optimizer_name(t.optimizer) << ", checkpointing "
+    << checkpointing_name(t.checkpointing) << ", attention " << attention_name(t.attention) << ", "
+    << dtype_name(t.dtype) << "\n";
+  o << "per layer (bytes) = " << per_layer_formula(e) << "\n";
+  o << "                  = " << with_commas(a.per_layer_bytes)
+    << " B = " << gib2(a.per_layer_bytes) << " GiB per layer  (= " << coef(sbh_equivalent(e))
+    << "·sbh)\n";
+  o << "activations = embedding " << gib2(a.embedding_bytes) << " + " << a.layers << " layers × "
+    << gib2(a.per_layer_bytes) << " + shared " << gib2(a.shared_bytes) << " + head "
+    << gib2(a.head_bytes) << " = " << gib2(a.total_bytes) << " GiB\n";
+  if (!a.recompute.empty())
+    o << "recomputed in backward, one layer at a time: " << gib2(a.recompute_bytes) << " GiB\n";
+  o << "activations_peak = " << gib2(e.figures.activations_peak)
+    << " GiB, workspace = " << gib2(e.figures.workspace)
+    << " GiB, inputs = " << gib2(e.figures.inputs) << " GiB\n";
+  if (e.peak_instant >= 0)
+    o << "peak " << gib2(e.figures.peak)
+      << " GiB at: " << e.instants[static_cast<std::size_t>(e.peak_instant)].name << "\n";
+  for (const auto& n : e.notes) o << "  note: " << n << "\n";
+  o << "\n" << tensor_table(e).text();
+  return o.str();
+}
+
+}  // namespace trainmem::report
