@@ -7,10 +7,12 @@
 //
 // Rules of autograd that decide what is saved (PyTorch 2.0, also 1.13):
 //   - a x b (MulBackward0) saves b when a needs a gradient and a when b does;
-//   - x.pow(2) saves x; rsqrt saves its result; softmax and log_softmax save their result;
+//   - x.pow(2) saves x; x.mean(dim) saves x (before PyTorch 2.2; later versions keep only the
+//     sizes); rsqrt saves its result; softmax and log_softmax save their result;
 //     silu saves its input; maximum saves both inputs; bmm saves both inputs;
 //     linear saves its input (and the weight, a parameter: not counted);
-//   - .to(dtype), +, /scalar, views, cat, neg, mean save no tensor;
+//   - .to(dtype), +, views, cat, neg save no tensor; tensor / python_number saves the number as
+//     a 0-dim fp64 CPU tensor (host memory even in a GPU run: not counted);
 //   - .to(dtype) to the tensor's own dtype returns the same tensor (no new storage): in fp32
 //     training the fp32 upcasts of RMSNorm and softmax disappear;
 //   - reshape of a non-viewable tensor copies it; the copy is what bmm saves.
@@ -37,7 +39,12 @@ void rmsnorm(std::vector<TensorEntry>& v, const Dims& d, const std::string& p, b
   if (!f32)
     v.push_back(entry(d, p + ".x_f32", "(b,s,h)", "fp32", bytes_of({d.b, d.s, d.h}, 4), Term::sbh,
                       "x.to(float32).pow(2) (PowBackward0 saves its input)",
-                      "fp32 upcast of x for the variance (PyTorch < 2.2 keeps it)"));
+                      "fp32 upcast of x for the variance"));
+  v.push_back(entry(d, p + ".x_squared_f32", "(b,s,h)", "fp32", bytes_of({d.b, d.s, d.h}, 4),
+                    Term::sbh,
+                    ".mean(-1, keepdim=True) (MeanBackward1 saves its input before "
+                    "PyTorch 2.2)",
+                    "x_f32.pow(2): the one fp32 tensor PyTorch >= 2.2 no longer keeps"));
   v.push_back(entry(d, p + ".rsqrt", "(b,s,1)", "fp32", bytes_of({d.b, d.s}, 4), Term::sb,
                     "rsqrt (RsqrtBackward0 saves its result), x * rsqrt (MulBackward0)",
                     "1/rms of each row"));
@@ -62,14 +69,16 @@ std::vector<TensorEntry> layer_saved(const Dims& d, bool with_input) {
                     "cos[position_ids] is a fresh tensor in every layer (4.30)"));
   v.push_back(entry(d, "rope.sin", "(1,1,s,d)", D, bytes_of({d.s, d.d}, w), Term::other,
                     "rotate_half(q) * sin, rotate_half(k) * sin", "as cos"));
-  v.push_back(entry(d, "q_embed", "(b,a,s,d)", D, bytes_of({d.b, d.a, d.s, d.d}, w), Term::sbh,
-                    "matmul(q, k^T) (bmm saves both inputs)", "d k = d scores^T · q"));
+  v.push_back(entry(d, "q_embed_copy", "(b·a,s,d)", D, bytes_of({d.b, d.a, d.s, d.d}, w), Term::sbh,
+                    "matmul(q, k^T) (bmm saves both inputs)",
+                    "d k = d scores^T · q; RoPE's elementwise ops keep q's (b,s,a,d) layout, so "
+                    "matmul's reshape to (b·a,s,d) copies it"));
   const bool gqa = d.k < d.a;
-  v.push_back(entry(d, gqa ? "k_embed_repeated" : "k_embed", "(b,a,s,d)", D,
+  v.push_back(entry(d, gqa ? "k_embed_repeated" : "k_embed_copy", "(b·a,d,s)", D,
                     bytes_of({d.b, d.a, d.s, d.d}, w), Term::sbh,
                     "matmul(q, k^T) (bmm saves both inputs)",
                     gqa ? "d q = d scores · k; repeat_kv materialised k at all a heads (4.31)"
-                        : "d q = d scores · k"));
+                        : "d q = d scores · k; k^T cannot be viewed as (b·a,d,s): copied"));
   v.push_back(entry(d, "scores_masked", "(b,a,s,s)", D, bytes_of({d.b, d.a, d.s, d.s}, w),
                     Term::as2b, "torch.max(scores + mask, finfo.min) (MaximumBackward0 saves both)",
                     "where(self >= other) needs the masked scores"));
@@ -84,7 +93,7 @@ std::vector<TensorEntry> layer_saved(const Dims& d, bool with_input) {
     v.push_back(entry(d, "probs", "(b,a,s,s)", D, bytes_of({d.b, d.a, d.s, d.s}, w), Term::as2b,
                       "matmul(probs, v) (bmm saves both inputs)",
                       "the probabilities cast back to 16 bits: d v = probs^T · d out"));
-  v.push_back(entry(d, gqa ? "v_repeated" : "v_contiguous", "(b,a,s,d)", D,
+  v.push_back(entry(d, gqa ? "v_repeated" : "v_copy", "(b·a,s,d)", D,
                     bytes_of({d.b, d.a, d.s, d.d}, w), Term::sbh,
                     "matmul(probs, v) (bmm saves both inputs)",
                     gqa ? "repeat_kv materialised v at all a heads (4.31)"
@@ -143,22 +152,37 @@ void build_hf_eager(Estimate& est) {
   acts.head.push_back(entry(d, "norm.out", "(b,s,h)", D, bsh, Term::sbh,
                             "lm_head (linear saves its input)", "dW_head"));
   const std::uint64_t rows = checked_mul(d.b, d.s - 1, "loss rows");
+  // labels[..., 1:].contiguous() copies unless b = 1, where the slice is already contiguous
+  // and nll_loss keeps the caller's labels (inputs) instead.
+  const bool labels_copied = d.b > 1;
   acts.head.push_back(entry(d, "log_softmax", "(b·(s-1),V)", D, bytes_of({rows, d.V}, w),
                             Term::other,
                             "cross_entropy: log_softmax (saves its result), nll_loss (saves self)",
                             "on logits[..., :-1, :].contiguous() in the training dtype (4.30 "
                             "does not upcast logits)"));
-  acts.head.push_back(entry(d, "shift_labels", "(b·(s-1))", "int64", bytes_of({rows}, 8),
-                            Term::other, "nll_loss (NllLossBackward0 saves target)",
-                            "labels[..., 1:].contiguous() is a copy"));
+  if (labels_copied)
+    acts.head.push_back(entry(d, "shift_labels", "(b·(s-1))", "int64", bytes_of({rows}, 8),
+                              Term::other, "nll_loss (NllLossBackward0 saves target)",
+                              "labels[..., 1:].contiguous() is a copy"));
   acts.head.push_back(entry(d, "nll_total_weight", "()", D, w, Term::other,
                             "nll_loss (NllLossBackward0 saves total_weight)",
                             "0-dim count of non-ignored targets"));
   acts.inputs.push_back(entry(d, "input_ids", "(b,s)", "int64", bytes_of({d.b, d.s}, 8), Term::sb,
                               "embedding (EmbeddingBackward0 saves the indices)", "token ids"));
-  acts.inputs.push_back(entry(d, "labels", "(b,s)", "int64", bytes_of({d.b, d.s}, 8), Term::sb,
-                              "the caller", "labels = input_ids"));
+  acts.inputs.push_back(
+      entry(d, "labels", "(b,s)", "int64", bytes_of({d.b, d.s}, 8), Term::sb,
+            labels_copied ? "the caller" : "nll_loss (b = 1: the shifted labels are a view)",
+            "labels = input_ids"));
   finish(acts, est.model.layers);
+
+  // A caller that keeps the returned output with use_cache=True (4.30's default config) also
+  // holds the logits and every layer's present (k, v): k after RoPE and the v projection. They
+  // are not the storages bmm saved unless matmul could view them (b = 1 or a = 1, without
+  // GQA's repeat_kv copies). HF checkpointing turns use_cache off: the logits only.
+  est.caller_held_bytes = bytes_of({d.b, d.s, d.V}, w);
+  if (!full && (d.k < d.a || (d.b > 1 && d.a > 1)))
+    est.caller_held_bytes =
+        csum({est.caller_held_bytes, checked_mul(2 * d.L, bytes_of({d.b, d.s, d.kd}, w))});
 
   auto& f = est.figures;
   f.activations = acts.total_bytes;

@@ -124,7 +124,6 @@ void build_native(Estimate& est) {
 
   const std::uint64_t S = sum_bytes(full_set);            // one layer, all tensors
   const std::uint64_t R = csub(S, bsh, "recompute set");  // one layer without `out`
-  const std::uint64_t head = acts.head_bytes;
   const std::uint64_t A_end = acts.total_bytes;
   // Activations when layer L-1's backward starts (step 1): all layers' sets (none) or the L
   // checkpoints x_0..x_{L-1} plus the recomputed layer (full); the head is gone.

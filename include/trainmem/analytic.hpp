@@ -121,6 +121,9 @@ struct Estimate {
   // native: the candidate instants, chronological, and the index of the peak one.
   std::vector<Instant> instants;
   int peak_instant = -1;
+  // hf-eager only: bytes a caller keeping the returned output (use_cache=True) holds beyond
+  // the saved tensors: the logits and, unless matmul saved them as views, each layer's k and v.
+  std::uint64_t caller_held_bytes = 0;
   // Plain-language notes: what the profile assumes, what it ignores, how peak is defined.
   std::vector<std::string> notes;
 };
@@ -146,7 +149,7 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train);
 // The cuBLAS workspace the native plan allocates at setup (32 MiB).
 constexpr std::uint64_t kCublasWorkspaceBytes = 33554432;
 
-// "(b,a,s,s)" style shape string of concrete sizes, e.g. "(8,32,512,512)"; used by explain.
-std::string format_bytes_human(std::uint64_t bytes);  // "45.61 GiB", "512.00 KiB", "12 B"
+// Human-readable bytes: "45.61 GiB", "512.00 KiB", "12 B".
+std::string format_bytes_human(std::uint64_t bytes);
 
 }  // namespace trainmem
