@@ -170,6 +170,7 @@ TEST(HfEagerByHand, Fp32UpcastsAreNoOps) {
   m.layers = 2;
   m.heads = 4;
   m.kv_heads = 4;
+  m.max_positions = 2048;
   TrainConfig t;
   t.batch = 2;
   t.seq = 8;
@@ -191,6 +192,7 @@ TEST(HfEagerByHand, CheckpointingKeepsInputsMaskAndHead) {
   m.layers = 5;
   m.heads = 4;
   m.kv_heads = 4;
+  m.max_positions = 2048;
   TrainConfig t;
   t.batch = 2;
   t.seq = 8;

@@ -1,16 +1,292 @@
-// trainmem estimate — registered, not built yet: it says so and exits 2.
+// trainmem estimate — the analytic model only: no GPU, milliseconds. One row per requested
+// (optimizer, checkpointing mode, profile); --explain adds the per-tensor lists and per-layer
+// formulas that answer "why this many GB of activations?".
+//
+// Output by --format:
+//   table     paper-style memory table in GiB (two decimals), then the explanation if asked;
+//   markdown  the same as Markdown tables;
+//   csv       the figures in bytes, one row per (optimizer, checkpointing, profile); with
+//             --explain instead the per-tensor list, one row per tensor;
+//   json      schema "trainmem/1": {"schema", "model", "run", "analytic"} for one
+//             (optimizer, checkpointing) pair, {"schema", "runs": [...]} for several.
 #include <spdlog/spdlog.h>
 
+#include <memory>
+#include <sstream>
+
 #include "cli/cli.hpp"
+#include "trainmem/analytic.hpp"
+#include "trainmem/error.hpp"
+#include "trainmem/report.hpp"
 
 namespace trainmem::cli {
+namespace {
+
+using nlohmann::json;
+
+// All estimates of one invocation, grouped by (optimizer, checkpointing mode).
+struct Run {
+  TrainConfig train;
+  std::vector<Estimate> estimates;  // one per profile, in the requested order
+};
+
+std::vector<Run> compute(const Common& c) {
+  std::vector<Profile> profiles;
+  for (const auto& name : c.profiles) {
+    const auto p = parse_profile(name);
+    if (!p) throw InputError("--profile: unknown profile '" + name + "'");
+    profiles.push_back(*p);
+  }
+  std::vector<Run> runs;
+  for (Optimizer o : c.optimizers)
+    for (Checkpointing m : c.checkpointing_modes) {
+      Run r;
+      r.train = c.train;
+      r.train.optimizer = o;
+      r.train.checkpointing = m;
+      for (Profile p : profiles) r.estimates.push_back(estimate(p, c.model, r.train));
+      runs.push_back(std::move(r));
+    }
+  return runs;
+}
+
+bool several(const std::vector<Run>& runs) {
+  return runs.size() > 1;
+}
+
+std::vector<std::string> key_headers(const std::vector<Run>& runs) {
+  if (several(runs)) return {"Optimizer", "Checkpointing", "Profile"};
+  return {"Profile"};
+}
+
+std::vector<report::MemoryRow> memory_rows(const std::vector<Run>& runs) {
+  std::vector<report::MemoryRow> rows;
+  for (const auto& r : runs)
+    for (const auto& e : r.estimates) {
+      report::MemoryRow row;
+      if (several(runs))
+        row.keys = {optimizer_name(r.train.optimizer), checkpointing_name(r.train.checkpointing)};
+      row.keys.push_back(profile_name(e.profile));
+      row.figures = e.figures;
+      rows.push_back(std::move(row));
+    }
+  return rows;
+}
+
+report::Table figures_table(const std::vector<Run>& runs) {
+  report::Table t = report::memory_table(key_headers(runs), {});
+  const auto rows = memory_rows(runs);
+  std::size_t n = 0;
+  for (const auto& r : runs) {
+    if (&r != &runs.front()) t.add_rule();
+    for (std::size_t k = 0; k < r.estimates.size(); ++k, ++n) {
+      auto cells = rows[n].keys;
+      const auto& f = rows[n].figures;
+      for (auto b : {f.params, f.gradients, f.optimizer_states, f.activations, f.sum, f.peak})
+        cells.push_back(report::gib2(b));
+      t.add_row(std::move(cells));
+    }
+  }
+  return t;
+}
+
+std::string title(const Common& c, const std::vector<Run>& runs) {
+  const TrainConfig& t = c.train;
+  std::ostringstream o;
+  o << "trainmem estimate: " << c.model.name << " ("
+    << report::fixed(static_cast<double>(runs.front().estimates.front().param_count) / 1e9, 2)
+    << " B params), batch " << t.batch << ", seq " << t.seq << ", " << dtype_name(t.dtype)
+    << ", attention " << attention_name(t.attention);
+  if (!several(runs))
+    o << ", " << optimizer_name(t.optimizer) << ", checkpointing "
+      << checkpointing_name(t.checkpointing);
+  o << "  (GiB = 2^30 bytes)";
+  return o.str();
+}
+
+const char* kLegend =
+    "Total = Params + Gradients + Optimizer States + Activations, as published tables add "
+    "them. Activations = alive at the end of forward.\n"
+    "Peak = the step's high-water mark: native is exact (workspace and inputs included); the "
+    "reference profiles add the category maxima (no workspace).\n";
+
+// The "why" block: per-layer bytes as one coefficient of s·b·h, profile by profile, next to
+// ZeRO's 12 elements.
+report::Table why_table(const Run& r) {
+  report::Table t({{"Profile", report::Align::left},
+                   {"c_sbh", report::Align::right},
+                   {"c_sbi", report::Align::right},
+                   {"c_as2b", report::Align::right},
+                   {"c_sb", report::Align::right},
+                   {"other B/layer", report::Align::right},
+                   {"= X·sbh per layer", report::Align::right},
+                   {"per layer GiB", report::Align::right},
+                   {"Activations GiB", report::Align::right}});
+  for (const auto& e : r.estimates) {
+    const auto& c = e.activations.per_layer;
+    t.add_row({profile_name(e.profile), report::coef(c.sbh), report::coef(c.sbi),
+               report::coef(c.as2b), report::coef(c.sb), std::to_string(c.other_bytes),
+               report::fixed(report::sbh_equivalent(e), 2),
+               report::gib2(e.activations.per_layer_bytes), report::gib2(e.figures.activations)});
+  }
+  return t;
+}
+
+std::string why_text(const Common& c, const Run& r) {
+  const auto& m = c.model;
+  const double h = static_cast<double>(m.hidden);
+  std::ostringstream o;
+  o << "Why these activations? Per layer, bytes = c_sbh·sbh + c_sbi·sbi + c_as2b·as²b + c_sb·sb"
+    << " (+ other), checkpointing " << checkpointing_name(r.train.checkpointing) << ".\n"
+    << "Here i/h = " << report::fixed(static_cast<double>(m.intermediate) / h, 4)
+    << " (SwiGLU width), a·s/h = "
+    << report::fixed(static_cast<double>(m.heads) * static_cast<double>(c.train.seq) / h, 4)
+    << " (attention scores per token), so each coefficient weighs as X·sbh below. ZeRO's "
+       "12·hbs elements are 12·"
+    << dtype_size(c.train.dtype) << " = " << 12 * dtype_size(c.train.dtype)
+    << " bytes·sbh per layer.\n\n";
+  o << why_table(r).text();
+  for (const auto& e : r.estimates) {
+    if (e.profile != Profile::hf_eager || e.caller_held_bytes == 0) continue;
+    o << "\nhf-eager: a caller that keeps the model output (use_cache=True, the 4.30 default) "
+         "also holds "
+      << report::gib2(e.caller_held_bytes)
+      << " GiB (logits, and each layer's k and v when they are not the saved copies).\n";
+  }
+  return o.str();
+}
+
+std::string render_table(const Common& c, const std::vector<Run>& runs, bool explain) {
+  std::ostringstream o;
+  o << title(c, runs) << "\n\n" << figures_table(runs).text() << "\n" << kLegend;
+  if (!explain) return o.str();
+  // Activation lists depend on the checkpointing mode, not on the optimizer: explain each
+  // mode once (with the first optimizer's figures).
+  for (const auto& r : runs) {
+    if (r.train.optimizer != runs.front().train.optimizer) continue;
+    o << "\n" << why_text(c, r);
+    for (const auto& e : r.estimates) o << "\n" << report::explain_text(e);
+  }
+  return o.str();
+}
+
+std::string render_markdown(const Common& c, const std::vector<Run>& runs, bool explain) {
+  std::ostringstream o;
+  o << "**" << title(c, runs) << "**\n\n" << figures_table(runs).markdown() << "\n" << kLegend;
+  if (!explain) return o.str();
+  for (const auto& r : runs) {
+    if (r.train.optimizer != runs.front().train.optimizer) continue;
+    o << "\n### Per-layer coefficients (checkpointing " << checkpointing_name(r.train.checkpointing)
+      << ")\n\n"
+      << why_table(r).markdown();
+    for (const auto& e : r.estimates) {
+      o << "\n#### " << profile_name(e.profile) << ", checkpointing "
+        << checkpointing_name(r.train.checkpointing) << ": " << e.label << "\n\n"
+        << "per layer = " << report::per_layer_formula(e) << " = "
+        << report::gib2(e.activations.per_layer_bytes) << " GiB; activations "
+        << report::gib2(e.figures.activations) << " GiB, activations_peak "
+        << report::gib2(e.figures.activations_peak) << " GiB\n\n";
+      for (const auto& n : e.notes) o << "- " << n << "\n";
+      o << "\n" << report::tensor_table(e).markdown();
+    }
+  }
+  return o.str();
+}
+
+std::string render_csv(const std::vector<Run>& runs, bool explain) {
+  if (!explain)
+    return report::memory_table_bytes(
+               {"optimizer", "checkpointing", "profile"},
+               [&] {
+                 std::vector<report::MemoryRow> rows;
+                 for (const auto& r : runs)
+                   for (const auto& e : r.estimates)
+                     rows.push_back(
+                         {{optimizer_name(r.train.optimizer),
+                           checkpointing_name(r.train.checkpointing), profile_name(e.profile)},
+                          e.figures});
+                 return rows;
+               }())
+        .csv();
+  report::Table t({{"checkpointing", report::Align::left},
+                   {"profile", report::Align::left},
+                   {"group", report::Align::left},
+                   {"name", report::Align::left},
+                   {"shape", report::Align::left},
+                   {"dtype", report::Align::left},
+                   {"bytes", report::Align::right},
+                   {"term", report::Align::left},
+                   {"coefficient", report::Align::right},
+                   {"kept_by", report::Align::left},
+                   {"why", report::Align::left}});
+  for (const auto& r : runs) {
+    if (r.train.optimizer != runs.front().train.optimizer) continue;
+    for (const auto& e : r.estimates) {
+      const json j = report::analytic_profile_json(e);
+      for (const auto& x : j.at("tensors"))
+        t.add_row({checkpointing_name(r.train.checkpointing), profile_name(e.profile),
+                   x.at("group"), x.at("name"), x.at("shape"), x.at("dtype"),
+                   std::to_string(x.at("bytes").get<std::uint64_t>()), x.at("term"),
+                   report::coef(x.at("coefficient").get<double>()), x.at("kept_by"), x.at("why")});
+    }
+  }
+  return t.csv();
+}
+
+json run_object(const Common& c, const Run& r) {
+  return json{{"schema", report::kSchema},
+              {"model", report::model_json(c.model, r.estimates.front().param_count)},
+              {"run", report::run_json(r.train, "", -1)},
+              {"analytic", report::analytic_json(r.estimates)}};
+}
+
+std::string render_json(const Common& c, const std::vector<Run>& runs) {
+  json doc;
+  if (!several(runs)) {
+    doc = run_object(c, runs.front());
+  } else {
+    doc = json{{"schema", report::kSchema}, {"runs", json::array()}};
+    for (const auto& r : runs) doc["runs"].push_back(run_object(c, r));
+  }
+  return doc.dump(2) + "\n";
+}
+
+}  // namespace
 
 Runner register_estimate(CLI::App& app) {
-  auto* cmd = app.add_subcommand("estimate", "(not built yet)");
-  cmd->allow_extras();
-  return [] {
-    spdlog::error("trainmem estimate is not built yet in this version");
-    return 2;
+  auto* cmd = app.add_subcommand(
+      "estimate",
+      "Closed-form memory of one training step (no GPU): params, gradients, optimizer states, "
+      "activations, workspace, peak, per profile");
+  auto flags = std::make_shared<CommonFlags>();
+  auto explain = std::make_shared<bool>(false);
+  add_common_flags(*cmd, *flags);
+  cmd->add_flag("--explain", *explain,
+                "Print the per-tensor lists and per-layer formulas with their coefficients");
+  cmd->footer(
+      "--optimizer all and --checkpointing both give the whole table (3 optimizers x 2 modes).\n"
+      "Formulas and a worked LLaMA-7B example: docs/formulas.md.");
+  return [flags, explain] {
+    const Common c = resolve_common(*flags, /*allow_all_optimizers=*/true,
+                                    /*allow_both_modes=*/true);
+    const std::vector<Run> runs = compute(c);
+    std::string text;
+    switch (c.format) {
+      case Format::table:
+        text = render_table(c, runs, *explain);
+        break;
+      case Format::markdown:
+        text = render_markdown(c, runs, *explain);
+        break;
+      case Format::csv:
+        text = render_csv(runs, *explain);
+        break;
+      case Format::json:
+        text = render_json(c, runs);
+        break;
+    }
+    write_output(c.output, text);
+    return 0;
   };
 }
 

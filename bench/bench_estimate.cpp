@@ -1,0 +1,72 @@
+// How long one `trainmem estimate` computation takes, for every preset: all four profiles,
+// for the default run (b 8, s 512, bf16, AdamW, no checkpointing) and for the whole 3 × 2
+// table (--optimizer all --checkpointing both). Target: < 50 ms per estimate of any preset.
+// Prints a table; exits 1 when a preset misses the target (a benchmark, not a test).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "trainmem/analytic.hpp"
+#include "trainmem/config.hpp"
+#include "trainmem/report.hpp"
+
+using namespace trainmem;
+
+namespace {
+
+// Median wall time in ms of `fn` over `reps` runs (after one warm-up).
+template <class Fn>
+double median_ms(Fn&& fn, int reps) {
+  fn();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    t.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main() {
+  constexpr double kTargetMs = 50.0;
+  std::printf("%-14s %8s %14s %18s %10s\n", "preset", "layers", "ms (default)", "ms (3x2 table)",
+              "JSON ms");
+  bool ok = true;
+  std::uint64_t sink = 0;
+  for (const auto& name : preset_names()) {
+    const ModelConfig m = *find_preset(name);
+    TrainConfig t;  // DESIGN.md defaults: b 8, s 512, bf16, AdamW, none, eager
+    auto one = [&] {
+      for (Profile p : all_profiles()) sink += estimate(p, m, t).figures.peak;
+    };
+    auto table = [&] {
+      for (auto o : {Optimizer::adamw, Optimizer::sgd, Optimizer::lomo})
+        for (auto c : {Checkpointing::none, Checkpointing::full}) {
+          TrainConfig u = t;
+          u.optimizer = o;
+          u.checkpointing = c;
+          for (Profile p : all_profiles()) sink += estimate(p, m, u).figures.peak;
+        }
+    };
+    auto json = [&] {
+      std::vector<Estimate> es;
+      for (Profile p : all_profiles()) es.push_back(estimate(p, m, t));
+      sink += report::analytic_json(es).dump().size();
+    };
+    const double a = median_ms(one, 21), b = median_ms(table, 11), c = median_ms(json, 11);
+    std::printf("%-14s %8lld %14.3f %18.3f %10.3f\n", name.c_str(),
+                static_cast<long long>(m.layers), a, b, c);
+    ok = ok && b < kTargetMs;
+  }
+  std::printf(
+      "target: an estimate of any preset (even the whole 3x2 table, 4 profiles) < %.0f ms"
+      " -> %s   (checksum %llu)\n",
+      kTargetMs, ok ? "met" : "MISSED", static_cast<unsigned long long>(sink % 1000));
+  return ok ? 0 : 1;
+}
