@@ -34,7 +34,7 @@ import math
 import sys
 
 import torch
-import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 # ----------------------------------------------------------------------------- the replica
