@@ -272,7 +272,6 @@ DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp
 def count(model, run, input_ids, labels, checkpointing):
     """Runs forward (+ backward when checkpointing, to see the recompute) under the hooks."""
     params = {p.storage().data_ptr() for p in model.parameters()}
-    n_layers = len(model.model.layers)
     state = {"where": "prologue", "phase": "forward", "next_layer": 0}
     saved = {}  # storage ptr -> record
     keep = []   # keeps every saved tensor alive: no storage address is reused meanwhile
@@ -445,7 +444,7 @@ def measure(c, impl, hf):
     if impl == "hf" and not ckpt:
         # What a caller keeping the output with use_cache=True (4.30's default) also holds.
         model.zero_grad(set_to_none=True)
-        s2, _, held = count(model, lambda m, i, l: runner(m, i, l, True), input_ids, labels,
+        _, _, held = count(model, lambda m, i, l: runner(m, i, l, True), input_ids, labels,
                             False)
     return groups, per_layer, held
 
