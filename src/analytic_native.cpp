@@ -157,8 +157,7 @@ void build_native(Estimate& est) {
   if (full) {
     // Forward of layer L-1, when its `out` is allocated: x_0, the L-1 earlier checkpoints and
     // the layer's whole set.
-    at("forward: layer L-1 `out` allocated (checkpointing: before the layer's other tensors "
-       "are freed)",
+    at("forward: layer L-1 `out` allocated (its other tensors not yet freed)",
        csum({checked_mul(d.L, bsh), S}), C, Gp);
   }
   at("end of forward: ce_losses allocated", A_end, csum({C, bs4}), Gp);

@@ -377,6 +377,23 @@ std::string explain_text(const Estimate& e) {
       << " GiB at: " << e.instants[static_cast<std::size_t>(e.peak_instant)].name << "\n";
   for (const auto& n : e.notes) o << "  note: " << n << "\n";
   o << "\n" << tensor_table(e).text();
+  if (!e.instants.empty()) {
+    // The instants the peak is the maximum of (native), in step order; * marks the peak.
+    Table t({{"", Align::left},
+             {"instant", Align::left},
+             {"activations", Align::right},
+             {"workspace", Align::right},
+             {"gradients", Align::right},
+             {"total GiB", Align::right}});
+    for (std::size_t n = 0; n < e.instants.size(); ++n) {
+      const auto& in = e.instants[n];
+      auto at = [&](Category c) { return gib2(in.bytes[static_cast<int>(c)]); };
+      t.add_row({static_cast<int>(n) == e.peak_instant ? "*" : "", in.name,
+                 at(Category::activations), at(Category::workspace), at(Category::gradients),
+                 gib2(in.total())});
+    }
+    o << "\npeak candidates (GiB; params, optimizer states and inputs are constant):\n" << t.text();
+  }
   return o.str();
 }
 
