@@ -205,6 +205,16 @@ void build_hf_eager(Estimate& est) {
       "not modelled: autograd's transient gradients, caching-allocator blocks, the logits a "
       "caller keeps through the returned output: workspace is 0 and peak = params + gradients "
       "+ optimizer states + activations_peak + inputs (the category maxima added, an estimate)");
+  {
+    // PyTorch >= 2.2: mean() keeps only sizes, one fp32 (b,s,h) tensor less per RMSNorm kept.
+    const std::uint64_t x_sq = bytes_of({d.b, d.s, d.h}, 4);
+    const std::uint64_t norms_kept = full ? 1 : checked_add(checked_mul(2, d.L), 1);
+    const std::uint64_t newer = csub(f.activations, checked_mul(norms_kept, x_sq), "torch 2.2");
+    est.notes.push_back(
+        "with PyTorch >= 2.2 (mean() no longer saves its fp32 input x^2) "
+        "activations would be " +
+        format_bytes_human(newer) + " (" + std::to_string(newer) + " B)");
+  }
   if (d.k < d.a)
     est.notes.push_back(
         "GQA: transformers 4.30 has none; modelled as 4.31's repeat_kv, which materialises k and "
