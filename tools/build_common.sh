@@ -26,9 +26,10 @@ trainmem_configure_and_build() {
     args+=(-DTRAINMEM_CUDA=OFF)
     echo "trainmem: nvcc not found: configuring without CUDA in $build_dir" >&2
   fi
-  cmake "${args[@]}" >/dev/null
+  cmake "${args[@]}" >/dev/null  # errors still reach stderr
   local targets=()
   for t in "$@"; do targets+=(--target "$t"); done
   echo "trainmem: building (-j$jobs)" >&2
-  cmake --build "$build_dir" -j "$jobs" "${targets[@]}"
+  # The build log goes to stderr: stdout is the report's.
+  cmake --build "$build_dir" -j "$jobs" "${targets[@]}" >&2
 }
