@@ -317,8 +317,8 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
     throw InputError(src + ": model_type must be a string (supported: llama), got " +
                      json_kind(*type));
   if (type->get<std::string>() != "llama")
-    throw InputError(src + ": model_type " + json_kind(*type) +
-                     " is not supported (supported: llama)");
+    throw InputError(src + ": model_type \"" + type->get<std::string>() +
+                     "\" is not supported (supported: llama)");
 
   ModelConfig c;
   c.name = src;
