@@ -226,6 +226,17 @@ TEST(CommonFlags, ValuesAreParsed) {
   EXPECT_EQ(resolve({"--profile", "hf-eager,all"}).profiles.size(), 4u);
 }
 
+TEST(CommonFlags, LogLevelTakesEffectWhileParsing) {
+  parse({"--log-level", "warn"});
+  EXPECT_EQ(spdlog::get_level(), spdlog::level::warn);
+  parse({"--log-level", "off"});
+  EXPECT_EQ(spdlog::get_level(), spdlog::level::off);
+  EXPECT_THROW(parse({"--log-level", "verbose"}), CLI::ParseError);
+  EXPECT_THROW(set_log_level("verbose"), InputError);
+  set_log_level("info");
+  EXPECT_EQ(spdlog::get_level(), spdlog::level::info);
+}
+
 TEST(CommonFlags, BareCheckpointingMeansFull) {
   EXPECT_EQ(resolve({"--checkpointing"}).train.checkpointing, Checkpointing::full);
   const Common c = resolve({"--checkpointing", "--batch", "4"});
