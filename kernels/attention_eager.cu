@@ -1,0 +1,173 @@
+// Causal attention, eager: scores and probabilities materialised in probs (B,NH,T,T) D.
+//   forward:  probs = scale * q k^T (cuBLAS), causal softmax in place, out = probs v (cuBLAS);
+//   backward: dP = dout v^T into dprobs, dS = P * (dP - rowsum(P * dP)) in place,
+//             dq = scale dS k, dk = scale sum_g dS^T q, dv = sum_g P^T dout.
+// Heads: a (T,HD) head of a (B,T,H,HD) tensor is a row-major matrix with ld H*HD, so every
+// GEMM is a strided batch. GQA maps query head h to kv head h/g (g = NH/NKV); dk and dv sum
+// over the g query heads of a group by GEMMs with beta = 1 after the first. The batching of
+// heads into cuBLAS calls is in attention_heads.hpp.
+#include "attention.cuh"
+#include "attention_heads.hpp"
+#include "attention_math.hpp"
+#include "cuda_common.cuh"
+#include "matmul.cuh"
+#include "trainmem/checked.hpp"
+
+namespace trainmem {
+namespace {
+
+constexpr int kSoftmaxWarps = 4;  // rows per block: one warp per row
+constexpr int kSoftmaxThreads = kSoftmaxWarps * 32;
+
+// ---------------------------------------------------------------- kernels
+
+// probs (R = B*NH*T rows, T) D: row r is query position i = r % T of its head. In place:
+// p_j = exp(s_j - max) / sum for j <= i, 0 for j > i (the GEMM wrote scores there too).
+template <class S>
+__global__ void __launch_bounds__(kSoftmaxThreads)
+    causal_softmax_kernel(void* probs, std::int64_t rows, std::int64_t T) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t row = std::int64_t(blockIdx.x) * kSoftmaxWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;  // the whole warp leaves together; no block barrier follows
+  const std::int64_t i = row % T;
+  const std::size_t base = std::size_t(row) * T;
+  float mx = -INFINITY;
+  for (std::int64_t j = lane; j <= i; j += 32) mx = fmaxf(mx, S::load(probs, base + j));
+  mx = cuda::warp_max(mx);
+  float sum = 0.0f;
+  for (std::int64_t j = lane; j <= i; j += 32) sum += tm_exp(S::load(probs, base + j) - mx);
+  sum = cuda::warp_sum(sum);
+  const float inv = 1.0f / sum;
+  for (std::int64_t j = lane; j < T; j += 32) {
+    const float p = j <= i ? tm_exp(S::load(probs, base + j) - mx) * inv : 0.0f;
+    S::store(probs, base + j, p);
+  }
+}
+
+// dprobs holds dP on entry and dS on exit: dS_j = P_j (dP_j - sum_k P_k dP_k) for j <= i,
+// 0 above the diagonal. Same row layout as causal_softmax_kernel.
+template <class S>
+__global__ void __launch_bounds__(kSoftmaxThreads)
+    causal_softmax_backward_kernel(void* dprobs, const void* probs, std::int64_t rows,
+                                   std::int64_t T) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t row = std::int64_t(blockIdx.x) * kSoftmaxWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const std::int64_t i = row % T;
+  const std::size_t base = std::size_t(row) * T;
+  float dot = 0.0f;
+  for (std::int64_t j = lane; j <= i; j += 32)
+    dot += S::load(probs, base + j) * S::load(dprobs, base + j);
+  dot = cuda::warp_sum(dot);
+  for (std::int64_t j = lane; j < T; j += 32) {
+    const float ds = j <= i ? softmax_backward_elem<float>(S::load(probs, base + j),
+                                                           S::load(dprobs, base + j), dot)
+                            : 0.0f;
+    S::store(dprobs, base + j, ds);
+  }
+}
+
+// Byte offset helpers.
+const void* at(const void* p, std::int64_t elems, std::size_t width) {
+  return static_cast<const char*>(p) + std::size_t(elems) * width;
+}
+void* at(void* p, std::int64_t elems, std::size_t width) {
+  return static_cast<char*>(p) + std::size_t(elems) * width;
+}
+
+void check_handle_stream(cublasHandle_t handle, cudaStream_t stream, const char* op) {
+  cudaStream_t bound = nullptr;
+  TM_CUBLAS_CHECK(cublasGetStream(handle, &bound));
+  if (bound != stream)
+    throw Error(std::string(op) + ": the cuBLAS handle is bound to another stream");
+}
+
+unsigned softmax_grid(std::int64_t rows, const char* op) {
+  const std::int64_t blocks = (rows + kSoftmaxWarps - 1) / kSoftmaxWarps;
+  cuda::require_fits(blocks, cuda::kMaxGridX, op, "B*NH*T/4");
+  return unsigned(blocks);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- launchers
+
+void attention_eager_forward_cuda(void* out, void* probs, const void* q, const void* k,
+                                  const void* v, std::int64_t B, std::int64_t T, std::int64_t NH,
+                                  std::int64_t NKV, std::int64_t HD, DType dt,
+                                  cublasHandle_t handle, cudaStream_t stream) {
+  const char* op = "attention_eager_forward_cuda";
+  cuda::check_attention_dims(op, B, T, NH, NKV, HD);
+  checked_product({std::uint64_t(B), std::uint64_t(NH), std::uint64_t(T), std::uint64_t(T)}, op);
+  check_handle_stream(handle, stream, op);
+  const std::size_t w = dtype_size(dt);
+  const float scale = attention_scale<float>(HD);
+  const HeadPlan plan = plan_attention_heads(B, T, NH, NKV, HD);
+  // probs (T,T per head) = scale * q (T,HD; ld NH*HD) . k^T (k: T,HD; ld NKV*HD)
+  for (const HeadCall& c : plan.calls) {
+    matmul_strided_batched_cuda(at(probs, c.s_off, w), T, plan.s_stride,
+                                {at(q, c.q_off, w), NH * HD, plan.q_stride},
+                                {at(k, c.kv_off, w), NKV * HD, plan.kv_stride}, T, T, HD, Trans::no,
+                                Trans::yes, scale, 0.0f, plan.batch, dt, handle);
+  }
+  const std::int64_t rows = B * NH * T;
+  TM_DISPATCH_STORAGE(dt, op,
+                      causal_softmax_kernel<S>
+                      <<<softmax_grid(rows, op), kSoftmaxThreads, 0, stream>>>(probs, rows, T);
+                      TM_CUDA_CHECK_LAUNCH());
+  // out (T,HD; ld NH*HD) = probs (T,T) . v (T,HD; ld NKV*HD)
+  for (const HeadCall& c : plan.calls) {
+    matmul_strided_batched_cuda(at(out, c.q_off, w), NH * HD, plan.q_stride,
+                                {at(probs, c.s_off, w), T, plan.s_stride},
+                                {at(v, c.kv_off, w), NKV * HD, plan.kv_stride}, T, HD, T, Trans::no,
+                                Trans::no, 1.0f, 0.0f, plan.batch, dt, handle);
+  }
+}
+
+void attention_eager_backward_cuda(void* dq, void* dk, void* dv, void* dprobs, const void* dout,
+                                   const void* q, const void* k, const void* v, const void* probs,
+                                   std::int64_t B, std::int64_t T, std::int64_t NH,
+                                   std::int64_t NKV, std::int64_t HD, DType dt,
+                                   cublasHandle_t handle, cudaStream_t stream) {
+  const char* op = "attention_eager_backward_cuda";
+  cuda::check_attention_dims(op, B, T, NH, NKV, HD);
+  checked_product({std::uint64_t(B), std::uint64_t(NH), std::uint64_t(T), std::uint64_t(T)}, op);
+  if (dprobs == nullptr) throw InputError(std::string(op) + ": dprobs scratch is required");
+  check_handle_stream(handle, stream, op);
+  const std::size_t w = dtype_size(dt);
+  const float scale = attention_scale<float>(HD);
+  const HeadPlan plan = plan_attention_heads(B, T, NH, NKV, HD);
+  // dP (T,T) = dout (T,HD; ld NH*HD) . v^T
+  for (const HeadCall& c : plan.calls) {
+    matmul_strided_batched_cuda(at(dprobs, c.s_off, w), T, plan.s_stride,
+                                {at(dout, c.q_off, w), NH * HD, plan.q_stride},
+                                {at(v, c.kv_off, w), NKV * HD, plan.kv_stride}, T, T, HD, Trans::no,
+                                Trans::yes, 1.0f, 0.0f, plan.batch, dt, handle);
+  }
+  const std::int64_t rows = B * NH * T;
+  TM_DISPATCH_STORAGE(
+      dt, op,
+      causal_softmax_backward_kernel<S>
+      <<<softmax_grid(rows, op), kSoftmaxThreads, 0, stream>>>(dprobs, probs, rows, T);
+      TM_CUDA_CHECK_LAUNCH());
+  for (const HeadCall& c : plan.calls) {
+    const float beta = c.first_of_group ? 0.0f : 1.0f;
+    // dq (T,HD) = scale * dS (T,T) . k (T,HD)
+    matmul_strided_batched_cuda(at(dq, c.q_off, w), NH * HD, plan.q_stride,
+                                {at(dprobs, c.s_off, w), T, plan.s_stride},
+                                {at(k, c.kv_off, w), NKV * HD, plan.kv_stride}, T, HD, T, Trans::no,
+                                Trans::no, scale, 0.0f, plan.batch, dt, handle);
+    // dk (T,HD) (+)= scale * dS^T . q
+    matmul_strided_batched_cuda(at(dk, c.kv_off, w), NKV * HD, plan.kv_stride,
+                                {at(dprobs, c.s_off, w), T, plan.s_stride},
+                                {at(q, c.q_off, w), NH * HD, plan.q_stride}, T, HD, T, Trans::yes,
+                                Trans::no, scale, beta, plan.batch, dt, handle);
+    // dv (T,HD) (+)= P^T . dout
+    matmul_strided_batched_cuda(at(dv, c.kv_off, w), NKV * HD, plan.kv_stride,
+                                {at(probs, c.s_off, w), T, plan.s_stride},
+                                {at(dout, c.q_off, w), NH * HD, plan.q_stride}, T, HD, T,
+                                Trans::yes, Trans::no, 1.0f, beta, plan.batch, dt, handle);
+  }
+}
+
+}  // namespace trainmem

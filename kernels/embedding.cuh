@@ -1,0 +1,26 @@
+// Token embedding on the GPU. Same argument order as the CPU reference (embedding_cpu.hpp),
+// plus the stream. Launch errors throw DeviceError; bad dimensions throw InputError.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "trainmem/dtype.hpp"
+
+namespace trainmem {
+
+// out (B,T,C) D = wte[tokens] ; tokens (B,T) int32 ; wte (V,C) D.
+// A token outside [0, V) cannot throw from a kernel: its row of out is written as NaN, so the
+// loss turns NaN visibly (the model validates tokens on the host before uploading them).
+void embedding_forward_cuda(void* out, const std::int32_t* tokens, const void* wte, std::int64_t B,
+                            std::int64_t T, std::int64_t C, std::int64_t V, DType dt,
+                            cudaStream_t stream);
+// dwte (V,C) D += scatter of dout (B,T,C) D by tokens. Deterministic and without scratch: the
+// block of the first row holding an id adds, in fp32 registers starting from dwte, dout of
+// every row with that id in position order and rounds once into dwte (the CPU reference's
+// order, so results are bit-identical). Rows with an id outside [0, V) are skipped.
+void embedding_backward_cuda(void* dwte, const void* dout, const std::int32_t* tokens,
+                             std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t V,
+                             DType dt, cudaStream_t stream);
+
+}  // namespace trainmem

@@ -1,0 +1,78 @@
+// RoPE, forward and backward, on the GPU: each thread rotates one pair (x_j, x_{j+HD/2}) of
+// one head vector at position t by angle t * inv_freq[j] (backward: by -angle). The angle is
+// computed in fp32 as HuggingFace does, with the accurate sinf/cosf (no fast math).
+#include "cuda_common.cuh"
+#include "rope.cuh"
+#include "rope_math.hpp"
+#include "trainmem/checked.hpp"
+
+namespace trainmem {
+namespace {
+
+enum class Direction { forward, backward };
+
+// ---------------------------------------------------------------- kernels
+
+// x (B,T,H,HD) D: pairs = B*T*H*(HD/2), grid-stride over them.
+template <class S>
+__global__ void rope_kernel(void* x, std::int64_t pairs, std::int64_t T, std::int64_t H,
+                            std::int64_t HD, float theta, float sign) {
+  const std::int64_t half = HD / 2;
+  for (std::int64_t p = cuda::global_thread_index(); p < pairs; p += cuda::global_thread_count()) {
+    const std::int64_t j = p % half;
+    const std::int64_t row = p / half;  // (b*T + t)*H + h
+    const std::int64_t t = (row / H) % T;
+    const float angle = rope_angle<float>(t, j, HD, theta);
+    float s, c;
+    sincosf(angle, &s, &c);
+    const std::size_t i1 = std::size_t(row) * HD + j;
+    const std::size_t i2 = i1 + half;
+    float x1 = S::load(x, i1);
+    float x2 = S::load(x, i2);
+    rope_rotate_pair<float>(&x1, &x2, c, sign * s);
+    S::store(x, i1, x1);
+    S::store(x, i2, x2);
+  }
+}
+
+void launch(const char* op, void* q, void* k, std::int64_t B, std::int64_t T, std::int64_t NH,
+            std::int64_t NKV, std::int64_t HD, double theta, DType dt, Direction dir,
+            cudaStream_t stream) {
+  const std::pair<std::int64_t, const char*> dims[] = {
+      {B, "B"}, {T, "T"}, {NH, "NH"}, {NKV, "NKV"}, {HD, "HD"}};
+  for (const auto& [value, name] : dims)
+    cuda::require_fits(value, std::numeric_limits<std::int32_t>::max(), op, name);
+  if (HD % 2 != 0)
+    throw InputError(std::string(op) + ": head dim HD must be even for RoPE, got " +
+                     std::to_string(HD));
+  const float sign = dir == Direction::forward ? 1.0f : -1.0f;
+  constexpr int kThreads = 256;
+  const std::pair<void*, std::int64_t> tensors[] = {{q, NH}, {k, NKV}};  // (B,T,H,HD) each
+  for (const auto& [x, H] : tensors) {
+    const std::int64_t pairs = std::int64_t(checked_product(
+        {std::uint64_t(B), std::uint64_t(T), std::uint64_t(H), std::uint64_t(HD / 2)}, op));
+    if (pairs == 0) continue;
+    TM_DISPATCH_STORAGE(dt, op,
+                        rope_kernel<S><<<cuda::grid_for(pairs, kThreads), kThreads, 0, stream>>>(
+                            x, pairs, T, H, HD, float(theta), sign);
+                        TM_CUDA_CHECK_LAUNCH());
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- launchers
+
+void rope_forward_cuda(void* q, void* k, std::int64_t B, std::int64_t T, std::int64_t NH,
+                       std::int64_t NKV, std::int64_t HD, double theta, DType dt,
+                       cudaStream_t stream) {
+  launch("rope_forward_cuda", q, k, B, T, NH, NKV, HD, theta, dt, Direction::forward, stream);
+}
+
+void rope_backward_cuda(void* dq, void* dk, std::int64_t B, std::int64_t T, std::int64_t NH,
+                        std::int64_t NKV, std::int64_t HD, double theta, DType dt,
+                        cudaStream_t stream) {
+  launch("rope_backward_cuda", dq, dk, B, T, NH, NKV, HD, theta, dt, Direction::backward, stream);
+}
+
+}  // namespace trainmem

@@ -1,0 +1,55 @@
+// SwiGLU, forward and backward, on the GPU: one thread per element, grid-stride.
+#include "cuda_common.cuh"
+#include "swiglu.cuh"
+#include "swiglu_math.hpp"
+
+namespace trainmem {
+namespace {
+
+constexpr int kThreads = 256;
+
+// ---------------------------------------------------------------- kernels
+
+template <class S>
+__global__ void swiglu_forward_kernel(void* out, const void* gate, const void* up, std::int64_t N) {
+  for (std::int64_t i = cuda::global_thread_index(); i < N; i += cuda::global_thread_count())
+    S::store(out, i, swiglu_forward_elem<float>(S::load(gate, i), S::load(up, i)));
+}
+
+template <class S>
+__global__ void swiglu_backward_kernel(void* dgate, void* dup, const void* dout, const void* gate,
+                                       const void* up, std::int64_t N) {
+  for (std::int64_t i = cuda::global_thread_index(); i < N; i += cuda::global_thread_count()) {
+    float dg, du;
+    swiglu_backward_elem<float>(S::load(dout, i), S::load(gate, i), S::load(up, i), &dg, &du);
+    S::store(dgate, i, dg);
+    S::store(dup, i, du);
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- launchers
+
+void swiglu_forward_cuda(void* out, const void* gate, const void* up, std::int64_t N, DType dt,
+                         cudaStream_t stream) {
+  cuda::require_fits(N, std::numeric_limits<std::int64_t>::max(), "swiglu_forward_cuda", "N");
+  if (N == 0) return;
+  TM_DISPATCH_STORAGE(dt, "swiglu_forward_cuda",
+                      swiglu_forward_kernel<S>
+                      <<<cuda::grid_for(N, kThreads), kThreads, 0, stream>>>(out, gate, up, N);
+                      TM_CUDA_CHECK_LAUNCH());
+}
+
+void swiglu_backward_cuda(void* dgate, void* dup, const void* dout, const void* gate,
+                          const void* up, std::int64_t N, DType dt, cudaStream_t stream) {
+  cuda::require_fits(N, std::numeric_limits<std::int64_t>::max(), "swiglu_backward_cuda", "N");
+  if (N == 0) return;
+  TM_DISPATCH_STORAGE(
+      dt, "swiglu_backward_cuda",
+      swiglu_backward_kernel<S>
+      <<<cuda::grid_for(N, kThreads), kThreads, 0, stream>>>(dgate, dup, dout, gate, up, N);
+      TM_CUDA_CHECK_LAUNCH());
+}
+
+}  // namespace trainmem

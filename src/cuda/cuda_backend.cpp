@@ -1,0 +1,207 @@
+// The cuda backend (src/cuda/cuda_backend.hpp): each op forwards to its launcher in kernels/
+// with the backend's dtype and stream, in the argument order of the CPU reference.
+#include "cuda/cuda_backend.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <string>
+
+#include "adamw.cuh"
+#include "attention.cuh"
+#include "cross_entropy.cuh"
+#include "embedding.cuh"
+#include "matmul.cuh"
+#include "rmsnorm.cuh"
+#include "rope.cuh"
+#include "swiglu.cuh"
+#include "trainmem/cuda_check.hpp"
+#include "trainmem/error.hpp"
+
+#if __has_include("trainmem/device_allocator.hpp")
+#include "trainmem/device_allocator.hpp"
+#else
+// Stand-in until the DeviceAllocator (include/trainmem/device_allocator.hpp) is on main: the
+// same pool semantics (a dedicated pool, release threshold at maximum, OOM -> nullptr).
+#include <limits>
+namespace trainmem {
+class DeviceAllocator final : public Allocator {
+ public:
+  DeviceAllocator(int device, cudaStream_t stream) : stream_(stream) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    TM_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
+    std::uint64_t threshold = std::numeric_limits<std::uint64_t>::max();
+    TM_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
+  }
+  ~DeviceAllocator() override {
+    TM_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(stream_));
+    TM_CUDA_CHECK_NOTHROW(cudaMemPoolDestroy(pool_));
+  }
+  void* allocate(std::uint64_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, pool_, stream_);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    TM_CUDA_CHECK(e);
+    return p;
+  }
+  void deallocate(void* ptr, std::uint64_t) override { TM_CUDA_CHECK(cudaFreeAsync(ptr, stream_)); }
+  const char* name() const override { return "device"; }
+
+ private:
+  cudaStream_t stream_;
+  cudaMemPool_t pool_ = nullptr;
+};
+}  // namespace trainmem
+#endif
+
+namespace trainmem {
+
+CudaBackend::CudaBackend(DType dtype) : Backend(dtype) {
+  if (dtype == DType::i32)
+    throw InputError("dtype: the cuda backend trains in fp32, fp16 or bf16, not int32");
+  const std::string reason = cuda_unavailable_reason();
+  if (!reason.empty()) throw DeviceError("cuda backend: no usable CUDA device: " + reason);
+  try {
+    TM_CUDA_CHECK(cudaGetDevice(&device_));
+    TM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    TM_CUBLAS_CHECK(cublasCreate(&cublas_));
+    // cublasSetStream resets the workspace to cuBLAS's default: set_gemm_workspace comes after.
+    TM_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    allocator_ = std::make_unique<DeviceAllocator>(device_, stream_);
+  } catch (...) {
+    if (cublas_ != nullptr) cublasDestroy(cublas_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    throw;
+  }
+  int runtime = 0;
+  cudaRuntimeGetVersion(&runtime);
+  spdlog::debug("cuda backend: device {}, {} storage, CUDA runtime {}", device_, dtype_name(dtype),
+                runtime);
+}
+
+CudaBackend::~CudaBackend() {
+  TM_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(stream_));
+  allocator_.reset();  // the pool goes before the stream it orders on
+  if (cublas_ != nullptr) {
+    const cublasStatus_t s = cublasDestroy(cublas_);
+    if (s != CUBLAS_STATUS_SUCCESS) spdlog::error("cublasDestroy failed ({})", int(s));
+  }
+  TM_CUDA_CHECK_NOTHROW(cudaStreamDestroy(stream_));
+}
+
+Allocator& CudaBackend::allocator() {
+  return *allocator_;
+}
+
+void CudaBackend::synchronize() {
+  TM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::upload(void* dst, const void* host_src, std::uint64_t bytes) {
+  if (bytes == 0) return;
+  TM_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+  TM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::download(void* host_dst, const void* src, std::uint64_t bytes) {
+  if (bytes == 0) return;
+  TM_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  TM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::fill_zero(void* dst, std::uint64_t bytes) {
+  if (bytes == 0) return;
+  TM_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
+}
+
+void CudaBackend::copy(void* dst, const void* src, std::uint64_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  TM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::set_gemm_workspace(void* ptr, std::uint64_t bytes) {
+  TM_CUBLAS_CHECK(cublasSetWorkspace(cublas_, ptr, bytes));
+}
+
+void CudaBackend::embedding_forward(void* out, const std::int32_t* tokens, const void* wte,
+                                    std::int64_t B, std::int64_t T, std::int64_t C,
+                                    std::int64_t V) {
+  embedding_forward_cuda(out, tokens, wte, B, T, C, V, dtype(), stream_);
+}
+void CudaBackend::embedding_backward(void* dwte, const void* dout, const std::int32_t* tokens,
+                                     std::int64_t B, std::int64_t T, std::int64_t C,
+                                     std::int64_t V) {
+  embedding_backward_cuda(dwte, dout, tokens, B, T, C, V, dtype(), stream_);
+}
+void CudaBackend::rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight,
+                                  std::int64_t N, std::int64_t C, float eps) {
+  rmsnorm_forward_cuda(out, rstd, inp, weight, N, C, eps, dtype(), stream_);
+}
+void CudaBackend::rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp,
+                                   const void* weight, const float* rstd, std::int64_t N,
+                                   std::int64_t C) {
+  rmsnorm_backward_cuda(dinp, dweight, dout, inp, weight, rstd, N, C, dtype(), stream_);
+}
+void CudaBackend::matmul(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N,
+                         std::int64_t K, Trans ta, Trans tb, float alpha, float beta) {
+  matmul_cuda(c, a, b, M, N, K, ta, tb, alpha, beta, dtype(), cublas_);
+}
+void CudaBackend::rope_forward(void* q, void* k, std::int64_t B, std::int64_t T, std::int64_t NH,
+                               std::int64_t NKV, std::int64_t HD, double theta) {
+  rope_forward_cuda(q, k, B, T, NH, NKV, HD, theta, dtype(), stream_);
+}
+void CudaBackend::rope_backward(void* dq, void* dk, std::int64_t B, std::int64_t T, std::int64_t NH,
+                                std::int64_t NKV, std::int64_t HD, double theta) {
+  rope_backward_cuda(dq, dk, B, T, NH, NKV, HD, theta, dtype(), stream_);
+}
+void CudaBackend::attention_forward(void* out, void* probs, float* lse, const void* q,
+                                    const void* k, const void* v, std::int64_t B, std::int64_t T,
+                                    std::int64_t NH, std::int64_t NKV, std::int64_t HD,
+                                    Attention variant) {
+  attention_forward_cuda(out, probs, lse, q, k, v, B, T, NH, NKV, HD, variant, dtype(), cublas_,
+                         stream_);
+}
+void CudaBackend::attention_backward(void* dq, void* dk, void* dv, void* dprobs, float* delta,
+                                     const void* dout, const void* q, const void* k, const void* v,
+                                     const void* out, const void* probs, const float* lse,
+                                     std::int64_t B, std::int64_t T, std::int64_t NH,
+                                     std::int64_t NKV, std::int64_t HD, Attention variant) {
+  attention_backward_cuda(dq, dk, dv, dprobs, delta, dout, q, k, v, out, probs, lse, B, T, NH, NKV,
+                          HD, variant, dtype(), cublas_, stream_);
+}
+void CudaBackend::swiglu_forward(void* out, const void* gate, const void* up, std::int64_t N) {
+  swiglu_forward_cuda(out, gate, up, N, dtype(), stream_);
+}
+void CudaBackend::swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate,
+                                  const void* up, std::int64_t N) {
+  swiglu_backward_cuda(dgate, dup, dout, gate, up, N, dtype(), stream_);
+}
+void CudaBackend::cross_entropy_forward(float* losses, float* lse, const void* logits,
+                                        const std::int32_t* targets, std::int64_t N,
+                                        std::int64_t V) {
+  cross_entropy_forward_cuda(losses, lse, logits, targets, N, V, dtype(), stream_);
+}
+void CudaBackend::cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
+                                         const std::int32_t* targets, std::int64_t N,
+                                         std::int64_t V, float scale) {
+  cross_entropy_backward_cuda(dlogits, logits, lse, targets, N, V, scale, dtype(), stream_);
+}
+void CudaBackend::adamw_update(void* param, const void* grad, float* master, float* m, float* v,
+                               std::int64_t n, const AdamWParams& hp, int step) {
+  adamw_update_cuda(param, grad, master, m, v, n, hp, step, dtype(), stream_);
+}
+void CudaBackend::sgd_update(void* param, const void* grad, float* master, std::int64_t n,
+                             float lr) {
+  sgd_update_cuda(param, grad, master, n, lr, dtype(), stream_);
+}
+
+std::unique_ptr<Backend> make_cuda_backend(DType dtype) {
+  return std::make_unique<CudaBackend>(dtype);
+}
+
+}  // namespace trainmem

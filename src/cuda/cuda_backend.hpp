@@ -1,0 +1,87 @@
+// The cuda backend: our kernels (kernels/*.cu) and cuBLAS on one stream of the current device.
+// make_cuda_backend (include/trainmem/backend.hpp) returns one of these; GPU tests, the probes
+// and the benchmarks reach the stream, the cuBLAS handle and the allocator through it.
+//
+// Memory: every byte comes from the DeviceAllocator's pool (cudaMallocFromPoolAsync on the
+// backend's stream) through the ledger; kernels allocate nothing. The cuBLAS workspace is the
+// ledger's `cublas_workspace` tensor, handed over by set_gemm_workspace (cublasSetWorkspace).
+// Until then cuBLAS uses the default workspace it made at cublasCreate (device overhead, not a
+// ledger tensor).
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "trainmem/backend.hpp"
+
+namespace trainmem {
+
+class CudaBackend final : public Backend {
+ public:
+  // Throws DeviceError when no device is usable (with cuda_unavailable_reason()), InputError
+  // for a dtype that is not a training dtype.
+  explicit CudaBackend(DType dtype);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  BackendKind kind() const override { return BackendKind::cuda; }
+  Allocator& allocator() override;
+  void synchronize() override;
+
+  cudaStream_t stream() const { return stream_; }
+  cublasHandle_t cublas() const { return cublas_; }
+  int device() const { return device_; }
+
+  // Transfers are ordered on the backend's stream; upload and download return when the copy
+  // is complete (the host buffer may be reused or read at once).
+  void upload(void* dst, const void* host_src, std::uint64_t bytes) override;
+  void download(void* host_dst, const void* src, std::uint64_t bytes) override;
+  void fill_zero(void* dst, std::uint64_t bytes) override;
+  void copy(void* dst, const void* src, std::uint64_t bytes) override;
+  void set_gemm_workspace(void* ptr, std::uint64_t bytes) override;
+
+  void embedding_forward(void* out, const std::int32_t* tokens, const void* wte, std::int64_t B,
+                         std::int64_t T, std::int64_t C, std::int64_t V) override;
+  void embedding_backward(void* dwte, const void* dout, const std::int32_t* tokens, std::int64_t B,
+                          std::int64_t T, std::int64_t C, std::int64_t V) override;
+  void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, std::int64_t N,
+                       std::int64_t C, float eps) override;
+  void rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp,
+                        const void* weight, const float* rstd, std::int64_t N,
+                        std::int64_t C) override;
+  void matmul(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N, std::int64_t K,
+              Trans ta, Trans tb, float alpha, float beta) override;
+  void rope_forward(void* q, void* k, std::int64_t B, std::int64_t T, std::int64_t NH,
+                    std::int64_t NKV, std::int64_t HD, double theta) override;
+  void rope_backward(void* dq, void* dk, std::int64_t B, std::int64_t T, std::int64_t NH,
+                     std::int64_t NKV, std::int64_t HD, double theta) override;
+  void attention_forward(void* out, void* probs, float* lse, const void* q, const void* k,
+                         const void* v, std::int64_t B, std::int64_t T, std::int64_t NH,
+                         std::int64_t NKV, std::int64_t HD, Attention variant) override;
+  void attention_backward(void* dq, void* dk, void* dv, void* dprobs, float* delta,
+                          const void* dout, const void* q, const void* k, const void* v,
+                          const void* out, const void* probs, const float* lse, std::int64_t B,
+                          std::int64_t T, std::int64_t NH, std::int64_t NKV, std::int64_t HD,
+                          Attention variant) override;
+  void swiglu_forward(void* out, const void* gate, const void* up, std::int64_t N) override;
+  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
+                       std::int64_t N) override;
+  void cross_entropy_forward(float* losses, float* lse, const void* logits,
+                             const std::int32_t* targets, std::int64_t N, std::int64_t V) override;
+  void cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
+                              const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                              float scale) override;
+  void adamw_update(void* param, const void* grad, float* master, float* m, float* v,
+                    std::int64_t n, const AdamWParams& hp, int step) override;
+  void sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr) override;
+
+ private:
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<Allocator> allocator_;  // destroyed first (see the destructor)
+};
+
+}  // namespace trainmem

@@ -1,0 +1,209 @@
+// GPU tests of causal attention (eager: cuBLAS + softmax kernels; flash: the tiled kernels)
+// against the cpu backend, per dtype, on awkward shapes (T not a multiple of any tile, odd
+// head dims, GQA and MQA) and LLaMA-sized ones. Forward and backward are checked separately:
+// the backward of both backends is fed the same forward results (the CPU's), so a failure
+// points at one kernel.
+//
+// Expected differences: the GPU eager path stores the scaled scores in D before the softmax
+// (the CPU keeps them in fp32) and rounds dP and dS to D in the dprobs scratch (the CPU keeps
+// fp32 scratch), so its 16-bit tolerances are wider than the flash path's.
+#include <cmath>
+#include <random>
+#include <tuple>
+
+#include "gpu_test_util.hpp"
+
+namespace trainmem::gputest {
+namespace {
+
+struct AttnShape {
+  std::int64_t B, T, NH, NKV, HD;
+  const char* name;
+};
+void PrintTo(const AttnShape& s, std::ostream* os) {
+  *os << s.name << " B=" << s.B << " T=" << s.T << " NH=" << s.NH << " NKV=" << s.NKV
+      << " HD=" << s.HD;
+}
+
+using AttnParam = std::tuple<DType, Attention, AttnShape>;
+
+class AttentionGpu : public ::testing::TestWithParam<AttnParam> {
+ protected:
+  void SetUp() override {
+    require_cuda_device();
+    std::tie(dt, variant, shape) = GetParam();
+    cpu = make_cpu_backend(dt);
+    gpu = &cuda_backend(dt);
+    const auto [B, T, NH, NKV, HD, name] = shape;
+    nq = B * T * NH * HD;
+    nkv = B * T * NKV * HD;
+    np = B * NH * T * T;
+    nl = B * NH * T;
+    // q in [-2, 2): sharper softmax rows than uniform [-1, 1) keys alone would give.
+    q = random_buf(dt, nq, rng, -2, 2);
+    k = random_buf(dt, nkv, rng);
+    v = random_buf(dt, nkv, rng);
+  }
+  bool eager() const { return variant == Attention::eager; }
+  // The tolerance of outputs that went through the attention: GEMM-like sums, and for eager
+  // 16-bit the rounding of scores / dP / dS to D.
+  Tolerance tol(double extra = 1) const {
+    if (dt == DType::f32) return tolerance(dt, 20 * extra);
+    return tolerance(dt, (eager() ? 2 : 1) * extra);
+  }
+
+  DType dt = DType::f32;
+  Attention variant = Attention::eager;
+  AttnShape shape{};
+  std::unique_ptr<Backend> cpu;
+  Backend* gpu = nullptr;
+  std::mt19937 rng{99};
+  std::int64_t nq = 0, nkv = 0, np = 0, nl = 0;
+  HostBuf q, k, v;
+};
+
+TEST_P(AttentionGpu, ForwardMatchesCpu) {
+  const auto [B, T, NH, NKV, HD, name] = shape;
+  HostBuf out(dt, nq), probs(dt, eager() ? np : 1);
+  std::vector<float> lse(static_cast<std::size_t>(nl));
+  cpu->attention_forward(out.data(), eager() ? probs.data() : nullptr,
+                         eager() ? nullptr : lse.data(), q.data(), k.data(), v.data(), B, T, NH,
+                         NKV, HD, variant);
+  DevBuf d_q(*gpu, q), d_k(*gpu, k), d_v(*gpu, v), d_out(*gpu, out.bytes());
+  DevBuf d_probs(*gpu, eager() ? probs.bytes() : 1), d_lse(*gpu, nl * 4);
+  // Garbage in the outputs: every element must be written.
+  HostBuf nan_probs(dt, eager() ? np : 1);
+  for (std::int64_t i = 0; i < nan_probs.size(); ++i) nan_probs.set(i, NAN);
+  gpu->upload(d_probs.get(), nan_probs.data(), nan_probs.bytes());
+  gpu->attention_forward(d_out.get(), eager() ? d_probs.get() : nullptr,
+                         eager() ? nullptr : d_lse.as<float>(), d_q.get(), d_k.get(), d_v.get(), B,
+                         T, NH, NKV, HD, variant);
+  if (eager()) {
+    EXPECT_TRUE(
+        all_close("attention probs", d_probs.f32(dt, np), probs.to_f32(), tol(), {B, NH, T, T}));
+  } else {
+    // lse from fp32 scores on both sides.
+    EXPECT_TRUE(all_close("attention lse", d_lse.f32(DType::f32, nl), lse,
+                          tolerance(DType::f32, 20), {B, NH, T}));
+  }
+  EXPECT_TRUE(all_close("attention out", d_out.f32(dt, nq), out.to_f32(), tol(), {B, T, NH, HD}));
+}
+
+TEST_P(AttentionGpu, BackwardMatchesCpu) {
+  const auto [B, T, NH, NKV, HD, name] = shape;
+  // The forward results both backends get: the CPU's.
+  HostBuf out(dt, nq), probs(dt, eager() ? np : 1);
+  std::vector<float> lse(static_cast<std::size_t>(nl));
+  cpu->attention_forward(out.data(), eager() ? probs.data() : nullptr,
+                         eager() ? nullptr : lse.data(), q.data(), k.data(), v.data(), B, T, NH,
+                         NKV, HD, variant);
+  const HostBuf dout = random_buf(dt, nq, rng);
+  HostBuf dq(dt, nq), dk(dt, nkv), dv(dt, nkv), dprobs(dt, eager() ? np : 1);
+  std::vector<float> delta(static_cast<std::size_t>(nl));
+  cpu->attention_backward(dq.data(), dk.data(), dv.data(), eager() ? dprobs.data() : nullptr,
+                          eager() ? nullptr : delta.data(), dout.data(), q.data(), k.data(),
+                          v.data(), out.data(), eager() ? probs.data() : nullptr,
+                          eager() ? nullptr : lse.data(), B, T, NH, NKV, HD, variant);
+
+  DevBuf d_q(*gpu, q), d_k(*gpu, k), d_v(*gpu, v), d_out(*gpu, out), d_dout(*gpu, dout);
+  DevBuf d_probs(*gpu, probs), d_lse(*gpu, nl * 4), d_delta(*gpu, nl * 4);
+  gpu->upload(d_lse.get(), lse.data(), std::uint64_t(nl) * 4);
+  DevBuf d_dprobs(*gpu, eager() ? dprobs.bytes() : 1);
+  // Gradients are written with =: start them from NaN.
+  HostBuf nan_q(dt, nq), nan_kv(dt, nkv);
+  for (std::int64_t i = 0; i < nq; ++i) nan_q.set(i, NAN);
+  for (std::int64_t i = 0; i < nkv; ++i) nan_kv.set(i, NAN);
+  DevBuf d_dq(*gpu, nan_q), d_dk(*gpu, nan_kv), d_dv(*gpu, nan_kv);
+  gpu->attention_backward(d_dq.get(), d_dk.get(), d_dv.get(), eager() ? d_dprobs.get() : nullptr,
+                          eager() ? nullptr : d_delta.as<float>(), d_dout.get(), d_q.get(),
+                          d_k.get(), d_v.get(), d_out.get(), eager() ? d_probs.get() : nullptr,
+                          eager() ? nullptr : d_lse.as<float>(), B, T, NH, NKV, HD, variant);
+  if (!eager()) {
+    EXPECT_TRUE(all_close("attention delta", d_delta.f32(DType::f32, nl), delta,
+                          tolerance(DType::f32, 20), {B, NH, T}));
+  }
+  // dq, dk sum T products of values that already carry rounding; dk, dv also over the group.
+  EXPECT_TRUE(all_close("attention dv", d_dv.f32(dt, nkv), dv.to_f32(), tol(2), {B, T, NKV, HD}));
+  EXPECT_TRUE(all_close("attention dq", d_dq.f32(dt, nq), dq.to_f32(), tol(2), {B, T, NH, HD}));
+  EXPECT_TRUE(all_close("attention dk", d_dk.f32(dt, nkv), dk.to_f32(), tol(2), {B, T, NKV, HD}));
+}
+
+// Flash and eager on the GPU agree with each other in fp32 (a direct check of the tiled
+// online softmax against the materialised one, independent of the CPU).
+TEST(AttentionGpuCross, FlashAndEagerAgreeInFp32) {
+  require_cuda_device();
+  Backend& gpu = cuda_backend(DType::f32);
+  std::mt19937 rng(5);
+  const std::int64_t B = 2, T = 173, NH = 8, NKV = 2, HD = 64;
+  const std::int64_t nq = B * T * NH * HD, nkv = B * T * NKV * HD;
+  const HostBuf q = random_buf(DType::f32, nq, rng, -2, 2), k = random_buf(DType::f32, nkv, rng),
+                v = random_buf(DType::f32, nkv, rng), dout = random_buf(DType::f32, nq, rng);
+  DevBuf d_q(gpu, q), d_k(gpu, k), d_v(gpu, v), d_dout(gpu, dout);
+  DevBuf e_out(gpu, nq * 4), f_out(gpu, nq * 4), probs(gpu, B * NH * T * T * 4),
+      dprobs(gpu, B * NH * T * T * 4), lse(gpu, B * NH * T * 4), delta(gpu, B * NH * T * 4);
+  gpu.attention_forward(e_out.get(), probs.get(), nullptr, d_q.get(), d_k.get(), d_v.get(), B, T,
+                        NH, NKV, HD, Attention::eager);
+  gpu.attention_forward(f_out.get(), nullptr, lse.as<float>(), d_q.get(), d_k.get(), d_v.get(), B,
+                        T, NH, NKV, HD, Attention::flash);
+  const auto eager_out = e_out.f32(DType::f32, nq);
+  EXPECT_TRUE(all_close("flash vs eager out", f_out.f32(DType::f32, nq), eager_out,
+                        tolerance(DType::f32, 20)));
+  DevBuf e_dq(gpu, nq * 4), e_dk(gpu, nkv * 4), e_dv(gpu, nkv * 4);
+  DevBuf f_dq(gpu, nq * 4), f_dk(gpu, nkv * 4), f_dv(gpu, nkv * 4);
+  gpu.attention_backward(e_dq.get(), e_dk.get(), e_dv.get(), dprobs.get(), nullptr, d_dout.get(),
+                         d_q.get(), d_k.get(), d_v.get(), e_out.get(), probs.get(), nullptr, B, T,
+                         NH, NKV, HD, Attention::eager);
+  gpu.attention_backward(f_dq.get(), f_dk.get(), f_dv.get(), nullptr, delta.as<float>(),
+                         d_dout.get(), d_q.get(), d_k.get(), d_v.get(), f_out.get(), nullptr,
+                         lse.as<float>(), B, T, NH, NKV, HD, Attention::flash);
+  EXPECT_TRUE(all_close("flash vs eager dq", f_dq.f32(DType::f32, nq), e_dq.f32(DType::f32, nq),
+                        tolerance(DType::f32, 40)));
+  EXPECT_TRUE(all_close("flash vs eager dk", f_dk.f32(DType::f32, nkv), e_dk.f32(DType::f32, nkv),
+                        tolerance(DType::f32, 40)));
+  EXPECT_TRUE(all_close("flash vs eager dv", f_dv.f32(DType::f32, nkv), e_dv.f32(DType::f32, nkv),
+                        tolerance(DType::f32, 40)));
+}
+
+TEST(AttentionGpuErrors, FlashRejectsHeadDimAbove256AndBadGroups) {
+  require_cuda_device();
+  Backend& gpu = cuda_backend(DType::bf16);
+  DevBuf buf(gpu, 1 << 20);
+  try {
+    gpu.attention_forward(buf.get(), nullptr, buf.as<float>(), buf.get(), buf.get(), buf.get(), 1,
+                          2, 1, 1, 512, Attention::flash);
+    ADD_FAILURE() << "no InputError for HD = 512";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("HD up to 256"), std::string::npos) << e.what();
+  }
+  try {
+    gpu.attention_forward(buf.get(), buf.get(), nullptr, buf.get(), buf.get(), buf.get(), 1, 2, 6,
+                          4, 8, Attention::eager);
+    ADD_FAILURE() << "no InputError for NKV = 4 not dividing NH = 6";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("must divide NH"), std::string::npos) << e.what();
+  }
+}
+
+const AttnShape kShapes[] = {
+    {1, 1, 1, 1, 8, "one"},                  // a single position
+    {2, 71, 6, 2, 40, "awkward_gqa"},        // T off every tile, HD not a multiple of 32
+    {3, 33, 4, 1, 17, "mqa_odd_hd"},         // MQA, odd HD (odd shared-memory pitch path)
+    {2, 130, 4, 4, 64, "mha_hd64"},          // two flash key tiles and a bit
+    {1, 65, 2, 2, 256, "hd256"},             // the largest flash head dim (opt-in smem)
+    {1, 512, 32, 32, 128, "llama7b_heads"},  // LLaMA-7B's attention at seq 512, one row
+    {1, 1024, 32, 8, 128, "llama3_gqa"},     // LLaMA-3-8B-like GQA at seq 1024
+};
+
+INSTANTIATE_TEST_SUITE_P(Ops, AttentionGpu,
+                         ::testing::Combine(::testing::Values(DType::f32, DType::bf16, DType::f16),
+                                            ::testing::Values(Attention::eager, Attention::flash),
+                                            ::testing::ValuesIn(kShapes)),
+                         [](const ::testing::TestParamInfo<AttnParam>& info) {
+                           return dtype_param_name(std::get<0>(info.param)) + "_" +
+                                  (std::get<1>(info.param) == Attention::eager ? "eager"
+                                                                               : "flash") +
+                                  "_" + std::get<2>(info.param).name;
+                         });
+
+}  // namespace
+}  // namespace trainmem::gputest

@@ -1,0 +1,444 @@
+// GPU tests: every op of the cuda backend against the cpu backend (the CPU references in
+// kernels/*_cpu.cpp), per dtype, on awkward shapes (71x229-like, single elements) and
+// LLaMA-sized ones. Inputs are the same bits on both sides; outputs are compared with the
+// tolerance table of gpu_test_util.hpp (each comparison prints its max errors). Attention is in
+// gpu_test_attention.cpp, the backend's plumbing and errors in gpu_test_backend.cpp.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <tuple>
+
+#include "gpu_test_util.hpp"
+
+namespace trainmem::gputest {
+namespace {
+
+const DType kDtypes[] = {DType::f32, DType::bf16, DType::f16};
+
+// A fixture over (dtype, shape): the cpu backend and the shared cuda backend of that dtype.
+template <class Shape>
+class OpTest : public ::testing::TestWithParam<std::tuple<DType, Shape>> {
+ protected:
+  void SetUp() override {
+    require_cuda_device();
+    dt = std::get<0>(this->GetParam());
+    shape = std::get<1>(this->GetParam());
+    cpu = make_cpu_backend(dt);
+    gpu = &cuda_backend(dt);
+  }
+  DType dt = DType::f32;
+  Shape shape{};
+  std::unique_ptr<Backend> cpu;
+  Backend* gpu = nullptr;
+  std::mt19937 rng{20240607};
+};
+
+template <class Shape>
+std::string case_name(const ::testing::TestParamInfo<std::tuple<DType, Shape>>& info) {
+  return dtype_param_name(std::get<0>(info.param)) + "_" + std::get<1>(info.param).name;
+}
+
+// ---------------------------------------------------------------- embedding
+
+struct EmbShape {
+  std::int64_t B, T, C, V;
+  const char* name;
+};
+void PrintTo(const EmbShape& s, std::ostream* os) {
+  *os << s.name << " B=" << s.B << " T=" << s.T << " C=" << s.C << " V=" << s.V;
+}
+class EmbeddingGpu : public OpTest<EmbShape> {
+ protected:
+  // Ids drawn from a small subset so that ids repeat (the backward's hard case), plus the
+  // extremes 0 and V-1.
+  HostBuf tokens() {
+    const auto [B, T, C, V, name] = shape;
+    std::vector<std::int32_t> ids(std::size_t(B * T));
+    std::uniform_int_distribution<std::int32_t> small(
+        0, std::int32_t(std::min<std::int64_t>(V, 37) - 1));
+    std::uniform_int_distribution<std::int32_t> any(0, std::int32_t(V - 1));
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = i % 3 == 0 ? any(rng) : small(rng);
+    ids.front() = std::int32_t(V - 1);
+    ids.back() = 0;
+    return int_buf(ids);
+  }
+};
+
+TEST_P(EmbeddingGpu, ForwardGathersTheSameRowsAsCpu) {
+  const auto [B, T, C, V, name] = shape;
+  const HostBuf wte = random_buf(dt, V * C, rng);
+  const HostBuf tok = tokens();
+  HostBuf want(dt, B * T * C);
+  cpu->embedding_forward(want.data(), tok.as<std::int32_t>(), wte.data(), B, T, C, V);
+  DevBuf d_wte(*gpu, wte), d_tok(*gpu, tok), d_out(*gpu, want.bytes());
+  gpu->embedding_forward(d_out.get(), d_tok.as<std::int32_t>(), d_wte.get(), B, T, C, V);
+  EXPECT_TRUE(all_close("embedding_forward out", d_out.f32(dt, B * T * C), want.to_f32(), exact(),
+                        {B, T, C}));
+}
+
+TEST_P(EmbeddingGpu, BackwardScattersBitForBitLikeCpu) {
+  const auto [B, T, C, V, name] = shape;
+  const HostBuf dout = random_buf(dt, B * T * C, rng);
+  const HostBuf tok = tokens();
+  HostBuf want = random_buf(dt, V * C, rng);  // += onto existing gradients
+  DevBuf d_dwte(*gpu, want), d_dout(*gpu, dout), d_tok(*gpu, tok);
+  cpu->embedding_backward(want.data(), dout.data(), tok.as<std::int32_t>(), B, T, C, V);
+  gpu->embedding_backward(d_dwte.get(), d_dout.get(), d_tok.as<std::int32_t>(), B, T, C, V);
+  // Same fp32 sequence on both sides (dwte, then the rows in position order): identical bits.
+  EXPECT_TRUE(
+      all_close("embedding_backward dwte", d_dwte.f32(dt, V * C), want.to_f32(), exact(), {V, C}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, EmbeddingGpu,
+                         ::testing::Combine(::testing::ValuesIn(kDtypes),
+                                            ::testing::Values(EmbShape{1, 1, 1, 1, "one"},
+                                                              EmbShape{3, 71, 229, 97, "awkward"},
+                                                              EmbShape{2, 5, 3000, 11, "wide"},
+                                                              EmbShape{2, 512, 4096, 32000,
+                                                                       "llama7b"})),
+                         case_name<EmbShape>);
+
+TEST(EmbeddingGpuErrors, OutOfRangeIdsGiveNanRowsAndLeaveOthersIntact) {
+  require_cuda_device();
+  Backend& gpu = cuda_backend(DType::bf16);
+  std::mt19937 rng(3);
+  const std::int64_t C = 40, V = 10;
+  const HostBuf wte = random_buf(DType::bf16, V * C, rng);
+  const HostBuf tok = int_buf({3, -1, 10, 9});
+  DevBuf d_wte(gpu, wte), d_tok(gpu, tok), d_out(gpu, 4 * C * 2);
+  gpu.embedding_forward(d_out.get(), d_tok.as<std::int32_t>(), d_wte.get(), 1, 4, C, V);
+  const HostBuf out = d_out.download(DType::bf16, 4 * C);
+  for (std::int64_t c = 0; c < C; ++c) {
+    EXPECT_EQ(out.get(0 * C + c), wte.get(3 * C + c));
+    EXPECT_TRUE(std::isnan(out.get(1 * C + c))) << "id -1, column " << c;
+    EXPECT_TRUE(std::isnan(out.get(2 * C + c))) << "id V, column " << c;
+    EXPECT_EQ(out.get(3 * C + c), wte.get(9 * C + c));
+  }
+}
+
+// ---------------------------------------------------------------- rmsnorm
+
+struct RowShape {
+  std::int64_t N, C;
+  const char* name;
+};
+void PrintTo(const RowShape& s, std::ostream* os) {
+  *os << s.name << " N=" << s.N << " C=" << s.C;
+}
+class RmsNormGpu : public OpTest<RowShape> {};
+
+TEST_P(RmsNormGpu, ForwardMatchesCpu) {
+  const auto [N, C, name] = shape;
+  const HostBuf inp = random_buf(dt, N * C, rng, -3, 3);
+  const HostBuf w = random_buf(dt, C, rng, 0.5f, 1.5f);
+  HostBuf want(dt, N * C);
+  std::vector<float> rstd_want(static_cast<std::size_t>(N));
+  cpu->rmsnorm_forward(want.data(), rstd_want.data(), inp.data(), w.data(), N, C, 1e-5f);
+  DevBuf d_inp(*gpu, inp), d_w(*gpu, w), d_out(*gpu, want.bytes()), d_rstd(*gpu, N * 4);
+  gpu->rmsnorm_forward(d_out.get(), d_rstd.as<float>(), d_inp.get(), d_w.get(), N, C, 1e-5f);
+  EXPECT_TRUE(all_close("rmsnorm_forward rstd", d_rstd.f32(DType::f32, N), rstd_want,
+                        tolerance(DType::f32, 4)));
+  EXPECT_TRUE(
+      all_close("rmsnorm_forward out", d_out.f32(dt, N * C), want.to_f32(), tolerance(dt), {N, C}));
+}
+
+TEST_P(RmsNormGpu, BackwardAccumulatesLikeCpu) {
+  const auto [N, C, name] = shape;
+  const HostBuf inp = random_buf(dt, N * C, rng, -3, 3);
+  const HostBuf w = random_buf(dt, C, rng, 0.5f, 1.5f);
+  const HostBuf dout = random_buf(dt, N * C, rng);
+  HostBuf scratch(dt, N * C);
+  std::vector<float> rstd(static_cast<std::size_t>(N));
+  cpu->rmsnorm_forward(scratch.data(), rstd.data(), inp.data(), w.data(), N, C, 1e-5f);
+  HostBuf dinp_want = random_buf(dt, N * C, rng);  // both gradients accumulate (+=)
+  HostBuf dw_want = random_buf(dt, C, rng);
+  DevBuf d_dinp(*gpu, dinp_want), d_dw(*gpu, dw_want), d_dout(*gpu, dout), d_inp(*gpu, inp),
+      d_w(*gpu, w), d_rstd(*gpu, N * 4);
+  gpu->upload(d_rstd.get(), rstd.data(), std::uint64_t(N) * 4);
+  cpu->rmsnorm_backward(dinp_want.data(), dw_want.data(), dout.data(), inp.data(), w.data(),
+                        rstd.data(), N, C);
+  gpu->rmsnorm_backward(d_dinp.get(), d_dw.get(), d_dout.get(), d_inp.get(), d_w.get(),
+                        d_rstd.as<float>(), N, C);
+  EXPECT_TRUE(all_close("rmsnorm_backward dinp", d_dinp.f32(dt, N * C), dinp_want.to_f32(),
+                        tolerance(dt, 2), {N, C}));
+  // dweight sums N rows: the order differs (16 row groups on the GPU).
+  EXPECT_TRUE(
+      all_close("rmsnorm_backward dweight", d_dw.f32(dt, C), dw_want.to_f32(), tolerance(dt, 4)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, RmsNormGpu,
+                         ::testing::Combine(::testing::ValuesIn(kDtypes),
+                                            ::testing::Values(RowShape{1, 1, "one"},
+                                                              RowShape{71, 229, "awkward"},
+                                                              RowShape{3, 8192, "wide"},
+                                                              RowShape{1024, 4096, "llama7b"})),
+                         case_name<RowShape>);
+
+// ---------------------------------------------------------------- matmul
+
+struct GemmShape {
+  std::int64_t M, N, K;
+  const char* name;
+};
+void PrintTo(const GemmShape& s, std::ostream* os) {
+  *os << s.name << " M=" << s.M << " N=" << s.N << " K=" << s.K;
+}
+class MatmulGpu : public OpTest<GemmShape> {};
+
+TEST_P(MatmulGpu, EveryTransposeWithAlphaAndBetaMatchesCpu) {
+  const auto [M, N, K, name] = shape;
+  for (Trans ta : {Trans::no, Trans::yes}) {
+    for (Trans tb : {Trans::no, Trans::yes}) {
+      SCOPED_TRACE(std::string("ta=") + (ta == Trans::yes ? "T" : "N") +
+                   " tb=" + (tb == Trans::yes ? "T" : "N"));
+      const HostBuf a = random_buf(dt, M * K, rng);
+      const HostBuf b = random_buf(dt, K * N, rng);
+      HostBuf want = random_buf(dt, M * N, rng);
+      DevBuf d_a(*gpu, a), d_b(*gpu, b), d_c(*gpu, want);
+      cpu->matmul(want.data(), a.data(), b.data(), M, N, K, ta, tb, 0.5f, 1.0f);
+      gpu->matmul(d_c.get(), d_a.get(), d_b.get(), M, N, K, ta, tb, 0.5f, 1.0f);
+      EXPECT_TRUE(all_close("matmul c (beta 1)", d_c.f32(dt, M * N), want.to_f32(),
+                            tolerance(dt, dt == DType::f32 ? 20 : 1), {M, N}));
+      // beta 0 must not read c: NaN there may not leak into the result.
+      HostBuf nan_c(dt, M * N);
+      for (std::int64_t i = 0; i < M * N; ++i) nan_c.set(i, NAN);
+      HostBuf want0(dt, M * N);
+      DevBuf d_c0(*gpu, nan_c);
+      cpu->matmul(want0.data(), a.data(), b.data(), M, N, K, ta, tb, 1.0f, 0.0f);
+      gpu->matmul(d_c0.get(), d_a.get(), d_b.get(), M, N, K, ta, tb, 1.0f, 0.0f);
+      EXPECT_TRUE(all_close("matmul c (beta 0, c was NaN)", d_c0.f32(dt, M * N), want0.to_f32(),
+                            tolerance(dt, dt == DType::f32 ? 20 : 1), {M, N}));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ops, MatmulGpu,
+    ::testing::Combine(::testing::ValuesIn(kDtypes),
+                       ::testing::Values(GemmShape{1, 1, 1, "one"},
+                                         GemmShape{71, 229, 37, "awkward"},
+                                         GemmShape{3, 1, 300, "vector"},
+                                         GemmShape{256, 4096, 4096, "llama7b_qproj"},
+                                         GemmShape{256, 11008, 4096, "llama7b_up"},
+                                         GemmShape{256, 4096, 11008, "llama7b_down"})),
+    case_name<GemmShape>);
+
+// ---------------------------------------------------------------- rope
+
+struct HeadsShape {
+  std::int64_t B, T, NH, NKV, HD;
+  double theta;
+  const char* name;
+};
+void PrintTo(const HeadsShape& s, std::ostream* os) {
+  *os << s.name << " B=" << s.B << " T=" << s.T << " NH=" << s.NH << " NKV=" << s.NKV
+      << " HD=" << s.HD << " theta=" << s.theta;
+}
+class RopeGpu : public OpTest<HeadsShape> {};
+
+TEST_P(RopeGpu, ForwardAndBackwardMatchCpuInPlace) {
+  const auto [B, T, NH, NKV, HD, theta, name] = shape;
+  const std::int64_t nq = B * T * NH * HD, nk = B * T * NKV * HD;
+  for (bool forward : {true, false}) {
+    SCOPED_TRACE(forward ? "forward" : "backward");
+    HostBuf q = random_buf(dt, nq, rng), k = random_buf(dt, nk, rng);
+    DevBuf d_q(*gpu, q), d_k(*gpu, k);
+    if (forward) {
+      cpu->rope_forward(q.data(), k.data(), B, T, NH, NKV, HD, theta);
+      gpu->rope_forward(d_q.get(), d_k.get(), B, T, NH, NKV, HD, theta);
+    } else {
+      cpu->rope_backward(q.data(), k.data(), B, T, NH, NKV, HD, theta);
+      gpu->rope_backward(d_q.get(), d_k.get(), B, T, NH, NKV, HD, theta);
+    }
+    EXPECT_TRUE(all_close("rope q", d_q.f32(dt, nq), q.to_f32(), tolerance(dt, 2), {B, T, NH, HD}));
+    EXPECT_TRUE(
+        all_close("rope k", d_k.f32(dt, nk), k.to_f32(), tolerance(dt, 2), {B, T, NKV, HD}));
+  }
+}
+
+TEST_P(RopeGpu, BackwardUndoesForward) {
+  if (dt != DType::f32) GTEST_SKIP() << "an fp32-only property (16-bit rounds twice)";
+  const auto [B, T, NH, NKV, HD, theta, name] = shape;
+  const std::int64_t nq = B * T * NH * HD, nk = B * T * NKV * HD;
+  const HostBuf q = random_buf(dt, nq, rng), k = random_buf(dt, nk, rng);
+  DevBuf d_q(*gpu, q), d_k(*gpu, k);
+  gpu->rope_forward(d_q.get(), d_k.get(), B, T, NH, NKV, HD, theta);
+  gpu->rope_backward(d_q.get(), d_k.get(), B, T, NH, NKV, HD, theta);
+  EXPECT_TRUE(all_close("rope q round trip", d_q.f32(dt, nq), q.to_f32(), tolerance(dt, 10)));
+  EXPECT_TRUE(all_close("rope k round trip", d_k.f32(dt, nk), k.to_f32(), tolerance(dt, 10)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ops, RopeGpu,
+    ::testing::Combine(::testing::ValuesIn(kDtypes),
+                       ::testing::Values(HeadsShape{1, 1, 1, 1, 2, 10000.0, "one"},
+                                         HeadsShape{2, 71, 6, 2, 40, 10000.0, "awkward_gqa"},
+                                         HeadsShape{2, 512, 32, 32, 128, 10000.0, "llama7b"},
+                                         HeadsShape{1, 2048, 32, 8, 128, 500000.0,
+                                                    "llama3_theta"})),
+    case_name<HeadsShape>);
+
+// ---------------------------------------------------------------- swiglu
+
+struct FlatShape {
+  std::int64_t N;
+  const char* name;
+};
+void PrintTo(const FlatShape& s, std::ostream* os) {
+  *os << s.name << " N=" << s.N;
+}
+class SwiGluGpu : public OpTest<FlatShape> {};
+
+TEST_P(SwiGluGpu, ForwardAndBackwardMatchCpu) {
+  const std::int64_t N = shape.N;
+  const HostBuf gate = random_buf(dt, N, rng, -8, 8), up = random_buf(dt, N, rng, -2, 2);
+  const HostBuf dout = random_buf(dt, N, rng);
+  HostBuf out(dt, N), dgate(dt, N), dup(dt, N);
+  cpu->swiglu_forward(out.data(), gate.data(), up.data(), N);
+  cpu->swiglu_backward(dgate.data(), dup.data(), dout.data(), gate.data(), up.data(), N);
+  DevBuf d_gate(*gpu, gate), d_up(*gpu, up), d_dout(*gpu, dout), d_out(*gpu, out.bytes()),
+      d_dgate(*gpu, out.bytes()), d_dup(*gpu, out.bytes());
+  gpu->swiglu_forward(d_out.get(), d_gate.get(), d_up.get(), N);
+  gpu->swiglu_backward(d_dgate.get(), d_dup.get(), d_dout.get(), d_gate.get(), d_up.get(), N);
+  EXPECT_TRUE(all_close("swiglu out", d_out.f32(dt, N), out.to_f32(), tolerance(dt)));
+  EXPECT_TRUE(all_close("swiglu dgate", d_dgate.f32(dt, N), dgate.to_f32(), tolerance(dt)));
+  EXPECT_TRUE(all_close("swiglu dup", d_dup.f32(dt, N), dup.to_f32(), tolerance(dt)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, SwiGluGpu,
+                         ::testing::Combine(::testing::ValuesIn(kDtypes),
+                                            ::testing::Values(FlatShape{1, "one"},
+                                                              FlatShape{71 * 229, "awkward"},
+                                                              FlatShape{512 * 11008, "llama7b"})),
+                         case_name<FlatShape>);
+
+// ---------------------------------------------------------------- cross-entropy
+
+struct VocabShape {
+  std::int64_t N, V;
+  const char* name;
+};
+void PrintTo(const VocabShape& s, std::ostream* os) {
+  *os << s.name << " N=" << s.N << " V=" << s.V;
+}
+class CrossEntropyGpu : public OpTest<VocabShape> {
+ protected:
+  HostBuf targets() {  // about one row in 8 ignored (-1), the rest anywhere in [0, V)
+    const auto [N, V, name] = shape;
+    std::vector<std::int32_t> t(static_cast<std::size_t>(N));
+    std::uniform_int_distribution<std::int32_t> any(0, std::int32_t(V - 1));
+    for (auto& x : t) x = rng() % 8 == 0 ? -1 : any(rng);
+    t.back() = std::int32_t(V - 1);
+    return int_buf(t);
+  }
+};
+
+TEST_P(CrossEntropyGpu, ForwardLossAndLseMatchCpu) {
+  const auto [N, V, name] = shape;
+  const HostBuf logits = random_buf(dt, N * V, rng, -6, 6);
+  const HostBuf tgt = targets();
+  std::vector<float> losses(static_cast<std::size_t>(N)), lse(static_cast<std::size_t>(N));
+  cpu->cross_entropy_forward(losses.data(), lse.data(), logits.data(), tgt.as<std::int32_t>(), N,
+                             V);
+  DevBuf d_logits(*gpu, logits), d_tgt(*gpu, tgt), d_losses(*gpu, N * 4), d_lse(*gpu, N * 4);
+  gpu->cross_entropy_forward(d_losses.as<float>(), d_lse.as<float>(), d_logits.get(),
+                             d_tgt.as<std::int32_t>(), N, V);
+  // fp32 results from the same inputs: only the summation order differs.
+  EXPECT_TRUE(
+      all_close("cross_entropy lse", d_lse.f32(DType::f32, N), lse, tolerance(DType::f32, 4)));
+  EXPECT_TRUE(all_close("cross_entropy losses", d_losses.f32(DType::f32, N), losses,
+                        tolerance(DType::f32, 10)));
+}
+
+TEST_P(CrossEntropyGpu, BackwardInPlaceMatchesCpu) {
+  const auto [N, V, name] = shape;
+  const HostBuf logits = random_buf(dt, N * V, rng, -6, 6);
+  const HostBuf tgt = targets();
+  std::vector<float> losses(static_cast<std::size_t>(N)), lse(static_cast<std::size_t>(N));
+  cpu->cross_entropy_forward(losses.data(), lse.data(), logits.data(), tgt.as<std::int32_t>(), N,
+                             V);
+  const float scale = 1.0f / float(N);
+  HostBuf want(dt, N * V);
+  cpu->cross_entropy_backward(want.data(), logits.data(), lse.data(), tgt.as<std::int32_t>(), N, V,
+                              scale);
+  DevBuf d_logits(*gpu, logits), d_tgt(*gpu, tgt), d_lse(*gpu, N * 4);
+  gpu->upload(d_lse.get(), lse.data(), std::uint64_t(N) * 4);
+  // In place, as the model does it: dlogits aliases logits.
+  gpu->cross_entropy_backward(d_logits.get(), d_logits.get(), d_lse.as<float>(),
+                              d_tgt.as<std::int32_t>(), N, V, scale);
+  EXPECT_TRUE(all_close("cross_entropy dlogits", d_logits.f32(dt, N * V), want.to_f32(),
+                        tolerance(dt), {N, V}));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ops, CrossEntropyGpu,
+    ::testing::Combine(::testing::ValuesIn(kDtypes),
+                       ::testing::Values(VocabShape{1, 1, "one"}, VocabShape{71, 229, "awkward"},
+                                         VocabShape{1024, 32000, "llama7b"},
+                                         VocabShape{4, 128256, "llama3_vocab"})),
+    case_name<VocabShape>);
+
+// ---------------------------------------------------------------- optimizers
+
+class OptimizerGpu : public OpTest<FlatShape> {};
+
+TEST_P(OptimizerGpu, AdamWThreeStepsMatchCpu) {
+  const std::int64_t n = shape.N;
+  const bool with_master = dt != DType::f32;  // the interface: master only for 16-bit D
+  AdamWParams hp;
+  hp.lr = 1e-2f;
+  hp.weight_decay = 0.1f;
+  HostBuf param = random_buf(dt, n, rng);
+  HostBuf master(DType::f32, n), m(DType::f32, n), v(DType::f32, n);
+  for (std::int64_t i = 0; i < n; ++i) master.set(i, param.get(i));
+  DevBuf d_param(*gpu, param), d_master(*gpu, master), d_m(*gpu, m), d_v(*gpu, v);
+  for (int step = 1; step <= 3; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const HostBuf grad = random_buf(dt, n, rng, -step, step);
+    DevBuf d_grad(*gpu, grad);
+    cpu->adamw_update(param.data(), grad.data(), with_master ? master.as<float>() : nullptr,
+                      m.as<float>(), v.as<float>(), n, hp, step);
+    gpu->adamw_update(d_param.get(), d_grad.get(), with_master ? d_master.as<float>() : nullptr,
+                      d_m.as<float>(), d_v.as<float>(), n, hp, step);
+    // fp32 state: nvcc contracts a*b+c into FMA, the host compiler may not (an ulp or so).
+    EXPECT_TRUE(all_close("adamw m", d_m.f32(DType::f32, n), m.to_f32(), tolerance(DType::f32)));
+    EXPECT_TRUE(all_close("adamw v", d_v.f32(DType::f32, n), v.to_f32(), tolerance(DType::f32)));
+    if (with_master) {
+      EXPECT_TRUE(all_close("adamw master", d_master.f32(DType::f32, n), master.to_f32(),
+                            tolerance(DType::f32)));
+    }
+    EXPECT_TRUE(all_close("adamw param", d_param.f32(dt, n), param.to_f32(), tolerance(dt)));
+  }
+}
+
+TEST_P(OptimizerGpu, SgdWithAndWithoutMasterMatchesCpu) {
+  const std::int64_t n = shape.N;
+  for (bool with_master : {true, false}) {
+    SCOPED_TRACE(with_master ? "with master (SGD)" : "in place (LOMO)");
+    HostBuf param = random_buf(dt, n, rng);
+    HostBuf master(DType::f32, n);
+    for (std::int64_t i = 0; i < n; ++i) master.set(i, param.get(i) + 1e-3f);  // not round(param)
+    const HostBuf grad = random_buf(dt, n, rng);
+    DevBuf d_param(*gpu, param), d_master(*gpu, master), d_grad(*gpu, grad);
+    cpu->sgd_update(param.data(), grad.data(), with_master ? master.as<float>() : nullptr, n,
+                    0.05f);
+    gpu->sgd_update(d_param.get(), d_grad.get(), with_master ? d_master.as<float>() : nullptr, n,
+                    0.05f);
+    EXPECT_TRUE(all_close("sgd param", d_param.f32(dt, n), param.to_f32(), tolerance(dt)));
+    if (with_master) {
+      EXPECT_TRUE(all_close("sgd master", d_master.f32(DType::f32, n), master.to_f32(),
+                            tolerance(DType::f32)));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ops, OptimizerGpu,
+    ::testing::Combine(::testing::ValuesIn(kDtypes),
+                       ::testing::Values(FlatShape{1, "one"}, FlatShape{71 * 229, "awkward"},
+                                         FlatShape{4096 * 4096, "llama7b_qproj"})),
+    case_name<FlatShape>);
+
+}  // namespace
+}  // namespace trainmem::gputest

@@ -1,0 +1,233 @@
+// Helpers for the GPU tests: host and device buffers in a storage dtype, the cuda backend
+// shared by a test binary, random fills, and the comparison every GPU test uses (per-dtype
+// tolerance table; on failure the first mismatch, the count and the max errors; on success
+// the max errors are printed too, so a session with a GPU can tune the table from one run).
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gpu_helpers.hpp"
+#include "trainmem/backend.hpp"
+#include "trainmem/dtype.hpp"
+#include "trainmem/error.hpp"
+
+namespace trainmem::gputest {
+
+// |got - want| <= atol * rms(want) + rtol * |want| per element (rms(want) taken as 1 when it
+// is 0). atol is relative to the typical magnitude of the reference, so it means the same for
+// an attention output of size 0.05 and a logit gradient of size 1e-6.
+struct Tolerance {
+  double atol = 0;
+  double rtol = 0;
+};
+
+// The table. One fp32 computation rounded once into D on each side differs by at most an ulp
+// of D: bf16 has 8 significant bits (ulp 2^-7 relative at worst), fp16 11 (2^-10), so two ulps
+// are allowed. fp32 differs only through summation order. Ops that add up many terms or
+// round intermediates (GEMMs, attention) multiply this by a factor stated at the call.
+inline Tolerance tolerance(DType dt, double factor = 1.0) {
+  switch (dt) {
+    case DType::bf16:
+      return {1.6e-2 * factor, 1.6e-2 * factor};
+    case DType::f16:
+      return {2e-3 * factor, 2e-3 * factor};
+    default:
+      return {1e-5 * factor, 1e-5 * factor};
+  }
+}
+inline Tolerance exact() {
+  return {0.0, 0.0};
+}
+
+inline std::string format_index(std::size_t i, const std::vector<std::int64_t>& shape) {
+  if (shape.empty()) return "[" + std::to_string(i) + "]";
+  std::vector<std::int64_t> idx(shape.size());
+  std::size_t rest = i;
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    idx[d] = std::int64_t(rest % std::size_t(shape[d]));
+    rest /= std::size_t(shape[d]);
+  }
+  std::string s = "[";
+  for (std::size_t d = 0; d < idx.size(); ++d) s += (d ? "," : "") + std::to_string(idx[d]);
+  return s + "]";
+}
+
+// Compares element by element (NaN equals NaN; NaN against a number is a mismatch).
+inline ::testing::AssertionResult all_close(const std::string& what, const std::vector<float>& got,
+                                            const std::vector<float>& want, Tolerance tol,
+                                            const std::vector<std::int64_t>& shape = {}) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure()
+           << what << ": size " << got.size() << " != expected " << want.size();
+  double sum_sq = 0;
+  for (float w : want)
+    if (std::isfinite(w)) sum_sq += double(w) * w;
+  const double rms = want.empty() ? 0.0 : std::sqrt(sum_sq / double(want.size()));
+  const double atol = tol.atol * (rms > 0 ? rms : 1.0);
+  std::size_t bad = 0, first = 0, at_abs = 0, at_rel = 0;
+  double max_abs = 0, max_rel = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], w = want[i];
+    bool ok;
+    double err;
+    if (std::isnan(g) || std::isnan(w)) {
+      ok = std::isnan(g) && std::isnan(w);
+      err = ok ? 0.0 : INFINITY;
+    } else if (std::isinf(g) || std::isinf(w)) {
+      ok = g == w;
+      err = ok ? 0.0 : INFINITY;
+    } else {
+      err = std::fabs(g - w);
+      ok = err <= atol + tol.rtol * std::fabs(w);
+    }
+    if (err > max_abs) max_abs = err, at_abs = i;
+    const double rel = w != 0 ? err / std::fabs(w) : (err > 0 ? INFINITY : 0.0);
+    if (rel > max_rel && std::isfinite(w)) max_rel = rel, at_rel = i;
+    if (!ok) {
+      if (bad == 0) first = i;
+      ++bad;
+    }
+  }
+  std::ostringstream detail;
+  detail.precision(9);
+  detail << what << ": n=" << got.size() << " rms(want)=" << rms << " max abs err " << max_abs;
+  if (!got.empty())
+    detail << " at " << format_index(at_abs, shape) << " (got " << got[at_abs] << ", want "
+           << want[at_abs] << ")";
+  detail << ", max rel err " << max_rel;
+  if (!got.empty()) detail << " at " << format_index(at_rel, shape);
+  detail << "; tolerance atol " << tol.atol << "*rms = " << atol << ", rtol " << tol.rtol;
+  std::printf("[ max err  ] %s\n", detail.str().c_str());
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << bad << " of " << got.size() << " elements differ; first mismatch at "
+         << format_index(first, shape) << ": got " << got[first] << ", want " << want[first] << "\n"
+         << detail.str();
+}
+
+// ---------------------------------------------------------------- buffers
+
+// n elements of a dtype in host memory.
+class HostBuf {
+ public:
+  HostBuf() = default;
+  HostBuf(DType dt, std::int64_t n) : dt_(dt), n_(n), bytes_(std::size_t(n) * dtype_size(dt), 0) {}
+  DType dtype() const { return dt_; }
+  std::int64_t size() const { return n_; }
+  std::uint64_t bytes() const { return bytes_.size(); }
+  void* data() { return bytes_.data(); }
+  const void* data() const { return bytes_.data(); }
+  template <class T>
+  T* as() {
+    return reinterpret_cast<T*>(bytes_.data());
+  }
+  template <class T>
+  const T* as() const {
+    return reinterpret_cast<const T*>(bytes_.data());
+  }
+  float get(std::int64_t i) const { return load_as_f32(data(), std::size_t(i), dt_); }
+  void set(std::int64_t i, float v) { store_from_f32(data(), std::size_t(i), dt_, v); }
+  std::vector<float> to_f32() const {
+    std::vector<float> out(static_cast<std::size_t>(n_));
+    for (std::int64_t i = 0; i < n_; ++i) out[std::size_t(i)] = get(i);
+    return out;
+  }
+
+ private:
+  DType dt_ = DType::f32;
+  std::int64_t n_ = 0;
+  std::vector<unsigned char> bytes_;
+};
+
+// Uniform in [lo, hi), rounded to the dtype (so the cpu and cuda backends see the same bits).
+// A xorshift stream seeded from rng: LLaMA-sized buffers fill in well under a second.
+inline HostBuf random_buf(DType dt, std::int64_t n, std::mt19937& rng, float lo = -1.0f,
+                          float hi = 1.0f) {
+  HostBuf b(dt, n);
+  std::uint64_t x = (std::uint64_t(rng()) << 32 | rng()) | 1;
+  const float span = hi - lo;
+  for (std::int64_t i = 0; i < n; ++i) {
+    x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+    const float u = float((x * 0x2545F4914F6CDD1Dull) >> 40) * (1.0f / 16777216.0f);  // [0,1)
+    b.set(i, lo + span * u);
+  }
+  return b;
+}
+inline HostBuf int_buf(const std::vector<std::int32_t>& v) {
+  HostBuf b(DType::i32, std::int64_t(v.size()));
+  for (std::size_t i = 0; i < v.size(); ++i) b.as<std::int32_t>()[i] = v[i];
+  return b;
+}
+
+// A device allocation from a backend's allocator, released on destruction.
+class DevBuf {
+ public:
+  DevBuf(Backend& be, std::uint64_t bytes) : be_(&be), bytes_(bytes ? bytes : 1) {
+    ptr_ = be.allocator().allocate(bytes_);
+    if (ptr_ == nullptr)
+      throw Error("test: device allocation of " + std::to_string(bytes_) + " bytes failed");
+  }
+  DevBuf(Backend& be, const HostBuf& h) : DevBuf(be, h.bytes()) {
+    be.upload(ptr_, h.data(), h.bytes());
+  }
+  DevBuf(DevBuf&& o) noexcept : be_(o.be_), ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  DevBuf& operator=(DevBuf&&) = delete;
+  ~DevBuf() {
+    if (ptr_ != nullptr) {
+      be_->synchronize();
+      be_->allocator().deallocate(ptr_, bytes_);
+    }
+  }
+  void* get() const { return ptr_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  HostBuf download(DType dt, std::int64_t n) const {
+    HostBuf h(dt, n);
+    be_->download(h.data(), ptr_, h.bytes());
+    return h;
+  }
+  std::vector<float> f32(DType dt, std::int64_t n) const { return download(dt, n).to_f32(); }
+
+ private:
+  Backend* be_;
+  void* ptr_ = nullptr;
+  std::uint64_t bytes_;
+};
+
+// The cuda backend for a dtype, created on first use and kept for the life of the test binary
+// (never destroyed: tearing down cuBLAS after the CUDA runtime's atexit is not worth the
+// noise). Call only after require_cuda_device().
+inline Backend& cuda_backend(DType dt) {
+  static auto* cache = new std::map<DType, std::unique_ptr<Backend>>();
+  auto it = cache->find(dt);
+  if (it == cache->end()) it = cache->emplace(dt, make_cuda_backend(dt)).first;
+  return *it->second;
+}
+
+inline std::string dtype_param_name(DType dt) {
+  switch (dt) {
+    case DType::f32:
+      return "fp32";
+    case DType::f16:
+      return "fp16";
+    case DType::bf16:
+      return "bf16";
+    default:
+      return "int32";
+  }
+}
+
+}  // namespace trainmem::gputest
