@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,8 +64,11 @@ int main(int argc, char** argv) {
       return usage(("unknown argument " + arg).c_str());
     }
   }
-  const auto dt = parse_dtype(dtype_arg);
-  if (!dt || *dt == DType::i32) return usage("--dtype must be bf16, fp16 or fp32");
+  std::optional<DType> dt;
+  if (dtype_arg == "bf16") dt = DType::bf16;
+  if (dtype_arg == "fp16") dt = DType::f16;
+  if (dtype_arg == "fp32") dt = DType::f32;
+  if (!dt) return usage("--dtype must be bf16, fp16 or fp32");
 
 #ifndef TRAINMEM_HAVE_CUDA
   std::printf("bench_gemm_cuda: trainmem was built without CUDA; nothing to measure\n");
@@ -72,9 +76,9 @@ int main(int argc, char** argv) {
 #else
   const std::string reason = cuda_unavailable_reason();
   if (!reason.empty()) {
-    std::printf("bench_gemm_cuda: no usable CUDA device (%s); nothing to measure\n",
-                reason.c_str());
-    return 0;
+    std::fprintf(stderr, "bench_gemm_cuda: no usable CUDA device (%s); nothing to measure\n",
+                 reason.c_str());
+    return 1;
   }
   try {
     CudaBackend be(*dt);
@@ -116,7 +120,7 @@ int main(int argc, char** argv) {
     nlohmann::json results = nlohmann::json::array();
     double best = 0;
     std::printf("bench_gemm_cuda: %s, %s, cublasGemmEx CUBLAS_COMPUTE_32F, median of %d\n",
-                prop.name, dtype_name(*dt), repeats);
+                prop.name, dtype_arg.c_str(), repeats);
     std::printf("%-18s %7s %7s %7s %10s %10s\n", "shape", "M", "N", "K", "ms", "TFLOP/s");
     for (const Shape& s : shapes) {
       for (int i = 0; i < 3; ++i)
@@ -157,7 +161,7 @@ int main(int argc, char** argv) {
       const nlohmann::json doc = {{"schema", "trainmem-bench/1"},
                                   {"bench", "gemm_cuda"},
                                   {"device", prop.name},
-                                  {"dtype", dtype_name(*dt)},
+                                  {"dtype", dtype_arg},
                                   {"compute", "CUBLAS_COMPUTE_32F"},
                                   {"repeats", repeats},
                                   {"results", results},

@@ -17,48 +17,6 @@
 #include "trainmem/cuda_check.hpp"
 #include "trainmem/error.hpp"
 
-#if __has_include("trainmem/device_allocator.hpp")
-#include "trainmem/device_allocator.hpp"
-#else
-// Stand-in until the DeviceAllocator (include/trainmem/device_allocator.hpp) is on main: the
-// same pool semantics (a dedicated pool, release threshold at maximum, OOM -> nullptr).
-#include <limits>
-namespace trainmem {
-class DeviceAllocator final : public Allocator {
- public:
-  DeviceAllocator(int device, cudaStream_t stream) : stream_(stream) {
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = device;
-    TM_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
-    std::uint64_t threshold = std::numeric_limits<std::uint64_t>::max();
-    TM_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
-  }
-  ~DeviceAllocator() override {
-    TM_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(stream_));
-    TM_CUDA_CHECK_NOTHROW(cudaMemPoolDestroy(pool_));
-  }
-  void* allocate(std::uint64_t bytes) override {
-    void* p = nullptr;
-    const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, pool_, stream_);
-    if (e == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      return nullptr;
-    }
-    TM_CUDA_CHECK(e);
-    return p;
-  }
-  void deallocate(void* ptr, std::uint64_t) override { TM_CUDA_CHECK(cudaFreeAsync(ptr, stream_)); }
-  const char* name() const override { return "device"; }
-
- private:
-  cudaStream_t stream_;
-  cudaMemPool_t pool_ = nullptr;
-};
-}  // namespace trainmem
-#endif
-
 namespace trainmem {
 
 CudaBackend::CudaBackend(DType dtype) : Backend(dtype) {

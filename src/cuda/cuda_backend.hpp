@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "trainmem/backend.hpp"
+#include "trainmem/device_allocator.hpp"
 
 namespace trainmem {
 
@@ -30,6 +31,8 @@ class CudaBackend final : public Backend {
   Allocator& allocator() override;
   void synchronize() override;
 
+  // The pool-backed allocator (what the probes read the pool's high-water marks from).
+  DeviceAllocator& device_allocator();
   cudaStream_t stream() const { return stream_; }
   cublasHandle_t cublas() const { return cublas_; }
   int device() const { return device_; }
@@ -81,7 +84,7 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  std::unique_ptr<Allocator> allocator_;  // destroyed first (see the destructor)
+  std::unique_ptr<DeviceAllocator> allocator_;  // destroyed first (see the destructor)
 };
 
 }  // namespace trainmem
