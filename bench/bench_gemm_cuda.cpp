@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
     nlohmann::json results = nlohmann::json::array();
     double best = 0;
     std::printf("bench_gemm_cuda: %s, %s, cublasGemmEx CUBLAS_COMPUTE_32F, median of %d\n",
-                prop.name, dtype_arg.c_str(), repeats);
+                prop.name, dtype_name(*dt), repeats);
     std::printf("%-18s %7s %7s %7s %10s %10s\n", "shape", "M", "N", "K", "ms", "TFLOP/s");
     for (const Shape& s : shapes) {
       for (int i = 0; i < 3; ++i)
@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
       const nlohmann::json doc = {{"schema", "trainmem-bench/1"},
                                   {"bench", "gemm_cuda"},
                                   {"device", prop.name},
-                                  {"dtype", dtype_arg},
+                                  {"dtype", dtype_name(*dt)},
                                   {"compute", "CUBLAS_COMPUTE_32F"},
                                   {"repeats", repeats},
                                   {"results", results},

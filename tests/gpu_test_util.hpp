@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <sstream>
 #include <string>
@@ -19,6 +20,13 @@
 #include "trainmem/backend.hpp"
 #include "trainmem/dtype.hpp"
 #include "trainmem/error.hpp"
+
+namespace trainmem {
+// Readable test parameters ("fp16" rather than "1-byte object <01>").
+inline void PrintTo(DType dt, std::ostream* os) {
+  *os << dtype_name(dt);
+}
+}  // namespace trainmem
 
 namespace trainmem::gputest {
 
