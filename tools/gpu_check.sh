@@ -182,7 +182,8 @@ if [[ -x $TM ]]; then
   SWEEP=(--model "$SWEEP_MODEL" --dtype fp16 --optimizer lomo --attention eager)
   if ! run_step sweep 240 "$TM" sweep "${SWEEP[@]}" --batch 1,2,4 --seq 128,256,512 --fit \
     --backend cuda --steps 2 --format json --output "$OUT/runs/sweep.json"; then
-    if grep -q '"step": "sweep", "status": "unavailable"' "$STEPS"; then
+    if grep -q '"step": "sweep", "status": "unavailable"' "$STEPS" &&
+      grep -qE '"step": "profile_[a-z0-9_]+", "status": "(ok|oom)"' "$STEPS"; then
       say "sweep unavailable: profile runs over the grid instead, fitted in the summary"
       for b in 1 2 4; do
         for s in 128 256 512; do
@@ -238,6 +239,8 @@ if tests:
                             "skipped": skipped, "failed": failed}
     print(f"GPU tests: {tests.get('tests')} run, {tests.get('failures')} failed, "
           f"{skipped} skipped" + (f"; first failures: {', '.join(failed[:3])}" if failed else ""))
+    if tests.get("tests") and skipped == tests.get("tests"):
+        print("WARNING: every GPU test skipped: no usable CUDA device (see logs/gpu_tests.log)")
 else:
     print(f"GPU tests: {status.get('gpu_tests', {}).get('status', 'not run')}")
 
