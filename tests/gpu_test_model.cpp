@@ -55,7 +55,12 @@ struct ModelRun {
   }
   ~ModelRun() {
     model.reset();
-    if (backend) backend->synchronize();
+    if (backend) {
+      backend->synchronize();
+      // The shared cuda backend outlives the model: give cuBLAS its own workspace back before
+      // the ledger's `cublas_workspace` is released (a later test may get that memory).
+      backend->set_gemm_workspace(nullptr, 0);
+    }
     ledger.reset();
   }
 };

@@ -83,6 +83,12 @@ void CudaBackend::copy(void* dst, const void* src, std::uint64_t bytes) {
 }
 
 void CudaBackend::set_gemm_workspace(void* ptr, std::uint64_t bytes) {
+  if (ptr == nullptr || bytes == 0) {
+    // Documented behaviour of cublasSetStream: it resets the handle to cuBLAS's own default
+    // workspace. Used before the ledger's buffer is released while the backend lives on.
+    TM_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    return;
+  }
   TM_CUBLAS_CHECK(cublasSetWorkspace(cublas_, ptr, bytes));
 }
 

@@ -43,6 +43,8 @@ class CudaBackend final : public Backend {
   void download(void* host_dst, const void* src, std::uint64_t bytes) override;
   void fill_zero(void* dst, std::uint64_t bytes) override;
   void copy(void* dst, const void* src, std::uint64_t bytes) override;
+  // cublasSetWorkspace with the ledger's buffer; (nullptr, 0) hands cuBLAS back its default
+  // workspace (call it before releasing the buffer when the backend outlives it).
   void set_gemm_workspace(void* ptr, std::uint64_t bytes) override;
 
   void embedding_forward(void* out, const std::int32_t* tokens, const void* wte, std::int64_t B,
