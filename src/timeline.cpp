@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
@@ -303,43 +304,146 @@ std::string timeline_trace_json(const TimelineData& d) {
   return out;
 }
 
-std::string timeline_svg(const TimelineData& d, int width, int height) {
-  const double left = 84, right = 270, top = 78, bottom = 64;
-  const double x0 = left, x1 = width - right, y0 = top, y1 = height - bottom;
+namespace {
+
+// The event columns to draw: every event when they fit, else the event with the largest
+// `weight` in each half-pixel bucket (the envelope, and the peak, survive the thinning).
+struct Columns {
+  std::vector<std::size_t> index;  // point index per column
+  std::vector<double> start;       // column k spans [start[k], start[k+1]) on the event axis
+};
+
+Columns choose_columns(const TimelineData& d, std::size_t max_cols,
+                       const std::function<std::uint64_t(const TimelinePoint&)>& weight) {
   const std::size_t n = d.points.size();
-  const TimelinePoint& pk = d.points[d.peak_index];
-
-  const ByteUnit unit = byte_unit_for(pk.live_total);
-  const double max_u = double(pk.live_total) / unit.bytes;
-  const double ystep = nice_step(max_u, 5);
-  const double ytop = std::max(ystep, std::ceil(max_u / ystep - 1e-9) * ystep);
-  auto X = [&](double idx) { return x0 + (x1 - x0) * idx / double(n); };
-  auto Y = [&](double bytes) { return y1 - (y1 - y0) * (bytes / unit.bytes) / ytop; };
-
-  // Columns to draw: every event when they fit, else the event with the largest total in
-  // each pixel-wide bucket (the envelope, and the peak, survive the thinning).
-  std::vector<std::size_t> cols;
-  const std::size_t max_cols = static_cast<std::size_t>(2 * (x1 - x0));
+  Columns c;
   if (n <= max_cols) {
-    for (std::size_t i = 0; i < n; ++i) cols.push_back(i);
+    for (std::size_t i = 0; i < n; ++i) c.index.push_back(i), c.start.push_back(double(i));
   } else {
     for (std::size_t b = 0; b < max_cols; ++b) {
       const std::size_t lo = b * n / max_cols, hi = std::max(lo + 1, (b + 1) * n / max_cols);
       std::size_t best = lo;
       for (std::size_t i = lo; i < hi && i < n; ++i)
-        if (d.points[i].live_total > d.points[best].live_total) best = i;
+        if (weight(d.points[i]) > weight(d.points[best])) best = i;
       if (d.peak_index >= lo && d.peak_index < hi) best = d.peak_index;
-      cols.push_back(best);
+      c.index.push_back(best);
+      c.start.push_back(double(lo));
     }
   }
-  // Column k spans [start_k, start_{k+1}) on the event axis.
-  auto col_start = [&](std::size_t k) -> double {
-    if (n <= max_cols) return double(cols[k]);
-    return double(k * n / max_cols);
+  c.start.push_back(double(n));
+  return c;
+}
+
+struct Panel {
+  double x0, x1, y0, y1;
+  std::vector<Category> categories;  // stacked bottom to top
+  std::string caption;
+};
+
+// One stacked-area panel: phase bands, grid and y axis, areas, the total outline, the frame.
+void draw_panel(std::ostringstream& o, const TimelineData& d, const Panel& p, bool label_phases,
+                const std::string& id) {
+  const std::size_t n = d.points.size();
+  auto stack_of = [&](const TimelinePoint& pt) {
+    std::uint64_t t = 0;
+    for (Category c : p.categories) t += pt.live[static_cast<int>(c)];
+    return t;
   };
-  auto col_end = [&](std::size_t k) -> double {
-    return k + 1 < cols.size() ? col_start(k + 1) : double(n);
-  };
+  std::uint64_t max_bytes = 0;
+  for (const auto& pt : d.points) max_bytes = std::max(max_bytes, stack_of(pt));
+  const ByteUnit unit = byte_unit_for(max_bytes);
+  const double max_u = double(max_bytes) / unit.bytes;
+  const double ystep = nice_step(max_u, p.y1 - p.y0 > 250 ? 5 : 3);
+  const double ytop = std::max(ystep, std::ceil(max_u / ystep - 1e-9) * ystep);
+  auto X = [&](double idx) { return p.x0 + (p.x1 - p.x0) * idx / double(n); };
+  auto Y = [&](double bytes) { return p.y1 - (p.y1 - p.y0) * (bytes / unit.bytes) / ytop; };
+  const Columns cols = choose_columns(d, static_cast<std::size_t>(2 * (p.x1 - p.x0)), stack_of);
+
+  o << "<g id=\"" << id << "\">\n";
+  for (const PhaseSlice& s : d.phases) {
+    const double bx0 = X(double(s.first)), bx1 = X(double(s.last + 1));
+    o << "<rect class=\"phase\" data-phase=\"" << phase_name(s.phase) << "\" x=\""
+      << fmt("%.1f", bx0) << "\" y=\"" << p.y0 << "\" width=\"" << fmt("%.1f", bx1 - bx0)
+      << "\" height=\"" << (p.y1 - p.y0) << "\" fill=\"" << phase_colour(s.phase) << "\"/>\n";
+    if (label_phases && bx1 - bx0 >= 8.0 * std::string(phase_name(s.phase)).size())
+      o << "<text x=\"" << fmt("%.1f", (bx0 + bx1) / 2) << "\" y=\"" << (p.y0 - 8)
+        << "\" text-anchor=\"middle\" fill=\"#333333\">" << phase_name(s.phase) << "</text>\n";
+  }
+  for (double v = 0; v <= ytop + 1e-9; v += ystep) {
+    const double y = p.y1 - (p.y1 - p.y0) * v / ytop;
+    o << "<line x1=\"" << p.x0 << "\" y1=\"" << fmt("%.1f", y) << "\" x2=\"" << p.x1 << "\" y2=\""
+      << fmt("%.1f", y) << "\" stroke=\"#d0d0d0\" stroke-width=\"1\"/>\n";
+    o << "<text x=\"" << (p.x0 - 6) << "\" y=\"" << fmt("%.1f", y + 4)
+      << "\" text-anchor=\"end\" fill=\"#333333\">" << tick_label(v, unit.name) << "</text>\n";
+  }
+  o << "<text transform=\"translate(18," << fmt("%.1f", (p.y0 + p.y1) / 2)
+    << ") rotate(-90)\" text-anchor=\"middle\" fill=\"#333333\">" << xml_escape(p.caption)
+    << "</text>\n";
+
+  std::vector<double> below(cols.index.size(), 0.0);
+  for (Category c : p.categories) {
+    const int ci = static_cast<int>(c);
+    bool any = false;
+    for (std::size_t k = 0; k < cols.index.size(); ++k) any |= d.points[cols.index[k]].live[ci] > 0;
+    if (!any) continue;
+    std::vector<double> above(cols.index.size());
+    for (std::size_t k = 0; k < cols.index.size(); ++k)
+      above[k] = below[k] + double(d.points[cols.index[k]].live[ci]);
+    o << "<path class=\"area\" data-category=\"" << category_name(c) << "\" fill=\""
+      << category_colour(c) << "\" fill-opacity=\"0.85\" stroke=\"none\" d=\"M";
+    for (std::size_t k = 0; k < cols.index.size(); ++k)
+      o << fmt("%.1f", X(cols.start[k])) << "," << fmt("%.1f", Y(above[k])) << " "
+        << fmt("%.1f", X(cols.start[k + 1])) << "," << fmt("%.1f", Y(above[k])) << " ";
+    for (std::size_t k = cols.index.size(); k-- > 0;)
+      o << fmt("%.1f", X(cols.start[k + 1])) << "," << fmt("%.1f", Y(below[k])) << " "
+        << fmt("%.1f", X(cols.start[k])) << "," << fmt("%.1f", Y(below[k])) << " ";
+    o << "Z\"/>\n";
+    below = above;
+  }
+  o << "<path class=\"total\" fill=\"none\" stroke=\"#222222\" stroke-width=\"1\" d=\"M";
+  for (std::size_t k = 0; k < cols.index.size(); ++k)
+    o << fmt("%.1f", X(cols.start[k])) << "," << fmt("%.1f", Y(below[k])) << " "
+      << fmt("%.1f", X(cols.start[k + 1])) << "," << fmt("%.1f", Y(below[k])) << " ";
+  o << "\"/>\n";
+  o << "<rect x=\"" << p.x0 << "\" y=\"" << p.y0 << "\" width=\"" << (p.x1 - p.x0) << "\" height=\""
+    << (p.y1 - p.y0) << "\" fill=\"none\" stroke=\"#333333\" stroke-width=\"1\"/>\n";
+  // The peak: a dashed line through the panel and a dot on the top of this panel's stack.
+  const TimelinePoint& pk = d.points[d.peak_index];
+  const double px = X(double(d.peak_index) + 0.5);
+  o << "<line class=\"peak-line\" x1=\"" << fmt("%.1f", px) << "\" y1=\"" << p.y0 << "\" x2=\""
+    << fmt("%.1f", px) << "\" y2=\"" << p.y1
+    << "\" stroke=\"#000000\" stroke-width=\"1.2\" stroke-dasharray=\"5,3\"/>\n";
+  o << "<circle class=\"peak-dot\" cx=\"" << fmt("%.1f", px) << "\" cy=\""
+    << fmt("%.1f", Y(double(stack_of(pk)))) << "\" r=\"4.5\" fill=\"#000000\"/>\n";
+  o << "</g>\n";
+}
+
+}  // namespace
+
+std::string timeline_svg(const TimelineData& d, int width, int height) {
+  const std::size_t n = d.points.size();
+  const TimelinePoint& pk = d.points[d.peak_index];
+  // Categories whose live bytes change within the step get a second, zoomed panel: the
+  // persistent state (params, optimizer states, ...) dwarfs them in the full stack.
+  std::vector<Category> moving;
+  for (Category c : kStackOrder) {
+    const int ci = static_cast<int>(c);
+    std::uint64_t lo = d.initial[ci], hi = d.initial[ci];
+    for (const auto& pt : d.points) lo = std::min(lo, pt.live[ci]), hi = std::max(hi, pt.live[ci]);
+    if (hi != lo) moving.push_back(c);
+  }
+  const bool zoom = !moving.empty();
+  const double left = 84, right = 270, top = 78, bottom = 64, gap = 46;
+  const double x0 = left, x1 = width - right;
+  const double plot_h = height - top - bottom - (zoom ? gap : 0);
+  const Panel all{x0,
+                  x1,
+                  top,
+                  top + (zoom ? plot_h * 0.6 : plot_h),
+                  std::vector<Category>(kStackOrder.begin(), kStackOrder.end()),
+                  "all live memory"};
+  const Panel part{x0, x1, all.y1 + gap, height - bottom, moving, "what changes in the step"};
+  const double y_axis = zoom ? part.y1 : all.y1;
 
   std::ostringstream o;
   o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
@@ -355,97 +459,41 @@ std::string timeline_svg(const TimelineData& d, int width, int height) {
                   bytes_label(pk.live_total))
     << "</text>\n";
 
-  // Phase bands with their names above the plot.
-  o << "<g id=\"phases\">\n";
-  for (const PhaseSlice& s : d.phases) {
-    const double bx0 = X(double(s.first)), bx1 = X(double(s.last + 1));
-    o << "<rect class=\"phase\" data-phase=\"" << phase_name(s.phase) << "\" x=\""
-      << fmt("%.1f", bx0) << "\" y=\"" << y0 << "\" width=\"" << fmt("%.1f", bx1 - bx0)
-      << "\" height=\"" << (y1 - y0) << "\" fill=\"" << phase_colour(s.phase) << "\"/>\n";
-    if (bx1 - bx0 >= 8.0 * std::string(phase_name(s.phase)).size())
-      o << "<text x=\"" << fmt("%.1f", (bx0 + bx1) / 2) << "\" y=\"" << (y0 - 8)
-        << "\" text-anchor=\"middle\" fill=\"#333333\">" << phase_name(s.phase) << "</text>\n";
+  draw_panel(o, d, all, true, "panel-all");
+  if (zoom) {
+    std::string names;
+    for (Category c : moving) names += std::string(names.empty() ? "" : " + ") + category_name(c);
+    o << "<text x=\"" << x0 << "\" y=\"" << (part.y0 - 10) << "\" fill=\"#444444\">"
+      << xml_escape("Zoom on what changes within the step: " + names) << "</text>\n";
+    draw_panel(o, d, part, false, "panel-changing");
   }
-  o << "</g>\n";
 
-  // Grid lines and the y axis.
-  o << "<g id=\"y-axis\" fill=\"#333333\">\n";
-  for (double v = 0; v <= ytop + 1e-9; v += ystep) {
-    const double y = y1 - (y1 - y0) * v / ytop;
-    o << "<line x1=\"" << x0 << "\" y1=\"" << fmt("%.1f", y) << "\" x2=\"" << x1 << "\" y2=\""
-      << fmt("%.1f", y) << "\" stroke=\"#d0d0d0\" stroke-width=\"1\"/>\n";
-    o << "<text x=\"" << (x0 - 6) << "\" y=\"" << fmt("%.1f", y + 4) << "\" text-anchor=\"end\">"
-      << tick_label(v, unit.name) << "</text>\n";
-  }
-  o << "<text transform=\"translate(18," << fmt("%.1f", (y0 + y1) / 2)
-    << ") rotate(-90)\" text-anchor=\"middle\">live memory (" << unit.name << ")</text>\n";
-  o << "</g>\n";
-
-  // Stacked areas, one closed step polygon per category (bottom edge = the layer below).
-  o << "<g id=\"areas\" stroke=\"none\">\n";
-  std::vector<double> below(cols.size(), 0.0);
-  for (Category c : kStackOrder) {
-    const int ci = static_cast<int>(c);
-    bool any = false;
-    for (std::size_t k = 0; k < cols.size(); ++k) any |= d.points[cols[k]].live[ci] > 0;
-    if (!any) continue;
-    std::vector<double> above(cols.size());
-    for (std::size_t k = 0; k < cols.size(); ++k)
-      above[k] = below[k] + double(d.points[cols[k]].live[ci]);
-    o << "<path class=\"area\" data-category=\"" << category_name(c) << "\" fill=\""
-      << category_colour(c) << "\" fill-opacity=\"0.85\" d=\"M";
-    for (std::size_t k = 0; k < cols.size(); ++k) {
-      o << fmt("%.1f", X(col_start(k))) << "," << fmt("%.1f", Y(above[k])) << " "
-        << fmt("%.1f", X(col_end(k))) << "," << fmt("%.1f", Y(above[k])) << " ";
-    }
-    for (std::size_t k = cols.size(); k-- > 0;) {
-      o << fmt("%.1f", X(col_end(k))) << "," << fmt("%.1f", Y(below[k])) << " "
-        << fmt("%.1f", X(col_start(k))) << "," << fmt("%.1f", Y(below[k])) << " ";
-    }
-    o << "Z\"/>\n";
-    below = above;
-  }
-  // The total as a thin outline along the top of the stack.
-  o << "<path class=\"total\" fill=\"none\" stroke=\"#222222\" stroke-width=\"1\" d=\"M";
-  for (std::size_t k = 0; k < cols.size(); ++k)
-    o << fmt("%.1f", X(col_start(k))) << "," << fmt("%.1f", Y(below[k])) << " "
-      << fmt("%.1f", X(col_end(k))) << "," << fmt("%.1f", Y(below[k])) << " ";
-  o << "\"/>\n";
-  o << "</g>\n";
-
-  // Axes frame and the x axis.
-  o << "<rect x=\"" << x0 << "\" y=\"" << y0 << "\" width=\"" << (x1 - x0) << "\" height=\""
-    << (y1 - y0) << "\" fill=\"none\" stroke=\"#333333\" stroke-width=\"1\"/>\n";
+  // x axis under the last panel.
   o << "<g id=\"x-axis\" fill=\"#333333\">\n";
   const double xstep = nice_step(double(n), 8);
   for (double v = 0; v <= double(n) + 1e-9; v += xstep) {
-    const double x = X(v);
-    o << "<line x1=\"" << fmt("%.1f", x) << "\" y1=\"" << y1 << "\" x2=\"" << fmt("%.1f", x)
-      << "\" y2=\"" << (y1 + 5) << "\" stroke=\"#333333\"/>\n";
-    o << "<text x=\"" << fmt("%.1f", x) << "\" y=\"" << (y1 + 19) << "\" text-anchor=\"middle\">"
-      << fmt("%.0f", v) << "</text>\n";
+    const double x = x0 + (x1 - x0) * v / double(n);
+    o << "<line x1=\"" << fmt("%.1f", x) << "\" y1=\"" << y_axis << "\" x2=\"" << fmt("%.1f", x)
+      << "\" y2=\"" << (y_axis + 5) << "\" stroke=\"#333333\"/>\n";
+    o << "<text x=\"" << fmt("%.1f", x) << "\" y=\"" << (y_axis + 19)
+      << "\" text-anchor=\"middle\">" << fmt("%.0f", v) << "</text>\n";
   }
-  o << "<text x=\"" << fmt("%.1f", (x0 + x1) / 2) << "\" y=\"" << (y1 + 42)
+  o << "<text x=\"" << fmt("%.1f", (x0 + x1) / 2) << "\" y=\"" << (y_axis + 42)
     << "\" text-anchor=\"middle\">ledger events in the step (allocations and releases, in "
        "order)</text>\n";
   o << "</g>\n";
 
-  // The peak: a dashed line, a dot on the top of the stack, and a label.
+  // The peak's label, beside its dot in the full panel.
   {
-    const double px = X(double(d.peak_index) + 0.5), py = Y(double(pk.live_total));
-    o << "<g id=\"peak\">\n";
-    o << "<line x1=\"" << fmt("%.1f", px) << "\" y1=\"" << y0 << "\" x2=\"" << fmt("%.1f", px)
-      << "\" y2=\"" << y1
-      << "\" stroke=\"#000000\" stroke-width=\"1.2\" stroke-dasharray=\"5,3\"/>\n";
-    o << "<circle cx=\"" << fmt("%.1f", px) << "\" cy=\"" << fmt("%.1f", py)
-      << "\" r=\"4.5\" fill=\"#000000\"/>\n";
+    const double px = x0 + (x1 - x0) * (double(d.peak_index) + 0.5) / double(n);
     std::string where = phase_name(pk.phase);
     if (pk.layer >= 0) where += ", layer " + std::to_string(pk.layer);
     if (!pk.tensor.empty()) where += ", " + pk.tensor;
     const bool label_left = px > (x0 + x1) / 2;
     const double lx = label_left ? px - 8 : px + 8;
     const char* anchor = label_left ? "end" : "start";
-    const double ly = std::max(y0 + 16, py + 4);
+    const double ly = all.y0 + 16;
+    o << "<g id=\"peak\">\n";
     o << "<text x=\"" << fmt("%.1f", lx) << "\" y=\"" << fmt("%.1f", ly) << "\" text-anchor=\""
       << anchor << "\" font-weight=\"bold\" stroke=\"#ffffff\" stroke-width=\"3\" "
       << "paint-order=\"stroke\">" << xml_escape("peak " + bytes_label(pk.live_total))
@@ -458,7 +506,7 @@ std::string timeline_svg(const TimelineData& d, int width, int height) {
 
   // Legend: categories top to bottom in the stack's visual order, with bytes at the peak.
   o << "<g id=\"legend\">\n";
-  double ly = y0 + 4;
+  double ly = all.y0 + 4;
   const double lx = x1 + 22;
   o << "<text x=\"" << lx << "\" y=\"" << ly << "\" font-weight=\"bold\">at the peak</text>\n";
   ly += 12;

@@ -1,6 +1,7 @@
 // The run helpers: SIZE parsing, the largest-fitting search behind maxbatch.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
 
 #include "trainmem/error.hpp"
@@ -109,6 +110,102 @@ TEST(LedgerPhaseListener, SeesEveryPushAndPopInOrder) {
   ledger.push_phase(Phase::backward);
   ledger.pop_phase();
   EXPECT_EQ(seen.size(), want.size());
+}
+
+}  // namespace
+}  // namespace trainmem
+
+namespace trainmem {
+namespace {
+
+// A run as execute_run would leave it on cuda, built by hand: 4 layers of 1000 bytes of
+// activations each, 300 bytes outside the layers.
+RunResult synthetic_cuda_run() {
+  RunResult r;
+  r.model.layers = 4;
+  r.train.checkpointing = Checkpointing::none;
+  r.activations_by_layer = {300, 1000, 1000, 1000, 1000};
+  r.phase_peaks[static_cast<int>(Phase::forward)] = 50000;
+  r.cupti.available = true;
+  r.cupti.figures.peak[static_cast<int>(Category::activations)] = 4300 + 4 * 24;
+  r.pool.available = true;
+  r.pool.phases = {{Phase::forward, 50000 + 4 * 512, 0}, {Phase::backward, 60000, 0}};
+  r.memgetinfo.available = true;
+  return r;
+}
+
+TEST(PerLayerBySource, DeviceSourcesSpreadTheirExcessOverTheLayers) {
+  const PerLayerBySource by = per_layer_activations_by_source(synthetic_cuda_run());
+  EXPECT_EQ(by.bytes.at("ledger"), 1000.0);
+  EXPECT_EQ(by.bytes.at("cupti"), 1024.0);  // (4396 - 300) / 4
+  EXPECT_EQ(by.bytes.at("pool"), 1512.0);   // 1000 + 2048 / 4
+  EXPECT_EQ(by.bytes.count("memgetinfo"), 0u);
+  EXPECT_NE(by.unavailable.at("memgetinfo").find("reserved"), std::string::npos);
+}
+
+TEST(PerLayerBySource, UnavailableSourcesCarryTheirReason) {
+  RunResult r = synthetic_cuda_run();
+  r.cupti.available = false;
+  r.cupti.reason = "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED";
+  r.pool.phases.clear();
+  PerLayerBySource by = per_layer_activations_by_source(r);
+  EXPECT_EQ(by.unavailable.at("cupti"), "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED");
+  EXPECT_EQ(by.unavailable.at("pool"), "no forward window was read");
+  EXPECT_EQ(by.bytes.size(), 1u);
+  // With checkpointing CUPTI's activation peak is not the end-of-forward figure.
+  r = synthetic_cuda_run();
+  r.train.checkpointing = Checkpointing::full;
+  by = per_layer_activations_by_source(r);
+  EXPECT_EQ(by.bytes.count("cupti"), 0u);
+  EXPECT_NE(by.unavailable.at("cupti").find("checkpointing"), std::string::npos);
+  // A run that ran out of memory gives no figure at all.
+  r = synthetic_cuda_run();
+  r.failure = RunFailure{};
+  by = per_layer_activations_by_source(r);
+  EXPECT_TRUE(by.bytes.empty());
+}
+
+TEST(RunText, ColourOnlyChangesWhatIsInvisible) {
+  const std::string text = "## Heading\nrow  1  yes\nrow  2  NO\nplain line\n";
+  const std::string off = colourize(text, Colour::off);
+  EXPECT_EQ(off, "Heading\nrow  1  yes\nrow  2  NO\nplain line\n");
+  const std::string on = colourize(text, Colour::on);
+  EXPECT_NE(on.find("\033[32myes\033[0m"), std::string::npos) << on;
+  EXPECT_NE(on.find("\033[1;31mNO\033[0m"), std::string::npos) << on;
+  EXPECT_NE(on.find("\033[1mHeading\033[0m"), std::string::npos) << on;
+  // Stripping the escape codes gives back the plain text, so alignment is unchanged.
+  std::string stripped;
+  for (std::size_t i = 0; i < on.size(); ++i) {
+    if (on[i] == '\033') {
+      i = on.find('m', i);
+      continue;
+    }
+    stripped += on[i];
+  }
+  EXPECT_EQ(stripped, off);
+  EXPECT_EQ(stdout_colour("report.txt"), Colour::off);
+  setenv("NO_COLOR", "1", 1);
+  EXPECT_EQ(stdout_colour(""), Colour::off);
+  unsetenv("NO_COLOR");
+}
+
+TEST(RunText, UnitsAndPaths) {
+  EXPECT_STREQ(table_unit(std::uint64_t(1) << 30).name, "GiB");
+  EXPECT_STREQ(table_unit((std::uint64_t(1) << 30) - 1).name, "MiB");
+  EXPECT_EQ(in_unit(3ull << 29, table_unit(1ull << 31)), "1.50");
+  EXPECT_EQ(suffixed_path("out/t.svg", "ckpt-full"), "out/t-ckpt-full.svg");
+  EXPECT_EQ(suffixed_path("dir.v1/trace", "ckpt-none"), "dir.v1/trace-ckpt-none");
+}
+
+TEST(RunBackend, AutoWithoutADeviceIsMetaWithANote) {
+  if (cuda_unavailable_reason().empty()) GTEST_SKIP() << "a CUDA device is usable here";
+  const ChosenBackend c = choose_backend("auto", DType::bf16);
+  EXPECT_EQ(c.backend->kind(), BackendKind::meta);
+  EXPECT_NE(c.note.find("no usable CUDA device"), std::string::npos);
+  EXPECT_NE(c.note.find("predicted"), std::string::npos);
+  EXPECT_TRUE(choose_backend("cpu", DType::f32).note.empty());
+  EXPECT_THROW(choose_backend("gpu", DType::f32), InputError);
+  EXPECT_THROW(choose_backend("cuda", DType::f32), DeviceError);
 }
 
 }  // namespace

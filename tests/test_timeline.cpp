@@ -226,6 +226,13 @@ double top_of_areas(const std::string& svg, int* n_areas) {
   return min_y;
 }
 
+// The text of one panel group (<g id="panel-all"> or <g id="panel-changing">).
+std::string panel(const std::string& svg, const std::string& id) {
+  const std::size_t a = svg.find("<g id=\"" + id + "\">");
+  if (a == std::string::npos) return "";
+  return svg.substr(a, svg.find("</g>", a) - a);
+}
+
 double peak_dot_y(const std::string& svg) {
   const std::size_t i = svg.find("<circle ");
   if (i == std::string::npos) return -1;
@@ -239,10 +246,20 @@ TEST(Timeline, SvgIsWellFormedAndTheStackTopIsThePeak) {
   const TimelineData d = build_timeline(g.events, g.tensors, from, TimeAxis::wall, "a < b & c");
   const std::string svg = timeline_svg(d);
   expect_well_formed_xml(svg);
+  // The full panel stacks all six categories and its dot sits on the top of the stack.
   int n_areas = 0;
-  const double top = top_of_areas(svg, &n_areas);
+  const std::string all = panel(svg, "panel-all");
+  EXPECT_NEAR(peak_dot_y(all), top_of_areas(all, &n_areas), 0.11);
   EXPECT_EQ(n_areas, 6);
-  EXPECT_NEAR(peak_dot_y(svg), top, 0.11);
+  // The zoomed panel holds only what changes in the step (activations, workspace), and its
+  // dot is on its own stack's top.
+  const std::string zoom = panel(svg, "panel-changing");
+  EXPECT_NEAR(peak_dot_y(zoom), top_of_areas(zoom, &n_areas), 0.11);
+  EXPECT_EQ(n_areas, 2);
+  EXPECT_NE(zoom.find("data-category=\"activations\""), std::string::npos);
+  EXPECT_NE(zoom.find("data-category=\"workspace\""), std::string::npos);
+  EXPECT_NE(svg.find("Zoom on what changes within the step: workspace + activations"),
+            std::string::npos);
   EXPECT_NE(svg.find("peak 711.00 MiB"), std::string::npos);
   EXPECT_NE(svg.find("(backward, layer 1, d_probs)"), std::string::npos);
   EXPECT_NE(svg.find("a &lt; b &amp; c"), std::string::npos);
@@ -264,12 +281,15 @@ TEST(Timeline, LongStepsAreThinnedButKeepTheirPeak) {
   EXPECT_EQ(d.points.size(), 120000u);
   EXPECT_EQ(d.points[d.peak_index].tensor, "t41234");
   const std::string svg = timeline_svg(d);
-  EXPECT_LT(svg.size(), 200000u);
+  EXPECT_LT(svg.size(), 400000u);  // two panels of at most ~1500 columns each
   expect_well_formed_xml(svg);
   int n_areas = 0;
-  const double top = top_of_areas(svg, &n_areas);
+  const std::string all = panel(svg, "panel-all");
+  EXPECT_NEAR(peak_dot_y(all), top_of_areas(all, &n_areas), 0.11);
   EXPECT_EQ(n_areas, 2);
-  EXPECT_NEAR(peak_dot_y(svg), top, 0.11);
+  const std::string zoom = panel(svg, "panel-changing");
+  EXPECT_NEAR(peak_dot_y(zoom), top_of_areas(zoom, &n_areas), 0.11);
+  EXPECT_EQ(n_areas, 1);                                    // only the activations change
   EXPECT_NE(svg.find("peak 3.88 GiB"), std::string::npos);  // 3 GiB + 900 MiB
 }
 

@@ -4,7 +4,9 @@
 //     phases as slices, the peak as a global instant event with its breakdown;
 //   - a self-contained SVG (`--timeline out.svg`): a stacked area of live bytes per category
 //     over the step, phase bands behind it, the peak marked and labelled, a legend, and axes
-//     in GiB/MiB/KiB. Readable in any browser or image viewer.
+//     in GiB/MiB/KiB; below it a zoomed panel of only the categories that change within the
+//     step (activations, workspace; gradients under LOMO), which the persistent state
+//     otherwise dwarfs. Readable in any browser or image viewer.
 //
 // The x axis is either wall time (backends that compute) or the allocation-event index
 // (meta: no time passes, so events are spaced evenly; the SVG always uses the event index,
@@ -65,7 +67,7 @@ TimelineData build_timeline(const std::vector<LedgerEvent>& events,
 // The trace-event JSON text ({"traceEvents": [...], "displayTimeUnit": "ms", ...}).
 std::string timeline_trace_json(const TimelineData& data);
 // The SVG text (width × height pixels).
-std::string timeline_svg(const TimelineData& data, int width = 1100, int height = 620);
+std::string timeline_svg(const TimelineData& data, int width = 1100, int height = 760);
 
 // Writes by extension: .json -> trace JSON, .svg -> SVG. Anything else is an InputError
 // naming --timeline; an unwritable path is an Error.

@@ -1,17 +1,231 @@
-// trainmem maxbatch — registered, not built yet: it says so and exits 2.
+// trainmem maxbatch — the largest batch (or, with --vary seq, the longest sequence) whose
+// training step fits a memory budget. Each candidate is traced on the meta backend, whose
+// peak is the exact high-water mark of the step's allocations (the same bytes a GPU run
+// allocates); the overhead no tensor owns (CUDA context, cuBLAS modules, pool slack) is added
+// on top: measured on the GPU when one is usable, else stated with --overhead (default 0).
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
 #include "cli/cli.hpp"
+#include "trainmem/error.hpp"
+#include "trainmem/probes.hpp"
+#include "trainmem/report.hpp"
+#include "trainmem/run.hpp"
 
 namespace trainmem::cli {
+namespace {
+
+using nlohmann::json;
+
+struct MaxbatchFlags {
+  CommonFlags common;
+  std::string budget;
+  std::string vary = "batch";
+  std::string overhead = "auto";
+  std::int64_t step = 1;
+};
+
+struct Budget {
+  std::uint64_t bytes = 0;
+  std::string source;  // "--budget 80GiB" or "device: total memory of ..."
+};
+
+// The device's total memory, from a cudaMemGetInfo snapshot (needs a usable device).
+Budget device_budget() {
+  const std::string why = cuda_unavailable_reason();
+  if (!why.empty())
+    throw InputError("--budget device: no usable CUDA device (" + why +
+                     "); give a size instead, e.g. --budget 80GiB");
+  ProbeOptions o;
+  o.enable_cupti = false;
+  o.enable_sampler = false;
+  ProbeSet probes(o);
+  probes.mark("device");
+  const MemGetInfoResult m = probes.memgetinfo();
+  if (!m.available || m.total == 0)
+    throw InputError("--budget device: cudaMemGetInfo unavailable (" + m.reason +
+                     "); give a size instead, e.g. --budget 80GiB");
+  return {m.total, "device: total memory reported by cudaMemGetInfo"};
+}
+
+struct Overhead {
+  std::uint64_t bytes = 0;
+  std::string source;
+};
+
+// Measured overhead: a short cuda run of a tiny model; the largest cudaMemGetInfo used
+// minus ledger live over its snapshots (context, cuBLAS handle and modules, pool slack,
+// other processes on the device).
+Overhead measure_overhead(DType dtype) {
+  RunRequest rq;
+  rq.model = *find_preset("tiny");
+  rq.train.batch = 1;
+  rq.train.seq = 16;
+  rq.train.dtype = dtype;
+  rq.backend = "cuda";
+  rq.steps = 1;
+  const RunResult r = execute_run(rq);
+  if (!r.memgetinfo.available)
+    throw Error("--overhead: cannot measure: cudaMemGetInfo unavailable (" + r.memgetinfo.reason +
+                "); state it, e.g. --overhead 1GiB");
+  std::int64_t best = 0;
+  for (const auto& s : r.memgetinfo.snapshots)
+    if (s.has_ledger) best = std::max(best, std::int64_t(s.used) - std::int64_t(s.ledger_live));
+  return {std::uint64_t(best),
+          "measured on the GPU: cudaMemGetInfo used − ledger live in a tiny cuda run"};
+}
+
+Overhead resolve_overhead(const std::string& flag, DType dtype) {
+  if (flag == "auto") {
+    if (!cuda_unavailable_reason().empty())
+      return {0,
+              "stated: 0 (no usable CUDA device to measure it; a GPU run adds the CUDA "
+              "context, cuBLAS modules and pool slack, typically 0.5-1 GiB: pass --overhead)"};
+    return measure_overhead(dtype);
+  }
+  if (flag == "measure") return measure_overhead(dtype);
+  return {parse_size(flag, "--overhead"), "stated with --overhead " + flag};
+}
+
+int run_maxbatch(const MaxbatchFlags& flags) {
+  const Common c = resolve_common(flags.common, false, false);
+  if (flags.budget.empty())
+    throw InputError("--budget is required: a SIZE (80GiB, 24GB, 512MiB) or 'device'");
+  if (flags.vary != "batch" && flags.vary != "seq")
+    throw InputError("--vary: unknown '" + flags.vary + "'; allowed: batch, seq");
+  if (flags.step < 1) throw InputError("--step must be >= 1, got " + std::to_string(flags.step));
+  const Budget budget = flags.budget == "device" ? device_budget()
+                                                 : Budget{parse_size(flags.budget, "--budget"),
+                                                          "--budget " + flags.budget};
+  const Overhead overhead = resolve_overhead(flags.overhead, c.train.dtype);
+  const bool vary_batch = flags.vary == "batch";
+
+  int traced = 0;
+  auto probe = [&](std::int64_t v) -> Probe {
+    RunRequest rq;
+    rq.model = c.model;
+    rq.train = c.train;
+    (vary_batch ? rq.train.batch : rq.train.seq) = v;
+    rq.backend = "meta";
+    rq.steps = 2;
+    rq.probes = false;
+    try {
+      const RunResult r = execute_run(rq);
+      ++traced;
+      const std::uint64_t need = r.ledger.peak + overhead.bytes;
+      return {need <= budget.bytes, r.ledger.peak};
+    } catch (const OverflowError&) {
+      return {false, 0};  // sizes past 64 bits do not fit anything
+    }
+  };
+  const std::int64_t lowest = vary_batch ? flags.step : std::max<std::int64_t>(2, flags.step);
+  const std::int64_t highest = vary_batch ? (std::int64_t{1} << 30) : (std::int64_t{1} << 24);
+  const SearchResult s = find_largest_fitting(lowest, highest, flags.step, probe);
+
+  const std::int64_t batch = vary_batch ? s.best : c.train.batch;
+  const std::int64_t seq = vary_batch ? c.train.seq : s.best;
+  const std::int64_t margin =
+      s.best > 0 ? std::int64_t(budget.bytes) - std::int64_t(s.at_best.peak + overhead.bytes) : 0;
+  if (!vary_batch && s.best > c.model.max_positions)
+    spdlog::warn("--vary seq: {} is longer than {}'s max_position_embeddings {}", s.best,
+                 c.model.name, c.model.max_positions);
+
+  std::string text;
+  if (c.format == Format::json) {
+    json j = {{"schema", report::kSchema},
+              {"budget", budget.bytes},
+              {"vary", flags.vary},
+              {"batch", batch},
+              {"seq", seq},
+              {"peak", s.best > 0 ? json(s.at_best.peak) : json(nullptr)},
+              {"next_peak", s.at_next.peak ? json(s.at_next.peak) : json(nullptr)},
+              {"margin", margin},
+              {"overhead", overhead.bytes},
+              {"overhead_source", overhead.source},
+              {"budget_source", budget.source},
+              {"step", flags.step},
+              {"model", report::model_json(c.model, c.model.param_count())},
+              {"run", report::run_json(c.train, "meta", 2)},
+              {"traced", traced}};
+    j["run"]["batch"] = batch;
+    j["run"]["seq"] = seq;
+    text = j.dump(2) + "\n";
+  } else {
+    const TableUnit u = table_unit(budget.bytes);
+    auto q = [&](std::uint64_t b) { return in_unit(b, u) + " " + u.name; };
+    report::Table t({{vary_batch ? "batch" : "seq"},
+                     {std::string("peak (") + u.name + ")"},
+                     {std::string("+ overhead (") + u.name + ")"},
+                     {std::string("budget (") + u.name + ")"},
+                     {std::string("margin (") + u.name + ")"},
+                     {"fits", report::Align::left}});
+    report::Table bytes_t({{flags.vary},
+                           {"peak"},
+                           {"peak_plus_overhead"},
+                           {"budget"},
+                           {"margin"},
+                           {"fits", report::Align::left}});
+    auto row = [&](std::int64_t v, const Probe& p) {
+      const std::int64_t m = std::int64_t(budget.bytes) - std::int64_t(p.peak + overhead.bytes);
+      bytes_t.add_row({std::to_string(v), std::to_string(p.peak),
+                       std::to_string(p.peak + overhead.bytes), std::to_string(budget.bytes),
+                       std::to_string(m), p.fits ? "yes" : "NO"});
+      t.add_row({std::to_string(v), p.peak ? in_unit(p.peak, u) : "overflow",
+                 in_unit(p.peak + overhead.bytes, u), in_unit(budget.bytes, u),
+                 (m < 0 ? "-" : "") + in_unit(std::uint64_t(m < 0 ? -m : m), u),
+                 p.fits ? "yes" : "NO"});
+    };
+    if (s.best > 0) row(s.best, s.at_best);
+    row(s.best > 0 ? s.best + flags.step : lowest, s.at_next);
+    std::ostringstream o;
+    const bool md = c.format == Format::markdown;
+    TrainConfig shown = c.train;
+    (vary_batch ? shown.batch : shown.seq) = vary_batch ? batch : seq;
+    o << (md ? "### " : "## ") << "trainmem maxbatch: " << c.model.name << "  "
+      << (vary_batch ? "s=" + std::to_string(c.train.seq) : "b=" + std::to_string(c.train.batch))
+      << " " << dtype_name(c.train.dtype) << " " << optimizer_name(c.train.optimizer)
+      << "  checkpointing=" << checkpointing_name(c.train.checkpointing)
+      << " attention=" << attention_name(c.train.attention) << (md ? "\n\n" : "\n");
+    o << "budget " << q(budget.bytes) << " (" << budget.source << "); overhead "
+      << q(overhead.bytes) << " (" << overhead.source << ")" << (md ? "\n\n" : "\n");
+    o << "peaks: the meta backend's exact trace of the training step (" << traced
+      << " configurations traced)" << (md ? "\n\n" : "\n\n");
+    if (s.best > 0)
+      o << (md ? "**" : "## ") << "largest " << flags.vary << " that fits: " << s.best
+        << ", margin " << q(std::uint64_t(std::max<std::int64_t>(margin, 0)))
+        << (md ? "**\n\n" : "\n");
+    else
+      o << (md ? "**" : "## ") << "nothing fits: even " << flags.vary << " " << lowest << " needs "
+        << q(s.at_next.peak + overhead.bytes) << (md ? "**\n\n" : "\n");
+    o << (md ? t.markdown() : t.text());
+    text = md || c.format == Format::csv ? (c.format == Format::csv ? bytes_t.csv() : o.str())
+                                         : colourize(o.str(), stdout_colour(c.output));
+  }
+  write_output(c.output, text);
+  return s.best > 0 ? 0 : 3;
+}
+
+}  // namespace
 
 Runner register_maxbatch(CLI::App& app) {
-  auto* cmd = app.add_subcommand("maxbatch", "(not built yet)");
-  cmd->allow_extras();
-  return [] {
-    spdlog::error("trainmem maxbatch is not built yet in this version");
-    return 2;
-  };
+  auto* cmd = app.add_subcommand(
+      "maxbatch", "Largest batch (or --vary seq: longest sequence) whose step fits --budget");
+  auto flags = std::make_shared<MaxbatchFlags>();
+  add_common_flags(*cmd, flags->common);
+  cmd->add_option("--budget", flags->budget,
+                  "Memory budget: a SIZE (80GiB, 24GB, 512MiB) or 'device' (the GPU's total)");
+  cmd->add_option("--vary", flags->vary, "What to maximise: batch|seq")->capture_default_str();
+  cmd->add_option("--overhead", flags->overhead,
+                  "Bytes no tensor owns, added to each peak: a SIZE, 'measure' (on the GPU), "
+                  "or 'auto' (measure when a GPU is usable, else 0)")
+      ->capture_default_str();
+  cmd->add_option("--step", flags->step, "Granularity of the answer (e.g. 64 for --vary seq)")
+      ->capture_default_str();
+  return [flags] { return run_maxbatch(*flags); };
 }
 
 }  // namespace trainmem::cli

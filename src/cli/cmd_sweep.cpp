@@ -1,17 +1,381 @@
-// trainmem sweep — registered, not built yet: it says so and exits 2.
+// trainmem sweep — runs a grid of (batch, seq) and, with lists of --hidden / --intermediate /
+// --heads, of model widths; with --fit, least-squares fits the per-layer activation bytes and
+// prints the fitted coefficients beside the analytic (native) ones, with residuals and R²,
+// for the ledger and every device source that can give the figure (include/trainmem/fit.hpp
+// says which coefficients a grid can identify).
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <optional>
+#include <sstream>
+
 #include "cli/cli.hpp"
+#include "trainmem/error.hpp"
+#include "trainmem/fit.hpp"
+#include "trainmem/report.hpp"
+#include "trainmem/run.hpp"
 
 namespace trainmem::cli {
+namespace {
+
+using nlohmann::json;
+
+struct SweepFlags {
+  CommonFlags common;
+  RunFlags run;
+  std::string device_budget;
+  std::string batches = "1,2,4";
+  std::string seqs = "128,256";
+  std::string hiddens, intermediates, heads;
+  bool fit = false;
+};
+
+std::vector<std::int64_t> parse_list(const std::string& text, const std::string& flag,
+                                     std::int64_t minimum) {
+  std::vector<std::int64_t> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    std::size_t used = 0;
+    std::int64_t v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || v < minimum)
+      throw InputError(flag + ": '" + item + "' is not an integer >= " + std::to_string(minimum) +
+                       "; give a comma-separated list, e.g. " + flag + " 1,2,4");
+    if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+  }
+  if (out.empty()) throw InputError(flag + ": empty list; give e.g. " + flag + " 1,2,4");
+  return out;
+}
+
+// The model variants of the grid: the base model with each (hidden, intermediate, heads)
+// combination. kv heads keep the base model's ratio to heads.
+std::vector<ModelConfig> model_variants(const ModelConfig& base, const SweepFlags& f) {
+  const auto hs = f.hiddens.empty() ? std::vector<std::int64_t>{base.hidden}
+                                    : parse_list(f.hiddens, "--hidden", 1);
+  const auto is = f.intermediates.empty() ? std::vector<std::int64_t>{base.intermediate}
+                                          : parse_list(f.intermediates, "--intermediate", 1);
+  const auto as =
+      f.heads.empty() ? std::vector<std::int64_t>{base.heads} : parse_list(f.heads, "--heads", 1);
+  std::vector<ModelConfig> out;
+  for (auto h : hs)
+    for (auto i : is)
+      for (auto a : as) {
+        ModelConfig m = base;
+        m.hidden = h;
+        m.intermediate = i;
+        m.heads = a;
+        if ((a * base.kv_heads) % base.heads != 0)
+          throw InputError("--heads " + std::to_string(a) + ": " + base.name + " has " +
+                           std::to_string(base.heads) + " heads and " +
+                           std::to_string(base.kv_heads) +
+                           " kv heads; the sweep keeps that ratio, so heads must be a multiple "
+                           "of " +
+                           std::to_string(base.heads / std::gcd(base.heads, base.kv_heads)));
+        m.kv_heads = a * base.kv_heads / base.heads;
+        if (h % a != 0)
+          throw InputError("--hidden " + std::to_string(h) + " is not divisible by --heads " +
+                           std::to_string(a) + " (head dim = hidden / heads)");
+        if (hs.size() > 1 || is.size() > 1 || as.size() > 1)
+          m.name = base.name + "[h=" + std::to_string(h) + ",i=" + std::to_string(i) +
+                   ",a=" + std::to_string(a) + "]";
+        m.validate();
+        out.push_back(m);
+      }
+  return out;
+}
+
+FitSample sample_of(const RunResult& r, double bytes) {
+  return FitSample{r.train.batch,        r.train.seq,   r.model.hidden,
+                   r.model.intermediate, r.model.heads, bytes};
+}
+
+// The analytic coefficients a fit of this kind reports, from the native profile of `r`.
+std::map<std::string, double> analytic_coefficients(const RunResult& r, FitTerms terms) {
+  const Coefficients& c = r.native().activations.per_layer;
+  std::map<std::string, double> sep = {
+      {"sbh", c.sbh}, {"sbi", c.sbi}, {"as2b", c.as2b}, {"sb", c.sb}};
+  if (terms == FitTerms::separate) return sep;
+  auto folded = fold_coefficients_one_model(sep, r.model.hidden, r.model.intermediate);
+  // Bytes that fit no monomial (flash attention's (b,a,s) fp32 log-sum-exp) are ∝ s·b for
+  // one model, so they fold into sbh as well.
+  const double sbh = double(r.train.seq) * double(r.train.batch) * double(r.model.hidden);
+  folded["sbh"] += double(c.other_bytes) / sbh;
+  return folded;
+}
+
+struct SourceFit {
+  std::string source;
+  FitResult fit;
+  std::map<std::string, double> analytic;
+};
+
+struct SweepFits {
+  FitTerms terms = FitTerms::one_model;
+  std::vector<SourceFit> fits;
+  std::map<std::string, std::string> unavailable;
+  std::vector<std::string> notes;
+};
+
+SweepFits fit_sources(const std::vector<RunResult>& runs, FitTerms terms) {
+  SweepFits out;
+  out.terms = terms;
+  std::map<std::string, std::vector<FitSample>> samples;
+  for (const auto& r : runs) {
+    const PerLayerBySource by = per_layer_activations_by_source(r);
+    for (const auto& [src, bytes] : by.bytes) samples[src].push_back(sample_of(r, bytes));
+    for (const auto& [src, why] : by.unavailable) out.unavailable[src] = why;
+  }
+  const auto analytic = analytic_coefficients(runs.front(), terms);
+  for (const auto& r : runs)
+    if (analytic_coefficients(r, terms) != analytic) {
+      out.notes.push_back(
+          "the analytic coefficients differ between grid points (e.g. flash attention's "
+          "log-sum-exp over several widths); `analytic` shows the first point's");
+      break;
+    }
+  for (auto& [src, xs] : samples) {
+    if (xs.size() != runs.size()) {
+      out.unavailable[src] = "not every run gave the figure";
+      continue;
+    }
+    out.unavailable.erase(src);
+    out.fits.push_back({src, fit_activation_coefficients(xs, terms), analytic});
+  }
+  // ledger first, then device sources by name
+  std::stable_sort(out.fits.begin(), out.fits.end(), [](const SourceFit& a, const SourceFit& b) {
+    return (a.source != "ledger") < (b.source != "ledger");
+  });
+  return out;
+}
+
+json fits_json(const SweepFits& f) {
+  json j = json::object();
+  for (const auto& s : f.fits) {
+    json coefs = json::object(), an = json::object();
+    for (const auto& [k, v] : s.fit.coefficients) coefs[k] = v;
+    for (const auto& [k, v] : s.analytic) an[k] = v;
+    j[s.source] = json{{"coefficients", coefs},
+                       {"analytic", an},
+                       {"residuals", s.fit.residuals},
+                       {"r2", s.fit.r2},
+                       {"terms", f.terms == FitTerms::one_model ? "one_model" : "separate"}};
+  }
+  return j;
+}
+
+report::Table runs_table(const std::vector<RunResult>& runs, bool several_models, TableUnit u) {
+  std::vector<report::Table::Column> cols;
+  if (several_models) {
+    cols.push_back({"h"});
+    cols.push_back({"i"});
+    cols.push_back({"a"});
+  }
+  for (const char* c : {"batch", "seq"}) cols.push_back({c});
+  cols.push_back({std::string("Activations (") + u.name + ")"});
+  cols.push_back({"per layer (B)"});
+  cols.push_back({"native per layer (B)"});
+  cols.push_back({std::string("Peak (") + u.name + ")"});
+  cols.push_back({"native", report::Align::left});
+  report::Table t(cols);
+  for (const auto& r : runs) {
+    std::vector<std::string> cells;
+    if (several_models) {
+      cells.push_back(std::to_string(r.model.hidden));
+      cells.push_back(std::to_string(r.model.intermediate));
+      cells.push_back(std::to_string(r.model.heads));
+    }
+    bool ok = true;
+    for (const auto& row : reconcile_ledger_native(r)) ok &= row.ok;
+    cells.push_back(std::to_string(r.train.batch));
+    cells.push_back(std::to_string(r.train.seq));
+    cells.push_back(in_unit(r.ledger.activations, u));
+    cells.push_back(report::with_commas(r.per_layer_activations()));
+    cells.push_back(report::with_commas(r.native().activations.per_layer_bytes));
+    cells.push_back(in_unit(r.ledger.peak, u));
+    cells.push_back(r.failure ? "OOM" : (ok ? "yes" : "NO"));
+    t.add_row(cells);
+  }
+  return t;
+}
+
+std::string fit_text(const SweepFits& f, std::size_t n_runs, bool md) {
+  std::ostringstream o;
+  for (const auto& s : f.fits) {
+    o << (md ? "\n#### " : "\n## ") << "Fit of per-layer activation bytes, source " << s.source
+      << " (" << n_runs << " runs; "
+      << (f.terms == FitTerms::one_model
+              ? "one model: sbh = c_sbh + c_sbi·i/h + c_sb/h, all per-token bytes)"
+              : "several widths: separate coefficients)")
+      << (md ? "\n\n" : "\n");
+    report::Table t({{"coefficient", report::Align::left},
+                     {"fitted (B)"},
+                     {"analytic native (B)"},
+                     {"rel diff"},
+                     {"within 0.5%", report::Align::left}});
+    for (const auto& name : fit_term_names(f.terms)) {
+      const double fit = s.fit.coefficients.at(name), an = s.analytic.at(name);
+      const double rel = an != 0 ? (fit - an) / an : (std::fabs(fit) < 1e-9 ? 0 : INFINITY);
+      t.add_row({name, report::fixed(fit, 6), report::fixed(an, 6),
+                 report::fixed(100 * rel, 4) + "%", std::fabs(rel) <= 0.005 ? "yes" : "NO"});
+    }
+    o << (md ? t.markdown() : t.text());
+    double max_abs = 0;
+    for (double r : s.fit.residuals) max_abs = std::max(max_abs, std::fabs(r));
+    o << (md ? "\n" : "") << "R² = " << report::fixed(s.fit.r2, 9)
+      << ", max |residual| = " << report::fixed(max_abs, 3) << " B; residuals (B):";
+    for (double r : s.fit.residuals) o << " " << report::fixed(r, 3);
+    o << "\n";
+  }
+  for (const auto& [src, why] : f.unavailable)
+    o << (md ? "- " : "") << "fit for " << src << ": unavailable: " << why << "\n";
+  for (const auto& n : f.notes) o << (md ? "- " : "") << "note: " << n << "\n";
+  return o.str();
+}
+
+int run_sweep(const SweepFlags& flags) {
+  const Common c = resolve_common(flags.common, false, false);
+  if (!flags.run.timeline.empty() || !flags.run.dump.empty())
+    throw InputError(std::string(flags.run.timeline.empty() ? "--dump" : "--timeline") +
+                     ": sweep runs many configurations; use trainmem profile for one");
+  const auto batches = parse_list(flags.batches, "--batch", 1);
+  const auto seqs = parse_list(flags.seqs, "--seq", 2);
+  const auto models = model_variants(c.model, flags);
+  const FitTerms terms = models.size() > 1 ? FitTerms::separate : FitTerms::one_model;
+
+  if (flags.fit) {
+    // Refuse a grid that cannot identify the coefficients before running anything.
+    std::vector<FitSample> probe;
+    for (const auto& m : models)
+      for (auto b : batches)
+        for (auto s : seqs) {
+          FitSample x{b, s, m.hidden, m.intermediate, m.heads, 0};
+          for (const auto& n : fit_term_names(terms)) x.bytes += double(fit_regressor(n, x));
+          probe.push_back(x);
+        }
+    fit_activation_coefficients(probe, terms);
+  }
+
+  std::optional<std::uint64_t> budget;
+  if (!flags.device_budget.empty()) budget = parse_size(flags.device_budget, "--device-budget");
+  std::vector<RunResult> runs;
+  ProgressBar progress("sweep", models.size() * batches.size() * seqs.size());
+  for (const auto& m : models)
+    for (auto b : batches)
+      for (auto s : seqs) {
+        RunRequest rq;
+        rq.model = m;
+        rq.train = c.train;
+        rq.train.batch = b;
+        rq.train.seq = s;
+        rq.train.validate();
+        rq.backend = flags.run.backend;
+        rq.steps = flags.run.steps;
+        rq.seed = flags.run.seed;
+        rq.weights = flags.run.weights;
+        rq.tokens = flags.run.tokens;
+        rq.device_budget = budget;
+        progress.step(m.name + " b=" + std::to_string(b) + " s=" + std::to_string(s));
+        runs.push_back(execute_run(rq));
+        if (runs.size() == 1 && !runs.front().backend_note.empty())
+          spdlog::warn("{}", runs.front().backend_note);
+      }
+  progress.done();
+  bool failed = false;
+  for (const auto& r : runs) failed |= bool(r.failure);
+
+  std::optional<SweepFits> fits;
+  if (flags.fit && !failed) fits = fit_sources(runs, terms);
+  if (flags.fit && failed) spdlog::error("--fit: skipped, a run ran out of memory");
+
+  std::uint64_t max_bytes = 0;
+  for (const auto& r : runs) max_bytes = std::max(max_bytes, r.ledger.peak);
+  const TableUnit u = table_unit(max_bytes);
+  std::string text;
+  if (c.format == Format::json) {
+    json j;
+    j["schema"] = report::kSchema;
+    j["runs"] = json::array();
+    for (const auto& r : runs) j["runs"].push_back(run_result_json(r));
+    if (fits) {
+      j["fit"] = fits_json(*fits);
+      j["fit_unavailable"] = fits->unavailable;
+      j["fit_notes"] = fits->notes;
+    }
+    text = j.dump(2) + "\n";
+  } else if (c.format == Format::csv) {
+    report::Table t({{"model", report::Align::left},
+                     {"hidden"},
+                     {"intermediate"},
+                     {"heads"},
+                     {"batch"},
+                     {"seq"},
+                     {"activations"},
+                     {"per_layer_activations"},
+                     {"native_per_layer_activations"},
+                     {"activations_peak"},
+                     {"peak"}});
+    for (const auto& r : runs)
+      t.add_row({r.model.name, std::to_string(r.model.hidden), std::to_string(r.model.intermediate),
+                 std::to_string(r.model.heads), std::to_string(r.train.batch),
+                 std::to_string(r.train.seq), std::to_string(r.ledger.activations),
+                 std::to_string(r.per_layer_activations()),
+                 std::to_string(r.native().activations.per_layer_bytes),
+                 std::to_string(r.ledger.activations_peak), std::to_string(r.ledger.peak)});
+    text = t.csv();
+  } else {
+    const bool md = c.format == Format::markdown;
+    std::ostringstream o;
+    const RunResult& first = runs.front();
+    o << (md ? "### " : "## ") << "trainmem sweep: " << c.model.name << "  "
+      << dtype_name(c.train.dtype) << " " << optimizer_name(c.train.optimizer)
+      << "  checkpointing=" << checkpointing_name(c.train.checkpointing)
+      << " attention=" << attention_name(c.train.attention) << "\n"
+      << backend_line(first) << (md ? "\n\n" : "\n\n");
+    const auto t = runs_table(runs, models.size() > 1, u);
+    o << (md ? t.markdown() : t.text());
+    if (fits) o << fit_text(*fits, runs.size(), md);
+    text = md ? o.str() : colourize(o.str(), stdout_colour(c.output));
+  }
+  write_output(c.output, text);
+  return failed ? 3 : 0;
+}
+
+}  // namespace
 
 Runner register_sweep(CLI::App& app) {
-  auto* cmd = app.add_subcommand("sweep", "(not built yet)");
-  cmd->allow_extras();
-  return [] {
-    spdlog::error("trainmem sweep is not built yet in this version");
-    return 2;
-  };
+  auto* cmd = app.add_subcommand(
+      "sweep",
+      "Run a grid of batch x seq (x widths); --fit least-squares fits the per-layer "
+      "activation coefficients");
+  auto flags = std::make_shared<SweepFlags>();
+  add_common_flags(*cmd, flags->common);
+  add_run_flags(*cmd, flags->run);
+  cmd->add_option("--device-budget", flags->device_budget,
+                  "Refuse allocations past SIZE live bytes in every run (out-of-memory: exit 3)");
+  // --batch and --seq take lists here.
+  cmd->remove_option(cmd->get_option("--batch"));
+  cmd->remove_option(cmd->get_option("--seq"));
+  cmd->add_option("--batch", flags->batches, "Batch sizes, comma-separated")->capture_default_str();
+  cmd->add_option("--seq", flags->seqs, "Sequence lengths, comma-separated")->capture_default_str();
+  cmd->add_option("--hidden", flags->hiddens,
+                  "Hidden sizes to vary (comma-separated; default: the model's)");
+  cmd->add_option("--intermediate", flags->intermediates,
+                  "SwiGLU widths to vary (comma-separated; default: the model's)");
+  cmd->add_option("--heads", flags->heads,
+                  "Head counts to vary (comma-separated; kv heads keep the model's ratio)");
+  cmd->add_flag("--fit", flags->fit,
+                "Least-squares fit of per-layer activation bytes against the analytic "
+                "coefficients");
+  return [flags] { return run_sweep(*flags); };
 }
 
 }  // namespace trainmem::cli
