@@ -1,17 +1,93 @@
-// trainmem profile — registered, not built yet: it says so and exits 2.
+// trainmem profile — runs the training step(s) on a backend (auto: cuda when a device is
+// usable, else meta with a note), measures and reconciles: the ledger's figures of the last,
+// steady-state step beside the analytic profiles, the device sources on cuda, and the tensors.
+// One run of the shared run path (include/trainmem/run.hpp); --dump writes the first step's
+// loss and gradients, --timeline the last step's memory timeline.
 #include <spdlog/spdlog.h>
 
+#include <memory>
+#include <optional>
+
 #include "cli/cli.hpp"
+#include "trainmem/analytic.hpp"
+#include "trainmem/error.hpp"
+#include "trainmem/run.hpp"
+#include "trainmem/timeline.hpp"
 
 namespace trainmem::cli {
+namespace {
+
+struct ProfileFlags {
+  CommonFlags common;
+  RunFlags run;
+  std::string device_budget;
+};
+
+int run_profile(const ProfileFlags& flags) {
+  const Common c = resolve_common(flags.common, false, false);
+  if (!flags.run.timeline.empty()) validate_timeline_path(flags.run.timeline);
+
+  RunRequest rq;
+  rq.model = c.model;
+  rq.train = c.train;
+  rq.backend = flags.run.backend;
+  rq.steps = flags.run.steps;
+  rq.seed = flags.run.seed;
+  rq.weights = flags.run.weights;
+  rq.tokens = flags.run.tokens;
+  rq.dump = flags.run.dump;
+  if (!flags.device_budget.empty())
+    rq.device_budget = parse_size(flags.device_budget, "--device-budget");
+  for (const auto& name : c.profiles) {
+    const auto p = parse_profile(name);
+    if (!p) throw InputError("--profile: unknown profile '" + name + "'");
+    rq.profiles.push_back(*p);
+  }
+  rq.keep_timeline = !flags.run.timeline.empty();
+
+  const RunResult r = execute_run(rq);
+  if (!r.backend_note.empty()) spdlog::warn("{}", r.backend_note);
+  if (r.timeline) {
+    write_timeline(flags.run.timeline, *r.timeline);
+    spdlog::info("wrote {}", flags.run.timeline);
+  }
+
+  std::string text;
+  switch (c.format) {
+    case Format::json:
+      text = run_result_json(r).dump(2) + "\n";
+      break;
+    case Format::markdown:
+      text = profile_markdown(r);
+      break;
+    case Format::csv:
+      text = profile_csv(r);
+      break;
+    case Format::table:
+      text = profile_text(r, stdout_colour(c.output));
+      break;
+  }
+  write_output(c.output, text);
+  if (r.failure) {
+    // The report above holds what was measured up to the failure.
+    spdlog::error("out of memory at step {}: {}", r.failure->step, r.failure->message);
+    return 3;
+  }
+  return 0;
+}
+
+}  // namespace
 
 Runner register_profile(CLI::App& app) {
-  auto* cmd = app.add_subcommand("profile", "(not built yet)");
-  cmd->allow_extras();
-  return [] {
-    spdlog::error("trainmem profile is not built yet in this version");
-    return 2;
-  };
+  auto* cmd = app.add_subcommand(
+      "profile", "Run the training step(s) on a backend, measure, reconcile with the formulas");
+  auto flags = std::make_shared<ProfileFlags>();
+  add_common_flags(*cmd, flags->common);
+  add_run_flags(*cmd, flags->run);
+  cmd->add_option("--device-budget", flags->device_budget,
+                  "Refuse allocations past SIZE live bytes (out-of-memory: exit 3, the report "
+                  "of what was measured still written)");
+  return [flags] { return run_profile(*flags); };
 }
 
 }  // namespace trainmem::cli
