@@ -161,6 +161,14 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
   be_.set_gemm_workspace(gemm_workspace_.data(), gemm_workspace_.bytes());
 }
 
+LlamaModel::~LlamaModel() {
+  try {
+    be_.set_gemm_workspace(nullptr, 0);
+  } catch (const std::exception& e) {
+    spdlog::warn("model: could not hand the backend its default GEMM workspace back: {}", e.what());
+  }
+}
+
 std::size_t LlamaModel::head_index() const {
   return cfg_.tied_embeddings ? 0 : final_norm_index() + 1;
 }

@@ -281,3 +281,88 @@ TEST(Model, ConstantCategoriesMatchParameterCountFormulas) {
 }
 
 }  // namespace
+
+// ------------------------------------------------------------------------------ workspace
+
+namespace {
+
+// A meta backend that records set_gemm_workspace calls and what the ledger held then.
+class WorkspaceRecorder final : public Backend {
+ public:
+  explicit WorkspaceRecorder(DType dt) : Backend(dt), inner_(make_meta_backend(dt)) {}
+  struct Call {
+    void* ptr;
+    std::uint64_t bytes;
+    std::uint64_t workspace_live;
+  };
+  std::vector<Call> calls;
+  const Ledger* ledger = nullptr;
+
+  BackendKind kind() const override { return BackendKind::meta; }
+  Allocator& allocator() override { return inner_->allocator(); }
+  bool computes() const override { return false; }
+  void set_gemm_workspace(void* ptr, std::uint64_t bytes) override {
+    calls.push_back({ptr, bytes, ledger ? ledger->live(Category::workspace) : 0});
+  }
+  void upload(void*, const void*, std::uint64_t) override {}
+  void download(void*, const void*, std::uint64_t) override {}
+  void fill_zero(void*, std::uint64_t) override {}
+  void copy(void*, const void*, std::uint64_t) override {}
+  void embedding_forward(void*, const std::int32_t*, const void*, std::int64_t, std::int64_t,
+                         std::int64_t, std::int64_t) override {}
+  void embedding_backward(void*, const void*, const std::int32_t*, std::int64_t, std::int64_t,
+                          std::int64_t, std::int64_t) override {}
+  void rmsnorm_forward(void*, float*, const void*, const void*, std::int64_t, std::int64_t,
+                       float) override {}
+  void rmsnorm_backward(void*, void*, const void*, const void*, const void*, const float*,
+                        std::int64_t, std::int64_t) override {}
+  void matmul(void*, const void*, const void*, std::int64_t, std::int64_t, std::int64_t, Trans,
+              Trans, float, float) override {}
+  void rope_forward(void*, void*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                    std::int64_t, double) override {}
+  void rope_backward(void*, void*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                     std::int64_t, double) override {}
+  void attention_forward(void*, void*, float*, const void*, const void*, const void*, std::int64_t,
+                         std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                         Attention) override {}
+  void attention_backward(void*, void*, void*, void*, float*, const void*, const void*, const void*,
+                          const void*, const void*, const void*, const float*, std::int64_t,
+                          std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                          Attention) override {}
+  void swiglu_forward(void*, const void*, const void*, std::int64_t) override {}
+  void swiglu_backward(void*, void*, const void*, const void*, const void*, std::int64_t) override {
+  }
+  void cross_entropy_forward(float*, float*, const void*, const std::int32_t*, std::int64_t,
+                             std::int64_t) override {}
+  void cross_entropy_backward(void*, const void*, const float*, const std::int32_t*, std::int64_t,
+                              std::int64_t, float) override {}
+  void adamw_update(void*, const void*, float*, float*, float*, std::int64_t, const AdamWParams&,
+                    int) override {}
+  void sgd_update(void*, const void*, float*, std::int64_t, float) override {}
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+}  // namespace
+
+TEST(Model, GemmWorkspaceIsHandedBackBeforeItIsReleased) {
+  WorkspaceRecorder be(DType::bf16);
+  Ledger ledger(be.allocator());
+  be.ledger = &ledger;
+  {
+    LlamaModel model(
+        preset("tiny"),
+        train_config(1, 8, DType::bf16, Optimizer::adamw, Checkpointing::none, Attention::eager),
+        be, ledger, default_optimizer_settings(Optimizer::adamw));
+    model.train_step();
+    ASSERT_EQ(be.calls.size(), 1u);
+    EXPECT_NE(be.calls[0].ptr, nullptr);
+    EXPECT_EQ(be.calls[0].bytes, 32ull << 20);
+  }
+  ASSERT_EQ(be.calls.size(), 2u);
+  EXPECT_EQ(be.calls[1].ptr, nullptr);
+  EXPECT_EQ(be.calls[1].bytes, 0u);
+  EXPECT_EQ(be.calls[1].workspace_live, 32ull << 20);  // still allocated at that moment
+  EXPECT_EQ(ledger.live(Category::workspace), 0u);     // and released after
+}

@@ -52,6 +52,9 @@ class LlamaModel {
   // unset until init_random() or load_weights(); tokens until set_tokens()/random_tokens().
   LlamaModel(const ModelConfig& model, const TrainConfig& train, Backend& backend, Ledger& ledger,
              const OptimizerSettings& optimizer);
+  // Hands the backend its default GEMM workspace back before the model's own is released
+  // (the backend may outlive the model).
+  ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
 
