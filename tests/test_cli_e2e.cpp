@@ -105,6 +105,7 @@ TEST(CliE2E, BadFlagsExitTwoNamingTheFlag) {
       {"sweep --model tiny --batch 1,2 --seq 16,32 --hidden 64,96 --fit",
        "the grid cannot identify"},
       {"sweep --model tiny --timeline t.svg", "--timeline"},
+      {"sweep --model tiny --attention flash --heads 2,4 --seq 16,32 --fit", "--heads"},
       {"maxbatch --model tiny", "--budget is required"},
       {"maxbatch --model tiny --budget 10GiB --vary width", "--vary"},
       {"maxbatch --model tiny --budget lots", "--budget"},

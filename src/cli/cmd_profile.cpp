@@ -68,12 +68,9 @@ int run_profile(const ProfileFlags& flags) {
       break;
   }
   write_output(c.output, text);
-  if (r.failure) {
-    // The report above holds what was measured up to the failure.
-    spdlog::error("out of memory at step {}: {}", r.failure->step, r.failure->message);
-    return 3;
-  }
-  return 0;
+  // After an out-of-memory (already logged by execute_run) the report above holds what was
+  // measured up to the failure.
+  return r.failure ? 3 : 0;
 }
 
 }  // namespace

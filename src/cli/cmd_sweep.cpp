@@ -225,7 +225,8 @@ std::string fit_text(const SweepFits& f, std::size_t n_runs, bool md) {
       const double fit = s.fit.coefficients.at(name), an = s.analytic.at(name);
       const double rel = an != 0 ? (fit - an) / an : (std::fabs(fit) < 1e-9 ? 0 : INFINITY);
       t.add_row({name, report::fixed(fit, 6), report::fixed(an, 6),
-                 report::fixed(100 * rel, 4) + "%", std::fabs(rel) <= 0.005 ? "yes" : "NO"});
+                 std::isfinite(rel) ? report::fixed(100 * rel, 4) + "%" : "-",
+                 std::fabs(rel) <= 0.005 ? "yes" : "NO"});
     }
     o << (md ? t.markdown() : t.text());
     double max_abs = 0;
@@ -251,6 +252,14 @@ int run_sweep(const SweepFlags& flags) {
   const auto models = model_variants(c.model, flags);
   const FitTerms terms = models.size() > 1 ? FitTerms::separate : FitTerms::one_model;
 
+  if (flags.fit && c.train.attention == Attention::flash) {
+    for (const auto& m : models)
+      if (m.heads != models.front().heads)
+        throw InputError(
+            "--fit with --attention flash and several --heads: flash attention keeps a (b,a,s) "
+            "fp32 log-sum-exp per layer, a·s·b bytes, which none of sbh, sbi, as2b, sb absorbs "
+            "when the head count varies; fix --heads or use --attention eager");
+  }
   if (flags.fit) {
     // Refuse a grid that cannot identify the coefficients before running anything.
     std::vector<FitSample> probe;
