@@ -7,6 +7,7 @@
 // over the g query heads of a group by GEMMs with beta = 1 after the first. The batching of
 // heads into cuBLAS calls is in attention_heads.hpp.
 #include "attention.cuh"
+#include "attention_eager_kernels.cuh"
 #include "attention_heads.hpp"
 #include "attention_math.hpp"
 #include "cuda_common.cuh"
@@ -16,56 +17,8 @@
 namespace trainmem {
 namespace {
 
-constexpr int kSoftmaxWarps = 4;  // rows per block: one warp per row
-constexpr int kSoftmaxThreads = kSoftmaxWarps * 32;
-
-// ---------------------------------------------------------------- kernels
-
-// probs (R = B*NH*T rows, T) D: row r is query position i = r % T of its head. In place:
-// p_j = exp(s_j - max) / sum for j <= i, 0 for j > i (the GEMM wrote scores there too).
-template <class S>
-__global__ void __launch_bounds__(kSoftmaxThreads)
-    causal_softmax_kernel(void* probs, std::int64_t rows, std::int64_t T) {
-  const int lane = threadIdx.x & 31;
-  const std::int64_t row = std::int64_t(blockIdx.x) * kSoftmaxWarps + (threadIdx.x >> 5);
-  if (row >= rows) return;  // the whole warp leaves together; no block barrier follows
-  const std::int64_t i = row % T;
-  const std::size_t base = std::size_t(row) * T;
-  float mx = -INFINITY;
-  for (std::int64_t j = lane; j <= i; j += 32) mx = fmaxf(mx, S::load(probs, base + j));
-  mx = cuda::warp_max(mx);
-  float sum = 0.0f;
-  for (std::int64_t j = lane; j <= i; j += 32) sum += tm_exp(S::load(probs, base + j) - mx);
-  sum = cuda::warp_sum(sum);
-  const float inv = 1.0f / sum;
-  for (std::int64_t j = lane; j < T; j += 32) {
-    const float p = j <= i ? tm_exp(S::load(probs, base + j) - mx) * inv : 0.0f;
-    S::store(probs, base + j, p);
-  }
-}
-
-// dprobs holds dP on entry and dS on exit: dS_j = P_j (dP_j - sum_k P_k dP_k) for j <= i,
-// 0 above the diagonal. Same row layout as causal_softmax_kernel.
-template <class S>
-__global__ void __launch_bounds__(kSoftmaxThreads)
-    causal_softmax_backward_kernel(void* dprobs, const void* probs, std::int64_t rows,
-                                   std::int64_t T) {
-  const int lane = threadIdx.x & 31;
-  const std::int64_t row = std::int64_t(blockIdx.x) * kSoftmaxWarps + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  const std::int64_t i = row % T;
-  const std::size_t base = std::size_t(row) * T;
-  float dot = 0.0f;
-  for (std::int64_t j = lane; j <= i; j += 32)
-    dot += S::load(probs, base + j) * S::load(dprobs, base + j);
-  dot = cuda::warp_sum(dot);
-  for (std::int64_t j = lane; j < T; j += 32) {
-    const float ds = j <= i ? softmax_backward_elem<float>(S::load(probs, base + j),
-                                                           S::load(dprobs, base + j), dot)
-                            : 0.0f;
-    S::store(dprobs, base + j, ds);
-  }
-}
+using cuda::kSoftmaxThreads;
+using cuda::kSoftmaxWarps;
 
 // Byte offset helpers.
 const void* at(const void* p, std::int64_t elems, std::size_t width) {
@@ -112,7 +65,7 @@ void attention_eager_forward_cuda(void* out, void* probs, const void* q, const v
   }
   const std::int64_t rows = B * NH * T;
   TM_DISPATCH_STORAGE(dt, op,
-                      causal_softmax_kernel<S>
+                      cuda::causal_softmax_kernel<S>
                       <<<softmax_grid(rows, op), kSoftmaxThreads, 0, stream>>>(probs, rows, T);
                       TM_CUDA_CHECK_LAUNCH());
   // out (T,HD; ld NH*HD) = probs (T,T) . v (T,HD; ld NKV*HD)
@@ -147,7 +100,7 @@ void attention_eager_backward_cuda(void* dq, void* dk, void* dv, void* dprobs, c
   const std::int64_t rows = B * NH * T;
   TM_DISPATCH_STORAGE(
       dt, op,
-      causal_softmax_backward_kernel<S>
+      cuda::causal_softmax_backward_kernel<S>
       <<<softmax_grid(rows, op), kSoftmaxThreads, 0, stream>>>(dprobs, probs, rows, T);
       TM_CUDA_CHECK_LAUNCH());
   for (const HeadCall& c : plan.calls) {

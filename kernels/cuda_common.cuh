@@ -1,6 +1,6 @@
-// Helpers shared by the CUDA kernels: launch geometry, warp and block reductions, and the
-// checks every launcher makes before it launches. Device code only where marked __device__;
-// the rest is host code. Include only from .cu files.
+// Host-side helpers of the CUDA launchers: launch geometry and the checks every launcher makes
+// before it launches (the device-side helpers are in cuda_device.cuh). Include only from .cu
+// files.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -8,13 +8,12 @@
 #include <limits>
 #include <string>
 
+#include "cuda_device.cuh"
 #include "storage.hpp"
 #include "trainmem/cuda_check.hpp"
 #include "trainmem/error.hpp"
 
 namespace trainmem::cuda {
-
-constexpr unsigned kFullMask = 0xffffffffu;
 
 // ---------------------------------------------------------------- host: launch geometry
 
@@ -49,42 +48,6 @@ void allow_dynamic_smem(Kernel kernel, std::size_t bytes) {
     TM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(bytes)));
   }
-}
-
-// ---------------------------------------------------------------- device: reductions
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
-
-// Sum over the whole block, returned to every thread. blockDim.x must be a multiple of 32
-// (at most 1024) and every thread of the block must call it. `scratch` is 32 floats of
-// shared memory; it may be reused by the next call (the leading barrier protects it).
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int nwarps = blockDim.x >> 5;
-  v = warp_sum(v);
-  __syncthreads();  // a previous call may still be reading scratch
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < nwarps ? scratch[lane] : 0.0f;
-  return warp_sum(v);  // every warp reduces the per-warp partials itself
-}
-
-// Grid-stride index helpers (64-bit).
-__device__ __forceinline__ std::int64_t global_thread_index() {
-  return std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ std::int64_t global_thread_count() {
-  return std::int64_t(gridDim.x) * blockDim.x;
 }
 
 }  // namespace trainmem::cuda

@@ -3,6 +3,7 @@
 // computed in fp32 as HuggingFace does, with the accurate sinf/cosf (no fast math).
 #include "cuda_common.cuh"
 #include "rope.cuh"
+#include "rope_kernels.cuh"
 #include "rope_math.hpp"
 #include "trainmem/checked.hpp"
 
@@ -10,30 +11,6 @@ namespace trainmem {
 namespace {
 
 enum class Direction { forward, backward };
-
-// ---------------------------------------------------------------- kernels
-
-// x (B,T,H,HD) D: pairs = B*T*H*(HD/2), grid-stride over them.
-template <class S>
-__global__ void rope_kernel(void* x, std::int64_t pairs, std::int64_t T, std::int64_t H,
-                            std::int64_t HD, float theta, float sign) {
-  const std::int64_t half = HD / 2;
-  for (std::int64_t p = cuda::global_thread_index(); p < pairs; p += cuda::global_thread_count()) {
-    const std::int64_t j = p % half;
-    const std::int64_t row = p / half;  // (b*T + t)*H + h
-    const std::int64_t t = (row / H) % T;
-    const float angle = rope_angle<float>(t, j, HD, theta);
-    float s, c;
-    sincosf(angle, &s, &c);
-    const std::size_t i1 = std::size_t(row) * HD + j;
-    const std::size_t i2 = i1 + half;
-    float x1 = S::load(x, i1);
-    float x2 = S::load(x, i2);
-    rope_rotate_pair<float>(&x1, &x2, c, sign * s);
-    S::store(x, i1, x1);
-    S::store(x, i2, x2);
-  }
-}
 
 void launch(const char* op, void* q, void* k, std::int64_t B, std::int64_t T, std::int64_t NH,
             std::int64_t NKV, std::int64_t HD, double theta, DType dt, Direction dir,
@@ -53,7 +30,8 @@ void launch(const char* op, void* q, void* k, std::int64_t B, std::int64_t T, st
         {std::uint64_t(B), std::uint64_t(T), std::uint64_t(H), std::uint64_t(HD / 2)}, op));
     if (pairs == 0) continue;
     TM_DISPATCH_STORAGE(dt, op,
-                        rope_kernel<S><<<cuda::grid_for(pairs, kThreads), kThreads, 0, stream>>>(
+                        cuda::rope_kernel<S>
+                        <<<cuda::grid_for(pairs, kThreads), kThreads, 0, stream>>>(
                             x, pairs, T, H, HD, float(theta), sign);
                         TM_CUDA_CHECK_LAUNCH());
   }

@@ -1,31 +1,13 @@
 // SwiGLU, forward and backward, on the GPU: one thread per element, grid-stride.
 #include "cuda_common.cuh"
 #include "swiglu.cuh"
+#include "swiglu_kernels.cuh"
 #include "swiglu_math.hpp"
 
 namespace trainmem {
 namespace {
 
 constexpr int kThreads = 256;
-
-// ---------------------------------------------------------------- kernels
-
-template <class S>
-__global__ void swiglu_forward_kernel(void* out, const void* gate, const void* up, std::int64_t N) {
-  for (std::int64_t i = cuda::global_thread_index(); i < N; i += cuda::global_thread_count())
-    S::store(out, i, swiglu_forward_elem<float>(S::load(gate, i), S::load(up, i)));
-}
-
-template <class S>
-__global__ void swiglu_backward_kernel(void* dgate, void* dup, const void* dout, const void* gate,
-                                       const void* up, std::int64_t N) {
-  for (std::int64_t i = cuda::global_thread_index(); i < N; i += cuda::global_thread_count()) {
-    float dg, du;
-    swiglu_backward_elem<float>(S::load(dout, i), S::load(gate, i), S::load(up, i), &dg, &du);
-    S::store(dgate, i, dg);
-    S::store(dup, i, du);
-  }
-}
 
 }  // namespace
 
@@ -36,7 +18,7 @@ void swiglu_forward_cuda(void* out, const void* gate, const void* up, std::int64
   cuda::require_fits(N, std::numeric_limits<std::int64_t>::max(), "swiglu_forward_cuda", "N");
   if (N == 0) return;
   TM_DISPATCH_STORAGE(dt, "swiglu_forward_cuda",
-                      swiglu_forward_kernel<S>
+                      cuda::swiglu_forward_kernel<S>
                       <<<cuda::grid_for(N, kThreads), kThreads, 0, stream>>>(out, gate, up, N);
                       TM_CUDA_CHECK_LAUNCH());
 }
@@ -47,7 +29,7 @@ void swiglu_backward_cuda(void* dgate, void* dup, const void* dout, const void* 
   if (N == 0) return;
   TM_DISPATCH_STORAGE(
       dt, "swiglu_backward_cuda",
-      swiglu_backward_kernel<S>
+      cuda::swiglu_backward_kernel<S>
       <<<cuda::grid_for(N, kThreads), kThreads, 0, stream>>>(dgate, dup, dout, gate, up, N);
       TM_CUDA_CHECK_LAUNCH());
 }

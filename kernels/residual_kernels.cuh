@@ -1,0 +1,28 @@
+// Residual-add and cast kernels (launchers in residual.cu). Device code only: also compiled as
+// host C++ by the CPU emulator tests (tests/test_cuda_kernels_emulated.cpp).
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda_device.cuh"
+#include "storage.hpp"
+
+namespace trainmem::cuda {
+
+// ---------------------------------------------------------------- kernels
+
+template <class S>
+__global__ void residual_forward_kernel(void* out, const void* inp1, const void* inp2,
+                                        std::int64_t N) {
+  for (std::int64_t i = cuda::global_thread_index(); i < N; i += cuda::global_thread_count())
+    S::store(out, i, S::load(inp1, i) + S::load(inp2, i));
+}
+
+template <class Dst, class Src>
+__global__ void cast_kernel(void* dst, const void* src, std::int64_t N) {
+  for (std::int64_t i = cuda::global_thread_index(); i < N; i += cuda::global_thread_count())
+    Dst::store(dst, i, Src::load(src, i));
+}
+
+}  // namespace trainmem::cuda
