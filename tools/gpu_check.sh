@@ -24,7 +24,9 @@
 #
 # Environment: OUT, BUILD (build folder, default build/gpu-sm90), JOBS (default 16),
 # CUDACXX (nvcc), PYTHON (default python3), BUDGET_S (overall soft budget, default 450: steps
-# that would start later are skipped and say so), RUN_COMPARE=1 (also run `trainmem compare`).
+# that would start later are skipped and say so), RUN_COMPARE=1 (also run `trainmem compare`),
+# BACKEND (default cuda; BACKEND=meta dry-runs the whole script without a GPU: the measured
+# runs and the sweep then trace on the meta backend, the throughput step is skipped).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,6 +36,7 @@ JOBS=${JOBS:-16}
 PYTHON=${PYTHON:-python3}
 BUDGET_S=${BUDGET_S:-450}
 NVCC=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+BACKEND=${BACKEND:-cuda}
 mkdir -p "$OUT/logs" "$OUT/runs"
 STEPS="$OUT/steps.jsonl"
 : >"$STEPS"
@@ -139,27 +142,32 @@ except Exception: print(-1)' "$OUT/runs/$name.estimate.json" 2>/dev/null)
       fi
       ((predicted <= 0)) && say "$name: no prediction (estimate unavailable): running it anyway"
       run_step "profile_$name" 180 "$TM" profile "${COMMON[@]}" --optimizer "$opt" \
-        --checkpointing "$ck" --backend cuda --steps 2 --format json \
+        --checkpointing "$ck" --backend "$BACKEND" --steps 2 --format json \
         --output "$OUT/runs/$name.profile.json"
     done
   done
   # `compare` repeats the runs above as one document: off by default (time), RUN_COMPARE=1.
   if [[ ${RUN_COMPARE:-0} == 1 ]]; then
     run_step compare 400 "$TM" compare "${COMMON[@]}" --optimizer sgd --checkpointing both \
-      --backend cuda --steps 2 --format json --output "$OUT/runs/llama7b_compare.json"
+      --backend "$BACKEND" --steps 2 --format json --output "$OUT/runs/llama7b_compare.json"
   else
     record compare skipped 0 0 "set RUN_COMPARE=1 (the profile runs above cover the same runs)"
   fi
 fi
 
 # ---------------------------------------------------------------- 4. throughput
-if [[ -x $BUILD/bench_step_cuda ]]; then
+if [[ -x $BUILD/bench_step_cuda && $BACKEND == cuda ]]; then
   run_step throughput 180 "$BUILD/bench_step_cuda" --model llama-7b --batch 8 --seq 512 \
     --dtype fp16 --optimizer sgd --checkpointing none --steps 3 \
     --gemm-json "$OUT/gemm_bf16.json" --json "$OUT/throughput.json"
 fi
 
 # ---------------------------------------------------------------- 5. the PyTorch peer
+# The analytic hf-eager profile of the same step, to set beside the peer's measurements.
+if [[ -x $TM ]]; then
+  run_step estimate_hf_eager 60 "$TM" estimate "${COMMON[@]}" --optimizer sgd \
+    --checkpointing none --profile hf-eager --format json --output "$OUT/runs/hf_eager.estimate.json"
+fi
 if "$PYTHON" -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null; then
   run_step hf_peer 300 "$PYTHON" "$ROOT/tools/hf_peer.py" --model llama-7b --batch 8 --seq 512 \
     --dtype fp16 --optimizer sgd --attention eager,sdpa --checkpointing none,full --steps 2 \
@@ -181,14 +189,14 @@ EOF
 if [[ -x $TM ]]; then
   SWEEP=(--model "$SWEEP_MODEL" --dtype fp16 --optimizer lomo --attention eager)
   if ! run_step sweep 240 "$TM" sweep "${SWEEP[@]}" --batch 1,2,4 --seq 128,256,512 --fit \
-    --backend cuda --steps 2 --format json --output "$OUT/runs/sweep.json"; then
+    --backend "$BACKEND" --steps 2 --format json --output "$OUT/runs/sweep.json"; then
     if grep -q '"step": "sweep", "status": "unavailable"' "$STEPS" &&
       grep -qE '"step": "profile_[a-z0-9_]+", "status": "(ok|oom)"' "$STEPS"; then
       say "sweep unavailable: profile runs over the grid instead, fitted in the summary"
       for b in 1 2 4; do
         for s in 128 256 512; do
           run_step "sweep_b${b}_s${s}" 60 "$TM" profile "${SWEEP[@]}" --batch "$b" --seq "$s" \
-            --backend cuda --steps 2 --profile native --format json \
+            --backend "$BACKEND" --steps 2 --profile native --format json \
             --output "$OUT/runs/sweep_b${b}_s${s}.json"
         done
       done
@@ -255,7 +263,7 @@ if gemm:
         f"{dt} {g['best_tflops']:.0f} TFLOP/s" for dt, g in gemm.items()))
 
 print("-" * 78)
-print("LLaMA-7B b8 s512 fp16 eager   predicted   ledger    pool-res  memgetinfo  status")
+print("LLaMA-7B b8 s512 fp16 eager   predicted   ledger    pool-res  memgetinfo  status  (GiB)")
 runs = {}
 for opt in ("adamw", "sgd", "lomo"):
     for ck in ("none", "full"):
@@ -267,14 +275,16 @@ for opt in ("adamw", "sgd", "lomo"):
         meas = (prof or {}).get("measured", {}) or {}
         ledger = (meas.get("ledger") or {}).get("peak")
         pool = meas.get("pool") or {}
-        pool_res = next((pool[k] for k in ("reserved_high", "reserved_mem_high", "ReservedMemHigh")
-                         if k in pool), None)
+        pool_res = pool.get("reserved_high")
         mgi = meas.get("memgetinfo") or {}
-        mgi_peak = next((mgi[k] for k in ("peak_used", "used_peak", "max_used") if k in mgi), None)
+        mgi_peak = (mgi.get("sampler") or {}).get("max_used")
+        recon = (prof or {}).get("reconciliation") or []
+        not_ok = sum(1 for r in recon if r.get("ok") is False)
         runs[name] = {"optimizer": opt, "checkpointing": ck, "status": st,
                       "predicted_peak": pred, "estimate": est, "profile": prof}
         print(f"  {opt:6s} ckpt={ck:4s}           {gib(pred)}  {gib(ledger)}  {gib(pool_res)}  "
-              f"{gib(mgi_peak)}    {st}")
+              f"{gib(mgi_peak)}    {st}" + (f" ({not_ok} reconciliation rows not ok)"
+                                             if not_ok else ""))
 summary["trainmem_runs"] = runs
 summary["compare"] = load(os.path.join(out, "runs", "llama7b_compare.json"))
 
@@ -297,6 +307,12 @@ if peer:
               f"{gib(c.get('max_memory_allocated'))}  {gib(c.get('forward_growth'))}   "
               f"{c.get('median_step_ms') or 0:7.0f}  {c.get('tokens_per_s') or 0:9.0f}  "
               f"{c['status']}")
+    hf = ((load(os.path.join(out, "runs", "hf_eager.estimate.json")) or {}).get("analytic") or {})
+    hf = hf.get("hf-eager") or {}
+    if hf:
+        print(f"  trainmem's hf-eager profile (HF 4.30 / torch 2.0 autograd, sgd, no ckpt): "
+              f"activations {gib(hf.get('activations'))}, peak {gib(hf.get('peak'))} GiB")
+    summary["hf_eager_analytic"] = hf or None
 else:
     print(f"PyTorch peer: {status.get('hf_peer', {}).get('status', 'not run')}: "
           f"{status.get('hf_peer', {}).get('detail', '')}")
