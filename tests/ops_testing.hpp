@@ -100,7 +100,11 @@ template <class G, class W>
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double g = double(got[i]), w = double(want[i]);
     const double err = std::fabs(g - w);
-    if (std::isnan(g) != std::isnan(w) || err > tol.atol + tol.rtol * std::fabs(w)) {
+    // A NaN anywhere is a mismatch (a reference and an op broken the same way must not
+    // pass); infinities match only the same infinity.
+    const bool nonfinite_ok = std::isinf(g) && std::isinf(w) && g == w;
+    const bool finite = std::isfinite(g) && std::isfinite(w);
+    if ((!finite && !nonfinite_ok) || err > tol.atol + tol.rtol * std::fabs(w)) {
       if (first == got.size()) first = i;
       ++bad;
     }
