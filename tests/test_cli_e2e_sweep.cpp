@@ -33,8 +33,12 @@ TEST(CliE2ESweep, OneModelFitRecoversTheFoldedNativeCoefficients) {
   ASSERT_EQ(fit["residuals"].size(), 6u);
   for (const auto& res : fit["residuals"]) EXPECT_LT(std::fabs(res.get<double>()), 1.0);
   // Device sources cannot give the figure without a device; each says why.
-  for (const char* src : {"pool", "cupti", "memgetinfo"})
+  for (const char* src : {"pool", "cupti", "memgetinfo"}) {
     EXPECT_TRUE(j["fit_unavailable"].contains(src)) << src;
+    ASSERT_TRUE(j["fit"].contains(src)) << src;
+    EXPECT_EQ(j["fit"][src]["unavailable"], j["fit_unavailable"][src]) << src;
+    EXPECT_FALSE(j["fit"][src].contains("coefficients")) << src;
+  }
 }
 
 TEST(CliE2ESweep, SeveralWidthsOnCpuSeparateTheFourCoefficients) {
