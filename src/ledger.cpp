@@ -349,7 +349,16 @@ void Ledger::on_free(std::uint64_t id, std::uint64_t bytes, Category c, int laye
 
 // A phase is "active" while it is anywhere on the stack; setup is also active while the
 // stack is empty. A phase's peak is the maximum of live bytes over the time it was active.
+namespace {
+std::int64_t ns_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+      .count();
+}
+}  // namespace
+
 void Ledger::push_phase(Phase p) {
+  if (phase_marks_.size() < opt_.timeline_cap)
+    phase_marks_.push_back({p, true, seq_, ns_since(t0_)});
   phase_stack_.push_back(p);
   ++phase_depth_[static_cast<int>(p)];
   auto& pk = phase_peak_[static_cast<int>(p)];
@@ -362,6 +371,8 @@ void Ledger::pop_phase() {
   const Phase p = phase_stack_.back();
   if (phase_listener_) phase_listener_(p, false);
   phase_stack_.pop_back();
+  if (phase_marks_.size() < opt_.timeline_cap)
+    phase_marks_.push_back({p, false, seq_, ns_since(t0_)});
   --phase_depth_[static_cast<int>(p)];
   if (phase_stack_.empty()) {
     auto& pk = phase_peak_[static_cast<int>(Phase::setup)];

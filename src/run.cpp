@@ -308,7 +308,7 @@ RunResult execute_run(const RunRequest& rq) {
                         (r.computes ? "" : " (predicted)") + ", step " + std::to_string(last_step);
     r.timeline = build_timeline(ledger.timeline(), ledger.tensors(), step_first_seq,
                                 r.computes ? TimeAxis::wall : TimeAxis::event_index,
-                                std::move(title), ledger.dropped_events());
+                                std::move(title), ledger.dropped_events(), ledger.phase_marks());
   }
   r.pool = probes->pool();
   r.cupti = probes->cupti();

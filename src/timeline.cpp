@@ -135,7 +135,8 @@ ByteUnit byte_unit_for(std::uint64_t max_bytes) {
 
 TimelineData build_timeline(const std::vector<LedgerEvent>& events,
                             const std::vector<TensorRecord>& tensors, std::uint64_t from_seq,
-                            TimeAxis axis, std::string title, std::uint64_t dropped_events) {
+                            TimeAxis axis, std::string title, std::uint64_t dropped_events,
+                            const std::vector<PhaseMark>& phase_marks) {
   TimelineData d;
   d.title = std::move(title);
   d.axis = axis;
@@ -189,6 +190,32 @@ TimelineData build_timeline(const std::vector<LedgerEvent>& events,
     }
     d.phases.back().last = i;
     d.phases.back().end_ns = d.points[i].time_ns;
+  }
+
+  // Phases that allocated nothing: an enter and its exit with no event in between.
+  const std::uint64_t first_seq = d.points.front().seq;
+  std::int64_t window_t0 = 0;
+  for (const auto& e : events)
+    if (e.seq == first_seq) window_t0 = e.time_ns;
+  std::vector<const PhaseMark*> open;
+  for (const PhaseMark& m : phase_marks) {
+    if (m.enter) {
+      open.push_back(&m);
+      continue;
+    }
+    if (open.empty()) continue;
+    const PhaseMark* in = open.back();
+    open.pop_back();
+    if (in->phase != m.phase || in->after_seq != m.after_seq) continue;
+    // Before the window: the previous step's optimizer ends right before the window's first
+    // event, so the sequence number alone cannot tell; its time can.
+    if (m.after_seq + 1 < first_seq || in->time_ns < window_t0) continue;
+    QuietPhase q;
+    q.phase = m.phase;
+    q.before = std::size_t(std::min<std::uint64_t>(m.after_seq + 1 - first_seq, d.points.size()));
+    q.start_ns = in->time_ns - window_t0;
+    q.end_ns = m.time_ns - window_t0;
+    d.quiet_phases.push_back(q);
   }
   return d;
 }
@@ -267,6 +294,25 @@ std::string timeline_trace_json(const TimelineData& d) {
                   {"ts", start},
                   {"dur", end - start},
                   {"args", {{"events", s.last - s.first + 1}, {"peak_bytes", phase_peak}}}});
+  }
+
+  for (const QuietPhase& q : d.quiet_phases) {
+    double start, end;
+    if (d.axis == TimeAxis::event_index) {
+      start = double(q.before) + 0.5;  // between the events around it
+      end = start + 0.001;
+    } else {
+      start = double(q.start_ns) / 1000.0;
+      end = std::max(double(q.end_ns) / 1000.0, start + 0.001);
+    }
+    ev.push_back({{"name", phase_name(q.phase)},
+                  {"cat", "phase"},
+                  {"ph", "X"},
+                  {"pid", pid},
+                  {"tid", tid_phases},
+                  {"ts", start},
+                  {"dur", end - start},
+                  {"args", {{"events", 0}, {"note", "no allocation in this phase"}}}});
   }
 
   const TimelinePoint& pk = d.points[d.peak_index];
@@ -368,6 +414,16 @@ void draw_panel(std::ostringstream& o, const TimelineData& d, const Panel& p, bo
     if (label_phases && bx1 - bx0 >= 8.0 * std::string(phase_name(s.phase)).size())
       o << "<text x=\"" << fmt("%.1f", (bx0 + bx1) / 2) << "\" y=\"" << (p.y0 - 8)
         << "\" text-anchor=\"middle\" fill=\"#333333\">" << phase_name(s.phase) << "</text>\n";
+  }
+  for (const QuietPhase& q : d.quiet_phases) {
+    const double bx = std::min(X(double(q.before)), p.x1 - 3.0);
+    o << "<rect class=\"phase\" data-phase=\"" << phase_name(q.phase) << "\" x=\""
+      << fmt("%.1f", bx) << "\" y=\"" << p.y0 << "\" width=\"3\" height=\"" << (p.y1 - p.y0)
+      << "\" fill=\"" << phase_colour(q.phase) << "\" stroke=\"#666666\" stroke-width=\"0.5\"/>\n";
+    if (label_phases)
+      o << "<text x=\"" << fmt("%.1f", bx) << "\" y=\"" << (p.y0 - 8)
+        << "\" text-anchor=\"end\" fill=\"#333333\">" << phase_name(q.phase)
+        << " (no allocations)</text>\n";
   }
   for (double v = 0; v <= ytop + 1e-9; v += ystep) {
     const double y = p.y1 - (p.y1 - p.y0) * v / ytop;
@@ -533,6 +589,8 @@ std::string timeline_svg(const TimelineData& d, int width, int height) {
   std::vector<Phase> seen;
   for (const PhaseSlice& s : d.phases)
     if (std::find(seen.begin(), seen.end(), s.phase) == seen.end()) seen.push_back(s.phase);
+  for (const QuietPhase& q : d.quiet_phases)
+    if (std::find(seen.begin(), seen.end(), q.phase) == seen.end()) seen.push_back(q.phase);
   for (Phase p : seen) {
     o << "<rect x=\"" << lx << "\" y=\"" << ly << "\" width=\"14\" height=\"14\" fill=\""
       << phase_colour(p) << "\" stroke=\"#999999\"/>\n";

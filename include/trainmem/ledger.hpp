@@ -123,6 +123,15 @@ struct LedgerEvent {
   std::uint64_t live_total = 0;  // after this event
 };
 
+// A phase scope opening (enter) or closing: after which event it happened and when. Kept so
+// that phases that allocate nothing (AdamW's optimizer phase) still show on a timeline.
+struct PhaseMark {
+  Phase phase = Phase::setup;
+  bool enter = true;
+  std::uint64_t after_seq = 0;  // seq of the last event before the mark (0: none yet)
+  std::int64_t time_ns = 0;     // since the ledger was created
+};
+
 struct PeakInfo {
   std::uint64_t bytes = 0;     // total live at the peak
   CategoryBytes breakdown{};   // per category at that instant
@@ -235,6 +244,7 @@ class Ledger {
   std::uint64_t peak_live_count() const { return peak_live_count_; }
 
   const std::vector<LedgerEvent>& timeline() const { return events_; }
+  const std::vector<PhaseMark>& phase_marks() const { return phase_marks_; }
   std::uint64_t dropped_events() const { return dropped_; }
   const std::vector<TensorRecord>& tensors() const { return records_; }
   // Names and bytes of the tensors alive now (for OOM reports).
@@ -273,6 +283,7 @@ class Ledger {
   std::uint64_t peak_live_count_ = 0;
   int step_ = 0;
   std::vector<LedgerEvent> events_;
+  std::vector<PhaseMark> phase_marks_;
   std::vector<TensorRecord> records_;
 };
 

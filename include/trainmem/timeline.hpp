@@ -23,13 +23,22 @@ namespace trainmem {
 enum class TimeAxis { wall, event_index };
 
 // One phase slice: a maximal run of events in the same phase (phases that allocate nothing,
-// e.g. AdamW's optimizer phase, add a slice only when given in TimelineData::extra_phases).
+// e.g. AdamW's optimizer phase, are TimelineData::quiet_phases instead).
 struct PhaseSlice {
   Phase phase = Phase::setup;
   std::size_t first = 0;  // index into TimelineData::points of the first event in the slice
   std::size_t last = 0;   // index of the last event in the slice (inclusive)
   std::int64_t start_ns = 0;
   std::int64_t end_ns = 0;  // the next slice's start (or the last event's time)
+};
+
+// A phase that ran without allocating anything (e.g. AdamW's optimizer phase): no event
+// carries it, so it is drawn from the ledger's phase marks, at its place among the events.
+struct QuietPhase {
+  Phase phase = Phase::setup;
+  std::size_t before = 0;  // number of window points that came before it
+  std::int64_t start_ns = 0;
+  std::int64_t end_ns = 0;
 };
 
 struct TimelinePoint {
@@ -50,6 +59,7 @@ struct TimelineData {
   CategoryBytes initial{};  // live bytes per category before the window's first event
   std::vector<TimelinePoint> points;
   std::vector<PhaseSlice> phases;
+  std::vector<QuietPhase> quiet_phases;  // phases with no event, from the phase marks
   std::size_t peak_index = 0;        // index into points of the (first) total peak in the window
   std::uint64_t dropped_events = 0;  // events the ledger did not keep (past its cap)
 };
@@ -62,7 +72,8 @@ struct TimelineData {
 // releases more bytes of a category than are live.
 TimelineData build_timeline(const std::vector<LedgerEvent>& events,
                             const std::vector<TensorRecord>& tensors, std::uint64_t from_seq,
-                            TimeAxis axis, std::string title, std::uint64_t dropped_events = 0);
+                            TimeAxis axis, std::string title, std::uint64_t dropped_events = 0,
+                            const std::vector<PhaseMark>& phase_marks = {});
 
 // The trace-event JSON text ({"traceEvents": [...], "displayTimeUnit": "ms", ...}).
 std::string timeline_trace_json(const TimelineData& data);
