@@ -620,7 +620,7 @@ void write_timeline(const std::string& path, const TimelineData& data) {
   const std::string text =
       lower_extension(path) == ".json" ? timeline_trace_json(data) : timeline_svg(data);
   std::ofstream f(path, std::ios::binary);
-  if (!f) throw Error("--timeline: cannot open '" + path + "' for writing");
+  if (!f) throw InputError("--timeline: cannot open '" + path + "' for writing");
   f << text;
   f.close();
   if (!f) throw Error("--timeline: writing '" + path + "' failed");

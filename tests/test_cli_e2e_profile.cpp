@@ -148,6 +148,18 @@ TEST(CliE2EProfile, BadFlagsExitTwoNamingTheFlag) {
   }
 }
 
+TEST(CliE2EProfile, UnwritableTimelineIsBadInputLikeAnUnwritableOutput) {
+  const Result t = trainmem(
+      "profile --model tiny --batch 2 --seq 16 --backend meta "
+      "--timeline /nonexistent-dir/t.json");
+  EXPECT_EQ(t.code, 2) << t.err;
+  EXPECT_NE(t.err.find("--timeline: cannot open"), std::string::npos) << t.err;
+  const Result o =
+      trainmem("estimate --model tiny --batch 2 --seq 16 --output /nonexistent-dir/e.json");
+  EXPECT_EQ(o.code, 2) << o.err;
+  EXPECT_NE(o.err.find("--output"), std::string::npos) << o.err;
+}
+
 TEST(CliE2EProfile, CsvMarkdownAndTableAgreeWithJson) {
   const Result rj = trainmem(kProfile + "--format json");
   ASSERT_EQ(rj.code, 0) << rj.err;

@@ -81,7 +81,7 @@ std::string timeline_trace_json(const TimelineData& data);
 std::string timeline_svg(const TimelineData& data, int width = 1100, int height = 760);
 
 // Writes by extension: .json -> trace JSON, .svg -> SVG. Anything else is an InputError
-// naming --timeline; an unwritable path is an Error.
+// naming --timeline; so is an unwritable path (bad input: exit 2, as for --output).
 void write_timeline(const std::string& path, const TimelineData& data);
 // Checks the extension only (so a run can refuse a bad --timeline before it starts).
 void validate_timeline_path(const std::string& path);
