@@ -580,6 +580,15 @@ void LlamaModel::layer_backward(int l, Tensor& d_res, const GradientCapture& cap
   auto Wp = [&](int j) { return params_[layer_param(l, j)].value.data(); };
   auto G = [&](int j) { return begin_grad(layer_param(l, j)); };
   auto done = [&](int j) { end_grad(layer_param(l, j), capture); };
+  // Backward of a projection y = x·Wᵀ, W (out_f, in_f): dx = dy·W (dx_beta 1: +=) and
+  // dW += dyᵀ·x. Under LOMO the gradient lives only around these two GEMMs.
+  auto linear_backward = [&](int j, void* dx, const void* dy, const void* xin, std::int64_t out_f,
+                             std::int64_t in_f, float dx_beta) {
+    void* g = G(j);
+    be_.matmul(dx, dy, Wp(j), N_, in_f, out_f, Trans::no, Trans::no, 1.f, dx_beta);
+    be_.matmul(g, dy, xin, out_f, in_f, N_, Trans::yes, Trans::no, 1.f, 1.f);
+    done(j);
+  };
 
   // 0. recompute the layer from its checkpointed input.
   if (train_.checkpointing == Checkpointing::full) {
@@ -588,12 +597,7 @@ void LlamaModel::layer_backward(int l, Tensor& d_res, const GradientCapture& cap
   }
   // 1. down_proj.
   Tensor d_act = ws("d_act", l, {b_, s_, i_}, D_);  // (B,T,I)
-  {
-    void* g = G(kDown);
-    be_.matmul(d_act.data(), d_res.data(), Wp(kDown), N_, i_, h_, Trans::no, Trans::no, 1.f, 0.f);
-    be_.matmul(g, d_res.data(), A.act.data(), h_, i_, N_, Trans::yes, Trans::no, 1.f, 1.f);
-    done(kDown);
-  }
+  linear_backward(kDown, d_act.data(), d_res.data(), A.act.data(), h_, i_, 0.f);
   A.act.reset();
   // 2. SwiGLU.
   Tensor d_gate = ws("d_gate", l, {b_, s_, i_}, D_);  // (B,T,I)
@@ -605,18 +609,8 @@ void LlamaModel::layer_backward(int l, Tensor& d_res, const GradientCapture& cap
   A.up.reset();
   // 3. gate_proj, up_proj.
   Tensor d_xn2 = ws("d_xn2", l, {b_, s_, h_}, D_);  // (B,T,C)
-  {
-    void* g = G(kGate);
-    be_.matmul(d_xn2.data(), d_gate.data(), Wp(kGate), N_, h_, i_, Trans::no, Trans::no, 1.f, 0.f);
-    be_.matmul(g, d_gate.data(), A.xn2.data(), i_, h_, N_, Trans::yes, Trans::no, 1.f, 1.f);
-    done(kGate);
-  }
-  {
-    void* g = G(kUp);
-    be_.matmul(d_xn2.data(), d_up.data(), Wp(kUp), N_, h_, i_, Trans::no, Trans::no, 1.f, 1.f);
-    be_.matmul(g, d_up.data(), A.xn2.data(), i_, h_, N_, Trans::yes, Trans::no, 1.f, 1.f);
-    done(kUp);
-  }
+  linear_backward(kGate, d_xn2.data(), d_gate.data(), A.xn2.data(), i_, h_, 0.f);
+  linear_backward(kUp, d_xn2.data(), d_up.data(), A.xn2.data(), i_, h_, 1.f);
   d_gate.reset();
   d_up.reset();
   A.xn2.reset();
@@ -629,12 +623,7 @@ void LlamaModel::layer_backward(int l, Tensor& d_res, const GradientCapture& cap
   A.rstd2.reset();
   // 5. o_proj.
   Tensor d_ao = ws("d_attn_out", l, {b_, s_, ad}, D_);  // (B,T,NH,HD)
-  {
-    void* g = G(kO);
-    be_.matmul(d_ao.data(), d_res.data(), Wp(kO), N_, ad, h_, Trans::no, Trans::no, 1.f, 0.f);
-    be_.matmul(g, d_res.data(), A.attn_out.data(), h_, ad, N_, Trans::yes, Trans::no, 1.f, 1.f);
-    done(kO);
-  }
+  linear_backward(kO, d_ao.data(), d_res.data(), A.attn_out.data(), h_, ad, 0.f);
   // 6. attention.
   Tensor d_q = ws("d_q", l, {b_, s_, ad}, D_);  // (B,T,NH,HD)
   Tensor d_k = ws("d_k", l, {b_, s_, kd}, D_);  // (B,T,NKV,HD)
@@ -656,24 +645,9 @@ void LlamaModel::layer_backward(int l, Tensor& d_res, const GradientCapture& cap
   be_.rope_backward(d_q.data(), d_k.data(), b_, s_, a_, k_, d_, cfg_.rope_theta);
   // 8. q_proj, k_proj, v_proj.
   Tensor d_xn1 = ws("d_xn1", l, {b_, s_, h_}, D_);  // (B,T,C)
-  {
-    void* g = G(kQ);
-    be_.matmul(d_xn1.data(), d_q.data(), Wp(kQ), N_, h_, ad, Trans::no, Trans::no, 1.f, 0.f);
-    be_.matmul(g, d_q.data(), A.xn1.data(), ad, h_, N_, Trans::yes, Trans::no, 1.f, 1.f);
-    done(kQ);
-  }
-  {
-    void* g = G(kK);
-    be_.matmul(d_xn1.data(), d_k.data(), Wp(kK), N_, h_, kd, Trans::no, Trans::no, 1.f, 1.f);
-    be_.matmul(g, d_k.data(), A.xn1.data(), kd, h_, N_, Trans::yes, Trans::no, 1.f, 1.f);
-    done(kK);
-  }
-  {
-    void* g = G(kV);
-    be_.matmul(d_xn1.data(), d_v.data(), Wp(kV), N_, h_, kd, Trans::no, Trans::no, 1.f, 1.f);
-    be_.matmul(g, d_v.data(), A.xn1.data(), kd, h_, N_, Trans::yes, Trans::no, 1.f, 1.f);
-    done(kV);
-  }
+  linear_backward(kQ, d_xn1.data(), d_q.data(), A.xn1.data(), ad, h_, 0.f);
+  linear_backward(kK, d_xn1.data(), d_k.data(), A.xn1.data(), kd, h_, 1.f);
+  linear_backward(kV, d_xn1.data(), d_v.data(), A.xn1.data(), kd, h_, 1.f);
   d_q.reset();
   d_k.reset();
   d_v.reset();
