@@ -6,6 +6,10 @@ eager attention), fp32, AdamW over all parameters; one step = zero the gradients
 backward, optimizer. Prints one JSON line: {"torch": version, "threads": n, "ms": [...],
 "median_ms": m, "loss": first loss}. Run with the Debian interpreter that has torch:
 /usr/bin/python3 tools/bench_step_torch.py --vocab 2048 --hidden 256 ...
+
+Plain torch ops only, no version-dependent path: checked (2026-12-02, tiny sizes) with Debian's
+torch 1.13 and with torch 2.11.0 (same first loss; AdamW takes its single-tensor for-loop on
+the CPU in both, so the versions time the same algorithm).
 """
 import argparse
 import json
