@@ -44,26 +44,6 @@ constexpr DType i32 = DType::i32;
 // Per-layer parameter slots, in setup order.
 enum LayerParam : int { kInNorm = 0, kQ, kK, kV, kO, kPostNorm, kGate, kUp, kDown, kLayerParams };
 
-std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// A counter-based stream: element `i` of stream `stream` under `seed` (thread-count independent).
-std::uint64_t random_bits(std::uint64_t seed, std::uint64_t stream, std::uint64_t i) {
-  return splitmix64(splitmix64(seed * 0x2545f4914f6cdd1dull + stream) + i);
-}
-
-// Standard normal by Box-Muller from one 64-bit draw.
-float normal_at(std::uint64_t seed, std::uint64_t stream, std::uint64_t i) {
-  const std::uint64_t u = random_bits(seed, stream, i);
-  const double u1 = (double(u >> 32) + 0.5) * (1.0 / 4294967296.0);  // (0, 1)
-  const double u2 = double(u & 0xffffffffu) * (1.0 / 4294967296.0);  // [0, 1)
-  return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
-}
-
 constexpr std::uint64_t kTokenStream = 0x746f6b656e73ull;  // "tokens"
 constexpr std::uint64_t kChunkElems = 1ull << 20;          // host staging chunk for weights
 
@@ -217,18 +197,22 @@ void LlamaModel::write_parameter(
 }
 
 void LlamaModel::init_random(std::uint64_t seed) {
+  // Norm weights 1, every other weight 0.02 * N(0,1) from its own stream (the parameter's
+  // index + 1), computed by the backend (on the device for cuda: include/trainmem/param_init.hpp).
   if (be_.computes()) {
     for (std::size_t pi = 0; pi < params_.size(); ++pi) {
-      const bool is_norm = params_[pi].shape.size() == 1;
-      write_parameter(pi, [&](float* dst, std::uint64_t first, std::uint64_t count) {
-        if (is_norm) {
-          std::fill(dst, dst + count, 1.0f);
-          return;
-        }
-#pragma omp parallel for schedule(static)
-        for (std::int64_t e = 0; e < std::int64_t(count); ++e)
-          dst[e] = 0.02f * normal_at(seed, pi + 1, first + std::uint64_t(e));
-      });
+      auto& p = params_[pi];
+      ParamInit init;
+      if (p.shape.size() == 1) {
+        init.kind = ParamInit::Kind::constant;
+        init.value = 1.0f;
+      } else {
+        init.kind = ParamInit::Kind::normal;
+        init.scale = 0.02f;
+        init.seed = seed;
+        init.stream = pi + 1;
+      }
+      be_.init_param(p.value.data(), opt_.master(p.opt_index), p.numel(), init);
     }
   }
   weights_set_ = true;
@@ -242,7 +226,7 @@ std::vector<std::string> weight_files(const std::string& path) {
   const int total = std::stoi(m[3].str());
   if (total < 1) return {path};
   std::vector<std::string> files;
-  char buf[32];
+  char buf[48];
   for (int k = 1; k <= total; ++k) {
     std::snprintf(buf, sizeof buf, "-%05d-of-%05d.safetensors", k, total);
     files.push_back(m[1].str() + buf);

@@ -16,6 +16,7 @@
 #include "trainmem/config.hpp"
 #include "trainmem/dtype.hpp"
 #include "trainmem/ledger.hpp"
+#include "trainmem/param_init.hpp"
 
 namespace trainmem {
 
@@ -50,6 +51,10 @@ class Backend {
   virtual void copy(void* dst, const void* src, std::uint64_t bytes) = 0;
   // Tells GEMMs which buffer to use as scratch (cuBLAS workspace). cpu/meta ignore it.
   virtual void set_gemm_workspace(void* ptr, std::uint64_t bytes) {}
+  // dst (n) D = round(param_init_value(init, e)) and, when master is non-null, master (n) f32
+  // = param_init_value(init, e) (before rounding), for e in [0, n). The default generates the
+  // values on the host in chunks and uploads them; cuda computes them on the device.
+  virtual void init_param(void* dst, float* master, std::uint64_t n, const ParamInit& init);
 
   // ---- ops ----
   // out (B,T,C) D = wte[tokens] ; wte (V,C) D

@@ -10,6 +10,7 @@
 #include "attention.cuh"
 #include "cross_entropy.cuh"
 #include "embedding.cuh"
+#include "init.cuh"
 #include "matmul.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
@@ -80,6 +81,10 @@ void CudaBackend::fill_zero(void* dst, std::uint64_t bytes) {
 void CudaBackend::copy(void* dst, const void* src, std::uint64_t bytes) {
   if (bytes == 0 || dst == src) return;
   TM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::init_param(void* dst, float* master, std::uint64_t n, const ParamInit& init) {
+  init_param_cuda(dst, master, std::int64_t(n), init, dtype(), stream_);
 }
 
 void CudaBackend::set_gemm_workspace(void* ptr, std::uint64_t bytes) {

@@ -42,6 +42,8 @@ class CudaBackend final : public Backend {
   void upload(void* dst, const void* host_src, std::uint64_t bytes) override;
   void download(void* host_dst, const void* src, std::uint64_t bytes) override;
   void fill_zero(void* dst, std::uint64_t bytes) override;
+  // Computed on the device (kernels/init.cu): no host generation, no upload.
+  void init_param(void* dst, float* master, std::uint64_t n, const ParamInit& init) override;
   void copy(void* dst, const void* src, std::uint64_t bytes) override;
   // cublasSetWorkspace with the ledger's buffer; (nullptr, 0) hands cuBLAS back its default
   // workspace (call it before releasing the buffer when the backend outlives it).

@@ -1,0 +1,21 @@
+// Parameter initialisation on the GPU: one thread per element, grid-stride.
+#include "cuda_common.cuh"
+#include "init.cuh"
+#include "init_kernels.cuh"
+
+namespace trainmem {
+namespace {
+constexpr int kThreads = 256;
+}  // namespace
+
+void init_param_cuda(void* dst, float* master, std::int64_t N, const ParamInit& init, DType dt,
+                     cudaStream_t stream) {
+  cuda::require_fits(N, std::numeric_limits<std::int64_t>::max(), "init_param_cuda", "N");
+  if (N == 0) return;
+  TM_DISPATCH_STORAGE(dt, "init_param_cuda",
+                      cuda::init_param_kernel<S>
+                      <<<cuda::grid_for(N, kThreads), kThreads, 0, stream>>>(dst, master, N, init);
+                      TM_CUDA_CHECK_LAUNCH());
+}
+
+}  // namespace trainmem
