@@ -99,8 +99,19 @@ DEVICE_TOTAL_BYTES=${DEVICE_TOTAL_BYTES:-0}
 say "device memory: $DEVICE_TOTAL_BYTES bytes"
 
 # ---------------------------------------------------------------- 1. build and GPU tests
+# Libraries: the system's, else the Debian packages carried in .devdeps (tools/devdeps.sh: the
+# GPU machines have CUDA, CMake and a compiler, but no network and maybe none of these).
+DEVDEPS_CMAKE_ARGS=()
+# shellcheck source=tools/devdeps.sh
+if source "$ROOT/tools/devdeps.sh" use >"$OUT/logs/devdeps.log" 2>&1; then
+  record devdeps ok 0 0 "$(tail -n 1 "$OUT/logs/devdeps.log")"
+else
+  record devdeps failed 1 0 "$(tail -n 1 "$OUT/logs/devdeps.log")"
+fi
+say "devdeps: $(tail -n 1 "$OUT/logs/devdeps.log")"
 run_step configure 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DTRAINMEM_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=90
+  -DTRAINMEM_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=90 \
+  "${DEVDEPS_CMAKE_ARGS[@]}"
 run_step build 420 cmake --build "$BUILD" -j "$JOBS"
 BUILD_OK=$?
 TM="$BUILD/trainmem"
