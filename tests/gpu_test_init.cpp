@@ -24,7 +24,7 @@ TEST(InitParamGpu, DeviceValuesEqualTheHostPath) {
     init.seed = 1234;
     init.stream = 9;
     HostBuf want(dt, n);
-    std::vector<float> want_master(std::size_t(n));
+    std::vector<float> want_master(static_cast<std::size_t>(n));
     cpu->init_param(want.data(), want_master.data(), std::uint64_t(n), init);
 
     DevBuf d_param(gpu, want.bytes()), d_master(gpu, std::uint64_t(n) * 4);
