@@ -9,8 +9,9 @@
 #   source tools/devdeps.sh use  (there) when a library is missing from the system and
 #                               .devdeps/ holds the packages: unpack them under
 #                               build/devdeps-root (no dpkg, nothing installed), and set
-#                               DEVDEPS_CMAKE_ARGS (an array for cmake's configure) and
-#                               LD_LIBRARY_PATH (for the linker and the binaries). With every
+#                               DEVDEPS_CMAKE_ARGS (an array for cmake's configure: prefix,
+#                               and an rpath so the binaries find the libraries) and
+#                               LD_LIBRARY_PATH (for the linker's checks). With every
 #                               library present it leaves both empty and says so.
 #   tools/devdeps.sh check      print which libraries the system lacks (exit 1 if any)
 #
@@ -69,7 +70,10 @@ devdeps_use() {
   local lib=$root/usr/lib/x86_64-linux-gnu
   DEVDEPS_CMAKE_ARGS=(-DCMAKE_PREFIX_PATH="$root/usr"
     -DCMAKE_LIBRARY_PATH="$lib/openblas-pthread;$lib"
-    -DCMAKE_INCLUDE_PATH="$root/usr/include/x86_64-linux-gnu/openblas-pthread;$root/usr/include")
+    -DCMAKE_INCLUDE_PATH="$root/usr/include/x86_64-linux-gnu/openblas-pthread;$root/usr/include"
+    # DT_RPATH (not RUNPATH) so that the libraries' own needs (OpenBLAS's libgfortran) are
+    # found too: the binaries then run without LD_LIBRARY_PATH.
+    -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags -Wl,-rpath,$lib:$lib/openblas-pthread")
   export LD_LIBRARY_PATH="$lib:$lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   echo "devdeps: missing here: $missing; using the Debian 12 packages unpacked in $root"
 }
