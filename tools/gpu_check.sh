@@ -26,7 +26,12 @@
 # CUDACXX (nvcc), PYTHON (default python3), BUDGET_S (overall soft budget, default 450: steps
 # that would start later are skipped and say so), RUN_COMPARE=1 (also run `trainmem compare`),
 # BACKEND (default cuda; BACKEND=meta dry-runs the whole script without a GPU: the measured
-# runs and the sweep then trace on the meta backend, the throughput step is skipped).
+# runs and the sweep then trace on the meta backend, the throughput step is skipped),
+# RESULTS (a folder that receives three files at the end: summary.txt, summary.json and
+# gpu_check.tar.gz holding the whole output folder; for a transport that returns few files).
+# Libraries missing on the machine come from .devdeps (tools/devdeps.sh). On this project's
+# lent GPU machines (docs/gpu.md):  tools/devdeps.sh fetch   here, then there
+#   GPU_OUT=$OUT; OUT=/tmp/gpu_check RESULTS=$GPU_OUT bash tools/gpu_check.sh   (carry .devdeps)
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -108,7 +113,7 @@ if source "$ROOT/tools/devdeps.sh" use >"$OUT/logs/devdeps.log" 2>&1; then
 else
   record devdeps failed 1 0 "$(tail -n 1 "$OUT/logs/devdeps.log")"
 fi
-say "devdeps: $(tail -n 1 "$OUT/logs/devdeps.log")"
+say "$(tail -n 1 "$OUT/logs/devdeps.log")"
 run_step configure 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DTRAINMEM_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=90 \
   "${DEVDEPS_CMAKE_ARGS[@]}"
@@ -370,3 +375,9 @@ print("=" * 78)
 print(f"all JSON under {out}; summary.json holds trainmem's and PyTorch's figures together")
 EOF
 say "done in $((SECONDS - T0))s"
+if [[ -n ${RESULTS:-} ]]; then
+  mkdir -p "$RESULTS"
+  cp "$OUT/summary.txt" "$OUT/summary.json" "$RESULTS/" 2>/dev/null
+  tar -czf "$RESULTS/gpu_check.tar.gz" -C "$(dirname "$OUT")" "$(basename "$OUT")" &&
+    echo "results: $RESULTS/{summary.txt,summary.json,gpu_check.tar.gz}"
+fi
