@@ -317,12 +317,14 @@ print("-" * 78)
 if peer:
     print(f"PyTorch peer (torch {peer['torch']}, transformers {peer['transformers']}, "
           f"{peer['run']['optimizer']}):")
-    print("  attention ckpt   max_alloc  fwd_growth  ms/step   tokens/s  status")
+    print("  attention (ran)  ckpt (ran)    max_alloc  fwd_growth  ms/step   tokens/s  status")
     for c in peer["configs"]:
-        print(f"  {c['attention']:5s}/{c.get('attention_effective', '?'):5s} {c['checkpointing']:4s} "
+        mask = c.get("sdpa_attn_mask")
+        print(f"  {c['attention']:5s}/{c.get('attention_effective', '?'):6s}  "
+              f"{c['checkpointing']:4s}/{c.get('checkpointing_effective', '?'):4s}  "
               f"{gib(c.get('max_memory_allocated'))}  {gib(c.get('forward_growth'))}   "
               f"{c.get('median_step_ms') or 0:7.0f}  {c.get('tokens_per_s') or 0:9.0f}  "
-              f"{c['status']}")
+              f"{c['status']}" + (f"  sdpa mask {mask}" if mask else ""))
     hf = ((load(os.path.join(out, "runs", "hf_eager.estimate.json")) or {}).get("analytic") or {})
     hf = hf.get("hf-eager") or {}
     if hf:
