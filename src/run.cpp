@@ -34,6 +34,7 @@ std::uint64_t parse_size(const std::string& text, const std::string& flag) {
   const std::string number = text.substr(0, i);
   std::string unit = text.substr(i);
   while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  if (!text.empty() && text.front() == '-') throw bad("negative");
   if (number.empty() || std::count(number.begin(), number.end(), '.') > 1 || number == ".")
     throw bad("no number");
   std::transform(unit.begin(), unit.end(), unit.begin(),
@@ -251,7 +252,9 @@ RunResult execute_run(const RunRequest& rq) {
     if (!rq.tokens.empty()) {
       model->set_tokens(load_tokens_file(rq.tokens, rq.train.batch, rq.train.seq, rq.model.vocab),
                         "--tokens " + rq.tokens);
-    } else {
+    } else if (be.computes()) {
+      // Not on meta: nothing reads the ids there, and b·s of them in host memory is what
+      // would stop a maxbatch search long before its device budget.
       model->random_tokens(rq.seed);
     }
     probes->mark("after_params");

@@ -41,11 +41,12 @@ struct Result {
 
 // Runs `trainmem <args>` with stdout and stderr redirected to files (so neither is a
 // terminal: no colour, no progress bar). One OpenMP thread keeps the cpu runs predictable.
-inline Result trainmem(const std::string& args) {
+// `env`: extra environment assignments for the command ("NAME=value ...").
+inline Result trainmem_env(const std::string& env, const std::string& args) {
   static int counter = 0;
   const std::string tag = std::to_string(counter++);
   const std::string out = temp_path("out" + tag), err = temp_path("err" + tag);
-  const std::string cmd = std::string("OMP_NUM_THREADS=1 '") + TRAINMEM_BINARY + "' " + args +
+  const std::string cmd = "OMP_NUM_THREADS=1 " + env + " '" + TRAINMEM_BINARY + "' " + args +
                           " >'" + out + "' 2>'" + err + "'";
   const int status = std::system(cmd.c_str());
   Result r;
@@ -55,6 +56,10 @@ inline Result trainmem(const std::string& args) {
   std::remove(out.c_str());
   std::remove(err.c_str());
   return r;
+}
+
+inline Result trainmem(const std::string& args) {
+  return trainmem_env("", args);
 }
 
 // RFC 4180 CSV: rows of fields (quoted fields may hold commas, quotes and newlines).

@@ -4,6 +4,7 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <iostream>
 #include <map>
@@ -22,7 +23,10 @@ namespace {
 void setup_logging() {
   auto logger = std::make_shared<spdlog::logger>(
       "trainmem", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
-  logger->set_pattern("trainmem: [%l] %v");
+  // On a terminal a log line first clears the line it lands on: a progress bar may be drawn
+  // there (sweep, compare), and the message would otherwise be glued to its end.
+  logger->set_pattern(isatty(STDERR_FILENO) == 1 ? "\r\033[Ktrainmem: [%l] %v"
+                                                 : "trainmem: [%l] %v");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::info);
 }
@@ -51,6 +55,15 @@ int run_cli_throwing(int argc, char** argv) {
   add(register_sweep);
   add(register_maxbatch);
   app.require_subcommand(0, 1);
+  // CLI11's parse errors in the same form as ours, pointing at the help of the subcommand
+  // that was being parsed (which lists each flag's allowed values).
+  app.failure_message([](const CLI::App* a, const CLI::Error& e) {
+    std::string help = "trainmem --help";
+    const auto subs = a->get_subcommands();
+    if (!subs.empty()) help = "trainmem " + subs.front()->get_name() + " --help";
+    return "trainmem: error: " + std::string(e.what()) + "\nRun `" + help +
+           "` for the flags and their allowed values.\n";
+  });
 
   try {
     app.parse(argc, argv);
@@ -81,6 +94,11 @@ int run_guarded(const std::function<int()>& body) {
   } catch (const OutOfMemory& e) {
     std::cerr << "trainmem: " << e.what() << "\n";
     return 3;
+  } catch (const OverflowError& e) {
+    std::cerr << "trainmem: error: " << e.what()
+              << " (the sizes of this --model, --batch and --seq do not fit 64-bit byte "
+                 "counts; choose smaller values)\n";
+    return 2;
   } catch (const InputError& e) {
     std::cerr << "trainmem: error: " << e.what() << "\n";
     return 2;

@@ -4,6 +4,7 @@
 // cmd_maxbatch.cpp). Exit codes: 0 ok, 2 bad input, 3 out of memory, 1 anything else.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "trainmem/config.hpp"
+#include "trainmem/run.hpp"
 
 namespace trainmem::cli {
 
@@ -52,6 +54,24 @@ struct Common {
   std::string output;
 };
 
+// A CLI11 check, run on the text before CLI11 converts it, that the value is a whole number
+// of type T; otherwise "'<value>' is not <what>" (CLI11 prefixes the flag). CLI11's own
+// message ("Could not convert: --batch = abc") says nothing of what is allowed. Bounds are
+// checked after parsing, where the messages say them.
+template <typename T>
+CLI::Validator integer_check(const std::string& what) {
+  return CLI::Validator(
+      [what](std::string& value) -> std::string {
+        T v{};
+        const char* last = value.data() + value.size();
+        const auto [end, ec] = std::from_chars(value.data(), last, v);
+        if (value.empty() || ec != std::errc() || end != last)
+          return "'" + value + "' is not " + what;
+        return "";
+      },
+      "INT");
+}
+
 // Adds the common flags (and the run flags when `run` is non-null) to a subcommand.
 void add_common_flags(CLI::App& cmd, CommonFlags& flags);
 void add_run_flags(CLI::App& cmd, RunFlags& flags);
@@ -64,6 +84,21 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
 void set_log_level(const std::string& level);
 // Adds only --log-level (the top-level app has it too: `trainmem --log-level debug estimate`).
 void add_log_level_flag(CLI::App& cmd, std::string& level);
+
+// Checks, without writing anything, that `path` can be written (an existing writable file, or
+// a new name in an existing writable folder); InputError naming `flag` otherwise. Called
+// before a run starts, so that a long run does not end with its report undeliverable.
+void check_writable(const std::string& path, const std::string& flag);
+
+// Host memory a cpu run may use: /proc/meminfo's MemAvailable, or the environment variable
+// TRAINMEM_HOST_MEMORY (a SIZE: containers whose limit MemAvailable does not show, tests).
+std::optional<std::uint64_t> host_memory_available();
+
+// Checks, before anything runs, that the request can start on this machine: --backend cuda
+// needs a usable device; --backend cpu needs the step's memory (the native profile's peak,
+// or --device-budget when lower) to be available in host memory. InputError naming
+// --backend and the alternatives otherwise.
+void check_run_can_start(const RunRequest& rq);
 
 // Writes `text` to --output (or stdout when empty).
 void write_output(const std::string& output_path, const std::string& text);

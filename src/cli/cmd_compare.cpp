@@ -57,7 +57,30 @@ std::int64_t saved(std::uint64_t before, std::uint64_t after) {
   return std::int64_t(before) - std::int64_t(after);
 }
 
+// "none" or "full" (or both): the runs of the pair that ran out of memory; "" when neither.
+std::string failed_modes(const Pair& p) {
+  if (p.none->failure && p.full->failure) return "both runs";
+  if (p.none->failure) return "the run without checkpointing";
+  if (p.full->failure) return "the run with checkpointing";
+  return "";
+}
+
 json comparison_json(const Pair& p) {
+  if (!failed_modes(p).empty()) {
+    // A run that ran out of memory has figures up to the failure only: no saving to report.
+    return json{{"optimizer", optimizer_name(p.optimizer)},
+                {"activations_saved", nullptr},
+                {"activations_saved_predicted",
+                 saved(p.none->native().figures.activations, p.full->native().figures.activations)},
+                {"activations_saved_ok", nullptr},
+                {"peak_saved", nullptr},
+                {"peak_saved_predicted",
+                 saved(p.none->native().figures.peak, p.full->native().figures.peak)},
+                {"step_seconds_none", nullptr},
+                {"step_seconds_full", nullptr},
+                {"recompute_cost", nullptr},
+                {"out_of_memory", failed_modes(p)}};
+  }
   const double cost = recompute_cost(p);
   const auto& n = p.none->ledger;
   const auto& f = p.full->ledger;
@@ -138,7 +161,8 @@ std::string compare_text(const std::vector<Pair>& pairs, const std::vector<RunRe
                      {"sum"},
                      {"peak"},
                      {"step_seconds"},
-                     {"recompute_cost"}});
+                     {"recompute_cost"},
+                     {"out_of_memory", report::Align::left}});
     for (const auto& p : pairs)
       for (const RunResult* r : {p.none, p.full}) {
         const MemoryFigures& f = r->ledger;
@@ -149,7 +173,8 @@ std::string compare_text(const std::vector<Pair>& pairs, const std::vector<RunRe
                    std::to_string(f.activations_peak), std::to_string(f.workspace),
                    std::to_string(f.inputs), std::to_string(f.sum), std::to_string(f.peak),
                    r->computes ? report::fixed(r->steady_step_seconds(), 6) : "",
-                   r == p.full && !std::isnan(cost) ? report::fixed(cost, 6) : ""});
+                   r == p.full && !std::isnan(cost) ? report::fixed(cost, 6) : "",
+                   r->failure ? "true" : "false"});
       }
     return b.csv();
   }
@@ -176,6 +201,16 @@ std::string compare_text(const std::vector<Pair>& pairs, const std::vector<RunRe
   for (const auto& p : pairs) {
     const auto& n = p.none->ledger;
     const auto& f = p.full->ledger;
+    if (!failed_modes(p).empty()) {
+      o << (md ? "- " : "") << display_optimizer(p.optimizer)
+        << ": not compared: " << failed_modes(p)
+        << " ran out of memory (figures up to the failure only); native "
+        << "predicts activations " << in_unit(p.none->native().figures.activations, u) << " -> "
+        << in_unit(p.full->native().figures.activations, u) << " " << u.name << ", peak "
+        << in_unit(p.none->native().figures.peak, u) << " -> "
+        << in_unit(p.full->native().figures.peak, u) << " " << u.name << "\n";
+      continue;
+    }
     const std::int64_t act = saved(n.activations, f.activations);
     const std::int64_t act_pred =
         saved(p.none->native().figures.activations, p.full->native().figures.activations);
@@ -233,9 +268,8 @@ int run_compare(const CompareFlags& flags) {
 
   std::optional<std::uint64_t> budget;
   if (!flags.device_budget.empty()) budget = parse_size(flags.device_budget, "--device-budget");
-  std::vector<RunResult> runs;
-  runs.reserve(c.optimizers.size() * 2);
-  ProgressBar progress("compare", c.optimizers.size() * 2);
+  // Every request first, checked before the first one runs.
+  std::vector<RunRequest> requests;
   for (Optimizer o : c.optimizers) {
     for (Checkpointing mode : {Checkpointing::none, Checkpointing::full}) {
       RunRequest rq;
@@ -251,17 +285,31 @@ int run_compare(const CompareFlags& flags) {
       rq.device_budget = budget;
       for (const auto& name : c.profiles) rq.profiles.push_back(*parse_profile(name));
       rq.keep_timeline = !flags.run.timeline.empty();
-      progress.step(std::string(optimizer_name(o)) + " checkpointing=" + checkpointing_name(mode));
-      runs.push_back(execute_run(rq));
-      if (runs.size() == 1 && !runs.front().backend_note.empty())
-        spdlog::warn("{}", runs.front().backend_note);
-      if (runs.back().timeline) {
-        std::string suffix = std::string("ckpt-") + checkpointing_name(mode);
-        if (c.optimizers.size() > 1) suffix = std::string(optimizer_name(o)) + "-" + suffix;
-        const std::string path = suffixed_path(flags.run.timeline, suffix);
-        write_timeline(path, *runs.back().timeline);
-        spdlog::info("wrote {}", path);
-      }
+      check_run_can_start(rq);
+      requests.push_back(std::move(rq));
+    }
+  }
+  auto timeline_path = [&](const TrainConfig& t) {
+    std::string suffix = std::string("ckpt-") + checkpointing_name(t.checkpointing);
+    if (c.optimizers.size() > 1) suffix = std::string(optimizer_name(t.optimizer)) + "-" + suffix;
+    return suffixed_path(flags.run.timeline, suffix);
+  };
+  if (!flags.run.timeline.empty())
+    for (const auto& rq : requests) check_writable(timeline_path(rq.train), "--timeline");
+
+  std::vector<RunResult> runs;
+  runs.reserve(requests.size());
+  ProgressBar progress("compare", requests.size());
+  for (const auto& rq : requests) {
+    progress.step(std::string(optimizer_name(rq.train.optimizer)) +
+                  " checkpointing=" + checkpointing_name(rq.train.checkpointing));
+    runs.push_back(execute_run(rq));
+    if (runs.size() == 1 && !runs.front().backend_note.empty())
+      spdlog::warn("{}", runs.front().backend_note);
+    if (runs.back().timeline) {
+      const std::string path = timeline_path(rq.train);
+      write_timeline(path, *runs.back().timeline);
+      spdlog::info("wrote {}", path);
     }
   }
   progress.done();

@@ -87,12 +87,24 @@ Overhead resolve_overhead(const std::string& flag, DType dtype) {
               "context, cuBLAS modules and pool slack, typically 0.5-1 GiB: pass --overhead)"};
     return measure_overhead(dtype);
   }
-  if (flag == "measure") return measure_overhead(dtype);
+  if (flag == "measure") {
+    const std::string why = cuda_unavailable_reason();
+    if (!why.empty())
+      throw InputError("--overhead measure: no usable CUDA device (" + why +
+                       "); state it instead, e.g. --overhead 1GiB, or use --overhead auto");
+    return measure_overhead(dtype);
+  }
   return {parse_size(flag, "--overhead"), "stated with --overhead " + flag};
 }
 
 int run_maxbatch(const MaxbatchFlags& flags) {
-  const Common c = resolve_common(flags.common, false, false);
+  if (flags.vary != "batch" && flags.vary != "seq")
+    throw InputError("--vary: unknown '" + flags.vary + "'; allowed: batch, seq");
+  // With --vary seq the --seq flag plays no part (nor its warning past the model's
+  // positions): validate the rest at the shortest sequence.
+  CommonFlags common = flags.common;
+  if (flags.vary == "seq") common.seq = 2;
+  const Common c = resolve_common(common, false, false);
   if (flags.budget.empty())
     throw InputError("--budget is required: a SIZE (80GiB, 24GB, 512MiB) or 'device'");
   if (flags.vary != "batch" && flags.vary != "seq")
@@ -224,6 +236,7 @@ Runner register_maxbatch(CLI::App& app) {
                   "or 'auto' (measure when a GPU is usable, else 0)")
       ->capture_default_str();
   cmd->add_option("--step", flags->step, "Granularity of the answer (e.g. 64 for --vary seq)")
+      ->check(integer_check<std::int64_t>("an integer; allowed: an integer >= 1"))
       ->capture_default_str();
   return [flags] { return run_maxbatch(*flags); };
 }

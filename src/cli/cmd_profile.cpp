@@ -44,6 +44,11 @@ int run_profile(const ProfileFlags& flags) {
     rq.profiles.push_back(*p);
   }
   rq.keep_timeline = !flags.run.timeline.empty();
+  // Before the run, which may take long: every file it will write can be written, and the
+  // step can start on the chosen backend.
+  if (!flags.run.timeline.empty()) check_writable(flags.run.timeline, "--timeline");
+  if (!flags.run.dump.empty()) check_writable(flags.run.dump, "--dump");
+  check_run_can_start(rq);
 
   const RunResult r = execute_run(rq);
   if (!r.backend_note.empty()) spdlog::warn("{}", r.backend_note);

@@ -35,7 +35,7 @@ struct SweepFlags {
 };
 
 std::vector<std::int64_t> parse_list(const std::string& text, const std::string& flag,
-                                     std::int64_t minimum) {
+                                     std::int64_t minimum, const std::string& example) {
   std::vector<std::int64_t> out;
   std::stringstream in(text);
   std::string item;
@@ -49,10 +49,10 @@ std::vector<std::int64_t> parse_list(const std::string& text, const std::string&
     }
     if (used == 0 || used != item.size() || v < minimum)
       throw InputError(flag + ": '" + item + "' is not an integer >= " + std::to_string(minimum) +
-                       "; give a comma-separated list, e.g. " + flag + " 1,2,4");
+                       "; give a comma-separated list, e.g. " + flag + " " + example);
     if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
   }
-  if (out.empty()) throw InputError(flag + ": empty list; give e.g. " + flag + " 1,2,4");
+  if (out.empty()) throw InputError(flag + ": empty list; give e.g. " + flag + " " + example);
   return out;
 }
 
@@ -60,11 +60,12 @@ std::vector<std::int64_t> parse_list(const std::string& text, const std::string&
 // combination. kv heads keep the base model's ratio to heads.
 std::vector<ModelConfig> model_variants(const ModelConfig& base, const SweepFlags& f) {
   const auto hs = f.hiddens.empty() ? std::vector<std::int64_t>{base.hidden}
-                                    : parse_list(f.hiddens, "--hidden", 1);
-  const auto is = f.intermediates.empty() ? std::vector<std::int64_t>{base.intermediate}
-                                          : parse_list(f.intermediates, "--intermediate", 1);
-  const auto as =
-      f.heads.empty() ? std::vector<std::int64_t>{base.heads} : parse_list(f.heads, "--heads", 1);
+                                    : parse_list(f.hiddens, "--hidden", 1, "32,48");
+  const auto is = f.intermediates.empty()
+                      ? std::vector<std::int64_t>{base.intermediate}
+                      : parse_list(f.intermediates, "--intermediate", 1, "64,100");
+  const auto as = f.heads.empty() ? std::vector<std::int64_t>{base.heads}
+                                  : parse_list(f.heads, "--heads", 1, "2,4");
   std::vector<ModelConfig> out;
   for (auto h : hs)
     for (auto i : is)
@@ -243,12 +244,17 @@ std::string fit_text(const SweepFits& f, std::size_t n_runs, bool md) {
 }
 
 int run_sweep(const SweepFlags& flags) {
-  const Common c = resolve_common(flags.common, false, false);
   if (!flags.run.timeline.empty() || !flags.run.dump.empty())
     throw InputError(std::string(flags.run.timeline.empty() ? "--dump" : "--timeline") +
                      ": sweep runs many configurations; use trainmem profile for one");
-  const auto batches = parse_list(flags.batches, "--batch", 1);
-  const auto seqs = parse_list(flags.seqs, "--seq", 2);
+  const auto batches = parse_list(flags.batches, "--batch", 1, "1,2,4");
+  const auto seqs = parse_list(flags.seqs, "--seq", 2, "128,256");
+  // The common flags' --batch and --seq are the lists here: validate the rest with the
+  // grid's largest point (its sizes are the ones that could overflow).
+  CommonFlags common = flags.common;
+  common.batch = *std::max_element(batches.begin(), batches.end());
+  common.seq = *std::max_element(seqs.begin(), seqs.end());
+  const Common c = resolve_common(common, false, false);
   const auto models = model_variants(c.model, flags);
   const FitTerms terms = models.size() > 1 ? FitTerms::separate : FitTerms::one_model;
 
@@ -275,8 +281,8 @@ int run_sweep(const SweepFlags& flags) {
 
   std::optional<std::uint64_t> budget;
   if (!flags.device_budget.empty()) budget = parse_size(flags.device_budget, "--device-budget");
-  std::vector<RunResult> runs;
-  ProgressBar progress("sweep", models.size() * batches.size() * seqs.size());
+  // Every grid point first, checked before the first one runs.
+  std::vector<RunRequest> requests;
   for (const auto& m : models)
     for (auto b : batches)
       for (auto s : seqs) {
@@ -292,11 +298,18 @@ int run_sweep(const SweepFlags& flags) {
         rq.weights = flags.run.weights;
         rq.tokens = flags.run.tokens;
         rq.device_budget = budget;
-        progress.step(m.name + " b=" + std::to_string(b) + " s=" + std::to_string(s));
-        runs.push_back(execute_run(rq));
-        if (runs.size() == 1 && !runs.front().backend_note.empty())
-          spdlog::warn("{}", runs.front().backend_note);
+        check_run_can_start(rq);
+        requests.push_back(std::move(rq));
       }
+  std::vector<RunResult> runs;
+  ProgressBar progress("sweep", requests.size());
+  for (const auto& rq : requests) {
+    progress.step(rq.model.name + " b=" + std::to_string(rq.train.batch) +
+                  " s=" + std::to_string(rq.train.seq));
+    runs.push_back(execute_run(rq));
+    if (runs.size() == 1 && !runs.front().backend_note.empty())
+      spdlog::warn("{}", runs.front().backend_note);
+  }
   progress.done();
   bool failed = false;
   for (const auto& r : runs) failed |= bool(r.failure);
@@ -334,14 +347,16 @@ int run_sweep(const SweepFlags& flags) {
                      {"per_layer_activations"},
                      {"native_per_layer_activations"},
                      {"activations_peak"},
-                     {"peak"}});
+                     {"peak"},
+                     {"out_of_memory", report::Align::left}});
     for (const auto& r : runs)
       t.add_row({r.model.name, std::to_string(r.model.hidden), std::to_string(r.model.intermediate),
                  std::to_string(r.model.heads), std::to_string(r.train.batch),
                  std::to_string(r.train.seq), std::to_string(r.ledger.activations),
                  std::to_string(r.per_layer_activations()),
                  std::to_string(r.native().activations.per_layer_bytes),
-                 std::to_string(r.ledger.activations_peak), std::to_string(r.ledger.peak)});
+                 std::to_string(r.ledger.activations_peak), std::to_string(r.ledger.peak),
+                 r.failure ? "true" : "false"});
     text = t.csv();
   } else {
     const bool md = c.format == Format::markdown;

@@ -1,14 +1,20 @@
 // The common and run flags shared by the subcommands, their validation, and --output.
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 
 #include "cli/cli.hpp"
+#include "trainmem/analytic.hpp"
+#include "trainmem/backend.hpp"
 #include "trainmem/error.hpp"
+#include "trainmem/run.hpp"
 
 namespace trainmem::cli {
 namespace {
@@ -55,7 +61,90 @@ CLI::Validator suffix_check(std::vector<std::string> suffixes) {
       "FILE(" + allowed + ")");
 }
 
+bool is_directory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// --model DIR: a HuggingFace model folder (what from_pretrained takes) holds config.json.
+std::string model_argument(const std::string& model) {
+  if (!is_directory(model)) return model;
+  std::string path = model;
+  if (path.back() != '/') path += '/';
+  path += "config.json";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw InputError("--model: " + model +
+                     " is a directory without a config.json; give a preset (" +
+                     join(preset_names()) + "), a HuggingFace config.json or its folder");
+  return path;
+}
+
 }  // namespace
+
+void check_writable(const std::string& path, const std::string& flag) {
+  if (path.empty()) throw InputError(flag + ": empty path");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode))
+      throw InputError(flag + ": " + path + " is a directory; give a file name");
+    if (::access(path.c_str(), W_OK) != 0)
+      throw InputError(flag + ": cannot open " + path + " for writing: " + std::strerror(errno));
+    return;
+  }
+  const auto slash = path.find_last_of('/');
+  const std::string dir =
+      slash == std::string::npos ? std::string(".") : (slash == 0 ? "/" : path.substr(0, slash));
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw InputError(flag + ": cannot open " + path + " for writing: the folder " + dir +
+                     " does not exist");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw InputError(flag + ": cannot open " + path + " for writing: the folder " + dir +
+                     " is not writable: " + std::strerror(errno));
+}
+
+std::optional<std::uint64_t> host_memory_available() {
+  if (const char* v = std::getenv("TRAINMEM_HOST_MEMORY"))
+    return parse_size(v, "TRAINMEM_HOST_MEMORY");
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return std::nullopt;
+}
+
+void check_run_can_start(const RunRequest& rq) {
+  if (rq.backend == "cuda") {
+    const std::string why = cuda_unavailable_reason();
+    if (!why.empty())
+      throw InputError("--backend cuda: no usable CUDA device (" + why +
+                       "); allowed here: --backend meta (the same allocation trace, predicted) "
+                       "or --backend cpu (small models), or auto");
+  }
+  if (rq.backend != "cpu") return;
+  // The cpu backend allocates every byte of the step in host memory: refuse a step that
+  // cannot fit before the kernel's out-of-memory killer ends the process half way.
+  const auto available = host_memory_available();
+  if (!available) return;
+  std::uint64_t need = estimate(Profile::native, rq.model, rq.train).figures.peak;
+  if (rq.device_budget) need = std::min(need, *rq.device_budget);
+  if (need <= *available) return;
+  const auto gib = [](std::uint64_t b) {
+    const TableUnit u = table_unit(b);
+    return in_unit(b, u) + " " + u.name;
+  };
+  throw InputError("--backend cpu: this step needs " + gib(need) + " of host memory (" +
+                   rq.model.name + ", batch " + std::to_string(rq.train.batch) + ", seq " +
+                   std::to_string(rq.train.seq) + ": the native profile's peak) and " +
+                   gib(*available) +
+                   " is available; use --backend meta (the same allocation trace, predicted, "
+                   "no memory touched), a smaller --model/--batch/--seq, or --device-budget "
+                   "to stop at a budget");
+}
 
 void set_log_level(const std::string& level) {
   if (level == "trace")
@@ -85,8 +174,12 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
   cmd.add_option("--model", flags.model,
                  "A preset (" + join(preset_names()) + ") or a HuggingFace config.json path")
       ->capture_default_str();
-  cmd.add_option("--batch", flags.batch, "Micro-batch size b (>= 1)")->capture_default_str();
-  cmd.add_option("--seq", flags.seq, "Sequence length s (>= 2)")->capture_default_str();
+  cmd.add_option("--batch", flags.batch, "Micro-batch size b (>= 1)")
+      ->check(integer_check<std::int64_t>("an integer; allowed: an integer >= 1"))
+      ->capture_default_str();
+  cmd.add_option("--seq", flags.seq, "Sequence length s (>= 2)")
+      ->check(integer_check<std::int64_t>("an integer; allowed: an integer >= 2"))
+      ->capture_default_str();
   cmd.add_option("--dtype", flags.dtype, "Training dtype: bf16|fp16|fp32")->capture_default_str();
   cmd.add_option("--optimizer", flags.optimizer, "adamw|sgd|lomo")->capture_default_str();
   // Given alone, --checkpointing means "full" (resolve_common maps the empty value).
@@ -107,9 +200,12 @@ void add_run_flags(CLI::App& cmd, RunFlags& flags) {
       ->check(CLI::IsMember({"auto", "cuda", "cpu", "meta"}))
       ->capture_default_str();
   cmd.add_option("--steps", flags.steps, "Training steps to run (>= 1)")
+      ->check(integer_check<int>("an integer; allowed: an integer from 1 to 1073741824"))
       ->check(CLI::Range(1, 1 << 30))
       ->capture_default_str();
   cmd.add_option("--seed", flags.seed, "Seed for the initial weights and random tokens")
+      ->check(integer_check<std::uint64_t>(
+          "a seed; allowed: an integer from 0 to 18446744073709551615"))
       ->capture_default_str();
   cmd.add_option("--weights", flags.weights, "Initial weights (HuggingFace names)")
       ->check(CLI::ExistingFile)
@@ -124,7 +220,7 @@ void add_run_flags(CLI::App& cmd, RunFlags& flags) {
 
 Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool allow_both_modes) {
   Common c;
-  c.model = resolve_model(flags.model);
+  c.model = resolve_model(model_argument(flags.model));
 
   c.train.batch = flags.batch;
   c.train.seq = flags.seq;
@@ -196,7 +292,25 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
                      "'; allowed: table, json, csv, markdown");
 
   c.output = flags.output;
+  if (!c.output.empty()) check_writable(c.output, "--output");
   c.train.validate();
+  // Sizes past 64 bits: say which flags make them so (the arithmetic only knows the product).
+  for (const auto& name : c.profiles) {
+    TrainConfig t = c.train;
+    for (Optimizer o : c.optimizers)
+      for (Checkpointing m : c.checkpointing_modes) {
+        t.optimizer = o;
+        t.checkpointing = m;
+        try {
+          (void)estimate(*parse_profile(name), c.model, t);
+        } catch (const OverflowError& e) {
+          throw InputError("--batch " + std::to_string(c.train.batch) + ", --seq " +
+                           std::to_string(c.train.seq) + ": the step's sizes for " + c.model.name +
+                           " do not fit 64-bit byte counts (" + e.what() +
+                           "); choose a smaller --batch or --seq");
+        }
+      }
+  }
   return c;
 }
 
@@ -211,7 +325,8 @@ void write_output(const std::string& output_path, const std::string& text) {
                      " for writing: " + std::strerror(errno));
   out << text;
   out.flush();
-  if (!out) throw Error("--output: writing " + output_path + " failed");
+  if (!out)
+    throw InputError("--output: writing " + output_path + " failed: " + std::strerror(errno));
   spdlog::info("wrote {}", output_path);
 }
 
