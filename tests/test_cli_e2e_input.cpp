@@ -187,6 +187,17 @@ TEST(CliE2EInput, CompareDoesNotReportASavingFromARunThatRanOutOfMemory) {
   EXPECT_EQ(rows[2].back(), "false");
 }
 
+TEST(CliE2EInput, CompareSaysItIgnoresACheckpointingMode) {
+  Result r =
+      trainmem("compare --model tiny --batch 1 --seq 16 --backend meta --checkpointing full");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.err, "--checkpointing full: compare always runs checkpointing none and full"))
+      << r.err;
+  r = trainmem("compare --model tiny --batch 1 --seq 16 --backend meta");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(has(r.err, "--checkpointing")) << r.err;
+}
+
 // tiny, s 16 on meta: peak 35,511,680 B at b 1, 35,596,032 B at b 2.
 TEST(CliE2EInput, SweepCsvMarksTheRunsThatRanOutOfMemory) {
   const Result r = trainmem(

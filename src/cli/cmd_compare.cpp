@@ -346,7 +346,15 @@ Runner register_compare(CLI::App& app) {
   add_run_flags(*cmd, flags->run);
   cmd->add_option("--device-budget", flags->device_budget,
                   "Refuse allocations past SIZE live bytes in every run (out-of-memory: exit 3)");
-  return [flags] { return run_compare(*flags); };
+  return [flags, cmd] {
+    // compare always runs both modes: a --checkpointing value is not silently dropped.
+    if (cmd->count("--checkpointing") > 0 && flags->common.checkpointing != "both")
+      spdlog::warn(
+          "--checkpointing {}: compare always runs checkpointing none and full side by side; "
+          "use trainmem profile for one mode",
+          flags->common.checkpointing.empty() ? "(bare)" : flags->common.checkpointing);
+    return run_compare(*flags);
+  };
 }
 
 }  // namespace trainmem::cli
