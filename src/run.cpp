@@ -349,7 +349,8 @@ std::vector<ReconciliationRow> reconcile_ledger_native(const RunResult& r) {
     row.analytic = v.second;
     row.difference = std::int64_t(v.first) - std::int64_t(v.second);
     row.rel_error = v.second ? double(row.difference) / double(v.second) : (row.difference ? 1 : 0);
-    row.ok = v.first == v.second;
+    row.judged = !r.failure;
+    row.ok = row.judged && v.first == v.second;
     out.push_back(row);
   }
   return out;
@@ -474,15 +475,16 @@ json run_result_json(const RunResult& r) {
 
   json rec = json::array();
   for (const auto& row : reconcile_ledger_native(r))
-    rec.push_back(json{{"category", row.category},
-                       {"source", "ledger"},
-                       {"profile", "native"},
-                       {"measured", row.measured},
-                       {"analytic", row.analytic},
-                       {"difference", row.difference},
-                       {"rel_error", row.rel_error},
-                       {"ok", row.ok},
-                       {"tolerance", "exact"}});
+    rec.push_back(
+        json{{"category", row.category},
+             {"source", "ledger"},
+             {"profile", "native"},
+             {"measured", row.measured},
+             {"analytic", row.analytic},
+             {"difference", row.difference},
+             {"rel_error", row.rel_error},
+             {"ok", row.judged ? json(row.ok) : json(nullptr)},
+             {"tolerance", row.judged ? "exact" : "not judged: the run ran out of memory"}});
   j["reconciliation"] = rec;
   json checks = json::array();
   for (const auto& c : r.device_checks) checks.push_back(c.to_json());
@@ -567,7 +569,10 @@ report::Table reconciliation_table(const RunResult& r, TableUnit u) {
   for (const auto& row : reconcile_ledger_native(r)) {
     if (row.category == "sum") t.add_rule();
     t.add_row({row.category, in_unit(row.measured, u), in_unit(row.analytic, u),
-               signed_bytes(row.difference), percent(row.rel_error), row.ok ? "yes" : "NO"});
+               signed_bytes(row.difference), percent(row.rel_error),
+               !row.judged ? "- (OOM)"
+               : row.ok    ? "yes"
+                           : "NO"});
   }
   return t;
 }
@@ -764,7 +769,9 @@ std::string profile_csv(const RunResult& r) {
   for (const auto& row : reconcile_ledger_native(r))
     t.add_row({row.category, std::to_string(row.measured), std::to_string(row.analytic),
                std::to_string(row.difference), report::fixed(row.rel_error, 9),
-               row.ok ? "true" : "false"});
+               !row.judged ? ""
+               : row.ok    ? "true"
+                           : "false"});
   return t.csv();
 }
 

@@ -114,6 +114,13 @@ TEST(CliE2EProfile, OutOfMemoryUnderABudgetExitsThreeWithAPartialReport) {
   EXPECT_LE(j["measured"]["ledger"]["peak"].get<std::uint64_t>(), 35500000u);
   EXPECT_EQ(j["error"]["live_tensors"][0]["name"], "cublas_workspace");
   EXPECT_NE(r.err.find("out of memory in step 1"), std::string::npos) << r.err;
+  // Forward never ended, so activations (alive at the end of forward) read 0 against the
+  // native prediction: the rows are reported but not judged.
+  ASSERT_EQ(j["reconciliation"].size(), 9u);
+  for (const auto& row : j["reconciliation"]) {
+    EXPECT_TRUE(row["ok"].is_null()) << row.dump();
+    EXPECT_NE(row["tolerance"].get<std::string>().find("not judged"), std::string::npos);
+  }
 
   // The same in a table, and an out-of-memory in setup.
   const Result t = trainmem(
@@ -122,6 +129,9 @@ TEST(CliE2EProfile, OutOfMemoryUnderABudgetExitsThreeWithAPartialReport) {
   EXPECT_EQ(t.code, 3);
   EXPECT_NE(t.out.find("OUT OF MEMORY in setup"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("Reconciliation"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("- (OOM)"), std::string::npos) << t.out;
+  EXPECT_EQ(t.out.find(" NO"), std::string::npos) << "an unjudged row shown as a failure:\n"
+                                                  << t.out;
   // A budget the step fits in changes nothing.
   const Result ok = trainmem(
       "profile --model tiny --batch 2 --seq 16 --backend meta "

@@ -120,6 +120,9 @@ struct ReconciliationRow {
   std::int64_t difference = 0;  // measured - analytic
   double rel_error = 0;         // difference / analytic (0 when both are 0)
   bool ok = false;              // ledger vs native: exact
+  // False when the run ran out of memory: the measured figures stop at the failure (e.g.
+  // activations 0 when forward never ended), so the row is shown but not judged (ok false).
+  bool judged = true;
 };
 std::vector<ReconciliationRow> reconcile_ledger_native(const RunResult& r);
 
