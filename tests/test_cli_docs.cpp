@@ -77,17 +77,7 @@ std::string pinned(const std::string& command) {
 }
 
 Result run_in_root(const std::string& command) {
-  const std::string out = temp_path("docs_out"), err = temp_path("docs_err");
-  const std::string cmd = "cd '" + kRoot + "' && OMP_NUM_THREADS=1 '" + TRAINMEM_BINARY + "' " +
-                          command + " >'" + out + "' 2>'" + err + "'";
-  const int status = std::system(cmd.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  std::remove(out.c_str());
-  std::remove(err.c_str());
-  return r;
+  return run_redirected("cd '" + kRoot + "' &&", command);
 }
 
 // A table row of a cpu run up to its `native` cell ("yes"): the step-time columns after it

@@ -39,15 +39,15 @@ struct Result {
   json j() const { return json::parse(out); }
 };
 
-// Runs `trainmem <args>` with stdout and stderr redirected to files (so neither is a
-// terminal: no colour, no progress bar). One OpenMP thread keeps the cpu runs predictable.
-// `env`: extra environment assignments for the command ("NAME=value ...").
-inline Result trainmem_env(const std::string& env, const std::string& args) {
+// Runs the shell command `prefix 'TRAINMEM_BINARY' args` with stdout and stderr redirected to
+// files (so neither is a terminal: no colour, no progress bar). One OpenMP thread keeps the
+// cpu runs predictable. `prefix` may set the environment or change folder ("cd X &&").
+inline Result run_redirected(const std::string& prefix, const std::string& args) {
   static int counter = 0;
   const std::string tag = std::to_string(counter++);
   const std::string out = temp_path("out" + tag), err = temp_path("err" + tag);
-  const std::string cmd = "OMP_NUM_THREADS=1 " + env + " '" + TRAINMEM_BINARY + "' " + args +
-                          " >'" + out + "' 2>'" + err + "'";
+  const std::string cmd = prefix + " OMP_NUM_THREADS=1 '" + TRAINMEM_BINARY + "' " + args + " >'" +
+                          out + "' 2>'" + err + "'";
   const int status = std::system(cmd.c_str());
   Result r;
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -56,6 +56,11 @@ inline Result trainmem_env(const std::string& env, const std::string& args) {
   std::remove(out.c_str());
   std::remove(err.c_str());
   return r;
+}
+
+// Runs `trainmem <args>`; `env`: extra environment assignments ("NAME=value ...").
+inline Result trainmem_env(const std::string& env, const std::string& args) {
+  return run_redirected(env, args);
 }
 
 inline Result trainmem(const std::string& args) {

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "test_cli_e2e_helpers.hpp"
 #include "trainmem/safetensors.hpp"
 
 using json = nlohmann::json;
@@ -23,35 +24,12 @@ namespace {
 std::string data(const std::string& leaf) {
   return std::string(TRAINMEM_TEST_DATA_DIR) + "/" + leaf;
 }
-std::string temp_path(const std::string& leaf) {
-  return (std::filesystem::temp_directory_path() /
-          ("trainmem_cli_" + std::to_string(::getpid()) + "_" + leaf))
-      .string();
-}
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
+using trainmem::e2e::Result;
+using trainmem::e2e::slurp;
+using trainmem::e2e::temp_path;
 
 Result run_trainmem(const std::string& args) {
-  const std::string out = temp_path("out.txt"), err = temp_path("err.txt");
-  const std::string cmd =
-      std::string("OMP_NUM_THREADS=1 '") + TRAINMEM_BINARY + "' " + args + " >" + out + " 2>" + err;
-  const int status = std::system(cmd.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  std::remove(out.c_str());
-  std::remove(err.c_str());
-  return r;
+  return trainmem::e2e::trainmem(args);
 }
 
 const char* kFigureKeys[] = {"params",
