@@ -8,7 +8,7 @@
 namespace trainmem {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = cuda::kElementwiseThreads;
 
 }  // namespace
 

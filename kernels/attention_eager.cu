@@ -17,9 +17,6 @@
 namespace trainmem {
 namespace {
 
-using cuda::kSoftmaxThreads;
-using cuda::kSoftmaxWarps;
-
 // Byte offset helpers.
 const void* at(const void* p, std::int64_t elems, std::size_t width) {
   return static_cast<const char*>(p) + std::size_t(elems) * width;
@@ -33,12 +30,6 @@ void check_handle_stream(cublasHandle_t handle, cudaStream_t stream, const char*
   TM_CUBLAS_CHECK(cublasGetStream(handle, &bound));
   if (bound != stream)
     throw Error(std::string(op) + ": the cuBLAS handle is bound to another stream");
-}
-
-unsigned softmax_grid(std::int64_t rows, const char* op) {
-  const std::int64_t blocks = (rows + kSoftmaxWarps - 1) / kSoftmaxWarps;
-  cuda::require_fits(blocks, cuda::kMaxGridX, op, "B*NH*T/4");
-  return unsigned(blocks);
 }
 
 }  // namespace
@@ -64,9 +55,10 @@ void attention_eager_forward_cuda(void* out, void* probs, const void* q, const v
                                 Trans::yes, scale, 0.0f, plan.batch, dt, handle);
   }
   const std::int64_t rows = B * NH * T;
+  const cuda::LaunchShape sm = cuda::causal_softmax_launch(rows, op);
   TM_DISPATCH_STORAGE(dt, op,
                       cuda::causal_softmax_kernel<S>
-                      <<<softmax_grid(rows, op), kSoftmaxThreads, 0, stream>>>(probs, rows, T);
+                      <<<cuda::grid_of(sm), cuda::block_of(sm), 0, stream>>>(probs, rows, T);
                       TM_CUDA_CHECK_LAUNCH());
   // out (T,HD; ld NH*HD) = probs (T,T) . v (T,HD; ld NKV*HD)
   for (const HeadCall& c : plan.calls) {
@@ -98,10 +90,11 @@ void attention_eager_backward_cuda(void* dq, void* dk, void* dv, void* dprobs, c
                                 Trans::yes, 1.0f, 0.0f, plan.batch, dt, handle);
   }
   const std::int64_t rows = B * NH * T;
+  const cuda::LaunchShape sm = cuda::causal_softmax_launch(rows, op);
   TM_DISPATCH_STORAGE(
       dt, op,
       cuda::causal_softmax_backward_kernel<S>
-      <<<softmax_grid(rows, op), kSoftmaxThreads, 0, stream>>>(dprobs, probs, rows, T);
+      <<<cuda::grid_of(sm), cuda::block_of(sm), 0, stream>>>(dprobs, probs, rows, T);
       TM_CUDA_CHECK_LAUNCH());
   for (const HeadCall& c : plan.calls) {
     const float beta = c.first_of_group ? 0.0f : 1.0f;

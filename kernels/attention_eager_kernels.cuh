@@ -8,6 +8,7 @@
 
 #include "attention_math.hpp"
 #include "cuda_device.cuh"
+#include "launch_shape.hpp"
 #include "storage.hpp"
 
 namespace trainmem::cuda {
@@ -61,6 +62,20 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
                             : 0.0f;
     S::store(dprobs, base + j, ds);
   }
+}
+
+// ---------------------------------------------------------------- launch geometry
+
+// Both row kernels: a warp per row of the (rows = B*NH*T, T) probabilities, kSoftmaxWarps rows
+// per block.
+inline LaunchShape causal_softmax_launch(std::int64_t rows, const char* op) {
+  require_positive(rows, op, "B*NH*T");
+  const std::int64_t blocks = ceil_div(rows, kSoftmaxWarps);
+  require_fits(blocks, kMaxGridX, op, "B*NH*T/4 (softmax blocks)");
+  LaunchShape s;
+  s.grid_x = unsigned(blocks);
+  s.block_x = kSoftmaxThreads;
+  return s;
 }
 
 }  // namespace trainmem::cuda

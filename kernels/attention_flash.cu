@@ -26,10 +26,7 @@
 namespace trainmem {
 namespace {
 
-using cuda::kFlashBlockRows;
 using cuda::kFlashMaxHeadDim;
-using cuda::kFlashThreads;
-using cuda::kFlashWarps;
 
 // Calls f(std::integral_constant<int, HDMAX>) with the smallest supported HDMAX >= HD.
 template <class F>
@@ -49,14 +46,6 @@ void dispatch_head_dim(std::int64_t HD, const char* op, F&& f) {
   }
 }
 
-dim3 query_grid(std::int64_t B, std::int64_t H, std::int64_t T, const char* op) {
-  const std::int64_t bh = B * H;
-  const std::int64_t blocks = (T + kFlashBlockRows - 1) / kFlashBlockRows;
-  cuda::require_fits(bh, cuda::kMaxGridX, op, "B*heads");
-  cuda::require_fits(blocks, cuda::kMaxGridY, op, "T/16");
-  return dim3(unsigned(bh), unsigned(blocks));
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- launchers
@@ -68,16 +57,15 @@ void attention_flash_forward_cuda(void* out, float* lse, const void* q, const vo
   const char* op = "attention_flash_forward_cuda";
   cuda::check_attention_dims(op, B, T, NH, NKV, HD);
   if (lse == nullptr) throw InputError(std::string(op) + ": lse output is required");
-  const dim3 grid = query_grid(B, NH, T, op);
   const int hd = int(HD);
   const float scale = attention_scale<float>(HD);
-  const std::size_t smem = cuda::flash_forward_smem(hd);
+  const cuda::LaunchShape fwd = cuda::flash_forward_launch(B, NH, T, hd, op);
   TM_DISPATCH_STORAGE(dt, op, dispatch_head_dim(HD, op, [&](auto hdmax) {
                         constexpr int kHD = decltype(hdmax)::value;
                         auto kernel = cuda::flash_forward_kernel<S, kHD>;
-                        cuda::allow_dynamic_smem(kernel, smem);
-                        kernel<<<grid, kFlashThreads, smem, stream>>>(out, lse, q, k, v, T, NH, NKV,
-                                                                      hd, scale);
+                        cuda::allow_dynamic_smem(kernel, fwd);
+                        kernel<<<cuda::grid_of(fwd), cuda::block_of(fwd), fwd.smem_bytes, stream>>>(
+                            out, lse, q, k, v, T, NH, NKV, hd, scale);
                         TM_CUDA_CHECK_LAUNCH();
                       }));
 }
@@ -94,27 +82,24 @@ void attention_flash_backward_cuda(void* dq, void* dk, void* dv, float* delta, c
   const int hd = int(HD);
   const float scale = attention_scale<float>(HD);
   const std::int64_t rows = B * T * NH;
-  const std::int64_t delta_blocks = (rows + kFlashWarps - 1) / kFlashWarps;
-  cuda::require_fits(delta_blocks, cuda::kMaxGridX, op, "B*T*NH/4");
-  const dim3 dq_grid = query_grid(B, NH, T, op);
-  const dim3 dkdv_grid = query_grid(B, NKV, T, op);  // key blocks of 16, like query blocks
-  const std::size_t smem_dkdv = cuda::flash_dkdv_smem(hd);
-  const std::size_t smem_dq = cuda::flash_dq_smem(hd);
+  const cuda::LaunchShape dl = cuda::flash_delta_launch(rows, op);
+  const cuda::LaunchShape kv = cuda::flash_dkdv_launch(B, NKV, T, hd, op);
+  const cuda::LaunchShape dqs = cuda::flash_dq_launch(B, NH, T, hd, op);
   TM_DISPATCH_STORAGE(
       dt, op,
       cuda::flash_delta_kernel<S>
-      <<<unsigned(delta_blocks), kFlashThreads, 0, stream>>>(delta, dout, out, rows, T, NH, hd);
+      <<<cuda::grid_of(dl), cuda::block_of(dl), 0, stream>>>(delta, dout, out, rows, T, NH, hd);
       TM_CUDA_CHECK_LAUNCH(); dispatch_head_dim(HD, op, [&](auto hdmax) {
         constexpr int kHD = decltype(hdmax)::value;
         auto dkdv = cuda::flash_backward_dkdv_kernel<S, kHD>;
-        cuda::allow_dynamic_smem(dkdv, smem_dkdv);
-        dkdv<<<dkdv_grid, kFlashThreads, smem_dkdv, stream>>>(dk, dv, dout, q, k, v, lse, delta, T,
-                                                              NH, NKV, hd, scale);
+        cuda::allow_dynamic_smem(dkdv, kv);
+        dkdv<<<cuda::grid_of(kv), cuda::block_of(kv), kv.smem_bytes, stream>>>(
+            dk, dv, dout, q, k, v, lse, delta, T, NH, NKV, hd, scale);
         TM_CUDA_CHECK_LAUNCH();
         auto dqk = cuda::flash_backward_dq_kernel<S, kHD>;
-        cuda::allow_dynamic_smem(dqk, smem_dq);
-        dqk<<<dq_grid, kFlashThreads, smem_dq, stream>>>(dq, dout, q, k, v, lse, delta, T, NH, NKV,
-                                                         hd, scale);
+        cuda::allow_dynamic_smem(dqk, dqs);
+        dqk<<<cuda::grid_of(dqs), cuda::block_of(dqs), dqs.smem_bytes, stream>>>(
+            dq, dout, q, k, v, lse, delta, T, NH, NKV, hd, scale);
         TM_CUDA_CHECK_LAUNCH();
       }));
 }

@@ -8,6 +8,7 @@
 
 #include "attention_math.hpp"
 #include "cuda_device.cuh"
+#include "launch_shape.hpp"
 #include "storage.hpp"
 
 namespace trainmem::cuda {
@@ -21,6 +22,7 @@ constexpr int kFlashKeysPerWarp = 4;                              // dk/dv
 constexpr int kFlashBlockKeys = kFlashWarps * kFlashKeysPerWarp;  // 16 keys per block
 constexpr int kFlashQueryTile = 32;  // query rows per tile (one per lane)
 constexpr int kFlashMaxHeadDim = 256;
+static_assert(kFlashThreads == kFlashWarps * 32, "one row (or key) group per warp");
 
 __device__ __forceinline__ float flash_dot_smem(const float* a, const float* b, int n) {
   float acc = 0.0f;
@@ -390,6 +392,47 @@ inline std::size_t flash_dkdv_smem(int HD) {
 inline std::size_t flash_dq_smem(int HD) {
   return sizeof(float) *
          (2 * std::size_t(kFlashBlockRows) * HD + 2 * std::size_t(kFlashKeyTile) * (HD | 1));
+}
+
+// grid (B*H, ceil(T / rows_per_block)), kFlashThreads threads: blockIdx.x = b*H + head,
+// blockIdx.y a block of rows (queries, or keys for dk/dv).
+inline LaunchShape flash_rows_launch(std::int64_t B, std::int64_t H, std::int64_t T,
+                                     int rows_per_block, std::size_t smem, const char* op) {
+  require_positive(B, op, "B");
+  require_positive(H, op, "heads");
+  require_positive(T, op, "T");
+  const std::int64_t bh = B * H;
+  const std::int64_t blocks = ceil_div(T, rows_per_block);
+  require_fits(bh, kMaxGridX, op, "B*heads");
+  require_fits(blocks, kMaxGridY, op, "T/16 (row blocks, gridDim.y)");
+  LaunchShape s;
+  s.grid_x = unsigned(bh);
+  s.grid_y = unsigned(blocks);
+  s.block_x = kFlashThreads;
+  s.smem_bytes = smem;
+  return s;
+}
+inline LaunchShape flash_forward_launch(std::int64_t B, std::int64_t NH, std::int64_t T, int HD,
+                                        const char* op) {
+  return flash_rows_launch(B, NH, T, kFlashBlockRows, flash_forward_smem(HD), op);
+}
+inline LaunchShape flash_dq_launch(std::int64_t B, std::int64_t NH, std::int64_t T, int HD,
+                                   const char* op) {
+  return flash_rows_launch(B, NH, T, kFlashBlockRows, flash_dq_smem(HD), op);
+}
+inline LaunchShape flash_dkdv_launch(std::int64_t B, std::int64_t NKV, std::int64_t T, int HD,
+                                     const char* op) {
+  return flash_rows_launch(B, NKV, T, kFlashBlockKeys, flash_dkdv_smem(HD), op);
+}
+// delta: a warp per (b, i, h) row, rows = B*T*NH.
+inline LaunchShape flash_delta_launch(std::int64_t rows, const char* op) {
+  require_positive(rows, op, "B*T*NH");
+  const std::int64_t blocks = ceil_div(rows, kFlashWarps);
+  require_fits(blocks, kMaxGridX, op, "B*T*NH/4 (delta blocks)");
+  LaunchShape s;
+  s.grid_x = unsigned(blocks);
+  s.block_x = kFlashThreads;
+  return s;
 }
 
 }  // namespace trainmem::cuda

@@ -30,10 +30,13 @@ void cross_entropy_forward_cuda(float* losses, float* lse, const void* logits,
   check_dims("cross_entropy_forward_cuda", N, V);
   if (N == 0) return;
   cuda::require_positive(V, "cross_entropy_forward_cuda", "V");
-  TM_DISPATCH_STORAGE(dt, "cross_entropy_forward_cuda",
-                      cuda::cross_entropy_forward_kernel<S>
-                      <<<unsigned(N), kCeFwdThreads, 0, stream>>>(losses, lse, logits, targets, V);
-                      TM_CUDA_CHECK_LAUNCH());
+  const cuda::LaunchShape L =
+      cuda::cross_entropy_launch(N, kCeFwdThreads, "cross_entropy_forward_cuda");
+  TM_DISPATCH_STORAGE(
+      dt, "cross_entropy_forward_cuda",
+      cuda::cross_entropy_forward_kernel<S>
+      <<<cuda::grid_of(L), cuda::block_of(L), 0, stream>>>(losses, lse, logits, targets, V);
+      TM_CUDA_CHECK_LAUNCH());
 }
 
 void cross_entropy_backward_cuda(void* dlogits, const void* logits, const float* lse,
@@ -41,10 +44,12 @@ void cross_entropy_backward_cuda(void* dlogits, const void* logits, const float*
                                  float scale, DType dt, cudaStream_t stream) {
   check_dims("cross_entropy_backward_cuda", N, V);
   if (N == 0 || V == 0) return;
+  const cuda::LaunchShape L =
+      cuda::cross_entropy_launch(N, kCeBwdThreads, "cross_entropy_backward_cuda");
   TM_DISPATCH_STORAGE(
       dt, "cross_entropy_backward_cuda",
       cuda::cross_entropy_backward_kernel<S>
-      <<<unsigned(N), kCeBwdThreads, 0, stream>>>(dlogits, logits, lse, targets, V, scale);
+      <<<cuda::grid_of(L), cuda::block_of(L), 0, stream>>>(dlogits, logits, lse, targets, V, scale);
       TM_CUDA_CHECK_LAUNCH());
 }
 

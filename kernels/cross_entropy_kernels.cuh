@@ -7,6 +7,7 @@
 
 #include "cross_entropy_math.hpp"
 #include "cuda_device.cuh"
+#include "launch_shape.hpp"
 #include "storage.hpp"
 
 namespace trainmem::cuda {
@@ -87,6 +88,18 @@ __global__ void __launch_bounds__(kCeBwdThreads)
     }
     S::store(dlogits, base + j, d);  // same element, same thread: in place is safe
   }
+}
+
+// ---------------------------------------------------------------- launch geometry
+
+// Forward and backward: one block of `threads` per row, grid N.
+inline LaunchShape cross_entropy_launch(std::int64_t N, int threads, const char* op) {
+  require_positive(N, op, "N (rows)");
+  require_fits(N, kMaxGridX, op, "N (rows)");
+  LaunchShape s;
+  s.grid_x = unsigned(N);
+  s.block_x = unsigned(threads);
+  return s;
 }
 
 }  // namespace trainmem::cuda

@@ -10,9 +10,6 @@
 namespace trainmem {
 namespace {
 
-using cuda::kEmbBwdColsPerBlock;
-using cuda::kEmbBwdThreads;
-
 void check_dims(const char* op, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t V) {
   cuda::require_fits(B, cuda::kMaxGridX, op, "B");
   cuda::require_fits(T, cuda::kMaxGridX, op, "T");
@@ -31,7 +28,7 @@ void embedding_forward_cuda(void* out, const std::int32_t* tokens, const void* w
   const std::int64_t N = std::int64_t(checked_mul(B, T, "embedding_forward_cuda: B*T"));
   const std::int64_t total = std::int64_t(checked_mul(N, C, "embedding_forward_cuda: B*T*C"));
   if (total == 0) return;
-  constexpr int kThreads = 256;
+  constexpr int kThreads = cuda::kElementwiseThreads;
   TM_DISPATCH_STORAGE(
       dt, "embedding_forward_cuda",
       cuda::embedding_forward_kernel<S>
@@ -45,14 +42,12 @@ void embedding_backward_cuda(void* dwte, const void* dout, const std::int32_t* t
   check_dims("embedding_backward_cuda", B, T, C, V);
   const std::int64_t N = std::int64_t(checked_mul(B, T, "embedding_backward_cuda: B*T"));
   if (N == 0 || C == 0) return;
-  cuda::require_fits(N, cuda::kMaxGridX, "embedding_backward_cuda", "B*T");
-  const std::int64_t col_blocks = (C + kEmbBwdColsPerBlock - 1) / kEmbBwdColsPerBlock;
-  cuda::require_fits(col_blocks, cuda::kMaxGridY, "embedding_backward_cuda", "C / 2048");
-  const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>(col_blocks));
-  TM_DISPATCH_STORAGE(dt, "embedding_backward_cuda",
-                      cuda::embedding_backward_kernel<S>
-                      <<<grid, kEmbBwdThreads, 0, stream>>>(dwte, dout, tokens, N, C, V);
-                      TM_CUDA_CHECK_LAUNCH());
+  const cuda::LaunchShape L = cuda::embedding_backward_launch(N, C, "embedding_backward_cuda");
+  TM_DISPATCH_STORAGE(
+      dt, "embedding_backward_cuda",
+      cuda::embedding_backward_kernel<S>
+      <<<cuda::grid_of(L), cuda::block_of(L), 0, stream>>>(dwte, dout, tokens, N, C, V);
+      TM_CUDA_CHECK_LAUNCH());
 }
 
 }  // namespace trainmem

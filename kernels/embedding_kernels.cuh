@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "cuda_device.cuh"
+#include "launch_shape.hpp"
 #include "storage.hpp"
 
 namespace trainmem::cuda {
@@ -84,6 +85,22 @@ __global__ void __launch_bounds__(kEmbBwdThreads)
     const std::int64_t c = c0 + std::int64_t(k) * kEmbBwdThreads;
     if (c < C) S::store(dwte, dst + c, acc[k]);
   }
+}
+
+// ---------------------------------------------------------------- launch geometry
+
+// Backward: grid (N, ceil(C / 2048)), kEmbBwdThreads threads.
+inline LaunchShape embedding_backward_launch(std::int64_t N, std::int64_t C, const char* op) {
+  require_positive(N, op, "B*T");
+  require_positive(C, op, "C");
+  require_fits(N, kMaxGridX, op, "B*T");
+  const std::int64_t col_blocks = ceil_div(C, kEmbBwdColsPerBlock);
+  require_fits(col_blocks, kMaxGridY, op, "C / 2048 (gridDim.y)");
+  LaunchShape s;
+  s.grid_x = unsigned(N);
+  s.grid_y = unsigned(col_blocks);
+  s.block_x = kEmbBwdThreads;
+  return s;
 }
 
 }  // namespace trainmem::cuda

@@ -6,7 +6,7 @@
 namespace trainmem {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = cuda::kElementwiseThreads;
 
 template <class Dst>
 void launch_cast(void* dst, const void* src, DType src_dt, std::int64_t N, cudaStream_t stream) {

@@ -13,10 +13,6 @@
 namespace trainmem {
 namespace {
 
-using cuda::kRmsColX;
-using cuda::kRmsColY;
-using cuda::kRmsRowThreads;
-
 void check_dims(const char* op, std::int64_t N, std::int64_t C) {
   cuda::require_fits(N, cuda::kMaxGridX, op, "N (rows)");
   cuda::require_fits(C, cuda::kMaxGridX, op, "C");
@@ -33,10 +29,12 @@ void rmsnorm_forward_cuda(void* out, float* rstd, const void* inp, const void* w
   check_dims("rmsnorm_forward_cuda", N, C);
   if (N == 0) return;
   cuda::require_positive(C, "rmsnorm_forward_cuda", "C");
-  TM_DISPATCH_STORAGE(dt, "rmsnorm_forward_cuda",
-                      cuda::rmsnorm_forward_kernel<S>
-                      <<<unsigned(N), kRmsRowThreads, 0, stream>>>(out, rstd, inp, weight, C, eps);
-                      TM_CUDA_CHECK_LAUNCH());
+  const cuda::LaunchShape L = cuda::rmsnorm_row_launch(N, "rmsnorm_forward_cuda");
+  TM_DISPATCH_STORAGE(
+      dt, "rmsnorm_forward_cuda",
+      cuda::rmsnorm_forward_kernel<S>
+      <<<cuda::grid_of(L), cuda::block_of(L), 0, stream>>>(out, rstd, inp, weight, C, eps);
+      TM_CUDA_CHECK_LAUNCH());
 }
 
 void rmsnorm_backward_cuda(void* dinp, void* dweight, const void* dout, const void* inp,
@@ -44,14 +42,14 @@ void rmsnorm_backward_cuda(void* dinp, void* dweight, const void* dout, const vo
                            DType dt, cudaStream_t stream) {
   check_dims("rmsnorm_backward_cuda", N, C);
   if (N == 0 || C == 0) return;
-  const dim3 col_block(kRmsColX, kRmsColY);
-  const unsigned col_grid = unsigned((C + kRmsColX - 1) / kRmsColX);
+  const cuda::LaunchShape rows = cuda::rmsnorm_row_launch(N, "rmsnorm_backward_cuda");
+  const cuda::LaunchShape cols = cuda::rmsnorm_dweight_launch(C, "rmsnorm_backward_cuda");
   TM_DISPATCH_STORAGE(
       dt, "rmsnorm_backward_cuda",
       cuda::rmsnorm_backward_dinp_kernel<S>
-      <<<unsigned(N), kRmsRowThreads, 0, stream>>>(dinp, dout, inp, weight, rstd, C);
+      <<<cuda::grid_of(rows), cuda::block_of(rows), 0, stream>>>(dinp, dout, inp, weight, rstd, C);
       TM_CUDA_CHECK_LAUNCH(); cuda::rmsnorm_backward_dweight_kernel<S>
-      <<<col_grid, col_block, 0, stream>>>(dweight, dout, inp, rstd, N, C);
+      <<<cuda::grid_of(cols), cuda::block_of(cols), 0, stream>>>(dweight, dout, inp, rstd, N, C);
       TM_CUDA_CHECK_LAUNCH());
 }
 

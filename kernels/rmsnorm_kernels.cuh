@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "cuda_device.cuh"
+#include "launch_shape.hpp"
 #include "rmsnorm_math.hpp"
 #include "storage.hpp"
 
@@ -82,6 +83,29 @@ __global__ void __launch_bounds__(kRmsColX* kRmsColY)
     for (int y = 0; y < kRmsColY; ++y) sum += partial[y][threadIdx.x];
     S::store(dweight, c, S::load(dweight, c) + sum);
   }
+}
+
+// ---------------------------------------------------------------- launch geometry
+
+// Forward and dinp: one block of kRmsRowThreads per row, grid N.
+inline LaunchShape rmsnorm_row_launch(std::int64_t N, const char* op) {
+  require_positive(N, op, "N (rows)");
+  require_fits(N, kMaxGridX, op, "N (rows)");
+  LaunchShape s;
+  s.grid_x = unsigned(N);
+  s.block_x = kRmsRowThreads;
+  return s;
+}
+// dweight: grid ceil(C / 32), block (32, 16).
+inline LaunchShape rmsnorm_dweight_launch(std::int64_t C, const char* op) {
+  require_positive(C, op, "C");
+  const std::int64_t blocks = ceil_div(C, kRmsColX);
+  require_fits(blocks, kMaxGridX, op, "C / 32 (dweight blocks)");
+  LaunchShape s;
+  s.grid_x = unsigned(blocks);
+  s.block_x = kRmsColX;
+  s.block_y = kRmsColY;
+  return s;
 }
 
 }  // namespace trainmem::cuda

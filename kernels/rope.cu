@@ -23,7 +23,7 @@ void launch(const char* op, void* q, void* k, std::int64_t B, std::int64_t T, st
     throw InputError(std::string(op) + ": head dim HD must be even for RoPE, got " +
                      std::to_string(HD));
   const float sign = dir == Direction::forward ? 1.0f : -1.0f;
-  constexpr int kThreads = 256;
+  constexpr int kThreads = cuda::kElementwiseThreads;
   const std::pair<void*, std::int64_t> tensors[] = {{q, NH}, {k, NKV}};  // (B,T,H,HD) each
   for (const auto& [x, H] : tensors) {
     const std::int64_t pairs = std::int64_t(checked_product(

@@ -7,7 +7,7 @@
 namespace trainmem {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = cuda::kElementwiseThreads;
 
 }  // namespace
 
