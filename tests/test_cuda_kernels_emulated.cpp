@@ -8,8 +8,13 @@
 // attention, a partial last tile, head dims below and above 32, GQA.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -38,6 +43,24 @@ namespace {
 
 using namespace trainmem::cuda;
 using emu::launch;
+
+// Launches an emulated kernel with a launcher's LaunchShape, with the shared memory opt-in
+// exactly when the launcher makes it (allow_dynamic_smem). `only` runs just those blocks.
+// A block index (dim3's defaults are for dimensions: 1, not 0).
+dim3 block_index(unsigned x, unsigned y = 0) {
+  return dim3(x, y, 0);
+}
+
+template <class Kernel, class... Args>
+void launch_shape(const LaunchShape& L, const std::vector<dim3>& only, Kernel kernel,
+                  Args... args) {
+  emu::launch_with(emu::LaunchOptions{L.needs_smem_opt_in(), only}, dim3(L.grid_x, L.grid_y),
+                   dim3(L.block_x, L.block_y), L.smem_bytes, kernel, args...);
+}
+template <class Kernel, class... Args>
+void launch_shape(const LaunchShape& L, Kernel kernel, Args... args) {
+  launch_shape(L, {}, kernel, args...);
+}
 
 // n elements of storage S (raw bits), filled uniformly in [lo, hi) and rounded to S.
 template <class S>
@@ -104,10 +127,9 @@ void check_embedding() {
   auto dw_want = random_storage<S>(std::size_t(V * C), rng);
   auto dw_got = dw_want;
   embedding_backward_cpu(dw_want.data(), dout.data(), tok.data(), B, T, C, V, S::dtype);
-  const dim3 grid(unsigned(N), unsigned((C + kEmbBwdColsPerBlock - 1) / kEmbBwdColsPerBlock));
-  launch(grid, dim3(kEmbBwdThreads), 0, embedding_backward_kernel<S>,
-         static_cast<void*>(dw_got.data()), static_cast<const void*>(dout.data()),
-         static_cast<const std::int32_t*>(tok.data()), N, C, V);
+  launch_shape(embedding_backward_launch(N, C, "test"), embedding_backward_kernel<S>,
+               static_cast<void*>(dw_got.data()), static_cast<const void*>(dout.data()),
+               static_cast<const std::int32_t*>(tok.data()), N, C, V);
   expect_close(to_f32<S>(dw_got), to_f32<S>(dw_want), 0, "embedding backward (bit for bit)");
 }
 TEST(CudaKernelsEmulated, EmbeddingForwardAndBackward) {
@@ -126,9 +148,9 @@ void check_rmsnorm() {
   std::vector<typename S::raw> want(std::size_t(N * C)), got(std::size_t(N * C));
   std::vector<float> rstd_want(static_cast<std::size_t>(N)), rstd_got(static_cast<std::size_t>(N));
   rmsnorm_forward_cpu(want.data(), rstd_want.data(), inp.data(), w.data(), N, C, 1e-5f, S::dtype);
-  launch(dim3(unsigned(N)), dim3(kRmsRowThreads), 0, rmsnorm_forward_kernel<S>,
-         static_cast<void*>(got.data()), rstd_got.data(), static_cast<const void*>(inp.data()),
-         static_cast<const void*>(w.data()), C, 1e-5f);
+  launch_shape(rmsnorm_row_launch(N, "test"), rmsnorm_forward_kernel<S>,
+               static_cast<void*>(got.data()), rstd_got.data(),
+               static_cast<const void*>(inp.data()), static_cast<const void*>(w.data()), C, 1e-5f);
   expect_close(rstd_got, rstd_want, 1e-6, "rmsnorm rstd");
   expect_close(to_f32<S>(got), to_f32<S>(want), tol16<S>(), "rmsnorm out");
 
@@ -138,14 +160,14 @@ void check_rmsnorm() {
   auto dinp_got = dinp_want, dw_got = dw_want;
   rmsnorm_backward_cpu(dinp_want.data(), dw_want.data(), dout.data(), inp.data(), w.data(),
                        rstd_want.data(), N, C, S::dtype);
-  launch(dim3(unsigned(N)), dim3(kRmsRowThreads), 0, rmsnorm_backward_dinp_kernel<S>,
-         static_cast<void*>(dinp_got.data()), static_cast<const void*>(dout.data()),
-         static_cast<const void*>(inp.data()), static_cast<const void*>(w.data()),
-         static_cast<const float*>(rstd_want.data()), C);
-  launch(dim3(unsigned((C + kRmsColX - 1) / kRmsColX)), dim3(kRmsColX, kRmsColY), 0,
-         rmsnorm_backward_dweight_kernel<S>, static_cast<void*>(dw_got.data()),
-         static_cast<const void*>(dout.data()), static_cast<const void*>(inp.data()),
-         static_cast<const float*>(rstd_want.data()), N, C);
+  launch_shape(rmsnorm_row_launch(N, "test"), rmsnorm_backward_dinp_kernel<S>,
+               static_cast<void*>(dinp_got.data()), static_cast<const void*>(dout.data()),
+               static_cast<const void*>(inp.data()), static_cast<const void*>(w.data()),
+               static_cast<const float*>(rstd_want.data()), C);
+  launch_shape(rmsnorm_dweight_launch(C, "test"), rmsnorm_backward_dweight_kernel<S>,
+               static_cast<void*>(dw_got.data()), static_cast<const void*>(dout.data()),
+               static_cast<const void*>(inp.data()), static_cast<const float*>(rstd_want.data()), N,
+               C);
   expect_close(to_f32<S>(dinp_got), to_f32<S>(dinp_want), tol16<S>() * 2, "rmsnorm dinp");
   expect_close(to_f32<S>(dw_got), to_f32<S>(dw_want), tol16<S>() * 4, "rmsnorm dweight");
 }
@@ -235,19 +257,19 @@ void check_cross_entropy() {
   const std::vector<std::int32_t> tgt = {3, -1, std::int32_t(V - 1), 700};
   std::vector<float> loss_w(N), lse_w(N), loss_g(N), lse_g(N);
   cross_entropy_forward_cpu(loss_w.data(), lse_w.data(), logits.data(), tgt.data(), N, V, S::dtype);
-  launch(dim3(unsigned(N)), dim3(kCeFwdThreads), 0, cross_entropy_forward_kernel<S>, loss_g.data(),
-         lse_g.data(), static_cast<const void*>(logits.data()),
-         static_cast<const std::int32_t*>(tgt.data()), V);
+  launch_shape(cross_entropy_launch(N, kCeFwdThreads, "test"), cross_entropy_forward_kernel<S>,
+               loss_g.data(), lse_g.data(), static_cast<const void*>(logits.data()),
+               static_cast<const std::int32_t*>(tgt.data()), V);
   expect_close(lse_g, lse_w, 1e-6, "cross-entropy lse");
   expect_close(loss_g, loss_w, 1e-6, "cross-entropy losses");
   std::vector<typename S::raw> d_w(std::size_t(N * V));
   auto d_g = logits;  // in place, as the model runs it
   cross_entropy_backward_cpu(d_w.data(), logits.data(), lse_w.data(), tgt.data(), N, V, 0.25f,
                              S::dtype);
-  launch(dim3(unsigned(N)), dim3(kCeBwdThreads), 0, cross_entropy_backward_kernel<S>,
-         static_cast<void*>(d_g.data()), static_cast<const void*>(d_g.data()),
-         static_cast<const float*>(lse_w.data()), static_cast<const std::int32_t*>(tgt.data()), V,
-         0.25f);
+  launch_shape(cross_entropy_launch(N, kCeBwdThreads, "test"), cross_entropy_backward_kernel<S>,
+               static_cast<void*>(d_g.data()), static_cast<const void*>(d_g.data()),
+               static_cast<const float*>(lse_w.data()),
+               static_cast<const std::int32_t*>(tgt.data()), V, 0.25f);
   expect_close(to_f32<S>(d_g), to_f32<S>(d_w), tol16<S>(), "cross-entropy dlogits");
 }
 TEST(CudaKernelsEmulated, CrossEntropyForwardAndInPlaceBackward) {
@@ -308,8 +330,8 @@ void check_causal_softmax(const AttnDims& d) {
   const std::int64_t rows = d.B * d.NH * d.T;
   auto p = random_storage<S>(std::size_t(rows * d.T), rng, -4, 4);  // scaled scores
   const auto scores = to_f32<S>(p);
-  launch(dim3(unsigned((rows + kSoftmaxWarps - 1) / kSoftmaxWarps)), dim3(kSoftmaxThreads), 0,
-         causal_softmax_kernel<S>, static_cast<void*>(p.data()), rows, d.T);
+  launch_shape(causal_softmax_launch(rows, "test"), causal_softmax_kernel<S>,
+               static_cast<void*>(p.data()), rows, d.T);
   std::vector<float> want(std::size_t(rows * d.T));
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t i = r % d.T;
@@ -323,9 +345,8 @@ void check_causal_softmax(const AttnDims& d) {
 
   auto dp = random_storage<S>(std::size_t(rows * d.T), rng);
   const auto dpf = to_f32<S>(dp), pf = to_f32<S>(p);
-  launch(dim3(unsigned((rows + kSoftmaxWarps - 1) / kSoftmaxWarps)), dim3(kSoftmaxThreads), 0,
-         causal_softmax_backward_kernel<S>, static_cast<void*>(dp.data()),
-         static_cast<const void*>(p.data()), rows, d.T);
+  launch_shape(causal_softmax_launch(rows, "test"), causal_softmax_backward_kernel<S>,
+               static_cast<void*>(dp.data()), static_cast<const void*>(p.data()), rows, d.T);
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t i = r % d.T;
     double dot = 0;
@@ -351,11 +372,10 @@ void check_flash(const AttnDims& d) {
   std::vector<float> lse_w(nl), lse_g(nl, NAN);
   attention_flash_forward_cpu(out_w.data(), lse_w.data(), q.data(), k.data(), v.data(), B, T, NH,
                               NKV, HD, S::dtype);
-  const unsigned qblocks = unsigned((T + kFlashBlockRows - 1) / kFlashBlockRows);
-  launch(dim3(unsigned(B * NH), qblocks), dim3(kFlashThreads), flash_forward_smem(hd),
-         flash_forward_kernel<S, HDMAX>, static_cast<void*>(out_g.data()), lse_g.data(),
-         static_cast<const void*>(q.data()), static_cast<const void*>(k.data()),
-         static_cast<const void*>(v.data()), T, NH, NKV, hd, scale);
+  launch_shape(flash_forward_launch(B, NH, T, hd, "test"), flash_forward_kernel<S, HDMAX>,
+               static_cast<void*>(out_g.data()), lse_g.data(), static_cast<const void*>(q.data()),
+               static_cast<const void*>(k.data()), static_cast<const void*>(v.data()), T, NH, NKV,
+               hd, scale);
   expect_close(lse_g, lse_w, 1e-6, "flash lse");
   expect_close(to_f32<S>(out_g), to_f32<S>(out_w), tol16<S>() * 2, "flash out");
 
@@ -369,22 +389,21 @@ void check_flash(const AttnDims& d) {
   for (auto* buf : {&dq_g, &dk_g, &dv_g})
     for (std::size_t i = 0; i < buf->size(); ++i) S::store(buf->data(), i, NAN);
   const std::int64_t rows = B * T * NH;
-  launch(dim3(unsigned((rows + kFlashWarps - 1) / kFlashWarps)), dim3(kFlashThreads), 0,
-         flash_delta_kernel<S>, delta_g.data(), static_cast<const void*>(dout.data()),
-         static_cast<const void*>(out_w.data()), rows, T, NH, hd);
+  launch_shape(flash_delta_launch(rows, "test"), flash_delta_kernel<S>, delta_g.data(),
+               static_cast<const void*>(dout.data()), static_cast<const void*>(out_w.data()), rows,
+               T, NH, hd);
   expect_close(delta_g, delta_w, 1e-6, "flash delta");
-  launch(dim3(unsigned(B * NKV), qblocks), dim3(kFlashThreads), flash_dkdv_smem(hd),
-         flash_backward_dkdv_kernel<S, HDMAX>, static_cast<void*>(dk_g.data()),
-         static_cast<void*>(dv_g.data()), static_cast<const void*>(dout.data()),
-         static_cast<const void*>(q.data()), static_cast<const void*>(k.data()),
-         static_cast<const void*>(v.data()), static_cast<const float*>(lse_w.data()),
-         static_cast<const float*>(delta_g.data()), T, NH, NKV, hd, scale);
-  launch(dim3(unsigned(B * NH), qblocks), dim3(kFlashThreads), flash_dq_smem(hd),
-         flash_backward_dq_kernel<S, HDMAX>, static_cast<void*>(dq_g.data()),
-         static_cast<const void*>(dout.data()), static_cast<const void*>(q.data()),
-         static_cast<const void*>(k.data()), static_cast<const void*>(v.data()),
-         static_cast<const float*>(lse_w.data()), static_cast<const float*>(delta_g.data()), T, NH,
-         NKV, hd, scale);
+  launch_shape(flash_dkdv_launch(B, NKV, T, hd, "test"), flash_backward_dkdv_kernel<S, HDMAX>,
+               static_cast<void*>(dk_g.data()), static_cast<void*>(dv_g.data()),
+               static_cast<const void*>(dout.data()), static_cast<const void*>(q.data()),
+               static_cast<const void*>(k.data()), static_cast<const void*>(v.data()),
+               static_cast<const float*>(lse_w.data()), static_cast<const float*>(delta_g.data()),
+               T, NH, NKV, hd, scale);
+  launch_shape(flash_dq_launch(B, NH, T, hd, "test"), flash_backward_dq_kernel<S, HDMAX>,
+               static_cast<void*>(dq_g.data()), static_cast<const void*>(dout.data()),
+               static_cast<const void*>(q.data()), static_cast<const void*>(k.data()),
+               static_cast<const void*>(v.data()), static_cast<const float*>(lse_w.data()),
+               static_cast<const float*>(delta_g.data()), T, NH, NKV, hd, scale);
   expect_close(to_f32<S>(dv_g), to_f32<S>(dv_w), tol16<S>() * 4, "flash dv");
   expect_close(to_f32<S>(dk_g), to_f32<S>(dk_w), tol16<S>() * 4, "flash dk");
   expect_close(to_f32<S>(dq_g), to_f32<S>(dq_w), tol16<S>() * 4, "flash dq");
@@ -402,6 +421,513 @@ TEST(CudaKernelsEmulated, FlashAttentionGqaAcrossTilesHeadDim24) {
 TEST(CudaKernelsEmulated, FlashAttentionMqaOddHeadDimBf16) {
   // MQA (g = 3), odd HD = 33 in the 64-wide lane layout, two batch rows.
   check_flash<BF16, 64>({2, 20, 3, 1, 33});
+}
+TEST(CudaKernelsEmulated, FlashAttentionLlamaHeadDim128Fp16) {
+  // LLaMA-7B's head dim (the instantiation gpu_check runs), GQA g = 2, 3 query blocks, a
+  // partial second key tile.
+  check_flash<F16, 128>({1, 40, 4, 2, 128});
+}
+TEST(CudaKernelsEmulated, FlashAttentionHeadDim200In256LayoutBf16) {
+  // The 256-wide lane layout with HD < 256 (lanes past HD idle), shared memory above 48 KiB.
+  check_flash<BF16, 256>({1, 21, 2, 1, 200});
+}
+
+// ---------------------------------------------------------------- launch geometry, real sizes
+// The launchers' shapes (kernels/*_kernels.cuh, launch_shape.hpp) at the sizes gpu_check and
+// the maxbatch searches reach, which no emulated run covers: within the hardware limits, the
+// grid covering every row / tile exactly, and the shared-memory opt-in where it is needed.
+
+struct ModelShape {
+  std::int64_t B, T, C, NH, NKV, HD, I, V;
+};
+// LLaMA-7B at gpu_check's batch 8 / seq 512, its sweep corners, and the largest the maxbatch
+// searches try (batch 64, seq 4096); one position as the degenerate end.
+const ModelShape kRealShapes[] = {
+    {8, 512, 4096, 32, 32, 128, 11008, 32000},  {1, 128, 4096, 32, 32, 128, 11008, 32000},
+    {4, 512, 4096, 32, 32, 128, 11008, 32000},  {64, 4096, 4096, 32, 32, 128, 11008, 32000},
+    {64, 4096, 8192, 64, 8, 128, 28672, 32000}, {1, 1, 4096, 32, 32, 128, 11008, 32000},
+};
+
+void expect_launchable(const LaunchShape& L, const std::string& what) {
+  EXPECT_NO_THROW(emu::check_launch_limits(dim3(L.grid_x, L.grid_y), dim3(L.block_x, L.block_y),
+                                           L.smem_bytes, L.needs_smem_opt_in()))
+      << what;
+}
+
+TEST(CudaLaunchGeometry, RealSizesFitTheHardwareAndCoverEveryRow) {
+  for (const ModelShape& m : kRealShapes) {
+    const std::string at = "B=" + std::to_string(m.B) + " T=" + std::to_string(m.T);
+    const std::int64_t N = m.B * m.T;
+    // Row kernels: one block per row.
+    for (const LaunchShape& L : {rmsnorm_row_launch(N, "t"), cross_entropy_launch(N, 512, "t")}) {
+      expect_launchable(L, at);
+      EXPECT_EQ(std::int64_t(L.grid_x), N) << at;
+    }
+    const LaunchShape dw = rmsnorm_dweight_launch(m.C, "t");
+    expect_launchable(dw, at);
+    EXPECT_GE(std::int64_t(dw.grid_x) * dw.block_x, m.C);
+    EXPECT_LT(std::int64_t(dw.grid_x - 1) * dw.block_x, m.C);
+    const LaunchShape eb = embedding_backward_launch(N, m.C, "t");
+    expect_launchable(eb, at);
+    EXPECT_EQ(std::int64_t(eb.grid_x), N);
+    EXPECT_GE(std::int64_t(eb.grid_y) * kEmbBwdColsPerBlock, m.C);
+    // Eager softmax: a warp per (b, h, i) row.
+    const std::int64_t rows = m.B * m.NH * m.T;
+    const LaunchShape sm = causal_softmax_launch(rows, "t");
+    expect_launchable(sm, at);
+    EXPECT_GE(std::int64_t(sm.grid_x) * kSoftmaxWarps, rows) << at;
+    EXPECT_LT(std::int64_t(sm.grid_x - 1) * kSoftmaxWarps, rows) << at;
+    // Flash: (b, head) on x, 16-row blocks on y.
+    const int hd = int(m.HD);
+    for (const LaunchShape& L :
+         {flash_forward_launch(m.B, m.NH, m.T, hd, "t"), flash_dq_launch(m.B, m.NH, m.T, hd, "t"),
+          flash_dkdv_launch(m.B, m.NKV, m.T, hd, "t")}) {
+      expect_launchable(L, at);
+      EXPECT_GE(std::int64_t(L.grid_y) * 16, m.T) << at;
+      EXPECT_LT(std::int64_t(L.grid_y - 1) * 16, m.T) << at;
+    }
+    EXPECT_EQ(std::int64_t(flash_forward_launch(m.B, m.NH, m.T, hd, "t").grid_x), m.B * m.NH);
+    EXPECT_EQ(std::int64_t(flash_dkdv_launch(m.B, m.NKV, m.T, hd, "t").grid_x), m.B * m.NKV);
+    const LaunchShape dl = flash_delta_launch(rows, "t");
+    expect_launchable(dl, at);
+    EXPECT_GE(std::int64_t(dl.grid_x) * kFlashWarps, rows);
+    // Grid-stride kernels: the largest elementwise tensor is (B,T,I).
+    const LaunchShape gs = grid_stride_launch(N * m.I, kElementwiseThreads);
+    expect_launchable(gs, at);
+    EXPECT_GE(std::int64_t(gs.grid_x), 1);
+  }
+}
+
+TEST(CudaLaunchGeometry, FlashSharedMemoryOptInWhereNeeded) {
+  // Head dim 128 (LLaMA): forward fits the default 48 KiB, the backward kernels need the
+  // opt-in; every head dim up to 256 stays within sm_86/sm_89's 99 KiB (and sm_80's 163 KiB).
+  EXPECT_FALSE(flash_forward_launch(8, 32, 512, 128, "t").needs_smem_opt_in());
+  EXPECT_TRUE(flash_dkdv_launch(8, 32, 512, 128, "t").needs_smem_opt_in());
+  EXPECT_TRUE(flash_dq_launch(8, 32, 512, 128, "t").needs_smem_opt_in());
+  for (int hd = 1; hd <= kFlashMaxHeadDim; ++hd) {
+    for (std::size_t bytes : {flash_forward_smem(hd), flash_dkdv_smem(hd), flash_dq_smem(hd)}) {
+      EXPECT_LE(bytes, kOptInDynamicSmemBytesSm86) << "HD " << hd;
+    }
+  }
+  // Hand-computed from the layouts: dk/dv at HD 128 holds sK, sV (16 x 128), sQ, sdO (32 x 129)
+  // and sL, sD (32) floats.
+  EXPECT_EQ(flash_dkdv_smem(128), 4u * (2 * 16 * 128 + 2 * 32 * 129 + 2 * 32));
+  EXPECT_EQ(flash_forward_smem(128), 4u * (16 * 128 + 32 * 129 + 32 * 128));
+}
+
+TEST(CudaLaunchGeometry, BeyondTheGridLimitsIsInputErrorNamingTheDimension) {
+  // 65535 blocks of 16 rows on gridDim.y: seq 1,048,560 is the flash limit.
+  EXPECT_NO_THROW(flash_forward_launch(1, 1, 65535 * 16, 64, "op"));
+  try {
+    flash_forward_launch(1, 1, 65535 * 16 + 1, 64, "attention_flash_forward_cuda");
+    ADD_FAILURE() << "no InputError past gridDim.y";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("attention_flash_forward_cuda: T/16"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(embedding_backward_launch(4, std::int64_t(65536) * kEmbBwdColsPerBlock, "op"),
+               InputError);
+  EXPECT_THROW(cross_entropy_launch(std::int64_t(1) << 31, 512, "op"), InputError);
+  EXPECT_THROW(causal_softmax_launch(0, "op"), InputError);
+  // Grid-stride launches cap the grid and stride instead.
+  EXPECT_EQ(grid_stride_launch(std::int64_t(1) << 40, 256).grid_x, 1u << 20);
+  EXPECT_EQ(grid_stride_launch(1, 256).grid_x, 1u);
+}
+
+// ---------------------------------------------------------------- real sizes, last blocks
+// 32-bit index arithmetic wraps only at sizes no emulated run can allocate: eager attention's
+// probabilities at batch 64, seq 4096 hold B*NH*T*T = 34G elements, the logits B*T*V = 8.4G,
+// the MLP activations B*T*I = 2.9G. These tests launch the kernels with the launchers' full
+// grids but run only a few blocks (the last ones, and those whose rows straddle 2^31 and 2^32
+// elements) on tensors that are never allocated: a VirtualTensor generates element i from i
+// and keeps what is stored. The checks: exactly the expected elements were written, with the
+// expected values, and nothing was read or written past the end.
+
+enum class Access { read_only, read_write };
+
+struct VirtualTensor {
+  VirtualTensor(std::uint64_t n, Access access_, std::uint64_t seed_ = 0, float lo_ = 0,
+                float hi_ = 0)
+      : size(n), access(access_), seed(seed_), lo(lo_), hi(hi_) {}
+  float generated(std::uint64_t i) const {  // splitmix64 of (seed, i) -> [lo, hi)
+    std::uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return lo + (hi - lo) * float(double(z >> 11) / 9007199254740992.0);
+  }
+  const std::uint64_t size;
+  const Access access;  // read-only tensors are read without a lock, and refuse stores
+  const std::uint64_t seed;
+  const float lo, hi;
+  std::mutex m;
+  std::map<std::uint64_t, float> stored;
+  std::atomic<std::uint64_t> out_of_range{0}, stores_to_input{0};
+};
+
+// Storage tag for the kernels' S parameter: the element type of S, held in a VirtualTensor
+// (the kernel's void* argument points at it).
+template <class S>
+struct Virtual {
+  using raw = typename S::raw;
+  static constexpr DType dtype = S::dtype;
+  static float load(const void* p, std::size_t i) {
+    auto& t = *static_cast<VirtualTensor*>(const_cast<void*>(p));
+    if (i >= t.size) {
+      ++t.out_of_range;
+      return NAN;
+    }
+    if (t.access == Access::read_only) return S::round(t.generated(i));
+    std::lock_guard<std::mutex> lock(t.m);
+    const auto it = t.stored.find(i);
+    return it != t.stored.end() ? it->second : S::round(t.generated(i));
+  }
+  static void store(void* p, std::size_t i, float v) {
+    auto& t = *static_cast<VirtualTensor*>(p);
+    if (i >= t.size) {
+      ++t.out_of_range;
+      return;
+    }
+    if (t.access == Access::read_only) {
+      ++t.stores_to_input;
+      return;
+    }
+    std::lock_guard<std::mutex> lock(t.m);
+    t.stored[i] = S::round(v);
+  }
+  static float round(float v) { return S::round(v); }
+};
+using VF16 = Virtual<F16>;
+
+// The elements stored in t are exactly `want` (index -> value), within tol * (1 + |value|).
+void expect_stored(const VirtualTensor& t, const std::map<std::uint64_t, double>& want, double tol,
+                   const std::string& what) {
+  EXPECT_EQ(t.out_of_range.load(), 0u) << what << ": accesses past the end";
+  EXPECT_EQ(t.stores_to_input.load(), 0u) << what << ": stores into an input";
+  EXPECT_EQ(t.stored.size(), want.size()) << what << ": elements written";
+  std::size_t bad = 0;
+  for (const auto& [i, v] : want) {
+    const auto it = t.stored.find(i);
+    if (it == t.stored.end()) {
+      if (bad++ == 0) ADD_FAILURE() << what << ": element " << i << " not written";
+    } else if (!(std::fabs(it->second - v) <= tol * (1 + std::fabs(v)))) {
+      if (bad++ == 0)
+        ADD_FAILURE() << what << ": element " << i << " is " << it->second << ", want " << v;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what;
+}
+
+TEST(CudaKernelsAtRealSizes, EagerSoftmaxRowsPast2To32Elements) {
+  // probs (B,NH,T,T) at batch 64, seq 4096: 34G elements. Blocks whose rows start at 2^31 and
+  // 2^32 elements, and the last block.
+  const std::int64_t B = 64, NH = 32, T = 4096, rows = B * NH * T;
+  const LaunchShape L = causal_softmax_launch(rows, "test");
+  const std::vector<dim3> blocks = {
+      block_index(unsigned((std::int64_t(1) << 31) / T / kSoftmaxWarps)),
+      block_index(unsigned((std::int64_t(1) << 32) / T / kSoftmaxWarps)),
+      block_index(L.grid_x - 1)};
+  VirtualTensor probs(std::uint64_t(rows) * T, Access::read_write, 11, -4, 4),
+      dprobs(std::uint64_t(rows) * T, Access::read_write, 12, -1, 1);
+  launch_shape(L, blocks, causal_softmax_kernel<VF16>, static_cast<void*>(&probs), rows, T);
+  std::map<std::uint64_t, double> want_p, want_ds;
+  for (const dim3& b : blocks) {
+    for (std::int64_t r = std::int64_t(b.x) * kSoftmaxWarps; r < (b.x + 1) * kSoftmaxWarps; ++r) {
+      const std::int64_t i = r % T;
+      const std::uint64_t base = std::uint64_t(r) * T;
+      double mx = -INFINITY, sum = 0;
+      for (std::int64_t j = 0; j <= i; ++j)
+        mx = std::max<double>(mx, F16::round(probs.generated(base + j)));
+      for (std::int64_t j = 0; j <= i; ++j)
+        sum += std::exp(F16::round(probs.generated(base + j)) - mx);
+      for (std::int64_t j = 0; j < T; ++j)
+        want_p[base + j] =
+            j <= i ? std::exp(F16::round(probs.generated(base + j)) - mx) / sum : 0.0;
+    }
+  }
+  expect_stored(probs, want_p, 2e-3, "causal softmax");
+
+  launch_shape(L, blocks, causal_softmax_backward_kernel<VF16>, static_cast<void*>(&dprobs),
+               static_cast<const void*>(&probs), rows, T);
+  for (const dim3& b : blocks) {
+    for (std::int64_t r = std::int64_t(b.x) * kSoftmaxWarps; r < (b.x + 1) * kSoftmaxWarps; ++r) {
+      const std::int64_t i = r % T;
+      const std::uint64_t base = std::uint64_t(r) * T;
+      double dot = 0;
+      for (std::int64_t j = 0; j <= i; ++j)
+        dot += double(probs.stored.at(base + j)) * F16::round(dprobs.generated(base + j));
+      for (std::int64_t j = 0; j < T; ++j)
+        want_ds[base + j] =
+            j <= i ? probs.stored.at(base + j) * (F16::round(dprobs.generated(base + j)) - dot)
+                   : 0.0;
+    }
+  }
+  expect_stored(dprobs, want_ds, 4e-3, "causal softmax backward");
+}
+
+TEST(CudaKernelsAtRealSizes, CrossEntropyRowsPast2To31Elements) {
+  // logits (B*T, V) at batch 64, seq 4096, V 32000: 8.4G elements. Row 67108 straddles 2^31
+  // elements; the last row ends at 8.4G.
+  const std::int64_t N = 64 * 4096, V = 32000;
+  const std::int64_t straddle = (std::int64_t(1) << 31) / V;
+  ASSERT_LT(straddle * V, std::int64_t(1) << 31);
+  ASSERT_GT((straddle + 1) * V, std::int64_t(1) << 31);
+  const std::vector<dim3> blocks = {block_index(unsigned(straddle)), block_index(unsigned(N - 1))};
+  VirtualTensor logits(std::uint64_t(N) * V, Access::read_write, 21, -6, 6);
+  std::vector<std::int32_t> targets(static_cast<std::size_t>(N));
+  for (std::int64_t n = 0; n < N; ++n) targets[std::size_t(n)] = std::int32_t((n * 7919) % V);
+  std::vector<float> losses(std::size_t(N), NAN), lse(std::size_t(N), NAN);
+  launch_shape(cross_entropy_launch(N, kCeFwdThreads, "test"), blocks,
+               cross_entropy_forward_kernel<VF16>, losses.data(), lse.data(),
+               static_cast<const void*>(&logits), static_cast<const std::int32_t*>(targets.data()),
+               V);
+  const float scale = 1.0f / float(N);
+  std::map<std::uint64_t, double> want_d;
+  for (const dim3& b : blocks) {
+    const std::int64_t n = b.x;
+    const std::uint64_t base = std::uint64_t(n) * V;
+    double mx = -INFINITY, sum = 0;
+    for (std::int64_t j = 0; j < V; ++j)
+      mx = std::max<double>(mx, F16::round(logits.generated(base + j)));
+    for (std::int64_t j = 0; j < V; ++j)
+      sum += std::exp(F16::round(logits.generated(base + j)) - mx);
+    const double want_lse = mx + std::log(sum);
+    const std::int32_t t = targets[std::size_t(n)];
+    EXPECT_NEAR(lse[std::size_t(n)], want_lse, 1e-5 * std::fabs(want_lse)) << "row " << n;
+    EXPECT_NEAR(losses[std::size_t(n)], want_lse - F16::round(logits.generated(base + t)), 1e-4)
+        << "row " << n;
+    for (std::int64_t j = 0; j < V; ++j)
+      want_d[base + j] =
+          scale * (std::exp(F16::round(logits.generated(base + j)) - lse[std::size_t(n)]) -
+                   (j == t ? 1.0 : 0.0));
+  }
+  EXPECT_TRUE(logits.stored.empty()) << "the forward wrote into the logits";
+  // Backward in place, as the model runs it.
+  launch_shape(cross_entropy_launch(N, kCeBwdThreads, "test"), blocks,
+               cross_entropy_backward_kernel<VF16>, static_cast<void*>(&logits),
+               static_cast<const void*>(&logits), static_cast<const float*>(lse.data()),
+               static_cast<const std::int32_t*>(targets.data()), V, scale);
+  expect_stored(logits, want_d, 2e-3, "cross-entropy dlogits (scaled by N)");
+}
+
+TEST(CudaKernelsAtRealSizes, SwiGluGridStridePast2To31Elements) {
+  // (B,T,I) at batch 64, seq 4096, I 11008: 2.9G elements over the launcher's capped grid,
+  // so the last block's threads stride past 2^31.
+  const std::int64_t n = std::int64_t(64) * 4096 * 11008;
+  const LaunchShape L = grid_stride_launch(n, kElementwiseThreads);
+  VirtualTensor gate(std::uint64_t(n), Access::read_only, 31, -8, 8),
+      up(std::uint64_t(n), Access::read_only, 32, -2, 2),
+      dout(std::uint64_t(n), Access::read_only, 33, -1, 1);
+  VirtualTensor out(std::uint64_t(n), Access::read_write),
+      dgate(std::uint64_t(n), Access::read_write), dup(std::uint64_t(n), Access::read_write);
+  const std::vector<dim3> last = {block_index(L.grid_x - 1)};
+  launch_shape(L, last, swiglu_forward_kernel<VF16>, static_cast<void*>(&out),
+               static_cast<const void*>(&gate), static_cast<const void*>(&up), n);
+  launch_shape(L, last, swiglu_backward_kernel<VF16>, static_cast<void*>(&dgate),
+               static_cast<void*>(&dup), static_cast<const void*>(&dout),
+               static_cast<const void*>(&gate), static_cast<const void*>(&up), n);
+  std::map<std::uint64_t, double> want_out, want_dg, want_du;
+  const std::int64_t stride = std::int64_t(L.grid_x) * L.block_x;
+  for (std::int64_t i0 = std::int64_t(L.grid_x - 1) * L.block_x;
+       i0 < std::int64_t(L.grid_x) * L.block_x; ++i0) {
+    for (std::int64_t i = i0; i < n; i += stride) {
+      const double g = F16::round(gate.generated(i)), u = F16::round(up.generated(i));
+      const double dy = F16::round(dout.generated(i));
+      const double sg = 1 / (1 + std::exp(-g));
+      want_out[i] = g * sg * u;
+      want_dg[i] = dy * u * sg * (1 + g * (1 - sg));
+      want_du[i] = dy * g * sg;
+    }
+  }
+  ASSERT_GT(want_out.rbegin()->first, std::uint64_t(1) << 31);
+  expect_stored(out, want_out, 2e-3, "swiglu out");
+  expect_stored(dgate, want_dg, 2e-3, "swiglu dgate");
+  expect_stored(dup, want_du, 2e-3, "swiglu dup");
+}
+
+TEST(CudaKernelsAtRealSizes, FlashAttentionLastBatchAndHeadAtBatch64Seq4096) {
+  // The last (batch, head) at batch 64, seq 4096, GQA 32/8 heads, HD 128. Forward and dq: the
+  // block of queries 0..15 (blockIdx.y = gridDim.y - 1: the query blocks run in reverse);
+  // dk/dv: the block of the last 16 keys of kv head 7, which sums query heads 28..31 over
+  // queries 4080..4095. (Blocks with long key loops are covered at small T above: here the
+  // emulator's per-shuffle thread barriers would make them slow.)
+  const std::int64_t B = 64, T = 4096, NH = 32, NKV = 8, HD = 128, g = NH / NKV;
+  const std::int64_t b = B - 1, h = NH - 1, kh = NKV - 1, k0 = T - kFlashBlockKeys;
+  const int hd = int(HD);
+  const float scale = attention_scale<float>(HD);
+  const std::uint64_t nq = std::uint64_t(B * T * NH * HD), nkv = std::uint64_t(B * T * NKV * HD);
+  VirtualTensor q(nq, Access::read_only, 41, -2, 2), k(nkv, Access::read_only, 42, -1, 1),
+      v(nkv, Access::read_only, 43, -1, 1), dout(nq, Access::read_only, 44, -1, 1);
+  VirtualTensor out(nq, Access::read_write), dq(nq, Access::read_write),
+      dk(nkv, Access::read_write), dv(nkv, Access::read_write);
+  auto qe = [&](std::int64_t i, std::int64_t head, std::int64_t d) {
+    return std::uint64_t(((b * T + i) * NH + head) * HD + d);
+  };
+  auto ke = [&](std::int64_t j, std::int64_t d) {
+    return std::uint64_t(((b * T + j) * NKV + kh) * HD + d);
+  };
+  auto in = [](const VirtualTensor& t, std::uint64_t e) {
+    return double(F16::round(t.generated(e)));
+  };
+
+  // Reference, in double, row by row: lse, delta, out and dq of row i of `head`, and its
+  // contributions to dk, dv of keys k0..T-1.
+  std::vector<float> lse(std::size_t(B * NH * T), 0.0f), delta(lse.size(), 0.0f);
+  std::map<std::uint64_t, double> want_out, want_dq, want_dk, want_dv;
+  auto reference_row = [&](std::int64_t head, std::int64_t i, bool keep_row) {
+    std::vector<double> s(std::size_t(i + 1)), o(std::size_t(HD), 0.0), dqi(std::size_t(HD), 0.0);
+    double mx = -INFINITY, l = 0;
+    for (std::int64_t j = 0; j <= i; ++j) {
+      double dot = 0;
+      for (std::int64_t d = 0; d < HD; ++d) dot += in(q, qe(i, head, d)) * in(k, ke(j, d));
+      s[std::size_t(j)] = dot * scale;
+      mx = std::max(mx, s[std::size_t(j)]);
+    }
+    for (std::int64_t j = 0; j <= i; ++j) l += std::exp(s[std::size_t(j)] - mx);
+    const double row_lse = mx + std::log(l);
+    for (std::int64_t j = 0; j <= i; ++j)
+      for (std::int64_t d = 0; d < HD; ++d)
+        o[std::size_t(d)] += std::exp(s[std::size_t(j)] - row_lse) * in(v, ke(j, d));
+    double dlt = 0;
+    for (std::int64_t d = 0; d < HD; ++d) dlt += in(dout, qe(i, head, d)) * o[std::size_t(d)];
+    const std::size_t row = std::size_t((b * NH + head) * T + i);
+    lse[row] = float(row_lse);
+    delta[row] = float(dlt);
+    for (std::int64_t j = 0; j <= i; ++j) {
+      double dp = 0;
+      for (std::int64_t d = 0; d < HD; ++d) dp += in(dout, qe(i, head, d)) * in(v, ke(j, d));
+      const double p = std::exp(s[std::size_t(j)] - row_lse), ds = p * (dp - dlt);
+      for (std::int64_t d = 0; d < HD; ++d) {
+        dqi[std::size_t(d)] += scale * ds * in(k, ke(j, d));
+        if (j >= k0) {
+          want_dk[ke(j, d)] += scale * ds * in(q, qe(i, head, d));
+          want_dv[ke(j, d)] += p * in(dout, qe(i, head, d));
+        }
+      }
+    }
+    if (keep_row) {
+      for (std::int64_t d = 0; d < HD; ++d) {
+        want_out[qe(i, head, d)] = o[std::size_t(d)];
+        want_dq[qe(i, head, d)] = dqi[std::size_t(d)];
+      }
+    }
+  };
+  for (std::int64_t i = 0; i < kFlashBlockRows; ++i) reference_row(h, i, true);
+  for (std::int64_t head = kh * g; head < (kh + 1) * g; ++head)
+    for (std::int64_t i = k0; i < T; ++i) reference_row(head, i, false);
+
+  const LaunchShape fwd = flash_forward_launch(B, NH, T, hd, "test");
+  const std::vector<dim3> first_query_block = {block_index(unsigned(b * NH + h), fwd.grid_y - 1)};
+  std::vector<float> lse_got(lse.size(), NAN);
+  launch_shape(fwd, first_query_block, flash_forward_kernel<VF16, 128>, static_cast<void*>(&out),
+               lse_got.data(), static_cast<const void*>(&q), static_cast<const void*>(&k),
+               static_cast<const void*>(&v), T, NH, NKV, hd, scale);
+  expect_stored(out, want_out, 4e-3, "flash out");
+  for (std::int64_t i = 0; i < kFlashBlockRows; ++i) {
+    const std::size_t row = std::size_t((b * NH + h) * T + i);
+    EXPECT_NEAR(lse_got[row], lse[row], 1e-5 * (1 + std::fabs(lse[row]))) << "lse row " << i;
+  }
+  launch_shape(flash_dq_launch(B, NH, T, hd, "test"), first_query_block,
+               flash_backward_dq_kernel<VF16, 128>, static_cast<void*>(&dq),
+               static_cast<const void*>(&dout), static_cast<const void*>(&q),
+               static_cast<const void*>(&k), static_cast<const void*>(&v),
+               static_cast<const float*>(lse.data()), static_cast<const float*>(delta.data()), T,
+               NH, NKV, hd, scale);
+  expect_stored(dq, want_dq, 8e-3, "flash dq");
+  const LaunchShape kv = flash_dkdv_launch(B, NKV, T, hd, "test");
+  launch_shape(kv, {block_index(unsigned(b * NKV + kh), kv.grid_y - 1)},
+               flash_backward_dkdv_kernel<VF16, 128>, static_cast<void*>(&dk),
+               static_cast<void*>(&dv), static_cast<const void*>(&dout),
+               static_cast<const void*>(&q), static_cast<const void*>(&k),
+               static_cast<const void*>(&v), static_cast<const float*>(lse.data()),
+               static_cast<const float*>(delta.data()), T, NH, NKV, hd, scale);
+  expect_stored(dk, want_dk, 8e-3, "flash dk, last key block");
+  expect_stored(dv, want_dv, 8e-3, "flash dv, last key block");
+}
+
+// ---------------------------------------------------------------- the emulator's own checks
+// Kernels broken on purpose: what a GPU does with them is undefined (or a launch error), so
+// the emulator must refuse them instead of computing a plausible answer.
+
+// Threads 0..31 and 32..63 reach different __syncthreads (the conditional is not uniform).
+__global__ void divergent_barrier_kernel(float* out) {
+  __shared__ float s[64];
+  s[threadIdx.x] = float(threadIdx.x);
+  if (threadIdx.x < 32) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  out[threadIdx.x] = s[63 - threadIdx.x];
+}
+// Lanes >= active return, then the others reduce over the full warp: the shuffles read lanes
+// that have exited.
+__global__ void partial_warp_sum_kernel(float* out, int active) {
+  if (int(threadIdx.x) >= active) return;
+  const float sum = warp_sum(1.0f);
+  if (threadIdx.x == 0) out[0] = sum;
+}
+// Lanes take different shuffles (one per branch).
+__global__ void divergent_shuffle_kernel(float* out) {
+  float v = float(threadIdx.x);
+  if (threadIdx.x < 16) {
+    v = __shfl_xor_sync(kFullMask, v, 1);
+  } else {
+    v = __shfl_xor_sync(kFullMask, v, 1);
+  }
+  out[threadIdx.x] = v;
+}
+__global__ void store_one_kernel(float* out) {
+  out[0] = 1.0f;
+}
+
+void expect_emulator_refuses(const std::function<void()>& run, const std::string& why) {
+  try {
+    run();
+    ADD_FAILURE() << "the emulator ran a kernel it must refuse (" << why << ")";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaEmulator, RefusesDivergentBarrier) {
+  std::vector<float> out(64);
+  expect_emulator_refuses(
+      [&] { launch(dim3(1), dim3(64), 0, divergent_barrier_kernel, out.data()); },
+      "divergent __syncthreads");
+}
+TEST(CudaEmulator, RefusesShuffleFromExitedLane) {
+  std::vector<float> out(1);
+  expect_emulator_refuses(
+      [&] { launch(dim3(1), dim3(32), 0, partial_warp_sum_kernel, out.data(), 20); },
+      "exited lane");
+  launch(dim3(1), dim3(32), 0, partial_warp_sum_kernel, out.data(), 32);  // the whole warp: fine
+  EXPECT_EQ(out[0], 32.0f);
+}
+TEST(CudaEmulator, RefusesDivergentShuffle) {
+  std::vector<float> out(32);
+  expect_emulator_refuses(
+      [&] { launch(dim3(1), dim3(32), 0, divergent_shuffle_kernel, out.data()); },
+      "divergent shuffle");
+}
+TEST(CudaEmulator, RefusesLaunchesBeyondHardwareLimits) {
+  std::vector<float> out(1);
+  expect_emulator_refuses([&] { launch(dim3(1), dim3(1056), 0, store_one_kernel, out.data()); },
+                          "1024 threads");
+  expect_emulator_refuses(
+      [&] { launch(dim3(1, 65536), dim3(32), 0, store_one_kernel, out.data()); }, "gridDim.y");
+  expect_emulator_refuses([&] { launch(dim3(0), dim3(32), 0, store_one_kernel, out.data()); },
+                          "empty grid");
+  // Dynamic shared memory: 48 KiB without opt-in, at most the sm_80 opt-in limit with it.
+  expect_emulator_refuses(
+      [&] { launch(dim3(1), dim3(32), 48 * 1024 + 4, store_one_kernel, out.data()); }, "opt-in");
+  expect_emulator_refuses(
+      [&] {
+        launch(emu::SmemOptIn{}, dim3(1), dim3(32), 164 * 1024, store_one_kernel, out.data());
+      },
+      "163 KiB");
+  launch(emu::SmemOptIn{}, dim3(1), dim3(32), 100 * 1024, store_one_kernel, out.data());
+  EXPECT_EQ(out[0], 1.0f);
 }
 
 }  // namespace
