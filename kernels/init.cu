@@ -5,7 +5,7 @@
 
 namespace trainmem {
 namespace {
-constexpr int kThreads = 256;
+constexpr int kThreads = cuda::kElementwiseThreads;
 }  // namespace
 
 void init_param_cuda(void* dst, float* master, std::int64_t N, const ParamInit& init, DType dt,
