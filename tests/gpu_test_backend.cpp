@@ -49,6 +49,11 @@ TEST_F(CudaBackendTest, KindAllocatorAndStream) {
   cudaStream_t bound = nullptr;
   ASSERT_EQ(cublasGetStream(cuda->cublas(), &bound), CUBLAS_STATUS_SUCCESS);
   EXPECT_EQ(bound, cuda->stream());
+  // fp32 stays fp32 (no TF32), and 16-bit GEMMs reduce split-K partials in fp32 (docs/gpu.md).
+  cublasMath_t mode = CUBLAS_DEFAULT_MATH;
+  ASSERT_EQ(cublasGetMathMode(cuda->cublas(), &mode), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(static_cast<int>(mode) & 0xf, static_cast<int>(CUBLAS_DEFAULT_MATH));
+  EXPECT_NE(static_cast<int>(mode) & CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION, 0);
 }
 
 TEST_F(CudaBackendTest, Int32IsNotATrainingDtype) {
@@ -73,9 +78,32 @@ TEST_F(CudaBackendTest, GemmsUseTheLedgersWorkspaceAndStayCorrect) {
   EXPECT_TRUE(all_close("matmul with the ledger's workspace", d_c.f32(DType::bf16, M * N),
                         want.to_f32(), tolerance(DType::bf16)));
   gpu.synchronize();
-  // Hand cuBLAS no workspace before the ledger's buffer goes away.
+  // Hand cuBLAS its default workspace back before the ledger's buffer goes away.
   gpu.set_gemm_workspace(nullptr, 0);
   ws.reset();
+}
+
+TEST_F(CudaBackendTest, AWorkspaceCublasWouldRefuseIsInputErrorAndChangesNothing) {
+  Backend& gpu = cuda_backend(DType::f32);
+  Ledger ledger(gpu.allocator());
+  Tensor ws = ledger.allocate("cublas_workspace", Category::workspace, -1, {8 << 20}, DType::f32);
+  auto* base = static_cast<char*>(ws.data());
+  // cuBLAS requires 256-byte alignment (CUBLAS_STATUS_INVALID_VALUE otherwise): refused first.
+  try {
+    gpu.set_gemm_workspace(base + 16, ws.bytes() - 16);
+    FAIL() << "a workspace 16 bytes off the 256-byte grid was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("aligned to 256 bytes"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(gpu.set_gemm_workspace(base, 1024), InputError);  // under 16 KiB
+  // The handle still works (on its default workspace).
+  std::vector<float> a = {1, 2, 3, 4}, b = {5, 6, 7, 8}, c(4, 0.0f);
+  DevBuf d_a(gpu, 16), d_b(gpu, 16), d_c(gpu, 16);
+  gpu.upload(d_a.get(), a.data(), 16);
+  gpu.upload(d_b.get(), b.data(), 16);
+  gpu.matmul(d_c.get(), d_a.get(), d_b.get(), 2, 2, 2, Trans::no, Trans::no, 1.0f, 0.0f);
+  gpu.download(c.data(), d_c.get(), 16);
+  EXPECT_EQ(c, (std::vector<float>{19, 22, 43, 50}));
 }
 
 TEST_F(CudaBackendTest, OutOfMemoryIsTheLedgersTypedErrorAndTheDeviceStaysUsable) {
@@ -83,7 +111,7 @@ TEST_F(CudaBackendTest, OutOfMemoryIsTheLedgersTypedErrorAndTheDeviceStaysUsable
   Ledger ledger(gpu.allocator());
   Tensor small = ledger.allocate("small", Category::params, -1, {1024}, DType::bf16);
   const std::uint64_t live = ledger.live_total();
-  const std::int64_t huge = std::int64_t(1) << 48;  // 256 TiB of fp32 = 2^50 bytes
+  const std::int64_t huge = std::int64_t(1) << 48;  // 2^48 fp32 elements = 2^50 bytes (1 PiB)
   try {
     ledger.allocate("too_big", Category::activations, 3, {huge}, DType::f32);
     FAIL() << "allocating 1 PiB on the device did not throw";
@@ -92,7 +120,11 @@ TEST_F(CudaBackendTest, OutOfMemoryIsTheLedgersTypedErrorAndTheDeviceStaysUsable
     EXPECT_EQ(e.category, "activations");
     EXPECT_EQ(e.tensor, "too_big");
     EXPECT_EQ(e.live_bytes, live);
+    // More than the whole device: refused by the allocator without a driver call.
+    EXPECT_NE(std::string(e.what()).find("exceeds the device's total memory"), std::string::npos)
+        << e.what();
   }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   EXPECT_EQ(ledger.live_total(), live);
   // The failed request left no sticky error behind.
   Tensor after = ledger.allocate("after", Category::activations, -1, {4096}, DType::f32);

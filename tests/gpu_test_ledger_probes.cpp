@@ -133,8 +133,11 @@ TEST_F(LedgerProbesGpu, AllocationsAgreeAcrossLedgerPoolAndCupti) {
 TEST_F(LedgerProbesGpu, DeviceOutOfMemoryBecomesOutOfMemoryAndIsRecoverable) {
   DeviceAllocator dev(0, stream_);
   Ledger ledger(dev);
+  Tensor before = ledger.allocate("before", Category::params, -1, {4096}, DType::f32);
   std::size_t free_b = 0, total_b = 0;
   ASSERT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+  ASSERT_EQ(dev.device_total_bytes(), total_b);
+  // More than the device has: refused up front, no driver call.
   const std::uint64_t too_much = static_cast<std::uint64_t>(total_b) * 2;
   try {
     ledger.allocate_bytes(too_much, "huge", Category::activations, 3);
@@ -143,12 +146,33 @@ TEST_F(LedgerProbesGpu, DeviceOutOfMemoryBecomesOutOfMemoryAndIsRecoverable) {
     EXPECT_EQ(e.requested_bytes, too_much);
     EXPECT_EQ(e.tensor, "huge");
     EXPECT_EQ(e.category, "activations");
-    EXPECT_NE(std::string(e.what()).find("cudaErrorMemoryAllocation"), std::string::npos)
+    EXPECT_EQ(e.live_bytes, 4096u * 4);
+    EXPECT_NE(std::string(e.what()).find("exceeds the device's total memory"), std::string::npos)
         << e.what();
   }
+  // Within the device's total but beyond what it can give (the CUDA context alone holds far
+  // more than 1 MiB): the driver's own cudaErrorMemoryAllocation, with the pool's figures.
+  const std::uint64_t beyond_free = static_cast<std::uint64_t>(total_b) - (1u << 20);
+  ASSERT_GT(beyond_free, free_b);
+  try {
+    ledger.allocate_bytes(beyond_free, "almost_all", Category::gradients, 1);
+    FAIL() << "allocating total - 1 MiB succeeded (free was " << free_b << ")";
+  } catch (const OutOfMemory& e) {
+    EXPECT_EQ(e.requested_bytes, beyond_free);
+    EXPECT_EQ(e.tensor, "almost_all");
+    EXPECT_EQ(e.category, "gradients");
+    EXPECT_EQ(e.live_bytes, 4096u * 4);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("cudaErrorMemoryAllocation"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("pool in use"), std::string::npos) << msg;
+  }
+  // No error left behind: the next allocation and a kernel on the stream work.
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   Tensor ok = ledger.allocate("after", Category::workspace, -1, {1024}, DType::f32);
   EXPECT_TRUE(ok);
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(cudaMemsetAsync(ok.data(), 0, ok.bytes(), stream_), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(ledger.live_total(), 4096u * 4 + 1024u * 4);
 }
 
 }  // namespace

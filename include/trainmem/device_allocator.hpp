@@ -4,8 +4,10 @@
 // The pool is trainmem's own (cudaMemPoolCreate), not the device's default pool, so the
 // pool probe's high-water marks see our allocations and nothing else; its release threshold
 // is UINT64_MAX, so freed memory stays in the pool and ReservedMemHigh is the footprint.
-// Out of memory (cudaErrorMemoryAllocation) returns nullptr and the ledger throws
-// OutOfMemory; any other CUDA error throws DeviceError.
+// Out of memory (cudaErrorMemoryAllocation, or a request above the device's total memory,
+// refused without asking the driver) returns nullptr and the ledger throws OutOfMemory, with
+// failure_detail() saying why (device free/total, the pool's used/reserved bytes); any other
+// CUDA error throws DeviceError. The failed call's error is cleared (cudaGetLastError).
 // While a ProbeSet collects CUPTI records, each allocation is wrapped in a CUPTI external
 // correlation id carrying the ledger's category (see annotate() and probes.hpp).
 #pragma once
@@ -36,11 +38,13 @@ class DeviceAllocator final : public Allocator {
   cudaStream_t stream() const { return stream_; }
   void set_stream(cudaStream_t stream) { stream_ = stream; }
   int device() const { return device_; }
+  std::uint64_t device_total_bytes() const { return device_total_; }
 
  private:
   int device_;
   cudaStream_t stream_;
   cudaMemPool_t pool_ = nullptr;
+  std::uint64_t device_total_ = 0;         // cudaMemGetInfo's total at construction
   std::uint64_t pending_external_id_ = 0;  // from annotate(), used by the next allocate()
   std::string failure_;
 };

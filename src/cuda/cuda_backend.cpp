@@ -9,6 +9,7 @@
 #include "adamw.cuh"
 #include "attention.cuh"
 #include "cross_entropy.cuh"
+#include "cuda/device_rules.hpp"
 #include "embedding.cuh"
 #include "init.cuh"
 #include "matmul.cuh"
@@ -31,6 +32,12 @@ CudaBackend::CudaBackend(DType dtype) : Backend(dtype) {
     TM_CUBLAS_CHECK(cublasCreate(&cublas_));
     // cublasSetStream resets the workspace to cuBLAS's default: set_gemm_workspace comes after.
     TM_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    // CUBLAS_DEFAULT_MATH keeps fp32 GEMMs in fp32 (no TF32). The flag makes the fp32
+    // accumulation of 16-bit GEMMs hold end to end: without it cuBLAS may reduce split-K
+    // partial sums in the output type (fp16/bf16), several roundings instead of one.
+    TM_CUBLAS_CHECK(cublasSetMathMode(
+        cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                           CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
     allocator_ = std::make_unique<DeviceAllocator>(device_, stream_);
   } catch (...) {
     if (cublas_ != nullptr) cublasDestroy(cublas_);
@@ -88,13 +95,17 @@ void CudaBackend::init_param(void* dst, float* master, std::uint64_t n, const Pa
 }
 
 void CudaBackend::set_gemm_workspace(void* ptr, std::uint64_t bytes) {
-  if (ptr == nullptr || bytes == 0) {
+  if (ptr == nullptr && bytes == 0) {
     // Documented behaviour of cublasSetStream: it resets the handle to cuBLAS's own default
-    // workspace. Used before the ledger's buffer is released while the backend lives on.
+    // workspace. (cublasSetWorkspace(handle, nullptr, 0) would not: it leaves cuBLAS with no
+    // workspace at all.) Used before the ledger's buffer is released while the backend lives.
     TM_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
     return;
   }
-  TM_CUBLAS_CHECK(cublasSetWorkspace(cublas_, ptr, bytes));
+  const std::string problem =
+      device_rules::gemm_workspace_problem(reinterpret_cast<std::uintptr_t>(ptr), bytes);
+  if (!problem.empty()) throw InputError("set_gemm_workspace: " + problem);
+  TM_CUBLAS_CHECK(cublasSetWorkspace(cublas_, ptr, static_cast<std::size_t>(bytes)));
 }
 
 void CudaBackend::embedding_forward(void* out, const std::int32_t* tokens, const void* wte,

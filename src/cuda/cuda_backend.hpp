@@ -46,7 +46,8 @@ class CudaBackend final : public Backend {
   void init_param(void* dst, float* master, std::uint64_t n, const ParamInit& init) override;
   void copy(void* dst, const void* src, std::uint64_t bytes) override;
   // cublasSetWorkspace with the ledger's buffer; (nullptr, 0) hands cuBLAS back its default
-  // workspace (call it before releasing the buffer when the backend outlives it).
+  // workspace (call it before releasing the buffer when the backend outlives it). A buffer
+  // cuBLAS would refuse (not 256-byte aligned, under 16 KiB) is InputError, before any call.
   void set_gemm_workspace(void* ptr, std::uint64_t bytes) override;
 
   void embedding_forward(void* out, const std::int32_t* tokens, const void* wte, std::int64_t B,

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "cuda/device_rules.hpp"
 #include "trainmem/backend.hpp"
 
 namespace trainmem {
@@ -13,8 +14,11 @@ std::string cuda_unavailable_reason() {
     const cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess) {
       cudaGetLastError();  // clear the sticky-free error so later calls start clean
-      return std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e) + " (" +
-             cudaGetErrorName(e) + ", " + std::to_string(static_cast<int>(e)) + ")";
+      std::string reason = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e) + " (" +
+                           cudaGetErrorName(e) + ", " + std::to_string(static_cast<int>(e)) + ")";
+      const std::string hint = device_rules::no_device_hint(static_cast<int>(e));
+      if (!hint.empty()) reason += "; " + hint;
+      return reason;
     }
     if (count <= 0) return "cudaGetDeviceCount: no CUDA devices (0 found)";
     return "";

@@ -3,6 +3,7 @@
 
 #include <limits>
 
+#include "cuda/device_rules.hpp"
 #include "probes/cupti_tag.hpp"
 #include "trainmem/cuda_check.hpp"
 #include "trainmem/probes.hpp"
@@ -12,7 +13,10 @@ namespace trainmem {
 DeviceAllocator::DeviceAllocator(int device, cudaStream_t stream)
     : device_(device), stream_(stream) {
   TM_CUDA_CHECK(cudaSetDevice(device));
-  cudaMemPoolProps props{};
+  std::size_t free_b = 0, total_b = 0;
+  TM_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  device_total_ = total_b;
+  cudaMemPoolProps props{};  // zeroed: maxSize 0 (the system's default), reserved fields 0
   props.allocType = cudaMemAllocationTypePinned;
   props.handleTypes = cudaMemHandleTypeNone;
   props.location.type = cudaMemLocationTypeDevice;
@@ -20,8 +24,13 @@ DeviceAllocator::DeviceAllocator(int device, cudaStream_t stream)
   TM_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
   // Keep every freed byte in the pool: reserved memory then only grows, and the pool's
   // ReservedMemHigh is the step's footprint.
-  std::uint64_t threshold = std::numeric_limits<std::uint64_t>::max();
-  TM_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
+  std::uint64_t threshold = std::numeric_limits<std::uint64_t>::max();  // cuuint64_t attribute
+  const cudaError_t e = cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold);
+  if (e != cudaSuccess) {
+    TM_CUDA_CHECK_NOTHROW(cudaMemPoolDestroy(pool_));  // the destructor will not run
+    pool_ = nullptr;
+    TM_CUDA_CHECK(e);
+  }
 }
 
 DeviceAllocator::~DeviceAllocator() {
@@ -37,6 +46,8 @@ void DeviceAllocator::annotate(Category category, std::uint64_t tensor_id) {
 void* DeviceAllocator::allocate(std::uint64_t bytes) {
   const std::uint64_t tag = pending_external_id_;
   pending_external_id_ = 0;
+  failure_ = device_rules::request_exceeds_device(bytes, device_total_);
+  if (!failure_.empty()) return nullptr;  // can never succeed: no driver call
   if (bytes > std::numeric_limits<std::size_t>::max()) {
     failure_ = "request does not fit in size_t";
     return nullptr;
@@ -48,11 +59,20 @@ void* DeviceAllocator::allocate(std::uint64_t bytes) {
   if (pushed) probes::cupti_pop_external_id();
   if (e == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();  // not sticky: clear it so later calls do not report it
-    std::size_t free_b = 0, total_b = 0;
     failure_ = "cudaMallocFromPoolAsync: " + detail::cuda_error_string(e);
+    std::size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
       failure_ +=
-          " (device free " + std::to_string(free_b) + " of " + std::to_string(total_b) + " bytes)";
+          "; device free " + std::to_string(free_b) + " of " + std::to_string(total_b) + " bytes";
+    else
+      (void)cudaGetLastError();
+    std::uint64_t used = 0, reserved = 0;
+    if (cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess &&
+        cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &reserved) == cudaSuccess)
+      failure_ += "; pool in use " + std::to_string(used) + ", reserved " +
+                  std::to_string(reserved) + " bytes";
+    else
+      (void)cudaGetLastError();
     return nullptr;
   }
   TM_CUDA_CHECK(e);

@@ -2,6 +2,7 @@
 // that keeps the max of (total - free) per step and per phase window.
 #include <spdlog/spdlog.h>
 
+#include "cuda/device_rules.hpp"
 #include "probes/device_probes.hpp"
 #include "trainmem/cuda_check.hpp"
 
@@ -12,7 +13,9 @@ std::string cuda_device_problem(int device) {
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    return "cudaGetDeviceCount: " + detail::cuda_error_string(e);
+    const std::string hint = device_rules::no_device_hint(static_cast<int>(e));
+    return "cudaGetDeviceCount: " + detail::cuda_error_string(e) + (hint.empty() ? "" : "; ") +
+           hint;
   }
   if (count == 0) return "no CUDA device present";
   if (device < 0 || device >= count)
