@@ -95,7 +95,8 @@ TEST(Probes, CuptiRefusalIsReportedWithTheCallAndError) {
   EXPECT_FALSE(c.running());
   EXPECT_NE(why.find("cuptiActivity"), std::string::npos) << why;
   EXPECT_NE(why.find("CUPTI_ERROR_"), std::string::npos) << why;
-  EXPECT_FALSE(c.flush());
+  EXPECT_FALSE(c.flush(probes::CuptiCollector::Flush::completed));
+  EXPECT_FALSE(c.flush(probes::CuptiCollector::Flush::forced));
   probes::CuptiCollector again;
   std::string why2;
   EXPECT_FALSE(again.start(&why2));

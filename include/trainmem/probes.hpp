@@ -18,6 +18,7 @@
 //   ... forward ...  probes.phase_end(Phase::forward);
 //   ... backward ... probes.phase_end(Phase::backward);
 //   ... optimizer ... probes.phase_end(Phase::optimizer);
+//   backend.synchronize();
 //   probes.end_step();
 //   probes.pool(), probes.cupti(), probes.memgetinfo(): a result per source, each with
 //   `available` and, when false, `reason`; to_json() for each and for the whole set.
@@ -147,7 +148,9 @@ class ProbeSet {
   void mark(const std::string& name);  // a memgetinfo snapshot (and a CUPTI flush)
   void begin_step(int step);           // resets pool marks, sampler max, CUPTI peaks
   void phase_end(Phase phase);         // closes a window in every source
-  void end_step();                     // final flush and reads
+  void end_step();                     // final flush and reads; call it after synchronising
+                                       // the device (CUPTI's forced flush then hands back
+                                       // only complete records)
 
   PoolResult pool() const;
   CuptiResult cupti() const;

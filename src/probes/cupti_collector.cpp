@@ -131,9 +131,10 @@ bool CuptiCollector::start(std::string* reason) {
   return true;
 }
 
-bool CuptiCollector::flush() {
+bool CuptiCollector::flush(Flush kind) {
   if (!running_) return false;
-  const CUptiResult r = cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  const CUptiResult r =
+      cuptiActivityFlushAll(kind == Flush::forced ? CUPTI_ACTIVITY_FLAG_FLUSH_FORCED : 0);
   if (r != CUPTI_SUCCESS) {
     spdlog::warn("cupti probe: cuptiActivityFlushAll: {}", cupti_result_string(r));
     return false;
@@ -155,9 +156,11 @@ void CuptiCollector::stop() {
   }
   if (!owner) return;
   g_tagging.store(false, std::memory_order_release);
-  if (running_) (void)cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  // Disable first, then flush: no record is made after the last flush, so no buffer is left
+  // behind in CUPTI (each holds kBufferBytes until some later flush).
   for (int k : enabled_kinds_) (void)cuptiActivityDisable(static_cast<CUpti_ActivityKind>(k));
   enabled_kinds_.clear();
+  if (running_) (void)cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   running_ = false;
   std::lock_guard<std::mutex> lock(g_mu);
   g_collector = nullptr;

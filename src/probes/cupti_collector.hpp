@@ -27,9 +27,14 @@ class CuptiCollector {
   // and leaves CUPTI as it found it.
   bool start(std::string* reason);
   bool running() const { return running_; }
-  // Hands every buffer CUPTI holds to the completion handler (forced: records still open
-  // are flushed too). Returns false (and logs) on a CUPTI error.
-  bool flush();
+  // Hands CUPTI's buffers to the completion handler. Flush::completed hands back the buffers
+  // whose records are all complete (cheap; used at marks and phase ends). Flush::forced hands
+  // back every buffer, incomplete records included (cuptiActivityFlushAll's documentation:
+  // the caller synchronises first if it wants complete records): only after the caller has
+  // synchronised the stream (end of a step) and at stop. Returns false (and logs) on a CUPTI
+  // error.
+  enum class Flush { completed, forced };
+  bool flush(Flush kind);
   // CUPTI's clock (the records' timestamps), or 0 on error.
   std::uint64_t timestamp() const;
   void stop();

@@ -10,6 +10,8 @@
 namespace trainmem {
 
 namespace {
+using Flush = probes::CuptiCollector::Flush;
+
 // Local copy of the phase names: this library must not depend on trainmem_core's objects
 // (it comes after trainmem_core on the link line).
 const char* phase_label(Phase p) {
@@ -36,6 +38,7 @@ struct ProbeSet::Impl {
   probes::MemInfoProbe mem;
   probes::CuptiCollector cupti;
   int step = 0;
+  bool step_open = false;  // begin_step without its end_step yet (e.g. the step ran out of memory)
   std::uint64_t step_start_ts = 0;
   std::vector<std::pair<Phase, std::uint64_t>> phase_ends;
   const Ledger* ledger = nullptr;
@@ -92,16 +95,17 @@ ProbeSet::~ProbeSet() = default;
 
 void ProbeSet::mark(const std::string& name) {
   Impl& s = *impl_;
-  if (s.cupti_ok) s.cupti.flush();
+  if (s.cupti_ok) s.cupti.flush(Flush::completed);
   if (s.mem_ok) s.mem.snapshot(name, s.step, s.ledger);
 }
 
 void ProbeSet::begin_step(int step) {
   Impl& s = *impl_;
   s.step = step;
+  s.step_open = true;
   s.phase_ends.clear();
   if (s.cupti_ok) {
-    s.cupti.flush();
+    s.cupti.flush(Flush::completed);
     s.step_start_ts = s.cupti.timestamp();
   }
   if (s.pool_ok) s.pool.begin_step();
@@ -112,7 +116,7 @@ void ProbeSet::phase_end(Phase phase) {
   Impl& s = *impl_;
   if (s.cupti_ok) {
     s.phase_ends.emplace_back(phase, s.cupti.timestamp());
-    s.cupti.flush();
+    s.cupti.flush(Flush::completed);
   }
   if (s.pool_ok) s.pool.phase_end(phase);
   if (s.mem_ok) {
@@ -123,7 +127,9 @@ void ProbeSet::phase_end(Phase phase) {
 
 void ProbeSet::end_step() {
   Impl& s = *impl_;
-  if (s.cupti_ok) s.cupti.flush();
+  // The caller synchronised the device before end_step (probes.hpp): every record is complete.
+  s.step_open = false;
+  if (s.cupti_ok) s.cupti.flush(Flush::forced);
   if (s.pool_ok) s.pool.end_step();
   if (s.mem_ok) s.mem.snapshot("end_step", s.step, s.ledger);
 }
@@ -144,6 +150,9 @@ CuptiResult ProbeSet::cupti() const {
     return r;
   }
   r.available = true;
+  // A step that never reached end_step (out of memory) had only the completed-records flushes
+  // of its phase ends: hand back what CUPTI still holds before folding.
+  if (impl_->step_open) impl_->cupti.flush(Flush::forced);
   r.figures = impl_->cupti.fold(impl_->step_start_ts, impl_->phase_ends);
   return r;
 }
