@@ -9,6 +9,7 @@
 #include "cuda/cuda_backend.hpp"
 #include "gpu_test_util.hpp"
 #include "residual.cuh"
+#include "trainmem/cuda_check.hpp"
 #include "trainmem/ledger.hpp"
 
 namespace trainmem::gputest {
@@ -136,17 +137,21 @@ TEST_F(CudaBackendTest, OutOfMemoryIsTheLedgersTypedErrorAndTheDeviceStaysUsable
 
 TEST_F(CudaBackendTest, AFailedCudaCallIsADeviceErrorNamingFileLineAndError) {
   Backend& gpu = cuda_backend(DType::f32);
-  // An address that is no device allocation: the runtime refuses it up front
-  // (cudaErrorInvalidValue, not sticky).
+  // A call that fails synchronously and leaves nothing sticky: properties of a device that does
+  // not exist (cudaErrorInvalidDevice). A bad pointer would be riskier: if the driver accepted
+  // it and the copy faulted on the device, the context (and every later test) would be lost.
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  const int line = __LINE__ + 3;
   try {
-    gpu.fill_zero(reinterpret_cast<void*>(std::uintptr_t(0x10)), 16);
-    gpu.synchronize();
-    FAIL() << "cudaMemsetAsync on address 0x10 did not throw";
+    cudaDeviceProp prop{};
+    TM_CUDA_CHECK(cudaGetDeviceProperties(&prop, count + 7));
+    FAIL() << "cudaGetDeviceProperties of device " << count + 7 << " did not throw";
   } catch (const DeviceError& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("cuda_backend.cpp:"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("cudaError"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("cudaMemsetAsync"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("gpu_test_backend.cpp:" + std::to_string(line)), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cudaErrorInvalidDevice"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cudaGetDeviceProperties"), std::string::npos) << msg;
   }
   // Still usable.
   DevBuf buf(gpu, 64);
