@@ -51,8 +51,9 @@ void matmul_cuda(void* c, const void* a, const void* b, std::int64_t M, std::int
                  cublasHandle_t handle) {
   const std::int64_t lda = dense_lda(M, K, ta);
   const std::int64_t ldb = dense_ldb(N, K, tb);
-  matmul_strided_batched_cuda(c, N, 0, {a, lda < 1 ? 1 : lda, 0}, {b, ldb < 1 ? 1 : ldb, 0}, M, N,
-                              K, ta, tb, alpha, beta, 1, dt, handle);
+  matmul_strided_batched_cuda(c, N < 1 ? 1 : N, 0, {a, lda < 1 ? 1 : lda, 0},
+                              {b, ldb < 1 ? 1 : ldb, 0}, M, N, K, ta, tb, alpha, beta, 1, dt,
+                              handle);
 }
 
 void matmul_strided_batched_cuda(void* c, std::int64_t ldc, std::int64_t stride_c, StridedOperand a,

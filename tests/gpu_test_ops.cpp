@@ -224,6 +224,28 @@ INSTANTIATE_TEST_SUITE_P(
                                          GemmShape{256, 4096, 11008, "llama7b_down"})),
     case_name<GemmShape>);
 
+// Empty products: M or N = 0 is a no-op (no error about leading dimensions), K = 0 leaves
+// beta * c (cuBLAS's documented k = 0 case).
+TEST(MatmulGpuEdge, EmptyDimensionsAreNoOpsAndKZeroScalesC) {
+  require_cuda_device();
+  for (DType dt : kDtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    Backend& gpu = cuda_backend(dt);
+    std::mt19937 rng(3);
+    DevBuf d_a(gpu, 64), d_b(gpu, 64), d_c(gpu, 64);
+    EXPECT_NO_THROW(
+        gpu.matmul(d_c.get(), d_a.get(), d_b.get(), 0, 5, 3, Trans::no, Trans::no, 1.0f, 0.0f));
+    EXPECT_NO_THROW(
+        gpu.matmul(d_c.get(), d_a.get(), d_b.get(), 4, 0, 3, Trans::no, Trans::yes, 1.0f, 0.0f));
+    HostBuf c = random_buf(dt, 12, rng);
+    HostBuf want(dt, 12);
+    for (std::int64_t i = 0; i < 12; ++i) want.set(i, 0.5f * c.get(i));  // exact: a power of 2
+    DevBuf d_c2(gpu, c);
+    gpu.matmul(d_c2.get(), d_a.get(), d_b.get(), 3, 4, 0, Trans::no, Trans::no, 1.0f, 0.5f);
+    EXPECT_TRUE(all_close("matmul K=0", d_c2.f32(dt, 12), want.to_f32(), exact()));
+  }
+}
+
 // ---------------------------------------------------------------- rope
 
 struct HeadsShape {
