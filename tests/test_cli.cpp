@@ -13,33 +13,17 @@
 #include <sstream>
 
 #include "cli/cli.hpp"
+#include "cli_in_process.hpp"
 #include "trainmem/error.hpp"
 
 namespace trainmem::cli {
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
+using testing_in_process::contains;
+using testing_in_process::Result;
 
-// run_cli with argv = {"trainmem", args...}, stdout and stderr captured.
 Result run(std::vector<std::string> args) {
-  args.insert(args.begin(), "trainmem");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  Result r;
-  testing::internal::CaptureStdout();
-  testing::internal::CaptureStderr();
-  r.code = run_cli(static_cast<int>(argv.size()), argv.data());
-  std::fflush(stdout);
-  r.out = testing::internal::GetCapturedStdout();
-  r.err = testing::internal::GetCapturedStderr();
-  return r;
-}
-
-bool contains(const std::string& hay, const std::string& needle) {
-  return hay.find(needle) != std::string::npos;
+  return testing_in_process::run_trainmem(std::move(args));
 }
 
 TEST(Cli, VersionPrintsNameAndVersionAndExitsZero) {

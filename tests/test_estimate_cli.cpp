@@ -10,33 +10,22 @@
 #include <vector>
 
 #include "cli/cli.hpp"
+#include "cli_in_process.hpp"
 
 namespace trainmem::cli {
 namespace {
 
 using nlohmann::json;
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
+using testing_in_process::Result;
 
 Result run(std::vector<std::string> args) {
-  args.insert(args.begin(), {"trainmem", "estimate"});
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  Result r;
-  testing::internal::CaptureStdout();
-  testing::internal::CaptureStderr();
-  r.code = run_cli(static_cast<int>(argv.size()), argv.data());
-  std::fflush(stdout);
-  r.out = testing::internal::GetCapturedStdout();
-  r.err = testing::internal::GetCapturedStderr();
-  return r;
+  args.insert(args.begin(), "estimate");
+  return testing_in_process::run_trainmem(std::move(args));
 }
 
 bool has(const std::string& hay, const std::string& needle) {
-  return hay.find(needle) != std::string::npos;
+  return testing_in_process::contains(hay, needle);
 }
 
 TEST(EstimateCli, PaperTableForLlama7b) {
