@@ -69,13 +69,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
 // Both row kernels: a warp per row of the (rows = B*NH*T, T) probabilities, kSoftmaxWarps rows
 // per block.
 inline LaunchShape causal_softmax_launch(std::int64_t rows, const char* op) {
-  require_positive(rows, op, "B*NH*T");
-  const std::int64_t blocks = ceil_div(rows, kSoftmaxWarps);
-  require_fits(blocks, kMaxGridX, op, "B*NH*T/4 (softmax blocks)");
-  LaunchShape s;
-  s.grid_x = unsigned(blocks);
-  s.block_x = kSoftmaxThreads;
-  return s;
+  return warp_per_row_launch(rows, kSoftmaxWarps, op, "B*NH*T");
 }
 
 }  // namespace trainmem::cuda

@@ -426,13 +426,7 @@ inline LaunchShape flash_dkdv_launch(std::int64_t B, std::int64_t NKV, std::int6
 }
 // delta: a warp per (b, i, h) row, rows = B*T*NH.
 inline LaunchShape flash_delta_launch(std::int64_t rows, const char* op) {
-  require_positive(rows, op, "B*T*NH");
-  const std::int64_t blocks = ceil_div(rows, kFlashWarps);
-  require_fits(blocks, kMaxGridX, op, "B*T*NH/4 (delta blocks)");
-  LaunchShape s;
-  s.grid_x = unsigned(blocks);
-  s.block_x = kFlashThreads;
-  return s;
+  return warp_per_row_launch(rows, kFlashWarps, op, "B*T*NH");
 }
 
 }  // namespace trainmem::cuda

@@ -65,4 +65,18 @@ inline LaunchShape grid_stride_launch(std::int64_t n, int block) {
   return s;
 }
 
+// A warp per row, `warps` rows per block of 32 * warps threads. `what` names the rows in
+// messages (e.g. "B*NH*T").
+inline LaunchShape warp_per_row_launch(std::int64_t rows, int warps, const char* op,
+                                       const std::string& what) {
+  require_positive(rows, op, what.c_str());
+  const std::int64_t blocks = ceil_div(rows, warps);
+  require_fits(blocks, kMaxGridX, op,
+               (what + "/" + std::to_string(warps) + " (blocks of a warp per row)").c_str());
+  LaunchShape s;
+  s.grid_x = unsigned(blocks);
+  s.block_x = unsigned(32 * warps);
+  return s;
+}
+
 }  // namespace trainmem::cuda
