@@ -4,8 +4,15 @@
 // - Dynamic team sizes are enabled (unless OMP_DYNAMIC is set): libgomp then shrinks the team
 //   when the machine is loaded (it reads the load average), instead of spinning threads that
 //   wait for descheduled team mates. On a shared 2-core machine this was 6x faster under load.
-// Every cpu op gives the same bits for any team size (work is split into fixed chunks, and
-// split GEMMs compute each element exactly as the whole GEMM does), so this is only speed.
+// Every cpu op gives the same bits for any team size, so the team size is only speed. The
+// rules that make it so (docs/decisions.md, "Threads in the cpu ops"):
+// - work is split into chunks fixed by the problem's shape, never by the team size (GEMMs:
+//   gemm_split in matmul_cpu.hpp); a chunk computes the same way whichever thread runs it;
+// - sums across chunks are combined from per-chunk partials in chunk order (no `reduction`
+//   clauses, no atomics);
+// - a parallel region names only the function's arguments, raw pointers and values taken
+//   before the region, and objects declared inside it (per-thread scratch); never a
+//   thread_local or static object, whose identity changes with the executing thread.
 #pragma once
 #include <omp.h>
 

@@ -1,6 +1,8 @@
 // GEMM, CPU reference: OpenBLAS cblas_sgemm in fp32. For a 16-bit D the operands are widened
-// into fp32 scratch vectors (kept per thread between calls; not ledger allocations, they are
+// into fp32 scratch (kept by the calling thread between calls; not ledger allocations, they are
 // an implementation detail of the cpu backend) and the fp32 result is rounded once into c.
+// Threads: see sgemm_cpu. Parallel regions here name only the function's arguments and raw
+// pointers taken before the region, never thread_local or static objects (docs/decisions.md).
 #include "matmul_cpu.hpp"
 
 #include <cblas.h>
@@ -40,24 +42,54 @@ void widen(float* dst, const void* src, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] = S::load(src, i);
 }
 
+// fp32 scratch of the calling thread, reused between calls (a GEMM's operands are megabytes:
+// allocating them per call made page faults a visible part of the step). Only the calling
+// thread touches the vectors; OpenMP workers get raw pointers taken before the region.
+struct WidenScratch {
+  std::vector<float> a, b, c;
+};
+WidenScratch& calling_thread_scratch() {
+  thread_local WidenScratch scratch;
+  return scratch;
+}
+
 template <class S>
 void matmul_16bit(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N,
                   std::int64_t K, Trans ta, Trans tb, float alpha, float beta) {
-  thread_local std::vector<float> fa, fb, fc;
-  fa.resize(std::size_t(M) * K);
-  fb.resize(std::size_t(K) * N);
-  fc.resize(std::size_t(M) * N);
-  widen<S>(fa.data(), a, M * K);
-  widen<S>(fb.data(), b, K * N);
-  if (beta != 0.0f) widen<S>(fc.data(), c, M * N);
-  sgemm_cpu(ta, tb, M, N, K, alpha, fa.data(), ta == Trans::no ? K : M, fb.data(),
-            tb == Trans::no ? N : K, beta, fc.data(), N);
+  WidenScratch& scratch = calling_thread_scratch();
+  scratch.a.resize(std::size_t(M) * K);
+  scratch.b.resize(std::size_t(K) * N);
+  scratch.c.resize(std::size_t(M) * N);
+  float* const fa = scratch.a.data();  // (M,K) or (K,M)
+  float* const fb = scratch.b.data();  // (K,N) or (N,K)
+  float* const fc = scratch.c.data();  // (M,N)
+  widen<S>(fa, a, M * K);
+  widen<S>(fb, b, K * N);
+  if (beta != 0.0f) widen<S>(fc, c, M * N);
+  sgemm_cpu(ta, tb, M, N, K, alpha, fa, ta == Trans::no ? K : M, fb, tb == Trans::no ? N : K, beta,
+            fc, N);
   const std::int64_t n = M * N;
 #pragma omp parallel for if (n >= kParallelMinElements)
   for (std::int64_t i = 0; i < n; ++i) S::store(c, i, fc[i]);
 }
 
 }  // namespace
+
+GemmSplit gemm_split(std::int64_t M, std::int64_t N, std::int64_t K) {
+  constexpr std::int64_t kMaxParts = 8, kMinBlock = 64;
+  GemmSplit s;
+  s.rows = M >= N;
+  if (double(M) * double(N) * double(K) < kParallelMinMacs) return s;
+  const std::int64_t dim = s.rows ? M : N;
+  s.parts = std::max<std::int64_t>(1, std::min<std::int64_t>(kMaxParts, dim / kMinBlock));
+  return s;
+}
+
+std::int64_t gemm_split_begin(std::int64_t dim, std::int64_t parts, std::int64_t p) {
+  if (p <= 0) return 0;
+  if (p >= parts) return dim;
+  return (dim * p / parts) / 16 * 16;
+}
 
 void sgemm_cpu(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
@@ -78,21 +110,21 @@ void sgemm_cpu(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
   cpu_threads_setup();
   static std::once_flag single_threaded_blas;
   std::call_once(single_threaded_blas, [] { openblas_set_num_threads(1); });
-  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  if (threads <= 1 || double(M) * double(N) * double(K) < kParallelMinMacs) {
+  // The split depends on the shape only, never on the team: every block is the same
+  // single-threaded sgemm call whichever thread runs it, so c has the same bits for any team
+  // size (a whole-matrix sgemm would not: OpenBLAS picks kernels and blocking by the shape).
+  const GemmSplit split = gemm_split(M, N, K);
+  if (split.parts == 1) {
     cblas_rowmajor(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  // Split the larger of M and N into one block per thread (multiples of 16 rows/columns).
-  const bool split_rows = M >= N;
-  const std::int64_t dim = split_rows ? M : N;
-  const std::int64_t parts = std::max<std::int64_t>(1, std::min<std::int64_t>(threads, dim / 16));
-#pragma omp parallel for num_threads(int(parts)) schedule(static, 1)
-  for (std::int64_t p = 0; p < parts; ++p) {
-    const std::int64_t lo = p == 0 ? 0 : (dim * p / parts) / 16 * 16;
-    const std::int64_t hi = p == parts - 1 ? dim : (dim * (p + 1) / parts) / 16 * 16;
+  const std::int64_t dim = split.rows ? M : N;
+#pragma omp parallel for schedule(static) if (!omp_in_parallel())
+  for (std::int64_t p = 0; p < split.parts; ++p) {
+    const std::int64_t lo = gemm_split_begin(dim, split.parts, p);
+    const std::int64_t hi = gemm_split_begin(dim, split.parts, p + 1);
     if (hi <= lo) continue;
-    if (split_rows) {  // rows lo..hi of op(a) and c
+    if (split.rows) {  // rows lo..hi of op(a) and c
       const float* ap = ta == Trans::no ? a + lo * lda : a + lo;
       cblas_rowmajor(ta, tb, hi - lo, N, K, alpha, ap, lda, b, ldb, beta, c + lo * ldc, ldc);
     } else {  // columns lo..hi of op(b) and c

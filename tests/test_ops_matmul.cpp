@@ -26,14 +26,11 @@ void PrintTo(const MatmulCase& c, std::ostream* os) {
 }
 class OpsMatmulP : public ::testing::TestWithParam<MatmulCase> {};
 
-TEST_P(OpsMatmulP, MatchesNaiveLoop) {
-  const auto c = GetParam();
-  Buf a = Buf::from(uniform(c.M * c.K, 51), c.dt), b = Buf::from(uniform(c.K * c.N, 52), c.dt);
-  std::vector<float> c0 = uniform(c.M * c.N, 53);
-  if (c.beta == 0.0f) c0.assign(c0.size(), std::numeric_limits<float>::quiet_NaN());
-  Buf out = Buf::from(c0, c.dt);
-  const std::vector<double> A = a.f64(), Bm = b.f64(), C0 = out.f64();
-  matmul_cpu(out.data(), a.data(), b.data(), c.M, c.N, c.K, c.ta, c.tb, c.alpha, c.beta, c.dt);
+// Checks out (the result of c = alpha op(a) op(b) + beta c0) against an fp64 loop over the
+// stored operands, with the dtype's tolerance scaled by the largest sum of |a||b|.
+::testing::AssertionResult matches_naive(const MatmulCase& c, const Buf& a, const Buf& b,
+                                         const std::vector<double>& C0, const Buf& out) {
+  const std::vector<double> A = a.f64(), Bm = b.f64();
   std::vector<double> ref(c.M * c.N);
   double scale = 0;  // sum |a||b| of a row-column product, for the tolerance
   for (std::int64_t i = 0; i < c.M; ++i)
@@ -50,7 +47,18 @@ TEST_P(OpsMatmulP, MatchesNaiveLoop) {
     }
   Tol tol = tolerance(c.dt);
   tol.atol *= std::max(1.0, scale / 4);  // fp32 accumulation error grows with the sum
-  EXPECT_TRUE(all_close("c", out.f32(), ref, tol));
+  return all_close("c", out.f32(), ref, tol);
+}
+
+TEST_P(OpsMatmulP, MatchesNaiveLoop) {
+  const auto c = GetParam();
+  Buf a = Buf::from(uniform(c.M * c.K, 51), c.dt), b = Buf::from(uniform(c.K * c.N, 52), c.dt);
+  std::vector<float> c0 = uniform(c.M * c.N, 53);
+  if (c.beta == 0.0f) c0.assign(c0.size(), std::numeric_limits<float>::quiet_NaN());
+  Buf out = Buf::from(c0, c.dt);
+  const std::vector<double> C0 = out.f64();
+  matmul_cpu(out.data(), a.data(), b.data(), c.M, c.N, c.K, c.ta, c.tb, c.alpha, c.beta, c.dt);
+  EXPECT_TRUE(matches_naive(c, a, b, C0, out));
 }
 
 std::vector<MatmulCase> matmul_cases() {
@@ -73,23 +81,71 @@ INSTANTIATE_TEST_SUITE_P(DtypeByShape, OpsMatmulP, ::testing::ValuesIn(matmul_ca
                                   std::to_string(c.K) + (c.beta == 0.0f ? "_beta0" : "_beta");
                          });
 
-TEST(OpsMatmul, SameBitsForAnyThreadCount) {
-  // Large enough to be split into row (M >= N) or column (N > M) blocks across threads.
-  for (auto [M, N, K] : {std::tuple{300, 200, 64}, std::tuple{70, 333, 129}})
-    for (Trans ta : {Trans::no, Trans::yes})
-      for (Trans tb : {Trans::no, Trans::yes}) {
-        const auto a = uniform(M * K, 54), b = uniform(K * N, 55), c0 = uniform(M * N, 56);
-        std::vector<float> one = c0, three = c0;
-        matmul_cpu(one.data(), a.data(), b.data(), M, N, K, ta, tb, 0.5f, 1.0f, DType::f32);
-        with_threads(1, [&] {
-          one = c0;
-          matmul_cpu(one.data(), a.data(), b.data(), M, N, K, ta, tb, 0.5f, 1.0f, DType::f32);
-        });
-        with_threads(3, [&] {
-          matmul_cpu(three.data(), a.data(), b.data(), M, N, K, ta, tb, 0.5f, 1.0f, DType::f32);
-        });
-        EXPECT_EQ(one, three) << "M " << M << " N " << N << " K " << K;
+// Products large enough to be split into row (M >= N) or column (N > M) blocks, in every
+// dtype, computed by teams of 1 to 4 threads (dynamic teams off): the same bits every time,
+// and right. A 16-bit product on two threads used to crash (its workers read their own empty
+// thread_local copy of the fp32 result) or store another call's numbers.
+TEST(OpsMatmul, SameBitsForAnyTeamSize) {
+  for (DType dt : all_dtypes())
+    for (auto [M, N, K] : {std::tuple{300, 200, 64}, std::tuple{70, 333, 129}})
+      for (Trans ta : {Trans::no, Trans::yes})
+        for (Trans tb : {Trans::no, Trans::yes}) {
+          const MatmulCase c{dt, M, N, K, ta, tb, 0.5f, 1.0f};
+          const Buf a = Buf::from(uniform(M * K, 54), dt), b = Buf::from(uniform(K * N, 55), dt);
+          const Buf c0 = Buf::from(uniform(M * N, 56), dt);
+          std::vector<float> first;
+          for (int threads : {1, 2, 3, 4}) {
+            Buf out = c0;
+            with_threads(threads, [&] {
+              matmul_cpu(out.data(), a.data(), b.data(), M, N, K, ta, tb, 0.5f, 1.0f, dt);
+            });
+            if (threads == 1) {
+              EXPECT_TRUE(matches_naive(c, a, b, c0.f64(), out)) << dtype_label(dt);
+              first = out.f32();
+            } else {
+              EXPECT_EQ(first, out.f32()) << dtype_label(dt) << " M " << M << " N " << N << " K "
+                                          << K << ", " << threads << " threads";
+            }
+          }
+        }
+}
+
+// Two 16-bit products of the same shape with different data, one after the other on a
+// two-thread team: the second result is the second product's, not left over from the first.
+TEST(OpsMatmul, SixteenBitResultIsNotLeftOverFromAnEarlierCall) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const std::int64_t M = 256, N = 192, K = 96;
+    const MatmulCase c{dt, M, N, K, Trans::no, Trans::yes, 1.0f, 0.0f};
+    const Buf b = Buf::from(uniform(K * N, 58), dt);
+    Buf first = Buf::from(std::vector<float>(M * N, 0.0f), dt), second = first;
+    const Buf a1 = Buf::from(uniform(M * K, 59), dt), a2 = Buf::from(uniform(M * K, 60), dt);
+    with_threads(2, [&] {
+      matmul_cpu(first.data(), a1.data(), b.data(), M, N, K, c.ta, c.tb, 1.0f, 0.0f, dt);
+      matmul_cpu(second.data(), a2.data(), b.data(), M, N, K, c.ta, c.tb, 1.0f, 0.0f, dt);
+    });
+    EXPECT_TRUE(matches_naive(c, a1, b, std::vector<double>(M * N, 0.0), first));
+    EXPECT_TRUE(matches_naive(c, a2, b, std::vector<double>(M * N, 0.0), second));
+  }
+}
+
+// The split is a function of the shape: whole below the parallel threshold, otherwise at most
+// 8 blocks of the larger dimension, bounds multiples of 16 covering it in order.
+TEST(OpsMatmul, SplitDependsOnTheShapeOnly) {
+  EXPECT_EQ(gemm_split(16, 16, 16).parts, 1);  // 4096 multiply-adds
+  EXPECT_EQ(gemm_split(63, 4096, 4096).parts, 8);
+  EXPECT_FALSE(gemm_split(63, 4096, 4096).rows);
+  EXPECT_TRUE(gemm_split(4096, 4096, 64).rows);
+  EXPECT_EQ(gemm_split(100, 90, 64).parts, 1);   // 100 / 64 = 1 block
+  EXPECT_EQ(gemm_split(300, 200, 64).parts, 4);  // 300 / 64 = 4 blocks
+  for (std::int64_t dim : {64, 100, 300, 1000, 4096, 32000})
+    for (std::int64_t parts = 1; parts <= 8; ++parts) {
+      EXPECT_EQ(gemm_split_begin(dim, parts, 0), 0);
+      EXPECT_EQ(gemm_split_begin(dim, parts, parts), dim);
+      for (std::int64_t p = 1; p < parts; ++p) {
+        EXPECT_EQ(gemm_split_begin(dim, parts, p) % 16, 0);
+        EXPECT_LE(gemm_split_begin(dim, parts, p - 1), gemm_split_begin(dim, parts, p));
       }
+    }
 }
 
 TEST(OpsMatmul, EmptyInnerDimensionScalesC) {
