@@ -40,14 +40,15 @@ struct Result {
 };
 
 // Runs the shell command `prefix 'TRAINMEM_BINARY' args` with stdout and stderr redirected to
-// files (so neither is a terminal: no colour, no progress bar). One OpenMP thread keeps the
-// cpu runs predictable. `prefix` may set the environment or change folder ("cd X &&").
+// files (so neither is a terminal: no colour, no progress bar). The OpenMP team size is the
+// caller's environment (tools/test.sh fixes it; results do not depend on it). `prefix` may set
+// the environment or change folder ("cd X &&").
 inline Result run_redirected(const std::string& prefix, const std::string& args) {
   static int counter = 0;
   const std::string tag = std::to_string(counter++);
   const std::string out = temp_path("out" + tag), err = temp_path("err" + tag);
-  const std::string cmd = prefix + " OMP_NUM_THREADS=1 '" + TRAINMEM_BINARY + "' " + args + " >'" +
-                          out + "' 2>'" + err + "'";
+  const std::string cmd =
+      prefix + " '" + TRAINMEM_BINARY + "' " + args + " >'" + out + "' 2>'" + err + "'";
   const int status = std::system(cmd.c_str());
   Result r;
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;

@@ -2,7 +2,8 @@
 # trainmem in build/release. CUDA is on when nvcc is found, off otherwise.
 # Environment overrides: TRAINMEM_BUILD_DIR (default build/release), TRAINMEM_JOBS (default
 # nproc), TRAINMEM_CUDA_ARCHS (default: the CMakeLists.txt default, "80;90"), TRAINMEM_CUDA
-# (OFF: build without CUDA even where nvcc is installed; ON: require nvcc; default: auto).
+# (OFF: build without CUDA even where nvcc is installed; ON: require nvcc; default: auto),
+# TRAINMEM_BUILD_TYPE (default Release), TRAINMEM_SANITIZE (ON: ASan + UBSan on host code).
 
 trainmem_find_nvcc() {
   if [ -x /usr/local/cuda/bin/nvcc ]; then
@@ -32,7 +33,8 @@ trainmem_configure_and_build() {
       return 2
       ;;
   esac
-  local args=(-S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release)
+  local args=(-S . -B "$build_dir" -G Ninja "-DCMAKE_BUILD_TYPE=${TRAINMEM_BUILD_TYPE:-Release}"
+              "-DTRAINMEM_SANITIZE=${TRAINMEM_SANITIZE:-OFF}")
   if [ -n "$nvcc" ]; then
     args+=(-DTRAINMEM_CUDA=ON "-DCMAKE_CUDA_COMPILER=$nvcc")
     [ -n "${TRAINMEM_CUDA_ARCHS:-}" ] && args+=("-DCMAKE_CUDA_ARCHITECTURES=$TRAINMEM_CUDA_ARCHS")
