@@ -15,12 +15,15 @@ namespace trainmem {
 void embedding_forward_cuda(void* out, const std::int32_t* tokens, const void* wte, std::int64_t B,
                             std::int64_t T, std::int64_t C, std::int64_t V, DType dt,
                             cudaStream_t stream);
-// dwte (V,C) D += scatter of dout (B,T,C) D by tokens. Deterministic and without scratch: the
-// block of the first row holding an id adds, in fp32 registers starting from dwte, dout of
-// every row with that id in position order and rounds once into dwte (the CPU reference's
-// order, so results are bit-identical). Rows with an id outside [0, V) are skipped.
+// dwte (V,C) D += scatter of dout (B,T,C) D by tokens. Deterministic: each id's rows are
+// added in fp32 registers, starting from dwte, in position order and rounded once into dwte
+// (the CPU reference's order, so results are bit-identical). Rows with an id outside [0, V)
+// are skipped. scratch (8*B*T bytes, 8-byte aligned; borrowed, its contents are overwritten)
+// holds the sort that groups rows by id; without it (nullptr, or too small) a kernel without
+// scratch that reads O((B*T)^2) ids does the same sums.
 void embedding_backward_cuda(void* dwte, const void* dout, const std::int32_t* tokens,
                              std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t V,
-                             DType dt, cudaStream_t stream);
+                             DType dt, cudaStream_t stream, void* scratch,
+                             std::uint64_t scratch_bytes);
 
 }  // namespace trainmem

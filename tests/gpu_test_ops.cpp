@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <random>
 #include <tuple>
 
 #include "gpu_test_util.hpp"
+#include "trainmem/model.hpp"  // kGemmWorkspaceBytes
 
 namespace trainmem::gputest {
 namespace {
@@ -77,17 +79,43 @@ TEST_P(EmbeddingGpu, ForwardGathersTheSameRowsAsCpu) {
                         {B, T, C}));
 }
 
+// A GEMM workspace lent to the backend, as the model lends the ledger's (set_gemm_workspace):
+// the cuda embedding backward then sorts in it (the grouped kernels); without one it takes the
+// scan kernel. Handed back before the buffer goes.
+class LentGemmWorkspace {
+ public:
+  explicit LentGemmWorkspace(Backend& be) : be_(be), buf_(be, kGemmWorkspaceBytes) {
+    be_.set_gemm_workspace(buf_.get(), kGemmWorkspaceBytes);
+  }
+  ~LentGemmWorkspace() { be_.set_gemm_workspace(nullptr, 0); }
+  LentGemmWorkspace(const LentGemmWorkspace&) = delete;
+  LentGemmWorkspace& operator=(const LentGemmWorkspace&) = delete;
+
+ private:
+  Backend& be_;
+  DevBuf buf_;
+};
+
 TEST_P(EmbeddingGpu, BackwardScattersBitForBitLikeCpu) {
   const auto [B, T, C, V, name] = shape;
   const HostBuf dout = random_buf(dt, B * T * C, rng);
   const HostBuf tok = tokens();
-  HostBuf want = random_buf(dt, V * C, rng);  // += onto existing gradients
-  DevBuf d_dwte(*gpu, want), d_dout(*gpu, dout), d_tok(*gpu, tok);
+  const HostBuf dwte = random_buf(dt, V * C, rng);  // += onto existing gradients
+  HostBuf want = dwte;
   cpu->embedding_backward(want.data(), dout.data(), tok.as<std::int32_t>(), B, T, C, V);
-  gpu->embedding_backward(d_dwte.get(), d_dout.get(), d_tok.as<std::int32_t>(), B, T, C, V);
-  // Same fp32 sequence on both sides (dwte, then the rows in position order): identical bits.
-  EXPECT_TRUE(
-      all_close("embedding_backward dwte", d_dwte.f32(dt, V * C), want.to_f32(), exact(), {V, C}));
+  for (const bool grouped : {true, false}) {
+    DevBuf d_dwte(*gpu, dwte), d_dout(*gpu, dout), d_tok(*gpu, tok);
+    {
+      std::unique_ptr<LentGemmWorkspace> ws;
+      if (grouped) ws = std::make_unique<LentGemmWorkspace>(*gpu);
+      gpu->embedding_backward(d_dwte.get(), d_dout.get(), d_tok.as<std::int32_t>(), B, T, C, V);
+      gpu->synchronize();
+    }
+    // Same fp32 sequence on both sides (dwte, then the rows in position order): identical bits.
+    EXPECT_TRUE(
+        all_close(grouped ? "embedding_backward dwte (grouped)" : "embedding_backward dwte (scan)",
+                  d_dwte.f32(dt, V * C), want.to_f32(), exact(), {V, C}));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, EmbeddingGpu,
@@ -95,6 +123,8 @@ INSTANTIATE_TEST_SUITE_P(Ops, EmbeddingGpu,
                                             ::testing::Values(EmbShape{1, 1, 1, 1, "one"},
                                                               EmbShape{3, 71, 229, 97, "awkward"},
                                                               EmbShape{2, 5, 3000, 11, "wide"},
+                                                              // 4400 rows: global merge steps
+                                                              EmbShape{4, 1100, 70, 500, "merges"},
                                                               EmbShape{2, 512, 4096, 32000,
                                                                        "llama7b"})),
                          case_name<EmbShape>);
@@ -114,6 +144,37 @@ TEST(EmbeddingGpuErrors, OutOfRangeIdsGiveNanRowsAndLeaveOthersIntact) {
     EXPECT_TRUE(std::isnan(out.get(1 * C + c))) << "id -1, column " << c;
     EXPECT_TRUE(std::isnan(out.get(2 * C + c))) << "id V, column " << c;
     EXPECT_EQ(out.get(3 * C + c), wte.get(9 * C + c));
+  }
+}
+
+TEST(EmbeddingGpuErrors, BackwardSkipsOutOfRangeIdsWithAndWithoutTheWorkspace) {
+  require_cuda_device();
+  Backend& gpu = cuda_backend(DType::bf16);
+  auto cpu = make_cpu_backend(DType::bf16);
+  std::mt19937 rng(4);
+  const std::int64_t C = 40, V = 10;
+  const std::int32_t kMin = std::numeric_limits<std::int32_t>::min();
+  const std::vector<std::int32_t> ids = {3, -1, 10, 9, 3, kMin, 3};
+  const std::int64_t N = std::int64_t(ids.size());
+  const HostBuf dout = random_buf(DType::bf16, N * C, rng);
+  const HostBuf dwte = random_buf(DType::bf16, V * C, rng);
+  // The cpu backend refuses such ids: its reference runs on the valid rows (3, 9, 3, 3).
+  HostBuf want = dwte, valid_dout(DType::bf16, 4 * C);
+  const std::int64_t valid_rows[] = {0, 3, 4, 6};
+  for (std::int64_t r = 0; r < 4; ++r)
+    for (std::int64_t c = 0; c < C; ++c) valid_dout.set(r * C + c, dout.get(valid_rows[r] * C + c));
+  const HostBuf valid_tok = int_buf({3, 9, 3, 3});
+  cpu->embedding_backward(want.data(), valid_dout.data(), valid_tok.as<std::int32_t>(), 1, 4, C, V);
+  for (const bool grouped : {true, false}) {
+    DevBuf d_dwte(gpu, dwte), d_dout(gpu, dout), d_tok(gpu, int_buf(ids));
+    {
+      std::unique_ptr<LentGemmWorkspace> ws;
+      if (grouped) ws = std::make_unique<LentGemmWorkspace>(gpu);
+      gpu.embedding_backward(d_dwte.get(), d_dout.get(), d_tok.as<std::int32_t>(), 1, N, C, V);
+      gpu.synchronize();
+    }
+    EXPECT_TRUE(all_close(grouped ? "grouped" : "scan", d_dwte.f32(DType::bf16, V * C),
+                          want.to_f32(), exact(), {V, C}));
   }
 }
 

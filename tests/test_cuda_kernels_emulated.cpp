@@ -8,14 +8,19 @@
 // attention, a partial last tile, head dims below and above 32, GQA.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda_emulator.hpp"
@@ -37,6 +42,7 @@
 #include "rmsnorm_cpu.hpp"
 #include "rope_cpu.hpp"
 #include "swiglu_cpu.hpp"
+#include "trainmem/model.hpp"  // kGemmWorkspaceBytes, the scratch the cuda backend lends
 
 namespace trainmem {
 namespace {
@@ -110,7 +116,7 @@ double tol16() {  // one fp32 computation rounded once on each side: two ulps of
 // ---------------------------------------------------------------- embedding
 
 template <class S>
-void check_embedding() {
+void check_embedding_forward() {
   std::mt19937 rng(1);
   const std::int64_t B = 2, T = 7, C = 70, V = 9, N = B * T;
   const auto wte = random_storage<S>(std::size_t(V * C), rng);
@@ -122,19 +128,184 @@ void check_embedding() {
          static_cast<const std::int32_t*>(tok.data()), static_cast<const void*>(wte.data()), N, C,
          V);
   expect_close(to_f32<S>(got), to_f32<S>(want), 0, "embedding forward");
-
-  const auto dout = random_storage<S>(std::size_t(N * C), rng);
-  auto dw_want = random_storage<S>(std::size_t(V * C), rng);
-  auto dw_got = dw_want;
-  embedding_backward_cpu(dw_want.data(), dout.data(), tok.data(), B, T, C, V, S::dtype);
-  launch_shape(embedding_backward_launch(N, C, "test"), embedding_backward_kernel<S>,
-               static_cast<void*>(dw_got.data()), static_cast<const void*>(dout.data()),
-               static_cast<const std::int32_t*>(tok.data()), N, C, V);
-  expect_close(to_f32<S>(dw_got), to_f32<S>(dw_want), 0, "embedding backward (bit for bit)");
 }
-TEST(CudaKernelsEmulated, EmbeddingForwardAndBackward) {
-  check_embedding<F32>();
-  check_embedding<BF16>();
+TEST(CudaKernelsEmulated, EmbeddingForward) {
+  check_embedding_forward<F32>();
+  check_embedding_forward<BF16>();
+}
+
+// The grouped sort as embedding.cu launches it: the launches of embedding_sort_launches on a
+// key buffer that starts as garbage (the first launch must build every key).
+std::vector<EmbSortKey> emulated_sort_keys(const std::vector<std::int32_t>& tok) {
+  const std::int64_t N = std::int64_t(tok.size());
+  std::vector<EmbSortKey> keys(tok.size(), 0x5555555555555555ull);
+  for (const EmbeddingSortLaunch& s : embedding_sort_launches(N, "test")) {
+    if (s.tile) {
+      launch_shape(s.shape, embedding_sort_tile_kernel<EmbSortKey>, keys.data(),
+                   static_cast<const std::int32_t*>(tok.data()), N, s.stage);
+    } else {
+      launch_shape(s.shape, embedding_sort_step_kernel<EmbSortKey>, keys.data(), N, s.pairs, s.half,
+                   s.flip);
+    }
+  }
+  return keys;
+}
+// What the sort must give: positions stably sorted by id as uint32 (embedding_cpu's order,
+// invalid ids last), as keys.
+std::vector<EmbSortKey> stable_sorted_keys(const std::vector<std::int32_t>& tok) {
+  std::vector<std::int64_t> order(tok.size());
+  std::iota(order.begin(), order.end(), std::int64_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+    return std::uint32_t(tok[std::size_t(a)]) < std::uint32_t(tok[std::size_t(b)]);
+  });
+  std::vector<EmbSortKey> keys;
+  for (std::int64_t n : order)
+    keys.push_back((EmbSortKey(std::uint32_t(tok[std::size_t(n)])) << 32) | EmbSortKey(n));
+  return keys;
+}
+
+// Whether two storage vectors hold the same bits (== would call 0 and -0 equal).
+template <class Raw>
+bool same_bits(const std::vector<Raw>& a, const std::vector<Raw>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(Raw)) == 0;
+}
+
+// The launcher's two paths on (N, C) dout, from the same dwte: the grouped sums over keys
+// sorted by emulated_sort_keys, and the scan.
+template <class S>
+void emulated_backward_grouped(std::vector<typename S::raw>& dwte,
+                               const std::vector<typename S::raw>& dout,
+                               const std::vector<EmbSortKey>& keys, std::int64_t C,
+                               std::int64_t V) {
+  const std::int64_t N = std::int64_t(keys.size());
+  launch_shape(embedding_backward_launch(N, C, "test"), embedding_backward_grouped_kernel<S>,
+               static_cast<void*>(dwte.data()), static_cast<const void*>(dout.data()),
+               static_cast<const EmbSortKey*>(keys.data()), N, C, V);
+}
+template <class S>
+void emulated_backward_scan(std::vector<typename S::raw>& dwte,
+                            const std::vector<typename S::raw>& dout,
+                            const std::vector<std::int32_t>& tok, std::int64_t C, std::int64_t V) {
+  const std::int64_t N = std::int64_t(tok.size());
+  launch_shape(embedding_backward_scan_launch(N, C, "test"), embedding_backward_scan_kernel<S>,
+               static_cast<void*>(dwte.data()), static_cast<const void*>(dout.data()),
+               static_cast<const std::int32_t*>(tok.data()), N, C, V);
+}
+
+// embedding_backward_cpu over the rows whose id is in [0, V) (it refuses the others; the
+// kernels skip them). Dropping rows keeps the others' order: the same fp32 sequence.
+template <class S>
+void cpu_backward_valid_rows(std::vector<typename S::raw>& dwte,
+                             const std::vector<typename S::raw>& dout,
+                             const std::vector<std::int32_t>& tok, std::int64_t C, std::int64_t V) {
+  std::vector<std::int32_t> ids;
+  std::vector<typename S::raw> rows;
+  for (std::size_t n = 0; n < tok.size(); ++n) {
+    if (tok[n] < 0 || tok[n] >= V) continue;
+    ids.push_back(tok[n]);
+    rows.insert(rows.end(), dout.begin() + std::ptrdiff_t(n * std::size_t(C)),
+                dout.begin() + std::ptrdiff_t((n + 1) * std::size_t(C)));
+  }
+  if (ids.empty()) return;
+  embedding_backward_cpu(dwte.data(), rows.data(), ids.data(), 1, std::int64_t(ids.size()), C, V,
+                         S::dtype);
+}
+
+struct EmbBackwardCase {
+  const char* name;
+  std::int64_t C, V;
+  std::vector<std::int32_t> tokens;
+  bool invalid_ids = false;  // also compared with the scan kernel (today's behaviour)
+};
+
+// Ids drawn from `pool`, n of them.
+std::vector<std::int32_t> draw_ids(std::mt19937& rng, std::size_t n,
+                                   const std::vector<std::int32_t>& pool) {
+  std::vector<std::int32_t> ids(n);
+  for (auto& id : ids) id = pool[rng() % pool.size()];
+  return ids;
+}
+
+std::vector<EmbBackwardCase> awkward_backward_cases() {
+  std::mt19937 rng(7);
+  const std::int32_t kMin = std::numeric_limits<std::int32_t>::min();
+  const std::int32_t kMax = std::numeric_limits<std::int32_t>::max();
+  std::vector<EmbBackwardCase> cases;
+  cases.push_back({"one row", 70, 9, {8}});
+  cases.push_back({"one row, id 0", 1, 1, {0}});
+  // 14 rows over 9 ids, and 70 rows over 3 ids: groups run across the sums' 32-key ranges.
+  cases.push_back({"repeats", 70, 9, draw_ids(rng, 14, {0, 1, 2, 3, 4, 5, 6, 7, 8})});
+  cases.push_back({"many repeats", 37, 3, draw_ids(rng, 70, {0, 1, 2})});
+  cases.push_back({"all equal", 70, 9, std::vector<std::int32_t>(70, 4)});
+  // Four ids of 1000: the rows of the others must stay untouched.
+  cases.push_back({"gaps", 5, 1000, draw_ids(rng, 77, {0, 7, 500, 999})});
+  // C = 2049: a second column block with a single column.
+  cases.push_back({"two column blocks", 2049, 5, draw_ids(rng, 40, {0, 2, 4})});
+  cases.push_back({"C below the block", 3, 5, draw_ids(rng, 33, {1, 3})});
+  // Invalid ids of every kind among repeated valid ones; all invalid; the last one invalid.
+  cases.push_back({"invalid ids", 33, 6, draw_ids(rng, 20, {-1, 6, kMin, kMax, 0, 5, 5, 2}), true});
+  cases.push_back({"all invalid", 33, 6, {-1, 6, kMax, kMin, -7}, true});
+  cases.push_back({"last id invalid", 33, 6, {1, 1, 1, 6}, true});
+  return cases;
+}
+
+// Bit for bit like embedding_backward_cpu (on the valid rows), with dwte starting from random
+// gradients; with invalid ids, also like the scan kernel (the path without scratch).
+template <class S>
+void check_embedding_backward(const EmbBackwardCase& c, const std::vector<EmbSortKey>& keys,
+                              bool with_scan) {
+  std::mt19937 rng(3);
+  const std::int64_t N = std::int64_t(c.tokens.size());
+  const auto dout = random_storage<S>(std::size_t(N * c.C), rng);
+  const auto dwte = random_storage<S>(std::size_t(c.V * c.C), rng);
+  auto want = dwte, grouped = dwte, scan = dwte;
+  cpu_backward_valid_rows<S>(want, dout, c.tokens, c.C, c.V);
+  emulated_backward_grouped<S>(grouped, dout, keys, c.C, c.V);
+  expect_close(to_f32<S>(grouped), to_f32<S>(want), 0,
+               std::string("grouped backward, ") + c.name + " (bit for bit)");
+  EXPECT_TRUE(same_bits(grouped, want)) << c.name << ": raw bits";
+  if (with_scan) {
+    emulated_backward_scan<S>(scan, dout, c.tokens, c.C, c.V);
+    EXPECT_TRUE(same_bits(scan, grouped)) << c.name << ": the scan kernel's bits";
+  }
+}
+
+// The sort (emulated once per case: it does not depend on the dtype), then the sums.
+TEST(CudaKernelsEmulated, EmbeddingBackwardGroupedMatchesCpuBitForBitOnAwkwardShapes) {
+  for (const EmbBackwardCase& c : awkward_backward_cases()) {
+    const std::vector<EmbSortKey> keys = emulated_sort_keys(c.tokens);
+    EXPECT_EQ(keys, stable_sorted_keys(c.tokens)) << c.name;
+    check_embedding_backward<F32>(c, keys, c.invalid_ids);
+    check_embedding_backward<BF16>(c, keys, false);
+  }
+}
+
+TEST(CudaKernelsEmulated, EmbeddingSortOrdersKeysAsAStableSortById) {
+  // Within one tile (1024 keys), just past it (stage 2048: its flip is a global launch), and
+  // reversed ids over 2500 keys (stages 2048 and 4096: a flip and a distance-1024 step as
+  // global launches), some invalid.
+  std::mt19937 rng(11);
+  for (std::int64_t N : {3, 1025}) {
+    auto tok = draw_ids(rng, std::size_t(N), {0, 1, 2, 3, 5, 8, 13, -1, 40});
+    for (auto& id : tok)
+      if (rng() % 4 == 0) id = std::int32_t(rng() % 97);  // some ids once, many repeated
+    EXPECT_EQ(emulated_sort_keys(tok), stable_sorted_keys(tok)) << "N = " << N;
+  }
+  std::vector<std::int32_t> down(2500);
+  std::iota(down.rbegin(), down.rend(), -3);
+  EXPECT_EQ(emulated_sort_keys(down), stable_sorted_keys(down));
+}
+
+TEST(CudaKernelsEmulated, EmbeddingBackwardGroupedAcrossGlobalMergeSteps) {
+  // 2500 rows, ids repeated and not, some invalid: the keys go through global steps (above).
+  std::mt19937 rng(5);
+  EmbBackwardCase c{"2500 rows", 3, 300, {}};
+  c.tokens = draw_ids(rng, 2500, {0, 1, 2, 3, -1});
+  for (auto& id : c.tokens)
+    if (rng() % 2 == 0) id = std::int32_t(rng() % 300);
+  const std::vector<EmbSortKey> keys = emulated_sort_keys(c.tokens);
+  EXPECT_EQ(keys, stable_sorted_keys(c.tokens));
+  check_embedding_backward<BF16>(c, keys, false);
 }
 
 // ---------------------------------------------------------------- rmsnorm
@@ -467,10 +638,18 @@ TEST(CudaLaunchGeometry, RealSizesFitTheHardwareAndCoverEveryRow) {
     expect_launchable(dw, at);
     EXPECT_GE(std::int64_t(dw.grid_x) * dw.block_x, m.C);
     EXPECT_LT(std::int64_t(dw.grid_x - 1) * dw.block_x, m.C);
+    // Embedding backward: the grouped sums (32 sorted rows per block), its sort, the scan.
     const LaunchShape eb = embedding_backward_launch(N, m.C, "t");
     expect_launchable(eb, at);
-    EXPECT_EQ(std::int64_t(eb.grid_x), N);
+    EXPECT_GE(std::int64_t(eb.grid_x) * kEmbBwdGroupRange, N) << at;
+    EXPECT_LT(std::int64_t(eb.grid_x - 1) * kEmbBwdGroupRange, N) << at;
     EXPECT_GE(std::int64_t(eb.grid_y) * kEmbBwdColsPerBlock, m.C);
+    for (const EmbeddingSortLaunch& s : embedding_sort_launches(N, "t"))
+      expect_launchable(s.shape, at);
+    EXPECT_LE(embedding_backward_scratch_bytes(N), kGemmWorkspaceBytes) << at;
+    const LaunchShape es = embedding_backward_scan_launch(N, m.C, "t");
+    expect_launchable(es, at);
+    EXPECT_EQ(std::int64_t(es.grid_x), N);
     // Eager softmax: a warp per (b, h, i) row.
     const std::int64_t rows = m.B * m.NH * m.T;
     const LaunchShape sm = causal_softmax_launch(rows, "t");
@@ -496,6 +675,89 @@ TEST(CudaLaunchGeometry, RealSizesFitTheHardwareAndCoverEveryRow) {
     expect_launchable(gs, at);
     EXPECT_GE(std::int64_t(gs.grid_x), 1);
   }
+}
+
+// The sort's launches, unrolled into the steps each runs, against the whole network over P
+// (the power of two >= N): stage k = 2 .. P, its flip (distance k/2), then distances k/4 .. 1.
+// A (stage, distance, flip) list per launch plan.
+std::vector<std::tuple<std::int64_t, std::int64_t, bool>> network_steps(std::int64_t P) {
+  std::vector<std::tuple<std::int64_t, std::int64_t, bool>> steps;
+  for (std::int64_t k = 2; k <= P; k *= 2) {
+    steps.emplace_back(k, k / 2, true);
+    for (std::int64_t j = k / 4; j > 0; j /= 2) steps.emplace_back(k, j, false);
+  }
+  return steps;
+}
+std::vector<std::tuple<std::int64_t, std::int64_t, bool>> planned_steps(
+    const std::vector<EmbeddingSortLaunch>& plan) {
+  std::vector<std::tuple<std::int64_t, std::int64_t, bool>> steps;
+  for (const EmbeddingSortLaunch& s : plan) {
+    if (!s.tile) {
+      steps.emplace_back(s.stage, s.half, s.flip);
+    } else if (s.stage == 0) {  // the tile sort: stages 2 .. tile, as the kernel loops them
+      for (const auto& st : network_steps(kEmbSortTile)) steps.push_back(st);
+    } else {
+      for (std::int64_t j = kEmbSortTile / 2; j > 0; j /= 2) steps.emplace_back(s.stage, j, false);
+    }
+  }
+  return steps;
+}
+
+TEST(CudaLaunchGeometry, EmbeddingBackwardGroupedAt131072TokensC4096) {
+  // b*s = 131072 (e.g. batch 32, seq 4096), C = 4096: plain arithmetic, no run.
+  const std::int64_t N = 131072, C = 4096;
+  const std::vector<EmbeddingSortLaunch> plan = embedding_sort_launches(N, "t");
+  // 1 tile sort, then stages 2^11 .. 2^17: each a flip, the steps at distances 2^(m-2) ..
+  // 2^10, and one tile launch for the shorter ones: 1 + 7 tile launches, 7 + 21 step launches.
+  ASSERT_EQ(plan.size(), 36u);
+  EXPECT_EQ(std::count_if(plan.begin(), plan.end(), [](const auto& s) { return s.tile; }), 8);
+  EXPECT_EQ(planned_steps(plan), network_steps(N));
+  for (const EmbeddingSortLaunch& s : plan) {
+    expect_launchable(s.shape, "sort");
+    EXPECT_EQ(s.shape.smem_bytes, 0u);  // the tile's 8 KiB are static shared memory
+    if (s.tile) {
+      EXPECT_EQ(s.shape.grid_x, 128u);  // 131072 / 1024 keys
+      EXPECT_EQ(s.shape.block_x, unsigned(kEmbSortThreads));
+    } else {
+      EXPECT_EQ(s.pairs, N / 2);
+      EXPECT_GE(std::int64_t(s.shape.grid_x) * s.shape.block_x, s.pairs);  // one pass, no stride
+      EXPECT_GE(s.half, kEmbSortTile);
+    }
+  }
+  EXPECT_EQ(sizeof(EmbSortKey) * kEmbSortTile, 8192u);
+  // The sums: 4096 blocks of 32 sorted rows by 2 column blocks of 2048.
+  const LaunchShape sums = embedding_backward_launch(N, C, "t");
+  expect_launchable(sums, "sums");
+  EXPECT_EQ(sums.grid_x, 4096u);
+  EXPECT_EQ(sums.grid_y, 2u);
+  EXPECT_EQ(sums.block_x, unsigned(kEmbBwdThreads));
+  // Scratch: 1 MiB of keys, inside the 32 MiB GEMM workspace the cuda backend lends; the
+  // workspace holds up to 4 Mi rows.
+  EXPECT_EQ(embedding_backward_scratch_bytes(N), std::uint64_t(1) << 20);
+  alignas(256) static unsigned char buf[16];
+  EXPECT_TRUE(embedding_backward_can_group(buf, kGemmWorkspaceBytes, N));
+  EXPECT_TRUE(embedding_backward_can_group(buf, kGemmWorkspaceBytes, std::int64_t(4) << 20));
+  EXPECT_FALSE(embedding_backward_can_group(buf, kGemmWorkspaceBytes, (std::int64_t(4) << 20) + 1));
+  EXPECT_FALSE(embedding_backward_can_group(nullptr, kGemmWorkspaceBytes, N));
+  EXPECT_FALSE(embedding_backward_can_group(buf + 4, kGemmWorkspaceBytes, N));  // keys are 8 bytes
+}
+
+TEST(CudaLaunchGeometry, EmbeddingSortPlansCoverTheNetworkUpToTheGridLimit) {
+  for (std::int64_t N : {std::int64_t(1), std::int64_t(1024), std::int64_t(1025),
+                         std::int64_t(4500), std::int64_t(1) << 22, kMaxGridX}) {
+    std::int64_t P = 1;
+    while (P < N) P *= 2;
+    const std::vector<EmbeddingSortLaunch> plan = embedding_sort_launches(N, "t");
+    // Below a tile the tile sort runs stages past P: comparators with a key at N or beyond
+    // move nothing, so a longer network is the same sort.
+    EXPECT_EQ(planned_steps(plan), network_steps(std::max<std::int64_t>(P, kEmbSortTile)))
+        << "N = " << N;
+    for (const EmbeddingSortLaunch& s : plan)
+      expect_launchable(s.shape, "N = " + std::to_string(N));
+    expect_launchable(embedding_backward_launch(N, 4096, "t"), "sums");
+  }
+  EXPECT_THROW(embedding_sort_launches(0, "op"), InputError);
+  EXPECT_THROW(embedding_sort_launches(kMaxGridX + 1, "op"), InputError);
 }
 
 TEST(CudaLaunchGeometry, FlashSharedMemoryOptInWhereNeeded) {

@@ -49,7 +49,8 @@ class Backend {
   virtual void download(void* host_dst, const void* src, std::uint64_t bytes) = 0;
   virtual void fill_zero(void* dst, std::uint64_t bytes) = 0;
   virtual void copy(void* dst, const void* src, std::uint64_t bytes) = 0;
-  // Tells GEMMs which buffer to use as scratch (cuBLAS workspace). cpu/meta ignore it.
+  // Tells GEMMs which buffer to use as scratch (cuBLAS workspace); cuda's embedding_backward
+  // borrows it too (no bytes beyond it). cpu/meta ignore it.
   virtual void set_gemm_workspace(void* ptr, std::uint64_t bytes) {}
   // dst (n) D = round(param_init_value(init, e)) and, when master is non-null, master (n) f32
   // = param_init_value(init, e) (before rounding), for e in [0, n). The default generates the

@@ -100,12 +100,16 @@ void CudaBackend::set_gemm_workspace(void* ptr, std::uint64_t bytes) {
     // workspace. (cublasSetWorkspace(handle, nullptr, 0) would not: it leaves cuBLAS with no
     // workspace at all.) Used before the ledger's buffer is released while the backend lives.
     TM_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    gemm_workspace_ = nullptr;
+    gemm_workspace_bytes_ = 0;
     return;
   }
   const std::string problem =
       device_rules::gemm_workspace_problem(reinterpret_cast<std::uintptr_t>(ptr), bytes);
   if (!problem.empty()) throw InputError("set_gemm_workspace: " + problem);
   TM_CUBLAS_CHECK(cublasSetWorkspace(cublas_, ptr, static_cast<std::size_t>(bytes)));
+  gemm_workspace_ = ptr;
+  gemm_workspace_bytes_ = bytes;
 }
 
 void CudaBackend::embedding_forward(void* out, const std::int32_t* tokens, const void* wte,
@@ -116,7 +120,10 @@ void CudaBackend::embedding_forward(void* out, const std::int32_t* tokens, const
 void CudaBackend::embedding_backward(void* dwte, const void* dout, const std::int32_t* tokens,
                                      std::int64_t B, std::int64_t T, std::int64_t C,
                                      std::int64_t V) {
-  embedding_backward_cuda(dwte, dout, tokens, B, T, C, V, dtype(), stream_);
+  // The GEMM workspace doubles as the sort's scratch (kernels/embedding.cu says why that is
+  // safe); without one the launcher takes its kernel that needs none.
+  embedding_backward_cuda(dwte, dout, tokens, B, T, C, V, dtype(), stream_, gemm_workspace_,
+                          gemm_workspace_bytes_);
 }
 void CudaBackend::rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight,
                                   std::int64_t N, std::int64_t C, float eps) {

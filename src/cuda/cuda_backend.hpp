@@ -6,7 +6,8 @@
 // backend's stream) through the ledger; kernels allocate nothing. The cuBLAS workspace is the
 // ledger's `cublas_workspace` tensor, handed over by set_gemm_workspace (cublasSetWorkspace).
 // Until then cuBLAS uses the default workspace it made at cublasCreate (device overhead, not a
-// ledger tensor).
+// ledger tensor). The embedding backward borrows the same buffer as scratch for its sort
+// (kernels/embedding.cu); without it, it runs its kernel that needs no scratch.
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -90,6 +91,8 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<DeviceAllocator> allocator_;  // destroyed first (see the destructor)
+  void* gemm_workspace_ = nullptr;  // set_gemm_workspace's buffer, lent to embedding_backward
+  std::uint64_t gemm_workspace_bytes_ = 0;
 };
 
 }  // namespace trainmem
