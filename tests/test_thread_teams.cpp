@@ -7,6 +7,7 @@
 // parallel thresholds (kernels/cpu_parallel.hpp): small-256 has h 256, i 688, V 2048.
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 
 #include "test_cli_e2e_helpers.hpp"
@@ -18,6 +19,10 @@ struct TeamCase {
   std::string name;  // test name suffix
   std::string args;  // trainmem arguments without --dtype and --format
 };
+
+void PrintTo(const TeamCase& c, std::ostream* os) {
+  *os << c.args;
+}
 
 // Drops every key that holds a wall-clock figure ("step_seconds", "step_seconds_none", ...),
 // at any depth: those differ between any two runs.
