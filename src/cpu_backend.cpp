@@ -97,11 +97,12 @@ class CpuBackend final : public Backend {
     cross_entropy_backward_cpu(dlogits, logits, lse, targets, N, V, scale, dtype());
   }
   void adamw_update(void* param, const void* grad, float* master, float* m, float* v,
-                    std::int64_t n, const AdamWParams& hp, int step) override {
-    adamw_update_cpu(param, grad, master, m, v, n, hp, step, dtype());
+                    std::int64_t n, const AdamWParams& hp, int step, float grad_scale) override {
+    adamw_update_cpu(param, grad, master, m, v, n, hp, step, grad_scale, dtype());
   }
-  void sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr) override {
-    sgd_update_cpu(param, grad, master, n, lr, dtype());
+  void sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr,
+                  float grad_scale) override {
+    sgd_update_cpu(param, grad, master, n, lr, grad_scale, dtype());
   }
 
  private:

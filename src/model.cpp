@@ -380,7 +380,7 @@ float LlamaModel::train_step(const GradientCapture& capture) {
   {
     auto ph = ledger_.scope(Phase::optimizer);
     if (opt_.holds_gradients())
-      for (auto& p : params_) opt_.update(p.opt_index, p.value.data(), p.grad.data(), step_);
+      for (auto& p : params_) opt_.update(p.opt_index, p.value.data(), p.grad.data(), step_, 1.0f);
   }
   return loss_;
 }
@@ -510,7 +510,7 @@ void LlamaModel::end_grad(std::size_t index, const GradientCapture& capture) {
   if (opt_.holds_gradients()) return;
   auto& p = params_[index];
   capture_grad(index, capture);
-  opt_.update(p.opt_index, p.value.data(), p.grad.data(), step_);
+  opt_.update(p.opt_index, p.value.data(), p.grad.data(), step_, 1.0f);
   p.grad.reset();
 }
 

@@ -293,27 +293,30 @@ void check_optimizers() {
   const bool with_master = S::dtype != DType::f32;
   for (int step = 1; step <= 3; ++step) {
     const auto grad = random_storage<S>(std::size_t(n), rng);
+    // Step 2 undoes a loss scale (fp16 runs pass 1/S), the others pass 1.
+    const float grad_scale = step == 2 ? 1.0f / 4088.0f : 1.0f;
     adamw_update_cpu(p_w.data(), grad.data(), with_master ? master_w.data() : nullptr, m_w.data(),
-                     v_w.data(), n, hp, step, S::dtype);
+                     v_w.data(), n, hp, step, grad_scale, S::dtype);
     const AdamWStepConsts c =
         adamw_step_consts(hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, step);
     launch(dim3(2), dim3(128), 0, adamw_kernel<S>, static_cast<void*>(p_g.data()),
            static_cast<const void*>(grad.data()), with_master ? master_g.data() : nullptr,
-           m_g.data(), v_g.data(), n, c);
+           m_g.data(), v_g.data(), n, c, grad_scale);
     expect_close(m_g, m_w, 1e-6, "adamw m");
     expect_close(v_g, v_w, 1e-6, "adamw v");
     if (with_master) expect_close(master_g, master_w, 1e-6, "adamw master");
     expect_close(to_f32<S>(p_g), to_f32<S>(p_w), tol16<S>(), "adamw param");
   }
   const auto grad = random_storage<S>(std::size_t(n), rng);
-  sgd_update_cpu(p_w.data(), grad.data(), nullptr, n, 0.05f, S::dtype);
+  sgd_update_cpu(p_w.data(), grad.data(), nullptr, n, 0.05f, 0.125f, S::dtype);
   launch(dim3(2), dim3(128), 0, sgd_kernel<S>, static_cast<void*>(p_g.data()),
-         static_cast<const void*>(grad.data()), static_cast<float*>(nullptr), n, 0.05f);
+         static_cast<const void*>(grad.data()), static_cast<float*>(nullptr), n, 0.05f, 0.125f);
   expect_close(to_f32<S>(p_g), to_f32<S>(p_w), tol16<S>(), "sgd (LOMO, no master)");
 }
 TEST(CudaKernelsEmulated, AdamWAndSgd) {
   check_optimizers<F32>();
   check_optimizers<BF16>();
+  check_optimizers<F16>();  // the dtype that runs with a loss scale
 }
 
 // ---------------------------------------------------------------- attention

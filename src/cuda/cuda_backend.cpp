@@ -172,12 +172,12 @@ void CudaBackend::cross_entropy_backward(void* dlogits, const void* logits, cons
   cross_entropy_backward_cuda(dlogits, logits, lse, targets, N, V, scale, dtype(), stream_);
 }
 void CudaBackend::adamw_update(void* param, const void* grad, float* master, float* m, float* v,
-                               std::int64_t n, const AdamWParams& hp, int step) {
-  adamw_update_cuda(param, grad, master, m, v, n, hp, step, dtype(), stream_);
+                               std::int64_t n, const AdamWParams& hp, int step, float grad_scale) {
+  adamw_update_cuda(param, grad, master, m, v, n, hp, step, grad_scale, dtype(), stream_);
 }
-void CudaBackend::sgd_update(void* param, const void* grad, float* master, std::int64_t n,
-                             float lr) {
-  sgd_update_cuda(param, grad, master, n, lr, dtype(), stream_);
+void CudaBackend::sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr,
+                             float grad_scale) {
+  sgd_update_cuda(param, grad, master, n, lr, grad_scale, dtype(), stream_);
 }
 
 std::unique_ptr<Backend> make_cuda_backend(DType dtype) {

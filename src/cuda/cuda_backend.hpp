@@ -82,8 +82,9 @@ class CudaBackend final : public Backend {
                               const std::int32_t* targets, std::int64_t N, std::int64_t V,
                               float scale) override;
   void adamw_update(void* param, const void* grad, float* master, float* m, float* v,
-                    std::int64_t n, const AdamWParams& hp, int step) override;
-  void sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr) override;
+                    std::int64_t n, const AdamWParams& hp, int step, float grad_scale) override;
+  void sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr,
+                  float grad_scale) override;
 
  private:
   int device_ = 0;
