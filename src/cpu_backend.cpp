@@ -10,6 +10,7 @@
 #include "cross_entropy_cpu.hpp"
 #include "embedding_cpu.hpp"
 #include "matmul_cpu.hpp"
+#include "nonfinite_cpu.hpp"
 #include "rmsnorm_cpu.hpp"
 #include "rope_cpu.hpp"
 #include "swiglu_cpu.hpp"
@@ -104,9 +105,18 @@ class CpuBackend final : public Backend {
                   float grad_scale) override {
     sgd_update_cpu(param, grad, master, n, lr, grad_scale, dtype());
   }
+  void check_finite(const void* x, std::int64_t n) override {
+    nonfinite_ = nonfinite_ || has_nonfinite_cpu(x, n, dtype());
+  }
+  bool take_nonfinite() override {
+    const bool found = nonfinite_;
+    nonfinite_ = false;
+    return found;
+  }
 
  private:
   HostAllocator alloc_;
+  bool nonfinite_ = false;  // check_finite found an inf or NaN since the last take
 };
 
 }  // namespace

@@ -339,6 +339,8 @@ class WorkspaceRecorder final : public Backend {
   void adamw_update(void*, const void*, float*, float*, float*, std::int64_t, const AdamWParams&,
                     int, float) override {}
   void sgd_update(void*, const void*, float*, std::int64_t, float, float) override {}
+  void check_finite(const void*, std::int64_t) override {}
+  bool take_nonfinite() override { return false; }
 
  private:
   std::unique_ptr<Backend> inner_;

@@ -107,6 +107,8 @@ TEST(OpsBackends, MetaBackendNeverTouchesMemory) {
     be->cross_entropy_backward(a, a, f, t, B * T, V, 1.0f);
     be->adamw_update(a, b, f, f, f, std::int64_t(1) << 36, AdamWParams{}, 1, 1.0f);
     be->sgd_update(a, b, f, std::int64_t(1) << 36, 1e-3f, 1.0f);
+    be->check_finite(a, std::int64_t(1) << 36);
+    EXPECT_FALSE(be->take_nonfinite());
     be->synchronize();
     be->allocator().deallocate(b, 1024);
     be->allocator().deallocate(a, std::uint64_t(1) << 40);

@@ -120,6 +120,12 @@ class Backend {
   // master = nullptr.
   virtual void sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr,
                           float grad_scale) = 0;
+  // The overflow check of loss-scaled gradients, in two halves so that a step waits once:
+  // check_finite queues a test of x (n) D for +-inf and NaN; take_nonfinite returns whether
+  // any buffer checked since the previous take held one, and clears that (it waits for the
+  // queued work). Meta: checks nothing, takes false.
+  virtual void check_finite(const void* x, std::int64_t n) = 0;
+  virtual bool take_nonfinite() = 0;
 
  private:
   DType dtype_;

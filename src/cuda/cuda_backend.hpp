@@ -85,12 +85,19 @@ class CudaBackend final : public Backend {
                     std::int64_t n, const AdamWParams& hp, int step, float grad_scale) override;
   void sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr,
                   float grad_scale) override;
+  // The flag both write is a word of mapped pinned host memory (no device memory, so the
+  // allocation plan and the device figures are unchanged): take_nonfinite synchronises the
+  // stream, reads and clears it.
+  void check_finite(const void* x, std::int64_t n) override;
+  bool take_nonfinite() override;
 
  private:
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<DeviceAllocator> allocator_;  // destroyed first (see the destructor)
+  unsigned* nonfinite_host_ = nullptr;          // cudaHostAllocMapped word
+  unsigned* nonfinite_device_ = nullptr;        // its device address
 };
 
 }  // namespace trainmem
