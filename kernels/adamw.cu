@@ -15,7 +15,7 @@ constexpr int kThreads = cuda::kElementwiseThreads;
 // ---------------------------------------------------------------- launchers
 
 void adamw_update_cuda(void* param, const void* grad, float* master, float* m, float* v,
-                       std::int64_t n, const AdamWParams& hp, int step, DType dt,
+                       std::int64_t n, const AdamWParams& hp, int step, float grad_scale, DType dt,
                        cudaStream_t stream) {
   cuda::require_fits(n, std::numeric_limits<std::int64_t>::max(), "adamw_update_cuda", "n");
   if (step < 1)
@@ -26,17 +26,17 @@ void adamw_update_cuda(void* param, const void* grad, float* master, float* m, f
       adamw_step_consts(hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, step);
   TM_DISPATCH_STORAGE(dt, "adamw_update_cuda",
                       cuda::adamw_kernel<S><<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(
-                          param, grad, master, m, v, n, c);
+                          param, grad, master, m, v, n, c, grad_scale);
                       TM_CUDA_CHECK_LAUNCH());
 }
 
 void sgd_update_cuda(void* param, const void* grad, float* master, std::int64_t n, float lr,
-                     DType dt, cudaStream_t stream) {
+                     float grad_scale, DType dt, cudaStream_t stream) {
   cuda::require_fits(n, std::numeric_limits<std::int64_t>::max(), "sgd_update_cuda", "n");
   if (n == 0) return;
   TM_DISPATCH_STORAGE(dt, "sgd_update_cuda",
                       cuda::sgd_kernel<S><<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(
-                          param, grad, master, n, lr);
+                          param, grad, master, n, lr, grad_scale);
                       TM_CUDA_CHECK_LAUNCH());
 }
 

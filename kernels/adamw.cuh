@@ -13,12 +13,13 @@ namespace trainmem {
 
 // param (n) D ; grad (n) D ; master (n) f32 or nullptr ; m, v (n) f32 ; step >= 1.
 // With master the update is applied to master and param = round(master); without, param is
-// updated in fp32 and rounded into param.
+// updated in fp32 and rounded into param. Each gradient element is used as
+// float(grad) * grad_scale (1/S under a loss scale S).
 void adamw_update_cuda(void* param, const void* grad, float* master, float* m, float* v,
-                       std::int64_t n, const AdamWParams& hp, int step, DType dt,
+                       std::int64_t n, const AdamWParams& hp, int step, float grad_scale, DType dt,
                        cudaStream_t stream);
-// param -= lr * grad, through master when non-null (param = round(master)).
+// param -= lr * grad * grad_scale, through master when non-null (param = round(master)).
 void sgd_update_cuda(void* param, const void* grad, float* master, std::int64_t n, float lr,
-                     DType dt, cudaStream_t stream);
+                     float grad_scale, DType dt, cudaStream_t stream);
 
 }  // namespace trainmem

@@ -14,23 +14,24 @@ namespace {
 
 template <class S>
 void adamw_impl(void* param, const void* grad, float* master, float* m, float* v, std::int64_t n,
-                const AdamWStepConsts& k) {
+                const AdamWStepConsts& k, float grad_scale) {
 #pragma omp parallel for if (n >= kParallelMinElements)
   for (std::int64_t i = 0; i < n; ++i) {
     float p = master ? master[i] : S::load(param, i);
-    adamw_update_elem(&p, &m[i], &v[i], S::load(grad, i), k.beta1, k.beta2, k.eps, k.step_size,
-                      k.inv_sqrt_bc2, k.decay);
+    adamw_update_elem(&p, &m[i], &v[i], unscaled_grad(S::load(grad, i), grad_scale), k.beta1,
+                      k.beta2, k.eps, k.step_size, k.inv_sqrt_bc2, k.decay);
     if (master) master[i] = p;
     S::store(param, i, p);
   }
 }
 
 template <class S>
-void sgd_impl(void* param, const void* grad, float* master, std::int64_t n, float lr) {
+void sgd_impl(void* param, const void* grad, float* master, std::int64_t n, float lr,
+              float grad_scale) {
 #pragma omp parallel for if (n >= kParallelMinElements)
   for (std::int64_t i = 0; i < n; ++i) {
     float p = master ? master[i] : S::load(param, i);
-    p = sgd_update_elem(p, S::load(grad, i), lr);
+    p = sgd_update_elem(p, unscaled_grad(S::load(grad, i), grad_scale), lr);
     if (master) master[i] = p;
     S::store(param, i, p);
   }
@@ -39,18 +40,19 @@ void sgd_impl(void* param, const void* grad, float* master, std::int64_t n, floa
 }  // namespace
 
 void adamw_update_cpu(void* param, const void* grad, float* master, float* m, float* v,
-                      std::int64_t n, const AdamWParams& hp, int step, DType dt) {
+                      std::int64_t n, const AdamWParams& hp, int step, float grad_scale, DType dt) {
   cpu_threads_setup();
   if (step < 1) throw InputError("adamw: step must be >= 1, got " + std::to_string(step));
   const AdamWStepConsts k =
       adamw_step_consts(hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, step);
-  TM_DISPATCH_STORAGE(dt, "adamw_update", adamw_impl<S>(param, grad, master, m, v, n, k));
+  TM_DISPATCH_STORAGE(dt, "adamw_update",
+                      adamw_impl<S>(param, grad, master, m, v, n, k, grad_scale));
 }
 
 void sgd_update_cpu(void* param, const void* grad, float* master, std::int64_t n, float lr,
-                    DType dt) {
+                    float grad_scale, DType dt) {
   cpu_threads_setup();
-  TM_DISPATCH_STORAGE(dt, "sgd_update", sgd_impl<S>(param, grad, master, n, lr));
+  TM_DISPATCH_STORAGE(dt, "sgd_update", sgd_impl<S>(param, grad, master, n, lr, grad_scale));
 }
 
 }  // namespace trainmem

@@ -5,6 +5,9 @@
 //   m <- b1 * m + (1 - b1) * g;   v <- b2 * v + (1 - b2) * g^2
 //   p <- p - (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),  bc1 = 1 - b1^t, bc2 = 1 - b2^t.
 // SGD (no momentum) and LOMO's fused update: p <- p - lr * g.
+// Both see g = stored gradient * grad_scale (fp32): a run with a static loss scale S stores
+// S-times gradients and passes grad_scale = 1/S (docs/decisions.md, "fp16 loss scale").
+// grad_scale 1 leaves every value as it was, bit for bit (x * 1.0f == x in IEEE arithmetic).
 #pragma once
 #include "common_math.hpp"
 
@@ -41,6 +44,12 @@ TM_HD void adamw_update_elem(T* p, T* m, T* v, T g, T beta1, T beta2, T eps, T s
   *v = beta2 * *v + (T(1) - beta2) * g * g;
   const T denom = tm_sqrt(*v) * inv_sqrt_bc2 + eps;
   *p = *p * decay - step_size * (*m / denom);
+}
+
+// The gradient the update uses, from the stored one (loaded as fp32).
+template <class T>
+TM_HD T unscaled_grad(T stored, T grad_scale) {
+  return stored * grad_scale;
 }
 
 template <class T>

@@ -47,6 +47,11 @@ TM_HD double tm_sin(double x) {
   return ::sin(x);
 }
 
+// False for infinities and NaN.
+TM_HD bool tm_isfinite(float x) {
+  return isfinite(x);
+}
+
 template <class T>
 TM_HD T tm_max(T a, T b) {
   return a > b ? a : b;

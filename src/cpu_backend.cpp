@@ -10,6 +10,7 @@
 #include "cross_entropy_cpu.hpp"
 #include "embedding_cpu.hpp"
 #include "matmul_cpu.hpp"
+#include "nonfinite_cpu.hpp"
 #include "rmsnorm_cpu.hpp"
 #include "rope_cpu.hpp"
 #include "swiglu_cpu.hpp"
@@ -97,15 +98,25 @@ class CpuBackend final : public Backend {
     cross_entropy_backward_cpu(dlogits, logits, lse, targets, N, V, scale, dtype());
   }
   void adamw_update(void* param, const void* grad, float* master, float* m, float* v,
-                    std::int64_t n, const AdamWParams& hp, int step) override {
-    adamw_update_cpu(param, grad, master, m, v, n, hp, step, dtype());
+                    std::int64_t n, const AdamWParams& hp, int step, float grad_scale) override {
+    adamw_update_cpu(param, grad, master, m, v, n, hp, step, grad_scale, dtype());
   }
-  void sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr) override {
-    sgd_update_cpu(param, grad, master, n, lr, dtype());
+  void sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr,
+                  float grad_scale) override {
+    sgd_update_cpu(param, grad, master, n, lr, grad_scale, dtype());
+  }
+  void check_finite(const void* x, std::int64_t n) override {
+    nonfinite_ = nonfinite_ || has_nonfinite_cpu(x, n, dtype());
+  }
+  bool take_nonfinite() override {
+    const bool found = nonfinite_;
+    nonfinite_ = false;
+    return found;
   }
 
  private:
   HostAllocator alloc_;
+  bool nonfinite_ = false;  // check_finite found an inf or NaN since the last take
 };
 
 }  // namespace

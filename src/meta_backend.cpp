@@ -47,8 +47,10 @@ class MetaBackend final : public Backend {
   void cross_entropy_backward(void*, const void*, const float*, const std::int32_t*, std::int64_t,
                               std::int64_t, float) override {}
   void adamw_update(void*, const void*, float*, float*, float*, std::int64_t, const AdamWParams&,
-                    int) override {}
-  void sgd_update(void*, const void*, float*, std::int64_t, float) override {}
+                    int, float) override {}
+  void sgd_update(void*, const void*, float*, std::int64_t, float, float) override {}
+  void check_finite(const void*, std::int64_t) override {}
+  bool take_nonfinite() override { return false; }
 
  private:
   MetaAllocator alloc_;

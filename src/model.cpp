@@ -55,6 +55,13 @@ std::string shape_str(const std::vector<std::int64_t>& shape) {
 
 }  // namespace
 
+float loss_scale(DType d, std::int64_t positions) {
+  // b·(s−1) makes the cross-entropy backward's scale exactly 1 (see cross_entropy_scale). Past
+  // 2^24 positions float(positions) is rounded, which only makes S a slightly different
+  // constant: the same float S scales the loss and is divided out.
+  return d == DType::f16 ? float(positions) : 1.0f;
+}
+
 std::uint64_t Parameter::numel() const {
   std::uint64_t n = 1;
   for (auto d : shape) n = checked_mul(n, std::uint64_t(d), "parameter size");
@@ -88,6 +95,7 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
   d_ = cfg_.head_dim();
   V_ = cfg_.vocab;
   N_ = std::int64_t(checked_mul(std::uint64_t(b_), std::uint64_t(s_), "batch x seq"));
+  loss_scale_ = trainmem::loss_scale(D_, b_ * (s_ - 1));
   // Every buffer's byte count must fit: the largest are logits (b,s,V) and probs (b,a,s,s).
   checked_product({std::uint64_t(N_), std::uint64_t(V_), 4}, "logits bytes");
   checked_product({std::uint64_t(N_), std::uint64_t(a_), std::uint64_t(s_), 4}, "probs bytes");
@@ -147,6 +155,11 @@ LlamaModel::~LlamaModel() {
   } catch (const std::exception& e) {
     spdlog::warn("model: could not hand the backend its default GEMM workspace back: {}", e.what());
   }
+}
+
+float LlamaModel::cross_entropy_scale() const {
+  // With S = 1 this is 1.0f / float(b·(s−1)), the mean loss's scale, bit for bit.
+  return loss_scale_ / float(b_ * (s_ - 1));
 }
 
 std::size_t LlamaModel::head_index() const {
@@ -380,7 +393,8 @@ float LlamaModel::train_step(const GradientCapture& capture) {
   {
     auto ph = ledger_.scope(Phase::optimizer);
     if (opt_.holds_gradients())
-      for (auto& p : params_) opt_.update(p.opt_index, p.value.data(), p.grad.data(), step_);
+      for (auto& p : params_)
+        opt_.update(p.opt_index, p.value.data(), p.grad.data(), step_, 1.0f / loss_scale_);
   }
   return loss_;
 }
@@ -502,15 +516,57 @@ void LlamaModel::capture_grad(std::size_t index, const GradientCapture& capture)
   std::vector<unsigned char> raw(p.grad.bytes());
   be_.download(raw.data(), p.grad.data(), raw.size());
   std::vector<float> g(p.numel());
-  for (std::size_t e = 0; e < g.size(); ++e) g[e] = load_as_f32(raw.data(), e, D_);
+  // Unscaled: the stored value / S, rounded once (S = 1: the stored value, exactly).
+  const double S = loss_scale_;
+  for (std::size_t e = 0; e < g.size(); ++e)
+    g[e] = float(double(load_as_f32(raw.data(), e, D_)) / S);
   capture(p, g);
+}
+
+bool LlamaModel::checks_finite() const {
+  return D_ == DType::f16 && be_.computes();
+}
+
+void LlamaModel::check_grad_finite(std::size_t index) {
+  if (!checks_finite()) return;
+  const auto& p = params_[index];
+  be_.check_finite(p.grad.data(), std::int64_t(p.numel()));
+}
+
+void LlamaModel::report_nonfinite_grads() {
+  if (!checks_finite() || !be_.take_nonfinite()) return;
+  grads_nonfinite_ = true;
+  // Name them where the gradients are still held (AdamW/SGD); each check waits once, but this
+  // only runs on a step that went wrong.
+  std::string names;
+  if (opt_.holds_gradients()) {
+    for (std::size_t pi = 0; pi < params_.size(); ++pi) {
+      check_grad_finite(pi);
+      if (be_.take_nonfinite()) nonfinite_grads_.push_back(params_[pi].name);
+    }
+    for (std::size_t j = 0; j < nonfinite_grads_.size() && j < 5; ++j)
+      names += (j ? ", " : "") + nonfinite_grads_[j];
+    if (nonfinite_grads_.size() > 5) names += ", ...";
+    names = std::to_string(nonfinite_grads_.size()) + " of " + std::to_string(params_.size()) +
+            " parameters: " + names;
+  } else {
+    names = "not named under LOMO: each gradient is freed once used";
+  }
+  spdlog::warn(
+      "step {}: gradients hold inf or NaN ({}). fp16 runs scale the loss by S = b·(s−1) = {} "
+      "so that the cross-entropy gradient does not underflow; a gradient element overflows "
+      "fp16's 65504 where its true value exceeds 65504/S = {:.3g}, unless the step diverged. "
+      "The optimizer applied them as they are: this step's numbers mean nothing (its memory "
+      "figures are unaffected). bf16 has fp32's range.",
+      step_, names, loss_scale_, 65504.0 / double(loss_scale_));
 }
 
 void LlamaModel::end_grad(std::size_t index, const GradientCapture& capture) {
   if (opt_.holds_gradients()) return;
   auto& p = params_[index];
+  check_grad_finite(index);
   capture_grad(index, capture);
-  opt_.update(p.opt_index, p.value.data(), p.grad.data(), step_);
+  opt_.update(p.opt_index, p.value.data(), p.grad.data(), step_, 1.0f / loss_scale_);
   p.grad.reset();
 }
 
@@ -518,13 +574,17 @@ void LlamaModel::backward(const GradientCapture& capture) {
   auto ph = ledger_.scope(Phase::backward);
   if (opt_.holds_gradients())
     for (auto& p : params_) be_.fill_zero(p.grad.data(), p.grad.bytes());
-  const float scale = 1.0f / float(b_ * (s_ - 1));
+  nonfinite_grads_.clear();
+  grads_nonfinite_ = false;
   const std::size_t head = head_index(), fnorm = final_norm_index();
   const void* x_L = cfg_.layers > 0 ? layers_.back().out.data() : embed_out_.data();
+  const bool observe = head_observer_ && be_.computes();
 
-  // 1. dlogits in place of logits.
+  // 1. dlogits in place of logits: the gradient of S·(mean loss), S the loss scale.
+  if (observe) head_observer_("logits", logits_.data(), N_, V_);
   be_.cross_entropy_backward(logits_.data(), logits_.data(), ce_lse_.as<float>(),
-                             targets_.as<std::int32_t>(), N_, V_, scale);
+                             targets_.as<std::int32_t>(), N_, V_, cross_entropy_scale());
+  if (observe) head_observer_("dlogits", logits_.data(), N_, V_);
   ce_lse_.reset();
   // 2. through the head. Tied: the embedding gradient, kept until the embedding backward.
   Tensor d_fno = ws("d_final_norm_out", -1, {b_, s_, h_}, D_);  // (B,T,C)
@@ -554,7 +614,11 @@ void LlamaModel::backward(const GradientCapture& capture) {
   d_res.reset();
 
   if (opt_.holds_gradients())
-    for (std::size_t pi = 0; pi < params_.size(); ++pi) capture_grad(pi, capture);
+    for (std::size_t pi = 0; pi < params_.size(); ++pi) {
+      check_grad_finite(pi);
+      capture_grad(pi, capture);
+    }
+  report_nonfinite_grads();
 }
 
 void LlamaModel::layer_backward(int l, Tensor& d_res, const GradientCapture& capture) {

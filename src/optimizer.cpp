@@ -55,19 +55,20 @@ float* ParameterOptimizer::master(std::size_t index) const {
   return states_.at(index).master.as<float>();
 }
 
-void ParameterOptimizer::update(std::size_t index, void* param, const void* grad, int step) {
+void ParameterOptimizer::update(std::size_t index, void* param, const void* grad, int step,
+                                float grad_scale) {
   auto& st = states_.at(index);
   switch (s_.kind) {
     case Optimizer::adamw:
       if (step < 1) throw Error("AdamW update: step must be >= 1 (bias correction)");
       backend_.adamw_update(param, grad, st.master.as<float>(), st.m.as<float>(), st.v.as<float>(),
-                            st.numel, s_.adamw, step);
+                            st.numel, s_.adamw, step, grad_scale);
       return;
     case Optimizer::sgd:
-      backend_.sgd_update(param, grad, st.master.as<float>(), st.numel, s_.sgd_lr);
+      backend_.sgd_update(param, grad, st.master.as<float>(), st.numel, s_.sgd_lr, grad_scale);
       return;
     case Optimizer::lomo:
-      backend_.sgd_update(param, grad, nullptr, st.numel, s_.lomo_lr);
+      backend_.sgd_update(param, grad, nullptr, st.numel, s_.lomo_lr, grad_scale);
       return;
   }
 }

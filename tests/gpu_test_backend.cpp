@@ -1,7 +1,7 @@
 // GPU tests of the cuda backend's plumbing: transfers, fills and copies on its stream; the
 // cuBLAS workspace taken from the ledger; out of memory surfacing as the ledger's typed
 // OutOfMemory; a failed CUDA call surfacing as DeviceError with file, line and error name;
-// the residual-add and cast kernels against dtype.hpp's conversions.
+// the residual-add and cast kernels against dtype.hpp's conversions; the non-finite check.
 #include <cstring>
 #include <limits>
 #include <random>
@@ -206,6 +206,34 @@ TEST_F(CudaBackendTest, CastsMatchDtypeHppBitForBitIncludingEdgeValues) {
       const HostBuf got = d_out.download(dst, n);
       EXPECT_EQ(std::memcmp(got.data(), want.data(), want.bytes()), 0)
           << all_close("cast", got.to_f32(), want.to_f32(), exact()).message();
+    }
+  }
+}
+
+// The overflow check of fp16 loss-scaled gradients: check_finite queues, take_nonfinite reads
+// the backend's mapped flag once and clears it; a buffer past the first grid pass (grid-stride)
+// and several buffers into one take.
+TEST_F(CudaBackendTest, NonFiniteCheckFlagsInfAndNanAndClearsOnTake) {
+  std::mt19937 rng(10);
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_param_name(dt));
+    Backend& gpu = cuda_backend(dt);
+    const std::int64_t n = 3000001;
+    HostBuf finite = random_buf(dt, n, rng, -60000, 60000);
+    DevBuf d_finite(gpu, finite);
+    EXPECT_FALSE(gpu.take_nonfinite());  // nothing checked
+    gpu.check_finite(d_finite.get(), n);
+    EXPECT_FALSE(gpu.take_nonfinite());
+    const float big = dt == DType::f16 ? 70000.0f : INFINITY;  // fp16 overflows to inf
+    for (float bad : {INFINITY, -INFINITY, NAN, big}) {
+      HostBuf x = finite;
+      x.set(n - 1, bad);
+      DevBuf d_x(gpu, x);
+      gpu.check_finite(d_finite.get(), n);
+      gpu.check_finite(d_x.get(), n);
+      gpu.check_finite(d_finite.get(), n);
+      EXPECT_TRUE(gpu.take_nonfinite()) << bad;
+      EXPECT_FALSE(gpu.take_nonfinite()) << "cleared by the take";
     }
   }
 }

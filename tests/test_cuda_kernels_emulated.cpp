@@ -30,6 +30,7 @@
 #include "attention_flash_kernels.cuh"
 #include "cross_entropy_kernels.cuh"
 #include "embedding_kernels.cuh"
+#include "nonfinite_kernels.cuh"
 #include "residual_kernels.cuh"
 #include "rmsnorm_kernels.cuh"
 #include "rope_kernels.cuh"
@@ -39,6 +40,7 @@
 #include "attention_cpu.hpp"
 #include "cross_entropy_cpu.hpp"
 #include "embedding_cpu.hpp"
+#include "nonfinite_cpu.hpp"
 #include "rmsnorm_cpu.hpp"
 #include "rope_cpu.hpp"
 #include "swiglu_cpu.hpp"
@@ -464,27 +466,66 @@ void check_optimizers() {
   const bool with_master = S::dtype != DType::f32;
   for (int step = 1; step <= 3; ++step) {
     const auto grad = random_storage<S>(std::size_t(n), rng);
+    // Step 2 undoes a loss scale (fp16 runs pass 1/S), the others pass 1.
+    const float grad_scale = step == 2 ? 1.0f / 4088.0f : 1.0f;
     adamw_update_cpu(p_w.data(), grad.data(), with_master ? master_w.data() : nullptr, m_w.data(),
-                     v_w.data(), n, hp, step, S::dtype);
+                     v_w.data(), n, hp, step, grad_scale, S::dtype);
     const AdamWStepConsts c =
         adamw_step_consts(hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, step);
     launch(dim3(2), dim3(128), 0, adamw_kernel<S>, static_cast<void*>(p_g.data()),
            static_cast<const void*>(grad.data()), with_master ? master_g.data() : nullptr,
-           m_g.data(), v_g.data(), n, c);
+           m_g.data(), v_g.data(), n, c, grad_scale);
     expect_close(m_g, m_w, 1e-6, "adamw m");
     expect_close(v_g, v_w, 1e-6, "adamw v");
     if (with_master) expect_close(master_g, master_w, 1e-6, "adamw master");
     expect_close(to_f32<S>(p_g), to_f32<S>(p_w), tol16<S>(), "adamw param");
   }
   const auto grad = random_storage<S>(std::size_t(n), rng);
-  sgd_update_cpu(p_w.data(), grad.data(), nullptr, n, 0.05f, S::dtype);
+  sgd_update_cpu(p_w.data(), grad.data(), nullptr, n, 0.05f, 0.125f, S::dtype);
   launch(dim3(2), dim3(128), 0, sgd_kernel<S>, static_cast<void*>(p_g.data()),
-         static_cast<const void*>(grad.data()), static_cast<float*>(nullptr), n, 0.05f);
+         static_cast<const void*>(grad.data()), static_cast<float*>(nullptr), n, 0.05f, 0.125f);
   expect_close(to_f32<S>(p_g), to_f32<S>(p_w), tol16<S>(), "sgd (LOMO, no master)");
 }
 TEST(CudaKernelsEmulated, AdamWAndSgd) {
   check_optimizers<F32>();
   check_optimizers<BF16>();
+  check_optimizers<F16>();  // the dtype that runs with a loss scale
+}
+
+// ---------------------------------------------------------------- non-finite check
+
+// The kernel and the CPU reference on finite data and with one +inf, -inf or NaN placed at the
+// first element, inside the first grid pass, past it (the grid-stride loop) and at the last.
+// In fp16 a value above 65504 stored from fp32 is the infinity an overflowing gradient becomes.
+template <class S>
+void check_nonfinite() {
+  std::mt19937 rng(8);
+  const std::int64_t n = 1000;  // 2 blocks of 128 threads: four grid passes
+  const auto finite = random_storage<S>(std::size_t(n), rng, -60000, 60000);
+  auto run_kernel = [&](const std::vector<typename S::raw>& x) {
+    unsigned flag = 0;
+    launch(dim3(2), dim3(128), 0, nonfinite_flag_kernel<S>, &flag,
+           static_cast<const void*>(x.data()), n);
+    return flag != 0;
+  };
+  EXPECT_FALSE(run_kernel(finite)) << dtype_name(S::dtype);
+  EXPECT_FALSE(has_nonfinite_cpu(finite.data(), n, S::dtype)) << dtype_name(S::dtype);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float big = S::dtype == DType::f16 ? 70000.0f : inf;
+  for (float bad : {inf, -inf, std::numeric_limits<float>::quiet_NaN(), big}) {
+    for (std::int64_t at : {std::int64_t(0), std::int64_t(200), std::int64_t(700), n - 1}) {
+      auto x = finite;
+      S::store(x.data(), std::size_t(at), bad);
+      EXPECT_TRUE(run_kernel(x)) << dtype_name(S::dtype) << " " << bad << " at " << at;
+      EXPECT_TRUE(has_nonfinite_cpu(x.data(), n, S::dtype))
+          << dtype_name(S::dtype) << " " << bad << " at " << at;
+    }
+  }
+}
+TEST(CudaKernelsEmulated, NonFiniteCheck) {
+  check_nonfinite<F32>();
+  check_nonfinite<BF16>();
+  check_nonfinite<F16>();
 }
 
 // ---------------------------------------------------------------- attention

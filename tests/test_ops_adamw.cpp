@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "adamw_cpu.hpp"
+#include "adamw_math.hpp"
 #include "ops_testing.hpp"
 
 namespace trainmem {
@@ -19,7 +21,7 @@ TEST(OpsAdamw, FirstStepWorkedByHand) {
   hp.lr = 1e-3f;
   hp.weight_decay = 0.1f;
   float p = 1.0f, g = 0.5f, m = 0.0f, v = 0.0f;
-  adamw_update_cpu(&p, &g, nullptr, &m, &v, 1, hp, 1, DType::f32);
+  adamw_update_cpu(&p, &g, nullptr, &m, &v, 1, hp, 1, 1.0f, DType::f32);
   EXPECT_NEAR(m, 0.05, 2e-8);  // fp32: (1 - 0.9f) is not 0.1 exactly
   EXPECT_NEAR(v, 2.5e-4, 5e-9);
   EXPECT_NEAR(p, 0.99890000002, 2e-7);
@@ -51,7 +53,7 @@ TEST_P(OpsAdamwP, ThreeStepsMatchReference) {
   for (int step = 1; step <= 3; ++step) {
     Buf grad = Buf::from(uniform(n, 90 + step), dt);
     adamw_update_cpu(param.data(), grad.data(), dt == DType::f32 ? nullptr : master.data(),
-                     m.data(), v.data(), n, hp, step, dt);
+                     m.data(), v.data(), n, hp, step, 1.0f, dt);
     const double b1 = hp.beta1, b2 = hp.beta2;
     for (std::int64_t i = 0; i < n; ++i) {
       const double g = grad.get(i);
@@ -87,7 +89,7 @@ INSTANTIATE_TEST_SUITE_P(Dtype, OpsAdamwP,
 
 TEST(OpsAdamw, StepZeroIsRejected) {
   float p = 0, g = 0, m = 0, v = 0;
-  EXPECT_THROW(adamw_update_cpu(&p, &g, nullptr, &m, &v, 1, AdamWParams{}, 0, DType::f32),
+  EXPECT_THROW(adamw_update_cpu(&p, &g, nullptr, &m, &v, 1, AdamWParams{}, 0, 1.0f, DType::f32),
                InputError);
 }
 
@@ -101,14 +103,72 @@ TEST(OpsSgd, UpdateThroughMasterAndInPlace) {
     for (std::int64_t i = 0; i < n; ++i) ref[i] = double(master[i]) - lr * double(grad.get(i));
     // Through the master copy (SGD under mixed precision).
     Buf p2 = param;
-    sgd_update_cpu(p2.data(), grad.data(), master.data(), n, lr, dt);
+    sgd_update_cpu(p2.data(), grad.data(), master.data(), n, lr, 1.0f, dt);
     EXPECT_TRUE(all_close(dtype_label(dt) + " master", master, ref, {1e-7, 1e-6}));
     std::vector<double> rounded_ref(n);
     for (std::int64_t i = 0; i < n; ++i) rounded_ref[i] = round_to(dt, master[i]);
     EXPECT_TRUE(all_close(dtype_label(dt) + " param", p2.f32(), rounded_ref, {0, 0}));
     // LOMO: no master, the stored parameter is updated in fp32 and rounded once.
-    sgd_update_cpu(param.data(), grad.data(), nullptr, n, lr, dt);
+    sgd_update_cpu(param.data(), grad.data(), nullptr, n, lr, 1.0f, dt);
     EXPECT_TRUE(all_close(dtype_label(dt) + " lomo", param.f32(), rounded_ref, {0, 0}));
+  }
+}
+
+// grad_scale 1 must leave the arithmetic exactly as it was before loss scaling existed: the
+// reference below is that loop (the per-element math of adamw_math.hpp on the gradient as
+// loaded), and the results must agree bit for bit, for every dtype, with and without master.
+bool same_bits(const Buf& a, const Buf& b) {
+  return a.size() == b.size() && a.dtype() == b.dtype() &&
+         std::memcmp(a.data(), b.data(), a.size() * dtype_size(a.dtype())) == 0;
+}
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+TEST(OpsAdamw, GradScaleOneIsTheUnscaledUpdateBitForBit) {
+  for (DType dt : all_dtypes()) {
+    const std::int64_t n = 40003;  // the parallel loop
+    AdamWParams hp;
+    hp.lr = 3e-3f;
+    hp.weight_decay = 0.01f;
+    Buf param = Buf::from(uniform(n, 201), dt);
+    std::vector<float> master = param.f32(), m(n, 0.0f), v(n, 0.0f);
+    Buf ref_param = param;
+    std::vector<float> ref_master = master, ref_m = m, ref_v = v;
+    float* mp = dt == DType::f32 ? nullptr : master.data();
+    for (int step = 1; step <= 2; ++step) {
+      const Buf grad = Buf::from(uniform(n, 210 + step), dt);
+      adamw_update_cpu(param.data(), grad.data(), mp, m.data(), v.data(), n, hp, step, 1.0f, dt);
+      const AdamWStepConsts k =
+          adamw_step_consts(hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, step);
+      for (std::int64_t i = 0; i < n; ++i) {
+        float p = mp ? ref_master[i] : ref_param.get(i);
+        adamw_update_elem(&p, &ref_m[i], &ref_v[i], grad.get(i), k.beta1, k.beta2, k.eps,
+                          k.step_size, k.inv_sqrt_bc2, k.decay);
+        if (mp) ref_master[i] = p;
+        ref_param.set(i, p);
+      }
+    }
+    EXPECT_TRUE(same_bits(param, ref_param)) << dtype_label(dt) << " adamw param";
+    EXPECT_TRUE(same_bits(master, ref_master)) << dtype_label(dt) << " adamw master";
+    EXPECT_TRUE(same_bits(m, ref_m)) << dtype_label(dt) << " adamw m";
+    EXPECT_TRUE(same_bits(v, ref_v)) << dtype_label(dt) << " adamw v";
+
+    // SGD through the master, and LOMO in place.
+    const Buf grad = Buf::from(uniform(n, 220), dt);
+    std::vector<float> sgd_master = param.f32(), want_master(n);
+    Buf sgd_param = param, lomo_param = param;
+    Buf want_param(std::size_t(n), dt), want_lomo(std::size_t(n), dt);
+    for (std::int64_t i = 0; i < n; ++i) {
+      want_master[i] = sgd_update_elem(sgd_master[i], grad.get(i), 0.05f);
+      want_param.set(i, want_master[i]);
+      want_lomo.set(i, sgd_update_elem(lomo_param.get(i), grad.get(i), 0.05f));
+    }
+    sgd_update_cpu(sgd_param.data(), grad.data(), sgd_master.data(), n, 0.05f, 1.0f, dt);
+    sgd_update_cpu(lomo_param.data(), grad.data(), nullptr, n, 0.05f, 1.0f, dt);
+    EXPECT_TRUE(same_bits(sgd_master, want_master)) << dtype_label(dt) << " sgd master";
+    EXPECT_TRUE(same_bits(sgd_param, want_param)) << dtype_label(dt) << " sgd param";
+    EXPECT_TRUE(same_bits(lomo_param, want_lomo)) << dtype_label(dt) << " lomo";
   }
 }
 

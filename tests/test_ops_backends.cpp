@@ -105,8 +105,10 @@ TEST(OpsBackends, MetaBackendNeverTouchesMemory) {
     be->swiglu_backward(a, a, b, b, b, B * T * C);
     be->cross_entropy_forward(f, f, b, t, B * T, V);
     be->cross_entropy_backward(a, a, f, t, B * T, V, 1.0f);
-    be->adamw_update(a, b, f, f, f, std::int64_t(1) << 36, AdamWParams{}, 1);
-    be->sgd_update(a, b, f, std::int64_t(1) << 36, 1e-3f);
+    be->adamw_update(a, b, f, f, f, std::int64_t(1) << 36, AdamWParams{}, 1, 1.0f);
+    be->sgd_update(a, b, f, std::int64_t(1) << 36, 1e-3f, 1.0f);
+    be->check_finite(a, std::int64_t(1) << 36);
+    EXPECT_FALSE(be->take_nonfinite());
     be->synchronize();
     be->allocator().deallocate(b, 1024);
     be->allocator().deallocate(a, std::uint64_t(1) << 40);

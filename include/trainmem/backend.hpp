@@ -112,12 +112,21 @@ class Backend {
                                       float scale) = 0;
   // AdamW with bias correction (step >= 1) and decoupled weight decay. master (n) f32 is the
   // fp32 copy when D is 16-bit (param is then written as round(master)); nullptr when D is
-  // fp32 (param itself is updated). m, v (n) f32.
+  // fp32 (param itself is updated). m, v (n) f32. The optimizers use each gradient element as
+  // float(grad) * grad_scale, in fp32: 1/S undoes a static loss scale S (fp16 runs); 1 leaves
+  // the arithmetic exactly as without a scale.
   virtual void adamw_update(void* param, const void* grad, float* master, float* m, float* v,
-                            std::int64_t n, const AdamWParams& hp, int step) = 0;
-  // param -= lr * grad (through master when non-null). LOMO uses this with master = nullptr.
-  virtual void sgd_update(void* param, const void* grad, float* master, std::int64_t n,
-                          float lr) = 0;
+                            std::int64_t n, const AdamWParams& hp, int step, float grad_scale) = 0;
+  // param -= lr * grad * grad_scale (through master when non-null). LOMO uses this with
+  // master = nullptr.
+  virtual void sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr,
+                          float grad_scale) = 0;
+  // The overflow check of loss-scaled gradients, in two halves so that a step waits once:
+  // check_finite queues a test of x (n) D for +-inf and NaN; take_nonfinite returns whether
+  // any buffer checked since the previous take held one, and clears that (it waits for the
+  // queued work). Meta: checks nothing, takes false.
+  virtual void check_finite(const void* x, std::int64_t n) = 0;
+  virtual bool take_nonfinite() = 0;
 
  private:
   DType dtype_;

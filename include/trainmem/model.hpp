@@ -14,6 +14,15 @@
 //
 // Loss: the HuggingFace causal-LM loss, the mean cross-entropy of token t+1 given positions
 // <= t over the b·(s−1) predicted positions.
+//
+// fp16 loss scale: an fp16 run back-propagates the loss multiplied by a static S = b·(s−1)
+// (loss_scale below): the cross-entropy gradient is then p − onehot, in [−1, 1], where the
+// mean's p/(b·(s−1)) would be below fp16's smallest subnormal for a realistic vocabulary and
+// batch. Every stored gradient carries the factor S; the optimizers multiply by 1/S in fp32
+// before using them, gradient captures (--dump) are divided by S, the reported loss is the
+// plain mean. bf16 and fp32 use S = 1 (fp32's exponent range; their arithmetic is unchanged).
+// fp16 gradients are checked for inf/NaN each step (a warning names them): S-times gradients
+// overflow fp16's 65504 where a true gradient element exceeds 65504/S. docs/decisions.md.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -41,9 +50,21 @@ struct Parameter {
   std::uint64_t numel() const;
 };
 
-// Receives a parameter's complete gradient (fp32 host copy) during the step it is passed to:
-// after backward under AdamW/SGD, right before the update and free under LOMO.
+// Receives a parameter's complete gradient (fp32 host copy, divided by the loss scale, so the
+// gradient of the mean loss for every dtype) during the step it is passed to: after backward
+// under AdamW/SGD, right before the update and free under LOMO.
 using GradientCapture = std::function<void(const Parameter& param, const std::vector<float>&)>;
+
+// The static loss scale S of a run in dtype `d` with `positions` = b·(s−1) predicted positions:
+// S = positions (as float) for fp16, 1 for bf16 and fp32. Backward multiplies the mean loss's
+// gradient by S; the optimizer and the gradient captures divide it out.
+float loss_scale(DType d, std::int64_t positions);
+
+// Test hook: sees the head's (rows, vocab) buffer in D during backward, in backend memory (read
+// it with Backend::download; never called on meta): first with what = "logits", right before
+// the cross-entropy backward, then with what = "dlogits", the gradient written in their place.
+using HeadObserver =
+    std::function<void(const char* what, const void* data, std::int64_t rows, std::int64_t vocab)>;
 
 class LlamaModel {
  public:
@@ -78,6 +99,17 @@ class LlamaModel {
   // `capture`, when set, receives every parameter gradient of this step.
   float train_step(const GradientCapture& capture = nullptr);
   int steps_done() const { return step_; }
+
+  // loss_scale(dtype, b·(s−1)): the factor every stored gradient of this run carries.
+  float loss_scale() const { return loss_scale_; }
+  // The scale the cross-entropy backward applies: loss_scale() / (b·(s−1)), in float.
+  float cross_entropy_scale() const;
+  // fp16 runs: whether a gradient of the last step held an inf or NaN (a warning said so), and
+  // which parameters' (AdamW/SGD; LOMO frees them before the check is read, so it names none).
+  // bf16/fp32 runs are not checked: false and empty.
+  bool gradients_nonfinite() const { return grads_nonfinite_; }
+  const std::vector<std::string>& nonfinite_gradients() const { return nonfinite_grads_; }
+  void set_head_observer(HeadObserver observer) { head_observer_ = std::move(observer); }
 
   const ModelConfig& model_config() const { return cfg_; }
   const TrainConfig& train_config() const { return train_; }
@@ -118,6 +150,12 @@ class LlamaModel {
   // LOMO: capture, update and free now. AdamW/SGD: nothing (captured after backward).
   void end_grad(std::size_t index, const GradientCapture& capture);
   void capture_grad(std::size_t index, const GradientCapture& capture);
+  // fp16 (on backends that compute): each complete gradient is queued for the backend's
+  // non-finite check; at the end of backward one wait reads the result, and a warning names
+  // the parameters concerned.
+  bool checks_finite() const;
+  void check_grad_finite(std::size_t index);
+  void report_nonfinite_grads();
 
   ModelConfig cfg_;
   TrainConfig train_;
@@ -133,6 +171,10 @@ class LlamaModel {
   bool weights_set_ = false, tokens_set_ = false;
   int step_ = 0;
   float loss_ = 0.0f;
+  float loss_scale_ = 1.0f;
+  bool grads_nonfinite_ = false;
+  std::vector<std::string> nonfinite_grads_;
+  HeadObserver head_observer_;
   std::vector<std::uint64_t> act_by_layer_;
 
   // Forward state kept for backward.

@@ -54,8 +54,10 @@ class ParameterOptimizer {
   float* master(std::size_t index) const;
 
   // Applies one update to parameter `index` (n elements of D at `param`) with its gradient.
-  // `step` counts optimizer steps from 1 (AdamW's bias correction).
-  void update(std::size_t index, void* param, const void* grad, int step);
+  // `step` counts optimizer steps from 1 (AdamW's bias correction). The update uses
+  // float(grad) * grad_scale (fp32): pass 1/S when the gradients carry a loss scale S, 1 when
+  // they carry none (then the arithmetic is exactly that of an unscaled update).
+  void update(std::size_t index, void* param, const void* grad, int step, float grad_scale);
 
  private:
   struct States {

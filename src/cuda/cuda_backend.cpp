@@ -13,6 +13,7 @@
 #include "embedding.cuh"
 #include "init.cuh"
 #include "matmul.cuh"
+#include "nonfinite.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "swiglu.cuh"
@@ -38,8 +39,16 @@ CudaBackend::CudaBackend(DType dtype) : Backend(dtype) {
     TM_CUBLAS_CHECK(cublasSetMathMode(
         cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
                                            CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    // The non-finite flag of check_finite / take_nonfinite: pinned host memory mapped into
+    // the device's address space, so that it takes no device memory.
+    TM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&nonfinite_host_), sizeof(unsigned),
+                                cudaHostAllocMapped));
+    *nonfinite_host_ = 0;
+    TM_CUDA_CHECK(
+        cudaHostGetDevicePointer(reinterpret_cast<void**>(&nonfinite_device_), nonfinite_host_, 0));
     allocator_ = std::make_unique<DeviceAllocator>(device_, stream_);
   } catch (...) {
+    if (nonfinite_host_ != nullptr) cudaFreeHost(nonfinite_host_);
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
     throw;
@@ -53,6 +62,7 @@ CudaBackend::CudaBackend(DType dtype) : Backend(dtype) {
 CudaBackend::~CudaBackend() {
   TM_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(stream_));
   allocator_.reset();  // the pool goes before the stream it orders on
+  if (nonfinite_host_ != nullptr) TM_CUDA_CHECK_NOTHROW(cudaFreeHost(nonfinite_host_));
   if (cublas_ != nullptr) {
     const cublasStatus_t s = cublasDestroy(cublas_);
     if (s != CUBLAS_STATUS_SUCCESS) spdlog::error("cublasDestroy failed ({})", int(s));
@@ -179,12 +189,23 @@ void CudaBackend::cross_entropy_backward(void* dlogits, const void* logits, cons
   cross_entropy_backward_cuda(dlogits, logits, lse, targets, N, V, scale, dtype(), stream_);
 }
 void CudaBackend::adamw_update(void* param, const void* grad, float* master, float* m, float* v,
-                               std::int64_t n, const AdamWParams& hp, int step) {
-  adamw_update_cuda(param, grad, master, m, v, n, hp, step, dtype(), stream_);
+                               std::int64_t n, const AdamWParams& hp, int step, float grad_scale) {
+  adamw_update_cuda(param, grad, master, m, v, n, hp, step, grad_scale, dtype(), stream_);
 }
-void CudaBackend::sgd_update(void* param, const void* grad, float* master, std::int64_t n,
-                             float lr) {
-  sgd_update_cuda(param, grad, master, n, lr, dtype(), stream_);
+void CudaBackend::sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr,
+                             float grad_scale) {
+  sgd_update_cuda(param, grad, master, n, lr, grad_scale, dtype(), stream_);
+}
+void CudaBackend::check_finite(const void* x, std::int64_t n) {
+  flag_nonfinite_cuda(nonfinite_device_, x, n, dtype(), stream_);
+}
+bool CudaBackend::take_nonfinite() {
+  TM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  // Written by kernels through the mapping: read it as memory the compiler does not own.
+  volatile unsigned* flag = nonfinite_host_;
+  const bool found = *flag != 0;
+  *flag = 0;  // no kernel is in flight on the stream now
+  return found;
 }
 
 std::unique_ptr<Backend> make_cuda_backend(DType dtype) {

@@ -83,8 +83,14 @@ class CudaBackend final : public Backend {
                               const std::int32_t* targets, std::int64_t N, std::int64_t V,
                               float scale) override;
   void adamw_update(void* param, const void* grad, float* master, float* m, float* v,
-                    std::int64_t n, const AdamWParams& hp, int step) override;
-  void sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr) override;
+                    std::int64_t n, const AdamWParams& hp, int step, float grad_scale) override;
+  void sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr,
+                  float grad_scale) override;
+  // The flag both write is a word of mapped pinned host memory (no device memory, so the
+  // allocation plan and the device figures are unchanged): take_nonfinite synchronises the
+  // stream, reads and clears it.
+  void check_finite(const void* x, std::int64_t n) override;
+  bool take_nonfinite() override;
 
  private:
   int device_ = 0;
@@ -93,6 +99,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<DeviceAllocator> allocator_;  // destroyed first (see the destructor)
   void* gemm_workspace_ = nullptr;  // set_gemm_workspace's buffer, lent to embedding_backward
   std::uint64_t gemm_workspace_bytes_ = 0;
+  unsigned* nonfinite_host_ = nullptr;          // cudaHostAllocMapped word
+  unsigned* nonfinite_device_ = nullptr;        // its device address
 };
 
 }  // namespace trainmem

@@ -1,0 +1,28 @@
+// Non-finite check, CPU reference: one parallel pass, OR-reduced.
+#include "nonfinite_cpu.hpp"
+
+#include "common_math.hpp"
+#include "cpu_parallel.hpp"
+#include "storage.hpp"
+
+namespace trainmem {
+namespace {
+
+template <class S>
+bool any_nonfinite(const void* x, std::int64_t n) {
+  bool found = false;
+#pragma omp parallel for reduction(|| : found) if (n >= kParallelMinElements)
+  for (std::int64_t i = 0; i < n; ++i) found = found || !tm_isfinite(S::load(x, i));
+  return found;
+}
+
+}  // namespace
+
+bool has_nonfinite_cpu(const void* x, std::int64_t n, DType dt) {
+  cpu_threads_setup();
+  bool found = false;
+  TM_DISPATCH_STORAGE(dt, "has_nonfinite", found = any_nonfinite<S>(x, n));
+  return found;
+}
+
+}  // namespace trainmem
