@@ -1,11 +1,13 @@
 // bench_step: the cpu backend's training step for a small LLaMA (preset small-256: hidden
-// 256, 4 layers; batch 4, seq 128; fp32, AdamW, eager attention) beside the same step in
-// PyTorch on the CPU (tools/bench_step_torch.py, when /usr/bin/python3 has torch), with both
-// median times and their ratio. Also traces LLaMA-65B at batch 8, seq 512 on the meta backend
-// and prints how long that took. Prints figures; asserts nothing about speed.
+// 256, 4 layers, intermediate 688, vocab 2048; batch 4, seq 128; AdamW, eager attention; fp32
+// or bf16) beside the same step in PyTorch on the CPU (tools/bench_step_torch.py, when
+// /usr/bin/python3 has torch; bf16 there is torch.autocast with fp32 weights, PyTorch's own
+// mixed precision), with both median times and their ratio. Also traces LLaMA-65B at batch 8,
+// seq 512 on the meta backend and prints how long that took. Prints figures; asserts nothing
+// about speed. docs/performance.md records what it printed.
 //
-//   bench_step [--steps N] [--threads N] [--python PATH] [--no-torch] [--batch N] [--seq N]
-//              [--model NAME]
+//   bench_step [--steps N] [--threads N] [--dtype fp32|bf16|fp16] [--python PATH] [--no-torch]
+//              [--batch N] [--seq N] [--model NAME]
 #include <omp.h>
 
 #include <algorithm>
@@ -54,6 +56,7 @@ int main(int argc, char** argv) {
   std::int64_t batch = 4, seq = 128;
   std::string python = "/usr/bin/python3", model_name = "small-256";
   bool torch = true;
+  DType dtype = DType::f32;
   for (int a = 1; a < argc; ++a) {
     const std::string arg = argv[a];
     auto next = [&]() -> std::string {
@@ -69,7 +72,14 @@ int main(int argc, char** argv) {
       threads = std::stoi(next());
     else if (arg == "--python")
       python = next();
-    else if (arg == "--no-torch")
+    else if (arg == "--dtype") {
+      const auto d = parse_dtype(next());
+      if (!d || *d == DType::i32) {
+        std::fprintf(stderr, "bench_step: --dtype must be fp32, bf16 or fp16\n");
+        return 2;
+      }
+      dtype = *d;
+    } else if (arg == "--no-torch")
       torch = false;
     else if (arg == "--batch")
       batch = std::stoll(next());
@@ -94,17 +104,17 @@ int main(int argc, char** argv) {
   TrainConfig t;
   t.batch = batch;
   t.seq = seq;
-  t.dtype = DType::f32;
+  t.dtype = dtype;
   t.optimizer = Optimizer::adamw;
   t.checkpointing = Checkpointing::none;
   t.attention = Attention::eager;
 
   std::printf(
-      "model %s: V %lld h %lld i %lld L %lld a %lld k %lld; b %lld s %lld fp32 adamw "
+      "model %s: V %lld h %lld i %lld L %lld a %lld k %lld; b %lld s %lld %s adamw "
       "eager; %d threads\n",
       m.name.c_str(), (long long)m.vocab, (long long)m.hidden, (long long)m.intermediate,
       (long long)m.layers, (long long)m.heads, (long long)m.kv_heads, (long long)batch,
-      (long long)seq, nthreads);
+      (long long)seq, dtype_name(dtype), nthreads);
 
   // ---- trainmem cpu backend
   double ours_ms = 0;
@@ -134,11 +144,11 @@ int main(int argc, char** argv) {
     std::snprintf(cmd, sizeof cmd,
                   "'%s' '%s' --vocab %lld --hidden %lld --intermediate %lld --layers %lld "
                   "--heads %lld --kv-heads %lld %s --batch %lld --seq %lld --rms-eps %g "
-                  "--rope-theta %g --steps %d --threads %d 2>/dev/null",
+                  "--rope-theta %g --steps %d --threads %d --dtype %s 2>/dev/null",
                   python.c_str(), script.c_str(), (long long)m.vocab, (long long)m.hidden,
                   (long long)m.intermediate, (long long)m.layers, (long long)m.heads,
                   (long long)m.kv_heads, m.tied_embeddings ? "--tied" : "", (long long)batch,
-                  (long long)seq, m.rms_eps, m.rope_theta, steps, nthreads);
+                  (long long)seq, m.rms_eps, m.rope_theta, steps, nthreads, dtype_name(dtype));
     const std::string out = run_capture(cmd);
     auto j = nlohmann::json::parse(out, nullptr, false);
     if (j.is_discarded() || !j.contains("median_ms")) {
@@ -150,8 +160,10 @@ int main(int argc, char** argv) {
           "pytorch %s cpu step: median %.1f ms over %d steps (%d threads, first loss %.4f)\n",
           j["torch"].get<std::string>().c_str(), torch_ms, steps, j["threads"].get<int>(),
           j["loss"].get<double>());
-      std::printf("ratio trainmem / pytorch: %.2f (below 1 means trainmem is faster)\n",
-                  ours_ms / torch_ms);
+      std::printf(
+          "ratio trainmem / pytorch: %.2f (below 1 means trainmem is faster); speed vs "
+          "pytorch: %.2fx\n",
+          ours_ms / torch_ms, torch_ms / ours_ms);
     }
   }
 

@@ -5,7 +5,7 @@ The same model as trainmem's (tools/make_golden.py's hand-written LLaMA with HF 
 eager attention), fp32, AdamW over all parameters; one step = zero the gradients, forward,
 backward, optimizer. Prints one JSON line: {"torch": version, "threads": n, "ms": [...],
 "median_ms": m, "loss": first loss}. Run with the Debian interpreter that has torch:
-/usr/bin/python3 tools/bench_step_torch.py --vocab 2048 --hidden 256 ...
+/usr/bin/python3 tools/bench_step_torch.py --vocab 2048 --hidden 256 ... [--dtype bf16]
 
 Plain torch ops only, no version-dependent path: checked (2026-12-02, tiny sizes) with Debian's
 torch 1.13 and with torch 2.11.0 (same first loss; AdamW takes its single-tensor for-loop on
@@ -39,6 +39,9 @@ def main():
     ap.add_argument("--rope-theta", type=float, default=10000.0)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: default)")
+    ap.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
+                    help="fp32, or 16-bit mixed precision: torch.autocast on the CPU with fp32 "
+                         "weights and AdamW states (PyTorch's own recipe)")
     args = ap.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -53,9 +56,14 @@ def main():
     tokens = torch.randint(0, V, (args.batch, args.seq), generator=gen, dtype=torch.int32)
     opt = torch.optim.AdamW(list(W.values()), lr=1e-5, weight_decay=0.01)
 
+    autocast_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+
     def step():
         opt.zero_grad(set_to_none=False)
-        loss = llama_loss(W, tokens, V, h, i, L, a, k, args.tied, args.rms_eps, args.rope_theta)
+        with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16,
+                            enabled=autocast_dtype is not None):
+            loss = llama_loss(W, tokens, V, h, i, L, a, k, args.tied, args.rms_eps,
+                              args.rope_theta)
         loss.backward()
         opt.step()
         return loss.item()
@@ -67,6 +75,7 @@ def main():
         step()
         times.append((time.perf_counter() - t0) * 1e3)
     print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads(),
+                      "dtype": args.dtype,
                       "ms": times, "median_ms": statistics.median(times), "loss": first}))
 
 
