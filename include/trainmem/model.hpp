@@ -31,7 +31,6 @@
 
 #include "trainmem/backend.hpp"
 #include "trainmem/config.hpp"
-#include "trainmem/figures.hpp"
 #include "trainmem/ledger.hpp"
 #include "trainmem/optimizer.hpp"
 #include "trainmem/safetensors.hpp"
@@ -189,12 +188,6 @@ constexpr std::uint64_t kGemmWorkspaceBytes = 32ull << 20;
 // The files a --weights path stands for: itself, or every shard of an HF sharded checkpoint
 // when it is named <stem>-0000k-of-0000n.safetensors.
 std::vector<std::string> weight_files(const std::string& path);
-
-// The ledger's figures for the step run last (DESIGN.md meanings): params, optimizer_states and
-// inputs live; gradients, activations_peak, workspace the step's peaks; activations alive at
-// the end of forward; peak the total high-water mark with its breakdown; sum = params +
-// gradients + optimizer_states + activations.
-MemoryFigures measured_figures(const Ledger& ledger);
 
 // --tokens: a raw file of batch·seq int32 little-endian ids. InputError naming --tokens when
 // the size is not exactly batch·seq·4 bytes or an id is outside [0, vocab).
