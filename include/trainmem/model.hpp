@@ -85,7 +85,8 @@ class LlamaModel {
   // (InputError) name the file and the tensor: missing tensors, shape mismatches. Tensors the
   // model does not use are ignored with a note; lm_head.weight is ignored when tied. On the
   // meta backend only the files' headers are checked. A path named like an HF shard,
-  // <stem>-00001-of-00003.safetensors, loads all the shards of that checkpoint.
+  // <stem>-00001-of-00003.safetensors, loads all the shards of that checkpoint
+  // (weight_files in model_io.hpp). Defined in src/model_io.cpp.
   void load_weights(const std::string& path);
   void load_weights(const SafeTensorsReader& file);
   void load_weights(const std::vector<const SafeTensorsReader*>& files);
@@ -184,27 +185,5 @@ class LlamaModel {
 
 // The 32 MiB GEMM workspace every backend allocates (cuBLAS's recommendation for Hopper).
 constexpr std::uint64_t kGemmWorkspaceBytes = 32ull << 20;
-
-// The files a --weights path stands for: itself, or every shard of an HF sharded checkpoint
-// when it is named <stem>-0000k-of-0000n.safetensors.
-std::vector<std::string> weight_files(const std::string& path);
-
-// --tokens: a raw file of batch·seq int32 little-endian ids. InputError naming --tokens when
-// the size is not exactly batch·seq·4 bytes or an id is outside [0, vocab).
-std::vector<std::int32_t> load_tokens_file(const std::string& path, std::int64_t batch,
-                                           std::int64_t seq, std::int64_t vocab);
-
-// --dump: writes `loss` (fp32 [1]) and every parameter gradient (fp32, HF names) of a step.
-// Declare the parameters, then capture() inside train_step and finish(loss) after it.
-class GradientDump {
- public:
-  GradientDump(std::string path, const LlamaModel& model);
-  GradientCapture capture();
-  void finish(float loss);
-
- private:
-  std::string path_;
-  SafeTensorsWriter writer_;
-};
 
 }  // namespace trainmem
