@@ -21,6 +21,7 @@
 #include "trainmem/backend.hpp"
 #include "trainmem/config.hpp"
 #include "trainmem/error.hpp"
+#include "trainmem/figures.hpp"
 #include "trainmem/ledger.hpp"
 #include "trainmem/model.hpp"
 

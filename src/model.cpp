@@ -10,7 +10,9 @@
 //             (.master when D != fp32, .exp_avg, .exp_avg_sq) -> inputs tokens, targets
 //             -> ws cublas_workspace (32 MiB)
 //   forward   embed_out; per layer rstd1 xn1 q k v probs|lse attn_out h_mid rstd2 xn2 gate up
-//             act out (checkpointing full: all but `out` freed right after `out`);
+//             act out, the rows of kLayerActs (include/trainmem/model_acts.hpp), which also
+//             says what checkpointing frees and recomputes and which backward step frees each
+//             (checkpointing full: all but `out` freed right after `out`);
 //             final_norm_out final_rstd logits ce_lse, ws ce_losses (freed)
 //   backward  head: dlogits in place of logits, ws d_final_norm_out, ws d_residual;
 //             per layer (recompute first when checkpointing) ws d_act, d_gate, d_up, d_xn2,
@@ -25,11 +27,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cmath>
-#include <fstream>
 #include <limits>
-#include <memory>
-#include <regex>
-#include <set>
 
 #include "trainmem/checked.hpp"
 #include "trainmem/error.hpp"
@@ -38,6 +36,7 @@ namespace trainmem {
 
 namespace {
 
+using LA = LayerAct;
 constexpr DType f32 = DType::f32;
 constexpr DType i32 = DType::i32;
 
@@ -45,13 +44,6 @@ constexpr DType i32 = DType::i32;
 enum LayerParam : int { kInNorm = 0, kQ, kK, kV, kO, kPostNorm, kGate, kUp, kDown, kLayerParams };
 
 constexpr std::uint64_t kTokenStream = 0x746f6b656e73ull;  // "tokens"
-constexpr std::uint64_t kChunkElems = 1ull << 20;          // host staging chunk for weights
-
-std::string shape_str(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 }  // namespace
 
@@ -139,8 +131,8 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
   for (auto& p : params_) p.opt_index = opt_.add_parameter(p.name, p.layer, p.shape);
 
   // 4. inputs.
-  tokens_ = ledger_.allocate("tokens", Category::inputs, -1, {b_, s_}, i32);    // (B,T)
-  targets_ = ledger_.allocate("targets", Category::inputs, -1, {b_, s_}, i32);  // (B,T)
+  tokens_ = ledger_.allocate("tokens", Category::inputs, -1, {b_, s_}, i32);
+  targets_ = ledger_.allocate("targets", Category::inputs, -1, {b_, s_}, i32);
 
   // 5. the GEMM workspace (cuBLAS's 32 MiB; allocated on every backend so that the ledgers
   // agree). Held as 8 Mi fp32 elements.
@@ -191,24 +183,6 @@ Tensor LlamaModel::ws(const char* name, int layer, std::vector<std::int64_t> sha
 
 // ------------------------------------------------------------------------------ weights, tokens
 
-void LlamaModel::write_parameter(
-    std::size_t index, const std::function<void(float*, std::uint64_t, std::uint64_t)>& fill) {
-  auto& p = params_[index];
-  float* master = opt_.master(p.opt_index);
-  const std::uint64_t n = p.numel();
-  const std::size_t w = dtype_size(D_);
-  std::vector<float> vals(std::min(n, kChunkElems));
-  std::vector<unsigned char> stored(vals.size() * w);
-  for (std::uint64_t first = 0; first < n; first += kChunkElems) {
-    const std::uint64_t count = std::min(kChunkElems, n - first);
-    fill(vals.data(), first, count);
-    for (std::uint64_t e = 0; e < count; ++e) store_from_f32(stored.data(), e, D_, vals[e]);
-    be_.upload(static_cast<unsigned char*>(p.value.data()) + first * w, stored.data(), count * w);
-    // The fp32 master starts from the values as given (before rounding to D).
-    if (master) be_.upload(master + first, vals.data(), count * 4);
-  }
-}
-
 void LlamaModel::init_random(std::uint64_t seed) {
   // Norm weights 1, every other weight 0.02 * N(0,1) from its own stream (the parameter's
   // index + 1), computed by the backend (on the device for cuda: include/trainmem/param_init.hpp).
@@ -226,92 +200,6 @@ void LlamaModel::init_random(std::uint64_t seed) {
         init.stream = pi + 1;
       }
       be_.init_param(p.value.data(), opt_.master(p.opt_index), p.numel(), init);
-    }
-  }
-  weights_set_ = true;
-}
-
-std::vector<std::string> weight_files(const std::string& path) {
-  // HF shards: <stem>-00001-of-00003.safetensors names all three files.
-  static const std::regex shard(R"((.*)-(\d{5})-of-(\d{5})\.safetensors)");
-  std::smatch m;
-  if (!std::regex_match(path, m, shard)) return {path};
-  const int total = std::stoi(m[3].str());
-  if (total < 1) return {path};
-  std::vector<std::string> files;
-  char buf[48];
-  for (int k = 1; k <= total; ++k) {
-    std::snprintf(buf, sizeof buf, "-%05d-of-%05d.safetensors", k, total);
-    files.push_back(m[1].str() + buf);
-  }
-  return files;
-}
-
-void LlamaModel::load_weights(const std::string& path) {
-  const auto files = weight_files(path);
-  if (files.size() > 1)
-    spdlog::info("--weights {}: reading the {} shards of this checkpoint", path, files.size());
-  std::vector<std::unique_ptr<SafeTensorsReader>> readers;
-  for (const auto& f : files) readers.push_back(std::make_unique<SafeTensorsReader>(f));
-  std::vector<const SafeTensorsReader*> ptrs;
-  for (const auto& r : readers) ptrs.push_back(r.get());
-  load_weights(ptrs);
-}
-
-void LlamaModel::load_weights(const SafeTensorsReader& file) {
-  load_weights(std::vector<const SafeTensorsReader*>{&file});
-}
-
-void LlamaModel::load_weights(const std::vector<const SafeTensorsReader*>& files) {
-  if (files.empty()) throw Error("model: load_weights without a file");
-  const std::string label =
-      files.size() == 1
-          ? files[0]->path()
-          : files[0]->path() + " (and " + std::to_string(files.size() - 1) + " more shards)";
-  // Check everything before touching any weight.
-  std::vector<const SafeTensorsReader*> source(params_.size(), nullptr);
-  for (std::size_t pi = 0; pi < params_.size(); ++pi) {
-    const auto& p = params_[pi];
-    const SafeTensorInfo* t = nullptr;
-    for (const auto* f : files)
-      if ((t = f->find(p.name))) {
-        source[pi] = f;
-        break;
-      }
-    if (!t)
-      throw InputError("--weights " + label + ": missing tensor '" + p.name +
-                       "' (needed by model " + cfg_.name + ")");
-    const std::string where = "--weights " + source[pi]->path() + ": tensor '" + p.name + "'";
-    if (t->shape != p.shape)
-      throw InputError(where + " has shape " + t->shape_string() + ", the model config needs " +
-                       shape_str(p.shape));
-    if (!safe_dtype_is_float(t->dtype))
-      throw InputError(where + " has dtype " + safe_dtype_name(t->dtype) +
-                       ", expected a floating dtype");
-  }
-  std::set<std::string> used;
-  for (const auto& p : params_) used.insert(p.name);
-  std::size_t ignored = 0;
-  for (const auto* f : files)
-    for (const auto& t : f->tensors()) {
-      if (used.count(t.name)) continue;
-      ++ignored;
-      if (t.name == "lm_head.weight" && cfg_.tied_embeddings)
-        spdlog::info(
-            "--weights {}: lm_head.weight ignored (tied embeddings: the head uses "
-            "model.embed_tokens.weight)",
-            f->path());
-      else
-        spdlog::debug("--weights {}: tensor '{}' not used by the model", f->path(), t.name);
-    }
-  if (ignored) spdlog::info("--weights {}: {} tensor(s) not used by the model", label, ignored);
-  if (be_.computes()) {
-    for (std::size_t pi = 0; pi < params_.size(); ++pi) {
-      const std::string& name = params_[pi].name;
-      const SafeTensorsReader* f = source[pi];
-      write_parameter(pi, [&](float* dst, std::uint64_t first, std::uint64_t count) {
-        f->read_f32(name, dst, first, count);
-      });
     }
   }
   weights_set_ = true;
@@ -354,31 +242,6 @@ void LlamaModel::upload_inputs() {
   }
 }
 
-std::vector<std::int32_t> load_tokens_file(const std::string& path, std::int64_t batch,
-                                           std::int64_t seq, std::int64_t vocab) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("--tokens " + path + ": cannot open file");
-  in.seekg(0, std::ios::end);
-  const std::uint64_t size = std::uint64_t(in.tellg());
-  in.seekg(0);
-  const std::uint64_t n = checked_mul(std::uint64_t(batch), std::uint64_t(seq), "batch x seq");
-  const std::uint64_t want = checked_mul(n, 4, "token file bytes");
-  if (size != want)
-    throw InputError("--tokens " + path + ": file has " + std::to_string(size) +
-                     " bytes, expected batch x seq x 4 = " + std::to_string(batch) + " x " +
-                     std::to_string(seq) + " x 4 = " + std::to_string(want) +
-                     " (raw int32 little-endian ids, row-major)");
-  std::vector<std::int32_t> ids(n);
-  in.read(reinterpret_cast<char*>(ids.data()), std::streamsize(want));
-  if (!in) throw InputError("--tokens " + path + ": read failed");
-  for (std::size_t j = 0; j < ids.size(); ++j)
-    if (ids[j] < 0 || ids[j] >= vocab)
-      throw InputError("--tokens " + path + ": token id " + std::to_string(ids[j]) +
-                       " at position " + std::to_string(j) + " is outside the vocabulary [0, " +
-                       std::to_string(vocab) + ")");
-  return ids;
-}
-
 // ------------------------------------------------------------------------------ the step
 
 float LlamaModel::train_step(const GradientCapture& capture) {
@@ -399,89 +262,91 @@ float LlamaModel::train_step(const GradientCapture& capture) {
   return loss_;
 }
 
-// Forward of layer l from input x (B,T,C). Pass::recompute allocates everything but `out`.
-void LlamaModel::layer_forward(int l, const void* x, LayerActs& A, Pass pass) {
+// Forward of layer l from its input x_l (b,s,h). Allocates kLayerActs' rows in table order,
+// each group right before the op that writes it; the recompute stops before `out`.
+void LlamaModel::layer_forward(int l, const void* x, LayerActs& A, ActPass pass) {
   const std::int64_t ad = a_ * d_, kd = k_ * d_;
   const float eps = float(cfg_.rms_eps);
   auto W = [&](int j) { return params_[layer_param(l, j)].value.data(); };
+  auto T = [&](LA row) { return A[row].data(); };
+  auto F = [&](LA row) { return A[row].as<float>(); };
+  int next = 0;  // the table's next row
+  auto through = [&](LA last) { return allocate_acts_through(l, A, pass, last, next); };
 
-  A.rstd1 = act("rstd1", l, {b_, s_}, f32);  // (B,T)
-  A.xn1 = act("xn1", l, {b_, s_, h_}, D_);   // (B,T,C)
-  be_.rmsnorm_forward(A.xn1.data(), A.rstd1.as<float>(), x, W(kInNorm), N_, h_, eps);
-  A.q = act("q", l, {b_, s_, ad}, D_);  // (B,T,NH,HD)
-  A.k = act("k", l, {b_, s_, kd}, D_);  // (B,T,NKV,HD)
-  A.v = act("v", l, {b_, s_, kd}, D_);  // (B,T,NKV,HD)
-  be_.matmul(A.q.data(), A.xn1.data(), W(kQ), N_, ad, h_, Trans::no, Trans::yes, 1.f, 0.f);
-  be_.matmul(A.k.data(), A.xn1.data(), W(kK), N_, kd, h_, Trans::no, Trans::yes, 1.f, 0.f);
-  be_.matmul(A.v.data(), A.xn1.data(), W(kV), N_, kd, h_, Trans::no, Trans::yes, 1.f, 0.f);
-  be_.rope_forward(A.q.data(), A.k.data(), b_, s_, a_, k_, d_, cfg_.rope_theta);  // in place
-  if (train_.attention == Attention::eager)
-    A.probs = act("probs", l, {b_, a_, s_, s_}, D_);  // (B,NH,T,T)
-  else
-    A.lse = act("lse", l, {b_, a_, s_}, f32);         // (B,NH,T)
-  A.attn_out = act("attn_out", l, {b_, s_, ad}, D_);  // (B,T,NH,HD)
-  be_.attention_forward(A.attn_out.data(), A.probs.data(), A.lse.as<float>(), A.q.data(),
-                        A.k.data(), A.v.data(), b_, s_, a_, k_, d_, train_.attention);
-  // h_mid = x + attn_out · Woᵀ: copy then GEMM with beta 1 (no transient).
-  A.h_mid = act("h_mid", l, {b_, s_, h_}, D_);  // (B,T,C)
-  be_.copy(A.h_mid.data(), x, A.h_mid.bytes());
-  be_.matmul(A.h_mid.data(), A.attn_out.data(), W(kO), N_, h_, ad, Trans::no, Trans::yes, 1.f, 1.f);
-  A.rstd2 = act("rstd2", l, {b_, s_}, f32);  // (B,T)
-  A.xn2 = act("xn2", l, {b_, s_, h_}, D_);   // (B,T,C)
-  be_.rmsnorm_forward(A.xn2.data(), A.rstd2.as<float>(), A.h_mid.data(), W(kPostNorm), N_, h_, eps);
-  A.gate = act("gate", l, {b_, s_, i_}, D_);  // (B,T,I)
-  A.up = act("up", l, {b_, s_, i_}, D_);      // (B,T,I)
-  be_.matmul(A.gate.data(), A.xn2.data(), W(kGate), N_, i_, h_, Trans::no, Trans::yes, 1.f, 0.f);
-  be_.matmul(A.up.data(), A.xn2.data(), W(kUp), N_, i_, h_, Trans::no, Trans::yes, 1.f, 0.f);
-  A.act = act("act", l, {b_, s_, i_}, D_);  // (B,T,I) = silu(gate) * up
-  be_.swiglu_forward(A.act.data(), A.gate.data(), A.up.data(), N_ * i_);
-  if (pass == Pass::recompute) return;
-  // out = h_mid + act · Wdownᵀ; it is x_{l+1}.
-  A.out = act("out", l, {b_, s_, h_}, D_);  // (B,T,C)
-  be_.copy(A.out.data(), A.h_mid.data(), A.out.bytes());
-  be_.matmul(A.out.data(), A.act.data(), W(kDown), N_, h_, i_, Trans::no, Trans::yes, 1.f, 1.f);
+  through(LA::xn1);  // rstd1, xn1
+  be_.rmsnorm_forward(T(LA::xn1), F(LA::rstd1), x, W(kInNorm), N_, h_, eps);
+  through(LA::v);  // q, k, v
+  be_.matmul(T(LA::q), T(LA::xn1), W(kQ), N_, ad, h_, Trans::no, Trans::yes, 1.f, 0.f);
+  be_.matmul(T(LA::k), T(LA::xn1), W(kK), N_, kd, h_, Trans::no, Trans::yes, 1.f, 0.f);
+  be_.matmul(T(LA::v), T(LA::xn1), W(kV), N_, kd, h_, Trans::no, Trans::yes, 1.f, 0.f);
+  be_.rope_forward(T(LA::q), T(LA::k), b_, s_, a_, k_, d_, cfg_.rope_theta);  // in place
+  through(LA::attn_out);  // probs (eager) | lse (flash), attn_out
+  be_.attention_forward(T(LA::attn_out), T(LA::probs), F(LA::lse), T(LA::q), T(LA::k), T(LA::v), b_,
+                        s_, a_, k_, d_, train_.attention);
+  // h_mid = x + attn_out · W_oᵀ: copy then GEMM with beta 1 (no transient).
+  through(LA::h_mid);
+  be_.copy(T(LA::h_mid), x, A[LA::h_mid].bytes());
+  be_.matmul(T(LA::h_mid), T(LA::attn_out), W(kO), N_, h_, ad, Trans::no, Trans::yes, 1.f, 1.f);
+  through(LA::xn2);  // rstd2, xn2
+  be_.rmsnorm_forward(T(LA::xn2), F(LA::rstd2), T(LA::h_mid), W(kPostNorm), N_, h_, eps);
+  through(LA::up);  // gate, up
+  be_.matmul(T(LA::gate), T(LA::xn2), W(kGate), N_, i_, h_, Trans::no, Trans::yes, 1.f, 0.f);
+  be_.matmul(T(LA::up), T(LA::xn2), W(kUp), N_, i_, h_, Trans::no, Trans::yes, 1.f, 0.f);
+  through(LA::act);  // silu(gate) · up
+  be_.swiglu_forward(T(LA::act), T(LA::gate), T(LA::up), N_ * i_);
+  if (!through(LA::out)) return;  // the recompute
+  // out = h_mid + act · W_downᵀ; it is x_{l+1}.
+  be_.copy(T(LA::out), T(LA::h_mid), A[LA::out].bytes());
+  be_.matmul(T(LA::out), T(LA::act), W(kDown), N_, h_, i_, Trans::no, Trans::yes, 1.f, 1.f);
 }
 
-// Checkpointing full: everything but `out`, in reverse allocation order.
-void LlamaModel::free_layer_except_out(LayerActs& A) {
-  A.act.reset();
-  A.up.reset();
-  A.gate.reset();
-  A.xn2.reset();
-  A.rstd2.reset();
-  A.h_mid.reset();
-  A.attn_out.reset();
-  A.lse.reset();
-  A.probs.reset();
-  A.v.reset();
-  A.k.reset();
-  A.q.reset();
-  A.xn1.reset();
-  A.rstd1.reset();
+bool LlamaModel::allocate_acts_through(int l, LayerActs& A, ActPass pass, LayerAct last,
+                                       int& next) {
+  const ActDims dims{b_, s_, h_, i_, a_, k_, d_};
+  bool allocated = false;
+  for (; next <= static_cast<int>(last); ++next) {
+    const LayerActSpec& row = kLayerActs[next];
+    allocated = allocated_in(row, train_.attention, pass);
+    if (allocated)
+      A[row.id] = ledger_.allocate(row.name, row.category, l, act_shape(row.shape, dims),
+                                   act_dtype(row.dtype, D_));
+  }
+  return allocated;
+}
+
+void LlamaModel::free_acts_for_checkpointing(LayerActs& A) {
+  for (int r = kNumLayerActs - 1; r >= 0; --r)
+    if (kLayerActs[r].checkpointing == UnderCheckpointing::recomputed) A[kLayerActs[r].id].reset();
+}
+
+void LlamaModel::free_acts_at_backward_step(LayerActs& A, int step) {
+  for (LayerAct row : kBackwardFreeOrder)
+    if (layer_act(row).freed_at_step == step) A[row].reset();
 }
 
 void LlamaModel::forward() {
   auto ph = ledger_.scope(Phase::forward);
-  embed_out_ = act("embed_out", -1, {b_, s_, h_}, D_);  // (B,T,C), x_0
+  embed_out_ = act("embed_out", -1, {b_, s_, h_}, D_);  // x_0
   be_.embedding_forward(embed_out_.data(), tokens_.as<std::int32_t>(), params_[0].value.data(), b_,
                         s_, h_, V_);
   const void* x = embed_out_.data();
   for (int l = 0; l < cfg_.layers; ++l) {
-    layer_forward(l, x, layers_[std::size_t(l)], Pass::forward);
-    if (train_.checkpointing == Checkpointing::full) free_layer_except_out(layers_[std::size_t(l)]);
-    x = layers_[std::size_t(l)].out.data();
+    LayerActs& A = layers_[std::size_t(l)];
+    layer_forward(l, x, A, ActPass::forward);
+    if (train_.checkpointing == Checkpointing::full) free_acts_for_checkpointing(A);
+    x = A[LA::out].data();
   }
   // Head.
-  final_norm_out_ = act("final_norm_out", -1, {b_, s_, h_}, D_);  // (B,T,C)
-  final_rstd_ = act("final_rstd", -1, {b_, s_}, f32);             // (B,T)
+  final_norm_out_ = act("final_norm_out", -1, {b_, s_, h_}, D_);
+  final_rstd_ = act("final_rstd", -1, {b_, s_}, f32);
   be_.rmsnorm_forward(final_norm_out_.data(), final_rstd_.as<float>(), x,
                       params_[final_norm_index()].value.data(), N_, h_, float(cfg_.rms_eps));
-  logits_ = act("logits", -1, {b_, s_, V_}, D_);  // (B,T,V)
+  logits_ = act("logits", -1, {b_, s_, V_}, D_);
   be_.matmul(logits_.data(), final_norm_out_.data(), params_[head_index()].value.data(), N_, V_, h_,
              Trans::no, Trans::yes, 1.f, 0.f);
-  ce_lse_ = act("ce_lse", -1, {b_, s_}, f32);  // (B,T)
+  ce_lse_ = act("ce_lse", -1, {b_, s_}, f32);
   {
-    Tensor losses = ws("ce_losses", -1, {b_, s_}, f32);  // (B,T), 0 at ignored positions
+    Tensor losses = ws("ce_losses", -1, {b_, s_}, f32);  // 0 at ignored positions
     be_.cross_entropy_forward(losses.as<float>(), ce_lse_.as<float>(), logits_.data(),
                               targets_.as<std::int32_t>(), N_, V_);
     if (be_.computes()) {
@@ -577,7 +442,7 @@ void LlamaModel::backward(const GradientCapture& capture) {
   nonfinite_grads_.clear();
   grads_nonfinite_ = false;
   const std::size_t head = head_index(), fnorm = final_norm_index();
-  const void* x_L = cfg_.layers > 0 ? layers_.back().out.data() : embed_out_.data();
+  const void* x_L = cfg_.layers > 0 ? layers_.back()[LA::out].data() : embed_out_.data();
   const bool observe = head_observer_ && be_.computes();
 
   // 1. dlogits in place of logits: the gradient of S·(mean loss), S the loss scale.
@@ -587,7 +452,7 @@ void LlamaModel::backward(const GradientCapture& capture) {
   if (observe) head_observer_("dlogits", logits_.data(), N_, V_);
   ce_lse_.reset();
   // 2. through the head. Tied: the embedding gradient, kept until the embedding backward.
-  Tensor d_fno = ws("d_final_norm_out", -1, {b_, s_, h_}, D_);  // (B,T,C)
+  Tensor d_fno = ws("d_final_norm_out", -1, {b_, s_, h_}, D_);
   void* dW_head = begin_grad(head);
   be_.matmul(d_fno.data(), logits_.data(), params_[head].value.data(), N_, h_, V_, Trans::no,
              Trans::no, 1.f, 0.f);
@@ -596,7 +461,7 @@ void LlamaModel::backward(const GradientCapture& capture) {
   if (!cfg_.tied_embeddings) end_grad(head, capture);
   logits_.reset();
   // 3. final norm; d_residual carries dL/dx from here down to the embedding.
-  Tensor d_res = ws("d_residual", -1, {b_, s_, h_}, D_);  // (B,T,C), accumulates
+  Tensor d_res = ws("d_residual", -1, {b_, s_, h_}, D_);  // accumulates
   be_.fill_zero(d_res.data(), d_res.bytes());
   be_.rmsnorm_backward(d_res.data(), begin_grad(fnorm), d_fno.data(), x_L,
                        params_[fnorm].value.data(), final_rstd_.as<float>(), N_, h_);
@@ -604,7 +469,7 @@ void LlamaModel::backward(const GradientCapture& capture) {
   d_fno.reset();
   final_norm_out_.reset();
   final_rstd_.reset();
-  if (cfg_.layers > 0) layers_.back().out.reset();
+  if (cfg_.layers > 0) layers_.back()[LA::out].reset();
 
   for (int l = int(cfg_.layers) - 1; l >= 0; --l) layer_backward(l, d_res, capture);
 
@@ -624,10 +489,12 @@ void LlamaModel::backward(const GradientCapture& capture) {
 void LlamaModel::layer_backward(int l, Tensor& d_res, const GradientCapture& capture) {
   const std::int64_t ad = a_ * d_, kd = k_ * d_;
   LayerActs& A = layers_[std::size_t(l)];
-  Tensor& x = l == 0 ? embed_out_ : layers_[std::size_t(l) - 1].out;  // (B,T,C), x_l
+  Tensor& x = l == 0 ? embed_out_ : layers_[std::size_t(l) - 1][LA::out];  // x_l
   auto Wp = [&](int j) { return params_[layer_param(l, j)].value.data(); };
   auto G = [&](int j) { return begin_grad(layer_param(l, j)); };
   auto done = [&](int j) { end_grad(layer_param(l, j), capture); };
+  auto T = [&](LA row) { return A[row].data(); };
+  auto F = [&](LA row) { return A[row].as<float>(); };
   // Backward of a projection y = x·Wᵀ, W (out_f, in_f): dx = dy·W (dx_beta 1: +=) and
   // dW += dyᵀ·x. Under LOMO the gradient lives only around these two GEMMs.
   auto linear_backward = [&](int j, void* dx, const void* dy, const void* xin, std::int64_t out_f,
@@ -641,112 +508,70 @@ void LlamaModel::layer_backward(int l, Tensor& d_res, const GradientCapture& cap
   // 0. recompute the layer from its checkpointed input.
   if (train_.checkpointing == Checkpointing::full) {
     auto rc = ledger_.scope(Phase::recompute);
-    layer_forward(l, x.data(), A, Pass::recompute);
+    layer_forward(l, x.data(), A, ActPass::recompute);
   }
   // 1. down_proj.
-  Tensor d_act = ws("d_act", l, {b_, s_, i_}, D_);  // (B,T,I)
-  linear_backward(kDown, d_act.data(), d_res.data(), A.act.data(), h_, i_, 0.f);
-  A.act.reset();
+  Tensor d_act = ws("d_act", l, {b_, s_, i_}, D_);
+  linear_backward(kDown, d_act.data(), d_res.data(), T(LA::act), h_, i_, 0.f);
+  free_acts_at_backward_step(A, 1);  // act
   // 2. SwiGLU.
-  Tensor d_gate = ws("d_gate", l, {b_, s_, i_}, D_);  // (B,T,I)
-  Tensor d_up = ws("d_up", l, {b_, s_, i_}, D_);      // (B,T,I)
-  be_.swiglu_backward(d_gate.data(), d_up.data(), d_act.data(), A.gate.data(), A.up.data(),
-                      N_ * i_);
+  Tensor d_gate = ws("d_gate", l, {b_, s_, i_}, D_);
+  Tensor d_up = ws("d_up", l, {b_, s_, i_}, D_);
+  be_.swiglu_backward(d_gate.data(), d_up.data(), d_act.data(), T(LA::gate), T(LA::up), N_ * i_);
   d_act.reset();
-  A.gate.reset();
-  A.up.reset();
+  free_acts_at_backward_step(A, 2);  // gate, up
   // 3. gate_proj, up_proj.
-  Tensor d_xn2 = ws("d_xn2", l, {b_, s_, h_}, D_);  // (B,T,C)
-  linear_backward(kGate, d_xn2.data(), d_gate.data(), A.xn2.data(), i_, h_, 0.f);
-  linear_backward(kUp, d_xn2.data(), d_up.data(), A.xn2.data(), i_, h_, 1.f);
+  Tensor d_xn2 = ws("d_xn2", l, {b_, s_, h_}, D_);
+  linear_backward(kGate, d_xn2.data(), d_gate.data(), T(LA::xn2), i_, h_, 0.f);
+  linear_backward(kUp, d_xn2.data(), d_up.data(), T(LA::xn2), i_, h_, 1.f);
   d_gate.reset();
   d_up.reset();
-  A.xn2.reset();
+  free_acts_at_backward_step(A, 3);  // xn2
   // 4. post-attention RMSNorm: d_residual += ..., through h_mid.
-  be_.rmsnorm_backward(d_res.data(), G(kPostNorm), d_xn2.data(), A.h_mid.data(), Wp(kPostNorm),
-                       A.rstd2.as<float>(), N_, h_);
+  be_.rmsnorm_backward(d_res.data(), G(kPostNorm), d_xn2.data(), T(LA::h_mid), Wp(kPostNorm),
+                       F(LA::rstd2), N_, h_);
   done(kPostNorm);
   d_xn2.reset();
-  A.h_mid.reset();
-  A.rstd2.reset();
+  free_acts_at_backward_step(A, 4);  // h_mid, rstd2
   // 5. o_proj.
-  Tensor d_ao = ws("d_attn_out", l, {b_, s_, ad}, D_);  // (B,T,NH,HD)
-  linear_backward(kO, d_ao.data(), d_res.data(), A.attn_out.data(), h_, ad, 0.f);
+  Tensor d_ao = ws("d_attn_out", l, {b_, s_, ad}, D_);
+  linear_backward(kO, d_ao.data(), d_res.data(), T(LA::attn_out), h_, ad, 0.f);
   // 6. attention.
-  Tensor d_q = ws("d_q", l, {b_, s_, ad}, D_);  // (B,T,NH,HD)
-  Tensor d_k = ws("d_k", l, {b_, s_, kd}, D_);  // (B,T,NKV,HD)
-  Tensor d_v = ws("d_v", l, {b_, s_, kd}, D_);  // (B,T,NKV,HD)
-  Tensor scratch = train_.attention == Attention::eager
-                       ? ws("d_probs", l, {b_, a_, s_, s_}, D_)   // (B,NH,T,T)
-                       : ws("attn_delta", l, {b_, a_, s_}, f32);  // (B,NH,T)
+  Tensor d_q = ws("d_q", l, {b_, s_, ad}, D_);
+  Tensor d_k = ws("d_k", l, {b_, s_, kd}, D_);
+  Tensor d_v = ws("d_v", l, {b_, s_, kd}, D_);
+  Tensor scratch = train_.attention == Attention::eager ? ws("d_probs", l, {b_, a_, s_, s_}, D_)
+                                                        : ws("attn_delta", l, {b_, a_, s_}, f32);
   const bool eager = train_.attention == Attention::eager;
   be_.attention_backward(d_q.data(), d_k.data(), d_v.data(), eager ? scratch.data() : nullptr,
-                         eager ? nullptr : scratch.as<float>(), d_ao.data(), A.q.data(), A.k.data(),
-                         A.v.data(), A.attn_out.data(), A.probs.data(), A.lse.as<float>(), b_, s_,
-                         a_, k_, d_, train_.attention);
+                         eager ? nullptr : scratch.as<float>(), d_ao.data(), T(LA::q), T(LA::k),
+                         T(LA::v), T(LA::attn_out), T(LA::probs), F(LA::lse), b_, s_, a_, k_, d_,
+                         train_.attention);
   scratch.reset();
   d_ao.reset();
-  A.attn_out.reset();
-  A.probs.reset();
-  A.lse.reset();
+  free_acts_at_backward_step(A, 6);  // attn_out, probs | lse
   // 7. RoPE backward in place.
   be_.rope_backward(d_q.data(), d_k.data(), b_, s_, a_, k_, d_, cfg_.rope_theta);
   // 8. q_proj, k_proj, v_proj.
-  Tensor d_xn1 = ws("d_xn1", l, {b_, s_, h_}, D_);  // (B,T,C)
-  linear_backward(kQ, d_xn1.data(), d_q.data(), A.xn1.data(), ad, h_, 0.f);
-  linear_backward(kK, d_xn1.data(), d_k.data(), A.xn1.data(), kd, h_, 1.f);
-  linear_backward(kV, d_xn1.data(), d_v.data(), A.xn1.data(), kd, h_, 1.f);
+  Tensor d_xn1 = ws("d_xn1", l, {b_, s_, h_}, D_);
+  linear_backward(kQ, d_xn1.data(), d_q.data(), T(LA::xn1), ad, h_, 0.f);
+  linear_backward(kK, d_xn1.data(), d_k.data(), T(LA::xn1), kd, h_, 1.f);
+  linear_backward(kV, d_xn1.data(), d_v.data(), T(LA::xn1), kd, h_, 1.f);
   d_q.reset();
   d_k.reset();
   d_v.reset();
-  A.q.reset();
-  A.k.reset();
-  A.v.reset();
-  A.xn1.reset();
+  free_acts_at_backward_step(A, 8);  // q, k, v, xn1
   // 9. input RMSNorm: d_residual += ..., through x_l; then x_l is no longer needed.
-  be_.rmsnorm_backward(d_res.data(), G(kInNorm), d_xn1.data(), x.data(), Wp(kInNorm),
-                       A.rstd1.as<float>(), N_, h_);
+  be_.rmsnorm_backward(d_res.data(), G(kInNorm), d_xn1.data(), x.data(), Wp(kInNorm), F(LA::rstd1),
+                       N_, h_);
   done(kInNorm);
   d_xn1.reset();
-  A.rstd1.reset();
+  free_acts_at_backward_step(A, 9);  // rstd1
   x.reset();
-}
-
-// ------------------------------------------------------------------------------ figures
-
-MemoryFigures measured_figures(const Ledger& ledger) {
-  MemoryFigures f;
-  f.params = ledger.live(Category::params);
-  f.gradients = ledger.peak(Category::gradients);
-  f.optimizer_states = ledger.live(Category::optimizer_states);
-  f.activations = ledger.activations_end_of_forward();
-  f.activations_peak = ledger.peak(Category::activations);
-  f.workspace = ledger.peak(Category::workspace);
-  f.inputs = ledger.live(Category::inputs);
-  f.sum = checked_add(checked_add(f.params, f.gradients),
-                      checked_add(f.optimizer_states, f.activations));
-  f.peak = ledger.peak_total().bytes;
-  f.peak_breakdown = ledger.peak_total().breakdown;
-  return f;
-}
-
-// ------------------------------------------------------------------------------ --dump
-
-GradientDump::GradientDump(std::string path, const LlamaModel& model) : path_(std::move(path)) {
-  writer_.set_metadata("format", "trainmem gradient dump");
-  writer_.set_metadata("model", model.model_config().name);
-  writer_.declare("loss", SafeDType::F32, {1});
-  for (const auto& p : model.parameters()) writer_.declare(p.name, SafeDType::F32, p.shape);
-  writer_.open(path_);
-}
-
-GradientCapture GradientDump::capture() {
-  return [this](const Parameter& p, const std::vector<float>& g) { writer_.put(p.name, g.data()); };
-}
-
-void GradientDump::finish(float loss) {
-  writer_.put("loss", &loss);
-  writer_.close();
+  for (const LayerActSpec& row : kLayerActs)
+    if (A[row.id])
+      throw Error("model: layer " + std::to_string(l) + "'s backward left activation '" + row.name +
+                  "' alive (kLayerActs' freed_at_step)");
 }
 
 }  // namespace trainmem

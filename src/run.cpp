@@ -15,6 +15,7 @@
 
 #include "trainmem/error.hpp"
 #include "trainmem/model.hpp"
+#include "trainmem/model_io.hpp"
 #include "trainmem/report.hpp"
 
 namespace trainmem {

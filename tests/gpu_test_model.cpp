@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "gpu_test_util.hpp"
+#include "trainmem/figures.hpp"
 #include "trainmem/ledger.hpp"
 #include "trainmem/model.hpp"
 

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "model_helpers.hpp"
+#include "trainmem/model_io.hpp"
 #include "trainmem/safetensors.hpp"
 
 using namespace trainmem;

@@ -10,6 +10,7 @@
 
 #include "model_helpers.hpp"
 #include "trainmem/dtype.hpp"
+#include "trainmem/model_io.hpp"
 #include "trainmem/safetensors.hpp"
 
 using namespace trainmem;

@@ -20,4 +20,10 @@ struct MemoryFigures {
   CategoryBytes peak_breakdown{};  // per category at the instant of `peak`
 };
 
+// The ledger's figures for the step run last (DESIGN.md meanings): params, optimizer_states and
+// inputs live; gradients, activations_peak, workspace the step's peaks; activations alive at
+// the end of forward; peak the total high-water mark with its breakdown; sum = params +
+// gradients + optimizer_states + activations.
+MemoryFigures measured_figures(const Ledger& ledger);
+
 }  // namespace trainmem

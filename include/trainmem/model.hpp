@@ -1,5 +1,9 @@
 // The LLaMA decoder and its training step, on any backend (cpu, meta, cuda).
 //
+// Dimension letters, here, in model_acts.hpp and in src/model*.cpp, are DESIGN's: b batch,
+// s sequence, h hidden, i intermediate, a heads, k kv heads, d head dim (a·d = h), V vocab,
+// L layers, and N = b·s rows for the GEMMs. (kernels/ keep llm.c's B, T, C for now.)
+//
 // Architecture (HuggingFace LlamaForCausalLM): token embedding; L layers of
 //   x = x + o_proj(attention(rope(q_proj(rmsnorm(x))), rope(k_proj(..)), v_proj(..)))
 //   x = x + down_proj(silu(gate_proj(rmsnorm(x))) * up_proj(rmsnorm(x)))
@@ -24,6 +28,7 @@
 // fp16 gradients are checked for inf/NaN each step (a warning names them): S-times gradients
 // overflow fp16's 65504 where a true gradient element exceeds 65504/S. docs/decisions.md.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -31,8 +36,8 @@
 
 #include "trainmem/backend.hpp"
 #include "trainmem/config.hpp"
-#include "trainmem/figures.hpp"
 #include "trainmem/ledger.hpp"
+#include "trainmem/model_acts.hpp"
 #include "trainmem/optimizer.hpp"
 #include "trainmem/safetensors.hpp"
 
@@ -86,7 +91,8 @@ class LlamaModel {
   // (InputError) name the file and the tensor: missing tensors, shape mismatches. Tensors the
   // model does not use are ignored with a note; lm_head.weight is ignored when tied. On the
   // meta backend only the files' headers are checked. A path named like an HF shard,
-  // <stem>-00001-of-00003.safetensors, loads all the shards of that checkpoint.
+  // <stem>-00001-of-00003.safetensors, loads all the shards of that checkpoint
+  // (weight_files in model_io.hpp). Defined in src/model_io.cpp.
   void load_weights(const std::string& path);
   void load_weights(const SafeTensorsReader& file);
   void load_weights(const std::vector<const SafeTensorsReader*>& files);
@@ -124,11 +130,12 @@ class LlamaModel {
   ParameterOptimizer& optimizer() { return opt_; }
 
  private:
-  // Activations of one layer (docs/native-plan.md, forward).
+  // Activations of one layer: one tensor per row of kLayerActs (model_acts.hpp), empty while
+  // not allocated.
   struct LayerActs {
-    Tensor rstd1, xn1, q, k, v, probs, lse, attn_out, h_mid, rstd2, xn2, gate, up, act, out;
+    std::array<Tensor, kNumLayerActs> rows;
+    Tensor& operator[](LayerAct x) { return rows[static_cast<std::size_t>(x)]; }
   };
-  enum class Pass { forward, recompute };
 
   Parameter& P(std::size_t i) { return params_[i]; }
   std::size_t layer_param(int l, int j) const { return 1 + std::size_t(l) * 9 + j; }
@@ -141,8 +148,16 @@ class LlamaModel {
                        const std::function<void(float*, std::uint64_t, std::uint64_t)>& fill);
   void upload_inputs();
   void forward();
-  void layer_forward(int l, const void* x, LayerActs& a, Pass pass);
-  void free_layer_except_out(LayerActs& a);
+  void layer_forward(int l, const void* x, LayerActs& a, ActPass pass);
+  // Allocates, in table order, the rows from `next` up to and including `last` that `pass`
+  // allocates under this run's attention; advances `next` past `last`. Returns whether `last`
+  // itself was allocated.
+  bool allocate_acts_through(int l, LayerActs& a, ActPass pass, LayerAct last, int& next);
+  // Checkpointing full, right after the layer's `out`: frees every `recomputed` row, in reverse
+  // allocation order.
+  void free_acts_for_checkpointing(LayerActs& a);
+  // Frees the rows the layer's backward frees at `step`, in kBackwardFreeOrder.
+  void free_acts_at_backward_step(LayerActs& a, int step);
   void backward(const GradientCapture& capture);
   void layer_backward(int l, Tensor& d_residual, const GradientCapture& capture);
   // Gradient bookkeeping: AdamW/SGD use the persistent buffer; LOMO allocates it zeroed here.
@@ -185,33 +200,5 @@ class LlamaModel {
 
 // The 32 MiB GEMM workspace every backend allocates (cuBLAS's recommendation for Hopper).
 constexpr std::uint64_t kGemmWorkspaceBytes = 32ull << 20;
-
-// The files a --weights path stands for: itself, or every shard of an HF sharded checkpoint
-// when it is named <stem>-0000k-of-0000n.safetensors.
-std::vector<std::string> weight_files(const std::string& path);
-
-// The ledger's figures for the step run last (DESIGN.md meanings): params, optimizer_states and
-// inputs live; gradients, activations_peak, workspace the step's peaks; activations alive at
-// the end of forward; peak the total high-water mark with its breakdown; sum = params +
-// gradients + optimizer_states + activations.
-MemoryFigures measured_figures(const Ledger& ledger);
-
-// --tokens: a raw file of batch·seq int32 little-endian ids. InputError naming --tokens when
-// the size is not exactly batch·seq·4 bytes or an id is outside [0, vocab).
-std::vector<std::int32_t> load_tokens_file(const std::string& path, std::int64_t batch,
-                                           std::int64_t seq, std::int64_t vocab);
-
-// --dump: writes `loss` (fp32 [1]) and every parameter gradient (fp32, HF names) of a step.
-// Declare the parameters, then capture() inside train_step and finish(loss) after it.
-class GradientDump {
- public:
-  GradientDump(std::string path, const LlamaModel& model);
-  GradientCapture capture();
-  void finish(float loss);
-
- private:
-  std::string path_;
-  SafeTensorsWriter writer_;
-};
 
 }  // namespace trainmem

@@ -1,0 +1,104 @@
+// A decoder layer's activations as data (see include/trainmem/model_acts.hpp).
+#include "trainmem/model_acts.hpp"
+
+#include "trainmem/checked.hpp"
+
+namespace trainmem {
+
+ActDims ActDims::of(const ModelConfig& model, const TrainConfig& train) {
+  return {train.batch, train.seq,      model.hidden,    model.intermediate,
+          model.heads, model.kv_heads, model.head_dim()};
+}
+
+std::vector<std::int64_t> act_shape(const ActShape& shape, const ActDims& dims) {
+  std::vector<std::int64_t> out;
+  for (int j = 0; j < shape.rank; ++j) switch (shape.extents[std::size_t(j)]) {
+      case Extent::b:
+        out.push_back(dims.b);
+        break;
+      case Extent::s:
+        out.push_back(dims.s);
+        break;
+      case Extent::h:
+        out.push_back(dims.h);
+        break;
+      case Extent::i:
+        out.push_back(dims.i);
+        break;
+      case Extent::a:
+        out.push_back(dims.a);
+        break;
+      case Extent::ad:
+        out.push_back(dims.a * dims.d);
+        break;
+      case Extent::kd:
+        out.push_back(dims.k * dims.d);
+        break;
+    }
+  return out;
+}
+
+DType act_dtype(ActDType dtype, DType training) {
+  return dtype == ActDType::f32 ? DType::f32 : training;
+}
+
+std::string act_shape_letters(const ActShape& shape) {
+  std::string out = "(";
+  for (int j = 0; j < shape.rank; ++j) {
+    if (j) out += ",";
+    switch (shape.extents[std::size_t(j)]) {
+      case Extent::b:
+        out += "b";
+        break;
+      case Extent::s:
+        out += "s";
+        break;
+      case Extent::h:
+        out += "h";
+        break;
+      case Extent::i:
+        out += "i";
+        break;
+      case Extent::a:
+        out += "a";
+        break;
+      case Extent::ad:
+        out += "a·d";
+        break;
+      case Extent::kd:
+        out += "k·d";
+        break;
+    }
+  }
+  return out + ")";
+}
+
+std::string act_freed_when(const LayerActSpec& row, Checkpointing checkpointing) {
+  std::string out;
+  if (checkpointing == Checkpointing::full && row.checkpointing == UnderCheckpointing::recomputed)
+    out = "freed after the layer's out, recomputed in backward, then ";
+  if (row.freed_at_step == 0)
+    return out + "freed by its consumer: step 9 of the next layer's backward (head step 3 " +
+           "for the last layer)";
+  return out + "freed at step " + std::to_string(row.freed_at_step) + " of the layer's backward";
+}
+
+std::vector<PlannedActivation> layer_activation_plan(const ModelConfig& model,
+                                                     const TrainConfig& train, ActPass pass) {
+  std::vector<PlannedActivation> out;
+  if (pass == ActPass::recompute && train.checkpointing != Checkpointing::full) return out;
+  const ActDims dims = ActDims::of(model, train);
+  for (const LayerActSpec& row : kLayerActs) {
+    if (!allocated_in(row, train.attention, pass)) continue;
+    PlannedActivation p{
+        &row,         row.name, act_shape(row.shape, dims), act_dtype(row.dtype, train.dtype),
+        row.category, 0};
+    std::uint64_t n = 1;
+    for (auto e : p.shape) n = checked_mul(n, std::uint64_t(e), "activation size");
+    p.bytes = checked_mul(n, dtype_size(p.dtype), "activation bytes");
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+}  // namespace trainmem
