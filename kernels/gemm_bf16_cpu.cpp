@@ -53,35 +53,92 @@ std::int64_t ceil_div(std::int64_t x, std::int64_t y) {
   return (x + y - 1) / y;
 }
 
-// Packs `lines` lines (rows of op(a) or columns of op(b)) into a panel of W words per pair,
-// Kp pairs, zero-padding lines >= `lines` and the odd K's last high half. Element (line l, k) of
-// the source is x[l * sl + k * sk]: sk == 1 means each line's k are contiguous (a pair is
-// already a word in memory), otherwise sl == 1 and consecutive lines are contiguous.
-void pack_panel(std::uint32_t* dst, const std::uint16_t* x, std::int64_t sl, std::int64_t sk,
-                std::int64_t lines, int W, std::int64_t K) {
-  const std::int64_t Kp = ceil_div(K, 2), Kfull = K / 2;  // Kfull: pairs with both halves
-  if (sk == 1) {
-    for (std::int64_t l = 0; l < lines; ++l) {
-      const std::uint16_t* src = x + l * sl;
-      for (std::int64_t p = 0; p < Kfull; ++p)
-        dst[p * W + l] = std::uint32_t(src[2 * p]) | (std::uint32_t(src[2 * p + 1]) << 16);
-      if (Kp > Kfull) dst[Kfull * W + l] = src[2 * Kfull];
+// Packing: `lines` lines (rows of op(a) or columns of op(b)) into a panel of W words per pair,
+// Kp pairs; lines >= `lines` and the odd K's last high half are zeros. Element (line l, k) of
+// the source is x[l * sl + k * sk]. Both loops work on groups of 16 lines (one zmm of words).
+
+// sk == 1: each line's k are contiguous, so a pair is already a word in memory and packing is
+// a transpose of words: 16 lines x 16 pairs at a time through registers.
+TM_AVX512BF16 inline void transpose16_epi32(__m512i r[16]) {
+  __m512i b[16], c[16];
+  for (int i = 0; i < 16; i += 2) {  // within 128-bit lanes: pairs of rows
+    b[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    b[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int g = 0; g < 16; g += 4) {  // lane k of c[g + e]: rows g..g+3 of column 4k + e
+    c[g + 0] = _mm512_unpacklo_epi64(b[g], b[g + 2]);
+    c[g + 1] = _mm512_unpackhi_epi64(b[g], b[g + 2]);
+    c[g + 2] = _mm512_unpacklo_epi64(b[g + 1], b[g + 3]);
+    c[g + 3] = _mm512_unpackhi_epi64(b[g + 1], b[g + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {  // gather lane k of c[e], c[4 + e], c[8 + e], c[12 + e]
+    const __m512i d_lo = _mm512_shuffle_i32x4(c[e], c[4 + e], 0x88);  // lanes 0, 2
+    const __m512i d_hi = _mm512_shuffle_i32x4(c[e], c[4 + e], 0xdd);  // lanes 1, 3
+    const __m512i f_lo = _mm512_shuffle_i32x4(c[8 + e], c[12 + e], 0x88);
+    const __m512i f_hi = _mm512_shuffle_i32x4(c[8 + e], c[12 + e], 0xdd);
+    r[e] = _mm512_shuffle_i32x4(d_lo, f_lo, 0x88);
+    r[4 + e] = _mm512_shuffle_i32x4(d_hi, f_hi, 0x88);
+    r[8 + e] = _mm512_shuffle_i32x4(d_lo, f_lo, 0xdd);
+    r[12 + e] = _mm512_shuffle_i32x4(d_hi, f_hi, 0xdd);
+  }
+}
+
+TM_AVX512BF16 void pack_words(std::uint32_t* dst, const std::uint16_t* x, std::int64_t sl,
+                              std::int64_t lines, int W, std::int64_t K) {
+  const std::int64_t Kp = (K + 1) / 2, Kfull = K / 2;  // Kfull: pairs with both halves
+  for (int l0 = 0; l0 < W; l0 += 16) {
+    const int nl = int(std::clamp<std::int64_t>(lines - l0, 0, 16)), w = std::min(16, W - l0);
+    const __mmask16 store = __mmask16((1u << w) - 1u);
+    std::int64_t p = 0;
+    for (; p + 16 <= Kfull; p += 16) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = i < nl ? _mm512_loadu_si512(static_cast<const void*>(x + (l0 + i) * sl + 2 * p))
+                      : _mm512_setzero_si512();
+      transpose16_epi32(r);
+      for (int q = 0; q < 16; ++q) _mm512_mask_storeu_epi32(dst + (p + q) * W + l0, store, r[q]);
     }
-  } else {
-    for (std::int64_t p = 0; p < Kp; ++p) {
-      const std::uint16_t* r0 = x + 2 * p * sk;
-      const std::uint16_t* r1 = r0 + sk;
-      std::uint32_t* d = dst + p * W;
-      if (p < Kfull) {
-        for (std::int64_t l = 0; l < lines; ++l)
-          d[l] = std::uint32_t(r0[l]) | (std::uint32_t(r1[l]) << 16);
-      } else {
-        for (std::int64_t l = 0; l < lines; ++l) d[l] = r0[l];
+    for (; p < Kp; ++p)
+      for (int i = 0; i < w; ++i) {
+        std::uint32_t v = 0;
+        if (i < nl) {
+          const std::uint16_t* src = x + (l0 + i) * sl + 2 * p;
+          v = src[0] | (p < Kfull ? std::uint32_t(src[1]) << 16 : 0u);
+        }
+        dst[p * W + l0 + i] = v;
       }
+  }
+}
+
+// sl == 1: consecutive lines are contiguous, so a pair's two halves come from two source rows
+// (k = 2p and 2p + 1) and packing interleaves them, 16 lines at a time.
+TM_AVX512BF16 void pack_interleave(std::uint32_t* dst, const std::uint16_t* x, std::int64_t sk,
+                                   std::int64_t lines, int W, std::int64_t K) {
+  const std::int64_t Kp = (K + 1) / 2, Kfull = K / 2;
+  for (std::int64_t p = 0; p < Kp; ++p) {
+    const std::uint16_t* r0 = x + 2 * p * sk;
+    for (int l0 = 0; l0 < W; l0 += 16) {
+      const int nl = int(std::clamp<std::int64_t>(lines - l0, 0, 16)), w = std::min(16, W - l0);
+      __m512i v = _mm512_setzero_si512();
+      if (nl > 0) {
+        const __mmask16 load = __mmask16((1u << nl) - 1u);
+        v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(load, r0 + l0));
+        if (p < Kfull) {
+          const __m512i hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(load, r0 + sk + l0));
+          v = _mm512_or_si512(v, _mm512_slli_epi32(hi, 16));
+        }
+      }
+      _mm512_mask_storeu_epi32(dst + p * W + l0, __mmask16((1u << w) - 1u), v);
     }
   }
-  for (std::int64_t p = 0; p < Kp; ++p)
-    for (std::int64_t l = lines; l < W; ++l) dst[p * W + l] = 0;
+}
+
+void pack_panel(std::uint32_t* dst, const std::uint16_t* x, std::int64_t sl, std::int64_t sk,
+                std::int64_t lines, int W, std::int64_t K) {
+  if (sk == 1)
+    pack_words(dst, x, sl, lines, W, K);
+  else
+    pack_interleave(dst, x, sk, lines, W, K);
 }
 
 // What a tile does with its sums: `sums` (row stride ld_sums) holds earlier K chunks' fp32
@@ -165,40 +222,22 @@ TM_AVX512BF16 void tile_kernel(const std::uint32_t* pa, const std::uint32_t* pb,
     }
 }
 
-// Picks the instantiation for a tile of `rows` rows and `cols` columns.
-template <int R>
+// Picks the instantiation for a tile of `rows` rows (<= R) and `cols` columns (<= 16 * NV): the
+// fewest vectors that cover the columns, so edge tiles do not compute padding.
+template <int R, int NV>
 TM_AVX512BF16 void tile_cols(const std::uint32_t* pa, const std::uint32_t* pb, std::int64_t kp,
                              int cols, const TileOut& out) {
-  static_assert(kNV == 3, "tile_cols dispatches 1 to 3 vectors");
-  if (cols > 32)
-    tile_kernel<R, 3>(pa, pb, kp, cols, out);
-  else if (cols > 16)
-    tile_kernel<R, 2>(pa, pb, kp, cols, out);
-  else
-    tile_kernel<R, 1>(pa, pb, kp, cols, out);
+  if constexpr (NV > 1)
+    if (cols <= 16 * (NV - 1)) return tile_cols<R, NV - 1>(pa, pb, kp, cols, out);
+  tile_kernel<R, NV>(pa, pb, kp, cols, out);
 }
 
+template <int R>
 TM_AVX512BF16 void tile(const std::uint32_t* pa, const std::uint32_t* pb, std::int64_t kp, int rows,
                         int cols, const TileOut& out) {
-  static_assert(kMR == 8, "tile dispatches 1 to 8 rows");
-  switch (rows) {
-    case 8:
-      return tile_cols<8>(pa, pb, kp, cols, out);
-    case 7:
-      return tile_cols<7>(pa, pb, kp, cols, out);
-    case 6:
-      return tile_cols<6>(pa, pb, kp, cols, out);
-    case 5:
-      return tile_cols<5>(pa, pb, kp, cols, out);
-    case 4:
-      return tile_cols<4>(pa, pb, kp, cols, out);
-    case 3:
-      return tile_cols<3>(pa, pb, kp, cols, out);
-    case 2:
-      return tile_cols<2>(pa, pb, kp, cols, out);
-    default:
-      return tile_cols<1>(pa, pb, kp, cols, out);
-  }
+  if constexpr (R > 1)
+    if (rows < R) return tile<R - 1>(pa, pb, kp, rows, cols, out);
+  tile_cols<R, kNV>(pa, pb, kp, cols, out);
 }
 
 // Rows [r0, r1) x columns [c0, c1) of c from the packed operands. Tiles start at r0/c0 and at
@@ -233,7 +272,7 @@ TM_AVX512BF16 void compute_block(std::uint16_t* c, const std::uint32_t* Ap, cons
                               N,
                               alpha,
                               beta};
-            tile(pa, pb, kp, rows, cols, out);
+            tile<kMR>(pa, pb, kp, rows, cols, out);
             j += cols;
           }
           i += rows;
