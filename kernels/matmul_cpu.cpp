@@ -1,20 +1,26 @@
 // GEMM, CPU reference: OpenBLAS cblas_sgemm in fp32. For a 16-bit D the operands are widened
 // into fp32 scratch (kept by the calling thread between calls; not ledger allocations, they are
 // an implementation detail of the cpu backend) and the fp32 result is rounded once into c.
-// Threads: see sgemm_cpu. Parallel regions here name only the function's arguments and raw
-// pointers taken before the region, never thread_local or static objects (docs/decisions.md).
+// bf16 on a CPU with AVX512-BF16 goes to gemm_bf16_avx512 instead (unless
+// TRAINMEM_CPU_GEMM=generic; cpu_gemm_path). Threads: see sgemm_cpu. Parallel regions here name
+// only the function's arguments and raw pointers taken before the region, never thread_local or
+// static objects (docs/decisions.md).
 #include "matmul_cpu.hpp"
 
 #include <cblas.h>
 #include <omp.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "cpu_parallel.hpp"
+#include "gemm_bf16_cpu.hpp"
 #include "storage.hpp"
 #include "trainmem/error.hpp"
 
@@ -134,9 +140,42 @@ void sgemm_cpu(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
   }
 }
 
-void matmul_cpu(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N,
-                std::int64_t K, Trans ta, Trans tb, float alpha, float beta, DType dt) {
+bool parse_cpu_gemm_auto(const char* value) {
+  if (value == nullptr || std::strcmp(value, "auto") == 0) return true;
+  if (std::strcmp(value, "generic") == 0) return false;
+  throw InputError(std::string("TRAINMEM_CPU_GEMM = '") + value +
+                   "': must be auto (the fastest kernel this CPU has; the default) or generic "
+                   "(fp32 sgemm for every dtype)");
+}
+
+CpuGemmPath cpu_gemm_path(DType dt) {
+  // Read once (a throwing initialiser is retried on the next call, so a bad value keeps
+  // failing); immutable afterwards.
+  static const CpuGemmPath bf16_path = [] {
+    const bool automatic = parse_cpu_gemm_auto(std::getenv("TRAINMEM_CPU_GEMM"));
+    const bool has = cpu_has_avx512_bf16();
+    const CpuGemmPath path = automatic && has ? CpuGemmPath::avx512_bf16 : CpuGemmPath::generic;
+    spdlog::debug("cpu gemm: bf16 uses the {} kernel (TRAINMEM_CPU_GEMM={}, avx512_bf16 {})",
+                  path == CpuGemmPath::avx512_bf16 ? "avx512_bf16" : "generic (widen + sgemm)",
+                  automatic ? "auto" : "generic", has ? "present" : "absent");
+    return path;
+  }();
+  return dt == DType::bf16 ? bf16_path : CpuGemmPath::generic;
+}
+
+void matmul_cpu_on(CpuGemmPath path, void* c, const void* a, const void* b, std::int64_t M,
+                   std::int64_t N, std::int64_t K, Trans ta, Trans tb, float alpha, float beta,
+                   DType dt) {
   cpu_threads_setup();
+  if (path == CpuGemmPath::avx512_bf16) {
+    if (dt != DType::bf16 || !cpu_has_avx512_bf16())
+      throw InputError(
+          "matmul: the avx512_bf16 kernel needs bf16 operands and a CPU with "
+          "avx512f/bw/vl and avx512_bf16");
+    gemm_bf16_avx512(static_cast<std::uint16_t*>(c), static_cast<const std::uint16_t*>(a),
+                     static_cast<const std::uint16_t*>(b), M, N, K, ta, tb, alpha, beta);
+    return;
+  }
   if (dt == DType::f32) {
     sgemm_cpu(ta, tb, M, N, K, alpha, static_cast<const float*>(a), ta == Trans::no ? K : M,
               static_cast<const float*>(b), tb == Trans::no ? N : K, beta, static_cast<float*>(c),
@@ -144,6 +183,11 @@ void matmul_cpu(void* c, const void* a, const void* b, std::int64_t M, std::int6
     return;
   }
   TM_DISPATCH_STORAGE(dt, "matmul", matmul_16bit<S>(c, a, b, M, N, K, ta, tb, alpha, beta));
+}
+
+void matmul_cpu(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N,
+                std::int64_t K, Trans ta, Trans tb, float alpha, float beta, DType dt) {
+  matmul_cpu_on(cpu_gemm_path(dt), c, a, b, M, N, K, ta, tb, alpha, beta, dt);
 }
 
 }  // namespace trainmem

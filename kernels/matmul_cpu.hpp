@@ -1,6 +1,7 @@
 // GEMM, CPU reference through OpenBLAS cblas_sgemm (fp32 compute, see sgemm_cpu for threads).
 // 16-bit operands are converted to fp32 scratch (not ledger allocations: an implementation detail
-// of the cpu backend) and the result is rounded once into c.
+// of the cpu backend) and the result is rounded once into c. bf16 on a CPU with AVX512-BF16 uses
+// gemm_bf16_avx512 instead (gemm_bf16_cpu.hpp): same semantics, no widening.
 #pragma once
 #include <cstdint>
 
@@ -14,6 +15,24 @@ namespace trainmem {
 // (K,N) for Trans::no, (N,K) for Trans::yes. beta == 0 never reads c.
 void matmul_cpu(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N,
                 std::int64_t K, Trans ta, Trans tb, float alpha, float beta, DType dt);
+
+// The kernels matmul_cpu can use. generic: widen to fp32 + sgemm_cpu (every dtype);
+// avx512_bf16: gemm_bf16_avx512 (bf16 only, needs cpu_has_avx512_bf16()).
+enum class CpuGemmPath { generic, avx512_bf16 };
+// The path matmul_cpu takes for dt: avx512_bf16 for bf16 when the CPU has it and the
+// environment variable TRAINMEM_CPU_GEMM is `auto` or unset; generic otherwise
+// (TRAINMEM_CPU_GEMM=generic forces it). Any other value throws InputError naming the variable
+// and the allowed values. The variable is read on the first call; the choice is logged once at
+// debug level.
+CpuGemmPath cpu_gemm_path(DType dt);
+// TRAINMEM_CPU_GEMM's value (nullptr: unset) -> true for auto, false for generic; InputError
+// otherwise.
+bool parse_cpu_gemm_auto(const char* value);
+// matmul_cpu on a given path (tests compare the paths); avx512_bf16 requires bf16 and
+// cpu_has_avx512_bf16(), else throws InputError.
+void matmul_cpu_on(CpuGemmPath path, void* c, const void* a, const void* b, std::int64_t M,
+                   std::int64_t N, std::int64_t K, Trans ta, Trans tb, float alpha, float beta,
+                   DType dt);
 
 // The fp32 building block (also used by the cpu attention): row-major cblas_sgemm with leading
 // dimensions, c = alpha * op(a) * op(b) + beta * c. Threading belongs to OpenMP: OpenBLAS is

@@ -1,11 +1,16 @@
 // GEMM: every transpose combination, alpha/beta, against a naive fp64 loop, over dtype x shape;
-// beta = 0 must not read c (c starts as NaN there).
+// beta = 0 must not read c (c starts as NaN there). The bf16 AVX512-BF16 kernel
+// (gemm_bf16_cpu.hpp) the same way, against the generic path and across team sizes; those
+// tests skip, saying why, on a CPU without the instructions.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <tuple>
 
+#include "gemm_bf16_cpu.hpp"
 #include "matmul_cpu.hpp"
 #include "ops_testing.hpp"
 
@@ -126,6 +131,139 @@ TEST(OpsMatmul, SixteenBitResultIsNotLeftOverFromAnEarlierCall) {
     EXPECT_TRUE(matches_naive(c, a1, b, std::vector<double>(M * N, 0.0), first));
     EXPECT_TRUE(matches_naive(c, a2, b, std::vector<double>(M * N, 0.0), second));
   }
+}
+
+// ---------------------------------------------------------------- the AVX512-BF16 kernel
+
+#define SKIP_WITHOUT_AVX512_BF16()                                                      \
+  do {                                                                                  \
+    if (!cpu_has_avx512_bf16())                                                         \
+      GTEST_SKIP() << "CPU lacks avx512_bf16: the bf16 kernel needs avx512f/bw/vl + "   \
+                      "avx512_bf16 (VDPBF16PS); matmul_cpu uses the generic path here"; \
+  } while (0)
+
+class OpsMatmulBf16P : public ::testing::TestWithParam<MatmulCase> {};
+
+// Awkward and large shapes, every transpose combination, alpha/beta (beta 0 on a NaN c): odd K
+// (a zero-padded last pair), K 1, M 1, edge tiles in both dimensions, a split into blocks that
+// start inside a packed panel (300 x 200, 512 x 2048), and K above the kernel's K chunk (1024)
+// so the fp32 sums go through the scratch buffer (2051: odd as well).
+TEST_P(OpsMatmulBf16P, MatchesNaiveLoop) {
+  SKIP_WITHOUT_AVX512_BF16();
+  const auto c = GetParam();
+  Buf a = Buf::from(uniform(c.M * c.K, 61), c.dt), b = Buf::from(uniform(c.K * c.N, 62), c.dt);
+  std::vector<float> c0 = uniform(c.M * c.N, 63);
+  if (c.beta == 0.0f) c0.assign(c0.size(), std::numeric_limits<float>::quiet_NaN());
+  Buf out = Buf::from(c0, c.dt);
+  const std::vector<double> C0 = out.f64();
+  matmul_cpu_on(CpuGemmPath::avx512_bf16, out.data(), a.data(), b.data(), c.M, c.N, c.K, c.ta, c.tb,
+                c.alpha, c.beta, c.dt);
+  EXPECT_TRUE(matches_naive(c, a, b, C0, out));
+}
+
+std::vector<MatmulCase> bf16_kernel_cases() {
+  std::vector<MatmulCase> out;
+  for (Trans ta : {Trans::no, Trans::yes})
+    for (Trans tb : {Trans::no, Trans::yes}) {
+      for (auto [M, N, K] :
+           {std::tuple{71, 229, 33}, std::tuple{1, 5, 64}, std::tuple{7, 13, 11},
+            std::tuple{9, 50, 1}, std::tuple{300, 200, 64}, std::tuple{37, 61, 2051}}) {
+        out.push_back({DType::bf16, M, N, K, ta, tb, 1.0f, 0.0f});
+        out.push_back({DType::bf16, M, N, K, ta, tb, 0.5f, 1.0f});
+        out.push_back({DType::bf16, M, N, K, ta, tb, -2.0f, 0.25f});
+      }
+      out.push_back({DType::bf16, 512, 2048, 256, ta, tb, 0.5f, 1.0f});
+    }
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, OpsMatmulBf16P, ::testing::ValuesIn(bf16_kernel_cases()),
+                         [](const auto& info) {
+                           const auto& c = info.param;
+                           auto t = [](Trans x) { return x == Trans::no ? "N" : "T"; };
+                           std::string ab = c.beta == 0.0f ? "_beta0" : "_beta";
+                           if (c.alpha < 0) ab += "_negalpha";
+                           return std::string(t(c.ta)) + t(c.tb) + "_M" + std::to_string(c.M) +
+                                  "_N" + std::to_string(c.N) + "_K" + std::to_string(c.K) + ab;
+                         });
+
+// The kernel and the generic path (widen + sgemm) agree within bf16's tolerance: they round
+// the same fp32 sum, summed in different orders.
+TEST(OpsMatmulBf16, KernelAgreesWithGenericPath) {
+  SKIP_WITHOUT_AVX512_BF16();
+  for (auto [M, N, K] : {std::tuple{71, 229, 33}, std::tuple{300, 200, 64},
+                         std::tuple{64, 96, 1500}, std::tuple{512, 688, 256}})
+    for (Trans ta : {Trans::no, Trans::yes})
+      for (Trans tb : {Trans::no, Trans::yes}) {
+        const DType dt = DType::bf16;
+        const Buf a = Buf::from(uniform(M * K, 64), dt), b = Buf::from(uniform(K * N, 65), dt);
+        Buf kernel = Buf::from(uniform(M * N, 66), dt), generic = kernel;
+        matmul_cpu_on(CpuGemmPath::avx512_bf16, kernel.data(), a.data(), b.data(), M, N, K, ta, tb,
+                      0.5f, 1.0f, dt);
+        matmul_cpu_on(CpuGemmPath::generic, generic.data(), a.data(), b.data(), M, N, K, ta, tb,
+                      0.5f, 1.0f, dt);
+        Tol tol = tolerance(dt);
+        tol.atol *= std::max(1.0, K / 16.0);  // as matches_naive: sum |a||b| ~ K / 4 here
+        EXPECT_TRUE(all_close("kernel vs generic", kernel.f32(), generic.f64(), tol))
+            << "M " << M << " N " << N << " K " << K << " ta " << (ta == Trans::yes) << " tb "
+            << (tb == Trans::yes);
+      }
+}
+
+// The same bits for teams of 1 to 4 threads (dynamic teams off), for row splits, column splits
+// (blocks starting inside a packed B panel) and K above the kernel's K chunk.
+TEST(OpsMatmulBf16, KernelSameBitsForAnyTeamSize) {
+  SKIP_WITHOUT_AVX512_BF16();
+  for (auto [M, N, K] : {std::tuple{300, 200, 64}, std::tuple{70, 333, 129},
+                         std::tuple{130, 100, 2051}, std::tuple{40, 500, 1100}})
+    for (Trans ta : {Trans::no, Trans::yes})
+      for (Trans tb : {Trans::no, Trans::yes}) {
+        const DType dt = DType::bf16;
+        const MatmulCase c{dt, M, N, K, ta, tb, 0.5f, 1.0f};
+        const Buf a = Buf::from(uniform(M * K, 67), dt), b = Buf::from(uniform(K * N, 68), dt);
+        const Buf c0 = Buf::from(uniform(M * N, 69), dt);
+        std::vector<float> first;
+        for (int threads : {1, 2, 3, 4}) {
+          Buf out = c0;
+          with_threads(threads, [&] {
+            matmul_cpu_on(CpuGemmPath::avx512_bf16, out.data(), a.data(), b.data(), M, N, K, ta, tb,
+                          0.5f, 1.0f, dt);
+          });
+          if (threads == 1) {
+            EXPECT_TRUE(matches_naive(c, a, b, c0.f64(), out));
+            first = out.f32();
+          } else {
+            EXPECT_EQ(first, out.f32())
+                << "M " << M << " N " << N << " K " << K << ", " << threads << " threads";
+          }
+        }
+      }
+}
+
+// TRAINMEM_CPU_GEMM: auto (or unset) and generic; anything else is an error naming the variable
+// and the allowed values. bf16 takes the kernel exactly when the CPU has it and the variable
+// does not say generic; other dtypes always take the generic path.
+TEST(OpsMatmulBf16, PathSwitch) {
+  EXPECT_TRUE(parse_cpu_gemm_auto(nullptr));
+  EXPECT_TRUE(parse_cpu_gemm_auto("auto"));
+  EXPECT_FALSE(parse_cpu_gemm_auto("generic"));
+  try {
+    parse_cpu_gemm_auto("fast");
+    ADD_FAILURE() << "no exception";
+  } catch (const InputError& e) {
+    const std::string m = e.what();
+    for (const char* word : {"TRAINMEM_CPU_GEMM", "'fast'", "auto", "generic"})
+      EXPECT_NE(m.find(word), std::string::npos) << m;
+  }
+  const char* env = std::getenv("TRAINMEM_CPU_GEMM");
+  const bool generic = env != nullptr && std::string(env) == "generic";
+  EXPECT_EQ(cpu_gemm_path(DType::bf16),
+            cpu_has_avx512_bf16() && !generic ? CpuGemmPath::avx512_bf16 : CpuGemmPath::generic);
+  EXPECT_EQ(cpu_gemm_path(DType::f32), CpuGemmPath::generic);
+  EXPECT_EQ(cpu_gemm_path(DType::f16), CpuGemmPath::generic);
+  std::uint16_t x = 0;
+  EXPECT_THROW(matmul_cpu_on(CpuGemmPath::avx512_bf16, &x, &x, &x, 1, 1, 1, Trans::no, Trans::no,
+                             1.0f, 0.0f, DType::f16),
+               InputError);
 }
 
 // The split is a function of the shape: whole below the parallel threshold, otherwise at most
