@@ -1,5 +1,5 @@
-// Output helpers: GiB numbers, aligned tables (text, Markdown, CSV) and the JSON blocks of
-// schema "trainmem/1". See include/trainmem/report.hpp.
+// Output helpers: byte figures, aligned tables of cells (text, Markdown, CSV) and the JSON
+// blocks of schema "trainmem/1". See include/trainmem/report.hpp.
 #include "trainmem/report.hpp"
 
 #include <algorithm>
@@ -26,7 +26,7 @@ std::string fixed(double value, int decimals) {
 }
 
 std::string gib2(std::uint64_t bytes) {
-  return fixed(to_gib(bytes), 2);
+  return trainmem::format_bytes(bytes, kGiB);
 }
 
 std::string coef(double value) {
@@ -53,9 +53,29 @@ std::string with_commas(std::uint64_t n) {
 
 // ---------------------------------------------------------------- tables
 
+Cell check_cell(bool ok) {
+  return ok ? Cell("yes", Tone::ok) : Cell("NO", Tone::fail);
+}
+
+std::string bold(const std::string& s) {
+  return "\033[1m" + s + "\033[0m";
+}
+
+std::string toned(const std::string& s, Tone tone) {
+  switch (tone) {
+    case Tone::ok:
+      return "\033[32m" + s + "\033[0m";
+    case Tone::fail:
+      return "\033[1;31m" + s + "\033[0m";
+    case Tone::neutral:
+      break;
+  }
+  return s;
+}
+
 Table::Table(std::vector<Column> columns) : columns_(std::move(columns)) {}
 
-void Table::add_row(std::vector<std::string> cells) {
+void Table::add_row(std::vector<Cell> cells) {
   if (cells.size() != columns_.size())
     throw Error("report table: row has " + std::to_string(cells.size()) + " cells, table has " +
                 std::to_string(columns_.size()) + " columns");
@@ -79,36 +99,40 @@ std::size_t display_width(const std::string& s) {
     if ((c & 0xC0) != 0x80) ++n;
   return n;
 }
-std::string pad(const std::string& s, std::size_t width, Align a) {
-  const std::size_t w = display_width(s);
+// The cell's text, coloured by its tone when `colour` is on, padded to `width` visible
+// characters.
+std::string pad(const Cell& cell, std::size_t width, Align a, Colour colour) {
+  const std::string s = colour == Colour::on ? toned(cell.text, cell.tone) : cell.text;
+  const std::size_t w = display_width(cell.text);
   if (w >= width) return s;
   const std::string fill(width - w, ' ');
   return a == Align::left ? s + fill : fill + s;
 }
 }  // namespace
 
-std::string Table::text() const {
+std::string Table::text(Colour colour) const {
   std::vector<std::size_t> width(columns_.size());
   for (std::size_t c = 0; c < columns_.size(); ++c) width[c] = display_width(columns_[c].header);
   for (const auto& r : rows_)
-    for (std::size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], display_width(r[c]));
+    for (std::size_t c = 0; c < r.size(); ++c)
+      width[c] = std::max(width[c], display_width(r[c].text));
   std::size_t total = 0;
   for (auto w : width) total += w;
   total += columns_.empty() ? 0 : 2 * (columns_.size() - 1);
-  auto line = [&](const std::vector<std::string>& cells, bool header) {
+  auto line = [&](const std::vector<Cell>& cells) {
     std::string out;
     for (std::size_t c = 0; c < columns_.size(); ++c) {
       if (c) out += "  ";
-      out += pad(cells[c], width[c], header ? columns_[c].align : columns_[c].align);
+      out += pad(cells[c], width[c], columns_[c].align, colour);
     }
     while (!out.empty() && out.back() == ' ') out.pop_back();
     return out + "\n";
   };
-  std::vector<std::string> headers;
-  for (const auto& col : columns_) headers.push_back(col.header);
-  std::string out = line(headers, true);
+  std::vector<Cell> headers;
+  for (const auto& col : columns_) headers.emplace_back(col.header);
+  std::string out = line(headers);
   out += std::string(total, '-') + "\n";
-  for (const auto& r : rows_) out += r.empty() ? std::string(total, '-') + "\n" : line(r, false);
+  for (const auto& r : rows_) out += r.empty() ? std::string(total, '-') + "\n" : line(r);
   return out;
 }
 
@@ -131,7 +155,7 @@ std::string Table::markdown() const {
   for (const auto& r : rows_) {
     if (r.empty()) continue;
     out += "|";
-    for (const auto& cell : r) out += " " + esc(cell) + " |";
+    for (const auto& cell : r) out += " " + esc(cell.text) + " |";
     out += "\n";
   }
   return out;
@@ -156,7 +180,7 @@ std::string Table::csv() const {
   out += "\n";
   for (const auto& r : rows_) {
     if (r.empty()) continue;
-    for (std::size_t c = 0; c < r.size(); ++c) out += (c ? "," : "") + csv_field(r[c]);
+    for (std::size_t c = 0; c < r.size(); ++c) out += (c ? "," : "") + csv_field(r[c].text);
     out += "\n";
   }
   return out;
@@ -275,10 +299,10 @@ Table memory_table(const std::vector<std::string>& key_headers,
     cols.push_back({h, Align::right});
   Table t(cols);
   for (const auto& r : rows) {
-    std::vector<std::string> cells = r.keys;
+    std::vector<Cell> cells(r.keys.begin(), r.keys.end());
     const auto& f = r.figures;
     for (auto b : {f.params, f.gradients, f.optimizer_states, f.activations, f.sum, f.peak})
-      cells.push_back(gib2(b));
+      cells.emplace_back(gib2(b));
     t.add_row(std::move(cells));
   }
   return t;
@@ -293,11 +317,11 @@ Table memory_table_bytes(const std::vector<std::string>& key_headers,
     cols.push_back({h, Align::right});
   Table t(cols);
   for (const auto& r : rows) {
-    std::vector<std::string> cells = r.keys;
+    std::vector<Cell> cells(r.keys.begin(), r.keys.end());
     const auto& f = r.figures;
     for (auto b : {f.params, f.gradients, f.optimizer_states, f.activations, f.activations_peak,
                    f.workspace, f.inputs, f.sum, f.peak})
-      cells.push_back(std::to_string(b));
+      cells.emplace_back(std::to_string(b));
     t.add_row(std::move(cells));
   }
   return t;

@@ -106,8 +106,7 @@ std::string tick_label(double value, const char* unit) {
 }
 
 std::string bytes_label(std::uint64_t bytes) {
-  const ByteUnit u = byte_unit_for(bytes);
-  return fmt("%.2f", double(bytes) / u.bytes) + " " + u.name;
+  return format_bytes_with_unit(bytes, byte_unit_for(bytes));
 }
 
 // A "nice" tick step (1, 2, 2.5 or 5 × 10^k) giving about `target` intervals over [0, max].
@@ -128,9 +127,9 @@ double trace_ts_us(const TimelineData& d, std::size_t i) {
 }  // namespace
 
 ByteUnit byte_unit_for(std::uint64_t max_bytes) {
-  if (max_bytes >= (std::uint64_t{1} << 30)) return {double(std::uint64_t{1} << 30), "GiB"};
-  if (max_bytes >= (std::uint64_t{1} << 20)) return {double(std::uint64_t{1} << 20), "MiB"};
-  return {1024.0, "KiB"};
+  if (max_bytes >= (std::uint64_t{1} << 30)) return kGiB;
+  if (max_bytes >= (std::uint64_t{1} << 20)) return kMiB;
+  return kKiB;
 }
 
 TimelineData build_timeline(const std::vector<LedgerEvent>& events,

@@ -1,15 +1,25 @@
-// The run helpers: SIZE parsing, the largest-fitting search behind maxbatch.
+// The run and the command line's helpers: SIZE parsing, the largest-fitting search behind
+// maxbatch, report text and colour.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <map>
 
+#include "cli/cli.hpp"
+#include "cli/search.hpp"
+#include "cli/size.hpp"
 #include "trainmem/error.hpp"
 #include "trainmem/ledger.hpp"
+#include "trainmem/report_writer.hpp"
 #include "trainmem/run.hpp"
 
 namespace trainmem {
 namespace {
+
+using cli::find_largest_fitting;
+using cli::parse_size;
+using cli::Probe;
+using cli::SearchResult;
 
 TEST(ParseSize, UnitsBinaryAndDecimal) {
   EXPECT_EQ(parse_size("80GiB", "--budget"), 80ull * 1024 * 1024 * 1024);
@@ -166,13 +176,31 @@ TEST(PerLayerBySource, UnavailableSourcesCarryTheirReason) {
 }
 
 TEST(RunText, ColourOnlyChangesWhatIsInvisible) {
-  const std::string text = "## Heading\nrow  1  yes\nrow  2  NO\nplain line\n";
-  const std::string off = colourize(text, Colour::off);
-  EXPECT_EQ(off, "Heading\nrow  1  yes\nrow  2  NO\nplain line\n");
-  const std::string on = colourize(text, Colour::on);
+  // A report written once, rendered with colour off and on.
+  auto write = [](report::ReportWriter& w) {
+    w.title("Title");
+    w.heading("Heading");
+    report::Table t({{"row", report::Align::left}, {"n"}, {"ok", report::Align::left}});
+    t.add_row({"row", "1", report::check_cell(true)});
+    t.add_row({"row", "2", report::check_cell(false)});
+    t.add_row({"row yes", "3", "OOM"});  // a neutral cell, whatever its text
+    w.table(t);
+    w.line("plain line");
+    w.line("OUT OF MEMORY in step 1", report::Tone::fail);
+  };
+  report::TextWriter off_w(report::Colour::off), on_w(report::Colour::on);
+  write(off_w);
+  write(on_w);
+  const std::string& off = off_w.str();
+  const std::string& on = on_w.str();
+  EXPECT_EQ(off,
+            "Title\n\nHeading\nrow      n  ok\n---------------\nrow      1  yes\nrow      2  NO\n"
+            "row yes  3  OOM\nplain line\nOUT OF MEMORY in step 1\n");
   EXPECT_NE(on.find("\033[32myes\033[0m"), std::string::npos) << on;
   EXPECT_NE(on.find("\033[1;31mNO\033[0m"), std::string::npos) << on;
   EXPECT_NE(on.find("\033[1mHeading\033[0m"), std::string::npos) << on;
+  EXPECT_NE(on.find("\033[1;31mOUT OF MEMORY in step 1\033[0m"), std::string::npos) << on;
+  EXPECT_EQ(on.find("\033[32myes\033[0m  3"), std::string::npos) << on;  // neutral stays plain
   // Stripping the escape codes gives back the plain text, so alignment is unchanged.
   std::string stripped;
   for (std::size_t i = 0; i < on.size(); ++i) {
@@ -183,18 +211,20 @@ TEST(RunText, ColourOnlyChangesWhatIsInvisible) {
     stripped += on[i];
   }
   EXPECT_EQ(stripped, off);
-  EXPECT_EQ(stdout_colour("report.txt"), Colour::off);
+  EXPECT_EQ(cli::stdout_colour("report.txt"), report::Colour::off);
   setenv("NO_COLOR", "1", 1);
-  EXPECT_EQ(stdout_colour(""), Colour::off);
+  EXPECT_EQ(cli::stdout_colour(""), report::Colour::off);
   unsetenv("NO_COLOR");
 }
 
 TEST(RunText, UnitsAndPaths) {
   EXPECT_STREQ(table_unit(std::uint64_t(1) << 30).name, "GiB");
   EXPECT_STREQ(table_unit((std::uint64_t(1) << 30) - 1).name, "MiB");
-  EXPECT_EQ(in_unit(3ull << 29, table_unit(1ull << 31)), "1.50");
-  EXPECT_EQ(suffixed_path("out/t.svg", "ckpt-full"), "out/t-ckpt-full.svg");
-  EXPECT_EQ(suffixed_path("dir.v1/trace", "ckpt-none"), "dir.v1/trace-ckpt-none");
+  EXPECT_EQ(format_bytes(3ull << 29, table_unit(1ull << 31)), "1.50");
+  EXPECT_EQ(format_signed_bytes(-(3ll << 19), kMiB), "-1.50");
+  EXPECT_EQ(format_bytes_with_unit(3ull << 29, kGiB), "1.50 GiB");
+  EXPECT_EQ(cli::suffixed_path("out/t.svg", "ckpt-full"), "out/t-ckpt-full.svg");
+  EXPECT_EQ(cli::suffixed_path("dir.v1/trace", "ckpt-none"), "dir.v1/trace-ckpt-none");
 }
 
 TEST(RunBackend, AutoWithoutADeviceIsMetaWithANote) {

@@ -1,5 +1,7 @@
-// Output helpers shared by every subcommand: GiB formatting, a small aligned table (text like a
-// paper's memory table, Markdown, CSV), and the JSON blocks of DESIGN.md's schema "trainmem/1"
+// Output helpers shared by every subcommand: GiB figures (through bytes.hpp, the one place
+// byte figures are written in a unit), a small aligned table whose cells carry their state
+// (rendered as text like a paper's memory table, optionally coloured, as Markdown and as CSV), and
+// the JSON blocks of DESIGN.md's schema "trainmem/1"
 // ("model", "run", "analytic", figures, tensor lists). Subcommands compose these: `estimate`
 // emits {"schema", "model", "run", "analytic"}; `profile` adds "measured", "reconciliation" and
 // "tensors"; `compare` and `sweep` wrap several such objects in {"schema", "runs": [...]}.
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "trainmem/analytic.hpp"
+#include "trainmem/bytes.hpp"
 #include "trainmem/config.hpp"
 #include "trainmem/figures.hpp"
 
@@ -19,9 +22,11 @@ namespace trainmem::report {
 constexpr const char* kSchema = "trainmem/1";
 
 // ---------------------------------------------------------------- numbers
-double to_gib(std::uint64_t bytes);     // bytes / 2^30
-std::string gib2(std::uint64_t bytes);  // two decimals, e.g. "45.61"
+double to_gib(std::uint64_t bytes);  // bytes / 2^30
 std::string fixed(double value, int decimals);
+
+// GiB figures with two decimals (format_bytes in GiB, bytes.hpp), e.g. "45.61".
+std::string gib2(std::uint64_t bytes);
 // Compact coefficient: "32", "8.5", "0.0625" (up to 4 decimals, trailing zeros dropped).
 std::string coef(double value);
 std::string with_commas(std::uint64_t n);  // 6738415616 -> "6,738,415,616"
@@ -29,8 +34,29 @@ std::string with_commas(std::uint64_t n);  // 6738415616 -> "6,738,415,616"
 // ---------------------------------------------------------------- tables
 enum class Align { left, right };
 
-// A table with aligned columns. Rows are added as strings; rules separate groups of rows in
-// the text form (ignored by Markdown and CSV).
+// Whether a text report may colour what it writes (see cli::stdout_colour for when it is on).
+enum class Colour { off, on };
+
+// What a cell (or a line) says about a check: ok (green on a terminal), fail (red), or neither.
+// Only the text form with colour on shows it; the visible text is the same in every form.
+enum class Tone { neutral, ok, fail };
+
+struct Cell {
+  std::string text;
+  Tone tone = Tone::neutral;
+  Cell(std::string t, Tone tn = Tone::neutral) : text(std::move(t)), tone(tn) {}
+  Cell(const char* t, Tone tn = Tone::neutral) : text(t), tone(tn) {}
+};
+// The cell of a yes/no check: "yes" (ok) or "NO" (fail).
+Cell check_cell(bool ok);
+
+// ANSI codes of the text form with colour on.
+std::string bold(const std::string& s);
+std::string toned(const std::string& s, Tone tone);  // unchanged when neutral
+
+// A table with aligned columns, described once as rows of cells and rendered as text,
+// Markdown or CSV. Rules separate groups of rows in the text form (ignored by Markdown and
+// CSV).
 class Table {
  public:
   struct Column {
@@ -39,13 +65,14 @@ class Table {
   };
   explicit Table(std::vector<Column> columns);
   // Throws Error when the cell count differs from the column count.
-  void add_row(std::vector<std::string> cells);
+  void add_row(std::vector<Cell> cells);
   void add_rule();
   std::size_t row_count() const;
   std::size_t column_count() const { return columns_.size(); }
 
   // Text: header, a rule of '-', rows; columns separated by two spaces, aligned per column.
-  std::string text() const;
+  // With colour on, a cell's tone colours its text (the widths are those of the plain text).
+  std::string text(Colour colour = Colour::off) const;
   // GitHub Markdown (alignment row uses ---: for right-aligned columns).
   std::string markdown() const;
   // RFC 4180 CSV: header line then rows; fields quoted when they hold , " or newlines.
@@ -53,7 +80,7 @@ class Table {
 
  private:
   std::vector<Column> columns_;
-  std::vector<std::vector<std::string>> rows_;  // an empty row marks a rule
+  std::vector<std::vector<Cell>> rows_;  // an empty row marks a rule
 };
 
 std::string csv_field(const std::string& s);

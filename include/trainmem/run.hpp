@@ -1,15 +1,12 @@
 // Running training steps for the measuring subcommands (profile, compare, sweep, maxbatch):
 // one code path that picks the backend, runs the steps, reads the ledger and the device
-// probes, attaches the analytic profiles and reconciles them. Also the small pieces those
-// commands share: SIZE parsing for budgets, the largest-value search behind `maxbatch`, and
-// a progress bar for long grids.
+// probes, attaches the analytic profiles and reconciles them. Reports of a run:
+// trainmem/run_report.hpp.
 #pragma once
 #include <array>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -136,88 +133,5 @@ struct PerLayerBySource {
   std::map<std::string, std::string> unavailable;
 };
 PerLayerBySource per_layer_activations_by_source(const RunResult& r);
-
-// ---------------------------------------------------------------- JSON and text
-
-// The per-run object of DESIGN.md ("JSON output"): schema, model, run, analytic, measured,
-// reconciliation, tensors; plus device_checks and, after an out-of-memory, error.
-nlohmann::json run_result_json(const RunResult& r);
-
-enum class Colour { off, on };
-// Colour for a report written to `output_path` ("" = stdout): on only when it goes to stdout,
-// stdout is a terminal and NO_COLOR is not set.
-Colour stdout_colour(const std::string& output_path);
-
-// A unit for a table whose largest value is `max_bytes`: GiB from 1 GiB up, else MiB.
-struct TableUnit {
-  double bytes;
-  const char* name;
-};
-TableUnit table_unit(std::uint64_t max_bytes);
-std::string in_unit(std::uint64_t bytes, TableUnit u);  // two decimals
-
-// "llama-7b  b=8 s=512 fp16 adamw  checkpointing=none attention=eager"
-std::string run_title(const ModelConfig& m, const TrainConfig& t);
-// "backend meta — PREDICTED: allocations traced, no arithmetic (...)" or "backend cpu ...".
-std::string backend_line(const RunResult& r);
-
-// profile's terminal report: the reconciliation table, the device sources and overhead, the
-// true peak with its breakdown and where it happened, the reference profiles.
-std::string profile_text(const RunResult& r, Colour colour);
-std::string profile_markdown(const RunResult& r);
-std::string profile_csv(const RunResult& r);  // the reconciliation rows, bytes
-// The header lines every text report starts with: "## trainmem <command>: <title>", the
-// backend line, and the out-of-memory lines when the run failed.
-std::string report_header(const std::string& command, const RunResult& r);
-// "file.svg" -> "file-<suffix>.svg" (timelines of several runs).
-std::string suffixed_path(const std::string& path, const std::string& suffix);
-
-// Finishes a text report: headings are lines starting with "## " (the marker is removed; bold
-// when `colour` is on); with colour, a table's "yes" is green and "NO" red. Visible widths
-// are unchanged.
-std::string colourize(const std::string& text, Colour colour);
-
-// Parses a byte size: a number with an optional unit, case-insensitive: B, KiB, MiB, GiB, TiB
-// (powers of 1024), KB, MB, GB, TB (powers of 1000); K/M/G/T alone are binary. Fractions are
-// allowed ("1.5GiB") and rounded down to a byte. Throws InputError naming `flag` and the
-// accepted forms for anything else (negative, empty, unknown unit, > 2^64).
-std::uint64_t parse_size(const std::string& text, const std::string& flag);
-
-// The outcome of probing one value: whether it fits and the peak it would need.
-struct Probe {
-  bool fits = false;
-  std::uint64_t peak = 0;  // bytes needed (0 when unknown, e.g. the size overflowed)
-};
-
-struct SearchResult {
-  std::int64_t best = 0;  // largest value that fits (0: not even `lowest`)
-  Probe at_best;          // its probe (when best > 0)
-  Probe at_next;          // the probe of best + step (the first that does not fit)
-  int probes = 0;         // how many values were tried
-};
-
-// Largest v = lowest + k·step (k >= 0, v <= highest) with probe(v).fits, assuming fits is
-// monotone (true up to some value, false after). Doubles k until a value fails, then
-// bisects. `probe` may throw; exceptions propagate.
-SearchResult find_largest_fitting(std::int64_t lowest, std::int64_t highest, std::int64_t step,
-                                  const std::function<Probe(std::int64_t)>& probe);
-
-// A one-line progress bar on stderr, drawn only when stderr is a terminal ("sweep 3/8
-// [#####.....] llama-7b b4 s256"). Cleared when done or destroyed.
-class ProgressBar {
- public:
-  ProgressBar(std::string label, std::size_t total);
-  ~ProgressBar();
-  ProgressBar(const ProgressBar&) = delete;
-  ProgressBar& operator=(const ProgressBar&) = delete;
-  void step(const std::string& what);  // the item about to run
-  void done();
-  bool active() const { return active_; }
-
- private:
-  std::string label_;
-  std::size_t total_, current_ = 0;
-  bool active_;
-};
 
 }  // namespace trainmem

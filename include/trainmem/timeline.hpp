@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "trainmem/bytes.hpp"
 #include "trainmem/ledger.hpp"
 
 namespace trainmem {
@@ -86,12 +87,7 @@ void write_timeline(const std::string& path, const TimelineData& data);
 // Checks the extension only (so a run can refuse a bad --timeline before it starts).
 void validate_timeline_path(const std::string& path);
 
-// Byte formatting shared by the plots: picks GiB, MiB or KiB for `max_bytes` and returns
-// the unit's size and name.
-struct ByteUnit {
-  double bytes;
-  const char* name;
-};
+// The unit of the plots' byte labels: GiB, MiB or KiB for `max_bytes` (bytes.hpp).
 ByteUnit byte_unit_for(std::uint64_t max_bytes);
 
 }  // namespace trainmem

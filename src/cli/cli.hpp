@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "trainmem/config.hpp"
+#include "trainmem/report.hpp"
 #include "trainmem/run.hpp"
 
 namespace trainmem::cli {
@@ -41,6 +42,8 @@ struct RunFlags {
   std::string tokens;    // raw int32 LE, batch*seq
   std::string dump;      // .safetensors
   std::string timeline;  // .json (Perfetto) or .svg
+  // --device-budget SIZE (raw): the ledger's allocator refuses to go above it; "" for none.
+  std::string device_budget;
 };
 
 // Flags after validation. Errors are InputError naming the flag and what is allowed.
@@ -72,12 +75,22 @@ CLI::Validator integer_check(const std::string& what) {
       "INT");
 }
 
-// Adds the common flags (and the run flags when `run` is non-null) to a subcommand.
+// Adds the common flags to a subcommand.
 void add_common_flags(CLI::App& cmd, CommonFlags& flags);
-void add_run_flags(CLI::App& cmd, RunFlags& flags);
+// Adds the run flags (--backend ... --timeline, --device-budget) to a subcommand that runs
+// steps; `several_runs` says that --device-budget applies to each of its runs (compare,
+// sweep) in the help.
+void add_run_flags(CLI::App& cmd, RunFlags& flags, bool several_runs = false);
 // Validates the flags. allow_all_optimizers / allow_both_modes say whether "all" / "both" are
 // accepted by this subcommand.
 Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool allow_both_modes);
+
+// The request of one run from the validated common flags and the run flags (profile, compare,
+// sweep): model and training configuration (callers vary optimizer, checkpointing, batch,
+// seq), backend, steps, seed, weights, tokens, dump, --device-budget (parsed: InputError
+// naming it when it is not a SIZE), the analytic profiles to attach, and whether to keep the
+// timeline (--timeline given).
+RunRequest run_request(const Common& c, const RunFlags& flags);
 
 // Sets spdlog's level from a --log-level value: trace|debug|info|warn|error|off (InputError
 // listing them otherwise). add_common_flags wires --log-level to it during parsing.
@@ -102,6 +115,13 @@ void check_run_can_start(const RunRequest& rq);
 
 // Writes `text` to --output (or stdout when empty).
 void write_output(const std::string& output_path, const std::string& text);
+
+// Colour for a report written to `output_path` ("" = stdout): on only when it goes to stdout,
+// stdout is a terminal and NO_COLOR is not set.
+report::Colour stdout_colour(const std::string& output_path);
+
+// "file.svg" -> "file-<suffix>.svg" (timelines of several runs).
+std::string suffixed_path(const std::string& path, const std::string& suffix);
 
 // A subcommand: registers its flags and sets `run` to the function that executes it and
 // returns the exit code.

@@ -11,9 +11,12 @@
 #include <sstream>
 
 #include "cli/cli.hpp"
+#include "cli/progress.hpp"
 #include "trainmem/error.hpp"
 #include "trainmem/report.hpp"
+#include "trainmem/report_writer.hpp"
 #include "trainmem/run.hpp"
+#include "trainmem/run_report.hpp"
 
 namespace trainmem::cli {
 namespace {
@@ -23,7 +26,6 @@ using nlohmann::json;
 struct CompareFlags {
   CommonFlags common;
   RunFlags run;
-  std::string device_budget;
 };
 
 // One optimizer's pair of runs.
@@ -99,16 +101,9 @@ json comparison_json(const Pair& p) {
       {"recompute_cost", std::isnan(cost) ? json(nullptr) : json(cost)}};
 }
 
-std::string signed_in_unit(std::int64_t v, TableUnit u) {
-  return (v < 0 ? "-" : "") + in_unit(std::uint64_t(v < 0 ? -v : v), u);
-}
-
-std::string compare_text(const std::vector<Pair>& pairs, const std::vector<RunResult>& runs,
-                         Format format, Colour colour) {
-  std::uint64_t max_bytes = 0;
-  for (const auto& r : runs) max_bytes = std::max({max_bytes, r.ledger.sum, r.ledger.peak});
-  const TableUnit u = table_unit(max_bytes);
-  const bool timed = runs.front().computes;
+// Compare's memory table, in the unit `u`: one row per run, the pairs separated by rules; the
+// step time and recompute cost when the backend computes.
+report::Table memory_table(const std::vector<Pair>& pairs, ByteUnit u, bool timed) {
   std::vector<report::Table::Column> cols = {{"Optimizer", report::Align::left},
                                              {"Checkpointing", report::Align::left},
                                              {"Params"},
@@ -127,137 +122,168 @@ std::string compare_text(const std::vector<Pair>& pairs, const std::vector<RunRe
     if (k) t.add_rule();
     for (const RunResult* r : {pairs[k].none, pairs[k].full}) {
       const MemoryFigures& f = r->ledger;
-      bool ok = true;
-      for (const auto& row : reconcile_ledger_native(*r)) ok &= row.ok;
-      std::vector<std::string> cells = {display_optimizer(pairs[k].optimizer),
-                                        checkpointing_name(r->train.checkpointing),
-                                        in_unit(f.params, u),
-                                        in_unit(f.gradients, u),
-                                        in_unit(f.optimizer_states, u),
-                                        in_unit(f.activations, u),
-                                        in_unit(f.sum, u),
-                                        in_unit(f.peak, u),
-                                        r->failure ? "OOM" : (ok ? "yes" : "NO")};
+      std::vector<report::Cell> cells = {display_optimizer(pairs[k].optimizer),
+                                         checkpointing_name(r->train.checkpointing),
+                                         format_bytes(f.params, u),
+                                         format_bytes(f.gradients, u),
+                                         format_bytes(f.optimizer_states, u),
+                                         format_bytes(f.activations, u),
+                                         format_bytes(f.sum, u),
+                                         format_bytes(f.peak, u),
+                                         native_cell(*r)};
       if (timed) {
-        cells.push_back(r->failure ? "-" : report::fixed(r->steady_step_seconds(), 3));
+        cells.emplace_back(r->failure ? "-" : report::fixed(r->steady_step_seconds(), 3));
         const double cost = recompute_cost(pairs[k]);
-        cells.push_back(r == pairs[k].full && !std::isnan(cost)
-                            ? (cost >= 0 ? "+" : "") + report::fixed(100 * cost, 1) + "%"
-                            : "");
+        cells.emplace_back(r == pairs[k].full && !std::isnan(cost)
+                               ? (cost >= 0 ? "+" : "") + report::fixed(100 * cost, 1) + "%"
+                               : "");
       }
-      t.add_row(cells);
+      t.add_row(std::move(cells));
     }
   }
-  if (format == Format::csv) {
-    report::Table b({{"optimizer", report::Align::left},
-                     {"checkpointing", report::Align::left},
-                     {"params"},
-                     {"gradients"},
-                     {"optimizer_states"},
-                     {"activations"},
-                     {"activations_peak"},
-                     {"workspace"},
-                     {"inputs"},
-                     {"sum"},
-                     {"peak"},
-                     {"step_seconds"},
-                     {"recompute_cost"},
-                     {"out_of_memory", report::Align::left}});
-    for (const auto& p : pairs)
-      for (const RunResult* r : {p.none, p.full}) {
-        const MemoryFigures& f = r->ledger;
-        const double cost = recompute_cost(p);
-        b.add_row({optimizer_name(p.optimizer), checkpointing_name(r->train.checkpointing),
-                   std::to_string(f.params), std::to_string(f.gradients),
-                   std::to_string(f.optimizer_states), std::to_string(f.activations),
-                   std::to_string(f.activations_peak), std::to_string(f.workspace),
-                   std::to_string(f.inputs), std::to_string(f.sum), std::to_string(f.peak),
-                   r->computes ? report::fixed(r->steady_step_seconds(), 6) : "",
-                   r == p.full && !std::isnan(cost) ? report::fixed(cost, 6) : "",
-                   r->failure ? "true" : "false"});
-      }
-    return b.csv();
-  }
+  return t;
+}
 
-  const RunResult& first = runs.front();
-  std::ostringstream o;
-  const bool md = format == Format::markdown;
-  TrainConfig shown = first.train;
-  o << (md ? "### " : "## ") << "trainmem compare: " << first.model.name << "  b=" << shown.batch
-    << " s=" << shown.seq << " " << dtype_name(shown.dtype)
-    << "  attention=" << attention_name(shown.attention) << "\n";
-  o << backend_line(first) << (md ? "\n\n" : "\n");
-  if (!first.computes)
-    o << "These figures are PREDICTED: the meta backend runs the model's exact allocation "
-         "sequence without arithmetic; on a GPU the same step allocates exactly these bytes.\n"
-      << (md ? "\n" : "");
-  o << (md ? "#### " : "\n## ") << "Memory of one training step (" << u.name
-    << "; Total = params + gradients + optimizer states + activations; Peak = true "
-       "high-water mark; native = the ledger equals the analytic native profile)"
-    << (md ? "\n\n" : "\n");
-  o << (md ? t.markdown() : t.text());
-  o << (md ? "\n#### " : "\n## ") << "What checkpointing saves and what it costs"
-    << (md ? "\n\n" : "\n");
-  for (const auto& p : pairs) {
-    const auto& n = p.none->ledger;
-    const auto& f = p.full->ledger;
-    if (!failed_modes(p).empty()) {
-      o << (md ? "- " : "") << display_optimizer(p.optimizer)
-        << ": not compared: " << failed_modes(p)
-        << " ran out of memory (figures up to the failure only); native "
-        << "predicts activations " << in_unit(p.none->native().figures.activations, u) << " -> "
-        << in_unit(p.full->native().figures.activations, u) << " " << u.name << ", peak "
-        << in_unit(p.none->native().figures.peak, u) << " -> "
-        << in_unit(p.full->native().figures.peak, u) << " " << u.name << "\n";
-      continue;
+// The same runs in bytes, for CSV.
+report::Table memory_bytes_table(const std::vector<Pair>& pairs) {
+  report::Table t({{"optimizer", report::Align::left},
+                   {"checkpointing", report::Align::left},
+                   {"params"},
+                   {"gradients"},
+                   {"optimizer_states"},
+                   {"activations"},
+                   {"activations_peak"},
+                   {"workspace"},
+                   {"inputs"},
+                   {"sum"},
+                   {"peak"},
+                   {"step_seconds"},
+                   {"recompute_cost"},
+                   {"out_of_memory", report::Align::left}});
+  for (const auto& p : pairs)
+    for (const RunResult* r : {p.none, p.full}) {
+      const MemoryFigures& f = r->ledger;
+      const double cost = recompute_cost(p);
+      t.add_row({optimizer_name(p.optimizer), checkpointing_name(r->train.checkpointing),
+                 std::to_string(f.params), std::to_string(f.gradients),
+                 std::to_string(f.optimizer_states), std::to_string(f.activations),
+                 std::to_string(f.activations_peak), std::to_string(f.workspace),
+                 std::to_string(f.inputs), std::to_string(f.sum), std::to_string(f.peak),
+                 r->computes ? report::fixed(r->steady_step_seconds(), 6) : "",
+                 r == p.full && !std::isnan(cost) ? report::fixed(cost, 6) : "",
+                 r->failure ? "true" : "false"});
     }
-    const std::int64_t act = saved(n.activations, f.activations);
-    const std::int64_t act_pred =
-        saved(p.none->native().figures.activations, p.full->native().figures.activations);
-    o << (md ? "- " : "") << display_optimizer(p.optimizer) << ": activations "
-      << in_unit(n.activations, u) << " -> " << in_unit(f.activations, u) << " " << u.name
-      << " (saves " << signed_in_unit(act, u) << " " << u.name << "; native predicts "
-      << signed_in_unit(act_pred, u) << ": " << (act == act_pred ? "yes" : "NO") << "), peak "
-      << in_unit(n.peak, u) << " -> " << in_unit(f.peak, u) << " " << u.name << "; ";
-    const double cost = recompute_cost(p);
-    if (!std::isnan(cost)) {
-      o << "measured cost: step " << report::fixed(p.none->steady_step_seconds(), 3) << " s -> "
-        << report::fixed(p.full->steady_step_seconds(), 3) << " s (" << (cost >= 0 ? "+" : "")
-        << report::fixed(100 * cost, 1) << "%: one extra forward of every layer during backward)\n";
-    } else if (!p.none->computes) {
-      o << "cost: one extra forward of every layer during backward (not timed: the meta "
-           "backend does no arithmetic)\n";
-    } else {
-      o << "cost: not measured (a run failed)\n";
-    }
+  return t;
+}
+
+// The reference profiles' activations for the pair (they do not depend on the optimizer), so
+// the measured figure can be read against what other stacks keep.
+report::Table references_table(const Pair& p, ByteUnit u) {
+  report::Table t({{"Profile", report::Align::left},
+                   {"Activations, none"},
+                   {"Activations, full"},
+                   {"saves"},
+                   {"per layer (none)", report::Align::left}});
+  for (std::size_t e = 0; e < p.none->estimates.size(); ++e) {
+    const Estimate& en = p.none->estimates[e];
+    const Estimate& ef = p.full->estimates[e];
+    t.add_row({profile_name(en.profile), format_bytes(en.figures.activations, u),
+               format_bytes(ef.figures.activations, u),
+               format_signed_bytes(saved(en.figures.activations, ef.figures.activations), u),
+               report::per_layer_formula(en)});
   }
-  // The reference profiles' activations for the same pair (they do not depend on the
-  // optimizer), so the measured figure can be read against what other stacks keep.
-  const Pair& p0 = pairs.front();
-  if (p0.none->estimates.size() > 1) {
-    report::Table ref({{"Profile", report::Align::left},
-                       {"Activations, none"},
-                       {"Activations, full"},
-                       {"saves"},
-                       {"per layer (none)", report::Align::left}});
-    for (std::size_t e = 0; e < p0.none->estimates.size(); ++e) {
-      const Estimate& en = p0.none->estimates[e];
-      const Estimate& ef = p0.full->estimates[e];
-      ref.add_row({profile_name(en.profile), in_unit(en.figures.activations, u),
-                   in_unit(ef.figures.activations, u),
-                   signed_in_unit(saved(en.figures.activations, ef.figures.activations), u),
-                   report::per_layer_formula(en)});
-    }
-    o << (md ? "\n#### " : "\n## ") << "Activations in the analytic profiles (" << u.name
-      << "; hf-eager = HuggingFace transformers 4.30 eager attention, PyTorch 2.0; megatron "
-         "and zero are GPT-style reference formulas)"
-      << (md ? "\n\n" : "\n") << (md ? ref.markdown() : ref.text());
+  return t;
+}
+
+// One pair's line of "What checkpointing saves and what it costs".
+std::string saving_line(const Pair& p, ByteUnit u) {
+  std::ostringstream o;
+  const auto& n = p.none->ledger;
+  const auto& f = p.full->ledger;
+  const auto& an = p.none->native().figures;
+  const auto& af = p.full->native().figures;
+  if (!failed_modes(p).empty()) {
+    o << display_optimizer(p.optimizer) << ": not compared: " << failed_modes(p)
+      << " ran out of memory (figures up to the failure only); native "
+      << "predicts activations " << format_bytes(an.activations, u) << " -> "
+      << format_bytes_with_unit(af.activations, u) << ", peak " << format_bytes(an.peak, u)
+      << " -> " << format_bytes_with_unit(af.peak, u);
+    return o.str();
+  }
+  const std::int64_t act = saved(n.activations, f.activations);
+  const std::int64_t act_pred = saved(an.activations, af.activations);
+  o << display_optimizer(p.optimizer) << ": activations " << format_bytes(n.activations, u)
+    << " -> " << format_bytes_with_unit(f.activations, u) << " (saves "
+    << format_signed_bytes(act, u) << " " << u.name << "; native predicts "
+    << format_signed_bytes(act_pred, u) << ": " << (act == act_pred ? "yes" : "NO") << "), peak "
+    << format_bytes(n.peak, u) << " -> " << format_bytes_with_unit(f.peak, u) << "; ";
+  const double cost = recompute_cost(p);
+  if (!std::isnan(cost)) {
+    o << "measured cost: step " << report::fixed(p.none->steady_step_seconds(), 3) << " s -> "
+      << report::fixed(p.full->steady_step_seconds(), 3) << " s (" << (cost >= 0 ? "+" : "")
+      << report::fixed(100 * cost, 1) << "%: one extra forward of every layer during backward)";
+  } else if (!p.none->computes) {
+    o << "cost: one extra forward of every layer during backward (not timed: the meta "
+         "backend does no arithmetic)";
+  } else {
+    o << "cost: not measured (a run failed)";
+  }
+  return o.str();
+}
+
+// The report, described once for the text and the Markdown writer.
+void write_compare(report::ReportWriter& w, const std::vector<Pair>& pairs,
+                   const std::vector<RunResult>& runs) {
+  std::uint64_t max_bytes = 0;
+  for (const auto& r : runs) max_bytes = std::max({max_bytes, r.ledger.sum, r.ledger.peak});
+  const ByteUnit u = table_unit(max_bytes);
+  const RunResult& first = runs.front();
+  const TrainConfig& shown = first.train;
+  std::ostringstream title;
+  title << "trainmem compare: " << first.model.name << "  b=" << shown.batch << " s=" << shown.seq
+        << " " << dtype_name(shown.dtype) << "  attention=" << attention_name(shown.attention);
+  w.title(title.str());
+  w.paragraph(backend_line(first));
+  if (!first.computes)
+    w.paragraph(
+        "These figures are PREDICTED: the meta backend runs the model's exact allocation "
+        "sequence without arithmetic; on a GPU the same step allocates exactly these bytes.");
+  w.heading(std::string("Memory of one training step (") + u.name +
+            "; Total = params + gradients + optimizer states + activations; Peak = true "
+            "high-water mark; native = the ledger equals the analytic native profile)");
+  w.table(memory_table(pairs, u, first.computes));
+  w.heading("What checkpointing saves and what it costs");
+  for (const auto& p : pairs) w.item(saving_line(p, u));
+  if (pairs.front().none->estimates.size() > 1) {
+    w.heading(std::string("Activations in the analytic profiles (") + u.name +
+              "; hf-eager = HuggingFace transformers 4.30 eager attention, PyTorch 2.0; megatron "
+              "and zero are GPT-style reference formulas)");
+    w.table(references_table(pairs.front(), u));
   }
   for (const auto& r : runs)
     if (r.failure)
-      o << "OUT OF MEMORY in " << optimizer_name(r.train.optimizer) << "/"
-        << checkpointing_name(r.train.checkpointing) << ": " << r.failure->message << "\n";
-  return md ? o.str() : colourize(o.str(), colour);
+      w.line(std::string("OUT OF MEMORY in ") + optimizer_name(r.train.optimizer) + "/" +
+                 checkpointing_name(r.train.checkpointing) + ": " + r.failure->message,
+             report::Tone::fail);
+}
+
+std::string compare_report(const std::vector<Pair>& pairs, const std::vector<RunResult>& runs,
+                           Format format, report::Colour colour) {
+  switch (format) {
+    case Format::csv:
+      return memory_bytes_table(pairs).csv();
+    case Format::markdown: {
+      report::MarkdownWriter w;
+      write_compare(w, pairs, runs);
+      return w.str();
+    }
+    case Format::table:
+    case Format::json:
+      break;
+  }
+  report::TextWriter w(colour);
+  write_compare(w, pairs, runs);
+  return w.str();
 }
 
 int run_compare(const CompareFlags& flags) {
@@ -266,25 +292,13 @@ int run_compare(const CompareFlags& flags) {
   if (!flags.run.dump.empty())
     throw InputError("--dump: compare runs several steps; use trainmem profile --dump");
 
-  std::optional<std::uint64_t> budget;
-  if (!flags.device_budget.empty()) budget = parse_size(flags.device_budget, "--device-budget");
   // Every request first, checked before the first one runs.
   std::vector<RunRequest> requests;
   for (Optimizer o : c.optimizers) {
     for (Checkpointing mode : {Checkpointing::none, Checkpointing::full}) {
-      RunRequest rq;
-      rq.model = c.model;
-      rq.train = c.train;
+      RunRequest rq = run_request(c, flags.run);
       rq.train.optimizer = o;
       rq.train.checkpointing = mode;
-      rq.backend = flags.run.backend;
-      rq.steps = flags.run.steps;
-      rq.seed = flags.run.seed;
-      rq.weights = flags.run.weights;
-      rq.tokens = flags.run.tokens;
-      rq.device_budget = budget;
-      for (const auto& name : c.profiles) rq.profiles.push_back(*parse_profile(name));
-      rq.keep_timeline = !flags.run.timeline.empty();
       check_run_can_start(rq);
       requests.push_back(std::move(rq));
     }
@@ -328,7 +342,7 @@ int run_compare(const CompareFlags& flags) {
     for (const auto& p : pairs) j["comparisons"].push_back(comparison_json(p));
     text = j.dump(2) + "\n";
   } else {
-    text = compare_text(pairs, runs, c.format, stdout_colour(c.output));
+    text = compare_report(pairs, runs, c.format, stdout_colour(c.output));
   }
   write_output(c.output, text);
   for (const auto& r : runs)
@@ -343,9 +357,7 @@ Runner register_compare(CLI::App& app) {
       "compare", "Checkpointing off vs on (and --optimizer all), measured, in a paper-style table");
   auto flags = std::make_shared<CompareFlags>();
   add_common_flags(*cmd, flags->common);
-  add_run_flags(*cmd, flags->run);
-  cmd->add_option("--device-budget", flags->device_budget,
-                  "Refuse allocations past SIZE live bytes in every run (out-of-memory: exit 3)");
+  add_run_flags(*cmd, flags->run, /*several_runs=*/true);
   return [flags, cmd] {
     // compare always runs both modes: a --checkpointing value is not silently dropped.
     if (cmd->count("--checkpointing") > 0 && flags->common.checkpointing != "both")

@@ -80,10 +80,10 @@ report::Table figures_table(const std::vector<Run>& runs) {
   for (const auto& r : runs) {
     if (&r != &runs.front()) t.add_rule();
     for (std::size_t k = 0; k < r.estimates.size(); ++k, ++n) {
-      auto cells = rows[n].keys;
+      std::vector<report::Cell> cells(rows[n].keys.begin(), rows[n].keys.end());
       const auto& f = rows[n].figures;
       for (auto b : {f.params, f.gradients, f.optimizer_states, f.activations, f.sum, f.peak})
-        cells.push_back(report::gib2(b));
+        cells.emplace_back(report::gib2(b));
       t.add_row(std::move(cells));
     }
   }
@@ -223,11 +223,13 @@ std::string render_csv(const std::vector<Run>& runs, bool explain) {
     if (r.train.optimizer != runs.front().train.optimizer) continue;
     for (const auto& e : r.estimates) {
       const json j = report::analytic_profile_json(e);
+      auto str = [](const json& v) { return v.get<std::string>(); };
       for (const auto& x : j.at("tensors"))
         t.add_row({checkpointing_name(r.train.checkpointing), profile_name(e.profile),
-                   x.at("group"), x.at("name"), x.at("shape"), x.at("dtype"),
-                   std::to_string(x.at("bytes").get<std::uint64_t>()), x.at("term"),
-                   report::coef(x.at("coefficient").get<double>()), x.at("kept_by"), x.at("why")});
+                   str(x.at("group")), str(x.at("name")), str(x.at("shape")), str(x.at("dtype")),
+                   std::to_string(x.at("bytes").get<std::uint64_t>()), str(x.at("term")),
+                   report::coef(x.at("coefficient").get<double>()), str(x.at("kept_by")),
+                   str(x.at("why"))});
     }
   }
   return t.csv();

@@ -11,9 +11,12 @@
 #include <sstream>
 
 #include "cli/cli.hpp"
+#include "cli/search.hpp"
+#include "cli/size.hpp"
 #include "trainmem/error.hpp"
 #include "trainmem/probes.hpp"
 #include "trainmem/report.hpp"
+#include "trainmem/report_writer.hpp"
 #include "trainmem/run.hpp"
 
 namespace trainmem::cli {
@@ -167,8 +170,8 @@ int run_maxbatch(const MaxbatchFlags& flags) {
     j["run"]["seq"] = seq;
     text = j.dump(2) + "\n";
   } else {
-    const TableUnit u = table_unit(budget.bytes);
-    auto q = [&](std::uint64_t b) { return in_unit(b, u) + " " + u.name; };
+    const ByteUnit u = table_unit(budget.bytes);
+    auto q = [&](std::uint64_t b) { return format_bytes_with_unit(b, u); };
     report::Table t({{vary_batch ? "batch" : "seq"},
                      {std::string("peak (") + u.name + ")"},
                      {std::string("+ overhead (") + u.name + ")"},
@@ -186,36 +189,44 @@ int run_maxbatch(const MaxbatchFlags& flags) {
       bytes_t.add_row({std::to_string(v), std::to_string(p.peak),
                        std::to_string(p.peak + overhead.bytes), std::to_string(budget.bytes),
                        std::to_string(m), p.fits ? "yes" : "NO"});
-      t.add_row({std::to_string(v), p.peak ? in_unit(p.peak, u) : "overflow",
-                 in_unit(p.peak + overhead.bytes, u), in_unit(budget.bytes, u),
-                 (m < 0 ? "-" : "") + in_unit(std::uint64_t(m < 0 ? -m : m), u),
-                 p.fits ? "yes" : "NO"});
+      t.add_row({std::to_string(v), p.peak ? format_bytes(p.peak, u) : "overflow",
+                 format_bytes(p.peak + overhead.bytes, u), format_bytes(budget.bytes, u),
+                 format_signed_bytes(m, u), report::check_cell(p.fits)});
     };
     if (s.best > 0) row(s.best, s.at_best);
     row(s.best > 0 ? s.best + flags.step : lowest, s.at_next);
-    std::ostringstream o;
-    const bool md = c.format == Format::markdown;
-    TrainConfig shown = c.train;
-    (vary_batch ? shown.batch : shown.seq) = vary_batch ? batch : seq;
-    o << (md ? "### " : "## ") << "trainmem maxbatch: " << c.model.name << "  "
-      << (vary_batch ? "s=" + std::to_string(c.train.seq) : "b=" + std::to_string(c.train.batch))
-      << " " << dtype_name(c.train.dtype) << " " << optimizer_name(c.train.optimizer)
-      << "  checkpointing=" << checkpointing_name(c.train.checkpointing)
-      << " attention=" << attention_name(c.train.attention) << (md ? "\n\n" : "\n");
-    o << "budget " << q(budget.bytes) << " (" << budget.source << "); overhead "
-      << q(overhead.bytes) << " (" << overhead.source << ")" << (md ? "\n\n" : "\n");
-    o << "peaks: the meta backend's exact trace of the training step (" << traced
-      << " configurations traced)" << (md ? "\n\n" : "\n\n");
-    if (s.best > 0)
-      o << (md ? "**" : "## ") << "largest " << flags.vary << " that fits: " << s.best
-        << ", margin " << q(std::uint64_t(std::max<std::int64_t>(margin, 0)))
-        << (md ? "**\n\n" : "\n");
-    else
-      o << (md ? "**" : "## ") << "nothing fits: even " << flags.vary << " " << lowest << " needs "
-        << q(s.at_next.peak + overhead.bytes) << (md ? "**\n\n" : "\n");
-    o << (md ? t.markdown() : t.text());
-    text = md || c.format == Format::csv ? (c.format == Format::csv ? bytes_t.csv() : o.str())
-                                         : colourize(o.str(), stdout_colour(c.output));
+    // The report, described once for the text and the Markdown writer.
+    auto write = [&](report::ReportWriter& w) {
+      w.title(
+          "trainmem maxbatch: " + c.model.name + "  " +
+          (vary_batch ? "s=" + std::to_string(c.train.seq) : "b=" + std::to_string(c.train.batch)) +
+          " " + dtype_name(c.train.dtype) + " " + optimizer_name(c.train.optimizer) +
+          "  checkpointing=" + checkpointing_name(c.train.checkpointing) +
+          " attention=" + attention_name(c.train.attention));
+      w.paragraph_break();
+      w.paragraph("budget " + q(budget.bytes) + " (" + budget.source + "); overhead " +
+                  q(overhead.bytes) + " (" + overhead.source + ")");
+      w.paragraph("peaks: the meta backend's exact trace of the training step (" +
+                  std::to_string(traced) + " configurations traced)");
+      if (s.best > 0)
+        w.strong("largest " + flags.vary + " that fits: " + std::to_string(s.best) + ", margin " +
+                 q(std::uint64_t(std::max<std::int64_t>(margin, 0))));
+      else
+        w.strong("nothing fits: even " + flags.vary + " " + std::to_string(lowest) + " needs " +
+                 q(s.at_next.peak + overhead.bytes));
+      w.table(t);
+    };
+    if (c.format == Format::csv) {
+      text = bytes_t.csv();
+    } else if (c.format == Format::markdown) {
+      report::MarkdownWriter w;
+      write(w);
+      text = w.str();
+    } else {
+      report::TextWriter w(stdout_colour(c.output));
+      write(w);
+      text = w.str();
+    }
   }
   write_output(c.output, text);
   return s.best > 0 ? 0 : 3;

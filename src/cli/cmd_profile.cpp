@@ -12,6 +12,7 @@
 #include "trainmem/analytic.hpp"
 #include "trainmem/error.hpp"
 #include "trainmem/run.hpp"
+#include "trainmem/run_report.hpp"
 #include "trainmem/timeline.hpp"
 
 namespace trainmem::cli {
@@ -20,30 +21,13 @@ namespace {
 struct ProfileFlags {
   CommonFlags common;
   RunFlags run;
-  std::string device_budget;
 };
 
 int run_profile(const ProfileFlags& flags) {
   const Common c = resolve_common(flags.common, false, false);
   if (!flags.run.timeline.empty()) validate_timeline_path(flags.run.timeline);
 
-  RunRequest rq;
-  rq.model = c.model;
-  rq.train = c.train;
-  rq.backend = flags.run.backend;
-  rq.steps = flags.run.steps;
-  rq.seed = flags.run.seed;
-  rq.weights = flags.run.weights;
-  rq.tokens = flags.run.tokens;
-  rq.dump = flags.run.dump;
-  if (!flags.device_budget.empty())
-    rq.device_budget = parse_size(flags.device_budget, "--device-budget");
-  for (const auto& name : c.profiles) {
-    const auto p = parse_profile(name);
-    if (!p) throw InputError("--profile: unknown profile '" + name + "'");
-    rq.profiles.push_back(*p);
-  }
-  rq.keep_timeline = !flags.run.timeline.empty();
+  const RunRequest rq = run_request(c, flags.run);
   // Before the run, which may take long: every file it will write can be written, and the
   // step can start on the chosen backend.
   if (!flags.run.timeline.empty()) check_writable(flags.run.timeline, "--timeline");
@@ -85,10 +69,7 @@ Runner register_profile(CLI::App& app) {
       "profile", "Run the training step(s) on a backend, measure, reconcile with the formulas");
   auto flags = std::make_shared<ProfileFlags>();
   add_common_flags(*cmd, flags->common);
-  add_run_flags(*cmd, flags->run);
-  cmd->add_option("--device-budget", flags->device_budget,
-                  "Refuse allocations past SIZE live bytes (out-of-memory: exit 3, the report "
-                  "of what was measured still written)");
+  add_run_flags(*cmd, flags->run, /*several_runs=*/false);
   return [flags] { return run_profile(*flags); };
 }
 

@@ -14,10 +14,13 @@
 #include <sstream>
 
 #include "cli/cli.hpp"
+#include "cli/progress.hpp"
 #include "trainmem/error.hpp"
 #include "trainmem/fit.hpp"
 #include "trainmem/report.hpp"
+#include "trainmem/report_writer.hpp"
 #include "trainmem/run.hpp"
+#include "trainmem/run_report.hpp"
 
 namespace trainmem::cli {
 namespace {
@@ -27,7 +30,6 @@ using nlohmann::json;
 struct SweepFlags {
   CommonFlags common;
   RunFlags run;
-  std::string device_budget;
   std::string batches = "1,2,4";
   std::string seqs = "128,256";
   std::string hiddens, intermediates, heads;
@@ -173,7 +175,7 @@ json fits_json(const SweepFits& f) {
   return j;
 }
 
-report::Table runs_table(const std::vector<RunResult>& runs, bool several_models, TableUnit u) {
+report::Table runs_table(const std::vector<RunResult>& runs, bool several_models, ByteUnit u) {
   std::vector<report::Table::Column> cols;
   if (several_models) {
     cols.push_back({"h"});
@@ -188,59 +190,100 @@ report::Table runs_table(const std::vector<RunResult>& runs, bool several_models
   cols.push_back({"native", report::Align::left});
   report::Table t(cols);
   for (const auto& r : runs) {
-    std::vector<std::string> cells;
+    std::vector<report::Cell> cells;
     if (several_models) {
-      cells.push_back(std::to_string(r.model.hidden));
-      cells.push_back(std::to_string(r.model.intermediate));
-      cells.push_back(std::to_string(r.model.heads));
+      cells.emplace_back(std::to_string(r.model.hidden));
+      cells.emplace_back(std::to_string(r.model.intermediate));
+      cells.emplace_back(std::to_string(r.model.heads));
     }
-    bool ok = true;
-    for (const auto& row : reconcile_ledger_native(r)) ok &= row.ok;
-    cells.push_back(std::to_string(r.train.batch));
-    cells.push_back(std::to_string(r.train.seq));
-    cells.push_back(in_unit(r.ledger.activations, u));
-    cells.push_back(report::with_commas(r.per_layer_activations()));
-    cells.push_back(report::with_commas(r.native().activations.per_layer_bytes));
-    cells.push_back(in_unit(r.ledger.peak, u));
-    cells.push_back(r.failure ? "OOM" : (ok ? "yes" : "NO"));
-    t.add_row(cells);
+    cells.emplace_back(std::to_string(r.train.batch));
+    cells.emplace_back(std::to_string(r.train.seq));
+    cells.emplace_back(format_bytes(r.ledger.activations, u));
+    cells.emplace_back(report::with_commas(r.per_layer_activations()));
+    cells.emplace_back(report::with_commas(r.native().activations.per_layer_bytes));
+    cells.emplace_back(format_bytes(r.ledger.peak, u));
+    cells.push_back(native_cell(r));
+    t.add_row(std::move(cells));
   }
   return t;
 }
 
-std::string fit_text(const SweepFits& f, std::size_t n_runs, bool md) {
-  std::ostringstream o;
+// The runs in bytes, for CSV.
+report::Table runs_bytes_table(const std::vector<RunResult>& runs) {
+  report::Table t({{"model", report::Align::left},
+                   {"hidden"},
+                   {"intermediate"},
+                   {"heads"},
+                   {"batch"},
+                   {"seq"},
+                   {"activations"},
+                   {"per_layer_activations"},
+                   {"native_per_layer_activations"},
+                   {"activations_peak"},
+                   {"peak"},
+                   {"out_of_memory", report::Align::left}});
+  for (const auto& r : runs)
+    t.add_row({r.model.name, std::to_string(r.model.hidden), std::to_string(r.model.intermediate),
+               std::to_string(r.model.heads), std::to_string(r.train.batch),
+               std::to_string(r.train.seq), std::to_string(r.ledger.activations),
+               std::to_string(r.per_layer_activations()),
+               std::to_string(r.native().activations.per_layer_bytes),
+               std::to_string(r.ledger.activations_peak), std::to_string(r.ledger.peak),
+               r.failure ? "true" : "false"});
+  return t;
+}
+
+report::Table fit_table(const SweepFits& f, const SourceFit& s) {
+  report::Table t({{"coefficient", report::Align::left},
+                   {"fitted (B)"},
+                   {"analytic native (B)"},
+                   {"rel diff"},
+                   {"within 0.5%", report::Align::left}});
+  for (const auto& name : fit_term_names(f.terms)) {
+    const double fit = s.fit.coefficients.at(name), an = s.analytic.at(name);
+    const double rel = an != 0 ? (fit - an) / an : (std::fabs(fit) < 1e-9 ? 0 : INFINITY);
+    t.add_row({name, report::fixed(fit, 6), report::fixed(an, 6),
+               std::isfinite(rel) ? report::fixed(100 * rel, 4) + "%" : "-",
+               report::check_cell(std::fabs(rel) <= 0.005)});
+  }
+  return t;
+}
+
+void write_fits(report::ReportWriter& w, const SweepFits& f, std::size_t n_runs) {
   for (const auto& s : f.fits) {
-    o << (md ? "\n#### " : "\n## ") << "Fit of per-layer activation bytes, source " << s.source
-      << " (" << n_runs << " runs; "
-      << (f.terms == FitTerms::one_model
-              ? "one model: sbh = c_sbh + c_sbi·i/h + c_sb/h, all per-token bytes)"
-              : "several widths: separate coefficients)")
-      << (md ? "\n\n" : "\n");
-    report::Table t({{"coefficient", report::Align::left},
-                     {"fitted (B)"},
-                     {"analytic native (B)"},
-                     {"rel diff"},
-                     {"within 0.5%", report::Align::left}});
-    for (const auto& name : fit_term_names(f.terms)) {
-      const double fit = s.fit.coefficients.at(name), an = s.analytic.at(name);
-      const double rel = an != 0 ? (fit - an) / an : (std::fabs(fit) < 1e-9 ? 0 : INFINITY);
-      t.add_row({name, report::fixed(fit, 6), report::fixed(an, 6),
-                 std::isfinite(rel) ? report::fixed(100 * rel, 4) + "%" : "-",
-                 std::fabs(rel) <= 0.005 ? "yes" : "NO"});
-    }
-    o << (md ? t.markdown() : t.text());
+    w.heading("Fit of per-layer activation bytes, source " + s.source + " (" +
+              std::to_string(n_runs) + " runs; " +
+              (f.terms == FitTerms::one_model
+                   ? "one model: sbh = c_sbh + c_sbi·i/h + c_sb/h, all per-token bytes)"
+                   : "several widths: separate coefficients)"));
+    w.table(fit_table(f, s));
     double max_abs = 0;
     for (double r : s.fit.residuals) max_abs = std::max(max_abs, std::fabs(r));
-    o << (md ? "\n" : "") << "R² = " << report::fixed(s.fit.r2, 9)
-      << ", max |residual| = " << report::fixed(max_abs, 3) << " B; residuals (B):";
-    for (double r : s.fit.residuals) o << " " << report::fixed(r, 3);
-    o << "\n";
+    std::string residuals = "R² = " + report::fixed(s.fit.r2, 9) +
+                            ", max |residual| = " + report::fixed(max_abs, 3) +
+                            " B; residuals (B):";
+    for (double r : s.fit.residuals) residuals += " " + report::fixed(r, 3);
+    w.paragraph_break();
+    w.line(residuals);
   }
-  for (const auto& [src, why] : f.unavailable)
-    o << (md ? "- " : "") << "fit for " << src << ": unavailable: " << why << "\n";
-  for (const auto& n : f.notes) o << (md ? "- " : "") << "note: " << n << "\n";
-  return o.str();
+  for (const auto& [src, why] : f.unavailable) w.item("fit for " + src + ": unavailable: " + why);
+  for (const auto& n : f.notes) w.item("note: " + n);
+}
+
+// The report, described once for the text and the Markdown writer.
+void write_sweep(report::ReportWriter& w, const Common& c, const std::vector<RunResult>& runs,
+                 bool several_models, const std::optional<SweepFits>& fits) {
+  std::uint64_t max_bytes = 0;
+  for (const auto& r : runs) max_bytes = std::max(max_bytes, r.ledger.peak);
+  const ByteUnit u = table_unit(max_bytes);
+  w.title("trainmem sweep: " + c.model.name + "  " + dtype_name(c.train.dtype) + " " +
+          optimizer_name(c.train.optimizer) +
+          "  checkpointing=" + checkpointing_name(c.train.checkpointing) +
+          " attention=" + attention_name(c.train.attention));
+  w.paragraph(backend_line(runs.front()));
+  w.blank();
+  w.table(runs_table(runs, several_models, u));
+  if (fits) write_fits(w, *fits, runs.size());
 }
 
 int run_sweep(const SweepFlags& flags) {
@@ -279,25 +322,17 @@ int run_sweep(const SweepFlags& flags) {
     fit_activation_coefficients(probe, terms);
   }
 
-  std::optional<std::uint64_t> budget;
-  if (!flags.device_budget.empty()) budget = parse_size(flags.device_budget, "--device-budget");
   // Every grid point first, checked before the first one runs.
   std::vector<RunRequest> requests;
   for (const auto& m : models)
     for (auto b : batches)
       for (auto s : seqs) {
-        RunRequest rq;
+        RunRequest rq = run_request(c, flags.run);
+        rq.profiles.clear();  // sweep reports the native profile only
         rq.model = m;
-        rq.train = c.train;
         rq.train.batch = b;
         rq.train.seq = s;
         rq.train.validate();
-        rq.backend = flags.run.backend;
-        rq.steps = flags.run.steps;
-        rq.seed = flags.run.seed;
-        rq.weights = flags.run.weights;
-        rq.tokens = flags.run.tokens;
-        rq.device_budget = budget;
         check_run_can_start(rq);
         requests.push_back(std::move(rq));
       }
@@ -318,59 +353,39 @@ int run_sweep(const SweepFlags& flags) {
   if (flags.fit && !failed) fits = fit_sources(runs, terms);
   if (flags.fit && failed) spdlog::error("--fit: skipped, a run ran out of memory");
 
-  std::uint64_t max_bytes = 0;
-  for (const auto& r : runs) max_bytes = std::max(max_bytes, r.ledger.peak);
-  const TableUnit u = table_unit(max_bytes);
   std::string text;
-  if (c.format == Format::json) {
-    json j;
-    j["schema"] = report::kSchema;
-    j["runs"] = json::array();
-    for (const auto& r : runs) j["runs"].push_back(run_result_json(r));
-    if (fits) {
-      j["fit"] = fits_json(*fits);
-      // DESIGN.md: one entry per measurement source; a source that could not give the
-      // figure says why in its entry (and, as before, in fit_unavailable).
-      for (const auto& [src, why] : fits->unavailable) j["fit"][src] = {{"unavailable", why}};
-      j["fit_unavailable"] = fits->unavailable;
-      j["fit_notes"] = fits->notes;
+  switch (c.format) {
+    case Format::json: {
+      json j;
+      j["schema"] = report::kSchema;
+      j["runs"] = json::array();
+      for (const auto& r : runs) j["runs"].push_back(run_result_json(r));
+      if (fits) {
+        j["fit"] = fits_json(*fits);
+        // DESIGN.md: one entry per measurement source; a source that could not give the
+        // figure says why in its entry (and, as before, in fit_unavailable).
+        for (const auto& [src, why] : fits->unavailable) j["fit"][src] = {{"unavailable", why}};
+        j["fit_unavailable"] = fits->unavailable;
+        j["fit_notes"] = fits->notes;
+      }
+      text = j.dump(2) + "\n";
+      break;
     }
-    text = j.dump(2) + "\n";
-  } else if (c.format == Format::csv) {
-    report::Table t({{"model", report::Align::left},
-                     {"hidden"},
-                     {"intermediate"},
-                     {"heads"},
-                     {"batch"},
-                     {"seq"},
-                     {"activations"},
-                     {"per_layer_activations"},
-                     {"native_per_layer_activations"},
-                     {"activations_peak"},
-                     {"peak"},
-                     {"out_of_memory", report::Align::left}});
-    for (const auto& r : runs)
-      t.add_row({r.model.name, std::to_string(r.model.hidden), std::to_string(r.model.intermediate),
-                 std::to_string(r.model.heads), std::to_string(r.train.batch),
-                 std::to_string(r.train.seq), std::to_string(r.ledger.activations),
-                 std::to_string(r.per_layer_activations()),
-                 std::to_string(r.native().activations.per_layer_bytes),
-                 std::to_string(r.ledger.activations_peak), std::to_string(r.ledger.peak),
-                 r.failure ? "true" : "false"});
-    text = t.csv();
-  } else {
-    const bool md = c.format == Format::markdown;
-    std::ostringstream o;
-    const RunResult& first = runs.front();
-    o << (md ? "### " : "## ") << "trainmem sweep: " << c.model.name << "  "
-      << dtype_name(c.train.dtype) << " " << optimizer_name(c.train.optimizer)
-      << "  checkpointing=" << checkpointing_name(c.train.checkpointing)
-      << " attention=" << attention_name(c.train.attention) << "\n"
-      << backend_line(first) << (md ? "\n\n" : "\n\n");
-    const auto t = runs_table(runs, models.size() > 1, u);
-    o << (md ? t.markdown() : t.text());
-    if (fits) o << fit_text(*fits, runs.size(), md);
-    text = md ? o.str() : colourize(o.str(), stdout_colour(c.output));
+    case Format::csv:
+      text = runs_bytes_table(runs).csv();
+      break;
+    case Format::markdown: {
+      report::MarkdownWriter w;
+      write_sweep(w, c, runs, models.size() > 1, fits);
+      text = w.str();
+      break;
+    }
+    case Format::table: {
+      report::TextWriter w(stdout_colour(c.output));
+      write_sweep(w, c, runs, models.size() > 1, fits);
+      text = w.str();
+      break;
+    }
   }
   write_output(c.output, text);
   return failed ? 3 : 0;
@@ -385,9 +400,7 @@ Runner register_sweep(CLI::App& app) {
       "activation coefficients");
   auto flags = std::make_shared<SweepFlags>();
   add_common_flags(*cmd, flags->common);
-  add_run_flags(*cmd, flags->run);
-  cmd->add_option("--device-budget", flags->device_budget,
-                  "Refuse allocations past SIZE live bytes in every run (out-of-memory: exit 3)");
+  add_run_flags(*cmd, flags->run, /*several_runs=*/true);
   // --batch and --seq take lists here.
   cmd->remove_option(cmd->get_option("--batch"));
   cmd->remove_option(cmd->get_option("--seq"));

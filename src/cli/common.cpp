@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "cli/cli.hpp"
+#include "cli/size.hpp"
 #include "trainmem/analytic.hpp"
 #include "trainmem/backend.hpp"
 #include "trainmem/error.hpp"
@@ -133,10 +134,7 @@ void check_run_can_start(const RunRequest& rq) {
   std::uint64_t need = estimate(Profile::native, rq.model, rq.train).figures.peak;
   if (rq.device_budget) need = std::min(need, *rq.device_budget);
   if (need <= *available) return;
-  const auto gib = [](std::uint64_t b) {
-    const TableUnit u = table_unit(b);
-    return in_unit(b, u) + " " + u.name;
-  };
+  const auto gib = [](std::uint64_t b) { return format_bytes_with_unit(b, table_unit(b)); };
   throw InputError("--backend cpu: this step needs " + gib(need) + " of host memory (" +
                    rq.model.name + ", batch " + std::to_string(rq.train.batch) + ", seq " +
                    std::to_string(rq.train.seq) + ": the native profile's peak) and " +
@@ -195,7 +193,7 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
   add_log_level_flag(cmd, flags.log_level);
 }
 
-void add_run_flags(CLI::App& cmd, RunFlags& flags) {
+void add_run_flags(CLI::App& cmd, RunFlags& flags, bool several_runs) {
   cmd.add_option("--backend", flags.backend, "auto|cuda|cpu|meta")
       ->check(CLI::IsMember({"auto", "cuda", "cpu", "meta"}))
       ->capture_default_str();
@@ -216,6 +214,32 @@ void add_run_flags(CLI::App& cmd, RunFlags& flags) {
       ->check(suffix_check({".safetensors"}));
   cmd.add_option("--timeline", flags.timeline, "Memory timeline: .json (Perfetto) or .svg")
       ->check(suffix_check({".json", ".svg"}));
+  cmd.add_option("--device-budget", flags.device_budget,
+                 several_runs ? "Refuse allocations past SIZE live bytes in every run "
+                                "(out-of-memory: exit 3)"
+                              : "Refuse allocations past SIZE live bytes (out-of-memory: exit "
+                                "3, the report of what was measured still written)");
+}
+
+RunRequest run_request(const Common& c, const RunFlags& flags) {
+  RunRequest rq;
+  rq.model = c.model;
+  rq.train = c.train;
+  rq.backend = flags.backend;
+  rq.steps = flags.steps;
+  rq.seed = flags.seed;
+  rq.weights = flags.weights;
+  rq.tokens = flags.tokens;
+  rq.dump = flags.dump;
+  if (!flags.device_budget.empty())
+    rq.device_budget = parse_size(flags.device_budget, "--device-budget");
+  for (const auto& name : c.profiles) {
+    const auto p = parse_profile(name);
+    if (!p) throw InputError("--profile: unknown profile '" + name + "'");
+    rq.profiles.push_back(*p);
+  }
+  rq.keep_timeline = !flags.timeline.empty();
+  return rq;
 }
 
 Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool allow_both_modes) {
@@ -328,6 +352,20 @@ void write_output(const std::string& output_path, const std::string& text) {
   if (!out)
     throw InputError("--output: writing " + output_path + " failed: " + std::strerror(errno));
   spdlog::info("wrote {}", output_path);
+}
+
+report::Colour stdout_colour(const std::string& output_path) {
+  return output_path.empty() && isatty(STDOUT_FILENO) == 1 && !std::getenv("NO_COLOR")
+             ? report::Colour::on
+             : report::Colour::off;
+}
+
+std::string suffixed_path(const std::string& path, const std::string& suffix) {
+  const auto dot = path.find_last_of('.');
+  const auto slash = path.find_last_of('/');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash))
+    return path + "-" + suffix;
+  return path.substr(0, dot) + "-" + suffix + path.substr(dot);
 }
 
 }  // namespace trainmem::cli

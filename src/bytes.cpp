@@ -1,0 +1,26 @@
+// Byte figures in a unit (see include/trainmem/bytes.hpp).
+#include "trainmem/bytes.hpp"
+
+#include <cstdio>
+
+namespace trainmem {
+
+ByteUnit table_unit(std::uint64_t max_bytes) {
+  return max_bytes >= (std::uint64_t{1} << 30) ? kGiB : kMiB;
+}
+
+std::string format_bytes(std::uint64_t bytes, ByteUnit unit) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(bytes) / unit.bytes);
+  return buf;
+}
+
+std::string format_signed_bytes(std::int64_t bytes, ByteUnit unit) {
+  return (bytes < 0 ? "-" : "") + format_bytes(std::uint64_t(bytes < 0 ? -bytes : bytes), unit);
+}
+
+std::string format_bytes_with_unit(std::uint64_t bytes, ByteUnit unit) {
+  return format_bytes(bytes, unit) + " " + unit.name;
+}
+
+}  // namespace trainmem

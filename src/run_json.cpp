@@ -1,0 +1,115 @@
+// The per-run JSON object of DESIGN.md ("JSON output"); see include/trainmem/run_report.hpp.
+#include <cmath>
+
+#include "trainmem/report.hpp"
+#include "trainmem/run_report.hpp"
+
+namespace trainmem {
+
+using nlohmann::json;
+
+namespace {
+
+json shape_json(const std::vector<std::int64_t>& shape) {
+  json j = json::array();
+  for (auto d : shape) j.push_back(d);
+  return j;
+}
+
+json tensor_record_json(const TensorRecord& t) {
+  return json{{"name", t.name},
+              {"category", category_name(t.category)},
+              {"layer", t.layer},
+              {"shape", shape_json(t.shape)},
+              {"dtype", dtype_name(t.dtype)},
+              {"bytes", t.bytes},
+              {"phase", phase_name(t.phase)},
+              {"step", t.step}};
+}
+
+}  // namespace
+
+json run_result_json(const RunResult& r) {
+  json j;
+  j["schema"] = report::kSchema;
+  j["model"] = report::model_json(r.model, r.model.param_count());
+  j["run"] = report::run_json(r.train, r.backend, r.steps_requested);
+  j["run"]["steps_done"] = r.steps_done;
+  j["run"]["predicted"] = !r.computes;
+  j["run"]["seed"] = r.seed;
+  j["run"]["weights"] = r.weights.empty() ? json(nullptr) : json(r.weights);
+  j["run"]["tokens"] = r.tokens.empty() ? json(nullptr) : json(r.tokens);
+  json losses = json::array();
+  for (float l : r.losses) losses.push_back(std::isfinite(l) ? json(l) : json(nullptr));
+  j["run"]["losses"] = losses;
+  j["run"]["step_seconds"] = r.step_seconds;
+  if (!r.backend_note.empty()) j["run"]["backend_note"] = r.backend_note;
+  j["run"]["device_budget"] = r.device_budget ? json(*r.device_budget) : json(nullptr);
+  j["analytic"] = report::analytic_json(r.estimates);
+
+  json led = report::figures_json(r.ledger, true);
+  led["per_layer_activations"] = r.per_layer_activations();
+  // One run cannot identify coefficients; `trainmem sweep --fit` measures them.
+  led["coefficients"] = nullptr;
+  if (r.activations_by_layer.size() > 1) {
+    led["per_layer_activations_by_layer"] = json(std::vector<std::uint64_t>(
+        r.activations_by_layer.begin() + 1, r.activations_by_layer.end()));
+    led["outside_layers_activations"] = r.activations_by_layer[0];
+  }
+  led["peak_at"] = json{{"phase", phase_name(r.peak.phase)},
+                        {"tensor", r.peak.tensor},
+                        {"layer", r.peak.layer},
+                        {"seq", r.peak.seq}};
+  json phases = json::object();
+  for (Phase ph : {Phase::forward, Phase::backward, Phase::recompute, Phase::optimizer})
+    phases[phase_name(ph)] = r.phase_peaks[static_cast<int>(ph)];
+  led["phase_peaks"] = phases;
+  led["events"] = r.events;
+  led["dropped_events"] = r.dropped_events;
+
+  json unavailable = json::object();
+  auto source = [&](const char* name, bool available, const std::string& reason,
+                    const json& body) -> json {
+    if (available) return body;
+    unavailable[name] = reason;
+    return nullptr;
+  };
+  j["measured"] = json{{"ledger", led}};
+  j["measured"]["pool"] = source("pool", r.pool.available, r.pool.reason, r.pool.to_json());
+  j["measured"]["cupti"] = source("cupti", r.cupti.available, r.cupti.reason, r.cupti.to_json());
+  j["measured"]["memgetinfo"] =
+      source("memgetinfo", r.memgetinfo.available, r.memgetinfo.reason, r.memgetinfo.to_json());
+  j["measured"]["unavailable"] = unavailable;
+
+  json rec = json::array();
+  for (const auto& row : reconcile_ledger_native(r))
+    rec.push_back(
+        json{{"category", row.category},
+             {"source", "ledger"},
+             {"profile", "native"},
+             {"measured", row.measured},
+             {"analytic", row.analytic},
+             {"difference", row.difference},
+             {"rel_error", row.rel_error},
+             {"ok", row.judged ? json(row.ok) : json(nullptr)},
+             {"tolerance", row.judged ? "exact" : "not judged: the run ran out of memory"}});
+  j["reconciliation"] = rec;
+  json checks = json::array();
+  for (const auto& c : r.device_checks) checks.push_back(c.to_json());
+  j["device_checks"] = checks;
+  json tensors = json::array();
+  for (const auto& t : r.tensors) tensors.push_back(tensor_record_json(t));
+  j["tensors"] = tensors;
+  if (r.failure) {
+    const RunFailure& f = *r.failure;
+    json live = json::array();
+    for (const auto& t : f.live_tensors) live.push_back(tensor_record_json(t));
+    j["error"] = json{
+        {"kind", "out_of_memory"}, {"message", f.message}, {"requested_bytes", f.requested_bytes},
+        {"category", f.category},  {"tensor", f.tensor},   {"live_bytes", f.live_bytes},
+        {"step", f.step},          {"live_tensors", live}};
+  }
+  return j;
+}
+
+}  // namespace trainmem

@@ -1,0 +1,307 @@
+// profile's report in text, Markdown and CSV, and the title and backend lines every run report
+// starts with (see include/trainmem/run_report.hpp). JSON: run_json.cpp.
+#include "trainmem/run_report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "trainmem/report.hpp"
+#include "trainmem/report_writer.hpp"
+
+namespace trainmem {
+
+using report::Cell;
+
+std::string run_title(const ModelConfig& m, const TrainConfig& t) {
+  std::ostringstream o;
+  o << m.name << "  b=" << t.batch << " s=" << t.seq << " " << dtype_name(t.dtype) << " "
+    << optimizer_name(t.optimizer) << "  checkpointing=" << checkpointing_name(t.checkpointing)
+    << " attention=" << attention_name(t.attention);
+  return o.str();
+}
+
+std::string backend_line(const RunResult& r) {
+  std::string s = "backend " + r.backend;
+  if (!r.computes)
+    s += " — PREDICTED: the exact allocation trace of the step, no arithmetic";
+  else if (r.backend == "cpu")
+    s += " — measured: real arithmetic on the CPU, the bytes a GPU run allocates";
+  else
+    s += " — measured on the GPU";
+  if (!r.backend_note.empty()) s += "\n  note: " + r.backend_note;
+  return s;
+}
+
+report::Cell native_cell(const RunResult& r) {
+  if (r.failure) return "OOM";
+  bool ok = true;
+  for (const auto& row : reconcile_ledger_native(r)) ok &= row.ok;
+  return report::check_cell(ok);
+}
+
+namespace {
+
+std::string signed_bytes(std::int64_t v) {
+  if (v == 0) return "0";
+  return (v > 0 ? "+" : "-") + report::with_commas(std::uint64_t(v > 0 ? v : -v));
+}
+
+std::string percent(double f) {
+  return report::fixed(100.0 * f, 2) + "%";
+}
+
+std::string where_text(const PeakInfo& p) {
+  std::string s = std::string("in ") + phase_name(p.phase);
+  if (p.layer >= 0) s += ", layer " + std::to_string(p.layer);
+  if (!p.tensor.empty()) s += ", at the allocation of " + p.tensor;
+  if (p.seq) s += " (ledger event " + std::to_string(p.seq) + ")";
+  return s;
+}
+
+std::uint64_t max_figure(const MemoryFigures& f) {
+  return std::max({f.params, f.gradients, f.optimizer_states, f.activations, f.activations_peak,
+                   f.workspace, f.inputs, f.sum, f.peak});
+}
+
+// The unit of every figure of profile's report.
+ByteUnit profile_unit(const RunResult& r) {
+  return table_unit(std::max(max_figure(r.ledger), max_figure(r.native().figures)));
+}
+
+// ---------------------------------------------------------------- profile's tables
+
+report::Table reconciliation_table(const RunResult& r, ByteUnit u) {
+  report::Table t({{"category", report::Align::left},
+                   {std::string("measured (") + u.name + ")"},
+                   {std::string("analytic (") + u.name + ")"},
+                   {"difference (B)"},
+                   {"rel error"},
+                   {"ok", report::Align::left}});
+  for (const auto& row : reconcile_ledger_native(r)) {
+    if (row.category == "sum") t.add_rule();
+    t.add_row({row.category, format_bytes(row.measured, u), format_bytes(row.analytic, u),
+               signed_bytes(row.difference), percent(row.rel_error),
+               row.judged ? report::check_cell(row.ok) : Cell("- (OOM)")});
+  }
+  return t;
+}
+
+report::Table device_table(const RunResult& r, ByteUnit u) {
+  report::Table t({{"source", report::Align::left},
+                   {"figure", report::Align::left},
+                   {std::string("ledger (") + u.name + ")"},
+                   {std::string("device (") + u.name + ")"},
+                   {"difference (B)"},
+                   {"ok", report::Align::left},
+                   {"bound", report::Align::left}});
+  for (const auto& c : r.device_checks)
+    t.add_row({c.source, c.what, format_bytes(c.ledger, u), format_bytes(c.device, u),
+               signed_bytes(c.difference), report::check_cell(c.ok), c.bound});
+  return t;
+}
+
+report::Table breakdown_table(const RunResult& r, ByteUnit u) {
+  report::Table t({{"category at the peak", report::Align::left},
+                   {std::string("live (") + u.name + ")"},
+                   {"share"}});
+  for (Category c : all_categories()) {
+    const std::uint64_t b = r.peak.breakdown[static_cast<int>(c)];
+    t.add_row({category_name(c), format_bytes(b, u),
+               r.peak.bytes ? percent(double(b) / double(r.peak.bytes)) : "-"});
+  }
+  t.add_rule();
+  t.add_row({"total", format_bytes(r.peak.bytes, u), r.peak.bytes ? "100.00%" : "-"});
+  return t;
+}
+
+report::Table references_table(const RunResult& r, ByteUnit u) {
+  report::Table t({{"profile", report::Align::left},
+                   {"Params"},
+                   {"Gradients"},
+                   {"Optimizer States"},
+                   {"Activations"},
+                   {"Total"},
+                   {"Peak"},
+                   {"per layer", report::Align::left}});
+  auto row = [&](const std::string& name, const MemoryFigures& f, const std::string& formula) {
+    t.add_row({name, format_bytes(f.params, u), format_bytes(f.gradients, u),
+               format_bytes(f.optimizer_states, u), format_bytes(f.activations, u),
+               format_bytes(f.sum, u), format_bytes(f.peak, u), formula});
+  };
+  row(std::string("measured (") + r.backend + (r.computes ? "" : ", predicted") + ")", r.ledger,
+      "");
+  t.add_rule();
+  for (const Estimate& e : r.estimates)
+    row(profile_name(e.profile), e.figures, report::per_layer_formula(e));
+  return t;
+}
+
+// The reconciliation rows in bytes (profile --format csv).
+report::Table reconciliation_bytes_table(const RunResult& r) {
+  report::Table t({{"category", report::Align::left},
+                   {"measured"},
+                   {"analytic"},
+                   {"difference"},
+                   {"rel_error"},
+                   {"ok", report::Align::left}});
+  for (const auto& row : reconcile_ledger_native(r))
+    t.add_row({row.category, std::to_string(row.measured), std::to_string(row.analytic),
+               std::to_string(row.difference), report::fixed(row.rel_error, 9),
+               !row.judged ? ""
+               : row.ok    ? "true"
+                           : "false"});
+  return t;
+}
+
+// ---------------------------------------------------------------- profile's lines
+
+// "pool: unavailable: <reason>" for each device source the run could not read.
+std::vector<std::string> unavailable_sources(const RunResult& r) {
+  std::vector<std::string> out;
+  auto source = [&](const char* name, bool available, const std::string& reason) {
+    if (!available) out.push_back(std::string(name) + ": unavailable: " + reason);
+  };
+  source("pool", r.pool.available, r.pool.reason);
+  source("cupti", r.cupti.available, r.cupti.reason);
+  source("memgetinfo", r.memgetinfo.available, r.memgetinfo.reason);
+  return out;
+}
+
+// Overhead = device used − ledger live, at the last memgetinfo snapshot that has both.
+std::optional<std::pair<std::string, std::int64_t>> overhead_of(const RunResult& r) {
+  if (!r.memgetinfo.available) return std::nullopt;
+  for (auto it = r.memgetinfo.snapshots.rbegin(); it != r.memgetinfo.snapshots.rend(); ++it)
+    if (it->has_ledger)
+      return std::make_pair(it->name, std::int64_t(it->used) - std::int64_t(it->ledger_live));
+  return std::nullopt;
+}
+
+std::string losses_text(const RunResult& r) {
+  std::string s;
+  for (std::size_t i = 0; i < r.losses.size(); ++i)
+    if (std::isfinite(r.losses[i]))
+      s += (s.empty() ? "" : ", ") + std::string("step ") + std::to_string(i + 1) + " " +
+           report::fixed(r.losses[i], 4);
+  return s;
+}
+
+// The lines on an out-of-memory (none without one): what failed, the budget, the largest
+// tensors alive at the failure.
+std::vector<std::string> failure_lines(const RunResult& r, ByteUnit u) {
+  if (!r.failure) return {};
+  const RunFailure& f = *r.failure;
+  std::vector<std::string> out;
+  out.push_back("OUT OF MEMORY " + (f.step ? "in step " + std::to_string(f.step) : "in setup") +
+                ": " + f.message);
+  if (r.device_budget)
+    out.push_back("  (--device-budget " + report::with_commas(*r.device_budget) +
+                  " B: a budget-limited allocator; figures below are up to the failure)");
+  out.push_back("  largest tensors alive at the failure:");
+  for (std::size_t i = 0; i < f.live_tensors.size() && i < 5; ++i)
+    out.push_back("    " + f.live_tensors[i].name + " (" +
+                  category_name(f.live_tensors[i].category) + ") " +
+                  format_bytes_with_unit(f.live_tensors[i].bytes, u));
+  return out;
+}
+
+// "2 of 2 step(s) run; figures from step 2 (steady state)"
+std::string steps_line(const RunResult& r) {
+  std::ostringstream o;
+  o << r.steps_done << " of " << r.steps_requested << " step(s) run; figures from "
+    << (r.failure && r.failure->step == 0
+            ? std::string("setup")
+            : "step " + std::to_string(r.failure ? r.failure->step : r.steps_done))
+    << (r.failure ? (r.failure->step ? " up to the failure"
+                                     : " (setup: what it allocated "
+                                       "was released while unwinding; "
+                                       "the peak stands)")
+                  : (r.steps_done >= 2 ? " (steady state)" : ""));
+  return o.str();
+}
+
+std::string true_peak_heading(const RunResult& r, ByteUnit u) {
+  return "True peak: " + format_bytes_with_unit(r.peak.bytes, u) + " " + where_text(r.peak);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- profile's report
+
+std::string profile_text(const RunResult& r, report::Colour colour) {
+  const ByteUnit u = profile_unit(r);
+  report::TextWriter w(colour);
+  w.title("trainmem profile: " + run_title(r.model, r.train));
+  w.line(backend_line(r));
+  w.line(steps_line(r));
+  const std::string losses = losses_text(r);
+  if (!losses.empty()) w.line("loss: " + losses);
+  const auto failure = failure_lines(r, u);
+  for (std::size_t i = 0; i < failure.size(); ++i)
+    w.line(failure[i], i == 0 ? report::Tone::fail : report::Tone::neutral);
+
+  w.heading("Reconciliation: measured (ledger) vs analytic (native), ok = exact");
+  w.table(reconciliation_table(r, u));
+
+  w.heading("Device sources vs the ledger");
+  if (!r.device_checks.empty()) w.table(device_table(r, u));
+  for (const auto& s : unavailable_sources(r)) w.line("  " + s);
+  if (auto oh = overhead_of(r))
+    w.line("overhead (cudaMemGetInfo used − ledger live, " + oh->first +
+           "): " + format_bytes_with_unit(std::uint64_t(std::max<std::int64_t>(oh->second, 0)), u) +
+           " (CUDA context, cuBLAS workspace and modules, pool slack)");
+  else
+    w.line("overhead (device used − ledger live): unavailable: " + r.memgetinfo.reason);
+
+  w.heading(true_peak_heading(r, u));
+  w.table(breakdown_table(r, u));
+
+  w.heading(std::string("Reference profiles (analytic, for context; ") + u.name +
+            "; Total = params + gradients + optimizer states + activations)");
+  w.table(references_table(r, u));
+  for (const Estimate& e : r.estimates)
+    if (e.profile == Profile::megatron || e.profile == Profile::zero) {
+      w.line(
+          "megatron and zero are GPT-style reference formulas (Korthikanti et al. 2022; "
+          "ZeRO), not LLaMA's.");
+      break;
+    }
+  return w.str();
+}
+
+std::string profile_markdown(const RunResult& r) {
+  const ByteUnit u = profile_unit(r);
+  report::MarkdownWriter w;
+  w.title("trainmem profile: " + run_title(r.model, r.train));
+  w.paragraph_break();
+  w.paragraph(backend_line(r));
+  if (r.failure) {
+    std::string failure;
+    for (const auto& l : failure_lines(r, u)) failure += l + "\n";
+    w.strong(failure);
+  }
+  w.heading("Reconciliation: measured (ledger) vs analytic (native)");
+  w.table(reconciliation_table(r, u));
+  w.heading("Device sources");
+  if (!r.device_checks.empty()) {
+    w.table(device_table(r, u));
+    w.blank();
+  }
+  const auto unavailable = unavailable_sources(r);
+  for (const auto& s : unavailable) w.item(s);
+  if (!unavailable.empty()) w.blank();
+  w.heading(true_peak_heading(r, u));
+  w.table(breakdown_table(r, u));
+  w.heading(std::string("Reference profiles (") + u.name + ")");
+  w.table(references_table(r, u));
+  return w.str();
+}
+
+std::string profile_csv(const RunResult& r) {
+  return reconciliation_bytes_table(r).csv();
+}
+
+}  // namespace trainmem
