@@ -41,7 +41,7 @@ int main() {
   std::uint64_t sink = 0;
   for (const auto& name : preset_names()) {
     const ModelConfig m = *find_preset(name);
-    TrainConfig t;  // DESIGN.md defaults: b 8, s 512, bf16, AdamW, none, eager
+    TrainConfig t;  // docs/design.md defaults: b 8, s 512, bf16, AdamW, none, eager
     auto one = [&] {
       for (Profile p : all_profiles()) sink += estimate(p, m, t).figures.peak;
     };

@@ -1,4 +1,4 @@
-// The per-run JSON object of DESIGN.md ("JSON output"); see include/trainmem/run_report.hpp.
+// The per-run JSON object of docs/design.md ("JSON output"); see include/trainmem/run_report.hpp.
 #include <cmath>
 
 #include "trainmem/report.hpp"

@@ -49,7 +49,7 @@ TEST_P(NativeVsLedger, MetaLedgerEqualsTheClosedForm) {
     model.init_random(1);
     model.random_tokens(2);
     model.train_step();
-    model.train_step();  // DESIGN.md: figures of the second, steady-state step
+    model.train_step();  // docs/design.md: figures of the second, steady-state step
     const MemoryFigures got = measured_figures(ledger);
     const Estimate e = estimate(Profile::native, *model_cfg, t);
     const MemoryFigures& want = e.figures;

@@ -1,5 +1,5 @@
 // `trainmem profile` end to end: the binary runs the step(s) on the cpu and meta backends and
-// writes the JSON of DESIGN.md; the measured ledger agrees with the analytic native profile;
+// writes the JSON of docs/design.md; the measured ledger agrees with the analytic native profile;
 // --weights/--tokens/--dump reproduce the PyTorch golden data; bad input exits 2 with a
 // message naming the flag; an out-of-memory exits 3 with the report still written.
 #include <gtest/gtest.h>

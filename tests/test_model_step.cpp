@@ -252,7 +252,7 @@ TEST(Model, ConstantCategoriesMatchParameterCountFormulas) {
     const char* preset;
     DType dt;
     Optimizer o;
-    std::uint64_t state_bytes_per_param;  // DESIGN.md: AdamW 12 (8 in fp32), SGD 4 (0), LOMO 0
+    std::uint64_t state_bytes_per_param;  // docs/design.md: AdamW 12 (8 in fp32), SGD 4 (0), LOMO 0
     bool holds_gradients;
   };
   for (const C& c : {C{"tiny-gqa", DType::bf16, Optimizer::adamw, 12, true},

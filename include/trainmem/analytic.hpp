@@ -1,6 +1,6 @@
 // The analytic memory model: closed-form figures for one training step, without a GPU.
 //
-// Written from DESIGN.md and docs/native-plan.md only (never from the model's code), so that
+// Written from docs/design.md and docs/native-plan.md only (never from the model's code), so that
 // agreement with the measured ledger is a real check. Derivations and a worked LLaMA-7B
 // example: docs/formulas.md.
 //
@@ -132,7 +132,7 @@ struct Estimate {
 // Sizes use checked 64-bit arithmetic (OverflowError when they do not fit).
 Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& train);
 
-// The rules shared by every profile (DESIGN.md "Optimizer states"), in bytes:
+// The rules shared by every profile (docs/design.md "Optimizer states"), in bytes:
 // params P·w; gradients P·w (AdamW, SGD) or the largest single gradient (LOMO; plus the
 // embedding gradient when embeddings are tied, which stays alive through the backward);
 // optimizer states: AdamW 12 B/param (8 when the training dtype is fp32: no master copy),

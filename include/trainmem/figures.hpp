@@ -1,5 +1,5 @@
 // The memory figures every source reports (analytic profiles, the ledger, device sources),
-// with DESIGN.md's meaning. All in bytes.
+// with docs/design.md's meaning. All in bytes.
 #pragma once
 #include <cstdint>
 
@@ -20,8 +20,8 @@ struct MemoryFigures {
   CategoryBytes peak_breakdown{};  // per category at the instant of `peak`
 };
 
-// The ledger's figures for the step run last (DESIGN.md meanings): params, optimizer_states and
-// inputs live; gradients, activations_peak, workspace the step's peaks; activations alive at
+// The ledger's figures for the step run last (docs/design.md meanings): params, optimizer_states
+// and inputs live; gradients, activations_peak, workspace the step's peaks; activations alive at
 // the end of forward; peak the total high-water mark with its breakdown; sum = params +
 // gradients + optimizer_states + activations.
 MemoryFigures measured_figures(const Ledger& ledger);

@@ -1,7 +1,7 @@
 // Least-squares fits of per-layer activation bytes over a grid of runs. This is how a user
 // checks a formula's coefficients against measurement: `trainmem sweep --fit`.
 //
-// The model being fitted (DESIGN.md, "Analytic model"): per-layer activation bytes
+// The model being fitted (docs/design.md, "Analytic model"): per-layer activation bytes
 //   y = c_sbh·s·b·h + c_sbi·s·b·i + c_as2b·a·s²·b + c_sb·s·b
 // Which coefficients a grid can identify depends on what it varies:
 //   - one model, a grid over (b, s): h, i and a are constant, so sbh, sbi and sb all move

@@ -1,6 +1,6 @@
 // The LLaMA decoder and its training step, on any backend (cpu, meta, cuda).
 //
-// Dimension letters, here, in model_acts.hpp and in src/model*.cpp, are DESIGN's: b batch,
+// Dimension letters, here, in model_acts.hpp and in src/model*.cpp, are docs/design.md's: b batch,
 // s sequence, h hidden, i intermediate, a heads, k kv heads, d head dim (a·d = h), V vocab,
 // L layers, and N = b·s rows for the GEMMs. (kernels/ keep llm.c's B, T, C for now.)
 //

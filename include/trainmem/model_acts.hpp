@@ -12,7 +12,7 @@
 // The analytic `native` profile (src/analytic*) does not read this table: it is written from
 // docs/native-plan.md on its own, and the tests comparing it with the ledger are a real check.
 //
-// Dimension letters (DESIGN): b batch, s sequence, h hidden, i intermediate, a heads, k kv
+// Dimension letters (docs/design.md): b batch, s sequence, h hidden, i intermediate, a heads, k kv
 // heads, d head dim; D is the training dtype.
 #pragma once
 #include <array>

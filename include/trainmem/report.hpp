@@ -1,7 +1,7 @@
 // Output helpers shared by every subcommand: GiB figures (through bytes.hpp, the one place
 // byte figures are written in a unit), a small aligned table whose cells carry their state
 // (rendered as text like a paper's memory table, optionally coloured, as Markdown and as CSV), and
-// the JSON blocks of DESIGN.md's schema "trainmem/1"
+// the JSON blocks of docs/design.md's schema "trainmem/1"
 // ("model", "run", "analytic", figures, tensor lists). Subcommands compose these: `estimate`
 // emits {"schema", "model", "run", "analytic"}; `profile` adds "measured", "reconciliation" and
 // "tensors"; `compare` and `sweep` wrap several such objects in {"schema", "runs": [...]}.

@@ -76,7 +76,7 @@ struct RunResult {
   std::vector<float> losses;         // per step (NaN on meta)
   std::vector<double> step_seconds;  // per step, wall time including a device synchronise
 
-  // The ledger, for the last step run (DESIGN.md meanings).
+  // The ledger, for the last step run (docs/design.md meanings).
   MemoryFigures ledger;
   PeakInfo peak;  // bytes, breakdown, phase, tensor, layer
   std::array<std::uint64_t, kNumPhases> phase_peaks{};

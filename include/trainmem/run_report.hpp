@@ -1,4 +1,4 @@
-// The reports of one run (include/trainmem/run.hpp): the per-run JSON object of DESIGN.md,
+// The reports of one run (include/trainmem/run.hpp): the per-run JSON object of docs/design.md,
 // the title and backend lines every run report starts with, and profile's report in each
 // human-readable format. Its tables are described once (report::Table of cells) and
 // rendered per format; compare and sweep build their reports from the same pieces.
@@ -12,7 +12,7 @@
 
 namespace trainmem {
 
-// The per-run object of DESIGN.md ("JSON output"): schema, model, run, analytic, measured,
+// The per-run object of docs/design.md ("JSON output"): schema, model, run, analytic, measured,
 // reconciliation, tensors; plus device_checks and, after an out-of-memory, error.
 nlohmann::json run_result_json(const RunResult& r);
 

@@ -19,7 +19,7 @@ namespace trainmem::cli {
 
 enum class Format { table, json, csv, markdown };
 
-// Raw flag values, as typed. Defaults follow DESIGN.md.
+// Raw flag values, as typed. Defaults follow docs/design.md.
 struct CommonFlags {
   std::string model = "llama-7b";
   std::int64_t batch = 8;

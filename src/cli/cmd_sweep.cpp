@@ -362,7 +362,7 @@ int run_sweep(const SweepFlags& flags) {
       for (const auto& r : runs) j["runs"].push_back(run_result_json(r));
       if (fits) {
         j["fit"] = fits_json(*fits);
-        // DESIGN.md: one entry per measurement source; a source that could not give the
+        // docs/design.md: one entry per measurement source; a source that could not give the
         // figure says why in its entry (and, as before, in fit_unavailable).
         for (const auto& [src, why] : fits->unavailable) j["fit"][src] = {{"unavailable", why}};
         j["fit_unavailable"] = fits->unavailable;
