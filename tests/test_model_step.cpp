@@ -272,7 +272,9 @@ TEST(Model, ConstantCategoriesMatchParameterCountFormulas) {
     EXPECT_EQ(run.ledger->live(Category::params), P * w);
     EXPECT_EQ(run.ledger->peak(Category::params), P * w);
     EXPECT_EQ(run.ledger->live(Category::optimizer_states), P * c.state_bytes_per_param);
-    if (c.holds_gradients) EXPECT_EQ(run.ledger->peak(Category::gradients), P * w);
+    if (c.holds_gradients) {
+      EXPECT_EQ(run.ledger->peak(Category::gradients), P * w);
+    }
     EXPECT_EQ(run.ledger->live(Category::inputs), std::uint64_t(2 * b * s * 4));
     // Only persistent things remain alive after the step.
     EXPECT_EQ(run.ledger->live(Category::activations), 0u);
