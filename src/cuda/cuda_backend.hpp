@@ -99,8 +99,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<DeviceAllocator> allocator_;  // destroyed first (see the destructor)
   void* gemm_workspace_ = nullptr;  // set_gemm_workspace's buffer, lent to embedding_backward
   std::uint64_t gemm_workspace_bytes_ = 0;
-  unsigned* nonfinite_host_ = nullptr;          // cudaHostAllocMapped word
-  unsigned* nonfinite_device_ = nullptr;        // its device address
+  unsigned* nonfinite_host_ = nullptr;    // cudaHostAllocMapped word
+  unsigned* nonfinite_device_ = nullptr;  // its device address
 };
 
 }  // namespace trainmem
