@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -57,6 +58,32 @@ inline Result run_redirected(const std::string& prefix, const std::string& args)
   std::remove(out.c_str());
   std::remove(err.c_str());
   return r;
+}
+
+// The report without its wall-clock figures (every key containing "seconds" or
+// "recompute_cost", at any depth: they differ between any two runs). With `losses`, the
+// "losses" arrays are taken out too and appended there, for a toleranced comparison.
+inline json without_timings(const json& j, std::vector<double>* losses = nullptr) {
+  if (j.is_object()) {
+    json out = json::object();
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      const std::string& k = it.key();
+      if (k.find("seconds") != std::string::npos || k.find("recompute_cost") != std::string::npos)
+        continue;
+      if (losses && k == "losses" && it.value().is_array()) {
+        for (const auto& l : it.value()) losses->push_back(l.is_number() ? l.get<double>() : NAN);
+        continue;
+      }
+      out[k] = without_timings(it.value(), losses);
+    }
+    return out;
+  }
+  if (j.is_array()) {
+    json out = json::array();
+    for (const auto& e : j) out.push_back(without_timings(e, losses));
+    return out;
+  }
+  return j;
 }
 
 // Runs `trainmem <args>`; `env`: extra environment assignments ("NAME=value ...").

@@ -24,25 +24,6 @@ void PrintTo(const TeamCase& c, std::ostream* os) {
   *os << c.args;
 }
 
-// Drops every key that holds a wall-clock figure ("step_seconds", "step_seconds_none", ...),
-// at any depth: those differ between any two runs.
-json without_timings(json j) {
-  if (j.is_object()) {
-    json out = json::object();
-    for (auto it = j.begin(); it != j.end(); ++it)
-      if (it.key().find("seconds") == std::string::npos &&
-          it.key().find("recompute_cost") == std::string::npos)
-        out[it.key()] = without_timings(it.value());
-    return out;
-  }
-  if (j.is_array()) {
-    json out = json::array();
-    for (const auto& e : j) out.push_back(without_timings(e));
-    return out;
-  }
-  return j;
-}
-
 class ThreadTeams : public ::testing::TestWithParam<std::tuple<TeamCase, std::string>> {};
 
 TEST_P(ThreadTeams, SameBitsWithOneTwoAndFourThreads) {
