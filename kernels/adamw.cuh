@@ -6,8 +6,8 @@
 
 #include <cstdint>
 
-#include "trainmem/backend.hpp"
 #include "trainmem/dtype.hpp"
+#include "trainmem/op_types.hpp"
 
 namespace trainmem {
 

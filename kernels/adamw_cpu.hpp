@@ -4,8 +4,8 @@
 #pragma once
 #include <cstdint>
 
-#include "trainmem/backend.hpp"
 #include "trainmem/dtype.hpp"
+#include "trainmem/op_types.hpp"
 
 namespace trainmem {
 

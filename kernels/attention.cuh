@@ -10,8 +10,8 @@
 
 #include <cstdint>
 
-#include "trainmem/config.hpp"
 #include "trainmem/dtype.hpp"
+#include "trainmem/train_enums.hpp"
 
 namespace trainmem {
 

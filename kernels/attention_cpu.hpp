@@ -6,8 +6,8 @@
 #pragma once
 #include <cstdint>
 
-#include "trainmem/config.hpp"
 #include "trainmem/dtype.hpp"
+#include "trainmem/train_enums.hpp"
 
 namespace trainmem {
 

@@ -9,7 +9,7 @@
 #pragma once
 #include <cstdint>
 
-#include "trainmem/backend.hpp"
+#include "trainmem/op_types.hpp"
 
 namespace trainmem {
 

@@ -5,8 +5,8 @@
 #pragma once
 #include <cstdint>
 
-#include "trainmem/backend.hpp"
 #include "trainmem/dtype.hpp"
+#include "trainmem/op_types.hpp"
 
 namespace trainmem {
 

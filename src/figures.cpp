@@ -2,6 +2,7 @@
 #include "trainmem/figures.hpp"
 
 #include "trainmem/checked.hpp"
+#include "trainmem/ledger.hpp"
 
 namespace trainmem {
 

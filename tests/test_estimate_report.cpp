@@ -5,6 +5,7 @@
 #include <string>
 
 #include "trainmem/analytic.hpp"
+#include "trainmem/error.hpp"
 #include "trainmem/report.hpp"
 
 namespace trainmem {

@@ -16,19 +16,10 @@
 #include "trainmem/config.hpp"
 #include "trainmem/dtype.hpp"
 #include "trainmem/ledger.hpp"
+#include "trainmem/op_types.hpp"
 #include "trainmem/param_init.hpp"
 
 namespace trainmem {
-
-enum class Trans { no, yes };
-
-struct AdamWParams {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;  // decoupled (AdamW)
-};
 
 enum class BackendKind { cpu, meta, cuda };
 const char* backend_name(BackendKind k);

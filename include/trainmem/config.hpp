@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "trainmem/dtype.hpp"
+#include "trainmem/train_enums.hpp"
 
 namespace trainmem {
 
@@ -35,10 +36,6 @@ struct ModelConfig {
   // sizes whose byte counts would overflow 64 bits.
   void validate() const;
 };
-
-enum class Optimizer { adamw, sgd, lomo };
-enum class Checkpointing { none, full };
-enum class Attention { eager, flash };
 
 const char* optimizer_name(Optimizer o);
 const char* checkpointing_name(Checkpointing c);

@@ -3,9 +3,11 @@
 #pragma once
 #include <cstdint>
 
-#include "trainmem/ledger.hpp"
+#include "trainmem/categories.hpp"
 
 namespace trainmem {
+
+class Ledger;
 
 struct MemoryFigures {
   std::uint64_t params = 0;

@@ -13,31 +13,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "trainmem/categories.hpp"
 #include "trainmem/dtype.hpp"
 #include "trainmem/error.hpp"
 
 namespace trainmem {
-
-enum class Category : std::uint8_t {
-  params,
-  gradients,
-  optimizer_states,
-  activations,
-  workspace,
-  inputs,
-};
-constexpr int kNumCategories = 6;
-const char* category_name(Category c);  // "params", "gradients", ...
-constexpr std::array<Category, kNumCategories> all_categories() {
-  return {Category::params,      Category::gradients, Category::optimizer_states,
-          Category::activations, Category::workspace, Category::inputs};
-}
-
-enum class Phase : std::uint8_t { setup, forward, backward, recompute, optimizer };
-constexpr int kNumPhases = 5;
-const char* phase_name(Phase p);  // "setup", "forward", ...
-
-using CategoryBytes = std::array<std::uint64_t, kNumCategories>;
 
 // Where bytes come from. Implementations: HostAllocator (aligned real memory, cpu backend),
 // MetaAllocator (unique fake addresses, nothing touched), DeviceAllocator (cudaMallocAsync
