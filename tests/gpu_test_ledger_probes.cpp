@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gpu_helpers.hpp"
+#include "trainmem/cupti_tag_allocator.hpp"
 #include "trainmem/device_allocator.hpp"
 #include "trainmem/ledger.hpp"
 #include "trainmem/probes.hpp"
@@ -34,7 +35,8 @@ Tensor touch(Tensor t, cudaStream_t s) {
 
 TEST_F(LedgerProbesGpu, AllocationsAgreeAcrossLedgerPoolAndCupti) {
   DeviceAllocator dev(0, stream_);
-  Ledger ledger(dev);
+  CuptiTagAllocator tagged(dev);  // CUPTI attribution, as a run wires it
+  Ledger ledger(tagged);
   ProbeOptions o;
   o.device = 0;
   o.allocator = &dev;

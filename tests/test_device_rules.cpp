@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "cuda/device_rules.hpp"
+#include "trainmem/device_rules.hpp"
 #include "trainmem/backend.hpp"
 #include "trainmem/ledger.hpp"
 #include "trainmem/model.hpp"

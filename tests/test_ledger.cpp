@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "trainmem/cupti_tag_allocator.hpp"
 #include "trainmem/ledger.hpp"
+#include "trainmem/probes.hpp"
 
 namespace trainmem {
 namespace {
@@ -465,6 +467,31 @@ TEST(Allocators, LedgerAnnotatesEachAllocationThroughABudget) {
   EXPECT_EQ(rec.calls[1].category, Category::optimizer_states);
   EXPECT_EQ(rec.calls[1].id, b.id());
   EXPECT_EQ(rec.calls[1].bytes, 6u);
+}
+
+// The probes' CUPTI tagging wraps an allocator without changing what it sees: annotations and
+// bytes go through, and the id it would push carries the ledger's category and tensor id.
+TEST(Allocators, CuptiTagAllocatorForwardsAndEncodesTheLedgersAnnotation) {
+  AnnotationRecorder rec;
+  CuptiTagAllocator tagged(rec);
+  BudgetAllocator budget(tagged, 1 << 20);
+  Ledger l(budget);
+  EXPECT_STREQ(budget.name(), "recorder");
+  Tensor a = l.allocate("a", Category::activations, 3, {7}, DType::bf16);
+  ASSERT_EQ(rec.calls.size(), 1u);
+  EXPECT_EQ(rec.calls[0].category, Category::activations);
+  EXPECT_EQ(rec.calls[0].id, a.id());
+  EXPECT_EQ(rec.calls[0].bytes, 14u);
+  EXPECT_EQ(tagged.pending_external_id(), 0u);  // used by that allocation
+
+  tagged.annotate(Category::optimizer_states, 41);
+  const std::uint64_t id = tagged.pending_external_id();
+  EXPECT_EQ(id, (41ull << 8) | (static_cast<std::uint64_t>(Category::optimizer_states) + 1));
+  EXPECT_EQ(external_id_category(id), static_cast<int>(Category::optimizer_states));
+  EXPECT_EQ(external_id_tensor(id), 41u);
+  void* p = tagged.allocate(8);
+  EXPECT_EQ(tagged.pending_external_id(), 0u);
+  tagged.deallocate(p, 8);
 }
 
 TEST(Allocators, HostIsAlignedAndWritable) {

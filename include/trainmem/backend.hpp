@@ -130,5 +130,8 @@ std::unique_ptr<Backend> make_cuda_backend(DType dtype);
 // "" when a CUDA device is usable, else the reason (e.g. "cudaGetDeviceCount: CUDA driver
 // version is insufficient (cudaErrorInsufficientDriver, 35)", or "built without CUDA").
 std::string cuda_unavailable_reason();
+// Device 0's total memory as cudaMemGetInfo reports it; 0 with `reason` set when no device is
+// usable or the call fails (maxbatch's `--budget device`).
+std::uint64_t cuda_device_total_bytes(std::string* reason);
 
 }  // namespace trainmem

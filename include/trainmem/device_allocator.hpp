@@ -8,8 +8,7 @@
 // refused without asking the driver) returns nullptr and the ledger throws OutOfMemory, with
 // failure_detail() saying why (device free/total, the pool's used/reserved bytes); any other
 // CUDA error throws DeviceError. The failed call's error is cleared (cudaGetLastError).
-// While a ProbeSet collects CUPTI records, each allocation is wrapped in a CUPTI external
-// correlation id carrying the ledger's category (see annotate() and probes.hpp).
+// It knows no probe: CUPTI attribution wraps it (CuptiTagAllocator, cupti_tag_allocator.hpp).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -32,7 +31,6 @@ class DeviceAllocator final : public Allocator {
   void deallocate(void* ptr, std::uint64_t bytes) override;
   const char* name() const override { return "device"; }
   std::string failure_detail() const override { return failure_; }
-  void annotate(Category category, std::uint64_t tensor_id) override;
 
   cudaMemPool_t pool() const { return pool_; }
   cudaStream_t stream() const { return stream_; }
@@ -44,8 +42,7 @@ class DeviceAllocator final : public Allocator {
   int device_;
   cudaStream_t stream_;
   cudaMemPool_t pool_ = nullptr;
-  std::uint64_t device_total_ = 0;         // cudaMemGetInfo's total at construction
-  std::uint64_t pending_external_id_ = 0;  // from annotate(), used by the next allocate()
+  std::uint64_t device_total_ = 0;  // cudaMemGetInfo's total at construction
   std::string failure_;
 };
 

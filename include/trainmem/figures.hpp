@@ -1,13 +1,12 @@
 // The memory figures every source reports (analytic profiles, the ledger, device sources),
-// with docs/design.md's meaning. All in bytes.
+// with docs/design.md's meaning. All in bytes. Base vocabulary: the ledger's own figures are
+// measured_figures (ledger.hpp).
 #pragma once
 #include <cstdint>
 
 #include "trainmem/categories.hpp"
 
 namespace trainmem {
-
-class Ledger;
 
 struct MemoryFigures {
   std::uint64_t params = 0;
@@ -21,11 +20,5 @@ struct MemoryFigures {
   std::uint64_t peak = 0;          // true high-water mark of all live bytes
   CategoryBytes peak_breakdown{};  // per category at the instant of `peak`
 };
-
-// The ledger's figures for the step run last (docs/design.md meanings): params, optimizer_states
-// and inputs live; gradients, activations_peak, workspace the step's peaks; activations alive at
-// the end of forward; peak the total high-water mark with its breakdown; sum = params +
-// gradients + optimizer_states + activations.
-MemoryFigures measured_figures(const Ledger& ledger);
 
 }  // namespace trainmem

@@ -16,6 +16,7 @@
 #include "trainmem/categories.hpp"
 #include "trainmem/dtype.hpp"
 #include "trainmem/error.hpp"
+#include "trainmem/figures.hpp"
 
 namespace trainmem {
 
@@ -266,5 +267,11 @@ class Ledger {
   std::vector<PhaseMark> phase_marks_;
   std::vector<TensorRecord> records_;
 };
+
+// The ledger's figures for the step run last (docs/design.md meanings): params, optimizer_states
+// and inputs live; gradients, activations_peak, workspace the step's peaks; activations alive at
+// the end of forward; peak the total high-water mark with its breakdown; sum = params +
+// gradients + optimizer_states + activations.
+MemoryFigures measured_figures(const Ledger& ledger);
 
 }  // namespace trainmem

@@ -1,6 +1,6 @@
 // The trainmem command line: the app, its subcommands, logging, and the mapping from
 // failures to exit codes (0 ok, 2 bad input, 3 out of memory, 1 anything else).
-#include "cli/cli.hpp"
+#include "cli.hpp"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "trainmem/cli.hpp"
 #include "trainmem/config.hpp"
 #include "trainmem/report.hpp"
 #include "trainmem/run.hpp"
@@ -135,8 +136,5 @@ Runner register_maxbatch(CLI::App& app);
 // Runs `body` and returns its exit code; an exception becomes a message on stderr and the
 // exit code of its kind: InputError (and CLI11 errors) 2, OutOfMemory 3, anything else 1.
 int run_guarded(const std::function<int()>& body);
-
-// The whole CLI; returns the process exit code. Never throws.
-int run_cli(int argc, char** argv);
 
 }  // namespace trainmem::cli

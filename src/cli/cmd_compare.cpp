@@ -10,8 +10,8 @@
 #include <optional>
 #include <sstream>
 
-#include "cli/cli.hpp"
-#include "cli/progress.hpp"
+#include "cli.hpp"
+#include "progress.hpp"
 #include "trainmem/error.hpp"
 #include "trainmem/report.hpp"
 #include "trainmem/report_writer.hpp"

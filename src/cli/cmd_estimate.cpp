@@ -14,7 +14,7 @@
 #include <memory>
 #include <sstream>
 
-#include "cli/cli.hpp"
+#include "cli.hpp"
 #include "trainmem/analytic.hpp"
 #include "trainmem/error.hpp"
 #include "trainmem/report.hpp"

@@ -10,11 +10,11 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "cli/cli.hpp"
-#include "cli/search.hpp"
-#include "cli/size.hpp"
+#include "cli.hpp"
+#include "search.hpp"
+#include "size.hpp"
+#include "trainmem/backend.hpp"
 #include "trainmem/error.hpp"
-#include "trainmem/probes.hpp"
 #include "trainmem/report.hpp"
 #include "trainmem/report_writer.hpp"
 #include "trainmem/run.hpp"
@@ -37,22 +37,18 @@ struct Budget {
   std::string source;  // "--budget 80GiB" or "device: total memory of ..."
 };
 
-// The device's total memory, from a cudaMemGetInfo snapshot (needs a usable device).
+// The device's total memory, from cudaMemGetInfo (needs a usable device).
 Budget device_budget() {
   const std::string why = cuda_unavailable_reason();
   if (!why.empty())
     throw InputError("--budget device: no usable CUDA device (" + why +
                      "); give a size instead, e.g. --budget 80GiB");
-  ProbeOptions o;
-  o.enable_cupti = false;
-  o.enable_sampler = false;
-  ProbeSet probes(o);
-  probes.mark("device");
-  const MemGetInfoResult m = probes.memgetinfo();
-  if (!m.available || m.total == 0)
-    throw InputError("--budget device: cudaMemGetInfo unavailable (" + m.reason +
+  std::string reason;
+  const std::uint64_t total = cuda_device_total_bytes(&reason);
+  if (total == 0)
+    throw InputError("--budget device: cudaMemGetInfo unavailable (" + reason +
                      "); give a size instead, e.g. --budget 80GiB");
-  return {m.total, "device: total memory reported by cudaMemGetInfo"};
+  return {total, "device: total memory reported by cudaMemGetInfo"};
 }
 
 struct Overhead {

@@ -8,7 +8,7 @@
 #include <memory>
 #include <optional>
 
-#include "cli/cli.hpp"
+#include "cli.hpp"
 #include "trainmem/analytic.hpp"
 #include "trainmem/error.hpp"
 #include "trainmem/run.hpp"

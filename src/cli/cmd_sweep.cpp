@@ -13,8 +13,8 @@
 #include <optional>
 #include <sstream>
 
-#include "cli/cli.hpp"
-#include "cli/progress.hpp"
+#include "cli.hpp"
+#include "progress.hpp"
 #include "trainmem/error.hpp"
 #include "trainmem/fit.hpp"
 #include "trainmem/report.hpp"

@@ -10,8 +10,8 @@
 #include <fstream>
 #include <iostream>
 
-#include "cli/cli.hpp"
-#include "cli/size.hpp"
+#include "cli.hpp"
+#include "size.hpp"
 #include "trainmem/analytic.hpp"
 #include "trainmem/backend.hpp"
 #include "trainmem/error.hpp"

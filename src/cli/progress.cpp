@@ -1,5 +1,5 @@
 // The progress bar on stderr (see src/cli/progress.hpp).
-#include "cli/progress.hpp"
+#include "progress.hpp"
 
 #include <unistd.h>
 

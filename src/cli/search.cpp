@@ -1,5 +1,5 @@
 // The largest-value search behind `trainmem maxbatch` (see src/cli/search.hpp).
-#include "cli/search.hpp"
+#include "search.hpp"
 
 #include "trainmem/error.hpp"
 

@@ -1,5 +1,5 @@
 // SIZE parsing (see src/cli/size.hpp).
-#include "cli/size.hpp"
+#include "size.hpp"
 
 #include <algorithm>
 #include <cctype>

@@ -1,6 +1,6 @@
 // CUPTI activity collection (cupti_collector.hpp) and the allocator's external-id tagging
 // (cupti_tag.hpp).
-#include "probes/cupti_collector.hpp"
+#include "cupti_collector.hpp"
 
 #include <cupti.h>
 #include <spdlog/spdlog.h>
@@ -8,7 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 
-#include "probes/cupti_tag.hpp"
+#include "cupti_tag.hpp"
 
 namespace trainmem::probes {
 

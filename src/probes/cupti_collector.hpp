@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "probes/cupti_fold.hpp"
+#include "cupti_fold.hpp"
 
 namespace trainmem::probes {
 

@@ -1,5 +1,5 @@
 // Folding CUPTI memory records into per-category books (see cupti_fold.hpp).
-#include "probes/cupti_fold.hpp"
+#include "cupti_fold.hpp"
 
 #include <algorithm>
 

@@ -2,9 +2,9 @@
 // that keeps the max of (total - free) per step and per phase window.
 #include <spdlog/spdlog.h>
 
-#include "cuda/device_rules.hpp"
-#include "probes/device_probes.hpp"
+#include "device_probes.hpp"
 #include "trainmem/cuda_check.hpp"
+#include "trainmem/device_rules.hpp"
 
 namespace trainmem::probes {
 

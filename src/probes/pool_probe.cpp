@@ -2,7 +2,7 @@
 // every phase end, read at every phase end.
 #include <spdlog/spdlog.h>
 
-#include "probes/device_probes.hpp"
+#include "device_probes.hpp"
 #include "trainmem/cuda_check.hpp"
 #include "trainmem/device_allocator.hpp"
 

@@ -3,8 +3,8 @@
 
 #include <memory>
 
-#include "probes/cupti_collector.hpp"
-#include "probes/device_probes.hpp"
+#include "cupti_collector.hpp"
+#include "device_probes.hpp"
 #include "trainmem/probes.hpp"
 
 namespace trainmem {

@@ -41,6 +41,10 @@ void Backend::init_param(void* dst, float* master, std::uint64_t n, const ParamI
 std::string cuda_unavailable_reason() {
   return "trainmem was built without CUDA";
 }
+std::uint64_t cuda_device_total_bytes(std::string* reason) {
+  *reason = cuda_unavailable_reason();
+  return 0;
+}
 std::unique_ptr<Backend> make_cuda_backend(DType) {
   throw DeviceError("cuda backend: trainmem was built without CUDA (TRAINMEM_CUDA=OFF)");
 }

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <utility>
 
+#include "trainmem/cupti_tag_allocator.hpp"
 #include "trainmem/error.hpp"
 #include "trainmem/model.hpp"
 #include "trainmem/model_io.hpp"
@@ -80,16 +81,20 @@ RunResult start_result(const RunRequest& rq) {
 
 // Step 2: everything a run measures with, built in dependency order (each member uses the ones
 // declared before it) and torn down in the reverse order:
-//   backend -> budget allocator (wraps the backend's allocator) -> ledger (allocates through
-//   the budget or the backend) -> probes (read the backend's allocator and the ledger, and
-//   listen to the ledger's phases) -> model (its tensors live in the ledger).
+//   backend -> CUPTI tagging (cuda with probes: wraps the backend's allocator) -> budget
+//   allocator (wraps that) -> ledger (allocates through the outermost of them) -> probes (read
+//   the backend's allocator and the ledger, and listen to the ledger's phases) -> model (its
+//   tensors live in the ledger).
 // The destructor makes the teardown that correctness needs explicit; see ~RunRig.
 class RunRig {
  public:
   RunRig(const RunRequest& rq, RunResult& r)
       : chosen_(choose_backend(rq.backend, rq.train.dtype)),
-        budget_(make_budget(be(), rq.device_budget)),
-        ledger_(budget_ ? static_cast<Allocator&>(*budget_) : be().allocator()) {
+        tagged_(be().kind() == BackendKind::cuda && rq.probes
+                    ? std::make_unique<CuptiTagAllocator>(be().allocator())
+                    : nullptr),
+        budget_(make_budget(inner_allocator(), rq.device_budget)),
+        ledger_(budget_ ? static_cast<Allocator&>(*budget_) : inner_allocator()) {
     r.backend = backend_name(be().kind());
     r.backend_note = chosen_.note;
     r.computes = be().computes();
@@ -118,7 +123,7 @@ class RunRig {
   // the model (its tensors go back to the ledger, and through it to the budget and the
   // backend's allocator, while all of them still exist), then the probes (they read the
   // ledger and the backend's allocator). The remaining members then go in reverse declaration
-  // order: the ledger, the budget allocator, and last the backend.
+  // order: the ledger, the budget allocator, the CUPTI tagging, and last the backend.
   ~RunRig() {
     ledger_.set_phase_listener(nullptr);
     model_.reset();
@@ -133,13 +138,18 @@ class RunRig {
   std::unique_ptr<LlamaModel>& model() { return model_; }
 
  private:
-  static std::unique_ptr<BudgetAllocator> make_budget(Backend& be,
+  static std::unique_ptr<BudgetAllocator> make_budget(Allocator& inner,
                                                       const std::optional<std::uint64_t>& bytes) {
     if (!bytes) return nullptr;
-    return std::make_unique<BudgetAllocator>(be.allocator(), *bytes);
+    return std::make_unique<BudgetAllocator>(inner, *bytes);
+  }
+  // What the budget (or, without one, the ledger) allocates through.
+  Allocator& inner_allocator() {
+    return tagged_ ? static_cast<Allocator&>(*tagged_) : be().allocator();
   }
 
   ChosenBackend chosen_;
+  std::unique_ptr<CuptiTagAllocator> tagged_;
   std::unique_ptr<BudgetAllocator> budget_;
   Ledger ledger_;
   std::unique_ptr<ProbeSet> probes_;

@@ -3,8 +3,8 @@
 
 #include <string>
 
-#include "cuda/device_rules.hpp"
 #include "trainmem/backend.hpp"
+#include "trainmem/device_rules.hpp"
 
 namespace trainmem {
 
@@ -27,6 +27,21 @@ std::string cuda_unavailable_reason() {
   } catch (...) {
     return "cudaGetDeviceCount threw an unknown exception";
   }
+}
+
+std::uint64_t cuda_device_total_bytes(std::string* reason) {
+  *reason = cuda_unavailable_reason();
+  if (!reason->empty()) return 0;
+  std::size_t free_b = 0, total_b = 0;
+  const cudaError_t e = cudaMemGetInfo(&free_b, &total_b);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    *reason =
+        std::string("cudaMemGetInfo: ") + cudaGetErrorString(e) + " (" + cudaGetErrorName(e) + ")";
+    return 0;
+  }
+  if (total_b == 0) *reason = "cudaMemGetInfo reported a total of 0 bytes";
+  return total_b;
 }
 
 }  // namespace trainmem

@@ -1,6 +1,4 @@
-// The ledger's figures (see include/trainmem/figures.hpp).
-#include "trainmem/figures.hpp"
-
+// measured_figures (declared in include/trainmem/ledger.hpp): the ledger's figures.
 #include "trainmem/checked.hpp"
 #include "trainmem/ledger.hpp"
 

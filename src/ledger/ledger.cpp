@@ -30,40 +30,6 @@ std::string pointer_string(const void* p) {
 }
 }  // namespace
 
-const char* category_name(Category c) {
-  switch (c) {
-    case Category::params:
-      return "params";
-    case Category::gradients:
-      return "gradients";
-    case Category::optimizer_states:
-      return "optimizer_states";
-    case Category::activations:
-      return "activations";
-    case Category::workspace:
-      return "workspace";
-    case Category::inputs:
-      return "inputs";
-  }
-  return "?";
-}
-
-const char* phase_name(Phase p) {
-  switch (p) {
-    case Phase::setup:
-      return "setup";
-    case Phase::forward:
-      return "forward";
-    case Phase::backward:
-      return "backward";
-    case Phase::recompute:
-      return "recompute";
-    case Phase::optimizer:
-      return "optimizer";
-  }
-  return "?";
-}
-
 // ---------------------------------------------------------------- allocators
 
 void* HostAllocator::allocate(std::uint64_t bytes) {

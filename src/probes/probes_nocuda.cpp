@@ -1,5 +1,6 @@
 // ProbeSet in a build without CUDA: the same API, every source unavailable.
 #ifndef TRAINMEM_HAVE_CUDA
+#include "cupti_tag.hpp"
 #include "trainmem/probes.hpp"
 
 namespace trainmem {
@@ -42,6 +43,17 @@ MemGetInfoResult ProbeSet::memgetinfo() const {
   r.reason = impl_->reason;
   return r;
 }
+
+namespace probes {
+// The CUPTI tagging of CuptiTagAllocator (cupti_tag.hpp): never active without CUDA.
+bool cupti_tagging_active() {
+  return false;
+}
+bool cupti_push_external_id(std::uint64_t) {
+  return false;
+}
+void cupti_pop_external_id() {}
+}  // namespace probes
 
 }  // namespace trainmem
 #endif  // TRAINMEM_HAVE_CUDA

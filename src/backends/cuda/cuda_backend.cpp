@@ -1,6 +1,6 @@
 // The cuda backend (src/cuda/cuda_backend.hpp): each op forwards to its launcher in kernels/
 // with the backend's dtype and stream, in the argument order of the CPU reference.
-#include "cuda/cuda_backend.hpp"
+#include "cuda_backend.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -9,7 +9,6 @@
 #include "adamw.cuh"
 #include "attention.cuh"
 #include "cross_entropy.cuh"
-#include "cuda/device_rules.hpp"
 #include "embedding.cuh"
 #include "init.cuh"
 #include "matmul.cuh"
@@ -18,6 +17,7 @@
 #include "rope.cuh"
 #include "swiglu.cuh"
 #include "trainmem/cuda_check.hpp"
+#include "trainmem/device_rules.hpp"
 #include "trainmem/error.hpp"
 
 namespace trainmem {

@@ -3,10 +3,8 @@
 
 #include <limits>
 
-#include "cuda/device_rules.hpp"
-#include "probes/cupti_tag.hpp"
 #include "trainmem/cuda_check.hpp"
-#include "trainmem/probes.hpp"
+#include "trainmem/device_rules.hpp"
 
 namespace trainmem {
 
@@ -39,13 +37,7 @@ DeviceAllocator::~DeviceAllocator() {
   TM_CUDA_CHECK_NOTHROW(cudaMemPoolDestroy(pool_));
 }
 
-void DeviceAllocator::annotate(Category category, std::uint64_t tensor_id) {
-  pending_external_id_ = encode_external_id(category, tensor_id);
-}
-
 void* DeviceAllocator::allocate(std::uint64_t bytes) {
-  const std::uint64_t tag = pending_external_id_;
-  pending_external_id_ = 0;
   failure_ = device_rules::request_exceeds_device(bytes, device_total_);
   if (!failure_.empty()) return nullptr;  // can never succeed: no driver call
   if (bytes > std::numeric_limits<std::size_t>::max()) {
@@ -53,10 +45,8 @@ void* DeviceAllocator::allocate(std::uint64_t bytes) {
     return nullptr;
   }
   void* p = nullptr;
-  const bool pushed = tag != 0 && probes::cupti_push_external_id(tag);
   const cudaError_t e =
       cudaMallocFromPoolAsync(&p, static_cast<std::size_t>(bytes), pool_, stream_);
-  if (pushed) probes::cupti_pop_external_id();
   if (e == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();  // not sticky: clear it so later calls do not report it
     failure_ = "cudaMallocFromPoolAsync: " + detail::cuda_error_string(e);
