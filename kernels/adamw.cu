@@ -3,7 +3,7 @@
 #include "adamw.cuh"
 #include "adamw_kernels.cuh"
 #include "adamw_math.hpp"
-#include "cuda_common.cuh"
+#include "common/cuda_common.cuh"
 
 namespace trainmem {
 namespace {

@@ -5,8 +5,8 @@
 #include <string>
 
 #include "adamw_math.hpp"
-#include "cpu_parallel.hpp"
-#include "storage.hpp"
+#include "common/cpu_parallel.hpp"
+#include "common/storage.hpp"
 #include "trainmem/error.hpp"
 
 namespace trainmem {

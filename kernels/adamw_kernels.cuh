@@ -6,8 +6,8 @@
 #include <cstdint>
 
 #include "adamw_math.hpp"
-#include "cuda_device.cuh"
-#include "storage.hpp"
+#include "common/cuda_device.cuh"
+#include "common/storage.hpp"
 
 namespace trainmem::cuda {
 

@@ -9,7 +9,7 @@
 // S-times gradients and passes grad_scale = 1/S (docs/decisions.md, "fp16 loss scale").
 // grad_scale 1 leaves every value as it was, bit for bit (x * 1.0f == x in IEEE arithmetic).
 #pragma once
-#include "common_math.hpp"
+#include "common/common_math.hpp"
 
 namespace trainmem {
 

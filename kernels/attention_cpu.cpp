@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "attention_math.hpp"
-#include "cpu_parallel.hpp"
+#include "common/cpu_parallel.hpp"
+#include "common/storage.hpp"
 #include "matmul_cpu.hpp"
-#include "storage.hpp"
 #include "trainmem/error.hpp"
 
 namespace trainmem {

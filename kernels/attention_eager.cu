@@ -10,7 +10,7 @@
 #include "attention_eager_kernels.cuh"
 #include "attention_heads.hpp"
 #include "attention_math.hpp"
-#include "cuda_common.cuh"
+#include "common/cuda_common.cuh"
 #include "matmul.cuh"
 #include "trainmem/checked.hpp"
 

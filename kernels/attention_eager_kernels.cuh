@@ -7,9 +7,9 @@
 #include <cstdint>
 
 #include "attention_math.hpp"
-#include "cuda_device.cuh"
-#include "launch_shape.hpp"
-#include "storage.hpp"
+#include "common/cuda_device.cuh"
+#include "common/launch_shape.hpp"
+#include "common/storage.hpp"
 
 namespace trainmem::cuda {
 

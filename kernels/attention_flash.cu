@@ -21,7 +21,7 @@
 #include "attention.cuh"
 #include "attention_flash_kernels.cuh"
 #include "attention_math.hpp"
-#include "cuda_common.cuh"
+#include "common/cuda_common.cuh"
 
 namespace trainmem {
 namespace {

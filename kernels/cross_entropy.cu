@@ -2,10 +2,10 @@
 // folds the row into an online log-sum-exp state per thread (one pass over V), merges the
 // states across the block, then writes lse and the loss; the backward writes
 // scale * (exp(x - lse) - onehot) per element.
+#include "common/cuda_common.cuh"
 #include "cross_entropy.cuh"
 #include "cross_entropy_kernels.cuh"
 #include "cross_entropy_math.hpp"
-#include "cuda_common.cuh"
 #include "trainmem/checked.hpp"
 
 namespace trainmem {

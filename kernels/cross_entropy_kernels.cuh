@@ -5,10 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/cuda_device.cuh"
+#include "common/launch_shape.hpp"
+#include "common/storage.hpp"
 #include "cross_entropy_math.hpp"
-#include "cuda_device.cuh"
-#include "launch_shape.hpp"
-#include "storage.hpp"
 
 namespace trainmem::cuda {
 

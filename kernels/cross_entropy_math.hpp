@@ -5,7 +5,7 @@
 // LseState::empty(), fold in elements (or partial states from other threads) with update /
 // merge, then finish.
 #pragma once
-#include "common_math.hpp"
+#include "common/common_math.hpp"
 
 namespace trainmem {
 

@@ -12,7 +12,7 @@
 // the meta backend and the analytic `native` profile stay as they were, byte for byte. Without a
 // buffer large enough (no workspace set, or more than 4 Mi rows for 32 MiB) the backward falls back
 // to the scan kernel, which needs no scratch but reads O(N^2) ids.
-#include "cuda_common.cuh"
+#include "common/cuda_common.cuh"
 #include "embedding.cuh"
 #include "embedding_kernels.cuh"
 #include "trainmem/checked.hpp"

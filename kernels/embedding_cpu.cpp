@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "cpu_parallel.hpp"
-#include "storage.hpp"
+#include "common/cpu_parallel.hpp"
+#include "common/storage.hpp"
 #include "trainmem/error.hpp"
 
 namespace trainmem {

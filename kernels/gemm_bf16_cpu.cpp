@@ -28,7 +28,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "cpu_parallel.hpp"
+#include "common/cpu_parallel.hpp"
 #include "matmul_cpu.hpp"
 
 // GCC 12's AVX-512 headers start some intrinsics from a self-initialised "undefined" vector,

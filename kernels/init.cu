@@ -1,5 +1,5 @@
 // Parameter initialisation on the GPU: one thread per element, grid-stride.
-#include "cuda_common.cuh"
+#include "common/cuda_common.cuh"
 #include "init.cuh"
 #include "init_kernels.cuh"
 

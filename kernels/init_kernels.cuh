@@ -4,8 +4,8 @@
 #pragma once
 #include <cstdint>
 
-#include "cuda_device.cuh"
-#include "storage.hpp"
+#include "common/cuda_device.cuh"
+#include "common/storage.hpp"
 #include "trainmem/param_init.hpp"
 
 namespace trainmem::cuda {

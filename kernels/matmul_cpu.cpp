@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "cpu_parallel.hpp"
+#include "common/cpu_parallel.hpp"
+#include "common/storage.hpp"
 #include "gemm_bf16_cpu.hpp"
-#include "storage.hpp"
 #include "trainmem/error.hpp"
 
 namespace trainmem {

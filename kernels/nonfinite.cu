@@ -1,6 +1,6 @@
 // Non-finite check on the GPU: one grid-stride pass that raises a flag (kernel in
 // nonfinite_kernels.cuh). No allocation, no synchronisation: the caller reads the flag.
-#include "cuda_common.cuh"
+#include "common/cuda_common.cuh"
 #include "nonfinite.cuh"
 #include "nonfinite_kernels.cuh"
 

@@ -1,9 +1,9 @@
 // Non-finite check, CPU reference: one parallel pass, OR-reduced.
 #include "nonfinite_cpu.hpp"
 
-#include "common_math.hpp"
-#include "cpu_parallel.hpp"
-#include "storage.hpp"
+#include "common/common_math.hpp"
+#include "common/cpu_parallel.hpp"
+#include "common/storage.hpp"
 
 namespace trainmem {
 namespace {

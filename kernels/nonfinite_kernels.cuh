@@ -3,9 +3,9 @@
 #pragma once
 #include <cstdint>
 
-#include "common_math.hpp"
-#include "cuda_device.cuh"
-#include "storage.hpp"
+#include "common/common_math.hpp"
+#include "common/cuda_device.cuh"
+#include "common/storage.hpp"
 
 namespace trainmem::cuda {
 

@@ -1,5 +1,5 @@
 // Residual add and casts on the GPU: one thread per element, grid-stride.
-#include "cuda_common.cuh"
+#include "common/cuda_common.cuh"
 #include "residual.cuh"
 #include "residual_kernels.cuh"
 

@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda_device.cuh"
-#include "storage.hpp"
+#include "common/cuda_device.cuh"
+#include "common/storage.hpp"
 
 namespace trainmem::cuda {
 

@@ -4,7 +4,7 @@
 //   dy*x*rstd.
 // Activation gradients accumulate here (+=): the model sums the residual stream's gradient
 // into dinp.
-#include "cuda_common.cuh"
+#include "common/cuda_common.cuh"
 #include "rmsnorm.cuh"
 #include "rmsnorm_kernels.cuh"
 #include "rmsnorm_math.hpp"

@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <vector>
 
-#include "cpu_parallel.hpp"
+#include "common/cpu_parallel.hpp"
+#include "common/storage.hpp"
 #include "rmsnorm_math.hpp"
-#include "storage.hpp"
 
 namespace trainmem {
 namespace {

@@ -5,10 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda_device.cuh"
-#include "launch_shape.hpp"
+#include "common/cuda_device.cuh"
+#include "common/launch_shape.hpp"
+#include "common/storage.hpp"
 #include "rmsnorm_math.hpp"
-#include "storage.hpp"
 
 namespace trainmem::cuda {
 

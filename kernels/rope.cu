@@ -1,7 +1,7 @@
 // RoPE, forward and backward, on the GPU: each thread rotates one pair (x_j, x_{j+HD/2}) of
 // one head vector at position t by angle t * inv_freq[j] (backward: by -angle). The angle is
 // computed in fp32 as HuggingFace does, with the accurate sinf/cosf (no fast math).
-#include "cuda_common.cuh"
+#include "common/cuda_common.cuh"
 #include "rope.cuh"
 #include "rope_kernels.cuh"
 #include "rope_math.hpp"

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "cpu_parallel.hpp"
+#include "common/cpu_parallel.hpp"
+#include "common/storage.hpp"
 #include "rope_math.hpp"
-#include "storage.hpp"
 #include "trainmem/error.hpp"
 
 namespace trainmem {

@@ -5,9 +5,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda_device.cuh"
+#include "common/cuda_device.cuh"
+#include "common/storage.hpp"
 #include "rope_math.hpp"
-#include "storage.hpp"
 
 namespace trainmem::cuda {
 

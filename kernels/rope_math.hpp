@@ -9,7 +9,7 @@
 #pragma once
 #include <cstdint>
 
-#include "common_math.hpp"
+#include "common/common_math.hpp"
 
 namespace trainmem {
 

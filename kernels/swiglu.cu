@@ -1,5 +1,5 @@
 // SwiGLU, forward and backward, on the GPU: one thread per element, grid-stride.
-#include "cuda_common.cuh"
+#include "common/cuda_common.cuh"
 #include "swiglu.cuh"
 #include "swiglu_kernels.cuh"
 #include "swiglu_math.hpp"

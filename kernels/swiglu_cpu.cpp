@@ -1,8 +1,8 @@
 // SwiGLU, CPU reference (math in swiglu_math.hpp): elementwise, in parallel.
 #include "swiglu_cpu.hpp"
 
-#include "cpu_parallel.hpp"
-#include "storage.hpp"
+#include "common/cpu_parallel.hpp"
+#include "common/storage.hpp"
 #include "swiglu_math.hpp"
 
 namespace trainmem {

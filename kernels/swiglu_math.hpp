@@ -1,7 +1,7 @@
 // SwiGLU (LLaMA MLP), per element: out = silu(g) * u with silu(g) = g * sigmoid(g).
 // Backward: dg = dout * u * s * (1 + g * (1 - s)) with s = sigmoid(g); du = dout * silu(g).
 #pragma once
-#include "common_math.hpp"
+#include "common/common_math.hpp"
 
 namespace trainmem {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <random>
 
-#include "storage.hpp"
+#include "common/storage.hpp"
 #include "trainmem/dtype.hpp"
 
 namespace trainmem {

@@ -8,9 +8,9 @@
 #include <limits>
 #include <string>
 
-#include "cuda_device.cuh"
-#include "launch_shape.hpp"
-#include "storage.hpp"
+#include "common/cuda_device.cuh"
+#include "common/launch_shape.hpp"
+#include "common/storage.hpp"
 #include "trainmem/cuda_check.hpp"
 #include "trainmem/error.hpp"
 

@@ -1,4 +1,4 @@
-// Device-side helpers shared by the kernels (kernels/*_kernels.cuh): warp and block
+// Device-side helpers shared by the kernels (kernels/<op>/<op>_kernels.cuh): warp and block
 // reductions, grid-stride indices, dynamic shared memory. Device code only, so that the kernel
 // headers also compile as host C++ under the CUDA emulator of tests/cuda_emulator.hpp (the
 // CPU tests in tests/test_cuda_kernels_emulated.cpp run the real kernel code that way).

@@ -1,6 +1,6 @@
 // Launch geometry of the CUDA kernels as plain C++: every launcher takes its grid, block and
 // dynamic shared memory from a function returning a LaunchShape (the generic ones here, the
-// per-op ones next to their kernels in kernels/<op>_kernels.cuh). The CPU tests
+// per-op ones next to their kernels in kernels/<op>/<op>_kernels.cuh). The CPU tests
 // (tests/test_cuda_kernels_emulated.cpp) launch the emulated kernels with the same shapes and
 // check them at the real sizes (LLaMA-7B, batch 64, seq 4096) against the hardware limits,
 // which no small emulated run reaches.
