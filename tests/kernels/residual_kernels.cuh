@@ -1,5 +1,7 @@
-// Residual-add and cast kernels (launchers in residual.cu). Device code only: also compiled as
-// host C++ by the CPU emulator tests (tests/test_cuda_kernels_emulated.cpp).
+// Residual-add and cast kernels (launchers in residual.cu), test-only: the library has no
+// residual kernel (the model adds residuals as a copy plus a GEMM with beta 1) and no device cast;
+// the tests use these to check storage.hpp's conversions on the device. Device code only: also
+// compiled as host C++ by the CPU emulator tests (tests/test_cuda_kernels_emulated.cpp).
 #pragma once
 #include <cmath>
 #include <cstddef>

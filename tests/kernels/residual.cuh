@@ -1,4 +1,5 @@
-// Residual add and dtype casts on the GPU (elementwise helpers of the training step).
+// Residual add and dtype casts on the GPU, test-only (compiled into trainmem_gpu_tests, not the
+// library; tests/gpu_test_backend.cpp checks them against dtype.hpp's host conversions).
 #pragma once
 #include <cuda_runtime_api.h>
 

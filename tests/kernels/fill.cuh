@@ -1,5 +1,6 @@
-// fill and axpy: the smallest kernels in trainmem. They prove the CUDA build, link, launch
-// and skip path end to end (tests/gpu_test_fill.cu) and serve as buffer initialisers.
+// fill and axpy: the smallest kernels in trainmem, test-only (compiled into trainmem_gpu_tests,
+// not the library). They prove the CUDA build, link, launch and skip path end to end
+// (tests/gpu_test_fill.cu).
 #pragma once
 #include <cuda_runtime_api.h>
 
