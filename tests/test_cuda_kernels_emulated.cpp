@@ -25,25 +25,25 @@
 
 #include "cuda_emulator.hpp"
 // The kernel headers, compiled as host C++.
-#include "adamw_kernels.cuh"
+#include "adamw/adamw_kernels.cuh"
 #include "attention_eager_kernels.cuh"
 #include "attention_flash_kernels.cuh"
 #include "cross_entropy_kernels.cuh"
 #include "embedding_kernels.cuh"
 #include "kernels/residual_kernels.cuh"
-#include "nonfinite_kernels.cuh"
+#include "nonfinite/nonfinite_kernels.cuh"
 #include "rmsnorm_kernels.cuh"
-#include "rope_kernels.cuh"
-#include "swiglu_kernels.cuh"
+#include "rope/rope_kernels.cuh"
+#include "swiglu/swiglu_kernels.cuh"
 // The CPU references.
-#include "adamw_cpu.hpp"
+#include "adamw/adamw.hpp"
 #include "attention_cpu.hpp"
 #include "cross_entropy_cpu.hpp"
 #include "embedding_cpu.hpp"
-#include "nonfinite_cpu.hpp"
+#include "nonfinite/nonfinite.hpp"
 #include "rmsnorm_cpu.hpp"
-#include "rope_cpu.hpp"
-#include "swiglu_cpu.hpp"
+#include "rope/rope.hpp"
+#include "swiglu/swiglu.hpp"
 #include "trainmem/model.hpp"  // kGemmWorkspaceBytes, the scratch the cuda backend lends
 
 namespace trainmem {

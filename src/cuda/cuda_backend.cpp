@@ -6,17 +6,17 @@
 
 #include <string>
 
-#include "adamw.cuh"
+#include "adamw/adamw.hpp"
 #include "attention.cuh"
 #include "cross_entropy.cuh"
 #include "cuda/device_rules.hpp"
 #include "embedding.cuh"
-#include "init.cuh"
+#include "init/init.hpp"
 #include "matmul.cuh"
-#include "nonfinite.cuh"
+#include "nonfinite/nonfinite.hpp"
 #include "rmsnorm.cuh"
-#include "rope.cuh"
-#include "swiglu.cuh"
+#include "rope/rope.hpp"
+#include "swiglu/swiglu.hpp"
 #include "trainmem/cuda_check.hpp"
 #include "trainmem/error.hpp"
 

@@ -1,8 +1,8 @@
 // AdamW and SGD (and LOMO, which is SGD applied inside backward) on the GPU: one thread per
 // element, grid-stride, fp32 math on the fp32 master value (or on the parameter itself).
-#include "adamw.cuh"
-#include "adamw_kernels.cuh"
-#include "adamw_math.hpp"
+#include "adamw/adamw.hpp"
+#include "adamw/adamw_kernels.cuh"
+#include "adamw/adamw_math.hpp"
 #include "common/cuda_common.cuh"
 
 namespace trainmem {

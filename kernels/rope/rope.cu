@@ -2,9 +2,9 @@
 // one head vector at position t by angle t * inv_freq[j] (backward: by -angle). The angle is
 // computed in fp32 as HuggingFace does, with the accurate sinf/cosf (no fast math).
 #include "common/cuda_common.cuh"
-#include "rope.cuh"
-#include "rope_kernels.cuh"
-#include "rope_math.hpp"
+#include "rope/rope.hpp"
+#include "rope/rope_kernels.cuh"
+#include "rope/rope_math.hpp"
 #include "trainmem/checked.hpp"
 
 namespace trainmem {

@@ -1,8 +1,8 @@
 // SwiGLU, forward and backward, on the GPU: one thread per element, grid-stride.
 #include "common/cuda_common.cuh"
-#include "swiglu.cuh"
-#include "swiglu_kernels.cuh"
-#include "swiglu_math.hpp"
+#include "swiglu/swiglu.hpp"
+#include "swiglu/swiglu_kernels.cuh"
+#include "swiglu/swiglu_math.hpp"
 
 namespace trainmem {
 namespace {

@@ -1,10 +1,11 @@
 // Parameter initialisation on the GPU: the same values as the host path of
-// Backend::init_param (include/trainmem/param_init.hpp), computed where they are stored.
+// Backend::init_param (include/trainmem/param_init.hpp, which is the CPU side: the generator is
+// written once, TM_HD), computed where they are stored. Launcher in init.cu, kernel in
+// init_kernels.cuh.
 #pragma once
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
 
+#include "common/cuda_handles.hpp"
 #include "trainmem/dtype.hpp"
 #include "trainmem/param_init.hpp"
 

@@ -1,10 +1,9 @@
 // Optimizer updates, CPU reference (math in adamw_math.hpp): elementwise, in parallel. The
 // per-step constants (bias corrections) are computed once on the host in double.
-#include "adamw_cpu.hpp"
-
 #include <string>
 
-#include "adamw_math.hpp"
+#include "adamw/adamw.hpp"
+#include "adamw/adamw_math.hpp"
 #include "common/cpu_parallel.hpp"
 #include "common/storage.hpp"
 #include "trainmem/error.hpp"

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "adamw_math.hpp"
+#include "adamw/adamw_math.hpp"
 #include "common/cuda_device.cuh"
 #include "common/storage.hpp"
 

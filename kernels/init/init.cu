@@ -1,7 +1,7 @@
 // Parameter initialisation on the GPU: one thread per element, grid-stride.
 #include "common/cuda_common.cuh"
-#include "init.cuh"
-#include "init_kernels.cuh"
+#include "init/init.hpp"
+#include "init/init_kernels.cuh"
 
 namespace trainmem {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "common/cuda_device.cuh"
 #include "common/storage.hpp"
-#include "swiglu_math.hpp"
+#include "swiglu/swiglu_math.hpp"
 
 namespace trainmem::cuda {
 

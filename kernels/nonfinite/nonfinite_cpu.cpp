@@ -1,9 +1,8 @@
 // Non-finite check, CPU reference: one parallel pass, OR-reduced.
-#include "nonfinite_cpu.hpp"
-
 #include "common/common_math.hpp"
 #include "common/cpu_parallel.hpp"
 #include "common/storage.hpp"
+#include "nonfinite/nonfinite.hpp"
 
 namespace trainmem {
 namespace {

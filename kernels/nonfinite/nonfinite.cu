@@ -1,8 +1,8 @@
 // Non-finite check on the GPU: one grid-stride pass that raises a flag (kernel in
 // nonfinite_kernels.cuh). No allocation, no synchronisation: the caller reads the flag.
 #include "common/cuda_common.cuh"
-#include "nonfinite.cuh"
-#include "nonfinite_kernels.cuh"
+#include "nonfinite/nonfinite.hpp"
+#include "nonfinite/nonfinite_kernels.cuh"
 
 namespace trainmem {
 namespace {

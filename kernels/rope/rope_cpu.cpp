@@ -1,14 +1,13 @@
 // RoPE (HuggingFace rotate-half), CPU reference (math in rope_math.hpp). The cos/sin table
 // (T, HD/2) is computed once per call in fp32 from the fp32 angle, as HuggingFace does;
 // backward rotates by the negated angle (the transpose of the orthogonal rotation).
-#include "rope_cpu.hpp"
-
 #include <string>
 #include <vector>
 
 #include "common/cpu_parallel.hpp"
 #include "common/storage.hpp"
-#include "rope_math.hpp"
+#include "rope/rope.hpp"
+#include "rope/rope_math.hpp"
 #include "trainmem/error.hpp"
 
 namespace trainmem {

@@ -7,7 +7,7 @@
 
 #include "common/cuda_device.cuh"
 #include "common/storage.hpp"
-#include "rope_math.hpp"
+#include "rope/rope_math.hpp"
 
 namespace trainmem::cuda {
 

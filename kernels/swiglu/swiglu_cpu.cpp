@@ -1,9 +1,8 @@
 // SwiGLU, CPU reference (math in swiglu_math.hpp): elementwise, in parallel.
-#include "swiglu_cpu.hpp"
-
 #include "common/cpu_parallel.hpp"
 #include "common/storage.hpp"
-#include "swiglu_math.hpp"
+#include "swiglu/swiglu.hpp"
+#include "swiglu/swiglu_math.hpp"
 
 namespace trainmem {
 namespace {
