@@ -13,8 +13,8 @@
 // buffer large enough (no workspace set, or more than 4 Mi rows for 32 MiB) the backward falls back
 // to the scan kernel, which needs no scratch but reads O(N^2) ids.
 #include "common/cuda_common.cuh"
-#include "embedding.cuh"
-#include "embedding_kernels.cuh"
+#include "embedding/embedding.hpp"
+#include "embedding/embedding_kernels.cuh"
 #include "trainmem/checked.hpp"
 
 namespace trainmem {

@@ -2,13 +2,12 @@
 // per position, rows in parallel. The log-sum-exp is taken in two passes (max, then the sum
 // of exp(x - max)), which is the same state LseState holds and vectorises better on the CPU.
 // Backward may run in place (dlogits == logits): each element is read before it is written.
-#include "cross_entropy_cpu.hpp"
-
 #include <string>
 
 #include "common/cpu_parallel.hpp"
 #include "common/storage.hpp"
-#include "cross_entropy_math.hpp"
+#include "cross_entropy/cross_entropy.hpp"
+#include "cross_entropy/cross_entropy_math.hpp"
 #include "trainmem/error.hpp"
 
 namespace trainmem {

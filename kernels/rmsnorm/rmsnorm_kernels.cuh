@@ -8,7 +8,7 @@
 #include "common/cuda_device.cuh"
 #include "common/launch_shape.hpp"
 #include "common/storage.hpp"
-#include "rmsnorm_math.hpp"
+#include "rmsnorm/rmsnorm_math.hpp"
 
 namespace trainmem::cuda {
 

@@ -5,9 +5,9 @@
 // Activation gradients accumulate here (+=): the model sums the residual stream's gradient
 // into dinp.
 #include "common/cuda_common.cuh"
-#include "rmsnorm.cuh"
-#include "rmsnorm_kernels.cuh"
-#include "rmsnorm_math.hpp"
+#include "rmsnorm/rmsnorm.hpp"
+#include "rmsnorm/rmsnorm_kernels.cuh"
+#include "rmsnorm/rmsnorm_math.hpp"
 #include "trainmem/checked.hpp"
 
 namespace trainmem {

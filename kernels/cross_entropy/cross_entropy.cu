@@ -3,9 +3,9 @@
 // states across the block, then writes lse and the loss; the backward writes
 // scale * (exp(x - lse) - onehot) per element.
 #include "common/cuda_common.cuh"
-#include "cross_entropy.cuh"
-#include "cross_entropy_kernels.cuh"
-#include "cross_entropy_math.hpp"
+#include "cross_entropy/cross_entropy.hpp"
+#include "cross_entropy/cross_entropy_kernels.cuh"
+#include "cross_entropy/cross_entropy_math.hpp"
 #include "trainmem/checked.hpp"
 
 namespace trainmem {

@@ -1,8 +1,6 @@
 // Token embedding, CPU reference: forward gathers rows of wte, backward scatters the output
 // gradient back with +=. Rows of repeated token ids are summed in fp32 in position order and
 // rounded once into dwte, so the result is deterministic and independent of the thread count.
-#include "embedding_cpu.hpp"
-
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -11,6 +9,7 @@
 
 #include "common/cpu_parallel.hpp"
 #include "common/storage.hpp"
+#include "embedding/embedding.hpp"
 #include "trainmem/error.hpp"
 
 namespace trainmem {

@@ -8,7 +8,7 @@
 #include "common/cuda_device.cuh"
 #include "common/launch_shape.hpp"
 #include "common/storage.hpp"
-#include "cross_entropy_math.hpp"
+#include "cross_entropy/cross_entropy_math.hpp"
 
 namespace trainmem::cuda {
 

@@ -1,14 +1,13 @@
 // RMSNorm, CPU reference (math in rmsnorm_math.hpp). Rows run in parallel. dinp accumulates
 // (+=) into the residual-stream gradient; dweight is reduced over rows in fixed chunks, in a
 // fixed order, so the result does not depend on the thread count.
-#include "rmsnorm_cpu.hpp"
-
 #include <algorithm>
 #include <vector>
 
 #include "common/cpu_parallel.hpp"
 #include "common/storage.hpp"
-#include "rmsnorm_math.hpp"
+#include "rmsnorm/rmsnorm.hpp"
+#include "rmsnorm/rmsnorm_math.hpp"
 
 namespace trainmem {
 namespace {
