@@ -21,7 +21,7 @@
 #include "attention_math.hpp"
 #include "common/cpu_parallel.hpp"
 #include "common/storage.hpp"
-#include "matmul_cpu.hpp"
+#include "matmul/matmul.hpp"
 #include "trainmem/error.hpp"
 
 namespace trainmem {

@@ -11,7 +11,7 @@
 #include "attention_heads.hpp"
 #include "attention_math.hpp"
 #include "common/cuda_common.cuh"
-#include "matmul.cuh"
+#include "matmul/matmul.hpp"
 #include "trainmem/checked.hpp"
 
 namespace trainmem {

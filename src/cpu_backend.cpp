@@ -9,7 +9,7 @@
 #include "attention_cpu.hpp"
 #include "cross_entropy/cross_entropy.hpp"
 #include "embedding/embedding.hpp"
-#include "matmul_cpu.hpp"
+#include "matmul/matmul.hpp"
 #include "nonfinite/nonfinite.hpp"
 #include "rmsnorm/rmsnorm.hpp"
 #include "rope/rope.hpp"

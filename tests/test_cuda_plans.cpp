@@ -16,7 +16,7 @@
 
 #include "attention_cpu.hpp"
 #include "attention_heads.hpp"
-#include "gemm_args.hpp"
+#include "matmul/gemm_args.hpp"
 
 namespace trainmem {
 namespace {

@@ -7,7 +7,7 @@
 // Every cpu op gives the same bits for any team size, so the team size is only speed. The
 // rules that make it so (docs/decisions.md, "Threads in the cpu ops"):
 // - work is split into chunks fixed by the problem's shape, never by the team size (GEMMs:
-//   gemm_split in matmul_cpu.hpp); a chunk computes the same way whichever thread runs it;
+//   gemm_split in matmul/matmul.hpp); a chunk computes the same way whichever thread runs it;
 // - sums across chunks are combined from per-chunk partials in chunk order (no floating-point
 //   `reduction` clauses, no atomics; an order-free one such as OR over booleans is fine);
 // - a parallel region names only the function's arguments, raw pointers and values taken

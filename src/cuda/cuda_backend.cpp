@@ -12,7 +12,7 @@
 #include "cuda/device_rules.hpp"
 #include "embedding/embedding.hpp"
 #include "init/init.hpp"
-#include "matmul.cuh"
+#include "matmul/matmul.hpp"
 #include "nonfinite/nonfinite.hpp"
 #include "rmsnorm/rmsnorm.hpp"
 #include "rope/rope.hpp"

@@ -1,10 +1,20 @@
-// GEMM, CPU reference through OpenBLAS cblas_sgemm (fp32 compute, see sgemm_cpu for threads).
-// 16-bit operands are converted to fp32 scratch (not ledger allocations: an implementation detail
-// of the cpu backend) and the result is rounded once into c. bf16 on a CPU with AVX512-BF16 uses
+// GEMM, row-major: c (M,N) = alpha * op(a) * op(b) + beta * c. The CPU reference
+// (matmul_cpu.cpp) and the CUDA launchers (matmul.cu) side by side, in the same argument order
+// (CUDA: plus the cuBLAS handle).
+// CPU: OpenBLAS cblas_sgemm (fp32 compute, see sgemm_cpu for threads). 16-bit operands are
+// converted to fp32 scratch (not ledger allocations: an implementation detail of the cpu
+// backend) and the result is rounded once into c. bf16 on a CPU with AVX512-BF16 uses
 // gemm_bf16_avx512 instead (gemm_bf16_cpu.hpp): same semantics, no widening.
+// CUDA: cuBLAS (cublasGemmEx / cublasGemmStridedBatchedEx) with CUBLAS_COMPUTE_32F: bf16/fp16
+// operands with fp32 accumulation, plain fp32 for fp32 (no TF32). The usual operand swap
+// (gemm_args.hpp) turns a row-major C = op(A) op(B) into the column-major C^T = op(B)^T op(A)^T
+// that cuBLAS computes. The stream is the handle's (cublasSetStream), and the workspace the
+// handle's (cublasSetWorkspace with the ledger's `cublas_workspace`): these calls allocate
+// nothing.
 #pragma once
 #include <cstdint>
 
+#include "common/cuda_handles.hpp"
 #include "trainmem/dtype.hpp"
 #include "trainmem/op_types.hpp"
 
@@ -15,6 +25,25 @@ namespace trainmem {
 // (K,N) for Trans::no, (N,K) for Trans::yes. beta == 0 never reads c.
 void matmul_cpu(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N,
                 std::int64_t K, Trans ta, Trans tb, float alpha, float beta, DType dt);
+void matmul_cuda(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N,
+                 std::int64_t K, Trans ta, Trans tb, float alpha, float beta, DType dt,
+                 cublasHandle_t handle);
+
+// One operand of a strided batch of row-major matrices: element (r, c) of matrix i is at
+// ptr + i*stride + r*ld + c (in elements).
+struct StridedOperand {
+  const void* ptr;
+  std::int64_t ld;
+  std::int64_t stride;
+};
+
+// For i < batch: C_i (M,N) = alpha * op(A_i) op(B_i) + beta * C_i, row-major with explicit
+// leading dimensions (so a head of a (B,T,NH,HD) tensor is a (T,HD) matrix with ld NH*HD).
+// CUDA only (the cpu attention calls sgemm_cpu with leading dimensions instead).
+void matmul_strided_batched_cuda(void* c, std::int64_t ldc, std::int64_t stride_c, StridedOperand a,
+                                 StridedOperand b, std::int64_t M, std::int64_t N, std::int64_t K,
+                                 Trans ta, Trans tb, float alpha, float beta, std::int64_t batch,
+                                 DType dt, cublasHandle_t handle);
 
 // The kernels matmul_cpu can use. generic: widen to fp32 + sgemm_cpu (every dtype);
 // avx512_bf16: gemm_bf16_avx512 (bf16 only, needs cpu_has_avx512_bf16()).

@@ -1,10 +1,12 @@
 // GEMMs through cuBLAS. The row-major to column-major operand swap is in gemm_args.hpp (and
 // tested on the CPU); this file only checks the sizes and makes the calls.
+#include <cublas_v2.h>
+
 #include <limits>
 #include <string>
 
-#include "gemm_args.hpp"
-#include "matmul.cuh"
+#include "matmul/gemm_args.hpp"
+#include "matmul/matmul.hpp"
 #include "trainmem/cuda_check.hpp"
 #include "trainmem/error.hpp"
 

@@ -20,7 +20,7 @@
 // team by panels; c is cut into gemm_split's blocks (shape only). The scratch (packed operands,
 // fp32 sums) belongs to the calling thread and reaches the workers as raw pointers taken before
 // the regions; each block has its own part of the sums buffer.
-#include "gemm_bf16_cpu.hpp"
+#include "matmul/gemm_bf16_cpu.hpp"
 
 #include <immintrin.h>
 #include <omp.h>
@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "common/cpu_parallel.hpp"
-#include "matmul_cpu.hpp"
+#include "matmul/matmul.hpp"
 
 // GCC 12's AVX-512 headers start some intrinsics from a self-initialised "undefined" vector,
 // which -Wmaybe-uninitialized reports wherever they are inlined (GCC bug 105593, fixed in 13).

@@ -1,6 +1,6 @@
 // bf16 GEMM for CPUs with AVX512-BF16 (VDPBF16PS): bf16 operands, fp32 accumulation, the fp32
 // result rounded once into bf16 c (round to nearest even, as storage.hpp's BF16). Used by
-// matmul_cpu for DType::bf16 when the CPU has the instructions (see matmul_cpu.hpp for the
+// matmul_cpu for DType::bf16 when the CPU has the instructions (see matmul.hpp for the
 // switch); only the functions that need the instructions are compiled for them, so the build
 // stays generic and this file is safe to call into after cpu_has_avx512_bf16().
 //

@@ -5,8 +5,6 @@
 // TRAINMEM_CPU_GEMM=generic; cpu_gemm_path). Threads: see sgemm_cpu. Parallel regions here name
 // only the function's arguments and raw pointers taken before the region, never thread_local or
 // static objects (docs/decisions.md).
-#include "matmul_cpu.hpp"
-
 #include <cblas.h>
 #include <omp.h>
 #include <spdlog/spdlog.h>
@@ -21,7 +19,8 @@
 
 #include "common/cpu_parallel.hpp"
 #include "common/storage.hpp"
-#include "gemm_bf16_cpu.hpp"
+#include "matmul/gemm_bf16_cpu.hpp"
+#include "matmul/matmul.hpp"
 #include "trainmem/error.hpp"
 
 namespace trainmem {
