@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "adamw/adamw.hpp"
-#include "attention_cpu.hpp"
+#include "attention/attention.hpp"
 #include "cross_entropy/cross_entropy.hpp"
 #include "embedding/embedding.hpp"
 #include "matmul/matmul.hpp"

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "adamw/adamw.hpp"
-#include "attention.cuh"
+#include "attention/attention.hpp"
 #include "cross_entropy/cross_entropy.hpp"
 #include "cuda/device_rules.hpp"
 #include "embedding/embedding.hpp"
@@ -130,8 +130,8 @@ void CudaBackend::embedding_forward(void* out, const std::int32_t* tokens, const
 void CudaBackend::embedding_backward(void* dwte, const void* dout, const std::int32_t* tokens,
                                      std::int64_t B, std::int64_t T, std::int64_t C,
                                      std::int64_t V) {
-  // The GEMM workspace doubles as the sort's scratch (kernels/embedding.cu says why that is
-  // safe); without one the launcher takes its kernel that needs none.
+  // The GEMM workspace doubles as the sort's scratch (kernels/embedding/embedding.cu says why that
+  // is safe); without one the launcher takes its kernel that needs none.
   embedding_backward_cuda(dwte, dout, tokens, B, T, C, V, dtype(), stream_, gemm_workspace_,
                           gemm_workspace_bytes_);
 }

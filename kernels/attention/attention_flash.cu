@@ -18,9 +18,9 @@
 // Shared memory is dynamic (floats). Tiles read by lane-distinct rows (lane j reads row j)
 // use an odd pitch (HD | 1) so that the 32 lanes hit 32 different banks; tiles read by all
 // lanes at the same address (broadcast) or at consecutive d use pitch HD.
-#include "attention.cuh"
-#include "attention_flash_kernels.cuh"
-#include "attention_math.hpp"
+#include "attention/attention.hpp"
+#include "attention/attention_flash_kernels.cuh"
+#include "attention/attention_math.hpp"
 #include "common/cuda_common.cuh"
 
 namespace trainmem {

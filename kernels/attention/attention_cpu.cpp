@@ -11,14 +11,13 @@
 // Flash: query blocks of kBlockRows rows against key blocks of kBlockCols keys up to the
 // diagonal, with the online softmax of attention_math.hpp; only lse (B,NH,T) is kept.
 // Backward recomputes P = exp(S - lse) tile by tile with delta = rowsum(dO * O).
-#include "attention_cpu.hpp"
-
 #include <algorithm>
 #include <string>
 #include <type_traits>
 #include <vector>
 
-#include "attention_math.hpp"
+#include "attention/attention.hpp"
+#include "attention/attention_math.hpp"
 #include "common/cpu_parallel.hpp"
 #include "common/storage.hpp"
 #include "matmul/matmul.hpp"

@@ -2,7 +2,7 @@
 // The kernels are in attention_eager.cu and attention_flash.cu.
 #include <string>
 
-#include "attention.cuh"
+#include "attention/attention.hpp"
 #include "trainmem/checked.hpp"
 #include "trainmem/error.hpp"
 

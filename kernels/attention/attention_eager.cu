@@ -6,10 +6,12 @@
 // GEMM is a strided batch. GQA maps query head h to kv head h/g (g = NH/NKV); dk and dv sum
 // over the g query heads of a group by GEMMs with beta = 1 after the first. The batching of
 // heads into cuBLAS calls is in attention_heads.hpp.
-#include "attention.cuh"
-#include "attention_eager_kernels.cuh"
-#include "attention_heads.hpp"
-#include "attention_math.hpp"
+#include <cublas_v2.h>
+
+#include "attention/attention.hpp"
+#include "attention/attention_eager_kernels.cuh"
+#include "attention/attention_heads.hpp"
+#include "attention/attention_math.hpp"
 #include "common/cuda_common.cuh"
 #include "matmul/matmul.hpp"
 #include "trainmem/checked.hpp"

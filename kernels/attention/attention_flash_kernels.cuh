@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "attention_math.hpp"
+#include "attention/attention_math.hpp"
 #include "common/cuda_device.cuh"
 #include "common/launch_shape.hpp"
 #include "common/storage.hpp"
