@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/attention_math.hpp"
 #include "common/cuda_device.cuh"
@@ -30,6 +31,38 @@ __device__ __forceinline__ float flash_dot_smem(const float* a, const float* b, 
   return acc;
 }
 
+// A shared-memory tile to fill from a (B,T,H,HD) tensor: its row r starts at smem + r * pitch.
+struct FlashTile {
+  float* smem;
+  int pitch;
+  const void* src;
+};
+
+// The one tile load of the flash kernels: fills `rows` rows of each tile with the head vectors
+// of head `head` (of H) of batch row b at positions t0, t0 + 1, ..., as fp32: tile row r gets
+// the HD elements at ((b*T + t0 + r)*H + head)*HD of its src. Rows at position T or beyond are
+// zeros, so a partial last tile reads nothing past the tensor. The tiles share that geometry
+// (q with dout, k with v) and are filled in one pass over rows * HD elements, strided over the
+// block's threads. Every thread of the block must call it; it has no barrier (the caller puts
+// one between the tile's writers and its readers).
+template <class S, class... Tiles>
+__device__ __forceinline__ void flash_load_tiles(int rows, std::int64_t b, std::int64_t head,
+                                                 std::int64_t H, std::int64_t t0, std::int64_t T,
+                                                 int HD, Tiles... tiles) {
+  static_assert((std::is_same_v<Tiles, FlashTile> && ...), "each tile is a FlashTile");
+  for (int idx = threadIdx.x; idx < rows * HD; idx += kFlashThreads) {
+    const int r = idx / HD;
+    const int d = idx - r * HD;
+    const std::int64_t t = t0 + r;
+    if (t < T) {
+      const std::size_t off = std::size_t((b * T + t) * H + head) * HD + d;
+      ((tiles.smem[r * tiles.pitch + d] = S::load(tiles.src, off)), ...);
+    } else {
+      ((tiles.smem[r * tiles.pitch + d] = 0.0f), ...);
+    }
+  }
+}
+
 // ---------------------------------------------------------------- kernels
 
 // smem: sQ (16, HD) | sK (32, kp) | sV (32, HD)
@@ -53,12 +86,7 @@ __global__ void __launch_bounds__(kFlashThreads)
   const std::int64_t q0 = std::int64_t(gridDim.y - 1 - blockIdx.y) * kFlashBlockRows;
   const std::int64_t q_end = q0 + kFlashBlockRows < T ? q0 + kFlashBlockRows : T;
 
-  for (int idx = threadIdx.x; idx < kFlashBlockRows * HD; idx += kFlashThreads) {
-    const int r = idx / HD;
-    const int d = idx - r * HD;
-    const std::int64_t i = q0 + r;
-    sQ[idx] = i < T ? S::load(q, std::size_t((b * T + i) * NH + h) * HD + d) : 0.0f;
-  }
+  flash_load_tiles<S>(kFlashBlockRows, b, h, NH, q0, T, HD, FlashTile{sQ, HD, q});
 
   OnlineSoftmax<float> st[kFlashRowsPerWarp];
   float o[kFlashRowsPerWarp][DPL];
@@ -71,19 +99,8 @@ __global__ void __launch_bounds__(kFlashThreads)
 
   for (std::int64_t k0 = 0; k0 < q_end; k0 += kFlashKeyTile) {
     __syncthreads();  // sQ written (first tile) / previous sK, sV consumed
-    for (int idx = threadIdx.x; idx < kFlashKeyTile * HD; idx += kFlashThreads) {
-      const int j = idx / HD;
-      const int d = idx - j * HD;
-      const std::int64_t t = k0 + j;
-      float kval = 0.0f, vval = 0.0f;
-      if (t < T) {
-        const std::size_t off = std::size_t((b * T + t) * NKV + kh) * HD + d;
-        kval = S::load(k, off);
-        vval = S::load(v, off);
-      }
-      sK[j * kp + d] = kval;
-      sV[j * HD + d] = vval;
-    }
+    flash_load_tiles<S>(kFlashKeyTile, b, kh, NKV, k0, T, HD, FlashTile{sK, kp, k},
+                        FlashTile{sV, HD, v});
     __syncthreads();
 
     TM_UNROLL
@@ -175,19 +192,8 @@ __global__ void __launch_bounds__(kFlashThreads)
   // Early keys are seen by the most queries: schedule them first.
   const std::int64_t k0 = std::int64_t(blockIdx.y) * kFlashBlockKeys;
 
-  for (int idx = threadIdx.x; idx < kFlashBlockKeys * HD; idx += kFlashThreads) {
-    const int j = idx / HD;
-    const int d = idx - j * HD;
-    const std::int64_t t = k0 + j;
-    float kval = 0.0f, vval = 0.0f;
-    if (t < T) {
-      const std::size_t off = std::size_t((b * T + t) * NKV + kh) * HD + d;
-      kval = S::load(k, off);
-      vval = S::load(v, off);
-    }
-    sK[idx] = kval;
-    sV[idx] = vval;
-  }
+  flash_load_tiles<S>(kFlashBlockKeys, b, kh, NKV, k0, T, HD, FlashTile{sK, HD, k},
+                      FlashTile{sV, HD, v});
 
   float dk_acc[kFlashKeysPerWarp][DPL];
   float dv_acc[kFlashKeysPerWarp][DPL];
@@ -203,19 +209,8 @@ __global__ void __launch_bounds__(kFlashThreads)
     const std::int64_t h = kh * g + hh;
     for (std::int64_t i0 = i_first; i0 < T; i0 += kFlashQueryTile) {
       __syncthreads();  // sK, sV written (first pass) / previous sQ, sdO, sL, sD consumed
-      for (int idx = threadIdx.x; idx < kFlashQueryTile * HD; idx += kFlashThreads) {
-        const int r = idx / HD;
-        const int d = idx - r * HD;
-        const std::int64_t i = i0 + r;
-        float qval = 0.0f, oval = 0.0f;
-        if (i < T) {
-          const std::size_t off = std::size_t((b * T + i) * NH + h) * HD + d;
-          qval = S::load(q, off);
-          oval = S::load(dout, off);
-        }
-        sQ[r * qp + d] = qval;
-        sdO[r * qp + d] = oval;
-      }
+      flash_load_tiles<S>(kFlashQueryTile, b, h, NH, i0, T, HD, FlashTile{sQ, qp, q},
+                          FlashTile{sdO, qp, dout});
       if (threadIdx.x < kFlashQueryTile) {
         const std::int64_t i = i0 + threadIdx.x;
         sL[threadIdx.x] = i < T ? lse[(b * NH + h) * T + i] : 0.0f;
@@ -296,19 +291,8 @@ __global__ void __launch_bounds__(kFlashThreads)
   const std::int64_t q0 = std::int64_t(gridDim.y - 1 - blockIdx.y) * kFlashBlockRows;
   const std::int64_t q_end = q0 + kFlashBlockRows < T ? q0 + kFlashBlockRows : T;
 
-  for (int idx = threadIdx.x; idx < kFlashBlockRows * HD; idx += kFlashThreads) {
-    const int r = idx / HD;
-    const int d = idx - r * HD;
-    const std::int64_t i = q0 + r;
-    float qval = 0.0f, oval = 0.0f;
-    if (i < T) {
-      const std::size_t off = std::size_t((b * T + i) * NH + h) * HD + d;
-      qval = S::load(q, off);
-      oval = S::load(dout, off);
-    }
-    sQ[idx] = qval;
-    sdO[idx] = oval;
-  }
+  flash_load_tiles<S>(kFlashBlockRows, b, h, NH, q0, T, HD, FlashTile{sQ, HD, q},
+                      FlashTile{sdO, HD, dout});
 
   float row_lse[kFlashRowsPerWarp], row_delta[kFlashRowsPerWarp];
   float dq_acc[kFlashRowsPerWarp][DPL];
@@ -323,19 +307,8 @@ __global__ void __launch_bounds__(kFlashThreads)
 
   for (std::int64_t k0 = 0; k0 < q_end; k0 += kFlashKeyTile) {
     __syncthreads();  // sQ, sdO written (first tile) / previous sK, sV consumed
-    for (int idx = threadIdx.x; idx < kFlashKeyTile * HD; idx += kFlashThreads) {
-      const int j = idx / HD;
-      const int d = idx - j * HD;
-      const std::int64_t t = k0 + j;
-      float kval = 0.0f, vval = 0.0f;
-      if (t < T) {
-        const std::size_t off = std::size_t((b * T + t) * NKV + kh) * HD + d;
-        kval = S::load(k, off);
-        vval = S::load(v, off);
-      }
-      sK[j * kp + d] = kval;
-      sV[j * kp + d] = vval;
-    }
+    flash_load_tiles<S>(kFlashKeyTile, b, kh, NKV, k0, T, HD, FlashTile{sK, kp, k},
+                        FlashTile{sV, kp, v});
     __syncthreads();
 
     TM_UNROLL
