@@ -43,6 +43,41 @@ constexpr int kEmbBwdThreads = 256;
 constexpr int kEmbBwdColsPerThread = 8;  // a block covers 2048 columns
 constexpr int kEmbBwdColsPerBlock = kEmbBwdThreads * kEmbBwdColsPerThread;
 
+// One id's sum over the kEmbBwdColsPerThread columns c0, c0 + kEmbBwdThreads, ... of a thread
+// (columns at C or beyond are left alone), shared by both backward kernels: start from dwte's row,
+// add dout's rows in position order, store once. The same fp32 sequence as embedding_cpu, so
+// both round to the same value.
+template <class S>
+struct EmbRowSum {
+  float acc[kEmbBwdColsPerThread];
+  std::int64_t c0, C;
+
+  __device__ __forceinline__ EmbRowSum(const void* dwte, std::size_t dst, std::int64_t c0_,
+                                       std::int64_t C_)
+      : c0(c0_), C(C_) {
+    TM_UNROLL
+    for (int k = 0; k < kEmbBwdColsPerThread; ++k) {
+      const std::int64_t c = c0 + std::int64_t(k) * kEmbBwdThreads;
+      acc[k] = c < C ? S::load(dwte, dst + c) : 0.0f;
+    }
+  }
+  // Adds dout's row starting at element `row`.
+  __device__ __forceinline__ void add(const void* dout, std::size_t row) {
+    TM_UNROLL
+    for (int k = 0; k < kEmbBwdColsPerThread; ++k) {
+      const std::int64_t c = c0 + std::int64_t(k) * kEmbBwdThreads;
+      if (c < C) acc[k] += S::load(dout, row + c);
+    }
+  }
+  __device__ __forceinline__ void store(void* dwte, std::size_t dst) const {
+    TM_UNROLL
+    for (int k = 0; k < kEmbBwdColsPerThread; ++k) {
+      const std::int64_t c = c0 + std::int64_t(k) * kEmbBwdThreads;
+      if (c < C) S::store(dwte, dst + c, acc[k]);
+    }
+  }
+};
+
 // ---- grouped: the sort
 // A key is (id as uint32) << 32 | position. Keys are distinct (positions are), so any correct
 // sort puts them in the order of a stable sort of positions by id: the sort need not be stable.
@@ -151,30 +186,13 @@ __global__ void __launch_bounds__(kEmbBwdThreads)
     if (g > 0 && emb_key_id(keys[g - 1]) == id) continue;  // not the first key of its group
     if (id >= std::uint64_t(V)) return;  // invalid: so is every later key (they sort last)
 
-    // acc starts from dwte and adds the rows in position order (the keys of a group are in
-    // position order): the same fp32 sequence as embedding_cpu, rounded once.
+    // The keys of a group are in position order: the rows are added in position order.
     const std::size_t dst = std::size_t(id) * C;
-    float acc[kEmbBwdColsPerThread];
-    TM_UNROLL
-    for (int k = 0; k < kEmbBwdColsPerThread; ++k) {
-      const std::int64_t c = c0 + std::int64_t(k) * kEmbBwdThreads;
-      acc[k] = c < C ? S::load(dwte, dst + c) : 0.0f;
-    }
+    EmbRowSum<S> sum(dwte, dst, c0, C);
     std::int64_t last = g + 1;  // the group is keys [g, last)
     while (last < N && emb_key_id(keys[last]) == id) ++last;
-    for (std::int64_t m = g; m < last; ++m) {
-      const std::size_t row = std::size_t(emb_key_pos(keys[m])) * C;
-      TM_UNROLL
-      for (int k = 0; k < kEmbBwdColsPerThread; ++k) {
-        const std::int64_t c = c0 + std::int64_t(k) * kEmbBwdThreads;
-        if (c < C) acc[k] += S::load(dout, row + c);
-      }
-    }
-    TM_UNROLL
-    for (int k = 0; k < kEmbBwdColsPerThread; ++k) {
-      const std::int64_t c = c0 + std::int64_t(k) * kEmbBwdThreads;
-      if (c < C) S::store(dwte, dst + c, acc[k]);
-    }
+    for (std::int64_t m = g; m < last; ++m) sum.add(dout, std::size_t(emb_key_pos(keys[m])) * C);
+    sum.store(dwte, dst);
     g = last - 1;  // on to the next group's first key
   }
 }
@@ -200,16 +218,10 @@ __global__ void __launch_bounds__(kEmbBwdThreads)
   }
   if (__syncthreads_or(earlier)) return;
 
-  // acc starts from dwte and adds the rows in position order: the same fp32 sequence as
-  // embedding_cpu, so both round to the same value.
+  // The rows are added in position order (the chunks of s_tok go forward).
   const std::int64_t c0 = std::int64_t(blockIdx.y) * kEmbBwdColsPerBlock + threadIdx.x;
   const std::size_t dst = std::size_t(tok) * C;
-  float acc[kEmbBwdColsPerThread];
-  TM_UNROLL
-  for (int k = 0; k < kEmbBwdColsPerThread; ++k) {
-    const std::int64_t c = c0 + std::int64_t(k) * kEmbBwdThreads;
-    acc[k] = c < C ? S::load(dwte, dst + c) : 0.0f;
-  }
+  EmbRowSum<S> sum(dwte, dst, c0, C);
 
   for (std::int64_t m0 = n; m0 < N; m0 += kEmbBwdThreads) {
     __syncthreads();  // every thread is done with the previous chunk of s_tok
@@ -220,19 +232,10 @@ __global__ void __launch_bounds__(kEmbBwdThreads)
     const int count = left < kEmbBwdThreads ? int(left) : kEmbBwdThreads;
     for (int r = 0; r < count; ++r) {
       if (s_tok[r] != tok) continue;  // uniform: every thread reads the same s_tok[r]
-      const std::size_t row = std::size_t(m0 + r) * C;
-      TM_UNROLL
-      for (int k = 0; k < kEmbBwdColsPerThread; ++k) {
-        const std::int64_t c = c0 + std::int64_t(k) * kEmbBwdThreads;
-        if (c < C) acc[k] += S::load(dout, row + c);
-      }
+      sum.add(dout, std::size_t(m0 + r) * C);
     }
   }
-  TM_UNROLL
-  for (int k = 0; k < kEmbBwdColsPerThread; ++k) {
-    const std::int64_t c = c0 + std::int64_t(k) * kEmbBwdThreads;
-    if (c < C) S::store(dwte, dst + c, acc[k]);
-  }
+  sum.store(dwte, dst);
 }
 
 // ---------------------------------------------------------------- launch geometry
