@@ -24,20 +24,22 @@ void adamw_update_cuda(void* param, const void* grad, float* master, float* m, f
   if (n == 0) return;
   const AdamWStepConsts c =
       adamw_step_consts(hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, step);
-  TM_DISPATCH_STORAGE(dt, "adamw_update_cuda",
-                      cuda::adamw_kernel<S><<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(
-                          param, grad, master, m, v, n, c, grad_scale);
-                      TM_CUDA_CHECK_LAUNCH());
+  dispatch_storage(dt, "adamw_update_cuda", [&](auto s) {
+    cuda::adamw_kernel<decltype(s)><<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(
+        param, grad, master, m, v, n, c, grad_scale);
+    TM_CUDA_CHECK_LAUNCH();
+  });
 }
 
 void sgd_update_cuda(void* param, const void* grad, float* master, std::int64_t n, float lr,
                      float grad_scale, DType dt, cudaStream_t stream) {
   cuda::require_fits(n, std::numeric_limits<std::int64_t>::max(), "sgd_update_cuda", "n");
   if (n == 0) return;
-  TM_DISPATCH_STORAGE(dt, "sgd_update_cuda",
-                      cuda::sgd_kernel<S><<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(
-                          param, grad, master, n, lr, grad_scale);
-                      TM_CUDA_CHECK_LAUNCH());
+  dispatch_storage(dt, "sgd_update_cuda", [&](auto s) {
+    cuda::sgd_kernel<decltype(s)><<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(
+        param, grad, master, n, lr, grad_scale);
+    TM_CUDA_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace trainmem

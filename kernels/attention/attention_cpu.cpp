@@ -301,7 +301,8 @@ void attention_eager_forward_cpu(void* out, void* probs, const void* q, const vo
   cpu_threads_setup();
   const Dims d{B, T, NH, NKV, HD};
   check_dims(d);
-  TM_DISPATCH_STORAGE(dt, "attention_forward", eager_forward<S>(out, probs, q, k, v, d));
+  dispatch_storage(dt, "attention_forward",
+                   [&](auto s) { eager_forward<decltype(s)>(out, probs, q, k, v, d); });
 }
 
 void attention_eager_backward_cpu(void* dq, void* dk, void* dv, void* /*dprobs*/, const void* dout,
@@ -311,8 +312,9 @@ void attention_eager_backward_cpu(void* dq, void* dk, void* dv, void* /*dprobs*/
   cpu_threads_setup();
   const Dims d{B, T, NH, NKV, HD};
   check_dims(d);
-  TM_DISPATCH_STORAGE(dt, "attention_backward",
-                      eager_backward<S>(dq, dk, dv, dout, q, k, v, probs, d));
+  dispatch_storage(dt, "attention_backward", [&](auto s) {
+    eager_backward<decltype(s)>(dq, dk, dv, dout, q, k, v, probs, d);
+  });
 }
 
 void attention_flash_forward_cpu(void* out, float* lse, const void* q, const void* k, const void* v,
@@ -321,7 +323,8 @@ void attention_flash_forward_cpu(void* out, float* lse, const void* q, const voi
   cpu_threads_setup();
   const Dims d{B, T, NH, NKV, HD};
   check_dims(d);
-  TM_DISPATCH_STORAGE(dt, "attention_forward", flash_forward<S>(out, lse, q, k, v, d));
+  dispatch_storage(dt, "attention_forward",
+                   [&](auto s) { flash_forward<decltype(s)>(out, lse, q, k, v, d); });
 }
 
 void attention_flash_backward_cpu(void* dq, void* dk, void* dv, float* delta, const void* dout,
@@ -331,8 +334,9 @@ void attention_flash_backward_cpu(void* dq, void* dk, void* dv, float* delta, co
   cpu_threads_setup();
   const Dims d{B, T, NH, NKV, HD};
   check_dims(d);
-  TM_DISPATCH_STORAGE(dt, "attention_backward",
-                      flash_backward<S>(dq, dk, dv, delta, dout, q, k, v, out, lse, d));
+  dispatch_storage(dt, "attention_backward", [&](auto s) {
+    flash_backward<decltype(s)>(dq, dk, dv, delta, dout, q, k, v, out, lse, d);
+  });
 }
 
 void attention_forward_cpu(void* out, void* probs, float* lse, const void* q, const void* k,

@@ -58,10 +58,11 @@ void attention_eager_forward_cuda(void* out, void* probs, const void* q, const v
   }
   const std::int64_t rows = B * NH * T;
   const cuda::LaunchShape sm = cuda::causal_softmax_launch(rows, op);
-  TM_DISPATCH_STORAGE(dt, op,
-                      cuda::causal_softmax_kernel<S>
-                      <<<cuda::grid_of(sm), cuda::block_of(sm), 0, stream>>>(probs, rows, T);
-                      TM_CUDA_CHECK_LAUNCH());
+  dispatch_storage(dt, op, [&](auto s) {
+    cuda::causal_softmax_kernel<decltype(s)>
+        <<<cuda::grid_of(sm), cuda::block_of(sm), 0, stream>>>(probs, rows, T);
+    TM_CUDA_CHECK_LAUNCH();
+  });
   // out (T,HD; ld NH*HD) = probs (T,T) . v (T,HD; ld NKV*HD)
   for (const HeadCall& c : plan.calls) {
     matmul_strided_batched_cuda(at(out, c.q_off, w), NH * HD, plan.q_stride,
@@ -93,11 +94,11 @@ void attention_eager_backward_cuda(void* dq, void* dk, void* dv, void* dprobs, c
   }
   const std::int64_t rows = B * NH * T;
   const cuda::LaunchShape sm = cuda::causal_softmax_launch(rows, op);
-  TM_DISPATCH_STORAGE(
-      dt, op,
-      cuda::causal_softmax_backward_kernel<S>
-      <<<cuda::grid_of(sm), cuda::block_of(sm), 0, stream>>>(dprobs, probs, rows, T);
-      TM_CUDA_CHECK_LAUNCH());
+  dispatch_storage(dt, op, [&](auto s) {
+    cuda::causal_softmax_backward_kernel<decltype(s)>
+        <<<cuda::grid_of(sm), cuda::block_of(sm), 0, stream>>>(dprobs, probs, rows, T);
+    TM_CUDA_CHECK_LAUNCH();
+  });
   for (const HeadCall& c : plan.calls) {
     const float beta = c.first_of_group ? 0.0f : 1.0f;
     // dq (T,HD) = scale * dS (T,T) . k (T,HD)

@@ -60,14 +60,16 @@ void attention_flash_forward_cuda(void* out, float* lse, const void* q, const vo
   const int hd = int(HD);
   const float scale = attention_scale<float>(HD);
   const cuda::LaunchShape fwd = cuda::flash_forward_launch(B, NH, T, hd, op);
-  TM_DISPATCH_STORAGE(dt, op, dispatch_head_dim(HD, op, [&](auto hdmax) {
-                        constexpr int kHD = decltype(hdmax)::value;
-                        auto kernel = cuda::flash_forward_kernel<S, kHD>;
-                        cuda::allow_dynamic_smem(kernel, fwd);
-                        kernel<<<cuda::grid_of(fwd), cuda::block_of(fwd), fwd.smem_bytes, stream>>>(
-                            out, lse, q, k, v, T, NH, NKV, hd, scale);
-                        TM_CUDA_CHECK_LAUNCH();
-                      }));
+  dispatch_storage(dt, op, [&](auto s) {
+    dispatch_head_dim(HD, op, [&](auto hdmax) {
+      constexpr int kHD = decltype(hdmax)::value;
+      auto kernel = cuda::flash_forward_kernel<decltype(s), kHD>;
+      cuda::allow_dynamic_smem(kernel, fwd);
+      kernel<<<cuda::grid_of(fwd), cuda::block_of(fwd), fwd.smem_bytes, stream>>>(
+          out, lse, q, k, v, T, NH, NKV, hd, scale);
+      TM_CUDA_CHECK_LAUNCH();
+    });
+  });
 }
 
 void attention_flash_backward_cuda(void* dq, void* dk, void* dv, float* delta, const void* dout,
@@ -85,23 +87,25 @@ void attention_flash_backward_cuda(void* dq, void* dk, void* dv, float* delta, c
   const cuda::LaunchShape dl = cuda::flash_delta_launch(rows, op);
   const cuda::LaunchShape kv = cuda::flash_dkdv_launch(B, NKV, T, hd, op);
   const cuda::LaunchShape dqs = cuda::flash_dq_launch(B, NH, T, hd, op);
-  TM_DISPATCH_STORAGE(
-      dt, op,
-      cuda::flash_delta_kernel<S>
-      <<<cuda::grid_of(dl), cuda::block_of(dl), 0, stream>>>(delta, dout, out, rows, T, NH, hd);
-      TM_CUDA_CHECK_LAUNCH(); dispatch_head_dim(HD, op, [&](auto hdmax) {
-        constexpr int kHD = decltype(hdmax)::value;
-        auto dkdv = cuda::flash_backward_dkdv_kernel<S, kHD>;
-        cuda::allow_dynamic_smem(dkdv, kv);
-        dkdv<<<cuda::grid_of(kv), cuda::block_of(kv), kv.smem_bytes, stream>>>(
-            dk, dv, dout, q, k, v, lse, delta, T, NH, NKV, hd, scale);
-        TM_CUDA_CHECK_LAUNCH();
-        auto dqk = cuda::flash_backward_dq_kernel<S, kHD>;
-        cuda::allow_dynamic_smem(dqk, dqs);
-        dqk<<<cuda::grid_of(dqs), cuda::block_of(dqs), dqs.smem_bytes, stream>>>(
-            dq, dout, q, k, v, lse, delta, T, NH, NKV, hd, scale);
-        TM_CUDA_CHECK_LAUNCH();
-      }));
+  dispatch_storage(dt, op, [&](auto s) {
+    using S = decltype(s);
+    cuda::flash_delta_kernel<S>
+        <<<cuda::grid_of(dl), cuda::block_of(dl), 0, stream>>>(delta, dout, out, rows, T, NH, hd);
+    TM_CUDA_CHECK_LAUNCH();
+    dispatch_head_dim(HD, op, [&](auto hdmax) {
+      constexpr int kHD = decltype(hdmax)::value;
+      auto dkdv = cuda::flash_backward_dkdv_kernel<S, kHD>;
+      cuda::allow_dynamic_smem(dkdv, kv);
+      dkdv<<<cuda::grid_of(kv), cuda::block_of(kv), kv.smem_bytes, stream>>>(
+          dk, dv, dout, q, k, v, lse, delta, T, NH, NKV, hd, scale);
+      TM_CUDA_CHECK_LAUNCH();
+      auto dqk = cuda::flash_backward_dq_kernel<S, kHD>;
+      cuda::allow_dynamic_smem(dqk, dqs);
+      dqk<<<cuda::grid_of(dqs), cuda::block_of(dqs), dqs.smem_bytes, stream>>>(
+          dq, dout, q, k, v, lse, delta, T, NH, NKV, hd, scale);
+      TM_CUDA_CHECK_LAUNCH();
+    });
+  });
 }
 
 }  // namespace trainmem

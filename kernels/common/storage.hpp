@@ -1,6 +1,6 @@
 // Storage types for templated kernels: F32, BF16, F16 load an element as fp32 and store an
 // fp32 value rounded once (round to nearest even). A function that takes a runtime DType
-// dispatches once with TM_DISPATCH_STORAGE and then runs a loop specialised for the storage,
+// dispatches once with dispatch_storage and then runs a loop specialised for the storage,
 // instead of branching on the dtype per element. Usable on the host and in CUDA kernels.
 #pragma once
 #include <cstddef>
@@ -42,28 +42,25 @@ struct F16 {
   static TM_HD float round(float v) { return f16_to_f32(f32_to_f16(v)); }
 };
 
-}  // namespace trainmem
+// Host-side dispatch on a training dtype: calls f(F32{}), f(BF16{}) or f(F16{}) and returns
+// what f returns; any other dtype throws InputError naming `what`. f is one generic callable,
+// instantiated once per storage type, which it receives as an (empty) value, e.g.
+//   dispatch_storage(dt, "rmsnorm_forward", [&](auto s) {
+//     rmsnorm_forward_impl<decltype(s)>(out, rstd, inp, weight, N, C, eps);
+//   });
+template <class F>
+auto dispatch_storage(DType dt, const char* what, F&& f) {
+  switch (dt) {
+    case DType::f32:
+      return f(F32{});
+    case DType::bf16:
+      return f(BF16{});
+    case DType::f16:
+      return f(F16{});
+    default:
+      break;
+  }
+  throw InputError(std::string(what) + ": dtype must be fp32, fp16 or bf16, got " + dtype_name(dt));
+}
 
-// Host-side dispatch: runs BODY with `S` aliased to F32, BF16 or F16 for a training dtype;
-// any other dtype throws InputError naming `what`.
-#define TM_DISPATCH_STORAGE(DT, what, ...)                                        \
-  do {                                                                            \
-    switch (DT) {                                                                 \
-      case ::trainmem::DType::f32: {                                              \
-        using S = ::trainmem::F32;                                                \
-        __VA_ARGS__;                                                              \
-      } break;                                                                    \
-      case ::trainmem::DType::bf16: {                                             \
-        using S = ::trainmem::BF16;                                               \
-        __VA_ARGS__;                                                              \
-      } break;                                                                    \
-      case ::trainmem::DType::f16: {                                              \
-        using S = ::trainmem::F16;                                                \
-        __VA_ARGS__;                                                              \
-      } break;                                                                    \
-      default:                                                                    \
-        throw ::trainmem::InputError(std::string(what) +                          \
-                                     ": dtype must be fp32, fp16 or bf16, got " + \
-                                     ::trainmem::dtype_name(DT));                 \
-    }                                                                             \
-  } while (0)
+}  // namespace trainmem

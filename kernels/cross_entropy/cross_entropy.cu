@@ -32,11 +32,11 @@ void cross_entropy_forward_cuda(float* losses, float* lse, const void* logits,
   cuda::require_positive(V, "cross_entropy_forward_cuda", "V");
   const cuda::LaunchShape L =
       cuda::cross_entropy_launch(N, kCeFwdThreads, "cross_entropy_forward_cuda");
-  TM_DISPATCH_STORAGE(
-      dt, "cross_entropy_forward_cuda",
-      cuda::cross_entropy_forward_kernel<S>
-      <<<cuda::grid_of(L), cuda::block_of(L), 0, stream>>>(losses, lse, logits, targets, V);
-      TM_CUDA_CHECK_LAUNCH());
+  dispatch_storage(dt, "cross_entropy_forward_cuda", [&](auto s) {
+    cuda::cross_entropy_forward_kernel<decltype(s)>
+        <<<cuda::grid_of(L), cuda::block_of(L), 0, stream>>>(losses, lse, logits, targets, V);
+    TM_CUDA_CHECK_LAUNCH();
+  });
 }
 
 void cross_entropy_backward_cuda(void* dlogits, const void* logits, const float* lse,
@@ -46,11 +46,12 @@ void cross_entropy_backward_cuda(void* dlogits, const void* logits, const float*
   if (N == 0 || V == 0) return;
   const cuda::LaunchShape L =
       cuda::cross_entropy_launch(N, kCeBwdThreads, "cross_entropy_backward_cuda");
-  TM_DISPATCH_STORAGE(
-      dt, "cross_entropy_backward_cuda",
-      cuda::cross_entropy_backward_kernel<S>
-      <<<cuda::grid_of(L), cuda::block_of(L), 0, stream>>>(dlogits, logits, lse, targets, V, scale);
-      TM_CUDA_CHECK_LAUNCH());
+  dispatch_storage(dt, "cross_entropy_backward_cuda", [&](auto s) {
+    cuda::cross_entropy_backward_kernel<decltype(s)>
+        <<<cuda::grid_of(L), cuda::block_of(L), 0, stream>>>(dlogits, logits, lse, targets, V,
+                                                             scale);
+    TM_CUDA_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace trainmem

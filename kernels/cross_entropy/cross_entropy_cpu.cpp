@@ -64,8 +64,9 @@ void cross_entropy_forward_cpu(float* losses, float* lse, const void* logits,
                                DType dt) {
   cpu_threads_setup();
   check_targets(targets, N, V);
-  TM_DISPATCH_STORAGE(dt, "cross_entropy_forward",
-                      cross_entropy_forward_impl<S>(losses, lse, logits, targets, N, V));
+  dispatch_storage(dt, "cross_entropy_forward", [&](auto s) {
+    cross_entropy_forward_impl<decltype(s)>(losses, lse, logits, targets, N, V);
+  });
 }
 
 void cross_entropy_backward_cpu(void* dlogits, const void* logits, const float* lse,
@@ -73,8 +74,9 @@ void cross_entropy_backward_cpu(void* dlogits, const void* logits, const float* 
                                 float scale, DType dt) {
   cpu_threads_setup();
   check_targets(targets, N, V);
-  TM_DISPATCH_STORAGE(dt, "cross_entropy_backward",
-                      cross_entropy_backward_impl<S>(dlogits, logits, lse, targets, N, V, scale));
+  dispatch_storage(dt, "cross_entropy_backward", [&](auto s) {
+    cross_entropy_backward_impl<decltype(s)>(dlogits, logits, lse, targets, N, V, scale);
+  });
 }
 
 }  // namespace trainmem

@@ -39,11 +39,11 @@ void embedding_forward_cuda(void* out, const std::int32_t* tokens, const void* w
   const std::int64_t total = std::int64_t(checked_mul(N, C, "embedding_forward_cuda: B*T*C"));
   if (total == 0) return;
   constexpr int kThreads = cuda::kElementwiseThreads;
-  TM_DISPATCH_STORAGE(
-      dt, "embedding_forward_cuda",
-      cuda::embedding_forward_kernel<S>
-      <<<cuda::grid_for(total, kThreads), kThreads, 0, stream>>>(out, tokens, wte, N, C, V);
-      TM_CUDA_CHECK_LAUNCH());
+  dispatch_storage(dt, "embedding_forward_cuda", [&](auto s) {
+    cuda::embedding_forward_kernel<decltype(s)>
+        <<<cuda::grid_for(total, kThreads), kThreads, 0, stream>>>(out, tokens, wte, N, C, V);
+    TM_CUDA_CHECK_LAUNCH();
+  });
 }
 
 void embedding_backward_cuda(void* dwte, const void* dout, const std::int32_t* tokens,
@@ -56,11 +56,11 @@ void embedding_backward_cuda(void* dwte, const void* dout, const std::int32_t* t
   if (N == 0 || C == 0) return;
   if (!cuda::embedding_backward_can_group(scratch, scratch_bytes, N)) {
     const cuda::LaunchShape L = cuda::embedding_backward_scan_launch(N, C, op);
-    TM_DISPATCH_STORAGE(
-        dt, op,
-        cuda::embedding_backward_scan_kernel<S>
-        <<<cuda::grid_of(L), cuda::block_of(L), 0, stream>>>(dwte, dout, tokens, N, C, V);
-        TM_CUDA_CHECK_LAUNCH());
+    dispatch_storage(dt, op, [&](auto s) {
+      cuda::embedding_backward_scan_kernel<decltype(s)>
+          <<<cuda::grid_of(L), cuda::block_of(L), 0, stream>>>(dwte, dout, tokens, N, C, V);
+      TM_CUDA_CHECK_LAUNCH();
+    });
     return;
   }
   // Grouped: sort the keys in the scratch, then sum each group.
@@ -76,11 +76,11 @@ void embedding_backward_cuda(void* dwte, const void* dout, const std::int32_t* t
     TM_CUDA_CHECK_LAUNCH();
   }
   const cuda::LaunchShape L = cuda::embedding_backward_launch(N, C, op);
-  TM_DISPATCH_STORAGE(
-      dt, op,
-      cuda::embedding_backward_grouped_kernel<S>
-      <<<cuda::grid_of(L), cuda::block_of(L), 0, stream>>>(dwte, dout, keys, N, C, V);
-      TM_CUDA_CHECK_LAUNCH());
+  dispatch_storage(dt, op, [&](auto s) {
+    cuda::embedding_backward_grouped_kernel<decltype(s)>
+        <<<cuda::grid_of(L), cuda::block_of(L), 0, stream>>>(dwte, dout, keys, N, C, V);
+    TM_CUDA_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace trainmem

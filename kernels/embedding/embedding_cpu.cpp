@@ -76,8 +76,9 @@ void embedding_backward_cpu(void* dwte, const void* dout, const std::int32_t* to
                             DType dt) {
   cpu_threads_setup();
   check_tokens(tokens, B * T, V);
-  TM_DISPATCH_STORAGE(dt, "embedding_backward",
-                      embedding_backward_impl<S>(dwte, dout, tokens, B * T, C));
+  dispatch_storage(dt, "embedding_backward", [&](auto s) {
+    embedding_backward_impl<decltype(s)>(dwte, dout, tokens, B * T, C);
+  });
 }
 
 }  // namespace trainmem

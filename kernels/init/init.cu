@@ -12,10 +12,11 @@ void init_param_cuda(void* dst, float* master, std::int64_t N, const ParamInit& 
                      cudaStream_t stream) {
   cuda::require_fits(N, std::numeric_limits<std::int64_t>::max(), "init_param_cuda", "N");
   if (N == 0) return;
-  TM_DISPATCH_STORAGE(dt, "init_param_cuda",
-                      cuda::init_param_kernel<S>
-                      <<<cuda::grid_for(N, kThreads), kThreads, 0, stream>>>(dst, master, N, init);
-                      TM_CUDA_CHECK_LAUNCH());
+  dispatch_storage(dt, "init_param_cuda", [&](auto s) {
+    cuda::init_param_kernel<decltype(s)>
+        <<<cuda::grid_for(N, kThreads), kThreads, 0, stream>>>(dst, master, N, init);
+    TM_CUDA_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace trainmem

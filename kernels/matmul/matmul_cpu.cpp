@@ -181,7 +181,9 @@ void matmul_cpu_on(CpuGemmPath path, void* c, const void* a, const void* b, std:
               N);
     return;
   }
-  TM_DISPATCH_STORAGE(dt, "matmul", matmul_16bit<S>(c, a, b, M, N, K, ta, tb, alpha, beta));
+  dispatch_storage(dt, "matmul", [&](auto s) {
+    matmul_16bit<decltype(s)>(c, a, b, M, N, K, ta, tb, alpha, beta);
+  });
 }
 
 void matmul_cpu(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N,

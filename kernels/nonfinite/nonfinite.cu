@@ -15,10 +15,11 @@ void flag_nonfinite_cuda(unsigned* flag, const void* x, std::int64_t n, DType dt
                          cudaStream_t stream) {
   cuda::require_fits(n, std::numeric_limits<std::int64_t>::max(), "flag_nonfinite_cuda", "n");
   if (n == 0) return;
-  TM_DISPATCH_STORAGE(dt, "flag_nonfinite_cuda",
-                      cuda::nonfinite_flag_kernel<S>
-                      <<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(flag, x, n);
-                      TM_CUDA_CHECK_LAUNCH());
+  dispatch_storage(dt, "flag_nonfinite_cuda", [&](auto s) {
+    cuda::nonfinite_flag_kernel<decltype(s)>
+        <<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(flag, x, n);
+    TM_CUDA_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace trainmem

@@ -19,9 +19,8 @@ bool any_nonfinite(const void* x, std::int64_t n) {
 
 bool has_nonfinite_cpu(const void* x, std::int64_t n, DType dt) {
   cpu_threads_setup();
-  bool found = false;
-  TM_DISPATCH_STORAGE(dt, "has_nonfinite", found = any_nonfinite<S>(x, n));
-  return found;
+  return dispatch_storage(dt, "has_nonfinite",
+                          [&](auto s) { return any_nonfinite<decltype(s)>(x, n); });
 }
 
 }  // namespace trainmem

@@ -30,11 +30,11 @@ void rmsnorm_forward_cuda(void* out, float* rstd, const void* inp, const void* w
   if (N == 0) return;
   cuda::require_positive(C, "rmsnorm_forward_cuda", "C");
   const cuda::LaunchShape L = cuda::rmsnorm_row_launch(N, "rmsnorm_forward_cuda");
-  TM_DISPATCH_STORAGE(
-      dt, "rmsnorm_forward_cuda",
-      cuda::rmsnorm_forward_kernel<S>
-      <<<cuda::grid_of(L), cuda::block_of(L), 0, stream>>>(out, rstd, inp, weight, C, eps);
-      TM_CUDA_CHECK_LAUNCH());
+  dispatch_storage(dt, "rmsnorm_forward_cuda", [&](auto s) {
+    cuda::rmsnorm_forward_kernel<decltype(s)>
+        <<<cuda::grid_of(L), cuda::block_of(L), 0, stream>>>(out, rstd, inp, weight, C, eps);
+    TM_CUDA_CHECK_LAUNCH();
+  });
 }
 
 void rmsnorm_backward_cuda(void* dinp, void* dweight, const void* dout, const void* inp,
@@ -44,13 +44,15 @@ void rmsnorm_backward_cuda(void* dinp, void* dweight, const void* dout, const vo
   if (N == 0 || C == 0) return;
   const cuda::LaunchShape rows = cuda::rmsnorm_row_launch(N, "rmsnorm_backward_cuda");
   const cuda::LaunchShape cols = cuda::rmsnorm_dweight_launch(C, "rmsnorm_backward_cuda");
-  TM_DISPATCH_STORAGE(
-      dt, "rmsnorm_backward_cuda",
-      cuda::rmsnorm_backward_dinp_kernel<S>
-      <<<cuda::grid_of(rows), cuda::block_of(rows), 0, stream>>>(dinp, dout, inp, weight, rstd, C);
-      TM_CUDA_CHECK_LAUNCH(); cuda::rmsnorm_backward_dweight_kernel<S>
-      <<<cuda::grid_of(cols), cuda::block_of(cols), 0, stream>>>(dweight, dout, inp, rstd, N, C);
-      TM_CUDA_CHECK_LAUNCH());
+  dispatch_storage(dt, "rmsnorm_backward_cuda", [&](auto s) {
+    using S = decltype(s);
+    cuda::rmsnorm_backward_dinp_kernel<S><<<cuda::grid_of(rows), cuda::block_of(rows), 0, stream>>>(
+        dinp, dout, inp, weight, rstd, C);
+    TM_CUDA_CHECK_LAUNCH();
+    cuda::rmsnorm_backward_dweight_kernel<S>
+        <<<cuda::grid_of(cols), cuda::block_of(cols), 0, stream>>>(dweight, dout, inp, rstd, N, C);
+    TM_CUDA_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace trainmem

@@ -69,16 +69,18 @@ void rmsnorm_backward_impl(void* dinp, void* dweight, const void* dout, const vo
 void rmsnorm_forward_cpu(void* out, float* rstd, const void* inp, const void* weight,
                          std::int64_t N, std::int64_t C, float eps, DType dt) {
   cpu_threads_setup();
-  TM_DISPATCH_STORAGE(dt, "rmsnorm_forward",
-                      rmsnorm_forward_impl<S>(out, rstd, inp, weight, N, C, eps));
+  dispatch_storage(dt, "rmsnorm_forward", [&](auto s) {
+    rmsnorm_forward_impl<decltype(s)>(out, rstd, inp, weight, N, C, eps);
+  });
 }
 
 void rmsnorm_backward_cpu(void* dinp, void* dweight, const void* dout, const void* inp,
                           const void* weight, const float* rstd, std::int64_t N, std::int64_t C,
                           DType dt) {
   cpu_threads_setup();
-  TM_DISPATCH_STORAGE(dt, "rmsnorm_backward",
-                      rmsnorm_backward_impl<S>(dinp, dweight, dout, inp, weight, rstd, N, C));
+  dispatch_storage(dt, "rmsnorm_backward", [&](auto s) {
+    rmsnorm_backward_impl<decltype(s)>(dinp, dweight, dout, inp, weight, rstd, N, C);
+  });
 }
 
 }  // namespace trainmem

@@ -29,11 +29,11 @@ void launch(const char* op, void* q, void* k, std::int64_t B, std::int64_t T, st
     const std::int64_t pairs = std::int64_t(checked_product(
         {std::uint64_t(B), std::uint64_t(T), std::uint64_t(H), std::uint64_t(HD / 2)}, op));
     if (pairs == 0) continue;
-    TM_DISPATCH_STORAGE(dt, op,
-                        cuda::rope_kernel<S>
-                        <<<cuda::grid_for(pairs, kThreads), kThreads, 0, stream>>>(
-                            x, pairs, T, H, HD, float(theta), sign);
-                        TM_CUDA_CHECK_LAUNCH());
+    dispatch_storage(dt, op, [&](auto s) {
+      cuda::rope_kernel<decltype(s)><<<cuda::grid_for(pairs, kThreads), kThreads, 0, stream>>>(
+          x, pairs, T, H, HD, float(theta), sign);
+      TM_CUDA_CHECK_LAUNCH();
+    });
   }
 }
 

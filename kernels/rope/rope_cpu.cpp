@@ -49,7 +49,8 @@ void rope_apply(void* q, void* k, std::int64_t B, std::int64_t T, std::int64_t N
       sin_t[t * half + j] = tm_sin(a);
     }
   }
-  TM_DISPATCH_STORAGE(dt, "rope", {
+  dispatch_storage(dt, "rope", [&](auto s) {
+    using S = decltype(s);
     if (q) rope_heads<S>(q, B, T, NH, HD, cos_t, sin_t, dir);
     if (k) rope_heads<S>(k, B, T, NKV, HD, cos_t, sin_t, dir);
   });

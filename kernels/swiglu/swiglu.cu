@@ -17,21 +17,22 @@ void swiglu_forward_cuda(void* out, const void* gate, const void* up, std::int64
                          cudaStream_t stream) {
   cuda::require_fits(N, std::numeric_limits<std::int64_t>::max(), "swiglu_forward_cuda", "N");
   if (N == 0) return;
-  TM_DISPATCH_STORAGE(dt, "swiglu_forward_cuda",
-                      cuda::swiglu_forward_kernel<S>
-                      <<<cuda::grid_for(N, kThreads), kThreads, 0, stream>>>(out, gate, up, N);
-                      TM_CUDA_CHECK_LAUNCH());
+  dispatch_storage(dt, "swiglu_forward_cuda", [&](auto s) {
+    cuda::swiglu_forward_kernel<decltype(s)>
+        <<<cuda::grid_for(N, kThreads), kThreads, 0, stream>>>(out, gate, up, N);
+    TM_CUDA_CHECK_LAUNCH();
+  });
 }
 
 void swiglu_backward_cuda(void* dgate, void* dup, const void* dout, const void* gate,
                           const void* up, std::int64_t N, DType dt, cudaStream_t stream) {
   cuda::require_fits(N, std::numeric_limits<std::int64_t>::max(), "swiglu_backward_cuda", "N");
   if (N == 0) return;
-  TM_DISPATCH_STORAGE(
-      dt, "swiglu_backward_cuda",
-      cuda::swiglu_backward_kernel<S>
-      <<<cuda::grid_for(N, kThreads), kThreads, 0, stream>>>(dgate, dup, dout, gate, up, N);
-      TM_CUDA_CHECK_LAUNCH());
+  dispatch_storage(dt, "swiglu_backward_cuda", [&](auto s) {
+    cuda::swiglu_backward_kernel<decltype(s)>
+        <<<cuda::grid_for(N, kThreads), kThreads, 0, stream>>>(dgate, dup, dout, gate, up, N);
+    TM_CUDA_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace trainmem

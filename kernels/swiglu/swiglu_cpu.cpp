@@ -30,14 +30,16 @@ void swiglu_backward_impl(void* dgate, void* dup, const void* dout, const void* 
 
 void swiglu_forward_cpu(void* out, const void* gate, const void* up, std::int64_t N, DType dt) {
   cpu_threads_setup();
-  TM_DISPATCH_STORAGE(dt, "swiglu_forward", swiglu_forward_impl<S>(out, gate, up, N));
+  dispatch_storage(dt, "swiglu_forward",
+                   [&](auto s) { swiglu_forward_impl<decltype(s)>(out, gate, up, N); });
 }
 
 void swiglu_backward_cpu(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
                          std::int64_t N, DType dt) {
   cpu_threads_setup();
-  TM_DISPATCH_STORAGE(dt, "swiglu_backward",
-                      swiglu_backward_impl<S>(dgate, dup, dout, gate, up, N));
+  dispatch_storage(dt, "swiglu_backward", [&](auto s) {
+    swiglu_backward_impl<decltype(s)>(dgate, dup, dout, gate, up, N);
+  });
 }
 
 }  // namespace trainmem
