@@ -8,7 +8,7 @@
 
 #include "cuda/cuda_backend.hpp"
 #include "gpu_test_util.hpp"
-#include "residual.cuh"
+#include "kernels/residual.cuh"
 #include "trainmem/cuda_check.hpp"
 #include "trainmem/ledger.hpp"
 

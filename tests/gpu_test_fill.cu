@@ -6,8 +6,8 @@
 #include <cmath>
 #include <vector>
 
-#include "fill.cuh"
 #include "gpu_helpers.hpp"
+#include "kernels/fill.cuh"
 #include "trainmem/cuda_check.hpp"
 
 namespace trainmem {

@@ -1,4 +1,4 @@
-// GPU test: parameters initialised on the device (CudaBackend::init_param, kernels/init.cu)
+// GPU test: parameters initialised on the device (CudaBackend::init_param, kernels/init/init.cu)
 // equal the cpu backend's host-generated ones. The device's double log/cos/sqrt may differ
 // from the host C library's by an ulp of double, which changes a float result only when it
 // lies that close to a rounding boundary: the test allows one float ulp on a handful of

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_parallel.hpp"
+#include "common/cpu_parallel.hpp"
 #include "trainmem/dtype.hpp"
 #include "trainmem/error.hpp"
 

@@ -1,6 +1,6 @@
 // The CUDA kernels' own code, run on the CPU under tests/cuda_emulator.hpp (a std::thread per
 // CUDA thread, real barriers and warp shuffles), against the CPU references of
-// kernels/*_cpu.hpp. This checks indexing, bounds, tiling, shared-memory layout, barrier
+// kernels/<op>/<op>_cpu.cpp. This checks indexing, bounds, tiling, shared-memory layout, barrier
 // placement and the warp reductions of every kernel without a GPU. The launch geometry is the
 // launchers' (grid, block and dynamic shared memory from the same constants); grid-stride
 // kernels get a deliberately small grid so the stride loop runs. Shapes are small (thread
@@ -25,25 +25,25 @@
 
 #include "cuda_emulator.hpp"
 // The kernel headers, compiled as host C++.
-#include "adamw_kernels.cuh"
-#include "attention_eager_kernels.cuh"
-#include "attention_flash_kernels.cuh"
-#include "cross_entropy_kernels.cuh"
-#include "embedding_kernels.cuh"
-#include "nonfinite_kernels.cuh"
-#include "residual_kernels.cuh"
-#include "rmsnorm_kernels.cuh"
-#include "rope_kernels.cuh"
-#include "swiglu_kernels.cuh"
+#include "adamw/adamw_kernels.cuh"
+#include "attention/attention_eager_kernels.cuh"
+#include "attention/attention_flash_kernels.cuh"
+#include "cross_entropy/cross_entropy_kernels.cuh"
+#include "embedding/embedding_kernels.cuh"
+#include "kernels/residual_kernels.cuh"
+#include "nonfinite/nonfinite_kernels.cuh"
+#include "rmsnorm/rmsnorm_kernels.cuh"
+#include "rope/rope_kernels.cuh"
+#include "swiglu/swiglu_kernels.cuh"
 // The CPU references.
-#include "adamw_cpu.hpp"
-#include "attention_cpu.hpp"
-#include "cross_entropy_cpu.hpp"
-#include "embedding_cpu.hpp"
-#include "nonfinite_cpu.hpp"
-#include "rmsnorm_cpu.hpp"
-#include "rope_cpu.hpp"
-#include "swiglu_cpu.hpp"
+#include "adamw/adamw.hpp"
+#include "attention/attention.hpp"
+#include "cross_entropy/cross_entropy.hpp"
+#include "embedding/embedding.hpp"
+#include "nonfinite/nonfinite.hpp"
+#include "rmsnorm/rmsnorm.hpp"
+#include "rope/rope.hpp"
+#include "swiglu/swiglu.hpp"
 #include "trainmem/model.hpp"  // kGemmWorkspaceBytes, the scratch the cuda backend lends
 
 namespace trainmem {

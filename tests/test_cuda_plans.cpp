@@ -5,7 +5,7 @@
 //    GEMM in double;
 //  - attention_heads.hpp: the head batching of the eager attention's strided-batched GEMMs,
 //    replayed with the same emulated GEMM (and the causal softmax written out as the kernels
-//    compute it) against the CPU reference attention (kernels/attention_cpu.hpp), forward and
+//    compute it) against the CPU reference attention (kernels/attention/attention.hpp), forward and
 //    backward, for shapes that take each batching mode, with and without GQA.
 #include <gtest/gtest.h>
 
@@ -14,9 +14,9 @@
 #include <random>
 #include <vector>
 
-#include "attention_cpu.hpp"
-#include "attention_heads.hpp"
-#include "gemm_args.hpp"
+#include "attention/attention.hpp"
+#include "attention/attention_heads.hpp"
+#include "matmul/gemm_args.hpp"
 
 namespace trainmem {
 namespace {

@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "cross_entropy_cpu.hpp"
+#include "cross_entropy/cross_entropy.hpp"
 #include "model_helpers.hpp"
 
 using namespace trainmem;

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "adamw_cpu.hpp"
-#include "adamw_math.hpp"
+#include "adamw/adamw.hpp"
+#include "adamw/adamw_math.hpp"
 #include "ops_testing.hpp"
 
 namespace trainmem {

@@ -6,8 +6,8 @@
 
 #include <cmath>
 
-#include "attention_cpu.hpp"
-#include "attention_math.hpp"
+#include "attention/attention.hpp"
+#include "attention/attention_math.hpp"
 #include "ops_testing.hpp"
 
 namespace trainmem {

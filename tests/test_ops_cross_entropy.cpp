@@ -5,8 +5,8 @@
 
 #include <cmath>
 
-#include "cross_entropy_cpu.hpp"
-#include "cross_entropy_math.hpp"
+#include "cross_entropy/cross_entropy.hpp"
+#include "cross_entropy/cross_entropy_math.hpp"
 #include "ops_testing.hpp"
 
 namespace trainmem {

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <random>
 
-#include "storage.hpp"
+#include "common/storage.hpp"
 #include "trainmem/dtype.hpp"
 
 namespace trainmem {
@@ -165,10 +165,9 @@ TEST(OpsDtype, StorageTagsMatchDtypeHelpers) {
 
 TEST(OpsDtype, DispatchRejectsInt32) {
   auto run = [](DType dt) {
-    int which = -1;
-    TM_DISPATCH_STORAGE(dt, "some_op", which = int(S::dtype));
-    return which;
+    return dispatch_storage(dt, "some_op", [](auto s) { return int(decltype(s)::dtype); });
   };
+  EXPECT_EQ(run(DType::f32), int(DType::f32));
   EXPECT_EQ(run(DType::bf16), int(DType::bf16));
   EXPECT_EQ(run(DType::f16), int(DType::f16));
   try {

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "embedding_cpu.hpp"
+#include "embedding/embedding.hpp"
 #include "ops_testing.hpp"
 
 namespace trainmem {

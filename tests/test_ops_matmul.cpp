@@ -10,8 +10,8 @@
 #include <string>
 #include <tuple>
 
-#include "gemm_bf16_cpu.hpp"
-#include "matmul_cpu.hpp"
+#include "matmul/gemm_bf16_cpu.hpp"
+#include "matmul/matmul.hpp"
 #include "ops_testing.hpp"
 
 namespace trainmem {

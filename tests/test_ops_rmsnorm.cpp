@@ -6,8 +6,8 @@
 #include <cmath>
 
 #include "ops_testing.hpp"
-#include "rmsnorm_cpu.hpp"
-#include "rmsnorm_math.hpp"
+#include "rmsnorm/rmsnorm.hpp"
+#include "rmsnorm/rmsnorm_math.hpp"
 
 namespace trainmem {
 namespace {

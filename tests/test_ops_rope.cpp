@@ -7,8 +7,8 @@
 #include <cmath>
 
 #include "ops_testing.hpp"
-#include "rope_cpu.hpp"
-#include "rope_math.hpp"
+#include "rope/rope.hpp"
+#include "rope/rope_math.hpp"
 
 namespace trainmem {
 namespace {

@@ -6,8 +6,8 @@
 #include <cmath>
 
 #include "ops_testing.hpp"
-#include "swiglu_cpu.hpp"
-#include "swiglu_math.hpp"
+#include "swiglu/swiglu.hpp"
+#include "swiglu/swiglu_math.hpp"
 
 namespace trainmem {
 namespace {

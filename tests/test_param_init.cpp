@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "cuda_emulator.hpp"
-#include "init_kernels.cuh"
+#include "init/init_kernels.cuh"
 #include "trainmem/backend.hpp"
 
 namespace trainmem {

@@ -4,7 +4,7 @@
 // (losses, every ledger figure, tensors, reconciliation), apart from wall-clock timings, and
 // for `profile` the --dump files (loss and every parameter gradient, fp32) byte for byte.
 // Sizes are chosen so that the GEMMs, the attention and the elementwise ops all pass their
-// parallel thresholds (kernels/cpu_parallel.hpp): small-256 has h 256, i 688, V 2048.
+// parallel thresholds (kernels/common/cpu_parallel.hpp): small-256 has h 256, i 688, V 2048.
 #include <gtest/gtest.h>
 
 #include <ostream>

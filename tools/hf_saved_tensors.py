@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Counts what PyTorch autograd saves for a HuggingFace LLaMA training step (eager attention).
 
-This is the proof behind trainmem's `hf-eager` profile (src/analytic_hf.cpp). For several small,
+This is the proof behind trainmem's `hf-eager` profile (src/analytic/analytic_hf.cpp). For several small,
 deliberately awkward configurations it builds LlamaForCausalLM as transformers 4.30 writes it,
 runs one forward with labels (the loss on shifted contiguous logits), and records every tensor
 autograd saves for backward through torch.autograd.graph.saved_tensors_hooks. Each storage is

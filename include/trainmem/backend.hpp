@@ -1,6 +1,6 @@
 // The op interface every execution backend implements: cpu (reference arithmetic, OpenBLAS),
 // meta (no arithmetic; allocations only) and cuda (our kernels + cuBLAS). One model code path
-// (src/model.cpp) runs on all three.
+// (src/model/model.cpp) runs on all three.
 //
 // Conventions (llm.c style): outputs first, then inputs, then dimensions. Buffers marked D
 // are in the backend's training dtype (dtype()); f32 buffers are float*; token ids int32.

@@ -92,7 +92,7 @@ class LlamaModel {
   // model does not use are ignored with a note; lm_head.weight is ignored when tied. On the
   // meta backend only the files' headers are checked. A path named like an HF shard,
   // <stem>-00001-of-00003.safetensors, loads all the shards of that checkpoint
-  // (weight_files in model_io.hpp). Defined in src/model_io.cpp.
+  // (weight_files in model_io.hpp). Defined in src/model/model_io.cpp.
   void load_weights(const std::string& path);
   void load_weights(const SafeTensorsReader& file);
   void load_weights(const std::vector<const SafeTensorsReader*>& files);

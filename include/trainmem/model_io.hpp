@@ -1,6 +1,6 @@
 // The model's file I/O: which files a --weights path stands for (HF shards), the --tokens
 // reader and the --dump gradient writer. LlamaModel::load_weights (model.hpp) reads the
-// weights; it is defined beside these, in src/model_io.cpp.
+// weights; it is defined beside these, in src/model/model_io.cpp.
 #pragma once
 #include <cstdint>
 #include <string>

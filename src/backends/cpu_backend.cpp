@@ -5,15 +5,15 @@
 // and row loops use OpenMP.
 #include <cstring>
 
-#include "adamw_cpu.hpp"
-#include "attention_cpu.hpp"
-#include "cross_entropy_cpu.hpp"
-#include "embedding_cpu.hpp"
-#include "matmul_cpu.hpp"
-#include "nonfinite_cpu.hpp"
-#include "rmsnorm_cpu.hpp"
-#include "rope_cpu.hpp"
-#include "swiglu_cpu.hpp"
+#include "adamw/adamw.hpp"
+#include "attention/attention.hpp"
+#include "cross_entropy/cross_entropy.hpp"
+#include "embedding/embedding.hpp"
+#include "matmul/matmul.hpp"
+#include "nonfinite/nonfinite.hpp"
+#include "rmsnorm/rmsnorm.hpp"
+#include "rope/rope.hpp"
+#include "swiglu/swiglu.hpp"
 #include "trainmem/backend.hpp"
 #include "trainmem/error.hpp"
 

@@ -6,16 +6,16 @@
 
 #include <string>
 
-#include "adamw.cuh"
-#include "attention.cuh"
-#include "cross_entropy.cuh"
-#include "embedding.cuh"
-#include "init.cuh"
-#include "matmul.cuh"
-#include "nonfinite.cuh"
-#include "rmsnorm.cuh"
-#include "rope.cuh"
-#include "swiglu.cuh"
+#include "adamw/adamw.hpp"
+#include "attention/attention.hpp"
+#include "cross_entropy/cross_entropy.hpp"
+#include "embedding/embedding.hpp"
+#include "init/init.hpp"
+#include "matmul/matmul.hpp"
+#include "nonfinite/nonfinite.hpp"
+#include "rmsnorm/rmsnorm.hpp"
+#include "rope/rope.hpp"
+#include "swiglu/swiglu.hpp"
 #include "trainmem/cuda_check.hpp"
 #include "trainmem/device_rules.hpp"
 #include "trainmem/error.hpp"
@@ -130,8 +130,8 @@ void CudaBackend::embedding_forward(void* out, const std::int32_t* tokens, const
 void CudaBackend::embedding_backward(void* dwte, const void* dout, const std::int32_t* tokens,
                                      std::int64_t B, std::int64_t T, std::int64_t C,
                                      std::int64_t V) {
-  // The GEMM workspace doubles as the sort's scratch (kernels/embedding.cu says why that is
-  // safe); without one the launcher takes its kernel that needs none.
+  // The GEMM workspace doubles as the sort's scratch (kernels/embedding/embedding.cu says why that
+  // is safe); without one the launcher takes its kernel that needs none.
   embedding_backward_cuda(dwte, dout, tokens, B, T, C, V, dtype(), stream_, gemm_workspace_,
                           gemm_workspace_bytes_);
 }

@@ -7,7 +7,7 @@
 // ledger's `cublas_workspace` tensor, handed over by set_gemm_workspace (cublasSetWorkspace).
 // Until then cuBLAS uses the default workspace it made at cublasCreate (device overhead, not a
 // ledger tensor). The embedding backward borrows the same buffer as scratch for its sort
-// (kernels/embedding.cu); without it, it runs its kernel that needs no scratch.
+// (kernels/embedding/embedding.cu); without it, it runs its kernel that needs no scratch.
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -43,7 +43,7 @@ class CudaBackend final : public Backend {
   void upload(void* dst, const void* host_src, std::uint64_t bytes) override;
   void download(void* host_dst, const void* src, std::uint64_t bytes) override;
   void fill_zero(void* dst, std::uint64_t bytes) override;
-  // Computed on the device (kernels/init.cu): no host generation, no upload.
+  // Computed on the device (kernels/init/init.cu): no host generation, no upload.
   void init_param(void* dst, float* master, std::uint64_t n, const ParamInit& init) override;
   void copy(void* dst, const void* src, std::uint64_t bytes) override;
   // cublasSetWorkspace with the ledger's buffer; (nullptr, 0) hands cuBLAS back its default

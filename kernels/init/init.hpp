@@ -1,0 +1,19 @@
+// Parameter initialisation on the GPU: the same values as the host path of
+// Backend::init_param (include/trainmem/param_init.hpp, which is the CPU side: the generator is
+// written once, TM_HD), computed where they are stored. Launcher in init.cu, kernel in
+// init_kernels.cuh.
+#pragma once
+#include <cstdint>
+
+#include "common/cuda_handles.hpp"
+#include "trainmem/dtype.hpp"
+#include "trainmem/param_init.hpp"
+
+namespace trainmem {
+
+// dst (N) D = round(param_init_value(init, i)); master (N) f32 = param_init_value(init, i)
+// when non-null.
+void init_param_cuda(void* dst, float* master, std::int64_t N, const ParamInit& init, DType dt,
+                     cudaStream_t stream);
+
+}  // namespace trainmem

@@ -1,0 +1,38 @@
+// SwiGLU, forward and backward, on the GPU: one thread per element, grid-stride.
+#include "common/cuda_common.cuh"
+#include "swiglu/swiglu.hpp"
+#include "swiglu/swiglu_kernels.cuh"
+#include "swiglu/swiglu_math.hpp"
+
+namespace trainmem {
+namespace {
+
+constexpr int kThreads = cuda::kElementwiseThreads;
+
+}  // namespace
+
+// ---------------------------------------------------------------- launchers
+
+void swiglu_forward_cuda(void* out, const void* gate, const void* up, std::int64_t N, DType dt,
+                         cudaStream_t stream) {
+  cuda::require_fits(N, std::numeric_limits<std::int64_t>::max(), "swiglu_forward_cuda", "N");
+  if (N == 0) return;
+  dispatch_storage(dt, "swiglu_forward_cuda", [&](auto s) {
+    cuda::swiglu_forward_kernel<decltype(s)>
+        <<<cuda::grid_for(N, kThreads), kThreads, 0, stream>>>(out, gate, up, N);
+    TM_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void swiglu_backward_cuda(void* dgate, void* dup, const void* dout, const void* gate,
+                          const void* up, std::int64_t N, DType dt, cudaStream_t stream) {
+  cuda::require_fits(N, std::numeric_limits<std::int64_t>::max(), "swiglu_backward_cuda", "N");
+  if (N == 0) return;
+  dispatch_storage(dt, "swiglu_backward_cuda", [&](auto s) {
+    cuda::swiglu_backward_kernel<decltype(s)>
+        <<<cuda::grid_for(N, kThreads), kThreads, 0, stream>>>(dgate, dup, dout, gate, up, N);
+    TM_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace trainmem

@@ -1,0 +1,20 @@
+// Residual add and dtype casts on the GPU, test-only (compiled into trainmem_gpu_tests, not the
+// library; tests/gpu_test_backend.cpp checks them against dtype.hpp's host conversions).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "trainmem/dtype.hpp"
+
+namespace trainmem {
+
+// out (N) D = inp1 + inp2 (fp32 add, one rounding). out may alias inp1 or inp2.
+void residual_forward_cuda(void* out, const void* inp1, const void* inp2, std::int64_t N, DType dt,
+                           cudaStream_t stream);
+// dst (N) in dst_dt = src (N) in src_dt, through fp32 with one rounding (round to nearest
+// even; the same bit conversions as dtype.hpp on the host). Float dtypes only.
+void cast_cuda(void* dst, DType dst_dt, const void* src, DType src_dt, std::int64_t N,
+               cudaStream_t stream);
+
+}  // namespace trainmem
