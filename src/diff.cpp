@@ -502,16 +502,17 @@ void write_report(const Result& r, report::ReportWriter& w, bool all_rows) {
   using report::Table;
   w.title("trainmem diff: A = " + r.a.spec + ", B = " + r.b.spec +
           "  (Δ = B − A; GiB = 2^30 bytes)");
-  w.line("A: " + describe_side(r.a));
-  w.line("B: " + describe_side(r.b));
+  // Items: one line each in text, a list in Markdown (consecutive lines would join there).
+  w.item("A: " + describe_side(r.a));
+  w.item("B: " + describe_side(r.b));
   if (!r.same_model())
-    w.line("Note: A and B are different models (" + join(r.model_differences, "; ") +
+    w.item("Note: A and B are different models (" + join(r.model_differences, "; ") +
            "); compared all the same");
   if (!r.same_shape())
-    w.line("Note: A and B have different shapes (" + join(r.shape_differences, "; ") +
+    w.item("Note: A and B have different shapes (" + join(r.shape_differences, "; ") +
            "); compared all the same");
-  if (!r.setup_differences.empty()) w.line("Setup differs: " + join(r.setup_differences, "; "));
-  for (const auto& n : r.notes) w.line("Note: " + n);
+  if (!r.setup_differences.empty()) w.item("Setup differs: " + join(r.setup_differences, "; "));
+  for (const auto& n : r.notes) w.item("Note: " + n);
   w.paragraph_break();
 
   std::uint64_t most = 0;

@@ -325,6 +325,9 @@ TEST(CliE2EDiff, MarkdownCsvAndOutputCarryTheSameFigures) {
   EXPECT_EQ(tables[0].size(), j["categories"].size() + 1);
   EXPECT_EQ(tables[0][4][0], "activations");
   EXPECT_TRUE(has(md.out, "### trainmem diff: A = zero, B = megatron")) << md.out;
+  // The sides as a list (consecutive lines would run together in one Markdown paragraph).
+  EXPECT_TRUE(has(md.out, "\n- A: zero (")) << md.out;
+  EXPECT_TRUE(has(md.out, "\n- B: megatron (")) << md.out;
 
   const Result csv = trainmem("diff zero megatron" + flags + " --format csv");
   ASSERT_EQ(csv.code, 0) << csv.err;

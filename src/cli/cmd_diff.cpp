@@ -335,7 +335,8 @@ Runner register_diff(CLI::App& app) {
   cmd->get_option("--profile")
       ->description(
           "The profile read from a report side that holds several (default: the report's only "
-          "one, or the other side's profile)");
+          "one, or the other side's profile)")
+      ->default_str("");
   cmd->add_flag("--all", flags->all,
                 "Also list the tensors that are the same on both sides (text, markdown)");
   cmd->footer(
