@@ -556,7 +556,7 @@ void write_report(const Result& r, report::ReportWriter& w, bool all_rows) {
   }
 
   if (!r.by_tensor) return;
-  w.heading("By group (a layer entry counts once per layer)");
+  w.heading("By group (a layer entry counts L times, once per layer)");
   std::uint64_t gmost = 0;
   for (const auto& g : r.groups) gmost = std::max({gmost, g.a, g.b});
   const ByteUnit gu = table_unit(gmost);
