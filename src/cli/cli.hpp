@@ -1,7 +1,7 @@
 // The trainmem command line: common flags shared by every subcommand, run flags for the
 // subcommands that execute steps, and one registration function per subcommand (each in
 // its own file: cmd_estimate.cpp, cmd_profile.cpp, cmd_compare.cpp, cmd_sweep.cpp,
-// cmd_maxbatch.cpp). Exit codes: 0 ok, 2 bad input, 3 out of memory, 1 anything else.
+// cmd_maxbatch.cpp, cmd_diff.cpp). Exit codes: 0 ok, 2 bad input, 3 out of memory, 1 anything else.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <charconv>
@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trainmem/cli.hpp"
@@ -132,6 +133,21 @@ Runner register_profile(CLI::App& app);
 Runner register_compare(CLI::App& app);
 Runner register_sweep(CLI::App& app);
 Runner register_maxbatch(CLI::App& app);
+Runner register_diff(CLI::App& app);
+
+// One side of `trainmem diff A B` as typed (cmd_diff.cpp): a profile spec
+// "NAME[:key=value,...]" (NAME a profile: native, hf-eager, megatron, zero; keys model, batch,
+// seq, dtype, optimizer, checkpointing, attention, applied over the common flags), or a saved
+// JSON report "FILE[:profile=NAME,run=N]" (the options follow the last ':'; a text naming an
+// existing file is a file). `which` ("A", "B") starts every InputError. The keys are checked
+// when the side is built, against one table (kSideOptions in cmd_diff.cpp).
+struct DiffSideSpec {
+  enum class Kind { profile, report };
+  Kind kind = Kind::profile;
+  std::string name;  // the profile's name, or the report's path
+  std::vector<std::pair<std::string, std::string>> options;  // key=value, in the order given
+};
+DiffSideSpec parse_diff_side(const std::string& text, const std::string& which);
 
 // Runs `body` and returns its exit code; an exception becomes a message on stderr and the
 // exit code of its kind: InputError (and CLI11 errors) 2, OutOfMemory 3, anything else 1.

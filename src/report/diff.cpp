@@ -1,0 +1,711 @@
+// `trainmem diff`: reading the two sides, the difference B − A, and its reports (see
+// include/trainmem/diff.hpp).
+#include "trainmem/diff.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+#include "trainmem/bytes.hpp"
+#include "trainmem/checked.hpp"
+#include "trainmem/error.hpp"
+#include "trainmem/report.hpp"
+
+namespace trainmem::diff {
+
+using nlohmann::json;
+
+namespace {
+
+// The groups of an analytic per-tensor list, in the order reports list them.
+const std::vector<std::string> kGroups = {"embedding", "layer",     "shared",
+                                          "head",      "recompute", "inputs"};
+
+std::size_t group_rank(const std::string& g) {
+  const auto it = std::find(kGroups.begin(), kGroups.end(), g);
+  return static_cast<std::size_t>(it - kGroups.begin());
+}
+
+[[noreturn]] void bad(const std::string& where, const std::string& what) {
+  throw InputError("diff " + where + ": " + what);
+}
+
+std::string join(const std::vector<std::string>& xs, const char* sep) {
+  std::string out;
+  for (std::size_t n = 0; n < xs.size(); ++n) out += (n ? sep : "") + xs[n];
+  return out;
+}
+
+// A JSON value as a reader would write it in a sentence (strings without quotes).
+std::string plain(const json& v) {
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
+
+const json& need(const json& obj, const std::string& key, const std::string& where,
+                 const std::string& path) {
+  if (!obj.is_object()) bad(where, path + " is not a JSON object");
+  const auto it = obj.find(key);
+  if (it == obj.end()) bad(where, path + ": missing \"" + key + "\"");
+  return *it;
+}
+
+std::uint64_t need_bytes(const json& obj, const std::string& key, const std::string& where,
+                         const std::string& path) {
+  const json& v = need(obj, key, where, path);
+  if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+  if (v.is_number_integer() && v.get<std::int64_t>() >= 0)
+    return static_cast<std::uint64_t>(v.get<std::int64_t>());
+  bad(where, path + "." + key + " is " + v.dump() + ", not a byte count (an integer >= 0)");
+}
+
+double need_number(const json& obj, const std::string& key, const std::string& where,
+                   const std::string& path) {
+  const json& v = need(obj, key, where, path);
+  if (!v.is_number()) bad(where, path + "." + key + " is " + v.dump() + ", not a number");
+  return v.get<double>();
+}
+
+std::string need_string(const json& obj, const std::string& key, const std::string& where,
+                        const std::string& path) {
+  const json& v = need(obj, key, where, path);
+  if (!v.is_string()) bad(where, path + "." + key + " is " + v.dump() + ", not a string");
+  return v.get<std::string>();
+}
+
+std::string optional_string(const json& obj, const std::string& key) {
+  const auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+std::optional<Term> parse_term(const std::string& s) {
+  for (Term t : {Term::sbh, Term::sbi, Term::as2b, Term::sb, Term::other})
+    if (s == term_name(t)) return t;
+  return std::nullopt;
+}
+
+// The monomial as docs/formulas.md writes it.
+const char* monomial(Term t) {
+  return t == Term::as2b ? "as²b" : term_name(t);
+}
+
+std::int64_t signed_delta(std::uint64_t b, std::uint64_t a) {
+  constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  if (b >= a) {
+    if (b - a > kMax) throw OverflowError("diff: a difference past 2^63 bytes");
+    return static_cast<std::int64_t>(b - a);
+  }
+  if (a - b > kMax) throw OverflowError("diff: a difference past 2^63 bytes");
+  return -static_cast<std::int64_t>(a - b);
+}
+
+std::uint64_t magnitude(std::int64_t d) {
+  return d < 0 ? static_cast<std::uint64_t>(-(d + 1)) + 1 : static_cast<std::uint64_t>(d);
+}
+
+// "+1,234" / "-1,234" / "0".
+std::string signed_commas(std::int64_t d) {
+  if (d == 0) return "0";
+  return (d < 0 ? "-" : "+") + report::with_commas(magnitude(d));
+}
+
+// "+1.23" / "-1.23" in `unit` / "0".
+std::string signed_unit(std::int64_t d, ByteUnit unit) {
+  if (d == 0) return "0";
+  return (d < 0 ? "-" : "+") + format_bytes(magnitude(d), unit);
+}
+
+std::string signed_coef(double v) {
+  return (v < 0 ? "-" : "+") + report::coef(std::fabs(v));
+}
+
+bool nonzero(double v) {
+  return std::fabs(v) > 1e-9;
+}
+
+std::string describe_run(const json& run_object) {
+  const json& r = run_object.contains("run") ? run_object.at("run") : json::object();
+  auto get = [&](const char* k) { return r.contains(k) ? plain(r.at(k)) : std::string("?"); };
+  return get("optimizer") + ", checkpointing " + get("checkpointing") + ", batch " + get("batch") +
+         ", seq " + get("seq");
+}
+
+std::string runs_list(const Report& report) {
+  std::vector<std::string> items;
+  for (std::size_t n = 0; n < report.runs.size(); ++n)
+    items.push_back(std::to_string(n + 1) + ": " + describe_run(report.runs[n]));
+  return join(items, "; ");
+}
+
+// The per-layer formula of a set of coefficients, as report::per_layer_formula writes it.
+std::string formula(const Coefficients& c) {
+  std::string out;
+  auto add = [&](double v, Term t) {
+    if (!nonzero(v)) return;
+    out += (out.empty() ? "" : " + ") + report::coef(v) + "·" + monomial(t);
+  };
+  add(c.sbh, Term::sbh);
+  add(c.sbi, Term::sbi);
+  add(c.as2b, Term::as2b);
+  add(c.sb, Term::sb);
+  if (c.other_bytes) out += (out.empty() ? "" : " + ") + report::with_commas(c.other_bytes) + " B";
+  return out.empty() ? "0" : out;
+}
+
+// B's coefficients minus A's, written as a change ("+24·sbh +2·sbi +262,148 B"; "0").
+std::string formula_change(const Coefficients& a, const Coefficients& b) {
+  std::vector<std::string> parts;
+  auto add = [&](double d, Term t) {
+    if (nonzero(d)) parts.push_back(signed_coef(d) + "·" + monomial(t));
+  };
+  add(b.sbh - a.sbh, Term::sbh);
+  add(b.sbi - a.sbi, Term::sbi);
+  add(b.as2b - a.as2b, Term::as2b);
+  add(b.sb - a.sb, Term::sb);
+  const std::int64_t other = signed_delta(b.other_bytes, a.other_bytes);
+  if (other) parts.push_back(signed_commas(other) + " B");
+  return parts.empty() ? "0" : join(parts, " ");
+}
+
+Coefficients entry_coefficients(const std::optional<Entry>& e) {
+  Coefficients c;
+  if (!e) return c;
+  switch (e->term) {
+    case Term::sbh:
+      c.sbh = e->coefficient;
+      break;
+    case Term::sbi:
+      c.sbi = e->coefficient;
+      break;
+    case Term::as2b:
+      c.as2b = e->coefficient;
+      break;
+    case Term::sb:
+      c.sb = e->coefficient;
+      break;
+    case Term::other:
+      c.other_bytes = e->bytes;  // an `other` entry's coefficient is its bytes
+      break;
+  }
+  return c;
+}
+
+json coefficients_json(const Coefficients& c) {
+  return json{{"sbh", c.sbh},
+              {"sbi", c.sbi},
+              {"as2b", c.as2b},
+              {"sb", c.sb},
+              {"other_bytes", c.other_bytes}};
+}
+
+std::string describe_side(const Side& s) {
+  std::string out = s.profile;
+  if (!s.file.empty()) out += " from " + s.file;
+  if (!s.label.empty()) out += " (" + s.label + ")";
+  auto get = [&](const json& block, const char* k) {
+    return block.is_object() && block.contains(k) ? plain(block.at(k)) : std::string("?");
+  };
+  out += ": " + get(s.model, "name") + ", batch " + get(s.run, "batch") + ", seq " +
+         get(s.run, "seq") + ", " + get(s.run, "dtype") + ", attention " + get(s.run, "attention") +
+         ", " + get(s.run, "optimizer") + ", checkpointing " + get(s.run, "checkpointing");
+  return out;
+}
+
+}  // namespace
+
+const std::vector<std::string>& category_keys() {
+  static const std::vector<std::string> keys = {"params",
+                                                "gradients",
+                                                "optimizer_states",
+                                                "activations",
+                                                "activations_peak",
+                                                "workspace",
+                                                "inputs",
+                                                "sum",
+                                                "peak"};
+  return keys;
+}
+
+Report read_report(const std::string& path, const std::string& where) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    bad(where, "cannot read " + path + ": " + std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) bad(where, path + " is a directory, not a trainmem JSON report");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) bad(where, "cannot read " + path + ": " + std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) bad(where, "reading " + path + " failed: " + std::strerror(errno));
+  json doc;
+  try {
+    doc = json::parse(text.str());
+  } catch (const json::parse_error& e) {
+    std::string msg = e.what();
+    const auto close = msg.find("] ");
+    if (msg.rfind("[json.exception", 0) == 0 && close != std::string::npos)
+      msg = msg.substr(close + 2);
+    bad(where, path + " is not JSON (" + msg + ")");
+  }
+  const std::string not_ours = path + " is not a trainmem report: ";
+  if (!doc.is_object())
+    bad(where, not_ours + "the document is a JSON " + std::string(doc.type_name()) +
+                   ", not an object with \"schema\": \"" + report::kSchema + "\"");
+  if (!doc.contains("schema"))
+    bad(where, not_ours + "no \"schema\" key (trainmem's JSON reports have \"schema\": \"" +
+                   report::kSchema + "\")");
+  if (doc.at("schema") != report::kSchema)
+    bad(where, not_ours + "its schema is " + doc.at("schema").dump() + ", not \"" +
+                   report::kSchema + "\"");
+  Report r;
+  r.path = path;
+  auto usable = [](const json& o) {
+    return o.is_object() && o.contains("model") && o.contains("run") &&
+           (o.contains("analytic") || o.contains("measured"));
+  };
+  if (doc.contains("runs")) {
+    if (!doc.at("runs").is_array()) bad(where, path + ": \"runs\" is not an array");
+    for (const auto& o : doc.at("runs"))
+      if (usable(o)) r.runs.push_back(o);
+  } else if (usable(doc)) {
+    r.runs.push_back(doc);
+  }
+  if (r.runs.empty())
+    bad(where, path +
+                   " holds no run with analytic profiles (diff reads the JSON reports of "
+                   "estimate, profile, compare and sweep)");
+  return r;
+}
+
+const json& choose_run(const Report& report, int run, const std::string& where) {
+  const std::size_t n = report.runs.size();
+  if (run == 0) {
+    if (n == 1) return report.runs.front();
+    bad(where, report.path + " holds " + std::to_string(n) + " runs (" + runs_list(report) +
+                   "); choose one with " + report.path + ":run=N");
+  }
+  if (run < 1 || static_cast<std::size_t>(run) > n)
+    bad(where, report.path + ": run=" + std::to_string(run) + " is not one of its " +
+                   std::to_string(n) + " runs (" + runs_list(report) + ")");
+  return report.runs[static_cast<std::size_t>(run - 1)];
+}
+
+std::vector<std::string> profiles_of(const json& run_object) {
+  std::vector<std::string> out;
+  if (run_object.contains("analytic") && run_object.at("analytic").is_object())
+    for (auto it = run_object.at("analytic").begin(); it != run_object.at("analytic").end(); ++it)
+      out.push_back(it.key());
+  if (run_object.contains("measured") && run_object.at("measured").is_object() &&
+      run_object.at("measured").contains("ledger") &&
+      run_object.at("measured").at("ledger").is_object())
+    out.push_back("measured");
+  return out;
+}
+
+Side side_from_run_object(const json& ro, const std::string& profile, const std::string& where) {
+  Side s;
+  s.profile = profile;
+  s.model = need(ro, "model", where, "the run");
+  s.run = need(ro, "run", where, "the run");
+  const json& layers = need(s.model, "layers", where, "model");
+  if (!layers.is_number_integer() || layers.get<std::int64_t>() < 1)
+    bad(where, "model.layers is " + layers.dump() + ", not a layer count (an integer >= 1)");
+  s.layers = layers.get<std::int64_t>();
+
+  const json* p = nullptr;
+  std::string path;
+  if (profile == "measured") {
+    const json& measured = need(ro, "measured", where, "the run");
+    path = "measured.ledger";
+    p = &need(measured, "ledger", where, "measured");
+    s.label = "the ledger of a run on the " + plain(s.run.value("backend", json("?"))) + " backend";
+  } else {
+    const auto names = profiles_of(ro);
+    if (std::find(names.begin(), names.end(), profile) == names.end())
+      bad(where, "the run holds no profile '" + profile +
+                     "'; it holds: " + (names.empty() ? std::string("none") : join(names, ", ")));
+    path = "analytic." + profile;
+    p = &ro.at("analytic").at(profile);
+    s.label = optional_string(*p, "label");
+  }
+  for (const auto& k : category_keys()) s.categories.push_back(need_bytes(*p, k, where, path));
+  s.per_layer_bytes = need_bytes(*p, "per_layer_activations", where, path);
+  if (profile == "measured") return s;
+
+  const json& c = need(*p, "coefficients", where, path);
+  const std::string cp = path + ".coefficients";
+  Coefficients co;
+  co.sbh = need_number(c, "sbh", where, cp);
+  co.sbi = need_number(c, "sbi", where, cp);
+  co.as2b = need_number(c, "as2b", where, cp);
+  co.sb = need_number(c, "sb", where, cp);
+  co.other_bytes = need_bytes(c, "other_bytes", where, cp);
+  s.per_layer = co;
+
+  if (!p->contains("tensors")) return s;  // per-category figures only
+  const json& tensors = p->at("tensors");
+  if (!tensors.is_array()) bad(where, path + ".tensors is not an array");
+  s.has_tensors = true;
+  for (std::size_t n = 0; n < tensors.size(); ++n) {
+    const json& t = tensors[n];
+    const std::string tp = path + ".tensors[" + std::to_string(n) + "]";
+    Entry e;
+    e.group = need_string(t, "group", where, tp);
+    e.name = need_string(t, "name", where, tp);
+    e.shape = optional_string(t, "shape");
+    e.dtype = optional_string(t, "dtype");
+    e.bytes = need_bytes(t, "bytes", where, tp);
+    const std::string term = need_string(t, "term", where, tp);
+    const auto parsed = parse_term(term);
+    if (!parsed) bad(where, tp + ".term is '" + term + "'; allowed: sbh, sbi, as2b, sb, other");
+    e.term = *parsed;
+    e.coefficient = need_number(t, "coefficient", where, tp);
+    e.kept_by = optional_string(t, "kept_by");
+    e.why = optional_string(t, "why");
+    s.entries.push_back(std::move(e));
+  }
+  return s;
+}
+
+Side side_from_estimate(const Estimate& e) {
+  const json ro{{"schema", report::kSchema},
+                {"model", report::model_json(e.model, e.param_count)},
+                {"run", report::run_json(e.train, "", -1)},
+                {"analytic", report::analytic_json({e})}};
+  Side s = side_from_run_object(ro, profile_name(e.profile), profile_name(e.profile));
+  s.spec = profile_name(e.profile);
+  return s;
+}
+
+std::string coefficient_change(const std::optional<Entry>& a, const std::optional<Entry>& b) {
+  return formula_change(entry_coefficients(a), entry_coefficients(b));
+}
+
+bool Row::changed() const {
+  return delta != 0 || !a || !b || coefficient_change != "0" || !change.empty();
+}
+
+Result compare(const Side& a, const Side& b) {
+  Result r;
+  r.a = a;
+  r.b = b;
+  auto differ = [](const json& x, const json& y, const std::vector<std::string>& keys,
+                   std::vector<std::string>& out) {
+    for (const auto& k : keys) {
+      const json vx = x.is_object() && x.contains(k) ? x.at(k) : json(nullptr);
+      const json vy = y.is_object() && y.contains(k) ? y.at(k) : json(nullptr);
+      if (vx != vy) out.push_back(k + ": " + plain(vx) + " vs " + plain(vy));
+    }
+  };
+  differ(
+      a.model, b.model,
+      {"name", "layers", "hidden", "intermediate", "heads", "kv_heads", "vocab", "tied_embeddings"},
+      r.model_differences);
+  differ(a.run, b.run, {"batch", "seq", "dtype"}, r.shape_differences);
+  differ(a.run, b.run, {"optimizer", "checkpointing", "attention"}, r.setup_differences);
+
+  const auto& keys = category_keys();
+  for (std::size_t n = 0; n < keys.size(); ++n)
+    r.categories.push_back({keys[n], a.categories[n], b.categories[n],
+                            signed_delta(b.categories[n], a.categories[n])});
+
+  r.by_tensor = a.has_tensors && b.has_tensors;
+  if (!r.by_tensor) {
+    std::vector<std::string> without;
+    for (const Side* s : {&a, &b})
+      if (!s->has_tensors)
+        without.push_back(std::string(s == &a ? "A" : "B") + " (" + s->profile +
+                          (s->file.empty() ? "" : " from " + s->file) + ")");
+    r.notes.push_back("compared per category only: " + join(without, " and ") +
+                      (without.size() > 1 ? " hold" : " holds") + " no per-tensor list");
+    return r;
+  }
+
+  // Rows keyed by (group, name, occurrence): the n-th entry of a name in a group pairs with
+  // the n-th of the other side.
+  using Key = std::tuple<std::string, std::string, int>;
+  std::map<Key, std::size_t> index;
+  auto place = [&](const Side& s, bool is_a) {
+    std::map<std::pair<std::string, std::string>, int> seen;
+    for (const auto& e : s.entries) {
+      const Key key{e.group, e.name, seen[{e.group, e.name}]++};
+      auto it = index.find(key);
+      if (it == index.end()) {
+        it = index.emplace(key, r.rows.size()).first;
+        r.rows.push_back(Row{});
+        r.rows.back().group = e.group;
+        r.rows.back().name = e.name;
+      }
+      Row& row = r.rows[it->second];
+      const std::uint64_t count = e.group == "layer" ? static_cast<std::uint64_t>(s.layers) : 1;
+      const std::uint64_t bytes = checked_mul(e.bytes, count, "diff bytes");
+      if (is_a) {
+        row.a = e;
+        row.count_a = count;
+        row.a_bytes = bytes;
+      } else {
+        row.b = e;
+        row.count_b = count;
+        row.b_bytes = bytes;
+      }
+    }
+  };
+  place(a, true);
+  place(b, false);
+
+  std::map<std::string, Total> groups;
+  for (auto& row : r.rows) {
+    row.delta = signed_delta(row.b_bytes, row.a_bytes);
+    row.coefficient_change = coefficient_change(row.a, row.b);
+    if (row.a && row.b) {
+      std::vector<std::string> ch;
+      if (row.a->dtype != row.b->dtype) ch.push_back(row.a->dtype + " -> " + row.b->dtype);
+      if (row.a->shape != row.b->shape) ch.push_back(row.a->shape + " -> " + row.b->shape);
+      row.change = join(ch, ", ");
+    } else {
+      row.change = row.a ? "only in A" : "only in B";
+    }
+    row.why = row.b ? row.b->why : row.a->why;
+    Total& g = groups[row.group];
+    g.name = row.group;
+    g.a = checked_add(g.a, row.a_bytes, "diff group bytes");
+    g.b = checked_add(g.b, row.b_bytes, "diff group bytes");
+  }
+  for (auto& [name, g] : groups) {
+    g.delta = signed_delta(g.b, g.a);
+    r.groups.push_back(g);
+  }
+  std::stable_sort(r.groups.begin(), r.groups.end(), [](const Total& x, const Total& y) {
+    if (magnitude(x.delta) != magnitude(y.delta)) return magnitude(x.delta) > magnitude(y.delta);
+    return group_rank(x.name) < group_rank(y.name);
+  });
+  std::map<std::string, std::size_t> order;
+  for (std::size_t n = 0; n < r.groups.size(); ++n) order[r.groups[n].name] = n;
+  std::stable_sort(r.rows.begin(), r.rows.end(), [&](const Row& x, const Row& y) {
+    if (x.group != y.group) return order[x.group] < order[y.group];
+    if (magnitude(x.delta) != magnitude(y.delta)) return magnitude(x.delta) > magnitude(y.delta);
+    return std::max(x.a_bytes, x.b_bytes) > std::max(y.a_bytes, y.b_bytes);
+  });
+  return r;
+}
+
+// ---------------------------------------------------------------- reports
+
+void write_report(const Result& r, report::ReportWriter& w, bool all_rows) {
+  using report::Align;
+  using report::Table;
+  w.title("trainmem diff: A = " + r.a.spec + ", B = " + r.b.spec +
+          "  (Δ = B − A; GiB = 2^30 bytes)");
+  // Items: one line each in text, a list in Markdown (consecutive lines would join there).
+  w.item("A: " + describe_side(r.a));
+  w.item("B: " + describe_side(r.b));
+  if (!r.same_model())
+    w.item("Note: A and B are different models (" + join(r.model_differences, "; ") +
+           "); compared all the same");
+  if (!r.same_shape())
+    w.item("Note: A and B have different shapes (" + join(r.shape_differences, "; ") +
+           "); compared all the same");
+  if (!r.setup_differences.empty()) w.item("Setup differs: " + join(r.setup_differences, "; "));
+  for (const auto& n : r.notes) w.item("Note: " + n);
+  w.paragraph_break();
+
+  std::uint64_t most = 0;
+  for (const auto& c : r.categories) most = std::max({most, c.a, c.b});
+  const ByteUnit cu = table_unit(most);
+  w.heading("By category");
+  Table cats({{"Category", Align::left},
+              {std::string("A ") + cu.name, Align::right},
+              {std::string("B ") + cu.name, Align::right},
+              {std::string("Δ ") + cu.name, Align::right},
+              {"Δ bytes", Align::right}});
+  for (const auto& c : r.categories)
+    cats.add_row({c.name, format_bytes(c.a, cu), format_bytes(c.b, cu), signed_unit(c.delta, cu),
+                  signed_commas(c.delta)});
+  w.table(cats);
+  w.paragraph_break();
+
+  if (r.a.per_layer && r.b.per_layer) {
+    const Coefficients& ca = *r.a.per_layer;
+    const Coefficients& cb = *r.b.per_layer;
+    w.heading("Per-layer activation coefficients (bytes per unit of each monomial)");
+    Table co(
+        {{"Monomial", Align::left}, {"A", Align::right}, {"B", Align::right}, {"Δ", Align::right}});
+    auto row = [&](const char* name, double x, double y) {
+      co.add_row({name, report::coef(x), report::coef(y),
+                  nonzero(y - x) ? signed_coef(y - x) : std::string("0")});
+    };
+    row("sbh", ca.sbh, cb.sbh);
+    row("sbi", ca.sbi, cb.sbi);
+    row("as²b", ca.as2b, cb.as2b);
+    row("sb", ca.sb, cb.sb);
+    co.add_row({"other B", report::with_commas(ca.other_bytes), report::with_commas(cb.other_bytes),
+                signed_commas(signed_delta(cb.other_bytes, ca.other_bytes))});
+    co.add_row({"bytes per layer", report::with_commas(r.a.per_layer_bytes),
+                report::with_commas(r.b.per_layer_bytes),
+                signed_commas(signed_delta(r.b.per_layer_bytes, r.a.per_layer_bytes))});
+    w.table(co);
+    w.paragraph_break();
+    w.paragraph("per layer: A = " + formula(ca) + "; B = " + formula(cb) +
+                "; Δ = " + formula_change(ca, cb));
+  }
+
+  if (!r.by_tensor) return;
+  w.heading("By group (a layer entry counts L times, once per layer)");
+  std::uint64_t gmost = 0;
+  for (const auto& g : r.groups) gmost = std::max({gmost, g.a, g.b});
+  const ByteUnit gu = table_unit(gmost);
+  Table gt({{"Group", Align::left},
+            {std::string("A ") + gu.name, Align::right},
+            {std::string("B ") + gu.name, Align::right},
+            {std::string("Δ ") + gu.name, Align::right},
+            {"Δ bytes", Align::right}});
+  for (const auto& g : r.groups)
+    gt.add_row({g.name, format_bytes(g.a, gu), format_bytes(g.b, gu), signed_unit(g.delta, gu),
+                signed_commas(g.delta)});
+  w.table(gt);
+  w.paragraph_break();
+
+  std::vector<const Row*> shown;
+  std::uint64_t tmost = 0;
+  for (const auto& row : r.rows)
+    if (all_rows || row.changed()) {
+      shown.push_back(&row);
+      tmost = std::max({tmost, row.a_bytes, row.b_bytes});
+    }
+  const ByteUnit tu = table_unit(tmost);
+  w.heading(
+      "Tensors by group, largest |Δ| first (A, B: bytes counted, L× for layer rows; "
+      "Δ coefficient: per instance, i.e. per layer for layer rows)");
+  if (shown.empty()) {
+    w.paragraph("No tensor differs (" + std::to_string(r.rows.size()) + " compared).");
+    return;
+  }
+  Table tt({{"Group", Align::left},
+            {"Tensor", Align::left},
+            {std::string("A ") + tu.name, Align::right},
+            {std::string("B ") + tu.name, Align::right},
+            {std::string("Δ ") + tu.name, Align::right},
+            {"Δ coefficient", Align::left},
+            {"A -> B", Align::left},
+            {"Why (B's, or A's when only in A)", Align::left}});
+  const std::string* group = nullptr;
+  for (const Row* row : shown) {
+    if (group && *group != row->group) tt.add_rule();
+    group = &row->group;
+    tt.add_row({row->group, row->name, row->a ? format_bytes(row->a_bytes, tu) : "-",
+                row->b ? format_bytes(row->b_bytes, tu) : "-", signed_unit(row->delta, tu),
+                row->coefficient_change, row->change, row->why});
+  }
+  w.table(tt);
+  w.paragraph_break();
+  const std::size_t hidden = r.rows.size() - shown.size();
+  if (hidden)
+    w.paragraph(std::to_string(hidden) + " of " + std::to_string(r.rows.size()) +
+                " tensors are the same on both sides and not listed (--all lists them).");
+}
+
+std::string csv(const Result& r) {
+  using report::Align;
+  report::Table t({{"kind", Align::left},
+                   {"group", Align::left},
+                   {"name", Align::left},
+                   {"count_a", Align::right},
+                   {"count_b", Align::right},
+                   {"a_bytes", Align::right},
+                   {"b_bytes", Align::right},
+                   {"delta", Align::right},
+                   {"coefficient_change", Align::left},
+                   {"change", Align::left},
+                   {"why", Align::left}});
+  for (const auto& c : r.categories)
+    t.add_row({"category", "", c.name, "", "", std::to_string(c.a), std::to_string(c.b),
+               std::to_string(c.delta), "", "", ""});
+  for (const auto& row : r.rows)
+    t.add_row({"tensor", row.group, row.name, std::to_string(row.count_a),
+               std::to_string(row.count_b), std::to_string(row.a_bytes),
+               std::to_string(row.b_bytes), std::to_string(row.delta), row.coefficient_change,
+               row.change, row.why});
+  return t.csv();
+}
+
+json to_json(const Result& r) {
+  auto side = [](const Side& s) {
+    return json{{"spec", s.spec},
+                {"file", s.file.empty() ? json(nullptr) : json(s.file)},
+                {"profile", s.profile},
+                {"label", s.label},
+                {"tensors_available", s.has_tensors},
+                {"model", s.model},
+                {"run", s.run}};
+  };
+  auto entry = [](const std::optional<Entry>& e) {
+    if (!e) return json(nullptr);
+    return json{{"shape", e->shape},
+                {"dtype", e->dtype},
+                {"bytes", e->bytes},
+                {"term", term_name(e->term)},
+                {"coefficient", e->coefficient},
+                {"kept_by", e->kept_by},
+                {"why", e->why}};
+  };
+  json j{{"schema", report::kSchema},
+         {"a", side(r.a)},
+         {"b", side(r.b)},
+         {"same_model", r.same_model()},
+         {"same_shape", r.same_shape()},
+         {"differences", json{{"model", r.model_differences},
+                              {"shape", r.shape_differences},
+                              {"setup", r.setup_differences}}},
+         {"granularity", r.by_tensor ? "tensor" : "category"},
+         {"notes", r.notes}};
+  json cats = json::array();
+  for (const auto& c : r.categories)
+    cats.push_back(json{{"category", c.name}, {"a", c.a}, {"b", c.b}, {"delta", c.delta}});
+  j["categories"] = cats;
+  if (r.a.per_layer && r.b.per_layer) {
+    const Coefficients& ca = *r.a.per_layer;
+    const Coefficients& cb = *r.b.per_layer;
+    json delta{{"sbh", cb.sbh - ca.sbh},
+               {"sbi", cb.sbi - ca.sbi},
+               {"as2b", cb.as2b - ca.as2b},
+               {"sb", cb.sb - ca.sb},
+               {"other_bytes", signed_delta(cb.other_bytes, ca.other_bytes)}};
+    j["per_layer"] = json{{"a", coefficients_json(ca)},
+                          {"b", coefficients_json(cb)},
+                          {"delta", delta},
+                          {"change", formula_change(ca, cb)},
+                          {"a_bytes", r.a.per_layer_bytes},
+                          {"b_bytes", r.b.per_layer_bytes},
+                          {"delta_bytes", signed_delta(r.b.per_layer_bytes, r.a.per_layer_bytes)}};
+  } else {
+    j["per_layer"] = nullptr;
+  }
+  json groups = json::array();
+  for (const auto& g : r.groups)
+    groups.push_back(json{{"group", g.name}, {"a", g.a}, {"b", g.b}, {"delta", g.delta}});
+  j["groups"] = groups;
+  json rows = json::array();
+  for (const auto& row : r.rows)
+    rows.push_back(json{{"group", row.group},
+                        {"name", row.name},
+                        {"count_a", row.count_a},
+                        {"count_b", row.count_b},
+                        {"a_bytes", row.a_bytes},
+                        {"b_bytes", row.b_bytes},
+                        {"delta", row.delta},
+                        {"coefficient_change", row.coefficient_change},
+                        {"change", row.change},
+                        {"why", row.why},
+                        {"a", entry(row.a)},
+                        {"b", entry(row.b)}});
+  j["tensors"] = rows;
+  return j;
+}
+
+}  // namespace trainmem::diff
