@@ -1,41 +1,134 @@
 #!/usr/bin/env python3
-"""Counts what PyTorch autograd saves for a HuggingFace LLaMA training step (eager attention).
+"""Counts what PyTorch autograd saves for a HuggingFace LLaMA training step, per code era.
 
-This is the proof behind trainmem's `hf-eager` profile (src/analytic/analytic_hf.cpp). For several small,
-deliberately awkward configurations it builds LlamaForCausalLM as transformers 4.30 writes it,
-runs one forward with labels (the loss on shifted contiguous logits), and records every tensor
+This is the proof behind trainmem's `hf-eager` and `hf-sdpa` profiles (src/analytic/analytic_hf.cpp).
+For several small, deliberately awkward configurations it builds the real LlamaForCausalLM of
+one installed transformers release, runs one training forward, and records every tensor
 autograd saves for backward through torch.autograd.graph.saved_tensors_hooks. Each storage is
 counted once (by storage pointer); parameters are excluded. Storages are attributed to the part
 of the model that saved them first: "embedding", "layer" (one decoder layer; all layers must
-agree), "shared" (saved by several layers: HF checkpointing's mask and position ids), "head"
-(final norm, lm_head, loss), "recompute" (checkpointing: what one layer saves again while its
-forward is replayed in backward) and "inputs" (input_ids).
+agree), "shared" (saved by several layers: HF checkpointing's mask and position ids, a model's
+one RoPE table), "head" (final norm, lm_head, loss), "recompute" (checkpointing: what one layer
+saves again while its forward is replayed in backward) and "inputs" (input_ids).
 
-Two implementations are run and must agree exactly:
-  - transformers 4.30.x itself when it can be imported (install it out of the way, e.g.
-    `pip install --target /tmp/hf430 --no-deps transformers==4.30.2 huggingface_hub==0.16.4
-    tokenizers==0.13.3 safetensors==0.3.1 packaging tqdm filelock regex requests pyyaml fsspec
-    typing_extensions urllib3 idna charset_normalizer certifi` and run with PYTHONPATH=/tmp/hf430);
-  - a line-by-line replica of 4.30's modeling_llama.py below, which also handles GQA the way
-    4.31 added it (repeat_kv), for configurations 4.30 cannot express.
+It also measures the training loop's own tensors (what the caller holds at the end of forward
+beyond the saved tensors), for three loops:
+  hf-model-loss  out = model(input_ids, labels=labels): the model computes the loss; the caller
+                 holds `out` (its logits) until backward;
+  shift-ce       logits = model(input_ids).logits; the caller computes the loss itself on
+                 logits[..., :-1, :].contiguous() with CrossEntropyLoss (the LOMO paper's loop);
+  none           logits = model(input_ids).logits and no loss;
+and, for hf-model-loss without checkpointing, what `use_cache=True` adds (past_key_values).
 
-dtype: the 16-bit configurations run in bfloat16, because PyTorch 1.13 on the CPU has no fp16
-GEMM. fp16 and bf16 have the same width (2 bytes) and the same type-promotion rules (16-bit x
-fp32 tensor -> fp32; softmax(dtype=float32) upcasts; .to(16-bit) casts back), so every byte count
-is the one an fp16 run saves; nothing is attributed by hand. fp32 configurations show that the
-upcasts become no-ops (the same storage) there.
+Eras (the code a release range shares; --install knows each one's dependencies):
+  4.28   transformers 4.28.0-4.29.x     (checked: 4.28.1, 4.29.2)
+  4.30   transformers 4.30.x            (checked: 4.30.2; GQA configurations through the
+                                         replica below, which adds 4.31's repeat_kv)
+  4.31   transformers 4.31.0-4.35.x     (checked: 4.31.0, 4.33.3, 4.35.2)
+  5      transformers 5.0-5.25          (checked: 5.25.0; eager and sdpa attention)
+Each run writes (or updates) tests/data/hf_golden/<era>[-sdpa].json, one section per PyTorch
+series: "<2.2" (run with Debian's python3-torch 1.13, /usr/bin/python3) and ">=2.2" (run with a
+current PyTorch CPU wheel from PyPI in a virtual environment). A second release of an era that
+saves exactly the same tensors is added to the section's `transformers_versions`; one that
+differs is an error (the era would have to be split).
 
-Usage: /usr/bin/python3 tools/hf_saved_tensors.py [--output tests/data/hf_eager_golden.json]
+Install a release out of the way (no dependencies beyond what its LLaMA code imports):
+  python3 tools/hf_saved_tensors.py --install 4.28.1 --target /tmp/hf/4.28.1
+Run it under one PyTorch:
+  /usr/bin/python3 tools/hf_saved_tensors.py --transformers /tmp/hf/4.28.1
+  /tmp/venv-torch/bin/python tools/hf_saved_tensors.py --transformers /tmp/hf/5.25.0 \\
+      --attention sdpa
+(the virtual environment: `python3 -m venv /tmp/venv-torch && /tmp/venv-torch/bin/pip install
+torch "numpy<2"`).
+
+dtype: under PyTorch 1.13 the 16-bit configurations run in bfloat16, because 1.13 has no CPU
+fp16 GEMM; under >= 2.2 they run in float16. fp16 and bf16 have the same width (2 bytes) and the
+same type-promotion rules (16-bit x fp32 tensor -> fp32; softmax(dtype=float32) upcasts;
+.to(16-bit) casts back), so every byte count is the one an fp16 run saves; nothing is attributed
+by hand. fp32 configurations show that the upcasts become no-ops (the same storage) there.
+
+SDPA on the CPU: PyTorch's CPU flash-attention kernel (_scaled_dot_product_flash_attention_for_cpu)
+saves q, k, v, the output and an fp32 logsumexp (b, a, s), as the CUDA flash kernel does; the
+CUDA memory-efficient kernel (chosen on a GPU when a mask tensor is passed) pads logsumexp to a
+multiple of 32 positions. Only the CPU kernel runs here.
+
+Checkpointing in the 5 era: HF 5 calls torch.utils.checkpoint with use_reentrant=False, whose
+own saved_tensors_hooks hide the checkpointed layers' tensors from ours; those configurations
+are left out of the 5 era's golden data (docs/formulas.md says what the profile assumes).
 """
 
 import argparse
 import json
 import math
+import os
+import subprocess
 import sys
 
-import torch
-import torch.utils.checkpoint
-from torch import nn
+# ----------------------------------------------------------------------------- eras
+
+_COMMON = ["packaging", "tqdm", "filelock", "regex", "requests", "pyyaml", "fsspec",
+           "typing_extensions", "urllib3", "idna", "charset_normalizer", "certifi"]
+# era -> (first, last) release (inclusive, as tuples) and what `import transformers` and the
+# LLaMA code need besides torch and numpy.
+ERAS = {
+    "4.28": ((4, 28, 0), (4, 29, 99),
+             ["huggingface_hub==0.16.4", "tokenizers==0.13.3", "safetensors==0.3.1"] + _COMMON),
+    "4.30": ((4, 30, 0), (4, 30, 99),
+             ["huggingface_hub==0.16.4", "tokenizers==0.13.3", "safetensors==0.3.1"] + _COMMON),
+    "4.31": ((4, 31, 0), (4, 34, 99),
+             ["huggingface_hub==0.17.3", "tokenizers==0.14.1", "safetensors==0.4.0"] + _COMMON),
+    "4.35": ((4, 35, 0), (4, 35, 99),
+             ["huggingface_hub==0.17.3", "tokenizers==0.14.1", "safetensors==0.4.0"] + _COMMON),
+    "5.25": ((5, 25, 0), (5, 25, 99),
+          ["huggingface_hub>=2.4,<3", "tokenizers>=0.23.1,<0.24", "safetensors>=0.8", "httpx2",
+           "httpcore2", "h11", "truststore", "idna", "certifi", "packaging", "tqdm", "filelock",
+           "regex", "pyyaml", "fsspec", "typing_extensions"]),
+}
+
+
+def version_tuple(v):
+    parts = []
+    for p in v.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def era_of(version):
+    t = version_tuple(version)
+    for era, (first, last, _) in ERAS.items():
+        if first <= t <= last:
+            return era
+    raise SystemExit(f"transformers {version} is in no known era: {', '.join(ERAS)}")
+
+
+def install(version, target):
+    deps = ERAS[era_of(version)][2]
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--target", target, "--no-deps",
+           f"transformers=={version}"] + deps
+    print(" ".join(cmd), file=sys.stderr)
+    subprocess.run(cmd, check=True)
+
+if __name__ == "__main__" and "--install" in sys.argv:
+    # Runs with any python3 (no torch needed): installs one release out of the way.
+    _ap = argparse.ArgumentParser()
+    _ap.add_argument("--install", required=True, metavar="VERSION")
+    _ap.add_argument("--target", required=True, metavar="DIR")
+    _a = _ap.parse_args()
+    install(_a.install, _a.target)
+    sys.exit(0)
+
+# --transformers DIR must come first on the path, before torch imports anything.
+if "--transformers" in sys.argv:
+    sys.path.insert(0, sys.argv[sys.argv.index("--transformers") + 1])
+
+import torch  # noqa: E402
+import torch.utils.checkpoint  # noqa: E402
+from torch import nn  # noqa: E402
+
+def torch_series():
+    return "<2.2" if version_tuple(torch.__version__) < (2, 2, 0) else ">=2.2"
+
 
 # ----------------------------------------------------------------------------- the replica
 # transformers 4.30.2 modeling_llama.py, op for op (training path: no past_key_values).
@@ -202,7 +295,7 @@ class ReplicaForCausalLM(nn.Module):
     def gradient_checkpointing_enable(self):
         self.model.gradient_checkpointing = True
 
-    def forward(self, input_ids, labels, use_cache=False):
+    def forward(self, input_ids, labels=None, use_cache=False):
         m = self.model
         batch_size, seq_length = input_ids.shape
         position_ids = torch.arange(0, seq_length, dtype=torch.long)
@@ -222,6 +315,8 @@ class ReplicaForCausalLM(nn.Module):
                 hidden_states = layer(hidden_states, attention_mask, position_ids)[0]
         hidden_states = m.norm(hidden_states)
         logits = self.lm_head(hidden_states)
+        if labels is None:
+            return None, logits, None
         shift_logits = logits[..., :-1, :].contiguous()
         shift_labels = labels[..., 1:].contiguous()
         shift_logits = shift_logits.view(-1, self.vocab)
@@ -230,37 +325,87 @@ class ReplicaForCausalLM(nn.Module):
         return loss, logits, None
 
 
+
+
+def replica_forward(model, input_ids, labels, use_cache):
+    return model(input_ids, labels, use_cache=use_cache)
+
+
 # ----------------------------------------------------------------------------- the real one
 
-def try_transformers():
-    try:
-        import transformers  # noqa: F401
-        from transformers import LlamaConfig, LlamaForCausalLM
-    except Exception as e:  # not installed: the replica alone
-        return None, f"transformers not importable ({type(e).__name__})"
-    if not transformers.__version__.startswith("4.30."):
-        return None, f"transformers {transformers.__version__} is not 4.30.x"
-    return (LlamaConfig, LlamaForCausalLM, transformers.__version__), None
+def load_transformers():
+    import transformers
+    from transformers import LlamaConfig, LlamaForCausalLM
+    return transformers.__version__, LlamaConfig, LlamaForCausalLM
 
 
-def build_hf(hf, c):
-    LlamaConfig, LlamaForCausalLM, _ = hf
-    cfg = LlamaConfig(vocab_size=c["vocab"], hidden_size=c["hidden"],
-                      intermediate_size=c["intermediate"], num_hidden_layers=c["layers"],
-                      num_attention_heads=c["heads"], max_position_embeddings=2048,
-                      tie_word_embeddings=False)
-    return LlamaForCausalLM(cfg)
+def build_hf(hf, c, attention):
+    version, LlamaConfig, LlamaForCausalLM = hf
+    kw = dict(vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["intermediate"],
+              num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
+              max_position_embeddings=2048, tie_word_embeddings=False)
+    if version_tuple(version) >= (4, 31, 0):
+        kw["num_key_value_heads"] = c["kv_heads"]
+    if version_tuple(version) >= (4, 36, 0):
+        kw["attn_implementation"] = attention
+    return LlamaForCausalLM(LlamaConfig(**kw))
 
 
-def run_hf(model, input_ids, labels, use_cache):
-    out = model(input_ids=input_ids, labels=labels, use_cache=use_cache)
-    return out.loss, out.logits, out.past_key_values
+def hf_forward(model, input_ids, labels, use_cache):
+    kw = {"use_cache": use_cache}
+    if labels is not None:
+        kw["labels"] = labels
+    out = model(input_ids=input_ids, **kw)
+    keys = list(out.keys())  # 5.x names it `cache`, earlier releases `past_key_values`
+    cache = out["cache"] if "cache" in keys else out.get("past_key_values")
+    return out.loss, out.logits, cache
 
+
+def shift_ce(logits, labels):
+    """The loss a caller computes on returned logits (the LOMO paper's loop)."""
+    shift_logits = logits[..., :-1, :].contiguous()
+    shift_labels = labels[..., 1:].contiguous()
+    return nn.CrossEntropyLoss()(shift_logits.view(-1, shift_logits.shape[-1]),
+                                 shift_labels.view(-1))
+
+
+LOOPS = ("hf-model-loss", "shift-ce", "none")
+
+
+def run_loop(forward, model, input_ids, labels, loop, use_cache=False):
+    """Runs one training forward of `loop`; returns (loss or None, what the caller holds)."""
+    if loop == "hf-model-loss":
+        loss, logits, cache = forward(model, input_ids, labels, use_cache)
+        return loss, [("logits", logits)] + cache_tensors(cache)
+    _, logits, cache = forward(model, input_ids, None, use_cache)
+    held = [("logits", logits)] + cache_tensors(cache)
+    if loop == "shift-ce":
+        return shift_ce(logits, labels), held
+    return None, held  # no loss: only the model's own saved tensors
+
+
+def cache_tensors(cache):
+    """The tensors of past_key_values: a tuple of (k, v) per layer, or a Cache object."""
+    out = []
+
+    def walk(x, depth):
+        if depth > 6 or x is None:
+            return
+        if isinstance(x, torch.Tensor):
+            out.append(("past_key_values", x))
+        elif isinstance(x, (tuple, list)):
+            for y in x:
+                walk(y, depth + 1)
+        elif hasattr(x, "__dict__"):
+            for y in vars(x).values():
+                walk(y, depth + 1)
+    walk(cache, 0)
+    return out
 
 # ----------------------------------------------------------------------------- counting
 
 def storage_key(t):
-    s = t.storage()
+    s = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
     return s.data_ptr(), s.nbytes()
 
 
@@ -269,9 +414,11 @@ DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp
                torch.float64: "fp64"}
 
 
-def count(model, run, input_ids, labels, checkpointing):
-    """Runs forward (+ backward when checkpointing, to see the recompute) under the hooks."""
-    params = {p.storage().data_ptr() for p in model.parameters()}
+def count(model, run, backward):
+    """Runs `run` (one training forward) under the hooks, and the backward when `backward` (to
+    see a checkpointed layer's replay). Returns the saved storages, the autograd nodes that hold
+    each, and the storages the caller holds that autograd did not save."""
+    params = {storage_key(p)[0] for p in model.parameters()}
     state = {"where": "prologue", "phase": "forward", "next_layer": 0}
     saved = {}  # storage ptr -> record
     keep = []   # keeps every saved tensor alive: no storage address is reused meanwhile
@@ -321,16 +468,15 @@ def count(model, run, input_ids, labels, checkpointing):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        loss, logits, past = run(model, input_ids, labels)
-        saved_by = saved_by_nodes(loss.grad_fn)
-        if checkpointing:
+        loss, held = run()
+        saved_by = saved_by_nodes(loss.grad_fn) if loss is not None else {}
+        if backward:
             state["phase"] = "recompute"
             state["where"] = "between"
             loss.backward()
     for h in handles:
         h.remove()
-    held = caller_held(logits, past, saved, params)
-    return saved, saved_by, held
+    return saved, saved_by, caller_held(held, saved, params)
 
 
 def saved_by_nodes(root):
@@ -355,24 +501,22 @@ def saved_by_nodes(root):
             pass
         for v in tensors:
             if isinstance(v, torch.Tensor):
-                out.setdefault(v.storage().data_ptr(), set()).add(node.name())
+                out.setdefault(storage_key(v)[0], set()).add(node.name())
         stack += [f for f, _ in node.next_functions]
     return out
 
 
-def caller_held(logits, past, saved, params):
-    """Bytes the returned output keeps alive beyond the saved tensors (logits, past kv)."""
-    tensors = [logits]
-    for kv in past or ():
-        tensors += list(kv)
-    seen, total = set(), 0
-    for t in tensors:
+def caller_held(held, saved, params):
+    """The storages the caller holds (logits, past key/values) that autograd did not save."""
+    seen, out = set(), []
+    for what, t in held:
         ptr, nbytes = storage_key(t)
         if ptr in saved or ptr in params or ptr in seen:
             continue
         seen.add(ptr)
-        total += nbytes
-    return total
+        out.append({"what": what, "shape": list(t.shape), "dtype": DTYPE_NAMES[t.dtype],
+                    "bytes": nbytes})
+    return sorted(out, key=lambda e: (e["what"], e["bytes"], e["dtype"]))
 
 
 def groups_of(saved, saved_by, input_ptrs, n_layers):
@@ -417,102 +561,182 @@ def groups_of(saved, saved_by, input_ptrs, n_layers):
     return groups, per_layer
 
 
-def signature(groups):
-    return {g: sorted((e["bytes"], e["dtype"], tuple(e["shape"])) for e in lst)
-            for g, lst in groups.items()}
+def signature(entry):
+    """What must agree between two releases of one era (or transformers and the replica)."""
+    sig = {g: sorted((e["bytes"], e["dtype"], tuple(e["shape"])) for e in lst)
+           for g, lst in entry["groups"].items()}
+    for loop, rec in entry.get("loops", {}).items():
+        sig["loop." + loop] = (sorted((e["bytes"], e["dtype"], tuple(e["shape"]))
+                                      for e in rec["head"]),
+                               [(e["what"], e["bytes"], e["dtype"]) for e in rec["held"]])
+    sig["use_cache"] = entry.get("use_cache_held")
+    return sig
 
 
-def measure(c, impl, hf):
-    torch.manual_seed(0)
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[c["run_dtype"]]
-    model = build_hf(hf, c) if impl == "hf" else ReplicaForCausalLM(c)
-    model = model.to(dtype)
-    model.train()
+def measure(c, impl, hf, attention):
+    """One configuration: the saved tensors of hf-model-loss (with the replay under
+    checkpointing), the head and caller-held tensors of each loop, and what use_cache adds."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[c["run_dtype"]]
+
+    def fresh():
+        torch.manual_seed(0)
+        m = build_hf(hf, c, attention) if impl == "hf" else ReplicaForCausalLM(c)
+        m = m.to(dtype)
+        m.train()
+        if c["checkpointing"] == "full":
+            m.gradient_checkpointing_enable()
+        return m
+
+    forward = hf_forward if impl == "hf" else replica_forward
     ckpt = c["checkpointing"] == "full"
-    if ckpt:
-        model.gradient_checkpointing_enable()
+    torch.manual_seed(1)
     input_ids = torch.randint(0, c["vocab"], (c["batch"], c["seq"]))
     labels = input_ids.clone()
-    runner = run_hf if impl == "hf" else (lambda m, i, l, u: m(i, l, use_cache=u))
-    saved, saved_by, _ = count(model, lambda m, i, l: runner(m, i, l, False), input_ids, labels,
-                               ckpt)
     # labels[..., 1:].contiguous() is a view of labels when b = 1 (the slice is contiguous):
     # nll_loss then saves the caller's labels themselves, not a copy.
-    input_ptrs = {input_ids.storage().data_ptr(), labels.storage().data_ptr()}
+    input_ptrs = {storage_key(input_ids)[0], storage_key(labels)[0]}
+    model = fresh()
+    saved, saved_by, held = count(
+        model, lambda: run_loop(forward, model, input_ids, labels, "hf-model-loss"), ckpt)
     groups, per_layer = groups_of(saved, saved_by, input_ptrs, c["layers"])
-    held = None
-    if impl == "hf" and not ckpt:
-        # What a caller keeping the output with use_cache=True (4.30's default) also holds.
-        model.zero_grad(set_to_none=True)
-        _, _, held = count(model, lambda m, i, l: runner(m, i, l, True), input_ids, labels,
-                            False)
-    return groups, per_layer, held
-
+    loops = {}
+    for loop in LOOPS:
+        model = fresh()
+        s2, sb2, held2 = count(
+            model, lambda: run_loop(forward, model, input_ids, labels, loop), False)
+        g2, _ = groups_of(s2, sb2, input_ptrs, c["layers"])
+        loops[loop] = {"head": g2["head"], "head_bytes": sum(e["bytes"] for e in g2["head"]),
+                       "held": held2, "held_bytes": sum(e["bytes"] for e in held2)}
+    use_cache = None
+    if not ckpt:
+        model = fresh()
+        s3, _, held3 = count(
+            model, lambda: run_loop(forward, model, input_ids, labels, "hf-model-loss", True),
+            False)
+        # What use_cache=True adds: the past key/values the caller holds beyond the saved
+        # tensors, plus any change of the saved tensors themselves (in 5.x the cache's
+        # contiguous copies are what matmul then saves, instead of its own copies).
+        use_cache = (sum(e["bytes"] for e in held3 if e["what"] == "past_key_values") +
+                     sum(r["bytes"] for r in s3.values()) -
+                     sum(r["bytes"] for r in saved.values() if not any(
+                         w.startswith("recompute.") for w in r["where"])))
+    return groups, per_layer, loops, use_cache
 
 CONFIGS = [
-    # name, hidden, intermediate, heads, kv_heads, vocab, layers, batch, seq, run dtype, ckpt
-    ("h40-a5-i71", 40, 71, 5, 5, 97, 2, 3, 7, "bf16", "none"),
-    ("h48-a6-i130-b2-s9", 48, 130, 6, 6, 101, 3, 2, 9, "bf16", "none"),
-    ("h64-a4-b1-s5", 64, 176, 4, 4, 256, 2, 1, 5, "bf16", "none"),
-    ("h24-a1-single-head", 24, 40, 1, 1, 53, 2, 2, 6, "bf16", "none"),
+    # name, hidden, intermediate, heads, kv_heads, vocab, layers, batch, seq, dtype, ckpt
+    ("h40-a5-i71", 40, 71, 5, 5, 97, 2, 3, 7, "16", "none"),
+    ("h48-a6-i130-b2-s9", 48, 130, 6, 6, 101, 3, 2, 9, "16", "none"),
+    ("h64-a4-b1-s5", 64, 176, 4, 4, 256, 2, 1, 5, "16", "none"),
+    ("h24-a1-single-head", 24, 40, 1, 1, 53, 2, 2, 6, "16", "none"),
     ("h40-a5-i71-fp32", 40, 71, 5, 5, 97, 2, 3, 7, "fp32", "none"),
-    ("h40-a5-i71-ckpt", 40, 71, 5, 5, 97, 3, 3, 7, "bf16", "full"),
+    ("h40-a5-i71-ckpt", 40, 71, 5, 5, 97, 3, 3, 7, "16", "full"),
     ("h48-a6-ckpt-fp32", 48, 130, 6, 6, 101, 2, 2, 9, "fp32", "full"),
-    ("h48-a6-k2-gqa", 48, 130, 6, 2, 101, 2, 2, 9, "bf16", "none"),
-    ("h48-a6-k3-gqa-ckpt", 48, 130, 6, 3, 101, 2, 2, 9, "bf16", "full"),
+    ("h48-a6-k2-gqa", 48, 130, 6, 2, 101, 2, 2, 9, "16", "none"),
+    ("h48-a6-k3-gqa-ckpt", 48, 130, 6, 3, 101, 2, 2, 9, "16", "full"),
 ]
+
+
+def golden_path(out_dir, era, attention):
+    return os.path.join(out_dir, era + ("-sdpa" if attention == "sdpa" else "") + ".json")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--output", default="tests/data/hf_eager_golden.json")
-    ap.add_argument("--require-transformers", action="store_true",
-                    help="fail unless transformers 4.30.x is importable")
+    ap.add_argument("--transformers", required=True,
+                    help="folder holding one transformers release (see --install)")
+    ap.add_argument("--attention", default="eager", choices=["eager", "sdpa"],
+                    help="attention implementation (sdpa: the 5 era only)")
+    ap.add_argument("--output-dir", default="tests/data/hf_golden")
     args = ap.parse_args()
-    hf, why_not = try_transformers()
-    if hf is None and args.require_transformers:
-        raise SystemExit(why_not)
+    hf = load_transformers()
+    version = hf[0]
+    era = era_of(version)
+    if args.attention == "sdpa" and era != "5.25":
+        raise SystemExit(f"transformers {version}: sdpa is measured for the 5 era only")
+    half = torch.bfloat16 if torch_series() == "<2.2" else torch.float16
+    half_name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[half]
     results = []
     for (name, h, i, a, k, V, L, b, s, dt, ck) in CONFIGS:
         c = {"name": name, "hidden": h, "intermediate": i, "heads": a, "kv_heads": k,
-             "vocab": V, "layers": L, "batch": b, "seq": s, "run_dtype": dt,
-             "checkpointing": ck}
-        groups, per_layer, _ = measure(c, "replica", None)
-        impls = ["replica (4.30 op for op" + (", 4.31 repeat_kv)" if k < a else ")")]
-        held = None
-        if hf is not None and k == a:
-            g2, pl2, held = measure(c, "hf", hf)
-            if signature(g2) != signature(groups) or pl2 != per_layer:
-                raise SystemExit(f"{name}: transformers and the replica disagree:\n"
-                                 f"{signature(g2)}\n{signature(groups)}")
-            groups = g2  # keep the real model's node names
-            impls.insert(0, f"transformers {hf[2]}")
+             "vocab": V, "layers": L, "batch": b, "seq": s,
+             "run_dtype": half_name if dt == "16" else dt, "checkpointing": ck}
+        gqa_unsupported = k < a and version_tuple(version) < (4, 31, 0)
+        if gqa_unsupported and era != "4.30":
+            print(f"{name:24s} skipped: transformers {version} has no GQA", file=sys.stderr)
+            continue
+        if ck == "full" and era == "5.25":
+            print(f"{name:24s} skipped: HF 5 checkpoints with use_reentrant=False (hidden from "
+                  "saved_tensors_hooks)", file=sys.stderr)
+            continue
+        if gqa_unsupported:  # 4.30 cannot express GQA: the replica (4.30 + 4.31's repeat_kv)
+            impls = ["replica (4.30 op for op, 4.31 repeat_kv)"]
+            groups, per_layer, loops, _ = measure(c, "replica", None, "eager")
+            use_cache = None  # the replica returns no past_key_values
+        else:
+            impls = [f"transformers {version}"]
+            groups, per_layer, loops, use_cache = measure(c, "hf", hf, args.attention)
+            if era == "4.30":  # the replica must agree with the real code
+                rg, rpl, rloops, ruse = measure(c, "replica", None, "eager")
+                mine = signature({"groups": groups, "loops": loops, "use_cache_held": use_cache})
+                # (the replica returns no past_key_values: use_cache is the real code's alone)
+                theirs = signature({"groups": rg, "loops": rloops, "use_cache_held": use_cache})
+                if mine != theirs or rpl != per_layer:
+                    raise SystemExit(f"{name}: transformers and the replica disagree:\n"
+                                     f"{mine}\n{theirs}")
+                impls.append("replica (4.30 op for op)")
         entry = dict(c)
         entry["implementations"] = impls
         entry["per_layer_bytes"] = per_layer
         entry["group_bytes"] = {g: sum(e["bytes"] for e in lst) for g, lst in groups.items()}
         entry["groups"] = groups
-        if held is not None:
-            entry["caller_held_use_cache_bytes"] = held
+        entry["loops"] = loops
+        if use_cache is not None:
+            entry["use_cache_held"] = use_cache
         results.append(entry)
-        print(f"{name:24s} layer {entry['group_bytes']['layer']:8d}  head "
-              f"{entry['group_bytes']['head']:8d}  shared {entry['group_bytes']['shared']:6d}  "
-              f"recompute {entry['group_bytes']['recompute']:8d}  [{'; '.join(impls)}]",
+        gb = entry["group_bytes"]
+        print(f"{name:24s} layer {gb['layer']:8d}  head {gb['head']:8d}  shared {gb['shared']:6d}"
+              f"  recompute {gb['recompute']:8d}  held {loops['hf-model-loss']['held_bytes']:7d}"
+              f"  [{'; '.join(impls)}]", file=sys.stderr)
+
+    path = golden_path(args.output_dir, era, args.attention)
+    doc = {"generator": "tools/hf_saved_tensors.py", "era": era, "attention": args.attention,
+           "counting": "saved_tensors_hooks, each storage once, parameters excluded, attributed "
+                       "to the part that saved it first; storages saved by several layers: shared",
+           "dtype_note": "16-bit configurations run in bf16 under PyTorch 1.13 (no CPU fp16 "
+                         "GEMM) and in fp16 under >= 2.2; same width and promotion rules",
+           "runs": []}
+    if os.path.exists(path):
+        with open(path) as f:
+            doc = json.load(f)
+    run = {"torch": torch.__version__, "torch_series": torch_series(),
+           "transformers_versions": [version], "configs": results}
+    for n, old in enumerate(doc["runs"]):
+        if old["torch_series"] != run["torch_series"]:
+            continue
+        if version in old["transformers_versions"] and len(old["transformers_versions"]) == 1:
+            doc["runs"][n] = run  # a fresh run of the same release replaces it
+            break
+        # Another release of the era: it must save exactly what the recorded one saves.
+        old_by_name = {e["name"]: e for e in old["configs"]}
+        for e in results:
+            o = old_by_name.get(e["name"])
+            if o is None or signature(o) != signature(e):
+                raise SystemExit(f"transformers {version} differs from "
+                                 f"{old['transformers_versions']} on {e['name']}: era {era} "
+                                 "would have to be split")
+        if version not in old["transformers_versions"]:
+            old["transformers_versions"].append(version)
+        print(f"{version} saves what {old['transformers_versions'][0]} saves: added to era {era}",
               file=sys.stderr)
-    doc = {
-        "generator": "tools/hf_saved_tensors.py",
-        "torch": torch.__version__,
-        "transformers": hf[2] if hf else None,
-        "transformers_note": why_not,
-        "dtype_note": "16-bit configurations run in bf16 (same width and promotion rules as "
-                      "fp16; PyTorch 1.13 has no CPU fp16 GEMM); bytes are storage sizes",
-        "counting": "saved_tensors_hooks, each storage once, parameters excluded, attributed to "
-                    "the part that saved it first; storages saved by several layers: shared",
-        "configs": results,
-    }
-    with open(args.output, "w") as f:
+        break
+    else:
+        doc["runs"].append(run)
+    doc["runs"].sort(key=lambda r: r["torch_series"])
+    os.makedirs(args.output_dir, exist_ok=True)
+    with open(path, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
+    print(f"wrote {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,11 @@
 //             attention, checkpointing none or full; params..peak must equal the ledger byte
 //             for byte.
 //   hf-eager  the tensors PyTorch autograd saves for a HuggingFace LlamaForCausalLM training
-//             step with eager attention (transformers 4.30, PyTorch 2.0 semantics), verified
+//             step with eager attention, plus what the training loop holds (the returned
+//             logits, past_key_values with --use-cache), for a named transformers era and
+//             PyTorch series (HfOptions; default transformers 4.30, PyTorch 2.0), verified
 //             against saved_tensors_hooks by tools/hf_saved_tensors.py.
+//   hf-sdpa   the same for transformers 5.25's default SDPA attention (PyTorch's flash kernel).
 //   megatron  Korthikanti et al. 2022, sbh(34 + 5as/h) bytes per layer (GPT-style reference).
 //   zero      the ZeRO paper's 12·h·b·s elements per layer × dtype width (GPT-style reference).
 //
@@ -29,12 +32,57 @@
 
 namespace trainmem {
 
-enum class Profile { native, hf_eager, megatron, zero };
-constexpr int kNumProfiles = 4;
+enum class Profile { native, hf_eager, megatron, zero, hf_sdpa };
+constexpr int kNumProfiles = 5;
 
-const char* profile_name(Profile p);  // "native", "hf-eager", "megatron", "zero"
+const char* profile_name(Profile p);  // "native", "hf-eager", "megatron", "zero", "hf-sdpa"
 std::optional<Profile> parse_profile(const std::string& s);
 std::vector<Profile> all_profiles();  // in the order above
+
+// ---------------------------------------------------------------- HF reference semantics
+// The code era of a transformers release: the releases whose LLaMA training step saves the
+// same tensors (tools/hf_saved_tensors.py checks each listed release against the first).
+enum class HfEra {
+  v4_28,  // 4.28.0-4.29.x: RMSNorm casts to the weight dtype before weight * y
+  v4_30,  // 4.30.x: (weight * y).to(dtype): the multiply saves y in fp32
+  v4_31,  // 4.31.0-4.34.x: fp32 upcast first, no torch.max clamp, fp32 logits, repeat_kv
+  v4_35,  // 4.35.x: as 4.31, the causal mask a (s,s) storage expanded to (b,1,s,s)
+  v5_25,  // 5.25.x: one RoPE table per model, the loss upcasts logits to fp32, SDPA default
+};
+// PyTorch series: before 2.2 `mean` saves its input (x^2 in RMSNorm); from 2.2 only sizes.
+enum class TorchEra { before_2_2, from_2_2 };
+// The training loop around the model call (what the caller holds at the end of forward).
+enum class Loop {
+  hf_model_loss,  // out = model(input_ids, labels=labels); out.loss.backward()
+  shift_ce,       // logits = model(input_ids).logits; CrossEntropyLoss on the shifted copy
+  none,           // logits = model(input_ids).logits, no loss
+};
+const char* hf_era_name(HfEra e);        // "4.28", "4.30", "4.31", "4.35", "5.25"
+const char* hf_era_range(HfEra e);       // "4.28.0-4.29.x", ...
+const char* torch_era_name(TorchEra t);  // "<2.2", ">=2.2"
+const char* loop_name(Loop l);           // "hf-model-loss", "shift-ce", "none"
+std::vector<HfEra> all_hf_eras();
+std::optional<Loop> parse_loop(const std::string& s);
+
+// The HF profiles' options. Unset era/torch: the profile's default (hf-eager: transformers 4.30
+// with PyTorch 2.0; hf-sdpa: transformers 5.25 with PyTorch 2.15).
+struct HfOptions {
+  std::optional<HfEra> era;
+  std::string hf_version;  // as given (e.g. "4.29.2"); "" when the default
+  std::optional<TorchEra> torch;
+  std::string torch_version;             // as given; "" when the default
+  int torch_major = 0, torch_minor = 0;  // parsed torch_version (0.0 when not given)
+  Loop loop = Loop::hf_model_loss;
+  bool use_cache = false;  // the model returns past_key_values (off under checkpointing)
+};
+// "--hf-version X" -> its era; InputError naming --hf-version and the known eras otherwise.
+HfEra parse_hf_version(const std::string& version);
+// "--torch-version X" -> its series (and major/minor into `opts`); InputError naming
+// --torch-version and the known series otherwise.
+TorchEra parse_torch_version(const std::string& version, HfOptions* opts = nullptr);
+// Checks the combination for one profile (hf-sdpa needs the 5.25 era; 5.25 needs PyTorch >= 2.6):
+// InputError naming the flag otherwise. No-op for non-HF profiles.
+void check_hf_options(Profile profile, const HfOptions& opts);
 
 // The monomial one activation tensor's bytes are proportional to.
 //   sbh: s·b·h   sbi: s·b·i   as2b: a·s²·b   sb: s·b   other: none of these (fixed bytes for
@@ -75,6 +123,9 @@ struct ActivationBreakdown {
   std::vector<TensorEntry> layer;      // what ONE layer keeps (identical for every layer)
   std::vector<TensorEntry> shared;     // kept once for all layers (e.g. HF checkpointing's mask)
   std::vector<TensorEntry> head;       // final norm, lm_head, loss (once)
+  // What the training loop holds at the end of forward beyond the saved tensors (HF
+  // profiles: the returned logits, past_key_values with use_cache); counted in activations.
+  std::vector<TensorEntry> loop;
   // Checkpointing full: what one layer re-creates during its backward (empty otherwise).
   std::vector<TensorEntry> recompute;
   // Inputs (token ids, labels), reported as `inputs`, not as activations.
@@ -85,9 +136,10 @@ struct ActivationBreakdown {
   std::uint64_t embedding_bytes = 0;
   std::uint64_t shared_bytes = 0;
   std::uint64_t head_bytes = 0;
+  std::uint64_t loop_bytes = 0;
   std::uint64_t recompute_bytes = 0;
   std::int64_t layers = 0;
-  // embedding + layers·per_layer + shared + head (= MemoryFigures::activations)
+  // embedding + layers·per_layer + shared + head + loop (= MemoryFigures::activations)
   std::uint64_t total_bytes = 0;
 };
 
@@ -121,16 +173,20 @@ struct Estimate {
   // native: the candidate instants, chronological, and the index of the peak one.
   std::vector<Instant> instants;
   int peak_instant = -1;
-  // hf-eager only: bytes a caller keeping the returned output (use_cache=True) holds beyond
-  // the saved tensors: the logits and, unless matmul saved them as views, each layer's k and v.
-  std::uint64_t caller_held_bytes = 0;
+  // HF profiles: the options in force (era and torch resolved to the defaults when unset) and
+  // what use_cache=True adds (or would add) to the loop: past_key_values beyond the saved
+  // tensors (0 under checkpointing, where HF turns the cache off).
+  HfOptions hf;
+  std::uint64_t use_cache_bytes = 0;
   // Plain-language notes: what the profile assumes, what it ignores, how peak is defined.
   std::vector<std::string> notes;
 };
 
 // The closed-form estimate. Validates model and train (InputError naming the field).
 // Sizes use checked 64-bit arithmetic (OverflowError when they do not fit).
-Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& train);
+// `hf` applies to the HF profiles only (hf-eager, hf-sdpa); check_hf_options() is called.
+Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& train,
+                  const HfOptions& hf = {});
 
 // The rules shared by every profile (docs/design.md "Optimizer states"), in bytes:
 // params P·w; gradients P·w (AdamW, SGD) or the largest single gradient (LOMO; plus the

@@ -47,6 +47,7 @@ struct RunRequest {
   // BudgetAllocator), so an out-of-memory can be provoked on any backend.
   std::optional<std::uint64_t> device_budget;
   std::vector<Profile> profiles;  // analytic profiles to attach (native is always computed)
+  HfOptions hf;                   // the HF profiles' era, PyTorch series, loop, use_cache
   bool probes = true;             // device probes on cuda
   bool keep_timeline = false;     // build the last step's TimelineData
 };

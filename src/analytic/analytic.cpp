@@ -24,6 +24,8 @@ const char* profile_name(Profile p) {
       return "megatron";
     case Profile::zero:
       return "zero";
+    case Profile::hf_sdpa:
+      return "hf-sdpa";
   }
   return "?";
 }
@@ -36,7 +38,141 @@ std::optional<Profile> parse_profile(const std::string& s) {
 }
 
 std::vector<Profile> all_profiles() {
-  return {Profile::native, Profile::hf_eager, Profile::megatron, Profile::zero};
+  return {Profile::native, Profile::hf_eager, Profile::megatron, Profile::zero, Profile::hf_sdpa};
+}
+
+const char* hf_era_name(HfEra e) {
+  switch (e) {
+    case HfEra::v4_28:
+      return "4.28";
+    case HfEra::v4_30:
+      return "4.30";
+    case HfEra::v4_31:
+      return "4.31";
+    case HfEra::v4_35:
+      return "4.35";
+    case HfEra::v5_25:
+      return "5.25";
+  }
+  return "?";
+}
+
+const char* hf_era_range(HfEra e) {
+  switch (e) {
+    case HfEra::v4_28:
+      return "4.28.0-4.29.x";
+    case HfEra::v4_30:
+      return "4.30.x";
+    case HfEra::v4_31:
+      return "4.31.0-4.34.x";
+    case HfEra::v4_35:
+      return "4.35.x";
+    case HfEra::v5_25:
+      return "5.25.x";
+  }
+  return "?";
+}
+
+const char* torch_era_name(TorchEra t) {
+  return t == TorchEra::before_2_2 ? "<2.2" : ">=2.2";
+}
+
+const char* loop_name(Loop l) {
+  switch (l) {
+    case Loop::hf_model_loss:
+      return "hf-model-loss";
+    case Loop::shift_ce:
+      return "shift-ce";
+    case Loop::none:
+      return "none";
+  }
+  return "?";
+}
+
+std::vector<HfEra> all_hf_eras() {
+  return {HfEra::v4_28, HfEra::v4_30, HfEra::v4_31, HfEra::v4_35, HfEra::v5_25};
+}
+
+std::optional<Loop> parse_loop(const std::string& s) {
+  for (Loop l : {Loop::hf_model_loss, Loop::shift_ce, Loop::none})
+    if (s == loop_name(l)) return l;
+  return std::nullopt;
+}
+
+namespace {
+
+// "4.29.2" -> {4, 29}; false unless it is MAJOR.MINOR[.PATCH[suffix]] with digits.
+bool major_minor(const std::string& v, int* major, int* minor) {
+  std::size_t pos = 0;
+  auto number = [&](int* out) {
+    const std::size_t start = pos;
+    long n = 0;
+    while (pos < v.size() && v[pos] >= '0' && v[pos] <= '9' && pos - start < 6)
+      n = n * 10 + (v[pos++] - '0');
+    *out = static_cast<int>(n);
+    return pos > start;
+  };
+  if (!number(major) || pos >= v.size() || v[pos++] != '.' || !number(minor)) return false;
+  if (pos == v.size()) return true;
+  if (v[pos] != '.') return false;
+  ++pos;
+  int patch = 0;
+  return number(&patch);  // anything after the patch number (rc1, +cu121) is allowed
+}
+
+std::string known_hf_eras() {
+  std::string out;
+  for (HfEra e : all_hf_eras()) {
+    if (!out.empty()) out += ", ";
+    out += std::string(hf_era_name(e)) + " (" + hf_era_range(e) + ")";
+  }
+  return out;
+}
+
+}  // namespace
+
+HfEra parse_hf_version(const std::string& version) {
+  int major = 0, minor = 0;
+  if (major_minor(version, &major, &minor)) {
+    if (major == 4 && (minor == 28 || minor == 29)) return HfEra::v4_28;
+    if (major == 4 && minor == 30) return HfEra::v4_30;
+    if (major == 4 && minor >= 31 && minor <= 34) return HfEra::v4_31;
+    if (major == 4 && minor == 35) return HfEra::v4_35;
+    if (major == 5 && minor == 25) return HfEra::v5_25;
+  }
+  throw InputError(
+      "--hf-version: '" + version +
+      "' is not a transformers release in a modelled era; known eras: " + known_hf_eras() +
+      " (each proven against the released code by tools/hf_saved_tensors.py)");
+}
+
+TorchEra parse_torch_version(const std::string& version, HfOptions* opts) {
+  int major = 0, minor = 0;
+  if (major_minor(version, &major, &minor)) {
+    const int v = major * 100 + minor;
+    if (opts) {
+      opts->torch_major = major;
+      opts->torch_minor = minor;
+    }
+    if (v >= 113 && v < 202) return TorchEra::before_2_2;
+    if (v >= 202 && v <= 215) return TorchEra::from_2_2;
+  }
+  throw InputError("--torch-version: '" + version +
+                   "' is not a modelled PyTorch release; known: 1.13-2.1 (<2.2: mean() saves "
+                   "its input) and 2.2-2.15 (>=2.2: it does not)");
+}
+
+void check_hf_options(Profile profile, const HfOptions& opts) {
+  if (profile != Profile::hf_eager && profile != Profile::hf_sdpa) return;
+  if (profile == Profile::hf_sdpa && opts.era && *opts.era != HfEra::v5_25)
+    throw InputError("--hf-version " + opts.hf_version +
+                     ": hf-sdpa models the SDPA attention of transformers 5.25 (5.25.x) only; "
+                     "earlier eras are eager (--profile hf-eager)");
+  const bool v5 = profile == Profile::hf_sdpa || (opts.era && *opts.era == HfEra::v5_25);
+  if (v5 && !opts.torch_version.empty() &&
+      (opts.torch_major < 2 || (opts.torch_major == 2 && opts.torch_minor < 6)))
+    throw InputError("--torch-version " + opts.torch_version +
+                     ": transformers 5.25 requires PyTorch >= 2.6; allowed with it: 2.6-2.15");
 }
 
 const char* term_name(Term t) {
@@ -193,9 +329,11 @@ std::string format_bytes_human(std::uint64_t bytes) {
   return buf;
 }
 
-Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& train) {
+Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& train,
+                  const HfOptions& hf) {
   model.validate();
   train.validate();
+  check_hf_options(profile, hf);
   Estimate est;
   est.profile = profile;
   est.model = model;
@@ -212,7 +350,9 @@ Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& 
       analytic_detail::build_native(est);
       break;
     case Profile::hf_eager:
-      analytic_detail::build_hf_eager(est);
+    case Profile::hf_sdpa:
+      est.hf = hf;
+      analytic_detail::build_hf(est);
       break;
     case Profile::megatron:
       analytic_detail::build_megatron(est);
@@ -285,10 +425,11 @@ void finish(ActivationBreakdown& acts, std::int64_t layers) {
   acts.embedding_bytes = sum_bytes(acts.embedding);
   acts.shared_bytes = sum_bytes(acts.shared);
   acts.head_bytes = sum_bytes(acts.head);
+  acts.loop_bytes = sum_bytes(acts.loop);
   acts.recompute_bytes = sum_bytes(acts.recompute);
   acts.total_bytes =
       csum({acts.embedding_bytes, checked_mul(acts.per_layer_bytes, layers, "activations"),
-            acts.shared_bytes, acts.head_bytes},
+            acts.shared_bytes, acts.head_bytes, acts.loop_bytes},
            "activations");
 }
 

@@ -33,7 +33,7 @@ void finish(ActivationBreakdown& acts, std::int64_t layers);
 // workspace, inputs, peak (+ breakdown), instants and notes; est.figures.params, gradients and
 // optimizer_states are already set from state_figures().
 void build_native(Estimate& est);
-void build_hf_eager(Estimate& est);
+void build_hf(Estimate& est);  // hf-eager and hf-sdpa (est.hf set)
 void build_megatron(Estimate& est);
 void build_zero(Estimate& est);
 

@@ -1,23 +1,24 @@
-// The `hf-eager` profile: the tensors PyTorch autograd saves for a HuggingFace
-// LlamaForCausalLM training step with eager attention, as mid-2023 papers ran it:
-// transformers 4.30 (modeling_llama.py), PyTorch 2.0 autograd, 16-bit weights, 16-bit logits,
-// the loss on shifted contiguous logits, use_cache off. Derived op by op below; proven by
-// tools/hf_saved_tensors.py (saved_tensors_hooks, each storage counted once) whose output is
-// tests/data/hf_eager_golden.json.
+// The HF profiles, `hf-eager` and `hf-sdpa`: the tensors PyTorch autograd saves for a
+// HuggingFace LlamaForCausalLM training step, era by era (a transformers release range whose
+// LLaMA code saves the same tensors, HfEra) and PyTorch series (TorchEra), plus what the
+// training loop holds at the end of forward (Loop: the returned logits, past_key_values).
+// Derived op by op from each era's released modeling_llama.py (docs/formulas.md, "hf-eager");
+// proven by tools/hf_saved_tensors.py (saved_tensors_hooks on the real model, each storage
+// counted once), whose output is tests/data/hf_golden/<era>[-sdpa].json.
 //
-// Rules of autograd that decide what is saved (PyTorch 2.0, also 1.13):
+// Rules of autograd that decide what is saved (PyTorch 1.13 to 2.15):
 //   - a x b (MulBackward0) saves b when a needs a gradient and a when b does;
-//   - x.pow(2) saves x; x.mean(dim) saves x (before PyTorch 2.2; later versions keep only the
-//     sizes); rsqrt saves its result; softmax and log_softmax save their result;
-//     silu saves its input; maximum saves both inputs; bmm saves both inputs;
-//     linear saves its input (and the weight, a parameter: not counted);
+//   - x.pow(2) saves x; x.mean(dim) saves x before PyTorch 2.2 (later: only the sizes);
+//     rsqrt saves its result; softmax and log_softmax save their result; silu saves its input;
+//     maximum saves both inputs; bmm saves both inputs; linear saves its input (and the weight,
+//     a parameter: not counted); nll_loss saves its target and a 0-dim total_weight;
+//     scaled_dot_product_attention's flash kernel saves q, k, v, the output and an fp32
+//     logsumexp (b, a, s);
 //   - .to(dtype), +, views, cat, neg save no tensor; tensor / python_number saves the number as
 //     a 0-dim fp64 CPU tensor (host memory even in a GPU run: not counted);
 //   - .to(dtype) to the tensor's own dtype returns the same tensor (no new storage): in fp32
 //     training the fp32 upcasts of RMSNorm and softmax disappear;
 //   - reshape of a non-viewable tensor copies it; the copy is what bmm saves.
-// GQA: transformers 4.30 has none. For kv_heads < heads we follow 4.31's repeat_kv (expand +
-// reshape, which materialises k and v at all `a` heads): the saved k and v do NOT shrink.
 #include <algorithm>
 
 #include "analytic_detail.hpp"
@@ -25,83 +26,149 @@
 namespace trainmem::analytic_detail {
 namespace {
 
-// The saved tensors of one LlamaRMSNorm (4.30):
-//   variance = x.to(f32).pow(2).mean(-1, keepdim=True)
-//   y = x * rsqrt(variance + eps)       (16-bit x times fp32 (b,s,1) -> fp32)
-//   return (weight * y).to(x.dtype)
-void rmsnorm(std::vector<TensorEntry>& v, const Dims& d, const std::string& p, bool with_input,
-             const std::string& input_name) {
+// What one HF step is: the era's code, the PyTorch series, the attention, the loop.
+struct Hf {
+  HfEra era;
+  TorchEra torch;
+  bool sdpa;
+  Loop loop;
+  bool use_cache;
+  bool before_4_31() const { return era == HfEra::v4_28 || era == HfEra::v4_30; }
+  bool mean_saves() const { return torch == TorchEra::before_2_2; }
+};
+
+// The saved tensors of one LlamaRMSNorm. `with_input`: the input's own storage, when the era
+// saves it (the checkpointed replay's input is the checkpoint's storage, counted there).
+//   4.28:  var = x.to(f32).pow(2).mean(-1); y = x * rsqrt(var + eps); y = y.to(weight dtype);
+//          return weight * y
+//   4.30:  the same, but return (weight * y).to(x.dtype): the multiply saves y in fp32
+//   4.31+: x = x.to(f32); var = x.pow(2).mean(-1); y = x * rsqrt(var + eps);
+//          return weight * y.to(input_dtype): x itself is not saved in 16-bit training
+void rmsnorm(std::vector<TensorEntry>& v, const Dims& d, const Hf& hf, const std::string& p,
+             bool with_input, const std::string& input_name) {
   const bool f32 = d.w == 4;
-  if (with_input)
-    v.push_back(entry(d, p + "." + input_name, "(b,s,h)", d.dt, bytes_of({d.b, d.s, d.h}, d.w),
-                      Term::sbh, "x * rsqrt(...) (MulBackward0 saves x)",
-                      "d rsqrt needs x; also the residual stream (one storage)"));
-  if (!f32)
-    v.push_back(entry(d, p + ".x_f32", "(b,s,h)", "fp32", bytes_of({d.b, d.s, d.h}, 4), Term::sbh,
-                      "x.to(float32).pow(2) (PowBackward0 saves its input)",
-                      "fp32 upcast of x for the variance"));
-  v.push_back(entry(d, p + ".x_squared_f32", "(b,s,h)", "fp32", bytes_of({d.b, d.s, d.h}, 4),
-                    Term::sbh,
-                    ".mean(-1, keepdim=True) (MeanBackward1 saves its input before "
-                    "PyTorch 2.2)",
-                    "x_f32.pow(2): the one fp32 tensor PyTorch >= 2.2 no longer keeps"));
+  const std::uint64_t bsh4 = bytes_of({d.b, d.s, d.h}, 4);
+  if (hf.before_4_31()) {
+    if (with_input)
+      v.push_back(entry(d, p + "." + input_name, "(b,s,h)", d.dt, bytes_of({d.b, d.s, d.h}, d.w),
+                        Term::sbh, "x * rsqrt(...) (MulBackward0 saves x)",
+                        "d rsqrt needs x; also the residual stream (one storage)"));
+    if (!f32)
+      v.push_back(entry(d, p + ".x_f32", "(b,s,h)", "fp32", bsh4, Term::sbh,
+                        "x.to(float32).pow(2) (PowBackward0 saves its input)",
+                        "fp32 upcast of x for the variance"));
+  } else if (!f32) {
+    v.push_back(entry(d, p + ".x_f32", "(b,s,h)", "fp32", bsh4, Term::sbh,
+                      "x.to(float32): pow(2) and x * rsqrt(...) save it (one storage)",
+                      "4.31+ upcasts first; the 16-bit input itself is not kept"));
+  } else if (with_input) {
+    v.push_back(entry(d, p + "." + input_name, "(b,s,h)", d.dt, bsh4, Term::sbh,
+                      "pow(2) and x * rsqrt(...) (x.to(float32) is x in fp32)",
+                      "the layer's input, the residual stream (one storage)"));
+  }
+  if (hf.mean_saves())
+    v.push_back(entry(d, p + ".x_squared_f32", "(b,s,h)", "fp32", bsh4, Term::sbh,
+                      ".mean(-1, keepdim=True) (MeanBackward1 saves its input before "
+                      "PyTorch 2.2)",
+                      "x_f32.pow(2): the one fp32 tensor PyTorch >= 2.2 no longer keeps"));
   v.push_back(entry(d, p + ".rsqrt", "(b,s,1)", "fp32", bytes_of({d.b, d.s}, 4), Term::sb,
                     "rsqrt (RsqrtBackward0 saves its result), x * rsqrt (MulBackward0)",
                     "1/rms of each row"));
-  v.push_back(entry(d, p + ".x_normed_f32", "(b,s,h)", "fp32", bytes_of({d.b, d.s, d.h}, 4),
-                    Term::sbh, "weight * y (MulBackward0 saves y for d weight)",
-                    "16-bit x times an fp32 (b,s,1) tensor promotes to fp32"));
+  if (hf.era == HfEra::v4_30)
+    v.push_back(entry(d, p + ".x_normed_f32", "(b,s,h)", "fp32", bsh4, Term::sbh,
+                      "weight * y (MulBackward0 saves y for d weight)",
+                      "4.30: 16-bit x times an fp32 (b,s,1) tensor promotes to fp32, and the "
+                      "multiply by the weight runs before the cast back"));
+  else
+    v.push_back(entry(d, p + ".x_normed", "(b,s,h)", d.dt, bytes_of({d.b, d.s, d.h}, d.w),
+                      Term::sbh, "weight * y (MulBackward0 saves y for d weight)",
+                      hf.era == HfEra::v4_28 ? "4.28: y cast to the weight dtype first"
+                                             : "4.31+: y cast back to the input dtype first"));
 }
 
-// One decoder layer's saved tensors, in the order autograd saves them. `with_input` adds the
-// layer input (saved by input_layernorm); checkpointing keeps it separately.
-std::vector<TensorEntry> layer_saved(const Dims& d, bool with_input) {
+// RoPE's cos and sin as saved by q * cos, rotate_half(q) * sin (and k's): (1,1,s,d) each.
+void rope_tables(std::vector<TensorEntry>& v, const Dims& d, const Hf& hf) {
+  const char* why = hf.era == HfEra::v5_25
+                        ? "computed once per forward by LlamaModel.rotary_emb and passed to "
+                          "every layer (one storage)"
+                        : "cos[position_ids] is a fresh tensor in every layer";
+  v.push_back(entry(d, "rope.cos", "(1,1,s,d)", d.dt, bytes_of({d.s, d.d}, d.w), Term::other,
+                    "q * cos, k * cos (MulBackward0 saves cos)", why));
+  v.push_back(entry(d, "rope.sin", "(1,1,s,d)", d.dt, bytes_of({d.s, d.d}, d.w), Term::other,
+                    "rotate_half(q) * sin, rotate_half(k) * sin", why));
+}
+
+// One decoder layer's saved tensors, in the order autograd saves them.
+std::vector<TensorEntry> layer_saved(const Dims& d, const Hf& hf, bool with_input) {
   const std::string D = d.dt;
   const std::uint64_t w = d.w;
   const bool f32 = w == 4;
+  const bool gqa = d.k < d.a;
   std::vector<TensorEntry> v;
-  rmsnorm(v, d, "input_layernorm", with_input, "x");
+  rmsnorm(v, d, hf, "input_layernorm", with_input, "x");
   v.push_back(entry(d, "input_layernorm.out", "(b,s,h)", D, bytes_of({d.b, d.s, d.h}, w), Term::sbh,
                     "q_proj, k_proj, v_proj (linear saves its input; one storage)",
                     "dW_q, dW_k, dW_v need the normalised input"));
-  v.push_back(entry(d, "rope.cos", "(1,1,s,d)", D, bytes_of({d.s, d.d}, w), Term::other,
-                    "q * cos, k * cos (MulBackward0 saves cos)",
-                    "cos[position_ids] is a fresh tensor in every layer (4.30)"));
-  v.push_back(entry(d, "rope.sin", "(1,1,s,d)", D, bytes_of({d.s, d.d}, w), Term::other,
-                    "rotate_half(q) * sin, rotate_half(k) * sin", "as cos"));
-  v.push_back(entry(d, "q_embed_copy", "(b·a,s,d)", D, bytes_of({d.b, d.a, d.s, d.d}, w), Term::sbh,
-                    "matmul(q, k^T) (bmm saves both inputs)",
-                    "d k = d scores^T · q; RoPE's elementwise ops keep q's (b,s,a,d) layout, so "
-                    "matmul's reshape to (b·a,s,d) copies it"));
-  const bool gqa = d.k < d.a;
-  v.push_back(entry(d, gqa ? "k_embed_repeated" : "k_embed_copy", "(b·a,d,s)", D,
-                    bytes_of({d.b, d.a, d.s, d.d}, w), Term::sbh,
-                    "matmul(q, k^T) (bmm saves both inputs)",
-                    gqa ? "d q = d scores · k; repeat_kv materialised k at all a heads (4.31)"
-                        : "d q = d scores · k; k^T cannot be viewed as (b·a,d,s): copied"));
-  v.push_back(entry(d, "scores_masked", "(b,a,s,s)", D, bytes_of({d.b, d.a, d.s, d.s}, w),
-                    Term::as2b, "torch.max(scores + mask, finfo.min) (MaximumBackward0 saves both)",
-                    "where(self >= other) needs the masked scores"));
-  v.push_back(entry(d, "finfo_min", "()", "fp32", 4, Term::other,
-                    "torch.max(..., torch.tensor(finfo.min)) (MaximumBackward0 saves both)",
-                    "a 0-dim fp32 tensor created in every layer (default dtype fp32)"));
-  v.push_back(entry(d, "softmax_f32", "(b,a,s,s)", "fp32", bytes_of({d.b, d.a, d.s, d.s}, 4),
-                    Term::as2b, "softmax(dtype=float32) (SoftmaxBackward0 saves its result)",
-                    f32 ? "softmax output; in fp32 training .to(fp32) is the same tensor"
-                        : "the fp32 probabilities before the cast back"));
-  if (!f32)
-    v.push_back(entry(d, "probs", "(b,a,s,s)", D, bytes_of({d.b, d.a, d.s, d.s}, w), Term::as2b,
-                      "matmul(probs, v) (bmm saves both inputs)",
-                      "the probabilities cast back to 16 bits: d v = probs^T · d out"));
-  v.push_back(entry(d, gqa ? "v_repeated" : "v_copy", "(b·a,s,d)", D,
-                    bytes_of({d.b, d.a, d.s, d.d}, w), Term::sbh,
-                    "matmul(probs, v) (bmm saves both inputs)",
-                    gqa ? "repeat_kv materialised v at all a heads (4.31)"
-                        : "v.view().transpose(1,2) cannot be viewed as (b·a,s,d): reshape copies"));
-  v.push_back(entry(d, "attn_output", "(b,s,h)", D, bytes_of({d.b, d.s, d.h}, w), Term::sbh,
-                    "o_proj (linear saves its input)",
-                    "transpose(1,2).reshape(b,s,h) copies the attention output"));
-  rmsnorm(v, d, "post_attention_layernorm", true, "h_mid");
+  if (hf.era != HfEra::v5_25) rope_tables(v, d, hf);
+  if (hf.sdpa) {
+    // transformers 5.25 sdpa_attention_forward: q, k, v in (b, heads, s, d) go to
+    // scaled_dot_product_attention(is_causal=True, enable_gqa=True): the flash kernel saves
+    // them as given (k, v at the kv heads), the output and the logsumexp.
+    const std::uint64_t kv = bytes_of({d.b, d.s, d.kd}, w);
+    v.push_back(entry(d, "sdpa.q", "(b,a,s,d)", D, bytes_of({d.b, d.a, d.s, d.d}, w), Term::sbh,
+                      "scaled_dot_product_attention (flash: saves query)",
+                      "RoPE's output, saved as it is (no copy)"));
+    v.push_back(entry(d, "sdpa.k", "(b,k,s,d)", D, kv, Term::sbh,
+                      "scaled_dot_product_attention (flash: saves key)",
+                      gqa ? "at the kv heads: enable_gqa, no repeat_kv copy" : "RoPE's output"));
+    v.push_back(entry(d, "sdpa.v", "(b,k,s,d)", D, kv, Term::sbh,
+                      "scaled_dot_product_attention (flash: saves value)",
+                      "a transposed view of v_proj's output"));
+    v.push_back(entry(d, "sdpa.out", "(b,a,s,d)", D, bytes_of({d.b, d.s, d.h}, w), Term::sbh,
+                      "scaled_dot_product_attention (saves its output), o_proj (its input: "
+                      "one storage)",
+                      "the kernel writes (b,s,a,d) memory, so transpose().contiguous() and "
+                      "reshape are views"));
+    v.push_back(entry(d, "sdpa.logsumexp", "(b,a,s)", "fp32", bytes_of({d.b, d.a, d.s}, 4),
+                      Term::sb, "scaled_dot_product_attention (flash: saves logsumexp)",
+                      "the softmax is recomputed in backward from it"));
+  } else {
+    v.push_back(entry(d, "q_embed_copy", "(b·a,s,d)", D, bytes_of({d.b, d.a, d.s, d.d}, w),
+                      Term::sbh, "matmul(q, k^T) (bmm saves both inputs)",
+                      "d k = d scores^T · q; RoPE's elementwise ops keep q's (b,s,a,d) layout, so "
+                      "matmul's reshape to (b·a,s,d) copies it"));
+    v.push_back(entry(d, gqa ? "k_embed_repeated" : "k_embed_copy", "(b·a,d,s)", D,
+                      bytes_of({d.b, d.a, d.s, d.d}, w), Term::sbh,
+                      "matmul(q, k^T) (bmm saves both inputs)",
+                      gqa ? "d q = d scores · k; repeat_kv materialised k at all a heads"
+                          : "d q = d scores · k; k^T cannot be viewed as (b·a,d,s): copied"));
+    if (hf.before_4_31()) {
+      v.push_back(entry(d, "scores_masked", "(b,a,s,s)", D, bytes_of({d.b, d.a, d.s, d.s}, w),
+                        Term::as2b,
+                        "torch.max(scores + mask, finfo.min) (MaximumBackward0 saves both)",
+                        "where(self >= other) needs the masked scores (removed in 4.31)"));
+      v.push_back(entry(d, "finfo_min", "()", "fp32", 4, Term::other,
+                        "torch.max(..., torch.tensor(finfo.min)) (MaximumBackward0 saves both)",
+                        "a 0-dim tensor of the default dtype (fp32) created in every layer"));
+    }
+    v.push_back(entry(d, "softmax_f32", "(b,a,s,s)", "fp32", bytes_of({d.b, d.a, d.s, d.s}, 4),
+                      Term::as2b, "softmax(dtype=float32) (SoftmaxBackward0 saves its result)",
+                      f32 ? "softmax output; in fp32 training .to(fp32) is the same tensor"
+                          : "the fp32 probabilities before the cast back"));
+    if (!f32)
+      v.push_back(entry(d, "probs", "(b,a,s,s)", D, bytes_of({d.b, d.a, d.s, d.s}, w), Term::as2b,
+                        "matmul(probs, v) (bmm saves both inputs)",
+                        "the probabilities cast back to 16 bits: d v = probs^T · d out"));
+    v.push_back(
+        entry(d, gqa ? "v_repeated" : "v_copy", "(b·a,s,d)", D, bytes_of({d.b, d.a, d.s, d.d}, w),
+              Term::sbh, "matmul(probs, v) (bmm saves both inputs)",
+              gqa ? "repeat_kv materialised v at all a heads"
+                  : "v.view().transpose(1,2) cannot be viewed as (b·a,s,d): reshape copies"));
+    v.push_back(entry(d, "attn_output", "(b,s,h)", D, bytes_of({d.b, d.s, d.h}, w), Term::sbh,
+                      "o_proj (linear saves its input)",
+                      "the attention output's transpose(1,2) is copied before o_proj"));
+  }
+  rmsnorm(v, d, hf, "post_attention_layernorm", true, "h_mid");
   v.push_back(entry(d, "post_attention_layernorm.out", "(b,s,h)", D, bytes_of({d.b, d.s, d.h}, w),
                     Term::sbh, "gate_proj, up_proj (linear saves its input; one storage)",
                     "dW_gate, dW_up need it"));
@@ -116,73 +183,160 @@ std::vector<TensorEntry> layer_saved(const Dims& d, bool with_input) {
   return v;
 }
 
+// The logits the model returns: fp32 in 4.31-4.35 (`logits = logits.float()`), else the
+// training dtype.
+std::pair<std::string, std::uint64_t> logits_dtype(const Dims& d, const Hf& hf) {
+  if (hf.era == HfEra::v4_31 || hf.era == HfEra::v4_35) return {"fp32", 4};
+  return {d.dt, d.w};
+}
+
+// The loss's saved tensors (log_softmax's output, nll_loss's target and total_weight).
+void loss_saved(std::vector<TensorEntry>& head, const Dims& d, const Hf& hf) {
+  if (hf.loop == Loop::none) return;
+  const bool v5_model_loss = hf.era == HfEra::v5_25 && hf.loop == Loop::hf_model_loss;
+  // 5.25's ForCausalLMLoss: logits.float(), labels padded with -100 by one position, so every
+  // row of the logits enters the loss. Otherwise: logits[..., :-1, :].contiguous().
+  const auto [ldt, lw] =
+      v5_model_loss ? std::pair<std::string, std::uint64_t>{"fp32", 4} : logits_dtype(d, hf);
+  const std::uint64_t rows =
+      v5_model_loss ? checked_mul(d.b, d.s, "loss rows") : checked_mul(d.b, d.s - 1, "loss rows");
+  const std::string whose =
+      hf.loop == Loop::hf_model_loss ? "the model's loss" : "the caller's loss";
+  head.push_back(entry(d, "loss.log_softmax", v5_model_loss ? "(b·s,V)" : "(b·(s-1),V)", ldt,
+                       bytes_of({rows, d.V}, lw), Term::other,
+                       "cross_entropy: log_softmax (saves its result), nll_loss (saves self)",
+                       whose + (v5_model_loss ? ": on logits.float(), all s positions (the "
+                                                "labels are padded)"
+                                              : ": on the shifted contiguous logits, in the "
+                                                "logits' dtype")));
+  if (v5_model_loss) {
+    // pad(labels, (0, 1)) is a new (b, s+1) tensor; [..., 1:].contiguous() copies it unless
+    // b = 1, where the slice is contiguous and nll_loss keeps the padded tensor itself.
+    if (d.b > 1)
+      head.push_back(entry(d, "loss.shift_labels", "(b·s)", "int64", bytes_of({d.b, d.s}, 8),
+                           Term::sb, "nll_loss (NllLossBackward0 saves target)",
+                           "pad(labels)[..., 1:].contiguous() is a copy"));
+    else
+      head.push_back(entry(d, "loss.padded_labels", "(1,s+1)", "int64", bytes_of({d.s + 1}, 8),
+                           Term::other, "nll_loss (NllLossBackward0 saves target)",
+                           "b = 1: the shifted slice is a view of pad(labels)"));
+  } else if (d.b > 1) {
+    // labels[..., 1:].contiguous() copies unless b = 1, where the slice is already contiguous
+    // and nll_loss keeps the caller's labels (inputs) instead.
+    head.push_back(entry(d, "loss.shift_labels", "(b·(s-1))", "int64",
+                         bytes_of({checked_mul(d.b, d.s - 1, "loss rows")}, 8), Term::other,
+                         "nll_loss (NllLossBackward0 saves target)",
+                         "labels[..., 1:].contiguous() is a copy"));
+  }
+  head.push_back(entry(d, "loss.total_weight", "()", ldt, lw, Term::other,
+                       "nll_loss (NllLossBackward0 saves total_weight)",
+                       "0-dim count of non-ignored targets, in the logits' dtype"));
+}
+
+// What use_cache=True adds: the past (k, v) the caller holds beyond the saved tensors.
+//   4.28-4.35: each layer's present k (after RoPE) and v (the v_proj output) are not the
+//     storages bmm saved (its copies) unless matmul could view them (b = 1 or a = 1) and no
+//     repeat_kv copied them (GQA).
+//   5.25: the DynamicCache's contiguous copies are what matmul then saves instead of its own
+//     copies (eager) or what SDPA saves (sdpa): nothing more, except the unrepeated k, v
+//     beside eager's repeat_kv copies under GQA.
+std::uint64_t use_cache_extra(const Dims& d, const Hf& hf) {
+  const bool gqa = d.k < d.a;
+  const bool extra = hf.era == HfEra::v5_25 ? (!hf.sdpa && gqa) : (gqa || (d.b > 1 && d.a > 1));
+  if (!extra) return 0;
+  return checked_mul(2 * d.L, bytes_of({d.b, d.s, d.kd}, d.w), "past_key_values");
+}
+
+std::string era_label(const Hf& hf, const HfOptions& o) {
+  std::string s = "transformers ";
+  s += o.hf_version.empty() ? hf_era_name(hf.era) : o.hf_version;
+  s += std::string(" (era ") + hf_era_range(hf.era) + ")";
+  s += ", PyTorch ";
+  s += o.torch_version.empty() ? (hf.torch == TorchEra::before_2_2 ? "2.0" : "2.15")
+                               : o.torch_version;
+  s += std::string(" (") + torch_era_name(hf.torch) + ")";
+  return s;
+}
+
 }  // namespace
 
-void build_hf_eager(Estimate& est) {
+void build_hf(Estimate& est) {
   const Dims d = make_dims(est.model, est.train);
   const TrainConfig& t = est.train;
   const bool full = t.checkpointing == Checkpointing::full;
-  est.label = "HF LlamaForCausalLM + PyTorch autograd saved tensors (transformers 4.30, eager)";
+  const bool sdpa = est.profile == Profile::hf_sdpa;
+  HfOptions& o = est.hf;
+  if (!o.era) o.era = sdpa ? HfEra::v5_25 : HfEra::v4_30;
+  if (!o.torch) o.torch = *o.era == HfEra::v5_25 ? TorchEra::from_2_2 : TorchEra::before_2_2;
+  const Hf hf{*o.era, *o.torch, sdpa, o.loop, o.use_cache && !full};
+  est.label = std::string("HF LlamaForCausalLM, ") + (sdpa ? "SDPA" : "eager") + " attention, " +
+              era_label(hf, o) + ", loop " + loop_name(hf.loop) +
+              (hf.use_cache ? " with use_cache" : "") + ": autograd's saved tensors + the loop's";
   auto& acts = est.activations;
   const std::string D = d.dt;
   const std::uint64_t w = d.w;
   const std::uint64_t bsh = bytes_of({d.b, d.s, d.h}, w);
 
+  if (hf.era == HfEra::v5_25) rope_tables(acts.shared, d, hf);
   if (full) {
-    // HF per-layer gradient checkpointing (torch.utils.checkpoint, reentrant): each layer's
-    // CheckpointFunction saves its tensor arguments: hidden_states, attention_mask and
-    // position_ids (the last two are the same storages for every layer: counted once).
+    // HF per-layer gradient checkpointing: each layer's checkpoint keeps its arguments: the
+    // layer input, and the mask and position ids (the same storages for every layer).
+    const bool v5 = hf.era == HfEra::v5_25;
     acts.layer.push_back(entry(d, "checkpoint.hidden_states", "(b,s,h)", D, bsh, Term::sbh,
-                               "CheckpointFunction.save_for_backward",
+                               v5 ? "torch.utils.checkpoint(use_reentrant=False) keeps the "
+                                    "layer's arguments"
+                                  : "CheckpointFunction.save_for_backward",
                                "the layer input, replayed through the layer in backward"));
-    acts.shared.push_back(entry(d, "checkpoint.attention_mask", "(b,1,s,s)", D,
-                                bytes_of({d.b, d.s, d.s}, w), Term::other,
-                                "CheckpointFunction.save_for_backward (every layer, one storage)",
-                                "the combined causal + padding mask, passed as a tensor argument"));
+    if (hf.era == HfEra::v4_35)
+      acts.shared.push_back(entry(d, "checkpoint.attention_mask", "(b,1,s,s) of (s,s)", D,
+                                  bytes_of({d.s, d.s}, w), Term::other,
+                                  "CheckpointFunction.save_for_backward (every layer, one storage)",
+                                  "4.35 without an attention_mask: the causal (s,s) mask expanded "
+                                  "to (b,1,s,s), one (s,s) storage"));
+    else if (!v5)
+      acts.shared.push_back(
+          entry(d, "checkpoint.attention_mask", "(b,1,s,s)", D, bytes_of({d.b, d.s, d.s}, w),
+                Term::other, "CheckpointFunction.save_for_backward (every layer, one storage)",
+                "the combined causal + padding mask, passed as a tensor argument"));
     acts.shared.push_back(entry(d, "checkpoint.position_ids", "(1,s)", "int64", bytes_of({d.s}, 8),
                                 Term::other,
-                                "CheckpointFunction.save_for_backward (every layer, one storage)",
+                                v5 ? "torch.utils.checkpoint(use_reentrant=False) keeps the "
+                                     "layer's arguments"
+                                   : "CheckpointFunction.save_for_backward (every layer, one "
+                                     "storage)",
                                 "arange(s) built by LlamaModel.forward"));
-    acts.recompute = layer_saved(d, /*with_input=*/false);
+    acts.recompute = layer_saved(d, hf, /*with_input=*/false);
   } else {
-    acts.layer = layer_saved(d, /*with_input=*/true);
+    acts.layer = layer_saved(d, hf, /*with_input=*/true);
   }
-  // Head: final norm (its input x_L is the last layer's output), lm_head, shifted loss.
-  rmsnorm(acts.head, d, "norm", true, "x");
+  // Head: final norm (its input x_L is the last layer's output), lm_head, the loss.
+  rmsnorm(acts.head, d, hf, "norm", true, "x");
   acts.head.push_back(entry(d, "norm.out", "(b,s,h)", D, bsh, Term::sbh,
                             "lm_head (linear saves its input)", "dW_head"));
-  const std::uint64_t rows = checked_mul(d.b, d.s - 1, "loss rows");
-  // labels[..., 1:].contiguous() copies unless b = 1, where the slice is already contiguous
-  // and nll_loss keeps the caller's labels (inputs) instead.
-  const bool labels_copied = d.b > 1;
-  acts.head.push_back(entry(d, "log_softmax", "(b·(s-1),V)", D, bytes_of({rows, d.V}, w),
-                            Term::other,
-                            "cross_entropy: log_softmax (saves its result), nll_loss (saves self)",
-                            "on logits[..., :-1, :].contiguous() in the training dtype (4.30 "
-                            "does not upcast logits)"));
-  if (labels_copied)
-    acts.head.push_back(entry(d, "shift_labels", "(b·(s-1))", "int64", bytes_of({rows}, 8),
-                              Term::other, "nll_loss (NllLossBackward0 saves target)",
-                              "labels[..., 1:].contiguous() is a copy"));
-  acts.head.push_back(entry(d, "nll_total_weight", "()", D, w, Term::other,
-                            "nll_loss (NllLossBackward0 saves total_weight)",
-                            "0-dim count of non-ignored targets"));
+  loss_saved(acts.head, d, hf);
+  // The loop: the caller holds the returned output until backward.
+  const auto [ldt, lw] = logits_dtype(d, hf);
+  acts.loop.push_back(
+      entry(d, "loop.logits", "(b,s,V)", ldt, bytes_of({d.b, d.s, d.V}, lw), Term::other,
+            hf.loop == Loop::hf_model_loss ? "the caller (out.logits of model(..., labels=...))"
+                                           : "the caller (logits = model(input_ids).logits)",
+            ldt == "fp32" && w != 4 ? "returned in fp32 (4.31-4.35: logits = logits.float())"
+                                    : "returned in the training dtype; not saved by autograd"));
+  est.use_cache_bytes = full ? 0 : use_cache_extra(d, hf);
+  if (hf.use_cache && est.use_cache_bytes > 0)
+    acts.loop.push_back(entry(d, "loop.past_key_values", "L × 2 × (b,k,s,d)", D,
+                              est.use_cache_bytes, Term::other, "the caller (out.past_key_values)",
+                              "use_cache=True: every layer's k (after RoPE) and v, where they are "
+                              "not the storages autograd saved"));
+  const bool labels_saved_as_input = d.b == 1 && hf.loop != Loop::none &&
+                                     !(hf.era == HfEra::v5_25 && hf.loop == Loop::hf_model_loss);
   acts.inputs.push_back(entry(d, "input_ids", "(b,s)", "int64", bytes_of({d.b, d.s}, 8), Term::sb,
                               "embedding (EmbeddingBackward0 saves the indices)", "token ids"));
-  acts.inputs.push_back(
-      entry(d, "labels", "(b,s)", "int64", bytes_of({d.b, d.s}, 8), Term::sb,
-            labels_copied ? "the caller" : "nll_loss (b = 1: the shifted labels are a view)",
-            "labels = input_ids"));
+  acts.inputs.push_back(entry(
+      d, "labels", "(b,s)", "int64", bytes_of({d.b, d.s}, 8), Term::sb,
+      labels_saved_as_input ? "nll_loss (b = 1: the shifted labels are a view)" : "the caller",
+      "labels = input_ids"));
   finish(acts, est.model.layers);
-
-  // A caller that keeps the returned output with use_cache=True (4.30's default config) also
-  // holds the logits and every layer's present (k, v): k after RoPE and the v projection. They
-  // are not the storages bmm saved unless matmul could view them (b = 1 or a = 1, without
-  // GQA's repeat_kv copies). HF checkpointing turns use_cache off: the logits only.
-  est.caller_held_bytes = bytes_of({d.b, d.s, d.V}, w);
-  if (!full && (d.k < d.a || (d.b > 1 && d.a > 1)))
-    est.caller_held_bytes =
-        csum({est.caller_held_bytes, checked_mul(2 * d.L, bytes_of({d.b, d.s, d.kd}, w))});
 
   auto& f = est.figures;
   f.activations = acts.total_bytes;
@@ -190,7 +344,7 @@ void build_hf_eager(Estimate& est) {
   f.activations_peak = f.activations;
   if (full) {
     // Backward of layer L-1: the head's saved tensors are released (its nodes ran), the L
-    // checkpoints and the mask stay, and the layer's forward is replayed with grad enabled.
+    // checkpoints, the shared tensors and the loop's stay, and the layer's forward is replayed.
     const std::uint64_t during =
         csum({csub(f.activations, acts.head_bytes, "hf recompute"), acts.recompute_bytes}, "hf");
     f.activations_peak = std::max(f.activations, during);
@@ -198,33 +352,70 @@ void build_hf_eager(Estimate& est) {
   f.workspace = 0;
   f.peak = csum({f.params, f.gradients, f.optimizer_states, f.activations_peak, f.inputs}, "peak");
   f.peak_breakdown = {f.params, f.gradients, f.optimizer_states, f.activations_peak, 0, f.inputs};
+
   est.notes.push_back(
-      "activations = storages autograd saves for backward (each counted once), excluding "
-      "parameters and the int64 input_ids (reported as inputs)");
+      "activations = storages autograd saves for backward (each counted once; parameters and "
+      "the int64 input_ids, reported as inputs, excluded) + what the loop holds at the end of "
+      "forward (group loop: the returned logits; past_key_values with --use-cache)");
   est.notes.push_back(
-      "not modelled: autograd's transient gradients, caching-allocator blocks, the logits a "
-      "caller keeps through the returned output: workspace is 0 and peak = params + gradients "
-      "+ optimizer states + activations_peak + inputs (the category maxima added, an estimate)");
-  {
-    // PyTorch >= 2.2: mean() keeps only sizes, one fp32 (b,s,h) tensor less per RMSNorm kept.
+      "not modelled: autograd's transient gradients, caching-allocator blocks: workspace is 0 "
+      "and peak = params + gradients + optimizer states + activations_peak + inputs (the "
+      "category maxima added, an estimate)");
+  if (hf.loop != Loop::none) {
+    const bool v5_model_loss = hf.era == HfEra::v5_25 && hf.loop == Loop::hf_model_loss;
+    const std::uint64_t copy = v5_model_loss
+                                   ? bytes_of({d.b, d.s, d.V}, 4)
+                                   : bytes_of({d.b, d.s - 1, d.V}, logits_dtype(d, hf).second);
+    est.notes.push_back(
+        std::string("during the loss, ") +
+        (v5_model_loss ? "logits.float()" : "the shifted copy logits[..., :-1, :].contiguous()") +
+        " (" + format_bytes_human(copy) +
+        ") is alive for an instant before it is freed: not in activations");
+  }
+  if (hf.mean_saves()) {
     const std::uint64_t x_sq = bytes_of({d.b, d.s, d.h}, 4);
     const std::uint64_t norms_kept = full ? 1 : checked_add(checked_mul(2, d.L), 1);
     const std::uint64_t newer = csub(f.activations, checked_mul(norms_kept, x_sq), "torch 2.2");
     est.notes.push_back(
-        "with PyTorch >= 2.2 (mean() no longer saves its fp32 input x^2) "
-        "activations would be " +
-        format_bytes_human(newer) + " (" + std::to_string(newer) + " B)");
+        "with PyTorch >= 2.2 (mean() no longer saves its fp32 input x^2) activations would be " +
+        format_bytes_human(newer) + " (" + std::to_string(newer) + " B; --torch-version 2.2)");
   }
-  if (d.k < d.a)
+  if (!full && !hf.use_cache && est.use_cache_bytes > 0)
     est.notes.push_back(
-        "GQA: transformers 4.30 has none; modelled as 4.31's repeat_kv, which materialises k and "
-        "v at all heads, so the saved k/v do not shrink");
-  if (t.attention == Attention::flash)
+        "with --use-cache (the config's default use_cache=True, the output kept) "
+        "the loop would also hold past_key_values: " +
+        format_bytes_human(est.use_cache_bytes));
+  if (full && o.use_cache)
+    est.notes.push_back("--use-cache ignored: HF turns use_cache off under gradient checkpointing");
+  if (d.k < d.a && hf.before_4_31())
+    est.notes.push_back(std::string("GQA: transformers ") + hf_era_name(hf.era) +
+                        " has none; modelled as 4.31's repeat_kv, which materialises k and v at "
+                        "all heads, so the saved k/v do not shrink");
+  if (!sdpa && t.attention == Attention::flash)
     est.notes.push_back("hf-eager is eager attention by definition: --attention flash ignored");
+  if (sdpa)
+    est.notes.push_back(
+        "SDPA: modelled as PyTorch's flash kernel, which a GPU picks for fp16/bf16 with no mask "
+        "tensor (transformers passes is_causal=True and no mask when nothing is padded); its "
+        "saved tensors were measured with the CPU flash kernel, which saves the same q, k, v, "
+        "output and (b,a,s) fp32 logsumexp. A padded batch or fp32 picks the memory-efficient "
+        "kernel instead, whose logsumexp is padded to a multiple of 32 positions and which "
+        "also keeps the mask: not modelled, and no GPU kernel was run here");
+  if (hf.era == HfEra::v4_35 && full)
+    est.notes.push_back(
+        "4.35 without an attention_mask argument: with one (a tokenizer's batch) "
+        "the checkpoints share a (b,1,s,s) mask instead of (s,s)");
   if (full)
     est.notes.push_back(
-        "checkpointing: HF per-layer torch.utils.checkpoint; activations_peak adds the replayed "
-        "layer's saved tensors during its backward (the head's are released by then)");
+        hf.era == HfEra::v5_25
+            ? "checkpointing: transformers 5.25 calls torch.utils.checkpoint with "
+              "use_reentrant=False, whose own hooks hide the layers' tensors from "
+              "saved_tensors_hooks: the layer inputs, RoPE tables and position ids are read "
+              "from the code, not measured; the eager mask a checkpoint would also keep is not "
+              "modelled"
+            : "checkpointing: HF per-layer torch.utils.checkpoint (reentrant); activations_peak "
+              "adds the replayed layer's saved tensors during its backward (the head's are "
+              "released by then)");
 }
 
 }  // namespace trainmem::analytic_detail

@@ -30,7 +30,13 @@ struct CommonFlags {
   std::string optimizer = "adamw";     // adamw|sgd|lomo (|all where a command allows)
   std::string checkpointing = "none";  // none|full (|both); the bare flag means full
   std::string attention = "eager";     // eager|flash
-  std::string profile = "all";         // native|hf-eager|megatron|zero|all (comma list)
+  std::string profile = "all";         // native|hf-eager|megatron|zero|hf-sdpa|all (comma list)
+  // The HF profiles' semantics: a transformers release and a PyTorch release (each mapped to
+  // its era; "" = the profile's default), the training loop, use_cache.
+  std::string hf_version;
+  std::string torch_version;
+  std::string loop = "hf-model-loss";
+  bool use_cache = false;
   std::string format = "table";
   std::string output;  // empty: stdout
   std::string log_level = "info";
@@ -55,6 +61,7 @@ struct Common {
   std::vector<Optimizer> optimizers;               // one, or all three for "all"
   std::vector<Checkpointing> checkpointing_modes;  // one, or none+full for "both"
   std::vector<std::string> profiles;               // expanded "all"
+  HfOptions hf;                                    // --hf-version, --torch-version, --loop, ...
   Format format = Format::table;
   std::string output;
 };

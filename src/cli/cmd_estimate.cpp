@@ -11,6 +11,7 @@
 //             (optimizer, checkpointing) pair, {"schema", "runs": [...]} for several.
 #include <spdlog/spdlog.h>
 
+#include <cmath>
 #include <memory>
 #include <sstream>
 
@@ -44,7 +45,7 @@ std::vector<Run> compute(const Common& c) {
       r.train = c.train;
       r.train.optimizer = o;
       r.train.checkpointing = m;
-      for (Profile p : profiles) r.estimates.push_back(estimate(p, c.model, r.train));
+      for (Profile p : profiles) r.estimates.push_back(estimate(p, c.model, r.train, c.hf));
       runs.push_back(std::move(r));
     }
   return runs;
@@ -147,18 +148,89 @@ std::string why_text(const Common& c, const Run& r) {
     << " bytes·sbh per layer.\n\n";
   o << why_table(r).text();
   for (const auto& e : r.estimates) {
-    if (e.profile != Profile::hf_eager || e.caller_held_bytes == 0) continue;
-    o << "\nhf-eager: a caller that keeps the model output (use_cache=True, the 4.30 default) "
-         "also holds "
-      << report::gib2(e.caller_held_bytes)
-      << " GiB (logits, and each layer's k and v when they are not the saved copies).\n";
+    if (e.profile != Profile::hf_eager && e.profile != Profile::hf_sdpa) continue;
+    o << "\n"
+      << profile_name(e.profile) << ": the loop (" << loop_name(e.hf.loop) << ") holds "
+      << report::gib2(e.activations.loop_bytes) << " GiB at the end of forward (the returned logits"
+      << (e.activations.loop.size() > 1 ? ", past_key_values" : "") << "), counted in activations";
+    if (!e.hf.use_cache && e.use_cache_bytes > 0)
+      o << "; --use-cache would add " << report::gib2(e.use_cache_bytes)
+        << " GiB (past_key_values)";
+    o << ".\n";
   }
   return o.str();
 }
 
-std::string render_table(const Common& c, const std::vector<Run>& runs, bool explain) {
+// A published memory table, row by row (GiB as printed), to set the estimate beside.
+struct PaperRow {
+  Optimizer optimizer;
+  Checkpointing checkpointing;
+  double params, gradients, states, activations, total;
+};
+
+// LOMO: Lv et al. 2023, "Full Parameter Fine-tuning for Large Language Models with Limited
+// Resources", Table 1: LLaMA-7B, batch 8, seq 512, fp16 (GB there = GiB). Display only: no
+// term of any profile reads these figures.
+const PaperRow kLomoTable1[] = {
+    {Optimizer::adamw, Checkpointing::none, 12.55, 12.55, 75.31, 45.61, 147.02},
+    {Optimizer::adamw, Checkpointing::full, 12.55, 12.55, 75.31, 1.79, 102.20},
+    {Optimizer::sgd, Checkpointing::none, 12.55, 12.55, 25.10, 45.61, 96.81},
+    {Optimizer::sgd, Checkpointing::full, 12.55, 12.55, 25.10, 1.79, 51.99},
+    {Optimizer::lomo, Checkpointing::none, 12.55, 0.24, 0.00, 45.61, 59.40},
+    {Optimizer::lomo, Checkpointing::full, 12.55, 0.24, 0.00, 1.79, 14.58},
+};
+
+// The paper's table beside the estimate's first HF profile (or the first profile), row by
+// row: each figure, the paper's, and the difference (ours - paper).
+report::Table paper_table(const std::vector<Run>& runs) {
+  report::Table t({{"Optimizer", report::Align::left},
+                   {"Checkpointing", report::Align::left},
+                   {"Profile", report::Align::left},
+                   {"Activations", report::Align::right},
+                   {"paper", report::Align::right},
+                   {"diff", report::Align::right},
+                   {"Total", report::Align::right},
+                   {"paper", report::Align::right},
+                   {"diff", report::Align::right},
+                   {"paper's parts", report::Align::right}});
+  const auto gib = [](std::uint64_t b) { return static_cast<double>(b) / 1073741824.0; };
+  const auto signed2 = [](double v) {
+    const double r = std::round(v * 100) / 100;
+    return (r > 0 ? "+" : r < 0 ? "-" : " ") + report::fixed(std::fabs(r), 2);
+  };
+  for (const auto& r : runs) {
+    const Estimate* e = &r.estimates.front();
+    for (const auto& x : r.estimates)
+      if (x.profile == Profile::hf_eager || x.profile == Profile::hf_sdpa) {
+        e = &x;
+        break;
+      }
+    for (const auto& p : kLomoTable1) {
+      if (p.optimizer != r.train.optimizer || p.checkpointing != r.train.checkpointing) continue;
+      const double acts = gib(e->figures.activations), total = gib(e->figures.sum);
+      const double parts = p.params + p.gradients + p.states + p.activations;
+      t.add_row({optimizer_name(p.optimizer), checkpointing_name(p.checkpointing),
+                 profile_name(e->profile), report::fixed(acts, 2), report::fixed(p.activations, 2),
+                 signed2(acts - p.activations), report::fixed(total, 2), report::fixed(p.total, 2),
+                 signed2(total - p.total), report::fixed(parts, 2)});
+    }
+  }
+  return t;
+}
+
+const char* kPaperLegend =
+    "paper = LOMO (Lv et al. 2023) Table 1, LLaMA-7B b 8 s 512 fp16, GiB as printed; diff = "
+    "this estimate - paper; paper's parts = its Params + Gradients + Optimizer States + "
+    "Activations (its Total is 1.00 above them without checkpointing). No figure of the "
+    "estimate is fitted to the paper.\n";
+
+std::string render_table(const Common& c, const std::vector<Run>& runs, bool explain, bool paper) {
   std::ostringstream o;
   o << title(c, runs) << "\n\n" << figures_table(runs).text() << "\n" << kLegend;
+  if (paper)
+    o << "\nThe paper's table beside this estimate\n"
+      << paper_table(runs).text() << "\n"
+      << kPaperLegend;
   if (!explain) return o.str();
   // Activation lists depend on the checkpointing mode, not on the optimizer: explain each
   // mode once (with the first optimizer's figures).
@@ -170,9 +242,14 @@ std::string render_table(const Common& c, const std::vector<Run>& runs, bool exp
   return o.str();
 }
 
-std::string render_markdown(const Common& c, const std::vector<Run>& runs, bool explain) {
+std::string render_markdown(const Common& c, const std::vector<Run>& runs, bool explain,
+                            bool paper) {
   std::ostringstream o;
   o << "**" << title(c, runs) << "**\n\n" << figures_table(runs).markdown() << "\n" << kLegend;
+  if (paper)
+    o << "\n**The paper's table beside this estimate**\n\n"
+      << paper_table(runs).markdown() << "\n"
+      << kPaperLegend;
   if (!explain) return o.str();
   for (const auto& r : runs) {
     if (r.train.optimizer != runs.front().train.optimizer) continue;
@@ -262,23 +339,41 @@ Runner register_estimate(CLI::App& app) {
       "activations, workspace, peak, per profile");
   auto flags = std::make_shared<CommonFlags>();
   auto explain = std::make_shared<bool>(false);
+  auto paper = std::make_shared<std::string>();
   add_common_flags(*cmd, *flags);
+  cmd->add_option("--paper", *paper,
+                  "Print a published table beside the estimate: lomo (LOMO, Lv et al. 2023, "
+                  "Table 1: LLaMA-7B, b 8, s 512, fp16), with the differences");
   cmd->add_flag("--explain", *explain,
                 "Print the per-tensor lists and per-layer formulas with their coefficients");
   cmd->footer(
       "--optimizer all and --checkpointing both give the whole table (3 optimizers x 2 modes).\n"
       "Formulas and a worked LLaMA-7B example: docs/formulas.md.");
-  return [flags, explain] {
+  return [flags, explain, paper] {
     const Common c = resolve_common(*flags, /*allow_all_optimizers=*/true,
                                     /*allow_both_modes=*/true);
+    const bool with_paper = !paper->empty();
+    if (with_paper) {
+      if (*paper != "lomo")
+        throw InputError("--paper: unknown table '" + *paper + "'; allowed: lomo");
+      const TrainConfig& t = c.train;
+      if (c.model.name != "llama-7b" || t.batch != 8 || t.seq != 512 || t.dtype != DType::f16)
+        throw InputError(
+            "--paper lomo: the paper's Table 1 is --model llama-7b --batch 8 --seq 512 --dtype "
+            "fp16; got --model " +
+            c.model.name + " --batch " + std::to_string(t.batch) + " --seq " +
+            std::to_string(t.seq) + " --dtype " + dtype_name(t.dtype));
+      if (c.format != Format::table && c.format != Format::markdown)
+        throw InputError("--paper: allowed with --format table or markdown only");
+    }
     const std::vector<Run> runs = compute(c);
     std::string text;
     switch (c.format) {
       case Format::table:
-        text = render_table(c, runs, *explain);
+        text = render_table(c, runs, *explain, with_paper);
         break;
       case Format::markdown:
-        text = render_markdown(c, runs, *explain);
+        text = render_markdown(c, runs, *explain, with_paper);
         break;
       case Format::csv:
         text = render_csv(runs, *explain);

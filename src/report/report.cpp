@@ -251,8 +251,9 @@ struct Group {
   const std::vector<TensorEntry>* entries;
 };
 std::vector<Group> groups(const ActivationBreakdown& a) {
-  return {{"embedding", &a.embedding}, {"layer", &a.layer},         {"shared", &a.shared},
-          {"head", &a.head},           {"recompute", &a.recompute}, {"inputs", &a.inputs}};
+  return {{"embedding", &a.embedding}, {"layer", &a.layer}, {"shared", &a.shared},
+          {"head", &a.head},           {"loop", &a.loop},   {"recompute", &a.recompute},
+          {"inputs", &a.inputs}};
 }
 }  // namespace
 
@@ -270,6 +271,18 @@ json analytic_profile_json(const Estimate& e) {
   j["embedding_activations"] = a.embedding_bytes;
   j["shared_activations"] = a.shared_bytes;
   j["head_activations"] = a.head_bytes;
+  if (e.profile == Profile::hf_eager || e.profile == Profile::hf_sdpa) {
+    j["loop_activations"] = a.loop_bytes;
+    j["hf"] = json{
+        {"transformers_era", hf_era_name(*e.hf.era)},
+        {"transformers_releases", hf_era_range(*e.hf.era)},
+        {"transformers_version", e.hf.hf_version.empty() ? json(nullptr) : json(e.hf.hf_version)},
+        {"torch_series", torch_era_name(*e.hf.torch)},
+        {"torch_version", e.hf.torch_version.empty() ? json(nullptr) : json(e.hf.torch_version)},
+        {"loop", loop_name(e.hf.loop)},
+        {"use_cache", e.hf.use_cache && e.train.checkpointing == Checkpointing::none},
+        {"use_cache_bytes", e.use_cache_bytes}};
+  }
   j["recompute_activations"] = a.recompute_bytes;
   j["largest_gradient"] =
       json{{"name", e.largest_gradient_name}, {"bytes", e.largest_gradient_bytes}};
@@ -390,7 +403,9 @@ std::string explain_text(const Estimate& e) {
     << "·sbh)\n";
   o << "activations = embedding " << gib2(a.embedding_bytes) << " + " << a.layers << " layers × "
     << gib2(a.per_layer_bytes) << " + shared " << gib2(a.shared_bytes) << " + head "
-    << gib2(a.head_bytes) << " = " << gib2(a.total_bytes) << " GiB\n";
+    << gib2(a.head_bytes);
+  if (!a.loop.empty()) o << " + loop " << gib2(a.loop_bytes);
+  o << " = " << gib2(a.total_bytes) << " GiB\n";
   if (!a.recompute.empty())
     o << "recomputed in backward, one layer at a time: " << gib2(a.recompute_bytes) << " GiB\n";
   o << "activations_peak = " << gib2(e.figures.activations_peak)

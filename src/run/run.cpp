@@ -75,7 +75,7 @@ RunResult start_result(const RunRequest& rq) {
   if (rq.steps < 1) throw InputError("--steps must be >= 1, got " + std::to_string(rq.steps));
   r.estimates.push_back(estimate(Profile::native, rq.model, rq.train));
   for (Profile p : rq.profiles)
-    if (p != Profile::native) r.estimates.push_back(estimate(p, rq.model, rq.train));
+    if (p != Profile::native) r.estimates.push_back(estimate(p, rq.model, rq.train, rq.hf));
   return r;
 }
 
