@@ -90,9 +90,11 @@ struct Llama7b {
     for (const char* n : {"mlp.gate", "mlp.silu", "mlp.up", "mlp.prod"})
       m[std::string("layer/") + n] = 2 * sbi;
     norm("head/norm", "x");
-    m["head/log_softmax"] = 2 * b * (s - 1) * V;
-    m["head/shift_labels"] = 8 * b * (s - 1);
-    m["head/nll_total_weight"] = 2;
+    m["head/loss.log_softmax"] = 2 * b * (s - 1) * V;
+    m["head/loss.shift_labels"] = 8 * b * (s - 1);
+    m["head/loss.total_weight"] = 2;
+    // The loop (4.30, hf-model-loss): the caller holds the returned fp16 logits.
+    m["loop/loop.logits"] = 2 * b * s * V;
     m["inputs/input_ids"] = m["inputs/labels"] = 8 * sb;
     return m;
   }
@@ -143,8 +145,10 @@ TEST(CliE2EDiff, NativeAgainstHfEagerEachTensorsDeltaIsTheFormulasDifference) {
   std::map<std::string, std::int64_t> delta;
   for (const auto& c : j["categories"]) delta[c["category"]] = c["delta"].get<std::int64_t>();
   EXPECT_EQ(m.activations(na), 21872279552u);
-  EXPECT_EQ(m.activations(hf), 50736984130u);
-  EXPECT_EQ(delta["activations"], 50736984130 - 21872279552);
+  // hf-eager: the saved tensors (50,736,984,130) and the loop's returned fp16 logits
+  // (2·b·s·V = 262,144,000).
+  EXPECT_EQ(m.activations(hf), 50736984130u + 262144000u);
+  EXPECT_EQ(delta["activations"], 50736984130 + 262144000 - 21872279552);
   EXPECT_EQ(delta["params"], 0);
   EXPECT_EQ(delta["gradients"], 0);
   EXPECT_EQ(delta["optimizer_states"], 0);
@@ -187,7 +191,7 @@ TEST(CliE2EDiff, NativeAgainstHfEagerEachTensorsDeltaIsTheFormulasDifference) {
   EXPECT_EQ(first[7], "the fp32 probabilities before the cast back");
   // probs is kept by both, 2·as²b each: unchanged, so not listed.
   EXPECT_FALSE(has(t.out, "layer      probs ")) << t.out;
-  EXPECT_TRUE(has(t.out, "1 of 57 tensors are the same on both sides")) << t.out;
+  EXPECT_TRUE(has(t.out, "1 of 58 tensors are the same on both sides")) << t.out;
 }
 
 TEST(CliE2EDiff, SavedReportsDiffLikeTheProfilesTheyWereSavedFrom) {
@@ -293,6 +297,33 @@ TEST(CliE2EDiff, ProfileOptionsOverrideTheCommonFlags) {
   EXPECT_EQ(f["differences"]["shape"], json::array({"dtype: bf16 vs fp32"}));
 }
 
+TEST(CliE2EDiff, HfErasAreSideOptions) {
+  // transformers 4.30 keeps RMSNorm's weight·y in fp32 where 4.28/4.29 keep it in 16 bits:
+  // +2 bytes per element at each of the layer's two norms and at the final norm, so
+  // +4·sbh per layer and +(4L + 2)·sbh in all (docs/formulas.md, the eras).
+  const Result r = trainmem(
+      "diff hf-eager:hf=4.29 hf-eager:hf=4.30 --model tiny --batch 2 --seq 32 --dtype fp16 "
+      "--format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.j();
+  const json& model = j["a"]["model"];
+  const std::uint64_t L = model["layers"], h = model["hidden"], b = 2, s = 32;
+  EXPECT_EQ(j["per_layer"]["delta"]["sbh"].get<double>(), 4.0);
+  EXPECT_EQ(j["per_layer"]["change"], "+4\u00b7sbh");
+  int found = 0;
+  for (const auto& c : j["categories"])
+    if (c["category"] == "activations") {
+      ++found;
+      EXPECT_EQ(c["delta"].get<std::uint64_t>(), (4 * L + 2) * s * b * h);
+    }
+  EXPECT_EQ(found, 1);
+  // The same flag checks as --hf-version: an unknown release names the option and the eras.
+  const Result bad = trainmem("diff hf-eager:hf=3.0 native --model tiny");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_TRUE(has(bad.err, "diff A (hf-eager:hf=3.0)")) << bad.err;
+  EXPECT_TRUE(has(bad.err, "4.28")) << bad.err;
+}
+
 TEST(CliE2EDiff, AMeasuredLedgerAgainstNativeIsComparedPerCategory) {
   const std::string p =
       saved("diff_profile.json", "profile --model tiny --batch 2 --seq 16 --backend meta");
@@ -383,11 +414,15 @@ TEST(CliE2EDiff, BadInputNamesTheFileOrFlagAndWhatIsWrong) {
       {"diff '" + missing + "' native --profile hf-eager",
        {"diff A: " + missing + ": analytic.hf-eager.tensors[1]: missing \"term\""}},
       {"diff natve native",
-       {"diff A: 'natve' is neither a profile (native, hf-eager, megatron, zero) nor a file"}},
+       {"diff A: 'natve' is neither a profile (native, hf-eager, megatron, zero, hf-sdpa) nor a "
+        "file"}},
       {"diff native hf-eger", {"diff B: 'hf-eger' is neither a profile"}},
       {"diff native native:dtype=fp8", {"diff B: dtype=fp8; allowed: bf16, fp16, fp32"}},
+      {"diff native native:seed=4",
+       {"diff B: 'seed' is not an option of a profile side; allowed: model=", "checkpointing=",
+        "hf="}},
       {"diff native native:hf=4.29",
-       {"diff B: 'hf' is not an option of a profile side; allowed: model=", "checkpointing="}},
+       {"diff B (native:hf=4.29): hf= applies to hf-eager and hf-sdpa only"}},
       {"diff native native:batch=0", {"diff B: batch=0 is not an integer >= 1"}},
       {"diff '" + all + "':dtype=fp32 native", {"'dtype' is not an option of a report side"}},
       {"diff '" + all + "' '" + all + "'",

@@ -159,7 +159,8 @@ TEST(DiffSides, AProfileSideHoldsTheEstimatesEntriesAndFigures) {
   EXPECT_EQ(s.categories[8], e.figures.peak);
   const std::size_t n = e.activations.embedding.size() + e.activations.layer.size() +
                         e.activations.shared.size() + e.activations.head.size() +
-                        e.activations.recompute.size() + e.activations.inputs.size();
+                        e.activations.recompute.size() + e.activations.inputs.size() +
+                        e.activations.loop.size();
   ASSERT_EQ(s.entries.size(), n);
   // The layer entries, in order, with their bytes and terms.
   std::size_t k = 0;
@@ -251,7 +252,7 @@ TEST(DiffSideSpec, ProfilesWithOptionsAndReportsWithTheirs) {
     return std::string("accepted");
   };
   EXPECT_NE(refused("natve").find("diff A: 'natve' is neither a profile (native, hf-eager, "
-                                  "megatron, zero) nor a file"),
+                                  "megatron, zero, hf-sdpa) nor a file"),
             std::string::npos);
   EXPECT_NE(refused("hf-eager:dtype").find("'dtype' in 'hf-eager:dtype' is not key=value"),
             std::string::npos);

@@ -22,7 +22,7 @@ namespace trainmem {
 
 // Where bytes come from. Implementations: HostAllocator (aligned real memory, cpu backend),
 // MetaAllocator (unique fake addresses, nothing touched), DeviceAllocator (cudaMallocAsync
-// from a dedicated pool, src/cuda), BudgetAllocator (wraps one, throws at a byte budget).
+// from a dedicated pool, src/backends/cuda), BudgetAllocator (wraps one, throws at a byte budget).
 class Allocator {
  public:
   virtual ~Allocator() = default;

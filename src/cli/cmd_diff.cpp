@@ -53,6 +53,7 @@ std::int64_t integer_value(const std::string& key, const std::string& value, std
 struct SideSetup {
   ModelConfig model;  // profile sides: the common flags', then the options'
   TrainConfig train;
+  HfOptions hf;         // profile sides: the HF profiles' era and loop (--hf-version, ...)
   std::string profile;  // report sides: profile=
   int run = 0;          // report sides: run= (1-based; 0: the only one)
 };
@@ -105,6 +106,24 @@ const std::vector<SideOption> kSideOptions = {
        if (!a) throw InputError("diff " + which + ": attention=" + v + "; allowed: eager, flash");
        s.train.attention = *a;
      }},
+    {"hf", Kind::profile, "a transformers release (hf-eager, hf-sdpa; as --hf-version)",
+     [](SideSetup& s, const std::string& v, const std::string&) {
+       s.hf.era = parse_hf_version(v);
+       s.hf.hf_version = v;
+     }},
+    {"torch", Kind::profile, "a PyTorch release (hf-eager, hf-sdpa; as --torch-version)",
+     [](SideSetup& s, const std::string& v, const std::string&) {
+       s.hf.torch = parse_torch_version(v, &s.hf);
+       s.hf.torch_version = v;
+     }},
+    {"loop", Kind::profile, "hf-model-loss|shift-ce|none (as --loop)",
+     [](SideSetup& s, const std::string& v, const std::string& which) {
+       const auto l = parse_loop(v);
+       if (!l)
+         throw InputError("diff " + which + ": loop=" + v +
+                          "; allowed: hf-model-loss, shift-ce, none");
+       s.hf.loop = *l;
+     }},
     {"profile", Kind::report, "NAME (a profile the report holds, or measured)",
      [](SideSetup& s, const std::string& v, const std::string&) { s.profile = v; }},
     {"run", Kind::report, "N (the run's place in the report's \"runs\", from 1)",
@@ -134,8 +153,9 @@ void apply_options(const DiffSideSpec& spec, SideSetup& s, const std::string& wh
 }
 
 const char* kSideHelp =
-    "a profile spec NAME[:key=value,...] (NAME: native, hf-eager, megatron, zero; keys: model, "
-    "batch, seq, dtype, optimizer, checkpointing, attention, over the common flags) or a "
+    "a profile spec NAME[:key=value,...] (NAME: native, hf-eager, hf-sdpa, megatron, zero; keys: "
+    "model, batch, seq, dtype, optimizer, checkpointing, attention, hf, torch, loop, over the "
+    "common flags) or a "
     "trainmem JSON report FILE[:profile=NAME,run=N]";
 
 }  // namespace
@@ -195,14 +215,20 @@ struct DiffFlags {
 // A profile side: the common flags, the side's options, then the estimate.
 diff::Side profile_side(const DiffSideSpec& spec, const std::string& text, const Common& c,
                         const std::string& which) {
-  SideSetup s{c.model, c.train, "", 0};
-  apply_options(spec, s, which);
+  SideSetup s{c.model, c.train, c.hf, "", 0};
+  const Profile profile = *parse_profile(spec.name);
   try {
+    if (profile != Profile::hf_eager && profile != Profile::hf_sdpa)
+      for (const auto& kv : spec.options)
+        if (kv.first == "hf" || kv.first == "torch" || kv.first == "loop")
+          throw InputError(kv.first + "= applies to hf-eager and hf-sdpa only");
+    apply_options(spec, s, which);
     s.train.validate();
+    check_hf_options(profile, s.hf);
   } catch (const InputError& e) {
     throw InputError("diff " + which + " (" + text + "): " + e.what());
   }
-  diff::Side side = diff::side_from_estimate(estimate(*parse_profile(spec.name), s.model, s.train));
+  diff::Side side = diff::side_from_estimate(estimate(profile, s.model, s.train, s.hf));
   side.spec = text;
   return side;
 }

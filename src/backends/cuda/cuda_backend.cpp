@@ -1,4 +1,4 @@
-// The cuda backend (src/cuda/cuda_backend.hpp): each op forwards to its launcher in kernels/
+// The cuda backend (cuda_backend.hpp): each op forwards to its launcher in kernels/
 // with the backend's dtype and stream, in the argument order of the CPU reference.
 #include "cuda_backend.hpp"
 
