@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "trainmem/device_rules.hpp"
 #include "trainmem/backend.hpp"
+#include "trainmem/device_rules.hpp"
 #include "trainmem/ledger.hpp"
 #include "trainmem/model.hpp"
 

@@ -1,6 +1,6 @@
 // The measured ledger against the analytic `native` profile, byte for byte. The analytic side
-// (src/analytic/analytic_native.cpp) is written from docs/native-plan.md without reading the model, so
-// agreement here is a real check of both. Several models (MHA, GQA, tied, awkward sizes, and
+// (src/analytic/analytic_native.cpp) is written from docs/native-plan.md without reading the model,
+// so agreement here is a real check of both. Several models (MHA, GQA, tied, awkward sizes, and
 // LLaMA-7B on the meta backend) × checkpointing none/full × eager/flash × AdamW/SGD/LOMO ×
 // bf16/fp32. The cpu backend's ledger equals the meta backend's (test_model_step.cpp), so the
 // meta backend stands for both here; one cpu case checks that directly as well.
