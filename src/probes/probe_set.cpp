@@ -11,24 +11,6 @@ namespace trainmem {
 
 namespace {
 using Flush = probes::CuptiCollector::Flush;
-
-// Local copy of the phase names: this library must not depend on trainmem_core's objects
-// (it comes after trainmem_core on the link line).
-const char* phase_label(Phase p) {
-  switch (p) {
-    case Phase::setup:
-      return "setup";
-    case Phase::forward:
-      return "forward";
-    case Phase::backward:
-      return "backward";
-    case Phase::recompute:
-      return "recompute";
-    case Phase::optimizer:
-      return "optimizer";
-  }
-  return "?";
-}
 }  // namespace
 
 struct ProbeSet::Impl {
@@ -121,7 +103,7 @@ void ProbeSet::phase_end(Phase phase) {
   if (s.pool_ok) s.pool.phase_end(phase);
   if (s.mem_ok) {
     s.mem.phase_end(phase);
-    s.mem.snapshot(std::string("after_") + phase_label(phase), s.step, s.ledger);
+    s.mem.snapshot(std::string("after_") + phase_name(phase), s.step, s.ledger);
   }
 }
 
