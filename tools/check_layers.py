@@ -25,7 +25,7 @@ LAYERS = {
     "base": ([H + n for n in (
         "dtype.hpp", "hd.hpp", "error.hpp", "checked.hpp", "op_types.hpp", "train_enums.hpp",
         "categories.hpp", "param_init.hpp", "cuda_check.hpp", "config.hpp", "safetensors.hpp",
-        "figures.hpp")] + ["src/base/"], []),
+        "figures.hpp", "parallel.hpp")] + ["src/base/"], []),
     "ledger": ([H + "ledger.hpp", "src/ledger/"], ["base"]),
     "analytic": ([H + "analytic.hpp", "src/analytic/"], ["base"]),
     "kernels": (["kernels/"], ["base"]),

@@ -1,0 +1,119 @@
+// The parallel layout: names, parsing and the checks that a layout divides the model
+// (include/trainmem/parallel.hpp; the rules are explained in docs/distributed.md).
+#include "trainmem/parallel.hpp"
+
+#include "trainmem/error.hpp"
+
+namespace trainmem {
+
+const char* offload_name(Offload o) {
+  switch (o) {
+    case Offload::none:
+      return "none";
+    case Offload::optimizer:
+      return "optimizer";
+    case Offload::optimizer_params:
+      return "optimizer+params";
+  }
+  return "?";
+}
+
+std::optional<Offload> parse_offload(const std::string& s) {
+  for (Offload o : {Offload::none, Offload::optimizer, Offload::optimizer_params})
+    if (s == offload_name(o)) return o;
+  return std::nullopt;
+}
+
+std::optional<int> parse_zero(const std::string& s) {
+  if (s == "0" || s == "NO_SHARD") return 0;
+  if (s == "1") return 1;
+  if (s == "2" || s == "SHARD_GRAD_OP") return 2;
+  if (s == "3" || s == "FULL_SHARD") return 3;
+  return std::nullopt;
+}
+
+namespace {
+
+std::string str(std::int64_t v) {
+  return std::to_string(v);
+}
+
+// `what` (named by its config.json field) must be divisible by --tp.
+void check_tp_divides(std::int64_t value, const char* field, std::int64_t tp) {
+  if (value % tp != 0)
+    throw InputError("--tp " + str(tp) + ": the model's " + field + " (" + str(value) +
+                     ") is not divisible by it; tensor parallelism splits " + field +
+                     " evenly over the ranks, so --tp must divide it");
+}
+
+}  // namespace
+
+void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const TrainConfig& train) {
+  if (world < 1) throw InputError("--world-size must be at least 1, got " + str(world));
+  if (tp < 1) throw InputError("--tp must be at least 1, got " + str(tp));
+  if (pp < 1) throw InputError("--pp must be at least 1, got " + str(pp));
+  if (dp_given) {
+    if (dp < 1) throw InputError("--dp must be at least 1, got " + str(dp));
+    if (dp * tp * pp != world)
+      throw InputError("--world-size " + str(world) + " must equal --dp × --tp × --pp = " +
+                       str(dp) + " × " + str(tp) + " × " + str(pp) + " = " + str(dp * tp * pp));
+  } else {
+    if (world % (tp * pp) != 0)
+      throw InputError("--world-size " + str(world) + " is not divisible by --tp × --pp = " +
+                       str(tp * pp) + "; the data-parallel degree is N / (tp·pp)");
+    dp = world / (tp * pp);
+  }
+  if (zero < 0 || zero > 3) throw InputError("--zero must be 0, 1, 2 or 3, got " + str(zero));
+  if (microbatches < 1)
+    throw InputError("--microbatches must be at least 1, got " + str(microbatches));
+  if (prefetch < 0) throw InputError("--prefetch must be 0 or more, got " + str(prefetch));
+  if (reduce_bucket == 0) throw InputError("--reduce-bucket must be at least 1 element");
+  if (allgather_bucket == 0) throw InputError("--allgather-bucket must be at least 1 element");
+  if (tp > 1) {
+    check_tp_divides(model.heads, "num_attention_heads", tp);
+    check_tp_divides(model.kv_heads, "num_key_value_heads", tp);
+    check_tp_divides(model.intermediate, "intermediate_size", tp);
+    check_tp_divides(model.vocab, "vocab_size", tp);
+  }
+  if (model.layers % pp != 0)
+    throw InputError("--pp " + str(pp) + ": the model's num_hidden_layers (" + str(model.layers) +
+                     ") is not divisible by it; every stage holds the same number of layers");
+  if (sp && tp == 1)
+    throw InputError("--sp needs --tp 2 or more: sequence parallelism shards the sequence "
+                     "inside the tensor-parallel group");
+  if (sp && train.seq % tp != 0)
+    throw InputError("--sp with --tp " + str(tp) + ": --seq " + str(train.seq) +
+                     " must be divisible by --tp (each rank keeps s/tp rows)");
+  if (zero >= 2 && pp > 1)
+    throw InputError("--zero " + str(zero) + " with --pp " + str(pp) +
+                     ": pipeline parallelism is supported with --zero 0 or 1 only (as "
+                     "DeepSpeed's pipeline engine)");
+  if (zero > 0 && dp == 1)
+    throw InputError("--zero " + str(zero) +
+                     " needs data parallelism (--dp 2 or more): ZeRO shards over the "
+                     "data-parallel ranks, and here dp = 1");
+  if (offload == Offload::optimizer && zero < 1)
+    throw InputError("--offload optimizer needs --zero 1, 2 or 3 (the offloaded optimizer "
+                     "states are the rank's shard)");
+  if (offload == Offload::optimizer_params && zero != 3)
+    throw InputError("--offload optimizer+params needs --zero 3 (only ZeRO-3 shards the "
+                     "parameters)");
+  if (offload != Offload::none && train.optimizer != Optimizer::adamw &&
+      train.optimizer != Optimizer::sgd)
+    throw InputError("--offload " + std::string(offload_name(offload)) +
+                     " needs --optimizer adamw or sgd");
+  if (world > 1 && train.optimizer == Optimizer::lomo)
+    throw InputError("--optimizer lomo: the sharded step supports adamw and sgd; LOMO with "
+                     "--world-size above 1 is not modelled");
+}
+
+std::string ParallelConfig::describe() const {
+  std::string out = "dp " + str(dp) + " × tp " + str(tp) + " × pp " + str(pp);
+  out += ", ZeRO-" + str(zero);
+  if (sp) out += ", sp";
+  if (pp > 1) out += ", M " + str(microbatches);
+  if (offload != Offload::none) out += ", offload " + std::string(offload_name(offload));
+  return out;
+}
+
+}  // namespace trainmem
