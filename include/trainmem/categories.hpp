@@ -14,12 +14,14 @@ enum class Category : std::uint8_t {
   activations,
   workspace,
   inputs,
+  communication,  // collective buffers: ZeRO buckets, gathered parameters, pipeline send/recv
 };
-constexpr int kNumCategories = 6;
+constexpr int kNumCategories = 7;
 const char* category_name(Category c);  // "params", "gradients", ...
 constexpr std::array<Category, kNumCategories> all_categories() {
   return {Category::params,      Category::gradients, Category::optimizer_states,
-          Category::activations, Category::workspace, Category::inputs};
+          Category::activations, Category::workspace, Category::inputs,
+          Category::communication};
 }
 
 enum class Phase : std::uint8_t { setup, forward, backward, recompute, optimizer };

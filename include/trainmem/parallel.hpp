@@ -15,9 +15,9 @@ enum class Offload { none, optimizer, optimizer_params };
 const char* offload_name(Offload o);  // "none", "optimizer", "optimizer+params"
 std::optional<Offload> parse_offload(const std::string& s);
 
-// DeepSpeed's defaults (deepspeed/runtime/zero/config.py), in elements.
+// DeepSpeed's default (deepspeed/runtime/zero/config.py), in elements. Its allgather bucket
+// costs no bytes here: the sharded step gathers updated parameters in place.
 constexpr std::uint64_t kDefaultReduceBucket = 500000000;    // reduce_bucket_size 5e8
-constexpr std::uint64_t kDefaultAllgatherBucket = 500000000;  // allgather_bucket_size 5e8
 
 struct ParallelConfig {
   std::int64_t world = 1;  // N (--world-size)
@@ -29,7 +29,6 @@ struct ParallelConfig {
   std::int64_t microbatches = 1;  // M (--microbatches): per optimizer step, per pipeline
   Offload offload = Offload::none;
   std::uint64_t reduce_bucket = kDefaultReduceBucket;  // --reduce-bucket (elements)
-  std::uint64_t allgather_bucket = kDefaultAllgatherBucket;  // --allgather-bucket (elements)
   bool overlap_comm = false;  // --overlap-comm: a second reduce bucket (DeepSpeed overlap_comm)
   std::int64_t prefetch = 1;  // --prefetch: ZeRO-3 units gathered ahead of the one computing
 

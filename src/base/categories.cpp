@@ -18,6 +18,8 @@ const char* category_name(Category c) {
       return "workspace";
     case Category::inputs:
       return "inputs";
+    case Category::communication:
+      return "communication";
   }
   return "?";
 }

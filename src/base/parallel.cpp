@@ -68,7 +68,6 @@ void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const Trai
     throw InputError("--microbatches must be at least 1, got " + str(microbatches));
   if (prefetch < 0) throw InputError("--prefetch must be 0 or more, got " + str(prefetch));
   if (reduce_bucket == 0) throw InputError("--reduce-bucket must be at least 1 element");
-  if (allgather_bucket == 0) throw InputError("--allgather-bucket must be at least 1 element");
   if (tp > 1) {
     check_tp_divides(model.heads, "num_attention_heads", tp);
     check_tp_divides(model.kv_heads, "num_key_value_heads", tp);

@@ -31,7 +31,8 @@ std::string lower_extension(const std::string& path) {
 // comes and goes, so the activations' rise and fall sits on top where it can be read.
 constexpr std::array<Category, kNumCategories> kStackOrder = {
     Category::params, Category::optimizer_states, Category::gradients,
-    Category::inputs, Category::workspace,        Category::activations};
+    Category::inputs, Category::communication,    Category::workspace,
+    Category::activations};
 
 const char* category_colour(Category c) {
   switch (c) {  // Okabe-Ito palette: distinguishable with common colour-vision deficiencies
@@ -47,6 +48,8 @@ const char* category_colour(Category c) {
       return "#CC79A7";
     case Category::inputs:
       return "#56B4E9";
+    case Category::communication:
+      return "#F0E442";
   }
   return "#888888";
 }
