@@ -27,7 +27,7 @@ LAYERS = {
         "categories.hpp", "param_init.hpp", "cuda_check.hpp", "config.hpp", "safetensors.hpp",
         "figures.hpp", "parallel.hpp")] + ["src/base/"], []),
     "ledger": ([H + "ledger.hpp", "src/ledger/"], ["base"]),
-    "analytic": ([H + "analytic.hpp", "src/analytic/"], ["base"]),
+    "analytic": ([H + "analytic.hpp", H + "dist_refs.hpp", "src/analytic/"], ["base"]),
     "kernels": (["kernels/"], ["base"]),
     "backends": ([H + "backend.hpp", H + "device_allocator.hpp", H + "device_rules.hpp",
                   "src/backends/"], ["kernels", "ledger"]),
