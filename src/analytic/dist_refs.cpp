@@ -77,7 +77,8 @@ void deepspeed_common_notes(ReferenceRank& r, const TrainConfig& train, const Pa
   r.notes.push_back(
       "written for 16-bit mixed-precision training with Adam (fp32 master params and m, v); "
       "stage_1_and_2.py's comment splits ZeRO-2's 18 in 18P/N as 2 (16-bit grads) + 4 (fp32 "
-      "grads) + 4 (fp32 params) + 8 (Adam m, v); stage3.py gives no breakdown");
+      "grads) + 4 (fp32 params) + 8 (Adam m, v); docs/code-docs/source/memory.rst splits "
+      "ZeRO-3's as 16 (fp32 params, grads, m, v) + 2 (16-bit params)");
   if (train.dtype == DType::f32)
     r.notes.push_back(
         "this run trains in fp32; the estimator has no dtype argument and its formula is applied "
@@ -245,7 +246,8 @@ ReferenceRank deepspeed_reference(const ModelConfig& model, const TrainConfig& t
     cpu = py_int(f(checked_product({Lmax, 4, n}, "deepspeed cpu_mem")) * factor);
     cpu_alt = py_int(f(checked_product({P, 4, n}, "deepspeed cpu_mem")) * factor);
     r.terms.push_back({"model states, sharded", shard,
-                       "int(18P/N) (stage3.py gives no breakdown of the 18)", false});
+                       "int(18P/N); memory.rst: fp32 params, grads, m, v 16 + 16-bit params 2",
+                       false});
     r.terms.push_back({"CPU: per node (zero_init=1)", cpu, "int(Lmax·4·n·1.5)", true});
     r.gpu_total = checked_add(LL, shard, "deepspeed gpu_mem");
   }
