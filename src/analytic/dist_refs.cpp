@@ -429,7 +429,8 @@ ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& tr
     r.notes.push_back(
         std::string("activations: the without-SP formula (") +
         (par.sp ? "sequence parallelism without selective recompute" : "no sequence parallelism") +
-        "): per layer sbh(10 + 24/tp), embedding terms not / tp, × 1.05");
+        "): per layer sbh(10 + 24/tp), Korthikanti Table 2's tensor-parallel + selective "
+        "recompute row, so no a·s² score term either; embedding terms not / tp; × 1.05");
   if (train.checkpointing == Checkpointing::full)
     r.notes.push_back(
         "checkpointing full = --recompute-granularity full: the estimator has no full-recompute "
