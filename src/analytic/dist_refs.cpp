@@ -71,8 +71,8 @@ void deepspeed_common_notes(ReferenceRank& r, const TrainConfig& train, const Pa
       "model states only: no activations, no logits, no inputs, no allocator reserve or "
       "fragmentation, no CUDA context, no NCCL buffers");
   r.notes.push_back("no communication buckets: reduce_bucket_size " + num(par.reduce_bucket) +
-                    " and allgather_bucket_size " + num(par.allgather_bucket) +
-                    " elements are not in the formula" +
+                    " elements (and allgather_bucket_size, 5e8 by default) are not in the "
+                    "formula" +
                     (par.overlap_comm ? " (nor the second reduce bucket of overlap_comm)" : ""));
   r.notes.push_back(
       "written for 16-bit mixed-precision training with Adam (fp32 master params and m, v); "
