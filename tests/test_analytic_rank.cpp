@@ -170,9 +170,8 @@ TEST(AnalyticRank, SequenceParallelShardsTheResidualStream) {
   const RankEstimate& r = le.ranks[0];
   // Korthikanti et al. Table 2, "sequence parallel" row, less dropout masks, with LLaMA's
   // tensors: everything divided by t except nothing (the residual stream too).
-  const u64 per_layer = 2 * b * (s / tp) * 4 + 4 * b * (s / tp) * h * w +
-                        4 * b * s * (h / tp) * w + b * (a / tp) * s * s * w +
-                        3 * b * s * (i / tp) * w;
+  const u64 per_layer = 2 * b * (s / tp) * 4 + 4 * b * (s / tp) * h * w + 4 * b * s * (h / tp) * w +
+                        b * (a / tp) * s * s * w + 3 * b * s * (i / tp) * w;
   EXPECT_EQ(r.est.activations.per_layer_bytes, per_layer);
   // A gather / partial (b,s,h) buffer is alive at the first backward layer's step 1.
   for (const auto& in : r.est.instants)
@@ -286,8 +285,8 @@ TEST(AnalyticRank, BadLayoutsNameTheFlag) {
   p.sp = true;
   EXPECT_NE(resolve_error(p, false, m, odd).find("--seq 500 must be divisible by --tp"),
             std::string::npos);
-  const TrainConfig lomo = train(1, 512, DType::bf16, Checkpointing::none, Attention::eager,
-                                 Optimizer::lomo);
+  const TrainConfig lomo =
+      train(1, 512, DType::bf16, Checkpointing::none, Attention::eager, Optimizer::lomo);
   p = {};
   p.world = 2;
   EXPECT_NE(resolve_error(p, false, m, lomo).find("--optimizer lomo"), std::string::npos);

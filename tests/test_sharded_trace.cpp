@@ -118,8 +118,8 @@ TEST(ShardedTrace, OptimizersDtypesOffloadPrefetchBuckets) {
           for (std::int64_t pf : {0, 1, 2, 5})
             for (bool overlap : {false, true})
               for (std::uint64_t bucket : {std::uint64_t(100), kDefaultReduceBucket}) {
-                Case c{"tiny-gqa", 4, 1, 1, zero, false, 2, Checkpointing::full,
-                       Attention::flash, o, dt, off, pf, overlap, bucket};
+                Case c{"tiny-gqa",       4, 1,  1,   zero, false,   2,     Checkpointing::full,
+                       Attention::flash, o, dt, off, pf,   overlap, bucket};
                 if (check(c)) ++checked;
                 if (HasFailure()) return;
               }
@@ -133,8 +133,8 @@ TEST(ShardedTrace, LargePresetsOnMeta) {
        DType::bf16, Offload::none, 1, false, kDefaultReduceBucket, 1, 4096},
       {"llama2-70b", 2, 8, 2, 1, true, 8, Checkpointing::none, Attention::flash, Optimizer::adamw,
        DType::bf16, Offload::none, 1, false, kDefaultReduceBucket, 1, 4096},
-      {"llama2-70b", 4, 4, 4, 1, false, 16, Checkpointing::full, Attention::eager,
-       Optimizer::adamw, DType::bf16, Offload::optimizer, 1, false, kDefaultReduceBucket, 1, 2048},
+      {"llama2-70b", 4, 4, 4, 1, false, 16, Checkpointing::full, Attention::eager, Optimizer::adamw,
+       DType::bf16, Offload::optimizer, 1, false, kDefaultReduceBucket, 1, 2048},
       {"llama-7b", 8, 1, 1, 2, false, 1, Checkpointing::none, Attention::eager, Optimizer::adamw,
        DType::bf16, Offload::none, 1, true, kDefaultReduceBucket, 8, 512},
   };

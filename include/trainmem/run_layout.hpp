@@ -13,7 +13,7 @@ namespace trainmem {
 
 struct RankTrace {
   std::int64_t stage = 0;
-  MemoryFigures ledger;      // measured_figures after the last step
+  MemoryFigures ledger;                  // measured_figures after the last step
   std::uint64_t communication_peak = 0;  // the ledger's peak of the communication category
   std::size_t tensors_at_peak = 0;       // allocations alive at the total peak
   bool matches = false;                  // every figure and the peak breakdown equal the analytic
@@ -30,7 +30,6 @@ struct LayoutTrace {
 
 // Traces `steps` (>= 1) steps of every distinct rank of `layout` (resolved) on meta.
 LayoutTrace trace_layout(const ModelConfig& model, const TrainConfig& train,
-                         const ParallelConfig& layout, const OverheadOptions& overheads,
-                         int steps);
+                         const ParallelConfig& layout, const OverheadOptions& overheads, int steps);
 
 }  // namespace trainmem

@@ -58,17 +58,17 @@ std::uint64_t state_bytes_per_param(Optimizer o, std::uint64_t w) {
 // The local sizes of one rank (letters of docs/distributed.md).
 struct Local {
   std::uint64_t b, s, sr, h, d, a, k, i, V, w;  // sr: rows of the residual stream (s or s/tp)
-  std::uint64_t ad, kd;                        // a·d, k·d (local)
+  std::uint64_t ad, kd;                         // a·d, k·d (local)
   // Tensor bytes.
-  std::uint64_t X;      // (b, sr, h) D: a residual-stream tensor
-  std::uint64_t full;   // (b, s, h) D: a gathered or partial residual tensor
-  std::uint64_t bsi;    // (b, s, i) D
-  std::uint64_t bsad;   // (b, s, a·d) D
-  std::uint64_t bskd;   // (b, s, k·d) D
-  std::uint64_t r4;     // (b, sr) f32: an RMSNorm's 1/rms
-  std::uint64_t bs4;    // (b, s) f32 / int32
-  std::uint64_t store;  // probs (b,a,s,s) D | lse (b,a,s) f32
-  std::uint64_t logits; // (b, s, V) D
+  std::uint64_t X;       // (b, sr, h) D: a residual-stream tensor
+  std::uint64_t full;    // (b, s, h) D: a gathered or partial residual tensor
+  std::uint64_t bsi;     // (b, s, i) D
+  std::uint64_t bsad;    // (b, s, a·d) D
+  std::uint64_t bskd;    // (b, s, k·d) D
+  std::uint64_t r4;      // (b, sr) f32: an RMSNorm's 1/rms
+  std::uint64_t bs4;     // (b, s) f32 / int32
+  std::uint64_t store;   // probs (b,a,s,s) D | lse (b,a,s) f32
+  std::uint64_t logits;  // (b, s, V) D
 };
 
 Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p) {
@@ -150,8 +150,8 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, const std::str
 // The ZeRO-3 gather window: units in compute order (embedding, layers, head, layers back), each
 // gathered while any of the positions j..j+prefetch needs it.
 struct GatherPlan {
-  std::vector<int> seq;               // unit id per position: 0 embedding, 1+l layer l, L+1 head
-  std::vector<std::uint64_t> bytes;   // gathered bytes per unit id
+  std::vector<int> seq;              // unit id per position: 0 embedding, 1+l layer l, L+1 head
+  std::vector<std::uint64_t> bytes;  // gathered bytes per unit id
   std::uint64_t window(std::size_t pos, std::int64_t prefetch) const {
     std::vector<int> seen;
     std::uint64_t total = 0;
@@ -195,7 +195,8 @@ RankEstimate estimate_stage(const ModelConfig& m, const TrainConfig& t, const Pa
   r.padding_elements = p.zero >= 1 ? checked_mul(shard, dp) - Pk : 0;
   const std::uint64_t w = l.w;
   const std::uint64_t f = state_bytes_per_param(t.optimizer, w);
-  const bool off_opt = p.offload != Offload::none, off_params = p.offload == Offload::optimizer_params;
+  const bool off_opt = p.offload != Offload::none,
+             off_params = p.offload == Offload::optimizer_params;
 
   Estimate& est = r.est;
   est.profile = Profile::native;
@@ -230,8 +231,8 @@ RankEstimate estimate_stage(const ModelConfig& m, const TrainConfig& t, const Pa
   }
 
   // Communication buffers allocated at setup: the reduce bucket(s) of ZeRO-2/3.
-  std::uint64_t largest = std::max({checked_mul(l.h, l.ad), checked_mul(l.h, l.kd),
-                                    checked_mul(l.h, l.i)});
+  std::uint64_t largest =
+      std::max({checked_mul(l.h, l.ad), checked_mul(l.h, l.kd), checked_mul(l.h, l.i)});
   if (first || last) largest = std::max(largest, emb);
   std::uint64_t bucket_total = 0;
   if (p.zero >= 2) {
@@ -270,9 +271,9 @@ RankEstimate estimate_stage(const ModelConfig& m, const TrainConfig& t, const Pa
   auto& acts = est.activations;
   const std::string res = sp ? "(b,s/t,h)" : "(b,s,h)";
   if (first)
-    acts.embedding.push_back(entry(g, "embed_out", res, D, l.X, Term::sbh,
-                                   "layer 0's input_layernorm backward",
-                                   "embedding output x_0 (all-reduced over the vocabulary shards)"));
+    acts.embedding.push_back(
+        entry(g, "embed_out", res, D, l.X, Term::sbh, "layer 0's input_layernorm backward",
+              "embedding output x_0 (all-reduced over the vocabulary shards)"));
   else
     acts.embedding.push_back(entry(g, "stage_input", res, D, l.X, Term::sbh,
                                    "the stage's first input_layernorm backward",
@@ -337,9 +338,10 @@ RankEstimate estimate_stage(const ModelConfig& m, const TrainConfig& t, const Pa
   const std::int64_t window_layers = p.zero == 3 ? std::min<std::int64_t>(Ls, p.prefetch + 1) : 1;
   if (full || sp || p.zero == 3 || !last) {
     for (std::int64_t k = Ls - window_layers; k < Ls; ++k) {
-      const std::uint64_t kept = full ? csum({input, checked_mul(u(k), l.X), S})
-                                      : csum({input, checked_mul(u(k) + 1, S)});
-      at("forward: layer " + std::to_string(k) + " `out` allocated" + (sp ? " (down partial alive)" : ""),
+      const std::uint64_t kept =
+          full ? csum({input, checked_mul(u(k), l.X), S}) : csum({input, checked_mul(u(k) + 1, S)});
+      at("forward: layer " + std::to_string(k) + " `out` allocated" +
+             (sp ? " (down partial alive)" : ""),
          kept, C, sg, u(k) + 1);
     }
   }
@@ -353,7 +355,8 @@ RankEstimate estimate_stage(const ModelConfig& m, const TrainConfig& t, const Pa
       at("head forward: logits allocated (final norm output gathered)", csub(A_end, l.bs4, "head"),
          C, sg, head_pos);
     at("end of forward: ce_losses allocated", A_end, csum({C, l.bs4}), 0, head_pos);
-    at("backward head step 2: d_final_norm_out" + std::string(sp ? " partial (input gathered)" : ""),
+    at("backward head step 2: d_final_norm_out" +
+           std::string(sp ? " partial (input gathered)" : ""),
        csub(A_end, l.bs4, "head"), csum({C, l.full}), sg, head_pos);
     const std::uint64_t A3 = csub(A_end, csum({l.bs4, l.logits}), "head");
     if (sp)
@@ -376,8 +379,8 @@ RankEstimate estimate_stage(const ModelConfig& m, const TrainConfig& t, const Pa
     at(Lb + "step 3: d_xn2 reduce-scattered", A3, csum({C, l.X, l.full, l.X, l.bsi, l.bsi}), 0,
        back_pos);
   const std::uint64_t A5 = csub(A3, csum({l.X, l.X, l.r4}), "step 5");  // xn2, h_mid, rstd2
-  at(Lb + "step 5: d_attn_out" + (sp ? " (d_residual gathered)" : ""), A5,
-     csum({C, l.X, l.bsad}), sg, back_pos);
+  at(Lb + "step 5: d_attn_out" + (sp ? " (d_residual gathered)" : ""), A5, csum({C, l.X, l.bsad}),
+     sg, back_pos);
   const std::uint64_t scratch = l.store;  // d_probs | attn_delta: the size of probs | lse
   at(Lb + "step 6: d_q, d_k, d_v, " + (t.attention == Attention::eager ? "d_probs" : "attn_delta") +
          " (attention backward)",
@@ -453,8 +456,8 @@ Overheads estimate_overheads(const ParallelConfig& layout, const OverheadOptions
 }
 
 std::uint64_t LayoutEstimate::worst_total() const {
-  return checked_add(ranks.at(static_cast<std::size_t>(worst)).est.figures.peak,
-                     overheads.total(), "worst rank");
+  return checked_add(ranks.at(static_cast<std::size_t>(worst)).est.figures.peak, overheads.total(),
+                     "worst rank");
 }
 
 LayoutEstimate estimate_layout(const ModelConfig& model, const TrainConfig& train,
@@ -487,7 +490,8 @@ LayoutEstimate estimate_layout(const ModelConfig& model, const TrainConfig& trai
   if (!layout.distributed()) {
     out.overheads.cuda_context =
         overheads.cuda_context ? *overheads.cuda_context : kCudaContextBytes;
-    out.overheads.cuda_context_source = overheads.cuda_context ? "--cuda-context" : "default estimate";
+    out.overheads.cuda_context_source =
+        overheads.cuda_context ? "--cuda-context" : "default estimate";
     out.overheads.nccl_source = "single GPU: no NCCL communicator";
   }
   return out;

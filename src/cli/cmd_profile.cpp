@@ -36,11 +36,12 @@ int run_profile_layout(const Common& c, const ProfileFlags& flags, const Paralle
   if (be == "auto") spdlog::info("--world-size {}: tracing every rank on meta", par.world);
   if (!flags.run.timeline.empty() || !flags.run.dump.empty() || !flags.run.weights.empty() ||
       !flags.run.tokens.empty() || !flags.run.device_budget.empty())
-    throw InputError("--timeline, --dump, --weights, --tokens and --device-budget are not "
-                     "available with --world-size above 1 yet");
+    throw InputError(
+        "--timeline, --dump, --weights, --tokens and --device-budget are not "
+        "available with --world-size above 1 yet");
   check_layout_request(c, false, false);
-  const LayoutTrace lt = trace_layout(c.model, c.train, par, resolve_overheads(flags.layout),
-                                      flags.run.steps);
+  const LayoutTrace lt =
+      trace_layout(c.model, c.train, par, resolve_overheads(flags.layout), flags.run.steps);
   write_output(c.output, render_layout_trace(lt, c.format, stdout_colour(c.output)));
   return 0;
 }

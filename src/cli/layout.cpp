@@ -2,9 +2,11 @@
 #include "layout.hpp"
 
 #include <cmath>
+#include <optional>
 
 #include "size.hpp"
 #include "trainmem/bytes.hpp"
+#include "trainmem/dist_refs.hpp"
 #include "trainmem/error.hpp"
 #include "trainmem/report.hpp"
 #include "trainmem/report_writer.hpp"
@@ -31,8 +33,9 @@ void add_layout_flags(CLI::App& cmd, LayoutFlags& f) {
       ->check(integer_check<std::int64_t>("a whole number"));
   cmd.add_option("--offload", f.offload,
                  "none | optimizer (ZeRO >= 1) | optimizer+params (ZeRO-3): kept in host memory");
-  cmd.add_option("--reduce-bucket", f.reduce_bucket,
-                 "ZeRO-2/3 reduce bucket in elements (DeepSpeed's reduce_bucket_size, default 5e8)");
+  cmd.add_option(
+      "--reduce-bucket", f.reduce_bucket,
+      "ZeRO-2/3 reduce bucket in elements (DeepSpeed's reduce_bucket_size, default 5e8)");
   cmd.add_flag("--overlap-comm", f.overlap_comm, "A second reduce bucket (DeepSpeed overlap_comm)");
   cmd.add_option("--prefetch", f.prefetch,
                  "ZeRO-3: units (layers) gathered ahead of the one computing (default 1)")
@@ -77,10 +80,12 @@ ParallelConfig resolve_layout(const LayoutFlags& f, const ModelConfig& model,
   p.microbatches = f.microbatches;
   const auto off = parse_offload(f.offload);
   if (!off)
-    throw InputError("--offload: '" + f.offload + "' is not allowed; allowed: none, optimizer, "
+    throw InputError("--offload: '" + f.offload +
+                     "' is not allowed; allowed: none, optimizer, "
                      "optimizer+params");
   p.offload = *off;
-  if (!f.reduce_bucket.empty()) p.reduce_bucket = parse_elements(f.reduce_bucket, "--reduce-bucket");
+  if (!f.reduce_bucket.empty())
+    p.reduce_bucket = parse_elements(f.reduce_bucket, "--reduce-bucket");
   p.overlap_comm = f.overlap_comm;
   p.prefetch = f.prefetch;
   if (f.nccl_channels < 1)
@@ -99,12 +104,15 @@ OverheadOptions resolve_overheads(const LayoutFlags& f) {
 
 void check_layout_request(const Common& c, bool explain, bool paper) {
   if (c.optimizers.size() != 1)
-    throw InputError("--optimizer all: with --world-size above 1 give one optimizer (adamw or sgd)");
+    throw InputError(
+        "--optimizer all: with --world-size above 1 give one optimizer (adamw or sgd)");
   if (c.checkpointing_modes.size() != 1)
-    throw InputError("--checkpointing both: with --world-size above 1 give one mode (none or full)");
+    throw InputError(
+        "--checkpointing both: with --world-size above 1 give one mode (none or full)");
   for (const auto& p : c.profiles)
     if (p != "native" && p != "hf-eager" && p != "megatron" && p != "zero")
-      throw InputError("--profile " + p + ": with --world-size above 1 the per-rank profile is "
+      throw InputError("--profile " + p +
+                       ": with --world-size above 1 the per-rank profile is "
                        "native (the default)");
   if (c.profiles.size() == 1 && c.profiles.front() != "native")
     throw InputError("--profile " + c.profiles.front() +
@@ -131,23 +139,115 @@ json layout_json(const ParallelConfig& p) {
 
 json rank_json(const RankEstimate& r) {
   json comm = json::array(), host = json::array();
-  for (const auto& e : r.communication) comm.push_back(report::tensor_entry_json(e, "communication"));
+  for (const auto& e : r.communication)
+    comm.push_back(report::tensor_entry_json(e, "communication"));
   for (const auto& e : r.host) host.push_back(report::tensor_entry_json(e, "host"));
   const Estimate& e = r.est;
-  return json{{"stage", r.stage},
-              {"role", r.role},
-              {"ranks", r.ranks},
-              {"layers", r.layers},
-              {"in_flight_microbatches", r.in_flight},
-              {"local_params", r.local_params},
-              {"shard_elements", r.shard_elements},
-              {"padding_elements", r.padding_elements},
-              {"figures", report::figures_json(e.figures, true)},
-              {"peak_instant", e.peak_instant >= 0 ? json(e.instants[e.peak_instant].name) : json()},
-              {"communication", comm},
-              {"host_bytes", r.host_bytes},
-              {"host", host},
-              {"analytic", report::analytic_profile_json(e)}};
+  return json{
+      {"stage", r.stage},
+      {"role", r.role},
+      {"ranks", r.ranks},
+      {"layers", r.layers},
+      {"in_flight_microbatches", r.in_flight},
+      {"local_params", r.local_params},
+      {"shard_elements", r.shard_elements},
+      {"padding_elements", r.padding_elements},
+      {"figures", report::figures_json(e.figures, true)},
+      {"peak_instant", e.peak_instant >= 0 ? json(e.instants[e.peak_instant].name) : json()},
+      {"communication", comm},
+      {"host_bytes", r.host_bytes},
+      {"host", host},
+      {"analytic", report::analytic_profile_json(e)}};
+}
+
+std::vector<ReferenceRank> references(const LayoutEstimate& le) {
+  return {deepspeed_reference(le.model, le.train, le.layout),
+          megatron_reference(le.model, le.train, le.layout)};
+}
+
+// The groups a reference can be compared on, for the first stage's peak (Megatron reports the
+// first stage; DeepSpeed covers pp = 1 only, where stage 0 is every rank).
+struct Group {
+  const char* name;
+  std::uint64_t ours;
+  std::optional<std::uint64_t> deepspeed, megatron;  // nullopt: not counted
+};
+
+std::vector<Group> reference_groups(const LayoutEstimate& le,
+                                    const std::vector<ReferenceRank>& refs) {
+  const CategoryBytes& pk = le.ranks.front().est.figures.peak_breakdown;
+  auto at = [&](Category c) { return pk[static_cast<int>(c)]; };
+  const ReferenceRank& ds = refs[0];
+  const ReferenceRank& mg = refs[1];
+  auto some = [](bool covers, std::uint64_t v) {
+    return covers ? std::optional<std::uint64_t>(v) : std::nullopt;
+  };
+  const std::uint64_t states =
+      at(Category::params) + at(Category::gradients) + at(Category::optimizer_states);
+  return {
+      {"model states (params, gradients, optimizer)", states, some(ds.covers, ds.gpu_total),
+       some(mg.covers, mg.gpu_total - mg.activations)},
+      {"activations", at(Category::activations), std::nullopt, some(mg.covers, mg.activations)},
+      {"workspace", at(Category::workspace), std::nullopt, std::nullopt},
+      {"communication", at(Category::communication), std::nullopt, std::nullopt},
+      {"inputs", at(Category::inputs), std::nullopt, std::nullopt},
+      {"total (GPU)", le.ranks.front().est.figures.peak, some(ds.covers, ds.gpu_total),
+       some(mg.covers, mg.gpu_total)},
+  };
+}
+
+json references_json(const LayoutEstimate& le) {
+  const auto refs = references(le);
+  json out = json::array();
+  for (const auto& r : refs) {
+    json terms = json::array();
+    for (const auto& t : r.terms)
+      terms.push_back(
+          {{"name", t.name}, {"bytes", t.bytes}, {"formula", t.formula}, {"host", t.host}});
+    out.push_back({{"profile", r.profile},
+                   {"source", r.source},
+                   {"covers", r.covers},
+                   {"why_not", r.why_not},
+                   {"activations", r.activations},
+                   {"gpu_total", r.gpu_total},
+                   {"host_total", r.host_total},
+                   {"terms", terms},
+                   {"notes", r.notes}});
+  }
+  json groups = json::array();
+  auto opt = [](const std::optional<std::uint64_t>& v) { return v ? json(*v) : json(); };
+  for (const auto& g : reference_groups(le, refs))
+    groups.push_back({{"group", g.name},
+                      {"ours_stage0_at_peak", g.ours},
+                      {"deepspeed", opt(g.deepspeed)},
+                      {"megatron", opt(g.megatron)}});
+  return {{"estimators", out}, {"by_group", groups}};
+}
+
+// Ours (stage 0 at its peak) beside each estimator, group by group; "-" where it counts nothing.
+report::Table references_table(const LayoutEstimate& le, const std::vector<ReferenceRank>& refs,
+                               ByteUnit u) {
+  report::Table t({{"stage 0 at its peak", report::Align::left},
+                   {"trainmem (" + std::string(u.name) + ")"},
+                   {"deepspeed"},
+                   {"megatron"},
+                   {"trainmem − deepspeed"},
+                   {"trainmem − megatron"}});
+  auto cell = [&](const std::optional<std::uint64_t>& v) {
+    return v ? format_bytes(*v, u)
+             : std::string(refs[0].covers || refs[1].covers ? "not counted" : "-");
+  };
+  auto shortfall = [&](std::uint64_t ours, const std::optional<std::uint64_t>& v, bool covers) {
+    if (!covers) return std::string("-");
+    const std::uint64_t theirs = v ? *v : 0;
+    return format_signed_bytes(static_cast<std::int64_t>(ours) - static_cast<std::int64_t>(theirs),
+                               u);
+  };
+  for (const auto& g : reference_groups(le, refs))
+    t.add_row({g.name, format_bytes(g.ours, u), cell(g.deepspeed), cell(g.megatron),
+               shortfall(g.ours, g.deepspeed, refs[0].covers),
+               shortfall(g.ours, g.megatron, refs[1].covers)});
+  return t;
 }
 
 std::string render_json(const LayoutEstimate& le) {
@@ -166,16 +266,17 @@ std::string render_json(const LayoutEstimate& le) {
              {"cuda_context_source", o.cuda_context_source},
              {"nccl", o.nccl},
              {"nccl_source", o.nccl_source}}},
-           {"worst_total", le.worst_total()}};
+           {"worst_total", le.worst_total()},
+           {"references", references_json(le)}};
   return doc.dump(2) + "\n";
 }
 
 // Per-rank figures: stage, role, ranks, the categories, peak, host.
 report::Table ranks_table(const LayoutEstimate& le, ByteUnit u, bool exact) {
-  std::vector<report::Table::Column> cols = {{"stage"}, {"role", report::Align::left}, {"ranks"},
-                                             {"in flight"}};
-  const char* names[] = {"params", "gradients", "optimizer", "activations", "workspace",
-                         "inputs", "communication", "peak", "host"};
+  std::vector<report::Table::Column> cols = {
+      {"stage"}, {"role", report::Align::left}, {"ranks"}, {"in flight"}};
+  const char* names[] = {"params", "gradients",     "optimizer", "activations", "workspace",
+                         "inputs", "communication", "peak",      "host"};
   for (const char* n : names)
     cols.push_back({exact ? std::string(n) : std::string(n) + " (" + u.name + ")"});
   report::Table t(cols);
@@ -209,8 +310,8 @@ std::string render_layout(const LayoutEstimate& le, Format format, report::Colou
   else
     w = std::make_unique<report::TextWriter>(colour);
   const auto& t = le.train;
-  w->title(title + " — " + le.model.name + ", " +
-           std::to_string(le.layout.world) + " GPUs: " + le.layout.describe());
+  w->title(title + " — " + le.model.name + ", " + std::to_string(le.layout.world) +
+           " GPUs: " + le.layout.describe());
   w->line("micro-batch b " + std::to_string(t.batch) + " (global batch " +
           std::to_string(le.global_batch) + " = b·M·dp), s " + std::to_string(t.seq) + ", " +
           dtype_name(t.dtype) + ", " + optimizer_name(t.optimizer) + ", checkpointing " +
@@ -231,15 +332,31 @@ std::string render_layout(const LayoutEstimate& le, Format format, report::Colou
   w->item("NCCL buffers: " + o.nccl_source);
   w->item("peak instant: " + worst.est.instants[worst.est.peak_instant].name);
   w->item("parameters on the rank: " + report::with_commas(worst.local_params) +
-          (le.layout.zero >= 1 ? ", ZeRO shard " + report::with_commas(worst.shard_elements) +
-                                     " (padding " + report::with_commas(worst.padding_elements) +
-                                     ")"
-                               : ""));
+          (le.layout.zero >= 1
+               ? ", ZeRO shard " + report::with_commas(worst.shard_elements) + " (padding " +
+                     report::with_commas(worst.padding_elements) + ")"
+               : ""));
   for (const auto& e : worst.communication)
     w->item("communication: " + e.name + " " + e.shape + " " + format_bytes_with_unit(e.bytes, u) +
             " — " + e.why);
   for (const auto& e : worst.host)
     w->item("host: " + e.name + " " + format_bytes_with_unit(e.bytes, u) + " — " + e.why);
+  w->paragraph_break();
+  const auto refs = references(le);
+  w->heading("Published estimators beside the trace (docs/distributed-references.md)");
+  w->table(references_table(le, refs, u));
+  w->paragraph_break();
+  for (const auto& r : refs) {
+    if (!r.covers) {
+      w->item(r.profile + ": no formula for this layout (" + r.why_not + ")");
+      continue;
+    }
+    std::string terms;
+    for (const auto& term : r.terms)
+      terms += (terms.empty() ? "" : "; ") + term.name + " " + term.formula + " = " +
+               format_bytes_with_unit(term.bytes, u) + (term.host ? " (host)" : "");
+    w->item(r.profile + ": " + terms);
+  }
   w->paragraph_break();
   return w->str();
 }

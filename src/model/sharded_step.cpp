@@ -35,7 +35,7 @@ struct ShardedStep::Impl {
   std::vector<Tensor> persistent;  // params, gradients, states, inputs, workspace, buckets
 
   // ZeRO-3: unit positions and the gathered units alive.
-  std::vector<int> seq;                // unit per position (0 embedding, 1+l layer, Ls+1 head)
+  std::vector<int> seq;  // unit per position (0 embedding, 1+l layer, Ls+1 head)
   std::vector<std::uint64_t> unit_elems;
   std::map<int, Tensor> gathered;
 
@@ -130,13 +130,14 @@ struct ShardedStep::Impl {
       Pk = checked_add(Pk, numel(q.shape), "parameters");
       largest = std::max(largest, numel(q.shape));
     }
-    const std::int64_t shard = static_cast<std::int64_t>((Pk + std::uint64_t(p.dp) - 1) /
-                                                         std::uint64_t(p.dp));
+    const std::int64_t shard =
+        static_cast<std::int64_t>((Pk + std::uint64_t(p.dp) - 1) / std::uint64_t(p.dp));
     const bool off = p.offload != Offload::none;
     const bool off_params = p.offload == Offload::optimizer_params;
     // 1. parameters.
     if (p.zero == 3) {
-      if (!off_params) persistent.push_back(alloc("params.shard", Category::params, -1, {shard}, D));
+      if (!off_params)
+        persistent.push_back(alloc("params.shard", Category::params, -1, {shard}, D));
     } else {
       for (const auto& q : params)
         persistent.push_back(alloc(q.name, Category::params, q.layer, q.shape, D));
@@ -253,8 +254,8 @@ struct ShardedStep::Impl {
     A("out", {b, sr, h}, D);
     gath.reset();
     if (full) {
-      static const char* order[] = {"act", "up",       "gate", "xn2", "rstd2", "h_mid", "attn_out",
-                                    "probs", "lse",    "v",    "k",   "q",     "xn1",   "rstd1"};
+      static const char* order[] = {"act",   "up",  "gate", "xn2", "rstd2", "h_mid", "attn_out",
+                                    "probs", "lse", "v",    "k",   "q",     "xn1",   "rstd1"};
       for (const char* name : order) L.acts.erase(name);
     }
   }
@@ -336,7 +337,8 @@ struct ShardedStep::Impl {
     Tensor d_q = ws("d_q", g, {b, s, a * d}, D);
     Tensor d_k = ws("d_k", g, {b, s, k * d}, D);
     Tensor d_v = ws("d_v", g, {b, s, k * d}, D);
-    Tensor scratch = eager ? ws("d_probs", g, {b, a, s, s}, D) : ws("attn_delta", g, {b, a, s}, f32);
+    Tensor scratch =
+        eager ? ws("d_probs", g, {b, a, s, s}, D) : ws("attn_delta", g, {b, a, s}, f32);
     scratch.reset();
     d_ao.reset();
     drop({"attn_out", "probs", "lse"});

@@ -20,8 +20,8 @@ void compare(RankTrace& r, const MemoryFigures& want) {
   const MemoryFigures& got = r.ledger;
   auto one = [&](const char* name, std::uint64_t g, std::uint64_t w) {
     if (g != w)
-      r.differences.push_back(std::string(name) + ": ledger " + std::to_string(g) +
-                              ", analytic " + std::to_string(w));
+      r.differences.push_back(std::string(name) + ": ledger " + std::to_string(g) + ", analytic " +
+                              std::to_string(w));
   };
   one("params", got.params, want.params);
   one("gradients", got.gradients, want.gradients);
