@@ -78,10 +78,9 @@ int main() {
     p.microbatches = l.M;
     p.resolve(true, m, t);
     const double closed = median_ms([&] { sink += estimate_layout(m, t, p).worst_total(); }, 20);
-    const double traced =
-        median_ms([&] { sink += trace_layout(m, t, p, {}, 2).ranks.size(); }, 5);
-    std::printf("%-28s %6lld %14.3f %16.2f %18.2f\n", l.name, static_cast<long long>(l.pp),
-                closed, traced, traced / double(l.pp));
+    const double traced = median_ms([&] { sink += trace_layout(m, t, p, {}, 2).ranks.size(); }, 5);
+    std::printf("%-28s %6lld %14.3f %16.2f %18.2f\n", l.name, static_cast<long long>(l.pp), closed,
+                traced, traced / double(l.pp));
   }
   return sink == 0 ? 1 : 0;
 }

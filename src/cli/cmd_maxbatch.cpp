@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "layout.hpp"
 #include "search.hpp"
 #include "size.hpp"
 #include "trainmem/backend.hpp"
@@ -30,6 +31,7 @@ struct MaxbatchFlags {
   std::string vary = "batch";
   std::string overhead = "auto";
   std::int64_t step = 1;
+  LayoutFlags layout;
 };
 
 struct Budget {
@@ -112,8 +114,16 @@ int run_maxbatch(const MaxbatchFlags& flags) {
   const Budget budget = flags.budget == "device" ? device_budget()
                                                  : Budget{parse_size(flags.budget, "--budget"),
                                                           "--budget " + flags.budget};
-  const Overhead overhead = resolve_overhead(flags.overhead, c.train.dtype);
   const bool vary_batch = flags.vary == "batch";
+  if (flags.layout.world != 1) {
+    if (flags.overhead != "auto")
+      throw InputError(
+          "--overhead with --world-size above 1: state the overheads per GPU with "
+          "--cuda-context and --nccl-memory");
+    return run_maxbatch_layout(c, flags.layout, budget.bytes, budget.source, vary_batch,
+                               flags.step);
+  }
+  const Overhead overhead = resolve_overhead(flags.overhead, c.train.dtype);
 
   int traced = 0;
   auto probe = [&](std::int64_t v) -> Probe {
@@ -245,6 +255,7 @@ Runner register_maxbatch(CLI::App& app) {
   cmd->add_option("--step", flags->step, "Granularity of the answer (e.g. 64 for --vary seq)")
       ->check(integer_check<std::int64_t>("an integer; allowed: an integer >= 1"))
       ->capture_default_str();
+  add_layout_flags(*cmd, flags->layout);
   return [flags] { return run_maxbatch(*flags); };
 }
 

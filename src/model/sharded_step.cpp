@@ -41,9 +41,9 @@ struct ShardedStep::Impl {
   std::map<int, Tensor> gathered;
 
   // Activations of one micro-batch in flight: one slot per per-layer tensor name.
-  static constexpr const char* kActNames[] = {"rstd1", "xn1",  "q",     "k",    "v",
+  static constexpr const char* kActNames[] = {"rstd1", "xn1",  "q",        "k",     "v",
                                               "probs", "lse",  "attn_out", "h_mid", "rstd2",
-                                              "xn2",   "gate", "up",    "act",  "out"};
+                                              "xn2",   "gate", "up",       "act",   "out"};
   static constexpr int kNumActs = sizeof(kActNames) / sizeof(kActNames[0]);
   static int act_slot(const char* name) {
     for (int n = 0; n < kNumActs; ++n)
