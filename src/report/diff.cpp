@@ -497,9 +497,40 @@ Result compare(const Side& a, const Side& b) {
 
 // ---------------------------------------------------------------- reports
 
+namespace {
+
+// CSV: one row per category and per tensor, exact bytes.
+report::Table exact_table(const Result& r) {
+  using report::Align;
+  report::Table t({{"kind", Align::left},
+                   {"group", Align::left},
+                   {"name", Align::left},
+                   {"count_a", Align::right},
+                   {"count_b", Align::right},
+                   {"a_bytes", Align::right},
+                   {"b_bytes", Align::right},
+                   {"delta", Align::right},
+                   {"coefficient_change", Align::left},
+                   {"change", Align::left},
+                   {"why", Align::left}});
+  for (const auto& c : r.categories)
+    t.add_row({"category", "", c.name, "", "", std::to_string(c.a), std::to_string(c.b),
+               std::to_string(c.delta), "", "", ""});
+  for (const auto& row : r.rows)
+    t.add_row({"tensor", row.group, row.name, std::to_string(row.count_a),
+               std::to_string(row.count_b), std::to_string(row.a_bytes),
+               std::to_string(row.b_bytes), std::to_string(row.delta), row.coefficient_change,
+               row.change, row.why});
+  return t;
+}
+
+}  // namespace
+
 void write_report(const Result& r, report::ReportWriter& w, bool all_rows) {
   using report::Align;
   using report::Table;
+  w.document([&] { return to_json(r); });
+  w.csv_table(exact_table(r));
   w.title("trainmem diff: A = " + r.a.spec + ", B = " + r.b.spec +
           "  (Δ = B − A; GiB = 2^30 bytes)");
   // Items: one line each in text, a list in Markdown (consecutive lines would join there).
@@ -608,30 +639,6 @@ void write_report(const Result& r, report::ReportWriter& w, bool all_rows) {
   if (hidden)
     w.paragraph(std::to_string(hidden) + " of " + std::to_string(r.rows.size()) +
                 " tensors are the same on both sides and not listed (--all lists them).");
-}
-
-std::string csv(const Result& r) {
-  using report::Align;
-  report::Table t({{"kind", Align::left},
-                   {"group", Align::left},
-                   {"name", Align::left},
-                   {"count_a", Align::right},
-                   {"count_b", Align::right},
-                   {"a_bytes", Align::right},
-                   {"b_bytes", Align::right},
-                   {"delta", Align::right},
-                   {"coefficient_change", Align::left},
-                   {"change", Align::left},
-                   {"why", Align::left}});
-  for (const auto& c : r.categories)
-    t.add_row({"category", "", c.name, "", "", std::to_string(c.a), std::to_string(c.b),
-               std::to_string(c.delta), "", "", ""});
-  for (const auto& row : r.rows)
-    t.add_row({"tensor", row.group, row.name, std::to_string(row.count_a),
-               std::to_string(row.count_b), std::to_string(row.a_bytes),
-               std::to_string(row.b_bytes), std::to_string(row.delta), row.coefficient_change,
-               row.change, row.why});
-  return t.csv();
 }
 
 json to_json(const Result& r) {
