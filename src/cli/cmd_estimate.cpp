@@ -194,7 +194,7 @@ report::Table paper_table(const std::vector<Run>& runs) {
                    {"paper", report::Align::right},
                    {"diff", report::Align::right},
                    {"paper's parts", report::Align::right}});
-  const auto gib = [](std::uint64_t b) { return static_cast<double>(b) / 1073741824.0; };
+  const auto gib = [](std::uint64_t b) { return in_unit(b, kGiB); };
   const auto signed2 = [](double v) {
     const double r = std::round(v * 100) / 100;
     return (r > 0 ? "+" : r < 0 ? "-" : " ") + report::fixed(std::fabs(r), 2);
