@@ -8,18 +8,12 @@
 // padding, reduce buckets, ZeRO-3 windows, 1F1B in-flight micro-batches, offload), and takes the
 // largest total, a tie keeping the first instant.
 //
-// Where the doc does not say enough to derive a figure, the test says so (peak_derivable false)
-// and checks only what it does let us derive:
-//  - the sequence-parallel backward (head step 2, steps 3 and 8): "a (b,s,h) partial ...
-//    reduce-scattered into a (b,s_r,h) gradient, while the GEMM's input is gathered again" does
-//    not say whether the gathered input and the (b,s_r,h) gradient coexist; our reading (all
-//    three together) is printed against the code's under TRAINMEM_DOC_VERBOSE, not asserted;
-//  - the head's tensors under tp/sp are not in the doc's table; we read final_rstd (b,s_r),
-//    logits (b,s,V/t), ce_lse and ce_losses (b,s) (one value per position);
-//  - `activations` with micro-batches in flight: the doc does not say whether the figure counts
-//    them; we read "every figure is per rank ... at the rank's own peak" as yes, each in-flight
-//    micro-batch holding the stage's end-of-forward set (a non-last stage without its sent `out`).
-// DISABLED_Zero3EmbeddingWindowPeak shows an instant the doc's list lacks (see there).
+// The review that wrote it found the doc silent or short on: the sequence-parallel backward's
+// order (what coexists at head step 2, steps 3 and 8), the head's shapes under tp/sp, whether
+// `activations` counts the micro-batches in flight, the embedding's ZeRO-3 / sp instant, and the
+// non-last stage's forward instant. The doc now spells each out (allocation order under sp,
+// "Head", "Figures", the numbered instant list), and this test follows it; peak_derivable stays
+// for a future case the doc would not determine.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -203,9 +197,12 @@ DocRank doc_rank(const ModelConfig& m, const TrainConfig& tc, const ParallelConf
   // Read literally, "to every instant the activations of the other micro-batches in flight are
   // added" includes the start of the step; nothing is in flight then (the code agrees).
   r.instants.back().c[A] = 0;
-  // Under full checkpointing, sp or ZeRO-3: the forward of the last layers when their `out` is
-  // allocated (with the down partial under sp; under ZeRO-3 the last prefetch + 1 layers).
-  if (ck || p.sp || z == 3) {
+  // First stage under sp or ZeRO-3: embed_out allocated (embed.partial, the embedding's window).
+  if (first && (p.sp || z == 3)) inst("embed_out", stage_in, 0, sp_full + gathered(0));
+  // Under full checkpointing, sp or ZeRO-3, and on every non-last stage: the forward of the last
+  // layers when their `out` is allocated (with the down partial under sp; under ZeRO-3 the last
+  // prefetch + 1 layers).
+  if (ck || p.sp || z == 3 || !last) {
     const u64 from = z == 3 ? std::max<i64>(0, static_cast<i64>(Ls) - 1 - p.prefetch) : Ls - 1;
     for (u64 l = from; l < Ls; ++l) {
       const u64 acts = stage_in + l * keep + full;
@@ -225,8 +222,10 @@ DocRank doc_rank(const ModelConfig& m, const TrainConfig& tc, const ParallelConf
     if (!p.sp) {
       inst("head step 2", A_end - ce_lse, w * b * s * h, gathered(L + 1));
       inst("head step 3", A_end - ce_lse - logits, w * b * s * h + dres, gathered(L + 1));
-    } else {  // our reading; the doc does not say what coexists
-      inst("head step 2 (sp)", A_end - ce_lse, w * b * s * h + Rh, sp_full + gathered(L + 1));
+    } else {  // the doc's allocation order under sp
+      inst("head step 2 (sp)", A_end - ce_lse, w * b * s * h, sp_full + gathered(L + 1));
+      inst("head step 2 reduce-scatter (sp)", A_end - ce_lse - logits, w * b * s * h + Rh,
+           gathered(L + 1));
       inst("head step 3 (sp)", A_end - ce_lse - logits, Rh + dres, gathered(L + 1));
     }
   } else {
@@ -249,14 +248,16 @@ DocRank doc_rank(const ModelConfig& m, const TrainConfig& tc, const ParallelConf
     inst("step 6", a5, D + 2 * Q + 2 * K + dprobs, g);
     inst("step 8", a8, D + Q + 2 * K + w * b * s * h, g);
     fully_known = r.instants.size();
-  } else {  // our reading of the sp gather / reduce-scatter instants
+  } else {  // the doc's allocation order under sp
     inst("step 1 (sp)", a1, D + I, sp_full + g);
     inst("step 2", a2, D + 3 * I, g);
-    inst("step 3 (sp)", a3, D + 2 * I + w * b * s * h + Rh, sp_full + g);
+    inst("step 3 (sp)", a3, D + 2 * I + w * b * s * h, sp_full + g);
+    inst("step 3 reduce-scatter (sp)", a3, D + 2 * I + w * b * s * h + Rh, g);
     inst("step 5 (sp)", a5, D + Q, sp_full + g);
     inst("step 6", a5, D + 2 * Q + 2 * K + dprobs, g);
-    inst("step 8 (sp)", a8, D + Q + 2 * K + w * b * s * h + Rh, sp_full + g);
-    r.peak_derivable = false;
+    inst("step 8 (sp)", a8, D + Q + 2 * K + w * b * s * h, sp_full + g);
+    inst("step 8 reduce-scatter (sp)", a8, D + Q + 2 * K + w * b * s * h + Rh, g);
+    fully_known = r.instants.size();
   }
   int best = 0;
   for (size_t k = 0; k < r.instants.size(); ++k)
@@ -423,12 +424,10 @@ TEST(DistributedDoc, Zero3TiedHeadUnit) {
   check_case({"zero3 tied prefetch 0", m, t, p});
 }
 
-// Doc defect (reported): under ZeRO-3 the code also takes the embedding's forward instant
-// (embed_out allocated, the embedding's window gathered), which "The peak of a rank" does not
-// list. With a window reaching the head and a layer's activations smaller than the embedding
-// weight, that instant is the peak, so the figures of the doc's list are below the code's.
-// Enable once the doc lists the instant (and add it to doc_rank).
-TEST(DistributedDoc, DISABLED_Zero3EmbeddingWindowPeak) {
+// Under ZeRO-3 the embedding's forward instant (embed_out allocated, the embedding's window
+// gathered) is the peak when the window reaches the head and a layer's activations are smaller
+// than the embedding weight (the review found the doc's list lacked it; the doc now lists it).
+TEST(DistributedDoc, Zero3EmbeddingWindowPeak) {
   auto m = preset("tiny");
   auto t = make_train(1, 2, DType::bf16, Checkpointing::none, Attention::eager);
   ParallelConfig p;
