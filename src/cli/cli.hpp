@@ -141,6 +141,7 @@ Runner register_compare(CLI::App& app);
 Runner register_sweep(CLI::App& app);
 Runner register_maxbatch(CLI::App& app);
 Runner register_diff(CLI::App& app);
+Runner register_plan(CLI::App& app);
 
 // One side of `trainmem diff A B` as typed (cmd_diff.cpp): a profile spec
 // "NAME[:key=value,...]" (NAME a profile: native, hf-eager, megatron, zero; keys model, batch,
