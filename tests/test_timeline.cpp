@@ -168,7 +168,7 @@ TEST(Timeline, TraceJsonReplaysToTheSameLiveBytes) {
   EXPECT_EQ(last["live activations"], 0u);
   EXPECT_EQ(last["live workspace"], 0u);
   EXPECT_EQ(last["live total"], 401 * MiB);
-  EXPECT_EQ(last.size(), 7u);  // six categories and the total
+  EXPECT_EQ(last.size(), 8u);  // seven categories and the total
   EXPECT_EQ(j["traceEvents"][0]["args"]["name"], "trainmem: t \"q\"");
 }
 

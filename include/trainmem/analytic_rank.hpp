@@ -38,25 +38,25 @@ Overheads estimate_overheads(const ParallelConfig& layout, const OverheadOptions
 
 // The figures of one distinct rank (a pipeline stage; every dp and tp rank of it is identical).
 struct RankEstimate {
-  std::int64_t stage = 0;  // pipeline stage (0 = first)
-  std::string role;        // "only", "first", "middle", "last"
-  std::int64_t ranks = 0;  // ranks with these figures (dp·tp)
-  std::int64_t layers = 0;            // layers on this stage (L/pp)
-  std::int64_t in_flight = 1;         // micro-batches whose activations are alive at the peak
-  std::uint64_t local_params = 0;     // parameters the stage holds before ZeRO (TP-sharded)
-  std::uint64_t shard_elements = 0;   // the ZeRO flat shard, padded (= local_params when zero 0)
-  std::uint64_t padding_elements = 0; // shard·dp − local_params
-  Estimate est;                       // figures per category (communication included), instants
+  std::int64_t stage = 0;              // pipeline stage (0 = first)
+  std::string role;                    // "only", "first", "middle", "last"
+  std::int64_t ranks = 0;              // ranks with these figures (dp·tp)
+  std::int64_t layers = 0;             // layers on this stage (L/pp)
+  std::int64_t in_flight = 1;          // micro-batches whose activations are alive at the peak
+  std::uint64_t local_params = 0;      // parameters the stage holds before ZeRO (TP-sharded)
+  std::uint64_t shard_elements = 0;    // the ZeRO flat shard, padded (= local_params when zero 0)
+  std::uint64_t padding_elements = 0;  // shard·dp − local_params
+  Estimate est;                        // figures per category (communication included), instants
   std::vector<TensorEntry> communication;  // the collective buffers the stage allocates
-  std::uint64_t host_bytes = 0;       // --offload: what the rank keeps in host memory
-  std::vector<TensorEntry> host;      // what those host bytes are
+  std::uint64_t host_bytes = 0;            // --offload: what the rank keeps in host memory
+  std::vector<TensorEntry> host;           // what those host bytes are
 };
 
 struct LayoutEstimate {
   ParallelConfig layout;
   ModelConfig model;
-  TrainConfig train;  // batch = micro-batch size b
-  std::uint64_t global_batch = 0;  // b · M · dp
+  TrainConfig train;                // batch = micro-batch size b
+  std::uint64_t global_batch = 0;   // b · M · dp
   std::vector<RankEstimate> ranks;  // distinct ranks, stage order
   int worst = 0;                    // index of the rank with the largest peak (first on ties)
   Overheads overheads;

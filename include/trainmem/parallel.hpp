@@ -17,15 +17,15 @@ std::optional<Offload> parse_offload(const std::string& s);
 
 // DeepSpeed's default (deepspeed/runtime/zero/config.py), in elements. Its allgather bucket
 // costs no bytes here: the sharded step gathers updated parameters in place.
-constexpr std::uint64_t kDefaultReduceBucket = 500000000;    // reduce_bucket_size 5e8
+constexpr std::uint64_t kDefaultReduceBucket = 500000000;  // reduce_bucket_size 5e8
 
 struct ParallelConfig {
-  std::int64_t world = 1;  // N (--world-size)
-  std::int64_t dp = 1;     // data-parallel degree (--dp; default N / (tp·pp))
-  std::int64_t tp = 1;     // tensor-parallel degree (--tp)
-  std::int64_t pp = 1;     // pipeline stages (--pp)
-  int zero = 0;            // --zero 0|1|2|3 (FSDP: SHARD_GRAD_OP = 2, FULL_SHARD = 3)
-  bool sp = false;         // --sp: sequence parallelism inside the tensor-parallel group
+  std::int64_t world = 1;         // N (--world-size)
+  std::int64_t dp = 1;            // data-parallel degree (--dp; default N / (tp·pp))
+  std::int64_t tp = 1;            // tensor-parallel degree (--tp)
+  std::int64_t pp = 1;            // pipeline stages (--pp)
+  int zero = 0;                   // --zero 0|1|2|3 (FSDP: SHARD_GRAD_OP = 2, FULL_SHARD = 3)
+  bool sp = false;                // --sp: sequence parallelism inside the tensor-parallel group
   std::int64_t microbatches = 1;  // M (--microbatches): per optimizer step, per pipeline
   Offload offload = Offload::none;
   std::uint64_t reduce_bucket = kDefaultReduceBucket;  // --reduce-bucket (elements)

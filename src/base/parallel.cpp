@@ -78,8 +78,9 @@ void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const Trai
     throw InputError("--pp " + str(pp) + ": the model's num_hidden_layers (" + str(model.layers) +
                      ") is not divisible by it; every stage holds the same number of layers");
   if (sp && tp == 1)
-    throw InputError("--sp needs --tp 2 or more: sequence parallelism shards the sequence "
-                     "inside the tensor-parallel group");
+    throw InputError(
+        "--sp needs --tp 2 or more: sequence parallelism shards the sequence "
+        "inside the tensor-parallel group");
   if (sp && train.seq % tp != 0)
     throw InputError("--sp with --tp " + str(tp) + ": --seq " + str(train.seq) +
                      " must be divisible by --tp (each rank keeps s/tp rows)");
@@ -92,18 +93,21 @@ void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const Trai
                      " needs data parallelism (--dp 2 or more): ZeRO shards over the "
                      "data-parallel ranks, and here dp = 1");
   if (offload == Offload::optimizer && zero < 1)
-    throw InputError("--offload optimizer needs --zero 1, 2 or 3 (the offloaded optimizer "
-                     "states are the rank's shard)");
+    throw InputError(
+        "--offload optimizer needs --zero 1, 2 or 3 (the offloaded optimizer "
+        "states are the rank's shard)");
   if (offload == Offload::optimizer_params && zero != 3)
-    throw InputError("--offload optimizer+params needs --zero 3 (only ZeRO-3 shards the "
-                     "parameters)");
+    throw InputError(
+        "--offload optimizer+params needs --zero 3 (only ZeRO-3 shards the "
+        "parameters)");
   if (offload != Offload::none && train.optimizer != Optimizer::adamw &&
       train.optimizer != Optimizer::sgd)
     throw InputError("--offload " + std::string(offload_name(offload)) +
                      " needs --optimizer adamw or sgd");
   if (world > 1 && train.optimizer == Optimizer::lomo)
-    throw InputError("--optimizer lomo: the sharded step supports adamw and sgd; LOMO with "
-                     "--world-size above 1 is not modelled");
+    throw InputError(
+        "--optimizer lomo: the sharded step supports adamw and sgd; LOMO with "
+        "--world-size above 1 is not modelled");
 }
 
 std::string ParallelConfig::describe() const {

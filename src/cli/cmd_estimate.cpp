@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "layout.hpp"
 #include "trainmem/analytic.hpp"
 #include "trainmem/error.hpp"
 #include "trainmem/report.hpp"
@@ -340,7 +341,9 @@ Runner register_estimate(CLI::App& app) {
   auto flags = std::make_shared<CommonFlags>();
   auto explain = std::make_shared<bool>(false);
   auto paper = std::make_shared<std::string>();
+  auto layout = std::make_shared<LayoutFlags>();
   add_common_flags(*cmd, *flags);
+  add_layout_flags(*cmd, *layout);
   cmd->add_option("--paper", *paper,
                   "Print a published table beside the estimate: lomo (LOMO, Lv et al. 2023, "
                   "Table 1: LLaMA-7B, b 8, s 512, fp16), with the differences");
@@ -349,9 +352,16 @@ Runner register_estimate(CLI::App& app) {
   cmd->footer(
       "--optimizer all and --checkpointing both give the whole table (3 optimizers x 2 modes).\n"
       "Formulas and a worked LLaMA-7B example: docs/formulas.md.");
-  return [flags, explain, paper] {
+  return [flags, explain, paper, layout] {
     const Common c = resolve_common(*flags, /*allow_all_optimizers=*/true,
                                     /*allow_both_modes=*/true);
+    const ParallelConfig par = resolve_layout(*layout, c.model, c.train);
+    if (par.distributed()) {
+      check_layout_request(c, *explain, !paper->empty());
+      const LayoutEstimate le = estimate_layout(c.model, c.train, par, resolve_overheads(*layout));
+      write_output(c.output, render_layout(le, c.format, stdout_colour(c.output)));
+      return 0;
+    }
     const bool with_paper = !paper->empty();
     if (with_paper) {
       if (*paper != "lomo")

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "cli.hpp"
+#include "layout.hpp"
 #include "trainmem/analytic.hpp"
 #include "trainmem/error.hpp"
 #include "trainmem/run.hpp"
@@ -21,10 +22,34 @@ namespace {
 struct ProfileFlags {
   CommonFlags common;
   RunFlags run;
+  LayoutFlags layout;
 };
+
+// --world-size above 1: each distinct rank traced on meta beside the per-rank analytic.
+int run_profile_layout(const Common& c, const ProfileFlags& flags, const ParallelConfig& par) {
+  const std::string& be = flags.run.backend;
+  if (be != "meta" && be != "auto")
+    throw InputError("--backend " + be +
+                     " with --world-size above 1: the measured multi-rank run (one process per "
+                     "rank under mpirun) is not built yet; --backend meta traces every rank's "
+                     "sharded step");
+  if (be == "auto") spdlog::info("--world-size {}: tracing every rank on meta", par.world);
+  if (!flags.run.timeline.empty() || !flags.run.dump.empty() || !flags.run.weights.empty() ||
+      !flags.run.tokens.empty() || !flags.run.device_budget.empty())
+    throw InputError(
+        "--timeline, --dump, --weights, --tokens and --device-budget are not "
+        "available with --world-size above 1 yet");
+  check_layout_request(c, false, false);
+  const LayoutTrace lt =
+      trace_layout(c.model, c.train, par, resolve_overheads(flags.layout), flags.run.steps);
+  write_output(c.output, render_layout_trace(lt, c.format, stdout_colour(c.output)));
+  return 0;
+}
 
 int run_profile(const ProfileFlags& flags) {
   const Common c = resolve_common(flags.common, false, false);
+  const ParallelConfig par = resolve_layout(flags.layout, c.model, c.train);
+  if (par.distributed()) return run_profile_layout(c, flags, par);
   if (!flags.run.timeline.empty()) validate_timeline_path(flags.run.timeline);
 
   const RunRequest rq = run_request(c, flags.run);
@@ -70,6 +95,7 @@ Runner register_profile(CLI::App& app) {
   auto flags = std::make_shared<ProfileFlags>();
   add_common_flags(*cmd, flags->common);
   add_run_flags(*cmd, flags->run, /*several_runs=*/false);
+  add_layout_flags(*cmd, flags->layout);
   return [flags] { return run_profile(*flags); };
 }
 

@@ -1,0 +1,440 @@
+// The parallel-layout flags and the per-rank report of `estimate` (src/cli/layout.hpp).
+#include "layout.hpp"
+
+#include <cmath>
+#include <optional>
+
+#include "size.hpp"
+#include "trainmem/bytes.hpp"
+#include "trainmem/dist_refs.hpp"
+#include "trainmem/error.hpp"
+#include "trainmem/report.hpp"
+#include "trainmem/report_writer.hpp"
+
+namespace trainmem::cli {
+
+using nlohmann::json;
+
+void add_layout_flags(CLI::App& cmd, LayoutFlags& f) {
+  cmd.add_option("--world-size", f.world, "GPUs the step is spread over, N = dp·tp·pp (default 1)")
+      ->check(integer_check<std::int64_t>("a whole number of GPUs"));
+  cmd.add_option("--dp", f.dp, "Data-parallel degree (default N / (tp·pp))")
+      ->check(integer_check<std::int64_t>("a whole number"));
+  cmd.add_option("--tp", f.tp, "Tensor-parallel degree (default 1)")
+      ->check(integer_check<std::int64_t>("a whole number"));
+  cmd.add_option("--pp", f.pp, "Pipeline stages, 1F1B schedule (default 1)")
+      ->check(integer_check<std::int64_t>("a whole number"));
+  cmd.add_option("--zero", f.zero,
+                 "ZeRO stage over the data-parallel ranks: 0, 1 (optimizer states), 2 (+ "
+                 "gradients; FSDP SHARD_GRAD_OP), 3 (+ parameters; FSDP FULL_SHARD)");
+  cmd.add_flag("--sp", f.sp, "Sequence parallelism inside the tensor-parallel group (needs --tp)");
+  cmd.add_option("--microbatches", f.microbatches,
+                 "Micro-batches per optimizer step (M; the pipeline's in-flight count)")
+      ->check(integer_check<std::int64_t>("a whole number"));
+  cmd.add_option("--offload", f.offload,
+                 "none | optimizer (ZeRO >= 1) | optimizer+params (ZeRO-3): kept in host memory");
+  cmd.add_option(
+      "--reduce-bucket", f.reduce_bucket,
+      "ZeRO-2/3 reduce bucket in elements (DeepSpeed's reduce_bucket_size, default 5e8)");
+  cmd.add_flag("--overlap-comm", f.overlap_comm, "A second reduce bucket (DeepSpeed overlap_comm)");
+  cmd.add_option("--prefetch", f.prefetch,
+                 "ZeRO-3: units (layers) gathered ahead of the one computing (default 1)")
+      ->check(integer_check<std::int64_t>("a whole number"));
+  cmd.add_option("--cuda-context", f.cuda_context,
+                 "CUDA context per GPU, outside the books (default estimate 512MiB)");
+  cmd.add_option("--nccl-memory", f.nccl_memory,
+                 "NCCL buffers per GPU, outside the books (default: communicators × channels × "
+                 "2 × NCCL_BUFFSIZE)");
+  cmd.add_option("--nccl-channels", f.nccl_channels, "NCCL channels per communicator (default 16)")
+      ->check(integer_check<std::int64_t>("a whole number"));
+}
+
+namespace {
+
+std::uint64_t parse_elements(const std::string& text, const char* flag) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !(v >= 1) || v > 1e18 ||
+      std::floor(v) != v)
+    throw InputError(std::string(flag) + ": '" + text +
+                     "' is not a whole number of elements (e.g. 500000000 or 5e8)");
+  return static_cast<std::uint64_t>(v);
+}
+
+}  // namespace
+
+ParallelConfig resolve_layout(const LayoutFlags& f, const ModelConfig& model,
+                              const TrainConfig& train) {
+  ParallelConfig p;
+  p.world = f.world;
+  p.dp = f.dp;
+  p.tp = f.tp;
+  p.pp = f.pp;
+  const auto zero = parse_zero(f.zero);
+  if (!zero)
+    throw InputError("--zero: '" + f.zero +
+                     "' is not a stage; allowed: 0, 1, 2, 3 (or FSDP's NO_SHARD, SHARD_GRAD_OP, "
+                     "FULL_SHARD)");
+  p.zero = *zero;
+  p.sp = f.sp;
+  p.microbatches = f.microbatches;
+  const auto off = parse_offload(f.offload);
+  if (!off)
+    throw InputError("--offload: '" + f.offload +
+                     "' is not allowed; allowed: none, optimizer, "
+                     "optimizer+params");
+  p.offload = *off;
+  if (!f.reduce_bucket.empty())
+    p.reduce_bucket = parse_elements(f.reduce_bucket, "--reduce-bucket");
+  p.overlap_comm = f.overlap_comm;
+  p.prefetch = f.prefetch;
+  if (f.nccl_channels < 1)
+    throw InputError("--nccl-channels must be at least 1, got " + std::to_string(f.nccl_channels));
+  p.resolve(f.dp != 0, model, train);
+  return p;
+}
+
+OverheadOptions resolve_overheads(const LayoutFlags& f) {
+  OverheadOptions o;
+  if (!f.cuda_context.empty()) o.cuda_context = parse_size(f.cuda_context, "--cuda-context");
+  if (!f.nccl_memory.empty()) o.nccl = parse_size(f.nccl_memory, "--nccl-memory");
+  o.nccl_channels = f.nccl_channels;
+  return o;
+}
+
+void check_layout_request(const Common& c, bool explain, bool paper) {
+  if (c.optimizers.size() != 1)
+    throw InputError(
+        "--optimizer all: with --world-size above 1 give one optimizer (adamw or sgd)");
+  if (c.checkpointing_modes.size() != 1)
+    throw InputError(
+        "--checkpointing both: with --world-size above 1 give one mode (none or full)");
+  for (const auto& p : c.profiles)
+    if (p != "native" && p != "hf-eager" && p != "megatron" && p != "zero")
+      throw InputError("--profile " + p +
+                       ": with --world-size above 1 the per-rank profile is "
+                       "native (the default)");
+  if (c.profiles.size() == 1 && c.profiles.front() != "native")
+    throw InputError("--profile " + c.profiles.front() +
+                     ": with --world-size above 1 the per-rank profile is native (the default)");
+  if (explain) throw InputError("--explain: not yet available with --world-size above 1");
+  if (paper) throw InputError("--paper: a single-GPU table; not with --world-size above 1");
+}
+
+namespace {
+
+json layout_json(const ParallelConfig& p) {
+  return json{{"world_size", p.world},
+              {"dp", p.dp},
+              {"tp", p.tp},
+              {"pp", p.pp},
+              {"zero", p.zero},
+              {"sp", p.sp},
+              {"microbatches", p.microbatches},
+              {"offload", offload_name(p.offload)},
+              {"reduce_bucket_elements", p.reduce_bucket},
+              {"overlap_comm", p.overlap_comm},
+              {"prefetch", p.prefetch}};
+}
+
+json rank_json(const RankEstimate& r) {
+  json comm = json::array(), host = json::array();
+  for (const auto& e : r.communication)
+    comm.push_back(report::tensor_entry_json(e, "communication"));
+  for (const auto& e : r.host) host.push_back(report::tensor_entry_json(e, "host"));
+  const Estimate& e = r.est;
+  return json{
+      {"stage", r.stage},
+      {"role", r.role},
+      {"ranks", r.ranks},
+      {"layers", r.layers},
+      {"in_flight_microbatches", r.in_flight},
+      {"local_params", r.local_params},
+      {"shard_elements", r.shard_elements},
+      {"padding_elements", r.padding_elements},
+      {"figures", report::figures_json(e.figures, true)},
+      {"peak_instant", e.peak_instant >= 0 ? json(e.instants[e.peak_instant].name) : json()},
+      {"communication", comm},
+      {"host_bytes", r.host_bytes},
+      {"host", host},
+      {"analytic", report::analytic_profile_json(e)}};
+}
+
+std::vector<ReferenceRank> references(const LayoutEstimate& le) {
+  return {deepspeed_reference(le.model, le.train, le.layout),
+          megatron_reference(le.model, le.train, le.layout)};
+}
+
+// The groups a reference can be compared on, for the first stage's peak (Megatron reports the
+// first stage; DeepSpeed covers pp = 1 only, where stage 0 is every rank).
+struct Group {
+  const char* name;
+  std::uint64_t ours;
+  std::optional<std::uint64_t> deepspeed, megatron;  // nullopt: not counted
+};
+
+std::vector<Group> reference_groups(const LayoutEstimate& le,
+                                    const std::vector<ReferenceRank>& refs) {
+  const CategoryBytes& pk = le.ranks.front().est.figures.peak_breakdown;
+  auto at = [&](Category c) { return pk[static_cast<int>(c)]; };
+  const ReferenceRank& ds = refs[0];
+  const ReferenceRank& mg = refs[1];
+  auto some = [](bool covers, std::uint64_t v) {
+    return covers ? std::optional<std::uint64_t>(v) : std::nullopt;
+  };
+  const std::uint64_t states =
+      at(Category::params) + at(Category::gradients) + at(Category::optimizer_states);
+  return {
+      {"model states (params, gradients, optimizer)", states, some(ds.covers, ds.gpu_total),
+       some(mg.covers, mg.gpu_total - mg.activations)},
+      {"activations", at(Category::activations), std::nullopt, some(mg.covers, mg.activations)},
+      {"workspace", at(Category::workspace), std::nullopt, std::nullopt},
+      {"communication", at(Category::communication), std::nullopt, std::nullopt},
+      {"inputs", at(Category::inputs), std::nullopt, std::nullopt},
+      {"total (GPU)", le.ranks.front().est.figures.peak, some(ds.covers, ds.gpu_total),
+       some(mg.covers, mg.gpu_total)},
+  };
+}
+
+json references_json(const LayoutEstimate& le) {
+  const auto refs = references(le);
+  json out = json::array();
+  for (const auto& r : refs) {
+    json terms = json::array();
+    for (const auto& t : r.terms)
+      terms.push_back(
+          {{"name", t.name}, {"bytes", t.bytes}, {"formula", t.formula}, {"host", t.host}});
+    out.push_back({{"profile", r.profile},
+                   {"source", r.source},
+                   {"covers", r.covers},
+                   {"why_not", r.why_not},
+                   {"activations", r.activations},
+                   {"gpu_total", r.gpu_total},
+                   {"host_total", r.host_total},
+                   {"terms", terms},
+                   {"notes", r.notes}});
+  }
+  json groups = json::array();
+  auto opt = [](const std::optional<std::uint64_t>& v) { return v ? json(*v) : json(); };
+  for (const auto& g : reference_groups(le, refs))
+    groups.push_back({{"group", g.name},
+                      {"ours_stage0_at_peak", g.ours},
+                      {"deepspeed", opt(g.deepspeed)},
+                      {"megatron", opt(g.megatron)}});
+  return {{"estimators", out}, {"by_group", groups}};
+}
+
+// Ours (stage 0 at its peak) beside each estimator, group by group; "-" where it counts nothing.
+report::Table references_table(const LayoutEstimate& le, const std::vector<ReferenceRank>& refs,
+                               ByteUnit u) {
+  report::Table t({{"stage 0 at its peak", report::Align::left},
+                   {"trainmem (" + std::string(u.name) + ")"},
+                   {"deepspeed"},
+                   {"megatron"},
+                   {"trainmem − deepspeed"},
+                   {"trainmem − megatron"}});
+  auto cell = [&](const std::optional<std::uint64_t>& v) {
+    return v ? format_bytes(*v, u)
+             : std::string(refs[0].covers || refs[1].covers ? "not counted" : "-");
+  };
+  auto shortfall = [&](std::uint64_t ours, const std::optional<std::uint64_t>& v, bool covers) {
+    if (!covers) return std::string("-");
+    const std::uint64_t theirs = v ? *v : 0;
+    return format_signed_bytes(static_cast<std::int64_t>(ours) - static_cast<std::int64_t>(theirs),
+                               u);
+  };
+  for (const auto& g : reference_groups(le, refs))
+    t.add_row({g.name, format_bytes(g.ours, u), cell(g.deepspeed), cell(g.megatron),
+               shortfall(g.ours, g.deepspeed, refs[0].covers),
+               shortfall(g.ours, g.megatron, refs[1].covers)});
+  return t;
+}
+
+std::string render_json(const LayoutEstimate& le) {
+  json ranks = json::array();
+  for (const auto& r : le.ranks) ranks.push_back(rank_json(r));
+  const auto& o = le.overheads;
+  json doc{{"schema", report::kSchema},
+           {"model", report::model_json(le.model, le.model.param_count())},
+           {"run", report::run_json(le.train, "", -1)},
+           {"layout", layout_json(le.layout)},
+           {"global_batch", le.global_batch},
+           {"ranks", ranks},
+           {"worst_rank", le.worst},
+           {"overheads",
+            {{"cuda_context", o.cuda_context},
+             {"cuda_context_source", o.cuda_context_source},
+             {"nccl", o.nccl},
+             {"nccl_source", o.nccl_source}}},
+           {"worst_total", le.worst_total()},
+           {"references", references_json(le)}};
+  return doc.dump(2) + "\n";
+}
+
+// Per-rank figures: stage, role, ranks, the categories, peak, host.
+report::Table ranks_table(const LayoutEstimate& le, ByteUnit u, bool exact) {
+  std::vector<report::Table::Column> cols = {
+      {"stage"}, {"role", report::Align::left}, {"ranks"}, {"in flight"}};
+  const char* names[] = {"params", "gradients",     "optimizer", "activations", "workspace",
+                         "inputs", "communication", "peak",      "host"};
+  for (const char* n : names)
+    cols.push_back({exact ? std::string(n) : std::string(n) + " (" + u.name + ")"});
+  report::Table t(cols);
+  auto cell = [&](std::uint64_t b) { return exact ? std::to_string(b) : format_bytes(b, u); };
+  for (const auto& r : le.ranks) {
+    const auto& f = r.est.figures;
+    const auto& pk = f.peak_breakdown;
+    // The categories at the rank's peak instant (they add up to the peak).
+    t.add_row({std::to_string(r.stage), r.role, std::to_string(r.ranks),
+               std::to_string(r.in_flight), cell(pk[int(Category::params)]),
+               cell(pk[int(Category::gradients)]), cell(pk[int(Category::optimizer_states)]),
+               cell(pk[int(Category::activations)]), cell(pk[int(Category::workspace)]),
+               cell(pk[int(Category::inputs)]), cell(pk[int(Category::communication)]),
+               cell(f.peak), cell(r.host_bytes)});
+  }
+  return t;
+}
+
+}  // namespace
+
+std::string render_layout(const LayoutEstimate& le, Format format, report::Colour colour,
+                          const std::string& title) {
+  if (format == Format::json) return render_json(le);
+  std::uint64_t max = le.worst_total();
+  for (const auto& r : le.ranks) max = std::max(max, r.host_bytes);
+  const ByteUnit u = table_unit(max);
+  if (format == Format::csv) return ranks_table(le, u, true).csv();
+  std::unique_ptr<report::ReportWriter> w;
+  if (format == Format::markdown)
+    w = std::make_unique<report::MarkdownWriter>();
+  else
+    w = std::make_unique<report::TextWriter>(colour);
+  const auto& t = le.train;
+  w->title(title + " — " + le.model.name + ", " + std::to_string(le.layout.world) +
+           " GPUs: " + le.layout.describe());
+  w->line("micro-batch b " + std::to_string(t.batch) + " (global batch " +
+          std::to_string(le.global_batch) + " = b·M·dp), s " + std::to_string(t.seq) + ", " +
+          dtype_name(t.dtype) + ", " + optimizer_name(t.optimizer) + ", checkpointing " +
+          checkpointing_name(t.checkpointing) + ", " + attention_name(t.attention) +
+          " attention; profile native (docs/distributed.md)");
+  w->heading("Per rank at its peak (" + std::string(u.name) +
+             "; ranks of one pipeline stage have identical books)");
+  w->table(ranks_table(le, u, false));
+  w->paragraph_break();
+  const RankEstimate& worst = le.ranks[static_cast<std::size_t>(le.worst)];
+  const auto& o = le.overheads;
+  w->strong("Worst rank: stage " + std::to_string(worst.stage) + ", peak " +
+            format_bytes_with_unit(worst.est.figures.peak, u) + " + CUDA context " +
+            format_bytes_with_unit(o.cuda_context, u) + " + NCCL " +
+            format_bytes_with_unit(o.nccl, u) + " = " +
+            format_bytes_with_unit(le.worst_total(), u));
+  w->item("CUDA context: " + o.cuda_context_source);
+  w->item("NCCL buffers: " + o.nccl_source);
+  w->item("peak instant: " + worst.est.instants[worst.est.peak_instant].name);
+  w->item("parameters on the rank: " + report::with_commas(worst.local_params) +
+          (le.layout.zero >= 1
+               ? ", ZeRO shard " + report::with_commas(worst.shard_elements) + " (padding " +
+                     report::with_commas(worst.padding_elements) + ")"
+               : ""));
+  for (const auto& e : worst.communication)
+    w->item("communication: " + e.name + " " + e.shape + " " + format_bytes_with_unit(e.bytes, u) +
+            " — " + e.why);
+  for (const auto& e : worst.host)
+    w->item("host: " + e.name + " " + format_bytes_with_unit(e.bytes, u) + " — " + e.why);
+  w->paragraph_break();
+  const auto refs = references(le);
+  w->heading("Published estimators beside the trace (docs/distributed-references.md)");
+  w->table(references_table(le, refs, u));
+  w->paragraph_break();
+  for (const auto& r : refs) {
+    if (!r.covers) {
+      w->item(r.profile + ": no formula for this layout (" + r.why_not + ")");
+      continue;
+    }
+    std::string terms;
+    for (const auto& term : r.terms)
+      terms += (terms.empty() ? "" : "; ") + term.name + " " + term.formula + " = " +
+               format_bytes_with_unit(term.bytes, u) + (term.host ? " (host)" : "");
+    w->item(r.profile + ": " + terms);
+  }
+  w->paragraph_break();
+  return w->str();
+}
+
+namespace {
+
+report::Table reconcile_table(const LayoutTrace& lt, ByteUnit u, bool exact) {
+  report::Table t({{"stage"},
+                   {"figure", report::Align::left},
+                   {exact ? std::string("ledger") : "ledger (" + std::string(u.name) + ")"},
+                   {exact ? std::string("analytic") : "analytic (" + std::string(u.name) + ")"},
+                   {"equal", report::Align::left}});
+  auto cell = [&](std::uint64_t b) { return exact ? std::to_string(b) : format_bytes(b, u); };
+  for (std::size_t n = 0; n < lt.ranks.size(); ++n) {
+    const RankTrace& r = lt.ranks[n];
+    const MemoryFigures& a = lt.analytic.ranks[n].est.figures;
+    const MemoryFigures& g = r.ledger;
+    const struct {
+      const char* name;
+      std::uint64_t ledger, analytic;
+    } rows[] = {{"params", g.params, a.params},
+                {"gradients", g.gradients, a.gradients},
+                {"optimizer_states", g.optimizer_states, a.optimizer_states},
+                {"activations", g.activations, a.activations},
+                {"activations_peak", g.activations_peak, a.activations_peak},
+                {"workspace", g.workspace, a.workspace},
+                {"inputs", g.inputs, a.inputs},
+                {"communication at peak", g.peak_breakdown[int(Category::communication)],
+                 a.peak_breakdown[int(Category::communication)]},
+                {"peak", g.peak, a.peak}};
+    if (n) t.add_rule();
+    for (const auto& row : rows)
+      t.add_row({std::to_string(r.stage), row.name, cell(row.ledger), cell(row.analytic),
+                 report::check_cell(row.ledger == row.analytic)});
+  }
+  return t;
+}
+
+}  // namespace
+
+std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Colour colour) {
+  const LayoutEstimate& le = lt.analytic;
+  if (format == Format::json) {
+    json ranks = json::array();
+    for (std::size_t n = 0; n < lt.ranks.size(); ++n) {
+      const RankTrace& r = lt.ranks[n];
+      json j = rank_json(le.ranks[n]);
+      j["ledger"] = report::figures_json(r.ledger, true);
+      j["ledger_communication_peak"] = r.communication_peak;
+      j["ledger_tensors_at_peak"] = r.tensors_at_peak;
+      j["matches_analytic"] = r.matches;
+      j["differences"] = r.differences;
+      ranks.push_back(std::move(j));
+    }
+    json doc = json::parse(render_json(le));
+    doc["run"] = report::run_json(le.train, "meta", lt.steps);
+    doc["ranks"] = ranks;
+    doc["all_ranks_match"] = lt.all_match();
+    return doc.dump(2) + "\n";
+  }
+  const ByteUnit u = table_unit(le.worst_total());
+  if (format == Format::csv) return reconcile_table(lt, u, true).csv();
+  std::unique_ptr<report::ReportWriter> w;
+  if (format == Format::markdown)
+    w = std::make_unique<report::MarkdownWriter>();
+  else
+    w = std::make_unique<report::TextWriter>(colour);
+  // The per-rank figures (as `estimate` shows them), then the trace's reconciliation.
+  const std::string head =
+      render_layout(le, format, colour, "trainmem profile (TRACED on meta, per rank)");
+  w->heading("Each rank traced on meta (" + std::to_string(lt.steps) +
+             " steps, the last one's ledger) against the per-rank analytic profile");
+  w->table(reconcile_table(lt, u, false));
+  w->paragraph_break();
+  w->line(lt.all_match() ? "every rank's ledger equals the analytic profile byte for byte"
+                         : "MISMATCH: see the rows marked NO",
+          lt.all_match() ? report::Tone::ok : report::Tone::fail);
+  return head + w->str();
+}
+
+}  // namespace trainmem::cli

@@ -1,0 +1,49 @@
+// The parallel-layout flags (--world-size, --dp, --tp, --pp, --zero, --sp, --microbatches,
+// --offload, --reduce-bucket, --overlap-comm, --prefetch, and the overhead estimates
+// --cuda-context, --nccl-memory, --nccl-channels) and the per-rank report of `estimate`
+// (docs/distributed.md).
+#pragma once
+#include <string>
+
+#include "cli.hpp"
+#include "trainmem/analytic_rank.hpp"
+#include "trainmem/parallel.hpp"
+#include "trainmem/run_layout.hpp"
+
+namespace trainmem::cli {
+
+struct LayoutFlags {
+  std::int64_t world = 1;
+  std::int64_t dp = 0;  // 0: not given (N / (tp·pp))
+  std::int64_t tp = 1;
+  std::int64_t pp = 1;
+  std::string zero = "0";
+  bool sp = false;
+  std::int64_t microbatches = 1;
+  std::string offload = "none";
+  std::string reduce_bucket;  // elements; "" = DeepSpeed's 5e8
+  bool overlap_comm = false;
+  std::int64_t prefetch = 1;
+  std::string cuda_context;  // SIZE; "" = the default estimate
+  std::string nccl_memory;   // SIZE; "" = the formula
+  std::int64_t nccl_channels = 16;
+};
+
+void add_layout_flags(CLI::App& cmd, LayoutFlags& flags);
+// The layout, resolved against the model and run (InputError naming the flag).
+ParallelConfig resolve_layout(const LayoutFlags& flags, const ModelConfig& model,
+                              const TrainConfig& train);
+OverheadOptions resolve_overheads(const LayoutFlags& flags);
+
+// What the per-rank estimate supports (InputError naming the flag otherwise): one optimizer,
+// one checkpointing mode, the native profile, no --explain or --paper.
+void check_layout_request(const Common& c, bool explain, bool paper);
+
+// The per-rank report of a layout in the chosen format.
+// `title` opens the text and Markdown forms.
+std::string render_layout(const LayoutEstimate& le, Format format, report::Colour colour,
+                          const std::string& title = "trainmem estimate (PREDICTED, per rank)");
+// The per-rank trace of `profile --world-size N` (meta) beside the analytic, in the chosen format.
+std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Colour colour);
+
+}  // namespace trainmem::cli

@@ -1,0 +1,296 @@
+// The native profile per rank (estimate_layout) against (1) the single-GPU native profile for a
+// layout of one GPU, figure for figure, and (2) per-rank books written out by hand from
+// docs/distributed.md: ZeRO shards with their padding, tensor-parallel and sequence-parallel
+// activation sets, pipeline stages with their in-flight micro-batches, buckets and gathers.
+// Also the layout checks (ParallelConfig::resolve) and their messages.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "trainmem/analytic_rank.hpp"
+#include "trainmem/error.hpp"
+
+namespace trainmem {
+namespace {
+
+using u64 = std::uint64_t;
+
+ModelConfig preset(const char* name) {
+  auto m = find_preset(name);
+  EXPECT_TRUE(m.has_value()) << name;
+  return *m;
+}
+
+TrainConfig train(std::int64_t b, std::int64_t s, DType dt = DType::bf16,
+                  Checkpointing ck = Checkpointing::none, Attention at = Attention::eager,
+                  Optimizer o = Optimizer::adamw) {
+  TrainConfig t;
+  t.batch = b;
+  t.seq = s;
+  t.dtype = dt;
+  t.checkpointing = ck;
+  t.attention = at;
+  t.optimizer = o;
+  return t;
+}
+
+ParallelConfig layout(std::int64_t dp, std::int64_t tp, std::int64_t pp, int zero,
+                      const ModelConfig& m, const TrainConfig& t, bool sp = false,
+                      std::int64_t M = 1) {
+  ParallelConfig p;
+  p.world = dp * tp * pp;
+  p.tp = tp;
+  p.pp = pp;
+  p.zero = zero;
+  p.sp = sp;
+  p.microbatches = M;
+  p.resolve(false, m, t);
+  return p;
+}
+
+std::string resolve_error(ParallelConfig p, bool dp_given, const ModelConfig& m,
+                          const TrainConfig& t) {
+  try {
+    p.resolve(dp_given, m, t);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Parameters of one full (unsharded) layer: two norms, q/k/v/o, gate/up/down.
+u64 layer_params_full(const ModelConfig& m) {
+  const u64 h = m.hidden, d = h / m.heads;
+  return 2 * h + h * (m.heads * d) + 2 * h * (m.kv_heads * d) + (m.heads * d) * h +
+         3 * h * m.intermediate;
+}
+
+TEST(AnalyticRank, OneGpuEqualsTheNativeProfile) {
+  for (const char* name : {"tiny", "tiny-gqa", "tiny-tied", "tiny-awkward", "llama-7b"}) {
+    const ModelConfig m = preset(name);
+    for (DType dt : {DType::bf16, DType::f32})
+      for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
+        for (Attention at : {Attention::eager, Attention::flash})
+          for (Optimizer o : {Optimizer::adamw, Optimizer::sgd, Optimizer::lomo}) {
+            const TrainConfig t = train(3, 17, dt, ck, at, o);
+            const LayoutEstimate le = estimate_layout(m, t, layout(1, 1, 1, 0, m, t));
+            const Estimate ref = estimate(Profile::native, m, t);
+            ASSERT_EQ(le.ranks.size(), 1u);
+            const MemoryFigures& a = le.ranks[0].est.figures;
+            const MemoryFigures& b = ref.figures;
+            SCOPED_TRACE(std::string(name) + " " + dtype_name(dt) + " " + checkpointing_name(ck) +
+                         " " + attention_name(at) + " " + optimizer_name(o));
+            EXPECT_EQ(a.params, b.params);
+            EXPECT_EQ(a.gradients, b.gradients);
+            EXPECT_EQ(a.optimizer_states, b.optimizer_states);
+            EXPECT_EQ(a.activations, b.activations);
+            EXPECT_EQ(a.activations_peak, b.activations_peak);
+            EXPECT_EQ(a.workspace, b.workspace);
+            EXPECT_EQ(a.inputs, b.inputs);
+            EXPECT_EQ(a.sum, b.sum);
+            EXPECT_EQ(a.peak, b.peak);
+            EXPECT_EQ(a.peak_breakdown, b.peak_breakdown);
+            EXPECT_EQ(le.ranks[0].est.param_count, ref.param_count);
+          }
+  }
+}
+
+TEST(AnalyticRank, ZeroStagesShardStatesWithPadding) {
+  const ModelConfig m = preset("tiny-awkward");  // P = 54,920 is not a multiple of 3
+  const TrainConfig t = train(2, 16);
+  const u64 P = m.param_count();
+  const u64 shard = (P + 2) / 3;  // padded so the three shards are equal
+  ASSERT_NE(P % 3, 0u) << "pick a model whose parameter count needs padding";
+  for (int zero = 0; zero <= 3; ++zero) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    const LayoutEstimate le = estimate_layout(m, t, layout(3, 1, 1, zero, m, t));
+    ASSERT_EQ(le.ranks.size(), 1u);
+    const RankEstimate& r = le.ranks[0];
+    EXPECT_EQ(r.ranks, 3);
+    EXPECT_EQ(r.local_params, P);
+    const MemoryFigures& f = r.est.figures;
+    EXPECT_EQ(f.params, (zero == 3 ? shard : P) * 2);
+    EXPECT_EQ(f.gradients, (zero >= 2 ? shard : P) * 2);
+    EXPECT_EQ(f.optimizer_states, (zero >= 1 ? shard : P) * 12);
+    EXPECT_EQ(r.padding_elements, zero >= 1 ? shard * 3 - P : 0);
+    // The reduce bucket (ZeRO-2/3): min(max(5e8, largest tensor), P) elements, here all of P.
+    const u64 comm_at_start = r.est.instants.front().bytes[int(Category::communication)];
+    EXPECT_EQ(comm_at_start, zero >= 2 ? P * 2 : 0);
+  }
+}
+
+TEST(AnalyticRank, ZeroThreeGathersOneUnitPlusThePrefetchedOne) {
+  const ModelConfig m = preset("llama-7b");
+  const TrainConfig t = train(1, 512);
+  ParallelConfig p = layout(8, 1, 1, 3, m, t);
+  p.reduce_bucket = 1000;  // smaller than any tensor: the bucket is the largest tensor
+  const LayoutEstimate le = estimate_layout(m, t, p);
+  const RankEstimate& r = le.ranks[0];
+  const u64 layer = layer_params_full(m) * 2;
+  const u64 emb = u64(m.vocab) * m.hidden;
+  const u64 bucket = emb * 2;  // the largest tensor is the embedding (or lm_head) matrix
+  // In the first backward layer's steps: bucket + layer L-1 + the prefetched layer L-2.
+  bool found = false;
+  for (const auto& in : r.est.instants)
+    if (in.name.find("backward layer 31 step 1") == 0) {
+      EXPECT_EQ(in.bytes[int(Category::communication)], bucket + 2 * layer);
+      found = true;
+    }
+  EXPECT_TRUE(found);
+  // At the end of forward: the head (final norm + head weight) and layer 31 prefetched.
+  for (const auto& in : r.est.instants)
+    if (in.name.find("end of forward") == 0)
+      EXPECT_EQ(in.bytes[int(Category::communication)], bucket + (emb + m.hidden) * 2 + layer);
+}
+
+TEST(AnalyticRank, TensorParallelShardsHeadsAndIntermediate) {
+  const ModelConfig m = preset("llama-7b");  // a = k = 32, i = 11008, V = 32000
+  const u64 b = 2, s = 256, h = 4096, i = 11008, a = 32, V = 32000, w = 2, tp = 4;
+  const TrainConfig t = train(b, s);
+  const LayoutEstimate le = estimate_layout(m, t, layout(2, tp, 1, 0, m, t));
+  const RankEstimate& r = le.ranks[0];
+  EXPECT_EQ(r.ranks, 8);
+  // Per layer: 2 rstd (b,s) f32; xn1, h_mid, xn2, out (b,s,h); q, k, v, attn_out (b,s,h/t);
+  // probs (b,a/t,s,s); gate, up, act (b,s,i/t).
+  const u64 per_layer = 2 * b * s * 4 + 4 * b * s * h * w + 4 * b * s * (h / tp) * w +
+                        b * (a / tp) * s * s * w + 3 * b * s * (i / tp) * w;
+  EXPECT_EQ(r.est.activations.per_layer_bytes, per_layer);
+  const u64 head = b * s * h * w + b * s * 4 + b * s * (V / tp) * w + b * s * 4;
+  EXPECT_EQ(r.est.figures.activations, b * s * h * w + 32 * per_layer + head);
+  const u64 local = (V / tp) * h * 2 + 32 * (2 * h + 4 * h * (h / tp) + 3 * h * (i / tp)) + h;
+  EXPECT_EQ(r.local_params, local);
+  EXPECT_EQ(r.est.figures.params, local * w);
+}
+
+TEST(AnalyticRank, SequenceParallelShardsTheResidualStream) {
+  const ModelConfig m = preset("llama-7b");
+  const u64 b = 1, s = 512, h = 4096, i = 11008, a = 32, w = 2, tp = 8;
+  const TrainConfig t = train(b, s);
+  const LayoutEstimate le = estimate_layout(m, t, layout(1, tp, 1, 0, m, t, /*sp=*/true));
+  const RankEstimate& r = le.ranks[0];
+  // Korthikanti et al. Table 2, "sequence parallel" row, less dropout masks, with LLaMA's
+  // tensors: everything divided by t except nothing (the residual stream too).
+  const u64 per_layer = 2 * b * (s / tp) * 4 + 4 * b * (s / tp) * h * w + 4 * b * s * (h / tp) * w +
+                        b * (a / tp) * s * s * w + 3 * b * s * (i / tp) * w;
+  EXPECT_EQ(r.est.activations.per_layer_bytes, per_layer);
+  // A gather / partial (b,s,h) buffer is alive at the first backward layer's step 1.
+  for (const auto& in : r.est.instants)
+    if (in.name.find("backward layer 31 step 1") == 0)
+      EXPECT_EQ(in.bytes[int(Category::communication)], b * s * h * w);
+}
+
+TEST(AnalyticRank, PipelineStagesHoldTheirInFlightMicroBatches) {
+  const ModelConfig m = preset("llama-7b");
+  const u64 b = 1, s = 256, h = 4096, w = 2, pp = 4, M = 8;
+  const TrainConfig t = train(b, s, DType::bf16, Checkpointing::full);
+  const LayoutEstimate le = estimate_layout(m, t, layout(2, 1, pp, 1, m, t, false, M));
+  ASSERT_EQ(le.ranks.size(), pp);
+  EXPECT_EQ(le.global_batch, b * M * 2);
+  const u64 Ls = 32 / pp, X = b * s * h * w;
+  for (u64 k = 0; k < pp; ++k) {
+    const RankEstimate& r = le.ranks[k];
+    SCOPED_TRACE("stage " + std::to_string(k));
+    EXPECT_EQ(r.in_flight, std::int64_t(std::min(pp - k, M)));
+    EXPECT_EQ(r.layers, std::int64_t(Ls));
+    if (k + 1 < pp) {
+      // Checkpointed: the stage input and Ls-1 outputs per micro-batch (the last one is sent).
+      EXPECT_EQ(r.est.figures.activations, r.in_flight * Ls * X);
+    }
+  }
+  EXPECT_EQ(le.ranks[0].role, "first");
+  EXPECT_EQ(le.ranks[3].role, "last");
+  EXPECT_EQ(le.ranks[0].est.figures.inputs, b * s * 4);  // tokens only
+  EXPECT_EQ(le.ranks[1].est.figures.inputs, 0u);
+  EXPECT_EQ(le.ranks[3].est.figures.inputs, b * s * 4);  // targets only
+}
+
+TEST(AnalyticRank, OffloadMovesStatesToTheHost) {
+  const ModelConfig m = preset("tiny");
+  const TrainConfig t = train(2, 32);
+  ParallelConfig p = layout(2, 1, 1, 3, m, t);
+  p.offload = Offload::optimizer_params;
+  const LayoutEstimate le = estimate_layout(m, t, p);
+  const RankEstimate& r = le.ranks[0];
+  const u64 shard = (m.param_count() + 1) / 2;
+  EXPECT_EQ(r.est.figures.params, 0u);
+  EXPECT_EQ(r.est.figures.gradients, 0u);
+  EXPECT_EQ(r.est.figures.optimizer_states, 0u);
+  EXPECT_EQ(r.host_bytes, shard * 12 + shard * 4 + shard * 2);
+}
+
+TEST(AnalyticRank, OverheadsStateTheirSource) {
+  ParallelConfig p;
+  p.dp = 4;
+  p.tp = 2;
+  p.world = 8;
+  const Overheads o = estimate_overheads(p, {});
+  EXPECT_EQ(o.cuda_context, kCudaContextBytes);
+  EXPECT_EQ(o.nccl, 2ull * 16 * 2 * 4194304);  // two communicators (dp, tp)
+  EXPECT_NE(o.nccl_source.find("NCCL_BUFFSIZE"), std::string::npos);
+  OverheadOptions given;
+  given.nccl = 123;
+  EXPECT_EQ(estimate_overheads(p, given).nccl, 123u);
+}
+
+TEST(AnalyticRank, BadLayoutsNameTheFlag) {
+  const ModelConfig m = preset("llama-7b");
+  const TrainConfig t = train(1, 512);
+  ParallelConfig p;
+  p.world = 8;
+  p.dp = 3;
+  EXPECT_NE(resolve_error(p, true, m, t).find("--world-size 8 must equal --dp × --tp × --pp"),
+            std::string::npos);
+  p = {};
+  p.world = 6;
+  p.tp = 4;
+  EXPECT_NE(resolve_error(p, false, m, t).find("--world-size 6 is not divisible by --tp"),
+            std::string::npos);
+  p = {};
+  p.world = 3;
+  p.tp = 3;
+  EXPECT_NE(resolve_error(p, false, m, t).find("--tp 3: the model's num_attention_heads"),
+            std::string::npos);
+  p = {};
+  p.world = 3;
+  p.pp = 3;
+  EXPECT_NE(resolve_error(p, false, m, t).find("--pp 3: the model's num_hidden_layers"),
+            std::string::npos);
+  p = {};
+  p.world = 2;
+  p.sp = true;
+  EXPECT_NE(resolve_error(p, false, m, t).find("--sp needs --tp 2 or more"), std::string::npos);
+  p = {};
+  p.world = 4;
+  p.pp = 2;
+  p.zero = 2;
+  EXPECT_NE(resolve_error(p, false, m, t).find("--zero 2 with --pp 2"), std::string::npos);
+  p = {};
+  p.world = 2;
+  p.offload = Offload::optimizer_params;
+  p.zero = 2;
+  EXPECT_NE(resolve_error(p, false, m, t).find("--offload optimizer+params needs --zero 3"),
+            std::string::npos);
+  p = {};
+  p.world = 2;
+  p.zero = 4;
+  EXPECT_NE(resolve_error(p, false, m, t).find("--zero must be 0, 1, 2 or 3"), std::string::npos);
+  p = {};
+  p.world = 1;
+  p.zero = 1;
+  EXPECT_NE(resolve_error(p, false, m, t).find("needs data parallelism"), std::string::npos);
+  const TrainConfig odd = train(1, 500);
+  p = {};
+  p.world = 8;
+  p.tp = 8;
+  p.sp = true;
+  EXPECT_NE(resolve_error(p, false, m, odd).find("--seq 500 must be divisible by --tp"),
+            std::string::npos);
+  const TrainConfig lomo =
+      train(1, 512, DType::bf16, Checkpointing::none, Attention::eager, Optimizer::lomo);
+  p = {};
+  p.world = 2;
+  EXPECT_NE(resolve_error(p, false, m, lomo).find("--optimizer lomo"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace trainmem

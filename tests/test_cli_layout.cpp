@@ -1,0 +1,173 @@
+// `estimate` and `profile` with a parallel layout (--world-size ...): the per-rank report in
+// each format, the figures in the JSON against the library's per-rank profile and against
+// hand-computed ZeRO-3 states, the trace's verdict, and bad layouts with exit 2 naming the flag.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_in_process.hpp"
+#include "trainmem/analytic_rank.hpp"
+#include "trainmem/cli.hpp"
+
+namespace trainmem::cli {
+namespace {
+
+using testing_in_process::contains;
+using testing_in_process::run_trainmem;
+
+TEST(CliLayout, EstimateJsonGivesEachStageAndTheWorst) {
+  const auto r =
+      run_trainmem({"estimate", "--model",  "llama2-70b", "--world-size",   "16", "--tp",
+                    "2",        "--pp",     "4",          "--microbatches", "8",  "--zero",
+                    "1",        "--seq",    "2048",       "--batch",        "1",  "--attention",
+                    "flash",    "--format", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["layout"]["dp"], 2);
+  EXPECT_EQ(j["global_batch"], 16);  // b 1 · M 8 · dp 2
+  ASSERT_EQ(j["ranks"].size(), 4u);
+  EXPECT_EQ(j["ranks"][0]["role"], "first");
+  EXPECT_EQ(j["ranks"][0]["in_flight_microbatches"], 4);
+  EXPECT_EQ(j["ranks"][3]["in_flight_microbatches"], 1);
+  // The same figures as the library's.
+  ParallelConfig p;
+  p.world = 16;
+  p.tp = 2;
+  p.pp = 4;
+  p.microbatches = 8;
+  p.zero = 1;
+  TrainConfig t;
+  t.batch = 1;
+  t.seq = 2048;
+  t.attention = Attention::flash;
+  const ModelConfig m = *find_preset("llama2-70b");
+  p.resolve(false, m, t);
+  const LayoutEstimate le = estimate_layout(m, t, p);
+  for (int k = 0; k < 4; ++k)
+    EXPECT_EQ(j["ranks"][k]["figures"]["peak"].get<std::uint64_t>(),
+              le.ranks[std::size_t(k)].est.figures.peak);
+  EXPECT_EQ(j["worst_rank"], le.worst);
+  EXPECT_EQ(j["worst_total"].get<std::uint64_t>(), le.worst_total());
+  EXPECT_EQ(j["references"]["estimators"][0]["profile"], "deepspeed");
+  EXPECT_FALSE(j["references"]["estimators"][0]["covers"].get<bool>());  // tp, pp > 1
+}
+
+TEST(CliLayout, ZeroThreeStatesAreTheShardOfEachGpu) {
+  const auto r = run_trainmem({"estimate", "--model", "llama2-70b", "--world-size", "8", "--zero",
+                               "FULL_SHARD", "--checkpointing", "full", "--batch", "1", "--seq",
+                               "4096", "--format", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const std::uint64_t P = 68976648192ull;  // LLaMA-2-70B's published count
+  const std::uint64_t shard = P / 8;       // divides exactly: no padding
+  const auto& f = j["ranks"][0]["figures"];
+  EXPECT_EQ(f["params"].get<std::uint64_t>(), 2 * shard);
+  EXPECT_EQ(f["gradients"].get<std::uint64_t>(), 2 * shard);
+  EXPECT_EQ(f["optimizer_states"].get<std::uint64_t>(), 12 * shard);
+  EXPECT_EQ(j["ranks"][0]["padding_elements"], 0);
+  EXPECT_EQ(j["layout"]["zero"], 3);
+}
+
+TEST(CliLayout, TextMarkdownCsvSayPredictedAndTheWorstRank) {
+  const std::vector<std::string> base = {
+      "estimate", "--model", "llama-7b", "--world-size", "8",    "--tp",    "2",
+      "--sp",     "--zero",  "2",        "--seq",        "1024", "--batch", "2"};
+  auto args = base;
+  auto r = run_trainmem(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "PREDICTED, per rank"));
+  EXPECT_TRUE(contains(r.out, "Worst rank: stage 0"));
+  EXPECT_TRUE(contains(r.out, "communication: reduce_bucket"));
+  EXPECT_TRUE(contains(r.out, "Published estimators beside the trace"));
+  args = base;
+  args.insert(args.end(), {"--format", "markdown"});
+  r = run_trainmem(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "### trainmem estimate (PREDICTED, per rank)"));
+  EXPECT_TRUE(contains(r.out, "| stage |"));
+  args = base;
+  args.insert(args.end(), {"--format", "csv"});
+  r = run_trainmem(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("stage,role,ranks,in flight,params,", 0), 0u) << r.out;
+}
+
+TEST(CliLayout, ProfileTracesEveryRankOnMetaAndAgrees) {
+  const auto r = run_trainmem({"profile",
+                               "--backend",
+                               "meta",
+                               "--model",
+                               "tiny-gqa",
+                               "--world-size",
+                               "8",
+                               "--tp",
+                               "2",
+                               "--pp",
+                               "2",
+                               "--sp",
+                               "--microbatches",
+                               "3",
+                               "--zero",
+                               "1",
+                               "--batch",
+                               "2",
+                               "--seq",
+                               "32",
+                               "--checkpointing",
+                               "full",
+                               "--format",
+                               "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["all_ranks_match"].get<bool>());
+  ASSERT_EQ(j["ranks"].size(), 2u);
+  for (const auto& rank : j["ranks"]) {
+    EXPECT_EQ(rank["ledger"]["peak"], rank["figures"]["peak"]);
+    EXPECT_TRUE(rank["matches_analytic"].get<bool>());
+  }
+  EXPECT_EQ(j["run"]["backend"], "meta");
+  const auto text = run_trainmem({"profile", "--backend", "meta", "--model", "tiny", "--world-size",
+                                  "2", "--zero", "3", "--batch", "2", "--seq", "16"});
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_TRUE(contains(text.out, "TRACED on meta, per rank"));
+  EXPECT_TRUE(contains(text.out, "every rank's ledger equals the analytic profile byte for byte"));
+}
+
+TEST(CliLayout, BadLayoutsExitTwoNamingTheFlag) {
+  const struct {
+    std::vector<std::string> args;
+    const char* message;
+  } cases[] = {
+      {{"--world-size", "8", "--dp", "3"}, "--world-size 8 must equal --dp × --tp × --pp"},
+      {{"--world-size", "6", "--tp", "4"}, "--world-size 6 is not divisible by --tp × --pp"},
+      {{"--world-size", "3", "--tp", "3"}, "--tp 3: the model's num_attention_heads (32)"},
+      {{"--world-size", "3", "--pp", "3"}, "--pp 3: the model's num_hidden_layers (32)"},
+      {{"--world-size", "2", "--sp"}, "--sp needs --tp 2 or more"},
+      {{"--world-size", "4", "--pp", "2", "--zero", "3"}, "--zero 3 with --pp 2"},
+      {{"--world-size", "2", "--zero", "7"}, "--zero: '7' is not a stage"},
+      {{"--world-size", "2", "--offload", "disk"}, "--offload: 'disk' is not allowed"},
+      {{"--world-size", "2", "--zero", "2", "--offload", "optimizer+params"},
+       "--offload optimizer+params needs --zero 3"},
+      {{"--world-size", "2", "--zero", "2", "--reduce-bucket", "1.5"},
+       "--reduce-bucket: '1.5' is not a whole number"},
+      {{"--world-size", "2", "--optimizer", "lomo"}, "--optimizer lomo"},
+      {{"--world-size", "2", "--optimizer", "all"}, "--optimizer all: with --world-size above 1"},
+      {{"--world-size", "2", "--explain"}, "--explain: not yet available with --world-size"},
+      {{"--world-size", "2", "--cuda-context", "lots"}, "--cuda-context"},
+      {{"--world-size", "0"}, "--world-size must be at least 1"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> args = {"estimate", "--model", "llama-7b"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    const auto r = run_trainmem(args);
+    EXPECT_EQ(r.code, 2) << c.message;
+    EXPECT_TRUE(contains(r.err, c.message)) << "expected: " << c.message << "\ngot: " << r.err;
+  }
+  const auto r = run_trainmem({"profile", "--backend", "cpu", "--model", "tiny", "--world-size",
+                               "2", "--batch", "1", "--seq", "8"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "--backend cpu with --world-size above 1")) << r.err;
+}
+
+}  // namespace
+}  // namespace trainmem::cli

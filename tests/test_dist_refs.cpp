@@ -1,0 +1,346 @@
+// The published estimators' per-rank references (include/trainmem/dist_refs.hpp). Every
+// expected value is written out here by hand from the formulas in the estimators' sources
+// (docs/distributed-references.md), never copied from the library's output:
+//   DeepSpeed stage_1_and_2.py / stage3.py: integer formulas (int() truncation = floor here).
+//   Megatron theoretical_memory_usage.py: float formulas, evaluated here in long double and
+//   compared to the nearest byte (±1 for the rounding of a value computed in another order).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "trainmem/dist_refs.hpp"
+#include "trainmem/error.hpp"
+
+namespace trainmem {
+namespace {
+
+using u64 = std::uint64_t;
+using ld = long double;
+
+ModelConfig preset(const char* name) {
+  auto m = find_preset(name);
+  EXPECT_TRUE(m.has_value()) << name;
+  return *m;
+}
+
+TrainConfig run(std::int64_t b, std::int64_t s) {
+  TrainConfig t;
+  t.batch = b;
+  t.seq = s;
+  t.dtype = DType::bf16;
+  t.optimizer = Optimizer::adamw;
+  return t;
+}
+
+ParallelConfig layout(std::int64_t dp, std::int64_t tp, std::int64_t pp, int zero,
+                      Offload off = Offload::none) {
+  ParallelConfig p;
+  p.dp = dp;
+  p.tp = tp;
+  p.pp = pp;
+  p.world = dp * tp * pp;
+  p.zero = zero;
+  p.offload = off;
+  return p;
+}
+
+// LLaMA-2-70B written out: V 32000, h 8192, i 28672, L 80, a 64, k 8 (d 128), untied.
+constexpr u64 V70 = 32000, H70 = 8192, I70 = 28672, L70 = 80, KD70 = 8 * 128;
+constexpr u64 P70 =
+    2 * V70 * H70 + L70 * (2 * H70 * H70 + 2 * H70 * KD70 + 3 * H70 * I70 + 2 * H70) + H70;
+// LLaMA-7B: V 32000, h 4096, i 11008, L 32, a = k = 32, untied.
+constexpr u64 V7 = 32000, H7 = 4096, I7 = 11008, L7 = 32;
+constexpr u64 P7 = 2 * V7 * H7 + L7 * (4 * H7 * H7 + 3 * H7 * I7 + 2 * H7) + H7;
+
+u64 gpu_terms(const ReferenceRank& r) {
+  u64 s = 0;
+  for (const auto& t : r.terms)
+    if (!t.host) s += t.bytes;
+  return s;
+}
+u64 host_terms(const ReferenceRank& r) {
+  u64 s = 0;
+  for (const auto& t : r.terms)
+    if (t.host) s += t.bytes;
+  return s;
+}
+bool has_note(const ReferenceRank& r, const std::string& needle) {
+  for (const auto& n : r.notes)
+    if (n.find(needle) != std::string::npos) return true;
+  return false;
+}
+
+TEST(DistRefs, ParamCountsMatchTheHandWrittenConfigs) {
+  EXPECT_EQ(P70, 68976648192ull);  // LLaMA-2-70B's published count
+  EXPECT_EQ(preset("llama2-70b").param_count(), P70);
+  EXPECT_EQ(preset("llama-7b").param_count(), P7);
+}
+
+TEST(DistRefs, LargestLayerIsTheLargestModulesOwnParameters) {
+  // model_to_params: max over modules of sum(p.numel() for p in m.parameters(recurse=False)).
+  EXPECT_EQ(deepspeed_largest_layer_params(preset("llama2-70b")), V70 * H70);  // > h·i
+  EXPECT_EQ(deepspeed_largest_layer_params(preset("llama-7b")), V7 * H7);
+  EXPECT_EQ(deepspeed_largest_layer_params(preset("llama3-8b")), 128256ull * 4096);
+  EXPECT_EQ(deepspeed_largest_layer_params(preset("tiny")), 64ull * 176);  // h·i > V·h = 8192
+}
+
+TEST(DistRefs, DeepSpeedZero3NoOffloadLlama2_70bOn8) {
+  const auto r = deepspeed_reference(preset("llama2-70b"), run(1, 4096), layout(8, 1, 1, 3));
+  ASSERT_TRUE(r.covers) << r.why_not;
+  const u64 Lmax = V70 * H70;
+  EXPECT_EQ(r.gpu_total, 4 * Lmax + (18 * P70) / 8);  // LL + int(18P/N)
+  EXPECT_EQ(r.host_total, Lmax * 4 * 8 * 3 / 2);      // zero_init: Lmax·4·n·1.5
+  EXPECT_EQ(gpu_terms(r), r.gpu_total);
+  EXPECT_EQ(host_terms(r), r.host_total);
+  EXPECT_EQ(r.params + r.gradients + r.optimizer_states + r.activations, 0u);
+  EXPECT_NE(r.source.find("stage3.py"), std::string::npos);
+  EXPECT_TRUE(has_note(r, "zero_init=0"));
+  EXPECT_TRUE(has_note(r, "bucket"));
+}
+
+TEST(DistRefs, DeepSpeedZero3Offloads) {
+  const auto m = preset("llama2-70b");
+  const u64 Lmax = V70 * H70;
+  const auto opt = deepspeed_reference(m, run(1, 4096), layout(8, 1, 1, 3, Offload::optimizer));
+  ASSERT_TRUE(opt.covers);
+  EXPECT_EQ(opt.gpu_total, 4 * Lmax + (2 * P70) / 8);  // LL + int(2P/N)
+  EXPECT_EQ(opt.host_total, P70 * 16 * 3 / 2);         // P·16·(1/nodes)·1.5, one node
+  const auto both =
+      deepspeed_reference(m, run(1, 4096), layout(8, 1, 1, 3, Offload::optimizer_params));
+  ASSERT_TRUE(both.covers);
+  EXPECT_EQ(both.gpu_total, 4 * Lmax);           // LL
+  EXPECT_EQ(both.host_total, P70 * 18 * 3 / 2);  // P·18·1.5
+  EXPECT_EQ(gpu_terms(both), both.gpu_total);
+  EXPECT_EQ(host_terms(both), both.host_total);
+  // Two nodes of 8: N = 16, gpus_factor = 1/2.
+  const auto two =
+      deepspeed_reference(m, run(1, 4096), layout(16, 1, 1, 3, Offload::optimizer_params));
+  ASSERT_TRUE(two.covers);
+  EXPECT_EQ(two.gpu_total, 4 * Lmax);
+  EXPECT_EQ(two.host_total, P70 * 27 / 2);  // P·18·(1/2)·1.5, truncated
+  const auto two_none = deepspeed_reference(m, run(1, 4096), layout(16, 1, 1, 3));
+  EXPECT_EQ(two_none.gpu_total, 4 * Lmax + (18 * P70) / 16);
+}
+
+TEST(DistRefs, DeepSpeedZero2) {
+  const auto m = preset("llama-7b");
+  const auto r = deepspeed_reference(m, run(4, 512), layout(8, 1, 1, 2));
+  ASSERT_TRUE(r.covers) << r.why_not;
+  EXPECT_EQ(r.gpu_total, 2 * P7 + (18 * P7) / 8);  // 2P + int(18P/N)
+  EXPECT_EQ(r.host_total, P7 * 4 * 8 * 3 / 2);     // P·4·n·1.5
+  EXPECT_EQ(gpu_terms(r), r.gpu_total);
+  EXPECT_NE(r.source.find("stage_1_and_2.py"), std::string::npos);
+  // int() truncates: 18P/7 is not whole.
+  const auto seven = deepspeed_reference(m, run(4, 512), layout(7, 1, 1, 2));
+  ASSERT_TRUE(seven.covers);
+  EXPECT_NE((18 * P7) % 7, 0u);
+  EXPECT_EQ(seven.gpu_total, 2 * P7 + (18 * P7) / 7);
+  EXPECT_EQ(seven.host_total, P7 * 4 * 7 * 3 / 2);  // num_gpus_per_node = 7, one node
+  // Optimizer offload: GPU 2P, CPU P·max(4N, 16)·1.5.
+  const auto off = deepspeed_reference(m, run(4, 512), layout(8, 1, 1, 2, Offload::optimizer));
+  ASSERT_TRUE(off.covers);
+  EXPECT_EQ(off.gpu_total, 2 * P7);
+  EXPECT_EQ(off.host_total, P7 * 32 * 3 / 2);
+  const auto off2 = deepspeed_reference(m, run(4, 512), layout(2, 1, 1, 2, Offload::optimizer));
+  EXPECT_EQ(off2.host_total, P7 * 16 * 3 / 2);  // max(8, 16) = 16
+}
+
+TEST(DistRefs, DeepSpeedNotesWhatItAppliesAsWritten) {
+  auto t = run(1, 512);
+  t.dtype = DType::f32;
+  t.optimizer = Optimizer::sgd;
+  const auto r = deepspeed_reference(preset("llama-7b"), t, layout(8, 1, 1, 3));
+  ASSERT_TRUE(r.covers);
+  EXPECT_TRUE(has_note(r, "fp32"));
+  EXPECT_TRUE(has_note(r, "sgd"));
+  EXPECT_EQ(r.gpu_total, 4 * V7 * H7 + (18 * P7) / 8);  // same formula, no dtype branch
+}
+
+TEST(DistRefs, DeepSpeedDoesNotCover) {
+  const auto m = preset("llama-7b");
+  const auto t = run(1, 512);
+  for (int zero : {0, 1}) {
+    const auto r = deepspeed_reference(m, t, layout(8, 1, 1, zero));
+    EXPECT_FALSE(r.covers);
+    EXPECT_NE(r.why_not.find("ZeRO-" + std::to_string(zero)), std::string::npos) << r.why_not;
+    EXPECT_EQ(r.gpu_total, 0u);
+  }
+  const auto tp = deepspeed_reference(m, t, layout(4, 2, 1, 3));
+  EXPECT_FALSE(tp.covers);
+  EXPECT_NE(tp.why_not.find("tp 2"), std::string::npos) << tp.why_not;
+  const auto pp = deepspeed_reference(m, t, layout(4, 1, 2, 1));
+  EXPECT_FALSE(pp.covers);
+  const auto pp2 = deepspeed_reference(m, t, layout(4, 1, 2, 2));
+  EXPECT_FALSE(pp2.covers);
+  EXPECT_NE(pp2.why_not.find("pp 2"), std::string::npos) << pp2.why_not;
+  const auto z2p = deepspeed_reference(m, t, layout(8, 1, 1, 2, Offload::optimizer_params));
+  EXPECT_FALSE(z2p.covers);
+  EXPECT_NE(z2p.why_not.find("ZeRO-2"), std::string::npos) << z2p.why_not;
+  const auto odd = deepspeed_reference(m, t, layout(12, 1, 1, 3));  // 12 GPUs, 8 per node
+  EXPECT_FALSE(odd.covers);
+  EXPECT_NE(odd.why_not.find("node"), std::string::npos) << odd.why_not;
+  EXPECT_TRUE(deepspeed_reference(m, t, layout(12, 1, 1, 3), 4).covers);  // 3 nodes of 4
+  EXPECT_THROW(deepspeed_reference(m, t, layout(8, 1, 1, 3), 0), InputError);
+}
+
+// Megatron, written out from theoretical_memory_usage.py for a LLaMA (RMSNorm, SwiGLU, GQA).
+struct Mega {
+  ld V, h, i, L, a, k, s, b, tp, pp, dp, M;
+  bool untied = true, dist_opt = false;
+  ld Vp() const {
+    const ld mult = 128 * tp;
+    return std::ceil(V / mult) * mult;
+  }
+  ld weights() const {
+    const ld attn = 2 * h * h * (1 + k / a);  // kv_channels·a = h
+    const ld mlp = 2 * h * i * 1.5L;          // --swiglu
+    const ld norms = 2 * h;
+    ld sharded = ((attn + mlp) * L / pp + Vp() * h) / tp;
+    if (untied && pp == 1) sharded += Vp() * h / tp;
+    const ld replicated = (norms * L + h) / pp;  // layer norms + final norm, not / tp
+    return (sharded + replicated) * (dist_opt ? 6 + 12 / dp : 18);
+  }
+  ld sched() const { return pp > 1 ? std::min<ld>(1, M / pp) : 1; }
+  ld acts_sp() const {  // compute_activation_memory
+    ld x = s * b * h * (18 + 4 * i / h) * L + 8 * s * b * pp + s * b * h * pp;
+    x *= sched();
+    if (pp == 1) x += s * b * h * 4 * (1 + Vp() / h);
+    return x / tp;
+  }
+  ld acts_no_sp() const {  // compute_activation_memory_without_sp
+    ld x = s * b * h * (10 + 24 / tp) * L + 8 * s * b * pp + s * b * h * pp;
+    x *= sched();
+    if (pp == 1) x += (s * b * Vp() / tp + s * b * h) * 2;
+    return x * 1.05L;
+  }
+};
+
+Mega mega70(ld tp, ld pp, ld dp, ld s, ld b, ld M) {
+  return Mega{32000, 8192, 28672, 80, 64, 8, s, b, tp, pp, dp, M};
+}
+
+void expect_bytes(u64 got, ld want, const char* what) {
+  EXPECT_LE(std::fabs(static_cast<ld>(got) - want), 1.0L)
+      << what << ": got " << got << ", want " << static_cast<double>(want);
+}
+
+TEST(DistRefs, MegatronPaddedVocab) {
+  EXPECT_EQ(megatron_padded_vocab(preset("llama2-70b"), 1), 32000u);  // 250 × 128
+  EXPECT_EQ(megatron_padded_vocab(preset("llama2-70b"), 8), 32768u);  // 32 × 1024
+  EXPECT_EQ(megatron_padded_vocab(preset("llama3-8b"), 4), 128512u);  // 251 × 512
+}
+
+TEST(DistRefs, MegatronTp8SpSelective70b) {
+  auto par = layout(1, 8, 1, 0);
+  par.sp = true;
+  const auto r = megatron_reference(preset("llama2-70b"), run(1, 4096), par, true);
+  ASSERT_TRUE(r.covers) << r.why_not;
+  const auto m = mega70(8, 1, 1, 4096, 1, 1);
+  EXPECT_EQ(m.Vp(), 32768);
+  expect_bytes(r.gpu_total - r.activations, m.weights(), "weights and optimizer");
+  expect_bytes(r.activations, m.acts_sp(), "activations");
+  EXPECT_EQ(gpu_terms(r), r.gpu_total);
+  EXPECT_EQ(r.host_total, 0u);
+  EXPECT_NE(r.source.find("compute_activation_memory "), std::string::npos) << r.source;
+  EXPECT_NE(r.source.find("theoretical_memory_usage.py"), std::string::npos);
+}
+
+TEST(DistRefs, MegatronDistributedOptimizer) {
+  auto par = layout(2, 8, 1, 1);
+  par.sp = true;
+  const auto r = megatron_reference(preset("llama2-70b"), run(1, 4096), par, true);
+  ASSERT_TRUE(r.covers);
+  auto m = mega70(8, 1, 2, 4096, 1, 1);
+  m.dist_opt = true;  // 6 + 12/2 = 12 bytes per parameter
+  expect_bytes(r.gpu_total - r.activations, m.weights(), "weights (distributed optimizer)");
+  EXPECT_TRUE(has_note(r, "use-distributed-optimizer"));
+  // ZeRO-3 maps to the same flag; the estimator does not shard parameters further.
+  auto z3 = par;
+  z3.zero = 3;
+  const auto r3 = megatron_reference(preset("llama2-70b"), run(1, 4096), z3, true);
+  EXPECT_EQ(r3.gpu_total, r.gpu_total);
+  EXPECT_TRUE(has_note(r3, "ZeRO-2/3"));
+}
+
+TEST(DistRefs, MegatronWithoutSp) {
+  // tp 8 without sequence parallelism: the without-SP branch, × 1.05, no final / tp.
+  const auto r = megatron_reference(preset("llama2-70b"), run(2, 2048), layout(1, 8, 1, 0));
+  ASSERT_TRUE(r.covers);
+  const auto m = mega70(8, 1, 1, 2048, 2, 1);
+  expect_bytes(r.gpu_total - r.activations, m.weights(), "weights");
+  expect_bytes(r.activations, m.acts_no_sp(), "activations without SP");
+  EXPECT_NE(r.source.find("without_sp"), std::string::npos);
+  // SP without selective recompute takes the same branch (report_theoretical_memory).
+  auto sp = layout(1, 8, 1, 0);
+  sp.sp = true;
+  const auto r_sp = megatron_reference(preset("llama2-70b"), run(2, 2048), sp, false);
+  EXPECT_EQ(r_sp.activations, r.activations);
+  // Checkpointing full = recompute_granularity 'full': same branch, noted, no recompute term.
+  auto full = run(2, 2048);
+  full.checkpointing = Checkpointing::full;
+  const auto r_full = megatron_reference(preset("llama2-70b"), full, layout(1, 8, 1, 0));
+  EXPECT_EQ(r_full.activations, r.activations);
+  EXPECT_TRUE(has_note(r_full, "full-recompute"));
+  EXPECT_THROW(megatron_reference(preset("llama2-70b"), full, sp, true), InputError);
+}
+
+TEST(DistRefs, MegatronPipelineFirstStage) {
+  // tp 2 × pp 4 with SP + selective, M = 2 < pp: min(1, M/pp) = 1/2, no output term.
+  auto par = layout(1, 2, 4, 0);
+  par.sp = true;
+  par.microbatches = 2;
+  const auto r = megatron_reference(preset("llama2-70b"), run(1, 4096), par, true);
+  ASSERT_TRUE(r.covers);
+  const auto m = mega70(2, 4, 1, 4096, 1, 2);
+  expect_bytes(r.gpu_total - r.activations, m.weights(), "first-stage weights");
+  expect_bytes(r.activations, m.acts_sp(), "first-stage activations");
+  EXPECT_EQ(r.terms.size(), 4u);  // weights, layers, ids, dropout: no output layer term
+  EXPECT_EQ(gpu_terms(r), r.gpu_total);
+  // Without SP, M = 8 >= pp: factor 1.
+  auto nosp = layout(2, 2, 4, 1);
+  nosp.microbatches = 8;
+  const auto r2 = megatron_reference(preset("llama2-70b"), run(1, 4096), nosp);
+  auto m2 = mega70(2, 4, 2, 4096, 1, 8);
+  m2.dist_opt = true;
+  expect_bytes(r2.gpu_total - r2.activations, m2.weights(), "weights pp 4, dist opt");
+  expect_bytes(r2.activations, m2.acts_no_sp(), "activations pp 4 without SP");
+  EXPECT_TRUE(has_note(r2, "micro-batches in flight"));
+}
+
+TEST(DistRefs, MegatronSingleGpuAndTiedEmbeddings) {
+  const auto r = megatron_reference(preset("llama-7b"), run(4, 512), layout(1, 1, 1, 0));
+  ASSERT_TRUE(r.covers);
+  Mega m{32000, 4096, 11008, 32, 32, 32, 512, 4, 1, 1, 1, 1};
+  expect_bytes(r.gpu_total - r.activations, m.weights(), "7B weights");
+  expect_bytes(r.activations, m.acts_no_sp(), "7B activations");
+  const auto tied_model = preset("tiny-tied");
+  ASSERT_TRUE(tied_model.tied_embeddings);
+  const auto t = megatron_reference(tied_model, run(2, 64), layout(1, 1, 1, 0));
+  Mega mt{ld(tied_model.vocab),
+          ld(tied_model.hidden),
+          ld(tied_model.intermediate),
+          ld(tied_model.layers),
+          ld(tied_model.heads),
+          ld(tied_model.kv_heads),
+          64,
+          2,
+          1,
+          1,
+          1,
+          1};
+  mt.untied = false;
+  expect_bytes(t.gpu_total - t.activations, mt.weights(), "tied weights");
+}
+
+TEST(DistRefs, MegatronDoesNotCoverOffload) {
+  auto par = layout(8, 1, 1, 3, Offload::optimizer);
+  const auto r = megatron_reference(preset("llama-7b"), run(1, 512), par);
+  EXPECT_FALSE(r.covers);
+  EXPECT_NE(r.why_not.find("offload"), std::string::npos);
+  EXPECT_EQ(r.gpu_total, 0u);
+}
+
+}  // namespace
+}  // namespace trainmem

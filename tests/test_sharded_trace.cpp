@@ -1,0 +1,148 @@
+// The per-rank trace (ShardedStep on meta, through the ledger) against the per-rank analytic
+// profile (estimate_layout), byte for byte, over zero × tp × pp × sp × checkpointing × attention
+// × optimizer × dtype × micro-batches × offload × prefetch on small shapes, and on the 70B-class
+// presets. Two independent descriptions of docs/distributed.md's sharded step: the trace walks
+// every layer and micro-batch, the closed form looks at a few instants.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "trainmem/analytic_rank.hpp"
+#include "trainmem/ledger.hpp"
+#include "trainmem/sharded_step.hpp"
+
+namespace trainmem {
+namespace {
+
+struct Case {
+  std::string model;
+  std::int64_t dp, tp, pp;
+  int zero;
+  bool sp;
+  std::int64_t M;
+  Checkpointing ck;
+  Attention at;
+  Optimizer opt;
+  DType dt;
+  Offload off = Offload::none;
+  std::int64_t prefetch = 1;
+  bool overlap = false;
+  std::uint64_t bucket = kDefaultReduceBucket;
+  std::int64_t b = 2, s = 16;
+  std::string str() const {
+    return model + " dp" + std::to_string(dp) + " tp" + std::to_string(tp) + " pp" +
+           std::to_string(pp) + " z" + std::to_string(zero) + (sp ? " sp" : "") + " M" +
+           std::to_string(M) + " " + checkpointing_name(ck) + " " + attention_name(at) + " " +
+           optimizer_name(opt) + " " + dtype_name(dt) + " off=" + offload_name(off) + " pf" +
+           std::to_string(prefetch) + (overlap ? " overlap" : "") + " bucket" +
+           std::to_string(bucket);
+  }
+};
+
+// Returns false when the layout does not divide the model (skipped).
+bool check(const Case& c) {
+  const ModelConfig m = *find_preset(c.model);
+  TrainConfig t;
+  t.batch = c.b;
+  t.seq = c.s;
+  t.dtype = c.dt;
+  t.checkpointing = c.ck;
+  t.attention = c.at;
+  t.optimizer = c.opt;
+  ParallelConfig p;
+  p.world = c.dp * c.tp * c.pp;
+  p.dp = c.dp;
+  p.tp = c.tp;
+  p.pp = c.pp;
+  p.zero = c.zero;
+  p.sp = c.sp;
+  p.microbatches = c.M;
+  p.offload = c.off;
+  p.prefetch = c.prefetch;
+  p.overlap_comm = c.overlap;
+  p.reduce_bucket = c.bucket;
+  try {
+    p.resolve(true, m, t);
+  } catch (const InputError&) {
+    return false;
+  }
+  const LayoutEstimate le = estimate_layout(m, t, p);
+  EXPECT_EQ(le.ranks.size(), std::size_t(c.pp)) << c.str();
+  for (std::int64_t k = 0; k < c.pp; ++k) {
+    MetaAllocator alloc;
+    Ledger ledger(alloc);
+    ShardedStep step(m, t, p, k, ledger);
+    step.train_step();
+    step.train_step();  // the steady-state step's figures
+    const MemoryFigures got = measured_figures(ledger);
+    const MemoryFigures& want = le.ranks[std::size_t(k)].est.figures;
+    const std::string what = c.str() + " stage " + std::to_string(k);
+    EXPECT_EQ(got.params, want.params) << what;
+    EXPECT_EQ(got.gradients, want.gradients) << what;
+    EXPECT_EQ(got.optimizer_states, want.optimizer_states) << what;
+    EXPECT_EQ(got.activations, want.activations) << what;
+    EXPECT_EQ(got.activations_peak, want.activations_peak) << what;
+    EXPECT_EQ(got.workspace, want.workspace) << what;
+    EXPECT_EQ(got.inputs, want.inputs) << what;
+    EXPECT_EQ(got.peak, want.peak) << what;
+    EXPECT_EQ(got.peak_breakdown, want.peak_breakdown) << what;
+    if (testing::Test::HasFailure()) return true;
+  }
+  return true;
+}
+
+TEST(ShardedTrace, EqualsTheAnalyticProfilePerRankOverTheGrid) {
+  int checked = 0;
+  for (const char* model : {"tiny", "tiny-gqa", "tiny-tied"})
+    for (std::int64_t tp : {1, 2})
+      for (std::int64_t pp : {1, 2})
+        for (std::int64_t dp : {1, 2, 3})
+          for (int zero = 0; zero <= 3; ++zero)
+            for (bool sp : {false, true})
+              for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
+                for (Attention at : {Attention::eager, Attention::flash})
+                  for (std::int64_t M : {1, 3}) {
+                    Case c{model, dp, tp, pp, zero, sp, M, ck, at, Optimizer::adamw, DType::bf16};
+                    if (check(c)) ++checked;
+                    if (HasFailure()) return;
+                  }
+  EXPECT_GT(checked, 300);
+}
+
+TEST(ShardedTrace, OptimizersDtypesOffloadPrefetchBuckets) {
+  int checked = 0;
+  for (Optimizer o : {Optimizer::adamw, Optimizer::sgd})
+    for (DType dt : {DType::bf16, DType::f16, DType::f32})
+      for (int zero = 0; zero <= 3; ++zero)
+        for (Offload off : {Offload::none, Offload::optimizer, Offload::optimizer_params})
+          for (std::int64_t pf : {0, 1, 2, 5})
+            for (bool overlap : {false, true})
+              for (std::uint64_t bucket : {std::uint64_t(100), kDefaultReduceBucket}) {
+                Case c{"tiny-gqa",       4, 1,  1,   zero, false,   2,     Checkpointing::full,
+                       Attention::flash, o, dt, off, pf,   overlap, bucket};
+                if (check(c)) ++checked;
+                if (HasFailure()) return;
+              }
+  EXPECT_GT(checked, 100);
+}
+
+TEST(ShardedTrace, LargePresetsOnMeta) {
+  // 70B-class layouts as users run them (the trace allocates nothing real on meta).
+  const Case cases[] = {
+      {"llama2-70b", 8, 1, 1, 3, false, 1, Checkpointing::full, Attention::flash, Optimizer::adamw,
+       DType::bf16, Offload::none, 1, false, kDefaultReduceBucket, 1, 4096},
+      {"llama2-70b", 2, 8, 2, 1, true, 8, Checkpointing::none, Attention::flash, Optimizer::adamw,
+       DType::bf16, Offload::none, 1, false, kDefaultReduceBucket, 1, 4096},
+      {"llama2-70b", 4, 4, 4, 1, false, 16, Checkpointing::full, Attention::eager, Optimizer::adamw,
+       DType::bf16, Offload::optimizer, 1, false, kDefaultReduceBucket, 1, 2048},
+      {"llama-7b", 8, 1, 1, 2, false, 1, Checkpointing::none, Attention::eager, Optimizer::adamw,
+       DType::bf16, Offload::none, 1, true, kDefaultReduceBucket, 8, 512},
+  };
+  for (const Case& c : cases) {
+    EXPECT_TRUE(check(c)) << c.str();
+    if (HasFailure()) return;
+  }
+}
+
+}  // namespace
+}  // namespace trainmem
