@@ -13,16 +13,6 @@
 #include "trainmem/error.hpp"
 #include "trainmem/plan.hpp"
 
-// Temporary stand-ins for the two members analytic_rank.cpp defines (not yet on this branch).
-namespace trainmem {
-std::uint64_t Overheads::total() const {
-  return cuda_context + nccl;
-}
-std::uint64_t LayoutEstimate::worst_total() const {
-  return ranks[worst].est.figures.peak + overheads.total();
-}
-}  // namespace trainmem
-
 namespace trainmem {
 namespace {
 
