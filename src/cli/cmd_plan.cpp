@@ -334,6 +334,7 @@ void write_report(report::ReportWriter& w, const PlanResult& r) {
                  secs(c.cost.pcie_seconds), worst, peaks, host});
     }
     w.table(t);
+    w.paragraph_break();
     w.paragraph(
         "step = compute + comm + PCIe seconds per optimizer step; rank peaks: each "
         "pipeline stage's peak, first to last (×n: n equal stages)");
