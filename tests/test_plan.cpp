@@ -2,8 +2,9 @@
 // on a tiny model as counted by hand, the cost model's figures equal hand-computed ones, a
 // layout is kept iff its worst rank's peak + overheads fits the budget (also against a brute
 // force over every layout, which the binary search over b must not change), rejected families
-// carry their reasons, and bad options are refused naming the flag. The memory side is a
-// stand-in estimator here, so the tests pin the enumeration and not estimate_layout's figures.
+// carry their reasons, and bad options are refused naming the flag. The memory side is mostly a
+// stand-in estimator, so the tests pin the enumeration and not estimate_layout's figures; the
+// search over b is also checked against a brute force with estimate_layout itself.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -163,78 +164,101 @@ TEST(Plan, ALayoutIsKeptIffItsWorstTotalFits) {
   EXPECT_EQ(o.budget(), std::uint64_t{76} << 30);
 }
 
-// The search over b (smallest first, then a binary search) against every layout estimated.
-TEST(Plan, TheSearchOverMicroBatchesKeepsExactlyTheFittingLayouts) {
-  for (std::uint64_t budget : {1500u, 3200u, 5000u, 9000u, 20000u}) {
-    SCOPED_TRACE(budget);
-    PlanOptions o = tiny_options();
-    o.margin = 0;
-    o.gpu_memory = budget;
-    o.top = 100000;
-    const PlanResult r = plan(tiny(), o, fake);
-    using Key = std::tuple<std::int64_t, std::int64_t, std::int64_t, int, bool, int, int, int,
-                           std::int64_t>;
-    auto key = [](const ParallelConfig& p, const TrainConfig& t) {
-      return Key{p.dp,
-                 p.tp,
-                 p.pp,
-                 p.zero,
-                 p.sp,
-                 static_cast<int>(p.offload),
-                 static_cast<int>(t.checkpointing),
-                 static_cast<int>(t.attention),
-                 t.batch};
-    };
-    std::set<Key> kept;
-    for (const auto& c : r.candidates) {
-      ASSERT_TRUE(c.memory.has_value());
-      EXPECT_LE(c.memory->worst_total(), budget);
-      kept.insert(key(c.layout, c.train));
-    }
-    EXPECT_EQ(kept.size(), r.fitting);
-    // Brute force: every layout of the enumeration, resolved and estimated.
-    std::set<Key> brute;
-    std::uint64_t valid = 0;
-    const std::int64_t triples[][3] = {{4, 1, 1}, {2, 2, 1}, {2, 1, 2},
-                                       {1, 4, 1}, {1, 2, 2}, {1, 1, 4}};
-    for (const auto& tr : triples)
-      for (int zero = 0; zero <= 3; ++zero)
-        for (Offload off : {Offload::none, Offload::optimizer, Offload::optimizer_params})
-          for (bool sp : {false, true})
-            for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
-              for (Attention at : {Attention::eager, Attention::flash})
-                for (std::int64_t b = 1; b <= 8 / tr[0]; ++b) {
-                  if ((8 / tr[0]) % b != 0 || (sp && tr[1] == 1) || (zero > 0 && tr[0] == 1) ||
-                      (off == Offload::optimizer && zero == 0) ||
-                      (off == Offload::optimizer_params && zero != 3))
-                    continue;
-                  ParallelConfig p;
-                  p.world = 4;
-                  p.dp = tr[0];
-                  p.tp = tr[1];
-                  p.pp = tr[2];
-                  p.zero = zero;
-                  p.sp = sp;
-                  p.offload = off;
-                  p.microbatches = 8 / (tr[0] * b);
-                  TrainConfig t;
-                  t.batch = b;
-                  t.seq = 16;
-                  t.checkpointing = ck;
-                  t.attention = at;
-                  try {
-                    p.resolve(true, tiny(), t);
-                  } catch (const InputError&) {
-                    continue;
-                  }
-                  ++valid;
-                  if (fake(tiny(), t, p, {}).worst_total() <= budget) brute.insert(key(p, t));
+using Key =
+    std::tuple<std::int64_t, std::int64_t, std::int64_t, int, bool, int, int, int, std::int64_t>;
+
+Key key(const ParallelConfig& p, const TrainConfig& t) {
+  return Key{p.dp,
+             p.tp,
+             p.pp,
+             p.zero,
+             p.sp,
+             static_cast<int>(p.offload),
+             static_cast<int>(t.checkpointing),
+             static_cast<int>(t.attention),
+             t.batch};
+}
+
+// Brute force: every layout of tiny_options()' enumeration, resolved and estimated: the worst
+// total of each valid one.
+std::vector<std::pair<Key, std::uint64_t>> every_layout(const LayoutEstimator& estimator) {
+  std::vector<std::pair<Key, std::uint64_t>> out;
+  const std::int64_t triples[][3] = {{4, 1, 1}, {2, 2, 1}, {2, 1, 2},
+                                     {1, 4, 1}, {1, 2, 2}, {1, 1, 4}};
+  for (const auto& tr : triples)
+    for (int zero = 0; zero <= 3; ++zero)
+      for (Offload off : {Offload::none, Offload::optimizer, Offload::optimizer_params})
+        for (bool sp : {false, true})
+          for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
+            for (Attention at : {Attention::eager, Attention::flash})
+              for (std::int64_t b = 1; b <= 8 / tr[0]; ++b) {
+                if ((8 / tr[0]) % b != 0 || (sp && tr[1] == 1) || (zero > 0 && tr[0] == 1) ||
+                    (off == Offload::optimizer && zero == 0) ||
+                    (off == Offload::optimizer_params && zero != 3))
+                  continue;
+                ParallelConfig p;
+                p.world = 4;
+                p.dp = tr[0];
+                p.tp = tr[1];
+                p.pp = tr[2];
+                p.zero = zero;
+                p.sp = sp;
+                p.offload = off;
+                p.microbatches = 8 / (tr[0] * b);
+                TrainConfig t;
+                t.batch = b;
+                t.seq = 16;
+                t.checkpointing = ck;
+                t.attention = at;
+                try {
+                  p.resolve(true, tiny(), t);
+                } catch (const InputError&) {
+                  continue;
                 }
-    EXPECT_EQ(valid, 356u);
-    EXPECT_EQ(kept, brute);
-    EXPECT_EQ(r.too_big, valid - brute.size());
-    EXPECT_LT(r.estimates, valid + kept.size());  // the search skipped layouts
+                out.emplace_back(key(p, t), estimator(tiny(), t, p, {}).worst_total());
+              }
+  return out;
+}
+
+// The search over b (smallest first, then a binary search) keeps exactly the layouts that a
+// brute force finds fitting.
+void check_search(const LayoutEstimator& estimator, std::uint64_t budget) {
+  SCOPED_TRACE(budget);
+  PlanOptions o = tiny_options();
+  o.margin = 0;
+  o.gpu_memory = budget;
+  o.top = 100000;
+  const PlanResult r = plan(tiny(), o, estimator);
+  std::set<Key> kept;
+  for (const auto& c : r.candidates) {
+    ASSERT_TRUE(c.memory.has_value());
+    EXPECT_LE(c.memory->worst_total(), budget);
+    kept.insert(key(c.layout, c.train));
   }
+  EXPECT_EQ(kept.size(), r.fitting);
+  const auto all = every_layout(estimator);
+  ASSERT_EQ(all.size(), 356u);
+  std::set<Key> brute;
+  for (const auto& [k, total] : all)
+    if (total <= budget) brute.insert(k);
+  EXPECT_EQ(kept, brute);
+  EXPECT_EQ(r.too_big, all.size() - brute.size());
+  EXPECT_LT(r.estimates, all.size() + kept.size());  // the search skipped layouts
+}
+
+TEST(Plan, TheSearchOverMicroBatchesKeepsExactlyTheFittingLayouts) {
+  for (std::uint64_t budget : {1500u, 3200u, 5000u, 9000u, 20000u}) check_search(fake, budget);
+}
+
+// The same with the real per-rank estimate, at budgets between its smallest and largest
+// worst totals (this is where memory must be monotone in b for the search to be exact).
+TEST(Plan, TheSearchIsExactWithEstimateLayout) {
+  auto all = every_layout(estimate_layout);
+  std::vector<std::uint64_t> totals;
+  for (const auto& [k, total] : all) totals.push_back(total);
+  std::sort(totals.begin(), totals.end());
+  for (double q : {0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0})
+    check_search(estimate_layout, totals[static_cast<std::size_t>(q * (totals.size() - 1))]);
 }
 
 TEST(Plan, CandidatesAreRankedByStepTimeThenByLargerMicroBatch) {
