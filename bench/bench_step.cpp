@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "trainmem/backend.hpp"
+#include "trainmem/bytes.hpp"
 #include "trainmem/config.hpp"
 #include "trainmem/ledger.hpp"
 #include "trainmem/model.hpp"
@@ -182,8 +183,9 @@ int main(int argc, char** argv) {
     const double ms = ms_since(t0);
     std::printf(
         "meta trace llama-65b b8 s512 bf16 adamw (setup + 2 steps, %zu ledger events): "
-        "%.1f ms; peak %.2f GiB\n",
-        ledger.timeline().size(), ms, double(ledger.peak_total().bytes) / (1ull << 30));
+        "%.1f ms; peak %s\n",
+        ledger.timeline().size(), ms,
+        format_bytes_with_unit(ledger.peak_total().bytes, kGiB).c_str());
   }
   return 0;
 }

@@ -1,5 +1,5 @@
 // GPU tests of causal attention (eager: cuBLAS + softmax kernels; flash: the tiled kernels)
-// against the cpu backend, per dtype, on awkward shapes (T not a multiple of any tile, odd
+// against the cpu backend, per dtype, on awkward shapes (s not a multiple of any tile, odd
 // head dims, GQA and MQA) and LLaMA-sized ones. Forward and backward are checked separately:
 // the backward of both backends is fed the same forward results (the CPU's), so a failure
 // points at one kernel.
@@ -17,12 +17,12 @@ namespace trainmem::gputest {
 namespace {
 
 struct AttnShape {
-  std::int64_t B, T, NH, NKV, HD;
+  std::int64_t b, s, a, kv, d;
   const char* name;
 };
-void PrintTo(const AttnShape& s, std::ostream* os) {
-  *os << s.name << " B=" << s.B << " T=" << s.T << " NH=" << s.NH << " NKV=" << s.NKV
-      << " HD=" << s.HD;
+void PrintTo(const AttnShape& shape, std::ostream* os) {
+  *os << shape.name << " b=" << shape.b << " s=" << shape.s << " a=" << shape.a
+      << " kv=" << shape.kv << " d=" << shape.d;
 }
 
 using AttnParam = std::tuple<DType, Attention, AttnShape>;
@@ -34,11 +34,11 @@ class AttentionGpu : public ::testing::TestWithParam<AttnParam> {
     std::tie(dt, variant, shape) = GetParam();
     cpu = make_cpu_backend(dt);
     gpu = &cuda_backend(dt);
-    const auto [B, T, NH, NKV, HD, name] = shape;
-    nq = B * T * NH * HD;
-    nkv = B * T * NKV * HD;
-    np = B * NH * T * T;
-    nl = B * NH * T;
+    const auto [b, s, a, kv, d, name] = shape;
+    nq = b * s * a * d;
+    nkv = b * s * kv * d;
+    np = b * a * s * s;
+    nl = b * a * s;
     // q in [-2, 2): sharper softmax rows than uniform [-1, 1) keys alone would give.
     q = random_buf(dt, nq, rng, -2, 2);
     k = random_buf(dt, nkv, rng);
@@ -63,12 +63,12 @@ class AttentionGpu : public ::testing::TestWithParam<AttnParam> {
 };
 
 TEST_P(AttentionGpu, ForwardMatchesCpu) {
-  const auto [B, T, NH, NKV, HD, name] = shape;
+  const auto [b, s, a, kv, d, name] = shape;
   HostBuf out(dt, nq), probs(dt, eager() ? np : 1);
   std::vector<float> lse(static_cast<std::size_t>(nl));
   cpu->attention_forward(out.data(), eager() ? probs.data() : nullptr,
-                         eager() ? nullptr : lse.data(), q.data(), k.data(), v.data(), B, T, NH,
-                         NKV, HD, variant);
+                         eager() ? nullptr : lse.data(), q.data(), k.data(), v.data(), b, s, a, kv,
+                         d, variant);
   DevBuf d_q(*gpu, q), d_k(*gpu, k), d_v(*gpu, v), d_out(*gpu, out.bytes());
   DevBuf d_probs(*gpu, eager() ? probs.bytes() : 1), d_lse(*gpu, nl * 4);
   // Garbage in the outputs: every element must be written.
@@ -76,34 +76,34 @@ TEST_P(AttentionGpu, ForwardMatchesCpu) {
   for (std::int64_t i = 0; i < nan_probs.size(); ++i) nan_probs.set(i, NAN);
   gpu->upload(d_probs.get(), nan_probs.data(), nan_probs.bytes());
   gpu->attention_forward(d_out.get(), eager() ? d_probs.get() : nullptr,
-                         eager() ? nullptr : d_lse.as<float>(), d_q.get(), d_k.get(), d_v.get(), B,
-                         T, NH, NKV, HD, variant);
+                         eager() ? nullptr : d_lse.as<float>(), d_q.get(), d_k.get(), d_v.get(), b,
+                         s, a, kv, d, variant);
   if (eager()) {
     EXPECT_TRUE(
-        all_close("attention probs", d_probs.f32(dt, np), probs.to_f32(), tol(), {B, NH, T, T}));
+        all_close("attention probs", d_probs.f32(dt, np), probs.to_f32(), tol(), {b, a, s, s}));
   } else {
     // lse from fp32 scores on both sides.
     EXPECT_TRUE(all_close("attention lse", d_lse.f32(DType::f32, nl), lse,
-                          tolerance(DType::f32, 20), {B, NH, T}));
+                          tolerance(DType::f32, 20), {b, a, s}));
   }
-  EXPECT_TRUE(all_close("attention out", d_out.f32(dt, nq), out.to_f32(), tol(), {B, T, NH, HD}));
+  EXPECT_TRUE(all_close("attention out", d_out.f32(dt, nq), out.to_f32(), tol(), {b, s, a, d}));
 }
 
 TEST_P(AttentionGpu, BackwardMatchesCpu) {
-  const auto [B, T, NH, NKV, HD, name] = shape;
+  const auto [b, s, a, kv, d, name] = shape;
   // The forward results both backends get: the CPU's.
   HostBuf out(dt, nq), probs(dt, eager() ? np : 1);
   std::vector<float> lse(static_cast<std::size_t>(nl));
   cpu->attention_forward(out.data(), eager() ? probs.data() : nullptr,
-                         eager() ? nullptr : lse.data(), q.data(), k.data(), v.data(), B, T, NH,
-                         NKV, HD, variant);
+                         eager() ? nullptr : lse.data(), q.data(), k.data(), v.data(), b, s, a, kv,
+                         d, variant);
   const HostBuf dout = random_buf(dt, nq, rng);
   HostBuf dq(dt, nq), dk(dt, nkv), dv(dt, nkv), dprobs(dt, eager() ? np : 1);
   std::vector<float> delta(static_cast<std::size_t>(nl));
   cpu->attention_backward(dq.data(), dk.data(), dv.data(), eager() ? dprobs.data() : nullptr,
                           eager() ? nullptr : delta.data(), dout.data(), q.data(), k.data(),
                           v.data(), out.data(), eager() ? probs.data() : nullptr,
-                          eager() ? nullptr : lse.data(), B, T, NH, NKV, HD, variant);
+                          eager() ? nullptr : lse.data(), b, s, a, kv, d, variant);
 
   DevBuf d_q(*gpu, q), d_k(*gpu, k), d_v(*gpu, v), d_out(*gpu, out), d_dout(*gpu, dout);
   DevBuf d_probs(*gpu, probs), d_lse(*gpu, nl * 4), d_delta(*gpu, nl * 4);
@@ -117,15 +117,15 @@ TEST_P(AttentionGpu, BackwardMatchesCpu) {
   gpu->attention_backward(d_dq.get(), d_dk.get(), d_dv.get(), eager() ? d_dprobs.get() : nullptr,
                           eager() ? nullptr : d_delta.as<float>(), d_dout.get(), d_q.get(),
                           d_k.get(), d_v.get(), d_out.get(), eager() ? d_probs.get() : nullptr,
-                          eager() ? nullptr : d_lse.as<float>(), B, T, NH, NKV, HD, variant);
+                          eager() ? nullptr : d_lse.as<float>(), b, s, a, kv, d, variant);
   if (!eager()) {
     EXPECT_TRUE(all_close("attention delta", d_delta.f32(DType::f32, nl), delta,
-                          tolerance(DType::f32, 20), {B, NH, T}));
+                          tolerance(DType::f32, 20), {b, a, s}));
   }
-  // dq, dk sum T products of values that already carry rounding; dk, dv also over the group.
-  EXPECT_TRUE(all_close("attention dv", d_dv.f32(dt, nkv), dv.to_f32(), tol(2), {B, T, NKV, HD}));
-  EXPECT_TRUE(all_close("attention dq", d_dq.f32(dt, nq), dq.to_f32(), tol(2), {B, T, NH, HD}));
-  EXPECT_TRUE(all_close("attention dk", d_dk.f32(dt, nkv), dk.to_f32(), tol(2), {B, T, NKV, HD}));
+  // dq, dk sum s products of values that already carry rounding; dk, dv also over the group.
+  EXPECT_TRUE(all_close("attention dv", d_dv.f32(dt, nkv), dv.to_f32(), tol(2), {b, s, kv, d}));
+  EXPECT_TRUE(all_close("attention dq", d_dq.f32(dt, nq), dq.to_f32(), tol(2), {b, s, a, d}));
+  EXPECT_TRUE(all_close("attention dk", d_dk.f32(dt, nkv), dk.to_f32(), tol(2), {b, s, kv, d}));
 }
 
 // Flash and eager on the GPU agree with each other in fp32 (a direct check of the tiled
@@ -134,28 +134,28 @@ TEST(AttentionGpuCross, FlashAndEagerAgreeInFp32) {
   require_cuda_device();
   Backend& gpu = cuda_backend(DType::f32);
   std::mt19937 rng(5);
-  const std::int64_t B = 2, T = 173, NH = 8, NKV = 2, HD = 64;
-  const std::int64_t nq = B * T * NH * HD, nkv = B * T * NKV * HD;
+  const std::int64_t b = 2, s = 173, a = 8, kv = 2, d = 64;
+  const std::int64_t nq = b * s * a * d, nkv = b * s * kv * d;
   const HostBuf q = random_buf(DType::f32, nq, rng, -2, 2), k = random_buf(DType::f32, nkv, rng),
                 v = random_buf(DType::f32, nkv, rng), dout = random_buf(DType::f32, nq, rng);
   DevBuf d_q(gpu, q), d_k(gpu, k), d_v(gpu, v), d_dout(gpu, dout);
-  DevBuf e_out(gpu, nq * 4), f_out(gpu, nq * 4), probs(gpu, B * NH * T * T * 4),
-      dprobs(gpu, B * NH * T * T * 4), lse(gpu, B * NH * T * 4), delta(gpu, B * NH * T * 4);
-  gpu.attention_forward(e_out.get(), probs.get(), nullptr, d_q.get(), d_k.get(), d_v.get(), B, T,
-                        NH, NKV, HD, Attention::eager);
-  gpu.attention_forward(f_out.get(), nullptr, lse.as<float>(), d_q.get(), d_k.get(), d_v.get(), B,
-                        T, NH, NKV, HD, Attention::flash);
+  DevBuf e_out(gpu, nq * 4), f_out(gpu, nq * 4), probs(gpu, b * a * s * s * 4),
+      dprobs(gpu, b * a * s * s * 4), lse(gpu, b * a * s * 4), delta(gpu, b * a * s * 4);
+  gpu.attention_forward(e_out.get(), probs.get(), nullptr, d_q.get(), d_k.get(), d_v.get(), b, s, a,
+                        kv, d, Attention::eager);
+  gpu.attention_forward(f_out.get(), nullptr, lse.as<float>(), d_q.get(), d_k.get(), d_v.get(), b,
+                        s, a, kv, d, Attention::flash);
   const auto eager_out = e_out.f32(DType::f32, nq);
   EXPECT_TRUE(all_close("flash vs eager out", f_out.f32(DType::f32, nq), eager_out,
                         tolerance(DType::f32, 20)));
   DevBuf e_dq(gpu, nq * 4), e_dk(gpu, nkv * 4), e_dv(gpu, nkv * 4);
   DevBuf f_dq(gpu, nq * 4), f_dk(gpu, nkv * 4), f_dv(gpu, nkv * 4);
   gpu.attention_backward(e_dq.get(), e_dk.get(), e_dv.get(), dprobs.get(), nullptr, d_dout.get(),
-                         d_q.get(), d_k.get(), d_v.get(), e_out.get(), probs.get(), nullptr, B, T,
-                         NH, NKV, HD, Attention::eager);
+                         d_q.get(), d_k.get(), d_v.get(), e_out.get(), probs.get(), nullptr, b, s,
+                         a, kv, d, Attention::eager);
   gpu.attention_backward(f_dq.get(), f_dk.get(), f_dv.get(), nullptr, delta.as<float>(),
                          d_dout.get(), d_q.get(), d_k.get(), d_v.get(), f_out.get(), nullptr,
-                         lse.as<float>(), B, T, NH, NKV, HD, Attention::flash);
+                         lse.as<float>(), b, s, a, kv, d, Attention::flash);
   EXPECT_TRUE(all_close("flash vs eager dq", f_dq.f32(DType::f32, nq), e_dq.f32(DType::f32, nq),
                         tolerance(DType::f32, 40)));
   EXPECT_TRUE(all_close("flash vs eager dk", f_dk.f32(DType::f32, nkv), e_dk.f32(DType::f32, nkv),
@@ -171,23 +171,23 @@ TEST(AttentionGpuErrors, FlashRejectsHeadDimAbove256AndBadGroups) {
   try {
     gpu.attention_forward(buf.get(), nullptr, buf.as<float>(), buf.get(), buf.get(), buf.get(), 1,
                           2, 1, 1, 512, Attention::flash);
-    ADD_FAILURE() << "no InputError for HD = 512";
+    ADD_FAILURE() << "no InputError for d = 512";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("HD up to 256"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("d up to 256"), std::string::npos) << e.what();
   }
   try {
     gpu.attention_forward(buf.get(), buf.get(), nullptr, buf.get(), buf.get(), buf.get(), 1, 2, 6,
                           4, 8, Attention::eager);
-    ADD_FAILURE() << "no InputError for NKV = 4 not dividing NH = 6";
+    ADD_FAILURE() << "no InputError for kv = 4 not dividing a = 6";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("must divide NH"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("must divide a"), std::string::npos) << e.what();
   }
 }
 
 const AttnShape kShapes[] = {
     {1, 1, 1, 1, 8, "one"},                  // a single position
-    {2, 71, 6, 2, 40, "awkward_gqa"},        // T off every tile, HD not a multiple of 32
-    {3, 33, 4, 1, 17, "mqa_odd_hd"},         // MQA, odd HD (odd shared-memory pitch path)
+    {2, 71, 6, 2, 40, "awkward_gqa"},        // s off every tile, d not a multiple of 32
+    {3, 33, 4, 1, 17, "mqa_odd_hd"},         // MQA, odd d (odd shared-memory pitch path)
     {2, 130, 4, 4, 64, "mha_hd64"},          // two flash key tiles and a bit
     {1, 65, 2, 2, 256, "hd256"},             // the largest flash head dim (opt-in smem)
     {1, 512, 32, 32, 128, "llama7b_heads"},  // LLaMA-7B's attention at seq 512, one row

@@ -44,19 +44,19 @@ std::string case_name(const ::testing::TestParamInfo<std::tuple<DType, Shape>>& 
 // ---------------------------------------------------------------- embedding
 
 struct EmbShape {
-  std::int64_t B, T, C, V;
+  std::int64_t b, s, h, V;
   const char* name;
 };
-void PrintTo(const EmbShape& s, std::ostream* os) {
-  *os << s.name << " B=" << s.B << " T=" << s.T << " C=" << s.C << " V=" << s.V;
+void PrintTo(const EmbShape& shape, std::ostream* os) {
+  *os << shape.name << " b=" << shape.b << " s=" << shape.s << " h=" << shape.h << " V=" << shape.V;
 }
 class EmbeddingGpu : public OpTest<EmbShape> {
  protected:
   // Ids drawn from a small subset so that ids repeat (the backward's hard case), plus the
   // extremes 0 and V-1.
   HostBuf tokens() {
-    const auto [B, T, C, V, name] = shape;
-    std::vector<std::int32_t> ids(std::size_t(B * T));
+    const auto [b, s, h, V, name] = shape;
+    std::vector<std::int32_t> ids(std::size_t(b * s));
     std::uniform_int_distribution<std::int32_t> small(
         0, std::int32_t(std::min<std::int64_t>(V, 37) - 1));
     std::uniform_int_distribution<std::int32_t> any(0, std::int32_t(V - 1));
@@ -68,15 +68,15 @@ class EmbeddingGpu : public OpTest<EmbShape> {
 };
 
 TEST_P(EmbeddingGpu, ForwardGathersTheSameRowsAsCpu) {
-  const auto [B, T, C, V, name] = shape;
-  const HostBuf wte = random_buf(dt, V * C, rng);
+  const auto [b, s, h, V, name] = shape;
+  const HostBuf wte = random_buf(dt, V * h, rng);
   const HostBuf tok = tokens();
-  HostBuf want(dt, B * T * C);
-  cpu->embedding_forward(want.data(), tok.as<std::int32_t>(), wte.data(), B, T, C, V);
+  HostBuf want(dt, b * s * h);
+  cpu->embedding_forward(want.data(), tok.as<std::int32_t>(), wte.data(), b, s, h, V);
   DevBuf d_wte(*gpu, wte), d_tok(*gpu, tok), d_out(*gpu, want.bytes());
-  gpu->embedding_forward(d_out.get(), d_tok.as<std::int32_t>(), d_wte.get(), B, T, C, V);
-  EXPECT_TRUE(all_close("embedding_forward out", d_out.f32(dt, B * T * C), want.to_f32(), exact(),
-                        {B, T, C}));
+  gpu->embedding_forward(d_out.get(), d_tok.as<std::int32_t>(), d_wte.get(), b, s, h, V);
+  EXPECT_TRUE(all_close("embedding_forward out", d_out.f32(dt, b * s * h), want.to_f32(), exact(),
+                        {b, s, h}));
 }
 
 // A GEMM workspace lent to the backend, as the model lends the ledger's (set_gemm_workspace):
@@ -97,24 +97,24 @@ class LentGemmWorkspace {
 };
 
 TEST_P(EmbeddingGpu, BackwardScattersBitForBitLikeCpu) {
-  const auto [B, T, C, V, name] = shape;
-  const HostBuf dout = random_buf(dt, B * T * C, rng);
+  const auto [b, s, h, V, name] = shape;
+  const HostBuf dout = random_buf(dt, b * s * h, rng);
   const HostBuf tok = tokens();
-  const HostBuf dwte = random_buf(dt, V * C, rng);  // += onto existing gradients
+  const HostBuf dwte = random_buf(dt, V * h, rng);  // += onto existing gradients
   HostBuf want = dwte;
-  cpu->embedding_backward(want.data(), dout.data(), tok.as<std::int32_t>(), B, T, C, V);
+  cpu->embedding_backward(want.data(), dout.data(), tok.as<std::int32_t>(), b, s, h, V);
   for (const bool grouped : {true, false}) {
     DevBuf d_dwte(*gpu, dwte), d_dout(*gpu, dout), d_tok(*gpu, tok);
     {
       std::unique_ptr<LentGemmWorkspace> ws;
       if (grouped) ws = std::make_unique<LentGemmWorkspace>(*gpu);
-      gpu->embedding_backward(d_dwte.get(), d_dout.get(), d_tok.as<std::int32_t>(), B, T, C, V);
+      gpu->embedding_backward(d_dwte.get(), d_dout.get(), d_tok.as<std::int32_t>(), b, s, h, V);
       gpu->synchronize();
     }
     // Same fp32 sequence on both sides (dwte, then the rows in position order): identical bits.
     EXPECT_TRUE(
         all_close(grouped ? "embedding_backward dwte (grouped)" : "embedding_backward dwte (scan)",
-                  d_dwte.f32(dt, V * C), want.to_f32(), exact(), {V, C}));
+                  d_dwte.f32(dt, V * h), want.to_f32(), exact(), {V, h}));
   }
 }
 
@@ -133,17 +133,17 @@ TEST(EmbeddingGpuErrors, OutOfRangeIdsGiveNanRowsAndLeaveOthersIntact) {
   require_cuda_device();
   Backend& gpu = cuda_backend(DType::bf16);
   std::mt19937 rng(3);
-  const std::int64_t C = 40, V = 10;
-  const HostBuf wte = random_buf(DType::bf16, V * C, rng);
+  const std::int64_t h = 40, V = 10;
+  const HostBuf wte = random_buf(DType::bf16, V * h, rng);
   const HostBuf tok = int_buf({3, -1, 10, 9});
-  DevBuf d_wte(gpu, wte), d_tok(gpu, tok), d_out(gpu, 4 * C * 2);
-  gpu.embedding_forward(d_out.get(), d_tok.as<std::int32_t>(), d_wte.get(), 1, 4, C, V);
-  const HostBuf out = d_out.download(DType::bf16, 4 * C);
-  for (std::int64_t c = 0; c < C; ++c) {
-    EXPECT_EQ(out.get(0 * C + c), wte.get(3 * C + c));
-    EXPECT_TRUE(std::isnan(out.get(1 * C + c))) << "id -1, column " << c;
-    EXPECT_TRUE(std::isnan(out.get(2 * C + c))) << "id V, column " << c;
-    EXPECT_EQ(out.get(3 * C + c), wte.get(9 * C + c));
+  DevBuf d_wte(gpu, wte), d_tok(gpu, tok), d_out(gpu, 4 * h * 2);
+  gpu.embedding_forward(d_out.get(), d_tok.as<std::int32_t>(), d_wte.get(), 1, 4, h, V);
+  const HostBuf out = d_out.download(DType::bf16, 4 * h);
+  for (std::int64_t c = 0; c < h; ++c) {
+    EXPECT_EQ(out.get(0 * h + c), wte.get(3 * h + c));
+    EXPECT_TRUE(std::isnan(out.get(1 * h + c))) << "id -1, column " << c;
+    EXPECT_TRUE(std::isnan(out.get(2 * h + c))) << "id V, column " << c;
+    EXPECT_EQ(out.get(3 * h + c), wte.get(9 * h + c));
   }
 }
 
@@ -152,80 +152,80 @@ TEST(EmbeddingGpuErrors, BackwardSkipsOutOfRangeIdsWithAndWithoutTheWorkspace) {
   Backend& gpu = cuda_backend(DType::bf16);
   auto cpu = make_cpu_backend(DType::bf16);
   std::mt19937 rng(4);
-  const std::int64_t C = 40, V = 10;
+  const std::int64_t h = 40, V = 10;
   const std::int32_t kMin = std::numeric_limits<std::int32_t>::min();
   const std::vector<std::int32_t> ids = {3, -1, 10, 9, 3, kMin, 3};
-  const std::int64_t N = std::int64_t(ids.size());
-  const HostBuf dout = random_buf(DType::bf16, N * C, rng);
-  const HostBuf dwte = random_buf(DType::bf16, V * C, rng);
+  const std::int64_t n = std::int64_t(ids.size());
+  const HostBuf dout = random_buf(DType::bf16, n * h, rng);
+  const HostBuf dwte = random_buf(DType::bf16, V * h, rng);
   // The cpu backend refuses such ids: its reference runs on the valid rows (3, 9, 3, 3).
-  HostBuf want = dwte, valid_dout(DType::bf16, 4 * C);
+  HostBuf want = dwte, valid_dout(DType::bf16, 4 * h);
   const std::int64_t valid_rows[] = {0, 3, 4, 6};
   for (std::int64_t r = 0; r < 4; ++r)
-    for (std::int64_t c = 0; c < C; ++c) valid_dout.set(r * C + c, dout.get(valid_rows[r] * C + c));
+    for (std::int64_t c = 0; c < h; ++c) valid_dout.set(r * h + c, dout.get(valid_rows[r] * h + c));
   const HostBuf valid_tok = int_buf({3, 9, 3, 3});
-  cpu->embedding_backward(want.data(), valid_dout.data(), valid_tok.as<std::int32_t>(), 1, 4, C, V);
+  cpu->embedding_backward(want.data(), valid_dout.data(), valid_tok.as<std::int32_t>(), 1, 4, h, V);
   for (const bool grouped : {true, false}) {
     DevBuf d_dwte(gpu, dwte), d_dout(gpu, dout), d_tok(gpu, int_buf(ids));
     {
       std::unique_ptr<LentGemmWorkspace> ws;
       if (grouped) ws = std::make_unique<LentGemmWorkspace>(gpu);
-      gpu.embedding_backward(d_dwte.get(), d_dout.get(), d_tok.as<std::int32_t>(), 1, N, C, V);
+      gpu.embedding_backward(d_dwte.get(), d_dout.get(), d_tok.as<std::int32_t>(), 1, n, h, V);
       gpu.synchronize();
     }
-    EXPECT_TRUE(all_close(grouped ? "grouped" : "scan", d_dwte.f32(DType::bf16, V * C),
-                          want.to_f32(), exact(), {V, C}));
+    EXPECT_TRUE(all_close(grouped ? "grouped" : "scan", d_dwte.f32(DType::bf16, V * h),
+                          want.to_f32(), exact(), {V, h}));
   }
 }
 
 // ---------------------------------------------------------------- rmsnorm
 
 struct RowShape {
-  std::int64_t N, C;
+  std::int64_t n, h;
   const char* name;
 };
-void PrintTo(const RowShape& s, std::ostream* os) {
-  *os << s.name << " N=" << s.N << " C=" << s.C;
+void PrintTo(const RowShape& shape, std::ostream* os) {
+  *os << shape.name << " n=" << shape.n << " h=" << shape.h;
 }
 class RmsNormGpu : public OpTest<RowShape> {};
 
 TEST_P(RmsNormGpu, ForwardMatchesCpu) {
-  const auto [N, C, name] = shape;
-  const HostBuf inp = random_buf(dt, N * C, rng, -3, 3);
-  const HostBuf w = random_buf(dt, C, rng, 0.5f, 1.5f);
-  HostBuf want(dt, N * C);
-  std::vector<float> rstd_want(static_cast<std::size_t>(N));
-  cpu->rmsnorm_forward(want.data(), rstd_want.data(), inp.data(), w.data(), N, C, 1e-5f);
-  DevBuf d_inp(*gpu, inp), d_w(*gpu, w), d_out(*gpu, want.bytes()), d_rstd(*gpu, N * 4);
-  gpu->rmsnorm_forward(d_out.get(), d_rstd.as<float>(), d_inp.get(), d_w.get(), N, C, 1e-5f);
-  EXPECT_TRUE(all_close("rmsnorm_forward rstd", d_rstd.f32(DType::f32, N), rstd_want,
+  const auto [n, h, name] = shape;
+  const HostBuf inp = random_buf(dt, n * h, rng, -3, 3);
+  const HostBuf w = random_buf(dt, h, rng, 0.5f, 1.5f);
+  HostBuf want(dt, n * h);
+  std::vector<float> rstd_want(static_cast<std::size_t>(n));
+  cpu->rmsnorm_forward(want.data(), rstd_want.data(), inp.data(), w.data(), n, h, 1e-5f);
+  DevBuf d_inp(*gpu, inp), d_w(*gpu, w), d_out(*gpu, want.bytes()), d_rstd(*gpu, n * 4);
+  gpu->rmsnorm_forward(d_out.get(), d_rstd.as<float>(), d_inp.get(), d_w.get(), n, h, 1e-5f);
+  EXPECT_TRUE(all_close("rmsnorm_forward rstd", d_rstd.f32(DType::f32, n), rstd_want,
                         tolerance(DType::f32, 4)));
   EXPECT_TRUE(
-      all_close("rmsnorm_forward out", d_out.f32(dt, N * C), want.to_f32(), tolerance(dt), {N, C}));
+      all_close("rmsnorm_forward out", d_out.f32(dt, n * h), want.to_f32(), tolerance(dt), {n, h}));
 }
 
 TEST_P(RmsNormGpu, BackwardAccumulatesLikeCpu) {
-  const auto [N, C, name] = shape;
-  const HostBuf inp = random_buf(dt, N * C, rng, -3, 3);
-  const HostBuf w = random_buf(dt, C, rng, 0.5f, 1.5f);
-  const HostBuf dout = random_buf(dt, N * C, rng);
-  HostBuf scratch(dt, N * C);
-  std::vector<float> rstd(static_cast<std::size_t>(N));
-  cpu->rmsnorm_forward(scratch.data(), rstd.data(), inp.data(), w.data(), N, C, 1e-5f);
-  HostBuf dinp_want = random_buf(dt, N * C, rng);  // both gradients accumulate (+=)
-  HostBuf dw_want = random_buf(dt, C, rng);
+  const auto [n, h, name] = shape;
+  const HostBuf inp = random_buf(dt, n * h, rng, -3, 3);
+  const HostBuf w = random_buf(dt, h, rng, 0.5f, 1.5f);
+  const HostBuf dout = random_buf(dt, n * h, rng);
+  HostBuf scratch(dt, n * h);
+  std::vector<float> rstd(static_cast<std::size_t>(n));
+  cpu->rmsnorm_forward(scratch.data(), rstd.data(), inp.data(), w.data(), n, h, 1e-5f);
+  HostBuf dinp_want = random_buf(dt, n * h, rng);  // both gradients accumulate (+=)
+  HostBuf dw_want = random_buf(dt, h, rng);
   DevBuf d_dinp(*gpu, dinp_want), d_dw(*gpu, dw_want), d_dout(*gpu, dout), d_inp(*gpu, inp),
-      d_w(*gpu, w), d_rstd(*gpu, N * 4);
-  gpu->upload(d_rstd.get(), rstd.data(), std::uint64_t(N) * 4);
+      d_w(*gpu, w), d_rstd(*gpu, n * 4);
+  gpu->upload(d_rstd.get(), rstd.data(), std::uint64_t(n) * 4);
   cpu->rmsnorm_backward(dinp_want.data(), dw_want.data(), dout.data(), inp.data(), w.data(),
-                        rstd.data(), N, C);
+                        rstd.data(), n, h);
   gpu->rmsnorm_backward(d_dinp.get(), d_dw.get(), d_dout.get(), d_inp.get(), d_w.get(),
-                        d_rstd.as<float>(), N, C);
-  EXPECT_TRUE(all_close("rmsnorm_backward dinp", d_dinp.f32(dt, N * C), dinp_want.to_f32(),
-                        tolerance(dt, 2), {N, C}));
-  // dweight sums N rows: the order differs (16 row groups on the GPU).
+                        d_rstd.as<float>(), n, h);
+  EXPECT_TRUE(all_close("rmsnorm_backward dinp", d_dinp.f32(dt, n * h), dinp_want.to_f32(),
+                        tolerance(dt, 2), {n, h}));
+  // dweight sums n rows: the order differs (16 row groups on the GPU).
   EXPECT_TRUE(
-      all_close("rmsnorm_backward dweight", d_dw.f32(dt, C), dw_want.to_f32(), tolerance(dt, 4)));
+      all_close("rmsnorm_backward dweight", d_dw.f32(dt, h), dw_want.to_f32(), tolerance(dt, 4)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, RmsNormGpu,
@@ -242,8 +242,8 @@ struct GemmShape {
   std::int64_t M, N, K;
   const char* name;
 };
-void PrintTo(const GemmShape& s, std::ostream* os) {
-  *os << s.name << " M=" << s.M << " N=" << s.N << " K=" << s.K;
+void PrintTo(const GemmShape& shape, std::ostream* os) {
+  *os << shape.name << " M=" << shape.M << " N=" << shape.N << " K=" << shape.K;
 }
 class MatmulGpu : public OpTest<GemmShape> {};
 
@@ -310,44 +310,43 @@ TEST(MatmulGpuEdge, EmptyDimensionsAreNoOpsAndKZeroScalesC) {
 // ---------------------------------------------------------------- rope
 
 struct HeadsShape {
-  std::int64_t B, T, NH, NKV, HD;
+  std::int64_t b, s, a, kv, d;
   double theta;
   const char* name;
 };
-void PrintTo(const HeadsShape& s, std::ostream* os) {
-  *os << s.name << " B=" << s.B << " T=" << s.T << " NH=" << s.NH << " NKV=" << s.NKV
-      << " HD=" << s.HD << " theta=" << s.theta;
+void PrintTo(const HeadsShape& shape, std::ostream* os) {
+  *os << shape.name << " b=" << shape.b << " s=" << shape.s << " a=" << shape.a
+      << " kv=" << shape.kv << " d=" << shape.d << " theta=" << shape.theta;
 }
 class RopeGpu : public OpTest<HeadsShape> {};
 
 TEST_P(RopeGpu, ForwardAndBackwardMatchCpuInPlace) {
-  const auto [B, T, NH, NKV, HD, theta, name] = shape;
-  const std::int64_t nq = B * T * NH * HD, nk = B * T * NKV * HD;
+  const auto [b, s, a, kv, d, theta, name] = shape;
+  const std::int64_t nq = b * s * a * d, nk = b * s * kv * d;
   for (bool forward : {true, false}) {
     SCOPED_TRACE(forward ? "forward" : "backward");
     HostBuf q = random_buf(dt, nq, rng), k = random_buf(dt, nk, rng);
     DevBuf d_q(*gpu, q), d_k(*gpu, k);
     if (forward) {
-      cpu->rope_forward(q.data(), k.data(), B, T, NH, NKV, HD, theta);
-      gpu->rope_forward(d_q.get(), d_k.get(), B, T, NH, NKV, HD, theta);
+      cpu->rope_forward(q.data(), k.data(), b, s, a, kv, d, theta);
+      gpu->rope_forward(d_q.get(), d_k.get(), b, s, a, kv, d, theta);
     } else {
-      cpu->rope_backward(q.data(), k.data(), B, T, NH, NKV, HD, theta);
-      gpu->rope_backward(d_q.get(), d_k.get(), B, T, NH, NKV, HD, theta);
+      cpu->rope_backward(q.data(), k.data(), b, s, a, kv, d, theta);
+      gpu->rope_backward(d_q.get(), d_k.get(), b, s, a, kv, d, theta);
     }
-    EXPECT_TRUE(all_close("rope q", d_q.f32(dt, nq), q.to_f32(), tolerance(dt, 2), {B, T, NH, HD}));
-    EXPECT_TRUE(
-        all_close("rope k", d_k.f32(dt, nk), k.to_f32(), tolerance(dt, 2), {B, T, NKV, HD}));
+    EXPECT_TRUE(all_close("rope q", d_q.f32(dt, nq), q.to_f32(), tolerance(dt, 2), {b, s, a, d}));
+    EXPECT_TRUE(all_close("rope k", d_k.f32(dt, nk), k.to_f32(), tolerance(dt, 2), {b, s, kv, d}));
   }
 }
 
 TEST_P(RopeGpu, BackwardUndoesForward) {
   if (dt != DType::f32) GTEST_SKIP() << "an fp32-only property (16-bit rounds twice)";
-  const auto [B, T, NH, NKV, HD, theta, name] = shape;
-  const std::int64_t nq = B * T * NH * HD, nk = B * T * NKV * HD;
+  const auto [b, s, a, kv, d, theta, name] = shape;
+  const std::int64_t nq = b * s * a * d, nk = b * s * kv * d;
   const HostBuf q = random_buf(dt, nq, rng), k = random_buf(dt, nk, rng);
   DevBuf d_q(*gpu, q), d_k(*gpu, k);
-  gpu->rope_forward(d_q.get(), d_k.get(), B, T, NH, NKV, HD, theta);
-  gpu->rope_backward(d_q.get(), d_k.get(), B, T, NH, NKV, HD, theta);
+  gpu->rope_forward(d_q.get(), d_k.get(), b, s, a, kv, d, theta);
+  gpu->rope_backward(d_q.get(), d_k.get(), b, s, a, kv, d, theta);
   EXPECT_TRUE(all_close("rope q round trip", d_q.f32(dt, nq), q.to_f32(), tolerance(dt, 10)));
   EXPECT_TRUE(all_close("rope k round trip", d_k.f32(dt, nk), k.to_f32(), tolerance(dt, 10)));
 }
@@ -365,28 +364,28 @@ INSTANTIATE_TEST_SUITE_P(
 // ---------------------------------------------------------------- swiglu
 
 struct FlatShape {
-  std::int64_t N;
+  std::int64_t n;
   const char* name;
 };
-void PrintTo(const FlatShape& s, std::ostream* os) {
-  *os << s.name << " N=" << s.N;
+void PrintTo(const FlatShape& shape, std::ostream* os) {
+  *os << shape.name << " n=" << shape.n;
 }
 class SwiGluGpu : public OpTest<FlatShape> {};
 
 TEST_P(SwiGluGpu, ForwardAndBackwardMatchCpu) {
-  const std::int64_t N = shape.N;
-  const HostBuf gate = random_buf(dt, N, rng, -8, 8), up = random_buf(dt, N, rng, -2, 2);
-  const HostBuf dout = random_buf(dt, N, rng);
-  HostBuf out(dt, N), dgate(dt, N), dup(dt, N);
-  cpu->swiglu_forward(out.data(), gate.data(), up.data(), N);
-  cpu->swiglu_backward(dgate.data(), dup.data(), dout.data(), gate.data(), up.data(), N);
+  const std::int64_t n = shape.n;
+  const HostBuf gate = random_buf(dt, n, rng, -8, 8), up = random_buf(dt, n, rng, -2, 2);
+  const HostBuf dout = random_buf(dt, n, rng);
+  HostBuf out(dt, n), dgate(dt, n), dup(dt, n);
+  cpu->swiglu_forward(out.data(), gate.data(), up.data(), n);
+  cpu->swiglu_backward(dgate.data(), dup.data(), dout.data(), gate.data(), up.data(), n);
   DevBuf d_gate(*gpu, gate), d_up(*gpu, up), d_dout(*gpu, dout), d_out(*gpu, out.bytes()),
       d_dgate(*gpu, out.bytes()), d_dup(*gpu, out.bytes());
-  gpu->swiglu_forward(d_out.get(), d_gate.get(), d_up.get(), N);
-  gpu->swiglu_backward(d_dgate.get(), d_dup.get(), d_dout.get(), d_gate.get(), d_up.get(), N);
-  EXPECT_TRUE(all_close("swiglu out", d_out.f32(dt, N), out.to_f32(), tolerance(dt)));
-  EXPECT_TRUE(all_close("swiglu dgate", d_dgate.f32(dt, N), dgate.to_f32(), tolerance(dt)));
-  EXPECT_TRUE(all_close("swiglu dup", d_dup.f32(dt, N), dup.to_f32(), tolerance(dt)));
+  gpu->swiglu_forward(d_out.get(), d_gate.get(), d_up.get(), n);
+  gpu->swiglu_backward(d_dgate.get(), d_dup.get(), d_dout.get(), d_gate.get(), d_up.get(), n);
+  EXPECT_TRUE(all_close("swiglu out", d_out.f32(dt, n), out.to_f32(), tolerance(dt)));
+  EXPECT_TRUE(all_close("swiglu dgate", d_dgate.f32(dt, n), dgate.to_f32(), tolerance(dt)));
+  EXPECT_TRUE(all_close("swiglu dup", d_dup.f32(dt, n), dup.to_f32(), tolerance(dt)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, SwiGluGpu,
@@ -399,17 +398,17 @@ INSTANTIATE_TEST_SUITE_P(Ops, SwiGluGpu,
 // ---------------------------------------------------------------- cross-entropy
 
 struct VocabShape {
-  std::int64_t N, V;
+  std::int64_t n, V;
   const char* name;
 };
-void PrintTo(const VocabShape& s, std::ostream* os) {
-  *os << s.name << " N=" << s.N << " V=" << s.V;
+void PrintTo(const VocabShape& shape, std::ostream* os) {
+  *os << shape.name << " n=" << shape.n << " V=" << shape.V;
 }
 class CrossEntropyGpu : public OpTest<VocabShape> {
  protected:
   HostBuf targets() {  // about one row in 8 ignored (-1), the rest anywhere in [0, V)
-    const auto [N, V, name] = shape;
-    std::vector<std::int32_t> t(static_cast<std::size_t>(N));
+    const auto [n, V, name] = shape;
+    std::vector<std::int32_t> t(static_cast<std::size_t>(n));
     std::uniform_int_distribution<std::int32_t> any(0, std::int32_t(V - 1));
     for (auto& x : t) x = rng() % 8 == 0 ? -1 : any(rng);
     t.back() = std::int32_t(V - 1);
@@ -418,40 +417,40 @@ class CrossEntropyGpu : public OpTest<VocabShape> {
 };
 
 TEST_P(CrossEntropyGpu, ForwardLossAndLseMatchCpu) {
-  const auto [N, V, name] = shape;
-  const HostBuf logits = random_buf(dt, N * V, rng, -6, 6);
+  const auto [n, V, name] = shape;
+  const HostBuf logits = random_buf(dt, n * V, rng, -6, 6);
   const HostBuf tgt = targets();
-  std::vector<float> losses(static_cast<std::size_t>(N)), lse(static_cast<std::size_t>(N));
-  cpu->cross_entropy_forward(losses.data(), lse.data(), logits.data(), tgt.as<std::int32_t>(), N,
+  std::vector<float> losses(static_cast<std::size_t>(n)), lse(static_cast<std::size_t>(n));
+  cpu->cross_entropy_forward(losses.data(), lse.data(), logits.data(), tgt.as<std::int32_t>(), n,
                              V);
-  DevBuf d_logits(*gpu, logits), d_tgt(*gpu, tgt), d_losses(*gpu, N * 4), d_lse(*gpu, N * 4);
+  DevBuf d_logits(*gpu, logits), d_tgt(*gpu, tgt), d_losses(*gpu, n * 4), d_lse(*gpu, n * 4);
   gpu->cross_entropy_forward(d_losses.as<float>(), d_lse.as<float>(), d_logits.get(),
-                             d_tgt.as<std::int32_t>(), N, V);
+                             d_tgt.as<std::int32_t>(), n, V);
   // fp32 results from the same inputs: only the summation order differs.
   EXPECT_TRUE(
-      all_close("cross_entropy lse", d_lse.f32(DType::f32, N), lse, tolerance(DType::f32, 4)));
-  EXPECT_TRUE(all_close("cross_entropy losses", d_losses.f32(DType::f32, N), losses,
+      all_close("cross_entropy lse", d_lse.f32(DType::f32, n), lse, tolerance(DType::f32, 4)));
+  EXPECT_TRUE(all_close("cross_entropy losses", d_losses.f32(DType::f32, n), losses,
                         tolerance(DType::f32, 10)));
 }
 
 TEST_P(CrossEntropyGpu, BackwardInPlaceMatchesCpu) {
-  const auto [N, V, name] = shape;
-  const HostBuf logits = random_buf(dt, N * V, rng, -6, 6);
+  const auto [n, V, name] = shape;
+  const HostBuf logits = random_buf(dt, n * V, rng, -6, 6);
   const HostBuf tgt = targets();
-  std::vector<float> losses(static_cast<std::size_t>(N)), lse(static_cast<std::size_t>(N));
-  cpu->cross_entropy_forward(losses.data(), lse.data(), logits.data(), tgt.as<std::int32_t>(), N,
+  std::vector<float> losses(static_cast<std::size_t>(n)), lse(static_cast<std::size_t>(n));
+  cpu->cross_entropy_forward(losses.data(), lse.data(), logits.data(), tgt.as<std::int32_t>(), n,
                              V);
-  const float scale = 1.0f / float(N);
-  HostBuf want(dt, N * V);
-  cpu->cross_entropy_backward(want.data(), logits.data(), lse.data(), tgt.as<std::int32_t>(), N, V,
+  const float scale = 1.0f / float(n);
+  HostBuf want(dt, n * V);
+  cpu->cross_entropy_backward(want.data(), logits.data(), lse.data(), tgt.as<std::int32_t>(), n, V,
                               scale);
-  DevBuf d_logits(*gpu, logits), d_tgt(*gpu, tgt), d_lse(*gpu, N * 4);
-  gpu->upload(d_lse.get(), lse.data(), std::uint64_t(N) * 4);
+  DevBuf d_logits(*gpu, logits), d_tgt(*gpu, tgt), d_lse(*gpu, n * 4);
+  gpu->upload(d_lse.get(), lse.data(), std::uint64_t(n) * 4);
   // In place, as the model does it: dlogits aliases logits.
   gpu->cross_entropy_backward(d_logits.get(), d_logits.get(), d_lse.as<float>(),
-                              d_tgt.as<std::int32_t>(), N, V, scale);
-  EXPECT_TRUE(all_close("cross_entropy dlogits", d_logits.f32(dt, N * V), want.to_f32(),
-                        tolerance(dt), {N, V}));
+                              d_tgt.as<std::int32_t>(), n, V, scale);
+  EXPECT_TRUE(all_close("cross_entropy dlogits", d_logits.f32(dt, n * V), want.to_f32(),
+                        tolerance(dt), {n, V}));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -467,7 +466,7 @@ INSTANTIATE_TEST_SUITE_P(
 class OptimizerGpu : public OpTest<FlatShape> {};
 
 TEST_P(OptimizerGpu, AdamWThreeStepsMatchCpu) {
-  const std::int64_t n = shape.N;
+  const std::int64_t n = shape.n;
   const bool with_master = dt != DType::f32;  // the interface: master only for 16-bit D
   AdamWParams hp;
   hp.lr = 1e-2f;
@@ -498,7 +497,7 @@ TEST_P(OptimizerGpu, AdamWThreeStepsMatchCpu) {
 }
 
 TEST_P(OptimizerGpu, SgdWithAndWithoutMasterMatchesCpu) {
-  const std::int64_t n = shape.N;
+  const std::int64_t n = shape.n;
   for (bool with_master : {true, false}) {
     SCOPED_TRACE(with_master ? "with master (SGD)" : "in place (LOMO)");
     HostBuf param = random_buf(dt, n, rng);

@@ -133,6 +133,39 @@ TEST(CliLayout, ProfileTracesEveryRankOnMetaAndAgrees) {
   EXPECT_TRUE(contains(text.out, "every rank's ledger equals the analytic profile byte for byte"));
 }
 
+TEST(CliLayout, MaxbatchFindsTheLargestMicroBatchWhoseWorstRankFits) {
+  const auto r = run_trainmem({"maxbatch", "--model", "llama-7b", "--world-size", "4", "--pp", "2",
+                               "--microbatches", "4", "--zero", "1", "--seq", "1024", "--budget",
+                               "40GiB", "--format", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const std::int64_t best = j["best"];
+  ASSERT_GT(best, 0);
+  // Independently: the per-rank closed form (equal to the trace) plus its overheads fits at
+  // `best` and not at best + 1.
+  const ModelConfig m = *find_preset("llama-7b");
+  auto need = [&](std::int64_t b) {
+    TrainConfig t;
+    t.batch = b;
+    t.seq = 1024;
+    ParallelConfig p;
+    p.world = 4;
+    p.pp = 2;
+    p.microbatches = 4;
+    p.zero = 1;
+    p.resolve(false, m, t);
+    return estimate_layout(m, t, p).worst_total();
+  };
+  const std::uint64_t budget = 40ull << 30;
+  EXPECT_LE(need(best), budget);
+  EXPECT_GT(need(best + 1), budget);
+  EXPECT_EQ(j["budget"].get<std::uint64_t>(), budget);
+  const auto bad = run_trainmem({"maxbatch", "--model", "llama-7b", "--world-size", "2", "--budget",
+                                 "40GiB", "--overhead", "1GiB"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_TRUE(contains(bad.err, "--overhead with --world-size above 1")) << bad.err;
+}
+
 TEST(CliLayout, BadLayoutsExitTwoNamingTheFlag) {
   const struct {
     std::vector<std::string> args;

@@ -120,14 +120,14 @@ double tol16() {  // one fp32 computation rounded once on each side: two ulps of
 template <class S>
 void check_embedding_forward() {
   std::mt19937 rng(1);
-  const std::int64_t B = 2, T = 7, C = 70, V = 9, N = B * T;
-  const auto wte = random_storage<S>(std::size_t(V * C), rng);
-  std::vector<std::int32_t> tok(static_cast<std::size_t>(N));
+  const std::int64_t b = 2, s = 7, h = 70, V = 9, n = b * s;
+  const auto wte = random_storage<S>(std::size_t(V * h), rng);
+  std::vector<std::int32_t> tok(static_cast<std::size_t>(n));
   for (auto& t : tok) t = std::int32_t(rng() % V);  // 14 ids out of 9: repeats
-  std::vector<typename S::raw> want(std::size_t(N * C)), got(std::size_t(N * C));
-  embedding_forward_cpu(want.data(), tok.data(), wte.data(), B, T, C, V, S::dtype);
+  std::vector<typename S::raw> want(std::size_t(n * h)), got(std::size_t(n * h));
+  embedding_forward_cpu(want.data(), tok.data(), wte.data(), b, s, h, V, S::dtype);
   launch(dim3(3), dim3(64), 0, embedding_forward_kernel<S>, static_cast<void*>(got.data()),
-         static_cast<const std::int32_t*>(tok.data()), static_cast<const void*>(wte.data()), N, C,
+         static_cast<const std::int32_t*>(tok.data()), static_cast<const void*>(wte.data()), n, h,
          V);
   expect_close(to_f32<S>(got), to_f32<S>(want), 0, "embedding forward");
 }
@@ -139,15 +139,15 @@ TEST(CudaKernelsEmulated, EmbeddingForward) {
 // The grouped sort as embedding.cu launches it: the launches of embedding_sort_launches on a
 // key buffer that starts as garbage (the first launch must build every key).
 std::vector<EmbSortKey> emulated_sort_keys(const std::vector<std::int32_t>& tok) {
-  const std::int64_t N = std::int64_t(tok.size());
+  const std::int64_t n = std::int64_t(tok.size());
   std::vector<EmbSortKey> keys(tok.size(), 0x5555555555555555ull);
-  for (const EmbeddingSortLaunch& s : embedding_sort_launches(N, "test")) {
-    if (s.tile) {
-      launch_shape(s.shape, embedding_sort_tile_kernel<EmbSortKey>, keys.data(),
-                   static_cast<const std::int32_t*>(tok.data()), N, s.stage);
+  for (const EmbeddingSortLaunch& launch : embedding_sort_launches(n, "test")) {
+    if (launch.tile) {
+      launch_shape(launch.shape, embedding_sort_tile_kernel<EmbSortKey>, keys.data(),
+                   static_cast<const std::int32_t*>(tok.data()), n, launch.stage);
     } else {
-      launch_shape(s.shape, embedding_sort_step_kernel<EmbSortKey>, keys.data(), N, s.pairs, s.half,
-                   s.flip);
+      launch_shape(launch.shape, embedding_sort_step_kernel<EmbSortKey>, keys.data(), n,
+                   launch.pairs, launch.half, launch.flip);
     }
   }
   return keys;
@@ -172,26 +172,26 @@ bool same_bits(const std::vector<Raw>& a, const std::vector<Raw>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(Raw)) == 0;
 }
 
-// The launcher's two paths on (N, C) dout, from the same dwte: the grouped sums over keys
+// The launcher's two paths on (n, h) dout, from the same dwte: the grouped sums over keys
 // sorted by emulated_sort_keys, and the scan.
 template <class S>
 void emulated_backward_grouped(std::vector<typename S::raw>& dwte,
                                const std::vector<typename S::raw>& dout,
-                               const std::vector<EmbSortKey>& keys, std::int64_t C,
+                               const std::vector<EmbSortKey>& keys, std::int64_t h,
                                std::int64_t V) {
-  const std::int64_t N = std::int64_t(keys.size());
-  launch_shape(embedding_backward_launch(N, C, "test"), embedding_backward_grouped_kernel<S>,
+  const std::int64_t n = std::int64_t(keys.size());
+  launch_shape(embedding_backward_launch(n, h, "test"), embedding_backward_grouped_kernel<S>,
                static_cast<void*>(dwte.data()), static_cast<const void*>(dout.data()),
-               static_cast<const EmbSortKey*>(keys.data()), N, C, V);
+               static_cast<const EmbSortKey*>(keys.data()), n, h, V);
 }
 template <class S>
 void emulated_backward_scan(std::vector<typename S::raw>& dwte,
                             const std::vector<typename S::raw>& dout,
-                            const std::vector<std::int32_t>& tok, std::int64_t C, std::int64_t V) {
-  const std::int64_t N = std::int64_t(tok.size());
-  launch_shape(embedding_backward_scan_launch(N, C, "test"), embedding_backward_scan_kernel<S>,
+                            const std::vector<std::int32_t>& tok, std::int64_t h, std::int64_t V) {
+  const std::int64_t n = std::int64_t(tok.size());
+  launch_shape(embedding_backward_scan_launch(n, h, "test"), embedding_backward_scan_kernel<S>,
                static_cast<void*>(dwte.data()), static_cast<const void*>(dout.data()),
-               static_cast<const std::int32_t*>(tok.data()), N, C, V);
+               static_cast<const std::int32_t*>(tok.data()), n, h, V);
 }
 
 // embedding_backward_cpu over the rows whose id is in [0, V) (it refuses the others; the
@@ -199,23 +199,23 @@ void emulated_backward_scan(std::vector<typename S::raw>& dwte,
 template <class S>
 void cpu_backward_valid_rows(std::vector<typename S::raw>& dwte,
                              const std::vector<typename S::raw>& dout,
-                             const std::vector<std::int32_t>& tok, std::int64_t C, std::int64_t V) {
+                             const std::vector<std::int32_t>& tok, std::int64_t h, std::int64_t V) {
   std::vector<std::int32_t> ids;
   std::vector<typename S::raw> rows;
   for (std::size_t n = 0; n < tok.size(); ++n) {
     if (tok[n] < 0 || tok[n] >= V) continue;
     ids.push_back(tok[n]);
-    rows.insert(rows.end(), dout.begin() + std::ptrdiff_t(n * std::size_t(C)),
-                dout.begin() + std::ptrdiff_t((n + 1) * std::size_t(C)));
+    rows.insert(rows.end(), dout.begin() + std::ptrdiff_t(n * std::size_t(h)),
+                dout.begin() + std::ptrdiff_t((n + 1) * std::size_t(h)));
   }
   if (ids.empty()) return;
-  embedding_backward_cpu(dwte.data(), rows.data(), ids.data(), 1, std::int64_t(ids.size()), C, V,
+  embedding_backward_cpu(dwte.data(), rows.data(), ids.data(), 1, std::int64_t(ids.size()), h, V,
                          S::dtype);
 }
 
 struct EmbBackwardCase {
   const char* name;
-  std::int64_t C, V;
+  std::int64_t h, V;
   std::vector<std::int32_t> tokens;
   bool invalid_ids = false;  // also compared with the scan kernel (today's behaviour)
 };
@@ -241,9 +241,9 @@ std::vector<EmbBackwardCase> awkward_backward_cases() {
   cases.push_back({"all equal", 70, 9, std::vector<std::int32_t>(70, 4)});
   // Four ids of 1000: the rows of the others must stay untouched.
   cases.push_back({"gaps", 5, 1000, draw_ids(rng, 77, {0, 7, 500, 999})});
-  // C = 2049: a second column block with a single column.
+  // h = 2049: a second column block with a single column.
   cases.push_back({"two column blocks", 2049, 5, draw_ids(rng, 40, {0, 2, 4})});
-  cases.push_back({"C below the block", 3, 5, draw_ids(rng, 33, {1, 3})});
+  cases.push_back({"h below the block", 3, 5, draw_ids(rng, 33, {1, 3})});
   // Invalid ids of every kind among repeated valid ones; all invalid; the last one invalid.
   cases.push_back({"invalid ids", 33, 6, draw_ids(rng, 20, {-1, 6, kMin, kMax, 0, 5, 5, 2}), true});
   cases.push_back({"all invalid", 33, 6, {-1, 6, kMax, kMin, -7}, true});
@@ -257,17 +257,17 @@ template <class S>
 void check_embedding_backward(const EmbBackwardCase& c, const std::vector<EmbSortKey>& keys,
                               bool with_scan) {
   std::mt19937 rng(3);
-  const std::int64_t N = std::int64_t(c.tokens.size());
-  const auto dout = random_storage<S>(std::size_t(N * c.C), rng);
-  const auto dwte = random_storage<S>(std::size_t(c.V * c.C), rng);
+  const std::int64_t n = std::int64_t(c.tokens.size());
+  const auto dout = random_storage<S>(std::size_t(n * c.h), rng);
+  const auto dwte = random_storage<S>(std::size_t(c.V * c.h), rng);
   auto want = dwte, grouped = dwte, scan = dwte;
-  cpu_backward_valid_rows<S>(want, dout, c.tokens, c.C, c.V);
-  emulated_backward_grouped<S>(grouped, dout, keys, c.C, c.V);
+  cpu_backward_valid_rows<S>(want, dout, c.tokens, c.h, c.V);
+  emulated_backward_grouped<S>(grouped, dout, keys, c.h, c.V);
   expect_close(to_f32<S>(grouped), to_f32<S>(want), 0,
                std::string("grouped backward, ") + c.name + " (bit for bit)");
   EXPECT_TRUE(same_bits(grouped, want)) << c.name << ": raw bits";
   if (with_scan) {
-    emulated_backward_scan<S>(scan, dout, c.tokens, c.C, c.V);
+    emulated_backward_scan<S>(scan, dout, c.tokens, c.h, c.V);
     EXPECT_TRUE(same_bits(scan, grouped)) << c.name << ": the scan kernel's bits";
   }
 }
@@ -287,11 +287,11 @@ TEST(CudaKernelsEmulated, EmbeddingSortOrdersKeysAsAStableSortById) {
   // reversed ids over 2500 keys (stages 2048 and 4096: a flip and a distance-1024 step as
   // global launches), some invalid.
   std::mt19937 rng(11);
-  for (std::int64_t N : {3, 1025}) {
-    auto tok = draw_ids(rng, std::size_t(N), {0, 1, 2, 3, 5, 8, 13, -1, 40});
+  for (std::int64_t n : {3, 1025}) {
+    auto tok = draw_ids(rng, std::size_t(n), {0, 1, 2, 3, 5, 8, 13, -1, 40});
     for (auto& id : tok)
       if (rng() % 4 == 0) id = std::int32_t(rng() % 97);  // some ids once, many repeated
-    EXPECT_EQ(emulated_sort_keys(tok), stable_sorted_keys(tok)) << "N = " << N;
+    EXPECT_EQ(emulated_sort_keys(tok), stable_sorted_keys(tok)) << "n = " << n;
   }
   std::vector<std::int32_t> down(2500);
   std::iota(down.rbegin(), down.rend(), -3);
@@ -315,32 +315,32 @@ TEST(CudaKernelsEmulated, EmbeddingBackwardGroupedAcrossGlobalMergeSteps) {
 template <class S>
 void check_rmsnorm() {
   std::mt19937 rng(2);
-  const std::int64_t N = 5, C = 300;
-  const auto inp = random_storage<S>(std::size_t(N * C), rng, -3, 3);
-  const auto w = random_storage<S>(std::size_t(C), rng, 0.5f, 1.5f);
-  std::vector<typename S::raw> want(std::size_t(N * C)), got(std::size_t(N * C));
-  std::vector<float> rstd_want(static_cast<std::size_t>(N)), rstd_got(static_cast<std::size_t>(N));
-  rmsnorm_forward_cpu(want.data(), rstd_want.data(), inp.data(), w.data(), N, C, 1e-5f, S::dtype);
-  launch_shape(rmsnorm_row_launch(N, "test"), rmsnorm_forward_kernel<S>,
+  const std::int64_t n = 5, h = 300;
+  const auto inp = random_storage<S>(std::size_t(n * h), rng, -3, 3);
+  const auto w = random_storage<S>(std::size_t(h), rng, 0.5f, 1.5f);
+  std::vector<typename S::raw> want(std::size_t(n * h)), got(std::size_t(n * h));
+  std::vector<float> rstd_want(static_cast<std::size_t>(n)), rstd_got(static_cast<std::size_t>(n));
+  rmsnorm_forward_cpu(want.data(), rstd_want.data(), inp.data(), w.data(), n, h, 1e-5f, S::dtype);
+  launch_shape(rmsnorm_row_launch(n, "test"), rmsnorm_forward_kernel<S>,
                static_cast<void*>(got.data()), rstd_got.data(),
-               static_cast<const void*>(inp.data()), static_cast<const void*>(w.data()), C, 1e-5f);
+               static_cast<const void*>(inp.data()), static_cast<const void*>(w.data()), h, 1e-5f);
   expect_close(rstd_got, rstd_want, 1e-6, "rmsnorm rstd");
   expect_close(to_f32<S>(got), to_f32<S>(want), tol16<S>(), "rmsnorm out");
 
-  const auto dout = random_storage<S>(std::size_t(N * C), rng);
-  auto dinp_want = random_storage<S>(std::size_t(N * C), rng);
-  auto dw_want = random_storage<S>(std::size_t(C), rng);
+  const auto dout = random_storage<S>(std::size_t(n * h), rng);
+  auto dinp_want = random_storage<S>(std::size_t(n * h), rng);
+  auto dw_want = random_storage<S>(std::size_t(h), rng);
   auto dinp_got = dinp_want, dw_got = dw_want;
   rmsnorm_backward_cpu(dinp_want.data(), dw_want.data(), dout.data(), inp.data(), w.data(),
-                       rstd_want.data(), N, C, S::dtype);
-  launch_shape(rmsnorm_row_launch(N, "test"), rmsnorm_backward_dinp_kernel<S>,
+                       rstd_want.data(), n, h, S::dtype);
+  launch_shape(rmsnorm_row_launch(n, "test"), rmsnorm_backward_dinp_kernel<S>,
                static_cast<void*>(dinp_got.data()), static_cast<const void*>(dout.data()),
                static_cast<const void*>(inp.data()), static_cast<const void*>(w.data()),
-               static_cast<const float*>(rstd_want.data()), C);
-  launch_shape(rmsnorm_dweight_launch(C, "test"), rmsnorm_backward_dweight_kernel<S>,
+               static_cast<const float*>(rstd_want.data()), h);
+  launch_shape(rmsnorm_dweight_launch(h, "test"), rmsnorm_backward_dweight_kernel<S>,
                static_cast<void*>(dw_got.data()), static_cast<const void*>(dout.data()),
-               static_cast<const void*>(inp.data()), static_cast<const float*>(rstd_want.data()), N,
-               C);
+               static_cast<const void*>(inp.data()), static_cast<const float*>(rstd_want.data()), n,
+               h);
   expect_close(to_f32<S>(dinp_got), to_f32<S>(dinp_want), tol16<S>() * 2, "rmsnorm dinp");
   expect_close(to_f32<S>(dw_got), to_f32<S>(dw_want), tol16<S>() * 4, "rmsnorm dweight");
 }
@@ -354,20 +354,20 @@ TEST(CudaKernelsEmulated, RmsNormForwardAndBackward) {
 template <class S>
 void check_rope() {
   std::mt19937 rng(3);
-  const std::int64_t B = 2, T = 9, NH = 4, NKV = 2, HD = 12;
+  const std::int64_t b = 2, s = 9, a = 4, kv = 2, d = 12;
   for (float sign : {1.0f, -1.0f}) {
-    auto q_want = random_storage<S>(std::size_t(B * T * NH * HD), rng);
-    auto k_want = random_storage<S>(std::size_t(B * T * NKV * HD), rng);
+    auto q_want = random_storage<S>(std::size_t(b * s * a * d), rng);
+    auto k_want = random_storage<S>(std::size_t(b * s * kv * d), rng);
     auto q_got = q_want, k_got = k_want;
     if (sign > 0) {
-      rope_forward_cpu(q_want.data(), k_want.data(), B, T, NH, NKV, HD, 10000.0, S::dtype);
+      rope_forward_cpu(q_want.data(), k_want.data(), b, s, a, kv, d, 10000.0, S::dtype);
     } else {
-      rope_backward_cpu(q_want.data(), k_want.data(), B, T, NH, NKV, HD, 10000.0, S::dtype);
+      rope_backward_cpu(q_want.data(), k_want.data(), b, s, a, kv, d, 10000.0, S::dtype);
     }
     launch(dim3(2), dim3(64), 0, rope_kernel<S>, static_cast<void*>(q_got.data()),
-           B * T * NH * (HD / 2), T, NH, HD, 10000.0f, sign);
+           b * s * a * (d / 2), s, a, d, 10000.0f, sign);
     launch(dim3(2), dim3(64), 0, rope_kernel<S>, static_cast<void*>(k_got.data()),
-           B * T * NKV * (HD / 2), T, NKV, HD, 10000.0f, sign);
+           b * s * kv * (d / 2), s, kv, d, 10000.0f, sign);
     expect_close(to_f32<S>(q_got), to_f32<S>(q_want), tol16<S>() * 2, "rope q");
     expect_close(to_f32<S>(k_got), to_f32<S>(k_want), tol16<S>() * 2, "rope k");
   }
@@ -382,36 +382,36 @@ TEST(CudaKernelsEmulated, RopeForwardAndBackward) {
 template <class S>
 void check_elementwise() {
   std::mt19937 rng(4);
-  const std::int64_t N = 1000;
-  const auto gate = random_storage<S>(std::size_t(N), rng, -8, 8);
-  const auto up = random_storage<S>(std::size_t(N), rng, -2, 2);
-  const auto dout = random_storage<S>(std::size_t(N), rng);
-  std::vector<typename S::raw> out_w(N), out_g(N), dg_w(N), dg_g(N), du_w(N), du_g(N);
-  swiglu_forward_cpu(out_w.data(), gate.data(), up.data(), N, S::dtype);
-  swiglu_backward_cpu(dg_w.data(), du_w.data(), dout.data(), gate.data(), up.data(), N, S::dtype);
+  const std::int64_t n = 1000;
+  const auto gate = random_storage<S>(std::size_t(n), rng, -8, 8);
+  const auto up = random_storage<S>(std::size_t(n), rng, -2, 2);
+  const auto dout = random_storage<S>(std::size_t(n), rng);
+  std::vector<typename S::raw> out_w(n), out_g(n), dg_w(n), dg_g(n), du_w(n), du_g(n);
+  swiglu_forward_cpu(out_w.data(), gate.data(), up.data(), n, S::dtype);
+  swiglu_backward_cpu(dg_w.data(), du_w.data(), dout.data(), gate.data(), up.data(), n, S::dtype);
   launch(dim3(3), dim3(64), 0, swiglu_forward_kernel<S>, static_cast<void*>(out_g.data()),
-         static_cast<const void*>(gate.data()), static_cast<const void*>(up.data()), N);
+         static_cast<const void*>(gate.data()), static_cast<const void*>(up.data()), n);
   launch(dim3(3), dim3(64), 0, swiglu_backward_kernel<S>, static_cast<void*>(dg_g.data()),
          static_cast<void*>(du_g.data()), static_cast<const void*>(dout.data()),
-         static_cast<const void*>(gate.data()), static_cast<const void*>(up.data()), N);
+         static_cast<const void*>(gate.data()), static_cast<const void*>(up.data()), n);
   expect_close(to_f32<S>(out_g), to_f32<S>(out_w), tol16<S>(), "swiglu out");
   expect_close(to_f32<S>(dg_g), to_f32<S>(dg_w), tol16<S>(), "swiglu dgate");
   expect_close(to_f32<S>(du_g), to_f32<S>(du_w), tol16<S>(), "swiglu dup");
 
   // residual: one fp32 add, one rounding (the host computes exactly the same)
-  std::vector<typename S::raw> sum(N);
+  std::vector<typename S::raw> sum(n);
   launch(dim3(2), dim3(32), 0, residual_forward_kernel<S>, static_cast<void*>(sum.data()),
-         static_cast<const void*>(gate.data()), static_cast<const void*>(up.data()), N);
-  std::vector<float> want(N);
-  for (std::int64_t i = 0; i < N; ++i)
+         static_cast<const void*>(gate.data()), static_cast<const void*>(up.data()), n);
+  std::vector<float> want(n);
+  for (std::int64_t i = 0; i < n; ++i)
     want[std::size_t(i)] = S::round(S::load(gate.data(), i) + S::load(up.data(), i));
   expect_close(to_f32<S>(sum), want, 0, "residual add");
 
   // cast to bf16 and back
-  std::vector<std::uint16_t> b16(N);
+  std::vector<std::uint16_t> b16(n);
   launch(dim3(2), dim3(32), 0, cast_kernel<BF16, S>, static_cast<void*>(b16.data()),
-         static_cast<const void*>(gate.data()), N);
-  for (std::int64_t i = 0; i < N; ++i)
+         static_cast<const void*>(gate.data()), n);
+  for (std::int64_t i = 0; i < n; ++i)
     ASSERT_EQ(b16[std::size_t(i)], f32_to_bf16(S::load(gate.data(), i))) << "cast at " << i;
 }
 TEST(CudaKernelsEmulated, SwiGluResidualAndCast) {
@@ -425,21 +425,21 @@ TEST(CudaKernelsEmulated, SwiGluResidualAndCast) {
 template <class S>
 void check_cross_entropy() {
   std::mt19937 rng(5);
-  const std::int64_t N = 4, V = 1300;
-  const auto logits = random_storage<S>(std::size_t(N * V), rng, -6, 6);
+  const std::int64_t n = 4, V = 1300;
+  const auto logits = random_storage<S>(std::size_t(n * V), rng, -6, 6);
   const std::vector<std::int32_t> tgt = {3, -1, std::int32_t(V - 1), 700};
-  std::vector<float> loss_w(N), lse_w(N), loss_g(N), lse_g(N);
-  cross_entropy_forward_cpu(loss_w.data(), lse_w.data(), logits.data(), tgt.data(), N, V, S::dtype);
-  launch_shape(cross_entropy_launch(N, kCeFwdThreads, "test"), cross_entropy_forward_kernel<S>,
+  std::vector<float> loss_w(n), lse_w(n), loss_g(n), lse_g(n);
+  cross_entropy_forward_cpu(loss_w.data(), lse_w.data(), logits.data(), tgt.data(), n, V, S::dtype);
+  launch_shape(cross_entropy_launch(n, kCeFwdThreads, "test"), cross_entropy_forward_kernel<S>,
                loss_g.data(), lse_g.data(), static_cast<const void*>(logits.data()),
                static_cast<const std::int32_t*>(tgt.data()), V);
   expect_close(lse_g, lse_w, 1e-6, "cross-entropy lse");
   expect_close(loss_g, loss_w, 1e-6, "cross-entropy losses");
-  std::vector<typename S::raw> d_w(std::size_t(N * V));
+  std::vector<typename S::raw> d_w(std::size_t(n * V));
   auto d_g = logits;  // in place, as the model runs it
-  cross_entropy_backward_cpu(d_w.data(), logits.data(), lse_w.data(), tgt.data(), N, V, 0.25f,
+  cross_entropy_backward_cpu(d_w.data(), logits.data(), lse_w.data(), tgt.data(), n, V, 0.25f,
                              S::dtype);
-  launch_shape(cross_entropy_launch(N, kCeBwdThreads, "test"), cross_entropy_backward_kernel<S>,
+  launch_shape(cross_entropy_launch(n, kCeBwdThreads, "test"), cross_entropy_backward_kernel<S>,
                static_cast<void*>(d_g.data()), static_cast<const void*>(d_g.data()),
                static_cast<const float*>(lse_w.data()),
                static_cast<const std::int32_t*>(tgt.data()), V, 0.25f);
@@ -531,63 +531,64 @@ TEST(CudaKernelsEmulated, NonFiniteCheck) {
 // ---------------------------------------------------------------- attention
 
 struct AttnDims {
-  std::int64_t B, T, NH, NKV, HD;
+  std::int64_t b, s, a, kv, d;
 };
 
 // The eager path's two row kernels, fed scores / dP computed here in fp32 (the GEMMs are
 // cuBLAS and checked in test_cuda_plans.cpp).
 template <class S>
-void check_causal_softmax(const AttnDims& d) {
+void check_causal_softmax(const AttnDims& dims) {
   std::mt19937 rng(7);
-  const std::int64_t rows = d.B * d.NH * d.T;
-  auto p = random_storage<S>(std::size_t(rows * d.T), rng, -4, 4);  // scaled scores
+  const std::int64_t rows = dims.b * dims.a * dims.s;
+  auto p = random_storage<S>(std::size_t(rows * dims.s), rng, -4, 4);  // scaled scores
   const auto scores = to_f32<S>(p);
   launch_shape(causal_softmax_launch(rows, "test"), causal_softmax_kernel<S>,
-               static_cast<void*>(p.data()), rows, d.T);
-  std::vector<float> want(std::size_t(rows * d.T));
+               static_cast<void*>(p.data()), rows, dims.s);
+  std::vector<float> want(std::size_t(rows * dims.s));
   for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t i = r % d.T;
+    const std::int64_t i = r % dims.s;
     double mx = -INFINITY, sum = 0;
-    for (std::int64_t j = 0; j <= i; ++j) mx = std::max<double>(mx, scores[r * d.T + j]);
-    for (std::int64_t j = 0; j <= i; ++j) sum += std::exp(scores[r * d.T + j] - mx);
-    for (std::int64_t j = 0; j < d.T; ++j)
-      want[r * d.T + j] = j <= i ? float(std::exp(scores[r * d.T + j] - mx) / sum) : 0.0f;
+    for (std::int64_t j = 0; j <= i; ++j) mx = std::max<double>(mx, scores[r * dims.s + j]);
+    for (std::int64_t j = 0; j <= i; ++j) sum += std::exp(scores[r * dims.s + j] - mx);
+    for (std::int64_t j = 0; j < dims.s; ++j)
+      want[r * dims.s + j] = j <= i ? float(std::exp(scores[r * dims.s + j] - mx) / sum) : 0.0f;
   }
   expect_close(to_f32<S>(p), want, tol16<S>() * 2, "causal softmax");
 
-  auto dp = random_storage<S>(std::size_t(rows * d.T), rng);
+  auto dp = random_storage<S>(std::size_t(rows * dims.s), rng);
   const auto dpf = to_f32<S>(dp), pf = to_f32<S>(p);
   launch_shape(causal_softmax_launch(rows, "test"), causal_softmax_backward_kernel<S>,
-               static_cast<void*>(dp.data()), static_cast<const void*>(p.data()), rows, d.T);
+               static_cast<void*>(dp.data()), static_cast<const void*>(p.data()), rows, dims.s);
   for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t i = r % d.T;
+    const std::int64_t i = r % dims.s;
     double dot = 0;
-    for (std::int64_t j = 0; j <= i; ++j) dot += double(pf[r * d.T + j]) * dpf[r * d.T + j];
-    for (std::int64_t j = 0; j < d.T; ++j)
-      want[r * d.T + j] = j <= i ? float(pf[r * d.T + j] * (dpf[r * d.T + j] - dot)) : 0.0f;
+    for (std::int64_t j = 0; j <= i; ++j) dot += double(pf[r * dims.s + j]) * dpf[r * dims.s + j];
+    for (std::int64_t j = 0; j < dims.s; ++j)
+      want[r * dims.s + j] =
+          j <= i ? float(pf[r * dims.s + j] * (dpf[r * dims.s + j] - dot)) : 0.0f;
   }
   expect_close(to_f32<S>(dp), want, tol16<S>() * 4, "causal softmax backward");
 }
 
-template <class S, int HDMAX>
-void check_flash(const AttnDims& d) {
+template <class S, int DMAX>
+void check_flash(const AttnDims& dims) {
   std::mt19937 rng(8);
-  const auto [B, T, NH, NKV, HD] = d;
-  const std::size_t nq = std::size_t(B * T * NH * HD), nkv = std::size_t(B * T * NKV * HD);
-  const std::size_t nl = std::size_t(B * NH * T);
+  const auto [b, s, a, kv, d] = dims;
+  const std::size_t nq = std::size_t(b * s * a * d), nkv = std::size_t(b * s * kv * d);
+  const std::size_t nl = std::size_t(b * a * s);
   const auto q = random_storage<S>(nq, rng, -2, 2), k = random_storage<S>(nkv, rng),
              v = random_storage<S>(nkv, rng), dout = random_storage<S>(nq, rng);
-  const float scale = attention_scale<float>(HD);
-  const int hd = int(HD);
+  const float scale = attention_scale<float>(d);
+  const int d_int = int(d);
 
   std::vector<typename S::raw> out_w(nq), out_g(nq);
   std::vector<float> lse_w(nl), lse_g(nl, NAN);
-  attention_flash_forward_cpu(out_w.data(), lse_w.data(), q.data(), k.data(), v.data(), B, T, NH,
-                              NKV, HD, S::dtype);
-  launch_shape(flash_forward_launch(B, NH, T, hd, "test"), flash_forward_kernel<S, HDMAX>,
+  attention_flash_forward_cpu(out_w.data(), lse_w.data(), q.data(), k.data(), v.data(), b, s, a, kv,
+                              d, S::dtype);
+  launch_shape(flash_forward_launch(b, a, s, d_int, "test"), flash_forward_kernel<S, DMAX>,
                static_cast<void*>(out_g.data()), lse_g.data(), static_cast<const void*>(q.data()),
-               static_cast<const void*>(k.data()), static_cast<const void*>(v.data()), T, NH, NKV,
-               hd, scale);
+               static_cast<const void*>(k.data()), static_cast<const void*>(v.data()), s, a, kv,
+               d_int, scale);
   expect_close(lse_g, lse_w, 1e-6, "flash lse");
   expect_close(to_f32<S>(out_g), to_f32<S>(out_w), tol16<S>() * 2, "flash out");
 
@@ -595,27 +596,27 @@ void check_flash(const AttnDims& d) {
   std::vector<typename S::raw> dq_w(nq), dk_w(nkv), dv_w(nkv);
   std::vector<float> delta_w(nl), delta_g(nl, NAN);
   attention_flash_backward_cpu(dq_w.data(), dk_w.data(), dv_w.data(), delta_w.data(), dout.data(),
-                               q.data(), k.data(), v.data(), out_w.data(), lse_w.data(), B, T, NH,
-                               NKV, HD, S::dtype);
+                               q.data(), k.data(), v.data(), out_w.data(), lse_w.data(), b, s, a,
+                               kv, d, S::dtype);
   std::vector<typename S::raw> dq_g(nq), dk_g(nkv), dv_g(nkv);
   for (auto* buf : {&dq_g, &dk_g, &dv_g})
     for (std::size_t i = 0; i < buf->size(); ++i) S::store(buf->data(), i, NAN);
-  const std::int64_t rows = B * T * NH;
+  const std::int64_t rows = b * s * a;
   launch_shape(flash_delta_launch(rows, "test"), flash_delta_kernel<S>, delta_g.data(),
                static_cast<const void*>(dout.data()), static_cast<const void*>(out_w.data()), rows,
-               T, NH, hd);
+               s, a, d_int);
   expect_close(delta_g, delta_w, 1e-6, "flash delta");
-  launch_shape(flash_dkdv_launch(B, NKV, T, hd, "test"), flash_backward_dkdv_kernel<S, HDMAX>,
+  launch_shape(flash_dkdv_launch(b, kv, s, d_int, "test"), flash_backward_dkdv_kernel<S, DMAX>,
                static_cast<void*>(dk_g.data()), static_cast<void*>(dv_g.data()),
                static_cast<const void*>(dout.data()), static_cast<const void*>(q.data()),
                static_cast<const void*>(k.data()), static_cast<const void*>(v.data()),
                static_cast<const float*>(lse_w.data()), static_cast<const float*>(delta_g.data()),
-               T, NH, NKV, hd, scale);
-  launch_shape(flash_dq_launch(B, NH, T, hd, "test"), flash_backward_dq_kernel<S, HDMAX>,
+               s, a, kv, d_int, scale);
+  launch_shape(flash_dq_launch(b, a, s, d_int, "test"), flash_backward_dq_kernel<S, DMAX>,
                static_cast<void*>(dq_g.data()), static_cast<const void*>(dout.data()),
                static_cast<const void*>(q.data()), static_cast<const void*>(k.data()),
                static_cast<const void*>(v.data()), static_cast<const float*>(lse_w.data()),
-               static_cast<const float*>(delta_g.data()), T, NH, NKV, hd, scale);
+               static_cast<const float*>(delta_g.data()), s, a, kv, d_int, scale);
   expect_close(to_f32<S>(dv_g), to_f32<S>(dv_w), tol16<S>() * 4, "flash dv");
   expect_close(to_f32<S>(dk_g), to_f32<S>(dk_w), tol16<S>() * 4, "flash dk");
   expect_close(to_f32<S>(dq_g), to_f32<S>(dq_w), tol16<S>() * 4, "flash dq");
@@ -627,11 +628,11 @@ TEST(CudaKernelsEmulated, CausalSoftmaxForwardAndBackward) {
 }
 
 TEST(CudaKernelsEmulated, FlashAttentionGqaAcrossTilesHeadDim24) {
-  // 3 query blocks of 16, 2 key tiles of 32 (the last partial), GQA g = 2, HD < 32.
+  // 3 query blocks of 16, 2 key tiles of 32 (the last partial), GQA g = 2, d < 32.
   check_flash<F32, 32>({1, 37, 4, 2, 24});
 }
 TEST(CudaKernelsEmulated, FlashAttentionMqaOddHeadDimBf16) {
-  // MQA (g = 3), odd HD = 33 in the 64-wide lane layout, two batch rows.
+  // MQA (g = 3), odd d = 33 in the 64-wide lane layout, two batch rows.
   check_flash<BF16, 64>({2, 20, 3, 1, 33});
 }
 TEST(CudaKernelsEmulated, FlashAttentionLlamaHeadDim128Fp16) {
@@ -640,7 +641,7 @@ TEST(CudaKernelsEmulated, FlashAttentionLlamaHeadDim128Fp16) {
   check_flash<F16, 128>({1, 40, 4, 2, 128});
 }
 TEST(CudaKernelsEmulated, FlashAttentionHeadDim200In256LayoutBf16) {
-  // The 256-wide lane layout with HD < 256 (lanes past HD idle), shared memory above 48 KiB.
+  // The 256-wide lane layout with d < 256 (lanes past d idle), shared memory above 48 KiB.
   check_flash<BF16, 256>({1, 21, 2, 1, 200});
 }
 
@@ -650,7 +651,7 @@ TEST(CudaKernelsEmulated, FlashAttentionHeadDim200In256LayoutBf16) {
 // grid covering every row / tile exactly, and the shared-memory opt-in where it is needed.
 
 struct ModelShape {
-  std::int64_t B, T, C, NH, NKV, HD, I, V;
+  std::int64_t b, s, h, a, kv, d, i, V;
 };
 // LLaMA-7B at gpu_check's batch 8 / seq 512, its sweep corners, and the largest the maxbatch
 // searches try (batch 64, seq 4096); one position as the degenerate end.
@@ -668,58 +669,58 @@ void expect_launchable(const LaunchShape& L, const std::string& what) {
 
 TEST(CudaLaunchGeometry, RealSizesFitTheHardwareAndCoverEveryRow) {
   for (const ModelShape& m : kRealShapes) {
-    const std::string at = "B=" + std::to_string(m.B) + " T=" + std::to_string(m.T);
-    const std::int64_t N = m.B * m.T;
+    const std::string at = "b=" + std::to_string(m.b) + " s=" + std::to_string(m.s);
+    const std::int64_t n = m.b * m.s;
     // Row kernels: one block per row.
-    for (const LaunchShape& L : {rmsnorm_row_launch(N, "t"), cross_entropy_launch(N, 512, "t")}) {
+    for (const LaunchShape& L : {rmsnorm_row_launch(n, "t"), cross_entropy_launch(n, 512, "t")}) {
       expect_launchable(L, at);
-      EXPECT_EQ(std::int64_t(L.grid_x), N) << at;
+      EXPECT_EQ(std::int64_t(L.grid_x), n) << at;
     }
-    const LaunchShape dw = rmsnorm_dweight_launch(m.C, "t");
+    const LaunchShape dw = rmsnorm_dweight_launch(m.h, "t");
     expect_launchable(dw, at);
-    EXPECT_GE(std::int64_t(dw.grid_x) * dw.block_x, m.C);
-    EXPECT_LT(std::int64_t(dw.grid_x - 1) * dw.block_x, m.C);
+    EXPECT_GE(std::int64_t(dw.grid_x) * dw.block_x, m.h);
+    EXPECT_LT(std::int64_t(dw.grid_x - 1) * dw.block_x, m.h);
     // Embedding backward: the grouped sums (32 sorted rows per block), its sort, the scan.
-    const LaunchShape eb = embedding_backward_launch(N, m.C, "t");
+    const LaunchShape eb = embedding_backward_launch(n, m.h, "t");
     expect_launchable(eb, at);
-    EXPECT_GE(std::int64_t(eb.grid_x) * kEmbBwdGroupRange, N) << at;
-    EXPECT_LT(std::int64_t(eb.grid_x - 1) * kEmbBwdGroupRange, N) << at;
-    EXPECT_GE(std::int64_t(eb.grid_y) * kEmbBwdColsPerBlock, m.C);
-    for (const EmbeddingSortLaunch& s : embedding_sort_launches(N, "t"))
-      expect_launchable(s.shape, at);
-    EXPECT_LE(embedding_backward_scratch_bytes(N), kGemmWorkspaceBytes) << at;
-    const LaunchShape es = embedding_backward_scan_launch(N, m.C, "t");
+    EXPECT_GE(std::int64_t(eb.grid_x) * kEmbBwdGroupRange, n) << at;
+    EXPECT_LT(std::int64_t(eb.grid_x - 1) * kEmbBwdGroupRange, n) << at;
+    EXPECT_GE(std::int64_t(eb.grid_y) * kEmbBwdColsPerBlock, m.h);
+    for (const EmbeddingSortLaunch& launch : embedding_sort_launches(n, "t"))
+      expect_launchable(launch.shape, at);
+    EXPECT_LE(embedding_backward_scratch_bytes(n), kGemmWorkspaceBytes) << at;
+    const LaunchShape es = embedding_backward_scan_launch(n, m.h, "t");
     expect_launchable(es, at);
-    EXPECT_EQ(std::int64_t(es.grid_x), N);
-    // Eager softmax: a warp per (b, h, i) row.
-    const std::int64_t rows = m.B * m.NH * m.T;
+    EXPECT_EQ(std::int64_t(es.grid_x), n);
+    // Eager softmax: a warp per (bi, head, i) row.
+    const std::int64_t rows = m.b * m.a * m.s;
     const LaunchShape sm = causal_softmax_launch(rows, "t");
     expect_launchable(sm, at);
     EXPECT_GE(std::int64_t(sm.grid_x) * kSoftmaxWarps, rows) << at;
     EXPECT_LT(std::int64_t(sm.grid_x - 1) * kSoftmaxWarps, rows) << at;
     // Flash: (b, head) on x, 16-row blocks on y.
-    const int hd = int(m.HD);
-    for (const LaunchShape& L :
-         {flash_forward_launch(m.B, m.NH, m.T, hd, "t"), flash_dq_launch(m.B, m.NH, m.T, hd, "t"),
-          flash_dkdv_launch(m.B, m.NKV, m.T, hd, "t")}) {
+    const int d_int = int(m.d);
+    for (const LaunchShape& L : {flash_forward_launch(m.b, m.a, m.s, d_int, "t"),
+                                 flash_dq_launch(m.b, m.a, m.s, d_int, "t"),
+                                 flash_dkdv_launch(m.b, m.kv, m.s, d_int, "t")}) {
       expect_launchable(L, at);
-      EXPECT_GE(std::int64_t(L.grid_y) * 16, m.T) << at;
-      EXPECT_LT(std::int64_t(L.grid_y - 1) * 16, m.T) << at;
+      EXPECT_GE(std::int64_t(L.grid_y) * 16, m.s) << at;
+      EXPECT_LT(std::int64_t(L.grid_y - 1) * 16, m.s) << at;
     }
-    EXPECT_EQ(std::int64_t(flash_forward_launch(m.B, m.NH, m.T, hd, "t").grid_x), m.B * m.NH);
-    EXPECT_EQ(std::int64_t(flash_dkdv_launch(m.B, m.NKV, m.T, hd, "t").grid_x), m.B * m.NKV);
+    EXPECT_EQ(std::int64_t(flash_forward_launch(m.b, m.a, m.s, d_int, "t").grid_x), m.b * m.a);
+    EXPECT_EQ(std::int64_t(flash_dkdv_launch(m.b, m.kv, m.s, d_int, "t").grid_x), m.b * m.kv);
     const LaunchShape dl = flash_delta_launch(rows, "t");
     expect_launchable(dl, at);
     EXPECT_GE(std::int64_t(dl.grid_x) * kFlashWarps, rows);
-    // Grid-stride kernels: the largest elementwise tensor is (B,T,I).
-    const LaunchShape gs = grid_stride_launch(N * m.I, kElementwiseThreads);
+    // Grid-stride kernels: the largest elementwise tensor is (b, s, i).
+    const LaunchShape gs = grid_stride_launch(n * m.i, kElementwiseThreads);
     expect_launchable(gs, at);
     EXPECT_GE(std::int64_t(gs.grid_x), 1);
   }
 }
 
 // The sort's launches, unrolled into the steps each runs, against the whole network over P
-// (the power of two >= N): stage k = 2 .. P, its flip (distance k/2), then distances k/4 .. 1.
+// (the power of two >= n): stage k = 2 .. P, its flip (distance k/2), then distances k/4 .. 1.
 // A (stage, distance, flip) list per launch plan.
 std::vector<std::tuple<std::int64_t, std::int64_t, bool>> network_steps(std::int64_t P) {
   std::vector<std::tuple<std::int64_t, std::int64_t, bool>> steps;
@@ -732,70 +733,73 @@ std::vector<std::tuple<std::int64_t, std::int64_t, bool>> network_steps(std::int
 std::vector<std::tuple<std::int64_t, std::int64_t, bool>> planned_steps(
     const std::vector<EmbeddingSortLaunch>& plan) {
   std::vector<std::tuple<std::int64_t, std::int64_t, bool>> steps;
-  for (const EmbeddingSortLaunch& s : plan) {
-    if (!s.tile) {
-      steps.emplace_back(s.stage, s.half, s.flip);
-    } else if (s.stage == 0) {  // the tile sort: stages 2 .. tile, as the kernel loops them
+  for (const EmbeddingSortLaunch& launch : plan) {
+    if (!launch.tile) {
+      steps.emplace_back(launch.stage, launch.half, launch.flip);
+    } else if (launch.stage == 0) {  // the tile sort: stages 2 .. tile, as the kernel loops them
       for (const auto& st : network_steps(kEmbSortTile)) steps.push_back(st);
     } else {
-      for (std::int64_t j = kEmbSortTile / 2; j > 0; j /= 2) steps.emplace_back(s.stage, j, false);
+      for (std::int64_t j = kEmbSortTile / 2; j > 0; j /= 2)
+        steps.emplace_back(launch.stage, j, false);
     }
   }
   return steps;
 }
 
 TEST(CudaLaunchGeometry, EmbeddingBackwardGroupedAt131072TokensC4096) {
-  // b*s = 131072 (e.g. batch 32, seq 4096), C = 4096: plain arithmetic, no run.
-  const std::int64_t N = 131072, C = 4096;
-  const std::vector<EmbeddingSortLaunch> plan = embedding_sort_launches(N, "t");
+  // b*s = 131072 (e.g. batch 32, seq 4096), h = 4096: plain arithmetic, no run.
+  const std::int64_t n = 131072, h = 4096;
+  const std::vector<EmbeddingSortLaunch> plan = embedding_sort_launches(n, "t");
   // 1 tile sort, then stages 2^11 .. 2^17: each a flip, the steps at distances 2^(m-2) ..
   // 2^10, and one tile launch for the shorter ones: 1 + 7 tile launches, 7 + 21 step launches.
   ASSERT_EQ(plan.size(), 36u);
-  EXPECT_EQ(std::count_if(plan.begin(), plan.end(), [](const auto& s) { return s.tile; }), 8);
-  EXPECT_EQ(planned_steps(plan), network_steps(N));
-  for (const EmbeddingSortLaunch& s : plan) {
-    expect_launchable(s.shape, "sort");
-    EXPECT_EQ(s.shape.smem_bytes, 0u);  // the tile's 8 KiB are static shared memory
-    if (s.tile) {
-      EXPECT_EQ(s.shape.grid_x, 128u);  // 131072 / 1024 keys
-      EXPECT_EQ(s.shape.block_x, unsigned(kEmbSortThreads));
+  EXPECT_EQ(std::count_if(plan.begin(), plan.end(), [](const auto& launch) { return launch.tile; }),
+            8);
+  EXPECT_EQ(planned_steps(plan), network_steps(n));
+  for (const EmbeddingSortLaunch& launch : plan) {
+    expect_launchable(launch.shape, "sort");
+    EXPECT_EQ(launch.shape.smem_bytes, 0u);  // the tile's 8 KiB are static shared memory
+    if (launch.tile) {
+      EXPECT_EQ(launch.shape.grid_x, 128u);  // 131072 / 1024 keys
+      EXPECT_EQ(launch.shape.block_x, unsigned(kEmbSortThreads));
     } else {
-      EXPECT_EQ(s.pairs, N / 2);
-      EXPECT_GE(std::int64_t(s.shape.grid_x) * s.shape.block_x, s.pairs);  // one pass, no stride
-      EXPECT_GE(s.half, kEmbSortTile);
+      EXPECT_EQ(launch.pairs, n / 2);
+      EXPECT_GE(std::int64_t(launch.shape.grid_x) * launch.shape.block_x,
+                launch.pairs);  // one pass, no stride
+      EXPECT_GE(launch.half, kEmbSortTile);
     }
   }
   EXPECT_EQ(sizeof(EmbSortKey) * kEmbSortTile, 8192u);
   // The sums: 4096 blocks of 32 sorted rows by 2 column blocks of 2048.
-  const LaunchShape sums = embedding_backward_launch(N, C, "t");
+  const LaunchShape sums = embedding_backward_launch(n, h, "t");
   expect_launchable(sums, "sums");
   EXPECT_EQ(sums.grid_x, 4096u);
   EXPECT_EQ(sums.grid_y, 2u);
   EXPECT_EQ(sums.block_x, unsigned(kEmbBwdThreads));
   // Scratch: 1 MiB of keys, inside the 32 MiB GEMM workspace the cuda backend lends; the
   // workspace holds up to 4 Mi rows.
-  EXPECT_EQ(embedding_backward_scratch_bytes(N), std::uint64_t(1) << 20);
+  EXPECT_EQ(embedding_backward_scratch_bytes(n), std::uint64_t(1) << 20);
   alignas(256) static unsigned char buf[16];
-  EXPECT_TRUE(embedding_backward_can_group(buf, kGemmWorkspaceBytes, N));
+  EXPECT_TRUE(embedding_backward_can_group(buf, kGemmWorkspaceBytes, n));
   EXPECT_TRUE(embedding_backward_can_group(buf, kGemmWorkspaceBytes, std::int64_t(4) << 20));
   EXPECT_FALSE(embedding_backward_can_group(buf, kGemmWorkspaceBytes, (std::int64_t(4) << 20) + 1));
-  EXPECT_FALSE(embedding_backward_can_group(nullptr, kGemmWorkspaceBytes, N));
-  EXPECT_FALSE(embedding_backward_can_group(buf + 4, kGemmWorkspaceBytes, N));  // keys are 8 bytes
+  EXPECT_FALSE(embedding_backward_can_group(nullptr, kGemmWorkspaceBytes, n));
+  EXPECT_FALSE(embedding_backward_can_group(buf + 4, kGemmWorkspaceBytes, n));  // keys are 8 bytes
 }
 
 TEST(CudaLaunchGeometry, EmbeddingSortPlansCoverTheNetworkUpToTheGridLimit) {
-  for (std::int64_t N : {std::int64_t(1), std::int64_t(1024), std::int64_t(1025),
+  for (std::int64_t n : {std::int64_t(1), std::int64_t(1024), std::int64_t(1025),
                          std::int64_t(4500), std::int64_t(1) << 22, kMaxGridX}) {
     std::int64_t P = 1;
-    while (P < N) P *= 2;
-    const std::vector<EmbeddingSortLaunch> plan = embedding_sort_launches(N, "t");
-    // Below a tile the tile sort runs stages past P: comparators with a key at N or beyond
+    while (P < n) P *= 2;
+    const std::vector<EmbeddingSortLaunch> plan = embedding_sort_launches(n, "t");
+    // Below a tile the tile sort runs stages past P: comparators with a key at n or beyond
     // move nothing, so a longer network is the same sort.
     EXPECT_EQ(planned_steps(plan), network_steps(std::max<std::int64_t>(P, kEmbSortTile)))
-        << "N = " << N;
-    for (const EmbeddingSortLaunch& s : plan)
-      expect_launchable(s.shape, "N = " + std::to_string(N));
-    expect_launchable(embedding_backward_launch(N, 4096, "t"), "sums");
+        << "n = " << n;
+    for (const EmbeddingSortLaunch& launch : plan)
+      expect_launchable(launch.shape, "n = " + std::to_string(n));
+    expect_launchable(embedding_backward_launch(n, 4096, "t"), "sums");
   }
   EXPECT_THROW(embedding_sort_launches(0, "op"), InputError);
   EXPECT_THROW(embedding_sort_launches(kMaxGridX + 1, "op"), InputError);
@@ -807,12 +811,13 @@ TEST(CudaLaunchGeometry, FlashSharedMemoryOptInWhereNeeded) {
   EXPECT_FALSE(flash_forward_launch(8, 32, 512, 128, "t").needs_smem_opt_in());
   EXPECT_TRUE(flash_dkdv_launch(8, 32, 512, 128, "t").needs_smem_opt_in());
   EXPECT_TRUE(flash_dq_launch(8, 32, 512, 128, "t").needs_smem_opt_in());
-  for (int hd = 1; hd <= kFlashMaxHeadDim; ++hd) {
-    for (std::size_t bytes : {flash_forward_smem(hd), flash_dkdv_smem(hd), flash_dq_smem(hd)}) {
-      EXPECT_LE(bytes, kOptInDynamicSmemBytesSm86) << "HD " << hd;
+  for (int d_int = 1; d_int <= kFlashMaxHeadDim; ++d_int) {
+    for (std::size_t bytes :
+         {flash_forward_smem(d_int), flash_dkdv_smem(d_int), flash_dq_smem(d_int)}) {
+      EXPECT_LE(bytes, kOptInDynamicSmemBytesSm86) << "d " << d_int;
     }
   }
-  // Hand-computed from the layouts: dk/dv at HD 128 holds sK, sV (16 x 128), sQ, sdO (32 x 129)
+  // Hand-computed from the layouts: dk/dv at d 128 holds sK, sV (16 x 128), sQ, sdO (32 x 129)
   // and sL, sD (32) floats.
   EXPECT_EQ(flash_dkdv_smem(128), 4u * (2 * 16 * 128 + 2 * 32 * 129 + 2 * 32));
   EXPECT_EQ(flash_forward_smem(128), 4u * (16 * 128 + 32 * 129 + 32 * 128));
@@ -825,7 +830,7 @@ TEST(CudaLaunchGeometry, BeyondTheGridLimitsIsInputErrorNamingTheDimension) {
     flash_forward_launch(1, 1, 65535 * 16 + 1, 64, "attention_flash_forward_cuda");
     ADD_FAILURE() << "no InputError past gridDim.y";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("attention_flash_forward_cuda: T/16"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("attention_flash_forward_cuda: s/16"), std::string::npos)
         << e.what();
   }
   EXPECT_THROW(embedding_backward_launch(4, std::int64_t(65536) * kEmbBwdColsPerBlock, "op"),
@@ -839,8 +844,8 @@ TEST(CudaLaunchGeometry, BeyondTheGridLimitsIsInputErrorNamingTheDimension) {
 
 // ---------------------------------------------------------------- real sizes, last blocks
 // 32-bit index arithmetic wraps only at sizes no emulated run can allocate: eager attention's
-// probabilities at batch 64, seq 4096 hold B*NH*T*T = 34G elements, the logits B*T*V = 8.4G,
-// the MLP activations B*T*I = 2.9G. These tests launch the kernels with the launchers' full
+// probabilities at batch 64, seq 4096 hold b*a*s*s = 34G elements, the logits b*s*V = 8.4G,
+// the MLP activations b*s*i = 2.9G. These tests launch the kernels with the launchers' full
 // grids but run only a few blocks (the last ones, and those whose rows straddle 2^31 and 2^32
 // elements) on tensors that are never allocated: a VirtualTensor generates element i from i
 // and keeps what is stored. The checks: exactly the expected elements were written, with the
@@ -922,28 +927,29 @@ void expect_stored(const VirtualTensor& t, const std::map<std::uint64_t, double>
 }
 
 TEST(CudaKernelsAtRealSizes, EagerSoftmaxRowsPast2To32Elements) {
-  // probs (B,NH,T,T) at batch 64, seq 4096: 34G elements. Blocks whose rows start at 2^31 and
+  // probs (b, a, s, s) at batch 64, seq 4096: 34G elements. Blocks whose rows start at 2^31 and
   // 2^32 elements, and the last block.
-  const std::int64_t B = 64, NH = 32, T = 4096, rows = B * NH * T;
+  const std::int64_t b = 64, a = 32, s = 4096, rows = b * a * s;
   const LaunchShape L = causal_softmax_launch(rows, "test");
   const std::vector<dim3> blocks = {
-      block_index(unsigned((std::int64_t(1) << 31) / T / kSoftmaxWarps)),
-      block_index(unsigned((std::int64_t(1) << 32) / T / kSoftmaxWarps)),
+      block_index(unsigned((std::int64_t(1) << 31) / s / kSoftmaxWarps)),
+      block_index(unsigned((std::int64_t(1) << 32) / s / kSoftmaxWarps)),
       block_index(L.grid_x - 1)};
-  VirtualTensor probs(std::uint64_t(rows) * T, Access::read_write, 11, -4, 4),
-      dprobs(std::uint64_t(rows) * T, Access::read_write, 12, -1, 1);
-  launch_shape(L, blocks, causal_softmax_kernel<VF16>, static_cast<void*>(&probs), rows, T);
+  VirtualTensor probs(std::uint64_t(rows) * s, Access::read_write, 11, -4, 4),
+      dprobs(std::uint64_t(rows) * s, Access::read_write, 12, -1, 1);
+  launch_shape(L, blocks, causal_softmax_kernel<VF16>, static_cast<void*>(&probs), rows, s);
   std::map<std::uint64_t, double> want_p, want_ds;
-  for (const dim3& b : blocks) {
-    for (std::int64_t r = std::int64_t(b.x) * kSoftmaxWarps; r < (b.x + 1) * kSoftmaxWarps; ++r) {
-      const std::int64_t i = r % T;
-      const std::uint64_t base = std::uint64_t(r) * T;
+  for (const dim3& blk : blocks) {
+    for (std::int64_t r = std::int64_t(blk.x) * kSoftmaxWarps; r < (blk.x + 1) * kSoftmaxWarps;
+         ++r) {
+      const std::int64_t i = r % s;
+      const std::uint64_t base = std::uint64_t(r) * s;
       double mx = -INFINITY, sum = 0;
       for (std::int64_t j = 0; j <= i; ++j)
         mx = std::max<double>(mx, F16::round(probs.generated(base + j)));
       for (std::int64_t j = 0; j <= i; ++j)
         sum += std::exp(F16::round(probs.generated(base + j)) - mx);
-      for (std::int64_t j = 0; j < T; ++j)
+      for (std::int64_t j = 0; j < s; ++j)
         want_p[base + j] =
             j <= i ? std::exp(F16::round(probs.generated(base + j)) - mx) / sum : 0.0;
     }
@@ -951,15 +957,16 @@ TEST(CudaKernelsAtRealSizes, EagerSoftmaxRowsPast2To32Elements) {
   expect_stored(probs, want_p, 2e-3, "causal softmax");
 
   launch_shape(L, blocks, causal_softmax_backward_kernel<VF16>, static_cast<void*>(&dprobs),
-               static_cast<const void*>(&probs), rows, T);
-  for (const dim3& b : blocks) {
-    for (std::int64_t r = std::int64_t(b.x) * kSoftmaxWarps; r < (b.x + 1) * kSoftmaxWarps; ++r) {
-      const std::int64_t i = r % T;
-      const std::uint64_t base = std::uint64_t(r) * T;
+               static_cast<const void*>(&probs), rows, s);
+  for (const dim3& blk : blocks) {
+    for (std::int64_t r = std::int64_t(blk.x) * kSoftmaxWarps; r < (blk.x + 1) * kSoftmaxWarps;
+         ++r) {
+      const std::int64_t i = r % s;
+      const std::uint64_t base = std::uint64_t(r) * s;
       double dot = 0;
       for (std::int64_t j = 0; j <= i; ++j)
         dot += double(probs.stored.at(base + j)) * F16::round(dprobs.generated(base + j));
-      for (std::int64_t j = 0; j < T; ++j)
+      for (std::int64_t j = 0; j < s; ++j)
         want_ds[base + j] =
             j <= i ? probs.stored.at(base + j) * (F16::round(dprobs.generated(base + j)) - dot)
                    : 0.0;
@@ -969,52 +976,53 @@ TEST(CudaKernelsAtRealSizes, EagerSoftmaxRowsPast2To32Elements) {
 }
 
 TEST(CudaKernelsAtRealSizes, CrossEntropyRowsPast2To31Elements) {
-  // logits (B*T, V) at batch 64, seq 4096, V 32000: 8.4G elements. Row 67108 straddles 2^31
+  // logits (b*s, V) at batch 64, seq 4096, V 32000: 8.4G elements. Row 67108 straddles 2^31
   // elements; the last row ends at 8.4G.
-  const std::int64_t N = 64 * 4096, V = 32000;
+  const std::int64_t n = 64 * 4096, V = 32000;
   const std::int64_t straddle = (std::int64_t(1) << 31) / V;
   ASSERT_LT(straddle * V, std::int64_t(1) << 31);
   ASSERT_GT((straddle + 1) * V, std::int64_t(1) << 31);
-  const std::vector<dim3> blocks = {block_index(unsigned(straddle)), block_index(unsigned(N - 1))};
-  VirtualTensor logits(std::uint64_t(N) * V, Access::read_write, 21, -6, 6);
-  std::vector<std::int32_t> targets(static_cast<std::size_t>(N));
-  for (std::int64_t n = 0; n < N; ++n) targets[std::size_t(n)] = std::int32_t((n * 7919) % V);
-  std::vector<float> losses(std::size_t(N), NAN), lse(std::size_t(N), NAN);
-  launch_shape(cross_entropy_launch(N, kCeFwdThreads, "test"), blocks,
+  const std::vector<dim3> blocks = {block_index(unsigned(straddle)), block_index(unsigned(n - 1))};
+  VirtualTensor logits(std::uint64_t(n) * V, Access::read_write, 21, -6, 6);
+  std::vector<std::int32_t> targets(static_cast<std::size_t>(n));
+  for (std::int64_t row = 0; row < n; ++row)
+    targets[std::size_t(row)] = std::int32_t((row * 7919) % V);
+  std::vector<float> losses(std::size_t(n), NAN), lse(std::size_t(n), NAN);
+  launch_shape(cross_entropy_launch(n, kCeFwdThreads, "test"), blocks,
                cross_entropy_forward_kernel<VF16>, losses.data(), lse.data(),
                static_cast<const void*>(&logits), static_cast<const std::int32_t*>(targets.data()),
                V);
-  const float scale = 1.0f / float(N);
+  const float scale = 1.0f / float(n);
   std::map<std::uint64_t, double> want_d;
-  for (const dim3& b : blocks) {
-    const std::int64_t n = b.x;
-    const std::uint64_t base = std::uint64_t(n) * V;
+  for (const dim3& blk : blocks) {
+    const std::int64_t row = blk.x;
+    const std::uint64_t base = std::uint64_t(row) * V;
     double mx = -INFINITY, sum = 0;
     for (std::int64_t j = 0; j < V; ++j)
       mx = std::max<double>(mx, F16::round(logits.generated(base + j)));
     for (std::int64_t j = 0; j < V; ++j)
       sum += std::exp(F16::round(logits.generated(base + j)) - mx);
     const double want_lse = mx + std::log(sum);
-    const std::int32_t t = targets[std::size_t(n)];
-    EXPECT_NEAR(lse[std::size_t(n)], want_lse, 1e-5 * std::fabs(want_lse)) << "row " << n;
-    EXPECT_NEAR(losses[std::size_t(n)], want_lse - F16::round(logits.generated(base + t)), 1e-4)
-        << "row " << n;
+    const std::int32_t t = targets[std::size_t(row)];
+    EXPECT_NEAR(lse[std::size_t(row)], want_lse, 1e-5 * std::fabs(want_lse)) << "row " << row;
+    EXPECT_NEAR(losses[std::size_t(row)], want_lse - F16::round(logits.generated(base + t)), 1e-4)
+        << "row " << row;
     for (std::int64_t j = 0; j < V; ++j)
       want_d[base + j] =
-          scale * (std::exp(F16::round(logits.generated(base + j)) - lse[std::size_t(n)]) -
+          scale * (std::exp(F16::round(logits.generated(base + j)) - lse[std::size_t(row)]) -
                    (j == t ? 1.0 : 0.0));
   }
   EXPECT_TRUE(logits.stored.empty()) << "the forward wrote into the logits";
   // Backward in place, as the model runs it.
-  launch_shape(cross_entropy_launch(N, kCeBwdThreads, "test"), blocks,
+  launch_shape(cross_entropy_launch(n, kCeBwdThreads, "test"), blocks,
                cross_entropy_backward_kernel<VF16>, static_cast<void*>(&logits),
                static_cast<const void*>(&logits), static_cast<const float*>(lse.data()),
                static_cast<const std::int32_t*>(targets.data()), V, scale);
-  expect_stored(logits, want_d, 2e-3, "cross-entropy dlogits (scaled by N)");
+  expect_stored(logits, want_d, 2e-3, "cross-entropy dlogits (scaled by n)");
 }
 
 TEST(CudaKernelsAtRealSizes, SwiGluGridStridePast2To31Elements) {
-  // (B,T,I) at batch 64, seq 4096, I 11008: 2.9G elements over the launcher's capped grid,
+  // (b, s, i) at batch 64, seq 4096, i 11008: 2.9G elements over the launcher's capped grid,
   // so the last block's threads stride past 2^31.
   const std::int64_t n = std::int64_t(64) * 4096 * 11008;
   const LaunchShape L = grid_stride_launch(n, kElementwiseThreads);
@@ -1049,101 +1057,101 @@ TEST(CudaKernelsAtRealSizes, SwiGluGridStridePast2To31Elements) {
 }
 
 TEST(CudaKernelsAtRealSizes, FlashAttentionLastBatchAndHeadAtBatch64Seq4096) {
-  // The last (batch, head) at batch 64, seq 4096, GQA 32/8 heads, HD 128. Forward and dq: the
+  // The last (batch, head) at batch 64, seq 4096, GQA 32/8 heads, d 128. Forward and dq: the
   // block of queries 0..15 (blockIdx.y = gridDim.y - 1: the query blocks run in reverse);
   // dk/dv: the block of the last 16 keys of kv head 7, which sums query heads 28..31 over
-  // queries 4080..4095. (Blocks with long key loops are covered at small T above: here the
+  // queries 4080..4095. (Blocks with long key loops are covered at small s above: here the
   // emulator's per-shuffle thread barriers would make them slow.)
-  const std::int64_t B = 64, T = 4096, NH = 32, NKV = 8, HD = 128, g = NH / NKV;
-  const std::int64_t b = B - 1, h = NH - 1, kh = NKV - 1, k0 = T - kFlashBlockKeys;
-  const int hd = int(HD);
-  const float scale = attention_scale<float>(HD);
-  const std::uint64_t nq = std::uint64_t(B * T * NH * HD), nkv = std::uint64_t(B * T * NKV * HD);
+  const std::int64_t b = 64, s = 4096, a = 32, kv = 8, d = 128, g = a / kv;
+  const std::int64_t bi = b - 1, qh = a - 1, kh = kv - 1, k0 = s - kFlashBlockKeys;
+  const int d_int = int(d);
+  const float scale = attention_scale<float>(d);
+  const std::uint64_t nq = std::uint64_t(b * s * a * d), nkv = std::uint64_t(b * s * kv * d);
   VirtualTensor q(nq, Access::read_only, 41, -2, 2), k(nkv, Access::read_only, 42, -1, 1),
       v(nkv, Access::read_only, 43, -1, 1), dout(nq, Access::read_only, 44, -1, 1);
   VirtualTensor out(nq, Access::read_write), dq(nq, Access::read_write),
       dk(nkv, Access::read_write), dv(nkv, Access::read_write);
-  auto qe = [&](std::int64_t i, std::int64_t head, std::int64_t d) {
-    return std::uint64_t(((b * T + i) * NH + head) * HD + d);
+  auto qe = [&](std::int64_t i, std::int64_t head, std::int64_t e) {
+    return std::uint64_t(((bi * s + i) * a + head) * d + e);
   };
-  auto ke = [&](std::int64_t j, std::int64_t d) {
-    return std::uint64_t(((b * T + j) * NKV + kh) * HD + d);
+  auto ke = [&](std::int64_t j, std::int64_t e) {
+    return std::uint64_t(((bi * s + j) * kv + kh) * d + e);
   };
   auto in = [](const VirtualTensor& t, std::uint64_t e) {
     return double(F16::round(t.generated(e)));
   };
 
   // Reference, in double, row by row: lse, delta, out and dq of row i of `head`, and its
-  // contributions to dk, dv of keys k0..T-1.
-  std::vector<float> lse(std::size_t(B * NH * T), 0.0f), delta(lse.size(), 0.0f);
+  // contributions to dk, dv of keys k0..s-1.
+  std::vector<float> lse(std::size_t(b * a * s), 0.0f), delta(lse.size(), 0.0f);
   std::map<std::uint64_t, double> want_out, want_dq, want_dk, want_dv;
   auto reference_row = [&](std::int64_t head, std::int64_t i, bool keep_row) {
-    std::vector<double> s(std::size_t(i + 1)), o(std::size_t(HD), 0.0), dqi(std::size_t(HD), 0.0);
+    std::vector<double> sc(std::size_t(i + 1)), o(std::size_t(d), 0.0), dqi(std::size_t(d), 0.0);
     double mx = -INFINITY, l = 0;
     for (std::int64_t j = 0; j <= i; ++j) {
       double dot = 0;
-      for (std::int64_t d = 0; d < HD; ++d) dot += in(q, qe(i, head, d)) * in(k, ke(j, d));
-      s[std::size_t(j)] = dot * scale;
-      mx = std::max(mx, s[std::size_t(j)]);
+      for (std::int64_t e = 0; e < d; ++e) dot += in(q, qe(i, head, e)) * in(k, ke(j, e));
+      sc[std::size_t(j)] = dot * scale;
+      mx = std::max(mx, sc[std::size_t(j)]);
     }
-    for (std::int64_t j = 0; j <= i; ++j) l += std::exp(s[std::size_t(j)] - mx);
+    for (std::int64_t j = 0; j <= i; ++j) l += std::exp(sc[std::size_t(j)] - mx);
     const double row_lse = mx + std::log(l);
     for (std::int64_t j = 0; j <= i; ++j)
-      for (std::int64_t d = 0; d < HD; ++d)
-        o[std::size_t(d)] += std::exp(s[std::size_t(j)] - row_lse) * in(v, ke(j, d));
+      for (std::int64_t e = 0; e < d; ++e)
+        o[std::size_t(e)] += std::exp(sc[std::size_t(j)] - row_lse) * in(v, ke(j, e));
     double dlt = 0;
-    for (std::int64_t d = 0; d < HD; ++d) dlt += in(dout, qe(i, head, d)) * o[std::size_t(d)];
-    const std::size_t row = std::size_t((b * NH + head) * T + i);
+    for (std::int64_t e = 0; e < d; ++e) dlt += in(dout, qe(i, head, e)) * o[std::size_t(e)];
+    const std::size_t row = std::size_t((bi * a + head) * s + i);
     lse[row] = float(row_lse);
     delta[row] = float(dlt);
     for (std::int64_t j = 0; j <= i; ++j) {
       double dp = 0;
-      for (std::int64_t d = 0; d < HD; ++d) dp += in(dout, qe(i, head, d)) * in(v, ke(j, d));
-      const double p = std::exp(s[std::size_t(j)] - row_lse), ds = p * (dp - dlt);
-      for (std::int64_t d = 0; d < HD; ++d) {
-        dqi[std::size_t(d)] += scale * ds * in(k, ke(j, d));
+      for (std::int64_t e = 0; e < d; ++e) dp += in(dout, qe(i, head, e)) * in(v, ke(j, e));
+      const double p = std::exp(sc[std::size_t(j)] - row_lse), ds = p * (dp - dlt);
+      for (std::int64_t e = 0; e < d; ++e) {
+        dqi[std::size_t(e)] += scale * ds * in(k, ke(j, e));
         if (j >= k0) {
-          want_dk[ke(j, d)] += scale * ds * in(q, qe(i, head, d));
-          want_dv[ke(j, d)] += p * in(dout, qe(i, head, d));
+          want_dk[ke(j, e)] += scale * ds * in(q, qe(i, head, e));
+          want_dv[ke(j, e)] += p * in(dout, qe(i, head, e));
         }
       }
     }
     if (keep_row) {
-      for (std::int64_t d = 0; d < HD; ++d) {
-        want_out[qe(i, head, d)] = o[std::size_t(d)];
-        want_dq[qe(i, head, d)] = dqi[std::size_t(d)];
+      for (std::int64_t e = 0; e < d; ++e) {
+        want_out[qe(i, head, e)] = o[std::size_t(e)];
+        want_dq[qe(i, head, e)] = dqi[std::size_t(e)];
       }
     }
   };
-  for (std::int64_t i = 0; i < kFlashBlockRows; ++i) reference_row(h, i, true);
+  for (std::int64_t i = 0; i < kFlashBlockRows; ++i) reference_row(qh, i, true);
   for (std::int64_t head = kh * g; head < (kh + 1) * g; ++head)
-    for (std::int64_t i = k0; i < T; ++i) reference_row(head, i, false);
+    for (std::int64_t i = k0; i < s; ++i) reference_row(head, i, false);
 
-  const LaunchShape fwd = flash_forward_launch(B, NH, T, hd, "test");
-  const std::vector<dim3> first_query_block = {block_index(unsigned(b * NH + h), fwd.grid_y - 1)};
+  const LaunchShape fwd = flash_forward_launch(b, a, s, d_int, "test");
+  const std::vector<dim3> first_query_block = {block_index(unsigned(bi * a + qh), fwd.grid_y - 1)};
   std::vector<float> lse_got(lse.size(), NAN);
   launch_shape(fwd, first_query_block, flash_forward_kernel<VF16, 128>, static_cast<void*>(&out),
                lse_got.data(), static_cast<const void*>(&q), static_cast<const void*>(&k),
-               static_cast<const void*>(&v), T, NH, NKV, hd, scale);
+               static_cast<const void*>(&v), s, a, kv, d_int, scale);
   expect_stored(out, want_out, 4e-3, "flash out");
   for (std::int64_t i = 0; i < kFlashBlockRows; ++i) {
-    const std::size_t row = std::size_t((b * NH + h) * T + i);
+    const std::size_t row = std::size_t((bi * a + qh) * s + i);
     EXPECT_NEAR(lse_got[row], lse[row], 1e-5 * (1 + std::fabs(lse[row]))) << "lse row " << i;
   }
-  launch_shape(flash_dq_launch(B, NH, T, hd, "test"), first_query_block,
+  launch_shape(flash_dq_launch(b, a, s, d_int, "test"), first_query_block,
                flash_backward_dq_kernel<VF16, 128>, static_cast<void*>(&dq),
                static_cast<const void*>(&dout), static_cast<const void*>(&q),
                static_cast<const void*>(&k), static_cast<const void*>(&v),
-               static_cast<const float*>(lse.data()), static_cast<const float*>(delta.data()), T,
-               NH, NKV, hd, scale);
+               static_cast<const float*>(lse.data()), static_cast<const float*>(delta.data()), s, a,
+               kv, d_int, scale);
   expect_stored(dq, want_dq, 8e-3, "flash dq");
-  const LaunchShape kv = flash_dkdv_launch(B, NKV, T, hd, "test");
-  launch_shape(kv, {block_index(unsigned(b * NKV + kh), kv.grid_y - 1)},
+  const LaunchShape kv_shape = flash_dkdv_launch(b, kv, s, d_int, "test");
+  launch_shape(kv_shape, {block_index(unsigned(bi * kv + kh), kv_shape.grid_y - 1)},
                flash_backward_dkdv_kernel<VF16, 128>, static_cast<void*>(&dk),
                static_cast<void*>(&dv), static_cast<const void*>(&dout),
                static_cast<const void*>(&q), static_cast<const void*>(&k),
                static_cast<const void*>(&v), static_cast<const float*>(lse.data()),
-               static_cast<const float*>(delta.data()), T, NH, NKV, hd, scale);
+               static_cast<const float*>(delta.data()), s, a, kv, d_int, scale);
   expect_stored(dk, want_dk, 8e-3, "flash dk, last key block");
   expect_stored(dv, want_dv, 8e-3, "flash dv, last key block");
 }

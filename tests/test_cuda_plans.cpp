@@ -133,10 +133,10 @@ TEST(CudaGemmArgs, DenseLeadingDimensionsAreTheStoredRowLengths) {
 }
 
 struct AttnCase {
-  std::int64_t B, T, NH, NKV, HD;
+  std::int64_t b, s, a, kv, d;
 };
 void PrintTo(const AttnCase& c, std::ostream* os) {
-  *os << "B=" << c.B << " T=" << c.T << " NH=" << c.NH << " NKV=" << c.NKV << " HD=" << c.HD;
+  *os << "b=" << c.b << " s=" << c.s << " a=" << c.a << " kv=" << c.kv << " d=" << c.d;
 }
 
 // The eager attention of attention_eager.cu, with cuBLAS replaced by the emulator and the two
@@ -144,24 +144,24 @@ void PrintTo(const AttnCase& c, std::ostream* os) {
 void eager_forward_replay(std::vector<float>& out, std::vector<float>& probs,
                           const std::vector<float>& q, const std::vector<float>& k,
                           const std::vector<float>& v, const AttnCase& c) {
-  const auto [B, T, NH, NKV, HD] = c;
-  const float scale = 1.0f / std::sqrt(float(HD));
-  const HeadPlan plan = plan_attention_heads(B, T, NH, NKV, HD);
-  for (const HeadCall& h : plan.calls)
-    rowmajor_via_cublas(probs.data() + h.s_off, T, plan.s_stride, q.data() + h.q_off, NH * HD,
-                        plan.q_stride, k.data() + h.kv_off, NKV * HD, plan.kv_stride, T, T, HD,
+  const auto [b, s, a, kv, d] = c;
+  const float scale = 1.0f / std::sqrt(float(d));
+  const HeadPlan plan = plan_attention_heads(b, s, a, kv, d);
+  for (const HeadCall& call : plan.calls)
+    rowmajor_via_cublas(probs.data() + call.s_off, s, plan.s_stride, q.data() + call.q_off, a * d,
+                        plan.q_stride, k.data() + call.kv_off, kv * d, plan.kv_stride, s, s, d,
                         Trans::no, Trans::yes, scale, 0.0f, plan.batch);
-  for (std::int64_t row = 0; row < B * NH * T; ++row) {  // causal_softmax_kernel
-    float* p = probs.data() + row * T;
-    const std::int64_t i = row % T;
+  for (std::int64_t row = 0; row < b * a * s; ++row) {  // causal_softmax_kernel
+    float* p = probs.data() + row * s;
+    const std::int64_t i = row % s;
     float mx = -INFINITY, sum = 0;
     for (std::int64_t j = 0; j <= i; ++j) mx = std::max(mx, p[j]);
     for (std::int64_t j = 0; j <= i; ++j) sum += std::exp(p[j] - mx);
-    for (std::int64_t j = 0; j < T; ++j) p[j] = j <= i ? std::exp(p[j] - mx) / sum : 0.0f;
+    for (std::int64_t j = 0; j < s; ++j) p[j] = j <= i ? std::exp(p[j] - mx) / sum : 0.0f;
   }
-  for (const HeadCall& h : plan.calls)
-    rowmajor_via_cublas(out.data() + h.q_off, NH * HD, plan.q_stride, probs.data() + h.s_off, T,
-                        plan.s_stride, v.data() + h.kv_off, NKV * HD, plan.kv_stride, T, HD, T,
+  for (const HeadCall& call : plan.calls)
+    rowmajor_via_cublas(out.data() + call.q_off, a * d, plan.q_stride, probs.data() + call.s_off, s,
+                        plan.s_stride, v.data() + call.kv_off, kv * d, plan.kv_stride, s, d, s,
                         Trans::no, Trans::no, 1.0f, 0.0f, plan.batch);
 }
 
@@ -170,31 +170,31 @@ void eager_backward_replay(std::vector<float>& dq, std::vector<float>& dk, std::
                            const std::vector<float>& q, const std::vector<float>& k,
                            const std::vector<float>& v, const std::vector<float>& probs,
                            const AttnCase& c) {
-  const auto [B, T, NH, NKV, HD] = c;
-  const float scale = 1.0f / std::sqrt(float(HD));
-  const HeadPlan plan = plan_attention_heads(B, T, NH, NKV, HD);
-  for (const HeadCall& h : plan.calls)
-    rowmajor_via_cublas(dprobs.data() + h.s_off, T, plan.s_stride, dout.data() + h.q_off, NH * HD,
-                        plan.q_stride, v.data() + h.kv_off, NKV * HD, plan.kv_stride, T, T, HD,
-                        Trans::no, Trans::yes, 1.0f, 0.0f, plan.batch);
-  for (std::int64_t row = 0; row < B * NH * T; ++row) {  // causal_softmax_backward_kernel
-    float* ds = dprobs.data() + row * T;
-    const float* p = probs.data() + row * T;
-    const std::int64_t i = row % T;
+  const auto [b, s, a, kv, d] = c;
+  const float scale = 1.0f / std::sqrt(float(d));
+  const HeadPlan plan = plan_attention_heads(b, s, a, kv, d);
+  for (const HeadCall& call : plan.calls)
+    rowmajor_via_cublas(dprobs.data() + call.s_off, s, plan.s_stride, dout.data() + call.q_off,
+                        a * d, plan.q_stride, v.data() + call.kv_off, kv * d, plan.kv_stride, s, s,
+                        d, Trans::no, Trans::yes, 1.0f, 0.0f, plan.batch);
+  for (std::int64_t row = 0; row < b * a * s; ++row) {  // causal_softmax_backward_kernel
+    float* ds = dprobs.data() + row * s;
+    const float* p = probs.data() + row * s;
+    const std::int64_t i = row % s;
     float dot = 0;
     for (std::int64_t j = 0; j <= i; ++j) dot += p[j] * ds[j];
-    for (std::int64_t j = 0; j < T; ++j) ds[j] = j <= i ? p[j] * (ds[j] - dot) : 0.0f;
+    for (std::int64_t j = 0; j < s; ++j) ds[j] = j <= i ? p[j] * (ds[j] - dot) : 0.0f;
   }
-  for (const HeadCall& h : plan.calls) {
-    const float beta = h.first_of_group ? 0.0f : 1.0f;
-    rowmajor_via_cublas(dq.data() + h.q_off, NH * HD, plan.q_stride, dprobs.data() + h.s_off, T,
-                        plan.s_stride, k.data() + h.kv_off, NKV * HD, plan.kv_stride, T, HD, T,
+  for (const HeadCall& call : plan.calls) {
+    const float beta = call.first_of_group ? 0.0f : 1.0f;
+    rowmajor_via_cublas(dq.data() + call.q_off, a * d, plan.q_stride, dprobs.data() + call.s_off, s,
+                        plan.s_stride, k.data() + call.kv_off, kv * d, plan.kv_stride, s, d, s,
                         Trans::no, Trans::no, scale, 0.0f, plan.batch);
-    rowmajor_via_cublas(dk.data() + h.kv_off, NKV * HD, plan.kv_stride, dprobs.data() + h.s_off, T,
-                        plan.s_stride, q.data() + h.q_off, NH * HD, plan.q_stride, T, HD, T,
+    rowmajor_via_cublas(dk.data() + call.kv_off, kv * d, plan.kv_stride, dprobs.data() + call.s_off,
+                        s, plan.s_stride, q.data() + call.q_off, a * d, plan.q_stride, s, d, s,
                         Trans::yes, Trans::no, scale, beta, plan.batch);
-    rowmajor_via_cublas(dv.data() + h.kv_off, NKV * HD, plan.kv_stride, probs.data() + h.s_off, T,
-                        plan.s_stride, dout.data() + h.q_off, NH * HD, plan.q_stride, T, HD, T,
+    rowmajor_via_cublas(dv.data() + call.kv_off, kv * d, plan.kv_stride, probs.data() + call.s_off,
+                        s, plan.s_stride, dout.data() + call.q_off, a * d, plan.q_stride, s, d, s,
                         Trans::yes, Trans::no, 1.0f, beta, plan.batch);
   }
 }
@@ -203,16 +203,16 @@ class CudaAttentionPlan : public ::testing::TestWithParam<AttnCase> {};
 
 TEST_P(CudaAttentionPlan, ReplayedGemmsMatchTheCpuReferenceForwardAndBackward) {
   const AttnCase c = GetParam();
-  const auto [B, T, NH, NKV, HD] = c;
+  const auto [b, s, a, kv, d] = c;
   std::mt19937 rng(11);
-  const std::size_t nq = std::size_t(B * T * NH * HD), nkv = std::size_t(B * T * NKV * HD);
-  const std::size_t np = std::size_t(B * NH * T * T);
+  const std::size_t nq = std::size_t(b * s * a * d), nkv = std::size_t(b * s * kv * d);
+  const std::size_t np = std::size_t(b * a * s * s);
   const auto q = random_vec(nq, rng, -2, 2), k = random_vec(nkv, rng), v = random_vec(nkv, rng);
   const auto dout = random_vec(nq, rng);
 
   std::vector<float> out_ref(nq), probs_ref(np);
-  attention_eager_forward_cpu(out_ref.data(), probs_ref.data(), q.data(), k.data(), v.data(), B, T,
-                              NH, NKV, HD, DType::f32);
+  attention_eager_forward_cpu(out_ref.data(), probs_ref.data(), q.data(), k.data(), v.data(), b, s,
+                              a, kv, d, DType::f32);
   // Garbage in the outputs: every element must be written (dk/dv by the beta-0 call first).
   std::vector<float> out(nq, NAN), probs(np, NAN);
   eager_forward_replay(out, probs, q, k, v, c);
@@ -221,7 +221,7 @@ TEST_P(CudaAttentionPlan, ReplayedGemmsMatchTheCpuReferenceForwardAndBackward) {
 
   std::vector<float> dq_ref(nq), dk_ref(nkv), dv_ref(nkv);
   attention_eager_backward_cpu(dq_ref.data(), dk_ref.data(), dv_ref.data(), nullptr, dout.data(),
-                               q.data(), k.data(), v.data(), probs_ref.data(), B, T, NH, NKV, HD,
+                               q.data(), k.data(), v.data(), probs_ref.data(), b, s, a, kv, d,
                                DType::f32);
   std::vector<float> dq(nq, NAN), dk(nkv, NAN), dv(nkv, NAN), dprobs(np, NAN);
   eager_backward_replay(dq, dk, dv, dprobs, dout, q, k, v, probs_ref, c);
@@ -230,7 +230,7 @@ TEST_P(CudaAttentionPlan, ReplayedGemmsMatchTheCpuReferenceForwardAndBackward) {
   expect_close(dv, dv_ref, 1e-4, "dv");
 }
 
-// Which batching each case takes: per (b, r) when B*g <= NH, else per h.
+// Which batching each case takes: per (bi, r) when b*g <= a, else per head.
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionPlan,
                          ::testing::Values(AttnCase{1, 1, 1, 1, 1},    // per (b, r), single element
                                            AttnCase{2, 7, 6, 2, 5},    // per (b, r), GQA g=3
@@ -240,11 +240,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionPlan,
                                            AttnCase{3, 11, 8, 2, 6}),  // per h, GQA g=4
                          [](const ::testing::TestParamInfo<AttnCase>& info) {
                            const AttnCase& c = info.param;
-                           const std::string mode =
-                               c.B * (c.NH / c.NKV) <= c.NH ? "per_b_r" : "per_h";
-                           return mode + "_B" + std::to_string(c.B) + "_T" + std::to_string(c.T) +
-                                  "_NH" + std::to_string(c.NH) + "_NKV" + std::to_string(c.NKV) +
-                                  "_HD" + std::to_string(c.HD);
+                           const std::string mode = c.b * (c.a / c.kv) <= c.a ? "per_b_r" : "per_h";
+                           return mode + "_b" + std::to_string(c.b) + "_s" + std::to_string(c.s) +
+                                  "_a" + std::to_string(c.a) + "_kv" + std::to_string(c.kv) + "_d" +
+                                  std::to_string(c.d);
                          });
 
 TEST(CudaAttentionPlan, ChoosesTheBatchingWithFewerCalls) {

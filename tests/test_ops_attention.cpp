@@ -15,12 +15,12 @@ namespace {
 using namespace trainmem::testing;
 
 struct Shape {
-  std::int64_t B, T, NH, NKV, HD;
-  std::int64_t nq() const { return B * T * NH * HD; }
-  std::int64_t nk() const { return B * T * NKV * HD; }
+  std::int64_t b, s, a, kv, d;
+  std::int64_t nq() const { return b * s * a * d; }
+  std::int64_t nk() const { return b * s * kv * d; }
   std::string label() const {
-    return "B" + std::to_string(B) + "_T" + std::to_string(T) + "_NH" + std::to_string(NH) +
-           "_NKV" + std::to_string(NKV) + "_HD" + std::to_string(HD);
+    return "b" + std::to_string(b) + "_s" + std::to_string(s) + "_a" + std::to_string(a) + "_kv" +
+           std::to_string(kv) + "_d" + std::to_string(d);
   }
 };
 
@@ -28,61 +28,61 @@ struct Shape {
 struct Reference {
   std::vector<double> out, probs, lse, dq, dk, dv, delta;
 };
-Reference naive_attention(const Shape& s, const std::vector<double>& q,
+Reference naive_attention(const Shape& shape, const std::vector<double>& q,
                           const std::vector<double>& k, const std::vector<double>& v,
                           const std::vector<double>& dout) {
-  const std::int64_t T = s.T, HD = s.HD;
+  const std::int64_t s = shape.s, d = shape.d;
   Reference r;
-  r.out.assign(s.nq(), 0.0);
-  r.dq.assign(s.nq(), 0.0);
-  r.dk.assign(s.nk(), 0.0);
-  r.dv.assign(s.nk(), 0.0);
-  r.probs.assign(s.B * s.NH * T * T, 0.0);
-  r.lse.assign(s.B * s.NH * T, 0.0);
-  r.delta.assign(s.B * s.NH * T, 0.0);
-  const double scale = 1.0 / std::sqrt(double(HD));
-  auto qi = [&](std::int64_t b, std::int64_t t, std::int64_t h) {
-    return ((b * T + t) * s.NH + h) * HD;
+  r.out.assign(shape.nq(), 0.0);
+  r.dq.assign(shape.nq(), 0.0);
+  r.dk.assign(shape.nk(), 0.0);
+  r.dv.assign(shape.nk(), 0.0);
+  r.probs.assign(shape.b * shape.a * s * s, 0.0);
+  r.lse.assign(shape.b * shape.a * s, 0.0);
+  r.delta.assign(shape.b * shape.a * s, 0.0);
+  const double scale = 1.0 / std::sqrt(double(d));
+  auto qi = [&](std::int64_t bi, std::int64_t t, std::int64_t head) {
+    return ((bi * s + t) * shape.a + head) * d;
   };
-  auto ki = [&](std::int64_t b, std::int64_t t, std::int64_t h) {
-    return ((b * T + t) * s.NKV + h) * HD;
+  auto ki = [&](std::int64_t bi, std::int64_t t, std::int64_t head) {
+    return ((bi * s + t) * shape.kv + head) * d;
   };
-  for (std::int64_t b = 0; b < s.B; ++b)
-    for (std::int64_t h = 0; h < s.NH; ++h) {
-      const std::int64_t g = h / (s.NH / s.NKV);
-      for (std::int64_t i = 0; i < T; ++i) {
+  for (std::int64_t bi = 0; bi < shape.b; ++bi)
+    for (std::int64_t head = 0; head < shape.a; ++head) {
+      const std::int64_t g = head / (shape.a / shape.kv);
+      for (std::int64_t i = 0; i < s; ++i) {
         std::vector<double> sc(i + 1), dp(i + 1);
         double mx = -INFINITY;
         for (std::int64_t j = 0; j <= i; ++j) {
-          double d = 0;
-          for (std::int64_t e = 0; e < HD; ++e) d += q[qi(b, i, h) + e] * k[ki(b, j, g) + e];
-          sc[j] = d * scale;
+          double dot = 0;
+          for (std::int64_t e = 0; e < d; ++e) dot += q[qi(bi, i, head) + e] * k[ki(bi, j, g) + e];
+          sc[j] = dot * scale;
           mx = std::max(mx, sc[j]);
         }
         double sum = 0;
         for (std::int64_t j = 0; j <= i; ++j) sum += std::exp(sc[j] - mx);
-        const std::int64_t row = (b * s.NH + h) * T + i;
+        const std::int64_t row = (bi * shape.a + head) * s + i;
         r.lse[row] = mx + std::log(sum);
         double delta = 0;
         for (std::int64_t j = 0; j <= i; ++j) {
           const double p = std::exp(sc[j] - r.lse[row]);
-          r.probs[row * T + j] = p;
-          double d = 0;
-          for (std::int64_t e = 0; e < HD; ++e) {
-            r.out[qi(b, i, h) + e] += p * v[ki(b, j, g) + e];
-            d += dout[qi(b, i, h) + e] * v[ki(b, j, g) + e];
+          r.probs[row * s + j] = p;
+          double dot = 0;
+          for (std::int64_t e = 0; e < d; ++e) {
+            r.out[qi(bi, i, head) + e] += p * v[ki(bi, j, g) + e];
+            dot += dout[qi(bi, i, head) + e] * v[ki(bi, j, g) + e];
           }
-          dp[j] = d;
-          delta += p * d;
+          dp[j] = dot;
+          delta += p * dot;
         }
         r.delta[row] = delta;
         for (std::int64_t j = 0; j <= i; ++j) {
-          const double p = r.probs[row * T + j];
+          const double p = r.probs[row * s + j];
           const double ds = p * (dp[j] - delta);
-          for (std::int64_t e = 0; e < HD; ++e) {
-            r.dq[qi(b, i, h) + e] += scale * ds * k[ki(b, j, g) + e];
-            r.dk[ki(b, j, g) + e] += scale * ds * q[qi(b, i, h) + e];
-            r.dv[ki(b, j, g) + e] += p * dout[qi(b, i, h) + e];
+          for (std::int64_t e = 0; e < d; ++e) {
+            r.dq[qi(bi, i, head) + e] += scale * ds * k[ki(bi, j, g) + e];
+            r.dk[ki(bi, j, g) + e] += scale * ds * q[qi(bi, i, head) + e];
+            r.dv[ki(bi, j, g) + e] += p * dout[qi(bi, i, head) + e];
           }
         }
       }
@@ -92,31 +92,31 @@ Reference naive_attention(const Shape& s, const std::vector<double>& q,
 
 // The op's buffers for one shape, dtype and variant.
 struct AttnRun {
-  Shape s;
+  Shape shape;
   DType dt;
   Attention variant;
   Buf q, k, v, dout, out, probs, dq, dk, dv, dprobs;
   std::vector<float> lse, delta;
-  AttnRun(const Shape& shape, DType d, Attention var, std::uint32_t seed)
-      : s(shape), dt(d), variant(var) {
-    q = Buf::from(uniform(s.nq(), seed, -2, 2), dt);
-    k = Buf::from(uniform(s.nk(), seed + 1, -2, 2), dt);
-    v = Buf::from(uniform(s.nk(), seed + 2), dt);
-    dout = Buf::from(uniform(s.nq(), seed + 3), dt);
-    out = dq = Buf(s.nq(), dt);
-    dk = dv = Buf(s.nk(), dt);
-    probs = dprobs = Buf(s.B * s.NH * s.T * s.T, dt);
-    lse.assign(s.B * s.NH * s.T, 0.0f);
+  AttnRun(const Shape& dims, DType d, Attention var, std::uint32_t seed)
+      : shape(dims), dt(d), variant(var) {
+    q = Buf::from(uniform(shape.nq(), seed, -2, 2), dt);
+    k = Buf::from(uniform(shape.nk(), seed + 1, -2, 2), dt);
+    v = Buf::from(uniform(shape.nk(), seed + 2), dt);
+    dout = Buf::from(uniform(shape.nq(), seed + 3), dt);
+    out = dq = Buf(shape.nq(), dt);
+    dk = dv = Buf(shape.nk(), dt);
+    probs = dprobs = Buf(shape.b * shape.a * shape.s * shape.s, dt);
+    lse.assign(shape.b * shape.a * shape.s, 0.0f);
     delta = lse;
   }
   void forward() {
-    attention_forward_cpu(out.data(), probs.data(), lse.data(), q.data(), k.data(), v.data(), s.B,
-                          s.T, s.NH, s.NKV, s.HD, variant, dt);
+    attention_forward_cpu(out.data(), probs.data(), lse.data(), q.data(), k.data(), v.data(),
+                          shape.b, shape.s, shape.a, shape.kv, shape.d, variant, dt);
   }
   void backward() {
     attention_backward_cpu(dq.data(), dk.data(), dv.data(), dprobs.data(), delta.data(),
                            dout.data(), q.data(), k.data(), v.data(), out.data(), probs.data(),
-                           lse.data(), s.B, s.T, s.NH, s.NKV, s.HD, variant, dt);
+                           lse.data(), shape.b, shape.s, shape.a, shape.kv, shape.d, variant, dt);
   }
 };
 
@@ -165,15 +165,15 @@ TEST(OpsAttention, MathOnlineSoftmaxAndBackwardInFp64) {
 }
 
 TEST(OpsAttention, BackwardMatchesFp32FiniteDifferences) {
-  const Shape s{2, 7, 3, 1, 6};
+  const Shape shape{2, 7, 3, 1, 6};
   for (Attention var : {Attention::eager, Attention::flash}) {
     SCOPED_TRACE(variant_label(var));
-    AttnRun r(s, DType::f32, var, 120);
+    AttnRun r(shape, DType::f32, var, 120);
     const std::vector<float> w = r.dout.f32();
     auto loss = [&] {
       r.forward();
       double acc = 0;
-      for (std::int64_t i = 0; i < s.nq(); ++i) acc += double(w[i]) * r.out.get(i);
+      for (std::int64_t i = 0; i < shape.nq(); ++i) acc += double(w[i]) * r.out.get(i);
       return acc;
     };
     loss();
@@ -182,7 +182,7 @@ TEST(OpsAttention, BackwardMatchesFp32FiniteDifferences) {
                                    std::tuple{&r.v, &r.dv, "dv"}}) {
       std::vector<double> fd(buf->size());
       for (std::size_t i = 0; i < buf->size(); ++i)
-        fd[i] = central_difference([&, b = buf](double x) { b->set(i, float(x)); }, buf->get(i),
+        fd[i] = central_difference([&, bi = buf](double x) { bi->set(i, float(x)); }, buf->get(i),
                                    1e-2, loss);
       EXPECT_TRUE(all_close(name, grad->f32(), fd, {2e-3, 1e-2}));
     }
@@ -191,20 +191,20 @@ TEST(OpsAttention, BackwardMatchesFp32FiniteDifferences) {
 
 struct AttnCase {
   DType dt;
-  Shape s;
+  Shape shape;
   Attention variant;
 };
 void PrintTo(const AttnCase& c, std::ostream* os) {
-  *os << dtype_label(c.dt) << " " << variant_label(c.variant) << " " << c.s.label();
+  *os << dtype_label(c.dt) << " " << variant_label(c.variant) << " " << c.shape.label();
 }
 class OpsAttentionP : public ::testing::TestWithParam<AttnCase> {};
 
 TEST_P(OpsAttentionP, MatchesNaiveReference) {
   const auto c = GetParam();
-  AttnRun r(c.s, c.dt, c.variant, 130);
+  AttnRun r(c.shape, c.dt, c.variant, 130);
   r.forward();
   r.backward();
-  const Reference ref = naive_attention(c.s, r.q.f64(), r.k.f64(), r.v.f64(), r.dout.f64());
+  const Reference ref = naive_attention(c.shape, r.q.f64(), r.k.f64(), r.v.f64(), r.dout.f64());
   // 16-bit: probabilities (eager) and outputs are rounded before the backward reads them.
   const Tol tol = tolerance(c.dt, c.dt == DType::f32 ? 1.0 : 2.0);
   EXPECT_TRUE(all_close("out", r.out.f32(), ref.out, tol));
@@ -228,21 +228,22 @@ const Shape kShapes[] = {
 std::vector<AttnCase> attention_cases() {
   std::vector<AttnCase> out;
   for (DType dt : all_dtypes())
-    for (const Shape& s : kShapes)
-      for (Attention var : {Attention::eager, Attention::flash}) out.push_back({dt, s, var});
+    for (const Shape& shape : kShapes)
+      for (Attention var : {Attention::eager, Attention::flash}) out.push_back({dt, shape, var});
   return out;
 }
 INSTANTIATE_TEST_SUITE_P(DtypeByShapeByVariant, OpsAttentionP,
                          ::testing::ValuesIn(attention_cases()), [](const auto& info) {
                            const auto& c = info.param;
                            return dtype_label(c.dt) + "_" + variant_label(c.variant) + "_" +
-                                  c.s.label();
+                                  c.shape.label();
                          });
 
 TEST(OpsAttention, EagerAndFlashAgree) {
-  for (const Shape& s : kShapes) {
-    SCOPED_TRACE(s.label());
-    AttnRun e(s, DType::f32, Attention::eager, 140), f(s, DType::f32, Attention::flash, 140);
+  for (const Shape& shape : kShapes) {
+    SCOPED_TRACE(shape.label());
+    AttnRun e(shape, DType::f32, Attention::eager, 140),
+        f(shape, DType::f32, Attention::flash, 140);
     e.forward();
     e.backward();
     f.forward();
@@ -258,40 +259,40 @@ TEST(OpsAttention, EagerAndFlashAgree) {
 TEST(OpsAttention, LaterKeysAndValuesDoNotChangeEarlierOutputs) {
   for (DType dt : all_dtypes())
     for (Attention var : {Attention::eager, Attention::flash}) {
-      const Shape s{2, 69, 4, 2, 8};
+      const Shape shape{2, 69, 4, 2, 8};
       SCOPED_TRACE(dtype_label(dt) + " " + variant_label(var));
-      AttnRun r(s, dt, var, 150);
+      AttnRun r(shape, dt, var, 150);
       r.forward();
       const std::vector<float> before = r.out.f32();
       const std::int64_t t0 = 40;  // change every key and value at position t0
-      for (std::int64_t b = 0; b < s.B; ++b)
-        for (std::int64_t e = 0; e < s.NKV * s.HD; ++e) {
-          const std::int64_t i = (b * s.T + t0) * s.NKV * s.HD + e;
+      for (std::int64_t bi = 0; bi < shape.b; ++bi)
+        for (std::int64_t e = 0; e < shape.kv * shape.d; ++e) {
+          const std::int64_t i = (bi * shape.s + t0) * shape.kv * shape.d + e;
           r.k.set(i, r.k.get(i) + 1.5f);
           r.v.set(i, -r.v.get(i) - 0.5f);
         }
       r.forward();
       const std::vector<float> after = r.out.f32();
       std::int64_t changed_later = 0;
-      for (std::int64_t b = 0; b < s.B; ++b)
-        for (std::int64_t t = 0; t < s.T; ++t)
-          for (std::int64_t e = 0; e < s.NH * s.HD; ++e) {
-            const std::int64_t i = (b * s.T + t) * s.NH * s.HD + e;
+      for (std::int64_t bi = 0; bi < shape.b; ++bi)
+        for (std::int64_t t = 0; t < shape.s; ++t)
+          for (std::int64_t e = 0; e < shape.a * shape.d; ++e) {
+            const std::int64_t i = (bi * shape.s + t) * shape.a * shape.d + e;
             if (t < t0)
-              ASSERT_EQ(after[i], before[i]) << "b " << b << " t " << t << " e " << e;
+              ASSERT_EQ(after[i], before[i]) << "bi " << bi << " t " << t << " e " << e;
             else
               changed_later += after[i] != before[i];
           }
-      EXPECT_GT(changed_later, s.B * (s.T - t0) * s.NH * s.HD / 2);
+      EXPECT_GT(changed_later, shape.b * (shape.s - t0) * shape.a * shape.d / 2);
     }
 }
 
 TEST(OpsAttention, SameBitsForAnyThreadCount) {
-  const Shape s{3, 130, 4, 2, 16};  // large enough for the OpenMP team
+  const Shape shape{3, 130, 4, 2, 16};  // large enough for the OpenMP team
   for (DType dt : {DType::f32, DType::bf16})
     for (Attention var : {Attention::eager, Attention::flash}) {
       SCOPED_TRACE(dtype_label(dt) + " " + variant_label(var));
-      AttnRun one(s, dt, var, 170), three(s, dt, var, 170);
+      AttnRun one(shape, dt, var, 170), three(shape, dt, var, 170);
       with_threads(1, [&] {
         one.forward();
         one.backward();

@@ -79,39 +79,40 @@ TEST(OpsBackends, MetaBackendNeverTouchesMemory) {
     EXPECT_FALSE(be->computes());
     EXPECT_FALSE(be->allocator().touches_memory());
     // Fake addresses: any dereference would crash the test.
-    void* a = be->allocator().allocate(std::uint64_t(1) << 40);  // 1 TiB, not backed
-    void* b = be->allocator().allocate(1024);
-    ASSERT_NE(a, nullptr);
-    ASSERT_NE(a, b);
-    auto* f = static_cast<float*>(b);
-    auto* t = static_cast<const std::int32_t*>(b);
-    const std::int64_t B = 8, T = 4096, C = 8192, V = 128256, NH = 64, NKV = 8, HD = 128;
-    be->upload(a, b, 1 << 20);
-    be->download(b, a, 1 << 20);
-    be->fill_zero(a, std::uint64_t(1) << 40);
-    be->copy(a, b, 1 << 20);
-    be->embedding_forward(a, t, b, B, T, C, V);
-    be->embedding_backward(a, b, t, B, T, C, V);
-    be->rmsnorm_forward(a, f, b, b, B * T, C, 1e-5f);
-    be->rmsnorm_backward(a, a, b, b, b, f, B * T, C);
-    be->matmul(a, b, b, B * T, V, C, Trans::no, Trans::yes, 1.0f, 0.0f);
-    be->rope_forward(a, b, B, T, NH, NKV, HD, 5e5);
-    be->rope_backward(a, b, B, T, NH, NKV, HD, 5e5);
+    void* big = be->allocator().allocate(std::uint64_t(1) << 40);  // 1 TiB, not backed
+    void* small = be->allocator().allocate(1024);
+    ASSERT_NE(big, nullptr);
+    ASSERT_NE(big, small);
+    auto* f = static_cast<float*>(small);
+    auto* t = static_cast<const std::int32_t*>(small);
+    const std::int64_t b = 8, s = 4096, h = 8192, V = 128256, a = 64, kv = 8, d = 128;
+    be->upload(big, small, 1 << 20);
+    be->download(small, big, 1 << 20);
+    be->fill_zero(big, std::uint64_t(1) << 40);
+    be->copy(big, small, 1 << 20);
+    be->embedding_forward(big, t, small, b, s, h, V);
+    be->embedding_backward(big, small, t, b, s, h, V);
+    be->rmsnorm_forward(big, f, small, small, b * s, h, 1e-5f);
+    be->rmsnorm_backward(big, big, small, small, small, f, b * s, h);
+    be->matmul(big, small, small, b * s, V, h, Trans::no, Trans::yes, 1.0f, 0.0f);
+    be->rope_forward(big, small, b, s, a, kv, d, 5e5);
+    be->rope_backward(big, small, b, s, a, kv, d, 5e5);
     for (Attention var : {Attention::eager, Attention::flash}) {
-      be->attention_forward(a, a, f, b, b, b, B, T, NH, NKV, HD, var);
-      be->attention_backward(a, a, a, a, f, b, b, b, b, b, b, f, B, T, NH, NKV, HD, var);
+      be->attention_forward(big, big, f, small, small, small, b, s, a, kv, d, var);
+      be->attention_backward(big, big, big, big, f, small, small, small, small, small, small, f, b,
+                             s, a, kv, d, var);
     }
-    be->swiglu_forward(a, b, b, B * T * C);
-    be->swiglu_backward(a, a, b, b, b, B * T * C);
-    be->cross_entropy_forward(f, f, b, t, B * T, V);
-    be->cross_entropy_backward(a, a, f, t, B * T, V, 1.0f);
-    be->adamw_update(a, b, f, f, f, std::int64_t(1) << 36, AdamWParams{}, 1, 1.0f);
-    be->sgd_update(a, b, f, std::int64_t(1) << 36, 1e-3f, 1.0f);
-    be->check_finite(a, std::int64_t(1) << 36);
+    be->swiglu_forward(big, small, small, b * s * h);
+    be->swiglu_backward(big, big, small, small, small, b * s * h);
+    be->cross_entropy_forward(f, f, small, t, b * s, V);
+    be->cross_entropy_backward(big, big, f, t, b * s, V, 1.0f);
+    be->adamw_update(big, small, f, f, f, std::int64_t(1) << 36, AdamWParams{}, 1, 1.0f);
+    be->sgd_update(big, small, f, std::int64_t(1) << 36, 1e-3f, 1.0f);
+    be->check_finite(big, std::int64_t(1) << 36);
     EXPECT_FALSE(be->take_nonfinite());
     be->synchronize();
-    be->allocator().deallocate(b, 1024);
-    be->allocator().deallocate(a, std::uint64_t(1) << 40);
+    be->allocator().deallocate(small, 1024);
+    be->allocator().deallocate(big, std::uint64_t(1) << 40);
   }
 }
 

@@ -45,26 +45,26 @@ TEST(OpsCrossEntropy, MathLseStateAndGradientInFp64) {
 }
 
 TEST(OpsCrossEntropy, CpuBackwardMatchesFp32FiniteDifferences) {
-  const std::int64_t N = 14, V = 11;
+  const std::int64_t n = 14, V = 11;
   std::vector<std::int32_t> targets = {3, -1, 10, 0, 5, 5, -1, 7, 1, 2, 9, 8, 4, 6};
-  Buf logits = Buf::from(uniform(N * V, 72, -3, 3), DType::f32);
-  std::vector<float> losses(N), lse(N);
+  Buf logits = Buf::from(uniform(n * V, 72, -3, 3), DType::f32);
+  std::vector<float> losses(n), lse(n);
   const float scale = 1.0f / 12;  // mean over the 12 counted positions
   auto loss = [&] {
-    cross_entropy_forward_cpu(losses.data(), lse.data(), logits.data(), targets.data(), N, V,
+    cross_entropy_forward_cpu(losses.data(), lse.data(), logits.data(), targets.data(), n, V,
                               DType::f32);
     double s = 0;
     for (float l : losses) s += l;
     return s * scale;
   };
   loss();
-  for (std::int64_t n = 0; n < N; ++n)
-    if (targets[n] < 0) EXPECT_EQ(losses[n], 0.0f) << "ignored row " << n;
-  Buf dlogits(N * V, DType::f32);
-  cross_entropy_backward_cpu(dlogits.data(), logits.data(), lse.data(), targets.data(), N, V, scale,
+  for (std::int64_t row = 0; row < n; ++row)
+    if (targets[row] < 0) EXPECT_EQ(losses[row], 0.0f) << "ignored row " << row;
+  Buf dlogits(n * V, DType::f32);
+  cross_entropy_backward_cpu(dlogits.data(), logits.data(), lse.data(), targets.data(), n, V, scale,
                              DType::f32);
-  std::vector<double> fd(N * V);
-  for (std::int64_t i = 0; i < N * V; ++i)
+  std::vector<double> fd(n * V);
+  for (std::int64_t i = 0; i < n * V; ++i)
     fd[i] =
         central_difference([&](double v) { logits.set(i, float(v)); }, logits.get(i), 1e-2, loss);
   EXPECT_TRUE(all_close("dlogits", dlogits.f32(), fd, {2e-4, 1e-2}));
@@ -73,45 +73,45 @@ TEST(OpsCrossEntropy, CpuBackwardMatchesFp32FiniteDifferences) {
 
 struct CeCase {
   DType dt;
-  std::int64_t N, V;
+  std::int64_t n, V;
 };
 void PrintTo(const CeCase& c, std::ostream* os) {
-  *os << dtype_label(c.dt) << " N " << c.N << " V " << c.V;
+  *os << dtype_label(c.dt) << " n " << c.n << " V " << c.V;
 }
 class OpsCrossEntropyP : public ::testing::TestWithParam<CeCase> {};
 
 TEST_P(OpsCrossEntropyP, MatchesNaiveReferenceAndRunsInPlace) {
-  const auto [dt, N, V] = GetParam();
-  std::vector<std::int32_t> targets(N);
+  const auto [dt, n, V] = GetParam();
+  std::vector<std::int32_t> targets(n);
   std::mt19937 gen(73);
   for (auto& t : targets) t = std::int32_t(gen() % std::uint32_t(V));
-  targets[N / 2] = -1;
-  Buf logits = Buf::from(uniform(N * V, 74, -8, 8), dt);
+  targets[n / 2] = -1;
+  Buf logits = Buf::from(uniform(n * V, 74, -8, 8), dt);
   const std::vector<double> x = logits.f64();
   const float scale = 0.37f;
-  std::vector<float> losses(N), lse(N);
-  cross_entropy_forward_cpu(losses.data(), lse.data(), logits.data(), targets.data(), N, V, dt);
-  std::vector<double> ref_loss(N), ref_lse(N), ref_d(N * V);
-  for (std::int64_t n = 0; n < N; ++n) {
+  std::vector<float> losses(n), lse(n);
+  cross_entropy_forward_cpu(losses.data(), lse.data(), logits.data(), targets.data(), n, V, dt);
+  std::vector<double> ref_loss(n), ref_lse(n), ref_d(n * V);
+  for (std::int64_t row = 0; row < n; ++row) {
     double mx = -INFINITY, s = 0;
-    for (std::int64_t j = 0; j < V; ++j) mx = std::max(mx, x[n * V + j]);
-    for (std::int64_t j = 0; j < V; ++j) s += std::exp(x[n * V + j] - mx);
-    ref_lse[n] = mx + std::log(s);
-    ref_loss[n] = targets[n] < 0 ? 0.0 : ref_lse[n] - x[n * V + targets[n]];
+    for (std::int64_t j = 0; j < V; ++j) mx = std::max(mx, x[row * V + j]);
+    for (std::int64_t j = 0; j < V; ++j) s += std::exp(x[row * V + j] - mx);
+    ref_lse[row] = mx + std::log(s);
+    ref_loss[row] = targets[row] < 0 ? 0.0 : ref_lse[row] - x[row * V + targets[row]];
     for (std::int64_t j = 0; j < V; ++j)
-      ref_d[n * V + j] =
-          targets[n] < 0
+      ref_d[row * V + j] =
+          targets[row] < 0
               ? 0.0
-              : scale * (std::exp(x[n * V + j] - ref_lse[n]) - (j == targets[n] ? 1.0 : 0.0));
+              : scale * (std::exp(x[row * V + j] - ref_lse[row]) - (j == targets[row] ? 1.0 : 0.0));
   }
   // lse and losses are fp32 computations on the stored logits, whatever D is.
   EXPECT_TRUE(all_close("lse", lse, ref_lse, tolerance(DType::f32)));
   EXPECT_TRUE(all_close("losses", losses, ref_loss, tolerance(DType::f32, 10)));
-  Buf d(N * V, dt);
-  cross_entropy_backward_cpu(d.data(), logits.data(), lse.data(), targets.data(), N, V, scale, dt);
+  Buf d(n * V, dt);
+  cross_entropy_backward_cpu(d.data(), logits.data(), lse.data(), targets.data(), n, V, scale, dt);
   EXPECT_TRUE(all_close("dlogits", d.f32(), ref_d, tolerance(dt)));
   // In place: dlogits aliases logits, bit-identical to the out-of-place result.
-  cross_entropy_backward_cpu(logits.data(), logits.data(), lse.data(), targets.data(), N, V, scale,
+  cross_entropy_backward_cpu(logits.data(), logits.data(), lse.data(), targets.data(), n, V, scale,
                              dt);
   EXPECT_EQ(logits.f32(), d.f32());
 }
@@ -122,7 +122,7 @@ INSTANTIATE_TEST_SUITE_P(DtypeByShape, OpsCrossEntropyP,
                                            CeCase{DType::bf16, 33, 1000},
                                            CeCase{DType::f16, 33, 1000}),
                          [](const auto& info) {
-                           return dtype_label(info.param.dt) + "_N" + std::to_string(info.param.N) +
+                           return dtype_label(info.param.dt) + "_n" + std::to_string(info.param.n) +
                                   "_V" + std::to_string(info.param.V);
                          });
 

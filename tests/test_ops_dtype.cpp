@@ -165,7 +165,7 @@ TEST(OpsDtype, StorageTagsMatchDtypeHelpers) {
 
 TEST(OpsDtype, DispatchRejectsInt32) {
   auto run = [](DType dt) {
-    return dispatch_storage(dt, "some_op", [](auto s) { return int(decltype(s)::dtype); });
+    return dispatch_storage(dt, "some_op", [](auto tag) { return int(decltype(tag)::dtype); });
   };
   EXPECT_EQ(run(DType::f32), int(DType::f32));
   EXPECT_EQ(run(DType::bf16), int(DType::bf16));

@@ -13,38 +13,38 @@ using namespace trainmem::testing;
 
 struct EmbCase {
   DType dt;
-  std::int64_t B, T, C, V;
+  std::int64_t b, s, h, V;
 };
 void PrintTo(const EmbCase& c, std::ostream* os) {
-  *os << dtype_label(c.dt) << " B " << c.B << " T " << c.T << " C " << c.C << " V " << c.V;
+  *os << dtype_label(c.dt) << " b " << c.b << " s " << c.s << " h " << c.h << " V " << c.V;
 }
 class OpsEmbeddingP : public ::testing::TestWithParam<EmbCase> {};
 
 TEST_P(OpsEmbeddingP, ForwardGathersAndBackwardScatters) {
   const auto c = GetParam();
-  const std::int64_t BT = c.B * c.T;
-  std::vector<std::int32_t> tokens(BT);
+  const std::int64_t n = c.b * c.s;
+  std::vector<std::int32_t> tokens(n);
   std::mt19937 gen(61);
   for (auto& t : tokens) t = std::int32_t(gen() % std::uint32_t(c.V));
-  tokens[0] = tokens[BT - 1] = std::int32_t(c.V - 1);  // a repeated id, and the last row of wte
-  Buf wte = Buf::from(uniform(c.V * c.C, 62), c.dt);
-  Buf out(BT * c.C, c.dt);
-  embedding_forward_cpu(out.data(), tokens.data(), wte.data(), c.B, c.T, c.C, c.V, c.dt);
+  tokens[0] = tokens[n - 1] = std::int32_t(c.V - 1);  // a repeated id, and the last row of wte
+  Buf wte = Buf::from(uniform(c.V * c.h, 62), c.dt);
+  Buf out(n * c.h, c.dt);
+  embedding_forward_cpu(out.data(), tokens.data(), wte.data(), c.b, c.s, c.h, c.V, c.dt);
   const std::size_t w = dtype_size(c.dt);
-  for (std::int64_t n = 0; n < BT; ++n)
-    ASSERT_EQ(std::memcmp(static_cast<const char*>(out.data()) + n * c.C * w,
-                          static_cast<const char*>(wte.data()) + tokens[n] * c.C * w, c.C * w),
+  for (std::int64_t row = 0; row < n; ++row)
+    ASSERT_EQ(std::memcmp(static_cast<const char*>(out.data()) + row * c.h * w,
+                          static_cast<const char*>(wte.data()) + tokens[row] * c.h * w, c.h * w),
               0)
-        << "row " << n;
+        << "row " << row;
 
-  Buf dwte = Buf::from(uniform(c.V * c.C, 63), c.dt), dout = Buf::from(uniform(BT * c.C, 64), c.dt);
+  Buf dwte = Buf::from(uniform(c.V * c.h, 63), c.dt), dout = Buf::from(uniform(n * c.h, 64), c.dt);
   std::vector<double> ref = dwte.f64();
   // fp32 accumulation of each row's contributions, then one rounding (as documented).
-  std::vector<double> add(c.V * c.C, 0.0);
-  for (std::int64_t n = 0; n < BT; ++n)
-    for (std::int64_t e = 0; e < c.C; ++e) add[tokens[n] * c.C + e] += dout.get(n * c.C + e);
+  std::vector<double> add(c.V * c.h, 0.0);
+  for (std::int64_t row = 0; row < n; ++row)
+    for (std::int64_t e = 0; e < c.h; ++e) add[tokens[row] * c.h + e] += dout.get(row * c.h + e);
   for (std::size_t i = 0; i < ref.size(); ++i) ref[i] += add[i];
-  embedding_backward_cpu(dwte.data(), dout.data(), tokens.data(), c.B, c.T, c.C, c.V, c.dt);
+  embedding_backward_cpu(dwte.data(), dout.data(), tokens.data(), c.b, c.s, c.h, c.V, c.dt);
   EXPECT_TRUE(all_close("dwte", dwte.f32(), ref, tolerance(c.dt)));
 }
 
@@ -55,18 +55,18 @@ INSTANTIATE_TEST_SUITE_P(
                       EmbCase{DType::bf16, 3, 50, 40, 5}, EmbCase{DType::f32, 1, 300, 130, 1000}),
     [](const auto& info) {
       const auto& c = info.param;
-      return dtype_label(c.dt) + "_B" + std::to_string(c.B) + "_T" + std::to_string(c.T) + "_C" +
-             std::to_string(c.C) + "_V" + std::to_string(c.V);
+      return dtype_label(c.dt) + "_b" + std::to_string(c.b) + "_s" + std::to_string(c.s) + "_h" +
+             std::to_string(c.h) + "_V" + std::to_string(c.V);
     });
 
 TEST(OpsEmbedding, RepeatedIdsRoundOnce) {
   // Ten bf16 contributions of 2^-9 to a row holding 1.0: added one at a time in bf16 each
   // would be lost (1 + 2^-9 rounds back to 1); summed in fp32 first they give 1 + 10 * 2^-9.
-  const std::int64_t T = 10, C = 1, V = 2;
-  std::vector<std::int32_t> tokens(T, 1);
+  const std::int64_t s = 10, h = 1, V = 2;
+  std::vector<std::int32_t> tokens(s, 1);
   Buf dwte = Buf::from({0.0f, 1.0f}, DType::bf16);
-  Buf dout = Buf::from(std::vector<float>(T, 0x1p-9f), DType::bf16);
-  embedding_backward_cpu(dwte.data(), dout.data(), tokens.data(), 1, T, C, V, DType::bf16);
+  Buf dout = Buf::from(std::vector<float>(s, 0x1p-9f), DType::bf16);
+  embedding_backward_cpu(dwte.data(), dout.data(), tokens.data(), 1, s, h, V, DType::bf16);
   EXPECT_EQ(dwte.get(1), round_to(DType::bf16, 1.0f + 10 * 0x1p-9f));
   EXPECT_EQ(dwte.get(0), 0.0f);
 }

@@ -16,67 +16,67 @@ using namespace trainmem::testing;
 // One row through the shared math, in double.
 std::vector<double> math_row_forward(const std::vector<double>& x, const std::vector<double>& w,
                                      double eps) {
-  const std::int64_t C = std::int64_t(x.size());
+  const std::int64_t h = std::int64_t(x.size());
   double ss = 0;
   for (double v : x) ss += v * v;
-  const double r = rmsnorm_rstd(ss, C, eps);
-  std::vector<double> y(C);
-  for (std::int64_t c = 0; c < C; ++c) y[c] = rmsnorm_out(x[c], r, w[c]);
+  const double r = rmsnorm_rstd(ss, h, eps);
+  std::vector<double> y(h);
+  for (std::int64_t c = 0; c < h; ++c) y[c] = rmsnorm_out(x[c], r, w[c]);
   return y;
 }
 
 TEST(OpsRmsnorm, MathBackwardMatchesFp64FiniteDifferences) {
-  const std::int64_t C = 13;
+  const std::int64_t h = 13;
   const double eps = 1e-5;
-  std::vector<double> x(C), w(C), dy(C);
-  auto fx = uniform(C, 1, -2, 2), fw = uniform(C, 2, 0.5, 1.5), fdy = uniform(C, 3);
-  for (int c = 0; c < C; ++c) x[c] = fx[c], w[c] = fw[c], dy[c] = fdy[c];
+  std::vector<double> x(h), w(h), dy(h);
+  auto fx = uniform(h, 1, -2, 2), fw = uniform(h, 2, 0.5, 1.5), fdy = uniform(h, 3);
+  for (int c = 0; c < h; ++c) x[c] = fx[c], w[c] = fw[c], dy[c] = fdy[c];
   double ss = 0;
   for (double v : x) ss += v * v;
-  const double r = rmsnorm_rstd(ss, C, eps);
+  const double r = rmsnorm_rstd(ss, h, eps);
   double dot = 0;
-  for (int c = 0; c < C; ++c) dot += rmsnorm_dot_term(dy[c], w[c], x[c]);
+  for (int c = 0; c < h; ++c) dot += rmsnorm_dot_term(dy[c], w[c], x[c]);
   auto loss = [&] {
     auto y = math_row_forward(x, w, eps);
     double s = 0;
-    for (int c = 0; c < C; ++c) s += dy[c] * y[c];
+    for (int c = 0; c < h; ++c) s += dy[c] * y[c];
     return s;
   };
-  for (int c = 0; c < C; ++c) {
+  for (int c = 0; c < h; ++c) {
     const double fd_x = central_difference([&](double v) { x[c] = v; }, x[c], 1e-5, loss);
     const double fd_w = central_difference([&](double v) { w[c] = v; }, w[c], 1e-5, loss);
-    EXPECT_NEAR(rmsnorm_dinp(x[c], w[c], dy[c], r, dot, C), fd_x, 1e-8) << "c " << c;
+    EXPECT_NEAR(rmsnorm_dinp(x[c], w[c], dy[c], r, dot, h), fd_x, 1e-8) << "c " << c;
     EXPECT_NEAR(rmsnorm_dweight_term(x[c], dy[c], r), fd_w, 1e-8) << "c " << c;
   }
 }
 
 TEST(OpsRmsnorm, CpuBackwardMatchesFp32FiniteDifferences) {
-  const std::int64_t N = 14, C = 13;  // B 2 x T 7 rows
+  const std::int64_t n = 14, h = 13;  // b 2 x s 7 rows
   const float eps = 1e-5f;
-  Buf inp = Buf::from(uniform(N * C, 4, -2, 2), DType::f32);
-  Buf weight = Buf::from(uniform(C, 5, 0.5, 1.5), DType::f32);
-  const std::vector<float> w = uniform(N * C, 6);
-  Buf out(N * C, DType::f32);
-  std::vector<float> rstd(N);
+  Buf inp = Buf::from(uniform(n * h, 4, -2, 2), DType::f32);
+  Buf weight = Buf::from(uniform(h, 5, 0.5, 1.5), DType::f32);
+  const std::vector<float> w = uniform(n * h, 6);
+  Buf out(n * h, DType::f32);
+  std::vector<float> rstd(n);
   auto loss = [&] {
-    rmsnorm_forward_cpu(out.data(), rstd.data(), inp.data(), weight.data(), N, C, eps, DType::f32);
+    rmsnorm_forward_cpu(out.data(), rstd.data(), inp.data(), weight.data(), n, h, eps, DType::f32);
     double s = 0;
-    for (std::int64_t i = 0; i < N * C; ++i) s += double(w[i]) * out.get(i);
+    for (std::int64_t i = 0; i < n * h; ++i) s += double(w[i]) * out.get(i);
     return s;
   };
   loss();
   // Gradients accumulate: start from non-zero buffers and compare the increments.
-  const std::vector<float> dinp0 = uniform(N * C, 7), dw0 = uniform(C, 8);
+  const std::vector<float> dinp0 = uniform(n * h, 7), dw0 = uniform(h, 8);
   Buf dinp = Buf::from(dinp0, DType::f32), dweight = Buf::from(dw0, DType::f32);
   Buf dout = Buf::from(w, DType::f32);
   rmsnorm_backward_cpu(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(),
-                       rstd.data(), N, C, DType::f32);
-  std::vector<double> fd_x(N * C), fd_w(C), got_x(N * C), got_w(C);
-  for (std::int64_t i = 0; i < N * C; ++i) {
+                       rstd.data(), n, h, DType::f32);
+  std::vector<double> fd_x(n * h), fd_w(h), got_x(n * h), got_w(h);
+  for (std::int64_t i = 0; i < n * h; ++i) {
     fd_x[i] = central_difference([&](double v) { inp.set(i, float(v)); }, inp.get(i), 1e-2, loss);
     got_x[i] = double(dinp.get(i)) - dinp0[i];
   }
-  for (std::int64_t c = 0; c < C; ++c) {
+  for (std::int64_t c = 0; c < h; ++c) {
     fd_w[c] =
         central_difference([&](double v) { weight.set(c, float(v)); }, weight.get(c), 1e-2, loss);
     got_w[c] = double(dweight.get(c)) - dw0[c];
@@ -87,39 +87,39 @@ TEST(OpsRmsnorm, CpuBackwardMatchesFp32FiniteDifferences) {
 
 struct RmsCase {
   DType dt;
-  std::int64_t N, C;
+  std::int64_t n, h;
 };
 void PrintTo(const RmsCase& c, std::ostream* os) {
-  *os << dtype_label(c.dt) << " N " << c.N << " C " << c.C;
+  *os << dtype_label(c.dt) << " n " << c.n << " h " << c.h;
 }
 class OpsRmsnormP : public ::testing::TestWithParam<RmsCase> {};
 
 TEST_P(OpsRmsnormP, MatchesNaiveReference) {
-  const auto [dt, N, C] = GetParam();
+  const auto [dt, n, h] = GetParam();
   const float eps = 1e-6f;
-  Buf inp = Buf::from(uniform(N * C, 21, -3, 3), dt), weight = Buf::from(uniform(C, 22), dt);
-  Buf dout = Buf::from(uniform(N * C, 23), dt);
-  Buf dinp = Buf::from(uniform(N * C, 24), dt), dweight = Buf::from(uniform(C, 25), dt);
+  Buf inp = Buf::from(uniform(n * h, 21, -3, 3), dt), weight = Buf::from(uniform(h, 22), dt);
+  Buf dout = Buf::from(uniform(n * h, 23), dt);
+  Buf dinp = Buf::from(uniform(n * h, 24), dt), dweight = Buf::from(uniform(h, 25), dt);
   const std::vector<double> dinp0 = dinp.f64(), dw0 = dweight.f64();
-  Buf out(N * C, dt);
-  std::vector<float> rstd(N);
-  rmsnorm_forward_cpu(out.data(), rstd.data(), inp.data(), weight.data(), N, C, eps, dt);
+  Buf out(n * h, dt);
+  std::vector<float> rstd(n);
+  rmsnorm_forward_cpu(out.data(), rstd.data(), inp.data(), weight.data(), n, h, eps, dt);
   rmsnorm_backward_cpu(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(),
-                       rstd.data(), N, C, dt);
+                       rstd.data(), n, h, dt);
   // Naive reference: y = x / sqrt(mean x^2 + eps) * w, gradients by the chain rule.
   const std::vector<double> x = inp.f64(), wt = weight.f64(), dy = dout.f64();
-  std::vector<double> ref_out(N * C), ref_rstd(N), ref_dinp(dinp0), ref_dw(dw0);
-  for (std::int64_t n = 0; n < N; ++n) {
+  std::vector<double> ref_out(n * h), ref_rstd(n), ref_dinp(dinp0), ref_dw(dw0);
+  for (std::int64_t row = 0; row < n; ++row) {
     double ms = 0;
-    for (std::int64_t c = 0; c < C; ++c) ms += x[n * C + c] * x[n * C + c] / double(C);
+    for (std::int64_t c = 0; c < h; ++c) ms += x[row * h + c] * x[row * h + c] / double(h);
     const double r = 1.0 / std::sqrt(ms + eps);
-    ref_rstd[n] = r;
+    ref_rstd[row] = r;
     double g = 0;  // sum_c dy_c w_c x_c
-    for (std::int64_t c = 0; c < C; ++c) g += dy[n * C + c] * wt[c] * x[n * C + c];
-    for (std::int64_t c = 0; c < C; ++c) {
-      const std::int64_t i = n * C + c;
+    for (std::int64_t c = 0; c < h; ++c) g += dy[row * h + c] * wt[c] * x[row * h + c];
+    for (std::int64_t c = 0; c < h; ++c) {
+      const std::int64_t i = row * h + c;
       ref_out[i] = x[i] * r * wt[c];
-      ref_dinp[i] += dy[i] * wt[c] * r - x[i] * r * r * r * g / double(C);
+      ref_dinp[i] += dy[i] * wt[c] * r - x[i] * r * r * r * g / double(h);
       ref_dw[c] += dy[i] * x[i] * r;
     }
   }
@@ -127,20 +127,20 @@ TEST_P(OpsRmsnormP, MatchesNaiveReference) {
   EXPECT_TRUE(all_close("rstd", rstd, ref_rstd, tolerance(DType::f32)));
   EXPECT_TRUE(all_close("out", out.f32(), ref_out, tol));
   EXPECT_TRUE(all_close("dinp", dinp.f32(), ref_dinp, tol));
-  // dweight sums N rows: allow for the size of the sum.
-  EXPECT_TRUE(all_close("dweight", dweight.f32(), ref_dw, tolerance(dt, 1 + N / 16.0)));
+  // dweight sums n rows: allow for the size of the sum.
+  EXPECT_TRUE(all_close("dweight", dweight.f32(), ref_dw, tolerance(dt, 1 + n / 16.0)));
 }
 
 TEST(OpsRmsnorm, SameBitsForAnyThreadCount) {
-  const std::int64_t N = 300, C = 130;
-  const auto x = uniform(N * C, 31), w = uniform(C, 32), dy = uniform(N * C, 33);
+  const std::int64_t n = 300, h = 130;
+  const auto x = uniform(n * h, 31), w = uniform(h, 32), dy = uniform(n * h, 33);
   auto run = [&](std::vector<float>& out, std::vector<float>& dx, std::vector<float>& dw) {
-    std::vector<float> rstd(N);
-    out.assign(N * C, 0.0f);
-    dx.assign(N * C, 0.0f);
-    dw.assign(C, 0.0f);
-    rmsnorm_forward_cpu(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f, DType::f32);
-    rmsnorm_backward_cpu(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C,
+    std::vector<float> rstd(n);
+    out.assign(n * h, 0.0f);
+    dx.assign(n * h, 0.0f);
+    dw.assign(h, 0.0f);
+    rmsnorm_forward_cpu(out.data(), rstd.data(), x.data(), w.data(), n, h, 1e-5f, DType::f32);
+    rmsnorm_backward_cpu(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), n, h,
                          DType::f32);
   };
   std::vector<float> o1, dx1, dw1, o3, dx3, dw3;
@@ -159,8 +159,8 @@ INSTANTIATE_TEST_SUITE_P(DtypeByShape, OpsRmsnormP,
                                            RmsCase{DType::f16, 14, 13},
                                            RmsCase{DType::f16, 70, 257}),
                          [](const auto& info) {
-                           return dtype_label(info.param.dt) + "_N" + std::to_string(info.param.N) +
-                                  "_C" + std::to_string(info.param.C);
+                           return dtype_label(info.param.dt) + "_n" + std::to_string(info.param.n) +
+                                  "_h" + std::to_string(info.param.h);
                          });
 
 }  // namespace

@@ -14,21 +14,21 @@ namespace trainmem {
 namespace {
 using namespace trainmem::testing;
 
-// HF LlamaRotaryEmbedding + apply_rotary_pos_emb for one (B,T,H,HD) tensor, in double on the
+// HF LlamaRotaryEmbedding + apply_rotary_pos_emb for one (b, s, heads, d) tensor, in double on the
 // fp32 angles.
-std::vector<double> hf_rope(const std::vector<double>& x, std::int64_t B, std::int64_t T,
-                            std::int64_t H, std::int64_t HD, double theta) {
-  const std::int64_t half = HD / 2;
+std::vector<double> hf_rope(const std::vector<double>& x, std::int64_t b, std::int64_t s,
+                            std::int64_t heads, std::int64_t d, double theta) {
+  const std::int64_t half = d / 2;
   std::vector<float> inv_freq(half);  // 1.0 / (base ** (arange(0, dim, 2).float() / dim))
   for (std::int64_t j = 0; j < half; ++j)
-    inv_freq[j] = 1.0f / std::pow(float(theta), float(2 * j) / float(HD));
+    inv_freq[j] = 1.0f / std::pow(float(theta), float(2 * j) / float(d));
   std::vector<double> out(x.size());
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t t = 0; t < T; ++t)
-      for (std::int64_t h = 0; h < H; ++h) {
-        const double* v = x.data() + ((b * T + t) * H + h) * HD;
-        double* o = out.data() + ((b * T + t) * H + h) * HD;
-        for (std::int64_t e = 0; e < HD; ++e) {
+  for (std::int64_t bi = 0; bi < b; ++bi)
+    for (std::int64_t t = 0; t < s; ++t)
+      for (std::int64_t head = 0; head < heads; ++head) {
+        const double* v = x.data() + ((bi * s + t) * heads + head) * d;
+        double* o = out.data() + ((bi * s + t) * heads + head) * d;
+        for (std::int64_t e = 0; e < d; ++e) {
           const float freq = float(t) * inv_freq[e % half];          // emb = cat(freqs, freqs)
           const double rot = e < half ? -v[e + half] : v[e - half];  // rotate_half
           o[e] = v[e] * std::cos(double(freq)) + rot * std::sin(double(freq));
@@ -55,23 +55,23 @@ TEST(OpsRope, MathPairRotationIsOrthogonal) {
 
 struct RopeCase {
   DType dt;
-  std::int64_t B, T, NH, NKV, HD;
+  std::int64_t b, s, a, kv, d;
   double theta;
 };
 void PrintTo(const RopeCase& c, std::ostream* os) {
-  *os << dtype_label(c.dt) << " B " << c.B << " T " << c.T << " NH " << c.NH << " NKV " << c.NKV
-      << " HD " << c.HD << " theta " << c.theta;
+  *os << dtype_label(c.dt) << " b " << c.b << " s " << c.s << " a " << c.a << " kv " << c.kv
+      << " d " << c.d << " theta " << c.theta;
 }
 class OpsRopeP : public ::testing::TestWithParam<RopeCase> {};
 
 void check_transpose_and_inverse(const RopeCase& c) {
-  SCOPED_TRACE("T " + std::to_string(c.T) + " HD " + std::to_string(c.HD));
-  const std::int64_t nq = c.B * c.T * c.NH * c.HD, nk = c.B * c.T * c.NKV * c.HD;
+  SCOPED_TRACE("s " + std::to_string(c.s) + " d " + std::to_string(c.d));
+  const std::int64_t nq = c.b * c.s * c.a * c.d, nk = c.b * c.s * c.kv * c.d;
   const auto xq = uniform(nq, 41), xk = uniform(nk, 42), yq = uniform(nq, 43), yk = uniform(nk, 44);
   Buf rq = Buf::from(xq, DType::f32), rk = Buf::from(xk, DType::f32);
-  rope_forward_cpu(rq.data(), rk.data(), c.B, c.T, c.NH, c.NKV, c.HD, c.theta, DType::f32);
+  rope_forward_cpu(rq.data(), rk.data(), c.b, c.s, c.a, c.kv, c.d, c.theta, DType::f32);
   Buf tq = Buf::from(yq, DType::f32), tk = Buf::from(yk, DType::f32);
-  rope_backward_cpu(tq.data(), tk.data(), c.B, c.T, c.NH, c.NKV, c.HD, c.theta, DType::f32);
+  rope_backward_cpu(tq.data(), tk.data(), c.b, c.s, c.a, c.kv, c.d, c.theta, DType::f32);
   // <R x, y> == <x, R^T y>
   const std::vector<double> yq64(yq.begin(), yq.end()), yk64(yk.begin(), yk.end());
   const std::vector<double> xq64(xq.begin(), xq.end()), xk64(xk.begin(), xk.end());
@@ -79,18 +79,18 @@ void check_transpose_and_inverse(const RopeCase& c) {
   const double rhs = dot(xq64, tq.f32()) + dot(xk64, tk.f32());
   EXPECT_NEAR(lhs, rhs, 1e-5 * std::sqrt(double(nq + nk)));
   // R^T R x == x
-  rope_backward_cpu(rq.data(), rk.data(), c.B, c.T, c.NH, c.NKV, c.HD, c.theta, DType::f32);
+  rope_backward_cpu(rq.data(), rk.data(), c.b, c.s, c.a, c.kv, c.d, c.theta, DType::f32);
   EXPECT_TRUE(all_close("q", rq.f32(), xq64, {1e-6, 1e-5}));
   EXPECT_TRUE(all_close("k", rk.f32(), xk64, {1e-6, 1e-5}));
 }
 
 TEST_P(OpsRopeP, ForwardMatchesHuggingFaceFormula) {
   const auto c = GetParam();
-  const std::int64_t nq = c.B * c.T * c.NH * c.HD, nk = c.B * c.T * c.NKV * c.HD;
+  const std::int64_t nq = c.b * c.s * c.a * c.d, nk = c.b * c.s * c.kv * c.d;
   Buf q = Buf::from(uniform(nq, 31), c.dt), k = Buf::from(uniform(nk, 32), c.dt);
-  const auto ref_q = hf_rope(q.f64(), c.B, c.T, c.NH, c.HD, c.theta);
-  const auto ref_k = hf_rope(k.f64(), c.B, c.T, c.NKV, c.HD, c.theta);
-  rope_forward_cpu(q.data(), k.data(), c.B, c.T, c.NH, c.NKV, c.HD, c.theta, c.dt);
+  const auto ref_q = hf_rope(q.f64(), c.b, c.s, c.a, c.d, c.theta);
+  const auto ref_k = hf_rope(k.f64(), c.b, c.s, c.kv, c.d, c.theta);
+  rope_forward_cpu(q.data(), k.data(), c.b, c.s, c.a, c.kv, c.d, c.theta, c.dt);
   EXPECT_TRUE(all_close("q", q.f32(), ref_q, tolerance(c.dt)));
   EXPECT_TRUE(all_close("k", k.f32(), ref_k, tolerance(c.dt)));
 }
@@ -115,9 +115,9 @@ TEST(OpsRope, BackwardIsTransposeAndInverse) {
 INSTANTIATE_TEST_SUITE_P(DtypeByShape, OpsRopeP, ::testing::ValuesIn(rope_cases()),
                          [](const auto& info) {
                            const auto& c = info.param;
-                           return dtype_label(c.dt) + "_B" + std::to_string(c.B) + "_T" +
-                                  std::to_string(c.T) + "_NH" + std::to_string(c.NH) + "_NKV" +
-                                  std::to_string(c.NKV) + "_HD" + std::to_string(c.HD);
+                           return dtype_label(c.dt) + "_b" + std::to_string(c.b) + "_s" +
+                                  std::to_string(c.s) + "_a" + std::to_string(c.a) + "_kv" +
+                                  std::to_string(c.kv) + "_d" + std::to_string(c.d);
                          });
 
 TEST(OpsRope, OddHeadDimIsRejected) {

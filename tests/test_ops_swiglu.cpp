@@ -32,21 +32,21 @@ TEST(OpsSwiglu, MathBackwardMatchesFp64FiniteDifferences) {
 }
 
 TEST(OpsSwiglu, CpuBackwardMatchesFp32FiniteDifferences) {
-  const std::int64_t N = 37;
-  Buf gate = Buf::from(uniform(N, 1, -4, 4), DType::f32);
-  Buf up = Buf::from(uniform(N, 2, -2, 2), DType::f32);
-  const std::vector<float> w = uniform(N, 3);  // dL/dout
-  Buf out(N, DType::f32), dgate(N, DType::f32), dup(N, DType::f32);
+  const std::int64_t n = 37;
+  Buf gate = Buf::from(uniform(n, 1, -4, 4), DType::f32);
+  Buf up = Buf::from(uniform(n, 2, -2, 2), DType::f32);
+  const std::vector<float> w = uniform(n, 3);  // dL/dout
+  Buf out(n, DType::f32), dgate(n, DType::f32), dup(n, DType::f32);
   auto loss = [&] {
-    swiglu_forward_cpu(out.data(), gate.data(), up.data(), N, DType::f32);
+    swiglu_forward_cpu(out.data(), gate.data(), up.data(), n, DType::f32);
     double s = 0;
-    for (std::int64_t i = 0; i < N; ++i) s += double(w[i]) * out.get(i);
+    for (std::int64_t i = 0; i < n; ++i) s += double(w[i]) * out.get(i);
     return s;
   };
   Buf dout = Buf::from(w, DType::f32);
-  swiglu_backward_cpu(dgate.data(), dup.data(), dout.data(), gate.data(), up.data(), N, DType::f32);
-  std::vector<double> fd_g(N), fd_u(N);
-  for (std::int64_t i = 0; i < N; ++i) {
+  swiglu_backward_cpu(dgate.data(), dup.data(), dout.data(), gate.data(), up.data(), n, DType::f32);
+  std::vector<double> fd_g(n), fd_u(n);
+  for (std::int64_t i = 0; i < n; ++i) {
     const double h = 1e-2;
     fd_g[i] = central_difference([&](double x) { gate.set(i, float(x)); }, gate.get(i), h, loss);
     fd_u[i] = central_difference([&](double x) { up.set(i, float(x)); }, up.get(i), h, loss);
@@ -57,22 +57,22 @@ TEST(OpsSwiglu, CpuBackwardMatchesFp32FiniteDifferences) {
 
 struct SwigluCase {
   DType dt;
-  std::int64_t N;
+  std::int64_t n;
 };
 void PrintTo(const SwigluCase& c, std::ostream* os) {
-  *os << dtype_label(c.dt) << " N " << c.N;
+  *os << dtype_label(c.dt) << " n " << c.n;
 }
 class OpsSwigluP : public ::testing::TestWithParam<SwigluCase> {};
 
 TEST_P(OpsSwigluP, MatchesNaiveReference) {
-  const auto [dt, N] = GetParam();
-  Buf gate = Buf::from(uniform(N, 11, -6, 6), dt), up = Buf::from(uniform(N, 12), dt);
-  Buf dout = Buf::from(uniform(N, 13), dt);
-  Buf out(N, dt), dgate(N, dt), dup(N, dt);
-  swiglu_forward_cpu(out.data(), gate.data(), up.data(), N, dt);
-  swiglu_backward_cpu(dgate.data(), dup.data(), dout.data(), gate.data(), up.data(), N, dt);
-  std::vector<double> ref_out(N), ref_dg(N), ref_du(N);
-  for (std::int64_t i = 0; i < N; ++i) {
+  const auto [dt, n] = GetParam();
+  Buf gate = Buf::from(uniform(n, 11, -6, 6), dt), up = Buf::from(uniform(n, 12), dt);
+  Buf dout = Buf::from(uniform(n, 13), dt);
+  Buf out(n, dt), dgate(n, dt), dup(n, dt);
+  swiglu_forward_cpu(out.data(), gate.data(), up.data(), n, dt);
+  swiglu_backward_cpu(dgate.data(), dup.data(), dout.data(), gate.data(), up.data(), n, dt);
+  std::vector<double> ref_out(n), ref_dg(n), ref_du(n);
+  for (std::int64_t i = 0; i < n; ++i) {
     const double g = gate.get(i), u = up.get(i), dy = dout.get(i);
     const double sig = 1.0 / (1.0 + std::exp(-g));
     ref_out[i] = g * sig * u;
@@ -92,7 +92,7 @@ INSTANTIATE_TEST_SUITE_P(DtypeBySize, OpsSwigluP,
                                            SwigluCase{DType::f16, 37},
                                            SwigluCase{DType::f16, 40001}),
                          [](const auto& info) {
-                           return dtype_label(info.param.dt) + "_N" + std::to_string(info.param.N);
+                           return dtype_label(info.param.dt) + "_n" + std::to_string(info.param.n);
                          });
 
 }  // namespace

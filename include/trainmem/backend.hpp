@@ -6,8 +6,9 @@
 // are in the backend's training dtype (dtype()); f32 buffers are float*; token ids int32.
 // Weight gradients accumulate with +=; activation gradients are written with =, except where
 // a comment says "+=". All math is done in fp32 and rounded once when stored to D.
-// Dimension letters: B batch, T sequence, C channels, NH heads, NKV kv heads, HD head dim,
-// V vocab, N rows or elements.
+// Dimension letters (the project's, docs/architecture.md "Dimension letters"): b batch,
+// s sequence, h hidden, a heads, kv kv heads, d head dim, V vocab; n = b*s rows (rmsnorm,
+// cross-entropy) or an element count (swiglu, optimizers).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -49,57 +50,57 @@ class Backend {
   virtual void init_param(void* dst, float* master, std::uint64_t n, const ParamInit& init);
 
   // ---- ops ----
-  // out (B,T,C) D = wte[tokens] ; wte (V,C) D
+  // out (b, s, h) D = wte[tokens] ; wte (V, h) D
   virtual void embedding_forward(void* out, const std::int32_t* tokens, const void* wte,
-                                 std::int64_t B, std::int64_t T, std::int64_t C,
+                                 std::int64_t b, std::int64_t s, std::int64_t h,
                                  std::int64_t V) = 0;
-  // dwte (V,C) D += scatter of dout (B,T,C) D by tokens
+  // dwte (V, h) D += scatter of dout (b, s, h) D by tokens
   virtual void embedding_backward(void* dwte, const void* dout, const std::int32_t* tokens,
-                                  std::int64_t B, std::int64_t T, std::int64_t C,
+                                  std::int64_t b, std::int64_t s, std::int64_t h,
                                   std::int64_t V) = 0;
-  // out (N,C) D = inp * rstd * weight, rstd (N) f32 = 1/sqrt(mean(inp^2) + eps)
+  // out (n, h) D = inp * rstd * weight, rstd (n) f32 = 1/sqrt(mean(inp^2) + eps)
   virtual void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight,
-                               std::int64_t N, std::int64_t C, float eps) = 0;
-  // dinp (N,C) D += ..., dweight (C) D += ...
+                               std::int64_t n, std::int64_t h, float eps) = 0;
+  // dinp (n, h) D += ..., dweight (h) D += ...
   virtual void rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp,
-                                const void* weight, const float* rstd, std::int64_t N,
-                                std::int64_t C) = 0;
+                                const void* weight, const float* rstd, std::int64_t n,
+                                std::int64_t h) = 0;
   // c (M,N) = alpha * op(a) * op(b) + beta * c, row-major, all D, fp32 accumulation.
   // op(a) is (M,K): a is (M,K) for Trans::no, (K,M) for Trans::yes; op(b) is (K,N).
   virtual void matmul(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N,
                       std::int64_t K, Trans ta, Trans tb, float alpha, float beta) = 0;
-  // In place on q (B,T,NH,HD) and k (B,T,NKV,HD): HuggingFace rotate-half RoPE at positions
-  // 0..T-1 with inv_freq[j] = theta^(-2j/HD). Backward applies the inverse rotation.
-  virtual void rope_forward(void* q, void* k, std::int64_t B, std::int64_t T, std::int64_t NH,
-                            std::int64_t NKV, std::int64_t HD, double theta) = 0;
-  virtual void rope_backward(void* dq, void* dk, std::int64_t B, std::int64_t T, std::int64_t NH,
-                             std::int64_t NKV, std::int64_t HD, double theta) = 0;
-  // Causal attention, scale 1/sqrt(HD), GQA: query head h reads kv head h / (NH/NKV).
-  // q, out (B,T,NH,HD) D; k, v (B,T,NKV,HD) D.
-  // eager: probs (B,NH,T,T) D receives the softmax probabilities (lse unused, may be null).
-  // flash: lse (B,NH,T) f32 receives the row log-sum-exp (probs unused, may be null).
+  // In place on q (b, s, a, d) and k (b, s, kv, d): HuggingFace rotate-half RoPE at positions
+  // 0..s-1 with inv_freq[j] = theta^(-2j/d). Backward applies the inverse rotation.
+  virtual void rope_forward(void* q, void* k, std::int64_t b, std::int64_t s, std::int64_t a,
+                            std::int64_t kv, std::int64_t d, double theta) = 0;
+  virtual void rope_backward(void* dq, void* dk, std::int64_t b, std::int64_t s, std::int64_t a,
+                             std::int64_t kv, std::int64_t d, double theta) = 0;
+  // Causal attention, scale 1/sqrt(d), GQA: query head qh reads kv head qh / (a/kv).
+  // q, out (b, s, a, d) D; k, v (b, s, kv, d) D.
+  // eager: probs (b, a, s, s) D receives the softmax probabilities (lse unused, may be null).
+  // flash: lse (b, a, s) f32 receives the row log-sum-exp (probs unused, may be null).
   virtual void attention_forward(void* out, void* probs, float* lse, const void* q, const void* k,
-                                 const void* v, std::int64_t B, std::int64_t T, std::int64_t NH,
-                                 std::int64_t NKV, std::int64_t HD, Attention variant) = 0;
-  // dq (B,T,NH,HD), dk, dv (B,T,NKV,HD) written with =. Scratch: eager dprobs (B,NH,T,T) D;
-  // flash delta (B,NH,T) f32 (= rowsum(dout * out)).
+                                 const void* v, std::int64_t b, std::int64_t s, std::int64_t a,
+                                 std::int64_t kv, std::int64_t d, Attention variant) = 0;
+  // dq (b, s, a, d), dk, dv (b, s, kv, d) written with =. Scratch: eager dprobs (b, a, s, s) D;
+  // flash delta (b, a, s) f32 (= rowsum(dout * out)).
   virtual void attention_backward(void* dq, void* dk, void* dv, void* dprobs, float* delta,
                                   const void* dout, const void* q, const void* k, const void* v,
                                   const void* out, const void* probs, const float* lse,
-                                  std::int64_t B, std::int64_t T, std::int64_t NH, std::int64_t NKV,
-                                  std::int64_t HD, Attention variant) = 0;
-  // out (N) D = silu(gate) * up
-  virtual void swiglu_forward(void* out, const void* gate, const void* up, std::int64_t N) = 0;
+                                  std::int64_t b, std::int64_t s, std::int64_t a, std::int64_t kv,
+                                  std::int64_t d, Attention variant) = 0;
+  // out (n) D = silu(gate) * up
+  virtual void swiglu_forward(void* out, const void* gate, const void* up, std::int64_t n) = 0;
   virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate,
-                               const void* up, std::int64_t N) = 0;
-  // losses (N) f32 = lse - logit[target] (0 where target < 0); lse (N) f32; logits (N,V) D.
+                               const void* up, std::int64_t n) = 0;
+  // losses (n) f32 = lse - logit[target] (0 where target < 0); lse (n) f32; logits (n, V) D.
   virtual void cross_entropy_forward(float* losses, float* lse, const void* logits,
-                                     const std::int32_t* targets, std::int64_t N,
+                                     const std::int32_t* targets, std::int64_t n,
                                      std::int64_t V) = 0;
-  // dlogits (N,V) D = scale * (softmax(logits) - onehot(target)); rows with target < 0 are 0.
+  // dlogits (n, V) D = scale * (softmax(logits) - onehot(target)); rows with target < 0 are 0.
   // dlogits may alias logits.
   virtual void cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
-                                      const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                                      const std::int32_t* targets, std::int64_t n, std::int64_t V,
                                       float scale) = 0;
   // AdamW with bias correction (step >= 1) and decoupled weight decay. master (n) f32 is the
   // fp32 copy when D is 16-bit (param is then written as round(master)); nullptr when D is

@@ -17,6 +17,12 @@ constexpr ByteUnit kGiB{1073741824.0, "GiB"};
 
 // The unit of a report table whose largest value is `max_bytes`: GiB from 1 GiB up, else MiB.
 ByteUnit table_unit(std::uint64_t max_bytes);
+// The unit of a plot's byte labels (--timeline): GiB, MiB or KiB for `max_bytes`.
+ByteUnit byte_unit_for(std::uint64_t max_bytes);
+
+// `bytes` in `unit` as a number (figures compared or summed in a unit, e.g. against a
+// published table).
+double in_unit(std::uint64_t bytes, ByteUnit unit);
 
 // `bytes` in `unit` with two decimals, e.g. "45.61".
 std::string format_bytes(std::uint64_t bytes, ByteUnit unit);

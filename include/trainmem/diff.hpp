@@ -116,11 +116,10 @@ struct Result {
 // The difference B − A. Signed differences past 63 bits throw OverflowError.
 Result compare(const Side& a, const Side& b);
 
-// The report in the human forms (text or Markdown through the writer); `all_rows` also lists
-// the tensors that did not change.
+// The report, described once for every format (report_writer.hpp): text and Markdown (where
+// `all_rows` also lists the tensors that did not change), CSV (one row per category and per
+// tensor, exact bytes) and JSON (to_json).
 void write_report(const Result& r, report::ReportWriter& w, bool all_rows);
-// CSV: one row per category and per tensor, exact bytes.
-std::string csv(const Result& r);
 // The "trainmem/1" JSON document (docs/output-formats.md, `diff`).
 nlohmann::json to_json(const Result& r);
 

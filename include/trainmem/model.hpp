@@ -1,8 +1,10 @@
 // The LLaMA decoder and its training step, on any backend (cpu, meta, cuda).
 //
-// Dimension letters, here, in model_acts.hpp and in src/model*.cpp, are docs/design.md's: b batch,
-// s sequence, h hidden, i intermediate, a heads, k kv heads, d head dim (a·d = h), V vocab,
-// L layers, and N = b·s rows for the GEMMs. (kernels/ keep llm.c's B, T, C for now.)
+// Dimension letters, here, in model_acts.hpp and in src/model*.cpp, are the project's
+// (docs/architecture.md, "Dimension letters"): b batch, s sequence, h hidden, i intermediate,
+// a heads, k kv heads, d head dim (a·d = h), V vocab, L layers, and n = b·s rows for the GEMMs.
+// The kernels and backends use the same letters, spelling the kv heads `kv` (k is the key
+// tensor there).
 //
 // Architecture (HuggingFace LlamaForCausalLM): token embedding; L layers of
 //   x = x + o_proj(attention(rope(q_proj(rmsnorm(x))), rope(k_proj(..)), v_proj(..)))
@@ -177,7 +179,7 @@ class LlamaModel {
   Backend& be_;
   Ledger& ledger_;
   DType D_;
-  std::int64_t b_, s_, h_, i_, a_, k_, d_, V_, N_;
+  std::int64_t b_, s_, h_, i_, a_, k_, d_, V_, n_;  // n = b*s rows
   std::vector<Parameter> params_;
   ParameterOptimizer opt_;
   Tensor tokens_, targets_;  // (b,s) int32, inputs

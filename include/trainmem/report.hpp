@@ -22,7 +22,6 @@ namespace trainmem::report {
 constexpr const char* kSchema = "trainmem/1";
 
 // ---------------------------------------------------------------- numbers
-double to_gib(std::uint64_t bytes);  // bytes / 2^30
 std::string fixed(double value, int decimals);
 
 // GiB figures with two decimals (format_bytes in GiB, bytes.hpp), e.g. "45.61".

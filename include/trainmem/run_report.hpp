@@ -1,13 +1,14 @@
 // The reports of one run (include/trainmem/run.hpp): the per-run JSON object of docs/design.md,
 // the title and backend lines every run report starts with, and profile's report in each
-// human-readable format. Its tables are described once (report::Table of cells) and
-// rendered per format; compare and sweep build their reports from the same pieces.
+// format, described once on a report writer; compare and sweep build their reports from the
+// same pieces.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "trainmem/config.hpp"
 #include "trainmem/report.hpp"
+#include "trainmem/report_writer.hpp"
 #include "trainmem/run.hpp"
 
 namespace trainmem {
@@ -24,12 +25,11 @@ std::string backend_line(const RunResult& r);
 // the ledger equals the analytic native profile in every category.
 report::Cell native_cell(const RunResult& r);
 
-// profile's report: the reconciliation table, the device sources and overhead, the true peak
-// with its breakdown and where it happened, the reference profiles. The text form (a
-// terminal's, coloured when `colour` is on) also gives the steps, losses and overhead; the
-// Markdown form the same tables under shorter headings; CSV the reconciliation rows in bytes.
-std::string profile_text(const RunResult& r, report::Colour colour);
-std::string profile_markdown(const RunResult& r);
-std::string profile_csv(const RunResult& r);
+// profile's report, described once on `w` (report_writer.hpp): the reconciliation table, the
+// device sources, the true peak with its breakdown and where it happened, the reference
+// profiles. The text form (a terminal's) also gives the steps, losses and overhead and the
+// headings in full; Markdown the same tables under brief headings; CSV the reconciliation
+// rows in bytes; JSON run_result_json.
+void write_profile(report::ReportWriter& w, const RunResult& r);
 
 }  // namespace trainmem

@@ -87,7 +87,4 @@ void write_timeline(const std::string& path, const TimelineData& data);
 // Checks the extension only (so a run can refuse a bad --timeline before it starts).
 void validate_timeline_path(const std::string& path);
 
-// The unit of the plots' byte labels: GiB, MiB or KiB for `max_bytes` (bytes.hpp).
-ByteUnit byte_unit_for(std::uint64_t max_bytes);
-
 }  // namespace trainmem

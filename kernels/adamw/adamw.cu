@@ -24,8 +24,8 @@ void adamw_update_cuda(void* param, const void* grad, float* master, float* m, f
   if (n == 0) return;
   const AdamWStepConsts c =
       adamw_step_consts(hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, step);
-  dispatch_storage(dt, "adamw_update_cuda", [&](auto s) {
-    cuda::adamw_kernel<decltype(s)><<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(
+  dispatch_storage(dt, "adamw_update_cuda", [&](auto tag) {
+    cuda::adamw_kernel<decltype(tag)><<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(
         param, grad, master, m, v, n, c, grad_scale);
     TM_CUDA_CHECK_LAUNCH();
   });
@@ -35,8 +35,8 @@ void sgd_update_cuda(void* param, const void* grad, float* master, std::int64_t 
                      float grad_scale, DType dt, cudaStream_t stream) {
   cuda::require_fits(n, std::numeric_limits<std::int64_t>::max(), "sgd_update_cuda", "n");
   if (n == 0) return;
-  dispatch_storage(dt, "sgd_update_cuda", [&](auto s) {
-    cuda::sgd_kernel<decltype(s)><<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(
+  dispatch_storage(dt, "sgd_update_cuda", [&](auto tag) {
+    cuda::sgd_kernel<decltype(tag)><<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(
         param, grad, master, n, lr, grad_scale);
     TM_CUDA_CHECK_LAUNCH();
   });

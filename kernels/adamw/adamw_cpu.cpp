@@ -44,16 +44,17 @@ void adamw_update_cpu(void* param, const void* grad, float* master, float* m, fl
   if (step < 1) throw InputError("adamw: step must be >= 1, got " + std::to_string(step));
   const AdamWStepConsts k =
       adamw_step_consts(hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, step);
-  dispatch_storage(dt, "adamw_update", [&](auto s) {
-    adamw_impl<decltype(s)>(param, grad, master, m, v, n, k, grad_scale);
+  dispatch_storage(dt, "adamw_update", [&](auto tag) {
+    adamw_impl<decltype(tag)>(param, grad, master, m, v, n, k, grad_scale);
   });
 }
 
 void sgd_update_cpu(void* param, const void* grad, float* master, std::int64_t n, float lr,
                     float grad_scale, DType dt) {
   cpu_threads_setup();
-  dispatch_storage(dt, "sgd_update",
-                   [&](auto s) { sgd_impl<decltype(s)>(param, grad, master, n, lr, grad_scale); });
+  dispatch_storage(dt, "sgd_update", [&](auto tag) {
+    sgd_impl<decltype(tag)>(param, grad, master, n, lr, grad_scale);
+  });
 }
 
 }  // namespace trainmem

@@ -18,16 +18,16 @@ constexpr int kSoftmaxThreads = kSoftmaxWarps * 32;
 
 // ---------------------------------------------------------------- kernels
 
-// probs (R = B*NH*T rows, T) D: row r is query position i = r % T of its head. In place:
+// probs (R = b*a*s rows, s) D: row r is query position i = r % s of its head. In place:
 // p_j = exp(s_j - max) / sum for j <= i, 0 for j > i (the GEMM wrote scores there too).
 template <class S>
 __global__ void __launch_bounds__(kSoftmaxThreads)
-    causal_softmax_kernel(void* probs, std::int64_t rows, std::int64_t T) {
+    causal_softmax_kernel(void* probs, std::int64_t rows, std::int64_t s) {
   const int lane = threadIdx.x & 31;
   const std::int64_t row = std::int64_t(blockIdx.x) * kSoftmaxWarps + (threadIdx.x >> 5);
   if (row >= rows) return;  // the whole warp leaves together; no block barrier follows
-  const std::int64_t i = row % T;
-  const std::size_t base = std::size_t(row) * T;
+  const std::int64_t i = row % s;
+  const std::size_t base = std::size_t(row) * s;
   float mx = -INFINITY;
   for (std::int64_t j = lane; j <= i; j += 32) mx = fmaxf(mx, S::load(probs, base + j));
   mx = cuda::warp_max(mx);
@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
   for (std::int64_t j = lane; j <= i; j += 32) sum += tm_exp(S::load(probs, base + j) - mx);
   sum = cuda::warp_sum(sum);
   const float inv = 1.0f / sum;
-  for (std::int64_t j = lane; j < T; j += 32) {
+  for (std::int64_t j = lane; j < s; j += 32) {
     const float p = j <= i ? tm_exp(S::load(probs, base + j) - mx) * inv : 0.0f;
     S::store(probs, base + j, p);
   }
@@ -46,17 +46,17 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
 template <class S>
 __global__ void __launch_bounds__(kSoftmaxThreads)
     causal_softmax_backward_kernel(void* dprobs, const void* probs, std::int64_t rows,
-                                   std::int64_t T) {
+                                   std::int64_t s) {
   const int lane = threadIdx.x & 31;
   const std::int64_t row = std::int64_t(blockIdx.x) * kSoftmaxWarps + (threadIdx.x >> 5);
   if (row >= rows) return;
-  const std::int64_t i = row % T;
-  const std::size_t base = std::size_t(row) * T;
+  const std::int64_t i = row % s;
+  const std::size_t base = std::size_t(row) * s;
   float dot = 0.0f;
   for (std::int64_t j = lane; j <= i; j += 32)
     dot += S::load(probs, base + j) * S::load(dprobs, base + j);
   dot = cuda::warp_sum(dot);
-  for (std::int64_t j = lane; j < T; j += 32) {
+  for (std::int64_t j = lane; j < s; j += 32) {
     const float ds = j <= i ? softmax_backward_elem<float>(S::load(probs, base + j),
                                                            S::load(dprobs, base + j), dot)
                             : 0.0f;
@@ -66,10 +66,10 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
 
 // ---------------------------------------------------------------- launch geometry
 
-// Both row kernels: a warp per row of the (rows = B*NH*T, T) probabilities, kSoftmaxWarps rows
+// Both row kernels: a warp per row of the (rows = b*a*s, s) probabilities, kSoftmaxWarps rows
 // per block.
 inline LaunchShape causal_softmax_launch(std::int64_t rows, const char* op) {
-  return warp_per_row_launch(rows, kSoftmaxWarps, op, "B*NH*T");
+  return warp_per_row_launch(rows, kSoftmaxWarps, op, "b*a*s");
 }
 
 }  // namespace trainmem::cuda

@@ -1,7 +1,7 @@
 // Causal scaled-dot-product attention with GQA, the per-row pieces.
-// Scores s_ij = scale * q_i . k_j with scale = 1/sqrt(HD), visible iff j <= i (causal);
-// p_ij = softmax_j(s_ij); o_i = sum_j p_ij v_j. Query head h reads kv head h / (NH / NKV).
-// Eager keeps p (B,NH,T,T). Flash keeps only lse_i = log sum_j exp(s_ij) and recomputes
+// Scores s_ij = scale * q_i . k_j with scale = 1/sqrt(d), visible iff j <= i (causal);
+// p_ij = softmax_j(s_ij); o_i = sum_j p_ij v_j. Query head qh reads kv head qh / (a / kv).
+// Eager keeps p (b, a, s, s). Flash keeps only lse_i = log sum_j exp(s_ij) and recomputes
 // p_ij = exp(s_ij - lse_i) in backward.
 // Backward, with dp_ij = do_i . v_j and delta_i = sum_j p_ij dp_ij = do_i . o_i:
 //   ds_ij = p_ij * (dp_ij - delta_i);  dq_i = scale * sum_j ds_ij k_j;
@@ -18,12 +18,12 @@
 namespace trainmem {
 
 template <class T>
-TM_HD T attention_scale(std::int64_t HD) {
-  return T(1) / tm_sqrt(T(HD));
+TM_HD T attention_scale(std::int64_t d) {
+  return T(1) / tm_sqrt(T(d));
 }
-// kv head read by query head h.
-TM_HD std::int64_t attention_kv_head(std::int64_t h, std::int64_t NH, std::int64_t NKV) {
-  return h / (NH / NKV);
+// kv head read by query head `head`.
+TM_HD std::int64_t attention_kv_head(std::int64_t head, std::int64_t a, std::int64_t kv) {
+  return head / (a / kv);
 }
 // Causal visibility of key position j from query position i.
 TM_HD bool causal_visible(std::int64_t i, std::int64_t j) {

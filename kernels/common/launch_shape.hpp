@@ -59,24 +59,24 @@ inline unsigned grid_for(std::int64_t n, int block) {
   return static_cast<unsigned>(want < 1 ? 1 : (want > cap ? cap : want));
 }
 inline LaunchShape grid_stride_launch(std::int64_t n, int block) {
-  LaunchShape s;
-  s.grid_x = grid_for(n, block);
-  s.block_x = unsigned(block);
-  return s;
+  LaunchShape shape;
+  shape.grid_x = grid_for(n, block);
+  shape.block_x = unsigned(block);
+  return shape;
 }
 
 // A warp per row, `warps` rows per block of 32 * warps threads. `what` names the rows in
-// messages (e.g. "B*NH*T").
+// messages (e.g. "b*a*s").
 inline LaunchShape warp_per_row_launch(std::int64_t rows, int warps, const char* op,
                                        const std::string& what) {
   require_positive(rows, op, what.c_str());
   const std::int64_t blocks = ceil_div(rows, warps);
   require_fits(blocks, kMaxGridX, op,
                (what + "/" + std::to_string(warps) + " (blocks of a warp per row)").c_str());
-  LaunchShape s;
-  s.grid_x = unsigned(blocks);
-  s.block_x = unsigned(32 * warps);
-  return s;
+  LaunchShape shape;
+  shape.grid_x = unsigned(blocks);
+  shape.block_x = unsigned(32 * warps);
+  return shape;
 }
 
 }  // namespace trainmem::cuda

@@ -45,8 +45,8 @@ struct F16 {
 // Host-side dispatch on a training dtype: calls f(F32{}), f(BF16{}) or f(F16{}) and returns
 // what f returns; any other dtype throws InputError naming `what`. f is one generic callable,
 // instantiated once per storage type, which it receives as an (empty) value, e.g.
-//   dispatch_storage(dt, "rmsnorm_forward", [&](auto s) {
-//     rmsnorm_forward_impl<decltype(s)>(out, rstd, inp, weight, N, C, eps);
+//   dispatch_storage(dt, "rmsnorm_forward", [&](auto tag) {
+//     rmsnorm_forward_impl<decltype(tag)>(out, rstd, inp, weight, n, h, eps);
 //   });
 template <class F>
 auto dispatch_storage(DType dt, const char* what, F&& f) {

@@ -10,25 +10,25 @@
 
 namespace trainmem {
 
-// losses (N) f32 = lse - logits[target] (0 where target < 0) ; lse (N) f32 (computed for every
-// row) ; logits (N,V) D ; targets (N) int32, < V (negative = ignored).
+// losses (n) f32 = lse - logits[target] (0 where target < 0) ; lse (n) f32 (computed for every
+// row) ; logits (n, V) D ; targets (n) int32, < V (negative = ignored).
 // A target >= V: the CPU throws InputError("targets: ..."); a kernel cannot throw, so the CUDA
 // one writes that row's loss as NaN (the model validates targets on the host).
 void cross_entropy_forward_cpu(float* losses, float* lse, const void* logits,
-                               const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                               const std::int32_t* targets, std::int64_t n, std::int64_t V,
                                DType dt);
 void cross_entropy_forward_cuda(float* losses, float* lse, const void* logits,
-                                const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                                const std::int32_t* targets, std::int64_t n, std::int64_t V,
                                 DType dt, cudaStream_t stream);
 
-// dlogits (N,V) D = scale * (softmax(logits) - onehot(target)) ; rows with target < 0 are 0
+// dlogits (n, V) D = scale * (softmax(logits) - onehot(target)) ; rows with target < 0 are 0
 // (CUDA: rows with target >= V are NaN). dlogits may alias logits (in place; on the GPU each
 // element is read, then written, by the same thread).
 void cross_entropy_backward_cpu(void* dlogits, const void* logits, const float* lse,
-                                const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                                const std::int32_t* targets, std::int64_t n, std::int64_t V,
                                 float scale, DType dt);
 void cross_entropy_backward_cuda(void* dlogits, const void* logits, const float* lse,
-                                 const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                                 const std::int32_t* targets, std::int64_t n, std::int64_t V,
                                  float scale, DType dt, cudaStream_t stream);
 
 }  // namespace trainmem

@@ -28,15 +28,15 @@ __device__ __forceinline__ LseState<float> warp_lse_merge(LseState<float> s) {
 
 // ---------------------------------------------------------------- kernels
 
-// grid N, block kCeFwdThreads.
+// grid n, block kCeFwdThreads.
 template <class S>
 __global__ void __launch_bounds__(kCeFwdThreads)
     cross_entropy_forward_kernel(float* losses, float* lse, const void* logits,
                                  const std::int32_t* targets, std::int64_t V) {
   __shared__ float s_max[32];
   __shared__ float s_sum[32];
-  const std::int64_t n = blockIdx.x;
-  const std::size_t base = std::size_t(n) * V;
+  const std::int64_t row = blockIdx.x;
+  const std::size_t base = std::size_t(row) * V;
   LseState<float> st = LseState<float>::empty();
   for (std::int64_t j = threadIdx.x; j < V; j += kCeFwdThreads)
     lse_update<float>(&st, S::load(logits, base + j));
@@ -55,28 +55,28 @@ __global__ void __launch_bounds__(kCeFwdThreads)
     st = warp_lse_merge(st);
     if (lane == 0) {
       const float row_lse = lse_finish<float>(st);
-      lse[n] = row_lse;
-      const std::int32_t t = targets[n];
+      lse[row] = row_lse;
+      const std::int32_t t = targets[row];
       float loss = 0.0f;
       if (t >= V) {
         loss = cuda::quiet_nan();  // NaN: an invalid target must not pass silently
       } else if (t >= 0) {
         loss = cross_entropy_loss<float>(row_lse, S::load(logits, base + t));
       }
-      losses[n] = loss;
+      losses[row] = loss;
     }
   }
 }
 
-// grid N, block kCeBwdThreads.
+// grid n, block kCeBwdThreads.
 template <class S>
 __global__ void __launch_bounds__(kCeBwdThreads)
     cross_entropy_backward_kernel(void* dlogits, const void* logits, const float* lse,
                                   const std::int32_t* targets, std::int64_t V, float scale) {
-  const std::int64_t n = blockIdx.x;
-  const std::size_t base = std::size_t(n) * V;
-  const std::int32_t t = targets[n];
-  const float row_lse = lse[n];
+  const std::int64_t row = blockIdx.x;
+  const std::size_t base = std::size_t(row) * V;
+  const std::int32_t t = targets[row];
+  const float row_lse = lse[row];
   for (std::int64_t j = threadIdx.x; j < V; j += kCeBwdThreads) {
     float d;
     if (t < 0) {
@@ -92,14 +92,14 @@ __global__ void __launch_bounds__(kCeBwdThreads)
 
 // ---------------------------------------------------------------- launch geometry
 
-// Forward and backward: one block of `threads` per row, grid N.
-inline LaunchShape cross_entropy_launch(std::int64_t N, int threads, const char* op) {
-  require_positive(N, op, "N (rows)");
-  require_fits(N, kMaxGridX, op, "N (rows)");
-  LaunchShape s;
-  s.grid_x = unsigned(N);
-  s.block_x = unsigned(threads);
-  return s;
+// Forward and backward: one block of `threads` per row, grid n.
+inline LaunchShape cross_entropy_launch(std::int64_t n, int threads, const char* op) {
+  require_positive(n, op, "n (rows)");
+  require_fits(n, kMaxGridX, op, "n (rows)");
+  LaunchShape shape;
+  shape.grid_x = unsigned(n);
+  shape.block_x = unsigned(threads);
+  return shape;
 }
 
 }  // namespace trainmem::cuda

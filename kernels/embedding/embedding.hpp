@@ -10,28 +10,28 @@
 
 namespace trainmem {
 
-// out (B,T,C) D = wte[tokens] ; tokens (B,T) int32 in [0, V) ; wte (V,C) D.
+// out (b, s, h) D = wte[tokens] ; tokens (b, s) int32 in [0, V) ; wte (V, h) D.
 // A token outside [0, V): the CPU throws InputError("tokens: ..."); a kernel cannot throw, so
 // the CUDA one writes that row of out as NaN and the loss turns NaN visibly (the model
 // validates tokens on the host before uploading them).
-void embedding_forward_cpu(void* out, const std::int32_t* tokens, const void* wte, std::int64_t B,
-                           std::int64_t T, std::int64_t C, std::int64_t V, DType dt);
-void embedding_forward_cuda(void* out, const std::int32_t* tokens, const void* wte, std::int64_t B,
-                            std::int64_t T, std::int64_t C, std::int64_t V, DType dt,
+void embedding_forward_cpu(void* out, const std::int32_t* tokens, const void* wte, std::int64_t b,
+                           std::int64_t s, std::int64_t h, std::int64_t V, DType dt);
+void embedding_forward_cuda(void* out, const std::int32_t* tokens, const void* wte, std::int64_t b,
+                            std::int64_t s, std::int64_t h, std::int64_t V, DType dt,
                             cudaStream_t stream);
 
-// dwte (V,C) D += scatter of dout (B,T,C) D by tokens. Deterministic: each id's rows are added
+// dwte (V, h) D += scatter of dout (b, s, h) D by tokens. Deterministic: each id's rows are added
 // in fp32, starting from dwte, in position order and rounded once into dwte (the same sequence
 // on both, so the results are bit-identical).
 // Rows with an id outside [0, V): the CPU throws InputError, the CUDA one skips them. scratch
-// (8*B*T bytes, 8-byte aligned; borrowed, its contents are overwritten) holds the sort that groups
-// rows by id; without it (nullptr, or too small) a kernel without scratch that reads O((B*T)^2) ids
+// (8*b*s bytes, 8-byte aligned; borrowed, its contents are overwritten) holds the sort that groups
+// rows by id; without it (nullptr, or too small) a kernel without scratch that reads O((b*s)^2) ids
 // does the same sums.
 void embedding_backward_cpu(void* dwte, const void* dout, const std::int32_t* tokens,
-                            std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t V,
+                            std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t V,
                             DType dt);
 void embedding_backward_cuda(void* dwte, const void* dout, const std::int32_t* tokens,
-                             std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t V,
+                             std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t V,
                              DType dt, cudaStream_t stream, void* scratch,
                              std::uint64_t scratch_bytes);
 

@@ -8,13 +8,13 @@ namespace {
 constexpr int kThreads = cuda::kElementwiseThreads;
 }  // namespace
 
-void init_param_cuda(void* dst, float* master, std::int64_t N, const ParamInit& init, DType dt,
+void init_param_cuda(void* dst, float* master, std::int64_t n, const ParamInit& init, DType dt,
                      cudaStream_t stream) {
-  cuda::require_fits(N, std::numeric_limits<std::int64_t>::max(), "init_param_cuda", "N");
-  if (N == 0) return;
-  dispatch_storage(dt, "init_param_cuda", [&](auto s) {
-    cuda::init_param_kernel<decltype(s)>
-        <<<cuda::grid_for(N, kThreads), kThreads, 0, stream>>>(dst, master, N, init);
+  cuda::require_fits(n, std::numeric_limits<std::int64_t>::max(), "init_param_cuda", "n");
+  if (n == 0) return;
+  dispatch_storage(dt, "init_param_cuda", [&](auto tag) {
+    cuda::init_param_kernel<decltype(tag)>
+        <<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(dst, master, n, init);
     TM_CUDA_CHECK_LAUNCH();
   });
 }

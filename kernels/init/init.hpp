@@ -11,9 +11,9 @@
 
 namespace trainmem {
 
-// dst (N) D = round(param_init_value(init, i)); master (N) f32 = param_init_value(init, i)
+// dst (n) D = round(param_init_value(init, i)); master (n) f32 = param_init_value(init, i)
 // when non-null.
-void init_param_cuda(void* dst, float* master, std::int64_t N, const ParamInit& init, DType dt,
+void init_param_cuda(void* dst, float* master, std::int64_t n, const ParamInit& init, DType dt,
                      cudaStream_t stream);
 
 }  // namespace trainmem

@@ -10,10 +10,10 @@
 
 namespace trainmem::cuda {
 
-// dst (N) S = round(value(i)); master (N) f32 = value(i) when non-null.
+// dst (n) S = round(value(i)); master (n) f32 = value(i) when non-null.
 template <class S>
-__global__ void init_param_kernel(void* dst, float* master, std::int64_t N, ParamInit init) {
-  for (std::int64_t i = cuda::global_thread_index(); i < N; i += cuda::global_thread_count()) {
+__global__ void init_param_kernel(void* dst, float* master, std::int64_t n, ParamInit init) {
+  for (std::int64_t i = cuda::global_thread_index(); i < n; i += cuda::global_thread_count()) {
     const float v = param_init_value(init, std::uint64_t(i));
     S::store(dst, std::size_t(i), v);
     if (master != nullptr) master[i] = v;

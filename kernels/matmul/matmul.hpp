@@ -38,7 +38,7 @@ struct StridedOperand {
 };
 
 // For i < batch: C_i (M,N) = alpha * op(A_i) op(B_i) + beta * C_i, row-major with explicit
-// leading dimensions (so a head of a (B,T,NH,HD) tensor is a (T,HD) matrix with ld NH*HD).
+// leading dimensions (so a head of a (b, s, a, d) tensor is an (s, d) matrix with ld a*d).
 // CUDA only (the cpu attention calls sgemm_cpu with leading dimensions instead).
 void matmul_strided_batched_cuda(void* c, std::int64_t ldc, std::int64_t stride_c, StridedOperand a,
                                  StridedOperand b, std::int64_t M, std::int64_t N, std::int64_t K,

@@ -181,8 +181,8 @@ void matmul_cpu_on(CpuGemmPath path, void* c, const void* a, const void* b, std:
               N);
     return;
   }
-  dispatch_storage(dt, "matmul", [&](auto s) {
-    matmul_16bit<decltype(s)>(c, a, b, M, N, K, ta, tb, alpha, beta);
+  dispatch_storage(dt, "matmul", [&](auto tag) {
+    matmul_16bit<decltype(tag)>(c, a, b, M, N, K, ta, tb, alpha, beta);
   });
 }
 

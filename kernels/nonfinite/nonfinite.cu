@@ -15,8 +15,8 @@ void flag_nonfinite_cuda(unsigned* flag, const void* x, std::int64_t n, DType dt
                          cudaStream_t stream) {
   cuda::require_fits(n, std::numeric_limits<std::int64_t>::max(), "flag_nonfinite_cuda", "n");
   if (n == 0) return;
-  dispatch_storage(dt, "flag_nonfinite_cuda", [&](auto s) {
-    cuda::nonfinite_flag_kernel<decltype(s)>
+  dispatch_storage(dt, "flag_nonfinite_cuda", [&](auto tag) {
+    cuda::nonfinite_flag_kernel<decltype(tag)>
         <<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(flag, x, n);
     TM_CUDA_CHECK_LAUNCH();
   });

@@ -20,7 +20,7 @@ bool any_nonfinite(const void* x, std::int64_t n) {
 bool has_nonfinite_cpu(const void* x, std::int64_t n, DType dt) {
   cpu_threads_setup();
   return dispatch_storage(dt, "has_nonfinite",
-                          [&](auto s) { return any_nonfinite<decltype(s)>(x, n); });
+                          [&](auto tag) { return any_nonfinite<decltype(tag)>(x, n); });
 }
 
 }  // namespace trainmem

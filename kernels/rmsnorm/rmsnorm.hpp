@@ -9,23 +9,23 @@
 
 namespace trainmem {
 
-// out (N,C) D = inp * rstd * weight ; rstd (N) f32 = 1/sqrt(mean(inp^2) + eps) ;
-// inp (N,C) D ; weight (C) D. CUDA: one block per row.
+// out (n, h) D = inp * rstd * weight ; rstd (n) f32 = 1/sqrt(mean(inp^2) + eps) ;
+// inp (n, h) D ; weight (h) D. CUDA: one block per row.
 void rmsnorm_forward_cpu(void* out, float* rstd, const void* inp, const void* weight,
-                         std::int64_t N, std::int64_t C, float eps, DType dt);
+                         std::int64_t n, std::int64_t h, float eps, DType dt);
 void rmsnorm_forward_cuda(void* out, float* rstd, const void* inp, const void* weight,
-                          std::int64_t N, std::int64_t C, float eps, DType dt, cudaStream_t stream);
+                          std::int64_t n, std::int64_t h, float eps, DType dt, cudaStream_t stream);
 
-// dinp (N,C) D += ... ; dweight (C) D += ... (accumulated in fp32 over rows, one rounding per
-// element) ; dout, inp (N,C) D ; weight (C) D ; rstd (N) f32 from the forward.
+// dinp (n, h) D += ... ; dweight (h) D += ... (accumulated in fp32 over rows, one rounding per
+// element) ; dout, inp (n, h) D ; weight (h) D ; rstd (n) f32 from the forward.
 // CPU: rows in parallel, dweight reduced over fixed row chunks in a fixed order. CUDA: dinp one
 // block per row; dweight a block per 32 columns, its threads loop over the rows and reduce in
 // shared memory (no scratch).
 void rmsnorm_backward_cpu(void* dinp, void* dweight, const void* dout, const void* inp,
-                          const void* weight, const float* rstd, std::int64_t N, std::int64_t C,
+                          const void* weight, const float* rstd, std::int64_t n, std::int64_t h,
                           DType dt);
 void rmsnorm_backward_cuda(void* dinp, void* dweight, const void* dout, const void* inp,
-                           const void* weight, const float* rstd, std::int64_t N, std::int64_t C,
+                           const void* weight, const float* rstd, std::int64_t n, std::int64_t h,
                            DType dt, cudaStream_t stream);
 
 }  // namespace trainmem

@@ -14,52 +14,52 @@ namespace {
 
 template <class S>
 void rmsnorm_forward_impl(void* out, float* rstd, const void* inp, const void* weight,
-                          std::int64_t N, std::int64_t C, float eps) {
-  std::vector<float> w(C);  // (C)
-  for (std::int64_t c = 0; c < C; ++c) w[c] = S::load(weight, c);
-#pragma omp parallel for if (N * C >= kParallelMinElements)
-  for (std::int64_t n = 0; n < N; ++n) {
-    const std::size_t base = std::size_t(n) * C;
+                          std::int64_t n, std::int64_t h, float eps) {
+  std::vector<float> w(h);  // (h)
+  for (std::int64_t c = 0; c < h; ++c) w[c] = S::load(weight, c);
+#pragma omp parallel for if (n * h >= kParallelMinElements)
+  for (std::int64_t row = 0; row < n; ++row) {
+    const std::size_t base = std::size_t(row) * h;
     float sum_sq = 0.0f;
-    for (std::int64_t c = 0; c < C; ++c) {
+    for (std::int64_t c = 0; c < h; ++c) {
       const float x = S::load(inp, base + c);
       sum_sq += x * x;
     }
-    const float r = rmsnorm_rstd(sum_sq, C, eps);
-    rstd[n] = r;
-    for (std::int64_t c = 0; c < C; ++c)
+    const float r = rmsnorm_rstd(sum_sq, h, eps);
+    rstd[row] = r;
+    for (std::int64_t c = 0; c < h; ++c)
       S::store(out, base + c, rmsnorm_out(S::load(inp, base + c), r, w[c]));
   }
 }
 
 template <class S>
 void rmsnorm_backward_impl(void* dinp, void* dweight, const void* dout, const void* inp,
-                           const void* weight, const float* rstd, std::int64_t N, std::int64_t C) {
-  std::vector<float> w(C);  // (C)
-  for (std::int64_t c = 0; c < C; ++c) w[c] = S::load(weight, c);
-  const std::int64_t chunks = std::min<std::int64_t>(N, 32);
-  std::vector<float> dw_part(std::size_t(chunks) * C, 0.0f);  // (chunks, C)
-#pragma omp parallel for schedule(static, 1) if (N * C >= kParallelMinElements)
+                           const void* weight, const float* rstd, std::int64_t n, std::int64_t h) {
+  std::vector<float> w(h);  // (h)
+  for (std::int64_t c = 0; c < h; ++c) w[c] = S::load(weight, c);
+  const std::int64_t chunks = std::min<std::int64_t>(n, 32);
+  std::vector<float> dw_part(std::size_t(chunks) * h, 0.0f);  // (chunks, h)
+#pragma omp parallel for schedule(static, 1) if (n * h >= kParallelMinElements)
   for (std::int64_t ch = 0; ch < chunks; ++ch) {
-    const std::int64_t n0 = N * ch / chunks, n1 = N * (ch + 1) / chunks;
-    float* dw = dw_part.data() + std::size_t(ch) * C;
-    for (std::int64_t n = n0; n < n1; ++n) {
-      const std::size_t base = std::size_t(n) * C;
-      const float r = rstd[n];
+    const std::int64_t n0 = n * ch / chunks, n1 = n * (ch + 1) / chunks;
+    float* dw = dw_part.data() + std::size_t(ch) * h;
+    for (std::int64_t row = n0; row < n1; ++row) {
+      const std::size_t base = std::size_t(row) * h;
+      const float r = rstd[row];
       float dot = 0.0f;
-      for (std::int64_t c = 0; c < C; ++c)
+      for (std::int64_t c = 0; c < h; ++c)
         dot += rmsnorm_dot_term(S::load(dout, base + c), w[c], S::load(inp, base + c));
-      for (std::int64_t c = 0; c < C; ++c) {
+      for (std::int64_t c = 0; c < h; ++c) {
         const float x = S::load(inp, base + c), dy = S::load(dout, base + c);
         dw[c] += rmsnorm_dweight_term(x, dy, r);
-        S::store(dinp, base + c, S::load(dinp, base + c) + rmsnorm_dinp(x, w[c], dy, r, dot, C));
+        S::store(dinp, base + c, S::load(dinp, base + c) + rmsnorm_dinp(x, w[c], dy, r, dot, h));
       }
     }
   }
-  for (std::int64_t c = 0; c < C; ++c) {
+  for (std::int64_t c = 0; c < h; ++c) {
     float acc = S::load(dweight, c);
     float sum = 0.0f;
-    for (std::int64_t ch = 0; ch < chunks; ++ch) sum += dw_part[std::size_t(ch) * C + c];
+    for (std::int64_t ch = 0; ch < chunks; ++ch) sum += dw_part[std::size_t(ch) * h + c];
     S::store(dweight, c, acc + sum);
   }
 }
@@ -67,19 +67,19 @@ void rmsnorm_backward_impl(void* dinp, void* dweight, const void* dout, const vo
 }  // namespace
 
 void rmsnorm_forward_cpu(void* out, float* rstd, const void* inp, const void* weight,
-                         std::int64_t N, std::int64_t C, float eps, DType dt) {
+                         std::int64_t n, std::int64_t h, float eps, DType dt) {
   cpu_threads_setup();
-  dispatch_storage(dt, "rmsnorm_forward", [&](auto s) {
-    rmsnorm_forward_impl<decltype(s)>(out, rstd, inp, weight, N, C, eps);
+  dispatch_storage(dt, "rmsnorm_forward", [&](auto tag) {
+    rmsnorm_forward_impl<decltype(tag)>(out, rstd, inp, weight, n, h, eps);
   });
 }
 
 void rmsnorm_backward_cpu(void* dinp, void* dweight, const void* dout, const void* inp,
-                          const void* weight, const float* rstd, std::int64_t N, std::int64_t C,
+                          const void* weight, const float* rstd, std::int64_t n, std::int64_t h,
                           DType dt) {
   cpu_threads_setup();
-  dispatch_storage(dt, "rmsnorm_backward", [&](auto s) {
-    rmsnorm_backward_impl<decltype(s)>(dinp, dweight, dout, inp, weight, rstd, N, C);
+  dispatch_storage(dt, "rmsnorm_backward", [&](auto tag) {
+    rmsnorm_backward_impl<decltype(tag)>(dinp, dweight, dout, inp, weight, rstd, n, h);
   });
 }
 

@@ -1,7 +1,7 @@
-// RMSNorm, one row of C channels (LLaMA / HuggingFace LlamaRMSNorm, no mean subtraction):
+// RMSNorm, one row of h channels (LLaMA / HuggingFace LlamaRMSNorm, no mean subtraction):
 //   rstd = 1 / sqrt(mean(x^2) + eps),  y_j = x_j * rstd * w_j.
 // Backward, with dot = sum_k dy_k * w_k * x_k:
-//   dx_j = rstd * w_j * dy_j - x_j * rstd^3 * dot / C,   dw_j += dy_j * x_j * rstd.
+//   dx_j = rstd * w_j * dy_j - x_j * rstd^3 * dot / h,   dw_j += dy_j * x_j * rstd.
 // The row reductions (sum of squares, dot) are done by the caller (a loop on the CPU, a warp
 // or block reduction on the GPU); these functions finish them and give the per-element terms.
 #pragma once
@@ -13,8 +13,8 @@ namespace trainmem {
 
 // sum_sq = sum_j x_j^2 over the row.
 template <class T>
-TM_HD T rmsnorm_rstd(T sum_sq, std::int64_t C, T eps) {
-  return T(1) / tm_sqrt(sum_sq / T(C) + eps);
+TM_HD T rmsnorm_rstd(T sum_sq, std::int64_t h, T eps) {
+  return T(1) / tm_sqrt(sum_sq / T(h) + eps);
 }
 template <class T>
 TM_HD T rmsnorm_out(T x, T rstd, T w) {
@@ -27,8 +27,8 @@ TM_HD T rmsnorm_dot_term(T dy, T w, T x) {
 }
 // dx_j given the finished row dot product.
 template <class T>
-TM_HD T rmsnorm_dinp(T x, T w, T dy, T rstd, T dot, std::int64_t C) {
-  return rstd * w * dy - x * (rstd * rstd * rstd) * dot / T(C);
+TM_HD T rmsnorm_dinp(T x, T w, T dy, T rstd, T dot, std::int64_t h) {
+  return rstd * w * dy - x * (rstd * rstd * rstd) * dot / T(h);
 }
 // The contribution of one row to dw_j.
 template <class T>

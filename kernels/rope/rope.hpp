@@ -9,19 +9,19 @@
 
 namespace trainmem {
 
-// In place on q (B,T,NH,HD) D and k (B,T,NKV,HD) D at positions 0..T-1,
-// inv_freq[j] = theta^(-2j/HD). HD must be even (InputError otherwise).
-void rope_forward_cpu(void* q, void* k, std::int64_t B, std::int64_t T, std::int64_t NH,
-                      std::int64_t NKV, std::int64_t HD, double theta, DType dt);
-void rope_forward_cuda(void* q, void* k, std::int64_t B, std::int64_t T, std::int64_t NH,
-                       std::int64_t NKV, std::int64_t HD, double theta, DType dt,
+// In place on q (b, s, a, d) D and k (b, s, kv, d) D at positions 0..s-1,
+// inv_freq[j] = theta^(-2j/d). d must be even (InputError otherwise).
+void rope_forward_cpu(void* q, void* k, std::int64_t b, std::int64_t s, std::int64_t a,
+                      std::int64_t kv, std::int64_t d, double theta, DType dt);
+void rope_forward_cuda(void* q, void* k, std::int64_t b, std::int64_t s, std::int64_t a,
+                       std::int64_t kv, std::int64_t d, double theta, DType dt,
                        cudaStream_t stream);
 
-// In place on dq (B,T,NH,HD) D and dk (B,T,NKV,HD) D: the inverse (= transposed) rotation.
-void rope_backward_cpu(void* dq, void* dk, std::int64_t B, std::int64_t T, std::int64_t NH,
-                       std::int64_t NKV, std::int64_t HD, double theta, DType dt);
-void rope_backward_cuda(void* dq, void* dk, std::int64_t B, std::int64_t T, std::int64_t NH,
-                        std::int64_t NKV, std::int64_t HD, double theta, DType dt,
+// In place on dq (b, s, a, d) D and dk (b, s, kv, d) D: the inverse (= transposed) rotation.
+void rope_backward_cpu(void* dq, void* dk, std::int64_t b, std::int64_t s, std::int64_t a,
+                       std::int64_t kv, std::int64_t d, double theta, DType dt);
+void rope_backward_cuda(void* dq, void* dk, std::int64_t b, std::int64_t s, std::int64_t a,
+                        std::int64_t kv, std::int64_t d, double theta, DType dt,
                         cudaStream_t stream);
 
 }  // namespace trainmem

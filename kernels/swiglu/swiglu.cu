@@ -13,24 +13,24 @@ constexpr int kThreads = cuda::kElementwiseThreads;
 
 // ---------------------------------------------------------------- launchers
 
-void swiglu_forward_cuda(void* out, const void* gate, const void* up, std::int64_t N, DType dt,
+void swiglu_forward_cuda(void* out, const void* gate, const void* up, std::int64_t n, DType dt,
                          cudaStream_t stream) {
-  cuda::require_fits(N, std::numeric_limits<std::int64_t>::max(), "swiglu_forward_cuda", "N");
-  if (N == 0) return;
-  dispatch_storage(dt, "swiglu_forward_cuda", [&](auto s) {
-    cuda::swiglu_forward_kernel<decltype(s)>
-        <<<cuda::grid_for(N, kThreads), kThreads, 0, stream>>>(out, gate, up, N);
+  cuda::require_fits(n, std::numeric_limits<std::int64_t>::max(), "swiglu_forward_cuda", "n");
+  if (n == 0) return;
+  dispatch_storage(dt, "swiglu_forward_cuda", [&](auto tag) {
+    cuda::swiglu_forward_kernel<decltype(tag)>
+        <<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(out, gate, up, n);
     TM_CUDA_CHECK_LAUNCH();
   });
 }
 
 void swiglu_backward_cuda(void* dgate, void* dup, const void* dout, const void* gate,
-                          const void* up, std::int64_t N, DType dt, cudaStream_t stream) {
-  cuda::require_fits(N, std::numeric_limits<std::int64_t>::max(), "swiglu_backward_cuda", "N");
-  if (N == 0) return;
-  dispatch_storage(dt, "swiglu_backward_cuda", [&](auto s) {
-    cuda::swiglu_backward_kernel<decltype(s)>
-        <<<cuda::grid_for(N, kThreads), kThreads, 0, stream>>>(dgate, dup, dout, gate, up, N);
+                          const void* up, std::int64_t n, DType dt, cudaStream_t stream) {
+  cuda::require_fits(n, std::numeric_limits<std::int64_t>::max(), "swiglu_backward_cuda", "n");
+  if (n == 0) return;
+  dispatch_storage(dt, "swiglu_backward_cuda", [&](auto tag) {
+    cuda::swiglu_backward_kernel<decltype(tag)>
+        <<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(dgate, dup, dout, gate, up, n);
     TM_CUDA_CHECK_LAUNCH();
   });
 }

@@ -9,15 +9,15 @@
 
 namespace trainmem {
 
-// out (N) D = silu(gate) * up ; gate, up (N) D.
-void swiglu_forward_cpu(void* out, const void* gate, const void* up, std::int64_t N, DType dt);
-void swiglu_forward_cuda(void* out, const void* gate, const void* up, std::int64_t N, DType dt,
+// out (n) D = silu(gate) * up ; gate, up (n) D.
+void swiglu_forward_cpu(void* out, const void* gate, const void* up, std::int64_t n, DType dt);
+void swiglu_forward_cuda(void* out, const void* gate, const void* up, std::int64_t n, DType dt,
                          cudaStream_t stream);
 
-// dgate, dup (N) D written with = ; dout, gate, up (N) D.
+// dgate, dup (n) D written with = ; dout, gate, up (n) D.
 void swiglu_backward_cpu(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
-                         std::int64_t N, DType dt);
+                         std::int64_t n, DType dt);
 void swiglu_backward_cuda(void* dgate, void* dup, const void* dout, const void* gate,
-                          const void* up, std::int64_t N, DType dt, cudaStream_t stream);
+                          const void* up, std::int64_t n, DType dt, cudaStream_t stream);
 
 }  // namespace trainmem

@@ -14,15 +14,15 @@ namespace trainmem::cuda {
 // ---------------------------------------------------------------- kernels
 
 template <class S>
-__global__ void swiglu_forward_kernel(void* out, const void* gate, const void* up, std::int64_t N) {
-  for (std::int64_t i = cuda::global_thread_index(); i < N; i += cuda::global_thread_count())
+__global__ void swiglu_forward_kernel(void* out, const void* gate, const void* up, std::int64_t n) {
+  for (std::int64_t i = cuda::global_thread_index(); i < n; i += cuda::global_thread_count())
     S::store(out, i, swiglu_forward_elem<float>(S::load(gate, i), S::load(up, i)));
 }
 
 template <class S>
 __global__ void swiglu_backward_kernel(void* dgate, void* dup, const void* dout, const void* gate,
-                                       const void* up, std::int64_t N) {
-  for (std::int64_t i = cuda::global_thread_index(); i < N; i += cuda::global_thread_count()) {
+                                       const void* up, std::int64_t n) {
+  for (std::int64_t i = cuda::global_thread_index(); i < n; i += cuda::global_thread_count()) {
     float dg, du;
     swiglu_backward_elem<float>(S::load(dout, i), S::load(gate, i), S::load(up, i), &dg, &du);
     S::store(dgate, i, dg);

@@ -39,63 +39,63 @@ class CpuBackend final : public Backend {
     if (bytes && dst != src) std::memmove(dst, src, bytes);
   }
 
-  void embedding_forward(void* out, const std::int32_t* tokens, const void* wte, std::int64_t B,
-                         std::int64_t T, std::int64_t C, std::int64_t V) override {
-    embedding_forward_cpu(out, tokens, wte, B, T, C, V, dtype());
+  void embedding_forward(void* out, const std::int32_t* tokens, const void* wte, std::int64_t b,
+                         std::int64_t s, std::int64_t h, std::int64_t V) override {
+    embedding_forward_cpu(out, tokens, wte, b, s, h, V, dtype());
   }
-  void embedding_backward(void* dwte, const void* dout, const std::int32_t* tokens, std::int64_t B,
-                          std::int64_t T, std::int64_t C, std::int64_t V) override {
-    embedding_backward_cpu(dwte, dout, tokens, B, T, C, V, dtype());
+  void embedding_backward(void* dwte, const void* dout, const std::int32_t* tokens, std::int64_t b,
+                          std::int64_t s, std::int64_t h, std::int64_t V) override {
+    embedding_backward_cpu(dwte, dout, tokens, b, s, h, V, dtype());
   }
-  void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, std::int64_t N,
-                       std::int64_t C, float eps) override {
-    rmsnorm_forward_cpu(out, rstd, inp, weight, N, C, eps, dtype());
+  void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, std::int64_t n,
+                       std::int64_t h, float eps) override {
+    rmsnorm_forward_cpu(out, rstd, inp, weight, n, h, eps, dtype());
   }
   void rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp,
-                        const void* weight, const float* rstd, std::int64_t N,
-                        std::int64_t C) override {
-    rmsnorm_backward_cpu(dinp, dweight, dout, inp, weight, rstd, N, C, dtype());
+                        const void* weight, const float* rstd, std::int64_t n,
+                        std::int64_t h) override {
+    rmsnorm_backward_cpu(dinp, dweight, dout, inp, weight, rstd, n, h, dtype());
   }
   void matmul(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N, std::int64_t K,
               Trans ta, Trans tb, float alpha, float beta) override {
     matmul_cpu(c, a, b, M, N, K, ta, tb, alpha, beta, dtype());
   }
-  void rope_forward(void* q, void* k, std::int64_t B, std::int64_t T, std::int64_t NH,
-                    std::int64_t NKV, std::int64_t HD, double theta) override {
-    rope_forward_cpu(q, k, B, T, NH, NKV, HD, theta, dtype());
+  void rope_forward(void* q, void* k, std::int64_t b, std::int64_t s, std::int64_t a,
+                    std::int64_t kv, std::int64_t d, double theta) override {
+    rope_forward_cpu(q, k, b, s, a, kv, d, theta, dtype());
   }
-  void rope_backward(void* dq, void* dk, std::int64_t B, std::int64_t T, std::int64_t NH,
-                     std::int64_t NKV, std::int64_t HD, double theta) override {
-    rope_backward_cpu(dq, dk, B, T, NH, NKV, HD, theta, dtype());
+  void rope_backward(void* dq, void* dk, std::int64_t b, std::int64_t s, std::int64_t a,
+                     std::int64_t kv, std::int64_t d, double theta) override {
+    rope_backward_cpu(dq, dk, b, s, a, kv, d, theta, dtype());
   }
   void attention_forward(void* out, void* probs, float* lse, const void* q, const void* k,
-                         const void* v, std::int64_t B, std::int64_t T, std::int64_t NH,
-                         std::int64_t NKV, std::int64_t HD, Attention variant) override {
-    attention_forward_cpu(out, probs, lse, q, k, v, B, T, NH, NKV, HD, variant, dtype());
+                         const void* v, std::int64_t b, std::int64_t s, std::int64_t a,
+                         std::int64_t kv, std::int64_t d, Attention variant) override {
+    attention_forward_cpu(out, probs, lse, q, k, v, b, s, a, kv, d, variant, dtype());
   }
   void attention_backward(void* dq, void* dk, void* dv, void* dprobs, float* delta,
                           const void* dout, const void* q, const void* k, const void* v,
-                          const void* out, const void* probs, const float* lse, std::int64_t B,
-                          std::int64_t T, std::int64_t NH, std::int64_t NKV, std::int64_t HD,
+                          const void* out, const void* probs, const float* lse, std::int64_t b,
+                          std::int64_t s, std::int64_t a, std::int64_t kv, std::int64_t d,
                           Attention variant) override {
-    attention_backward_cpu(dq, dk, dv, dprobs, delta, dout, q, k, v, out, probs, lse, B, T, NH, NKV,
-                           HD, variant, dtype());
+    attention_backward_cpu(dq, dk, dv, dprobs, delta, dout, q, k, v, out, probs, lse, b, s, a, kv,
+                           d, variant, dtype());
   }
-  void swiglu_forward(void* out, const void* gate, const void* up, std::int64_t N) override {
-    swiglu_forward_cpu(out, gate, up, N, dtype());
+  void swiglu_forward(void* out, const void* gate, const void* up, std::int64_t n) override {
+    swiglu_forward_cpu(out, gate, up, n, dtype());
   }
   void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
-                       std::int64_t N) override {
-    swiglu_backward_cpu(dgate, dup, dout, gate, up, N, dtype());
+                       std::int64_t n) override {
+    swiglu_backward_cpu(dgate, dup, dout, gate, up, n, dtype());
   }
   void cross_entropy_forward(float* losses, float* lse, const void* logits,
-                             const std::int32_t* targets, std::int64_t N, std::int64_t V) override {
-    cross_entropy_forward_cpu(losses, lse, logits, targets, N, V, dtype());
+                             const std::int32_t* targets, std::int64_t n, std::int64_t V) override {
+    cross_entropy_forward_cpu(losses, lse, logits, targets, n, V, dtype());
   }
   void cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
-                              const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                              const std::int32_t* targets, std::int64_t n, std::int64_t V,
                               float scale) override {
-    cross_entropy_backward_cpu(dlogits, logits, lse, targets, N, V, scale, dtype());
+    cross_entropy_backward_cpu(dlogits, logits, lse, targets, n, V, scale, dtype());
   }
   void adamw_update(void* param, const void* grad, float* master, float* m, float* v,
                     std::int64_t n, const AdamWParams& hp, int step, float grad_scale) override {

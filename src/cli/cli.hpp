@@ -16,11 +16,13 @@
 #include "trainmem/cli.hpp"
 #include "trainmem/config.hpp"
 #include "trainmem/report.hpp"
+#include "trainmem/report_writer.hpp"
 #include "trainmem/run.hpp"
 
 namespace trainmem::cli {
 
-enum class Format { table, json, csv, markdown };
+// --format: the report writer's format (report_writer.hpp).
+using Format = report::Format;
 
 // Raw flag values, as typed. Defaults follow docs/design.md.
 struct CommonFlags {

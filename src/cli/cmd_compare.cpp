@@ -231,9 +231,22 @@ std::string saving_line(const Pair& p, ByteUnit u) {
   return o.str();
 }
 
-// The report, described once for the text and the Markdown writer.
+// {"schema", "runs": [...], "comparisons": [...]}
+json compare_json(const std::vector<Pair>& pairs, const std::vector<RunResult>& runs) {
+  json j;
+  j["schema"] = report::kSchema;
+  j["runs"] = json::array();
+  for (const auto& r : runs) j["runs"].push_back(run_result_json(r));
+  j["comparisons"] = json::array();
+  for (const auto& p : pairs) j["comparisons"].push_back(comparison_json(p));
+  return j;
+}
+
+// The report, described once for every format.
 void write_compare(report::ReportWriter& w, const std::vector<Pair>& pairs,
                    const std::vector<RunResult>& runs) {
+  w.document([&] { return compare_json(pairs, runs); });
+  w.csv_table(memory_bytes_table(pairs));
   std::uint64_t max_bytes = 0;
   for (const auto& r : runs) max_bytes = std::max({max_bytes, r.ledger.sum, r.ledger.peak});
   const ByteUnit u = table_unit(max_bytes);
@@ -265,25 +278,6 @@ void write_compare(report::ReportWriter& w, const std::vector<Pair>& pairs,
       w.line(std::string("OUT OF MEMORY in ") + optimizer_name(r.train.optimizer) + "/" +
                  checkpointing_name(r.train.checkpointing) + ": " + r.failure->message,
              report::Tone::fail);
-}
-
-std::string compare_report(const std::vector<Pair>& pairs, const std::vector<RunResult>& runs,
-                           Format format, report::Colour colour) {
-  switch (format) {
-    case Format::csv:
-      return memory_bytes_table(pairs).csv();
-    case Format::markdown: {
-      report::MarkdownWriter w;
-      write_compare(w, pairs, runs);
-      return w.str();
-    }
-    case Format::table:
-    case Format::json:
-      break;
-  }
-  report::TextWriter w(colour);
-  write_compare(w, pairs, runs);
-  return w.str();
 }
 
 int run_compare(const CompareFlags& flags) {
@@ -332,19 +326,9 @@ int run_compare(const CompareFlags& flags) {
   for (std::size_t k = 0; k < c.optimizers.size(); ++k)
     pairs.push_back({c.optimizers[k], &runs[2 * k], &runs[2 * k + 1]});
 
-  std::string text;
-  if (c.format == Format::json) {
-    json j;
-    j["schema"] = report::kSchema;
-    j["runs"] = json::array();
-    for (const auto& r : runs) j["runs"].push_back(run_result_json(r));
-    j["comparisons"] = json::array();
-    for (const auto& p : pairs) j["comparisons"].push_back(comparison_json(p));
-    text = j.dump(2) + "\n";
-  } else {
-    text = compare_report(pairs, runs, c.format, stdout_colour(c.output));
-  }
-  write_output(c.output, text);
+  const auto w = report::make_writer(c.format, stdout_colour(c.output));
+  write_compare(*w, pairs, runs);
+  write_output(c.output, w->str());
   for (const auto& r : runs)
     if (r.failure) return 3;
   return 0;

@@ -322,28 +322,9 @@ int run_diff(const DiffFlags& flags, const CLI::App& cmd) {
   const diff::Side b = build_side(pb, c);
   const diff::Result r = diff::compare(a, b);
 
-  std::string text;
-  switch (c.format) {
-    case Format::json:
-      text = diff::to_json(r).dump(2) + "\n";
-      break;
-    case Format::csv:
-      text = diff::csv(r);
-      break;
-    case Format::markdown: {
-      report::MarkdownWriter w;
-      diff::write_report(r, w, flags.all);
-      text = w.str();
-      break;
-    }
-    case Format::table: {
-      report::TextWriter w(stdout_colour(c.output));
-      diff::write_report(r, w, flags.all);
-      text = w.str();
-      break;
-    }
-  }
-  write_output(c.output, text);
+  const auto w = report::make_writer(c.format, stdout_colour(c.output));
+  diff::write_report(r, *w, flags.all);
+  write_output(c.output, w->str());
   return 0;
 }
 

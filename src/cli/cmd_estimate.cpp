@@ -20,6 +20,7 @@
 #include "trainmem/analytic.hpp"
 #include "trainmem/error.hpp"
 #include "trainmem/report.hpp"
+#include "trainmem/report_writer.hpp"
 
 namespace trainmem::cli {
 namespace {
@@ -110,7 +111,7 @@ const char* kLegend =
     "Total = Params + Gradients + Optimizer States + Activations, as published tables add "
     "them. Activations = alive at the end of forward.\n"
     "Peak = the step's high-water mark: native is exact (workspace and inputs included); the "
-    "reference profiles add the category maxima (no workspace).\n";
+    "reference profiles add the category maxima (no workspace).";
 
 // The "why" block: per-layer bytes as one coefficient of s·b·h, profile by profile, next to
 // ZeRO's 12 elements.
@@ -194,7 +195,7 @@ report::Table paper_table(const std::vector<Run>& runs) {
                    {"paper", report::Align::right},
                    {"diff", report::Align::right},
                    {"paper's parts", report::Align::right}});
-  const auto gib = [](std::uint64_t b) { return static_cast<double>(b) / 1073741824.0; };
+  const auto gib = [](std::uint64_t b) { return in_unit(b, kGiB); };
   const auto signed2 = [](double v) {
     const double r = std::round(v * 100) / 100;
     return (r > 0 ? "+" : r < 0 ? "-" : " ") + report::fixed(std::fabs(r), 2);
@@ -223,69 +224,48 @@ const char* kPaperLegend =
     "paper = LOMO (Lv et al. 2023) Table 1, LLaMA-7B b 8 s 512 fp16, GiB as printed; diff = "
     "this estimate - paper; paper's parts = its Params + Gradients + Optimizer States + "
     "Activations (its Total is 1.00 above them without checkpointing). No figure of the "
-    "estimate is fitted to the paper.\n";
+    "estimate is fitted to the paper.";
 
-std::string render_table(const Common& c, const std::vector<Run>& runs, bool explain, bool paper) {
+// The explanation of one checkpointing mode (--explain), in each human form: the terminal's
+// per-layer coefficients worked through and, per profile, the formulas, tensors and instants;
+// Markdown's coefficient table and, per profile, the formula, notes and tensor table.
+std::string explanation_text(const Common& c, const Run& r) {
+  std::string o = "\n" + why_text(c, r);
+  for (const auto& e : r.estimates) o += "\n" + report::explain_text(e);
+  return o;
+}
+
+std::string explanation_markdown(const Run& r) {
   std::ostringstream o;
-  o << title(c, runs) << "\n\n" << figures_table(runs).text() << "\n" << kLegend;
-  if (paper)
-    o << "\nThe paper's table beside this estimate\n"
-      << paper_table(runs).text() << "\n"
-      << kPaperLegend;
-  if (!explain) return o.str();
-  // Activation lists depend on the checkpointing mode, not on the optimizer: explain each
-  // mode once (with the first optimizer's figures).
-  for (const auto& r : runs) {
-    if (r.train.optimizer != runs.front().train.optimizer) continue;
-    o << "\n" << why_text(c, r);
-    for (const auto& e : r.estimates) o << "\n" << report::explain_text(e);
+  o << "\n### Per-layer coefficients (checkpointing " << checkpointing_name(r.train.checkpointing)
+    << ")\n\n"
+    << why_table(r).markdown();
+  for (const auto& e : r.estimates) {
+    o << "\n#### " << profile_name(e.profile) << ", checkpointing "
+      << checkpointing_name(r.train.checkpointing) << ": " << e.label << "\n\n"
+      << "per layer = " << report::per_layer_formula(e) << " = "
+      << report::gib2(e.activations.per_layer_bytes) << " GiB; activations "
+      << report::gib2(e.figures.activations) << " GiB, activations_peak "
+      << report::gib2(e.figures.activations_peak) << " GiB\n\n";
+    for (const auto& n : e.notes) o << "- " << n << "\n";
+    o << "\n" << report::tensor_table(e).markdown();
   }
   return o.str();
 }
 
-std::string render_markdown(const Common& c, const std::vector<Run>& runs, bool explain,
-                            bool paper) {
-  std::ostringstream o;
-  o << "**" << title(c, runs) << "**\n\n" << figures_table(runs).markdown() << "\n" << kLegend;
-  if (paper)
-    o << "\n**The paper's table beside this estimate**\n\n"
-      << paper_table(runs).markdown() << "\n"
-      << kPaperLegend;
-  if (!explain) return o.str();
-  for (const auto& r : runs) {
-    if (r.train.optimizer != runs.front().train.optimizer) continue;
-    o << "\n### Per-layer coefficients (checkpointing " << checkpointing_name(r.train.checkpointing)
-      << ")\n\n"
-      << why_table(r).markdown();
-    for (const auto& e : r.estimates) {
-      o << "\n#### " << profile_name(e.profile) << ", checkpointing "
-        << checkpointing_name(r.train.checkpointing) << ": " << e.label << "\n\n"
-        << "per layer = " << report::per_layer_formula(e) << " = "
-        << report::gib2(e.activations.per_layer_bytes) << " GiB; activations "
-        << report::gib2(e.figures.activations) << " GiB, activations_peak "
-        << report::gib2(e.figures.activations_peak) << " GiB\n\n";
-      for (const auto& n : e.notes) o << "- " << n << "\n";
-      o << "\n" << report::tensor_table(e).markdown();
-    }
-  }
-  return o.str();
-}
-
-std::string render_csv(const std::vector<Run>& runs, bool explain) {
+// The CSV table: the figures in bytes, one row per (optimizer, checkpointing, profile); with
+// --explain instead the per-tensor list, one row per tensor.
+report::Table csv_table(const std::vector<Run>& runs, bool explain) {
   if (!explain)
-    return report::memory_table_bytes(
-               {"optimizer", "checkpointing", "profile"},
-               [&] {
-                 std::vector<report::MemoryRow> rows;
-                 for (const auto& r : runs)
-                   for (const auto& e : r.estimates)
-                     rows.push_back(
-                         {{optimizer_name(r.train.optimizer),
+    return report::memory_table_bytes({"optimizer", "checkpointing", "profile"}, [&] {
+      std::vector<report::MemoryRow> rows;
+      for (const auto& r : runs)
+        for (const auto& e : r.estimates)
+          rows.push_back({{optimizer_name(r.train.optimizer),
                            checkpointing_name(r.train.checkpointing), profile_name(e.profile)},
                           e.figures});
-                 return rows;
-               }())
-        .csv();
+      return rows;
+    }());
   report::Table t({{"checkpointing", report::Align::left},
                    {"profile", report::Align::left},
                    {"group", report::Align::left},
@@ -310,7 +290,7 @@ std::string render_csv(const std::vector<Run>& runs, bool explain) {
                    str(x.at("why"))});
     }
   }
-  return t.csv();
+  return t;
 }
 
 json run_object(const Common& c, const Run& r) {
@@ -320,7 +300,7 @@ json run_object(const Common& c, const Run& r) {
               {"analytic", report::analytic_json(r.estimates)}};
 }
 
-std::string render_json(const Common& c, const std::vector<Run>& runs) {
+json estimate_json(const Common& c, const std::vector<Run>& runs) {
   json doc;
   if (!several(runs)) {
     doc = run_object(c, runs.front());
@@ -328,7 +308,31 @@ std::string render_json(const Common& c, const std::vector<Run>& runs) {
     doc = json{{"schema", report::kSchema}, {"runs", json::array()}};
     for (const auto& r : runs) doc["runs"].push_back(run_object(c, r));
   }
-  return doc.dump(2) + "\n";
+  return doc;
+}
+
+// The report, described once for every format.
+void write_estimate(report::ReportWriter& w, const Common& c, const std::vector<Run>& runs,
+                    bool explain, bool paper) {
+  w.document([&] { return estimate_json(c, runs); });
+  w.csv_table(csv_table(runs, explain));
+  w.strong(title(c, runs));
+  w.blank();
+  w.table(figures_table(runs));
+  w.blank();
+  w.line(kLegend);
+  if (paper) {
+    w.strong("The paper's table beside this estimate");
+    w.table(paper_table(runs));
+    w.blank();
+    w.line(kPaperLegend);
+  }
+  if (!explain) return;
+  // Activation lists depend on the checkpointing mode, not on the optimizer: explain each
+  // mode once (with the first optimizer's figures).
+  for (const auto& r : runs)
+    if (r.train.optimizer == runs.front().train.optimizer)
+      w.passage(explanation_text(c, r), explanation_markdown(r));
 }
 
 }  // namespace
@@ -377,22 +381,10 @@ Runner register_estimate(CLI::App& app) {
         throw InputError("--paper: allowed with --format table or markdown only");
     }
     const std::vector<Run> runs = compute(c);
-    std::string text;
-    switch (c.format) {
-      case Format::table:
-        text = render_table(c, runs, *explain, with_paper);
-        break;
-      case Format::markdown:
-        text = render_markdown(c, runs, *explain, with_paper);
-        break;
-      case Format::csv:
-        text = render_csv(runs, *explain);
-        break;
-      case Format::json:
-        text = render_json(c, runs);
-        break;
-    }
-    write_output(c.output, text);
+    // Colour off: estimate's report has no state to colour (and its title was never bold).
+    const auto w = report::make_writer(c.format, report::Colour::off);
+    write_estimate(*w, c, runs, *explain, with_paper);
+    write_output(c.output, w->str());
     return 0;
   };
 }

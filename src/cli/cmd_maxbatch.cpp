@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "layout.hpp"
 #include "search.hpp"
 #include "size.hpp"
 #include "trainmem/backend.hpp"
@@ -30,6 +31,7 @@ struct MaxbatchFlags {
   std::string vary = "batch";
   std::string overhead = "auto";
   std::int64_t step = 1;
+  LayoutFlags layout;
 };
 
 struct Budget {
@@ -112,8 +114,16 @@ int run_maxbatch(const MaxbatchFlags& flags) {
   const Budget budget = flags.budget == "device" ? device_budget()
                                                  : Budget{parse_size(flags.budget, "--budget"),
                                                           "--budget " + flags.budget};
-  const Overhead overhead = resolve_overhead(flags.overhead, c.train.dtype);
   const bool vary_batch = flags.vary == "batch";
+  if (flags.layout.world != 1) {
+    if (flags.overhead != "auto")
+      throw InputError(
+          "--overhead with --world-size above 1: state the overheads per GPU with "
+          "--cuda-context and --nccl-memory");
+    return run_maxbatch_layout(c, flags.layout, budget.bytes, budget.source, vary_batch,
+                               flags.step);
+  }
+  const Overhead overhead = resolve_overhead(flags.overhead, c.train.dtype);
 
   int traced = 0;
   auto probe = [&](std::int64_t v) -> Probe {
@@ -145,8 +155,34 @@ int run_maxbatch(const MaxbatchFlags& flags) {
     spdlog::warn("--vary seq: {} is longer than {}'s max_position_embeddings {}", s.best,
                  c.model.name, c.model.max_positions);
 
-  std::string text;
-  if (c.format == Format::json) {
+  const ByteUnit u = table_unit(budget.bytes);
+  auto q = [&](std::uint64_t b) { return format_bytes_with_unit(b, u); };
+  report::Table t({{vary_batch ? "batch" : "seq"},
+                   {std::string("peak (") + u.name + ")"},
+                   {std::string("+ overhead (") + u.name + ")"},
+                   {std::string("budget (") + u.name + ")"},
+                   {std::string("margin (") + u.name + ")"},
+                   {"fits", report::Align::left}});
+  report::Table bytes_t({{flags.vary},
+                         {"peak"},
+                         {"peak_plus_overhead"},
+                         {"budget"},
+                         {"margin"},
+                         {"fits", report::Align::left}});
+  auto row = [&](std::int64_t v, const Probe& p) {
+    const std::int64_t m = std::int64_t(budget.bytes) - std::int64_t(p.peak + overhead.bytes);
+    bytes_t.add_row({std::to_string(v), std::to_string(p.peak),
+                     std::to_string(p.peak + overhead.bytes), std::to_string(budget.bytes),
+                     std::to_string(m), p.fits ? "yes" : "NO"});
+    t.add_row({std::to_string(v), p.peak ? format_bytes(p.peak, u) : "overflow",
+               format_bytes(p.peak + overhead.bytes, u), format_bytes(budget.bytes, u),
+               format_signed_bytes(m, u), report::check_cell(p.fits)});
+  };
+  if (s.best > 0) row(s.best, s.at_best);
+  row(s.best > 0 ? s.best + flags.step : lowest, s.at_next);
+  // The report, described once for every format.
+  const auto w = report::make_writer(c.format, stdout_colour(c.output));
+  w->document([&] {
     json j = {{"schema", report::kSchema},
               {"budget", budget.bytes},
               {"vary", flags.vary},
@@ -164,67 +200,28 @@ int run_maxbatch(const MaxbatchFlags& flags) {
               {"traced", traced}};
     j["run"]["batch"] = batch;
     j["run"]["seq"] = seq;
-    text = j.dump(2) + "\n";
-  } else {
-    const ByteUnit u = table_unit(budget.bytes);
-    auto q = [&](std::uint64_t b) { return format_bytes_with_unit(b, u); };
-    report::Table t({{vary_batch ? "batch" : "seq"},
-                     {std::string("peak (") + u.name + ")"},
-                     {std::string("+ overhead (") + u.name + ")"},
-                     {std::string("budget (") + u.name + ")"},
-                     {std::string("margin (") + u.name + ")"},
-                     {"fits", report::Align::left}});
-    report::Table bytes_t({{flags.vary},
-                           {"peak"},
-                           {"peak_plus_overhead"},
-                           {"budget"},
-                           {"margin"},
-                           {"fits", report::Align::left}});
-    auto row = [&](std::int64_t v, const Probe& p) {
-      const std::int64_t m = std::int64_t(budget.bytes) - std::int64_t(p.peak + overhead.bytes);
-      bytes_t.add_row({std::to_string(v), std::to_string(p.peak),
-                       std::to_string(p.peak + overhead.bytes), std::to_string(budget.bytes),
-                       std::to_string(m), p.fits ? "yes" : "NO"});
-      t.add_row({std::to_string(v), p.peak ? format_bytes(p.peak, u) : "overflow",
-                 format_bytes(p.peak + overhead.bytes, u), format_bytes(budget.bytes, u),
-                 format_signed_bytes(m, u), report::check_cell(p.fits)});
-    };
-    if (s.best > 0) row(s.best, s.at_best);
-    row(s.best > 0 ? s.best + flags.step : lowest, s.at_next);
-    // The report, described once for the text and the Markdown writer.
-    auto write = [&](report::ReportWriter& w) {
-      w.title(
-          "trainmem maxbatch: " + c.model.name + "  " +
-          (vary_batch ? "s=" + std::to_string(c.train.seq) : "b=" + std::to_string(c.train.batch)) +
-          " " + dtype_name(c.train.dtype) + " " + optimizer_name(c.train.optimizer) +
-          "  checkpointing=" + checkpointing_name(c.train.checkpointing) +
-          " attention=" + attention_name(c.train.attention));
-      w.paragraph_break();
-      w.paragraph("budget " + q(budget.bytes) + " (" + budget.source + "); overhead " +
-                  q(overhead.bytes) + " (" + overhead.source + ")");
-      w.paragraph("peaks: the meta backend's exact trace of the training step (" +
-                  std::to_string(traced) + " configurations traced)");
-      if (s.best > 0)
-        w.strong("largest " + flags.vary + " that fits: " + std::to_string(s.best) + ", margin " +
-                 q(std::uint64_t(std::max<std::int64_t>(margin, 0))));
-      else
-        w.strong("nothing fits: even " + flags.vary + " " + std::to_string(lowest) + " needs " +
-                 q(s.at_next.peak + overhead.bytes));
-      w.table(t);
-    };
-    if (c.format == Format::csv) {
-      text = bytes_t.csv();
-    } else if (c.format == Format::markdown) {
-      report::MarkdownWriter w;
-      write(w);
-      text = w.str();
-    } else {
-      report::TextWriter w(stdout_colour(c.output));
-      write(w);
-      text = w.str();
-    }
-  }
-  write_output(c.output, text);
+    return j;
+  });
+  w->csv_table(bytes_t);
+  w->title(
+      "trainmem maxbatch: " + c.model.name + "  " +
+      (vary_batch ? "s=" + std::to_string(c.train.seq) : "b=" + std::to_string(c.train.batch)) +
+      " " + dtype_name(c.train.dtype) + " " + optimizer_name(c.train.optimizer) +
+      "  checkpointing=" + checkpointing_name(c.train.checkpointing) +
+      " attention=" + attention_name(c.train.attention));
+  w->paragraph_break();
+  w->paragraph("budget " + q(budget.bytes) + " (" + budget.source + "); overhead " +
+               q(overhead.bytes) + " (" + overhead.source + ")");
+  w->paragraph("peaks: the meta backend's exact trace of the training step (" +
+               std::to_string(traced) + " configurations traced)");
+  if (s.best > 0)
+    w->strong("largest " + flags.vary + " that fits: " + std::to_string(s.best) + ", margin " +
+              q(std::uint64_t(std::max<std::int64_t>(margin, 0))));
+  else
+    w->strong("nothing fits: even " + flags.vary + " " + std::to_string(lowest) + " needs " +
+              q(s.at_next.peak + overhead.bytes));
+  w->table(t);
+  write_output(c.output, w->str());
   return s.best > 0 ? 0 : 3;
 }
 
@@ -245,6 +242,7 @@ Runner register_maxbatch(CLI::App& app) {
   cmd->add_option("--step", flags->step, "Granularity of the answer (e.g. 64 for --vary seq)")
       ->check(integer_check<std::int64_t>("an integer; allowed: an integer >= 1"))
       ->capture_default_str();
+  add_layout_flags(*cmd, flags->layout);
   return [flags] { return run_maxbatch(*flags); };
 }
 

@@ -12,6 +12,7 @@
 #include "layout.hpp"
 #include "trainmem/analytic.hpp"
 #include "trainmem/error.hpp"
+#include "trainmem/report_writer.hpp"
 #include "trainmem/run.hpp"
 #include "trainmem/run_report.hpp"
 #include "trainmem/timeline.hpp"
@@ -66,22 +67,9 @@ int run_profile(const ProfileFlags& flags) {
     spdlog::info("wrote {}", flags.run.timeline);
   }
 
-  std::string text;
-  switch (c.format) {
-    case Format::json:
-      text = run_result_json(r).dump(2) + "\n";
-      break;
-    case Format::markdown:
-      text = profile_markdown(r);
-      break;
-    case Format::csv:
-      text = profile_csv(r);
-      break;
-    case Format::table:
-      text = profile_text(r, stdout_colour(c.output));
-      break;
-  }
-  write_output(c.output, text);
+  const auto w = report::make_writer(c.format, stdout_colour(c.output));
+  write_profile(*w, r);
+  write_output(c.output, w->str());
   // After an out-of-memory (already logged by execute_run) the report above holds what was
   // measured up to the failure.
   return r.failure ? 3 : 0;

@@ -270,9 +270,28 @@ void write_fits(report::ReportWriter& w, const SweepFits& f, std::size_t n_runs)
   for (const auto& n : f.notes) w.item("note: " + n);
 }
 
-// The report, described once for the text and the Markdown writer.
+// {"schema", "runs": [...]} and, with --fit, "fit", "fit_unavailable", "fit_notes".
+json sweep_json(const std::vector<RunResult>& runs, const std::optional<SweepFits>& fits) {
+  json j;
+  j["schema"] = report::kSchema;
+  j["runs"] = json::array();
+  for (const auto& r : runs) j["runs"].push_back(run_result_json(r));
+  if (fits) {
+    j["fit"] = fits_json(*fits);
+    // docs/design.md: one entry per measurement source; a source that could not give the
+    // figure says why in its entry (and, as before, in fit_unavailable).
+    for (const auto& [src, why] : fits->unavailable) j["fit"][src] = {{"unavailable", why}};
+    j["fit_unavailable"] = fits->unavailable;
+    j["fit_notes"] = fits->notes;
+  }
+  return j;
+}
+
+// The report, described once for every format.
 void write_sweep(report::ReportWriter& w, const Common& c, const std::vector<RunResult>& runs,
                  bool several_models, const std::optional<SweepFits>& fits) {
+  w.document([&] { return sweep_json(runs, fits); });
+  w.csv_table(runs_bytes_table(runs));
   std::uint64_t max_bytes = 0;
   for (const auto& r : runs) max_bytes = std::max(max_bytes, r.ledger.peak);
   const ByteUnit u = table_unit(max_bytes);
@@ -353,41 +372,9 @@ int run_sweep(const SweepFlags& flags) {
   if (flags.fit && !failed) fits = fit_sources(runs, terms);
   if (flags.fit && failed) spdlog::error("--fit: skipped, a run ran out of memory");
 
-  std::string text;
-  switch (c.format) {
-    case Format::json: {
-      json j;
-      j["schema"] = report::kSchema;
-      j["runs"] = json::array();
-      for (const auto& r : runs) j["runs"].push_back(run_result_json(r));
-      if (fits) {
-        j["fit"] = fits_json(*fits);
-        // docs/design.md: one entry per measurement source; a source that could not give the
-        // figure says why in its entry (and, as before, in fit_unavailable).
-        for (const auto& [src, why] : fits->unavailable) j["fit"][src] = {{"unavailable", why}};
-        j["fit_unavailable"] = fits->unavailable;
-        j["fit_notes"] = fits->notes;
-      }
-      text = j.dump(2) + "\n";
-      break;
-    }
-    case Format::csv:
-      text = runs_bytes_table(runs).csv();
-      break;
-    case Format::markdown: {
-      report::MarkdownWriter w;
-      write_sweep(w, c, runs, models.size() > 1, fits);
-      text = w.str();
-      break;
-    }
-    case Format::table: {
-      report::TextWriter w(stdout_colour(c.output));
-      write_sweep(w, c, runs, models.size() > 1, fits);
-      text = w.str();
-      break;
-    }
-  }
-  write_output(c.output, text);
+  const auto w = report::make_writer(c.format, stdout_colour(c.output));
+  write_sweep(*w, c, runs, models.size() > 1, fits);
+  write_output(c.output, w->str());
   return failed ? 3 : 0;
 }
 

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <optional>
 
+#include "search.hpp"
 #include "size.hpp"
 #include "trainmem/bytes.hpp"
+#include "trainmem/checked.hpp"
 #include "trainmem/dist_refs.hpp"
 #include "trainmem/error.hpp"
 #include "trainmem/report.hpp"
@@ -435,6 +437,102 @@ std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Co
                          : "MISMATCH: see the rows marked NO",
           lt.all_match() ? report::Tone::ok : report::Tone::fail);
   return head + w->str();
+}
+
+int run_maxbatch_layout(const Common& c, const LayoutFlags& flags, std::uint64_t budget_bytes,
+                        const std::string& budget_source, bool vary_batch, std::int64_t step) {
+  const ParallelConfig par = resolve_layout(flags, c.model, c.train);
+  check_layout_request(c, false, false);
+  if (!vary_batch && par.sp && step % par.tp != 0)
+    throw InputError("--step " + std::to_string(step) +
+                     " with --sp and --vary seq: must be a "
+                     "multiple of --tp " +
+                     std::to_string(par.tp) + " (each rank keeps s/tp rows)");
+  const OverheadOptions oo = resolve_overheads(flags);
+  const Overheads over = estimate_overheads(par, oo);
+  int traced = 0;
+  std::vector<std::uint64_t> per_rank;  // the worst rank's figures at the best value
+  auto probe = [&](std::int64_t v) -> Probe {
+    TrainConfig t = c.train;
+    (vary_batch ? t.batch : t.seq) = v;
+    try {
+      const LayoutTrace lt = trace_layout(c.model, t, par, oo, 2);
+      ++traced;
+      std::uint64_t worst = 0;
+      for (const auto& r : lt.ranks) worst = std::max(worst, r.ledger.peak);
+      return {checked_add(worst, over.total()) <= budget_bytes, worst};
+    } catch (const OverflowError&) {
+      return {false, 0};
+    }
+  };
+  const std::int64_t lowest = vary_batch ? step : std::max<std::int64_t>(2, step);
+  const std::int64_t highest = vary_batch ? (std::int64_t{1} << 30) : (std::int64_t{1} << 24);
+  const SearchResult s = find_largest_fitting(lowest, highest, step, probe);
+  const std::string vary = vary_batch ? "batch" : "seq";
+  std::string text;
+  if (c.format == Format::json) {
+    json j = {{"schema", report::kSchema},
+              {"budget", budget_bytes},
+              {"budget_source", budget_source},
+              {"vary", vary},
+              {"best", s.best},
+              {"worst_rank_peak", s.best > 0 ? json(s.at_best.peak) : json(nullptr)},
+              {"next_worst_rank_peak", s.at_next.peak ? json(s.at_next.peak) : json(nullptr)},
+              {"overheads",
+               {{"cuda_context", over.cuda_context},
+                {"cuda_context_source", over.cuda_context_source},
+                {"nccl", over.nccl},
+                {"nccl_source", over.nccl_source}}},
+              {"layout", layout_json(par)},
+              {"model", report::model_json(c.model, c.model.param_count())},
+              {"run", report::run_json(c.train, "meta", 2)},
+              {"traced", traced}};
+    j["run"][vary] = s.best;
+    text = j.dump(2) + "\n";
+  } else {
+    const ByteUnit u = table_unit(budget_bytes);
+    report::Table t({{vary},
+                     {"worst rank (" + std::string(u.name) + ")"},
+                     {"+ overheads (" + std::string(u.name) + ")"},
+                     {"budget (" + std::string(u.name) + ")"},
+                     {"fits", report::Align::left}});
+    report::Table exact({{vary}, {"worst_rank_peak"}, {"with_overheads"}, {"budget"}, {"fits"}});
+    auto row = [&](std::int64_t v, const Probe& p) {
+      const std::uint64_t need = p.peak + over.total();
+      t.add_row({std::to_string(v), p.peak ? format_bytes(p.peak, u) : "overflow",
+                 format_bytes(need, u), format_bytes(budget_bytes, u), report::check_cell(p.fits)});
+      exact.add_row({std::to_string(v), std::to_string(p.peak), std::to_string(need),
+                     std::to_string(budget_bytes), p.fits ? "yes" : "NO"});
+    };
+    if (s.best > 0) row(s.best, s.at_best);
+    row(s.best > 0 ? s.best + step : lowest, s.at_next);
+    if (c.format == Format::csv) {
+      text = exact.csv();
+    } else {
+      std::unique_ptr<report::ReportWriter> w;
+      if (c.format == Format::markdown)
+        w = std::make_unique<report::MarkdownWriter>();
+      else
+        w = std::make_unique<report::TextWriter>(stdout_colour(c.output));
+      w->title("trainmem maxbatch per rank: " + c.model.name + ", " + std::to_string(par.world) +
+               " GPUs: " + par.describe());
+      w->paragraph("budget per GPU " + format_bytes_with_unit(budget_bytes, u) + " (" +
+                   budget_source + "); overheads " + format_bytes_with_unit(over.total(), u) +
+                   " (CUDA context: " + over.cuda_context_source + "; NCCL: " + over.nccl_source +
+                   ")");
+      w->paragraph("peaks: every rank's sharded step traced on meta (" + std::to_string(traced) +
+                   " configurations), the worst rank kept");
+      if (s.best > 0)
+        w->strong("largest micro-" + vary + " that fits every rank: " + std::to_string(s.best));
+      else
+        w->strong("nothing fits: even " + vary + " " + std::to_string(lowest) + " needs " +
+                  format_bytes_with_unit(s.at_next.peak + over.total(), u) + " on the worst rank");
+      w->table(t);
+      text = w->str();
+    }
+  }
+  write_output(c.output, text);
+  return s.best > 0 ? 0 : 3;
 }
 
 }  // namespace trainmem::cli

@@ -86,12 +86,12 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
   k_ = cfg_.kv_heads;
   d_ = cfg_.head_dim();
   V_ = cfg_.vocab;
-  N_ = std::int64_t(checked_mul(std::uint64_t(b_), std::uint64_t(s_), "batch x seq"));
+  n_ = std::int64_t(checked_mul(std::uint64_t(b_), std::uint64_t(s_), "batch x seq"));
   loss_scale_ = trainmem::loss_scale(D_, b_ * (s_ - 1));
   // Every buffer's byte count must fit: the largest are logits (b,s,V) and probs (b,a,s,s).
-  checked_product({std::uint64_t(N_), std::uint64_t(V_), 4}, "logits bytes");
-  checked_product({std::uint64_t(N_), std::uint64_t(a_), std::uint64_t(s_), 4}, "probs bytes");
-  checked_product({std::uint64_t(N_), std::uint64_t(i_), 4}, "intermediate activation bytes");
+  checked_product({std::uint64_t(n_), std::uint64_t(V_), 4}, "logits bytes");
+  checked_product({std::uint64_t(n_), std::uint64_t(a_), std::uint64_t(s_), 4}, "probs bytes");
+  checked_product({std::uint64_t(n_), std::uint64_t(i_), 4}, "intermediate activation bytes");
   layers_.resize(std::size_t(cfg_.layers));
 
   auto setup = ledger_.scope(Phase::setup);
@@ -206,10 +206,10 @@ void LlamaModel::init_random(std::uint64_t seed) {
 }
 
 void LlamaModel::set_tokens(const std::vector<std::int32_t>& ids, const std::string& source) {
-  if (std::int64_t(ids.size()) != N_)
+  if (std::int64_t(ids.size()) != n_)
     throw InputError(source + ": " + std::to_string(ids.size()) +
                      " token ids, expected batch x seq = " + std::to_string(b_) + " x " +
-                     std::to_string(s_) + " = " + std::to_string(N_));
+                     std::to_string(s_) + " = " + std::to_string(n_));
   for (std::size_t j = 0; j < ids.size(); ++j)
     if (ids[j] < 0 || ids[j] >= V_)
       throw InputError(source + ": token id " + std::to_string(ids[j]) + " at position " +
@@ -222,7 +222,7 @@ void LlamaModel::set_tokens(const std::vector<std::int32_t>& ids, const std::str
 }
 
 void LlamaModel::random_tokens(std::uint64_t seed) {
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(N_));
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(n_));
   for (std::size_t j = 0; j < ids.size(); ++j)
     ids[j] = std::int32_t(random_bits(seed, kTokenStream, j) % std::uint64_t(V_));
   set_tokens(ids, "random tokens");
@@ -268,36 +268,36 @@ void LlamaModel::layer_forward(int l, const void* x, LayerActs& A, ActPass pass)
   const std::int64_t ad = a_ * d_, kd = k_ * d_;
   const float eps = float(cfg_.rms_eps);
   auto W = [&](int j) { return params_[layer_param(l, j)].value.data(); };
-  auto T = [&](LA row) { return A[row].data(); };
-  auto F = [&](LA row) { return A[row].as<float>(); };
+  auto at = [&](LA row) { return A[row].data(); };
+  auto at_f32 = [&](LA row) { return A[row].as<float>(); };
   int next = 0;  // the table's next row
   auto through = [&](LA last) { return allocate_acts_through(l, A, pass, last, next); };
 
   through(LA::xn1);  // rstd1, xn1
-  be_.rmsnorm_forward(T(LA::xn1), F(LA::rstd1), x, W(kInNorm), N_, h_, eps);
+  be_.rmsnorm_forward(at(LA::xn1), at_f32(LA::rstd1), x, W(kInNorm), n_, h_, eps);
   through(LA::v);  // q, k, v
-  be_.matmul(T(LA::q), T(LA::xn1), W(kQ), N_, ad, h_, Trans::no, Trans::yes, 1.f, 0.f);
-  be_.matmul(T(LA::k), T(LA::xn1), W(kK), N_, kd, h_, Trans::no, Trans::yes, 1.f, 0.f);
-  be_.matmul(T(LA::v), T(LA::xn1), W(kV), N_, kd, h_, Trans::no, Trans::yes, 1.f, 0.f);
-  be_.rope_forward(T(LA::q), T(LA::k), b_, s_, a_, k_, d_, cfg_.rope_theta);  // in place
+  be_.matmul(at(LA::q), at(LA::xn1), W(kQ), n_, ad, h_, Trans::no, Trans::yes, 1.f, 0.f);
+  be_.matmul(at(LA::k), at(LA::xn1), W(kK), n_, kd, h_, Trans::no, Trans::yes, 1.f, 0.f);
+  be_.matmul(at(LA::v), at(LA::xn1), W(kV), n_, kd, h_, Trans::no, Trans::yes, 1.f, 0.f);
+  be_.rope_forward(at(LA::q), at(LA::k), b_, s_, a_, k_, d_, cfg_.rope_theta);  // in place
   through(LA::attn_out);  // probs (eager) | lse (flash), attn_out
-  be_.attention_forward(T(LA::attn_out), T(LA::probs), F(LA::lse), T(LA::q), T(LA::k), T(LA::v), b_,
-                        s_, a_, k_, d_, train_.attention);
+  be_.attention_forward(at(LA::attn_out), at(LA::probs), at_f32(LA::lse), at(LA::q), at(LA::k),
+                        at(LA::v), b_, s_, a_, k_, d_, train_.attention);
   // h_mid = x + attn_out · W_oᵀ: copy then GEMM with beta 1 (no transient).
   through(LA::h_mid);
-  be_.copy(T(LA::h_mid), x, A[LA::h_mid].bytes());
-  be_.matmul(T(LA::h_mid), T(LA::attn_out), W(kO), N_, h_, ad, Trans::no, Trans::yes, 1.f, 1.f);
+  be_.copy(at(LA::h_mid), x, A[LA::h_mid].bytes());
+  be_.matmul(at(LA::h_mid), at(LA::attn_out), W(kO), n_, h_, ad, Trans::no, Trans::yes, 1.f, 1.f);
   through(LA::xn2);  // rstd2, xn2
-  be_.rmsnorm_forward(T(LA::xn2), F(LA::rstd2), T(LA::h_mid), W(kPostNorm), N_, h_, eps);
+  be_.rmsnorm_forward(at(LA::xn2), at_f32(LA::rstd2), at(LA::h_mid), W(kPostNorm), n_, h_, eps);
   through(LA::up);  // gate, up
-  be_.matmul(T(LA::gate), T(LA::xn2), W(kGate), N_, i_, h_, Trans::no, Trans::yes, 1.f, 0.f);
-  be_.matmul(T(LA::up), T(LA::xn2), W(kUp), N_, i_, h_, Trans::no, Trans::yes, 1.f, 0.f);
+  be_.matmul(at(LA::gate), at(LA::xn2), W(kGate), n_, i_, h_, Trans::no, Trans::yes, 1.f, 0.f);
+  be_.matmul(at(LA::up), at(LA::xn2), W(kUp), n_, i_, h_, Trans::no, Trans::yes, 1.f, 0.f);
   through(LA::act);  // silu(gate) · up
-  be_.swiglu_forward(T(LA::act), T(LA::gate), T(LA::up), N_ * i_);
+  be_.swiglu_forward(at(LA::act), at(LA::gate), at(LA::up), n_ * i_);
   if (!through(LA::out)) return;  // the recompute
   // out = h_mid + act · W_downᵀ; it is x_{l+1}.
-  be_.copy(T(LA::out), T(LA::h_mid), A[LA::out].bytes());
-  be_.matmul(T(LA::out), T(LA::act), W(kDown), N_, h_, i_, Trans::no, Trans::yes, 1.f, 1.f);
+  be_.copy(at(LA::out), at(LA::h_mid), A[LA::out].bytes());
+  be_.matmul(at(LA::out), at(LA::act), W(kDown), n_, h_, i_, Trans::no, Trans::yes, 1.f, 1.f);
 }
 
 bool LlamaModel::allocate_acts_through(int l, LayerActs& A, ActPass pass, LayerAct last,
@@ -340,17 +340,17 @@ void LlamaModel::forward() {
   final_norm_out_ = act("final_norm_out", -1, {b_, s_, h_}, D_);
   final_rstd_ = act("final_rstd", -1, {b_, s_}, f32);
   be_.rmsnorm_forward(final_norm_out_.data(), final_rstd_.as<float>(), x,
-                      params_[final_norm_index()].value.data(), N_, h_, float(cfg_.rms_eps));
+                      params_[final_norm_index()].value.data(), n_, h_, float(cfg_.rms_eps));
   logits_ = act("logits", -1, {b_, s_, V_}, D_);
-  be_.matmul(logits_.data(), final_norm_out_.data(), params_[head_index()].value.data(), N_, V_, h_,
+  be_.matmul(logits_.data(), final_norm_out_.data(), params_[head_index()].value.data(), n_, V_, h_,
              Trans::no, Trans::yes, 1.f, 0.f);
   ce_lse_ = act("ce_lse", -1, {b_, s_}, f32);
   {
     Tensor losses = ws("ce_losses", -1, {b_, s_}, f32);  // 0 at ignored positions
     be_.cross_entropy_forward(losses.as<float>(), ce_lse_.as<float>(), logits_.data(),
-                              targets_.as<std::int32_t>(), N_, V_);
+                              targets_.as<std::int32_t>(), n_, V_);
     if (be_.computes()) {
-      std::vector<float> host(static_cast<std::size_t>(N_));
+      std::vector<float> host(static_cast<std::size_t>(n_));
       be_.download(host.data(), losses.data(), losses.bytes());
       double sum = 0.0;
       for (float v : host) sum += v;
@@ -446,17 +446,17 @@ void LlamaModel::backward(const GradientCapture& capture) {
   const bool observe = head_observer_ && be_.computes();
 
   // 1. dlogits in place of logits: the gradient of S·(mean loss), S the loss scale.
-  if (observe) head_observer_("logits", logits_.data(), N_, V_);
+  if (observe) head_observer_("logits", logits_.data(), n_, V_);
   be_.cross_entropy_backward(logits_.data(), logits_.data(), ce_lse_.as<float>(),
-                             targets_.as<std::int32_t>(), N_, V_, cross_entropy_scale());
-  if (observe) head_observer_("dlogits", logits_.data(), N_, V_);
+                             targets_.as<std::int32_t>(), n_, V_, cross_entropy_scale());
+  if (observe) head_observer_("dlogits", logits_.data(), n_, V_);
   ce_lse_.reset();
   // 2. through the head. Tied: the embedding gradient, kept until the embedding backward.
   Tensor d_fno = ws("d_final_norm_out", -1, {b_, s_, h_}, D_);
   void* dW_head = begin_grad(head);
-  be_.matmul(d_fno.data(), logits_.data(), params_[head].value.data(), N_, h_, V_, Trans::no,
+  be_.matmul(d_fno.data(), logits_.data(), params_[head].value.data(), n_, h_, V_, Trans::no,
              Trans::no, 1.f, 0.f);
-  be_.matmul(dW_head, logits_.data(), final_norm_out_.data(), V_, h_, N_, Trans::yes, Trans::no,
+  be_.matmul(dW_head, logits_.data(), final_norm_out_.data(), V_, h_, n_, Trans::yes, Trans::no,
              1.f, 1.f);
   if (!cfg_.tied_embeddings) end_grad(head, capture);
   logits_.reset();
@@ -464,7 +464,7 @@ void LlamaModel::backward(const GradientCapture& capture) {
   Tensor d_res = ws("d_residual", -1, {b_, s_, h_}, D_);  // accumulates
   be_.fill_zero(d_res.data(), d_res.bytes());
   be_.rmsnorm_backward(d_res.data(), begin_grad(fnorm), d_fno.data(), x_L,
-                       params_[fnorm].value.data(), final_rstd_.as<float>(), N_, h_);
+                       params_[fnorm].value.data(), final_rstd_.as<float>(), n_, h_);
   end_grad(fnorm, capture);
   d_fno.reset();
   final_norm_out_.reset();
@@ -493,15 +493,15 @@ void LlamaModel::layer_backward(int l, Tensor& d_res, const GradientCapture& cap
   auto Wp = [&](int j) { return params_[layer_param(l, j)].value.data(); };
   auto G = [&](int j) { return begin_grad(layer_param(l, j)); };
   auto done = [&](int j) { end_grad(layer_param(l, j), capture); };
-  auto T = [&](LA row) { return A[row].data(); };
-  auto F = [&](LA row) { return A[row].as<float>(); };
+  auto at = [&](LA row) { return A[row].data(); };
+  auto at_f32 = [&](LA row) { return A[row].as<float>(); };
   // Backward of a projection y = x·Wᵀ, W (out_f, in_f): dx = dy·W (dx_beta 1: +=) and
   // dW += dyᵀ·x. Under LOMO the gradient lives only around these two GEMMs.
   auto linear_backward = [&](int j, void* dx, const void* dy, const void* xin, std::int64_t out_f,
                              std::int64_t in_f, float dx_beta) {
     void* g = G(j);
-    be_.matmul(dx, dy, Wp(j), N_, in_f, out_f, Trans::no, Trans::no, 1.f, dx_beta);
-    be_.matmul(g, dy, xin, out_f, in_f, N_, Trans::yes, Trans::no, 1.f, 1.f);
+    be_.matmul(dx, dy, Wp(j), n_, in_f, out_f, Trans::no, Trans::no, 1.f, dx_beta);
+    be_.matmul(g, dy, xin, out_f, in_f, n_, Trans::yes, Trans::no, 1.f, 1.f);
     done(j);
   };
 
@@ -512,30 +512,30 @@ void LlamaModel::layer_backward(int l, Tensor& d_res, const GradientCapture& cap
   }
   // 1. down_proj.
   Tensor d_act = ws("d_act", l, {b_, s_, i_}, D_);
-  linear_backward(kDown, d_act.data(), d_res.data(), T(LA::act), h_, i_, 0.f);
+  linear_backward(kDown, d_act.data(), d_res.data(), at(LA::act), h_, i_, 0.f);
   free_acts_at_backward_step(A, 1);  // act
   // 2. SwiGLU.
   Tensor d_gate = ws("d_gate", l, {b_, s_, i_}, D_);
   Tensor d_up = ws("d_up", l, {b_, s_, i_}, D_);
-  be_.swiglu_backward(d_gate.data(), d_up.data(), d_act.data(), T(LA::gate), T(LA::up), N_ * i_);
+  be_.swiglu_backward(d_gate.data(), d_up.data(), d_act.data(), at(LA::gate), at(LA::up), n_ * i_);
   d_act.reset();
   free_acts_at_backward_step(A, 2);  // gate, up
   // 3. gate_proj, up_proj.
   Tensor d_xn2 = ws("d_xn2", l, {b_, s_, h_}, D_);
-  linear_backward(kGate, d_xn2.data(), d_gate.data(), T(LA::xn2), i_, h_, 0.f);
-  linear_backward(kUp, d_xn2.data(), d_up.data(), T(LA::xn2), i_, h_, 1.f);
+  linear_backward(kGate, d_xn2.data(), d_gate.data(), at(LA::xn2), i_, h_, 0.f);
+  linear_backward(kUp, d_xn2.data(), d_up.data(), at(LA::xn2), i_, h_, 1.f);
   d_gate.reset();
   d_up.reset();
   free_acts_at_backward_step(A, 3);  // xn2
   // 4. post-attention RMSNorm: d_residual += ..., through h_mid.
-  be_.rmsnorm_backward(d_res.data(), G(kPostNorm), d_xn2.data(), T(LA::h_mid), Wp(kPostNorm),
-                       F(LA::rstd2), N_, h_);
+  be_.rmsnorm_backward(d_res.data(), G(kPostNorm), d_xn2.data(), at(LA::h_mid), Wp(kPostNorm),
+                       at_f32(LA::rstd2), n_, h_);
   done(kPostNorm);
   d_xn2.reset();
   free_acts_at_backward_step(A, 4);  // h_mid, rstd2
   // 5. o_proj.
   Tensor d_ao = ws("d_attn_out", l, {b_, s_, ad}, D_);
-  linear_backward(kO, d_ao.data(), d_res.data(), T(LA::attn_out), h_, ad, 0.f);
+  linear_backward(kO, d_ao.data(), d_res.data(), at(LA::attn_out), h_, ad, 0.f);
   // 6. attention.
   Tensor d_q = ws("d_q", l, {b_, s_, ad}, D_);
   Tensor d_k = ws("d_k", l, {b_, s_, kd}, D_);
@@ -544,9 +544,9 @@ void LlamaModel::layer_backward(int l, Tensor& d_res, const GradientCapture& cap
                                                         : ws("attn_delta", l, {b_, a_, s_}, f32);
   const bool eager = train_.attention == Attention::eager;
   be_.attention_backward(d_q.data(), d_k.data(), d_v.data(), eager ? scratch.data() : nullptr,
-                         eager ? nullptr : scratch.as<float>(), d_ao.data(), T(LA::q), T(LA::k),
-                         T(LA::v), T(LA::attn_out), T(LA::probs), F(LA::lse), b_, s_, a_, k_, d_,
-                         train_.attention);
+                         eager ? nullptr : scratch.as<float>(), d_ao.data(), at(LA::q), at(LA::k),
+                         at(LA::v), at(LA::attn_out), at(LA::probs), at_f32(LA::lse), b_, s_, a_,
+                         k_, d_, train_.attention);
   scratch.reset();
   d_ao.reset();
   free_acts_at_backward_step(A, 6);  // attn_out, probs | lse
@@ -554,16 +554,16 @@ void LlamaModel::layer_backward(int l, Tensor& d_res, const GradientCapture& cap
   be_.rope_backward(d_q.data(), d_k.data(), b_, s_, a_, k_, d_, cfg_.rope_theta);
   // 8. q_proj, k_proj, v_proj.
   Tensor d_xn1 = ws("d_xn1", l, {b_, s_, h_}, D_);
-  linear_backward(kQ, d_xn1.data(), d_q.data(), T(LA::xn1), ad, h_, 0.f);
-  linear_backward(kK, d_xn1.data(), d_k.data(), T(LA::xn1), kd, h_, 1.f);
-  linear_backward(kV, d_xn1.data(), d_v.data(), T(LA::xn1), kd, h_, 1.f);
+  linear_backward(kQ, d_xn1.data(), d_q.data(), at(LA::xn1), ad, h_, 0.f);
+  linear_backward(kK, d_xn1.data(), d_k.data(), at(LA::xn1), kd, h_, 1.f);
+  linear_backward(kV, d_xn1.data(), d_v.data(), at(LA::xn1), kd, h_, 1.f);
   d_q.reset();
   d_k.reset();
   d_v.reset();
   free_acts_at_backward_step(A, 8);  // q, k, v, xn1
   // 9. input RMSNorm: d_residual += ..., through x_l; then x_l is no longer needed.
-  be_.rmsnorm_backward(d_res.data(), G(kInNorm), d_xn1.data(), x.data(), Wp(kInNorm), F(LA::rstd1),
-                       N_, h_);
+  be_.rmsnorm_backward(d_res.data(), G(kInNorm), d_xn1.data(), x.data(), Wp(kInNorm),
+                       at_f32(LA::rstd1), n_, h_);
   done(kInNorm);
   d_xn1.reset();
   free_acts_at_backward_step(A, 9);  // rstd1

@@ -5,7 +5,8 @@
 #include "trainmem/sharded_step.hpp"
 
 #include <algorithm>
-#include <deque>
+#include <array>
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -39,9 +40,25 @@ struct ShardedStep::Impl {
   std::vector<std::uint64_t> unit_elems;
   std::map<int, Tensor> gathered;
 
-  // Activations of one micro-batch in flight.
+  // Activations of one micro-batch in flight: one slot per per-layer tensor name.
+  static constexpr const char* kActNames[] = {"rstd1", "xn1",  "q",        "k",     "v",
+                                              "probs", "lse",  "attn_out", "h_mid", "rstd2",
+                                              "xn2",   "gate", "up",       "act",   "out"};
+  static constexpr int kNumActs = sizeof(kActNames) / sizeof(kActNames[0]);
+  static int act_slot(const char* name) {
+    for (int n = 0; n < kNumActs; ++n)
+      if (std::strcmp(kActNames[n], name) == 0) return n;
+    throw Error(std::string("sharded step: no activation slot '") + name + "'");
+  }
   struct Layer {
-    std::map<std::string, Tensor> acts;
+    std::array<Tensor, kNumActs> slots;
+    Tensor& operator[](const char* name) { return slots[std::size_t(act_slot(name))]; }
+    void erase(const char* name) { (*this)[name].reset(); }
+    const char* first_alive() const {
+      for (int n = 0; n < kNumActs; ++n)
+        if (slots[std::size_t(n)]) return kActNames[n];
+      return nullptr;
+    }
   };
   struct MicroBatch {
     Tensor input;  // embed_out or stage_input (x_0)
@@ -225,7 +242,7 @@ struct ShardedStep::Impl {
   // One layer's forward (recompute: stops before `out`).
   void layer_forward(std::int64_t l, Layer& L, bool recompute) {
     const int g = global_layer(l);
-    auto A = [&](const char* name, Shape sh, DType dt) { L.acts[name] = act(name, g, sh, dt); };
+    auto A = [&](const char* name, Shape sh, DType dt) { L[name] = act(name, g, sh, dt); };
     A("rstd1", {b, sr}, f32);
     A("xn1", {b, sr, h}, D);
     Tensor gath;
@@ -256,7 +273,7 @@ struct ShardedStep::Impl {
     if (full) {
       static const char* order[] = {"act",   "up",  "gate", "xn2", "rstd2", "h_mid", "attn_out",
                                     "probs", "lse", "v",    "k",   "q",     "xn1",   "rstd1"};
-      for (const char* name : order) L.acts.erase(name);
+      for (const char* name : order) L.erase(name);
     }
   }
 
@@ -288,7 +305,7 @@ struct ShardedStep::Impl {
       B.ce_lse = act("ce_lse", -1, {b, s}, f32);
       { Tensor losses = ws("ce_losses", -1, {b, s}, f32); }
     } else if (Ls > 0) {
-      B.layers.back().acts.erase("out");  // sent to the next stage
+      B.layers.back().erase("out");  // sent to the next stage
     }
     if (mark) ledger.mark_end_of_forward();
   }
@@ -298,7 +315,7 @@ struct ShardedStep::Impl {
     const int g = global_layer(l);
     Layer& L = B.layers[std::size_t(l)];
     auto drop = [&](std::initializer_list<const char*> names) {
-      for (const char* n : names) L.acts.erase(n);
+      for (const char* n : names) L.erase(n);
     };
     if (full) {
       auto rc = ledger.scope(Phase::recompute);
@@ -360,10 +377,10 @@ struct ShardedStep::Impl {
     if (l == 0)
       B.input.reset();
     else
-      B.layers[std::size_t(l) - 1].acts.erase("out");
-    if (!L.acts.empty())
-      throw Error("sharded step: layer " + std::to_string(g) + "'s backward left '" +
-                  L.acts.begin()->first + "' alive");
+      B.layers[std::size_t(l) - 1].erase("out");
+    if (const char* left = L.first_alive())
+      throw Error("sharded step: layer " + std::to_string(g) + "'s backward left '" + left +
+                  "' alive");
   }
 
   void backward(std::int64_t mb) {
@@ -388,7 +405,7 @@ struct ShardedStep::Impl {
       d_fno.reset();
       B.final_norm_out.reset();
       B.final_rstd.reset();
-      if (Ls > 0) B.layers.back().acts.erase("out");
+      if (Ls > 0) B.layers.back().erase("out");
     } else {
       d_res = ws("d_residual", -1, {b, sr, h}, D);  // received from the next stage
     }

@@ -9,9 +9,19 @@ ByteUnit table_unit(std::uint64_t max_bytes) {
   return max_bytes >= (std::uint64_t{1} << 30) ? kGiB : kMiB;
 }
 
+ByteUnit byte_unit_for(std::uint64_t max_bytes) {
+  if (max_bytes >= (std::uint64_t{1} << 30)) return kGiB;
+  if (max_bytes >= (std::uint64_t{1} << 20)) return kMiB;
+  return kKiB;
+}
+
+double in_unit(std::uint64_t bytes, ByteUnit unit) {
+  return static_cast<double>(bytes) / unit.bytes;
+}
+
 std::string format_bytes(std::uint64_t bytes, ByteUnit unit) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(bytes) / unit.bytes);
+  std::snprintf(buf, sizeof buf, "%.2f", in_unit(bytes, unit));
   return buf;
 }
 

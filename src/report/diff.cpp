@@ -1,5 +1,5 @@
-// `trainmem diff`: reading the two sides, the difference B − A, and its reports (see
-// include/trainmem/diff.hpp).
+// `trainmem diff`: reading the two sides and the difference B − A (see include/trainmem/diff.hpp;
+// its reports: diff_report.cpp).
 #include "trainmem/diff.hpp"
 
 #include <sys/stat.h>
@@ -14,6 +14,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "diff_internal.hpp"
 #include "trainmem/bytes.hpp"
 #include "trainmem/checked.hpp"
 #include "trainmem/error.hpp"
@@ -22,6 +23,7 @@
 namespace trainmem::diff {
 
 using nlohmann::json;
+using namespace detail;
 
 namespace {
 
@@ -36,17 +38,6 @@ std::size_t group_rank(const std::string& g) {
 
 [[noreturn]] void bad(const std::string& where, const std::string& what) {
   throw InputError("diff " + where + ": " + what);
-}
-
-std::string join(const std::vector<std::string>& xs, const char* sep) {
-  std::string out;
-  for (std::size_t n = 0; n < xs.size(); ++n) out += (n ? sep : "") + xs[n];
-  return out;
-}
-
-// A JSON value as a reader would write it in a sentence (strings without quotes).
-std::string plain(const json& v) {
-  return v.is_string() ? v.get<std::string>() : v.dump();
 }
 
 const json& need(const json& obj, const std::string& key, const std::string& where,
@@ -91,45 +82,6 @@ std::optional<Term> parse_term(const std::string& s) {
   return std::nullopt;
 }
 
-// The monomial as docs/formulas.md writes it.
-const char* monomial(Term t) {
-  return t == Term::as2b ? "as²b" : term_name(t);
-}
-
-std::int64_t signed_delta(std::uint64_t b, std::uint64_t a) {
-  constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
-  if (b >= a) {
-    if (b - a > kMax) throw OverflowError("diff: a difference past 2^63 bytes");
-    return static_cast<std::int64_t>(b - a);
-  }
-  if (a - b > kMax) throw OverflowError("diff: a difference past 2^63 bytes");
-  return -static_cast<std::int64_t>(a - b);
-}
-
-std::uint64_t magnitude(std::int64_t d) {
-  return d < 0 ? static_cast<std::uint64_t>(-(d + 1)) + 1 : static_cast<std::uint64_t>(d);
-}
-
-// "+1,234" / "-1,234" / "0".
-std::string signed_commas(std::int64_t d) {
-  if (d == 0) return "0";
-  return (d < 0 ? "-" : "+") + report::with_commas(magnitude(d));
-}
-
-// "+1.23" / "-1.23" in `unit` / "0".
-std::string signed_unit(std::int64_t d, ByteUnit unit) {
-  if (d == 0) return "0";
-  return (d < 0 ? "-" : "+") + format_bytes(magnitude(d), unit);
-}
-
-std::string signed_coef(double v) {
-  return (v < 0 ? "-" : "+") + report::coef(std::fabs(v));
-}
-
-bool nonzero(double v) {
-  return std::fabs(v) > 1e-9;
-}
-
 std::string describe_run(const json& run_object) {
   const json& r = run_object.contains("run") ? run_object.at("run") : json::object();
   auto get = [&](const char* k) { return r.contains(k) ? plain(r.at(k)) : std::string("?"); };
@@ -142,36 +94,6 @@ std::string runs_list(const Report& report) {
   for (std::size_t n = 0; n < report.runs.size(); ++n)
     items.push_back(std::to_string(n + 1) + ": " + describe_run(report.runs[n]));
   return join(items, "; ");
-}
-
-// The per-layer formula of a set of coefficients, as report::per_layer_formula writes it.
-std::string formula(const Coefficients& c) {
-  std::string out;
-  auto add = [&](double v, Term t) {
-    if (!nonzero(v)) return;
-    out += (out.empty() ? "" : " + ") + report::coef(v) + "·" + monomial(t);
-  };
-  add(c.sbh, Term::sbh);
-  add(c.sbi, Term::sbi);
-  add(c.as2b, Term::as2b);
-  add(c.sb, Term::sb);
-  if (c.other_bytes) out += (out.empty() ? "" : " + ") + report::with_commas(c.other_bytes) + " B";
-  return out.empty() ? "0" : out;
-}
-
-// B's coefficients minus A's, written as a change ("+24·sbh +2·sbi +262,148 B"; "0").
-std::string formula_change(const Coefficients& a, const Coefficients& b) {
-  std::vector<std::string> parts;
-  auto add = [&](double d, Term t) {
-    if (nonzero(d)) parts.push_back(signed_coef(d) + "·" + monomial(t));
-  };
-  add(b.sbh - a.sbh, Term::sbh);
-  add(b.sbi - a.sbi, Term::sbi);
-  add(b.as2b - a.as2b, Term::as2b);
-  add(b.sb - a.sb, Term::sb);
-  const std::int64_t other = signed_delta(b.other_bytes, a.other_bytes);
-  if (other) parts.push_back(signed_commas(other) + " B");
-  return parts.empty() ? "0" : join(parts, " ");
 }
 
 Coefficients entry_coefficients(const std::optional<Entry>& e) {
@@ -195,27 +117,6 @@ Coefficients entry_coefficients(const std::optional<Entry>& e) {
       break;
   }
   return c;
-}
-
-json coefficients_json(const Coefficients& c) {
-  return json{{"sbh", c.sbh},
-              {"sbi", c.sbi},
-              {"as2b", c.as2b},
-              {"sb", c.sb},
-              {"other_bytes", c.other_bytes}};
-}
-
-std::string describe_side(const Side& s) {
-  std::string out = s.profile;
-  if (!s.file.empty()) out += " from " + s.file;
-  if (!s.label.empty()) out += " (" + s.label + ")";
-  auto get = [&](const json& block, const char* k) {
-    return block.is_object() && block.contains(k) ? plain(block.at(k)) : std::string("?");
-  };
-  out += ": " + get(s.model, "name") + ", batch " + get(s.run, "batch") + ", seq " +
-         get(s.run, "seq") + ", " + get(s.run, "dtype") + ", attention " + get(s.run, "attention") +
-         ", " + get(s.run, "optimizer") + ", checkpointing " + get(s.run, "checkpointing");
-  return out;
 }
 
 }  // namespace
@@ -493,219 +394,6 @@ Result compare(const Side& a, const Side& b) {
     return std::max(x.a_bytes, x.b_bytes) > std::max(y.a_bytes, y.b_bytes);
   });
   return r;
-}
-
-// ---------------------------------------------------------------- reports
-
-void write_report(const Result& r, report::ReportWriter& w, bool all_rows) {
-  using report::Align;
-  using report::Table;
-  w.title("trainmem diff: A = " + r.a.spec + ", B = " + r.b.spec +
-          "  (Δ = B − A; GiB = 2^30 bytes)");
-  // Items: one line each in text, a list in Markdown (consecutive lines would join there).
-  w.item("A: " + describe_side(r.a));
-  w.item("B: " + describe_side(r.b));
-  if (!r.same_model())
-    w.item("Note: A and B are different models (" + join(r.model_differences, "; ") +
-           "); compared all the same");
-  if (!r.same_shape())
-    w.item("Note: A and B have different shapes (" + join(r.shape_differences, "; ") +
-           "); compared all the same");
-  if (!r.setup_differences.empty()) w.item("Setup differs: " + join(r.setup_differences, "; "));
-  for (const auto& n : r.notes) w.item("Note: " + n);
-  w.paragraph_break();
-
-  std::uint64_t most = 0;
-  for (const auto& c : r.categories) most = std::max({most, c.a, c.b});
-  const ByteUnit cu = table_unit(most);
-  w.heading("By category");
-  Table cats({{"Category", Align::left},
-              {std::string("A ") + cu.name, Align::right},
-              {std::string("B ") + cu.name, Align::right},
-              {std::string("Δ ") + cu.name, Align::right},
-              {"Δ bytes", Align::right}});
-  for (const auto& c : r.categories)
-    cats.add_row({c.name, format_bytes(c.a, cu), format_bytes(c.b, cu), signed_unit(c.delta, cu),
-                  signed_commas(c.delta)});
-  w.table(cats);
-  w.paragraph_break();
-
-  if (r.a.per_layer && r.b.per_layer) {
-    const Coefficients& ca = *r.a.per_layer;
-    const Coefficients& cb = *r.b.per_layer;
-    w.heading("Per-layer activation coefficients (bytes per unit of each monomial)");
-    Table co(
-        {{"Monomial", Align::left}, {"A", Align::right}, {"B", Align::right}, {"Δ", Align::right}});
-    auto row = [&](const char* name, double x, double y) {
-      co.add_row({name, report::coef(x), report::coef(y),
-                  nonzero(y - x) ? signed_coef(y - x) : std::string("0")});
-    };
-    row("sbh", ca.sbh, cb.sbh);
-    row("sbi", ca.sbi, cb.sbi);
-    row("as²b", ca.as2b, cb.as2b);
-    row("sb", ca.sb, cb.sb);
-    co.add_row({"other B", report::with_commas(ca.other_bytes), report::with_commas(cb.other_bytes),
-                signed_commas(signed_delta(cb.other_bytes, ca.other_bytes))});
-    co.add_row({"bytes per layer", report::with_commas(r.a.per_layer_bytes),
-                report::with_commas(r.b.per_layer_bytes),
-                signed_commas(signed_delta(r.b.per_layer_bytes, r.a.per_layer_bytes))});
-    w.table(co);
-    w.paragraph_break();
-    w.paragraph("per layer: A = " + formula(ca) + "; B = " + formula(cb) +
-                "; Δ = " + formula_change(ca, cb));
-  }
-
-  if (!r.by_tensor) return;
-  w.heading("By group (a layer entry counts L times, once per layer)");
-  std::uint64_t gmost = 0;
-  for (const auto& g : r.groups) gmost = std::max({gmost, g.a, g.b});
-  const ByteUnit gu = table_unit(gmost);
-  Table gt({{"Group", Align::left},
-            {std::string("A ") + gu.name, Align::right},
-            {std::string("B ") + gu.name, Align::right},
-            {std::string("Δ ") + gu.name, Align::right},
-            {"Δ bytes", Align::right}});
-  for (const auto& g : r.groups)
-    gt.add_row({g.name, format_bytes(g.a, gu), format_bytes(g.b, gu), signed_unit(g.delta, gu),
-                signed_commas(g.delta)});
-  w.table(gt);
-  w.paragraph_break();
-
-  std::vector<const Row*> shown;
-  std::uint64_t tmost = 0;
-  for (const auto& row : r.rows)
-    if (all_rows || row.changed()) {
-      shown.push_back(&row);
-      tmost = std::max({tmost, row.a_bytes, row.b_bytes});
-    }
-  const ByteUnit tu = table_unit(tmost);
-  w.heading(
-      "Tensors by group, largest |Δ| first (A, B: bytes counted, L× for layer rows; "
-      "Δ coefficient: per instance, i.e. per layer for layer rows)");
-  if (shown.empty()) {
-    w.paragraph("No tensor differs (" + std::to_string(r.rows.size()) + " compared).");
-    return;
-  }
-  Table tt({{"Group", Align::left},
-            {"Tensor", Align::left},
-            {std::string("A ") + tu.name, Align::right},
-            {std::string("B ") + tu.name, Align::right},
-            {std::string("Δ ") + tu.name, Align::right},
-            {"Δ coefficient", Align::left},
-            {"A -> B", Align::left},
-            {"Why (B's, or A's when only in A)", Align::left}});
-  const std::string* group = nullptr;
-  for (const Row* row : shown) {
-    if (group && *group != row->group) tt.add_rule();
-    group = &row->group;
-    tt.add_row({row->group, row->name, row->a ? format_bytes(row->a_bytes, tu) : "-",
-                row->b ? format_bytes(row->b_bytes, tu) : "-", signed_unit(row->delta, tu),
-                row->coefficient_change, row->change, row->why});
-  }
-  w.table(tt);
-  w.paragraph_break();
-  const std::size_t hidden = r.rows.size() - shown.size();
-  if (hidden)
-    w.paragraph(std::to_string(hidden) + " of " + std::to_string(r.rows.size()) +
-                " tensors are the same on both sides and not listed (--all lists them).");
-}
-
-std::string csv(const Result& r) {
-  using report::Align;
-  report::Table t({{"kind", Align::left},
-                   {"group", Align::left},
-                   {"name", Align::left},
-                   {"count_a", Align::right},
-                   {"count_b", Align::right},
-                   {"a_bytes", Align::right},
-                   {"b_bytes", Align::right},
-                   {"delta", Align::right},
-                   {"coefficient_change", Align::left},
-                   {"change", Align::left},
-                   {"why", Align::left}});
-  for (const auto& c : r.categories)
-    t.add_row({"category", "", c.name, "", "", std::to_string(c.a), std::to_string(c.b),
-               std::to_string(c.delta), "", "", ""});
-  for (const auto& row : r.rows)
-    t.add_row({"tensor", row.group, row.name, std::to_string(row.count_a),
-               std::to_string(row.count_b), std::to_string(row.a_bytes),
-               std::to_string(row.b_bytes), std::to_string(row.delta), row.coefficient_change,
-               row.change, row.why});
-  return t.csv();
-}
-
-json to_json(const Result& r) {
-  auto side = [](const Side& s) {
-    return json{{"spec", s.spec},
-                {"file", s.file.empty() ? json(nullptr) : json(s.file)},
-                {"profile", s.profile},
-                {"label", s.label},
-                {"tensors_available", s.has_tensors},
-                {"model", s.model},
-                {"run", s.run}};
-  };
-  auto entry = [](const std::optional<Entry>& e) {
-    if (!e) return json(nullptr);
-    return json{{"shape", e->shape},
-                {"dtype", e->dtype},
-                {"bytes", e->bytes},
-                {"term", term_name(e->term)},
-                {"coefficient", e->coefficient},
-                {"kept_by", e->kept_by},
-                {"why", e->why}};
-  };
-  json j{{"schema", report::kSchema},
-         {"a", side(r.a)},
-         {"b", side(r.b)},
-         {"same_model", r.same_model()},
-         {"same_shape", r.same_shape()},
-         {"differences", json{{"model", r.model_differences},
-                              {"shape", r.shape_differences},
-                              {"setup", r.setup_differences}}},
-         {"granularity", r.by_tensor ? "tensor" : "category"},
-         {"notes", r.notes}};
-  json cats = json::array();
-  for (const auto& c : r.categories)
-    cats.push_back(json{{"category", c.name}, {"a", c.a}, {"b", c.b}, {"delta", c.delta}});
-  j["categories"] = cats;
-  if (r.a.per_layer && r.b.per_layer) {
-    const Coefficients& ca = *r.a.per_layer;
-    const Coefficients& cb = *r.b.per_layer;
-    json delta{{"sbh", cb.sbh - ca.sbh},
-               {"sbi", cb.sbi - ca.sbi},
-               {"as2b", cb.as2b - ca.as2b},
-               {"sb", cb.sb - ca.sb},
-               {"other_bytes", signed_delta(cb.other_bytes, ca.other_bytes)}};
-    j["per_layer"] = json{{"a", coefficients_json(ca)},
-                          {"b", coefficients_json(cb)},
-                          {"delta", delta},
-                          {"change", formula_change(ca, cb)},
-                          {"a_bytes", r.a.per_layer_bytes},
-                          {"b_bytes", r.b.per_layer_bytes},
-                          {"delta_bytes", signed_delta(r.b.per_layer_bytes, r.a.per_layer_bytes)}};
-  } else {
-    j["per_layer"] = nullptr;
-  }
-  json groups = json::array();
-  for (const auto& g : r.groups)
-    groups.push_back(json{{"group", g.name}, {"a", g.a}, {"b", g.b}, {"delta", g.delta}});
-  j["groups"] = groups;
-  json rows = json::array();
-  for (const auto& row : r.rows)
-    rows.push_back(json{{"group", row.group},
-                        {"name", row.name},
-                        {"count_a", row.count_a},
-                        {"count_b", row.count_b},
-                        {"a_bytes", row.a_bytes},
-                        {"b_bytes", row.b_bytes},
-                        {"delta", row.delta},
-                        {"coefficient_change", row.coefficient_change},
-                        {"change", row.change},
-                        {"why", row.why},
-                        {"a", entry(row.a)},
-                        {"b", entry(row.b)}});
-  j["tensors"] = rows;
-  return j;
 }
 
 }  // namespace trainmem::diff

@@ -15,10 +15,6 @@ using nlohmann::json;
 
 // ---------------------------------------------------------------- numbers
 
-double to_gib(std::uint64_t bytes) {
-  return static_cast<double>(bytes) / 1073741824.0;
-}
-
 std::string fixed(double value, int decimals) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", decimals, value);

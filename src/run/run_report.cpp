@@ -1,5 +1,5 @@
-// profile's report in text, Markdown and CSV, and the title and backend lines every run report
-// starts with (see include/trainmem/run_report.hpp). JSON: run_json.cpp.
+// profile's report, described once for every format, and the title and backend lines every run
+// report starts with (see include/trainmem/run_report.hpp). The per-run JSON: run_json.cpp.
 #include "trainmem/run_report.hpp"
 
 #include <algorithm>
@@ -231,77 +231,50 @@ std::string true_peak_heading(const RunResult& r, ByteUnit u) {
 
 // ---------------------------------------------------------------- profile's report
 
-std::string profile_text(const RunResult& r, report::Colour colour) {
+void write_profile(report::ReportWriter& w, const RunResult& r) {
   const ByteUnit u = profile_unit(r);
-  report::TextWriter w(colour);
-  w.title("trainmem profile: " + run_title(r.model, r.train));
-  w.line(backend_line(r));
-  w.line(steps_line(r));
-  const std::string losses = losses_text(r);
-  if (!losses.empty()) w.line("loss: " + losses);
-  const auto failure = failure_lines(r, u);
-  for (std::size_t i = 0; i < failure.size(); ++i)
-    w.line(failure[i], i == 0 ? report::Tone::fail : report::Tone::neutral);
+  w.document([&] { return run_result_json(r); });
+  w.csv_table(reconciliation_bytes_table(r));
 
-  w.heading("Reconciliation: measured (ledger) vs analytic (native), ok = exact");
+  w.title("trainmem profile: " + run_title(r.model, r.train));
+  w.paragraph_break();
+  w.paragraph(backend_line(r));
+  w.detail(steps_line(r));
+  const std::string losses = losses_text(r);
+  if (!losses.empty()) w.detail("loss: " + losses);
+  w.alert(failure_lines(r, u));
+
+  w.heading("Reconciliation: measured (ledger) vs analytic (native), ok = exact",
+            "Reconciliation: measured (ledger) vs analytic (native)");
   w.table(reconciliation_table(r, u));
 
-  w.heading("Device sources vs the ledger");
-  if (!r.device_checks.empty()) w.table(device_table(r, u));
-  for (const auto& s : unavailable_sources(r)) w.line("  " + s);
+  w.heading("Device sources vs the ledger", "Device sources");
+  if (!r.device_checks.empty()) {
+    w.table(device_table(r, u));
+    w.paragraph_break();
+  }
+  w.list(unavailable_sources(r));
   if (auto oh = overhead_of(r))
-    w.line("overhead (cudaMemGetInfo used − ledger live, " + oh->first +
-           "): " + format_bytes_with_unit(std::uint64_t(std::max<std::int64_t>(oh->second, 0)), u) +
-           " (CUDA context, cuBLAS workspace and modules, pool slack)");
+    w.detail("overhead (cudaMemGetInfo used − ledger live, " + oh->first + "): " +
+             format_bytes_with_unit(std::uint64_t(std::max<std::int64_t>(oh->second, 0)), u) +
+             " (CUDA context, cuBLAS workspace and modules, pool slack)");
   else
-    w.line("overhead (device used − ledger live): unavailable: " + r.memgetinfo.reason);
+    w.detail("overhead (device used − ledger live): unavailable: " + r.memgetinfo.reason);
 
   w.heading(true_peak_heading(r, u));
   w.table(breakdown_table(r, u));
 
   w.heading(std::string("Reference profiles (analytic, for context; ") + u.name +
-            "; Total = params + gradients + optimizer states + activations)");
+                "; Total = params + gradients + optimizer states + activations)",
+            std::string("Reference profiles (") + u.name + ")");
   w.table(references_table(r, u));
   for (const Estimate& e : r.estimates)
     if (e.profile == Profile::megatron || e.profile == Profile::zero) {
-      w.line(
+      w.detail(
           "megatron and zero are GPT-style reference formulas (Korthikanti et al. 2022; "
           "ZeRO), not LLaMA's.");
       break;
     }
-  return w.str();
-}
-
-std::string profile_markdown(const RunResult& r) {
-  const ByteUnit u = profile_unit(r);
-  report::MarkdownWriter w;
-  w.title("trainmem profile: " + run_title(r.model, r.train));
-  w.paragraph_break();
-  w.paragraph(backend_line(r));
-  if (r.failure) {
-    std::string failure;
-    for (const auto& l : failure_lines(r, u)) failure += l + "\n";
-    w.strong(failure);
-  }
-  w.heading("Reconciliation: measured (ledger) vs analytic (native)");
-  w.table(reconciliation_table(r, u));
-  w.heading("Device sources");
-  if (!r.device_checks.empty()) {
-    w.table(device_table(r, u));
-    w.blank();
-  }
-  const auto unavailable = unavailable_sources(r);
-  for (const auto& s : unavailable) w.item(s);
-  if (!unavailable.empty()) w.blank();
-  w.heading(true_peak_heading(r, u));
-  w.table(breakdown_table(r, u));
-  w.heading(std::string("Reference profiles (") + u.name + ")");
-  w.table(references_table(r, u));
-  return w.str();
-}
-
-std::string profile_csv(const RunResult& r) {
-  return reconciliation_bytes_table(r).csv();
 }
 
 }  // namespace trainmem

@@ -129,12 +129,6 @@ double trace_ts_us(const TimelineData& d, std::size_t i) {
 
 }  // namespace
 
-ByteUnit byte_unit_for(std::uint64_t max_bytes) {
-  if (max_bytes >= (std::uint64_t{1} << 30)) return kGiB;
-  if (max_bytes >= (std::uint64_t{1} << 20)) return kMiB;
-  return kKiB;
-}
-
 TimelineData build_timeline(const std::vector<LedgerEvent>& events,
                             const std::vector<TensorRecord>& tensors, std::uint64_t from_seq,
                             TimeAxis axis, std::string title, std::uint64_t dropped_events,

@@ -8,9 +8,9 @@
 
 namespace trainmem {
 
-// out (N) f32 = value
-void fill_f32(float* out, float value, std::int64_t N, cudaStream_t stream);
-// y (N) f32 += alpha * x (N) f32
-void axpy_f32(float* y, const float* x, float alpha, std::int64_t N, cudaStream_t stream);
+// out (n) f32 = value
+void fill_f32(float* out, float value, std::int64_t n, cudaStream_t stream);
+// y (n) f32 += alpha * x (n) f32
+void axpy_f32(float* y, const float* x, float alpha, std::int64_t n, cudaStream_t stream);
 
 }  // namespace trainmem

@@ -16,14 +16,14 @@ namespace trainmem::cuda {
 
 template <class S>
 __global__ void residual_forward_kernel(void* out, const void* inp1, const void* inp2,
-                                        std::int64_t N) {
-  for (std::int64_t i = cuda::global_thread_index(); i < N; i += cuda::global_thread_count())
+                                        std::int64_t n) {
+  for (std::int64_t i = cuda::global_thread_index(); i < n; i += cuda::global_thread_count())
     S::store(out, i, S::load(inp1, i) + S::load(inp2, i));
 }
 
 template <class Dst, class Src>
-__global__ void cast_kernel(void* dst, const void* src, std::int64_t N) {
-  for (std::int64_t i = cuda::global_thread_index(); i < N; i += cuda::global_thread_count())
+__global__ void cast_kernel(void* dst, const void* src, std::int64_t n) {
+  for (std::int64_t i = cuda::global_thread_index(); i < n; i += cuda::global_thread_count())
     Dst::store(dst, i, Src::load(src, i));
 }
 

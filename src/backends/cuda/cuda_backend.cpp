@@ -123,70 +123,70 @@ void CudaBackend::set_gemm_workspace(void* ptr, std::uint64_t bytes) {
 }
 
 void CudaBackend::embedding_forward(void* out, const std::int32_t* tokens, const void* wte,
-                                    std::int64_t B, std::int64_t T, std::int64_t C,
+                                    std::int64_t b, std::int64_t s, std::int64_t h,
                                     std::int64_t V) {
-  embedding_forward_cuda(out, tokens, wte, B, T, C, V, dtype(), stream_);
+  embedding_forward_cuda(out, tokens, wte, b, s, h, V, dtype(), stream_);
 }
 void CudaBackend::embedding_backward(void* dwte, const void* dout, const std::int32_t* tokens,
-                                     std::int64_t B, std::int64_t T, std::int64_t C,
+                                     std::int64_t b, std::int64_t s, std::int64_t h,
                                      std::int64_t V) {
   // The GEMM workspace doubles as the sort's scratch (kernels/embedding/embedding.cu says why that
   // is safe); without one the launcher takes its kernel that needs none.
-  embedding_backward_cuda(dwte, dout, tokens, B, T, C, V, dtype(), stream_, gemm_workspace_,
+  embedding_backward_cuda(dwte, dout, tokens, b, s, h, V, dtype(), stream_, gemm_workspace_,
                           gemm_workspace_bytes_);
 }
 void CudaBackend::rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight,
-                                  std::int64_t N, std::int64_t C, float eps) {
-  rmsnorm_forward_cuda(out, rstd, inp, weight, N, C, eps, dtype(), stream_);
+                                  std::int64_t n, std::int64_t h, float eps) {
+  rmsnorm_forward_cuda(out, rstd, inp, weight, n, h, eps, dtype(), stream_);
 }
 void CudaBackend::rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp,
-                                   const void* weight, const float* rstd, std::int64_t N,
-                                   std::int64_t C) {
-  rmsnorm_backward_cuda(dinp, dweight, dout, inp, weight, rstd, N, C, dtype(), stream_);
+                                   const void* weight, const float* rstd, std::int64_t n,
+                                   std::int64_t h) {
+  rmsnorm_backward_cuda(dinp, dweight, dout, inp, weight, rstd, n, h, dtype(), stream_);
 }
 void CudaBackend::matmul(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N,
                          std::int64_t K, Trans ta, Trans tb, float alpha, float beta) {
   matmul_cuda(c, a, b, M, N, K, ta, tb, alpha, beta, dtype(), cublas_);
 }
-void CudaBackend::rope_forward(void* q, void* k, std::int64_t B, std::int64_t T, std::int64_t NH,
-                               std::int64_t NKV, std::int64_t HD, double theta) {
-  rope_forward_cuda(q, k, B, T, NH, NKV, HD, theta, dtype(), stream_);
+void CudaBackend::rope_forward(void* q, void* k, std::int64_t b, std::int64_t s, std::int64_t a,
+                               std::int64_t kv, std::int64_t d, double theta) {
+  rope_forward_cuda(q, k, b, s, a, kv, d, theta, dtype(), stream_);
 }
-void CudaBackend::rope_backward(void* dq, void* dk, std::int64_t B, std::int64_t T, std::int64_t NH,
-                                std::int64_t NKV, std::int64_t HD, double theta) {
-  rope_backward_cuda(dq, dk, B, T, NH, NKV, HD, theta, dtype(), stream_);
+void CudaBackend::rope_backward(void* dq, void* dk, std::int64_t b, std::int64_t s, std::int64_t a,
+                                std::int64_t kv, std::int64_t d, double theta) {
+  rope_backward_cuda(dq, dk, b, s, a, kv, d, theta, dtype(), stream_);
 }
 void CudaBackend::attention_forward(void* out, void* probs, float* lse, const void* q,
-                                    const void* k, const void* v, std::int64_t B, std::int64_t T,
-                                    std::int64_t NH, std::int64_t NKV, std::int64_t HD,
+                                    const void* k, const void* v, std::int64_t b, std::int64_t s,
+                                    std::int64_t a, std::int64_t kv, std::int64_t d,
                                     Attention variant) {
-  attention_forward_cuda(out, probs, lse, q, k, v, B, T, NH, NKV, HD, variant, dtype(), cublas_,
+  attention_forward_cuda(out, probs, lse, q, k, v, b, s, a, kv, d, variant, dtype(), cublas_,
                          stream_);
 }
 void CudaBackend::attention_backward(void* dq, void* dk, void* dv, void* dprobs, float* delta,
                                      const void* dout, const void* q, const void* k, const void* v,
                                      const void* out, const void* probs, const float* lse,
-                                     std::int64_t B, std::int64_t T, std::int64_t NH,
-                                     std::int64_t NKV, std::int64_t HD, Attention variant) {
-  attention_backward_cuda(dq, dk, dv, dprobs, delta, dout, q, k, v, out, probs, lse, B, T, NH, NKV,
-                          HD, variant, dtype(), cublas_, stream_);
+                                     std::int64_t b, std::int64_t s, std::int64_t a,
+                                     std::int64_t kv, std::int64_t d, Attention variant) {
+  attention_backward_cuda(dq, dk, dv, dprobs, delta, dout, q, k, v, out, probs, lse, b, s, a, kv, d,
+                          variant, dtype(), cublas_, stream_);
 }
-void CudaBackend::swiglu_forward(void* out, const void* gate, const void* up, std::int64_t N) {
-  swiglu_forward_cuda(out, gate, up, N, dtype(), stream_);
+void CudaBackend::swiglu_forward(void* out, const void* gate, const void* up, std::int64_t n) {
+  swiglu_forward_cuda(out, gate, up, n, dtype(), stream_);
 }
 void CudaBackend::swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate,
-                                  const void* up, std::int64_t N) {
-  swiglu_backward_cuda(dgate, dup, dout, gate, up, N, dtype(), stream_);
+                                  const void* up, std::int64_t n) {
+  swiglu_backward_cuda(dgate, dup, dout, gate, up, n, dtype(), stream_);
 }
 void CudaBackend::cross_entropy_forward(float* losses, float* lse, const void* logits,
-                                        const std::int32_t* targets, std::int64_t N,
+                                        const std::int32_t* targets, std::int64_t n,
                                         std::int64_t V) {
-  cross_entropy_forward_cuda(losses, lse, logits, targets, N, V, dtype(), stream_);
+  cross_entropy_forward_cuda(losses, lse, logits, targets, n, V, dtype(), stream_);
 }
 void CudaBackend::cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
-                                         const std::int32_t* targets, std::int64_t N,
+                                         const std::int32_t* targets, std::int64_t n,
                                          std::int64_t V, float scale) {
-  cross_entropy_backward_cuda(dlogits, logits, lse, targets, N, V, scale, dtype(), stream_);
+  cross_entropy_backward_cuda(dlogits, logits, lse, targets, n, V, scale, dtype(), stream_);
 }
 void CudaBackend::adamw_update(void* param, const void* grad, float* master, float* m, float* v,
                                std::int64_t n, const AdamWParams& hp, int step, float grad_scale) {

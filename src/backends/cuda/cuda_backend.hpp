@@ -51,36 +51,36 @@ class CudaBackend final : public Backend {
   // cuBLAS would refuse (not 256-byte aligned, under 16 KiB) is InputError, before any call.
   void set_gemm_workspace(void* ptr, std::uint64_t bytes) override;
 
-  void embedding_forward(void* out, const std::int32_t* tokens, const void* wte, std::int64_t B,
-                         std::int64_t T, std::int64_t C, std::int64_t V) override;
-  void embedding_backward(void* dwte, const void* dout, const std::int32_t* tokens, std::int64_t B,
-                          std::int64_t T, std::int64_t C, std::int64_t V) override;
-  void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, std::int64_t N,
-                       std::int64_t C, float eps) override;
+  void embedding_forward(void* out, const std::int32_t* tokens, const void* wte, std::int64_t b,
+                         std::int64_t s, std::int64_t h, std::int64_t V) override;
+  void embedding_backward(void* dwte, const void* dout, const std::int32_t* tokens, std::int64_t b,
+                          std::int64_t s, std::int64_t h, std::int64_t V) override;
+  void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, std::int64_t n,
+                       std::int64_t h, float eps) override;
   void rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp,
-                        const void* weight, const float* rstd, std::int64_t N,
-                        std::int64_t C) override;
+                        const void* weight, const float* rstd, std::int64_t n,
+                        std::int64_t h) override;
   void matmul(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N, std::int64_t K,
               Trans ta, Trans tb, float alpha, float beta) override;
-  void rope_forward(void* q, void* k, std::int64_t B, std::int64_t T, std::int64_t NH,
-                    std::int64_t NKV, std::int64_t HD, double theta) override;
-  void rope_backward(void* dq, void* dk, std::int64_t B, std::int64_t T, std::int64_t NH,
-                     std::int64_t NKV, std::int64_t HD, double theta) override;
+  void rope_forward(void* q, void* k, std::int64_t b, std::int64_t s, std::int64_t a,
+                    std::int64_t kv, std::int64_t d, double theta) override;
+  void rope_backward(void* dq, void* dk, std::int64_t b, std::int64_t s, std::int64_t a,
+                     std::int64_t kv, std::int64_t d, double theta) override;
   void attention_forward(void* out, void* probs, float* lse, const void* q, const void* k,
-                         const void* v, std::int64_t B, std::int64_t T, std::int64_t NH,
-                         std::int64_t NKV, std::int64_t HD, Attention variant) override;
+                         const void* v, std::int64_t b, std::int64_t s, std::int64_t a,
+                         std::int64_t kv, std::int64_t d, Attention variant) override;
   void attention_backward(void* dq, void* dk, void* dv, void* dprobs, float* delta,
                           const void* dout, const void* q, const void* k, const void* v,
-                          const void* out, const void* probs, const float* lse, std::int64_t B,
-                          std::int64_t T, std::int64_t NH, std::int64_t NKV, std::int64_t HD,
+                          const void* out, const void* probs, const float* lse, std::int64_t b,
+                          std::int64_t s, std::int64_t a, std::int64_t kv, std::int64_t d,
                           Attention variant) override;
-  void swiglu_forward(void* out, const void* gate, const void* up, std::int64_t N) override;
+  void swiglu_forward(void* out, const void* gate, const void* up, std::int64_t n) override;
   void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
-                       std::int64_t N) override;
+                       std::int64_t n) override;
   void cross_entropy_forward(float* losses, float* lse, const void* logits,
-                             const std::int32_t* targets, std::int64_t N, std::int64_t V) override;
+                             const std::int32_t* targets, std::int64_t n, std::int64_t V) override;
   void cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
-                              const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                              const std::int32_t* targets, std::int64_t n, std::int64_t V,
                               float scale) override;
   void adamw_update(void* param, const void* grad, float* master, float* m, float* v,
                     std::int64_t n, const AdamWParams& hp, int step, float grad_scale) override;
