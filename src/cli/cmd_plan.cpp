@@ -6,7 +6,7 @@
 //
 // Output by --format:
 //   table     the inputs, the best --top K layouts with per-rank memory, the rejected families;
-//   markdown  the same as Markdown;
+//   markdown  the same as Markdown (the report is described once, on a ReportWriter);
 //   csv       the best layouts, one row each, exact figures (bytes, seconds);
 //   json      schema "trainmem/1": {"schema", "command": "plan", "model", "inputs",
 //             "cost_model", "counts", "candidates", "rejected", "timing"}.
@@ -149,7 +149,7 @@ json memory_json(const LayoutEstimate& e) {
               {"ranks", ranks}};
 }
 
-std::string render_json(const PlanResult& r) {
+json plan_json(const PlanResult& r) {
   const PlanOptions& o = r.options;
   json optimizers = json::array();
   for (Optimizer x : o.optimizers) optimizers.push_back(optimizer_name(x));
@@ -204,10 +204,10 @@ std::string render_json(const PlanResult& r) {
   }
   j["rejected"] = rej;
   j["timing"] = {{"estimate_seconds", r.estimate_seconds}, {"total_seconds", r.total_seconds}};
-  return j.dump(2) + "\n";
+  return j;
 }
 
-std::string render_csv(const PlanResult& r) {
+report::Table csv_table(const PlanResult& r) {
   report::Table t({{"rank"},
                    {"dp"},
                    {"tp"},
@@ -266,7 +266,7 @@ std::string render_csv(const PlanResult& r) {
                host,
                std::to_string(r.budget)});
   }
-  return t.csv();
+  return t;
 }
 
 void write_report(report::ReportWriter& w, const PlanResult& r) {
@@ -390,21 +390,11 @@ int run_plan(const PlanFlags& flags) {
   o.overheads.nccl_channels = flags.nccl_channels;
   const PlanResult r = plan(c.model, o);
 
-  std::string text;
-  if (c.format == Format::json) {
-    text = render_json(r);
-  } else if (c.format == Format::csv) {
-    text = render_csv(r);
-  } else if (c.format == Format::markdown) {
-    report::MarkdownWriter w;
-    write_report(w, r);
-    text = w.str();
-  } else {
-    report::TextWriter w(stdout_colour(c.output));
-    write_report(w, r);
-    text = w.str();
-  }
-  write_output(c.output, text);
+  const auto w = report::make_writer(c.format, stdout_colour(c.output));
+  w->document([&] { return plan_json(r); });
+  w->csv_table(csv_table(r));
+  write_report(*w, r);
+  write_output(c.output, w->str());
   return r.candidates.empty() ? 3 : 0;
 }
 
