@@ -25,7 +25,7 @@ LAYERS = {
     "base": ([H + n for n in (
         "dtype.hpp", "hd.hpp", "error.hpp", "checked.hpp", "op_types.hpp", "train_enums.hpp",
         "categories.hpp", "param_init.hpp", "cuda_check.hpp", "config.hpp", "safetensors.hpp",
-        "figures.hpp", "parallel.hpp")] + ["src/base/"], []),
+        "figures.hpp", "parallel.hpp", "bytes.hpp")] + ["src/base/"], []),
     "ledger": ([H + "ledger.hpp", "src/ledger/"], ["base"]),
     "analytic": ([H + "analytic.hpp", H + "analytic_rank.hpp", H + "dist_refs.hpp",
                   H + "plan.hpp", "src/analytic/"], ["base"]),
@@ -35,7 +35,7 @@ LAYERS = {
     "probes": ([H + "probes.hpp", H + "cupti_tag_allocator.hpp", "src/probes/"], ["backends"]),
     "model": ([H + "model.hpp", H + "model_acts.hpp", H + "model_io.hpp", H + "optimizer.hpp", H + "sharded_step.hpp",
                "src/model/"], ["backends"]),
-    "report": ([H + "bytes.hpp", H + "report.hpp", H + "report_writer.hpp", H + "diff.hpp",
+    "report": ([H + "report.hpp", H + "report_writer.hpp", H + "diff.hpp",
                 "src/report/"],
                ["analytic"]),
     "run": ([H + "run.hpp", H + "run_layout.hpp", H + "run_report.hpp", H + "reconcile.hpp", H + "timeline.hpp",

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "trainmem/bytes.hpp"
 #include "trainmem/config.hpp"
 #include "trainmem/figures.hpp"
 
@@ -205,7 +206,5 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train);
 // The cuBLAS workspace the native plan allocates at setup (32 MiB).
 constexpr std::uint64_t kCublasWorkspaceBytes = 33554432;
 
-// Human-readable bytes: "45.61 GiB", "512.00 KiB", "12 B".
-std::string format_bytes_human(std::uint64_t bytes);
 
 }  // namespace trainmem

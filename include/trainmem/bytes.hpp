@@ -1,4 +1,5 @@
-// Byte figures in reports: the one place a byte count is written in a unit (GiB, MiB, KiB).
+// Byte figures: the one place a byte count is written in a unit (GiB, MiB, KiB; base layer, so
+// the analytic notes and every report use it).
 // Every table, line and plot label that shows bytes in a unit goes through format_bytes.
 #pragma once
 #include <cstdint>
@@ -30,5 +31,8 @@ std::string format_bytes(std::uint64_t bytes, ByteUnit unit);
 std::string format_signed_bytes(std::int64_t bytes, ByteUnit unit);
 // format_bytes followed by the unit's name: "45.61 GiB".
 std::string format_bytes_with_unit(std::uint64_t bytes, ByteUnit unit);
+// In the largest unit (KiB ... PiB) that keeps the number at 1 or more, two decimals: "45.61 GiB",
+// "512.00 KiB"; below 1 KiB the exact count: "12 B". For figures in a sentence.
+std::string format_bytes_human(std::uint64_t bytes);
 
 }  // namespace trainmem

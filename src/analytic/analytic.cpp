@@ -315,20 +315,6 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
   return f;
 }
 
-std::string format_bytes_human(std::uint64_t bytes) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  if (bytes < 1024) return std::to_string(bytes) + " B";
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024.0 && u < 5) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
-  return buf;
-}
-
 Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& train,
                   const HfOptions& hf) {
   model.validate();

@@ -252,7 +252,7 @@ report::Table references_table(const LayoutEstimate& le, const std::vector<Refer
   return t;
 }
 
-std::string render_json(const LayoutEstimate& le) {
+json layout_document(const LayoutEstimate& le) {
   json ranks = json::array();
   for (const auto& r : le.ranks) ranks.push_back(rank_json(r));
   const auto& o = le.overheads;
@@ -270,7 +270,7 @@ std::string render_json(const LayoutEstimate& le) {
              {"nccl_source", o.nccl_source}}},
            {"worst_total", le.worst_total()},
            {"references", references_json(le)}};
-  return doc.dump(2) + "\n";
+  return doc;
 }
 
 // Per-rank figures: stage, role, ranks, the categories, peak, host.
@@ -299,67 +299,75 @@ report::Table ranks_table(const LayoutEstimate& le, ByteUnit u, bool exact) {
 
 }  // namespace
 
-std::string render_layout(const LayoutEstimate& le, Format format, report::Colour colour,
-                          const std::string& title) {
-  if (format == Format::json) return render_json(le);
+namespace {
+
+ByteUnit layout_unit(const LayoutEstimate& le) {
   std::uint64_t max = le.worst_total();
   for (const auto& r : le.ranks) max = std::max(max, r.host_bytes);
-  const ByteUnit u = table_unit(max);
-  if (format == Format::csv) return ranks_table(le, u, true).csv();
-  std::unique_ptr<report::ReportWriter> w;
-  if (format == Format::markdown)
-    w = std::make_unique<report::MarkdownWriter>();
-  else
-    w = std::make_unique<report::TextWriter>(colour);
+  return table_unit(max);
+}
+
+// The prose and tables of the per-rank figures (text and Markdown).
+void describe_layout(report::ReportWriter& w, const LayoutEstimate& le, ByteUnit u,
+                     const std::string& title) {
   const auto& t = le.train;
-  w->title(title + " — " + le.model.name + ", " + std::to_string(le.layout.world) +
-           " GPUs: " + le.layout.describe());
-  w->line("micro-batch b " + std::to_string(t.batch) + " (global batch " +
-          std::to_string(le.global_batch) + " = b·M·dp), s " + std::to_string(t.seq) + ", " +
-          dtype_name(t.dtype) + ", " + optimizer_name(t.optimizer) + ", checkpointing " +
-          checkpointing_name(t.checkpointing) + ", " + attention_name(t.attention) +
-          " attention; profile native (docs/distributed.md)");
-  w->heading("Per rank at its peak (" + std::string(u.name) +
-             "; ranks of one pipeline stage have identical books)");
-  w->table(ranks_table(le, u, false));
-  w->paragraph_break();
+  w.title(title + " — " + le.model.name + ", " + std::to_string(le.layout.world) +
+          " GPUs: " + le.layout.describe());
+  w.line("micro-batch b " + std::to_string(t.batch) + " (global batch " +
+         std::to_string(le.global_batch) + " = b·M·dp), s " + std::to_string(t.seq) + ", " +
+         dtype_name(t.dtype) + ", " + optimizer_name(t.optimizer) + ", checkpointing " +
+         checkpointing_name(t.checkpointing) + ", " + attention_name(t.attention) +
+         " attention; profile native (docs/distributed.md)");
+  w.heading("Per rank at its peak (" + std::string(u.name) +
+            "; ranks of one pipeline stage have identical books)");
+  w.table(ranks_table(le, u, false));
+  w.paragraph_break();
   const RankEstimate& worst = le.ranks[static_cast<std::size_t>(le.worst)];
   const auto& o = le.overheads;
-  w->strong("Worst rank: stage " + std::to_string(worst.stage) + ", peak " +
-            format_bytes_with_unit(worst.est.figures.peak, u) + " + CUDA context " +
-            format_bytes_with_unit(o.cuda_context, u) + " + NCCL " +
-            format_bytes_with_unit(o.nccl, u) + " = " +
-            format_bytes_with_unit(le.worst_total(), u));
-  w->item("CUDA context: " + o.cuda_context_source);
-  w->item("NCCL buffers: " + o.nccl_source);
-  w->item("peak instant: " + worst.est.instants[worst.est.peak_instant].name);
-  w->item("parameters on the rank: " + report::with_commas(worst.local_params) +
-          (le.layout.zero >= 1
-               ? ", ZeRO shard " + report::with_commas(worst.shard_elements) + " (padding " +
-                     report::with_commas(worst.padding_elements) + ")"
-               : ""));
+  w.strong("Worst rank: stage " + std::to_string(worst.stage) + ", peak " +
+           format_bytes_with_unit(worst.est.figures.peak, u) + " + CUDA context " +
+           format_bytes_with_unit(o.cuda_context, u) + " + NCCL " +
+           format_bytes_with_unit(o.nccl, u) + " = " + format_bytes_with_unit(le.worst_total(), u));
+  w.item("CUDA context: " + o.cuda_context_source);
+  w.item("NCCL buffers: " + o.nccl_source);
+  w.item("peak instant: " + worst.est.instants[worst.est.peak_instant].name);
+  w.item("parameters on the rank: " + report::with_commas(worst.local_params) +
+         (le.layout.zero >= 1 ? ", ZeRO shard " + report::with_commas(worst.shard_elements) +
+                                    " (padding " + report::with_commas(worst.padding_elements) + ")"
+                              : ""));
   for (const auto& e : worst.communication)
-    w->item("communication: " + e.name + " " + e.shape + " " + format_bytes_with_unit(e.bytes, u) +
-            " — " + e.why);
+    w.item("communication: " + e.name + " " + e.shape + " " + format_bytes_with_unit(e.bytes, u) +
+           " — " + e.why);
   for (const auto& e : worst.host)
-    w->item("host: " + e.name + " " + format_bytes_with_unit(e.bytes, u) + " — " + e.why);
-  w->paragraph_break();
+    w.item("host: " + e.name + " " + format_bytes_with_unit(e.bytes, u) + " — " + e.why);
+  w.paragraph_break();
   const auto refs = references(le);
-  w->heading("Published estimators beside the trace (docs/distributed-references.md)");
-  w->table(references_table(le, refs, u));
-  w->paragraph_break();
+  w.heading("Published estimators beside the trace (docs/distributed-references.md)");
+  w.table(references_table(le, refs, u));
+  w.paragraph_break();
   for (const auto& r : refs) {
     if (!r.covers) {
-      w->item(r.profile + ": no formula for this layout (" + r.why_not + ")");
+      w.item(r.profile + ": no formula for this layout (" + r.why_not + ")");
       continue;
     }
     std::string terms;
     for (const auto& term : r.terms)
       terms += (terms.empty() ? "" : "; ") + term.name + " " + term.formula + " = " +
                format_bytes_with_unit(term.bytes, u) + (term.host ? " (host)" : "");
-    w->item(r.profile + ": " + terms);
+    w.item(r.profile + ": " + terms);
   }
-  w->paragraph_break();
+  w.paragraph_break();
+}
+
+}  // namespace
+
+std::string render_layout(const LayoutEstimate& le, Format format, report::Colour colour,
+                          const std::string& title) {
+  const ByteUnit u = layout_unit(le);
+  auto w = report::make_writer(format, colour);
+  describe_layout(*w, le, u, title);
+  w->csv_table(ranks_table(le, u, true));
+  w->document([&] { return layout_document(le); });
   return w->str();
 }
 
@@ -401,7 +409,19 @@ report::Table reconcile_table(const LayoutTrace& lt, ByteUnit u, bool exact) {
 
 std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Colour colour) {
   const LayoutEstimate& le = lt.analytic;
-  if (format == Format::json) {
+  const ByteUnit u = layout_unit(le);
+  auto w = report::make_writer(format, colour);
+  // The per-rank figures (as `estimate` shows them), then the trace's reconciliation.
+  describe_layout(*w, le, u, "trainmem profile (TRACED on meta, per rank)");
+  w->heading("Each rank traced on meta (" + std::to_string(lt.steps) +
+             " steps, the last one's ledger) against the per-rank analytic profile");
+  w->table(reconcile_table(lt, u, false));
+  w->paragraph_break();
+  w->line(lt.all_match() ? "every rank's ledger equals the analytic profile byte for byte"
+                         : "MISMATCH: see the rows marked NO",
+          lt.all_match() ? report::Tone::ok : report::Tone::fail);
+  w->csv_table(reconcile_table(lt, u, true));
+  w->document([&] {
     json ranks = json::array();
     for (std::size_t n = 0; n < lt.ranks.size(); ++n) {
       const RankTrace& r = lt.ranks[n];
@@ -413,30 +433,13 @@ std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Co
       j["differences"] = r.differences;
       ranks.push_back(std::move(j));
     }
-    json doc = json::parse(render_json(le));
+    json doc = layout_document(le);
     doc["run"] = report::run_json(le.train, "meta", lt.steps);
     doc["ranks"] = ranks;
     doc["all_ranks_match"] = lt.all_match();
-    return doc.dump(2) + "\n";
-  }
-  const ByteUnit u = table_unit(le.worst_total());
-  if (format == Format::csv) return reconcile_table(lt, u, true).csv();
-  std::unique_ptr<report::ReportWriter> w;
-  if (format == Format::markdown)
-    w = std::make_unique<report::MarkdownWriter>();
-  else
-    w = std::make_unique<report::TextWriter>(colour);
-  // The per-rank figures (as `estimate` shows them), then the trace's reconciliation.
-  const std::string head =
-      render_layout(le, format, colour, "trainmem profile (TRACED on meta, per rank)");
-  w->heading("Each rank traced on meta (" + std::to_string(lt.steps) +
-             " steps, the last one's ledger) against the per-rank analytic profile");
-  w->table(reconcile_table(lt, u, false));
-  w->paragraph_break();
-  w->line(lt.all_match() ? "every rank's ledger equals the analytic profile byte for byte"
-                         : "MISMATCH: see the rows marked NO",
-          lt.all_match() ? report::Tone::ok : report::Tone::fail);
-  return head + w->str();
+    return doc;
+  });
+  return w->str();
 }
 
 int run_maxbatch_layout(const Common& c, const LayoutFlags& flags, std::uint64_t budget_bytes,
@@ -451,7 +454,6 @@ int run_maxbatch_layout(const Common& c, const LayoutFlags& flags, std::uint64_t
   const OverheadOptions oo = resolve_overheads(flags);
   const Overheads over = estimate_overheads(par, oo);
   int traced = 0;
-  std::vector<std::uint64_t> per_rank;  // the worst rank's figures at the best value
   auto probe = [&](std::int64_t v) -> Probe {
     TrainConfig t = c.train;
     (vary_batch ? t.batch : t.seq) = v;
@@ -469,8 +471,38 @@ int run_maxbatch_layout(const Common& c, const LayoutFlags& flags, std::uint64_t
   const std::int64_t highest = vary_batch ? (std::int64_t{1} << 30) : (std::int64_t{1} << 24);
   const SearchResult s = find_largest_fitting(lowest, highest, step, probe);
   const std::string vary = vary_batch ? "batch" : "seq";
-  std::string text;
-  if (c.format == Format::json) {
+  const ByteUnit u = table_unit(budget_bytes);
+  report::Table t({{vary},
+                   {"worst rank (" + std::string(u.name) + ")"},
+                   {"+ overheads (" + std::string(u.name) + ")"},
+                   {"budget (" + std::string(u.name) + ")"},
+                   {"fits", report::Align::left}});
+  report::Table exact({{vary}, {"worst_rank_peak"}, {"with_overheads"}, {"budget"}, {"fits"}});
+  auto row = [&](std::int64_t v, const Probe& p) {
+    const std::uint64_t need = p.peak + over.total();
+    t.add_row({std::to_string(v), p.peak ? format_bytes(p.peak, u) : "overflow",
+               format_bytes(need, u), format_bytes(budget_bytes, u), report::check_cell(p.fits)});
+    exact.add_row({std::to_string(v), std::to_string(p.peak), std::to_string(need),
+                   std::to_string(budget_bytes), p.fits ? "yes" : "NO"});
+  };
+  if (s.best > 0) row(s.best, s.at_best);
+  row(s.best > 0 ? s.best + step : lowest, s.at_next);
+  auto w = report::make_writer(c.format, stdout_colour(c.output));
+  w->title("trainmem maxbatch per rank: " + c.model.name + ", " + std::to_string(par.world) +
+           " GPUs: " + par.describe());
+  w->paragraph("budget per GPU " + format_bytes_with_unit(budget_bytes, u) + " (" + budget_source +
+               "); overheads " + format_bytes_with_unit(over.total(), u) +
+               " (CUDA context: " + over.cuda_context_source + "; NCCL: " + over.nccl_source + ")");
+  w->paragraph("peaks: every rank's sharded step traced on meta (" + std::to_string(traced) +
+               " configurations), the worst rank kept");
+  if (s.best > 0)
+    w->strong("largest micro-" + vary + " that fits every rank: " + std::to_string(s.best));
+  else
+    w->strong("nothing fits: even " + vary + " " + std::to_string(lowest) + " needs " +
+              format_bytes_with_unit(s.at_next.peak + over.total(), u) + " on the worst rank");
+  w->table(t);
+  w->csv_table(exact);
+  w->document([&] {
     json j = {{"schema", report::kSchema},
               {"budget", budget_bytes},
               {"budget_source", budget_source},
@@ -488,49 +520,9 @@ int run_maxbatch_layout(const Common& c, const LayoutFlags& flags, std::uint64_t
               {"run", report::run_json(c.train, "meta", 2)},
               {"traced", traced}};
     j["run"][vary] = s.best;
-    text = j.dump(2) + "\n";
-  } else {
-    const ByteUnit u = table_unit(budget_bytes);
-    report::Table t({{vary},
-                     {"worst rank (" + std::string(u.name) + ")"},
-                     {"+ overheads (" + std::string(u.name) + ")"},
-                     {"budget (" + std::string(u.name) + ")"},
-                     {"fits", report::Align::left}});
-    report::Table exact({{vary}, {"worst_rank_peak"}, {"with_overheads"}, {"budget"}, {"fits"}});
-    auto row = [&](std::int64_t v, const Probe& p) {
-      const std::uint64_t need = p.peak + over.total();
-      t.add_row({std::to_string(v), p.peak ? format_bytes(p.peak, u) : "overflow",
-                 format_bytes(need, u), format_bytes(budget_bytes, u), report::check_cell(p.fits)});
-      exact.add_row({std::to_string(v), std::to_string(p.peak), std::to_string(need),
-                     std::to_string(budget_bytes), p.fits ? "yes" : "NO"});
-    };
-    if (s.best > 0) row(s.best, s.at_best);
-    row(s.best > 0 ? s.best + step : lowest, s.at_next);
-    if (c.format == Format::csv) {
-      text = exact.csv();
-    } else {
-      std::unique_ptr<report::ReportWriter> w;
-      if (c.format == Format::markdown)
-        w = std::make_unique<report::MarkdownWriter>();
-      else
-        w = std::make_unique<report::TextWriter>(stdout_colour(c.output));
-      w->title("trainmem maxbatch per rank: " + c.model.name + ", " + std::to_string(par.world) +
-               " GPUs: " + par.describe());
-      w->paragraph("budget per GPU " + format_bytes_with_unit(budget_bytes, u) + " (" +
-                   budget_source + "); overheads " + format_bytes_with_unit(over.total(), u) +
-                   " (CUDA context: " + over.cuda_context_source + "; NCCL: " + over.nccl_source +
-                   ")");
-      w->paragraph("peaks: every rank's sharded step traced on meta (" + std::to_string(traced) +
-                   " configurations), the worst rank kept");
-      if (s.best > 0)
-        w->strong("largest micro-" + vary + " that fits every rank: " + std::to_string(s.best));
-      else
-        w->strong("nothing fits: even " + vary + " " + std::to_string(lowest) + " needs " +
-                  format_bytes_with_unit(s.at_next.peak + over.total(), u) + " on the worst rank");
-      w->table(t);
-      text = w->str();
-    }
-  }
+    return j;
+  });
+  const std::string text = w->str();
   write_output(c.output, text);
   return s.best > 0 ? 0 : 3;
 }
