@@ -28,7 +28,7 @@ LAYERS = {
         "figures.hpp", "parallel.hpp", "bytes.hpp")] + ["src/base/"], []),
     "ledger": ([H + "ledger.hpp", "src/ledger/"], ["base"]),
     "analytic": ([H + "analytic.hpp", H + "analytic_rank.hpp", H + "dist_refs.hpp",
-                  "src/analytic/"], ["base"]),
+                  H + "plan.hpp", "src/analytic/"], ["base"]),
     "kernels": (["kernels/"], ["base"]),
     "backends": ([H + "backend.hpp", H + "device_allocator.hpp", H + "device_rules.hpp",
                   "src/backends/"], ["kernels", "ledger"]),

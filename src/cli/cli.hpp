@@ -1,7 +1,8 @@
 // The trainmem command line: common flags shared by every subcommand, run flags for the
 // subcommands that execute steps, and one registration function per subcommand (each in
 // its own file: cmd_estimate.cpp, cmd_profile.cpp, cmd_compare.cpp, cmd_sweep.cpp,
-// cmd_maxbatch.cpp, cmd_diff.cpp). Exit codes: 0 ok, 2 bad input, 3 out of memory, 1 anything else.
+// cmd_maxbatch.cpp, cmd_diff.cpp, cmd_plan.cpp). Exit codes: 0 ok, 2 bad input, 3 out of
+// memory, 1 anything else.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <charconv>
@@ -143,6 +144,7 @@ Runner register_compare(CLI::App& app);
 Runner register_sweep(CLI::App& app);
 Runner register_maxbatch(CLI::App& app);
 Runner register_diff(CLI::App& app);
+Runner register_plan(CLI::App& app);
 
 // One side of `trainmem diff A B` as typed (cmd_diff.cpp): a profile spec
 // "NAME[:key=value,...]" (NAME a profile: native, hf-eager, megatron, zero; keys model, batch,

@@ -1,0 +1,346 @@
+// `trainmem plan`'s enumeration and cost model (include/trainmem/plan.hpp; the model and what
+// is enumerated are documented in docs/plan.md).
+#include "trainmem/plan.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "trainmem/error.hpp"
+
+namespace trainmem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string str(std::int64_t v) {
+  return std::to_string(v);
+}
+
+std::string num(double v) {
+  std::string s = std::to_string(v);
+  while (!s.empty() && s.back() == '0') s.pop_back();
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
+}
+
+std::vector<std::int64_t> divisors(std::int64_t n) {
+  std::vector<std::int64_t> out;
+  for (std::int64_t d = 1; d <= n; ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+// The structural rules of the enumeration (docs/plan.md): ZeRO shards over data-parallel
+// ranks, so with dp = 1 only stage 0 is a layout of its own; --offload optimizer offloads the
+// ZeRO shard (stage 1 or more) and optimizer+params the ZeRO-3 parameter shard.
+bool enumerated(std::int64_t dp, int zero, Offload offload) {
+  if (zero > 0 && dp == 1) return false;
+  if (offload == Offload::optimizer && zero < 1) return false;
+  if (offload == Offload::optimizer_params && zero != 3) return false;
+  return true;
+}
+
+// What ParallelConfig::resolve said, with the kind of refusal in front.
+std::string refusal(const std::string& message) {
+  return (message.find("divisible") != std::string::npos ? "does not divide the model: "
+                                                         : "not supported: ") +
+         message;
+}
+
+void add_unique(std::vector<std::string>& xs, const std::string& x) {
+  if (std::find(xs.begin(), xs.end(), x) == xs.end()) xs.push_back(x);
+}
+
+}  // namespace
+
+std::string family_name(std::int64_t dp, std::int64_t tp, std::int64_t pp, int zero) {
+  return "dp " + str(dp) + " tp " + str(tp) + " pp " + str(pp) + " ZeRO-" + str(zero);
+}
+
+void PlanOptions::validate() const {
+  if (gpus < 1) throw InputError("--gpus must be at least 1, got " + str(gpus));
+  if (gpu_memory == 0)
+    throw InputError("--gpu-memory must be more than 0 bytes (a SIZE such as 80GiB)");
+  if (!(margin >= 0.0 && margin < 1.0))
+    throw InputError("--margin must be from 0 up to (not including) 1, got " + num(margin));
+  if (seq < 2)
+    throw InputError("--seq must be >= 2 (the loss predicts the next token), got " + str(seq));
+  if (global_batch < 1)
+    throw InputError("--global-batch must be at least 1 sequence, got " + str(global_batch));
+  if (top < 1) throw InputError("--top must be at least 1");
+  if (!(cost.tflops > 0) || !std::isfinite(cost.tflops))
+    throw InputError("--tflops must be a positive number of TFLOP/s, got " + num(cost.tflops));
+  if (!(cost.link_gbps > 0) || !std::isfinite(cost.link_gbps))
+    throw InputError("--link-gbps must be a positive number of Gb/s, got " + num(cost.link_gbps));
+  if (!(cost.pcie_gbps > 0) || !std::isfinite(cost.pcie_gbps))
+    throw InputError("--pcie-gbps must be a positive number of Gb/s, got " + num(cost.pcie_gbps));
+  if (optimizers.empty() || zero_stages.empty() || checkpointing.empty() || attention.empty() ||
+      offloads.empty())
+    throw InputError("plan: nothing to enumerate (an empty list of choices)");
+}
+
+std::uint64_t PlanOptions::budget() const {
+  // The bytes kept back, to the nearest byte (80 GiB × 0.05 is 4 GiB, not a byte more).
+  const auto kept = static_cast<std::uint64_t>(
+      std::llround(static_cast<long double>(gpu_memory) * static_cast<long double>(margin)));
+  return gpu_memory - std::min(kept, gpu_memory);
+}
+
+StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const ParallelConfig& layout,
+                   const CostModel& cost) {
+  StepCost c;
+  const double P = static_cast<double>(model.param_count());
+  const double L = static_cast<double>(model.layers), h = static_cast<double>(model.hidden);
+  const double b = static_cast<double>(train.batch), s = static_cast<double>(train.seq);
+  const double w = static_cast<double>(dtype_size(train.dtype));
+  const double dp = static_cast<double>(layout.dp), tp = static_cast<double>(layout.tp),
+               pp = static_cast<double>(layout.pp);
+  const double M = static_cast<double>(layout.microbatches);
+  const double N = dp * tp * pp;
+  const double T = b * M * dp * s;  // tokens per optimizer step (G·s)
+  const double r = train.checkpointing == Checkpointing::full ? 1.0 : 0.0;
+
+  // Compute: 6·P·T (forward 2, backward 4), + 2·P·T for the forward re-run under full
+  // recompute; attention's QKᵀ and PV, 4·s²·h per layer and sequence forward, ×3 for training,
+  // + one forward under recompute. Spread evenly over the N GPUs, stretched by the 1F1B
+  // bubble.
+  c.flops_per_gpu = ((6.0 + 2.0 * r) * P * T + (12.0 + 4.0 * r) * L * h * s * T) / N;
+  c.bubble = (pp - 1.0) / M;
+  c.compute_seconds = c.flops_per_gpu / (cost.tflops * 1e12) * (1.0 + c.bubble);
+
+  // Data parallelism over the stage's TP shard of the parameters (even split).
+  const double P_local = P / (tp * pp);
+  const double f = (dp - 1.0) / dp;
+  switch (layout.zero) {
+    case 0:  // one all-reduce of the accumulated gradients
+    case 1:  // reduce-scatter + all-gather of the updated parameters: the same volume
+      c.dp_bytes = 2.0 * f * P_local * w;
+      break;
+    case 2:  // a reduce-scatter per micro-batch (the shard cannot hold unreduced gradients)
+      c.dp_bytes = (M + 1.0) * f * P_local * w;
+      break;
+    default:  // 3: + the parameters gathered for every forward and every backward
+      c.dp_bytes = 3.0 * M * f * P_local * w;
+      break;
+  }
+  // Tensor parallelism: 2 all-reduces per layer forward, 2 backward (+2 in the recompute),
+  // of b·s·h each; sequence parallelism replaces each by reduce-scatter + all-gather, the same
+  // volume.
+  if (layout.tp > 1)
+    c.tp_bytes = M * (L / pp) * (4.0 + 2.0 * r) * 2.0 * (tp - 1.0) / tp * b * s * h * w;
+  // Pipeline: an interior stage sends b·s·h activations forward and b·s·h gradients back per
+  // micro-batch.
+  if (layout.pp > 1) c.pp_bytes = 2.0 * M * b * s * h * w;
+  // Offload: gradient shards down (once per step under ZeRO-1, per micro-batch under 2 and 3),
+  // updated parameter shards up; optimizer+params fetches the parameter shard for every
+  // forward and backward.
+  const double shard = P_local / dp;
+  if (layout.offload != Offload::none) {
+    const double grads = layout.zero == 1 ? 1.0 : M;
+    c.pcie_bytes = (grads + 1.0) * shard * w;
+    if (layout.offload == Offload::optimizer_params) c.pcie_bytes += 2.0 * M * shard * w;
+  }
+  const double link = cost.link_gbps * 1e9 / 8.0, pcie = cost.pcie_gbps * 1e9 / 8.0;
+  c.communication_seconds = (c.dp_bytes + c.tp_bytes + c.pp_bytes) / link;
+  c.pcie_seconds = c.pcie_bytes / pcie;
+  c.total_seconds = c.compute_seconds + c.communication_seconds + c.pcie_seconds;
+  return c;
+}
+
+PlanResult plan(const ModelConfig& model, const PlanOptions& options,
+                const LayoutEstimator& estimator) {
+  const auto t_start = Clock::now();
+  options.validate();
+  const std::int64_t N = options.gpus, G = options.global_batch;
+  PlanResult res;
+  res.options = options;
+  res.model = model;
+  res.budget = options.budget();
+
+  TrainConfig base;
+  base.batch = 1;
+  base.seq = options.seq;
+  base.dtype = options.dtype;
+  base.optimizer = options.optimizers.front();
+  base.validate();
+
+  // The (dp, tp, pp) of N GPUs, pipeline depth then tensor width ascending.
+  struct Triple {
+    std::int64_t dp, tp, pp;
+  };
+  std::vector<Triple> triples;
+  for (std::int64_t pp : divisors(N))
+    for (std::int64_t tp : divisors(N / pp)) triples.push_back({N / (tp * pp), tp, pp});
+
+  // G must be divisible by a data-parallel degree the model allows (dp·tp·pp = N).
+  bool divisible = false;
+  std::vector<std::int64_t> allowed_dp;
+  for (const Triple& t : triples) {
+    ParallelConfig p;
+    p.world = N;
+    p.dp = t.dp;
+    p.tp = t.tp;
+    p.pp = t.pp;
+    try {
+      p.resolve(true, model, base);
+    } catch (const InputError&) {
+      continue;
+    }
+    if (G % t.dp == 0) {
+      divisible = true;
+      break;
+    }
+    if (std::find(allowed_dp.begin(), allowed_dp.end(), t.dp) == allowed_dp.end())
+      allowed_dp.push_back(t.dp);
+  }
+  if (!divisible) {
+    std::sort(allowed_dp.begin(), allowed_dp.end());
+    std::string list;
+    for (std::int64_t d : allowed_dp) list += (list.empty() ? "" : ", ") + str(d);
+    throw InputError("--global-batch " + str(G) + ": not divisible by any data-parallel degree " +
+                     model.name + " allows on --gpus " + str(N) + " (" + list +
+                     "); the global batch is b·M·dp sequences, so give a multiple of one of them");
+  }
+
+  // The estimator, counted and timed; an estimate that throws does not fit.
+  auto worst_total = [&](const TrainConfig& t, const ParallelConfig& p,
+                         std::string* error) -> std::optional<std::uint64_t> {
+    const auto t0 = Clock::now();
+    ++res.estimates;
+    try {
+      const LayoutEstimate e = estimator(model, t, p, options.overheads);
+      res.estimate_seconds += seconds_since(t0);
+      return e.worst_total();
+    } catch (const InputError& e) {
+      res.estimate_seconds += seconds_since(t0);
+      if (error) *error = e.what();
+      return std::nullopt;
+    }
+  };
+
+  std::vector<PlanCandidate> fitting;
+  for (const Triple& tr : triples) {
+    const std::vector<std::int64_t> bs =
+        G % tr.dp == 0 ? divisors(G / tr.dp) : std::vector<std::int64_t>{};
+    for (int zero : options.zero_stages) {
+      RejectedFamily fam;
+      fam.dp = tr.dp;
+      fam.tp = tr.tp;
+      fam.pp = tr.pp;
+      fam.zero = zero;
+      bool family_fits = false, enumerated_any = false;
+      for (Offload off : options.offloads) {
+        if (!enumerated(tr.dp, zero, off)) continue;
+        for (bool sp : tr.tp > 1 ? std::vector<bool>{true, false} : std::vector<bool>{false})
+          for (Checkpointing ck : options.checkpointing)
+            for (Attention at : options.attention)
+              for (Optimizer opt : options.optimizers) {
+                enumerated_any = true;
+                TrainConfig train = base;
+                train.checkpointing = ck;
+                train.attention = at;
+                train.optimizer = opt;
+                ParallelConfig layout;
+                layout.world = N;
+                layout.dp = tr.dp;
+                layout.tp = tr.tp;
+                layout.pp = tr.pp;
+                layout.zero = zero;
+                layout.sp = sp;
+                layout.offload = off;
+                // The micro-batch sizes the layout checks accept, ascending.
+                std::vector<std::int64_t> valid;
+                for (std::int64_t b : bs) {
+                  ++res.enumerated;
+                  ++fam.layouts;
+                  train.batch = b;
+                  layout.microbatches = G / (tr.dp * b);
+                  try {
+                    ParallelConfig p = layout;
+                    p.resolve(true, model, train);
+                    valid.push_back(b);
+                  } catch (const InputError& e) {
+                    ++res.invalid;
+                    ++fam.invalid;
+                    add_unique(fam.messages, refusal(e.what()));
+                  }
+                }
+                if (valid.empty()) continue;
+                auto at_b = [&](std::int64_t b) {
+                  train.batch = b;
+                  layout.microbatches = G / (tr.dp * b);
+                  return std::pair<TrainConfig, ParallelConfig>(train, layout);
+                };
+                // Memory is monotone in b (activations grow with b·min(pp, M) = min(pp·b,
+                // G/dp)): the smallest b decides whether anything of this setting fits, and a
+                // binary search finds the largest b that does.
+                std::string error;
+                auto fits = [&](std::int64_t b, std::optional<std::uint64_t>* total) {
+                  const auto [t, p] = at_b(b);
+                  const auto w = worst_total(t, p, &error);
+                  if (total) *total = w;
+                  return w && *w <= res.budget;
+                };
+                std::optional<std::uint64_t> smallest;
+                if (!fits(valid.front(), &smallest)) {
+                  res.too_big += valid.size();
+                  if (smallest && (!fam.smallest || *smallest < fam.smallest_worst_total)) {
+                    const auto [t, p] = at_b(valid.front());
+                    fam.smallest_worst_total = *smallest;
+                    fam.smallest = PlanCandidate{p, t, step_cost(model, t, p, options.cost), {}};
+                  }
+                  if (!smallest) add_unique(fam.messages, "the estimate failed: " + error);
+                  continue;
+                }
+                std::size_t lo = 0, hi = valid.size() - 1;
+                while (lo < hi) {
+                  const std::size_t mid = (lo + hi + 1) / 2;
+                  if (fits(valid[mid], nullptr))
+                    lo = mid;
+                  else
+                    hi = mid - 1;
+                }
+                family_fits = true;
+                res.fitting += lo + 1;
+                res.too_big += valid.size() - 1 - lo;
+                for (std::size_t k = 0; k <= lo; ++k) {
+                  const auto [t, p] = at_b(valid[k]);
+                  fitting.push_back({p, t, step_cost(model, t, p, options.cost), {}});
+                }
+              }
+      }
+      if (!enumerated_any) continue;
+      if (bs.empty())
+        add_unique(fam.messages, "does not divide the global batch: --global-batch " + str(G) +
+                                     " is not divisible by dp " + str(tr.dp));
+      if (!family_fits) res.rejected.push_back(std::move(fam));
+    }
+  }
+
+  // Fastest first; equal times go to the larger micro-batch, then to the enumeration order.
+  std::stable_sort(fitting.begin(), fitting.end(),
+                   [](const PlanCandidate& a, const PlanCandidate& b) {
+                     if (a.cost.total_seconds != b.cost.total_seconds)
+                       return a.cost.total_seconds < b.cost.total_seconds;
+                     return a.train.batch > b.train.batch;
+                   });
+  if (fitting.size() > options.top) fitting.resize(options.top);
+  for (PlanCandidate& c : fitting) {
+    const auto t0 = Clock::now();
+    ++res.estimates;
+    c.memory = estimator(model, c.train, c.layout, options.overheads);
+    res.estimate_seconds += seconds_since(t0);
+  }
+  res.candidates = std::move(fitting);
+  res.total_seconds = seconds_since(t_start);
+  return res;
+}
+
+}  // namespace trainmem

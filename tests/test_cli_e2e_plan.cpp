@@ -1,0 +1,171 @@
+// End to end: `trainmem plan` from the built binary, with the real per-rank estimate
+// (estimate_layout): the tiny model's enumeration in JSON (counts as tests/test_plan.cpp counts
+// them by hand, every shown layout within the budget, fastest first, refused families with their
+// reasons), the same report as CSV, Markdown and text, nothing fitting exits 3 with the reasons
+// written, LLaMA-2-70B on 8 × 80 GiB, and bad flags exit 2 naming the flag.
+#include <gtest/gtest.h>
+
+#include "test_cli_e2e_helpers.hpp"
+
+namespace trainmem::e2e {
+namespace {
+
+const std::string kTiny = "plan --model tiny --gpus 4 --gpu-memory 16GiB --seq 16 --global-batch 8";
+
+TEST(CliE2EPlan, TinyJsonCountsRanksAndRejects) {
+  const Result r = trainmem(kTiny + " --format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.j();
+  EXPECT_EQ(j["schema"], "trainmem/1");
+  EXPECT_EQ(j["command"], "plan");
+  const std::uint64_t gpu = std::uint64_t{16} << 30;
+  EXPECT_EQ(j["inputs"]["gpu_memory"].get<std::uint64_t>(), gpu);
+  const std::uint64_t budget = j["inputs"]["budget"].get<std::uint64_t>();
+  EXPECT_EQ(budget, gpu - gpu / 20);  // 16 GiB × 0.05 is a whole number of bytes
+  EXPECT_EQ(j["counts"]["enumerated"].get<int>(), 432);
+  EXPECT_EQ(j["counts"]["invalid"].get<int>(), 76);
+  EXPECT_EQ(j["counts"]["fitting"].get<int>() + j["counts"]["too_big"].get<int>(), 356);
+  ASSERT_EQ(j["candidates"].size(), 10u);
+  double last = 0;
+  for (const auto& c : j["candidates"]) {
+    const auto& m = c["memory"];
+    ASSERT_TRUE(m.is_object());
+    EXPECT_LE(m["worst_total"].get<std::uint64_t>(), budget);
+    std::uint64_t worst_peak = 0;
+    for (const auto& rank : m["ranks"])
+      worst_peak = std::max(worst_peak, rank["peak"].get<std::uint64_t>());
+    EXPECT_EQ(m["worst_total"].get<std::uint64_t>(),
+              worst_peak + m["overheads"]["cuda_context"].get<std::uint64_t>() +
+                  m["overheads"]["nccl"].get<std::uint64_t>());
+    const double t = c["cost"]["total_seconds"].get<double>();
+    EXPECT_GE(t, last);
+    last = t;
+    const auto& l = c["layout"];
+    EXPECT_EQ(l["dp"].get<int>() * l["tp"].get<int>() * l["pp"].get<int>(), 4);
+    EXPECT_EQ(l["micro_batch"].get<int>() * l["microbatches"].get<int>() * l["dp"].get<int>(), 8);
+  }
+  bool pp4 = false;
+  for (const auto& f : j["rejected"])
+    if (f["family"] == "dp 1 tp 1 pp 4 ZeRO-0") {
+      pp4 = true;
+      EXPECT_EQ(f["reason"].get<std::string>().rfind("does not divide the model: --pp 4", 0), 0u)
+          << f["reason"];
+    }
+  EXPECT_TRUE(pp4) << j["rejected"].dump(1);
+}
+
+TEST(CliE2EPlan, TinyCsvMarkdownAndTextSayTheSame) {
+  const Result csv = trainmem(kTiny + " --format csv --top 3");
+  ASSERT_EQ(csv.code, 0) << csv.err;
+  const auto rows = parse_csv(csv.out);
+  ASSERT_EQ(rows.size(), 4u) << csv.out;
+  EXPECT_EQ(rows[0][0], "rank");
+  EXPECT_EQ(rows[1][0], "1");
+  const Result md = trainmem(kTiny + " --format markdown --top 3");
+  ASSERT_EQ(md.code, 0) << md.err;
+  const auto tables = parse_markdown_tables(md.out);
+  ASSERT_EQ(tables.size(), 2u) << md.out;  // the best layouts, the refused families
+  EXPECT_EQ(tables[0].size(), 1u + 3u);    // header + 3 rows
+  const Result text = trainmem(kTiny + " --top 3");
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("The best 3 layouts, fastest first"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("dp 1 tp 1 pp 4 ZeRO-0"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("432 layouts enumerated"), std::string::npos) << text.out;
+  const std::string path = temp_path("plan.json");
+  const Result file = trainmem(kTiny + " --format json --output '" + path + "'");
+  ASSERT_EQ(file.code, 0) << file.err;
+  EXPECT_TRUE(file.out.empty());
+  EXPECT_EQ(json::parse(slurp(path))["counts"]["enumerated"].get<int>(), 432);
+  std::remove(path.c_str());
+}
+
+TEST(CliE2EPlan, NothingFitsExitsThreeWithEachFamilysReason) {
+  const Result r = trainmem(
+      "plan --model tiny --gpus 4 --gpu-memory 1MiB --seq 16 --global-batch 8 --format json");
+  EXPECT_EQ(r.code, 3) << r.err;
+  const json j = r.j();
+  EXPECT_TRUE(j["candidates"].empty());
+  EXPECT_EQ(j["counts"]["fitting"].get<int>(), 0);
+  ASSERT_EQ(j["rejected"].size(), 15u);  // every (dp, tp, pp, ZeRO) family
+  for (const auto& f : j["rejected"]) {
+    const std::string reason = f["reason"];
+    if (f["smallest"].is_null()) {
+      EXPECT_TRUE(reason.rfind("does not divide the model", 0) == 0 ||
+                  reason.rfind("not supported", 0) == 0)
+          << reason;
+    } else {
+      EXPECT_EQ(reason.rfind("smallest worst-rank peak + overheads ", 0), 0u) << reason;
+      EXPECT_GT(f["smallest_worst_total"].get<std::uint64_t>(), j["inputs"]["budget"]);
+    }
+  }
+  const Result t =
+      trainmem("plan --model tiny --gpus 4 --gpu-memory 1MiB --seq 16 --global-batch 8");
+  EXPECT_EQ(t.code, 3);
+  EXPECT_NE(t.out.find("nothing fits"), std::string::npos) << t.out;
+}
+
+TEST(CliE2EPlan, Llama2_70bOnEightGpus) {
+  const Result r = trainmem(
+      "plan --model llama2-70b --gpus 8 --gpu-memory 80GiB --seq 4096 --global-batch 64 "
+      "--format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.j();
+  ASSERT_FALSE(j["candidates"].empty());
+  for (const auto& c : j["candidates"])
+    EXPECT_LE(c["memory"]["worst_total"].get<std::uint64_t>(),
+              j["inputs"]["budget"].get<std::uint64_t>());
+  // Plain data parallelism holds 70B parameters' states on every GPU: it cannot fit.
+  bool dp8 = false;
+  for (const auto& f : j["rejected"])
+    if (f["family"] == "dp 8 tp 1 pp 1 ZeRO-0") {
+      dp8 = true;
+      EXPECT_GT(f["smallest_worst_total"].get<std::uint64_t>(), std::uint64_t{76} << 30);
+    }
+  EXPECT_TRUE(dp8) << j["rejected"].dump(1);
+}
+
+TEST(CliE2EPlan, HelpListsPlanAndItsFlags) {
+  const Result top = trainmem("--help");
+  EXPECT_EQ(top.code, 0);
+  EXPECT_NE(top.out.find("plan"), std::string::npos) << top.out;
+  const Result r = trainmem("plan --help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* flag : {"--gpus", "--gpu-memory", "--global-batch", "--margin", "--top",
+                           "--tflops", "--link-gbps", "--pcie-gbps", "--format", "--output"})
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag << "\n" << r.out;
+}
+
+TEST(CliE2EPlan, BadFlagsExitTwoNamingTheFlag) {
+  const std::string ok = " --gpu-memory 16GiB --seq 16";
+  const std::pair<std::string, std::string> cases[] = {
+      {"plan --model tiny --gpu-memory 16GiB --global-batch 8", "--gpus is required"},
+      {"plan --model tiny --gpus 4 --global-batch 8", "--gpu-memory is required"},
+      {"plan --model tiny --gpus 4" + ok, "--global-batch is required"},
+      {"plan --model tiny --gpus 0 --global-batch 8" + ok, "--gpus must be at least 1"},
+      {"plan --model tiny --gpus x --global-batch 8" + ok, "--gpus"},
+      {"plan --model tiny --gpus 4 --global-batch 0" + ok, "--global-batch must be at least 1"},
+      {"plan --model tiny --gpus 3 --global-batch 4" + ok,
+       "--global-batch 4: not divisible by any data-parallel degree"},
+      {"plan --model tiny --gpus 4 --global-batch 8 --gpu-memory lots", "--gpu-memory"},
+      {"plan --model tiny --gpus 4 --global-batch 8 --margin 1" + ok, "--margin"},
+      {"plan --model tiny --gpus 4 --global-batch 8 --tflops 0" + ok, "--tflops"},
+      {"plan --model tiny --gpus 4 --global-batch 8 --link-gbps -1" + ok, "--link-gbps"},
+      {"plan --model tiny --gpus 4 --global-batch 8 --pcie-gbps 0" + ok, "--pcie-gbps"},
+      {"plan --model tiny --gpus 4 --global-batch 8 --top 0" + ok, "--top"},
+      {"plan --model tiny --gpus 4 --global-batch 8 --optimizer adam" + ok, "--optimizer"},
+      {"plan --model tiny --gpus 4 --global-batch 8 --format xml" + ok, "--format"},
+      {"plan --model tiny --gpus 4 --global-batch 8 --seq 1 --gpu-memory 1GiB", "--seq"},
+      {"plan --model tiny --gpus 4 --global-batch 8 --cuda-context lots" + ok, "--cuda-context"},
+      {"plan --model nope --gpus 4 --global-batch 8" + ok, "--model"},
+      {"plan --model tiny --gpus 4 --global-batch 8 --nccl-channels 0" + ok, "--nccl-channels"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Result r = trainmem(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << args << "\n" << r.err;
+    EXPECT_TRUE(r.out.empty()) << args << " wrote a report: " << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace trainmem::e2e

@@ -1,0 +1,420 @@
+// `trainmem plan` (include/trainmem/plan.hpp, docs/plan.md): the enumeration counts its layouts
+// on a tiny model as counted by hand, the cost model's figures equal hand-computed ones, a
+// layout is kept iff its worst rank's peak + overheads fits the budget (also against a brute
+// force over every layout, which the binary search over b must not change), rejected families
+// carry their reasons, and bad options are refused naming the flag. The memory side is mostly a
+// stand-in estimator, so the tests pin the enumeration and not estimate_layout's figures; the
+// search over b is also checked against a brute force with estimate_layout itself.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <tuple>
+
+#include "trainmem/error.hpp"
+#include "trainmem/plan.hpp"
+
+namespace trainmem {
+namespace {
+
+ModelConfig tiny() {
+  return *find_preset("tiny");  // V 128, h 64, i 176, L 2, a 4, k 4
+}
+
+// A stand-in for estimate_layout: one rank per stage, a peak monotone in b·min(pp, M) (as the
+// real one), smaller with tp, ZeRO, checkpointing and flash; 100 bytes of overheads.
+LayoutEstimate fake(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p,
+                    const OverheadOptions&) {
+  LayoutEstimate e;
+  e.layout = p;
+  e.model = m;
+  e.train = t;
+  const std::uint64_t in_flight = static_cast<std::uint64_t>(std::min(p.pp, p.microbatches));
+  const std::uint64_t acts = 1000 * static_cast<std::uint64_t>(t.batch) * in_flight *
+                             (t.checkpointing == Checkpointing::full ? 1 : 3) *
+                             (t.attention == Attention::eager ? 2 : 1) /
+                             static_cast<std::uint64_t>(p.tp);
+  const std::uint64_t states = 12000 / static_cast<std::uint64_t>(p.tp * p.pp) /
+                               (p.zero >= 1 ? p.dp : 1) / (p.offload == Offload::none ? 1 : 2);
+  for (std::int64_t s = 0; s < p.pp; ++s) {
+    RankEstimate r;
+    r.stage = s;
+    r.ranks = p.dp * p.tp;
+    r.est.figures.peak = acts + states + static_cast<std::uint64_t>(s);
+    e.ranks.push_back(r);
+  }
+  e.worst = static_cast<int>(p.pp - 1);
+  e.overheads.cuda_context = 100;
+  return e;
+}
+
+// A stand-in whose every layout needs exactly `total` bytes.
+LayoutEstimator constant(std::uint64_t total) {
+  return [total](const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p,
+                 const OverheadOptions&) {
+    LayoutEstimate e;
+    e.layout = p;
+    e.model = m;
+    e.train = t;
+    RankEstimate r;
+    r.est.figures.peak = total - 100;
+    e.ranks.push_back(r);
+    e.overheads.nccl = 100;
+    return e;
+  };
+}
+
+PlanOptions tiny_options() {
+  PlanOptions o;
+  o.gpus = 4;
+  o.gpu_memory = std::uint64_t{1} << 40;
+  o.seq = 16;
+  o.global_batch = 8;
+  return o;
+}
+
+// N = 4, G = 8, adamw, (none, full) × (flash, eager); per (dp, tp, pp): ZeRO 0 with offload
+// none, ZeRO 1 and 2 with none or optimizer, ZeRO 3 with the three: 8 (ZeRO, offload) pairs
+// when dp > 1, 1 when dp = 1; sp on and off when tp > 1; b over the divisors of G/dp.
+//   dp 4 tp 1 pp 1: 8 × 1 × 4 = 32 settings × b {1, 2}        =  64
+//   dp 2 tp 2 pp 1: 8 × 2 × 4 = 64 × b {1, 2, 4}              = 192
+//   dp 2 tp 1 pp 2: 8 × 1 × 4 = 32 × 3                        =  96, ZeRO 2/3 with pp:
+//                   (2 + 3) pairs × 4 × 3 = 60 refused
+//   dp 1 tp 4 pp 1: 1 × 2 × 4 = 8 × b {1, 2, 4, 8}            =  32
+//   dp 1 tp 2 pp 2: 1 × 2 × 4 = 8 × 4                         =  32
+//   dp 1 tp 1 pp 4: 1 × 1 × 4 = 4 × 4                         =  16, L = 2 not divisible: refused
+// 432 layouts, 76 refused, 356 valid.
+TEST(Plan, EnumerationCountsTheLayoutsOfATinyModel) {
+  const PlanResult r = plan(tiny(), tiny_options(), fake);
+  EXPECT_EQ(r.enumerated, 432u);
+  EXPECT_EQ(r.invalid, 76u);
+  EXPECT_EQ(r.fitting, 356u);
+  EXPECT_EQ(r.too_big, 0u);
+  EXPECT_EQ(r.enumerated, r.invalid + r.fitting + r.too_big);
+  ASSERT_EQ(r.candidates.size(), 10u);
+  for (const auto& c : r.candidates) {
+    ASSERT_TRUE(c.memory.has_value());
+    EXPECT_EQ(c.layout.dp * c.layout.tp * c.layout.pp, 4);
+    EXPECT_EQ(c.train.batch * c.layout.microbatches * c.layout.dp, 8);
+  }
+  // --optimizer all triples the settings (lomo is refused on more than one GPU).
+  PlanOptions all = tiny_options();
+  all.optimizers = {Optimizer::adamw, Optimizer::sgd, Optimizer::lomo};
+  const PlanResult a = plan(tiny(), all, fake);
+  EXPECT_EQ(a.enumerated, 3 * 432u);
+  EXPECT_EQ(a.invalid, 3 * 76u + 356u);  // sgd as adamw; lomo refused on 4 GPUs
+}
+
+TEST(Plan, RejectedFamiliesCarryTheirReasons) {
+  const PlanResult r = plan(tiny(), tiny_options(), fake);
+  ASSERT_EQ(r.rejected.size(), 3u);
+  std::set<std::string> names;
+  for (const auto& f : r.rejected) {
+    names.insert(family_name(f.dp, f.tp, f.pp, f.zero));
+    EXPECT_EQ(f.invalid, f.layouts);
+    EXPECT_FALSE(f.too_big());
+    ASSERT_FALSE(f.messages.empty());
+    if (f.pp == 4) {
+      EXPECT_EQ(f.messages.front().rfind("does not divide the model: --pp 4", 0), 0u)
+          << f.messages.front();
+    } else {
+      EXPECT_EQ(f.messages.front().rfind("not supported: --zero " + std::to_string(f.zero), 0), 0u)
+          << f.messages.front();
+    }
+  }
+  EXPECT_EQ(names, (std::set<std::string>{"dp 1 tp 1 pp 4 ZeRO-0", "dp 2 tp 1 pp 2 ZeRO-2",
+                                          "dp 2 tp 1 pp 2 ZeRO-3"}));
+
+  // Too big: the reason is the family's smallest worst total, at its smallest b.
+  PlanOptions o = tiny_options();
+  o.gpu_memory = 999;
+  o.margin = 0;
+  const PlanResult n = plan(tiny(), o, constant(1000));
+  EXPECT_TRUE(n.candidates.empty());
+  EXPECT_EQ(n.fitting, 0u);
+  EXPECT_EQ(n.too_big, 356u);
+  std::size_t too_big = 0;
+  for (const auto& f : n.rejected) {
+    if (!f.too_big()) continue;
+    ++too_big;
+    EXPECT_EQ(f.smallest_worst_total, 1000u);
+    ASSERT_TRUE(f.smallest.has_value());
+    EXPECT_EQ(f.smallest->train.batch, 1);
+  }
+  // Every (dp, tp, pp, ZeRO) family but the three refused ones: 4 + 4 + 2 + 1 + 1.
+  EXPECT_EQ(too_big, 12u);
+}
+
+TEST(Plan, ALayoutIsKeptIffItsWorstTotalFits) {
+  PlanOptions o = tiny_options();
+  o.margin = 0;
+  o.gpu_memory = 1000;  // budget 1000: exactly the worst total
+  EXPECT_EQ(plan(tiny(), o, constant(1000)).fitting, 356u);
+  o.gpu_memory = 999;
+  EXPECT_EQ(plan(tiny(), o, constant(1000)).fitting, 0u);
+  // The margin: 2000 × (1 − 0.5) = 1000.
+  o.gpu_memory = 2000;
+  o.margin = 0.5;
+  EXPECT_EQ(o.budget(), 1000u);
+  EXPECT_EQ(plan(tiny(), o, constant(1000)).fitting, 356u);
+  o.margin = 0.5005;
+  EXPECT_EQ(plan(tiny(), o, constant(1000)).fitting, 0u);
+  o.gpu_memory = std::uint64_t{80} << 30;
+  o.margin = 0.05;
+  EXPECT_EQ(o.budget(), std::uint64_t{76} << 30);
+}
+
+using Key =
+    std::tuple<std::int64_t, std::int64_t, std::int64_t, int, bool, int, int, int, std::int64_t>;
+
+Key key(const ParallelConfig& p, const TrainConfig& t) {
+  return Key{p.dp,
+             p.tp,
+             p.pp,
+             p.zero,
+             p.sp,
+             static_cast<int>(p.offload),
+             static_cast<int>(t.checkpointing),
+             static_cast<int>(t.attention),
+             t.batch};
+}
+
+// Brute force: every layout of tiny_options()' enumeration, resolved and estimated: the worst
+// total of each valid one.
+std::vector<std::pair<Key, std::uint64_t>> every_layout(const LayoutEstimator& estimator) {
+  std::vector<std::pair<Key, std::uint64_t>> out;
+  const std::int64_t triples[][3] = {{4, 1, 1}, {2, 2, 1}, {2, 1, 2},
+                                     {1, 4, 1}, {1, 2, 2}, {1, 1, 4}};
+  for (const auto& tr : triples)
+    for (int zero = 0; zero <= 3; ++zero)
+      for (Offload off : {Offload::none, Offload::optimizer, Offload::optimizer_params})
+        for (bool sp : {false, true})
+          for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
+            for (Attention at : {Attention::eager, Attention::flash})
+              for (std::int64_t b = 1; b <= 8 / tr[0]; ++b) {
+                if ((8 / tr[0]) % b != 0 || (sp && tr[1] == 1) || (zero > 0 && tr[0] == 1) ||
+                    (off == Offload::optimizer && zero == 0) ||
+                    (off == Offload::optimizer_params && zero != 3))
+                  continue;
+                ParallelConfig p;
+                p.world = 4;
+                p.dp = tr[0];
+                p.tp = tr[1];
+                p.pp = tr[2];
+                p.zero = zero;
+                p.sp = sp;
+                p.offload = off;
+                p.microbatches = 8 / (tr[0] * b);
+                TrainConfig t;
+                t.batch = b;
+                t.seq = 16;
+                t.checkpointing = ck;
+                t.attention = at;
+                try {
+                  p.resolve(true, tiny(), t);
+                } catch (const InputError&) {
+                  continue;
+                }
+                out.emplace_back(key(p, t), estimator(tiny(), t, p, {}).worst_total());
+              }
+  return out;
+}
+
+// The search over b (smallest first, then a binary search) keeps exactly the layouts that a
+// brute force finds fitting.
+void check_search(const LayoutEstimator& estimator, std::uint64_t budget) {
+  SCOPED_TRACE(budget);
+  PlanOptions o = tiny_options();
+  o.margin = 0;
+  o.gpu_memory = budget;
+  o.top = 100000;
+  const PlanResult r = plan(tiny(), o, estimator);
+  std::set<Key> kept;
+  for (const auto& c : r.candidates) {
+    ASSERT_TRUE(c.memory.has_value());
+    EXPECT_LE(c.memory->worst_total(), budget);
+    kept.insert(key(c.layout, c.train));
+  }
+  EXPECT_EQ(kept.size(), r.fitting);
+  const auto all = every_layout(estimator);
+  ASSERT_EQ(all.size(), 356u);
+  std::set<Key> brute;
+  for (const auto& [k, total] : all)
+    if (total <= budget) brute.insert(k);
+  EXPECT_EQ(kept, brute);
+  EXPECT_EQ(r.too_big, all.size() - brute.size());
+  EXPECT_LT(r.estimates, all.size() + kept.size());  // the search skipped layouts
+}
+
+TEST(Plan, TheSearchOverMicroBatchesKeepsExactlyTheFittingLayouts) {
+  for (std::uint64_t budget : {1500u, 3200u, 5000u, 9000u, 20000u}) check_search(fake, budget);
+}
+
+// The same with the real per-rank estimate, at budgets between its smallest and largest
+// worst totals (this is where memory must be monotone in b for the search to be exact).
+TEST(Plan, TheSearchIsExactWithEstimateLayout) {
+  auto all = every_layout(estimate_layout);
+  std::vector<std::uint64_t> totals;
+  for (const auto& [k, total] : all) totals.push_back(total);
+  std::sort(totals.begin(), totals.end());
+  for (double q : {0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0})
+    check_search(estimate_layout, totals[static_cast<std::size_t>(q * (totals.size() - 1))]);
+}
+
+TEST(Plan, CandidatesAreRankedByStepTimeThenByLargerMicroBatch) {
+  PlanOptions o = tiny_options();
+  o.top = 100000;
+  const PlanResult r = plan(tiny(), o, fake);
+  ASSERT_EQ(r.candidates.size(), 356u);
+  for (std::size_t k = 1; k < r.candidates.size(); ++k) {
+    const auto& a = r.candidates[k - 1];
+    const auto& b = r.candidates[k];
+    EXPECT_LE(a.cost.total_seconds, b.cost.total_seconds);
+    if (a.cost.total_seconds == b.cost.total_seconds) {
+      EXPECT_GE(a.train.batch, b.train.batch);
+    }
+  }
+  o.top = 3;
+  EXPECT_EQ(plan(tiny(), o, fake).candidates.size(), 3u);
+}
+
+// docs/plan.md's formulas by hand, on tiny: P = 2·V·h + L·(2h + 4h² + 3h·i) + h
+// = 16384 + 2·50304 + 64 = 117056. Rates: 1 TFLOP/s, 8 Gb/s = 1e9 B/s for both links.
+TEST(Plan, TheCostModelMatchesHandComputedFigures) {
+  const ModelConfig m = tiny();
+  ASSERT_EQ(m.param_count(), 117056u);
+  CostModel rates;
+  rates.tflops = 1;
+  rates.link_gbps = 8;
+  rates.pcie_gbps = 8;
+  {
+    // dp 2 tp 2 pp 2, ZeRO-1, b 2, M 4, s 16, bf16, full recompute, offload optimizer.
+    ParallelConfig p;
+    p.world = 8;
+    p.dp = 2;
+    p.tp = 2;
+    p.pp = 2;
+    p.zero = 1;
+    p.microbatches = 4;
+    p.offload = Offload::optimizer;
+    TrainConfig t;
+    t.batch = 2;
+    t.seq = 16;
+    t.checkpointing = Checkpointing::full;
+    const StepCost c = step_cost(m, t, p, rates);
+    // T = b·M·dp·s = 256 tokens; (8·P·T + 16·L·h·s·T) / 8 = (239730688 + 8388608) / 8.
+    EXPECT_DOUBLE_EQ(c.flops_per_gpu, 31014912.0);
+    EXPECT_DOUBLE_EQ(c.bubble, 0.25);
+    EXPECT_DOUBLE_EQ(c.compute_seconds, 31014912.0 / 1e12 * 1.25);
+    // P_local = P / (tp·pp) = 29264; ZeRO-1: 2·(dp−1)/dp·P_local·w = 2 · 0.5 · 29264 · 2.
+    EXPECT_DOUBLE_EQ(c.dp_bytes, 58528.0);
+    // M·(L/pp)·(4 + 2)·2(tp−1)/tp·b·s·h·w = 4 · 1 · 6 · 1 · 2·16·64·2.
+    EXPECT_DOUBLE_EQ(c.tp_bytes, 98304.0);
+    // 2·M·b·s·h·w = 2 · 4 · 4096.
+    EXPECT_DOUBLE_EQ(c.pp_bytes, 32768.0);
+    // shard = P_local / dp = 14632; ZeRO-1: gradients down once + parameters up: 2·14632·2.
+    EXPECT_DOUBLE_EQ(c.pcie_bytes, 58528.0);
+    EXPECT_DOUBLE_EQ(c.communication_seconds, (58528.0 + 98304.0 + 32768.0) / 1e9);
+    EXPECT_DOUBLE_EQ(c.pcie_seconds, 58528.0 / 1e9);
+    EXPECT_DOUBLE_EQ(c.total_seconds, c.compute_seconds + c.communication_seconds + c.pcie_seconds);
+  }
+  {
+    // dp 4, ZeRO-3, b 1, M 2, s 16, fp32, no recompute, offload optimizer+params.
+    ParallelConfig p;
+    p.world = 4;
+    p.dp = 4;
+    p.zero = 3;
+    p.microbatches = 2;
+    p.offload = Offload::optimizer_params;
+    TrainConfig t;
+    t.batch = 1;
+    t.seq = 16;
+    t.dtype = DType::f32;
+    const StepCost c = step_cost(m, t, p, rates);
+    // T = 1·2·4·16 = 128; (6·P·T + 12·L·h·s·T) / 4 = (89898LL... ) computed below.
+    EXPECT_DOUBLE_EQ(c.flops_per_gpu, (6.0 * 117056 * 128 + 12.0 * 2 * 64 * 16 * 128) / 4);
+    EXPECT_DOUBLE_EQ(c.bubble, 0.0);
+    // 3·M·(dp−1)/dp·P·w = 3 · 2 · 0.75 · 117056 · 4.
+    EXPECT_DOUBLE_EQ(c.dp_bytes, 2107008.0);
+    EXPECT_DOUBLE_EQ(c.tp_bytes, 0.0);
+    EXPECT_DOUBLE_EQ(c.pp_bytes, 0.0);
+    // shard 29264: gradients down M = 2 times + parameters up once, + 2·M fetches: 7 · 29264 · 4.
+    EXPECT_DOUBLE_EQ(c.pcie_bytes, 819392.0);
+  }
+  {
+    // ZeRO-2, dp 2, M 3: (M + 1)·(dp−1)/dp·P·w = 4 · 0.5 · 117056 · 2; ZeRO-0 the all-reduce.
+    ParallelConfig p;
+    p.world = 2;
+    p.dp = 2;
+    p.zero = 2;
+    p.microbatches = 3;
+    TrainConfig t;
+    t.batch = 1;
+    t.seq = 16;
+    EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).dp_bytes, 468224.0);
+    p.zero = 0;
+    EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).dp_bytes, 234112.0);
+    p.microbatches = 1;
+    p.zero = 3;  // M = 1: 1.5 × the all-reduce
+    EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).dp_bytes, 1.5 * 234112.0);
+    // Sequence parallelism moves the same bytes.
+    p.dp = 1;
+    p.tp = 2;
+    p.zero = 0;
+    const double without = step_cost(m, t, p, rates).tp_bytes;
+    p.sp = true;
+    EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).tp_bytes, without);
+    EXPECT_DOUBLE_EQ(without, 1 * 2 * 4 * 1.0 * 1 * 16 * 64 * 2);
+  }
+}
+
+TEST(Plan, BadOptionsAreRefusedNamingTheFlag) {
+  auto refused = [](PlanOptions o, const std::string& flag) {
+    try {
+      plan(tiny(), o, fake);
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+      return;
+    }
+    ADD_FAILURE() << "not refused: " << flag;
+  };
+  PlanOptions o = tiny_options();
+  o.gpus = 0;
+  refused(o, "--gpus");
+  o = tiny_options();
+  o.gpu_memory = 0;
+  refused(o, "--gpu-memory");
+  o = tiny_options();
+  o.margin = 1;
+  refused(o, "--margin");
+  o = tiny_options();
+  o.seq = 1;
+  refused(o, "--seq");
+  o = tiny_options();
+  o.global_batch = 0;
+  refused(o, "--global-batch");
+  o = tiny_options();
+  o.cost.tflops = 0;
+  refused(o, "--tflops");
+  o = tiny_options();
+  o.cost.link_gbps = -1;
+  refused(o, "--link-gbps");
+  o = tiny_options();
+  o.cost.pcie_gbps = 0;
+  refused(o, "--pcie-gbps");
+  o = tiny_options();
+  o.top = 0;
+  refused(o, "--top");
+  // 3 GPUs: tp 3 does not divide 4 heads, pp 3 not 2 layers; dp 3 does not divide G = 4.
+  o = tiny_options();
+  o.gpus = 3;
+  o.global_batch = 4;
+  refused(o,
+          "--global-batch 4: not divisible by any data-parallel degree tiny allows on "
+          "--gpus 3 (3)");
+  o.global_batch = 6;
+  EXPECT_NO_THROW(plan(tiny(), o, fake));
+}
+
+}  // namespace
+}  // namespace trainmem
