@@ -256,7 +256,7 @@ void write_compare(report::ReportWriter& w, const std::vector<Pair>& pairs,
   title << "trainmem compare: " << first.model.name << "  b=" << shown.batch << " s=" << shown.seq
         << " " << dtype_name(shown.dtype) << "  attention=" << attention_name(shown.attention);
   w.title(title.str());
-  w.paragraph(backend_line(first));
+  w.banner(backend_line(first));
   if (!first.computes)
     w.paragraph(
         "These figures are PREDICTED: the meta backend runs the model's exact allocation "
