@@ -415,6 +415,9 @@ def main():
                 check_figures(kind, own, j, fail, tag, unit)
                 fail.eq(page.eval("document.querySelectorAll('html').length"), 1,
                         kind + " one html")
+                if kind == "compare":
+                    fail.eq(page.eval("document.querySelectorAll('.side-by-side svg').length"),
+                            len(j["runs"]), "compare (%s): a timeline per run" % tag)
                 if kind == "profile":
                     fail.true(page.eval("!!document.querySelector('#timeline svg rect.instant.peak')"),
                               "profile (%s): the peak instant" % tag)

@@ -215,7 +215,13 @@ TEST(CliE2EHtml, MaxbatchAndCompareFiguresAreTheJsonReports) {
 
   const std::string cmp = cases()[4].args;
   const json cj = trainmem(cmp + "--format json").j();
-  const auto ct = parse_html_tables(trainmem(cmp + "--format html").out);
+  const std::string cpage = trainmem(cmp + "--format html").out;
+  const auto ct = parse_html_tables(cpage);
+  // Every run's timeline, the two modes of each optimizer side by side.
+  EXPECT_EQ(count(cpage, "<svg "), cj["runs"].size());
+  EXPECT_EQ(count(cpage, "<div class=\"side-by-side\">"), 1u);
+  // Only the page asks for the timelines.
+  EXPECT_EQ(trainmem(cmp).out.find("<svg"), std::string::npos);
   ASSERT_FALSE(ct.empty());
   ASSERT_EQ(ct[0].size(), cj["runs"].size() + 1);
   for (std::size_t k = 1; k < ct[0].size(); ++k) {

@@ -32,6 +32,8 @@ tbody + tbody { border-top: 2px solid #8c959f; }
 .fail { color: var(--fail); font-weight: 700; }
 ul { margin: .3em 0; }
 figure { margin: .6em 0 1em; }
+figure svg { max-width: 100%; height: auto; }
+.side-by-side { display: grid; grid-template-columns: 1fr 1fr; gap: 1em; }
 )";
 
 }  // namespace
