@@ -206,6 +206,7 @@ TEST(CommonFlags, ValuesAreParsed) {
   EXPECT_EQ(c.output, "x.json");
   EXPECT_EQ(resolve({"--format", "csv"}).format, Format::csv);
   EXPECT_EQ(resolve({"--format", "markdown"}).format, Format::markdown);
+  EXPECT_EQ(resolve({"--format", "html"}).format, Format::html);
   EXPECT_EQ(resolve({"--dtype", "fp32"}).train.dtype, DType::f32);
   EXPECT_EQ(resolve({"--profile", "hf-eager,all"}).profiles.size(), 4u);
 }
@@ -306,7 +307,7 @@ TEST(CommonFlags, BadNamesListTheAllowedValues) {
       {{"--profile", "native,zer0"},
        {"--profile", "zer0", "native", "hf-eager", "megatron", "zero", "all"}},
       {{"--profile", ""}, {"--profile", "native"}},
-      {{"--format", "yaml"}, {"--format", "yaml", "table", "json", "csv", "markdown"}},
+      {{"--format", "yaml"}, {"--format", "yaml", "table", "json", "csv", "markdown", "html"}},
   };
   for (const auto& cs : cases) {
     const std::string m = input_error(cs.args);

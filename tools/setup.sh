@@ -5,8 +5,9 @@
 # trainmem builds its CUDA parts when nvcc is found (/usr/local/cuda/bin/nvcc or on PATH).
 set -euo pipefail
 
+# chromium: the browser tests of the HTML reports (tests/browser_test.py; they skip without it).
 packages=(cmake ninja-build g++ pkg-config libspdlog-dev libcli11-dev libgtest-dev
-          nlohmann-json3-dev libopenblas-dev)
+          nlohmann-json3-dev libopenblas-dev chromium)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "setup.sh: dpkg-query not found; this script supports Debian/Ubuntu." >&2

@@ -77,6 +77,11 @@ class Table {
   // RFC 4180 CSV: header line then rows; fields quoted when they hold , " or newlines.
   std::string csv() const;
 
+  // The description itself, for the writers that render cells one by one (HTML): the columns,
+  // and the rows in order, an empty row marking a rule.
+  const std::vector<Column>& columns() const { return columns_; }
+  const std::vector<std::vector<Cell>>& rows() const { return rows_; }
+
  private:
   std::vector<Column> columns_;
   std::vector<std::vector<Cell>> rows_;  // an empty row marks a rule

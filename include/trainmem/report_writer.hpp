@@ -6,7 +6,10 @@
 //     otherwise) and Markdown (MarkdownWriter: GitHub Markdown);
 //   - the table of exact figures (csv_table): the CSV form (CsvWriter), RFC 4180;
 //   - the "trainmem/1" document (document): the JSON form (JsonWriter), dumped with an indent
-//     of two and a final newline.
+//     of two and a final newline;
+//   - the prose, the tables and the figures (figure: markup only a page can show, e.g. the
+//     profile's timeline): one self-contained HTML page (HtmlWriter), inline CSS, no network,
+//     readable with JavaScript off; every text escaped, a cell's tone its class.
 // So a command never branches on the format: it says every block once, and the writer picks.
 // Colour comes from the state of a cell or line (its Tone), never from its text.
 #pragma once
@@ -20,8 +23,8 @@
 
 namespace trainmem::report {
 
-// The output formats of every report (--format table|markdown|csv|json).
-enum class Format { table, json, csv, markdown };
+// The output formats of every report (--format table|markdown|csv|json|html).
+enum class Format { table, json, csv, markdown, html };
 
 // Every block is a no-op here: each writer overrides the blocks its format shows.
 class ReportWriter {
@@ -39,6 +42,9 @@ class ReportWriter {
   virtual void heading(const std::string& /*full*/, const std::string& /*brief*/) {}
   // A line standing out. Text: after a blank line, bold; Markdown: "**text**" and a blank line.
   virtual void strong(const std::string&) {}
+  // The line saying what the figures are (PREDICTED on meta, measured elsewhere): a paragraph
+  // in text and Markdown; the HTML page shows it as a banner at the top.
+  virtual void banner(const std::string& text, Tone tone = Tone::neutral) { paragraph(text, tone); }
   // A paragraph: the text's line(s), then (Markdown only) a blank line.
   void paragraph(const std::string& text, Tone tone = Tone::neutral) {
     line(text, tone);
@@ -73,11 +79,17 @@ class ReportWriter {
   // The report's table of exact figures (bytes as integers): the whole CSV form.
   virtual void csv_table(const Table&) {}
 
+  // ---- figures (HTML)
+  // Markup only a page shows (an inline SVG, a script-driven list), already escaped by its
+  // builder; built only by the HTML writer.
+  virtual void figure(const std::function<std::string()>& /*html*/) {}
+
   // ---- the document (JSON)
   // The report's "trainmem/1" document: the whole JSON form. Built only by the JSON writer.
   virtual void document(const std::function<nlohmann::json()>&) {}
 
-  const std::string& str() const { return out_; }
+  // The report as written so far (the HTML writer closes its page here).
+  virtual const std::string& str() const { return out_; }
 
  protected:
   // The blank line of blank(), for the writers that show prose.
@@ -130,6 +142,39 @@ class JsonWriter : public ReportWriter {
  public:
   void document(const std::function<nlohmann::json()>& build) override;
 };
+
+// One self-contained HTML page: the title in <title> and <h1>, the banner prominent, headings
+// <h2>, lines and passages as preformatted blocks, tables as <table> whose cells carry their
+// tone as a class ("ok", "fail"), figures as given. Inline CSS only; no script of its own.
+class HtmlWriter : public ReportWriter {
+ public:
+  using ReportWriter::heading;
+  void title(const std::string& text) override;
+  void banner(const std::string& text, Tone tone = Tone::neutral) override;
+  void heading(const std::string& full, const std::string& brief) override;
+  void strong(const std::string& text) override;
+  void item(const std::string& text) override;
+  void list(const std::vector<std::string>& items) override;
+  void line(const std::string& text, Tone tone = Tone::neutral) override;
+  void detail(const std::string& text, Tone tone = Tone::neutral) override;
+  void alert(const std::vector<std::string>& lines) override;
+  void table(const Table& t) override;
+  void passage(const std::string& text, const std::string&) override;
+  void figure(const std::function<std::string()>& html) override;
+  const std::string& str() const override;
+
+ private:
+  void close_items();
+  std::string title_;  // the first title(), else the first strong()
+  bool titled_ = false;
+  bool in_items_ = false;
+  mutable std::string page_;
+};
+
+// Text escaped for HTML element content and attribute values: & < > " '.
+std::string html_escape(const std::string& s);
+// The class of a tone: "ok", "fail", or "" (neutral).
+const char* tone_class(Tone tone);
 
 // The writer of `format`; `colour` matters to the text form only.
 std::unique_ptr<ReportWriter> make_writer(Format format, Colour colour);

@@ -17,6 +17,7 @@
 #include "trainmem/report_writer.hpp"
 #include "trainmem/run.hpp"
 #include "trainmem/run_report.hpp"
+#include "trainmem/timeline.hpp"
 
 namespace trainmem::cli {
 namespace {
@@ -256,7 +257,7 @@ void write_compare(report::ReportWriter& w, const std::vector<Pair>& pairs,
   title << "trainmem compare: " << first.model.name << "  b=" << shown.batch << " s=" << shown.seq
         << " " << dtype_name(shown.dtype) << "  attention=" << attention_name(shown.attention);
   w.title(title.str());
-  w.paragraph(backend_line(first));
+  w.banner(backend_line(first));
   if (!first.computes)
     w.paragraph(
         "These figures are PREDICTED: the meta backend runs the model's exact allocation "
@@ -267,6 +268,20 @@ void write_compare(report::ReportWriter& w, const std::vector<Pair>& pairs,
   w.table(memory_table(pairs, u, first.computes));
   w.heading("What checkpointing saves and what it costs");
   for (const auto& p : pairs) w.item(saving_line(p, u));
+  // The page: each optimizer's two steps side by side, checkpointing none | full (the HTML
+  // form only; the runs keep their timelines for it).
+  bool timelines = false;
+  for (const auto& r : runs) timelines |= r.timeline.has_value();
+  if (timelines)
+    w.figure([&] {
+      std::string html =
+          "<h2>Timelines of the step: checkpointing none | full</h2>\n"
+          "<div class=\"side-by-side\">\n";
+      for (const auto& p : pairs)
+        for (const RunResult* r : {p.none, p.full})
+          html += "<div>" + (r->timeline ? timeline_svg(*r->timeline) : std::string()) + "</div>\n";
+      return html + "</div>\n";
+    });
   if (pairs.front().none->estimates.size() > 1) {
     w.heading(std::string("Activations in the analytic profiles (") + u.name +
               "; hf-eager = HuggingFace transformers 4.30 eager attention, PyTorch 2.0; megatron "
@@ -293,6 +308,7 @@ int run_compare(const CompareFlags& flags) {
       RunRequest rq = run_request(c, flags.run);
       rq.train.optimizer = o;
       rq.train.checkpointing = mode;
+      rq.keep_timeline |= c.format == Format::html;  // the page shows every run's timeline
       check_run_can_start(rq);
       requests.push_back(std::move(rq));
     }
@@ -314,7 +330,7 @@ int run_compare(const CompareFlags& flags) {
     runs.push_back(execute_run(rq));
     if (runs.size() == 1 && !runs.front().backend_note.empty())
       spdlog::warn("{}", runs.front().backend_note);
-    if (runs.back().timeline) {
+    if (runs.back().timeline && !flags.run.timeline.empty()) {
       const std::string path = timeline_path(rq.train);
       write_timeline(path, *runs.back().timeline);
       spdlog::info("wrote {}", path);

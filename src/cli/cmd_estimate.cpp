@@ -8,7 +8,9 @@
 //   csv       the figures in bytes, one row per (optimizer, checkpointing, profile); with
 //             --explain instead the per-tensor list, one row per tensor;
 //   json      schema "trainmem/1": {"schema", "model", "run", "analytic"} for one
-//             (optimizer, checkpointing) pair, {"schema", "runs": [...]} for several.
+//             (optimizer, checkpointing) pair, {"schema", "runs": [...]} for several;
+//   html      one self-contained page: the tables of the text form, the explanation as its
+//             worked text.
 #include <spdlog/spdlog.h>
 
 #include <cmath>
@@ -377,8 +379,8 @@ Runner register_estimate(CLI::App& app) {
             "fp16; got --model " +
             c.model.name + " --batch " + std::to_string(t.batch) + " --seq " +
             std::to_string(t.seq) + " --dtype " + dtype_name(t.dtype));
-      if (c.format != Format::table && c.format != Format::markdown)
-        throw InputError("--paper: allowed with --format table or markdown only");
+      if (c.format != Format::table && c.format != Format::markdown && c.format != Format::html)
+        throw InputError("--paper: allowed with --format table, markdown or html only");
     }
     const std::vector<Run> runs = compute(c);
     // Colour off: estimate's report has no state to colour (and its title was never bold).

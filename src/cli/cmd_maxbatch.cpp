@@ -212,8 +212,8 @@ int run_maxbatch(const MaxbatchFlags& flags) {
   w->paragraph_break();
   w->paragraph("budget " + q(budget.bytes) + " (" + budget.source + "); overhead " +
                q(overhead.bytes) + " (" + overhead.source + ")");
-  w->paragraph("peaks: the meta backend's exact trace of the training step (" +
-               std::to_string(traced) + " configurations traced)");
+  w->banner("peaks: the meta backend's exact trace of the training step (" +
+            std::to_string(traced) + " configurations traced)");
   if (s.best > 0)
     w->strong("largest " + flags.vary + " that fits: " + std::to_string(s.best) + ", margin " +
               q(std::uint64_t(std::max<std::int64_t>(margin, 0))));

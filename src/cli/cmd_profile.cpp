@@ -53,7 +53,8 @@ int run_profile(const ProfileFlags& flags) {
   if (par.distributed()) return run_profile_layout(c, flags, par);
   if (!flags.run.timeline.empty()) validate_timeline_path(flags.run.timeline);
 
-  const RunRequest rq = run_request(c, flags.run);
+  RunRequest rq = run_request(c, flags.run);
+  rq.keep_timeline |= c.format == Format::html;  // the page shows the step's timeline
   // Before the run, which may take long: every file it will write can be written, and the
   // step can start on the chosen backend.
   if (!flags.run.timeline.empty()) check_writable(flags.run.timeline, "--timeline");
@@ -62,7 +63,7 @@ int run_profile(const ProfileFlags& flags) {
 
   const RunResult r = execute_run(rq);
   if (!r.backend_note.empty()) spdlog::warn("{}", r.backend_note);
-  if (r.timeline) {
+  if (r.timeline && !flags.run.timeline.empty()) {
     write_timeline(flags.run.timeline, *r.timeline);
     spdlog::info("wrote {}", flags.run.timeline);
   }

@@ -299,7 +299,7 @@ void write_sweep(report::ReportWriter& w, const Common& c, const std::vector<Run
           optimizer_name(c.train.optimizer) +
           "  checkpointing=" + checkpointing_name(c.train.checkpointing) +
           " attention=" + attention_name(c.train.attention));
-  w.paragraph(backend_line(runs.front()));
+  w.banner(backend_line(runs.front()));
   w.blank();
   w.table(runs_table(runs, several_models, u));
   if (fits) write_fits(w, *fits, runs.size());

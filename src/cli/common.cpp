@@ -205,7 +205,7 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
   cmd.add_flag("--use-cache", flags.use_cache,
                "hf-eager/hf-sdpa: the model returns past_key_values and the loop holds them "
                "(HF turns it off under checkpointing)");
-  cmd.add_option("--format", flags.format, "table|json|csv|markdown")->capture_default_str();
+  cmd.add_option("--format", flags.format, "table|json|csv|markdown|html")->capture_default_str();
   cmd.add_option("--output", flags.output, "Write the report to FILE instead of stdout");
   add_log_level_flag(cmd, flags.log_level);
 }
@@ -329,9 +329,11 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
     c.format = Format::csv;
   else if (flags.format == "markdown")
     c.format = Format::markdown;
+  else if (flags.format == "html")
+    c.format = Format::html;
   else
     throw InputError("--format: unknown format '" + flags.format +
-                     "'; allowed: table, json, csv, markdown");
+                     "'; allowed: table, json, csv, markdown, html");
 
   if (!flags.hf_version.empty()) {
     c.hf.era = parse_hf_version(flags.hf_version);

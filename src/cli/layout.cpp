@@ -493,8 +493,8 @@ int run_maxbatch_layout(const Common& c, const LayoutFlags& flags, std::uint64_t
   w->paragraph("budget per GPU " + format_bytes_with_unit(budget_bytes, u) + " (" + budget_source +
                "); overheads " + format_bytes_with_unit(over.total(), u) +
                " (CUDA context: " + over.cuda_context_source + "; NCCL: " + over.nccl_source + ")");
-  w->paragraph("peaks: every rank's sharded step traced on meta (" + std::to_string(traced) +
-               " configurations), the worst rank kept");
+  w->banner("peaks: every rank's sharded step traced on meta (" + std::to_string(traced) +
+            " configurations), the worst rank kept");
   if (s.best > 0)
     w->strong("largest micro-" + vary + " that fits every rank: " + std::to_string(s.best));
   else

@@ -103,6 +103,8 @@ std::unique_ptr<ReportWriter> make_writer(Format format, Colour colour) {
       return std::make_unique<CsvWriter>();
     case Format::json:
       return std::make_unique<JsonWriter>();
+    case Format::html:
+      return std::make_unique<HtmlWriter>();
     case Format::table:
       break;
   }

@@ -11,6 +11,7 @@
 
 #include "trainmem/report.hpp"
 #include "trainmem/report_writer.hpp"
+#include "trainmem/timeline.hpp"
 
 namespace trainmem {
 
@@ -238,7 +239,7 @@ void write_profile(report::ReportWriter& w, const RunResult& r) {
 
   w.title("trainmem profile: " + run_title(r.model, r.train));
   w.paragraph_break();
-  w.paragraph(backend_line(r));
+  w.banner(backend_line(r));
   w.detail(steps_line(r));
   const std::string losses = losses_text(r);
   if (!losses.empty()) w.detail("loss: " + losses);
@@ -263,6 +264,12 @@ void write_profile(report::ReportWriter& w, const RunResult& r) {
 
   w.heading(true_peak_heading(r, u));
   w.table(breakdown_table(r, u));
+  // The page's timeline (the HTML form only; the run keeps one for it).
+  if (r.timeline)
+    w.figure([&] {
+      return "<h2>Timeline of the step: live bytes by category</h2>\n" +
+             timeline_html(*r.timeline, r.tensors);
+    });
 
   w.heading(std::string("Reference profiles (analytic, for context; ") + u.name +
                 "; Total = params + gradients + optimizer states + activations)",

@@ -30,9 +30,8 @@ std::string lower_extension(const std::string& path) {
 // The SVG stacks categories bottom to top in this order: persistent state first, then what
 // comes and goes, so the activations' rise and fall sits on top where it can be read.
 constexpr std::array<Category, kNumCategories> kStackOrder = {
-    Category::params, Category::optimizer_states, Category::gradients,
-    Category::inputs, Category::communication,    Category::workspace,
-    Category::activations};
+    Category::params,        Category::optimizer_states, Category::gradients,  Category::inputs,
+    Category::communication, Category::workspace,        Category::activations};
 
 const char* category_colour(Category c) {
   switch (c) {  // Okabe-Ito palette: distinguishable with common colour-vision deficiencies
@@ -473,6 +472,11 @@ void draw_panel(std::ostringstream& o, const TimelineData& d, const Panel& p, bo
 }  // namespace
 
 std::string timeline_svg(const TimelineData& d, int width, int height) {
+  return timeline_svg(d, SvgInstants{}, width, height);
+}
+
+std::string timeline_svg(const TimelineData& d, const SvgInstants& instants, int width,
+                         int height) {
   const std::size_t n = d.points.size();
   const TimelinePoint& pk = d.points[d.peak_index];
   // Categories whose live bytes change within the step get a second, zoomed panel: the
@@ -600,6 +604,25 @@ std::string timeline_svg(const TimelineData& d, int width, int height) {
       << " events past the ledger's cap not shown</text>\n";
   }
   o << "</g>\n";
+
+  // The instants a page inspects: transparent columns over the plot, each from its point to
+  // the next one's, with its tooltip.
+  if (!instants.index.empty()) {
+    o << "<g id=\"instants\">\n";
+    for (std::size_t k = 0; k < instants.index.size(); ++k) {
+      const std::size_t i = instants.index[k];
+      const std::size_t next = k + 1 < instants.index.size() ? instants.index[k + 1] : n;
+      const double ix0 = x0 + (x1 - x0) * double(i) / double(n);
+      const double ix1 = std::max(ix0 + 1.0, x0 + (x1 - x0) * double(next) / double(n));
+      o << "<rect class=\"instant" << (i == d.peak_index ? " peak" : "") << "\" id=\"instant-" << k
+        << "\" data-k=\"" << k << "\" data-seq=\"" << d.points[i].seq << "\" x=\""
+        << fmt("%.2f", ix0) << "\" y=\"" << all.y0 << "\" width=\"" << fmt("%.2f", ix1 - ix0)
+        << "\" height=\"" << (y_axis - all.y0) << "\" fill=\"#000000\" fill-opacity=\"0\">"
+        << "<title>" << xml_escape(k < instants.tooltip.size() ? instants.tooltip[k] : "")
+        << "</title></rect>\n";
+    }
+    o << "</g>\n";
+  }
   o << "</svg>\n";
   return o.str();
 }
