@@ -90,7 +90,8 @@ TEST(CuptiFold, ExternalIdEncodingRoundTrips) {
     EXPECT_EQ(external_id_tensor(id), 12345u);
   }
   EXPECT_EQ(external_id_category(0), -1);
-  EXPECT_EQ(external_id_category((7ull << 8) | 7), -1);  // code 7: no category
+  // The codes are category + 1 (1..kNumCategories): the next code names no category.
+  EXPECT_EQ(external_id_category((7ull << 8) | (kNumCategories + 1)), -1);
 }
 
 // A small step: params 1000 B (setup), activations 4000 + 2000 B, workspace 500 B, and
