@@ -9,27 +9,15 @@
 #include <string>
 #include <vector>
 
+#include "bench_timing.hpp"
 #include "trainmem/analytic_rank.hpp"
 #include "trainmem/run.hpp"
 #include "trainmem/run_layout.hpp"
 
 using namespace trainmem;
+using trainmem::bench::median_ms;
 
 namespace {
-
-template <class Fn>
-double median_ms(Fn&& fn, int reps) {
-  fn();
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 struct Layout {
   const char* name;

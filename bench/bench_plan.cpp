@@ -9,30 +9,13 @@
 #include <cstdio>
 #include <vector>
 
+#include "bench_timing.hpp"
 #include "trainmem/analytic_rank.hpp"
 #include "trainmem/config.hpp"
 #include "trainmem/plan.hpp"
 
 using namespace trainmem;
-
-namespace {
-
-// Median wall time in ms of `fn` over `reps` runs (after one warm-up).
-template <class Fn>
-double median_ms(Fn&& fn, int reps) {
-  fn();
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-}  // namespace
+using trainmem::bench::median_ms;
 
 int main() {
   constexpr double kTargetMs = 2000.0;
