@@ -206,5 +206,4 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train);
 // The cuBLAS workspace the native plan allocates at setup (32 MiB).
 constexpr std::uint64_t kCublasWorkspaceBytes = 33554432;
 
-
 }  // namespace trainmem

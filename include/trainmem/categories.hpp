@@ -19,8 +19,8 @@ enum class Category : std::uint8_t {
 constexpr int kNumCategories = 7;
 const char* category_name(Category c);  // "params", "gradients", ...
 constexpr std::array<Category, kNumCategories> all_categories() {
-  return {Category::params,      Category::gradients, Category::optimizer_states,
-          Category::activations, Category::workspace, Category::inputs,
+  return {Category::params,       Category::gradients, Category::optimizer_states,
+          Category::activations,  Category::workspace, Category::inputs,
           Category::communication};
 }
 
