@@ -321,6 +321,21 @@ struct ShardedStep::Impl {
       auto rc = ledger.scope(Phase::recompute);
       layer_forward(l, L, true);
     }
+    // The input gradient of a column-parallel GEMM group: without sp the (b,s,h) gradient
+    // itself (all-reduced in place); under sp the group's input gathered again for dW, a
+    // (b,s,h) partial, the gather freed, then the (b,s_r,h) gradient it is reduce-scattered
+    // into, and the partial freed.
+    auto input_grad = [&](const char* gathered, const std::string& grad) {
+      Tensor gath;
+      if (sp) gath = comm(gathered, g, {b, s, h}, D);
+      Tensor t = ws(sp ? grad + ".partial" : grad, g, {b, s, h}, D);
+      gath.reset();
+      if (sp) {
+        Tensor rs = ws(grad, g, {b, sr, h}, D);
+        t = std::move(rs);
+      }
+      return t;
+    };
     Tensor gath;
     // 1. down_proj (d_residual gathered under sp).
     if (sp) gath = comm("d_residual.gathered", g, {b, s, h}, D);
@@ -333,13 +348,7 @@ struct ShardedStep::Impl {
     d_act.reset();
     drop({"gate", "up"});
     // 3. gate/up: d_xn2 (a partial under sp, reduce-scattered), xn2 gathered for dW.
-    if (sp) gath = comm("xn2.gathered", g, {b, s, h}, D);
-    Tensor d_xn2 = ws(sp ? "d_xn2.partial" : "d_xn2", g, {b, s, h}, D);
-    gath.reset();
-    if (sp) {
-      Tensor rs = ws("d_xn2", g, {b, sr, h}, D);
-      d_xn2 = std::move(rs);
-    }
+    Tensor d_xn2 = input_grad("xn2.gathered", "d_xn2");
     d_gate.reset();
     d_up.reset();
     drop({"xn2"});
@@ -360,13 +369,7 @@ struct ShardedStep::Impl {
     d_ao.reset();
     drop({"attn_out", "probs", "lse"});
     // 8. q/k/v: d_xn1 (a partial under sp), xn1 gathered for dW.
-    if (sp) gath = comm("xn1.gathered", g, {b, s, h}, D);
-    Tensor d_xn1 = ws(sp ? "d_xn1.partial" : "d_xn1", g, {b, s, h}, D);
-    gath.reset();
-    if (sp) {
-      Tensor rs = ws("d_xn1", g, {b, sr, h}, D);
-      d_xn1 = std::move(rs);
-    }
+    Tensor d_xn1 = input_grad("xn1.gathered", "d_xn1");
     d_q.reset();
     d_k.reset();
     d_v.reset();
