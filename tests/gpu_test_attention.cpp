@@ -68,7 +68,7 @@ TEST_P(AttentionGpu, ForwardMatchesCpu) {
   std::vector<float> lse(static_cast<std::size_t>(nl));
   cpu->attention_forward(out.data(), eager() ? probs.data() : nullptr,
                          eager() ? nullptr : lse.data(), q.data(), k.data(), v.data(), b, s, a, kv,
-                         d, variant);
+                         d, 0, variant);
   DevBuf d_q(*gpu, q), d_k(*gpu, k), d_v(*gpu, v), d_out(*gpu, out.bytes());
   DevBuf d_probs(*gpu, eager() ? probs.bytes() : 1), d_lse(*gpu, nl * 4);
   // Garbage in the outputs: every element must be written.
@@ -77,7 +77,7 @@ TEST_P(AttentionGpu, ForwardMatchesCpu) {
   gpu->upload(d_probs.get(), nan_probs.data(), nan_probs.bytes());
   gpu->attention_forward(d_out.get(), eager() ? d_probs.get() : nullptr,
                          eager() ? nullptr : d_lse.as<float>(), d_q.get(), d_k.get(), d_v.get(), b,
-                         s, a, kv, d, variant);
+                         s, a, kv, d, 0, variant);
   if (eager()) {
     EXPECT_TRUE(
         all_close("attention probs", d_probs.f32(dt, np), probs.to_f32(), tol(), {b, a, s, s}));
@@ -96,14 +96,14 @@ TEST_P(AttentionGpu, BackwardMatchesCpu) {
   std::vector<float> lse(static_cast<std::size_t>(nl));
   cpu->attention_forward(out.data(), eager() ? probs.data() : nullptr,
                          eager() ? nullptr : lse.data(), q.data(), k.data(), v.data(), b, s, a, kv,
-                         d, variant);
+                         d, 0, variant);
   const HostBuf dout = random_buf(dt, nq, rng);
   HostBuf dq(dt, nq), dk(dt, nkv), dv(dt, nkv), dprobs(dt, eager() ? np : 1);
   std::vector<float> delta(static_cast<std::size_t>(nl));
   cpu->attention_backward(dq.data(), dk.data(), dv.data(), eager() ? dprobs.data() : nullptr,
                           eager() ? nullptr : delta.data(), dout.data(), q.data(), k.data(),
                           v.data(), out.data(), eager() ? probs.data() : nullptr,
-                          eager() ? nullptr : lse.data(), b, s, a, kv, d, variant);
+                          eager() ? nullptr : lse.data(), b, s, a, kv, d, 0, variant);
 
   DevBuf d_q(*gpu, q), d_k(*gpu, k), d_v(*gpu, v), d_out(*gpu, out), d_dout(*gpu, dout);
   DevBuf d_probs(*gpu, probs), d_lse(*gpu, nl * 4), d_delta(*gpu, nl * 4);
@@ -117,7 +117,7 @@ TEST_P(AttentionGpu, BackwardMatchesCpu) {
   gpu->attention_backward(d_dq.get(), d_dk.get(), d_dv.get(), eager() ? d_dprobs.get() : nullptr,
                           eager() ? nullptr : d_delta.as<float>(), d_dout.get(), d_q.get(),
                           d_k.get(), d_v.get(), d_out.get(), eager() ? d_probs.get() : nullptr,
-                          eager() ? nullptr : d_lse.as<float>(), b, s, a, kv, d, variant);
+                          eager() ? nullptr : d_lse.as<float>(), b, s, a, kv, d, 0, variant);
   if (!eager()) {
     EXPECT_TRUE(all_close("attention delta", d_delta.f32(DType::f32, nl), delta,
                           tolerance(DType::f32, 20), {b, a, s}));
@@ -142,9 +142,9 @@ TEST(AttentionGpuCross, FlashAndEagerAgreeInFp32) {
   DevBuf e_out(gpu, nq * 4), f_out(gpu, nq * 4), probs(gpu, b * a * s * s * 4),
       dprobs(gpu, b * a * s * s * 4), lse(gpu, b * a * s * 4), delta(gpu, b * a * s * 4);
   gpu.attention_forward(e_out.get(), probs.get(), nullptr, d_q.get(), d_k.get(), d_v.get(), b, s, a,
-                        kv, d, Attention::eager);
+                        kv, d, 0, Attention::eager);
   gpu.attention_forward(f_out.get(), nullptr, lse.as<float>(), d_q.get(), d_k.get(), d_v.get(), b,
-                        s, a, kv, d, Attention::flash);
+                        s, a, kv, d, 0, Attention::flash);
   const auto eager_out = e_out.f32(DType::f32, nq);
   EXPECT_TRUE(all_close("flash vs eager out", f_out.f32(DType::f32, nq), eager_out,
                         tolerance(DType::f32, 20)));
@@ -152,10 +152,10 @@ TEST(AttentionGpuCross, FlashAndEagerAgreeInFp32) {
   DevBuf f_dq(gpu, nq * 4), f_dk(gpu, nkv * 4), f_dv(gpu, nkv * 4);
   gpu.attention_backward(e_dq.get(), e_dk.get(), e_dv.get(), dprobs.get(), nullptr, d_dout.get(),
                          d_q.get(), d_k.get(), d_v.get(), e_out.get(), probs.get(), nullptr, b, s,
-                         a, kv, d, Attention::eager);
+                         a, kv, d, 0, Attention::eager);
   gpu.attention_backward(f_dq.get(), f_dk.get(), f_dv.get(), nullptr, delta.as<float>(),
                          d_dout.get(), d_q.get(), d_k.get(), d_v.get(), f_out.get(), nullptr,
-                         lse.as<float>(), b, s, a, kv, d, Attention::flash);
+                         lse.as<float>(), b, s, a, kv, d, 0, Attention::flash);
   EXPECT_TRUE(all_close("flash vs eager dq", f_dq.f32(DType::f32, nq), e_dq.f32(DType::f32, nq),
                         tolerance(DType::f32, 40)));
   EXPECT_TRUE(all_close("flash vs eager dk", f_dk.f32(DType::f32, nkv), e_dk.f32(DType::f32, nkv),
@@ -170,14 +170,14 @@ TEST(AttentionGpuErrors, FlashRejectsHeadDimAbove256AndBadGroups) {
   DevBuf buf(gpu, 1 << 20);
   try {
     gpu.attention_forward(buf.get(), nullptr, buf.as<float>(), buf.get(), buf.get(), buf.get(), 1,
-                          2, 1, 1, 512, Attention::flash);
+                          2, 1, 1, 512, 0, Attention::flash);
     ADD_FAILURE() << "no InputError for d = 512";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("d up to 256"), std::string::npos) << e.what();
   }
   try {
     gpu.attention_forward(buf.get(), buf.get(), nullptr, buf.get(), buf.get(), buf.get(), 1, 2, 6,
-                          4, 8, Attention::eager);
+                          4, 8, 0, Attention::eager);
     ADD_FAILURE() << "no InputError for kv = 4 not dividing a = 6";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("must divide a"), std::string::npos) << e.what();

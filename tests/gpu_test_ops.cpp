@@ -328,11 +328,11 @@ TEST_P(RopeGpu, ForwardAndBackwardMatchCpuInPlace) {
     HostBuf q = random_buf(dt, nq, rng), k = random_buf(dt, nk, rng);
     DevBuf d_q(*gpu, q), d_k(*gpu, k);
     if (forward) {
-      cpu->rope_forward(q.data(), k.data(), b, s, a, kv, d, theta);
-      gpu->rope_forward(d_q.get(), d_k.get(), b, s, a, kv, d, theta);
+      cpu->rope_forward(q.data(), k.data(), b, s, a, kv, d, RopeSpec{theta, {}});
+      gpu->rope_forward(d_q.get(), d_k.get(), b, s, a, kv, d, RopeSpec{theta, {}});
     } else {
-      cpu->rope_backward(q.data(), k.data(), b, s, a, kv, d, theta);
-      gpu->rope_backward(d_q.get(), d_k.get(), b, s, a, kv, d, theta);
+      cpu->rope_backward(q.data(), k.data(), b, s, a, kv, d, RopeSpec{theta, {}});
+      gpu->rope_backward(d_q.get(), d_k.get(), b, s, a, kv, d, RopeSpec{theta, {}});
     }
     EXPECT_TRUE(all_close("rope q", d_q.f32(dt, nq), q.to_f32(), tolerance(dt, 2), {b, s, a, d}));
     EXPECT_TRUE(all_close("rope k", d_k.f32(dt, nk), k.to_f32(), tolerance(dt, 2), {b, s, kv, d}));
@@ -345,8 +345,8 @@ TEST_P(RopeGpu, BackwardUndoesForward) {
   const std::int64_t nq = b * s * a * d, nk = b * s * kv * d;
   const HostBuf q = random_buf(dt, nq, rng), k = random_buf(dt, nk, rng);
   DevBuf d_q(*gpu, q), d_k(*gpu, k);
-  gpu->rope_forward(d_q.get(), d_k.get(), b, s, a, kv, d, theta);
-  gpu->rope_backward(d_q.get(), d_k.get(), b, s, a, kv, d, theta);
+  gpu->rope_forward(d_q.get(), d_k.get(), b, s, a, kv, d, RopeSpec{theta, {}});
+  gpu->rope_backward(d_q.get(), d_k.get(), b, s, a, kv, d, RopeSpec{theta, {}});
   EXPECT_TRUE(all_close("rope q round trip", d_q.f32(dt, nq), q.to_f32(), tolerance(dt, 10)));
   EXPECT_TRUE(all_close("rope k round trip", d_k.f32(dt, nk), k.to_f32(), tolerance(dt, 10)));
 }

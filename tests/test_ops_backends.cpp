@@ -95,12 +95,12 @@ TEST(OpsBackends, MetaBackendNeverTouchesMemory) {
     be->rmsnorm_forward(big, f, small, small, b * s, h, 1e-5f);
     be->rmsnorm_backward(big, big, small, small, small, f, b * s, h);
     be->matmul(big, small, small, b * s, V, h, Trans::no, Trans::yes, 1.0f, 0.0f);
-    be->rope_forward(big, small, b, s, a, kv, d, 5e5);
-    be->rope_backward(big, small, b, s, a, kv, d, 5e5);
+    be->rope_forward(big, small, b, s, a, kv, d, RopeSpec{5e5, {}});
+    be->rope_backward(big, small, b, s, a, kv, d, RopeSpec{5e5, {}});
     for (Attention var : {Attention::eager, Attention::flash}) {
-      be->attention_forward(big, big, f, small, small, small, b, s, a, kv, d, var);
+      be->attention_forward(big, big, f, small, small, small, b, s, a, kv, d, 0, var);
       be->attention_backward(big, big, big, big, f, small, small, small, small, small, small, f, b,
-                             s, a, kv, d, var);
+                             s, a, kv, d, 0, var);
     }
     be->swiglu_forward(big, small, small, b * s * h);
     be->swiglu_backward(big, big, small, small, small, b * s * h);

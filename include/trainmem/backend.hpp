@@ -69,26 +69,33 @@ class Backend {
   // op(a) is (M,K): a is (M,K) for Trans::no, (K,M) for Trans::yes; op(b) is (K,N).
   virtual void matmul(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N,
                       std::int64_t K, Trans ta, Trans tb, float alpha, float beta) = 0;
+  // out (n, c) D += bias (c) D, broadcast over the n rows (the q/k/v projection biases).
+  virtual void bias_forward(void* out, const void* bias, std::int64_t n, std::int64_t c) = 0;
+  // dbias (c) D += the column sums of dout (n, c) D (summed in fp32, rounded once).
+  virtual void bias_backward(void* dbias, const void* dout, std::int64_t n, std::int64_t c) = 0;
   // In place on q (b, s, a, d) and k (b, s, kv, d): HuggingFace rotate-half RoPE at positions
-  // 0..s-1 with inv_freq[j] = theta^(-2j/d). Backward applies the inverse rotation.
+  // 0..s-1 with inv_freq[j] = theta^(-2j/d), rescaled under rope.scaling (op_types.hpp).
+  // Backward applies the inverse rotation.
   virtual void rope_forward(void* q, void* k, std::int64_t b, std::int64_t s, std::int64_t a,
-                            std::int64_t kv, std::int64_t d, double theta) = 0;
+                            std::int64_t kv, std::int64_t d, const RopeSpec& rope) = 0;
   virtual void rope_backward(void* dq, void* dk, std::int64_t b, std::int64_t s, std::int64_t a,
-                             std::int64_t kv, std::int64_t d, double theta) = 0;
+                             std::int64_t kv, std::int64_t d, const RopeSpec& rope) = 0;
   // Causal attention, scale 1/sqrt(d), GQA: query head qh reads kv head qh / (a/kv).
-  // q, out (b, s, a, d) D; k, v (b, s, kv, d) D.
+  // q, out (b, s, a, d) D; k, v (b, s, kv, d) D. window W > 0: query t attends to keys
+  // max(0, t−W+1)..t only (sliding window); 0: to 0..t.
   // eager: probs (b, a, s, s) D receives the softmax probabilities (lse unused, may be null).
   // flash: lse (b, a, s) f32 receives the row log-sum-exp (probs unused, may be null).
   virtual void attention_forward(void* out, void* probs, float* lse, const void* q, const void* k,
                                  const void* v, std::int64_t b, std::int64_t s, std::int64_t a,
-                                 std::int64_t kv, std::int64_t d, Attention variant) = 0;
+                                 std::int64_t kv, std::int64_t d, std::int64_t window,
+                                 Attention variant) = 0;
   // dq (b, s, a, d), dk, dv (b, s, kv, d) written with =. Scratch: eager dprobs (b, a, s, s) D;
   // flash delta (b, a, s) f32 (= rowsum(dout * out)).
   virtual void attention_backward(void* dq, void* dk, void* dv, void* dprobs, float* delta,
                                   const void* dout, const void* q, const void* k, const void* v,
                                   const void* out, const void* probs, const float* lse,
                                   std::int64_t b, std::int64_t s, std::int64_t a, std::int64_t kv,
-                                  std::int64_t d, Attention variant) = 0;
+                                  std::int64_t d, std::int64_t window, Attention variant) = 0;
   // out (n) D = silu(gate) * up
   virtual void swiglu_forward(void* out, const void* gate, const void* up, std::int64_t n) = 0;
   virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate,

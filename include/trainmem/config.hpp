@@ -9,12 +9,14 @@
 #include <vector>
 
 #include "trainmem/dtype.hpp"
+#include "trainmem/op_types.hpp"
 #include "trainmem/train_enums.hpp"
 
 namespace trainmem {
 
 struct ModelConfig {
   std::string name;                // preset name or the config.json path
+  std::string family = "llama";    // config.json model_type: llama, mistral, qwen2, qwen3
   std::int64_t vocab = 0;          // V
   std::int64_t hidden = 0;         // h
   std::int64_t intermediate = 0;   // i
@@ -27,8 +29,31 @@ struct ModelConfig {
   bool tied_embeddings = false;      // lm_head shares embed_tokens
   std::optional<DType> torch_dtype;  // what config.json says the checkpoint is stored in
 
-  std::int64_t head_dim() const { return hidden / heads; }
+  // The families' departures from LLaMA (docs/formulas.md, "Model families"):
+  std::int64_t explicit_head_dim = 0;  // d when config.json sets head_dim apart from h/a (Qwen3)
+  bool qkv_bias = false;               // biases on q_proj, k_proj and v_proj (Qwen2)
+  bool qk_norm =
+      false;  // RMSNorm over each head of q and k before RoPE (Qwen3): q_norm, k_norm (d)
+  // Sliding-window attention: a query at position t sees the keys at t−W+1..t (HF's
+  // `kv_idx > q_idx − sliding_window`), in the layers l >= window_from_layer (Mistral: 0;
+  // Qwen2/3 with use_sliding_window: max_window_layers). 0: every layer attends to all of 0..t.
+  std::int64_t sliding_window = 0;
+  std::int64_t window_from_layer = 0;
+  RopeScaling rope_scaling;  // rope_scaling of config.json (none or llama3)
+  // config.json keys that were read and do not change a training step's computation or memory
+  // (listed by --explain).
+  std::vector<std::string> ignored_fields;
+
+  std::int64_t head_dim() const {
+    return explicit_head_dim > 0 ? explicit_head_dim : hidden / heads;
+  }
+  std::int64_t q_dim() const { return heads * head_dim(); }  // a·d (== h unless head_dim is set)
   std::int64_t kv_dim() const { return kv_heads * head_dim(); }
+  // The window of layer l: sliding_window when the layer uses it, else 0 (full causal).
+  std::int64_t window_of(std::int64_t layer) const {
+    return sliding_window > 0 && layer >= window_from_layer ? sliding_window : 0;
+  }
+  RopeSpec rope() const { return RopeSpec{rope_theta, rope_scaling}; }
   // Exact parameter count (checked arithmetic): embeddings, per layer q/k/v/o, gate/up/down,
   // two RMSNorm weights, final norm, and lm_head unless tied.
   std::uint64_t param_count() const;

@@ -28,16 +28,18 @@ class MetaBackend final : public Backend {
                         std::int64_t, std::int64_t) override {}
   void matmul(void*, const void*, const void*, std::int64_t, std::int64_t, std::int64_t, Trans,
               Trans, float, float) override {}
+  void bias_forward(void*, const void*, std::int64_t, std::int64_t) override {}
+  void bias_backward(void*, const void*, std::int64_t, std::int64_t) override {}
   void rope_forward(void*, void*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                    std::int64_t, double) override {}
+                    std::int64_t, const RopeSpec&) override {}
   void rope_backward(void*, void*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                     std::int64_t, double) override {}
+                     std::int64_t, const RopeSpec&) override {}
   void attention_forward(void*, void*, float*, const void*, const void*, const void*, std::int64_t,
-                         std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                         std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                          Attention) override {}
   void attention_backward(void*, void*, void*, void*, float*, const void*, const void*, const void*,
                           const void*, const void*, const void*, const float*, std::int64_t,
-                          std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                          std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                           Attention) override {}
   void swiglu_forward(void*, const void*, const void*, std::int64_t) override {}
   void swiglu_backward(void*, void*, const void*, const void*, const void*, std::int64_t) override {

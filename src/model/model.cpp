@@ -279,10 +279,10 @@ void LlamaModel::layer_forward(int l, const void* x, LayerActs& A, ActPass pass)
   be_.matmul(at(LA::q), at(LA::xn1), W(kQ), n_, ad, h_, Trans::no, Trans::yes, 1.f, 0.f);
   be_.matmul(at(LA::k), at(LA::xn1), W(kK), n_, kd, h_, Trans::no, Trans::yes, 1.f, 0.f);
   be_.matmul(at(LA::v), at(LA::xn1), W(kV), n_, kd, h_, Trans::no, Trans::yes, 1.f, 0.f);
-  be_.rope_forward(at(LA::q), at(LA::k), b_, s_, a_, k_, d_, cfg_.rope_theta);  // in place
+  be_.rope_forward(at(LA::q), at(LA::k), b_, s_, a_, k_, d_, cfg_.rope());  // in place
   through(LA::attn_out);  // probs (eager) | lse (flash), attn_out
   be_.attention_forward(at(LA::attn_out), at(LA::probs), at_f32(LA::lse), at(LA::q), at(LA::k),
-                        at(LA::v), b_, s_, a_, k_, d_, train_.attention);
+                        at(LA::v), b_, s_, a_, k_, d_, cfg_.window_of(l), train_.attention);
   // h_mid = x + attn_out · W_oᵀ: copy then GEMM with beta 1 (no transient).
   through(LA::h_mid);
   be_.copy(at(LA::h_mid), x, A[LA::h_mid].bytes());
@@ -546,12 +546,12 @@ void LlamaModel::layer_backward(int l, Tensor& d_res, const GradientCapture& cap
   be_.attention_backward(d_q.data(), d_k.data(), d_v.data(), eager ? scratch.data() : nullptr,
                          eager ? nullptr : scratch.as<float>(), d_ao.data(), at(LA::q), at(LA::k),
                          at(LA::v), at(LA::attn_out), at(LA::probs), at_f32(LA::lse), b_, s_, a_,
-                         k_, d_, train_.attention);
+                         k_, d_, cfg_.window_of(l), train_.attention);
   scratch.reset();
   d_ao.reset();
   free_acts_at_backward_step(A, 6);  // attn_out, probs | lse
   // 7. RoPE backward in place.
-  be_.rope_backward(d_q.data(), d_k.data(), b_, s_, a_, k_, d_, cfg_.rope_theta);
+  be_.rope_backward(d_q.data(), d_k.data(), b_, s_, a_, k_, d_, cfg_.rope());
   // 8. q_proj, k_proj, v_proj.
   Tensor d_xn1 = ws("d_xn1", l, {b_, s_, h_}, D_);
   linear_backward(kQ, d_xn1.data(), d_q.data(), at(LA::xn1), ad, h_, 0.f);

@@ -62,18 +62,21 @@ class CudaBackend final : public Backend {
                         std::int64_t h) override;
   void matmul(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N, std::int64_t K,
               Trans ta, Trans tb, float alpha, float beta) override;
+  void bias_forward(void* out, const void* bias, std::int64_t n, std::int64_t c) override;
+  void bias_backward(void* dbias, const void* dout, std::int64_t n, std::int64_t c) override;
   void rope_forward(void* q, void* k, std::int64_t b, std::int64_t s, std::int64_t a,
-                    std::int64_t kv, std::int64_t d, double theta) override;
+                    std::int64_t kv, std::int64_t d, const RopeSpec& rope) override;
   void rope_backward(void* dq, void* dk, std::int64_t b, std::int64_t s, std::int64_t a,
-                     std::int64_t kv, std::int64_t d, double theta) override;
+                     std::int64_t kv, std::int64_t d, const RopeSpec& rope) override;
   void attention_forward(void* out, void* probs, float* lse, const void* q, const void* k,
                          const void* v, std::int64_t b, std::int64_t s, std::int64_t a,
-                         std::int64_t kv, std::int64_t d, Attention variant) override;
+                         std::int64_t kv, std::int64_t d, std::int64_t window,
+                         Attention variant) override;
   void attention_backward(void* dq, void* dk, void* dv, void* dprobs, float* delta,
                           const void* dout, const void* q, const void* k, const void* v,
                           const void* out, const void* probs, const float* lse, std::int64_t b,
                           std::int64_t s, std::int64_t a, std::int64_t kv, std::int64_t d,
-                          Attention variant) override;
+                          std::int64_t window, Attention variant) override;
   void swiglu_forward(void* out, const void* gate, const void* up, std::int64_t n) override;
   void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
                        std::int64_t n) override;
