@@ -6,6 +6,9 @@ figures to compare), loads every page in headless Chromium driven over the DevTo
 (--remote-debugging-pipe, stdlib only) with JavaScript on and off, and checks:
   - no console errors and no uncaught exceptions;
   - the page's tables as the browser parsed them carry the JSON report's key figures;
+  - the charts (per-layer bars of every profile, sweep --fit's points, lines and residuals,
+    diff's tensor-by-tensor bars): every bar's and point's data-* figure is the JSON report's,
+    every mark is laid out and carries its <title> tooltip, with JavaScript on and off;
   - profile: the table of live tensors lists, at the peak (JS off: as written; JS on: after
     hovering the peak instant of the SVG), tensors whose bytes per category are the ledger's
     peak breakdown, the peak's tensor among them; hovering another instant lists another set.
@@ -311,6 +314,106 @@ def check_figures(kind, tables, j, fail, tag, unit):
         pass  # its figures: the Markdown report's (below) and test_cli_layout.cpp's
 
 
+def marks_js(chart_id, selector):
+    """The marks `selector` of the chart <svg id=chart_id>, as the browser laid them out: their
+    data-* attributes, their <title> tooltip and their drawn size."""
+    return ("JSON.stringify(Array.from(document.querySelectorAll('svg#%s %s')).map(function(e){"
+            "var r=e.getBoundingClientRect(),t=e.querySelector('title');"
+            "return {data:Object.assign({},e.dataset),title:t?t.textContent:null,"
+            "w:r.width,h:r.height,cls:e.getAttribute('class')};}))" % (chart_id, selector))
+
+
+def run_objects(j):
+    return j["runs"] if "runs" in j else [j]
+
+
+def check_charts(kind, page, j, fail, tag):
+    """The drawn charts (issue 17) against the JSON report: every bar's and point's figure."""
+    w = kind + " (" + tag + ")"
+
+    def marks(chart_id, selector):
+        return json.loads(page.eval(marks_js(chart_id, selector)))
+
+    def drawn(ms, what):
+        # Each mark is laid out (non-empty) and carries its tooltip.
+        fail.true(all(m["w"] > 0 and m["h"] > 0 for m in ms), w + " " + what + ": a mark not drawn")
+        fail.true(all(m["title"] for m in ms), w + " " + what + ": a mark without its tooltip")
+
+    if kind in ("estimate", "profile", "compare"):
+        bars = marks("per-layer-chart", "rect.bar")
+        runs = run_objects(j)
+        first_opt = runs[0]["run"]["optimizer"]
+        fail.true(len(bars) > 0, w + ": no per-layer bars")
+        drawn(bars, "per-layer bars")
+        for b in bars:
+            series = b["data"]["series"]
+            run_ = next((r for r in runs if r["run"]["optimizer"] == first_opt and
+                         (not series or series == "checkpointing " + r["run"]["checkpointing"])),
+                        None)
+            fail.true(run_ is not None, w + ": per-layer bar of an unknown run " + series)
+            if run_ is None:
+                continue
+            group = b["data"]["group"]
+            if group.startswith("measured"):
+                want = run_["measured"]["ledger"]["per_layer_activations"]
+            else:
+                want = run_["analytic"][group]["per_layer_activations"]
+            fail.eq(int(b["data"]["v"]), want, w + " per-layer bar " + group + " " + series)
+            fail.true("{:,} B".format(want) in b["title"],
+                      w + " per-layer tooltip " + group + ": " + b["title"])
+        want_n = sum(len(r["analytic"]) + ("measured" in r)
+                     for r in runs if r["run"]["optimizer"] == first_opt)
+        fail.eq(len(bars), want_n, w + " per-layer bars")
+        # More bytes, a longer bar.
+        order = sorted(bars, key=lambda b: int(b["data"]["v"]))
+        fail.true(all(order[i]["w"] <= order[i + 1]["w"] + 0.01 for i in range(len(order) - 1)),
+                  w + ": per-layer bar widths out of the figures' order")
+    if kind == "sweep":
+        points = marks("fit-chart", "circle.point")
+        lines = marks("fit-chart", "line.fit")
+        res_bars = marks("residual-chart", "rect.bar")
+        fit = j["fit"]["ledger"]
+        fail.eq(len(points), len(j["runs"]), w + " fit points")
+        fail.eq(len(res_bars), len(j["runs"]), w + " residual bars")
+        fail.eq(sorted({l["data"]["seq"] for l in lines}),
+                sorted({str(r["run"]["seq"]) for r in j["runs"]}), w + " a fitted line per seq")
+        drawn(points, "fit points")
+        slope = {l["data"]["seq"]: float(l["data"]["slope"]) for l in lines}
+        for k, (p, r) in enumerate(zip(points, j["runs"])):
+            fail.eq(int(p["data"]["batch"]), r["run"]["batch"], w + " point %d batch" % k)
+            fail.eq(int(p["data"]["seq"]), r["run"]["seq"], w + " point %d seq" % k)
+            fail.eq(float(p["data"]["y"]), r["measured"]["ledger"]["per_layer_activations"],
+                    w + " point %d measured" % k)
+            fail.eq(float(p["data"]["residual"]), fit["residuals"][k], w + " point %d residual" % k)
+            fail.eq(float(res_bars[k]["data"]["v"]), fit["residuals"][k],
+                    w + " residual bar %d" % k)
+            fitted = float(p["data"]["fitted"])
+            tokens = r["run"]["batch"] * r["run"]["seq"]
+            fail.true(abs(slope[p["data"]["seq"]] * tokens - fitted) <= 1e-6 * fitted,
+                      w + " point %d not on its line" % k)
+    if kind == "diff":
+        bars = marks("diff-chart", "rect.bar")
+        changed = {t["group"] + " / " + t["name"]: t["delta"] for t in j["tensors"] if t["delta"]}
+        fail.eq(len(bars), min(24, len(changed)), w + " diff bars")
+        drawn(bars, "diff bars")
+        deltas = []
+        for b in bars:
+            d = changed.get(b["data"]["group"])
+            fail.true(d is not None, w + ": a bar for an unchanged tensor " + b["data"]["group"])
+            if d is None:
+                continue
+            fail.eq(int(b["data"]["v"]), d, w + " Δ " + b["data"]["group"])
+            fail.eq("neg" in b["cls"].split(), d < 0, w + " sign " + b["data"]["group"])
+            deltas.append(abs(d))
+        fail.eq(deltas, sorted(deltas, reverse=True), w + ": diff bars largest first")
+        if deltas:
+            fail.true(sum(abs(d) > deltas[-1] for d in changed.values()) <= len(deltas),
+                      w + ": a larger Δ left out of the chart")
+        pl = marks("per-layer-chart", "rect.bar")
+        fail.eq([int(b["data"]["v"]) for b in pl],
+                [j["per_layer"]["a_bytes"], j["per_layer"]["b_bytes"]], w + " per-layer A, B")
+
+
 def check_live(page, j, fail, tag, expect_js):
     """The live-tensor table at the peak against the ledger's peak breakdown."""
     rows = json.loads(page.eval(LIVE_JS))
@@ -418,6 +521,7 @@ def main():
                 if kind == "compare":
                     fail.eq(page.eval("document.querySelectorAll('.side-by-side svg').length"),
                             len(j["runs"]), "compare (%s): a timeline per run" % tag)
+                check_charts(kind, page, j, fail, tag)
                 if kind == "profile":
                     fail.true(page.eval("!!document.querySelector('#timeline svg rect.instant.peak')"),
                               "profile (%s): the peak instant" % tag)
@@ -426,6 +530,13 @@ def main():
                 if shots and js:
                     os.makedirs(shots, exist_ok=True)
                     page.screenshot(os.path.join(shots, "html-%s.png" % kind))
+                    # The charts below the first screen (estimate's is on it).
+                    chart = {"compare": ("per-layer-chart", "per-layer"),
+                             "sweep": ("fit-chart", "fit"), "diff": ("diff-chart", "chart")}
+                    if kind in chart:
+                        page.screenshot(os.path.join(shots, "html-%s-%s.png" % (kind,
+                                                                             chart[kind][1])),
+                                        "figure:has(#%s)" % chart[kind][0])
                     if kind == "profile":  # the timeline, the peak instant hovered
                         page.hover("rect.instant.peak")
                         page.screenshot(os.path.join(shots, "html-profile-timeline.png"),

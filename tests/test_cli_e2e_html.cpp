@@ -3,10 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
+#include <regex>
+#include <set>
 
 #include "test_cli_e2e_helpers.hpp"
+#include "trainmem/report.hpp"
 
 namespace trainmem::e2e {
 namespace {
@@ -83,6 +87,40 @@ void expect_page(const std::string& page, const std::string& what) {
   for (const char* net : {"<link", "src=\"http", "href=\"http", "url(http", "@import"})
     EXPECT_FALSE(has(page, net)) << net;
   EXPECT_FALSE(has(page, "\033")) << "no terminal colour in a page";
+}
+
+// The marks of the chart whose <svg> has id `id`: each element of `tag` with class `cls`
+// (e.g. "rect", "bar"), as its attributes (entities decoded) plus "title", its tooltip.
+using Attrs = std::map<std::string, std::string>;
+std::vector<Attrs> chart_marks(const std::string& page, const std::string& id,
+                               const std::string& tag, const std::string& cls) {
+  std::vector<Attrs> out;
+  const auto start = page.find("<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart");
+  for (auto s = start; s != std::string::npos; s = page.find("<svg ", s + 1)) {
+    const auto open_end = page.find('>', s);
+    if (page.substr(s, open_end - s).find("id=\"" + id + "\"") == std::string::npos) continue;
+    const std::string svg = page.substr(s, page.find("</svg>", s) - s);
+    static const std::regex attr("([a-z][a-z0-9-]*)=\"([^\"]*)\"");
+    const std::string opener = "<" + tag + " class=\"" + cls;
+    for (auto m = svg.find(opener); m != std::string::npos; m = svg.find(opener, m + 1)) {
+      const auto end = svg.find('>', m);
+      const std::string head = svg.substr(m, end - m);
+      Attrs a;
+      for (std::sregex_iterator it(head.begin(), head.end(), attr), e; it != e; ++it)
+        a[(*it)[1]] = unescape((*it)[2]);
+      const auto t = svg.find("<title>", end);
+      const auto close = svg.find("</" + tag + ">", end);
+      if (t != std::string::npos && t < close)
+        a["title"] = unescape(svg.substr(t + 7, svg.find("</title>", t) - t - 7));
+      out.push_back(a);
+    }
+    return out;
+  }
+  return out;
+}
+
+std::uint64_t u64(const std::string& s) {
+  return std::stoull(s);
 }
 
 struct Case {
@@ -166,7 +204,8 @@ TEST(CliE2EHtml, ProfileFiguresAreTheJsonReports) {
 
   // The timeline: the SVG inline with the peak instant, and the tensors live at the peak,
   // which add up, category by category, to the ledger's peak breakdown.
-  EXPECT_EQ(count(h.out, "<svg "), 1u);
+  EXPECT_EQ(count(h.out, "<svg "), 2u);  // the timeline and the per-layer chart
+  EXPECT_EQ(count(h.out, "<div id=\"timeline\">\n<svg "), 1u);
   EXPECT_EQ(count(h.out, "class=\"instant peak\""), 1u);
   EXPECT_TRUE(has(h.out, "<script type=\"application/json\" id=\"tm-timeline-data\">"));
   const auto live = *std::find_if(tables.begin(), tables.end(), [](const auto& t) {
@@ -218,7 +257,8 @@ TEST(CliE2EHtml, MaxbatchAndCompareFiguresAreTheJsonReports) {
   const std::string cpage = trainmem(cmp + "--format html").out;
   const auto ct = parse_html_tables(cpage);
   // Every run's timeline, the two modes of each optimizer side by side.
-  EXPECT_EQ(count(cpage, "<svg "), cj["runs"].size());
+  EXPECT_EQ(count(cpage, "<div><svg "), cj["runs"].size());
+  EXPECT_EQ(count(cpage, "<svg "), cj["runs"].size() + 1);  // and the per-layer chart
   EXPECT_EQ(count(cpage, "<div class=\"side-by-side\">"), 1u);
   // Only the page asks for the timelines.
   EXPECT_EQ(trainmem(cmp).out.find("<svg"), std::string::npos);
@@ -232,6 +272,194 @@ TEST(CliE2EHtml, MaxbatchAndCompareFiguresAreTheJsonReports) {
     EXPECT_EQ(optimizer, run["run"]["optimizer"]);
     EXPECT_EQ(ct[0][k][1], run["run"]["checkpointing"]);
   }
+}
+
+// ---- the charts (issue 17): every bar and point carries the JSON report's figure
+
+// estimate: a bar per profile and checkpointing mode, its data-v the profile's
+// per_layer_activations in that mode's run object.
+TEST(CliE2EHtml, EstimatePerLayerBarsAreTheJsonReports) {
+  const std::string args =
+      "estimate --model llama2-7b --batch 2 --seq 512 --optimizer adamw --checkpointing both "
+      "--profile all ";
+  const json j = trainmem(args + "--format json").j();
+  const std::string page = trainmem(args + "--format html").out;
+  const auto bars = chart_marks(page, "per-layer-chart", "rect", "bar");
+  ASSERT_EQ(j["runs"].size(), 2u);
+  std::size_t want = 0;
+  for (const auto& run : j["runs"]) want += run["analytic"].size();
+  ASSERT_EQ(bars.size(), want);
+  std::size_t seen = 0;
+  for (const auto& run : j["runs"]) {
+    const std::string series = "checkpointing " + run["run"]["checkpointing"].get<std::string>();
+    for (const auto& [profile, a] : run["analytic"].items()) {
+      const auto it = std::find_if(bars.begin(), bars.end(), [&](const Attrs& b) {
+        return b.at("data-group") == profile && b.at("data-series") == series;
+      });
+      ASSERT_NE(it, bars.end()) << profile << " " << series;
+      EXPECT_EQ(u64(it->at("data-v")), a["per_layer_activations"].get<std::uint64_t>())
+          << profile << " " << series;
+      // The tooltip gives the exact bytes and the s·b·h coefficient the JSON holds.
+      EXPECT_TRUE(has(it->at("title"),
+                      report::with_commas(a["per_layer_activations"].get<std::uint64_t>()) + " B"))
+          << it->at("title");
+      EXPECT_TRUE(
+          has(it->at("title"), report::fixed(a["sbh_equivalent"].get<double>(), 2) + "·sbh"))
+          << it->at("title");
+      ++seen;
+    }
+  }
+  EXPECT_EQ(seen, want);
+  // Longer bars for more bytes: the widths keep the figures' order.
+  for (const auto& x : bars)
+    for (const auto& y : bars)
+      if (u64(x.at("data-v")) > u64(y.at("data-v")))
+        EXPECT_GT(std::stod(x.at("width")), std::stod(y.at("width")));
+  // Only the page draws it.
+  EXPECT_FALSE(has(trainmem(args + "--format markdown").out, "per-layer-chart"));
+}
+
+// profile and compare: the measured (ledger) per-layer bytes first, then every profile.
+TEST(CliE2EHtml, ProfileAndComparePerLayerBarsAreTheJsonReports) {
+  {
+    const std::string args = cases()[2].args + "--profile all ";
+    const json j = trainmem(args + "--format json").j();
+    const auto bars =
+        chart_marks(trainmem(args + "--format html").out, "per-layer-chart", "rect", "bar");
+    ASSERT_EQ(bars.size(), j["analytic"].size() + 1);
+    EXPECT_EQ(bars[0].at("data-group"), "measured (meta, predicted)");
+    EXPECT_EQ(u64(bars[0].at("data-v")),
+              j["measured"]["ledger"]["per_layer_activations"].get<std::uint64_t>());
+    for (std::size_t k = 1; k < bars.size(); ++k)
+      EXPECT_EQ(
+          u64(bars[k].at("data-v")),
+          j["analytic"].at(bars[k].at("data-group"))["per_layer_activations"].get<std::uint64_t>())
+          << bars[k].at("data-group");
+  }
+  const std::string cmp = cases()[4].args;
+  const json cj = trainmem(cmp + "--format json").j();
+  const auto bars =
+      chart_marks(trainmem(cmp + "--format html").out, "per-layer-chart", "rect", "bar");
+  ASSERT_FALSE(bars.empty());
+  std::size_t matched = 0;
+  for (const auto& b : bars) {
+    // The first optimizer's run of that checkpointing mode.
+    const json* run = nullptr;
+    for (const auto& r : cj["runs"])
+      if ("checkpointing " + r["run"]["checkpointing"].get<std::string>() == b.at("data-series") &&
+          r["run"]["optimizer"] == cj["runs"][0]["run"]["optimizer"]) {
+        run = &r;
+        break;
+      }
+    ASSERT_NE(run, nullptr) << b.at("data-series");
+    const std::uint64_t want =
+        b.at("data-group").rfind("measured", 0) == 0
+            ? (*run)["measured"]["ledger"]["per_layer_activations"].get<std::uint64_t>()
+            : (*run)["analytic"]
+                  .at(b.at("data-group"))["per_layer_activations"]
+                  .get<std::uint64_t>();
+    EXPECT_EQ(u64(b.at("data-v")), want) << b.at("data-group") << " " << b.at("data-series");
+    ++matched;
+  }
+  EXPECT_EQ(matched, 2 * (cj["runs"][0]["analytic"].size() + 1));
+}
+
+// sweep --fit: a point per run (its measured per-layer bytes, fitted value and residual the
+// JSON report's), a fitted line per sequence length through the fitted values, a residual bar
+// per run.
+TEST(CliE2EHtml, SweepFitChartsAreTheJsonReports) {
+  const std::string args = cases()[5].args;
+  const json j = trainmem(args + "--format json").j();
+  const std::string page = trainmem(args + "--format html").out;
+  const auto points = chart_marks(page, "fit-chart", "circle", "point");
+  const auto lines = chart_marks(page, "fit-chart", "line", "fit");
+  const auto residuals = chart_marks(page, "residual-chart", "rect", "bar");
+  const json& runs = j["runs"];
+  const json& res = j["fit"]["ledger"]["residuals"];
+  ASSERT_EQ(points.size(), runs.size());
+  ASSERT_EQ(residuals.size(), runs.size());
+  ASSERT_EQ(res.size(), runs.size());
+  std::map<std::string, const Attrs*> line_of_seq;
+  for (const auto& l : lines) line_of_seq[l.at("data-seq")] = &l;
+  std::set<std::int64_t> seqs;
+  for (const auto& r : runs) seqs.insert(r["run"]["seq"].get<std::int64_t>());
+  EXPECT_EQ(line_of_seq.size(), seqs.size());
+  for (std::size_t k = 0; k < runs.size(); ++k) {
+    SCOPED_TRACE(k);
+    const Attrs& p = points[k];
+    const json& run = runs[k]["run"];
+    EXPECT_EQ(p.at("data-source"), "ledger");
+    EXPECT_EQ(p.at("data-batch"), std::to_string(run["batch"].get<std::int64_t>()));
+    EXPECT_EQ(p.at("data-seq"), std::to_string(run["seq"].get<std::int64_t>()));
+    const double y = std::stod(p.at("data-y"));
+    EXPECT_EQ(y, runs[k]["measured"]["ledger"]["per_layer_activations"].get<double>());
+    EXPECT_EQ(std::stod(p.at("data-residual")), res[k].get<double>());
+    EXPECT_EQ(std::stod(residuals[k].at("data-v")), res[k].get<double>());
+    // measured − fitted = residual, and the point's fitted value lies on its line.
+    const double fitted = std::stod(p.at("data-fitted"));
+    EXPECT_NEAR(y - fitted, res[k].get<double>(), 1e-6 * y);
+    const Attrs& l = *line_of_seq.at(p.at("data-seq"));
+    const double tokens = run["batch"].get<double>() * run["seq"].get<double>();
+    EXPECT_NEAR(std::stod(l.at("data-slope")) * tokens, fitted, 1e-6 * fitted);
+    // Drawn where it says: the point sits on the line's segment from the origin.
+    const double x1 = std::stod(l.at("x2")) - std::stod(l.at("x1"));
+    const double y1 = std::stod(l.at("y2")) - std::stod(l.at("y1"));
+    const double px = std::stod(p.at("cx")) - std::stod(l.at("x1"));
+    const double py = std::stod(p.at("cy")) - std::stod(l.at("y1"));
+    EXPECT_NEAR(px * y1 - py * x1, 0.0, 0.5 * std::hypot(x1, y1)) << "off its line";
+  }
+  // The fitted line's slope: the JSON's coefficients at b = 1 over s (one model: sbh, as2b).
+  const json& m = runs[0]["model"];
+  const json& c = j["fit"]["ledger"]["coefficients"];
+  for (const auto& [seq, l] : line_of_seq) {
+    const double s = std::stod(seq);
+    const double want = c["sbh"].get<double>() * m["hidden"].get<double>() +
+                        c["as2b"].get<double>() * m["heads"].get<double>() * s;
+    EXPECT_NEAR(std::stod(l->at("data-slope")), want, 1e-9 * want) << seq;
+  }
+  // Without --fit, no chart.
+  EXPECT_FALSE(has(trainmem("sweep --model tiny --backend meta --batch 1,2 --seq 16 "
+                            "--format html")
+                       .out,
+                   "fit-chart"));
+}
+
+// diff: a bar per changed tensor, largest |Δ| first, its data-v the JSON row's delta.
+TEST(CliE2EHtml, DiffTensorBarsAreTheJsonReports) {
+  const std::string args = "diff hf-eager native --model llama2-7b --batch 1 --seq 1024 ";
+  const json j = trainmem(args + "--format json").j();
+  const std::string page = trainmem(args + "--format html").out;
+  const auto bars = chart_marks(page, "diff-chart", "rect", "bar");
+  std::vector<std::pair<std::int64_t, std::string>> changed;  // (delta, group / name)
+  for (const auto& t : j["tensors"])
+    if (t["delta"].get<std::int64_t>() != 0)
+      changed.push_back({t["delta"].get<std::int64_t>(),
+                         t["group"].get<std::string>() + " / " + t["name"].get<std::string>()});
+  ASSERT_GT(changed.size(), 24u);  // so the chart shows the largest only
+  ASSERT_EQ(bars.size(), 24u);
+  std::int64_t prev = INT64_MAX;
+  for (const auto& b : bars) {
+    const auto it = std::find_if(changed.begin(), changed.end(),
+                                 [&](const auto& c) { return c.second == b.at("data-group"); });
+    ASSERT_NE(it, changed.end()) << b.at("data-group");
+    EXPECT_EQ(std::stoll(b.at("data-v")), it->first) << b.at("data-group");
+    EXPECT_LE(std::llabs(it->first), prev);
+    prev = std::llabs(it->first);
+    // Fewer bytes in B: drawn left of zero, as a "neg" bar.
+    EXPECT_EQ(has(b.at("class"), "neg"), it->first < 0) << b.at("data-group");
+  }
+  // No changed tensor left out has a larger |Δ| than the smallest shown.
+  std::size_t larger = 0;
+  for (const auto& c : changed) larger += std::llabs(c.first) > prev;
+  EXPECT_LE(larger, 24u);
+  // The per-layer bars of A and B: the JSON's per_layer bytes.
+  const auto pl = chart_marks(page, "per-layer-chart", "rect", "bar");
+  ASSERT_EQ(pl.size(), 2u);
+  EXPECT_EQ(u64(pl[0].at("data-v")), j["per_layer"]["a_bytes"].get<std::uint64_t>());
+  EXPECT_EQ(u64(pl[1].at("data-v")), j["per_layer"]["b_bytes"].get<std::uint64_t>());
+  // Two sides that do not differ: no difference chart.
+  EXPECT_FALSE(has(trainmem("diff native native --model tiny --batch 1 --seq 16 --format html").out,
+                   "diff-chart"));
 }
 
 TEST(CliE2EHtml, OutputFileHoldsWhatStdoutWouldAndBadOutputExits2) {

@@ -2,10 +2,13 @@
 // tone its class.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 
 #include "trainmem/report_writer.hpp"
+#include "trainmem/svg_chart.hpp"
 
 namespace trainmem::report {
 namespace {
@@ -135,6 +138,143 @@ TEST(HtmlWriter, TheBannerIsAParagraphElsewhere) {
     b->paragraph("backend meta", Tone::ok);
     EXPECT_EQ(a->str(), b->str());
   }
+}
+
+// The numeric attribute `name` of each element of `svg` whose tag opens with `opener`.
+std::vector<double> attr_of(const std::string& svg, const std::string& opener,
+                            const std::string& name) {
+  std::vector<double> out;
+  const std::regex re(" " + name + "=\"([^\"]*)\"");
+  for (auto p = svg.find(opener); p != std::string::npos; p = svg.find(opener, p + 1)) {
+    const std::string head = svg.substr(p, svg.find('>', p) - p);
+    std::smatch m;
+    if (std::regex_search(head, m, re)) out.push_back(std::stod(m[1]));
+  }
+  return out;
+}
+
+TEST(SvgChart, BarsCarryTheirFiguresAndScaleWithThem) {
+  BarChart c;
+  c.id = "c";
+  c.title = "t <&>";
+  c.axis_label = "bytes";
+  c.series = {"none", "full"};
+  c.groups = {{"native", {{4096, "4096", "4 KiB", "native none"}, {1024, "1024", "1 KiB", "nf"}}},
+              {"hf <eager>", {{2048, "2048", "2 KiB", "tip \"q\" & <b>"}}}};
+  const std::string svg = bar_chart_svg(c);
+  EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart bars\" id=\"c\"", 0),
+            0u)
+      << svg;
+  EXPECT_EQ(count(svg, "<rect class=\"bar"), 3u);
+  // Every figure as given, in data-v, and every tooltip as a native <title>, escaped.
+  EXPECT_EQ(attr_of(svg, "<rect class=\"bar", "data-v"), (std::vector<double>{4096, 1024, 2048}));
+  EXPECT_TRUE(has(svg, "<title>tip &quot;q&quot; &amp; &lt;b&gt;</title></rect>")) << svg;
+  EXPECT_TRUE(has(svg, "data-group=\"hf &lt;eager&gt;\""));
+  EXPECT_TRUE(has(svg, "<title>t &lt;&amp;&gt;</title>"));
+  EXPECT_FALSE(has(svg, "<eager>"));
+  // Series: a colour class each, a legend entry each, data-series on the bar.
+  EXPECT_TRUE(has(svg, "class=\"bar s0\"") && has(svg, "class=\"bar s1\""));
+  EXPECT_TRUE(has(svg, "data-series=\"full\""));
+  EXPECT_TRUE(has(svg, ">none</text>") && has(svg, ">full</text>"));
+  // Widths proportional to the values, from the same zero line.
+  const auto w = attr_of(svg, "<rect class=\"bar", "width");
+  const auto x = attr_of(svg, "<rect class=\"bar", "x");
+  ASSERT_EQ(w.size(), 3u);
+  EXPECT_NEAR(w[0] / w[1], 4.0, 0.02);
+  EXPECT_NEAR(w[2] / w[1], 2.0, 0.02);
+  EXPECT_EQ(x[0], x[1]);
+  EXPECT_EQ(x[0], x[2]);
+  // The axis's ticks in a binary unit: 0 KiB ... 4 KiB.
+  EXPECT_TRUE(has(svg, ">0 KiB</text>")) << svg;
+  EXPECT_TRUE(has(svg, ">4 KiB</text>")) << svg;
+  EXPECT_FALSE(has(svg, "nan"));
+  EXPECT_EQ(count(svg, "<svg"), count(svg, "</svg>"));
+}
+
+TEST(SvgChart, DivergingBarsSplitAtZero) {
+  BarChart c;
+  c.id = "d";
+  c.diverging = true;
+  c.groups = {{"more", {{300, "300", "+300 B", "m"}}},
+              {"fewer", {{-100, "-100", "-100 B", "f"}}},
+              {"same", {{0, "0", "0", "s"}}}};
+  const std::string svg = bar_chart_svg(c);
+  EXPECT_TRUE(has(svg, "class=\"chart bars diverging\""));
+  const auto x = attr_of(svg, "<rect class=\"bar", "x");
+  const auto w = attr_of(svg, "<rect class=\"bar", "width");
+  ASSERT_EQ(x.size(), 3u);
+  const double zero = x[0];              // the positive bar starts at zero
+  EXPECT_NEAR(x[1] + w[1], zero, 0.11);  // the negative one ends there
+  EXPECT_NEAR(w[0] / w[1], 3.0, 0.02);
+  EXPECT_TRUE(has(svg, "class=\"bar s0 neg\""));
+  EXPECT_EQ(count(svg, " neg\""), 1u);
+  EXPECT_GT(w[2], 0);  // a zero still shows (and has its tooltip)
+  EXPECT_LT(w[2], 1);
+  // An all-zero chart has an axis all the same, and no NaN.
+  BarChart z;
+  z.groups = {{"r", {{0, "0", "", "zero"}}}};
+  z.min_extent = 1;
+  const std::string zs = bar_chart_svg(z);
+  EXPECT_FALSE(has(zs, "nan")) << zs;
+  EXPECT_FALSE(has(zs, "inf")) << zs;
+}
+
+TEST(SvgChart, ScatterPointsLieOnTheirLines) {
+  ScatterChart c;
+  c.id = "s";
+  c.series = {"ledger", "cupti"};
+  c.points = {{10, 1000, 0, {{"y", "1000"}}, "p0"}, {20, 2000, 1, {{"y", "2000"}}, "p1"}};
+  c.lines = {{0, 0, 20, 2000, 0, {{"slope", "100"}}, "l0", "s=8"}};
+  const std::string svg = scatter_chart_svg(c);
+  EXPECT_EQ(count(svg, "<circle class=\"point"), 2u);
+  EXPECT_TRUE(has(svg, "class=\"point s1\""));
+  EXPECT_EQ(attr_of(svg, "<circle class=\"point", "data-y"), (std::vector<double>{1000, 2000}));
+  EXPECT_TRUE(has(svg, "<title>p0</title></circle>"));
+  EXPECT_TRUE(has(svg, "<title>l0</title></line>"));
+  EXPECT_TRUE(has(svg, ">s=8</text>"));
+  const auto cx = attr_of(svg, "<circle class=\"point", "cx");
+  const auto cy = attr_of(svg, "<circle class=\"point", "cy");
+  const auto x1 = attr_of(svg, "<line class=\"fit", "x1");
+  const auto y1 = attr_of(svg, "<line class=\"fit", "y1");
+  const auto x2 = attr_of(svg, "<line class=\"fit", "x2");
+  const auto y2 = attr_of(svg, "<line class=\"fit", "y2");
+  ASSERT_EQ(x2.size(), 1u);
+  // The line ends on the point at (20, 2000) and passes through (10, 1000) halfway.
+  EXPECT_NEAR(cx[1], x2[0], 0.11);
+  EXPECT_NEAR(cy[1], y2[0], 0.11);
+  EXPECT_NEAR(cx[0], (x1[0] + x2[0]) / 2, 0.11);
+  EXPECT_NEAR(cy[0], (y1[0] + y2[0]) / 2, 0.11);
+  EXPECT_LT(cy[1], cy[0]);  // more bytes higher up
+}
+
+TEST(SvgChart, ExactNumbersReadBackAsTheSameDouble) {
+  for (double v :
+       {0.0, 35456.0, -524292.0, 1.0658141036401503e-14, 32.625, 1.0 / 3.0, -2.5e-9, 6359678980.0})
+    EXPECT_EQ(std::stod(exact_number(v)), v) << exact_number(v);
+  EXPECT_EQ(exact_number(35456), "35456");
+  EXPECT_EQ(exact_number(-4), "-4");
+}
+
+// Commands hand a chart to figure(): only the page shows it; no other writer even builds it.
+TEST(SvgChart, OnlyThePageDrawsAFigure) {
+  for (Format f : {Format::table, Format::markdown, Format::csv, Format::json}) {
+    const auto w = make_writer(f, Colour::off);
+    bool built = false;
+    w->figure([&] {
+      built = true;
+      return bar_chart_svg({});
+    });
+    EXPECT_FALSE(built);
+  }
+  HtmlWriter w;
+  BarChart c;
+  c.id = "x";
+  c.groups = {{"g", {{1, "1", "1 B", "one"}}}};
+  w.figure([&] { return bar_chart_svg(c); });
+  EXPECT_TRUE(
+      has(w.str(),
+          "<figure>\n<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart bars\" id=\"x\""));
+  EXPECT_TRUE(has(w.str(), "svg.chart .s0"));  // the page's style colours the series
 }
 
 }  // namespace

@@ -8,8 +8,9 @@
 //   - the "trainmem/1" document (document): the JSON form (JsonWriter), dumped with an indent
 //     of two and a final newline;
 //   - the prose, the tables and the figures (figure: markup only a page can show, e.g. the
-//     profile's timeline): one self-contained HTML page (HtmlWriter), inline CSS, no network,
-//     readable with JavaScript off; every text escaped, a cell's tone its class.
+//     profile's timeline, the charts of svg_chart.hpp): one self-contained HTML page
+//     (HtmlWriter), inline CSS, no network, readable with JavaScript off; every text escaped,
+//     a cell's tone its class.
 // So a command never branches on the format: it says every block once, and the writer picks.
 // Colour comes from the state of a cell or line (its Tone), never from its text.
 #pragma once

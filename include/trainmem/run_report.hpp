@@ -5,6 +5,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "trainmem/config.hpp"
 #include "trainmem/report.hpp"
@@ -31,5 +32,12 @@ report::Cell native_cell(const RunResult& r);
 // headings in full; Markdown the same tables under brief headings; CSV the reconciliation
 // rows in bytes; JSON run_result_json.
 void write_profile(report::ReportWriter& w, const RunResult& r);
+
+// The page's chart of per-layer activations (HTML; report/svg_chart.hpp): a row per profile
+// (the measured ledger first, then each analytic profile of the first run), a bar per run of
+// `runs` (series named by `series`), each bar's data-v the JSON report's
+// per_layer_activations of that profile and run.
+std::string per_layer_chart_html(const std::vector<const RunResult*>& runs,
+                                 const std::vector<std::string>& series, const std::string& id);
 
 }  // namespace trainmem

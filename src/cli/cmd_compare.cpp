@@ -288,6 +288,12 @@ void write_compare(report::ReportWriter& w, const std::vector<Pair>& pairs,
               "and zero are GPT-style reference formulas)");
     w.table(references_table(pairs.front(), u));
   }
+  // The page: the per-layer activations of every profile, the two modes side by side (they do
+  // not depend on the optimizer: the first pair's).
+  w.figure([&] {
+    return per_layer_chart_html({pairs.front().none, pairs.front().full},
+                                {"checkpointing none", "checkpointing full"}, "per-layer-chart");
+  });
   for (const auto& r : runs)
     if (r.failure)
       w.line(std::string("OUT OF MEMORY in ") + optimizer_name(r.train.optimizer) + "/" +

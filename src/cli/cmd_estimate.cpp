@@ -23,6 +23,7 @@
 #include "trainmem/error.hpp"
 #include "trainmem/report.hpp"
 #include "trainmem/report_writer.hpp"
+#include "trainmem/svg_chart.hpp"
 
 namespace trainmem::cli {
 namespace {
@@ -313,6 +314,32 @@ json estimate_json(const Common& c, const std::vector<Run>& runs) {
   return doc;
 }
 
+// The page's chart: each profile's per-layer activation bytes, a bar per checkpointing mode
+// (they do not depend on the optimizer: the first optimizer's runs).
+std::string per_layer_chart(const std::vector<Run>& runs) {
+  report::BarChart c;
+  c.id = "per-layer-chart";
+  c.title = "Per-layer activation bytes, profile by profile";
+  c.axis_label = "activation bytes per transformer layer (end of forward)";
+  std::vector<const Run*> modes;
+  for (const auto& r : runs)
+    if (r.train.optimizer == runs.front().train.optimizer) {
+      modes.push_back(&r);
+      c.series.push_back(std::string("checkpointing ") + checkpointing_name(r.train.checkpointing));
+    }
+  for (std::size_t e = 0; e < runs.front().estimates.size(); ++e) {
+    report::BarGroup g{profile_name(runs.front().estimates[e].profile), {}};
+    for (std::size_t m = 0; m < modes.size(); ++m)
+      g.bars.push_back(report::per_layer_bar(modes[m]->estimates[e], c.series[m]));
+    c.groups.push_back(std::move(g));
+  }
+  if (c.series.size() < 2) c.series.clear();  // one mode: the title says which
+  return "<h2>Per-layer activations, profile by profile</h2>\n" + report::bar_chart_svg(c) +
+         "<figcaption>Bytes one transformer layer keeps for backward, per analytic profile; "
+         "hover a bar for the exact bytes, the formula and its s·b·h coefficient."
+         "</figcaption>\n";
+}
+
 // The report, described once for every format.
 void write_estimate(report::ReportWriter& w, const Common& c, const std::vector<Run>& runs,
                     bool explain, bool paper) {
@@ -323,6 +350,7 @@ void write_estimate(report::ReportWriter& w, const Common& c, const std::vector<
   w.table(figures_table(runs));
   w.blank();
   w.line(kLegend);
+  w.figure([&] { return per_layer_chart(runs); });
   if (paper) {
     w.strong("The paper's table beside this estimate");
     w.table(paper_table(runs));

@@ -21,6 +21,7 @@
 #include "trainmem/report_writer.hpp"
 #include "trainmem/run.hpp"
 #include "trainmem/run_report.hpp"
+#include "trainmem/svg_chart.hpp"
 
 namespace trainmem::cli {
 namespace {
@@ -249,7 +250,110 @@ report::Table fit_table(const SweepFits& f, const SourceFit& s) {
   return t;
 }
 
-void write_fits(report::ReportWriter& w, const SweepFits& f, std::size_t n_runs) {
+// A grid point's name in the charts: "b=2 s=16", with the widths when the grid varies them.
+std::string point_name(const RunResult& r, bool several_models) {
+  std::string s = "b=" + std::to_string(r.train.batch) + " s=" + std::to_string(r.train.seq);
+  if (several_models)
+    s = "h=" + std::to_string(r.model.hidden) + " i=" + std::to_string(r.model.intermediate) +
+        " a=" + std::to_string(r.model.heads) + " " + s;
+  return s;
+}
+
+// The page's charts of the fit: the measured per-layer bytes of every run against its tokens
+// (b·s), the fitted lines (for one model and one s, every term is b times its value at b = 1,
+// so the fit is a line through the origin in b·s), and the residuals, run by run.
+std::string fit_charts_html(const SweepFits& f, const std::vector<RunResult>& runs,
+                            bool several_models) {
+  using report::exact_number;
+  report::ScatterChart sc;
+  sc.id = "fit-chart";
+  sc.title = "Per-layer activation bytes: measured points and fitted lines";
+  sc.x_label = "tokens per step (b·s)";
+  sc.y_label = "activation bytes per layer";
+  report::BarChart rc;
+  rc.id = "residual-chart";
+  rc.title = "Residuals of the fit, run by run (measured − fitted)";
+  rc.axis_label = "residual = measured − fitted (bytes per layer)";
+  rc.min_extent = 1;
+  for (const auto& r : runs) rc.groups.push_back({point_name(r, several_models), {}});
+  const auto names = fit_term_names(f.terms);
+  for (std::size_t si = 0; si < f.fits.size(); ++si) {
+    const SourceFit& s = f.fits[si];
+    sc.series.push_back(s.source);
+    rc.series.push_back(s.source);
+    // The lines: one per (model, s), from the origin to the largest b·s of the grid there.
+    std::map<std::pair<std::string, std::int64_t>, std::pair<const RunResult*, double>> lines;
+    for (std::size_t k = 0; k < runs.size(); ++k) {
+      const RunResult& r = runs[k];
+      const double tokens = double(r.train.batch) * double(r.train.seq);
+      const double measured = per_layer_activations_by_source(r).bytes.at(s.source);
+      auto& line = lines[{r.model.name, r.train.seq}];
+      if (!line.first || tokens > line.second) line = {&r, tokens};
+      const double fitted = s.fit.fitted[k], residual = s.fit.residuals[k];
+      report::ScatterPoint p;
+      p.x = tokens;
+      p.y = measured;
+      p.series = si;
+      p.data = {{"source", s.source},
+                {"run", std::to_string(k)},
+                {"batch", std::to_string(r.train.batch)},
+                {"seq", std::to_string(r.train.seq)},
+                {"y", exact_number(measured)},
+                {"fitted", exact_number(fitted)},
+                {"residual", exact_number(residual)}};
+      p.tip = s.source + ", " + point_name(r, several_models) + " (" + exact_number(tokens) +
+              " tokens): measured " + report::fixed(measured, 3) + " B per layer, fitted " +
+              report::fixed(fitted, 3) + " B, residual " + report::fixed(residual, 3) + " B";
+      sc.points.push_back(std::move(p));
+      rc.groups[k].bars.push_back(
+          {residual, exact_number(residual), report::fixed(residual, 3) + " B",
+           s.source + ", " + point_name(r, several_models) + ": residual " +
+               report::fixed(residual, 6) + " B (measured " + report::fixed(measured, 3) +
+               " − fitted " + report::fixed(fitted, 3) + ")"});
+    }
+    for (const auto& [key, end] : lines) {
+      const RunResult& r = *end.first;
+      // Bytes per token: the fit at b = 1, divided by s.
+      FitSample one{1, r.train.seq, r.model.hidden, r.model.intermediate, r.model.heads, 0};
+      double at_one = 0;
+      for (const auto& n : names)
+        at_one += s.fit.coefficients.at(n) * double(fit_regressor(n, one));
+      const double slope = at_one / double(r.train.seq);
+      report::ScatterLine l;
+      l.x1 = end.second;
+      l.y1 = slope * end.second;
+      l.series = si;
+      l.label = several_models ? "h=" + std::to_string(r.model.hidden) +
+                                     " i=" + std::to_string(r.model.intermediate) +
+                                     " a=" + std::to_string(r.model.heads) +
+                                     " s=" + std::to_string(r.train.seq)
+                               : "s=" + std::to_string(r.train.seq);
+      l.data = {{"source", s.source},
+                {"seq", std::to_string(r.train.seq)},
+                {"model", r.model.name},
+                {"slope", exact_number(slope)}};
+      l.tip = s.source + " fit, " + (several_models ? r.model.name + ", " : std::string()) +
+              "s=" + std::to_string(r.train.seq) + ": " + report::fixed(slope, 4) +
+              " B per token per layer (R² = " + report::fixed(s.fit.r2, 9) + ")";
+      sc.lines.push_back(std::move(l));
+    }
+  }
+  if (sc.series.size() < 2) {
+    sc.series.clear();
+    rc.series.clear();
+  }
+  return "<h2>The fit, drawn: measured points and fitted lines</h2>\n" +
+         report::scatter_chart_svg(sc) +
+         "<figcaption>Each point is one run's measured per-layer activation bytes; each dashed "
+         "line the fitted coefficients at one sequence length (linear in b·s there). Hover for "
+         "the exact figures.</figcaption>\n<h2>Residuals of the fit</h2>\n" +
+         report::bar_chart_svg(rc) +
+         "<figcaption>measured − fitted, bytes per layer, run by run.</figcaption>\n";
+}
+
+void write_fits(report::ReportWriter& w, const SweepFits& f, const std::vector<RunResult>& runs,
+                bool several_models) {
+  const std::size_t n_runs = runs.size();
   for (const auto& s : f.fits) {
     w.heading("Fit of per-layer activation bytes, source " + s.source + " (" +
               std::to_string(n_runs) + " runs; " +
@@ -266,6 +370,7 @@ void write_fits(report::ReportWriter& w, const SweepFits& f, std::size_t n_runs)
     w.paragraph_break();
     w.line(residuals);
   }
+  if (!f.fits.empty()) w.figure([&] { return fit_charts_html(f, runs, several_models); });
   for (const auto& [src, why] : f.unavailable) w.item("fit for " + src + ": unavailable: " + why);
   for (const auto& n : f.notes) w.item("note: " + n);
 }
@@ -302,7 +407,7 @@ void write_sweep(report::ReportWriter& w, const Common& c, const std::vector<Run
   w.banner(backend_line(runs.front()));
   w.blank();
   w.table(runs_table(runs, several_models, u));
-  if (fits) write_fits(w, *fits, runs.size());
+  if (fits) write_fits(w, *fits, runs, several_models);
 }
 
 int run_sweep(const SweepFlags& flags) {

@@ -1,6 +1,7 @@
 // `trainmem diff`'s report, described once for every format, and its JSON document (see
 // include/trainmem/diff.hpp).
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "trainmem/diff.hpp"
 #include "trainmem/report.hpp"
 #include "trainmem/report_writer.hpp"
+#include "trainmem/svg_chart.hpp"
 
 namespace trainmem::diff {
 
@@ -40,6 +42,65 @@ report::Table exact_table(const Result& r) {
                std::to_string(row.b_bytes), std::to_string(row.delta), row.coefficient_change,
                row.change, row.why});
   return t;
+}
+
+// The page's chart of the tensor-by-tensor difference: the rows that change, largest |Δ|
+// first (at most kChartRows), as bars diverging from zero; each bar's data-v is the row's Δ
+// in bytes, its tooltip the row's figures and reason.
+constexpr std::size_t kChartRows = 24;
+
+std::string tensor_chart_html(const Result& r) {
+  std::vector<const Row*> rows;
+  for (const auto& row : r.rows)
+    if (row.delta != 0) rows.push_back(&row);
+  std::stable_sort(rows.begin(), rows.end(), [](const Row* x, const Row* y) {
+    return std::llabs(x->delta) > std::llabs(y->delta);
+  });
+  const std::size_t changed = rows.size();
+  if (rows.size() > kChartRows) rows.resize(kChartRows);
+  report::BarChart c;
+  c.id = "diff-chart";
+  c.title = "Tensor-by-tensor difference, B − A, largest first";
+  c.axis_label = "Δ bytes (B − A; layer rows count L times)";
+  c.diverging = true;
+  for (const Row* row : rows) {
+    const std::uint64_t mag = static_cast<std::uint64_t>(std::llabs(row->delta));
+    std::string tip = row->group + " / " + row->name + ": Δ " + signed_commas(row->delta) +
+                      " B (A " + (row->a ? report::with_commas(row->a_bytes) + " B" : "-") +
+                      ", B " + (row->b ? report::with_commas(row->b_bytes) + " B" : "-") + ")";
+    if (!row->coefficient_change.empty() && row->coefficient_change != "0")
+      tip += "\nΔ coefficient: " + row->coefficient_change;
+    if (!row->change.empty()) tip += "\n" + row->change;
+    if (!row->why.empty()) tip += "\nwhy: " + row->why;
+    c.groups.push_back({row->group + " / " + row->name,
+                        {{static_cast<double>(row->delta), std::to_string(row->delta),
+                          (row->delta < 0 ? "-" : "+") + format_bytes_human(mag), tip}}});
+  }
+  std::string caption = "Red: B keeps more bytes than A; green: fewer. ";
+  caption += changed > rows.size() ? "The " + std::to_string(rows.size()) + " largest of " +
+                                         std::to_string(changed) + " changed tensors"
+                                   : "Every changed tensor (" + std::to_string(changed) + ")";
+  caption += "; hover a bar for its exact bytes, coefficient change and reason.";
+  return "<h2>The difference, drawn: tensor by tensor</h2>\n" + report::bar_chart_svg(c) +
+         "<figcaption>" + report::html_escape(caption) + "</figcaption>\n";
+}
+
+// The page's chart of the two sides' per-layer activation bytes, side by side.
+std::string per_layer_chart_html(const Result& r) {
+  report::BarChart c;
+  c.id = "per-layer-chart";
+  c.title = "Per-layer activation bytes, A and B";
+  c.axis_label = "activation bytes per transformer layer";
+  for (const Side* s : {&r.a, &r.b}) {
+    const char* which = s == &r.a ? "A" : "B";
+    c.groups.push_back(
+        {std::string(which) + ": " + s->spec,
+         {{static_cast<double>(s->per_layer_bytes), std::to_string(s->per_layer_bytes),
+           format_bytes_human(s->per_layer_bytes),
+           std::string(which) + " (" + s->spec + "): " + report::with_commas(s->per_layer_bytes) +
+               " B per layer = " + formula(*s->per_layer)}}});
+  }
+  return "<h2>Per-layer activations, A and B</h2>\n" + report::bar_chart_svg(c);
 }
 
 }  // namespace
@@ -102,6 +163,7 @@ void write_report(const Result& r, report::ReportWriter& w, bool all_rows) {
     w.paragraph_break();
     w.paragraph("per layer: A = " + formula(ca) + "; B = " + formula(cb) +
                 "; Δ = " + formula_change(ca, cb));
+    w.figure([&] { return per_layer_chart_html(r); });
   }
 
   if (!r.by_tensor) return;
@@ -128,6 +190,8 @@ void write_report(const Result& r, report::ReportWriter& w, bool all_rows) {
       tmost = std::max({tmost, row.a_bytes, row.b_bytes});
     }
   const ByteUnit tu = table_unit(tmost);
+  if (std::any_of(r.rows.begin(), r.rows.end(), [](const Row& x) { return x.delta != 0; }))
+    w.figure([&] { return tensor_chart_html(r); });
   w.heading(
       "Tensors by group, largest |Δ| first (A, B: bytes counted, L× for layer rows; "
       "Δ coefficient: per instance, i.e. per layer for layer rows)");

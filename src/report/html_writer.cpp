@@ -34,6 +34,19 @@ ul { margin: .3em 0; }
 figure { margin: .6em 0 1em; }
 figure svg { max-width: 100%; height: auto; }
 .side-by-side { display: grid; grid-template-columns: 1fr 1fr; gap: 1em; }
+svg.chart { font: 11px system-ui, -apple-system, "Segoe UI", sans-serif; display: block; }
+svg.chart .grid { stroke: #eaeef2; }
+svg.chart .zero { stroke: #57606a; }
+svg.chart .tick, svg.chart .value { fill: var(--muted); }
+svg.chart .s0 { fill: #0969da; stroke: #0969da; } svg.chart .s1 { fill: #bf8700; stroke: #bf8700; }
+svg.chart .s2 { fill: #8250df; stroke: #8250df; } svg.chart .s3 { fill: #1a7f37; stroke: #1a7f37; }
+svg.chart .s4 { fill: #cf222e; stroke: #cf222e; } svg.chart .s5 { fill: #57606a; stroke: #57606a; }
+svg.chart rect.bar { stroke: none; }
+svg.chart.diverging rect.bar { fill: var(--fail); } svg.chart.diverging rect.bar.neg { fill: var(--ok); }
+svg.chart rect.bar:hover, svg.chart circle.point:hover { fill-opacity: .65; }
+svg.chart circle.point { stroke: #fff; stroke-width: 1; }
+svg.chart line.fit { stroke-width: 1.6; stroke-dasharray: 5 3; }
+figcaption { color: var(--muted); font-size: .92em; }
 )";
 
 }  // namespace

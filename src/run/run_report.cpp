@@ -11,6 +11,7 @@
 
 #include "trainmem/report.hpp"
 #include "trainmem/report_writer.hpp"
+#include "trainmem/svg_chart.hpp"
 #include "trainmem/timeline.hpp"
 
 namespace trainmem {
@@ -230,6 +231,38 @@ std::string true_peak_heading(const RunResult& r, ByteUnit u) {
 
 }  // namespace
 
+// ---------------------------------------------------------------- the per-layer chart
+
+std::string per_layer_chart_html(const std::vector<const RunResult*>& runs,
+                                 const std::vector<std::string>& series, const std::string& id) {
+  report::BarChart c;
+  c.id = id;
+  c.title = "Per-layer activation bytes, profile by profile";
+  c.axis_label = "activation bytes per transformer layer (end of forward)";
+  c.series = series;
+  auto measured_name = [](const RunResult& r) {
+    return std::string("measured (") + r.backend + (r.computes ? "" : ", predicted") + ")";
+  };
+  report::BarGroup measured{measured_name(*runs.front()), {}};
+  for (std::size_t k = 0; k < runs.size(); ++k)
+    measured.bars.push_back(report::measured_per_layer_bar(
+        runs[k]->per_layer_activations(),
+        measured.label + (k < series.size() ? ", " + series[k] : std::string())));
+  c.groups.push_back(std::move(measured));
+  for (std::size_t e = 0; e < runs.front()->estimates.size(); ++e) {
+    report::BarGroup g{profile_name(runs.front()->estimates[e].profile), {}};
+    for (std::size_t k = 0; k < runs.size(); ++k)
+      if (e < runs[k]->estimates.size())
+        g.bars.push_back(
+            report::per_layer_bar(runs[k]->estimates[e], k < series.size() ? series[k] : ""));
+    c.groups.push_back(std::move(g));
+  }
+  return "<h2>Per-layer activations, profile by profile</h2>\n" + report::bar_chart_svg(c) +
+         "<figcaption>Bytes one transformer layer keeps for backward (the ledger's, measured, "
+         "and each analytic profile's); hover a bar for the exact bytes, the formula and its "
+         "s·b·h coefficient.</figcaption>\n";
+}
+
 // ---------------------------------------------------------------- profile's report
 
 void write_profile(report::ReportWriter& w, const RunResult& r) {
@@ -275,6 +308,8 @@ void write_profile(report::ReportWriter& w, const RunResult& r) {
                 "; Total = params + gradients + optimizer states + activations)",
             std::string("Reference profiles (") + u.name + ")");
   w.table(references_table(r, u));
+  if (!r.estimates.empty())
+    w.figure([&] { return per_layer_chart_html({&r}, {}, "per-layer-chart"); });
   for (const Estimate& e : r.estimates)
     if (e.profile == Profile::megatron || e.profile == Profile::zero) {
       w.detail(
