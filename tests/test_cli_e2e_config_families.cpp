@@ -38,11 +38,12 @@ TEST(CliE2EFamilies, EstimateLoadsQwen2ConfigAndExplainListsIgnoredKeys) {
 
   r = trainmem(args + " --explain");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(has(r.out,
-                  "config.json keys ignored (no effect on a training step): "
-                  "architectures, bos_token_id, eos_token_id, initializer_range, "
-                  "max_window_layers, sliding_window, torch_dtype, transformers_version, "
-                  "use_cache"))
+  EXPECT_TRUE(
+      has(r.out,
+          "config.json keys ignored (no effect on a training step): "
+          "architectures, attention_dropout, bos_token_id, eos_token_id, initializer_range, "
+          "max_window_layers, sliding_window, torch_dtype, transformers_version, "
+          "use_cache"))
       << r.out;
   EXPECT_FALSE(has(r.err, "unrecognised")) << r.err;
 
@@ -55,7 +56,7 @@ TEST(CliE2EFamilies, EstimateLoadsQwen2ConfigAndExplainListsIgnoredKeys) {
   EXPECT_EQ(m.at("qk_norm"), false);
   EXPECT_EQ(m.at("sliding_window"), 0);
   EXPECT_TRUE(m.at("rope_scaling").is_null());
-  EXPECT_EQ(m.at("ignored_fields").size(), 9u) << m.dump();
+  EXPECT_EQ(m.at("ignored_fields").size(), 10u) << m.dump();
 }
 
 TEST(CliE2EFamilies, FeaturesInEveryFormat) {

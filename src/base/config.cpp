@@ -502,10 +502,6 @@ FamilyDefaults family_defaults(const std::string& family) {
 struct Keys {
   std::vector<std::string> used;
   std::vector<std::string> ignored;
-  bool known(const std::string& k) const {
-    return std::find(used.begin(), used.end(), k) != used.end() ||
-           std::find(ignored.begin(), ignored.end(), k) != ignored.end();
-  }
 };
 
 std::string text_of(const json& v) {
