@@ -93,12 +93,24 @@ TEST(HfConfig, Llama3EightB) {
 
 // The published config.json of each family's preset (tests/data/configs/<preset>.json, as
 // released on the Hub), and the tiny presets' files: each loads to exactly its preset.
+void expect_loads_to_preset(const std::string& dir);
+
 TEST(HfConfig, FamilyConfigsLoadToTheirPresets) {
+  expect_loads_to_preset("configs/");
+}
+
+// The same configs as transformers 5.24 saves them (tools/hf_param_counts.py --write-tf5):
+// rope_parameters holding rope_theta, dtype, layer_types, null token ids.
+TEST(HfConfig, TransformersFiveSavedConfigsLoadToTheirPresets) {
+  expect_loads_to_preset("configs/tf5/");
+}
+
+void expect_loads_to_preset(const std::string& dir) {
   for (const char* name : {"llama2-7b", "llama3-8b", "llama3.2-1b", "mistral-7b", "qwen2-7b",
                            "qwen2.5-0.5b", "qwen2.5-7b", "qwen3-0.6b", "qwen3-8b", "tiny-mistral",
                            "tiny-qwen2", "tiny-qwen3", "tiny-llama3"}) {
     SCOPED_TRACE(name);
-    const ModelConfig c = load_hf_config(data_file(std::string("configs/") + name + ".json"));
+    const ModelConfig c = load_hf_config(data_file(dir + name + ".json"));
     const ModelConfig p = *find_preset(name);
     EXPECT_EQ(c.family, p.family);
     EXPECT_EQ(c.vocab, p.vocab);

@@ -13,6 +13,9 @@ ModelConfig::param_count().
     /tmp/venv/bin/python tools/hf_param_counts.py [--check]
 
 --check compares with the stored file instead of writing it (exit 1 on a difference).
+--write-tf5 also writes each config as this transformers saves it (to_json_file:
+rope_parameters, dtype, layer_types) to tests/data/configs/tf5/, which the loader must read
+to the same model (HfConfig.TransformersFiveSavedConfigsLoadToTheirPresets).
 """
 import argparse
 import json
@@ -31,10 +34,14 @@ PRESETS = ["llama2-7b", "llama3-8b", "llama3.2-1b", "mistral-7b", "qwen2-7b", "q
            "tiny-llama3"]
 
 
-def count(name):
+def load(name):
     d = json.loads((CONFIGS / f"{name}.json").read_text())
     d.pop("transformers_version", None)
-    cfg = AutoConfig.for_model(d.pop("model_type"), **d)
+    return AutoConfig.for_model(d.pop("model_type"), **d), d
+
+
+def count(name):
+    cfg, d = load(name)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
     assert type(model).__name__ == d["architectures"][0], (name, type(model).__name__)
@@ -44,7 +51,12 @@ def count(name):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--write-tf5", action="store_true")
     args = ap.parse_args()
+    if args.write_tf5:
+        (CONFIGS / "tf5").mkdir(exist_ok=True)
+        for name in PRESETS:
+            load(name)[0].to_json_file(CONFIGS / "tf5" / f"{name}.json")
     counts, classes = {}, {}
     for name in PRESETS:
         counts[name], classes[name] = count(name)
