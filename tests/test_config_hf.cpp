@@ -3,6 +3,7 @@
 // InputError or a valid config, never anything else".
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -90,16 +91,138 @@ TEST(HfConfig, Llama3EightB) {
   EXPECT_EQ(c.param_count(), 8'030'261'248ull);
 }
 
-TEST(HfConfig, MistralIsRefusedNamingModelType) {
-  try {
-    load_hf_config(data_file("configs/mistral-7b.json"));
-    ADD_FAILURE() << "mistral accepted";
-  } catch (const InputError& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("model_type"), std::string::npos) << m;
-    EXPECT_NE(m.find("model_type \"mistral\" is not supported"), std::string::npos) << m;
-    EXPECT_NE(m.find("supported: llama"), std::string::npos) << m;
+// The published config.json of each family's preset (tests/data/configs/<preset>.json, as
+// released on the Hub), and the tiny presets' files: each loads to exactly its preset.
+void expect_loads_to_preset(const std::string& dir);
+
+TEST(HfConfig, FamilyConfigsLoadToTheirPresets) {
+  expect_loads_to_preset("configs/");
+}
+
+// The same configs as transformers 5.24 saves them (tools/hf_param_counts.py --write-tf5):
+// rope_parameters holding rope_theta, dtype, layer_types, null token ids.
+TEST(HfConfig, TransformersFiveSavedConfigsLoadToTheirPresets) {
+  expect_loads_to_preset("configs/tf5/");
+}
+
+void expect_loads_to_preset(const std::string& dir) {
+  for (const char* name : {"llama2-7b", "llama3-8b", "llama3.2-1b", "mistral-7b", "qwen2-7b",
+                           "qwen2.5-0.5b", "qwen2.5-7b", "qwen3-0.6b", "qwen3-8b", "tiny-mistral",
+                           "tiny-qwen2", "tiny-qwen3", "tiny-llama3"}) {
+    SCOPED_TRACE(name);
+    const ModelConfig c = load_hf_config(data_file(dir + name + ".json"));
+    const ModelConfig p = *find_preset(name);
+    EXPECT_EQ(c.family, p.family);
+    EXPECT_EQ(c.vocab, p.vocab);
+    EXPECT_EQ(c.hidden, p.hidden);
+    EXPECT_EQ(c.intermediate, p.intermediate);
+    EXPECT_EQ(c.layers, p.layers);
+    EXPECT_EQ(c.heads, p.heads);
+    EXPECT_EQ(c.kv_heads, p.kv_heads);
+    EXPECT_EQ(c.max_positions, p.max_positions);
+    EXPECT_DOUBLE_EQ(c.rms_eps, p.rms_eps);
+    EXPECT_DOUBLE_EQ(c.rope_theta, p.rope_theta);
+    EXPECT_EQ(c.tied_embeddings, p.tied_embeddings);
+    EXPECT_EQ(c.torch_dtype, p.torch_dtype);
+    EXPECT_EQ(c.explicit_head_dim, p.explicit_head_dim);
+    EXPECT_EQ(c.head_dim(), p.head_dim());
+    EXPECT_EQ(c.qkv_bias, p.qkv_bias);
+    EXPECT_EQ(c.qk_norm, p.qk_norm);
+    EXPECT_EQ(c.sliding_window, p.sliding_window);
+    EXPECT_EQ(c.window_from_layer, p.window_from_layer);
+    EXPECT_EQ(c.rope_scaling.kind, p.rope_scaling.kind);
+    EXPECT_DOUBLE_EQ(c.rope_scaling.factor, p.rope_scaling.factor);
+    EXPECT_DOUBLE_EQ(c.rope_scaling.low_freq_factor, p.rope_scaling.low_freq_factor);
+    EXPECT_DOUBLE_EQ(c.rope_scaling.high_freq_factor, p.rope_scaling.high_freq_factor);
+    EXPECT_EQ(c.rope_scaling.original_max_positions, p.rope_scaling.original_max_positions);
+    EXPECT_EQ(c.param_count(), p.param_count());
+    for (const auto& f : c.ignored_fields)
+      EXPECT_EQ(f.find("unrecognised"), std::string::npos) << f;
   }
+}
+
+// Each family's fields, read from its real config.json, spelled out (not via the preset).
+TEST(HfConfig, Mistral7BReadsTheWindow) {
+  const ModelConfig c = load_hf_config(data_file("configs/mistral-7b.json"));
+  EXPECT_EQ(c.family, "mistral");
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_EQ(c.window_from_layer, 0);
+  EXPECT_EQ(c.window_of(31), 4096);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.kv_heads, 8);
+  EXPECT_EQ(c.param_count(), 7'241'732'096ull);
+}
+
+TEST(HfConfig, Qwen2SevenBHasBiasesAndNoWindow) {
+  const ModelConfig c = load_hf_config(data_file("configs/qwen2-7b.json"));
+  EXPECT_EQ(c.family, "qwen2");
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.sliding_window, 0);  // use_sliding_window: false
+  EXPECT_EQ(c.vocab, 152064);
+  EXPECT_EQ(c.kv_heads, 4);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
+  // The keys that do not change a training step, the window's included (it is off).
+  for (const char* k :
+       {"architectures", "bos_token_id", "eos_token_id", "initializer_range",
+        "transformers_version", "use_cache", "torch_dtype", "sliding_window", "max_window_layers"})
+    EXPECT_NE(std::find(c.ignored_fields.begin(), c.ignored_fields.end(), k),
+              c.ignored_fields.end())
+        << k;
+  for (const char* k : {"hidden_size", "use_sliding_window", "vocab_size", "rope_theta"})
+    EXPECT_EQ(std::find(c.ignored_fields.begin(), c.ignored_fields.end(), k),
+              c.ignored_fields.end())
+        << k;
+}
+
+TEST(HfConfig, Qwen3HasDecoupledHeadDimAndQkNorm) {
+  const ModelConfig small = load_hf_config(data_file("configs/qwen3-0.6b.json"));
+  EXPECT_EQ(small.family, "qwen3");
+  EXPECT_EQ(small.explicit_head_dim, 128);  // hidden 1024 / 16 heads = 64
+  EXPECT_EQ(small.head_dim(), 128);
+  EXPECT_EQ(small.q_dim(), 2048);
+  EXPECT_TRUE(small.qk_norm);
+  EXPECT_FALSE(small.qkv_bias);
+  EXPECT_TRUE(small.tied_embeddings);
+  EXPECT_EQ(small.param_count(), 596'049'920ull);
+  const ModelConfig big = load_hf_config(data_file("configs/qwen3-8b.json"));
+  EXPECT_EQ(big.head_dim(), 128);  // = 4096 / 32: not decoupled
+  EXPECT_EQ(big.explicit_head_dim, 0);
+  EXPECT_EQ(big.param_count(), 8'190'735'360ull);
+}
+
+TEST(HfConfig, Llama32ReadsRopeScalingAndHeadDim) {
+  const ModelConfig c = load_hf_config(data_file("configs/llama3.2-1b.json"));
+  EXPECT_EQ(c.family, "llama");
+  EXPECT_EQ(c.head_dim(), 64);
+  EXPECT_EQ(c.rope_scaling.kind, RopeScalingKind::llama3);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 32.0);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.low_freq_factor, 1.0);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(c.rope_scaling.original_max_positions, 8192);
+  EXPECT_DOUBLE_EQ(c.rope().theta, 500000.0);
+  EXPECT_TRUE(c.tied_embeddings);
+  EXPECT_EQ(c.param_count(), 1'235'814'400ull);
+}
+
+// Each preset's count equals PyTorch's: tools/hf_param_counts.py instantiates the real HF
+// class of each tests/data/configs/<preset>.json on the meta device and sums p.numel()
+// (tests/data/hf_param_counts.json, with the versions it ran).
+TEST(HfConfig, ParamCountsEqualTheRealHfClasses) {
+  const json doc = json::parse(read_text(data_file("hf_param_counts.json")));
+  ASSERT_TRUE(doc.contains("counts")) << doc.dump();
+  int checked = 0;
+  for (const auto& item : doc.at("counts").items()) {
+    SCOPED_TRACE(item.key());
+    const auto p = find_preset(item.key());
+    ASSERT_TRUE(p.has_value());
+    EXPECT_EQ(p->param_count(), item.value().get<std::uint64_t>());
+    EXPECT_EQ(load_hf_config(data_file("configs/" + item.key() + ".json")).param_count(),
+              item.value().get<std::uint64_t>());
+    ++checked;
+  }
+  EXPECT_GE(checked, 11);
 }
 
 TEST(HfConfig, DefaultsAsTransformersLlamaConfig) {
@@ -169,10 +292,17 @@ TEST(HfConfig, BadValuesNameTheField) {
   j["attention_bias"] = true;
   expect_error_naming(j, "attention_bias");
   j = base_config();
-  j["head_dim"] = 16;  // 48 / 6 = 8
-  expect_error_naming(j, "head_dim");
-  j["head_dim"] = 8;
-  EXPECT_NO_THROW(parse_hf_config(j.dump(), "cfg.json"));
+  for (const json& v : {json(0), json(-8), json(15), json("16"), json(16.0), json(true)}) {
+    SCOPED_TRACE("head_dim = " + v.dump());
+    j["head_dim"] = v;
+    expect_error_naming(j, "head_dim must be a positive even integer");
+  }
+  j["head_dim"] = 16;  // 48 / 6 = 8: decoupled, as Qwen3 does
+  EXPECT_EQ(parse_hf_config(j.dump(), "cfg.json").explicit_head_dim, 16);
+  EXPECT_EQ(parse_hf_config(j.dump(), "cfg.json").head_dim(), 16);
+  j["head_dim"] = 8;  // = 48 / 6
+  EXPECT_EQ(parse_hf_config(j.dump(), "cfg.json").explicit_head_dim, 0);
+  EXPECT_EQ(parse_hf_config(j.dump(), "cfg.json").head_dim(), 8);
 }
 
 TEST(HfConfig, DivisibilityNamesBothFields) {
@@ -212,6 +342,339 @@ TEST(HfConfig, ParseErrorsGiveThePosition) {
   EXPECT_THROW(parse_hf_config("", "cfg.json"), InputError);
   EXPECT_THROW(parse_hf_config("[1, 2]", "cfg.json"), InputError);
   EXPECT_THROW(parse_hf_config("\"llama\"", "cfg.json"), InputError);
+}
+
+// ---------------------------------------------------------------- families (issue 16)
+
+json family_config(const std::string& family) {
+  json j = base_config();
+  j["model_type"] = family;
+  return j;
+}
+
+bool lists(const ModelConfig& c, const std::string& entry) {
+  return std::find(c.ignored_fields.begin(), c.ignored_fields.end(), entry) !=
+         c.ignored_fields.end();
+}
+
+ModelConfig parse(const json& j) {
+  return parse_hf_config(j.dump(), "cfg.json");
+}
+
+TEST(HfFamilies, HeadDimNeedsNoDivisibility) {
+  json j = family_config("qwen3");
+  j["num_attention_heads"] = 5;  // 48 % 5 != 0: fine with an explicit head_dim
+  j["num_key_value_heads"] = 1;
+  j["head_dim"] = 16;
+  const ModelConfig c = parse(j);
+  EXPECT_EQ(c.head_dim(), 16);
+  EXPECT_EQ(c.q_dim(), 80);
+  j.erase("head_dim");  // Qwen3Config's default head_dim: 128
+  EXPECT_EQ(parse(j).head_dim(), 128);
+  j = family_config("llama");
+  j["num_attention_heads"] = 5;
+  j["num_key_value_heads"] = 1;
+  expect_error_naming(j, "num_attention_heads (5) must divide hidden_size (48)");
+}
+
+TEST(HfFamilies, MistralWindow) {
+  json j = family_config("mistral");
+  j["sliding_window"] = 5;
+  ModelConfig c = parse(j);
+  EXPECT_EQ(c.sliding_window, 5);
+  EXPECT_EQ(c.window_from_layer, 0);
+  j["sliding_window"] = nullptr;  // no window
+  EXPECT_EQ(parse(j).sliding_window, 0);
+  j.erase("sliding_window");  // MistralConfig's default
+  EXPECT_EQ(parse(j).sliding_window, 4096);
+  for (const json& v : {json(0), json(-4096), json("4096"), json(4096.5), json(true)}) {
+    SCOPED_TRACE("sliding_window = " + v.dump());
+    j["sliding_window"] = v;
+    expect_error_naming(j, "sliding_window");
+  }
+}
+
+TEST(HfFamilies, QwenWindowFromMaxWindowLayers) {
+  for (const char* family : {"qwen2", "qwen3"}) {
+    SCOPED_TRACE(family);
+    json j = family_config(family);
+    j["head_dim"] = 8;
+    j["sliding_window"] = 6;
+    j["max_window_layers"] = 1;
+    j["use_sliding_window"] = false;  // the window is off: its keys are ignored
+    ModelConfig c = parse(j);
+    EXPECT_EQ(c.sliding_window, 0);
+    EXPECT_TRUE(lists(c, "sliding_window"));
+    EXPECT_TRUE(lists(c, "max_window_layers"));
+    j["use_sliding_window"] = true;  // layers l >= max_window_layers slide (Qwen2Config)
+    c = parse(j);
+    EXPECT_EQ(c.sliding_window, 6);
+    EXPECT_EQ(c.window_from_layer, 1);
+    EXPECT_EQ(c.window_of(0), 0);
+    EXPECT_EQ(c.window_of(1), 6);
+    EXPECT_FALSE(lists(c, "sliding_window"));
+    j["max_window_layers"] = 0;
+    EXPECT_EQ(parse(j).window_of(0), 6);
+    j["max_window_layers"] = 2;  // = num_hidden_layers: no layer slides
+    EXPECT_EQ(parse(j).sliding_window, 0);
+    j.erase("max_window_layers");  // default 28
+    EXPECT_EQ(parse(j).sliding_window, 0);
+    j["max_window_layers"] = -1;
+    expect_error_naming(j, "max_window_layers");
+    j["max_window_layers"] = 1;
+    j["sliding_window"] = 0;
+    expect_error_naming(j, "sliding_window");
+    j["sliding_window"] = -3;
+    j["use_sliding_window"] = false;  // refused even when off
+    expect_error_naming(j, "sliding_window");
+    j["sliding_window"] = 6;
+    j["use_sliding_window"] = "true";
+    expect_error_naming(j, "use_sliding_window must be true or false");
+  }
+}
+
+TEST(HfFamilies, QwenLayerTypes) {
+  json j = family_config("qwen2");
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 6;
+  j["max_window_layers"] = 0;  // layer_types wins, as in transformers
+  j["layer_types"] = {"full_attention", "sliding_attention"};
+  ModelConfig c = parse(j);
+  EXPECT_EQ(c.sliding_window, 6);
+  EXPECT_EQ(c.window_from_layer, 1);
+  j["layer_types"] = {"full_attention", "full_attention"};
+  EXPECT_EQ(parse(j).sliding_window, 0);
+  j["layer_types"] = {"sliding_attention", "sliding_attention"};
+  EXPECT_EQ(parse(j).window_from_layer, 0);
+  const json bad[] = {json({"sliding_attention", "full_attention"}),  // sliding first
+                      json({"full_attention"}),                       // too short
+                      json({"full_attention", "chunked_attention"}),
+                      json({"full_attention", 1}),
+                      json("full_attention"),
+                      json(7)};
+  for (const json& v : bad) {
+    SCOPED_TRACE("layer_types = " + v.dump());
+    j["layer_types"] = v;
+    expect_error_naming(j, "layer_types");
+  }
+  j["layer_types"] = {"full_attention", "sliding_attention"};
+  j["use_sliding_window"] = false;  // a sliding layer without a window
+  expect_error_naming(j, "layer_types");
+}
+
+TEST(HfFamilies, Biases) {
+  // Qwen2: q/k/v biases always (Qwen2Attention), attention_bias is not its key.
+  json j = family_config("qwen2");
+  ModelConfig c = parse(j);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_EQ(c.param_count() - parse(base_config()).param_count(), 2u * (48 + 16 + 16));
+  j["attention_bias"] = true;
+  EXPECT_TRUE(parse(j).qkv_bias);
+  EXPECT_TRUE(lists(parse(j), "attention_bias"));
+  // LLaMA, Mistral, Qwen3: attention_bias puts a bias on o_proj too: refused.
+  for (const char* family : {"llama", "mistral", "qwen3"}) {
+    SCOPED_TRACE(family);
+    j = family_config(family);
+    j["head_dim"] = 8;
+    j["attention_bias"] = false;
+    EXPECT_FALSE(parse(j).qkv_bias);
+    j["attention_bias"] = true;
+    expect_error_naming(j, "attention_bias = true is not supported");
+    expect_error_naming(j, "o_proj");
+  }
+  for (const char* family : {"llama", "mistral", "qwen2", "qwen3"}) {
+    SCOPED_TRACE(family);
+    j = family_config(family);
+    j["mlp_bias"] = true;
+    expect_error_naming(j, "mlp_bias");
+    for (const char* flag : {"attention_bias", "mlp_bias"})
+      for (const json& v : {json("false"), json(0), json(1), json::array()}) {
+        j = family_config(family);
+        j[flag] = v;
+        expect_error_naming(j, std::string(flag) + " must be true or false");
+      }
+  }
+}
+
+TEST(HfFamilies, QkNormIsQwen3s) {
+  for (const char* family : {"llama", "mistral", "qwen2"}) {
+    json j = family_config(family);
+    EXPECT_FALSE(parse(j).qk_norm) << family;
+  }
+  json j = family_config("qwen3");
+  j["head_dim"] = 8;
+  const ModelConfig c = parse(j);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.param_count() - parse(base_config()).param_count(), 2u * 2 * 8);
+}
+
+TEST(HfFamilies, RopeScaling) {
+  json j = base_config();
+  for (const json& none :
+       {json(nullptr), json({{"rope_type", "default"}}), json({{"type", "default"}})}) {
+    j["rope_scaling"] = none;
+    EXPECT_EQ(parse(j).rope_scaling.kind, RopeScalingKind::none) << none.dump();
+  }
+  const json llama3 = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 16}};
+  j["rope_scaling"] = llama3;
+  ModelConfig c = parse(j);
+  EXPECT_EQ(c.rope_scaling.kind, RopeScalingKind::llama3);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 8.0);
+  EXPECT_EQ(c.rope_scaling.original_max_positions, 16);
+  json t = llama3;
+  t.erase("rope_type");
+  t["type"] = "llama3";  // the older spelling
+  j["rope_scaling"] = t;
+  EXPECT_EQ(parse(j).rope_scaling.kind, RopeScalingKind::llama3);
+  t.erase("original_max_position_embeddings");  // transformers: max_position_embeddings
+  j["rope_scaling"] = t;
+  EXPECT_EQ(parse(j).rope_scaling.original_max_positions, 256);
+
+  for (const char* type : {"linear", "dynamic", "yarn", "longrope", "su", "mrope"}) {
+    SCOPED_TRACE(type);
+    j["rope_scaling"] = {{"rope_type", type}, {"factor", 2.0}};
+    expect_error_naming(j, std::string("rope_scaling.rope_type \"") + type + "\" is not supported");
+    expect_error_naming(j, "llama3");
+  }
+  struct Bad {
+    const char* key;
+    json value;
+    const char* names;
+  } bad[] = {{"factor", nullptr, "rope_scaling.factor"},
+             {"factor", 0.5, "rope_scaling.factor"},
+             {"factor", "8", "rope_scaling.factor"},
+             {"low_freq_factor", 0, "rope_scaling.low_freq_factor"},
+             {"low_freq_factor", true, "rope_scaling.low_freq_factor"},
+             {"high_freq_factor", 1.0, "rope_scaling.high_freq_factor"},
+             {"original_max_position_embeddings", "8192", "original_max_position_embeddings"},
+             {"original_max_position_embeddings", 0, "original_max_position_embeddings"},
+             {"attention_factor", 1.0, "rope_scaling.attention_factor"},
+             {"rope_type", 3, "rope_scaling.rope_type"}};
+  for (const auto& b : bad) {
+    SCOPED_TRACE(std::string(b.key) + " = " + b.value.dump());
+    json r = llama3;
+    if (b.value.is_null())
+      r.erase(b.key);
+    else
+      r[b.key] = b.value;
+    j["rope_scaling"] = r;
+    expect_error_naming(j, b.names);
+  }
+  j["rope_scaling"] = "llama3";
+  expect_error_naming(j, "rope_scaling must be an object");
+  j["rope_scaling"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.5}};
+  expect_error_naming(j, "partial_rotary_factor");
+}
+
+// transformers 5.x writes rope_parameters (with rope_theta) and dtype.
+TEST(HfFamilies, TransformersFiveRopeParameters) {
+  json j = family_config("qwen3");
+  j.erase("rope_theta");
+  j.erase("torch_dtype");
+  j["dtype"] = "bfloat16";
+  j["head_dim"] = 16;
+  j["rope_parameters"] = {{"rope_theta", 1000000.0}, {"rope_type", "default"}};
+  ModelConfig c = parse(j);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
+  EXPECT_EQ(c.rope_scaling.kind, RopeScalingKind::none);
+  EXPECT_EQ(c.torch_dtype, DType::bf16);
+  EXPECT_TRUE(lists(c, "dtype"));
+  j["rope_parameters"] = {{"rope_theta", 500000.0},  {"rope_type", "llama3"},
+                          {"factor", 32.0},          {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  c = parse(j);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rope_scaling.kind, RopeScalingKind::llama3);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 32.0);
+  j["rope_theta"] = 500000.0;  // both places, agreeing
+  EXPECT_NO_THROW(parse(j));
+  j["rope_theta"] = 10000.0;
+  expect_error_naming(j, "rope_theta");
+  j.erase("rope_theta");
+  j["rope_parameters"] = {{"rope_theta", 1e4}, {"rope_type", "yarn"}, {"factor", 4.0}};
+  expect_error_naming(j, "rope_parameters.rope_type \"yarn\" is not supported");
+  j["rope_parameters"] = {{"rope_theta", -1.0}, {"rope_type", "default"}};
+  expect_error_naming(j, "rope_parameters.rope_theta");
+  // Per-layer-type rope parameters (a nested dict): not modelled.
+  j["rope_parameters"] = {{"full_attention", {{"rope_theta", 1e4}, {"rope_type", "default"}}}};
+  expect_error_naming(j, "rope_parameters.full_attention");
+}
+
+TEST(HfFamilies, MixtureOfExpertsIsRefusedNamingTheField) {
+  for (const char* type : {"mixtral", "qwen2_moe", "qwen3_moe"}) {
+    json j = base_config();
+    j["model_type"] = type;
+    expect_error_naming(j, std::string("model_type \"") + type + "\"");
+    expect_error_naming(j, "mixture of experts");
+  }
+  const std::pair<const char*, json> fields[] = {{"num_experts", 64},
+                                                 {"num_local_experts", 8},
+                                                 {"num_experts_per_tok", 2},
+                                                 {"moe_intermediate_size", 1408},
+                                                 {"shared_expert_intermediate_size", 5632},
+                                                 {"decoder_sparse_step", 1},
+                                                 {"mlp_only_layers", json::array()},
+                                                 {"norm_topk_prob", false},
+                                                 {"output_router_logits", false},
+                                                 {"router_aux_loss_coef", 0.001}};
+  for (const char* family : {"llama", "mistral", "qwen2", "qwen3"})
+    for (const auto& [key, value] : fields) {
+      SCOPED_TRACE(std::string(family) + " " + key);
+      json j = family_config(family);
+      j[key] = value;
+      expect_error_naming(j, std::string(key) + " is a mixture-of-experts field");
+    }
+}
+
+TEST(HfFamilies, DropoutAndOtherRefusals) {
+  json j = base_config();
+  j["attention_dropout"] = 0.0;
+  EXPECT_TRUE(lists(parse(j), "attention_dropout"));
+  j["attention_dropout"] = 0;
+  EXPECT_NO_THROW(parse(j));
+  for (const json& v : {json(0.1), json(1), json("0.0"), json(false)}) {
+    j["attention_dropout"] = v;
+    expect_error_naming(j, "attention_dropout");
+  }
+  j = base_config();
+  j["pretraining_tp"] = 1;
+  EXPECT_TRUE(lists(parse(j), "pretraining_tp"));
+  j["pretraining_tp"] = 2;
+  expect_error_naming(j, "pretraining_tp");
+  j = family_config("qwen2");
+  j["use_mrope"] = false;
+  EXPECT_TRUE(lists(parse(j), "use_mrope"));
+  j["use_mrope"] = true;
+  expect_error_naming(j, "use_mrope");
+  j = base_config();
+  j["quantization_config"] = {{"quant_method", "gptq"}};
+  expect_error_naming(j, "quantization_config");
+  j = base_config();
+  j["sliding_window"] = 4096;  // LlamaAttention has no window: not guessed
+  expect_error_naming(j, "sliding_window");
+  j = base_config();
+  j["model_type"] = "gemma";
+  expect_error_naming(j, "supported: llama, mistral, qwen2, qwen3");
+}
+
+TEST(HfFamilies, IgnoredAndUnrecognisedKeys) {
+  json j = base_config();
+  j["bos_token_id"] = 1;
+  j["initializer_range"] = 0.02;
+  j["use_cache"] = true;
+  j["flux_capacitor"] = 88;
+  const ModelConfig c = parse(j);
+  for (const char* k : {"architectures", "bos_token_id", "initializer_range", "use_cache",
+                        "torch_dtype", "flux_capacitor (unrecognised)"})
+    EXPECT_TRUE(lists(c, k)) << k;
+  for (const char* k :
+       {"vocab_size", "hidden_size", "rope_theta", "hidden_act", "model_type", "flux_capacitor"})
+    EXPECT_FALSE(lists(c, k)) << k;
+  EXPECT_EQ(c.ignored_fields.size(), 6u);
 }
 
 // ---------------------------------------------------------------- fuzz-style

@@ -1,7 +1,7 @@
 // Model and training-run configuration: LLaMA-family presets, HuggingFace config.json
 // loading, and validation. Dimension letters used project-wide:
 //   b batch, s sequence, h hidden, i intermediate (SwiGLU width), a heads, k kv heads,
-//   d head dim (h / a), L layers, V vocab, P parameters.
+//   d head dim (h / a unless config.json sets head_dim), L layers, V vocab, P parameters.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -41,7 +41,7 @@ struct ModelConfig {
   std::int64_t window_from_layer = 0;
   RopeScaling rope_scaling;  // rope_scaling of config.json (none or llama3)
   // config.json keys that were read and do not change a training step's computation or memory
-  // (listed by --explain).
+  // (listed by --explain); keys the loader does not know end in " (unrecognised)".
   std::vector<std::string> ignored_fields;
 
   std::int64_t head_dim() const {
@@ -54,11 +54,17 @@ struct ModelConfig {
     return sliding_window > 0 && layer >= window_from_layer ? sliding_window : 0;
   }
   RopeSpec rope() const { return RopeSpec{rope_theta, rope_scaling}; }
-  // Exact parameter count (checked arithmetic): embeddings, per layer q/k/v/o, gate/up/down,
-  // two RMSNorm weights, final norm, and lm_head unless tied.
+  // The family features that are on, one phrase each, for the reports' model description
+  // (e.g. "q/k/v biases", "sliding window 4096 from layer 28"); empty for a plain LLaMA.
+  std::vector<std::string> features() const;
+  // Exact parameter count (checked arithmetic): embeddings, per layer q_proj (a·d, h),
+  // k_proj and v_proj (k·d, h), o_proj (h, a·d) with d = head_dim(), their biases when
+  // qkv_bias (a·d + 2·k·d), q_norm and k_norm when qk_norm (2·d), gate/up/down, two RMSNorm
+  // weights, final norm, and lm_head unless tied.
   std::uint64_t param_count() const;
-  // Throws InputError naming the field: sizes > 0, heads | hidden, kv_heads | heads,
-  // sizes whose byte counts would overflow 64 bits.
+  // Throws InputError naming the field: sizes > 0, heads | hidden (only when head_dim is not
+  // explicit), kv_heads | heads, head_dim even, sliding_window >= 0, window_from_layer >= 0,
+  // rope_scaling's parameters in range, sizes whose byte counts would overflow 64 bits.
   void validate() const;
 };
 
@@ -80,12 +86,16 @@ struct TrainConfig {
 };
 
 // Presets: llama-7b, llama-13b, llama-33b, llama-65b, llama2-7b, llama2-13b, llama2-70b,
-// llama3-8b, and tiny ones for tests (tiny, tiny-gqa, tiny-tied, tiny-awkward).
+// llama3-8b, llama3.2-1b, mistral-7b, qwen2-7b, qwen2.5-0.5b, qwen2.5-7b, qwen3-0.6b,
+// qwen3-8b, and small ones for tests and benchmarks (tiny, tiny-gqa, tiny-tied, tiny-awkward,
+// tiny-mistral, tiny-qwen2, tiny-qwen3, tiny-llama3, small-256).
 std::vector<std::string> preset_names();
 std::optional<ModelConfig> find_preset(const std::string& name);
 
-// Parses a HuggingFace LLaMA-family config.json (text). Errors name the field. `source`
-// labels messages and becomes ModelConfig::name.
+// Parses a HuggingFace config.json (text) of model_type llama, mistral, qwen2 or qwen3
+// (docs/decisions.md, "Model families (issue 16)"). Errors name the field. `source` labels
+// messages and becomes ModelConfig::name. Keys that do not change a training step go to
+// ignored_fields; unknown keys too, marked " (unrecognised)", with a warning logged.
 ModelConfig parse_hf_config(const std::string& json_text, const std::string& source);
 ModelConfig load_hf_config(const std::string& path);
 

@@ -91,8 +91,18 @@ std::string csv_field(const std::string& s);
 
 // ---------------------------------------------------------------- JSON blocks
 // "model": {"name", "params", "layers", "hidden", "intermediate", "heads", "kv_heads", "vocab"}
-// (plus "tied_embeddings").
+// (plus "tied_embeddings"); for a model that departs from LLaMA (another family, or any of
+// ModelConfig::features()) also "family", "head_dim", "qkv_bias", "qk_norm", "sliding_window",
+// "window_from_layer", "rope_scaling" (null or {"rope_type": "llama3", ...}) and "features";
+// for a config.json with ignored keys, "ignored_fields".
 nlohmann::json model_json(const ModelConfig& m, std::uint64_t param_count);
+
+// The report header's line on the model's family: "model family qwen2: q/k/v biases; sliding
+// window 6 from layer 1". Empty for a plain LLaMA (so LLaMA reports are unchanged).
+std::string family_line(const ModelConfig& m);
+// --explain's line on config.json keys that change nothing ("config.json keys ignored (no
+// effect on a training step): ..."); empty when there are none (presets).
+std::string ignored_fields_line(const ModelConfig& m);
 // "run": {"batch", "seq", "dtype", "optimizer", "checkpointing", "attention", "backend",
 // "steps"}. `backend` empty and steps < 0 write null (estimate runs nothing).
 nlohmann::json run_json(const TrainConfig& t, const std::string& backend, int steps);

@@ -257,6 +257,8 @@ void write_compare(report::ReportWriter& w, const std::vector<Pair>& pairs,
   title << "trainmem compare: " << first.model.name << "  b=" << shown.batch << " s=" << shown.seq
         << " " << dtype_name(shown.dtype) << "  attention=" << attention_name(shown.attention);
   w.title(title.str());
+  if (const std::string family = report::family_line(first.model); !family.empty())
+    w.paragraph(family);
   w.banner(backend_line(first));
   if (!first.computes)
     w.paragraph(

@@ -258,17 +258,28 @@ std::string explanation_markdown(const Run& r) {
 
 // The CSV table: the figures in bytes, one row per (optimizer, checkpointing, profile); with
 // --explain instead the per-tensor list, one row per tensor.
-report::Table csv_table(const std::vector<Run>& runs, bool explain) {
-  if (!explain)
-    return report::memory_table_bytes({"optimizer", "checkpointing", "profile"}, [&] {
+// A model that departs from LLaMA adds two key columns, family and features ("; "-separated).
+report::Table csv_table(const ModelConfig& m, const std::vector<Run>& runs, bool explain) {
+  const bool family = !report::family_line(m).empty();
+  std::string features;
+  for (const auto& f : m.features()) features += (features.empty() ? "" : "; ") + f;
+  if (!explain) {
+    std::vector<std::string> keys = {"optimizer", "checkpointing", "profile"};
+    if (family) keys.insert(keys.end(), {"family", "features"});
+    return report::memory_table_bytes(keys, [&] {
       std::vector<report::MemoryRow> rows;
       for (const auto& r : runs)
-        for (const auto& e : r.estimates)
-          rows.push_back({{optimizer_name(r.train.optimizer),
-                           checkpointing_name(r.train.checkpointing), profile_name(e.profile)},
-                          e.figures});
+        for (const auto& e : r.estimates) {
+          report::MemoryRow row{
+              {optimizer_name(r.train.optimizer), checkpointing_name(r.train.checkpointing),
+               profile_name(e.profile)},
+              e.figures};
+          if (family) row.keys.insert(row.keys.end(), {m.family, features});
+          rows.push_back(std::move(row));
+        }
       return rows;
     }());
+  }
   report::Table t({{"checkpointing", report::Align::left},
                    {"profile", report::Align::left},
                    {"group", report::Align::left},
@@ -344,8 +355,11 @@ std::string per_layer_chart(const std::vector<Run>& runs) {
 void write_estimate(report::ReportWriter& w, const Common& c, const std::vector<Run>& runs,
                     bool explain, bool paper) {
   w.document([&] { return estimate_json(c, runs); });
-  w.csv_table(csv_table(runs, explain));
+  w.csv_table(csv_table(c.model, runs, explain));
   w.strong(title(c, runs));
+  // Mistral, Qwen and scaled-RoPE models: what departs from LLaMA (nothing for a LLaMA).
+  const std::string family = report::family_line(c.model);
+  if (!family.empty()) w.paragraph(family);
   w.blank();
   w.table(figures_table(runs));
   w.blank();
@@ -358,6 +372,11 @@ void write_estimate(report::ReportWriter& w, const Common& c, const std::vector<
     w.line(kPaperLegend);
   }
   if (!explain) return;
+  const std::string ignored = report::ignored_fields_line(c.model);
+  if (!ignored.empty()) {
+    w.blank();
+    w.paragraph(ignored);
+  }
   // Activation lists depend on the checkpointing mode, not on the optimizer: explain each
   // mode once (with the first optimizer's figures).
   for (const auto& r : runs)

@@ -210,6 +210,8 @@ int run_maxbatch(const MaxbatchFlags& flags) {
       "  checkpointing=" + checkpointing_name(c.train.checkpointing) +
       " attention=" + attention_name(c.train.attention));
   w->paragraph_break();
+  if (const std::string family = report::family_line(c.model); !family.empty())
+    w->paragraph(family);
   w->paragraph("budget " + q(budget.bytes) + " (" + budget.source + "); overhead " +
                q(overhead.bytes) + " (" + overhead.source + ")");
   w->banner("peaks: the meta backend's exact trace of the training step (" +

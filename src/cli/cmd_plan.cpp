@@ -281,6 +281,7 @@ void write_report(report::ReportWriter& w, const PlanResult& r) {
           str(o.gpus) + " GPUs × " + q(o.gpu_memory) + ", seq " + str(o.seq) + ", global batch " +
           str(o.global_batch) + ", " + dtype_name(o.dtype) + ", " + optimizers);
   w.paragraph_break();
+  if (const std::string family = report::family_line(r.model); !family.empty()) w.paragraph(family);
   w.paragraph("budget per GPU " + q(r.budget) + " = " + q(o.gpu_memory) + " × (1 − " +
               report::fixed(o.margin, 2) +
               " --margin); a layout fits when its worst rank's peak + overheads (CUDA context, "

@@ -404,6 +404,7 @@ void write_sweep(report::ReportWriter& w, const Common& c, const std::vector<Run
           optimizer_name(c.train.optimizer) +
           "  checkpointing=" + checkpointing_name(c.train.checkpointing) +
           " attention=" + attention_name(c.train.attention));
+  if (const std::string family = report::family_line(c.model); !family.empty()) w.paragraph(family);
   w.banner(backend_line(runs.front()));
   w.blank();
   w.table(runs_table(runs, several_models, u));

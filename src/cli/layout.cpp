@@ -318,6 +318,7 @@ void describe_layout(report::ReportWriter& w, const LayoutEstimate& le, ByteUnit
          dtype_name(t.dtype) + ", " + optimizer_name(t.optimizer) + ", checkpointing " +
          checkpointing_name(t.checkpointing) + ", " + attention_name(t.attention) +
          " attention; profile native (docs/distributed.md)");
+  if (const std::string family = report::family_line(le.model); !family.empty()) w.line(family);
   w.heading("Per rank at its peak (" + std::string(u.name) +
             "; ranks of one pipeline stage have identical books)");
   w.table(ranks_table(le, u, false));
@@ -490,6 +491,8 @@ int run_maxbatch_layout(const Common& c, const LayoutFlags& flags, std::uint64_t
   auto w = report::make_writer(c.format, stdout_colour(c.output));
   w->title("trainmem maxbatch per rank: " + c.model.name + ", " + std::to_string(par.world) +
            " GPUs: " + par.describe());
+  if (const std::string family = report::family_line(c.model); !family.empty())
+    w->paragraph(family);
   w->paragraph("budget per GPU " + format_bytes_with_unit(budget_bytes, u) + " (" + budget_source +
                "); overheads " + format_bytes_with_unit(over.total(), u) +
                " (CUDA context: " + over.cuda_context_source + "; NCCL: " + over.nccl_source + ")");

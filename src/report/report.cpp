@@ -184,16 +184,60 @@ std::string Table::csv() const {
 
 // ---------------------------------------------------------------- JSON blocks
 
+namespace {
+bool departs_from_llama(const ModelConfig& m) {
+  return m.family != "llama" || !m.features().empty();
+}
+std::string joined(const std::vector<std::string>& xs, const char* sep) {
+  std::string out;
+  for (const auto& x : xs) out += (out.empty() ? "" : sep) + x;
+  return out;
+}
+}  // namespace
+
 json model_json(const ModelConfig& m, std::uint64_t param_count) {
-  return json{{"name", m.name},
-              {"params", param_count},
-              {"layers", m.layers},
-              {"hidden", m.hidden},
-              {"intermediate", m.intermediate},
-              {"heads", m.heads},
-              {"kv_heads", m.kv_heads},
-              {"vocab", m.vocab},
-              {"tied_embeddings", m.tied_embeddings}};
+  json j{{"name", m.name},
+         {"params", param_count},
+         {"layers", m.layers},
+         {"hidden", m.hidden},
+         {"intermediate", m.intermediate},
+         {"heads", m.heads},
+         {"kv_heads", m.kv_heads},
+         {"vocab", m.vocab},
+         {"tied_embeddings", m.tied_embeddings}};
+  if (departs_from_llama(m)) {
+    j["family"] = m.family;
+    j["head_dim"] = m.head_dim();
+    j["qkv_bias"] = m.qkv_bias;
+    j["qk_norm"] = m.qk_norm;
+    j["sliding_window"] = m.sliding_window;
+    j["window_from_layer"] = m.window_from_layer;
+    if (m.rope_scaling.kind == RopeScalingKind::llama3)
+      j["rope_scaling"] =
+          json{{"rope_type", "llama3"},
+               {"factor", m.rope_scaling.factor},
+               {"low_freq_factor", m.rope_scaling.low_freq_factor},
+               {"high_freq_factor", m.rope_scaling.high_freq_factor},
+               {"original_max_position_embeddings", m.rope_scaling.original_max_positions}};
+    else
+      j["rope_scaling"] = nullptr;
+    j["features"] = m.features();
+  }
+  if (!m.ignored_fields.empty()) j["ignored_fields"] = m.ignored_fields;
+  return j;
+}
+
+std::string family_line(const ModelConfig& m) {
+  if (!departs_from_llama(m)) return "";
+  const auto f = m.features();
+  return "model family " + m.family + ": " +
+         (f.empty() ? std::string("LLaMA's layer (no departure on)") : joined(f, "; "));
+}
+
+std::string ignored_fields_line(const ModelConfig& m) {
+  if (m.ignored_fields.empty()) return "";
+  return "config.json keys ignored (no effect on a training step): " +
+         joined(m.ignored_fields, ", ");
 }
 
 json run_json(const TrainConfig& t, const std::string& backend, int steps) {

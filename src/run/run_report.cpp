@@ -272,6 +272,8 @@ void write_profile(report::ReportWriter& w, const RunResult& r) {
 
   w.title("trainmem profile: " + run_title(r.model, r.train));
   w.paragraph_break();
+  const std::string family = report::family_line(r.model);
+  if (!family.empty()) w.paragraph(family);
   w.banner(backend_line(r));
   w.detail(steps_line(r));
   const std::string losses = losses_text(r);
