@@ -10,6 +10,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 
 #include "comm_internal.hpp"
@@ -152,6 +153,7 @@ class NcclCollective final : public Collective {
     if (!aborted_ && comm_) ncclCommAbort(comm_);
     aborted_ = true;
     mpi_->abort_job(code);
+    std::_Exit(code);  // abort_job does not return
   }
 
  private:
