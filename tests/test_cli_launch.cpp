@@ -111,7 +111,7 @@ TEST(CliLaunch, WorldSizeAgainstTheMpiSizeSaysWhatToRun) {
 
 // Clears the launchers' variables for the test (as a plain shell would have them) and restores
 // them after.
-class NoLauncherEnv : public ::testing::Test {
+class CliLaunchEnv : public ::testing::Test {
  protected:
   void SetUp() override {
     for (const char* v : kVars)
@@ -126,7 +126,7 @@ class NoLauncherEnv : public ::testing::Test {
   std::map<std::string, std::string> saved_;
 };
 
-TEST_F(NoLauncherEnv, ProfileCpuOnSeveralRanksWithoutMpirunExits2WithTheLine) {
+TEST_F(CliLaunchEnv, ProfileCpuOnSeveralRanksWithoutMpirunExits2WithTheLine) {
   for (const std::string be : {"cpu", "cuda"}) {
     const auto r = run_trainmem({"profile", "--backend", be, "--model", "tiny", "--batch", "2",
                                  "--seq", "16", "--world-size", "2"});
@@ -149,7 +149,7 @@ TEST_F(NoLauncherEnv, ProfileCpuOnSeveralRanksWithoutMpirunExits2WithTheLine) {
   EXPECT_EQ(meta.code, 0) << meta.err;
 }
 
-TEST_F(NoLauncherEnv, CollectiveTimeoutMustBePositive) {
+TEST_F(CliLaunchEnv, CollectiveTimeoutMustBePositive) {
   const auto r = run_trainmem({"profile", "--backend", "cpu", "--model", "tiny", "--world-size",
                                "2", "--collective-timeout", "0"});
   EXPECT_EQ(r.code, 2) << r.err;
