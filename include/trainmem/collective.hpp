@@ -3,7 +3,8 @@
 //   - MPI (the cpu backend, host buffers): sums in a fixed order, bit-reproducible by design;
 //   - NCCL (the cuda backend, device buffers), bootstrapped over MPI, one GPU per local rank;
 //   - local (one rank, or the meta backend): no data moves.
-// Buffers hold `count` elements of a training dtype (f32, bf16, f16). Sums are done in fp32 and
+// Buffers hold `count` elements of a training dtype (f32, bf16, f16); every rank passes the
+// same counts, and a count of 0 returns at once (no synchronisation). Sums are done in fp32 and
 // rounded once to the dtype. Every call waits at most the collective timeout and then throws
 // CollectiveTimeout naming the collective, the rank and the wait, so a stuck peer becomes an
 // error instead of a hang.

@@ -90,12 +90,14 @@ class NcclCollective final : public Collective {
 
   void all_reduce_sum(void* buf, std::size_t count, DType t) override {
     comm::check_float_dtype(t, "all_reduce_sum");
+    if (count == 0) return;
     if (t == DType::f32) {
-      check(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
+      enqueue(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm_, stream_),
+              "ncclAllReduce");
     } else {
       float* w = work(count);
       comm::to_f32_async(buf, w, count, t, stream_);
-      check(ncclAllReduce(w, w, count, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
+      enqueue(ncclAllReduce(w, w, count, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
       comm::from_f32_async(w, buf, count, t, stream_);
     }
     finish("all_reduce_sum", count, t);
@@ -103,40 +105,45 @@ class NcclCollective final : public Collective {
 
   void reduce_scatter_sum(const void* send, void* recv, std::size_t n, DType t) override {
     comm::check_float_dtype(t, "reduce_scatter_sum");
+    if (n == 0) return;
     if (t == DType::f32) {
-      check(ncclReduceScatter(send, recv, n, ncclFloat32, ncclSum, comm_, stream_),
-            "ncclReduceScatter");
+      enqueue(ncclReduceScatter(send, recv, n, ncclFloat32, ncclSum, comm_, stream_),
+              "ncclReduceScatter");
     } else {
       const std::size_t total = static_cast<std::size_t>(size_) * n;
       float* w = work(total + n);
       comm::to_f32_async(send, w, total, t, stream_);
-      check(ncclReduceScatter(w, w + total, n, ncclFloat32, ncclSum, comm_, stream_),
-            "ncclReduceScatter");
+      enqueue(ncclReduceScatter(w, w + total, n, ncclFloat32, ncclSum, comm_, stream_),
+              "ncclReduceScatter");
       comm::from_f32_async(w + total, recv, n, t, stream_);
     }
     finish("reduce_scatter_sum", n, t);
   }
 
   void all_gather(const void* send, void* recv, std::size_t n, DType t) override {
-    check(ncclAllGather(send, recv, n, nccl_type(t), comm_, stream_), "ncclAllGather");
+    if (n == 0) return;
+    enqueue(ncclAllGather(send, recv, n, nccl_type(t), comm_, stream_), "ncclAllGather");
     finish("all_gather", n, t);
   }
 
   void broadcast(void* buf, std::size_t count, DType t, int root) override {
     check_peer(root, "broadcast", true);
-    check(ncclBroadcast(buf, buf, count, nccl_type(t), root, comm_, stream_), "ncclBroadcast");
+    if (count == 0) return;
+    enqueue(ncclBroadcast(buf, buf, count, nccl_type(t), root, comm_, stream_), "ncclBroadcast");
     finish("broadcast from rank " + std::to_string(root), count, t);
   }
 
   void send(const void* buf, std::size_t count, DType t, int peer) override {
     check_peer(peer, "send", false);
-    check(ncclSend(buf, count, nccl_type(t), peer, comm_, stream_), "ncclSend");
+    if (count == 0) return;
+    enqueue(ncclSend(buf, count, nccl_type(t), peer, comm_, stream_), "ncclSend");
     finish("send to rank " + std::to_string(peer), count, t);
   }
 
   void recv(void* buf, std::size_t count, DType t, int peer) override {
     check_peer(peer, "recv", false);
-    check(ncclRecv(buf, count, nccl_type(t), peer, comm_, stream_), "ncclRecv");
+    if (count == 0) return;
+    enqueue(ncclRecv(buf, count, nccl_type(t), peer, comm_, stream_), "ncclRecv");
     finish("recv from rank " + std::to_string(peer), count, t);
   }
 
@@ -215,10 +222,16 @@ class NcclCollective final : public Collective {
     }
   }
 
+  // An operation on the nonblocking communicator: checked, then waited for until NCCL has
+  // enqueued it on the stream (ncclInProgress until then), so that what follows on the stream
+  // (the conversion back to 16 bits) runs after it.
+  void enqueue(ncclResult_t r, const char* call) {
+    check(r, call);
+    wait_comm(call);
+  }
+
   void finish(const std::string& what, std::size_t n, DType t) {
-    const std::string desc = what + " (" + std::to_string(n) + " " + dtype_name(t) + ")";
-    wait_comm(desc);
-    wait_stream(desc);
+    wait_stream(what + " (" + std::to_string(n) + " " + dtype_name(t) + ")");
   }
 
   void check_peer(int peer, const char* what, bool self_ok) const {
