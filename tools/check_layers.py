@@ -29,6 +29,7 @@ LAYERS = {
     "ledger": ([H + "ledger.hpp", "src/ledger/"], ["base"]),
     "analytic": ([H + "analytic.hpp", H + "analytic_rank.hpp", H + "dist_refs.hpp",
                   H + "plan.hpp", "src/analytic/"], ["base"]),
+    "comm": ([H + "collective.hpp", "src/comm/"], ["base"]),
     "kernels": (["kernels/"], ["base"]),
     "backends": ([H + "backend.hpp", H + "device_allocator.hpp", H + "device_rules.hpp",
                   "src/backends/"], ["kernels", "ledger"]),
@@ -39,7 +40,7 @@ LAYERS = {
                 "src/report/"],
                ["analytic"]),
     "run": ([H + "run.hpp", H + "run_layout.hpp", H + "run_report.hpp", H + "reconcile.hpp", H + "timeline.hpp",
-             H + "fit.hpp", "src/run/"], ["model", "probes", "report"]),
+             H + "fit.hpp", "src/run/"], ["model", "probes", "report", "comm"]),
     "cli": ([H + "cli.hpp", "src/cli/", "tools/trainmem_main.cpp"], ["run"]),
 }
 

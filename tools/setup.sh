@@ -6,8 +6,10 @@
 set -euo pipefail
 
 # chromium: the browser tests of the HTML reports (tests/browser_test.py; they skip without it).
+# openmpi-bin, libopenmpi-dev: multi-rank runs (mpirun, the MPI collectives and their tests,
+# docs/distributed.md "Measured runs"); trainmem still builds without them (MPI is optional).
 packages=(cmake ninja-build g++ pkg-config libspdlog-dev libcli11-dev libgtest-dev
-          nlohmann-json3-dev libopenblas-dev chromium)
+          nlohmann-json3-dev libopenblas-dev chromium openmpi-bin libopenmpi-dev)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "setup.sh: dpkg-query not found; this script supports Debian/Ubuntu." >&2

@@ -10,6 +10,10 @@
 # whole suite runs with 2 threads; the cpu-backend suites run again with 1 and with 4 threads
 # (4 oversubscribes a 2-core machine on purpose). ThreadTeams.* compares the bits of whole
 # runs across 1, 2 and 4 threads.
+#
+# The multi-rank tests (ctest Mpi.*: tests/mpi_test.py) run in the first stage under
+# `mpirun --oversubscribe -np 2` and `-np 4`, one MPI job at a time; they skip, saying why, when
+# the build has no MPI or mpirun is absent (tools/setup.sh installs both).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source tools/build_common.sh

@@ -8,7 +8,9 @@
 
 #include <iostream>
 #include <map>
+#include <sstream>
 
+#include "launch.hpp"
 #include "trainmem/error.hpp"
 
 #ifndef TRAINMEM_VERSION
@@ -90,33 +92,49 @@ int run_cli_throwing(int argc, char** argv) {
 
 }  // namespace
 
-int run_guarded(const std::function<int()>& body) {
+namespace {
+
+// run_guarded, writing the message to `err`.
+int run_guarded_to(const std::function<int()>& body, std::ostream& err) {
   try {
     return body();
   } catch (const OutOfMemory& e) {
-    std::cerr << "trainmem: " << e.what() << "\n";
+    err << "trainmem: " << e.what() << "\n";
     return 3;
   } catch (const OverflowError& e) {
-    std::cerr << "trainmem: error: " << e.what()
-              << " (the sizes of this --model, --batch and --seq do not fit 64-bit byte "
-                 "counts; choose smaller values)\n";
+    err << "trainmem: error: " << e.what()
+        << " (the sizes of this --model, --batch and --seq do not fit 64-bit byte "
+           "counts; choose smaller values)\n";
     return 2;
   } catch (const InputError& e) {
-    std::cerr << "trainmem: error: " << e.what() << "\n";
+    err << "trainmem: error: " << e.what() << "\n";
     return 2;
   } catch (const CLI::Error& e) {  // a subcommand parsing something itself
-    std::cerr << "trainmem: error: " << e.what() << "\n";
+    err << "trainmem: error: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "trainmem: error: " << e.what() << "\n";
+    err << "trainmem: error: " << e.what() << "\n";
     return 1;
   } catch (...) {
-    std::cerr << "trainmem: error: unknown exception\n";
+    err << "trainmem: error: unknown exception\n";
     return 1;
   }
 }
 
+}  // namespace
+
+int run_guarded(const std::function<int()>& body) {
+  return run_guarded_to(body, std::cerr);
+}
+
+Outcome run_captured(const std::function<int()>& body) {
+  std::ostringstream err;
+  const int code = run_guarded_to(body, err);
+  return {code, err.str()};
+}
+
 int run_cli(int argc, char** argv) {
+  set_command_line(argc, argv);
   return run_guarded([&] {
     setup_logging();
     return run_cli_throwing(argc, argv);

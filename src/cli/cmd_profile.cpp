@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "cli.hpp"
+#include "launch.hpp"
 #include "layout.hpp"
 #include "trainmem/analytic.hpp"
 #include "trainmem/error.hpp"
@@ -24,16 +25,18 @@ struct ProfileFlags {
   CommonFlags common;
   RunFlags run;
   LayoutFlags layout;
+  LaunchFlags launch;
 };
 
 // --world-size above 1: each distinct rank traced on meta beside the per-rank analytic.
 int run_profile_layout(const Common& c, const ProfileFlags& flags, const ParallelConfig& par) {
   const std::string& be = flags.run.backend;
+  // cpu, cuda: one process per rank under MPI (src/cli/launch.hpp); exit 2 with the launcher
+  // line when not launched so, and, once the ranks are checked, exit 2 saying that the measured
+  // sharded step is not built yet.
+  if (be == "cpu" || be == "cuda") return run_measured_layout(be, par, flags.launch);
   if (be != "meta" && be != "auto")
-    throw InputError("--backend " + be +
-                     " with --world-size above 1: the measured multi-rank run (one process per "
-                     "rank under mpirun) is not built yet; --backend meta traces every rank's "
-                     "sharded step");
+    throw InputError("--backend " + be + " with --world-size above 1: use meta, cpu or cuda");
   if (be == "auto") spdlog::info("--world-size {}: tracing every rank on meta", par.world);
   if (!flags.run.timeline.empty() || !flags.run.dump.empty() || !flags.run.weights.empty() ||
       !flags.run.tokens.empty() || !flags.run.device_budget.empty())
@@ -85,6 +88,7 @@ Runner register_profile(CLI::App& app) {
   add_common_flags(*cmd, flags->common);
   add_run_flags(*cmd, flags->run, /*several_runs=*/false);
   add_layout_flags(*cmd, flags->layout);
+  add_launch_flags(*cmd, flags->launch);
   return [flags] { return run_profile(*flags); };
 }
 

@@ -1,0 +1,50 @@
+// Multi-rank launches of the measuring subcommands (docs/distributed.md, "Measured runs"): the
+// --collective-timeout flag, the checks that say what to run instead (exit 2), and the ranked
+// run that ends the whole job with one rank's message and exit code instead of a hang.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "cli.hpp"
+#include "trainmem/collective.hpp"
+#include "trainmem/parallel.hpp"
+
+namespace trainmem::cli {
+
+// The command line of this process (set by run_cli), shell-quoted, "trainmem" first: the
+// messages below repeat it with the launcher in front.
+void set_command_line(int argc, char** argv);
+std::string command_line();
+
+// What run_guarded would print and return, captured instead of printed (cli.cpp).
+struct Outcome {
+  int code = 0;
+  std::string message;
+};
+Outcome run_captured(const std::function<int()>& body);
+
+struct LaunchFlags {
+  double collective_timeout = kDefaultCollectiveTimeout;  // seconds
+};
+void add_launch_flags(CLI::App& cmd, LaunchFlags& flags);
+
+// Why a measured run of `world` ranks on `backend` cannot start in this process, as the message
+// of an exit 2 that says what to run instead; nullopt when it can (built with MPI, started by
+// an MPI launcher). `command` is this process's command line.
+std::optional<std::string> launch_problem(const LaunchInfo& launch, bool with_mpi,
+                                          std::int64_t world, const std::string& backend,
+                                          const std::string& command);
+// --world-size against the processes MPI started (nullopt when they agree).
+std::optional<std::string> world_size_problem(std::int64_t world, int mpi_size,
+                                              const std::string& command);
+
+// `profile --backend cpu|cuda --world-size N`: checks the launch (exit 2 with what to run
+// otherwise), starts MPI and the backend's collectives (NCCL on cuda), checks that every rank
+// is there, and ends the job through end_job. The measured sharded step is not built yet: once
+// the ranks are checked, every rank stops with exit 2 saying so.
+int run_measured_layout(const std::string& backend, const ParallelConfig& layout,
+                        const LaunchFlags& flags);
+
+}  // namespace trainmem::cli

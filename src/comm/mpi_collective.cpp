@@ -1,0 +1,328 @@
+// MpiCollective: the collectives on host buffers over MPI (built when MPI is found), every call
+// nonblocking and polled against the collective timeout. Sums are an all-to-all of the
+// contributions, added by each element's owner in rank order, then an all-gather of the owners'
+// results (include/trainmem/collective.hpp says why this is bit-reproducible).
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "comm_internal.hpp"
+#include "trainmem/collective.hpp"
+
+namespace trainmem {
+namespace {
+
+// Elements per MPI call: byte counts and displacements are ints in MPI, so buffers are moved in
+// segments of at most 2^28 elements (1 GiB of fp32).
+constexpr std::size_t kSegment = std::size_t{1} << 28;
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, static_cast<std::size_t>(len));
+}
+
+class MpiCollective final : public Collective {
+ public:
+  explicit MpiCollective(double timeout_s) : Collective(timeout_s) {
+    int initialised = 0;
+    MPI_Initialized(&initialised);
+    if (!initialised) {
+      int provided = 0;
+      // FUNNELED: only the main thread calls MPI (the cpu backend's OpenMP teams do not).
+      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+      owns_mpi_ = true;
+    }
+    // Errors come back as codes (and become exceptions naming the call), not MPI's default abort.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    // The data collectives and the end-of-job agreement each on a communicator of their own, so
+    // that neither can match the other (or a caller's MPI_COMM_WORLD traffic).
+    check(MPI_Comm_dup(MPI_COMM_WORLD, &data_), "MPI_Comm_dup");
+    check(MPI_Comm_dup(MPI_COMM_WORLD, &control_), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(data_, &rank_);
+    MPI_Comm_size(data_, &size_);
+    // The launcher's local rank when it says (it is what binds processes to cores and GPUs),
+    // else the rank among the processes that share this node's memory.
+    const LaunchInfo li = detect_launch();
+    if (li.local_rank >= 0) {
+      local_rank_ = li.local_rank;
+    } else {
+      MPI_Comm node;
+      check(MPI_Comm_split_type(data_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+            "MPI_Comm_split_type");
+      MPI_Comm_rank(node, &local_rank_);
+      MPI_Comm_free(&node);
+    }
+  }
+
+  ~MpiCollective() override {
+    if (aborted_) return;
+    MPI_Comm_free(&data_);
+    MPI_Comm_free(&control_);
+    int finalised = 0;
+    MPI_Finalized(&finalised);
+    if (owns_mpi_ && !finalised) MPI_Finalize();
+  }
+
+  const char* backend() const override { return "mpi"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+
+  void all_reduce_sum(void* buf, std::size_t count, DType t) override {
+    comm::check_float_dtype(t, "all_reduce_sum");
+    const std::size_t es = dtype_size(t);
+    auto* bytes = static_cast<unsigned char*>(buf);
+    for (std::size_t off = 0; off < count; off += kSegment) {
+      const std::size_t n = std::min(kSegment, count - off);
+      all_reduce_segment(bytes + off * es, n, t);
+    }
+  }
+
+  void reduce_scatter_sum(const void* send, void* recv, std::size_t recv_count, DType t) override {
+    comm::check_float_dtype(t, "reduce_scatter_sum");
+    const std::size_t es = dtype_size(t);
+    const auto* in = static_cast<const unsigned char*>(send);
+    auto* out = static_cast<unsigned char*>(recv);
+    for (std::size_t off = 0; off < recv_count; off += kSegment) {
+      const std::size_t n = std::min(kSegment, recv_count - off);
+      // Block r of this segment: elements [r·recv_count + off, + n) of send, for rank r.
+      std::vector<int> scounts(size_), sdispls(size_), rcounts(size_), rdispls(size_);
+      // Block r's piece of this segment goes to rank r. When the displacements in `send` do
+      // not fit an int, the pieces are packed side by side first.
+      const bool direct = fits_int(static_cast<std::size_t>(size_) * recv_count * es);
+      if (!direct) pack_.resize(static_cast<std::size_t>(size_) * n * es);
+      for (int r = 0; r < size_; ++r) {
+        const std::size_t ur = static_cast<std::size_t>(r);
+        if (!direct)
+          std::memcpy(pack_.data() + ur * n * es, in + (ur * recv_count + off) * es, n * es);
+        scounts[r] = rcounts[r] = static_cast<int>(n * es);
+        sdispls[r] = static_cast<int>(direct ? (ur * recv_count + off) * es : ur * n * es);
+        rdispls[r] = static_cast<int>(ur * n * es);
+      }
+      contrib_.resize(static_cast<std::size_t>(size_) * n * es);
+      MPI_Request req;
+      check(MPI_Ialltoallv(direct ? in : pack_.data(), scounts.data(), sdispls.data(), MPI_BYTE,
+                           contrib_.data(), rcounts.data(), rdispls.data(), MPI_BYTE, data_, &req),
+            "MPI_Ialltoallv (reduce_scatter_sum)");
+      wait(&req, "reduce_scatter_sum", n, t);
+      comm::sum_in_rank_order(contrib_.data(), size_, n, t, out + off * es);
+    }
+  }
+
+  void all_gather(const void* send, void* recv, std::size_t send_count, DType t) override {
+    comm::check_float_dtype(t, "all_gather");
+    const std::size_t es = dtype_size(t);
+    const auto* in = static_cast<const unsigned char*>(send);
+    auto* out = static_cast<unsigned char*>(recv);
+    // Rank r's piece lands at r·send_count; when those displacements do not fit an int, each
+    // segment is gathered side by side into a packed buffer and then placed.
+    const bool direct = fits_int(static_cast<std::size_t>(size_) * send_count * es);
+    const bool in_place = in == out + static_cast<std::size_t>(rank_) * send_count * es;
+    for (std::size_t off = 0; off < send_count; off += kSegment) {
+      const std::size_t n = std::min(kSegment, send_count - off);
+      std::vector<int> counts(size_, static_cast<int>(n * es)), displs(size_);
+      for (int r = 0; r < size_; ++r)
+        displs[r] = static_cast<int>(static_cast<std::size_t>(r) * (direct ? send_count : n) * es);
+      if (!direct) pack_.resize(static_cast<std::size_t>(size_) * n * es);
+      MPI_Request req;
+      check(MPI_Iallgatherv(direct && in_place ? MPI_IN_PLACE : in + off * es,
+                            static_cast<int>(n * es), MPI_BYTE,
+                            direct ? out + off * es : pack_.data(), counts.data(), displs.data(),
+                            MPI_BYTE, data_, &req),
+            "MPI_Iallgatherv (all_gather)");
+      wait(&req, "all_gather", n, t);
+      if (!direct)
+        for (int r = 0; r < size_; ++r)
+          std::memcpy(out + (static_cast<std::size_t>(r) * send_count + off) * es,
+                      pack_.data() + static_cast<std::size_t>(r) * n * es, n * es);
+    }
+  }
+
+  void broadcast(void* buf, std::size_t count, DType t, int root) override {
+    comm::check_float_dtype(t, "broadcast");
+    check_peer(root, "broadcast", true);
+    const std::size_t es = dtype_size(t);
+    auto* bytes = static_cast<unsigned char*>(buf);
+    for (std::size_t off = 0; off < count; off += kSegment) {
+      const std::size_t n = std::min(kSegment, count - off);
+      MPI_Request req;
+      check(MPI_Ibcast(bytes + off * es, static_cast<int>(n * es), MPI_BYTE, root, data_, &req),
+            "MPI_Ibcast (broadcast)");
+      wait(&req, "broadcast from rank " + std::to_string(root), n, t);
+    }
+  }
+
+  void send(const void* buf, std::size_t count, DType t, int peer) override {
+    check_peer(peer, "send", false);
+    const std::size_t es = dtype_size(t);
+    const auto* bytes = static_cast<const unsigned char*>(buf);
+    for (std::size_t off = 0; off < count; off += kSegment) {
+      const std::size_t n = std::min(kSegment, count - off);
+      MPI_Request req;
+      check(
+          MPI_Isend(bytes + off * es, static_cast<int>(n * es), MPI_BYTE, peer, kTag, data_, &req),
+          "MPI_Isend (send)");
+      wait(&req, "send to rank " + std::to_string(peer), n, t, peer);
+    }
+  }
+
+  void recv(void* buf, std::size_t count, DType t, int peer) override {
+    check_peer(peer, "recv", false);
+    const std::size_t es = dtype_size(t);
+    auto* bytes = static_cast<unsigned char*>(buf);
+    for (std::size_t off = 0; off < count; off += kSegment) {
+      const std::size_t n = std::min(kSegment, count - off);
+      MPI_Request req;
+      check(
+          MPI_Irecv(bytes + off * es, static_cast<int>(n * es), MPI_BYTE, peer, kTag, data_, &req),
+          "MPI_Irecv (recv)");
+      wait(&req, "recv from rank " + std::to_string(peer), n, t, peer);
+    }
+  }
+
+  void barrier() override {
+    MPI_Request req;
+    check(MPI_Ibarrier(data_, &req), "MPI_Ibarrier (barrier)");
+    wait_for(&req, "barrier", "for the other ranks to reach it");
+  }
+
+  std::optional<std::vector<int>> exchange_status(int status, double wait_s) override {
+    std::vector<int> all(static_cast<std::size_t>(size_), 0);
+    MPI_Request req;
+    if (MPI_Iallgather(&status, 1, MPI_INT, all.data(), 1, MPI_INT, control_, &req) != MPI_SUCCESS)
+      return std::nullopt;
+    if (poll(&req, wait_s) != MPI_SUCCESS) return std::nullopt;  // abort_job follows
+    return all;
+  }
+
+  [[noreturn]] void abort_job(int code) override {
+    aborted_ = true;
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);  // MPI_Abort does not return; in case it does
+  }
+
+ private:
+  static constexpr int kTag = 15;
+
+  static bool fits_int(std::size_t bytes) { return bytes <= std::size_t{2147483647}; }
+
+  void check(int code, const char* call) const {
+    if (code != MPI_SUCCESS)
+      throw Error(std::string(call) + " failed on " + comm::rank_of(rank_, size_) + ": " +
+                  mpi_error_text(code));
+  }
+
+  void check_peer(int peer, const char* what, bool self_ok) const {
+    if (peer < 0 || peer >= size_)
+      throw InputError(std::string(what) + ": rank " + std::to_string(peer) +
+                       " does not exist in a job of " + std::to_string(size_) + " ranks");
+    if (!self_ok && peer == rank_)
+      throw InputError(std::string(what) + ": " + comm::rank_of(rank_, size_) +
+                       " cannot send to or receive from itself");
+  }
+
+  // Waits for `req` at most `wait_s` seconds, driving MPI's progress: MPI_SUCCESS when it
+  // completed, -1 on the timeout, or MPI's error code. Spins briefly, then yields and sleeps
+  // (oversubscribed ranks share cores).
+  static int poll(MPI_Request* req, double wait_s) {
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    for (unsigned spin = 0;; ++spin) {
+      int done = 0;
+      const int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) return rc;
+      if (done) return MPI_SUCCESS;
+      if (std::chrono::duration<double>(clock::now() - start).count() > wait_s) return -1;
+      if (spin < 64)
+        continue;
+      else if (spin < 1024)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
+  void wait_for(MPI_Request* req, const std::string& what, const std::string& waiting_for) {
+    const auto start = std::chrono::steady_clock::now();
+    const int rc = poll(req, timeout_s_);
+    if (rc == MPI_SUCCESS) return;
+    if (rc != -1)
+      throw Error(what + " failed on " + comm::rank_of(rank_, size_) + ": " + mpi_error_text(rc));
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // The request cannot be cancelled (MPI has no cancel for collectives): the caller's error
+    // path ends the job (end_job -> MPI_Abort).
+    throw CollectiveTimeout(
+        comm::timeout_message(what + " timed out", rank_, size_, waited, timeout_s_, waiting_for));
+  }
+
+  void wait(MPI_Request* req, const std::string& what, std::size_t n, DType t, int peer = -1) {
+    const std::string desc = what + " (" + std::to_string(n) + " " + dtype_name(t) + ")";
+    wait_for(req, desc,
+             peer >= 0 ? "for rank " + std::to_string(peer) + ", which never matched it"
+                       : "for the other " + std::to_string(size_ - 1) +
+                             " rank(s); at least one never joined (stuck or failed)");
+  }
+
+  // One segment of all_reduce_sum: rank r owns elements [start_r, start_r + len_r) (the
+  // segment cut in size() near-equal pieces, the first n % size() one longer).
+  void all_reduce_segment(unsigned char* buf, std::size_t n, DType t) {
+    const std::size_t es = dtype_size(t);
+    const std::size_t base = n / static_cast<std::size_t>(size_);
+    const std::size_t rem = n % static_cast<std::size_t>(size_);
+    auto start = [&](int r) {
+      const auto ur = static_cast<std::size_t>(r);
+      return ur * base + std::min(ur, rem);
+    };
+    auto len = [&](int r) { return base + (static_cast<std::size_t>(r) < rem ? 1 : 0); };
+    const std::size_t mine = len(rank_);
+    std::vector<int> scounts(size_), sdispls(size_), rcounts(size_), rdispls(size_);
+    for (int r = 0; r < size_; ++r) {
+      scounts[r] = static_cast<int>(len(r) * es);
+      sdispls[r] = static_cast<int>(start(r) * es);
+      rcounts[r] = static_cast<int>(mine * es);
+      rdispls[r] = static_cast<int>(static_cast<std::size_t>(r) * mine * es);
+    }
+    contrib_.resize(static_cast<std::size_t>(size_) * mine * es);
+    MPI_Request req;
+    check(MPI_Ialltoallv(buf, scounts.data(), sdispls.data(), MPI_BYTE, contrib_.data(),
+                         rcounts.data(), rdispls.data(), MPI_BYTE, data_, &req),
+          "MPI_Ialltoallv (all_reduce_sum)");
+    wait(&req, "all_reduce_sum", n, t);
+    comm::sum_in_rank_order(contrib_.data(), size_, mine, t, buf + start(rank_) * es);
+    // Every owner's result to every rank, in place.
+    for (int r = 0; r < size_; ++r) {
+      rcounts[r] = scounts[r];
+      rdispls[r] = sdispls[r];
+    }
+    check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, buf, rcounts.data(), rdispls.data(), MPI_BYTE,
+                          data_, &req),
+          "MPI_Iallgatherv (all_reduce_sum)");
+    wait(&req, "all_reduce_sum", n, t);
+  }
+
+  MPI_Comm data_ = MPI_COMM_NULL, control_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1, local_rank_ = 0;
+  bool owns_mpi_ = false, aborted_ = false;
+  std::vector<unsigned char> contrib_, pack_;  // reused between calls
+};
+
+}  // namespace
+
+std::unique_ptr<Collective> make_mpi_collective(double timeout_s) {
+  if (!(timeout_s > 0))
+    throw InputError("--collective-timeout must be above 0 seconds, got " +
+                     std::to_string(timeout_s));
+  return std::make_unique<MpiCollective>(timeout_s);
+}
+
+}  // namespace trainmem

@@ -1,0 +1,181 @@
+// Multi-rank launches without a launcher (src/cli/launch.hpp, include/trainmem/collective.hpp):
+// the launch detection from the launchers' variables, the exit-2 messages that say what to run
+// instead (not under MPI, built without MPI, --world-size not the MPI size), and the local
+// collective and end_job on one rank. The runs under a real mpirun are tests/mpi_test.py's.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+#include <sstream>
+
+#include "cli/launch.hpp"
+#include "cli_in_process.hpp"
+#include "trainmem/collective.hpp"
+
+namespace trainmem::cli {
+namespace {
+
+using testing_in_process::contains;
+using testing_in_process::run_trainmem;
+
+LaunchInfo launch_from(const std::map<std::string, std::string>& vars) {
+  return detect_launch([&](const char* name) -> const char* {
+    const auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+}
+
+TEST(CliLaunch, DetectsEachLauncherFromItsVariables) {
+  EXPECT_FALSE(launch_from({}).under_mpi);
+  EXPECT_FALSE(launch_from({{"HOME", "/root"}}).under_mpi);
+
+  const auto ompi = launch_from({{"OMPI_COMM_WORLD_SIZE", "4"},
+                                 {"OMPI_COMM_WORLD_RANK", "2"},
+                                 {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}});
+  EXPECT_TRUE(ompi.under_mpi);
+  EXPECT_EQ(ompi.size, 4);
+  EXPECT_EQ(ompi.rank, 2);
+  EXPECT_EQ(ompi.local_rank, 1);
+  EXPECT_EQ(ompi.evidence, "OMPI_COMM_WORLD_SIZE=4");
+
+  const auto pmi = launch_from({{"PMI_SIZE", "8"}, {"PMI_RANK", "7"}, {"MPI_LOCALRANKID", "3"}});
+  EXPECT_TRUE(pmi.under_mpi);
+  EXPECT_EQ(pmi.size, 8);
+  EXPECT_EQ(pmi.rank, 7);
+  EXPECT_EQ(pmi.local_rank, 3);
+
+  const auto slurm =
+      launch_from({{"SLURM_NTASKS", "16"}, {"SLURM_PROCID", "5"}, {"SLURM_LOCALID", "1"}});
+  EXPECT_TRUE(slurm.under_mpi);
+  EXPECT_EQ(slurm.size, 16);
+  EXPECT_EQ(slurm.rank, 5);
+  EXPECT_EQ(slurm.local_rank, 1);
+
+  const auto pmix = launch_from({{"PMIX_RANK", "3"}});
+  EXPECT_TRUE(pmix.under_mpi);
+  EXPECT_EQ(pmix.rank, 3);
+  EXPECT_EQ(pmix.size, 1);  // PMIx says no size: MPI will
+  EXPECT_EQ(pmix.local_rank, -1);
+}
+
+TEST(CliLaunch, NotUnderMpiSaysTheMpirunAndSrunLinesAndThatTheStepIsNotBuilt) {
+  const std::string cmd = "trainmem profile --backend cpu --model tiny --world-size 4";
+  const auto msg = launch_problem(LaunchInfo{}, true, 4, "cpu", cmd);
+  ASSERT_TRUE(msg);
+  EXPECT_TRUE(contains(*msg, "--backend cpu --world-size 4: ")) << *msg;
+  EXPECT_TRUE(contains(*msg, "\n  mpirun -np 4 " + cmd + "\n")) << *msg;
+  EXPECT_TRUE(contains(*msg, "\n  srun -n 4 " + cmd + "\n")) << *msg;
+  EXPECT_TRUE(contains(*msg, "--allow-run-as-root")) << *msg;
+  EXPECT_TRUE(contains(*msg, "measured sharded step with real data is not built yet")) << *msg;
+  EXPECT_FALSE(contains(*msg, "built without MPI")) << *msg;
+}
+
+TEST(CliLaunch, BuiltWithoutMpiSaysSoEvenUnderALauncher) {
+  LaunchInfo under;
+  under.under_mpi = true;
+  under.size = 2;
+  for (const LaunchInfo& li : {LaunchInfo{}, under}) {
+    const auto msg = launch_problem(li, false, 2, "cuda", "trainmem profile --world-size 2");
+    ASSERT_TRUE(msg);
+    EXPECT_TRUE(contains(*msg,
+                         "--backend cuda --world-size 2: this trainmem was built without "
+                         "MPI"))
+        << *msg;
+    EXPECT_TRUE(contains(*msg, "tools/setup.sh")) << *msg;
+    EXPECT_TRUE(contains(*msg, "not built yet")) << *msg;
+  }
+}
+
+TEST(CliLaunch, UnderALauncherWithMpiTheLaunchCanStart) {
+  LaunchInfo under;
+  under.under_mpi = true;
+  under.size = 4;
+  EXPECT_FALSE(launch_problem(under, true, 4, "cpu", "trainmem"));
+}
+
+TEST(CliLaunch, WorldSizeAgainstTheMpiSizeSaysWhatToRun) {
+  EXPECT_FALSE(world_size_problem(4, 4, "trainmem"));
+  const auto msg =
+      world_size_problem(4, 2, "trainmem profile --world-size 4 --backend cpu --model tiny");
+  ASSERT_TRUE(msg);
+  EXPECT_TRUE(contains(*msg, "--world-size 4 but the MPI launcher started 2 process(es)")) << *msg;
+  EXPECT_TRUE(
+      contains(*msg, "`mpirun -np 4 trainmem profile --world-size 4 --backend cpu --model tiny`"))
+      << *msg;
+  EXPECT_TRUE(
+      contains(*msg, "`mpirun -np 2 trainmem profile --world-size 2 --backend cpu --model tiny`"))
+      << *msg;
+  EXPECT_TRUE(contains(*world_size_problem(2, 3, "trainmem profile --world-size=2"),
+                       "mpirun -np 3 trainmem profile --world-size=3"));
+}
+
+// Clears the launchers' variables for the test (as a plain shell would have them) and restores
+// them after.
+class CliLaunchEnv : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* v : kVars)
+      if (const char* s = std::getenv(v)) saved_[v] = s;
+    for (const char* v : kVars) unsetenv(v);
+  }
+  void TearDown() override {
+    for (const auto& [k, v] : saved_) setenv(k.c_str(), v.c_str(), 1);
+  }
+  static constexpr const char* kVars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
+                                          "SLURM_NTASKS"};
+  std::map<std::string, std::string> saved_;
+};
+
+TEST_F(CliLaunchEnv, ProfileCpuOnSeveralRanksWithoutMpirunExits2WithTheLine) {
+  for (const std::string be : {"cpu", "cuda"}) {
+    const auto r = run_trainmem({"profile", "--backend", be, "--model", "tiny", "--batch", "2",
+                                 "--seq", "16", "--world-size", "2"});
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_TRUE(contains(r.err, "trainmem: error: --backend " + be + " --world-size 2: ")) << r.err;
+    EXPECT_TRUE(contains(r.err, "not built yet")) << r.err;
+    if (mpi_built()) {
+      EXPECT_TRUE(contains(r.err, "mpirun -np 2 trainmem profile --backend " + be +
+                                      " --model tiny --batch 2 --seq 16 --world-size 2"))
+          << r.err;
+      EXPECT_TRUE(contains(r.err, "srun -n 2 trainmem profile")) << r.err;
+    } else {
+      EXPECT_TRUE(contains(r.err, "built without MPI")) << r.err;
+    }
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+  // meta needs no launcher: every rank traced in this process.
+  const auto meta = run_trainmem({"profile", "--backend", "meta", "--model", "tiny", "--batch", "2",
+                                  "--seq", "16", "--world-size", "2"});
+  EXPECT_EQ(meta.code, 0) << meta.err;
+}
+
+TEST_F(CliLaunchEnv, CollectiveTimeoutMustBePositive) {
+  const auto r = run_trainmem({"profile", "--backend", "cpu", "--model", "tiny", "--world-size",
+                               "2", "--collective-timeout", "0"});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "--collective-timeout")) << r.err;
+}
+
+TEST(CliLaunch, LocalCollectiveMovesNothingAndEndJobKeepsTheStatus) {
+  auto c = make_local_collective();
+  EXPECT_EQ(c->size(), 1);
+  EXPECT_EQ(c->rank(), 0);
+  float x[3] = {1.5f, -2.0f, 3.25f};
+  c->all_reduce_sum(x, 3, DType::f32);
+  EXPECT_EQ(x[0], 1.5f);
+  EXPECT_EQ(x[2], 3.25f);
+  float y[3] = {};
+  c->all_gather(x, y, 3, DType::f32);
+  EXPECT_EQ(y[1], -2.0f);
+  EXPECT_THROW(c->send(x, 1, DType::f32, 0), InputError);
+  EXPECT_THROW(c->broadcast(x, 1, DType::f32, 1), InputError);
+  std::ostringstream err;
+  EXPECT_EQ(end_job(*c, 2, "trainmem: error: bad input", err), 2);
+  EXPECT_EQ(err.str(), "trainmem: error: bad input\n");  // one rank: no rank prefix
+  std::ostringstream quiet;
+  EXPECT_EQ(end_job(*c, 0, "", quiet), 0);
+  EXPECT_EQ(quiet.str(), "");
+}
+
+}  // namespace
+}  // namespace trainmem::cli
