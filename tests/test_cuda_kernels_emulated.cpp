@@ -351,26 +351,32 @@ TEST(CudaKernelsEmulated, RmsNormForwardAndBackward) {
 
 // ---------------------------------------------------------------- rope
 
+// Without scaling and under Llama 3.1's llama3 scaling at original 64 (d 12, theta 10000: the
+// six pairs' wavelengths 6.3, 29, 135, ... 13500 fall in all three bands, < 16, 16..64, > 64).
 template <class S>
 void check_rope() {
   std::mt19937 rng(3);
   const std::int64_t b = 2, s = 9, a = 4, kv = 2, d = 12;
-  for (float sign : {1.0f, -1.0f}) {
-    auto q_want = random_storage<S>(std::size_t(b * s * a * d), rng);
-    auto k_want = random_storage<S>(std::size_t(b * s * kv * d), rng);
-    auto q_got = q_want, k_got = k_want;
-    if (sign > 0) {
-      rope_forward_cpu(q_want.data(), k_want.data(), b, s, a, kv, d, 10000.0, S::dtype);
-    } else {
-      rope_backward_cpu(q_want.data(), k_want.data(), b, s, a, kv, d, 10000.0, S::dtype);
+  RopeSpec scaled{10000.0, {}};
+  scaled.scaling = {RopeScalingKind::llama3, 8.0, 1.0, 4.0, 64};
+  for (const RopeSpec& spec : {RopeSpec{10000.0, {}}, scaled})
+    for (float sign : {1.0f, -1.0f}) {
+      auto q_want = random_storage<S>(std::size_t(b * s * a * d), rng);
+      auto k_want = random_storage<S>(std::size_t(b * s * kv * d), rng);
+      auto q_got = q_want, k_got = k_want;
+      if (sign > 0) {
+        rope_forward_cpu(q_want.data(), k_want.data(), b, s, a, kv, d, spec, S::dtype);
+      } else {
+        rope_backward_cpu(q_want.data(), k_want.data(), b, s, a, kv, d, spec, S::dtype);
+      }
+      const RopeFreqParams freq = rope_freq_params(spec);
+      launch(dim3(2), dim3(64), 0, rope_kernel<S>, static_cast<void*>(q_got.data()),
+             b * s * a * (d / 2), s, a, d, freq, sign);
+      launch(dim3(2), dim3(64), 0, rope_kernel<S>, static_cast<void*>(k_got.data()),
+             b * s * kv * (d / 2), s, kv, d, freq, sign);
+      expect_close(to_f32<S>(q_got), to_f32<S>(q_want), tol16<S>() * 2, "rope q");
+      expect_close(to_f32<S>(k_got), to_f32<S>(k_want), tol16<S>() * 2, "rope k");
     }
-    launch(dim3(2), dim3(64), 0, rope_kernel<S>, static_cast<void*>(q_got.data()),
-           b * s * a * (d / 2), s, a, d, 10000.0f, sign);
-    launch(dim3(2), dim3(64), 0, rope_kernel<S>, static_cast<void*>(k_got.data()),
-           b * s * kv * (d / 2), s, kv, d, 10000.0f, sign);
-    expect_close(to_f32<S>(q_got), to_f32<S>(q_want), tol16<S>() * 2, "rope q");
-    expect_close(to_f32<S>(k_got), to_f32<S>(k_want), tol16<S>() * 2, "rope k");
-  }
 }
 TEST(CudaKernelsEmulated, RopeForwardAndBackward) {
   check_rope<F32>();
@@ -584,7 +590,7 @@ void check_flash(const AttnDims& dims) {
   std::vector<typename S::raw> out_w(nq), out_g(nq);
   std::vector<float> lse_w(nl), lse_g(nl, NAN);
   attention_flash_forward_cpu(out_w.data(), lse_w.data(), q.data(), k.data(), v.data(), b, s, a, kv,
-                              d, S::dtype);
+                              d, 0, S::dtype);
   launch_shape(flash_forward_launch(b, a, s, d_int, "test"), flash_forward_kernel<S, DMAX>,
                static_cast<void*>(out_g.data()), lse_g.data(), static_cast<const void*>(q.data()),
                static_cast<const void*>(k.data()), static_cast<const void*>(v.data()), s, a, kv,
@@ -597,7 +603,7 @@ void check_flash(const AttnDims& dims) {
   std::vector<float> delta_w(nl), delta_g(nl, NAN);
   attention_flash_backward_cpu(dq_w.data(), dk_w.data(), dv_w.data(), delta_w.data(), dout.data(),
                                q.data(), k.data(), v.data(), out_w.data(), lse_w.data(), b, s, a,
-                               kv, d, S::dtype);
+                               kv, d, 0, S::dtype);
   std::vector<typename S::raw> dq_g(nq), dk_g(nkv), dv_g(nkv);
   for (auto* buf : {&dq_g, &dk_g, &dv_g})
     for (std::size_t i = 0; i < buf->size(); ++i) S::store(buf->data(), i, NAN);
