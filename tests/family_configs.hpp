@@ -81,6 +81,21 @@ inline ModelConfig family_big(const std::string& name) {
     c.tied_embeddings = true;
     c.rms_eps = 1e-6;
     c.rope_theta = 1e6;
+  } else if (name == "qwen3-narrow-mlp") {
+    // Synthetic: wide heads (a·d = 128 > h = 48) and a narrow MLP (i = 16), so that the q/k
+    // norm backward's buffers (step 7) are the workspace peak.
+    c.family = "qwen3";
+    c.vocab = 64;
+    c.hidden = 48;
+    c.intermediate = 16;
+    c.heads = 4;
+    c.kv_heads = 4;
+    c.explicit_head_dim = 32;
+    c.qk_norm = true;
+    c.qkv_bias = true;
+    c.max_positions = 256;
+    c.rms_eps = 1e-6;
+    c.rope_theta = 1e6;
   } else if (name == "qwen2-7b-2l") {
     c.family = "qwen2";
     c.vocab = 152064;

@@ -251,7 +251,10 @@ TEST_P(FamilyGradients, MatchFiniteDifferencesForEveryTensor) {
       ASSERT_GT(norm, 0.0) << p.name << ": zero gradient";
       std::vector<double> rnd(gp.size());
       double rn = 0;
-      for (auto& x : rnd) rn += (x = n01(gen)) * x;
+      for (auto& x : rnd) {
+        x = n01(gen);
+        rn += x * x;
+      }
       rn = std::sqrt(rn);
       for (int dir = 0; dir < 2; ++dir) {
         std::vector<double> u(gp.size());

@@ -114,7 +114,8 @@ TEST(ShardedTrace, EqualsTheAnalyticProfilePerRankOverTheGrid) {
 // Qwen3's q_pre/k_pre/q_rstd/k_rstd and its step-7 buffers, a decoupled head dim.
 TEST(ShardedTrace, FamiliesOverTheGrid) {
   int checked = 0;
-  for (const char* model : {"tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-llama3"})
+  for (const char* model :
+       {"tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-llama3", "qwen3-narrow-mlp"})
     for (std::int64_t tp : {1, 2})
       for (std::int64_t pp : {1, 2})
         for (std::int64_t dp : {1, 2})
@@ -131,7 +132,7 @@ TEST(ShardedTrace, FamiliesOverTheGrid) {
   const Case big[] = {
       {"qwen3-0.6b-2l", 2, 2, 1, 3, true, 1, Checkpointing::full, Attention::flash,
        Optimizer::adamw, DType::bf16, Offload::none, 1, false, kDefaultReduceBucket, 1, 256},
-      {"qwen2-7b-2l", 1, 2, 2, 1, false, 4, Checkpointing::none, Attention::eager, Optimizer::sgd,
+      {"qwen2-7b-2l", 2, 2, 2, 1, false, 4, Checkpointing::none, Attention::eager, Optimizer::sgd,
        DType::bf16, Offload::none, 1, false, kDefaultReduceBucket, 1, 128},
       {"mistral-7b-2l", 4, 1, 1, 2, false, 1, Checkpointing::none, Attention::flash,
        Optimizer::adamw, DType::f16, Offload::optimizer, 1, true, 100, 2, 128},
