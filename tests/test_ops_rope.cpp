@@ -223,6 +223,13 @@ TEST(OpsRope, Llama3InvFreqMatchesDoubleReference) {
   EXPECT_NEAR(llama3_inv_freq_ref(40, 128, 500000.0, llama31_scaling()),
               std::pow(500000.0, -80.0 / 128.0) / 8.0, 1e-18);
   EXPECT_NEAR(std::pow(500000.0, -80.0 / 128.0), 2.7425e-4, 1e-8);
+  // j = 30: inv_freq 2.1311e-3, wavelength 2948.3 between 2048 and 8192, smooth 0.5928, scaled
+  // by 0.6437 to 1.3719e-3; j = 28 (wavelength 1956.5 < 2048) unchanged.
+  EXPECT_NEAR(llama3_inv_freq_ref(30, 128, 500000.0, llama31_scaling()), 1.3719e-3, 1e-7);
+  EXPECT_NEAR(
+      rope_scaled_inv_freq(30, 128, rope_freq_params(RopeSpec{500000.0, llama31_scaling()})),
+      1.3719e-3, 1e-7);
+  EXPECT_NEAR(llama3_inv_freq_ref(28, 128, 500000.0, llama31_scaling()), 3.2114e-3, 1e-7);
 }
 
 TEST(OpsRope, ScalingNoneIsTheIdentity) {
