@@ -3,11 +3,11 @@
 // kLayerActs is the model's side of the plan for one layer: what the forward allocates, in
 // which order, with which names, shapes, dtypes and categories; which attention variant and
 // which models (ForModel: Qwen3's q/k norm rows) allocate it; what checkpointing does with it;
-// and which step of the layer's backward frees it. LlamaModel's layer forward allocates exactly these rows in this order (it says only up to
-// which row it needs tensors before each op), the checkpointing free and the recompute are
-// loops over it, the backward frees follow kBackwardFreeOrder, and layer_activation_plan()
-// lists it for a configuration. So the forward, the free lists and a listing cannot drift
-// apart.
+// and which step of the layer's backward frees it. LlamaModel's layer forward allocates exactly
+// these rows in this order (it says only up to which row it needs tensors before each op), the
+// checkpointing free and the recompute are loops over it, the backward frees follow
+// kBackwardFreeOrder, and layer_activation_plan() lists it for a configuration. So the forward, the
+// free lists and a listing cannot drift apart.
 //
 // The analytic `native` profile (src/analytic*) does not read this table: it is written from
 // docs/native-plan.md on its own, and the tests comparing it with the ledger are a real check.
