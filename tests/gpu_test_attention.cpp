@@ -19,10 +19,11 @@ namespace {
 struct AttnShape {
   std::int64_t b, s, a, kv, d;
   const char* name;
+  std::int64_t window = 0;  // sliding window (0: full causal)
 };
 void PrintTo(const AttnShape& shape, std::ostream* os) {
   *os << shape.name << " b=" << shape.b << " s=" << shape.s << " a=" << shape.a
-      << " kv=" << shape.kv << " d=" << shape.d;
+      << " kv=" << shape.kv << " d=" << shape.d << " window=" << shape.window;
 }
 
 using AttnParam = std::tuple<DType, Attention, AttnShape>;
@@ -34,7 +35,7 @@ class AttentionGpu : public ::testing::TestWithParam<AttnParam> {
     std::tie(dt, variant, shape) = GetParam();
     cpu = make_cpu_backend(dt);
     gpu = &cuda_backend(dt);
-    const auto [b, s, a, kv, d, name] = shape;
+    const auto [b, s, a, kv, d, name, window] = shape;
     nq = b * s * a * d;
     nkv = b * s * kv * d;
     np = b * a * s * s;
@@ -63,12 +64,12 @@ class AttentionGpu : public ::testing::TestWithParam<AttnParam> {
 };
 
 TEST_P(AttentionGpu, ForwardMatchesCpu) {
-  const auto [b, s, a, kv, d, name] = shape;
+  const auto [b, s, a, kv, d, name, window] = shape;
   HostBuf out(dt, nq), probs(dt, eager() ? np : 1);
   std::vector<float> lse(static_cast<std::size_t>(nl));
   cpu->attention_forward(out.data(), eager() ? probs.data() : nullptr,
                          eager() ? nullptr : lse.data(), q.data(), k.data(), v.data(), b, s, a, kv,
-                         d, 0, variant);
+                         d, window, variant);
   DevBuf d_q(*gpu, q), d_k(*gpu, k), d_v(*gpu, v), d_out(*gpu, out.bytes());
   DevBuf d_probs(*gpu, eager() ? probs.bytes() : 1), d_lse(*gpu, nl * 4);
   // Garbage in the outputs: every element must be written.
@@ -77,7 +78,7 @@ TEST_P(AttentionGpu, ForwardMatchesCpu) {
   gpu->upload(d_probs.get(), nan_probs.data(), nan_probs.bytes());
   gpu->attention_forward(d_out.get(), eager() ? d_probs.get() : nullptr,
                          eager() ? nullptr : d_lse.as<float>(), d_q.get(), d_k.get(), d_v.get(), b,
-                         s, a, kv, d, 0, variant);
+                         s, a, kv, d, window, variant);
   if (eager()) {
     EXPECT_TRUE(
         all_close("attention probs", d_probs.f32(dt, np), probs.to_f32(), tol(), {b, a, s, s}));
@@ -90,20 +91,20 @@ TEST_P(AttentionGpu, ForwardMatchesCpu) {
 }
 
 TEST_P(AttentionGpu, BackwardMatchesCpu) {
-  const auto [b, s, a, kv, d, name] = shape;
+  const auto [b, s, a, kv, d, name, window] = shape;
   // The forward results both backends get: the CPU's.
   HostBuf out(dt, nq), probs(dt, eager() ? np : 1);
   std::vector<float> lse(static_cast<std::size_t>(nl));
   cpu->attention_forward(out.data(), eager() ? probs.data() : nullptr,
                          eager() ? nullptr : lse.data(), q.data(), k.data(), v.data(), b, s, a, kv,
-                         d, 0, variant);
+                         d, window, variant);
   const HostBuf dout = random_buf(dt, nq, rng);
   HostBuf dq(dt, nq), dk(dt, nkv), dv(dt, nkv), dprobs(dt, eager() ? np : 1);
   std::vector<float> delta(static_cast<std::size_t>(nl));
   cpu->attention_backward(dq.data(), dk.data(), dv.data(), eager() ? dprobs.data() : nullptr,
                           eager() ? nullptr : delta.data(), dout.data(), q.data(), k.data(),
                           v.data(), out.data(), eager() ? probs.data() : nullptr,
-                          eager() ? nullptr : lse.data(), b, s, a, kv, d, 0, variant);
+                          eager() ? nullptr : lse.data(), b, s, a, kv, d, window, variant);
 
   DevBuf d_q(*gpu, q), d_k(*gpu, k), d_v(*gpu, v), d_out(*gpu, out), d_dout(*gpu, dout);
   DevBuf d_probs(*gpu, probs), d_lse(*gpu, nl * 4), d_delta(*gpu, nl * 4);
@@ -117,7 +118,7 @@ TEST_P(AttentionGpu, BackwardMatchesCpu) {
   gpu->attention_backward(d_dq.get(), d_dk.get(), d_dv.get(), eager() ? d_dprobs.get() : nullptr,
                           eager() ? nullptr : d_delta.as<float>(), d_dout.get(), d_q.get(),
                           d_k.get(), d_v.get(), d_out.get(), eager() ? d_probs.get() : nullptr,
-                          eager() ? nullptr : d_lse.as<float>(), b, s, a, kv, d, 0, variant);
+                          eager() ? nullptr : d_lse.as<float>(), b, s, a, kv, d, window, variant);
   if (!eager()) {
     EXPECT_TRUE(all_close("attention delta", d_delta.f32(DType::f32, nl), delta,
                           tolerance(DType::f32, 20), {b, a, s}));
@@ -129,12 +130,14 @@ TEST_P(AttentionGpu, BackwardMatchesCpu) {
 }
 
 // Flash and eager on the GPU agree with each other in fp32 (a direct check of the tiled
-// online softmax against the materialised one, independent of the CPU).
-TEST(AttentionGpuCross, FlashAndEagerAgreeInFp32) {
+// online softmax against the materialised one, independent of the CPU), without a window and
+// with one that cuts the key tiles.
+class AttentionGpuCross : public ::testing::TestWithParam<std::int64_t> {};
+TEST_P(AttentionGpuCross, FlashAndEagerAgreeInFp32) {
   require_cuda_device();
   Backend& gpu = cuda_backend(DType::f32);
   std::mt19937 rng(5);
-  const std::int64_t b = 2, s = 173, a = 8, kv = 2, d = 64;
+  const std::int64_t b = 2, s = 173, a = 8, kv = 2, d = 64, window = GetParam();
   const std::int64_t nq = b * s * a * d, nkv = b * s * kv * d;
   const HostBuf q = random_buf(DType::f32, nq, rng, -2, 2), k = random_buf(DType::f32, nkv, rng),
                 v = random_buf(DType::f32, nkv, rng), dout = random_buf(DType::f32, nq, rng);
@@ -142,9 +145,9 @@ TEST(AttentionGpuCross, FlashAndEagerAgreeInFp32) {
   DevBuf e_out(gpu, nq * 4), f_out(gpu, nq * 4), probs(gpu, b * a * s * s * 4),
       dprobs(gpu, b * a * s * s * 4), lse(gpu, b * a * s * 4), delta(gpu, b * a * s * 4);
   gpu.attention_forward(e_out.get(), probs.get(), nullptr, d_q.get(), d_k.get(), d_v.get(), b, s, a,
-                        kv, d, 0, Attention::eager);
+                        kv, d, window, Attention::eager);
   gpu.attention_forward(f_out.get(), nullptr, lse.as<float>(), d_q.get(), d_k.get(), d_v.get(), b,
-                        s, a, kv, d, 0, Attention::flash);
+                        s, a, kv, d, window, Attention::flash);
   const auto eager_out = e_out.f32(DType::f32, nq);
   EXPECT_TRUE(all_close("flash vs eager out", f_out.f32(DType::f32, nq), eager_out,
                         tolerance(DType::f32, 20)));
@@ -152,10 +155,10 @@ TEST(AttentionGpuCross, FlashAndEagerAgreeInFp32) {
   DevBuf f_dq(gpu, nq * 4), f_dk(gpu, nkv * 4), f_dv(gpu, nkv * 4);
   gpu.attention_backward(e_dq.get(), e_dk.get(), e_dv.get(), dprobs.get(), nullptr, d_dout.get(),
                          d_q.get(), d_k.get(), d_v.get(), e_out.get(), probs.get(), nullptr, b, s,
-                         a, kv, d, 0, Attention::eager);
+                         a, kv, d, window, Attention::eager);
   gpu.attention_backward(f_dq.get(), f_dk.get(), f_dv.get(), nullptr, delta.as<float>(),
                          d_dout.get(), d_q.get(), d_k.get(), d_v.get(), f_out.get(), nullptr,
-                         lse.as<float>(), b, s, a, kv, d, 0, Attention::flash);
+                         lse.as<float>(), b, s, a, kv, d, window, Attention::flash);
   EXPECT_TRUE(all_close("flash vs eager dq", f_dq.f32(DType::f32, nq), e_dq.f32(DType::f32, nq),
                         tolerance(DType::f32, 40)));
   EXPECT_TRUE(all_close("flash vs eager dk", f_dk.f32(DType::f32, nkv), e_dk.f32(DType::f32, nkv),
@@ -163,6 +166,10 @@ TEST(AttentionGpuCross, FlashAndEagerAgreeInFp32) {
   EXPECT_TRUE(all_close("flash vs eager dv", f_dv.f32(DType::f32, nkv), e_dv.f32(DType::f32, nkv),
                         tolerance(DType::f32, 40)));
 }
+INSTANTIATE_TEST_SUITE_P(Windows, AttentionGpuCross, ::testing::Values(0, 1, 45, 100),
+                         [](const ::testing::TestParamInfo<std::int64_t>& info) {
+                           return "window" + std::to_string(info.param);
+                         });
 
 TEST(AttentionGpuErrors, FlashRejectsHeadDimAbove256AndBadGroups) {
   require_cuda_device();
@@ -192,6 +199,13 @@ const AttnShape kShapes[] = {
     {1, 65, 2, 2, 256, "hd256"},             // the largest flash head dim (opt-in smem)
     {1, 512, 32, 32, 128, "llama7b_heads"},  // LLaMA-7B's attention at seq 512, one row
     {1, 1024, 32, 8, 128, "llama3_gqa"},     // LLaMA-3-8B-like GQA at seq 1024
+    // Sliding windows: 1 (self only), cutting the flash tiles (16-row blocks, 32-key tiles),
+    // past s, and Mistral-7B's heads with a window of a quarter of s.
+    {2, 71, 6, 2, 40, "awkward_gqa_window1", 1},
+    {2, 130, 4, 4, 64, "mha_hd64_window45", 45},
+    {3, 33, 4, 1, 17, "mqa_odd_hd_window7", 7},
+    {1, 65, 2, 2, 256, "hd256_window100", 100},
+    {1, 1024, 32, 8, 128, "mistral_window256", 256},
 };
 
 INSTANTIATE_TEST_SUITE_P(Ops, AttentionGpu,

@@ -320,23 +320,29 @@ void PrintTo(const HeadsShape& shape, std::ostream* os) {
 }
 class RopeGpu : public OpTest<HeadsShape> {};
 
+// Without scaling and with Llama 3.1's llama3 scaling (factor 8, low 1, high 4, original 8192).
 TEST_P(RopeGpu, ForwardAndBackwardMatchCpuInPlace) {
   const auto [b, s, a, kv, d, theta, name] = shape;
   const std::int64_t nq = b * s * a * d, nk = b * s * kv * d;
-  for (bool forward : {true, false}) {
-    SCOPED_TRACE(forward ? "forward" : "backward");
-    HostBuf q = random_buf(dt, nq, rng), k = random_buf(dt, nk, rng);
-    DevBuf d_q(*gpu, q), d_k(*gpu, k);
-    if (forward) {
-      cpu->rope_forward(q.data(), k.data(), b, s, a, kv, d, RopeSpec{theta, {}});
-      gpu->rope_forward(d_q.get(), d_k.get(), b, s, a, kv, d, RopeSpec{theta, {}});
-    } else {
-      cpu->rope_backward(q.data(), k.data(), b, s, a, kv, d, RopeSpec{theta, {}});
-      gpu->rope_backward(d_q.get(), d_k.get(), b, s, a, kv, d, RopeSpec{theta, {}});
+  RopeSpec scaled{theta, {}};
+  scaled.scaling = {RopeScalingKind::llama3, 8.0, 1.0, 4.0, 8192};
+  for (const RopeSpec& spec : {RopeSpec{theta, {}}, scaled})
+    for (bool forward : {true, false}) {
+      SCOPED_TRACE(std::string(forward ? "forward" : "backward") +
+                   (spec.scaling.kind == RopeScalingKind::llama3 ? " llama3" : ""));
+      HostBuf q = random_buf(dt, nq, rng), k = random_buf(dt, nk, rng);
+      DevBuf d_q(*gpu, q), d_k(*gpu, k);
+      if (forward) {
+        cpu->rope_forward(q.data(), k.data(), b, s, a, kv, d, spec);
+        gpu->rope_forward(d_q.get(), d_k.get(), b, s, a, kv, d, spec);
+      } else {
+        cpu->rope_backward(q.data(), k.data(), b, s, a, kv, d, spec);
+        gpu->rope_backward(d_q.get(), d_k.get(), b, s, a, kv, d, spec);
+      }
+      EXPECT_TRUE(all_close("rope q", d_q.f32(dt, nq), q.to_f32(), tolerance(dt, 2), {b, s, a, d}));
+      EXPECT_TRUE(
+          all_close("rope k", d_k.f32(dt, nk), k.to_f32(), tolerance(dt, 2), {b, s, kv, d}));
     }
-    EXPECT_TRUE(all_close("rope q", d_q.f32(dt, nq), q.to_f32(), tolerance(dt, 2), {b, s, a, d}));
-    EXPECT_TRUE(all_close("rope k", d_k.f32(dt, nk), k.to_f32(), tolerance(dt, 2), {b, s, kv, d}));
-  }
 }
 
 TEST_P(RopeGpu, BackwardUndoesForward) {
@@ -360,6 +366,40 @@ INSTANTIATE_TEST_SUITE_P(
                                          HeadsShape{1, 2048, 32, 8, 128, 500000.0,
                                                     "llama3_theta"})),
     case_name<HeadsShape>);
+
+// ---------------------------------------------------------------- bias
+
+struct BiasShape {
+  std::int64_t n, c;
+  const char* name;
+};
+void PrintTo(const BiasShape& shape, std::ostream* os) {
+  *os << shape.name << " n=" << shape.n << " c=" << shape.c;
+}
+class BiasGpu : public OpTest<BiasShape> {};
+
+// The column sums add in the CPU reference's order (kernels/bias/bias_math.hpp) and the add is one
+// fp32 addition: both directions bit for bit (exact()).
+TEST_P(BiasGpu, ForwardAndBackwardMatchCpuBitForBit) {
+  const auto [n, c, name] = shape;
+  HostBuf out = random_buf(dt, n * c, rng), dbias = random_buf(dt, c, rng);
+  const HostBuf bias = random_buf(dt, c, rng), dout = random_buf(dt, n * c, rng, -4, 4);
+  DevBuf d_out(*gpu, out), d_dbias(*gpu, dbias), d_bias(*gpu, bias), d_dout(*gpu, dout);
+  cpu->bias_forward(out.data(), bias.data(), n, c);
+  cpu->bias_backward(dbias.data(), dout.data(), n, c);
+  gpu->bias_forward(d_out.get(), d_bias.get(), n, c);
+  gpu->bias_backward(d_dbias.get(), d_dout.get(), n, c);
+  EXPECT_TRUE(all_close("bias out", d_out.f32(dt, n * c), out.to_f32(), exact()));
+  EXPECT_TRUE(all_close("dbias", d_dbias.f32(dt, c), dbias.to_f32(), exact()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, BiasGpu,
+                         ::testing::Combine(::testing::ValuesIn(kDtypes),
+                                            ::testing::Values(BiasShape{1, 1, "one"},
+                                                              BiasShape{71, 229, "awkward"},
+                                                              BiasShape{4096, 3584, "qwen2_7b_q"},
+                                                              BiasShape{4096, 512, "qwen2_7b_kv"})),
+                         case_name<BiasShape>);
 
 // ---------------------------------------------------------------- swiglu
 

@@ -29,6 +29,13 @@ ModelConfig make_model(const char* name, std::int64_t V, std::int64_t h, std::in
   return m;
 }
 
+ModelConfig family(ModelConfig m, bool qkv_bias, bool qk_norm, std::int64_t head_dim) {
+  m.qkv_bias = qkv_bias;
+  m.qk_norm = qk_norm;
+  m.explicit_head_dim = head_dim;
+  return m;
+}
+
 // A minimal ledger: live bytes per category, a peak per category, the total peak with its
 // breakdown (strictly greater replaces: a tie keeps the first), activations at end of forward.
 class Books {
@@ -74,8 +81,11 @@ class Books {
 
 // Walks the plan of docs/native-plan.md allocation by allocation.
 MemoryFigures simulate(const ModelConfig& m, const TrainConfig& t) {
-  const u64 b = t.batch, s = t.seq, h = m.hidden, i = m.intermediate, a = m.heads,
-            kd = m.kv_heads * (m.hidden / m.heads), V = m.vocab, L = m.layers;
+  // d: config.json's head_dim when set (Qwen3), else h/a.
+  const u64 b = t.batch, s = t.seq, h = m.hidden, i = m.intermediate, a = m.heads, kv = m.kv_heads,
+            d = m.explicit_head_dim > 0 ? u64(m.explicit_head_dim) : m.hidden / m.heads, ad = a * d,
+            kd = kv * d, V = m.vocab, L = m.layers;
+  const bool bias = m.qkv_bias, qkn = m.qk_norm;
   const u64 w = t.dtype == DType::f32 ? 4 : 2;
   const bool lomo = t.optimizer == Optimizer::lomo, full = t.checkpointing == Checkpointing::full,
              eager = t.attention == Attention::eager, tied = m.tied_embeddings;
@@ -87,10 +97,17 @@ MemoryFigures simulate(const ModelConfig& m, const TrainConfig& t) {
   for (u64 l = 0; l < L; ++l) {
     const std::string p = "L" + std::to_string(l) + ".";
     params.push_back({p + "ln1", h});
-    params.push_back({p + "q", h * h});
+    params.push_back({p + "q", ad * h});
+    if (bias) params.push_back({p + "q.bias", ad});
     params.push_back({p + "k", kd * h});
+    if (bias) params.push_back({p + "k.bias", kd});
     params.push_back({p + "v", kd * h});
-    params.push_back({p + "o", h * h});
+    if (bias) params.push_back({p + "v.bias", kd});
+    params.push_back({p + "o", h * ad});
+    if (qkn) {
+      params.push_back({p + "q_norm", d});
+      params.push_back({p + "k_norm", d});
+    }
     params.push_back({p + "ln2", h});
     params.push_back({p + "gate", i * h});
     params.push_back({p + "up", i * h});
@@ -117,14 +134,20 @@ MemoryFigures simulate(const ModelConfig& m, const TrainConfig& t) {
     k.alloc(p + ".grad", G, numel.at(p) * w);
     k.free(p + ".grad");
   };
-  const std::vector<std::string> layer_names = {
-      "rstd1", "xn1", "q", "k", "v", "store", "attn", "h_mid", "rstd2", "xn2", "gate", "up", "act"};
+  std::vector<std::string> layer_names = {"rstd1", "xn1"};
+  if (qkn)
+    for (auto n : {"q_pre", "k_pre", "q_rstd", "k_rstd"}) layer_names.push_back(n);
+  for (auto n : {"q", "k", "v", "store", "attn", "h_mid", "rstd2", "xn2", "gate", "up", "act"})
+    layer_names.push_back(n);
   auto layer_bytes = [&](const std::string& n) -> u64 {
     if (n == "rstd1" || n == "rstd2") return b * s * 4;
-    if (n == "k" || n == "v") return b * s * kd * w;
+    if (n == "q_rstd") return b * s * a * 4;
+    if (n == "k_rstd") return b * s * kv * 4;
+    if (n == "q" || n == "q_pre" || n == "attn") return b * s * ad * w;
+    if (n == "k" || n == "v" || n == "k_pre") return b * s * kd * w;
     if (n == "store") return eager ? b * a * s * s * w : b * a * s * 4;
     if (n == "gate" || n == "up" || n == "act") return b * s * i * w;
-    return b * s * h * w;  // xn1 q attn h_mid xn2 out
+    return b * s * h * w;  // xn1 h_mid xn2 out
   };
   auto lname = [](const std::string& n, u64 l) { return n + "@" + std::to_string(l); };
   auto x_name = [&](u64 l) { return l == 0 ? std::string("embed_out") : lname("out", l - 1); };
@@ -186,9 +209,9 @@ MemoryFigures simulate(const ModelConfig& m, const TrainConfig& t) {
       k.free("d_xn2");
       k.free(lname("h_mid", ll));
       k.free(lname("rstd2", ll));
-      k.alloc("d_attn_out", W, b * s * h * w);
+      k.alloc("d_attn_out", W, b * s * ad * w);
       lomo_g(p + "o");
-      k.alloc("d_q", W, b * s * h * w);
+      k.alloc("d_q", W, b * s * ad * w);
       k.alloc("d_k", W, b * s * kd * w);
       k.alloc("d_v", W, b * s * kd * w);
       k.alloc("d_scratch", W, eager ? b * a * s * s * w : b * a * s * 4);
@@ -196,11 +219,23 @@ MemoryFigures simulate(const ModelConfig& m, const TrainConfig& t) {
       k.free("d_attn_out");
       k.free(lname("attn", ll));
       k.free(lname("store", ll));
+      if (qkn) {  // step 7: the q/k norm backward
+        k.alloc("d_q_pre", W, b * s * ad * w);
+        lomo_g(p + "q_norm");
+        k.alloc("d_k_pre", W, b * s * kd * w);
+        lomo_g(p + "k_norm");
+        k.free("d_q");
+        k.free("d_k");
+        for (auto n : {"q_pre", "q_rstd", "k_pre", "k_rstd"}) k.free(lname(n, ll));
+      }
       k.alloc("d_xn1", W, b * s * h * w);
       lomo_g(p + "q");
+      if (bias) lomo_g(p + "q.bias");
       lomo_g(p + "k");
+      if (bias) lomo_g(p + "k.bias");
       lomo_g(p + "v");
-      for (auto n : {"d_q", "d_k", "d_v"}) k.free(n);
+      if (bias) lomo_g(p + "v.bias");
+      for (auto n : {qkn ? "d_q_pre" : "d_q", qkn ? "d_k_pre" : "d_k", "d_v"}) k.free(n);
       for (auto n : {"q", "k", "v", "xn1"}) k.free(lname(n, ll));
       lomo_g(p + "ln1");
       k.free("d_xn1");
@@ -249,6 +284,11 @@ TEST_P(NativeVsSimulation, EveryFigureEqualsTheStepByStepPlan) {
       make_model("narrow-mlp", 50, 64, 24, 2, 8, 1),    // i < h, MQA
       make_model("wide-vocab", 5000, 32, 96, 2, 2, 2),  // logits dominate
       make_model("wide-vocab-tied", 5000, 32, 96, 4, 2, 1, true),
+      // The families (issue 16): Qwen2's biases; Qwen3's q/k norms with head_dim 32 (a·d = 128
+      // > h = 64), with a narrow MLP so that the q/k norm backward's buffers are the peak.
+      family(make_model("qwen2-like", 300, 64, 176, 2, 4, 2, true), true, false, 0),
+      family(make_model("qwen3-like", 256, 64, 176, 2, 4, 2), false, true, 32),
+      family(make_model("qwen3-narrow-mlp", 64, 48, 16, 2, 4, 4), true, true, 32),
   };
   const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {{1, 2}, {3, 7}, {2, 300}};
   for (const auto& m : models) {

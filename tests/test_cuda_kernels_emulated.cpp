@@ -28,6 +28,7 @@
 #include "adamw/adamw_kernels.cuh"
 #include "attention/attention_eager_kernels.cuh"
 #include "attention/attention_flash_kernels.cuh"
+#include "bias/bias_kernels.cuh"
 #include "cross_entropy/cross_entropy_kernels.cuh"
 #include "embedding/embedding_kernels.cuh"
 #include "kernels/residual_kernels.cuh"
@@ -38,6 +39,7 @@
 // The CPU references.
 #include "adamw/adamw.hpp"
 #include "attention/attention.hpp"
+#include "bias/bias.hpp"
 #include "cross_entropy/cross_entropy.hpp"
 #include "embedding/embedding.hpp"
 #include "nonfinite/nonfinite.hpp"
@@ -351,30 +353,66 @@ TEST(CudaKernelsEmulated, RmsNormForwardAndBackward) {
 
 // ---------------------------------------------------------------- rope
 
+// Without scaling and under Llama 3.1's llama3 scaling at original 64 (d 12, theta 10000: the
+// six pairs' wavelengths 6.3, 29, 135, ... 13500 fall in all three bands, < 16, 16..64, > 64).
 template <class S>
 void check_rope() {
   std::mt19937 rng(3);
   const std::int64_t b = 2, s = 9, a = 4, kv = 2, d = 12;
-  for (float sign : {1.0f, -1.0f}) {
-    auto q_want = random_storage<S>(std::size_t(b * s * a * d), rng);
-    auto k_want = random_storage<S>(std::size_t(b * s * kv * d), rng);
-    auto q_got = q_want, k_got = k_want;
-    if (sign > 0) {
-      rope_forward_cpu(q_want.data(), k_want.data(), b, s, a, kv, d, 10000.0, S::dtype);
-    } else {
-      rope_backward_cpu(q_want.data(), k_want.data(), b, s, a, kv, d, 10000.0, S::dtype);
+  RopeSpec scaled{10000.0, {}};
+  scaled.scaling = {RopeScalingKind::llama3, 8.0, 1.0, 4.0, 64};
+  for (const RopeSpec& spec : {RopeSpec{10000.0, {}}, scaled})
+    for (float sign : {1.0f, -1.0f}) {
+      auto q_want = random_storage<S>(std::size_t(b * s * a * d), rng);
+      auto k_want = random_storage<S>(std::size_t(b * s * kv * d), rng);
+      auto q_got = q_want, k_got = k_want;
+      if (sign > 0) {
+        rope_forward_cpu(q_want.data(), k_want.data(), b, s, a, kv, d, spec, S::dtype);
+      } else {
+        rope_backward_cpu(q_want.data(), k_want.data(), b, s, a, kv, d, spec, S::dtype);
+      }
+      const RopeFreqParams freq = rope_freq_params(spec);
+      launch(dim3(2), dim3(64), 0, rope_kernel<S>, static_cast<void*>(q_got.data()),
+             b * s * a * (d / 2), s, a, d, freq, sign);
+      launch(dim3(2), dim3(64), 0, rope_kernel<S>, static_cast<void*>(k_got.data()),
+             b * s * kv * (d / 2), s, kv, d, freq, sign);
+      expect_close(to_f32<S>(q_got), to_f32<S>(q_want), tol16<S>() * 2, "rope q");
+      expect_close(to_f32<S>(k_got), to_f32<S>(k_want), tol16<S>() * 2, "rope k");
     }
-    launch(dim3(2), dim3(64), 0, rope_kernel<S>, static_cast<void*>(q_got.data()),
-           b * s * a * (d / 2), s, a, d, 10000.0f, sign);
-    launch(dim3(2), dim3(64), 0, rope_kernel<S>, static_cast<void*>(k_got.data()),
-           b * s * kv * (d / 2), s, kv, d, 10000.0f, sign);
-    expect_close(to_f32<S>(q_got), to_f32<S>(q_want), tol16<S>() * 2, "rope q");
-    expect_close(to_f32<S>(k_got), to_f32<S>(k_want), tol16<S>() * 2, "rope k");
-  }
 }
 TEST(CudaKernelsEmulated, RopeForwardAndBackward) {
   check_rope<F32>();
   check_rope<F16>();
+}
+
+// ---------------------------------------------------------------- bias
+
+// Both kernels against the CPU reference, bit for bit: the add is one fp32 addition rounded once,
+// and the column sums follow the same order on both sides (bias_math.hpp). Columns off the
+// 32-column block, rows off the 16 row lanes, a small grid so the forward's stride loop runs.
+template <class S>
+void check_bias(std::int64_t n, std::int64_t c) {
+  std::mt19937 rng(9);
+  auto out_w = random_storage<S>(std::size_t(n * c), rng);
+  const auto bias = random_storage<S>(std::size_t(c), rng);
+  auto out_g = out_w;
+  bias_forward_cpu(out_w.data(), bias.data(), n, c, S::dtype);
+  launch(dim3(3), dim3(64), 0, bias_forward_kernel<S>, static_cast<void*>(out_g.data()),
+         static_cast<const void*>(bias.data()), n * c, c);
+  expect_close(to_f32<S>(out_g), to_f32<S>(out_w), 0, "bias forward");
+
+  const auto dout = random_storage<S>(std::size_t(n * c), rng, -4, 4);
+  auto db_w = random_storage<S>(std::size_t(c), rng);
+  auto db_g = db_w;
+  bias_backward_cpu(db_w.data(), dout.data(), n, c, S::dtype);
+  launch_shape(bias_backward_launch(c, "test"), bias_backward_kernel<S>,
+               static_cast<void*>(db_g.data()), static_cast<const void*>(dout.data()), n, c);
+  expect_close(to_f32<S>(db_g), to_f32<S>(db_w), 0, "bias backward");
+}
+TEST(CudaKernelsEmulated, BiasForwardAndBackwardBitIdentical) {
+  check_bias<F32>(37, 70);
+  check_bias<BF16>(5, 33);
+  check_bias<F16>(100, 8);
 }
 
 // ---------------------------------------------------------------- elementwise
@@ -533,46 +571,79 @@ TEST(CudaKernelsEmulated, NonFiniteCheck) {
 struct AttnDims {
   std::int64_t b, s, a, kv, d;
 };
+constexpr std::int64_t kNoWindow = 0;  // full causal attention
 
 // The eager path's two row kernels, fed scores / dP computed here in fp32 (the GEMMs are
-// cuBLAS and checked in test_cuda_plans.cpp).
+// cuBLAS and checked in test_cuda_plans.cpp). window W > 0: row i keeps keys j with
+// i - W < j <= i (written here from the definition, not with attention_math.hpp's helpers).
 template <class S>
-void check_causal_softmax(const AttnDims& dims) {
+void check_causal_softmax(const AttnDims& dims, std::int64_t window = 0) {
   std::mt19937 rng(7);
   const std::int64_t rows = dims.b * dims.a * dims.s;
+  auto visible = [&](std::int64_t i, std::int64_t j) {
+    return j <= i && (window == 0 || i - j < window);
+  };
   auto p = random_storage<S>(std::size_t(rows * dims.s), rng, -4, 4);  // scaled scores
   const auto scores = to_f32<S>(p);
   launch_shape(causal_softmax_launch(rows, "test"), causal_softmax_kernel<S>,
-               static_cast<void*>(p.data()), rows, dims.s);
+               static_cast<void*>(p.data()), rows, dims.s, window);
   std::vector<float> want(std::size_t(rows * dims.s));
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t i = r % dims.s;
     double mx = -INFINITY, sum = 0;
-    for (std::int64_t j = 0; j <= i; ++j) mx = std::max<double>(mx, scores[r * dims.s + j]);
-    for (std::int64_t j = 0; j <= i; ++j) sum += std::exp(scores[r * dims.s + j] - mx);
+    for (std::int64_t j = 0; j <= i; ++j)
+      if (visible(i, j)) mx = std::max<double>(mx, scores[r * dims.s + j]);
+    for (std::int64_t j = 0; j <= i; ++j)
+      if (visible(i, j)) sum += std::exp(scores[r * dims.s + j] - mx);
     for (std::int64_t j = 0; j < dims.s; ++j)
-      want[r * dims.s + j] = j <= i ? float(std::exp(scores[r * dims.s + j] - mx) / sum) : 0.0f;
+      want[r * dims.s + j] =
+          visible(i, j) ? float(std::exp(scores[r * dims.s + j] - mx) / sum) : 0.0f;
   }
   expect_close(to_f32<S>(p), want, tol16<S>() * 2, "causal softmax");
 
   auto dp = random_storage<S>(std::size_t(rows * dims.s), rng);
   const auto dpf = to_f32<S>(dp), pf = to_f32<S>(p);
   launch_shape(causal_softmax_launch(rows, "test"), causal_softmax_backward_kernel<S>,
-               static_cast<void*>(dp.data()), static_cast<const void*>(p.data()), rows, dims.s);
+               static_cast<void*>(dp.data()), static_cast<const void*>(p.data()), rows, dims.s,
+               window);
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t i = r % dims.s;
     double dot = 0;
-    for (std::int64_t j = 0; j <= i; ++j) dot += double(pf[r * dims.s + j]) * dpf[r * dims.s + j];
+    for (std::int64_t j = 0; j <= i; ++j)
+      if (visible(i, j)) dot += double(pf[r * dims.s + j]) * dpf[r * dims.s + j];
     for (std::int64_t j = 0; j < dims.s; ++j)
       want[r * dims.s + j] =
-          j <= i ? float(pf[r * dims.s + j] * (dpf[r * dims.s + j] - dot)) : 0.0f;
+          visible(i, j) ? float(pf[r * dims.s + j] * (dpf[r * dims.s + j] - dot)) : 0.0f;
   }
   expect_close(to_f32<S>(dp), want, tol16<S>() * 4, "causal softmax backward");
 }
 
+// The four flash kernels against the CPU reference (attention_flash_*_cpu) at the same window.
+// kernel_window is what the kernels are given: the window itself, except in the mutation tests
+// below, which give them window +- 1 and expect the comparison to fail.
+// How many elements of got are outside expect_close's bound (no test failure: the mutation
+// tests count).
+std::size_t count_outside(const std::vector<float>& got, const std::vector<float>& want,
+                          double tol) {
+  double scale = 0;
+  for (float w : want)
+    if (std::isfinite(w)) scale = std::max(scale, double(std::fabs(w)));
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double e = std::fabs(double(got[i]) - want[i]);
+    bad += !(e <= tol * (scale + std::fabs(want[i])));
+  }
+  return bad;
+}
+
+// Runs the four flash kernels with kernel_window against the CPU reference at `window`. When the
+// two are equal every output must match (test failures otherwise); returns the number of
+// mismatching elements over out, lse, dq, dk and dv (the mutation tests give the kernels an
+// off-by-one window and expect a positive count).
 template <class S, int DMAX>
-void check_flash(const AttnDims& dims) {
+std::size_t run_flash(const AttnDims& dims, std::int64_t window, std::int64_t kernel_window) {
   std::mt19937 rng(8);
+  const bool check = window == kernel_window;
   const auto [b, s, a, kv, d] = dims;
   const std::size_t nq = std::size_t(b * s * a * d), nkv = std::size_t(b * s * kv * d);
   const std::size_t nl = std::size_t(b * a * s);
@@ -584,20 +655,22 @@ void check_flash(const AttnDims& dims) {
   std::vector<typename S::raw> out_w(nq), out_g(nq);
   std::vector<float> lse_w(nl), lse_g(nl, NAN);
   attention_flash_forward_cpu(out_w.data(), lse_w.data(), q.data(), k.data(), v.data(), b, s, a, kv,
-                              d, S::dtype);
+                              d, window, S::dtype);
   launch_shape(flash_forward_launch(b, a, s, d_int, "test"), flash_forward_kernel<S, DMAX>,
                static_cast<void*>(out_g.data()), lse_g.data(), static_cast<const void*>(q.data()),
                static_cast<const void*>(k.data()), static_cast<const void*>(v.data()), s, a, kv,
-               d_int, scale);
-  expect_close(lse_g, lse_w, 1e-6, "flash lse");
-  expect_close(to_f32<S>(out_g), to_f32<S>(out_w), tol16<S>() * 2, "flash out");
+               d_int, scale, kernel_window);
+  if (check) {
+    expect_close(lse_g, lse_w, 1e-6, "flash lse");
+    expect_close(to_f32<S>(out_g), to_f32<S>(out_w), tol16<S>() * 2, "flash out");
+  }
 
   // Backward from the CPU's forward results, on both sides.
   std::vector<typename S::raw> dq_w(nq), dk_w(nkv), dv_w(nkv);
   std::vector<float> delta_w(nl), delta_g(nl, NAN);
   attention_flash_backward_cpu(dq_w.data(), dk_w.data(), dv_w.data(), delta_w.data(), dout.data(),
                                q.data(), k.data(), v.data(), out_w.data(), lse_w.data(), b, s, a,
-                               kv, d, S::dtype);
+                               kv, d, window, S::dtype);
   std::vector<typename S::raw> dq_g(nq), dk_g(nkv), dv_g(nkv);
   for (auto* buf : {&dq_g, &dk_g, &dv_g})
     for (std::size_t i = 0; i < buf->size(); ++i) S::store(buf->data(), i, NAN);
@@ -605,21 +678,42 @@ void check_flash(const AttnDims& dims) {
   launch_shape(flash_delta_launch(rows, "test"), flash_delta_kernel<S>, delta_g.data(),
                static_cast<const void*>(dout.data()), static_cast<const void*>(out_w.data()), rows,
                s, a, d_int);
-  expect_close(delta_g, delta_w, 1e-6, "flash delta");
+  if (check) expect_close(delta_g, delta_w, 1e-6, "flash delta");
   launch_shape(flash_dkdv_launch(b, kv, s, d_int, "test"), flash_backward_dkdv_kernel<S, DMAX>,
                static_cast<void*>(dk_g.data()), static_cast<void*>(dv_g.data()),
                static_cast<const void*>(dout.data()), static_cast<const void*>(q.data()),
                static_cast<const void*>(k.data()), static_cast<const void*>(v.data()),
                static_cast<const float*>(lse_w.data()), static_cast<const float*>(delta_g.data()),
-               s, a, kv, d_int, scale);
+               s, a, kv, d_int, scale, kernel_window);
   launch_shape(flash_dq_launch(b, a, s, d_int, "test"), flash_backward_dq_kernel<S, DMAX>,
                static_cast<void*>(dq_g.data()), static_cast<const void*>(dout.data()),
                static_cast<const void*>(q.data()), static_cast<const void*>(k.data()),
                static_cast<const void*>(v.data()), static_cast<const float*>(lse_w.data()),
-               static_cast<const float*>(delta_g.data()), s, a, kv, d_int, scale);
-  expect_close(to_f32<S>(dv_g), to_f32<S>(dv_w), tol16<S>() * 4, "flash dv");
-  expect_close(to_f32<S>(dk_g), to_f32<S>(dk_w), tol16<S>() * 4, "flash dk");
-  expect_close(to_f32<S>(dq_g), to_f32<S>(dq_w), tol16<S>() * 4, "flash dq");
+               static_cast<const float*>(delta_g.data()), s, a, kv, d_int, scale, kernel_window);
+  // Window 1: p = 1 on the diagonal, so ds = dp - delta is 0 in exact arithmetic and dq, dk are
+  // rounding noise on both sides (1e-8), not comparable relative to themselves: both must be
+  // below 1e-5 instead.
+  std::size_t bad = 0;
+  if (window == 1 && check) {
+    for (const auto* g : {&dq_g, &dk_g, &dq_w, &dk_w})
+      for (float x : to_f32<S>(*g)) bad += !(std::fabs(x) <= 1e-5f);
+    EXPECT_EQ(bad, 0u) << "window 1: dq and dk must vanish";
+  } else {
+    bad += count_outside(to_f32<S>(dk_g), to_f32<S>(dk_w), tol16<S>() * 4) +
+           count_outside(to_f32<S>(dq_g), to_f32<S>(dq_w), tol16<S>() * 4);
+    if (check) {
+      expect_close(to_f32<S>(dk_g), to_f32<S>(dk_w), tol16<S>() * 4, "flash dk");
+      expect_close(to_f32<S>(dq_g), to_f32<S>(dq_w), tol16<S>() * 4, "flash dq");
+    }
+  }
+  if (check) expect_close(to_f32<S>(dv_g), to_f32<S>(dv_w), tol16<S>() * 4, "flash dv");
+  return bad + count_outside(lse_g, lse_w, 1e-6) +
+         count_outside(to_f32<S>(out_g), to_f32<S>(out_w), tol16<S>() * 2) +
+         count_outside(to_f32<S>(dv_g), to_f32<S>(dv_w), tol16<S>() * 4);
+}
+template <class S, int DMAX>
+void check_flash(const AttnDims& dims, std::int64_t window = 0) {
+  EXPECT_EQ((run_flash<S, DMAX>(dims, window, window)), 0u) << "window " << window;
 }
 
 TEST(CudaKernelsEmulated, CausalSoftmaxForwardAndBackward) {
@@ -643,6 +737,42 @@ TEST(CudaKernelsEmulated, FlashAttentionLlamaHeadDim128Fp16) {
 TEST(CudaKernelsEmulated, FlashAttentionHeadDim200In256LayoutBf16) {
   // The 256-wide lane layout with d < 256 (lanes past d idle), shared memory above 48 KiB.
   check_flash<BF16, 256>({1, 21, 2, 1, 200});
+}
+
+// ---------------------------------------------------------------- sliding window
+// Query blocks of 16 and key tiles of 32 (forward, dq), key blocks of 16 and query tiles of 32
+// (dk/dv): windows of 1, inside a tile (7), cutting a tile (20, 33; 17 and 9 below) and past s
+// (100 at s 75: the same as full causal).
+
+TEST(CudaKernelsEmulated, CausalSoftmaxSlidingWindow) {
+  for (std::int64_t w : {1, 5, 33, 200}) {
+    SCOPED_TRACE("window " + std::to_string(w));
+    check_causal_softmax<F32>({1, 45, 2, 1, 4}, w);  // windows shorter and longer than a warp
+  }
+  check_causal_softmax<BF16>({2, 11, 3, 3, 4}, 4);
+}
+
+TEST(CudaKernelsEmulated, FlashAttentionSlidingWindowAcrossTilesGqa) {
+  // 5 query blocks, 3 key tiles (the last partial), GQA g = 2, d < 32.
+  for (std::int64_t w : {1, 7, 20, 33, 100}) {
+    SCOPED_TRACE("window " + std::to_string(w));
+    check_flash<F32, 32>({1, 75, 4, 2, 24}, w);
+  }
+}
+TEST(CudaKernelsEmulated, FlashAttentionSlidingWindowMqaBf16AndFp16) {
+  check_flash<BF16, 64>({2, 40, 3, 1, 33}, 9);    // MQA, odd d in the 64-wide layout
+  check_flash<F16, 128>({1, 50, 2, 1, 128}, 17);  // LLaMA/Mistral head dim
+}
+
+// Mutation sensitivity: kernels given window W - 1 or W + 1 disagree with the reference at W (so
+// an off-by-one bound in the kernels, in either direction, fails the tests above), at windows
+// that cut a key tile, a query block and a key block.
+TEST(CudaKernelsEmulated, FlashAttentionWindowOffByOneIsDetected) {
+  for (std::int64_t w : {20, 33}) {
+    SCOPED_TRACE("window " + std::to_string(w));
+    EXPECT_GT((run_flash<F32, 32>({1, 75, 4, 2, 24}, w, w - 1)), 0u);
+    EXPECT_GT((run_flash<F32, 32>({1, 75, 4, 2, 24}, w, w + 1)), 0u);
+  }
 }
 
 // ---------------------------------------------------------------- launch geometry, real sizes
@@ -937,7 +1067,8 @@ TEST(CudaKernelsAtRealSizes, EagerSoftmaxRowsPast2To32Elements) {
       block_index(L.grid_x - 1)};
   VirtualTensor probs(std::uint64_t(rows) * s, Access::read_write, 11, -4, 4),
       dprobs(std::uint64_t(rows) * s, Access::read_write, 12, -1, 1);
-  launch_shape(L, blocks, causal_softmax_kernel<VF16>, static_cast<void*>(&probs), rows, s);
+  launch_shape(L, blocks, causal_softmax_kernel<VF16>, static_cast<void*>(&probs), rows, s,
+               kNoWindow);
   std::map<std::uint64_t, double> want_p, want_ds;
   for (const dim3& blk : blocks) {
     for (std::int64_t r = std::int64_t(blk.x) * kSoftmaxWarps; r < (blk.x + 1) * kSoftmaxWarps;
@@ -957,7 +1088,7 @@ TEST(CudaKernelsAtRealSizes, EagerSoftmaxRowsPast2To32Elements) {
   expect_stored(probs, want_p, 2e-3, "causal softmax");
 
   launch_shape(L, blocks, causal_softmax_backward_kernel<VF16>, static_cast<void*>(&dprobs),
-               static_cast<const void*>(&probs), rows, s);
+               static_cast<const void*>(&probs), rows, s, kNoWindow);
   for (const dim3& blk : blocks) {
     for (std::int64_t r = std::int64_t(blk.x) * kSoftmaxWarps; r < (blk.x + 1) * kSoftmaxWarps;
          ++r) {
@@ -1132,7 +1263,7 @@ TEST(CudaKernelsAtRealSizes, FlashAttentionLastBatchAndHeadAtBatch64Seq4096) {
   std::vector<float> lse_got(lse.size(), NAN);
   launch_shape(fwd, first_query_block, flash_forward_kernel<VF16, 128>, static_cast<void*>(&out),
                lse_got.data(), static_cast<const void*>(&q), static_cast<const void*>(&k),
-               static_cast<const void*>(&v), s, a, kv, d_int, scale);
+               static_cast<const void*>(&v), s, a, kv, d_int, scale, kNoWindow);
   expect_stored(out, want_out, 4e-3, "flash out");
   for (std::int64_t i = 0; i < kFlashBlockRows; ++i) {
     const std::size_t row = std::size_t((bi * a + qh) * s + i);
@@ -1143,7 +1274,7 @@ TEST(CudaKernelsAtRealSizes, FlashAttentionLastBatchAndHeadAtBatch64Seq4096) {
                static_cast<const void*>(&dout), static_cast<const void*>(&q),
                static_cast<const void*>(&k), static_cast<const void*>(&v),
                static_cast<const float*>(lse.data()), static_cast<const float*>(delta.data()), s, a,
-               kv, d_int, scale);
+               kv, d_int, scale, kNoWindow);
   expect_stored(dq, want_dq, 8e-3, "flash dq");
   const LaunchShape kv_shape = flash_dkdv_launch(b, kv, s, d_int, "test");
   launch_shape(kv_shape, {block_index(unsigned(bi * kv + kh), kv_shape.grid_y - 1)},
@@ -1151,7 +1282,7 @@ TEST(CudaKernelsAtRealSizes, FlashAttentionLastBatchAndHeadAtBatch64Seq4096) {
                static_cast<void*>(&dv), static_cast<const void*>(&dout),
                static_cast<const void*>(&q), static_cast<const void*>(&k),
                static_cast<const void*>(&v), static_cast<const float*>(lse.data()),
-               static_cast<const float*>(delta.data()), s, a, kv, d_int, scale);
+               static_cast<const float*>(delta.data()), s, a, kv, d_int, scale, kNoWindow);
   expect_stored(dk, want_dk, 8e-3, "flash dk, last key block");
   expect_stored(dv, want_dv, 8e-3, "flash dv, last key block");
 }

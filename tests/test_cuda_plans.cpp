@@ -212,7 +212,7 @@ TEST_P(CudaAttentionPlan, ReplayedGemmsMatchTheCpuReferenceForwardAndBackward) {
 
   std::vector<float> out_ref(nq), probs_ref(np);
   attention_eager_forward_cpu(out_ref.data(), probs_ref.data(), q.data(), k.data(), v.data(), b, s,
-                              a, kv, d, DType::f32);
+                              a, kv, d, 0, DType::f32);
   // Garbage in the outputs: every element must be written (dk/dv by the beta-0 call first).
   std::vector<float> out(nq, NAN), probs(np, NAN);
   eager_forward_replay(out, probs, q, k, v, c);
@@ -221,7 +221,7 @@ TEST_P(CudaAttentionPlan, ReplayedGemmsMatchTheCpuReferenceForwardAndBackward) {
 
   std::vector<float> dq_ref(nq), dk_ref(nkv), dv_ref(nkv);
   attention_eager_backward_cpu(dq_ref.data(), dk_ref.data(), dv_ref.data(), nullptr, dout.data(),
-                               q.data(), k.data(), v.data(), probs_ref.data(), b, s, a, kv, d,
+                               q.data(), k.data(), v.data(), probs_ref.data(), b, s, a, kv, d, 0,
                                DType::f32);
   std::vector<float> dq(nq, NAN), dk(nkv, NAN), dv(nkv, NAN), dprobs(np, NAN);
   eager_backward_replay(dq, dk, dv, dprobs, dout, q, k, v, probs_ref, c);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "family_configs.hpp"
 #include "model_helpers.hpp"
 #include "trainmem/model_acts.hpp"
 
@@ -57,12 +58,13 @@ TEST_P(LayerActsTable, ForwardRecomputeAndFreesFollowTheTable) {
   const ActsMode md = GetParam();
   // Workspace buffers of a layer's backward and the step allocating each (docs/native-plan.md).
   const std::map<std::string, int> landmark_step = {
-      {"d_act", 1}, {"d_gate", 2}, {"d_up", 2},    {"d_xn2", 3},      {"d_attn_out", 5}, {"d_q", 6},
-      {"d_k", 6},   {"d_v", 6},    {"d_probs", 6}, {"attn_delta", 6}, {"d_xn1", 8}};
-  for (const char* name : {"tiny-gqa", "tiny-awkward"})
+      {"d_act", 1}, {"d_gate", 2},  {"d_up", 2},   {"d_xn2", 3},   {"d_attn_out", 5},
+      {"d_q", 6},   {"d_k", 6},     {"d_v", 6},    {"d_probs", 6}, {"attn_delta", 6},
+      {"d_xn1", 8}, {"d_q_pre", 7}, {"d_k_pre", 7}};
+  for (const char* name : {"tiny-gqa", "tiny-awkward", "tiny-qwen3", "tiny-qwen2"})
     for (DType dt : {DType::bf16, DType::f32}) {
       SCOPED_TRACE(std::string(name) + " " + dtype_name(dt));
-      const ModelConfig m = preset(name);
+      const ModelConfig m = any_config(name);
       const TrainConfig t = train_config(2, 7, dt, Optimizer::adamw, md.ckpt, md.attn);
       ModelRun run(BackendKind::meta, m, t);
       run.model->init_random(1);
@@ -117,7 +119,7 @@ TEST_P(LayerActsTable, ForwardRecomputeAndFreesFollowTheTable) {
         }
         for (const auto* r : by_free(freed_by_backward)) freed_order.push_back(r->name);
         for (LayerAct x : kBackwardFreeOrder)
-          if (allocated_in(layer_act(x), t.attention, ActPass::forward))
+          if (allocated_in(layer_act(x), m, t.attention, ActPass::forward))
             want_order.push_back(layer_act(x).name);
         EXPECT_EQ(freed_order, want_order);
 
@@ -128,7 +130,7 @@ TEST_P(LayerActsTable, ForwardRecomputeAndFreesFollowTheTable) {
           if (r.category == Category::workspace && r.layer == l && r.step == 1 &&
               r.phase == Phase::backward && landmark_step.count(r.name))
             landmarks.push_back({landmark_step.at(r.name), &r});
-        ASSERT_EQ(landmarks.size(), 10u);
+        ASSERT_EQ(landmarks.size(), m.qk_norm ? 12u : 10u);
         for (const auto* r : freed_by_backward) {
           const LayerActSpec* row = nullptr;
           for (const auto& spec : kLayerActs)
@@ -151,6 +153,31 @@ INSTANTIATE_TEST_SUITE_P(Modes, LayerActsTable,
                                            ActsMode{Attention::flash, Checkpointing::none},
                                            ActsMode{Attention::flash, Checkpointing::full}),
                          mode_name);
+
+TEST(LayerActsTable, QkNormRowsOnlyForQkNormModels) {
+  // Independent of the table: Qwen3's per-layer extras are q_pre (b,s,a·d), k_pre (b,s,k·d) in D
+  // and q_rstd (b,s,a), k_rstd (b,s,k) in f32; the other families allocate none of them.
+  const TrainConfig t =
+      train_config(2, 5, DType::bf16, Optimizer::adamw, Checkpointing::none, Attention::flash);
+  for (const std::string& name : family_names()) {
+    const ModelConfig m = any_config(name);
+    const auto plan = layer_activation_plan(m, t, ActPass::forward);
+    std::map<std::string, std::uint64_t> bytes;
+    for (const auto& p : plan) bytes[p.name] = p.bytes;
+    const std::uint64_t d = m.head_dim(), a = m.heads, k = m.kv_heads;
+    EXPECT_EQ(bytes.count("q_pre"), m.qk_norm ? 1u : 0u) << name;
+    if (!m.qk_norm) continue;
+    EXPECT_EQ(d, 16u);
+    EXPECT_EQ(bytes["q_pre"], 2u * 5 * a * d * 2);
+    EXPECT_EQ(bytes["k_pre"], 2u * 5 * k * d * 2);
+    EXPECT_EQ(bytes["q_rstd"], 2u * 5 * a * 4);
+    EXPECT_EQ(bytes["k_rstd"], 2u * 5 * k * 4);
+    EXPECT_EQ(bytes["q"], 2u * 5 * 64 * 2);  // a·d = 64 != h = 48
+    EXPECT_EQ(bytes["attn_out"], 2u * 5 * 64 * 2);
+  }
+  EXPECT_EQ(act_shape_letters(layer_act(LayerAct::q_rstd).shape), "(b,s,a)");
+  EXPECT_EQ(act_shape_letters(layer_act(LayerAct::k_rstd).shape), "(b,s,k)");
+}
 
 TEST(LayerActsTable, Listing) {
   EXPECT_EQ(act_shape_letters(layer_act(LayerAct::q).shape), "(b,s,a·d)");

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "family_configs.hpp"
 #include "model_helpers.hpp"
 #include "trainmem/analytic.hpp"
 
@@ -74,6 +75,40 @@ TEST(ModelAnalytic, LedgerEqualsNativeProfileByteForByte) {
           }
   }
   EXPECT_EQ(cases, 5 * 24 + 2 * 12);
+}
+
+// The families (issue 16): biases, q/k norms with a decoupled head dim, sliding windows, rope
+// scaling, at tiny sizes (sequences longer than the windows) and at published widths on meta,
+// in every dtype x checkpointing x attention x optimizer.
+TEST(ModelAnalytic, FamiliesLedgerEqualsNativeProfileByteForByte) {
+  const std::vector<Shape> shapes = {{"tiny-mistral", 2, 9},   {"tiny-mistral", 1, 4},
+                                     {"tiny-qwen2", 3, 11},    {"tiny-qwen3", 2, 9},
+                                     {"tiny-qwen3", 1, 33},    {"tiny-llama3", 2, 17},
+                                     {"qwen3-0.6b-2l", 1, 64}, {"qwen2-7b-2l", 1, 32},
+                                     {"mistral-7b-2l", 2, 16}, {"qwen3-narrow-mlp", 2, 9}};
+  int cases = 0;
+  for (const auto& sh : shapes) {
+    const ModelConfig m = any_config(sh.preset);
+    const bool big = sh.preset.rfind("tiny", 0) != 0 && sh.preset != "qwen3-narrow-mlp";
+    for (DType dt : {DType::bf16, DType::f32, DType::f16})
+      for (Checkpointing c : {Checkpointing::none, Checkpointing::full})
+        for (Attention at : {Attention::eager, Attention::flash})
+          for (Optimizer o : {Optimizer::adamw, Optimizer::sgd, Optimizer::lomo}) {
+            if (big && dt != DType::bf16) continue;  // keep it quick
+            const TrainConfig t = train_config(sh.b, sh.s, dt, o, c, at);
+            ModelRun run(BackendKind::meta, m, t);
+            run.model->train_step();
+            run.model->train_step();
+            const std::string what = sh.preset + " b" + std::to_string(sh.b) + " s" +
+                                     std::to_string(sh.s) + " " + dtype_name(dt) + " " +
+                                     checkpointing_name(c) + " " + attention_name(at) + " " +
+                                     optimizer_name(o);
+            expect_figures_equal(measured_figures(*run.ledger), estimate(Profile::native, m, t),
+                                 what, run.ledger->peak_total());
+            ++cases;
+          }
+  }
+  EXPECT_EQ(cases, 7 * 36 + 3 * 12);
 }
 
 TEST(ModelAnalytic, CpuBackendFiguresEqualNativeProfileToo) {

@@ -3,6 +3,7 @@
 // touches memory (its ops run on MetaAllocator addresses that must not be dereferenced).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -71,6 +72,73 @@ TEST(OpsBackends, CpuBackendOpsUseItsDtype) {
   }
 }
 
+// The issue-16 ops through the interface (bias, llama3 rope scaling, sliding-window attention),
+// in each dtype, against fp64 written here.
+TEST(OpsBackends, CpuBackendFamilyOps) {
+  for (DType dt : all_dtypes()) {
+    SCOPED_TRACE(dtype_label(dt));
+    auto be = make_cpu_backend(dt);
+    // bias: out += bias per row; dbias += column sums.
+    const std::int64_t n = 9, c = 40;
+    Buf out = Buf::from(uniform(n * c, 181), dt), bias = Buf::from(uniform(c, 182), dt);
+    Buf dbias = Buf::from(uniform(c, 183), dt);
+    std::vector<double> want_out(n * c), want_db(c);
+    for (std::int64_t j = 0; j < c; ++j) want_db[j] = dbias.get(j);
+    for (std::int64_t i = 0; i < n * c; ++i) {
+      want_out[i] = double(out.get(i)) + bias.get(i % c);
+      want_db[i % c] += out.get(i);
+    }
+    be->bias_backward(dbias.data(), out.data(), n, c);
+    be->bias_forward(out.data(), bias.data(), n, c);
+    EXPECT_TRUE(all_close("bias out", out.f32(), want_out, tolerance(dt)));
+    EXPECT_TRUE(all_close("dbias", dbias.f32(), want_db, tolerance(dt)));
+
+    // rope with llama3 scaling, positions 0..5, one head of d = 4, theta 10000, factor 8,
+    // low 1, high 4, original 32: pair 0 (inv_freq 1) has wavelength 2π < 32/4 (kept), pair 1
+    // (inv_freq 0.01) has 200π > 32/1 (divided by 8).
+    RopeSpec spec{10000.0, {}};
+    spec.scaling = {RopeScalingKind::llama3, 8.0, 1.0, 4.0, 32};
+    const std::int64_t s = 6, d = 4;
+    Buf q = Buf::from(uniform(s * d, 184), dt);
+    const std::vector<float> q0 = q.f32();
+    be->rope_forward(q.data(), nullptr, 1, s, 1, 1, d, spec);
+    const double freqs[2] = {1.0, 0.01 / 8.0};
+    std::vector<double> want_q(s * d);
+    for (std::int64_t t = 0; t < s; ++t)
+      for (std::int64_t j = 0; j < 2; ++j) {
+        const double ang = double(t) * freqs[j], x1 = q0[t * d + j], x2 = q0[t * d + j + 2];
+        want_q[t * d + j] = x1 * std::cos(ang) - x2 * std::sin(ang);
+        want_q[t * d + j + 2] = x2 * std::cos(ang) + x1 * std::sin(ang);
+      }
+    EXPECT_TRUE(all_close("rope q", q.f32(), want_q, tolerance(dt, 2)));
+
+    // Window 2 attention, one head, d 1, s 3, eager and flash: row t averages the values at
+    // t-1 and t with softmax weights of q_t k_j.
+    for (Attention var : {Attention::eager, Attention::flash}) {
+      SCOPED_TRACE(var == Attention::eager ? "eager" : "flash");
+      Buf aq = Buf::from({0.5f, -1.0f, 2.0f}, dt), ak = Buf::from({1.0f, 0.25f, -0.5f}, dt);
+      Buf av = Buf::from({3.0f, -2.0f, 1.0f}, dt), ao(3, dt), probs(9, dt);
+      std::vector<float> lse(3);
+      be->attention_forward(ao.data(), probs.data(), lse.data(), aq.data(), ak.data(), av.data(), 1,
+                            3, 1, 1, 1, 2, var);
+      std::vector<double> want(3);
+      for (int t = 0; t < 3; ++t) {
+        double num = 0, den = 0;
+        for (int j = std::max(0, t - 1); j <= t; ++j) {
+          const double w = std::exp(double(aq.get(t)) * ak.get(j));
+          num += w * av.get(j);
+          den += w;
+        }
+        want[t] = num / den;
+      }
+      EXPECT_TRUE(all_close("attn out", ao.f32(), want, tolerance(dt, 2)));
+      if (var == Attention::eager) {
+        EXPECT_EQ(probs.get(2 * 3 + 0), 0.0f);  // t 2 cannot see 0
+      }
+    }
+  }
+}
+
 TEST(OpsBackends, MetaBackendNeverTouchesMemory) {
   for (DType dt : all_dtypes()) {
     auto be = make_meta_backend(dt);
@@ -97,10 +165,13 @@ TEST(OpsBackends, MetaBackendNeverTouchesMemory) {
     be->matmul(big, small, small, b * s, V, h, Trans::no, Trans::yes, 1.0f, 0.0f);
     be->rope_forward(big, small, b, s, a, kv, d, RopeSpec{5e5, {}});
     be->rope_backward(big, small, b, s, a, kv, d, RopeSpec{5e5, {}});
+    be->bias_forward(big, small, b * s, h);
+    be->bias_backward(big, small, b * s, h);
     for (Attention var : {Attention::eager, Attention::flash}) {
       be->attention_forward(big, big, f, small, small, small, b, s, a, kv, d, 0, var);
       be->attention_backward(big, big, big, big, f, small, small, small, small, small, small, f, b,
                              s, a, kv, d, 0, var);
+      be->attention_forward(big, big, f, small, small, small, b, s, a, kv, d, 4096, var);
     }
     be->swiglu_forward(big, small, small, b * s * h);
     be->swiglu_backward(big, big, small, small, small, b * s * h);

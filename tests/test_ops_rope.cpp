@@ -1,7 +1,9 @@
 // RoPE: the cpu op against HuggingFace's rotate-half formula written out here
 // (q * cos + rotate_half(q) * sin with cos/sin of cat(freqs, freqs), inv_freq computed in fp32
 // as HF does), rope_backward as the transpose (dot-product test) and the inverse, over dtype x
-// shape.
+// shape. Llama 3 scaling: the shared inv_freq rule against a double-precision reference of the
+// llama3 formula written out here (all three bands hit), the op against the HF formula on those
+// frequencies, high-frequency pairs unchanged bit for bit, and scaling none the identity.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,14 +16,20 @@ namespace trainmem {
 namespace {
 using namespace trainmem::testing;
 
-// HF LlamaRotaryEmbedding + apply_rotary_pos_emb for one (b, s, heads, d) tensor, in double on the
-// fp32 angles.
-std::vector<double> hf_rope(const std::vector<double>& x, std::int64_t b, std::int64_t s,
-                            std::int64_t heads, std::int64_t d, double theta) {
-  const std::int64_t half = d / 2;
-  std::vector<float> inv_freq(half);  // 1.0 / (base ** (arange(0, dim, 2).float() / dim))
-  for (std::int64_t j = 0; j < half; ++j)
+// inv_freq of HF's default rope: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), fp32.
+std::vector<float> hf_inv_freq(std::int64_t d, double theta) {
+  std::vector<float> inv_freq(d / 2);
+  for (std::int64_t j = 0; j < d / 2; ++j)
     inv_freq[j] = 1.0f / std::pow(float(theta), float(2 * j) / float(d));
+  return inv_freq;
+}
+
+// HF LlamaRotaryEmbedding + apply_rotary_pos_emb for one (b, s, heads, d) tensor, in double on the
+// fp32 angles t * inv_freq[j].
+std::vector<double> hf_rope(const std::vector<double>& x, std::int64_t b, std::int64_t s,
+                            std::int64_t heads, std::int64_t d,
+                            const std::vector<float>& inv_freq) {
+  const std::int64_t half = d / 2;
   std::vector<double> out(x.size());
   for (std::int64_t bi = 0; bi < b; ++bi)
     for (std::int64_t t = 0; t < s; ++t)
@@ -35,6 +43,49 @@ std::vector<double> hf_rope(const std::vector<double>& x, std::int64_t b, std::i
         }
       }
   return out;
+}
+std::vector<double> hf_rope(const std::vector<double>& x, std::int64_t b, std::int64_t s,
+                            std::int64_t heads, std::int64_t d, double theta) {
+  return hf_rope(x, b, s, heads, d, hf_inv_freq(d, theta));
+}
+
+// Llama 3.1's rule (Meta's apply_scaling, HF's _compute_llama3_parameters) in double, from its
+// definition: wavelengths 2π/inv_freq below L/hi keep their frequency, above L/lo are divided by
+// `factor`, in between the frequency is interpolated with smooth = (L/wavelen - lo) / (hi - lo):
+// (1 - smooth) * inv_freq / factor + smooth * inv_freq.
+enum class Band { high, medium, low };
+double llama3_inv_freq_ref(std::int64_t j, std::int64_t d, double theta, const RopeScaling& sc,
+                           Band* band = nullptr) {
+  const double pi = std::acos(-1.0);
+  const double inv = std::pow(theta, -2.0 * double(j) / double(d));
+  const double wavelen = 2 * pi / inv;
+  const double L = double(sc.original_max_positions);
+  const double high_wavelen = L / sc.high_freq_factor, low_wavelen = L / sc.low_freq_factor;
+  Band b;
+  double out;
+  if (wavelen < high_wavelen) {
+    b = Band::high;
+    out = inv;
+  } else if (wavelen > low_wavelen) {
+    b = Band::low;
+    out = inv / sc.factor;
+  } else {
+    b = Band::medium;
+    const double smooth =
+        (L / wavelen - sc.low_freq_factor) / (sc.high_freq_factor - sc.low_freq_factor);
+    out = (1 - smooth) * inv / sc.factor + smooth * inv;
+  }
+  if (band) *band = b;
+  return out;
+}
+RopeScaling llama31_scaling() {  // Llama 3.1/3.2's config.json values
+  RopeScaling sc;
+  sc.kind = RopeScalingKind::llama3;
+  sc.factor = 8.0;
+  sc.low_freq_factor = 1.0;
+  sc.high_freq_factor = 4.0;
+  sc.original_max_positions = 8192;
+  return sc;
 }
 
 TEST(OpsRope, MathPairRotationIsOrthogonal) {
@@ -64,14 +115,14 @@ void PrintTo(const RopeCase& c, std::ostream* os) {
 }
 class OpsRopeP : public ::testing::TestWithParam<RopeCase> {};
 
-void check_transpose_and_inverse(const RopeCase& c) {
+void check_transpose_and_inverse(const RopeCase& c, const RopeSpec& spec) {
   SCOPED_TRACE("s " + std::to_string(c.s) + " d " + std::to_string(c.d));
   const std::int64_t nq = c.b * c.s * c.a * c.d, nk = c.b * c.s * c.kv * c.d;
   const auto xq = uniform(nq, 41), xk = uniform(nk, 42), yq = uniform(nq, 43), yk = uniform(nk, 44);
   Buf rq = Buf::from(xq, DType::f32), rk = Buf::from(xk, DType::f32);
-  rope_forward_cpu(rq.data(), rk.data(), c.b, c.s, c.a, c.kv, c.d, c.theta, DType::f32);
+  rope_forward_cpu(rq.data(), rk.data(), c.b, c.s, c.a, c.kv, c.d, spec, DType::f32);
   Buf tq = Buf::from(yq, DType::f32), tk = Buf::from(yk, DType::f32);
-  rope_backward_cpu(tq.data(), tk.data(), c.b, c.s, c.a, c.kv, c.d, c.theta, DType::f32);
+  rope_backward_cpu(tq.data(), tk.data(), c.b, c.s, c.a, c.kv, c.d, spec, DType::f32);
   // <R x, y> == <x, R^T y>
   const std::vector<double> yq64(yq.begin(), yq.end()), yk64(yk.begin(), yk.end());
   const std::vector<double> xq64(xq.begin(), xq.end()), xk64(xk.begin(), xk.end());
@@ -79,7 +130,7 @@ void check_transpose_and_inverse(const RopeCase& c) {
   const double rhs = dot(xq64, tq.f32()) + dot(xk64, tk.f32());
   EXPECT_NEAR(lhs, rhs, 1e-5 * std::sqrt(double(nq + nk)));
   // R^T R x == x
-  rope_backward_cpu(rq.data(), rk.data(), c.b, c.s, c.a, c.kv, c.d, c.theta, DType::f32);
+  rope_backward_cpu(rq.data(), rk.data(), c.b, c.s, c.a, c.kv, c.d, spec, DType::f32);
   EXPECT_TRUE(all_close("q", rq.f32(), xq64, {1e-6, 1e-5}));
   EXPECT_TRUE(all_close("k", rk.f32(), xk64, {1e-6, 1e-5}));
 }
@@ -90,7 +141,7 @@ TEST_P(OpsRopeP, ForwardMatchesHuggingFaceFormula) {
   Buf q = Buf::from(uniform(nq, 31), c.dt), k = Buf::from(uniform(nk, 32), c.dt);
   const auto ref_q = hf_rope(q.f64(), c.b, c.s, c.a, c.d, c.theta);
   const auto ref_k = hf_rope(k.f64(), c.b, c.s, c.kv, c.d, c.theta);
-  rope_forward_cpu(q.data(), k.data(), c.b, c.s, c.a, c.kv, c.d, c.theta, c.dt);
+  rope_forward_cpu(q.data(), k.data(), c.b, c.s, c.a, c.kv, c.d, RopeSpec{c.theta, {}}, c.dt);
   EXPECT_TRUE(all_close("q", q.f32(), ref_q, tolerance(c.dt)));
   EXPECT_TRUE(all_close("k", k.f32(), ref_k, tolerance(c.dt)));
 }
@@ -108,7 +159,10 @@ std::vector<RopeCase> rope_cases() {
 // The linear-algebra identities, in fp32 (no storage rounding between the two applications).
 TEST(OpsRope, BackwardIsTransposeAndInverse) {
   for (const RopeCase& c : rope_cases()) {
-    if (c.dt == DType::f32) check_transpose_and_inverse(c);
+    if (c.dt == DType::f32) {
+      check_transpose_and_inverse(c, RopeSpec{c.theta, {}});
+      check_transpose_and_inverse(c, RopeSpec{c.theta, llama31_scaling()});
+    }
   }
 }
 
@@ -123,10 +177,105 @@ INSTANTIATE_TEST_SUITE_P(DtypeByShape, OpsRopeP, ::testing::ValuesIn(rope_cases(
 TEST(OpsRope, OddHeadDimIsRejected) {
   std::vector<float> q(2 * 3), k(2 * 3);
   try {
-    rope_forward_cpu(q.data(), k.data(), 1, 2, 1, 1, 3, 10000.0, DType::f32);
+    rope_forward_cpu(q.data(), k.data(), 1, 2, 1, 1, 3, RopeSpec{}, DType::f32);
     FAIL() << "no exception";
   } catch (const InputError& e) {
     EXPECT_STREQ(e.what(), "rope: head dim must be even, got 3");
+  }
+}
+
+// The shared fp32 rule (rope_math.hpp, used by the cpu op and the CUDA kernel) against the double
+// reference, at Llama 3.1 8B's (d 128, theta 500000) and at settings that put the band edges
+// elsewhere; every case covers all three bands.
+TEST(OpsRope, Llama3InvFreqMatchesDoubleReference) {
+  struct Case {
+    std::int64_t d;
+    double theta;
+    RopeScaling sc;
+  };
+  RopeScaling other = llama31_scaling();
+  other.factor = 32.0;
+  other.low_freq_factor = 2.0;
+  other.high_freq_factor = 16.0;
+  other.original_max_positions = 4096;
+  for (const Case& c : {Case{128, 500000.0, llama31_scaling()},
+                        Case{64, 500000.0, llama31_scaling()}, Case{128, 10000.0, other}}) {
+    SCOPED_TRACE("d " + std::to_string(c.d) + " theta " + std::to_string(c.theta));
+    const RopeFreqParams p = rope_freq_params(RopeSpec{c.theta, c.sc});
+    int in_band[3] = {0, 0, 0};
+    for (std::int64_t j = 0; j < c.d / 2; ++j) {
+      Band band;
+      const double want = llama3_inv_freq_ref(j, c.d, c.theta, c.sc, &band);
+      ++in_band[int(band)];
+      const double got = rope_scaled_inv_freq(j, c.d, p);
+      // fp32 pow and a few fp32 operations: a few ulps.
+      EXPECT_NEAR(got, want, 4e-6 * want) << "j " << j;
+      if (band == Band::high) {
+        EXPECT_EQ(got, rope_inv_freq<float>(j, c.d, float(c.theta))) << "j " << j;
+      }
+    }
+    EXPECT_GT(in_band[int(Band::high)], 0);
+    EXPECT_GT(in_band[int(Band::medium)], 0);
+    EXPECT_GT(in_band[int(Band::low)], 0);
+  }
+  // The worked example of docs/formulas.md (d 128, theta 500000, factor 8, 1, 4, 8192):
+  // j = 40 has inv_freq 500000^(-80/128) = 2.7425e-4, wavelength 22911 > 8192: divided by 8.
+  EXPECT_NEAR(llama3_inv_freq_ref(40, 128, 500000.0, llama31_scaling()),
+              std::pow(500000.0, -80.0 / 128.0) / 8.0, 1e-18);
+  EXPECT_NEAR(std::pow(500000.0, -80.0 / 128.0), 2.7425e-4, 1e-8);
+  // j = 30: inv_freq 2.1311e-3, wavelength 2948.3 between 2048 and 8192, smooth 0.5928, scaled
+  // by 0.6437 to 1.3719e-3; j = 28 (wavelength 1956.5 < 2048) unchanged.
+  EXPECT_NEAR(llama3_inv_freq_ref(30, 128, 500000.0, llama31_scaling()), 1.3719e-3, 1e-7);
+  EXPECT_NEAR(
+      rope_scaled_inv_freq(30, 128, rope_freq_params(RopeSpec{500000.0, llama31_scaling()})),
+      1.3719e-3, 1e-7);
+  EXPECT_NEAR(llama3_inv_freq_ref(28, 128, 500000.0, llama31_scaling()), 3.2114e-3, 1e-7);
+}
+
+TEST(OpsRope, ScalingNoneIsTheIdentity) {
+  for (std::int64_t d : {2, 6, 64, 128})
+    for (double theta : {10000.0, 500000.0}) {
+      const RopeFreqParams p = rope_freq_params(RopeSpec{theta, {}});
+      for (std::int64_t j = 0; j < d / 2; ++j)
+        EXPECT_EQ(rope_scaled_inv_freq(j, d, p), rope_inv_freq<float>(j, d, float(theta)));
+    }
+}
+
+// The op under llama3 scaling against HF's formula on the reference frequencies (rounded to
+// fp32, as HF's inv_freq buffer is), over dtypes; the pairs of the high-frequency band give the
+// same bits as without scaling, the others differ.
+TEST(OpsRope, Llama3ForwardMatchesHuggingFaceFormula) {
+  const std::int64_t b = 2, s = 37, a = 4, kv = 2, d = 64;
+  const double theta = 500000.0;
+  const RopeScaling sc = llama31_scaling();
+  std::vector<float> inv_freq(d / 2);
+  std::vector<bool> high(d / 2);
+  for (std::int64_t j = 0; j < d / 2; ++j) {
+    Band band;
+    inv_freq[j] = float(llama3_inv_freq_ref(j, d, theta, sc, &band));
+    high[j] = band == Band::high;
+  }
+  for (DType dt : all_dtypes()) {
+    SCOPED_TRACE(dtype_label(dt));
+    const std::int64_t nq = b * s * a * d, nk = b * s * kv * d;
+    Buf q = Buf::from(uniform(nq, 51), dt), k = Buf::from(uniform(nk, 52), dt);
+    Buf q0 = q, k0 = k;
+    const auto ref_q = hf_rope(q.f64(), b, s, a, d, inv_freq);
+    const auto ref_k = hf_rope(k.f64(), b, s, kv, d, inv_freq);
+    rope_forward_cpu(q.data(), k.data(), b, s, a, kv, d, RopeSpec{theta, sc}, dt);
+    rope_forward_cpu(q0.data(), k0.data(), b, s, a, kv, d, RopeSpec{theta, {}}, dt);
+    EXPECT_TRUE(all_close("q", q.f32(), ref_q, tolerance(dt)));
+    EXPECT_TRUE(all_close("k", k.f32(), ref_k, tolerance(dt)));
+    const std::vector<float> got = q.f32(), plain = q0.f32();
+    std::int64_t changed_low = 0;
+    for (std::int64_t i = 0; i < nq; ++i) {
+      const std::int64_t j = (i % d) % (d / 2), t = (i / (a * d)) % s;
+      if (high[j])
+        ASSERT_EQ(got[i], plain[i]) << "element " << i << " pair " << j;
+      else if (t > 0)
+        changed_low += got[i] != plain[i];
+    }
+    EXPECT_GT(changed_low, 0);
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "family_configs.hpp"
 #include "trainmem/analytic_rank.hpp"
 #include "trainmem/ledger.hpp"
 #include "trainmem/sharded_step.hpp"
@@ -41,7 +42,7 @@ struct Case {
 
 // Returns false when the layout does not divide the model (skipped).
 bool check(const Case& c) {
-  const ModelConfig m = *find_preset(c.model);
+  const ModelConfig m = test::any_config(c.model);
   TrainConfig t;
   t.batch = c.b;
   t.seq = c.s;
@@ -107,6 +108,39 @@ TEST(ShardedTrace, EqualsTheAnalyticProfilePerRankOverTheGrid) {
                     if (HasFailure()) return;
                   }
   EXPECT_GT(checked, 300);
+}
+
+// The families (issue 16): q/k/v biases split with their columns, q/k norm weights replicated,
+// Qwen3's q_pre/k_pre/q_rstd/k_rstd and its step-7 buffers, a decoupled head dim.
+TEST(ShardedTrace, FamiliesOverTheGrid) {
+  int checked = 0;
+  for (const char* model :
+       {"tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-llama3", "qwen3-narrow-mlp"})
+    for (std::int64_t tp : {1, 2})
+      for (std::int64_t pp : {1, 2})
+        for (std::int64_t dp : {1, 2})
+          for (int zero = 0; zero <= 3; ++zero)
+            for (bool sp : {false, true})
+              for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
+                for (Attention at : {Attention::eager, Attention::flash})
+                  for (std::int64_t M : {1, 3}) {
+                    Case c{model, dp, tp, pp, zero, sp, M, ck, at, Optimizer::adamw, DType::bf16};
+                    if (check(c)) ++checked;
+                    if (HasFailure()) return;
+                  }
+  EXPECT_GT(checked, 300);
+  const Case big[] = {
+      {"qwen3-0.6b-2l", 2, 2, 1, 3, true, 1, Checkpointing::full, Attention::flash,
+       Optimizer::adamw, DType::bf16, Offload::none, 1, false, kDefaultReduceBucket, 1, 256},
+      {"qwen2-7b-2l", 2, 2, 2, 1, false, 4, Checkpointing::none, Attention::eager, Optimizer::sgd,
+       DType::bf16, Offload::none, 1, false, kDefaultReduceBucket, 1, 128},
+      {"mistral-7b-2l", 4, 1, 1, 2, false, 1, Checkpointing::none, Attention::flash,
+       Optimizer::adamw, DType::f16, Offload::optimizer, 1, true, 100, 2, 128},
+  };
+  for (const Case& c : big) {
+    EXPECT_TRUE(check(c)) << c.str();
+    if (HasFailure()) return;
+  }
 }
 
 TEST(ShardedTrace, OptimizersDtypesOffloadPrefetchBuckets) {

@@ -2,7 +2,8 @@
 //
 // Dimension letters, here, in model_acts.hpp and in src/model*.cpp, are the project's
 // (docs/architecture.md, "Dimension letters"): b batch, s sequence, h hidden, i intermediate,
-// a heads, k kv heads, d head dim (a·d = h), V vocab, L layers, and n = b·s rows for the GEMMs.
+// a heads, k kv heads, d head dim (a·d = h unless the config sets head_dim), V vocab, L layers,
+// and n = b·s rows for the GEMMs.
 // The kernels and backends use the same letters, spelling the kv heads `kv` (k is the key
 // tensor there).
 //
@@ -12,6 +13,11 @@
 // then a final RMSNorm and the LM head (its own weight, or the embedding's when tied).
 // Attention is causal with GQA (a query heads share k kv heads), eager (probabilities
 // materialised) or flash-style (only the row log-sum-exp kept). RoPE is HF's rotate-half.
+// The families (issue 16) on the same code path: q/k/v projection biases (Qwen2: q_proj.bias
+// etc., added after each GEMM), per-head RMSNorm of q and k before RoPE (Qwen3: q_norm,
+// k_norm, weights (d) over rows of width d), a head dim d apart from h/a (q, attn_out and
+// o_proj are a·d wide), sliding-window attention per layer (ModelConfig::window_of) and RoPE
+// scaling (ModelConfig::rope()).
 //
 // Memory: every allocation goes through the Ledger with its category, tensor name, layer and
 // phase, exactly in the order of docs/native-plan.md (the contract with the analytic
@@ -87,7 +93,8 @@ class LlamaModel {
   LlamaModel& operator=(const LlamaModel&) = delete;
 
   // HF's initialisation: normal(0, 0.02) for embeddings and linear weights, 1 for RMSNorm
-  // weights, drawn from a counter-based generator keyed by (seed, parameter, element).
+  // weights (q_norm and k_norm included), 0 for the projection biases, drawn from a counter-based
+  // generator keyed by (seed, parameter, element).
   void init_random(std::uint64_t seed);
   // Loads every parameter by its HF name (any stored float dtype converted). Errors
   // (InputError) name the file and the tensor: missing tensors, shape mismatches. Tensors the
@@ -140,8 +147,13 @@ class LlamaModel {
   };
 
   Parameter& P(std::size_t i) { return params_[i]; }
-  std::size_t layer_param(int l, int j) const { return 1 + std::size_t(l) * 9 + j; }
-  std::size_t final_norm_index() const { return 1 + std::size_t(cfg_.layers) * 9; }
+  // Per-layer parameter j (model.cpp's LayerParam slots: norms, projections, biases, q/k
+  // norms) of layer l; only for the slots this model has (has_layer_param).
+  std::size_t layer_param(int l, int j) const {
+    return 1 + std::size_t(l) * per_layer_params_ + std::size_t(layer_slot_[std::size_t(j)]);
+  }
+  bool has_layer_param(int j) const { return layer_slot_[std::size_t(j)] >= 0; }
+  std::size_t final_norm_index() const { return 1 + std::size_t(cfg_.layers) * per_layer_params_; }
   std::size_t head_index() const;  // embed (0) when tied
   Tensor act(const char* name, int layer, std::vector<std::int64_t> shape, DType dt);
   Tensor ws(const char* name, int layer, std::vector<std::int64_t> shape, DType dt);
@@ -181,6 +193,10 @@ class LlamaModel {
   DType D_;
   std::int64_t b_, s_, h_, i_, a_, k_, d_, V_, n_;  // n = b*s rows
   std::vector<Parameter> params_;
+  // Position of each LayerParam slot among a layer's parameters (-1: not in this model), and
+  // the number of parameters per layer.
+  std::vector<int> layer_slot_;
+  std::size_t per_layer_params_ = 0;
   ParameterOptimizer opt_;
   Tensor tokens_, targets_;  // (b,s) int32, inputs
   Tensor gemm_workspace_;    // 32 MiB, workspace

@@ -1,13 +1,13 @@
 // A decoder layer's activations, described once as data (docs/native-plan.md, "Forward").
 //
 // kLayerActs is the model's side of the plan for one layer: what the forward allocates, in
-// which order, with which names, shapes, dtypes and categories; which attention variant
-// allocates it; what checkpointing does with it; and which step of the layer's backward frees
-// it. LlamaModel's layer forward allocates exactly these rows in this order (it says only up to
-// which row it needs tensors before each op), the checkpointing free and the recompute are
-// loops over it, the backward frees follow kBackwardFreeOrder, and layer_activation_plan()
-// lists it for a configuration. So the forward, the free lists and a listing cannot drift
-// apart.
+// which order, with which names, shapes, dtypes and categories; which attention variant and
+// which models (ForModel: Qwen3's q/k norm rows) allocate it; what checkpointing does with it;
+// and which step of the layer's backward frees it. LlamaModel's layer forward allocates exactly
+// these rows in this order (it says only up to which row it needs tensors before each op), the
+// checkpointing free and the recompute are loops over it, the backward frees follow
+// kBackwardFreeOrder, and layer_activation_plan() lists it for a configuration. So the forward, the
+// free lists and a listing cannot drift apart.
 //
 // The analytic `native` profile (src/analytic*) does not read this table: it is written from
 // docs/native-plan.md on its own, and the tests comparing it with the ledger are a real check.
@@ -30,6 +30,10 @@ namespace trainmem {
 enum class LayerAct : std::uint8_t {
   rstd1,
   xn1,
+  q_pre,
+  k_pre,
+  q_rstd,
+  k_rstd,
   q,
   k,
   v,
@@ -44,10 +48,10 @@ enum class LayerAct : std::uint8_t {
   act,
   out,
 };
-constexpr int kNumLayerActs = 15;
+constexpr int kNumLayerActs = 19;
 
 // One extent of an activation's shape: a single dimension, or the products a·d and k·d.
-enum class Extent : std::uint8_t { b, s, h, i, a, ad, kd };
+enum class Extent : std::uint8_t { b, s, h, i, a, k, ad, kd };
 
 struct ActShape {
   std::uint8_t rank;
@@ -58,6 +62,10 @@ struct ActShape {
 enum class ActDType : std::uint8_t { D, f32 };
 // Which attention variant allocates a row.
 enum class ForAttention : std::uint8_t { both, eager, flash };
+// Which models allocate a row: all of them, or only those with per-head q/k RMSNorm
+// (ModelConfig::qk_norm, Qwen3). A row a model does not allocate is absent from every pass and
+// from the backward's frees, as a row of the other attention variant is.
+enum class ForModel : std::uint8_t { all, qk_norm };
 // Under checkpointing full: `recomputed` rows are freed right after the layer's `out` is
 // computed (in reverse allocation order) and allocated again by the recompute in backward;
 // the `kept` row is the layer's output, the next layer's checkpointed input.
@@ -74,6 +82,7 @@ struct LayerActSpec {
   ActDType dtype;
   Category category;
   ForAttention attention;
+  ForModel model;
   UnderCheckpointing checkpointing;
   // The step of the layer's own backward (docs/native-plan.md, "Layer l", 1..9) that frees
   // it; 0: freed by its consumer, as x_{l+1}: step 9 of layer l+1's backward, or head step 3
@@ -89,27 +98,33 @@ constexpr ActShape bsi{3, {Extent::b, Extent::s, Extent::i}};
 constexpr ActShape bsad{3, {Extent::b, Extent::s, Extent::ad}};
 constexpr ActShape bskd{3, {Extent::b, Extent::s, Extent::kd}};
 constexpr ActShape bas{3, {Extent::b, Extent::a, Extent::s}};
+constexpr ActShape bsa{3, {Extent::b, Extent::s, Extent::a}};
+constexpr ActShape bsk{3, {Extent::b, Extent::s, Extent::k}};
 constexpr ActShape bass{4, {Extent::b, Extent::a, Extent::s, Extent::s}};
 }  // namespace act_shapes
 
 // clang-format off
 inline constexpr LayerActSpec kLayerActs[kNumLayerActs] = {
-    // id                name        shape             dtype          category               attention            checkpointing                step  holds
-    {LayerAct::rstd1,    "rstd1",    act_shapes::bs,   ActDType::f32, Category::activations, ForAttention::both,  UnderCheckpointing::recomputed, 9, "1/rms of each row of x_l (input RMSNorm)"},
-    {LayerAct::xn1,      "xn1",      act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  UnderCheckpointing::recomputed, 8, "rmsnorm(x_l)"},
-    {LayerAct::q,        "q",        act_shapes::bsad, ActDType::D,   Category::activations, ForAttention::both,  UnderCheckpointing::recomputed, 8, "xn1·W_qᵀ, RoPE applied in place"},
-    {LayerAct::k,        "k",        act_shapes::bskd, ActDType::D,   Category::activations, ForAttention::both,  UnderCheckpointing::recomputed, 8, "xn1·W_kᵀ, RoPE applied in place"},
-    {LayerAct::v,        "v",        act_shapes::bskd, ActDType::D,   Category::activations, ForAttention::both,  UnderCheckpointing::recomputed, 8, "xn1·W_vᵀ"},
-    {LayerAct::probs,    "probs",    act_shapes::bass, ActDType::D,   Category::activations, ForAttention::eager, UnderCheckpointing::recomputed, 6, "causal softmax of the scores"},
-    {LayerAct::lse,      "lse",      act_shapes::bas,  ActDType::f32, Category::activations, ForAttention::flash, UnderCheckpointing::recomputed, 6, "log-sum-exp of each score row"},
-    {LayerAct::attn_out, "attn_out", act_shapes::bsad, ActDType::D,   Category::activations, ForAttention::both,  UnderCheckpointing::recomputed, 6, "attention output, heads side by side"},
-    {LayerAct::h_mid,    "h_mid",    act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  UnderCheckpointing::recomputed, 4, "x_l + attn_out·W_oᵀ"},
-    {LayerAct::rstd2,    "rstd2",    act_shapes::bs,   ActDType::f32, Category::activations, ForAttention::both,  UnderCheckpointing::recomputed, 4, "1/rms of each row of h_mid (post-attention RMSNorm)"},
-    {LayerAct::xn2,      "xn2",      act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  UnderCheckpointing::recomputed, 3, "rmsnorm(h_mid)"},
-    {LayerAct::gate,     "gate",     act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  UnderCheckpointing::recomputed, 2, "xn2·W_gateᵀ"},
-    {LayerAct::up,       "up",       act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  UnderCheckpointing::recomputed, 2, "xn2·W_upᵀ"},
-    {LayerAct::act,      "act",      act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  UnderCheckpointing::recomputed, 1, "silu(gate)·up"},
-    {LayerAct::out,      "out",      act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  UnderCheckpointing::kept,       0, "h_mid + act·W_downᵀ = x_{l+1}"},
+    // id                name        shape             dtype          category               attention            model              checkpointing                   step holds
+    {LayerAct::rstd1,    "rstd1",    act_shapes::bs,   ActDType::f32, Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 9, "1/rms of each row of x_l (input RMSNorm)"},
+    {LayerAct::xn1,      "xn1",      act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 8, "rmsnorm(x_l)"},
+    {LayerAct::q_pre,    "q_pre",    act_shapes::bsad, ActDType::D,   Category::activations, ForAttention::both,  ForModel::qk_norm, UnderCheckpointing::recomputed, 7, "xn1·W_qᵀ (+ bias), the input of q_norm"},
+    {LayerAct::k_pre,    "k_pre",    act_shapes::bskd, ActDType::D,   Category::activations, ForAttention::both,  ForModel::qk_norm, UnderCheckpointing::recomputed, 7, "xn1·W_kᵀ (+ bias), the input of k_norm"},
+    {LayerAct::q_rstd,   "q_rstd",   act_shapes::bsa,  ActDType::f32, Category::activations, ForAttention::both,  ForModel::qk_norm, UnderCheckpointing::recomputed, 7, "1/rms of each head of q_pre (q_norm)"},
+    {LayerAct::k_rstd,   "k_rstd",   act_shapes::bsk,  ActDType::f32, Category::activations, ForAttention::both,  ForModel::qk_norm, UnderCheckpointing::recomputed, 7, "1/rms of each head of k_pre (k_norm)"},
+    {LayerAct::q,        "q",        act_shapes::bsad, ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 8, "xn1·W_qᵀ (+ bias; q_norm of q_pre), RoPE in place"},
+    {LayerAct::k,        "k",        act_shapes::bskd, ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 8, "xn1·W_kᵀ (+ bias; k_norm of k_pre), RoPE in place"},
+    {LayerAct::v,        "v",        act_shapes::bskd, ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 8, "xn1·W_vᵀ (+ bias)"},
+    {LayerAct::probs,    "probs",    act_shapes::bass, ActDType::D,   Category::activations, ForAttention::eager, ForModel::all,     UnderCheckpointing::recomputed, 6, "causal softmax of the scores"},
+    {LayerAct::lse,      "lse",      act_shapes::bas,  ActDType::f32, Category::activations, ForAttention::flash, ForModel::all,     UnderCheckpointing::recomputed, 6, "log-sum-exp of each score row"},
+    {LayerAct::attn_out, "attn_out", act_shapes::bsad, ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 6, "attention output, heads side by side"},
+    {LayerAct::h_mid,    "h_mid",    act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 4, "x_l + attn_out·W_oᵀ"},
+    {LayerAct::rstd2,    "rstd2",    act_shapes::bs,   ActDType::f32, Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 4, "1/rms of each row of h_mid (post-attention RMSNorm)"},
+    {LayerAct::xn2,      "xn2",      act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 3, "rmsnorm(h_mid)"},
+    {LayerAct::gate,     "gate",     act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 2, "xn2·W_gateᵀ"},
+    {LayerAct::up,       "up",       act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 2, "xn2·W_upᵀ"},
+    {LayerAct::act,      "act",      act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 1, "silu(gate)·up"},
+    {LayerAct::out,      "out",      act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::kept,       0, "h_mid + act·W_downᵀ = x_{l+1}"},
 };
 // clang-format on
 
@@ -117,9 +132,10 @@ inline constexpr LayerActSpec kLayerActs[kNumLayerActs] = {
 // docs/native-plan.md lists them (after the step's own workspace buffers). `out` is not in it
 // (its consumer frees it).
 inline constexpr LayerAct kBackwardFreeOrder[] = {
-    LayerAct::act,   LayerAct::gate,     LayerAct::up,    LayerAct::xn2,   LayerAct::h_mid,
-    LayerAct::rstd2, LayerAct::attn_out, LayerAct::probs, LayerAct::lse,   LayerAct::q,
-    LayerAct::k,     LayerAct::v,        LayerAct::xn1,   LayerAct::rstd1,
+    LayerAct::act,    LayerAct::gate,     LayerAct::up,     LayerAct::xn2, LayerAct::h_mid,
+    LayerAct::rstd2,  LayerAct::attn_out, LayerAct::probs,  LayerAct::lse, LayerAct::q_pre,
+    LayerAct::q_rstd, LayerAct::k_pre,    LayerAct::k_rstd, LayerAct::q,   LayerAct::k,
+    LayerAct::v,      LayerAct::xn1,      LayerAct::rstd1,
 };
 
 constexpr const LayerActSpec& layer_act(LayerAct x) {
@@ -154,8 +170,10 @@ constexpr bool layer_acts_consistent() {
 static_assert(detail::layer_acts_consistent(),
               "kLayerActs / kBackwardFreeOrder: rows out of order, or free steps inconsistent");
 
-// Whether `pass` allocates the row under `attention`.
-constexpr bool allocated_in(const LayerActSpec& row, Attention attention, ActPass pass) {
+// Whether `pass` allocates the row for `model` under `attention`.
+constexpr bool allocated_in(const LayerActSpec& row, const ModelConfig& model, Attention attention,
+                            ActPass pass) {
+  if (row.model == ForModel::qk_norm && !model.qk_norm) return false;
   if (row.attention == ForAttention::eager && attention != Attention::eager) return false;
   if (row.attention == ForAttention::flash && attention != Attention::flash) return false;
   return pass == ActPass::forward || row.checkpointing == UnderCheckpointing::recomputed;

@@ -5,11 +5,15 @@
 // buffer, or a contiguous fp32 copy of a 16-bit one). Results do not depend on the thread
 // count.
 //
+// Sliding window W > 0 (attention_math.hpp): row i keeps keys max(0, i-W+1)..i only.
 // Eager: S = scale * Q K^T (s, s), causal softmax row by row into probs (stored rounded to D;
+// zeros outside the visible keys;
 // the stored values are what P.V and the backward use). Backward: dP = dO V^T,
 // dS = P * (dP - rowsum(P * dP)), dQ = scale dS K, dK += scale dS^T Q, dV += P^T dO.
-// Flash: query blocks of kBlockRows rows against key blocks of kBlockCols keys up to the
-// diagonal, with the online softmax of attention_math.hpp; only lse (b, a, s) is kept.
+// Flash: query blocks of kBlockRows rows against key blocks of kBlockCols keys from the block
+// holding the block's first visible key (0 without a window) up to the diagonal, with the online
+// softmax of attention_math.hpp; key blocks entirely outside the window are never visited; only
+// lse (b, a, s) is kept.
 // Backward recomputes P = exp(S - lse) tile by tile with delta = rowsum(dO * O).
 #include <algorithm>
 #include <string>
@@ -31,6 +35,7 @@ constexpr std::int64_t kBlockCols = 64;  // flash key tile
 
 struct Dims {
   std::int64_t b, s, a, kv, d;
+  std::int64_t window;  // 0: full causal
   std::int64_t group() const { return a / kv; }
   // Whether the (s, s, d) products of all heads are worth an OpenMP team.
   bool parallel() const { return double(b) * a * s * s * d >= kParallelMinMacs; }
@@ -40,6 +45,13 @@ void check_dims(const Dims& dims) {
   if (dims.kv <= 0 || dims.a % dims.kv != 0)
     throw InputError("attention: kv heads (" + std::to_string(dims.kv) +
                      ") must divide query heads (" + std::to_string(dims.a) + ")");
+  if (dims.window < 0)
+    throw InputError("attention: window must be >= 0 (0: full causal), got " +
+                     std::to_string(dims.window));
+}
+// First key block a query block starting at row i0 visits: the one holding its first visible key.
+std::int64_t first_key_block(std::int64_t i0, std::int64_t window) {
+  return window_first_key(i0, window) / kBlockCols * kBlockCols;
 }
 
 // One head's (s, d) rows of a (b, s, heads, d) buffer, as fp32. For fp32 storage this points into
@@ -99,15 +111,17 @@ void eager_forward(void* out, void* probs, const void* q, const void* k, const v
       sgemm_cpu(Trans::no, Trans::yes, s, s, d, scale, Q.ptr, Q.ld, K.ptr, K.ld, 0.0f, P, s);
       for (std::int64_t i = 0; i < s; ++i) {
         float* row = P + i * s;
+        const std::int64_t lo = window_first_key(i, dims.window);
         float mx = tm_neg_inf<float>();
-        for (std::int64_t j = 0; j <= i; ++j) mx = tm_max(mx, row[j]);
+        for (std::int64_t j = lo; j <= i; ++j) mx = tm_max(mx, row[j]);
         float sum = 0.0f;
-        for (std::int64_t j = 0; j <= i; ++j) {
+        for (std::int64_t j = lo; j <= i; ++j) {
           row[j] = tm_exp(row[j] - mx);
           sum += row[j];
         }
         const float inv = 1.0f / sum;
-        for (std::int64_t j = 0; j <= i; ++j) row[j] = S::round(row[j] * inv);
+        for (std::int64_t j = 0; j < lo; ++j) row[j] = 0.0f;
+        for (std::int64_t j = lo; j <= i; ++j) row[j] = S::round(row[j] * inv);
         for (std::int64_t j = i + 1; j < s; ++j) row[j] = 0.0f;
         if constexpr (!std::is_same_v<S, F32>)
           for (std::int64_t j = 0; j < s; ++j) S::store(probs, pbase + i * s + j, row[j]);
@@ -153,9 +167,11 @@ void eager_backward(void* dq, void* dk, void* dv, const void* dout, const void* 
         for (std::int64_t i = 0; i < s; ++i) {
           const float* p = P + i * s;
           float* ds = dP.data() + i * s;
+          const std::int64_t lo = window_first_key(i, dims.window);
           float delta = 0.0f;
-          for (std::int64_t j = 0; j <= i; ++j) delta += p[j] * ds[j];
-          for (std::int64_t j = 0; j <= i; ++j) ds[j] = softmax_backward_elem(p[j], ds[j], delta);
+          for (std::int64_t j = lo; j <= i; ++j) delta += p[j] * ds[j];
+          for (std::int64_t j = 0; j < lo; ++j) ds[j] = 0.0f;
+          for (std::int64_t j = lo; j <= i; ++j) ds[j] = softmax_backward_elem(p[j], ds[j], delta);
           for (std::int64_t j = i + 1; j < s; ++j) ds[j] = 0.0f;
         }
         sgemm_cpu(Trans::no, Trans::no, s, d, s, scale, dP.data(), s, K.ptr, K.ld, 0.0f, dQ.data(),
@@ -195,7 +211,7 @@ void flash_forward(void* out, float* lse, const void* q, const void* k, const vo
         const std::int64_t rows = std::min(kBlockRows, s - i0);
         std::fill(acc.begin(), acc.end(), 0.0f);
         std::fill(st.begin(), st.end(), OnlineSoftmax<float>::start());
-        for (std::int64_t j0 = 0; j0 < i0 + rows; j0 += kBlockCols) {
+        for (std::int64_t j0 = first_key_block(i0, dims.window); j0 < i0 + rows; j0 += kBlockCols) {
           const std::int64_t cols = std::min(kBlockCols, i0 + rows - j0);
           sgemm_cpu(Trans::no, Trans::yes, rows, cols, d, scale, Q.ptr + i0 * Q.ld, Q.ld,
                     K.ptr + j0 * K.ld, K.ld, 0.0f, tile.data(), kBlockCols);
@@ -204,12 +220,13 @@ void flash_forward(void* out, float* lse, const void* q, const void* k, const vo
             float* sc = tile.data() + r * kBlockCols;
             float bmax = tm_neg_inf<float>();
             for (std::int64_t c = 0; c < cols; ++c)
-              if (causal_visible(i, j0 + c)) bmax = tm_max(bmax, sc[c]);
+              if (window_visible(i, j0 + c, dims.window)) bmax = tm_max(bmax, sc[c]);
             const float alpha = online_softmax_rescale(&st[r], bmax);
             for (std::int64_t e = 0; e < d; ++e) acc[r * d + e] *= alpha;
             float sum = 0.0f;
             for (std::int64_t c = 0; c < cols; ++c) {
-              sc[c] = causal_visible(i, j0 + c) ? online_softmax_weight(st[r], sc[c]) : 0.0f;
+              sc[c] = window_visible(i, j0 + c, dims.window) ? online_softmax_weight(st[r], sc[c])
+                                                             : 0.0f;
               sum += sc[c];
             }
             st[r].l += sum;
@@ -262,7 +279,8 @@ void flash_backward(void* dq, void* dk, void* dv, float* delta, const void* dout
         std::fill(dQ.begin(), dQ.end(), 0.0f);
         for (std::int64_t i0 = 0; i0 < s; i0 += kBlockRows) {
           const std::int64_t rows = std::min(kBlockRows, s - i0);
-          for (std::int64_t j0 = 0; j0 < i0 + rows; j0 += kBlockCols) {
+          for (std::int64_t j0 = first_key_block(i0, dims.window); j0 < i0 + rows;
+               j0 += kBlockCols) {
             const std::int64_t cols = std::min(kBlockCols, i0 + rows - j0);
             sgemm_cpu(Trans::no, Trans::yes, rows, cols, d, scale, Q.ptr + i0 * Q.ld, Q.ld,
                       K.ptr + j0 * K.ld, K.ld, 0.0f, p.data(), kBlockCols);
@@ -272,7 +290,8 @@ void flash_backward(void* dq, void* dk, void* dv, float* delta, const void* dout
               const std::int64_t i = i0 + r;
               for (std::int64_t c = 0; c < cols; ++c) {
                 float& pr = p[r * kBlockCols + c];
-                pr = causal_visible(i, j0 + c) ? softmax_prob_from_lse(pr, L[i]) : 0.0f;
+                pr =
+                    window_visible(i, j0 + c, dims.window) ? softmax_prob_from_lse(pr, L[i]) : 0.0f;
                 float& g2 = ds[r * kBlockCols + c];
                 g2 = softmax_backward_elem(pr, g2, dl[i]);
               }
@@ -297,9 +316,9 @@ void flash_backward(void* dq, void* dk, void* dv, float* delta, const void* dout
 
 void attention_eager_forward_cpu(void* out, void* probs, const void* q, const void* k,
                                  const void* v, std::int64_t b, std::int64_t s, std::int64_t a,
-                                 std::int64_t kv, std::int64_t d, DType dt) {
+                                 std::int64_t kv, std::int64_t d, std::int64_t window, DType dt) {
   cpu_threads_setup();
-  const Dims dims{b, s, a, kv, d};
+  const Dims dims{b, s, a, kv, d, window};
   check_dims(dims);
   dispatch_storage(dt, "attention_forward",
                    [&](auto tag) { eager_forward<decltype(tag)>(out, probs, q, k, v, dims); });
@@ -308,9 +327,9 @@ void attention_eager_forward_cpu(void* out, void* probs, const void* q, const vo
 void attention_eager_backward_cpu(void* dq, void* dk, void* dv, void* /*dprobs*/, const void* dout,
                                   const void* q, const void* k, const void* v, const void* probs,
                                   std::int64_t b, std::int64_t s, std::int64_t a, std::int64_t kv,
-                                  std::int64_t d, DType dt) {
+                                  std::int64_t d, std::int64_t window, DType dt) {
   cpu_threads_setup();
-  const Dims dims{b, s, a, kv, d};
+  const Dims dims{b, s, a, kv, d, window};
   check_dims(dims);
   dispatch_storage(dt, "attention_backward", [&](auto tag) {
     eager_backward<decltype(tag)>(dq, dk, dv, dout, q, k, v, probs, dims);
@@ -319,9 +338,9 @@ void attention_eager_backward_cpu(void* dq, void* dk, void* dv, void* /*dprobs*/
 
 void attention_flash_forward_cpu(void* out, float* lse, const void* q, const void* k, const void* v,
                                  std::int64_t b, std::int64_t s, std::int64_t a, std::int64_t kv,
-                                 std::int64_t d, DType dt) {
+                                 std::int64_t d, std::int64_t window, DType dt) {
   cpu_threads_setup();
-  const Dims dims{b, s, a, kv, d};
+  const Dims dims{b, s, a, kv, d, window};
   check_dims(dims);
   dispatch_storage(dt, "attention_forward",
                    [&](auto tag) { flash_forward<decltype(tag)>(out, lse, q, k, v, dims); });
@@ -330,9 +349,9 @@ void attention_flash_forward_cpu(void* out, float* lse, const void* q, const voi
 void attention_flash_backward_cpu(void* dq, void* dk, void* dv, float* delta, const void* dout,
                                   const void* q, const void* k, const void* v, const void* out,
                                   const float* lse, std::int64_t b, std::int64_t s, std::int64_t a,
-                                  std::int64_t kv, std::int64_t d, DType dt) {
+                                  std::int64_t kv, std::int64_t d, std::int64_t window, DType dt) {
   cpu_threads_setup();
-  const Dims dims{b, s, a, kv, d};
+  const Dims dims{b, s, a, kv, d, window};
   check_dims(dims);
   dispatch_storage(dt, "attention_backward", [&](auto tag) {
     flash_backward<decltype(tag)>(dq, dk, dv, delta, dout, q, k, v, out, lse, dims);
@@ -341,24 +360,27 @@ void attention_flash_backward_cpu(void* dq, void* dk, void* dv, float* delta, co
 
 void attention_forward_cpu(void* out, void* probs, float* lse, const void* q, const void* k,
                            const void* v, std::int64_t b, std::int64_t s, std::int64_t a,
-                           std::int64_t kv, std::int64_t d, Attention variant, DType dt) {
+                           std::int64_t kv, std::int64_t d, std::int64_t window, Attention variant,
+                           DType dt) {
   cpu_threads_setup();
   if (variant == Attention::eager)
-    attention_eager_forward_cpu(out, probs, q, k, v, b, s, a, kv, d, dt);
+    attention_eager_forward_cpu(out, probs, q, k, v, b, s, a, kv, d, window, dt);
   else
-    attention_flash_forward_cpu(out, lse, q, k, v, b, s, a, kv, d, dt);
+    attention_flash_forward_cpu(out, lse, q, k, v, b, s, a, kv, d, window, dt);
 }
 
 void attention_backward_cpu(void* dq, void* dk, void* dv, void* dprobs, float* delta,
                             const void* dout, const void* q, const void* k, const void* v,
                             const void* out, const void* probs, const float* lse, std::int64_t b,
                             std::int64_t s, std::int64_t a, std::int64_t kv, std::int64_t d,
-                            Attention variant, DType dt) {
+                            std::int64_t window, Attention variant, DType dt) {
   cpu_threads_setup();
   if (variant == Attention::eager)
-    attention_eager_backward_cpu(dq, dk, dv, dprobs, dout, q, k, v, probs, b, s, a, kv, d, dt);
+    attention_eager_backward_cpu(dq, dk, dv, dprobs, dout, q, k, v, probs, b, s, a, kv, d, window,
+                                 dt);
   else
-    attention_flash_backward_cpu(dq, dk, dv, delta, dout, q, k, v, out, lse, b, s, a, kv, d, dt);
+    attention_flash_backward_cpu(dq, dk, dv, delta, dout, q, k, v, out, lse, b, s, a, kv, d, window,
+                                 dt);
 }
 
 }  // namespace trainmem

@@ -1,5 +1,6 @@
 // Causal attention, eager: scores and probabilities materialised in probs (b, a, s, s) D.
-//   forward:  probs = scale * q k^T (cuBLAS), causal softmax in place, out = probs v (cuBLAS);
+//   forward:  probs = scale * q k^T (cuBLAS), causal softmax in place (zeros above the diagonal
+//             and, under a sliding window, left of it), out = probs v (cuBLAS);
 //   backward: dP = dout v^T into dprobs, dS = P * (dP - rowsum(P * dP)) in place,
 //             dq = scale dS k, dk = scale sum_g dS^T q, dv = sum_g P^T dout.
 // Heads: one (s, d) head of a (b, s, heads, d) tensor is a row-major matrix with ld heads*d, so
@@ -40,10 +41,10 @@ void check_handle_stream(cublasHandle_t handle, cudaStream_t stream, const char*
 
 void attention_eager_forward_cuda(void* out, void* probs, const void* q, const void* k,
                                   const void* v, std::int64_t b, std::int64_t s, std::int64_t a,
-                                  std::int64_t kv, std::int64_t d, DType dt, cublasHandle_t handle,
-                                  cudaStream_t stream) {
+                                  std::int64_t kv, std::int64_t d, std::int64_t window, DType dt,
+                                  cublasHandle_t handle, cudaStream_t stream) {
   const char* op = "attention_eager_forward_cuda";
-  cuda::check_attention_dims(op, b, s, a, kv, d);
+  cuda::check_attention_dims(op, b, s, a, kv, d, window);
   checked_product({std::uint64_t(b), std::uint64_t(a), std::uint64_t(s), std::uint64_t(s)}, op);
   check_handle_stream(handle, stream, op);
   const std::size_t w = dtype_size(dt);
@@ -60,7 +61,7 @@ void attention_eager_forward_cuda(void* out, void* probs, const void* q, const v
   const cuda::LaunchShape sm = cuda::causal_softmax_launch(rows, op);
   dispatch_storage(dt, op, [&](auto tag) {
     cuda::causal_softmax_kernel<decltype(tag)>
-        <<<cuda::grid_of(sm), cuda::block_of(sm), 0, stream>>>(probs, rows, s);
+        <<<cuda::grid_of(sm), cuda::block_of(sm), 0, stream>>>(probs, rows, s, window);
     TM_CUDA_CHECK_LAUNCH();
   });
   // out (s,d; ld a*d) = probs (s, s) . v (s,d; ld kv*d)
@@ -75,10 +76,10 @@ void attention_eager_forward_cuda(void* out, void* probs, const void* q, const v
 void attention_eager_backward_cuda(void* dq, void* dk, void* dv, void* dprobs, const void* dout,
                                    const void* q, const void* k, const void* v, const void* probs,
                                    std::int64_t b, std::int64_t s, std::int64_t a, std::int64_t kv,
-                                   std::int64_t d, DType dt, cublasHandle_t handle,
-                                   cudaStream_t stream) {
+                                   std::int64_t d, std::int64_t window, DType dt,
+                                   cublasHandle_t handle, cudaStream_t stream) {
   const char* op = "attention_eager_backward_cuda";
-  cuda::check_attention_dims(op, b, s, a, kv, d);
+  cuda::check_attention_dims(op, b, s, a, kv, d, window);
   checked_product({std::uint64_t(b), std::uint64_t(a), std::uint64_t(s), std::uint64_t(s)}, op);
   if (dprobs == nullptr) throw InputError(std::string(op) + ": dprobs scratch is required");
   check_handle_stream(handle, stream, op);
@@ -96,7 +97,7 @@ void attention_eager_backward_cuda(void* dq, void* dk, void* dv, void* dprobs, c
   const cuda::LaunchShape sm = cuda::causal_softmax_launch(rows, op);
   dispatch_storage(dt, op, [&](auto tag) {
     cuda::causal_softmax_backward_kernel<decltype(tag)>
-        <<<cuda::grid_of(sm), cuda::block_of(sm), 0, stream>>>(dprobs, probs, rows, s);
+        <<<cuda::grid_of(sm), cuda::block_of(sm), 0, stream>>>(dprobs, probs, rows, s, window);
     TM_CUDA_CHECK_LAUNCH();
   });
   for (const HeadCall& c : plan.calls) {

@@ -18,48 +18,52 @@ constexpr int kSoftmaxThreads = kSoftmaxWarps * 32;
 
 // ---------------------------------------------------------------- kernels
 
-// probs (R = b*a*s rows, s) D: row r is query position i = r % s of its head. In place:
-// p_j = exp(s_j - max) / sum for j <= i, 0 for j > i (the GEMM wrote scores there too).
+// probs (R = b*a*s rows, s) D: row r is query position i = r % s of its head; its visible keys
+// are lo..i, lo = window_first_key(i, window) (0 without a window). In place:
+// p_j = exp(s_j - max) / sum for lo <= j <= i, 0 elsewhere (the GEMM wrote scores there too).
 template <class S>
 __global__ void __launch_bounds__(kSoftmaxThreads)
-    causal_softmax_kernel(void* probs, std::int64_t rows, std::int64_t s) {
+    causal_softmax_kernel(void* probs, std::int64_t rows, std::int64_t s, std::int64_t window) {
   const int lane = threadIdx.x & 31;
   const std::int64_t row = std::int64_t(blockIdx.x) * kSoftmaxWarps + (threadIdx.x >> 5);
   if (row >= rows) return;  // the whole warp leaves together; no block barrier follows
   const std::int64_t i = row % s;
+  const std::int64_t lo = window_first_key(i, window);
   const std::size_t base = std::size_t(row) * s;
   float mx = -INFINITY;
-  for (std::int64_t j = lane; j <= i; j += 32) mx = fmaxf(mx, S::load(probs, base + j));
+  for (std::int64_t j = lo + lane; j <= i; j += 32) mx = fmaxf(mx, S::load(probs, base + j));
   mx = cuda::warp_max(mx);
   float sum = 0.0f;
-  for (std::int64_t j = lane; j <= i; j += 32) sum += tm_exp(S::load(probs, base + j) - mx);
+  for (std::int64_t j = lo + lane; j <= i; j += 32) sum += tm_exp(S::load(probs, base + j) - mx);
   sum = cuda::warp_sum(sum);
   const float inv = 1.0f / sum;
   for (std::int64_t j = lane; j < s; j += 32) {
-    const float p = j <= i ? tm_exp(S::load(probs, base + j) - mx) * inv : 0.0f;
+    const float p = j >= lo && j <= i ? tm_exp(S::load(probs, base + j) - mx) * inv : 0.0f;
     S::store(probs, base + j, p);
   }
 }
 
-// dprobs holds dP on entry and dS on exit: dS_j = P_j (dP_j - sum_k P_k dP_k) for j <= i,
-// 0 above the diagonal. Same row layout as causal_softmax_kernel.
+// dprobs holds dP on entry and dS on exit: dS_j = P_j (dP_j - sum_k P_k dP_k) for
+// lo <= j <= i, 0 elsewhere. Same row layout and window as causal_softmax_kernel.
 template <class S>
 __global__ void __launch_bounds__(kSoftmaxThreads)
     causal_softmax_backward_kernel(void* dprobs, const void* probs, std::int64_t rows,
-                                   std::int64_t s) {
+                                   std::int64_t s, std::int64_t window) {
   const int lane = threadIdx.x & 31;
   const std::int64_t row = std::int64_t(blockIdx.x) * kSoftmaxWarps + (threadIdx.x >> 5);
   if (row >= rows) return;
   const std::int64_t i = row % s;
+  const std::int64_t lo = window_first_key(i, window);
   const std::size_t base = std::size_t(row) * s;
   float dot = 0.0f;
-  for (std::int64_t j = lane; j <= i; j += 32)
+  for (std::int64_t j = lo + lane; j <= i; j += 32)
     dot += S::load(probs, base + j) * S::load(dprobs, base + j);
   dot = cuda::warp_sum(dot);
   for (std::int64_t j = lane; j < s; j += 32) {
-    const float ds = j <= i ? softmax_backward_elem<float>(S::load(probs, base + j),
-                                                           S::load(dprobs, base + j), dot)
-                            : 0.0f;
+    const float ds =
+        j >= lo && j <= i
+            ? softmax_backward_elem<float>(S::load(probs, base + j), S::load(dprobs, base + j), dot)
+            : 0.0f;
     S::store(dprobs, base + j, ds);
   }
 }

@@ -7,12 +7,16 @@
 //
 // forward  grid (b*a, ceil(s/16)), 4 warps. A block owns 16 query rows (4 per warp) and walks
 //          key tiles of 32 (lane j scores key k0+j), keeping (m, l, o) per row in registers.
+//          Under a sliding window W it starts at the tile holding the block's first visible key
+//          (window_first_key of its first row): tiles entirely left of the window are skipped.
 // backward delta kernel: delta = rowsum(dout * out), one warp per row;
 //          dk/dv kernel, grid (b*kv, ceil(s/16)): a block owns 16 keys (4 per warp), loops
 //          over the g query heads of its group and over query tiles of 32 (lane i = a query
 //          row), recomputes p = exp(s - lse) and ds = p (dp - delta), sums dv += p dout and
 //          dk += ds q in registers;
 //          dq kernel, grid (b*a, ceil(s/16)): like the forward, dq += ds k over key tiles.
+//          Window: dk/dv stops at the last query tile holding a query that sees one of its keys
+//          (key j is seen by queries j..j+W-1); dq skips key tiles as the forward does.
 // Every output element has exactly one writer: no atomics, deterministic, dq/dk/dv with =.
 //
 // Shared memory is dynamic (floats). Tiles read by lane-distinct rows (lane j reads row j)
@@ -52,9 +56,10 @@ void dispatch_head_dim(std::int64_t d, const char* op, F&& f) {
 
 void attention_flash_forward_cuda(void* out, float* lse, const void* q, const void* k,
                                   const void* v, std::int64_t b, std::int64_t s, std::int64_t a,
-                                  std::int64_t kv, std::int64_t d, DType dt, cudaStream_t stream) {
+                                  std::int64_t kv, std::int64_t d, std::int64_t window, DType dt,
+                                  cudaStream_t stream) {
   const char* op = "attention_flash_forward_cuda";
-  cuda::check_attention_dims(op, b, s, a, kv, d);
+  cuda::check_attention_dims(op, b, s, a, kv, d, window);
   if (lse == nullptr) throw InputError(std::string(op) + ": lse output is required");
   const int d_int = int(d);
   const float scale = attention_scale<float>(d);
@@ -65,7 +70,7 @@ void attention_flash_forward_cuda(void* out, float* lse, const void* q, const vo
       auto kernel = cuda::flash_forward_kernel<decltype(tag), kDMax>;
       cuda::allow_dynamic_smem(kernel, fwd);
       kernel<<<cuda::grid_of(fwd), cuda::block_of(fwd), fwd.smem_bytes, stream>>>(
-          out, lse, q, k, v, s, a, kv, d_int, scale);
+          out, lse, q, k, v, s, a, kv, d_int, scale, window);
       TM_CUDA_CHECK_LAUNCH();
     });
   });
@@ -74,9 +79,10 @@ void attention_flash_forward_cuda(void* out, float* lse, const void* q, const vo
 void attention_flash_backward_cuda(void* dq, void* dk, void* dv, float* delta, const void* dout,
                                    const void* q, const void* k, const void* v, const void* out,
                                    const float* lse, std::int64_t b, std::int64_t s, std::int64_t a,
-                                   std::int64_t kv, std::int64_t d, DType dt, cudaStream_t stream) {
+                                   std::int64_t kv, std::int64_t d, std::int64_t window, DType dt,
+                                   cudaStream_t stream) {
   const char* op = "attention_flash_backward_cuda";
-  cuda::check_attention_dims(op, b, s, a, kv, d);
+  cuda::check_attention_dims(op, b, s, a, kv, d, window);
   if (delta == nullptr) throw InputError(std::string(op) + ": delta scratch is required");
   if (lse == nullptr) throw InputError(std::string(op) + ": lse from the forward is required");
   const int d_int = int(d);
@@ -95,12 +101,12 @@ void attention_flash_backward_cuda(void* dq, void* dk, void* dv, float* delta, c
       auto dkdv = cuda::flash_backward_dkdv_kernel<S, kDMax>;
       cuda::allow_dynamic_smem(dkdv, kv_shape);
       dkdv<<<cuda::grid_of(kv_shape), cuda::block_of(kv_shape), kv_shape.smem_bytes, stream>>>(
-          dk, dv, dout, q, k, v, lse, delta, s, a, kv, d_int, scale);
+          dk, dv, dout, q, k, v, lse, delta, s, a, kv, d_int, scale, window);
       TM_CUDA_CHECK_LAUNCH();
       auto dqk = cuda::flash_backward_dq_kernel<S, kDMax>;
       cuda::allow_dynamic_smem(dqk, dqs);
       dqk<<<cuda::grid_of(dqs), cuda::block_of(dqs), dqs.smem_bytes, stream>>>(
-          dq, dout, q, k, v, lse, delta, s, a, kv, d_int, scale);
+          dq, dout, q, k, v, lse, delta, s, a, kv, d_int, scale, window);
       TM_CUDA_CHECK_LAUNCH();
     });
   });

@@ -66,11 +66,13 @@ __device__ __forceinline__ void flash_load_tiles(int rows, std::int64_t bi, std:
 
 // ---------------------------------------------------------------- kernels
 
-// smem: sQ (16, d) | sK (32, kp) | sV (32, d)
+// smem: sQ (16, d) | sK (32, kp) | sV (32, d). window: 0 full causal, W > 0 sliding window
+// (attention_math.hpp); key tiles holding no visible key of the block are never loaded.
 template <class S, int DMAX>
 __global__ void __launch_bounds__(kFlashThreads)
     flash_forward_kernel(void* out, float* lse, const void* q, const void* k, const void* v,
-                         std::int64_t s, std::int64_t a, std::int64_t kv, int d, float scale) {
+                         std::int64_t s, std::int64_t a, std::int64_t kv, int d, float scale,
+                         std::int64_t window) {
   constexpr int DPL = DMAX / 32;
   TM_DYNAMIC_SHARED(float, smem);
   const int kp = d | 1;
@@ -98,7 +100,10 @@ __global__ void __launch_bounds__(kFlashThreads)
     for (int t = 0; t < DPL; ++t) o[rr][t] = 0.0f;
   }
 
-  for (std::int64_t k0 = 0; k0 < q_end; k0 += kFlashKeyTile) {
+  // The first tile holds the first visible key of the block's first row (the earliest of its
+  // rows); uniform over the block, so every thread runs the same iterations (barriers).
+  const std::int64_t k_first = window_first_key(q0, window) / kFlashKeyTile * kFlashKeyTile;
+  for (std::int64_t k0 = k_first; k0 < q_end; k0 += kFlashKeyTile) {
     __syncthreads();  // sQ written (first tile) / previous sK, sV consumed
     flash_load_tiles<S>(kFlashKeyTile, bi, kh, kv, k0, s, d, FlashTile{sK, kp, k},
                         FlashTile{sV, d, v});
@@ -109,11 +114,13 @@ __global__ void __launch_bounds__(kFlashThreads)
       const int r = warp * kFlashRowsPerWarp + rr;
       const std::int64_t i = q0 + r;
       if (i >= s || i < k0) continue;  // warp-uniform: no visible key in this tile
+      const std::int64_t lo = window_first_key(i, window);
+      if (lo >= k0 + kFlashKeyTile) continue;  // warp-uniform: the row's window starts later
       const std::int64_t kj = k0 + lane;
-      const bool vis = causal_visible(i, kj);  // kj <= i < s
+      const bool vis = window_visible(i, kj, window);  // lo <= kj <= i < s
       float sc = -INFINITY;
       if (vis) sc = flash_dot_smem(sQ + r * d, sK + lane * kp, d) * scale;
-      // Key k0 <= i is visible to lane 0, so the tile maximum is finite.
+      // Key max(k0, lo) <= i is visible to one lane, so the tile maximum is finite.
       const float alpha = online_softmax_rescale<float>(&st[rr], cuda::warp_max(sc));
       const float p = vis ? online_softmax_weight<float>(st[rr], sc) : 0.0f;
       st[rr].l += cuda::warp_sum(p);
@@ -121,7 +128,8 @@ __global__ void __launch_bounds__(kFlashThreads)
       for (int t = 0; t < DPL; ++t) o[rr][t] *= alpha;
       const std::int64_t nvis = i - k0 + 1;
       const int jmax = nvis < kFlashKeyTile ? int(nvis) : kFlashKeyTile;
-      for (int j = 0; j < jmax; ++j) {
+      const int jmin = lo > k0 ? int(lo - k0) : 0;  // keys left of the window: p = 0
+      for (int j = jmin; j < jmax; ++j) {
         const float pj = __shfl_sync(cuda::kFullMask, p, j);
         const float* vr = sV + j * d;
         TM_UNROLL
@@ -169,12 +177,15 @@ __global__ void __launch_bounds__(kFlashThreads)
   }
 }
 
-// smem: sK (16, d) | sV (16, d) | sQ (32, qp) | sdO (32, qp) | sL (32) | sD (32)
+// smem: sK (16, d) | sV (16, d) | sQ (32, qp) | sdO (32, qp) | sL (32) | sD (32). Under a
+// window W key j is seen by queries j..j+W-1: query tiles past the block's last such query are
+// never loaded.
 template <class S, int DMAX>
 __global__ void __launch_bounds__(kFlashThreads)
     flash_backward_dkdv_kernel(void* dk, void* dv, const void* dout, const void* q, const void* k,
                                const void* v, const float* lse, const float* delta, std::int64_t s,
-                               std::int64_t a, std::int64_t kv, int d, float scale) {
+                               std::int64_t a, std::int64_t kv, int d, float scale,
+                               std::int64_t window) {
   constexpr int DPL = DMAX / 32;
   TM_DYNAMIC_SHARED(float, smem);
   const int qp = d | 1;
@@ -206,9 +217,12 @@ __global__ void __launch_bounds__(kFlashThreads)
 
   const std::int64_t i_first =
       (k0 / kFlashQueryTile) * kFlashQueryTile;  // first tile with a row >= k0
+  // One past the last query that sees a key of the block: k0 + 15 + W - 1 + 1 (s without a window).
+  const std::int64_t last_key = k0 + kFlashBlockKeys - 1;
+  const std::int64_t i_stop = window > 0 && last_key + window < s ? last_key + window : s;
   for (std::int64_t hh = 0; hh < g; ++hh) {
     const std::int64_t head = kh * g + hh;
-    for (std::int64_t i0 = i_first; i0 < s; i0 += kFlashQueryTile) {
+    for (std::int64_t i0 = i_first; i0 < i_stop; i0 += kFlashQueryTile) {
       __syncthreads();  // sK, sV written (first pass) / previous sQ, sdO, sL, sD consumed
       flash_load_tiles<S>(kFlashQueryTile, bi, head, a, i0, s, d, FlashTile{sQ, qp, q},
                           FlashTile{sdO, qp, dout});
@@ -227,7 +241,8 @@ __global__ void __launch_bounds__(kFlashThreads)
         const int kr = warp * kFlashKeysPerWarp + kk;
         const std::int64_t j = k0 + kr;
         if (j >= s || j >= i0 + kFlashQueryTile) continue;  // warp-uniform: no row sees key j
-        const bool vis = i < s && causal_visible(i, j);
+        if (window > 0 && i0 >= j + window) continue;  // warp-uniform: all rows past j's window
+        const bool vis = i < s && window_visible(i, j, window);
         float p = 0.0f, ds = 0.0f;
         if (vis) {
           const float sc = flash_dot_smem(sQ + lane * qp, sK + kr * d, d) * scale;
@@ -236,7 +251,9 @@ __global__ void __launch_bounds__(kFlashThreads)
           ds = softmax_backward_elem<float>(p, dp, sD[lane]);
         }
         const int ii_begin = j > i0 ? int(j - i0) : 0;  // rows before key j do not see it
-        for (int ii = ii_begin; ii < ii_end; ++ii) {
+        // Rows from j + W on do not see it either.
+        const int ii_stop = window > 0 && j + window - i0 < ii_end ? int(j + window - i0) : ii_end;
+        for (int ii = ii_begin; ii < ii_stop; ++ii) {
           const float pi = __shfl_sync(cuda::kFullMask, p, ii);
           const float dsi = __shfl_sync(cuda::kFullMask, ds, ii);
           const float* qr = sQ + ii * qp;
@@ -270,12 +287,13 @@ __global__ void __launch_bounds__(kFlashThreads)
   }
 }
 
-// smem: sQ (16, d) | sdO (16, d) | sK (32, kp) | sV (32, kp)
+// smem: sQ (16, d) | sdO (16, d) | sK (32, kp) | sV (32, kp). Window: key tiles as the forward.
 template <class S, int DMAX>
 __global__ void __launch_bounds__(kFlashThreads)
     flash_backward_dq_kernel(void* dq, const void* dout, const void* q, const void* k,
                              const void* v, const float* lse, const float* delta, std::int64_t s,
-                             std::int64_t a, std::int64_t kv, int d, float scale) {
+                             std::int64_t a, std::int64_t kv, int d, float scale,
+                             std::int64_t window) {
   constexpr int DPL = DMAX / 32;
   TM_DYNAMIC_SHARED(float, smem);
   const int kp = d | 1;
@@ -306,7 +324,8 @@ __global__ void __launch_bounds__(kFlashThreads)
     for (int t = 0; t < DPL; ++t) dq_acc[rr][t] = 0.0f;
   }
 
-  for (std::int64_t k0 = 0; k0 < q_end; k0 += kFlashKeyTile) {
+  const std::int64_t k_first = window_first_key(q0, window) / kFlashKeyTile * kFlashKeyTile;
+  for (std::int64_t k0 = k_first; k0 < q_end; k0 += kFlashKeyTile) {
     __syncthreads();  // sQ, sdO written (first tile) / previous sK, sV consumed
     flash_load_tiles<S>(kFlashKeyTile, bi, kh, kv, k0, s, d, FlashTile{sK, kp, k},
                         FlashTile{sV, kp, v});
@@ -317,9 +336,11 @@ __global__ void __launch_bounds__(kFlashThreads)
       const int r = warp * kFlashRowsPerWarp + rr;
       const std::int64_t i = q0 + r;
       if (i >= s || i < k0) continue;  // warp-uniform
+      const std::int64_t lo = window_first_key(i, window);
+      if (lo >= k0 + kFlashKeyTile) continue;  // warp-uniform: the row's window starts later
       const std::int64_t kj = k0 + lane;
       float ds = 0.0f;
-      if (causal_visible(i, kj)) {
+      if (window_visible(i, kj, window)) {
         const float sc = flash_dot_smem(sQ + r * d, sK + lane * kp, d) * scale;
         const float dp = flash_dot_smem(sdO + r * d, sV + lane * kp, d);
         const float p = softmax_prob_from_lse<float>(sc, row_lse[rr]);
@@ -327,7 +348,8 @@ __global__ void __launch_bounds__(kFlashThreads)
       }
       const std::int64_t nvis = i - k0 + 1;
       const int jmax = nvis < kFlashKeyTile ? int(nvis) : kFlashKeyTile;
-      for (int j = 0; j < jmax; ++j) {
+      const int jmin = lo > k0 ? int(lo - k0) : 0;  // keys left of the window: ds = 0
+      for (int j = jmin; j < jmax; ++j) {
         const float dsj = __shfl_sync(cuda::kFullMask, ds, j);
         const float* kr = sK + j * kp;
         TM_UNROLL

@@ -1,5 +1,7 @@
 // Causal scaled-dot-product attention with GQA, the per-row pieces.
-// Scores s_ij = scale * q_i . k_j with scale = 1/sqrt(d), visible iff j <= i (causal);
+// Scores s_ij = scale * q_i . k_j with scale = 1/sqrt(d), visible iff j <= i (causal) and, under
+// a sliding window W > 0, j > i - W (HuggingFace's `kv_idx > q_idx - sliding_window`): query i
+// sees keys max(0, i-W+1)..i. W = 0 means no window (full causal);
 // p_ij = softmax_j(s_ij); o_i = sum_j p_ij v_j. Query head qh reads kv head qh / (a / kv).
 // Eager keeps p (b, a, s, s). Flash keeps only lse_i = log sum_j exp(s_ij) and recomputes
 // p_ij = exp(s_ij - lse_i) in backward.
@@ -28,6 +30,14 @@ TM_HD std::int64_t attention_kv_head(std::int64_t head, std::int64_t a, std::int
 // Causal visibility of key position j from query position i.
 TM_HD bool causal_visible(std::int64_t i, std::int64_t j) {
   return j <= i;
+}
+// Visibility under a sliding window W (0: none, full causal): j <= i and j > i - W.
+TM_HD bool window_visible(std::int64_t i, std::int64_t j, std::int64_t window) {
+  return j <= i && (window <= 0 || j > i - window);
+}
+// The first key query i sees: max(0, i - W + 1) under a window W > 0, else 0.
+TM_HD std::int64_t window_first_key(std::int64_t i, std::int64_t window) {
+  return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
 }
 
 template <class T>

@@ -47,6 +47,18 @@ TM_HD double tm_sin(double x) {
   return ::sin(x);
 }
 
+// a * b rounded on its own: nvcc contracts a product followed by an addition into one FMA
+// (one rounding instead of two), the host compiler (x86-64 baseline, no FMA) does not. Where the
+// CPU and CUDA code must round the same way as an fp32 reference evaluated op by op (PyTorch),
+// the product is written with tm_mul_rn.
+TM_HD float tm_mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
 // False for infinities and NaN.
 TM_HD bool tm_isfinite(float x) {
   return isfinite(x);

@@ -1,6 +1,7 @@
 // RoPE, forward and backward, on the GPU: each thread rotates one pair (x_j, x_{j+d/2}) of
 // one head vector at position t by angle t * inv_freq[j] (backward: by -angle). The angle is
-// computed in fp32 as HuggingFace does, with the accurate sinf/cosf (no fast math).
+// computed in fp32 as HuggingFace does (inv_freq rescaled under the RopeSpec's scaling, the
+// shared rope_math.hpp code), with the accurate sinf/cosf (no fast math).
 #include "common/cuda_common.cuh"
 #include "rope/rope.hpp"
 #include "rope/rope_kernels.cuh"
@@ -13,7 +14,7 @@ namespace {
 enum class Direction { forward, backward };
 
 void launch(const char* op, void* q, void* k, std::int64_t b, std::int64_t s, std::int64_t a,
-            std::int64_t kv, std::int64_t d, double theta, DType dt, Direction dir,
+            std::int64_t kv, std::int64_t d, const RopeSpec& rope, DType dt, Direction dir,
             cudaStream_t stream) {
   const std::pair<std::int64_t, const char*> dims[] = {
       {b, "b"}, {s, "s"}, {a, "a"}, {kv, "kv"}, {d, "d"}};
@@ -23,6 +24,7 @@ void launch(const char* op, void* q, void* k, std::int64_t b, std::int64_t s, st
     throw InputError(std::string(op) + ": head dim d must be even for RoPE, got " +
                      std::to_string(d));
   const float sign = dir == Direction::forward ? 1.0f : -1.0f;
+  const RopeFreqParams freq = rope_freq_params(rope);
   constexpr int kThreads = cuda::kElementwiseThreads;
   const std::pair<void*, std::int64_t> tensors[] = {{q, a}, {k, kv}};  // (b, s, heads, d) each
   for (const auto& [x, heads] : tensors) {
@@ -31,7 +33,7 @@ void launch(const char* op, void* q, void* k, std::int64_t b, std::int64_t s, st
     if (pairs == 0) continue;
     dispatch_storage(dt, op, [&](auto tag) {
       cuda::rope_kernel<decltype(tag)><<<cuda::grid_for(pairs, kThreads), kThreads, 0, stream>>>(
-          x, pairs, s, heads, d, float(theta), sign);
+          x, pairs, s, heads, d, freq, sign);
       TM_CUDA_CHECK_LAUNCH();
     });
   }
@@ -42,15 +44,15 @@ void launch(const char* op, void* q, void* k, std::int64_t b, std::int64_t s, st
 // ---------------------------------------------------------------- launchers
 
 void rope_forward_cuda(void* q, void* k, std::int64_t b, std::int64_t s, std::int64_t a,
-                       std::int64_t kv, std::int64_t d, double theta, DType dt,
+                       std::int64_t kv, std::int64_t d, const RopeSpec& rope, DType dt,
                        cudaStream_t stream) {
-  launch("rope_forward_cuda", q, k, b, s, a, kv, d, theta, dt, Direction::forward, stream);
+  launch("rope_forward_cuda", q, k, b, s, a, kv, d, rope, dt, Direction::forward, stream);
 }
 
 void rope_backward_cuda(void* dq, void* dk, std::int64_t b, std::int64_t s, std::int64_t a,
-                        std::int64_t kv, std::int64_t d, double theta, DType dt,
+                        std::int64_t kv, std::int64_t d, const RopeSpec& rope, DType dt,
                         cudaStream_t stream) {
-  launch("rope_backward_cuda", dq, dk, b, s, a, kv, d, theta, dt, Direction::backward, stream);
+  launch("rope_backward_cuda", dq, dk, b, s, a, kv, d, rope, dt, Direction::backward, stream);
 }
 
 }  // namespace trainmem

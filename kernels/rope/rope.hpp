@@ -6,22 +6,24 @@
 
 #include "common/cuda_handles.hpp"
 #include "trainmem/dtype.hpp"
+#include "trainmem/op_types.hpp"
 
 namespace trainmem {
 
 // In place on q (b, s, a, d) D and k (b, s, kv, d) D at positions 0..s-1,
-// inv_freq[j] = theta^(-2j/d). d must be even (InputError otherwise).
+// inv_freq[j] = rope.theta^(-2j/d), rescaled under rope.scaling (rope_math.hpp). d must be even
+// (InputError otherwise).
 void rope_forward_cpu(void* q, void* k, std::int64_t b, std::int64_t s, std::int64_t a,
-                      std::int64_t kv, std::int64_t d, double theta, DType dt);
+                      std::int64_t kv, std::int64_t d, const RopeSpec& rope, DType dt);
 void rope_forward_cuda(void* q, void* k, std::int64_t b, std::int64_t s, std::int64_t a,
-                       std::int64_t kv, std::int64_t d, double theta, DType dt,
+                       std::int64_t kv, std::int64_t d, const RopeSpec& rope, DType dt,
                        cudaStream_t stream);
 
 // In place on dq (b, s, a, d) D and dk (b, s, kv, d) D: the inverse (= transposed) rotation.
 void rope_backward_cpu(void* dq, void* dk, std::int64_t b, std::int64_t s, std::int64_t a,
-                       std::int64_t kv, std::int64_t d, double theta, DType dt);
+                       std::int64_t kv, std::int64_t d, const RopeSpec& rope, DType dt);
 void rope_backward_cuda(void* dq, void* dk, std::int64_t b, std::int64_t s, std::int64_t a,
-                        std::int64_t kv, std::int64_t d, double theta, DType dt,
+                        std::int64_t kv, std::int64_t d, const RopeSpec& rope, DType dt,
                         cudaStream_t stream);
 
 }  // namespace trainmem

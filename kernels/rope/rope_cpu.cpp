@@ -1,5 +1,6 @@
 // RoPE (HuggingFace rotate-half), CPU reference (math in rope_math.hpp). The cos/sin table
-// (s, d/2) is computed once per call in fp32 from the fp32 angle, as HuggingFace does;
+// (s, d/2) is computed once per call in fp32 from the fp32 angle (inv_freq rescaled under the
+// RopeSpec's scaling), as HuggingFace does;
 // backward rotates by the negated angle (the transpose of the orthogonal rotation).
 #include <string>
 #include <vector>
@@ -38,13 +39,14 @@ void rope_heads(void* x, std::int64_t b, std::int64_t s, std::int64_t heads, std
 }
 
 void rope_apply(void* q, void* k, std::int64_t b, std::int64_t s, std::int64_t a, std::int64_t kv,
-                std::int64_t d, double theta, DType dt, Direction dir) {
+                std::int64_t d, const RopeSpec& rope, DType dt, Direction dir) {
   if (d % 2 != 0) throw InputError("rope: head dim must be even, got " + std::to_string(d));
   const std::int64_t half = d / 2;
+  const RopeFreqParams freq = rope_freq_params(rope);
   std::vector<float> cos_t(std::size_t(s * half)), sin_t(std::size_t(s * half));  // (s, d/2)
   for (std::int64_t t = 0; t < s; ++t) {
     for (std::int64_t j = 0; j < half; ++j) {
-      const float angle = rope_angle<float>(t, j, d, float(theta));
+      const float angle = rope_scaled_angle(t, j, d, freq);
       cos_t[t * half + j] = tm_cos(angle);
       sin_t[t * half + j] = tm_sin(angle);
     }
@@ -59,15 +61,15 @@ void rope_apply(void* q, void* k, std::int64_t b, std::int64_t s, std::int64_t a
 }  // namespace
 
 void rope_forward_cpu(void* q, void* k, std::int64_t b, std::int64_t s, std::int64_t a,
-                      std::int64_t kv, std::int64_t d, double theta, DType dt) {
+                      std::int64_t kv, std::int64_t d, const RopeSpec& rope, DType dt) {
   cpu_threads_setup();
-  rope_apply(q, k, b, s, a, kv, d, theta, dt, Direction::forward);
+  rope_apply(q, k, b, s, a, kv, d, rope, dt, Direction::forward);
 }
 
 void rope_backward_cpu(void* dq, void* dk, std::int64_t b, std::int64_t s, std::int64_t a,
-                       std::int64_t kv, std::int64_t d, double theta, DType dt) {
+                       std::int64_t kv, std::int64_t d, const RopeSpec& rope, DType dt) {
   cpu_threads_setup();
-  rope_apply(dq, dk, b, s, a, kv, d, theta, dt, Direction::backward);
+  rope_apply(dq, dk, b, s, a, kv, d, rope, dt, Direction::backward);
 }
 
 }  // namespace trainmem

@@ -13,16 +13,17 @@ namespace trainmem::cuda {
 
 // ---------------------------------------------------------------- kernels
 
-// x (b, s, heads, d) D: pairs = b*s*heads*(d/2), grid-stride over them.
+// x (b, s, heads, d) D: pairs = b*s*heads*(d/2), grid-stride over them. freq: the fp32
+// constants of the frequency rule (rope_freq_params of rope_math.hpp).
 template <class S>
 __global__ void rope_kernel(void* x, std::int64_t pairs, std::int64_t s, std::int64_t heads,
-                            std::int64_t d, float theta, float sign) {
+                            std::int64_t d, RopeFreqParams freq, float sign) {
   const std::int64_t half = d / 2;
   for (std::int64_t p = cuda::global_thread_index(); p < pairs; p += cuda::global_thread_count()) {
     const std::int64_t j = p % half;
     const std::int64_t row = p / half;  // (batch index * s + t) * heads + head
     const std::int64_t t = (row / heads) % s;
-    const float angle = rope_angle<float>(t, j, d, theta);
+    const float angle = rope_scaled_angle(t, j, d, freq);
     float sn, c;
     sincosf(angle, &sn, &c);
     const std::size_t i1 = std::size_t(row) * d + j;

@@ -241,9 +241,16 @@ std::vector<ParamSpec> parameter_specs(const ModelConfig& m) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     add(p + "input_layernorm.weight", {h});
     add(p + "self_attn.q_proj.weight", {ad, h});
+    if (m.qkv_bias) add(p + "self_attn.q_proj.bias", {ad});
     add(p + "self_attn.k_proj.weight", {kd, h});
+    if (m.qkv_bias) add(p + "self_attn.k_proj.bias", {kd});
     add(p + "self_attn.v_proj.weight", {kd, h});
+    if (m.qkv_bias) add(p + "self_attn.v_proj.bias", {kd});
     add(p + "self_attn.o_proj.weight", {h, ad});
+    if (m.qk_norm) {
+      add(p + "self_attn.q_norm.weight", {m.head_dim()});
+      add(p + "self_attn.k_norm.weight", {m.head_dim()});
+    }
     add(p + "post_attention_layernorm.weight", {h});
     add(p + "mlp.gate_proj.weight", {i, h});
     add(p + "mlp.up_proj.weight", {i, h});

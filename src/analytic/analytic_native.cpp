@@ -26,7 +26,7 @@ constexpr int W = static_cast<int>(Category::workspace);
 constexpr int I = static_cast<int>(Category::inputs);
 
 // The plan's per-layer forward tensors, in allocation order (`out` last).
-std::vector<TensorEntry> layer_tensors(const Dims& d, Attention attn) {
+std::vector<TensorEntry> layer_tensors(const Dims& d, Attention attn, bool qk_norm) {
   const std::string D = d.dt;
   const std::uint64_t w = d.w;
   std::vector<TensorEntry> v;
@@ -34,6 +34,16 @@ std::vector<TensorEntry> layer_tensors(const Dims& d, Attention attn) {
                     "input_layernorm backward", "1/rms of each row of x_l"));
   v.push_back(entry(d, "xn1", "(b,s,h)", D, bytes_of({d.b, d.s, d.h}, w), Term::sbh,
                     "q/k/v projection backward", "input of the q, k and v GEMMs (dW_q/k/v)"));
+  if (qk_norm) {
+    v.push_back(entry(d, "q_pre", "(b,s,a·d)", D, bytes_of({d.b, d.s, d.a, d.d}, w), Term::sbh,
+                      "q_norm backward", "q projection (+ bias) before the per-head RMSNorm"));
+    v.push_back(entry(d, "k_pre", "(b,s,k·d)", D, bytes_of({d.b, d.s, d.kd}, w), Term::sbh,
+                      "k_norm backward", "k projection (+ bias) before the per-head RMSNorm"));
+    v.push_back(entry(d, "q_rstd", "(b,s,a)", "fp32", bytes_of({d.b, d.s, d.a}, 4), Term::sb,
+                      "q_norm backward", "1/rms of each query head"));
+    v.push_back(entry(d, "k_rstd", "(b,s,k)", "fp32", bytes_of({d.b, d.s, d.k}, 4), Term::sb,
+                      "k_norm backward", "1/rms of each key head"));
+  }
   v.push_back(entry(d, "q", "(b,s,a·d)", D, bytes_of({d.b, d.s, d.a, d.d}, w), Term::sbh,
                     "attention backward", "query after RoPE (in place)"));
   v.push_back(entry(d, "k", "(b,s,k·d)", D, bytes_of({d.b, d.s, d.kd}, w), Term::sbh,
@@ -78,6 +88,7 @@ void build_native(Estimate& est) {
   const bool full = t.checkpointing == Checkpointing::full;
   const bool lomo = t.optimizer == Optimizer::lomo;
   const bool tied = est.model.tied_embeddings;
+  const bool qkn = est.model.qk_norm;
   const std::uint64_t w = d.w;
   est.label = "trainmem's own step (docs/native-plan.md), exact";
 
@@ -86,7 +97,8 @@ void build_native(Estimate& est) {
   const std::uint64_t bsh = bytes_of({d.b, d.s, d.h}, w);  // one (b,s,h) D tensor
   const std::uint64_t bsi = bytes_of({d.b, d.s, d.i}, w);
   const std::uint64_t bskd = bytes_of({d.b, d.s, d.kd}, w);
-  const std::uint64_t bs4 = bytes_of({d.b, d.s}, 4);  // one (b,s) f32 tensor
+  const std::uint64_t bsad = bytes_of({d.b, d.s, d.a, d.d}, w);  // q, attn_out (a·d may != h)
+  const std::uint64_t bs4 = bytes_of({d.b, d.s}, 4);             // one (b,s) f32 tensor
   const std::uint64_t store = t.attention == Attention::eager
                                   ? bytes_of({d.b, d.a, d.s, d.s}, w)  // probs
                                   : bytes_of({d.b, d.a, d.s}, 4);      // lse
@@ -97,7 +109,7 @@ void build_native(Estimate& est) {
   acts.embedding.push_back(entry(d, "embed_out", "(b,s,h)", D, bsh, Term::sbh,
                                  "layer 0's input_layernorm backward",
                                  "embedding output x_0, layer 0's input"));
-  std::vector<TensorEntry> full_set = layer_tensors(d, t.attention);
+  std::vector<TensorEntry> full_set = layer_tensors(d, t.attention, qkn);
   if (full) {
     acts.layer.push_back(full_set.back());  // `out`: the next layer's checkpointed input
     acts.layer.back().kept_by = "checkpointing: kept as the next layer's input";
@@ -150,8 +162,8 @@ void build_native(Estimate& est) {
     in.bytes[I] = Ib;
     est.instants.push_back(std::move(in));
   };
-  const std::uint64_t hh = bytes_of({d.h, d.h}, w), ih = bytes_of({d.i, d.h}, w);
-  const std::uint64_t hw = bytes_of({d.h}, w);
+  const std::uint64_t had = bytes_of({d.h, d.a, d.d}, w), ih = bytes_of({d.i, d.h}, w);
+  const std::uint64_t hw = bytes_of({d.h}, w), dw = bytes_of({d.d}, w);
 
   at("start of step", 0, C, Gp);
   if (full) {
@@ -181,15 +193,26 @@ void build_native(Estimate& est) {
        g(hw));
   const std::uint64_t A5 = csub(A4, csum({bsh, bs4}), "step 5");  // h_mid, rstd2 freed
   at("backward layer L-1 step 5: d_attn_out" + std::string(lomo ? " + o_proj gradient" : ""), A5,
-     csum({C, bsh, bsh}), g(hh));
+     csum({C, bsh, bsad}), g(had));
   at(std::string("backward layer L-1 step 6: d_q, d_k, d_v, ") +
          (t.attention == Attention::eager ? "d_probs" : "attn_delta") + " (attention backward)",
-     A5, csum({C, bsh, bsh, bsh, bskd, bskd, scratch}), g(0));
-  const std::uint64_t A8 = csub(A5, csum({bsh, store}), "step 8");  // attn_out, probs|lse freed
+     A5, csum({C, bsh, bsad, bsad, bskd, bskd, scratch}), g(0));
+  const std::uint64_t A7 = csub(A5, csum({bsad, store}), "step 7");  // attn_out, probs|lse freed
+  std::uint64_t A8 = A7;
+  if (qkn) {
+    // Step 7, q/k norm backward: d_q_pre, then d_k_pre, beside d_q, d_k, d_v; then d_q, d_k
+    // and the four norm tensors are freed.
+    at("backward layer L-1 step 7: d_q_pre" + std::string(lomo ? " + q_norm gradient" : ""), A7,
+       csum({C, bsh, bsad, bskd, bskd, bsad}), g(dw));
+    at("backward layer L-1 step 7: d_k_pre" + std::string(lomo ? " + k_norm gradient" : ""), A7,
+       csum({C, bsh, bsad, bskd, bskd, bsad, bskd}), g(dw));
+    A8 = csub(A7, csum({bsad, bskd, bytes_of({d.b, d.s, d.a}, 4), bytes_of({d.b, d.s, d.k}, 4)}),
+              "step 8");
+  }
   at("backward layer L-1 step 8: d_xn1" + std::string(lomo ? " + q_proj gradient" : ""), A8,
-     csum({C, bsh, bsh, bsh, bskd, bskd}), g(hh));
+     csum({C, bsh, bsh, bsad, bskd, bskd}), g(had));
   if (lomo) {
-    const std::uint64_t A9 = csub(A8, csum({bsh, bsh, bskd, bskd}), "step 9");
+    const std::uint64_t A9 = csub(A8, csum({bsad, bsh, bskd, bskd}), "step 9");
     at("backward layer L-1 step 9: input_layernorm gradient", A9, csum({C, bsh, bsh}), g(hw));
     if (!tied) at("backward embedding: embed_tokens gradient", 0, csum({C, bsh}), emb_grad);
   }

@@ -98,16 +98,19 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
   return l;
 }
 
-// Parameter elements of one layer on a rank (two norms, q/k/v/o, gate/up/down; TP-sharded).
-std::uint64_t layer_params(const Local& l) {
+// Parameter elements of one layer on a rank (two norms, q/k/v/o, gate/up/down; TP-sharded),
+// with the q/k/v biases (split with their columns: a/t·d + 2·k/t·d) and the q/k norm weights
+// (replicated: 2·d) of the families that have them.
+std::uint64_t layer_params(const Local& l, const ModelConfig& m) {
   return csum({checked_mul(2, l.h), checked_mul(l.h, l.ad), checked_mul(2, checked_mul(l.h, l.kd)),
-               checked_mul(l.ad, l.h), checked_mul(3, checked_mul(l.h, l.i))},
+               checked_mul(l.ad, l.h), checked_mul(3, checked_mul(l.h, l.i)),
+               m.qkv_bias ? csum({l.ad, l.kd, l.kd}) : 0, m.qk_norm ? checked_mul(2, l.d) : 0},
               "parameters");
 }
 
 // The per-layer forward set of one rank, in allocation order (`out` last).
 std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, const std::string& D,
-                                   Attention attn, bool sp) {
+                                   Attention attn, bool sp, bool qk_norm) {
   const std::string rows = sp ? "s/t" : "s";
   const std::string res = "(b," + rows + ",h)";
   std::vector<TensorEntry> v;
@@ -116,6 +119,16 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, const std::str
   v.push_back(entry(g, "xn1", res, D, l.X, Term::sbh, "q/k/v projection backward",
                     sp ? "the rank's rows of the GEMMs' input (gathered again in backward)"
                        : "input of the q, k and v GEMMs (dW_q/k/v)"));
+  if (qk_norm) {
+    v.push_back(entry(g, "q_pre", "(b,s,a/t·d)", D, l.bsad, Term::sbh, "q_norm backward",
+                      "the rank's query heads before the per-head RMSNorm"));
+    v.push_back(entry(g, "k_pre", "(b,s,k/t·d)", D, l.bskd, Term::sbh, "k_norm backward",
+                      "the rank's key heads before the per-head RMSNorm"));
+    v.push_back(entry(g, "q_rstd", "(b,s,a/t)", "fp32", bytes_of({l.b, l.s, l.a}, 4), Term::sb,
+                      "q_norm backward", "1/rms of each of the rank's query heads"));
+    v.push_back(entry(g, "k_rstd", "(b,s,k/t)", "fp32", bytes_of({l.b, l.s, l.k}, 4), Term::sb,
+                      "k_norm backward", "1/rms of each of the rank's key heads"));
+  }
   v.push_back(entry(g, "q", "(b,s,a/t·d)", D, l.bsad, Term::sbh, "attention backward",
                     "the rank's query heads after RoPE"));
   v.push_back(entry(g, "k", "(b,s,k/t·d)", D, l.bskd, Term::sbh, "attention backward",
@@ -183,7 +196,7 @@ RankEstimate estimate_stage(const ModelConfig& m, const TrainConfig& t, const Pa
   r.in_flight = std::min<std::int64_t>(p.pp - stage, p.microbatches);
 
   // ---- persistent books ----
-  const std::uint64_t Lu = layer_params(l);
+  const std::uint64_t Lu = layer_params(l, m);
   const std::uint64_t emb = checked_mul(l.V, l.h);
   std::uint64_t Pk = checked_mul(Lu, u(Ls), "parameters");
   if (first) Pk = checked_add(Pk, emb);
@@ -278,7 +291,7 @@ RankEstimate estimate_stage(const ModelConfig& m, const TrainConfig& t, const Pa
     acts.embedding.push_back(entry(g, "stage_input", res, D, l.X, Term::sbh,
                                    "the stage's first input_layernorm backward",
                                    "activation received from the previous stage"));
-  const std::vector<TensorEntry> set = layer_set(g, l, D, t.attention, sp);
+  const std::vector<TensorEntry> set = layer_set(g, l, D, t.attention, sp, m.qk_norm);
   if (full) {
     acts.layer.push_back(set.back());
     acts.layer.back().kept_by = "checkpointing: kept as the next layer's input";
@@ -385,7 +398,15 @@ RankEstimate estimate_stage(const ModelConfig& m, const TrainConfig& t, const Pa
   at(Lb + "step 6: d_q, d_k, d_v, " + (t.attention == Attention::eager ? "d_probs" : "attn_delta") +
          " (attention backward)",
      A5, csum({C, l.X, l.bsad, l.bsad, l.bskd, l.bskd, scratch}), 0, back_pos);
-  const std::uint64_t A8 = csub(A5, csum({l.bsad, l.store}), "step 8");
+  std::uint64_t A8 = csub(A5, csum({l.bsad, l.store}), "step 8");
+  if (m.qk_norm) {
+    // Step 7: d_q_pre and d_k_pre beside d_q, d_k, d_v; then d_q, d_k and the norm tensors go.
+    at(Lb + "step 7: d_q_pre, d_k_pre (q/k norm backward)", A8,
+       csum({C, l.X, l.bsad, l.bskd, l.bskd, l.bsad, l.bskd}), 0, back_pos);
+    A8 =
+        csub(A8, csum({l.bsad, l.bskd, bytes_of({l.b, l.s, l.a}, 4), bytes_of({l.b, l.s, l.k}, 4)}),
+             "step 8");
+  }
   at(Lb + "step 8: d_xn1" + (sp ? " partial (xn1 gathered)" : ""), A8,
      csum({C, l.X, l.full, l.bsad, l.bskd, l.bskd}), sg, back_pos);
   if (sp)

@@ -7,6 +7,7 @@
 
 #include "adamw/adamw.hpp"
 #include "attention/attention.hpp"
+#include "bias/bias.hpp"
 #include "cross_entropy/cross_entropy.hpp"
 #include "embedding/embedding.hpp"
 #include "matmul/matmul.hpp"
@@ -60,39 +61,33 @@ class CpuBackend final : public Backend {
               Trans ta, Trans tb, float alpha, float beta) override {
     matmul_cpu(c, a, b, M, N, K, ta, tb, alpha, beta, dtype());
   }
-  void bias_forward(void*, const void*, std::int64_t, std::int64_t) override {
-    throw Error("cpu bias_forward: not implemented yet");
+  void bias_forward(void* out, const void* bias, std::int64_t n, std::int64_t c) override {
+    bias_forward_cpu(out, bias, n, c, dtype());
   }
-  void bias_backward(void*, const void*, std::int64_t, std::int64_t) override {
-    throw Error("cpu bias_backward: not implemented yet");
+  void bias_backward(void* dbias, const void* dout, std::int64_t n, std::int64_t c) override {
+    bias_backward_cpu(dbias, dout, n, c, dtype());
   }
   void rope_forward(void* q, void* k, std::int64_t b, std::int64_t s, std::int64_t a,
                     std::int64_t kv, std::int64_t d, const RopeSpec& rope) override {
-    if (rope.scaling.kind != RopeScalingKind::none)
-      throw Error("cpu rope_forward: rope scaling not implemented yet");
-    rope_forward_cpu(q, k, b, s, a, kv, d, rope.theta, dtype());
+    rope_forward_cpu(q, k, b, s, a, kv, d, rope, dtype());
   }
   void rope_backward(void* dq, void* dk, std::int64_t b, std::int64_t s, std::int64_t a,
                      std::int64_t kv, std::int64_t d, const RopeSpec& rope) override {
-    if (rope.scaling.kind != RopeScalingKind::none)
-      throw Error("cpu rope_backward: rope scaling not implemented yet");
-    rope_backward_cpu(dq, dk, b, s, a, kv, d, rope.theta, dtype());
+    rope_backward_cpu(dq, dk, b, s, a, kv, d, rope, dtype());
   }
   void attention_forward(void* out, void* probs, float* lse, const void* q, const void* k,
                          const void* v, std::int64_t b, std::int64_t s, std::int64_t a,
                          std::int64_t kv, std::int64_t d, std::int64_t window,
                          Attention variant) override {
-    if (window != 0) throw Error("cpu attention_forward: sliding window not implemented yet");
-    attention_forward_cpu(out, probs, lse, q, k, v, b, s, a, kv, d, variant, dtype());
+    attention_forward_cpu(out, probs, lse, q, k, v, b, s, a, kv, d, window, variant, dtype());
   }
   void attention_backward(void* dq, void* dk, void* dv, void* dprobs, float* delta,
                           const void* dout, const void* q, const void* k, const void* v,
                           const void* out, const void* probs, const float* lse, std::int64_t b,
                           std::int64_t s, std::int64_t a, std::int64_t kv, std::int64_t d,
                           std::int64_t window, Attention variant) override {
-    if (window != 0) throw Error("cpu attention_backward: sliding window not implemented yet");
     attention_backward_cpu(dq, dk, dv, dprobs, delta, dout, q, k, v, out, probs, lse, b, s, a, kv,
-                           d, variant, dtype());
+                           d, window, variant, dtype());
   }
   void swiglu_forward(void* out, const void* gate, const void* up, std::int64_t n) override {
     swiglu_forward_cpu(out, gate, up, n, dtype());

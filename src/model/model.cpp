@@ -9,14 +9,16 @@
 //   setup     params (HF names) -> gradients (AdamW/SGD) -> optimizer states per parameter
 //             (.master when D != fp32, .exp_avg, .exp_avg_sq) -> inputs tokens, targets
 //             -> ws cublas_workspace (32 MiB)
-//   forward   embed_out; per layer rstd1 xn1 q k v probs|lse attn_out h_mid rstd2 xn2 gate up
-//             act out, the rows of kLayerActs (include/trainmem/model_acts.hpp), which also
+//   forward   embed_out; per layer rstd1 xn1 (q_pre k_pre q_rstd k_rstd: qk_norm) q k v
+//             probs|lse attn_out h_mid rstd2 xn2 gate up act out, the rows of kLayerActs
+//             (include/trainmem/model_acts.hpp), which also
 //             says what checkpointing frees and recomputes and which backward step frees each
 //             (checkpointing full: all but `out` freed right after `out`);
 //             final_norm_out final_rstd logits ce_lse, ws ce_losses (freed)
 //   backward  head: dlogits in place of logits, ws d_final_norm_out, ws d_residual;
 //             per layer (recompute first when checkpointing) ws d_act, d_gate, d_up, d_xn2,
-//             d_attn_out, d_q, d_k, d_v, d_probs|attn_delta, d_xn1; embedding.
+//             d_attn_out, d_q, d_k, d_v, d_probs|attn_delta, (d_q_pre, d_k_pre: qk_norm),
+//             d_xn1; embedding. Biases (qkv_bias): their gradients right after their weights'.
 //             LOMO: each gradient allocated right before the op producing it, then the update
 //             and the free (tied: the embedding gradient lives from the head to the end).
 //   optimizer AdamW/SGD over all parameters in setup order; no allocations.
@@ -40,8 +42,25 @@ using LA = LayerAct;
 constexpr DType f32 = DType::f32;
 constexpr DType i32 = DType::i32;
 
-// Per-layer parameter slots, in setup order.
-enum LayerParam : int { kInNorm = 0, kQ, kK, kV, kO, kPostNorm, kGate, kUp, kDown, kLayerParams };
+// Per-layer parameter slots, in setup order (docs/native-plan.md, Setup 1). The biases exist
+// when ModelConfig::qkv_bias, q_norm and k_norm when qk_norm (LlamaModel::layer_slot_).
+enum LayerParam : int {
+  kInNorm = 0,
+  kQ,
+  kQBias,
+  kK,
+  kKBias,
+  kV,
+  kVBias,
+  kO,
+  kQNorm,
+  kKNorm,
+  kPostNorm,
+  kGate,
+  kUp,
+  kDown,
+  kLayerParams
+};
 
 constexpr std::uint64_t kTokenStream = 0x746f6b656e73ull;  // "tokens"
 
@@ -106,18 +125,37 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
     params_.push_back(std::move(p));
   };
   const std::int64_t ad = a_ * d_, kd = k_ * d_;
+  // A layer's parameters, in setup order: (slot, HF name after "model.layers.N.", shape).
+  struct LayerParamSpec {
+    int slot;
+    const char* name;
+    std::vector<std::int64_t> shape;
+  };
+  std::vector<LayerParamSpec> layer_specs = {{kInNorm, "input_layernorm.weight", {h_}},
+                                             {kQ, "self_attn.q_proj.weight", {ad, h_}}};
+  if (cfg_.qkv_bias) layer_specs.push_back({kQBias, "self_attn.q_proj.bias", {ad}});
+  layer_specs.push_back({kK, "self_attn.k_proj.weight", {kd, h_}});
+  if (cfg_.qkv_bias) layer_specs.push_back({kKBias, "self_attn.k_proj.bias", {kd}});
+  layer_specs.push_back({kV, "self_attn.v_proj.weight", {kd, h_}});
+  if (cfg_.qkv_bias) layer_specs.push_back({kVBias, "self_attn.v_proj.bias", {kd}});
+  layer_specs.push_back({kO, "self_attn.o_proj.weight", {h_, ad}});
+  if (cfg_.qk_norm) {
+    layer_specs.push_back({kQNorm, "self_attn.q_norm.weight", {d_}});
+    layer_specs.push_back({kKNorm, "self_attn.k_norm.weight", {d_}});
+  }
+  layer_specs.push_back({kPostNorm, "post_attention_layernorm.weight", {h_}});
+  layer_specs.push_back({kGate, "mlp.gate_proj.weight", {i_, h_}});
+  layer_specs.push_back({kUp, "mlp.up_proj.weight", {i_, h_}});
+  layer_specs.push_back({kDown, "mlp.down_proj.weight", {h_, i_}});
+  layer_slot_.assign(kLayerParams, -1);
+  for (std::size_t j = 0; j < layer_specs.size(); ++j)
+    layer_slot_[std::size_t(layer_specs[j].slot)] = int(j);
+  per_layer_params_ = layer_specs.size();
+
   add("model.embed_tokens.weight", -1, {V_, h_});
   for (int l = 0; l < cfg_.layers; ++l) {
     const std::string pre = "model.layers." + std::to_string(l) + ".";
-    add(pre + "input_layernorm.weight", l, {h_});
-    add(pre + "self_attn.q_proj.weight", l, {ad, h_});
-    add(pre + "self_attn.k_proj.weight", l, {kd, h_});
-    add(pre + "self_attn.v_proj.weight", l, {kd, h_});
-    add(pre + "self_attn.o_proj.weight", l, {h_, ad});
-    add(pre + "post_attention_layernorm.weight", l, {h_});
-    add(pre + "mlp.gate_proj.weight", l, {i_, h_});
-    add(pre + "mlp.up_proj.weight", l, {i_, h_});
-    add(pre + "mlp.down_proj.weight", l, {h_, i_});
+    for (const auto& spec : layer_specs) add(pre + spec.name, l, spec.shape);
   }
   add("model.norm.weight", -1, {h_});
   if (!cfg_.tied_embeddings) add("lm_head.weight", -1, {V_, h_});
@@ -184,15 +222,19 @@ Tensor LlamaModel::ws(const char* name, int layer, std::vector<std::int64_t> sha
 // ------------------------------------------------------------------------------ weights, tokens
 
 void LlamaModel::init_random(std::uint64_t seed) {
-  // Norm weights 1, every other weight 0.02 * N(0,1) from its own stream (the parameter's
-  // index + 1), computed by the backend (on the device for cuda: include/trainmem/param_init.hpp).
+  // Norm weights 1 and biases 0 (HF's _init_weights: RMSNorm weight ones, nn.Linear bias
+  // zeros), every other weight 0.02 * N(0,1) from its own stream (the parameter's index + 1),
+  // computed by the backend (on the device for cuda: include/trainmem/param_init.hpp).
   if (be_.computes()) {
     for (std::size_t pi = 0; pi < params_.size(); ++pi) {
       auto& p = params_[pi];
       ParamInit init;
       if (p.shape.size() == 1) {
+        const std::string bias = ".bias";
+        const bool is_bias = p.name.size() > bias.size() &&
+                             p.name.compare(p.name.size() - bias.size(), bias.size(), bias) == 0;
         init.kind = ParamInit::Kind::constant;
-        init.value = 1.0f;
+        init.value = is_bias ? 0.0f : 1.0f;
       } else {
         init.kind = ParamInit::Kind::normal;
         init.scale = 0.02f;
@@ -275,10 +317,23 @@ void LlamaModel::layer_forward(int l, const void* x, LayerActs& A, ActPass pass)
 
   through(LA::xn1);  // rstd1, xn1
   be_.rmsnorm_forward(at(LA::xn1), at_f32(LA::rstd1), x, W(kInNorm), n_, h_, eps);
-  through(LA::v);  // q, k, v
-  be_.matmul(at(LA::q), at(LA::xn1), W(kQ), n_, ad, h_, Trans::no, Trans::yes, 1.f, 0.f);
-  be_.matmul(at(LA::k), at(LA::xn1), W(kK), n_, kd, h_, Trans::no, Trans::yes, 1.f, 0.f);
-  be_.matmul(at(LA::v), at(LA::xn1), W(kV), n_, kd, h_, Trans::no, Trans::yes, 1.f, 0.f);
+  through(LA::v);  // (q_norm: q_pre, k_pre, q_rstd, k_rstd), q, k, v
+  // The projections (q and k into q_pre and k_pre when they are normed), each bias added in
+  // place right after its GEMM.
+  const bool qkn = cfg_.qk_norm;
+  void* q_proj = qkn ? at(LA::q_pre) : at(LA::q);
+  void* k_proj = qkn ? at(LA::k_pre) : at(LA::k);
+  auto project = [&](void* out, int weight, int bias, std::int64_t width) {
+    be_.matmul(out, at(LA::xn1), W(weight), n_, width, h_, Trans::no, Trans::yes, 1.f, 0.f);
+    if (cfg_.qkv_bias) be_.bias_forward(out, W(bias), n_, width);
+  };
+  project(q_proj, kQ, kQBias, ad);
+  project(k_proj, kK, kKBias, kd);
+  project(at(LA::v), kV, kVBias, kd);
+  if (qkn) {  // RMSNorm over each head: n·a (n·k) rows of width d, before RoPE (as HF)
+    be_.rmsnorm_forward(at(LA::q), at_f32(LA::q_rstd), q_proj, W(kQNorm), n_ * a_, d_, eps);
+    be_.rmsnorm_forward(at(LA::k), at_f32(LA::k_rstd), k_proj, W(kKNorm), n_ * k_, d_, eps);
+  }
   be_.rope_forward(at(LA::q), at(LA::k), b_, s_, a_, k_, d_, cfg_.rope());  // in place
   through(LA::attn_out);  // probs (eager) | lse (flash), attn_out
   be_.attention_forward(at(LA::attn_out), at(LA::probs), at_f32(LA::lse), at(LA::q), at(LA::k),
@@ -306,7 +361,7 @@ bool LlamaModel::allocate_acts_through(int l, LayerActs& A, ActPass pass, LayerA
   bool allocated = false;
   for (; next <= static_cast<int>(last); ++next) {
     const LayerActSpec& row = kLayerActs[next];
-    allocated = allocated_in(row, train_.attention, pass);
+    allocated = allocated_in(row, cfg_, train_.attention, pass);
     if (allocated)
       A[row.id] = ledger_.allocate(row.name, row.category, l, act_shape(row.shape, dims),
                                    act_dtype(row.dtype, D_));
@@ -550,13 +605,39 @@ void LlamaModel::layer_backward(int l, Tensor& d_res, const GradientCapture& cap
   scratch.reset();
   d_ao.reset();
   free_acts_at_backward_step(A, 6);  // attn_out, probs | lse
-  // 7. RoPE backward in place.
+  // 7. RoPE backward in place; q_norm: the per-head RMSNorm backward into the projections'
+  // gradients d_q_pre, d_k_pre (zero-filled: the op accumulates), which replace d_q and d_k.
   be_.rope_backward(d_q.data(), d_k.data(), b_, s_, a_, k_, d_, cfg_.rope());
-  // 8. q_proj, k_proj, v_proj.
+  if (cfg_.qk_norm) {
+    Tensor d_q_pre = ws("d_q_pre", l, {b_, s_, ad}, D_);
+    be_.fill_zero(d_q_pre.data(), d_q_pre.bytes());
+    be_.rmsnorm_backward(d_q_pre.data(), G(kQNorm), d_q.data(), at(LA::q_pre), Wp(kQNorm),
+                         at_f32(LA::q_rstd), n_ * a_, d_);
+    done(kQNorm);
+    Tensor d_k_pre = ws("d_k_pre", l, {b_, s_, kd}, D_);
+    be_.fill_zero(d_k_pre.data(), d_k_pre.bytes());
+    be_.rmsnorm_backward(d_k_pre.data(), G(kKNorm), d_k.data(), at(LA::k_pre), Wp(kKNorm),
+                         at_f32(LA::k_rstd), n_ * k_, d_);
+    done(kKNorm);
+    d_q.reset();
+    d_k.reset();
+    free_acts_at_backward_step(A, 7);  // q_pre, q_rstd, k_pre, k_rstd
+    d_q = std::move(d_q_pre);
+    d_k = std::move(d_k_pre);
+  }
+  // 8. q_proj, k_proj, v_proj, each bias right after its weight.
   Tensor d_xn1 = ws("d_xn1", l, {b_, s_, h_}, D_);
+  auto bias_backward = [&](int j, const void* dy, std::int64_t width) {
+    if (!cfg_.qkv_bias) return;
+    be_.bias_backward(G(j), dy, n_, width);
+    done(j);
+  };
   linear_backward(kQ, d_xn1.data(), d_q.data(), at(LA::xn1), ad, h_, 0.f);
+  bias_backward(kQBias, d_q.data(), ad);
   linear_backward(kK, d_xn1.data(), d_k.data(), at(LA::xn1), kd, h_, 1.f);
+  bias_backward(kKBias, d_k.data(), kd);
   linear_backward(kV, d_xn1.data(), d_v.data(), at(LA::xn1), kd, h_, 1.f);
+  bias_backward(kVBias, d_v.data(), kd);
   d_q.reset();
   d_k.reset();
   d_v.reset();

@@ -28,6 +28,9 @@ std::vector<std::int64_t> act_shape(const ActShape& shape, const ActDims& dims) 
       case Extent::a:
         out.push_back(dims.a);
         break;
+      case Extent::k:
+        out.push_back(dims.k);
+        break;
       case Extent::ad:
         out.push_back(dims.a * dims.d);
         break;
@@ -62,6 +65,9 @@ std::string act_shape_letters(const ActShape& shape) {
       case Extent::a:
         out += "a";
         break;
+      case Extent::k:
+        out += "k";
+        break;
       case Extent::ad:
         out += "a·d";
         break;
@@ -89,7 +95,7 @@ std::vector<PlannedActivation> layer_activation_plan(const ModelConfig& model,
   if (pass == ActPass::recompute && train.checkpointing != Checkpointing::full) return out;
   const ActDims dims = ActDims::of(model, train);
   for (const LayerActSpec& row : kLayerActs) {
-    if (!allocated_in(row, train.attention, pass)) continue;
+    if (!allocated_in(row, model, train.attention, pass)) continue;
     PlannedActivation p{
         &row,         row.name, act_shape(row.shape, dims), act_dtype(row.dtype, train.dtype),
         row.category, 0};

@@ -28,7 +28,7 @@ struct ShardedStep::Impl {
   std::int64_t stage;
   Ledger& ledger;
   DType D;
-  bool first, last, sp, full, eager, tied_here;
+  bool first, last, sp, full, eager, tied_here, bias, qkn;
   std::int64_t b, s, sr, h, d, a, k, i, V, Ls, M;
   std::uint64_t Pk = 0;  // the stage's parameter elements
   int step = 0;
@@ -41,9 +41,9 @@ struct ShardedStep::Impl {
   std::map<int, Tensor> gathered;
 
   // Activations of one micro-batch in flight: one slot per per-layer tensor name.
-  static constexpr const char* kActNames[] = {"rstd1", "xn1",  "q",        "k",     "v",
-                                              "probs", "lse",  "attn_out", "h_mid", "rstd2",
-                                              "xn2",   "gate", "up",       "act",   "out"};
+  static constexpr const char* kActNames[] = {
+      "rstd1", "xn1",      "q_pre", "k_pre", "q_rstd", "k_rstd", "q",  "k",   "v",  "probs",
+      "lse",   "attn_out", "h_mid", "rstd2", "xn2",    "gate",   "up", "act", "out"};
   static constexpr int kNumActs = sizeof(kActNames) / sizeof(kActNames[0]);
   static int act_slot(const char* name) {
     for (int n = 0; n < kNumActs; ++n)
@@ -76,6 +76,8 @@ struct ShardedStep::Impl {
     full = t.checkpointing == Checkpointing::full;
     eager = t.attention == Attention::eager;
     tied_here = m.tied_embeddings && p.pp == 1;
+    bias = m.qkv_bias;
+    qkn = m.qk_norm;
     b = t.batch;
     s = t.seq;
     sr = sp ? s / p.tp : s;
@@ -117,10 +119,18 @@ struct ShardedStep::Impl {
       const int g = global_layer(l);
       const std::string pre = "model.layers." + std::to_string(g) + ".";
       v.push_back({pre + "input_layernorm.weight", g, {h}});
+      // Column-parallel q/k/v: each bias split with its projection's output columns.
       v.push_back({pre + "self_attn.q_proj.weight", g, {ad, h}});
+      if (bias) v.push_back({pre + "self_attn.q_proj.bias", g, {ad}});
       v.push_back({pre + "self_attn.k_proj.weight", g, {kd, h}});
+      if (bias) v.push_back({pre + "self_attn.k_proj.bias", g, {kd}});
       v.push_back({pre + "self_attn.v_proj.weight", g, {kd, h}});
+      if (bias) v.push_back({pre + "self_attn.v_proj.bias", g, {kd}});
       v.push_back({pre + "self_attn.o_proj.weight", g, {h, ad}});
+      if (qkn) {  // per-head norms: the same (d) weights on every tp rank
+        v.push_back({pre + "self_attn.q_norm.weight", g, {d}});
+        v.push_back({pre + "self_attn.k_norm.weight", g, {d}});
+      }
       v.push_back({pre + "post_attention_layernorm.weight", g, {h}});
       v.push_back({pre + "mlp.gate_proj.weight", g, {i, h}});
       v.push_back({pre + "mlp.up_proj.weight", g, {i, h}});
@@ -247,6 +257,12 @@ struct ShardedStep::Impl {
     A("xn1", {b, sr, h}, D);
     Tensor gath;
     if (sp) gath = comm("xn1.gathered", g, {b, s, h}, D);
+    if (qkn) {
+      A("q_pre", {b, s, a * d}, D);
+      A("k_pre", {b, s, k * d}, D);
+      A("q_rstd", {b, s, a}, f32);
+      A("k_rstd", {b, s, k}, f32);
+    }
     A("q", {b, s, a * d}, D);
     A("k", {b, s, k * d}, D);
     A("v", {b, s, k * d}, D);
@@ -271,8 +287,9 @@ struct ShardedStep::Impl {
     A("out", {b, sr, h}, D);
     gath.reset();
     if (full) {
-      static const char* order[] = {"act",   "up",  "gate", "xn2", "rstd2", "h_mid", "attn_out",
-                                    "probs", "lse", "v",    "k",   "q",     "xn1",   "rstd1"};
+      static const char* order[] = {"act",      "up",     "gate",  "xn2",   "rstd2", "h_mid",
+                                    "attn_out", "probs",  "lse",   "v",     "k",     "q",
+                                    "k_rstd",   "q_rstd", "k_pre", "q_pre", "xn1",   "rstd1"};
       for (const char* name : order) L.erase(name);
     }
   }
@@ -368,6 +385,16 @@ struct ShardedStep::Impl {
     scratch.reset();
     d_ao.reset();
     drop({"attn_out", "probs", "lse"});
+    // 7. q/k norm backward (qk_norm): the projections' gradients replace d_q and d_k.
+    if (qkn) {
+      Tensor d_q_pre = ws("d_q_pre", g, {b, s, a * d}, D);
+      Tensor d_k_pre = ws("d_k_pre", g, {b, s, k * d}, D);
+      d_q.reset();
+      d_k.reset();
+      drop({"q_pre", "q_rstd", "k_pre", "k_rstd"});
+      d_q = std::move(d_q_pre);
+      d_k = std::move(d_k_pre);
+    }
     // 8. q/k/v: d_xn1 (a partial under sp), xn1 gathered for dW.
     Tensor d_xn1 = input_grad("xn1.gathered", "d_xn1");
     d_q.reset();

@@ -8,6 +8,7 @@
 
 #include "adamw/adamw.hpp"
 #include "attention/attention.hpp"
+#include "bias/bias.hpp"
 #include "cross_entropy/cross_entropy.hpp"
 #include "embedding/embedding.hpp"
 #include "init/init.hpp"
@@ -148,31 +149,26 @@ void CudaBackend::matmul(void* c, const void* a, const void* b, std::int64_t M, 
                          std::int64_t K, Trans ta, Trans tb, float alpha, float beta) {
   matmul_cuda(c, a, b, M, N, K, ta, tb, alpha, beta, dtype(), cublas_);
 }
-void CudaBackend::bias_forward(void*, const void*, std::int64_t, std::int64_t) {
-  throw Error("cuda bias_forward: not implemented yet");
+void CudaBackend::bias_forward(void* out, const void* bias, std::int64_t n, std::int64_t c) {
+  bias_forward_cuda(out, bias, n, c, dtype(), stream_);
 }
-void CudaBackend::bias_backward(void*, const void*, std::int64_t, std::int64_t) {
-  throw Error("cuda bias_backward: not implemented yet");
+void CudaBackend::bias_backward(void* dbias, const void* dout, std::int64_t n, std::int64_t c) {
+  bias_backward_cuda(dbias, dout, n, c, dtype(), stream_);
 }
 void CudaBackend::rope_forward(void* q, void* k, std::int64_t b, std::int64_t s, std::int64_t a,
                                std::int64_t kv, std::int64_t d, const RopeSpec& rope) {
-  if (rope.scaling.kind != RopeScalingKind::none)
-    throw Error("cuda rope_forward: rope scaling not implemented yet");
-  rope_forward_cuda(q, k, b, s, a, kv, d, rope.theta, dtype(), stream_);
+  rope_forward_cuda(q, k, b, s, a, kv, d, rope, dtype(), stream_);
 }
 void CudaBackend::rope_backward(void* dq, void* dk, std::int64_t b, std::int64_t s, std::int64_t a,
                                 std::int64_t kv, std::int64_t d, const RopeSpec& rope) {
-  if (rope.scaling.kind != RopeScalingKind::none)
-    throw Error("cuda rope_backward: rope scaling not implemented yet");
-  rope_backward_cuda(dq, dk, b, s, a, kv, d, rope.theta, dtype(), stream_);
+  rope_backward_cuda(dq, dk, b, s, a, kv, d, rope, dtype(), stream_);
 }
 void CudaBackend::attention_forward(void* out, void* probs, float* lse, const void* q,
                                     const void* k, const void* v, std::int64_t b, std::int64_t s,
                                     std::int64_t a, std::int64_t kv, std::int64_t d,
                                     std::int64_t window, Attention variant) {
-  if (window != 0) throw Error("cuda attention_forward: sliding window not implemented yet");
-  attention_forward_cuda(out, probs, lse, q, k, v, b, s, a, kv, d, variant, dtype(), cublas_,
-                         stream_);
+  attention_forward_cuda(out, probs, lse, q, k, v, b, s, a, kv, d, window, variant, dtype(),
+                         cublas_, stream_);
 }
 void CudaBackend::attention_backward(void* dq, void* dk, void* dv, void* dprobs, float* delta,
                                      const void* dout, const void* q, const void* k, const void* v,
@@ -180,9 +176,8 @@ void CudaBackend::attention_backward(void* dq, void* dk, void* dv, void* dprobs,
                                      std::int64_t b, std::int64_t s, std::int64_t a,
                                      std::int64_t kv, std::int64_t d, std::int64_t window,
                                      Attention variant) {
-  if (window != 0) throw Error("cuda attention_backward: sliding window not implemented yet");
   attention_backward_cuda(dq, dk, dv, dprobs, delta, dout, q, k, v, out, probs, lse, b, s, a, kv, d,
-                          variant, dtype(), cublas_, stream_);
+                          window, variant, dtype(), cublas_, stream_);
 }
 void CudaBackend::swiglu_forward(void* out, const void* gate, const void* up, std::int64_t n) {
   swiglu_forward_cuda(out, gate, up, n, dtype(), stream_);

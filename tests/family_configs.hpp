@@ -1,0 +1,138 @@
+// The tiny model-family configurations of issue 16 (tiny-mistral, tiny-qwen2, tiny-qwen3,
+// tiny-llama3), built here field by field with the values the presets of src/base/config.cpp
+// are specified to have, so that the model and analytic tests do not depend on the presets
+// landing first. When a preset of that name exists, tests/test_model_families.cpp checks that it
+// equals this construction.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "trainmem/config.hpp"
+#include "trainmem/error.hpp"
+
+namespace trainmem::test {
+
+inline ModelConfig family_config(const std::string& name) {
+  ModelConfig c;
+  c.name = name;
+  c.vocab = 96;
+  c.hidden = 48;
+  c.intermediate = 128;
+  c.layers = 2;
+  c.heads = 6;
+  c.kv_heads = 2;
+  c.max_positions = 256;
+  if (name == "tiny-mistral") {
+    c.family = "mistral";
+    c.rms_eps = 1e-5;
+    c.rope_theta = 1e4;
+    c.sliding_window = 5;
+    c.window_from_layer = 0;
+    c.tied_embeddings = false;
+  } else if (name == "tiny-qwen2") {
+    c.family = "qwen2";
+    c.rms_eps = 1e-6;
+    c.rope_theta = 1e6;
+    c.qkv_bias = true;
+    c.tied_embeddings = true;
+    c.sliding_window = 6;
+    c.window_from_layer = 1;
+  } else if (name == "tiny-qwen3") {
+    c.family = "qwen3";
+    c.heads = 4;
+    c.explicit_head_dim = 16;
+    c.rms_eps = 1e-6;
+    c.rope_theta = 1e6;
+    c.qk_norm = true;
+    c.tied_embeddings = false;
+  } else if (name == "tiny-llama3") {
+    c.family = "llama";
+    c.rms_eps = 1e-5;
+    c.rope_theta = 5e5;
+    c.tied_embeddings = true;
+    c.rope_scaling.kind = RopeScalingKind::llama3;
+    c.rope_scaling.factor = 8;
+    c.rope_scaling.low_freq_factor = 1;
+    c.rope_scaling.high_freq_factor = 4;
+    c.rope_scaling.original_max_positions = 16;
+  } else {
+    throw Error("test: no family config " + name);
+  }
+  return c;
+}
+
+// Larger family shapes for the meta backend only (2 layers keep them quick): the published
+// Qwen3-0.6B (a·d = 2048 > h = 1024), Qwen2-7B (biases, untied here) and Mistral-7B (window
+// 4096) widths.
+inline ModelConfig family_big(const std::string& name) {
+  ModelConfig c;
+  c.name = name;
+  c.layers = 2;
+  c.max_positions = 32768;
+  if (name == "qwen3-0.6b-2l") {
+    c.family = "qwen3";
+    c.vocab = 151936;
+    c.hidden = 1024;
+    c.intermediate = 3072;
+    c.heads = 16;
+    c.kv_heads = 8;
+    c.explicit_head_dim = 128;
+    c.qk_norm = true;
+    c.tied_embeddings = true;
+    c.rms_eps = 1e-6;
+    c.rope_theta = 1e6;
+  } else if (name == "qwen3-narrow-mlp") {
+    // Synthetic: wide heads (a·d = 128 > h = 48) and a narrow MLP (i = 16), so that the q/k
+    // norm backward's buffers (step 7) are the workspace peak.
+    c.family = "qwen3";
+    c.vocab = 64;
+    c.hidden = 48;
+    c.intermediate = 16;
+    c.heads = 4;
+    c.kv_heads = 4;
+    c.explicit_head_dim = 32;
+    c.qk_norm = true;
+    c.qkv_bias = true;
+    c.max_positions = 256;
+    c.rms_eps = 1e-6;
+    c.rope_theta = 1e6;
+  } else if (name == "qwen2-7b-2l") {
+    c.family = "qwen2";
+    c.vocab = 152064;
+    c.hidden = 3584;
+    c.intermediate = 18944;
+    c.heads = 28;
+    c.kv_heads = 4;
+    c.qkv_bias = true;
+    c.rms_eps = 1e-6;
+    c.rope_theta = 1e6;
+  } else if (name == "mistral-7b-2l") {
+    c.family = "mistral";
+    c.vocab = 32000;
+    c.hidden = 4096;
+    c.intermediate = 14336;
+    c.heads = 32;
+    c.kv_heads = 8;
+    c.sliding_window = 4096;
+    c.rms_eps = 1e-5;
+    c.rope_theta = 1e4;
+  } else {
+    throw Error("test: no big family config " + name);
+  }
+  return c;
+}
+
+// A preset when one has that name, else a family configuration above.
+inline ModelConfig any_config(const std::string& name) {
+  if (auto p = find_preset(name)) return *p;
+  if (name.rfind("tiny-", 0) == 0) return family_config(name);
+  return family_big(name);
+}
+
+inline const std::vector<std::string>& family_names() {
+  static const std::vector<std::string> names = {"tiny-mistral", "tiny-qwen2", "tiny-qwen3",
+                                                 "tiny-llama3"};
+  return names;
+}
+
+}  // namespace trainmem::test
