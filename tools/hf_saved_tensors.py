@@ -743,6 +743,8 @@ FAMILY_CONFIGS = {
         _fc("mistral", "m-h40-a5-w3-b1-s7", 40, 71, 5, 5, 97, 2, 1, 7, "16", sliding_window=3),
         # s 6 < window 8: SDPA may take the pure causal path (no mask)
         _fc("mistral", "m-h40-a5-k1-w8-s6", 40, 71, 5, 1, 97, 2, 3, 6, "16", sliding_window=8),
+        # k 1 with a mask (s 7 > window 3): repeat_kv's expand of one kv head is a view
+        _fc("mistral", "m-h40-a5-k1-w3-s7", 40, 71, 5, 1, 97, 2, 2, 7, "16", sliding_window=3),
         # s == window: the mask is still built (kv_length >= window)
         _fc("mistral", "m-h48-a6-k3-w7-s7", 48, 130, 6, 3, 101, 2, 2, 7, "16", sliding_window=7),
         _fc("mistral", "m-h40-a5-k5-w3-s7-fp32", 40, 71, 5, 5, 97, 2, 3, 7, "fp32",
