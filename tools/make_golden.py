@@ -38,6 +38,7 @@ import sys
 if "--transformers" in sys.argv:
     sys.path.insert(0, sys.argv[sys.argv.index("--transformers") + 1])
 import argparse
+import copy
 import json
 import math
 import os
@@ -256,7 +257,8 @@ def make_family(name, out_dir, seed):
     cfg, b, s = FAMILIES[name]
     Config = getattr(transformers, cfg["architectures"][0].replace("ForCausalLM", "Config"))
     Model = getattr(transformers, cfg["architectures"][0])
-    hf_cfg = Config.from_dict(dict(cfg, attn_implementation="eager"))
+    # A deep copy: from_dict() writes into nested dicts (rope_scaling gains rope_theta).
+    hf_cfg = Config.from_dict(copy.deepcopy(dict(cfg, attn_implementation="eager")))
     torch.manual_seed(seed)
     model = Model(hf_cfg).to(torch.float32)
     model.train()
@@ -295,7 +297,7 @@ def make_family(name, out_dir, seed):
     assert model.config._attn_implementation == "eager", model.config._attn_implementation
     if cfg.get("sliding_window"):
         # The window must matter at this s: the same weights without it give another loss.
-        full = dict(cfg, attn_implementation="eager")
+        full = copy.deepcopy(dict(cfg, attn_implementation="eager"))
         full["sliding_window"] = None
         full["use_sliding_window"] = False
         other = Model(Config.from_dict(full)).to(torch.float32)
