@@ -17,6 +17,7 @@
 // from the float64 answer on these models (printed by make_golden.py).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <set>
 
 #include "model_helpers.hpp"
@@ -75,6 +76,8 @@ TEST_P(Golden, LossAndEveryGradientMatchPyTorch) {
   for (const auto& [name, g] : grads) got.insert(name);
   EXPECT_EQ(got, want);
 
+  double worst = 0;  // max |error| / max |ref| over the tensors (printed: the measured margin)
+  std::string worst_name;
   for (const auto& name : want) {
     if (!grads.count(name)) continue;
     const auto ref = expected.read_f32(name);
@@ -84,11 +87,20 @@ TEST_P(Golden, LossAndEveryGradientMatchPyTorch) {
     for (float v : ref) max_ref = std::max(max_ref, double(std::abs(v)));
     ASSERT_GT(max_ref, 0.0) << name << ": reference gradient is all zero, the test would be weak";
     const Diff d = compare(g, ref, kGradAtolOfMax * max_ref, kGradRtol);
+    if (d.max_abs / max_ref > worst) {
+      worst = d.max_abs / max_ref;
+      worst_name = name;
+    }
     EXPECT_LT(d.first_bad, 0) << name << ": element " << d.first_bad << " got "
                               << g[std::size_t(std::max(0l, d.first_bad))] << " want "
                               << ref[std::size_t(std::max(0l, d.first_bad))] << "; max abs error "
                               << d.max_abs << " (max |ref| " << max_ref << ")";
   }
+  std::printf(
+      "[golden] %s: loss %.8f vs %.8f (rel %.2e); worst gradient max|err|/max|ref| %.2e "
+      "(%s)\n",
+      case_name(testing::TestParamInfo<GoldenCase>(c, 0)).c_str(), loss, ref_loss,
+      std::abs(loss - ref_loss) / std::abs(ref_loss), worst, worst_name.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(
