@@ -200,6 +200,265 @@ TEST(HfGolden, EveryEraEveryGroupMatchesTheSavedTensors) {
   EXPECT_GE(checked, 4 * 2 * 7 + 2 * 6);
 }
 
+// ---------------------------------------------------------------- the families (issue 16)
+// tests/data/hf_golden/<family>-5.25[-sdpa].json: the real MistralForCausalLM,
+// Qwen2ForCausalLM, Qwen3ForCausalLM and LlamaForCausalLM (head_dim, rope_scaling llama3) of
+// transformers 5.25.0 under PyTorch 2.15 (tools/hf_saved_tensors.py --family).
+struct FamilyFile {
+  const char* file;
+  const char* family;
+  Profile profile;
+};
+const FamilyFile kFamilies[] = {{"mistral-5.25.json", "mistral", Profile::hf_eager},
+                                {"mistral-5.25-sdpa.json", "mistral", Profile::hf_sdpa},
+                                {"qwen2-5.25.json", "qwen2", Profile::hf_eager},
+                                {"qwen2-5.25-sdpa.json", "qwen2", Profile::hf_sdpa},
+                                {"qwen3-5.25.json", "qwen3", Profile::hf_eager},
+                                {"qwen3-5.25-sdpa.json", "qwen3", Profile::hf_sdpa},
+                                {"llama-5.25.json", "llama", Profile::hf_eager},
+                                {"llama-5.25-sdpa.json", "llama", Profile::hf_sdpa}};
+
+// The ModelConfig of a family configuration, built field by field (as config.json would give).
+ModelConfig family_model(const json& c) {
+  ModelConfig m = golden_model(c);
+  m.family = c.at("family");
+  m.tied_embeddings = c.value("tied", false);
+  if (c.contains("head_dim")) m.explicit_head_dim = c.at("head_dim");
+  m.qkv_bias = m.family == "qwen2";  // Qwen2's q/k/v projections always have biases
+  m.qk_norm = m.family == "qwen3";   // Qwen3 always normalises q and k per head
+  if (c.contains("sliding_window") && !c.at("sliding_window").is_null()) {
+    m.sliding_window = c.at("sliding_window");
+    m.window_from_layer = c.value("window_from_layer", 0);
+  }
+  if (c.contains("rope_scaling")) {
+    const auto& r = c.at("rope_scaling");
+    m.rope_scaling.kind = RopeScalingKind::llama3;
+    m.rope_scaling.factor = r.at("factor");
+    m.rope_scaling.low_freq_factor = r.at("low_freq_factor");
+    m.rope_scaling.high_freq_factor = r.at("high_freq_factor");
+    m.rope_scaling.original_max_positions = r.at("original_max_position_embeddings");
+  }
+  return m;
+}
+
+void check_family_config(const FamilyFile& ff, const json& c) {
+  const ModelConfig m = family_model(c);
+  const TrainConfig t = golden_train(c);
+  HfOptions o;
+  o.era = HfEra::v5_25;
+  o.hf_version = "5.25.0";
+  o.torch = TorchEra::from_2_2;
+  const Estimate e = estimate(ff.profile, m, t, o);
+  const auto& a = e.activations;
+  const auto& gb = c.at("group_bytes");
+  const auto& groups = c.at("groups");
+  // Every layer: the windowed layers' list where the golden data has a layer_sliding group.
+  const bool split = groups.contains("layer_sliding");
+  EXPECT_EQ(split, !a.layer_windowed.empty());
+  const auto& per_layer = c.at("per_layer_bytes");
+  u64 layers_sum = 0, windowed = 0;
+  for (std::size_t l = 0; l < per_layer.size(); ++l) {
+    const bool win = split && m.window_of(static_cast<std::int64_t>(l)) > 0;
+    windowed += win ? 1 : 0;
+    EXPECT_EQ(per_layer[l].get<u64>(), win ? a.layer_windowed_bytes : a.per_layer_bytes)
+        << "layer " << l;
+    layers_sum += per_layer[l].get<u64>();
+  }
+  if (split) {
+    EXPECT_EQ(static_cast<u64>(a.windowed_layers), windowed);
+    EXPECT_EQ(sig_of(groups.at("layer_sliding")), sig_of(a.layer_windowed))
+        << "golden " << show(sig_of(groups.at("layer_sliding"))) << "\nours   "
+        << show(sig_of(a.layer_windowed));
+  }
+  EXPECT_EQ(sig_of(groups.at("layer")), sig_of(a.layer))
+      << "golden " << show(sig_of(groups.at("layer"))) << "\nours   " << show(sig_of(a.layer));
+  for (const char* g : {"head", "shared", "recompute", "embedding"}) {
+    const std::vector<TensorEntry>& ours = std::string(g) == "head"        ? a.head
+                                           : std::string(g) == "shared"    ? a.shared
+                                           : std::string(g) == "recompute" ? a.recompute
+                                                                           : a.embedding;
+    EXPECT_EQ(sig_of(groups.at(g)), sig_of(ours))
+        << g << "\ngolden " << show(sig_of(groups.at(g))) << "\nours   " << show(sig_of(ours));
+  }
+  std::vector<TensorEntry> ids;
+  for (const auto& x : a.inputs)
+    if (x.name == "input_ids" || (x.name == "labels" && x.kept_by.rfind("nll_loss", 0) == 0))
+      ids.push_back(x);
+  EXPECT_EQ(sig_of(groups.at("inputs")), sig_of(ids));
+  const auto& loops = c.at("loops");
+  const u64 total = gb.at("embedding").get<u64>() + layers_sum + gb.at("shared").get<u64>() +
+                    gb.at("head").get<u64>() +
+                    loops.at("hf-model-loss").at("held_bytes").get<u64>();
+  EXPECT_EQ(e.figures.activations, total);
+  for (Loop l : {Loop::hf_model_loss, Loop::shift_ce, Loop::none}) {
+    SCOPED_TRACE(loop_name(l));
+    HfOptions ol = o;
+    ol.loop = l;
+    const Estimate el = estimate(ff.profile, m, t, ol);
+    const auto& gl = loops.at(loop_name(l));
+    EXPECT_EQ(sig_of(gl.at("head")), sig_of(el.activations.head));
+    EXPECT_EQ(sig_of(gl.at("held")), sig_of(el.activations.loop));
+  }
+  ASSERT_TRUE(c.contains("use_cache_held"));
+  const u64 want = c.at("use_cache_held").get<u64>();
+  EXPECT_EQ(e.use_cache_bytes, want);
+  HfOptions oc = o;
+  oc.use_cache = true;
+  EXPECT_EQ(estimate(ff.profile, m, t, oc).figures.activations, e.figures.activations + want);
+}
+
+TEST(HfFamilies, EveryFamilyAttentionAndConfigMatchesTheSavedTensors) {
+  int checked = 0;
+  bool window_above = false, window_at = false, window_below = false, from_layer = false,
+       tied = false, head_dim = false, fp32 = false, b1 = false, gqa = false;
+  for (const auto& ff : kFamilies) {
+    const json g = load_golden(ff.file);
+    EXPECT_EQ(g.at("family").get<std::string>(), ff.family);
+    EXPECT_EQ(g.at("era").get<std::string>(), "5.25");
+    EXPECT_EQ(g.at("attention").get<std::string>(),
+              ff.profile == Profile::hf_sdpa ? "sdpa" : "eager");
+    for (const auto& run : g.at("runs")) {
+      EXPECT_EQ(run.at("torch_series").get<std::string>(), ">=2.2");
+      for (const auto& c : run.at("configs")) {
+        SCOPED_TRACE(std::string(ff.file) + " " + c.at("name").get<std::string>());
+        EXPECT_EQ(c.at("family").get<std::string>(), ff.family);
+        EXPECT_EQ(c.at("implementations").at(0).get<std::string>().rfind("transformers 5.25", 0),
+                  0u);
+        check_family_config(ff, c);
+        const ModelConfig m = family_model(c);
+        const auto s = c.at("seq").get<std::int64_t>();
+        if (m.sliding_window > 0) {
+          window_above |= s > m.sliding_window;
+          window_at |= s == m.sliding_window;
+          window_below |= s < m.sliding_window;
+          from_layer |= m.window_from_layer > 0;
+        }
+        tied |= m.tied_embeddings;
+        head_dim |= m.head_dim() * m.heads != m.hidden;
+        fp32 |= c.at("run_dtype") == "fp32";
+        b1 |= c.at("batch").get<int>() == 1;
+        gqa |= m.kv_heads < m.heads;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_TRUE(window_above && window_at && window_below && from_layer && tied && head_dim && fp32 &&
+              b1 && gqa);
+  EXPECT_EQ(checked, 2 * (8 + 5 + 5 + 2));
+}
+
+// Hand-computed per-layer coefficients of the families (docs/formulas.md, "Model families"),
+// 16-bit, 5.25 era, s 512 b 8: Qwen3-8B's shape (h 4096, a 32, k 8, d 128, i 12288) with and
+// without q/k norms, and the SDPA window mask.
+TEST(HfFamilies, Qwen3NormsAndWindowCoefficientsByHand) {
+  ModelConfig m;
+  m.name = "qwen3-8b-like";
+  m.family = "qwen3";
+  m.vocab = 151936;
+  m.hidden = 4096;
+  m.intermediate = 12288;
+  m.layers = 36;
+  m.heads = 32;
+  m.kv_heads = 8;
+  m.explicit_head_dim = 128;
+  m.qk_norm = true;
+  m.max_positions = 40960;
+  TrainConfig t;
+  t.batch = 8;
+  t.seq = 512;
+  t.dtype = DType::bf16;
+  const auto c = estimate(Profile::hf_eager, m, t).activations.per_layer;
+  // LLaMA 5.25 eager: 24 sbh (norms 4+2+2 each, q, k, v copies and the attention output 2
+  // each) + q_norm (4 + 2)·a·d/h + k_norm (4 + 2)·k·d/h = 24 + 6 + 1.5.
+  EXPECT_DOUBLE_EQ(c.sbh, 24.0 + 6.0 + 1.5);
+  EXPECT_DOUBLE_EQ(c.sbi, 8.0);
+  EXPECT_DOUBLE_EQ(c.as2b, 6.0);
+  EXPECT_DOUBLE_EQ(c.sb, 8.0 + 4.0 * 32 + 4.0 * 8);  // two norms' rsqrt + per-head rsqrt
+  // SDPA with a window W <= s in every layer: q, k, v at a heads (repeat_kv), output 2 each,
+  // logsumexp 4a, and the (b,1,s,s) mask in bf16 (other, per layer).
+  m.sliding_window = 256;
+  const auto e = estimate(Profile::hf_sdpa, m, t);
+  EXPECT_DOUBLE_EQ(e.activations.per_layer.sbh, 16.0 + 8.0 + 6.0 + 1.5);
+  EXPECT_DOUBLE_EQ(e.activations.per_layer.sb, 8.0 + 4.0 * 32 + 4.0 * 32 + 4.0 * 8);
+  EXPECT_EQ(e.activations.per_layer.other_bytes, 2u * 8 * 512 * 512);
+  // s below the window: HF's pure causal path, k and v at the kv heads, no mask.
+  m.sliding_window = 1024;
+  const auto below = estimate(Profile::hf_sdpa, m, t).activations.per_layer;
+  EXPECT_DOUBLE_EQ(below.sbh, 16.0 + 2.0 * 2 * 8 / 32 + 4.0 + 6.0 + 1.5);
+  EXPECT_EQ(below.other_bytes, 0u);
+}
+
+TEST(HfFamilies, UnprovenFamilyAndEraCombinationsAreRefusedNamingTheFlag) {
+  ModelConfig m;
+  m.name = "tiny-qwen3";
+  m.family = "qwen3";
+  m.vocab = 96;
+  m.hidden = 48;
+  m.intermediate = 128;
+  m.layers = 2;
+  m.heads = 4;
+  m.kv_heads = 2;
+  m.explicit_head_dim = 16;
+  m.qk_norm = true;
+  m.max_positions = 256;
+  TrainConfig t;
+  t.batch = 1;
+  t.seq = 16;
+  t.dtype = DType::bf16;
+  // No --hf-version: the one measured era, 5.25.
+  EXPECT_EQ(*estimate(Profile::hf_eager, m, t).hf.era, HfEra::v5_25);
+  for (const char* v : {"4.28", "4.30", "4.31", "4.35"}) {
+    SCOPED_TRACE(v);
+    HfOptions o;
+    o.era = parse_hf_version(v);
+    o.hf_version = v;
+    try {
+      (void)estimate(Profile::hf_eager, m, t, o);
+      ADD_FAILURE() << "accepted";
+    } catch (const InputError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(std::string("--hf-version ") + v), std::string::npos) << msg;
+      EXPECT_NE(msg.find("Qwen3ForCausalLM"), std::string::npos) << msg;
+    }
+  }
+  // Mistral in 4.31-4.34 (4.34 introduced it, but it was not measured): refused too.
+  ModelConfig mi = m;
+  mi.family = "mistral";
+  mi.qk_norm = false;
+  mi.explicit_head_dim = 0;
+  mi.sliding_window = 4;
+  HfOptions o431;
+  o431.era = parse_hf_version("4.34.1");
+  o431.hf_version = "4.34.1";
+  EXPECT_THROW((void)estimate(Profile::hf_eager, mi, t, o431), InputError);
+  EXPECT_NO_THROW((void)estimate(Profile::hf_eager, mi, t));
+  // Combinations no class has: a Qwen3 with q/k/v biases, a Qwen2 without, a LLaMA window.
+  ModelConfig qb = m;
+  qb.qkv_bias = true;
+  EXPECT_THROW((void)estimate(Profile::hf_sdpa, qb, t), InputError);
+  ModelConfig q2 = mi;
+  q2.family = "qwen2";
+  q2.sliding_window = 0;
+  EXPECT_THROW((void)estimate(Profile::hf_eager, q2, t), InputError);
+  q2.qkv_bias = true;
+  EXPECT_NO_THROW((void)estimate(Profile::hf_eager, q2, t));
+  ModelConfig lw = mi;
+  lw.family = "llama";
+  EXPECT_THROW((void)estimate(Profile::hf_eager, lw, t), InputError);
+  // LLaMA 3.x (rope_scaling, head_dim): 5.25 only; without either, every era as before.
+  ModelConfig l3 = lw;
+  l3.sliding_window = 0;
+  l3.rope_scaling.kind = RopeScalingKind::llama3;
+  EXPECT_EQ(*estimate(Profile::hf_eager, l3, t).hf.era, HfEra::v5_25);
+  HfOptions o430;
+  o430.era = HfEra::v4_30;
+  o430.hf_version = "4.30";
+  EXPECT_THROW((void)estimate(Profile::hf_eager, l3, t, o430), InputError);
+  l3.rope_scaling.kind = RopeScalingKind::none;
+  EXPECT_EQ(*estimate(Profile::hf_eager, l3, t).hf.era, HfEra::v4_30);
+  EXPECT_NO_THROW((void)estimate(Profile::hf_eager, l3, t, o430));
+}
+
 // Per-layer coefficients for 16-bit training (docs/formulas.md, hf-eager):
 //   sbh: x 2, x_f32 4, x² 4, x·rsqrt 4, norm out 2 (input_layernorm) + q 2, k 2, v 2, attention
 //        output 2 + h_mid 2, 4, 4, 4, norm out 2 (post_attention_layernorm) = 40

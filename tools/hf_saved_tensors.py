@@ -32,6 +32,24 @@ current PyTorch CPU wheel from PyPI in a virtual environment). A second release 
 saves exactly the same tensors is added to the section's `transformers_versions`; one that
 differs is an error (the era would have to be split).
 
+The families (--family mistral|qwen2|qwen3|llama; issue 16): FAMILY_CONFIGS, small awkward
+configurations of the current release's MistralForCausalLM (every layer windowed, s above, at
+and below sliding_window, head_dim != h/a, no window), Qwen2ForCausalLM (q/k/v biases, tied
+embeddings, use_sliding_window from layer max_window_layers, a large vocabulary), Qwen3ForCausalLM
+(q_norm/k_norm, head_dim != h/a, a window from a layer) and LlamaForCausalLM with Llama 3's
+explicit head_dim and rope_scaling of type llama3, eager and sdpa, written to
+tests/data/hf_golden/<family>-<era>[-sdpa].json (same structure; the document and every config
+carry "family", and the config its own fields: sliding_window, window_from_layer, head_dim,
+tied, rope_scaling). Two rules of these runs:
+  - tensors passed to a layer as keyword arguments (mask, RoPE tables, position ids: built once
+    per forward by the model) are "shared" even when only some layers save them;
+  - layers of one kind (full causal or sliding window) must save the same tensors; when the
+    windowed layers save a different list from layer 0's (SDPA: the mask and repeated k/v),
+    it is recorded as the group "layer_sliding" (per_layer_bytes lists every layer).
+Checked: transformers 5.25.0 with PyTorch 2.15.0 (pip wheel, CPU run), era 5.25 only.
+  /tmp/venv-hf/bin/python tools/hf_saved_tensors.py --transformers /tmp/hf/5.25.0 \\
+      --family qwen3 --attention sdpa
+
 Install a release out of the way (no dependencies beyond what its LLaMA code imports):
   python3 tools/hf_saved_tensors.py --install 4.28.1 --target /tmp/hf/4.28.1
 Run it under one PyTorch:
@@ -333,22 +351,46 @@ def replica_forward(model, input_ids, labels, use_cache):
 
 # ----------------------------------------------------------------------------- the real one
 
-def load_transformers():
+FAMILY_CLASSES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+}
+
+
+def load_transformers(family="llama"):
     import transformers
-    from transformers import LlamaConfig, LlamaForCausalLM
-    return transformers.__version__, LlamaConfig, LlamaForCausalLM
+    config_name, model_name = FAMILY_CLASSES[family]
+    return (transformers.__version__, getattr(transformers, config_name),
+            getattr(transformers, model_name))
 
 
 def build_hf(hf, c, attention):
-    version, LlamaConfig, LlamaForCausalLM = hf
+    version, Config, ForCausalLM = hf
     kw = dict(vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["intermediate"],
               num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
-              max_position_embeddings=2048, tie_word_embeddings=False)
+              max_position_embeddings=2048, tie_word_embeddings=c.get("tied", False))
     if version_tuple(version) >= (4, 31, 0):
         kw["num_key_value_heads"] = c["kv_heads"]
     if version_tuple(version) >= (4, 36, 0):
         kw["attn_implementation"] = attention
-    return LlamaForCausalLM(LlamaConfig(**kw))
+    family = c.get("family", "llama")
+    # The families' own fields (config.json keys, as the released configs spell them).
+    if family == "mistral":
+        kw["sliding_window"] = c.get("sliding_window")  # every layer; None: full causal
+    if family in ("qwen2", "qwen3"):
+        w = c.get("sliding_window")
+        kw["use_sliding_window"] = w is not None
+        kw["sliding_window"] = w if w is not None else 4096
+        kw["max_window_layers"] = c.get("window_from_layer", 0)
+    if family == "qwen3":
+        kw["head_dim"] = c.get("head_dim", c["hidden"] // c["heads"])
+    if family in ("llama", "mistral") and c.get("head_dim"):
+        kw["head_dim"] = c["head_dim"]
+    if c.get("rope_scaling"):
+        kw["rope_scaling"] = dict(c["rope_scaling"])
+    return ForCausalLM(Config(**kw))
 
 
 def hf_forward(model, input_ids, labels, use_cache):
@@ -414,7 +456,7 @@ DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp
                torch.float64: "fp64"}
 
 
-def count(model, run, backward):
+def count(model, run, backward, by_kwargs=False):
     """Runs `run` (one training forward) under the hooks, and the backward when `backward` (to
     see a checkpointed layer's replay). Returns the saved storages, the autograd nodes that hold
     each, and the storages the caller holds that autograd did not save."""
@@ -437,11 +479,34 @@ def count(model, run, backward):
     def post_embedding(module, args, out):
         state["where"] = "between"
 
+    # The tensors the model passes to its layers as keyword arguments (the mask, the RoPE
+    # tables, position ids): built once per forward outside the layers, so a storage among them
+    # is "shared" even when only some layers save it (a sliding-window mask that only the
+    # windowed layers of a Qwen2 model keep). Needs with_kwargs (PyTorch >= 2.0).
+    layer_args = set()
+
+    def pre_layer(idx):
+        def hook(module, args, kwargs):
+            state["where"] = f"layer.{idx}"
+
+            def walk(x, depth=0):
+                if isinstance(x, torch.Tensor):
+                    layer_args.add(storage_key(x)[0])
+                elif isinstance(x, (tuple, list)) and depth < 3:
+                    for y in x:
+                        walk(y, depth + 1)
+            for v in kwargs.values():
+                walk(v)
+        return hook
+
     handles = [model.model.embed_tokens.register_forward_pre_hook(pre("embedding")),
                model.model.embed_tokens.register_forward_hook(post_embedding),
                model.model.norm.register_forward_pre_hook(pre("head"))]
     for idx, layer in enumerate(model.model.layers):
-        handles.append(layer.register_forward_pre_hook(pre(f"layer.{idx}")))
+        if by_kwargs:
+            handles.append(layer.register_forward_pre_hook(pre_layer(idx), with_kwargs=True))
+        else:
+            handles.append(layer.register_forward_pre_hook(pre(f"layer.{idx}")))
         handles.append(layer.register_forward_hook(post_layer(idx)))
 
     def pack(t):
@@ -454,6 +519,8 @@ def count(model, run, backward):
             # A custom Function (checkpoint's CheckpointFunction) packs what it saved after its
             # forward returned, i.e. after the layer's forward hook ran: it is that layer's.
             where = f"layer.{state['next_layer'] - 1}"
+        if ptr in layer_args and where.startswith("layer."):
+            where = "shared"
         if state["phase"] == "recompute":
             where = "recompute." + where
         rec = saved.get(ptr)
@@ -519,7 +586,7 @@ def caller_held(held, saved, params):
     return sorted(out, key=lambda e: (e["what"], e["bytes"], e["dtype"]))
 
 
-def groups_of(saved, saved_by, input_ptrs, n_layers):
+def groups_of(saved, saved_by, input_ptrs, n_layers, layer_kinds=None):
     groups = {"embedding": [], "layer": [], "shared": [], "head": [], "recompute": [],
               "inputs": [], "host_scalars": []}
     per_layer = [0] * n_layers
@@ -549,9 +616,18 @@ def groups_of(saved, saved_by, input_ptrs, n_layers):
     key = lambda e: (e["bytes"], e["dtype"], e["shape"])
     layer_sigs = [sorted((e["bytes"], e["dtype"], e["shape"]) for e in lst)
                   for lst in per_layer_lists]
-    if any(sig != layer_sigs[0] for sig in layer_sigs):
-        raise SystemExit("layers saved different tensors: " + repr(layer_sigs))
+    kinds = layer_kinds or ["full"] * n_layers
+    # Layers of one kind (full causal, or sliding window) must save the same tensors; a kind
+    # that saves differently from layer 0's gets its own group, "layer_<kind>".
+    first_of = {}
+    for idx, kind in enumerate(kinds):
+        first_of.setdefault(kind, idx)
+        if layer_sigs[idx] != layer_sigs[first_of[kind]]:
+            raise SystemExit(f"{kind} layers saved different tensors: " + repr(layer_sigs))
     groups["layer"] = sorted(per_layer_lists[0], key=key)
+    for kind, idx in first_of.items():
+        if layer_sigs[idx] != layer_sigs[0]:
+            groups["layer_" + kind] = sorted(per_layer_lists[idx], key=key)
     rsigs = [sorted((e["bytes"], e["dtype"], e["shape"]) for e in lst) for lst in recompute_lists]
     if any(sig != rsigs[0] for sig in rsigs):
         raise SystemExit("replayed layers saved different tensors: " + repr(rsigs))
@@ -573,6 +649,13 @@ def signature(entry):
     return sig
 
 
+def layer_kinds(c):
+    """"sliding" for the layers that use the sliding window, "full" for the others."""
+    w = c.get("sliding_window")
+    first = c.get("window_from_layer", 0)
+    return ["sliding" if w is not None and l >= first else "full" for l in range(c["layers"])]
+
+
 def measure(c, impl, hf, attention):
     """One configuration: the saved tensors of hf-model-loss (with the replay under
     checkpointing), the head and caller-held tensors of each loop, and what use_cache adds."""
@@ -588,6 +671,8 @@ def measure(c, impl, hf, attention):
         return m
 
     forward = hf_forward if impl == "hf" else replica_forward
+    by_kwargs = "family" in c  # the families' runs (PyTorch >= 2.0): layer kwargs are shared
+    kinds = layer_kinds(c)
     ckpt = c["checkpointing"] == "full"
     torch.manual_seed(1)
     input_ids = torch.randint(0, c["vocab"], (c["batch"], c["seq"]))
@@ -597,14 +682,15 @@ def measure(c, impl, hf, attention):
     input_ptrs = {storage_key(input_ids)[0], storage_key(labels)[0]}
     model = fresh()
     saved, saved_by, held = count(
-        model, lambda: run_loop(forward, model, input_ids, labels, "hf-model-loss"), ckpt)
-    groups, per_layer = groups_of(saved, saved_by, input_ptrs, c["layers"])
+        model, lambda: run_loop(forward, model, input_ids, labels, "hf-model-loss"), ckpt,
+        by_kwargs)
+    groups, per_layer = groups_of(saved, saved_by, input_ptrs, c["layers"], kinds)
     loops = {}
     for loop in LOOPS:
         model = fresh()
         s2, sb2, held2 = count(
-            model, lambda: run_loop(forward, model, input_ids, labels, loop), False)
-        g2, _ = groups_of(s2, sb2, input_ptrs, c["layers"])
+            model, lambda: run_loop(forward, model, input_ids, labels, loop), False, by_kwargs)
+        g2, _ = groups_of(s2, sb2, input_ptrs, c["layers"], kinds)
         loops[loop] = {"head": g2["head"], "head_bytes": sum(e["bytes"] for e in g2["head"]),
                        "held": held2, "held_bytes": sum(e["bytes"] for e in held2)}
     use_cache = None
@@ -612,7 +698,7 @@ def measure(c, impl, hf, attention):
         model = fresh()
         s3, _, held3 = count(
             model, lambda: run_loop(forward, model, input_ids, labels, "hf-model-loss", True),
-            False)
+            False, by_kwargs)
         # What use_cache=True adds: the past key/values the caller holds beyond the saved
         # tensors, plus any change of the saved tensors themselves (in 5.x the cache's
         # contiguous copies are what matmul then saves, instead of its own copies).
@@ -636,8 +722,83 @@ CONFIGS = [
 ]
 
 
-def golden_path(out_dir, era, attention):
-    return os.path.join(out_dir, era + ("-sdpa" if attention == "sdpa" else "") + ".json")
+# The families (--family): small awkward configurations of the current release's
+# MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (transformers 5.x: no checkpointing,
+# whose use_reentrant=False hides the layers from the hooks). Keys as in CONFIGS, plus the
+# family's own: sliding_window (None: full causal), window_from_layer (Qwen's
+# max_window_layers: the first windowed layer), head_dim (Qwen3: decoupled from h/a), tied.
+# Mistral: every layer windowed. Qwen2: q/k/v biases always. Qwen3: q_norm and k_norm always.
+def _fc(family, name, h, i, a, k, V, L, b, s, dt, **extra):
+    c = {"family": family, "name": name, "hidden": h, "intermediate": i, "heads": a,
+         "kv_heads": k, "vocab": V, "layers": L, "batch": b, "seq": s, "dtype": dt}
+    c.update(extra)
+    return c
+
+
+FAMILY_CONFIGS = {
+    "mistral": [
+        # s 9 > window 4: HF builds the windowed mask; GQA k 2
+        _fc("mistral", "m-h48-a6-k2-w4-s9", 48, 130, 6, 2, 101, 2, 2, 9, "16", sliding_window=4),
+        # b 1, no GQA, s 7 > window 3
+        _fc("mistral", "m-h40-a5-w3-b1-s7", 40, 71, 5, 5, 97, 2, 1, 7, "16", sliding_window=3),
+        # s 6 < window 8: SDPA may take the pure causal path (no mask)
+        _fc("mistral", "m-h40-a5-k1-w8-s6", 40, 71, 5, 1, 97, 2, 3, 6, "16", sliding_window=8),
+        # k 1 with a mask (s 7 > window 3): repeat_kv's expand of one kv head is a view
+        _fc("mistral", "m-h40-a5-k1-w3-s7", 40, 71, 5, 1, 97, 2, 2, 7, "16", sliding_window=3),
+        # s == window: the mask is still built (kv_length >= window)
+        _fc("mistral", "m-h48-a6-k3-w7-s7", 48, 130, 6, 3, 101, 2, 2, 7, "16", sliding_window=7),
+        _fc("mistral", "m-h40-a5-k5-w3-s7-fp32", 40, 71, 5, 5, 97, 2, 3, 7, "fp32",
+            sliding_window=3),
+        # head_dim 16 != h/a 8 (Mistral-Nemo's kind: 128 at h 5120, a 32), s 9 > window 5
+        _fc("mistral", "m-h48-a6-k2-d16-w5-s9", 48, 130, 6, 2, 101, 2, 2, 9, "16", head_dim=16,
+            sliding_window=5),
+        # no window at all (Mistral v0.2+ configs: sliding_window null)
+        _fc("mistral", "m-h24-a1-nowindow", 24, 40, 1, 1, 53, 2, 2, 6, "16", sliding_window=None),
+    ],
+    "qwen2": [
+        # biases, tied, windowed from layer 1 of 3, s 9 > window 4, GQA
+        _fc("qwen2", "q2-h48-a6-k2-tied-w4-from1", 48, 130, 6, 2, 101, 3, 2, 9, "16",
+            tied=True, sliding_window=4, window_from_layer=1),
+        # biases, untied, no window, b 1
+        _fc("qwen2", "q2-h40-a5-untied-b1", 40, 71, 5, 5, 97, 2, 1, 7, "16", tied=False),
+        # every layer windowed (max_window_layers 0), no GQA
+        _fc("qwen2", "q2-h40-a5-tied-w3-from0", 40, 71, 5, 5, 97, 2, 3, 7, "16", tied=True,
+            sliding_window=3, window_from_layer=0),
+        _fc("qwen2", "q2-h48-a6-k3-tied-w5-from1-fp32", 48, 130, 6, 3, 101, 2, 2, 9, "fp32",
+            tied=True, sliding_window=5, window_from_layer=1),
+        # a large-vocabulary head relative to h (V 1000 >> h 24), tied, a = 1
+        _fc("qwen2", "q2-h24-a1-V1000-tied", 24, 40, 1, 1, 1000, 2, 2, 6, "16", tied=True),
+    ],
+    "qwen3": [
+        # head_dim 16 with h 40, a 4 (a·d = 64 != h), GQA k 2, q/k norms
+        _fc("qwen3", "q3-h40-a4-k2-d16", 40, 71, 4, 2, 97, 2, 2, 7, "16", head_dim=16),
+        # head_dim 12 < h/a = 16 (a·d = 36 < h 48), k 1, b 1
+        _fc("qwen3", "q3-h48-a3-k1-d12-b1", 48, 130, 3, 1, 101, 2, 1, 9, "16", head_dim=12),
+        # head_dim == h/a (Qwen3-8B's shape: 4096/32 = 128), tied
+        _fc("qwen3", "q3-h48-a6-k2-d8-tied", 48, 130, 6, 2, 101, 2, 2, 9, "16", head_dim=8,
+            tied=True),
+        _fc("qwen3", "q3-h40-a4-k2-d16-fp32", 40, 71, 4, 2, 97, 2, 3, 7, "fp32", head_dim=16),
+        # Qwen3 with use_sliding_window from layer 1 (s 9 > window 4)
+        _fc("qwen3", "q3-h40-a4-k2-d16-w4-from1", 40, 71, 4, 2, 97, 2, 2, 9, "16", head_dim=16,
+            sliding_window=4, window_from_layer=1),
+    ],
+    # Llama 3.x on the current release: explicit head_dim and rope_scaling of type llama3.
+    "llama": [
+        _fc("llama", "l3-h48-a6-k2-d16-rope-llama3", 48, 130, 6, 2, 101, 2, 2, 9, "16",
+            head_dim=16, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 16}),
+        _fc("llama", "l3-h48-a6-k2-tied-rope-llama3", 48, 130, 6, 2, 101, 2, 1, 9, "16",
+            tied=True, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                     "original_max_position_embeddings": 16}),
+    ],
+}
+
+
+def golden_path(out_dir, era, attention, family=None):
+    stem = era if family is None else f"{family}-{era}"
+    return os.path.join(out_dir, stem + ("-sdpa" if attention == "sdpa" else "") + ".json")
 
 
 def main():
@@ -647,19 +808,35 @@ def main():
     ap.add_argument("--attention", default="eager", choices=["eager", "sdpa"],
                     help="attention implementation (sdpa: the 5 era only)")
     ap.add_argument("--output-dir", default="tests/data/hf_golden")
+    ap.add_argument("--family", choices=sorted(FAMILY_CONFIGS),
+                    help="the families' configurations (FAMILY_CONFIGS) of the current release, "
+                         "written to <family>-<era>[-sdpa].json; without it: LLaMA's CONFIGS, "
+                         "written to <era>[-sdpa].json")
     args = ap.parse_args()
-    hf = load_transformers()
+    hf = load_transformers(args.family or "llama")
     version = hf[0]
     era = era_of(version)
     if args.attention == "sdpa" and era != "5.25":
         raise SystemExit(f"transformers {version}: sdpa is measured for the 5 era only")
+    if args.family and era != "5.25":
+        raise SystemExit(f"transformers {version}: the families are measured for the 5 era only")
     half = torch.bfloat16 if torch_series() == "<2.2" else torch.float16
     half_name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[half]
     results = []
-    for (name, h, i, a, k, V, L, b, s, dt, ck) in CONFIGS:
-        c = {"name": name, "hidden": h, "intermediate": i, "heads": a, "kv_heads": k,
-             "vocab": V, "layers": L, "batch": b, "seq": s,
-             "run_dtype": half_name if dt == "16" else dt, "checkpointing": ck}
+    todo = []
+    if args.family:
+        for fc in FAMILY_CONFIGS[args.family]:
+            c = {k: v for k, v in fc.items() if k != "dtype"}
+            c["run_dtype"] = half_name if fc["dtype"] == "16" else fc["dtype"]
+            c["checkpointing"] = "none"
+            todo.append(c)
+    else:
+        for (name, h, i, a, k, V, L, b, s, dt, ck) in CONFIGS:
+            todo.append({"name": name, "hidden": h, "intermediate": i, "heads": a, "kv_heads": k,
+                         "vocab": V, "layers": L, "batch": b, "seq": s,
+                         "run_dtype": half_name if dt == "16" else dt, "checkpointing": ck})
+    for c in todo:
+        name, k, a, ck = c["name"], c["kv_heads"], c["heads"], c["checkpointing"]
         gqa_unsupported = k < a and version_tuple(version) < (4, 31, 0)
         if gqa_unsupported and era != "4.30":
             print(f"{name:24s} skipped: transformers {version} has no GQA", file=sys.stderr)
@@ -698,8 +875,9 @@ def main():
               f"  recompute {gb['recompute']:8d}  held {loops['hf-model-loss']['held_bytes']:7d}"
               f"  [{'; '.join(impls)}]", file=sys.stderr)
 
-    path = golden_path(args.output_dir, era, args.attention)
+    path = golden_path(args.output_dir, era, args.attention, args.family)
     doc = {"generator": "tools/hf_saved_tensors.py", "era": era, "attention": args.attention,
+           "family": args.family or "llama",
            "counting": "saved_tensors_hooks, each storage once, parameters excluded, attributed "
                        "to the part that saved it first; storages saved by several layers: shared",
            "dtype_note": "16-bit configurations run in bf16 under PyTorch 1.13 (no CPU fp16 "

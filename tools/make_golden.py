@@ -17,8 +17,28 @@ to run it in fp32) so that the stored loss and gradients are the exact answer fo
 weights, rounded once to fp32. The test needs no PyTorch.
 
 Run with the Debian interpreter that has torch: /usr/bin/python3 tools/make_golden.py
+
+The families (issue 16; --families): tiny_mistral, tiny_qwen2, tiny_qwen3, tiny_llama3 are made
+with the REAL transformers classes (MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+LlamaForCausalLM), built with Config.from_dict() from the very config.json written for trainmem,
+eager attention, fp32 weights AND fp32 compute (HF's RMSNorm casts to fp32, so a float64 run of
+the real classes would not be exact anyway); the loss is the model's own
+(model(input_ids, labels=input_ids).loss: the shifted causal-LM mean over b·(s−1)). Every
+parameter is randomised, biases and norm weights included (a missing bias or q/k-norm gradient
+shows), and the RoPE inverse frequencies the model uses are checked against an independent
+computation (rope_theta, Llama 3's rope_scaling). s = 16 exceeds the windows (5, 6). Run with a
+PyTorch that can import the current transformers, e.g.
+  /tmp/venv-hf/bin/python tools/make_golden.py --families --transformers /tmp/hf/5.25.0
+(transformers installed out of the way by tools/hf_saved_tensors.py --install 5.25.0 --target
+/tmp/hf/5.25.0). Checked with transformers 5.25.0, PyTorch 2.15.0.
 """
+import sys
+
+# --transformers DIR must come first on the path, before torch imports anything.
+if "--transformers" in sys.argv:
+    sys.path.insert(0, sys.argv[sys.argv.index("--transformers") + 1])
 import argparse
+import copy
 import json
 import math
 import os
@@ -183,13 +203,146 @@ def make(name, out_dir, compute_dtype, seed):
           f"fp32 vs {compute_dtype} worst gradient error relative to the tensor's max: {worst:.2e}")
 
 
+# The families' tiny presets (issue 16), as config.json: exactly the shapes the issue fixes.
+_TINY = {"vocab_size": 96, "hidden_size": 48, "intermediate_size": 128, "num_hidden_layers": 2,
+         "max_position_embeddings": 256, "torch_dtype": "float32", "hidden_act": "silu"}
+FAMILIES = {
+    # name: (config.json, batch, seq)
+    "tiny_mistral": (dict(_TINY, architectures=["MistralForCausalLM"], model_type="mistral",
+                          num_attention_heads=6, num_key_value_heads=2, rms_norm_eps=1e-5,
+                          rope_theta=1e4, sliding_window=5, tie_word_embeddings=False), 2, 16),
+    "tiny_qwen2": (dict(_TINY, architectures=["Qwen2ForCausalLM"], model_type="qwen2",
+                        num_attention_heads=6, num_key_value_heads=2, rms_norm_eps=1e-6,
+                        rope_theta=1e6, use_sliding_window=True, sliding_window=6,
+                        max_window_layers=1, tie_word_embeddings=True), 2, 16),
+    "tiny_qwen3": (dict(_TINY, architectures=["Qwen3ForCausalLM"], model_type="qwen3",
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        rms_norm_eps=1e-6, rope_theta=1e6, attention_bias=False,
+                        use_sliding_window=False, tie_word_embeddings=False), 2, 16),
+    "tiny_llama3": (dict(_TINY, architectures=["LlamaForCausalLM"], model_type="llama",
+                         num_attention_heads=6, num_key_value_heads=2, rms_norm_eps=1e-5,
+                         rope_theta=5e5, tie_word_embeddings=True,
+                         rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 16}), 2, 16),
+}
+
+
+def expected_inv_freq(cfg):
+    """RoPE inverse frequencies from the config alone (HF's default and llama3 rules)."""
+    d = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    r = cfg.get("rope_scaling")
+    if not r:
+        return inv
+    assert r["rope_type"] == "llama3"
+    low_wl = r["original_max_position_embeddings"] / r["low_freq_factor"]
+    high_wl = r["original_max_position_embeddings"] / r["high_freq_factor"]
+    out = []
+    for f in inv.tolist():
+        wl = 2 * math.pi / f
+        if wl < high_wl:
+            out.append(f)
+        elif wl > low_wl:
+            out.append(f / r["factor"])
+        else:
+            smooth = ((r["original_max_position_embeddings"] / wl - r["low_freq_factor"]) /
+                      (r["high_freq_factor"] - r["low_freq_factor"]))
+            out.append((1 - smooth) * f / r["factor"] + smooth * f)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def make_family(name, out_dir, seed):
+    import transformers
+    cfg, b, s = FAMILIES[name]
+    Config = getattr(transformers, cfg["architectures"][0].replace("ForCausalLM", "Config"))
+    Model = getattr(transformers, cfg["architectures"][0])
+    # A deep copy: from_dict() writes into nested dicts (rope_scaling gains rope_theta).
+    hf_cfg = Config.from_dict(copy.deepcopy(dict(cfg, attn_implementation="eager")))
+    torch.manual_seed(seed)
+    model = Model(hf_cfg).to(torch.float32)
+    model.train()
+    inv = model.model.rotary_emb.inv_freq.double()
+    want = expected_inv_freq(cfg)
+    assert torch.allclose(inv, want, rtol=1e-6, atol=0), (name, inv, want)
+    if cfg.get("sliding_window") and cfg["model_type"] != "mistral":
+        kinds = ["sliding_attention" if l >= cfg["max_window_layers"] else "full_attention"
+                 for l in range(cfg["num_hidden_layers"])]
+        assert list(hf_cfg.layer_types) == kinds, (hf_cfg.layer_types, kinds)
+
+    gen = torch.Generator().manual_seed(seed)
+    weights = []
+    with torch.no_grad():
+        for pname, p in model.named_parameters():  # tied: lm_head is embed_tokens, listed once
+            if pname.endswith("norm.weight"):  # RMSNorm weights (q_norm/k_norm too): around 1
+                w = 1.0 + 0.1 * torch.randn(p.shape, generator=gen)
+            elif pname.endswith(".bias"):  # biases large enough that a missing one shows
+                w = 0.3 * torch.randn(p.shape, generator=gen)
+            else:
+                w = 0.2 * torch.randn(p.shape, generator=gen)
+            p.copy_(w)
+            weights.append((pname, w.to(torch.float32)))
+    tokens = torch.randint(0, cfg["vocab_size"], (b, s), generator=gen, dtype=torch.int32)
+    ids = tokens.long()
+    model.zero_grad()
+    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+    loss.backward()
+    grads = dict(model.named_parameters())
+    # The loss by hand from the logits (the shifted mean), a check of the HF loss's reduction.
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits
+        ref = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, cfg["vocab_size"]),
+                                                ids[:, 1:].reshape(-1))
+    assert abs(ref.item() - loss.item()) <= 1e-6 * abs(ref.item()), (ref.item(), loss.item())
+    assert model.config._attn_implementation == "eager", model.config._attn_implementation
+    if cfg.get("sliding_window"):
+        # The window must matter at this s: the same weights without it give another loss.
+        full = copy.deepcopy(dict(cfg, attn_implementation="eager"))
+        full["sliding_window"] = None
+        full["use_sliding_window"] = False
+        other = Model(Config.from_dict(full)).to(torch.float32)
+        other.load_state_dict(model.state_dict())
+        with torch.no_grad():
+            no_window = other(input_ids=ids, labels=ids, use_cache=False).loss.item()
+        assert abs(no_window - loss.item()) > 1e-4, (name, no_window, loss.item())
+        print(f"{name}: without the window the loss would be {no_window:.8f}")
+
+    prefix = os.path.join(out_dir, f"golden_{name}")
+    with open(prefix + "_config.json", "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    meta = {"batch": b, "seq": s, "seed": seed, "compute": "torch.float32",
+            "generator": "tools/make_golden.py --families",
+            "reference": f"transformers {transformers.__version__} "
+                         f"{cfg['architectures'][0]}, eager attention, PyTorch {torch.__version__}"}
+    write_safetensors(prefix + "_weights.safetensors", weights, meta)
+    with open(prefix + "_tokens.bin", "wb") as f:
+        f.write(tokens.numpy().astype("<i4").tobytes())
+    expected = [("loss", loss.detach().reshape(1).to(torch.float32))]
+    for n, _ in weights:
+        g = grads[n].grad
+        assert g is not None and g.abs().max().item() > 0, f"{name}: {n} has no gradient"
+        expected.append((n, g.to(torch.float32)))
+    write_safetensors(prefix + "_expected.safetensors", expected, meta)
+    print(f"{name}: loss {loss.item():.8f} ({len(weights)} parameters; "
+          f"{cfg['architectures'][0]} of transformers {transformers.__version__})")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "data"))
     ap.add_argument("--compute", choices=["fp64", "fp32"], default="fp64")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--families", action="store_true",
+                    help="the families' goldens from the real transformers classes (FAMILIES)")
+    ap.add_argument("--transformers", metavar="DIR",
+                    help="folder holding a transformers release, put first on sys.path")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.families:
+        for name in FAMILIES:
+            make_family(name, args.out, args.seed)
+        return
     dtype = torch.float64 if args.compute == "fp64" else torch.float32
     for name in CONFIGS:
         make(name, args.out, dtype, args.seed)

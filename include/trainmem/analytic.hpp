@@ -84,6 +84,16 @@ TorchEra parse_torch_version(const std::string& version, HfOptions* opts = nullp
 // Checks the combination for one profile (hf-sdpa needs the 5.25 era; 5.25 needs PyTorch >= 2.6):
 // InputError naming the flag otherwise. No-op for non-HF profiles.
 void check_hf_options(Profile profile, const HfOptions& opts);
+// The era the HF profiles use for this model: opts.era when set, else the profile's default
+// (hf-eager 4.30, hf-sdpa 5.25), except that a model the older eras cannot express (a family
+// other than llama, an explicit head_dim, q/k/v biases, q/k norms, a sliding window, rope
+// scaling) defaults to 5.25, the one era whose classes were measured for them.
+HfEra hf_era_for(Profile profile, const HfOptions& opts, const ModelConfig& model);
+// The model against the era: InputError naming --hf-version (or the config field when no era
+// was given) for a family or feature whose HF class was not measured in that era by
+// tools/hf_saved_tensors.py (tests/data/hf_golden/<family>-<era>*.json). No-op for non-HF
+// profiles.
+void check_hf_model(Profile profile, const HfOptions& opts, const ModelConfig& model);
 
 // The monomial one activation tensor's bytes are proportional to.
 //   sbh: s·b·h   sbi: s·b·i   as2b: a·s²·b   sb: s·b   other: none of these (fixed bytes for
@@ -127,6 +137,14 @@ struct ActivationBreakdown {
   // What the training loop holds at the end of forward beyond the saved tensors (HF
   // profiles: the returned logits, past_key_values with use_cache); counted in activations.
   std::vector<TensorEntry> loop;
+  // Models whose windowed layers keep a different list from the full-causal ones (HF SDPA
+  // with a sliding window in some layers only, e.g. Qwen2 with use_sliding_window from
+  // max_window_layers: the mask and k, v repeated to all heads): what ONE windowed layer keeps,
+  // and how many layers do; `layer` is then the other layers' list. Empty and 0 otherwise
+  // (when every layer keeps the same list, it is `layer`).
+  std::vector<TensorEntry> layer_windowed;
+  std::int64_t windowed_layers = 0;
+  std::uint64_t layer_windowed_bytes = 0;
   // Checkpointing full: what one layer re-creates during its backward (empty otherwise).
   std::vector<TensorEntry> recompute;
   // Inputs (token ids, labels), reported as `inputs`, not as activations.
@@ -140,7 +158,8 @@ struct ActivationBreakdown {
   std::uint64_t loop_bytes = 0;
   std::uint64_t recompute_bytes = 0;
   std::int64_t layers = 0;
-  // embedding + layers·per_layer + shared + head + loop (= MemoryFigures::activations)
+  // embedding + (layers − windowed_layers)·per_layer + windowed_layers·layer_windowed + shared
+  // + head + loop (= MemoryFigures::activations)
   std::uint64_t total_bytes = 0;
 };
 

@@ -175,6 +175,80 @@ void check_hf_options(Profile profile, const HfOptions& opts) {
                      ": transformers 5.25 requires PyTorch >= 2.6; allowed with it: 2.6-2.15");
 }
 
+namespace {
+
+// Why the HF profiles cannot model `m` in `era` (empty: they can). The families and features
+// were measured on the 5.25 era's classes only (tests/data/hf_golden/<family>-5.25*.json):
+// MistralForCausalLM (sliding window in every layer, head_dim), Qwen2ForCausalLM (q/k/v
+// biases, always on; windows from max_window_layers; tied), Qwen3ForCausalLM (q/k norms,
+// always on; head_dim; windows from max_window_layers), LlamaForCausalLM (head_dim,
+// rope_scaling llama3). Anything else (a Qwen3 with attention_bias, a LLaMA with q/k norms, an
+// older era) was not measured.
+std::string hf_unproven(const ModelConfig& m, HfEra era) {
+  const std::string& f = m.family;
+  const bool head_dim = m.explicit_head_dim > 0 && m.explicit_head_dim * m.heads != m.hidden;
+  const bool rope = m.rope_scaling.kind != RopeScalingKind::none;
+  const bool window = m.sliding_window > 0;
+  if (f != "llama" && f != "mistral" && f != "qwen2" && f != "qwen3")
+    return "model family '" + f + "' has no HF profile (known: llama, mistral, qwen2, qwen3)";
+  std::string feature;
+  if (f != "llama")
+    feature = f + " (" +
+              (f == "mistral" ? "MistralForCausalLM, 4.34+"
+               : f == "qwen2" ? "Qwen2ForCausalLM, 4.37+"
+                              : "Qwen3ForCausalLM, 4.51+") +
+              ")";
+  else if (head_dim)
+    feature = "an explicit head_dim != hidden/heads";
+  else if (rope)
+    feature = "rope_scaling";
+  else if (m.qkv_bias || m.qk_norm || window)
+    feature = "q/k/v biases, q/k norms or a window";
+  if (!feature.empty() && era != HfEra::v5_25)
+    return feature + " was measured with the 5.25 era's classes only";
+  // Within 5.25: the combinations that were measured.
+  if (f == "qwen2" && !m.qkv_bias) return "Qwen2ForCausalLM always has q/k/v biases";
+  if (f == "qwen3" && !m.qk_norm) return "Qwen3ForCausalLM always has q_norm and k_norm";
+  if (m.qkv_bias && f != "qwen2") return "q/k/v biases were measured for qwen2 only";
+  if (m.qk_norm && f != "qwen3") return "q/k norms were measured for qwen3 only";
+  if (window && f == "llama") return "a sliding window was measured for mistral, qwen2, qwen3";
+  if (window && f == "mistral" && m.window_from_layer != 0)
+    return "MistralForCausalLM windows every layer (window_from_layer 0)";
+  if (head_dim && f == "qwen2") return "Qwen2ForCausalLM has no head_dim (hidden/heads)";
+  if (rope && f != "llama") return "rope_scaling was measured for llama only";
+  return "";
+}
+
+bool needs_5_25(const ModelConfig& m) {
+  return m.family != "llama" ||
+         (m.explicit_head_dim > 0 && m.explicit_head_dim * m.heads != m.hidden) ||
+         m.rope_scaling.kind != RopeScalingKind::none || m.qkv_bias || m.qk_norm ||
+         m.sliding_window > 0;
+}
+
+}  // namespace
+
+HfEra hf_era_for(Profile profile, const HfOptions& opts, const ModelConfig& model) {
+  if (opts.era) return *opts.era;
+  if (profile == Profile::hf_sdpa || needs_5_25(model)) return HfEra::v5_25;
+  return HfEra::v4_30;
+}
+
+void check_hf_model(Profile profile, const HfOptions& opts, const ModelConfig& model) {
+  if (profile != Profile::hf_eager && profile != Profile::hf_sdpa) return;
+  const HfEra era = hf_era_for(profile, opts, model);
+  const std::string why = hf_unproven(model, era);
+  if (why.empty()) return;
+  const std::string flag =
+      opts.era ? "--hf-version " +
+                     (opts.hf_version.empty() ? std::string(hf_era_name(era)) : opts.hf_version)
+               : std::string("model_type ") + model.family;
+  throw InputError(flag + ": " + profile_name(profile) + " cannot model " + model.name + ": " +
+                   why + " (transformers " + hf_era_name(era) + " era, " + hf_era_range(era) +
+                   "; proven combinations: tests/data/hf_golden/<family>-5.25*.json, "
+                   "docs/formulas.md \"Model families\")");
+}
+
 const char* term_name(Term t) {
   switch (t) {
     case Term::sbh:
@@ -327,6 +401,7 @@ Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& 
   model.validate();
   train.validate();
   check_hf_options(profile, hf);
+  check_hf_model(profile, hf, model);
   Estimate est;
   est.profile = profile;
   est.model = model;
@@ -415,15 +490,19 @@ void finish(ActivationBreakdown& acts, std::int64_t layers) {
   acts.layers = layers;
   acts.per_layer = sum_coefficients(acts.layer);
   acts.per_layer_bytes = sum_bytes(acts.layer);
+  acts.layer_windowed_bytes = sum_bytes(acts.layer_windowed);
   acts.embedding_bytes = sum_bytes(acts.embedding);
   acts.shared_bytes = sum_bytes(acts.shared);
   acts.head_bytes = sum_bytes(acts.head);
   acts.loop_bytes = sum_bytes(acts.loop);
   acts.recompute_bytes = sum_bytes(acts.recompute);
-  acts.total_bytes =
-      csum({acts.embedding_bytes, checked_mul(acts.per_layer_bytes, layers, "activations"),
-            acts.shared_bytes, acts.head_bytes, acts.loop_bytes},
-           "activations");
+  const std::int64_t windowed = acts.layer_windowed.empty() ? 0 : acts.windowed_layers;
+  if (windowed < 0 || windowed > layers) throw Error("analytic: windowed layers out of range");
+  acts.total_bytes = csum(
+      {acts.embedding_bytes, checked_mul(acts.per_layer_bytes, layers - windowed, "activations"),
+       checked_mul(acts.layer_windowed_bytes, windowed, "activations"), acts.shared_bytes,
+       acts.head_bytes, acts.loop_bytes},
+      "activations");
 }
 
 std::uint64_t csum(std::initializer_list<std::uint64_t> xs, const char* what) {

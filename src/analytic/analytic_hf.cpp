@@ -33,6 +33,7 @@ struct Hf {
   bool sdpa;
   Loop loop;
   bool use_cache;
+  bool qk_norm;  // Qwen3: RMSNorm over each head of q and k (q_norm, k_norm)
   bool before_4_31() const { return era == HfEra::v4_28 || era == HfEra::v4_30; }
   bool mean_saves() const { return torch == TorchEra::before_2_2; }
 };
@@ -86,6 +87,30 @@ void rmsnorm(std::vector<TensorEntry>& v, const Dims& d, const Hf& hf, const std
                                              : "4.31+: y cast back to the input dtype first"));
 }
 
+// Qwen3's q_norm / k_norm: Qwen3RMSNorm(head_dim) over q_proj(x).view(b, s, heads, d), the
+// 4.31+ code (x.to(f32); var = x.pow(2).mean(-1); y = x * rsqrt(var + eps);
+// weight * y.to(input_dtype)) on `heads` heads: in 16-bit training the fp32 upcast (pow and
+// x * rsqrt save it), 1/rms (b,s,heads,1) and y in 16 bits (weight * y saves it); in fp32 the
+// projection's output itself instead of the upcast. Its output goes on through transpose and
+// RoPE (q * cos saves cos, not q), so nothing more is kept.
+void head_norm(std::vector<TensorEntry>& v, const Dims& d, const std::string& p,
+               std::uint64_t heads) {
+  const bool f32 = d.w == 4;
+  const std::uint64_t n4 = bytes_of({d.b, d.s, heads, d.d}, 4);
+  const std::string shape = p == "q_norm" ? "(b,s,a,d)" : "(b,s,k,d)";
+  v.push_back(entry(d, p + (f32 ? ".x" : ".x_f32"), shape, "fp32", n4, Term::sbh,
+                    "pow(2) and x * rsqrt(...) (one storage)",
+                    f32 ? "the projection's output, per head (x.to(float32) is x)"
+                        : "the fp32 upcast of the projection's output, per head"));
+  v.push_back(entry(d, p + ".rsqrt", p == "q_norm" ? "(b,s,a,1)" : "(b,s,k,1)", "fp32",
+                    bytes_of({d.b, d.s, heads}, 4), Term::sb,
+                    "rsqrt (RsqrtBackward0 saves its result), x * rsqrt (MulBackward0)",
+                    "1/rms of each head's row"));
+  v.push_back(entry(d, p + ".x_normed", shape, d.dt, bytes_of({d.b, d.s, heads, d.d}, d.w),
+                    Term::sbh, "weight * y (MulBackward0 saves y for d weight)",
+                    "y cast back to the input dtype first (weight of head_dim elements)"));
+}
+
 // RoPE's cos and sin as saved by q * cos, rotate_half(q) * sin (and k's): (1,1,s,d) each.
 void rope_tables(std::vector<TensorEntry>& v, const Dims& d, const Hf& hf) {
   const char* why = hf.era == HfEra::v5_25
@@ -98,24 +123,64 @@ void rope_tables(std::vector<TensorEntry>& v, const Dims& d, const Hf& hf) {
                     "rotate_half(q) * sin, rotate_half(k) * sin", why));
 }
 
-// One decoder layer's saved tensors, in the order autograd saves them.
-std::vector<TensorEntry> layer_saved(const Dims& d, const Hf& hf, bool with_input) {
+// One decoder layer's saved tensors, in the order autograd saves them. `window_mask`: SDPA in
+// a sliding-window layer with s >= the window, where HF passes a (b,1,s,s) boolean mask
+// instead of is_causal=True (transformers 5.25 masking_utils: the causal skip needs
+// kv_length < sliding_window).
+std::vector<TensorEntry> layer_saved(const Dims& d, const Hf& hf, bool with_input,
+                                     bool window_mask = false) {
   const std::string D = d.dt;
   const std::uint64_t w = d.w;
   const bool f32 = w == 4;
   const bool gqa = d.k < d.a;
+  const std::uint64_t q_bytes = bytes_of({d.b, d.s, d.a, d.d}, w);  // (b,s,a·d): h unless head_dim
+  const std::uint64_t kv_bytes = bytes_of({d.b, d.s, d.kd}, w);
+  // repeat_kv's expand(b, k, n_rep, s, d).reshape(b, k·n_rep, s, d) is a view when k = 1 (a
+  // stride-0 head dimension), and matmul can then fold (b, a) into one batch dimension without
+  // a copy only when b = 1: eager keeps k and v at the kv heads (their own storages) exactly
+  // when k = 1 and b = 1; SDPA, which takes the 4-D view as it is, whenever k = 1.
+  const bool eager_kv_view = gqa && d.k == 1 && d.b == 1;
+  const bool sdpa_kv_view = gqa && d.k == 1;
   std::vector<TensorEntry> v;
   rmsnorm(v, d, hf, "input_layernorm", with_input, "x");
   v.push_back(entry(d, "input_layernorm.out", "(b,s,h)", D, bytes_of({d.b, d.s, d.h}, w), Term::sbh,
                     "q_proj, k_proj, v_proj (linear saves its input; one storage)",
                     "dW_q, dW_k, dW_v need the normalised input"));
+  if (hf.qk_norm) {
+    head_norm(v, d, "q_norm", d.a);
+    head_norm(v, d, "k_norm", d.k);
+  }
   if (hf.era != HfEra::v5_25) rope_tables(v, d, hf);
-  if (hf.sdpa) {
+  if (hf.sdpa && window_mask) {
+    // sdpa_attention_forward with a mask: use_gqa_in_sdpa is false (no enable_gqa), so
+    // repeat_kv copies k and v to all a heads; PyTorch turns the boolean mask into an additive
+    // one in the query's dtype, a fresh (b,1,s,s) tensor per call, which the kernel saves.
+    v.push_back(entry(d, "sdpa.q", "(b,a,s,d)", D, q_bytes, Term::sbh,
+                      "scaled_dot_product_attention (saves query)", "RoPE's output"));
+    v.push_back(entry(
+        d, gqa ? "sdpa.k_repeated" : "sdpa.k", "(b,a,s,d)", D, sdpa_kv_view ? kv_bytes : q_bytes,
+        Term::sbh, "scaled_dot_product_attention (saves key)",
+        gqa ? "repeat_kv copied k to all a heads (a mask rules out enable_gqa)" : "RoPE's output"));
+    v.push_back(entry(
+        d, gqa ? "sdpa.v_repeated" : "sdpa.v", "(b,a,s,d)", D, sdpa_kv_view ? kv_bytes : q_bytes,
+        Term::sbh, "scaled_dot_product_attention (saves value)",
+        gqa ? "repeat_kv copied v to all a heads" : "a transposed view of v_proj's output"));
+    v.push_back(entry(d, "sdpa.out", "(b,a,s,d)", D, q_bytes, Term::sbh,
+                      "scaled_dot_product_attention (saves its output), o_proj (its input)",
+                      "one storage, as without a mask"));
+    v.push_back(entry(d, "sdpa.logsumexp", "(b,a,s)", "fp32", bytes_of({d.b, d.a, d.s}, 4),
+                      Term::sb, "scaled_dot_product_attention (saves logsumexp)",
+                      "the softmax is recomputed in backward from it"));
+    v.push_back(entry(d, "sdpa.window_mask", "(b,1,s,s)", D, bytes_of({d.b, d.s, d.s}, w),
+                      Term::other, "scaled_dot_product_attention (saves attn_mask)",
+                      "the sliding-window boolean mask converted to an additive mask in the "
+                      "query's dtype, in every windowed layer"));
+  } else if (hf.sdpa) {
     // transformers 5.25 sdpa_attention_forward: q, k, v in (b, heads, s, d) go to
     // scaled_dot_product_attention(is_causal=True, enable_gqa=True): the flash kernel saves
     // them as given (k, v at the kv heads), the output and the logsumexp.
     const std::uint64_t kv = bytes_of({d.b, d.s, d.kd}, w);
-    v.push_back(entry(d, "sdpa.q", "(b,a,s,d)", D, bytes_of({d.b, d.a, d.s, d.d}, w), Term::sbh,
+    v.push_back(entry(d, "sdpa.q", "(b,a,s,d)", D, q_bytes, Term::sbh,
                       "scaled_dot_product_attention (flash: saves query)",
                       "RoPE's output, saved as it is (no copy)"));
     v.push_back(entry(d, "sdpa.k", "(b,k,s,d)", D, kv, Term::sbh,
@@ -124,7 +189,7 @@ std::vector<TensorEntry> layer_saved(const Dims& d, const Hf& hf, bool with_inpu
     v.push_back(entry(d, "sdpa.v", "(b,k,s,d)", D, kv, Term::sbh,
                       "scaled_dot_product_attention (flash: saves value)",
                       "a transposed view of v_proj's output"));
-    v.push_back(entry(d, "sdpa.out", "(b,a,s,d)", D, bytes_of({d.b, d.s, d.h}, w), Term::sbh,
+    v.push_back(entry(d, "sdpa.out", "(b,a,s,d)", D, q_bytes, Term::sbh,
                       "scaled_dot_product_attention (saves its output), o_proj (its input: "
                       "one storage)",
                       "the kernel writes (b,s,a,d) memory, so transpose().contiguous() and "
@@ -138,7 +203,7 @@ std::vector<TensorEntry> layer_saved(const Dims& d, const Hf& hf, bool with_inpu
                       "d k = d scores^T · q; RoPE's elementwise ops keep q's (b,s,a,d) layout, so "
                       "matmul's reshape to (b·a,s,d) copies it"));
     v.push_back(entry(d, gqa ? "k_embed_repeated" : "k_embed_copy", "(b·a,d,s)", D,
-                      bytes_of({d.b, d.a, d.s, d.d}, w), Term::sbh,
+                      eager_kv_view ? kv_bytes : bytes_of({d.b, d.a, d.s, d.d}, w), Term::sbh,
                       "matmul(q, k^T) (bmm saves both inputs)",
                       gqa ? "d q = d scores · k; repeat_kv materialised k at all a heads"
                           : "d q = d scores · k; k^T cannot be viewed as (b·a,d,s): copied"));
@@ -160,11 +225,12 @@ std::vector<TensorEntry> layer_saved(const Dims& d, const Hf& hf, bool with_inpu
                         "matmul(probs, v) (bmm saves both inputs)",
                         "the probabilities cast back to 16 bits: d v = probs^T · d out"));
     v.push_back(
-        entry(d, gqa ? "v_repeated" : "v_copy", "(b·a,s,d)", D, bytes_of({d.b, d.a, d.s, d.d}, w),
-              Term::sbh, "matmul(probs, v) (bmm saves both inputs)",
+        entry(d, gqa ? "v_repeated" : "v_copy", "(b·a,s,d)", D,
+              eager_kv_view ? kv_bytes : bytes_of({d.b, d.a, d.s, d.d}, w), Term::sbh,
+              "matmul(probs, v) (bmm saves both inputs)",
               gqa ? "repeat_kv materialised v at all a heads"
                   : "v.view().transpose(1,2) cannot be viewed as (b·a,s,d): reshape copies"));
-    v.push_back(entry(d, "attn_output", "(b,s,h)", D, bytes_of({d.b, d.s, d.h}, w), Term::sbh,
+    v.push_back(entry(d, "attn_output", "(b,s,a·d)", D, q_bytes, Term::sbh,
                       "o_proj (linear saves its input)",
                       "the attention output's transpose(1,2) is copied before o_proj"));
   }
@@ -239,12 +305,33 @@ void loss_saved(std::vector<TensorEntry>& head, const Dims& d, const Hf& hf) {
 //     repeat_kv copied them (GQA).
 //   5.25: the DynamicCache's contiguous copies are what matmul then saves instead of its own
 //     copies (eager) or what SDPA saves (sdpa): nothing more, except the unrepeated k, v
-//     beside eager's repeat_kv copies under GQA.
-std::uint64_t use_cache_extra(const Dims& d, const Hf& hf) {
+//     beside the repeat_kv copies under GQA (eager; sdpa in the layers with a window mask),
+//     and a sliding-window cache layer's own 0-dim int64 `_sliding_window_tensor` (8 bytes).
+std::uint64_t use_cache_extra(const Dims& d, const Hf& hf, const ModelConfig& m) {
   const bool gqa = d.k < d.a;
-  const bool extra = hf.era == HfEra::v5_25 ? (!hf.sdpa && gqa) : (gqa || (d.b > 1 && d.a > 1));
-  if (!extra) return 0;
-  return checked_mul(2 * d.L, bytes_of({d.b, d.s, d.kd}, d.w), "past_key_values");
+  const std::uint64_t kv = checked_mul(2, bytes_of({d.b, d.s, d.kd}, d.w), "past_key_values");
+  // repeat_kv copies (see layer_saved): not when k = 1 and b = 1 (eager), k = 1 (sdpa).
+  const bool eager_copy = gqa && !(d.k == 1 && d.b == 1);
+  const bool sdpa_copy = gqa && d.k != 1;
+  if (hf.era != HfEra::v5_25)
+    return eager_copy || (!gqa && d.b > 1 && d.a > 1) ? checked_mul(d.L, kv, "past_key_values") : 0;
+  std::uint64_t total = 0;
+  for (std::int64_t l = 0; l < m.layers; ++l) {
+    const std::int64_t W = m.window_of(l);
+    const bool mask = W > 0 && static_cast<std::uint64_t>(W) <= d.s;
+    if (hf.sdpa ? (mask && sdpa_copy) : eager_copy)
+      total = checked_add(total, kv, "past_key_values");
+    if (W > 0) total = checked_add(total, 8, "past_key_values");
+  }
+  return total;
+}
+
+// The HF class of the model's family.
+std::string hf_class(const ModelConfig& m) {
+  if (m.family == "mistral") return "MistralForCausalLM";
+  if (m.family == "qwen2") return "Qwen2ForCausalLM";
+  if (m.family == "qwen3") return "Qwen3ForCausalLM";
+  return "LlamaForCausalLM";
 }
 
 std::string era_label(const Hf& hf, const HfOptions& o) {
@@ -266,10 +353,19 @@ void build_hf(Estimate& est) {
   const bool full = t.checkpointing == Checkpointing::full;
   const bool sdpa = est.profile == Profile::hf_sdpa;
   HfOptions& o = est.hf;
-  if (!o.era) o.era = sdpa ? HfEra::v5_25 : HfEra::v4_30;
+  const ModelConfig& m = est.model;
+  const bool era_defaulted = !o.era;
+  if (!o.era) o.era = hf_era_for(est.profile, o, m);
   if (!o.torch) o.torch = *o.era == HfEra::v5_25 ? TorchEra::from_2_2 : TorchEra::before_2_2;
-  const Hf hf{*o.era, *o.torch, sdpa, o.loop, o.use_cache && !full};
-  est.label = std::string("HF LlamaForCausalLM, ") + (sdpa ? "SDPA" : "eager") + " attention, " +
+  const Hf hf{*o.era, *o.torch, sdpa, o.loop, o.use_cache && !full, m.qk_norm};
+  // SDPA layers whose window makes HF pass a mask (s >= window): they keep another list.
+  auto window_mask = [&](std::int64_t l) {
+    const std::int64_t W = m.window_of(l);
+    return sdpa && W > 0 && static_cast<std::uint64_t>(W) <= d.s;
+  };
+  std::int64_t masked_layers = 0;
+  for (std::int64_t l = 0; l < m.layers; ++l) masked_layers += window_mask(l) ? 1 : 0;
+  est.label = "HF " + hf_class(m) + ", " + (sdpa ? "SDPA" : "eager") + " attention, " +
               era_label(hf, o) + ", loop " + loop_name(hf.loop) +
               (hf.use_cache ? " with use_cache" : "") + ": autograd's saved tensors + the loop's";
   auto& acts = est.activations;
@@ -305,9 +401,14 @@ void build_hf(Estimate& est) {
                                    : "CheckpointFunction.save_for_backward (every layer, one "
                                      "storage)",
                                 "arange(s) built by LlamaModel.forward"));
-    acts.recompute = layer_saved(d, hf, /*with_input=*/false);
+    // The replayed layer is the last one (windowed if any layer is).
+    acts.recompute = layer_saved(d, hf, /*with_input=*/false, window_mask(m.layers - 1));
+  } else if (masked_layers == 0 || masked_layers == m.layers) {
+    acts.layer = layer_saved(d, hf, /*with_input=*/true, masked_layers > 0);
   } else {
-    acts.layer = layer_saved(d, hf, /*with_input=*/true);
+    acts.layer = layer_saved(d, hf, /*with_input=*/true, false);
+    acts.layer_windowed = layer_saved(d, hf, /*with_input=*/true, true);
+    acts.windowed_layers = masked_layers;
   }
   // Head: final norm (its input x_L is the last layer's output), lm_head, the loss.
   rmsnorm(acts.head, d, hf, "norm", true, "x");
@@ -322,7 +423,7 @@ void build_hf(Estimate& est) {
                                            : "the caller (logits = model(input_ids).logits)",
             ldt == "fp32" && w != 4 ? "returned in fp32 (4.31-4.35: logits = logits.float())"
                                     : "returned in the training dtype; not saved by autograd"));
-  est.use_cache_bytes = full ? 0 : use_cache_extra(d, hf);
+  est.use_cache_bytes = full ? 0 : use_cache_extra(d, hf, m);
   if (hf.use_cache && est.use_cache_bytes > 0)
     acts.loop.push_back(entry(d, "loop.past_key_values", "L × 2 × (b,k,s,d)", D,
                               est.use_cache_bytes, Term::other, "the caller (out.past_key_values)",
@@ -391,6 +492,19 @@ void build_hf(Estimate& est) {
     est.notes.push_back(std::string("GQA: transformers ") + hf_era_name(hf.era) +
                         " has none; modelled as 4.31's repeat_kv, which materialises k and v at "
                         "all heads, so the saved k/v do not shrink");
+  if (era_defaulted && hf.era == HfEra::v5_25 && !sdpa && m.family != "llama")
+    est.notes.push_back("transformers 5.25 (the one era whose " + hf_class(m) +
+                        " was measured) used: --hf-version not given");
+  if (m.sliding_window > 0)
+    est.notes.push_back(
+        std::string("sliding window ") + std::to_string(m.sliding_window) +
+        (sdpa ? ": in the " + std::to_string(masked_layers) +
+                    " windowed layer(s) (s >= window) HF passes a (b,1,s,s) mask, so SDPA "
+                    "keeps it (in the training dtype, per layer) and k, v at all a heads (no "
+                    "enable_gqa); measured with the CPU kernel. On a GPU a mask selects the "
+                    "memory-efficient kernel (logsumexp padded to 32 positions): not measured"
+              : ": eager attention computes the full (b,a,s,s) scores and adds the window mask "
+                "(built once per forward, not saved): the saved tensors are LLaMA's"));
   if (!sdpa && t.attention == Attention::flash)
     est.notes.push_back("hf-eager is eager attention by definition: --attention flash ignored");
   if (sdpa)

@@ -194,7 +194,9 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
       ->capture_default_str();
   cmd.add_option("--hf-version", flags.hf_version,
                  "hf-eager/hf-sdpa: the transformers release whose code era to model (4.28-4.29, "
-                 "4.30, 4.31-4.34, 4.35, 5.25; default 4.30 for hf-eager, 5.25 for hf-sdpa)");
+                 "4.30, 4.31-4.34, 4.35, 5.25; default 4.30 for hf-eager, 5.25 for hf-sdpa and "
+                 "for the families (mistral, qwen2, qwen3, rope_scaling, head_dim), measured "
+                 "in 5.25 only)");
   cmd.add_option("--torch-version", flags.torch_version,
                  "hf-eager/hf-sdpa: the PyTorch release (1.13-2.1: mean keeps its input; "
                  "2.2-2.15: it does not; default 2.0, 2.15 with transformers 5.25)");
