@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "family_configs.hpp"
 #include "trainmem/analytic.hpp"
 #include "trainmem/error.hpp"
 
@@ -389,18 +390,7 @@ TEST(HfFamilies, Qwen3NormsAndWindowCoefficientsByHand) {
 }
 
 TEST(HfFamilies, UnprovenFamilyAndEraCombinationsAreRefusedNamingTheFlag) {
-  ModelConfig m;
-  m.name = "tiny-qwen3";
-  m.family = "qwen3";
-  m.vocab = 96;
-  m.hidden = 48;
-  m.intermediate = 128;
-  m.layers = 2;
-  m.heads = 4;
-  m.kv_heads = 2;
-  m.explicit_head_dim = 16;
-  m.qk_norm = true;
-  m.max_positions = 256;
+  ModelConfig m = test::family_config("tiny-qwen3");
   TrainConfig t;
   t.batch = 1;
   t.seq = 16;
