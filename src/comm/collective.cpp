@@ -1,5 +1,6 @@
-// The launch detection, the local collective, the end-of-job policy, and the factories' stubs
-// when a transport is not built (include/trainmem/collective.hpp).
+// The launch detection, the local collective, the end-of-job policy, and, in a build without
+// MPI or NCCL, the factories that refuse with exit 2 saying what to install
+// (include/trainmem/collective.hpp).
 #include "trainmem/collective.hpp"
 
 #include <algorithm>
