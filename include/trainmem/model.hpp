@@ -73,6 +73,10 @@ using GradientCapture = std::function<void(const Parameter& param, const std::ve
 // gradient by S; the optimizer and the gradient captures divide it out.
 float loss_scale(DType d, std::int64_t positions);
 
+// The ids LlamaModel::random_tokens(seed) sets: n ids in [0, vocab), id j from the counter-based
+// generator keyed by (seed, the token stream, j); a prefix does not depend on n.
+std::vector<std::int32_t> random_token_ids(std::uint64_t seed, std::int64_t n, std::int64_t vocab);
+
 // Test hook: sees the head's (rows, vocab) buffer in D during backward, in backend memory (read
 // it with Backend::download; never called on meta): first with what = "logits", right before
 // the cross-entropy backward, then with what = "dlogits", the gradient written in their place.

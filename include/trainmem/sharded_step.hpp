@@ -1,9 +1,17 @@
-// One rank's sharded training step, traced on the meta backend: every tensor the rank would
+// One rank's sharded training step: every tensor the rank
 // allocate (its share of the parameters, the ZeRO shards, the activations of its pipeline
 // stage's micro-batches in the 1F1B order, the collective buffers) goes through the ledger in
 // the order of docs/distributed.md ("The sharded step"); collectives are ops that allocate their
 // buffers and move no data. The per-rank analytic profile (analytic_rank.hpp) must equal the
 // ledger's figures byte for byte.
+//
+// Traced (meta, no execution): collectives are ops that allocate their buffers and move no
+// data. Measured (a ShardedExecution on a computing backend, docs/distributed.md "Measured
+// runs"): the same walk allocates the same tensors in the same order and runs the rank's real
+// arithmetic between the allocations, with real collectives over the data-parallel group, so
+// the rank's measured ledger is the meta trace by construction and the per-rank analytic
+// profile checks it. Measured runs support data parallelism (dp >= 1, ZeRO 0-3, several
+// micro-batches, AdamW or SGD, no offload) with tp = pp = 1; InputError otherwise.
 //
 // Names: parameters use their HuggingFace names with the rank's shapes (q_proj (a/t·d, h), ...);
 // the ZeRO flat tensors are `params.shard`, `grads.shard`, `shard.master`, `shard.exp_avg`,
@@ -14,24 +22,50 @@
 #include <memory>
 #include <vector>
 
+#include <string>
+
+#include "trainmem/backend.hpp"
+#include "trainmem/collective.hpp"
 #include "trainmem/config.hpp"
 #include "trainmem/ledger.hpp"
+#include "trainmem/optimizer.hpp"
 #include "trainmem/parallel.hpp"
 
 namespace trainmem {
 
+// What a measured rank runs with. Weights are LlamaModel::init_random(seed)'s, parameter by
+// parameter; the global batch is random_token_ids(seed, dp·M·b·s, V) (model.hpp) in rows of s,
+// and rank r's micro-batch m is rows (r·M + m)·b ... +b: the step of a single-rank LlamaModel of
+// batch dp·M·b, split.
+struct ShardedExecution {
+  Backend& backend;  // computes; its allocator is the ledger's
+  Collective& data;  // the data-parallel group (size dp), on the backend's buffers
+  Collective& host;  // the same ranks on host buffers (the loss, parameter read-back)
+  std::uint64_t seed = 0;
+  OptimizerSettings optimizer;
+};
+
 class ShardedStep {
  public:
   // Allocates the setup of pipeline stage `stage` of `layout` (resolved) in phase setup.
+  // With `exec` (measured), the rank is exec->data.rank() of the data-parallel group, and
+  // the weights and states are initialised.
   ShardedStep(const ModelConfig& model, const TrainConfig& train, const ParallelConfig& layout,
-              std::int64_t stage, Ledger& ledger);
+              std::int64_t stage, Ledger& ledger, const ShardedExecution* exec = nullptr);
   ~ShardedStep();
   ShardedStep(const ShardedStep&) = delete;
   ShardedStep& operator=(const ShardedStep&) = delete;
 
   // One optimizer step: ledger.begin_step, the stage's micro-batches in 1F1B order (the end of
   // forward is marked after the forward that precedes the first backward), the optimizer.
-  void train_step();
+  // Returns the mean loss of the global batch (every rank the same; NaN when traced).
+  float train_step();
+
+  // Measured runs, called by every rank (ZeRO-3 gathers the shards): the current values of
+  // the parameter with this HF name, as fp32.
+  std::vector<float> parameter_values(const std::string& hf_name);
+  // The HF names of the rank's parameters, in setup order.
+  std::vector<std::string> parameter_names() const;
 
  private:
   struct Impl;

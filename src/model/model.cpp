@@ -263,11 +263,15 @@ void LlamaModel::set_tokens(const std::vector<std::int32_t>& ids, const std::str
   tokens_set_ = true;
 }
 
-void LlamaModel::random_tokens(std::uint64_t seed) {
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(n_));
+std::vector<std::int32_t> random_token_ids(std::uint64_t seed, std::int64_t n, std::int64_t vocab) {
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
   for (std::size_t j = 0; j < ids.size(); ++j)
-    ids[j] = std::int32_t(random_bits(seed, kTokenStream, j) % std::uint64_t(V_));
-  set_tokens(ids, "random tokens");
+    ids[j] = std::int32_t(random_bits(seed, kTokenStream, j) % std::uint64_t(vocab));
+  return ids;
+}
+
+void LlamaModel::random_tokens(std::uint64_t seed) {
+  set_tokens(random_token_ids(seed, n_, V_), "random tokens");
 }
 
 void LlamaModel::upload_inputs() {

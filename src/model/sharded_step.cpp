@@ -1,7 +1,21 @@
-// One rank's sharded step on meta (include/trainmem/sharded_step.hpp), written from
-// docs/distributed.md ("The sharded step") only. It walks every layer and every micro-batch in
-// the stage's 1F1B order and allocates through the ledger; the ledger finds the peak. The
-// per-rank analytic profile picks a few instants in closed form: agreement is the check.
+// One rank's sharded step (include/trainmem/sharded_step.hpp), written from docs/distributed.md
+// ("The sharded step", "Measured runs") only. It walks every layer and every micro-batch in the
+// stage's 1F1B order and allocates through the ledger; the ledger finds the peak. The per-rank
+// analytic profile picks a few instants in closed form: agreement is the check.
+//
+// Measured runs (`run`): the arithmetic sits between the allocations, each op right after the
+// buffers it writes exist, so the books are the trace's. Data parallelism, rank r of dp:
+//   - the flat parameter vector is the rank's parameters concatenated in setup order (Pk
+//     elements); rank r owns [r·shard, min((r+1)·shard, Pk)), shard = ceil(Pk/dp);
+//   - ZeRO 0/1: every parameter and gradient whole; after the last micro-batch each gradient is
+//     all-reduced in place (the sum in rank order, collective.hpp). ZeRO 2/3: each parameter's
+//     gradient of a micro-batch is computed into reduce_bucket (zeroed), all-reduced there, and
+//     the rank's part added into grads.shard;
+//   - ZeRO 0: the optimizer updates every parameter with its own states; ZeRO 1/2: each rank
+//     updates its owned slices (states in the flat shard.* tensors), then every slice is
+//     broadcast from its owner into every rank's parameter; ZeRO 3: each rank updates
+//     params.shard, and a unit's weights are gathered into gathered.<unit> (each owner's slice
+//     broadcast) when the unit enters the prefetch window.
 #include "trainmem/sharded_step.hpp"
 
 #include <algorithm>
@@ -10,8 +24,14 @@
 #include <map>
 #include <string>
 
+#include <cmath>
+#include <limits>
+
 #include "trainmem/checked.hpp"
+#include "trainmem/dtype.hpp"
 #include "trainmem/error.hpp"
+#include "trainmem/model.hpp"
+#include "trainmem/param_init.hpp"
 
 namespace trainmem {
 
@@ -19,6 +39,9 @@ namespace {
 constexpr DType f32 = DType::f32;
 constexpr DType i32 = DType::i32;
 using Shape = std::vector<std::int64_t>;
+
+// A layer's parameters (the slots of model.cpp, in setup order).
+enum Slot : int { kInNorm, kQ, kQB, kK, kKB, kV, kVB, kO, kQN, kKN, kPost, kGate, kUp, kDown, kSlots };
 }  // namespace
 
 struct ShardedStep::Impl {
@@ -33,7 +56,27 @@ struct ShardedStep::Impl {
   std::uint64_t Pk = 0;  // the stage's parameter elements
   int step = 0;
 
-  std::vector<Tensor> persistent;  // params, gradients, states, inputs, workspace, buckets
+  // Measured runs.
+  const ShardedExecution* X = nullptr;
+  Backend* be = nullptr;
+  bool run = false;
+  int r = 0;                     // this rank in the data-parallel group
+  std::uint64_t shard = 0;       // elements per rank of the flat vectors
+  std::uint64_t lo = 0, hi = 0;  // the flat range this rank owns
+  std::size_t es = 4;            // bytes of D
+  float S = 1, ce_scale = 1;     // the loss scale and the cross-entropy backward's scale
+  double loss_sum = 0;           // this rank's summed token losses of the step
+  std::vector<std::int32_t> global_tokens;
+
+  std::vector<Tensor> persistent;  // inputs' neighbours with no role in the arithmetic
+  // Setup's tensors the arithmetic uses (empty where the layout has none).
+  std::vector<Tensor> value, grad;  // per parameter (ZeRO < 3, ZeRO < 2)
+  struct States {
+    Tensor master, m, v;
+  };
+  std::vector<States> states;  // per parameter (ZeRO 0)
+  States shard_states;         // ZeRO >= 1
+  Tensor params_shard, grads_shard, tokens, targets, bucket;
 
   // ZeRO-3: unit positions and the gathered units alive.
   std::vector<int> seq;  // unit per position (0 embedding, 1+l layer, Ls+1 head)
@@ -110,7 +153,14 @@ struct ShardedStep::Impl {
     std::string name;
     int layer;
     Shape shape;
+    int slot = -1;          // Slot of a layer parameter, -1 otherwise
+    std::uint64_t off = 0;  // first element in the flat vector
+    std::uint64_t n = 0;    // elements
   };
+  std::vector<ParamShape> P;
+  std::vector<std::array<int, kSlots>> lidx;  // [local layer][slot] -> index in P, -1 if absent
+  int embed_i = -1, norm_i = -1, head_i = -1;  // head_i: lm_head, or the embedding when tied
+  std::vector<std::vector<std::pair<int, std::uint64_t>>> members;  // ZeRO-3 unit: (param, pos)
   std::vector<ParamShape> param_shapes() const {
     std::vector<ParamShape> v;
     const std::int64_t ad = a * d, kd = k * d;
@@ -118,23 +168,23 @@ struct ShardedStep::Impl {
     for (std::int64_t l = 0; l < Ls; ++l) {
       const int g = global_layer(l);
       const std::string pre = "model.layers." + std::to_string(g) + ".";
-      v.push_back({pre + "input_layernorm.weight", g, {h}});
+      v.push_back({pre + "input_layernorm.weight", g, {h}, kInNorm});
       // Column-parallel q/k/v: each bias split with its projection's output columns.
-      v.push_back({pre + "self_attn.q_proj.weight", g, {ad, h}});
-      if (bias) v.push_back({pre + "self_attn.q_proj.bias", g, {ad}});
-      v.push_back({pre + "self_attn.k_proj.weight", g, {kd, h}});
-      if (bias) v.push_back({pre + "self_attn.k_proj.bias", g, {kd}});
-      v.push_back({pre + "self_attn.v_proj.weight", g, {kd, h}});
-      if (bias) v.push_back({pre + "self_attn.v_proj.bias", g, {kd}});
-      v.push_back({pre + "self_attn.o_proj.weight", g, {h, ad}});
+      v.push_back({pre + "self_attn.q_proj.weight", g, {ad, h}, kQ});
+      if (bias) v.push_back({pre + "self_attn.q_proj.bias", g, {ad}, kQB});
+      v.push_back({pre + "self_attn.k_proj.weight", g, {kd, h}, kK});
+      if (bias) v.push_back({pre + "self_attn.k_proj.bias", g, {kd}, kKB});
+      v.push_back({pre + "self_attn.v_proj.weight", g, {kd, h}, kV});
+      if (bias) v.push_back({pre + "self_attn.v_proj.bias", g, {kd}, kVB});
+      v.push_back({pre + "self_attn.o_proj.weight", g, {h, ad}, kO});
       if (qkn) {  // per-head norms: the same (d) weights on every tp rank
-        v.push_back({pre + "self_attn.q_norm.weight", g, {d}});
-        v.push_back({pre + "self_attn.k_norm.weight", g, {d}});
+        v.push_back({pre + "self_attn.q_norm.weight", g, {d}, kQN});
+        v.push_back({pre + "self_attn.k_norm.weight", g, {d}, kKN});
       }
-      v.push_back({pre + "post_attention_layernorm.weight", g, {h}});
-      v.push_back({pre + "mlp.gate_proj.weight", g, {i, h}});
-      v.push_back({pre + "mlp.up_proj.weight", g, {i, h}});
-      v.push_back({pre + "mlp.down_proj.weight", g, {h, i}});
+      v.push_back({pre + "post_attention_layernorm.weight", g, {h}, kPost});
+      v.push_back({pre + "mlp.gate_proj.weight", g, {i, h}, kGate});
+      v.push_back({pre + "mlp.up_proj.weight", g, {i, h}, kUp});
+      v.push_back({pre + "mlp.down_proj.weight", g, {h, i}, kDown});
     }
     if (last) {
       v.push_back({"model.norm.weight", -1, {h}});
@@ -151,70 +201,88 @@ struct ShardedStep::Impl {
 
   void setup() {
     auto ph = ledger.scope(Phase::setup);
-    const auto params = param_shapes();
+    P = param_shapes();
     std::uint64_t largest = 0;
-    for (const auto& q : params) {
-      Pk = checked_add(Pk, numel(q.shape), "parameters");
-      largest = std::max(largest, numel(q.shape));
+    lidx.assign(std::size_t(Ls), {});
+    for (auto& row : lidx) row.fill(-1);
+    for (std::size_t q = 0; q < P.size(); ++q) {
+      P[q].n = numel(P[q].shape);
+      P[q].off = Pk;
+      Pk = checked_add(Pk, P[q].n, "parameters");
+      largest = std::max(largest, P[q].n);
+      const int qi = int(q);
+      if (P[q].slot >= 0)
+        lidx[std::size_t(P[q].layer - global_layer(0))][std::size_t(P[q].slot)] = qi;
+      else if (P[q].name == "model.embed_tokens.weight")
+        embed_i = qi;
+      else if (P[q].name == "model.norm.weight")
+        norm_i = qi;
+      else
+        head_i = qi;
     }
-    const std::int64_t shard =
-        static_cast<std::int64_t>((Pk + std::uint64_t(p.dp) - 1) / std::uint64_t(p.dp));
+    if (tied_here) head_i = embed_i;
+    shard = (Pk + std::uint64_t(p.dp) - 1) / std::uint64_t(p.dp);
+    lo = std::min(Pk, std::uint64_t(r) * shard);
+    hi = std::min(Pk, lo + shard);
+    const std::int64_t shard_n = static_cast<std::int64_t>(shard);
     const bool off = p.offload != Offload::none;
     const bool off_params = p.offload == Offload::optimizer_params;
     // 1. parameters.
     if (p.zero == 3) {
-      if (!off_params)
-        persistent.push_back(alloc("params.shard", Category::params, -1, {shard}, D));
+      if (!off_params) params_shard = alloc("params.shard", Category::params, -1, {shard_n}, D);
     } else {
-      for (const auto& q : params)
-        persistent.push_back(alloc(q.name, Category::params, q.layer, q.shape, D));
+      for (const auto& q : P) value.push_back(alloc(q.name, Category::params, q.layer, q.shape, D));
     }
     // 2. gradients.
     if (p.zero >= 2) {
-      if (!off) persistent.push_back(alloc("grads.shard", Category::gradients, -1, {shard}, D));
+      if (!off) grads_shard = alloc("grads.shard", Category::gradients, -1, {shard_n}, D);
     } else {
-      for (const auto& q : params)
-        persistent.push_back(alloc(q.name + ".grad", Category::gradients, q.layer, q.shape, D));
+      for (const auto& q : P)
+        grad.push_back(alloc(q.name + ".grad", Category::gradients, q.layer, q.shape, D));
     }
     // 3. optimizer states, f32.
     if (!off) {
-      std::vector<const char*> states;
       const bool master = D != DType::f32;
-      if (t.optimizer == Optimizer::adamw) {
-        if (master) states.push_back(".master");
-        states.push_back(".exp_avg");
-        states.push_back(".exp_avg_sq");
-      } else if (t.optimizer == Optimizer::sgd && master) {
-        states.push_back(".master");
-      }
+      const bool adam = t.optimizer == Optimizer::adamw;
+      const bool sgd_master = t.optimizer == Optimizer::sgd && master;
+      auto add = [&](States& st, const std::string& pre, int layer, const Shape& shape) {
+        auto one = [&](const char* suffix) {
+          return alloc(pre + suffix, Category::optimizer_states, layer, shape, f32);
+        };
+        if ((adam && master) || sgd_master) st.master = one(".master");
+        if (adam) {
+          st.m = one(".exp_avg");
+          st.v = one(".exp_avg_sq");
+        }
+      };
       if (p.zero >= 1) {
-        for (const char* st : states)
-          persistent.push_back(
-              alloc(std::string("shard") + st, Category::optimizer_states, -1, {shard}, f32));
+        add(shard_states, "shard", -1, {shard_n});
       } else {
-        for (const auto& q : params)
-          for (const char* st : states)
-            persistent.push_back(
-                alloc(q.name + st, Category::optimizer_states, q.layer, q.shape, f32));
+        states.resize(P.size());
+        for (std::size_t q = 0; q < P.size(); ++q) add(states[q], P[q].name, P[q].layer, P[q].shape);
       }
     }
     // 4. inputs of one micro-batch.
-    if (first) persistent.push_back(alloc("tokens", Category::inputs, -1, {b, s}, i32));
-    if (last) persistent.push_back(alloc("targets", Category::inputs, -1, {b, s}, i32));
+    if (first) tokens = alloc("tokens", Category::inputs, -1, {b, s}, i32);
+    if (last) targets = alloc("targets", Category::inputs, -1, {b, s}, i32);
     // 5. the GEMM workspace.
     persistent.push_back(alloc("cublas_workspace", Category::workspace, -1, {8388608}, f32));
-    // 6. ZeRO-2/3 reduce bucket(s).
+    if (run) be->set_gemm_workspace(persistent.back().data(), persistent.back().bytes());
+    // 6. ZeRO-2/3 reduce bucket(s). A measured step reduces through the first one only (its
+    // reductions are synchronous); the second is allocated as DeepSpeed's overlap_comm would.
     if (p.zero >= 2) {
       const std::uint64_t n = std::min(std::max(p.reduce_bucket, largest), Pk);
-      for (int c = 0; c < (p.overlap_comm ? 2 : 1); ++c)
-        persistent.push_back(comm(c == 0 ? "reduce_bucket" : "reduce_bucket.1", -1,
-                                  {static_cast<std::int64_t>(n)}, D));
+      for (int c = 0; c < (p.overlap_comm ? 2 : 1); ++c) {
+        Tensor bk = comm(c == 0 ? "reduce_bucket" : "reduce_bucket.1", -1,
+                         {static_cast<std::int64_t>(n)}, D);
+        (c == 0 ? bucket : persistent.emplace_back()) = std::move(bk);
+      }
     }
     // ZeRO-3 units and their order.
     if (p.zero == 3) {
       std::uint64_t layer_elems = 0;
-      for (const auto& q : params)
-        if (q.layer == global_layer(0)) layer_elems = checked_add(layer_elems, numel(q.shape));
+      for (const auto& q : P)
+        if (q.layer == global_layer(0)) layer_elems = checked_add(layer_elems, q.n);
       unit_elems.assign(std::size_t(Ls) + 2, layer_elems);
       unit_elems[0] = numel({V, h});
       unit_elems[std::size_t(Ls) + 1] = numel({V, h}) + std::uint64_t(h);
@@ -222,7 +290,188 @@ struct ShardedStep::Impl {
       for (std::int64_t l = 0; l < Ls; ++l) seq.push_back(int(1 + l));
       seq.push_back(int(Ls + 1));
       for (std::int64_t l = Ls - 1; l >= 0; --l) seq.push_back(int(1 + l));
+      // What each unit's gathered buffer holds, in order (the head: the final norm, then
+      // lm_head or, tied, a copy of the embedding).
+      members.assign(std::size_t(Ls) + 2, {});
+      auto put = [&](int u, int q) {
+        auto& mem = members[std::size_t(u)];
+        const std::uint64_t pos = mem.empty() ? 0 : mem.back().second + P[std::size_t(mem.back().first)].n;
+        mem.emplace_back(q, pos);
+      };
+      if (embed_i >= 0) put(0, embed_i);
+      for (std::size_t q = 0; q < P.size(); ++q)
+        if (P[q].slot >= 0) put(1 + P[q].layer - global_layer(0), int(q));
+      if (last) {
+        put(int(Ls) + 1, norm_i);
+        put(int(Ls) + 1, head_i);
+      }
     }
+    if (run) initialise();
+  }
+
+  // ---------------------------------------------------------------- measured runs: data
+  char* elem_ptr(const Tensor& x, std::uint64_t elem) const {
+    return static_cast<char*>(x.data()) + elem * es;
+  }
+  // The ranks' owned flat ranges overlapping [from, to): f(owner, first, end).
+  template <class F>
+  void by_owner(std::uint64_t from, std::uint64_t to, F&& f) const {
+    for (std::uint64_t q = from / shard; q < std::uint64_t(p.dp) && q * shard < to; ++q)
+      f(int(q), std::max(from, q * shard), std::min(to, (q + 1) * shard));
+  }
+  ParamInit init_of(std::size_t q) const {
+    ParamInit init;
+    if (P[q].shape.size() == 1) {  // norms 1, biases 0 (LlamaModel::init_random)
+      const std::string& nm = P[q].name;
+      const bool is_bias = nm.size() > 5 && nm.compare(nm.size() - 5, 5, ".bias") == 0;
+      init.kind = ParamInit::Kind::constant;
+      init.value = is_bias ? 0.0f : 1.0f;
+    } else {
+      init.kind = ParamInit::Kind::normal;
+      init.scale = 0.02f;
+      init.seed = X->seed;
+      init.stream = global_index(q) + 1;
+    }
+    return init;
+  }
+  // The parameter's index in the whole model's setup order (LlamaModel's): with pp = 1 the
+  // rank's own order.
+  std::size_t global_index(std::size_t q) const { return q; }
+
+  void initialise() {
+    // Parameters (ZeRO < 3), with the per-parameter master copy under ZeRO 0.
+    for (std::size_t q = 0; q < value.size(); ++q)
+      be->init_param(value[q].data(), states.empty() ? nullptr : states[q].master.as<float>(),
+                     P[q].n, init_of(q));
+    // The owned slices (ZeRO >= 1's master shard, ZeRO-3's parameter shard), made on the host.
+    const bool shard_master = bool(shard_states.master);
+    if (shard_master || params_shard) {
+      std::vector<float> f(std::size_t(hi - lo));
+      for (std::size_t q = 0; q < P.size(); ++q) {
+        const ParamInit init = init_of(q);
+        const std::uint64_t a = std::max(lo, P[q].off), z = std::min(hi, P[q].off + P[q].n);
+        for (std::uint64_t x = a; x < z; ++x) f[x - lo] = param_init_value(init, x - P[q].off);
+      }
+      if (shard_master) {
+        be->fill_zero(shard_states.master.data(), shard_states.master.bytes());
+        be->upload(shard_states.master.data(), f.data(), f.size() * 4);
+      }
+      if (params_shard) {
+        std::vector<unsigned char> raw(f.size() * es);
+        for (std::size_t x = 0; x < f.size(); ++x) store_from_f32(raw.data(), x, D, f[x]);
+        be->fill_zero(params_shard.data(), params_shard.bytes());
+        be->upload(params_shard.data(), raw.data(), raw.size());
+      }
+    }
+    for (States* st : all_states()) {
+      if (st->m) be->fill_zero(st->m.data(), st->m.bytes());
+      if (st->v) be->fill_zero(st->v.data(), st->v.bytes());
+    }
+    const std::int64_t rows = checked_mul(std::int64_t(p.dp) * M, b, "global batch");
+    global_tokens = random_token_ids(X->seed, checked_mul(rows, s, "global batch x seq"), m.vocab);
+    const std::int64_t positions = rows * (s - 1);
+    S = loss_scale(D, positions);
+    ce_scale = S / float(positions);
+  }
+  std::vector<States*> all_states() {
+    std::vector<States*> v{&shard_states};
+    for (auto& st : states) v.push_back(&st);
+    return v;
+  }
+
+  // Micro-batch mb's rows of the global batch into tokens and targets (targets: the next
+  // token within a row, -1 at the last position).
+  void upload_batch(std::int64_t mb) {
+    const std::size_t row0 = std::size_t((std::int64_t(r) * M + mb) * b);
+    std::vector<std::int32_t> tok(std::size_t(b * s)), tgt(std::size_t(b * s));
+    for (std::int64_t row = 0; row < b; ++row)
+      for (std::int64_t c = 0; c < s; ++c) {
+        const std::size_t g = (row0 + std::size_t(row)) * std::size_t(s) + std::size_t(c);
+        tok[std::size_t(row * s + c)] = global_tokens[g];
+        tgt[std::size_t(row * s + c)] = c + 1 < s ? global_tokens[g + 1] : -1;
+      }
+    if (tokens) be->upload(tokens.data(), tok.data(), tokens.bytes());
+    if (targets) be->upload(targets.data(), tgt.data(), targets.bytes());
+  }
+
+  // A weight as the op at unit `u`'s position reads it.
+  const void* W(int u, int q) const {
+    if (p.zero < 3) return value[std::size_t(q)].data();
+    for (const auto& [mq, pos] : members[std::size_t(u)])
+      if (mq == q) return elem_ptr(gathered.at(u), pos);
+    throw Error("sharded step: parameter " + P[std::size_t(q)].name + " is not in unit " +
+                unit_name(u));
+  }
+  const void* LW(std::int64_t l, int slot) const {
+    return W(int(1 + l), lidx[std::size_t(l)][std::size_t(slot)]);
+  }
+  int Li(std::int64_t l, int slot) const { return lidx[std::size_t(l)][std::size_t(slot)]; }
+
+  // A parameter's gradient buffer for the op about to produce it (+=): the parameter's own
+  // (ZeRO < 2, zeroed once per step) or the reduce bucket, zeroed.
+  void* G(int q) {
+    if (p.zero < 2) return grad[std::size_t(q)].data();
+    be->fill_zero(bucket.data(), P[std::size_t(q)].n * es);
+    return bucket.data();
+  }
+  // The gradient is complete for this micro-batch. ZeRO >= 2: summed over the ranks in the
+  // bucket, the owned part added into grads.shard.
+  void G_done(int q) {
+    if (p.zero < 2) return;
+    const ParamShape& pq = P[std::size_t(q)];
+    X->data.all_reduce_sum(bucket.data(), pq.n, D);
+    const std::uint64_t a = std::max(lo, pq.off), z = std::min(hi, pq.off + pq.n);
+    if (a < z)
+      be->bias_forward(elem_ptr(grads_shard, a - lo), elem_ptr(bucket, a - pq.off), 1, std::int64_t(z - a));
+  }
+
+  // ZeRO-3: unit u's weights into its gathered buffer, each owner's slice broadcast.
+  void fill_unit(int u) {
+    Tensor& buf = gathered.at(u);
+    for (const auto& [q, pos] : members[std::size_t(u)]) {
+      const ParamShape& pq = P[std::size_t(q)];
+      by_owner(pq.off, pq.off + pq.n, [&](int owner, std::uint64_t a, std::uint64_t z) {
+        char* dst = elem_ptr(buf, pos + (a - pq.off));
+        if (owner == r) be->copy(dst, elem_ptr(params_shard, a - lo), (z - a) * es);
+        X->data.broadcast(dst, z - a, D, owner);
+      });
+    }
+  }
+
+  // After the last micro-batch: ZeRO 0/1 reduce the whole gradients, then every layout's update
+  // and (ZeRO 1/2) the owners' broadcasts.
+  void optimizer_step() {
+    if (p.zero < 2)
+      for (std::size_t q = 0; q < P.size(); ++q) X->data.all_reduce_sum(grad[q].data(), P[q].n, D);
+    const float gs = 1.0f / S;
+    auto update = [&](void* param, const void* g, const States& st, std::uint64_t st_off,
+                      std::uint64_t n) {
+      auto f32_at = [&](const Tensor& x) { return x ? x.as<float>() + st_off : nullptr; };
+      if (t.optimizer == Optimizer::adamw)
+        be->adamw_update(param, g, f32_at(st.master), f32_at(st.m), f32_at(st.v), std::int64_t(n),
+                         X->optimizer.adamw, step, gs);
+      else
+        be->sgd_update(param, g, f32_at(st.master), std::int64_t(n), X->optimizer.sgd_lr, gs);
+    };
+    if (p.zero == 0) {
+      for (std::size_t q = 0; q < P.size(); ++q)
+        update(value[q].data(), grad[q].data(), states[q], 0, P[q].n);
+      return;
+    }
+    if (p.zero == 3) {
+      if (hi > lo) update(params_shard.data(), grads_shard.data(), shard_states, 0, hi - lo);
+      return;
+    }
+    for (std::size_t q = 0; q < P.size(); ++q) {
+      const std::uint64_t a = std::max(lo, P[q].off), z = std::min(hi, P[q].off + P[q].n);
+      if (a >= z) continue;
+      const void* g = p.zero == 1 ? elem_ptr(grad[q], a - P[q].off) : elem_ptr(grads_shard, a - lo);
+      update(elem_ptr(value[q], a - P[q].off), g, shard_states, a - lo, z - a);
+    }
+    for (std::size_t q = 0; q < P.size(); ++q)
+      by_owner(P[q].off, P[q].off + P[q].n, [&](int owner, std::uint64_t a, std::uint64_t z) {
+        X->data.broadcast(elem_ptr(value[q], a - P[q].off), z - a, D, owner);
+      });
   }
 
   // ZeRO-3: the window of position `pos` (past the end: nothing): release what leaves it, then
@@ -238,9 +487,11 @@ struct ShardedStep::Impl {
       else
         ++it;
     for (int u : want)
-      if (!gathered.count(u))
+      if (!gathered.count(u)) {
         gathered[u] = comm("gathered." + unit_name(u), -1,
                            {static_cast<std::int64_t>(unit_elems[std::size_t(u)])}, D);
+        if (run) fill_unit(u);
+      }
   }
   std::string unit_name(int u) const {
     if (u == 0) return "embedding";
@@ -249,12 +500,17 @@ struct ShardedStep::Impl {
   }
 
   // ---------------------------------------------------------------- forward
-  // One layer's forward (recompute: stops before `out`).
-  void layer_forward(std::int64_t l, Layer& L, bool recompute) {
+  // One layer's forward (recompute: stops before `out`) from its input x.
+  void layer_forward(std::int64_t l, Layer& L, bool recompute, const void* x) {
     const int g = global_layer(l);
+    const std::int64_t n = b * s, ad = a * d, kd = k * d;
+    const float eps = float(m.rms_eps);
     auto A = [&](const char* name, Shape sh, DType dt) { L[name] = act(name, g, sh, dt); };
+    auto at = [&](const char* name) { return L[name].data(); };
+    auto at_f = [&](const char* name) { return L[name].as<float>(); };
     A("rstd1", {b, sr}, f32);
     A("xn1", {b, sr, h}, D);
+    if (run) be->rmsnorm_forward(at("xn1"), at_f("rstd1"), x, LW(l, kInNorm), n, h, eps);
     Tensor gath;
     if (sp) gath = comm("xn1.gathered", g, {b, s, h}, D);
     if (qkn) {
@@ -266,25 +522,60 @@ struct ShardedStep::Impl {
     A("q", {b, s, a * d}, D);
     A("k", {b, s, k * d}, D);
     A("v", {b, s, k * d}, D);
+    if (run) {
+      void* qp = qkn ? at("q_pre") : at("q");
+      void* kp = qkn ? at("k_pre") : at("k");
+      auto project = [&](void* out, int w, int bs, std::int64_t width) {
+        be->matmul(out, at("xn1"), LW(l, w), n, width, h, Trans::no, Trans::yes, 1.f, 0.f);
+        if (bias) be->bias_forward(out, LW(l, bs), n, width);
+      };
+      project(qp, kQ, kQB, ad);
+      project(kp, kK, kKB, kd);
+      project(at("v"), kV, kVB, kd);
+      if (qkn) {
+        be->rmsnorm_forward(at("q"), at_f("q_rstd"), qp, LW(l, kQN), n * a, d, eps);
+        be->rmsnorm_forward(at("k"), at_f("k_rstd"), kp, LW(l, kKN), n * k, d, eps);
+      }
+      be->rope_forward(at("q"), at("k"), b, s, a, k, d, m.rope());
+    }
     gath.reset();
     if (eager)
       A("probs", {b, a, s, s}, D);
     else
       A("lse", {b, a, s}, f32);
     A("attn_out", {b, s, a * d}, D);
+    if (run)
+      be->attention_forward(at("attn_out"), eager ? at("probs") : nullptr,
+                            eager ? nullptr : at_f("lse"), at("q"), at("k"), at("v"), b, s, a, k,
+                            d, m.window_of(g), t.attention);
     if (sp) gath = comm("o_proj.partial", g, {b, s, h}, D);
     A("h_mid", {b, sr, h}, D);
+    if (run) {
+      be->copy(at("h_mid"), x, L["h_mid"].bytes());
+      be->matmul(at("h_mid"), at("attn_out"), LW(l, kO), n, h, ad, Trans::no, Trans::yes, 1.f,
+                 1.f);
+    }
     gath.reset();
     A("rstd2", {b, sr}, f32);
     A("xn2", {b, sr, h}, D);
+    if (run) be->rmsnorm_forward(at("xn2"), at_f("rstd2"), at("h_mid"), LW(l, kPost), n, h, eps);
     if (sp) gath = comm("xn2.gathered", g, {b, s, h}, D);
     A("gate", {b, s, i}, D);
     A("up", {b, s, i}, D);
+    if (run) {
+      be->matmul(at("gate"), at("xn2"), LW(l, kGate), n, i, h, Trans::no, Trans::yes, 1.f, 0.f);
+      be->matmul(at("up"), at("xn2"), LW(l, kUp), n, i, h, Trans::no, Trans::yes, 1.f, 0.f);
+    }
     gath.reset();
     A("act", {b, s, i}, D);
+    if (run) be->swiglu_forward(at("act"), at("gate"), at("up"), n * i);
     if (recompute) return;
     if (sp) gath = comm("down_proj.partial", g, {b, s, h}, D);
     A("out", {b, sr, h}, D);
+    if (run) {
+      be->copy(at("out"), at("h_mid"), L["out"].bytes());
+      be->matmul(at("out"), at("act"), LW(l, kDown), n, h, i, Trans::no, Trans::yes, 1.f, 1.f);
+    }
     gath.reset();
     if (full) {
       static const char* order[] = {"act",      "up",     "gate",  "xn2",   "rstd2", "h_mid",
@@ -293,34 +584,60 @@ struct ShardedStep::Impl {
       for (const char* name : order) L.erase(name);
     }
   }
+  // x_l of micro-batch B: the stage's input for layer 0, else layer l-1's out.
+  Tensor& layer_input(MicroBatch& B, std::int64_t l) {
+    return l == 0 ? B.input : B.layers[std::size_t(l) - 1]["out"];
+  }
 
   void forward(std::int64_t mb, bool mark) {
     auto ph = ledger.scope(Phase::forward);
     MicroBatch& B = in_flight[mb];
+    const std::int64_t n = b * s;
+    if (run) upload_batch(mb);
     std::size_t pos = 0;
     if (first) {
       window(pos);
       Tensor partial;
       if (sp) partial = comm("embed.partial", -1, {b, s, h}, D);
       B.input = act("embed_out", -1, {b, sr, h}, D);
+      if (run)
+        be->embedding_forward(B.input.data(), tokens.as<std::int32_t>(), W(0, embed_i), b, s, h,
+                              V);
     } else {
       B.input = act("stage_input", -1, {b, sr, h}, D);
     }
     B.layers.resize(std::size_t(Ls));
     for (std::int64_t l = 0; l < Ls; ++l) {
       window(++pos);
-      layer_forward(l, B.layers[std::size_t(l)], false);
+      layer_forward(l, B.layers[std::size_t(l)], false, layer_input(B, l).data());
     }
     if (last) {
       window(++pos);
+      const int hu = int(Ls) + 1;
+      const void* xL = Ls > 0 ? B.layers.back()["out"].data() : B.input.data();
       B.final_norm_out = act("final_norm_out", -1, {b, sr, h}, D);
       B.final_rstd = act("final_rstd", -1, {b, sr}, f32);
+      if (run)
+        be->rmsnorm_forward(B.final_norm_out.data(), B.final_rstd.as<float>(), xL,
+                            W(hu, norm_i), n, h, float(m.rms_eps));
       Tensor gath;
       if (sp) gath = comm("final_norm_out.gathered", -1, {b, s, h}, D);
       B.logits = act("logits", -1, {b, s, V}, D);
+      if (run)
+        be->matmul(B.logits.data(), B.final_norm_out.data(), W(hu, head_i), n, V, h, Trans::no,
+                   Trans::yes, 1.f, 0.f);
       gath.reset();
       B.ce_lse = act("ce_lse", -1, {b, s}, f32);
-      { Tensor losses = ws("ce_losses", -1, {b, s}, f32); }
+      {
+        Tensor losses = ws("ce_losses", -1, {b, s}, f32);
+        if (run) {
+          be->cross_entropy_forward(losses.as<float>(), B.ce_lse.as<float>(), B.logits.data(),
+                                    targets.as<std::int32_t>(), n, V);
+          std::vector<float> host(static_cast<std::size_t>(n));
+          be->download(host.data(), losses.data(), losses.bytes());
+          for (float v : host) loss_sum += v;
+        }
+      }
     } else if (Ls > 0) {
       B.layers.back().erase("out");  // sent to the next stage
     }
@@ -330,13 +647,39 @@ struct ShardedStep::Impl {
   // ---------------------------------------------------------------- backward
   void layer_backward(std::int64_t l, MicroBatch& B, Tensor& d_res) {
     const int g = global_layer(l);
+    const std::int64_t n = b * s, ad = a * d, kd = k * d;
     Layer& L = B.layers[std::size_t(l)];
     auto drop = [&](std::initializer_list<const char*> names) {
-      for (const char* n : names) L.erase(n);
+      for (const char* nm : names) L.erase(nm);
     };
+    auto at = [&](const char* name) { return L[name].data(); };
+    auto at_f = [&](const char* name) { return L[name].as<float>(); };
+    // y = x·Wᵀ with W (out_f, in_f): dx = dy·W (dx_beta 1: +=), dW += dyᵀ·x.
+    auto linear_backward = [&](int slot, void* dx, const void* dy, const void* xin,
+                               std::int64_t out_f, std::int64_t in_f, float dx_beta) {
+      if (!run) return;
+      const int q = Li(l, slot);
+      be->matmul(dx, dy, LW(l, slot), n, in_f, out_f, Trans::no, Trans::no, 1.f, dx_beta);
+      be->matmul(G(q), dy, xin, out_f, in_f, n, Trans::yes, Trans::no, 1.f, 1.f);
+      G_done(q);
+    };
+    auto bias_backward = [&](int slot, const void* dy, std::int64_t width) {
+      if (!run || !bias) return;
+      const int q = Li(l, slot);
+      be->bias_backward(G(q), dy, n, width);
+      G_done(q);
+    };
+    auto norm_backward = [&](int slot, void* dinp, const void* dout, const void* inp,
+                             const float* rstd, std::int64_t rows, std::int64_t width) {
+      if (!run) return;
+      const int q = Li(l, slot);
+      be->rmsnorm_backward(dinp, G(q), dout, inp, LW(l, slot), rstd, rows, width);
+      G_done(q);
+    };
+    Tensor& x = layer_input(B, l);
     if (full) {
       auto rc = ledger.scope(Phase::recompute);
-      layer_forward(l, L, true);
+      layer_forward(l, L, true, x.data());
     }
     // The input gradient of a column-parallel GEMM group: without sp the (b,s,h) gradient
     // itself (all-reduced in place); under sp the group's input gathered again for dW, a
@@ -357,24 +700,31 @@ struct ShardedStep::Impl {
     // 1. down_proj (d_residual gathered under sp).
     if (sp) gath = comm("d_residual.gathered", g, {b, s, h}, D);
     Tensor d_act = ws("d_act", g, {b, s, i}, D);
+    linear_backward(kDown, d_act.data(), d_res.data(), at("act"), h, i, 0.f);
     drop({"act"});
     gath.reset();
     // 2. SwiGLU.
     Tensor d_gate = ws("d_gate", g, {b, s, i}, D);
     Tensor d_up = ws("d_up", g, {b, s, i}, D);
+    if (run)
+      be->swiglu_backward(d_gate.data(), d_up.data(), d_act.data(), at("gate"), at("up"), n * i);
     d_act.reset();
     drop({"gate", "up"});
     // 3. gate/up: d_xn2 (a partial under sp, reduce-scattered), xn2 gathered for dW.
     Tensor d_xn2 = input_grad("xn2.gathered", "d_xn2");
+    linear_backward(kGate, d_xn2.data(), d_gate.data(), at("xn2"), i, h, 0.f);
+    linear_backward(kUp, d_xn2.data(), d_up.data(), at("xn2"), i, h, 1.f);
     d_gate.reset();
     d_up.reset();
     drop({"xn2"});
-    // 4. post-attention RMSNorm.
+    // 4. post-attention RMSNorm: d_residual += ..., through h_mid.
+    norm_backward(kPost, d_res.data(), d_xn2.data(), at("h_mid"), at_f("rstd2"), n, h);
     d_xn2.reset();
     drop({"h_mid", "rstd2"});
     // 5. o_proj.
     if (sp) gath = comm("d_residual.gathered", g, {b, s, h}, D);
     Tensor d_ao = ws("d_attn_out", g, {b, s, a * d}, D);
+    linear_backward(kO, d_ao.data(), d_res.data(), at("attn_out"), h, ad, 0.f);
     gath.reset();
     // 6. attention.
     Tensor d_q = ws("d_q", g, {b, s, a * d}, D);
@@ -382,32 +732,48 @@ struct ShardedStep::Impl {
     Tensor d_v = ws("d_v", g, {b, s, k * d}, D);
     Tensor scratch =
         eager ? ws("d_probs", g, {b, a, s, s}, D) : ws("attn_delta", g, {b, a, s}, f32);
+    if (run) {
+      be->attention_backward(d_q.data(), d_k.data(), d_v.data(), eager ? scratch.data() : nullptr,
+                             eager ? nullptr : scratch.as<float>(), d_ao.data(), at("q"), at("k"),
+                             at("v"), at("attn_out"), eager ? at("probs") : nullptr,
+                             eager ? nullptr : at_f("lse"), b, s, a, k, d, m.window_of(g),
+                             t.attention);
+      be->rope_backward(d_q.data(), d_k.data(), b, s, a, k, d, m.rope());
+    }
     scratch.reset();
     d_ao.reset();
     drop({"attn_out", "probs", "lse"});
     // 7. q/k norm backward (qk_norm): the projections' gradients replace d_q and d_k.
     if (qkn) {
       Tensor d_q_pre = ws("d_q_pre", g, {b, s, a * d}, D);
+      if (run) be->fill_zero(d_q_pre.data(), d_q_pre.bytes());
+      norm_backward(kQN, d_q_pre.data(), d_q.data(), at("q_pre"), at_f("q_rstd"), n * a, d);
       Tensor d_k_pre = ws("d_k_pre", g, {b, s, k * d}, D);
+      if (run) be->fill_zero(d_k_pre.data(), d_k_pre.bytes());
+      norm_backward(kKN, d_k_pre.data(), d_k.data(), at("k_pre"), at_f("k_rstd"), n * k, d);
       d_q.reset();
       d_k.reset();
       drop({"q_pre", "q_rstd", "k_pre", "k_rstd"});
       d_q = std::move(d_q_pre);
       d_k = std::move(d_k_pre);
     }
-    // 8. q/k/v: d_xn1 (a partial under sp), xn1 gathered for dW.
+    // 8. q/k/v: d_xn1 (a partial under sp), xn1 gathered for dW; each bias after its weight.
     Tensor d_xn1 = input_grad("xn1.gathered", "d_xn1");
+    linear_backward(kQ, d_xn1.data(), d_q.data(), at("xn1"), ad, h, 0.f);
+    bias_backward(kQB, d_q.data(), ad);
+    linear_backward(kK, d_xn1.data(), d_k.data(), at("xn1"), kd, h, 1.f);
+    bias_backward(kKB, d_k.data(), kd);
+    linear_backward(kV, d_xn1.data(), d_v.data(), at("xn1"), kd, h, 1.f);
+    bias_backward(kVB, d_v.data(), kd);
     d_q.reset();
     d_k.reset();
     d_v.reset();
     drop({"q", "k", "v", "xn1"});
-    // 9. input RMSNorm; x_l is no longer needed.
+    // 9. input RMSNorm: d_residual += ..., through x_l; x_l is no longer needed.
+    norm_backward(kInNorm, d_res.data(), d_xn1.data(), x.data(), at_f("rstd1"), n, h);
     d_xn1.reset();
     drop({"rstd1"});
-    if (l == 0)
-      B.input.reset();
-    else
-      B.layers[std::size_t(l) - 1].erase("out");
+    x.reset();
     if (const char* left = L.first_alive())
       throw Error("sharded step: layer " + std::to_string(g) + "'s backward left '" + left +
                   "' alive");
@@ -416,14 +782,27 @@ struct ShardedStep::Impl {
   void backward(std::int64_t mb) {
     auto ph = ledger.scope(Phase::backward);
     MicroBatch& B = in_flight.at(mb);
+    const std::int64_t n = b * s;
     std::size_t pos = std::size_t(Ls) + 1;  // the head's position
     Tensor d_res;
     if (last) {
-      B.ce_lse.reset();  // 1. dlogits in place
+      const int hu = int(Ls) + 1;
+      // 1. dlogits in place of logits.
+      if (run)
+        be->cross_entropy_backward(B.logits.data(), B.logits.data(), B.ce_lse.as<float>(),
+                                   targets.as<std::int32_t>(), n, V, ce_scale);
+      B.ce_lse.reset();
       // 2. lm_head: d_final_norm_out (a partial under sp), the input gathered for dW.
       Tensor gath;
       if (sp) gath = comm("final_norm_out.gathered", -1, {b, s, h}, D);
       Tensor d_fno = ws(sp ? "d_final_norm_out.partial" : "d_final_norm_out", -1, {b, s, h}, D);
+      if (run) {
+        be->matmul(d_fno.data(), B.logits.data(), W(hu, head_i), n, h, V, Trans::no, Trans::no,
+                   1.f, 0.f);
+        be->matmul(G(head_i), B.logits.data(), B.final_norm_out.data(), V, h, n, Trans::yes,
+                   Trans::no, 1.f, 1.f);
+        G_done(head_i);
+      }
       gath.reset();
       B.logits.reset();
       if (sp) {
@@ -432,6 +811,13 @@ struct ShardedStep::Impl {
       }
       // 3. final norm.
       d_res = ws("d_residual", -1, {b, sr, h}, D);
+      if (run) {
+        const void* xL = Ls > 0 ? B.layers.back()["out"].data() : B.input.data();
+        be->fill_zero(d_res.data(), d_res.bytes());
+        be->rmsnorm_backward(d_res.data(), G(norm_i), d_fno.data(), xL, W(hu, norm_i),
+                             B.final_rstd.as<float>(), n, h);
+        G_done(norm_i);
+      }
       d_fno.reset();
       B.final_norm_out.reset();
       B.final_rstd.reset();
@@ -447,14 +833,23 @@ struct ShardedStep::Impl {
     if (first && sp) {
       Tensor gath = comm("d_residual.gathered", -1, {b, s, h}, D);
     }
+    if (first && run) {
+      be->embedding_backward(G(embed_i), d_res.data(), tokens.as<std::int32_t>(), b, s, h, V);
+      G_done(embed_i);
+    }
     if (Ls == 0) B.input.reset();
     d_res.reset();
     in_flight.erase(mb);
   }
 
-  void train_step() {
+  float train_step() {
     ++step;
     ledger.begin_step(step);
+    if (run) {
+      loss_sum = 0;
+      for (auto& gq : grad) be->fill_zero(gq.data(), gq.bytes());
+      if (grads_shard) be->fill_zero(grads_shard.data(), grads_shard.bytes());
+    }
     const std::int64_t warm = std::min<std::int64_t>(p.pp - stage - 1, M);
     const std::int64_t mark_at = std::min<std::int64_t>(warm, M - 1);
     std::int64_t next_f = 0, next_b = 0;
@@ -467,25 +862,89 @@ struct ShardedStep::Impl {
       backward(next_b++);
     }
     auto ph = ledger.scope(Phase::optimizer);
+    if (!run) return std::numeric_limits<float>::quiet_NaN();
+    optimizer_step();
+    // The global mean: every rank's sum of token losses, added in rank order.
+    std::vector<double> sums(std::size_t(p.dp));
+    X->host.all_gather(&loss_sum, sums.data(), 2, DType::f32);  // a double as 8 bytes
+    double total = 0;
+    for (double v : sums) total += v;
+    return float(total / double(std::int64_t(p.dp) * M * b * (s - 1)));
+  }
+
+  std::vector<float> parameter_values(const std::string& name) {
+    if (!run) throw Error("sharded step: parameter values exist only in a measured run");
+    std::size_t q = 0;
+    while (q < P.size() && P[q].name != name) ++q;
+    if (q == P.size()) throw InputError("sharded step: no parameter named '" + name + "'");
+    std::vector<unsigned char> raw(P[q].n * es);
+    if (p.zero < 3) {
+      be->download(raw.data(), value[q].data(), raw.size());
+    } else {  // every rank's shard, on the host, then the parameter's range
+      std::vector<unsigned char> mine(shard * es), all(shard * es * std::size_t(p.dp));
+      be->download(mine.data(), params_shard.data(), mine.size());
+      X->host.all_gather(mine.data(), all.data(), shard * es / 2, DType::f16);
+      std::memcpy(raw.data(), all.data() + P[q].off * es, raw.size());
+    }
+    std::vector<float> out(P[q].n);
+    for (std::size_t e = 0; e < out.size(); ++e) out[e] = load_as_f32(raw.data(), e, D);
+    return out;
   }
 };
 
 ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
-                         const ParallelConfig& layout, std::int64_t stage, Ledger& ledger)
+                         const ParallelConfig& layout, std::int64_t stage, Ledger& ledger,
+                         const ShardedExecution* exec)
     : impl_(std::make_unique<Impl>(model, train, layout, stage, ledger)) {
   model.validate();
   train.validate();
   if (stage < 0 || stage >= layout.pp)
     throw Error("sharded step: stage " + std::to_string(stage) + " outside the pipeline");
-  if (train.optimizer == Optimizer::lomo && layout.distributed())
+  if (train.optimizer == Optimizer::lomo && (layout.distributed() || exec))
     throw InputError("--optimizer lomo: the sharded step supports adamw and sgd");
+  if (exec) {
+    Impl& x = *impl_;
+    x.X = exec;
+    x.be = &exec->backend;
+    x.run = exec->backend.computes();
+    x.r = exec->data.rank();
+    x.es = dtype_size(train.dtype);
+    if (exec->backend.dtype() != train.dtype)
+      throw Error("sharded step: the backend's dtype differs from the run's");
+    if (exec->data.size() != layout.dp || exec->host.size() != layout.dp)
+      throw Error("sharded step: the collectives have " + std::to_string(exec->data.size()) +
+                  " ranks, the layout dp " + std::to_string(layout.dp));
+    const std::string what = "a measured multi-rank step (--backend cpu|cuda with --world-size)";
+    if (layout.tp > 1 || layout.pp > 1)
+      throw InputError("--tp " + std::to_string(layout.tp) + " --pp " + std::to_string(layout.pp) +
+                       ": " + what +
+                       " runs data parallelism so far (--dp with --zero 0-3, --microbatches); "
+                       "tensor and pipeline parallel ranks are traced with --backend meta");
+    if (layout.offload != Offload::none)
+      throw InputError("--offload " + std::string(offload_name(layout.offload)) + ": " + what +
+                       " keeps every state on its device; --backend meta traces offload");
+    if (exec->optimizer.kind != train.optimizer)
+      throw Error("sharded step: optimizer settings are for another optimizer");
+  }
   impl_->setup();
 }
 
-ShardedStep::~ShardedStep() = default;
+ShardedStep::~ShardedStep() {
+  if (impl_ && impl_->run) impl_->be->set_gemm_workspace(nullptr, 0);
+}
 
-void ShardedStep::train_step() {
-  impl_->train_step();
+float ShardedStep::train_step() {
+  return impl_->train_step();
+}
+
+std::vector<float> ShardedStep::parameter_values(const std::string& hf_name) {
+  return impl_->parameter_values(hf_name);
+}
+
+std::vector<std::string> ShardedStep::parameter_names() const {
+  std::vector<std::string> v;
+  for (const auto& q : impl_->P) v.push_back(q.name);
+  return v;
 }
 
 }  // namespace trainmem

@@ -1,0 +1,112 @@
+// Helpers for the measured sharded step's tests (test_sharded_exec.cpp, and
+// mpi_test_sharded.cpp under mpirun): one rank's run (cpu backend, ledger, ShardedStep) and the
+// single-rank LlamaModel run of the same global batch it must reproduce.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainmem/backend.hpp"
+#include "trainmem/collective.hpp"
+#include "trainmem/ledger.hpp"
+#include "trainmem/model.hpp"
+#include "trainmem/parallel.hpp"
+#include "trainmem/sharded_step.hpp"
+
+namespace trainmem::test {
+
+using Weights = std::map<std::string, std::vector<float>>;
+
+struct StepsResult {
+  std::vector<float> losses;
+  Weights weights;  // after the last step
+};
+
+// One rank of a measured layout (pp = tp = 1): `steps` steps from weights and tokens of `seed`.
+struct ShardedRun {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Ledger> ledger;
+  std::unique_ptr<ShardedExecution> exec;
+  std::unique_ptr<ShardedStep> step;
+
+  ShardedRun(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p, Collective& data,
+             Collective& host, std::uint64_t seed) {
+    backend = make_cpu_backend(t.dtype);
+    ledger = std::make_unique<Ledger>(backend->allocator());
+    exec = std::make_unique<ShardedExecution>(
+        ShardedExecution{*backend, data, host, seed, default_optimizer_settings(t.optimizer)});
+    step = std::make_unique<ShardedStep>(m, t, p, 0, *ledger, exec.get());
+  }
+  ~ShardedRun() {
+    step.reset();
+    ledger.reset();
+  }
+  StepsResult run(int steps) {
+    StepsResult r;
+    for (int n = 0; n < steps; ++n) r.losses.push_back(step->train_step());
+    for (const auto& name : step->parameter_names()) r.weights[name] = step->parameter_values(name);
+    return r;
+  }
+};
+
+// The single-rank step of the same global batch: LlamaModel with batch `rows`.
+inline StepsResult reference_steps(const ModelConfig& m, TrainConfig t, std::int64_t rows,
+                                   std::uint64_t seed, int steps) {
+  t.batch = rows;
+  auto backend = make_cpu_backend(t.dtype);
+  Ledger ledger(backend->allocator());
+  StepsResult r;
+  {
+    LlamaModel model(m, t, *backend, ledger, default_optimizer_settings(t.optimizer));
+    model.init_random(seed);
+    model.random_tokens(seed);
+    for (int n = 0; n < steps; ++n) r.losses.push_back(model.train_step());
+    for (const auto& p : model.parameters()) r.weights[p.name] = model.parameter_values(p.name);
+  }
+  return r;
+}
+
+// The stated tolerance of weights whose gradients were summed in another order (docs/
+// distributed.md, "Measured runs"): 1% of the most an AdamW step can move a weight (lr, the
+// normalised update being at most about 1) over `steps` steps. Adam amplifies the rounding of
+// gradients near zero up to a full step, so no bound relative to the gradient holds; a wrong
+// gradient moves weights by about lr per step, 100 times the bound.
+inline double adam_tolerance(const OptimizerSettings& s, int steps) {
+  return 0.01 * double(s.adamw.lr) * steps;
+}
+
+// The largest |a - b| over every weight.
+inline double worst_absolute_difference(const Weights& a, const Weights& b, std::string* where) {
+  double worst = 0;
+  for (const auto& [name, want] : b) {
+    const auto& got = a.at(name);
+    for (std::size_t e = 0; e < want.size(); ++e) {
+      const double d = std::abs(double(got[e]) - double(want[e]));
+      if (d > worst) {
+        worst = d;
+        if (where) *where = name + "[" + std::to_string(e) + "]";
+      }
+    }
+  }
+  return worst;
+}
+
+// Whether every weight has the same bits (NaNs compare by bits too); names the first that differs.
+inline bool bit_identical(const Weights& a, const Weights& b, std::string* where) {
+  for (const auto& [name, want] : b) {
+    const auto& got = a.at(name);
+    if (got.size() != want.size() ||
+        std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) != 0) {
+      if (where) *where = name;
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace trainmem::test

@@ -1,0 +1,150 @@
+// The measured sharded step on one rank (the local collective): the same arithmetic as the
+// single-rank LlamaModel (bit for bit with one micro-batch; within a stated tolerance with
+// several, whose gradients are summed in another order), and its ledger equal to the meta trace
+// and to the per-rank analytic profile. The multi-rank cases run under mpirun
+// (tests/mpi_test_sharded.cpp, ctest Mpi.sharded.np2/np4).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <tuple>
+
+#include "family_configs.hpp"
+#include "model_helpers.hpp"
+#include "sharded_helpers.hpp"
+#include "trainmem/analytic_rank.hpp"
+#include "trainmem/collective.hpp"
+#include "trainmem/error.hpp"
+#include "trainmem/run_layout.hpp"
+
+namespace trainmem::test {
+namespace {
+
+ParallelConfig one_rank(const ModelConfig& m, const TrainConfig& t, std::int64_t M) {
+  ParallelConfig p;
+  p.world = 1;
+  p.microbatches = M;
+  p.resolve(false, m, t);
+  return p;
+}
+
+using Case = std::tuple<std::string, DType, Checkpointing, Attention, Optimizer>;
+
+class ShardedExecOneRank : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ShardedExecOneRank, EqualsLlamaModelBitForBit) {
+  const auto& [name, dt, ck, at, opt] = GetParam();
+  const ModelConfig m = any_config(name);
+  const TrainConfig t = train_config(2, 12, dt, opt, ck, at);
+  auto local = make_local_collective();
+  ShardedRun run(m, t, one_rank(m, t, 1), *local, *local, 7);
+  const StepsResult got = run.run(2);
+  const StepsResult want = reference_steps(m, t, 2, 7, 2);
+  ASSERT_EQ(got.losses.size(), 2u);
+  for (std::size_t n = 0; n < 2; ++n) EXPECT_EQ(got.losses[n], want.losses[n]) << "step " << n + 1;
+  std::string where;
+  EXPECT_TRUE(bit_identical(got.weights, want.weights, &where)) << where;
+  EXPECT_EQ(got.weights.size(), want.weights.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, ShardedExecOneRank,
+    ::testing::Values(
+        Case{"tiny", DType::f32, Checkpointing::none, Attention::flash, Optimizer::adamw},
+        Case{"tiny", DType::bf16, Checkpointing::full, Attention::eager, Optimizer::adamw},
+        Case{"tiny", DType::f16, Checkpointing::none, Attention::flash, Optimizer::adamw},
+        Case{"tiny-tied", DType::bf16, Checkpointing::none, Attention::flash, Optimizer::sgd},
+        Case{"tiny-gqa", DType::f32, Checkpointing::full, Attention::flash, Optimizer::sgd},
+        Case{"tiny-qwen2", DType::bf16, Checkpointing::none, Attention::eager, Optimizer::adamw},
+        Case{"tiny-qwen3", DType::f32, Checkpointing::full, Attention::flash, Optimizer::adamw},
+        Case{"tiny-mistral", DType::bf16, Checkpointing::none, Attention::flash, Optimizer::adamw},
+        Case{"tiny-llama3", DType::f32, Checkpointing::none, Attention::eager, Optimizer::adamw}));
+
+// Several micro-batches accumulate each gradient over them (rounded to D after each), where
+// the single-rank model of batch M·b sums all rows in one GEMM: equal within fp32 rounding.
+TEST(ShardedExecOneRank, MicroBatchesMatchTheWholeBatch) {
+  const ModelConfig m = any_config("tiny-qwen2");
+  const TrainConfig t =
+      train_config(1, 12, DType::f32, Optimizer::adamw, Checkpointing::none, Attention::flash);
+  auto local = make_local_collective();
+  ShardedRun run(m, t, one_rank(m, t, 3), *local, *local, 11);
+  const StepsResult got = run.run(3);
+  const StepsResult want = reference_steps(m, t, 3, 11, 3);
+  for (std::size_t n = 0; n < 3; ++n)
+    EXPECT_NEAR(got.losses[n], want.losses[n], 1e-6 * std::abs(want.losses[n])) << n;
+  EXPECT_EQ(got.losses[0], want.losses[0]);  // same weights, same logits: only the sum differs
+  std::string where;
+  const double diff = worst_absolute_difference(got.weights, want.weights, &where);
+  const double bound = adam_tolerance(default_optimizer_settings(Optimizer::adamw), 3);
+  std::printf("micro-batches vs whole batch: worst weight difference %.3g (%s), bound %.3g\n",
+              diff, where.c_str(), bound);
+  EXPECT_LE(diff, bound) << where;
+  EXPECT_GT(diff, 0.0) << "several micro-batches sum the gradients in another order";
+}
+
+// What the measured rank allocated is the meta trace's and the analytic profile's.
+TEST(ShardedExecOneRank, LedgerEqualsTraceAndAnalytic) {
+  for (const std::string name : {"tiny", "tiny-qwen3", "tiny-tied"})
+    for (const std::int64_t M : {1, 2}) {
+      const ModelConfig m = any_config(name);
+      const TrainConfig t =
+          train_config(2, 16, DType::bf16, Optimizer::adamw, Checkpointing::full, Attention::eager);
+      const ParallelConfig p = one_rank(m, t, M);
+      auto local = make_local_collective();
+      ShardedRun run(m, t, p, *local, *local, 3);
+      run.run(2);
+      const MemoryFigures got = measured_figures(*run.ledger);
+      const LayoutTrace lt = trace_layout(m, t, p, OverheadOptions{}, 2);
+      ASSERT_EQ(lt.ranks.size(), 1u);
+      const MemoryFigures& meta = lt.ranks[0].ledger;
+      const MemoryFigures& ana = lt.analytic.ranks[0].est.figures;
+      SCOPED_TRACE(name + " M " + std::to_string(M));
+      EXPECT_TRUE(lt.ranks[0].matches);
+      for (const auto* want : {&meta, &ana}) {
+        EXPECT_EQ(got.params, want->params);
+        EXPECT_EQ(got.gradients, want->gradients);
+        EXPECT_EQ(got.optimizer_states, want->optimizer_states);
+        EXPECT_EQ(got.activations_peak, want->activations_peak);
+        EXPECT_EQ(got.workspace, want->workspace);
+        EXPECT_EQ(got.inputs, want->inputs);
+        EXPECT_EQ(got.peak, want->peak);
+      }
+      EXPECT_GT(got.peak, got.params + got.gradients + got.optimizer_states);
+    }
+}
+
+TEST(ShardedExecOneRank, RefusesWhatItDoesNotRun) {
+  const ModelConfig m = any_config("tiny");
+  const TrainConfig t =
+      train_config(2, 8, DType::f32, Optimizer::adamw, Checkpointing::none, Attention::flash);
+  auto local = make_local_collective();
+  auto be = make_cpu_backend(DType::f32);
+  Ledger ledger(be->allocator());
+  ShardedExecution ex{*be, *local, *local, 1, default_optimizer_settings(Optimizer::adamw)};
+  ParallelConfig tp;
+  tp.world = 2;
+  tp.tp = 2;
+  tp.resolve(false, m, t);
+  try {
+    ShardedStep step(m, t, tp, 0, ledger, &ex);
+    FAIL() << "tp 2 ran";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--tp 2 --pp 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--backend meta"), std::string::npos) << e.what();
+  }
+  ParallelConfig dp2;
+  dp2.world = 2;
+  dp2.resolve(false, m, t);
+  try {
+    ShardedStep step(m, t, dp2, 0, ledger, &ex);
+    FAIL() << "dp 2 ran on a collective of one rank";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("collectives have 1 ranks, the layout dp 2"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace trainmem::test
