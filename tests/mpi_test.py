@@ -10,11 +10,14 @@ checks exit codes, messages and that nothing hangs (every run has a wall-clock b
                exit 2, the message once, no MPI_Abort
   timeout      one rank never joins -> the others' all_reduce_sum times out naming itself and
                the rank; the job ends (non-zero) within a bound
+  sharded      the measured sharded step (tests/mpi_test_sharded.cpp): ZeRO 0-3 against each
+               other and the single-rank run, ledgers against the trace -> exit 0
   cli          trainmem profile --backend cpu --world-size N under mpirun -> exit 2, said once:
                the ranks answer but the measured sharded step is not built yet; --world-size
                not equal to the MPI size -> exit 2 saying what to run instead
   nccl         the collectives on the NCCL backend (CUDA builds; skipped without devices)
-Usage: mpi_test.py --mode MODE --np N --mpi-built TRUE|FALSE --test-exe EXE --trainmem BIN
+Usage: mpi_test.py --mode MODE --np N --mpi-built TRUE|FALSE --test-exe EXE [--sharded-exe EXE]
+                  --trainmem BIN
 Exits 77 (ctest SKIP_RETURN_CODE) with the reason when MPI or mpirun is absent.
 """
 import argparse
@@ -36,8 +39,10 @@ def mpirun_cmd(np):
     return cmd
 
 
-def run(np, args, bound=BOUND_S):
+def run(np, args, bound=BOUND_S, threads=None):
     env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     # Launched from a plain shell, not from inside another MPI job.
     for k in list(env):
         if k.startswith(("OMPI_COMM_WORLD", "PMIX_", "PMI_")):
@@ -76,6 +81,7 @@ def main():
     ap.add_argument("--np", type=int, required=True)
     ap.add_argument("--mpi-built", default="FALSE")
     ap.add_argument("--test-exe", required=True)
+    ap.add_argument("--sharded-exe", default="")
     ap.add_argument("--trainmem", required=True)
     a = ap.parse_args()
     n = a.np
@@ -96,6 +102,16 @@ def main():
         expect(rc == 0, f"collectives on {n} ranks: exit {rc}", out, err)
         expect(out.count("checks passed") == n,
                f"{n} ranks should each report their checks passed", out, err)
+        print(out.strip())
+
+    elif a.mode == "sharded":
+        # One OpenMP thread per rank: N ranks share the machine's cores.
+        rc, out, err, _ = run(n, [a.sharded_exe], bound=280, threads=1)
+        if rc == SKIP and "SKIP:" in out:
+            print(out.strip())
+            return SKIP
+        expect(rc == 0, f"the sharded step on {n} ranks: exit {rc}", out, err)
+        expect("ok: every check passed on every rank" in out, "rank 0's verdict", out, err)
         print(out.strip())
 
     elif a.mode == "failure":

@@ -1,0 +1,153 @@
+// The measured sharded step across real ranks; run by tests/mpi_test.py (ctest Mpi.sharded.np2,
+// Mpi.sharded.np4) under `mpirun --oversubscribe -np N`, one rank per process, dp = N, the cpu
+// backend and the MPI collectives.
+//
+// For each model (tiny: untied; tiny-qwen2: q/k/v biases, tied embeddings), dtype (fp32, bf16) and number of
+// micro-batches (1, 2), every ZeRO stage 0-3 runs 3 AdamW steps of the same global batch of
+// N·M·b rows, and every rank checks (docs/distributed.md, "Measured runs"):
+//   1. bit-identical: with one micro-batch and untied embeddings, ZeRO 1, 2 and 3 end with the
+//      weights and losses of ZeRO 0, bit for bit (each gradient is made by one op per
+//      micro-batch, summed over the ranks in rank order, and the updates are elementwise);
+//   2. fp32 against the single-rank LlamaModel of batch N·M·b (another summation order of every
+//      weight gradient): losses within 1e-5 relative, weights within adam_tolerance
+//      (sharded_helpers.hpp: 1% of lr·steps); bf16: losses within 1e-2 relative (gradients are
+//      rounded to bf16 before the sum);
+//   3. the rank's measured ledger equals the meta trace and the per-rank analytic profile.
+// Exit 0 when every check passed on every rank, 1 otherwise (each rank prints its failures), 77
+// when this binary was built without MPI.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "sharded_helpers.hpp"
+#include "trainmem/analytic_rank.hpp"
+#include "trainmem/collective.hpp"
+#include "trainmem/config.hpp"
+#include "trainmem/error.hpp"
+#include "trainmem/run_layout.hpp"
+
+using namespace trainmem;
+using namespace trainmem::test;
+
+namespace {
+
+int failures = 0;
+int rank_id = 0;
+
+void check(bool ok, const std::string& what) {
+  if (ok) return;
+  ++failures;
+  std::cerr << "rank " << rank_id << ": FAIL " << what << "\n";
+}
+
+ParallelConfig layout(const ModelConfig& m, const TrainConfig& t, int N, int zero,
+                      std::int64_t M) {
+  ParallelConfig p;
+  p.world = N;
+  p.zero = zero;
+  p.microbatches = M;
+  p.resolve(false, m, t);
+  return p;
+}
+
+void check_ledger(const ShardedRun& run, const ModelConfig& m, const TrainConfig& t,
+                  const ParallelConfig& p, const std::string& label) {
+  const MemoryFigures got = measured_figures(*run.ledger);
+  const LayoutTrace lt = trace_layout(m, t, p, OverheadOptions{}, 3);
+  check(lt.all_match(), label + ": the meta trace differs from the analytic profile");
+  const MemoryFigures& meta = lt.ranks.at(0).ledger;
+  const MemoryFigures& ana = lt.analytic.ranks.at(0).est.figures;
+  for (const MemoryFigures* want : {&meta, &ana}) {
+    const char* src = want == &meta ? "meta trace" : "analytic";
+    auto one = [&](const char* f, std::uint64_t g, std::uint64_t w) {
+      check(g == w, label + ": measured " + f + " " + std::to_string(g) + " != " + src + " " +
+                        std::to_string(w));
+    };
+    one("params", got.params, want->params);
+    one("gradients", got.gradients, want->gradients);
+    one("optimizer_states", got.optimizer_states, want->optimizer_states);
+    one("activations_peak", got.activations_peak, want->activations_peak);
+    one("workspace", got.workspace, want->workspace);
+    one("inputs", got.inputs, want->inputs);
+    one("peak", got.peak, want->peak);
+    for (Category c : all_categories())
+      one((std::string("peak_breakdown.") + category_name(c)).c_str(),
+          got.peak_breakdown[int(c)], want->peak_breakdown[int(c)]);
+  }
+}
+
+}  // namespace
+
+int main() {
+  if (!mpi_built()) {
+    std::cout << "SKIP: this build has no MPI\n";
+    return 77;
+  }
+  std::unique_ptr<Collective> world = make_mpi_collective(60);
+  rank_id = world->rank();
+  const int N = world->size();
+  constexpr int kSteps = 3;
+  try {
+    for (const std::string name : {"tiny", "tiny-qwen2"})
+      for (const DType dt : {DType::f32, DType::bf16})
+        for (const std::int64_t M : {1, 2}) {
+          const ModelConfig m = *find_preset(name);
+          TrainConfig t;
+          t.batch = 1;
+          t.seq = 12;
+          t.dtype = dt;
+          t.optimizer = Optimizer::adamw;
+          t.checkpointing = M == 2 ? Checkpointing::full : Checkpointing::none;
+          t.attention = dt == DType::f32 ? Attention::eager : Attention::flash;
+          const StepsResult ref = reference_steps(m, t, N * M * t.batch, 5, kSteps);
+          std::vector<StepsResult> by_zero;
+          for (int zero = 0; zero <= 3; ++zero) {
+            std::ostringstream label;
+            label << name << " " << dtype_name(dt) << " M " << M << " dp " << N << " ZeRO-" << zero;
+            const ParallelConfig p = layout(m, t, N, zero, M);
+            ShardedRun run(m, t, p, *world, *world, 5);
+            by_zero.push_back(run.run(kSteps));
+            const StepsResult& got = by_zero.back();
+            check_ledger(run, m, t, p, label.str());
+            const double loss_tol = dt == DType::f32 ? 1e-5 : 1e-2;
+            for (int n = 0; n < kSteps; ++n)
+              check(std::abs(got.losses[n] - ref.losses[n]) <= loss_tol * std::abs(ref.losses[n]),
+                    label.str() + ": step " + std::to_string(n + 1) + " loss " +
+                        std::to_string(got.losses[n]) + ", single rank " +
+                        std::to_string(ref.losses[n]));
+            std::string where;
+            if (dt == DType::f32) {
+              const double diff = worst_absolute_difference(got.weights, ref.weights, &where);
+              const double bound = adam_tolerance(default_optimizer_settings(t.optimizer), kSteps);
+              std::ostringstream msg;
+              msg << label.str() << ": weights differ from the single rank by " << diff << " at "
+                  << where << " (bound " << bound << ")";
+              check(diff <= bound, msg.str());
+              if (rank_id == 0)
+                std::printf("%s: worst weight difference from the single rank %.3g (bound %.3g)\n",
+                            label.str().c_str(), diff, bound);
+            }
+            if (M == 1 && !m.tied_embeddings && zero > 0) {
+              check(bit_identical(got.weights, by_zero[0].weights, &where),
+                    label.str() + ": weights not bit-identical to ZeRO-0's at " + where);
+              for (int n = 0; n < kSteps; ++n)
+                check(got.losses[n] == by_zero[0].losses[n],
+                      label.str() + ": loss not bit-identical to ZeRO-0's");
+            }
+          }
+        }
+  } catch (const std::exception& e) {
+    check(false, std::string("threw: ") + e.what());
+  }
+  // Every rank's verdict.
+  const auto all = world->exchange_status(failures ? 1 : 0, 60);
+  int code = all ? 0 : 1;
+  if (all)
+    for (int v : *all) code = std::max(code, v);
+  if (rank_id == 0) std::cout << (code ? "FAILED" : "ok: every check passed on every rank") << "\n";
+  return code;
+}
