@@ -12,19 +12,23 @@ checks exit codes, messages and that nothing hangs (every run has a wall-clock b
                the rank; the job ends (non-zero) within a bound
   sharded      the measured sharded step (tests/mpi_test_sharded.cpp): ZeRO 0-3 against each
                other and the single-rank run, ledgers against the trace -> exit 0
-  cli          trainmem profile --backend cpu --world-size N under mpirun -> exit 2, said once:
-               the ranks answer but the measured sharded step is not built yet; --world-size
-               not equal to the MPI size -> exit 2 saying what to run instead
+  cli          trainmem profile --backend cpu --world-size N --zero 2 under mpirun -> exit 0,
+               rank 0's JSON report of every rank (measured == trace == analytic), losses equal
+               to the single-rank run of the global batch, one timeline per rank; --tp 2 ->
+               exit 2 saying what is measured, once; --world-size not equal to the MPI size ->
+               exit 2 saying what to run instead
   nccl         the collectives on the NCCL backend (CUDA builds; skipped without devices)
 Usage: mpi_test.py --mode MODE --np N --mpi-built TRUE|FALSE --test-exe EXE [--sharded-exe EXE]
                   --trainmem BIN
 Exits 77 (ctest SKIP_RETURN_CODE) with the reason when MPI or mpirun is absent.
 """
 import argparse
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 SKIP = 77
@@ -64,6 +68,14 @@ def run(np, args, bound=BOUND_S, threads=None):
     elapsed = time.monotonic() - start
     print(f"$ {' '.join(mpirun_cmd(np) + args)}\n  exit {p.returncode} after {elapsed:.1f} s")
     return p.returncode, p.stdout, p.stderr, elapsed
+
+
+def single(exe, args):
+    """One process, not under a launcher."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_"))}
+    p = subprocess.run([exe] + args, capture_output=True, text=True, timeout=BOUND_S, env=env)
+    return p.returncode, p.stdout, p.stderr
 
 
 problems = []
@@ -139,13 +151,50 @@ def main():
 
     elif a.mode == "cli":
         base = [a.trainmem, "profile", "--model", "tiny", "--batch", "2", "--seq", "16",
-                "--backend", "cpu", "--collective-timeout", "60"]
-        rc, out, err, _ = run(n, base + ["--world-size", str(n)])
-        expect(rc == 2, f"profile --backend cpu --world-size {n} under mpirun: exit {rc}, "
-               "expected 2 (the measured sharded step is not built)", out, err)
-        expect(err.count(f"the {n} ranks started under MPI and their collectives (mpi) answer, "
-                         "but the measured sharded step with real data is not built yet") == 1,
-               "said once, by rank 0", out, err)
+                "--backend", "cpu", "--collective-timeout", "60", "--dtype", "fp32"]
+        tmp = tempfile.mkdtemp(prefix="trainmem-mpi-cli-")
+        timeline = os.path.join(tmp, "t.json")
+        rc, out, err, _ = run(n, base + ["--world-size", str(n), "--zero", "2", "--format", "json",
+                                         "--timeline", timeline], threads=1)
+        expect(rc == 0, f"profile --backend cpu --world-size {n} --zero 2 under mpirun: exit {rc}",
+               out, err)
+        doc = {}
+        try:
+            doc = json.loads(out)  # rank 0 alone prints the report
+        except ValueError as e:
+            expect(False, f"stdout is one JSON document from rank 0 ({e})", out, err)
+        if doc:
+            ranks = doc.get("measured_ranks", [])
+            expect([r["rank"] for r in ranks] == list(range(n)), "every rank in the report", out)
+            expect(doc.get("all_ranks_match") is True and
+                   all(r["matches_trace"] and r["matches_analytic"] for r in ranks),
+                   "every rank's measured ledger equals its trace and the analytic", out)
+            expect(doc.get("collective") == "mpi" and doc["run"]["backend"] == "cpu",
+                   "backend cpu over mpi", out)
+            # The same global batch on one rank: LlamaModel of batch 2·n (docs/distributed.md).
+            rc1, out1, err1 = single(a.trainmem, ["profile", "--model", "tiny", "--batch",
+                                                  str(2 * n), "--seq", "16", "--backend", "cpu",
+                                                  "--dtype", "fp32", "--format", "json"])
+            expect(rc1 == 0, f"the single-rank run: exit {rc1}", out1, err1)
+            if rc1 == 0:
+                want = json.loads(out1)["run"]["losses"]
+                got = doc.get("losses", [])
+                expect(len(got) == len(want) == 2 and
+                       all(abs(g - w) <= 1e-5 * abs(w) for g, w in zip(got, want)),
+                       f"losses {got} equal the single rank's {want} within 1e-5", out)
+        for r in range(n):
+            path = os.path.join(tmp, f"t.rank{r}.json")
+            ok = os.path.exists(path)
+            if ok:
+                with open(path) as f:
+                    ok = "traceEvents" in json.load(f)
+            expect(ok, f"rank {r}'s timeline {path}", out, err)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if n % 2 == 0:
+            rc, out, err, _ = run(n, base + ["--world-size", str(n), "--tp", "2"])
+            expect(rc == 2, f"--tp 2 measured: exit {rc}, expected 2", out, err)
+            expect(err.count("Measured multi-rank runs cover data parallelism") == 1,
+                   "the scope said once, by rank 0", out, err)
         rc, out, err, _ = run(n, base + ["--world-size", str(2 * n)])
         expect(rc == 2, f"--world-size {2 * n} under mpirun -np {n}: exit {rc}, expected 2",
                out, err)

@@ -3,11 +3,15 @@
 // stage) the ledger's figures of the steady-state step, and whether each equals the closed form.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "trainmem/analytic_rank.hpp"
+#include "trainmem/backend.hpp"
+#include "trainmem/collective.hpp"
 #include "trainmem/figures.hpp"
+#include "trainmem/timeline.hpp"
 
 namespace trainmem {
 
@@ -31,5 +35,52 @@ struct LayoutTrace {
 // Traces `steps` (>= 1) steps of every distinct rank of `layout` (resolved) on meta.
 LayoutTrace trace_layout(const ModelConfig& model, const TrainConfig& train,
                          const ParallelConfig& layout, const OverheadOptions& overheads, int steps);
+
+// ---- measured multi-rank runs (docs/distributed.md, "Measured runs")
+
+// One rank's measured figures, as every rank receives them.
+struct MeasuredRank {
+  int rank = 0;
+  std::int64_t stage = 0;
+  MemoryFigures ledger;  // measured_figures after the last step
+  std::uint64_t communication_peak = 0;
+  std::uint64_t tensors_at_peak = 0;
+  double step_seconds = 0;  // the rank's median step
+  std::vector<std::string> trace_differences;     // against its stage's meta trace
+  std::vector<std::string> analytic_differences;  // against its stage's analytic profile
+  bool matches() const { return trace_differences.empty() && analytic_differences.empty(); }
+};
+
+struct MeasuredLayout {
+  LayoutTrace predicted;            // every distinct rank traced on meta beside the analytic
+  std::vector<MeasuredRank> ranks;  // every rank of the job, in rank order
+  std::vector<float> losses;        // per step, the global batch's mean loss
+  std::string backend;              // "cpu", "cuda"
+  std::string collective;           // "mpi", "nccl", "local"
+  int steps = 0;
+  std::uint64_t seed = 0;
+  std::optional<TimelineData> timeline;  // this rank's last step, when asked for
+  bool all_match() const;
+};
+
+struct MeasureRequest {
+  ModelConfig model;
+  TrainConfig train;
+  ParallelConfig layout;  // resolved; dp = the collectives' size
+  OverheadOptions overheads;
+  int steps = 2;
+  std::uint64_t seed = 0;
+  bool keep_timeline = false;
+};
+
+// Runs this rank's sharded step (ShardedStep with a ShardedExecution) `steps` times on `backend`
+// with `data` (the data-parallel group on the backend's buffers) and `host` (the same ranks on
+// host buffers), then gathers every rank's figures over `host`: every rank returns the whole
+// job's. Every rank must call it. InputError for a layout the measured step does not run.
+MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collective& data,
+                              Collective& host);
+
+// `path` with ".rank<R>" before its extension (t.json -> t.rank1.json): one timeline per rank.
+std::string rank_path(const std::string& path, int rank);
 
 }  // namespace trainmem

@@ -34,7 +34,8 @@ int run_profile_layout(const Common& c, const ProfileFlags& flags, const Paralle
   // cpu, cuda: one process per rank under MPI (src/cli/launch.hpp); exit 2 with the launcher
   // line when not launched so, and, once the ranks are checked, exit 2 saying that the measured
   // sharded step is not built yet.
-  if (be == "cpu" || be == "cuda") return run_measured_layout(be, par, flags.launch);
+  if (be == "cpu" || be == "cuda")
+    return run_measured_layout(c, flags.run, par, resolve_overheads(flags.layout), flags.launch);
   if (be != "meta" && be != "auto")
     throw InputError("--backend " + be + " with --world-size above 1: use meta, cpu or cuda");
   if (be == "auto") spdlog::info("--world-size {}: tracing every rank on meta", par.world);

@@ -5,7 +5,13 @@
 #include <sstream>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
+#include "layout.hpp"
 #include "trainmem/error.hpp"
+#include "trainmem/run.hpp"
+#include "trainmem/run_layout.hpp"
+#include "trainmem/timeline.hpp"
 
 namespace trainmem::cli {
 namespace {
@@ -43,10 +49,10 @@ std::string with_world(const std::string& command, std::int64_t world) {
   return out;
 }
 
-const char* kNotBuilt =
-    "The measured sharded step with real data is not built yet: such a launch starts the "
-    "ranks, checks them and their collectives, and stops with exit 2 saying so; --backend "
-    "meta traces every rank's sharded step now.";
+const char* kScope =
+    "Measured multi-rank runs cover data parallelism (--dp with --zero 0-3 and "
+    "--microbatches); tensor- and pipeline-parallel ranks (--tp, --pp) are traced with "
+    "--backend meta.";
 
 }  // namespace
 
@@ -80,7 +86,7 @@ std::optional<std::string> launch_problem(const LaunchInfo& launch, bool with_mp
            "configured), so it cannot run one process per rank. Install MPI (tools/setup.sh "
            "installs openmpi-bin and libopenmpi-dev), rebuild, and launch with `mpirun -np " +
            n + " " + command + "`; or use --backend meta to trace every rank's sharded step. " +
-           kNotBuilt;
+           kScope;
   if (!launch.under_mpi)
     return what +
            ": a measured multi-rank run is one process per rank started by an MPI launcher, "
@@ -88,7 +94,7 @@ std::optional<std::string> launch_problem(const LaunchInfo& launch, bool with_mp
            "SLURM_NTASKS is set). Run instead:\n  mpirun -np " +
            n + " " + command +
            "\n(as root: mpirun --allow-run-as-root ...), or under Slurm:\n  srun -n " + n + " " +
-           command + "\n" + kNotBuilt;
+           command + "\n" + kScope;
   return std::nullopt;
 }
 
@@ -102,11 +108,13 @@ std::optional<std::string> world_size_problem(std::int64_t world, int mpi_size,
          with_world(command, mpi_size) + "`";
 }
 
-int run_measured_layout(const std::string& backend, const ParallelConfig& layout,
-                        const LaunchFlags& flags) {
+int run_measured_layout(const Common& c, const RunFlags& run, const ParallelConfig& layout,
+                        const OverheadOptions& overheads, const LaunchFlags& flags) {
+  const std::string& backend = run.backend;
   const std::string command = command_line();
   if (auto p = launch_problem(detect_launch(), mpi_built(), layout.world, backend, command))
     throw InputError(*p);
+  if (!run.timeline.empty()) validate_timeline_path(run.timeline);
   // Only now, under a launcher, is MPI initialised (MPI_Init_thread); MPI_Finalize when `world`
   // is destroyed.
   std::unique_ptr<Collective> world = make_mpi_collective(flags.collective_timeout);
@@ -114,18 +122,42 @@ int run_measured_layout(const std::string& backend, const ParallelConfig& layout
   Collective* active = world.get();  // what end_job aborts through (NCCL aborts its comm first)
   const Outcome outcome = run_captured([&]() -> int {
     if (auto p = world_size_problem(layout.world, world->size(), command)) throw InputError(*p);
+    if (!run.dump.empty() || !run.weights.empty() || !run.tokens.empty() ||
+        !run.device_budget.empty())
+      throw InputError(
+          "--dump, --weights, --tokens and --device-budget are not available with "
+          "--world-size above 1 yet (a measured rank starts from random weights and tokens of "
+          "--seed)");
+    check_layout_request(c, false, false);
+    if (layout.tp > 1 || layout.pp > 1 || layout.offload != Offload::none)
+      throw InputError("--backend " + backend + " with --tp " + std::to_string(layout.tp) +
+                       " --pp " + std::to_string(layout.pp) + " --offload " +
+                       offload_name(layout.offload) + ": " + kScope);
     if (backend == "cuda") {
       nccl = make_nccl_collective(*world);
       active = nccl.get();
     }
+    ChosenBackend be = choose_backend(backend, c.train.dtype);
     // Every rank is here and the collectives answer (a peer that never arrives becomes a
     // CollectiveTimeout naming the barrier).
     active->barrier();
-    throw InputError("--backend " + backend + " --world-size " + std::to_string(layout.world) +
-                     ": the " + std::to_string(active->size()) +
-                     " ranks started under MPI and their collectives (" + active->backend() +
-                     ") answer, but the measured sharded step with real data is not built yet; "
-                     "--backend meta traces every rank's sharded step now");
+    MeasureRequest rq;
+    rq.model = c.model;
+    rq.train = c.train;
+    rq.layout = layout;
+    rq.overheads = overheads;
+    rq.steps = run.steps;
+    rq.seed = run.seed;
+    rq.keep_timeline = !run.timeline.empty();
+    const MeasuredLayout ml = measure_layout(rq, *be.backend, *active, *world);
+    if (ml.timeline) {
+      const std::string path = rank_path(run.timeline, world->rank());
+      write_timeline(path, *ml.timeline);
+      spdlog::info("rank {}: wrote {}", world->rank(), path);
+    }
+    if (world->rank() == 0)
+      write_output(c.output, render_measured_layout(ml, c.format, stdout_colour(c.output)));
+    return 0;
   });
   const int code = end_job(*active, outcome.code, outcome.message, std::cerr);
   nccl.reset();

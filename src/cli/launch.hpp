@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli.hpp"
+#include "trainmem/analytic_rank.hpp"
 #include "trainmem/collective.hpp"
 #include "trainmem/parallel.hpp"
 
@@ -42,9 +43,10 @@ std::optional<std::string> world_size_problem(std::int64_t world, int mpi_size,
 
 // `profile --backend cpu|cuda --world-size N`: checks the launch (exit 2 with what to run
 // otherwise), starts MPI and the backend's collectives (NCCL on cuda), checks that every rank
-// is there, and ends the job through end_job. The measured sharded step is not built yet: once
-// the ranks are checked, every rank stops with exit 2 saying so.
-int run_measured_layout(const std::string& backend, const ParallelConfig& layout,
-                        const LaunchFlags& flags);
+// is there, runs every rank's measured sharded step (measure_layout), writes each rank's
+// timeline (--timeline, the rank in the name), and rank 0 prints the gathered report; the job
+// ends through end_job (one rank's failure is every rank's exit code).
+int run_measured_layout(const Common& c, const RunFlags& run, const ParallelConfig& layout,
+                        const OverheadOptions& overheads, const LaunchFlags& flags);
 
 }  // namespace trainmem::cli

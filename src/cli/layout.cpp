@@ -1,8 +1,11 @@
 // The parallel-layout flags and the per-rank report of `estimate` (src/cli/layout.hpp).
 #include "layout.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <optional>
+#include <set>
 
 #include "search.hpp"
 #include "size.hpp"
@@ -528,6 +531,114 @@ int run_maxbatch_layout(const Common& c, const LayoutFlags& flags, std::uint64_t
   const std::string text = w->str();
   write_output(c.output, text);
   return s.best > 0 ? 0 : 3;
+}
+
+namespace {
+
+// Every rank of a measured job: its books at its peak, and whether they equal its stage's meta
+// trace and analytic profile.
+report::Table measured_table(const MeasuredLayout& ml, ByteUnit u, bool exact) {
+  std::vector<report::Table::Column> cols = {{"rank"}, {"stage"}};
+  const char* names[] = {"params",      "gradients",     "optimizer",
+                         "activations", "communication", "peak"};
+  for (const char* n : names)
+    cols.push_back({exact ? std::string(n) : std::string(n) + " (" + u.name + ")"});
+  cols.push_back({exact ? "step_seconds" : "step (s)"});
+  cols.push_back({"= trace", report::Align::left});
+  cols.push_back({"= analytic", report::Align::left});
+  report::Table t(cols);
+  auto cell = [&](std::uint64_t b) { return exact ? std::to_string(b) : format_bytes(b, u); };
+  for (const MeasuredRank& r : ml.ranks) {
+    const auto& pk = r.ledger.peak_breakdown;
+    char secs[32];
+    std::snprintf(secs, sizeof secs, exact ? "%.6f" : "%.3f", r.step_seconds);
+    auto yes = [&](bool ok) { return exact ? std::string(ok ? "yes" : "NO") : report::check_cell(ok); };
+    t.add_row({std::to_string(r.rank), std::to_string(r.stage), cell(pk[int(Category::params)]),
+               cell(pk[int(Category::gradients)]), cell(pk[int(Category::optimizer_states)]),
+               cell(pk[int(Category::activations)]), cell(pk[int(Category::communication)]),
+               cell(r.ledger.peak), secs, yes(r.trace_differences.empty()),
+               yes(r.analytic_differences.empty())});
+  }
+  return t;
+}
+
+}  // namespace
+
+std::string render_measured_layout(const MeasuredLayout& ml, Format format, report::Colour colour) {
+  const LayoutEstimate& le = ml.predicted.analytic;
+  const ByteUnit u = layout_unit(le);
+  auto w = report::make_writer(format, colour);
+  const std::string n = std::to_string(ml.ranks.size());
+  describe_layout(*w, le, u,
+                  "trainmem profile (MEASURED on " + ml.backend + ", " + n + " ranks over " +
+                      ml.collective + ")");
+  w->heading("Every rank measured (" + std::to_string(ml.steps) +
+             " steps, the last one's ledger) against its meta trace and the per-rank analytic "
+             "profile");
+  w->table(measured_table(ml, u, false));
+  w->paragraph_break();
+  std::size_t worst = 0;
+  for (std::size_t r = 0; r < ml.ranks.size(); ++r)
+    if (ml.ranks[r].ledger.peak > ml.ranks[worst].ledger.peak) worst = r;
+  std::set<std::vector<std::uint64_t>> distinct;
+  for (const auto& r : ml.ranks)
+    distinct.insert({r.ledger.params, r.ledger.gradients, r.ledger.optimizer_states,
+                     r.ledger.activations_peak, r.ledger.workspace, r.ledger.peak});
+  w->line(ml.all_match() ? "every rank's measured ledger equals its meta trace and the analytic "
+                           "profile byte for byte"
+                         : "MISMATCH: see the rows marked NO and the differences below",
+          ml.all_match() ? report::Tone::ok : report::Tone::fail);
+  w->item("worst rank: " + std::to_string(ml.ranks[worst].rank) + ", peak " +
+          format_bytes_with_unit(ml.ranks[worst].ledger.peak, u) + "; distinct books: " +
+          std::to_string(distinct.size()) + " of " + n + " ranks");
+  std::string losses;
+  for (float l : ml.losses) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.6f", double(l));
+    losses += (losses.empty() ? "" : ", ") + std::string(b);
+  }
+  w->item("loss of the global batch (" + std::to_string(le.global_batch) +
+          " rows, random weights and tokens of --seed " + std::to_string(ml.seed) +
+          ") per step: " + losses);
+  for (const auto& r : ml.ranks) {
+    for (const auto& d : r.trace_differences)
+      w->line("rank " + std::to_string(r.rank) + ": " + d, report::Tone::fail);
+    for (const auto& d : r.analytic_differences)
+      w->line("rank " + std::to_string(r.rank) + ": " + d, report::Tone::fail);
+  }
+  if (ml.backend == "cuda")
+    w->item("device sources per rank (cudaMemGetInfo, the pool, CUPTI) are not gathered yet: "
+            "the books above are the ledger's");
+  w->paragraph_break();
+  w->csv_table(measured_table(ml, u, true));
+  w->document([&] {
+    json doc = layout_document(le);
+    doc["run"] = report::run_json(le.train, ml.backend, ml.steps);
+    doc["measured"] = true;
+    doc["collective"] = ml.collective;
+    doc["seed"] = ml.seed;
+    doc["losses"] = ml.losses;
+    json ranks = json::array();
+    for (const auto& r : ml.ranks) {
+      json j = {{"rank", r.rank},
+                {"stage", r.stage},
+                {"ledger", report::figures_json(r.ledger, true)},
+                {"ledger_communication_peak", r.communication_peak},
+                {"ledger_tensors_at_peak", r.tensors_at_peak},
+                {"step_seconds", r.step_seconds},
+                {"matches_trace", r.trace_differences.empty()},
+                {"matches_analytic", r.analytic_differences.empty()},
+                {"differences", json::array()}};
+      for (const auto& d : r.trace_differences) j["differences"].push_back(d);
+      for (const auto& d : r.analytic_differences) j["differences"].push_back(d);
+      ranks.push_back(std::move(j));
+    }
+    doc["measured_ranks"] = ranks;
+    doc["worst_measured_rank"] = ml.ranks[worst].rank;
+    doc["all_ranks_match"] = ml.all_match();
+    return doc;
+  });
+  return w->str();
 }
 
 }  // namespace trainmem::cli

@@ -51,5 +51,8 @@ int run_maxbatch_layout(const Common& c, const LayoutFlags& flags, std::uint64_t
 
 // The per-rank trace of `profile --world-size N` (meta) beside the analytic, in the chosen format.
 std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Colour colour);
+// A measured multi-rank `profile` (rank 0 prints it): every rank's books beside its trace and
+// analytic profile, the losses, and the per-rank figures of the layout.
+std::string render_measured_layout(const MeasuredLayout& ml, Format format, report::Colour colour);
 
 }  // namespace trainmem::cli

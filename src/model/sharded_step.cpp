@@ -419,6 +419,7 @@ struct ShardedStep::Impl {
   void G_done(int q) {
     if (p.zero < 2) return;
     const ParamShape& pq = P[std::size_t(q)];
+    be->synchronize();  // the backend's work is done before the collective reads its buffers
     X->data.all_reduce_sum(bucket.data(), pq.n, D);
     const std::uint64_t a = std::max(lo, pq.off), z = std::min(hi, pq.off + pq.n);
     if (a < z)
@@ -428,11 +429,15 @@ struct ShardedStep::Impl {
   // ZeRO-3: unit u's weights into its gathered buffer, each owner's slice broadcast.
   void fill_unit(int u) {
     Tensor& buf = gathered.at(u);
+    be->synchronize();
     for (const auto& [q, pos] : members[std::size_t(u)]) {
       const ParamShape& pq = P[std::size_t(q)];
       by_owner(pq.off, pq.off + pq.n, [&](int owner, std::uint64_t a, std::uint64_t z) {
         char* dst = elem_ptr(buf, pos + (a - pq.off));
-        if (owner == r) be->copy(dst, elem_ptr(params_shard, a - lo), (z - a) * es);
+        if (owner == r) {
+          be->copy(dst, elem_ptr(params_shard, a - lo), (z - a) * es);
+          be->synchronize();
+        }
         X->data.broadcast(dst, z - a, D, owner);
       });
     }
@@ -441,6 +446,7 @@ struct ShardedStep::Impl {
   // After the last micro-batch: ZeRO 0/1 reduce the whole gradients, then every layout's update
   // and (ZeRO 1/2) the owners' broadcasts.
   void optimizer_step() {
+    be->synchronize();
     if (p.zero < 2)
       for (std::size_t q = 0; q < P.size(); ++q) X->data.all_reduce_sum(grad[q].data(), P[q].n, D);
     const float gs = 1.0f / S;
@@ -468,6 +474,7 @@ struct ShardedStep::Impl {
       const void* g = p.zero == 1 ? elem_ptr(grad[q], a - P[q].off) : elem_ptr(grads_shard, a - lo);
       update(elem_ptr(value[q], a - P[q].off), g, shard_states, a - lo, z - a);
     }
+    be->synchronize();
     for (std::size_t q = 0; q < P.size(); ++q)
       by_owner(P[q].off, P[q].off + P[q].n, [&](int owner, std::uint64_t a, std::uint64_t z) {
         X->data.broadcast(elem_ptr(value[q], a - P[q].off), z - a, D, owner);

@@ -1,9 +1,13 @@
 // Tracing a parallel layout rank by rank on meta (include/trainmem/run_layout.hpp).
 #include "trainmem/run_layout.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 
+#include "trainmem/error.hpp"
 #include "trainmem/ledger.hpp"
+#include "trainmem/model.hpp"
 #include "trainmem/sharded_step.hpp"
 
 namespace trainmem {
@@ -16,12 +20,14 @@ bool LayoutTrace::all_match() const {
 
 namespace {
 
-void compare(RankTrace& r, const MemoryFigures& want) {
-  const MemoryFigures& got = r.ledger;
+// "name: ledger X, <source> Y" for every figure that differs.
+std::vector<std::string> differences(const MemoryFigures& got, const MemoryFigures& want,
+                                     const char* source) {
+  std::vector<std::string> out;
   auto one = [&](const char* name, std::uint64_t g, std::uint64_t w) {
     if (g != w)
-      r.differences.push_back(std::string(name) + ": ledger " + std::to_string(g) + ", analytic " +
-                              std::to_string(w));
+      out.push_back(std::string(name) + ": ledger " + std::to_string(g) + ", " + source + " " +
+                    std::to_string(w));
   };
   one("params", got.params, want.params);
   one("gradients", got.gradients, want.gradients);
@@ -34,7 +40,49 @@ void compare(RankTrace& r, const MemoryFigures& want) {
   for (Category c : all_categories())
     one((std::string("peak_breakdown.") + category_name(c)).c_str(),
         got.peak_breakdown[static_cast<int>(c)], want.peak_breakdown[static_cast<int>(c)]);
+  return out;
+}
+
+void compare(RankTrace& r, const MemoryFigures& want) {
+  r.differences = differences(r.ledger, want, "analytic");
   r.matches = r.differences.empty();
+}
+
+// A rank's figures as 64-bit words (the gather's payload), and back.
+constexpr std::size_t kWords = 12 + kNumCategories;
+std::vector<std::uint64_t> pack(const MeasuredRank& m) {
+  const MemoryFigures& f = m.ledger;
+  std::vector<std::uint64_t> w = {std::uint64_t(m.rank), std::uint64_t(m.stage), f.params,
+                                  f.gradients, f.optimizer_states, f.activations,
+                                  f.activations_peak, f.workspace, f.inputs, f.sum, f.peak,
+                                  m.communication_peak};
+  for (Category c : all_categories()) w.push_back(f.peak_breakdown[int(c)]);
+  std::uint64_t secs = 0;
+  static_assert(sizeof(double) == sizeof(std::uint64_t), "a double travels as one word");
+  std::memcpy(&secs, &m.step_seconds, sizeof secs);
+  w.push_back(secs);
+  w.push_back(m.tensors_at_peak);
+  return w;
+}
+MeasuredRank unpack(const std::uint64_t* w) {
+  MeasuredRank m;
+  MemoryFigures& f = m.ledger;
+  m.rank = int(w[0]);
+  m.stage = std::int64_t(w[1]);
+  f.params = w[2];
+  f.gradients = w[3];
+  f.optimizer_states = w[4];
+  f.activations = w[5];
+  f.activations_peak = w[6];
+  f.workspace = w[7];
+  f.inputs = w[8];
+  f.sum = w[9];
+  f.peak = w[10];
+  m.communication_peak = w[11];
+  for (Category c : all_categories()) f.peak_breakdown[int(c)] = w[12 + std::size_t(c)];
+  std::memcpy(&m.step_seconds, &w[kWords], sizeof m.step_seconds);
+  m.tensors_at_peak = w[kWords + 1];
+  return m;
 }
 
 }  // namespace
@@ -60,6 +108,78 @@ LayoutTrace trace_layout(const ModelConfig& model, const TrainConfig& train,
     out.ranks.push_back(std::move(r));
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+bool MeasuredLayout::all_match() const {
+  if (ranks.empty() || !predicted.all_match()) return false;
+  for (const auto& r : ranks)
+    if (!r.matches()) return false;
+  return true;
+}
+
+std::string rank_path(const std::string& path, int rank) {
+  const std::size_t slash = path.find_last_of('/');
+  const std::size_t dot = path.find_last_of('.');
+  const std::string tag = ".rank" + std::to_string(rank);
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return path + tag;
+  return path.substr(0, dot) + tag + path.substr(dot);
+}
+
+MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collective& data,
+                              Collective& host) {
+  MeasuredLayout out;
+  out.backend = backend_name(backend.kind());
+  out.collective = data.backend();
+  out.steps = rq.steps < 1 ? 1 : rq.steps;
+  out.seed = rq.seed;
+  out.predicted = trace_layout(rq.model, rq.train, rq.layout, rq.overheads, out.steps);
+
+  MeasuredRank mine;
+  mine.rank = host.rank();
+  // The ranks of a pipeline-less layout are data-parallel ranks of stage 0.
+  mine.stage = 0;
+  std::vector<double> seconds;
+  std::uint64_t step_first_seq = 0;
+  {
+    Ledger ledger(backend.allocator());
+    const ShardedExecution ex{backend, data, host, rq.seed,
+                              default_optimizer_settings(rq.train.optimizer)};
+    ShardedStep step(rq.model, rq.train, rq.layout, mine.stage, ledger, &ex);
+    for (int n = 0; n < out.steps; ++n) {
+      step_first_seq = ledger.timeline().size() + ledger.dropped_events() + 1;
+      const auto t0 = std::chrono::steady_clock::now();
+      out.losses.push_back(step.train_step());
+      backend.synchronize();
+      seconds.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    mine.ledger = measured_figures(ledger);
+    mine.communication_peak = ledger.peak(Category::communication);
+    mine.tensors_at_peak = ledger.peak_live_count();
+    if (rq.keep_timeline && !ledger.timeline().empty())
+      out.timeline = build_timeline(
+          ledger.timeline(), ledger.tensors(), step_first_seq, TimeAxis::wall,
+          "rank " + std::to_string(mine.rank) + " of " + std::to_string(host.size()) + ", step " +
+              std::to_string(out.steps),
+          ledger.dropped_events(), ledger.phase_marks());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  mine.step_seconds = seconds[seconds.size() / 2];
+
+  // Every rank's words to every rank (bytes through the host collective).
+  const std::vector<std::uint64_t> words = pack(mine);
+  std::vector<std::uint64_t> all(words.size() * std::size_t(host.size()));
+  host.all_gather(words.data(), all.data(), words.size() * 2, DType::f32);
+  for (int r = 0; r < host.size(); ++r) {
+    MeasuredRank m = unpack(all.data() + std::size_t(r) * words.size());
+    std::size_t k = 0;
+    while (k + 1 < out.predicted.ranks.size() && out.predicted.ranks[k].stage != m.stage) ++k;
+    m.trace_differences = differences(m.ledger, out.predicted.ranks[k].ledger, "meta trace");
+    m.analytic_differences =
+        differences(m.ledger, out.predicted.analytic.ranks[k].est.figures, "analytic");
+    out.ranks.push_back(std::move(m));
+  }
   return out;
 }
 
