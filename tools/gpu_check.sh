@@ -173,6 +173,30 @@ except Exception: print(-1)' "$OUT/runs/$name.estimate.json" 2>/dev/null)
   fi
 fi
 
+# ---------------------------------------------------------------- 3b. multi-GPU (measured ranks)
+# One rank per GPU under mpirun: every rank's measured sharded step (data parallelism, ZeRO-3,
+# NCCL) against its meta trace and the analytic, rank 0's gathered report. Needs two or more
+# GPUs (NCCL wants one device per rank) and mpirun; skipped with the reason otherwise.
+GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+GPUS=${GPUS:-0}
+if [[ ! -x $TM ]]; then
+  record multi_gpu skipped 0 0 "no trainmem binary"
+elif ((GPUS < 2)); then
+  say "multi_gpu: skipped: this machine has $GPUS GPU(s); the measured multi-rank step needs 2 or more (one rank per GPU)"
+  record multi_gpu skipped 0 0 "$GPUS GPU(s): the measured multi-rank step needs one GPU per rank, 2 or more"
+elif ! command -v mpirun >/dev/null; then
+  say "multi_gpu: skipped: mpirun not found (openmpi-bin)"
+  record multi_gpu skipped 0 0 "mpirun not found (openmpi-bin)"
+else
+  MPIRUN=(mpirun -np "$GPUS" --bind-to none)
+  [[ $(id -u) == 0 ]] && MPIRUN+=(--allow-run-as-root)
+  for zero in 1 3; do
+    run_step "multi_gpu_zero$zero" 240 "${MPIRUN[@]}" "$TM" profile --backend cuda \
+      --model tiny --batch 2 --seq 64 --world-size "$GPUS" --zero "$zero" --steps 2 \
+      --format json --output "$OUT/runs/multi_gpu_zero$zero.json"
+  done
+fi
+
 # ---------------------------------------------------------------- 4. throughput
 if [[ -x $BUILD/bench_step_cuda && $BACKEND == cuda ]]; then
   run_step throughput 180 "$BUILD/bench_step_cuda" --model llama-7b --batch 8 --seq 512 \
