@@ -18,6 +18,7 @@ checks exit codes, messages and that nothing hangs (every run has a wall-clock b
                exit 2 saying what is measured, once; --world-size not equal to the MPI size ->
                exit 2 saying what to run instead
   nccl         the collectives on the NCCL backend (CUDA builds; skipped without devices)
+  sharded_nccl the measured sharded step on cuda with NCCL (CUDA builds; skipped without devices)
 Usage: mpi_test.py --mode MODE --np N --mpi-built TRUE|FALSE --test-exe EXE [--sharded-exe EXE]
                   --trainmem BIN
 Exits 77 (ctest SKIP_RETURN_CODE) with the reason when MPI or mpirun is absent.
@@ -116,9 +117,10 @@ def main():
                f"{n} ranks should each report their checks passed", out, err)
         print(out.strip())
 
-    elif a.mode == "sharded":
+    elif a.mode in ("sharded", "sharded_nccl"):
         # One OpenMP thread per rank: N ranks share the machine's cores.
-        rc, out, err, _ = run(n, [a.sharded_exe], bound=280, threads=1)
+        extra = ["--backend", "cuda"] if a.mode == "sharded_nccl" else []
+        rc, out, err, _ = run(n, [a.sharded_exe] + extra, bound=280, threads=1)
         if rc == SKIP and "SKIP:" in out:
             print(out.strip())
             return SKIP

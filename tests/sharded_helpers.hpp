@@ -35,8 +35,8 @@ struct ShardedRun {
   std::unique_ptr<ShardedStep> step;
 
   ShardedRun(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p, Collective& data,
-             Collective& host, std::uint64_t seed) {
-    backend = make_cpu_backend(t.dtype);
+             Collective& host, std::uint64_t seed, BackendKind kind = BackendKind::cpu) {
+    backend = kind == BackendKind::cuda ? make_cuda_backend(t.dtype) : make_cpu_backend(t.dtype);
     ledger = std::make_unique<Ledger>(backend->allocator());
     exec = std::make_unique<ShardedExecution>(
         ShardedExecution{*backend, data, host, seed, default_optimizer_settings(t.optimizer)});
