@@ -2,9 +2,9 @@
 // Mpi.sharded.np4) under `mpirun --oversubscribe -np N`, one rank per process, dp = N, the cpu
 // backend and the MPI collectives.
 //
-// For each model (tiny: untied; tiny-qwen2: q/k/v biases, tied embeddings), dtype (fp32, bf16) and number of
-// micro-batches (1, 2), every ZeRO stage 0-3 runs 3 AdamW steps of the same global batch of
-// N·M·b rows, and every rank checks (docs/distributed.md, "Measured runs"):
+// For each model (tiny: untied; tiny-qwen2: q/k/v biases, tied embeddings), dtype (fp32, bf16) and
+// number of micro-batches (1, 2), every ZeRO stage 0-3 runs 3 AdamW steps of the same global batch
+// of N·M·b rows, and every rank checks (docs/distributed.md, "Measured runs"):
 //   1. bit-identical: with one micro-batch and untied embeddings, ZeRO 1, 2 and 3 end with the
 //      weights and losses of ZeRO 0, bit for bit (each gradient is made by one op per
 //      micro-batch, summed over the ranks in rank order, and the updates are elementwise);
@@ -49,8 +49,7 @@ void check(bool ok, const std::string& what) {
   std::cerr << "rank " << rank_id << ": FAIL " << what << "\n";
 }
 
-ParallelConfig layout(const ModelConfig& m, const TrainConfig& t, int N, int zero,
-                      std::int64_t M) {
+ParallelConfig layout(const ModelConfig& m, const TrainConfig& t, int N, int zero, std::int64_t M) {
   ParallelConfig p;
   p.world = N;
   p.zero = zero;
@@ -80,15 +79,16 @@ void check_ledger(const ShardedRun& run, const ModelConfig& m, const TrainConfig
     one("inputs", got.inputs, want->inputs);
     one("peak", got.peak, want->peak);
     for (Category c : all_categories())
-      one((std::string("peak_breakdown.") + category_name(c)).c_str(),
-          got.peak_breakdown[int(c)], want->peak_breakdown[int(c)]);
+      one((std::string("peak_breakdown.") + category_name(c)).c_str(), got.peak_breakdown[int(c)],
+          want->peak_breakdown[int(c)]);
   }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool cuda = argc == 3 && std::string(argv[1]) == "--backend" && std::string(argv[2]) == "cuda";
+  const bool cuda =
+      argc == 3 && std::string(argv[1]) == "--backend" && std::string(argv[2]) == "cuda";
   if (!mpi_built()) {
     std::cout << "SKIP: this build has no MPI\n";
     return 77;
@@ -109,7 +109,8 @@ int main(int argc, char** argv) {
     if (all)
       for (int v : *all) usable = usable && v == 0;
     if (!usable) {
-      if (rank_id == 0) std::cout << "SKIP: no CUDA device: " << (why.empty() ? "not on every rank" : why) << "\n";
+      if (rank_id == 0)
+        std::cout << "SKIP: no CUDA device: " << (why.empty() ? "not on every rank" : why) << "\n";
       return 77;
     }
     try {

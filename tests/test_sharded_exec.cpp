@@ -77,8 +77,8 @@ TEST(ShardedExecOneRank, MicroBatchesMatchTheWholeBatch) {
   std::string where;
   const double diff = worst_absolute_difference(got.weights, want.weights, &where);
   const double bound = adam_tolerance(default_optimizer_settings(Optimizer::adamw), 3);
-  std::printf("micro-batches vs whole batch: worst weight difference %.3g (%s), bound %.3g\n",
-              diff, where.c_str(), bound);
+  std::printf("micro-batches vs whole batch: worst weight difference %.3g (%s), bound %.3g\n", diff,
+              where.c_str(), bound);
   EXPECT_LE(diff, bound) << where;
   EXPECT_GT(diff, 0.0) << "several micro-batches sum the gradients in another order";
 }

@@ -45,7 +45,7 @@ struct MeasuredRank {
   MemoryFigures ledger;  // measured_figures after the last step
   std::uint64_t communication_peak = 0;
   std::uint64_t tensors_at_peak = 0;
-  double step_seconds = 0;  // the rank's median step
+  double step_seconds = 0;                        // the rank's median step
   std::vector<std::string> trace_differences;     // against its stage's meta trace
   std::vector<std::string> analytic_differences;  // against its stage's analytic profile
   bool matches() const { return trace_differences.empty() && analytic_differences.empty(); }

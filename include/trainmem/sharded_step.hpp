@@ -20,9 +20,8 @@
 #pragma once
 #include <cstdint>
 #include <memory>
-#include <vector>
-
 #include <string>
+#include <vector>
 
 #include "trainmem/backend.hpp"
 #include "trainmem/collective.hpp"

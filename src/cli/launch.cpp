@@ -1,11 +1,11 @@
 // Multi-rank launches (src/cli/launch.hpp).
 #include "launch.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <iostream>
 #include <sstream>
 #include <vector>
-
-#include <spdlog/spdlog.h>
 
 #include "layout.hpp"
 #include "trainmem/error.hpp"

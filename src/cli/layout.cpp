@@ -552,7 +552,9 @@ report::Table measured_table(const MeasuredLayout& ml, ByteUnit u, bool exact) {
     const auto& pk = r.ledger.peak_breakdown;
     char secs[32];
     std::snprintf(secs, sizeof secs, exact ? "%.6f" : "%.3f", r.step_seconds);
-    auto yes = [&](bool ok) { return exact ? std::string(ok ? "yes" : "NO") : report::check_cell(ok); };
+    auto yes = [&](bool ok) {
+      return exact ? std::string(ok ? "yes" : "NO") : report::check_cell(ok);
+    };
     t.add_row({std::to_string(r.rank), std::to_string(r.stage), cell(pk[int(Category::params)]),
                cell(pk[int(Category::gradients)]), cell(pk[int(Category::optimizer_states)]),
                cell(pk[int(Category::activations)]), cell(pk[int(Category::communication)]),
@@ -589,8 +591,8 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
                          : "MISMATCH: see the rows marked NO and the differences below",
           ml.all_match() ? report::Tone::ok : report::Tone::fail);
   w->item("worst rank: " + std::to_string(ml.ranks[worst].rank) + ", peak " +
-          format_bytes_with_unit(ml.ranks[worst].ledger.peak, u) + "; distinct books: " +
-          std::to_string(distinct.size()) + " of " + n + " ranks");
+          format_bytes_with_unit(ml.ranks[worst].ledger.peak, u) +
+          "; distinct books: " + std::to_string(distinct.size()) + " of " + n + " ranks");
   std::string losses;
   for (float l : ml.losses) {
     char b[32];
@@ -607,8 +609,9 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
       w->line("rank " + std::to_string(r.rank) + ": " + d, report::Tone::fail);
   }
   if (ml.backend == "cuda")
-    w->item("device sources per rank (cudaMemGetInfo, the pool, CUPTI) are not gathered yet: "
-            "the books above are the ledger's");
+    w->item(
+        "device sources per rank (cudaMemGetInfo, the pool, CUPTI) are not gathered yet: "
+        "the books above are the ledger's");
   w->paragraph_break();
   w->csv_table(measured_table(ml, u, true));
   w->document([&] {

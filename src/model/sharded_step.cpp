@@ -20,12 +20,11 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <string>
-
-#include <cmath>
-#include <limits>
 
 #include "trainmem/checked.hpp"
 #include "trainmem/dtype.hpp"
@@ -41,7 +40,23 @@ constexpr DType i32 = DType::i32;
 using Shape = std::vector<std::int64_t>;
 
 // A layer's parameters (the slots of model.cpp, in setup order).
-enum Slot : int { kInNorm, kQ, kQB, kK, kKB, kV, kVB, kO, kQN, kKN, kPost, kGate, kUp, kDown, kSlots };
+enum Slot : int {
+  kInNorm,
+  kQ,
+  kQB,
+  kK,
+  kKB,
+  kV,
+  kVB,
+  kO,
+  kQN,
+  kKN,
+  kPost,
+  kGate,
+  kUp,
+  kDown,
+  kSlots
+};
 }  // namespace
 
 struct ShardedStep::Impl {
@@ -158,7 +173,7 @@ struct ShardedStep::Impl {
     std::uint64_t n = 0;    // elements
   };
   std::vector<ParamShape> P;
-  std::vector<std::array<int, kSlots>> lidx;  // [local layer][slot] -> index in P, -1 if absent
+  std::vector<std::array<int, kSlots>> lidx;   // [local layer][slot] -> index in P, -1 if absent
   int embed_i = -1, norm_i = -1, head_i = -1;  // head_i: lm_head, or the embedding when tied
   std::vector<std::vector<std::pair<int, std::uint64_t>>> members;  // ZeRO-3 unit: (param, pos)
   std::vector<ParamShape> param_shapes() const {
@@ -259,7 +274,8 @@ struct ShardedStep::Impl {
         add(shard_states, "shard", -1, {shard_n});
       } else {
         states.resize(P.size());
-        for (std::size_t q = 0; q < P.size(); ++q) add(states[q], P[q].name, P[q].layer, P[q].shape);
+        for (std::size_t q = 0; q < P.size(); ++q)
+          add(states[q], P[q].name, P[q].layer, P[q].shape);
       }
     }
     // 4. inputs of one micro-batch.
@@ -295,7 +311,8 @@ struct ShardedStep::Impl {
       members.assign(std::size_t(Ls) + 2, {});
       auto put = [&](int u, int q) {
         auto& mem = members[std::size_t(u)];
-        const std::uint64_t pos = mem.empty() ? 0 : mem.back().second + P[std::size_t(mem.back().first)].n;
+        const std::uint64_t pos =
+            mem.empty() ? 0 : mem.back().second + P[std::size_t(mem.back().first)].n;
         mem.emplace_back(q, pos);
       };
       if (embed_i >= 0) put(0, embed_i);
@@ -423,7 +440,8 @@ struct ShardedStep::Impl {
     X->data.all_reduce_sum(bucket.data(), pq.n, D);
     const std::uint64_t a = std::max(lo, pq.off), z = std::min(hi, pq.off + pq.n);
     if (a < z)
-      be->bias_forward(elem_ptr(grads_shard, a - lo), elem_ptr(bucket, a - pq.off), 1, std::int64_t(z - a));
+      be->bias_forward(elem_ptr(grads_shard, a - lo), elem_ptr(bucket, a - pq.off), 1,
+                       std::int64_t(z - a));
   }
 
   // ZeRO-3: unit u's weights into its gathered buffer, each owner's slice broadcast.
@@ -553,14 +571,13 @@ struct ShardedStep::Impl {
     A("attn_out", {b, s, a * d}, D);
     if (run)
       be->attention_forward(at("attn_out"), eager ? at("probs") : nullptr,
-                            eager ? nullptr : at_f("lse"), at("q"), at("k"), at("v"), b, s, a, k,
-                            d, m.window_of(g), t.attention);
+                            eager ? nullptr : at_f("lse"), at("q"), at("k"), at("v"), b, s, a, k, d,
+                            m.window_of(g), t.attention);
     if (sp) gath = comm("o_proj.partial", g, {b, s, h}, D);
     A("h_mid", {b, sr, h}, D);
     if (run) {
       be->copy(at("h_mid"), x, L["h_mid"].bytes());
-      be->matmul(at("h_mid"), at("attn_out"), LW(l, kO), n, h, ad, Trans::no, Trans::yes, 1.f,
-                 1.f);
+      be->matmul(at("h_mid"), at("attn_out"), LW(l, kO), n, h, ad, Trans::no, Trans::yes, 1.f, 1.f);
     }
     gath.reset();
     A("rstd2", {b, sr}, f32);
@@ -608,8 +625,7 @@ struct ShardedStep::Impl {
       if (sp) partial = comm("embed.partial", -1, {b, s, h}, D);
       B.input = act("embed_out", -1, {b, sr, h}, D);
       if (run)
-        be->embedding_forward(B.input.data(), tokens.as<std::int32_t>(), W(0, embed_i), b, s, h,
-                              V);
+        be->embedding_forward(B.input.data(), tokens.as<std::int32_t>(), W(0, embed_i), b, s, h, V);
     } else {
       B.input = act("stage_input", -1, {b, sr, h}, D);
     }
@@ -625,8 +641,8 @@ struct ShardedStep::Impl {
       B.final_norm_out = act("final_norm_out", -1, {b, sr, h}, D);
       B.final_rstd = act("final_rstd", -1, {b, sr}, f32);
       if (run)
-        be->rmsnorm_forward(B.final_norm_out.data(), B.final_rstd.as<float>(), xL,
-                            W(hu, norm_i), n, h, float(m.rms_eps));
+        be->rmsnorm_forward(B.final_norm_out.data(), B.final_rstd.as<float>(), xL, W(hu, norm_i), n,
+                            h, float(m.rms_eps));
       Tensor gath;
       if (sp) gath = comm("final_norm_out.gathered", -1, {b, s, h}, D);
       B.logits = act("logits", -1, {b, s, V}, D);
@@ -804,8 +820,8 @@ struct ShardedStep::Impl {
       if (sp) gath = comm("final_norm_out.gathered", -1, {b, s, h}, D);
       Tensor d_fno = ws(sp ? "d_final_norm_out.partial" : "d_final_norm_out", -1, {b, s, h}, D);
       if (run) {
-        be->matmul(d_fno.data(), B.logits.data(), W(hu, head_i), n, h, V, Trans::no, Trans::no,
-                   1.f, 0.f);
+        be->matmul(d_fno.data(), B.logits.data(), W(hu, head_i), n, h, V, Trans::no, Trans::no, 1.f,
+                   0.f);
         be->matmul(G(head_i), B.logits.data(), B.final_norm_out.data(), V, h, n, Trans::yes,
                    Trans::no, 1.f, 1.f);
         G_done(head_i);

@@ -52,9 +52,17 @@ void compare(RankTrace& r, const MemoryFigures& want) {
 constexpr std::size_t kWords = 12 + kNumCategories;
 std::vector<std::uint64_t> pack(const MeasuredRank& m) {
   const MemoryFigures& f = m.ledger;
-  std::vector<std::uint64_t> w = {std::uint64_t(m.rank), std::uint64_t(m.stage), f.params,
-                                  f.gradients, f.optimizer_states, f.activations,
-                                  f.activations_peak, f.workspace, f.inputs, f.sum, f.peak,
+  std::vector<std::uint64_t> w = {std::uint64_t(m.rank),
+                                  std::uint64_t(m.stage),
+                                  f.params,
+                                  f.gradients,
+                                  f.optimizer_states,
+                                  f.activations,
+                                  f.activations_peak,
+                                  f.workspace,
+                                  f.inputs,
+                                  f.sum,
+                                  f.peak,
                                   m.communication_peak};
   for (Category c : all_categories()) w.push_back(f.peak_breakdown[int(c)]);
   std::uint64_t secs = 0;
@@ -158,11 +166,11 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
     mine.communication_peak = ledger.peak(Category::communication);
     mine.tensors_at_peak = ledger.peak_live_count();
     if (rq.keep_timeline && !ledger.timeline().empty())
-      out.timeline = build_timeline(
-          ledger.timeline(), ledger.tensors(), step_first_seq, TimeAxis::wall,
-          "rank " + std::to_string(mine.rank) + " of " + std::to_string(host.size()) + ", step " +
-              std::to_string(out.steps),
-          ledger.dropped_events(), ledger.phase_marks());
+      out.timeline =
+          build_timeline(ledger.timeline(), ledger.tensors(), step_first_seq, TimeAxis::wall,
+                         "rank " + std::to_string(mine.rank) + " of " +
+                             std::to_string(host.size()) + ", step " + std::to_string(out.steps),
+                         ledger.dropped_events(), ledger.phase_marks());
   }
   std::sort(seconds.begin(), seconds.end());
   mine.step_seconds = seconds[seconds.size() / 2];
