@@ -198,11 +198,12 @@ TEST(CliLayout, BadLayoutsExitTwoNamingTheFlag) {
   }
   const auto r = run_trainmem({"profile", "--backend", "cpu", "--model", "tiny", "--world-size",
                                "2", "--batch", "1", "--seq", "8"});
-  // The measured multi-rank run needs an MPI launch (and is not built yet): exit 2 saying so
+  // The measured multi-rank run needs an MPI launch: exit 2 saying so and what it measures
   // (tests/test_cli_launch.cpp checks the launcher lines).
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "--backend cpu --world-size 2: ")) << r.err;
-  EXPECT_TRUE(contains(r.err, "not built yet")) << r.err;
+  EXPECT_TRUE(contains(r.err, "mpirun -np 2 trainmem profile")) << r.err;
+  EXPECT_TRUE(contains(r.err, "Measured multi-rank runs cover data parallelism")) << r.err;
 }
 
 }  // namespace

@@ -28,12 +28,12 @@ struct ProfileFlags {
   LaunchFlags launch;
 };
 
-// --world-size above 1: each distinct rank traced on meta beside the per-rank analytic.
+// --world-size above 1: measured under MPI (cpu, cuda), or each distinct rank traced on meta
+// beside the per-rank analytic.
 int run_profile_layout(const Common& c, const ProfileFlags& flags, const ParallelConfig& par) {
   const std::string& be = flags.run.backend;
-  // cpu, cuda: one process per rank under MPI (src/cli/launch.hpp); exit 2 with the launcher
-  // line when not launched so, and, once the ranks are checked, exit 2 saying that the measured
-  // sharded step is not built yet.
+  // cpu, cuda: one process per rank under MPI, each measuring its rank (src/cli/launch.hpp); exit
+  // 2 with the launcher line when not launched so.
   if (be == "cpu" || be == "cuda")
     return run_measured_layout(c, flags.run, par, resolve_overheads(flags.layout), flags.launch);
   if (be != "meta" && be != "auto")
