@@ -66,7 +66,7 @@ TEST(CliLaunch, NotUnderMpiSaysTheMpirunAndSrunLinesAndWhatIsMeasured) {
   EXPECT_TRUE(contains(*msg, "\n  mpirun -np 4 " + cmd + "\n")) << *msg;
   EXPECT_TRUE(contains(*msg, "\n  srun -n 4 " + cmd + "\n")) << *msg;
   EXPECT_TRUE(contains(*msg, "--allow-run-as-root")) << *msg;
-  EXPECT_TRUE(contains(*msg, "Measured multi-rank runs cover data parallelism")) << *msg;
+  EXPECT_TRUE(contains(*msg, "Measured multi-rank runs cover data and tensor parallelism")) << *msg;
   EXPECT_FALSE(contains(*msg, "built without MPI")) << *msg;
 }
 
@@ -82,7 +82,9 @@ TEST(CliLaunch, BuiltWithoutMpiSaysSoEvenUnderALauncher) {
                          "MPI"))
         << *msg;
     EXPECT_TRUE(contains(*msg, "tools/setup.sh")) << *msg;
-    EXPECT_TRUE(contains(*msg, "--tp, --pp) are traced with --backend meta")) << *msg;
+    EXPECT_TRUE(contains(
+        *msg, "pipeline stages (--pp), sequence parallelism (--sp) and --offload are traced"))
+        << *msg;
   }
 }
 
@@ -132,7 +134,8 @@ TEST_F(CliLaunchEnv, ProfileCpuOnSeveralRanksWithoutMpirunExits2WithTheLine) {
                                  "--seq", "16", "--world-size", "2"});
     EXPECT_EQ(r.code, 2) << r.err;
     EXPECT_TRUE(contains(r.err, "trainmem: error: --backend " + be + " --world-size 2: ")) << r.err;
-    EXPECT_TRUE(contains(r.err, "Measured multi-rank runs cover data parallelism")) << r.err;
+    EXPECT_TRUE(contains(r.err, "Measured multi-rank runs cover data and tensor parallelism"))
+        << r.err;
     if (mpi_built()) {
       EXPECT_TRUE(contains(r.err, "mpirun -np 2 trainmem profile --backend " + be +
                                       " --model tiny --batch 2 --seq 16 --world-size 2"))

@@ -122,16 +122,29 @@ TEST(ShardedExecOneRank, RefusesWhatItDoesNotRun) {
   auto be = make_cpu_backend(DType::f32);
   Ledger ledger(be->allocator());
   ShardedExecution ex{*be, *local, *local, 1, default_optimizer_settings(Optimizer::adamw)};
+  ParallelConfig pp;
+  pp.world = 2;
+  pp.pp = 2;
+  pp.resolve(false, m, t);
+  try {
+    ShardedStep step(m, t, pp, 0, ledger, &ex);
+    FAIL() << "pp 2 ran";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--pp 2: a measured multi-rank step"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("--backend meta"), std::string::npos) << e.what();
+  }
   ParallelConfig tp;
   tp.world = 2;
   tp.tp = 2;
   tp.resolve(false, m, t);
   try {
     ShardedStep step(m, t, tp, 0, ledger, &ex);
-    FAIL() << "tp 2 ran";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("--tp 2 --pp 1"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("--backend meta"), std::string::npos) << e.what();
+    FAIL() << "tp 2 ran without its group";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--tp 2 needs the tensor-parallel group's collectives"),
+              std::string::npos)
+        << e.what();
   }
   ParallelConfig dp2;
   dp2.world = 2;

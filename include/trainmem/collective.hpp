@@ -83,6 +83,12 @@ class Collective {
   virtual void recv(void* buf, std::size_t count, DType t, int peer) = 0;
   virtual void barrier() = 0;
 
+  // The ranks of this collective with the same `color`, ordered by `key` (MPI_Comm_split): the
+  // data-, tensor- and pipeline-parallel groups of a layout. Every rank must call it. The result
+  // keeps this collective's backend, timeout and local rank (NCCL: a communicator of its own,
+  // bootstrapped over the MPI split); it must not outlive this one.
+  virtual std::unique_ptr<Collective> split(int color, int key) = 0;
+
   // The end-of-job agreement (a fixed point every rank reaches once, on a channel of its own so
   // it never matches a data collective): each rank gives its exit status (0 ok) and gets every
   // rank's, or nullopt when not all ranks joined within `wait_s` seconds.

@@ -74,9 +74,11 @@ struct MeasureRequest {
 };
 
 // Runs this rank's sharded step (ShardedStep with a ShardedExecution) `steps` times on `backend`
-// with `data` (the data-parallel group on the backend's buffers) and `host` (the same ranks on
-// host buffers), then gathers every rank's figures over `host`: every rank returns the whole
-// job's. Every rank must call it. InputError for a layout the measured step does not run.
+// with `data` (every rank of the job on the backend's buffers) and `host` (the same ranks on
+// host buffers), split into the layout's data- and tensor-parallel groups in Megatron's order
+// (rank = (stage·dp + dp index)·tp + tp index), then gathers every rank's figures over `host`:
+// every rank returns the whole job's. Every rank must call it. InputError for a layout the
+// measured step does not run.
 MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collective& data,
                               Collective& host);
 

@@ -11,7 +11,9 @@
 // arithmetic between the allocations, with real collectives over the data-parallel group, so
 // the rank's measured ledger is the meta trace by construction and the per-rank analytic
 // profile checks it. Measured runs support data parallelism (dp >= 1, ZeRO 0-3, several
-// micro-batches, AdamW or SGD, no offload) with tp = pp = 1; InputError otherwise.
+// micro-batches, AdamW or SGD, no offload) and tensor parallelism without sp (Megatron's
+// column/row-parallel layers, vocabulary-parallel embedding, head and cross-entropy) with
+// pp = 1; InputError otherwise.
 //
 // Names: parameters use their HuggingFace names with the rank's shapes (q_proj (a/t·d, h), ...);
 // the ZeRO flat tensors are `params.shard`, `grads.shard`, `shard.master`, `shard.exp_avg`,
@@ -42,6 +44,10 @@ struct ShardedExecution {
   Collective& host;  // the same ranks on host buffers (the loss, parameter read-back)
   std::uint64_t seed = 0;
   OptimizerSettings optimizer;
+  // Tensor parallelism (layout tp > 1): the rank's tensor-parallel group on the backend's
+  // buffers and on host buffers; its rank is the rank's tensor-parallel index.
+  Collective* tp = nullptr;
+  Collective* tp_host = nullptr;
 };
 
 class ShardedStep {
@@ -65,6 +71,9 @@ class ShardedStep {
   std::vector<float> parameter_values(const std::string& hf_name);
   // The HF names of the rank's parameters, in setup order.
   std::vector<std::string> parameter_names() const;
+  // Where each of the rank's elements of a parameter sits in the whole parameter (row-major, the
+  // single-rank model's shape): the identity without tensor parallelism.
+  std::vector<std::uint64_t> parameter_elements(const std::string& hf_name) const;
 
  private:
   struct Impl;

@@ -50,9 +50,9 @@ std::string with_world(const std::string& command, std::int64_t world) {
 }
 
 const char* kScope =
-    "Measured multi-rank runs cover data parallelism (--dp with --zero 0-3 and "
-    "--microbatches); tensor- and pipeline-parallel ranks (--tp, --pp) are traced with "
-    "--backend meta.";
+    "Measured multi-rank runs cover data and tensor parallelism (--dp with --zero 0-3 and "
+    "--microbatches, --tp without --sp); pipeline stages (--pp), sequence parallelism (--sp) "
+    "and --offload are traced with --backend meta.";
 
 }  // namespace
 
@@ -129,10 +129,10 @@ int run_measured_layout(const Common& c, const RunFlags& run, const ParallelConf
           "--world-size above 1 yet (a measured rank starts from random weights and tokens of "
           "--seed)");
     check_layout_request(c, false, false);
-    if (layout.tp > 1 || layout.pp > 1 || layout.offload != Offload::none)
-      throw InputError("--backend " + backend + " with --tp " + std::to_string(layout.tp) +
-                       " --pp " + std::to_string(layout.pp) + " --offload " +
-                       offload_name(layout.offload) + ": " + kScope);
+    if (layout.pp > 1 || layout.sp || layout.offload != Offload::none)
+      throw InputError("--backend " + backend + " with --pp " + std::to_string(layout.pp) +
+                       (layout.sp ? " --sp" : "") + " --offload " + offload_name(layout.offload) +
+                       ": " + kScope);
     if (backend == "cuda") {
       nccl = make_nccl_collective(*world);
       active = nccl.get();

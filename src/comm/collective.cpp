@@ -135,6 +135,9 @@ class LocalCollective final : public Collective {
   void send(const void*, std::size_t, DType, int peer) override { peer_check(peer, "send"); }
   void recv(void*, std::size_t, DType, int peer) override { peer_check(peer, "recv"); }
   void barrier() override {}
+  std::unique_ptr<Collective> split(int, int) override {
+    return std::make_unique<LocalCollective>(timeout_s_);
+  }
   std::optional<std::vector<int>> exchange_status(int status, double) override {
     return std::vector<int>{status};
   }

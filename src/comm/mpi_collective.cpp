@@ -63,6 +63,21 @@ class MpiCollective final : public Collective {
     }
   }
 
+  // The ranks of `parent` with `color`, ordered by `key` (split()).
+  MpiCollective(const MpiCollective& parent, int color, int key)
+      : Collective(parent.timeout_s_), local_rank_(parent.local_rank_) {
+    check(MPI_Comm_split(parent.data_, color, key, &data_), "MPI_Comm_split");
+    check(MPI_Comm_split(parent.control_, color, key, &control_), "MPI_Comm_split");
+    MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(data_, &rank_);
+    MPI_Comm_size(data_, &size_);
+  }
+
+  std::unique_ptr<Collective> split(int color, int key) override {
+    return std::make_unique<MpiCollective>(*this, color, key);
+  }
+
   ~MpiCollective() override {
     if (aborted_) return;
     MPI_Comm_free(&data_);

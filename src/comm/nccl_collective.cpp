@@ -88,6 +88,15 @@ class NcclCollective final : public Collective {
   int size() const override { return size_; }
   int local_rank() const override { return mpi_->local_rank(); }
 
+  // A communicator of its own over the MPI split (its unique id broadcast there); it owns that
+  // MPI group.
+  std::unique_ptr<Collective> split(int color, int key) override {
+    std::unique_ptr<Collective> sub_mpi = mpi_->split(color, key);
+    auto sub = std::make_unique<NcclCollective>(*sub_mpi);
+    sub->owned_mpi_ = std::move(sub_mpi);
+    return sub;
+  }
+
   void all_reduce_sum(void* buf, std::size_t count, DType t) override {
     comm::check_float_dtype(t, "all_reduce_sum");
     if (count == 0) return;
@@ -255,7 +264,8 @@ class NcclCollective final : public Collective {
     return work_;
   }
 
-  Collective* mpi_;  // the bootstrap and status channel (outlives this)
+  Collective* mpi_;                        // the bootstrap and status channel (outlives this)
+  std::unique_ptr<Collective> owned_mpi_;  // split(): the MPI group mpi_ points to
   int rank_ = 0, size_ = 1, device_ = 0;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;

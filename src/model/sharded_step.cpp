@@ -82,6 +82,16 @@ struct ShardedStep::Impl {
   float S = 1, ce_scale = 1;     // the loss scale and the cross-entropy backward's scale
   double loss_sum = 0;           // this rank's summed token losses of the step
   std::vector<std::int32_t> global_tokens;
+  // Tensor parallelism (tpx: a measured run with tp > 1): the group, this rank's index in it,
+  // its vocabulary rows [V_lo, V_lo + V), and the micro-batch's rows whose token (target) lies
+  // in another rank's rows, with the targets' global ids.
+  Collective* T = nullptr;
+  Collective* TH = nullptr;
+  bool tpx = false;
+  int tr = 0;
+  std::int64_t V_lo = 0;
+  std::vector<std::int64_t> foreign_tok, foreign_tgt;
+  std::vector<std::int32_t> mb_targets;  // the micro-batch's global targets
 
   std::vector<Tensor> persistent;  // inputs' neighbours with no role in the arithmetic
   // Setup's tensors the arithmetic uses (empty where the layout has none).
@@ -354,12 +364,42 @@ struct ShardedStep::Impl {
   // The parameter's index in the whole model's setup order (LlamaModel's): with pp = 1 the
   // rank's own order.
   std::size_t global_index(std::size_t q) const { return q; }
+  // Where local element e of parameter q sits in the whole parameter (row-major): column-parallel
+  // weights and biases (q/k/v, gate/up, the vocabulary rows of the embedding and lm_head) hold a
+  // block of rows, row-parallel weights (o_proj, down_proj) a block of columns, norms all.
+  std::uint64_t global_elem(std::size_t q, std::uint64_t e) const {
+    if (p.tp == 1) return e;
+    const ParamShape& pq = P[q];
+    const int sl = pq.slot;
+    const bool replicated =
+        sl == kInNorm || sl == kPost || sl == kQN || sl == kKN || (sl < 0 && int(q) == norm_i);
+    if (replicated) return e;
+    if (sl == kO || sl == kDown) {
+      const std::uint64_t cl = std::uint64_t(pq.shape[1]);
+      return (e / cl) * cl * std::uint64_t(p.tp) + std::uint64_t(tr) * cl + e % cl;
+    }
+    return std::uint64_t(tr) * pq.n + e;  // a block of rows (or of a bias's elements)
+  }
 
   void initialise() {
-    // Parameters (ZeRO < 3), with the per-parameter master copy under ZeRO 0.
-    for (std::size_t q = 0; q < value.size(); ++q)
-      be->init_param(value[q].data(), states.empty() ? nullptr : states[q].master.as<float>(),
-                     P[q].n, init_of(q));
+    // Parameters (ZeRO < 3), with the per-parameter master copy under ZeRO 0: the backend's
+    // init, or under tensor parallelism the rank's elements made on the host.
+    for (std::size_t q = 0; q < value.size(); ++q) {
+      float* master = states.empty() ? nullptr : states[q].master.as<float>();
+      if (p.tp == 1) {
+        be->init_param(value[q].data(), master, P[q].n, init_of(q));
+        continue;
+      }
+      const ParamInit init = init_of(q);
+      std::vector<float> f(P[q].n);
+      std::vector<unsigned char> raw(P[q].n * es);
+      for (std::uint64_t e = 0; e < P[q].n; ++e) {
+        f[e] = param_init_value(init, global_elem(q, e));
+        store_from_f32(raw.data(), e, D, f[e]);
+      }
+      be->upload(value[q].data(), raw.data(), raw.size());
+      if (master) be->upload(master, f.data(), f.size() * 4);
+    }
     // The owned slices (ZeRO >= 1's master shard, ZeRO-3's parameter shard), made on the host.
     const bool shard_master = bool(shard_states.master);
     if (shard_master || params_shard) {
@@ -367,7 +407,8 @@ struct ShardedStep::Impl {
       for (std::size_t q = 0; q < P.size(); ++q) {
         const ParamInit init = init_of(q);
         const std::uint64_t a = std::max(lo, P[q].off), z = std::min(hi, P[q].off + P[q].n);
-        for (std::uint64_t x = a; x < z; ++x) f[x - lo] = param_init_value(init, x - P[q].off);
+        for (std::uint64_t x = a; x < z; ++x)
+          f[x - lo] = param_init_value(init, global_elem(q, x - P[q].off));
       }
       if (shard_master) {
         be->fill_zero(shard_states.master.data(), shard_states.master.bytes());
@@ -407,8 +448,72 @@ struct ShardedStep::Impl {
         tok[std::size_t(row * s + c)] = global_tokens[g];
         tgt[std::size_t(row * s + c)] = c + 1 < s ? global_tokens[g + 1] : -1;
       }
+    if (tpx) {  // the rank's vocabulary rows: ids outside them read row 0, then corrected
+      foreign_tok.clear();
+      foreign_tgt.clear();
+      mb_targets = tgt;
+      for (std::size_t j = 0; j < tok.size(); ++j) {
+        if (tok[j] < V_lo || tok[j] >= V_lo + V) {
+          foreign_tok.push_back(std::int64_t(j));
+          tok[j] = 0;
+        } else {
+          tok[j] -= std::int32_t(V_lo);
+        }
+        if (tgt[j] < 0) continue;
+        if (tgt[j] < V_lo || tgt[j] >= V_lo + V) {
+          foreign_tgt.push_back(std::int64_t(j));
+          tgt[j] = 0;
+        } else {
+          tgt[j] -= std::int32_t(V_lo);
+        }
+      }
+    }
     if (tokens) be->upload(tokens.data(), tok.data(), tokens.bytes());
     if (targets) be->upload(targets.data(), tgt.data(), targets.bytes());
+  }
+  // Rows `rows` of x (rows of h elements in D) set to zero.
+  void zero_rows(const Tensor& x, const std::vector<std::int64_t>& rows) {
+    for (std::int64_t row : rows)
+      be->fill_zero(elem_ptr(x, std::uint64_t(row * h)), std::uint64_t(h) * es);
+  }
+  // Tensor parallelism: the partial sums of x (n elements) over the group, in place.
+  void tp_sum(const Tensor& x, std::uint64_t n) {
+    be->synchronize();
+    T->all_reduce_sum(x.data(), n, D);
+  }
+  // y = partial (already in y) summed over the group, then + x (the residual): a row-parallel
+  // GEMM's output.
+  void tp_sum_add(const Tensor& y, const void* x) {
+    const std::uint64_t n = std::uint64_t(b * s * h);
+    tp_sum(y, n);
+    be->bias_forward(y.data(), x, 1, std::int64_t(n));
+  }
+
+  // Vocabulary-parallel cross-entropy, forward: every rank computed its rows' lse and (for the
+  // targets it holds) lse - logit; the group's lse is the log-sum-exp of the ranks', the target
+  // logit the holder's. `lse` becomes the whole vocabulary's; returns the summed token loss.
+  double tp_cross_entropy(Tensor& lse, const Tensor& losses) {
+    const std::size_t n = std::size_t(b * s), R = std::size_t(p.tp);
+    std::vector<float> mine(2 * n), all(2 * n * R);
+    be->download(mine.data(), lse.data(), n * 4);
+    be->download(mine.data() + n, losses.data(), n * 4);
+    TH->all_gather(mine.data(), all.data(), 2 * n, DType::f32);
+    std::vector<float> global(n);
+    double sum = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      float mx = -std::numeric_limits<float>::infinity();
+      for (std::size_t q = 0; q < R; ++q) mx = std::max(mx, all[q * 2 * n + j]);
+      float acc = 0;
+      for (std::size_t q = 0; q < R; ++q) acc += std::exp(all[q * 2 * n + j] - mx);
+      global[j] = mx + std::log(acc);
+      const std::int32_t t = mb_targets[j];
+      if (t < 0) continue;
+      const std::size_t holder = std::size_t(t / V);
+      const float logit = all[holder * 2 * n + j] - all[holder * 2 * n + n + j];
+      sum += double(global[j] - logit);
+    }
+    be->upload(lse.data(), global.data(), n * 4);
+    return sum;
   }
 
   // A weight as the op at unit `u`'s position reads it.
@@ -437,6 +542,7 @@ struct ShardedStep::Impl {
     if (p.zero < 2) return;
     const ParamShape& pq = P[std::size_t(q)];
     be->synchronize();  // the backend's work is done before the collective reads its buffers
+    if (tp_partial(q)) T->all_reduce_sum(bucket.data(), pq.n, D);
     X->data.all_reduce_sum(bucket.data(), pq.n, D);
     const std::uint64_t a = std::max(lo, pq.off), z = std::min(hi, pq.off + pq.n);
     if (a < z)
@@ -461,10 +567,20 @@ struct ShardedStep::Impl {
     }
   }
 
+  // q_norm and k_norm under tensor parallelism: the same weights on every rank of the group,
+  // each rank's gradient from its own heads, so a partial sum.
+  bool tp_partial(int q) const {
+    const int sl = P[std::size_t(q)].slot;
+    return tpx && (sl == kQN || sl == kKN);
+  }
+
   // After the last micro-batch: ZeRO 0/1 reduce the whole gradients, then every layout's update
   // and (ZeRO 1/2) the owners' broadcasts.
   void optimizer_step() {
     be->synchronize();
+    if (p.zero < 2)
+      for (std::size_t q = 0; q < P.size(); ++q)
+        if (tp_partial(int(q))) T->all_reduce_sum(grad[q].data(), P[q].n, D);
     if (p.zero < 2)
       for (std::size_t q = 0; q < P.size(); ++q) X->data.all_reduce_sum(grad[q].data(), P[q].n, D);
     const float gs = 1.0f / S;
@@ -575,9 +691,12 @@ struct ShardedStep::Impl {
                             m.window_of(g), t.attention);
     if (sp) gath = comm("o_proj.partial", g, {b, s, h}, D);
     A("h_mid", {b, sr, h}, D);
-    if (run) {
+    if (run && !tpx) {  // h_mid = x + attn_out·W_oᵀ: copy, then a GEMM with beta 1
       be->copy(at("h_mid"), x, L["h_mid"].bytes());
       be->matmul(at("h_mid"), at("attn_out"), LW(l, kO), n, h, ad, Trans::no, Trans::yes, 1.f, 1.f);
+    } else if (run) {  // row-parallel: the partial product summed over the group, then + x
+      be->matmul(at("h_mid"), at("attn_out"), LW(l, kO), n, h, ad, Trans::no, Trans::yes, 1.f, 0.f);
+      tp_sum_add(L["h_mid"], x);
     }
     gath.reset();
     A("rstd2", {b, sr}, f32);
@@ -596,9 +715,12 @@ struct ShardedStep::Impl {
     if (recompute) return;
     if (sp) gath = comm("down_proj.partial", g, {b, s, h}, D);
     A("out", {b, sr, h}, D);
-    if (run) {
+    if (run && !tpx) {
       be->copy(at("out"), at("h_mid"), L["out"].bytes());
       be->matmul(at("out"), at("act"), LW(l, kDown), n, h, i, Trans::no, Trans::yes, 1.f, 1.f);
+    } else if (run) {
+      be->matmul(at("out"), at("act"), LW(l, kDown), n, h, i, Trans::no, Trans::yes, 1.f, 0.f);
+      tp_sum_add(L["out"], at("h_mid"));
     }
     gath.reset();
     if (full) {
@@ -624,8 +746,13 @@ struct ShardedStep::Impl {
       Tensor partial;
       if (sp) partial = comm("embed.partial", -1, {b, s, h}, D);
       B.input = act("embed_out", -1, {b, sr, h}, D);
-      if (run)
+      if (run) {
         be->embedding_forward(B.input.data(), tokens.as<std::int32_t>(), W(0, embed_i), b, s, h, V);
+        if (tpx) {  // the vocabulary-parallel embedding: other ranks' ids give zero rows here
+          zero_rows(B.input, foreign_tok);
+          tp_sum(B.input, std::uint64_t(b * s * h));
+        }
+      }
     } else {
       B.input = act("stage_input", -1, {b, sr, h}, D);
     }
@@ -656,9 +783,13 @@ struct ShardedStep::Impl {
         if (run) {
           be->cross_entropy_forward(losses.as<float>(), B.ce_lse.as<float>(), B.logits.data(),
                                     targets.as<std::int32_t>(), n, V);
-          std::vector<float> host(static_cast<std::size_t>(n));
-          be->download(host.data(), losses.data(), losses.bytes());
-          for (float v : host) loss_sum += v;
+          if (tpx) {
+            loss_sum += tp_cross_entropy(B.ce_lse, losses);
+          } else {
+            std::vector<float> host(static_cast<std::size_t>(n));
+            be->download(host.data(), losses.data(), losses.bytes());
+            for (float v : host) loss_sum += v;
+          }
         }
       }
     } else if (Ls > 0) {
@@ -737,6 +868,7 @@ struct ShardedStep::Impl {
     Tensor d_xn2 = input_grad("xn2.gathered", "d_xn2");
     linear_backward(kGate, d_xn2.data(), d_gate.data(), at("xn2"), i, h, 0.f);
     linear_backward(kUp, d_xn2.data(), d_up.data(), at("xn2"), i, h, 1.f);
+    if (tpx) tp_sum(d_xn2, std::uint64_t(n * h));  // column-parallel: partial input gradients
     d_gate.reset();
     d_up.reset();
     drop({"xn2"});
@@ -788,6 +920,7 @@ struct ShardedStep::Impl {
     bias_backward(kKB, d_k.data(), kd);
     linear_backward(kV, d_xn1.data(), d_v.data(), at("xn1"), kd, h, 1.f);
     bias_backward(kVB, d_v.data(), kd);
+    if (tpx) tp_sum(d_xn1, std::uint64_t(n * h));
     d_q.reset();
     d_k.reset();
     d_v.reset();
@@ -811,9 +944,25 @@ struct ShardedStep::Impl {
     if (last) {
       const int hu = int(Ls) + 1;
       // 1. dlogits in place of logits.
-      if (run)
+      if (run) {
+        // Vocabulary-parallel: a row whose target another rank holds was given target 0 here;
+        // its element 0 is rewritten as a non-target's, scale·exp(x - lse).
+        std::vector<float> x0(foreign_tgt.size()), l(foreign_tgt.size());
+        for (std::size_t j = 0; j < foreign_tgt.size(); ++j) {
+          unsigned char raw[4];
+          be->download(raw, elem_ptr(B.logits, std::uint64_t(foreign_tgt[j] * V)), es);
+          x0[j] = load_as_f32(raw, 0, D);
+          be->download(&l[j], B.ce_lse.as<float>() + foreign_tgt[j], 4);
+        }
         be->cross_entropy_backward(B.logits.data(), B.logits.data(), B.ce_lse.as<float>(),
                                    targets.as<std::int32_t>(), n, V, ce_scale);
+        be->synchronize();
+        for (std::size_t j = 0; j < foreign_tgt.size(); ++j) {
+          unsigned char raw[4];
+          store_from_f32(raw, 0, D, ce_scale * std::exp(x0[j] - l[j]));
+          be->upload(elem_ptr(B.logits, std::uint64_t(foreign_tgt[j] * V)), raw, es);
+        }
+      }
       B.ce_lse.reset();
       // 2. lm_head: d_final_norm_out (a partial under sp), the input gathered for dW.
       Tensor gath;
@@ -822,6 +971,7 @@ struct ShardedStep::Impl {
       if (run) {
         be->matmul(d_fno.data(), B.logits.data(), W(hu, head_i), n, h, V, Trans::no, Trans::no, 1.f,
                    0.f);
+        if (tpx) tp_sum(d_fno, std::uint64_t(n * h));
         be->matmul(G(head_i), B.logits.data(), B.final_norm_out.data(), V, h, n, Trans::yes,
                    Trans::no, 1.f, 1.f);
         G_done(head_i);
@@ -857,6 +1007,7 @@ struct ShardedStep::Impl {
       Tensor gath = comm("d_residual.gathered", -1, {b, s, h}, D);
     }
     if (first && run) {
+      if (tpx) zero_rows(d_res, foreign_tok);  // its last use: rows of ids other ranks hold
       be->embedding_backward(G(embed_i), d_res.data(), tokens.as<std::int32_t>(), b, s, h, V);
       G_done(embed_i);
     }
@@ -938,11 +1089,23 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
       throw Error("sharded step: the collectives have " + std::to_string(exec->data.size()) +
                   " ranks, the layout dp " + std::to_string(layout.dp));
     const std::string what = "a measured multi-rank step (--backend cpu|cuda with --world-size)";
-    if (layout.tp > 1 || layout.pp > 1)
-      throw InputError("--tp " + std::to_string(layout.tp) + " --pp " + std::to_string(layout.pp) +
-                       ": " + what +
-                       " runs data parallelism so far (--dp with --zero 0-3, --microbatches); "
-                       "tensor and pipeline parallel ranks are traced with --backend meta");
+    if (layout.pp > 1 || layout.sp)
+      throw InputError("--pp " + std::to_string(layout.pp) + (layout.sp ? " --sp" : "") + ": " +
+                       what +
+                       " runs data and tensor parallelism so far (--dp with --zero 0-3, "
+                       "--microbatches, --tp without --sp); pipeline stages and sequence "
+                       "parallelism are traced with --backend meta");
+    if (layout.tp > 1) {
+      if (!exec->tp || !exec->tp_host || exec->tp->size() != layout.tp ||
+          exec->tp_host->size() != layout.tp)
+        throw Error("sharded step: --tp " + std::to_string(layout.tp) +
+                    " needs the tensor-parallel group's collectives");
+      x.T = exec->tp;
+      x.TH = exec->tp_host;
+      x.tr = exec->tp->rank();
+      x.tpx = x.run;
+      x.V_lo = std::int64_t(x.tr) * x.V;
+    }
     if (layout.offload != Offload::none)
       throw InputError("--offload " + std::string(offload_name(layout.offload)) + ": " + what +
                        " keeps every state on its device; --backend meta traces offload");
@@ -962,6 +1125,17 @@ float ShardedStep::train_step() {
 
 std::vector<float> ShardedStep::parameter_values(const std::string& hf_name) {
   return impl_->parameter_values(hf_name);
+}
+
+std::vector<std::uint64_t> ShardedStep::parameter_elements(const std::string& hf_name) const {
+  const Impl& x = *impl_;
+  for (std::size_t q = 0; q < x.P.size(); ++q)
+    if (x.P[q].name == hf_name) {
+      std::vector<std::uint64_t> v(x.P[q].n);
+      for (std::uint64_t e = 0; e < v.size(); ++e) v[e] = x.global_elem(q, e);
+      return v;
+    }
+  throw InputError("sharded step: no parameter named '" + hf_name + "'");
 }
 
 std::vector<std::string> ShardedStep::parameter_names() const {

@@ -145,14 +145,35 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
 
   MeasuredRank mine;
   mine.rank = host.rank();
-  // The ranks of a pipeline-less layout are data-parallel ranks of stage 0.
-  mine.stage = 0;
+  // Megatron's order of the ranks: the tensor-parallel index fastest, then data, then pipeline.
+  const int tp = int(rq.layout.tp), dp = int(rq.layout.dp);
+  const int tp_rank = mine.rank % tp, dp_rank = (mine.rank / tp) % dp;
+  mine.stage = mine.rank / (tp * dp);
+  // The groups (a layout of one group each needs no split).
+  std::unique_ptr<Collective> dp_data, dp_host, tp_data, tp_host;
+  Collective* dpd = &data;
+  Collective* dph = &host;
+  if (tp > 1) {
+    const int dp_color = int(mine.stage) * tp + tp_rank, tp_color = int(mine.stage) * dp + dp_rank;
+    dp_data = data.split(dp_color, dp_rank);
+    tp_data = data.split(tp_color, tp_rank);
+    if (&host != &data) {
+      dp_host = host.split(dp_color, dp_rank);
+      tp_host = host.split(tp_color, tp_rank);
+    }
+    dpd = dp_data.get();
+    dph = dp_host ? dp_host.get() : dpd;
+  }
   std::vector<double> seconds;
   std::uint64_t step_first_seq = 0;
   {
     Ledger ledger(backend.allocator());
-    const ShardedExecution ex{backend, data, host, rq.seed,
-                              default_optimizer_settings(rq.train.optimizer)};
+    ShardedExecution ex{backend, *dpd, *dph, rq.seed,
+                        default_optimizer_settings(rq.train.optimizer)};
+    if (tp > 1) {
+      ex.tp = tp_data.get();
+      ex.tp_host = tp_host ? tp_host.get() : tp_data.get();
+    }
     ShardedStep step(rq.model, rq.train, rq.layout, mine.stage, ledger, &ex);
     for (int n = 0; n < out.steps; ++n) {
       step_first_seq = ledger.timeline().size() + ledger.dropped_events() + 1;
