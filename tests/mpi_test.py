@@ -15,7 +15,8 @@ checks exit codes, messages and that nothing hangs (every run has a wall-clock b
   cli          trainmem profile --backend cpu --world-size N --zero 2 under mpirun -> exit 0,
                rank 0's JSON report of every rank (measured == trace == analytic), losses equal
                to the single-rank run of the global batch, one timeline per rank; --tp 2 ->
-               measured, the same losses; --pp 2 -> exit 2 saying what is measured, once; --world-size not equal to the MPI size ->
+               measured, the same losses; --pp 2 --microbatches 3 -> measured, the same
+               losses; --sp -> exit 2 saying what is measured, once; --world-size not equal to the MPI size ->
                exit 2 saying what to run instead
   nccl         the collectives on the NCCL backend (CUDA builds; skipped without devices)
   sharded_nccl the measured sharded step on cuda with NCCL (CUDA builds; skipped without devices)
@@ -209,10 +210,29 @@ def main():
                     expect(len(got) == len(want) and
                            all(abs(g - w) <= 1e-5 * abs(w) for g, w in zip(got, want)),
                            f"tp 2 losses {got} equal the single rank's {want} within 1e-5", out)
-            rc, out, err, _ = run(n, base + ["--world-size", str(n), "--pp", "2"])
-            expect(rc == 2, f"--pp 2 measured: exit {rc}, expected 2", out, err)
-            expect(err.count("Measured multi-rank runs cover data and tensor parallelism") == 1,
-                   "the scope said once, by rank 0", out, err)
+            # Pipeline stages measured: pp 2 with 3 micro-batches (global batch 3·2·n/2 rows).
+            rc, out, err, _ = run(n, base + ["--world-size", str(n), "--pp", "2",
+                                             "--microbatches", "3", "--format", "json"],
+                                  threads=1)
+            expect(rc == 0, f"--pp 2 measured: exit {rc}", out, err)
+            if rc == 0:
+                doc = json.loads(out)
+                expect(doc.get("all_ranks_match") is True and
+                       sorted({r["stage"] for r in doc["measured_ranks"]}) == [0, 1],
+                       "pp 2: both stages measured and matching", out)
+                rc1, out1, err1 = single(a.trainmem, ["profile", "--model", "tiny", "--batch",
+                                                      str(3 * n), "--seq", "16", "--backend",
+                                                      "cpu", "--dtype", "fp32", "--format", "json"])
+                if rc1 == 0:
+                    want = json.loads(out1)["run"]["losses"]
+                    got = doc.get("losses", [])
+                    expect(len(got) == len(want) and
+                           all(abs(g - w) <= 1e-5 * abs(w) for g, w in zip(got, want)),
+                           f"pp 2 losses {got} equal the single rank's {want} within 1e-5", out)
+            rc, out, err, _ = run(n, base + ["--world-size", str(n), "--tp", "2", "--sp"])
+            expect(rc == 2, f"--sp measured: exit {rc}, expected 2", out, err)
+            expect(err.count("Measured multi-rank runs cover data, tensor and pipeline "
+                             "parallelism") == 1, "the scope said once, by rank 0", out, err)
         rc, out, err, _ = run(n, base + ["--world-size", str(2 * n)])
         expect(rc == 2, f"--world-size {2 * n} under mpirun -np {n}: exit {rc}, expected 2",
                out, err)

@@ -66,7 +66,9 @@ TEST(CliLaunch, NotUnderMpiSaysTheMpirunAndSrunLinesAndWhatIsMeasured) {
   EXPECT_TRUE(contains(*msg, "\n  mpirun -np 4 " + cmd + "\n")) << *msg;
   EXPECT_TRUE(contains(*msg, "\n  srun -n 4 " + cmd + "\n")) << *msg;
   EXPECT_TRUE(contains(*msg, "--allow-run-as-root")) << *msg;
-  EXPECT_TRUE(contains(*msg, "Measured multi-rank runs cover data and tensor parallelism")) << *msg;
+  EXPECT_TRUE(
+      contains(*msg, "Measured multi-rank runs cover data, tensor and pipeline parallelism"))
+      << *msg;
   EXPECT_FALSE(contains(*msg, "built without MPI")) << *msg;
 }
 
@@ -82,8 +84,8 @@ TEST(CliLaunch, BuiltWithoutMpiSaysSoEvenUnderALauncher) {
                          "MPI"))
         << *msg;
     EXPECT_TRUE(contains(*msg, "tools/setup.sh")) << *msg;
-    EXPECT_TRUE(contains(
-        *msg, "pipeline stages (--pp), sequence parallelism (--sp) and --offload are traced"))
+    EXPECT_TRUE(
+        contains(*msg, "sequence parallelism (--sp), --offload and, on cuda, --pp are traced"))
         << *msg;
   }
 }
@@ -134,7 +136,8 @@ TEST_F(CliLaunchEnv, ProfileCpuOnSeveralRanksWithoutMpirunExits2WithTheLine) {
                                  "--seq", "16", "--world-size", "2"});
     EXPECT_EQ(r.code, 2) << r.err;
     EXPECT_TRUE(contains(r.err, "trainmem: error: --backend " + be + " --world-size 2: ")) << r.err;
-    EXPECT_TRUE(contains(r.err, "Measured multi-rank runs cover data and tensor parallelism"))
+    EXPECT_TRUE(
+        contains(r.err, "Measured multi-rank runs cover data, tensor and pipeline parallelism"))
         << r.err;
     if (mpi_built()) {
       EXPECT_TRUE(contains(r.err, "mpirun -np 2 trainmem profile --backend " + be +

@@ -203,7 +203,8 @@ TEST(CliLayout, BadLayoutsExitTwoNamingTheFlag) {
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "--backend cpu --world-size 2: ")) << r.err;
   EXPECT_TRUE(contains(r.err, "mpirun -np 2 trainmem profile")) << r.err;
-  EXPECT_TRUE(contains(r.err, "Measured multi-rank runs cover data and tensor parallelism"))
+  EXPECT_TRUE(
+      contains(r.err, "Measured multi-rank runs cover data, tensor and pipeline parallelism"))
       << r.err;
 }
 

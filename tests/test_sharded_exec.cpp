@@ -122,17 +122,30 @@ TEST(ShardedExecOneRank, RefusesWhatItDoesNotRun) {
   auto be = make_cpu_backend(DType::f32);
   Ledger ledger(be->allocator());
   ShardedExecution ex{*be, *local, *local, 1, default_optimizer_settings(Optimizer::adamw)};
+  ParallelConfig sp;
+  sp.world = 2;
+  sp.tp = 2;
+  sp.sp = true;
+  sp.resolve(false, m, t);
+  try {
+    ShardedStep step(m, t, sp, 0, ledger, &ex);
+    FAIL() << "sp ran";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--sp: a measured multi-rank step"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("--backend meta"), std::string::npos) << e.what();
+  }
   ParallelConfig pp;
   pp.world = 2;
   pp.pp = 2;
   pp.resolve(false, m, t);
   try {
     ShardedStep step(m, t, pp, 0, ledger, &ex);
-    FAIL() << "pp 2 ran";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("--pp 2: a measured multi-rank step"), std::string::npos)
+    FAIL() << "pp 2 ran without its group";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--pp 2 needs the pipeline group's collective"),
+              std::string::npos)
         << e.what();
-    EXPECT_NE(std::string(e.what()).find("--backend meta"), std::string::npos) << e.what();
   }
   ParallelConfig tp;
   tp.world = 2;

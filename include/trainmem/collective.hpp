@@ -78,7 +78,10 @@ class Collective {
   virtual void all_gather(const void* send, void* recv, std::size_t send_count, DType t) = 0;
   // buf on every rank becomes root's buf.
   virtual void broadcast(void* buf, std::size_t count, DType t, int root) = 0;
-  // Point to point (pipeline stages); messages between two ranks arrive in the order sent.
+  // Point to point (pipeline stages); messages between two ranks arrive in the order sent. MPI's
+  // send returns once the data is copied into a staging buffer of the collective's (a
+  // transport buffer, outside the ledger, freed when the send completes), so two ranks may send
+  // to each other before either receives; NCCL's waits for the receiver.
   virtual void send(const void* buf, std::size_t count, DType t, int peer) = 0;
   virtual void recv(void* buf, std::size_t count, DType t, int peer) = 0;
   virtual void barrier() = 0;

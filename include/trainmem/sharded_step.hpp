@@ -12,8 +12,9 @@
 // the rank's measured ledger is the meta trace by construction and the per-rank analytic
 // profile checks it. Measured runs support data parallelism (dp >= 1, ZeRO 0-3, several
 // micro-batches, AdamW or SGD, no offload) and tensor parallelism without sp (Megatron's
-// column/row-parallel layers, vocabulary-parallel embedding, head and cross-entropy) with
-// pp = 1; InputError otherwise.
+// column/row-parallel layers, vocabulary-parallel embedding, head and cross-entropy), and
+// pipeline parallelism on the cpu backend (1F1B, activations and their gradients sent between
+// stages, tied embeddings kept equal across the first and last stage); InputError otherwise.
 //
 // Names: parameters use their HuggingFace names with the rank's shapes (q_proj (a/t·d, h), ...);
 // the ZeRO flat tensors are `params.shard`, `grads.shard`, `shard.master`, `shard.exp_avg`,
@@ -48,6 +49,9 @@ struct ShardedExecution {
   // buffers and on host buffers; its rank is the rank's tensor-parallel index.
   Collective* tp = nullptr;
   Collective* tp_host = nullptr;
+  // Pipeline parallelism (layout pp > 1, the cpu backend): the rank's pipeline group on host
+  // buffers, its rank the stage.
+  Collective* pp = nullptr;
 };
 
 class ShardedStep {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <thread>
 #include <vector>
 
@@ -80,6 +81,14 @@ class MpiCollective final : public Collective {
 
   ~MpiCollective() override {
     if (aborted_) return;
+    try {
+      finish_sends();
+    } catch (const std::exception&) {
+      // A peer that never received: its staging buffers stay allocated (MPI may still read
+      // them), the communicators are left to MPI_Finalize.
+      for (auto& ps : sends_) new std::vector<unsigned char>(std::move(ps.data));
+      return;
+    }
     MPI_Comm_free(&data_);
     MPI_Comm_free(&control_);
     int finalised = 0;
@@ -176,17 +185,26 @@ class MpiCollective final : public Collective {
     }
   }
 
+  // Staged: the data is copied into a buffer of this collective's and sent without waiting, so
+  // two stages that send to each other before receiving (the 1F1B schedule's forward output
+  // and backward gradient crossing) cannot deadlock. Completed sends are reaped at every send
+  // and waited for (bounded) by barrier() and the destructor.
   void send(const void* buf, std::size_t count, DType t, int peer) override {
     check_peer(peer, "send", false);
+    reap_sends();
     const std::size_t es = dtype_size(t);
     const auto* bytes = static_cast<const unsigned char*>(buf);
     for (std::size_t off = 0; off < count; off += kSegment) {
       const std::size_t n = std::min(kSegment, count - off);
-      MPI_Request req;
+      PendingSend ps;
+      ps.data.assign(bytes + off * es, bytes + (off + n) * es);
+      ps.peer = peer;
+      ps.n = n;
+      ps.t = t;
       check(
-          MPI_Isend(bytes + off * es, static_cast<int>(n * es), MPI_BYTE, peer, kTag, data_, &req),
+          MPI_Isend(ps.data.data(), static_cast<int>(n * es), MPI_BYTE, peer, kTag, data_, &ps.req),
           "MPI_Isend (send)");
-      wait(&req, "send to rank " + std::to_string(peer), n, t, peer);
+      sends_.push_back(std::move(ps));
     }
   }
 
@@ -205,6 +223,7 @@ class MpiCollective final : public Collective {
   }
 
   void barrier() override {
+    finish_sends();
     MPI_Request req;
     check(MPI_Ibarrier(data_, &req), "MPI_Ibarrier (barrier)");
     wait_for(&req, "barrier", "for the other ranks to reach it");
@@ -325,7 +344,32 @@ class MpiCollective final : public Collective {
     wait(&req, "all_reduce_sum", n, t);
   }
 
+  struct PendingSend {
+    MPI_Request req = MPI_REQUEST_NULL;
+    std::vector<unsigned char> data;
+    int peer = 0;
+    std::size_t n = 0;
+    DType t = DType::f32;
+  };
+  // Frees the staging buffers of the sends that completed.
+  void reap_sends() {
+    for (auto it = sends_.begin(); it != sends_.end();) {
+      int done = 0;
+      check(MPI_Test(&it->req, &done, MPI_STATUS_IGNORE), "MPI_Test (send)");
+      it = done ? sends_.erase(it) : std::next(it);
+    }
+  }
+  // Waits (each at most the timeout) for every send in flight.
+  void finish_sends() {
+    while (!sends_.empty()) {
+      PendingSend& ps = sends_.front();
+      wait(&ps.req, "send to rank " + std::to_string(ps.peer), ps.n, ps.t, ps.peer);
+      sends_.pop_front();
+    }
+  }
+
   MPI_Comm data_ = MPI_COMM_NULL, control_ = MPI_COMM_NULL;
+  std::deque<PendingSend> sends_;
   int rank_ = 0, size_ = 1, local_rank_ = 0;
   bool owns_mpi_ = false, aborted_ = false;
   std::vector<unsigned char> contrib_, pack_;  // reused between calls

@@ -92,6 +92,12 @@ struct ShardedStep::Impl {
   std::int64_t V_lo = 0;
   std::vector<std::int64_t> foreign_tok, foreign_tgt;
   std::vector<std::int32_t> mb_targets;  // the micro-batch's global targets
+  // Pipeline parallelism (ppx: a measured run with pp > 1): the group (rank = stage) and, with
+  // tied embeddings, the group of the first and last stage that sums their copies' gradients.
+  Collective* PPc = nullptr;
+  std::unique_ptr<Collective> tie_group;
+  bool ppx = false;
+  std::vector<std::size_t> gidx;  // each parameter's index in the whole model's setup order
 
   std::vector<Tensor> persistent;  // inputs' neighbours with no role in the arithmetic
   // Setup's tensors the arithmetic uses (empty where the layout has none).
@@ -246,6 +252,27 @@ struct ShardedStep::Impl {
         head_i = qi;
     }
     if (tied_here) head_i = embed_i;
+    // Indices in the whole model (embedding 0, layer g's j-th parameter 1 + g·per_layer + j, the
+    // final norm, lm_head): a later stage's parameters keep the single-rank model's streams.
+    if (p.pp > 1) {
+      std::size_t per_layer = 0;
+      for (const auto& q : P)
+        if (q.slot >= 0 && q.layer == global_layer(0)) ++per_layer;
+      gidx.assign(P.size(), 0);
+      std::size_t j = 0;
+      int prev = -1;
+      for (std::size_t q = 0; q < P.size(); ++q) {
+        if (P[q].slot >= 0) {
+          j = P[q].layer == prev ? j + 1 : 0;
+          prev = P[q].layer;
+          gidx[q] = 1 + std::size_t(P[q].layer) * per_layer + j;
+        } else if (int(q) == norm_i) {
+          gidx[q] = 1 + std::size_t(m.layers) * per_layer;
+        } else if (int(q) == head_i) {  // tied: the last stage's copy starts as the embedding
+          gidx[q] = m.tied_embeddings ? 0 : 2 + std::size_t(m.layers) * per_layer;
+        }
+      }
+    }
     shard = (Pk + std::uint64_t(p.dp) - 1) / std::uint64_t(p.dp);
     lo = std::min(Pk, std::uint64_t(r) * shard);
     hi = std::min(Pk, lo + shard);
@@ -363,7 +390,7 @@ struct ShardedStep::Impl {
   }
   // The parameter's index in the whole model's setup order (LlamaModel's): with pp = 1 the
   // rank's own order.
-  std::size_t global_index(std::size_t q) const { return q; }
+  std::size_t global_index(std::size_t q) const { return gidx.empty() ? q : gidx[q]; }
   // Where local element e of parameter q sits in the whole parameter (row-major): column-parallel
   // weights and biases (q/k/v, gate/up, the vocabulary rows of the embedding and lm_head) hold a
   // block of rows, row-parallel weights (o_proj, down_proj) a block of columns, norms all.
@@ -578,6 +605,10 @@ struct ShardedStep::Impl {
   // and (ZeRO 1/2) the owners' broadcasts.
   void optimizer_step() {
     be->synchronize();
+    if (tie_group) {  // the embedding's gradient: its first-stage and last-stage parts summed
+      const int q = first ? embed_i : head_i;
+      tie_group->all_reduce_sum(grad[std::size_t(q)].data(), P[std::size_t(q)].n, D);
+    }
     if (p.zero < 2)
       for (std::size_t q = 0; q < P.size(); ++q)
         if (tp_partial(int(q))) T->all_reduce_sum(grad[q].data(), P[q].n, D);
@@ -755,6 +786,7 @@ struct ShardedStep::Impl {
       }
     } else {
       B.input = act("stage_input", -1, {b, sr, h}, D);
+      if (ppx) PPc->recv(B.input.data(), std::uint64_t(b * s * h), D, int(stage) - 1);
     }
     B.layers.resize(std::size_t(Ls));
     for (std::int64_t l = 0; l < Ls; ++l) {
@@ -793,6 +825,10 @@ struct ShardedStep::Impl {
         }
       }
     } else if (Ls > 0) {
+      if (ppx) {
+        be->synchronize();
+        PPc->send(B.layers.back()["out"].data(), std::uint64_t(b * s * h), D, int(stage) + 1);
+      }
       B.layers.back().erase("out");  // sent to the next stage
     }
     if (mark) ledger.mark_end_of_forward();
@@ -997,6 +1033,7 @@ struct ShardedStep::Impl {
       if (Ls > 0) B.layers.back().erase("out");
     } else {
       d_res = ws("d_residual", -1, {b, sr, h}, D);  // received from the next stage
+      if (ppx) PPc->recv(d_res.data(), std::uint64_t(b * s * h), D, int(stage) + 1);
     }
     for (std::int64_t l = Ls - 1; l >= 0; --l) {
       window(++pos);
@@ -1007,11 +1044,16 @@ struct ShardedStep::Impl {
       Tensor gath = comm("d_residual.gathered", -1, {b, s, h}, D);
     }
     if (first && run) {
+      if (ppx) upload_batch(mb);               // later micro-batches' forwards replaced the tokens
       if (tpx) zero_rows(d_res, foreign_tok);  // its last use: rows of ids other ranks hold
       be->embedding_backward(G(embed_i), d_res.data(), tokens.as<std::int32_t>(), b, s, h, V);
       G_done(embed_i);
     }
     if (Ls == 0) B.input.reset();
+    if (ppx && !first) {  // dL/d(stage input), to the previous stage
+      be->synchronize();
+      PPc->send(d_res.data(), std::uint64_t(b * s * h), D, int(stage) - 1);
+    }
     d_res.reset();
     in_flight.erase(mb);
   }
@@ -1043,7 +1085,9 @@ struct ShardedStep::Impl {
     X->host.all_gather(&loss_sum, sums.data(), 2, DType::f32);  // a double as 8 bytes
     double total = 0;
     for (double v : sums) total += v;
-    return float(total / double(std::int64_t(p.dp) * M * b * (s - 1)));
+    float loss = float(total / double(std::int64_t(p.dp) * M * b * (s - 1)));
+    if (ppx) PPc->broadcast(&loss, 1, DType::f32, int(p.pp) - 1);  // the last stage's
+    return loss;
   }
 
   std::vector<float> parameter_values(const std::string& name) {
@@ -1089,12 +1133,28 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
       throw Error("sharded step: the collectives have " + std::to_string(exec->data.size()) +
                   " ranks, the layout dp " + std::to_string(layout.dp));
     const std::string what = "a measured multi-rank step (--backend cpu|cuda with --world-size)";
-    if (layout.pp > 1 || layout.sp)
-      throw InputError("--pp " + std::to_string(layout.pp) + (layout.sp ? " --sp" : "") + ": " +
-                       what +
-                       " runs data and tensor parallelism so far (--dp with --zero 0-3, "
-                       "--microbatches, --tp without --sp); pipeline stages and sequence "
-                       "parallelism are traced with --backend meta");
+    if (layout.sp)
+      throw InputError("--sp: " + what +
+                       " runs data, tensor (without --sp) and pipeline parallelism so far; "
+                       "sequence parallelism is traced with --backend meta");
+    if (layout.pp > 1) {
+      if (std::string(exec->data.backend()) == "nccl")
+        throw InputError("--pp " + std::to_string(layout.pp) + " --backend cuda: " + what +
+                         " runs pipeline stages on the cpu backend (MPI) so far; --backend "
+                         "meta traces them");
+      if (!exec->pp || exec->pp->size() != layout.pp || exec->pp->rank() != stage)
+        throw Error("sharded step: --pp " + std::to_string(layout.pp) +
+                    " needs the pipeline group's collective, this rank being stage " +
+                    std::to_string(stage));
+      x.PPc = exec->pp;
+      x.ppx = x.run;
+      // Tied embeddings: the first and the last stage hold a copy each (split by every stage).
+      if (model.tied_embeddings) {
+        const bool ends = stage == 0 || stage == layout.pp - 1;
+        std::unique_ptr<Collective> g = exec->pp->split(ends ? 0 : 1, int(stage));
+        if (ends && x.run) x.tie_group = std::move(g);
+      }
+    }
     if (layout.tp > 1) {
       if (!exec->tp || !exec->tp_host || exec->tp->size() != layout.tp ||
           exec->tp_host->size() != layout.tp)

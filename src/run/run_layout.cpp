@@ -146,14 +146,14 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
   MeasuredRank mine;
   mine.rank = host.rank();
   // Megatron's order of the ranks: the tensor-parallel index fastest, then data, then pipeline.
-  const int tp = int(rq.layout.tp), dp = int(rq.layout.dp);
+  const int tp = int(rq.layout.tp), dp = int(rq.layout.dp), pp = int(rq.layout.pp);
   const int tp_rank = mine.rank % tp, dp_rank = (mine.rank / tp) % dp;
   mine.stage = mine.rank / (tp * dp);
   // The groups (a layout of one group each needs no split).
-  std::unique_ptr<Collective> dp_data, dp_host, tp_data, tp_host;
+  std::unique_ptr<Collective> dp_data, dp_host, tp_data, tp_host, pp_host;
   Collective* dpd = &data;
   Collective* dph = &host;
-  if (tp > 1) {
+  if (tp > 1 || pp > 1) {
     const int dp_color = int(mine.stage) * tp + tp_rank, tp_color = int(mine.stage) * dp + dp_rank;
     dp_data = data.split(dp_color, dp_rank);
     tp_data = data.split(tp_color, tp_rank);
@@ -163,6 +163,8 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
     }
     dpd = dp_data.get();
     dph = dp_host ? dp_host.get() : dpd;
+    // The pipeline: stages on host buffers (sends and receives of the cpu backend).
+    pp_host = host.split(dp_rank * tp + tp_rank, int(mine.stage));
   }
   std::vector<double> seconds;
   std::uint64_t step_first_seq = 0;
@@ -174,6 +176,7 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
       ex.tp = tp_data.get();
       ex.tp_host = tp_host ? tp_host.get() : tp_data.get();
     }
+    if (pp > 1) ex.pp = pp_host.get();
     ShardedStep step(rq.model, rq.train, rq.layout, mine.stage, ledger, &ex);
     for (int n = 0; n < out.steps; ++n) {
       step_first_seq = ledger.timeline().size() + ledger.dropped_events() + 1;
