@@ -14,9 +14,9 @@ checks exit codes, messages and that nothing hangs (every run has a wall-clock b
                other and the single-rank run, ledgers against the trace -> exit 0
   cli          trainmem profile --backend cpu --world-size N --zero 2 under mpirun -> exit 0,
                rank 0's JSON report of every rank (measured == trace == analytic), losses equal
-               to the single-rank run of the global batch, one timeline per rank; --tp 2 ->
+               to the single-rank run of the global batch, one timeline per rank; --tp 2 --sp ->
                measured, the same losses; --pp 2 --microbatches 3 -> measured, the same
-               losses; --sp -> exit 2 saying what is measured, once; --world-size not equal to the MPI size ->
+               losses; --offload -> exit 2 saying what is measured, once; --world-size not equal to the MPI size ->
                exit 2 saying what to run instead
   nccl         the collectives on the NCCL backend (CUDA builds; skipped without devices)
   sharded_nccl the measured sharded step on cuda with NCCL (CUDA builds; skipped without devices)
@@ -195,8 +195,8 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
         if n % 2 == 0:
             # Tensor parallelism measured: tp 2 (dp n/2), the same global batch's losses.
-            rc, out, err, _ = run(n, base + ["--world-size", str(n), "--tp", "2", "--format",
-                                             "json"], threads=1)
+            rc, out, err, _ = run(n, base + ["--world-size", str(n), "--tp", "2", "--sp",
+                                             "--format", "json"], threads=1)
             expect(rc == 0, f"--tp 2 measured: exit {rc}", out, err)
             if rc == 0:
                 doc = json.loads(out)
@@ -229,8 +229,9 @@ def main():
                     expect(len(got) == len(want) and
                            all(abs(g - w) <= 1e-5 * abs(w) for g, w in zip(got, want)),
                            f"pp 2 losses {got} equal the single rank's {want} within 1e-5", out)
-            rc, out, err, _ = run(n, base + ["--world-size", str(n), "--tp", "2", "--sp"])
-            expect(rc == 2, f"--sp measured: exit {rc}, expected 2", out, err)
+            rc, out, err, _ = run(n, base + ["--world-size", str(n), "--zero", "1", "--offload",
+                                             "optimizer"])
+            expect(rc == 2, f"--offload measured: exit {rc}, expected 2", out, err)
             expect(err.count("Measured multi-rank runs cover data, tensor and pipeline "
                              "parallelism") == 1, "the scope said once, by rank 0", out, err)
         rc, out, err, _ = run(n, base + ["--world-size", str(2 * n)])

@@ -17,7 +17,8 @@
 //      tp 2; tiny, and tiny-qwen2 whose tied embeddings have a copy on each end): each stage's
 //      weights against the single rank's within adam_tolerance, losses within 1e-5
 //      relative, and check 3 against the stage's trace;
-//   4. tensor parallelism (tp 2, dp N/2; tiny, tiny-qwen2 with biases and tied embeddings,
+//   4. tensor parallelism (tp 2 with and without sp, dp N/2; tiny, tiny-qwen2 with biases and tied
+//   embeddings,
 //      tiny-qwen3 with q/k norms): every rank's slice of every weight against the same slice of
 //      the single-rank run within adam_tolerance, losses within 1e-5 relative, the
 //      ZeRO stages against ZeRO 0 bit for bit (dp 2, one micro-batch, untied), and check 3.
@@ -196,51 +197,54 @@ int main(int argc, char** argv) {
       std::unique_ptr<Collective> tp_group = world->split(rank_id / tp, rank_id % tp);
       std::unique_ptr<Collective> dp_group = world->split(rank_id % tp, rank_id / tp);
       for (const std::string name : {"tiny", "tiny-qwen2", "tiny-qwen3"})
-        for (const std::int64_t M : {1, 2}) {
-          const ModelConfig m = any_config(name);
-          TrainConfig t;
-          t.batch = 1;
-          t.seq = 12;
-          t.dtype = DType::f32;
-          t.optimizer = Optimizer::adamw;
-          t.checkpointing = M == 2 ? Checkpointing::full : Checkpointing::none;
-          t.attention = M == 2 ? Attention::flash : Attention::eager;
-          const StepsResult ref = reference_steps(m, t, dp * M * t.batch, 9, kSteps);
-          std::vector<StepsResult> by_zero;
-          for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
-            std::ostringstream label;
-            label << name << " fp32 M " << M << " tp 2 dp " << dp << " ZeRO-" << zero;
-            ParallelConfig p;
-            p.world = N;
-            p.tp = tp;
-            p.zero = zero;
-            p.microbatches = M;
-            p.resolve(false, m, t);
-            ShardedRun run(m, t, p, *dp_group, *dp_group, 9, BackendKind::cpu, tp_group.get());
-            by_zero.push_back(run.run(kSteps));
-            const StepsResult& got = by_zero.back();
-            check_ledger(run, m, t, p, label.str());
-            for (int n = 0; n < kSteps; ++n)
-              check(std::abs(got.losses[n] - ref.losses[n]) <= 1e-5 * std::abs(ref.losses[n]),
-                    label.str() + ": step " + std::to_string(n + 1) + " loss " +
-                        std::to_string(got.losses[n]) + ", single rank " +
-                        std::to_string(ref.losses[n]));
-            std::string where;
-            const double diff =
-                worst_absolute_difference(got.weights, slice_of(ref.weights, got), &where);
-            const double bound = adam_tolerance(default_optimizer_settings(t.optimizer), kSteps);
-            std::ostringstream msg;
-            msg << label.str() << ": weights differ from the single rank's slice by " << diff
-                << " at " << where << " (bound " << bound << ")";
-            check(diff <= bound, msg.str());
-            if (rank_id == 0)
-              std::printf("%s: worst weight difference from the single rank %.3g (bound %.3g)\n",
-                          label.str().c_str(), diff, bound);
-            if (M == 1 && !m.tied_embeddings && zero > 0)
-              check(bit_identical(got.weights, by_zero[0].weights, &where),
-                    label.str() + ": weights not bit-identical to ZeRO-0's at " + where);
+        for (const std::int64_t M : {1, 2})
+          for (const bool sp : {false, true}) {
+            const ModelConfig m = any_config(name);
+            TrainConfig t;
+            t.batch = sp ? 2 : 1;  // sp gathers the sequence row by row: two rows
+            t.seq = 12;
+            t.dtype = DType::f32;
+            t.optimizer = Optimizer::adamw;
+            t.checkpointing = M == 2 ? Checkpointing::full : Checkpointing::none;
+            t.attention = M == 2 ? Attention::flash : Attention::eager;
+            const StepsResult ref = reference_steps(m, t, dp * M * t.batch, 9, kSteps);
+            std::vector<StepsResult> by_zero;
+            for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
+              std::ostringstream label;
+              label << name << " fp32 M " << M << " tp 2" << (sp ? " sp" : "") << " dp " << dp
+                    << " ZeRO-" << zero;
+              ParallelConfig p;
+              p.world = N;
+              p.tp = tp;
+              p.sp = sp;
+              p.zero = zero;
+              p.microbatches = M;
+              p.resolve(false, m, t);
+              ShardedRun run(m, t, p, *dp_group, *dp_group, 9, BackendKind::cpu, tp_group.get());
+              by_zero.push_back(run.run(kSteps));
+              const StepsResult& got = by_zero.back();
+              check_ledger(run, m, t, p, label.str());
+              for (int n = 0; n < kSteps; ++n)
+                check(std::abs(got.losses[n] - ref.losses[n]) <= 1e-5 * std::abs(ref.losses[n]),
+                      label.str() + ": step " + std::to_string(n + 1) + " loss " +
+                          std::to_string(got.losses[n]) + ", single rank " +
+                          std::to_string(ref.losses[n]));
+              std::string where;
+              const double diff =
+                  worst_absolute_difference(got.weights, slice_of(ref.weights, got), &where);
+              const double bound = adam_tolerance(default_optimizer_settings(t.optimizer), kSteps);
+              std::ostringstream msg;
+              msg << label.str() << ": weights differ from the single rank's slice by " << diff
+                  << " at " << where << " (bound " << bound << ")";
+              check(diff <= bound, msg.str());
+              if (rank_id == 0)
+                std::printf("%s: worst weight difference from the single rank %.3g (bound %.3g)\n",
+                            label.str().c_str(), diff, bound);
+              if (M == 1 && !m.tied_embeddings && zero > 0)
+                check(bit_identical(got.weights, by_zero[0].weights, &where),
+                      label.str() + ": weights not bit-identical to ZeRO-0's at " + where);
+            }
           }
-        }
     }
     // Pipeline parallelism (cpu): pp 2 with 1 and 3 micro-batches, alone (N 2) and with dp 2 or
     // tp 2 (N 4); tiny-qwen2's tied embeddings live on both ends.

@@ -85,7 +85,7 @@ TEST(CliLaunch, BuiltWithoutMpiSaysSoEvenUnderALauncher) {
         << *msg;
     EXPECT_TRUE(contains(*msg, "tools/setup.sh")) << *msg;
     EXPECT_TRUE(
-        contains(*msg, "sequence parallelism (--sp), --offload and, on cuda, --pp are traced"))
+        contains(*msg, "--offload and, on cuda, --pp are traced with --backend meta"))
         << *msg;
   }
 }

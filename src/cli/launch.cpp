@@ -51,8 +51,8 @@ std::string with_world(const std::string& command, std::int64_t world) {
 
 const char* kScope =
     "Measured multi-rank runs cover data, tensor and pipeline parallelism (--dp with --zero 0-3 "
-    "and --microbatches, --tp without --sp, --pp on the cpu backend); sequence parallelism "
-    "(--sp), --offload and, on cuda, --pp are traced with --backend meta.";
+    "and --microbatches, --tp with or without --sp, --pp on the cpu backend); --offload and, on "
+    "cuda, --pp are traced with --backend meta.";
 
 }  // namespace
 
@@ -129,10 +129,9 @@ int run_measured_layout(const Common& c, const RunFlags& run, const ParallelConf
           "--world-size above 1 yet (a measured rank starts from random weights and tokens of "
           "--seed)");
     check_layout_request(c, false, false);
-    if (layout.sp || layout.offload != Offload::none || (layout.pp > 1 && backend == "cuda"))
+    if (layout.offload != Offload::none || (layout.pp > 1 && backend == "cuda"))
       throw InputError("--backend " + backend + " with --pp " + std::to_string(layout.pp) +
-                       (layout.sp ? " --sp" : "") + " --offload " + offload_name(layout.offload) +
-                       ": " + kScope);
+                       " --offload " + offload_name(layout.offload) + ": " + kScope);
     if (backend == "cuda") {
       nccl = make_nccl_collective(*world);
       active = nccl.get();

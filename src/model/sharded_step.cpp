@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -508,6 +509,25 @@ struct ShardedStep::Impl {
     be->synchronize();
     T->all_reduce_sum(x.data(), n, D);
   }
+  // Sequence parallelism: the rank's rows (b, s/tp, h) of every rank gathered into (b, s, h),
+  // one batch row at a time (each rank's chunk lands at its sequence offset).
+  void sp_gather(const Tensor& local, const Tensor& full, std::int64_t width) {
+    be->synchronize();
+    const std::uint64_t chunk = std::uint64_t(sr * width);
+    for (std::int64_t row = 0; row < b; ++row)
+      T->all_gather(elem_ptr(local, std::uint64_t(row) * chunk),
+                    elem_ptr(full, std::uint64_t(row * s * width)), chunk, D);
+  }
+  // The (b, s, h) partial sums reduced over the group and scattered by sequence into the rank's
+  // (b, s/tp, h), then + x (the residual, the rank's rows) when x is given.
+  void sp_reduce_scatter(const Tensor& partial, const Tensor& out, const void* x) {
+    be->synchronize();
+    const std::uint64_t chunk = std::uint64_t(sr * h);
+    for (std::int64_t row = 0; row < b; ++row)
+      T->reduce_scatter_sum(elem_ptr(partial, std::uint64_t(row * s * h)),
+                            elem_ptr(out, std::uint64_t(row) * chunk), chunk, D);
+    if (x) be->bias_forward(out.data(), x, 1, std::int64_t(std::uint64_t(b) * chunk));
+  }
   // y = partial (already in y) summed over the group, then + x (the residual): a row-parallel
   // GEMM's output.
   void tp_sum_add(const Tensor& y, const void* x) {
@@ -596,9 +616,12 @@ struct ShardedStep::Impl {
 
   // q_norm and k_norm under tensor parallelism: the same weights on every rank of the group,
   // each rank's gradient from its own heads, so a partial sum.
+  // Under sp the RMSNorm weights too: each rank's gradient from its own rows of the sequence.
   bool tp_partial(int q) const {
     const int sl = P[std::size_t(q)].slot;
-    return tpx && (sl == kQN || sl == kKN);
+    if (!tpx) return false;
+    if (sl == kQN || sl == kKN) return true;
+    return sp && (sl == kInNorm || sl == kPost || q == norm_i);
   }
 
   // After the last micro-batch: ZeRO 0/1 reduce the whole gradients, then every layout's update
@@ -675,16 +698,19 @@ struct ShardedStep::Impl {
   // One layer's forward (recompute: stops before `out`) from its input x.
   void layer_forward(std::int64_t l, Layer& L, bool recompute, const void* x) {
     const int g = global_layer(l);
-    const std::int64_t n = b * s, ad = a * d, kd = k * d;
+    // n: rows of the GEMMs (the whole sequence); nr: the rank's rows (s/tp of them under sp).
+    const std::int64_t n = b * s, nr = b * sr, ad = a * d, kd = k * d;
     const float eps = float(m.rms_eps);
     auto A = [&](const char* name, Shape sh, DType dt) { L[name] = act(name, g, sh, dt); };
     auto at = [&](const char* name) { return L[name].data(); };
     auto at_f = [&](const char* name) { return L[name].as<float>(); };
     A("rstd1", {b, sr}, f32);
     A("xn1", {b, sr, h}, D);
-    if (run) be->rmsnorm_forward(at("xn1"), at_f("rstd1"), x, LW(l, kInNorm), n, h, eps);
+    if (run) be->rmsnorm_forward(at("xn1"), at_f("rstd1"), x, LW(l, kInNorm), nr, h, eps);
     Tensor gath;
     if (sp) gath = comm("xn1.gathered", g, {b, s, h}, D);
+    if (sp && run) sp_gather(L["xn1"], gath, h);
+    const void* xn1_all = sp ? gath.data() : at("xn1");  // the projections' input
     if (qkn) {
       A("q_pre", {b, s, a * d}, D);
       A("k_pre", {b, s, k * d}, D);
@@ -698,7 +724,7 @@ struct ShardedStep::Impl {
       void* qp = qkn ? at("q_pre") : at("q");
       void* kp = qkn ? at("k_pre") : at("k");
       auto project = [&](void* out, int w, int bs, std::int64_t width) {
-        be->matmul(out, at("xn1"), LW(l, w), n, width, h, Trans::no, Trans::yes, 1.f, 0.f);
+        be->matmul(out, xn1_all, LW(l, w), n, width, h, Trans::no, Trans::yes, 1.f, 0.f);
         if (bias) be->bias_forward(out, LW(l, bs), n, width);
       };
       project(qp, kQ, kQB, ad);
@@ -725,20 +751,25 @@ struct ShardedStep::Impl {
     if (run && !tpx) {  // h_mid = x + attn_out·W_oᵀ: copy, then a GEMM with beta 1
       be->copy(at("h_mid"), x, L["h_mid"].bytes());
       be->matmul(at("h_mid"), at("attn_out"), LW(l, kO), n, h, ad, Trans::no, Trans::yes, 1.f, 1.f);
-    } else if (run) {  // row-parallel: the partial product summed over the group, then + x
+    } else if (run && !sp) {  // row-parallel: the partial product summed over the group, + x
       be->matmul(at("h_mid"), at("attn_out"), LW(l, kO), n, h, ad, Trans::no, Trans::yes, 1.f, 0.f);
       tp_sum_add(L["h_mid"], x);
+    } else if (run) {  // sp: the partial product reduce-scattered into the rank's rows, + x
+      be->matmul(gath.data(), at("attn_out"), LW(l, kO), n, h, ad, Trans::no, Trans::yes, 1.f, 0.f);
+      sp_reduce_scatter(gath, L["h_mid"], x);
     }
     gath.reset();
     A("rstd2", {b, sr}, f32);
     A("xn2", {b, sr, h}, D);
-    if (run) be->rmsnorm_forward(at("xn2"), at_f("rstd2"), at("h_mid"), LW(l, kPost), n, h, eps);
+    if (run) be->rmsnorm_forward(at("xn2"), at_f("rstd2"), at("h_mid"), LW(l, kPost), nr, h, eps);
     if (sp) gath = comm("xn2.gathered", g, {b, s, h}, D);
+    if (sp && run) sp_gather(L["xn2"], gath, h);
+    const void* xn2_all = sp ? gath.data() : at("xn2");
     A("gate", {b, s, i}, D);
     A("up", {b, s, i}, D);
     if (run) {
-      be->matmul(at("gate"), at("xn2"), LW(l, kGate), n, i, h, Trans::no, Trans::yes, 1.f, 0.f);
-      be->matmul(at("up"), at("xn2"), LW(l, kUp), n, i, h, Trans::no, Trans::yes, 1.f, 0.f);
+      be->matmul(at("gate"), xn2_all, LW(l, kGate), n, i, h, Trans::no, Trans::yes, 1.f, 0.f);
+      be->matmul(at("up"), xn2_all, LW(l, kUp), n, i, h, Trans::no, Trans::yes, 1.f, 0.f);
     }
     gath.reset();
     A("act", {b, s, i}, D);
@@ -749,9 +780,12 @@ struct ShardedStep::Impl {
     if (run && !tpx) {
       be->copy(at("out"), at("h_mid"), L["out"].bytes());
       be->matmul(at("out"), at("act"), LW(l, kDown), n, h, i, Trans::no, Trans::yes, 1.f, 1.f);
-    } else if (run) {
+    } else if (run && !sp) {
       be->matmul(at("out"), at("act"), LW(l, kDown), n, h, i, Trans::no, Trans::yes, 1.f, 0.f);
       tp_sum_add(L["out"], at("h_mid"));
+    } else if (run) {
+      be->matmul(gath.data(), at("act"), LW(l, kDown), n, h, i, Trans::no, Trans::yes, 1.f, 0.f);
+      sp_reduce_scatter(gath, L["out"], at("h_mid"));
     }
     gath.reset();
     if (full) {
@@ -778,15 +812,19 @@ struct ShardedStep::Impl {
       if (sp) partial = comm("embed.partial", -1, {b, s, h}, D);
       B.input = act("embed_out", -1, {b, sr, h}, D);
       if (run) {
-        be->embedding_forward(B.input.data(), tokens.as<std::int32_t>(), W(0, embed_i), b, s, h, V);
-        if (tpx) {  // the vocabulary-parallel embedding: other ranks' ids give zero rows here
-          zero_rows(B.input, foreign_tok);
+        // The vocabulary-parallel embedding: other ranks' ids give zero rows here, then the sum
+        // over the group (sp: into the partial, reduce-scattered into the rank's rows).
+        const Tensor& rows = sp ? partial : B.input;
+        be->embedding_forward(rows.data(), tokens.as<std::int32_t>(), W(0, embed_i), b, s, h, V);
+        if (tpx) zero_rows(rows, foreign_tok);
+        if (sp)
+          sp_reduce_scatter(partial, B.input, nullptr);
+        else if (tpx)
           tp_sum(B.input, std::uint64_t(b * s * h));
-        }
       }
     } else {
       B.input = act("stage_input", -1, {b, sr, h}, D);
-      if (ppx) PPc->recv(B.input.data(), std::uint64_t(b * s * h), D, int(stage) - 1);
+      if (ppx) PPc->recv(B.input.data(), std::uint64_t(b * sr * h), D, int(stage) - 1);
     }
     B.layers.resize(std::size_t(Ls));
     for (std::int64_t l = 0; l < Ls; ++l) {
@@ -800,14 +838,15 @@ struct ShardedStep::Impl {
       B.final_norm_out = act("final_norm_out", -1, {b, sr, h}, D);
       B.final_rstd = act("final_rstd", -1, {b, sr}, f32);
       if (run)
-        be->rmsnorm_forward(B.final_norm_out.data(), B.final_rstd.as<float>(), xL, W(hu, norm_i), n,
-                            h, float(m.rms_eps));
+        be->rmsnorm_forward(B.final_norm_out.data(), B.final_rstd.as<float>(), xL, W(hu, norm_i),
+                            b * sr, h, float(m.rms_eps));
       Tensor gath;
       if (sp) gath = comm("final_norm_out.gathered", -1, {b, s, h}, D);
+      if (sp && run) sp_gather(B.final_norm_out, gath, h);
       B.logits = act("logits", -1, {b, s, V}, D);
       if (run)
-        be->matmul(B.logits.data(), B.final_norm_out.data(), W(hu, head_i), n, V, h, Trans::no,
-                   Trans::yes, 1.f, 0.f);
+        be->matmul(B.logits.data(), sp ? gath.data() : B.final_norm_out.data(), W(hu, head_i), n, V,
+                   h, Trans::no, Trans::yes, 1.f, 0.f);
       gath.reset();
       B.ce_lse = act("ce_lse", -1, {b, s}, f32);
       {
@@ -827,7 +866,7 @@ struct ShardedStep::Impl {
     } else if (Ls > 0) {
       if (ppx) {
         be->synchronize();
-        PPc->send(B.layers.back()["out"].data(), std::uint64_t(b * s * h), D, int(stage) + 1);
+        PPc->send(B.layers.back()["out"].data(), std::uint64_t(b * sr * h), D, int(stage) + 1);
       }
       B.layers.back().erase("out");  // sent to the next stage
     }
@@ -837,7 +876,7 @@ struct ShardedStep::Impl {
   // ---------------------------------------------------------------- backward
   void layer_backward(std::int64_t l, MicroBatch& B, Tensor& d_res) {
     const int g = global_layer(l);
-    const std::int64_t n = b * s, ad = a * d, kd = k * d;
+    const std::int64_t n = b * s, nr = b * sr, ad = a * d, kd = k * d;
     Layer& L = B.layers[std::size_t(l)];
     auto drop = [&](std::initializer_list<const char*> names) {
       for (const char* nm : names) L.erase(nm);
@@ -875,22 +914,37 @@ struct ShardedStep::Impl {
     // itself (all-reduced in place); under sp the group's input gathered again for dW, a
     // (b,s,h) partial, the gather freed, then the (b,s_r,h) gradient it is reduce-scattered
     // into, and the partial freed.
-    auto input_grad = [&](const char* gathered, const std::string& grad) {
+    // `compute(dx, xin)` writes the group's input gradient into dx from its input xin (the
+    // gathered one under sp); the sum over the tensor-parallel group follows.
+    auto input_grad = [&](const char* gathered, const std::string& grad, const char* input,
+                          const std::function<void(void*, const void*)>& compute) {
       Tensor gath;
       if (sp) gath = comm(gathered, g, {b, s, h}, D);
+      if (sp && run) sp_gather(L[input], gath, h);
       Tensor t = ws(sp ? grad + ".partial" : grad, g, {b, s, h}, D);
+      compute(t.data(), sp ? gath.data() : L[input].data());
       gath.reset();
       if (sp) {
         Tensor rs = ws(grad, g, {b, sr, h}, D);
+        if (run) sp_reduce_scatter(t, rs, nullptr);
         t = std::move(rs);
+      } else if (tpx) {
+        tp_sum(t, std::uint64_t(n * h));  // column-parallel: partial input gradients
       }
       return t;
     };
+    // d_residual as the GEMMs read it: gathered into `gath` under sp.
+    auto d_res_all = [&](Tensor& gath) -> const void* {
+      if (!sp) return d_res.data();
+      gath = comm("d_residual.gathered", g, {b, s, h}, D);
+      if (run) sp_gather(d_res, gath, h);
+      return gath.data();
+    };
     Tensor gath;
     // 1. down_proj (d_residual gathered under sp).
-    if (sp) gath = comm("d_residual.gathered", g, {b, s, h}, D);
+    const void* dy = d_res_all(gath);
     Tensor d_act = ws("d_act", g, {b, s, i}, D);
-    linear_backward(kDown, d_act.data(), d_res.data(), at("act"), h, i, 0.f);
+    linear_backward(kDown, d_act.data(), dy, at("act"), h, i, 0.f);
     drop({"act"});
     gath.reset();
     // 2. SwiGLU.
@@ -901,21 +955,21 @@ struct ShardedStep::Impl {
     d_act.reset();
     drop({"gate", "up"});
     // 3. gate/up: d_xn2 (a partial under sp, reduce-scattered), xn2 gathered for dW.
-    Tensor d_xn2 = input_grad("xn2.gathered", "d_xn2");
-    linear_backward(kGate, d_xn2.data(), d_gate.data(), at("xn2"), i, h, 0.f);
-    linear_backward(kUp, d_xn2.data(), d_up.data(), at("xn2"), i, h, 1.f);
-    if (tpx) tp_sum(d_xn2, std::uint64_t(n * h));  // column-parallel: partial input gradients
+    Tensor d_xn2 = input_grad("xn2.gathered", "d_xn2", "xn2", [&](void* dx, const void* xin) {
+      linear_backward(kGate, dx, d_gate.data(), xin, i, h, 0.f);
+      linear_backward(kUp, dx, d_up.data(), xin, i, h, 1.f);
+    });
     d_gate.reset();
     d_up.reset();
     drop({"xn2"});
     // 4. post-attention RMSNorm: d_residual += ..., through h_mid.
-    norm_backward(kPost, d_res.data(), d_xn2.data(), at("h_mid"), at_f("rstd2"), n, h);
+    norm_backward(kPost, d_res.data(), d_xn2.data(), at("h_mid"), at_f("rstd2"), nr, h);
     d_xn2.reset();
     drop({"h_mid", "rstd2"});
     // 5. o_proj.
-    if (sp) gath = comm("d_residual.gathered", g, {b, s, h}, D);
+    dy = d_res_all(gath);
     Tensor d_ao = ws("d_attn_out", g, {b, s, a * d}, D);
-    linear_backward(kO, d_ao.data(), d_res.data(), at("attn_out"), h, ad, 0.f);
+    linear_backward(kO, d_ao.data(), dy, at("attn_out"), h, ad, 0.f);
     gath.reset();
     // 6. attention.
     Tensor d_q = ws("d_q", g, {b, s, a * d}, D);
@@ -949,20 +1003,20 @@ struct ShardedStep::Impl {
       d_k = std::move(d_k_pre);
     }
     // 8. q/k/v: d_xn1 (a partial under sp), xn1 gathered for dW; each bias after its weight.
-    Tensor d_xn1 = input_grad("xn1.gathered", "d_xn1");
-    linear_backward(kQ, d_xn1.data(), d_q.data(), at("xn1"), ad, h, 0.f);
-    bias_backward(kQB, d_q.data(), ad);
-    linear_backward(kK, d_xn1.data(), d_k.data(), at("xn1"), kd, h, 1.f);
-    bias_backward(kKB, d_k.data(), kd);
-    linear_backward(kV, d_xn1.data(), d_v.data(), at("xn1"), kd, h, 1.f);
-    bias_backward(kVB, d_v.data(), kd);
-    if (tpx) tp_sum(d_xn1, std::uint64_t(n * h));
+    Tensor d_xn1 = input_grad("xn1.gathered", "d_xn1", "xn1", [&](void* dx, const void* xin) {
+      linear_backward(kQ, dx, d_q.data(), xin, ad, h, 0.f);
+      bias_backward(kQB, d_q.data(), ad);
+      linear_backward(kK, dx, d_k.data(), xin, kd, h, 1.f);
+      bias_backward(kKB, d_k.data(), kd);
+      linear_backward(kV, dx, d_v.data(), xin, kd, h, 1.f);
+      bias_backward(kVB, d_v.data(), kd);
+    });
     d_q.reset();
     d_k.reset();
     d_v.reset();
     drop({"q", "k", "v", "xn1"});
     // 9. input RMSNorm: d_residual += ..., through x_l; x_l is no longer needed.
-    norm_backward(kInNorm, d_res.data(), d_xn1.data(), x.data(), at_f("rstd1"), n, h);
+    norm_backward(kInNorm, d_res.data(), d_xn1.data(), x.data(), at_f("rstd1"), nr, h);
     d_xn1.reset();
     drop({"rstd1"});
     x.reset();
@@ -1003,19 +1057,21 @@ struct ShardedStep::Impl {
       // 2. lm_head: d_final_norm_out (a partial under sp), the input gathered for dW.
       Tensor gath;
       if (sp) gath = comm("final_norm_out.gathered", -1, {b, s, h}, D);
+      if (sp && run) sp_gather(B.final_norm_out, gath, h);
       Tensor d_fno = ws(sp ? "d_final_norm_out.partial" : "d_final_norm_out", -1, {b, s, h}, D);
       if (run) {
         be->matmul(d_fno.data(), B.logits.data(), W(hu, head_i), n, h, V, Trans::no, Trans::no, 1.f,
                    0.f);
-        if (tpx) tp_sum(d_fno, std::uint64_t(n * h));
-        be->matmul(G(head_i), B.logits.data(), B.final_norm_out.data(), V, h, n, Trans::yes,
-                   Trans::no, 1.f, 1.f);
+        if (tpx && !sp) tp_sum(d_fno, std::uint64_t(n * h));
+        be->matmul(G(head_i), B.logits.data(), sp ? gath.data() : B.final_norm_out.data(), V, h, n,
+                   Trans::yes, Trans::no, 1.f, 1.f);
         G_done(head_i);
       }
       gath.reset();
       B.logits.reset();
       if (sp) {
         Tensor rs = ws("d_final_norm_out", -1, {b, sr, h}, D);
+        if (run) sp_reduce_scatter(d_fno, rs, nullptr);
         d_fno = std::move(rs);
       }
       // 3. final norm.
@@ -1024,7 +1080,7 @@ struct ShardedStep::Impl {
         const void* xL = Ls > 0 ? B.layers.back()["out"].data() : B.input.data();
         be->fill_zero(d_res.data(), d_res.bytes());
         be->rmsnorm_backward(d_res.data(), G(norm_i), d_fno.data(), xL, W(hu, norm_i),
-                             B.final_rstd.as<float>(), n, h);
+                             B.final_rstd.as<float>(), b * sr, h);
         G_done(norm_i);
       }
       d_fno.reset();
@@ -1033,26 +1089,29 @@ struct ShardedStep::Impl {
       if (Ls > 0) B.layers.back().erase("out");
     } else {
       d_res = ws("d_residual", -1, {b, sr, h}, D);  // received from the next stage
-      if (ppx) PPc->recv(d_res.data(), std::uint64_t(b * s * h), D, int(stage) + 1);
+      if (ppx) PPc->recv(d_res.data(), std::uint64_t(b * sr * h), D, int(stage) + 1);
     }
     for (std::int64_t l = Ls - 1; l >= 0; --l) {
       window(++pos);
       layer_backward(l, B, d_res);
     }
     window(seq.size());  // the embedding's backward needs no weight
-    if (first && sp) {
-      Tensor gath = comm("d_residual.gathered", -1, {b, s, h}, D);
-    }
-    if (first && run) {
-      if (ppx) upload_batch(mb);               // later micro-batches' forwards replaced the tokens
-      if (tpx) zero_rows(d_res, foreign_tok);  // its last use: rows of ids other ranks hold
-      be->embedding_backward(G(embed_i), d_res.data(), tokens.as<std::int32_t>(), b, s, h, V);
-      G_done(embed_i);
+    if (first) {  // the embedding: from the whole sequence's d_residual (gathered under sp)
+      Tensor gath;
+      if (sp) gath = comm("d_residual.gathered", -1, {b, s, h}, D);
+      if (run) {
+        if (ppx) upload_batch(mb);  // later micro-batches' forwards replaced the tokens
+        if (sp) sp_gather(d_res, gath, h);
+        const Tensor& dy = sp ? gath : d_res;
+        if (tpx) zero_rows(dy, foreign_tok);  // its last use: rows of ids other ranks hold
+        be->embedding_backward(G(embed_i), dy.data(), tokens.as<std::int32_t>(), b, s, h, V);
+        G_done(embed_i);
+      }
     }
     if (Ls == 0) B.input.reset();
     if (ppx && !first) {  // dL/d(stage input), to the previous stage
       be->synchronize();
-      PPc->send(d_res.data(), std::uint64_t(b * s * h), D, int(stage) - 1);
+      PPc->send(d_res.data(), std::uint64_t(b * sr * h), D, int(stage) - 1);
     }
     d_res.reset();
     in_flight.erase(mb);
@@ -1133,10 +1192,6 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
       throw Error("sharded step: the collectives have " + std::to_string(exec->data.size()) +
                   " ranks, the layout dp " + std::to_string(layout.dp));
     const std::string what = "a measured multi-rank step (--backend cpu|cuda with --world-size)";
-    if (layout.sp)
-      throw InputError("--sp: " + what +
-                       " runs data, tensor (without --sp) and pipeline parallelism so far; "
-                       "sequence parallelism is traced with --backend meta");
     if (layout.pp > 1) {
       if (std::string(exec->data.backend()) == "nccl")
         throw InputError("--pp " + std::to_string(layout.pp) + " --backend cuda: " + what +
