@@ -11,6 +11,7 @@
 #include "trainmem/backend.hpp"
 #include "trainmem/collective.hpp"
 #include "trainmem/figures.hpp"
+#include "trainmem/probes.hpp"
 #include "trainmem/timeline.hpp"
 
 namespace trainmem {
@@ -45,7 +46,12 @@ struct MeasuredRank {
   MemoryFigures ledger;  // measured_figures after the last step
   std::uint64_t communication_peak = 0;
   std::uint64_t tensors_at_peak = 0;
-  double step_seconds = 0;                        // the rank's median step
+  double step_seconds = 0;  // the rank's median step
+  // cuda: the device sources over the last step (cudaMemGetInfo's sampler: total - free at its
+  // highest; the memory pool's used high-water mark), when available.
+  bool device_sources = false;
+  std::uint64_t device_used_peak = 0;
+  std::uint64_t pool_used_peak = 0;
   std::vector<std::string> trace_differences;     // against its stage's meta trace
   std::vector<std::string> analytic_differences;  // against its stage's analytic profile
   bool matches() const { return trace_differences.empty() && analytic_differences.empty(); }
@@ -60,6 +66,7 @@ struct MeasuredLayout {
   int steps = 0;
   std::uint64_t seed = 0;
   std::optional<TimelineData> timeline;  // this rank's last step, when asked for
+  std::string device_reason;             // cuda: why this rank's device sources are missing
   bool all_match() const;
 };
 

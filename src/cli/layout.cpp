@@ -608,10 +608,33 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
     for (const auto& d : r.analytic_differences)
       w->line("rank " + std::to_string(r.rank) + ": " + d, report::Tone::fail);
   }
-  if (ml.backend == "cuda")
-    w->item(
-        "device sources per rank (cudaMemGetInfo, the pool, CUPTI) are not gathered yet: "
-        "the books above are the ledger's");
+  if (ml.backend == "cuda") {
+    // The device sources per rank: what the GPU used beyond the ledger (CUDA context, cuBLAS,
+    // NCCL's own buffers, the pool's rounding) beside plan's stated estimate of it.
+    const auto& o = le.overheads;
+    report::Table t({{"rank"},
+                     {"ledger peak (" + std::string(u.name) + ")"},
+                     {"pool used high (" + std::string(u.name) + ")"},
+                     {"cudaMemGetInfo peak (" + std::string(u.name) + ")"},
+                     {"overhead = device - ledger (" + std::string(u.name) + ")"},
+                     {"estimate: context + NCCL (" + std::string(u.name) + ")"}});
+    bool any = false;
+    for (const auto& r : ml.ranks) {
+      if (!r.device_sources) continue;
+      any = true;
+      const std::int64_t over = std::int64_t(r.device_used_peak) - std::int64_t(r.ledger.peak);
+      t.add_row({std::to_string(r.rank), format_bytes(r.ledger.peak, u),
+                 format_bytes(r.pool_used_peak, u), format_bytes(r.device_used_peak, u),
+                 format_signed_bytes(over, u), format_bytes(o.total(), u)});
+    }
+    if (any) {
+      w->heading("Device sources per rank (the last step)");
+      w->table(t);
+      w->line("estimate: CUDA context " + o.cuda_context_source + "; NCCL " + o.nccl_source);
+    } else {
+      w->item("device sources: unavailable on rank 0 (" + ml.device_reason + ")");
+    }
+  }
   w->paragraph_break();
   w->csv_table(measured_table(ml, u, true));
   w->document([&] {
@@ -629,6 +652,9 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
                 {"ledger_communication_peak", r.communication_peak},
                 {"ledger_tensors_at_peak", r.tensors_at_peak},
                 {"step_seconds", r.step_seconds},
+                {"device_sources", r.device_sources},
+                {"device_used_peak", r.device_sources ? json(r.device_used_peak) : json(nullptr)},
+                {"pool_used_peak", r.device_sources ? json(r.pool_used_peak) : json(nullptr)},
                 {"matches_trace", r.trace_differences.empty()},
                 {"matches_analytic", r.analytic_differences.empty()},
                 {"differences", json::array()}};

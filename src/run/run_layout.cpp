@@ -49,7 +49,7 @@ void compare(RankTrace& r, const MemoryFigures& want) {
 }
 
 // A rank's figures as 64-bit words (the gather's payload), and back.
-constexpr std::size_t kWords = 12 + kNumCategories;
+constexpr std::size_t kWords = 12 + kNumCategories;  // then step seconds, tensors, device
 std::vector<std::uint64_t> pack(const MeasuredRank& m) {
   const MemoryFigures& f = m.ledger;
   std::vector<std::uint64_t> w = {std::uint64_t(m.rank),
@@ -70,6 +70,9 @@ std::vector<std::uint64_t> pack(const MeasuredRank& m) {
   std::memcpy(&secs, &m.step_seconds, sizeof secs);
   w.push_back(secs);
   w.push_back(m.tensors_at_peak);
+  w.push_back(m.device_sources ? 1 : 0);
+  w.push_back(m.device_used_peak);
+  w.push_back(m.pool_used_peak);
   return w;
 }
 MeasuredRank unpack(const std::uint64_t* w) {
@@ -90,6 +93,9 @@ MeasuredRank unpack(const std::uint64_t* w) {
   for (Category c : all_categories()) f.peak_breakdown[int(c)] = w[12 + std::size_t(c)];
   std::memcpy(&m.step_seconds, &w[kWords], sizeof m.step_seconds);
   m.tensors_at_peak = w[kWords + 1];
+  m.device_sources = w[kWords + 2] != 0;
+  m.device_used_peak = w[kWords + 3];
+  m.pool_used_peak = w[kWords + 4];
   return m;
 }
 
@@ -170,6 +176,22 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
   std::uint64_t step_first_seq = 0;
   {
     Ledger ledger(backend.allocator());
+    // cuda: the device sources of this rank's GPU (cudaMemGetInfo and the pool; CUPTI off: one
+    // rank per process, and NCCL's own allocations carry no category anyway).
+    std::unique_ptr<ProbeSet> probes;
+    if (backend.kind() == BackendKind::cuda) {
+      ProbeOptions o;
+      o.device = std::string(data.backend()) == "nccl" ? data.local_rank() : 0;
+      o.allocator = &backend.allocator();
+      o.ledger = &ledger;
+      o.enable_cupti = false;
+      probes = std::make_unique<ProbeSet>(o);
+      probes->mark("after_context");
+      ledger.set_phase_listener([&probes](Phase p, bool entering) {
+        if (!entering && (p == Phase::forward || p == Phase::backward || p == Phase::optimizer))
+          probes->phase_end(p);
+      });
+    }
     ShardedExecution ex{backend, *dpd, *dph, rq.seed,
                         default_optimizer_settings(rq.train.optimizer)};
     if (tp > 1) {
@@ -181,10 +203,21 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
     for (int n = 0; n < out.steps; ++n) {
       step_first_seq = ledger.timeline().size() + ledger.dropped_events() + 1;
       const auto t0 = std::chrono::steady_clock::now();
+      if (probes) probes->begin_step(n + 1);
       out.losses.push_back(step.train_step());
       backend.synchronize();
+      if (probes) probes->end_step();
       seconds.push_back(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    if (probes) {
+      ledger.set_phase_listener(nullptr);
+      const MemGetInfoResult mem = probes->memgetinfo();
+      const PoolResult pool = probes->pool();
+      mine.device_sources = mem.available;
+      mine.device_used_peak = mem.available ? mem.sampler_max_used : 0;
+      mine.pool_used_peak = pool.available ? pool.used_high : 0;
+      if (!mem.available) out.device_reason = mem.reason;
     }
     mine.ledger = measured_figures(ledger);
     mine.communication_peak = ledger.peak(Category::communication);
