@@ -17,7 +17,8 @@ checks exit codes, messages and that nothing hangs (every run has a wall-clock b
                to the single-rank run of the global batch, one timeline per rank; --tp 2 --sp ->
                measured, the same losses; --pp 2 --microbatches 3 -> measured, the same
                losses; --offload -> exit 2 saying what is measured, once; --world-size not equal to the MPI size ->
-               exit 2 saying what to run instead
+               exit 2 saying what to run instead; compare --world-size N: a row per rank,
+               checkpointing none and full, each matching
   nccl         the collectives on the NCCL backend (CUDA builds; skipped without devices)
   sharded_nccl the measured sharded step on cuda with NCCL (CUDA builds; skipped without devices)
 Usage: mpi_test.py --mode MODE --np N --mpi-built TRUE|FALSE --test-exe EXE [--sharded-exe EXE]
@@ -234,6 +235,18 @@ def main():
             expect(rc == 2, f"--offload measured: exit {rc}, expected 2", out, err)
             expect(err.count("Measured multi-rank runs cover data, tensor and pipeline "
                              "parallelism") == 1, "the scope said once, by rank 0", out, err)
+        # compare: checkpointing none and full on every rank, each against its analytic.
+        cmp = [a.trainmem, "compare"] + base[2:] + ["--world-size", str(n), "--zero", "1",
+                                                     "--format", "json"]
+        rc, out, err, _ = run(n, cmp, threads=1)
+        expect(rc == 0, f"compare --world-size {n} measured: exit {rc}", out, err)
+        if rc == 0:
+            doc = json.loads(out)
+            rows = doc.get("rows", [])
+            expect(doc.get("all_match") is True and len(rows) == n,
+                   "compare: a row per rank, every one matching", out)
+            expect(all(r["full"]["activations_peak"] < r["none"]["activations_peak"]
+                       for r in rows), "checkpointing lowers every rank's activations peak", out)
         rc, out, err, _ = run(n, base + ["--world-size", str(2 * n)])
         expect(rc == 2, f"--world-size {2 * n} under mpirun -np {n}: exit {rc}, expected 2",
                out, err)

@@ -92,6 +92,48 @@ TEST(CliLayout, TextMarkdownCsvSayPredictedAndTheWorstRank) {
   EXPECT_EQ(r.out.rfind("stage,role,ranks,in flight,params,", 0), 0u) << r.out;
 }
 
+// compare --world-size on meta: each stage with checkpointing none and full, each mode's trace
+// against the profile's own per-rank figures of that mode.
+TEST(CliLayout, CompareTracesEveryStageInBothModes) {
+  const std::vector<std::string> base = {
+      "--backend", "meta", "--model", "tiny-gqa", "--world-size",   "8",
+      "--tp",      "2",    "--pp",    "2",        "--microbatches", "3",
+      "--batch",   "2",    "--seq",   "32",       "--format",       "json"};
+  std::vector<std::string> cmp = {"compare"};
+  cmp.insert(cmp.end(), base.begin(), base.end());
+  const auto r = run_trainmem(cmp);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["all_match"].get<bool>());
+  ASSERT_EQ(j["rows"].size(), 2u);
+  for (const char* mode : {"none", "full"}) {
+    std::vector<std::string> prof = {"profile"};
+    prof.insert(prof.end(), base.begin(), base.end());
+    prof.push_back("--checkpointing");
+    prof.push_back(mode);
+    const auto p = run_trainmem(prof);
+    ASSERT_EQ(p.code, 0) << p.err;
+    const auto pj = nlohmann::json::parse(p.out);
+    for (std::size_t k = 0; k < 2; ++k) {
+      EXPECT_EQ(j["rows"][k][mode]["peak"], pj["ranks"][k]["ledger"]["peak"]) << mode << k;
+      EXPECT_EQ(j["rows"][k][mode]["activations_peak"],
+                pj["ranks"][k]["ledger"]["activations_peak"]);
+    }
+  }
+  for (const auto& row : j["rows"]) {
+    EXPECT_EQ(row["saved"].get<std::int64_t>(),
+              row["none"]["peak"].get<std::int64_t>() - row["full"]["peak"].get<std::int64_t>());
+    EXPECT_LT(row["full"]["activations_peak"].get<std::uint64_t>(),
+              row["none"]["activations_peak"].get<std::uint64_t>());
+  }
+  const auto all = run_trainmem({"compare", "--backend", "meta", "--model", "tiny", "--world-size",
+                                 "2", "--optimizer", "all"});
+  EXPECT_EQ(all.code, 2);
+  EXPECT_NE(all.err.find("--optimizer all: with --world-size above 1 give one optimizer"),
+            std::string::npos)
+      << all.err;
+}
+
 TEST(CliLayout, ProfileTracesEveryRankOnMetaAndAgrees) {
   const auto r = run_trainmem({"profile",
                                "--backend",

@@ -11,6 +11,8 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "launch.hpp"
+#include "layout.hpp"
 #include "progress.hpp"
 #include "trainmem/error.hpp"
 #include "trainmem/report.hpp"
@@ -27,6 +29,8 @@ using nlohmann::json;
 struct CompareFlags {
   CommonFlags common;
   RunFlags run;
+  LayoutFlags layout;
+  LaunchFlags launch;
 };
 
 // One optimizer's pair of runs.
@@ -303,8 +307,100 @@ void write_compare(report::ReportWriter& w, const std::vector<Pair>& pairs,
              report::Tone::fail);
 }
 
+// --world-size above 1: checkpointing none and full per rank, traced on meta (one row per
+// stage) or measured under MPI (one row per rank), each against the per-rank analytic profile.
+int run_compare_layout(const Common& c, const CompareFlags& flags, const ParallelConfig& par) {
+  if (c.optimizers.size() > 1)
+    throw InputError(
+        "--optimizer all: with --world-size above 1 give one optimizer (adamw or sgd)");
+  Common one = c;  // what the per-rank profile supports, one mode at a time
+  one.checkpointing_modes = {Checkpointing::none};
+  one.train.checkpointing = Checkpointing::none;
+  const OverheadOptions oo = resolve_overheads(flags.layout);
+  const std::string& be = flags.run.backend;
+  auto with_mode = [&](Checkpointing mode) {
+    Common cm = one;
+    cm.train.checkpointing = mode;
+    return cm;
+  };
+  if (be == "cpu" || be == "cuda") {
+    return run_ranked(
+        one, flags.run, par, flags.launch,
+        [&](Backend& backend, Collective& data, Collective& world) {
+          check_layout_request(one, false, false);
+          std::vector<MeasuredLayout> ml;
+          for (Checkpointing mode : {Checkpointing::none, Checkpointing::full}) {
+            RunFlags rf = flags.run;
+            if (!rf.timeline.empty())
+              rf.timeline =
+                  suffixed_path(rf.timeline, std::string("ckpt-") + checkpointing_name(mode));
+            ml.push_back(measure_layout(measure_request(with_mode(mode), rf, par, oo), backend,
+                                        data, world));
+            if (ml.back().timeline) {
+              const std::string path = rank_path(rf.timeline, world.rank());
+              write_timeline(path, *ml.back().timeline);
+              spdlog::info("rank {}: wrote {}", world.rank(), path);
+            }
+          }
+          if (world.rank() != 0) return 0;
+          std::vector<CompareLayoutRow> rows;
+          for (std::size_t r = 0; r < ml[0].ranks.size(); ++r) {
+            const MeasuredRank& a = ml[0].ranks[r];
+            const MeasuredRank& b = ml[1].ranks[r];
+            CompareLayoutRow row;
+            row.rank = std::to_string(a.rank);
+            row.stage = a.stage;
+            row.none = a.ledger;
+            row.full = b.ledger;
+            row.analytic_none = ml[0].predicted.analytic.ranks[std::size_t(a.stage)].est.figures;
+            row.analytic_full = ml[1].predicted.analytic.ranks[std::size_t(b.stage)].est.figures;
+            row.matches = a.matches() && b.matches() && ml[0].predicted.all_match() &&
+                          ml[1].predicted.all_match();
+            rows.push_back(std::move(row));
+          }
+          const std::string source = "MEASURED on " + ml[0].backend + ", " +
+                                     std::to_string(ml[0].ranks.size()) + " ranks over " +
+                                     ml[0].collective;
+          write_output(c.output,
+                       render_compare_layout(ml[0].predicted.analytic, rows, source, ml[0].backend,
+                                             ml[0].steps, c.format, stdout_colour(c.output)));
+          return 0;
+        });
+  }
+  if (be != "meta" && be != "auto")
+    throw InputError("--backend " + be + " with --world-size above 1: use meta, cpu or cuda");
+  check_layout_request(one, false, false);
+  if (!flags.run.timeline.empty() || !flags.run.dump.empty() || !flags.run.weights.empty() ||
+      !flags.run.tokens.empty() || !flags.run.device_budget.empty())
+    throw InputError(
+        "--timeline, --dump, --weights, --tokens and --device-budget are not available with "
+        "--world-size above 1 on meta");
+  const LayoutTrace none =
+      trace_layout(c.model, with_mode(Checkpointing::none).train, par, oo, flags.run.steps);
+  const LayoutTrace full =
+      trace_layout(c.model, with_mode(Checkpointing::full).train, par, oo, flags.run.steps);
+  std::vector<CompareLayoutRow> rows;
+  for (std::size_t k = 0; k < none.ranks.size(); ++k) {
+    CompareLayoutRow row;
+    row.rank = "stage " + std::to_string(none.ranks[k].stage) + " (" +
+               std::to_string(none.analytic.ranks[k].ranks) + " ranks)";
+    row.stage = none.ranks[k].stage;
+    row.none = none.ranks[k].ledger;
+    row.full = full.ranks[k].ledger;
+    row.analytic_none = none.analytic.ranks[k].est.figures;
+    row.analytic_full = full.analytic.ranks[k].est.figures;
+    row.matches = none.ranks[k].matches && full.ranks[k].matches;
+    rows.push_back(std::move(row));
+  }
+  write_output(c.output, render_compare_layout(none.analytic, rows, "TRACED on meta", "meta",
+                                               none.steps, c.format, stdout_colour(c.output)));
+  return 0;
+}
+
 int run_compare(const CompareFlags& flags) {
   const Common c = resolve_common(flags.common, true, true);
+  if (const ParallelConfig par = resolve_layout(flags.layout, c.model, c.train); par.distributed())
+    return run_compare_layout(c, flags, par);
   if (!flags.run.timeline.empty()) validate_timeline_path(flags.run.timeline);
   if (!flags.run.dump.empty())
     throw InputError("--dump: compare runs several steps; use trainmem profile --dump");
@@ -366,6 +462,8 @@ Runner register_compare(CLI::App& app) {
   auto flags = std::make_shared<CompareFlags>();
   add_common_flags(*cmd, flags->common);
   add_run_flags(*cmd, flags->run, /*several_runs=*/true);
+  add_layout_flags(*cmd, flags->layout);
+  add_launch_flags(*cmd, flags->launch);
   return [flags, cmd] {
     // compare always runs both modes: a --checkpointing value is not silently dropped.
     if (cmd->count("--checkpointing") > 0 && flags->common.checkpointing != "both")

@@ -108,8 +108,8 @@ std::optional<std::string> world_size_problem(std::int64_t world, int mpi_size,
          with_world(command, mpi_size) + "`";
 }
 
-int run_measured_layout(const Common& c, const RunFlags& run, const ParallelConfig& layout,
-                        const OverheadOptions& overheads, const LaunchFlags& flags) {
+int run_ranked(const Common& c, const RunFlags& run, const ParallelConfig& layout,
+               const LaunchFlags& flags, const RankBody& body) {
   const std::string& backend = run.backend;
   const std::string command = command_line();
   if (auto p = launch_problem(detect_launch(), mpi_built(), layout.world, backend, command))
@@ -128,7 +128,6 @@ int run_measured_layout(const Common& c, const RunFlags& run, const ParallelConf
           "--dump, --weights, --tokens and --device-budget are not available with "
           "--world-size above 1 yet (a measured rank starts from random weights and tokens of "
           "--seed)");
-    check_layout_request(c, false, false);
     if (layout.offload != Offload::none || (layout.pp > 1 && backend == "cuda"))
       throw InputError("--backend " + backend + " with --pp " + std::to_string(layout.pp) +
                        " --offload " + offload_name(layout.offload) + ": " + kScope);
@@ -140,28 +139,42 @@ int run_measured_layout(const Common& c, const RunFlags& run, const ParallelConf
     // Every rank is here and the collectives answer (a peer that never arrives becomes a
     // CollectiveTimeout naming the barrier).
     active->barrier();
-    MeasureRequest rq;
-    rq.model = c.model;
-    rq.train = c.train;
-    rq.layout = layout;
-    rq.overheads = overheads;
-    rq.steps = run.steps;
-    rq.seed = run.seed;
-    rq.keep_timeline = !run.timeline.empty();
-    const MeasuredLayout ml = measure_layout(rq, *be.backend, *active, *world);
-    if (ml.timeline) {
-      const std::string path = rank_path(run.timeline, world->rank());
-      write_timeline(path, *ml.timeline);
-      spdlog::info("rank {}: wrote {}", world->rank(), path);
-    }
-    if (world->rank() == 0)
-      write_output(c.output, render_measured_layout(ml, c.format, stdout_colour(c.output)));
-    return 0;
+    return body(*be.backend, *active, *world);
   });
   const int code = end_job(*active, outcome.code, outcome.message, std::cerr);
   nccl.reset();
   world.reset();  // MPI_Finalize
   return code;
+}
+
+MeasureRequest measure_request(const Common& c, const RunFlags& run, const ParallelConfig& layout,
+                               const OverheadOptions& overheads) {
+  MeasureRequest rq;
+  rq.model = c.model;
+  rq.train = c.train;
+  rq.layout = layout;
+  rq.overheads = overheads;
+  rq.steps = run.steps;
+  rq.seed = run.seed;
+  rq.keep_timeline = !run.timeline.empty();
+  return rq;
+}
+
+int run_measured_layout(const Common& c, const RunFlags& run, const ParallelConfig& layout,
+                        const OverheadOptions& overheads, const LaunchFlags& flags) {
+  return run_ranked(c, run, layout, flags, [&](Backend& be, Collective& data, Collective& world) {
+    check_layout_request(c, false, false);
+    const MeasuredLayout ml =
+        measure_layout(measure_request(c, run, layout, overheads), be, data, world);
+    if (ml.timeline) {
+      const std::string path = rank_path(run.timeline, world.rank());
+      write_timeline(path, *ml.timeline);
+      spdlog::info("rank {}: wrote {}", world.rank(), path);
+    }
+    if (world.rank() == 0)
+      write_output(c.output, render_measured_layout(ml, c.format, stdout_colour(c.output)));
+    return 0;
+  });
 }
 
 }  // namespace trainmem::cli

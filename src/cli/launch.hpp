@@ -9,8 +9,10 @@
 
 #include "cli.hpp"
 #include "trainmem/analytic_rank.hpp"
+#include "trainmem/backend.hpp"
 #include "trainmem/collective.hpp"
 #include "trainmem/parallel.hpp"
+#include "trainmem/run_layout.hpp"
 
 namespace trainmem::cli {
 
@@ -48,5 +50,17 @@ std::optional<std::string> world_size_problem(std::int64_t world, int mpi_size,
 // ends through end_job (one rank's failure is every rank's exit code).
 int run_measured_layout(const Common& c, const RunFlags& run, const ParallelConfig& layout,
                         const OverheadOptions& overheads, const LaunchFlags& flags);
+
+// What every rank of a measured job runs once the launch is checked, MPI started and the
+// collectives answer: the backend, the data collectives (NCCL on cuda, MPI on cpu) and the
+// world on host buffers (MPI). Returns the rank's exit code.
+using RankBody = std::function<int(Backend&, Collective& data, Collective& world)>;
+// The launch checks, MPI and the collectives, `body`, and the end of the job (end_job): the
+// shared frame of the measured multi-rank subcommands (profile, compare).
+int run_ranked(const Common& c, const RunFlags& run, const ParallelConfig& layout,
+               const LaunchFlags& flags, const RankBody& body);
+// The measurement of `layout` the flags ask for (steps, seed, timeline).
+MeasureRequest measure_request(const Common& c, const RunFlags& run, const ParallelConfig& layout,
+                               const OverheadOptions& overheads);
 
 }  // namespace trainmem::cli

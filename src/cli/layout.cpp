@@ -670,4 +670,71 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
   return w->str();
 }
 
+std::string render_compare_layout(const LayoutEstimate& le,
+                                  const std::vector<CompareLayoutRow>& rows,
+                                  const std::string& source, const std::string& backend, int steps,
+                                  Format format, report::Colour colour) {
+  std::uint64_t max = 0;
+  for (const auto& r : rows) max = std::max({max, r.none.peak, r.full.peak});
+  const ByteUnit u = table_unit(max);
+  auto w = report::make_writer(format, colour);
+  const auto& t = le.train;
+  w->title("trainmem compare (" + source + ") — " + le.model.name + ", " +
+           std::to_string(le.layout.world) + " GPUs: " + le.layout.describe());
+  w->line("micro-batch b " + std::to_string(t.batch) + " (global batch " +
+          std::to_string(le.global_batch) + "), s " + std::to_string(t.seq) + ", " +
+          dtype_name(t.dtype) + ", " + optimizer_name(t.optimizer) + ", " +
+          attention_name(t.attention) + " attention; checkpointing none vs full, per rank");
+  if (const std::string family = report::family_line(le.model); !family.empty()) w->line(family);
+  auto table = [&](bool exact) {
+    const std::string un = exact ? "" : " (" + std::string(u.name) + ")";
+    report::Table tb({{"rank", report::Align::left},
+                      {"stage"},
+                      {"activations peak, none" + un},
+                      {"activations peak, full" + un},
+                      {"peak, none" + un},
+                      {"peak, full" + un},
+                      {"saved" + un},
+                      {"= trace and analytic", report::Align::left}});
+    auto cell = [&](std::uint64_t b) { return exact ? std::to_string(b) : format_bytes(b, u); };
+    for (const auto& r : rows) {
+      const std::int64_t saved = std::int64_t(r.none.peak) - std::int64_t(r.full.peak);
+      tb.add_row({r.rank, std::to_string(r.stage), cell(r.none.activations_peak),
+                  cell(r.full.activations_peak), cell(r.none.peak), cell(r.full.peak),
+                  exact ? std::to_string(saved) : format_signed_bytes(saved, u),
+                  exact ? std::string(r.matches ? "yes" : "NO") : report::check_cell(r.matches)});
+    }
+    return tb;
+  };
+  w->table(table(false));
+  w->paragraph_break();
+  bool all = !rows.empty();
+  for (const auto& r : rows) all = all && r.matches;
+  w->line(all ? "every row equals the per-rank analytic profile of its mode byte for byte"
+              : "MISMATCH: see the rows marked NO",
+          all ? report::Tone::ok : report::Tone::fail);
+  w->csv_table(table(true));
+  w->document([&] {
+    json doc = {{"schema", report::kSchema},
+                {"model", report::model_json(le.model, le.model.param_count())},
+                {"run", report::run_json(le.train, backend, steps)},
+                {"layout", layout_json(le.layout)},
+                {"source", source},
+                {"all_match", all}};
+    json jr = json::array();
+    for (const auto& r : rows)
+      jr.push_back({{"rank", r.rank},
+                    {"stage", r.stage},
+                    {"none", report::figures_json(r.none, true)},
+                    {"full", report::figures_json(r.full, true)},
+                    {"analytic_none", report::figures_json(r.analytic_none, true)},
+                    {"analytic_full", report::figures_json(r.analytic_full, true)},
+                    {"saved", std::int64_t(r.none.peak) - std::int64_t(r.full.peak)},
+                    {"matches", r.matches}});
+    doc["rows"] = jr;
+    return doc;
+  });
+  return w->str();
+}
+
 }  // namespace trainmem::cli

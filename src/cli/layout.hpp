@@ -55,4 +55,18 @@ std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Co
 // analytic profile, the losses, and the per-rank figures of the layout.
 std::string render_measured_layout(const MeasuredLayout& ml, Format format, report::Colour colour);
 
+// `compare --world-size N`: a rank (or, traced, a stage) with checkpointing off and on.
+struct CompareLayoutRow {
+  std::string rank;  // "0", "1", ... (measured) or "stage 0 (all its ranks)" (traced)
+  std::int64_t stage = 0;
+  MemoryFigures none, full;  // measured or traced
+  MemoryFigures analytic_none, analytic_full;
+  bool matches = false;  // both modes equal their trace and analytic profile
+};
+// `source`: "TRACED on meta" or "MEASURED on cpu, 4 ranks over mpi".
+std::string render_compare_layout(const LayoutEstimate& le,
+                                  const std::vector<CompareLayoutRow>& rows,
+                                  const std::string& source, const std::string& backend, int steps,
+                                  Format format, report::Colour colour);
+
 }  // namespace trainmem::cli
