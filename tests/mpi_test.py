@@ -18,7 +18,8 @@ checks exit codes, messages and that nothing hangs (every run has a wall-clock b
                measured, the same losses; --pp 2 --microbatches 3 -> measured, the same
                losses; --offload -> exit 2 saying what is measured, once; --world-size not equal to the MPI size ->
                exit 2 saying what to run instead; compare --world-size N: a row per rank,
-               checkpointing none and full, each matching
+               checkpointing none and full, each matching; (np 2) --device-budget between the
+               two stages' peaks -> stage 0 out of memory, exit 3 with its message
   nccl         the collectives on the NCCL backend (CUDA builds; skipped without devices)
   sharded_nccl the measured sharded step on cuda with NCCL (CUDA builds; skipped without devices)
 Usage: mpi_test.py --mode MODE --np N --mpi-built TRUE|FALSE --test-exe EXE [--sharded-exe EXE]
@@ -235,6 +236,28 @@ def main():
             expect(rc == 2, f"--offload measured: exit {rc}, expected 2", out, err)
             expect(err.count("Measured multi-rank runs cover data, tensor and pipeline "
                              "parallelism") == 1, "the scope said once, by rank 0", out, err)
+        if n == 2:
+            # One rank out of memory: stage 0 holds more than stage 1, a --device-budget between
+            # their traced peaks stops stage 0 alone; the job ends with its exit code 3 and its
+            # message (the other rank waits in a receive: MPI_Abort after the grace).
+            layout = ["--world-size", "2", "--pp", "2", "--microbatches", "3"]
+            meta = [w if w != "cpu" else "meta" for w in base[2:]]
+            rc0, out0, err0 = single(a.trainmem, ["profile"] + meta + layout +
+                                     ["--format", "json"])
+            expect(rc0 == 0, f"the meta trace of pp 2: exit {rc0}", out0, err0)
+            if rc0 == 0:
+                peaks = [r["ledger"]["peak"] for r in json.loads(out0)["ranks"]]
+                expect(peaks[0] > peaks[1], f"stage 0 peaks above stage 1: {peaks}", out0)
+                budget = (peaks[0] + peaks[1]) // 2
+                rc, out, err, took = run(n, base + layout + ["--device-budget", str(budget)],
+                                         threads=1)
+                expect(rc == 3, f"stage 0 out of memory: exit {rc}, expected 3", out, err)
+                expect("trainmem: rank 0 of 2: out of memory: allocating" in err and
+                       "rank 1 of 2: out of memory" not in err,
+                       "rank 0's out-of-memory message (requested bytes, tensor, live), rank 0 "
+                       "alone", out, err)
+                expect(took < 60, f"the job took {took:.1f} s to end (bound 60 s)", out, err)
+
         # compare: checkpointing none and full on every rank, each against its analytic.
         cmp = [a.trainmem, "compare"] + base[2:] + ["--world-size", str(n), "--zero", "1",
                                                      "--format", "json"]

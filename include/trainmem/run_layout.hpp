@@ -78,6 +78,8 @@ struct MeasureRequest {
   int steps = 2;
   std::uint64_t seed = 0;
   bool keep_timeline = false;
+  // --device-budget: each rank's allocator refuses to go above it (OutOfMemory, exit 3).
+  std::optional<std::uint64_t> device_budget;
 };
 
 // Runs this rank's sharded step (ShardedStep with a ShardedExecution) `steps` times on `backend`

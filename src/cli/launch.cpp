@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "layout.hpp"
+#include "size.hpp"
 #include "trainmem/error.hpp"
 #include "trainmem/run.hpp"
 #include "trainmem/run_layout.hpp"
@@ -122,12 +123,10 @@ int run_ranked(const Common& c, const RunFlags& run, const ParallelConfig& layou
   Collective* active = world.get();  // what end_job aborts through (NCCL aborts its comm first)
   const Outcome outcome = run_captured([&]() -> int {
     if (auto p = world_size_problem(layout.world, world->size(), command)) throw InputError(*p);
-    if (!run.dump.empty() || !run.weights.empty() || !run.tokens.empty() ||
-        !run.device_budget.empty())
+    if (!run.dump.empty() || !run.weights.empty() || !run.tokens.empty())
       throw InputError(
-          "--dump, --weights, --tokens and --device-budget are not available with "
-          "--world-size above 1 yet (a measured rank starts from random weights and tokens of "
-          "--seed)");
+          "--dump, --weights and --tokens are not available with --world-size above 1 yet (a "
+          "measured rank starts from random weights and tokens of --seed)");
     if (layout.offload != Offload::none || (layout.pp > 1 && backend == "cuda"))
       throw InputError("--backend " + backend + " with --pp " + std::to_string(layout.pp) +
                        " --offload " + offload_name(layout.offload) + ": " + kScope);
@@ -157,6 +156,8 @@ MeasureRequest measure_request(const Common& c, const RunFlags& run, const Paral
   rq.steps = run.steps;
   rq.seed = run.seed;
   rq.keep_timeline = !run.timeline.empty();
+  if (!run.device_budget.empty())
+    rq.device_budget = parse_size(run.device_budget, "--device-budget");
   return rq;
 }
 

@@ -175,7 +175,10 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
   std::vector<double> seconds;
   std::uint64_t step_first_seq = 0;
   {
-    Ledger ledger(backend.allocator());
+    std::unique_ptr<BudgetAllocator> budget;
+    if (rq.device_budget)
+      budget = std::make_unique<BudgetAllocator>(backend.allocator(), *rq.device_budget);
+    Ledger ledger(budget ? static_cast<Allocator&>(*budget) : backend.allocator());
     // cuda: the device sources of this rank's GPU (cudaMemGetInfo and the pool; CUPTI off: one
     // rank per process, and NCCL's own allocations carry no category anyway).
     std::unique_ptr<ProbeSet> probes;
