@@ -195,6 +195,12 @@ else
       --model tiny --batch 2 --seq 64 --world-size "$GPUS" --zero "$zero" --steps 2 \
       --format json --output "$OUT/runs/multi_gpu_zero$zero.json"
   done
+  # Tensor parallelism with sp over NCCL (tiny's 4 heads: 2 or 4 GPUs per group).
+  if ((GPUS % 2 == 0)); then
+    run_step multi_gpu_tp2_sp 240 "${MPIRUN[@]}" "$TM" profile --backend cuda --model tiny \
+      --batch 2 --seq 64 --world-size "$GPUS" --tp 2 --sp --steps 2 --format json \
+      --output "$OUT/runs/multi_gpu_tp2_sp.json"
+  fi
 fi
 
 # ---------------------------------------------------------------- 4. throughput
