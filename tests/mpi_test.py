@@ -16,7 +16,8 @@ checks exit codes, messages and that nothing hangs (every run has a wall-clock b
                rank 0's JSON report of every rank (measured == trace == analytic), losses equal
                to the single-rank run of the global batch, one timeline per rank; --tp 2 --sp ->
                measured, the same losses; --pp 2 --microbatches 3 -> measured, the same
-               losses; --offload -> exit 2 saying what is measured, once; --world-size not equal to the MPI size ->
+               losses; --offload optimizer+params -> every rank's host bytes the analytic's;
+               --backend cuda --pp 2 -> exit 2 saying what is measured, once; --world-size not equal to the MPI size ->
                exit 2 saying what to run instead; compare --world-size N: a row per rank,
                checkpointing none and full, each matching; (np 2) --device-budget between the
                two stages' peaks -> stage 0 out of memory, exit 3 with its message
@@ -231,9 +232,19 @@ def main():
                     expect(len(got) == len(want) and
                            all(abs(g - w) <= 1e-5 * abs(w) for g, w in zip(got, want)),
                            f"pp 2 losses {got} equal the single rank's {want} within 1e-5", out)
-            rc, out, err, _ = run(n, base + ["--world-size", str(n), "--zero", "1", "--offload",
-                                             "optimizer"])
-            expect(rc == 2, f"--offload measured: exit {rc}, expected 2", out, err)
+            # Offload measured: the host bytes of every rank equal the analytic's.
+            rc, out, err, _ = run(n, base + ["--world-size", str(n), "--zero", "3", "--offload",
+                                             "optimizer+params", "--format", "json"], threads=1)
+            expect(rc == 0, f"--offload optimizer+params measured: exit {rc}", out, err)
+            if rc == 0:
+                doc = json.loads(out)
+                expect(doc.get("all_ranks_match") is True and
+                       all(r["host_bytes"] == doc["ranks"][0]["host_bytes"] > 0
+                           for r in doc["measured_ranks"]),
+                       "offload: every rank's host bytes equal the analytic's", out)
+            cuda = [w if w != "cpu" else "cuda" for w in base]
+            rc, out, err, _ = run(n, cuda + ["--world-size", str(n), "--pp", "2"])
+            expect(rc == 2, f"--backend cuda --pp 2: exit {rc}, expected 2", out, err)
             expect(err.count("Measured multi-rank runs cover data, tensor and pipeline "
                              "parallelism") == 1, "the scope said once, by rank 0", out, err)
         if n == 2:

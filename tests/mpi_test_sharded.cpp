@@ -12,7 +12,11 @@
 //      weight gradient): losses within 1e-5 relative, weights within adam_tolerance
 //      (sharded_helpers.hpp: 5% of lr·steps); bf16: losses within 1e-2 relative (gradients are
 //      rounded to bf16 before the sum);
-//   3. the rank's measured ledger equals the meta trace and the per-rank analytic profile;
+//   3. the rank's measured ledger equals the meta trace and the per-rank analytic profile (and,
+//      under --offload, its host bytes the analytic's);
+//   6. --offload optimizer (ZeRO 1-3) and optimizer+params (ZeRO 3): bit for bit the device
+//      update's run (ZeRO 1; fp32; or one contribution per gradient element), bf16 losses within
+//      1e-2 of the single rank's otherwise;
 //   5. pipeline parallelism (pp 2 with 1 and 3 micro-batches; alone, with dp 2 under ZeRO 1, with
 //      tp 2; tiny, and tiny-qwen2 whose tied embeddings have a copy on each end): each stage's
 //      weights against the single rank's within adam_tolerance, losses within 1e-5
@@ -75,6 +79,10 @@ void check_ledger(const ShardedRun& run, const ModelConfig& m, const TrainConfig
   check(lt.all_match(), label + ": the meta trace differs from the analytic profile");
   const MemoryFigures& meta = lt.ranks.at(std::size_t(stage)).ledger;
   const MemoryFigures& ana = lt.analytic.ranks.at(std::size_t(stage)).est.figures;
+  const std::uint64_t host_want = lt.analytic.ranks.at(std::size_t(stage)).host_bytes;
+  check(run.step->host_bytes() == host_want, label + ": host bytes " +
+                                                 std::to_string(run.step->host_bytes()) +
+                                                 " != analytic " + std::to_string(host_want));
   for (const MemoryFigures* want : {&meta, &ana}) {
     const char* src = want == &meta ? "meta trace" : "analytic";
     auto one = [&](const char* f, std::uint64_t g, std::uint64_t w) {
@@ -189,6 +197,38 @@ int main(int argc, char** argv) {
                       label.str() + ": loss not bit-identical to ZeRO-0's");
             }
           }
+          // --offload: the same step with the owned slices updated on the host: bit for bit the
+          // device's update with one micro-batch (the host sums ZeRO 2/3's micro-batches in fp32,
+          // the device in D: within the tolerance with two).
+          for (int zero = 1; zero <= 3 && N > 1 && !cuda; ++zero)
+            for (const Offload off : {Offload::optimizer, Offload::optimizer_params}) {
+              if (off == Offload::optimizer_params && zero != 3) continue;
+              std::ostringstream label;
+              label << name << " " << dtype_name(dt) << " M " << M << " dp " << N << " ZeRO-"
+                    << zero << " --offload " << offload_name(off);
+              ParallelConfig p = layout(m, t, N, zero, M);
+              p.offload = off;
+              p.resolve(false, m, t);
+              ShardedRun run(m, t, p, data, *world, 5, kind);
+              const StepsResult got = run.run(kSteps);
+              check_ledger(run, m, t, p, label.str());
+              check(run.step->host_bytes() > 0, label.str() + ": nothing on the host");
+              std::string where;
+              // The host sums ZeRO 2/3's gradient contributions in fp32 where the device rounds
+              // to D after each: the same bits in fp32, or with one contribution per element.
+              if (zero == 1 || dt == DType::f32 || (M == 1 && !m.tied_embeddings)) {
+                check(
+                    bit_identical(got.weights, by_zero[std::size_t(zero)].weights, &where),
+                    label.str() + ": weights not bit-identical to the device update's at " + where);
+                for (int n = 0; n < kSteps; ++n)
+                  check(got.losses[n] == by_zero[std::size_t(zero)].losses[n],
+                        label.str() + ": loss not bit-identical to the device update's");
+              } else {
+                for (int n = 0; n < kSteps; ++n)
+                  check(std::abs(got.losses[n] - ref.losses[n]) <= 1e-2 * std::abs(ref.losses[n]),
+                        label.str() + ": loss far from the single rank's");
+              }
+            }
         }
     // Tensor parallelism: tp 2 (dp N/2), every rank's slice of the weights against the same
     // slice of the single-rank run; ZeRO stages against ZeRO 0 bit for bit (dp 2).

@@ -87,7 +87,8 @@ class Collective {
   virtual void barrier() = 0;
 
   // The ranks of this collective with the same `color`, ordered by `key` (MPI_Comm_split): the
-  // data-, tensor- and pipeline-parallel groups of a layout. Every rank must call it. The result
+  // data-, tensor- and pipeline-parallel groups of a layout. Every rank must call it (MPI: a
+  // bounded barrier first, so a missing rank is a CollectiveTimeout naming the split). The result
   // keeps this collective's backend, timeout and local rank (NCCL: a communicator of its own,
   // bootstrapped over the MPI split); it must not outlive this one.
   virtual std::unique_ptr<Collective> split(int color, int key) = 0;

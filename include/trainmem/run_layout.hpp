@@ -49,6 +49,7 @@ struct MeasuredRank {
   double step_seconds = 0;  // the rank's median step
   // cuda: the device sources over the last step (cudaMemGetInfo's sampler: total - free at its
   // highest; the memory pool's used high-water mark), when available.
+  std::uint64_t host_bytes = 0;  // --offload: what the rank keeps in host memory
   bool device_sources = false;
   std::uint64_t device_used_peak = 0;
   std::uint64_t pool_used_peak = 0;

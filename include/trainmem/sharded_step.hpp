@@ -73,6 +73,9 @@ class ShardedStep {
   // Measured runs, called by every rank (ZeRO-3 gathers the shards): the current values of
   // the parameter with this HF name, as fp32.
   std::vector<float> parameter_values(const std::string& hf_name);
+  // --offload (measured): the bytes the rank keeps in host memory (optimizer states, the fp32
+  // gradient shard, under optimizer+params the parameter shard); 0 otherwise.
+  std::uint64_t host_bytes() const;
   // The HF names of the rank's parameters, in setup order.
   std::vector<std::string> parameter_names() const;
   // Where each of the rank's elements of a parameter sits in the whole parameter (row-major, the

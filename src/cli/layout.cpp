@@ -590,6 +590,14 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
                            "profile byte for byte"
                          : "MISMATCH: see the rows marked NO and the differences below",
           ml.all_match() ? report::Tone::ok : report::Tone::fail);
+  if (le.layout.offload != Offload::none) {
+    std::string host;
+    for (const auto& r : ml.ranks)
+      host += (host.empty() ? "" : ", ") + std::to_string(r.rank) + ": " +
+              format_bytes_with_unit(r.host_bytes, u);
+    w->item("host memory per rank (--offload " + std::string(offload_name(le.layout.offload)) +
+            "; the analytic's host bytes, compared above): " + host);
+  }
   w->item("worst rank: " + std::to_string(ml.ranks[worst].rank) + ", peak " +
           format_bytes_with_unit(ml.ranks[worst].ledger.peak, u) +
           "; distinct books: " + std::to_string(distinct.size()) + " of " + n + " ranks");
@@ -631,6 +639,10 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
       w->heading("Device sources per rank (the last step)");
       w->table(t);
       w->line("estimate: CUDA context " + o.cuda_context_source + "; NCCL " + o.nccl_source);
+      w->line(
+          "not in the estimate: the fp32 work buffer of 16-bit NCCL sums (4 bytes x the largest "
+          "count one communicator reduces, kept) and, with groups, the world communicator beside "
+          "the group ones");
     } else {
       w->item("device sources: unavailable on rank 0 (" + ml.device_reason + ")");
     }
@@ -652,6 +664,7 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
                 {"ledger_communication_peak", r.communication_peak},
                 {"ledger_tensors_at_peak", r.tensors_at_peak},
                 {"step_seconds", r.step_seconds},
+                {"host_bytes", r.host_bytes},
                 {"device_sources", r.device_sources},
                 {"device_used_peak", r.device_sources ? json(r.device_used_peak) : json(nullptr)},
                 {"pool_used_peak", r.device_sources ? json(r.pool_used_peak) : json(nullptr)},

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <thread>
 #include <vector>
 
@@ -65,8 +66,13 @@ class MpiCollective final : public Collective {
   }
 
   // The ranks of `parent` with `color`, ordered by `key` (split()).
-  MpiCollective(const MpiCollective& parent, int color, int key)
+  MpiCollective(MpiCollective& parent, int color, int key)
       : Collective(parent.timeout_s_), local_rank_(parent.local_rank_) {
+    // MPI_Comm_split blocks without a bound: a bounded barrier first turns a rank that never
+    // arrives into a timeout naming the split (the split itself then finds everyone there).
+    MPI_Request req;
+    check(MPI_Ibarrier(parent.data_, &req), "MPI_Ibarrier (split)");
+    parent.wait_for(&req, "split into groups", "for the other ranks to reach it");
     check(MPI_Comm_split(parent.data_, color, key, &data_), "MPI_Comm_split");
     check(MPI_Comm_split(parent.control_, color, key, &control_), "MPI_Comm_split");
     MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN);
@@ -76,18 +82,31 @@ class MpiCollective final : public Collective {
   }
 
   std::unique_ptr<Collective> split(int color, int key) override {
+    reap_sends();
     return std::make_unique<MpiCollective>(*this, color, key);
   }
 
   ~MpiCollective() override {
     if (aborted_) return;
-    try {
-      finish_sends();
-    } catch (const std::exception&) {
-      // A peer that never received: its staging buffers stay allocated (MPI may still read
-      // them), the communicators are left to MPI_Finalize.
-      for (auto& ps : sends_) new std::vector<unsigned char>(std::move(ps.data));
-      return;
+    // Sends still in flight: waited for (bounded) on a normal end; during an exception's unwinding
+    // (this rank failed, and its peers may never receive) or after a timeout, abandoned at once:
+    // the requests are freed (MPI completes or drops them) and their staging buffers leaked, as
+    // MPI may still read them, so that the failure reaches end_job without waiting.
+    bool abandon = std::uncaught_exceptions() > 0;
+    if (!abandon) {
+      try {
+        finish_sends();
+      } catch (const std::exception&) {
+        abandon = true;
+      }
+    }
+    if (abandon) {
+      for (auto& ps : sends_) {
+        MPI_Request_free(&ps.req);
+        new std::vector<unsigned char>(std::move(ps.data));
+      }
+      sends_.clear();
+      return;  // the communicators are left to MPI_Finalize or MPI_Abort
     }
     MPI_Comm_free(&data_);
     MPI_Comm_free(&control_);

@@ -22,8 +22,8 @@
 #include <array>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 
@@ -109,6 +109,17 @@ struct ShardedStep::Impl {
   std::vector<States> states;  // per parameter (ZeRO 0)
   States shard_states;         // ZeRO >= 1
   Tensor params_shard, grads_shard, tokens, targets, bucket;
+  // --offload (measured): what DeepSpeed keeps in host memory, each (shard) elements: the
+  // optimizer states (fp32 master when D is 16-bit, m, v), the fp32 gradient shard the host
+  // optimizer reads, and under optimizer+params the D parameter shard; the host update runs on a
+  // cpu backend of fp32.
+  bool offx = false;
+  std::unique_ptr<Backend> host_be;
+  std::vector<float> h_master, h_m, h_v, h_grad;
+  std::vector<unsigned char> h_params;
+  std::uint64_t host_bytes() const {
+    return (h_master.size() + h_m.size() + h_v.size() + h_grad.size()) * 4 + h_params.size();
+  }
 
   // ZeRO-3: unit positions and the gathered units alive.
   std::vector<int> seq;  // unit per position (0 embedding, 1+l layer, Ls+1 head)
@@ -430,7 +441,18 @@ struct ShardedStep::Impl {
     }
     // The owned slices (ZeRO >= 1's master shard, ZeRO-3's parameter shard), made on the host.
     const bool shard_master = bool(shard_states.master);
-    if (shard_master || params_shard) {
+    if (offx) {
+      const bool adam = t.optimizer == Optimizer::adamw;
+      if (D != DType::f32) h_master.assign(shard, 0.0f);
+      if (adam) {
+        h_m.assign(shard, 0.0f);
+        h_v.assign(shard, 0.0f);
+      }
+      h_grad.assign(shard, 0.0f);
+      if (p.offload == Offload::optimizer_params) h_params.assign(shard * es, 0);
+      host_be = make_cpu_backend(DType::f32);
+    }
+    if (shard_master || params_shard || !h_master.empty() || !h_params.empty()) {
       std::vector<float> f(std::size_t(hi - lo));
       for (std::size_t q = 0; q < P.size(); ++q) {
         const ParamInit init = init_of(q);
@@ -448,6 +470,9 @@ struct ShardedStep::Impl {
         be->fill_zero(params_shard.data(), params_shard.bytes());
         be->upload(params_shard.data(), raw.data(), raw.size());
       }
+      if (!h_master.empty()) std::copy(f.begin(), f.end(), h_master.begin());
+      for (std::size_t x = 0; x < f.size() && !h_params.empty(); ++x)
+        store_from_f32(h_params.data(), x, D, f[x]);
     }
     for (States* st : all_states()) {
       if (st->m) be->fill_zero(st->m.data(), st->m.bytes());
@@ -592,9 +617,14 @@ struct ShardedStep::Impl {
     if (tp_partial(q)) T->all_reduce_sum(bucket.data(), pq.n, D);
     X->data.all_reduce_sum(bucket.data(), pq.n, D);
     const std::uint64_t a = std::max(lo, pq.off), z = std::min(hi, pq.off + pq.n);
-    if (a < z)
+    if (a < z && offx) {  // into the host's fp32 gradient shard
+      std::vector<unsigned char> raw((z - a) * es);
+      be->download(raw.data(), elem_ptr(bucket, a - pq.off), raw.size());
+      for (std::uint64_t x = a; x < z; ++x) h_grad[x - lo] += load_as_f32(raw.data(), x - a, D);
+    } else if (a < z) {
       be->bias_forward(elem_ptr(grads_shard, a - lo), elem_ptr(bucket, a - pq.off), 1,
                        std::int64_t(z - a));
+    }
   }
 
   // ZeRO-3: unit u's weights into its gathered buffer, each owner's slice broadcast.
@@ -605,7 +635,9 @@ struct ShardedStep::Impl {
       const ParamShape& pq = P[std::size_t(q)];
       by_owner(pq.off, pq.off + pq.n, [&](int owner, std::uint64_t a, std::uint64_t z) {
         char* dst = elem_ptr(buf, pos + (a - pq.off));
-        if (owner == r) {
+        if (owner == r && !h_params.empty()) {
+          be->upload(dst, h_params.data() + (a - lo) * es, (z - a) * es);
+        } else if (owner == r) {
           be->copy(dst, elem_ptr(params_shard, a - lo), (z - a) * es);
           be->synchronize();
         }
@@ -638,6 +670,10 @@ struct ShardedStep::Impl {
     if (p.zero < 2)
       for (std::size_t q = 0; q < P.size(); ++q) X->data.all_reduce_sum(grad[q].data(), P[q].n, D);
     const float gs = 1.0f / S;
+    if (offx) {
+      offload_step(gs);
+      return;
+    }
     auto update = [&](void* param, const void* g, const States& st, std::uint64_t st_off,
                       std::uint64_t n) {
       auto f32_at = [&](const Tensor& x) { return x ? x.as<float>() + st_off : nullptr; };
@@ -662,6 +698,73 @@ struct ShardedStep::Impl {
       const void* g = p.zero == 1 ? elem_ptr(grad[q], a - P[q].off) : elem_ptr(grads_shard, a - lo);
       update(elem_ptr(value[q], a - P[q].off), g, shard_states, a - lo, z - a);
     }
+    be->synchronize();
+    for (std::size_t q = 0; q < P.size(); ++q)
+      by_owner(P[q].off, P[q].off + P[q].n, [&](int owner, std::uint64_t a, std::uint64_t z) {
+        X->data.broadcast(elem_ptr(value[q], a - P[q].off), z - a, D, owner);
+      });
+  }
+
+  // --offload: the owned slices updated on the host (the gradients already reduced: ZeRO 2/3 in
+  // h_grad, ZeRO 1 in the parameters' .grad, copied here), the new D values written back where
+  // the parameters live, then (ZeRO 1/2) the owners' broadcasts. The arithmetic is the device
+  // update's: AdamW/SGD on the fp32 master (16-bit D) or on the fp32 values themselves.
+  void offload_step(float gs) {
+    const std::uint64_t n = hi - lo;
+    // The owned elements' current D values and a place for the new ones (staging, outside the
+    // books like the host's pinned buffers).
+    std::vector<unsigned char> vals(n * es);
+    auto each_owned =
+        [&](const std::function<void(std::size_t q, std::uint64_t a, std::uint64_t z)>& f) {
+          for (std::size_t q = 0; q < P.size(); ++q) {
+            const std::uint64_t a = std::max(lo, P[q].off), z = std::min(hi, P[q].off + P[q].n);
+            if (a < z) f(q, a, z);
+          }
+        };
+    if (p.zero < 2) {
+      std::fill(h_grad.begin(), h_grad.end(), 0.0f);
+      each_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
+        std::vector<unsigned char> raw((z - a) * es);
+        be->download(raw.data(), elem_ptr(grad[q], a - P[q].off), raw.size());
+        for (std::uint64_t x = a; x < z; ++x) h_grad[x - lo] = load_as_f32(raw.data(), x - a, D);
+      });
+    }
+    if (n > 0) {
+      std::vector<float> work;  // fp32 D: the values themselves
+      float* target = h_master.empty() ? nullptr : h_master.data();
+      if (!target) {
+        if (!h_params.empty()) {
+          std::memcpy(vals.data(), h_params.data(), n * es);
+        } else if (p.zero == 3) {
+          be->download(vals.data(), params_shard.data(), n * es);
+        } else {
+          each_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
+            be->download(vals.data() + (a - lo) * es, elem_ptr(value[q], a - P[q].off),
+                         (z - a) * es);
+          });
+        }
+        work.resize(n);
+        for (std::uint64_t x = 0; x < n; ++x) work[x] = load_as_f32(vals.data(), x, D);
+        target = work.data();
+      }
+      if (t.optimizer == Optimizer::adamw)
+        host_be->adamw_update(target, h_grad.data(), nullptr, h_m.data(), h_v.data(),
+                              std::int64_t(n), X->optimizer.adamw, step, gs);
+      else
+        host_be->sgd_update(target, h_grad.data(), nullptr, std::int64_t(n), X->optimizer.sgd_lr,
+                            gs);
+      for (std::uint64_t x = 0; x < n; ++x) store_from_f32(vals.data(), x, D, target[x]);
+      if (!h_params.empty()) {
+        std::memcpy(h_params.data(), vals.data(), n * es);
+      } else if (p.zero == 3) {
+        be->upload(params_shard.data(), vals.data(), n * es);
+      } else {
+        each_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
+          be->upload(elem_ptr(value[q], a - P[q].off), vals.data() + (a - lo) * es, (z - a) * es);
+        });
+      }
+    }
+    if (p.zero == 3) return;
     be->synchronize();
     for (std::size_t q = 0; q < P.size(); ++q)
       by_owner(P[q].off, P[q].off + P[q].n, [&](int owner, std::uint64_t a, std::uint64_t z) {
@@ -1096,7 +1199,7 @@ struct ShardedStep::Impl {
       layer_backward(l, B, d_res);
     }
     window(seq.size());  // the embedding's backward needs no weight
-    if (first) {  // the embedding: from the whole sequence's d_residual (gathered under sp)
+    if (first) {         // the embedding: from the whole sequence's d_residual (gathered under sp)
       Tensor gath;
       if (sp) gath = comm("d_residual.gathered", -1, {b, s, h}, D);
       if (run) {
@@ -1124,6 +1227,7 @@ struct ShardedStep::Impl {
       loss_sum = 0;
       for (auto& gq : grad) be->fill_zero(gq.data(), gq.bytes());
       if (grads_shard) be->fill_zero(grads_shard.data(), grads_shard.bytes());
+      std::fill(h_grad.begin(), h_grad.end(), 0.0f);
     }
     const std::int64_t warm = std::min<std::int64_t>(p.pp - stage - 1, M);
     const std::int64_t mark_at = std::min<std::int64_t>(warm, M - 1);
@@ -1159,7 +1263,10 @@ struct ShardedStep::Impl {
       be->download(raw.data(), value[q].data(), raw.size());
     } else {  // every rank's shard, on the host, then the parameter's range
       std::vector<unsigned char> mine(shard * es), all(shard * es * std::size_t(p.dp));
-      be->download(mine.data(), params_shard.data(), mine.size());
+      if (!h_params.empty())
+        std::memcpy(mine.data(), h_params.data(), mine.size());
+      else
+        be->download(mine.data(), params_shard.data(), mine.size());
       X->host.all_gather(mine.data(), all.data(), shard * es / 2, DType::f16);
       std::memcpy(raw.data(), all.data() + P[q].off * es, raw.size());
     }
@@ -1221,9 +1328,7 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
       x.tpx = x.run;
       x.V_lo = std::int64_t(x.tr) * x.V;
     }
-    if (layout.offload != Offload::none)
-      throw InputError("--offload " + std::string(offload_name(layout.offload)) + ": " + what +
-                       " keeps every state on its device; --backend meta traces offload");
+    x.offx = x.run && layout.offload != Offload::none;
     if (exec->optimizer.kind != train.optimizer)
       throw Error("sharded step: optimizer settings are for another optimizer");
   }
@@ -1251,6 +1356,10 @@ std::vector<std::uint64_t> ShardedStep::parameter_elements(const std::string& hf
       return v;
     }
   throw InputError("sharded step: no parameter named '" + hf_name + "'");
+}
+
+std::uint64_t ShardedStep::host_bytes() const {
+  return impl_->host_bytes();
 }
 
 std::vector<std::string> ShardedStep::parameter_names() const {

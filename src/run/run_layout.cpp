@@ -73,6 +73,7 @@ std::vector<std::uint64_t> pack(const MeasuredRank& m) {
   w.push_back(m.device_sources ? 1 : 0);
   w.push_back(m.device_used_peak);
   w.push_back(m.pool_used_peak);
+  w.push_back(m.host_bytes);
   return w;
 }
 MeasuredRank unpack(const std::uint64_t* w) {
@@ -96,6 +97,7 @@ MeasuredRank unpack(const std::uint64_t* w) {
   m.device_sources = w[kWords + 2] != 0;
   m.device_used_peak = w[kWords + 3];
   m.pool_used_peak = w[kWords + 4];
+  m.host_bytes = w[kWords + 5];
   return m;
 }
 
@@ -223,6 +225,7 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
       if (!mem.available) out.device_reason = mem.reason;
     }
     mine.ledger = measured_figures(ledger);
+    mine.host_bytes = step.host_bytes();
     mine.communication_peak = ledger.peak(Category::communication);
     mine.tensors_at_peak = ledger.peak_live_count();
     if (rq.keep_timeline && !ledger.timeline().empty())
@@ -246,6 +249,11 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
     m.trace_differences = differences(m.ledger, out.predicted.ranks[k].ledger, "meta trace");
     m.analytic_differences =
         differences(m.ledger, out.predicted.analytic.ranks[k].est.figures, "analytic");
+    const std::uint64_t host_want = out.predicted.analytic.ranks[k].host_bytes;
+    if (m.host_bytes != host_want)
+      m.analytic_differences.push_back("host bytes (--offload): measured " +
+                                       std::to_string(m.host_bytes) + ", analytic " +
+                                       std::to_string(host_want));
     out.ranks.push_back(std::move(m));
   }
   return out;
