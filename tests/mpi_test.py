@@ -75,6 +75,19 @@ def run(np, args, bound=BOUND_S, threads=None):
     return p.returncode, p.stdout, p.stderr, elapsed
 
 
+def expect_single_losses(exe, doc, rows, what, out):
+    """The measured job's losses equal the single-rank run of the same `rows` global rows."""
+    rc1, out1, err1 = single(exe, ["profile", "--model", "tiny", "--batch", str(rows), "--seq",
+                                   "16", "--backend", "cpu", "--dtype", "fp32", "--format", "json"])
+    expect(rc1 == 0, f"the single-rank run of {rows} rows: exit {rc1}", out1, err1)
+    if rc1 == 0:
+        want = json.loads(out1)["run"]["losses"]
+        got = doc.get("losses", [])
+        expect(len(got) == len(want) == 2 and
+               all(abs(g - w) <= 1e-5 * abs(w) for g, w in zip(got, want)),
+               f"{what}: losses {got} equal the single rank's {want} within 1e-5", out)
+
+
 def single(exe, args):
     """One process, not under a launcher."""
     env = {k: v for k, v in os.environ.items()
@@ -178,16 +191,7 @@ def main():
             expect(doc.get("collective") == "mpi" and doc["run"]["backend"] == "cpu",
                    "backend cpu over mpi", out)
             # The same global batch on one rank: LlamaModel of batch 2·n (docs/distributed.md).
-            rc1, out1, err1 = single(a.trainmem, ["profile", "--model", "tiny", "--batch",
-                                                  str(2 * n), "--seq", "16", "--backend", "cpu",
-                                                  "--dtype", "fp32", "--format", "json"])
-            expect(rc1 == 0, f"the single-rank run: exit {rc1}", out1, err1)
-            if rc1 == 0:
-                want = json.loads(out1)["run"]["losses"]
-                got = doc.get("losses", [])
-                expect(len(got) == len(want) == 2 and
-                       all(abs(g - w) <= 1e-5 * abs(w) for g, w in zip(got, want)),
-                       f"losses {got} equal the single rank's {want} within 1e-5", out)
+            expect_single_losses(a.trainmem, doc, 2 * n, f"dp {n}", out)
         for r in range(n):
             path = os.path.join(tmp, f"t.rank{r}.json")
             ok = os.path.exists(path)
@@ -204,15 +208,7 @@ def main():
             if rc == 0:
                 doc = json.loads(out)
                 expect(doc.get("all_ranks_match") is True, "tp 2: every rank matches", out)
-                rc1, out1, err1 = single(a.trainmem, ["profile", "--model", "tiny", "--batch",
-                                                      str(n), "--seq", "16", "--backend", "cpu",
-                                                      "--dtype", "fp32", "--format", "json"])
-                if rc1 == 0:
-                    want = json.loads(out1)["run"]["losses"]
-                    got = doc.get("losses", [])
-                    expect(len(got) == len(want) and
-                           all(abs(g - w) <= 1e-5 * abs(w) for g, w in zip(got, want)),
-                           f"tp 2 losses {got} equal the single rank's {want} within 1e-5", out)
+                expect_single_losses(a.trainmem, doc, n, "tp 2 sp", out)
             # Pipeline stages measured: pp 2 with 3 micro-batches (global batch 3·2·n/2 rows).
             rc, out, err, _ = run(n, base + ["--world-size", str(n), "--pp", "2",
                                              "--microbatches", "3", "--format", "json"],
@@ -223,15 +219,7 @@ def main():
                 expect(doc.get("all_ranks_match") is True and
                        sorted({r["stage"] for r in doc["measured_ranks"]}) == [0, 1],
                        "pp 2: both stages measured and matching", out)
-                rc1, out1, err1 = single(a.trainmem, ["profile", "--model", "tiny", "--batch",
-                                                      str(3 * n), "--seq", "16", "--backend",
-                                                      "cpu", "--dtype", "fp32", "--format", "json"])
-                if rc1 == 0:
-                    want = json.loads(out1)["run"]["losses"]
-                    got = doc.get("losses", [])
-                    expect(len(got) == len(want) and
-                           all(abs(g - w) <= 1e-5 * abs(w) for g, w in zip(got, want)),
-                           f"pp 2 losses {got} equal the single rank's {want} within 1e-5", out)
+                expect_single_losses(a.trainmem, doc, 3 * n, "pp 2", out)
             # Offload measured: the host bytes of every rank equal the analytic's.
             rc, out, err, _ = run(n, base + ["--world-size", str(n), "--zero", "3", "--offload",
                                              "optimizer+params", "--format", "json"], threads=1)

@@ -102,6 +102,26 @@ void check_ledger(const ShardedRun& run, const ModelConfig& m, const TrainConfig
   }
 }
 
+// Losses within 1e-5 relative and every weight (the rank's slice of it) within adam_tolerance
+// of the single-rank run's; prints the worst weight difference when `print`.
+void check_against_single(const std::string& label, const StepsResult& got, const StepsResult& ref,
+                          int steps, bool print) {
+  for (int n = 0; n < steps; ++n)
+    check(std::abs(got.losses[n] - ref.losses[n]) <= 1e-5 * std::abs(ref.losses[n]),
+          label + ": step " + std::to_string(n + 1) + " loss " + std::to_string(got.losses[n]) +
+              ", single rank " + std::to_string(ref.losses[n]));
+  std::string where;
+  const double diff = worst_absolute_difference(got.weights, slice_of(ref.weights, got), &where);
+  const double bound = adam_tolerance(default_optimizer_settings(Optimizer::adamw), steps);
+  std::ostringstream msg;
+  msg << label << ": weights differ from the single rank's by " << diff << " at " << where
+      << " (bound " << bound << ")";
+  check(diff <= bound, msg.str());
+  if (print)
+    std::printf("%s: worst weight difference from the single rank %.3g (bound %.3g)\n",
+                label.c_str(), diff, bound);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -264,22 +284,8 @@ int main(int argc, char** argv) {
               by_zero.push_back(run.run(kSteps));
               const StepsResult& got = by_zero.back();
               check_ledger(run, m, t, p, label.str());
-              for (int n = 0; n < kSteps; ++n)
-                check(std::abs(got.losses[n] - ref.losses[n]) <= 1e-5 * std::abs(ref.losses[n]),
-                      label.str() + ": step " + std::to_string(n + 1) + " loss " +
-                          std::to_string(got.losses[n]) + ", single rank " +
-                          std::to_string(ref.losses[n]));
+              check_against_single(label.str(), got, ref, kSteps, rank_id == 0);
               std::string where;
-              const double diff =
-                  worst_absolute_difference(got.weights, slice_of(ref.weights, got), &where);
-              const double bound = adam_tolerance(default_optimizer_settings(t.optimizer), kSteps);
-              std::ostringstream msg;
-              msg << label.str() << ": weights differ from the single rank's slice by " << diff
-                  << " at " << where << " (bound " << bound << ")";
-              check(diff <= bound, msg.str());
-              if (rank_id == 0)
-                std::printf("%s: worst weight difference from the single rank %.3g (bound %.3g)\n",
-                            label.str().c_str(), diff, bound);
               if (M == 1 && !m.tied_embeddings && zero > 0)
                 check(bit_identical(got.weights, by_zero[0].weights, &where),
                       label.str() + ": weights not bit-identical to ZeRO-0's at " + where);
@@ -326,22 +332,7 @@ int main(int argc, char** argv) {
                            tp > 1 ? tp_group.get() : nullptr, pp_group.get());
             const StepsResult got = run.run(kSteps);
             check_ledger(run, m, t, p, label.str(), stage);
-            for (int n = 0; n < kSteps; ++n)
-              check(std::abs(got.losses[n] - ref.losses[n]) <= 1e-5 * std::abs(ref.losses[n]),
-                    label.str() + ": step " + std::to_string(n + 1) + " loss " +
-                        std::to_string(got.losses[n]) + ", single rank " +
-                        std::to_string(ref.losses[n]));
-            std::string where;
-            const double diff =
-                worst_absolute_difference(got.weights, slice_of(ref.weights, got), &where);
-            const double bound = adam_tolerance(default_optimizer_settings(t.optimizer), kSteps);
-            std::ostringstream msg;
-            msg << label.str() << ": weights differ from the single rank's by " << diff << " at "
-                << where << " (bound " << bound << ")";
-            check(diff <= bound, msg.str());
-            if (rank_id == 0 || rank_id == N - 1)
-              std::printf("%s: worst weight difference from the single rank %.3g (bound %.3g)\n",
-                          label.str().c_str(), diff, bound);
+            check_against_single(label.str(), got, ref, kSteps, rank_id == 0 || rank_id == N - 1);
           }
       }
     }
