@@ -20,7 +20,8 @@ checks exit codes, messages and that nothing hangs (every run has a wall-clock b
                --backend cuda --pp 2 -> exit 2 saying what is measured, once; --world-size not equal to the MPI size ->
                exit 2 saying what to run instead; compare --world-size N: a row per rank,
                checkpointing none and full, each matching; (np 2) --device-budget between the
-               two stages' peaks -> stage 0 out of memory, exit 3 with its message
+               two stages' peaks -> stage 0 out of memory, exit 3 with its message; a bad flag
+               of a measured command -> said once; of estimate -> by each rank that met it, at once
   nccl         the collectives on the NCCL backend (CUDA builds; skipped without devices)
   sharded_nccl the measured sharded step on cuda with NCCL (CUDA builds; skipped without devices)
 Usage: mpi_test.py --mode MODE --np N --mpi-built TRUE|FALSE --test-exe EXE [--sharded-exe EXE]
@@ -269,6 +270,18 @@ def main():
                    "compare: a row per rank, every one matching", out)
             expect(all(r["full"]["activations_peak"] < r["none"]["activations_peak"]
                        for r in rows), "checkpointing lowers every rank's activations peak", out)
+        # A bad flag value of a measured command: every rank meets it before the ranks meet; they
+        # agree over MPI and rank 0 alone says so. A command that never starts MPI (estimate)
+        # prints it per rank and ends at once (no rank waits for the others in MPI_Init).
+        rc, out, err, _ = run(n, base + ["--world-size", str(n), "--format", "md"])
+        expect(rc == 2, f"--format md under mpirun: exit {rc}, expected 2", out, err)
+        expect(err.count("unknown format 'md'") == 1, "the flag error said once", out, err)
+        rc, out, err, took = run(n, [a.trainmem, "estimate", "--model", "tiny", "--format", "md"])
+        # (mpirun ends the others once one exits non-zero: each rank that got that far says it.)
+        expect(rc == 2 and 1 <= err.count("unknown format 'md'") <= n,
+               f"estimate --format md under mpirun: exit {rc}, said by the ranks that met it",
+               out, err)
+        expect(took < 30, f"estimate's error took {took:.1f} s to end the job", out, err)
         rc, out, err, _ = run(n, base + ["--world-size", str(2 * n)])
         expect(rc == 2, f"--world-size {2 * n} under mpirun -np {n}: exit {rc}, expected 2",
                out, err)

@@ -55,8 +55,9 @@ LaunchInfo detect_launch();
 // The same from a lookup (tests): `env(name)` returns the value or nullptr.
 LaunchInfo detect_launch(const std::function<const char*(const char*)>& env);
 
-bool mpi_built();   // this binary was built with MPI (libopenmpi-dev found at configure time)
-bool nccl_built();  // ... and with NCCL (CUDA build, nccl.h and libnccl found)
+bool mpi_built();    // this binary was built with MPI (libopenmpi-dev found at configure time)
+bool mpi_started();  // MPI_Init has run in this process (false without MPI)
+bool nccl_built();   // ... and with NCCL (CUDA build, nccl.h and libnccl found)
 
 class Collective {
  public:

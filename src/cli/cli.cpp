@@ -135,10 +135,43 @@ Outcome run_captured(const std::function<int()>& body) {
 
 int run_cli(int argc, char** argv) {
   set_command_line(argc, argv);
-  return run_guarded([&] {
+  auto body = [&] {
     setup_logging();
     return run_cli_throwing(argc, argv);
-  });
+  };
+  // A measured multi-rank command (--backend cpu|cuda, --world-size above 1) under an MPI
+  // launcher: every rank starts MPI when it gets that far, so an error found before the ranks
+  // met (a bad flag, a bad value, a missing file) can go through the end-of-job agreement too:
+  // when every rank has the same one, rank 0 alone prints it; a rank that alone has it prints it
+  // with its rank. (Other commands never start MPI: a rank failing alone there would wait for
+  // its peers in MPI_Init, so they print as without a launcher.) Errors after the ranks met were
+  // handled there (end_job).
+  auto value_of = [&](const std::string& flag) {
+    std::string v;
+    for (int k = 1; k < argc; ++k) {
+      const std::string a = argv[k];
+      if (a == flag && k + 1 < argc) v = argv[k + 1];
+      if (a.rfind(flag + "=", 0) == 0) v = a.substr(flag.size() + 1);
+    }
+    return v;
+  };
+  const std::string world = value_of("--world-size"), backend = value_of("--backend");
+  const bool measured = !world.empty() && world != "1" && (backend == "cpu" || backend == "cuda");
+  if (!measured || !detect_launch().under_mpi || !mpi_built()) return run_guarded(body);
+  const Outcome outcome = run_captured(body);
+  if (outcome.message.empty() || mpi_started()) {
+    std::cerr << outcome.message;
+    return outcome.code;
+  }
+  try {
+    std::unique_ptr<Collective> world = make_mpi_collective(kDefaultCollectiveTimeout);
+    const int code = end_job(*world, outcome.code, outcome.message, std::cerr);
+    world.reset();
+    return code;
+  } catch (const std::exception&) {
+    std::cerr << outcome.message;
+    return outcome.code;
+  }
 }
 
 }  // namespace trainmem::cli

@@ -99,6 +99,12 @@ bool mpi_built() {
 #endif
 }
 
+#ifndef TRAINMEM_HAVE_MPI
+bool mpi_started() {
+  return false;
+}
+#endif
+
 bool nccl_built() {
 #ifdef TRAINMEM_HAVE_NCCL
   return true;

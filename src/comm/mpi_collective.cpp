@@ -396,6 +396,12 @@ class MpiCollective final : public Collective {
 
 }  // namespace
 
+bool mpi_started() {
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  return initialised != 0;
+}
+
 std::unique_ptr<Collective> make_mpi_collective(double timeout_s) {
   if (!(timeout_s > 0))
     throw InputError("--collective-timeout must be above 0 seconds, got " +

@@ -100,7 +100,9 @@ struct ShardedStep::Impl {
   bool ppx = false;
   std::vector<std::size_t> gidx;  // each parameter's index in the whole model's setup order
 
-  std::vector<Tensor> persistent;  // inputs' neighbours with no role in the arithmetic
+  // Setup's tensors the arithmetic never reads itself: the GEMM workspace (handed to the
+  // backend) and, with --overlap-comm, the second reduce bucket.
+  std::vector<Tensor> persistent;
   // Setup's tensors the arithmetic uses (empty where the layout has none).
   std::vector<Tensor> value, grad;  // per parameter (ZeRO < 3, ZeRO < 2)
   struct States {
