@@ -648,6 +648,22 @@ struct ShardedStep::Impl {
     }
   }
 
+  // f(q, a, z) for every parameter q with elements [a, z) of the flat range this rank owns.
+  void for_owned(const std::function<void(std::size_t, std::uint64_t, std::uint64_t)>& f) const {
+    for (std::size_t q = 0; q < P.size(); ++q) {
+      const std::uint64_t a = std::max(lo, P[q].off), z = std::min(hi, P[q].off + P[q].n);
+      if (a < z) f(q, a, z);
+    }
+  }
+  // ZeRO 1/2 after the update: every parameter's slices broadcast from their owners, in place.
+  void broadcast_owned_slices() {
+    be->synchronize();
+    for (std::size_t q = 0; q < P.size(); ++q)
+      by_owner(P[q].off, P[q].off + P[q].n, [&](int owner, std::uint64_t a, std::uint64_t z) {
+        X->data.broadcast(elem_ptr(value[q], a - P[q].off), z - a, D, owner);
+      });
+  }
+
   // q_norm and k_norm under tensor parallelism: the same weights on every rank of the group,
   // each rank's gradient from its own heads, so a partial sum.
   // Under sp the RMSNorm weights too: each rank's gradient from its own rows of the sequence.
@@ -694,17 +710,11 @@ struct ShardedStep::Impl {
       if (hi > lo) update(params_shard.data(), grads_shard.data(), shard_states, 0, hi - lo);
       return;
     }
-    for (std::size_t q = 0; q < P.size(); ++q) {
-      const std::uint64_t a = std::max(lo, P[q].off), z = std::min(hi, P[q].off + P[q].n);
-      if (a >= z) continue;
+    for_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
       const void* g = p.zero == 1 ? elem_ptr(grad[q], a - P[q].off) : elem_ptr(grads_shard, a - lo);
       update(elem_ptr(value[q], a - P[q].off), g, shard_states, a - lo, z - a);
-    }
-    be->synchronize();
-    for (std::size_t q = 0; q < P.size(); ++q)
-      by_owner(P[q].off, P[q].off + P[q].n, [&](int owner, std::uint64_t a, std::uint64_t z) {
-        X->data.broadcast(elem_ptr(value[q], a - P[q].off), z - a, D, owner);
-      });
+    });
+    broadcast_owned_slices();
   }
 
   // --offload: the owned slices updated on the host (the gradients already reduced: ZeRO 2/3 in
@@ -716,16 +726,9 @@ struct ShardedStep::Impl {
     // The owned elements' current D values and a place for the new ones (staging, outside the
     // books like the host's pinned buffers).
     std::vector<unsigned char> vals(n * es);
-    auto each_owned =
-        [&](const std::function<void(std::size_t q, std::uint64_t a, std::uint64_t z)>& f) {
-          for (std::size_t q = 0; q < P.size(); ++q) {
-            const std::uint64_t a = std::max(lo, P[q].off), z = std::min(hi, P[q].off + P[q].n);
-            if (a < z) f(q, a, z);
-          }
-        };
     if (p.zero < 2) {
       std::fill(h_grad.begin(), h_grad.end(), 0.0f);
-      each_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
+      for_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
         std::vector<unsigned char> raw((z - a) * es);
         be->download(raw.data(), elem_ptr(grad[q], a - P[q].off), raw.size());
         for (std::uint64_t x = a; x < z; ++x) h_grad[x - lo] = load_as_f32(raw.data(), x - a, D);
@@ -740,7 +743,7 @@ struct ShardedStep::Impl {
         } else if (p.zero == 3) {
           be->download(vals.data(), params_shard.data(), n * es);
         } else {
-          each_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
+          for_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
             be->download(vals.data() + (a - lo) * es, elem_ptr(value[q], a - P[q].off),
                          (z - a) * es);
           });
@@ -761,17 +764,13 @@ struct ShardedStep::Impl {
       } else if (p.zero == 3) {
         be->upload(params_shard.data(), vals.data(), n * es);
       } else {
-        each_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
+        for_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
           be->upload(elem_ptr(value[q], a - P[q].off), vals.data() + (a - lo) * es, (z - a) * es);
         });
       }
     }
     if (p.zero == 3) return;
-    be->synchronize();
-    for (std::size_t q = 0; q < P.size(); ++q)
-      by_owner(P[q].off, P[q].off + P[q].n, [&](int owner, std::uint64_t a, std::uint64_t z) {
-        X->data.broadcast(elem_ptr(value[q], a - P[q].off), z - a, D, owner);
-      });
+    broadcast_owned_slices();
   }
 
   // ZeRO-3: the window of position `pos` (past the end: nothing): release what leaves it, then
