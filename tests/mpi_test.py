@@ -17,7 +17,8 @@ checks exit codes, messages and that nothing hangs (every run has a wall-clock b
                to the single-rank run of the global batch, one timeline per rank; --tp 2 --sp ->
                measured, the same losses; --pp 2 --microbatches 3 -> measured, the same
                losses; --offload optimizer+params -> every rank's host bytes the analytic's;
-               --backend cuda --pp 2 -> exit 2 saying what is measured, once; --world-size not equal to the MPI size ->
+               --backend cuda --pp 2 -> measured where every rank has a GPU, else exit 2 naming the device
+               or NCCL, once; --world-size not equal to the MPI size ->
                exit 2 saying what to run instead; compare --world-size N: a row per rank,
                checkpointing none and full, each matching; (np 2) --device-budget between the
                two stages' peaks -> stage 0 out of memory, exit 3 with its message; a bad flag
@@ -231,11 +232,20 @@ def main():
                        all(r["host_bytes"] == doc["ranks"][0]["host_bytes"] > 0
                            for r in doc["measured_ranks"]),
                        "offload: every rank's host bytes equal the analytic's", out)
+            # cuda with --pp: measured like the cpu's where every rank has a GPU and NCCL is
+            # built; otherwise exit 2 with the reason (the device or NCCL, not the layout), once.
             cuda = [w if w != "cpu" else "cuda" for w in base]
-            rc, out, err, _ = run(n, cuda + ["--world-size", str(n), "--pp", "2"])
-            expect(rc == 2, f"--backend cuda --pp 2: exit {rc}, expected 2", out, err)
-            expect(err.count("Measured multi-rank runs cover data, tensor and pipeline "
-                             "parallelism") == 1, "the scope said once, by rank 0", out, err)
+            rc, out, err, _ = run(n, cuda + ["--world-size", str(n), "--pp", "2",
+                                             "--format", "json"])
+            if rc == 0:
+                doc = json.loads(out)
+                expect(doc.get("all_ranks_match") is True, "cuda pp 2: every rank matching", out)
+            else:
+                expect(rc == 2, f"--backend cuda --pp 2: exit {rc}, expected 0 or 2", out, err)
+                expect("--pp" not in err.split("error:")[-1] and
+                       ("device" in err or "NCCL" in err),
+                       "cuda --pp 2: refused for the device or NCCL, not the layout", out, err)
+                expect(err.count("error:") == 1, "the reason said once, by rank 0", out, err)
         if n == 2:
             # One rank out of memory: stage 0 holds more than stage 1, a --device-budget between
             # their traced peaks stops stage 0 alone; the job ends with its exit code 3 and its

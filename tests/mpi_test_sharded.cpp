@@ -27,9 +27,10 @@
 //      the single-rank run within adam_tolerance, losses within 1e-5 relative, the
 //      ZeRO stages against ZeRO 0 bit for bit (dp 2, one micro-batch, untied), and check 3.
 // `mpi_test_sharded --backend cuda`: the same runs on the cuda backend with the NCCL collectives
-// (one GPU per rank; fp32 only): checks 3, and the losses within 1e-3 relative of the CPU's
-// single-rank run (the GPU kernels round differently; NCCL sums in its own order). Skipped (77)
-// without NCCL in the build or a device per rank.
+// (one GPU per rank; fp32 only; data, tensor and pipeline parallelism, no offload): checks 3,
+// and the losses within 1e-3 relative of the CPU's single-rank run (the GPU kernels round
+// differently; NCCL sums in its own order). Skipped (77) without NCCL in the build or a device
+// per rank.
 // Exit 0 when every check passed on every rank, 1 otherwise (each rank prints its failures), 77
 // when this binary was built without MPI.
 #include <cmath>
@@ -122,6 +123,16 @@ void check_against_single(const std::string& label, const StepsResult& got, cons
                 label.c_str(), diff, bound);
 }
 
+// cuda: every step's loss within 1e-3 relative of the cpu's single-rank run (the GPU kernels
+// round differently; NCCL sums in its own order).
+void check_cuda_losses(const std::string& label, const StepsResult& got, const StepsResult& ref,
+                       int steps) {
+  for (int n = 0; n < steps; ++n)
+    check(std::abs(got.losses[n] - ref.losses[n]) <= 1e-3 * std::abs(ref.losses[n]),
+          label + ": cuda loss " + std::to_string(got.losses[n]) + ", cpu single rank " +
+              std::to_string(ref.losses[n]));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -186,10 +197,7 @@ int main(int argc, char** argv) {
             check_ledger(run, m, t, p, label.str());
             const double loss_tol = cuda ? 1e-3 : dt == DType::f32 ? 1e-5 : 1e-2;
             if (cuda) {
-              for (int n = 0; n < kSteps; ++n)
-                check(std::abs(got.losses[n] - ref.losses[n]) <= loss_tol * std::abs(ref.losses[n]),
-                      label.str() + ": cuda loss " + std::to_string(got.losses[n]) +
-                          ", cpu single rank " + std::to_string(ref.losses[n]));
+              check_cuda_losses(label.str(), got, ref, kSteps);
               continue;
             }
             for (int n = 0; n < kSteps; ++n)
@@ -251,11 +259,17 @@ int main(int argc, char** argv) {
             }
         }
     // Tensor parallelism: tp 2 (dp N/2), every rank's slice of the weights against the same
-    // slice of the single-rank run; ZeRO stages against ZeRO 0 bit for bit (dp 2).
-    if (!cuda && N % 2 == 0) {
+    // slice of the single-rank run; ZeRO stages against ZeRO 0 bit for bit (dp 2). cuda: the
+    // groups on NCCL (device buffers) and MPI (host buffers); the losses against the cpu's.
+    if (N % 2 == 0) {
       const int tp = 2, dp = N / 2;
-      std::unique_ptr<Collective> tp_group = world->split(rank_id / tp, rank_id % tp);
-      std::unique_ptr<Collective> dp_group = world->split(rank_id % tp, rank_id / tp);
+      std::unique_ptr<Collective> tp_group = data.split(rank_id / tp, rank_id % tp);
+      std::unique_ptr<Collective> dp_group = data.split(rank_id % tp, rank_id / tp);
+      std::unique_ptr<Collective> tp_host, dp_host;
+      if (cuda) {
+        tp_host = world->split(rank_id / tp, rank_id % tp);
+        dp_host = world->split(rank_id % tp, rank_id / tp);
+      }
       for (const std::string name : {"tiny", "tiny-qwen2", "tiny-qwen3"})
         for (const std::int64_t M : {1, 2})
           for (const bool sp : {false, true}) {
@@ -280,10 +294,15 @@ int main(int argc, char** argv) {
               p.zero = zero;
               p.microbatches = M;
               p.resolve(false, m, t);
-              ShardedRun run(m, t, p, *dp_group, *dp_group, 9, BackendKind::cpu, tp_group.get());
+              ShardedRun run(m, t, p, *dp_group, cuda ? *dp_host : *dp_group, 9, kind,
+                             tp_group.get(), nullptr, cuda ? tp_host.get() : nullptr);
               by_zero.push_back(run.run(kSteps));
               const StepsResult& got = by_zero.back();
               check_ledger(run, m, t, p, label.str());
+              if (cuda) {
+                check_cuda_losses(label.str(), got, ref, kSteps);
+                continue;
+              }
               check_against_single(label.str(), got, ref, kSteps, rank_id == 0);
               std::string where;
               if (M == 1 && !m.tied_embeddings && zero > 0)
@@ -292,9 +311,10 @@ int main(int argc, char** argv) {
             }
           }
     }
-    // Pipeline parallelism (cpu): pp 2 with 1 and 3 micro-batches, alone (N 2) and with dp 2 or
-    // tp 2 (N 4); tiny-qwen2's tied embeddings live on both ends.
-    if (!cuda && N % 2 == 0) {
+    // Pipeline parallelism: pp 2 with 1 and 3 micro-batches, alone (N 2) and with dp 2 or tp 2
+    // (N 4); tiny-qwen2's tied embeddings live on both ends. The stages' messages travel through
+    // host memory over MPI on either backend.
+    if (N % 2 == 0) {
       struct Layout {
         int tp, dp, zero;
       };
@@ -304,9 +324,14 @@ int main(int argc, char** argv) {
         const int pp = 2, tp = lay.tp, dp = lay.dp;
         const int tp_rank = rank_id % tp, dp_rank = (rank_id / tp) % dp,
                   stage = rank_id / (tp * dp);
-        std::unique_ptr<Collective> dp_group = world->split(stage * tp + tp_rank, dp_rank);
-        std::unique_ptr<Collective> tp_group = world->split(stage * dp + dp_rank, tp_rank);
+        std::unique_ptr<Collective> dp_group = data.split(stage * tp + tp_rank, dp_rank);
+        std::unique_ptr<Collective> tp_group = data.split(stage * dp + dp_rank, tp_rank);
         std::unique_ptr<Collective> pp_group = world->split(dp_rank * tp + tp_rank, stage);
+        std::unique_ptr<Collective> tp_host, dp_host;
+        if (cuda) {
+          dp_host = world->split(stage * tp + tp_rank, dp_rank);
+          tp_host = world->split(stage * dp + dp_rank, tp_rank);
+        }
         for (const std::string name : {"tiny", "tiny-qwen2"})
           for (const std::int64_t M : {1, 3}) {
             const ModelConfig m = any_config(name);
@@ -328,10 +353,15 @@ int main(int argc, char** argv) {
             p.zero = lay.zero;
             p.microbatches = M;
             p.resolve(false, m, t);
-            ShardedRun run(m, t, p, *dp_group, *dp_group, 13, BackendKind::cpu,
-                           tp > 1 ? tp_group.get() : nullptr, pp_group.get());
+            ShardedRun run(m, t, p, *dp_group, cuda ? *dp_host : *dp_group, 13, kind,
+                           tp > 1 ? tp_group.get() : nullptr, pp_group.get(),
+                           cuda && tp > 1 ? tp_host.get() : nullptr);
             const StepsResult got = run.run(kSteps);
             check_ledger(run, m, t, p, label.str(), stage);
+            if (cuda) {
+              check_cuda_losses(label.str(), got, ref, kSteps);
+              continue;
+            }
             check_against_single(label.str(), got, ref, kSteps, rank_id == 0 || rank_id == N - 1);
           }
       }

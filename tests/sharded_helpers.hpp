@@ -55,17 +55,18 @@ struct ShardedRun {
   std::unique_ptr<ShardedExecution> exec;
   std::unique_ptr<ShardedStep> step;
 
-  // `tp`: the tensor-parallel group (tp > 1), on the backend's and the host's buffers alike.
-  // `pp`: the pipeline group (pp > 1), its rank the stage.
+  // `tp`: the tensor-parallel group (tp > 1) on the backend's buffers, `tp_host` the same ranks
+  // on host buffers (nullptr: `tp`, the cpu backend's). `pp`: the pipeline group (pp > 1) on
+  // host buffers, its rank the stage.
   ShardedRun(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p, Collective& data,
              Collective& host, std::uint64_t seed, BackendKind kind = BackendKind::cpu,
-             Collective* tp = nullptr, Collective* pp = nullptr) {
+             Collective* tp = nullptr, Collective* pp = nullptr, Collective* tp_host = nullptr) {
     backend = kind == BackendKind::cuda ? make_cuda_backend(t.dtype) : make_cpu_backend(t.dtype);
     ledger = std::make_unique<Ledger>(backend->allocator());
     exec = std::make_unique<ShardedExecution>(
         ShardedExecution{*backend, data, host, seed, default_optimizer_settings(t.optimizer)});
     exec->tp = tp;
-    exec->tp_host = tp;
+    exec->tp_host = tp_host ? tp_host : tp;
     exec->pp = pp;
     step = std::make_unique<ShardedStep>(m, t, p, pp ? pp->rank() : 0, *ledger, exec.get());
   }

@@ -84,7 +84,7 @@ TEST(CliLaunch, BuiltWithoutMpiSaysSoEvenUnderALauncher) {
                          "MPI"))
         << *msg;
     EXPECT_TRUE(contains(*msg, "tools/setup.sh")) << *msg;
-    EXPECT_TRUE(contains(*msg, "on cuda --pp is traced with --backend meta")) << *msg;
+    EXPECT_TRUE(contains(*msg, "--pp with --zero 0 or 1) on the cpu and cuda backends")) << *msg;
   }
 }
 

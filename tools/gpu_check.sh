@@ -200,6 +200,10 @@ else
     run_step multi_gpu_tp2_sp 240 "${MPIRUN[@]}" "$TM" profile --backend cuda --model tiny \
       --batch 2 --seq 64 --world-size "$GPUS" --tp 2 --sp --steps 2 --format json \
       --output "$OUT/runs/multi_gpu_tp2_sp.json"
+    # Pipeline stages (1F1B, messages through host memory over MPI), three micro-batches.
+    run_step multi_gpu_pp2 240 "${MPIRUN[@]}" "$TM" profile --backend cuda --model tiny \
+      --batch 2 --seq 64 --world-size "$GPUS" --pp 2 --microbatches 3 --steps 2 --format json \
+      --output "$OUT/runs/multi_gpu_pp2.json"
   fi
 fi
 

@@ -11,10 +11,10 @@
 // arithmetic between the allocations, with real collectives over the data-parallel group, so
 // the rank's measured ledger is the meta trace by construction and the per-rank analytic
 // profile checks it. Measured runs support data parallelism (dp >= 1, ZeRO 0-3, several
-// micro-batches, AdamW or SGD, no offload) and tensor parallelism without sp (Megatron's
+// micro-batches, AdamW or SGD, --offload), tensor parallelism with or without sp (Megatron's
 // column/row-parallel layers, vocabulary-parallel embedding, head and cross-entropy), and
-// pipeline parallelism on the cpu backend (1F1B, activations and their gradients sent between
-// stages, tied embeddings kept equal across the first and last stage); InputError otherwise.
+// pipeline parallelism (1F1B, activations and their gradients sent between stages through host
+// memory, tied embeddings kept equal across the first and last stage); InputError otherwise.
 //
 // Names: parameters use their HuggingFace names with the rank's shapes (q_proj (a/t·d, h), ...);
 // the ZeRO flat tensors are `params.shard`, `grads.shard`, `shard.master`, `shard.exp_avg`,
@@ -49,8 +49,8 @@ struct ShardedExecution {
   // buffers and on host buffers; its rank is the rank's tensor-parallel index.
   Collective* tp = nullptr;
   Collective* tp_host = nullptr;
-  // Pipeline parallelism (layout pp > 1, the cpu backend): the rank's pipeline group on host
-  // buffers, its rank the stage.
+  // Pipeline parallelism (layout pp > 1): the rank's pipeline group on host buffers (MPI on
+  // every backend: the messages are staged in host memory), its rank the stage.
   Collective* pp = nullptr;
 };
 

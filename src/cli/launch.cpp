@@ -52,8 +52,8 @@ std::string with_world(const std::string& command, std::int64_t world) {
 
 const char* kScope =
     "Measured multi-rank runs cover data, tensor and pipeline parallelism (--dp with --zero 0-3, "
-    "--offload and --microbatches, --tp with or without --sp, --pp on the cpu backend); on "
-    "cuda --pp is traced with --backend meta.";
+    "--offload and --microbatches, --tp with or without --sp, --pp with --zero 0 or 1) on the cpu "
+    "and cuda backends.";
 
 }  // namespace
 
@@ -127,8 +127,6 @@ int run_ranked(const Common& c, const RunFlags& run, const ParallelConfig& layou
       throw InputError(
           "--dump, --weights and --tokens are not available with --world-size above 1 yet (a "
           "measured rank starts from random weights and tokens of --seed)");
-    if (layout.pp > 1 && backend == "cuda")
-      throw InputError("--backend cuda with --pp " + std::to_string(layout.pp) + ": " + kScope);
     if (backend == "cuda") {
       nccl = make_nccl_collective(*world);
       active = nccl.get();

@@ -643,6 +643,10 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
           "not in the estimate: the fp32 work buffer of 16-bit NCCL sums (4 bytes x the largest "
           "count one communicator reduces, kept) and, with groups, the world communicator beside "
           "the group ones");
+      if (le.layout.pp > 1)
+        w->line(
+            "in the estimate but not in this run: the pipeline's NCCL communicator (the measured "
+            "stages send through host memory over MPI)");
     } else {
       w->item("device sources: unavailable on rank 0 (" + ml.device_reason + ")");
     }

@@ -98,7 +98,8 @@ struct ShardedStep::Impl {
   Collective* PPc = nullptr;
   std::unique_ptr<Collective> tie_group;
   bool ppx = false;
-  std::vector<std::size_t> gidx;  // each parameter's index in the whole model's setup order
+  std::vector<unsigned char> pp_stage;  // the host copy a pipeline message travels in
+  std::vector<std::size_t> gidx;        // each parameter's index in the whole model's setup order
 
   // Setup's tensors the arithmetic never reads itself: the GEMM workspace (handed to the
   // backend) and, with --overlap-comm, the second reduce bucket.
@@ -531,6 +532,30 @@ struct ShardedStep::Impl {
     for (std::int64_t row : rows)
       be->fill_zero(elem_ptr(x, std::uint64_t(row * h)), std::uint64_t(h) * es);
   }
+  // Pipeline parallelism: messages between stages travel in host memory over the pipeline
+  // group's MPI (docs/distributed.md, "Pipeline messages"): the backend's buffer is downloaded
+  // (after its work is done) and sent, or received and uploaded, on every backend alike. On cuda
+  // no device transport buffer exists outside the ledger, and the staged MPI send returns before
+  // the peer receives, so 1F1B's crossing sends (stage s sends forward while s+1 sends backward)
+  // cannot wait on each other as NCCL's would.
+  void pp_send(const Tensor& x, std::uint64_t n, int peer) {
+    pp_stage.resize(n * es);
+    be->download(pp_stage.data(), x.data(), n * es);
+    PPc->send(pp_stage.data(), n, D, peer);
+  }
+  void pp_recv(const Tensor& x, std::uint64_t n, int peer) {
+    pp_stage.resize(n * es);
+    PPc->recv(pp_stage.data(), n, D, peer);
+    be->upload(x.data(), pp_stage.data(), n * es);
+  }
+  // The tied embedding's gradient (n elements at g) summed over the first and last stage, through
+  // host memory likewise.
+  void tie_sum(void* g, std::uint64_t n) {
+    pp_stage.resize(n * es);
+    be->download(pp_stage.data(), g, n * es);
+    tie_group->all_reduce_sum(pp_stage.data(), n, D);
+    be->upload(g, pp_stage.data(), n * es);
+  }
   // Tensor parallelism: the partial sums of x (n elements) over the group, in place.
   void tp_sum(const Tensor& x, std::uint64_t n) {
     be->synchronize();
@@ -680,7 +705,7 @@ struct ShardedStep::Impl {
     be->synchronize();
     if (tie_group) {  // the embedding's gradient: its first-stage and last-stage parts summed
       const int q = first ? embed_i : head_i;
-      tie_group->all_reduce_sum(grad[std::size_t(q)].data(), P[std::size_t(q)].n, D);
+      tie_sum(grad[std::size_t(q)].data(), P[std::size_t(q)].n);
     }
     if (p.zero < 2)
       for (std::size_t q = 0; q < P.size(); ++q)
@@ -928,7 +953,7 @@ struct ShardedStep::Impl {
       }
     } else {
       B.input = act("stage_input", -1, {b, sr, h}, D);
-      if (ppx) PPc->recv(B.input.data(), std::uint64_t(b * sr * h), D, int(stage) - 1);
+      if (ppx) pp_recv(B.input, std::uint64_t(b * sr * h), int(stage) - 1);
     }
     B.layers.resize(std::size_t(Ls));
     for (std::int64_t l = 0; l < Ls; ++l) {
@@ -968,10 +993,7 @@ struct ShardedStep::Impl {
         }
       }
     } else if (Ls > 0) {
-      if (ppx) {
-        be->synchronize();
-        PPc->send(B.layers.back()["out"].data(), std::uint64_t(b * sr * h), D, int(stage) + 1);
-      }
+      if (ppx) pp_send(B.layers.back()["out"], std::uint64_t(b * sr * h), int(stage) + 1);
       B.layers.back().erase("out");  // sent to the next stage
     }
     if (mark) ledger.mark_end_of_forward();
@@ -1193,7 +1215,7 @@ struct ShardedStep::Impl {
       if (Ls > 0) B.layers.back().erase("out");
     } else {
       d_res = ws("d_residual", -1, {b, sr, h}, D);  // received from the next stage
-      if (ppx) PPc->recv(d_res.data(), std::uint64_t(b * sr * h), D, int(stage) + 1);
+      if (ppx) pp_recv(d_res, std::uint64_t(b * sr * h), int(stage) + 1);
     }
     for (std::int64_t l = Ls - 1; l >= 0; --l) {
       window(++pos);
@@ -1213,10 +1235,8 @@ struct ShardedStep::Impl {
       }
     }
     if (Ls == 0) B.input.reset();
-    if (ppx && !first) {  // dL/d(stage input), to the previous stage
-      be->synchronize();
-      PPc->send(d_res.data(), std::uint64_t(b * sr * h), D, int(stage) - 1);
-    }
+    if (ppx && !first)  // dL/d(stage input), to the previous stage
+      pp_send(d_res, std::uint64_t(b * sr * h), int(stage) - 1);
     d_res.reset();
     in_flight.erase(mb);
   }
@@ -1299,12 +1319,7 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
     if (exec->data.size() != layout.dp || exec->host.size() != layout.dp)
       throw Error("sharded step: the collectives have " + std::to_string(exec->data.size()) +
                   " ranks, the layout dp " + std::to_string(layout.dp));
-    const std::string what = "a measured multi-rank step (--backend cpu|cuda with --world-size)";
     if (layout.pp > 1) {
-      if (std::string(exec->data.backend()) == "nccl")
-        throw InputError("--pp " + std::to_string(layout.pp) + " --backend cuda: " + what +
-                         " runs pipeline stages on the cpu backend (MPI) so far; --backend "
-                         "meta traces them");
       if (!exec->pp || exec->pp->size() != layout.pp || exec->pp->rank() != stage)
         throw Error("sharded step: --pp " + std::to_string(layout.pp) +
                     " needs the pipeline group's collective, this rank being stage " +
