@@ -21,7 +21,8 @@ checks exit codes, messages and that nothing hangs (every run has a wall-clock b
                or NCCL, once; --world-size not equal to the MPI size ->
                exit 2 saying what to run instead; compare --world-size N: a row per rank,
                checkpointing none and full, each matching; (np 2) --device-budget between the
-               two stages' peaks -> stage 0 out of memory, exit 3 with its message; a bad flag
+               two stages' peaks -> stage 0 out of memory, exit 3 with its message and its
+               partial report (--output with its rank in the name); a bad flag
                of a measured command -> said once; of estimate -> by each rank that met it, at once
   nccl         the collectives on the NCCL backend (CUDA builds; skipped without devices)
   sharded_nccl the measured sharded step on cuda with NCCL (CUDA builds; skipped without devices)
@@ -259,14 +260,39 @@ def main():
                 peaks = [r["ledger"]["peak"] for r in json.loads(out0)["ranks"]]
                 expect(peaks[0] > peaks[1], f"stage 0 peaks above stage 1: {peaks}", out0)
                 budget = (peaks[0] + peaks[1]) // 2
-                rc, out, err, took = run(n, base + layout + ["--device-budget", str(budget)],
-                                         threads=1)
+                tmp = tempfile.mkdtemp(prefix="trainmem-mpi-oom-")
+                report = os.path.join(tmp, "oom.json")
+                rc, out, err, took = run(n, base + layout + ["--device-budget", str(budget),
+                                                             "--format", "json", "--output",
+                                                             report], threads=1)
                 expect(rc == 3, f"stage 0 out of memory: exit {rc}, expected 3", out, err)
                 expect("trainmem: rank 0 of 2: out of memory: allocating" in err and
                        "rank 1 of 2: out of memory" not in err,
                        "rank 0's out-of-memory message (requested bytes, tensor, live), rank 0 "
                        "alone", out, err)
                 expect(took < 60, f"the job took {took:.1f} s to end (bound 60 s)", out, err)
+                # The failing rank's partial report, its rank in the name: what failed, what was
+                # alive, its books up to the failure (under the budget) beside its stage's trace.
+                part = os.path.join(tmp, "oom.rank0.json")
+                expect(os.path.exists(part) and not os.path.exists(report) and
+                       not os.path.exists(os.path.join(tmp, "oom.rank1.json")),
+                       f"rank 0 alone wrote its partial report: {os.listdir(tmp)}", out, err)
+                if os.path.exists(part):
+                    with open(part) as f:
+                        doc = json.load(f)
+                    e = doc.get("error", {})
+                    live = e.get("live_tensors", [])
+                    expect(doc.get("complete") is False and doc.get("rank") == 0 and
+                           e.get("kind") == "out_of_memory" and
+                           e.get("live_bytes", 0) + e.get("requested_bytes", 0) > budget and
+                           e.get("live_bytes", budget + 1) <= budget and
+                           sum(t["bytes"] for t in live) == e.get("live_bytes") and
+                           doc["ledger"]["peak"] <= budget < doc["trace_ledger"]["peak"] and
+                           doc["trace_ledger"]["peak"] == peaks[0],
+                           "the partial report: the failure over the budget, what was alive "
+                           "summing to the live bytes, the books under it, stage 0's trace above",
+                           json.dumps(doc)[:3000])
+                shutil.rmtree(tmp, ignore_errors=True)
 
         # compare: checkpointing none and full on every rank, each against its analytic.
         cmp = [a.trainmem, "compare"] + base[2:] + ["--world-size", str(n), "--zero", "1",

@@ -14,6 +14,7 @@
 #include "trainmem/analytic.hpp"
 #include "trainmem/backend.hpp"
 #include "trainmem/config.hpp"
+#include "trainmem/error.hpp"
 #include "trainmem/figures.hpp"
 #include "trainmem/ledger.hpp"
 #include "trainmem/probes.hpp"
@@ -62,6 +63,10 @@ struct RunFailure {
   int step = 0;                            // the step that failed (0: setup)
   std::vector<TensorRecord> live_tensors;  // what was alive when it failed, largest first
 };
+
+// The out-of-memory `e` of step `step` (0: setup), with what `ledger` held alive when it
+// happened (largest first).
+RunFailure failure_of(const OutOfMemory& e, int step, const Ledger& ledger);
 
 struct RunResult {
   ModelConfig model;

@@ -3,6 +3,7 @@
 // stage) the ledger's figures of the steady-state step, and whether each equals the closed form.
 #pragma once
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "trainmem/collective.hpp"
 #include "trainmem/figures.hpp"
 #include "trainmem/probes.hpp"
+#include "trainmem/run.hpp"
 #include "trainmem/timeline.hpp"
 
 namespace trainmem {
@@ -68,6 +70,12 @@ struct MeasuredLayout {
   std::uint64_t seed = 0;
   std::optional<TimelineData> timeline;  // this rank's last step, when asked for
   std::string device_reason;             // cuda: why this rank's device sources are missing
+  // This rank ran out of memory (--device-budget, or the device): `ranks` holds this rank alone,
+  // its books up to the failure (nothing was gathered: the other ranks may be waiting in a
+  // collective it left), `failure` what failed and what was alive, `failure_error` the
+  // OutOfMemory itself, to rethrow once the partial report is written.
+  std::optional<RunFailure> failure;
+  std::exception_ptr failure_error;
   bool all_match() const;
 };
 
@@ -88,7 +96,7 @@ struct MeasureRequest {
 // host buffers), split into the layout's data- and tensor-parallel groups in Megatron's order
 // (rank = (stage·dp + dp index)·tp + tp index), then gathers every rank's figures over `host`:
 // every rank returns the whole job's. Every rank must call it. InputError for a layout the
-// measured step does not run.
+// measured step does not run. An OutOfMemory of this rank is caught into `failure` (no gather).
 MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collective& data,
                               Collective& host);
 

@@ -3,7 +3,9 @@
 // format, described once on a report writer; compare and sweep build their reports from the
 // same pieces.
 #pragma once
+#include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,13 @@ namespace trainmem {
 // The per-run object of docs/design.md ("JSON output"): schema, model, run, analytic, measured,
 // reconciliation, tensors; plus device_checks and, after an out-of-memory, error.
 nlohmann::json run_result_json(const RunResult& r);
+// An out-of-memory as the "error" object of the JSON report (kind, message, requested bytes,
+// category, tensor, live bytes, step, the tensors alive, largest first).
+nlohmann::json failure_json(const RunFailure& f);
+// The same as the report's alert lines: what failed, the budget, the five largest tensors alive.
+std::vector<std::string> failure_lines(const RunFailure& f,
+                                       const std::optional<std::uint64_t>& device_budget,
+                                       ByteUnit u);
 
 // "llama-7b  b=8 s=512 fp16 adamw  checkpointing=none attention=eager"
 std::string run_title(const ModelConfig& m, const TrainConfig& t);

@@ -341,6 +341,7 @@ int run_compare_layout(const Common& c, const CompareFlags& flags, const Paralle
               write_timeline(path, *ml.back().timeline);
               spdlog::info("rank {}: wrote {}", world.rank(), path);
             }
+            if (ml.back().failure) end_failed_rank(one, flags.run, ml.back(), world.rank());
           }
           if (world.rank() != 0) return 0;
           std::vector<CompareLayoutRow> rows;

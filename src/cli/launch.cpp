@@ -143,6 +143,15 @@ int run_ranked(const Common& c, const RunFlags& run, const ParallelConfig& layou
   return code;
 }
 
+void end_failed_rank(const Common& c, const RunFlags& run, const MeasuredLayout& ml, int rank) {
+  std::optional<std::uint64_t> budget;
+  if (!run.device_budget.empty()) budget = parse_size(run.device_budget, "--device-budget");
+  const std::string path = c.output.empty() ? std::string() : rank_path(c.output, rank);
+  write_output(path, render_failed_rank(ml, budget, c.format, stdout_colour(path)));
+  if (!path.empty()) spdlog::info("rank {}: wrote the partial report {}", rank, path);
+  std::rethrow_exception(ml.failure_error);
+}
+
 MeasureRequest measure_request(const Common& c, const RunFlags& run, const ParallelConfig& layout,
                                const OverheadOptions& overheads) {
   MeasureRequest rq;
@@ -169,6 +178,7 @@ int run_measured_layout(const Common& c, const RunFlags& run, const ParallelConf
       write_timeline(path, *ml.timeline);
       spdlog::info("rank {}: wrote {}", world.rank(), path);
     }
+    if (ml.failure) end_failed_rank(c, run, ml, world.rank());
     if (world.rank() == 0)
       write_output(c.output, render_measured_layout(ml, c.format, stdout_colour(c.output)));
     return 0;

@@ -59,6 +59,11 @@ using RankBody = std::function<int(Backend&, Collective& data, Collective& world
 // shared frame of the measured multi-rank subcommands (profile, compare).
 int run_ranked(const Common& c, const RunFlags& run, const ParallelConfig& layout,
                const LaunchFlags& flags, const RankBody& body);
+// A rank of a measured job that ran out of memory (ml.failure): writes its partial report
+// (render_failed_rank) to --output with its rank in the name (report.json -> report.rank1.json),
+// or to stdout without --output, then rethrows its OutOfMemory: exit 3 through end_job.
+[[noreturn]] void end_failed_rank(const Common& c, const RunFlags& run, const MeasuredLayout& ml,
+                                  int rank);
 // The measurement of `layout` the flags ask for (steps, seed, timeline).
 MeasureRequest measure_request(const Common& c, const RunFlags& run, const ParallelConfig& layout,
                                const OverheadOptions& overheads);

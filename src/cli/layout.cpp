@@ -15,6 +15,7 @@
 #include "trainmem/error.hpp"
 #include "trainmem/report.hpp"
 #include "trainmem/report_writer.hpp"
+#include "trainmem/run_report.hpp"
 
 namespace trainmem::cli {
 
@@ -682,6 +683,58 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
     doc["measured_ranks"] = ranks;
     doc["worst_measured_rank"] = ml.ranks[worst].rank;
     doc["all_ranks_match"] = ml.all_match();
+    return doc;
+  });
+  return w->str();
+}
+
+std::string render_failed_rank(const MeasuredLayout& ml, const std::optional<std::uint64_t>& budget,
+                               Format format, report::Colour colour) {
+  const LayoutEstimate& le = ml.predicted.analytic;
+  const ByteUnit u = layout_unit(le);
+  const MeasuredRank& r = ml.ranks.front();
+  const RunFailure& f = *ml.failure;
+  auto w = report::make_writer(format, colour);
+  const std::string who =
+      "rank " + std::to_string(r.rank) + " of " + std::to_string(le.layout.world);
+  describe_layout(
+      *w, le, u,
+      "trainmem profile (MEASURED on " + ml.backend + ", " + who + " OUT OF MEMORY: partial)");
+  w->alert(failure_lines(f, budget, u));
+  std::size_t k = 0;
+  while (k + 1 < ml.predicted.ranks.size() && ml.predicted.ranks[k].stage != r.stage) ++k;
+  const MemoryFigures& want = ml.predicted.ranks[k].ledger;
+  w->heading("The " + who + " (stage " + std::to_string(r.stage) +
+             ") up to the failure, beside its stage's meta trace of a whole step (" +
+             std::string(u.name) + ")");
+  report::Table t(
+      {{"figure", report::Align::left}, {"measured up to the failure"}, {"trace (whole step)"}});
+  const std::pair<const char*, std::uint64_t MemoryFigures::*> rows[] = {
+      {"params", &MemoryFigures::params},
+      {"gradients", &MemoryFigures::gradients},
+      {"optimizer states", &MemoryFigures::optimizer_states},
+      {"activations peak", &MemoryFigures::activations_peak},
+      {"workspace", &MemoryFigures::workspace},
+      {"peak", &MemoryFigures::peak}};
+  for (const auto& [name, field] : rows)
+    t.add_row({name, format_bytes(r.ledger.*field, u), format_bytes(want.*field, u)});
+  w->table(t);
+  w->line(
+      "the other ranks' books are not in this report: when one rank fails the others may be "
+      "waiting in a collective it left, so nothing is gathered (docs/distributed.md, "
+      "\"Failure handling\")");
+  w->document([&] {
+    json doc = layout_document(le);
+    doc["run"] = report::run_json(le.train, ml.backend, ml.steps);
+    doc["measured"] = true;
+    doc["complete"] = false;
+    doc["collective"] = ml.collective;
+    doc["seed"] = ml.seed;
+    doc["rank"] = r.rank;
+    doc["stage"] = r.stage;
+    doc["ledger"] = report::figures_json(r.ledger, true);
+    doc["trace_ledger"] = report::figures_json(want, true);
+    doc["error"] = failure_json(f);
     return doc;
   });
   return w->str();

@@ -3,6 +3,8 @@
 // --cuda-context, --nccl-memory, --nccl-channels) and the per-rank report of `estimate`
 // (docs/distributed.md).
 #pragma once
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include "cli.hpp"
@@ -54,6 +56,11 @@ std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Co
 // A measured multi-rank `profile` (rank 0 prints it): every rank's books beside its trace and
 // analytic profile, the losses, and the per-rank figures of the layout.
 std::string render_measured_layout(const MeasuredLayout& ml, Format format, report::Colour colour);
+// The partial report of a measured rank that ran out of memory (ml.failure; ml.ranks holds it
+// alone): the layout's per-rank prediction, what failed and what was alive, and the rank's books
+// up to the failure beside its stage's trace. `budget`: --device-budget, when given.
+std::string render_failed_rank(const MeasuredLayout& ml, const std::optional<std::uint64_t>& budget,
+                               Format format, report::Colour colour);
 
 // `compare --world-size N`: a rank (or, traced, a stage) with checkpointing off and on.
 struct CompareLayoutRow {

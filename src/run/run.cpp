@@ -156,21 +156,6 @@ class RunRig {
   std::unique_ptr<LlamaModel> model_;
 };
 
-// The out-of-memory of a run, with what was alive when it happened (largest first).
-RunFailure failure_of(const OutOfMemory& e, int step, const Ledger& ledger) {
-  RunFailure f;
-  f.message = e.what();
-  f.requested_bytes = e.requested_bytes;
-  f.category = e.category;
-  f.tensor = e.tensor;
-  f.live_bytes = e.live_bytes;
-  f.step = step;
-  for (const TensorRecord* t : ledger.live_tensors()) f.live_tensors.push_back(*t);
-  std::sort(f.live_tensors.begin(), f.live_tensors.end(),
-            [](const TensorRecord& a, const TensorRecord& b) { return a.bytes > b.bytes; });
-  return f;
-}
-
 // Step 3: the model (weights, tokens) and the training steps. An out-of-memory in either is
 // caught into r.failure; everything else propagates. Returns the ledger sequence number of
 // the last step's first event (0 when no step started), where its timeline begins.
@@ -343,6 +328,20 @@ PerLayerBySource per_layer_activations_by_source(const RunResult& r) {
             "follow the steady-state step's activations"
           : r.memgetinfo.reason;
   return out;
+}
+
+RunFailure failure_of(const OutOfMemory& e, int step, const Ledger& ledger) {
+  RunFailure f;
+  f.message = e.what();
+  f.requested_bytes = e.requested_bytes;
+  f.category = e.category;
+  f.tensor = e.tensor;
+  f.live_bytes = e.live_bytes;
+  f.step = step;
+  for (const TensorRecord* t : ledger.live_tensors()) f.live_tensors.push_back(*t);
+  std::sort(f.live_tensors.begin(), f.live_tensors.end(),
+            [](const TensorRecord& a, const TensorRecord& b) { return a.bytes > b.bytes; });
+  return f;
 }
 
 }  // namespace trainmem

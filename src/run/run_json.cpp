@@ -100,16 +100,17 @@ json run_result_json(const RunResult& r) {
   json tensors = json::array();
   for (const auto& t : r.tensors) tensors.push_back(tensor_record_json(t));
   j["tensors"] = tensors;
-  if (r.failure) {
-    const RunFailure& f = *r.failure;
-    json live = json::array();
-    for (const auto& t : f.live_tensors) live.push_back(tensor_record_json(t));
-    j["error"] = json{
-        {"kind", "out_of_memory"}, {"message", f.message}, {"requested_bytes", f.requested_bytes},
-        {"category", f.category},  {"tensor", f.tensor},   {"live_bytes", f.live_bytes},
-        {"step", f.step},          {"live_tensors", live}};
-  }
+  if (r.failure) j["error"] = failure_json(*r.failure);
   return j;
+}
+
+json failure_json(const RunFailure& f) {
+  json live = json::array();
+  for (const auto& t : f.live_tensors) live.push_back(tensor_record_json(t));
+  return json{
+      {"kind", "out_of_memory"}, {"message", f.message}, {"requested_bytes", f.requested_bytes},
+      {"category", f.category},  {"tensor", f.tensor},   {"live_bytes", f.live_bytes},
+      {"step", f.step},          {"live_tensors", live}};
 }
 
 }  // namespace trainmem

@@ -176,6 +176,7 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
   }
   std::vector<double> seconds;
   std::uint64_t step_first_seq = 0;
+  int steps_done = 0;
   {
     std::unique_ptr<BudgetAllocator> budget;
     if (rq.device_budget)
@@ -204,16 +205,25 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
       ex.tp_host = tp_host ? tp_host.get() : tp_data.get();
     }
     if (pp > 1) ex.pp = pp_host.get();
-    ShardedStep step(rq.model, rq.train, rq.layout, mine.stage, ledger, &ex);
-    for (int n = 0; n < out.steps; ++n) {
-      step_first_seq = ledger.timeline().size() + ledger.dropped_events() + 1;
-      const auto t0 = std::chrono::steady_clock::now();
-      if (probes) probes->begin_step(n + 1);
-      out.losses.push_back(step.train_step());
-      backend.synchronize();
-      if (probes) probes->end_step();
-      seconds.push_back(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    // Kept past an out-of-memory, so that what was alive is still in the books when read.
+    std::unique_ptr<ShardedStep> step;
+    try {
+      step = std::make_unique<ShardedStep>(rq.model, rq.train, rq.layout, mine.stage, ledger, &ex);
+      for (int n = 0; n < out.steps; ++n) {
+        step_first_seq = ledger.timeline().size() + ledger.dropped_events() + 1;
+        const auto t0 = std::chrono::steady_clock::now();
+        if (probes) probes->begin_step(n + 1);
+        out.losses.push_back(step->train_step());
+        backend.synchronize();
+        if (probes) probes->end_step();
+        seconds.push_back(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        steps_done = n + 1;
+      }
+    } catch (const OutOfMemory& e) {
+      out.failure = failure_of(e, step ? steps_done + 1 : 0, ledger);
+      out.failure_error = std::current_exception();
+      out.losses.clear();
     }
     if (probes) {
       ledger.set_phase_listener(nullptr);
@@ -225,15 +235,19 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
       if (!mem.available) out.device_reason = mem.reason;
     }
     mine.ledger = measured_figures(ledger);
-    mine.host_bytes = step.host_bytes();
+    mine.host_bytes = step ? step->host_bytes() : 0;
     mine.communication_peak = ledger.peak(Category::communication);
     mine.tensors_at_peak = ledger.peak_live_count();
     if (rq.keep_timeline && !ledger.timeline().empty())
-      out.timeline =
-          build_timeline(ledger.timeline(), ledger.tensors(), step_first_seq, TimeAxis::wall,
-                         "rank " + std::to_string(mine.rank) + " of " +
-                             std::to_string(host.size()) + ", step " + std::to_string(out.steps),
-                         ledger.dropped_events(), ledger.phase_marks());
+      out.timeline = build_timeline(
+          ledger.timeline(), ledger.tensors(), step_first_seq, TimeAxis::wall,
+          "rank " + std::to_string(mine.rank) + " of " + std::to_string(host.size()) + ", step " +
+              std::to_string(out.failure ? out.failure->step : out.steps),
+          ledger.dropped_events(), ledger.phase_marks());
+  }
+  if (out.failure) {  // this rank's partial books alone: the others may never gather
+    out.ranks.push_back(std::move(mine));
+    return out;
   }
   std::sort(seconds.begin(), seconds.end());
   mine.step_seconds = seconds[seconds.size() / 2];

@@ -191,25 +191,6 @@ std::string losses_text(const RunResult& r) {
   return s;
 }
 
-// The lines on an out-of-memory (none without one): what failed, the budget, the largest
-// tensors alive at the failure.
-std::vector<std::string> failure_lines(const RunResult& r, ByteUnit u) {
-  if (!r.failure) return {};
-  const RunFailure& f = *r.failure;
-  std::vector<std::string> out;
-  out.push_back("OUT OF MEMORY " + (f.step ? "in step " + std::to_string(f.step) : "in setup") +
-                ": " + f.message);
-  if (r.device_budget)
-    out.push_back("  (--device-budget " + report::with_commas(*r.device_budget) +
-                  " B: a budget-limited allocator; figures below are up to the failure)");
-  out.push_back("  largest tensors alive at the failure:");
-  for (std::size_t i = 0; i < f.live_tensors.size() && i < 5; ++i)
-    out.push_back("    " + f.live_tensors[i].name + " (" +
-                  category_name(f.live_tensors[i].category) + ") " +
-                  format_bytes_with_unit(f.live_tensors[i].bytes, u));
-  return out;
-}
-
 // "2 of 2 step(s) run; figures from step 2 (steady state)"
 std::string steps_line(const RunResult& r) {
   std::ostringstream o;
@@ -278,7 +259,7 @@ void write_profile(report::ReportWriter& w, const RunResult& r) {
   w.detail(steps_line(r));
   const std::string losses = losses_text(r);
   if (!losses.empty()) w.detail("loss: " + losses);
-  w.alert(failure_lines(r, u));
+  if (r.failure) w.alert(failure_lines(*r.failure, r.device_budget, u));
 
   w.heading("Reconciliation: measured (ledger) vs analytic (native), ok = exact",
             "Reconciliation: measured (ledger) vs analytic (native)");
@@ -319,6 +300,23 @@ void write_profile(report::ReportWriter& w, const RunResult& r) {
           "ZeRO), not LLaMA's.");
       break;
     }
+}
+
+std::vector<std::string> failure_lines(const RunFailure& f,
+                                       const std::optional<std::uint64_t>& device_budget,
+                                       ByteUnit u) {
+  std::vector<std::string> out;
+  out.push_back("OUT OF MEMORY " + (f.step ? "in step " + std::to_string(f.step) : "in setup") +
+                ": " + f.message);
+  if (device_budget)
+    out.push_back("  (--device-budget " + report::with_commas(*device_budget) +
+                  " B: a budget-limited allocator; figures below are up to the failure)");
+  out.push_back("  largest tensors alive at the failure:");
+  for (std::size_t i = 0; i < f.live_tensors.size() && i < 5; ++i)
+    out.push_back("    " + f.live_tensors[i].name + " (" +
+                  category_name(f.live_tensors[i].category) + ") " +
+                  format_bytes_with_unit(f.live_tensors[i].bytes, u));
+  return out;
 }
 
 }  // namespace trainmem
