@@ -22,7 +22,9 @@ checks exit codes, messages and that nothing hangs (every run has a wall-clock b
                exit 2 saying what to run instead; compare --world-size N: a row per rank,
                checkpointing none and full, each matching; (np 2) --device-budget between the
                two stages' peaks -> stage 0 out of memory, exit 3 with its message and its
-               partial report (--output with its rank in the name); a bad flag
+               partial report (--output with its rank in the name); --weights and --tokens (the
+               golden tiny GQA files) under tp 2 and pp 2 -> the single-rank run's losses, a
+               token file short of the global batch -> exit 2 once; a bad flag
                of a measured command -> said once; of estimate -> by each rank that met it, at once
   nccl         the collectives on the NCCL backend (CUDA builds; skipped without devices)
   sharded_nccl the measured sharded step on cuda with NCCL (CUDA builds; skipped without devices)
@@ -293,6 +295,39 @@ def main():
                            "summing to the live bytes, the books under it, stage 0's trace above",
                            json.dumps(doc)[:3000])
                 shutil.rmtree(tmp, ignore_errors=True)
+
+        # --weights and --tokens: the golden tiny GQA model's files (2 rows of 16 ids) as the
+        # global batch; the job's losses equal the single-rank run that loaded them.
+        data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+        files = ["--model", os.path.join(data, "golden_tiny_gqa_config.json"), "--seq", "16",
+                 "--weights", os.path.join(data, "golden_tiny_gqa_weights.safetensors"),
+                 "--tokens", os.path.join(data, "golden_tiny_gqa_tokens.bin"),
+                 "--backend", "cpu", "--dtype", "fp32", "--format", "json"]
+        rc1, out1, err1 = single(a.trainmem, ["profile", "--batch", "2"] + files)
+        expect(rc1 == 0, f"the single-rank run of the golden files: exit {rc1}", out1, err1)
+        layouts = ([["--tp", "2", "--batch", "2"], ["--pp", "2", "--microbatches", "2",
+                                                     "--batch", "1"]] if n == 2 else
+                   [["--tp", "2", "--batch", "1"], ["--tp", "2", "--pp", "2",
+                                                    "--microbatches", "2", "--batch", "1"]])
+        for lay in layouts if rc1 == 0 else []:
+            want = json.loads(out1)["run"]["losses"]
+            rc, out, err, _ = run(n, [a.trainmem, "profile", "--world-size", str(n),
+                                      "--collective-timeout", "60"] + lay + files, threads=1)
+            expect(rc == 0, f"--weights --tokens {' '.join(lay)}: exit {rc}", out, err)
+            if rc == 0:
+                doc = json.loads(out)
+                got = doc.get("losses", [])
+                expect(doc.get("all_ranks_match") is True and len(got) == len(want) == 2 and
+                       all(abs(g - w) <= 1e-5 * abs(w) for g, w in zip(got, want)),
+                       f"--weights --tokens {' '.join(lay)}: losses {got} equal the single "
+                       f"rank's {want} within 1e-5, every rank matching", out)
+        # The file must hold the global batch: one row too few is exit 2 saying so, once.
+        rc, out, err, _ = run(n, [a.trainmem, "profile", "--world-size", str(n),
+                                  "--collective-timeout", "60", "--dp", str(n), "--batch", "2"] +
+                              files, threads=1)
+        expect(rc == 2 and err.count("error:") == 1 and
+               "with --world-size the file holds the global batch, dp·M·b" in err,
+               f"--tokens short of the global batch: exit {rc} (2), said once", out, err)
 
         # compare: checkpointing none and full on every rank, each against its analytic.
         cmp = [a.trainmem, "compare"] + base[2:] + ["--world-size", str(n), "--zero", "1",

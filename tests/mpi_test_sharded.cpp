@@ -21,6 +21,8 @@
 //      tp 2; tiny, and tiny-qwen2 whose tied embeddings have a copy on each end): each stage's
 //      weights against the single rank's within adam_tolerance, losses within 1e-5
 //      relative, and check 3 against the stage's trace;
+//   7. --weights and --tokens (files rank 0 writes): dp N under ZeRO 0-3, tp 2 (dp N/2), pp 2 with
+//      3 micro-batches (dp N/2), each against the single-rank run that loaded the same files;
 //   4. tensor parallelism (tp 2 with and without sp, dp N/2; tiny, tiny-qwen2 with biases and tied
 //   embeddings,
 //      tiny-qwen3 with q/k norms): every rank's slice of every weight against the same slice of
@@ -33,9 +35,13 @@
 // per rank.
 // Exit 0 when every check passed on every rank, 1 otherwise (each rank prints its failures), 77
 // when this binary was built without MPI.
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -365,6 +371,82 @@ int main(int argc, char** argv) {
             check_against_single(label.str(), got, ref, kSteps, rank_id == 0 || rank_id == N - 1);
           }
       }
+    }
+    // --weights and --tokens: every layout starts from the files' weights and global batch.
+    {
+      // One directory for the job: rank 0's process id, told to every rank.
+      std::int32_t id[1] = {rank_id == 0 ? std::int32_t(::getpid()) : 0};
+      world->broadcast(id, 1, DType::f32, 0);  // 4 bytes, not read as a float
+      const std::filesystem::path dir =
+          std::filesystem::temp_directory_path() / ("trainmem_mpi_files_" + std::to_string(id[0]));
+      const std::string wpath = (dir / "w.safetensors").string(), tpath = (dir / "t.bin").string();
+      const ModelConfig m = any_config("tiny-qwen2");
+      TrainConfig t;
+      t.batch = 1;
+      t.seq = 12;
+      t.dtype = DType::f32;
+      t.optimizer = Optimizer::adamw;
+      t.attention = Attention::flash;
+      const std::int64_t M = 3;
+      // Enough ids for the largest global batch below (N·M rows); each layout reads its prefix.
+      if (rank_id == 0) {
+        std::filesystem::create_directories(dir);
+        write_weights_file(wpath, m, 77);
+        write_tokens_file(tpath, N * M * t.seq, m.vocab, 78);
+      }
+      world->barrier();
+      SafeTensorsReader file(wpath);
+      struct Layout {
+        int tp, pp, zero;
+      };
+      std::vector<Layout> layouts;
+      for (int zero = 0; zero <= (N > 1 ? 3 : 0); ++zero) layouts.push_back({1, 1, zero});
+      if (N % 2 == 0) layouts.push_back({2, 1, N > 2 ? 3 : 0}), layouts.push_back({1, 2, 0});
+      for (const Layout& lay : layouts) {
+        const int dp = N / (lay.tp * lay.pp);
+        const int tp_rank = rank_id % lay.tp, dp_rank = (rank_id / lay.tp) % dp,
+                  stage = rank_id / (lay.tp * dp);
+        std::unique_ptr<Collective> dp_group = data.split(stage * lay.tp + tp_rank, dp_rank);
+        std::unique_ptr<Collective> tp_group = data.split(stage * dp + dp_rank, tp_rank);
+        std::unique_ptr<Collective> pp_group = world->split(dp_rank * lay.tp + tp_rank, stage);
+        std::unique_ptr<Collective> dp_host, tp_host;
+        if (cuda) {
+          dp_host = world->split(stage * lay.tp + tp_rank, dp_rank);
+          tp_host = world->split(stage * dp + dp_rank, tp_rank);
+        }
+        const std::int64_t rows = dp * M * t.batch;
+        const std::vector<std::int32_t> all = load_tokens_file(tpath, N * M, t.seq, m.vocab);
+        const std::vector<std::int32_t> ids(all.begin(), all.begin() + rows * t.seq);
+        const std::string ref_tokens = (dir / ("t" + std::to_string(rows) + ".bin")).string();
+        if (rank_id == 0) {
+          std::ofstream out(ref_tokens, std::ios::binary);
+          out.write(reinterpret_cast<const char*>(ids.data()), std::streamsize(ids.size() * 4));
+        }
+        world->barrier();
+        const StepsResult ref = reference_steps(m, t, rows, 1, kSteps, wpath, ref_tokens);
+        std::ostringstream label;
+        label << "--weights --tokens tiny-qwen2 fp32 M " << M << " tp " << lay.tp << " pp "
+              << lay.pp << " dp " << dp << " ZeRO-" << lay.zero;
+        if (lay.pp > 1) label << " stage " << stage;
+        ParallelConfig p;
+        p.world = N;
+        p.tp = lay.tp;
+        p.pp = lay.pp;
+        p.zero = lay.zero;
+        p.microbatches = M;
+        p.resolve(false, m, t);
+        ShardedRun run(m, t, p, *dp_group, cuda ? *dp_host : *dp_group, 1, kind,
+                       lay.tp > 1 ? tp_group.get() : nullptr, lay.pp > 1 ? pp_group.get() : nullptr,
+                       cuda && lay.tp > 1 ? tp_host.get() : nullptr, {&file}, &ids);
+        const StepsResult got = run.run(kSteps);
+        check_ledger(run, m, t, p, label.str(), lay.pp > 1 ? stage : 0);
+        if (cuda)
+          check_cuda_losses(label.str(), got, ref, kSteps);
+        else
+          check_against_single(label.str(), got, ref, kSteps, rank_id == 0);
+      }
+      world->barrier();
+      if (rank_id == 0) std::filesystem::remove_all(dir);
     }
   } catch (const std::exception& e) {
     check(false, std::string("threw: ") + e.what());

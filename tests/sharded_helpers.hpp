@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,7 +16,9 @@
 #include "trainmem/collective.hpp"
 #include "trainmem/ledger.hpp"
 #include "trainmem/model.hpp"
+#include "trainmem/model_io.hpp"
 #include "trainmem/parallel.hpp"
+#include "trainmem/safetensors.hpp"
 #include "trainmem/sharded_step.hpp"
 
 namespace trainmem::test {
@@ -60,7 +63,9 @@ struct ShardedRun {
   // host buffers, its rank the stage.
   ShardedRun(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p, Collective& data,
              Collective& host, std::uint64_t seed, BackendKind kind = BackendKind::cpu,
-             Collective* tp = nullptr, Collective* pp = nullptr, Collective* tp_host = nullptr) {
+             Collective* tp = nullptr, Collective* pp = nullptr, Collective* tp_host = nullptr,
+             const std::vector<const SafeTensorsReader*>& weights = {},
+             const std::vector<std::int32_t>* tokens = nullptr) {
     backend = kind == BackendKind::cuda ? make_cuda_backend(t.dtype) : make_cpu_backend(t.dtype);
     ledger = std::make_unique<Ledger>(backend->allocator());
     exec = std::make_unique<ShardedExecution>(
@@ -68,6 +73,8 @@ struct ShardedRun {
     exec->tp = tp;
     exec->tp_host = tp_host ? tp_host : tp;
     exec->pp = pp;
+    exec->weights = weights;
+    exec->tokens = tokens;
     step = std::make_unique<ShardedStep>(m, t, p, pp ? pp->rank() : 0, *ledger, exec.get());
   }
   ~ShardedRun() {
@@ -85,21 +92,62 @@ struct ShardedRun {
   }
 };
 
-// The single-rank step of the same global batch: LlamaModel with batch `rows`.
+// The single-rank step of the same global batch: LlamaModel with batch `rows`, from weights and
+// tokens of `seed`, or from the files `weights` (safetensors) and `tokens` (raw int32) when given.
 inline StepsResult reference_steps(const ModelConfig& m, TrainConfig t, std::int64_t rows,
-                                   std::uint64_t seed, int steps) {
+                                   std::uint64_t seed, int steps, const std::string& weights = "",
+                                   const std::string& tokens = "") {
   t.batch = rows;
   auto backend = make_cpu_backend(t.dtype);
   Ledger ledger(backend->allocator());
   StepsResult r;
   {
     LlamaModel model(m, t, *backend, ledger, default_optimizer_settings(t.optimizer));
-    model.init_random(seed);
-    model.random_tokens(seed);
+    if (weights.empty())
+      model.init_random(seed);
+    else
+      model.load_weights(weights);
+    if (tokens.empty())
+      model.random_tokens(seed);
+    else
+      model.set_tokens(load_tokens_file(tokens, rows, t.seq, m.vocab));
     for (int n = 0; n < steps; ++n) r.losses.push_back(model.train_step());
     for (const auto& p : model.parameters()) r.weights[p.name] = model.parameter_values(p.name);
   }
   return r;
+}
+
+// A whole model's weights in a safetensors file (fp32, HF names and shapes): LlamaModel's
+// init_random(seed) values, the k-th tensor scaled by 1 + k/8 and, when 1-D (norms, biases),
+// shifted by 0.01·(k + 1): a parameter read from the wrong tensor or place shows.
+inline void write_weights_file(const std::string& path, const ModelConfig& m, std::uint64_t seed) {
+  TrainConfig t;
+  t.batch = 1;
+  t.seq = 4;
+  t.dtype = DType::f32;
+  auto backend = make_cpu_backend(DType::f32);
+  Ledger ledger(backend->allocator());
+  LlamaModel model(m, t, *backend, ledger, default_optimizer_settings(t.optimizer));
+  model.init_random(seed);
+  SafeTensorsWriter w;
+  for (const auto& p : model.parameters()) w.declare(p.name, SafeDType::F32, p.shape);
+  w.open(path);
+  float k = 0;
+  for (const auto& p : model.parameters()) {
+    std::vector<float> v = model.parameter_values(p.name);
+    for (float& x : v) x = x * (1 + k / 8) + (p.shape.size() == 1 ? 0.01f * (k + 1) : 0.f);
+    w.put(p.name, v.data());
+    k += 1;
+  }
+  w.close();
+}
+
+// `n` token ids of `seed` in a raw int32 file (--tokens).
+inline void write_tokens_file(const std::string& path, std::int64_t n, std::int64_t vocab,
+                              std::uint64_t seed) {
+  const std::vector<std::int32_t> ids = random_token_ids(seed, n, vocab);
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(ids.data()), std::streamsize(ids.size() * 4));
 }
 
 // The stated tolerance of weights whose gradients were summed in another order (docs/

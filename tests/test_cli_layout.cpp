@@ -248,6 +248,18 @@ TEST(CliLayout, BadLayoutsExitTwoNamingTheFlag) {
   EXPECT_TRUE(
       contains(r.err, "Measured multi-rank runs cover data, tensor and pipeline parallelism"))
       << r.err;
+  // A measured run's flags on the meta trace: exit 2 naming them and the measured run instead.
+  for (const std::string cmd : {"profile", "compare"}) {
+    const auto m = run_trainmem({cmd, "--model", "tiny", "--world-size", "2", "--batch", "1",
+                                 "--seq", "8", "--device-budget", "1G", "--dump", "d.safetensors"});
+    EXPECT_EQ(m.code, 2) << cmd;
+    EXPECT_TRUE(contains(m.err,
+                         "--dump, --device-budget with --world-size 2 on meta: the trace of "
+                         "every rank moves no data"))
+        << m.err;
+    EXPECT_TRUE(contains(m.err, "`mpirun -np 2 trainmem " + cmd)) << m.err;
+    EXPECT_TRUE(contains(m.err, "--dump only on a single rank")) << m.err;
+  }
 }
 
 }  // namespace

@@ -4,9 +4,11 @@
 // and to the per-rank analytic profile. The multi-rank cases run under mpirun
 // (tests/mpi_test_sharded.cpp, ctest Mpi.sharded.np2/np4).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <tuple>
 
@@ -157,6 +159,106 @@ TEST(ShardedExecOneRank, RefusesWhatItDoesNotRun) {
               std::string::npos)
         << e.what();
   }
+}
+
+std::string temp_file(const std::string& leaf) {
+  return (std::filesystem::temp_directory_path() /
+          ("trainmem_sharded_" + std::to_string(::getpid()) + "_" + leaf))
+      .string();
+}
+
+// --weights and --tokens: the rank starts from the files' weights and batch, bit for bit the
+// single-rank model that loaded them, and not the random run of the same seed (the ZeRO shards,
+// tensor-parallel slices and later stages made from the files: tests/mpi_test_sharded.cpp).
+TEST(ShardedExecOneRank, StartsFromWeightsAndTokensFiles) {
+  const ModelConfig m = any_config("tiny-qwen2");  // biases, tied embeddings
+  const TrainConfig t =
+      train_config(2, 12, DType::bf16, Optimizer::adamw, Checkpointing::none, Attention::flash);
+  const std::string wpath = temp_file("w.safetensors"), tpath = temp_file("t.bin");
+  write_weights_file(wpath, m, 41);
+  write_tokens_file(tpath, 2 * 12, m.vocab, 43);
+  const StepsResult want = reference_steps(m, t, 2, 7, 2, wpath, tpath);
+  const StepsResult random = reference_steps(m, t, 2, 7, 2);
+  EXPECT_NE(want.losses[0], random.losses[0]);
+  SafeTensorsReader file(wpath);
+  const std::vector<std::int32_t> ids = load_tokens_file(tpath, 2, 12, m.vocab);
+  {
+    const ParallelConfig p = one_rank(m, t, 1);
+    auto local = make_local_collective();
+    ShardedRun run(m, t, p, *local, *local, 7, BackendKind::cpu, nullptr, nullptr, nullptr, {&file},
+                   &ids);
+    const StepsResult got = run.run(2);
+    for (std::size_t n = 0; n < 2; ++n) EXPECT_EQ(got.losses[n], want.losses[n]) << n;
+    std::string where;
+    EXPECT_TRUE(bit_identical(got.weights, want.weights, &where)) << where;
+  }
+  std::filesystem::remove(wpath);
+  std::filesystem::remove(tpath);
+}
+
+// A file that does not fit the model or the batch: InputError naming the flag, file and tensor.
+TEST(ShardedExecOneRank, RefusesWeightsAndTokensThatDoNotFit) {
+  const ModelConfig m = any_config("tiny");
+  const TrainConfig t =
+      train_config(2, 8, DType::f32, Optimizer::adamw, Checkpointing::none, Attention::flash);
+  const std::string good = temp_file("good.safetensors"), bad = temp_file("bad.safetensors");
+  write_weights_file(good, m, 5);
+  ModelConfig other = m;
+  other.intermediate *= 2;
+  write_weights_file(bad, other, 5);
+  auto attempt = [&](const std::vector<const SafeTensorsReader*>& w,
+                     const std::vector<std::int32_t>* ids) -> std::string {
+    auto local = make_local_collective();
+    try {
+      ShardedRun run(m, t, one_rank(m, t, 1), *local, *local, 1, BackendKind::cpu, nullptr, nullptr,
+                     nullptr, w, ids);
+    } catch (const InputError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  SafeTensorsReader wrong_shape(bad);
+  std::string msg = attempt({&wrong_shape}, nullptr);
+  EXPECT_NE(msg.find("--weights " + bad +
+                     ": tensor 'model.layers.0.mlp.gate_proj.weight' has "
+                     "shape [" +
+                     std::to_string(other.intermediate) + ", " + std::to_string(m.hidden) +
+                     "], the model config needs [" + std::to_string(m.intermediate) + ", " +
+                     std::to_string(m.hidden) + "]"),
+            std::string::npos)
+      << msg;
+  ModelConfig more = m;
+  more.layers += 1;
+  SafeTensorsReader fewer(good);
+  {
+    auto local = make_local_collective();
+    const TrainConfig t2 = t;
+    try {
+      ShardedRun run(more, t2, one_rank(more, t2, 1), *local, *local, 1, BackendKind::cpu, nullptr,
+                     nullptr, nullptr, {&fewer}, nullptr);
+      msg = "(no error)";
+    } catch (const InputError& e) {
+      msg = e.what();
+    }
+  }
+  EXPECT_NE(msg.find("--weights " + good + ": missing tensor 'model.layers." +
+                     std::to_string(m.layers) + ".input_layernorm.weight'"),
+            std::string::npos)
+      << msg;
+  const std::vector<std::int32_t> short_batch(2 * 8 - 1, 0);
+  msg = attempt({}, &short_batch);
+  EXPECT_NE(msg.find("--tokens: 15 ids given, the global batch needs dp·M·b·s = 16"),
+            std::string::npos)
+      << msg;
+  std::vector<std::int32_t> outside(2 * 8, 0);
+  outside[3] = std::int32_t(m.vocab);
+  msg = attempt({}, &outside);
+  EXPECT_NE(msg.find("--tokens: id " + std::to_string(m.vocab) + " outside [0, " +
+                     std::to_string(m.vocab) + ")"),
+            std::string::npos)
+      << msg;
+  std::filesystem::remove(good);
+  std::filesystem::remove(bad);
 }
 
 }  // namespace

@@ -89,6 +89,9 @@ struct MeasureRequest {
   bool keep_timeline = false;
   // --device-budget: each rank's allocator refuses to go above it (OutOfMemory, exit 3).
   std::optional<std::uint64_t> device_budget;
+  // --weights (a safetensors file of the whole model, or one shard of an HF checkpoint) and
+  // --tokens (the global batch: dp·M·b rows of seq int32 ids); empty: random of `seed`.
+  std::string weights, tokens;
 };
 
 // Runs this rank's sharded step (ShardedStep with a ShardedExecution) `steps` times on `backend`

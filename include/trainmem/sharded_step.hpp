@@ -32,13 +32,16 @@
 #include "trainmem/ledger.hpp"
 #include "trainmem/optimizer.hpp"
 #include "trainmem/parallel.hpp"
+#include "trainmem/safetensors.hpp"
 
 namespace trainmem {
 
 // What a measured rank runs with. Weights are LlamaModel::init_random(seed)'s, parameter by
-// parameter; the global batch is random_token_ids(seed, dp·M·b·s, V) (model.hpp) in rows of s,
-// and rank r's micro-batch m is rows (r·M + m)·b ... +b: the step of a single-rank LlamaModel of
-// batch dp·M·b, split.
+// parameter, or the rank's elements of the whole model's tensors in `weights` (--weights: HF
+// names and shapes, as LlamaModel::load_weights reads them); the global batch is
+// random_token_ids(seed, dp·M·b·s, V) (model.hpp), or `tokens` (--tokens: dp·M·b·s ids), in rows
+// of s, and rank r's micro-batch m is rows (r·M + m)·b ... +b: the step of a single-rank
+// LlamaModel of batch dp·M·b, split.
 struct ShardedExecution {
   Backend& backend;  // computes; its allocator is the ledger's
   Collective& data;  // the data-parallel group (size dp), on the backend's buffers
@@ -52,6 +55,13 @@ struct ShardedExecution {
   // Pipeline parallelism (layout pp > 1): the rank's pipeline group on host buffers (MPI on
   // every backend: the messages are staged in host memory), its rank the stage.
   Collective* pp = nullptr;
+  // The whole model's weights (empty: random of `seed`): each parameter by its HF name (a tied
+  // lm_head reads model.embed_tokens.weight), in the single-rank model's shape; InputError naming
+  // --weights, the file and the tensor when one is missing, has another shape or no float dtype.
+  std::vector<const SafeTensorsReader*> weights{};
+  // The global batch, dp·M·b·s ids in [0, V) (nullptr: random of `seed`); InputError naming
+  // --tokens otherwise.
+  const std::vector<std::int32_t>* tokens = nullptr;
 };
 
 class ShardedStep {

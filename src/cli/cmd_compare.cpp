@@ -371,11 +371,7 @@ int run_compare_layout(const Common& c, const CompareFlags& flags, const Paralle
   if (be != "meta" && be != "auto")
     throw InputError("--backend " + be + " with --world-size above 1: use meta, cpu or cuda");
   check_layout_request(one, false, false);
-  if (!flags.run.timeline.empty() || !flags.run.dump.empty() || !flags.run.weights.empty() ||
-      !flags.run.tokens.empty() || !flags.run.device_budget.empty())
-    throw InputError(
-        "--timeline, --dump, --weights, --tokens and --device-budget are not available with "
-        "--world-size above 1 on meta");
+  if (auto p = traced_layout_problem(flags.run, par.world, command_line())) throw InputError(*p);
   const LayoutTrace none =
       trace_layout(c.model, with_mode(Checkpointing::none).train, par, oo, flags.run.steps);
   const LayoutTrace full =

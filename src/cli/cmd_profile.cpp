@@ -39,11 +39,7 @@ int run_profile_layout(const Common& c, const ProfileFlags& flags, const Paralle
   if (be != "meta" && be != "auto")
     throw InputError("--backend " + be + " with --world-size above 1: use meta, cpu or cuda");
   if (be == "auto") spdlog::info("--world-size {}: tracing every rank on meta", par.world);
-  if (!flags.run.timeline.empty() || !flags.run.dump.empty() || !flags.run.weights.empty() ||
-      !flags.run.tokens.empty() || !flags.run.device_budget.empty())
-    throw InputError(
-        "--timeline, --dump, --weights, --tokens and --device-budget are not "
-        "available with --world-size above 1 yet");
+  if (auto p = traced_layout_problem(flags.run, par.world, command_line())) throw InputError(*p);
   check_layout_request(c, false, false);
   const LayoutTrace lt =
       trace_layout(c.model, c.train, par, resolve_overheads(flags.layout), flags.run.steps);

@@ -99,6 +99,26 @@ std::optional<std::string> launch_problem(const LaunchInfo& launch, bool with_mp
   return std::nullopt;
 }
 
+std::optional<std::string> traced_layout_problem(const RunFlags& run, std::int64_t world,
+                                                 const std::string& command) {
+  std::string given;
+  const std::pair<const char*, const std::string*> flags[] = {
+      {"--timeline", &run.timeline},
+      {"--dump", &run.dump},
+      {"--weights", &run.weights},
+      {"--tokens", &run.tokens},
+      {"--device-budget", &run.device_budget}};
+  for (const auto& [name, value] : flags)
+    if (!value->empty()) given += (given.empty() ? "" : ", ") + std::string(name);
+  if (given.empty()) return std::nullopt;
+  const std::string n = std::to_string(world);
+  return given + " with --world-size " + n +
+         " on meta: the trace of every rank moves no data, so it takes none of them. They belong "
+         "to a measured run, one process per rank: `mpirun -np " +
+         n + " " + command + " --backend cpu` (or --backend cuda, one GPU per rank)" +
+         (run.dump.empty() ? "" : "; --dump only on a single rank (--world-size 1)");
+}
+
 std::optional<std::string> world_size_problem(std::int64_t world, int mpi_size,
                                               const std::string& command) {
   if (world == mpi_size) return std::nullopt;
@@ -123,10 +143,11 @@ int run_ranked(const Common& c, const RunFlags& run, const ParallelConfig& layou
   Collective* active = world.get();  // what end_job aborts through (NCCL aborts its comm first)
   const Outcome outcome = run_captured([&]() -> int {
     if (auto p = world_size_problem(layout.world, world->size(), command)) throw InputError(*p);
-    if (!run.dump.empty() || !run.weights.empty() || !run.tokens.empty())
+    if (!run.dump.empty())
       throw InputError(
-          "--dump, --weights and --tokens are not available with --world-size above 1 yet (a "
-          "measured rank starts from random weights and tokens of --seed)");
+          "--dump is not available with --world-size above 1 (each rank holds a shard of the "
+          "gradients); run the single-rank step of the same global batch (--batch dp·M·b, the "
+          "same --weights and --tokens) to dump them");
     if (backend == "cuda") {
       nccl = make_nccl_collective(*world);
       active = nccl.get();
@@ -162,6 +183,8 @@ MeasureRequest measure_request(const Common& c, const RunFlags& run, const Paral
   rq.steps = run.steps;
   rq.seed = run.seed;
   rq.keep_timeline = !run.timeline.empty();
+  rq.weights = run.weights;
+  rq.tokens = run.tokens;
   if (!run.device_budget.empty())
     rq.device_budget = parse_size(run.device_budget, "--device-budget");
   return rq;

@@ -39,6 +39,11 @@ void add_launch_flags(CLI::App& cmd, LaunchFlags& flags);
 std::optional<std::string> launch_problem(const LaunchInfo& launch, bool with_mpi,
                                           std::int64_t world, const std::string& backend,
                                           const std::string& command);
+// The flags of a measured run (--timeline, --dump, --weights, --tokens, --device-budget) given
+// to the meta trace of a layout (--world-size above 1, --backend meta or auto): the message of
+// the exit 2 that says what runs them instead; nullopt when none is given.
+std::optional<std::string> traced_layout_problem(const RunFlags& run, std::int64_t world,
+                                                 const std::string& command);
 // --world-size against the processes MPI started (nullopt when they agree).
 std::optional<std::string> world_size_problem(std::int64_t world, int mpi_size,
                                               const std::string& command);

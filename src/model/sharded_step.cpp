@@ -409,13 +409,15 @@ struct ShardedStep::Impl {
   // Where local element e of parameter q sits in the whole parameter (row-major): column-parallel
   // weights and biases (q/k/v, gate/up, the vocabulary rows of the embedding and lm_head) hold a
   // block of rows, row-parallel weights (o_proj, down_proj) a block of columns, norms all.
+  bool replicated(std::size_t q) const {
+    const int sl = P[q].slot;
+    return p.tp == 1 || sl == kInNorm || sl == kPost || sl == kQN || sl == kKN ||
+           (sl < 0 && int(q) == norm_i);
+  }
   std::uint64_t global_elem(std::size_t q, std::uint64_t e) const {
-    if (p.tp == 1) return e;
+    if (replicated(q)) return e;
     const ParamShape& pq = P[q];
     const int sl = pq.slot;
-    const bool replicated =
-        sl == kInNorm || sl == kPost || sl == kQN || sl == kKN || (sl < 0 && int(q) == norm_i);
-    if (replicated) return e;
     if (sl == kO || sl == kDown) {
       const std::uint64_t cl = std::uint64_t(pq.shape[1]);
       return (e / cl) * cl * std::uint64_t(p.tp) + std::uint64_t(tr) * cl + e % cl;
@@ -423,22 +425,76 @@ struct ShardedStep::Impl {
     return std::uint64_t(tr) * pq.n + e;  // a block of rows (or of a bias's elements)
   }
 
+  // --weights: the file's name of parameter q (a tied lm_head on the last stage is the
+  // embedding's copy) and the whole parameter's shape in the single-rank model.
+  std::string file_name(std::size_t q) const {
+    return m.tied_embeddings && int(q) == head_i ? "model.embed_tokens.weight" : P[q].name;
+  }
+  Shape whole_shape(std::size_t q) const {
+    Shape sh = P[q].shape;
+    if (replicated(q)) return sh;
+    const int sl = P[q].slot;
+    sh[sl == kO || sl == kDown ? 1 : 0] *= p.tp;
+    return sh;
+  }
+  // Checks every parameter's tensor in the files before anything is read (InputError).
+  const SafeTensorsReader* weights_file(std::size_t q) const {
+    const std::string name = file_name(q);
+    for (const SafeTensorsReader* f : X->weights)
+      if (const SafeTensorInfo* t = f->find(name)) {
+        const std::string where = "--weights " + f->path() + ": tensor '" + name + "'";
+        if (t->shape != whole_shape(q))
+          throw InputError(where + " has shape " + t->shape_string() + ", the model config needs " +
+                           shape_string(whole_shape(q)));
+        if (!safe_dtype_is_float(t->dtype))
+          throw InputError(where + " has dtype " + safe_dtype_name(t->dtype) +
+                           ", expected a floating dtype");
+        return f;
+      }
+    throw InputError("--weights " + X->weights.front()->path() +
+                     (X->weights.size() > 1 ? " (and its other shards)" : "") +
+                     ": missing tensor '" + name + "' (needed by model " + m.name + ")");
+  }
+  static std::string shape_string(const Shape& sh) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < sh.size(); ++i) out += (i ? ", " : "") + std::to_string(sh[i]);
+    return out + "]";
+  }
+  // The rank's P[q].n values of parameter q as fp32: its elements (global_elem) of the file's
+  // tensor, or of the random initialisation.
+  std::vector<float> rank_values(std::size_t q) const {
+    std::vector<float> f(P[q].n);
+    if (X->weights.empty()) {
+      const ParamInit init = init_of(q);
+      for (std::uint64_t e = 0; e < P[q].n; ++e) f[e] = param_init_value(init, global_elem(q, e));
+      return f;
+    }
+    const SafeTensorsReader& file = *weights_file(q);
+    const std::string name = file_name(q);
+    const int sl = P[q].slot;
+    if (p.tp > 1 && (sl == kO || sl == kDown)) {  // a block of columns: one read per row
+      const std::uint64_t cl = std::uint64_t(P[q].shape[1]);
+      for (std::uint64_t row = 0; row < P[q].n / cl; ++row)
+        file.read_f32(name, f.data() + row * cl, global_elem(q, row * cl), cl);
+    } else {  // all of it, or a block of rows
+      file.read_f32(name, f.data(), global_elem(q, 0), P[q].n);
+    }
+    return f;
+  }
+
   void initialise() {
+    for (std::size_t q = 0; q < P.size() && !X->weights.empty(); ++q) weights_file(q);
     // Parameters (ZeRO < 3), with the per-parameter master copy under ZeRO 0: the backend's
-    // init, or under tensor parallelism the rank's elements made on the host.
+    // init, or under tensor parallelism or from --weights the rank's elements made on the host.
     for (std::size_t q = 0; q < value.size(); ++q) {
       float* master = states.empty() ? nullptr : states[q].master.as<float>();
-      if (p.tp == 1) {
+      if (p.tp == 1 && X->weights.empty()) {
         be->init_param(value[q].data(), master, P[q].n, init_of(q));
         continue;
       }
-      const ParamInit init = init_of(q);
-      std::vector<float> f(P[q].n);
+      const std::vector<float> f = rank_values(q);
       std::vector<unsigned char> raw(P[q].n * es);
-      for (std::uint64_t e = 0; e < P[q].n; ++e) {
-        f[e] = param_init_value(init, global_elem(q, e));
-        store_from_f32(raw.data(), e, D, f[e]);
-      }
+      for (std::uint64_t e = 0; e < P[q].n; ++e) store_from_f32(raw.data(), e, D, f[e]);
       be->upload(value[q].data(), raw.data(), raw.size());
       if (master) be->upload(master, f.data(), f.size() * 4);
     }
@@ -458,10 +514,11 @@ struct ShardedStep::Impl {
     if (shard_master || params_shard || !h_master.empty() || !h_params.empty()) {
       std::vector<float> f(std::size_t(hi - lo));
       for (std::size_t q = 0; q < P.size(); ++q) {
-        const ParamInit init = init_of(q);
         const std::uint64_t a = std::max(lo, P[q].off), z = std::min(hi, P[q].off + P[q].n);
-        for (std::uint64_t x = a; x < z; ++x)
-          f[x - lo] = param_init_value(init, global_elem(q, x - P[q].off));
+        if (a >= z) continue;
+        const std::vector<float> v = rank_values(q);
+        std::copy(v.begin() + std::ptrdiff_t(a - P[q].off),
+                  v.begin() + std::ptrdiff_t(z - P[q].off), f.begin() + std::ptrdiff_t(a - lo));
       }
       if (shard_master) {
         be->fill_zero(shard_states.master.data(), shard_states.master.bytes());
@@ -482,7 +539,19 @@ struct ShardedStep::Impl {
       if (st->v) be->fill_zero(st->v.data(), st->v.bytes());
     }
     const std::int64_t rows = checked_mul(std::int64_t(p.dp) * M, b, "global batch");
-    global_tokens = random_token_ids(X->seed, checked_mul(rows, s, "global batch x seq"), m.vocab);
+    const std::int64_t ids = checked_mul(rows, s, "global batch x seq");
+    if (X->tokens) {
+      if (std::int64_t(X->tokens->size()) != ids)
+        throw InputError("--tokens: " + std::to_string(X->tokens->size()) +
+                         " ids given, the global batch needs dp·M·b·s = " + std::to_string(ids));
+      for (std::int32_t id : *X->tokens)
+        if (id < 0 || id >= m.vocab)
+          throw InputError("--tokens: id " + std::to_string(id) + " outside [0, " +
+                           std::to_string(m.vocab) + ")");
+      global_tokens = *X->tokens;
+    } else {
+      global_tokens = random_token_ids(X->seed, ids, m.vocab);
+    }
     const std::int64_t positions = rows * (s - 1);
     S = loss_scale(D, positions);
     ce_scale = S / float(positions);
@@ -556,6 +625,11 @@ struct ShardedStep::Impl {
     tie_group->all_reduce_sum(pp_stage.data(), n, D);
     be->upload(g, pp_stage.data(), n * es);
   }
+  // The rule of every collective on device buffers (X->data, T): called right after
+  // be->synchronize() (or a synchronous upload/download), with no allocation and no backend launch
+  // between. On cuda the collective runs on NCCL's stream, unordered with the backend's, and the
+  // pool may hand a block just freed on the backend's stream to a new tensor while kernels queued
+  // there still read it: the synchronisation is the only ordering.
   // Tensor parallelism: the partial sums of x (n elements) over the group, in place.
   void tp_sum(const Tensor& x, std::uint64_t n) {
     be->synchronize();

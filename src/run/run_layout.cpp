@@ -8,6 +8,7 @@
 #include "trainmem/error.hpp"
 #include "trainmem/ledger.hpp"
 #include "trainmem/model.hpp"
+#include "trainmem/model_io.hpp"
 #include "trainmem/sharded_step.hpp"
 
 namespace trainmem {
@@ -205,6 +206,27 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
       ex.tp_host = tp_host ? tp_host.get() : tp_data.get();
     }
     if (pp > 1) ex.pp = pp_host.get();
+    // --weights, --tokens: every rank reads the files (the same files on every node).
+    std::vector<std::unique_ptr<SafeTensorsReader>> files;
+    if (!rq.weights.empty())
+      for (const std::string& path : weight_files(rq.weights)) {
+        files.push_back(std::make_unique<SafeTensorsReader>(path));
+        ex.weights.push_back(files.back().get());
+      }
+    std::vector<std::int32_t> ids;
+    if (!rq.tokens.empty()) {
+      const std::int64_t rows = rq.layout.dp * rq.layout.microbatches * rq.train.batch;
+      try {
+        ids = load_tokens_file(rq.tokens, rows, rq.train.seq, rq.model.vocab);
+      } catch (const InputError& e) {
+        throw InputError(
+            std::string(e.what()) +
+            "; with --world-size the file holds the global batch, dp·M·b = " +
+            std::to_string(rq.layout.dp) + "·" + std::to_string(rq.layout.microbatches) + "·" +
+            std::to_string(rq.train.batch) + " = " + std::to_string(rows) + " rows of --seq ids");
+      }
+      ex.tokens = &ids;
+    }
     // Kept past an out-of-memory, so that what was alive is still in the books when read.
     std::unique_ptr<ShardedStep> step;
     try {
