@@ -26,8 +26,13 @@ checks exit codes, messages and that nothing hangs (every run has a wall-clock b
                golden tiny GQA files) under tp 2 and pp 2 -> the single-rank run's losses, a
                token file short of the global batch -> exit 2 once; a bad flag
                of a measured command -> said once; of estimate -> by each rank that met it, at once
+  staged       the MPI collectives through host copies (make_staged_collective, the cuda
+               backend's --collectives mpi), copies standing in for the device's -> exit 0
   nccl         the collectives on the NCCL backend (CUDA builds; skipped without devices)
+  sharded_staged  the same with the collectives through host copies (--collectives mpi) -> exit 0
   sharded_nccl the measured sharded step on cuda with NCCL (CUDA builds; skipped without devices)
+  sharded_cuda_mpi  on cuda with --collectives mpi, ranks sharing GPUs (CUDA builds; skipped
+               without a device)
 Usage: mpi_test.py --mode MODE --np N --mpi-built TRUE|FALSE --test-exe EXE [--sharded-exe EXE]
                   --trainmem BIN
 Exits 77 (ctest SKIP_RETURN_CODE) with the reason when MPI or mpirun is absent.
@@ -128,8 +133,9 @@ def main():
         print("SKIP: mpirun not found (tools/setup.sh installs openmpi-bin)")
         return SKIP
 
-    if a.mode in ("collectives", "nccl"):
-        args = [a.test_exe, "collectives"] + (["--backend", "nccl"] if a.mode == "nccl" else [])
+    if a.mode in ("collectives", "staged", "nccl"):
+        args = [a.test_exe, "collectives"] + (["--backend", a.mode] if a.mode != "collectives"
+                                              else [])
         rc, out, err, _ = run(n, args, bound=240)
         if rc == SKIP and "SKIP:" in out:
             print(out.strip())
@@ -139,10 +145,12 @@ def main():
                f"{n} ranks should each report their checks passed", out, err)
         print(out.strip())
 
-    elif a.mode in ("sharded", "sharded_nccl"):
+    elif a.mode in ("sharded", "sharded_staged", "sharded_nccl", "sharded_cuda_mpi"):
         # One OpenMP thread per rank: N ranks share the machine's cores.
-        extra = ["--backend", "cuda"] if a.mode == "sharded_nccl" else []
-        rc, out, err, _ = run(n, [a.sharded_exe] + extra, bound=280, threads=1)
+        extra = {"sharded": [], "sharded_staged": ["--collectives", "mpi"],
+                 "sharded_nccl": ["--backend", "cuda"],
+                 "sharded_cuda_mpi": ["--backend", "cuda", "--collectives", "mpi"]}[a.mode]
+        rc, out, err, _ = run(n, [a.sharded_exe] + extra, bound=600, threads=1)
         if rc == SKIP and "SKIP:" in out:
             print(out.strip())
             return SKIP
@@ -321,6 +329,23 @@ def main():
                        all(abs(g - w) <= 1e-5 * abs(w) for g, w in zip(got, want)),
                        f"--weights --tokens {' '.join(lay)}: losses {got} equal the single "
                        f"rank's {want} within 1e-5, every rank matching", out)
+        # --collectives: nccl is the cuda backend's; mpi on cuda needs a device (exit 0 where one
+        # is usable, 2 saying why otherwise), said once.
+        rc, out, err, _ = run(n, base + ["--world-size", str(n), "--collectives", "nccl"])
+        expect(rc == 2 and err.count("error:") == 1 and
+               "--collectives nccl needs --backend cuda" in err,
+               f"--collectives nccl on cpu: exit {rc} (2), said once", out, err)
+        cuda_mpi = [w if w != "cpu" else "cuda" for w in base]
+        rc, out, err, _ = run(n, cuda_mpi + ["--world-size", str(n), "--collectives", "mpi",
+                                             "--zero", "1", "--format", "json"], threads=1)
+        if rc == 0:
+            doc = json.loads(out)
+            expect(doc.get("all_ranks_match") is True and doc.get("collective") == "mpi-staged",
+                   "cuda --collectives mpi: every rank matching, over mpi-staged", out)
+        else:
+            expect(rc == 2 and err.count("error:") == 1 and
+                   ("no usable CUDA device" in err or "built without CUDA" in err),
+                   f"cuda --collectives mpi without a device: exit {rc} (2), said once", out, err)
         # The file must hold the global batch: one row too few is exit 2 saying so, once.
         rc, out, err, _ = run(n, [a.trainmem, "profile", "--world-size", str(n),
                                   "--collective-timeout", "60", "--dp", str(n), "--batch", "2"] +

@@ -1,11 +1,13 @@
 // The collectives (include/trainmem/collective.hpp) under a real MPI launch; run by
 // tests/mpi_test.py under `mpirun --oversubscribe -np N` (ctest Mpi.*). One rank per process.
 //
-//   mpi_test_collective collectives [--backend mpi|nccl]
+//   mpi_test_collective collectives [--backend mpi|staged|nccl]
 //       every collective, dtypes f32/bf16/f16, uneven sizes, against sums computed here: the
 //       MPI sums must equal, bit for bit, one process adding the ranks' contributions in rank
 //       order in fp32 and rounding once (NCCL: within a stated tolerance); exit 0 when every
-//       check passed on every rank.
+//       check passed on every rank. staged: the MPI collectives through host copies
+//       (make_staged_collective, the cuda backend's --collectives mpi) with counting memcpy
+//       copies standing in for the device's: the same bits, and every call copied.
 //   mpi_test_collective fail-one     the last rank throws an InputError while the others wait in
 //       an all_reduce_sum: the whole job must end with exit 2 and that rank's message (end_job).
 //   mpi_test_collective fail-all     every rank throws the same InputError: exit 2, the message
@@ -132,6 +134,10 @@ struct Checker {
 
   void fail(const std::string& what) {
     if (++failures <= 20) log << "rank " << rank << ": FAIL " << what << "\n";
+  }
+  void expect(bool ok, const std::string& what) {
+    ++checks;
+    if (!ok) fail(what);
   }
   // got == want bit for bit (exact) or within |want|·2^-8·ranks + ulp-scale slack (NCCL order).
   void sum_equal(const std::string& what, float got, float want, DType t, int ranks,
@@ -357,6 +363,19 @@ int run_collectives(const std::string& backend) {
     return kSkip;
 #endif
   }
+  std::unique_ptr<Collective> staged;
+  std::uint64_t copied_in = 0, copied_out = 0;
+  if (backend == "staged") {
+    staged = make_staged_collective(*mpi, DeviceCopies{[&](void* h, const void* d, std::size_t n) {
+                                                         std::memcpy(h, d, n);
+                                                         copied_in += n;
+                                                       },
+                                                       [&](void* d, const void* h, std::size_t n) {
+                                                         std::memcpy(d, h, n);
+                                                         copied_out += n;
+                                                       }});
+    c = staged.get();
+  }
   int status = 0;
   std::string message;
   try {
@@ -370,6 +389,17 @@ int run_collectives(const std::string& backend) {
     if (c->size() > 1) check_send_recv(*c, *mem, ck);
     check_bad_peers(*c, ck);
     c->barrier();
+    if (staged) {
+      ck.expect(copied_in > 0 && copied_out > 0, "staged: the calls went through the copies");
+      // A split keeps the staging: a sum over a group of one is the buffer itself.
+      std::unique_ptr<Collective> alone = c->split(c->rank(), 0);
+      float x = 1.5f + float(c->rank());
+      const std::uint64_t before = copied_in;
+      alone->all_reduce_sum(&x, 1, DType::f32);
+      ck.expect(alone->size() == 1 && x == 1.5f + float(c->rank()) && copied_in == before + 4 &&
+                    std::string(alone->backend()) == "mpi-staged",
+                "staged: split groups copy through the same copies");
+    }
   } catch (const std::exception& e) {
     ck.fail(std::string("exception: ") + e.what());
   }
@@ -450,7 +480,7 @@ int main(int argc, char** argv) {
     std::cerr << "mpi_test_collective: " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "usage: mpi_test_collective collectives [--backend mpi|nccl] | fail-one | "
+  std::cerr << "usage: mpi_test_collective collectives [--backend mpi|staged|nccl] | fail-one | "
                "fail-all | timeout\n";
   return 2;
 }

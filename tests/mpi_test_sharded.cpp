@@ -28,6 +28,10 @@
 //      tiny-qwen3 with q/k norms): every rank's slice of every weight against the same slice of
 //      the single-rank run within adam_tolerance, losses within 1e-5 relative, the
 //      ZeRO stages against ZeRO 0 bit for bit (dp 2, one micro-batch, untied), and check 3.
+// `mpi_test_sharded --collectives mpi`: every run above with the data collectives through host
+// copies (make_staged_collective, the backend's download/upload): the same checks, bit for bit.
+// `mpi_test_sharded --backend cuda --collectives mpi`: the cuda runs below without NCCL, ranks
+// sharing the node's GPUs (local rank mod devices), so a one-GPU machine runs 2 ranks.
 // `mpi_test_sharded --backend cuda`: the same runs on the cuda backend with the NCCL collectives
 // (one GPU per rank; fp32 only; data, tensor and pipeline parallelism, no offload): checks 3,
 // and the losses within 1e-3 relative of the CPU's single-rank run (the GPU kernels round
@@ -142,13 +146,21 @@ void check_cuda_losses(const std::string& label, const StepsResult& got, const S
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool cuda =
-      argc == 3 && std::string(argv[1]) == "--backend" && std::string(argv[2]) == "cuda";
+  std::string backend_arg = "cpu", collectives_arg;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::string(argv[i]) == "--backend") backend_arg = argv[i + 1];
+    if (std::string(argv[i]) == "--collectives") collectives_arg = argv[i + 1];
+  }
+  const bool cuda = backend_arg == "cuda";
+  // --collectives mpi: the MPI collectives through host copies (make_staged_collective), the
+  // backend's download/upload copying: on cpu the same bits as MPI itself; on cuda no NCCL, and
+  // ranks may share a GPU.
+  const bool staged = collectives_arg == "mpi";
   if (!mpi_built()) {
     std::cout << "SKIP: this build has no MPI\n";
     return 77;
   }
-  if (cuda && !nccl_built()) {
+  if (cuda && !staged && !nccl_built()) {
     std::cout << "SKIP: this build has no NCCL\n";
     return 77;
   }
@@ -168,14 +180,27 @@ int main(int argc, char** argv) {
         std::cout << "SKIP: no CUDA device: " << (why.empty() ? "not on every rank" : why) << "\n";
       return 77;
     }
-    try {
-      nccl = make_nccl_collective(*world);
-    } catch (const std::exception& e) {
-      if (rank_id == 0) std::cout << "SKIP: no device for every rank: " << e.what() << "\n";
-      return 77;
+    if (staged) {
+      cuda_use_device(world->local_rank());
+    } else {
+      try {
+        nccl = make_nccl_collective(*world);
+      } catch (const std::exception& e) {
+        if (rank_id == 0) std::cout << "SKIP: no device for every rank: " << e.what() << "\n";
+        return 77;
+      }
     }
   }
-  Collective& data = cuda ? *nccl : *world;
+  std::unique_ptr<Backend> copier;
+  std::unique_ptr<Collective> through_host;
+  if (staged) {
+    copier = cuda ? make_cuda_backend(DType::f32) : make_cpu_backend(DType::f32);
+    Backend* b = copier.get();
+    through_host = make_staged_collective(
+        *world, DeviceCopies{[b](void* h, const void* d, std::size_t n) { b->download(h, d, n); },
+                             [b](void* d, const void* h, std::size_t n) { b->upload(d, h, n); }});
+  }
+  Collective& data = staged ? *through_host : cuda ? *nccl : *world;
   const BackendKind kind = cuda ? BackendKind::cuda : BackendKind::cpu;
   constexpr int kSteps = 3;
   try {

@@ -173,37 +173,59 @@ except Exception: print(-1)' "$OUT/runs/$name.estimate.json" 2>/dev/null)
   fi
 fi
 
-# ---------------------------------------------------------------- 3b. multi-GPU (measured ranks)
-# One rank per GPU under mpirun: every rank's measured sharded step (data parallelism, ZeRO-3,
-# NCCL) against its meta trace and the analytic, rank 0's gathered report. Needs two or more
-# GPUs (NCCL wants one device per rank) and mpirun; skipped with the reason otherwise.
+# ---------------------------------------------------------------- 3b. multi-rank (measured ranks)
+# Under mpirun: every rank's measured sharded step against its meta trace and the analytic, rank
+# 0's gathered report. With NCCL (one rank per GPU): needs two or more GPUs. With the collectives
+# through host memory (--collectives mpi): two ranks sharing the GPU(s), so a one-GPU machine
+# runs them too (the sharded step's own checks: tests/mpi_test_sharded.cpp --backend cuda
+# --collectives mpi, losses against the cpu). Needs mpirun and an MPI build; skipped with the
+# reason otherwise.
 GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 GPUS=${GPUS:-0}
 if [[ ! -x $TM ]]; then
   record multi_gpu skipped 0 0 "no trainmem binary"
-elif ((GPUS < 2)); then
-  say "multi_gpu: skipped: this machine has $GPUS GPU(s); the measured multi-rank step needs 2 or more (one rank per GPU)"
-  record multi_gpu skipped 0 0 "$GPUS GPU(s): the measured multi-rank step needs one GPU per rank, 2 or more"
 elif ! command -v mpirun >/dev/null; then
-  say "multi_gpu: skipped: mpirun not found (openmpi-bin)"
+  say "multi_rank: skipped: mpirun not found (openmpi-bin)"
   record multi_gpu skipped 0 0 "mpirun not found (openmpi-bin)"
 else
   MPIRUN=(mpirun -np "$GPUS" --bind-to none)
-  [[ $(id -u) == 0 ]] && MPIRUN+=(--allow-run-as-root)
-  for zero in 1 3; do
-    run_step "multi_gpu_zero$zero" 240 "${MPIRUN[@]}" "$TM" profile --backend cuda \
-      --model tiny --batch 2 --seq 64 --world-size "$GPUS" --zero "$zero" --steps 2 \
-      --format json --output "$OUT/runs/multi_gpu_zero$zero.json"
-  done
-  # Tensor parallelism with sp over NCCL (tiny's 4 heads: 2 or 4 GPUs per group).
-  if ((GPUS % 2 == 0)); then
-    run_step multi_gpu_tp2_sp 240 "${MPIRUN[@]}" "$TM" profile --backend cuda --model tiny \
-      --batch 2 --seq 64 --world-size "$GPUS" --tp 2 --sp --steps 2 --format json \
-      --output "$OUT/runs/multi_gpu_tp2_sp.json"
-    # Pipeline stages (1F1B, messages through host memory over MPI), three micro-batches.
-    run_step multi_gpu_pp2 240 "${MPIRUN[@]}" "$TM" profile --backend cuda --model tiny \
-      --batch 2 --seq 64 --world-size "$GPUS" --pp 2 --microbatches 3 --steps 2 --format json \
-      --output "$OUT/runs/multi_gpu_pp2.json"
+  SHARED=(mpirun -np 2 --oversubscribe --bind-to none)
+  if [[ $(id -u) == 0 ]]; then
+    MPIRUN+=(--allow-run-as-root)
+    SHARED+=(--allow-run-as-root)
+  fi
+  if ((GPUS < 2)); then
+    say "multi_gpu: skipped: this machine has $GPUS GPU(s); NCCL needs one GPU per rank, 2 or more"
+    record multi_gpu skipped 0 0 "$GPUS GPU(s): the NCCL step needs one GPU per rank, 2 or more"
+  else
+    for zero in 1 3; do
+      run_step "multi_gpu_zero$zero" 240 "${MPIRUN[@]}" "$TM" profile --backend cuda \
+        --model tiny --batch 2 --seq 64 --world-size "$GPUS" --zero "$zero" --steps 2 \
+        --format json --output "$OUT/runs/multi_gpu_zero$zero.json"
+    done
+    # Tensor parallelism with sp over NCCL (tiny's 4 heads: 2 or 4 GPUs per group).
+    if ((GPUS % 2 == 0)); then
+      run_step multi_gpu_tp2_sp 240 "${MPIRUN[@]}" "$TM" profile --backend cuda --model tiny \
+        --batch 2 --seq 64 --world-size "$GPUS" --tp 2 --sp --steps 2 --format json \
+        --output "$OUT/runs/multi_gpu_tp2_sp.json"
+      # Pipeline stages (1F1B, messages through host memory over MPI), three micro-batches.
+      run_step multi_gpu_pp2 240 "${MPIRUN[@]}" "$TM" profile --backend cuda --model tiny \
+        --batch 2 --seq 64 --world-size "$GPUS" --pp 2 --microbatches 3 --steps 2 --format json \
+        --output "$OUT/runs/multi_gpu_pp2.json"
+    fi
+  fi
+  if ((GPUS >= 1)); then
+    # Two ranks sharing the GPU(s), the collectives through host memory.
+    if run_step build_mpi_test 300 cmake --build "$BUILD" -j "$JOBS" --target mpi_test_sharded; then
+      run_step shared_gpu_sharded 300 "${SHARED[@]}" "$BUILD/mpi_test_sharded" --backend cuda \
+        --collectives mpi
+    fi
+    for lay in "zero3:--zero 3" "tp2_sp:--tp 2 --sp" "pp2:--pp 2 --microbatches 3"; do
+      # shellcheck disable=SC2086
+      run_step "shared_gpu_${lay%%:*}" 180 "${SHARED[@]}" "$TM" profile --backend cuda \
+        --collectives mpi --model tiny --batch 2 --seq 64 --world-size 2 ${lay#*:} --steps 2 \
+        --format json --output "$OUT/runs/shared_gpu_${lay%%:*}.json"
+    done
   fi
 fi
 

@@ -138,6 +138,12 @@ std::unique_ptr<Backend> make_cuda_backend(DType dtype);
 // "" when a CUDA device is usable, else the reason (e.g. "cudaGetDeviceCount: CUDA driver
 // version is insufficient (cudaErrorInsufficientDriver, 35)", or "built without CUDA").
 std::string cuda_unavailable_reason();
+// Multi-rank runs whose collectives go through host memory (--collectives mpi): makes device
+// `local_rank` mod the node's device count current (ranks share GPUs when there are more ranks
+// than devices) and returns it; InputError with the reason when no device is usable.
+int cuda_use_device(int local_rank);
+// The current device (cudaGetDevice); 0 without CUDA.
+int cuda_current_device();
 // Device 0's total memory as cudaMemGetInfo reports it; 0 with `reason` set when no device is
 // usable or the call fails (maxbatch's `--budget device`).
 std::uint64_t cuda_device_total_bytes(std::string* reason);

@@ -119,6 +119,18 @@ std::unique_ptr<Collective> make_mpi_collective(double timeout_s = kDefaultColle
 // naming the NCCL call otherwise.
 std::unique_ptr<Collective> make_nccl_collective(Collective& mpi);
 
+// Copies between device buffers and host memory, each complete when it returns (a Backend's
+// download and upload).
+struct DeviceCopies {
+  std::function<void(void* host_dst, const void* device_src, std::size_t bytes)> to_host;
+  std::function<void(void* device_dst, const void* host_src, std::size_t bytes)> to_device;
+};
+// The collectives of `host` (MPI) on device buffers, through host memory: every call copies its
+// device inputs to host buffers of its own, runs host's collective there and copies the results
+// back (`--collectives mpi` on cuda: the MPI sums' bits, no NCCL, ranks may share a GPU). Its
+// backend() is "mpi-staged"; split() splits `host`. `host` must outlive the result.
+std::unique_ptr<Collective> make_staged_collective(Collective& host, DeviceCopies copies);
+
 // How a rank ends a multi-rank job (the failure handling, docs/distributed.md):
 //  1. every rank gives its status and message to the end-of-job agreement;
 //  2. when all ranks join (within the timeout for a rank that succeeded, within `grace_s` for

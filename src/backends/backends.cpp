@@ -48,6 +48,12 @@ std::uint64_t cuda_device_total_bytes(std::string* reason) {
 std::unique_ptr<Backend> make_cuda_backend(DType) {
   throw DeviceError("cuda backend: trainmem was built without CUDA (TRAINMEM_CUDA=OFF)");
 }
+int cuda_use_device(int) {
+  throw InputError("--backend cuda: trainmem was built without CUDA (TRAINMEM_CUDA=OFF)");
+}
+int cuda_current_device() {
+  return 0;
+}
 #endif
 
 }  // namespace trainmem

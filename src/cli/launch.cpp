@@ -74,6 +74,11 @@ void add_launch_flags(CLI::App& cmd, LaunchFlags& flags) {
                  "Multi-rank runs: seconds a collective may wait for the other ranks before "
                  "the job ends with an error naming it (default 300)")
       ->check(CLI::PositiveNumber);
+  cmd.add_option("--collectives", flags.collectives,
+                 "Multi-rank runs on cuda: nccl (default; one GPU per rank) or mpi (the MPI "
+                 "collectives through host memory: the cpu backend's bit-reproducible sums, no "
+                 "NCCL, ranks may share a GPU). The cpu backend always uses mpi")
+      ->check(CLI::IsMember({"nccl", "mpi"}));
 }
 
 std::optional<std::string> launch_problem(const LaunchInfo& launch, bool with_mpi,
@@ -148,15 +153,35 @@ int run_ranked(const Common& c, const RunFlags& run, const ParallelConfig& layou
           "--dump is not available with --world-size above 1 (each rank holds a shard of the "
           "gradients); run the single-rank step of the same global batch (--batch dp·M·b, the "
           "same --weights and --tokens) to dump them");
-    if (backend == "cuda") {
+    const bool staged = flags.collectives == "mpi";
+    if (flags.collectives == "nccl" && backend != "cuda")
+      throw InputError(
+          "--collectives nccl needs --backend cuda (the cpu backend's ranks use "
+          "MPI on host memory)");
+    if (backend == "cuda" && !staged) {
       nccl = make_nccl_collective(*world);
       active = nccl.get();
     }
+    if (backend == "cuda" && staged) {
+      const int device = cuda_use_device(world->local_rank());
+      spdlog::info("rank {}: device {} (--collectives mpi)", world->rank(), device);
+    }
     ChosenBackend be = choose_backend(backend, c.train.dtype);
+    // cuda with --collectives mpi: the MPI collectives on the device buffers, copied through
+    // host memory by the backend (destroyed before it).
+    std::unique_ptr<Collective> through_host;
+    Collective* data = active;
+    if (backend == "cuda" && staged) {
+      Backend* b = be.backend.get();
+      through_host = make_staged_collective(
+          *world, DeviceCopies{[b](void* h, const void* d, std::size_t n) { b->download(h, d, n); },
+                               [b](void* d, const void* h, std::size_t n) { b->upload(d, h, n); }});
+      data = through_host.get();
+    }
     // Every rank is here and the collectives answer (a peer that never arrives becomes a
     // CollectiveTimeout naming the barrier).
-    active->barrier();
-    return body(*be.backend, *active, *world);
+    data->barrier();
+    return body(*be.backend, *data, *world);
   });
   const int code = end_job(*active, outcome.code, outcome.message, std::cerr);
   nccl.reset();

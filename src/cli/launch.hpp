@@ -30,6 +30,7 @@ Outcome run_captured(const std::function<int()>& body);
 
 struct LaunchFlags {
   double collective_timeout = kDefaultCollectiveTimeout;  // seconds
+  std::string collectives;  // "nccl", "mpi"; "" the backend's own (cuda: nccl, cpu: mpi)
 };
 void add_launch_flags(CLI::App& cmd, LaunchFlags& flags);
 

@@ -640,14 +640,21 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
       w->heading("Device sources per rank (the last step)");
       w->table(t);
       w->line("estimate: CUDA context " + o.cuda_context_source + "; NCCL " + o.nccl_source);
-      w->line(
-          "not in the estimate: the fp32 work buffer of 16-bit NCCL sums (4 bytes x the largest "
-          "count one communicator reduces, kept) and, with groups, the world communicator beside "
-          "the group ones");
-      if (le.layout.pp > 1)
+      if (ml.collective == "nccl") {
         w->line(
-            "in the estimate but not in this run: the pipeline's NCCL communicator (the measured "
-            "stages send through host memory over MPI)");
+            "not in the estimate: the fp32 work buffer of 16-bit NCCL sums (4 bytes x the largest "
+            "count one communicator reduces, kept) and, with groups, the world communicator "
+            "beside the group ones");
+        if (le.layout.pp > 1)
+          w->line(
+              "in the estimate but not in this run: the pipeline's NCCL communicator (the "
+              "measured stages send through host memory over MPI)");
+      } else {
+        w->line(
+            "--collectives mpi: no NCCL in this run (the estimate's NCCL buffers are absent); "
+            "ranks sharing a GPU each see the others' memory in cudaMemGetInfo, while the pool's "
+            "high-water is the rank's own");
+      }
     } else {
       w->item("device sources: unavailable on rank 0 (" + ml.device_reason + ")");
     }

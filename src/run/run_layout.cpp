@@ -188,7 +188,7 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
     std::unique_ptr<ProbeSet> probes;
     if (backend.kind() == BackendKind::cuda) {
       ProbeOptions o;
-      o.device = std::string(data.backend()) == "nccl" ? data.local_rank() : 0;
+      o.device = cuda_current_device();
       o.allocator = &backend.allocator();
       o.ledger = &ledger;
       o.enable_cupti = false;

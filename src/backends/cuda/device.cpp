@@ -4,7 +4,9 @@
 #include <string>
 
 #include "trainmem/backend.hpp"
+#include "trainmem/cuda_check.hpp"
 #include "trainmem/device_rules.hpp"
+#include "trainmem/error.hpp"
 
 namespace trainmem {
 
@@ -27,6 +29,25 @@ std::string cuda_unavailable_reason() {
   } catch (...) {
     return "cudaGetDeviceCount threw an unknown exception";
   }
+}
+
+int cuda_use_device(int local_rank) {
+  const std::string reason = cuda_unavailable_reason();
+  if (!reason.empty()) throw InputError("--backend cuda: no usable CUDA device (" + reason + ")");
+  int count = 0;
+  TM_CUDA_CHECK(cudaGetDeviceCount(&count));
+  const int device = (local_rank < 0 ? 0 : local_rank) % count;
+  TM_CUDA_CHECK(cudaSetDevice(device));
+  return device;
+}
+
+int cuda_current_device() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return device;
 }
 
 std::uint64_t cuda_device_total_bytes(std::string* reason) {
