@@ -133,6 +133,37 @@ void check_against_single(const std::string& label, const StepsResult& got, cons
                 label.c_str(), diff, bound);
 }
 
+// Tensor parallelism: where the rank's elements of each parameter sit in the whole one, worked out
+// here from the HF shapes alone (not from the step's own map, which the slice comparisons use):
+// a replicated parameter (norms) is all of it; o_proj and down_proj (h rows) hold columns
+// [tr·cl, (tr+1)·cl) of every row; every other one (q/k/v and their biases, gate/up, the
+// vocabulary rows of the embedding and lm_head) the block of rows [tr·n, (tr+1)·n).
+void check_tp_elements(const std::string& label, const StepsResult& got, const StepsResult& ref,
+                       const ModelConfig& m, int tp, int tr) {
+  auto ends_with = [](const std::string& s, const char* tail) {
+    const std::string t(tail);
+    return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+  };
+  for (const auto& [name, values] : got.weights) {
+    const std::string src = ref.weights.count(name) ? name : "model.embed_tokens.weight";
+    const std::uint64_t n = values.size(), whole = ref.weights.at(src).size();
+    const auto& map = got.elements.at(name);
+    bool ok = map.size() == n;
+    for (std::uint64_t e = 0; ok && e < n; ++e) {
+      std::uint64_t want = e;
+      if (n != whole && (ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight"))) {
+        const std::uint64_t cl = n / std::uint64_t(m.hidden);
+        want = (e / cl) * cl * std::uint64_t(tp) + std::uint64_t(tr) * cl + e % cl;
+      } else if (n != whole) {
+        want = std::uint64_t(tr) * n + e;
+      }
+      ok = map[e] == want;
+    }
+    check(ok && (n == whole || n * std::uint64_t(tp) == whole),
+          label + ": rank's elements of " + name + " are not the tensor-parallel slice");
+  }
+}
+
 // cuda: every step's loss within 1e-3 relative of the cpu's single-rank run (the GPU kernels
 // round differently; NCCL sums in its own order).
 void check_cuda_losses(const std::string& label, const StepsResult& got, const StepsResult& ref,
@@ -330,6 +361,7 @@ int main(int argc, char** argv) {
               by_zero.push_back(run.run(kSteps));
               const StepsResult& got = by_zero.back();
               check_ledger(run, m, t, p, label.str());
+              check_tp_elements(label.str(), got, ref, m, tp, rank_id % tp);
               if (cuda) {
                 check_cuda_losses(label.str(), got, ref, kSteps);
                 continue;
@@ -389,6 +421,7 @@ int main(int argc, char** argv) {
                            cuda && tp > 1 ? tp_host.get() : nullptr);
             const StepsResult got = run.run(kSteps);
             check_ledger(run, m, t, p, label.str(), stage);
+            if (tp > 1) check_tp_elements(label.str(), got, ref, m, tp, tp_rank);
             if (cuda) {
               check_cuda_losses(label.str(), got, ref, kSteps);
               continue;
@@ -465,6 +498,7 @@ int main(int argc, char** argv) {
                        cuda && lay.tp > 1 ? tp_host.get() : nullptr, {&file}, &ids);
         const StepsResult got = run.run(kSteps);
         check_ledger(run, m, t, p, label.str(), lay.pp > 1 ? stage : 0);
+        if (lay.tp > 1) check_tp_elements(label.str(), got, ref, m, lay.tp, tp_rank);
         if (cuda)
           check_cuda_losses(label.str(), got, ref, kSteps);
         else

@@ -259,6 +259,19 @@ TEST(CliLayout, BadLayoutsExitTwoNamingTheFlag) {
         << m.err;
     EXPECT_TRUE(contains(m.err, "`mpirun -np 2 trainmem " + cmd)) << m.err;
     EXPECT_TRUE(contains(m.err, "--dump only on a single rank")) << m.err;
+    // --collectives outside a measured multi-rank run: exit 2 saying where it applies.
+    for (const std::vector<std::string>& where :
+         {std::vector<std::string>{"--world-size", "2"}, std::vector<std::string>{}}) {
+      std::vector<std::string> args = {cmd,     "--model", "tiny",          "--batch", "1",
+                                       "--seq", "8",       "--collectives", "mpi"};
+      args.insert(args.end(), where.begin(), where.end());
+      const auto k = run_trainmem(args);
+      EXPECT_EQ(k.code, 2) << cmd;
+      EXPECT_TRUE(contains(k.err,
+                           "--collectives mpi: it chooses the collectives of a measured "
+                           "multi-rank run"))
+          << k.err;
+    }
   }
 }
 

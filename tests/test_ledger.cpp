@@ -425,6 +425,14 @@ TEST(Ledger, OutOfMemoryThroughBudgetCarriesTheFacts) {
   EXPECT_EQ(l.live_total(), 8000u);
   EXPECT_EQ(budget.live_bytes(), 8000u);
   EXPECT_EQ(l.live_tensors().size(), 2u);
+  // What was alive when it failed stays listed, the one the unwinding freed included (an OOM
+  // inside a constructor frees everything it had allocated before the report reads the books).
+  const auto& at = l.live_at_last_failure();
+  ASSERT_EQ(at.size(), 3u);
+  EXPECT_EQ(at[0].name, "w");
+  EXPECT_EQ(at[1].name, "act0");
+  EXPECT_EQ(at[2].name, "layers.1.mlp.up");
+  EXPECT_EQ(at[0].bytes + at[1].bytes + at[2].bytes, 10000u);
   a.reset();
   Tensor d = l.allocate("fits_again", Category::activations, 0, {1500}, DType::f32);
   EXPECT_EQ(budget.live_bytes(), 10000u);

@@ -230,9 +230,13 @@ class Ledger {
   const std::vector<TensorRecord>& tensors() const { return records_; }
   // Names and bytes of the tensors alive now (for OOM reports).
   std::vector<const TensorRecord*> live_tensors() const;
+  // The tensors alive when the last OutOfMemory was thrown (allocation order): what an OOM report
+  // lists, even after the unwinding freed them (an OOM inside a constructor).
+  const std::vector<TensorRecord>& live_at_last_failure() const { return live_at_failure_; }
   Allocator& allocator() { return alloc_; }
 
  private:
+  std::vector<TensorRecord> live_at_failure_;
   static int idx(Category c) { return static_cast<int>(c); }
   void on_alloc(std::uint64_t id, std::uint64_t bytes, Category c, int layer,
                 const std::string& name);

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -76,6 +77,12 @@ struct MeasuredLayout {
   // OutOfMemory itself, to rethrow once the partial report is written.
   std::optional<RunFailure> failure;
   std::exception_ptr failure_error;
+  // The failed rank's groups, held until failure_error is rethrown: destroyed while it unwinds,
+  // they abandon their pending sends instead of waiting the collective timeout for peers that
+  // may never receive.
+  std::vector<std::shared_ptr<Collective>> held_groups;
+  // Where the weights and the global batch came from: --weights / --tokens, or "" (--seed).
+  std::string weights, tokens;
   bool all_match() const;
 };
 

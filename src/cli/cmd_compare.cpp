@@ -338,10 +338,16 @@ int run_compare_layout(const Common& c, const CompareFlags& flags, const Paralle
                                         data, world));
             if (ml.back().timeline) {
               const std::string path = rank_path(rf.timeline, world.rank());
-              write_timeline(path, *ml.back().timeline);
-              spdlog::info("rank {}: wrote {}", world.rank(), path);
+              try {
+                write_timeline(path, *ml.back().timeline);
+                spdlog::info("rank {}: wrote {}", world.rank(), path);
+              } catch (const std::exception& e) {
+                if (!ml.back().failure) throw;
+                spdlog::error("rank {}: the timeline was not written: {}", world.rank(), e.what());
+              }
             }
-            if (ml.back().failure) end_failed_rank(one, flags.run, ml.back(), world.rank());
+            if (ml.back().failure)
+              end_failed_rank(one, flags.run, ml.back(), world.rank(), "compare");
           }
           if (world.rank() != 0) return 0;
           std::vector<CompareLayoutRow> rows;
@@ -396,8 +402,10 @@ int run_compare_layout(const Common& c, const CompareFlags& flags, const Paralle
 
 int run_compare(const CompareFlags& flags) {
   const Common c = resolve_common(flags.common, true, true);
-  if (const ParallelConfig par = resolve_layout(flags.layout, c.model, c.train); par.distributed())
-    return run_compare_layout(c, flags, par);
+  const ParallelConfig par = resolve_layout(flags.layout, c.model, c.train);
+  const std::string& be = flags.run.backend;
+  check_collectives_flag(flags.launch, par.distributed() && (be == "cpu" || be == "cuda"));
+  if (par.distributed()) return run_compare_layout(c, flags, par);
   if (!flags.run.timeline.empty()) validate_timeline_path(flags.run.timeline);
   if (!flags.run.dump.empty())
     throw InputError("--dump: compare runs several steps; use trainmem profile --dump");

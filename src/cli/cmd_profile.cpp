@@ -50,6 +50,8 @@ int run_profile_layout(const Common& c, const ProfileFlags& flags, const Paralle
 int run_profile(const ProfileFlags& flags) {
   const Common c = resolve_common(flags.common, false, false);
   const ParallelConfig par = resolve_layout(flags.layout, c.model, c.train);
+  const std::string& be = flags.run.backend;
+  check_collectives_flag(flags.launch, par.distributed() && (be == "cpu" || be == "cuda"));
   if (par.distributed()) return run_profile_layout(c, flags, par);
   if (!flags.run.timeline.empty()) validate_timeline_path(flags.run.timeline);
 

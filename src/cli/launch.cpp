@@ -31,23 +31,34 @@ std::string shell_quote(const std::string& w) {
   return q + "'";
 }
 
-// `command` with every "--world-size N" (or "--world-size=N") replaced by `world`.
-std::string with_world(const std::string& command, std::int64_t world) {
+// `command` with every "FLAG V" (or "FLAG=V") given `value`; appended when absent and `append`.
+std::string with_option(const std::string& command, const std::string& flag,
+                        const std::string& value, bool append) {
   std::istringstream in(command);
   std::vector<std::string> words;
   for (std::string w; in >> w;) words.push_back(w);
   std::string out;
+  bool seen = false;
   for (std::size_t i = 0; i < words.size(); ++i) {
     std::string w = words[i];
-    if (w == "--world-size" && i + 1 < words.size()) {
-      out += (out.empty() ? "" : " ") + w + " " + std::to_string(world);
+    if (w == flag && i + 1 < words.size()) {
+      out += (out.empty() ? "" : " ") + w + " " + value;
+      seen = true;
       ++i;
       continue;
     }
-    if (w.rfind("--world-size=", 0) == 0) w = "--world-size=" + std::to_string(world);
+    if (w.rfind(flag + "=", 0) == 0) {
+      w = flag + "=" + value;
+      seen = true;
+    }
     out += (out.empty() ? "" : " ") + w;
   }
+  if (!seen && append) out += " " + flag + " " + value;
   return out;
+}
+
+std::string with_world(const std::string& command, std::int64_t world) {
+  return with_option(command, "--world-size", std::to_string(world), false);
 }
 
 const char* kScope =
@@ -120,8 +131,16 @@ std::optional<std::string> traced_layout_problem(const RunFlags& run, std::int64
   return given + " with --world-size " + n +
          " on meta: the trace of every rank moves no data, so it takes none of them. They belong "
          "to a measured run, one process per rank: `mpirun -np " +
-         n + " " + command + " --backend cpu` (or --backend cuda, one GPU per rank)" +
+         n + " " + with_option(command, "--backend", "cpu", true) +
+         "` (or --backend cuda: one GPU per rank, or ranks sharing GPUs with --collectives mpi)" +
          (run.dump.empty() ? "" : "; --dump only on a single rank (--world-size 1)");
+}
+
+void check_collectives_flag(const LaunchFlags& flags, bool measured) {
+  if (!flags.collectives.empty() && !measured)
+    throw InputError("--collectives " + flags.collectives +
+                     ": it chooses the collectives of a measured multi-rank run (--world-size "
+                     "above 1 with --backend cpu or cuda, under mpirun); this run has none");
 }
 
 std::optional<std::string> world_size_problem(std::int64_t world, int mpi_size,
@@ -189,12 +208,17 @@ int run_ranked(const Common& c, const RunFlags& run, const ParallelConfig& layou
   return code;
 }
 
-void end_failed_rank(const Common& c, const RunFlags& run, const MeasuredLayout& ml, int rank) {
-  std::optional<std::uint64_t> budget;
-  if (!run.device_budget.empty()) budget = parse_size(run.device_budget, "--device-budget");
-  const std::string path = c.output.empty() ? std::string() : rank_path(c.output, rank);
-  write_output(path, render_failed_rank(ml, budget, c.format, stdout_colour(path)));
-  if (!path.empty()) spdlog::info("rank {}: wrote the partial report {}", rank, path);
+void end_failed_rank(const Common& c, const RunFlags& run, const MeasuredLayout& ml, int rank,
+                     const std::string& command) {
+  try {
+    std::optional<std::uint64_t> budget;
+    if (!run.device_budget.empty()) budget = parse_size(run.device_budget, "--device-budget");
+    const std::string path = c.output.empty() ? std::string() : rank_path(c.output, rank);
+    write_output(path, render_failed_rank(ml, budget, command, c.format, stdout_colour(path)));
+    if (!path.empty()) spdlog::info("rank {}: wrote the partial report {}", rank, path);
+  } catch (const std::exception& e) {
+    spdlog::error("rank {}: the partial report was not written: {}", rank, e.what());
+  }
   std::rethrow_exception(ml.failure_error);
 }
 
@@ -223,10 +247,15 @@ int run_measured_layout(const Common& c, const RunFlags& run, const ParallelConf
         measure_layout(measure_request(c, run, layout, overheads), be, data, world);
     if (ml.timeline) {
       const std::string path = rank_path(run.timeline, world.rank());
-      write_timeline(path, *ml.timeline);
-      spdlog::info("rank {}: wrote {}", world.rank(), path);
+      try {
+        write_timeline(path, *ml.timeline);
+        spdlog::info("rank {}: wrote {}", world.rank(), path);
+      } catch (const std::exception& e) {
+        if (!ml.failure) throw;
+        spdlog::error("rank {}: the timeline was not written: {}", world.rank(), e.what());
+      }
     }
-    if (ml.failure) end_failed_rank(c, run, ml, world.rank());
+    if (ml.failure) end_failed_rank(c, run, ml, world.rank(), "profile");
     if (world.rank() == 0)
       write_output(c.output, render_measured_layout(ml, c.format, stdout_colour(c.output)));
     return 0;

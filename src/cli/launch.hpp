@@ -45,6 +45,9 @@ std::optional<std::string> launch_problem(const LaunchInfo& launch, bool with_mp
 // the exit 2 that says what runs them instead; nullopt when none is given.
 std::optional<std::string> traced_layout_problem(const RunFlags& run, std::int64_t world,
                                                  const std::string& command);
+// --collectives outside a measured multi-rank run (`measured` false: one rank, or the meta
+// trace): InputError saying where it applies, rather than ignoring it.
+void check_collectives_flag(const LaunchFlags& flags, bool measured);
 // --world-size against the processes MPI started (nullopt when they agree).
 std::optional<std::string> world_size_problem(std::int64_t world, int mpi_size,
                                               const std::string& command);
@@ -68,8 +71,9 @@ int run_ranked(const Common& c, const RunFlags& run, const ParallelConfig& layou
 // A rank of a measured job that ran out of memory (ml.failure): writes its partial report
 // (render_failed_rank) to --output with its rank in the name (report.json -> report.rank1.json),
 // or to stdout without --output, then rethrows its OutOfMemory: exit 3 through end_job.
+// A report that cannot be written is logged; the OutOfMemory is still what ends the rank.
 [[noreturn]] void end_failed_rank(const Common& c, const RunFlags& run, const MeasuredLayout& ml,
-                                  int rank);
+                                  int rank, const std::string& command);
 // The measurement of `layout` the flags ask for (steps, seed, timeline).
 MeasureRequest measure_request(const Common& c, const RunFlags& run, const ParallelConfig& layout,
                                const OverheadOptions& overheads);

@@ -608,9 +608,10 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
     std::snprintf(b, sizeof b, "%.6f", double(l));
     losses += (losses.empty() ? "" : ", ") + std::string(b);
   }
-  w->item("loss of the global batch (" + std::to_string(le.global_batch) +
-          " rows, random weights and tokens of --seed " + std::to_string(ml.seed) +
-          ") per step: " + losses);
+  const std::string seed = "of --seed " + std::to_string(ml.seed);
+  w->item("loss of the global batch (" + std::to_string(le.global_batch) + " rows; weights " +
+          (ml.weights.empty() ? "random " + seed : ml.weights) + ", tokens " +
+          (ml.tokens.empty() ? "random " + seed : ml.tokens) + ") per step: " + losses);
   for (const auto& r : ml.ranks) {
     for (const auto& d : r.trace_differences)
       w->line("rank " + std::to_string(r.rank) + ": " + d, report::Tone::fail);
@@ -667,6 +668,8 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
     doc["measured"] = true;
     doc["collective"] = ml.collective;
     doc["seed"] = ml.seed;
+    doc["weights"] = ml.weights.empty() ? json(nullptr) : json(ml.weights);
+    doc["tokens"] = ml.tokens.empty() ? json(nullptr) : json(ml.tokens);
     doc["losses"] = ml.losses;
     json ranks = json::array();
     for (const auto& r : ml.ranks) {
@@ -696,7 +699,7 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
 }
 
 std::string render_failed_rank(const MeasuredLayout& ml, const std::optional<std::uint64_t>& budget,
-                               Format format, report::Colour colour) {
+                               const std::string& command, Format format, report::Colour colour) {
   const LayoutEstimate& le = ml.predicted.analytic;
   const ByteUnit u = layout_unit(le);
   const MeasuredRank& r = ml.ranks.front();
@@ -704,9 +707,9 @@ std::string render_failed_rank(const MeasuredLayout& ml, const std::optional<std
   auto w = report::make_writer(format, colour);
   const std::string who =
       "rank " + std::to_string(r.rank) + " of " + std::to_string(le.layout.world);
-  describe_layout(
-      *w, le, u,
-      "trainmem profile (MEASURED on " + ml.backend + ", " + who + " OUT OF MEMORY: partial)");
+  describe_layout(*w, le, u,
+                  "trainmem " + command + " (MEASURED on " + ml.backend + ", " + who +
+                      " OUT OF MEMORY: partial)");
   w->alert(failure_lines(f, budget, u));
   std::size_t k = 0;
   while (k + 1 < ml.predicted.ranks.size() && ml.predicted.ranks[k].stage != r.stage) ++k;

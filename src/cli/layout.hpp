@@ -59,8 +59,9 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
 // The partial report of a measured rank that ran out of memory (ml.failure; ml.ranks holds it
 // alone): the layout's per-rank prediction, what failed and what was alive, and the rank's books
 // up to the failure beside its stage's trace. `budget`: --device-budget, when given.
+// `command`: the subcommand that ran it ("profile", "compare").
 std::string render_failed_rank(const MeasuredLayout& ml, const std::optional<std::uint64_t>& budget,
-                               Format format, report::Colour colour);
+                               const std::string& command, Format format, report::Colour colour);
 
 // `compare --world-size N`: a rank (or, traced, a stage) with checkpointing off and on.
 struct CompareLayoutRow {

@@ -203,6 +203,8 @@ void* Ledger::allocate_bytes(std::uint64_t bytes, const std::string& name, Categ
     for (Category c : all_categories())
       live += std::string(" ") + category_name(c) + "=" + std::to_string(live_[idx(c)]);
     detail = detail.empty() ? live : detail + "; " + live;
+    live_at_failure_.clear();
+    for (const TensorRecord* t : live_tensors()) live_at_failure_.push_back(*t);
     throw OutOfMemory(bytes, category_name(category), name, live_total_,
                       std::string(alloc_.name()) + " allocator: " + detail);
   }

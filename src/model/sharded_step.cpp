@@ -1422,7 +1422,12 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
     if (exec->optimizer.kind != train.optimizer)
       throw Error("sharded step: optimizer settings are for another optimizer");
   }
-  impl_->setup();
+  try {
+    impl_->setup();
+  } catch (...) {  // the destructor will not run: the backend forgets the workspace it was lent
+    if (impl_->run) impl_->be->set_gemm_workspace(nullptr, 0);
+    throw;
+  }
 }
 
 ShardedStep::~ShardedStep() {

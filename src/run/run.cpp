@@ -338,7 +338,7 @@ RunFailure failure_of(const OutOfMemory& e, int step, const Ledger& ledger) {
   f.tensor = e.tensor;
   f.live_bytes = e.live_bytes;
   f.step = step;
-  for (const TensorRecord* t : ledger.live_tensors()) f.live_tensors.push_back(*t);
+  f.live_tensors = ledger.live_at_last_failure();
   std::sort(f.live_tensors.begin(), f.live_tensors.end(),
             [](const TensorRecord& a, const TensorRecord& b) { return a.bytes > b.bytes; });
   return f;

@@ -150,6 +150,8 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
   out.collective = data.backend();
   out.steps = rq.steps < 1 ? 1 : rq.steps;
   out.seed = rq.seed;
+  out.weights = rq.weights;
+  out.tokens = rq.tokens;
   out.predicted = trace_layout(rq.model, rq.train, rq.layout, rq.overheads, out.steps);
 
   MeasuredRank mine;
@@ -257,6 +259,11 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
       if (!mem.available) out.device_reason = mem.reason;
     }
     mine.ledger = measured_figures(ledger);
+    if (out.failure) {  // up to the failure: what the setup reached, even if unwinding freed it
+      mine.ledger.params = ledger.peak(Category::params);
+      mine.ledger.optimizer_states = ledger.peak(Category::optimizer_states);
+      mine.ledger.inputs = ledger.peak(Category::inputs);
+    }
     mine.host_bytes = step ? step->host_bytes() : 0;
     mine.communication_peak = ledger.peak(Category::communication);
     mine.tensors_at_peak = ledger.peak_live_count();
@@ -268,6 +275,8 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
           ledger.dropped_events(), ledger.phase_marks());
   }
   if (out.failure) {  // this rank's partial books alone: the others may never gather
+    for (auto* g : {&dp_data, &dp_host, &tp_data, &tp_host, &pp_host})
+      if (*g) out.held_groups.push_back(std::move(*g));
     out.ranks.push_back(std::move(mine));
     return out;
   }
