@@ -41,6 +41,9 @@ std::optional<SafeDType> parse_safe_dtype(const std::string& s);
 std::size_t safe_dtype_size(SafeDType t);
 bool safe_dtype_is_float(SafeDType t);
 
+// A shape as the error messages print it: "[96, 48]".
+std::string shape_string(const std::vector<std::int64_t>& shape);
+
 struct SafeTensorInfo {
   std::string name;
   SafeDType dtype = SafeDType::F32;

@@ -141,13 +141,17 @@ std::uint64_t SafeTensorInfo::numel() const {
   return numel_of(shape, name);
 }
 
-std::string SafeTensorInfo::shape_string() const {
+std::string shape_string(const std::vector<std::int64_t>& shape) {
   std::string s = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) {
     if (i) s += ", ";
     s += std::to_string(shape[i]);
   }
   return s + "]";
+}
+
+std::string SafeTensorInfo::shape_string() const {
+  return trainmem::shape_string(shape);
 }
 
 // ------------------------------------------------------------------------------ reader

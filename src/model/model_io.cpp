@@ -20,12 +20,6 @@ namespace {
 
 constexpr std::uint64_t kChunkElems = 1ull << 20;  // host staging chunk for weights
 
-std::string shape_str(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 }  // namespace
 
 // ------------------------------------------------------------------------------ weights
@@ -83,7 +77,7 @@ void LlamaModel::load_weights(const std::vector<const SafeTensorsReader*>& files
     const std::string where = "--weights " + source[pi]->path() + ": tensor '" + p.name + "'";
     if (t->shape != p.shape)
       throw InputError(where + " has shape " + t->shape_string() + ", the model config needs " +
-                       shape_str(p.shape));
+                       shape_string(p.shape));
     if (!safe_dtype_is_float(t->dtype))
       throw InputError(where + " has dtype " + safe_dtype_name(t->dtype) +
                        ", expected a floating dtype");

@@ -455,11 +455,6 @@ struct ShardedStep::Impl {
                      (X->weights.size() > 1 ? " (and its other shards)" : "") +
                      ": missing tensor '" + name + "' (needed by model " + m.name + ")");
   }
-  static std::string shape_string(const Shape& sh) {
-    std::string out = "[";
-    for (std::size_t i = 0; i < sh.size(); ++i) out += (i ? ", " : "") + std::to_string(sh[i]);
-    return out + "]";
-  }
   // The rank's P[q].n values of parameter q as fp32: its elements (global_elem) of the file's
   // tensor, or of the random initialisation.
   std::vector<float> rank_values(std::size_t q) const {
