@@ -63,7 +63,7 @@ inline ModelConfig family_config(const std::string& name) {
 
 // Larger family shapes for the meta backend only (2 layers keep them quick): the published
 // Qwen3-0.6B (a·d = 2048 > h = 1024), Qwen2-7B (biases, untied here) and Mistral-7B (window
-// 4096) widths.
+// 4096) widths; and small synthetic shapes the presets lack (narrow MLPs: h > i).
 inline ModelConfig family_big(const std::string& name) {
   ModelConfig c;
   c.name = name;
@@ -96,6 +96,31 @@ inline ModelConfig family_big(const std::string& name) {
     c.max_positions = 256;
     c.rms_eps = 1e-6;
     c.rope_theta = 1e6;
+  } else if (name == "llama-narrow-mlp") {
+    // Synthetic LLaMA with a narrow MLP (h = 64 > 3·i = 48), so that the MLP steps of the
+    // backward (steps 1-3, where gate/up/act are freed) hold the peak: a free moved by one
+    // step changes the peak (issue 37, mutation M7).
+    c.vocab = 64;
+    c.hidden = 64;
+    c.intermediate = 16;
+    c.heads = 8;
+    c.kv_heads = 2;
+    c.max_positions = 256;
+    c.rms_eps = 1e-5;
+    c.rope_theta = 1e4;
+  } else if (name == "narrow-awkward") {
+    // Synthetic, no size a power of two (the head dim even, as rotate-half RoPE needs), MQA,
+    // tied, 3 layers, narrow MLP (h = 50 > 3·i = 39).
+    c.vocab = 37;
+    c.hidden = 50;
+    c.intermediate = 13;
+    c.layers = 3;
+    c.heads = 5;
+    c.kv_heads = 1;
+    c.tied_embeddings = true;
+    c.max_positions = 256;
+    c.rms_eps = 1e-5;
+    c.rope_theta = 1e4;
   } else if (name == "qwen2-7b-2l") {
     c.family = "qwen2";
     c.vocab = 152064;

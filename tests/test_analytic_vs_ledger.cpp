@@ -36,7 +36,10 @@ TEST_P(NativeVsLedger, MetaLedgerEqualsTheClosedForm) {
         Case{"tiny-awkward", 3, 7}, Case{"llama-7b", 8, 512}, Case{"llama2-70b", 1, 64},
         Case{"tiny-mistral", 2, 9}, Case{"tiny-qwen2", 3, 11}, Case{"tiny-qwen3", 2, 9},
         Case{"tiny-llama3", 1, 17}, Case{"qwen3-0.6b-2l", 1, 96}, Case{"qwen2-7b-2l", 1, 64},
-        Case{"mistral-7b-2l", 1, 64}}) {
+        Case{"mistral-7b-2l", 1, 64},
+        // Narrow MLPs (h > 3i): the MLP steps of the backward hold the peak, so a free moved
+        // by one step there (issue 37, M7) moves it; the second with odd sizes, MQA, tied.
+        Case{"llama-narrow-mlp", 2, 9}, Case{"narrow-awkward", 3, 7}}) {
     SCOPED_TRACE(std::string(c.preset) + " b=" + std::to_string(c.batch) +
                  " s=" + std::to_string(c.seq));
     const std::optional<ModelConfig> model_cfg = test::any_config(c.preset);
