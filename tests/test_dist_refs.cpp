@@ -147,6 +147,97 @@ TEST(DistRefs, DeepSpeedZero2) {
   EXPECT_EQ(off2.host_total, P7 * 16 * 3 / 2);  // max(8, 16) = 16
 }
 
+// Several nodes: N = dp = n GPUs per node × nodes. DeepSpeed's formulas (stage_1_and_2.py,
+// stage3.py; docs/distributed-references.md), worked by hand:
+//   ZeRO-2:          GPU 2P + int(18P/N)      CPU int(P·4·n·1.5)            (n per node, not N)
+//   ZeRO-2 offload:  GPU 2P                   CPU int(P·max(4N, 16)·1.5)    (N, all GPUs)
+//   ZeRO-3:          GPU 4Lmax + int(18P/N)   CPU int(Lmax·4·n·1.5)         (zero_init=1)
+//   ZeRO-3 opt:      GPU 4Lmax + int(2P/N)    CPU int(P·16·(1/nodes)·1.5)
+//   ZeRO-3 opt+par:  GPU 4Lmax                CPU int(P·18·(1/nodes)·1.5)
+// with zero_init=0's CPU row int(P·max(4n, k/nodes)·1.5), k = 16 or 18 (no offload: P·4·n·1.5).
+// Node counts 2 and 4 keep 1/nodes exact in binary, so the float products are exact and int()
+// truncates only what is written below.
+TEST(DistRefs, DeepSpeedSeveralNodes) {
+  // LLaMA-7B: P7 = 6,738,415,616 (a multiple of 16), Lmax = V·h = 131,072,000.
+  const auto m7 = preset("llama-7b");
+  const auto t = run(1, 512);
+  {
+    // 2 nodes of 8, N = 16.
+    const auto z2 = deepspeed_reference(m7, t, layout(16, 1, 1, 2));
+    ASSERT_TRUE(z2.covers) << z2.why_not;
+    // 2P = 13,476,831,232; 18P/16 = 7,580,717,568 exactly.
+    EXPECT_EQ(z2.gpu_total, 13476831232ull + 7580717568ull);
+    // Per node: P·4·8·1.5 = 48P = 323,443,949,568 (P·4·16·1.5, per all GPUs, would be twice).
+    EXPECT_EQ(z2.host_total, 323443949568ull);
+    EXPECT_EQ(gpu_terms(z2), z2.gpu_total);
+    EXPECT_EQ(host_terms(z2), z2.host_total);
+    EXPECT_TRUE(has_note(z2, "8 GPUs per node × 2 nodes"));
+    const auto z2o = deepspeed_reference(m7, t, layout(16, 1, 1, 2, Offload::optimizer));
+    ASSERT_TRUE(z2o.covers) << z2o.why_not;
+    EXPECT_EQ(z2o.gpu_total, 13476831232ull);   // 2P
+    EXPECT_EQ(z2o.host_total, 646887899136ull);  // P·max(64, 16)·1.5 = 96P
+  }
+  {
+    // 4 nodes of 4, N = 16 (gpus_per_node 4).
+    const auto z2 = deepspeed_reference(m7, t, layout(16, 1, 1, 2), 4);
+    ASSERT_TRUE(z2.covers) << z2.why_not;
+    EXPECT_EQ(z2.gpu_total, 13476831232ull + 7580717568ull);  // as above: N is still 16
+    EXPECT_EQ(z2.host_total, 161721974784ull);                 // P·4·4·1.5 = 24P
+    const auto z2o = deepspeed_reference(m7, t, layout(16, 1, 1, 2, Offload::optimizer), 4);
+    EXPECT_EQ(z2o.host_total, 646887899136ull);  // P·max(4·16, 16)·1.5 = 96P: all GPUs
+    // ZeRO-3, 4Lmax = 524,288,000.
+    const auto z3 = deepspeed_reference(m7, t, layout(16, 1, 1, 3), 4);
+    ASSERT_TRUE(z3.covers) << z3.why_not;
+    EXPECT_EQ(z3.gpu_total, 524288000ull + 7580717568ull);  // 4Lmax + 18P/16
+    EXPECT_EQ(z3.host_total, 3145728000ull);                 // Lmax·4·4·1.5 = 24·Lmax
+    EXPECT_TRUE(has_note(z3, "zero_init=0 (the table's other row): 161721974784 bytes"));  // 24P
+    const auto z3o = deepspeed_reference(m7, t, layout(16, 1, 1, 3, Offload::optimizer), 4);
+    ASSERT_TRUE(z3o.covers) << z3o.why_not;
+    EXPECT_EQ(z3o.gpu_total, 524288000ull + 842301952ull);  // 4Lmax + 2P/16
+    EXPECT_EQ(z3o.host_total, 40430493696ull);               // P·16·(1/4)·1.5 = 6P
+    // zero_init=0: P·max(16, 16/4)·1.5 = 24P.
+    EXPECT_TRUE(has_note(z3o, "zero_init=0 (the table's other row): 161721974784 bytes"));
+    const auto z3b =
+        deepspeed_reference(m7, t, layout(16, 1, 1, 3, Offload::optimizer_params), 4);
+    ASSERT_TRUE(z3b.covers) << z3b.why_not;
+    EXPECT_EQ(z3b.gpu_total, 524288000ull);    // 4Lmax
+    EXPECT_EQ(z3b.host_total, 45484305408ull);  // P·18·(1/4)·1.5 = 6.75P, P a multiple of 4
+    EXPECT_TRUE(has_note(z3b, "zero_init=0 (the table's other row): 161721974784 bytes"));
+  }
+  {
+    // 2 nodes of 8, ZeRO-3 with optimizer offload: 2P/16 = 842,301,952; P·16·(1/2)·1.5 = 12P.
+    const auto z3o = deepspeed_reference(m7, t, layout(16, 1, 1, 3, Offload::optimizer));
+    ASSERT_TRUE(z3o.covers) << z3o.why_not;
+    EXPECT_EQ(z3o.gpu_total, 524288000ull + 842301952ull);
+    EXPECT_EQ(z3o.host_total, 80860987392ull);
+    EXPECT_EQ(host_terms(z3o), z3o.host_total);
+  }
+
+  // tiny-awkward, where int() truncates: P = 54,920 (V 71, h 40, i 104, L 3, a 5, k 1, untied);
+  // Lmax = h·i = 4,160 (> V·h = 2,840). 2 nodes of 7, N = 14.
+  const auto ma = preset("tiny-awkward");
+  ASSERT_EQ(ma.param_count(), 54920u);
+  const auto z2 = deepspeed_reference(ma, t, layout(14, 1, 1, 2), 7);
+  ASSERT_TRUE(z2.covers) << z2.why_not;
+  EXPECT_EQ(z2.gpu_total, 109840u + 70611u);  // 2P + int(988,560 / 14 = 70,611.43)
+  EXPECT_EQ(z2.host_total, 2306640u);         // P·4·7·1.5 = 42P
+  const auto z2o = deepspeed_reference(ma, t, layout(14, 1, 1, 2, Offload::optimizer), 7);
+  EXPECT_EQ(z2o.gpu_total, 109840u);   // 2P
+  EXPECT_EQ(z2o.host_total, 4613280u);  // P·max(56, 16)·1.5 = 84P
+  const auto z3 = deepspeed_reference(ma, t, layout(14, 1, 1, 3), 7);
+  ASSERT_TRUE(z3.covers) << z3.why_not;
+  EXPECT_EQ(z3.gpu_total, 16640u + 70611u);  // 4·4,160 + int(18P/14)
+  EXPECT_EQ(z3.host_total, 174720u);         // Lmax·4·7·1.5 = 42·4,160
+  const auto z3o = deepspeed_reference(ma, t, layout(14, 1, 1, 3, Offload::optimizer), 7);
+  EXPECT_EQ(z3o.gpu_total, 16640u + 7845u);  // 4Lmax + int(109,840 / 14 = 7,845.71)
+  EXPECT_EQ(z3o.host_total, 659040u);        // P·16·(1/2)·1.5 = 12P
+  const auto z3b = deepspeed_reference(ma, t, layout(14, 1, 1, 3, Offload::optimizer_params), 7);
+  EXPECT_EQ(z3b.gpu_total, 16640u);    // 4Lmax
+  EXPECT_EQ(z3b.host_total, 741420u);  // P·18·(1/2)·1.5 = 13.5P = 741,420 exactly
+  // zero_init=0: P·max(4·7, 18/2)·1.5 = 42P.
+  EXPECT_TRUE(has_note(z3b, "zero_init=0 (the table's other row): 2306640 bytes"));
+}
+
 TEST(DistRefs, DeepSpeedNotesWhatItAppliesAsWritten) {
   auto t = run(1, 512);
   t.dtype = DType::f32;
