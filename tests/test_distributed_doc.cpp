@@ -12,8 +12,8 @@
 // order (what coexists at head step 2, steps 3 and 8), the head's shapes under tp/sp, whether
 // `activations` counts the micro-batches in flight, the embedding's ZeRO-3 / sp instant, and the
 // non-last stage's forward instant. The doc now spells each out (allocation order under sp,
-// "Head", "Figures", the numbered instant list), and this test follows it; peak_derivable stays
-// for a future case the doc would not determine.
+// "Head", "Figures", the numbered instant list), and this test follows it: every case's peak
+// is determined by the doc, and is asserted exactly.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -80,10 +80,8 @@ struct DocRank {
   u64 inputs = 0;
   u64 host = 0;
   u64 buckets = 0;
-  bool peak_derivable = true;
   std::vector<Inst> instants;  // chronological
   Inst peak;                   // the largest, first on ties
-  u64 lower_bound = 0;         // the largest of the instants the doc determines fully
 };
 
 constexpr int P = static_cast<int>(Category::params);
@@ -209,15 +207,12 @@ DocRank doc_rank(const ModelConfig& m, const TrainConfig& tc, const ParallelConf
       inst("forward layer out", acts, 0, sp_full + gathered(1 + l));
     }
   }
-  size_t fully_known = r.instants.size();
   if (last) {
     const u64 A0 = stage_in + Ls * keep;
     if (p.sp) {
       inst("head forward (sp)", A0 + Rh + frstd + logits, 0, sp_full + gathered(L + 1));
-      ++fully_known;
     }
     inst("end of forward", A_end, ce_losses, gathered(L + 1));
-    fully_known = r.instants.size();
     const u64 dres = Rh;
     if (!p.sp) {
       inst("head step 2", A_end - ce_lse, w * b * s * h, gathered(L + 1));
@@ -231,7 +226,6 @@ DocRank doc_rank(const ModelConfig& m, const TrainConfig& tc, const ParallelConf
   } else {
     inst("arrival of d_residual", A_end, Rh, 0);
   }
-  if (!p.sp) fully_known = r.instants.size();
   // The first layer the backward processes.
   const u64 AL = stage_in + Ls * keep - Rh + (ck ? R : 0);
   const u64 D = Rh;  // d_residual (b, s_r, h)
@@ -247,7 +241,6 @@ DocRank doc_rank(const ModelConfig& m, const TrainConfig& tc, const ParallelConf
     inst("step 5", a5, D + Q, g);
     inst("step 6", a5, D + 2 * Q + 2 * K + dprobs, g);
     inst("step 8", a8, D + Q + 2 * K + w * b * s * h, g);
-    fully_known = r.instants.size();
   } else {  // the doc's allocation order under sp
     inst("step 1 (sp)", a1, D + I, sp_full + g);
     inst("step 2", a2, D + 3 * I, g);
@@ -257,14 +250,11 @@ DocRank doc_rank(const ModelConfig& m, const TrainConfig& tc, const ParallelConf
     inst("step 6", a5, D + 2 * Q + 2 * K + dprobs, g);
     inst("step 8 (sp)", a8, D + Q + 2 * K + w * b * s * h, sp_full + g);
     inst("step 8 reduce-scatter (sp)", a8, D + Q + 2 * K + w * b * s * h + Rh, g);
-    fully_known = r.instants.size();
   }
   int best = 0;
   for (size_t k = 0; k < r.instants.size(); ++k)
     if (r.instants[k].total() > r.instants[best].total()) best = static_cast<int>(k);
   r.peak = r.instants[best];
-  for (size_t k = 0; k < fully_known; ++k)
-    r.lower_bound = std::max(r.lower_bound, r.instants[k].total());
   return r;
 }
 
@@ -307,37 +297,21 @@ void check_case(const Case& c) {
     EXPECT_EQ(r.est.figures.activations, d.activations_all)
         << "one micro-batch: " << d.activations_one;
     const u64 peak = r.est.figures.peak;
-    if (d.peak_derivable) {
-      EXPECT_EQ(peak, d.peak.total()) << "doc instant: " << d.peak.name;
-      EXPECT_EQ(r.est.figures.peak_breakdown, d.peak.c)
-          << "code: " << cats(r.est.figures.peak_breakdown) << "\ndoc (" << d.peak.name
-          << "): " << cats(d.peak.c);
-      // Every instant the doc lists (the start aside) is one of the code's, in the same order,
-      // with the same bytes in every category.
-      size_t at = 0;
-      for (size_t j = 1; j < d.instants.size(); ++j) {
-        const Inst& want = d.instants[j];
-        size_t k2 = at;
-        while (k2 < r.est.instants.size() && r.est.instants[k2].bytes != want.c) ++k2;
-        EXPECT_LT(k2, r.est.instants.size())
-            << "doc instant '" << want.name << "' not among the code's (after #" << at
-            << "): " << cats(want.c);
-        if (k2 < r.est.instants.size()) at = k2 + 1;
-      }
-    } else {
-      EXPECT_GE(peak, d.lower_bound);
-      // The persistent categories do not depend on the instant.
-      EXPECT_EQ(r.est.figures.peak_breakdown[P], d.params);
-      EXPECT_EQ(r.est.figures.peak_breakdown[G], d.gradients);
-      EXPECT_EQ(r.est.figures.peak_breakdown[O], d.optimizer_states);
-      EXPECT_EQ(r.est.figures.peak_breakdown[IN], d.inputs);
-      // Our reading of the sp backward; reported, not asserted (the doc does not fix it).
-      if (peak != d.peak.total() && std::getenv("TRAINMEM_DOC_VERBOSE") != nullptr)
-        std::printf("[note] %s stage %lld: sp peak %llu, our reading %llu (%s)\n  code: %s\n",
-                    c.name.c_str(), static_cast<long long>(k),
-                    static_cast<unsigned long long>(peak),
-                    static_cast<unsigned long long>(d.peak.total()), d.peak.name.c_str(),
-                    cats(r.est.figures.peak_breakdown).c_str());
+    EXPECT_EQ(peak, d.peak.total()) << "doc instant: " << d.peak.name;
+    EXPECT_EQ(r.est.figures.peak_breakdown, d.peak.c)
+        << "code: " << cats(r.est.figures.peak_breakdown) << "\ndoc (" << d.peak.name
+        << "): " << cats(d.peak.c);
+    // Every instant the doc lists (the start aside) is one of the code's, in the same order,
+    // with the same bytes in every category.
+    size_t at = 0;
+    for (size_t j = 1; j < d.instants.size(); ++j) {
+      const Inst& want = d.instants[j];
+      size_t k2 = at;
+      while (k2 < r.est.instants.size() && r.est.instants[k2].bytes != want.c) ++k2;
+      EXPECT_LT(k2, r.est.instants.size())
+          << "doc instant '" << want.name << "' not among the code's (after #" << at
+          << "): " << cats(want.c);
+      if (k2 < r.est.instants.size()) at = k2 + 1;
     }
     if (std::getenv("TRAINMEM_DOC_VERBOSE") != nullptr)
       std::printf("[case] %s stage %lld: peak %llu doc at '%s', code at '%s'\n", c.name.c_str(),
