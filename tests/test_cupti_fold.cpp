@@ -1,7 +1,8 @@
-// The CUPTI fold fed synthetic records: CUpti_ActivityMemory4, CUpti_ActivityExternalCorrelation
-// and CUpti_ActivityMemoryPool3 structs built in a buffer, as CUPTI would hand them back.
-// Needs only the CUPTI headers, no device (CUDA builds only).
-#ifdef TRAINMEM_HAVE_CUDA
+// The CUPTI fold (src/probes/cupti_fold.hpp: host code, built in every build) fed memory and
+// external-correlation events directly, with the expected books worked out by hand or by a
+// naive replay; and, in CUDA builds, the decoding of CUpti_ActivityMemory4,
+// CUpti_ActivityExternalCorrelation and CUpti_ActivityMemoryPool3 structs built in a buffer, as
+// CUPTI would hand them back (src/probes/cupti_records.hpp). No device either way.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,67 +12,64 @@
 #include <vector>
 
 #include "probes/cupti_fold.hpp"
+#ifdef TRAINMEM_HAVE_CUDA
+#include "probes/cupti_records.hpp"
+#endif
 
 namespace trainmem::probes {
 namespace {
 
-// Records laid out back to back in one 8-byte aligned buffer.
-class RecordBuffer {
- public:
-  template <class T>
-  void append(const T& rec) {
-    const std::size_t words = (sizeof(T) + 7) / 8;
-    offsets_.push_back(storage_.size());
-    storage_.resize(storage_.size() + words, 0);
-    std::memcpy(&storage_[offsets_.back()], &rec, sizeof(T));
-  }
-  std::vector<const CUpti_Activity*> records() const {
-    std::vector<const CUpti_Activity*> out;
-    for (auto o : offsets_) out.push_back(reinterpret_cast<const CUpti_Activity*>(&storage_[o]));
-    return out;
-  }
-
- private:
-  std::vector<std::uint64_t> storage_;
-  std::vector<std::size_t> offsets_;
+// What the decoder hands the fold, one call per record.
+struct Rec {
+  enum Kind { memory, external, pool, other } kind;
+  CuptiMemEvent mem{};
+  std::uint32_t correlation = 0;
+  std::uint64_t external_id = 0;
 };
 
-CUpti_ActivityMemory4 mem_record(
-    bool alloc, std::uint64_t address, std::uint64_t bytes, std::uint64_t ts, std::uint32_t corr,
-    CUpti_ActivityMemoryKind kind = CUPTI_ACTIVITY_MEMORY_KIND_DEVICE) {
-  CUpti_ActivityMemory4 m;
-  std::memset(&m, 0, sizeof m);
-  m.kind = CUPTI_ACTIVITY_KIND_MEMORY2;
-  m.memoryOperationType = alloc ? CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_ALLOCATION
-                                : CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_RELEASE;
-  m.memoryKind = kind;
-  m.correlationId = corr;
-  m.address = address;
-  m.bytes = bytes;
-  m.timestamp = ts;
-  m.isAsync = 1;
-  return m;
+class RecordBuffer {
+ public:
+  void append(const Rec& r) { recs_.push_back(r); }
+  std::vector<Rec> records() const { return recs_; }
+
+ private:
+  std::vector<Rec> recs_;
+};
+
+Rec mem_record(bool alloc, std::uint64_t address, std::uint64_t bytes, std::uint64_t ts,
+               std::uint32_t corr) {
+  Rec r{Rec::memory};
+  r.mem = CuptiMemEvent{ts, address, bytes, corr, alloc};
+  return r;
+}
+Rec ext_record(std::uint32_t corr, std::uint64_t external_id) {
+  Rec r{Rec::external};
+  r.correlation = corr;
+  r.external_id = external_id;
+  return r;
+}
+Rec pool_record() {
+  return Rec{Rec::pool};
+}
+Rec other_record() {
+  return Rec{Rec::other};
 }
 
-CUpti_ActivityExternalCorrelation ext_record(
-    std::uint32_t corr, std::uint64_t external_id,
-    CUpti_ExternalCorrelationKind kind = CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0) {
-  CUpti_ActivityExternalCorrelation e;
-  std::memset(&e, 0, sizeof e);
-  e.kind = CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION;
-  e.externalKind = kind;
-  e.externalId = external_id;
-  e.correlationId = corr;
-  return e;
-}
-
-CUpti_ActivityMemoryPool3 pool_record(CUpti_ActivityMemoryPoolOperationType op) {
-  CUpti_ActivityMemoryPool3 p;
-  std::memset(&p, 0, sizeof p);
-  p.kind = CUPTI_ACTIVITY_KIND_MEMORY_POOL;
-  p.memoryPoolOperationType = op;
-  p.memoryPoolType = CUPTI_ACTIVITY_MEMORY_POOL_TYPE_LOCAL;
-  return p;
+void add(CuptiFold& f, const Rec& r) {
+  switch (r.kind) {
+    case Rec::memory:
+      f.add_memory(r.mem);
+      break;
+    case Rec::external:
+      f.add_external(r.correlation, r.external_id);
+      break;
+    case Rec::pool:
+      f.add_pool_record();
+      break;
+    case Rec::other:
+      f.add_other_record();
+      break;
+  }
 }
 
 constexpr int P = static_cast<int>(Category::params);
@@ -80,7 +78,7 @@ constexpr int W = static_cast<int>(Category::workspace);
 constexpr int G = static_cast<int>(Category::gradients);
 
 void feed(CuptiFold& f, const RecordBuffer& b) {
-  for (const CUpti_Activity* r : b.records()) f.add(r);
+  for (const Rec& r : b.records()) add(f, r);
 }
 
 TEST(CuptiFold, ExternalIdEncodingRoundTrips) {
@@ -137,12 +135,11 @@ TEST(CuptiFold, AllocationAndReleaseIntoCategoryBooks) {
 TEST(CuptiFold, OutOfOrderRecordsFoldLikeOrderedOnes) {
   // Same records, shuffled: external correlations after the memory records they name,
   // a release before its allocation in arrival order.
-  const RecordBuffer buffer = small_step();  // owns the records the pointers point into
-  const auto ordered = buffer.records();
-  std::vector<const CUpti_Activity*> shuffled(ordered.rbegin(), ordered.rend());
+  const auto ordered = small_step().records();
+  std::vector<Rec> shuffled(ordered.rbegin(), ordered.rend());
   CuptiFold a, b;
-  for (auto* r : ordered) a.add(r);
-  for (auto* r : shuffled) b.add(r);
+  for (const Rec& r : ordered) add(a, r);
+  for (const Rec& r : shuffled) add(b, r);
   const auto fa = a.fold(0, {});
   const auto fb = b.fold(0, {});
   EXPECT_EQ(fa.live, fb.live);
@@ -152,10 +149,10 @@ TEST(CuptiFold, OutOfOrderRecordsFoldLikeOrderedOnes) {
   EXPECT_EQ(fb.unmatched_releases, 0u);
   std::mt19937 rng(7);
   for (int i = 0; i < 20; ++i) {
-    std::vector<const CUpti_Activity*> s = ordered;
+    std::vector<Rec> s = ordered;
     std::shuffle(s.begin(), s.end(), rng);
     CuptiFold c;
-    for (auto* r : s) c.add(r);
+    for (const Rec& r : s) add(c, r);
     const auto fc = c.fold(0, {});
     EXPECT_EQ(fc.live, fa.live);
     EXPECT_EQ(fc.peak, fa.peak);
@@ -168,8 +165,7 @@ TEST(CuptiFold, UnknownCorrelationIdsAreUnattributed) {
   b.append(mem_record(true, 0x1000, 300, 10, 1));  // no external record at all
   b.append(ext_record(2, 0));                      // external id without a category
   b.append(mem_record(true, 0x2000, 200, 20, 2));
-  b.append(ext_record(3, encode_external_id(Category::gradients, 9),
-                      CUPTI_EXTERNAL_CORRELATION_KIND_OPENACC));  // not our kind
+  b.append(other_record());  // e.g. an OPENACC correlation (decoded below): not ours
   b.append(mem_record(true, 0x3000, 100, 30, 3));
   b.append(ext_record(4, encode_external_id(Category::gradients, 10)));
   b.append(mem_record(true, 0x4000, 64, 40, 4));
@@ -182,7 +178,7 @@ TEST(CuptiFold, UnknownCorrelationIdsAreUnattributed) {
   EXPECT_EQ(r.unattributed_peak, 600u);
   EXPECT_EQ(r.live[G], 64u);
   EXPECT_EQ(r.peak_total, 64u);    // attributed bytes only
-  EXPECT_EQ(r.other_records, 1u);  // the OPENACC correlation
+  EXPECT_EQ(r.other_records, 1u);
 }
 
 TEST(CuptiFold, UnmatchedReleasesReusedAddressesAndOtherKinds) {
@@ -192,9 +188,9 @@ TEST(CuptiFold, UnmatchedReleasesReusedAddressesAndOtherKinds) {
   b.append(mem_record(true, 0x1000, 1000, 10, 2));
   b.append(ext_record(3, encode_external_id(Category::activations, 2)));
   b.append(mem_record(true, 0x1000, 700, 20, 3));  // same address: the release was lost
-  b.append(mem_record(true, 0x5000, 999, 25, 4, CUPTI_ACTIVITY_MEMORY_KIND_PINNED));  // host
-  b.append(pool_record(CUPTI_ACTIVITY_MEMORY_POOL_OPERATION_TYPE_CREATED));
-  b.append(pool_record(CUPTI_ACTIVITY_MEMORY_POOL_OPERATION_TYPE_TRIMMED));
+  b.append(other_record());  // e.g. a pinned host allocation (decoded below)
+  b.append(pool_record());
+  b.append(pool_record());
   CuptiFold f;
   feed(f, b);
   f.add_dropped(5);
@@ -205,7 +201,7 @@ TEST(CuptiFold, UnmatchedReleasesReusedAddressesAndOtherKinds) {
   EXPECT_EQ(r.live[A], 700u);
   EXPECT_EQ(r.peak[A], 1000u);
   EXPECT_EQ(r.memory_records, 3u);  // device records only
-  EXPECT_EQ(r.other_records, 1u);   // the pinned host allocation
+  EXPECT_EQ(r.other_records, 1u);
   EXPECT_EQ(r.pool_records, 2u);
   EXPECT_EQ(r.dropped, 8u);
 }
@@ -302,7 +298,7 @@ TEST(CuptiFold, RandomSequencesMatchNaiveReplay) {
     auto recs = b.records();
     std::shuffle(recs.begin(), recs.end(), rng);
     CuptiFold f;
-    for (auto* r : recs) f.add(r);
+    for (const Rec& r : recs) add(f, r);
     const auto r = f.fold(start, {});
     EXPECT_EQ(r.live, cur) << "trial " << trial;
     EXPECT_EQ(r.peak, peak) << "trial " << trial;
@@ -312,12 +308,112 @@ TEST(CuptiFold, RandomSequencesMatchNaiveReplay) {
   }
 }
 
+
+#ifdef TRAINMEM_HAVE_CUDA
+// ------------------------------------------------------- CUPTI records (CUDA builds: headers)
+
+// Records laid out back to back in one 8-byte aligned buffer.
+class CuptiBuffer {
+ public:
+  template <class T>
+  void append(const T& rec) {
+    const std::size_t words = (sizeof(T) + 7) / 8;
+    offsets_.push_back(storage_.size());
+    storage_.resize(storage_.size() + words, 0);
+    std::memcpy(&storage_[offsets_.back()], &rec, sizeof(T));
+  }
+  std::vector<const CUpti_Activity*> records() const {
+    std::vector<const CUpti_Activity*> out;
+    for (auto o : offsets_) out.push_back(reinterpret_cast<const CUpti_Activity*>(&storage_[o]));
+    return out;
+  }
+
+ private:
+  std::vector<std::uint64_t> storage_;
+  std::vector<std::size_t> offsets_;
+};
+
+CUpti_ActivityMemory4 cupti_mem(
+    bool alloc, std::uint64_t address, std::uint64_t bytes, std::uint64_t ts, std::uint32_t corr,
+    CUpti_ActivityMemoryKind kind = CUPTI_ACTIVITY_MEMORY_KIND_DEVICE) {
+  CUpti_ActivityMemory4 m;
+  std::memset(&m, 0, sizeof m);
+  m.kind = CUPTI_ACTIVITY_KIND_MEMORY2;
+  m.memoryOperationType = alloc ? CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_ALLOCATION
+                                : CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_RELEASE;
+  m.memoryKind = kind;
+  m.correlationId = corr;
+  m.address = address;
+  m.bytes = bytes;
+  m.timestamp = ts;
+  m.isAsync = 1;
+  return m;
+}
+
+CUpti_ActivityExternalCorrelation cupti_ext(
+    std::uint32_t corr, std::uint64_t external_id,
+    CUpti_ExternalCorrelationKind kind = CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0) {
+  CUpti_ActivityExternalCorrelation e;
+  std::memset(&e, 0, sizeof e);
+  e.kind = CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION;
+  e.externalKind = kind;
+  e.externalId = external_id;
+  e.correlationId = corr;
+  return e;
+}
+
+CUpti_ActivityMemoryPool3 cupti_pool(CUpti_ActivityMemoryPoolOperationType op) {
+  CUpti_ActivityMemoryPool3 p;
+  std::memset(&p, 0, sizeof p);
+  p.kind = CUPTI_ACTIVITY_KIND_MEMORY_POOL;
+  p.memoryPoolOperationType = op;
+  p.memoryPoolType = CUPTI_ACTIVITY_MEMORY_POOL_TYPE_LOCAL;
+  return p;
+}
+
+TEST(CuptiRecords, ForeignKindsAreCountedNotFolded) {
+  CuptiBuffer b;
+  b.append(cupti_mem(true, 0x1000, 300, 10, 1));  // no external record at all
+  b.append(cupti_ext(3, encode_external_id(Category::gradients, 9),
+                     CUPTI_EXTERNAL_CORRELATION_KIND_OPENACC));  // not our kind
+  b.append(cupti_mem(true, 0x3000, 100, 30, 3));
+  b.append(cupti_ext(4, encode_external_id(Category::gradients, 10)));
+  b.append(cupti_mem(true, 0x4000, 64, 40, 4));
+  b.append(cupti_mem(true, 0x5000, 999, 25, 5, CUPTI_ACTIVITY_MEMORY_KIND_PINNED));  // host
+  b.append(cupti_pool(CUPTI_ACTIVITY_MEMORY_POOL_OPERATION_TYPE_CREATED));
+  b.append(cupti_pool(CUPTI_ACTIVITY_MEMORY_POOL_OPERATION_TYPE_TRIMMED));
+  CuptiFold f;
+  for (const CUpti_Activity* r : b.records()) add_cupti_record(f, r);
+  add_cupti_record(f, nullptr);
+  const auto r = f.fold(0, {});
+  EXPECT_EQ(r.memory_records, 3u);  // device records only
+  EXPECT_EQ(r.other_records, 2u);   // the OPENACC correlation, the pinned allocation
+  EXPECT_EQ(r.pool_records, 2u);
+  EXPECT_EQ(r.unknown_correlation, 2u);  // correlations 1 and 3
+  EXPECT_EQ(r.unattributed_live, 400u);
+  EXPECT_EQ(r.live[G], 64u);
+}
+
+TEST(CuptiRecords, DecodedRecordsFoldLikeTheEventsTheyCarry) {
+  // small_step() as CUPTI records: the same books as the events fed directly.
+  CuptiBuffer b;
+  for (const Rec& r : small_step().records()) {
+    if (r.kind == Rec::memory)
+      b.append(cupti_mem(r.mem.allocation, r.mem.address, r.mem.bytes, r.mem.timestamp,
+                         r.mem.correlation));
+    else if (r.kind == Rec::external)
+      b.append(cupti_ext(r.correlation, r.external_id));
+  }
+  CuptiFold decoded, direct;
+  for (const CUpti_Activity* r : b.records()) add_cupti_record(decoded, r);
+  feed(direct, small_step());
+  const auto x = decoded.fold(0, {}), y = direct.fold(0, {});
+  EXPECT_EQ(x.live, y.live);
+  EXPECT_EQ(x.peak, y.peak);
+  EXPECT_EQ(x.peak_total, 7000u);
+  EXPECT_EQ(x.memory_records, 6u);
+}
+#endif  // TRAINMEM_HAVE_CUDA
+
 }  // namespace
 }  // namespace trainmem::probes
-
-#else  // !TRAINMEM_HAVE_CUDA
-#include <gtest/gtest.h>
-TEST(CuptiFold, NeedsCudaBuild) {
-  GTEST_SKIP() << "the CUPTI fold is compiled only with CUDA (TRAINMEM_CUDA=ON)";
-}
-#endif

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 
+#include "cupti_records.hpp"
 #include "cupti_tag.hpp"
 
 namespace trainmem::probes {
@@ -178,7 +179,7 @@ void CuptiCollector::consume(std::uint8_t* buffer, std::size_t valid_size, std::
   if (buffer == nullptr || valid_size == 0) return;
   CUpti_Activity* record = nullptr;
   while (cuptiActivityGetNextRecord(buffer, valid_size, &record) == CUPTI_SUCCESS)
-    fold_.add(record);
+    add_cupti_record(fold_, record);
 }
 
 }  // namespace trainmem::probes

@@ -1,40 +1,9 @@
-// Folding CUPTI memory records into per-category books (see cupti_fold.hpp).
+// Folding CUPTI memory records into per-category books (see cupti_fold.hpp). Host code only.
 #include "cupti_fold.hpp"
 
 #include <algorithm>
 
 namespace trainmem::probes {
-
-void CuptiFold::add(const CUpti_Activity* record) {
-  if (record == nullptr) return;
-  switch (record->kind) {
-    case CUPTI_ACTIVITY_KIND_MEMORY2: {
-      const auto* m = reinterpret_cast<const CUpti_ActivityMemory4*>(record);
-      const bool alloc = m->memoryOperationType == CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_ALLOCATION;
-      const bool release = m->memoryOperationType == CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_RELEASE;
-      if (m->memoryKind != CUPTI_ACTIVITY_MEMORY_KIND_DEVICE || (!alloc && !release)) {
-        ++other_records_;
-        return;
-      }
-      events_.push_back(MemEvent{m->timestamp, m->address, m->bytes, m->correlationId, alloc});
-      return;
-    }
-    case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
-      const auto* e = reinterpret_cast<const CUpti_ActivityExternalCorrelation*>(record);
-      if (e->externalKind == CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0)
-        external_[e->correlationId] = e->externalId;
-      else
-        ++other_records_;
-      return;
-    }
-    case CUPTI_ACTIVITY_KIND_MEMORY_POOL:
-      ++pool_records_;
-      return;
-    default:
-      ++other_records_;
-      return;
-  }
-}
 
 void CuptiFold::clear() {
   events_.clear();
@@ -50,8 +19,8 @@ CuptiFigures CuptiFold::fold(std::uint64_t step_start_ns,
   f.dropped = dropped_;
   f.memory_records = events_.size();
 
-  std::vector<MemEvent> ev = events_;
-  std::stable_sort(ev.begin(), ev.end(), [](const MemEvent& a, const MemEvent& b) {
+  std::vector<CuptiMemEvent> ev = events_;
+  std::stable_sort(ev.begin(), ev.end(), [](const CuptiMemEvent& a, const CuptiMemEvent& b) {
     return a.timestamp != b.timestamp ? a.timestamp < b.timestamp : a.correlation < b.correlation;
   });
 
@@ -82,7 +51,7 @@ CuptiFigures CuptiFold::fold(std::uint64_t step_start_ns,
     }
   };
 
-  for (const MemEvent& e : ev) {
+  for (const CuptiMemEvent& e : ev) {
     if (!started && e.timestamp >= step_start_ns) {
       start_step();
       open_window();

@@ -1,6 +1,9 @@
 // Folding CUPTI activity records into per-category live and peak bytes, independently of the
-// ledger. Pure: no CUPTI call, no device; the collector (cupti_collector.cpp) feeds it the
-// records CUPTI hands back, the tests feed it records built in a buffer.
+// ledger. Pure host code, no CUPTI header, no device: it is built and tested in every build
+// (CUDA or not). cupti_records.hpp (CUDA builds) decodes the records CUPTI hands back into the
+// calls below (add_memory, add_external, add_pool_record, add_other_record); the collector
+// (cupti_collector.cpp) feeds it through that decoder, the tests feed it events directly and,
+// in CUDA builds, records built in a buffer through the decoder.
 //
 // Records used (CUDA 13 cupti_activity.h):
 //   CUPTI_ACTIVITY_KIND_MEMORY2               CUpti_ActivityMemory4: one record per allocation
@@ -12,8 +15,6 @@
 // Records may arrive in any order across buffers: folding sorts the memory records by
 // timestamp (ties by correlation id) and resolves external ids only when it folds.
 #pragma once
-#include <cupti_activity.h>
-
 #include <cstdint>
 #include <unordered_map>
 #include <utility>
@@ -23,10 +24,25 @@
 
 namespace trainmem::probes {
 
+// One device allocation or release (a CUPTI_ACTIVITY_KIND_MEMORY2 record of memory kind
+// DEVICE and operation ALLOCATION or RELEASE).
+struct CuptiMemEvent {
+  std::uint64_t timestamp;
+  std::uint64_t address;
+  std::uint64_t bytes;
+  std::uint32_t correlation;  // the runtime call's correlation id
+  bool allocation;            // false: a release
+};
+
 class CuptiFold {
  public:
-  // Copies what it needs from one record; any kind is accepted (others are only counted).
-  void add(const CUpti_Activity* record);
+  void add_memory(const CuptiMemEvent& e) { events_.push_back(e); }
+  // An external correlation of our kind (CUSTOM0): runtime correlation id -> external id.
+  void add_external(std::uint32_t correlation, std::uint64_t external_id) {
+    external_[correlation] = external_id;
+  }
+  void add_pool_record() { ++pool_records_; }    // counted only
+  void add_other_record() { ++other_records_; }  // any other record: counted only
   void add_dropped(std::uint64_t n) { dropped_ += n; }
 
   // Folds everything added so far. Peaks restart (at the live bytes) at step_start_ns
@@ -39,14 +55,7 @@ class CuptiFold {
   void clear();
 
  private:
-  struct MemEvent {
-    std::uint64_t timestamp;
-    std::uint64_t address;
-    std::uint64_t bytes;
-    std::uint32_t correlation;
-    bool allocation;
-  };
-  std::vector<MemEvent> events_;
+  std::vector<CuptiMemEvent> events_;
   std::unordered_map<std::uint32_t, std::uint64_t> external_;  // correlation -> external id
   std::uint64_t pool_records_ = 0;
   std::uint64_t other_records_ = 0;
