@@ -1,6 +1,8 @@
 // Whether a CUDA device is usable (CUDA builds; src/backends.cpp answers for CPU-only ones).
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "trainmem/backend.hpp"
@@ -10,7 +12,15 @@
 
 namespace trainmem {
 
+// TRAINMEM_FORCE_NO_DEVICE set (to anything but "" or "0"): the probe reports no device
+// without asking the driver, so that a GPU machine can exercise the no-device paths (the tests
+// do; docs/gpu.md). Every caller (--backend auto|cuda, --budget device, --overhead measure,
+// make_cuda_backend, cuda_use_device) goes through here.
 std::string cuda_unavailable_reason() {
+  if (const char* v = std::getenv("TRAINMEM_FORCE_NO_DEVICE");
+      v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0)
+    return "TRAINMEM_FORCE_NO_DEVICE is set: the device probe reports no CUDA device (unset it "
+           "to use the GPU)";
   try {
     int count = 0;
     const cudaError_t e = cudaGetDeviceCount(&count);
