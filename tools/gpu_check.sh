@@ -1,289 +1,123 @@
 #!/usr/bin/env bash
-# gpu_check.sh — everything trainmem can check on one GPU, in one go (< 8 minutes on an H200).
+# gpu_check.sh — everything trainmem can check on one GPU, in one call that always comes back
+# with results (docs/gpu.md, "The one-call plan").
 #
-#   1. configure and build for sm_90 (-j16; the four targets it runs), run the GPU tests (every op against the CPU
-#      reference, the model against the cpu backend, checkpointing equivalence, cuda ledger ==
-#      meta ledger);
-#   2. the GEMM rate of this GPU through trainmem's cuBLAS path (bf16 and fp16);
-#   3. measured runs: LLaMA-7B, batch 8, seq 512, fp16, AdamW / SGD / LOMO, checkpointing off
+#   0. preflight (seconds, the first lines of output): the .devdeps bundle complete against its
+#      manifest where the system lacks a library, nvcc, the device (nvidia-smi; reported but
+#      not fatal under BACKEND=meta), free disk. A failure says why in the first lines, writes
+#      the reason to $RESULTS and stops (exit 2) before anything long starts;
+#   1. configure and build for sm_90 (-j$JOBS; the four targets it runs), then the GPU tests
+#      (every op against the CPU reference, the model against the cpu backend, checkpointing
+#      equivalence, cuda ledger == meta ledger) under CUDA_LAUNCH_BLOCKING=1, so a faulting
+#      kernel fails at its own launch;
+#   2. measured runs: LLaMA-7B, batch 8, seq 512, fp16, AdamW / SGD / LOMO, checkpointing off
 #      and on. Each is predicted first (`trainmem estimate`, the native profile's peak); a run
 #      predicted not to fit in this device's memory is reported as not fitting and skipped;
-#   4. the training step's throughput (tokens/s) and its model FLOP utilisation against the
-#      bf16 GEMM rate of step 2;
-#   5. the PyTorch peer (tools/hf_peer.py: transformers' LlamaForCausalLM, random weights,
+#   3. the GEMM rate of this GPU through trainmem's cuBLAS path (bf16), the training step's
+#      throughput (tokens/s) and its model FLOP utilisation against it; the fp16 GEMM rate;
+#   4. the PyTorch peer (tools/hf_peer.py: transformers' LlamaForCausalLM, random weights,
 #      eager and sdpa attention, checkpointing off and on) where python3 has torch and
 #      transformers;
-#   6. a small sweep over (batch, seq) on a 4-layer LLaMA-7B (same per-layer shapes) for the
+#   5. a small sweep over (batch, seq) on a 4-layer LLaMA-7B (same per-layer shapes) for the
 #      coefficient fit (`trainmem sweep --fit`, or profile runs and a least-squares fit here
 #      when sweep is not available);
+#   6. multi-rank runs (mpirun: two ranks sharing the GPU, collectives through host memory;
+#      NCCL with two GPUs or more), last: they are worth least on a one-GPU machine;
 #   7. a one-screen summary, and summary.json holding trainmem's and PyTorch's figures side by
 #      side.
-# Every step has its own time limit; a step that fails, times out or is not available (a
-# subcommand not built yet) is recorded as such and the script goes on. All output goes under
-# one folder: $OUT if set, else out/gpu_check-<date>.
+# The deadline: DEADLINE_S seconds (default 480) from the script's start. Every step's own
+# limit is cut to what is left of it (less MARGIN_S, default 15, for the summary and the last
+# copy); a step with less time left than its useful minimum is skipped and says so. A step that
+# fails, times out or is not available (a subcommand not built yet) is recorded as such and the
+# script goes on. All output goes under one folder: $OUT if set, else out/gpu_check-<date>.
+# Results as it goes: after every step $RESULTS (if set) receives steps.jsonl, preflight.txt,
+# the summary so far (summary.txt, summary.json) and gpu_check.tar.gz (the whole output folder:
+# logs and result files), each replaced whole; on exit, on SIGTERM or SIGINT too, the
+# interrupted step is recorded and the final summary written. A call killed at any moment so
+# returns every step finished before it (5 files: within the transport's 8).
 #
-# Environment: OUT, BUILD (build folder, default build/gpu-sm90), JOBS (default 16),
-# CUDACXX (nvcc), PYTHON (default python3), BUDGET_S (overall soft budget, default 450: steps
-# that would start later are skipped and say so), RUN_COMPARE=1 (also run `trainmem compare`),
-# BACKEND (default cuda; BACKEND=meta dry-runs the whole script without a GPU: the measured
-# runs and the sweep then trace on the meta backend, the throughput step is skipped),
-# RESULTS (a folder that receives three files at the end: summary.txt, summary.json and
-# gpu_check.tar.gz holding the whole output folder; for a transport that returns few files).
+# Environment: OUT, BUILD (build folder, default build/gpu-sm90), JOBS (default: the
+# machine's cores), CUDACXX (nvcc), PYTHON (default python3), DEADLINE_S, MARGIN_S,
+# MIN_FREE_GIB (free disk the preflight asks for, default 4), REQUIRE_DEVDEPS (auto: the
+# bundle must be complete where the system lacks a library; 1: always; 0: never),
+# RUN_COMPARE=1 (also run `trainmem compare`), BACKEND (default cuda; BACKEND=meta dry-runs the
+# whole script without a GPU: the measured runs and the sweep then trace on the meta backend,
+# the throughput step is skipped), RESULTS (the folder that receives the files above).
 # Libraries missing on the machine come from .devdeps (tools/devdeps.sh). On this project's
 # lent GPU machines (docs/gpu.md):  tools/devdeps.sh fetch   here, then there
 #   GPU_OUT=$OUT; OUT=/tmp/gpu_check RESULTS=$GPU_OUT bash tools/gpu_check.sh   (carry .devdeps)
 set -uo pipefail
 
+T0=$SECONDS
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$ROOT/out/gpu_check-$(date +%Y%m%d-%H%M%S)}
 BUILD=${BUILD:-$ROOT/build/gpu-sm90}
-JOBS=${JOBS:-16}
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 4)}
 PYTHON=${PYTHON:-python3}
-BUDGET_S=${BUDGET_S:-450}
+DEADLINE_S=${DEADLINE_S:-480}
+MARGIN_S=${MARGIN_S:-15}
+MIN_FREE_GIB=${MIN_FREE_GIB:-4}
+MIN_PCT=${MIN_PCT:-100}  # the steps' useful minimums, in percent (tools/gpu_check_selftest.sh)
+REQUIRE_DEVDEPS=${REQUIRE_DEVDEPS:-auto}
 NVCC=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 BACKEND=${BACKEND:-cuda}
+RESULTS=${RESULTS:-}
+# The environment the PyTorch peer gets: the caller's, whatever the build needed.
+PEER_LD_LIBRARY_PATH_SET=${LD_LIBRARY_PATH+set}
+PEER_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
 mkdir -p "$OUT/logs" "$OUT/runs"
+[[ -n $RESULTS ]] && mkdir -p "$RESULTS"
 STEPS="$OUT/steps.jsonl"
 : >"$STEPS"
-T0=$SECONDS
+DEVICE_TOTAL_BYTES=0
+CURRENT_STEP="" CURRENT_START=0 STEP_PID="" FINISHED=0
 
+elapsed() { echo $((SECONDS - T0)); }
 say() { echo "== [$((SECONDS - T0))s] $*" | tee -a "$OUT/gpu_check.log"; }
 
-# record NAME STATUS RC SECONDS DETAIL
+# A JSON string: control characters (a log's colours, carriage returns) become spaces.
+json_str() {
+  local s
+  s=$(printf '%s' "$1" | tr '\001-\037' ' ')
+  s=${s//\\/\\\\}
+  printf '"%s"' "${s//\"/\\\"}"
+}
+
+# record NAME STATUS RC SECONDS DETAIL: one line of steps.jsonl (no python: it must work in
+# the exit trap and cost nothing).
 record() {
-  "$PYTHON" - "$@" >>"$STEPS" <<'EOF'
-import json, sys
-name, status, rc, secs, detail = sys.argv[1:6]
-print(json.dumps({"step": name, "status": status, "rc": int(rc), "seconds": float(secs),
-                  "detail": detail}))
-EOF
+  printf '{"step": %s, "status": %s, "rc": %d, "seconds": %d, "detail": %s, "ended_at_s": %d}\n' \
+    "$(json_str "$1")" "$(json_str "$2")" "$3" "$4" "$(json_str "$5")" "$((SECONDS - T0))" >>"$STEPS"
 }
 
-# run_step NAME TIMEOUT_S CMD... : runs with a time limit, logs to logs/NAME.log, records the
-# outcome (ok | failed | timeout | oom (exit 3) | unavailable (a subcommand not built yet)).
-run_step() {
-  local name=$1 limit=$2
-  shift 2
-  if ((SECONDS - T0 > BUDGET_S)); then
-    say "$name: skipped (past the ${BUDGET_S}s budget)"
-    record "$name" skipped 0 0 "past the ${BUDGET_S}s budget"
-    return 99
-  fi
-  say "$name: $*"
-  local t=$SECONDS rc status detail=""
-  timeout --signal=TERM --kill-after=10 "$limit" "$@" >"$OUT/logs/$name.log" 2>&1
-  rc=$?
-  case $rc in
-    0) status=ok ;;
-    3) status=oom ;;
-    124 | 137) status=timeout detail="exceeded ${limit}s" ;;
-    *) status=failed ;;
-  esac
-  if ((rc == 2)) && grep -qiE "not built yet|not available|unknown subcommand|not expected" \
-    "$OUT/logs/$name.log"; then
-    status=unavailable
-  fi
-  [[ -z $detail ]] && detail=$(tail -n 3 "$OUT/logs/$name.log" | tr '\n' ' ' | cut -c1-300)
-  say "$name: $status (rc $rc, $((SECONDS - t))s)"
-  record "$name" "$status" "$rc" "$((SECONDS - t))" "$detail"
-  return $rc
+# Copies a file into $RESULTS whole (a copy then a rename: a kill leaves the old or the new).
+put() {
+  [[ -n $RESULTS && -f $1 ]] || return 0
+  cp "$1" "$RESULTS/.$(basename "$1").part" && mv -f "$RESULTS/.$(basename "$1").part" "$RESULTS/$(basename "$1")"
 }
 
-# ---------------------------------------------------------------- 0. the machine
-say "output: $OUT"
-{
-  echo "date: $(date -Is)"
-  echo "host: $(hostname)"
-  echo "git: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null) $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) changed files"
-  echo "nvcc: $("$NVCC" --version 2>/dev/null | tail -n 1)"
-  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1
-} >"$OUT/machine.txt"
-DEVICE_TOTAL_BYTES=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null |
-  head -n 1 | awk '{printf "%d", $1 * 1048576}')
-DEVICE_TOTAL_BYTES=${DEVICE_TOTAL_BYTES:-0}
-say "device memory: $DEVICE_TOTAL_BYTES bytes"
+# publish STATE: the summary so far, then steps.jsonl, preflight.txt, the summary and the
+# output folder's tarball into $RESULTS. Called after every step.
+publish() {
+  summarize "$1" >/dev/null 2>>"$OUT/logs/summary.log"
+  [[ -n $RESULTS ]] || return 0
+  put "$STEPS"
+  put "$OUT/preflight.txt"
+  put "$OUT/summary.txt"
+  put "$OUT/summary.json"
+  tar -czf "$RESULTS/.gpu_check.tar.gz.part" -C "$(dirname "$OUT")" "$(basename "$OUT")" 2>/dev/null &&
+    mv -f "$RESULTS/.gpu_check.tar.gz.part" "$RESULTS/gpu_check.tar.gz"
+}
 
-# ---------------------------------------------------------------- 1. build and GPU tests
-# Libraries: the system's, else the Debian packages carried in .devdeps (tools/devdeps.sh: the
-# GPU machines have CUDA, CMake and a compiler, but no network and maybe none of these).
-DEVDEPS_CMAKE_ARGS=()
-# shellcheck source=tools/devdeps.sh
-if source "$ROOT/tools/devdeps.sh" use >"$OUT/logs/devdeps.log" 2>&1; then
-  record devdeps ok 0 0 "$(tail -n 1 "$OUT/logs/devdeps.log")"
-else
-  record devdeps failed 1 0 "$(tail -n 1 "$OUT/logs/devdeps.log")"
-fi
-say "$(tail -n 1 "$OUT/logs/devdeps.log")"
-run_step configure 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DTRAINMEM_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=90 \
-  "${DEVDEPS_CMAKE_ARGS[@]}"
-# Only what this script runs (the CPU test suite is CI's job): about 40% less to compile.
-run_step build 420 cmake --build "$BUILD" -j "$JOBS" --target trainmem trainmem_gpu_tests \
-  bench_gemm_cuda bench_step_cuda
-BUILD_OK=$?
-TM="$BUILD/trainmem"
-if ((BUILD_OK != 0)); then
-  # Stale binaries from an earlier build must not be measured as if they were this tree.
-  say "build failed: see $OUT/logs/build.log; only the PyTorch peer and the summary follow"
-  BUILD=/nonexistent
-  TM=/nonexistent
-fi
-
-if [[ -x $BUILD/trainmem_gpu_tests ]]; then
-  run_step gpu_tests 240 "$BUILD/trainmem_gpu_tests" --gtest_output="json:$OUT/gpu_tests.json"
-fi
-
-# ---------------------------------------------------------------- 2. GEMM rate
-if [[ -x $BUILD/bench_gemm_cuda ]]; then
-  run_step gemm_bf16 90 "$BUILD/bench_gemm_cuda" --dtype bf16 --json "$OUT/gemm_bf16.json"
-  run_step gemm_fp16 90 "$BUILD/bench_gemm_cuda" --dtype fp16 --json "$OUT/gemm_fp16.json"
-fi
-
-# ---------------------------------------------------------------- 3. measured runs
-COMMON=(--model llama-7b --batch 8 --seq 512 --dtype fp16 --attention eager)
-# Headroom for what no tensor owns (CUDA context, cuBLAS, pool rounding): 3 GiB.
-HEADROOM=$((3 * 1024 * 1024 * 1024))
-if [[ -x $TM ]]; then
-  for opt in adamw sgd lomo; do
-    for ck in none full; do
-      name="llama7b_${opt}_${ck}"
-      run_step "estimate_$name" 60 "$TM" estimate "${COMMON[@]}" --optimizer "$opt" \
-        --checkpointing "$ck" --profile native --format json --output "$OUT/runs/$name.estimate.json"
-      predicted=$("$PYTHON" -c 'import json,sys
-try: print(int(json.load(open(sys.argv[1]))["analytic"]["native"]["peak"]))
-except Exception: print(-1)' "$OUT/runs/$name.estimate.json" 2>/dev/null)
-      predicted=${predicted:--1}
-      if ((predicted > 0 && DEVICE_TOTAL_BYTES > 0 && predicted + HEADROOM > DEVICE_TOTAL_BYTES)); then
-        say "$name: predicted peak $predicted B + headroom > device $DEVICE_TOTAL_BYTES B: does not fit, skipped"
-        record "profile_$name" not_fitting 0 0 "predicted peak $predicted bytes + $HEADROOM headroom > device $DEVICE_TOTAL_BYTES bytes"
-        continue
-      fi
-      ((predicted <= 0)) && say "$name: no prediction (estimate unavailable): running it anyway"
-      run_step "profile_$name" 180 "$TM" profile "${COMMON[@]}" --optimizer "$opt" \
-        --checkpointing "$ck" --backend "$BACKEND" --steps 2 --format json \
-        --output "$OUT/runs/$name.profile.json"
-    done
-  done
-  # `compare` repeats the runs above as one document: off by default (time), RUN_COMPARE=1.
-  if [[ ${RUN_COMPARE:-0} == 1 ]]; then
-    run_step compare 400 "$TM" compare "${COMMON[@]}" --optimizer sgd --checkpointing both \
-      --backend "$BACKEND" --steps 2 --format json --output "$OUT/runs/llama7b_compare.json"
-  else
-    record compare skipped 0 0 "set RUN_COMPARE=1 (the profile runs above cover the same runs)"
-  fi
-fi
-
-# ---------------------------------------------------------------- 3b. multi-rank (measured ranks)
-# Under mpirun: every rank's measured sharded step against its meta trace and the analytic, rank
-# 0's gathered report. With NCCL (one rank per GPU): needs two or more GPUs. With the collectives
-# through host memory (--collectives mpi): two ranks sharing the GPU(s), so a one-GPU machine
-# runs them too (the sharded step's own checks: tests/mpi_test_sharded.cpp --backend cuda
-# --collectives mpi, losses against the cpu). Needs mpirun and an MPI build; skipped with the
-# reason otherwise.
-GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-GPUS=${GPUS:-0}
-if [[ ! -x $TM ]]; then
-  record multi_gpu skipped 0 0 "no trainmem binary"
-elif ! command -v mpirun >/dev/null; then
-  say "multi_rank: skipped: mpirun not found (openmpi-bin)"
-  record multi_gpu skipped 0 0 "mpirun not found (openmpi-bin)"
-else
-  MPIRUN=(mpirun -np "$GPUS" --bind-to none)
-  SHARED=(mpirun -np 2 --oversubscribe --bind-to none)
-  if [[ $(id -u) == 0 ]]; then
-    MPIRUN+=(--allow-run-as-root)
-    SHARED+=(--allow-run-as-root)
-  fi
-  if ((GPUS < 2)); then
-    say "multi_gpu: skipped: this machine has $GPUS GPU(s); NCCL needs one GPU per rank, 2 or more"
-    record multi_gpu skipped 0 0 "$GPUS GPU(s): the NCCL step needs one GPU per rank, 2 or more"
-  else
-    for zero in 1 3; do
-      run_step "multi_gpu_zero$zero" 240 "${MPIRUN[@]}" "$TM" profile --backend cuda \
-        --model tiny --batch 2 --seq 64 --world-size "$GPUS" --zero "$zero" --steps 2 \
-        --format json --output "$OUT/runs/multi_gpu_zero$zero.json"
-    done
-    # Tensor parallelism with sp over NCCL (tiny's 4 heads: 2 or 4 GPUs per group).
-    if ((GPUS % 2 == 0)); then
-      run_step multi_gpu_tp2_sp 240 "${MPIRUN[@]}" "$TM" profile --backend cuda --model tiny \
-        --batch 2 --seq 64 --world-size "$GPUS" --tp 2 --sp --steps 2 --format json \
-        --output "$OUT/runs/multi_gpu_tp2_sp.json"
-      # Pipeline stages (1F1B, messages through host memory over MPI), three micro-batches.
-      run_step multi_gpu_pp2 240 "${MPIRUN[@]}" "$TM" profile --backend cuda --model tiny \
-        --batch 2 --seq 64 --world-size "$GPUS" --pp 2 --microbatches 3 --steps 2 --format json \
-        --output "$OUT/runs/multi_gpu_pp2.json"
-    fi
-  fi
-  if ((GPUS >= 1)); then
-    # Two ranks sharing the GPU(s), the collectives through host memory.
-    if run_step build_mpi_test 300 cmake --build "$BUILD" -j "$JOBS" --target mpi_test_sharded; then
-      run_step shared_gpu_sharded 300 "${SHARED[@]}" "$BUILD/mpi_test_sharded" --backend cuda \
-        --collectives mpi
-    fi
-    for lay in "zero3:--zero 3" "tp2_sp:--tp 2 --sp" "pp2:--pp 2 --microbatches 3"; do
-      # shellcheck disable=SC2086
-      run_step "shared_gpu_${lay%%:*}" 180 "${SHARED[@]}" "$TM" profile --backend cuda \
-        --collectives mpi --model tiny --batch 2 --seq 64 --world-size 2 ${lay#*:} --steps 2 \
-        --format json --output "$OUT/runs/shared_gpu_${lay%%:*}.json"
-    done
-  fi
-fi
-
-# ---------------------------------------------------------------- 4. throughput
-if [[ -x $BUILD/bench_step_cuda && $BACKEND == cuda ]]; then
-  run_step throughput 180 "$BUILD/bench_step_cuda" --model llama-7b --batch 8 --seq 512 \
-    --dtype fp16 --optimizer sgd --checkpointing none --steps 3 \
-    --gemm-json "$OUT/gemm_bf16.json" --json "$OUT/throughput.json"
-fi
-
-# ---------------------------------------------------------------- 5. the PyTorch peer
-# The analytic hf-eager profile of the same step, to set beside the peer's measurements.
-if [[ -x $TM ]]; then
-  run_step estimate_hf_eager 60 "$TM" estimate "${COMMON[@]}" --optimizer sgd \
-    --checkpointing none --profile hf-eager --format json --output "$OUT/runs/hf_eager.estimate.json"
-fi
-if "$PYTHON" -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null; then
-  run_step hf_peer 300 "$PYTHON" "$ROOT/tools/hf_peer.py" --model llama-7b --batch 8 --seq 512 \
-    --dtype fp16 --optimizer sgd --attention eager,sdpa --checkpointing none,full --steps 2 \
-    --output "$OUT/hf_peer.json"
-else
-  say "hf_peer: $PYTHON lacks torch with CUDA or transformers: peer not run"
-  record hf_peer unavailable 0 0 "$PYTHON lacks torch with CUDA or transformers"
-fi
-
-# ---------------------------------------------------------------- 6. sweep for the fit
-SWEEP_MODEL="$OUT/llama7b-4layers.json"
-cat >"$SWEEP_MODEL" <<'EOF'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000,
- "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 4,
- "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 2048,
- "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "tie_word_embeddings": false,
- "torch_dtype": "float16"}
-EOF
-if [[ -x $TM ]]; then
-  SWEEP=(--model "$SWEEP_MODEL" --dtype fp16 --optimizer lomo --attention eager)
-  if ! run_step sweep 240 "$TM" sweep "${SWEEP[@]}" --batch 1,2,4 --seq 128,256,512 --fit \
-    --backend "$BACKEND" --steps 2 --format json --output "$OUT/runs/sweep.json"; then
-    if grep -q '"step": "sweep", "status": "unavailable"' "$STEPS" &&
-      grep -qE '"step": "profile_[a-z0-9_]+", "status": "(ok|oom)"' "$STEPS"; then
-      say "sweep unavailable: profile runs over the grid instead, fitted in the summary"
-      for b in 1 2 4; do
-        for s in 128 256 512; do
-          run_step "sweep_b${b}_s${s}" 60 "$TM" profile "${SWEEP[@]}" --batch "$b" --seq "$s" \
-            --backend "$BACKEND" --steps 2 --profile native --format json \
-            --output "$OUT/runs/sweep_b${b}_s${s}.json"
-        done
-      done
-    fi
-  fi
-fi
-
-# ---------------------------------------------------------------- 7. summary
-say "summary"
-"$PYTHON" - "$OUT" "$DEVICE_TOTAL_BYTES" <<'EOF' | tee "$OUT/summary.txt"
+# summarize STATE: summary.txt and summary.json from what is in $OUT now (after every step, so
+# that a killed call still returns the summary so far).
+summarize() {
+  "$PYTHON" - "$OUT" "$DEVICE_TOTAL_BYTES" "$1" "$DEADLINE_S" "$((SECONDS - T0))" \
+    >"$OUT/.summary.txt.tmp" <<'EOF' && mv -f "$OUT/.summary.txt.tmp" "$OUT/summary.txt"
 import glob, json, os, sys
 
-out, device_total = sys.argv[1], int(sys.argv[2] or 0)
+out, device_total, state = sys.argv[1], int(sys.argv[2] or 0), sys.argv[3]
+deadline, elapsed = int(sys.argv[4]), int(sys.argv[5])
 GiB = 2**30
 
 
@@ -299,13 +133,23 @@ def gib(x):
     return f"{x / GiB:7.2f}" if isinstance(x, (int, float)) and x >= 0 else "      -"
 
 
-steps = [json.loads(l) for l in open(os.path.join(out, "steps.jsonl")) if l.strip()]
+steps = [json.loads(l) for l in open(os.path.join(out, "steps.jsonl"), errors="replace")
+         if l.strip()]
 status = {s["step"]: s for s in steps}
-summary = {"schema": "trainmem-gpu-check/1", "device_total_bytes": device_total,
-           "steps": steps}
+summary = {"schema": "trainmem-gpu-check/1", "state": state, "elapsed_s": elapsed,
+           "deadline_s": deadline, "device_total_bytes": device_total, "steps": steps}
 
 print("=" * 78)
 print(f"trainmem gpu_check — {out}")
+print(f"state: {state}, at {elapsed}s of the {deadline}s deadline" +
+      (" (partial: later steps not reached yet)" if state.startswith("after ") else ""))
+try:
+    summary["preflight"] = [l.rstrip("\n") for l in open(os.path.join(out, "preflight.txt"))]
+except OSError:
+    summary["preflight"] = None
+for s in steps:
+    if s["status"] in ("skipped", "interrupted", "timeout"):
+        print(f"  {s['step']}: {s['status']}: {s['detail'][:150]}")
 print(f"device memory {device_total / GiB:.1f} GiB; steps: " +
       ", ".join(f"{k}={v}" for k, v in sorted(
           {st: sum(1 for s in steps if s["status"] == st) for st in
@@ -324,7 +168,31 @@ if tests:
     if tests.get("tests") and skipped == tests.get("tests"):
         print("WARNING: every GPU test skipped: no usable CUDA device (see logs/gpu_tests.log)")
 else:
-    print(f"GPU tests: {status.get('gpu_tests', {}).get('status', 'not run')}")
+    # No JSON (gtest writes it at the end: the binary was stopped or crashed): count the log.
+    st = status.get('gpu_tests', {}).get('status', 'not run')
+    try:
+        log = open(os.path.join(out, "logs", "gpu_tests.log"), errors="replace").read()
+    except OSError:
+        log = ""
+    if log:
+        ok = log.count("[       OK ]")
+        failed = sorted({l.split("]", 1)[1].split("(")[0].strip()
+                         for l in log.splitlines() if l.startswith("[  FAILED  ]") and "(" in l})
+        skipped = log.count("[  SKIPPED ]")
+        summary["gpu_tests"] = {"from_log": True, "ok": ok, "skipped": skipped, "failed": failed}
+        print(f"GPU tests ({st}, counted from the log): {ok} ok, {len(failed)} failed, "
+              f"{skipped} skipped" + (f"; first failures: {', '.join(failed[:3])}" if failed else ""))
+    else:
+        print(f"GPU tests: {st}")
+try:
+    dev = [l.strip() for l in open(os.path.join(out, "logs", "gpu_tests.log"), errors="replace")
+           if l.startswith("[ DEVICE   ]")]
+except OSError:
+    dev = []
+if dev:
+    summary.setdefault("gpu_tests", {})["device_errors"] = dev
+    for l in dev[:4]:
+        print(f"  {l}")
 
 gemm = {}
 for dt in ("bf16", "fp16"):
@@ -429,15 +297,390 @@ else:
         print("coefficient fit: no sweep data")
 summary["fit"] = fit
 
-with open(os.path.join(out, "summary.json"), "w") as f:
+with open(os.path.join(out, ".summary.json.tmp"), "w") as f:
     json.dump(summary, f, indent=2)
+os.replace(os.path.join(out, ".summary.json.tmp"), os.path.join(out, "summary.json"))
 print("=" * 78)
 print(f"all JSON under {out}; summary.json holds trainmem's and PyTorch's figures together")
 EOF
-say "done in $((SECONDS - T0))s"
-if [[ -n ${RESULTS:-} ]]; then
-  mkdir -p "$RESULTS"
-  cp "$OUT/summary.txt" "$OUT/summary.json" "$RESULTS/" 2>/dev/null
-  tar -czf "$RESULTS/gpu_check.tar.gz" -C "$(dirname "$OUT")" "$(basename "$OUT")" &&
-    echo "results: $RESULTS/{summary.txt,summary.json,gpu_check.tar.gz}"
+}
+
+# time_for NAME MIN_S: whether MIN_S (its useful minimum, scaled by MIN_PCT) is left before the
+# deadline, less MARGIN_S; if not, NAME is recorded as skipped with the reason. No copy to
+# $RESULTS per skipped step (a summary costs a python start): the next step that runs, or the
+# exit trap, publishes these records.
+time_for() {
+  local min=$(($2 * MIN_PCT / 100)) left=$((DEADLINE_S - (SECONDS - T0) - MARGIN_S))
+  ((min < 1)) && min=1  # timeout 0 would mean no limit at all
+  ((left >= min)) && return 0
+  say "$1: skipped: ${left}s left before the ${DEADLINE_S}s deadline, it needs ${min}s"
+  record "$1" skipped 0 0 "deadline: ${left}s left of ${DEADLINE_S}s, the step needs at least ${min}s"
+  return 1
+}
+
+# run_step NAME LIMIT_S MIN_S CMD... : runs CMD with LIMIT_S cut to what is left before the
+# deadline (less MARGIN_S); skipped when less than MIN_S (the least it needs to be of use) is
+# left. Logs to logs/NAME.log, records the outcome (ok | failed | timeout | oom (exit 3) |
+# unavailable (a subcommand not built yet) | skipped) and publishes. The command runs in the
+# background and the script waits for it, so SIGTERM/SIGINT reach the trap at once.
+run_step() {
+  local name=$1 limit=$2 min=$3
+  shift 3
+  time_for "$name" "$min" || return 99
+  local left=$((DEADLINE_S - (SECONDS - T0) - MARGIN_S)) cut=""
+  if ((left < limit)); then
+    cut=" (own limit ${limit}s cut to the ${DEADLINE_S}s deadline)"
+    limit=$left
+  fi
+  say "$name: [limit ${limit}s] $*"
+  local t=$SECONDS rc status detail=""
+  CURRENT_STEP=$name CURRENT_START=$SECONDS
+  timeout --signal=TERM --kill-after=5 "$limit" "$@" >"$OUT/logs/$name.log" 2>&1 </dev/null &
+  STEP_PID=$!
+  wait "$STEP_PID"
+  rc=$?
+  STEP_PID="" CURRENT_STEP=""
+  case $rc in
+    0) status=ok ;;
+    3) status=oom ;;
+    124 | 137) status=timeout detail="exceeded ${limit}s$cut" ;;
+    *) status=failed ;;
+  esac
+  if ((rc == 2)) && grep -qiE "not built yet|not available|unknown subcommand|not expected" \
+    "$OUT/logs/$name.log"; then
+    status=unavailable
+  fi
+  [[ -z $detail ]] && detail=$(tail -n 3 "$OUT/logs/$name.log" | tr '\n' ' ' | cut -c1-300)
+  say "$name: $status (rc $rc, $((SECONDS - t))s)"
+  record "$name" "$status" "$rc" "$((SECONDS - t))" "$detail"
+  publish "after $name"
+  return $rc
+}
+
+# On exit (normal, error, or SIGTERM/SIGINT): stop the step in flight, record it as
+# interrupted, write the final summary and copy everything to $RESULTS.
+INTERRUPTED=""
+on_signal() {
+  INTERRUPTED=$1
+  exit $((128 + $2))
+}
+on_exit() {
+  local rc=$?
+  trap - EXIT
+  trap '' TERM INT  # a second signal (timeout signals the child, then its group) must not cut this short
+  if [[ -n $STEP_PID ]]; then
+    kill -TERM "$STEP_PID" 2>/dev/null
+    wait "$STEP_PID" 2>/dev/null
+  fi
+  if [[ -n $CURRENT_STEP ]]; then
+    record "$CURRENT_STEP" interrupted "$rc" "$((SECONDS - CURRENT_START))" \
+      "stopped by ${INTERRUPTED:-exit $rc} after $((SECONDS - CURRENT_START))s; log: logs/$CURRENT_STEP.log"
+  fi
+  if ((FINISHED)); then
+    publish complete
+  elif [[ -n $INTERRUPTED ]]; then
+    echo "== [$((SECONDS - T0))s] interrupted by $INTERRUPTED${CURRENT_STEP:+ during $CURRENT_STEP}: results so far in ${RESULTS:-$OUT}"
+    publish "interrupted by $INTERRUPTED${CURRENT_STEP:+ during $CURRENT_STEP}"
+  fi
+  exit "$rc"
+}
+trap on_exit EXIT
+trap 'on_signal SIGTERM 15' TERM
+trap 'on_signal SIGINT 2' INT
+
+# ---------------------------------------------------------------- 0. preflight
+# shellcheck source=tools/devdeps.sh
+source "$ROOT/tools/devdeps.sh" functions
+PREFLIGHT="$OUT/preflight.txt"
+PF_FAIL=()
+pf() {  # pf ok|FAIL|note WHAT TEXT
+  printf '%-5s %-8s %s\n' "$1" "$2" "$3" | tee -a "$PREFLIGHT"
+  [[ $1 == FAIL ]] && PF_FAIL+=("$2: $3")
+  return 0
+}
+: >"$PREFLIGHT"
+echo "== gpu_check preflight (deadline ${DEADLINE_S}s from now, BACKEND=$BACKEND, JOBS=$JOBS, output $OUT)" |
+  tee -a "$PREFLIGHT"
+missing_libs=$(devdeps_missing | tr '\n' ' ')
+missing_libs=${missing_libs% }
+need_bundle=0
+case $REQUIRE_DEVDEPS in
+  1) need_bundle=1 ;;
+  0) need_bundle=0 ;;
+  *) [[ -n $missing_libs ]] && need_bundle=1 ;;
+esac
+if verify_msg=$(devdeps_verify 2>&1); then
+  pf ok devdeps "$verify_msg${missing_libs:+ (the system lacks: $missing_libs)}"
+elif ((need_bundle)); then
+  pf FAIL devdeps "$verify_msg${missing_libs:+ (the system lacks: $missing_libs)}"
+else
+  pf note devdeps "not needed: every library is installed (${verify_msg})"
 fi
+if nvcc_v=$("$NVCC" --version 2>/dev/null | grep -i release); then
+  pf ok nvcc "$NVCC: $nvcc_v"
+else
+  pf FAIL nvcc "$NVCC not found or not working (set CUDACXX)"
+fi
+if gpus=$(nvidia-smi -L 2>&1) && grep -q '^GPU ' <<<"$gpus"; then
+  pf ok device "$(grep '^GPU ' <<<"$gpus" | head -n 2 | tr '\n' ' ')"
+elif [[ $BACKEND == meta ]]; then
+  pf note device "no device visible (nvidia-smi: $(head -n 1 <<<"$gpus" | cut -c1-120)); not fatal in a BACKEND=meta dry run"
+else
+  pf FAIL device "no device visible (nvidia-smi: $(head -n 1 <<<"$gpus" | cut -c1-120))"
+fi
+for d in "$(dirname "$BUILD")" "$OUT"; do
+  mkdir -p "$d" 2>/dev/null
+  free_kb=$(df -Pk "$d" 2>/dev/null | awk 'NR == 2 {print $4}')
+  free_kb=${free_kb:-0}
+  if ((free_kb / 1048576 >= MIN_FREE_GIB)); then
+    pf ok disk "$((free_kb / 1048576)) GiB free under $d"
+  else
+    pf FAIL disk "$((free_kb / 1048576)) GiB free under $d, ${MIN_FREE_GIB} GiB needed (MIN_FREE_GIB)"
+  fi
+done
+if ! "$PYTHON" -c 'import json' 2>/dev/null; then
+  pf FAIL python "$PYTHON not found (set PYTHON)"
+fi
+if ((${#PF_FAIL[@]})); then
+  echo "== PREFLIGHT FAILED after $(elapsed)s: nothing was built or run:" | tee -a "$PREFLIGHT"
+  for r in "${PF_FAIL[@]}"; do echo "   $r"; done | tee -a "$PREFLIGHT"
+  {
+    echo "trainmem gpu_check: PREFLIGHT FAILED ($(date -Is)); nothing was built or run"
+    for r in "${PF_FAIL[@]}"; do echo "  $r"; done
+    echo "preflight.txt holds every check."
+  } >"$OUT/summary.txt"
+  {
+    printf '{"schema": "trainmem-gpu-check/1", "state": "preflight failed", "preflight_failures": ['
+    sep=""
+    for r in "${PF_FAIL[@]}"; do printf '%s%s' "$sep" "$(json_str "$r")"; sep=", "; done
+    printf '], "steps": []}\n'
+  } >"$OUT/summary.json"
+  if [[ -n $RESULTS ]]; then
+    for f in "$PREFLIGHT" "$OUT/summary.txt" "$OUT/summary.json"; do put "$f"; done
+  fi
+  trap - EXIT
+  exit 2
+fi
+echo "== preflight ok after $(elapsed)s" | tee -a "$PREFLIGHT"
+put "$PREFLIGHT"
+
+# ---------------------------------------------------------------- the machine
+say "output: $OUT"
+{
+  echo "date: $(date -Is)"
+  echo "host: $(hostname)"
+  echo "git: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null) $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) changed files"
+  echo "nvcc: $("$NVCC" --version 2>/dev/null | tail -n 1)"
+  echo "cores: $(nproc 2>/dev/null), JOBS=$JOBS, deadline ${DEADLINE_S}s, margin ${MARGIN_S}s"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1
+} >"$OUT/machine.txt"
+# In bash: mawk's printf "%d" stops at 2^31-1, which made every LLaMA-7B run "not fitting".
+DEVICE_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null |
+  head -n 1 | tr -dc '0-9')
+DEVICE_TOTAL_BYTES=$((${DEVICE_MIB:-0} * 1048576))
+say "device memory: $DEVICE_TOTAL_BYTES bytes"
+
+# ---------------------------------------------------------------- 1. build and GPU tests
+# Libraries: the system's, else the Debian packages carried in .devdeps (tools/devdeps.sh: the
+# GPU machines have CUDA, CMake and a compiler, but no network and maybe none of these).
+DEVDEPS_CMAKE_ARGS=()
+t=$SECONDS
+if devdeps_use >"$OUT/logs/devdeps.log" 2>&1; then
+  record devdeps ok 0 "$((SECONDS - t))" "$(tail -n 1 "$OUT/logs/devdeps.log")"
+else
+  record devdeps failed 1 "$((SECONDS - t))" "$(tail -n 1 "$OUT/logs/devdeps.log")"
+fi
+say "$(tail -n 1 "$OUT/logs/devdeps.log")"
+publish "after devdeps"
+run_step configure 120 10 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DTRAINMEM_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=90 \
+  "${DEVDEPS_CMAKE_ARGS[@]}"
+# Only what this script runs (the CPU test suite is CI's job): about 40% less to compile.
+run_step build 360 30 cmake --build "$BUILD" -j "$JOBS" --target trainmem trainmem_gpu_tests \
+  bench_gemm_cuda bench_step_cuda
+BUILD_OK=$?
+TM="$BUILD/trainmem"
+if ((BUILD_OK != 0)); then
+  # Stale binaries from an earlier build must not be measured as if they were this tree.
+  say "no build (the build step's status is in steps.jsonl, its log in logs/build.log): the binaries' steps are left out"
+  BUILD=/nonexistent
+  TM=/nonexistent
+fi
+
+# CUDA_LAUNCH_BLOCKING=1: every launch waits for its kernel, so a fault is reported by the
+# launch that caused it (the launcher's file:line), not by a later copy; the tests' helper
+# (tests/gpu_test_util.hpp) names the first test after which the device was in error and
+# gives later tests a fresh backend (or fails them saying why). The CPU references take well
+# under a second per comparison: 150 s is ample.
+if [[ -x $BUILD/trainmem_gpu_tests ]]; then
+  run_step gpu_tests 150 30 env CUDA_LAUNCH_BLOCKING=1 "$BUILD/trainmem_gpu_tests" \
+    --gtest_output="json:$OUT/gpu_tests.json"
+fi
+
+# ---------------------------------------------------------------- 2. measured runs
+COMMON=(--model llama-7b --batch 8 --seq 512 --dtype fp16 --attention eager)
+# Headroom for what no tensor owns (CUDA context, cuBLAS, pool rounding): 3 GiB.
+HEADROOM=$((3 * 1024 * 1024 * 1024))
+if [[ -x $TM ]]; then
+  # Every prediction first (a second each): they are in the results even if no run follows.
+  for opt in adamw sgd lomo; do
+    for ck in none full; do
+      name="llama7b_${opt}_${ck}"
+      run_step "estimate_$name" 30 5 "$TM" estimate "${COMMON[@]}" --optimizer "$opt" \
+        --checkpointing "$ck" --profile native --format json --output "$OUT/runs/$name.estimate.json"
+    done
+  done
+  for opt in adamw sgd lomo; do
+    for ck in none full; do
+      name="llama7b_${opt}_${ck}"
+      time_for "profile_$name" 30 || continue
+      predicted=$("$PYTHON" -c 'import json,sys
+try: print(int(json.load(open(sys.argv[1]))["analytic"]["native"]["peak"]))
+except Exception: print(-1)' "$OUT/runs/$name.estimate.json" 2>/dev/null)
+      predicted=${predicted:--1}
+      if ((predicted > 0 && DEVICE_TOTAL_BYTES > 0 && predicted + HEADROOM > DEVICE_TOTAL_BYTES)); then
+        say "$name: predicted peak $predicted B + headroom > device $DEVICE_TOTAL_BYTES B: does not fit, skipped"
+        record "profile_$name" not_fitting 0 0 "predicted peak $predicted bytes + $HEADROOM headroom > device $DEVICE_TOTAL_BYTES bytes"
+        publish "after profile_$name"
+        continue
+      fi
+      ((predicted <= 0)) && say "$name: no prediction (estimate unavailable): running it anyway"
+      run_step "profile_$name" 150 30 "$TM" profile "${COMMON[@]}" --optimizer "$opt" \
+        --checkpointing "$ck" --backend "$BACKEND" --steps 2 --format json \
+        --output "$OUT/runs/$name.profile.json"
+    done
+  done
+fi
+
+# ---------------------------------------------------------------- 3. GEMM rate and throughput
+if [[ -x $BUILD/bench_gemm_cuda ]]; then
+  run_step gemm_bf16 60 15 "$BUILD/bench_gemm_cuda" --dtype bf16 --json "$OUT/gemm_bf16.json"
+fi
+if [[ -x $BUILD/bench_step_cuda && $BACKEND == cuda ]]; then
+  run_step throughput 120 40 "$BUILD/bench_step_cuda" --model llama-7b --batch 8 --seq 512 \
+    --dtype fp16 --optimizer sgd --checkpointing none --steps 3 \
+    --gemm-json "$OUT/gemm_bf16.json" --json "$OUT/throughput.json"
+fi
+if [[ -x $BUILD/bench_gemm_cuda ]]; then
+  run_step gemm_fp16 60 15 "$BUILD/bench_gemm_cuda" --dtype fp16 --json "$OUT/gemm_fp16.json"
+fi
+
+# ---------------------------------------------------------------- 4. the PyTorch peer
+# The analytic hf-eager profile of the same step, to set beside the peer's measurements.
+if [[ -x $TM ]]; then
+  run_step estimate_hf_eager 30 5 "$TM" estimate "${COMMON[@]}" --optimizer sgd \
+    --checkpointing none --profile hf-eager --format json --output "$OUT/runs/hf_eager.estimate.json"
+fi
+# The peer's python gets the caller's LD_LIBRARY_PATH, never one pointing at the bundle's
+# Debian libgfortran/OpenBLAS/fmt (tools/devdeps.sh exports none; this keeps it so).
+if [[ $PEER_LD_LIBRARY_PATH_SET == set ]]; then
+  PEER_ENV=(env LD_LIBRARY_PATH="$PEER_LD_LIBRARY_PATH")
+else
+  PEER_ENV=(env -u LD_LIBRARY_PATH)
+fi
+if "${PEER_ENV[@]}" "$PYTHON" -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null; then
+  run_step hf_peer 240 90 "${PEER_ENV[@]}" "$PYTHON" "$ROOT/tools/hf_peer.py" --model llama-7b \
+    --batch 8 --seq 512 --dtype fp16 --optimizer sgd --attention eager,sdpa \
+    --checkpointing none,full --steps 2 --output "$OUT/hf_peer.json"
+else
+  say "hf_peer: $PYTHON lacks torch with CUDA or transformers: peer not run"
+  record hf_peer unavailable 0 0 "$PYTHON lacks torch with CUDA or transformers"
+  publish "after hf_peer"
+fi
+
+# ---------------------------------------------------------------- 5. sweep for the fit
+SWEEP_MODEL="$OUT/llama7b-4layers.json"
+cat >"$SWEEP_MODEL" <<'EOF'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000,
+ "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 4,
+ "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 2048,
+ "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "tie_word_embeddings": false,
+ "torch_dtype": "float16"}
+EOF
+if [[ -x $TM ]]; then
+  SWEEP=(--model "$SWEEP_MODEL" --dtype fp16 --optimizer lomo --attention eager)
+  if ! run_step sweep 180 40 "$TM" sweep "${SWEEP[@]}" --batch 1,2,4 --seq 128,256,512 --fit \
+    --backend "$BACKEND" --steps 2 --format json --output "$OUT/runs/sweep.json"; then
+    if grep -q '"step": "sweep", "status": "unavailable"' "$STEPS" &&
+      grep -qE '"step": "profile_[a-z0-9_]+", "status": "(ok|oom)"' "$STEPS"; then
+      say "sweep unavailable: profile runs over the grid instead, fitted in the summary"
+      for b in 1 2 4; do
+        for s in 128 256 512; do
+          run_step "sweep_b${b}_s${s}" 60 15 "$TM" profile "${SWEEP[@]}" --batch "$b" --seq "$s" \
+            --backend "$BACKEND" --steps 2 --profile native --format json \
+            --output "$OUT/runs/sweep_b${b}_s${s}.json"
+        done
+      done
+    fi
+  fi
+  # `compare` repeats the profile runs as one document: off by default (time), RUN_COMPARE=1.
+  if [[ ${RUN_COMPARE:-0} == 1 ]]; then
+    run_step compare 400 60 "$TM" compare "${COMMON[@]}" --optimizer sgd --checkpointing both \
+      --backend "$BACKEND" --steps 2 --format json --output "$OUT/runs/llama7b_compare.json"
+  fi
+fi
+
+# ---------------------------------------------------------------- 6. multi-rank (measured ranks), last
+# Under mpirun: every rank's measured sharded step against its meta trace and the analytic, rank
+# 0's gathered report. With NCCL (one rank per GPU): needs two or more GPUs. With the collectives
+# through host memory (--collectives mpi): two ranks sharing the GPU(s), so a one-GPU machine
+# runs them too (the sharded step's own checks: tests/mpi_test_sharded.cpp --backend cuda
+# --collectives mpi, losses against the cpu). Needs mpirun and an MPI build; skipped with the
+# reason otherwise.
+GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+GPUS=${GPUS:-0}
+if [[ ! -x $TM ]]; then
+  record multi_gpu skipped 0 0 "no trainmem binary"
+elif ! command -v mpirun >/dev/null; then
+  say "multi_rank: skipped: mpirun not found (openmpi-bin)"
+  record multi_gpu skipped 0 0 "mpirun not found (openmpi-bin)"
+else
+  MPIRUN=(mpirun -np "$GPUS" --bind-to none)
+  SHARED=(mpirun -np 2 --oversubscribe --bind-to none)
+  if [[ $(id -u) == 0 ]]; then
+    MPIRUN+=(--allow-run-as-root)
+    SHARED+=(--allow-run-as-root)
+  fi
+  if ((GPUS >= 1)); then
+    # Two ranks sharing the GPU(s), the collectives through host memory.
+    for lay in "zero3:--zero 3" "tp2_sp:--tp 2 --sp" "pp2:--pp 2 --microbatches 3"; do
+      # shellcheck disable=SC2086
+      run_step "shared_gpu_${lay%%:*}" 120 30 "${SHARED[@]}" "$TM" profile --backend cuda \
+        --collectives mpi --model tiny --batch 2 --seq 64 --world-size 2 ${lay#*:} --steps 2 \
+        --format json --output "$OUT/runs/shared_gpu_${lay%%:*}.json"
+    done
+    if run_step build_mpi_test 240 60 cmake --build "$BUILD" -j "$JOBS" --target mpi_test_sharded; then
+      run_step shared_gpu_sharded 180 40 "${SHARED[@]}" "$BUILD/mpi_test_sharded" --backend cuda \
+        --collectives mpi
+    fi
+  fi
+  if ((GPUS < 2)); then
+    say "multi_gpu: skipped: this machine has $GPUS GPU(s); NCCL needs one GPU per rank, 2 or more"
+    record multi_gpu skipped 0 0 "$GPUS GPU(s): the NCCL step needs one GPU per rank, 2 or more"
+  else
+    for zero in 1 3; do
+      run_step "multi_gpu_zero$zero" 120 30 "${MPIRUN[@]}" "$TM" profile --backend cuda \
+        --model tiny --batch 2 --seq 64 --world-size "$GPUS" --zero "$zero" --steps 2 \
+        --format json --output "$OUT/runs/multi_gpu_zero$zero.json"
+    done
+    # Tensor parallelism with sp over NCCL (tiny's 4 heads: 2 or 4 GPUs per group).
+    if ((GPUS % 2 == 0)); then
+      run_step multi_gpu_tp2_sp 120 30 "${MPIRUN[@]}" "$TM" profile --backend cuda --model tiny \
+        --batch 2 --seq 64 --world-size "$GPUS" --tp 2 --sp --steps 2 --format json \
+        --output "$OUT/runs/multi_gpu_tp2_sp.json"
+      # Pipeline stages (1F1B, messages through host memory over MPI), three micro-batches.
+      run_step multi_gpu_pp2 120 30 "${MPIRUN[@]}" "$TM" profile --backend cuda --model tiny \
+        --batch 2 --seq 64 --world-size "$GPUS" --pp 2 --microbatches 3 --steps 2 --format json \
+        --output "$OUT/runs/multi_gpu_pp2.json"
+    fi
+  fi
+fi
+
+# ---------------------------------------------------------------- 7. summary
+say "summary"
+FINISHED=1
+summarize complete >/dev/null 2>>"$OUT/logs/summary.log"
+cat "$OUT/summary.txt"
+say "done in $((SECONDS - T0))s"
+[[ -n $RESULTS ]] && echo "results: $RESULTS/{summary.txt,summary.json,steps.jsonl,preflight.txt,gpu_check.tar.gz}"
+exit 0
