@@ -2,7 +2,10 @@
 // shared by a test binary, random fills, and the comparison every GPU test uses (per-dtype
 // tolerance table; on failure the first mismatch, the count and the max errors; on success
 // the max errors are printed too, so a session with a GPU can tune the table from one run).
+// After every test the device is checked; the first test after which it was in error is named
+// ("[ DEVICE   ]" lines) and later tests get fresh backends (see DeviceWatch below).
 #pragma once
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -176,7 +179,10 @@ inline HostBuf int_buf(const std::vector<std::int32_t>& v) {
   return b;
 }
 
-// A device allocation from a backend's allocator, released on destruction.
+// A device allocation from a backend's allocator, released on destruction (never throwing:
+// after a device error the synchronize or the free fails, and a throw from a destructor
+// while a test's DeviceError unwinds would end the whole binary; the block is then left to
+// the device reset, see DeviceWatch).
 class DevBuf {
  public:
   DevBuf(Backend& be, std::uint64_t bytes) : be_(&be), bytes_(bytes ? bytes : 1) {
@@ -192,9 +198,13 @@ class DevBuf {
   DevBuf& operator=(const DevBuf&) = delete;
   DevBuf& operator=(DevBuf&&) = delete;
   ~DevBuf() {
-    if (ptr_ != nullptr) {
+    if (ptr_ == nullptr) return;
+    try {
       be_->synchronize();
       be_->allocator().deallocate(ptr_, bytes_);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[ DEVBUF   ] %llu bytes not freed: %s\n",
+                   static_cast<unsigned long long>(bytes_), e.what());
     }
   }
   void* get() const { return ptr_; }
@@ -215,13 +225,113 @@ class DevBuf {
   std::uint64_t bytes_;
 };
 
+// ---------------------------------------------------------------- the shared backends
+
+// A device error and the recovery from it. Kernel faults (an illegal address, a misaligned
+// access, a trap) are sticky: the context is unusable until cudaDeviceReset(), every later
+// call returns the same error, so without this one fault would fail every later test, each at
+// its first copy, and hide which test faulted. What is done, after every test (a gtest
+// listener, so no test has to ask):
+//   1. probe: cudaDeviceSynchronize() and cudaGetLastError() (which clears an error that is not
+//      sticky, such as a bad launch configuration; one only pending from a call, with the
+//      device fine, is a test's deliberate error: noted and cleared);
+//   2. on an error, print "[ DEVICE   ] device error after <Suite.Test>: <name>" (the first is
+//      kept and printed again at the end of the run: under CUDA_LAUNCH_BLOCKING=1, as
+//      tools/gpu_check.sh runs the binary, that test's own failure names the launcher that
+//      faulted, file and line);
+//   3. probe again; if the error is still there it is sticky: forget the shared backends
+//      (leaked on purpose: their stream, cuBLAS handle and pool belong to the dead context, and
+//      destroying them would only report the same error), cudaDeviceReset(), and probe once
+//      more. If the device answers, later tests create fresh backends and run as usual; if
+//      not, cuda_backend() throws for every later test, naming the first error and its test.
+// Kernel attributes need no restoring: the launchers set the shared-memory opt-in before
+// every launch (kernels/common/cuda_common.cuh).
+struct DeviceWatch {
+  std::map<DType, std::unique_ptr<Backend>> backends;
+  bool used = false;           // a backend was created: there is a context to probe
+  std::string first_error;     // "cudaErrorIllegalAddress (700) after Suite.Test"
+  std::string unusable;        // set when a reset did not bring the device back
+  int resets = 0;
+
+  static DeviceWatch& get() {
+    static auto* w = new DeviceWatch();  // never destroyed (see cuda_backend)
+    return *w;
+  }
+
+  static cudaError_t probe() {
+    const cudaError_t sync = cudaDeviceSynchronize();
+    const cudaError_t last = cudaGetLastError();
+    return sync != cudaSuccess ? sync : last;
+  }
+  static std::string describe(cudaError_t e) {
+    return std::string(cudaGetErrorName(e)) + " (" + std::to_string(int(e)) + "): " +
+           cudaGetErrorString(e);
+  }
+
+  void after_test(const std::string& test) {
+    if (!used || !unusable.empty()) return;
+    const cudaError_t sync = cudaDeviceSynchronize();
+    const cudaError_t last = cudaGetLastError();
+    if (sync == cudaSuccess && last == cudaSuccess) return;
+    if (sync == cudaSuccess) {  // only a pending error of a call (a test's deliberate one)
+      std::printf("[ DEVICE   ] note: %s was pending after %s; cleared\n", describe(last).c_str(),
+                  test.c_str());
+      return;
+    }
+    const std::string what = describe(sync) + " after " + test;
+    if (first_error.empty()) first_error = what;
+    std::printf("[ DEVICE   ] device error %s\n", what.c_str());
+    if (probe() == cudaSuccess) {
+      std::printf("[ DEVICE   ] not sticky: cleared, the shared backends stay\n");
+      return;
+    }
+    for (auto& kv : backends) (void)kv.second.release();  // the dead context's: leaked
+    backends.clear();
+    ++resets;
+    const cudaError_t r = cudaDeviceReset();
+    const cudaError_t after = r == cudaSuccess ? probe() : r;
+    if (r == cudaSuccess && after == cudaSuccess && cudaFree(nullptr) == cudaSuccess) {
+      std::printf("[ DEVICE   ] sticky: device reset (%d so far); later tests get fresh backends\n",
+                  resets);
+    } else {
+      unusable = "the device is unusable since " + what + "; cudaDeviceReset: " +
+                 describe(r == cudaSuccess ? after : r);
+      std::printf("[ DEVICE   ] %s: every later GPU test fails\n", unusable.c_str());
+    }
+    std::fflush(stdout);
+  }
+};
+
+class DeviceWatchListener : public ::testing::EmptyTestEventListener {
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    DeviceWatch::get().after_test(std::string(info.test_suite_name()) + "." + info.name());
+  }
+  void OnTestProgramEnd(const ::testing::UnitTest&) override {
+    const DeviceWatch& w = DeviceWatch::get();
+    if (!w.first_error.empty())
+      std::printf("[ DEVICE   ] first device error: %s (%d device reset(s))\n",
+                  w.first_error.c_str(), w.resets);
+  }
+};
+
+// Registers the listener once per binary, before RUN_ALL_TESTS (gtest owns and deletes it).
+inline const bool device_watch_registered = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new DeviceWatchListener);
+  return true;
+}();
+
 // The cuda backend for a dtype, created on first use and kept for the life of the test binary
 // (never destroyed: tearing down cuBLAS after the CUDA runtime's atexit is not worth the
-// noise). Call only after require_cuda_device().
+// noise), or until a sticky device error resets the device (DeviceWatch). Call only after
+// require_cuda_device().
 inline Backend& cuda_backend(DType dt) {
-  static auto* cache = new std::map<DType, std::unique_ptr<Backend>>();
-  auto it = cache->find(dt);
-  if (it == cache->end()) it = cache->emplace(dt, make_cuda_backend(dt)).first;
+  DeviceWatch& w = DeviceWatch::get();
+  if (!w.unusable.empty()) throw Error("test: " + w.unusable);
+  auto it = w.backends.find(dt);
+  if (it == w.backends.end()) {
+    it = w.backends.emplace(dt, make_cuda_backend(dt)).first;
+    w.used = true;
+  }
   return *it->second;
 }
 
