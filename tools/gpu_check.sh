@@ -96,12 +96,13 @@ put() {
   cp "$1" "$RESULTS/.$(basename "$1").part" && mv -f "$RESULTS/.$(basename "$1").part" "$RESULTS/$(basename "$1")"
 }
 
-# publish STATE: the summary so far, then steps.jsonl, preflight.txt, the summary and the
-# output folder's tarball into $RESULTS. Called after every step.
+# publish STATE: steps.jsonl into $RESULTS at once (a SIGKILL a moment later must not lose the
+# record), then the summary so far, preflight.txt and the output folder's tarball. Called after
+# every step.
 publish() {
+  put "$STEPS"
   summarize "$1" >/dev/null 2>>"$OUT/logs/summary.log"
   [[ -n $RESULTS ]] || return 0
-  put "$STEPS"
   put "$OUT/preflight.txt"
   put "$OUT/summary.txt"
   put "$OUT/summary.json"
@@ -410,8 +411,9 @@ case $REQUIRE_DEVDEPS in
   *) [[ -n $missing_libs ]] && need_bundle=1 ;;
 esac
 if verify_msg=$(devdeps_verify 2>&1); then
+  verify_msg=${verify_msg#devdeps: }
   pf ok devdeps "$verify_msg${missing_libs:+ (the system lacks: $missing_libs)}"
-elif ((need_bundle)); then
+elif verify_msg=${verify_msg#devdeps: } && ((need_bundle)); then
   pf FAIL devdeps "$verify_msg${missing_libs:+ (the system lacks: $missing_libs)}"
 else
   pf note devdeps "not needed: every library is installed (${verify_msg})"
