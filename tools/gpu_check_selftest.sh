@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check_selftest.sh — tools/gpu_check.sh's own mechanics, in seconds, without a GPU or a
 # build: the deadline, results published after every step, the exit trap on a kill, the
-# preflight's refusals and the order of the steps. (ctest GpuCheckSelfTest; about 20 s.)
+# preflight's refusals and the order of the steps. (ctest GpuCheckSelfTest; under a minute:
+# 42-58 s on a 2-core machine shared with two builds, mostly python starts for the summaries.)
 #
 # The script under test is the real one; only what it calls is replaced, through PATH and its
 # own variables: nvcc, nvidia-smi (an H200, or none), cmake, mpirun, the built binaries
