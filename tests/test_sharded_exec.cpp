@@ -73,9 +73,20 @@ TEST(ShardedExecOneRank, MicroBatchesMatchTheWholeBatch) {
   ShardedRun run(m, t, one_rank(m, t, 3), *local, *local, 11);
   const StepsResult got = run.run(3);
   const StepsResult want = reference_steps(m, t, 3, 11, 3);
-  for (std::size_t n = 0; n < 3; ++n)
+  // Step 1 starts from the same weights, but the whole batch's GEMMs have 3x the rows: OpenBLAS
+  // picks its blocking (and so the order of each dot product's additions) by the matrix sizes
+  // and by the CPU (SkylakeX kernels differ from Haswell's and Zen's), and the loss is a mean of
+  // the rows grouped differently. Equal bits are not guaranteed; a few fp32 roundings are: each
+  // logit's relative error is ~k·u (u = 2^-24), and the loss averages them, so 1e-6·|L| (about
+  // 17 u, 8 ulps at |L| ~ 4.6) bounds step 1; later steps add the weight differences bounded
+  // below, which move the loss by less than the same bound at this learning rate.
+  for (std::size_t n = 0; n < 3; ++n) {
+    std::printf("step %zu: loss %.9g (micro-batches) vs %.9g (whole batch), %.3g ulps\n", n + 1,
+                double(got.losses[n]), double(want.losses[n]),
+                std::abs(double(got.losses[n]) - double(want.losses[n])) /
+                    double(std::nextafter(want.losses[n], INFINITY) - want.losses[n]));
     EXPECT_NEAR(got.losses[n], want.losses[n], 1e-6 * std::abs(want.losses[n])) << n;
-  EXPECT_EQ(got.losses[0], want.losses[0]);  // same weights, same logits: only the sum differs
+  }
   std::string where;
   const double diff = worst_absolute_difference(got.weights, want.weights, &where);
   const double bound = adam_tolerance(default_optimizer_settings(Optimizer::adamw), 3);
