@@ -10,6 +10,7 @@
 
 #ifdef TRAINMEM_HAVE_CUDA
 #include <cuda_runtime_api.h>
+#include <cupti.h>
 
 #include "probes/cupti_collector.hpp"
 #endif
