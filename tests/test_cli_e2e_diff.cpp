@@ -405,7 +405,7 @@ TEST(CliE2EDiff, BadInputNamesTheFileOrFlagAndWhatIsWrong) {
        {"trainmem: error: diff A: cannot read /nonexistent/old.json: No such file or directory"}},
       {"diff native '" + dir + "'", {"diff B: " + dir + " is a directory"}},
       {"diff '" + not_json + "' native",
-       {"diff A: " + not_json + " is not JSON (parse error at line 1, column 1"}},
+       {"diff A: " + not_json + ": not valid JSON at byte 1: parse error at line 1, column 1"}},
       {"diff '" + not_ours + "' native",
        {"diff A: " + not_ours + " is not a trainmem report: no \"schema\" key"}},
       {"diff '" + array + "' native", {"is not a trainmem report: the document is a JSON array"}},

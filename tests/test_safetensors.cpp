@@ -1,6 +1,7 @@
 // safetensors reader/writer: round trips, dtype conversions against hand-encoded bytes, and
 // malformed files rejected with messages naming the file and the tensor.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -198,7 +199,45 @@ TEST(SafeTensors, MalformedFilesAreRejectedNamingFileAndTensor) {
   write_raw(path, R"({"__metadata__": {"k": 3}})", "");
   expect_input_error(path, {"__metadata__"});
 
-  expect_input_error(temp_path("does_not_exist.safetensors"), {"cannot open"});
+  expect_input_error(temp_path("does_not_exist.safetensors"),
+                     {"does_not_exist.safetensors: cannot read it: No such file or directory"});
+  // A tensor named twice: which bytes were meant? (The JSON library would keep the last.)
+  write_raw(path,
+            R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+            R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+            std::string(8, '\0'));
+  expect_input_error(path, {"not a valid safetensors file: header: field a appears twice"});
+  // A FIFO is refused from its stat (opening it would wait for a writer).
+  const std::string fifo = temp_path("fifo.safetensors");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_input_error(fifo, {"is a FIFO (named pipe); give a regular file"});
+  std::remove(fifo.c_str());
+  std::remove(path.c_str());
+}
+
+// A writer abandoned before close() (an exception mid-dump) leaves no file, not a full-size one
+// with holes; one that finishes replaces the old file whole.
+TEST(SafeTensors, AnUnfinishedWriteLeavesNoFile) {
+  const std::string path = temp_path("unfinished.safetensors");
+  std::remove(path.c_str());
+  {
+    SafeTensorsWriter w;
+    w.declare("a", SafeDType::F32, {1024});
+    w.declare("b", SafeDType::F32, {4});
+    w.open(path, "--dump");
+    const std::vector<float> a(1024, 1.0f);
+    w.put("a", a.data());
+  }
+  std::ifstream probe(path);
+  EXPECT_FALSE(probe.good()) << path << " was left behind";
+  SafeTensorsWriter w;
+  w.declare("b", SafeDType::F32, {2});
+  w.open(path, "--dump");
+  const float b[2] = {1.5f, -2.0f};
+  w.put("b", b);
+  w.close();
+  SafeTensorsReader r(path);
+  EXPECT_EQ(r.read_f32("b"), (std::vector<float>{1.5f, -2.0f}));
   std::remove(path.c_str());
 }
 

@@ -25,7 +25,8 @@ LAYERS = {
     "base": ([H + n for n in (
         "dtype.hpp", "hd.hpp", "error.hpp", "checked.hpp", "op_types.hpp", "train_enums.hpp",
         "categories.hpp", "param_init.hpp", "cuda_check.hpp", "config.hpp", "safetensors.hpp",
-        "figures.hpp", "parallel.hpp", "bytes.hpp")] + ["src/base/"], []),
+        "figures.hpp", "parallel.hpp", "bytes.hpp", "atomic_file.hpp", "input_file.hpp")] +
+        ["src/base/"], []),
     "ledger": ([H + "ledger.hpp", "src/ledger/"], ["base"]),
     "analytic": ([H + "analytic.hpp", H + "analytic_rank.hpp", H + "dist_refs.hpp",
                   H + "plan.hpp", "src/analytic/"], ["base"]),

@@ -13,9 +13,12 @@
 #include <cstdint>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "trainmem/atomic_file.hpp"
 
 namespace trainmem {
 
@@ -95,7 +98,9 @@ class SafeTensorsWriter {
   void set_metadata(const std::string& key, const std::string& value);
   void declare(const std::string& name, SafeDType dtype, std::vector<std::int64_t> shape);
   bool declared(const std::string& name) const { return index_.count(name) != 0; }
-  void open(const std::string& path);
+  // Writes to a temporary file beside `path`, renamed onto it by close() (atomic_file.hpp);
+  // `what` names the flag in messages ("--dump"; "" for the path alone).
+  void open(const std::string& path, const std::string& what = "");
   // `data` holds numel × width bytes in the declared dtype.
   void put(const std::string& name, const void* data);
   void close();
@@ -109,7 +114,7 @@ class SafeTensorsWriter {
   std::map<std::string, std::string> metadata_;
   std::uint64_t next_offset_ = 0;
   std::uint64_t data_start_ = 0;
-  std::ofstream out_;
+  std::unique_ptr<AtomicFile> out_;
   bool open_ = false;
 };
 

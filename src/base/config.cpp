@@ -17,6 +17,7 @@
 
 #include "trainmem/checked.hpp"
 #include "trainmem/error.hpp"
+#include "trainmem/input_file.hpp"
 
 namespace trainmem {
 namespace {
@@ -538,13 +539,13 @@ RopeScaling parse_rope(const json& o, const std::string& where, const std::strin
     if (!it->is_string())
       throw InputError(src + ": " + where + "." + k + " must be a string, got " + json_kind(*it));
     if (type && *type != it->get<std::string>())
-      throw InputError(src + ": " + where + ".rope_type (\"" + *type + "\") and " + where +
-                       ".type (\"" + it->get<std::string>() + "\") disagree");
+      throw InputError(src + ": " + where + ".rope_type (\"" + clip(*type) + "\") and " + where +
+                       ".type (\"" + clip(it->get<std::string>()) + "\") disagree");
     type = it->get<std::string>();
   }
   const std::string t = type.value_or("default");
   if (t != "default" && t != "llama3")
-    throw InputError(src + ": " + where + ".rope_type \"" + t +
+    throw InputError(src + ": " + where + ".rope_type \"" + clip(t) +
                      "\" is not supported (supported: default, i.e. none, and llama3)");
   std::vector<std::string> allowed = {"rope_type", "type", "rope_theta"};
   if (auto it = o.find("rope_theta"); it != o.end() && !it->is_null()) {
@@ -612,12 +613,7 @@ void require_zero(const json& j, const char* name, const std::string& src, Keys&
 
 ModelConfig parse_hf_config(const std::string& json_text, const std::string& source) {
   const std::string src = source.empty() ? std::string("config.json") : source;
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    throw InputError(src + ": not valid JSON at byte " + std::to_string(e.byte) + ": " + e.what());
-  }
+  const json j = parse_json_strict<json>(json_text, src);
   if (!j.is_object())
     throw InputError(src + ": expected a JSON object (a HuggingFace config.json), got " +
                      json_kind(j));
@@ -630,10 +626,10 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
                      json_kind(*type));
   const std::string family = type->get<std::string>();
   if (family == "mixtral" || family == "qwen2_moe" || family == "qwen3_moe")
-    throw InputError(src + ": model_type \"" + family +
+    throw InputError(src + ": model_type \"" + clip(family) +
                      "\" is a mixture of experts, which trainmem does not model " + supported);
   if (family != "llama" && family != "mistral" && family != "qwen2" && family != "qwen3")
-    throw InputError(src + ": model_type \"" + family + "\" is not supported " + supported);
+    throw InputError(src + ": model_type \"" + clip(family) + "\" is not supported " + supported);
   const bool qwen = family == "qwen2" || family == "qwen3";
   for (const char* k : kMoeKeys)
     if (field(j, k))
@@ -856,23 +852,18 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
     if (is_ignored) {
       c.ignored_fields.push_back(k);
     } else {
-      c.ignored_fields.push_back(k + " (unrecognised)");
+      c.ignored_fields.push_back(clip(k) + " (unrecognised)");
       spdlog::warn(
           "{}: config.json key {} is not one trainmem knows; ignored (check that it "
           "does not change the model)",
-          src, k);
+          src, clip(k));
     }
   }
   return c;
 }
 
 ModelConfig load_hf_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("--model: cannot read " + path + ": " + std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw InputError("--model: error reading " + path);
-  return parse_hf_config(text.str(), path);
+  return parse_hf_config(read_input_file(path, "--model", kMaxConfigBytes), path);
 }
 
 ModelConfig resolve_model(const std::string& name_or_path) {

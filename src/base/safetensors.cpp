@@ -10,6 +10,7 @@
 #include "trainmem/checked.hpp"
 #include "trainmem/dtype.hpp"
 #include "trainmem/error.hpp"
+#include "trainmem/input_file.hpp"
 
 namespace trainmem {
 
@@ -158,6 +159,8 @@ std::string SafeTensorInfo::shape_string() const {
 
 SafeTensorsReader::SafeTensorsReader(std::string path) : path_(std::move(path)) {
   auto fail = [&](const std::string& msg) { invalid(path_, msg); };
+  // A regular file (a FIFO would block, a device never ends) under the weights' size cap.
+  check_input_file(path_, "safetensors file", kMaxWeightsBytes);
   in_.open(path_, std::ios::binary);
   if (!in_) throw InputError(path_ + ": cannot open safetensors file");
   in_.seekg(0, std::ios::end);
@@ -179,12 +182,9 @@ SafeTensorsReader::SafeTensorsReader(std::string path) : path_(std::move(path)) 
   data_start_ = 8 + header_len;
   const std::uint64_t data_size = file_size - data_start_;
 
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(header);
-  } catch (const nlohmann::json::parse_error& e) {
-    fail(std::string("header is not valid JSON (") + e.what() + ")");
-  }
+  // Strict: a tensor named twice, an out-of-range number or an over-long name is refused.
+  const nlohmann::json j =
+      parse_json_strict<nlohmann::json>(header, path_ + ": not a valid safetensors file: header");
   if (!j.is_object()) fail("header is not a JSON object");
 
   for (auto it = j.begin(); it != j.end(); ++it) {
@@ -192,12 +192,14 @@ SafeTensorsReader::SafeTensorsReader(std::string path) : path_(std::move(path)) 
     if (name == "__metadata__") {
       if (!it->is_object()) fail("__metadata__ is not an object");
       for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string()) fail("__metadata__ value of '" + m.key() + "' is not a string");
+        if (!m->is_string()) fail("__metadata__ value of '" + clip(m.key()) + "' is not a string");
         metadata_[m.key()] = m->get<std::string>();
       }
       continue;
     }
-    auto bad = [&](const std::string& msg) { invalid(path_, "tensor '" + name + "': " + msg); };
+    auto bad = [&](const std::string& msg) {
+      invalid(path_, "tensor '" + clip(name) + "': " + msg);
+    };
     const auto& e = *it;
     if (!e.is_object()) bad("entry is not an object");
     if (!e.contains("dtype") || !e["dtype"].is_string()) bad("missing string field 'dtype'");
@@ -208,7 +210,7 @@ SafeTensorsReader::SafeTensorsReader(std::string path) : path_(std::move(path)) 
     SafeTensorInfo t;
     t.name = name;
     auto dt = parse_safe_dtype(e["dtype"].get<std::string>());
-    if (!dt) bad("unknown dtype '" + e["dtype"].get<std::string>() + "'");
+    if (!dt) bad("unknown dtype '" + clip(e["dtype"].get<std::string>()) + "'");
     t.dtype = *dt;
     for (const auto& d : e["shape"]) {
       if (!d.is_number_integer() || d.get<std::int64_t>() < 0)
@@ -334,7 +336,7 @@ void SafeTensorsWriter::declare(const std::string& name, SafeDType dtype,
   tensors_.push_back(std::move(t));
 }
 
-void SafeTensorsWriter::open(const std::string& path) {
+void SafeTensorsWriter::open(const std::string& path, const std::string& what) {
   path_ = path;
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   if (!metadata_.empty()) {
@@ -348,20 +350,16 @@ void SafeTensorsWriter::open(const std::string& path) {
   }
   std::string header = j.dump();
   while (header.size() % 8) header.push_back(' ');
-  out_.open(path_, std::ios::binary | std::ios::trunc);
-  if (!out_) throw InputError(path_ + ": cannot open for writing");
+  out_ = std::make_unique<AtomicFile>(path_, what.empty() ? "writing safetensors" : what);
   unsigned char len[8];
   const std::uint64_t n = header.size();
   std::memcpy(len, &n, 8);
-  out_.write(reinterpret_cast<const char*>(len), 8);
-  out_.write(header.data(), std::streamsize(header.size()));
   data_start_ = 8 + n;
-  // Size the file now so that put() may write in any order.
-  if (next_offset_ > 0) {
-    out_.seekp(std::streamoff(data_start_ + next_offset_ - 1));
-    out_.put('\0');
-  }
-  if (!out_) throw InputError(path_ + ": write failed");
+  // The whole file's size on the disk now, so that put() may write in any order and a disk
+  // too small fails before any tensor is computed.
+  out_->reserve(checked_add(data_start_, next_offset_));
+  out_->write(len, 8);
+  out_->write(header.data(), header.size());
   written_.assign(tensors_.size(), false);
   open_ = true;
 }
@@ -371,9 +369,7 @@ void SafeTensorsWriter::put(const std::string& name, const void* data) {
   auto it = index_.find(name);
   if (it == index_.end()) throw Error(path_ + ": put of undeclared tensor '" + name + "'");
   const auto& t = tensors_[it->second];
-  out_.seekp(std::streamoff(data_start_ + t.begin));
-  out_.write(static_cast<const char*>(data), std::streamsize(t.end - t.begin));
-  if (!out_) throw InputError(path_ + ": tensor '" + name + "': write failed");
+  out_->write_at(data, t.end - t.begin, data_start_ + t.begin);
   written_[it->second] = true;
 }
 
@@ -381,14 +377,15 @@ void SafeTensorsWriter::close() {
   if (!open_) return;
   open_ = false;
   for (std::size_t i = 0; i < tensors_.size(); ++i)
-    if (!written_[i])
+    if (!written_[i]) {
+      out_.reset();  // the unfinished file is removed
       throw Error(path_ + ": tensor '" + tensors_[i].name + "' was declared but never written");
-  out_.close();
-  if (!out_) throw InputError(path_ + ": write failed on close");
+    }
+  out_->commit();
+  out_.reset();
 }
 
-SafeTensorsWriter::~SafeTensorsWriter() {
-  if (out_.is_open()) out_.close();
-}
+// An unfinished file (an exception between open() and close()) is removed by out_'s destructor.
+SafeTensorsWriter::~SafeTensorsWriter() = default;
 
 }  // namespace trainmem

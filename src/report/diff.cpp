@@ -3,6 +3,7 @@
 #include "trainmem/diff.hpp"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,6 +19,7 @@
 #include "trainmem/bytes.hpp"
 #include "trainmem/checked.hpp"
 #include "trainmem/error.hpp"
+#include "trainmem/input_file.hpp"
 #include "trainmem/report.hpp"
 
 namespace trainmem::diff {
@@ -139,20 +141,15 @@ Report read_report(const std::string& path, const std::string& where) {
   if (::stat(path.c_str(), &st) != 0)
     bad(where, "cannot read " + path + ": " + std::strerror(errno));
   if (S_ISDIR(st.st_mode)) bad(where, path + " is a directory, not a trainmem JSON report");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) bad(where, "cannot read " + path + ": " + std::strerror(errno));
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) bad(where, "reading " + path + " failed: " + std::strerror(errno));
+  if (::access(path.c_str(), R_OK) != 0)
+    bad(where, "cannot read " + path + ": " + std::strerror(errno));
   json doc;
   try {
-    doc = json::parse(text.str());
-  } catch (const json::parse_error& e) {
-    std::string msg = e.what();
-    const auto close = msg.find("] ");
-    if (msg.rfind("[json.exception", 0) == 0 && close != std::string::npos)
-      msg = msg.substr(close + 2);
-    bad(where, path + " is not JSON (" + msg + ")");
+    // A regular file under the reports' cap, read once; strict JSON (no duplicate keys).
+    doc = parse_json_strict<json>(read_input_file(path, "the file", kMaxReportBytes), path,
+                                  kMaxReportString);
+  } catch (const InputError& e) {
+    bad(where, e.what());
   }
   const std::string not_ours = path + " is not a trainmem report: ";
   if (!doc.is_object())

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "trainmem/atomic_file.hpp"
 #include "trainmem/error.hpp"
 
 namespace trainmem {
@@ -638,11 +639,7 @@ void write_timeline(const std::string& path, const TimelineData& data) {
   validate_timeline_path(path);
   const std::string text =
       lower_extension(path) == ".json" ? timeline_trace_json(data) : timeline_svg(data);
-  std::ofstream f(path, std::ios::binary);
-  if (!f) throw InputError("--timeline: cannot open '" + path + "' for writing");
-  f << text;
-  f.close();
-  if (!f) throw Error("--timeline: writing '" + path + "' failed");
+  write_file_atomically(path, text, "--timeline");
 }
 
 }  // namespace trainmem
