@@ -25,7 +25,10 @@ checks exit codes, messages and that nothing hangs (every run has a wall-clock b
                partial report (--output with its rank in the name); --weights and --tokens (the
                golden tiny GQA files) under tp 2 and pp 2 -> the single-rank run's losses, a
                token file short of the global batch -> exit 2 once; a bad flag
-               of a measured command -> said once; of estimate -> by each rank that met it, at once
+               of a measured command -> said once; of estimate -> by each rank that met it, at once;
+               ranks started with different flags (MPMD `A : B`: --seed, --model, --batch, --zero,
+               --steps) -> exit 2 naming the flag, its values and ranks, once; a
+               --collective-timeout below 1 s -> exit 2
   staged       the MPI collectives through host copies (make_staged_collective, the cuda
                backend's --collectives mpi), copies standing in for the device's -> exit 0
   nccl         the collectives on the NCCL backend (CUDA builds; skipped without devices)
@@ -82,6 +85,28 @@ def run(np, args, bound=BOUND_S, threads=None):
         sys.exit(1)
     elapsed = time.monotonic() - start
     print(f"$ {' '.join(mpirun_cmd(np) + args)}\n  exit {p.returncode} after {elapsed:.1f} s")
+    return p.returncode, p.stdout, p.stderr, elapsed
+
+
+def run_mpmd(spec, bound=BOUND_S):
+    """mpirun's MPMD form: `spec` is ["-np", "1", prog, args..., ":", "-np", "1", prog, ...]."""
+    base = mpirun_cmd(0)
+    k = base.index("-np")
+    prefix = base[:k] + base[k + 2:]
+    env = dict(os.environ)
+    for key in list(env):
+        if key.startswith(("OMPI_COMM_WORLD", "PMIX_", "PMI_")):
+            del env[key]
+    env["ASAN_OPTIONS"] = ":".join(x for x in [env.get("ASAN_OPTIONS", ""), "detect_leaks=0"] if x)
+    env["OMP_NUM_THREADS"] = "1"
+    start = time.monotonic()
+    try:
+        p = subprocess.run(prefix + spec, capture_output=True, text=True, timeout=bound, env=env)
+    except subprocess.TimeoutExpired:
+        print(f"HANG: {' '.join(spec)} did not end within {bound} s")
+        sys.exit(1)
+    elapsed = time.monotonic() - start
+    print(f"$ {' '.join(prefix + spec)}\n  exit {p.returncode} after {elapsed:.1f} s")
     return p.returncode, p.stdout, p.stderr, elapsed
 
 
@@ -386,6 +411,35 @@ def main():
         expect(f"mpirun -np {2 * n} trainmem profile" in err and
                f"mpirun -np {n} trainmem profile" in err and f"--world-size {n}" in err,
                "the mismatch message says what to run instead", out, err)
+        # Ranks started with different requests (mpirun's MPMD form `A : B`): every rank stops
+        # before the first collective with the same message naming the flag, its values and the
+        # ranks; exit 2, said once, well before any timeout; never a corrupted heap.
+        half = n // 2
+        for flag, mine, theirs in (("--seed", "1", "2"), ("--model", "tiny", "tiny-gqa"),
+                                   ("--batch", "2", "3"), ("--zero", "1", "2"),
+                                   ("--steps", "2", "3")):
+            def cmd(value):
+                args = [w for w in base]
+                if flag in args:
+                    k = args.index(flag)
+                    args[k + 1] = value
+                else:
+                    args += [flag, value]
+                return args + ["--world-size", str(n), "--dp", str(n)]
+            mpmd = ["-np", str(half)] + cmd(mine)[:] + [":", "-np", str(n - half)] + cmd(theirs)
+            rc, out, err, took = run_mpmd(mpmd)
+            expect(rc == 2, f"MPMD ranks with {flag} {mine} / {theirs}: exit {rc} (2)", out, err)
+            want = (f"{flag} is '{mine}' on rank{'s' if half > 1 else ''} " +
+                    ", ".join(str(r) for r in range(half)))
+            expect(err.count("the ranks were started with different requests") == 1 and want in err,
+                   f"MPMD {flag}: the difference named once ({want!r})", out, err)
+            expect(took < 60, f"MPMD {flag}: the job took {took:.1f} s to end", out, err)
+        # A timeout below the floor is refused before MPI starts (it made every collective time
+        # out at once, and the abort ran into freed buffers).
+        for bad in ("1e-300", "1e-9"):
+            rc, out, err, _ = run(n, base + ["--world-size", str(n), "--collective-timeout", bad])
+            expect(rc == 2 and "--collective-timeout must be between 1 and 604800" in err,
+                   f"--collective-timeout {bad}: exit {rc} (2), naming its bounds", out, err)
     else:
         print(f"unknown mode {a.mode}")
         return 2

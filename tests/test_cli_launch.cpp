@@ -4,7 +4,10 @@
 // collective and end_job on one rank. The runs under a real mpirun are tests/mpi_test.py's.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <sstream>
 
@@ -183,3 +186,91 @@ TEST(CliLaunch, LocalCollectiveMovesNothingAndEndJobKeepsTheStatus) {
 
 }  // namespace
 }  // namespace trainmem::cli
+
+// ----------------------------------------------------------------------------- the ranks agree
+namespace trainmem {
+namespace {
+
+TEST(RankAgreement, EqualRequestsAgree) {
+  const RequestLines a = {{"the subcommand", "profile"}, {"--seed", "1"}};
+  EXPECT_FALSE(request_disagreement({a, a, a}).has_value());
+  EXPECT_FALSE(request_disagreement({a}).has_value());
+  // One rank: nothing to exchange, nothing thrown.
+  auto local = make_local_collective();
+  EXPECT_NO_THROW(agree_on_request(*local, a));
+}
+
+TEST(RankAgreement, NamesTheFirstDifferingFlagItsValuesAndTheRanks) {
+  const RequestLines base = {{"the subcommand", "profile"},
+                             {"--batch", "2"},
+                             {"--model", "tiny"},
+                             {"--seed", "1"}};
+  RequestLines other = base;
+  other[2].second = "tiny-gqa";  // --model
+  other[3].second = "2";         // --seed: later in the order, not the first named
+  const auto why = request_disagreement({base, other, base, other});
+  ASSERT_TRUE(why.has_value());
+  EXPECT_EQ(*why,
+            "the ranks were started with different requests: --model is 'tiny' on ranks 0, 2 and "
+            "'tiny-gqa' on ranks 1, 3; every rank must run the same command with the same files "
+            "(mpirun's `A : B` form started different ones)");
+}
+
+TEST(RankAgreement, AFlagGivenOnOneRankOnlyIsADifference) {
+  const RequestLines a = {{"the subcommand", "profile"}, {"--batch", "2"}};
+  RequestLines b = a;
+  b.push_back({"--zero", "3"});
+  const auto why = request_disagreement({a, a, b});
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("--zero is (not given) on ranks 0, 1 and '3' on rank 2"), std::string::npos)
+      << *why;
+}
+
+TEST(RankAgreement, TheRequestOfAProcessSortsItsFlagsAndAddsTheResolvedModelAndFileSizes) {
+  const std::string dir = ::testing::TempDir();
+  const std::string tokens = dir + "/trainmem_agree_tokens.bin";
+  {
+    std::ofstream out(tokens, std::ios::binary);
+    out << std::string(24, '\0');
+  }
+  const char* argv1[] = {"trainmem", "profile", "--seed", "3", "--model=tiny", "--tokens", tokens.c_str()};
+  const char* argv2[] = {"trainmem", "profile", "--tokens", tokens.c_str(), "--model", "tiny", "--seed", "3"};
+  cli::CommonFlags cf;
+  cf.model = "tiny";
+  cf.seq = 16;
+  const cli::Common c = cli::resolve_common(cf, false, false);
+  cli::RunFlags run;
+  run.tokens = tokens;
+  cli::set_command_line(7, const_cast<char**>(argv1));
+  const RequestLines r1 = cli::rank_request(c, run);
+  cli::set_command_line(8, const_cast<char**>(argv2));
+  const RequestLines r2 = cli::rank_request(c, run);
+  EXPECT_EQ(r1, r2) << "the order flags were typed in does not matter";
+  ASSERT_GE(r1.size(), 5u);
+  EXPECT_EQ(r1[0], (std::pair<std::string, std::string>{"the subcommand", "profile"}));
+  EXPECT_EQ(r1[1], (std::pair<std::string, std::string>{"--model", "tiny"}));
+  EXPECT_EQ(r1[2], (std::pair<std::string, std::string>{"--seed", "3"}));
+  EXPECT_EQ(r1[3].first, "--tokens");
+  EXPECT_EQ(r1[4].first, "--model's configuration");
+  EXPECT_NE(r1[4].second.find("llama V 128 h 64 i 176 L 2 a 4 k 4"), std::string::npos) << r1[4].second;
+  EXPECT_EQ(r1.back(), (std::pair<std::string, std::string>{"--tokens's size in bytes", "24"}));
+  std::remove(tokens.c_str());
+}
+
+TEST(RankAgreement, CollectiveTimeoutHasASaneFloor) {
+  EXPECT_NO_THROW(check_collective_timeout(1));
+  EXPECT_NO_THROW(check_collective_timeout(604800));
+  for (double bad : {1e-300, 1e-9, 0.5, 0.0, -1.0, 604801.0, std::nan("")}) {
+    try {
+      check_collective_timeout(bad);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("--collective-timeout must be between 1 and 604800"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace trainmem

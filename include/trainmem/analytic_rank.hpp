@@ -23,6 +23,9 @@ struct OverheadOptions {
   std::optional<std::uint64_t> nccl;          // --nccl-memory BYTES (default: the formula)
   std::uint64_t nccl_buffsize = 4194304;      // NCCL_BUFFSIZE (4 MiB default)
   std::int64_t nccl_channels = 16;            // --nccl-channels (channels per communicator)
+  // The ranks run on the cpu backend (measured over MPI on host memory): no CUDA context, no
+  // NCCL buffers, and the reports speak of ranks, not GPUs.
+  bool host_ranks = false;
 };
 constexpr std::uint64_t kCudaContextBytes = 536870912;  // 512 MiB (0.3-0.55 GB reported)
 
@@ -32,6 +35,9 @@ struct Overheads {
   std::uint64_t total() const;
   std::string cuda_context_source;  // "default estimate (...)" or "--cuda-context"
   std::string nccl_source;          // the formula with its numbers, or "--nccl-memory"
+  bool host_ranks = false;          // OverheadOptions::host_ranks: both 0
+  // "GPUs", or "ranks" for host ranks (the reports' word for the layout's processes).
+  const char* unit_word() const { return host_ranks ? "ranks" : "GPUs"; }
 };
 // The overheads of one rank of `layout` (0 NCCL bytes for a single GPU).
 Overheads estimate_overheads(const ParallelConfig& layout, const OverheadOptions& opts);

@@ -25,6 +25,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trainmem/dtype.hpp"
@@ -33,6 +34,13 @@
 namespace trainmem {
 
 constexpr double kDefaultCollectiveTimeout = 300;  // seconds (--collective-timeout)
+// --collective-timeout's bounds: below a second a healthy collective of a loaded machine times
+// out (and an MPI request cannot be cancelled, so the job must end at once); above a week a stuck
+// job is not noticed.
+constexpr double kMinCollectiveTimeout = 1;
+constexpr double kMaxCollectiveTimeout = 7 * 24 * 3600;
+// InputError naming --collective-timeout and its bounds when `seconds` is outside them (or NaN).
+void check_collective_timeout(double seconds);
 
 // A collective (or a wait at the end of the job) that did not complete within the timeout:
 // the message names the collective, the rank, the size of the job and the wait.
@@ -130,6 +138,20 @@ struct DeviceCopies {
 // back (`--collectives mpi` on cuda: the MPI sums' bits, no NCCL, ranks may share a GPU). Its
 // backend() is "mpi-staged"; split() splits `host`. `host` must outlive the result.
 std::unique_ptr<Collective> make_staged_collective(Collective& host, DeviceCopies copies);
+
+// The request a rank was started with, as (name, value) pairs: its command line's flags (sorted
+// by name), the model configuration it resolved, the sizes of its input files.
+using RequestLines = std::vector<std::pair<std::string, std::string>>;
+// Every rank of `world` must run the same request (mpirun's MPMD syntax `A : B` can start ranks
+// with different flags, and a collective whose counts differ between ranks corrupts memory).
+// Called before the first data collective: an all-gather of a 64-bit digest of the request, and
+// only when the digests differ, of every rank's request (at most 16 KiB each, values cut to 100
+// characters). On a mismatch every rank throws the same InputError naming the first differing
+// entry, its values and the ranks that hold each (end_job then prints it once).
+void agree_on_request(Collective& world, const RequestLines& request);
+// The message of that InputError for the requests gathered from every rank (in rank order);
+// nullopt when they are equal.
+std::optional<std::string> request_disagreement(const std::vector<RequestLines>& ranks);
 
 // How a rank ends a multi-rank job (the failure handling, docs/distributed.md):
 //  1. every rank gives its status and message to the end-of-job agreement;

@@ -450,6 +450,12 @@ std::uint64_t Overheads::total() const {
 
 Overheads estimate_overheads(const ParallelConfig& layout, const OverheadOptions& opts) {
   Overheads o;
+  if (opts.host_ranks) {
+    o.host_ranks = true;
+    o.cuda_context_source = "none: the ranks run on the cpu backend";
+    o.nccl_source = "none: the cpu backend's collectives are MPI on host memory";
+    return o;
+  }
   if (opts.cuda_context) {
     o.cuda_context = *opts.cuda_context;
     o.cuda_context_source = "--cuda-context";

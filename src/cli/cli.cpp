@@ -3,9 +3,11 @@
 #include "cli.hpp"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -23,12 +25,18 @@ namespace {
 // Logs go to stderr so that stdout carries only the report. Reset on every run_cli call
 // (tests call it many times in one process).
 void setup_logging() {
-  auto logger = std::make_shared<spdlog::logger>(
-      "trainmem", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+  // Colours and line clearing only on the user's terminal (not in a file, a pipe, or a rank's
+  // output that mpirun forwards).
+  const bool terminal = user_terminal(STDERR_FILENO) && !std::getenv("NO_COLOR");
+  std::shared_ptr<spdlog::sinks::sink> sink;
+  if (terminal)
+    sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
+  else
+    sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+  auto logger = std::make_shared<spdlog::logger>("trainmem", sink);
   // On a terminal a log line first clears the line it lands on: a progress bar may be drawn
   // there (sweep, compare), and the message would otherwise be glued to its end.
-  logger->set_pattern(isatty(STDERR_FILENO) == 1 ? "\r\033[Ktrainmem: [%l] %v"
-                                                 : "trainmem: [%l] %v");
+  logger->set_pattern(terminal ? "\r\033[Ktrainmem: [%l] %v" : "trainmem: [%l] %v");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::info);
 }

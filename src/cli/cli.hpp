@@ -104,6 +104,10 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
 // timeline (--timeline given).
 RunRequest run_request(const Common& c, const RunFlags& flags);
 
+// Two outputs of one command that are the same file (--output, --timeline, --dump), or an output
+// that is an input (--weights, --tokens): InputError naming both flags (exit 2).
+void check_outputs(const Common& c, const RunFlags& flags);
+
 // Sets spdlog's level from a --log-level value: trace|debug|info|warn|error|off (InputError
 // listing them otherwise). add_common_flags wires --log-level to it during parsing.
 void set_log_level(const std::string& level);
@@ -128,8 +132,13 @@ void check_run_can_start(const RunRequest& rq);
 // Writes `text` to --output (or stdout when empty).
 void write_output(const std::string& output_path, const std::string& text);
 
+// Whether `fd` is the user's terminal: a terminal, and not a rank under an MPI launcher (mpirun
+// gives its ranks a pseudo-terminal of its own even when its output goes to a file or a pipe,
+// so colours and progress bars would end up in captured output).
+bool user_terminal(int fd);
+
 // Colour for a report written to `output_path` ("" = stdout): on only when it goes to stdout,
-// stdout is a terminal and NO_COLOR is not set.
+// stdout is the user's terminal (user_terminal) and NO_COLOR is not set.
 report::Colour stdout_colour(const std::string& output_path);
 
 // "file.svg" -> "file-<suffix>.svg" (timelines of several runs).

@@ -14,6 +14,8 @@
 #include "size.hpp"
 #include "trainmem/analytic.hpp"
 #include "trainmem/backend.hpp"
+#include "trainmem/collective.hpp"
+#include "trainmem/atomic_file.hpp"
 #include "trainmem/error.hpp"
 #include "trainmem/run.hpp"
 
@@ -94,7 +96,9 @@ void check_writable(const std::string& path, const std::string& flag) {
       throw InputError(flag + ": " + path + " is a directory; give a file name");
     if (::access(path.c_str(), W_OK) != 0)
       throw InputError(flag + ": cannot open " + path + " for writing: " + std::strerror(errno));
-    return;
+    // A regular file is replaced by a finished temporary file written beside it
+    // (atomic_file.hpp): its folder must take new files too. Devices are written in place.
+    if (!S_ISREG(st.st_mode)) return;
   }
   const auto slash = path.find_last_of('/');
   const std::string dir =
@@ -216,9 +220,11 @@ void add_run_flags(CLI::App& cmd, RunFlags& flags, bool several_runs) {
   cmd.add_option("--backend", flags.backend, "auto|cuda|cpu|meta")
       ->check(CLI::IsMember({"auto", "cuda", "cpu", "meta"}))
       ->capture_default_str();
-  cmd.add_option("--steps", flags.steps, "Training steps to run (>= 1)")
-      ->check(integer_check<int>("an integer; allowed: an integer from 1 to 1073741824"))
-      ->check(CLI::Range(1, 1 << 30))
+  cmd.add_option("--steps", flags.steps,
+                 "Training steps to run (1 to " + std::to_string(kMaxSteps) + ")")
+      ->check(integer_check<int>("an integer; allowed: an integer from 1 to " +
+                                 std::to_string(kMaxSteps)))
+      ->check(CLI::Range(1, kMaxSteps))
       ->capture_default_str();
   cmd.add_option("--seed", flags.seed, "Seed for the initial weights and random tokens")
       ->check(integer_check<std::uint64_t>(
@@ -240,7 +246,22 @@ void add_run_flags(CLI::App& cmd, RunFlags& flags, bool several_runs) {
                                 "3, the report of what was measured still written)");
 }
 
+void check_outputs(const Common& c, const RunFlags& flags) {
+  check_distinct_outputs(
+      {{"--output", c.output}, {"--timeline", flags.timeline}, {"--dump", flags.dump}});
+  // An input overwritten by an output would be read after it changed.
+  for (const auto& [in_flag, in] :
+       {std::pair<std::string, std::string>{"--weights", flags.weights}, {"--tokens", flags.tokens}})
+    for (const auto& [out_flag, out] :
+         {std::pair<std::string, std::string>{"--output", c.output},
+          {"--timeline", flags.timeline}, {"--dump", flags.dump}})
+      if (same_output_file(in, out))
+        throw InputError(out_flag + " " + out + " is the " + in_flag +
+                         " file: the run would overwrite its own input; give another path");
+}
+
 RunRequest run_request(const Common& c, const RunFlags& flags) {
+  check_outputs(c, flags);
   RunRequest rq;
   rq.model = c.model;
   rq.train = c.train;
@@ -380,19 +401,14 @@ void write_output(const std::string& output_path, const std::string& text) {
     std::cout << text << std::flush;
     return;
   }
-  std::ofstream out(output_path, std::ios::binary | std::ios::trunc);
-  if (!out)
-    throw InputError("--output: cannot open " + output_path +
-                     " for writing: " + std::strerror(errno));
-  out << text;
-  out.flush();
-  if (!out)
-    throw InputError("--output: writing " + output_path + " failed: " + std::strerror(errno));
+  write_file_atomically(output_path, text, "--output");
   spdlog::info("wrote {}", output_path);
 }
 
+bool user_terminal(int fd) { return isatty(fd) == 1 && !detect_launch().under_mpi; }
+
 report::Colour stdout_colour(const std::string& output_path) {
-  return output_path.empty() && isatty(STDOUT_FILENO) == 1 && !std::getenv("NO_COLOR")
+  return output_path.empty() && user_terminal(STDOUT_FILENO) && !std::getenv("NO_COLOR")
              ? report::Colour::on
              : report::Colour::off;
 }

@@ -3,6 +3,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 #include <vector>
@@ -83,8 +85,22 @@ std::string command_line() {
 void add_launch_flags(CLI::App& cmd, LaunchFlags& flags) {
   cmd.add_option("--collective-timeout", flags.collective_timeout,
                  "Multi-rank runs: seconds a collective may wait for the other ranks before "
-                 "the job ends with an error naming it (default 300)")
-      ->check(CLI::PositiveNumber);
+                 "the job ends with an error naming it (default 300; 1 to 604800)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            try {
+              std::size_t used = 0;
+              const double s = std::stod(v, &used);
+              if (used != v.size()) return "'" + v + "' is not a number of seconds";
+              check_collective_timeout(s);
+            } catch (const InputError& e) {
+              return e.what();
+            } catch (const std::exception&) {
+              return "'" + v + "' is not a number of seconds";
+            }
+            return "";
+          },
+          "SECONDS"));
   cmd.add_option("--collectives", flags.collectives,
                  "Multi-rank runs on cuda: nccl (default; one GPU per rank) or mpi (the MPI "
                  "collectives through host memory: the cpu backend's bit-reproducible sums, no "
@@ -153,6 +169,51 @@ std::optional<std::string> world_size_problem(std::int64_t world, int mpi_size,
          with_world(command, mpi_size) + "`";
 }
 
+RequestLines rank_request(const Common& c, const RunFlags& run) {
+  RequestLines out;
+  // The command line: the subcommand, then each flag with its values, sorted by flag (the
+  // order flags were typed in does not matter; a flag given on one rank alone does).
+  const auto& words = command_words();
+  std::vector<std::pair<std::string, std::string>> flags;
+  std::string subcommand;
+  for (std::size_t k = 1; k < words.size(); ++k) {
+    const std::string& w = words[k];
+    if (w.rfind("--", 0) == 0) {
+      const auto eq = w.find('=');
+      if (eq != std::string::npos)
+        flags.emplace_back(w.substr(0, eq), w.substr(eq + 1));
+      else
+        flags.emplace_back(w, "");
+    } else if (flags.empty() && subcommand.empty()) {
+      subcommand = w;
+    } else if (!flags.empty()) {
+      flags.back().second += (flags.back().second.empty() ? "" : " ") + w;
+    }
+  }
+  std::stable_sort(flags.begin(), flags.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  out.emplace_back("the subcommand", subcommand);
+  for (auto& f : flags) out.push_back(std::move(f));
+  // What the flags resolved to where a file stands behind them.
+  const ModelConfig& m = c.model;
+  std::ostringstream model;
+  model << m.family << " V " << m.vocab << " h " << m.hidden << " i " << m.intermediate << " L "
+        << m.layers << " a " << m.heads << " k " << m.kv_heads << " d " << m.head_dim()
+        << " positions " << m.max_positions << " eps " << m.rms_eps << " theta " << m.rope_theta
+        << " tied " << m.tied_embeddings << " qkv_bias " << m.qkv_bias << " qk_norm "
+        << m.qk_norm << " window " << m.sliding_window << "/" << m.window_from_layer;
+  for (const auto& f : m.features()) model << ", " << f;
+  out.emplace_back("--model's configuration", model.str());
+  for (const auto& [flag, path] : {std::pair<std::string, std::string>{"--weights", run.weights},
+                                   {"--tokens", run.tokens}}) {
+    if (path.empty()) continue;
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(path, ec);
+    out.emplace_back(flag + "'s size in bytes", ec ? "unreadable" : std::to_string(size));
+  }
+  return out;
+}
+
 int run_ranked(const Common& c, const RunFlags& run, const ParallelConfig& layout,
                const LaunchFlags& flags, const RankBody& body) {
   const std::string& backend = run.backend;
@@ -160,12 +221,16 @@ int run_ranked(const Common& c, const RunFlags& run, const ParallelConfig& layou
   if (auto p = launch_problem(detect_launch(), mpi_built(), layout.world, backend, command))
     throw InputError(*p);
   if (!run.timeline.empty()) validate_timeline_path(run.timeline);
+  check_outputs(c, run);
   // Only now, under a launcher, is MPI initialised (MPI_Init_thread); MPI_Finalize when `world`
   // is destroyed.
   std::unique_ptr<Collective> world = make_mpi_collective(flags.collective_timeout);
   std::unique_ptr<Collective> nccl;  // cuda: the data collectives; `world` stays the bootstrap
   Collective* active = world.get();  // what end_job aborts through (NCCL aborts its comm first)
   const Outcome outcome = run_captured([&]() -> int {
+    // Before anything else the ranks exchange: every rank runs the same request, or every rank
+    // stops with the same message (no collective of mismatched sizes is ever started).
+    agree_on_request(*world, rank_request(c, run));
     if (auto p = world_size_problem(layout.world, world->size(), command)) throw InputError(*p);
     if (!run.dump.empty())
       throw InputError(
@@ -229,6 +294,7 @@ MeasureRequest measure_request(const Common& c, const RunFlags& run, const Paral
   rq.train = c.train;
   rq.layout = layout;
   rq.overheads = overheads;
+  rq.overheads.host_ranks = run.backend == "cpu";  // no CUDA context, no NCCL on cpu ranks
   rq.steps = run.steps;
   rq.seed = run.seed;
   rq.keep_timeline = !run.timeline.empty();

@@ -60,6 +60,11 @@ std::optional<std::string> world_size_problem(std::int64_t world, int mpi_size,
 int run_measured_layout(const Common& c, const RunFlags& run, const ParallelConfig& layout,
                         const OverheadOptions& overheads, const LaunchFlags& flags);
 
+// The request this rank was started with, for agree_on_request (collective.hpp): the
+// subcommand and every flag of the command line (sorted by flag), the model configuration the
+// --model flag resolved to, and the sizes of the --weights and --tokens files.
+RequestLines rank_request(const Common& c, const RunFlags& run);
+
 // What every rank of a measured job runs once the launch is checked, MPI started and the
 // collectives answer: the backend, the data collectives (NCCL on cuda, MPI on cpu) and the
 // world on host buffers (MPI). Returns the rank's exit code.

@@ -315,8 +315,8 @@ ByteUnit layout_unit(const LayoutEstimate& le) {
 void describe_layout(report::ReportWriter& w, const LayoutEstimate& le, ByteUnit u,
                      const std::string& title) {
   const auto& t = le.train;
-  w.title(title + " — " + le.model.name + ", " + std::to_string(le.layout.world) +
-          " GPUs: " + le.layout.describe());
+  w.title(title + " — " + le.model.name + ", " + std::to_string(le.layout.world) + " " +
+          le.overheads.unit_word() + ": " + le.layout.describe());
   w.line("micro-batch b " + std::to_string(t.batch) + " (global batch " +
          std::to_string(le.global_batch) + " = b·M·dp), s " + std::to_string(t.seq) + ", " +
          dtype_name(t.dtype) + ", " + optimizer_name(t.optimizer) + ", checkpointing " +
@@ -329,12 +329,19 @@ void describe_layout(report::ReportWriter& w, const LayoutEstimate& le, ByteUnit
   w.paragraph_break();
   const RankEstimate& worst = le.ranks[static_cast<std::size_t>(le.worst)];
   const auto& o = le.overheads;
-  w.strong("Worst rank: stage " + std::to_string(worst.stage) + ", peak " +
-           format_bytes_with_unit(worst.est.figures.peak, u) + " + CUDA context " +
-           format_bytes_with_unit(o.cuda_context, u) + " + NCCL " +
-           format_bytes_with_unit(o.nccl, u) + " = " + format_bytes_with_unit(le.worst_total(), u));
-  w.item("CUDA context: " + o.cuda_context_source);
-  w.item("NCCL buffers: " + o.nccl_source);
+  if (o.host_ranks) {
+    w.strong("Worst rank: stage " + std::to_string(worst.stage) + ", peak " +
+             format_bytes_with_unit(worst.est.figures.peak, u) +
+             " (cpu ranks: no CUDA context, no NCCL buffers)");
+  } else {
+    w.strong("Worst rank: stage " + std::to_string(worst.stage) + ", peak " +
+             format_bytes_with_unit(worst.est.figures.peak, u) + " + CUDA context " +
+             format_bytes_with_unit(o.cuda_context, u) + " + NCCL " +
+             format_bytes_with_unit(o.nccl, u) + " = " +
+             format_bytes_with_unit(le.worst_total(), u));
+    w.item("CUDA context: " + o.cuda_context_source);
+    w.item("NCCL buffers: " + o.nccl_source);
+  }
   w.item("peak instant: " + worst.est.instants[worst.est.peak_instant].name);
   w.item("parameters on the rank: " + report::with_commas(worst.local_params) +
          (le.layout.zero >= 1 ? ", ZeRO shard " + report::with_commas(worst.shard_elements) +
@@ -606,7 +613,9 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
   for (float l : ml.losses) {
     char b[32];
     std::snprintf(b, sizeof b, "%.6f", double(l));
-    losses += (losses.empty() ? "" : ", ") + std::string(b);
+    losses += (losses.empty() ? "" : ", ") +
+              (std::isfinite(l) ? std::string(b) : std::string(std::isnan(l) ? "NaN" : "Inf") +
+                                                       " (not finite)");
   }
   const std::string seed = "of --seed " + std::to_string(ml.seed);
   w->item("loss of the global batch (" + std::to_string(le.global_batch) + " rows; weights " +
@@ -670,7 +679,9 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
     doc["seed"] = ml.seed;
     doc["weights"] = ml.weights.empty() ? json(nullptr) : json(ml.weights);
     doc["tokens"] = ml.tokens.empty() ? json(nullptr) : json(ml.tokens);
-    doc["losses"] = ml.losses;
+    json losses = json::array();  // a NaN or Inf loss says so (JSON has no NaN)
+    for (float l : ml.losses) losses.push_back(std::isfinite(l) ? json(l) : json("non_finite"));
+    doc["losses"] = losses;
     json ranks = json::array();
     for (const auto& r : ml.ranks) {
       json j = {{"rank", r.rank},
@@ -760,7 +771,8 @@ std::string render_compare_layout(const LayoutEstimate& le,
   auto w = report::make_writer(format, colour);
   const auto& t = le.train;
   w->title("trainmem compare (" + source + ") — " + le.model.name + ", " +
-           std::to_string(le.layout.world) + " GPUs: " + le.layout.describe());
+           std::to_string(le.layout.world) + " " + le.overheads.unit_word() + ": " +
+           le.layout.describe());
   w->line("micro-batch b " + std::to_string(t.batch) + " (global batch " +
           std::to_string(le.global_batch) + "), s " + std::to_string(t.seq) + ", " +
           dtype_name(t.dtype) + ", " + optimizer_name(t.optimizer) + ", " +

@@ -1,6 +1,8 @@
 // The progress bar on stderr (see src/cli/progress.hpp).
 #include "progress.hpp"
 
+#include "cli.hpp"
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -9,7 +11,7 @@
 namespace trainmem::cli {
 
 ProgressBar::ProgressBar(std::string label, std::size_t total)
-    : label_(std::move(label)), total_(total), active_(isatty(STDERR_FILENO) == 1) {}
+    : label_(std::move(label)), total_(total), active_(user_terminal(STDERR_FILENO)) {}
 
 ProgressBar::~ProgressBar() {
   done();

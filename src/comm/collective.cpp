@@ -4,9 +4,11 @@
 #include "trainmem/collective.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <iomanip>
+#include <map>
 #include <sstream>
 
 #include "comm_internal.hpp"
@@ -161,6 +163,15 @@ class LocalCollective final : public Collective {
 
 }  // namespace
 
+void check_collective_timeout(double seconds) {
+  if (!(seconds >= kMinCollectiveTimeout && seconds <= kMaxCollectiveTimeout)) {
+    std::ostringstream s;
+    s << "--collective-timeout must be between " << kMinCollectiveTimeout << " and "
+      << kMaxCollectiveTimeout << " seconds (a week), got " << seconds;
+    throw InputError(s.str());
+  }
+}
+
 std::unique_ptr<Collective> make_local_collective(double timeout_s) {
   return std::make_unique<LocalCollective>(timeout_s);
 }
@@ -182,6 +193,152 @@ std::unique_ptr<Collective> make_nccl_collective(Collective&) {
       "runs the ranks over MPI");
 }
 #endif
+
+// ------------------------------------------------------------------ the ranks' agreement
+
+namespace {
+
+constexpr std::size_t kRequestRecord = 16384;  // bytes per rank in the second all-gather
+constexpr std::size_t kRequestValue = 100;     // characters of a value kept
+
+std::uint64_t fnv1a(const std::string& text, std::uint64_t h = 14695981039346656037ull) {
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string hex64(std::uint64_t v) {
+  std::ostringstream s;
+  s << std::hex << std::setw(16) << std::setfill('0') << v;
+  return s.str();
+}
+
+// One line per entry: name, unit separator, value, record separator. A long value keeps its
+// first kRequestValue characters, its length and its digest (still unequal when it differs).
+std::string serialise(const RequestLines& request) {
+  std::string out;
+  for (const auto& [name, value] : request) {
+    out += name.substr(0, kRequestValue);
+    out += '\x1f';
+    if (value.size() <= kRequestValue)
+      out += value;
+    else
+      out += value.substr(0, kRequestValue) + "... (" + std::to_string(value.size()) +
+             " characters, digest " + hex64(fnv1a(value)) + ")";
+    out += '\x1e';
+  }
+  return out;
+}
+
+RequestLines parse(const std::string& text) {
+  RequestLines out;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const std::size_t end = text.find('\x1e', at);
+    const std::string line = text.substr(at, end == std::string::npos ? std::string::npos : end - at);
+    const std::size_t sep = line.find('\x1f');
+    if (sep == std::string::npos)
+      out.emplace_back(line, "");
+    else
+      out.emplace_back(line.substr(0, sep), line.substr(sep + 1));
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  return out;
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::ostringstream s;
+  s << (ranks.size() == 1 ? "rank " : "ranks ");
+  for (std::size_t k = 0; k < ranks.size() && k < 8; ++k) s << (k ? ", " : "") << ranks[k];
+  if (ranks.size() > 8) s << " and " << ranks.size() - 8 << " more";
+  return s.str();
+}
+
+}  // namespace
+
+std::optional<std::string> request_disagreement(const std::vector<RequestLines>& ranks) {
+  if (std::all_of(ranks.begin(), ranks.end(), [&](const RequestLines& r) { return r == ranks[0]; }))
+    return std::nullopt;
+  // Every entry name, in the order first seen (rank 0's order, then any others').
+  std::vector<std::string> names;
+  std::vector<std::map<std::string, std::string>> by_rank;
+  for (const auto& r : ranks) {
+    std::map<std::string, std::string> m;
+    for (const auto& [name, value] : r) {
+      if (!m.count(name) &&
+          std::find(names.begin(), names.end(), name) == names.end())
+        names.push_back(name);
+      m.emplace(name, value);
+    }
+    by_rank.push_back(std::move(m));
+  }
+  const std::string absent = "(not given)";
+  for (const auto& name : names) {
+    // The values in the order of the first rank that holds each, with their ranks.
+    std::vector<std::pair<std::string, std::vector<int>>> values;
+    for (std::size_t r = 0; r < by_rank.size(); ++r) {
+      const auto it = by_rank[r].find(name);
+      const std::string v = it == by_rank[r].end() ? absent : it->second;
+      auto slot = std::find_if(values.begin(), values.end(),
+                               [&](const auto& e) { return e.first == v; });
+      if (slot == values.end()) {
+        values.push_back({v, {}});
+        slot = values.end() - 1;
+      }
+      slot->second.push_back(static_cast<int>(r));
+    }
+    if (values.size() < 2) continue;
+    std::ostringstream s;
+    s << "the ranks were started with different requests: " << name << " is ";
+    for (std::size_t k = 0; k < values.size() && k < 4; ++k) {
+      const std::string& v = values[k].first;
+      s << (k ? (k + 1 == values.size() || k == 3 ? " and " : ", ") : "")
+        << (v == absent ? v : "'" + v + "'") << " on " << rank_list(values[k].second);
+    }
+    if (values.size() > 4) s << " (and " << values.size() - 4 << " more values)";
+    s << "; every rank must run the same command with the same files (mpirun's `A : B` form "
+         "started different ones)";
+    return s.str();
+  }
+  return std::string(
+      "the ranks were started with different requests (they differ beyond the first " +
+      std::to_string(kRequestRecord) + " bytes compared); every rank must run the same command "
+      "with the same files");
+}
+
+void agree_on_request(Collective& world, const RequestLines& request) {
+  const int n = world.size();
+  if (n < 2) return;
+  const std::string text = serialise(request);
+  // 1. The digests (two fp32 slots carry the 64 bits; all_gather moves bytes, no arithmetic).
+  const std::uint64_t mine = fnv1a(text);
+  std::vector<std::uint64_t> digests(static_cast<std::size_t>(n), 0);
+  world.all_gather(&mine, digests.data(), 2, DType::f32);
+  if (std::all_of(digests.begin(), digests.end(), [&](std::uint64_t d) { return d == digests[0]; }))
+    return;
+  // 2. Only when they differ: every rank's request, a fixed-size record each.
+  std::vector<unsigned char> record(kRequestRecord, 0);
+  const std::uint32_t len =
+      static_cast<std::uint32_t>(std::min(text.size(), kRequestRecord - sizeof(std::uint32_t)));
+  std::memcpy(record.data(), &len, sizeof len);
+  std::memcpy(record.data() + sizeof len, text.data(), len);
+  std::vector<unsigned char> all(kRequestRecord * static_cast<std::size_t>(n));
+  world.all_gather(record.data(), all.data(), kRequestRecord / 4, DType::f32);
+  std::vector<RequestLines> ranks;
+  for (int r = 0; r < n; ++r) {
+    const unsigned char* rec = all.data() + kRequestRecord * static_cast<std::size_t>(r);
+    std::uint32_t l = 0;
+    std::memcpy(&l, rec, sizeof l);
+    l = std::min<std::uint32_t>(l, kRequestRecord - sizeof l);
+    ranks.push_back(parse(std::string(reinterpret_cast<const char*>(rec + sizeof l), l)));
+  }
+  const auto why = request_disagreement(ranks);
+  throw InputError(why ? *why
+                       : "the ranks were started with different requests (their digests differ)");
+}
 
 int end_job(Collective& world, int status, const std::string& message, std::ostream& err,
             double grace_s) {

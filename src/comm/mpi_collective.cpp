@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -249,12 +250,18 @@ class MpiCollective final : public Collective {
   }
 
   std::optional<std::vector<int>> exchange_status(int status, double wait_s) override {
-    std::vector<int> all(static_cast<std::size_t>(size_), 0);
+    // Heap buffers, left allocated when the exchange does not complete: MPI may still write
+    // into them while abort_job runs.
+    auto* all = new std::vector<int>(static_cast<std::size_t>(size_), 0);
+    auto* mine = new int(status);
     MPI_Request req;
-    if (MPI_Iallgather(&status, 1, MPI_INT, all.data(), 1, MPI_INT, control_, &req) != MPI_SUCCESS)
+    if (MPI_Iallgather(mine, 1, MPI_INT, all->data(), 1, MPI_INT, control_, &req) != MPI_SUCCESS)
       return std::nullopt;
     if (poll(&req, wait_s) != MPI_SUCCESS) return std::nullopt;  // abort_job follows
-    return all;
+    std::vector<int> out = std::move(*all);
+    delete all;
+    delete mine;
+    return out;
   }
 
   [[noreturn]] void abort_job(int code) override {
@@ -312,10 +319,23 @@ class MpiCollective final : public Collective {
       throw Error(what + " failed on " + comm::rank_of(rank_, size_) + ": " + mpi_error_text(rc));
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    // The request cannot be cancelled (MPI has no cancel for collectives): the caller's error
-    // path ends the job (end_job -> MPI_Abort).
-    throw CollectiveTimeout(
-        comm::timeout_message(what + " timed out", rank_, size_, waited, timeout_s_, waiting_for));
+    // The request cannot be cancelled (MPI has no cancel for collectives) and MPI may still
+    // write into its buffers (counts, staging, the caller's tensors): unwinding would free them
+    // under it, and the next MPI call (the end-of-job agreement's progress, a peer's
+    // single-copy write) would corrupt the heap. So the rank says what timed out and ends the
+    // whole job here, with every buffer still alive.
+    const std::string who = comm::rank_of(rank_, size_);
+    std::fprintf(stderr,
+                 "trainmem: %s: error: %s\ntrainmem: %s: ending the whole job with exit code 1 "
+                 "(MPI_Abort) at the timeout: the timed-out request may still write into this "
+                 "rank's buffers, so the rank does not unwind\n",
+                 who.c_str(),
+                 comm::timeout_message(what + " timed out", rank_, size_, waited, timeout_s_,
+                                       waiting_for)
+                     .c_str(),
+                 who.c_str());
+    std::fflush(stderr);
+    abort_job(1);
   }
 
   void wait(MPI_Request* req, const std::string& what, std::size_t n, DType t, int peer = -1) {
@@ -403,9 +423,7 @@ bool mpi_started() {
 }
 
 std::unique_ptr<Collective> make_mpi_collective(double timeout_s) {
-  if (!(timeout_s > 0))
-    throw InputError("--collective-timeout must be above 0 seconds, got " +
-                     std::to_string(timeout_s));
+  check_collective_timeout(timeout_s);
   return std::make_unique<MpiCollective>(timeout_s);
 }
 
