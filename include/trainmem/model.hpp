@@ -109,6 +109,9 @@ class LlamaModel {
   void load_weights(const std::string& path);
   void load_weights(const SafeTensorsReader& file);
   void load_weights(const std::vector<const SafeTensorsReader*>& files);
+  // The --weights tensors that held NaN or Inf values, "name (N of M)" each (a warning was
+  // logged when they were read); empty when every value was finite or nothing was read.
+  const std::vector<std::string>& non_finite_weights() const { return non_finite_weights_; }
   // b·s ids, row-major (batch, seq); each in [0, vocab) (InputError naming `source`).
   void set_tokens(const std::vector<std::int32_t>& ids, const std::string& source = "tokens");
   void random_tokens(std::uint64_t seed);
@@ -206,6 +209,7 @@ class LlamaModel {
   Tensor gemm_workspace_;    // 32 MiB, workspace
   std::vector<std::int32_t> host_tokens_;
   bool weights_set_ = false, tokens_set_ = false;
+  std::vector<std::string> non_finite_weights_;
   int step_ = 0;
   float loss_ = 0.0f;
   float loss_scale_ = 1.0f;

@@ -19,6 +19,9 @@ std::optional<Offload> parse_offload(const std::string& s);
 // costs no bytes here: the sharded step gathers updated parameters in place.
 constexpr std::uint64_t kDefaultReduceBucket = 500000000;  // reduce_bucket_size 5e8
 
+// --microbatches' upper bound (the traces walk every micro-batch of the 1F1B schedule).
+constexpr std::int64_t kMaxMicrobatches = 16384;
+
 struct ParallelConfig {
   std::int64_t world = 1;         // N (--world-size)
   std::int64_t dp = 1;            // data-parallel degree (--dp; default N / (tp·pp))

@@ -49,6 +49,11 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
 using LayoutEstimator = std::function<LayoutEstimate(
     const ModelConfig&, const TrainConfig&, const ParallelConfig&, const OverheadOptions&)>;
 
+// Bounds that keep the search's run time bounded whatever the flags (docs/plan.md): the
+// layouts are the divisors of --gpus, the micro-batch sizes those of --global-batch / dp.
+constexpr std::int64_t kMaxPlanGpus = 65536;
+constexpr std::int64_t kMaxPlanGlobalBatch = std::int64_t{1} << 24;
+
 struct PlanOptions {
   std::int64_t gpus = 1;          // N (--gpus)
   std::uint64_t gpu_memory = 0;   // bytes per GPU (--gpu-memory)

@@ -35,6 +35,10 @@ ChosenBackend choose_backend(const std::string& name, DType dtype);
 
 // ---------------------------------------------------------------- one run
 
+// --steps' upper bound: a memory measurement needs a few steps; the bound keeps a meta trace's
+// run time bounded (each step is traced whole).
+constexpr int kMaxSteps = 10000;
+
 struct RunRequest {
   ModelConfig model;
   TrainConfig train;
@@ -80,6 +84,11 @@ struct RunResult {
   std::string weights, tokens;
   std::optional<std::uint64_t> device_budget;
   std::vector<float> losses;         // per step (NaN on meta)
+  // On a backend that computes: the steps (1-based) whose loss was NaN or Inf (a warning was
+  // logged; the JSON report writes "non_finite" for them), and the --weights tensors that held
+  // NaN or Inf values (LlamaModel::non_finite_weights).
+  std::vector<int> non_finite_steps;
+  std::vector<std::string> non_finite_weights;
   std::vector<double> step_seconds;  // per step, wall time including a device synchronise
 
   // The ledger, for the last step run (docs/design.md meanings).

@@ -30,11 +30,16 @@ std::string num(double v) {
   return s;
 }
 
+// Ascending; O(sqrt n) divisions.
 std::vector<std::int64_t> divisors(std::int64_t n) {
-  std::vector<std::int64_t> out;
-  for (std::int64_t d = 1; d <= n; ++d)
-    if (n % d == 0) out.push_back(d);
-  return out;
+  std::vector<std::int64_t> low, high;
+  for (std::int64_t d = 1; d <= n / d; ++d)
+    if (n % d == 0) {
+      low.push_back(d);
+      if (d != n / d) high.push_back(n / d);
+    }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
 }
 
 // The structural rules of the enumeration (docs/plan.md): ZeRO shards over data-parallel
@@ -65,15 +70,17 @@ std::string family_name(std::int64_t dp, std::int64_t tp, std::int64_t pp, int z
 }
 
 void PlanOptions::validate() const {
-  if (gpus < 1) throw InputError("--gpus must be at least 1, got " + str(gpus));
+  if (gpus < 1 || gpus > kMaxPlanGpus)
+    throw InputError("--gpus must be from 1 to " + str(kMaxPlanGpus) + ", got " + str(gpus));
   if (gpu_memory == 0)
     throw InputError("--gpu-memory must be more than 0 bytes (a SIZE such as 80GiB)");
   if (!(margin >= 0.0 && margin < 1.0))
     throw InputError("--margin must be from 0 up to (not including) 1, got " + num(margin));
   if (seq < 2)
     throw InputError("--seq must be >= 2 (the loss predicts the next token), got " + str(seq));
-  if (global_batch < 1)
-    throw InputError("--global-batch must be at least 1 sequence, got " + str(global_batch));
+  if (global_batch < 1 || global_batch > kMaxPlanGlobalBatch)
+    throw InputError("--global-batch must be from 1 to " + str(kMaxPlanGlobalBatch) +
+                     " sequences, got " + str(global_batch));
   if (top < 1) throw InputError("--top must be at least 1");
   if (!(cost.tflops > 0) || !std::isfinite(cost.tflops))
     throw InputError("--tflops must be a positive number of TFLOP/s, got " + num(cost.tflops));
@@ -255,22 +262,32 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
                 layout.zero = zero;
                 layout.sp = sp;
                 layout.offload = off;
-                // The micro-batch sizes the layout checks accept, ascending.
+                // The micro-batch sizes the layout checks accept, ascending. The checks depend
+                // on b only through M = G / (dp·b) and its bound: the rest is checked once per
+                // setting (with M = 1), so the loop over b costs no exceptions.
                 std::vector<std::int64_t> valid;
+                res.enumerated += bs.size();
+                fam.layouts += bs.size();
+                try {
+                  ParallelConfig p = layout;
+                  p.microbatches = 1;
+                  train.batch = bs.empty() ? 1 : bs.front();
+                  p.resolve(true, model, train);
+                } catch (const InputError& e) {
+                  res.invalid += bs.size();
+                  fam.invalid += bs.size();
+                  if (!bs.empty()) add_unique(fam.messages, refusal(e.what()));
+                  continue;
+                }
                 for (std::int64_t b : bs) {
-                  ++res.enumerated;
-                  ++fam.layouts;
-                  train.batch = b;
-                  layout.microbatches = G / (tr.dp * b);
-                  try {
-                    ParallelConfig p = layout;
-                    p.resolve(true, model, train);
+                  if (G / (tr.dp * b) <= kMaxMicrobatches) {
                     valid.push_back(b);
-                  } catch (const InputError& e) {
-                    ++res.invalid;
-                    ++fam.invalid;
-                    add_unique(fam.messages, refusal(e.what()));
+                    continue;
                   }
+                  ++res.invalid;
+                  ++fam.invalid;
+                  add_unique(fam.messages, "not supported: more than " + str(kMaxMicrobatches) +
+                                               " micro-batches per step (--microbatches' bound)");
                 }
                 if (valid.empty()) continue;
                 auto at_b = [&](std::int64_t b) {

@@ -64,8 +64,10 @@ void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const Trai
     dp = world / (tp * pp);
   }
   if (zero < 0 || zero > 3) throw InputError("--zero must be 0, 1, 2 or 3, got " + str(zero));
-  if (microbatches < 1)
-    throw InputError("--microbatches must be at least 1, got " + str(microbatches));
+  // The trace walks every micro-batch of the schedule: the bound keeps its run time bounded.
+  if (microbatches < 1 || microbatches > kMaxMicrobatches)
+    throw InputError("--microbatches must be from 1 to " + str(kMaxMicrobatches) + ", got " +
+                     str(microbatches));
   if (prefetch < 0) throw InputError("--prefetch must be 0 or more, got " + str(prefetch));
   if (reduce_bucket == 0) throw InputError("--reduce-bucket must be at least 1 element");
   if (tp > 1) {

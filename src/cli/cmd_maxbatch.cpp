@@ -110,11 +110,18 @@ int run_maxbatch(const MaxbatchFlags& flags) {
     throw InputError("--budget is required: a SIZE (80GiB, 24GB, 512MiB) or 'device'");
   if (flags.vary != "batch" && flags.vary != "seq")
     throw InputError("--vary: unknown '" + flags.vary + "'; allowed: batch, seq");
-  if (flags.step < 1) throw InputError("--step must be >= 1, got " + std::to_string(flags.step));
+  // The search's range: batch up to 2^30, seq up to 2^24 (a step beyond it has no answer).
+  const std::int64_t step_max = flags.vary == "seq" ? (std::int64_t{1} << 24) : (std::int64_t{1} << 30);
+  if (flags.step < 1 || flags.step > step_max)
+    throw InputError("--step must be between 1 and " + std::to_string(step_max) + " for --vary " +
+                     flags.vary + ", got " + std::to_string(flags.step));
   const Budget budget = flags.budget == "device" ? device_budget()
                                                  : Budget{parse_size(flags.budget, "--budget"),
                                                           "--budget " + flags.budget};
   const bool vary_batch = flags.vary == "batch";
+  // The layout flags are checked as every subcommand checks them (--tp 2 or --zero 3 without
+  // --world-size is refused here as by estimate, never silently ignored).
+  (void)resolve_layout(flags.layout, c.model, c.train);
   if (flags.layout.world != 1) {
     if (flags.overhead != "auto")
       throw InputError(

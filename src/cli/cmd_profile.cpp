@@ -65,14 +65,23 @@ int run_profile(const ProfileFlags& flags) {
 
   const RunResult r = execute_run(rq);
   if (!r.backend_note.empty()) spdlog::warn("{}", r.backend_note);
+  // The timeline, then the report: one that cannot be written (a full disk) does not keep the
+  // other from being written; its error is the exit status afterwards.
+  std::optional<std::string> timeline_error;
   if (r.timeline && !flags.run.timeline.empty()) {
-    write_timeline(flags.run.timeline, *r.timeline);
-    spdlog::info("wrote {}", flags.run.timeline);
+    try {
+      write_timeline(flags.run.timeline, *r.timeline);
+      spdlog::info("wrote {}", flags.run.timeline);
+    } catch (const InputError& e) {
+      timeline_error = e.what();
+      spdlog::error("the timeline was not written: {}", e.what());
+    }
   }
 
   const auto w = report::make_writer(c.format, stdout_colour(c.output));
   write_profile(*w, r);
   write_output(c.output, w->str());
+  if (timeline_error && !r.failure) throw InputError(*timeline_error);
   // After an out-of-memory (already logged by execute_run) the report above holds what was
   // measured up to the failure.
   return r.failure ? 3 : 0;

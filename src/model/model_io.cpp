@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -13,6 +14,7 @@
 
 #include "trainmem/checked.hpp"
 #include "trainmem/error.hpp"
+#include "trainmem/input_file.hpp"
 
 namespace trainmem {
 
@@ -102,9 +104,25 @@ void LlamaModel::load_weights(const std::vector<const SafeTensorsReader*>& files
     for (std::size_t pi = 0; pi < params_.size(); ++pi) {
       const std::string& name = params_[pi].name;
       const SafeTensorsReader* f = source[pi];
+      std::uint64_t bad = 0;
       write_parameter(pi, [&](float* dst, std::uint64_t first, std::uint64_t count) {
         f->read_f32(name, dst, first, count);
+        for (std::uint64_t e = 0; e < count; ++e) bad += std::isfinite(dst[e]) ? 0 : 1;
       });
+      if (bad)
+        non_finite_weights_.push_back(name + " (" + std::to_string(bad) + " of " +
+                                      std::to_string(params_[pi].numel()) + ")");
+    }
+    if (!non_finite_weights_.empty()) {
+      std::string list;
+      for (std::size_t k = 0; k < non_finite_weights_.size() && k < 4; ++k)
+        list += (k ? ", " : "") + non_finite_weights_[k];
+      if (non_finite_weights_.size() > 4)
+        list += " and " + std::to_string(non_finite_weights_.size() - 4) + " more";
+      spdlog::warn(
+          "--weights {}: {} tensor(s) hold NaN or Inf values: {}; the losses and gradients will "
+          "not be finite",
+          label, non_finite_weights_.size(), list);
     }
   }
   weights_set_ = true;
@@ -132,6 +150,8 @@ void LlamaModel::write_parameter(
 
 std::vector<std::int32_t> load_tokens_file(const std::string& path, std::int64_t batch,
                                            std::int64_t seq, std::int64_t vocab) {
+  // A regular file (a FIFO would block), whose size is checked against batch x seq below.
+  check_input_file(path, "--tokens", kMaxWeightsBytes);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError("--tokens " + path + ": cannot open file");
   in.seekg(0, std::ios::end);
@@ -162,7 +182,7 @@ GradientDump::GradientDump(std::string path, const LlamaModel& model) : path_(st
   writer_.set_metadata("model", model.model_config().name);
   writer_.declare("loss", SafeDType::F32, {1});
   for (const auto& p : model.parameters()) writer_.declare(p.name, SafeDType::F32, p.shape);
-  writer_.open(path_);
+  writer_.open(path_, "--dump");
 }
 
 GradientCapture GradientDump::capture() {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <utility>
 
 #include "trainmem/cupti_tag_allocator.hpp"
@@ -72,7 +73,9 @@ RunResult start_result(const RunRequest& rq) {
   r.weights = rq.weights;
   r.tokens = rq.tokens;
   r.device_budget = rq.device_budget;
-  if (rq.steps < 1) throw InputError("--steps must be >= 1, got " + std::to_string(rq.steps));
+  if (rq.steps < 1 || rq.steps > kMaxSteps)
+    throw InputError("--steps must be from 1 to " + std::to_string(kMaxSteps) + ", got " +
+                     std::to_string(rq.steps));
   r.estimates.push_back(estimate(Profile::native, rq.model, rq.train));
   for (Profile p : rq.profiles)
     if (p != Profile::native) r.estimates.push_back(estimate(p, rq.model, rq.train, rq.hf));
@@ -170,6 +173,7 @@ std::uint64_t run_steps(const RunRequest& rq, RunRig& rig, RunResult& r) {
                                          default_optimizer_settings(rq.train.optimizer));
     if (!rq.weights.empty()) {
       model->load_weights(rq.weights);
+      r.non_finite_weights = model->non_finite_weights();
     } else {
       model->init_random(rq.seed);
     }
@@ -195,6 +199,12 @@ std::uint64_t run_steps(const RunRequest& rq, RunRig& rig, RunResult& r) {
       probes.end_step();
       r.losses.push_back(loss);
       r.steps_done = step;
+      if (be.computes() && !std::isfinite(loss)) {
+        r.non_finite_steps.push_back(step);
+        spdlog::warn("step {}: the loss is {} (not finite){}", step, std::isnan(loss) ? "NaN" : "Inf",
+                     r.non_finite_weights.empty() ? std::string()
+                                                  : std::string(": --weights holds NaN or Inf values"));
+      }
       if (step == 1 && dump) {
         dump->finish(loss);
         spdlog::info("wrote {} (loss and {} gradients, fp32)", rq.dump, model->parameters().size());

@@ -40,8 +40,12 @@ json run_result_json(const RunResult& r) {
   j["run"]["weights"] = r.weights.empty() ? json(nullptr) : json(r.weights);
   j["run"]["tokens"] = r.tokens.empty() ? json(nullptr) : json(r.tokens);
   json losses = json::array();
-  for (float l : r.losses) losses.push_back(std::isfinite(l) ? json(l) : json(nullptr));
+  // Meta predicts (no loss: null); a computed loss that is NaN or Inf says so.
+  for (float l : r.losses)
+    losses.push_back(std::isfinite(l) ? json(l) : r.computes ? json("non_finite") : json(nullptr));
   j["run"]["losses"] = losses;
+  if (!r.non_finite_steps.empty() || !r.non_finite_weights.empty())
+    j["run"]["non_finite"] = {{"steps", r.non_finite_steps}, {"weights", r.non_finite_weights}};
   j["run"]["step_seconds"] = r.step_seconds;
   if (!r.backend_note.empty()) j["run"]["backend_note"] = r.backend_note;
   j["run"]["device_budget"] = r.device_budget ? json(*r.device_budget) : json(nullptr);

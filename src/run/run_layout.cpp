@@ -1,8 +1,11 @@
 // Tracing a parallel layout rank by rank on meta (include/trainmem/run_layout.hpp).
 #include "trainmem/run_layout.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "trainmem/error.hpp"
@@ -238,6 +241,9 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
         const auto t0 = std::chrono::steady_clock::now();
         if (probes) probes->begin_step(n + 1);
         out.losses.push_back(step->train_step());
+        if (!std::isfinite(out.losses.back()))
+          spdlog::warn("rank {}: step {}: the loss is {} (not finite)", mine.rank, n + 1,
+                       std::isnan(out.losses.back()) ? "NaN" : "Inf");
         backend.synchronize();
         if (probes) probes->end_step();
         seconds.push_back(

@@ -188,6 +188,12 @@ std::string losses_text(const RunResult& r) {
     if (std::isfinite(r.losses[i]))
       s += (s.empty() ? "" : ", ") + std::string("step ") + std::to_string(i + 1) + " " +
            report::fixed(r.losses[i], 4);
+    else if (r.computes)  // a computed loss that is NaN or Inf is shown, not dropped
+      s += (s.empty() ? "" : ", ") + std::string("step ") + std::to_string(i + 1) + " " +
+           (std::isnan(r.losses[i]) ? "NaN" : "Inf") + " (not finite)";
+  if (!r.non_finite_weights.empty())
+    s += "; --weights holds NaN or Inf values in " + std::to_string(r.non_finite_weights.size()) +
+         " tensor(s)";
   return s;
 }
 
