@@ -10,7 +10,8 @@
 
 namespace trainmem {
 
-// Size caps per kind of input file (docs/design.md, "Input files").
+// Size caps per kind of input file (docs/decisions.md, "Robust on any machine and against any
+// input").
 constexpr std::uint64_t kMaxConfigBytes = 16ull << 20;     // a config.json: 16 MiB
 constexpr std::uint64_t kMaxReportBytes = 256ull << 20;    // a JSON report (diff): 256 MiB
 constexpr std::uint64_t kMaxWeightsBytes = 4ull << 40;     // a .safetensors file: 4 TiB
