@@ -1,14 +1,25 @@
 // bench_step: the cpu backend's training step for a small LLaMA (preset small-256: hidden
 // 256, 4 layers, intermediate 688, vocab 2048; batch 4, seq 128; AdamW, eager attention; fp32
-// or bf16) beside the same step in PyTorch on the CPU (tools/bench_step_torch.py, when
-// /usr/bin/python3 has torch; bf16 there is torch.autocast with fp32 weights, PyTorch's own
-// mixed precision), with both median times and their ratio. Also traces LLaMA-65B at batch 8,
-// seq 512 on the meta backend and prints how long that took. Prints figures; asserts nothing
-// about speed. docs/performance.md records what it printed.
+// or bf16) beside the same step in PyTorch on the CPU (tools/bench_step_torch.py --serve, one
+// subprocess per peer; bf16 there is torch.autocast with fp32 weights, PyTorch's own mixed
+// precision). The repetitions are interleaved: each round times one trainmem step and then one
+// step of every peer (the order rotates by round), so machine load falls on all sides alike.
+// Prints each side's median, min and max and the ratio of medians, and the median of the
+// per-round ratios. Also traces LLaMA-65B at batch 8, seq 512 on the meta backend and prints
+// how long that took. Prints figures; asserts nothing about speed. docs/performance.md records
+// what it printed. torch is never a dependency: a peer that cannot start is said and skipped.
 //
-//   bench_step [--steps N] [--threads N] [--dtype fp32|bf16|fp16] [--python PATH] [--no-torch]
-//              [--batch N] [--seq N] [--model NAME]
+//   bench_step [--steps N] [--threads N] [--dtype fp32|bf16|fp16] [--peer CMD]... [--python PATH]
+//              [--no-torch] [--batch N] [--seq N] [--model NAME]
+// --peer CMD: a shell command prefix that runs a Python with torch, e.g. "/usr/bin/python3" or
+// "PYTHONPATH=/opt/torch-pypi /usr/bin/python3"; repeatable. Default peers: /usr/bin/python3
+// (Debian's python3-torch) and, when /opt/torch-pypi/torch exists, the same interpreter with
+// PYTHONPATH=/opt/torch-pypi (PyPI's torch). --python PATH is --peer PATH.
 #include <omp.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -40,22 +51,79 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-std::string run_capture(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[4096];
-  while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  pclose(p);
-  return out;
-}
+// A PyTorch peer: tools/bench_step_torch.py --serve under /bin/sh, talked to through pipes.
+struct Peer {
+  std::string cmd, label;
+  pid_t pid = -1;
+  FILE* to = nullptr;    // its stdin
+  FILE* from = nullptr;  // its stdout
+  std::vector<double> ms;
+  bool ok = false;
+
+  bool start(const std::string& shell_cmd) {
+    int in[2], out[2];
+    // close-on-exec: a later peer must not inherit this one's pipe ends (its stdin would
+    // then never reach end of input); dup2 onto 0 and 1 clears the flag for the peer itself.
+    if (pipe2(in, O_CLOEXEC) != 0) return false;
+    if (pipe2(out, O_CLOEXEC) != 0) return false;
+    pid = fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      close(in[0]);
+      close(in[1]);
+      close(out[0]);
+      close(out[1]);
+      execl("/bin/sh", "sh", "-c", shell_cmd.c_str(), (char*)nullptr);
+      _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    to = fdopen(in[1], "w");
+    from = fdopen(out[0], "r");
+    return to && from;
+  }
+  bool read_line(std::string& line) {
+    line.clear();
+    char buf[4096];
+    while (std::fgets(buf, sizeof buf, from)) {
+      line += buf;
+      if (!line.empty() && line.back() == '\n') return true;
+    }
+    return !line.empty();
+  }
+  bool step() {
+    std::fputs("step\n", to);
+    std::fflush(to);
+    std::string line;
+    if (!read_line(line)) return false;
+    char* end = nullptr;
+    const double v = std::strtod(line.c_str(), &end);
+    if (end == line.c_str()) return false;
+    ms.push_back(v);
+    return true;
+  }
+  void stop() {
+    if (to) {
+      std::fputs("quit\n", to);
+      std::fflush(to);
+      std::fclose(to);
+    }
+    if (from) std::fclose(from);
+    to = from = nullptr;
+    if (pid > 0) waitpid(pid, nullptr, 0);
+    pid = -1;
+  }
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 5, threads = 0;
+  int steps = 9, threads = 0;
   std::int64_t batch = 4, seq = 128;
-  std::string python = "/usr/bin/python3", model_name = "small-256";
+  std::string model_name = "small-256";
+  std::vector<std::string> peer_cmds;
   bool torch = true;
   DType dtype = DType::f32;
   for (int a = 1; a < argc; ++a) {
@@ -71,8 +139,8 @@ int main(int argc, char** argv) {
       steps = std::stoi(next());
     else if (arg == "--threads")
       threads = std::stoi(next());
-    else if (arg == "--python")
-      python = next();
+    else if (arg == "--python" || arg == "--peer")
+      peer_cmds.push_back(next());
     else if (arg == "--dtype") {
       const auto d = parse_dtype(next());
       if (!d || *d == DType::i32) {
@@ -93,6 +161,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  signal(SIGPIPE, SIG_IGN);  // a peer that died is noticed on its next answer
   if (threads > 0) omp_set_num_threads(threads);
   const int nthreads = omp_get_max_threads();
 
@@ -117,8 +187,51 @@ int main(int argc, char** argv) {
       (long long)m.layers, (long long)m.heads, (long long)m.kv_heads, (long long)batch,
       (long long)seq, dtype_name(dtype), nthreads);
 
-  // ---- trainmem cpu backend
-  double ours_ms = 0;
+  // ---- the PyTorch peers: started first, each runs its warm-up step before the rounds
+  std::vector<Peer> peers;
+  if (torch) {
+    if (peer_cmds.empty()) {
+      peer_cmds.push_back("/usr/bin/python3");
+      if (std::filesystem::exists("/opt/torch-pypi/torch"))
+        peer_cmds.push_back("PYTHONPATH=/opt/torch-pypi /usr/bin/python3");
+    }
+    const auto script = std::filesystem::path(__FILE__).parent_path().parent_path() / "tools" /
+                        "bench_step_torch.py";
+    for (const auto& pc : peer_cmds) {
+      char cmd[2048];
+      std::snprintf(cmd, sizeof cmd,
+                    "%s '%s' --serve --vocab %lld --hidden %lld --intermediate %lld --layers %lld "
+                    "--heads %lld --kv-heads %lld %s --batch %lld --seq %lld --rms-eps %g "
+                    "--rope-theta %g --threads %d --dtype %s 2>/dev/null",
+                    pc.c_str(), script.c_str(), (long long)m.vocab, (long long)m.hidden,
+                    (long long)m.intermediate, (long long)m.layers, (long long)m.heads,
+                    (long long)m.kv_heads, m.tied_embeddings ? "--tied" : "", (long long)batch,
+                    (long long)seq, m.rms_eps, m.rope_theta, nthreads, dtype_name(dtype));
+      Peer p;
+      p.cmd = pc;
+      std::string header;
+      if (p.start(cmd) && p.read_line(header)) {
+        auto j = nlohmann::json::parse(header, nullptr, false);
+        if (!j.is_discarded() && j.contains("torch")) {
+          char label[256];
+          std::snprintf(label, sizeof label, "pytorch %s (%s; %d threads, first loss %.4f)",
+                        j["torch"].get<std::string>().c_str(), pc.c_str(),
+                        j["threads"].get<int>(), j["loss"].get<double>());
+          p.label = label;
+          p.ok = true;
+        }
+      }
+      if (!p.ok) {
+        std::printf("pytorch peer '%s': unavailable (torch not found or the script failed)\n",
+                    pc.c_str());
+        p.stop();
+        continue;
+      }
+      peers.push_back(std::move(p));
+    }
+  }
+
+  // ---- trainmem cpu backend, interleaved with the peers round by round
   {
     auto be = make_cpu_backend(t.dtype);
     Ledger ledger(be->allocator());
@@ -126,45 +239,41 @@ int main(int argc, char** argv) {
     model.init_random(0);
     model.random_tokens(0);
     const float first = model.train_step();  // warm-up
-    std::vector<double> times;
-    for (int i = 0; i < steps; ++i) {
-      const auto t0 = Clock::now();
-      model.train_step();
-      times.push_back(ms_since(t0));
+    std::vector<double> ours;
+    const int sides = 1 + int(peers.size());
+    for (int round = 0; round < steps; ++round) {
+      for (int k = 0; k < sides; ++k) {
+        const int side = (round + k) % sides;
+        if (side == 0) {
+          const auto t0 = Clock::now();
+          model.train_step();
+          ours.push_back(ms_since(t0));
+        } else if (peers[side - 1].ok && !peers[side - 1].step()) {
+          std::printf("pytorch peer '%s': stopped answering\n", peers[side - 1].cmd.c_str());
+          peers[side - 1].ok = false;
+        }
+      }
     }
-    ours_ms = median(times);
-    std::printf("trainmem cpu step: median %.1f ms over %d steps (first loss %.4f)\n", ours_ms,
-                steps, first);
-  }
-
-  // ---- PyTorch on the CPU
-  if (torch) {
-    const auto script = std::filesystem::path(__FILE__).parent_path().parent_path() / "tools" /
-                        "bench_step_torch.py";
-    char cmd[2048];
-    std::snprintf(cmd, sizeof cmd,
-                  "'%s' '%s' --vocab %lld --hidden %lld --intermediate %lld --layers %lld "
-                  "--heads %lld --kv-heads %lld %s --batch %lld --seq %lld --rms-eps %g "
-                  "--rope-theta %g --steps %d --threads %d --dtype %s 2>/dev/null",
-                  python.c_str(), script.c_str(), (long long)m.vocab, (long long)m.hidden,
-                  (long long)m.intermediate, (long long)m.layers, (long long)m.heads,
-                  (long long)m.kv_heads, m.tied_embeddings ? "--tied" : "", (long long)batch,
-                  (long long)seq, m.rms_eps, m.rope_theta, steps, nthreads, dtype_name(dtype));
-    const std::string out = run_capture(cmd);
-    auto j = nlohmann::json::parse(out, nullptr, false);
-    if (j.is_discarded() || !j.contains("median_ms")) {
-      std::printf("pytorch cpu step: unavailable (%s with torch not found or failed)\n",
-                  python.c_str());
-    } else {
-      const double torch_ms = j["median_ms"].get<double>();
+    for (auto& p : peers) p.stop();
+    auto spread = [](const std::vector<double>& v) {
+      char buf[128];
+      std::snprintf(buf, sizeof buf, "median %.1f ms (min %.1f, max %.1f) over %zu steps",
+                    median(v), *std::min_element(v.begin(), v.end()),
+                    *std::max_element(v.begin(), v.end()), v.size());
+      return std::string(buf);
+    };
+    std::printf("trainmem cpu step: %s (first loss %.4f)\n", spread(ours).c_str(), first);
+    for (const auto& p : peers) {
+      if (p.ms.size() != ours.size()) continue;
+      std::printf("%s cpu step: %s\n", p.label.c_str(), spread(p.ms).c_str());
+      std::vector<double> paired;
+      for (std::size_t i = 0; i < ours.size(); ++i) paired.push_back(p.ms[i] / ours[i]);
       std::printf(
-          "pytorch %s cpu step: median %.1f ms over %d steps (%d threads, first loss %.4f)\n",
-          j["torch"].get<std::string>().c_str(), torch_ms, steps, j["threads"].get<int>(),
-          j["loss"].get<double>());
-      std::printf(
-          "ratio trainmem / pytorch: %.2f (below 1 means trainmem is faster); speed vs "
-          "pytorch: %.2fx\n",
-          ours_ms / torch_ms, torch_ms / ours_ms);
+          "  speed vs this peer (its median / trainmem's median): %.2fx; median of the "
+          "per-round ratios: %.2fx (min %.2f, max %.2f)\n",
+          median(p.ms) / median(ours), median(paired),
+          *std::min_element(paired.begin(), paired.end()),
+          *std::max_element(paired.begin(), paired.end()));
     }
   }
 

@@ -6,6 +6,13 @@ eager attention), fp32, AdamW over all parameters; one step = zero the gradients
 backward, optimizer. Prints one JSON line: {"torch": version, "threads": n, "ms": [...],
 "median_ms": m, "loss": first loss}. Run with the Debian interpreter that has torch:
 /usr/bin/python3 tools/bench_step_torch.py --vocab 2048 --hidden 256 ... [--dtype bf16]
+(PyPI's torch: PYTHONPATH=/opt/torch-pypi /usr/bin/python3 ..., a `pip install --target`).
+
+--serve: the peer mode bench_step uses to interleave repetitions with its own. After the
+warm-up step it prints one JSON line {"torch": version, "threads": n, "loss": first loss} and
+then, for each line "step" read from stdin, runs one step and prints its time in ms on a line
+of its own; end of input (or "quit") ends it. torch is imported here only: trainmem never
+depends on it.
 
 Plain torch ops only, no version-dependent path: checked (2026-12-02, tiny sizes) with Debian's
 torch 1.13 and with torch 2.11.0 (same first loss; AdamW takes its single-tensor for-loop on
@@ -39,6 +46,8 @@ def main():
     ap.add_argument("--rope-theta", type=float, default=10000.0)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: default)")
+    ap.add_argument("--serve", action="store_true",
+                    help="peer mode: a step per 'step' line on stdin, its ms on stdout")
     ap.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
                     help="fp32, or 16-bit mixed precision: torch.autocast on the CPU with fp32 "
                          "weights and AdamW states (PyTorch's own recipe)")
@@ -69,6 +78,16 @@ def main():
         return loss.item()
 
     first = step()  # warm-up
+    if args.serve:
+        print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads(),
+                          "dtype": args.dtype, "loss": first}), flush=True)
+        for line in sys.stdin:
+            if line.strip() != "step":
+                break
+            t0 = time.perf_counter()
+            step()
+            print("%.4f" % ((time.perf_counter() - t0) * 1e3), flush=True)
+        return
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
