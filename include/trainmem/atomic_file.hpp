@@ -36,6 +36,8 @@ class AtomicFile {
 
  private:
   [[noreturn]] void fail(const std::string& doing, int err);
+  // Writes all `n` bytes, at `offset` (pwrite) or appended when it is negative.
+  void put(const char* p, std::size_t n, std::int64_t offset);
   std::string path_, what_, temp_;
   int fd_ = -1;
   bool in_place_ = false;  // not a regular file: written directly

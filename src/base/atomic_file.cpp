@@ -101,26 +101,18 @@ void AtomicFile::write_at(const void* data, std::size_t n, std::uint64_t offset)
     write(data, n);
     return;
   }
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t got = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      fail("writing failed", errno);
-    }
-    if (got == 0) fail("writing failed", EIO);
-    p += got;
-    n -= static_cast<std::size_t>(got);
-    offset += static_cast<std::uint64_t>(got);
-  }
+  put(static_cast<const char*>(data), n, static_cast<std::int64_t>(offset));
 }
 
 void AtomicFile::write(const void* data, std::size_t n) {
   if (fd_ < 0) throw Error(what_ + ": " + path_ + ": write after the file was closed");
-  const char* p = static_cast<const char*>(data);
   append_at_ += n;
+  put(static_cast<const char*>(data), n, -1);
+}
+
+void AtomicFile::put(const char* p, std::size_t n, std::int64_t offset) {
   while (n > 0) {
-    const ssize_t got = ::write(fd_, p, n);
+    const ssize_t got = offset < 0 ? ::write(fd_, p, n) : ::pwrite(fd_, p, n, offset);
     if (got < 0) {
       if (errno == EINTR) continue;
       fail("writing failed", errno);
@@ -128,6 +120,7 @@ void AtomicFile::write(const void* data, std::size_t n) {
     if (got == 0) fail("writing failed", EIO);
     p += got;
     n -= static_cast<std::size_t>(got);
+    if (offset >= 0) offset += got;
   }
 }
 
