@@ -124,7 +124,7 @@ TEST(CliE2EHostile, FifoAsModelTokensWeightsOrReportIsRefusedWithoutBlocking) {
   const Case cases[] = {
       {"estimate --model '" + fifo_json + "'", "--model", fifo_json},
       {kCpuRun + "--tokens '" + fifo_bin + "'", "--tokens", fifo_bin},
-      {kCpuRun + "--weights '" + fifo_st + "'", "", fifo_st},
+      {kCpuRun + "--weights '" + fifo_st + "'", "--weights", fifo_st},
       {"diff '" + fifo_json + "' llama-7b", "diff", fifo_json},
   };
   for (const auto& c : cases) {
@@ -152,7 +152,7 @@ TEST(CliE2EHostile, DevZeroBehindAJsonNameIsRefusedNotReadWithoutBound) {
       {"estimate --model '" + (d / "x.json") + "'", "--model", d / "x.json"},
       {"profile " + kCpuFlags + "--model '" + (d / "x.json") + "'", "--model", d / "x.json"},
       {kCpuRun + "--tokens '" + (d / "tokens.bin") + "'", "--tokens", d / "tokens.bin"},
-      {kCpuRun + "--weights '" + (d / "w.safetensors") + "'", "", d / "w.safetensors"},
+      {kCpuRun + "--weights '" + (d / "w.safetensors") + "'", "--weights", d / "w.safetensors"},
   };
   for (const auto& c : cases) {
     // Before the fix: 22.7 GB RSS in 60 s. The limit on the address space makes a regression
@@ -477,6 +477,7 @@ TEST(CliE2EHostile, CollectiveTimeoutBelowAFloorOrAboveAWeekIsRefused) {
     const Result r = trainmem(args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
     EXPECT_TRUE(has(r.err, "--collective-timeout")) << args << "\n" << r.err;
+    EXPECT_FALSE(has(r.err, "--collective-timeout: --collective-timeout")) << r.err;
   }
   for (const std::string v : {"1", "604800"}) {
     const Result r = trainmem("profile --model tiny --seq 16 --backend meta --collective-timeout " + v);

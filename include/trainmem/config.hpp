@@ -14,6 +14,10 @@
 
 namespace trainmem {
 
+// The most decoder layers a model may have (config.json, presets, --layers): run times are
+// linear in it.
+constexpr std::int64_t kMaxLayers = 16384;
+
 struct ModelConfig {
   std::string name;                // preset name or the config.json path
   std::string family = "llama";    // config.json model_type: llama, mistral, qwen2, qwen3

@@ -17,6 +17,7 @@ constexpr std::uint64_t kMaxReportBytes = 256ull << 20;    // a JSON report (dif
 constexpr std::uint64_t kMaxWeightsBytes = 4ull << 40;     // a .safetensors file: 4 TiB
 constexpr std::uint64_t kMaxJsonString = 1024;             // one JSON key or string value
 constexpr std::uint64_t kMaxReportString = 1ull << 20;     // ... in a report (diff): 1 MiB
+constexpr std::size_t kMaxJsonDepth = 256;                  // objects and arrays, nested
 
 // Checks that `path` is a regular file of at most `max_bytes` and returns its size; InputError
 // "<what> <path>: ..." naming the kind of file, the cap and what it is otherwise. Never blocks
@@ -34,7 +35,8 @@ std::string clip(const std::string& text, std::size_t max_chars = 100);
 
 // Parses `text` as JSON: InputError "<source>: ..." for invalid JSON (with the byte), a number
 // out of range (with its field), a duplicate key in one object (naming it and its object), a key
-// or string longer than kMaxJsonString characters (naming the field).
+// or string longer than kMaxJsonString characters (naming the field), nesting deeper than
+// kMaxJsonDepth.
 // `max_string` overrides kMaxJsonString (a report's long texts).
 template <typename Json = nlohmann::json>
 Json parse_json_strict(const std::string& text, const std::string& source,

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "trainmem/error.hpp"
 #include "trainmem/model.hpp"
 #include "trainmem/safetensors.hpp"
 
@@ -14,6 +15,10 @@ namespace trainmem {
 // The files a --weights path stands for: itself, or every shard of an HF sharded checkpoint
 // when it is named <stem>-0000k-of-0000n.safetensors.
 std::vector<std::string> weight_files(const std::string& path);
+
+// A --weights file's error with the flag in front ("--weights: <file>: ..."), as the other
+// flags' errors name their flag.
+std::string weights_error(const InputError& e);
 
 // --tokens: a raw file of batch·seq int32 little-endian ids. InputError naming --tokens when
 // the size is not exactly batch·seq·4 bytes or an id is outside [0, vocab).

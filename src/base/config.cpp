@@ -62,6 +62,11 @@ void check_shape(const ModelConfig& c) {
       throw InputError(who + s.field + " must be a positive integer, got " +
                        std::to_string(s.value));
   }
+  // Every command's run time is linear in the layer count (the trace books each layer's tensors,
+  // the estimate lists them); no published model is near this bound (LLaMA-3.1 405B: 126).
+  if (c.layers > kMaxLayers)
+    throw InputError(who + "num_hidden_layers must be at most " + std::to_string(kMaxLayers) +
+                     ", got " + std::to_string(c.layers));
   if (c.explicit_head_dim < 0)
     throw InputError(who + "head_dim must be a positive even integer, got " +
                      std::to_string(c.explicit_head_dim));

@@ -115,10 +115,13 @@ Json parse_json_strict(const std::string& text, const std::string& source,
   auto callback = [&](int, Event event, Json& parsed) -> bool {
     switch (event) {
       case Event::object_start:
-        frames.push_back(Frame{true, "", {}});
-        break;
       case Event::array_start:
-        frames.push_back(Frame{false, "", {}});
+        // Copies and comparisons of a parsed document recurse once per level: a bound keeps a
+        // hostile file's nesting from overflowing the stack.
+        if (frames.size() >= kMaxJsonDepth)
+          throw InputError(source + ": " + field() + ": nested more than " +
+                           std::to_string(kMaxJsonDepth) + " levels deep");
+        frames.push_back(Frame{event == Event::object_start, "", {}});
         break;
       case Event::object_end:
       case Event::array_end:

@@ -94,7 +94,10 @@ void add_launch_flags(CLI::App& cmd, LaunchFlags& flags) {
               if (used != v.size()) return "'" + v + "' is not a number of seconds";
               check_collective_timeout(s);
             } catch (const InputError& e) {
-              return e.what();
+              // CLI11 names the flag already: "--collective-timeout: must be ...".
+              std::string m = e.what();
+              const std::string flag = "--collective-timeout ";
+              return m.rfind(flag, 0) == 0 ? m.substr(flag.size()) : m;
             } catch (const std::exception&) {
               return "'" + v + "' is not a number of seconds";
             }

@@ -26,6 +26,11 @@ constexpr std::uint64_t kChunkElems = 1ull << 20;  // host staging chunk for wei
 
 // ------------------------------------------------------------------------------ weights
 
+std::string weights_error(const InputError& e) {
+  const std::string m = e.what();
+  return m.rfind("--weights", 0) == 0 ? m : "--weights: " + m;
+}
+
 std::vector<std::string> weight_files(const std::string& path) {
   // HF shards: <stem>-00001-of-00003.safetensors names all three files.
   static const std::regex shard(R"((.*)-(\d{5})-of-(\d{5})\.safetensors)");

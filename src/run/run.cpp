@@ -172,7 +172,11 @@ std::uint64_t run_steps(const RunRequest& rq, RunRig& rig, RunResult& r) {
     model = std::make_unique<LlamaModel>(rq.model, rq.train, be, ledger,
                                          default_optimizer_settings(rq.train.optimizer));
     if (!rq.weights.empty()) {
-      model->load_weights(rq.weights);
+      try {
+        model->load_weights(rq.weights);
+      } catch (const InputError& e) {
+        throw InputError(weights_error(e));
+      }
       r.non_finite_weights = model->non_finite_weights();
     } else {
       model->init_random(rq.seed);

@@ -213,10 +213,13 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
     if (pp > 1) ex.pp = pp_host.get();
     // --weights, --tokens: every rank reads the files (the same files on every node).
     std::vector<std::unique_ptr<SafeTensorsReader>> files;
-    if (!rq.weights.empty())
-      for (const std::string& path : weight_files(rq.weights)) {
-        files.push_back(std::make_unique<SafeTensorsReader>(path));
-        ex.weights.push_back(files.back().get());
+    if (!rq.weights.empty()) try {
+        for (const std::string& path : weight_files(rq.weights)) {
+          files.push_back(std::make_unique<SafeTensorsReader>(path));
+          ex.weights.push_back(files.back().get());
+        }
+      } catch (const InputError& e) {
+        throw InputError(weights_error(e));
       }
     std::vector<std::int32_t> ids;
     if (!rq.tokens.empty()) {
