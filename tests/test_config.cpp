@@ -371,17 +371,27 @@ TEST(Validate, OverflowingProductsNameTheFields) {
   expect_invalid(c, "vocab_size * hidden_size");
   EXPECT_THROW(c.validate(), OverflowError);
 
+  // A layer count past kMaxLayers is refused before any product is formed (every command's
+  // time is linear in it).
   c = preset("tiny");
-  c.layers = std::int64_t{1} << 62;  // L * per-layer params overflows
-  expect_invalid(c, "num_hidden_layers");
+  c.layers = std::int64_t{1} << 62;
+  expect_invalid(c, "num_hidden_layers must be at most 16384, got 4611686018427387904");
+  c.layers = 16385;
+  expect_invalid(c, "num_hidden_layers must be at most 16384");
+  c.layers = 16384;
+  EXPECT_NO_THROW(c.validate());
 
-  // Fits in 64 bits as a count, but 16 bytes per parameter does not fit in 63 bits.
+  // Fits in 64 bits as a count, but 16 bytes per parameter does not fit in 63 bits: embedding
+  // and lm_head are 2 * 2^40 * 2^20 = 2^61 parameters, the layers ~2^45 more.
   c = preset("tiny");
-  c.layers = std::int64_t{1} << 50;  // 50304 params per layer: ~2^65.6 parameters
-  EXPECT_THROW(c.validate(), OverflowError);
-  c = preset("tiny");
-  c.layers = (std::int64_t{1} << 60) / 50304;  // ~2^60 parameters: * 16 bytes > 2^63
+  c.vocab = std::int64_t{1} << 40;
+  c.hidden = std::int64_t{1} << 20;
+  c.heads = 1;
+  c.kv_heads = 1;
+  ASSERT_FALSE(c.tied_embeddings);
   EXPECT_NO_THROW(c.param_count());
+  EXPECT_GT(c.param_count(), std::uint64_t{1} << 61);
+  EXPECT_THROW(c.validate(), OverflowError);
   expect_invalid(c, "16 bytes per parameter");
 }
 
