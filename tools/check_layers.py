@@ -35,7 +35,7 @@ LAYERS = {
     "backends": ([H + "backend.hpp", H + "device_allocator.hpp", H + "device_rules.hpp",
                   "src/backends/"], ["kernels", "ledger"]),
     "probes": ([H + "probes.hpp", H + "cupti_tag_allocator.hpp", "src/probes/"], ["backends"]),
-    "model": ([H + "model.hpp", H + "model_acts.hpp", H + "model_io.hpp", H + "optimizer.hpp", H + "sharded_step.hpp",
+    "model": ([H + "model.hpp", H + "decoder_layer.hpp", H + "model_acts.hpp", H + "model_io.hpp", H + "optimizer.hpp", H + "sharded_step.hpp",
                "src/model/"], ["backends", "comm"]),
     "report": ([H + "report.hpp", H + "report_writer.hpp", H + "diff.hpp", H + "svg_chart.hpp",
                 "src/report/"],

@@ -44,6 +44,7 @@
 
 #include "trainmem/backend.hpp"
 #include "trainmem/config.hpp"
+#include "trainmem/decoder_layer.hpp"
 #include "trainmem/ledger.hpp"
 #include "trainmem/model_acts.hpp"
 #include "trainmem/optimizer.hpp"
@@ -83,7 +84,9 @@ std::vector<std::int32_t> random_token_ids(std::uint64_t seed, std::int64_t n, s
 using HeadObserver =
     std::function<void(const char* what, const void* data, std::int64_t rows, std::int64_t vocab)>;
 
-class LlamaModel {
+// The single-rank step: the world-size-1 case of the decoder layer (decoder_layer.hpp), which
+// this class hosts (weights, gradients; no tensor-parallel group).
+class LlamaModel : private LayerHost {
  public:
   // Validates the configs and allocates, in phase `setup`: params, gradients (AdamW/SGD),
   // optimizer states, inputs (tokens, targets) and the 32 MiB GEMM workspace. Weights are
@@ -146,16 +149,9 @@ class LlamaModel {
   ParameterOptimizer& optimizer() { return opt_; }
 
  private:
-  // Activations of one layer: one tensor per row of kLayerActs (model_acts.hpp), empty while
-  // not allocated.
-  struct LayerActs {
-    std::array<Tensor, kNumLayerActs> rows;
-    Tensor& operator[](LayerAct x) { return rows[static_cast<std::size_t>(x)]; }
-  };
-
   Parameter& P(std::size_t i) { return params_[i]; }
-  // Per-layer parameter j (model.cpp's LayerParam slots: norms, projections, biases, q/k
-  // norms) of layer l; only for the slots this model has (has_layer_param).
+  // Per-layer parameter j (LayerParam slots, decoder_layer.hpp: norms, projections, biases,
+  // q/k norms) of layer l; only for the slots this model has (has_layer_param).
   std::size_t layer_param(int l, int j) const {
     return 1 + std::size_t(l) * per_layer_params_ + std::size_t(layer_slot_[std::size_t(j)]);
   }
@@ -169,18 +165,12 @@ class LlamaModel {
                        const std::function<void(float*, std::uint64_t, std::uint64_t)>& fill);
   void upload_inputs();
   void forward();
-  void layer_forward(int l, const void* x, LayerActs& a, ActPass pass);
-  // Allocates, in table order, the rows from `next` up to and including `last` that `pass`
-  // allocates under this run's attention; advances `next` past `last`. Returns whether `last`
-  // itself was allocated.
-  bool allocate_acts_through(int l, LayerActs& a, ActPass pass, LayerAct last, int& next);
-  // Checkpointing full, right after the layer's `out`: frees every `recomputed` row, in reverse
-  // allocation order.
-  void free_acts_for_checkpointing(LayerActs& a);
-  // Frees the rows the layer's backward frees at `step`, in kBackwardFreeOrder.
-  void free_acts_at_backward_step(LayerActs& a, int step);
   void backward(const GradientCapture& capture);
-  void layer_backward(int l, Tensor& d_residual, const GradientCapture& capture);
+  // The decoder layer's view of this run (world size 1) and its LayerHost side.
+  LayerRank layer_rank();
+  const void* weight(std::int64_t l, int slot) override;
+  void* grad(std::int64_t l, int slot) override;
+  void grad_done(std::int64_t l, int slot) override;
   // Gradient bookkeeping: AdamW/SGD use the persistent buffer; LOMO allocates it zeroed here.
   void* begin_grad(std::size_t index);
   // LOMO: capture, update and free now. AdamW/SGD: nothing (captured after backward).
@@ -216,6 +206,7 @@ class LlamaModel {
   bool grads_nonfinite_ = false;
   std::vector<std::string> nonfinite_grads_;
   HeadObserver head_observer_;
+  const GradientCapture* capture_ = nullptr;  // backward's, for grad_done
   std::vector<std::uint64_t> act_by_layer_;
 
   // Forward state kept for backward.

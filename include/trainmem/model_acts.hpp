@@ -3,11 +3,12 @@
 // kLayerActs is the model's side of the plan for one layer: what the forward allocates, in
 // which order, with which names, shapes, dtypes and categories; which attention variant and
 // which models (ForModel: Qwen3's q/k norm rows) allocate it; what checkpointing does with it;
-// and which step of the layer's backward frees it. LlamaModel's layer forward allocates exactly
-// these rows in this order (it says only up to which row it needs tensors before each op), the
-// checkpointing free and the recompute are loops over it, the backward frees follow
-// kBackwardFreeOrder, and layer_activation_plan() lists it for a configuration. So the forward, the
-// free lists and a listing cannot drift apart.
+// and which step of the layer's backward frees it. The decoder layer (decoder_layer.hpp: the
+// single-rank model and every rank of the sharded step) allocates exactly these rows in this
+// order (it says only up to which row it needs tensors before each op), the checkpointing free
+// and the recompute are loops over it, the backward frees follow kBackwardFreeOrder, and
+// layer_activation_plan() lists it for a configuration. So the forward, the free lists and a
+// listing cannot drift apart.
 //
 // The analytic `native` profile (src/analytic*) does not read this table: it is written from
 // docs/native-plan.md on its own, and the tests comparing it with the ledger are a real check.
@@ -50,8 +51,11 @@ enum class LayerAct : std::uint8_t {
 };
 constexpr int kNumLayerActs = 19;
 
-// One extent of an activation's shape: a single dimension, or the products a·d and k·d.
-enum class Extent : std::uint8_t { b, s, h, i, a, k, ad, kd };
+// One extent of an activation's shape: a single dimension, or the products a·d and k·d. `sr`
+// is the sequence rows a rank holds of the rows outside the tensor-parallel region (the norms
+// and the residual stream): s, or s/tp under sequence parallelism. Listings are of one rank
+// without it and write it "s".
+enum class Extent : std::uint8_t { b, s, sr, h, i, a, k, ad, kd };
 
 struct ActShape {
   std::uint8_t rank;
@@ -92,8 +96,8 @@ struct LayerActSpec {
 };
 
 namespace act_shapes {
-constexpr ActShape bs{2, {Extent::b, Extent::s}};
-constexpr ActShape bsh{3, {Extent::b, Extent::s, Extent::h}};
+constexpr ActShape bs{2, {Extent::b, Extent::sr}};
+constexpr ActShape bsh{3, {Extent::b, Extent::sr, Extent::h}};
 constexpr ActShape bsi{3, {Extent::b, Extent::s, Extent::i}};
 constexpr ActShape bsad{3, {Extent::b, Extent::s, Extent::ad}};
 constexpr ActShape bskd{3, {Extent::b, Extent::s, Extent::kd}};
@@ -180,8 +184,10 @@ constexpr bool allocated_in(const LayerActSpec& row, const ModelConfig& model, A
 }
 
 // The dimensions the shapes are made of.
+// One rank's: under tensor parallelism a, k and i are the rank's heads and MLP columns, and sr
+// its sequence rows (module note of Extent). ActDims::of is the whole layer (sr = s).
 struct ActDims {
-  std::int64_t b, s, h, i, a, k, d;
+  std::int64_t b, s, h, i, a, k, d, sr;
   static ActDims of(const ModelConfig& model, const TrainConfig& train);
 };
 std::vector<std::int64_t> act_shape(const ActShape& shape, const ActDims& dims);

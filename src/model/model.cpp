@@ -23,6 +23,9 @@
 //             and the free (tied: the embedding gradient lives from the head to the end).
 //   optimizer AdamW/SGD over all parameters in setup order; no allocations.
 //
+// The layers' part of the plan (forward, recompute, backward) is src/model/decoder_layer.cpp,
+// shared with every rank of the sharded step; this file is the world-size-1 host of it.
+//
 // Any change here is a change to docs/native-plan.md first (and to the analytic profile).
 #include "trainmem/model.hpp"
 
@@ -41,26 +44,6 @@ namespace {
 using LA = LayerAct;
 constexpr DType f32 = DType::f32;
 constexpr DType i32 = DType::i32;
-
-// Per-layer parameter slots, in setup order (docs/native-plan.md, Setup 1). The biases exist
-// when ModelConfig::qkv_bias, q_norm and k_norm when qk_norm (LlamaModel::layer_slot_).
-enum LayerParam : int {
-  kInNorm = 0,
-  kQ,
-  kQBias,
-  kK,
-  kKBias,
-  kV,
-  kVBias,
-  kO,
-  kQNorm,
-  kKNorm,
-  kPostNorm,
-  kGate,
-  kUp,
-  kDown,
-  kLayerParams
-};
 
 constexpr std::uint64_t kTokenStream = 0x746f6b656e73ull;  // "tokens"
 
@@ -124,29 +107,9 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
     p.value = ledger_.allocate(p.name, Category::params, layer, p.shape, D_);
     params_.push_back(std::move(p));
   };
-  const std::int64_t ad = a_ * d_, kd = k_ * d_;
-  // A layer's parameters, in setup order: (slot, HF name after "model.layers.N.", shape).
-  struct LayerParamSpec {
-    int slot;
-    const char* name;
-    std::vector<std::int64_t> shape;
-  };
-  std::vector<LayerParamSpec> layer_specs = {{kInNorm, "input_layernorm.weight", {h_}},
-                                             {kQ, "self_attn.q_proj.weight", {ad, h_}}};
-  if (cfg_.qkv_bias) layer_specs.push_back({kQBias, "self_attn.q_proj.bias", {ad}});
-  layer_specs.push_back({kK, "self_attn.k_proj.weight", {kd, h_}});
-  if (cfg_.qkv_bias) layer_specs.push_back({kKBias, "self_attn.k_proj.bias", {kd}});
-  layer_specs.push_back({kV, "self_attn.v_proj.weight", {kd, h_}});
-  if (cfg_.qkv_bias) layer_specs.push_back({kVBias, "self_attn.v_proj.bias", {kd}});
-  layer_specs.push_back({kO, "self_attn.o_proj.weight", {h_, ad}});
-  if (cfg_.qk_norm) {
-    layer_specs.push_back({kQNorm, "self_attn.q_norm.weight", {d_}});
-    layer_specs.push_back({kKNorm, "self_attn.k_norm.weight", {d_}});
-  }
-  layer_specs.push_back({kPostNorm, "post_attention_layernorm.weight", {h_}});
-  layer_specs.push_back({kGate, "mlp.gate_proj.weight", {i_, h_}});
-  layer_specs.push_back({kUp, "mlp.up_proj.weight", {i_, h_}});
-  layer_specs.push_back({kDown, "mlp.down_proj.weight", {h_, i_}});
+  // A layer's parameters, in setup order (decoder_layer.hpp): slot, HF name after
+  // "model.layers.N.", shape.
+  const std::vector<LayerParamSpec> layer_specs = layer_param_specs(cfg_, ActDims::of(cfg_, train_));
   layer_slot_.assign(kLayerParams, -1);
   for (std::size_t j = 0; j < layer_specs.size(); ++j)
     layer_slot_[std::size_t(layer_specs[j].slot)] = int(j);
@@ -308,79 +271,15 @@ float LlamaModel::train_step(const GradientCapture& capture) {
   return loss_;
 }
 
-// Forward of layer l from its input x_l (b,s,h). Allocates kLayerActs' rows in table order,
-// each group right before the op that writes it; the recompute stops before `out`.
-void LlamaModel::layer_forward(int l, const void* x, LayerActs& A, ActPass pass) {
-  const std::int64_t ad = a_ * d_, kd = k_ * d_;
-  const float eps = float(cfg_.rms_eps);
-  auto W = [&](int j) { return params_[layer_param(l, j)].value.data(); };
-  auto at = [&](LA row) { return A[row].data(); };
-  auto at_f32 = [&](LA row) { return A[row].as<float>(); };
-  int next = 0;  // the table's next row
-  auto through = [&](LA last) { return allocate_acts_through(l, A, pass, last, next); };
-
-  through(LA::xn1);  // rstd1, xn1
-  be_.rmsnorm_forward(at(LA::xn1), at_f32(LA::rstd1), x, W(kInNorm), n_, h_, eps);
-  through(LA::v);  // (q_norm: q_pre, k_pre, q_rstd, k_rstd), q, k, v
-  // The projections (q and k into q_pre and k_pre when they are normed), each bias added in
-  // place right after its GEMM.
-  const bool qkn = cfg_.qk_norm;
-  void* q_proj = qkn ? at(LA::q_pre) : at(LA::q);
-  void* k_proj = qkn ? at(LA::k_pre) : at(LA::k);
-  auto project = [&](void* out, int weight, int bias, std::int64_t width) {
-    be_.matmul(out, at(LA::xn1), W(weight), n_, width, h_, Trans::no, Trans::yes, 1.f, 0.f);
-    if (cfg_.qkv_bias) be_.bias_forward(out, W(bias), n_, width);
-  };
-  project(q_proj, kQ, kQBias, ad);
-  project(k_proj, kK, kKBias, kd);
-  project(at(LA::v), kV, kVBias, kd);
-  if (qkn) {  // RMSNorm over each head: n·a (n·k) rows of width d, before RoPE (as HF)
-    be_.rmsnorm_forward(at(LA::q), at_f32(LA::q_rstd), q_proj, W(kQNorm), n_ * a_, d_, eps);
-    be_.rmsnorm_forward(at(LA::k), at_f32(LA::k_rstd), k_proj, W(kKNorm), n_ * k_, d_, eps);
-  }
-  be_.rope_forward(at(LA::q), at(LA::k), b_, s_, a_, k_, d_, cfg_.rope());  // in place
-  through(LA::attn_out);  // probs (eager) | lse (flash), attn_out
-  be_.attention_forward(at(LA::attn_out), at(LA::probs), at_f32(LA::lse), at(LA::q), at(LA::k),
-                        at(LA::v), b_, s_, a_, k_, d_, cfg_.window_of(l), train_.attention);
-  // h_mid = x + attn_out · W_oᵀ: copy then GEMM with beta 1 (no transient).
-  through(LA::h_mid);
-  be_.copy(at(LA::h_mid), x, A[LA::h_mid].bytes());
-  be_.matmul(at(LA::h_mid), at(LA::attn_out), W(kO), n_, h_, ad, Trans::no, Trans::yes, 1.f, 1.f);
-  through(LA::xn2);  // rstd2, xn2
-  be_.rmsnorm_forward(at(LA::xn2), at_f32(LA::rstd2), at(LA::h_mid), W(kPostNorm), n_, h_, eps);
-  through(LA::up);  // gate, up
-  be_.matmul(at(LA::gate), at(LA::xn2), W(kGate), n_, i_, h_, Trans::no, Trans::yes, 1.f, 0.f);
-  be_.matmul(at(LA::up), at(LA::xn2), W(kUp), n_, i_, h_, Trans::no, Trans::yes, 1.f, 0.f);
-  through(LA::act);  // silu(gate) · up
-  be_.swiglu_forward(at(LA::act), at(LA::gate), at(LA::up), n_ * i_);
-  if (!through(LA::out)) return;  // the recompute
-  // out = h_mid + act · W_downᵀ; it is x_{l+1}.
-  be_.copy(at(LA::out), at(LA::h_mid), A[LA::out].bytes());
-  be_.matmul(at(LA::out), at(LA::act), W(kDown), n_, h_, i_, Trans::no, Trans::yes, 1.f, 1.f);
+LayerRank LlamaModel::layer_rank() {
+  return LayerRank{cfg_, train_, ledger_, &be_, *this, ActDims::of(cfg_, train_)};
 }
-
-bool LlamaModel::allocate_acts_through(int l, LayerActs& A, ActPass pass, LayerAct last,
-                                       int& next) {
-  const ActDims dims{b_, s_, h_, i_, a_, k_, d_};
-  bool allocated = false;
-  for (; next <= static_cast<int>(last); ++next) {
-    const LayerActSpec& row = kLayerActs[next];
-    allocated = allocated_in(row, cfg_, train_.attention, pass);
-    if (allocated)
-      A[row.id] = ledger_.allocate(row.name, row.category, l, act_shape(row.shape, dims),
-                                   act_dtype(row.dtype, D_));
-  }
-  return allocated;
+const void* LlamaModel::weight(std::int64_t l, int slot) {
+  return params_[layer_param(int(l), slot)].value.data();
 }
-
-void LlamaModel::free_acts_for_checkpointing(LayerActs& A) {
-  for (int r = kNumLayerActs - 1; r >= 0; --r)
-    if (kLayerActs[r].checkpointing == UnderCheckpointing::recomputed) A[kLayerActs[r].id].reset();
-}
-
-void LlamaModel::free_acts_at_backward_step(LayerActs& A, int step) {
-  for (LayerAct row : kBackwardFreeOrder)
-    if (layer_act(row).freed_at_step == step) A[row].reset();
+void* LlamaModel::grad(std::int64_t l, int slot) { return begin_grad(layer_param(int(l), slot)); }
+void LlamaModel::grad_done(std::int64_t l, int slot) {
+  end_grad(layer_param(int(l), slot), *capture_);
 }
 
 void LlamaModel::forward() {
@@ -391,8 +290,7 @@ void LlamaModel::forward() {
   const void* x = embed_out_.data();
   for (int l = 0; l < cfg_.layers; ++l) {
     LayerActs& A = layers_[std::size_t(l)];
-    layer_forward(l, x, A, ActPass::forward);
-    if (train_.checkpointing == Checkpointing::full) free_acts_for_checkpointing(A);
+    decoder_layer_forward(layer_rank(), l, l, A, ActPass::forward, x);  // frees under checkpointing
     x = A[LA::out].data();
   }
   // Head.
@@ -530,7 +428,13 @@ void LlamaModel::backward(const GradientCapture& capture) {
   final_rstd_.reset();
   if (cfg_.layers > 0) layers_.back()[LA::out].reset();
 
-  for (int l = int(cfg_.layers) - 1; l >= 0; --l) layer_backward(l, d_res, capture);
+  capture_ = &capture;
+  const LayerRank rank = layer_rank();
+  for (int l = int(cfg_.layers) - 1; l >= 0; --l) {
+    Tensor& x = l == 0 ? embed_out_ : layers_[std::size_t(l) - 1][LayerAct::out];  // x_l
+    decoder_layer_backward(rank, l, l, layers_[std::size_t(l)], x, d_res);
+  }
+  capture_ = nullptr;
 
   // Embedding (x_0 = embed_out was freed by layer 0).
   be_.embedding_backward(begin_grad(0), d_res.data(), tokens_.as<std::int32_t>(), b_, s_, h_, V_);
@@ -543,120 +447,6 @@ void LlamaModel::backward(const GradientCapture& capture) {
       capture_grad(pi, capture);
     }
   report_nonfinite_grads();
-}
-
-void LlamaModel::layer_backward(int l, Tensor& d_res, const GradientCapture& capture) {
-  const std::int64_t ad = a_ * d_, kd = k_ * d_;
-  LayerActs& A = layers_[std::size_t(l)];
-  Tensor& x = l == 0 ? embed_out_ : layers_[std::size_t(l) - 1][LA::out];  // x_l
-  auto Wp = [&](int j) { return params_[layer_param(l, j)].value.data(); };
-  auto G = [&](int j) { return begin_grad(layer_param(l, j)); };
-  auto done = [&](int j) { end_grad(layer_param(l, j), capture); };
-  auto at = [&](LA row) { return A[row].data(); };
-  auto at_f32 = [&](LA row) { return A[row].as<float>(); };
-  // Backward of a projection y = x·Wᵀ, W (out_f, in_f): dx = dy·W (dx_beta 1: +=) and
-  // dW += dyᵀ·x. Under LOMO the gradient lives only around these two GEMMs.
-  auto linear_backward = [&](int j, void* dx, const void* dy, const void* xin, std::int64_t out_f,
-                             std::int64_t in_f, float dx_beta) {
-    void* g = G(j);
-    be_.matmul(dx, dy, Wp(j), n_, in_f, out_f, Trans::no, Trans::no, 1.f, dx_beta);
-    be_.matmul(g, dy, xin, out_f, in_f, n_, Trans::yes, Trans::no, 1.f, 1.f);
-    done(j);
-  };
-
-  // 0. recompute the layer from its checkpointed input.
-  if (train_.checkpointing == Checkpointing::full) {
-    auto rc = ledger_.scope(Phase::recompute);
-    layer_forward(l, x.data(), A, ActPass::recompute);
-  }
-  // 1. down_proj.
-  Tensor d_act = ws("d_act", l, {b_, s_, i_}, D_);
-  linear_backward(kDown, d_act.data(), d_res.data(), at(LA::act), h_, i_, 0.f);
-  free_acts_at_backward_step(A, 1);  // act
-  // 2. SwiGLU.
-  Tensor d_gate = ws("d_gate", l, {b_, s_, i_}, D_);
-  Tensor d_up = ws("d_up", l, {b_, s_, i_}, D_);
-  be_.swiglu_backward(d_gate.data(), d_up.data(), d_act.data(), at(LA::gate), at(LA::up), n_ * i_);
-  d_act.reset();
-  free_acts_at_backward_step(A, 2);  // gate, up
-  // 3. gate_proj, up_proj.
-  Tensor d_xn2 = ws("d_xn2", l, {b_, s_, h_}, D_);
-  linear_backward(kGate, d_xn2.data(), d_gate.data(), at(LA::xn2), i_, h_, 0.f);
-  linear_backward(kUp, d_xn2.data(), d_up.data(), at(LA::xn2), i_, h_, 1.f);
-  d_gate.reset();
-  d_up.reset();
-  free_acts_at_backward_step(A, 3);  // xn2
-  // 4. post-attention RMSNorm: d_residual += ..., through h_mid.
-  be_.rmsnorm_backward(d_res.data(), G(kPostNorm), d_xn2.data(), at(LA::h_mid), Wp(kPostNorm),
-                       at_f32(LA::rstd2), n_, h_);
-  done(kPostNorm);
-  d_xn2.reset();
-  free_acts_at_backward_step(A, 4);  // h_mid, rstd2
-  // 5. o_proj.
-  Tensor d_ao = ws("d_attn_out", l, {b_, s_, ad}, D_);
-  linear_backward(kO, d_ao.data(), d_res.data(), at(LA::attn_out), h_, ad, 0.f);
-  // 6. attention.
-  Tensor d_q = ws("d_q", l, {b_, s_, ad}, D_);
-  Tensor d_k = ws("d_k", l, {b_, s_, kd}, D_);
-  Tensor d_v = ws("d_v", l, {b_, s_, kd}, D_);
-  Tensor scratch = train_.attention == Attention::eager ? ws("d_probs", l, {b_, a_, s_, s_}, D_)
-                                                        : ws("attn_delta", l, {b_, a_, s_}, f32);
-  const bool eager = train_.attention == Attention::eager;
-  be_.attention_backward(d_q.data(), d_k.data(), d_v.data(), eager ? scratch.data() : nullptr,
-                         eager ? nullptr : scratch.as<float>(), d_ao.data(), at(LA::q), at(LA::k),
-                         at(LA::v), at(LA::attn_out), at(LA::probs), at_f32(LA::lse), b_, s_, a_,
-                         k_, d_, cfg_.window_of(l), train_.attention);
-  scratch.reset();
-  d_ao.reset();
-  free_acts_at_backward_step(A, 6);  // attn_out, probs | lse
-  // 7. RoPE backward in place; q_norm: the per-head RMSNorm backward into the projections'
-  // gradients d_q_pre, d_k_pre (zero-filled: the op accumulates), which replace d_q and d_k.
-  be_.rope_backward(d_q.data(), d_k.data(), b_, s_, a_, k_, d_, cfg_.rope());
-  if (cfg_.qk_norm) {
-    Tensor d_q_pre = ws("d_q_pre", l, {b_, s_, ad}, D_);
-    be_.fill_zero(d_q_pre.data(), d_q_pre.bytes());
-    be_.rmsnorm_backward(d_q_pre.data(), G(kQNorm), d_q.data(), at(LA::q_pre), Wp(kQNorm),
-                         at_f32(LA::q_rstd), n_ * a_, d_);
-    done(kQNorm);
-    Tensor d_k_pre = ws("d_k_pre", l, {b_, s_, kd}, D_);
-    be_.fill_zero(d_k_pre.data(), d_k_pre.bytes());
-    be_.rmsnorm_backward(d_k_pre.data(), G(kKNorm), d_k.data(), at(LA::k_pre), Wp(kKNorm),
-                         at_f32(LA::k_rstd), n_ * k_, d_);
-    done(kKNorm);
-    d_q.reset();
-    d_k.reset();
-    free_acts_at_backward_step(A, 7);  // q_pre, q_rstd, k_pre, k_rstd
-    d_q = std::move(d_q_pre);
-    d_k = std::move(d_k_pre);
-  }
-  // 8. q_proj, k_proj, v_proj, each bias right after its weight.
-  Tensor d_xn1 = ws("d_xn1", l, {b_, s_, h_}, D_);
-  auto bias_backward = [&](int j, const void* dy, std::int64_t width) {
-    if (!cfg_.qkv_bias) return;
-    be_.bias_backward(G(j), dy, n_, width);
-    done(j);
-  };
-  linear_backward(kQ, d_xn1.data(), d_q.data(), at(LA::xn1), ad, h_, 0.f);
-  bias_backward(kQBias, d_q.data(), ad);
-  linear_backward(kK, d_xn1.data(), d_k.data(), at(LA::xn1), kd, h_, 1.f);
-  bias_backward(kKBias, d_k.data(), kd);
-  linear_backward(kV, d_xn1.data(), d_v.data(), at(LA::xn1), kd, h_, 1.f);
-  bias_backward(kVBias, d_v.data(), kd);
-  d_q.reset();
-  d_k.reset();
-  d_v.reset();
-  free_acts_at_backward_step(A, 8);  // q, k, v, xn1
-  // 9. input RMSNorm: d_residual += ..., through x_l; then x_l is no longer needed.
-  be_.rmsnorm_backward(d_res.data(), G(kInNorm), d_xn1.data(), x.data(), Wp(kInNorm),
-                       at_f32(LA::rstd1), n_, h_);
-  done(kInNorm);
-  d_xn1.reset();
-  free_acts_at_backward_step(A, 9);  // rstd1
-  x.reset();
-  for (const LayerActSpec& row : kLayerActs)
-    if (A[row.id])
-      throw Error("model: layer " + std::to_string(l) + "'s backward left activation '" + row.name +
-                  "' alive (kLayerActs' freed_at_step)");
 }
 
 }  // namespace trainmem

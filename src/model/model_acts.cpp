@@ -6,8 +6,8 @@
 namespace trainmem {
 
 ActDims ActDims::of(const ModelConfig& model, const TrainConfig& train) {
-  return {train.batch, train.seq,      model.hidden,    model.intermediate,
-          model.heads, model.kv_heads, model.head_dim()};
+  return {train.batch, train.seq,      model.hidden,     model.intermediate,
+          model.heads, model.kv_heads, model.head_dim(), train.seq};
 }
 
 std::vector<std::int64_t> act_shape(const ActShape& shape, const ActDims& dims) {
@@ -18,6 +18,9 @@ std::vector<std::int64_t> act_shape(const ActShape& shape, const ActDims& dims) 
         break;
       case Extent::s:
         out.push_back(dims.s);
+        break;
+      case Extent::sr:
+        out.push_back(dims.sr);
         break;
       case Extent::h:
         out.push_back(dims.h);
@@ -54,6 +57,7 @@ std::string act_shape_letters(const ActShape& shape) {
         out += "b";
         break;
       case Extent::s:
+      case Extent::sr:  // a listing is of one rank without sequence parallelism
         out += "s";
         break;
       case Extent::h:

@@ -1,7 +1,10 @@
 // One rank's sharded step (include/trainmem/sharded_step.hpp), written from docs/distributed.md
 // ("The sharded step", "Measured runs") only. It walks every layer and every micro-batch in the
 // stage's 1F1B order and allocates through the ledger; the ledger finds the peak. The per-rank
-// analytic profile picks a few instants in closed form: agreement is the check.
+// analytic profile picks a few instants in closed form: agreement is the check. The layers are
+// the decoder layer of the single-rank model (decoder_layer.hpp) with the rank's slice (a/tp
+// heads, i/tp MLP columns, s/tp sequence rows under sp); this file hosts it (weights, gradients,
+// collectives) and adds the embedding, the head, the micro-batch schedule and the optimizer.
 //
 // Measured runs (`run`): the arithmetic sits between the allocations, each op right after the
 // buffers it writes exist, so the books are the trace's. Data parallelism, rank r of dp:
@@ -28,6 +31,7 @@
 #include <string>
 
 #include "trainmem/checked.hpp"
+#include "trainmem/decoder_layer.hpp"
 #include "trainmem/dtype.hpp"
 #include "trainmem/error.hpp"
 #include "trainmem/model.hpp"
@@ -40,27 +44,9 @@ constexpr DType f32 = DType::f32;
 constexpr DType i32 = DType::i32;
 using Shape = std::vector<std::int64_t>;
 
-// A layer's parameters (the slots of model.cpp, in setup order).
-enum Slot : int {
-  kInNorm,
-  kQ,
-  kQB,
-  kK,
-  kKB,
-  kV,
-  kVB,
-  kO,
-  kQN,
-  kKN,
-  kPost,
-  kGate,
-  kUp,
-  kDown,
-  kSlots
-};
 }  // namespace
 
-struct ShardedStep::Impl {
+struct ShardedStep::Impl : LayerHost {
   ModelConfig m;
   TrainConfig t;
   ParallelConfig p;
@@ -105,7 +91,7 @@ struct ShardedStep::Impl {
   // backend) and, with --overlap-comm, the second reduce bucket.
   std::vector<Tensor> persistent;
   // Setup's tensors the arithmetic uses (empty where the layout has none).
-  std::vector<Tensor> value, grad;  // per parameter (ZeRO < 3, ZeRO < 2)
+  std::vector<Tensor> value, grads;  // per parameter (ZeRO < 3, ZeRO < 2)
   struct States {
     Tensor master, m, v;
   };
@@ -129,29 +115,10 @@ struct ShardedStep::Impl {
   std::vector<std::uint64_t> unit_elems;
   std::map<int, Tensor> gathered;
 
-  // Activations of one micro-batch in flight: one slot per per-layer tensor name.
-  static constexpr const char* kActNames[] = {
-      "rstd1", "xn1",      "q_pre", "k_pre", "q_rstd", "k_rstd", "q",  "k",   "v",  "probs",
-      "lse",   "attn_out", "h_mid", "rstd2", "xn2",    "gate",   "up", "act", "out"};
-  static constexpr int kNumActs = sizeof(kActNames) / sizeof(kActNames[0]);
-  static int act_slot(const char* name) {
-    for (int n = 0; n < kNumActs; ++n)
-      if (std::strcmp(kActNames[n], name) == 0) return n;
-    throw Error(std::string("sharded step: no activation slot '") + name + "'");
-  }
-  struct Layer {
-    std::array<Tensor, kNumActs> slots;
-    Tensor& operator[](const char* name) { return slots[std::size_t(act_slot(name))]; }
-    void erase(const char* name) { (*this)[name].reset(); }
-    const char* first_alive() const {
-      for (int n = 0; n < kNumActs; ++n)
-        if (slots[std::size_t(n)]) return kActNames[n];
-      return nullptr;
-    }
-  };
+  // Activations of one micro-batch in flight.
   struct MicroBatch {
     Tensor input;  // embed_out or stage_input (x_0)
-    std::vector<Layer> layers;
+    std::vector<LayerActs> layers;
     Tensor final_norm_out, final_rstd, logits, ce_lse;
   };
   std::map<std::int64_t, MicroBatch> in_flight;
@@ -204,33 +171,17 @@ struct ShardedStep::Impl {
     std::uint64_t n = 0;    // elements
   };
   std::vector<ParamShape> P;
-  std::vector<std::array<int, kSlots>> lidx;   // [local layer][slot] -> index in P, -1 if absent
+  std::vector<std::array<int, kLayerParams>> lidx;   // [local layer][slot] -> index in P, -1 if absent
   int embed_i = -1, norm_i = -1, head_i = -1;  // head_i: lm_head, or the embedding when tied
   std::vector<std::vector<std::pair<int, std::uint64_t>>> members;  // ZeRO-3 unit: (param, pos)
   std::vector<ParamShape> param_shapes() const {
     std::vector<ParamShape> v;
-    const std::int64_t ad = a * d, kd = k * d;
     if (first) v.push_back({"model.embed_tokens.weight", -1, {V, h}});
+    const std::vector<LayerParamSpec> specs = layer_param_specs(m, dims());
     for (std::int64_t l = 0; l < Ls; ++l) {
       const int g = global_layer(l);
       const std::string pre = "model.layers." + std::to_string(g) + ".";
-      v.push_back({pre + "input_layernorm.weight", g, {h}, kInNorm});
-      // Column-parallel q/k/v: each bias split with its projection's output columns.
-      v.push_back({pre + "self_attn.q_proj.weight", g, {ad, h}, kQ});
-      if (bias) v.push_back({pre + "self_attn.q_proj.bias", g, {ad}, kQB});
-      v.push_back({pre + "self_attn.k_proj.weight", g, {kd, h}, kK});
-      if (bias) v.push_back({pre + "self_attn.k_proj.bias", g, {kd}, kKB});
-      v.push_back({pre + "self_attn.v_proj.weight", g, {kd, h}, kV});
-      if (bias) v.push_back({pre + "self_attn.v_proj.bias", g, {kd}, kVB});
-      v.push_back({pre + "self_attn.o_proj.weight", g, {h, ad}, kO});
-      if (qkn) {  // per-head norms: the same (d) weights on every tp rank
-        v.push_back({pre + "self_attn.q_norm.weight", g, {d}, kQN});
-        v.push_back({pre + "self_attn.k_norm.weight", g, {d}, kKN});
-      }
-      v.push_back({pre + "post_attention_layernorm.weight", g, {h}, kPost});
-      v.push_back({pre + "mlp.gate_proj.weight", g, {i, h}, kGate});
-      v.push_back({pre + "mlp.up_proj.weight", g, {i, h}, kUp});
-      v.push_back({pre + "mlp.down_proj.weight", g, {h, i}, kDown});
+      for (const LayerParamSpec& spec : specs) v.push_back({pre + spec.name, g, spec.shape, spec.slot});
     }
     if (last) {
       v.push_back({"model.norm.weight", -1, {h}});
@@ -305,7 +256,7 @@ struct ShardedStep::Impl {
       if (!off) grads_shard = alloc("grads.shard", Category::gradients, -1, {shard_n}, D);
     } else {
       for (const auto& q : P)
-        grad.push_back(alloc(q.name + ".grad", Category::gradients, q.layer, q.shape, D));
+        grads.push_back(alloc(q.name + ".grad", Category::gradients, q.layer, q.shape, D));
     }
     // 3. optimizer states, f32.
     if (!off) {
@@ -411,14 +362,13 @@ struct ShardedStep::Impl {
   // block of rows, row-parallel weights (o_proj, down_proj) a block of columns, norms all.
   bool replicated(std::size_t q) const {
     const int sl = P[q].slot;
-    return p.tp == 1 || sl == kInNorm || sl == kPost || sl == kQN || sl == kKN ||
-           (sl < 0 && int(q) == norm_i);
+    return p.tp == 1 || (sl >= 0 && layer_param_replicated(sl)) || (sl < 0 && int(q) == norm_i);
   }
   std::uint64_t global_elem(std::size_t q, std::uint64_t e) const {
     if (replicated(q)) return e;
     const ParamShape& pq = P[q];
     const int sl = pq.slot;
-    if (sl == kO || sl == kDown) {
+    if (sl >= 0 && layer_param_row_parallel(sl)) {
       const std::uint64_t cl = std::uint64_t(pq.shape[1]);
       return (e / cl) * cl * std::uint64_t(p.tp) + std::uint64_t(tr) * cl + e % cl;
     }
@@ -434,7 +384,7 @@ struct ShardedStep::Impl {
     Shape sh = P[q].shape;
     if (replicated(q)) return sh;
     const int sl = P[q].slot;
-    sh[sl == kO || sl == kDown ? 1 : 0] *= p.tp;
+    sh[sl >= 0 && layer_param_row_parallel(sl) ? 1 : 0] *= p.tp;
     return sh;
   }
   // Checks every parameter's tensor in the files before anything is read (InputError).
@@ -467,7 +417,7 @@ struct ShardedStep::Impl {
     const SafeTensorsReader& file = *weights_file(q);
     const std::string name = file_name(q);
     const int sl = P[q].slot;
-    if (p.tp > 1 && (sl == kO || sl == kDown)) {  // a block of columns: one read per row
+    if (p.tp > 1 && sl >= 0 && layer_param_row_parallel(sl)) {  // a block of columns: one read per row
       const std::uint64_t cl = std::uint64_t(P[q].shape[1]);
       for (std::uint64_t row = 0; row < P[q].n / cl; ++row)
         file.read_f32(name, f.data() + row * cl, global_elem(q, row * cl), cl);
@@ -626,13 +576,13 @@ struct ShardedStep::Impl {
   // pool may hand a block just freed on the backend's stream to a new tensor while kernels queued
   // there still read it: the synchronisation is the only ordering.
   // Tensor parallelism: the partial sums of x (n elements) over the group, in place.
-  void tp_sum(const Tensor& x, std::uint64_t n) {
+  void tp_sum(const Tensor& x, std::uint64_t n) override {
     be->synchronize();
     T->all_reduce_sum(x.data(), n, D);
   }
   // Sequence parallelism: the rank's rows (b, s/tp, h) of every rank gathered into (b, s, h),
   // one batch row at a time (each rank's chunk lands at its sequence offset).
-  void sp_gather(const Tensor& local, const Tensor& full, std::int64_t width) {
+  void sp_gather(const Tensor& local, const Tensor& full, std::int64_t width) override {
     be->synchronize();
     const std::uint64_t chunk = std::uint64_t(sr * width);
     for (std::int64_t row = 0; row < b; ++row)
@@ -641,7 +591,7 @@ struct ShardedStep::Impl {
   }
   // The (b, s, h) partial sums reduced over the group and scattered by sequence into the rank's
   // (b, s/tp, h), then + x (the residual, the rank's rows) when x is given.
-  void sp_reduce_scatter(const Tensor& partial, const Tensor& out, const void* x) {
+  void sp_reduce_scatter(const Tensor& partial, const Tensor& out, const void* x) override {
     be->synchronize();
     const std::uint64_t chunk = std::uint64_t(sr * h);
     for (std::int64_t row = 0; row < b; ++row)
@@ -651,7 +601,7 @@ struct ShardedStep::Impl {
   }
   // y = partial (already in y) summed over the group, then + x (the residual): a row-parallel
   // GEMM's output.
-  void tp_sum_add(const Tensor& y, const void* x) {
+  void tp_sum_add(const Tensor& y, const void* x) override {
     const std::uint64_t n = std::uint64_t(b * s * h);
     tp_sum(y, n);
     be->bias_forward(y.data(), x, 1, std::int64_t(n));
@@ -700,7 +650,7 @@ struct ShardedStep::Impl {
   // A parameter's gradient buffer for the op about to produce it (+=): the parameter's own
   // (ZeRO < 2, zeroed once per step) or the reduce bucket, zeroed.
   void* G(int q) {
-    if (p.zero < 2) return grad[std::size_t(q)].data();
+    if (p.zero < 2) return grads[std::size_t(q)].data();
     be->fill_zero(bucket.data(), P[std::size_t(q)].n * es);
     return bucket.data();
   }
@@ -764,8 +714,8 @@ struct ShardedStep::Impl {
   bool tp_partial(int q) const {
     const int sl = P[std::size_t(q)].slot;
     if (!tpx) return false;
-    if (sl == kQN || sl == kKN) return true;
-    return sp && (sl == kInNorm || sl == kPost || q == norm_i);
+    if (sl == kQNorm || sl == kKNorm) return true;
+    return sp && (sl == kInNorm || sl == kPostNorm || q == norm_i);
   }
 
   // After the last micro-batch: ZeRO 0/1 reduce the whole gradients, then every layout's update
@@ -774,13 +724,13 @@ struct ShardedStep::Impl {
     be->synchronize();
     if (tie_group) {  // the embedding's gradient: its first-stage and last-stage parts summed
       const int q = first ? embed_i : head_i;
-      tie_sum(grad[std::size_t(q)].data(), P[std::size_t(q)].n);
+      tie_sum(grads[std::size_t(q)].data(), P[std::size_t(q)].n);
     }
     if (p.zero < 2)
       for (std::size_t q = 0; q < P.size(); ++q)
-        if (tp_partial(int(q))) T->all_reduce_sum(grad[q].data(), P[q].n, D);
+        if (tp_partial(int(q))) T->all_reduce_sum(grads[q].data(), P[q].n, D);
     if (p.zero < 2)
-      for (std::size_t q = 0; q < P.size(); ++q) X->data.all_reduce_sum(grad[q].data(), P[q].n, D);
+      for (std::size_t q = 0; q < P.size(); ++q) X->data.all_reduce_sum(grads[q].data(), P[q].n, D);
     const float gs = 1.0f / S;
     if (offx) {
       offload_step(gs);
@@ -797,7 +747,7 @@ struct ShardedStep::Impl {
     };
     if (p.zero == 0) {
       for (std::size_t q = 0; q < P.size(); ++q)
-        update(value[q].data(), grad[q].data(), states[q], 0, P[q].n);
+        update(value[q].data(), grads[q].data(), states[q], 0, P[q].n);
       return;
     }
     if (p.zero == 3) {
@@ -805,7 +755,7 @@ struct ShardedStep::Impl {
       return;
     }
     for_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
-      const void* g = p.zero == 1 ? elem_ptr(grad[q], a - P[q].off) : elem_ptr(grads_shard, a - lo);
+      const void* g = p.zero == 1 ? elem_ptr(grads[q], a - P[q].off) : elem_ptr(grads_shard, a - lo);
       update(elem_ptr(value[q], a - P[q].off), g, shard_states, a - lo, z - a);
     });
     broadcast_owned_slices();
@@ -824,7 +774,7 @@ struct ShardedStep::Impl {
       std::fill(h_grad.begin(), h_grad.end(), 0.0f);
       for_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
         std::vector<unsigned char> raw((z - a) * es);
-        be->download(raw.data(), elem_ptr(grad[q], a - P[q].off), raw.size());
+        be->download(raw.data(), elem_ptr(grads[q], a - P[q].off), raw.size());
         for (std::uint64_t x = a; x < z; ++x) h_grad[x - lo] = load_as_f32(raw.data(), x - a, D);
       });
     }
@@ -893,109 +843,17 @@ struct ShardedStep::Impl {
   }
 
   // ---------------------------------------------------------------- forward
-  // One layer's forward (recompute: stops before `out`) from its input x.
-  void layer_forward(std::int64_t l, Layer& L, bool recompute, const void* x) {
-    const int g = global_layer(l);
-    // n: rows of the GEMMs (the whole sequence); nr: the rank's rows (s/tp of them under sp).
-    const std::int64_t n = b * s, nr = b * sr, ad = a * d, kd = k * d;
-    const float eps = float(m.rms_eps);
-    auto A = [&](const char* name, Shape sh, DType dt) { L[name] = act(name, g, sh, dt); };
-    auto at = [&](const char* name) { return L[name].data(); };
-    auto at_f = [&](const char* name) { return L[name].as<float>(); };
-    A("rstd1", {b, sr}, f32);
-    A("xn1", {b, sr, h}, D);
-    if (run) be->rmsnorm_forward(at("xn1"), at_f("rstd1"), x, LW(l, kInNorm), nr, h, eps);
-    Tensor gath;
-    if (sp) gath = comm("xn1.gathered", g, {b, s, h}, D);
-    if (sp && run) sp_gather(L["xn1"], gath, h);
-    const void* xn1_all = sp ? gath.data() : at("xn1");  // the projections' input
-    if (qkn) {
-      A("q_pre", {b, s, a * d}, D);
-      A("k_pre", {b, s, k * d}, D);
-      A("q_rstd", {b, s, a}, f32);
-      A("k_rstd", {b, s, k}, f32);
-    }
-    A("q", {b, s, a * d}, D);
-    A("k", {b, s, k * d}, D);
-    A("v", {b, s, k * d}, D);
-    if (run) {
-      void* qp = qkn ? at("q_pre") : at("q");
-      void* kp = qkn ? at("k_pre") : at("k");
-      auto project = [&](void* out, int w, int bs, std::int64_t width) {
-        be->matmul(out, xn1_all, LW(l, w), n, width, h, Trans::no, Trans::yes, 1.f, 0.f);
-        if (bias) be->bias_forward(out, LW(l, bs), n, width);
-      };
-      project(qp, kQ, kQB, ad);
-      project(kp, kK, kKB, kd);
-      project(at("v"), kV, kVB, kd);
-      if (qkn) {
-        be->rmsnorm_forward(at("q"), at_f("q_rstd"), qp, LW(l, kQN), n * a, d, eps);
-        be->rmsnorm_forward(at("k"), at_f("k_rstd"), kp, LW(l, kKN), n * k, d, eps);
-      }
-      be->rope_forward(at("q"), at("k"), b, s, a, k, d, m.rope());
-    }
-    gath.reset();
-    if (eager)
-      A("probs", {b, a, s, s}, D);
-    else
-      A("lse", {b, a, s}, f32);
-    A("attn_out", {b, s, a * d}, D);
-    if (run)
-      be->attention_forward(at("attn_out"), eager ? at("probs") : nullptr,
-                            eager ? nullptr : at_f("lse"), at("q"), at("k"), at("v"), b, s, a, k, d,
-                            m.window_of(g), t.attention);
-    if (sp) gath = comm("o_proj.partial", g, {b, s, h}, D);
-    A("h_mid", {b, sr, h}, D);
-    if (run && !tpx) {  // h_mid = x + attn_out·W_oᵀ: copy, then a GEMM with beta 1
-      be->copy(at("h_mid"), x, L["h_mid"].bytes());
-      be->matmul(at("h_mid"), at("attn_out"), LW(l, kO), n, h, ad, Trans::no, Trans::yes, 1.f, 1.f);
-    } else if (run && !sp) {  // row-parallel: the partial product summed over the group, + x
-      be->matmul(at("h_mid"), at("attn_out"), LW(l, kO), n, h, ad, Trans::no, Trans::yes, 1.f, 0.f);
-      tp_sum_add(L["h_mid"], x);
-    } else if (run) {  // sp: the partial product reduce-scattered into the rank's rows, + x
-      be->matmul(gath.data(), at("attn_out"), LW(l, kO), n, h, ad, Trans::no, Trans::yes, 1.f, 0.f);
-      sp_reduce_scatter(gath, L["h_mid"], x);
-    }
-    gath.reset();
-    A("rstd2", {b, sr}, f32);
-    A("xn2", {b, sr, h}, D);
-    if (run) be->rmsnorm_forward(at("xn2"), at_f("rstd2"), at("h_mid"), LW(l, kPost), nr, h, eps);
-    if (sp) gath = comm("xn2.gathered", g, {b, s, h}, D);
-    if (sp && run) sp_gather(L["xn2"], gath, h);
-    const void* xn2_all = sp ? gath.data() : at("xn2");
-    A("gate", {b, s, i}, D);
-    A("up", {b, s, i}, D);
-    if (run) {
-      be->matmul(at("gate"), xn2_all, LW(l, kGate), n, i, h, Trans::no, Trans::yes, 1.f, 0.f);
-      be->matmul(at("up"), xn2_all, LW(l, kUp), n, i, h, Trans::no, Trans::yes, 1.f, 0.f);
-    }
-    gath.reset();
-    A("act", {b, s, i}, D);
-    if (run) be->swiglu_forward(at("act"), at("gate"), at("up"), n * i);
-    if (recompute) return;
-    if (sp) gath = comm("down_proj.partial", g, {b, s, h}, D);
-    A("out", {b, sr, h}, D);
-    if (run && !tpx) {
-      be->copy(at("out"), at("h_mid"), L["out"].bytes());
-      be->matmul(at("out"), at("act"), LW(l, kDown), n, h, i, Trans::no, Trans::yes, 1.f, 1.f);
-    } else if (run && !sp) {
-      be->matmul(at("out"), at("act"), LW(l, kDown), n, h, i, Trans::no, Trans::yes, 1.f, 0.f);
-      tp_sum_add(L["out"], at("h_mid"));
-    } else if (run) {
-      be->matmul(gath.data(), at("act"), LW(l, kDown), n, h, i, Trans::no, Trans::yes, 1.f, 0.f);
-      sp_reduce_scatter(gath, L["out"], at("h_mid"));
-    }
-    gath.reset();
-    if (full) {
-      static const char* order[] = {"act",      "up",     "gate",  "xn2",   "rstd2", "h_mid",
-                                    "attn_out", "probs",  "lse",   "v",     "k",     "q",
-                                    "k_rstd",   "q_rstd", "k_pre", "q_pre", "xn1",   "rstd1"};
-      for (const char* name : order) L.erase(name);
-    }
+  // The decoder layer (decoder_layer.hpp) with the rank's slice; this Impl is its host.
+  ActDims dims() const { return ActDims{b, s, h, i, a, k, d, sr}; }
+  LayerRank layer_rank() { return LayerRank{m, t, ledger, run ? be : nullptr, *this, dims(), sp, tpx}; }
+  const void* weight(std::int64_t l, int slot) override { return LW(l, slot); }
+  void* grad(std::int64_t l, int slot) override { return run ? G(Li(l, slot)) : nullptr; }
+  void grad_done(std::int64_t l, int slot) override {
+    if (run) G_done(Li(l, slot));
   }
   // x_l of micro-batch B: the stage's input for layer 0, else layer l-1's out.
   Tensor& layer_input(MicroBatch& B, std::int64_t l) {
-    return l == 0 ? B.input : B.layers[std::size_t(l) - 1]["out"];
+    return l == 0 ? B.input : B.layers[std::size_t(l) - 1][LayerAct::out];
   }
 
   void forward(std::int64_t mb, bool mark) {
@@ -1027,12 +885,13 @@ struct ShardedStep::Impl {
     B.layers.resize(std::size_t(Ls));
     for (std::int64_t l = 0; l < Ls; ++l) {
       window(++pos);
-      layer_forward(l, B.layers[std::size_t(l)], false, layer_input(B, l).data());
+      decoder_layer_forward(layer_rank(), l, global_layer(l), B.layers[std::size_t(l)],
+                            ActPass::forward, layer_input(B, l).data());
     }
     if (last) {
       window(++pos);
       const int hu = int(Ls) + 1;
-      const void* xL = Ls > 0 ? B.layers.back()["out"].data() : B.input.data();
+      const void* xL = Ls > 0 ? B.layers.back()[LayerAct::out].data() : B.input.data();
       B.final_norm_out = act("final_norm_out", -1, {b, sr, h}, D);
       B.final_rstd = act("final_rstd", -1, {b, sr}, f32);
       if (run)
@@ -1062,164 +921,13 @@ struct ShardedStep::Impl {
         }
       }
     } else if (Ls > 0) {
-      if (ppx) pp_send(B.layers.back()["out"], std::uint64_t(b * sr * h), int(stage) + 1);
-      B.layers.back().erase("out");  // sent to the next stage
+      if (ppx) pp_send(B.layers.back()[LayerAct::out], std::uint64_t(b * sr * h), int(stage) + 1);
+      B.layers.back()[LayerAct::out].reset();  // sent to the next stage
     }
     if (mark) ledger.mark_end_of_forward();
   }
 
   // ---------------------------------------------------------------- backward
-  void layer_backward(std::int64_t l, MicroBatch& B, Tensor& d_res) {
-    const int g = global_layer(l);
-    const std::int64_t n = b * s, nr = b * sr, ad = a * d, kd = k * d;
-    Layer& L = B.layers[std::size_t(l)];
-    auto drop = [&](std::initializer_list<const char*> names) {
-      for (const char* nm : names) L.erase(nm);
-    };
-    auto at = [&](const char* name) { return L[name].data(); };
-    auto at_f = [&](const char* name) { return L[name].as<float>(); };
-    // y = x·Wᵀ with W (out_f, in_f): dx = dy·W (dx_beta 1: +=), dW += dyᵀ·x.
-    auto linear_backward = [&](int slot, void* dx, const void* dy, const void* xin,
-                               std::int64_t out_f, std::int64_t in_f, float dx_beta) {
-      if (!run) return;
-      const int q = Li(l, slot);
-      be->matmul(dx, dy, LW(l, slot), n, in_f, out_f, Trans::no, Trans::no, 1.f, dx_beta);
-      be->matmul(G(q), dy, xin, out_f, in_f, n, Trans::yes, Trans::no, 1.f, 1.f);
-      G_done(q);
-    };
-    auto bias_backward = [&](int slot, const void* dy, std::int64_t width) {
-      if (!run || !bias) return;
-      const int q = Li(l, slot);
-      be->bias_backward(G(q), dy, n, width);
-      G_done(q);
-    };
-    auto norm_backward = [&](int slot, void* dinp, const void* dout, const void* inp,
-                             const float* rstd, std::int64_t rows, std::int64_t width) {
-      if (!run) return;
-      const int q = Li(l, slot);
-      be->rmsnorm_backward(dinp, G(q), dout, inp, LW(l, slot), rstd, rows, width);
-      G_done(q);
-    };
-    Tensor& x = layer_input(B, l);
-    if (full) {
-      auto rc = ledger.scope(Phase::recompute);
-      layer_forward(l, L, true, x.data());
-    }
-    // The input gradient of a column-parallel GEMM group: without sp the (b,s,h) gradient
-    // itself (all-reduced in place); under sp the group's input gathered again for dW, a
-    // (b,s,h) partial, the gather freed, then the (b,s_r,h) gradient it is reduce-scattered
-    // into, and the partial freed.
-    // `compute(dx, xin)` writes the group's input gradient into dx from its input xin (the
-    // gathered one under sp); the sum over the tensor-parallel group follows.
-    auto input_grad = [&](const char* gathered, const std::string& grad, const char* input,
-                          const std::function<void(void*, const void*)>& compute) {
-      Tensor gath;
-      if (sp) gath = comm(gathered, g, {b, s, h}, D);
-      if (sp && run) sp_gather(L[input], gath, h);
-      Tensor t = ws(sp ? grad + ".partial" : grad, g, {b, s, h}, D);
-      compute(t.data(), sp ? gath.data() : L[input].data());
-      gath.reset();
-      if (sp) {
-        Tensor rs = ws(grad, g, {b, sr, h}, D);
-        if (run) sp_reduce_scatter(t, rs, nullptr);
-        t = std::move(rs);
-      } else if (tpx) {
-        tp_sum(t, std::uint64_t(n * h));  // column-parallel: partial input gradients
-      }
-      return t;
-    };
-    // d_residual as the GEMMs read it: gathered into `gath` under sp.
-    auto d_res_all = [&](Tensor& gath) -> const void* {
-      if (!sp) return d_res.data();
-      gath = comm("d_residual.gathered", g, {b, s, h}, D);
-      if (run) sp_gather(d_res, gath, h);
-      return gath.data();
-    };
-    Tensor gath;
-    // 1. down_proj (d_residual gathered under sp).
-    const void* dy = d_res_all(gath);
-    Tensor d_act = ws("d_act", g, {b, s, i}, D);
-    linear_backward(kDown, d_act.data(), dy, at("act"), h, i, 0.f);
-    drop({"act"});
-    gath.reset();
-    // 2. SwiGLU.
-    Tensor d_gate = ws("d_gate", g, {b, s, i}, D);
-    Tensor d_up = ws("d_up", g, {b, s, i}, D);
-    if (run)
-      be->swiglu_backward(d_gate.data(), d_up.data(), d_act.data(), at("gate"), at("up"), n * i);
-    d_act.reset();
-    drop({"gate", "up"});
-    // 3. gate/up: d_xn2 (a partial under sp, reduce-scattered), xn2 gathered for dW.
-    Tensor d_xn2 = input_grad("xn2.gathered", "d_xn2", "xn2", [&](void* dx, const void* xin) {
-      linear_backward(kGate, dx, d_gate.data(), xin, i, h, 0.f);
-      linear_backward(kUp, dx, d_up.data(), xin, i, h, 1.f);
-    });
-    d_gate.reset();
-    d_up.reset();
-    drop({"xn2"});
-    // 4. post-attention RMSNorm: d_residual += ..., through h_mid.
-    norm_backward(kPost, d_res.data(), d_xn2.data(), at("h_mid"), at_f("rstd2"), nr, h);
-    d_xn2.reset();
-    drop({"h_mid", "rstd2"});
-    // 5. o_proj.
-    dy = d_res_all(gath);
-    Tensor d_ao = ws("d_attn_out", g, {b, s, a * d}, D);
-    linear_backward(kO, d_ao.data(), dy, at("attn_out"), h, ad, 0.f);
-    gath.reset();
-    // 6. attention.
-    Tensor d_q = ws("d_q", g, {b, s, a * d}, D);
-    Tensor d_k = ws("d_k", g, {b, s, k * d}, D);
-    Tensor d_v = ws("d_v", g, {b, s, k * d}, D);
-    Tensor scratch =
-        eager ? ws("d_probs", g, {b, a, s, s}, D) : ws("attn_delta", g, {b, a, s}, f32);
-    if (run) {
-      be->attention_backward(d_q.data(), d_k.data(), d_v.data(), eager ? scratch.data() : nullptr,
-                             eager ? nullptr : scratch.as<float>(), d_ao.data(), at("q"), at("k"),
-                             at("v"), at("attn_out"), eager ? at("probs") : nullptr,
-                             eager ? nullptr : at_f("lse"), b, s, a, k, d, m.window_of(g),
-                             t.attention);
-      be->rope_backward(d_q.data(), d_k.data(), b, s, a, k, d, m.rope());
-    }
-    scratch.reset();
-    d_ao.reset();
-    drop({"attn_out", "probs", "lse"});
-    // 7. q/k norm backward (qk_norm): the projections' gradients replace d_q and d_k.
-    if (qkn) {
-      Tensor d_q_pre = ws("d_q_pre", g, {b, s, a * d}, D);
-      if (run) be->fill_zero(d_q_pre.data(), d_q_pre.bytes());
-      norm_backward(kQN, d_q_pre.data(), d_q.data(), at("q_pre"), at_f("q_rstd"), n * a, d);
-      Tensor d_k_pre = ws("d_k_pre", g, {b, s, k * d}, D);
-      if (run) be->fill_zero(d_k_pre.data(), d_k_pre.bytes());
-      norm_backward(kKN, d_k_pre.data(), d_k.data(), at("k_pre"), at_f("k_rstd"), n * k, d);
-      d_q.reset();
-      d_k.reset();
-      drop({"q_pre", "q_rstd", "k_pre", "k_rstd"});
-      d_q = std::move(d_q_pre);
-      d_k = std::move(d_k_pre);
-    }
-    // 8. q/k/v: d_xn1 (a partial under sp), xn1 gathered for dW; each bias after its weight.
-    Tensor d_xn1 = input_grad("xn1.gathered", "d_xn1", "xn1", [&](void* dx, const void* xin) {
-      linear_backward(kQ, dx, d_q.data(), xin, ad, h, 0.f);
-      bias_backward(kQB, d_q.data(), ad);
-      linear_backward(kK, dx, d_k.data(), xin, kd, h, 1.f);
-      bias_backward(kKB, d_k.data(), kd);
-      linear_backward(kV, dx, d_v.data(), xin, kd, h, 1.f);
-      bias_backward(kVB, d_v.data(), kd);
-    });
-    d_q.reset();
-    d_k.reset();
-    d_v.reset();
-    drop({"q", "k", "v", "xn1"});
-    // 9. input RMSNorm: d_residual += ..., through x_l; x_l is no longer needed.
-    norm_backward(kInNorm, d_res.data(), d_xn1.data(), x.data(), at_f("rstd1"), nr, h);
-    d_xn1.reset();
-    drop({"rstd1"});
-    x.reset();
-    if (const char* left = L.first_alive())
-      throw Error("sharded step: layer " + std::to_string(g) + "'s backward left '" + left +
-                  "' alive");
-  }
-
   void backward(std::int64_t mb) {
     auto ph = ledger.scope(Phase::backward);
     MicroBatch& B = in_flight.at(mb);
@@ -1272,7 +980,7 @@ struct ShardedStep::Impl {
       // 3. final norm.
       d_res = ws("d_residual", -1, {b, sr, h}, D);
       if (run) {
-        const void* xL = Ls > 0 ? B.layers.back()["out"].data() : B.input.data();
+        const void* xL = Ls > 0 ? B.layers.back()[LayerAct::out].data() : B.input.data();
         be->fill_zero(d_res.data(), d_res.bytes());
         be->rmsnorm_backward(d_res.data(), G(norm_i), d_fno.data(), xL, W(hu, norm_i),
                              B.final_rstd.as<float>(), b * sr, h);
@@ -1281,14 +989,15 @@ struct ShardedStep::Impl {
       d_fno.reset();
       B.final_norm_out.reset();
       B.final_rstd.reset();
-      if (Ls > 0) B.layers.back().erase("out");
+      if (Ls > 0) B.layers.back()[LayerAct::out].reset();
     } else {
       d_res = ws("d_residual", -1, {b, sr, h}, D);  // received from the next stage
       if (ppx) pp_recv(d_res, std::uint64_t(b * sr * h), int(stage) + 1);
     }
     for (std::int64_t l = Ls - 1; l >= 0; --l) {
       window(++pos);
-      layer_backward(l, B, d_res);
+      decoder_layer_backward(layer_rank(), l, global_layer(l), B.layers[std::size_t(l)],
+                             layer_input(B, l), d_res);
     }
     window(seq.size());  // the embedding's backward needs no weight
     if (first) {         // the embedding: from the whole sequence's d_residual (gathered under sp)
@@ -1315,7 +1024,7 @@ struct ShardedStep::Impl {
     ledger.begin_step(step);
     if (run) {
       loss_sum = 0;
-      for (auto& gq : grad) be->fill_zero(gq.data(), gq.bytes());
+      for (auto& gq : grads) be->fill_zero(gq.data(), gq.bytes());
       if (grads_shard) be->fill_zero(grads_shard.data(), grads_shard.bytes());
       std::fill(h_grad.begin(), h_grad.end(), 0.0f);
     }

@@ -1,0 +1,350 @@
+// One decoder layer of one rank (include/trainmem/decoder_layer.hpp), written from
+// docs/native-plan.md ("Forward", "Backward", "Layer l") and docs/distributed.md ("The sharded
+// step"). Every buffer is allocated right before the op that writes it and freed right after
+// its last reader, so that the ledger's books are the plan's.
+#include "trainmem/decoder_layer.hpp"
+
+#include <functional>
+#include <string>
+
+#include "trainmem/error.hpp"
+
+namespace trainmem {
+
+namespace {
+using LA = LayerAct;
+using Shape = std::vector<std::int64_t>;
+constexpr DType f32 = DType::f32;
+
+[[noreturn]] void no_group(const char* what) {
+  throw Error(std::string("decoder layer: ") + what +
+              " called on a rank without tensor parallelism");
+}
+}  // namespace
+
+std::vector<LayerParamSpec> layer_param_specs(const ModelConfig& model, const ActDims& dims) {
+  const std::int64_t h = dims.h, i = dims.i, d = dims.d, ad = dims.a * d, kd = dims.k * d;
+  const bool bias = model.qkv_bias;
+  std::vector<LayerParamSpec> v;
+  v.push_back({kInNorm, "input_layernorm.weight", {h}});
+  // Column-parallel q/k/v: each bias split with its projection's output columns.
+  v.push_back({kQ, "self_attn.q_proj.weight", {ad, h}});
+  if (bias) v.push_back({kQBias, "self_attn.q_proj.bias", {ad}});
+  v.push_back({kK, "self_attn.k_proj.weight", {kd, h}});
+  if (bias) v.push_back({kKBias, "self_attn.k_proj.bias", {kd}});
+  v.push_back({kV, "self_attn.v_proj.weight", {kd, h}});
+  if (bias) v.push_back({kVBias, "self_attn.v_proj.bias", {kd}});
+  v.push_back({kO, "self_attn.o_proj.weight", {h, ad}});
+  if (model.qk_norm) {  // per-head norms: the same (d) weights on every tensor-parallel rank
+    v.push_back({kQNorm, "self_attn.q_norm.weight", {d}});
+    v.push_back({kKNorm, "self_attn.k_norm.weight", {d}});
+  }
+  v.push_back({kPostNorm, "post_attention_layernorm.weight", {h}});
+  v.push_back({kGate, "mlp.gate_proj.weight", {i, h}});
+  v.push_back({kUp, "mlp.up_proj.weight", {i, h}});
+  v.push_back({kDown, "mlp.down_proj.weight", {h, i}});
+  return v;
+}
+
+bool layer_param_replicated(int slot) {
+  return slot == kInNorm || slot == kPostNorm || slot == kQNorm || slot == kKNorm;
+}
+bool layer_param_row_parallel(int slot) { return slot == kO || slot == kDown; }
+
+void LayerHost::tp_sum(const Tensor&, std::uint64_t) { no_group("tp_sum"); }
+void LayerHost::tp_sum_add(const Tensor&, const void*) { no_group("tp_sum_add"); }
+void LayerHost::sp_gather(const Tensor&, const Tensor&, std::int64_t) { no_group("sp_gather"); }
+void LayerHost::sp_reduce_scatter(const Tensor&, const Tensor&, const void*) {
+  no_group("sp_reduce_scatter");
+}
+
+// ------------------------------------------------------------------------------ forward
+
+void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, ActPass pass,
+                           const void* x) {
+  const ActDims& dm = R.dims;
+  const std::int64_t b = dm.b, s = dm.s, h = dm.h, i = dm.i, a = dm.a, k = dm.k, d = dm.d;
+  // n: rows of the GEMMs (the whole sequence); nr: the rank's rows of the norms and the residual.
+  const std::int64_t n = b * s, nr = b * dm.sr, ad = a * d, kd = k * d;
+  const ModelConfig& m = R.model;
+  const DType D = R.train.dtype;
+  const bool eager = R.train.attention == Attention::eager, qkn = m.qk_norm, sp = R.sp;
+  const float eps = float(m.rms_eps);
+  Backend* be = R.backend;
+  const bool run = be != nullptr;
+  LayerHost& H = R.host;
+  auto W = [&](int slot) { return H.weight(l, slot); };
+  auto at = [&](LA row) { return A[row].data(); };
+  auto at_f = [&](LA row) { return A[row].as<float>(); };
+  // The table's rows from `next` up to and including `last` that this pass allocates; returns
+  // whether `last` itself was.
+  int next = 0;
+  auto through = [&](LA last) {
+    bool allocated = false;
+    for (; next <= static_cast<int>(last); ++next) {
+      const LayerActSpec& row = kLayerActs[next];
+      allocated = allocated_in(row, m, R.train.attention, pass);
+      if (allocated)
+        A[row.id] = R.ledger.allocate(row.name, row.category, g, act_shape(row.shape, dm),
+                                      act_dtype(row.dtype, D));
+    }
+    return allocated;
+  };
+  // Sequence parallelism: a (b, s, h) buffer of the group's rows.
+  auto comm = [&](const char* name) {
+    return R.ledger.allocate(name, Category::communication, g, {b, s, h}, D);
+  };
+  // A row-parallel GEMM into `out` with its residual `res` (b, sr, h): out = res + in·Wᵀ, on one
+  // rank a copy then a GEMM with beta 1 (no transient); under tensor parallelism the partial
+  // product summed over the group, then + res (sp: reduce-scattered into the rank's rows through
+  // `partial`).
+  auto residual_gemm = [&](LA out, const Tensor& partial, const void* res, LA in, int slot,
+                           std::int64_t width) {
+    if (!run) return;
+    if (!R.tp) {
+      be->copy(at(out), res, A[out].bytes());
+      be->matmul(at(out), at(in), W(slot), n, h, width, Trans::no, Trans::yes, 1.f, 1.f);
+    } else if (!sp) {
+      be->matmul(at(out), at(in), W(slot), n, h, width, Trans::no, Trans::yes, 1.f, 0.f);
+      H.tp_sum_add(A[out], res);
+    } else {
+      be->matmul(partial.data(), at(in), W(slot), n, h, width, Trans::no, Trans::yes, 1.f, 0.f);
+      H.sp_reduce_scatter(partial, A[out], res);
+    }
+  };
+
+  through(LA::xn1);  // rstd1, xn1
+  if (run) be->rmsnorm_forward(at(LA::xn1), at_f(LA::rstd1), x, W(kInNorm), nr, h, eps);
+  Tensor gath;
+  if (sp) gath = comm("xn1.gathered");
+  if (sp && run) H.sp_gather(A[LA::xn1], gath, h);
+  const void* xn1_all = sp ? gath.data() : at(LA::xn1);  // the projections' input
+  through(LA::v);  // (qk_norm: q_pre, k_pre, q_rstd, k_rstd), q, k, v
+  if (run) {
+    // The projections (q and k into q_pre and k_pre when they are normed), each bias added in
+    // place right after its GEMM.
+    void* q_proj = qkn ? at(LA::q_pre) : at(LA::q);
+    void* k_proj = qkn ? at(LA::k_pre) : at(LA::k);
+    auto project = [&](void* out, int weight, int bias, std::int64_t width) {
+      be->matmul(out, xn1_all, W(weight), n, width, h, Trans::no, Trans::yes, 1.f, 0.f);
+      if (m.qkv_bias) be->bias_forward(out, W(bias), n, width);
+    };
+    project(q_proj, kQ, kQBias, ad);
+    project(k_proj, kK, kKBias, kd);
+    project(at(LA::v), kV, kVBias, kd);
+    if (qkn) {  // RMSNorm over each head: n·a (n·k) rows of width d, before RoPE (as HF)
+      be->rmsnorm_forward(at(LA::q), at_f(LA::q_rstd), q_proj, W(kQNorm), n * a, d, eps);
+      be->rmsnorm_forward(at(LA::k), at_f(LA::k_rstd), k_proj, W(kKNorm), n * k, d, eps);
+    }
+    be->rope_forward(at(LA::q), at(LA::k), b, s, a, k, d, m.rope());  // in place
+  }
+  gath.reset();
+  through(LA::attn_out);  // probs (eager) | lse (flash), attn_out
+  if (run)
+    be->attention_forward(at(LA::attn_out), eager ? at(LA::probs) : nullptr,
+                          eager ? nullptr : at_f(LA::lse), at(LA::q), at(LA::k), at(LA::v), b, s,
+                          a, k, d, m.window_of(g), R.train.attention);
+  // h_mid = x + attn_out·W_oᵀ.
+  if (sp) gath = comm("o_proj.partial");
+  through(LA::h_mid);
+  residual_gemm(LA::h_mid, gath, x, LA::attn_out, kO, ad);
+  gath.reset();
+  through(LA::xn2);  // rstd2, xn2
+  if (run) be->rmsnorm_forward(at(LA::xn2), at_f(LA::rstd2), at(LA::h_mid), W(kPostNorm), nr, h, eps);
+  if (sp) gath = comm("xn2.gathered");
+  if (sp && run) H.sp_gather(A[LA::xn2], gath, h);
+  const void* xn2_all = sp ? gath.data() : at(LA::xn2);
+  through(LA::up);  // gate, up
+  if (run) {
+    be->matmul(at(LA::gate), xn2_all, W(kGate), n, i, h, Trans::no, Trans::yes, 1.f, 0.f);
+    be->matmul(at(LA::up), xn2_all, W(kUp), n, i, h, Trans::no, Trans::yes, 1.f, 0.f);
+  }
+  gath.reset();
+  through(LA::act);  // silu(gate) · up
+  if (run) be->swiglu_forward(at(LA::act), at(LA::gate), at(LA::up), n * i);
+  if (pass == ActPass::recompute) return;  // it stops before `out`
+  // out = h_mid + act·W_downᵀ; it is x_{l+1}.
+  if (sp) gath = comm("down_proj.partial");
+  through(LA::out);
+  residual_gemm(LA::out, gath, at(LA::h_mid), LA::act, kDown, i);
+  gath.reset();
+  // Checkpointing full: every recomputed row freed right after `out`, in reverse allocation order.
+  if (R.train.checkpointing == Checkpointing::full)
+    for (int r = kNumLayerActs - 1; r >= 0; --r)
+      if (kLayerActs[r].checkpointing == UnderCheckpointing::recomputed)
+        A[kLayerActs[r].id].reset();
+}
+
+// ------------------------------------------------------------------------------ backward
+
+void decoder_layer_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, Tensor& x,
+                            Tensor& d_res) {
+  const ActDims& dm = R.dims;
+  const std::int64_t b = dm.b, s = dm.s, sr = dm.sr, h = dm.h, i = dm.i, a = dm.a, k = dm.k,
+                     d = dm.d;
+  const std::int64_t n = b * s, nr = b * sr, ad = a * d, kd = k * d;
+  const ModelConfig& m = R.model;
+  const DType D = R.train.dtype;
+  const bool eager = R.train.attention == Attention::eager, sp = R.sp;
+  Backend* be = R.backend;
+  const bool run = be != nullptr;
+  LayerHost& H = R.host;
+  auto W = [&](int slot) { return H.weight(l, slot); };
+  auto at = [&](LA row) { return A[row].data(); };
+  auto at_f = [&](LA row) { return A[row].as<float>(); };
+  auto ws = [&](const std::string& name, Shape shape, DType dt) {
+    return R.ledger.allocate(name, Category::workspace, g, std::move(shape), dt);
+  };
+  auto comm = [&](const char* name) {
+    return R.ledger.allocate(name, Category::communication, g, {b, s, h}, D);
+  };
+  // The rows the backward frees at `step` (docs/native-plan.md, "Layer l"), in kBackwardFreeOrder.
+  auto free_step = [&](int step) {
+    for (LA row : kBackwardFreeOrder)
+      if (layer_act(row).freed_at_step == step) A[row].reset();
+  };
+  // y = x·Wᵀ with W (out_f, in_f): dx = dy·W (dx_beta 1: +=), dW += dyᵀ·x. Under LOMO the
+  // gradient lives only around these two GEMMs.
+  auto linear_backward = [&](int slot, void* dx, const void* dy, const void* xin,
+                             std::int64_t out_f, std::int64_t in_f, float dx_beta) {
+    void* dW = H.grad(l, slot);
+    if (run) {
+      be->matmul(dx, dy, W(slot), n, in_f, out_f, Trans::no, Trans::no, 1.f, dx_beta);
+      be->matmul(dW, dy, xin, out_f, in_f, n, Trans::yes, Trans::no, 1.f, 1.f);
+    }
+    H.grad_done(l, slot);
+  };
+  auto bias_backward = [&](int slot, const void* dy, std::int64_t width) {
+    if (!m.qkv_bias) return;
+    void* db = H.grad(l, slot);
+    if (run) be->bias_backward(db, dy, n, width);
+    H.grad_done(l, slot);
+  };
+  auto norm_backward = [&](int slot, void* dinp, const void* dout, const void* inp,
+                           const float* rstd, std::int64_t rows, std::int64_t width) {
+    void* dw = H.grad(l, slot);
+    if (run) be->rmsnorm_backward(dinp, dw, dout, inp, W(slot), rstd, rows, width);
+    H.grad_done(l, slot);
+  };
+  // The input gradient of a column-parallel GEMM group (gate/up, q/k/v): `compute(dx, xin)`
+  // writes it into dx from the group's input xin. On one rank the (b,s,h) gradient itself; under
+  // tensor parallelism without sp a partial, summed over the group in place; under sp the input
+  // gathered again for dW, a (b,s,h) partial, the gather freed, then the (b,sr,h) gradient it is
+  // reduce-scattered into, and the partial freed.
+  auto input_grad = [&](const char* gathered, const std::string& grad, LA input,
+                        const std::function<void(void*, const void*)>& compute) {
+    Tensor gath;
+    if (sp) gath = comm(gathered);
+    if (sp && run) H.sp_gather(A[input], gath, h);
+    Tensor t = ws(sp ? grad + ".partial" : grad, {b, s, h}, D);
+    compute(t.data(), sp ? gath.data() : at(input));
+    gath.reset();
+    if (sp) {
+      Tensor rs = ws(grad, {b, sr, h}, D);
+      if (run) H.sp_reduce_scatter(t, rs, nullptr);
+      t = std::move(rs);
+    } else if (R.tp && run) {
+      H.tp_sum(t, std::uint64_t(n * h));
+    }
+    return t;
+  };
+  // d_residual as the row-parallel GEMMs read it: gathered into `gath` under sp.
+  auto d_res_all = [&](Tensor& gath) -> const void* {
+    if (!sp) return d_res.data();
+    gath = comm("d_residual.gathered");
+    if (run) H.sp_gather(d_res, gath, h);
+    return gath.data();
+  };
+
+  // 0. recompute the layer from its checkpointed input.
+  if (R.train.checkpointing == Checkpointing::full) {
+    auto rc = R.ledger.scope(Phase::recompute);
+    decoder_layer_forward(R, l, g, A, ActPass::recompute, x.data());
+  }
+  Tensor gath;
+  // 1. down_proj.
+  const void* dy = d_res_all(gath);
+  Tensor d_act = ws("d_act", {b, s, i}, D);
+  linear_backward(kDown, d_act.data(), dy, at(LA::act), h, i, 0.f);
+  free_step(1);  // act
+  gath.reset();
+  // 2. SwiGLU.
+  Tensor d_gate = ws("d_gate", {b, s, i}, D);
+  Tensor d_up = ws("d_up", {b, s, i}, D);
+  if (run)
+    be->swiglu_backward(d_gate.data(), d_up.data(), d_act.data(), at(LA::gate), at(LA::up), n * i);
+  d_act.reset();
+  free_step(2);  // gate, up
+  // 3. gate_proj, up_proj.
+  Tensor d_xn2 = input_grad("xn2.gathered", "d_xn2", LA::xn2, [&](void* dx, const void* xin) {
+    linear_backward(kGate, dx, d_gate.data(), xin, i, h, 0.f);
+    linear_backward(kUp, dx, d_up.data(), xin, i, h, 1.f);
+  });
+  d_gate.reset();
+  d_up.reset();
+  free_step(3);  // xn2
+  // 4. post-attention RMSNorm: d_residual += ..., through h_mid.
+  norm_backward(kPostNorm, d_res.data(), d_xn2.data(), at(LA::h_mid), at_f(LA::rstd2), nr, h);
+  d_xn2.reset();
+  free_step(4);  // h_mid, rstd2
+  // 5. o_proj.
+  dy = d_res_all(gath);
+  Tensor d_ao = ws("d_attn_out", {b, s, ad}, D);
+  linear_backward(kO, d_ao.data(), dy, at(LA::attn_out), h, ad, 0.f);
+  gath.reset();
+  // 6. attention, then RoPE backward in place.
+  Tensor d_q = ws("d_q", {b, s, ad}, D);
+  Tensor d_k = ws("d_k", {b, s, kd}, D);
+  Tensor d_v = ws("d_v", {b, s, kd}, D);
+  Tensor scratch = eager ? ws("d_probs", {b, a, s, s}, D) : ws("attn_delta", {b, a, s}, f32);
+  if (run) {
+    be->attention_backward(d_q.data(), d_k.data(), d_v.data(), eager ? scratch.data() : nullptr,
+                           eager ? nullptr : scratch.as<float>(), d_ao.data(), at(LA::q),
+                           at(LA::k), at(LA::v), at(LA::attn_out),
+                           eager ? at(LA::probs) : nullptr, eager ? nullptr : at_f(LA::lse), b, s,
+                           a, k, d, m.window_of(g), R.train.attention);
+    be->rope_backward(d_q.data(), d_k.data(), b, s, a, k, d, m.rope());
+  }
+  scratch.reset();
+  d_ao.reset();
+  free_step(6);  // attn_out, probs | lse
+  // 7. qk_norm: the per-head RMSNorm backward into the projections' gradients d_q_pre, d_k_pre
+  // (zero-filled: the op accumulates), which replace d_q and d_k.
+  if (m.qk_norm) {
+    Tensor d_q_pre = ws("d_q_pre", {b, s, ad}, D);
+    if (run) be->fill_zero(d_q_pre.data(), d_q_pre.bytes());
+    norm_backward(kQNorm, d_q_pre.data(), d_q.data(), at(LA::q_pre), at_f(LA::q_rstd), n * a, d);
+    Tensor d_k_pre = ws("d_k_pre", {b, s, kd}, D);
+    if (run) be->fill_zero(d_k_pre.data(), d_k_pre.bytes());
+    norm_backward(kKNorm, d_k_pre.data(), d_k.data(), at(LA::k_pre), at_f(LA::k_rstd), n * k, d);
+    d_q.reset();
+    d_k.reset();
+    free_step(7);  // q_pre, q_rstd, k_pre, k_rstd
+    d_q = std::move(d_q_pre);
+    d_k = std::move(d_k_pre);
+  }
+  // 8. q_proj, k_proj, v_proj, each bias right after its weight.
+  Tensor d_xn1 = input_grad("xn1.gathered", "d_xn1", LA::xn1, [&](void* dx, const void* xin) {
+    linear_backward(kQ, dx, d_q.data(), xin, ad, h, 0.f);
+    bias_backward(kQBias, d_q.data(), ad);
+    linear_backward(kK, dx, d_k.data(), xin, kd, h, 1.f);
+    bias_backward(kKBias, d_k.data(), kd);
+    linear_backward(kV, dx, d_v.data(), xin, kd, h, 1.f);
+    bias_backward(kVBias, d_v.data(), kd);
+  });
+  d_q.reset();
+  d_k.reset();
+  d_v.reset();
+  free_step(8);  // q, k, v, xn1
+  // 9. input RMSNorm: d_residual += ..., through x_l; then x_l is no longer needed.
+  norm_backward(kInNorm, d_res.data(), d_xn1.data(), x.data(), at_f(LA::rstd1), nr, h);
+  d_xn1.reset();
+  free_step(9);  // rstd1
+  x.reset();
+  for (const LayerActSpec& row : kLayerActs)
+    if (A[row.id])
+      throw Error("decoder layer " + std::to_string(g) + ": the backward left activation '" +
+                  row.name + "' alive (kLayerActs' freed_at_step)");
+}
+
+}  // namespace trainmem
