@@ -438,7 +438,7 @@ def main():
         # out at once, and the abort ran into freed buffers).
         for bad in ("1e-300", "1e-9"):
             rc, out, err, _ = run(n, base + ["--world-size", str(n), "--collective-timeout", bad])
-            expect(rc == 2 and "--collective-timeout must be between 1 and 604800" in err,
+            expect(rc == 2 and "--collective-timeout: must be between 1 and 604800" in err,
                    f"--collective-timeout {bad}: exit {rc} (2), naming its bounds", out, err)
     else:
         print(f"unknown mode {a.mode}")
