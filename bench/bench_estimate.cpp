@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "bench_timing.hpp"
-#include "trainmem/analytic.hpp"
-#include "trainmem/config.hpp"
-#include "trainmem/report.hpp"
+#include "trainmem/analytic/analytic.hpp"
+#include "trainmem/base/config.hpp"
+#include "trainmem/report/report.hpp"
 
 using namespace trainmem;
 using trainmem::bench::median_ms;

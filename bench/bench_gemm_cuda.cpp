@@ -16,15 +16,15 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/backend.hpp"
-#include "trainmem/dtype.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/base/dtype.hpp"
+#include "trainmem/base/error.hpp"
 
 #ifdef TRAINMEM_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_backend.hpp"
-#include "trainmem/cuda_check.hpp"
+#include "trainmem/base/cuda_check.hpp"
 #endif
 
 using namespace trainmem;

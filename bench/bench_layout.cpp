@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "bench_timing.hpp"
-#include "trainmem/analytic_rank.hpp"
-#include "trainmem/run.hpp"
-#include "trainmem/run_layout.hpp"
+#include "trainmem/analytic/analytic_rank.hpp"
+#include "trainmem/run/run.hpp"
+#include "trainmem/run/run_layout.hpp"
 
 using namespace trainmem;
 using trainmem::bench::median_ms;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/ledger.hpp"
+#include "trainmem/ledger/ledger.hpp"
 
 using namespace trainmem;
 

@@ -1,4 +1,4 @@
-// How long `trainmem plan`'s full enumeration takes (include/trainmem/plan.hpp): LLaMA-2-70B on
+// How long `trainmem plan`'s full enumeration takes (include/trainmem/analytic/plan.hpp): LLaMA-2-70B on
 // 8 GPUs of 80 GiB, seq 4096, a global batch of 512 sequences (every dp·tp·pp, ZeRO stage, sp,
 // checkpointing, attention, micro-batch size and offload), with the default optimizer and with
 // all three; beside it, one estimate_layout call of the 70B model. Target (issue 14): the full
@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "bench_timing.hpp"
-#include "trainmem/analytic_rank.hpp"
-#include "trainmem/config.hpp"
-#include "trainmem/plan.hpp"
+#include "trainmem/analytic/analytic_rank.hpp"
+#include "trainmem/base/config.hpp"
+#include "trainmem/analytic/plan.hpp"
 
 using namespace trainmem;
 using trainmem::bench::median_ms;

@@ -30,11 +30,11 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/backend.hpp"
-#include "trainmem/bytes.hpp"
-#include "trainmem/config.hpp"
-#include "trainmem/ledger.hpp"
-#include "trainmem/model.hpp"
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/base/bytes.hpp"
+#include "trainmem/base/config.hpp"
+#include "trainmem/ledger/ledger.hpp"
+#include "trainmem/model/model.hpp"
 
 using namespace trainmem;
 using Clock = std::chrono::steady_clock;

@@ -18,12 +18,12 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/backend.hpp"
-#include "trainmem/config.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/figures.hpp"
-#include "trainmem/ledger.hpp"
-#include "trainmem/model.hpp"
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/base/config.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/base/figures.hpp"
+#include "trainmem/ledger/ledger.hpp"
+#include "trainmem/model/model.hpp"
 
 using namespace trainmem;
 using Clock = std::chrono::steady_clock;

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/config.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/config.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem::test {
 

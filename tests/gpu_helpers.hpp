@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "trainmem/backend.hpp"
+#include "trainmem/backends/backend.hpp"
 
 #define require_cuda_device()                                                  \
   do {                                                                         \

@@ -9,8 +9,8 @@
 #include "cuda/cuda_backend.hpp"
 #include "gpu_test_util.hpp"
 #include "kernels/residual.cuh"
-#include "trainmem/cuda_check.hpp"
-#include "trainmem/ledger.hpp"
+#include "trainmem/base/cuda_check.hpp"
+#include "trainmem/ledger/ledger.hpp"
 
 namespace trainmem::gputest {
 namespace {

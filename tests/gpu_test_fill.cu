@@ -8,7 +8,7 @@
 
 #include "gpu_helpers.hpp"
 #include "kernels/fill.cuh"
-#include "trainmem/cuda_check.hpp"
+#include "trainmem/base/cuda_check.hpp"
 
 namespace trainmem {
 namespace {

@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "gpu_helpers.hpp"
-#include "trainmem/cupti_tag_allocator.hpp"
-#include "trainmem/device_allocator.hpp"
-#include "trainmem/ledger.hpp"
-#include "trainmem/probes.hpp"
-#include "trainmem/reconcile.hpp"
+#include "trainmem/probes/cupti_tag_allocator.hpp"
+#include "trainmem/backends/device_allocator.hpp"
+#include "trainmem/ledger/ledger.hpp"
+#include "trainmem/probes/probes.hpp"
+#include "trainmem/run/reconcile.hpp"
 
 namespace trainmem {
 namespace {

@@ -1,4 +1,4 @@
-// GPU tests of the whole training step on the cuda backend (include/trainmem/model.hpp):
+// GPU tests of the whole training step on the cuda backend (include/trainmem/model/model.hpp):
 //  - loss and every parameter gradient against the cpu backend on tiny configs (GQA, tied
 //    embeddings, awkward sizes), eager and flash, fp32 and 16-bit, and the weights after two
 //    AdamW steps;
@@ -15,9 +15,9 @@
 #include <memory>
 
 #include "gpu_test_util.hpp"
-#include "trainmem/figures.hpp"
-#include "trainmem/ledger.hpp"
-#include "trainmem/model.hpp"
+#include "trainmem/base/figures.hpp"
+#include "trainmem/ledger/ledger.hpp"
+#include "trainmem/model/model.hpp"
 
 namespace trainmem::gputest {
 namespace {

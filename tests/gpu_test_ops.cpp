@@ -11,7 +11,7 @@
 #include <tuple>
 
 #include "gpu_test_util.hpp"
-#include "trainmem/model.hpp"  // kGemmWorkspaceBytes
+#include "trainmem/model/model.hpp"  // kGemmWorkspaceBytes
 
 namespace trainmem::gputest {
 namespace {

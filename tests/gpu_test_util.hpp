@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "gpu_helpers.hpp"
-#include "trainmem/backend.hpp"
-#include "trainmem/dtype.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/base/dtype.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 // Readable test parameters ("fp16" rather than "1-byte object <01>").

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/backend.hpp"
-#include "trainmem/config.hpp"
-#include "trainmem/ledger.hpp"
-#include "trainmem/model.hpp"
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/base/config.hpp"
+#include "trainmem/ledger/ledger.hpp"
+#include "trainmem/model/model.hpp"
 
 namespace trainmem::test {
 

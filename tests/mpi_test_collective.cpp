@@ -1,4 +1,4 @@
-// The collectives (include/trainmem/collective.hpp) under a real MPI launch; run by
+// The collectives (include/trainmem/comm/collective.hpp) under a real MPI launch; run by
 // tests/mpi_test.py under `mpirun --oversubscribe -np N` (ctest Mpi.*). One rank per process.
 //
 //   mpi_test_collective collectives [--backend mpi|staged|nccl]
@@ -26,9 +26,9 @@
 #include <thread>
 #include <vector>
 
-#include "trainmem/collective.hpp"
-#include "trainmem/dtype.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/comm/collective.hpp"
+#include "trainmem/base/dtype.hpp"
+#include "trainmem/base/error.hpp"
 
 #ifdef TRAINMEM_HAVE_NCCL
 #include <cuda_runtime_api.h>

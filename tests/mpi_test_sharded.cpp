@@ -53,12 +53,12 @@
 
 #include "family_configs.hpp"
 #include "sharded_helpers.hpp"
-#include "trainmem/analytic_rank.hpp"
-#include "trainmem/backend.hpp"
-#include "trainmem/collective.hpp"
-#include "trainmem/config.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/run_layout.hpp"
+#include "trainmem/analytic/analytic_rank.hpp"
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/comm/collective.hpp"
+#include "trainmem/base/config.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/run/run_layout.hpp"
 
 using namespace trainmem;
 using namespace trainmem::test;

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "common/cpu_parallel.hpp"
-#include "trainmem/dtype.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/dtype.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem::testing {
 

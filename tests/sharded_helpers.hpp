@@ -12,14 +12,14 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/backend.hpp"
-#include "trainmem/collective.hpp"
-#include "trainmem/ledger.hpp"
-#include "trainmem/model.hpp"
-#include "trainmem/model_io.hpp"
-#include "trainmem/parallel.hpp"
-#include "trainmem/safetensors.hpp"
-#include "trainmem/sharded_step.hpp"
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/comm/collective.hpp"
+#include "trainmem/ledger/ledger.hpp"
+#include "trainmem/model/model.hpp"
+#include "trainmem/model/model_io.hpp"
+#include "trainmem/base/parallel.hpp"
+#include "trainmem/base/safetensors.hpp"
+#include "trainmem/model/sharded_step.hpp"
 
 namespace trainmem::test {
 

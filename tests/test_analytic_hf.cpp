@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "family_configs.hpp"
-#include "trainmem/analytic.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/analytic/analytic.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

@@ -6,8 +6,8 @@
 
 #include <string>
 
-#include "trainmem/analytic.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/analytic/analytic.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

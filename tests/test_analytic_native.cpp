@@ -7,7 +7,7 @@
 #include <map>
 #include <string>
 
-#include "trainmem/analytic.hpp"
+#include "trainmem/analytic/analytic.hpp"
 
 namespace trainmem {
 namespace {

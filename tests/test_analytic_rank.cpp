@@ -7,8 +7,8 @@
 
 #include <string>
 
-#include "trainmem/analytic_rank.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/analytic/analytic_rank.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

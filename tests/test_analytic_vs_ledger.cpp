@@ -8,10 +8,10 @@
 #include <string>
 
 #include "family_configs.hpp"
-#include "trainmem/analytic.hpp"
-#include "trainmem/backend.hpp"
-#include "trainmem/model.hpp"
-#include "trainmem/optimizer.hpp"
+#include "trainmem/analytic/analytic.hpp"
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/model/model.hpp"
+#include "trainmem/model/optimizer.hpp"
 
 namespace trainmem {
 namespace {

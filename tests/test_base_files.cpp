@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/atomic_file.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/input_file.hpp"
+#include "trainmem/base/atomic_file.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/base/input_file.hpp"
 
 namespace trainmem {
 namespace {

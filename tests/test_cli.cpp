@@ -14,7 +14,7 @@
 
 #include "cli/cli.hpp"
 #include "cli_in_process.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem::cli {
 namespace {

@@ -2,7 +2,7 @@
 // "" exactly when the runtime counts a device, else a reason naming the call and the error.
 #include <gtest/gtest.h>
 
-#include "trainmem/backend.hpp"
+#include "trainmem/backends/backend.hpp"
 
 #ifdef TRAINMEM_HAVE_CUDA
 #include <cuda_runtime_api.h>

@@ -24,7 +24,7 @@
 
 #include "sharded_helpers.hpp"
 #include "test_cli_e2e_helpers.hpp"
-#include "trainmem/config.hpp"
+#include "trainmem/base/config.hpp"
 
 namespace trainmem::e2e {
 namespace {

@@ -10,7 +10,7 @@
 #include <set>
 
 #include "test_cli_e2e_helpers.hpp"
-#include "trainmem/report.hpp"
+#include "trainmem/report/report.hpp"
 
 namespace trainmem::e2e {
 namespace {

@@ -1,4 +1,4 @@
-// Multi-rank launches without a launcher (src/cli/launch.hpp, include/trainmem/collective.hpp):
+// Multi-rank launches without a launcher (src/cli/launch.hpp, include/trainmem/comm/collective.hpp):
 // the launch detection from the launchers' variables, the exit-2 messages that say what to run
 // instead (not under MPI, built without MPI, --world-size not the MPI size), and the local
 // collective and end_job on one rank. The runs under a real mpirun are tests/mpi_test.py's.
@@ -13,7 +13,7 @@
 
 #include "cli/launch.hpp"
 #include "cli_in_process.hpp"
-#include "trainmem/collective.hpp"
+#include "trainmem/comm/collective.hpp"
 
 namespace trainmem::cli {
 namespace {

@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_in_process.hpp"
-#include "trainmem/analytic_rank.hpp"
-#include "trainmem/cli.hpp"
+#include "trainmem/analytic/analytic_rank.hpp"
+#include "trainmem/cli/cli.hpp"
 
 namespace trainmem::cli {
 namespace {

@@ -14,7 +14,7 @@
 #include <sstream>
 
 #include "test_cli_e2e_helpers.hpp"
-#include "trainmem/safetensors.hpp"
+#include "trainmem/base/safetensors.hpp"
 
 using json = nlohmann::json;
 using trainmem::SafeTensorsReader;

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <set>
 
-#include "trainmem/config.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/config.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

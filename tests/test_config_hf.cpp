@@ -9,8 +9,8 @@
 #include <random>
 #include <sstream>
 
-#include "trainmem/config.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/config.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

@@ -46,7 +46,7 @@
 #include "rmsnorm/rmsnorm.hpp"
 #include "rope/rope.hpp"
 #include "swiglu/swiglu.hpp"
-#include "trainmem/model.hpp"  // kGemmWorkspaceBytes, the scratch the cuda backend lends
+#include "trainmem/model/model.hpp"  // kGemmWorkspaceBytes, the scratch the cuda backend lends
 
 namespace trainmem {
 namespace {

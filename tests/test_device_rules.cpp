@@ -1,14 +1,14 @@
-// The CUDA path's host-side rules (include/trainmem/device_rules.hpp), checked without a device:
+// The CUDA path's host-side rules (include/trainmem/backends/device_rules.hpp), checked without a device:
 // what cublasSetWorkspace accepts, when the device allocator says "out of memory" without
 // asking the driver, and the no-device hint in cuda_unavailable_reason().
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "trainmem/backend.hpp"
-#include "trainmem/device_rules.hpp"
-#include "trainmem/ledger.hpp"
-#include "trainmem/model.hpp"
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/backends/device_rules.hpp"
+#include "trainmem/ledger/ledger.hpp"
+#include "trainmem/model/model.hpp"
 
 #ifdef TRAINMEM_HAVE_CUDA
 #include <cuda_runtime_api.h>

@@ -1,13 +1,13 @@
-// trainmem diff's library (include/trainmem/diff.hpp) and side parser (cli/cli.hpp): rows
+// trainmem diff's library (include/trainmem/report/diff.hpp) and side parser (cli/cli.hpp): rows
 // paired by group and name, counted L times in a layer, sorted by |Δ| within groups sorted by
 // |Δ|; coefficient changes in formulas.md's monomials; profile and report sides read by one
 // reader; the side syntax and its refusals.
 #include <gtest/gtest.h>
 
 #include "cli/cli.hpp"
-#include "trainmem/diff.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/report.hpp"
+#include "trainmem/report/diff.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/report/report.hpp"
 
 namespace trainmem {
 namespace {

@@ -1,4 +1,4 @@
-// The published estimators' per-rank references (include/trainmem/dist_refs.hpp). Every
+// The published estimators' per-rank references (include/trainmem/analytic/dist_refs.hpp). Every
 // expected value is written out here by hand from the formulas in the estimators' sources
 // (docs/distributed-references.md), never copied from the library's output:
 //   DeepSpeed stage_1_and_2.py / stage3.py: integer formulas (int() truncation = floor here).
@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <string>
 
-#include "trainmem/dist_refs.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/analytic/dist_refs.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

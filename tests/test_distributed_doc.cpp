@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/analytic_rank.hpp"
+#include "trainmem/analytic/analytic_rank.hpp"
 
 namespace trainmem {
 namespace {

@@ -1,7 +1,7 @@
 // dtype names, the --dtype / torch_dtype parser, and the widths every byte count uses.
 #include <gtest/gtest.h>
 
-#include "trainmem/dtype.hpp"
+#include "trainmem/base/dtype.hpp"
 
 namespace trainmem {
 namespace {

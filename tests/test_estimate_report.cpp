@@ -4,9 +4,9 @@
 
 #include <string>
 
-#include "trainmem/analytic.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/report.hpp"
+#include "trainmem/analytic/analytic.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/report/report.hpp"
 
 namespace trainmem {
 namespace {

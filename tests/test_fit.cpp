@@ -6,8 +6,8 @@
 #include <cmath>
 #include <random>
 
-#include "trainmem/error.hpp"
-#include "trainmem/fit.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/run/fit.hpp"
 
 namespace trainmem {
 namespace {

@@ -7,8 +7,8 @@
 #include <regex>
 #include <string>
 
-#include "trainmem/report_writer.hpp"
-#include "trainmem/svg_chart.hpp"
+#include "trainmem/report/report_writer.hpp"
+#include "trainmem/report/svg_chart.hpp"
 
 namespace trainmem::report {
 namespace {

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/cupti_tag_allocator.hpp"
-#include "trainmem/ledger.hpp"
-#include "trainmem/probes.hpp"
+#include "trainmem/probes/cupti_tag_allocator.hpp"
+#include "trainmem/ledger/ledger.hpp"
+#include "trainmem/probes/probes.hpp"
 
 namespace trainmem {
 namespace {

@@ -1,4 +1,4 @@
-// The activation table (include/trainmem/model_acts.hpp) and what the model actually allocates
+// The activation table (include/trainmem/model/model_acts.hpp) and what the model actually allocates
 // and frees, seen through the ledger's tensor records of a meta-backend step, both against
 // docs/native-plan.md transcribed here as literal expectations (kPlan below: name, shape
 // formula, dtype, which attention variant and which models allocate it, the backward step
@@ -21,7 +21,7 @@
 
 #include "family_configs.hpp"
 #include "model_helpers.hpp"
-#include "trainmem/model_acts.hpp"
+#include "trainmem/model/model_acts.hpp"
 
 namespace trainmem::test {
 namespace {

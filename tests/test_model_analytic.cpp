@@ -10,7 +10,7 @@
 
 #include "family_configs.hpp"
 #include "model_helpers.hpp"
-#include "trainmem/analytic.hpp"
+#include "trainmem/analytic/analytic.hpp"
 
 using namespace trainmem;
 using namespace trainmem::test;

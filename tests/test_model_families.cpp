@@ -17,8 +17,8 @@
 
 #include "family_configs.hpp"
 #include "model_helpers.hpp"
-#include "trainmem/model_io.hpp"
-#include "trainmem/safetensors.hpp"
+#include "trainmem/model/model_io.hpp"
+#include "trainmem/base/safetensors.hpp"
 
 using namespace trainmem;
 using namespace trainmem::test;

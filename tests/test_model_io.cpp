@@ -9,9 +9,9 @@
 #include <fstream>
 
 #include "model_helpers.hpp"
-#include "trainmem/dtype.hpp"
-#include "trainmem/model_io.hpp"
-#include "trainmem/safetensors.hpp"
+#include "trainmem/base/dtype.hpp"
+#include "trainmem/model/model_io.hpp"
+#include "trainmem/base/safetensors.hpp"
 
 using namespace trainmem;
 using namespace trainmem::test;

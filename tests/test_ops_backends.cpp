@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "ops_testing.hpp"
-#include "trainmem/backend.hpp"
+#include "trainmem/backends/backend.hpp"
 
 namespace trainmem {
 namespace {

@@ -10,7 +10,7 @@
 #include <random>
 
 #include "common/storage.hpp"
-#include "trainmem/dtype.hpp"
+#include "trainmem/base/dtype.hpp"
 
 namespace trainmem {
 namespace {

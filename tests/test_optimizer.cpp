@@ -5,10 +5,10 @@
 #include <cmath>
 #include <vector>
 
-#include "trainmem/backend.hpp"
-#include "trainmem/dtype.hpp"
-#include "trainmem/ledger.hpp"
-#include "trainmem/optimizer.hpp"
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/base/dtype.hpp"
+#include "trainmem/ledger/ledger.hpp"
+#include "trainmem/model/optimizer.hpp"
 
 using namespace trainmem;
 

@@ -1,4 +1,4 @@
-// Parameter initialisation (include/trainmem/param_init.hpp, Backend::init_param): the values
+// Parameter initialisation (include/trainmem/base/param_init.hpp, Backend::init_param): the values
 // are N(0, scale²) and constants as documented, do not depend on how the tensor is chunked or
 // threaded, differ between streams, and the CUDA kernel's own code (run under the emulator)
 // writes exactly what the host path writes.
@@ -11,7 +11,7 @@
 
 #include "cuda_emulator.hpp"
 #include "init/init_kernels.cuh"
-#include "trainmem/backend.hpp"
+#include "trainmem/backends/backend.hpp"
 
 namespace trainmem {
 namespace {

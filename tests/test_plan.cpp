@@ -1,4 +1,4 @@
-// `trainmem plan` (include/trainmem/plan.hpp, docs/plan.md): the enumeration counts its layouts
+// `trainmem plan` (include/trainmem/analytic/plan.hpp, docs/plan.md): the enumeration counts its layouts
 // on a tiny model as counted by hand, the cost model's figures equal hand-computed ones, a
 // layout is kept iff its worst rank's peak + overheads fits the budget (also against a brute
 // force over every layout, which the binary search over b must not change), rejected families
@@ -11,8 +11,8 @@
 #include <set>
 #include <tuple>
 
-#include "trainmem/error.hpp"
-#include "trainmem/plan.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/analytic/plan.hpp"
 
 namespace trainmem {
 namespace {

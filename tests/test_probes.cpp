@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "trainmem/ledger.hpp"
-#include "trainmem/probes.hpp"
+#include "trainmem/ledger/ledger.hpp"
+#include "trainmem/probes/probes.hpp"
 
 #ifdef TRAINMEM_HAVE_CUDA
 #include <cuda_runtime_api.h>

@@ -3,7 +3,7 @@
 
 #include <limits>
 
-#include "trainmem/reconcile.hpp"
+#include "trainmem/run/reconcile.hpp"
 
 namespace trainmem {
 namespace {

@@ -3,7 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "trainmem/report_writer.hpp"
+#include "trainmem/report/report_writer.hpp"
 
 namespace trainmem::report {
 namespace {

@@ -8,10 +8,10 @@
 #include "cli/cli.hpp"
 #include "cli/search.hpp"
 #include "cli/size.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/ledger.hpp"
-#include "trainmem/report_writer.hpp"
-#include "trainmem/run.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/ledger/ledger.hpp"
+#include "trainmem/report/report_writer.hpp"
+#include "trainmem/run/run.hpp"
 
 namespace trainmem {
 namespace {

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/error.hpp"
-#include "trainmem/safetensors.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/base/safetensors.hpp"
 
 using namespace trainmem;
 

@@ -15,10 +15,10 @@
 #include "family_configs.hpp"
 #include "model_helpers.hpp"
 #include "sharded_helpers.hpp"
-#include "trainmem/analytic_rank.hpp"
-#include "trainmem/collective.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/run_layout.hpp"
+#include "trainmem/analytic/analytic_rank.hpp"
+#include "trainmem/comm/collective.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/run/run_layout.hpp"
 
 namespace trainmem::test {
 namespace {

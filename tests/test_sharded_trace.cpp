@@ -8,9 +8,9 @@
 #include <string>
 
 #include "family_configs.hpp"
-#include "trainmem/analytic_rank.hpp"
-#include "trainmem/ledger.hpp"
-#include "trainmem/sharded_step.hpp"
+#include "trainmem/analytic/analytic_rank.hpp"
+#include "trainmem/ledger/ledger.hpp"
+#include "trainmem/model/sharded_step.hpp"
 
 namespace trainmem {
 namespace {

@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "trainmem/error.hpp"
-#include "trainmem/timeline.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/run/timeline.hpp"
 
 namespace trainmem {
 namespace {

@@ -5,8 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "trainmem/ledger.hpp"
-#include "trainmem/timeline.hpp"
+#include "trainmem/ledger/ledger.hpp"
+#include "trainmem/run/timeline.hpp"
 
 namespace trainmem {
 namespace {

@@ -4,8 +4,14 @@ includes only headers of its own layer or of the layers below it.
 
 Usage: tools/check_layers.py [REPO_ROOT]   (default: the folder above this script)
 
-Every file of include/, src/, kernels/ and tools/trainmem_main.cpp belongs to exactly one layer
-(LAYERS below; a file that matches none is an error, so a new file must be placed). Each
+The rule is stated once, in CMakeLists.txt: each `trainmem_add_layer(NAME ... DEPS ...
+[PRIVATE_DEPS ...])` declares a layer and the trainmem_* layers it may use (directly; the layers
+below those are allowed through them), and `add_executable(trainmem SOURCES)` with
+`target_link_libraries(trainmem PRIVATE trainmem_<layer>)` places the executable's sources above
+the layer it links. This script reads both from there. A layer owns `include/trainmem/<name>/`
+(its public headers), `src/<name>/` and a top-level `<name>/` folder where one exists
+(kernels/). Every file of include/, src/, the layers' folders and the executable belongs to
+exactly one layer (a file in none is an error, so a new file must be placed). Each
 `#include "..."` is resolved to a file of the repository (the including file's folder first,
 then include/, src/, kernels/) and followed transitively, so a header reached through another
 one counts. Exit 0 when every include stays in or below its layer; exit 1 printing
@@ -18,37 +24,68 @@ import re
 import sys
 
 H = "include/trainmem/"
-
-# layer: (the files it owns, the layers directly below it that it may use). Patterns: a trailing
-# "/" matches a folder, a trailing "*" a prefix, anything else one exact path.
-LAYERS = {
-    "base": ([H + n for n in (
-        "dtype.hpp", "hd.hpp", "error.hpp", "checked.hpp", "op_types.hpp", "train_enums.hpp",
-        "categories.hpp", "param_init.hpp", "cuda_check.hpp", "config.hpp", "safetensors.hpp",
-        "figures.hpp", "parallel.hpp", "bytes.hpp", "atomic_file.hpp", "input_file.hpp")] +
-        ["src/base/"], []),
-    "ledger": ([H + "ledger.hpp", "src/ledger/"], ["base"]),
-    "analytic": ([H + "analytic.hpp", H + "analytic_rank.hpp", H + "dist_refs.hpp",
-                  H + "plan.hpp", "src/analytic/"], ["base"]),
-    "comm": ([H + "collective.hpp", "src/comm/"], ["base"]),
-    "kernels": (["kernels/"], ["base"]),
-    "backends": ([H + "backend.hpp", H + "device_allocator.hpp", H + "device_rules.hpp",
-                  "src/backends/"], ["kernels", "ledger"]),
-    "probes": ([H + "probes.hpp", H + "cupti_tag_allocator.hpp", "src/probes/"], ["backends"]),
-    "model": ([H + "model.hpp", H + "decoder_layer.hpp", H + "model_acts.hpp", H + "model_io.hpp", H + "optimizer.hpp", H + "sharded_step.hpp",
-               "src/model/"], ["backends", "comm"]),
-    "report": ([H + "report.hpp", H + "report_writer.hpp", H + "diff.hpp", H + "svg_chart.hpp",
-                "src/report/"],
-               ["analytic"]),
-    "run": ([H + "run.hpp", H + "run_layout.hpp", H + "run_report.hpp", H + "reconcile.hpp", H + "timeline.hpp",
-             H + "fit.hpp", "src/run/"], ["model", "probes", "report", "comm"]),
-    "cli": ([H + "cli.hpp", "src/cli/", "tools/trainmem_main.cpp"], ["run"]),
-}
-
-SCAN = ["include", "src", "kernels", "tools/trainmem_main.cpp"]
 SEARCH = ["include", "src", "kernels"]
 SUFFIXES = (".hpp", ".h", ".cuh", ".cpp", ".cu")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+EXECUTABLE = "trainmem"  # the pseudo-layer of the executable's sources
+
+
+def cmake_calls(text, command):
+    """The argument lists (tokens) of every call of `command` in CMake text, comments dropped."""
+    text = re.sub(r"#[^\n]*", "", text)
+    out = []
+    for m in re.finditer(r"\b" + re.escape(command) + r"\s*\(", text):
+        depth, j = 1, m.end()
+        while j < len(text) and depth:
+            depth += {"(": 1, ")": -1}.get(text[j], 0)
+            j += 1
+        out.append(text[m.end():j - 1].split())
+    return out
+
+
+def read_layers(root):
+    """{layer: (the files it owns (patterns), the layers it may use directly)} from CMakeLists.txt."""
+    with open(os.path.join(root, "CMakeLists.txt"), encoding="utf-8") as f:
+        text = f.read()
+    layers = {}
+    for args in cmake_calls(text, "trainmem_add_layer"):
+        name, deps, in_deps = args[0], [], False
+        for tok in args[1:]:
+            if tok in ("SOURCES", "DEPS", "PRIVATE_DEPS"):
+                in_deps = tok != "SOURCES"
+            elif in_deps and tok.startswith("trainmem_"):
+                deps.append(tok[len("trainmem_"):])
+        owned = [H + name + "/", "src/" + name + "/"]
+        if os.path.isdir(os.path.join(root, name)):
+            owned.append(name + "/")
+        layers[name] = (owned, deps)
+    exe_sources, exe_deps = [], []
+    for args in cmake_calls(text, "add_executable"):
+        if args and args[0] == EXECUTABLE:
+            exe_sources = [a.replace("${PROJECT_SOURCE_DIR}/", "") for a in args[1:]]
+    for args in cmake_calls(text, "target_link_libraries"):
+        if args and args[0] == EXECUTABLE:
+            exe_deps += [a[len("trainmem_"):] for a in args[1:] if a.startswith("trainmem_")]
+    if exe_sources:
+        layers[EXECUTABLE] = (exe_sources, exe_deps)
+    for name, (_, deps) in layers.items():
+        for dep in deps:
+            if dep not in layers:
+                raise SystemExit(f"check_layers: CMakeLists.txt: layer {name} uses {dep}, "
+                                 "which is not a layer (trainmem_add_layer)")
+    return layers
+
+
+LAYERS = {}
+
+
+def scan_roots():
+    roots = ["include", "src"]
+    for name, (patterns, _) in LAYERS.items():
+        for p in patterns:
+            if not p.startswith(("include/", "src/")):
+                roots.append(p.rstrip("/"))
+    return roots
 
 
 def matches(path, pattern):
@@ -105,10 +142,12 @@ class Tree:
 
 
 def files(root):
-    for top in SCAN:
+    for top in scan_roots():
         path = os.path.join(root, top)
         if os.path.isfile(path):
             yield top
+            continue
+        if not os.path.isdir(path):
             continue
         for d, _, names in os.walk(path):
             for name in sorted(names):
@@ -138,7 +177,8 @@ def check(root):
     for rel in sorted(files(root)):
         layer = layer_of(rel)
         if layer is None:
-            broken.append(f"{rel}:1: belongs to no layer (or to several): place it in LAYERS")
+            broken.append(f"{rel}:1: belongs to no layer (or to several): place it in a layer's "
+                          "folder (include/trainmem/<layer>/, src/<layer>/)")
             continue
         ok = allowed(layer)
         for line, inc in tree.includes(rel):
@@ -157,13 +197,15 @@ def check(root):
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(
         os.path.dirname(os.path.abspath(__file__)))
+    LAYERS.update(read_layers(root))
     broken = check(root)
     for b in broken:
         print(b)
     if broken:
-        print(f"check_layers: {len(broken)} upward include(s)")
+        print(f"check_layers: {len(broken)} problem(s): upward includes, files in no layer")
         return 1
-    print(f"check_layers: {len(LAYERS)} layers, every include in or below its own")
+    print(f"check_layers: {len(LAYERS) - (EXECUTABLE in LAYERS)} layers and the executable "
+          "(CMakeLists.txt), every include in or below its own")
     return 0
 
 

@@ -7,8 +7,8 @@
 #include <cstdint>
 
 #include "common/cuda_handles.hpp"
-#include "trainmem/dtype.hpp"
-#include "trainmem/op_types.hpp"
+#include "trainmem/base/dtype.hpp"
+#include "trainmem/base/op_types.hpp"
 
 namespace trainmem {
 

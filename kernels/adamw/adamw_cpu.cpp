@@ -12,7 +12,7 @@
 #include "adamw/adamw_math.hpp"
 #include "common/cpu_parallel.hpp"
 #include "common/storage.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

@@ -3,8 +3,8 @@
 #include <string>
 
 #include "attention/attention.hpp"
-#include "trainmem/checked.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/checked.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 

@@ -14,8 +14,8 @@
 #include <cstdint>
 
 #include "common/cuda_handles.hpp"
-#include "trainmem/dtype.hpp"
-#include "trainmem/train_enums.hpp"
+#include "trainmem/base/dtype.hpp"
+#include "trainmem/base/train_enums.hpp"
 
 namespace trainmem {
 

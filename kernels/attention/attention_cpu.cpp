@@ -25,7 +25,7 @@
 #include "common/cpu_parallel.hpp"
 #include "common/storage.hpp"
 #include "matmul/matmul.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

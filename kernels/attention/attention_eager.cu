@@ -11,11 +11,12 @@
 
 #include "attention/attention.hpp"
 #include "attention/attention_eager_kernels.cuh"
+#include "common/cublas_check.hpp"
 #include "attention/attention_heads.hpp"
 #include "attention/attention_math.hpp"
 #include "common/cuda_common.cuh"
 #include "matmul/matmul.hpp"
-#include "trainmem/checked.hpp"
+#include "trainmem/base/checked.hpp"
 
 namespace trainmem {
 namespace {

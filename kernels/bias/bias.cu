@@ -6,7 +6,7 @@
 #include "bias/bias.hpp"
 #include "bias/bias_kernels.cuh"
 #include "common/cuda_common.cuh"
-#include "trainmem/checked.hpp"
+#include "trainmem/base/checked.hpp"
 
 namespace trainmem {
 namespace {

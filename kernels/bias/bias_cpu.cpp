@@ -8,7 +8,7 @@
 #include "bias/bias_math.hpp"
 #include "common/cpu_parallel.hpp"
 #include "common/storage.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "trainmem/hd.hpp"
+#include "trainmem/base/hd.hpp"
 
 namespace trainmem {
 

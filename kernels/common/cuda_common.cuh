@@ -11,8 +11,8 @@
 #include "common/cuda_device.cuh"
 #include "common/launch_shape.hpp"
 #include "common/storage.hpp"
-#include "trainmem/cuda_check.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/cuda_check.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem::cuda {
 

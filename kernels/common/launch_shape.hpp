@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem::cuda {
 

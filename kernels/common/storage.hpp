@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <string>
 
-#include "trainmem/dtype.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/dtype.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 

@@ -6,7 +6,7 @@
 #include "cross_entropy/cross_entropy.hpp"
 #include "cross_entropy/cross_entropy_kernels.cuh"
 #include "cross_entropy/cross_entropy_math.hpp"
-#include "trainmem/checked.hpp"
+#include "trainmem/base/checked.hpp"
 
 namespace trainmem {
 namespace {

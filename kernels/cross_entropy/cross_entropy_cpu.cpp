@@ -8,7 +8,7 @@
 #include "common/storage.hpp"
 #include "cross_entropy/cross_entropy.hpp"
 #include "cross_entropy/cross_entropy_math.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

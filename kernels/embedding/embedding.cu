@@ -15,7 +15,7 @@
 #include "common/cuda_common.cuh"
 #include "embedding/embedding.hpp"
 #include "embedding/embedding_kernels.cuh"
-#include "trainmem/checked.hpp"
+#include "trainmem/base/checked.hpp"
 
 namespace trainmem {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "common/cuda_handles.hpp"
-#include "trainmem/dtype.hpp"
+#include "trainmem/base/dtype.hpp"
 
 namespace trainmem {
 

@@ -10,7 +10,7 @@
 #include "common/cpu_parallel.hpp"
 #include "common/storage.hpp"
 #include "embedding/embedding.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

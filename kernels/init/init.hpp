@@ -1,13 +1,13 @@
 // Parameter initialisation on the GPU: the same values as the host path of
-// Backend::init_param (include/trainmem/param_init.hpp, which is the CPU side: the generator is
+// Backend::init_param (include/trainmem/base/param_init.hpp, which is the CPU side: the generator is
 // written once, TM_HD), computed where they are stored. Launcher in init.cu, kernel in
 // init_kernels.cuh.
 #pragma once
 #include <cstdint>
 
 #include "common/cuda_handles.hpp"
-#include "trainmem/dtype.hpp"
-#include "trainmem/param_init.hpp"
+#include "trainmem/base/dtype.hpp"
+#include "trainmem/base/param_init.hpp"
 
 namespace trainmem {
 

@@ -1,12 +1,12 @@
 // Parameter initialisation kernel (launcher in init.cu). Device code only: also compiled as
 // host C++ by the CPU emulator tests (tests/test_cuda_kernels_emulated.cpp). The values come
-// from include/trainmem/param_init.hpp, shared with the host path (Backend::init_param).
+// from include/trainmem/base/param_init.hpp, shared with the host path (Backend::init_param).
 #pragma once
 #include <cstdint>
 
 #include "common/cuda_device.cuh"
 #include "common/storage.hpp"
-#include "trainmem/param_init.hpp"
+#include "trainmem/base/param_init.hpp"
 
 namespace trainmem::cuda {
 

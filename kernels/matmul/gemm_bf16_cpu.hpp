@@ -9,7 +9,7 @@
 #pragma once
 #include <cstdint>
 
-#include "trainmem/op_types.hpp"
+#include "trainmem/base/op_types.hpp"
 
 namespace trainmem {
 

@@ -7,8 +7,9 @@
 
 #include "matmul/gemm_args.hpp"
 #include "matmul/matmul.hpp"
-#include "trainmem/cuda_check.hpp"
-#include "trainmem/error.hpp"
+#include "common/cublas_check.hpp"
+#include "trainmem/base/cuda_check.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

@@ -21,7 +21,7 @@
 #include "common/storage.hpp"
 #include "matmul/gemm_bf16_cpu.hpp"
 #include "matmul/matmul.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

@@ -8,7 +8,7 @@
 #include "rmsnorm/rmsnorm.hpp"
 #include "rmsnorm/rmsnorm_kernels.cuh"
 #include "rmsnorm/rmsnorm_math.hpp"
-#include "trainmem/checked.hpp"
+#include "trainmem/base/checked.hpp"
 
 namespace trainmem {
 namespace {

@@ -6,7 +6,7 @@
 #include "rope/rope.hpp"
 #include "rope/rope_kernels.cuh"
 #include "rope/rope_math.hpp"
-#include "trainmem/checked.hpp"
+#include "trainmem/base/checked.hpp"
 
 namespace trainmem {
 namespace {

@@ -15,7 +15,7 @@
 #include "common/storage.hpp"
 #include "rope/rope.hpp"
 #include "rope/rope_math.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

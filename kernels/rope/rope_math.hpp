@@ -22,7 +22,7 @@
 #include <cstdint>
 
 #include "common/common_math.hpp"
-#include "trainmem/op_types.hpp"
+#include "trainmem/base/op_types.hpp"
 
 namespace trainmem {
 

@@ -1,14 +1,14 @@
 // The analytic model: profile names, parameter list, optimizer rules shared by every profile,
 // and the dispatch to the per-profile builders (analytic_native.cpp, analytic_hf.cpp,
 // analytic_reference.cpp). Formulas: docs/formulas.md.
-#include "trainmem/analytic.hpp"
+#include "trainmem/analytic/analytic.hpp"
 
 #include <algorithm>
 #include <cstdio>
 
 #include "analytic_detail.hpp"
-#include "trainmem/checked.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/checked.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 

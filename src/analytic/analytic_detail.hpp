@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/analytic.hpp"
-#include "trainmem/checked.hpp"
+#include "trainmem/analytic/analytic.hpp"
+#include "trainmem/base/checked.hpp"
 
 namespace trainmem::analytic_detail {
 

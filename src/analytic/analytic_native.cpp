@@ -13,7 +13,7 @@
 #include <algorithm>
 
 #include "analytic_detail.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem::analytic_detail {
 namespace {

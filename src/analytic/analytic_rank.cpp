@@ -1,4 +1,4 @@
-// The native profile per rank (include/trainmem/analytic_rank.hpp), in closed form, from
+// The native profile per rank (include/trainmem/analytic/analytic_rank.hpp), in closed form, from
 // docs/distributed.md ("The sharded step") only.
 //
 // One pipeline stage is computed like the single-GPU `native` profile (analytic_native.cpp) with
@@ -12,13 +12,13 @@
 //             activations and the same or smaller buffers);
 // with, on stage k of a pipeline, the activations of the other min(pp - k, M) - 1 micro-batches
 // in flight added to every instant (1F1B), and under ZeRO-3 the gathered units of the window.
-#include "trainmem/analytic_rank.hpp"
+#include "trainmem/analytic/analytic_rank.hpp"
 
 #include <algorithm>
 
 #include "analytic_detail.hpp"
-#include "trainmem/checked.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/checked.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 

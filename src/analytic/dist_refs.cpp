@@ -11,14 +11,14 @@
 //     which are the bytes reported here (its printout divides them by 2^30 and shows two
 //     decimals). Megatron returns float bytes (printed as MB, /2^20, two decimals); they are
 //     rounded here to the nearest byte.
-#include "trainmem/dist_refs.hpp"
+#include "trainmem/analytic/dist_refs.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <string>
 
-#include "trainmem/checked.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/checked.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

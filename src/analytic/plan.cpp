@@ -1,6 +1,6 @@
-// `trainmem plan`'s enumeration and cost model (include/trainmem/plan.hpp; the model and what
+// `trainmem plan`'s enumeration and cost model (include/trainmem/analytic/plan.hpp; the model and what
 // is enumerated are documented in docs/plan.md).
-#include "trainmem/plan.hpp"
+#include "trainmem/analytic/plan.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -8,7 +8,7 @@
 #include <limits>
 #include <string>
 
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

@@ -2,8 +2,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "trainmem/backend.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 

@@ -25,8 +25,8 @@
 #include "rmsnorm/rmsnorm.hpp"
 #include "rope/rope.hpp"
 #include "swiglu/swiglu.hpp"
-#include "trainmem/backend.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

@@ -1,7 +1,7 @@
 // The meta backend: the model's allocations go through a MetaAllocator (unique fake
 // addresses, nothing touched) and every op is a no-op, so a LLaMA-65B step is traced in well
 // under a second. computes() is false: the model never reads results back (loss is NaN).
-#include "trainmem/backend.hpp"
+#include "trainmem/backends/backend.hpp"
 
 namespace trainmem {
 namespace {

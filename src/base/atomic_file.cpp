@@ -1,5 +1,5 @@
 // Files written whole or not at all: a temporary name beside the target, renamed when complete.
-#include "trainmem/atomic_file.hpp"
+#include "trainmem/base/atomic_file.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

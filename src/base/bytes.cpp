@@ -1,5 +1,5 @@
-// Byte figures in a unit (see include/trainmem/bytes.hpp).
-#include "trainmem/bytes.hpp"
+// Byte figures in a unit (see include/trainmem/base/bytes.hpp).
+#include "trainmem/base/bytes.hpp"
 
 #include <cstdio>
 

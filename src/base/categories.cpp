@@ -1,6 +1,6 @@
-// The names of the ledger's vocabulary (include/trainmem/categories.hpp): base, so that every
+// The names of the ledger's vocabulary (include/trainmem/base/categories.hpp): base, so that every
 // layer that names a category or phase (reports, the analytic model) needs no ledger.
-#include "trainmem/categories.hpp"
+#include "trainmem/base/categories.hpp"
 
 namespace trainmem {
 

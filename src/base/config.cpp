@@ -1,7 +1,7 @@
 // Model and run configuration: presets, validation, exact parameter counts, and the
 // HuggingFace config.json loader. Field names in messages are the config.json keys, since
 // those are the names users see.
-#include "trainmem/config.hpp"
+#include "trainmem/base/config.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -15,9 +15,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "trainmem/checked.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/input_file.hpp"
+#include "trainmem/base/checked.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/base/input_file.hpp"
 
 namespace trainmem {
 namespace {

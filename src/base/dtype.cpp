@@ -1,5 +1,5 @@
 // Names of the storage dtypes and the parser behind --dtype and config.json's torch_dtype.
-#include "trainmem/dtype.hpp"
+#include "trainmem/base/dtype.hpp"
 
 namespace trainmem {
 

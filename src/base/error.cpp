@@ -1,5 +1,5 @@
-// Out-of-line constructors of the error types (include/trainmem/error.hpp).
-#include "trainmem/error.hpp"
+// Out-of-line constructors of the error types (include/trainmem/base/error.hpp).
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 

@@ -1,5 +1,5 @@
 // Input files: regular files under a size cap, read once; JSON parsed strictly.
-#include "trainmem/input_file.hpp"
+#include "trainmem/base/input_file.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -10,7 +10,7 @@
 #include <set>
 #include <vector>
 
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

@@ -1,8 +1,8 @@
 // The parallel layout: names, parsing and the checks that a layout divides the model
-// (include/trainmem/parallel.hpp; the rules are explained in docs/distributed.md).
-#include "trainmem/parallel.hpp"
+// (include/trainmem/base/parallel.hpp; the rules are explained in docs/distributed.md).
+#include "trainmem/base/parallel.hpp"
 
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 

@@ -1,5 +1,5 @@
-// safetensors reader and streaming writer. See include/trainmem/safetensors.hpp.
-#include "trainmem/safetensors.hpp"
+// safetensors reader and streaming writer. See include/trainmem/base/safetensors.hpp.
+#include "trainmem/base/safetensors.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -7,10 +7,10 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "trainmem/checked.hpp"
-#include "trainmem/dtype.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/input_file.hpp"
+#include "trainmem/base/checked.hpp"
+#include "trainmem/base/dtype.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/base/input_file.hpp"
 
 namespace trainmem {
 

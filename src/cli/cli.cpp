@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "launch.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 #ifndef TRAINMEM_VERSION
 #define TRAINMEM_VERSION "unknown"

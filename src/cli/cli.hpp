@@ -13,11 +13,11 @@
 #include <utility>
 #include <vector>
 
-#include "trainmem/cli.hpp"
-#include "trainmem/config.hpp"
-#include "trainmem/report.hpp"
-#include "trainmem/report_writer.hpp"
-#include "trainmem/run.hpp"
+#include "trainmem/cli/cli.hpp"
+#include "trainmem/base/config.hpp"
+#include "trainmem/report/report.hpp"
+#include "trainmem/report/report_writer.hpp"
+#include "trainmem/run/run.hpp"
 
 namespace trainmem::cli {
 

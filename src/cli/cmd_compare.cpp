@@ -14,12 +14,12 @@
 #include "launch.hpp"
 #include "layout.hpp"
 #include "progress.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/report.hpp"
-#include "trainmem/report_writer.hpp"
-#include "trainmem/run.hpp"
-#include "trainmem/run_report.hpp"
-#include "trainmem/timeline.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/report/report.hpp"
+#include "trainmem/report/report_writer.hpp"
+#include "trainmem/run/run.hpp"
+#include "trainmem/run/run_report.hpp"
+#include "trainmem/run/timeline.hpp"
 
 namespace trainmem::cli {
 namespace {

@@ -19,11 +19,11 @@
 
 #include "cli.hpp"
 #include "layout.hpp"
-#include "trainmem/analytic.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/report.hpp"
-#include "trainmem/report_writer.hpp"
-#include "trainmem/svg_chart.hpp"
+#include "trainmem/analytic/analytic.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/report/report.hpp"
+#include "trainmem/report/report_writer.hpp"
+#include "trainmem/report/svg_chart.hpp"
 
 namespace trainmem::cli {
 namespace {

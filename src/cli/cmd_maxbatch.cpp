@@ -14,11 +14,11 @@
 #include "layout.hpp"
 #include "search.hpp"
 #include "size.hpp"
-#include "trainmem/backend.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/report.hpp"
-#include "trainmem/report_writer.hpp"
-#include "trainmem/run.hpp"
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/report/report.hpp"
+#include "trainmem/report/report_writer.hpp"
+#include "trainmem/run/run.hpp"
 
 namespace trainmem::cli {
 namespace {

@@ -1,7 +1,7 @@
 // trainmem plan — the cheapest parallel layout that fits: every layout of --gpus N GPUs
 // (dp·tp·pp, ZeRO stage, sp, checkpointing, attention, optimizer, micro-batch size, offload)
 // whose worst rank fits --gpu-memory less --margin, ranked by an estimated step time
-// (include/trainmem/plan.hpp; the cost model: docs/plan.md). Exit 3 when nothing fits (the
+// (include/trainmem/analytic/plan.hpp; the cost model: docs/plan.md). Exit 3 when nothing fits (the
 // report, with each rejected family's reason, is still written).
 //
 // Output by --format:
@@ -18,12 +18,12 @@
 
 #include "cli.hpp"
 #include "size.hpp"
-#include "trainmem/analytic_rank.hpp"
-#include "trainmem/bytes.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/plan.hpp"
-#include "trainmem/report.hpp"
-#include "trainmem/report_writer.hpp"
+#include "trainmem/analytic/analytic_rank.hpp"
+#include "trainmem/base/bytes.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/analytic/plan.hpp"
+#include "trainmem/report/report.hpp"
+#include "trainmem/report/report_writer.hpp"
 
 namespace trainmem::cli {
 namespace {

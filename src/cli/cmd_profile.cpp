@@ -1,7 +1,7 @@
 // trainmem profile — runs the training step(s) on a backend (auto: cuda when a device is
 // usable, else meta with a note), measures and reconciles: the ledger's figures of the last,
 // steady-state step beside the analytic profiles, the device sources on cuda, and the tensors.
-// One run of the shared run path (include/trainmem/run.hpp); --dump writes the first step's
+// One run of the shared run path (include/trainmem/run/run.hpp); --dump writes the first step's
 // loss and gradients, --timeline the last step's memory timeline.
 #include <spdlog/spdlog.h>
 
@@ -11,12 +11,12 @@
 #include "cli.hpp"
 #include "launch.hpp"
 #include "layout.hpp"
-#include "trainmem/analytic.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/report_writer.hpp"
-#include "trainmem/run.hpp"
-#include "trainmem/run_report.hpp"
-#include "trainmem/timeline.hpp"
+#include "trainmem/analytic/analytic.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/report/report_writer.hpp"
+#include "trainmem/run/run.hpp"
+#include "trainmem/run/run_report.hpp"
+#include "trainmem/run/timeline.hpp"
 
 namespace trainmem::cli {
 namespace {

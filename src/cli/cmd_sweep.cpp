@@ -1,7 +1,7 @@
 // trainmem sweep — runs a grid of (batch, seq) and, with lists of --hidden / --intermediate /
 // --heads, of model widths; with --fit, least-squares fits the per-layer activation bytes and
 // prints the fitted coefficients beside the analytic (native) ones, with residuals and R²,
-// for the ledger and every device source that can give the figure (include/trainmem/fit.hpp
+// for the ledger and every device source that can give the figure (include/trainmem/run/fit.hpp
 // says which coefficients a grid can identify).
 #include <spdlog/spdlog.h>
 
@@ -15,13 +15,13 @@
 
 #include "cli.hpp"
 #include "progress.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/fit.hpp"
-#include "trainmem/report.hpp"
-#include "trainmem/report_writer.hpp"
-#include "trainmem/run.hpp"
-#include "trainmem/run_report.hpp"
-#include "trainmem/svg_chart.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/run/fit.hpp"
+#include "trainmem/report/report.hpp"
+#include "trainmem/report/report_writer.hpp"
+#include "trainmem/run/run.hpp"
+#include "trainmem/run/run_report.hpp"
+#include "trainmem/report/svg_chart.hpp"
 
 namespace trainmem::cli {
 namespace {

@@ -12,12 +12,12 @@
 
 #include "cli.hpp"
 #include "size.hpp"
-#include "trainmem/analytic.hpp"
-#include "trainmem/backend.hpp"
-#include "trainmem/collective.hpp"
-#include "trainmem/atomic_file.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/run.hpp"
+#include "trainmem/analytic/analytic.hpp"
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/comm/collective.hpp"
+#include "trainmem/base/atomic_file.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/run/run.hpp"
 
 namespace trainmem::cli {
 namespace {

@@ -11,10 +11,10 @@
 
 #include "layout.hpp"
 #include "size.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/run.hpp"
-#include "trainmem/run_layout.hpp"
-#include "trainmem/timeline.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/run/run.hpp"
+#include "trainmem/run/run_layout.hpp"
+#include "trainmem/run/timeline.hpp"
 
 namespace trainmem::cli {
 namespace {

@@ -8,11 +8,11 @@
 #include <string>
 
 #include "cli.hpp"
-#include "trainmem/analytic_rank.hpp"
-#include "trainmem/backend.hpp"
-#include "trainmem/collective.hpp"
-#include "trainmem/parallel.hpp"
-#include "trainmem/run_layout.hpp"
+#include "trainmem/analytic/analytic_rank.hpp"
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/comm/collective.hpp"
+#include "trainmem/base/parallel.hpp"
+#include "trainmem/run/run_layout.hpp"
 
 namespace trainmem::cli {
 

@@ -9,13 +9,13 @@
 
 #include "search.hpp"
 #include "size.hpp"
-#include "trainmem/bytes.hpp"
-#include "trainmem/checked.hpp"
-#include "trainmem/dist_refs.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/report.hpp"
-#include "trainmem/report_writer.hpp"
-#include "trainmem/run_report.hpp"
+#include "trainmem/base/bytes.hpp"
+#include "trainmem/base/checked.hpp"
+#include "trainmem/analytic/dist_refs.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/report/report.hpp"
+#include "trainmem/report/report_writer.hpp"
+#include "trainmem/run/run_report.hpp"
 
 namespace trainmem::cli {
 

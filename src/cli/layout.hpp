@@ -8,9 +8,9 @@
 #include <string>
 
 #include "cli.hpp"
-#include "trainmem/analytic_rank.hpp"
-#include "trainmem/parallel.hpp"
-#include "trainmem/run_layout.hpp"
+#include "trainmem/analytic/analytic_rank.hpp"
+#include "trainmem/base/parallel.hpp"
+#include "trainmem/run/run_layout.hpp"
 
 namespace trainmem::cli {
 

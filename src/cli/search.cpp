@@ -1,7 +1,7 @@
 // The largest-value search behind `trainmem maxbatch` (see src/cli/search.hpp).
 #include "search.hpp"
 
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem::cli {
 

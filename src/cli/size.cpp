@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem::cli {
 

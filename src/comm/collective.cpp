@@ -1,7 +1,7 @@
 // The launch detection, the local collective, the end-of-job policy, and, in a build without
 // MPI or NCCL, the factories that refuse with exit 2 saying what to install
-// (include/trainmem/collective.hpp).
-#include "trainmem/collective.hpp"
+// (include/trainmem/comm/collective.hpp).
+#include "trainmem/comm/collective.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -3,7 +3,7 @@
 #include <cstddef>
 #include <string>
 
-#include "trainmem/dtype.hpp"
+#include "trainmem/base/dtype.hpp"
 
 namespace trainmem::comm {
 

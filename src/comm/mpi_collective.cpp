@@ -1,7 +1,7 @@
 // MpiCollective: the collectives on host buffers over MPI (built when MPI is found), every call
 // nonblocking and polled against the collective timeout. Sums are an all-to-all of the
 // contributions, added by each element's owner in rank order, then an all-gather of the owners'
-// results (include/trainmem/collective.hpp says why this is bit-reproducible).
+// results (include/trainmem/comm/collective.hpp says why this is bit-reproducible).
 #include <mpi.h>
 
 #include <algorithm>
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "comm_internal.hpp"
-#include "trainmem/collective.hpp"
+#include "trainmem/comm/collective.hpp"
 
 namespace trainmem {
 namespace {

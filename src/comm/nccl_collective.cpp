@@ -15,8 +15,8 @@
 
 #include "comm_internal.hpp"
 #include "nccl_convert.hpp"
-#include "trainmem/collective.hpp"
-#include "trainmem/cuda_check.hpp"
+#include "trainmem/comm/collective.hpp"
+#include "trainmem/base/cuda_check.hpp"
 
 namespace trainmem {
 namespace {

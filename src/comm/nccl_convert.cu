@@ -1,7 +1,7 @@
 // The conversions of nccl_convert.hpp: one thread per element (grid-stride), with dtype.hpp's
 // bit-exact conversions (the same as the cpu backend's).
 #include "nccl_convert.hpp"
-#include "trainmem/cuda_check.hpp"
+#include "trainmem/base/cuda_check.hpp"
 
 namespace trainmem::comm {
 namespace {

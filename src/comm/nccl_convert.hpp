@@ -5,7 +5,7 @@
 
 #include <cstddef>
 
-#include "trainmem/dtype.hpp"
+#include "trainmem/base/dtype.hpp"
 
 namespace trainmem::comm {
 

@@ -1,4 +1,4 @@
-// StagedCollective (include/trainmem/collective.hpp, make_staged_collective): the collectives
+// StagedCollective (include/trainmem/comm/collective.hpp, make_staged_collective): the collectives
 // on device buffers through host memory. Each call copies its device inputs into host buffers of
 // its own, runs the host collective (MPI) there, and copies the results back: the MPI collective's
 // arithmetic (sums in rank order, bit-reproducible), its timeouts and its failure handling, on
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "comm_internal.hpp"
-#include "trainmem/collective.hpp"
+#include "trainmem/comm/collective.hpp"
 
 namespace trainmem {
 namespace {

@@ -1,6 +1,6 @@
-// measured_figures (declared in include/trainmem/ledger.hpp): the ledger's figures.
-#include "trainmem/checked.hpp"
-#include "trainmem/ledger.hpp"
+// measured_figures (declared in include/trainmem/ledger/ledger.hpp): the ledger's figures.
+#include "trainmem/base/checked.hpp"
+#include "trainmem/ledger/ledger.hpp"
 
 namespace trainmem {
 

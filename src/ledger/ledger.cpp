@@ -1,6 +1,6 @@
-// The ledger (include/trainmem/ledger.hpp): categorised books over one allocator, and the
+// The ledger (include/trainmem/ledger/ledger.hpp): categorised books over one allocator, and the
 // host, meta and budget allocators.
-#include "trainmem/ledger.hpp"
+#include "trainmem/ledger/ledger.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <limits>
 
-#include "trainmem/checked.hpp"
+#include "trainmem/base/checked.hpp"
 
 namespace trainmem {
 

@@ -1,13 +1,13 @@
-// One decoder layer of one rank (include/trainmem/decoder_layer.hpp), written from
+// One decoder layer of one rank (include/trainmem/model/decoder_layer.hpp), written from
 // docs/native-plan.md ("Forward", "Backward", "Layer l") and docs/distributed.md ("The sharded
 // step"). Every buffer is allocated right before the op that writes it and freed right after
 // its last reader, so that the ledger's books are the plan's.
-#include "trainmem/decoder_layer.hpp"
+#include "trainmem/model/decoder_layer.hpp"
 
 #include <functional>
 #include <string>
 
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 

@@ -1,4 +1,4 @@
-// The LLaMA training step (see include/trainmem/model.hpp).
+// The LLaMA training step (see include/trainmem/model/model.hpp).
 //
 // THE PLAN. What this file allocates, in which order, with which names, categories, layers
 // and phases is specified by docs/native-plan.md, and nothing else: the analytic `native`
@@ -11,7 +11,7 @@
 //             -> ws cublas_workspace (32 MiB)
 //   forward   embed_out; per layer rstd1 xn1 (q_pre k_pre q_rstd k_rstd: qk_norm) q k v
 //             probs|lse attn_out h_mid rstd2 xn2 gate up act out, the rows of kLayerActs
-//             (include/trainmem/model_acts.hpp), which also
+//             (include/trainmem/model/model_acts.hpp), which also
 //             says what checkpointing frees and recomputes and which backward step frees each
 //             (checkpointing full: all but `out` freed right after `out`);
 //             final_norm_out final_rstd logits ce_lse, ws ce_losses (freed)
@@ -27,15 +27,15 @@
 // shared with every rank of the sharded step; this file is the world-size-1 host of it.
 //
 // Any change here is a change to docs/native-plan.md first (and to the analytic profile).
-#include "trainmem/model.hpp"
+#include "trainmem/model/model.hpp"
 
 #include <spdlog/spdlog.h>
 
 #include <cmath>
 #include <limits>
 
-#include "trainmem/checked.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/checked.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 
@@ -187,7 +187,7 @@ Tensor LlamaModel::ws(const char* name, int layer, std::vector<std::int64_t> sha
 void LlamaModel::init_random(std::uint64_t seed) {
   // Norm weights 1 and biases 0 (HF's _init_weights: RMSNorm weight ones, nn.Linear bias
   // zeros), every other weight 0.02 * N(0,1) from its own stream (the parameter's index + 1),
-  // computed by the backend (on the device for cuda: include/trainmem/param_init.hpp).
+  // computed by the backend (on the device for cuda: include/trainmem/base/param_init.hpp).
   if (be_.computes()) {
     for (std::size_t pi = 0; pi < params_.size(); ++pi) {
       auto& p = params_[pi];

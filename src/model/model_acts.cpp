@@ -1,7 +1,7 @@
-// A decoder layer's activations as data (see include/trainmem/model_acts.hpp).
-#include "trainmem/model_acts.hpp"
+// A decoder layer's activations as data (see include/trainmem/model/model_acts.hpp).
+#include "trainmem/model/model_acts.hpp"
 
-#include "trainmem/checked.hpp"
+#include "trainmem/base/checked.hpp"
 
 namespace trainmem {
 

@@ -1,6 +1,6 @@
-// Model file I/O (see include/trainmem/model_io.hpp): loading the weights of HF safetensors
+// Model file I/O (see include/trainmem/model/model_io.hpp): loading the weights of HF safetensors
 // checkpoints (sharded or not) into a LlamaModel, the --tokens reader and the --dump writer.
-#include "trainmem/model_io.hpp"
+#include "trainmem/model/model_io.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -12,9 +12,9 @@
 #include <regex>
 #include <set>
 
-#include "trainmem/checked.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/input_file.hpp"
+#include "trainmem/base/checked.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/base/input_file.hpp"
 
 namespace trainmem {
 

@@ -1,9 +1,9 @@
 // AdamW / SGD / LOMO: state allocation through the ledger and the per-parameter update, which
-// the backends implement (adamw_update, sgd_update). See include/trainmem/optimizer.hpp.
-#include "trainmem/optimizer.hpp"
+// the backends implement (adamw_update, sgd_update). See include/trainmem/model/optimizer.hpp.
+#include "trainmem/model/optimizer.hpp"
 
-#include "trainmem/checked.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/checked.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 

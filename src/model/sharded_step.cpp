@@ -1,4 +1,4 @@
-// One rank's sharded step (include/trainmem/sharded_step.hpp), written from docs/distributed.md
+// One rank's sharded step (include/trainmem/model/sharded_step.hpp), written from docs/distributed.md
 // ("The sharded step", "Measured runs") only. It walks every layer and every micro-batch in the
 // stage's 1F1B order and allocates through the ledger; the ledger finds the peak. The per-rank
 // analytic profile picks a few instants in closed form: agreement is the check. The layers are
@@ -19,7 +19,7 @@
 //     broadcast from its owner into every rank's parameter; ZeRO 3: each rank updates
 //     params.shard, and a unit's weights are gathered into gathered.<unit> (each owner's slice
 //     broadcast) when the unit enters the prefetch window.
-#include "trainmem/sharded_step.hpp"
+#include "trainmem/model/sharded_step.hpp"
 
 #include <algorithm>
 #include <array>
@@ -30,12 +30,12 @@
 #include <map>
 #include <string>
 
-#include "trainmem/checked.hpp"
-#include "trainmem/decoder_layer.hpp"
-#include "trainmem/dtype.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/model.hpp"
-#include "trainmem/param_init.hpp"
+#include "trainmem/base/checked.hpp"
+#include "trainmem/model/decoder_layer.hpp"
+#include "trainmem/base/dtype.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/model/model.hpp"
+#include "trainmem/base/param_init.hpp"
 
 namespace trainmem {
 

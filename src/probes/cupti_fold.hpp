@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "trainmem/probes.hpp"
+#include "trainmem/probes/probes.hpp"
 
 namespace trainmem::probes {
 

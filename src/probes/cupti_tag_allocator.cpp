@@ -1,8 +1,8 @@
-// CuptiTagAllocator (include/trainmem/cupti_tag_allocator.hpp).
-#include "trainmem/cupti_tag_allocator.hpp"
+// CuptiTagAllocator (include/trainmem/probes/cupti_tag_allocator.hpp).
+#include "trainmem/probes/cupti_tag_allocator.hpp"
 
 #include "cupti_tag.hpp"
-#include "trainmem/probes.hpp"
+#include "trainmem/probes/probes.hpp"
 
 namespace trainmem {
 

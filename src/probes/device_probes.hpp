@@ -11,7 +11,7 @@
 #include <string>
 #include <thread>
 
-#include "trainmem/probes.hpp"
+#include "trainmem/probes/probes.hpp"
 
 namespace trainmem::probes {
 

@@ -3,8 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include "device_probes.hpp"
-#include "trainmem/cuda_check.hpp"
-#include "trainmem/device_allocator.hpp"
+#include "trainmem/base/cuda_check.hpp"
+#include "trainmem/backends/device_allocator.hpp"
 
 namespace trainmem::probes {
 

@@ -1,11 +1,11 @@
-// ProbeSet with CUDA: memgetinfo, pool and cupti side by side (include/trainmem/probes.hpp).
+// ProbeSet with CUDA: memgetinfo, pool and cupti side by side (include/trainmem/probes/probes.hpp).
 #include <spdlog/spdlog.h>
 
 #include <memory>
 
 #include "cupti_collector.hpp"
 #include "device_probes.hpp"
-#include "trainmem/probes.hpp"
+#include "trainmem/probes/probes.hpp"
 
 namespace trainmem {
 

@@ -2,7 +2,7 @@
 // {"available": false, "reason": "..."}; sizes are integers in bytes.
 #include <nlohmann/json.hpp>
 
-#include "trainmem/probes.hpp"
+#include "trainmem/probes/probes.hpp"
 
 namespace trainmem {
 

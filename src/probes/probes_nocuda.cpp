@@ -1,7 +1,7 @@
 // ProbeSet in a build without CUDA: the same API, every source unavailable.
 #ifndef TRAINMEM_HAVE_CUDA
 #include "cupti_tag.hpp"
-#include "trainmem/probes.hpp"
+#include "trainmem/probes/probes.hpp"
 
 namespace trainmem {
 

@@ -1,6 +1,6 @@
-// `trainmem diff`: reading the two sides and the difference B − A (see include/trainmem/diff.hpp;
+// `trainmem diff`: reading the two sides and the difference B − A (see include/trainmem/report/diff.hpp;
 // its reports: diff_report.cpp).
-#include "trainmem/diff.hpp"
+#include "trainmem/report/diff.hpp"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,11 +16,11 @@
 #include <tuple>
 
 #include "diff_internal.hpp"
-#include "trainmem/bytes.hpp"
-#include "trainmem/checked.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/input_file.hpp"
-#include "trainmem/report.hpp"
+#include "trainmem/base/bytes.hpp"
+#include "trainmem/base/checked.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/base/input_file.hpp"
+#include "trainmem/report/report.hpp"
 
 namespace trainmem::diff {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/bytes.hpp"
-#include "trainmem/diff.hpp"
+#include "trainmem/base/bytes.hpp"
+#include "trainmem/report/diff.hpp"
 
 namespace trainmem::diff::detail {
 

@@ -1,16 +1,16 @@
 // `trainmem diff`'s report, described once for every format, and its JSON document (see
-// include/trainmem/diff.hpp).
+// include/trainmem/report/diff.hpp).
 #include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "diff_internal.hpp"
-#include "trainmem/bytes.hpp"
-#include "trainmem/diff.hpp"
-#include "trainmem/report.hpp"
-#include "trainmem/report_writer.hpp"
-#include "trainmem/svg_chart.hpp"
+#include "trainmem/base/bytes.hpp"
+#include "trainmem/report/diff.hpp"
+#include "trainmem/report/report.hpp"
+#include "trainmem/report/report_writer.hpp"
+#include "trainmem/report/svg_chart.hpp"
 
 namespace trainmem::diff {
 

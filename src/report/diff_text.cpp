@@ -3,8 +3,8 @@
 #include <limits>
 
 #include "diff_internal.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/report.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/report/report.hpp"
 
 namespace trainmem::diff::detail {
 

@@ -1,13 +1,13 @@
 // Output helpers: byte figures, aligned tables of cells (text, Markdown, CSV) and the JSON
-// blocks of schema "trainmem/1". See include/trainmem/report.hpp.
-#include "trainmem/report.hpp"
+// blocks of schema "trainmem/1". See include/trainmem/report/report.hpp.
+#include "trainmem/report/report.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
 
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem::report {
 

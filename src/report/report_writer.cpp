@@ -1,5 +1,5 @@
-// The writers of a report, one per output format (see include/trainmem/report_writer.hpp).
-#include "trainmem/report_writer.hpp"
+// The writers of a report, one per output format (see include/trainmem/report/report_writer.hpp).
+#include "trainmem/report/report_writer.hpp"
 
 namespace trainmem::report {
 

@@ -1,15 +1,15 @@
 // The HTML report's charts: horizontal bars and a scatter with fitted lines, as inline SVG
-// (see include/trainmem/svg_chart.hpp).
-#include "trainmem/svg_chart.hpp"
+// (see include/trainmem/report/svg_chart.hpp).
+#include "trainmem/report/svg_chart.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
 
-#include "trainmem/bytes.hpp"
-#include "trainmem/report.hpp"
-#include "trainmem/report_writer.hpp"
+#include "trainmem/base/bytes.hpp"
+#include "trainmem/report/report.hpp"
+#include "trainmem/report/report_writer.hpp"
 
 namespace trainmem::report {
 

@@ -1,12 +1,12 @@
-// Least-squares coefficient fits (see include/trainmem/fit.hpp).
-#include "trainmem/fit.hpp"
+// Least-squares coefficient fits (see include/trainmem/run/fit.hpp).
+#include "trainmem/run/fit.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <sstream>
 
-#include "trainmem/error.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 

@@ -1,9 +1,9 @@
-// Reconciliation primitives (include/trainmem/reconcile.hpp).
-#include "trainmem/reconcile.hpp"
+// Reconciliation primitives (include/trainmem/run/reconcile.hpp).
+#include "trainmem/run/reconcile.hpp"
 
 #include <limits>
 
-#include "trainmem/checked.hpp"
+#include "trainmem/base/checked.hpp"
 
 namespace trainmem {
 

@@ -1,8 +1,8 @@
-// The run path shared by profile, compare, sweep and maxbatch (see include/trainmem/run.hpp):
+// The run path shared by profile, compare, sweep and maxbatch (see include/trainmem/run/run.hpp):
 // choosing the backend, executing a run step by step, and what is derived from a run's
 // figures (the reconciliation with the native profile, per-layer activations by source).
 // Reports: run_report.cpp (text, Markdown, CSV) and run_json.cpp.
-#include "trainmem/run.hpp"
+#include "trainmem/run/run.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -11,11 +11,11 @@
 #include <cmath>
 #include <utility>
 
-#include "trainmem/cupti_tag_allocator.hpp"
-#include "trainmem/error.hpp"
-#include "trainmem/model.hpp"
-#include "trainmem/model_io.hpp"
-#include "trainmem/run_report.hpp"
+#include "trainmem/probes/cupti_tag_allocator.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/model/model.hpp"
+#include "trainmem/model/model_io.hpp"
+#include "trainmem/run/run_report.hpp"
 
 namespace trainmem {
 

@@ -1,8 +1,8 @@
-// The per-run JSON object of docs/design.md ("JSON output"); see include/trainmem/run_report.hpp.
+// The per-run JSON object of docs/design.md ("JSON output"); see include/trainmem/run/run_report.hpp.
 #include <cmath>
 
-#include "trainmem/report.hpp"
-#include "trainmem/run_report.hpp"
+#include "trainmem/report/report.hpp"
+#include "trainmem/run/run_report.hpp"
 
 namespace trainmem {
 

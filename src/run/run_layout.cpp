@@ -1,5 +1,5 @@
-// Tracing a parallel layout rank by rank on meta (include/trainmem/run_layout.hpp).
-#include "trainmem/run_layout.hpp"
+// Tracing a parallel layout rank by rank on meta (include/trainmem/run/run_layout.hpp).
+#include "trainmem/run/run_layout.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -8,11 +8,11 @@
 #include <cmath>
 #include <cstring>
 
-#include "trainmem/error.hpp"
-#include "trainmem/ledger.hpp"
-#include "trainmem/model.hpp"
-#include "trainmem/model_io.hpp"
-#include "trainmem/sharded_step.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/ledger/ledger.hpp"
+#include "trainmem/model/model.hpp"
+#include "trainmem/model/model_io.hpp"
+#include "trainmem/model/sharded_step.hpp"
 
 namespace trainmem {
 

@@ -1,6 +1,6 @@
 // profile's report, described once for every format, and the title and backend lines every run
-// report starts with (see include/trainmem/run_report.hpp). The per-run JSON: run_json.cpp.
-#include "trainmem/run_report.hpp"
+// report starts with (see include/trainmem/run/run_report.hpp). The per-run JSON: run_json.cpp.
+#include "trainmem/run/run_report.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -9,10 +9,10 @@
 #include <utility>
 #include <vector>
 
-#include "trainmem/report.hpp"
-#include "trainmem/report_writer.hpp"
-#include "trainmem/svg_chart.hpp"
-#include "trainmem/timeline.hpp"
+#include "trainmem/report/report.hpp"
+#include "trainmem/report/report_writer.hpp"
+#include "trainmem/report/svg_chart.hpp"
+#include "trainmem/run/timeline.hpp"
 
 namespace trainmem {
 

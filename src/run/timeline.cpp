@@ -1,6 +1,6 @@
 // Memory timelines: Chrome/Perfetto trace JSON and a self-contained SVG stacked-area plot
-// (see include/trainmem/timeline.hpp).
-#include "trainmem/timeline.hpp"
+// (see include/trainmem/run/timeline.hpp).
+#include "trainmem/run/timeline.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -11,8 +11,8 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "trainmem/atomic_file.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/atomic_file.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 

@@ -1,14 +1,14 @@
 // The profile page's timeline: the SVG with inspectable instants, the tensors live at the peak
 // as a table, and the data and the small script that list the live tensors of any instant
-// (see include/trainmem/timeline.hpp).
+// (see include/trainmem/run/timeline.hpp).
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "trainmem/bytes.hpp"
-#include "trainmem/report.hpp"
-#include "trainmem/report_writer.hpp"
-#include "trainmem/timeline.hpp"
+#include "trainmem/base/bytes.hpp"
+#include "trainmem/report/report.hpp"
+#include "trainmem/report/report_writer.hpp"
+#include "trainmem/run/timeline.hpp"
 
 namespace trainmem {
 

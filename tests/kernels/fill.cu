@@ -1,6 +1,6 @@
 // fill: out = value; axpy: y += alpha * x. fp32, grid-stride loops over n elements.
 #include "fill.cuh"
-#include "trainmem/cuda_check.hpp"
+#include "trainmem/base/cuda_check.hpp"
 
 namespace trainmem {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "trainmem/dtype.hpp"
+#include "trainmem/base/dtype.hpp"
 
 namespace trainmem {
 

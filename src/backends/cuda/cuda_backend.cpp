@@ -9,6 +9,7 @@
 #include "adamw/adamw.hpp"
 #include "attention/attention.hpp"
 #include "bias/bias.hpp"
+#include "common/cublas_check.hpp"
 #include "cross_entropy/cross_entropy.hpp"
 #include "embedding/embedding.hpp"
 #include "init/init.hpp"
@@ -17,9 +18,9 @@
 #include "rmsnorm/rmsnorm.hpp"
 #include "rope/rope.hpp"
 #include "swiglu/swiglu.hpp"
-#include "trainmem/cuda_check.hpp"
-#include "trainmem/device_rules.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/base/cuda_check.hpp"
+#include "trainmem/backends/device_rules.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 

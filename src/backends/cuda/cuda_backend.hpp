@@ -1,5 +1,5 @@
 // The cuda backend: our kernels (kernels/*.cu) and cuBLAS on one stream of the current device.
-// make_cuda_backend (include/trainmem/backend.hpp) returns one of these; GPU tests, the probes
+// make_cuda_backend (include/trainmem/backends/backend.hpp) returns one of these; GPU tests, the probes
 // and the benchmarks reach the stream, the cuBLAS handle and the allocator through it.
 //
 // Memory: every byte comes from the DeviceAllocator's pool (cudaMallocFromPoolAsync on the
@@ -14,8 +14,8 @@
 
 #include <memory>
 
-#include "trainmem/backend.hpp"
-#include "trainmem/device_allocator.hpp"
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/backends/device_allocator.hpp"
 
 namespace trainmem {
 

@@ -5,10 +5,10 @@
 #include <cstring>
 #include <string>
 
-#include "trainmem/backend.hpp"
-#include "trainmem/cuda_check.hpp"
-#include "trainmem/device_rules.hpp"
-#include "trainmem/error.hpp"
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/base/cuda_check.hpp"
+#include "trainmem/backends/device_rules.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 

@@ -1,10 +1,10 @@
-// DeviceAllocator (include/trainmem/device_allocator.hpp).
-#include "trainmem/device_allocator.hpp"
+// DeviceAllocator (include/trainmem/backends/device_allocator.hpp).
+#include "trainmem/backends/device_allocator.hpp"
 
 #include <limits>
 
-#include "trainmem/cuda_check.hpp"
-#include "trainmem/device_rules.hpp"
+#include "trainmem/base/cuda_check.hpp"
+#include "trainmem/backends/device_rules.hpp"
 
 namespace trainmem {
 

@@ -1,0 +1,228 @@
+// The analytic memory model: closed-form figures for one training step, without a GPU.
+//
+// Written from docs/design.md and docs/native-plan.md only (never from the model's code), so that
+// agreement with the measured ledger is a real check. Derivations and a worked LLaMA-7B
+// example: docs/formulas.md.
+//
+// Profiles (what "activations" means differs between them):
+//   native    exactly what trainmem's own step allocates (docs/native-plan.md), eager or flash
+//             attention, checkpointing none or full; params..peak must equal the ledger byte
+//             for byte.
+//   hf-eager  the tensors PyTorch autograd saves for a HuggingFace LlamaForCausalLM training
+//             step with eager attention, plus what the training loop holds (the returned
+//             logits, past_key_values with --use-cache), for a named transformers era and
+//             PyTorch series (HfOptions; default transformers 4.30, PyTorch 2.0), verified
+//             against saved_tensors_hooks by tools/hf_saved_tensors.py.
+//   hf-sdpa   the same for transformers 5.25's default SDPA attention (PyTorch's flash kernel).
+//   megatron  Korthikanti et al. 2022, sbh(34 + 5as/h) bytes per layer (GPT-style reference).
+//   zero      the ZeRO paper's 12·h·b·s elements per layer × dtype width (GPT-style reference).
+//
+// Activation bytes of one layer are written as
+//   c_sbh·sbh + c_sbi·sbi + c_as2b·a·s²·b + c_sb·sb (+ bytes that fit none of these)
+// where s seq, b batch, h hidden, i intermediate, a heads. Every coefficient is the sum of the
+// per-tensor entries below, so each figure can be traced to a tensor and the op that keeps it.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainmem/base/bytes.hpp"
+#include "trainmem/base/config.hpp"
+#include "trainmem/base/figures.hpp"
+
+namespace trainmem {
+
+enum class Profile { native, hf_eager, megatron, zero, hf_sdpa };
+constexpr int kNumProfiles = 5;
+
+const char* profile_name(Profile p);  // "native", "hf-eager", "megatron", "zero", "hf-sdpa"
+std::optional<Profile> parse_profile(const std::string& s);
+std::vector<Profile> all_profiles();  // in the order above
+
+// ---------------------------------------------------------------- HF reference semantics
+// The code era of a transformers release: the releases whose LLaMA training step saves the
+// same tensors (tools/hf_saved_tensors.py checks each listed release against the first).
+enum class HfEra {
+  v4_28,  // 4.28.0-4.29.x: RMSNorm casts to the weight dtype before weight * y
+  v4_30,  // 4.30.x: (weight * y).to(dtype): the multiply saves y in fp32
+  v4_31,  // 4.31.0-4.34.x: fp32 upcast first, no torch.max clamp, fp32 logits, repeat_kv
+  v4_35,  // 4.35.x: as 4.31, the causal mask a (s,s) storage expanded to (b,1,s,s)
+  v5_25,  // 5.25.x: one RoPE table per model, the loss upcasts logits to fp32, SDPA default
+};
+// PyTorch series: before 2.2 `mean` saves its input (x^2 in RMSNorm); from 2.2 only sizes.
+enum class TorchEra { before_2_2, from_2_2 };
+// The training loop around the model call (what the caller holds at the end of forward).
+enum class Loop {
+  hf_model_loss,  // out = model(input_ids, labels=labels); out.loss.backward()
+  shift_ce,       // logits = model(input_ids).logits; CrossEntropyLoss on the shifted copy
+  none,           // logits = model(input_ids).logits, no loss
+};
+const char* hf_era_name(HfEra e);        // "4.28", "4.30", "4.31", "4.35", "5.25"
+const char* hf_era_range(HfEra e);       // "4.28.0-4.29.x", ...
+const char* torch_era_name(TorchEra t);  // "<2.2", ">=2.2"
+const char* loop_name(Loop l);           // "hf-model-loss", "shift-ce", "none"
+std::vector<HfEra> all_hf_eras();
+std::optional<Loop> parse_loop(const std::string& s);
+
+// The HF profiles' options. Unset era/torch: the profile's default (hf-eager: transformers 4.30
+// with PyTorch 2.0; hf-sdpa: transformers 5.25 with PyTorch 2.15).
+struct HfOptions {
+  std::optional<HfEra> era;
+  std::string hf_version;  // as given (e.g. "4.29.2"); "" when the default
+  std::optional<TorchEra> torch;
+  std::string torch_version;             // as given; "" when the default
+  int torch_major = 0, torch_minor = 0;  // parsed torch_version (0.0 when not given)
+  Loop loop = Loop::hf_model_loss;
+  bool use_cache = false;  // the model returns past_key_values (off under checkpointing)
+};
+// "--hf-version X" -> its era; InputError naming --hf-version and the known eras otherwise.
+HfEra parse_hf_version(const std::string& version);
+// "--torch-version X" -> its series (and major/minor into `opts`); InputError naming
+// --torch-version and the known series otherwise.
+TorchEra parse_torch_version(const std::string& version, HfOptions* opts = nullptr);
+// Checks the combination for one profile (hf-sdpa needs the 5.25 era; 5.25 needs PyTorch >= 2.6):
+// InputError naming the flag otherwise. No-op for non-HF profiles.
+void check_hf_options(Profile profile, const HfOptions& opts);
+// The era the HF profiles use for this model: opts.era when set, else the profile's default
+// (hf-eager 4.30, hf-sdpa 5.25), except that a model the older eras cannot express (a family
+// other than llama, an explicit head_dim, q/k/v biases, q/k norms, a sliding window, rope
+// scaling) defaults to 5.25, the one era whose classes were measured for them.
+HfEra hf_era_for(Profile profile, const HfOptions& opts, const ModelConfig& model);
+// The model against the era: InputError naming --hf-version (or the config field when no era
+// was given) for a family or feature whose HF class was not measured in that era by
+// tools/hf_saved_tensors.py (tests/data/hf_golden/<family>-<era>*.json). No-op for non-HF
+// profiles.
+void check_hf_model(Profile profile, const HfOptions& opts, const ModelConfig& model);
+
+// The monomial one activation tensor's bytes are proportional to.
+//   sbh: s·b·h   sbi: s·b·i   as2b: a·s²·b   sb: s·b   other: none of these (fixed bytes for
+//   the given configuration, e.g. a (b, s-1, V) head tensor or a 0-dim constant)
+enum class Term { sbh, sbi, as2b, sb, other };
+const char* term_name(Term t);  // "sbh", "sbi", "as2b", "sb", "other"
+
+// One tensor kept (or transiently allocated) by a profile.
+struct TensorEntry {
+  std::string name;   // e.g. "probs", "input_layernorm.x_f32"
+  std::string shape;  // shape expression in the project's letters, e.g. "(b,a,s,s)"
+  std::string dtype;  // "fp16", "bf16", "fp32", "int64", "int8" (1-byte masks)
+  std::uint64_t bytes = 0;
+  Term term = Term::other;
+  double coefficient = 0;  // bytes = coefficient · monomial(term); for `other`, = bytes
+  std::string kept_by;     // the op (or plan step) that keeps it
+  std::string why;         // why it is needed
+};
+
+// Per-layer coefficients (bytes per unit of each monomial). `other_bytes` holds what fits no
+// monomial (per layer, for this configuration).
+struct Coefficients {
+  double sbh = 0;
+  double sbi = 0;
+  double as2b = 0;
+  double sb = 0;
+  std::uint64_t other_bytes = 0;
+};
+
+// Sums entries' coefficients (checked byte sum in `other_bytes` only for Term::other).
+Coefficients sum_coefficients(const std::vector<TensorEntry>& entries);
+std::uint64_t sum_bytes(const std::vector<TensorEntry>& entries);
+
+// The activation books of one profile for one configuration.
+struct ActivationBreakdown {
+  // Alive at the end of forward:
+  std::vector<TensorEntry> embedding;  // before layer 0 (once)
+  std::vector<TensorEntry> layer;      // what ONE layer keeps (identical for every layer)
+  std::vector<TensorEntry> shared;     // kept once for all layers (e.g. HF checkpointing's mask)
+  std::vector<TensorEntry> head;       // final norm, lm_head, loss (once)
+  // What the training loop holds at the end of forward beyond the saved tensors (HF
+  // profiles: the returned logits, past_key_values with use_cache); counted in activations.
+  std::vector<TensorEntry> loop;
+  // Models whose windowed layers keep a different list from the full-causal ones (HF SDPA
+  // with a sliding window in some layers only, e.g. Qwen2 with use_sliding_window from
+  // max_window_layers: the mask and k, v repeated to all heads): what ONE windowed layer keeps,
+  // and how many layers do; `layer` is then the other layers' list. Empty and 0 otherwise
+  // (when every layer keeps the same list, it is `layer`).
+  std::vector<TensorEntry> layer_windowed;
+  std::int64_t windowed_layers = 0;
+  std::uint64_t layer_windowed_bytes = 0;
+  // Checkpointing full: what one layer re-creates during its backward (empty otherwise).
+  std::vector<TensorEntry> recompute;
+  // Inputs (token ids, labels), reported as `inputs`, not as activations.
+  std::vector<TensorEntry> inputs;
+
+  Coefficients per_layer;             // of `layer`
+  std::uint64_t per_layer_bytes = 0;  // sum of `layer`
+  std::uint64_t embedding_bytes = 0;
+  std::uint64_t shared_bytes = 0;
+  std::uint64_t head_bytes = 0;
+  std::uint64_t loop_bytes = 0;
+  std::uint64_t recompute_bytes = 0;
+  std::int64_t layers = 0;
+  // embedding + (layers − windowed_layers)·per_layer + windowed_layers·layer_windowed + shared
+  // + head + loop (= MemoryFigures::activations)
+  std::uint64_t total_bytes = 0;
+};
+
+// One parameter tensor (HuggingFace name, shape, element count).
+struct ParamSpec {
+  std::string name;  // e.g. "model.layers.3.mlp.down_proj.weight"
+  std::vector<std::int64_t> shape;
+  std::uint64_t elements = 0;
+};
+// All parameters in setup order (docs/native-plan.md, Setup 1). lm_head omitted when tied.
+std::vector<ParamSpec> parameter_specs(const ModelConfig& m);
+std::uint64_t parameter_count(const std::vector<ParamSpec>& specs);
+
+// One instant of the step the native peak is taken over (in chronological order).
+struct Instant {
+  std::string name;       // e.g. "backward layer L-1 step 6 (attention backward)"
+  CategoryBytes bytes{};  // live bytes per category at that instant
+  std::uint64_t total() const;
+};
+
+struct Estimate {
+  Profile profile = Profile::native;
+  std::string label;  // what the profile is (shown in tables and JSON)
+  ModelConfig model;
+  TrainConfig train;
+  MemoryFigures figures;
+  ActivationBreakdown activations;
+  std::uint64_t param_count = 0;
+  std::uint64_t largest_gradient_bytes = 0;  // largest single gradient tensor
+  std::string largest_gradient_name;
+  // native: the candidate instants, chronological, and the index of the peak one.
+  std::vector<Instant> instants;
+  int peak_instant = -1;
+  // HF profiles: the options in force (era and torch resolved to the defaults when unset) and
+  // what use_cache=True adds (or would add) to the loop: past_key_values beyond the saved
+  // tensors (0 under checkpointing, where HF turns the cache off).
+  HfOptions hf;
+  std::uint64_t use_cache_bytes = 0;
+  // Plain-language notes: what the profile assumes, what it ignores, how peak is defined.
+  std::vector<std::string> notes;
+};
+
+// The closed-form estimate. Validates model and train (InputError naming the field).
+// Sizes use checked 64-bit arithmetic (OverflowError when they do not fit).
+// `hf` applies to the HF profiles only (hf-eager, hf-sdpa); check_hf_options() is called.
+Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& train,
+                  const HfOptions& hf = {});
+
+// The rules shared by every profile (docs/design.md "Optimizer states"), in bytes:
+// params P·w; gradients P·w (AdamW, SGD) or the largest single gradient (LOMO; plus the
+// embedding gradient when embeddings are tied, which stays alive through the backward);
+// optimizer states: AdamW 12 B/param (8 when the training dtype is fp32: no master copy),
+// SGD 4 B/param (0 in fp32), LOMO 0.
+struct StateFigures {
+  std::uint64_t params = 0;
+  std::uint64_t gradients = 0;
+  std::uint64_t optimizer_states = 0;
+  std::uint64_t largest_gradient_bytes = 0;
+  std::string largest_gradient_name;
+};
+StateFigures state_figures(const ModelConfig& model, const TrainConfig& train);
+
+// The cuBLAS workspace the native plan allocates at setup (32 MiB).
+constexpr std::uint64_t kCublasWorkspaceBytes = 33554432;
+
+}  // namespace trainmem

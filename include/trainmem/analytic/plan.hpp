@@ -1,0 +1,130 @@
+// `trainmem plan`: the cheapest parallel layout that fits. Enumerates the layouts of a training
+// job over N GPUs (dp·tp·pp = N, ZeRO stage, sequence parallelism, checkpointing, attention,
+// optimizer, micro-batch size b with b·M·dp = G, offload), keeps those whose worst rank fits
+// the GPU's memory less a margin (the per-rank figures of estimate_layout, analytic_rank.hpp),
+// and ranks them by a simple, documented step-time model (docs/plan.md, "plan: the cost
+// model"): compute at a stated TFLOP/s, communication over a stated link, PCIe for offload, no
+// overlap.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainmem/analytic/analytic_rank.hpp"
+#include "trainmem/base/config.hpp"
+#include "trainmem/base/parallel.hpp"
+
+namespace trainmem {
+
+// The cost model's rates (docs/plan.md). Defaults are stated there.
+struct CostModel {
+  double tflops = 160.0;     // --tflops: achieved dense TFLOP/s per GPU (400 peak × 0.4)
+  double link_gbps = 400.0;  // --link-gbps: Gb/s per GPU for every collective and p2p transfer
+  double pcie_gbps = 256.0;  // --pcie-gbps: Gb/s host <-> device (offload), PCIe 4.0 x16
+};
+
+// The step time of one layout, term by term (docs/plan.md). Bytes are what one GPU sends
+// per optimizer step; seconds are bytes / rate; total = compute + communication + pcie.
+struct StepCost {
+  double flops_per_gpu = 0;  // (6 + 2r)·P·T + (12 + 4r)·L·h·s·T, ÷ N (r = 1 under recompute)
+  double bubble = 0;         // (pp − 1) / M
+  double compute_seconds = 0;  // flops_per_gpu / tflops × (1 + bubble)
+  double dp_bytes = 0;         // gradient reduction and ZeRO gathers
+  double tp_bytes = 0;         // tensor-parallel all-reduces (or sp's reduce-scatter+all-gather)
+  double pp_bytes = 0;         // pipeline p2p: activations forward, their gradients backward
+  double pcie_bytes = 0;       // offload: gradients down, parameters up (and ZeRO-3 fetches)
+  double communication_seconds = 0;  // (dp + tp + pp bytes) / link
+  double pcie_seconds = 0;           // pcie_bytes / pcie link
+  double total_seconds = 0;
+};
+
+// The cost of one layout: `train` carries b (train.batch), s, dtype and checkpointing;
+// `layout` dp, tp, pp, ZeRO stage, sp, M (microbatches) and offload.
+StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const ParallelConfig& layout,
+                   const CostModel& cost);
+
+// The per-rank memory of one layout: estimate_layout, or a stand-in in tests.
+using LayoutEstimator = std::function<LayoutEstimate(
+    const ModelConfig&, const TrainConfig&, const ParallelConfig&, const OverheadOptions&)>;
+
+// Bounds that keep the search's run time bounded whatever the flags (docs/plan.md): the
+// layouts are the divisors of --gpus, the micro-batch sizes those of --global-batch / dp.
+constexpr std::int64_t kMaxPlanGpus = 65536;
+constexpr std::int64_t kMaxPlanGlobalBatch = std::int64_t{1} << 24;
+
+struct PlanOptions {
+  std::int64_t gpus = 1;          // N (--gpus)
+  std::uint64_t gpu_memory = 0;   // bytes per GPU (--gpu-memory)
+  double margin = 0.05;           // --margin: kept back from gpu_memory
+  std::int64_t seq = 512;         // s (--seq)
+  std::int64_t global_batch = 1;  // G (--global-batch): sequences per optimizer step
+  DType dtype = DType::bf16;      // --dtype
+  // The choices enumerated (the CLI fixes the optimizer with --optimizer; tests narrow others).
+  std::vector<Optimizer> optimizers = {Optimizer::adamw};
+  std::vector<int> zero_stages = {0, 1, 2, 3};
+  std::vector<Checkpointing> checkpointing = {Checkpointing::none, Checkpointing::full};
+  std::vector<Attention> attention = {Attention::flash, Attention::eager};
+  std::vector<Offload> offloads = {Offload::none, Offload::optimizer, Offload::optimizer_params};
+  std::size_t top = 10;  // --top K: candidates whose memory is estimated and returned
+  CostModel cost;
+  OverheadOptions overheads;  // --cuda-context, --nccl-memory
+  // Checks the options; InputError naming the flag (--gpus, --gpu-memory, --margin, --seq,
+  // --global-batch, --top, --tflops, --link-gbps, --pcie-gbps).
+  void validate() const;
+  // gpu_memory × (1 − margin): gpu_memory less gpu_memory × margin rounded to the nearest
+  // byte. A layout fits when its worst rank's peak + overheads is at most this.
+  std::uint64_t budget() const;
+};
+
+// One layout, with its cost; `memory` is estimated for the returned candidates.
+struct PlanCandidate {
+  ParallelConfig layout;  // resolved: dp, tp, pp, zero, sp, microbatches M, offload
+  TrainConfig train;      // batch = micro-batch size b; seq, dtype, optimizer, ckpt, attention
+  StepCost cost;
+  std::optional<LayoutEstimate> memory;
+};
+
+// A family of layouts (one dp × tp × pp with one ZeRO stage) of which none fits.
+struct RejectedFamily {
+  std::int64_t dp = 1, tp = 1, pp = 1;
+  int zero = 0;
+  std::uint64_t layouts = 0;  // layouts of the family enumerated
+  std::uint64_t invalid = 0;  // of which ParallelConfig::resolve (or the estimate) refused
+  // Every layout invalid: the distinct messages, "does not divide the model: ..." (a
+  // divisibility check failed) or "not supported: ..." (any other check).
+  std::vector<std::string> messages;
+  // Some layouts valid, none fitting: the smallest worst-rank peak + overheads among them and
+  // the layout that has it (memory is monotone in b: it is each setting's smallest b).
+  std::uint64_t smallest_worst_total = 0;
+  std::optional<PlanCandidate> smallest;
+  bool too_big() const { return invalid < layouts; }
+};
+
+struct PlanResult {
+  PlanOptions options;
+  ModelConfig model;
+  std::uint64_t budget = 0;               // options.budget()
+  std::vector<PlanCandidate> candidates;  // the best `top`, fastest first, memory estimated
+  // Counts over the whole enumeration (layouts: one per setting and micro-batch size b).
+  std::uint64_t enumerated = 0;
+  std::uint64_t invalid = 0;    // refused by ParallelConfig::resolve or the estimate
+  std::uint64_t fitting = 0;    // valid and fitting (all ranked; `candidates` are the first)
+  std::uint64_t too_big = 0;    // valid, not fitting
+  std::uint64_t estimates = 0;  // calls of the estimator (the search skips most layouts)
+  std::vector<RejectedFamily> rejected;  // enumeration order
+  double estimate_seconds = 0;           // time inside the estimator
+  double total_seconds = 0;
+};
+
+// Runs the enumeration (docs/plan.md, "What is enumerated"). Throws InputError naming the
+// flag for invalid options, and naming --global-batch when no data-parallel degree possible
+// for the model on N GPUs divides G. `estimator` defaults to estimate_layout.
+PlanResult plan(const ModelConfig& model, const PlanOptions& options,
+                const LayoutEstimator& estimator = estimate_layout);
+
+// "dp 8 tp 1 pp 1 ZeRO-0"
+std::string family_name(std::int64_t dp, std::int64_t tp, std::int64_t pp, int zero);
+
+}  // namespace trainmem

@@ -1,0 +1,151 @@
+// The op interface every execution backend implements: cpu (reference arithmetic, OpenBLAS),
+// meta (no arithmetic; allocations only) and cuda (our kernels + cuBLAS). One model code path
+// (src/model/model.cpp) runs on all three.
+//
+// Conventions (llm.c style): outputs first, then inputs, then dimensions. Buffers marked D
+// are in the backend's training dtype (dtype()); f32 buffers are float*; token ids int32.
+// Weight gradients accumulate with +=; activation gradients are written with =, except where
+// a comment says "+=". All math is done in fp32 and rounded once when stored to D.
+// Dimension letters (the project's, docs/architecture.md "Dimension letters"): b batch,
+// s sequence, h hidden, a heads, kv kv heads, d head dim, V vocab; n = b*s rows (rmsnorm,
+// cross-entropy) or an element count (swiglu, optimizers).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "trainmem/base/config.hpp"
+#include "trainmem/base/dtype.hpp"
+#include "trainmem/ledger/ledger.hpp"
+#include "trainmem/base/op_types.hpp"
+#include "trainmem/base/param_init.hpp"
+
+namespace trainmem {
+
+enum class BackendKind { cpu, meta, cuda };
+const char* backend_name(BackendKind k);
+
+class Backend {
+ public:
+  explicit Backend(DType dtype) : dtype_(dtype) {}
+  virtual ~Backend() = default;
+  DType dtype() const { return dtype_; }
+  virtual BackendKind kind() const = 0;
+  virtual Allocator& allocator() = 0;
+  // False for meta: the model then skips reading results (loss is reported as NaN).
+  virtual bool computes() const { return true; }
+  virtual void synchronize() {}
+
+  // ---- data movement (host pointers are ordinary memory) ----
+  virtual void upload(void* dst, const void* host_src, std::uint64_t bytes) = 0;
+  virtual void download(void* host_dst, const void* src, std::uint64_t bytes) = 0;
+  virtual void fill_zero(void* dst, std::uint64_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, std::uint64_t bytes) = 0;
+  // Tells GEMMs which buffer to use as scratch (cuBLAS workspace); cuda's embedding_backward
+  // borrows it too (no bytes beyond it). cpu/meta ignore it.
+  virtual void set_gemm_workspace(void* ptr, std::uint64_t bytes) {}
+  // dst (n) D = round(param_init_value(init, e)) and, when master is non-null, master (n) f32
+  // = param_init_value(init, e) (before rounding), for e in [0, n). The default generates the
+  // values on the host in chunks and uploads them; cuda computes them on the device.
+  virtual void init_param(void* dst, float* master, std::uint64_t n, const ParamInit& init);
+
+  // ---- ops ----
+  // out (b, s, h) D = wte[tokens] ; wte (V, h) D
+  virtual void embedding_forward(void* out, const std::int32_t* tokens, const void* wte,
+                                 std::int64_t b, std::int64_t s, std::int64_t h,
+                                 std::int64_t V) = 0;
+  // dwte (V, h) D += scatter of dout (b, s, h) D by tokens
+  virtual void embedding_backward(void* dwte, const void* dout, const std::int32_t* tokens,
+                                  std::int64_t b, std::int64_t s, std::int64_t h,
+                                  std::int64_t V) = 0;
+  // out (n, h) D = inp * rstd * weight, rstd (n) f32 = 1/sqrt(mean(inp^2) + eps)
+  virtual void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight,
+                               std::int64_t n, std::int64_t h, float eps) = 0;
+  // dinp (n, h) D += ..., dweight (h) D += ...
+  virtual void rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp,
+                                const void* weight, const float* rstd, std::int64_t n,
+                                std::int64_t h) = 0;
+  // c (M,N) = alpha * op(a) * op(b) + beta * c, row-major, all D, fp32 accumulation.
+  // op(a) is (M,K): a is (M,K) for Trans::no, (K,M) for Trans::yes; op(b) is (K,N).
+  virtual void matmul(void* c, const void* a, const void* b, std::int64_t M, std::int64_t N,
+                      std::int64_t K, Trans ta, Trans tb, float alpha, float beta) = 0;
+  // out (n, c) D += bias (c) D, broadcast over the n rows (the q/k/v projection biases).
+  virtual void bias_forward(void* out, const void* bias, std::int64_t n, std::int64_t c) = 0;
+  // dbias (c) D += the column sums of dout (n, c) D (summed in fp32, rounded once).
+  virtual void bias_backward(void* dbias, const void* dout, std::int64_t n, std::int64_t c) = 0;
+  // In place on q (b, s, a, d) and k (b, s, kv, d): HuggingFace rotate-half RoPE at positions
+  // 0..s-1 with inv_freq[j] = theta^(-2j/d), rescaled under rope.scaling (op_types.hpp).
+  // Backward applies the inverse rotation.
+  virtual void rope_forward(void* q, void* k, std::int64_t b, std::int64_t s, std::int64_t a,
+                            std::int64_t kv, std::int64_t d, const RopeSpec& rope) = 0;
+  virtual void rope_backward(void* dq, void* dk, std::int64_t b, std::int64_t s, std::int64_t a,
+                             std::int64_t kv, std::int64_t d, const RopeSpec& rope) = 0;
+  // Causal attention, scale 1/sqrt(d), GQA: query head qh reads kv head qh / (a/kv).
+  // q, out (b, s, a, d) D; k, v (b, s, kv, d) D. window W > 0: query t attends to keys
+  // max(0, t−W+1)..t only (sliding window); 0: to 0..t.
+  // eager: probs (b, a, s, s) D receives the softmax probabilities (lse unused, may be null).
+  // flash: lse (b, a, s) f32 receives the row log-sum-exp (probs unused, may be null).
+  virtual void attention_forward(void* out, void* probs, float* lse, const void* q, const void* k,
+                                 const void* v, std::int64_t b, std::int64_t s, std::int64_t a,
+                                 std::int64_t kv, std::int64_t d, std::int64_t window,
+                                 Attention variant) = 0;
+  // dq (b, s, a, d), dk, dv (b, s, kv, d) written with =. Scratch: eager dprobs (b, a, s, s) D;
+  // flash delta (b, a, s) f32 (= rowsum(dout * out)).
+  virtual void attention_backward(void* dq, void* dk, void* dv, void* dprobs, float* delta,
+                                  const void* dout, const void* q, const void* k, const void* v,
+                                  const void* out, const void* probs, const float* lse,
+                                  std::int64_t b, std::int64_t s, std::int64_t a, std::int64_t kv,
+                                  std::int64_t d, std::int64_t window, Attention variant) = 0;
+  // out (n) D = silu(gate) * up
+  virtual void swiglu_forward(void* out, const void* gate, const void* up, std::int64_t n) = 0;
+  virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate,
+                               const void* up, std::int64_t n) = 0;
+  // losses (n) f32 = lse - logit[target] (0 where target < 0); lse (n) f32; logits (n, V) D.
+  virtual void cross_entropy_forward(float* losses, float* lse, const void* logits,
+                                     const std::int32_t* targets, std::int64_t n,
+                                     std::int64_t V) = 0;
+  // dlogits (n, V) D = scale * (softmax(logits) - onehot(target)); rows with target < 0 are 0.
+  // dlogits may alias logits.
+  virtual void cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
+                                      const std::int32_t* targets, std::int64_t n, std::int64_t V,
+                                      float scale) = 0;
+  // AdamW with bias correction (step >= 1) and decoupled weight decay. master (n) f32 is the
+  // fp32 copy when D is 16-bit (param is then written as round(master)); nullptr when D is
+  // fp32 (param itself is updated). m, v (n) f32. The optimizers use each gradient element as
+  // float(grad) * grad_scale, in fp32: 1/S undoes a static loss scale S (fp16 runs); 1 leaves
+  // the arithmetic exactly as without a scale.
+  virtual void adamw_update(void* param, const void* grad, float* master, float* m, float* v,
+                            std::int64_t n, const AdamWParams& hp, int step, float grad_scale) = 0;
+  // param -= lr * grad * grad_scale (through master when non-null). LOMO uses this with
+  // master = nullptr.
+  virtual void sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr,
+                          float grad_scale) = 0;
+  // The overflow check of loss-scaled gradients, in two halves so that a step waits once:
+  // check_finite queues a test of x (n) D for +-inf and NaN; take_nonfinite returns whether
+  // any buffer checked since the previous take held one, and clears that (it waits for the
+  // queued work). Meta: checks nothing, takes false.
+  virtual void check_finite(const void* x, std::int64_t n) = 0;
+  virtual bool take_nonfinite() = 0;
+
+ private:
+  DType dtype_;
+};
+
+// Factories. make_cuda_backend throws DeviceError when no device is usable.
+std::unique_ptr<Backend> make_cpu_backend(DType dtype);
+std::unique_ptr<Backend> make_meta_backend(DType dtype);
+std::unique_ptr<Backend> make_cuda_backend(DType dtype);
+// "" when a CUDA device is usable, else the reason (e.g. "cudaGetDeviceCount: CUDA driver
+// version is insufficient (cudaErrorInsufficientDriver, 35)", or "built without CUDA").
+std::string cuda_unavailable_reason();
+// Multi-rank runs whose collectives go through host memory (--collectives mpi): makes device
+// `local_rank` mod the node's device count current (ranks share GPUs when there are more ranks
+// than devices) and returns it; InputError with the reason when no device is usable.
+int cuda_use_device(int local_rank);
+// The current device (cudaGetDevice); 0 without CUDA.
+int cuda_current_device();
+// Device 0's total memory as cudaMemGetInfo reports it; 0 with `reason` set when no device is
+// usable or the call fails (maxbatch's `--budget device`).
+std::uint64_t cuda_device_total_bytes(std::string* reason);
+
+}  // namespace trainmem

@@ -1,0 +1,110 @@
+// Model and training-run configuration: LLaMA-family presets, HuggingFace config.json
+// loading, and validation. Dimension letters used project-wide:
+//   b batch, s sequence, h hidden, i intermediate (SwiGLU width), a heads, k kv heads,
+//   d head dim (h / a unless config.json sets head_dim), L layers, V vocab, P parameters.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainmem/base/dtype.hpp"
+#include "trainmem/base/op_types.hpp"
+#include "trainmem/base/train_enums.hpp"
+
+namespace trainmem {
+
+// The most decoder layers a model may have (config.json, presets, --layers): run times are
+// linear in it.
+constexpr std::int64_t kMaxLayers = 16384;
+
+struct ModelConfig {
+  std::string name;                // preset name or the config.json path
+  std::string family = "llama";    // config.json model_type: llama, mistral, qwen2, qwen3
+  std::int64_t vocab = 0;          // V
+  std::int64_t hidden = 0;         // h
+  std::int64_t intermediate = 0;   // i
+  std::int64_t layers = 0;         // L
+  std::int64_t heads = 0;          // a
+  std::int64_t kv_heads = 0;       // k (== a without GQA)
+  std::int64_t max_positions = 0;  // longest sequence the model was trained for
+  double rms_eps = 1e-6;
+  double rope_theta = 10000.0;
+  bool tied_embeddings = false;      // lm_head shares embed_tokens
+  std::optional<DType> torch_dtype;  // what config.json says the checkpoint is stored in
+
+  // The families' departures from LLaMA (docs/formulas.md, "Model families"):
+  std::int64_t explicit_head_dim = 0;  // d when config.json sets head_dim apart from h/a (Qwen3)
+  bool qkv_bias = false;               // biases on q_proj, k_proj and v_proj (Qwen2)
+  bool qk_norm =
+      false;  // RMSNorm over each head of q and k before RoPE (Qwen3): q_norm, k_norm (d)
+  // Sliding-window attention: a query at position t sees the keys at t−W+1..t (HF's
+  // `kv_idx > q_idx − sliding_window`), in the layers l >= window_from_layer (Mistral: 0;
+  // Qwen2/3 with use_sliding_window: max_window_layers). 0: every layer attends to all of 0..t.
+  std::int64_t sliding_window = 0;
+  std::int64_t window_from_layer = 0;
+  RopeScaling rope_scaling;  // rope_scaling of config.json (none or llama3)
+  // config.json keys that were read and do not change a training step's computation or memory
+  // (listed by --explain); keys the loader does not know end in " (unrecognised)".
+  std::vector<std::string> ignored_fields;
+
+  std::int64_t head_dim() const {
+    return explicit_head_dim > 0 ? explicit_head_dim : hidden / heads;
+  }
+  std::int64_t q_dim() const { return heads * head_dim(); }  // a·d (== h unless head_dim is set)
+  std::int64_t kv_dim() const { return kv_heads * head_dim(); }
+  // The window of layer l: sliding_window when the layer uses it, else 0 (full causal).
+  std::int64_t window_of(std::int64_t layer) const {
+    return sliding_window > 0 && layer >= window_from_layer ? sliding_window : 0;
+  }
+  RopeSpec rope() const { return RopeSpec{rope_theta, rope_scaling}; }
+  // The family features that are on, one phrase each, for the reports' model description
+  // (e.g. "q/k/v biases", "sliding window 4096 from layer 28"); empty for a plain LLaMA.
+  std::vector<std::string> features() const;
+  // Exact parameter count (checked arithmetic): embeddings, per layer q_proj (a·d, h),
+  // k_proj and v_proj (k·d, h), o_proj (h, a·d) with d = head_dim(), their biases when
+  // qkv_bias (a·d + 2·k·d), q_norm and k_norm when qk_norm (2·d), gate/up/down, two RMSNorm
+  // weights, final norm, and lm_head unless tied.
+  std::uint64_t param_count() const;
+  // Throws InputError naming the field: sizes > 0, heads | hidden (only when head_dim is not
+  // explicit), kv_heads | heads, head_dim even, sliding_window >= 0, window_from_layer >= 0,
+  // rope_scaling's parameters in range, sizes whose byte counts would overflow 64 bits.
+  void validate() const;
+};
+
+const char* optimizer_name(Optimizer o);
+const char* checkpointing_name(Checkpointing c);
+const char* attention_name(Attention a);
+std::optional<Optimizer> parse_optimizer(const std::string& s);
+std::optional<Checkpointing> parse_checkpointing(const std::string& s);
+std::optional<Attention> parse_attention(const std::string& s);
+
+struct TrainConfig {
+  std::int64_t batch = 8;  // b
+  std::int64_t seq = 512;  // s
+  DType dtype = DType::bf16;
+  Optimizer optimizer = Optimizer::adamw;
+  Checkpointing checkpointing = Checkpointing::none;
+  Attention attention = Attention::eager;
+  void validate() const;  // batch >= 1, seq >= 2 (the loss needs a next token)
+};
+
+// Presets: llama-7b, llama-13b, llama-33b, llama-65b, llama2-7b, llama2-13b, llama2-70b,
+// llama3-8b, llama3.2-1b, mistral-7b, qwen2-7b, qwen2.5-0.5b, qwen2.5-7b, qwen3-0.6b,
+// qwen3-8b, and small ones for tests and benchmarks (tiny, tiny-gqa, tiny-tied, tiny-awkward,
+// tiny-mistral, tiny-qwen2, tiny-qwen3, tiny-llama3, small-256).
+std::vector<std::string> preset_names();
+std::optional<ModelConfig> find_preset(const std::string& name);
+
+// Parses a HuggingFace config.json (text) of model_type llama, mistral, qwen2 or qwen3
+// (docs/decisions.md, "Model families (issue 16)"). Errors name the field. `source` labels
+// messages and becomes ModelConfig::name. Keys that do not change a training step go to
+// ignored_fields; unknown keys too, marked " (unrecognised)", with a warning logged.
+ModelConfig parse_hf_config(const std::string& json_text, const std::string& source);
+ModelConfig load_hf_config(const std::string& path);
+
+// --model NAME|path/config.json: a preset, else a file path ending in .json, else an
+// InputError listing the presets.
+ModelConfig resolve_model(const std::string& name_or_path);
+
+}  // namespace trainmem

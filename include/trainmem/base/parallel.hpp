@@ -1,0 +1,50 @@
+// The parallel layout of a training job spread over several GPUs (docs/distributed.md): data
+// parallelism with ZeRO stages 0-3, tensor parallelism (with or without sequence parallelism),
+// pipeline parallelism with the 1F1B schedule, CPU offload, and the collective buffers' sizes.
+// Letters: N world size, dp/tp/pp the three degrees (dp·tp·pp = N), M micro-batches per step.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "trainmem/base/config.hpp"
+
+namespace trainmem {
+
+enum class Offload { none, optimizer, optimizer_params };
+const char* offload_name(Offload o);  // "none", "optimizer", "optimizer+params"
+std::optional<Offload> parse_offload(const std::string& s);
+
+// DeepSpeed's default (deepspeed/runtime/zero/config.py), in elements. Its allgather bucket
+// costs no bytes here: the sharded step gathers updated parameters in place.
+constexpr std::uint64_t kDefaultReduceBucket = 500000000;  // reduce_bucket_size 5e8
+
+// --microbatches' upper bound (the traces walk every micro-batch of the 1F1B schedule).
+constexpr std::int64_t kMaxMicrobatches = 16384;
+
+struct ParallelConfig {
+  std::int64_t world = 1;         // N (--world-size)
+  std::int64_t dp = 1;            // data-parallel degree (--dp; default N / (tp·pp))
+  std::int64_t tp = 1;            // tensor-parallel degree (--tp)
+  std::int64_t pp = 1;            // pipeline stages (--pp)
+  int zero = 0;                   // --zero 0|1|2|3 (FSDP: SHARD_GRAD_OP = 2, FULL_SHARD = 3)
+  bool sp = false;                // --sp: sequence parallelism inside the tensor-parallel group
+  std::int64_t microbatches = 1;  // M (--microbatches): per optimizer step, per pipeline
+  Offload offload = Offload::none;
+  std::uint64_t reduce_bucket = kDefaultReduceBucket;  // --reduce-bucket (elements)
+  bool overlap_comm = false;  // --overlap-comm: a second reduce bucket (DeepSpeed overlap_comm)
+  std::int64_t prefetch = 1;  // --prefetch: ZeRO-3 units gathered ahead of the one computing
+
+  bool distributed() const { return world > 1; }
+  // Fills dp from world / (tp·pp) when `dp_given` is false, then checks the layout against the
+  // model and the run. InputError naming the flag (--world-size, --dp, --tp, --pp, --zero, --sp,
+  // --microbatches, --offload, --prefetch, --reduce-bucket) and what is allowed.
+  void resolve(bool dp_given, const ModelConfig& model, const TrainConfig& train);
+  // "dp 2 × tp 4 × pp 1, ZeRO-3, sp, M 1, offload none"
+  std::string describe() const;
+};
+
+// "1" / "2" / "3" / "0", or FSDP's names: "FULL_SHARD" (3), "SHARD_GRAD_OP" (2), "NO_SHARD" (0).
+std::optional<int> parse_zero(const std::string& s);
+
+}  // namespace trainmem

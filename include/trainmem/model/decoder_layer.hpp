@@ -1,0 +1,117 @@
+// One decoder layer of one rank, written once: its parameters (slots, HF names, shapes), its
+// forward, the recompute under checkpointing and its backward, with every activation and
+// workspace buffer allocated through the ledger at the instant docs/native-plan.md gives.
+//
+// The single-rank model (LlamaModel) is the world-size-1 case: one rank holding every head,
+// every column of the MLP and the whole sequence. The sharded step (ShardedStep) runs the same
+// code with the rank's slice of the layer: a/tp heads, i/tp MLP columns, and under sequence
+// parallelism s/tp rows of the norms and the residual, gathered around the tensor-parallel
+// GEMMs. What differs between them is behind LayerHost: where a weight is read from (the
+// parameter, or ZeRO-3's gathered unit), where a gradient goes (the parameter's buffer, LOMO's
+// short-lived one, the ZeRO-2/3 reduce bucket) and the tensor-parallel collectives.
+//
+// kLayerActs (model_acts.hpp) drives the activations: the forward allocates its rows in table
+// order, checkpointing frees and recomputes the rows the table marks, and the backward frees
+// them in kBackwardFreeOrder.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/base/config.hpp"
+#include "trainmem/ledger/ledger.hpp"
+#include "trainmem/model/model_acts.hpp"
+
+namespace trainmem {
+
+// A layer's parameter slots, in setup order (docs/native-plan.md, Setup 1). The biases exist
+// when ModelConfig::qkv_bias, q_norm and k_norm when qk_norm.
+enum LayerParam : int {
+  kInNorm = 0,
+  kQ,
+  kQBias,
+  kK,
+  kKBias,
+  kV,
+  kVBias,
+  kO,
+  kQNorm,
+  kKNorm,
+  kPostNorm,
+  kGate,
+  kUp,
+  kDown,
+  kLayerParams
+};
+
+// One parameter of a layer as a rank holds it.
+struct LayerParamSpec {
+  LayerParam slot;
+  const char* name;                  // the HF name after "model.layers.N."
+  std::vector<std::int64_t> shape;   // the rank's slice
+};
+// The parameters `model` gives a layer, in setup order, with the shapes of `dims` (the whole
+// layer at tp 1; the rank's heads and MLP columns under tensor parallelism).
+std::vector<LayerParamSpec> layer_param_specs(const ModelConfig& model, const ActDims& dims);
+// Whether the slot is the same on every tensor-parallel rank (the norms), rather than a block of
+// rows (column-parallel q/k/v with their biases, gate, up) or of columns (row-parallel o_proj,
+// down_proj).
+bool layer_param_replicated(int slot);
+bool layer_param_row_parallel(int slot);
+
+// Activations of one layer: one tensor per row of kLayerActs, empty while not allocated.
+struct LayerActs {
+  std::array<Tensor, kNumLayerActs> rows;
+  Tensor& operator[](LayerAct x) { return rows[static_cast<std::size_t>(x)]; }
+  const Tensor& operator[](LayerAct x) const { return rows[static_cast<std::size_t>(x)]; }
+};
+
+// What a layer needs from the step that runs it. `l` is the rank's local layer index.
+class LayerHost {
+ public:
+  virtual ~LayerHost() = default;
+  // The weight of `slot` as the op about to read it sees it.
+  virtual const void* weight(std::int64_t l, int slot) = 0;
+  // The buffer the op about to produce the gradient of `slot` accumulates into (+=); then
+  // grad_done once it is complete for this step (or micro-batch). A trace without a backend
+  // may return nullptr: nothing is computed.
+  virtual void* grad(std::int64_t l, int slot) = 0;
+  virtual void grad_done(std::int64_t l, int slot) = 0;
+  // Tensor parallelism (measured, tp > 1; never called at tp 1): the partial sums of x (n
+  // elements) over the group, in place; y summed over the group, then + x (a row-parallel
+  // GEMM's output and its residual).
+  virtual void tp_sum(const Tensor& x, std::uint64_t n);
+  virtual void tp_sum_add(const Tensor& y, const void* x);
+  // Sequence parallelism: the rank's rows (b, s/tp, width) of every rank gathered into
+  // (b, s, width); (b, s, h) partial sums reduced over the group and scattered by sequence into
+  // the rank's (b, s/tp, h), then + x when x is given.
+  virtual void sp_gather(const Tensor& local, const Tensor& full, std::int64_t width);
+  virtual void sp_reduce_scatter(const Tensor& partial, const Tensor& out, const void* x);
+};
+
+// How a rank runs its layers.
+struct LayerRank {
+  const ModelConfig& model;
+  const TrainConfig& train;
+  Ledger& ledger;
+  Backend* backend;  // nullptr: a trace (allocations only, no arithmetic)
+  LayerHost& host;
+  ActDims dims;      // the rank's: a, k, i per rank; sr the rank's sequence rows
+  bool sp = false;   // sequence parallelism (sr = s/tp)
+  bool tp = false;   // a measured run with tp > 1: partial sums go through the host's collectives
+};
+
+// Forward of local layer l (global index g: the ledger's layer, the sliding window) from its
+// input x (b, sr, h). `pass` recompute (checkpointing full, in backward) allocates the
+// recomputed rows again and stops before `out`; the forward proper frees them right after `out`
+// under checkpointing full.
+void decoder_layer_forward(const LayerRank& rank, std::int64_t l, int g, LayerActs& acts,
+                           ActPass pass, const void* x);
+// Backward of local layer l (recompute first under checkpointing full). d_res (b, sr, h)
+// carries dL/d(residual) in and out (accumulated); x is the layer's input, freed at the end.
+// Throws Error if a row of the layer is still alive after its last step.
+void decoder_layer_backward(const LayerRank& rank, std::int64_t l, int g, LayerActs& acts,
+                            Tensor& x, Tensor& d_res);
+
+}  // namespace trainmem

@@ -1,0 +1,215 @@
+// A decoder layer's activations, described once as data (docs/native-plan.md, "Forward").
+//
+// kLayerActs is the model's side of the plan for one layer: what the forward allocates, in
+// which order, with which names, shapes, dtypes and categories; which attention variant and
+// which models (ForModel: Qwen3's q/k norm rows) allocate it; what checkpointing does with it;
+// and which step of the layer's backward frees it. The decoder layer (decoder_layer.hpp: the
+// single-rank model and every rank of the sharded step) allocates exactly these rows in this
+// order (it says only up to which row it needs tensors before each op), the checkpointing free
+// and the recompute are loops over it, the backward frees follow kBackwardFreeOrder, and
+// layer_activation_plan() lists it for a configuration. So the forward, the free lists and a
+// listing cannot drift apart.
+//
+// The analytic `native` profile (src/analytic*) does not read this table: it is written from
+// docs/native-plan.md on its own, and the tests comparing it with the ledger are a real check.
+//
+// Dimension letters (docs/design.md): b batch, s sequence, h hidden, i intermediate, a heads, k kv
+// heads, d head dim; D is the training dtype.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainmem/base/config.hpp"
+#include "trainmem/base/dtype.hpp"
+#include "trainmem/ledger/ledger.hpp"
+
+namespace trainmem {
+
+// The rows, in allocation order.
+enum class LayerAct : std::uint8_t {
+  rstd1,
+  xn1,
+  q_pre,
+  k_pre,
+  q_rstd,
+  k_rstd,
+  q,
+  k,
+  v,
+  probs,
+  lse,
+  attn_out,
+  h_mid,
+  rstd2,
+  xn2,
+  gate,
+  up,
+  act,
+  out,
+};
+constexpr int kNumLayerActs = 19;
+
+// One extent of an activation's shape: a single dimension, or the products a·d and k·d. `sr`
+// is the sequence rows a rank holds of the rows outside the tensor-parallel region (the norms
+// and the residual stream): s, or s/tp under sequence parallelism. Listings are of one rank
+// without it and write it "s".
+enum class Extent : std::uint8_t { b, s, sr, h, i, a, k, ad, kd };
+
+struct ActShape {
+  std::uint8_t rank;
+  std::array<Extent, 4> extents;  // the first `rank`
+};
+
+// The dtype of a row: the training dtype D, or fp32 whatever D is.
+enum class ActDType : std::uint8_t { D, f32 };
+// Which attention variant allocates a row.
+enum class ForAttention : std::uint8_t { both, eager, flash };
+// Which models allocate a row: all of them, or only those with per-head q/k RMSNorm
+// (ModelConfig::qk_norm, Qwen3). A row a model does not allocate is absent from every pass and
+// from the backward's frees, as a row of the other attention variant is.
+enum class ForModel : std::uint8_t { all, qk_norm };
+// Under checkpointing full: `recomputed` rows are freed right after the layer's `out` is
+// computed (in reverse allocation order) and allocated again by the recompute in backward;
+// the `kept` row is the layer's output, the next layer's checkpointed input.
+enum class UnderCheckpointing : std::uint8_t { recomputed, kept };
+
+// The passes of a layer's forward: the forward proper, and the recompute (checkpointing full),
+// which allocates every `recomputed` row and stops before `out`.
+enum class ActPass : std::uint8_t { forward, recompute };
+
+struct LayerActSpec {
+  LayerAct id;
+  const char* name;  // ledger tensor name (the layer index is the ledger's layer field)
+  ActShape shape;
+  ActDType dtype;
+  Category category;
+  ForAttention attention;
+  ForModel model;
+  UnderCheckpointing checkpointing;
+  // The step of the layer's own backward (docs/native-plan.md, "Layer l", 1..9) that frees
+  // it; 0: freed by its consumer, as x_{l+1}: step 9 of layer l+1's backward, or head step 3
+  // for the last layer.
+  int freed_at_step;
+  const char* holds;  // one line, for listings
+};
+
+namespace act_shapes {
+constexpr ActShape bs{2, {Extent::b, Extent::sr}};
+constexpr ActShape bsh{3, {Extent::b, Extent::sr, Extent::h}};
+constexpr ActShape bsi{3, {Extent::b, Extent::s, Extent::i}};
+constexpr ActShape bsad{3, {Extent::b, Extent::s, Extent::ad}};
+constexpr ActShape bskd{3, {Extent::b, Extent::s, Extent::kd}};
+constexpr ActShape bas{3, {Extent::b, Extent::a, Extent::s}};
+constexpr ActShape bsa{3, {Extent::b, Extent::s, Extent::a}};
+constexpr ActShape bsk{3, {Extent::b, Extent::s, Extent::k}};
+constexpr ActShape bass{4, {Extent::b, Extent::a, Extent::s, Extent::s}};
+}  // namespace act_shapes
+
+// clang-format off
+inline constexpr LayerActSpec kLayerActs[kNumLayerActs] = {
+    // id                name        shape             dtype          category               attention            model              checkpointing                   step holds
+    {LayerAct::rstd1,    "rstd1",    act_shapes::bs,   ActDType::f32, Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 9, "1/rms of each row of x_l (input RMSNorm)"},
+    {LayerAct::xn1,      "xn1",      act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 8, "rmsnorm(x_l)"},
+    {LayerAct::q_pre,    "q_pre",    act_shapes::bsad, ActDType::D,   Category::activations, ForAttention::both,  ForModel::qk_norm, UnderCheckpointing::recomputed, 7, "xn1·W_qᵀ (+ bias), the input of q_norm"},
+    {LayerAct::k_pre,    "k_pre",    act_shapes::bskd, ActDType::D,   Category::activations, ForAttention::both,  ForModel::qk_norm, UnderCheckpointing::recomputed, 7, "xn1·W_kᵀ (+ bias), the input of k_norm"},
+    {LayerAct::q_rstd,   "q_rstd",   act_shapes::bsa,  ActDType::f32, Category::activations, ForAttention::both,  ForModel::qk_norm, UnderCheckpointing::recomputed, 7, "1/rms of each head of q_pre (q_norm)"},
+    {LayerAct::k_rstd,   "k_rstd",   act_shapes::bsk,  ActDType::f32, Category::activations, ForAttention::both,  ForModel::qk_norm, UnderCheckpointing::recomputed, 7, "1/rms of each head of k_pre (k_norm)"},
+    {LayerAct::q,        "q",        act_shapes::bsad, ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 8, "xn1·W_qᵀ (+ bias; q_norm of q_pre), RoPE in place"},
+    {LayerAct::k,        "k",        act_shapes::bskd, ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 8, "xn1·W_kᵀ (+ bias; k_norm of k_pre), RoPE in place"},
+    {LayerAct::v,        "v",        act_shapes::bskd, ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 8, "xn1·W_vᵀ (+ bias)"},
+    {LayerAct::probs,    "probs",    act_shapes::bass, ActDType::D,   Category::activations, ForAttention::eager, ForModel::all,     UnderCheckpointing::recomputed, 6, "causal softmax of the scores"},
+    {LayerAct::lse,      "lse",      act_shapes::bas,  ActDType::f32, Category::activations, ForAttention::flash, ForModel::all,     UnderCheckpointing::recomputed, 6, "log-sum-exp of each score row"},
+    {LayerAct::attn_out, "attn_out", act_shapes::bsad, ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 6, "attention output, heads side by side"},
+    {LayerAct::h_mid,    "h_mid",    act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 4, "x_l + attn_out·W_oᵀ"},
+    {LayerAct::rstd2,    "rstd2",    act_shapes::bs,   ActDType::f32, Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 4, "1/rms of each row of h_mid (post-attention RMSNorm)"},
+    {LayerAct::xn2,      "xn2",      act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 3, "rmsnorm(h_mid)"},
+    {LayerAct::gate,     "gate",     act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 2, "xn2·W_gateᵀ"},
+    {LayerAct::up,       "up",       act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 2, "xn2·W_upᵀ"},
+    {LayerAct::act,      "act",      act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 1, "silu(gate)·up"},
+    {LayerAct::out,      "out",      act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::kept,       0, "h_mid + act·W_downᵀ = x_{l+1}"},
+};
+// clang-format on
+
+// The order in which the layer's backward frees its rows: by step, and within a step as
+// docs/native-plan.md lists them (after the step's own workspace buffers). `out` is not in it
+// (its consumer frees it).
+inline constexpr LayerAct kBackwardFreeOrder[] = {
+    LayerAct::act,    LayerAct::gate,     LayerAct::up,     LayerAct::xn2, LayerAct::h_mid,
+    LayerAct::rstd2,  LayerAct::attn_out, LayerAct::probs,  LayerAct::lse, LayerAct::q_pre,
+    LayerAct::q_rstd, LayerAct::k_pre,    LayerAct::k_rstd, LayerAct::q,   LayerAct::k,
+    LayerAct::v,      LayerAct::xn1,      LayerAct::rstd1,
+};
+
+constexpr const LayerActSpec& layer_act(LayerAct x) {
+  return kLayerActs[static_cast<int>(x)];
+}
+
+namespace detail {
+constexpr bool layer_acts_consistent() {
+  for (int r = 0; r < kNumLayerActs; ++r) {
+    if (static_cast<int>(kLayerActs[r].id) != r) return false;  // rows in enum order
+    // Only the kept row is freed by its consumer.
+    if ((kLayerActs[r].freed_at_step == 0) !=
+        (kLayerActs[r].checkpointing == UnderCheckpointing::kept))
+      return false;
+    if (kLayerActs[r].freed_at_step < 0 || kLayerActs[r].freed_at_step > 9) return false;
+  }
+  // kBackwardFreeOrder: every row the backward frees, once, with non-decreasing steps.
+  int freed_rows = 0, last_step = 0;
+  for (int r = 0; r < kNumLayerActs; ++r) freed_rows += kLayerActs[r].freed_at_step > 0;
+  constexpr int n = sizeof(kBackwardFreeOrder) / sizeof(kBackwardFreeOrder[0]);
+  if (n != freed_rows) return false;
+  for (int j = 0; j < n; ++j) {
+    const LayerActSpec& row = layer_act(kBackwardFreeOrder[j]);
+    if (row.freed_at_step < last_step || row.freed_at_step == 0) return false;
+    last_step = row.freed_at_step;
+    for (int e = 0; e < j; ++e)
+      if (kBackwardFreeOrder[e] == kBackwardFreeOrder[j]) return false;
+  }
+  return true;
+}
+}  // namespace detail
+static_assert(detail::layer_acts_consistent(),
+              "kLayerActs / kBackwardFreeOrder: rows out of order, or free steps inconsistent");
+
+// Whether `pass` allocates the row for `model` under `attention`.
+constexpr bool allocated_in(const LayerActSpec& row, const ModelConfig& model, Attention attention,
+                            ActPass pass) {
+  if (row.model == ForModel::qk_norm && !model.qk_norm) return false;
+  if (row.attention == ForAttention::eager && attention != Attention::eager) return false;
+  if (row.attention == ForAttention::flash && attention != Attention::flash) return false;
+  return pass == ActPass::forward || row.checkpointing == UnderCheckpointing::recomputed;
+}
+
+// The dimensions the shapes are made of.
+// One rank's: under tensor parallelism a, k and i are the rank's heads and MLP columns, and sr
+// its sequence rows (module note of Extent). ActDims::of is the whole layer (sr = s).
+struct ActDims {
+  std::int64_t b, s, h, i, a, k, d, sr;
+  static ActDims of(const ModelConfig& model, const TrainConfig& train);
+};
+std::vector<std::int64_t> act_shape(const ActShape& shape, const ActDims& dims);
+DType act_dtype(ActDType dtype, DType training);
+// "(b,s,a·d)"
+std::string act_shape_letters(const ActShape& shape);
+// When the row is freed under `checkpointing`, in words, e.g. "after out (checkpointing);
+// recomputed; backward step 6".
+std::string act_freed_when(const LayerActSpec& row, Checkpointing checkpointing);
+
+// One row as a configuration makes it.
+struct PlannedActivation {
+  const LayerActSpec* row;
+  std::string name;
+  std::vector<std::int64_t> shape;
+  DType dtype;
+  Category category;
+  std::uint64_t bytes;
+};
+// What one layer's `pass` allocates under (model, train), in allocation order (the recompute:
+// nothing unless train.checkpointing is full).
+std::vector<PlannedActivation> layer_activation_plan(const ModelConfig& model,
+                                                     const TrainConfig& train, ActPass pass);
+
+}  // namespace trainmem

@@ -1,0 +1,75 @@
+// Optimizers of the training step, and the states they keep between steps.
+//
+//   AdamW  mixed precision: fp32 master copy (only when the training dtype D is 16-bit), fp32
+//          m and v; bias correction; decoupled weight decay. 12 B/param under bf16/fp16.
+//   SGD    no momentum; fp32 master copy when D is 16-bit (4 B/param), nothing under fp32.
+//   LOMO   SGD fused into backward (Lv et al. 2023): each parameter is updated as soon as its
+//          gradient is complete and the gradient is freed at once; no states, the D weights
+//          are updated in place.
+//
+// States are allocated through the ledger (category optimizer_states, f32) with the
+// parameter's name + ".master" / ".exp_avg" / ".exp_avg_sq", in the order of
+// docs/native-plan.md. Default hyper-parameters are documented in docs/decisions.md.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/base/config.hpp"
+#include "trainmem/ledger/ledger.hpp"
+
+namespace trainmem {
+
+struct OptimizerSettings {
+  Optimizer kind = Optimizer::adamw;
+  AdamWParams adamw{1e-5f, 0.9f, 0.999f, 1e-8f, 0.01f};  // lr, beta1, beta2, eps, weight decay
+  float sgd_lr = 1e-3f;
+  float lomo_lr = 1e-3f;
+};
+// The documented defaults for `kind`.
+OptimizerSettings default_optimizer_settings(Optimizer kind);
+
+// Bytes of optimizer state per parameter element for `kind` under training dtype `d`
+// (AdamW 12 or 8, SGD 4 or 0, LOMO 0).
+std::uint64_t optimizer_state_bytes_per_param(Optimizer kind, DType d);
+
+class ParameterOptimizer {
+ public:
+  ParameterOptimizer(const OptimizerSettings& settings, Backend& backend, Ledger& ledger);
+
+  Optimizer kind() const { return s_.kind; }
+  const OptimizerSettings& settings() const { return s_; }
+  // LOMO: the update runs inside backward, per parameter, and the gradient is freed at once.
+  bool fused_into_backward() const { return s_.kind == Optimizer::lomo; }
+  // AdamW and SGD hold every gradient from backward to the optimizer phase.
+  bool holds_gradients() const { return !fused_into_backward(); }
+
+  // Setup: allocates one parameter's states now (phase as set by the caller), m and v zeroed.
+  // Returns the parameter's index for update().
+  std::size_t add_parameter(const std::string& name, int layer,
+                            const std::vector<std::int64_t>& shape);
+  // The fp32 master copy of parameter `index`, or nullptr when there is none (D = fp32 or
+  // LOMO). The model writes the initial weights into it beside the D weights.
+  float* master(std::size_t index) const;
+
+  // Applies one update to parameter `index` (n elements of D at `param`) with its gradient.
+  // `step` counts optimizer steps from 1 (AdamW's bias correction). The update uses
+  // float(grad) * grad_scale (fp32): pass 1/S when the gradients carry a loss scale S, 1 when
+  // they carry none (then the arithmetic is exactly that of an unscaled update).
+  void update(std::size_t index, void* param, const void* grad, int step, float grad_scale);
+
+ private:
+  struct States {
+    std::int64_t numel = 0;
+    Tensor master;  // (n) f32, empty when D = fp32 or LOMO
+    Tensor m;       // (n) f32, AdamW only
+    Tensor v;       // (n) f32, AdamW only
+  };
+  OptimizerSettings s_;
+  Backend& backend_;
+  Ledger& ledger_;
+  std::vector<States> states_;
+};
+
+}  // namespace trainmem

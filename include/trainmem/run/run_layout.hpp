@@ -1,0 +1,116 @@
+// A parallel layout traced rank by rank on the meta backend (ShardedStep, sharded_step.hpp)
+// beside the per-rank analytic profile (analytic_rank.hpp): for each distinct rank (pipeline
+// stage) the ledger's figures of the steady-state step, and whether each equals the closed form.
+#pragma once
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainmem/analytic/analytic_rank.hpp"
+#include "trainmem/backends/backend.hpp"
+#include "trainmem/comm/collective.hpp"
+#include "trainmem/base/figures.hpp"
+#include "trainmem/probes/probes.hpp"
+#include "trainmem/run/run.hpp"
+#include "trainmem/run/timeline.hpp"
+
+namespace trainmem {
+
+struct RankTrace {
+  std::int64_t stage = 0;
+  MemoryFigures ledger;                  // measured_figures after the last step
+  std::uint64_t communication_peak = 0;  // the ledger's peak of the communication category
+  std::size_t tensors_at_peak = 0;       // allocations alive at the total peak
+  bool matches = false;                  // every figure and the peak breakdown equal the analytic
+  std::vector<std::string> differences;  // "activations_peak: ledger X, analytic Y"
+};
+
+struct LayoutTrace {
+  LayoutEstimate analytic;
+  std::vector<RankTrace> ranks;  // one per analytic rank, same order
+  int steps = 0;
+  double seconds = 0;  // wall time of the traces
+  bool all_match() const;
+};
+
+// Traces `steps` (>= 1) steps of every distinct rank of `layout` (resolved) on meta.
+LayoutTrace trace_layout(const ModelConfig& model, const TrainConfig& train,
+                         const ParallelConfig& layout, const OverheadOptions& overheads, int steps);
+
+// ---- measured multi-rank runs (docs/distributed.md, "Measured runs")
+
+// One rank's measured figures, as every rank receives them.
+struct MeasuredRank {
+  int rank = 0;
+  std::int64_t stage = 0;
+  MemoryFigures ledger;  // measured_figures after the last step
+  std::uint64_t communication_peak = 0;
+  std::uint64_t tensors_at_peak = 0;
+  double step_seconds = 0;  // the rank's median step
+  // cuda: the device sources over the last step (cudaMemGetInfo's sampler: total - free at its
+  // highest; the memory pool's used high-water mark), when available.
+  std::uint64_t host_bytes = 0;  // --offload: what the rank keeps in host memory
+  bool device_sources = false;
+  std::uint64_t device_used_peak = 0;
+  std::uint64_t pool_used_peak = 0;
+  std::vector<std::string> trace_differences;     // against its stage's meta trace
+  std::vector<std::string> analytic_differences;  // against its stage's analytic profile
+  bool matches() const { return trace_differences.empty() && analytic_differences.empty(); }
+};
+
+struct MeasuredLayout {
+  LayoutTrace predicted;            // every distinct rank traced on meta beside the analytic
+  std::vector<MeasuredRank> ranks;  // every rank of the job, in rank order
+  std::vector<float> losses;        // per step, the global batch's mean loss
+  std::string backend;              // "cpu", "cuda"
+  std::string collective;           // "mpi", "nccl", "local"
+  int steps = 0;
+  std::uint64_t seed = 0;
+  std::optional<TimelineData> timeline;  // this rank's last step, when asked for
+  std::string device_reason;             // cuda: why this rank's device sources are missing
+  // This rank ran out of memory (--device-budget, or the device): `ranks` holds this rank alone,
+  // its books up to the failure (nothing was gathered: the other ranks may be waiting in a
+  // collective it left), `failure` what failed and what was alive, `failure_error` the
+  // OutOfMemory itself, to rethrow once the partial report is written.
+  std::optional<RunFailure> failure;
+  std::exception_ptr failure_error;
+  // The failed rank's groups, held until failure_error is rethrown: destroyed while it unwinds,
+  // they abandon their pending sends instead of waiting the collective timeout for peers that
+  // may never receive.
+  std::vector<std::shared_ptr<Collective>> held_groups;
+  // Where the weights and the global batch came from: --weights / --tokens, or "" (--seed).
+  std::string weights, tokens;
+  bool all_match() const;
+};
+
+struct MeasureRequest {
+  ModelConfig model;
+  TrainConfig train;
+  ParallelConfig layout;  // resolved; dp = the collectives' size
+  OverheadOptions overheads;
+  int steps = 2;
+  std::uint64_t seed = 0;
+  bool keep_timeline = false;
+  // --device-budget: each rank's allocator refuses to go above it (OutOfMemory, exit 3).
+  std::optional<std::uint64_t> device_budget;
+  // --weights (a safetensors file of the whole model, or one shard of an HF checkpoint) and
+  // --tokens (the global batch: dp·M·b rows of seq int32 ids); empty: random of `seed`.
+  std::string weights, tokens;
+};
+
+// Runs this rank's sharded step (ShardedStep with a ShardedExecution) `steps` times on `backend`
+// with `data` (every rank of the job on the backend's buffers) and `host` (the same ranks on
+// host buffers), split into the layout's data- and tensor-parallel groups in Megatron's order
+// (rank = (stage·dp + dp index)·tp + tp index), then gathers every rank's figures over `host`:
+// every rank returns the whole job's. Every rank must call it. InputError for a layout the
+// measured step does not run. An OutOfMemory of this rank is caught into `failure` (no gather).
+MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collective& data,
+                              Collective& host);
+
+// `path` with ".rank<R>" before its extension (t.json -> t.rank1.json): one timeline per rank.
+std::string rank_path(const std::string& path, int rank);
+
+}  // namespace trainmem

@@ -1,0 +1,52 @@
+// The reports of one run (include/trainmem/run/run.hpp): the per-run JSON object of docs/design.md,
+// the title and backend lines every run report starts with, and profile's report in each
+// format, described once on a report writer; compare and sweep build their reports from the
+// same pieces.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainmem/base/config.hpp"
+#include "trainmem/report/report.hpp"
+#include "trainmem/report/report_writer.hpp"
+#include "trainmem/run/run.hpp"
+
+namespace trainmem {
+
+// The per-run object of docs/design.md ("JSON output"): schema, model, run, analytic, measured,
+// reconciliation, tensors; plus device_checks and, after an out-of-memory, error.
+nlohmann::json run_result_json(const RunResult& r);
+// An out-of-memory as the "error" object of the JSON report (kind, message, requested bytes,
+// category, tensor, live bytes, step, the tensors alive, largest first).
+nlohmann::json failure_json(const RunFailure& f);
+// The same as the report's alert lines: what failed, the budget, the five largest tensors alive.
+std::vector<std::string> failure_lines(const RunFailure& f,
+                                       const std::optional<std::uint64_t>& device_budget,
+                                       ByteUnit u);
+
+// "llama-7b  b=8 s=512 fp16 adamw  checkpointing=none attention=eager"
+std::string run_title(const ModelConfig& m, const TrainConfig& t);
+// "backend meta — PREDICTED: allocations traced, no arithmetic (...)" or "backend cpu ...".
+std::string backend_line(const RunResult& r);
+// The "native" cell of compare's and sweep's tables: "OOM" when the run failed, else whether
+// the ledger equals the analytic native profile in every category.
+report::Cell native_cell(const RunResult& r);
+
+// profile's report, described once on `w` (report_writer.hpp): the reconciliation table, the
+// device sources, the true peak with its breakdown and where it happened, the reference
+// profiles. The text form (a terminal's) also gives the steps, losses and overhead and the
+// headings in full; Markdown the same tables under brief headings; CSV the reconciliation
+// rows in bytes; JSON run_result_json.
+void write_profile(report::ReportWriter& w, const RunResult& r);
+
+// The page's chart of per-layer activations (HTML; report/svg_chart.hpp): a row per profile
+// (the measured ledger first, then each analytic profile of the first run), a bar per run of
+// `runs` (series named by `series`), each bar's data-v the JSON report's
+// per_layer_activations of that profile and run.
+std::string per_layer_chart_html(const std::vector<const RunResult*>& runs,
+                                 const std::vector<std::string>& series, const std::string& id);
+
+}  // namespace trainmem
