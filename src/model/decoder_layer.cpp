@@ -49,11 +49,19 @@ std::vector<LayerParamSpec> layer_param_specs(const ModelConfig& model, const Ac
 bool layer_param_replicated(int slot) {
   return slot == kInNorm || slot == kPostNorm || slot == kQNorm || slot == kKNorm;
 }
-bool layer_param_row_parallel(int slot) { return slot == kO || slot == kDown; }
+bool layer_param_row_parallel(int slot) {
+  return slot == kO || slot == kDown;
+}
 
-void LayerHost::tp_sum(const Tensor&, std::uint64_t) { no_group("tp_sum"); }
-void LayerHost::tp_sum_add(const Tensor&, const void*) { no_group("tp_sum_add"); }
-void LayerHost::sp_gather(const Tensor&, const Tensor&, std::int64_t) { no_group("sp_gather"); }
+void LayerHost::tp_sum(const Tensor&, std::uint64_t) {
+  no_group("tp_sum");
+}
+void LayerHost::tp_sum_add(const Tensor&, const void*) {
+  no_group("tp_sum_add");
+}
+void LayerHost::sp_gather(const Tensor&, const Tensor&, std::int64_t) {
+  no_group("sp_gather");
+}
 void LayerHost::sp_reduce_scatter(const Tensor&, const Tensor&, const void*) {
   no_group("sp_reduce_scatter");
 }
@@ -142,15 +150,16 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
   through(LA::attn_out);  // probs (eager) | lse (flash), attn_out
   if (run)
     be->attention_forward(at(LA::attn_out), eager ? at(LA::probs) : nullptr,
-                          eager ? nullptr : at_f(LA::lse), at(LA::q), at(LA::k), at(LA::v), b, s,
-                          a, k, d, m.window_of(g), R.train.attention);
+                          eager ? nullptr : at_f(LA::lse), at(LA::q), at(LA::k), at(LA::v), b, s, a,
+                          k, d, m.window_of(g), R.train.attention);
   // h_mid = x + attn_out·W_oᵀ.
   if (sp) gath = comm("o_proj.partial");
   through(LA::h_mid);
   residual_gemm(LA::h_mid, gath, x, LA::attn_out, kO, ad);
   gath.reset();
   through(LA::xn2);  // rstd2, xn2
-  if (run) be->rmsnorm_forward(at(LA::xn2), at_f(LA::rstd2), at(LA::h_mid), W(kPostNorm), nr, h, eps);
+  if (run)
+    be->rmsnorm_forward(at(LA::xn2), at_f(LA::rstd2), at(LA::h_mid), W(kPostNorm), nr, h, eps);
   if (sp) gath = comm("xn2.gathered");
   if (sp && run) H.sp_gather(A[LA::xn2], gath, h);
   const void* xn2_all = sp ? gath.data() : at(LA::xn2);
@@ -299,10 +308,10 @@ void decoder_layer_backward(const LayerRank& R, std::int64_t l, int g, LayerActs
   Tensor scratch = eager ? ws("d_probs", {b, a, s, s}, D) : ws("attn_delta", {b, a, s}, f32);
   if (run) {
     be->attention_backward(d_q.data(), d_k.data(), d_v.data(), eager ? scratch.data() : nullptr,
-                           eager ? nullptr : scratch.as<float>(), d_ao.data(), at(LA::q),
-                           at(LA::k), at(LA::v), at(LA::attn_out),
-                           eager ? at(LA::probs) : nullptr, eager ? nullptr : at_f(LA::lse), b, s,
-                           a, k, d, m.window_of(g), R.train.attention);
+                           eager ? nullptr : scratch.as<float>(), d_ao.data(), at(LA::q), at(LA::k),
+                           at(LA::v), at(LA::attn_out), eager ? at(LA::probs) : nullptr,
+                           eager ? nullptr : at_f(LA::lse), b, s, a, k, d, m.window_of(g),
+                           R.train.attention);
     be->rope_backward(d_q.data(), d_k.data(), b, s, a, k, d, m.rope());
   }
   scratch.reset();

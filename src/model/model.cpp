@@ -109,7 +109,8 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
   };
   // A layer's parameters, in setup order (decoder_layer.hpp): slot, HF name after
   // "model.layers.N.", shape.
-  const std::vector<LayerParamSpec> layer_specs = layer_param_specs(cfg_, ActDims::of(cfg_, train_));
+  const std::vector<LayerParamSpec> layer_specs =
+      layer_param_specs(cfg_, ActDims::of(cfg_, train_));
   layer_slot_.assign(kLayerParams, -1);
   for (std::size_t j = 0; j < layer_specs.size(); ++j)
     layer_slot_[std::size_t(layer_specs[j].slot)] = int(j);
@@ -277,7 +278,9 @@ LayerRank LlamaModel::layer_rank() {
 const void* LlamaModel::weight(std::int64_t l, int slot) {
   return params_[layer_param(int(l), slot)].value.data();
 }
-void* LlamaModel::grad(std::int64_t l, int slot) { return begin_grad(layer_param(int(l), slot)); }
+void* LlamaModel::grad(std::int64_t l, int slot) {
+  return begin_grad(layer_param(int(l), slot));
+}
 void LlamaModel::grad_done(std::int64_t l, int slot) {
   end_grad(layer_param(int(l), slot), *capture_);
 }

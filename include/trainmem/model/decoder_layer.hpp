@@ -48,8 +48,8 @@ enum LayerParam : int {
 // One parameter of a layer as a rank holds it.
 struct LayerParamSpec {
   LayerParam slot;
-  const char* name;                  // the HF name after "model.layers.N."
-  std::vector<std::int64_t> shape;   // the rank's slice
+  const char* name;                 // the HF name after "model.layers.N."
+  std::vector<std::int64_t> shape;  // the rank's slice
 };
 // The parameters `model` gives a layer, in setup order, with the shapes of `dims` (the whole
 // layer at tp 1; the rank's heads and MLP columns under tensor parallelism).
@@ -97,9 +97,9 @@ struct LayerRank {
   Ledger& ledger;
   Backend* backend;  // nullptr: a trace (allocations only, no arithmetic)
   LayerHost& host;
-  ActDims dims;      // the rank's: a, k, i per rank; sr the rank's sequence rows
-  bool sp = false;   // sequence parallelism (sr = s/tp)
-  bool tp = false;   // a measured run with tp > 1: partial sums go through the host's collectives
+  ActDims dims;     // the rank's: a, k, i per rank; sr the rank's sequence rows
+  bool sp = false;  // sequence parallelism (sr = s/tp)
+  bool tp = false;  // a measured run with tp > 1: partial sums go through the host's collectives
 };
 
 // Forward of local layer l (global index g: the ledger's layer, the sliding window) from its

@@ -44,11 +44,11 @@
 
 #include "trainmem/backends/backend.hpp"
 #include "trainmem/base/config.hpp"
-#include "trainmem/model/decoder_layer.hpp"
+#include "trainmem/base/safetensors.hpp"
 #include "trainmem/ledger/ledger.hpp"
+#include "trainmem/model/decoder_layer.hpp"
 #include "trainmem/model/model_acts.hpp"
 #include "trainmem/model/optimizer.hpp"
-#include "trainmem/base/safetensors.hpp"
 
 namespace trainmem {
 

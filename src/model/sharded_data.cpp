@@ -1,0 +1,449 @@
+// The sharded step, measured runs (src/model/sharded_impl.hpp): the values a rank holds (random or
+// --weights), its inputs, the collectives between ranks, gradients into their buffers, the
+// optimizer (ZeRO 0-3, offload) and ZeRO-3's gather window.
+#include "sharded_impl.hpp"
+
+namespace trainmem {
+
+ParamInit ShardedStep::Impl::init_of(std::size_t q) const {
+  ParamInit init;
+  if (P[q].shape.size() == 1) {  // norms 1, biases 0 (LlamaModel::init_random)
+    const std::string& nm = P[q].name;
+    const bool is_bias = nm.size() > 5 && nm.compare(nm.size() - 5, 5, ".bias") == 0;
+    init.kind = ParamInit::Kind::constant;
+    init.value = is_bias ? 0.0f : 1.0f;
+  } else {
+    init.kind = ParamInit::Kind::normal;
+    init.scale = 0.02f;
+    init.seed = X->seed;
+    init.stream = global_index(q) + 1;
+  }
+  return init;
+}
+
+std::uint64_t ShardedStep::Impl::global_elem(std::size_t q, std::uint64_t e) const {
+  if (replicated(q)) return e;
+  const ParamShape& pq = P[q];
+  const int sl = pq.slot;
+  if (sl >= 0 && layer_param_row_parallel(sl)) {
+    const std::uint64_t cl = std::uint64_t(pq.shape[1]);
+    return (e / cl) * cl * std::uint64_t(p.tp) + std::uint64_t(tr) * cl + e % cl;
+  }
+  return std::uint64_t(tr) * pq.n + e;  // a block of rows (or of a bias's elements)
+}
+
+ShardedStep::Impl::Shape ShardedStep::Impl::whole_shape(std::size_t q) const {
+  Shape sh = P[q].shape;
+  if (replicated(q)) return sh;
+  const int sl = P[q].slot;
+  sh[sl >= 0 && layer_param_row_parallel(sl) ? 1 : 0] *= p.tp;
+  return sh;
+}
+
+const SafeTensorsReader* ShardedStep::Impl::weights_file(std::size_t q) const {
+  const std::string name = file_name(q);
+  for (const SafeTensorsReader* f : X->weights)
+    if (const SafeTensorInfo* t = f->find(name)) {
+      const std::string where = "--weights " + f->path() + ": tensor '" + name + "'";
+      if (t->shape != whole_shape(q))
+        throw InputError(where + " has shape " + t->shape_string() + ", the model config needs " +
+                         shape_string(whole_shape(q)));
+      if (!safe_dtype_is_float(t->dtype))
+        throw InputError(where + " has dtype " + safe_dtype_name(t->dtype) +
+                         ", expected a floating dtype");
+      return f;
+    }
+  throw InputError("--weights " + X->weights.front()->path() +
+                   (X->weights.size() > 1 ? " (and its other shards)" : "") + ": missing tensor '" +
+                   name + "' (needed by model " + m.name + ")");
+}
+
+std::vector<float> ShardedStep::Impl::rank_values(std::size_t q) const {
+  std::vector<float> f(P[q].n);
+  if (X->weights.empty()) {
+    const ParamInit init = init_of(q);
+    for (std::uint64_t e = 0; e < P[q].n; ++e) f[e] = param_init_value(init, global_elem(q, e));
+    return f;
+  }
+  const SafeTensorsReader& file = *weights_file(q);
+  const std::string name = file_name(q);
+  const int sl = P[q].slot;
+  if (p.tp > 1 && sl >= 0 &&
+      layer_param_row_parallel(sl)) {  // a block of columns: one read per row
+    const std::uint64_t cl = std::uint64_t(P[q].shape[1]);
+    for (std::uint64_t row = 0; row < P[q].n / cl; ++row)
+      file.read_f32(name, f.data() + row * cl, global_elem(q, row * cl), cl);
+  } else {  // all of it, or a block of rows
+    file.read_f32(name, f.data(), global_elem(q, 0), P[q].n);
+  }
+  return f;
+}
+
+void ShardedStep::Impl::initialise() {
+  for (std::size_t q = 0; q < P.size() && !X->weights.empty(); ++q) weights_file(q);
+  // Parameters (ZeRO < 3), with the per-parameter master copy under ZeRO 0: the backend's
+  // init, or under tensor parallelism or from --weights the rank's elements made on the host.
+  for (std::size_t q = 0; q < value.size(); ++q) {
+    float* master = states.empty() ? nullptr : states[q].master.as<float>();
+    if (p.tp == 1 && X->weights.empty()) {
+      be->init_param(value[q].data(), master, P[q].n, init_of(q));
+      continue;
+    }
+    const std::vector<float> f = rank_values(q);
+    std::vector<unsigned char> raw(P[q].n * es);
+    for (std::uint64_t e = 0; e < P[q].n; ++e) store_from_f32(raw.data(), e, D, f[e]);
+    be->upload(value[q].data(), raw.data(), raw.size());
+    if (master) be->upload(master, f.data(), f.size() * 4);
+  }
+  // The owned slices (ZeRO >= 1's master shard, ZeRO-3's parameter shard), made on the host.
+  const bool shard_master = bool(shard_states.master);
+  if (offx) {
+    const bool adam = t.optimizer == Optimizer::adamw;
+    if (D != DType::f32) h_master.assign(shard, 0.0f);
+    if (adam) {
+      h_m.assign(shard, 0.0f);
+      h_v.assign(shard, 0.0f);
+    }
+    h_grad.assign(shard, 0.0f);
+    if (p.offload == Offload::optimizer_params) h_params.assign(shard * es, 0);
+    host_be = make_cpu_backend(DType::f32);
+  }
+  if (shard_master || params_shard || !h_master.empty() || !h_params.empty()) {
+    std::vector<float> f(std::size_t(hi - lo));
+    for (std::size_t q = 0; q < P.size(); ++q) {
+      const std::uint64_t a = std::max(lo, P[q].off), z = std::min(hi, P[q].off + P[q].n);
+      if (a >= z) continue;
+      const std::vector<float> v = rank_values(q);
+      std::copy(v.begin() + std::ptrdiff_t(a - P[q].off), v.begin() + std::ptrdiff_t(z - P[q].off),
+                f.begin() + std::ptrdiff_t(a - lo));
+    }
+    if (shard_master) {
+      be->fill_zero(shard_states.master.data(), shard_states.master.bytes());
+      be->upload(shard_states.master.data(), f.data(), f.size() * 4);
+    }
+    if (params_shard) {
+      std::vector<unsigned char> raw(f.size() * es);
+      for (std::size_t x = 0; x < f.size(); ++x) store_from_f32(raw.data(), x, D, f[x]);
+      be->fill_zero(params_shard.data(), params_shard.bytes());
+      be->upload(params_shard.data(), raw.data(), raw.size());
+    }
+    if (!h_master.empty()) std::copy(f.begin(), f.end(), h_master.begin());
+    for (std::size_t x = 0; x < f.size() && !h_params.empty(); ++x)
+      store_from_f32(h_params.data(), x, D, f[x]);
+  }
+  for (States* st : all_states()) {
+    if (st->m) be->fill_zero(st->m.data(), st->m.bytes());
+    if (st->v) be->fill_zero(st->v.data(), st->v.bytes());
+  }
+  const std::int64_t rows = checked_mul(std::int64_t(p.dp) * M, b, "global batch");
+  const std::int64_t ids = checked_mul(rows, s, "global batch x seq");
+  if (X->tokens) {
+    if (std::int64_t(X->tokens->size()) != ids)
+      throw InputError("--tokens: " + std::to_string(X->tokens->size()) +
+                       " ids given, the global batch needs dp·M·b·s = " + std::to_string(ids));
+    for (std::int32_t id : *X->tokens)
+      if (id < 0 || id >= m.vocab)
+        throw InputError("--tokens: id " + std::to_string(id) + " outside [0, " +
+                         std::to_string(m.vocab) + ")");
+    global_tokens = *X->tokens;
+  } else {
+    global_tokens = random_token_ids(X->seed, ids, m.vocab);
+  }
+  const std::int64_t positions = rows * (s - 1);
+  S = loss_scale(D, positions);
+  ce_scale = S / float(positions);
+}
+
+std::vector<ShardedStep::Impl::States*> ShardedStep::Impl::all_states() {
+  std::vector<States*> v{&shard_states};
+  for (auto& st : states) v.push_back(&st);
+  return v;
+}
+
+void ShardedStep::Impl::upload_batch(std::int64_t mb) {
+  const std::size_t row0 = std::size_t((std::int64_t(r) * M + mb) * b);
+  std::vector<std::int32_t> tok(std::size_t(b * s)), tgt(std::size_t(b * s));
+  for (std::int64_t row = 0; row < b; ++row)
+    for (std::int64_t c = 0; c < s; ++c) {
+      const std::size_t g = (row0 + std::size_t(row)) * std::size_t(s) + std::size_t(c);
+      tok[std::size_t(row * s + c)] = global_tokens[g];
+      tgt[std::size_t(row * s + c)] = c + 1 < s ? global_tokens[g + 1] : -1;
+    }
+  if (tpx) {  // the rank's vocabulary rows: ids outside them read row 0, then corrected
+    foreign_tok.clear();
+    foreign_tgt.clear();
+    mb_targets = tgt;
+    for (std::size_t j = 0; j < tok.size(); ++j) {
+      if (tok[j] < V_lo || tok[j] >= V_lo + V) {
+        foreign_tok.push_back(std::int64_t(j));
+        tok[j] = 0;
+      } else {
+        tok[j] -= std::int32_t(V_lo);
+      }
+      if (tgt[j] < 0) continue;
+      if (tgt[j] < V_lo || tgt[j] >= V_lo + V) {
+        foreign_tgt.push_back(std::int64_t(j));
+        tgt[j] = 0;
+      } else {
+        tgt[j] -= std::int32_t(V_lo);
+      }
+    }
+  }
+  if (tokens) be->upload(tokens.data(), tok.data(), tokens.bytes());
+  if (targets) be->upload(targets.data(), tgt.data(), targets.bytes());
+}
+
+void ShardedStep::Impl::pp_send(const Tensor& x, std::uint64_t n, int peer) {
+  pp_stage.resize(n * es);
+  be->download(pp_stage.data(), x.data(), n * es);
+  PPc->send(pp_stage.data(), n, D, peer);
+}
+
+void ShardedStep::Impl::pp_recv(const Tensor& x, std::uint64_t n, int peer) {
+  pp_stage.resize(n * es);
+  PPc->recv(pp_stage.data(), n, D, peer);
+  be->upload(x.data(), pp_stage.data(), n * es);
+}
+
+void ShardedStep::Impl::tie_sum(void* g, std::uint64_t n) {
+  pp_stage.resize(n * es);
+  be->download(pp_stage.data(), g, n * es);
+  tie_group->all_reduce_sum(pp_stage.data(), n, D);
+  be->upload(g, pp_stage.data(), n * es);
+}
+
+void ShardedStep::Impl::sp_gather(const Tensor& local, const Tensor& full, std::int64_t width) {
+  be->synchronize();
+  const std::uint64_t chunk = std::uint64_t(sr * width);
+  for (std::int64_t row = 0; row < b; ++row)
+    T->all_gather(elem_ptr(local, std::uint64_t(row) * chunk),
+                  elem_ptr(full, std::uint64_t(row * s * width)), chunk, D);
+}
+
+void ShardedStep::Impl::sp_reduce_scatter(const Tensor& partial, const Tensor& out, const void* x) {
+  be->synchronize();
+  const std::uint64_t chunk = std::uint64_t(sr * h);
+  for (std::int64_t row = 0; row < b; ++row)
+    T->reduce_scatter_sum(elem_ptr(partial, std::uint64_t(row * s * h)),
+                          elem_ptr(out, std::uint64_t(row) * chunk), chunk, D);
+  if (x) be->bias_forward(out.data(), x, 1, std::int64_t(std::uint64_t(b) * chunk));
+}
+
+void ShardedStep::Impl::tp_sum_add(const Tensor& y, const void* x) {
+  const std::uint64_t n = std::uint64_t(b * s * h);
+  tp_sum(y, n);
+  be->bias_forward(y.data(), x, 1, std::int64_t(n));
+}
+
+double ShardedStep::Impl::tp_cross_entropy(Tensor& lse, const Tensor& losses) {
+  const std::size_t n = std::size_t(b * s), R = std::size_t(p.tp);
+  std::vector<float> mine(2 * n), all(2 * n * R);
+  be->download(mine.data(), lse.data(), n * 4);
+  be->download(mine.data() + n, losses.data(), n * 4);
+  TH->all_gather(mine.data(), all.data(), 2 * n, DType::f32);
+  std::vector<float> global(n);
+  double sum = 0;
+  for (std::size_t j = 0; j < n; ++j) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (std::size_t q = 0; q < R; ++q) mx = std::max(mx, all[q * 2 * n + j]);
+    float acc = 0;
+    for (std::size_t q = 0; q < R; ++q) acc += std::exp(all[q * 2 * n + j] - mx);
+    global[j] = mx + std::log(acc);
+    const std::int32_t t = mb_targets[j];
+    if (t < 0) continue;
+    const std::size_t holder = std::size_t(t / V);
+    const float logit = all[holder * 2 * n + j] - all[holder * 2 * n + n + j];
+    sum += double(global[j] - logit);
+  }
+  be->upload(lse.data(), global.data(), n * 4);
+  return sum;
+}
+
+const void* ShardedStep::Impl::W(int u, int q) const {
+  if (p.zero < 3) return value[std::size_t(q)].data();
+  for (const auto& [mq, pos] : members[std::size_t(u)])
+    if (mq == q) return elem_ptr(gathered.at(u), pos);
+  throw Error("sharded step: parameter " + P[std::size_t(q)].name + " is not in unit " +
+              unit_name(u));
+}
+
+void* ShardedStep::Impl::G(int q) {
+  if (p.zero < 2) return grads[std::size_t(q)].data();
+  be->fill_zero(bucket.data(), P[std::size_t(q)].n * es);
+  return bucket.data();
+}
+
+void ShardedStep::Impl::G_done(int q) {
+  if (p.zero < 2) return;
+  const ParamShape& pq = P[std::size_t(q)];
+  be->synchronize();  // the backend's work is done before the collective reads its buffers
+  if (tp_partial(q)) T->all_reduce_sum(bucket.data(), pq.n, D);
+  X->data.all_reduce_sum(bucket.data(), pq.n, D);
+  const std::uint64_t a = std::max(lo, pq.off), z = std::min(hi, pq.off + pq.n);
+  if (a < z && offx) {  // into the host's fp32 gradient shard
+    std::vector<unsigned char> raw((z - a) * es);
+    be->download(raw.data(), elem_ptr(bucket, a - pq.off), raw.size());
+    for (std::uint64_t x = a; x < z; ++x) h_grad[x - lo] += load_as_f32(raw.data(), x - a, D);
+  } else if (a < z) {
+    be->bias_forward(elem_ptr(grads_shard, a - lo), elem_ptr(bucket, a - pq.off), 1,
+                     std::int64_t(z - a));
+  }
+}
+
+void ShardedStep::Impl::fill_unit(int u) {
+  Tensor& buf = gathered.at(u);
+  be->synchronize();
+  for (const auto& [q, pos] : members[std::size_t(u)]) {
+    const ParamShape& pq = P[std::size_t(q)];
+    by_owner(pq.off, pq.off + pq.n, [&](int owner, std::uint64_t a, std::uint64_t z) {
+      char* dst = elem_ptr(buf, pos + (a - pq.off));
+      if (owner == r && !h_params.empty()) {
+        be->upload(dst, h_params.data() + (a - lo) * es, (z - a) * es);
+      } else if (owner == r) {
+        be->copy(dst, elem_ptr(params_shard, a - lo), (z - a) * es);
+        be->synchronize();
+      }
+      X->data.broadcast(dst, z - a, D, owner);
+    });
+  }
+}
+
+void ShardedStep::Impl::for_owned(
+    const std::function<void(std::size_t, std::uint64_t, std::uint64_t)>& f) const {
+  for (std::size_t q = 0; q < P.size(); ++q) {
+    const std::uint64_t a = std::max(lo, P[q].off), z = std::min(hi, P[q].off + P[q].n);
+    if (a < z) f(q, a, z);
+  }
+}
+
+void ShardedStep::Impl::broadcast_owned_slices() {
+  be->synchronize();
+  for (std::size_t q = 0; q < P.size(); ++q)
+    by_owner(P[q].off, P[q].off + P[q].n, [&](int owner, std::uint64_t a, std::uint64_t z) {
+      X->data.broadcast(elem_ptr(value[q], a - P[q].off), z - a, D, owner);
+    });
+}
+
+bool ShardedStep::Impl::tp_partial(int q) const {
+  const int sl = P[std::size_t(q)].slot;
+  if (!tpx) return false;
+  if (sl == kQNorm || sl == kKNorm) return true;
+  return sp && (sl == kInNorm || sl == kPostNorm || q == norm_i);
+}
+
+void ShardedStep::Impl::optimizer_step() {
+  be->synchronize();
+  if (tie_group) {  // the embedding's gradient: its first-stage and last-stage parts summed
+    const int q = first ? embed_i : head_i;
+    tie_sum(grads[std::size_t(q)].data(), P[std::size_t(q)].n);
+  }
+  if (p.zero < 2)
+    for (std::size_t q = 0; q < P.size(); ++q)
+      if (tp_partial(int(q))) T->all_reduce_sum(grads[q].data(), P[q].n, D);
+  if (p.zero < 2)
+    for (std::size_t q = 0; q < P.size(); ++q) X->data.all_reduce_sum(grads[q].data(), P[q].n, D);
+  const float gs = 1.0f / S;
+  if (offx) {
+    offload_step(gs);
+    return;
+  }
+  auto update = [&](void* param, const void* g, const States& st, std::uint64_t st_off,
+                    std::uint64_t n) {
+    auto f32_at = [&](const Tensor& x) { return x ? x.as<float>() + st_off : nullptr; };
+    if (t.optimizer == Optimizer::adamw)
+      be->adamw_update(param, g, f32_at(st.master), f32_at(st.m), f32_at(st.v), std::int64_t(n),
+                       X->optimizer.adamw, step, gs);
+    else
+      be->sgd_update(param, g, f32_at(st.master), std::int64_t(n), X->optimizer.sgd_lr, gs);
+  };
+  if (p.zero == 0) {
+    for (std::size_t q = 0; q < P.size(); ++q)
+      update(value[q].data(), grads[q].data(), states[q], 0, P[q].n);
+    return;
+  }
+  if (p.zero == 3) {
+    if (hi > lo) update(params_shard.data(), grads_shard.data(), shard_states, 0, hi - lo);
+    return;
+  }
+  for_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
+    const void* g = p.zero == 1 ? elem_ptr(grads[q], a - P[q].off) : elem_ptr(grads_shard, a - lo);
+    update(elem_ptr(value[q], a - P[q].off), g, shard_states, a - lo, z - a);
+  });
+  broadcast_owned_slices();
+}
+
+void ShardedStep::Impl::offload_step(float gs) {
+  const std::uint64_t n = hi - lo;
+  // The owned elements' current D values and a place for the new ones (staging, outside the
+  // books like the host's pinned buffers).
+  std::vector<unsigned char> vals(n * es);
+  if (p.zero < 2) {
+    std::fill(h_grad.begin(), h_grad.end(), 0.0f);
+    for_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
+      std::vector<unsigned char> raw((z - a) * es);
+      be->download(raw.data(), elem_ptr(grads[q], a - P[q].off), raw.size());
+      for (std::uint64_t x = a; x < z; ++x) h_grad[x - lo] = load_as_f32(raw.data(), x - a, D);
+    });
+  }
+  if (n > 0) {
+    std::vector<float> work;  // fp32 D: the values themselves
+    float* target = h_master.empty() ? nullptr : h_master.data();
+    if (!target) {
+      if (!h_params.empty()) {
+        std::memcpy(vals.data(), h_params.data(), n * es);
+      } else if (p.zero == 3) {
+        be->download(vals.data(), params_shard.data(), n * es);
+      } else {
+        for_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
+          be->download(vals.data() + (a - lo) * es, elem_ptr(value[q], a - P[q].off), (z - a) * es);
+        });
+      }
+      work.resize(n);
+      for (std::uint64_t x = 0; x < n; ++x) work[x] = load_as_f32(vals.data(), x, D);
+      target = work.data();
+    }
+    if (t.optimizer == Optimizer::adamw)
+      host_be->adamw_update(target, h_grad.data(), nullptr, h_m.data(), h_v.data(), std::int64_t(n),
+                            X->optimizer.adamw, step, gs);
+    else
+      host_be->sgd_update(target, h_grad.data(), nullptr, std::int64_t(n), X->optimizer.sgd_lr, gs);
+    for (std::uint64_t x = 0; x < n; ++x) store_from_f32(vals.data(), x, D, target[x]);
+    if (!h_params.empty()) {
+      std::memcpy(h_params.data(), vals.data(), n * es);
+    } else if (p.zero == 3) {
+      be->upload(params_shard.data(), vals.data(), n * es);
+    } else {
+      for_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
+        be->upload(elem_ptr(value[q], a - P[q].off), vals.data() + (a - lo) * es, (z - a) * es);
+      });
+    }
+  }
+  if (p.zero == 3) return;
+  broadcast_owned_slices();
+}
+
+void ShardedStep::Impl::window(std::size_t pos) {
+  if (p.zero != 3) return;
+  std::vector<int> want;
+  for (std::size_t j = pos; j < seq.size() && j <= pos + std::size_t(p.prefetch); ++j)
+    if (std::find(want.begin(), want.end(), seq[j]) == want.end()) want.push_back(seq[j]);
+  for (auto it = gathered.begin(); it != gathered.end();)
+    if (std::find(want.begin(), want.end(), it->first) == want.end())
+      it = gathered.erase(it);
+    else
+      ++it;
+  for (int u : want)
+    if (!gathered.count(u)) {
+      gathered[u] = comm("gathered." + unit_name(u), -1,
+                         {static_cast<std::int64_t>(unit_elems[std::size_t(u)])}, D);
+      if (run) fill_unit(u);
+    }
+}
+
+std::string ShardedStep::Impl::unit_name(int u) const {
+  if (u == 0) return "embedding";
+  if (u == Ls + 1) return "head";
+  return "layer" + std::to_string(global_layer(u - 1));
+}
+
+}  // namespace trainmem

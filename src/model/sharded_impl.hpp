@@ -1,0 +1,296 @@
+// The sharded step's state (ShardedStep::Impl), shared by the files that define it, each one
+// phase of the step: src/model/sharded_setup.cpp (the rank's parameters, their flat offsets and
+// setup's allocations), src/model/sharded_data.cpp (measured runs: the values a rank holds,
+// --weights and --tokens, the collectives, gradients into their buffers, the optimizer and
+// ZeRO-3's gathers) and src/model/sharded_step.cpp (forward, backward, the 1F1B schedule and
+// ShardedStep's interface). The layers themselves are the decoder layer (decoder_layer.hpp),
+// which this struct hosts. Private to the model layer.
+#pragma once
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+#include <string>
+
+#include "trainmem/base/checked.hpp"
+#include "trainmem/base/dtype.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/base/param_init.hpp"
+#include "trainmem/model/decoder_layer.hpp"
+#include "trainmem/model/model.hpp"
+#include "trainmem/model/sharded_step.hpp"
+
+namespace trainmem {
+
+struct ShardedStep::Impl : LayerHost {
+  using Shape = std::vector<std::int64_t>;
+  static constexpr DType f32 = DType::f32;
+  static constexpr DType i32 = DType::i32;
+
+  ModelConfig m;
+  TrainConfig t;
+  ParallelConfig p;
+  std::int64_t stage;
+  Ledger& ledger;
+  DType D;
+  bool first, last, sp, full, eager, tied_here, bias, qkn;
+  std::int64_t b, s, sr, h, d, a, k, i, V, Ls, M;
+  std::uint64_t Pk = 0;  // the stage's parameter elements
+  int step = 0;
+
+  // Measured runs.
+  const ShardedExecution* X = nullptr;
+  Backend* be = nullptr;
+  bool run = false;
+  int r = 0;                     // this rank in the data-parallel group
+  std::uint64_t shard = 0;       // elements per rank of the flat vectors
+  std::uint64_t lo = 0, hi = 0;  // the flat range this rank owns
+  std::size_t es = 4;            // bytes of D
+  float S = 1, ce_scale = 1;     // the loss scale and the cross-entropy backward's scale
+  double loss_sum = 0;           // this rank's summed token losses of the step
+  std::vector<std::int32_t> global_tokens;
+  // Tensor parallelism (tpx: a measured run with tp > 1): the group, this rank's index in it,
+  // its vocabulary rows [V_lo, V_lo + V), and the micro-batch's rows whose token (target) lies
+  // in another rank's rows, with the targets' global ids.
+  Collective* T = nullptr;
+  Collective* TH = nullptr;
+  bool tpx = false;
+  int tr = 0;
+  std::int64_t V_lo = 0;
+  std::vector<std::int64_t> foreign_tok, foreign_tgt;
+  std::vector<std::int32_t> mb_targets;  // the micro-batch's global targets
+  // Pipeline parallelism (ppx: a measured run with pp > 1): the group (rank = stage) and, with
+  // tied embeddings, the group of the first and last stage that sums their copies' gradients.
+  Collective* PPc = nullptr;
+  std::unique_ptr<Collective> tie_group;
+  bool ppx = false;
+  std::vector<unsigned char> pp_stage;  // the host copy a pipeline message travels in
+  std::vector<std::size_t> gidx;        // each parameter's index in the whole model's setup order
+
+  // Setup's tensors the arithmetic never reads itself: the GEMM workspace (handed to the
+  // backend) and, with --overlap-comm, the second reduce bucket.
+  std::vector<Tensor> persistent;
+  // Setup's tensors the arithmetic uses (empty where the layout has none).
+  std::vector<Tensor> value, grads;  // per parameter (ZeRO < 3, ZeRO < 2)
+  struct States {
+    Tensor master, m, v;
+  };
+  std::vector<States> states;  // per parameter (ZeRO 0)
+  States shard_states;         // ZeRO >= 1
+  Tensor params_shard, grads_shard, tokens, targets, bucket;
+  // --offload (measured): what DeepSpeed keeps in host memory, each (shard) elements: the
+  // optimizer states (fp32 master when D is 16-bit, m, v), the fp32 gradient shard the host
+  // optimizer reads, and under optimizer+params the D parameter shard; the host update runs on a
+  // cpu backend of fp32.
+  bool offx = false;
+  std::unique_ptr<Backend> host_be;
+  std::vector<float> h_master, h_m, h_v, h_grad;
+  std::vector<unsigned char> h_params;
+  std::uint64_t host_bytes() const {
+    return (h_master.size() + h_m.size() + h_v.size() + h_grad.size()) * 4 + h_params.size();
+  }
+
+  // ZeRO-3: unit positions and the gathered units alive.
+  std::vector<int> seq;  // unit per position (0 embedding, 1+l layer, Ls+1 head)
+  std::vector<std::uint64_t> unit_elems;
+  std::map<int, Tensor> gathered;
+
+  // Activations of one micro-batch in flight.
+  struct MicroBatch {
+    Tensor input;  // embed_out or stage_input (x_0)
+    std::vector<LayerActs> layers;
+    Tensor final_norm_out, final_rstd, logits, ce_lse;
+  };
+  std::map<std::int64_t, MicroBatch> in_flight;
+
+  Impl(const ModelConfig& model, const TrainConfig& train, const ParallelConfig& layout,
+       std::int64_t st, Ledger& l);
+
+  Tensor alloc(const std::string& name, Category c, int layer, Shape shape, DType dt) {
+    return ledger.allocate(name, c, layer, std::move(shape), dt);
+  }
+  Tensor act(const std::string& name, int layer, Shape shape, DType dt) {
+    return alloc(name, Category::activations, layer, std::move(shape), dt);
+  }
+  Tensor ws(const std::string& name, int layer, Shape shape, DType dt) {
+    return alloc(name, Category::workspace, layer, std::move(shape), dt);
+  }
+  Tensor comm(const std::string& name, int layer, Shape shape, DType dt) {
+    return alloc(name, Category::communication, layer, std::move(shape), dt);
+  }
+  int global_layer(std::int64_t l) const { return static_cast<int>(stage * Ls + l); }
+
+  // ---------------------------------------------------------------- setup
+  struct ParamShape {
+    std::string name;
+    int layer;
+    Shape shape;
+    int slot = -1;          // Slot of a layer parameter, -1 otherwise
+    std::uint64_t off = 0;  // first element in the flat vector
+    std::uint64_t n = 0;    // elements
+  };
+  std::vector<ParamShape> P;
+  std::vector<std::array<int, kLayerParams>>
+      lidx;                                    // [local layer][slot] -> index in P, -1 if absent
+  int embed_i = -1, norm_i = -1, head_i = -1;  // head_i: lm_head, or the embedding when tied
+  std::vector<std::vector<std::pair<int, std::uint64_t>>> members;  // ZeRO-3 unit: (param, pos)
+  std::vector<ParamShape> param_shapes() const;
+
+  static std::uint64_t numel(const Shape& sh);
+
+  void setup();
+
+  // ---------------------------------------------------------------- measured runs: data
+  char* elem_ptr(const Tensor& x, std::uint64_t elem) const {
+    return static_cast<char*>(x.data()) + elem * es;
+  }
+  // The ranks' owned flat ranges overlapping [from, to): f(owner, first, end).
+  template <class F>
+  void by_owner(std::uint64_t from, std::uint64_t to, F&& f) const {
+    for (std::uint64_t q = from / shard; q < std::uint64_t(p.dp) && q * shard < to; ++q)
+      f(int(q), std::max(from, q * shard), std::min(to, (q + 1) * shard));
+  }
+  ParamInit init_of(std::size_t q) const;
+  // The parameter's index in the whole model's setup order (LlamaModel's): with pp = 1 the
+  // rank's own order.
+  std::size_t global_index(std::size_t q) const { return gidx.empty() ? q : gidx[q]; }
+  // Where local element e of parameter q sits in the whole parameter (row-major): column-parallel
+  // weights and biases (q/k/v, gate/up, the vocabulary rows of the embedding and lm_head) hold a
+  // block of rows, row-parallel weights (o_proj, down_proj) a block of columns, norms all.
+  bool replicated(std::size_t q) const {
+    const int sl = P[q].slot;
+    return p.tp == 1 || (sl >= 0 && layer_param_replicated(sl)) || (sl < 0 && int(q) == norm_i);
+  }
+  std::uint64_t global_elem(std::size_t q, std::uint64_t e) const;
+
+  // --weights: the file's name of parameter q (a tied lm_head on the last stage is the
+  // embedding's copy) and the whole parameter's shape in the single-rank model.
+  std::string file_name(std::size_t q) const {
+    return m.tied_embeddings && int(q) == head_i ? "model.embed_tokens.weight" : P[q].name;
+  }
+  Shape whole_shape(std::size_t q) const;
+  // Checks every parameter's tensor in the files before anything is read (InputError).
+  const SafeTensorsReader* weights_file(std::size_t q) const;
+  // The rank's P[q].n values of parameter q as fp32: its elements (global_elem) of the file's
+  // tensor, or of the random initialisation.
+  std::vector<float> rank_values(std::size_t q) const;
+
+  void initialise();
+  std::vector<States*> all_states();
+
+  // Micro-batch mb's rows of the global batch into tokens and targets (targets: the next
+  // token within a row, -1 at the last position).
+  void upload_batch(std::int64_t mb);
+  // Rows `rows` of x (rows of h elements in D) set to zero.
+  void zero_rows(const Tensor& x, const std::vector<std::int64_t>& rows) {
+    for (std::int64_t row : rows)
+      be->fill_zero(elem_ptr(x, std::uint64_t(row * h)), std::uint64_t(h) * es);
+  }
+  // Pipeline parallelism: messages between stages travel in host memory over the pipeline
+  // group's MPI (docs/distributed.md, "Pipeline messages"): the backend's buffer is downloaded
+  // (after its work is done) and sent, or received and uploaded, on every backend alike. On cuda
+  // no device transport buffer exists outside the ledger, and the staged MPI send returns before
+  // the peer receives, so 1F1B's crossing sends (stage s sends forward while s+1 sends backward)
+  // cannot wait on each other as NCCL's would.
+  void pp_send(const Tensor& x, std::uint64_t n, int peer);
+  void pp_recv(const Tensor& x, std::uint64_t n, int peer);
+  // The tied embedding's gradient (n elements at g) summed over the first and last stage, through
+  // host memory likewise.
+  void tie_sum(void* g, std::uint64_t n);
+  // The rule of every collective on device buffers (X->data, T): called right after
+  // be->synchronize() (or a synchronous upload/download), with no allocation and no backend launch
+  // between. On cuda the collective runs on NCCL's stream, unordered with the backend's, and the
+  // pool may hand a block just freed on the backend's stream to a new tensor while kernels queued
+  // there still read it: the synchronisation is the only ordering.
+  // Tensor parallelism: the partial sums of x (n elements) over the group, in place.
+  void tp_sum(const Tensor& x, std::uint64_t n) override {
+    be->synchronize();
+    T->all_reduce_sum(x.data(), n, D);
+  }
+  // Sequence parallelism: the rank's rows (b, s/tp, h) of every rank gathered into (b, s, h),
+  // one batch row at a time (each rank's chunk lands at its sequence offset).
+  void sp_gather(const Tensor& local, const Tensor& full, std::int64_t width) override;
+  // The (b, s, h) partial sums reduced over the group and scattered by sequence into the rank's
+  // (b, s/tp, h), then + x (the residual, the rank's rows) when x is given.
+  void sp_reduce_scatter(const Tensor& partial, const Tensor& out, const void* x) override;
+  // y = partial (already in y) summed over the group, then + x (the residual): a row-parallel
+  // GEMM's output.
+  void tp_sum_add(const Tensor& y, const void* x) override;
+
+  // Vocabulary-parallel cross-entropy, forward: every rank computed its rows' lse and (for the
+  // targets it holds) lse - logit; the group's lse is the log-sum-exp of the ranks', the target
+  // logit the holder's. `lse` becomes the whole vocabulary's; returns the summed token loss.
+  double tp_cross_entropy(Tensor& lse, const Tensor& losses);
+
+  // A weight as the op at unit `u`'s position reads it.
+  const void* W(int u, int q) const;
+  const void* LW(std::int64_t l, int slot) const {
+    return W(int(1 + l), lidx[std::size_t(l)][std::size_t(slot)]);
+  }
+  int Li(std::int64_t l, int slot) const { return lidx[std::size_t(l)][std::size_t(slot)]; }
+
+  // A parameter's gradient buffer for the op about to produce it (+=): the parameter's own
+  // (ZeRO < 2, zeroed once per step) or the reduce bucket, zeroed.
+  void* G(int q);
+  // The gradient is complete for this micro-batch. ZeRO >= 2: summed over the ranks in the
+  // bucket, the owned part added into grads.shard.
+  void G_done(int q);
+
+  // ZeRO-3: unit u's weights into its gathered buffer, each owner's slice broadcast.
+  void fill_unit(int u);
+
+  // f(q, a, z) for every parameter q with elements [a, z) of the flat range this rank owns.
+  void for_owned(const std::function<void(std::size_t, std::uint64_t, std::uint64_t)>& f) const;
+  // ZeRO 1/2 after the update: every parameter's slices broadcast from their owners, in place.
+  void broadcast_owned_slices();
+
+  // q_norm and k_norm under tensor parallelism: the same weights on every rank of the group,
+  // each rank's gradient from its own heads, so a partial sum.
+  // Under sp the RMSNorm weights too: each rank's gradient from its own rows of the sequence.
+  bool tp_partial(int q) const;
+
+  // After the last micro-batch: ZeRO 0/1 reduce the whole gradients, then every layout's update
+  // and (ZeRO 1/2) the owners' broadcasts.
+  void optimizer_step();
+
+  // --offload: the owned slices updated on the host (the gradients already reduced: ZeRO 2/3 in
+  // h_grad, ZeRO 1 in the parameters' .grad, copied here), the new D values written back where
+  // the parameters live, then (ZeRO 1/2) the owners' broadcasts. The arithmetic is the device
+  // update's: AdamW/SGD on the fp32 master (16-bit D) or on the fp32 values themselves.
+  void offload_step(float gs);
+
+  // ZeRO-3: the window of position `pos` (past the end: nothing): release what leaves it, then
+  // gather what enters it, in position order.
+  void window(std::size_t pos);
+  std::string unit_name(int u) const;
+
+  // ---------------------------------------------------------------- forward
+  // The decoder layer (decoder_layer.hpp) with the rank's slice; this Impl is its host.
+  ActDims dims() const { return ActDims{b, s, h, i, a, k, d, sr}; }
+  LayerRank layer_rank() {
+    return LayerRank{m, t, ledger, run ? be : nullptr, *this, dims(), sp, tpx};
+  }
+  const void* weight(std::int64_t l, int slot) override { return LW(l, slot); }
+  void* grad(std::int64_t l, int slot) override { return run ? G(Li(l, slot)) : nullptr; }
+  void grad_done(std::int64_t l, int slot) override {
+    if (run) G_done(Li(l, slot));
+  }
+  // x_l of micro-batch B: the stage's input for layer 0, else layer l-1's out.
+  Tensor& layer_input(MicroBatch& B, std::int64_t l) {
+    return l == 0 ? B.input : B.layers[std::size_t(l) - 1][LayerAct::out];
+  }
+
+  void forward(std::int64_t mb, bool mark);
+
+  // ---------------------------------------------------------------- backward
+  void backward(std::int64_t mb);
+
+  float train_step();
+
+  std::vector<float> parameter_values(const std::string& name);
+};
+
+}  // namespace trainmem

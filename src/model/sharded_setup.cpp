@@ -1,0 +1,187 @@
+// The sharded step, setup (src/model/sharded_impl.hpp): the rank's parameters in setup order,
+// their flat offsets and owners, and setup's allocations in docs/distributed.md's order.
+#include "sharded_impl.hpp"
+#include "trainmem/base/checked.hpp"
+
+namespace trainmem {
+
+ShardedStep::Impl::Impl(const ModelConfig& model, const TrainConfig& train,
+                        const ParallelConfig& layout, std::int64_t st, Ledger& l)
+    : m(model), t(train), p(layout), stage(st), ledger(l), D(train.dtype) {
+  first = stage == 0;
+  last = stage == p.pp - 1;
+  sp = p.sp;
+  full = t.checkpointing == Checkpointing::full;
+  eager = t.attention == Attention::eager;
+  tied_here = m.tied_embeddings && p.pp == 1;
+  bias = m.qkv_bias;
+  qkn = m.qk_norm;
+  b = t.batch;
+  s = t.seq;
+  sr = sp ? s / p.tp : s;
+  h = m.hidden;
+  d = m.head_dim();
+  a = m.heads / p.tp;
+  k = m.kv_heads / p.tp;
+  i = m.intermediate / p.tp;
+  V = m.vocab / p.tp;
+  Ls = m.layers / p.pp;
+  M = p.microbatches;
+}
+
+std::vector<ShardedStep::Impl::ParamShape> ShardedStep::Impl::param_shapes() const {
+  std::vector<ParamShape> v;
+  if (first) v.push_back({"model.embed_tokens.weight", -1, {V, h}});
+  const std::vector<LayerParamSpec> specs = layer_param_specs(m, dims());
+  for (std::int64_t l = 0; l < Ls; ++l) {
+    const int g = global_layer(l);
+    const std::string pre = "model.layers." + std::to_string(g) + ".";
+    for (const LayerParamSpec& spec : specs)
+      v.push_back({pre + spec.name, g, spec.shape, spec.slot});
+  }
+  if (last) {
+    v.push_back({"model.norm.weight", -1, {h}});
+    if (!tied_here) v.push_back({"lm_head.weight", -1, {V, h}});
+  }
+  return v;
+}
+
+std::uint64_t ShardedStep::Impl::numel(const Shape& sh) {
+  std::uint64_t n = 1;
+  for (auto x : sh) n = checked_mul(n, static_cast<std::uint64_t>(x), "parameter size");
+  return n;
+}
+
+void ShardedStep::Impl::setup() {
+  auto ph = ledger.scope(Phase::setup);
+  P = param_shapes();
+  std::uint64_t largest = 0;
+  lidx.assign(std::size_t(Ls), {});
+  for (auto& row : lidx) row.fill(-1);
+  for (std::size_t q = 0; q < P.size(); ++q) {
+    P[q].n = numel(P[q].shape);
+    P[q].off = Pk;
+    Pk = checked_add(Pk, P[q].n, "parameters");
+    largest = std::max(largest, P[q].n);
+    const int qi = int(q);
+    if (P[q].slot >= 0)
+      lidx[std::size_t(P[q].layer - global_layer(0))][std::size_t(P[q].slot)] = qi;
+    else if (P[q].name == "model.embed_tokens.weight")
+      embed_i = qi;
+    else if (P[q].name == "model.norm.weight")
+      norm_i = qi;
+    else
+      head_i = qi;
+  }
+  if (tied_here) head_i = embed_i;
+  // Indices in the whole model (embedding 0, layer g's j-th parameter 1 + g·per_layer + j, the
+  // final norm, lm_head): a later stage's parameters keep the single-rank model's streams.
+  if (p.pp > 1) {
+    std::size_t per_layer = 0;
+    for (const auto& q : P)
+      if (q.slot >= 0 && q.layer == global_layer(0)) ++per_layer;
+    gidx.assign(P.size(), 0);
+    std::size_t j = 0;
+    int prev = -1;
+    for (std::size_t q = 0; q < P.size(); ++q) {
+      if (P[q].slot >= 0) {
+        j = P[q].layer == prev ? j + 1 : 0;
+        prev = P[q].layer;
+        gidx[q] = 1 + std::size_t(P[q].layer) * per_layer + j;
+      } else if (int(q) == norm_i) {
+        gidx[q] = 1 + std::size_t(m.layers) * per_layer;
+      } else if (int(q) == head_i) {  // tied: the last stage's copy starts as the embedding
+        gidx[q] = m.tied_embeddings ? 0 : 2 + std::size_t(m.layers) * per_layer;
+      }
+    }
+  }
+  shard = (Pk + std::uint64_t(p.dp) - 1) / std::uint64_t(p.dp);
+  lo = std::min(Pk, std::uint64_t(r) * shard);
+  hi = std::min(Pk, lo + shard);
+  const std::int64_t shard_n = static_cast<std::int64_t>(shard);
+  const bool off = p.offload != Offload::none;
+  const bool off_params = p.offload == Offload::optimizer_params;
+  // 1. parameters.
+  if (p.zero == 3) {
+    if (!off_params) params_shard = alloc("params.shard", Category::params, -1, {shard_n}, D);
+  } else {
+    for (const auto& q : P) value.push_back(alloc(q.name, Category::params, q.layer, q.shape, D));
+  }
+  // 2. gradients.
+  if (p.zero >= 2) {
+    if (!off) grads_shard = alloc("grads.shard", Category::gradients, -1, {shard_n}, D);
+  } else {
+    for (const auto& q : P)
+      grads.push_back(alloc(q.name + ".grad", Category::gradients, q.layer, q.shape, D));
+  }
+  // 3. optimizer states, f32.
+  if (!off) {
+    const bool master = D != DType::f32;
+    const bool adam = t.optimizer == Optimizer::adamw;
+    const bool sgd_master = t.optimizer == Optimizer::sgd && master;
+    auto add = [&](States& st, const std::string& pre, int layer, const Shape& shape) {
+      auto one = [&](const char* suffix) {
+        return alloc(pre + suffix, Category::optimizer_states, layer, shape, f32);
+      };
+      if ((adam && master) || sgd_master) st.master = one(".master");
+      if (adam) {
+        st.m = one(".exp_avg");
+        st.v = one(".exp_avg_sq");
+      }
+    };
+    if (p.zero >= 1) {
+      add(shard_states, "shard", -1, {shard_n});
+    } else {
+      states.resize(P.size());
+      for (std::size_t q = 0; q < P.size(); ++q) add(states[q], P[q].name, P[q].layer, P[q].shape);
+    }
+  }
+  // 4. inputs of one micro-batch.
+  if (first) tokens = alloc("tokens", Category::inputs, -1, {b, s}, i32);
+  if (last) targets = alloc("targets", Category::inputs, -1, {b, s}, i32);
+  // 5. the GEMM workspace.
+  persistent.push_back(alloc("cublas_workspace", Category::workspace, -1, {8388608}, f32));
+  if (run) be->set_gemm_workspace(persistent.back().data(), persistent.back().bytes());
+  // 6. ZeRO-2/3 reduce bucket(s). A measured step reduces through the first one only (its
+  // reductions are synchronous); the second is allocated as DeepSpeed's overlap_comm would.
+  if (p.zero >= 2) {
+    const std::uint64_t n = std::min(std::max(p.reduce_bucket, largest), Pk);
+    for (int c = 0; c < (p.overlap_comm ? 2 : 1); ++c) {
+      Tensor bk =
+          comm(c == 0 ? "reduce_bucket" : "reduce_bucket.1", -1, {static_cast<std::int64_t>(n)}, D);
+      (c == 0 ? bucket : persistent.emplace_back()) = std::move(bk);
+    }
+  }
+  // ZeRO-3 units and their order.
+  if (p.zero == 3) {
+    std::uint64_t layer_elems = 0;
+    for (const auto& q : P)
+      if (q.layer == global_layer(0)) layer_elems = checked_add(layer_elems, q.n);
+    unit_elems.assign(std::size_t(Ls) + 2, layer_elems);
+    unit_elems[0] = numel({V, h});
+    unit_elems[std::size_t(Ls) + 1] = numel({V, h}) + std::uint64_t(h);
+    seq.push_back(0);
+    for (std::int64_t l = 0; l < Ls; ++l) seq.push_back(int(1 + l));
+    seq.push_back(int(Ls + 1));
+    for (std::int64_t l = Ls - 1; l >= 0; --l) seq.push_back(int(1 + l));
+    // What each unit's gathered buffer holds, in order (the head: the final norm, then
+    // lm_head or, tied, a copy of the embedding).
+    members.assign(std::size_t(Ls) + 2, {});
+    auto put = [&](int u, int q) {
+      auto& mem = members[std::size_t(u)];
+      const std::uint64_t pos =
+          mem.empty() ? 0 : mem.back().second + P[std::size_t(mem.back().first)].n;
+      mem.emplace_back(q, pos);
+    };
+    if (embed_i >= 0) put(0, embed_i);
+    for (std::size_t q = 0; q < P.size(); ++q)
+      if (P[q].slot >= 0) put(1 + P[q].layer - global_layer(0), int(q));
+    if (last) {
+      put(int(Ls) + 1, norm_i);
+      put(int(Ls) + 1, head_i);
+    }
+  }
+  if (run) initialise();
+}
+
+}  // namespace trainmem
