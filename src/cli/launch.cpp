@@ -219,61 +219,27 @@ RequestLines rank_request(const Common& c, const RunFlags& run) {
 
 int run_ranked(const Common& c, const RunFlags& run, const ParallelConfig& layout,
                const LaunchFlags& flags, const RankBody& body) {
-  const std::string& backend = run.backend;
   const std::string command = command_line();
-  if (auto p = launch_problem(detect_launch(), mpi_built(), layout.world, backend, command))
+  if (auto p = launch_problem(detect_launch(), mpi_built(), layout.world, run.backend, command))
     throw InputError(*p);
   if (!run.timeline.empty()) validate_timeline_path(run.timeline);
   check_outputs(c, run);
-  // Only now, under a launcher, is MPI initialised (MPI_Init_thread); MPI_Finalize when `world`
-  // is destroyed.
-  std::unique_ptr<Collective> world = make_mpi_collective(flags.collective_timeout);
-  std::unique_ptr<Collective> nccl;  // cuda: the data collectives; `world` stays the bootstrap
-  Collective* active = world.get();  // what end_job aborts through (NCCL aborts its comm first)
-  const Outcome outcome = run_captured([&]() -> int {
-    // Before anything else the ranks exchange: every rank runs the same request, or every rank
-    // stops with the same message (no collective of mismatched sizes is ever started).
-    agree_on_request(*world, rank_request(c, run));
-    if (auto p = world_size_problem(layout.world, world->size(), command)) throw InputError(*p);
+  RankJob job;
+  job.backend = run.backend;
+  job.dtype = c.train.dtype;
+  job.collectives = flags.collectives;
+  job.collective_timeout = flags.collective_timeout;
+  job.request = rank_request(c, run);
+  job.check_world = [&](const Collective& world) {
+    if (auto p = world_size_problem(layout.world, world.size(), command)) throw InputError(*p);
     if (!run.dump.empty())
       throw InputError(
           "--dump is not available with --world-size above 1 (each rank holds a shard of the "
           "gradients); run the single-rank step of the same global batch (--batch dp·M·b, the "
           "same --weights and --tokens) to dump them");
-    const bool staged = flags.collectives == "mpi";
-    if (flags.collectives == "nccl" && backend != "cuda")
-      throw InputError(
-          "--collectives nccl needs --backend cuda (the cpu backend's ranks use "
-          "MPI on host memory)");
-    if (backend == "cuda" && !staged) {
-      nccl = make_nccl_collective(*world);
-      active = nccl.get();
-    }
-    if (backend == "cuda" && staged) {
-      const int device = cuda_use_device(world->local_rank());
-      spdlog::info("rank {}: device {} (--collectives mpi)", world->rank(), device);
-    }
-    ChosenBackend be = choose_backend(backend, c.train.dtype);
-    // cuda with --collectives mpi: the MPI collectives on the device buffers, copied through
-    // host memory by the backend (destroyed before it).
-    std::unique_ptr<Collective> through_host;
-    Collective* data = active;
-    if (backend == "cuda" && staged) {
-      Backend* b = be.backend.get();
-      through_host = make_staged_collective(
-          *world, DeviceCopies{[b](void* h, const void* d, std::size_t n) { b->download(h, d, n); },
-                               [b](void* d, const void* h, std::size_t n) { b->upload(d, h, n); }});
-      data = through_host.get();
-    }
-    // Every rank is here and the collectives answer (a peer that never arrives becomes a
-    // CollectiveTimeout naming the barrier).
-    data->barrier();
-    return body(*be.backend, *data, *world);
-  });
-  const int code = end_job(*active, outcome.code, outcome.message, std::cerr);
-  nccl.reset();
-  world.reset();  // MPI_Finalize
-  return code;
+  };
+  job.capture = run_captured;
+  return run_ranks(job, body);
 }
 
 void end_failed_rank(const Common& c, const RunFlags& run, const MeasuredLayout& ml, int rank,

@@ -12,6 +12,7 @@
 #include "trainmem/backends/backend.hpp"
 #include "trainmem/comm/collective.hpp"
 #include "trainmem/base/parallel.hpp"
+#include "trainmem/run/ranks.hpp"
 #include "trainmem/run/run_layout.hpp"
 
 namespace trainmem::cli {
@@ -21,11 +22,8 @@ namespace trainmem::cli {
 void set_command_line(int argc, char** argv);
 std::string command_line();
 
-// What run_guarded would print and return, captured instead of printed (cli.cpp).
-struct Outcome {
-  int code = 0;
-  std::string message;
-};
+// What run_guarded would print and return, captured instead of printed (cli.cpp): the
+// command line's mapping of what a rank's work throws to an exit code (RankJob::capture).
 Outcome run_captured(const std::function<int()>& body);
 
 struct LaunchFlags {
@@ -65,12 +63,9 @@ int run_measured_layout(const Common& c, const RunFlags& run, const ParallelConf
 // --model flag resolved to, and the sizes of the --weights and --tokens files.
 RequestLines rank_request(const Common& c, const RunFlags& run);
 
-// What every rank of a measured job runs once the launch is checked, MPI started and the
-// collectives answer: the backend, the data collectives (NCCL on cuda, MPI on cpu) and the
-// world on host buffers (MPI). Returns the rank's exit code.
-using RankBody = std::function<int(Backend&, Collective& data, Collective& world)>;
-// The launch checks, MPI and the collectives, `body`, and the end of the job (end_job): the
-// shared frame of the measured multi-rank subcommands (profile, compare).
+// The launch checks (exit 2 saying what to run instead), then the job itself in the run layer
+// (run_ranks: MPI, the request agreed, the collectives, `body`, end_job): the shared frame of
+// the measured multi-rank subcommands (profile, compare).
 int run_ranked(const Common& c, const RunFlags& run, const ParallelConfig& layout,
                const LaunchFlags& flags, const RankBody& body);
 // A rank of a measured job that ran out of memory (ml.failure): writes its partial report
