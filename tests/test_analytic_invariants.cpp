@@ -55,6 +55,7 @@ TEST(Megatron, ThirtyFourPlusFiveAsOverHPerLayer) {
   EXPECT_EQ(e.figures.activations, L * per_layer);
   EXPECT_DOUBLE_EQ(e.activations.per_layer.sbh, 34.0);
   EXPECT_DOUBLE_EQ(e.activations.per_layer.as2b, 5.0);
+  // Whole bytes < 2^53 divided by 2^30: exact in double, so 27.0 exactly; 1e-9 is only slack.
   EXPECT_NEAR(static_cast<double>(e.figures.activations) / (1u << 30), 27.0, 1e-9);
 }
 
@@ -91,6 +92,7 @@ TEST(Zero, Gpt2XlFromTheZeroPaper) {
   const ModelConfig m = make_model(50257, 1600, 6400, 48, 25, 25);
   const Estimate e = estimate(Profile::zero, m, train(32, 1000));
   EXPECT_EQ(e.figures.activations, 12ull * 1600 * 32 * 1000 * 48 * 2);
+  // 54.93 is the quoted GiB to 2 decimals: half a unit of the last digit, 0.005.
   EXPECT_NEAR(static_cast<double>(e.figures.activations) / (1u << 30), 54.93, 0.005);
 }
 

@@ -397,15 +397,23 @@ TEST(CliE2EHtml, SweepFitChartsAreTheJsonReports) {
     EXPECT_EQ(std::stod(residuals[k].at("data-v")), res[k].get<double>());
     // measured − fitted = residual, and the point's fitted value lies on its line.
     const double fitted = std::stod(p.at("data-fitted"));
+    // data-* numbers are written with %.17g (exact_number: a double round-trips), so these two
+    // only differ by the fit's own double arithmetic (a few ulps, ~1e-15 relative); 1e-6 is far
+    // looser than that, kept because the fit's residual is not required to be computed as y - fitted.
     EXPECT_NEAR(y - fitted, res[k].get<double>(), 1e-6 * y);
     const Attrs& l = *line_of_seq.at(p.at("data-seq"));
     const double tokens = run["batch"].get<double>() * run["seq"].get<double>();
+    // slope·tokens (coefficients at b = 1 over s, times b·s) vs the fit's X·c: a few double
+    // roundings, ~1e-15 relative; 1e-6 as above.
     EXPECT_NEAR(std::stod(l.at("data-slope")) * tokens, fitted, 1e-6 * fitted);
     // Drawn where it says: the point sits on the line's segment from the origin.
     const double x1 = std::stod(l.at("x2")) - std::stod(l.at("x1"));
     const double y1 = std::stod(l.at("y2")) - std::stod(l.at("y1"));
     const double px = std::stod(p.at("cx")) - std::stod(l.at("x1"));
     const double py = std::stod(p.at("cy")) - std::stod(l.at("y1"));
+    // Pixel coordinates are written to 0.1 px (%.1f, ±0.05 each): the point's distance from the
+    // line, |cross|/|line|, is then off by <= ~0.05·(1 + |p|/|line|)·sqrt 2 <= 0.15 px for a point on
+    // the segment; 0.5 px is 3x.
     EXPECT_NEAR(px * y1 - py * x1, 0.0, 0.5 * std::hypot(x1, y1)) << "off its line";
   }
   // The fitted line's slope: the JSON's coefficients at b = 1 over s (one model: sbh, as2b).
@@ -415,6 +423,7 @@ TEST(CliE2EHtml, SweepFitChartsAreTheJsonReports) {
     const double s = std::stod(seq);
     const double want = c["sbh"].get<double>() * m["hidden"].get<double>() +
                         c["as2b"].get<double>() * m["heads"].get<double>() * s;
+    // %.17g on both sides; the sum sbh·h + as2b·a·s in double: a few ulps, 1e-9 is slack.
     EXPECT_NEAR(std::stod(l->at("data-slope")), want, 1e-9 * want) << seq;
   }
   // Without --fit, no chart.

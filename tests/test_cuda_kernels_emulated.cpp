@@ -110,6 +110,14 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
                      << ", want " << want[first] << "; max abs error " << max_err;
 }
 
+// Kernel and reference both compute in fp32 and store in S once: each is within half an ulp
+// of S of the exact value (2^-9 bf16, 2^-12 fp16, 2^-25 f32 relative), so they differ by <= one
+// ulp; tol16 allows two ulps (bf16 2^-7·2 = 1.6e-2 with the scale term of expect_close, fp16
+// 2^-10·2 = 2e-3; f32's 2e-6, ~16 ulps, covers fp32 sums in another order). Callers multiply
+// it by the number of S-rounded values a result depends on:
+// x2 where one stored intermediate enters (softmax probabilities, rope's inputs and output,
+// flash out from rounded probabilities), x4 for backward passes that read two (dinp, dweight
+// and dq/dk/dv from stored probabilities and outputs, summed over rows).
 template <class S>
 double tol16() {  // one fp32 computation rounded once on each side: two ulps of S
   if (S::dtype == DType::bf16) return 1.6e-2;
@@ -1135,7 +1143,11 @@ TEST(CudaKernelsAtRealSizes, CrossEntropyRowsPast2To31Elements) {
       sum += std::exp(F16::round(logits.generated(base + j)) - mx);
     const double want_lse = mx + std::log(sum);
     const std::int32_t t = targets[std::size_t(row)];
+    // fp32 max, V = 32000 exps and a tree/strided sum (~log2(V) + a few roundings on each path in
+    // the block reduction, ~20u = 1.2e-6) and a log: 1e-5 relative is ~8x. The loss = lse - x_t
+    // subtracts an exact fp16 logit: lse's absolute error (~1e-5·|lse| ~ 1e-4 at |lse| ~ 10).
     EXPECT_NEAR(lse[std::size_t(row)], want_lse, 1e-5 * std::fabs(want_lse)) << "row " << row;
+    // loss = lse - x_t with x_t exact in fp16: lse's absolute error, 1e-5·|lse| ~ 1e-4 at |lse| ~ 10.
     EXPECT_NEAR(losses[std::size_t(row)], want_lse - F16::round(logits.generated(base + t)), 1e-4)
         << "row " << row;
     for (std::int64_t j = 0; j < V; ++j)
@@ -1267,6 +1279,9 @@ TEST(CudaKernelsAtRealSizes, FlashAttentionLastBatchAndHeadAtBatch64Seq4096) {
   expect_stored(out, want_out, 4e-3, "flash out");
   for (std::int64_t i = 0; i < kFlashBlockRows; ++i) {
     const std::size_t row = std::size_t((bi * a + qh) * s + i);
+    // Queries 0..15 see <= 16 keys: scores are d = 128 fp32 products (worst d·u·scale·sum|q·k|
+    // ~2e-5, with random signs ~2e-6), the online softmax over <= 16 keys adds a few u:
+    // 1e-5·(1 + |lse|), |lse| ~ 3; the 1 keeps lse near 0 from needing a relative bound.
     EXPECT_NEAR(lse_got[row], lse[row], 1e-5 * (1 + std::fabs(lse[row]))) << "lse row " << i;
   }
   launch_shape(flash_dq_launch(b, a, s, d_int, "test"), first_query_block,

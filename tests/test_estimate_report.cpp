@@ -135,6 +135,7 @@ TEST(ReportExplain, FormulaAndSbhEquivalent) {
   EXPECT_DOUBLE_EQ(report::sbh_equivalent(mg), 34.0 + 5.0 * 32 * 512 / 4096);  // 54
   const Estimate n = estimate(Profile::native, m, t);
   // 16 + 6·i/h + 2·a·s/h + 8/h
+  // A handful of double operations on ~40 (ulp 7e-15): 1e-12 is slack over a few ulps.
   EXPECT_NEAR(report::sbh_equivalent(n), 16 + 6 * 2.6875 + 2 * 4 + 8.0 / 4096, 1e-12);
   const std::string text = report::explain_text(n);
   EXPECT_NE(text.find("16·sbh + 6·sbi + 2·as²b + 8·sb"), std::string::npos) << text;

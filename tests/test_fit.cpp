@@ -32,6 +32,9 @@ TEST(Fit, OneModelRecoversFoldedCoefficientsExactly) {
     }
   const FitResult f = fit_activation_coefficients(grid, FitTerms::one_model);
   const double want_sbh = 16.0 + 6.0 * 11008.0 / 4096.0 + 8.0 / 4096.0;
+  // Exact data: the solve in long double (2^-64 = 5.4e-20) times the scaled system's condition
+  // number, then one rounding to double (1.1e-16): ~1e-15; 1e-12 allows a condition number ~1e4
+  // through the double rounding of the inputs (byte counts < 2^53 are exact).
   EXPECT_NEAR(f.coefficients.at("sbh"), want_sbh, want_sbh * 1e-12);
   EXPECT_NEAR(f.coefficients.at("as2b"), 2.0, 2e-12);
   EXPECT_EQ(f.coefficients.size(), 2u);
@@ -39,6 +42,8 @@ TEST(Fit, OneModelRecoversFoldedCoefficientsExactly) {
   ASSERT_EQ(f.residuals.size(), grid.size());
   for (std::size_t r = 0; r < grid.size(); ++r) {
     EXPECT_LT(std::fabs(f.residuals[r]), 1e-3) << "grid point " << r;
+    // fitted values ~1e9 B (double ulp 1.2e-7): a few ulps; 1e-3 B is the resolution that matters
+    // (a fraction of a byte), not a rounding bound.
     EXPECT_NEAR(f.fitted[r], grid[r].bytes, 1e-3);
   }
 }
@@ -54,6 +59,7 @@ TEST(Fit, SeparateTermsRecoveredOverSeveralWidths) {
           grid.push_back({b, s, h, i, a, native_layer_bytes(b, s, h, i, a, a / 2, 4.0)});
         }
   const FitResult f = fit_activation_coefficients(grid, FitTerms::separate);
+  // Exact data, 4 scaled columns: ~1e-14 expected from the solve; 1e-9 of a byte per unit.
   EXPECT_NEAR(f.coefficients.at("sbh"), 28.0, 1e-9);
   EXPECT_NEAR(f.coefficients.at("sbi"), 12.0, 1e-9);
   EXPECT_NEAR(f.coefficients.at("as2b"), 4.0, 1e-9);
@@ -81,6 +87,8 @@ TEST(Fit, NoisyTwoTermFitMatchesClosedFormNormalEquations) {
   const double det = s11 * s22 - s12 * s12;
   const double c1 = (t1 * s22 - s12 * t2) / det, c2 = (s11 * t2 - s12 * t1) / det;
   const FitResult f = fit_activation_coefficients(grid, FitTerms::one_model);
+  // The 2x2 normal equations in double square the condition number (~1e3 → ~1e6 here), so the
+  // closed form is good to ~1e6·1.1e-16 ~ 1e-10 relative; 1e-9 covers it.
   EXPECT_NEAR(f.coefficients.at("sbh"), c1, std::fabs(c1) * 1e-9);
   EXPECT_NEAR(f.coefficients.at("as2b"), c2, std::fabs(c2) * 1e-9);
   EXPECT_GT(f.r2, 0.999);
@@ -145,6 +153,9 @@ TEST(LeastSquares, BadlyScaledColumnsSolvedExactly) {
   const LeastSquares ls = solve_least_squares(a, 4, 2, y);
   EXPECT_EQ(ls.rank, 2);
   EXPECT_TRUE(ls.rank_deficient_columns.empty());
+  // y ~ 1e12 in long double (ulp 1.1e-19·1.25e12 = 1.4e-7), so the small column's coefficient
+  // is determined only to ~1e-7 absolute (its entries are 1..7): 1e-6. x[0] sees the same
+  // errors divided by its 1e12 scale: ~1e-19, under a few double ulps of 0.25: 1e-15.
   EXPECT_NEAR(double(ls.x[0]), 0.25, 1e-15);
   EXPECT_NEAR(double(ls.x[1]), 1234.5, 1e-6);
 }
@@ -166,6 +177,7 @@ TEST(LeastSquares, OverdeterminedInconsistentSystemMinimisesResidual) {
   const std::vector<long double> a = {1, 1, 1, 1};
   const std::vector<long double> y = {1, 2, 3, 6};
   const LeastSquares ls = solve_least_squares(a, 4, 1, y);
+  // The mean of four small integers in long double: exact or an ulp off; 1e-15 is ~2 double ulps of 3.
   EXPECT_NEAR(double(ls.x[0]), 3.0, 1e-15);
 }
 

@@ -180,6 +180,8 @@ TEST(SvgChart, BarsCarryTheirFiguresAndScaleWithThem) {
   const auto w = attr_of(svg, "<rect class=\"bar", "width");
   const auto x = attr_of(svg, "<rect class=\"bar", "x");
   ASSERT_EQ(w.size(), 3u);
+  // Widths are written to 0.1 px (±0.05): w0/w1 is off by <= 0.05·(1 + 4)/w1, <= 0.02 while the
+  // reference bar is >= 12.5 px wide (it is ~170 px here).
   EXPECT_NEAR(w[0] / w[1], 4.0, 0.02);
   EXPECT_NEAR(w[2] / w[1], 2.0, 0.02);
   EXPECT_EQ(x[0], x[1]);
@@ -204,6 +206,8 @@ TEST(SvgChart, DivergingBarsSplitAtZero) {
   const auto w = attr_of(svg, "<rect class=\"bar", "width");
   ASSERT_EQ(x.size(), 3u);
   const double zero = x[0];              // the positive bar starts at zero
+  // Three %.1f roundings (x, w, zero: ±0.05 each) could reach 0.15 in the worst case; x and w
+  // come from the same exact edges, so their sum straddles at most one 0.1 step: 0.1 + slack.
   EXPECT_NEAR(x[1] + w[1], zero, 0.11);  // the negative one ends there
   EXPECT_NEAR(w[0] / w[1], 3.0, 0.02);
   EXPECT_TRUE(has(svg, "class=\"bar s0 neg\""));
@@ -240,6 +244,8 @@ TEST(SvgChart, ScatterPointsLieOnTheirLines) {
   const auto y2 = attr_of(svg, "<line class=\"fit", "y2");
   ASSERT_EQ(x2.size(), 1u);
   // The line ends on the point at (20, 2000) and passes through (10, 1000) halfway.
+  // Coordinates to 0.1 px: the same value through two computations rounds to neighbouring 0.1
+  // steps at worst (0.1); the midpoint's three roundings give <= 0.05 + 0.05 = 0.1. Plus slack.
   EXPECT_NEAR(cx[1], x2[0], 0.11);
   EXPECT_NEAR(cy[1], y2[0], 0.11);
   EXPECT_NEAR(cx[0], (x1[0] + x2[0]) / 2, 0.11);

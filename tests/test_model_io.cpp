@@ -184,6 +184,8 @@ TEST(ModelWeights, RandomInitIsHfsNormalWithUnitNorms) {
       sq += double(x) * x;
     }
     const double n = double(v.size()), mean = sum / n, sd = std::sqrt(sq / n - mean * mean);
+    // N(0, 0.02^2): the mean's standard error is 0.02/sqrt(n), the sd's 0.02/sqrt(2n): 5 and 6
+    // sigma (false alarms ~1e-6 and ~1e-9 per tensor).
     EXPECT_NEAR(mean, 0.0, 5 * 0.02 / std::sqrt(n)) << p.name;
     EXPECT_NEAR(sd, 0.02, 0.02 * 6 / std::sqrt(2 * n)) << p.name;
   }
@@ -307,6 +309,8 @@ TEST(ModelDump, WritesLossAndEveryGradientInFp32UnderHfNames) {
     }
     // The bf16 step is close to the fp32 golden (a coarse check that the dump is real data).
     SafeTensorsReader expected(data("golden_tiny_gqa_expected.safetensors"));
+    // bf16 run vs the fp32 golden: each op's output rounds to 2^-8 relative; the loss (~4.6)
+    // moves by a few such roundings (2^-8·4.6 = 0.018): 0.05 is ~3 of them. A coarse check.
     EXPECT_NEAR(loss, expected.read_f32("loss")[0], 0.05);
     std::remove(path.c_str());
   }

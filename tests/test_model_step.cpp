@@ -90,6 +90,8 @@ TEST(Model, EagerAndFlashAttentionAgree) {
                                                      Checkpointing::none, Attention::eager));
     const auto flash = run_two_steps(m, train_config(3, 17, DType::f32, Optimizer::adamw,
                                                      Checkpointing::none, Attention::flash));
+    // Both fp32: softmax sums of s terms in another order (~s·u ~ 1e-6 relative per
+    // probability), the loss averages them: ~1e-6, 1e-5 is 10x.
     EXPECT_NEAR(eager.loss1, flash.loss1, 1e-5 * std::abs(eager.loss1)) << name;
     EXPECT_NEAR(eager.loss2, flash.loss2, 1e-5 * std::abs(eager.loss2)) << name;
     for (const auto& [pname, g] : eager.grads1) {
@@ -239,6 +241,8 @@ TEST(Model, LomoComputesAdamWsFirstGradientsAndAppliesSgdInBackward) {
       const auto after = lomo.model->parameter_values(pname);
       const auto& w0 = before.at(pname);
       for (std::size_t e = 0; e < w0.size(); ++e)
+        // fl(w0 - fl(lr·g)) in fp32: u = 6e-8 of |after| ~ |w0| (lr·g is far smaller) plus u of
+        // lr·g: 1e-7·|w0|; 1e-12 absolute so w0 = 0 does not demand bit equality.
         ASSERT_NEAR(after[e], w0[e] - lr * grad[e], 1e-7 * std::abs(w0[e]) + 1e-12)
             << pname << " element " << e;
     }

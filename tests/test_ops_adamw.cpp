@@ -22,6 +22,10 @@ TEST(OpsAdamw, FirstStepWorkedByHand) {
   hp.weight_decay = 0.1f;
   float p = 1.0f, g = 0.5f, m = 0.0f, v = 0.0f;
   adamw_update_cpu(&p, &g, nullptr, &m, &v, 1, hp, 1, 1.0f, DType::f32);
+  // fp32: 1 - 0.9f = 0.10000002 (exact, Sterbenz), so m = 0.050000012: 1.2e-8 off 0.05, plus
+  // one rounding (2^-24·0.05 = 3e-9): 2e-8. v: 1 - 0.999f = 9.99987e-4, v = 2.499968e-4, 3.2e-9
+  // off, plus 1.5e-11: 5e-9. p < 1 where an fp32 ulp is 6e-8: decay, m/denom, step_size and the
+  // subtraction round ~3 times: 2e-7.
   EXPECT_NEAR(m, 0.05, 2e-8);  // fp32: (1 - 0.9f) is not 0.1 exactly
   EXPECT_NEAR(v, 2.5e-4, 5e-9);
   EXPECT_NEAR(p, 0.99890000002, 2e-7);
@@ -65,6 +69,11 @@ TEST_P(OpsAdamwP, ThreeStepsMatchReference) {
       rp[i] -= hp.lr * m_hat / (std::sqrt(v_hat) + hp.eps);
     }
   }
+  // Against fp64 with the same float constants (u = 2^-24): m and v take 3 fp32 roundings per
+  // step, so after 3 steps <= 9u·sum|terms|: m <= 9u·1 = 5e-7 (atol 1e-6), v <= 9u·0.15 = 8e-8
+  // (atol 1e-7). p (|p| <= 1) rounds the decay constant, the decay product and the subtraction
+  // each step (~9u = 5e-7 < atol 1e-6); the update (<= 3e-3) carries ~7u of itself, 1e-9.
+  // So atol bounds the worst case alone; rtol 1e-5 is slack for |values| above 1.
   EXPECT_TRUE(all_close("m", m, rm, {1e-6, 1e-5}));
   EXPECT_TRUE(all_close("v", v, rv, {1e-7, 1e-5}));
   if (dt == DType::f32) {
@@ -104,7 +113,10 @@ TEST(OpsSgd, UpdateThroughMasterAndInPlace) {
     // Through the master copy (SGD under mixed precision).
     Buf p2 = param;
     sgd_update_cpu(p2.data(), grad.data(), master.data(), n, lr, 1.0f, dt);
-    EXPECT_TRUE(all_close(dtype_label(dt) + " master", master, ref, {1e-7, 1e-6}));
+    // master = fl(p - fl(lr·g)) in fp32 on exact inputs (p, g are dt values, lr·g exact in
+    // fp64): |err| <= u·|lr·g| + u·|result| <= 3e-9 + 6e-8·|result| (u = 2^-24, |lr·g| <= 0.05);
+    // atol 1e-8 and rtol 2e-7 hold it with 3x to spare (was {1e-7, 1e-6}: 30x and 17x).
+    EXPECT_TRUE(all_close(dtype_label(dt) + " master", master, ref, {1e-8, 2e-7}));
     std::vector<double> rounded_ref(n);
     for (std::int64_t i = 0; i < n; ++i) rounded_ref[i] = round_to(dt, master[i]);
     EXPECT_TRUE(all_close(dtype_label(dt) + " param", p2.f32(), rounded_ref, {0, 0}));

@@ -151,6 +151,8 @@ TEST(OpsAttention, MathOnlineSoftmaxAndBackwardInFp64) {
     online_softmax_rescale(&st, bmax);
     for (int j = j0; j < std::min(150, j0 + 64); ++j) st.l += online_softmax_weight(st, s[j]);
   }
+  // fp64 (eps = 2^-53 = 1.1e-16) over 150 terms with |s| <= ~4: each path sums <= 150 exp terms
+  // and rescales 3 times, <= ~160 eps relative of lse ~ 5-10: ~2e-13 absolute; 1e-12 is 5x.
   EXPECT_NEAR(online_softmax_lse(st), lse_naive(), 1e-12);
   // d/ds_j of sum_k w_k softmax_k(s) = p_j (w_j - sum_k p_k w_k).
   const double lse = lse_naive();
@@ -164,6 +166,8 @@ TEST(OpsAttention, MathOnlineSoftmaxAndBackwardInFp64) {
   };
   for (int j = 0; j < 150; j += 7) {
     const double fd = central_difference([&](double x) { s[j] = x; }, s[j], 1e-6, loss);
+    // Central difference in fp64, h = 1e-6: truncation h^2/6·|f^(3)| ~ 2e-13; rounding
+    // eps·|loss|/h ~ 1.1e-10·|loss| with |loss| <= max|w| ~ 1-2: ~2e-10; 1e-9 is 5x the sum.
     EXPECT_NEAR(softmax_backward_elem(softmax_prob_from_lse(s[j], lse), w[j], delta), fd, 1e-9);
   }
   EXPECT_EQ(attention_kv_head(5, 6, 2), 1);
@@ -204,6 +208,9 @@ TEST(OpsAttention, BackwardMatchesFp32FiniteDifferences) {
       for (std::size_t i = 0; i < buf->size(); ++i)
         fd[i] = central_difference([&, bi = buf](double x) { bi->set(i, float(x)); }, buf->get(i),
                                    1e-2, loss);
+      // fp32 forward, h = 1e-2: truncation h^2/6·|f^(3)| = 1.7e-5·|f^(3)| (relative to the gradient
+      // <= 1e-2 while f^(3) is within ~500x of f', rtol); rounding of the fp32 loss (~s·u·|loss| ~
+      // 1e-5 for |loss| ~ 1) over 2h = 0.02: ~5e-4 absolute, so atol 2e-3 (4x).
       EXPECT_TRUE(all_close(name, grad->f32(), fd, {2e-3, 1e-2}));
     }
   }
@@ -226,6 +233,9 @@ TEST_P(OpsAttentionP, MatchesNaiveReference) {
   r.backward();
   const Reference ref = naive_attention(c.shape, r.q.f64(), r.k.f64(), r.v.f64(), r.dout.f64());
   // 16-bit: probabilities (eager) and outputs are rounded before the backward reads them.
+  // tolerance(): one rounding of each result to D plus fp32 accumulation over s <= 200 keys
+  // (<= 200u = 1.2e-5 relative, inside f32's 2e-4). In 16 bits a second D rounding precedes the
+  // result (eager: the stored probabilities; both: out feeds delta and the backward), so scale 2.
   const Tol tol = tolerance(c.dt, c.dt == DType::f32 ? 1.0 : 2.0);
   EXPECT_TRUE(all_close("out", r.out.f32(), ref.out, tol));
   if (c.variant == Attention::eager) {
@@ -268,6 +278,9 @@ TEST(OpsAttention, EagerAndFlashAgree) {
     e.backward();
     f.forward();
     f.backward();
+    // Both fp32 on the same inputs, summing the same <= 200 terms in another order (two-pass vs
+    // online rescaling): each within ~s·u = 1.2e-5 of the sum of magnitudes, so rtol 1e-4 allows
+    // a result ~8x smaller than that sum through cancellation; atol 1e-5 for results near 0.
     const Tol tol{1e-5, 1e-4};
     EXPECT_TRUE(all_close("out", f.out.f32(), e.out.f64(), tol));
     EXPECT_TRUE(all_close("dq", f.dq.f32(), e.dq.f64(), tol));
@@ -349,6 +362,9 @@ TEST_P(OpsAttentionWindowP, MatchesNaiveMaskedReference) {
   r.backward();
   const Reference ref =
       naive_attention(c.shape, r.q.f64(), r.k.f64(), r.v.f64(), r.dout.f64(), c.window);
+  // tolerance(): one rounding of each result to D plus fp32 accumulation over s <= 200 keys
+  // (<= 200u = 1.2e-5 relative, inside f32's 2e-4). In 16 bits a second D rounding precedes the
+  // result (eager: the stored probabilities; both: out feeds delta and the backward), so scale 2.
   const Tol tol = tolerance(c.dt, c.dt == DType::f32 ? 1.0 : 2.0);
   EXPECT_TRUE(all_close("out", r.out.f32(), ref.out, tol));
   if (c.variant == Attention::eager) {
@@ -409,6 +425,9 @@ TEST(OpsAttentionWindow, EagerAndFlashAgree) {
     e.backward();
     f.forward();
     f.backward();
+    // Both fp32 on the same inputs, summing the same <= 200 terms in another order (two-pass vs
+    // online rescaling): each within ~s·u = 1.2e-5 of the sum of magnitudes, so rtol 1e-4 allows
+    // a result ~8x smaller than that sum through cancellation; atol 1e-5 for results near 0.
     const Tol tol{1e-5, 1e-4};
     EXPECT_TRUE(all_close("out", f.out.f32(), e.out.f64(), tol));
     EXPECT_TRUE(all_close("dq", f.dq.f32(), e.dq.f64(), tol));
@@ -459,6 +478,11 @@ TEST(OpsAttentionWindow, WindowOneAttendsOnlyToSelf) {
             want_dv[ki] += r.dout.get(qi);
           }
     EXPECT_TRUE(all_close("out", r.out.f32(), want_out, {0, 0}));
+    // out = v exactly (p = 1, one term): {0, 0}. dv sums g = 3 dout values (|dout| <= 1) in
+    // fp32, two roundings: <= 2u·3 = 3.6e-7 < 1e-6. dq, dk = scale·(dp - delta)·k (or q): dp =
+    // dout·v and delta = dout·out are sums of the same d = 4 products (out = v exactly), equal
+    // when summed in the same order; in another order they could differ by up to
+    // 2(d-1)u·sum|dout·v| <= 1.4e-6, times scale·|k| <= 0.5·2: atol 1e-6 relies on the order.
     EXPECT_TRUE(all_close("dv", r.dv.f32(), want_dv, {1e-6, 1e-6}));
     EXPECT_TRUE(all_close("dq", r.dq.f32(), std::vector<double>(shape.nq(), 0.0), {1e-6, 0}));
     EXPECT_TRUE(all_close("dk", r.dk.f32(), std::vector<double>(shape.nk(), 0.0), {1e-6, 0}));

@@ -62,12 +62,17 @@ TEST(OpsBackends, CpuBackendOpsUseItsDtype) {
         for (std::int64_t p = 0; p < K; ++p) s += double(x.get(i * K + p)) * w.get(j * K + p);
         ref[i * M + j] = s;
       }
+    // K = 12 fp32 products summed: <= K·u·sum|x·w| (sum|x·w| <= K = 12, |x|,|w| <= 1), 8.6e-6
+    // absolute, plus one rounding to D relative to |y| which can be far smaller than sum|x·w|:
+    // scale 4 widens atol to 4x the table's (8e-5 f32 / 6.4e-2 bf16) for that cancellation.
     EXPECT_TRUE(all_close("y", y.f32(), ref, tolerance(dt, 4)));
     be->swiglu_forward(act.data(), y.data(), y.data(), N * M);
     for (std::int64_t i = 0; i < N * M; ++i) {
       const double g = y.get(i);
       ref_act[i] = g * g / (1 + std::exp(-g));
     }
+    // g·g·sigmoid(g) on the stored y: exp, add, divide, two products in fp32 (~5u = 3e-7
+    // relative) then one rounding to D: the table's single-rounding row.
     EXPECT_TRUE(all_close("act", act.f32(), ref_act, tolerance(dt)));
   }
 }
@@ -90,6 +95,8 @@ TEST(OpsBackends, CpuBackendFamilyOps) {
     }
     be->bias_backward(dbias.data(), out.data(), n, c);
     be->bias_forward(out.data(), bias.data(), n, c);
+    // out: one addition rounded once to D; dbias: n fp32 additions (n·u, n small) then one
+    // rounding to D: both single-rounding rows of the table.
     EXPECT_TRUE(all_close("bias out", out.f32(), want_out, tolerance(dt)));
     EXPECT_TRUE(all_close("dbias", dbias.f32(), want_db, tolerance(dt)));
 
@@ -110,6 +117,8 @@ TEST(OpsBackends, CpuBackendFamilyOps) {
         want_q[t * d + j] = x1 * std::cos(ang) - x2 * std::sin(ang);
         want_q[t * d + j + 2] = x2 * std::cos(ang) + x1 * std::sin(ang);
       }
+    // x1·cos - x2·sin in fp32: the angle t·f, cos, sin, two products and a difference (~6u),
+    // then one rounding to D; scale 2 for the angle's rounding, which grows with t.
     EXPECT_TRUE(all_close("rope q", q.f32(), want_q, tolerance(dt, 2)));
 
     // Window 2 attention, one head, d 1, s 3, eager and flash: row t averages the values at
@@ -131,6 +140,8 @@ TEST(OpsBackends, CpuBackendFamilyOps) {
         }
         want[t] = num / den;
       }
+      // exp, products, sums and a divide in fp32 (~8u), and two D roundings in 16 bits (eager's
+      // stored probabilities, then out): scale 2.
       EXPECT_TRUE(all_close("attn out", ao.f32(), want, tolerance(dt, 2)));
       if (var == Attention::eager) {
         EXPECT_EQ(probs.get(2 * 3 + 0), 0.0f);  // t 2 cannot see 0

@@ -30,6 +30,8 @@ TEST(OpsCrossEntropy, MathLseStateAndGradientInFp64) {
     lse_update(&st, x[j]);
     lse_update(j < 4 ? &a : &b, x[j]);
   }
+  // fp64 over V terms: ~(V + 3)·eps·|lse| (eps = 1.1e-16), ~1e-14; 1e-12 leaves room for |lse|
+  // up to 100. Merging with the empty state must be exact (0).
   EXPECT_NEAR(lse_finish(st), naive_lse(), 1e-12);
   EXPECT_NEAR(lse_finish(lse_merge(a, b)), naive_lse(), 1e-12);
   EXPECT_NEAR(lse_finish(lse_merge(LseState<double>::empty(), a)), lse_finish(a), 0);
@@ -40,6 +42,8 @@ TEST(OpsCrossEntropy, MathLseStateAndGradientInFp64) {
   auto loss = [&] { return scale * cross_entropy_loss(naive_lse(), x[t]); };
   for (std::int64_t j = 0; j < V; ++j) {
     const double fd = central_difference([&](double v) { x[j] = v; }, x[j], 1e-5, loss);
+    // fp64, h = 1e-5: truncation h^2/6·|f^(3)| <= 1.7e-11; rounding eps·|loss|/h = 1.1e-11·|loss|;
+    // 1e-9 covers |loss| up to ~50.
     EXPECT_NEAR(cross_entropy_dlogit(x[j], lse, j == t, scale), fd, 1e-9) << "j " << j;
   }
 }
@@ -67,6 +71,9 @@ TEST(OpsCrossEntropy, CpuBackwardMatchesFp32FiniteDifferences) {
   for (std::int64_t i = 0; i < n * V; ++i)
     fd[i] =
         central_difference([&](double v) { logits.set(i, float(v)); }, logits.get(i), 1e-2, loss);
+  // fp32 forward, h = 1e-2: truncation h^2/6·|f^(3)|, |d^3 lse/dx^3| = |p(1-p)(1-2p)| <= 0.1:
+  // <= 1.7e-6·scale; rounding of the fp32 summed loss (~(V+n)·u·|loss| ~ 1e-6) over 2h: ~5e-5.
+  // atol 2e-4 is 4x that; rtol 1e-2 is slack for the larger gradients.
   EXPECT_TRUE(all_close("dlogits", dlogits.f32(), fd, {2e-4, 1e-2}));
   for (std::int64_t j = 0; j < V; ++j) EXPECT_EQ(dlogits.get(1 * V + j), 0.0f);
 }
@@ -105,10 +112,14 @@ TEST_P(OpsCrossEntropyP, MatchesNaiveReferenceAndRunsInPlace) {
               : scale * (std::exp(x[row * V + j] - ref_lse[row]) - (j == targets[row] ? 1.0 : 0.0));
   }
   // lse and losses are fp32 computations on the stored logits, whatever D is.
+  // lse: fp32 max, V exps and adds, a log: <= (V + 2)u relative to the sum, so ~V·u absolute in
+  // lse (|lse| <= 8 + log V): the f32 row. A loss = lse - x_t is up to ~10x smaller than lse, and
+  // its error is lse's in absolute terms: 10x the row.
   EXPECT_TRUE(all_close("lse", lse, ref_lse, tolerance(DType::f32)));
   EXPECT_TRUE(all_close("losses", losses, ref_loss, tolerance(DType::f32, 10)));
   Buf d(n * V, dt);
   cross_entropy_backward_cpu(d.data(), logits.data(), lse.data(), targets.data(), n, V, scale, dt);
+  // scale·(exp(x - lse) - [j = t]) in fp32 (~4u) then one rounding to D: one row.
   EXPECT_TRUE(all_close("dlogits", d.f32(), ref_d, tolerance(dt)));
   // In place: dlogits aliases logits, bit-identical to the out-of-place result.
   cross_entropy_backward_cpu(logits.data(), logits.data(), lse.data(), targets.data(), n, V, scale,

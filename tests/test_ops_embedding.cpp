@@ -45,6 +45,8 @@ TEST_P(OpsEmbeddingP, ForwardGathersAndBackwardScatters) {
     for (std::int64_t e = 0; e < c.h; ++e) add[tokens[row] * c.h + e] += dout.get(row * c.h + e);
   for (std::size_t i = 0; i < ref.size(); ++i) ref[i] += add[i];
   embedding_backward_cpu(dwte.data(), dout.data(), tokens.data(), c.b, c.s, c.h, c.V, c.dt);
+  // Each element adds the rows with its token (<= b·s = 300, ~b·s/V on average) in fp32, then
+  // rounds once to D: <= (k+1)u·sum|.| plus the D rounding, the table's single-rounding row.
   EXPECT_TRUE(all_close("dwte", dwte.f32(), ref, tolerance(c.dt)));
 }
 

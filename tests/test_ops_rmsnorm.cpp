@@ -45,6 +45,8 @@ TEST(OpsRmsnorm, MathBackwardMatchesFp64FiniteDifferences) {
   for (int c = 0; c < h; ++c) {
     const double fd_x = central_difference([&](double v) { x[c] = v; }, x[c], 1e-5, loss);
     const double fd_w = central_difference([&](double v) { w[c] = v; }, w[c], 1e-5, loss);
+    // fp64, h = 1e-5: truncation h^2/6·|f^(3)| ~ 2e-11; rounding eps·|loss|/h ~ 1e-11·|loss|;
+    // 1e-8 is ~100x, for |loss| and f^(3) of a few units.
     EXPECT_NEAR(rmsnorm_dinp(x[c], w[c], dy[c], r, dot, h), fd_x, 1e-8) << "c " << c;
     EXPECT_NEAR(rmsnorm_dweight_term(x[c], dy[c], r), fd_w, 1e-8) << "c " << c;
   }
@@ -81,6 +83,8 @@ TEST(OpsRmsnorm, CpuBackwardMatchesFp32FiniteDifferences) {
         central_difference([&](double v) { weight.set(c, float(v)); }, weight.get(c), 1e-2, loss);
     got_w[c] = double(dweight.get(c)) - dw0[c];
   }
+  // fp32 forward, h = 1e-2: truncation h^2/6·|f^(3)| = 1.7e-5·|f^(3)| (rtol); the fp32 loss's
+  // rounding (~h_dim·u·|loss| ~ 1e-5) over 2h = 0.02: ~5e-4 absolute (atol 4x).
   EXPECT_TRUE(all_close("dinp", got_x, fd_x, {2e-3, 1e-2}));
   EXPECT_TRUE(all_close("dweight", got_w, fd_w, {2e-3, 1e-2}));
 }
@@ -123,6 +127,8 @@ TEST_P(OpsRmsnormP, MatchesNaiveReference) {
       ref_dw[c] += dy[i] * x[i] * r;
     }
   }
+  // rstd: h squares summed in fp32 ((h-1)u), sqrt, reciprocal: the f32 row. out = x·rstd·w and
+  // dinp = (dy·w·r - x·r^3·g/h) in fp32 then one rounding to D: the D row.
   const Tol tol = tolerance(dt);
   EXPECT_TRUE(all_close("rstd", rstd, ref_rstd, tolerance(DType::f32)));
   EXPECT_TRUE(all_close("out", out.f32(), ref_out, tol));

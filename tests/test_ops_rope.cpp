@@ -92,14 +92,19 @@ TEST(OpsRope, MathPairRotationIsOrthogonal) {
   for (double ang : {0.0, 0.3, -1.7, 100.25}) {
     double a = 0.6, b = -1.3;
     rope_rotate_pair(&a, &b, std::cos(ang), std::sin(ang));
-    EXPECT_NEAR(a * a + b * b, 0.6 * 0.6 + 1.3 * 1.3, 1e-12);
+    // fp64 (eps = 1.1e-16), |a|, |b| <= 1.5: the rotation rounds two products and a sum (3 eps
+    // relative, ~5e-16 absolute), cos/sin are within an ulp; two rotations and c^2 + s^2 = 1
+    // ± 2 eps: ~2e-15 on the inverse. 1e-14 is 5x (was 1e-12: 500x).
+    EXPECT_NEAR(a * a + b * b, 0.6 * 0.6 + 1.3 * 1.3, 1e-14);
     // As a complex product (x1 + i x2) e^{i ang}.
-    EXPECT_NEAR(a, 0.6 * std::cos(ang) + 1.3 * std::sin(ang), 1e-12);
-    EXPECT_NEAR(b, -1.3 * std::cos(ang) + 0.6 * std::sin(ang), 1e-12);
+    EXPECT_NEAR(a, 0.6 * std::cos(ang) + 1.3 * std::sin(ang), 1e-14);
+    EXPECT_NEAR(b, -1.3 * std::cos(ang) + 0.6 * std::sin(ang), 1e-14);
     rope_rotate_pair(&a, &b, std::cos(ang), -std::sin(ang));
-    EXPECT_NEAR(a, 0.6, 1e-12);
-    EXPECT_NEAR(b, -1.3, 1e-12);
+    EXPECT_NEAR(a, 0.6, 1e-14);
+    EXPECT_NEAR(b, -1.3, 1e-14);
   }
+  // 1/pow vs pow with the negated exponent: ~3 ulps of 0.046 (ulp 7e-18) = 2e-17; 1e-15 is
+  // loose but harmless (a wrong exponent moves it by > 1e-3).
   EXPECT_NEAR(rope_inv_freq<double>(1, 6, 10000.0), std::pow(10000.0, -2.0 / 6.0), 1e-15);
   EXPECT_EQ(rope_angle<double>(0, 2, 6, 10000.0), 0.0);
 }
@@ -128,9 +133,14 @@ void check_transpose_and_inverse(const RopeCase& c, const RopeSpec& spec) {
   const std::vector<double> xq64(xq.begin(), xq.end()), xk64(xk.begin(), xk.end());
   const double lhs = dot(yq64, rq.f32()) + dot(yk64, rk.f32());
   const double rhs = dot(xq64, tq.f32()) + dot(xk64, tk.f32());
+  // R and R^T use the same fp32 cos/sin, so only roundings differ: ~3u per rotated element
+  // (|x||y| <= 1) on each side, random in sign: ~2·3u·sqrt(n) = 3.6e-7·sqrt(n); 1e-5·sqrt(n)
+  // is ~30x, kept because the errors' independence is assumed, not guaranteed.
   EXPECT_NEAR(lhs, rhs, 1e-5 * std::sqrt(double(nq + nk)));
   // R^T R x == x
   rope_backward_cpu(rq.data(), rk.data(), c.b, c.s, c.a, c.kv, c.d, spec, DType::f32);
+  // Two fp32 rotations (~3u each of the pair's norm <= sqrt 2) and fl(cos)^2 + fl(sin)^2 = 1 ± 2u:
+  // ~8u·1.41 = 7e-7 absolute, under atol 1e-6.
   EXPECT_TRUE(all_close("q", rq.f32(), xq64, {1e-6, 1e-5}));
   EXPECT_TRUE(all_close("k", rk.f32(), xk64, {1e-6, 1e-5}));
 }
@@ -142,6 +152,8 @@ TEST_P(OpsRopeP, ForwardMatchesHuggingFaceFormula) {
   const auto ref_q = hf_rope(q.f64(), c.b, c.s, c.a, c.d, c.theta);
   const auto ref_k = hf_rope(k.f64(), c.b, c.s, c.kv, c.d, c.theta);
   rope_forward_cpu(q.data(), k.data(), c.b, c.s, c.a, c.kv, c.d, RopeSpec{c.theta, {}}, c.dt);
+  // fp32 angle, cos/sin, two products and a sum (~6u relative to the pair norm) then one
+  // rounding to D: the single-rounding row.
   EXPECT_TRUE(all_close("q", q.f32(), ref_q, tolerance(c.dt)));
   EXPECT_TRUE(all_close("k", k.f32(), ref_k, tolerance(c.dt)));
 }
@@ -222,6 +234,9 @@ TEST(OpsRope, Llama3InvFreqMatchesDoubleReference) {
   // j = 40 has inv_freq 500000^(-80/128) = 2.7425e-4, wavelength 22911 > 8192: divided by 8.
   EXPECT_NEAR(llama3_inv_freq_ref(40, 128, 500000.0, llama31_scaling()),
               std::pow(500000.0, -80.0 / 128.0) / 8.0, 1e-18);
+  // The constants are docs/formulas.md's, quoted to 5 significant digits: half a unit of the
+  // last digit is 5e-9 (2.7425e-4) or 5e-8 (1.3719e-3), so 1e-8 and 1e-7 (2x). (The j = 40 check
+  // above divides the same pow by 8, exact: its 1e-18 is ~130 ulps of 3.4e-5, slack.)
   EXPECT_NEAR(std::pow(500000.0, -80.0 / 128.0), 2.7425e-4, 1e-8);
   // j = 30: inv_freq 2.1311e-3, wavelength 2948.3 between 2048 and 8192, smooth 0.5928, scaled
   // by 0.6437 to 1.3719e-3; j = 28 (wavelength 1956.5 < 2048) unchanged.
@@ -264,6 +279,7 @@ TEST(OpsRope, Llama3ForwardMatchesHuggingFaceFormula) {
     const auto ref_k = hf_rope(k.f64(), b, s, kv, d, inv_freq);
     rope_forward_cpu(q.data(), k.data(), b, s, a, kv, d, RopeSpec{theta, sc}, dt);
     rope_forward_cpu(q0.data(), k0.data(), b, s, a, kv, d, RopeSpec{theta, {}}, dt);
+    // As the unscaled rope: fp32 angle/cos/sin/rotation then one rounding to D.
     EXPECT_TRUE(all_close("q", q.f32(), ref_q, tolerance(dt)));
     EXPECT_TRUE(all_close("k", k.f32(), ref_k, tolerance(dt)));
     const std::vector<float> got = q.f32(), plain = q0.f32();

@@ -78,6 +78,7 @@ TEST(ParamInit, StreamsAndSeedsAreIndependent) {
     for (std::size_t i = 0; i < x.size(); ++i) s += double(x[i]) * y[i];
     return s / double(x.size());
   };
+  // 5 standard errors (independent streams: 1/sqrt(n) ~ 2e-3).
   EXPECT_NEAR(corr(a, b), 0.0, 1e-2);  // standard error 2e-3
   EXPECT_NEAR(corr(a, c), 0.0, 1e-2);
   EXPECT_NE(a, b);

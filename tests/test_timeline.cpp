@@ -249,6 +249,8 @@ TEST(Timeline, SvgIsWellFormedAndTheStackTopIsThePeak) {
   // The full panel stacks all six categories and its dot sits on the top of the stack.
   int n_areas = 0;
   const std::string all = panel(svg, "panel-all");
+  // y's are written to 0.1 px (%.1f): the dot and the stack top are the same value computed two
+  // ways, so they round to neighbouring 0.1 steps at worst: 0.1 + slack.
   EXPECT_NEAR(peak_dot_y(all), top_of_areas(all, &n_areas), 0.11);
   EXPECT_EQ(n_areas, 6);
   // The zoomed panel holds only what changes in the step (activations, workspace), and its
@@ -285,6 +287,7 @@ TEST(Timeline, LongStepsAreThinnedButKeepTheirPeak) {
   expect_well_formed_xml(svg);
   int n_areas = 0;
   const std::string all = panel(svg, "panel-all");
+  // As above: one 0.1 px step of the written coordinates, plus slack.
   EXPECT_NEAR(peak_dot_y(all), top_of_areas(all, &n_areas), 0.11);
   EXPECT_EQ(n_areas, 2);
   const std::string zoom = panel(svg, "panel-changing");
