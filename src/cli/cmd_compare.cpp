@@ -334,18 +334,8 @@ int run_compare_layout(const Common& c, const CompareFlags& flags, const Paralle
             if (!rf.timeline.empty())
               rf.timeline =
                   suffixed_path(rf.timeline, std::string("ckpt-") + checkpointing_name(mode));
-            ml.push_back(measure_layout(measure_request(with_mode(mode), rf, par, oo), backend,
-                                        data, world));
-            if (ml.back().timeline) {
-              const std::string path = rank_path(rf.timeline, world.rank());
-              try {
-                write_timeline(path, *ml.back().timeline);
-                spdlog::info("rank {}: wrote {}", world.rank(), path);
-              } catch (const std::exception& e) {
-                if (!ml.back().failure) throw;
-                spdlog::error("rank {}: the timeline was not written: {}", world.rank(), e.what());
-              }
-            }
+            ml.push_back(measure_layout_and_timeline(measure_request(with_mode(mode), rf, par, oo),
+                                                     rf.timeline, backend, data, world));
             if (ml.back().failure)
               end_failed_rank(one, flags.run, ml.back(), world.rank(), "compare");
           }

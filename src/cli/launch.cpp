@@ -278,18 +278,8 @@ int run_measured_layout(const Common& c, const RunFlags& run, const ParallelConf
                         const OverheadOptions& overheads, const LaunchFlags& flags) {
   return run_ranked(c, run, layout, flags, [&](Backend& be, Collective& data, Collective& world) {
     check_layout_request(c, false, false);
-    const MeasuredLayout ml =
-        measure_layout(measure_request(c, run, layout, overheads), be, data, world);
-    if (ml.timeline) {
-      const std::string path = rank_path(run.timeline, world.rank());
-      try {
-        write_timeline(path, *ml.timeline);
-        spdlog::info("rank {}: wrote {}", world.rank(), path);
-      } catch (const std::exception& e) {
-        if (!ml.failure) throw;
-        spdlog::error("rank {}: the timeline was not written: {}", world.rank(), e.what());
-      }
-    }
+    const MeasuredLayout ml = measure_layout_and_timeline(
+        measure_request(c, run, layout, overheads), run.timeline, be, data, world);
     if (ml.failure) end_failed_rank(c, run, ml, world.rank(), "profile");
     if (world.rank() == 0)
       write_output(c.output, render_measured_layout(ml, c.format, stdout_colour(c.output)));

@@ -13,6 +13,7 @@
 #include "trainmem/model/model.hpp"
 #include "trainmem/model/model_io.hpp"
 #include "trainmem/model/sharded_step.hpp"
+#include "trainmem/run/timeline.hpp"
 
 namespace trainmem {
 
@@ -311,6 +312,21 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
     out.ranks.push_back(std::move(m));
   }
   return out;
+}
+
+MeasuredLayout measure_layout_and_timeline(const MeasureRequest& rq, const std::string& timeline,
+                                           Backend& backend, Collective& data, Collective& host) {
+  MeasuredLayout ml = measure_layout(rq, backend, data, host);
+  if (!ml.timeline) return ml;
+  const std::string path = rank_path(timeline, host.rank());
+  try {
+    write_timeline(path, *ml.timeline);
+    spdlog::info("rank {}: wrote {}", host.rank(), path);
+  } catch (const std::exception& e) {
+    if (!ml.failure) throw;
+    spdlog::error("rank {}: the timeline was not written: {}", host.rank(), e.what());
+  }
+  return ml;
 }
 
 }  // namespace trainmem

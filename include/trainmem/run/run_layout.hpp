@@ -113,4 +113,10 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
 // `path` with ".rank<R>" before its extension (t.json -> t.rank1.json): one timeline per rank.
 std::string rank_path(const std::string& path, int rank);
 
+// measure_layout, then this rank's timeline (rq.keep_timeline) written to rank_path(timeline,
+// rank). A timeline that cannot be written is an error, except after this rank ran out of
+// memory: then it is logged and `failure` stays what ends the rank.
+MeasuredLayout measure_layout_and_timeline(const MeasureRequest& rq, const std::string& timeline,
+                                           Backend& backend, Collective& data, Collective& host);
+
 }  // namespace trainmem
