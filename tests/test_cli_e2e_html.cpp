@@ -313,8 +313,9 @@ TEST(CliE2EHtml, EstimatePerLayerBarsAreTheJsonReports) {
   // Longer bars for more bytes: the widths keep the figures' order.
   for (const auto& x : bars)
     for (const auto& y : bars)
-      if (u64(x.at("data-v")) > u64(y.at("data-v")))
+      if (u64(x.at("data-v")) > u64(y.at("data-v"))) {
         EXPECT_GT(std::stod(x.at("width")), std::stod(y.at("width")));
+      }
   // Only the page draws it.
   EXPECT_FALSE(has(trainmem(args + "--format markdown").out, "per-layer-chart"));
 }

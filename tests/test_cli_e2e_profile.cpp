@@ -291,8 +291,9 @@ TEST(CliE2EProfile, SvgTimelinesForProfileAndCompare) {
     const std::string p = temp_path(std::string("cmp-ckpt-") + mode + ".svg");
     const std::string s = slurp(p);
     EXPECT_EQ(s.rfind("<svg ", 0), 0u) << p;
-    if (std::string(mode) == "full")
+    if (std::string(mode) == "full") {
       EXPECT_NE(s.find("data-phase=\"recompute\""), std::string::npos);
+    }
     std::remove(p.c_str());
   }
 }

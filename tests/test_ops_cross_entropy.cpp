@@ -62,8 +62,11 @@ TEST(OpsCrossEntropy, CpuBackwardMatchesFp32FiniteDifferences) {
     return s * scale;
   };
   loss();
-  for (std::int64_t row = 0; row < n; ++row)
-    if (targets[row] < 0) EXPECT_EQ(losses[row], 0.0f) << "ignored row " << row;
+  for (std::int64_t row = 0; row < n; ++row) {
+    if (targets[row] < 0) {
+      EXPECT_EQ(losses[row], 0.0f) << "ignored row " << row;
+    }
+  }
   Buf dlogits(n * V, DType::f32);
   cross_entropy_backward_cpu(dlogits.data(), logits.data(), lse.data(), targets.data(), n, V, scale,
                              DType::f32);

@@ -157,7 +157,9 @@ TEST(Optimizer, SgdAndLomoStepAgainstTheGradient) {
         // lr is a power of two, so lr·g is exact in fp32: one rounding of the difference, u·|want| =
         // 6e-8·|want| < 1e-7·(1 + |want|). The stored weight rounds that same fp32 value to D, as the
         // reference does.
-        if (master) EXPECT_NEAR(master[i], want, 1e-7 * (1 + std::abs(want)));
+        if (master) {
+          EXPECT_NEAR(master[i], want, 1e-7 * (1 + std::abs(want)));
+        }
         EXPECT_NEAR(w[i], round_to(dt, float(want)), 1e-7 * (1 + std::abs(want)))
             << optimizer_name(o) << " " << dtype_name(dt) << " " << i;
       }
