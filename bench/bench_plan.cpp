@@ -1,8 +1,8 @@
-// How long `trainmem plan`'s full enumeration takes (include/trainmem/analytic/plan.hpp): LLaMA-2-70B on
-// 8 GPUs of 80 GiB, seq 4096, a global batch of 512 sequences (every dp·tp·pp, ZeRO stage, sp,
-// checkpointing, attention, micro-batch size and offload), with the default optimizer and with
-// all three; beside it, one estimate_layout call of the 70B model. Target (issue 14): the full
-// enumeration for a 70B model in under 2 s. Prints a table; exits 1 when the target is missed
+// How long `trainmem plan`'s full enumeration takes (include/trainmem/analytic/plan.hpp):
+// LLaMA-2-70B on 8 GPUs of 80 GiB, seq 4096, a global batch of 512 sequences (every dp·tp·pp, ZeRO
+// stage, sp, checkpointing, attention, micro-batch size and offload), with the default optimizer
+// and with all three; beside it, one estimate_layout call of the 70B model. Target (issue 14): the
+// full enumeration for a 70B model in under 2 s. Prints a table; exits 1 when the target is missed
 // (a benchmark, not a test).
 #include <algorithm>
 #include <chrono>
@@ -11,8 +11,8 @@
 
 #include "bench_timing.hpp"
 #include "trainmem/analytic/analytic_rank.hpp"
-#include "trainmem/base/config.hpp"
 #include "trainmem/analytic/plan.hpp"
+#include "trainmem/base/config.hpp"
 
 using namespace trainmem;
 using trainmem::bench::median_ms;

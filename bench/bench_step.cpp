@@ -15,8 +15,8 @@
 // "PYTHONPATH=/opt/torch-pypi /usr/bin/python3"; repeatable. Default peers: /usr/bin/python3
 // (Debian's python3-torch) and, when /opt/torch-pypi/torch exists, the same interpreter with
 // PYTHONPATH=/opt/torch-pypi (PyPI's torch). --python PATH is --peer PATH.
-#include <omp.h>
 #include <fcntl.h>
+#include <omp.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -215,8 +215,8 @@ int main(int argc, char** argv) {
         if (!j.is_discarded() && j.contains("torch")) {
           char label[256];
           std::snprintf(label, sizeof label, "pytorch %s (%s; %d threads, first loss %.4f)",
-                        j["torch"].get<std::string>().c_str(), pc.c_str(),
-                        j["threads"].get<int>(), j["loss"].get<double>());
+                        j["torch"].get<std::string>().c_str(), pc.c_str(), j["threads"].get<int>(),
+                        j["loss"].get<double>());
           p.label = label;
           p.ok = true;
         }

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "gpu_helpers.hpp"
-#include "trainmem/probes/cupti_tag_allocator.hpp"
 #include "trainmem/backends/device_allocator.hpp"
 #include "trainmem/ledger/ledger.hpp"
+#include "trainmem/probes/cupti_tag_allocator.hpp"
 #include "trainmem/probes/probes.hpp"
 #include "trainmem/run/reconcile.hpp"
 

@@ -248,9 +248,9 @@ class DevBuf {
 // every launch (kernels/common/cuda_common.cuh).
 struct DeviceWatch {
   std::map<DType, std::unique_ptr<Backend>> backends;
-  bool used = false;           // a backend was created: there is a context to probe
-  std::string first_error;     // "cudaErrorIllegalAddress (700) after Suite.Test"
-  std::string unusable;        // set when a reset did not bring the device back
+  bool used = false;        // a backend was created: there is a context to probe
+  std::string first_error;  // "cudaErrorIllegalAddress (700) after Suite.Test"
+  std::string unusable;     // set when a reset did not bring the device back
   int resets = 0;
 
   static DeviceWatch& get() {
@@ -264,8 +264,8 @@ struct DeviceWatch {
     return sync != cudaSuccess ? sync : last;
   }
   static std::string describe(cudaError_t e) {
-    return std::string(cudaGetErrorName(e)) + " (" + std::to_string(int(e)) + "): " +
-           cudaGetErrorString(e);
+    return std::string(cudaGetErrorName(e)) + " (" + std::to_string(int(e)) +
+           "): " + cudaGetErrorString(e);
   }
 
   void after_test(const std::string& test) {
@@ -294,8 +294,8 @@ struct DeviceWatch {
       std::printf("[ DEVICE   ] sticky: device reset (%d so far); later tests get fresh backends\n",
                   resets);
     } else {
-      unusable = "the device is unusable since " + what + "; cudaDeviceReset: " +
-                 describe(r == cudaSuccess ? after : r);
+      unusable = "the device is unusable since " + what +
+                 "; cudaDeviceReset: " + describe(r == cudaSuccess ? after : r);
       std::printf("[ DEVICE   ] %s: every later GPU test fails\n", unusable.c_str());
     }
     std::fflush(stdout);

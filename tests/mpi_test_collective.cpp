@@ -26,9 +26,9 @@
 #include <thread>
 #include <vector>
 
-#include "trainmem/comm/collective.hpp"
 #include "trainmem/base/dtype.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/comm/collective.hpp"
 
 #ifdef TRAINMEM_HAVE_NCCL
 #include <cuda_runtime_api.h>

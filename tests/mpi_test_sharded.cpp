@@ -55,9 +55,9 @@
 #include "sharded_helpers.hpp"
 #include "trainmem/analytic/analytic_rank.hpp"
 #include "trainmem/backends/backend.hpp"
-#include "trainmem/comm/collective.hpp"
 #include "trainmem/base/config.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/comm/collective.hpp"
 #include "trainmem/run/run_layout.hpp"
 
 using namespace trainmem;

@@ -13,12 +13,12 @@
 #include <vector>
 
 #include "trainmem/backends/backend.hpp"
+#include "trainmem/base/parallel.hpp"
+#include "trainmem/base/safetensors.hpp"
 #include "trainmem/comm/collective.hpp"
 #include "trainmem/ledger/ledger.hpp"
 #include "trainmem/model/model.hpp"
 #include "trainmem/model/model_io.hpp"
-#include "trainmem/base/parallel.hpp"
-#include "trainmem/base/safetensors.hpp"
 #include "trainmem/model/sharded_step.hpp"
 
 namespace trainmem::test {

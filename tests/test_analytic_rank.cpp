@@ -115,16 +115,17 @@ TEST(AnalyticRank, OneGpuLomoIsTheNativePlansFigures) {
     u64 largest_gradient;  // elements
   };
   for (const Case& c : {
-           Case{"tiny", 64 * 176},                  // h·i = 11,264 > V·h = 8,192
-           Case{"tiny-gqa", 48 * 128},              // h·i = 6,144 > V·h = 4,608
-           Case{"tiny-tied", 64 * 32 + 32 * 96},    // tied: V·h 2,048 + h·i 3,072
-           Case{"tiny-awkward", 40 * 104},          // h·i = 4,160 > V·h = 2,840
-           Case{"llama-7b", 32000ull * 4096},       // V·h = 131,072,000 > h·i
+           Case{"tiny", 64 * 176},                // h·i = 11,264 > V·h = 8,192
+           Case{"tiny-gqa", 48 * 128},            // h·i = 6,144 > V·h = 4,608
+           Case{"tiny-tied", 64 * 32 + 32 * 96},  // tied: V·h 2,048 + h·i 3,072
+           Case{"tiny-awkward", 40 * 104},        // h·i = 4,160 > V·h = 2,840
+           Case{"llama-7b", 32000ull * 4096},     // V·h = 131,072,000 > h·i
        })
     for (DType dt : {DType::bf16, DType::f32}) {
       SCOPED_TRACE(std::string(c.name) + " " + dtype_name(dt));
       const ModelConfig m = preset(c.name);
-      const TrainConfig t = train(3, 17, dt, Checkpointing::none, Attention::eager, Optimizer::lomo);
+      const TrainConfig t =
+          train(3, 17, dt, Checkpointing::none, Attention::eager, Optimizer::lomo);
       const LayoutEstimate le = estimate_layout(m, t, layout(1, 1, 1, 0, m, t));
       ASSERT_EQ(le.ranks.size(), 1u);
       const u64 w = dt == DType::f32 ? 4 : 2;

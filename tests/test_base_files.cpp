@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -194,8 +194,9 @@ TEST_F(BaseFiles, InputsMustBeRegularFilesUnderTheirCap) {
     ::close(fd);
   }
   EXPECT_EQ(message_of([&] { read_input_file(sparse, "--model", kMaxConfigBytes); }),
-            "--model " + sparse + " has 3221225472 bytes, above the 16 MiB allowed for this "
-            "kind of file");
+            "--model " + sparse +
+                " has 3221225472 bytes, above the 16 MiB allowed for this "
+                "kind of file");
   EXPECT_TRUE(has(message_of([&] { check_input_file(path("missing"), "--tokens", 1); }),
                   "--tokens " + path("missing") + ": cannot read it: No such file or directory"));
   spit(path("ok.json"), "{}");
@@ -217,8 +218,8 @@ TEST(StrictJson, NumbersOutOfRangeNameTheirField) {
   EXPECT_TRUE(has(m, "cfg.json: field rope_scaling.factor: a number out of range")) << m;
   EXPECT_TRUE(has(m, "1e309")) << m;
   // The largest finite double and 64-bit integers are numbers like any other.
-  const auto j = parse_json_strict(R"({"a": 1.7976931348623157e308, "b": 18446744073709551615})",
-                                   "cfg.json");
+  const auto j =
+      parse_json_strict(R"({"a": 1.7976931348623157e308, "b": 18446744073709551615})", "cfg.json");
   EXPECT_EQ(j["b"].get<std::uint64_t>(), 18446744073709551615ull);
 }
 

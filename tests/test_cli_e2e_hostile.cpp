@@ -49,8 +49,8 @@ struct TempDir {
     // A folder made read-only by a test: writable again so that it can be removed.
     for (auto it = fs::recursive_directory_iterator(path, ec);
          !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      if (it->is_directory(ec)) fs::permissions(it->path(), fs::perms::owner_all,
-                                                fs::perm_options::add, ec);
+      if (it->is_directory(ec))
+        fs::permissions(it->path(), fs::perms::owner_all, fs::perm_options::add, ec);
     }
     fs::remove_all(path, ec);
   }
@@ -71,7 +71,9 @@ void write_text(const std::string& path, const std::string& text) {
   f << text;
 }
 
-std::string read_text(const std::string& path) { return slurp(path); }
+std::string read_text(const std::string& path) {
+  return slurp(path);
+}
 
 // A real-looking config.json (the golden tiny llama3, rope_scaling and all) for mutations.
 std::string tiny_config() {
@@ -241,7 +243,8 @@ TEST(CliE2EHostile, TenMegabyteKeyOrStringIsNotEchoedWhole) {
   EXPECT_TRUE(has(r.err, "at most 1024")) << r.err.substr(0, 2000);
 
   // A 10 MB string value under a real key: the field is named, the value clipped.
-  write_text(path, replaced(tiny_config(), "\"llama\"", "\"" + std::string(10'000'000, 'l') + "\""));
+  write_text(path,
+             replaced(tiny_config(), "\"llama\"", "\"" + std::string(10'000'000, 'l') + "\""));
   r = trainmem("estimate --model '" + path + "' --seq 16");
   EXPECT_EQ(r.code, 2) << r.err.substr(0, 2000);
   EXPECT_LT(r.err.size(), 2048u) << "the value was echoed: " << r.err.size() << " bytes";
@@ -266,7 +269,8 @@ TEST(CliE2EHostile, DeeplyNestedJsonIsRefusedNotACrash) {
   Result r = trainmem("diff '" + (d / "a.json") + "' native");
   EXPECT_TRUE(r.code == 0 || r.code == 2)
       << "FAIL: diff of a report nesting " << depth << " deep: exit " << r.code
-      << " (139: SIGSEGV, the stack overflowed)\n" << r.err.substr(0, 1000);
+      << " (139: SIGSEGV, the stack overflowed)\n"
+      << r.err.substr(0, 1000);
   if (r.code == 2) {
     EXPECT_TRUE(has(r.err, d / "a.json")) << r.err.substr(0, 1000);
   }
@@ -304,7 +308,8 @@ TEST(CliE2EHostile, HugeLayerCountInAConfigIsRefusedOrBoundedInTime) {
     const Timed t = timed(args, 30);
     EXPECT_TRUE(t.r.code == 0 || t.r.code == 2 || t.r.code == 3)
         << "FAIL: " << c.layers << " layers: " << args << ": exit " << t.r.code
-        << (t.r.code == 137 ? " (killed after 30 s)" : "") << "\n" << t.r.err.substr(0, 500);
+        << (t.r.code == 137 ? " (killed after 30 s)" : "") << "\n"
+        << t.r.err.substr(0, 500);
     EXPECT_LT(t.seconds, 20.0) << "FAIL: " << c.layers << " layers: " << args;
     if (t.r.code == 2) {
       EXPECT_TRUE(has(t.r.err, "num_hidden_layers")) << t.r.err;
@@ -331,7 +336,8 @@ TEST(CliE2EHostile, TwoOutputsThatAreOneFileAreRefusedBeforeAnythingIsWritten) {
     std::vector<std::string> message;
   };
   const Case cases[] = {
-      {kCpuRun + "--output '" + x + "' --timeline '" + x + "'", {"--output", "--timeline", "same file"}},
+      {kCpuRun + "--output '" + x + "' --timeline '" + x + "'",
+       {"--output", "--timeline", "same file"}},
       {kCpuRun + "--output '" + x + "' --timeline '" + d.path + "/./x.json'",
        {"--output", "--timeline", "same file"}},
       {kCpuRun + "--output '" + x + "' --timeline '" + (d / "link.json") + "'",
@@ -389,7 +395,8 @@ TEST(CliE2EHostile, DanglingSymlinkOutputIsFollowedAndCountsAsTheSameFile) {
 
 TEST(CliE2EHostile, MaxbatchStepIsBoundedNotAnInternalError) {
   for (const std::string vary : {"", " --vary seq"}) {
-    const std::string args = "maxbatch --model tiny --seq 16 --budget 1GiB --step 2147483647" + vary;
+    const std::string args =
+        "maxbatch --model tiny --seq 16 --budget 1GiB --step 2147483647" + vary;
     const Timed t = timed(args, 30);
     EXPECT_EQ(t.r.code, 2) << args << "\n" << t.r.err;  // was 1, an internal precondition
     EXPECT_TRUE(has(t.r.err, "--step must be between 1 and")) << args << "\n" << t.r.err;
@@ -473,7 +480,8 @@ TEST(CliE2EHostile, StepsAndMicrobatchesAreBounded) {
 }
 
 TEST(CliE2EHostile, CollectiveTimeoutBelowAFloorOrAboveAWeekIsRefused) {
-  for (const std::string v : {"1e-300", "1e-9", "0", "-1", "0.5", "604801", "nan", "inf", "1e309"}) {
+  for (const std::string v :
+       {"1e-300", "1e-9", "0", "-1", "0.5", "604801", "nan", "inf", "1e309"}) {
     const std::string args =
         "profile --model tiny --seq 16 --backend meta --collective-timeout " + v;
     const Result r = trainmem(args);
@@ -482,7 +490,8 @@ TEST(CliE2EHostile, CollectiveTimeoutBelowAFloorOrAboveAWeekIsRefused) {
     EXPECT_FALSE(has(r.err, "--collective-timeout: --collective-timeout")) << r.err;
   }
   for (const std::string v : {"1", "604800"}) {
-    const Result r = trainmem("profile --model tiny --seq 16 --backend meta --collective-timeout " + v);
+    const Result r =
+        trainmem("profile --model tiny --seq 16 --backend meta --collective-timeout " + v);
     EXPECT_EQ(r.code, 0) << v << "\n" << r.err;
   }
 }
@@ -501,8 +510,8 @@ TEST(CliE2EHostile, WritesToAFullDeviceExitTwoSayingWhy) {
   };
   const Case cases[] = {
       {"estimate --model tiny --seq 16 --output /dev/full", "--output", "/dev/full"},
-      {"estimate --model tiny --seq 16 --format json --output '" + (d / "r.json") + "'",
-       "--output", d / "r.json"},
+      {"estimate --model tiny --seq 16 --format json --output '" + (d / "r.json") + "'", "--output",
+       d / "r.json"},
       {kCpuRun + "--format json --output '" + (d / "r.json") + "'", "--output", d / "r.json"},
       {kCpuRun + "--timeline '" + (d / "t.json") + "'", "--timeline", d / "t.json"},
       {kCpuRun + "--timeline '" + (d / "t.svg") + "'", "--timeline", d / "t.svg"},
@@ -641,7 +650,8 @@ TEST(CliE2EHostile, AReadOnlyFolderIsRefusedAndLeavesNoTemporaryFile) {
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.err;
     EXPECT_TRUE(has(r.err, c.flag)) << c.args << "\n" << r.err;
     EXPECT_TRUE(has(r.err, "Read-only file system") || has(r.err, "Permission denied"))
-        << c.args << "\n" << r.err;
+        << c.args << "\n"
+        << r.err;
     EXPECT_EQ(listing(ro), std::vector<std::string>{"r.json"}) << c.args;
     EXPECT_EQ(read_text(ro + "/r.json"), "old report\n") << c.args;
   }
@@ -652,9 +662,9 @@ TEST(CliE2EHostile, AReadOnlyFolderIsRefusedAndLeavesNoTemporaryFile) {
 TEST(CliE2EHostile, ASuccessfulWriteLeavesOnlyItsFile) {
   TempDir d("ok");
   write_text(d / "r.json", "old report\n");
-  const Result r = trainmem(kCpuRun + "--format json --output '" + (d / "r.json") +
-                            "' --timeline '" + (d / "t.svg") + "' --dump '" +
-                            (d / "d.safetensors") + "'");
+  const Result r =
+      trainmem(kCpuRun + "--format json --output '" + (d / "r.json") + "' --timeline '" +
+               (d / "t.svg") + "' --dump '" + (d / "d.safetensors") + "'");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(listing(d.path), (std::vector<std::string>{"d.safetensors", "r.json", "t.svg"}));
   EXPECT_NO_THROW(EXPECT_FALSE(json::parse(read_text(d / "r.json")).is_discarded()));
@@ -680,14 +690,12 @@ TEST(CliE2EHostile, WeightsHoldingNaNAreReportedAsNonFiniteNotDropped) {
     ASSERT_EQ(h[victim]["dtype"], "F32");
     const std::uint64_t begin = h[victim]["data_offsets"][0].get<std::uint64_t>();
     const float nan = std::nanf("");
-    for (int i = 0; i < 3; ++i)
-      std::memcpy(bytes.data() + 8 + header + begin + 4 * i, &nan, 4);
+    for (int i = 0; i < 3; ++i) std::memcpy(bytes.data() + 8 + header + begin + 4 * i, &nan, 4);
     write_text(weights, bytes);
   }
   const std::string report = d / "r.json";
-  const Result r = trainmem(kCpuRun.substr(0, kCpuRun.find("--steps")) +
-                            "--steps 2 --weights '" + weights + "' --format json --output '" +
-                            report + "'");
+  const Result r = trainmem(kCpuRun.substr(0, kCpuRun.find("--steps")) + "--steps 2 --weights '" +
+                            weights + "' --format json --output '" + report + "'");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(has(r.err, "[warning]")) << r.err;
   EXPECT_TRUE(has(r.err, victim)) << "the warning names the tensor:\n" << r.err;

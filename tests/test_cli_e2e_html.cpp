@@ -400,7 +400,8 @@ TEST(CliE2EHtml, SweepFitChartsAreTheJsonReports) {
     const double fitted = std::stod(p.at("data-fitted"));
     // data-* numbers are written with %.17g (exact_number: a double round-trips), so these two
     // only differ by the fit's own double arithmetic (a few ulps, ~1e-15 relative); 1e-6 is far
-    // looser than that, kept because the fit's residual is not required to be computed as y - fitted.
+    // looser than that, kept because the fit's residual is not required to be computed as y -
+    // fitted.
     EXPECT_NEAR(y - fitted, res[k].get<double>(), 1e-6 * y);
     const Attrs& l = *line_of_seq.at(p.at("data-seq"));
     const double tokens = run["batch"].get<double>() * run["seq"].get<double>();
@@ -413,8 +414,8 @@ TEST(CliE2EHtml, SweepFitChartsAreTheJsonReports) {
     const double px = std::stod(p.at("cx")) - std::stod(l.at("x1"));
     const double py = std::stod(p.at("cy")) - std::stod(l.at("y1"));
     // Pixel coordinates are written to 0.1 px (%.1f, ±0.05 each): the point's distance from the
-    // line, |cross|/|line|, is then off by <= ~0.05·(1 + |p|/|line|)·sqrt 2 <= 0.15 px for a point on
-    // the segment; 0.5 px is 3x.
+    // line, |cross|/|line|, is then off by <= ~0.05·(1 + |p|/|line|)·sqrt 2 <= 0.15 px for a point
+    // on the segment; 0.5 px is 3x.
     EXPECT_NEAR(px * y1 - py * x1, 0.0, 0.5 * std::hypot(x1, y1)) << "off its line";
   }
   // The fitted line's slope: the JSON's coefficients at b = 1 over s (one model: sbh, as2b).

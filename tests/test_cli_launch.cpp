@@ -1,7 +1,8 @@
-// Multi-rank launches without a launcher (src/cli/launch.hpp, include/trainmem/comm/collective.hpp):
-// the launch detection from the launchers' variables, the exit-2 messages that say what to run
-// instead (not under MPI, built without MPI, --world-size not the MPI size), and the local
-// collective and end_job on one rank. The runs under a real mpirun are tests/mpi_test.py's.
+// Multi-rank launches without a launcher (src/cli/launch.hpp,
+// include/trainmem/comm/collective.hpp): the launch detection from the launchers' variables, the
+// exit-2 messages that say what to run instead (not under MPI, built without MPI, --world-size not
+// the MPI size), and the local collective and end_job on one rank. The runs under a real mpirun are
+// tests/mpi_test.py's.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -201,10 +202,8 @@ TEST(RankAgreement, EqualRequestsAgree) {
 }
 
 TEST(RankAgreement, NamesTheFirstDifferingFlagItsValuesAndTheRanks) {
-  const RequestLines base = {{"the subcommand", "profile"},
-                             {"--batch", "2"},
-                             {"--model", "tiny"},
-                             {"--seed", "1"}};
+  const RequestLines base = {
+      {"the subcommand", "profile"}, {"--batch", "2"}, {"--model", "tiny"}, {"--seed", "1"}};
   RequestLines other = base;
   other[2].second = "tiny-gqa";  // --model
   other[3].second = "2";         // --seed: later in the order, not the first named
@@ -233,8 +232,10 @@ TEST(RankAgreement, TheRequestOfAProcessSortsItsFlagsAndAddsTheResolvedModelAndF
     std::ofstream out(tokens, std::ios::binary);
     out << std::string(24, '\0');
   }
-  const char* argv1[] = {"trainmem", "profile", "--seed", "3", "--model=tiny", "--tokens", tokens.c_str()};
-  const char* argv2[] = {"trainmem", "profile", "--tokens", tokens.c_str(), "--model", "tiny", "--seed", "3"};
+  const char* argv1[] = {"trainmem",     "profile",  "--seed",      "3",
+                         "--model=tiny", "--tokens", tokens.c_str()};
+  const char* argv2[] = {"trainmem", "profile", "--tokens", tokens.c_str(),
+                         "--model",  "tiny",    "--seed",   "3"};
   cli::CommonFlags cf;
   cf.model = "tiny";
   cf.seq = 16;
@@ -252,7 +253,8 @@ TEST(RankAgreement, TheRequestOfAProcessSortsItsFlagsAndAddsTheResolvedModelAndF
   EXPECT_EQ(r1[2], (std::pair<std::string, std::string>{"--seed", "3"}));
   EXPECT_EQ(r1[3].first, "--tokens");
   EXPECT_EQ(r1[4].first, "--model's configuration");
-  EXPECT_NE(r1[4].second.find("llama V 128 h 64 i 176 L 2 a 4 k 4"), std::string::npos) << r1[4].second;
+  EXPECT_NE(r1[4].second.find("llama V 128 h 64 i 176 L 2 a 4 k 4"), std::string::npos)
+      << r1[4].second;
   EXPECT_EQ(r1.back(), (std::pair<std::string, std::string>{"--tokens's size in bytes", "24"}));
   std::remove(tokens.c_str());
 }

@@ -1147,7 +1147,8 @@ TEST(CudaKernelsAtRealSizes, CrossEntropyRowsPast2To31Elements) {
     // the block reduction, ~20u = 1.2e-6) and a log: 1e-5 relative is ~8x. The loss = lse - x_t
     // subtracts an exact fp16 logit: lse's absolute error (~1e-5·|lse| ~ 1e-4 at |lse| ~ 10).
     EXPECT_NEAR(lse[std::size_t(row)], want_lse, 1e-5 * std::fabs(want_lse)) << "row " << row;
-    // loss = lse - x_t with x_t exact in fp16: lse's absolute error, 1e-5·|lse| ~ 1e-4 at |lse| ~ 10.
+    // loss = lse - x_t with x_t exact in fp16: lse's absolute error, 1e-5·|lse| ~ 1e-4 at |lse|
+    // ~ 10.
     EXPECT_NEAR(losses[std::size_t(row)], want_lse - F16::round(logits.generated(base + t)), 1e-4)
         << "row " << row;
     for (std::int64_t j = 0; j < V; ++j)

@@ -1,5 +1,5 @@
-// The CUDA path's host-side rules (include/trainmem/backends/device_rules.hpp), checked without a device:
-// what cublasSetWorkspace accepts, when the device allocator says "out of memory" without
+// The CUDA path's host-side rules (include/trainmem/backends/device_rules.hpp), checked without a
+// device: what cublasSetWorkspace accepts, when the device allocator says "out of memory" without
 // asking the driver, and the no-device hint in cuda_unavailable_reason().
 #include <gtest/gtest.h>
 

@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "cli/cli.hpp"
-#include "trainmem/report/diff.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/report/diff.hpp"
 #include "trainmem/report/report.hpp"
 
 namespace trainmem {

@@ -174,7 +174,7 @@ TEST(DistRefs, DeepSpeedSeveralNodes) {
     EXPECT_TRUE(has_note(z2, "8 GPUs per node × 2 nodes"));
     const auto z2o = deepspeed_reference(m7, t, layout(16, 1, 1, 2, Offload::optimizer));
     ASSERT_TRUE(z2o.covers) << z2o.why_not;
-    EXPECT_EQ(z2o.gpu_total, 13476831232ull);   // 2P
+    EXPECT_EQ(z2o.gpu_total, 13476831232ull);    // 2P
     EXPECT_EQ(z2o.host_total, 646887899136ull);  // P·max(64, 16)·1.5 = 96P
   }
   {
@@ -182,25 +182,24 @@ TEST(DistRefs, DeepSpeedSeveralNodes) {
     const auto z2 = deepspeed_reference(m7, t, layout(16, 1, 1, 2), 4);
     ASSERT_TRUE(z2.covers) << z2.why_not;
     EXPECT_EQ(z2.gpu_total, 13476831232ull + 7580717568ull);  // as above: N is still 16
-    EXPECT_EQ(z2.host_total, 161721974784ull);                 // P·4·4·1.5 = 24P
+    EXPECT_EQ(z2.host_total, 161721974784ull);                // P·4·4·1.5 = 24P
     const auto z2o = deepspeed_reference(m7, t, layout(16, 1, 1, 2, Offload::optimizer), 4);
     EXPECT_EQ(z2o.host_total, 646887899136ull);  // P·max(4·16, 16)·1.5 = 96P: all GPUs
     // ZeRO-3, 4Lmax = 524,288,000.
     const auto z3 = deepspeed_reference(m7, t, layout(16, 1, 1, 3), 4);
     ASSERT_TRUE(z3.covers) << z3.why_not;
     EXPECT_EQ(z3.gpu_total, 524288000ull + 7580717568ull);  // 4Lmax + 18P/16
-    EXPECT_EQ(z3.host_total, 3145728000ull);                 // Lmax·4·4·1.5 = 24·Lmax
+    EXPECT_EQ(z3.host_total, 3145728000ull);                // Lmax·4·4·1.5 = 24·Lmax
     EXPECT_TRUE(has_note(z3, "zero_init=0 (the table's other row): 161721974784 bytes"));  // 24P
     const auto z3o = deepspeed_reference(m7, t, layout(16, 1, 1, 3, Offload::optimizer), 4);
     ASSERT_TRUE(z3o.covers) << z3o.why_not;
     EXPECT_EQ(z3o.gpu_total, 524288000ull + 842301952ull);  // 4Lmax + 2P/16
-    EXPECT_EQ(z3o.host_total, 40430493696ull);               // P·16·(1/4)·1.5 = 6P
+    EXPECT_EQ(z3o.host_total, 40430493696ull);              // P·16·(1/4)·1.5 = 6P
     // zero_init=0: P·max(16, 16/4)·1.5 = 24P.
     EXPECT_TRUE(has_note(z3o, "zero_init=0 (the table's other row): 161721974784 bytes"));
-    const auto z3b =
-        deepspeed_reference(m7, t, layout(16, 1, 1, 3, Offload::optimizer_params), 4);
+    const auto z3b = deepspeed_reference(m7, t, layout(16, 1, 1, 3, Offload::optimizer_params), 4);
     ASSERT_TRUE(z3b.covers) << z3b.why_not;
-    EXPECT_EQ(z3b.gpu_total, 524288000ull);    // 4Lmax
+    EXPECT_EQ(z3b.gpu_total, 524288000ull);     // 4Lmax
     EXPECT_EQ(z3b.host_total, 45484305408ull);  // P·18·(1/4)·1.5 = 6.75P, P a multiple of 4
     EXPECT_TRUE(has_note(z3b, "zero_init=0 (the table's other row): 161721974784 bytes"));
   }
@@ -222,7 +221,7 @@ TEST(DistRefs, DeepSpeedSeveralNodes) {
   EXPECT_EQ(z2.gpu_total, 109840u + 70611u);  // 2P + int(988,560 / 14 = 70,611.43)
   EXPECT_EQ(z2.host_total, 2306640u);         // P·4·7·1.5 = 42P
   const auto z2o = deepspeed_reference(ma, t, layout(14, 1, 1, 2, Offload::optimizer), 7);
-  EXPECT_EQ(z2o.gpu_total, 109840u);   // 2P
+  EXPECT_EQ(z2o.gpu_total, 109840u);    // 2P
   EXPECT_EQ(z2o.host_total, 4613280u);  // P·max(56, 16)·1.5 = 84P
   const auto z3 = deepspeed_reference(ma, t, layout(14, 1, 1, 3), 7);
   ASSERT_TRUE(z3.covers) << z3.why_not;

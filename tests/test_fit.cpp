@@ -177,7 +177,8 @@ TEST(LeastSquares, OverdeterminedInconsistentSystemMinimisesResidual) {
   const std::vector<long double> a = {1, 1, 1, 1};
   const std::vector<long double> y = {1, 2, 3, 6};
   const LeastSquares ls = solve_least_squares(a, 4, 1, y);
-  // The mean of four small integers in long double: exact or an ulp off; 1e-15 is ~2 double ulps of 3.
+  // The mean of four small integers in long double: exact or an ulp off; 1e-15 is ~2 double ulps
+  // of 3.
   EXPECT_NEAR(double(ls.x[0]), 3.0, 1e-15);
 }
 

@@ -205,7 +205,7 @@ TEST(SvgChart, DivergingBarsSplitAtZero) {
   const auto x = attr_of(svg, "<rect class=\"bar", "x");
   const auto w = attr_of(svg, "<rect class=\"bar", "width");
   ASSERT_EQ(x.size(), 3u);
-  const double zero = x[0];              // the positive bar starts at zero
+  const double zero = x[0];  // the positive bar starts at zero
   // Three %.1f roundings (x, w, zero: ±0.05 each) could reach 0.15 in the worst case; x and w
   // come from the same exact edges, so their sum straddles at most one 0.1 step: 0.1 + slack.
   EXPECT_NEAR(x[1] + w[1], zero, 0.11);  // the negative one ends there

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/probes/cupti_tag_allocator.hpp"
 #include "trainmem/ledger/ledger.hpp"
+#include "trainmem/probes/cupti_tag_allocator.hpp"
 #include "trainmem/probes/probes.hpp"
 
 namespace trainmem {

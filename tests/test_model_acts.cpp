@@ -1,6 +1,6 @@
-// The activation table (include/trainmem/model/model_acts.hpp) and what the model actually allocates
-// and frees, seen through the ledger's tensor records of a meta-backend step, both against
-// docs/native-plan.md transcribed here as literal expectations (kPlan below: name, shape
+// The activation table (include/trainmem/model/model_acts.hpp) and what the model actually
+// allocates and frees, seen through the ledger's tensor records of a meta-backend step, both
+// against docs/native-plan.md transcribed here as literal expectations (kPlan below: name, shape
 // formula, dtype, which attention variant and which models allocate it, the backward step
 // that frees it; kPlanFreeOrder: the order of the backward's frees). Nothing expected is read
 // from kLayerActs or its helpers: for each attention variant x checkpointing mode, every
@@ -43,26 +43,101 @@ struct PlanRow {
 const std::vector<PlanRow>& plan_rows() {
   using S = std::vector<std::int64_t>;
   static const std::vector<PlanRow> rows = {
-      {"rstd1", [](const Dims& x) { return S{x.b, x.s}; }, true, Only::both, false, 9},
-      {"xn1", [](const Dims& x) { return S{x.b, x.s, x.h}; }, false, Only::both, false, 8},
-      {"q_pre", [](const Dims& x) { return S{x.b, x.s, x.a * x.d}; }, false, Only::both, true, 7},
-      {"k_pre", [](const Dims& x) { return S{x.b, x.s, x.k * x.d}; }, false, Only::both, true, 7},
-      {"q_rstd", [](const Dims& x) { return S{x.b, x.s, x.a}; }, true, Only::both, true, 7},
-      {"k_rstd", [](const Dims& x) { return S{x.b, x.s, x.k}; }, true, Only::both, true, 7},
-      {"q", [](const Dims& x) { return S{x.b, x.s, x.a * x.d}; }, false, Only::both, false, 8},
-      {"k", [](const Dims& x) { return S{x.b, x.s, x.k * x.d}; }, false, Only::both, false, 8},
-      {"v", [](const Dims& x) { return S{x.b, x.s, x.k * x.d}; }, false, Only::both, false, 8},
-      {"probs", [](const Dims& x) { return S{x.b, x.a, x.s, x.s}; }, false, Only::eager, false, 6},
-      {"lse", [](const Dims& x) { return S{x.b, x.a, x.s}; }, true, Only::flash, false, 6},
-      {"attn_out", [](const Dims& x) { return S{x.b, x.s, x.a * x.d}; }, false, Only::both, false,
-       6},
-      {"h_mid", [](const Dims& x) { return S{x.b, x.s, x.h}; }, false, Only::both, false, 4},
-      {"rstd2", [](const Dims& x) { return S{x.b, x.s}; }, true, Only::both, false, 4},
-      {"xn2", [](const Dims& x) { return S{x.b, x.s, x.h}; }, false, Only::both, false, 3},
-      {"gate", [](const Dims& x) { return S{x.b, x.s, x.i}; }, false, Only::both, false, 2},
-      {"up", [](const Dims& x) { return S{x.b, x.s, x.i}; }, false, Only::both, false, 2},
-      {"act", [](const Dims& x) { return S{x.b, x.s, x.i}; }, false, Only::both, false, 1},
-      {"out", [](const Dims& x) { return S{x.b, x.s, x.h}; }, false, Only::both, false, 0},
+      {"rstd1",
+       [](const Dims& x) {
+         return S{x.b, x.s};
+       },
+       true, Only::both, false, 9},
+      {"xn1",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.h};
+       },
+       false, Only::both, false, 8},
+      {"q_pre",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.a * x.d};
+       },
+       false, Only::both, true, 7},
+      {"k_pre",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.k * x.d};
+       },
+       false, Only::both, true, 7},
+      {"q_rstd",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.a};
+       },
+       true, Only::both, true, 7},
+      {"k_rstd",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.k};
+       },
+       true, Only::both, true, 7},
+      {"q",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.a * x.d};
+       },
+       false, Only::both, false, 8},
+      {"k",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.k * x.d};
+       },
+       false, Only::both, false, 8},
+      {"v",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.k * x.d};
+       },
+       false, Only::both, false, 8},
+      {"probs",
+       [](const Dims& x) {
+         return S{x.b, x.a, x.s, x.s};
+       },
+       false, Only::eager, false, 6},
+      {"lse",
+       [](const Dims& x) {
+         return S{x.b, x.a, x.s};
+       },
+       true, Only::flash, false, 6},
+      {"attn_out",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.a * x.d};
+       },
+       false, Only::both, false, 6},
+      {"h_mid",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.h};
+       },
+       false, Only::both, false, 4},
+      {"rstd2",
+       [](const Dims& x) {
+         return S{x.b, x.s};
+       },
+       true, Only::both, false, 4},
+      {"xn2",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.h};
+       },
+       false, Only::both, false, 3},
+      {"gate",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.i};
+       },
+       false, Only::both, false, 2},
+      {"up",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.i};
+       },
+       false, Only::both, false, 2},
+      {"act",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.i};
+       },
+       false, Only::both, false, 1},
+      {"out",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.h};
+       },
+       false, Only::both, false, 0},
   };
   return rows;
 }
@@ -181,8 +256,8 @@ TEST_P(LayerActsTable, ForwardRecomputeAndFreesFollowThePlan) {
       {"d_act", 1}, {"d_gate", 2},  {"d_up", 2},   {"d_xn2", 3},   {"d_attn_out", 5},
       {"d_q", 6},   {"d_k", 6},     {"d_v", 6},    {"d_probs", 6}, {"attn_delta", 6},
       {"d_xn1", 8}, {"d_q_pre", 7}, {"d_k_pre", 7}};
-  for (const char* name :
-       {"tiny-gqa", "tiny-awkward", "tiny-qwen3", "tiny-qwen2", "llama-narrow-mlp", "narrow-awkward"})
+  for (const char* name : {"tiny-gqa", "tiny-awkward", "tiny-qwen3", "tiny-qwen2",
+                           "llama-narrow-mlp", "narrow-awkward"})
     for (DType dt : {DType::bf16, DType::f32}) {
       SCOPED_TRACE(std::string(name) + " " + dtype_name(dt));
       const ModelConfig m = any_config(name);

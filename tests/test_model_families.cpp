@@ -17,8 +17,8 @@
 
 #include "family_configs.hpp"
 #include "model_helpers.hpp"
-#include "trainmem/model/model_io.hpp"
 #include "trainmem/base/safetensors.hpp"
+#include "trainmem/model/model_io.hpp"
 
 using namespace trainmem;
 using namespace trainmem::test;
@@ -127,8 +127,8 @@ TEST(ModelFamilies, ParametersHaveHfNamesShapesAndInitialisation) {
       } else {
         double ss = 0;
         for (float x : v) ss += double(x) * x;
-        // rms of n >= ~1500 N(0, 0.02^2) samples: standard error 0.02/sqrt(2n) <= 3.6e-4, so 0.004 is
-        // ~11 sigma: it only has to tell 0.02 from another std (1/sqrt(h) = 0.14, 1.0).
+        // rms of n >= ~1500 N(0, 0.02^2) samples: standard error 0.02/sqrt(2n) <= 3.6e-4, so 0.004
+        // is ~11 sigma: it only has to tell 0.02 from another std (1/sqrt(h) = 0.14, 1.0).
         EXPECT_NEAR(std::sqrt(ss / double(v.size())), 0.02, 0.004) << p.name;
       }
     }

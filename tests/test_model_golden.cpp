@@ -21,8 +21,8 @@
 #include <set>
 
 #include "model_helpers.hpp"
-#include "trainmem/model/model_io.hpp"
 #include "trainmem/base/safetensors.hpp"
+#include "trainmem/model/model_io.hpp"
 
 using namespace trainmem;
 using namespace trainmem::test;

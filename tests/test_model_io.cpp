@@ -10,8 +10,8 @@
 
 #include "model_helpers.hpp"
 #include "trainmem/base/dtype.hpp"
-#include "trainmem/model/model_io.hpp"
 #include "trainmem/base/safetensors.hpp"
+#include "trainmem/model/model_io.hpp"
 
 using namespace trainmem;
 using namespace trainmem::test;
@@ -340,6 +340,8 @@ TEST(ModelWeights, ShardedCheckpointLoadsEveryShard) {
 
   std::filesystem::remove(dir / "model-00003-of-00003.safetensors");
   const std::string msg = load_error(second);
-  EXPECT_NE(msg.find("model-00003-of-00003.safetensors: cannot read it: No such file or directory"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model-00003-of-00003.safetensors: cannot read it: No such file or directory"),
+            std::string::npos)
+      << msg;
   std::filesystem::remove_all(dir);
 }

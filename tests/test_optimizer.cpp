@@ -122,7 +122,8 @@ TEST(Optimizer, AdamWMatchesPyTorchsAlgorithmWithMasterWeights) {
     for (std::size_t i = 0; i < n; ++i) {
       if (master) {
         // 4 fp32 steps vs fp64 with the decimal constants: 0.9f, 0.95f, 1e-2f differ from them by
-        // <= 2.4e-7 relative (1 - 0.9f vs 0.1); p rounds ~2u per step (8u = 5e-7·|p|) and the update
+        // <= 2.4e-7 relative (1 - 0.9f vs 0.1); p rounds ~2u per step (8u = 5e-7·|p|) and the
+        // update
         // (~1e-2) carries ~5e-7 of itself: ~5e-7·(1 + |p|), 2e-6 is 4x.
         EXPECT_NEAR(master[i], p[i], 2e-6 * (1 + std::abs(p[i]))) << dtype_name(dt) << " " << i;
         EXPECT_EQ(w[i], round_to(dt, master[i])) << "param = round(master)";
@@ -154,9 +155,9 @@ TEST(Optimizer, SgdAndLomoStepAgainstTheGradient) {
         // SGD goes through the fp32 master when D is 16-bit; LOMO updates the D weights.
         const double start = master ? w0[i] : round_to(dt, w0[i]);
         const double want = start - lr * round_to(dt, g[i]);
-        // lr is a power of two, so lr·g is exact in fp32: one rounding of the difference, u·|want| =
-        // 6e-8·|want| < 1e-7·(1 + |want|). The stored weight rounds that same fp32 value to D, as the
-        // reference does.
+        // lr is a power of two, so lr·g is exact in fp32: one rounding of the difference, u·|want|
+        // = 6e-8·|want| < 1e-7·(1 + |want|). The stored weight rounds that same fp32 value to D, as
+        // the reference does.
         if (master) {
           EXPECT_NEAR(master[i], want, 1e-7 * (1 + std::abs(want)));
         }

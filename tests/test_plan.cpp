@@ -1,5 +1,5 @@
-// `trainmem plan` (include/trainmem/analytic/plan.hpp, docs/plan.md): the enumeration counts its layouts
-// on a tiny model as counted by hand, the cost model's figures equal hand-computed ones, a
+// `trainmem plan` (include/trainmem/analytic/plan.hpp, docs/plan.md): the enumeration counts its
+// layouts on a tiny model as counted by hand, the cost model's figures equal hand-computed ones, a
 // layout is kept iff its worst rank's peak + overheads fits the budget (also against a brute
 // force over every layout, which the binary search over b must not change), rejected families
 // carry their reasons, and bad options are refused naming the flag. The memory side is mostly a
@@ -11,8 +11,8 @@
 #include <set>
 #include <tuple>
 
-#include "trainmem/base/error.hpp"
 #include "trainmem/analytic/plan.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {

@@ -16,8 +16,8 @@
 #include "model_helpers.hpp"
 #include "sharded_helpers.hpp"
 #include "trainmem/analytic/analytic_rank.hpp"
-#include "trainmem/comm/collective.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/comm/collective.hpp"
 #include "trainmem/run/run_layout.hpp"
 
 namespace trainmem::test {

@@ -21,26 +21,25 @@ constexpr std::int64_t kChunk = 1 << 14;
 
 // Elements lo..hi. The master / no-master cases are separate loops so that each vectorises.
 template <class S>
-inline __attribute__((always_inline)) void adamw_chunk(void* param, const void* grad,
-                                                        float* master, float* m, float* v,
-                                                        std::int64_t lo, std::int64_t hi,
-                                                        const AdamWStepConsts& k,
-                                                        float grad_scale) {
+inline __attribute__((always_inline)) void adamw_chunk(void* param, const void* grad, float* master,
+                                                       float* m, float* v, std::int64_t lo,
+                                                       std::int64_t hi, const AdamWStepConsts& k,
+                                                       float grad_scale) {
   const float beta1 = k.beta1, beta2 = k.beta2, eps = k.eps, step_size = k.step_size,
               inv_sqrt_bc2 = k.inv_sqrt_bc2, decay = k.decay;
   if (master) {
     for (std::int64_t i = lo; i < hi; ++i) {
       float p = master[i];
-      adamw_update_elem(&p, &m[i], &v[i], unscaled_grad(S::load(grad, i), grad_scale), beta1,
-                        beta2, eps, step_size, inv_sqrt_bc2, decay);
+      adamw_update_elem(&p, &m[i], &v[i], unscaled_grad(S::load(grad, i), grad_scale), beta1, beta2,
+                        eps, step_size, inv_sqrt_bc2, decay);
       master[i] = p;
       S::store(param, i, p);
     }
   } else {
     for (std::int64_t i = lo; i < hi; ++i) {
       float p = S::load(param, i);
-      adamw_update_elem(&p, &m[i], &v[i], unscaled_grad(S::load(grad, i), grad_scale), beta1,
-                        beta2, eps, step_size, inv_sqrt_bc2, decay);
+      adamw_update_elem(&p, &m[i], &v[i], unscaled_grad(S::load(grad, i), grad_scale), beta1, beta2,
+                        eps, step_size, inv_sqrt_bc2, decay);
       S::store(param, i, p);
     }
   }
@@ -67,8 +66,7 @@ __attribute__((noinline)) void adamw_chunk_avx512(void* param, const void* grad,
 #pragma GCC pop_options
 
 bool cpu_has_avx512bw() {
-  static const bool has = __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512bw") &&
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl");
   return has;
 }

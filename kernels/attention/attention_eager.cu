@@ -11,9 +11,9 @@
 
 #include "attention/attention.hpp"
 #include "attention/attention_eager_kernels.cuh"
-#include "common/cublas_check.hpp"
 #include "attention/attention_heads.hpp"
 #include "attention/attention_math.hpp"
+#include "common/cublas_check.hpp"
 #include "common/cuda_common.cuh"
 #include "matmul/matmul.hpp"
 #include "trainmem/base/checked.hpp"

@@ -1,6 +1,6 @@
 // Parameter initialisation on the GPU: the same values as the host path of
-// Backend::init_param (include/trainmem/base/param_init.hpp, which is the CPU side: the generator is
-// written once, TM_HD), computed where they are stored. Launcher in init.cu, kernel in
+// Backend::init_param (include/trainmem/base/param_init.hpp, which is the CPU side: the generator
+// is written once, TM_HD), computed where they are stored. Launcher in init.cu, kernel in
 // init_kernels.cuh.
 #pragma once
 #include <cstdint>

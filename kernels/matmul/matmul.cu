@@ -5,9 +5,9 @@
 #include <limits>
 #include <string>
 
+#include "common/cublas_check.hpp"
 #include "matmul/gemm_args.hpp"
 #include "matmul/matmul.hpp"
-#include "common/cublas_check.hpp"
 #include "trainmem/base/cuda_check.hpp"
 #include "trainmem/base/error.hpp"
 

@@ -1,5 +1,5 @@
-// `trainmem plan`'s enumeration and cost model (include/trainmem/analytic/plan.hpp; the model and what
-// is enumerated are documented in docs/plan.md).
+// `trainmem plan`'s enumeration and cost model (include/trainmem/analytic/plan.hpp; the model and
+// what is enumerated are documented in docs/plan.md).
 #include "trainmem/analytic/plan.hpp"
 
 #include <algorithm>

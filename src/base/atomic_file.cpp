@@ -17,7 +17,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string os_error(int err) { return std::strerror(err); }
+std::string os_error(int err) {
+  return std::strerror(err);
+}
 
 // The folder a path's file lives in ("." for a bare name).
 std::string folder_of(const std::string& path) {
@@ -144,7 +146,8 @@ void AtomicFile::commit() {
     fail("writing failed on close", err);
   }
   if (in_place_) return;
-  if (::rename(temp_.c_str(), path_.c_str()) != 0) fail("cannot rename the finished file onto it", errno);
+  if (::rename(temp_.c_str(), path_.c_str()) != 0)
+    fail("cannot rename the finished file onto it", errno);
   temp_.clear();
 }
 
@@ -170,7 +173,8 @@ std::string resolved(const std::string& path) {
 
 bool same_output_file(const std::string& a, const std::string& b) {
   if (a.empty() || b.empty()) return false;
-  struct stat sa {}, sb {};
+  struct stat sa {
+  }, sb{};
   const bool ea = ::stat(a.c_str(), &sa) == 0, eb = ::stat(b.c_str(), &sb) == 0;
   if ((ea && !S_ISREG(sa.st_mode)) || (eb && !S_ISREG(sb.st_mode))) return false;
   if (ea && eb) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;

@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "trainmem/cli/cli.hpp"
 #include "trainmem/base/config.hpp"
+#include "trainmem/cli/cli.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/report_writer.hpp"
 #include "trainmem/run/run.hpp"

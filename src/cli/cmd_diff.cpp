@@ -1,7 +1,7 @@
 // trainmem diff A B — where the bytes of one setup differ from another's, tensor by tensor
-// (include/trainmem/report/diff.hpp). Each side is a profile spec computed now from the common flags,
-// "name[:key=value,...]" (native, hf-eager:dtype=fp32, native:checkpointing=full), or a saved
-// "trainmem/1" JSON report, "FILE[:profile=NAME,run=N]". parse_diff_side is the one parser of
+// (include/trainmem/report/diff.hpp). Each side is a profile spec computed now from the common
+// flags, "name[:key=value,...]" (native, hf-eager:dtype=fp32, native:checkpointing=full), or a
+// saved "trainmem/1" JSON report, "FILE[:profile=NAME,run=N]". parse_diff_side is the one parser of
 // both forms and kSideOptions the one table of the keys a side takes: an option of a profile
 // (e.g. an era of hf-eager) is one more line there.
 #include <spdlog/spdlog.h>
@@ -14,8 +14,8 @@
 
 #include "cli.hpp"
 #include "trainmem/analytic/analytic.hpp"
-#include "trainmem/report/diff.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/report/diff.hpp"
 #include "trainmem/report/report_writer.hpp"
 
 namespace trainmem::cli {

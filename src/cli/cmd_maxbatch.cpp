@@ -111,7 +111,8 @@ int run_maxbatch(const MaxbatchFlags& flags) {
   if (flags.vary != "batch" && flags.vary != "seq")
     throw InputError("--vary: unknown '" + flags.vary + "'; allowed: batch, seq");
   // The search's range: batch up to 2^30, seq up to 2^24 (a step beyond it has no answer).
-  const std::int64_t step_max = flags.vary == "seq" ? (std::int64_t{1} << 24) : (std::int64_t{1} << 30);
+  const std::int64_t step_max =
+      flags.vary == "seq" ? (std::int64_t{1} << 24) : (std::int64_t{1} << 30);
   if (flags.step < 1 || flags.step > step_max)
     throw InputError("--step must be between 1 and " + std::to_string(step_max) + " for --vary " +
                      flags.vary + ", got " + std::to_string(flags.step));

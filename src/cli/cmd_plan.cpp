@@ -19,9 +19,9 @@
 #include "cli.hpp"
 #include "size.hpp"
 #include "trainmem/analytic/analytic_rank.hpp"
+#include "trainmem/analytic/plan.hpp"
 #include "trainmem/base/bytes.hpp"
 #include "trainmem/base/error.hpp"
-#include "trainmem/analytic/plan.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/report_writer.hpp"
 

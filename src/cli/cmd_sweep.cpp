@@ -16,12 +16,12 @@
 #include "cli.hpp"
 #include "progress.hpp"
 #include "trainmem/base/error.hpp"
-#include "trainmem/run/fit.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/report_writer.hpp"
+#include "trainmem/report/svg_chart.hpp"
+#include "trainmem/run/fit.hpp"
 #include "trainmem/run/run.hpp"
 #include "trainmem/run/run_report.hpp"
-#include "trainmem/report/svg_chart.hpp"
 
 namespace trainmem::cli {
 namespace {

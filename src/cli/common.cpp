@@ -14,9 +14,9 @@
 #include "size.hpp"
 #include "trainmem/analytic/analytic.hpp"
 #include "trainmem/backends/backend.hpp"
-#include "trainmem/comm/collective.hpp"
 #include "trainmem/base/atomic_file.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/comm/collective.hpp"
 #include "trainmem/run/run.hpp"
 
 namespace trainmem::cli {
@@ -250,11 +250,11 @@ void check_outputs(const Common& c, const RunFlags& flags) {
   check_distinct_outputs(
       {{"--output", c.output}, {"--timeline", flags.timeline}, {"--dump", flags.dump}});
   // An input overwritten by an output would be read after it changed.
-  for (const auto& [in_flag, in] :
-       {std::pair<std::string, std::string>{"--weights", flags.weights}, {"--tokens", flags.tokens}})
-    for (const auto& [out_flag, out] :
-         {std::pair<std::string, std::string>{"--output", c.output},
-          {"--timeline", flags.timeline}, {"--dump", flags.dump}})
+  for (const auto& [in_flag, in] : {std::pair<std::string, std::string>{"--weights", flags.weights},
+                                    {"--tokens", flags.tokens}})
+    for (const auto& [out_flag, out] : {std::pair<std::string, std::string>{"--output", c.output},
+                                        {"--timeline", flags.timeline},
+                                        {"--dump", flags.dump}})
       if (same_output_file(in, out))
         throw InputError(out_flag + " " + out + " is the " + in_flag +
                          " file: the run would overwrite its own input; give another path");
@@ -405,7 +405,9 @@ void write_output(const std::string& output_path, const std::string& text) {
   spdlog::info("wrote {}", output_path);
 }
 
-bool user_terminal(int fd) { return isatty(fd) == 1 && !detect_launch().under_mpi; }
+bool user_terminal(int fd) {
+  return isatty(fd) == 1 && !detect_launch().under_mpi;
+}
 
 report::Colour stdout_colour(const std::string& output_path) {
   return output_path.empty() && user_terminal(STDOUT_FILENO) && !std::getenv("NO_COLOR")

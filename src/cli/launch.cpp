@@ -203,12 +203,12 @@ RequestLines rank_request(const Common& c, const RunFlags& run) {
   model << m.family << " V " << m.vocab << " h " << m.hidden << " i " << m.intermediate << " L "
         << m.layers << " a " << m.heads << " k " << m.kv_heads << " d " << m.head_dim()
         << " positions " << m.max_positions << " eps " << m.rms_eps << " theta " << m.rope_theta
-        << " tied " << m.tied_embeddings << " qkv_bias " << m.qkv_bias << " qk_norm "
-        << m.qk_norm << " window " << m.sliding_window << "/" << m.window_from_layer;
+        << " tied " << m.tied_embeddings << " qkv_bias " << m.qkv_bias << " qk_norm " << m.qk_norm
+        << " window " << m.sliding_window << "/" << m.window_from_layer;
   for (const auto& f : m.features()) model << ", " << f;
   out.emplace_back("--model's configuration", model.str());
-  for (const auto& [flag, path] : {std::pair<std::string, std::string>{"--weights", run.weights},
-                                   {"--tokens", run.tokens}}) {
+  for (const auto& [flag, path] :
+       {std::pair<std::string, std::string>{"--weights", run.weights}, {"--tokens", run.tokens}}) {
     if (path.empty()) continue;
     std::error_code ec;
     const auto size = std::filesystem::file_size(path, ec);

@@ -10,8 +10,8 @@
 #include "cli.hpp"
 #include "trainmem/analytic/analytic_rank.hpp"
 #include "trainmem/backends/backend.hpp"
-#include "trainmem/comm/collective.hpp"
 #include "trainmem/base/parallel.hpp"
+#include "trainmem/comm/collective.hpp"
 #include "trainmem/run/ranks.hpp"
 #include "trainmem/run/run_layout.hpp"
 

@@ -9,9 +9,9 @@
 
 #include "search.hpp"
 #include "size.hpp"
+#include "trainmem/analytic/dist_refs.hpp"
 #include "trainmem/base/bytes.hpp"
 #include "trainmem/base/checked.hpp"
-#include "trainmem/analytic/dist_refs.hpp"
 #include "trainmem/base/error.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/report_writer.hpp"
@@ -614,8 +614,8 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
     char b[32];
     std::snprintf(b, sizeof b, "%.6f", double(l));
     losses += (losses.empty() ? "" : ", ") +
-              (std::isfinite(l) ? std::string(b) : std::string(std::isnan(l) ? "NaN" : "Inf") +
-                                                       " (not finite)");
+              (std::isfinite(l) ? std::string(b)
+                                : std::string(std::isnan(l) ? "NaN" : "Inf") + " (not finite)");
   }
   const std::string seed = "of --seed " + std::to_string(ml.seed);
   w->item("loss of the global batch (" + std::to_string(le.global_batch) + " rows; weights " +

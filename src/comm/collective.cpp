@@ -237,7 +237,8 @@ RequestLines parse(const std::string& text) {
   std::size_t at = 0;
   while (at < text.size()) {
     const std::size_t end = text.find('\x1e', at);
-    const std::string line = text.substr(at, end == std::string::npos ? std::string::npos : end - at);
+    const std::string line =
+        text.substr(at, end == std::string::npos ? std::string::npos : end - at);
     const std::size_t sep = line.find('\x1f');
     if (sep == std::string::npos)
       out.emplace_back(line, "");
@@ -268,8 +269,7 @@ std::optional<std::string> request_disagreement(const std::vector<RequestLines>&
   for (const auto& r : ranks) {
     std::map<std::string, std::string> m;
     for (const auto& [name, value] : r) {
-      if (!m.count(name) &&
-          std::find(names.begin(), names.end(), name) == names.end())
+      if (!m.count(name) && std::find(names.begin(), names.end(), name) == names.end())
         names.push_back(name);
       m.emplace(name, value);
     }
@@ -282,8 +282,8 @@ std::optional<std::string> request_disagreement(const std::vector<RequestLines>&
     for (std::size_t r = 0; r < by_rank.size(); ++r) {
       const auto it = by_rank[r].find(name);
       const std::string v = it == by_rank[r].end() ? absent : it->second;
-      auto slot = std::find_if(values.begin(), values.end(),
-                               [&](const auto& e) { return e.first == v; });
+      auto slot =
+          std::find_if(values.begin(), values.end(), [&](const auto& e) { return e.first == v; });
       if (slot == values.end()) {
         values.push_back({v, {}});
         slot = values.end() - 1;
@@ -305,7 +305,8 @@ std::optional<std::string> request_disagreement(const std::vector<RequestLines>&
   }
   return std::string(
       "the ranks were started with different requests (they differ beyond the first " +
-      std::to_string(kRequestRecord) + " bytes compared); every rank must run the same command "
+      std::to_string(kRequestRecord) +
+      " bytes compared); every rank must run the same command "
       "with the same files");
 }
 

@@ -325,15 +325,15 @@ class MpiCollective final : public Collective {
     // single-copy write) would corrupt the heap. So the rank says what timed out and ends the
     // whole job here, with every buffer still alive.
     const std::string who = comm::rank_of(rank_, size_);
-    std::fprintf(stderr,
-                 "trainmem: %s: error: %s\ntrainmem: %s: ending the whole job with exit code 1 "
-                 "(MPI_Abort) at the timeout: the timed-out request may still write into this "
-                 "rank's buffers, so the rank does not unwind\n",
-                 who.c_str(),
-                 comm::timeout_message(what + " timed out", rank_, size_, waited, timeout_s_,
-                                       waiting_for)
-                     .c_str(),
-                 who.c_str());
+    std::fprintf(
+        stderr,
+        "trainmem: %s: error: %s\ntrainmem: %s: ending the whole job with exit code 1 "
+        "(MPI_Abort) at the timeout: the timed-out request may still write into this "
+        "rank's buffers, so the rank does not unwind\n",
+        who.c_str(),
+        comm::timeout_message(what + " timed out", rank_, size_, waited, timeout_s_, waiting_for)
+            .c_str(),
+        who.c_str());
     std::fflush(stderr);
     abort_job(1);
   }

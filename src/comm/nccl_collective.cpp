@@ -15,8 +15,8 @@
 
 #include "comm_internal.hpp"
 #include "nccl_convert.hpp"
-#include "trainmem/comm/collective.hpp"
 #include "trainmem/base/cuda_check.hpp"
+#include "trainmem/comm/collective.hpp"
 
 namespace trainmem {
 namespace {

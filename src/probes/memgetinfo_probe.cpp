@@ -3,8 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include "device_probes.hpp"
-#include "trainmem/base/cuda_check.hpp"
 #include "trainmem/backends/device_rules.hpp"
+#include "trainmem/base/cuda_check.hpp"
 
 namespace trainmem::probes {
 

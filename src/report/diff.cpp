@@ -1,5 +1,5 @@
-// `trainmem diff`: reading the two sides and the difference B − A (see include/trainmem/report/diff.hpp;
-// its reports: diff_report.cpp).
+// `trainmem diff`: reading the two sides and the difference B − A (see
+// include/trainmem/report/diff.hpp; its reports: diff_report.cpp).
 #include "trainmem/report/diff.hpp"
 
 #include <sys/stat.h>

@@ -1,7 +1,7 @@
-// The HTML form of every report: one self-contained page (see include/trainmem/report/report_writer.hpp).
-// Inline CSS, no network, no script of its own (a figure may bring a small one); every text
-// escaped; a cell's or a line's tone is its class, so the page reads the same with JavaScript
-// off.
+// The HTML form of every report: one self-contained page (see
+// include/trainmem/report/report_writer.hpp). Inline CSS, no network, no script of its own (a
+// figure may bring a small one); every text escaped; a cell's or a line's tone is its class, so the
+// page reads the same with JavaScript off.
 #include "trainmem/report/report_writer.hpp"
 
 namespace trainmem::report {

@@ -11,10 +11,10 @@
 #include <cmath>
 #include <utility>
 
-#include "trainmem/probes/cupti_tag_allocator.hpp"
 #include "trainmem/base/error.hpp"
 #include "trainmem/model/model.hpp"
 #include "trainmem/model/model_io.hpp"
+#include "trainmem/probes/cupti_tag_allocator.hpp"
 #include "trainmem/run/run_report.hpp"
 
 namespace trainmem {
@@ -205,9 +205,10 @@ std::uint64_t run_steps(const RunRequest& rq, RunRig& rig, RunResult& r) {
       r.steps_done = step;
       if (be.computes() && !std::isfinite(loss)) {
         r.non_finite_steps.push_back(step);
-        spdlog::warn("step {}: the loss is {} (not finite){}", step, std::isnan(loss) ? "NaN" : "Inf",
-                     r.non_finite_weights.empty() ? std::string()
-                                                  : std::string(": --weights holds NaN or Inf values"));
+        spdlog::warn(
+            "step {}: the loss is {} (not finite){}", step, std::isnan(loss) ? "NaN" : "Inf",
+            r.non_finite_weights.empty() ? std::string()
+                                         : std::string(": --weights holds NaN or Inf values"));
       }
       if (step == 1 && dump) {
         dump->finish(loss);

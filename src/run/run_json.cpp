@@ -1,4 +1,5 @@
-// The per-run JSON object of docs/design.md ("JSON output"); see include/trainmem/run/run_report.hpp.
+// The per-run JSON object of docs/design.md ("JSON output"); see
+// include/trainmem/run/run_report.hpp.
 #include <cmath>
 
 #include "trainmem/report/report.hpp"

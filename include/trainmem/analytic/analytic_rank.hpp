@@ -1,8 +1,8 @@
 // The native profile per rank when a training step is spread over several GPUs: the figures of
-// each distinct rank of a parallel layout (include/trainmem/base/parallel.hpp), in closed form, from
-// docs/distributed.md ("The sharded step") only. Ranks of one pipeline stage have identical books
-// (tensor-parallel ranks hold equal shards; ZeRO pads the flat shard so every data-parallel rank
-// holds the same count), so the distinct ranks are the pipeline stages.
+// each distinct rank of a parallel layout (include/trainmem/base/parallel.hpp), in closed form,
+// from docs/distributed.md ("The sharded step") only. Ranks of one pipeline stage have identical
+// books (tensor-parallel ranks hold equal shards; ZeRO pads the flat shard so every data-parallel
+// rank holds the same count), so the distinct ranks are the pipeline stages.
 //
 // Beside the traced figures: what lives on the host under --offload, and the overheads outside
 // every tensor book (CUDA context, NCCL buffers) as stated, overridable estimates.

@@ -16,9 +16,9 @@
 
 #include "trainmem/base/config.hpp"
 #include "trainmem/base/dtype.hpp"
-#include "trainmem/ledger/ledger.hpp"
 #include "trainmem/base/op_types.hpp"
 #include "trainmem/base/param_init.hpp"
+#include "trainmem/ledger/ledger.hpp"
 
 namespace trainmem {
 

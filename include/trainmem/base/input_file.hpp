@@ -4,20 +4,19 @@
 // InputError naming the file and the field, quoting at most ~100 characters of a value).
 #pragma once
 #include <cstdint>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace trainmem {
 
 // Size caps per kind of input file (docs/decisions.md, "Robust on any machine and against any
 // input").
-constexpr std::uint64_t kMaxConfigBytes = 16ull << 20;     // a config.json: 16 MiB
-constexpr std::uint64_t kMaxReportBytes = 256ull << 20;    // a JSON report (diff): 256 MiB
-constexpr std::uint64_t kMaxWeightsBytes = 4ull << 40;     // a .safetensors file: 4 TiB
-constexpr std::uint64_t kMaxJsonString = 1024;             // one JSON key or string value
-constexpr std::uint64_t kMaxReportString = 1ull << 20;     // ... in a report (diff): 1 MiB
-constexpr std::size_t kMaxJsonDepth = 256;                  // objects and arrays, nested
+constexpr std::uint64_t kMaxConfigBytes = 16ull << 20;   // a config.json: 16 MiB
+constexpr std::uint64_t kMaxReportBytes = 256ull << 20;  // a JSON report (diff): 256 MiB
+constexpr std::uint64_t kMaxWeightsBytes = 4ull << 40;   // a .safetensors file: 4 TiB
+constexpr std::uint64_t kMaxJsonString = 1024;           // one JSON key or string value
+constexpr std::uint64_t kMaxReportString = 1ull << 20;   // ... in a report (diff): 1 MiB
+constexpr std::size_t kMaxJsonDepth = 256;               // objects and arrays, nested
 
 // Checks that `path` is a regular file of at most `max_bytes` and returns its size; InputError
 // "<what> <path>: ..." naming the kind of file, the cap and what it is otherwise. Never blocks
@@ -43,9 +42,9 @@ Json parse_json_strict(const std::string& text, const std::string& source,
                        std::uint64_t max_string = kMaxJsonString);
 
 extern template nlohmann::json parse_json_strict<nlohmann::json>(const std::string&,
-                                                                 const std::string&,
-                                                                 std::uint64_t);
-extern template nlohmann::ordered_json parse_json_strict<nlohmann::ordered_json>(
-    const std::string&, const std::string&, std::uint64_t);
+                                                                 const std::string&, std::uint64_t);
+extern template nlohmann::ordered_json parse_json_strict<nlohmann::ordered_json>(const std::string&,
+                                                                                 const std::string&,
+                                                                                 std::uint64_t);
 
 }  // namespace trainmem

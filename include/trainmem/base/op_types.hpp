@@ -1,6 +1,6 @@
-// The small argument types of the backend's ops (include/trainmem/backends/backend.hpp) that the kernels
-// take too: the GEMM transpose flag and AdamW's hyperparameters. Split from backend.hpp so the
-// kernels need not include the backend (and through it the ledger and the configuration).
+// The small argument types of the backend's ops (include/trainmem/backends/backend.hpp) that the
+// kernels take too: the GEMM transpose flag and AdamW's hyperparameters. Split from backend.hpp so
+// the kernels need not include the backend (and through it the ledger and the configuration).
 #pragma once
 #include <cstdint>
 

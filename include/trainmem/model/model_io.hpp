@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "trainmem/base/error.hpp"
-#include "trainmem/model/model.hpp"
 #include "trainmem/base/safetensors.hpp"
+#include "trainmem/model/model.hpp"
 
 namespace trainmem {
 

@@ -27,12 +27,12 @@
 #include <vector>
 
 #include "trainmem/backends/backend.hpp"
-#include "trainmem/comm/collective.hpp"
 #include "trainmem/base/config.hpp"
-#include "trainmem/ledger/ledger.hpp"
-#include "trainmem/model/optimizer.hpp"
 #include "trainmem/base/parallel.hpp"
 #include "trainmem/base/safetensors.hpp"
+#include "trainmem/comm/collective.hpp"
+#include "trainmem/ledger/ledger.hpp"
+#include "trainmem/model/optimizer.hpp"
 
 namespace trainmem {
 

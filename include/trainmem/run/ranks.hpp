@@ -25,7 +25,7 @@ struct RankJob {
   DType dtype = DType::bf16;
   std::string collectives;  // "nccl", "mpi"; "" the backend's own (cuda: nccl, cpu: mpi)
   double collective_timeout = kDefaultCollectiveTimeout;  // seconds
-  RequestLines request;     // what every rank must have been started with (agree_on_request)
+  RequestLines request;  // what every rank must have been started with (agree_on_request)
   // Checks that need the world (its size against the requested one): InputError to refuse.
   std::function<void(const Collective& world)> check_world;
   // Runs a rank's work, turning what it throws into an exit code and a message (the command

@@ -83,7 +83,7 @@ struct RunResult {
   std::uint64_t seed = 0;
   std::string weights, tokens;
   std::optional<std::uint64_t> device_budget;
-  std::vector<float> losses;         // per step (NaN on meta)
+  std::vector<float> losses;  // per step (NaN on meta)
   // On a backend that computes: the steps (1-based) whose loss was NaN or Inf (a warning was
   // logged; the JSON report writes "non_finite" for them), and the --weights tensors that held
   // NaN or Inf values (LlamaModel::non_finite_weights).

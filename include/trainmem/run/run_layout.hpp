@@ -11,8 +11,8 @@
 
 #include "trainmem/analytic/analytic_rank.hpp"
 #include "trainmem/backends/backend.hpp"
-#include "trainmem/comm/collective.hpp"
 #include "trainmem/base/figures.hpp"
+#include "trainmem/comm/collective.hpp"
 #include "trainmem/probes/probes.hpp"
 #include "trainmem/run/run.hpp"
 #include "trainmem/run/timeline.hpp"

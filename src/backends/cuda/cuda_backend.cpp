@@ -18,8 +18,8 @@
 #include "rmsnorm/rmsnorm.hpp"
 #include "rope/rope.hpp"
 #include "swiglu/swiglu.hpp"
-#include "trainmem/base/cuda_check.hpp"
 #include "trainmem/backends/device_rules.hpp"
+#include "trainmem/base/cuda_check.hpp"
 #include "trainmem/base/error.hpp"
 
 namespace trainmem {

@@ -1,6 +1,6 @@
 // The cuda backend: our kernels (kernels/*.cu) and cuBLAS on one stream of the current device.
-// make_cuda_backend (include/trainmem/backends/backend.hpp) returns one of these; GPU tests, the probes
-// and the benchmarks reach the stream, the cuBLAS handle and the allocator through it.
+// make_cuda_backend (include/trainmem/backends/backend.hpp) returns one of these; GPU tests, the
+// probes and the benchmarks reach the stream, the cuBLAS handle and the allocator through it.
 //
 // Memory: every byte comes from the DeviceAllocator's pool (cudaMallocFromPoolAsync on the
 // backend's stream) through the ledger; kernels allocate nothing. The cuBLAS workspace is the

@@ -6,8 +6,8 @@
 #include <string>
 
 #include "trainmem/backends/backend.hpp"
-#include "trainmem/base/cuda_check.hpp"
 #include "trainmem/backends/device_rules.hpp"
+#include "trainmem/base/cuda_check.hpp"
 #include "trainmem/base/error.hpp"
 
 namespace trainmem {

@@ -3,8 +3,8 @@
 
 #include <limits>
 
-#include "trainmem/base/cuda_check.hpp"
 #include "trainmem/backends/device_rules.hpp"
+#include "trainmem/base/cuda_check.hpp"
 
 namespace trainmem {
 
