@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "trainmem/analytic/analytic.hpp"
+#include "trainmem/analytic/analytic_rank.hpp"
 #include "trainmem/base/checked.hpp"
 
 namespace trainmem::analytic_detail {
@@ -32,10 +33,15 @@ void finish(ActivationBreakdown& acts, std::int64_t layers);
 // Profile builders. Each fills est.activations, figures.activations, activations_peak,
 // workspace, inputs, peak (+ breakdown), instants and notes; est.figures.params, gradients and
 // optimizer_states are already set from state_figures().
-void build_native(Estimate& est);
-void build_hf(Estimate& est);  // hf-eager and hf-sdpa (est.hf set)
+void build_native(Estimate& est);  // native_stage for the layout of one GPU
+void build_hf(Estimate& est);      // hf-eager and hf-sdpa (est.hf set)
 void build_megatron(Estimate& est);
 void build_zero(Estimate& est);
+
+// The native profile of one pipeline stage of `layout` (resolved), the single GPU included
+// (analytic_native.cpp).
+RankEstimate native_stage(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& layout,
+                          std::int64_t stage);
 
 std::uint64_t csum(std::initializer_list<std::uint64_t> xs, const char* what = "bytes");
 // a - b, throwing Error when b > a (an internal accounting mistake, never user input).

@@ -1,18 +1,27 @@
-// The `native` profile: trainmem's own training step, in closed form, from docs/native-plan.md.
+// The `native` profile: trainmem's own training step in closed form, for one rank of a parallel
+// layout (include/trainmem/analytic/analytic_rank.hpp). The single-GPU profile is the layout of
+// one GPU: the same code with tp = pp = dp = 1. Derivations: docs/native-plan.md (the step) and
+// docs/distributed.md ("The sharded step": what a rank's slice changes).
 //
-// Activations are the plan's per-layer tensors; `peak` is the maximum over the instants of the
-// plan at which live bytes can reach a maximum (the end of every run of allocations), taken in
-// chronological order so that a tie keeps the first instant, as a ledger does:
-//   forward  (full) the last layer's `out`, and the end of forward (ce_losses allocated);
-//   head     steps 2 and 3 of the head backward;
-//   layer    each step of the FIRST layer processed by the backward (layer L-1): later layers
-//            hold strictly fewer activations (one layer's set, or one checkpoint, less) and the
-//            same transient buffers and gradients, so they never exceed it;
-//   embedding the embedding backward (LOMO allocates the embedding gradient there).
-// Derivation: docs/formulas.md, "native".
+// A rank holds one pipeline stage with its local sizes: heads a/tp, kv heads k/tp, intermediate
+// i/tp, vocabulary V/tp, and the residual stream's rows s/tp under sequence parallelism. The peak
+// is the maximum over the instants at which live bytes can reach a maximum (the end of every run
+// of allocations), in chronological order so that a tie keeps the first, as a ledger does:
+//   forward   the last layer's `out` (checkpointed: before the layer's other tensors are freed;
+//             under sp with its reduce-scatter buffer) and, under ZeRO-3, the last layers whose
+//             gather window reaches the head;
+//   head      its forward gather (sp), the end of forward (ce_losses), backward steps 2 and 3;
+//   layer     each step of the first layer the backward processes: later layers hold fewer
+//             activations (one layer's set, or one checkpoint, less) and the same or smaller
+//             buffers and gradients, so they never exceed it;
+//   embedding the embedding backward (LOMO, untied: the embedding gradient is allocated there);
+// with, on stage k of a pipeline, the activations of the other min(pp - k, M) - 1 micro-batches
+// in flight added to every instant (1F1B), and under ZeRO-3 the gathered units of the window.
 #include <algorithm>
 
 #include "analytic_detail.hpp"
+#include "trainmem/analytic/analytic_rank.hpp"
+#include "trainmem/base/checked.hpp"
 #include "trainmem/base/error.hpp"
 
 namespace trainmem::analytic_detail {
@@ -24,238 +33,606 @@ constexpr int O = static_cast<int>(Category::optimizer_states);
 constexpr int A = static_cast<int>(Category::activations);
 constexpr int W = static_cast<int>(Category::workspace);
 constexpr int I = static_cast<int>(Category::inputs);
+constexpr int X = static_cast<int>(Category::communication);
 
-// The plan's per-layer forward tensors, in allocation order (`out` last).
-std::vector<TensorEntry> layer_tensors(const Dims& d, Attention attn, bool qk_norm) {
-  const std::string D = d.dt;
-  const std::uint64_t w = d.w;
-  std::vector<TensorEntry> v;
-  v.push_back(entry(d, "rstd1", "(b,s)", "fp32", bytes_of({d.b, d.s}, 4), Term::sb,
-                    "input_layernorm backward", "1/rms of each row of x_l"));
-  v.push_back(entry(d, "xn1", "(b,s,h)", D, bytes_of({d.b, d.s, d.h}, w), Term::sbh,
-                    "q/k/v projection backward", "input of the q, k and v GEMMs (dW_q/k/v)"));
-  if (qk_norm) {
-    v.push_back(entry(d, "q_pre", "(b,s,a·d)", D, bytes_of({d.b, d.s, d.a, d.d}, w), Term::sbh,
-                      "q_norm backward", "q projection (+ bias) before the per-head RMSNorm"));
-    v.push_back(entry(d, "k_pre", "(b,s,k·d)", D, bytes_of({d.b, d.s, d.kd}, w), Term::sbh,
-                      "k_norm backward", "k projection (+ bias) before the per-head RMSNorm"));
-    v.push_back(entry(d, "q_rstd", "(b,s,a)", "fp32", bytes_of({d.b, d.s, d.a}, 4), Term::sb,
-                      "q_norm backward", "1/rms of each query head"));
-    v.push_back(entry(d, "k_rstd", "(b,s,k)", "fp32", bytes_of({d.b, d.s, d.k}, 4), Term::sb,
-                      "k_norm backward", "1/rms of each key head"));
+std::uint64_t u(std::int64_t v) {
+  return static_cast<std::uint64_t>(v);
+}
+
+// Optimizer-state bytes per parameter (docs/design.md's rule, per element of what is updated).
+std::uint64_t state_bytes_per_param(Optimizer o, std::uint64_t w) {
+  switch (o) {
+    case Optimizer::adamw:
+      return w == 4 ? 8 : 12;
+    case Optimizer::sgd:
+      return w == 4 ? 0 : 4;
+    case Optimizer::lomo:
+      return 0;
   }
-  v.push_back(entry(d, "q", "(b,s,a·d)", D, bytes_of({d.b, d.s, d.a, d.d}, w), Term::sbh,
-                    "attention backward", "query after RoPE (in place)"));
-  v.push_back(entry(d, "k", "(b,s,k·d)", D, bytes_of({d.b, d.s, d.kd}, w), Term::sbh,
-                    "attention backward", "key after RoPE, sized by the kv heads"));
-  v.push_back(entry(d, "v", "(b,s,k·d)", D, bytes_of({d.b, d.s, d.kd}, w), Term::sbh,
-                    "attention backward", "value, sized by the kv heads"));
-  if (attn == Attention::eager) {
-    v.push_back(entry(d, "probs", "(b,a,s,s)", D, bytes_of({d.b, d.a, d.s, d.s}, w), Term::as2b,
+  return 0;
+}
+
+// The local sizes of one rank (letters of docs/distributed.md) and the shapes' letters.
+struct Local {
+  std::uint64_t b, s, sr, h, d, a, k, i, V, w;  // sr: rows of the residual stream (s or s/tp)
+  std::uint64_t ad, kd;                         // a·d, k·d (local)
+  // Tensor bytes.
+  std::uint64_t X;       // (b, sr, h) D: a residual-stream tensor
+  std::uint64_t full;    // (b, s, h) D: a gathered or partial residual tensor
+  std::uint64_t bsi;     // (b, s, i) D
+  std::uint64_t bsad;    // (b, s, a·d) D
+  std::uint64_t bskd;    // (b, s, k·d) D
+  std::uint64_t r4;      // (b, sr) f32: an RMSNorm's 1/rms
+  std::uint64_t bs4;     // (b, s) f32 / int32
+  std::uint64_t store;   // probs (b,a,s,s) D | lse (b,a,s) f32
+  std::uint64_t logits;  // (b, s, V) D
+  // Letters of the shapes: "a" or "a/t" under tensor parallelism, rows "s" or "s/t" under sp.
+  std::string la, lk, li, lV, rows;
+};
+
+Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p) {
+  Local l;
+  l.b = u(t.batch);
+  l.s = u(t.seq);
+  l.sr = p.sp ? l.s / u(p.tp) : l.s;
+  l.h = u(m.hidden);
+  l.d = u(m.head_dim());
+  l.a = u(m.heads / p.tp);
+  l.k = u(m.kv_heads / p.tp);
+  l.i = u(m.intermediate / p.tp);
+  l.V = u(m.vocab / p.tp);
+  l.w = dtype_size(t.dtype);
+  l.ad = checked_mul(l.a, l.d);
+  l.kd = checked_mul(l.k, l.d);
+  l.X = bytes_of({l.b, l.sr, l.h}, l.w);
+  l.full = bytes_of({l.b, l.s, l.h}, l.w);
+  l.bsi = bytes_of({l.b, l.s, l.i}, l.w);
+  l.bsad = bytes_of({l.b, l.s, l.ad}, l.w);
+  l.bskd = bytes_of({l.b, l.s, l.kd}, l.w);
+  l.r4 = bytes_of({l.b, l.sr}, 4);
+  l.bs4 = bytes_of({l.b, l.s}, 4);
+  l.store = t.attention == Attention::eager ? bytes_of({l.b, l.a, l.s, l.s}, l.w)
+                                            : bytes_of({l.b, l.a, l.s}, 4);
+  l.logits = bytes_of({l.b, l.s, l.V}, l.w);
+  const bool split = p.tp > 1;
+  l.la = split ? "a/t" : "a";
+  l.lk = split ? "k/t" : "k";
+  l.li = split ? "i/t" : "i";
+  l.lV = split ? "V/t" : "V";
+  l.rows = p.sp ? "s/t" : "s";
+  return l;
+}
+
+// Parameter elements of one layer on a rank (two norms, q/k/v/o, gate/up/down; TP-sharded),
+// with the q/k/v biases (split with their columns: a/t·d + 2·k/t·d) and the q/k norm weights
+// (replicated: 2·d) of the families that have them.
+std::uint64_t layer_params(const Local& l, const ModelConfig& m) {
+  return csum({checked_mul(2, l.h), checked_mul(l.h, l.ad), checked_mul(2, checked_mul(l.h, l.kd)),
+               checked_mul(l.ad, l.h), checked_mul(3, checked_mul(l.h, l.i)),
+               m.qkv_bias ? csum({l.ad, l.kd, l.kd}) : 0, m.qk_norm ? checked_mul(2, l.d) : 0},
+              "parameters");
+}
+
+// The per-layer forward set of one rank, in allocation order (`out` last).
+std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn, bool sp,
+                                   bool qk_norm) {
+  const std::string& D = g.dt;
+  const std::string res = "(b," + l.rows + ",h)", rows = "(b," + l.rows + ")";
+  const std::string q_shape = "(b,s," + l.la + "·d)", kv_shape = "(b,s," + l.lk + "·d)";
+  std::vector<TensorEntry> v;
+  v.push_back(entry(g, "rstd1", rows, "fp32", l.r4, Term::sb, "input_layernorm backward",
+                    "1/rms of each row of x_l"));
+  v.push_back(entry(g, "xn1", res, D, l.X, Term::sbh, "q/k/v projection backward",
+                    sp ? "the rank's rows of the GEMMs' input (gathered again in backward)"
+                       : "input of the q, k and v GEMMs (dW_q/k/v)"));
+  if (qk_norm) {
+    v.push_back(entry(g, "q_pre", q_shape, D, l.bsad, Term::sbh, "q_norm backward",
+                      "q projection (+ bias) before the per-head RMSNorm"));
+    v.push_back(entry(g, "k_pre", kv_shape, D, l.bskd, Term::sbh, "k_norm backward",
+                      "k projection (+ bias) before the per-head RMSNorm"));
+    v.push_back(entry(g, "q_rstd", "(b,s," + l.la + ")", "fp32", bytes_of({l.b, l.s, l.a}, 4),
+                      Term::sb, "q_norm backward", "1/rms of each query head"));
+    v.push_back(entry(g, "k_rstd", "(b,s," + l.lk + ")", "fp32", bytes_of({l.b, l.s, l.k}, 4),
+                      Term::sb, "k_norm backward", "1/rms of each key head"));
+  }
+  v.push_back(entry(g, "q", q_shape, D, l.bsad, Term::sbh, "attention backward",
+                    "query after RoPE (in place)"));
+  v.push_back(entry(g, "k", kv_shape, D, l.bskd, Term::sbh, "attention backward",
+                    "key after RoPE, sized by the kv heads"));
+  v.push_back(entry(g, "v", kv_shape, D, l.bskd, Term::sbh, "attention backward",
+                    "value, sized by the kv heads"));
+  if (attn == Attention::eager)
+    v.push_back(entry(g, "probs", "(b," + l.la + ",s,s)", D, l.store, Term::as2b,
                       "attention backward", "materialised causal softmax probabilities"));
-  } else {
-    v.push_back(entry(d, "lse", "(b,a,s)", "fp32", bytes_of({d.b, d.a, d.s}, 4), Term::sb,
+  else
+    v.push_back(entry(g, "lse", "(b," + l.la + ",s)", "fp32", l.store, Term::sb,
                       "attention backward",
                       "row log-sum-exp: flash recomputes the probabilities from it (4a·sb "
                       "bytes, folded into c_sb)"));
-  }
-  v.push_back(entry(d, "attn_out", "(b,s,a·d)", D, bytes_of({d.b, d.s, d.a, d.d}, w), Term::sbh,
+  v.push_back(entry(g, "attn_out", q_shape, D, l.bsad, Term::sbh,
                     "o_proj backward and attention backward",
                     "input of the o GEMM (dW_o); the flash/eager backward reads it too"));
-  v.push_back(entry(d, "h_mid", "(b,s,h)", D, bytes_of({d.b, d.s, d.h}, w), Term::sbh,
-                    "post_attention_layernorm backward", "residual stream after attention"));
-  v.push_back(entry(d, "rstd2", "(b,s)", "fp32", bytes_of({d.b, d.s}, 4), Term::sb,
-                    "post_attention_layernorm backward", "1/rms of each row of h_mid"));
-  v.push_back(entry(d, "xn2", "(b,s,h)", D, bytes_of({d.b, d.s, d.h}, w), Term::sbh,
-                    "gate/up projection backward", "input of the gate and up GEMMs"));
-  v.push_back(entry(d, "gate", "(b,s,i)", D, bytes_of({d.b, d.s, d.i}, w), Term::sbi,
-                    "SwiGLU backward", "silu'(gate) needs the pre-activation"));
-  v.push_back(entry(d, "up", "(b,s,i)", D, bytes_of({d.b, d.s, d.i}, w), Term::sbi,
-                    "SwiGLU backward", "d gate = d act · up · silu'(gate)"));
-  v.push_back(entry(d, "act", "(b,s,i)", D, bytes_of({d.b, d.s, d.i}, w), Term::sbi,
-                    "down_proj backward", "input of the down GEMM (dW_down)"));
-  v.push_back(entry(d, "out", "(b,s,h)", D, bytes_of({d.b, d.s, d.h}, w), Term::sbh,
+  v.push_back(entry(g, "h_mid", res, D, l.X, Term::sbh, "post_attention_layernorm backward",
+                    "residual stream after attention"));
+  v.push_back(entry(g, "rstd2", rows, "fp32", l.r4, Term::sb, "post_attention_layernorm backward",
+                    "1/rms of each row of h_mid"));
+  v.push_back(entry(g, "xn2", res, D, l.X, Term::sbh, "gate/up projection backward",
+                    sp ? "the rank's rows of the gate and up GEMMs' input (gathered again in "
+                         "backward)"
+                       : "input of the gate and up GEMMs"));
+  const std::string i_shape = "(b,s," + l.li + ")";
+  v.push_back(entry(g, "gate", i_shape, D, l.bsi, Term::sbi, "SwiGLU backward",
+                    "silu'(gate) needs the pre-activation"));
+  v.push_back(entry(g, "up", i_shape, D, l.bsi, Term::sbi, "SwiGLU backward",
+                    "d gate = d act · up · silu'(gate)"));
+  v.push_back(entry(g, "act", i_shape, D, l.bsi, Term::sbi, "down_proj backward",
+                    "input of the down GEMM (dW_down)"));
+  v.push_back(entry(g, "out", res, D, l.X, Term::sbh,
                     "next layer's input_layernorm backward (or the final norm's)",
                     "the layer output x_{l+1}, the next layer's input"));
   return v;
 }
 
-}  // namespace
+// The ZeRO-3 gather window: units in compute order (embedding, layers, head, layers back), each
+// gathered while any of the positions j..j+prefetch needs it.
+struct GatherPlan {
+  std::vector<int> seq;              // unit id per position: 0 embedding, 1+l layer l, L+1 head
+  std::vector<std::uint64_t> bytes;  // gathered bytes per unit id
+  std::uint64_t window(std::size_t pos, std::int64_t prefetch) const {
+    std::vector<int> seen;
+    std::uint64_t total = 0;
+    for (std::size_t j = pos; j < seq.size() && j <= pos + u(prefetch); ++j) {
+      if (std::find(seen.begin(), seen.end(), seq[j]) != seen.end()) continue;
+      seen.push_back(seq[j]);
+      total = checked_add(total, bytes[seq[j]], "gathered parameters");
+    }
+    return total;
+  }
+};
 
-void build_native(Estimate& est) {
-  const Dims d = make_dims(est.model, est.train);
-  const TrainConfig& t = est.train;
-  const bool full = t.checkpointing == Checkpointing::full;
-  const bool lomo = t.optimizer == Optimizer::lomo;
-  const bool tied = est.model.tied_embeddings;
-  const bool qkn = est.model.qk_norm;
-  const std::uint64_t w = d.w;
-  est.label = "trainmem's own step (docs/native-plan.md), exact";
+// One stage of one layout: its sizes and what it holds, filled in the order a reader follows the
+// step: the persistent books, one micro-batch's activations, the instants, the figures.
+class Stage {
+ public:
+  Stage(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p, std::int64_t index)
+      : m_(m),
+        t_(t),
+        p_(p),
+        l_(make_local(m, t, p)),
+        g_(make_dims(m, t)),
+        first_(index == 0),
+        last_(index == p.pp - 1),
+        full_(t.checkpointing == Checkpointing::full),
+        lomo_(t.optimizer == Optimizer::lomo),
+        Ls_(m.layers / p.pp) {
+    if (lomo_ && p.distributed())
+      throw Error("analytic native: LOMO is modelled on one GPU only (ParallelConfig::resolve)");
+    r_.stage = index;
+    r_.role = p.pp == 1 ? "only" : first_ ? "first" : last_ ? "last" : "middle";
+    r_.ranks = p.dp * p.tp;
+    r_.layers = Ls_;
+    r_.in_flight = std::min<std::int64_t>(p.pp - index, p.microbatches);
+  }
 
-  auto& acts = est.activations;
-  const std::string D = d.dt;
-  const std::uint64_t bsh = bytes_of({d.b, d.s, d.h}, w);  // one (b,s,h) D tensor
-  const std::uint64_t bsi = bytes_of({d.b, d.s, d.i}, w);
-  const std::uint64_t bskd = bytes_of({d.b, d.s, d.kd}, w);
-  const std::uint64_t bsad = bytes_of({d.b, d.s, d.a, d.d}, w);  // q, attn_out (a·d may != h)
-  const std::uint64_t bs4 = bytes_of({d.b, d.s}, 4);             // one (b,s) f32 tensor
-  const std::uint64_t store = t.attention == Attention::eager
-                                  ? bytes_of({d.b, d.a, d.s, d.s}, w)  // probs
-                                  : bytes_of({d.b, d.a, d.s}, 4);      // lse
-  const std::uint64_t scratch = t.attention == Attention::eager
-                                    ? bytes_of({d.b, d.a, d.s, d.s}, w)  // d_probs
-                                    : bytes_of({d.b, d.a, d.s}, 4);      // attn_delta
+  RankEstimate build() {
+    books();
+    activations();
+    instants();
+    figures();
+    return std::move(r_);
+  }
 
-  acts.embedding.push_back(entry(d, "embed_out", "(b,s,h)", D, bsh, Term::sbh,
-                                 "layer 0's input_layernorm backward",
-                                 "embedding output x_0, layer 0's input"));
-  std::vector<TensorEntry> full_set = layer_tensors(d, t.attention, qkn);
-  if (full) {
-    acts.layer.push_back(full_set.back());  // `out`: the next layer's checkpointed input
+ private:
+  void books();
+  void activations();
+  void instants();
+  void forward_instants();
+  void head_instants();
+  void layer_instants();
+  void figures();
+  // An instant: the persistent books, `act` bytes of this micro-batch's activations (plus the
+  // other micro-batches in flight), workspace `ws`, communication `comm` beside the buckets and
+  // the ZeRO-3 window at compute position `pos`, and `grads` bytes of gradients.
+  void at(std::string name, std::uint64_t act, std::uint64_t ws, std::uint64_t comm,
+          std::uint64_t pos, std::uint64_t grads, bool in_flight = true);
+  // Gradient bytes alive in backward, LOMO allocating `lomo_bytes` around its op (the persistent
+  // gradients otherwise).
+  std::uint64_t grads(std::uint64_t lomo_bytes) const {
+    return lomo_ ? csum({tied_lomo_, lomo_bytes}) : r_.est.figures.gradients;
+  }
+  std::string layer_name(std::int64_t k) const {  // "L-1" on one stage, the stage's index else
+    return p_.pp == 1 ? "L-" + std::to_string(Ls_ - k) : std::to_string(k);
+  }
+
+  static constexpr std::uint64_t kNoUnit = ~std::uint64_t{0};  // nothing gathered
+
+  const ModelConfig& m_;
+  const TrainConfig& t_;
+  const ParallelConfig& p_;
+  const Local l_;
+  const Dims g_;
+  const bool first_, last_, full_, lomo_;
+  const std::int64_t Ls_;
+  RankEstimate r_;
+  GatherPlan gather_;
+  std::uint64_t buckets_ = 0;     // the reduce bucket(s), alive all step
+  std::uint64_t emb_grad_ = 0;    // LOMO: the (V, h) embedding / lm_head gradient
+  std::uint64_t tied_lomo_ = 0;   // LOMO, tied: that gradient, alive from the head backward on
+  std::vector<TensorEntry> set_;  // one layer's forward set
+  std::uint64_t mb_ = 0;          // one micro-batch's activations that stay on the stage
+  std::uint64_t others_ = 0;      // the other in-flight micro-batches' activations
+  std::uint64_t inputs_ = 0;      // tokens and targets on the stage
+};
+
+void Stage::books() {
+  const Local& l = l_;
+  const std::uint64_t Lu = layer_params(l, m_);
+  const std::uint64_t emb = checked_mul(l.V, l.h);
+  std::uint64_t Pk = checked_mul(Lu, u(Ls_), "parameters");
+  if (first_) Pk = checked_add(Pk, emb);
+  const bool tied_here = m_.tied_embeddings && p_.pp == 1;
+  if (last_) Pk = csum({Pk, l.h, tied_here ? 0 : emb}, "parameters");
+  const std::uint64_t dp = u(p_.dp);
+  const std::uint64_t shard = (Pk + dp - 1) / dp;
+  r_.local_params = Pk;
+  r_.shard_elements = p_.zero >= 1 ? shard : Pk;
+  r_.padding_elements = p_.zero >= 1 ? checked_mul(shard, dp) - Pk : 0;
+  const std::uint64_t w = l.w;
+  const std::uint64_t f = state_bytes_per_param(t_.optimizer, w);
+  const bool off_opt = p_.offload != Offload::none,
+             off_params = p_.offload == Offload::optimizer_params;
+
+  Estimate& est = r_.est;
+  est.profile = Profile::native;
+  est.model = m_;
+  est.train = t_;
+  est.param_count = Pk;
+  auto& fg = est.figures;
+  fg.params = p_.zero == 3 ? (off_params ? 0 : checked_mul(shard, w)) : checked_mul(Pk, w);
+  if (p_.zero >= 2)
+    fg.gradients = off_opt ? 0 : checked_mul(shard, w);
+  else
+    fg.gradients = checked_mul(Pk, w);
+  const std::uint64_t updated = p_.zero >= 1 ? shard : Pk;
+  fg.optimizer_states = off_opt ? 0 : checked_mul(updated, f, "optimizer states");
+  if (!p_.distributed()) {
+    // The whole model: its largest gradient (by name) from the parameter list, and LOMO's
+    // gradient figure (one gradient at a time; tied: the shared one beside the largest other).
+    const StateFigures st = state_figures(m_, t_);
+    est.largest_gradient_bytes = st.largest_gradient_bytes;
+    est.largest_gradient_name = st.largest_gradient_name;
+    if (lomo_) fg.gradients = st.gradients;
+  }
+  if (lomo_) {
+    emb_grad_ = checked_mul(emb, w);
+    tied_lomo_ = m_.tied_embeddings ? emb_grad_ : 0;
+  }
+  if (off_opt) {
+    auto host = [&](std::string name, std::uint64_t bytes, std::string why) {
+      TensorEntry e;
+      e.name = std::move(name);
+      e.shape = "(shard)";
+      e.dtype = "fp32";
+      e.bytes = bytes;
+      e.why = std::move(why);
+      r_.host_bytes = checked_add(r_.host_bytes, bytes, "host bytes");
+      r_.host.push_back(std::move(e));
+    };
+    host("optimizer states", checked_mul(shard, f), "the shard's optimizer states");
+    host("gradient shard", checked_mul(shard, 4), "fp32 gradients the host optimizer reads");
+    if (off_params) {
+      host("parameter shard", checked_mul(shard, w), "16-bit parameter shard, gathered per unit");
+      r_.host.back().dtype = g_.dt;
+    }
+  }
+
+  // Communication buffers allocated at setup: the reduce bucket(s) of ZeRO-2/3.
+  std::uint64_t largest =
+      std::max({checked_mul(l.h, l.ad), checked_mul(l.h, l.kd), checked_mul(l.h, l.i)});
+  if (first_ || last_) largest = std::max(largest, emb);
+  if (p_.zero >= 2) {
+    const std::uint64_t n = std::min(std::max(p_.reduce_bucket, largest), Pk);
+    for (int c = 0; c < (p_.overlap_comm ? 2 : 1); ++c) {
+      TensorEntry e = entry(g_, c == 0 ? "reduce_bucket" : "reduce_bucket.1", "(n)", g_.dt,
+                            checked_mul(n, w), Term::other, "setup (persistent)",
+                            "gradients are produced here and reduce-scattered into the shard; "
+                            "n = min(max(reduce bucket, largest tensor), local params) = " +
+                                std::to_string(n));
+      buckets_ = checked_add(buckets_, e.bytes);
+      r_.communication.push_back(std::move(e));
+    }
+  }
+  if (p_.zero == 3) {
+    gather_.bytes.assign(u(Ls_) + 2, checked_mul(Lu, w));
+    gather_.bytes[0] = checked_mul(emb, w);
+    gather_.bytes[u(Ls_) + 1] = checked_mul(checked_add(emb, l.h), w);  // final norm + head
+    gather_.seq.push_back(0);
+    for (std::int64_t k = 0; k < Ls_; ++k) gather_.seq.push_back(static_cast<int>(1 + k));
+    gather_.seq.push_back(static_cast<int>(Ls_ + 1));
+    for (std::int64_t k = Ls_ - 1; k >= 0; --k) gather_.seq.push_back(static_cast<int>(1 + k));
+    r_.communication.push_back(entry(g_, "gathered units", "(layer params)", g_.dt,
+                                     gather_.bytes[1], Term::other,
+                                     "forward and backward of each unit",
+                                     "ZeRO-3: one unit's parameters gathered, plus " +
+                                         std::to_string(p_.prefetch) + " prefetched"));
+  }
+  if (p_.sp)
+    r_.communication.push_back(entry(g_, "sp gather/partial", "(b,s,h)", g_.dt, l.full, Term::sbh,
+                                     "around each tensor-parallel GEMM group",
+                                     "sequence parallelism: all-gather input / reduce-scatter "
+                                     "partial output, transient"));
+}
+
+void Stage::activations() {
+  const Local& l = l_;
+  const std::string& D = g_.dt;
+  auto& acts = r_.est.activations;
+  const std::string res = "(b," + l.rows + ",h)";
+  const bool split = p_.tp > 1;
+  if (first_)
+    acts.embedding.push_back(entry(g_, "embed_out", res, D, l.X, Term::sbh,
+                                   "layer 0's input_layernorm backward",
+                                   std::string("embedding output x_0, layer 0's input") +
+                                       (split ? " (all-reduced over the vocabulary shards)" : "")));
+  else
+    acts.embedding.push_back(entry(g_, "stage_input", res, D, l.X, Term::sbh,
+                                   "the stage's first input_layernorm backward",
+                                   "activation received from the previous stage"));
+  set_ = layer_set(g_, l, t_.attention, p_.sp, m_.qk_norm);
+  if (full_) {
+    acts.layer.push_back(set_.back());  // `out`: the next layer's checkpointed input
     acts.layer.back().kept_by = "checkpointing: kept as the next layer's input";
     acts.layer.back().why = "the only tensor a checkpointed layer keeps; the rest is recomputed";
-    acts.recompute.assign(full_set.begin(), full_set.end() - 1);
+    acts.recompute.assign(set_.begin(), set_.end() - 1);
     for (auto& e : acts.recompute) e.kept_by = "recomputed in backward; " + e.kept_by;
   } else {
-    acts.layer = full_set;
+    acts.layer = set_;
   }
-  acts.head.push_back(entry(d, "final_norm_out", "(b,s,h)", D, bsh, Term::sbh, "lm_head backward",
-                            "input of the lm_head GEMM (dW_head)"));
-  acts.head.push_back(entry(d, "final_rstd", "(b,s)", "fp32", bs4, Term::sb, "final norm backward",
-                            "1/rms of each row of x_L"));
-  acts.head.push_back(entry(d, "logits", "(b,s,V)", D, bytes_of({d.b, d.s, d.V}, w), Term::other,
-                            "cross-entropy backward (in place)",
-                            "d logits are written into this buffer"));
-  acts.head.push_back(entry(d, "ce_lse", "(b,s)", "fp32", bs4, Term::sb, "cross-entropy backward",
-                            "row log-sum-exp of the logits"));
-  acts.inputs.push_back(entry(d, "tokens", "(b,s)", "int32", bytes_of({d.b, d.s}, 4), Term::sb,
-                              "embedding backward", "token ids"));
-  acts.inputs.push_back(entry(d, "targets", "(b,s)", "int32", bytes_of({d.b, d.s}, 4), Term::sb,
-                              "cross-entropy", "next-token labels (-1 at each row's end)"));
-  finish(acts, est.model.layers);
+  if (last_) {
+    acts.head.push_back(entry(g_, "final_norm_out", res, D, l.X, Term::sbh, "lm_head backward",
+                              "input of the lm_head GEMM (dW_head)"));
+    acts.head.push_back(entry(g_, "final_rstd", "(b," + l.rows + ")", "fp32", l.r4, Term::sb,
+                              "final norm backward", "1/rms of each row of x_L"));
+    acts.head.push_back(entry(g_, "logits", "(b,s," + l.lV + ")", D, l.logits, Term::other,
+                              "cross-entropy backward (in place)",
+                              split ? "the rank's vocabulary shard; d logits are written into it"
+                                    : "d logits are written into this buffer"));
+    acts.head.push_back(entry(
+        g_, "ce_lse", "(b,s)", "fp32", l.bs4, Term::sb, "cross-entropy backward",
+        split ? "row log-sum-exp over all vocabulary shards" : "row log-sum-exp of the logits"));
+  }
+  if (first_)
+    acts.inputs.push_back(
+        entry(g_, "tokens", "(b,s)", "int32", l.bs4, Term::sb, "embedding backward", "token ids"));
+  if (last_)
+    acts.inputs.push_back(entry(g_, "targets", "(b,s)", "int32", l.bs4, Term::sb, "cross-entropy",
+                                "next-token labels (-1 at each row's end)"));
+  finish(acts, Ls_);
+  inputs_ = sum_bytes(acts.inputs);
+  // A non-last stage frees its last layer's `out` once sent.
+  mb_ = last_ ? acts.total_bytes : csub(acts.total_bytes, l.X, "stage output");
+  others_ = checked_mul(u(r_.in_flight - 1), mb_, "in-flight activations");
+}
 
-  const std::uint64_t S = sum_bytes(full_set);            // one layer, all tensors
-  const std::uint64_t R = csub(S, bsh, "recompute set");  // one layer without `out`
-  const std::uint64_t A_end = acts.total_bytes;
-  // Activations when layer L-1's backward starts (step 1): all layers' sets (none) or the L
-  // checkpoints x_0..x_{L-1} plus the recomputed layer (full); the head is gone.
-  const std::uint64_t A_L =
-      full ? csum({checked_mul(d.L, bsh), R}) : checked_mul(d.L, S, "activations");
+void Stage::at(std::string name, std::uint64_t act, std::uint64_t ws, std::uint64_t comm,
+               std::uint64_t pos, std::uint64_t grads, bool in_flight) {
+  const auto& fg = r_.est.figures;
+  Instant in;
+  in.name = std::move(name);
+  in.bytes[P] = fg.params;
+  in.bytes[G] = grads;
+  in.bytes[O] = fg.optimizer_states;
+  in.bytes[A] = checked_add(act, in_flight ? others_ : 0, "activations");
+  in.bytes[W] = ws;
+  in.bytes[I] = inputs_;
+  const std::uint64_t window =
+      p_.zero == 3 && pos != kNoUnit ? gather_.window(pos, p_.prefetch) : 0;
+  in.bytes[X] = csum({buckets_, comm, window}, "communication");
+  r_.est.instants.push_back(std::move(in));
+}
 
-  // ---- the instants ----
-  const std::uint64_t Pb = est.figures.params;
-  const std::uint64_t Ob = est.figures.optimizer_states;
-  const std::uint64_t Gp = lomo ? 0 : est.figures.gradients;  // persistent gradients
-  const std::uint64_t Ib = sum_bytes(acts.inputs);
+void Stage::instants() {
+  // Before the head's backward no LOMO gradient is alive.
+  const std::uint64_t G0 = lomo_ ? 0 : r_.est.figures.gradients;
+  at("start of step", 0, kCublasWorkspaceBytes, 0, kNoUnit, G0, /*in_flight=*/false);
+  forward_instants();
+  head_instants();
+  layer_instants();
+}
+
+void Stage::forward_instants() {
+  const Local& l = l_;
   const std::uint64_t C = kCublasWorkspaceBytes;
-  const std::uint64_t emb_grad = bytes_of({d.V, d.h}, w);
-  const std::uint64_t T = (lomo && tied) ? emb_grad : 0;  // tied LOMO gradient, kept
-  auto g = [&](std::uint64_t lomo_bytes) { return csum({Gp, T, lomo ? lomo_bytes : 0}); };
-  auto at = [&](std::string name, std::uint64_t act, std::uint64_t ws, std::uint64_t grads) {
-    Instant in;
-    in.name = std::move(name);
-    in.bytes[P] = Pb;
-    in.bytes[G] = grads;
-    in.bytes[O] = Ob;
-    in.bytes[A] = act;
-    in.bytes[W] = ws;
-    in.bytes[I] = Ib;
-    est.instants.push_back(std::move(in));
-  };
-  const std::uint64_t had = bytes_of({d.h, d.a, d.d}, w), ih = bytes_of({d.i, d.h}, w);
-  const std::uint64_t hw = bytes_of({d.h}, w), dw = bytes_of({d.d}, w);
-
-  at("start of step", 0, C, Gp);
-  if (full) {
-    // Forward of layer L-1, when its `out` is allocated: x_0, the L-1 earlier checkpoints and
-    // the layer's whole set.
-    at("forward: layer L-1 `out` allocated (its other tensors not yet freed)",
-       csum({checked_mul(d.L, bsh), S}), C, Gp);
+  const std::uint64_t G0 = lomo_ ? 0 : r_.est.figures.gradients;
+  const std::uint64_t sg = p_.sp ? l.full : 0;  // a transient gather / partial buffer
+  const std::uint64_t S = sum_bytes(set_);
+  if (first_ && (p_.sp || p_.zero == 3))
+    at("forward: embed_out allocated" + std::string(p_.sp ? " (partial alive)" : ""), l.X, C, sg, 0,
+       G0);
+  // Forward of the last layers: their `out` allocated (with the down partial under sp), the
+  // stage input and the earlier layers' sets (or checkpoints) kept.
+  const std::int64_t window_layers =
+      p_.zero == 3 ? std::min<std::int64_t>(Ls_, p_.prefetch + 1) : 1;
+  if (full_ || p_.sp || p_.zero == 3 || !last_) {
+    for (std::int64_t k = Ls_ - window_layers; k < Ls_; ++k) {
+      const std::uint64_t kept =
+          full_ ? csum({l.X, checked_mul(u(k), l.X), S}) : csum({l.X, checked_mul(u(k) + 1, S)});
+      at("forward: layer " + layer_name(k) + " `out` allocated" +
+             (p_.sp   ? " (down partial alive)"
+              : full_ ? " (its other tensors not yet freed)"
+                      : ""),
+         kept, C, sg, u(k) + 1, G0);
+    }
   }
-  at("end of forward: ce_losses allocated", A_end, csum({C, bs4}), Gp);
-  // Head backward. Step 2: d_final_norm_out, then (LOMO) the lm_head gradient (tied: the shared
-  // embedding gradient, kept until the embedding backward).
-  at("backward head step 2: d_final_norm_out" + std::string(lomo ? " + lm_head gradient" : ""),
-     csub(A_end, bs4, "head"), csum({C, bsh}), csum({Gp, lomo ? emb_grad : 0}));
-  at("backward head step 3: d_residual" + std::string(lomo ? " + norm gradient" : ""),
-     csub(A_end, csum({bs4, bytes_of({d.b, d.s, d.V}, w)}), "head"), csum({C, bsh, bsh}), g(hw));
-  if (full) at("backward layer L-1 step 0: recompute done", A_L, csum({C, bsh}), g(0));
-  at("backward layer L-1 step 1: d_act" + std::string(lomo ? " + down_proj gradient" : ""), A_L,
-     csum({C, bsh, bsi}), g(ih));
-  at("backward layer L-1 step 2: d_gate, d_up (SwiGLU backward)", csub(A_L, bsi, "step 2"),
-     csum({C, bsh, bsi, bsi, bsi}), g(0));
-  const std::uint64_t A3 = csub(A_L, checked_mul(3, bsi), "step 3");
-  at("backward layer L-1 step 3: d_xn2" + std::string(lomo ? " + gate_proj gradient" : ""), A3,
-     csum({C, bsh, bsh, bsi, bsi}), g(ih));
-  const std::uint64_t A4 = csub(A3, bsh, "step 4");  // xn2 freed
-  if (lomo)
-    at("backward layer L-1 step 4: post_attention_layernorm gradient", A4, csum({C, bsh, bsh}),
-       g(hw));
-  const std::uint64_t A5 = csub(A4, csum({bsh, bs4}), "step 5");  // h_mid, rstd2 freed
-  at("backward layer L-1 step 5: d_attn_out" + std::string(lomo ? " + o_proj gradient" : ""), A5,
-     csum({C, bsh, bsad}), g(had));
-  at(std::string("backward layer L-1 step 6: d_q, d_k, d_v, ") +
-         (t.attention == Attention::eager ? "d_probs" : "attn_delta") + " (attention backward)",
-     A5, csum({C, bsh, bsad, bsad, bskd, bskd, scratch}), g(0));
-  const std::uint64_t A7 = csub(A5, csum({bsad, store}), "step 7");  // attn_out, probs|lse freed
+}
+
+void Stage::head_instants() {
+  const Local& l = l_;
+  const std::uint64_t C = kCublasWorkspaceBytes;
+  const std::uint64_t sg = p_.sp ? l.full : 0;
+  const std::uint64_t head_pos = u(Ls_) + 1, back_pos = u(Ls_) + 2;
+  const std::uint64_t G0 = lomo_ ? 0 : r_.est.figures.gradients;
+  if (!last_) {
+    at("backward: d_residual received from the next stage",
+       checked_mul(u(Ls_), full_ ? l.X : sum_bytes(set_), "activations"), csum({C, l.X}), 0,
+       back_pos, G0);
+    return;
+  }
+  const std::uint64_t A_end = r_.est.activations.total_bytes;
+  const std::string lomo_head = lomo_ ? " + lm_head gradient" : "";
+  if (p_.sp)
+    at("head forward: logits allocated (final norm output gathered)", csub(A_end, l.bs4, "head"), C,
+       sg, head_pos, G0);
+  at("end of forward: ce_losses allocated", A_end, csum({C, l.bs4}), 0, head_pos, G0);
+  // Step 2: d_final_norm_out, then (LOMO) the lm_head gradient (tied: the shared embedding
+  // gradient, kept until the embedding backward).
+  at("backward head step 2: d_final_norm_out" + lomo_head +
+         (p_.sp ? " partial (input gathered)" : ""),
+     csub(A_end, l.bs4, "head"), csum({C, l.full}), sg, head_pos, lomo_ ? emb_grad_ : G0);
+  const std::uint64_t A3 = csub(A_end, csum({l.bs4, l.logits}), "head");
+  if (p_.sp)
+    at("backward head step 2: d_final_norm_out reduce-scattered", A3, csum({C, l.full, l.X}), 0,
+       head_pos, G0);
+  at("backward head step 3: d_residual" + std::string(lomo_ ? " + norm gradient" : ""), A3,
+     csum({C, l.X, l.X}), 0, head_pos, grads(bytes_of({l.h}, l.w)));
+}
+
+void Stage::layer_instants() {
+  const Local& l = l_;
+  const std::uint64_t C = kCublasWorkspaceBytes;
+  const std::uint64_t sg = p_.sp ? l.full : 0;
+  const std::uint64_t pos = u(Ls_) + 2;  // the backward's first unit (ZeRO-3 window)
+  const bool sp = p_.sp;
+  // Gradients LOMO allocates per step: (i,h) down/gate, (h,a·d) o/q, (h) norms, (d) q/k norms.
+  const std::uint64_t ih = bytes_of({l.i, l.h}, l.w), had = bytes_of({l.h, l.ad}, l.w);
+  const std::uint64_t hw = bytes_of({l.h}, l.w), dw = bytes_of({l.d}, l.w);
+  auto lomo = [&](const char* what) { return std::string(lomo_ ? what : ""); };
+  // This micro-batch's activations when the first backward layer starts (the head and the sent
+  // `out` gone): before the recompute, and after it.
+  const std::uint64_t S = sum_bytes(set_);
+  const std::uint64_t A_start = checked_mul(u(Ls_), full_ ? l.X : S, "activations");
+  const std::uint64_t A_L = full_ ? checked_add(A_start, csub(S, l.X, "recompute set")) : A_start;
+  const std::string Lb = "backward layer " + layer_name(Ls_ - 1) + " ";
+  if (full_) at(Lb + "step 0: recompute done", A_L, csum({C, l.X}), 0, pos, grads(0));
+  at(Lb + "step 1: d_act" + lomo(" + down_proj gradient") + (sp ? " (d_residual gathered)" : ""),
+     A_L, csum({C, l.X, l.bsi}), sg, pos, grads(ih));
+  at(Lb + "step 2: d_gate, d_up (SwiGLU backward)", csub(A_L, l.bsi, "step 2"),
+     csum({C, l.X, l.bsi, l.bsi, l.bsi}), 0, pos, grads(0));
+  const std::uint64_t A3 = csub(A_L, checked_mul(3, l.bsi), "step 3");  // gate, up, act freed
+  at(Lb + "step 3: d_xn2" + lomo(" + gate_proj gradient") + (sp ? " partial (xn2 gathered)" : ""),
+     A3, csum({C, l.X, l.full, l.bsi, l.bsi}), sg, pos, grads(ih));
+  if (sp)
+    at(Lb + "step 3: d_xn2 reduce-scattered", A3, csum({C, l.X, l.full, l.X, l.bsi, l.bsi}), 0, pos,
+       grads(0));
+  const std::uint64_t A4 = csub(A3, l.X, "step 4");  // xn2 freed
+  if (lomo_)
+    at(Lb + "step 4: post_attention_layernorm gradient", A4, csum({C, l.X, l.X}), 0, pos,
+       grads(hw));
+  const std::uint64_t A5 = csub(A4, csum({l.X, l.r4}), "step 5");  // h_mid, rstd2 freed
+  at(Lb + "step 5: d_attn_out" + lomo(" + o_proj gradient") + (sp ? " (d_residual gathered)" : ""),
+     A5, csum({C, l.X, l.bsad}), sg, pos, grads(had));
+  at(Lb + "step 6: d_q, d_k, d_v, " +
+         (t_.attention == Attention::eager ? "d_probs" : "attn_delta") + " (attention backward)",
+     A5, csum({C, l.X, l.bsad, l.bsad, l.bskd, l.bskd, l.store}), 0, pos, grads(0));
+  const std::uint64_t A7 = csub(A5, csum({l.bsad, l.store}), "step 7");  // attn_out, probs|lse
   std::uint64_t A8 = A7;
-  if (qkn) {
+  if (m_.qk_norm) {
     // Step 7, q/k norm backward: d_q_pre, then d_k_pre, beside d_q, d_k, d_v; then d_q, d_k
     // and the four norm tensors are freed.
-    at("backward layer L-1 step 7: d_q_pre" + std::string(lomo ? " + q_norm gradient" : ""), A7,
-       csum({C, bsh, bsad, bskd, bskd, bsad}), g(dw));
-    at("backward layer L-1 step 7: d_k_pre" + std::string(lomo ? " + k_norm gradient" : ""), A7,
-       csum({C, bsh, bsad, bskd, bskd, bsad, bskd}), g(dw));
-    A8 = csub(A7, csum({bsad, bskd, bytes_of({d.b, d.s, d.a}, 4), bytes_of({d.b, d.s, d.k}, 4)}),
-              "step 8");
+    at(Lb + "step 7: d_q_pre" + lomo(" + q_norm gradient"), A7,
+       csum({C, l.X, l.bsad, l.bskd, l.bskd, l.bsad}), 0, pos, grads(dw));
+    at(Lb + "step 7: d_k_pre" + lomo(" + k_norm gradient"), A7,
+       csum({C, l.X, l.bsad, l.bskd, l.bskd, l.bsad, l.bskd}), 0, pos, grads(dw));
+    A8 =
+        csub(A7, csum({l.bsad, l.bskd, bytes_of({l.b, l.s, l.a}, 4), bytes_of({l.b, l.s, l.k}, 4)}),
+             "step 8");
   }
-  at("backward layer L-1 step 8: d_xn1" + std::string(lomo ? " + q_proj gradient" : ""), A8,
-     csum({C, bsh, bsh, bsad, bskd, bskd}), g(had));
-  if (lomo) {
-    const std::uint64_t A9 = csub(A8, csum({bsad, bsh, bskd, bskd}), "step 9");
-    at("backward layer L-1 step 9: input_layernorm gradient", A9, csum({C, bsh, bsh}), g(hw));
-    if (!tied) at("backward embedding: embed_tokens gradient", 0, csum({C, bsh}), emb_grad);
+  at(Lb + "step 8: d_xn1" + lomo(" + q_proj gradient") + (sp ? " partial (xn1 gathered)" : ""), A8,
+     csum({C, l.X, l.full, l.bsad, l.bskd, l.bskd}), sg, pos, grads(had));
+  if (sp)
+    at(Lb + "step 8: d_xn1 reduce-scattered", A8,
+       csum({C, l.X, l.full, l.X, l.bsad, l.bskd, l.bskd}), 0, pos, grads(0));
+  if (lomo_) {  // one GPU only: x_l is the layer's only rows
+    const std::uint64_t A9 = csub(A8, csum({l.bsad, l.X, l.bskd, l.bskd}), "step 9");
+    at(Lb + "step 9: input_layernorm gradient", A9, csum({C, l.X, l.X}), 0, pos, grads(hw));
+    if (!m_.tied_embeddings)
+      at("backward embedding: embed_tokens gradient", 0, csum({C, l.X}), 0, pos, emb_grad_);
   }
+}
 
-  // ---- figures from the instants ----
-  auto& f = est.figures;
-  f.inputs = Ib;
-  f.activations = A_end;
-  std::uint64_t ws_peak = 0, grad_peak = 0, act_peak = 0;
-  for (const auto& in : est.instants) {
-    ws_peak = std::max(ws_peak, in.bytes[W]);
-    grad_peak = std::max(grad_peak, in.bytes[G]);
-    act_peak = std::max(act_peak, in.bytes[A]);
-  }
-  f.workspace = ws_peak;
-  f.activations_peak = act_peak;
-  if (grad_peak != f.gradients)
-    throw Error("analytic native: gradient peak of the instants (" + std::to_string(grad_peak) +
-                ") differs from the optimizer rule (" + std::to_string(f.gradients) + ")");
-  std::uint64_t best = 0;
+void Stage::figures() {
+  Estimate& est = r_.est;
+  auto& fg = est.figures;
+  fg.inputs = inputs_;
+  fg.activations = checked_add(mb_, others_, "activations");
+  std::uint64_t ws = 0, ap = 0, gp = 0, best = 0;
   for (std::size_t n = 0; n < est.instants.size(); ++n) {
-    const std::uint64_t tot = est.instants[n].total();
+    const auto& in = est.instants[n];
+    ws = std::max(ws, in.bytes[W]);
+    ap = std::max(ap, in.bytes[A]);
+    gp = std::max(gp, in.bytes[G]);
+    const std::uint64_t tot = in.total();
     if (est.peak_instant < 0 || tot > best) {  // strictly greater: a tie keeps the first
       best = tot;
       est.peak_instant = static_cast<int>(n);
     }
   }
-  f.peak = best;
-  f.peak_breakdown = est.instants[est.peak_instant].bytes;
+  if (gp != fg.gradients)
+    throw Error("analytic native: gradient peak of the instants (" + std::to_string(gp) +
+                ") differs from the optimizer rule (" + std::to_string(fg.gradients) + ")");
+  fg.workspace = ws;
+  fg.activations_peak = ap;
+  fg.peak = best;
+  fg.peak_breakdown = est.instants[est.peak_instant].bytes;
+  fg.sum = csum({fg.params, fg.gradients, fg.optimizer_states, fg.activations}, "sum");
 
+  est.label = p_.distributed() ? "trainmem's sharded step (docs/distributed.md), " + p_.describe() +
+                                     ", stage " + std::to_string(r_.stage)
+                               : "trainmem's own step (docs/native-plan.md), exact";
   est.notes.push_back("exact: every figure must equal trainmem's ledger byte for byte");
   est.notes.push_back(
       "workspace = 32 MiB cuBLAS workspace + the largest set of transient buffers alive together "
       "(ce_losses, activation gradients in flight, d_probs or attn_delta)");
   est.notes.push_back("inputs (int32 tokens and targets) are counted in `peak`, not in `sum`");
-  if (full)
+  if (full_)
     est.notes.push_back(
         "checkpointing full: activations_peak includes the forward of the last layer and the "
         "recomputed layer L-1 during backward");
-  if (lomo)
-    est.notes.push_back(tied ? "LOMO, tied embeddings: the shared embedding gradient is alive "
-                               "from the head backward to the embedding backward"
-                             : "LOMO: one gradient at a time, the largest is the gradient figure");
+  if (lomo_)
+    est.notes.push_back(m_.tied_embeddings
+                            ? "LOMO, tied embeddings: the shared embedding gradient is alive "
+                              "from the head backward to the embedding backward"
+                            : "LOMO: one gradient at a time, the largest is the gradient figure");
+  if (p_.distributed()) {
+    est.notes.push_back("per rank: every figure is one GPU's (" + std::to_string(r_.ranks) +
+                        " ranks share these figures)");
+    if (p_.pp > 1)
+      est.notes.push_back("1F1B: " + std::to_string(r_.in_flight) +
+                          " micro-batch(es) in flight on this stage at the peak");
+  }
+}
+
+}  // namespace
+
+RankEstimate native_stage(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p,
+                          std::int64_t stage) {
+  return Stage(m, t, p, stage).build();
+}
+
+void build_native(Estimate& est) {
+  // One GPU: the layout of one rank. The books from the parameter list (state_figures, already
+  // in est) and the stage's closed form must agree; they are two derivations of the same count.
+  const RankEstimate r = native_stage(est.model, est.train, ParallelConfig{}, 0);
+  const MemoryFigures& f = r.est.figures;
+  if (f.params != est.figures.params || f.gradients != est.figures.gradients ||
+      f.optimizer_states != est.figures.optimizer_states || r.est.param_count != est.param_count)
+    throw Error("analytic native: the stage's parameter books differ from the parameter list's");
+  est.activations = r.est.activations;
+  est.instants = r.est.instants;
+  est.peak_instant = r.est.peak_instant;
+  est.figures = f;
+  est.label = r.est.label;
+  est.notes = r.est.notes;
 }
 
 }  // namespace trainmem::analytic_detail

@@ -70,7 +70,7 @@ struct LayoutEstimate {
 };
 
 // The native per-rank profile of `layout` (already resolved: ParallelConfig::resolve).
-// A layout of one GPU gives exactly estimate(Profile::native, ...)'s figures.
+// A layout of one GPU is estimate(Profile::native, ...): the same code (analytic_native.cpp).
 LayoutEstimate estimate_layout(const ModelConfig& model, const TrainConfig& train,
                                const ParallelConfig& layout, const OverheadOptions& overheads = {});
 
