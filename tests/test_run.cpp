@@ -6,20 +6,17 @@
 #include <map>
 
 #include "cli/cli.hpp"
-#include "cli/search.hpp"
 #include "cli/size.hpp"
 #include "trainmem/base/error.hpp"
 #include "trainmem/ledger/ledger.hpp"
 #include "trainmem/report/report_writer.hpp"
+#include "trainmem/run/maxbatch.hpp"
 #include "trainmem/run/run.hpp"
 
 namespace trainmem {
 namespace {
 
-using cli::find_largest_fitting;
 using cli::parse_size;
-using cli::Probe;
-using cli::SearchResult;
 
 TEST(ParseSize, UnitsBinaryAndDecimal) {
   EXPECT_EQ(parse_size("80GiB", "--budget"), 80ull * 1024 * 1024 * 1024);

@@ -19,6 +19,7 @@
 #include "trainmem/report/report_writer.hpp"
 #include "trainmem/run/run.hpp"
 #include "trainmem/run/run_report.hpp"
+#include "trainmem/run/series.hpp"
 #include "trainmem/run/timeline.hpp"
 
 namespace trainmem::cli {
@@ -420,21 +421,20 @@ int run_compare(const CompareFlags& flags) {
   if (!flags.run.timeline.empty())
     for (const auto& rq : requests) check_writable(timeline_path(rq.train), "--timeline");
 
-  std::vector<RunResult> runs;
-  runs.reserve(requests.size());
   ProgressBar progress("compare", requests.size());
-  for (const auto& rq : requests) {
+  SeriesHooks hooks;
+  hooks.before = [&](const RunRequest& rq) {
     progress.step(std::string(optimizer_name(rq.train.optimizer)) +
                   " checkpointing=" + checkpointing_name(rq.train.checkpointing));
-    runs.push_back(execute_run(rq));
-    if (runs.size() == 1 && !runs.front().backend_note.empty())
-      spdlog::warn("{}", runs.front().backend_note);
-    if (runs.back().timeline && !flags.run.timeline.empty()) {
+  };
+  hooks.after = [&](const RunRequest& rq, const RunResult& r) {
+    if (r.timeline && !flags.run.timeline.empty()) {
       const std::string path = timeline_path(rq.train);
-      write_timeline(path, *runs.back().timeline);
+      write_timeline(path, *r.timeline);
       spdlog::info("wrote {}", path);
     }
-  }
+  };
+  const std::vector<RunResult> runs = run_series(requests, hooks);
   progress.done();
 
   std::vector<Pair> pairs;

@@ -12,13 +12,12 @@
 
 #include "cli.hpp"
 #include "layout.hpp"
-#include "search.hpp"
 #include "size.hpp"
 #include "trainmem/backends/backend.hpp"
 #include "trainmem/base/error.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/report_writer.hpp"
-#include "trainmem/run/run.hpp"
+#include "trainmem/run/maxbatch.hpp"
 
 namespace trainmem::cli {
 namespace {
@@ -58,25 +57,8 @@ struct Overhead {
   std::string source;
 };
 
-// Measured overhead: a short cuda run of a tiny model; the largest cudaMemGetInfo used
-// minus ledger live over its snapshots (context, cuBLAS handle and modules, pool slack,
-// other processes on the device).
 Overhead measure_overhead(DType dtype) {
-  RunRequest rq;
-  rq.model = *find_preset("tiny");
-  rq.train.batch = 1;
-  rq.train.seq = 16;
-  rq.train.dtype = dtype;
-  rq.backend = "cuda";
-  rq.steps = 1;
-  const RunResult r = execute_run(rq);
-  if (!r.memgetinfo.available)
-    throw Error("--overhead: cannot measure: cudaMemGetInfo unavailable (" + r.memgetinfo.reason +
-                "); state it, e.g. --overhead 1GiB");
-  std::int64_t best = 0;
-  for (const auto& s : r.memgetinfo.snapshots)
-    if (s.has_ledger) best = std::max(best, std::int64_t(s.used) - std::int64_t(s.ledger_live));
-  return {std::uint64_t(best),
+  return {measure_cuda_overhead(dtype),
           "measured on the GPU: cudaMemGetInfo used − ledger live in a tiny cuda run"};
 }
 
@@ -108,11 +90,7 @@ int run_maxbatch(const MaxbatchFlags& flags) {
   const Common c = resolve_common(common, false, false);
   if (flags.budget.empty())
     throw InputError("--budget is required: a SIZE (80GiB, 24GB, 512MiB) or 'device'");
-  if (flags.vary != "batch" && flags.vary != "seq")
-    throw InputError("--vary: unknown '" + flags.vary + "'; allowed: batch, seq");
-  // The search's range: batch up to 2^30, seq up to 2^24 (a step beyond it has no answer).
-  const std::int64_t step_max =
-      flags.vary == "seq" ? (std::int64_t{1} << 24) : (std::int64_t{1} << 30);
+  const std::int64_t step_max = maxbatch_step_max(flags.vary == "batch");
   if (flags.step < 1 || flags.step > step_max)
     throw InputError("--step must be between 1 and " + std::to_string(step_max) + " for --vary " +
                      flags.vary + ", got " + std::to_string(flags.step));
@@ -122,38 +100,32 @@ int run_maxbatch(const MaxbatchFlags& flags) {
   const bool vary_batch = flags.vary == "batch";
   // The layout flags are checked as every subcommand checks them (--tp 2 or --zero 3 without
   // --world-size is refused here as by estimate, never silently ignored).
-  (void)resolve_layout(flags.layout, c.model, c.train);
+  const ParallelConfig par = resolve_layout(flags.layout, c.model, c.train);
+  MaxbatchRequest rq;
+  rq.model = c.model;
+  rq.train = c.train;
+  rq.vary_batch = vary_batch;
+  rq.step = flags.step;
+  rq.budget = budget.bytes;
   if (flags.layout.world != 1) {
     if (flags.overhead != "auto")
       throw InputError(
           "--overhead with --world-size above 1: state the overheads per GPU with "
           "--cuda-context and --nccl-memory");
-    return run_maxbatch_layout(c, flags.layout, budget.bytes, budget.source, vary_batch,
-                               flags.step);
+    check_layout_request(c, false, false);
+    rq.layout = par;
+    rq.overheads = resolve_overheads(flags.layout);
+    const MaxbatchResult m = find_max(rq);
+    write_output(c.output,
+                 render_maxbatch_layout(c, par, m, budget.source, budget.bytes, vary_batch));
+    return m.search.best > 0 ? 0 : 3;
   }
   const Overhead overhead = resolve_overhead(flags.overhead, c.train.dtype);
-
-  int traced = 0;
-  auto probe = [&](std::int64_t v) -> Probe {
-    RunRequest rq;
-    rq.model = c.model;
-    rq.train = c.train;
-    (vary_batch ? rq.train.batch : rq.train.seq) = v;
-    rq.backend = "meta";
-    rq.steps = 2;
-    rq.probes = false;
-    try {
-      const RunResult r = execute_run(rq);
-      ++traced;
-      const std::uint64_t need = r.ledger.peak + overhead.bytes;
-      return {need <= budget.bytes, r.ledger.peak};
-    } catch (const OverflowError&) {
-      return {false, 0};  // sizes past 64 bits do not fit anything
-    }
-  };
-  const std::int64_t lowest = vary_batch ? flags.step : std::max<std::int64_t>(2, flags.step);
-  const std::int64_t highest = vary_batch ? (std::int64_t{1} << 30) : (std::int64_t{1} << 24);
-  const SearchResult s = find_largest_fitting(lowest, highest, flags.step, probe);
+  rq.overhead = overhead.bytes;
+  const MaxbatchResult m = find_max(rq);
+  const SearchResult& s = m.search;
+  const std::int64_t lowest = m.lowest;
+  const int traced = m.traced;
 
   const std::int64_t batch = vary_batch ? s.best : c.train.batch;
   const std::int64_t seq = vary_batch ? c.train.seq : s.best;
@@ -187,7 +159,7 @@ int run_maxbatch(const MaxbatchFlags& flags) {
                format_signed_bytes(m, u), report::check_cell(p.fits)});
   };
   if (s.best > 0) row(s.best, s.at_best);
-  row(s.best > 0 ? s.best + flags.step : lowest, s.at_next);
+  row(m.next, s.at_next);
   // The report, described once for every format.
   const auto w = report::make_writer(c.format, stdout_colour(c.output));
   w->document([&] {

@@ -22,6 +22,7 @@
 #include "trainmem/run/fit.hpp"
 #include "trainmem/run/run.hpp"
 #include "trainmem/run/run_report.hpp"
+#include "trainmem/run/series.hpp"
 
 namespace trainmem::cli {
 namespace {
@@ -461,15 +462,13 @@ int run_sweep(const SweepFlags& flags) {
         check_run_can_start(rq);
         requests.push_back(std::move(rq));
       }
-  std::vector<RunResult> runs;
   ProgressBar progress("sweep", requests.size());
-  for (const auto& rq : requests) {
+  SeriesHooks hooks;
+  hooks.before = [&](const RunRequest& rq) {
     progress.step(rq.model.name + " b=" + std::to_string(rq.train.batch) +
                   " s=" + std::to_string(rq.train.seq));
-    runs.push_back(execute_run(rq));
-    if (runs.size() == 1 && !runs.front().backend_note.empty())
-      spdlog::warn("{}", runs.front().backend_note);
-  }
+  };
+  const std::vector<RunResult> runs = run_series(requests, hooks);
   progress.done();
   bool failed = false;
   for (const auto& r : runs) failed |= bool(r.failure);

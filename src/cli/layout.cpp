@@ -7,7 +7,6 @@
 #include <optional>
 #include <set>
 
-#include "search.hpp"
 #include "size.hpp"
 #include "trainmem/analytic/dist_refs.hpp"
 #include "trainmem/base/bytes.hpp"
@@ -454,34 +453,13 @@ std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Co
   return w->str();
 }
 
-int run_maxbatch_layout(const Common& c, const LayoutFlags& flags, std::uint64_t budget_bytes,
-                        const std::string& budget_source, bool vary_batch, std::int64_t step) {
-  const ParallelConfig par = resolve_layout(flags, c.model, c.train);
-  check_layout_request(c, false, false);
-  if (!vary_batch && par.sp && step % par.tp != 0)
-    throw InputError("--step " + std::to_string(step) +
-                     " with --sp and --vary seq: must be a "
-                     "multiple of --tp " +
-                     std::to_string(par.tp) + " (each rank keeps s/tp rows)");
-  const OverheadOptions oo = resolve_overheads(flags);
-  const Overheads over = estimate_overheads(par, oo);
-  int traced = 0;
-  auto probe = [&](std::int64_t v) -> Probe {
-    TrainConfig t = c.train;
-    (vary_batch ? t.batch : t.seq) = v;
-    try {
-      const LayoutTrace lt = trace_layout(c.model, t, par, oo, 2);
-      ++traced;
-      std::uint64_t worst = 0;
-      for (const auto& r : lt.ranks) worst = std::max(worst, r.ledger.peak);
-      return {checked_add(worst, over.total()) <= budget_bytes, worst};
-    } catch (const OverflowError&) {
-      return {false, 0};
-    }
-  };
-  const std::int64_t lowest = vary_batch ? step : std::max<std::int64_t>(2, step);
-  const std::int64_t highest = vary_batch ? (std::int64_t{1} << 30) : (std::int64_t{1} << 24);
-  const SearchResult s = find_largest_fitting(lowest, highest, step, probe);
+std::string render_maxbatch_layout(const Common& c, const ParallelConfig& par,
+                                   const MaxbatchResult& m, const std::string& budget_source,
+                                   std::uint64_t budget_bytes, bool vary_batch) {
+  const SearchResult& s = m.search;
+  const Overheads& over = m.layout_overheads;
+  const std::int64_t lowest = m.lowest;
+  const int traced = m.traced;
   const std::string vary = vary_batch ? "batch" : "seq";
   const ByteUnit u = table_unit(budget_bytes);
   report::Table t({{vary},
@@ -498,7 +476,7 @@ int run_maxbatch_layout(const Common& c, const LayoutFlags& flags, std::uint64_t
                    std::to_string(budget_bytes), p.fits ? "yes" : "NO"});
   };
   if (s.best > 0) row(s.best, s.at_best);
-  row(s.best > 0 ? s.best + step : lowest, s.at_next);
+  row(m.next, s.at_next);
   auto w = report::make_writer(c.format, stdout_colour(c.output));
   w->title("trainmem maxbatch per rank: " + c.model.name + ", " + std::to_string(par.world) +
            " GPUs: " + par.describe());
@@ -536,9 +514,7 @@ int run_maxbatch_layout(const Common& c, const LayoutFlags& flags, std::uint64_t
     j["run"][vary] = s.best;
     return j;
   });
-  const std::string text = w->str();
-  write_output(c.output, text);
-  return s.best > 0 ? 0 : 3;
+  return w->str();
 }
 
 namespace {

@@ -10,6 +10,7 @@
 #include "cli.hpp"
 #include "trainmem/analytic/analytic_rank.hpp"
 #include "trainmem/base/parallel.hpp"
+#include "trainmem/run/maxbatch.hpp"
 #include "trainmem/run/run_layout.hpp"
 
 namespace trainmem::cli {
@@ -45,11 +46,11 @@ void check_layout_request(const Common& c, bool explain, bool paper);
 // `title` opens the text and Markdown forms.
 std::string render_layout(const LayoutEstimate& le, Format format, report::Colour colour,
                           const std::string& title = "trainmem estimate (PREDICTED, per rank)");
-// maxbatch with a layout: the largest micro-batch (or sequence) whose worst rank, traced on meta,
-// plus the overheads outside the books fits `budget_bytes`. Returns the exit code (3: nothing
-// fits) after writing the report.
-int run_maxbatch_layout(const Common& c, const LayoutFlags& flags, std::uint64_t budget_bytes,
-                        const std::string& budget_source, bool vary_batch, std::int64_t step);
+// maxbatch with a layout (find_max's result): the largest micro-batch (or sequence) whose worst
+// rank, traced on meta, plus the overheads outside the books fits `budget_bytes`.
+std::string render_maxbatch_layout(const Common& c, const ParallelConfig& par,
+                                   const MaxbatchResult& m, const std::string& budget_source,
+                                   std::uint64_t budget_bytes, bool vary_batch);
 
 // The per-rank trace of `profile --world-size N` (meta) beside the analytic, in the chosen format.
 std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Colour colour);

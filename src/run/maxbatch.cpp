@@ -1,9 +1,14 @@
-// The largest-value search behind `trainmem maxbatch` (see src/cli/search.hpp).
-#include "search.hpp"
+// `trainmem maxbatch`'s run (include/trainmem/run/maxbatch.hpp): the search and its probes.
+#include "trainmem/run/maxbatch.hpp"
 
+#include <algorithm>
+
+#include "trainmem/base/checked.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/run/run.hpp"
+#include "trainmem/run/run_layout.hpp"
 
-namespace trainmem::cli {
+namespace trainmem {
 
 SearchResult find_largest_fitting(std::int64_t lowest, std::int64_t highest, std::int64_t step,
                                   const std::function<Probe(std::int64_t)>& probe) {
@@ -53,4 +58,78 @@ SearchResult find_largest_fitting(std::int64_t lowest, std::int64_t highest, std
   return r;
 }
 
-}  // namespace trainmem::cli
+std::int64_t maxbatch_step_max(bool vary_batch) {
+  return vary_batch ? (std::int64_t{1} << 30) : (std::int64_t{1} << 24);
+}
+
+MaxbatchResult find_max(const MaxbatchRequest& rq) {
+  MaxbatchResult out;
+  const bool vary_batch = rq.vary_batch;
+  const std::int64_t step = rq.step;
+  if (step < 1 || step > maxbatch_step_max(vary_batch))
+    throw Error("find_max: the step is outside 1..maxbatch_step_max (the caller checks --step)");
+  const bool distributed = rq.layout && rq.layout->distributed();
+  if (distributed) {
+    const ParallelConfig& par = *rq.layout;
+    if (!vary_batch && par.sp && step % par.tp != 0)
+      throw InputError("--step " + std::to_string(step) +
+                       " with --sp and --vary seq: must be a "
+                       "multiple of --tp " +
+                       std::to_string(par.tp) + " (each rank keeps s/tp rows)");
+    out.layout_overheads = estimate_overheads(par, rq.overheads);
+    out.added_bytes = out.layout_overheads.total();
+  } else {
+    out.added_bytes = rq.overhead;
+  }
+  // The peak of one candidate: one GPU's step, or the worst rank of the layout, on meta.
+  auto peak_of = [&](const TrainConfig& t) -> std::uint64_t {
+    if (distributed) {
+      const LayoutTrace lt = trace_layout(rq.model, t, *rq.layout, rq.overheads, 2);
+      std::uint64_t worst = 0;
+      for (const auto& r : lt.ranks) worst = std::max(worst, r.ledger.peak);
+      return worst;
+    }
+    RunRequest one;
+    one.model = rq.model;
+    one.train = t;
+    one.backend = "meta";
+    one.steps = 2;
+    one.probes = false;
+    return execute_run(one).ledger.peak;
+  };
+  auto probe = [&](std::int64_t v) -> Probe {
+    TrainConfig t = rq.train;
+    (vary_batch ? t.batch : t.seq) = v;
+    try {
+      const std::uint64_t peak = peak_of(t);
+      ++out.traced;
+      return {checked_add(peak, out.added_bytes) <= rq.budget, peak};
+    } catch (const OverflowError&) {
+      return {false, 0};  // sizes past 64 bits do not fit anything
+    }
+  };
+  out.lowest = vary_batch ? step : std::max<std::int64_t>(2, step);
+  out.search = find_largest_fitting(out.lowest, maxbatch_step_max(vary_batch), step, probe);
+  out.next = out.search.best > 0 ? out.search.best + step : out.lowest;
+  return out;
+}
+
+std::uint64_t measure_cuda_overhead(DType dtype) {
+  RunRequest rq;
+  rq.model = *find_preset("tiny");
+  rq.train.batch = 1;
+  rq.train.seq = 16;
+  rq.train.dtype = dtype;
+  rq.backend = "cuda";
+  rq.steps = 1;
+  const RunResult r = execute_run(rq);
+  if (!r.memgetinfo.available)
+    throw Error("--overhead: cannot measure: cudaMemGetInfo unavailable (" + r.memgetinfo.reason +
+                "); state it, e.g. --overhead 1GiB");
+  std::int64_t best = 0;
+  for (const auto& s : r.memgetinfo.snapshots)
+    if (s.has_ledger) best = std::max(best, std::int64_t(s.used) - std::int64_t(s.ledger_live));
+  return std::uint64_t(best);
+}
+
+}  // namespace trainmem

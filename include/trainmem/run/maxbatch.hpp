@@ -1,9 +1,19 @@
-// The largest-value search behind `trainmem maxbatch`.
+// `trainmem maxbatch`'s run: the largest batch (or sequence) whose step fits a budget, each
+// candidate traced on meta (the exact high-water mark of the step's allocations): one GPU's
+// step (execute_run) or, for a layout of several, every distinct rank's sharded step
+// (trace_layout) with the worst rank kept. The command line resolves the budget and the
+// overhead and renders the result.
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string>
 
-namespace trainmem::cli {
+#include "trainmem/analytic/analytic_rank.hpp"
+#include "trainmem/base/config.hpp"
+#include "trainmem/base/parallel.hpp"
+
+namespace trainmem {
 
 // The outcome of probing one value: whether it fits and the peak it would need.
 struct Probe {
@@ -24,4 +34,40 @@ struct SearchResult {
 SearchResult find_largest_fitting(std::int64_t lowest, std::int64_t highest, std::int64_t step,
                                   const std::function<Probe(std::int64_t)>& probe);
 
-}  // namespace trainmem::cli
+// The search's range: batch up to 2^30, seq up to 2^24 (a step beyond it has no answer).
+std::int64_t maxbatch_step_max(bool vary_batch);
+
+struct MaxbatchRequest {
+  ModelConfig model;
+  TrainConfig train;  // the varied size is replaced by each candidate
+  bool vary_batch = true;
+  std::int64_t step = 1;  // candidates lowest + k·step
+  std::uint64_t budget = 0;
+  // One GPU: the bytes no tensor owns (CUDA context, cuBLAS modules, pool slack), stated or
+  // measured (measure_cuda_overhead), added to each candidate's peak.
+  std::uint64_t overhead = 0;
+  // Several GPUs (distributed): the layout (resolved), whose overheads come from
+  // estimate_overheads(layout, overheads).
+  std::optional<ParallelConfig> layout;
+  OverheadOptions overheads;
+};
+
+struct MaxbatchResult {
+  SearchResult search;
+  std::int64_t lowest = 0;        // the first candidate
+  std::int64_t next = 0;          // the candidate of search.at_next: best + step, or lowest
+  int traced = 0;                 // candidates traced (an overflowing size is not traced)
+  Overheads layout_overheads;     // distributed: the per-GPU overheads added
+  std::uint64_t added_bytes = 0;  // what was added to each peak (overhead or overheads)
+};
+
+// Runs the search. InputError for a request the trace cannot run (e.g. --sp with a step that
+// is not a multiple of --tp when the sequence varies).
+MaxbatchResult find_max(const MaxbatchRequest& rq);
+
+// The overhead of a GPU run: a short cuda run of a tiny model, the largest cudaMemGetInfo used
+// minus the ledger's live bytes over its snapshots (context, cuBLAS handle and modules, pool
+// slack, other processes on the device). Error when cudaMemGetInfo is unavailable.
+std::uint64_t measure_cuda_overhead(DType dtype);
+
+}  // namespace trainmem
