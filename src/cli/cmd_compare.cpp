@@ -17,8 +17,9 @@
 #include "trainmem/base/error.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/report_writer.hpp"
+#include "trainmem/report/run_report.hpp"
+#include "trainmem/run/compare.hpp"
 #include "trainmem/run/run.hpp"
-#include "trainmem/run/run_report.hpp"
 #include "trainmem/run/series.hpp"
 #include "trainmem/run/timeline.hpp"
 
@@ -341,21 +342,7 @@ int run_compare_layout(const Common& c, const CompareFlags& flags, const Paralle
               end_failed_rank(one, flags.run, ml.back(), world.rank(), "compare");
           }
           if (world.rank() != 0) return 0;
-          std::vector<CompareLayoutRow> rows;
-          for (std::size_t r = 0; r < ml[0].ranks.size(); ++r) {
-            const MeasuredRank& a = ml[0].ranks[r];
-            const MeasuredRank& b = ml[1].ranks[r];
-            CompareLayoutRow row;
-            row.rank = std::to_string(a.rank);
-            row.stage = a.stage;
-            row.none = a.ledger;
-            row.full = b.ledger;
-            row.analytic_none = ml[0].predicted.analytic.ranks[std::size_t(a.stage)].est.figures;
-            row.analytic_full = ml[1].predicted.analytic.ranks[std::size_t(b.stage)].est.figures;
-            row.matches = a.matches() && b.matches() && ml[0].predicted.all_match() &&
-                          ml[1].predicted.all_match();
-            rows.push_back(std::move(row));
-          }
+          const std::vector<CompareLayoutRow> rows = compare_rows(ml[0], ml[1]);
           const std::string source = "MEASURED on " + ml[0].backend + ", " +
                                      std::to_string(ml[0].ranks.size()) + " ranks over " +
                                      ml[0].collective;
@@ -373,19 +360,7 @@ int run_compare_layout(const Common& c, const CompareFlags& flags, const Paralle
       trace_layout(c.model, with_mode(Checkpointing::none).train, par, oo, flags.run.steps);
   const LayoutTrace full =
       trace_layout(c.model, with_mode(Checkpointing::full).train, par, oo, flags.run.steps);
-  std::vector<CompareLayoutRow> rows;
-  for (std::size_t k = 0; k < none.ranks.size(); ++k) {
-    CompareLayoutRow row;
-    row.rank = "stage " + std::to_string(none.ranks[k].stage) + " (" +
-               std::to_string(none.analytic.ranks[k].ranks) + " ranks)";
-    row.stage = none.ranks[k].stage;
-    row.none = none.ranks[k].ledger;
-    row.full = full.ranks[k].ledger;
-    row.analytic_none = none.analytic.ranks[k].est.figures;
-    row.analytic_full = full.analytic.ranks[k].est.figures;
-    row.matches = none.ranks[k].matches && full.ranks[k].matches;
-    rows.push_back(std::move(row));
-  }
+  const std::vector<CompareLayoutRow> rows = compare_rows(none, full);
   write_output(c.output, render_compare_layout(none.analytic, rows, "TRACED on meta", "meta",
                                                none.steps, c.format, stdout_colour(c.output)));
   return 0;

@@ -15,7 +15,7 @@
 #include "trainmem/base/error.hpp"
 #include "trainmem/report/report_writer.hpp"
 #include "trainmem/run/run.hpp"
-#include "trainmem/run/run_report.hpp"
+#include "trainmem/report/run_report.hpp"
 #include "trainmem/run/timeline.hpp"
 
 namespace trainmem::cli {

@@ -21,7 +21,7 @@
 #include "trainmem/report/svg_chart.hpp"
 #include "trainmem/run/fit.hpp"
 #include "trainmem/run/run.hpp"
-#include "trainmem/run/run_report.hpp"
+#include "trainmem/report/run_report.hpp"
 #include "trainmem/run/series.hpp"
 
 namespace trainmem::cli {

@@ -14,7 +14,7 @@
 #include "trainmem/base/error.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/report_writer.hpp"
-#include "trainmem/run/run_report.hpp"
+#include "trainmem/report/run_report.hpp"
 
 namespace trainmem::cli {
 

@@ -10,6 +10,7 @@
 #include "cli.hpp"
 #include "trainmem/analytic/analytic_rank.hpp"
 #include "trainmem/base/parallel.hpp"
+#include "trainmem/run/compare.hpp"
 #include "trainmem/run/maxbatch.hpp"
 #include "trainmem/run/run_layout.hpp"
 
@@ -65,13 +66,6 @@ std::string render_failed_rank(const MeasuredLayout& ml, const std::optional<std
                                const std::string& command, Format format, report::Colour colour);
 
 // `compare --world-size N`: a rank (or, traced, a stage) with checkpointing off and on.
-struct CompareLayoutRow {
-  std::string rank;  // "0", "1", ... (measured) or "stage 0 (all its ranks)" (traced)
-  std::int64_t stage = 0;
-  MemoryFigures none, full;  // measured or traced
-  MemoryFigures analytic_none, analytic_full;
-  bool matches = false;  // both modes equal their trace and analytic profile
-};
 // `source`: "TRACED on meta" or "MEASURED on cpu, 4 ranks over mpi".
 std::string render_compare_layout(const LayoutEstimate& le,
                                   const std::vector<CompareLayoutRow>& rows,

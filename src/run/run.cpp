@@ -1,7 +1,7 @@
 // The run path shared by profile, compare, sweep and maxbatch (see include/trainmem/run/run.hpp):
 // choosing the backend, executing a run step by step, and what is derived from a run's
 // figures (the reconciliation with the native profile, per-layer activations by source).
-// Reports: run_report.cpp (text, Markdown, CSV) and run_json.cpp.
+// Reports: src/report/run_report.cpp (text, Markdown, CSV) and run_json.cpp.
 #include "trainmem/run/run.hpp"
 
 #include <spdlog/spdlog.h>
@@ -9,13 +9,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <sstream>
 #include <utility>
 
 #include "trainmem/base/error.hpp"
 #include "trainmem/model/model.hpp"
 #include "trainmem/model/model_io.hpp"
 #include "trainmem/probes/cupti_tag_allocator.hpp"
-#include "trainmem/run/run_report.hpp"
 
 namespace trainmem {
 
@@ -357,6 +357,14 @@ RunFailure failure_of(const OutOfMemory& e, int step, const Ledger& ledger) {
   std::sort(f.live_tensors.begin(), f.live_tensors.end(),
             [](const TensorRecord& a, const TensorRecord& b) { return a.bytes > b.bytes; });
   return f;
+}
+
+std::string run_title(const ModelConfig& m, const TrainConfig& t) {
+  std::ostringstream o;
+  o << m.name << "  b=" << t.batch << " s=" << t.seq << " " << dtype_name(t.dtype) << " "
+    << optimizer_name(t.optimizer) << "  checkpointing=" << checkpointing_name(t.checkpointing)
+    << " attention=" << attention_name(t.attention);
+  return o.str();
 }
 
 }  // namespace trainmem

@@ -1,7 +1,7 @@
 // Running training steps for the measuring subcommands (profile, compare, sweep, maxbatch):
 // one code path that picks the backend, runs the steps, reads the ledger and the device
 // probes, attaches the analytic profiles and reconciles them. Reports of a run:
-// trainmem/run/run_report.hpp.
+// trainmem/report/run_report.hpp.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -122,6 +122,9 @@ struct RunResult {
 // OutOfMemory during setup or a step is caught into `failure` with what was measured so far;
 // every other error propagates.
 RunResult execute_run(const RunRequest& request);
+
+// "llama-7b  b=8 s=512 fp16 adamw  checkpointing=none attention=eager"
+std::string run_title(const ModelConfig& m, const TrainConfig& t);
 
 // ---------------------------------------------------------------- reconciliation
 

@@ -93,16 +93,6 @@ struct SvgInstants {
 std::string timeline_svg(const TimelineData& data, const SvgInstants& instants, int width = 1100,
                          int height = 760);
 
-// The profile page's timeline (HTML; src/run/timeline_html.cpp): the SVG with up to
-// `max_instants` instants (evenly spread, the peak always one), each listing in its tooltip the
-// live total and the tensors live after it; the tensors live at the peak as a table (readable
-// without JavaScript, sortable and filtered with it); the data a small inline script needs to
-// list the live tensors (name, layer, category, bytes, phase) of the instant hovered or
-// clicked: the window's tensor records once, with their allocation and release events.
-// `tensors`: the run's records (setup and the step shown).
-std::string timeline_html(const TimelineData& data, const std::vector<TensorRecord>& tensors,
-                          std::size_t max_instants = 300);
-
 // Writes by extension: .json -> trace JSON, .svg -> SVG. Anything else is an InputError
 // naming --timeline; so is an unwritable path (bad input: exit 2, as for --output).
 void write_timeline(const std::string& path, const TimelineData& data);

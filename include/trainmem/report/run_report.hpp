@@ -1,7 +1,7 @@
-// The reports of one run (include/trainmem/run/run.hpp): the per-run JSON object of docs/design.md,
-// the title and backend lines every run report starts with, and profile's report in each
-// format, described once on a report writer; compare and sweep build their reports from the
-// same pieces.
+// The reports of one run (include/trainmem/run/run.hpp), built in the report layer: the per-run
+// JSON object of docs/design.md, the title and backend lines every run report starts with, and
+// profile's report in each format, described once on a report writer; compare and sweep build their
+// reports from the same pieces.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -13,6 +13,7 @@
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/report_writer.hpp"
 #include "trainmem/run/run.hpp"
+#include "trainmem/run/timeline.hpp"
 
 namespace trainmem {
 
@@ -27,8 +28,6 @@ std::vector<std::string> failure_lines(const RunFailure& f,
                                        const std::optional<std::uint64_t>& device_budget,
                                        ByteUnit u);
 
-// "llama-7b  b=8 s=512 fp16 adamw  checkpointing=none attention=eager"
-std::string run_title(const ModelConfig& m, const TrainConfig& t);
 // "backend meta — PREDICTED: allocations traced, no arithmetic (...)" or "backend cpu ...".
 std::string backend_line(const RunResult& r);
 // The "native" cell of compare's and sweep's tables: "OOM" when the run failed, else whether
@@ -48,5 +47,15 @@ void write_profile(report::ReportWriter& w, const RunResult& r);
 // per_layer_activations of that profile and run.
 std::string per_layer_chart_html(const std::vector<const RunResult*>& runs,
                                  const std::vector<std::string>& series, const std::string& id);
+
+// The profile page's timeline (HTML; src/report/timeline_html.cpp): the SVG with up to
+// `max_instants` instants (evenly spread, the peak always one), each listing in its tooltip the
+// live total and the tensors live after it; the tensors live at the peak as a table (readable
+// without JavaScript, sortable and filtered with it); the data a small inline script needs to
+// list the live tensors (name, layer, category, bytes, phase) of the instant hovered or
+// clicked: the window's tensor records once, with their allocation and release events.
+// `tensors`: the run's records (setup and the step shown).
+std::string timeline_html(const TimelineData& data, const std::vector<TensorRecord>& tensors,
+                          std::size_t max_instants = 300);
 
 }  // namespace trainmem

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "trainmem/report/report.hpp"
-#include "trainmem/run/run_report.hpp"
+#include "trainmem/report/run_report.hpp"
 
 namespace trainmem {
 

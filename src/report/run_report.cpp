@@ -1,6 +1,6 @@
 // profile's report, described once for every format, and the title and backend lines every run
 // report starts with (see include/trainmem/run/run_report.hpp). The per-run JSON: run_json.cpp.
-#include "trainmem/run/run_report.hpp"
+#include "trainmem/report/run_report.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -17,14 +17,6 @@
 namespace trainmem {
 
 using report::Cell;
-
-std::string run_title(const ModelConfig& m, const TrainConfig& t) {
-  std::ostringstream o;
-  o << m.name << "  b=" << t.batch << " s=" << t.seq << " " << dtype_name(t.dtype) << " "
-    << optimizer_name(t.optimizer) << "  checkpointing=" << checkpointing_name(t.checkpointing)
-    << " attention=" << attention_name(t.attention);
-  return o.str();
-}
 
 std::string backend_line(const RunResult& r) {
   std::string s = "backend " + r.backend;
