@@ -15,6 +15,7 @@
 #include "layout.hpp"
 #include "progress.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/report/layout_report.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/report_writer.hpp"
 #include "trainmem/report/run_report.hpp"
@@ -346,9 +347,9 @@ int run_compare_layout(const Common& c, const CompareFlags& flags, const Paralle
           const std::string source = "MEASURED on " + ml[0].backend + ", " +
                                      std::to_string(ml[0].ranks.size()) + " ranks over " +
                                      ml[0].collective;
-          write_output(c.output,
-                       render_compare_layout(ml[0].predicted.analytic, rows, source, ml[0].backend,
-                                             ml[0].steps, c.format, stdout_colour(c.output)));
+          write_output(c.output, report::render_compare_layout(ml[0].predicted.analytic, rows,
+                                                               source, ml[0].backend, ml[0].steps,
+                                                               c.format, stdout_colour(c.output)));
           return 0;
         });
   }
@@ -361,8 +362,9 @@ int run_compare_layout(const Common& c, const CompareFlags& flags, const Paralle
   const LayoutTrace full =
       trace_layout(c.model, with_mode(Checkpointing::full).train, par, oo, flags.run.steps);
   const std::vector<CompareLayoutRow> rows = compare_rows(none, full);
-  write_output(c.output, render_compare_layout(none.analytic, rows, "TRACED on meta", "meta",
-                                               none.steps, c.format, stdout_colour(c.output)));
+  write_output(c.output,
+               report::render_compare_layout(none.analytic, rows, "TRACED on meta", "meta",
+                                             none.steps, c.format, stdout_colour(c.output)));
   return 0;
 }
 

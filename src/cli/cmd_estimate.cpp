@@ -21,6 +21,7 @@
 #include "layout.hpp"
 #include "trainmem/analytic/analytic.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/report/layout_report.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/report_writer.hpp"
 #include "trainmem/report/svg_chart.hpp"
@@ -412,7 +413,7 @@ Runner register_estimate(CLI::App& app) {
     if (par.distributed()) {
       check_layout_request(c, *explain, !paper->empty());
       const LayoutEstimate le = estimate_layout(c.model, c.train, par, resolve_overheads(*layout));
-      write_output(c.output, render_layout(le, c.format, stdout_colour(c.output)));
+      write_output(c.output, report::render_layout(le, c.format, stdout_colour(c.output)));
       return 0;
     }
     const bool with_paper = !paper->empty();

@@ -15,6 +15,7 @@
 #include "size.hpp"
 #include "trainmem/backends/backend.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/report/layout_report.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/report_writer.hpp"
 #include "trainmem/run/maxbatch.hpp"
@@ -116,8 +117,9 @@ int run_maxbatch(const MaxbatchFlags& flags) {
     rq.layout = par;
     rq.overheads = resolve_overheads(flags.layout);
     const MaxbatchResult m = find_max(rq);
-    write_output(c.output,
-                 render_maxbatch_layout(c, par, m, budget.source, budget.bytes, vary_batch));
+    write_output(c.output, report::render_maxbatch_layout(c.model, c.train, par, c.format,
+                                                          stdout_colour(c.output), m, budget.source,
+                                                          budget.bytes, vary_batch));
     return m.search.best > 0 ? 0 : 3;
   }
   const Overhead overhead = resolve_overhead(flags.overhead, c.train.dtype);

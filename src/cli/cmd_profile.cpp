@@ -13,9 +13,10 @@
 #include "layout.hpp"
 #include "trainmem/analytic/analytic.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/report/layout_report.hpp"
 #include "trainmem/report/report_writer.hpp"
-#include "trainmem/run/run.hpp"
 #include "trainmem/report/run_report.hpp"
+#include "trainmem/run/run.hpp"
 #include "trainmem/run/timeline.hpp"
 
 namespace trainmem::cli {
@@ -43,7 +44,7 @@ int run_profile_layout(const Common& c, const ProfileFlags& flags, const Paralle
   check_layout_request(c, false, false);
   const LayoutTrace lt =
       trace_layout(c.model, c.train, par, resolve_overheads(flags.layout), flags.run.steps);
-  write_output(c.output, render_layout_trace(lt, c.format, stdout_colour(c.output)));
+  write_output(c.output, report::render_layout_trace(lt, c.format, stdout_colour(c.output)));
   return 0;
 }
 

@@ -18,10 +18,10 @@
 #include "trainmem/base/error.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/report_writer.hpp"
+#include "trainmem/report/run_report.hpp"
 #include "trainmem/report/svg_chart.hpp"
 #include "trainmem/run/fit.hpp"
 #include "trainmem/run/run.hpp"
-#include "trainmem/report/run_report.hpp"
 #include "trainmem/run/series.hpp"
 
 namespace trainmem::cli {

@@ -12,6 +12,7 @@
 #include "layout.hpp"
 #include "size.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/report/layout_report.hpp"
 #include "trainmem/run/run.hpp"
 #include "trainmem/run/run_layout.hpp"
 #include "trainmem/run/timeline.hpp"
@@ -248,7 +249,8 @@ void end_failed_rank(const Common& c, const RunFlags& run, const MeasuredLayout&
     std::optional<std::uint64_t> budget;
     if (!run.device_budget.empty()) budget = parse_size(run.device_budget, "--device-budget");
     const std::string path = c.output.empty() ? std::string() : rank_path(c.output, rank);
-    write_output(path, render_failed_rank(ml, budget, command, c.format, stdout_colour(path)));
+    write_output(path,
+                 report::render_failed_rank(ml, budget, command, c.format, stdout_colour(path)));
     if (!path.empty()) spdlog::info("rank {}: wrote the partial report {}", rank, path);
   } catch (const std::exception& e) {
     spdlog::error("rank {}: the partial report was not written: {}", rank, e.what());
@@ -282,7 +284,7 @@ int run_measured_layout(const Common& c, const RunFlags& run, const ParallelConf
         measure_request(c, run, layout, overheads), run.timeline, be, data, world);
     if (ml.failure) end_failed_rank(c, run, ml, world.rank(), "profile");
     if (world.rank() == 0)
-      write_output(c.output, render_measured_layout(ml, c.format, stdout_colour(c.output)));
+      write_output(c.output, report::render_measured_layout(ml, c.format, stdout_colour(c.output)));
     return 0;
   });
 }

@@ -1,12 +1,12 @@
 // The progress bar on stderr (see src/cli/progress.hpp).
 #include "progress.hpp"
 
-#include "cli.hpp"
-
 #include <unistd.h>
 
 #include <cstdio>
 #include <utility>
+
+#include "cli.hpp"
 
 namespace trainmem::cli {
 

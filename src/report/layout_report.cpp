@@ -1,0 +1,486 @@
+// The per-rank reports of a parallel layout (include/trainmem/report/layout_report.hpp):
+// estimate's, profile's (traced and measured), compare's and maxbatch's, and a failed rank's.
+#include "trainmem/report/layout_report.hpp"
+
+#include <algorithm>
+#include <optional>
+
+#include "layout_internal.hpp"
+#include "trainmem/analytic/dist_refs.hpp"
+#include "trainmem/base/bytes.hpp"
+#include "trainmem/base/checked.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/report/report.hpp"
+#include "trainmem/report/report_writer.hpp"
+#include "trainmem/report/run_report.hpp"
+
+namespace trainmem::report {
+
+using nlohmann::json;
+
+namespace {
+
+json layout_json(const ParallelConfig& p) {
+  return json{{"world_size", p.world},
+              {"dp", p.dp},
+              {"tp", p.tp},
+              {"pp", p.pp},
+              {"zero", p.zero},
+              {"sp", p.sp},
+              {"microbatches", p.microbatches},
+              {"offload", offload_name(p.offload)},
+              {"reduce_bucket_elements", p.reduce_bucket},
+              {"overlap_comm", p.overlap_comm},
+              {"prefetch", p.prefetch}};
+}
+
+json rank_json(const RankEstimate& r) {
+  json comm = json::array(), host = json::array();
+  for (const auto& e : r.communication)
+    comm.push_back(report::tensor_entry_json(e, "communication"));
+  for (const auto& e : r.host) host.push_back(report::tensor_entry_json(e, "host"));
+  const Estimate& e = r.est;
+  return json{
+      {"stage", r.stage},
+      {"role", r.role},
+      {"ranks", r.ranks},
+      {"layers", r.layers},
+      {"in_flight_microbatches", r.in_flight},
+      {"local_params", r.local_params},
+      {"shard_elements", r.shard_elements},
+      {"padding_elements", r.padding_elements},
+      {"figures", report::figures_json(e.figures, true)},
+      {"peak_instant", e.peak_instant >= 0 ? json(e.instants[e.peak_instant].name) : json()},
+      {"communication", comm},
+      {"host_bytes", r.host_bytes},
+      {"host", host},
+      {"analytic", report::analytic_profile_json(e)}};
+}
+
+std::vector<ReferenceRank> references(const LayoutEstimate& le) {
+  return {deepspeed_reference(le.model, le.train, le.layout),
+          megatron_reference(le.model, le.train, le.layout)};
+}
+
+// The groups a reference can be compared on, for the first stage's peak (Megatron reports the
+// first stage; DeepSpeed covers pp = 1 only, where stage 0 is every rank).
+struct Group {
+  const char* name;
+  std::uint64_t ours;
+  std::optional<std::uint64_t> deepspeed, megatron;  // nullopt: not counted
+};
+
+std::vector<Group> reference_groups(const LayoutEstimate& le,
+                                    const std::vector<ReferenceRank>& refs) {
+  const CategoryBytes& pk = le.ranks.front().est.figures.peak_breakdown;
+  auto at = [&](Category c) { return pk[static_cast<int>(c)]; };
+  const ReferenceRank& ds = refs[0];
+  const ReferenceRank& mg = refs[1];
+  auto some = [](bool covers, std::uint64_t v) {
+    return covers ? std::optional<std::uint64_t>(v) : std::nullopt;
+  };
+  const std::uint64_t states =
+      at(Category::params) + at(Category::gradients) + at(Category::optimizer_states);
+  return {
+      {"model states (params, gradients, optimizer)", states, some(ds.covers, ds.gpu_total),
+       some(mg.covers, mg.gpu_total - mg.activations)},
+      {"activations", at(Category::activations), std::nullopt, some(mg.covers, mg.activations)},
+      {"workspace", at(Category::workspace), std::nullopt, std::nullopt},
+      {"communication", at(Category::communication), std::nullopt, std::nullopt},
+      {"inputs", at(Category::inputs), std::nullopt, std::nullopt},
+      {"total (GPU)", le.ranks.front().est.figures.peak, some(ds.covers, ds.gpu_total),
+       some(mg.covers, mg.gpu_total)},
+  };
+}
+
+json references_json(const LayoutEstimate& le) {
+  const auto refs = references(le);
+  json out = json::array();
+  for (const auto& r : refs) {
+    json terms = json::array();
+    for (const auto& t : r.terms)
+      terms.push_back(
+          {{"name", t.name}, {"bytes", t.bytes}, {"formula", t.formula}, {"host", t.host}});
+    out.push_back({{"profile", r.profile},
+                   {"source", r.source},
+                   {"covers", r.covers},
+                   {"why_not", r.why_not},
+                   {"activations", r.activations},
+                   {"gpu_total", r.gpu_total},
+                   {"host_total", r.host_total},
+                   {"terms", terms},
+                   {"notes", r.notes}});
+  }
+  json groups = json::array();
+  auto opt = [](const std::optional<std::uint64_t>& v) { return v ? json(*v) : json(); };
+  for (const auto& g : reference_groups(le, refs))
+    groups.push_back({{"group", g.name},
+                      {"ours_stage0_at_peak", g.ours},
+                      {"deepspeed", opt(g.deepspeed)},
+                      {"megatron", opt(g.megatron)}});
+  return {{"estimators", out}, {"by_group", groups}};
+}
+
+// Ours (stage 0 at its peak) beside each estimator, group by group; "-" where it counts nothing.
+report::Table references_table(const LayoutEstimate& le, const std::vector<ReferenceRank>& refs,
+                               ByteUnit u) {
+  report::Table t({{"stage 0 at its peak", report::Align::left},
+                   {"trainmem (" + std::string(u.name) + ")"},
+                   {"deepspeed"},
+                   {"megatron"},
+                   {"trainmem − deepspeed"},
+                   {"trainmem − megatron"}});
+  auto cell = [&](const std::optional<std::uint64_t>& v) {
+    return v ? format_bytes(*v, u)
+             : std::string(refs[0].covers || refs[1].covers ? "not counted" : "-");
+  };
+  auto shortfall = [&](std::uint64_t ours, const std::optional<std::uint64_t>& v, bool covers) {
+    if (!covers) return std::string("-");
+    const std::uint64_t theirs = v ? *v : 0;
+    return format_signed_bytes(static_cast<std::int64_t>(ours) - static_cast<std::int64_t>(theirs),
+                               u);
+  };
+  for (const auto& g : reference_groups(le, refs))
+    t.add_row({g.name, format_bytes(g.ours, u), cell(g.deepspeed), cell(g.megatron),
+               shortfall(g.ours, g.deepspeed, refs[0].covers),
+               shortfall(g.ours, g.megatron, refs[1].covers)});
+  return t;
+}
+
+}  // namespace
+
+json layout_detail::layout_document(const LayoutEstimate& le) {
+  json ranks = json::array();
+  for (const auto& r : le.ranks) ranks.push_back(rank_json(r));
+  const auto& o = le.overheads;
+  json doc{{"schema", report::kSchema},
+           {"model", report::model_json(le.model, le.model.param_count())},
+           {"run", report::run_json(le.train, "", -1)},
+           {"layout", layout_json(le.layout)},
+           {"global_batch", le.global_batch},
+           {"ranks", ranks},
+           {"worst_rank", le.worst},
+           {"overheads",
+            {{"cuda_context", o.cuda_context},
+             {"cuda_context_source", o.cuda_context_source},
+             {"nccl", o.nccl},
+             {"nccl_source", o.nccl_source}}},
+           {"worst_total", le.worst_total()},
+           {"references", references_json(le)}};
+  return doc;
+}
+
+namespace {
+
+// Per-rank figures: stage, role, ranks, the categories, peak, host.
+report::Table ranks_table(const LayoutEstimate& le, ByteUnit u, bool exact) {
+  std::vector<report::Table::Column> cols = {
+      {"stage"}, {"role", report::Align::left}, {"ranks"}, {"in flight"}};
+  const char* names[] = {"params", "gradients",     "optimizer", "activations", "workspace",
+                         "inputs", "communication", "peak",      "host"};
+  for (const char* n : names)
+    cols.push_back({exact ? std::string(n) : std::string(n) + " (" + u.name + ")"});
+  report::Table t(cols);
+  auto cell = [&](std::uint64_t b) { return exact ? std::to_string(b) : format_bytes(b, u); };
+  for (const auto& r : le.ranks) {
+    const auto& f = r.est.figures;
+    const auto& pk = f.peak_breakdown;
+    // The categories at the rank's peak instant (they add up to the peak).
+    t.add_row({std::to_string(r.stage), r.role, std::to_string(r.ranks),
+               std::to_string(r.in_flight), cell(pk[int(Category::params)]),
+               cell(pk[int(Category::gradients)]), cell(pk[int(Category::optimizer_states)]),
+               cell(pk[int(Category::activations)]), cell(pk[int(Category::workspace)]),
+               cell(pk[int(Category::inputs)]), cell(pk[int(Category::communication)]),
+               cell(f.peak), cell(r.host_bytes)});
+  }
+  return t;
+}
+
+}  // namespace
+
+namespace layout_detail {
+
+ByteUnit layout_unit(const LayoutEstimate& le) {
+  std::uint64_t max = le.worst_total();
+  for (const auto& r : le.ranks) max = std::max(max, r.host_bytes);
+  return table_unit(max);
+}
+
+// The prose and tables of the per-rank figures (text and Markdown).
+void describe_layout(report::ReportWriter& w, const LayoutEstimate& le, ByteUnit u,
+                     const std::string& title) {
+  const auto& t = le.train;
+  w.title(title + " — " + le.model.name + ", " + std::to_string(le.layout.world) + " " +
+          le.overheads.unit_word() + ": " + le.layout.describe());
+  w.line("micro-batch b " + std::to_string(t.batch) + " (global batch " +
+         std::to_string(le.global_batch) + " = b·M·dp), s " + std::to_string(t.seq) + ", " +
+         dtype_name(t.dtype) + ", " + optimizer_name(t.optimizer) + ", checkpointing " +
+         checkpointing_name(t.checkpointing) + ", " + attention_name(t.attention) +
+         " attention; profile native (docs/distributed.md)");
+  if (const std::string family = report::family_line(le.model); !family.empty()) w.line(family);
+  w.heading("Per rank at its peak (" + std::string(u.name) +
+            "; ranks of one pipeline stage have identical books)");
+  w.table(ranks_table(le, u, false));
+  w.paragraph_break();
+  const RankEstimate& worst = le.ranks[static_cast<std::size_t>(le.worst)];
+  const auto& o = le.overheads;
+  if (o.host_ranks) {
+    w.strong("Worst rank: stage " + std::to_string(worst.stage) + ", peak " +
+             format_bytes_with_unit(worst.est.figures.peak, u) +
+             " (cpu ranks: no CUDA context, no NCCL buffers)");
+  } else {
+    w.strong("Worst rank: stage " + std::to_string(worst.stage) + ", peak " +
+             format_bytes_with_unit(worst.est.figures.peak, u) + " + CUDA context " +
+             format_bytes_with_unit(o.cuda_context, u) + " + NCCL " +
+             format_bytes_with_unit(o.nccl, u) + " = " +
+             format_bytes_with_unit(le.worst_total(), u));
+    w.item("CUDA context: " + o.cuda_context_source);
+    w.item("NCCL buffers: " + o.nccl_source);
+  }
+  w.item("peak instant: " + worst.est.instants[worst.est.peak_instant].name);
+  w.item("parameters on the rank: " + report::with_commas(worst.local_params) +
+         (le.layout.zero >= 1 ? ", ZeRO shard " + report::with_commas(worst.shard_elements) +
+                                    " (padding " + report::with_commas(worst.padding_elements) + ")"
+                              : ""));
+  for (const auto& e : worst.communication)
+    w.item("communication: " + e.name + " " + e.shape + " " + format_bytes_with_unit(e.bytes, u) +
+           " — " + e.why);
+  for (const auto& e : worst.host)
+    w.item("host: " + e.name + " " + format_bytes_with_unit(e.bytes, u) + " — " + e.why);
+  w.paragraph_break();
+  const auto refs = references(le);
+  w.heading("Published estimators beside the trace (docs/distributed-references.md)");
+  w.table(references_table(le, refs, u));
+  w.paragraph_break();
+  for (const auto& r : refs) {
+    if (!r.covers) {
+      w.item(r.profile + ": no formula for this layout (" + r.why_not + ")");
+      continue;
+    }
+    std::string terms;
+    for (const auto& term : r.terms)
+      terms += (terms.empty() ? "" : "; ") + term.name + " " + term.formula + " = " +
+               format_bytes_with_unit(term.bytes, u) + (term.host ? " (host)" : "");
+    w.item(r.profile + ": " + terms);
+  }
+  w.paragraph_break();
+}
+
+}  // namespace layout_detail
+
+using namespace layout_detail;
+
+std::string render_layout(const LayoutEstimate& le, Format format, report::Colour colour,
+                          const std::string& title) {
+  const ByteUnit u = layout_unit(le);
+  auto w = report::make_writer(format, colour);
+  describe_layout(*w, le, u, title);
+  w->csv_table(ranks_table(le, u, true));
+  w->document([&] { return layout_document(le); });
+  return w->str();
+}
+
+namespace {
+
+report::Table reconcile_table(const LayoutTrace& lt, ByteUnit u, bool exact) {
+  report::Table t({{"stage"},
+                   {"figure", report::Align::left},
+                   {exact ? std::string("ledger") : "ledger (" + std::string(u.name) + ")"},
+                   {exact ? std::string("analytic") : "analytic (" + std::string(u.name) + ")"},
+                   {"equal", report::Align::left}});
+  auto cell = [&](std::uint64_t b) { return exact ? std::to_string(b) : format_bytes(b, u); };
+  for (std::size_t n = 0; n < lt.ranks.size(); ++n) {
+    const RankTrace& r = lt.ranks[n];
+    const MemoryFigures& a = lt.analytic.ranks[n].est.figures;
+    const MemoryFigures& g = r.ledger;
+    const struct {
+      const char* name;
+      std::uint64_t ledger, analytic;
+    } rows[] = {{"params", g.params, a.params},
+                {"gradients", g.gradients, a.gradients},
+                {"optimizer_states", g.optimizer_states, a.optimizer_states},
+                {"activations", g.activations, a.activations},
+                {"activations_peak", g.activations_peak, a.activations_peak},
+                {"workspace", g.workspace, a.workspace},
+                {"inputs", g.inputs, a.inputs},
+                {"communication at peak", g.peak_breakdown[int(Category::communication)],
+                 a.peak_breakdown[int(Category::communication)]},
+                {"peak", g.peak, a.peak}};
+    if (n) t.add_rule();
+    for (const auto& row : rows)
+      t.add_row({std::to_string(r.stage), row.name, cell(row.ledger), cell(row.analytic),
+                 report::check_cell(row.ledger == row.analytic)});
+  }
+  return t;
+}
+
+}  // namespace
+
+std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Colour colour) {
+  const LayoutEstimate& le = lt.analytic;
+  const ByteUnit u = layout_unit(le);
+  auto w = report::make_writer(format, colour);
+  // The per-rank figures (as `estimate` shows them), then the trace's reconciliation.
+  describe_layout(*w, le, u, "trainmem profile (TRACED on meta, per rank)");
+  w->heading("Each rank traced on meta (" + std::to_string(lt.steps) +
+             " steps, the last one's ledger) against the per-rank analytic profile");
+  w->table(reconcile_table(lt, u, false));
+  w->paragraph_break();
+  w->line(lt.all_match() ? "every rank's ledger equals the analytic profile byte for byte"
+                         : "MISMATCH: see the rows marked NO",
+          lt.all_match() ? report::Tone::ok : report::Tone::fail);
+  w->csv_table(reconcile_table(lt, u, true));
+  w->document([&] {
+    json ranks = json::array();
+    for (std::size_t n = 0; n < lt.ranks.size(); ++n) {
+      const RankTrace& r = lt.ranks[n];
+      json j = rank_json(le.ranks[n]);
+      j["ledger"] = report::figures_json(r.ledger, true);
+      j["ledger_communication_peak"] = r.communication_peak;
+      j["ledger_tensors_at_peak"] = r.tensors_at_peak;
+      j["matches_analytic"] = r.matches;
+      j["differences"] = r.differences;
+      ranks.push_back(std::move(j));
+    }
+    json doc = layout_document(le);
+    doc["run"] = report::run_json(le.train, "meta", lt.steps);
+    doc["ranks"] = ranks;
+    doc["all_ranks_match"] = lt.all_match();
+    return doc;
+  });
+  return w->str();
+}
+
+std::string render_maxbatch_layout(const ModelConfig& model, const TrainConfig& train,
+                                   const ParallelConfig& par, Format format, Colour colour,
+                                   const MaxbatchResult& m, const std::string& budget_source,
+                                   std::uint64_t budget_bytes, bool vary_batch) {
+  const SearchResult& s = m.search;
+  const Overheads& over = m.layout_overheads;
+  const std::int64_t lowest = m.lowest;
+  const int traced = m.traced;
+  const std::string vary = vary_batch ? "batch" : "seq";
+  const ByteUnit u = table_unit(budget_bytes);
+  report::Table t({{vary},
+                   {"worst rank (" + std::string(u.name) + ")"},
+                   {"+ overheads (" + std::string(u.name) + ")"},
+                   {"budget (" + std::string(u.name) + ")"},
+                   {"fits", report::Align::left}});
+  report::Table exact({{vary}, {"worst_rank_peak"}, {"with_overheads"}, {"budget"}, {"fits"}});
+  auto row = [&](std::int64_t v, const Probe& p) {
+    const std::uint64_t need = p.peak + over.total();
+    t.add_row({std::to_string(v), p.peak ? format_bytes(p.peak, u) : "overflow",
+               format_bytes(need, u), format_bytes(budget_bytes, u), report::check_cell(p.fits)});
+    exact.add_row({std::to_string(v), std::to_string(p.peak), std::to_string(need),
+                   std::to_string(budget_bytes), p.fits ? "yes" : "NO"});
+  };
+  if (s.best > 0) row(s.best, s.at_best);
+  row(m.next, s.at_next);
+  auto w = report::make_writer(format, colour);
+  w->title("trainmem maxbatch per rank: " + model.name + ", " + std::to_string(par.world) +
+           " GPUs: " + par.describe());
+  if (const std::string family = report::family_line(model); !family.empty()) w->paragraph(family);
+  w->paragraph("budget per GPU " + format_bytes_with_unit(budget_bytes, u) + " (" + budget_source +
+               "); overheads " + format_bytes_with_unit(over.total(), u) +
+               " (CUDA context: " + over.cuda_context_source + "; NCCL: " + over.nccl_source + ")");
+  w->banner("peaks: every rank's sharded step traced on meta (" + std::to_string(traced) +
+            " configurations), the worst rank kept");
+  if (s.best > 0)
+    w->strong("largest micro-" + vary + " that fits every rank: " + std::to_string(s.best));
+  else
+    w->strong("nothing fits: even " + vary + " " + std::to_string(lowest) + " needs " +
+              format_bytes_with_unit(s.at_next.peak + over.total(), u) + " on the worst rank");
+  w->table(t);
+  w->csv_table(exact);
+  w->document([&] {
+    json j = {{"schema", report::kSchema},
+              {"budget", budget_bytes},
+              {"budget_source", budget_source},
+              {"vary", vary},
+              {"best", s.best},
+              {"worst_rank_peak", s.best > 0 ? json(s.at_best.peak) : json(nullptr)},
+              {"next_worst_rank_peak", s.at_next.peak ? json(s.at_next.peak) : json(nullptr)},
+              {"overheads",
+               {{"cuda_context", over.cuda_context},
+                {"cuda_context_source", over.cuda_context_source},
+                {"nccl", over.nccl},
+                {"nccl_source", over.nccl_source}}},
+              {"layout", layout_json(par)},
+              {"model", report::model_json(model, model.param_count())},
+              {"run", report::run_json(train, "meta", 2)},
+              {"traced", traced}};
+    j["run"][vary] = s.best;
+    return j;
+  });
+  return w->str();
+}
+
+std::string render_compare_layout(const LayoutEstimate& le,
+                                  const std::vector<CompareLayoutRow>& rows,
+                                  const std::string& source, const std::string& backend, int steps,
+                                  Format format, report::Colour colour) {
+  std::uint64_t max = 0;
+  for (const auto& r : rows) max = std::max({max, r.none.peak, r.full.peak});
+  const ByteUnit u = table_unit(max);
+  auto w = report::make_writer(format, colour);
+  const auto& t = le.train;
+  w->title("trainmem compare (" + source + ") — " + le.model.name + ", " +
+           std::to_string(le.layout.world) + " " + le.overheads.unit_word() + ": " +
+           le.layout.describe());
+  w->line("micro-batch b " + std::to_string(t.batch) + " (global batch " +
+          std::to_string(le.global_batch) + "), s " + std::to_string(t.seq) + ", " +
+          dtype_name(t.dtype) + ", " + optimizer_name(t.optimizer) + ", " +
+          attention_name(t.attention) + " attention; checkpointing none vs full, per rank");
+  if (const std::string family = report::family_line(le.model); !family.empty()) w->line(family);
+  auto table = [&](bool exact) {
+    const std::string un = exact ? "" : " (" + std::string(u.name) + ")";
+    report::Table tb({{"rank", report::Align::left},
+                      {"stage"},
+                      {"activations peak, none" + un},
+                      {"activations peak, full" + un},
+                      {"peak, none" + un},
+                      {"peak, full" + un},
+                      {"saved" + un},
+                      {"= trace and analytic", report::Align::left}});
+    auto cell = [&](std::uint64_t b) { return exact ? std::to_string(b) : format_bytes(b, u); };
+    for (const auto& r : rows) {
+      const std::int64_t saved = std::int64_t(r.none.peak) - std::int64_t(r.full.peak);
+      tb.add_row({r.rank, std::to_string(r.stage), cell(r.none.activations_peak),
+                  cell(r.full.activations_peak), cell(r.none.peak), cell(r.full.peak),
+                  exact ? std::to_string(saved) : format_signed_bytes(saved, u),
+                  exact ? std::string(r.matches ? "yes" : "NO") : report::check_cell(r.matches)});
+    }
+    return tb;
+  };
+  w->table(table(false));
+  w->paragraph_break();
+  bool all = !rows.empty();
+  for (const auto& r : rows) all = all && r.matches;
+  w->line(all ? "every row equals the per-rank analytic profile of its mode byte for byte"
+              : "MISMATCH: see the rows marked NO",
+          all ? report::Tone::ok : report::Tone::fail);
+  w->csv_table(table(true));
+  w->document([&] {
+    json doc = {{"schema", report::kSchema},
+                {"model", report::model_json(le.model, le.model.param_count())},
+                {"run", report::run_json(le.train, backend, steps)},
+                {"layout", layout_json(le.layout)},
+                {"source", source},
+                {"all_match", all}};
+    json jr = json::array();
+    for (const auto& r : rows)
+      jr.push_back({{"rank", r.rank},
+                    {"stage", r.stage},
+                    {"none", report::figures_json(r.none, true)},
+                    {"full", report::figures_json(r.full, true)},
+                    {"analytic_none", report::figures_json(r.analytic_none, true)},
+                    {"analytic_full", report::figures_json(r.analytic_full, true)},
+                    {"saved", std::int64_t(r.none.peak) - std::int64_t(r.full.peak)},
+                    {"matches", r.matches}});
+    doc["rows"] = jr;
+    return doc;
+  });
+  return w->str();
+}
+
+}  // namespace trainmem::report
