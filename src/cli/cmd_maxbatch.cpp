@@ -15,7 +15,7 @@
 #include "size.hpp"
 #include "trainmem/backends/backend.hpp"
 #include "trainmem/base/error.hpp"
-#include "trainmem/report/layout_report.hpp"
+#include "trainmem/report/maxbatch_report.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/report_writer.hpp"
 #include "trainmem/run/maxbatch.hpp"
@@ -108,6 +108,7 @@ int run_maxbatch(const MaxbatchFlags& flags) {
   rq.vary_batch = vary_batch;
   rq.step = flags.step;
   rq.budget = budget.bytes;
+  std::string overhead_source;
   if (flags.layout.world != 1) {
     if (flags.overhead != "auto")
       throw InputError(
@@ -116,97 +117,18 @@ int run_maxbatch(const MaxbatchFlags& flags) {
     check_layout_request(c, false, false);
     rq.layout = par;
     rq.overheads = resolve_overheads(flags.layout);
-    const MaxbatchResult m = find_max(rq);
-    write_output(c.output, report::render_maxbatch_layout(c.model, c.train, par, c.format,
-                                                          stdout_colour(c.output), m, budget.source,
-                                                          budget.bytes, vary_batch));
-    return m.search.best > 0 ? 0 : 3;
+  } else {
+    const Overhead overhead = resolve_overhead(flags.overhead, c.train.dtype);
+    rq.overhead = overhead.bytes;
+    overhead_source = overhead.source;
   }
-  const Overhead overhead = resolve_overhead(flags.overhead, c.train.dtype);
-  rq.overhead = overhead.bytes;
   const MaxbatchResult m = find_max(rq);
-  const SearchResult& s = m.search;
-  const std::int64_t lowest = m.lowest;
-  const int traced = m.traced;
-
-  const std::int64_t batch = vary_batch ? s.best : c.train.batch;
-  const std::int64_t seq = vary_batch ? c.train.seq : s.best;
-  const std::int64_t margin =
-      s.best > 0 ? std::int64_t(budget.bytes) - std::int64_t(s.at_best.peak + overhead.bytes) : 0;
-  if (!vary_batch && s.best > c.model.max_positions)
-    spdlog::warn("--vary seq: {} is longer than {}'s max_position_embeddings {}", s.best,
+  if (!rq.layout && !vary_batch && m.search.best > c.model.max_positions)
+    spdlog::warn("--vary seq: {} is longer than {}'s max_position_embeddings {}", m.search.best,
                  c.model.name, c.model.max_positions);
-
-  const ByteUnit u = table_unit(budget.bytes);
-  auto q = [&](std::uint64_t b) { return format_bytes_with_unit(b, u); };
-  report::Table t({{vary_batch ? "batch" : "seq"},
-                   {std::string("peak (") + u.name + ")"},
-                   {std::string("+ overhead (") + u.name + ")"},
-                   {std::string("budget (") + u.name + ")"},
-                   {std::string("margin (") + u.name + ")"},
-                   {"fits", report::Align::left}});
-  report::Table bytes_t({{flags.vary},
-                         {"peak"},
-                         {"peak_plus_overhead"},
-                         {"budget"},
-                         {"margin"},
-                         {"fits", report::Align::left}});
-  auto row = [&](std::int64_t v, const Probe& p) {
-    const std::int64_t m = std::int64_t(budget.bytes) - std::int64_t(p.peak + overhead.bytes);
-    bytes_t.add_row({std::to_string(v), std::to_string(p.peak),
-                     std::to_string(p.peak + overhead.bytes), std::to_string(budget.bytes),
-                     std::to_string(m), p.fits ? "yes" : "NO"});
-    t.add_row({std::to_string(v), p.peak ? format_bytes(p.peak, u) : "overflow",
-               format_bytes(p.peak + overhead.bytes, u), format_bytes(budget.bytes, u),
-               format_signed_bytes(m, u), report::check_cell(p.fits)});
-  };
-  if (s.best > 0) row(s.best, s.at_best);
-  row(m.next, s.at_next);
-  // The report, described once for every format.
-  const auto w = report::make_writer(c.format, stdout_colour(c.output));
-  w->document([&] {
-    json j = {{"schema", report::kSchema},
-              {"budget", budget.bytes},
-              {"vary", flags.vary},
-              {"batch", batch},
-              {"seq", seq},
-              {"peak", s.best > 0 ? json(s.at_best.peak) : json(nullptr)},
-              {"next_peak", s.at_next.peak ? json(s.at_next.peak) : json(nullptr)},
-              {"margin", margin},
-              {"overhead", overhead.bytes},
-              {"overhead_source", overhead.source},
-              {"budget_source", budget.source},
-              {"step", flags.step},
-              {"model", report::model_json(c.model, c.model.param_count())},
-              {"run", report::run_json(c.train, "meta", 2)},
-              {"traced", traced}};
-    j["run"]["batch"] = batch;
-    j["run"]["seq"] = seq;
-    return j;
-  });
-  w->csv_table(bytes_t);
-  w->title(
-      "trainmem maxbatch: " + c.model.name + "  " +
-      (vary_batch ? "s=" + std::to_string(c.train.seq) : "b=" + std::to_string(c.train.batch)) +
-      " " + dtype_name(c.train.dtype) + " " + optimizer_name(c.train.optimizer) +
-      "  checkpointing=" + checkpointing_name(c.train.checkpointing) +
-      " attention=" + attention_name(c.train.attention));
-  w->paragraph_break();
-  if (const std::string family = report::family_line(c.model); !family.empty())
-    w->paragraph(family);
-  w->paragraph("budget " + q(budget.bytes) + " (" + budget.source + "); overhead " +
-               q(overhead.bytes) + " (" + overhead.source + ")");
-  w->banner("peaks: the meta backend's exact trace of the training step (" +
-            std::to_string(traced) + " configurations traced)");
-  if (s.best > 0)
-    w->strong("largest " + flags.vary + " that fits: " + std::to_string(s.best) + ", margin " +
-              q(std::uint64_t(std::max<std::int64_t>(margin, 0))));
-  else
-    w->strong("nothing fits: even " + flags.vary + " " + std::to_string(lowest) + " needs " +
-              q(s.at_next.peak + overhead.bytes));
-  w->table(t);
-  write_output(c.output, w->str());
-  return s.best > 0 ? 0 : 3;
+  write_output(c.output, report::render_maxbatch(rq, m, budget.source, overhead_source, c.format,
+                                                 stdout_colour(c.output)));
+  return m.search.best > 0 ? 0 : 3;
 }
 
 }  // namespace

@@ -15,6 +15,8 @@ ByteUnit layout_unit(const LayoutEstimate& le);
 // The prose and tables of the per-rank figures (text and Markdown), under `title`.
 void describe_layout(ReportWriter& w, const LayoutEstimate& le, ByteUnit u,
                      const std::string& title);
+// The "layout" object of the JSON documents (world_size, dp, tp, pp, zero, ...).
+nlohmann::json layout_json(const ParallelConfig& p);
 // The "trainmem/1" document of the per-rank estimate.
 nlohmann::json layout_document(const LayoutEstimate& le);
 

@@ -20,20 +20,6 @@ using nlohmann::json;
 
 namespace {
 
-json layout_json(const ParallelConfig& p) {
-  return json{{"world_size", p.world},
-              {"dp", p.dp},
-              {"tp", p.tp},
-              {"pp", p.pp},
-              {"zero", p.zero},
-              {"sp", p.sp},
-              {"microbatches", p.microbatches},
-              {"offload", offload_name(p.offload)},
-              {"reduce_bucket_elements", p.reduce_bucket},
-              {"overlap_comm", p.overlap_comm},
-              {"prefetch", p.prefetch}};
-}
-
 json rank_json(const RankEstimate& r) {
   json comm = json::array(), host = json::array();
   for (const auto& e : r.communication)
@@ -148,6 +134,20 @@ report::Table references_table(const LayoutEstimate& le, const std::vector<Refer
 }
 
 }  // namespace
+
+json layout_detail::layout_json(const ParallelConfig& p) {
+  return json{{"world_size", p.world},
+              {"dp", p.dp},
+              {"tp", p.tp},
+              {"pp", p.pp},
+              {"zero", p.zero},
+              {"sp", p.sp},
+              {"microbatches", p.microbatches},
+              {"offload", offload_name(p.offload)},
+              {"reduce_bucket_elements", p.reduce_bucket},
+              {"overlap_comm", p.overlap_comm},
+              {"prefetch", p.prefetch}};
+}
 
 json layout_detail::layout_document(const LayoutEstimate& le) {
   json ranks = json::array();
@@ -347,70 +347,6 @@ std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Co
     doc["ranks"] = ranks;
     doc["all_ranks_match"] = lt.all_match();
     return doc;
-  });
-  return w->str();
-}
-
-std::string render_maxbatch_layout(const ModelConfig& model, const TrainConfig& train,
-                                   const ParallelConfig& par, Format format, Colour colour,
-                                   const MaxbatchResult& m, const std::string& budget_source,
-                                   std::uint64_t budget_bytes, bool vary_batch) {
-  const SearchResult& s = m.search;
-  const Overheads& over = m.layout_overheads;
-  const std::int64_t lowest = m.lowest;
-  const int traced = m.traced;
-  const std::string vary = vary_batch ? "batch" : "seq";
-  const ByteUnit u = table_unit(budget_bytes);
-  report::Table t({{vary},
-                   {"worst rank (" + std::string(u.name) + ")"},
-                   {"+ overheads (" + std::string(u.name) + ")"},
-                   {"budget (" + std::string(u.name) + ")"},
-                   {"fits", report::Align::left}});
-  report::Table exact({{vary}, {"worst_rank_peak"}, {"with_overheads"}, {"budget"}, {"fits"}});
-  auto row = [&](std::int64_t v, const Probe& p) {
-    const std::uint64_t need = p.peak + over.total();
-    t.add_row({std::to_string(v), p.peak ? format_bytes(p.peak, u) : "overflow",
-               format_bytes(need, u), format_bytes(budget_bytes, u), report::check_cell(p.fits)});
-    exact.add_row({std::to_string(v), std::to_string(p.peak), std::to_string(need),
-                   std::to_string(budget_bytes), p.fits ? "yes" : "NO"});
-  };
-  if (s.best > 0) row(s.best, s.at_best);
-  row(m.next, s.at_next);
-  auto w = report::make_writer(format, colour);
-  w->title("trainmem maxbatch per rank: " + model.name + ", " + std::to_string(par.world) +
-           " GPUs: " + par.describe());
-  if (const std::string family = report::family_line(model); !family.empty()) w->paragraph(family);
-  w->paragraph("budget per GPU " + format_bytes_with_unit(budget_bytes, u) + " (" + budget_source +
-               "); overheads " + format_bytes_with_unit(over.total(), u) +
-               " (CUDA context: " + over.cuda_context_source + "; NCCL: " + over.nccl_source + ")");
-  w->banner("peaks: every rank's sharded step traced on meta (" + std::to_string(traced) +
-            " configurations), the worst rank kept");
-  if (s.best > 0)
-    w->strong("largest micro-" + vary + " that fits every rank: " + std::to_string(s.best));
-  else
-    w->strong("nothing fits: even " + vary + " " + std::to_string(lowest) + " needs " +
-              format_bytes_with_unit(s.at_next.peak + over.total(), u) + " on the worst rank");
-  w->table(t);
-  w->csv_table(exact);
-  w->document([&] {
-    json j = {{"schema", report::kSchema},
-              {"budget", budget_bytes},
-              {"budget_source", budget_source},
-              {"vary", vary},
-              {"best", s.best},
-              {"worst_rank_peak", s.best > 0 ? json(s.at_best.peak) : json(nullptr)},
-              {"next_worst_rank_peak", s.at_next.peak ? json(s.at_next.peak) : json(nullptr)},
-              {"overheads",
-               {{"cuda_context", over.cuda_context},
-                {"cuda_context_source", over.cuda_context_source},
-                {"nccl", over.nccl},
-                {"nccl_source", over.nccl_source}}},
-              {"layout", layout_json(par)},
-              {"model", report::model_json(model, model.param_count())},
-              {"run", report::run_json(train, "meta", 2)},
-              {"traced", traced}};
-    j["run"][vary] = s.best;
-    return j;
   });
   return w->str();
 }

@@ -12,7 +12,6 @@
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/report_writer.hpp"
 #include "trainmem/run/compare.hpp"
-#include "trainmem/run/maxbatch.hpp"
 #include "trainmem/run/run_layout.hpp"
 
 namespace trainmem::report {
@@ -21,12 +20,6 @@ namespace trainmem::report {
 // `title` opens the text and Markdown forms.
 std::string render_layout(const LayoutEstimate& le, Format format, Colour colour,
                           const std::string& title = "trainmem estimate (PREDICTED, per rank)");
-// maxbatch with a layout (find_max's result): the largest micro-batch (or sequence) whose worst
-// rank, traced on meta, plus the overheads outside the books fits `budget_bytes`.
-std::string render_maxbatch_layout(const ModelConfig& model, const TrainConfig& train,
-                                   const ParallelConfig& par, Format format, Colour colour,
-                                   const MaxbatchResult& m, const std::string& budget_source,
-                                   std::uint64_t budget_bytes, bool vary_batch);
 
 // The per-rank trace of `profile --world-size N` (meta) beside the analytic, in the chosen format.
 std::string render_layout_trace(const LayoutTrace& lt, Format format, Colour colour);

@@ -1,0 +1,183 @@
+// maxbatch's report (include/trainmem/report/maxbatch_report.hpp): one GPU's, or a layout's
+// worst rank's, largest fitting batch or sequence with the probe past it.
+#include "trainmem/report/maxbatch_report.hpp"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "layout_internal.hpp"
+#include "trainmem/base/bytes.hpp"
+#include "trainmem/report/layout_report.hpp"
+#include "trainmem/report/report.hpp"
+
+namespace trainmem::report {
+namespace {
+
+using layout_detail::layout_json;
+using nlohmann::json;
+
+// A layout of several GPUs: the worst rank with the overheads outside the books.
+std::string render_layout(const MaxbatchRequest& rq, const MaxbatchResult& m,
+                          const std::string& budget_source, Format format, Colour colour) {
+  const ModelConfig& model = rq.model;
+  const TrainConfig& train = rq.train;
+  const ParallelConfig& par = *rq.layout;
+  const std::uint64_t budget_bytes = rq.budget;
+  const bool vary_batch = rq.vary_batch;
+  const SearchResult& s = m.search;
+  const Overheads& over = m.layout_overheads;
+  const std::int64_t lowest = m.lowest;
+  const int traced = m.traced;
+  const std::string vary = vary_batch ? "batch" : "seq";
+  const ByteUnit u = table_unit(budget_bytes);
+  report::Table t({{vary},
+                   {"worst rank (" + std::string(u.name) + ")"},
+                   {"+ overheads (" + std::string(u.name) + ")"},
+                   {"budget (" + std::string(u.name) + ")"},
+                   {"fits", report::Align::left}});
+  report::Table exact({{vary}, {"worst_rank_peak"}, {"with_overheads"}, {"budget"}, {"fits"}});
+  auto row = [&](std::int64_t v, const Probe& p) {
+    const std::uint64_t need = p.peak + over.total();
+    t.add_row({std::to_string(v), p.peak ? format_bytes(p.peak, u) : "overflow",
+               format_bytes(need, u), format_bytes(budget_bytes, u), report::check_cell(p.fits)});
+    exact.add_row({std::to_string(v), std::to_string(p.peak), std::to_string(need),
+                   std::to_string(budget_bytes), p.fits ? "yes" : "NO"});
+  };
+  if (s.best > 0) row(s.best, s.at_best);
+  row(m.next, s.at_next);
+  auto w = report::make_writer(format, colour);
+  w->title("trainmem maxbatch per rank: " + model.name + ", " + std::to_string(par.world) +
+           " GPUs: " + par.describe());
+  if (const std::string family = report::family_line(model); !family.empty()) w->paragraph(family);
+  w->paragraph("budget per GPU " + format_bytes_with_unit(budget_bytes, u) + " (" + budget_source +
+               "); overheads " + format_bytes_with_unit(over.total(), u) +
+               " (CUDA context: " + over.cuda_context_source + "; NCCL: " + over.nccl_source + ")");
+  w->banner("peaks: every rank's sharded step traced on meta (" + std::to_string(traced) +
+            " configurations), the worst rank kept");
+  if (s.best > 0)
+    w->strong("largest micro-" + vary + " that fits every rank: " + std::to_string(s.best));
+  else
+    w->strong("nothing fits: even " + vary + " " + std::to_string(lowest) + " needs " +
+              format_bytes_with_unit(s.at_next.peak + over.total(), u) + " on the worst rank");
+  w->table(t);
+  w->csv_table(exact);
+  w->document([&] {
+    json j = {{"schema", report::kSchema},
+              {"budget", budget_bytes},
+              {"budget_source", budget_source},
+              {"vary", vary},
+              {"best", s.best},
+              {"worst_rank_peak", s.best > 0 ? json(s.at_best.peak) : json(nullptr)},
+              {"next_worst_rank_peak", s.at_next.peak ? json(s.at_next.peak) : json(nullptr)},
+              {"overheads",
+               {{"cuda_context", over.cuda_context},
+                {"cuda_context_source", over.cuda_context_source},
+                {"nccl", over.nccl},
+                {"nccl_source", over.nccl_source}}},
+              {"layout", layout_json(par)},
+              {"model", report::model_json(model, model.param_count())},
+              {"run", report::run_json(train, "meta", 2)},
+              {"traced", traced}};
+    j["run"][vary] = s.best;
+    return j;
+  });
+  return w->str();
+}
+
+// One GPU: the step's peak with the overhead no tensor owns.
+std::string render_one_gpu(const MaxbatchRequest& rq, const MaxbatchResult& m,
+                           const std::string& budget_source, const std::string& overhead_source,
+                           Format format, Colour colour) {
+  const bool vary_batch = rq.vary_batch;
+  const std::string vary = vary_batch ? "batch" : "seq";
+  const SearchResult& s = m.search;
+  const std::int64_t lowest = m.lowest;
+  const int traced = m.traced;
+
+  const std::int64_t batch = vary_batch ? s.best : rq.train.batch;
+  const std::int64_t seq = vary_batch ? rq.train.seq : s.best;
+  const std::int64_t margin =
+      s.best > 0 ? std::int64_t(rq.budget) - std::int64_t(s.at_best.peak + rq.overhead) : 0;
+
+  const ByteUnit u = table_unit(rq.budget);
+  auto q = [&](std::uint64_t b) { return format_bytes_with_unit(b, u); };
+  report::Table t({{vary_batch ? "batch" : "seq"},
+                   {std::string("peak (") + u.name + ")"},
+                   {std::string("+ overhead (") + u.name + ")"},
+                   {std::string("budget (") + u.name + ")"},
+                   {std::string("margin (") + u.name + ")"},
+                   {"fits", report::Align::left}});
+  report::Table bytes_t({{vary},
+                         {"peak"},
+                         {"peak_plus_overhead"},
+                         {"budget"},
+                         {"margin"},
+                         {"fits", report::Align::left}});
+  auto row = [&](std::int64_t v, const Probe& p) {
+    const std::int64_t m = std::int64_t(rq.budget) - std::int64_t(p.peak + rq.overhead);
+    bytes_t.add_row({std::to_string(v), std::to_string(p.peak),
+                     std::to_string(p.peak + rq.overhead), std::to_string(rq.budget),
+                     std::to_string(m), p.fits ? "yes" : "NO"});
+    t.add_row({std::to_string(v), p.peak ? format_bytes(p.peak, u) : "overflow",
+               format_bytes(p.peak + rq.overhead, u), format_bytes(rq.budget, u),
+               format_signed_bytes(m, u), report::check_cell(p.fits)});
+  };
+  if (s.best > 0) row(s.best, s.at_best);
+  row(m.next, s.at_next);
+  // The report, described once for every format.
+  const auto w = make_writer(format, colour);
+  w->document([&] {
+    json j = {{"schema", report::kSchema},
+              {"budget", rq.budget},
+              {"vary", vary},
+              {"batch", batch},
+              {"seq", seq},
+              {"peak", s.best > 0 ? json(s.at_best.peak) : json(nullptr)},
+              {"next_peak", s.at_next.peak ? json(s.at_next.peak) : json(nullptr)},
+              {"margin", margin},
+              {"overhead", rq.overhead},
+              {"overhead_source", overhead_source},
+              {"budget_source", budget_source},
+              {"step", rq.step},
+              {"model", report::model_json(rq.model, rq.model.param_count())},
+              {"run", report::run_json(rq.train, "meta", 2)},
+              {"traced", traced}};
+    j["run"]["batch"] = batch;
+    j["run"]["seq"] = seq;
+    return j;
+  });
+  w->csv_table(bytes_t);
+  w->title(
+      "trainmem maxbatch: " + rq.model.name + "  " +
+      (vary_batch ? "s=" + std::to_string(rq.train.seq) : "b=" + std::to_string(rq.train.batch)) +
+      " " + dtype_name(rq.train.dtype) + " " + optimizer_name(rq.train.optimizer) +
+      "  checkpointing=" + checkpointing_name(rq.train.checkpointing) +
+      " attention=" + attention_name(rq.train.attention));
+  w->paragraph_break();
+  if (const std::string family = report::family_line(rq.model); !family.empty())
+    w->paragraph(family);
+  w->paragraph("budget " + q(rq.budget) + " (" + budget_source + "); overhead " + q(rq.overhead) +
+               " (" + overhead_source + ")");
+  w->banner("peaks: the meta backend's exact trace of the training step (" +
+            std::to_string(traced) + " configurations traced)");
+  if (s.best > 0)
+    w->strong("largest " + vary + " that fits: " + std::to_string(s.best) + ", margin " +
+              q(std::uint64_t(std::max<std::int64_t>(margin, 0))));
+  else
+    w->strong("nothing fits: even " + vary + " " + std::to_string(lowest) + " needs " +
+              q(s.at_next.peak + rq.overhead));
+  w->table(t);
+  return w->str();
+}
+
+}  // namespace
+
+std::string render_maxbatch(const MaxbatchRequest& rq, const MaxbatchResult& m,
+                            const std::string& budget_source, const std::string& overhead_source,
+                            Format format, Colour colour) {
+  if (rq.layout && rq.layout->distributed())
+    return render_layout(rq, m, budget_source, format, colour);
+  return render_one_gpu(rq, m, budget_source, overhead_source, format, colour);
+}
+
+}  // namespace trainmem::report
