@@ -1,0 +1,36 @@
+// estimate's report, described once for every format (--format):
+//   table     paper-style memory table in GiB (two decimals), then the explanation if asked;
+//   markdown  the same as Markdown tables;
+//   csv       the figures in bytes, one row per (optimizer, checkpointing, profile); with
+//             --explain instead the per-tensor list, one row per tensor;
+//   json      schema "trainmem/1": {"schema", "model", "run", "analytic"} for one
+//             (optimizer, checkpointing) pair, {"schema", "runs": [...]} for several;
+//   html      one self-contained page: the tables of the text form, the explanation as its
+//             worked text.
+#pragma once
+#include <vector>
+
+#include "trainmem/analytic/analytic.hpp"
+#include "trainmem/report/report_writer.hpp"
+
+namespace trainmem::report {
+
+// The estimates of one (optimizer, checkpointing mode), one per profile in the requested order.
+struct EstimateRun {
+  TrainConfig train;
+  std::vector<Estimate> estimates;
+};
+
+// What one `estimate` invocation computed: the model, the configuration as given (the title
+// names its optimizer and mode when one run is shown), and the runs.
+struct EstimateResult {
+  ModelConfig model;
+  TrainConfig train;
+  std::vector<EstimateRun> runs;
+};
+
+// The report on `w`; `explain`: the per-tensor lists and formulas; `paper`: the LOMO paper's
+// table beside (the caller checked the configuration is the paper's).
+void write_estimate(ReportWriter& w, const EstimateResult& c, bool explain, bool paper);
+
+}  // namespace trainmem::report
