@@ -147,6 +147,138 @@ std::string rank_path(const std::string& path, int rank) {
   return path.substr(0, dot) + tag + path.substr(dot);
 }
 
+namespace {
+
+// The rank's data-, tensor- and pipeline-parallel groups, split from the job's collectives in
+// Megatron's order of the ranks: the tensor-parallel index fastest, then data, then pipeline.
+// A layout of one group each needs no split: the data-parallel group is the job's.
+struct RankGroups {
+  std::int64_t stage = 0;
+  std::unique_ptr<Collective> dp_data, dp_host, tp_data, tp_host, pp_host;
+  Collective* dpd = nullptr;  // data parallel, on the backend's buffers
+  Collective* dph = nullptr;  // data parallel, on host buffers
+
+  RankGroups(const ParallelConfig& layout, int rank, Collective& data, Collective& host) {
+    const int tp = int(layout.tp), dp = int(layout.dp), pp = int(layout.pp);
+    const int tp_rank = rank % tp, dp_rank = (rank / tp) % dp;
+    stage = rank / (tp * dp);
+    dpd = &data;
+    dph = &host;
+    if (tp == 1 && pp == 1) return;
+    const int dp_color = int(stage) * tp + tp_rank, tp_color = int(stage) * dp + dp_rank;
+    dp_data = data.split(dp_color, dp_rank);
+    tp_data = data.split(tp_color, tp_rank);
+    if (&host != &data) {
+      dp_host = host.split(dp_color, dp_rank);
+      tp_host = host.split(tp_color, tp_rank);
+    }
+    dpd = dp_data.get();
+    dph = dp_host ? dp_host.get() : dpd;
+    // The pipeline: stages on host buffers (sends and receives of the cpu backend).
+    pp_host = host.split(dp_rank * tp + tp_rank, int(stage));
+  }
+  // Hands the groups over (to be held past a failure, see MeasuredLayout::held_groups).
+  void release_into(std::vector<std::shared_ptr<Collective>>& held) {
+    for (auto* g : {&dp_data, &dp_host, &tp_data, &tp_host, &pp_host})
+      if (*g) held.push_back(std::move(*g));
+  }
+};
+
+// cuda: the device sources of this rank's GPU (cudaMemGetInfo and the pool; CUPTI off: one
+// rank per process, and NCCL's own allocations carry no category anyway). None elsewhere.
+std::unique_ptr<ProbeSet> rank_probes(Backend& backend, Ledger& ledger) {
+  if (backend.kind() != BackendKind::cuda) return nullptr;
+  ProbeOptions o;
+  o.device = cuda_current_device();
+  o.allocator = &backend.allocator();
+  o.ledger = &ledger;
+  o.enable_cupti = false;
+  auto probes = std::make_unique<ProbeSet>(o);
+  probes->mark("after_context");
+  ProbeSet* p = probes.get();
+  ledger.set_phase_listener([p](Phase phase, bool entering) {
+    if (!entering &&
+        (phase == Phase::forward || phase == Phase::backward || phase == Phase::optimizer))
+      p->phase_end(phase);
+  });
+  return probes;
+}
+
+// --weights, --tokens: every rank reads the files (the same files on every node); `ex` points
+// at what this holds.
+struct RankFiles {
+  std::vector<std::unique_ptr<SafeTensorsReader>> weights;
+  std::vector<std::int32_t> ids;
+
+  RankFiles(const MeasureRequest& rq, ShardedExecution& ex) {
+    if (!rq.weights.empty()) try {
+        for (const std::string& path : weight_files(rq.weights)) {
+          weights.push_back(std::make_unique<SafeTensorsReader>(path));
+          ex.weights.push_back(weights.back().get());
+        }
+      } catch (const InputError& e) {
+        throw InputError(weights_error(e));
+      }
+    if (rq.tokens.empty()) return;
+    const std::int64_t rows = rq.layout.dp * rq.layout.microbatches * rq.train.batch;
+    try {
+      ids = load_tokens_file(rq.tokens, rows, rq.train.seq, rq.model.vocab);
+    } catch (const InputError& e) {
+      throw InputError(
+          std::string(e.what()) + "; with --world-size the file holds the global batch, dp·M·b = " +
+          std::to_string(rq.layout.dp) + "·" + std::to_string(rq.layout.microbatches) + "·" +
+          std::to_string(rq.train.batch) + " = " + std::to_string(rows) + " rows of --seq ids");
+    }
+    ex.tokens = &ids;
+  }
+};
+
+// The rank's books after its steps (or up to its failure) and its device sources.
+void read_books(MeasuredRank& mine, MeasuredLayout& out, const Ledger& ledger, ProbeSet* probes,
+                const ShardedStep* step) {
+  if (probes) {
+    const MemGetInfoResult mem = probes->memgetinfo();
+    const PoolResult pool = probes->pool();
+    mine.device_sources = mem.available;
+    mine.device_used_peak = mem.available ? mem.sampler_max_used : 0;
+    mine.pool_used_peak = pool.available ? pool.used_high : 0;
+    if (!mem.available) out.device_reason = mem.reason;
+  }
+  mine.ledger = measured_figures(ledger);
+  if (out.failure) {  // up to the failure: what the setup reached, even if unwinding freed it
+    mine.ledger.params = ledger.peak(Category::params);
+    mine.ledger.optimizer_states = ledger.peak(Category::optimizer_states);
+    mine.ledger.inputs = ledger.peak(Category::inputs);
+  }
+  mine.host_bytes = step ? step->host_bytes() : 0;
+  mine.communication_peak = ledger.peak(Category::communication);
+  mine.tensors_at_peak = ledger.peak_live_count();
+}
+
+// Every rank's figures to every rank (words through the host collective), each checked against
+// its stage's trace and analytic profile.
+void gather_ranks(MeasuredLayout& out, const MeasuredRank& mine, Collective& host) {
+  const std::vector<std::uint64_t> words = pack(mine);
+  std::vector<std::uint64_t> all(words.size() * std::size_t(host.size()));
+  host.all_gather(words.data(), all.data(), words.size() * 2, DType::f32);
+  for (int r = 0; r < host.size(); ++r) {
+    MeasuredRank m = unpack(all.data() + std::size_t(r) * words.size());
+    std::size_t k = 0;
+    while (k + 1 < out.predicted.ranks.size() && out.predicted.ranks[k].stage != m.stage) ++k;
+    m.trace_differences = differences(m.ledger, out.predicted.ranks[k].ledger, "meta trace");
+    m.analytic_differences =
+        differences(m.ledger, out.predicted.analytic.ranks[k].est.figures, "analytic");
+    const std::uint64_t host_want = out.predicted.analytic.ranks[k].host_bytes;
+    if (m.host_bytes != host_want)
+      m.analytic_differences.push_back("host bytes (--offload): measured " +
+                                       std::to_string(m.host_bytes) + ", analytic " +
+                                       std::to_string(host_want));
+    out.ranks.push_back(std::move(m));
+  }
+}
+
+}  // namespace
+
 MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collective& data,
                               Collective& host) {
   MeasuredLayout out;
@@ -160,84 +292,27 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
 
   MeasuredRank mine;
   mine.rank = host.rank();
-  // Megatron's order of the ranks: the tensor-parallel index fastest, then data, then pipeline.
-  const int tp = int(rq.layout.tp), dp = int(rq.layout.dp), pp = int(rq.layout.pp);
-  const int tp_rank = mine.rank % tp, dp_rank = (mine.rank / tp) % dp;
-  mine.stage = mine.rank / (tp * dp);
-  // The groups (a layout of one group each needs no split).
-  std::unique_ptr<Collective> dp_data, dp_host, tp_data, tp_host, pp_host;
-  Collective* dpd = &data;
-  Collective* dph = &host;
-  if (tp > 1 || pp > 1) {
-    const int dp_color = int(mine.stage) * tp + tp_rank, tp_color = int(mine.stage) * dp + dp_rank;
-    dp_data = data.split(dp_color, dp_rank);
-    tp_data = data.split(tp_color, tp_rank);
-    if (&host != &data) {
-      dp_host = host.split(dp_color, dp_rank);
-      tp_host = host.split(tp_color, tp_rank);
-    }
-    dpd = dp_data.get();
-    dph = dp_host ? dp_host.get() : dpd;
-    // The pipeline: stages on host buffers (sends and receives of the cpu backend).
-    pp_host = host.split(dp_rank * tp + tp_rank, int(mine.stage));
-  }
+  RankGroups groups(rq.layout, mine.rank, data, host);
+  mine.stage = groups.stage;
   std::vector<double> seconds;
-  std::uint64_t step_first_seq = 0;
-  int steps_done = 0;
   {
     std::unique_ptr<BudgetAllocator> budget;
     if (rq.device_budget)
       budget = std::make_unique<BudgetAllocator>(backend.allocator(), *rq.device_budget);
     Ledger ledger(budget ? static_cast<Allocator&>(*budget) : backend.allocator());
-    // cuda: the device sources of this rank's GPU (cudaMemGetInfo and the pool; CUPTI off: one
-    // rank per process, and NCCL's own allocations carry no category anyway).
-    std::unique_ptr<ProbeSet> probes;
-    if (backend.kind() == BackendKind::cuda) {
-      ProbeOptions o;
-      o.device = cuda_current_device();
-      o.allocator = &backend.allocator();
-      o.ledger = &ledger;
-      o.enable_cupti = false;
-      probes = std::make_unique<ProbeSet>(o);
-      probes->mark("after_context");
-      ledger.set_phase_listener([&probes](Phase p, bool entering) {
-        if (!entering && (p == Phase::forward || p == Phase::backward || p == Phase::optimizer))
-          probes->phase_end(p);
-      });
-    }
-    ShardedExecution ex{backend, *dpd, *dph, rq.seed,
+    std::unique_ptr<ProbeSet> probes = rank_probes(backend, ledger);
+    ShardedExecution ex{backend, *groups.dpd, *groups.dph, rq.seed,
                         default_optimizer_settings(rq.train.optimizer)};
-    if (tp > 1) {
-      ex.tp = tp_data.get();
-      ex.tp_host = tp_host ? tp_host.get() : tp_data.get();
+    if (rq.layout.tp > 1) {
+      ex.tp = groups.tp_data.get();
+      ex.tp_host = groups.tp_host ? groups.tp_host.get() : groups.tp_data.get();
     }
-    if (pp > 1) ex.pp = pp_host.get();
-    // --weights, --tokens: every rank reads the files (the same files on every node).
-    std::vector<std::unique_ptr<SafeTensorsReader>> files;
-    if (!rq.weights.empty()) try {
-        for (const std::string& path : weight_files(rq.weights)) {
-          files.push_back(std::make_unique<SafeTensorsReader>(path));
-          ex.weights.push_back(files.back().get());
-        }
-      } catch (const InputError& e) {
-        throw InputError(weights_error(e));
-      }
-    std::vector<std::int32_t> ids;
-    if (!rq.tokens.empty()) {
-      const std::int64_t rows = rq.layout.dp * rq.layout.microbatches * rq.train.batch;
-      try {
-        ids = load_tokens_file(rq.tokens, rows, rq.train.seq, rq.model.vocab);
-      } catch (const InputError& e) {
-        throw InputError(
-            std::string(e.what()) +
-            "; with --world-size the file holds the global batch, dp·M·b = " +
-            std::to_string(rq.layout.dp) + "·" + std::to_string(rq.layout.microbatches) + "·" +
-            std::to_string(rq.train.batch) + " = " + std::to_string(rows) + " rows of --seq ids");
-      }
-      ex.tokens = &ids;
-    }
+    if (rq.layout.pp > 1) ex.pp = groups.pp_host.get();
+    const RankFiles files(rq, ex);
     // Kept past an out-of-memory, so that what was alive is still in the books when read.
     std::unique_ptr<ShardedStep> step;
+    std::uint64_t step_first_seq = 0;
+    int steps_done = 0;
     try {
       step = std::make_unique<ShardedStep>(rq.model, rq.train, rq.layout, mine.stage, ledger, &ex);
       for (int n = 0; n < out.steps; ++n) {
@@ -259,24 +334,8 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
       out.failure_error = std::current_exception();
       out.losses.clear();
     }
-    if (probes) {
-      ledger.set_phase_listener(nullptr);
-      const MemGetInfoResult mem = probes->memgetinfo();
-      const PoolResult pool = probes->pool();
-      mine.device_sources = mem.available;
-      mine.device_used_peak = mem.available ? mem.sampler_max_used : 0;
-      mine.pool_used_peak = pool.available ? pool.used_high : 0;
-      if (!mem.available) out.device_reason = mem.reason;
-    }
-    mine.ledger = measured_figures(ledger);
-    if (out.failure) {  // up to the failure: what the setup reached, even if unwinding freed it
-      mine.ledger.params = ledger.peak(Category::params);
-      mine.ledger.optimizer_states = ledger.peak(Category::optimizer_states);
-      mine.ledger.inputs = ledger.peak(Category::inputs);
-    }
-    mine.host_bytes = step ? step->host_bytes() : 0;
-    mine.communication_peak = ledger.peak(Category::communication);
-    mine.tensors_at_peak = ledger.peak_live_count();
+    if (probes) ledger.set_phase_listener(nullptr);
+    read_books(mine, out, ledger, probes.get(), step.get());
     if (rq.keep_timeline && !ledger.timeline().empty())
       out.timeline = build_timeline(
           ledger.timeline(), ledger.tensors(), step_first_seq, TimeAxis::wall,
@@ -285,32 +344,13 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
           ledger.dropped_events(), ledger.phase_marks());
   }
   if (out.failure) {  // this rank's partial books alone: the others may never gather
-    for (auto* g : {&dp_data, &dp_host, &tp_data, &tp_host, &pp_host})
-      if (*g) out.held_groups.push_back(std::move(*g));
+    groups.release_into(out.held_groups);
     out.ranks.push_back(std::move(mine));
     return out;
   }
   std::sort(seconds.begin(), seconds.end());
   mine.step_seconds = seconds[seconds.size() / 2];
-
-  // Every rank's words to every rank (bytes through the host collective).
-  const std::vector<std::uint64_t> words = pack(mine);
-  std::vector<std::uint64_t> all(words.size() * std::size_t(host.size()));
-  host.all_gather(words.data(), all.data(), words.size() * 2, DType::f32);
-  for (int r = 0; r < host.size(); ++r) {
-    MeasuredRank m = unpack(all.data() + std::size_t(r) * words.size());
-    std::size_t k = 0;
-    while (k + 1 < out.predicted.ranks.size() && out.predicted.ranks[k].stage != m.stage) ++k;
-    m.trace_differences = differences(m.ledger, out.predicted.ranks[k].ledger, "meta trace");
-    m.analytic_differences =
-        differences(m.ledger, out.predicted.analytic.ranks[k].est.figures, "analytic");
-    const std::uint64_t host_want = out.predicted.analytic.ranks[k].host_bytes;
-    if (m.host_bytes != host_want)
-      m.analytic_differences.push_back("host bytes (--offload): measured " +
-                                       std::to_string(m.host_bytes) + ", analytic " +
-                                       std::to_string(host_want));
-    out.ranks.push_back(std::move(m));
-  }
+  gather_ranks(out, mine, host);
   return out;
 }
 
