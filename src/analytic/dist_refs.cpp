@@ -260,40 +260,22 @@ ReferenceRank deepspeed_reference(const ModelConfig& model, const TrainConfig& t
   return r;
 }
 
-ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& train,
-                                 const ParallelConfig& par, bool selective_recompute) {
-  model.validate();
-  if (selective_recompute && train.checkpointing == Checkpointing::full)
-    throw InputError(
-        "megatron reference: selective recompute and --checkpointing full are exclusive "
-        "(Megatron's --recompute-granularity takes one value)");
-  if (par.tp < 1 || par.pp < 1 || par.dp < 1 || par.microbatches < 1)
-    throw InputError("megatron reference: --dp, --tp, --pp and --microbatches must be >= 1");
-  ReferenceRank r;
-  r.profile = "megatron";
-  const bool sp_branch = par.sp && selective_recompute;
-  r.source = std::string(kMegatron) +
-             (sp_branch ? "compute_activation_memory" : "compute_activation_memory_without_sp") +
-             " (chosen as report_theoretical_memory does)";
-  if (par.offload != Offload::none) {
-    r.why_not = std::string("offload ") + offload_name(par.offload) +
-                ": theoretical_memory_usage.py has no CPU-offload term";
-    return r;
-  }
-  r.covers = true;
+namespace {
 
-  // Megatron's arguments for this run.
+// Megatron-LM's compute_weight_and_optimizer_memory for a dense model (no MoE, no MTP, no MLA):
+// the parameters on the most loaded shard (the first stage's rank) and their bytes.
+struct MegatronWeights {
+  double p_shard = 0;  // parameters: tp-sharded + replicated, on the most loaded shard
+  double bytes = 0;    // × 18, or × (6 + 12/dp) with the distributed optimizer
+};
+
+MegatronWeights megatron_weights(const ModelConfig& model, const ParallelConfig& par, u64 Vp) {
   const u64 h = u(model.hidden), a = u(model.heads), g = u(model.kv_heads);
   const u64 ffn = u(model.intermediate);  // ffn_hidden_size: the SwiGLU width (fc1 is h × 2·ffn)
   const u64 L = u(model.layers);
   const u64 kv_channels = u(model.head_dim());
-  const u64 Vp = megatron_padded_vocab(model, par.tp);
-  const u64 tp = u(par.tp), pp = u(par.pp), dp = u(par.dp), M = u(par.microbatches);
-  const u64 s = u(train.seq), b = u(train.batch);
+  const u64 tp = u(par.tp), pp = u(par.pp), dp = u(par.dp);
   const bool untie = !model.tied_embeddings;
-  const bool distributed_optimizer = par.zero >= 1;
-
-  // ---- compute_weight_and_optimizer_memory (dense model: no MoE, no MTP, no MLA).
   const u64 query_projection_size = checked_mul(kv_channels, a);
   const double ratio = f(query_projection_size) / f(h);
   const double gated_linear_multiplier = 3.0 / 2.0;  // args.swiglu
@@ -315,10 +297,27 @@ ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& tr
   double tp_sharded_on_shard = ((tp_sharded_in_block / f(pp)) + f(embedding_size)) / f(tp);
   const double replicated_on_shard = f(replicated_in_block) / f(pp);
   if (untie && pp == 1) tp_sharded_on_shard += f(embedding_size) / f(tp);
-  const double bytes_per_param = distributed_optimizer ? 6.0 + (12.0 / f(dp)) : 18.0;
-  const double weight_and_optimizer = (tp_sharded_on_shard + replicated_on_shard) * bytes_per_param;
+  const double bytes_per_param = par.zero >= 1 ? 6.0 + (12.0 / f(dp)) : 18.0;
+  MegatronWeights w;
+  w.p_shard = tp_sharded_on_shard + replicated_on_shard;
+  w.bytes = (tp_sharded_on_shard + replicated_on_shard) * bytes_per_param;
+  return w;
+}
 
-  // ---- activations: report_theoretical_memory's branch.
+// report_theoretical_memory's activation branch: compute_activation_memory (sequence parallel
+// with selective recompute) or compute_activation_memory_without_sp, with its parts.
+struct MegatronActivations {
+  double total = 0, layers = 0, ids = 0, dropout = 0, output = 0;
+  std::string layers_formula, output_formula;
+};
+
+MegatronActivations megatron_activations(const ModelConfig& model, const TrainConfig& train,
+                                         const ParallelConfig& par, bool sp_branch, u64 Vp) {
+  const u64 h = u(model.hidden);
+  const u64 ffn = u(model.intermediate);
+  const u64 L = u(model.layers);
+  const u64 tp = u(par.tp), pp = u(par.pp), M = u(par.microbatches);
+  const u64 s = u(train.seq), b = u(train.batch);
   const u64 sb = checked_mul(s, b, "activations");
   const u64 sbh = checked_mul(sb, h, "activations");
   // Python's min(1, M / pp) keeps the int 1 unless M / pp is smaller; either way a factor.
@@ -326,8 +325,7 @@ ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& tr
   const double schedule = pipelined ? std::min(1.0, f(M) / f(pp)) : 1.0;
   const u64 ids = checked_product({8, s, b, pp}, "activations");  // input to embedding
   const u64 dropout = checked_mul(sbh, pp, "activations");        // embedding dropout
-  double layers_part = 0, ids_part = 0, dropout_part = 0, output_part = 0, activation = 0;
-  std::string layers_formula, output_formula;
+  MegatronActivations out;
   if (sp_branch) {
     // compute_activation_memory: tp_sharded = (18·sbh + 4·sb·ffn)·L + 8·s·b·pp + sbh·pp,
     // × schedule, + sbh·4·(1 + Vp/h) when pp == 1, all / tp.
@@ -341,13 +339,14 @@ ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& tr
       output = f(checked_mul(sbh, 4)) * (1.0 + (f(Vp) / f(h)));
       tp_sharded += output;
     }
-    activation = tp_sharded / f(tp);
-    layers_part = f(layers) * schedule / f(tp);
-    ids_part = f(ids) * schedule / f(tp);
-    dropout_part = f(dropout) * schedule / f(tp);
-    output_part = output / f(tp);
-    layers_formula = "sbh·(18 + 4·ffn/h)·L" + std::string(pipelined ? "·min(1, M/pp)" : "") + "/tp";
-    output_formula = "4·sbh·(1 + Vp/h)/tp";
+    out.total = tp_sharded / f(tp);
+    out.layers = f(layers) * schedule / f(tp);
+    out.ids = f(ids) * schedule / f(tp);
+    out.dropout = f(dropout) * schedule / f(tp);
+    out.output = output / f(tp);
+    out.layers_formula =
+        "sbh·(18 + 4·ffn/h)·L" + std::string(pipelined ? "·min(1, M/pp)" : "") + "/tp";
+    out.output_formula = "4·sbh·(1 + Vp/h)/tp";
   } else {
     // compute_activation_memory_without_sp: (sbh·(10 + 24/tp)·L + 8·s·b·pp + sbh·pp) ×
     // schedule, + 2·(s·b·Vp/tp + sbh) when pp == 1, all × 1.05 (no final / tp).
@@ -365,40 +364,23 @@ ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& tr
       total += output;
     }
     const double overhead = 1.05;
-    activation = total * overhead;
-    layers_part = layers * schedule * overhead;
-    ids_part = f(ids) * schedule * overhead;
-    dropout_part = f(dropout) * schedule * overhead;
-    output_part = output * overhead;
-    layers_formula = "sbh·(10 + 24/tp)·L" + std::string(pipelined ? "·min(1, M/pp)" : "") + "·1.05";
-    output_formula = "2·(s·b·Vp/tp + sbh)·1.05";
+    out.total = total * overhead;
+    out.layers = layers * schedule * overhead;
+    out.ids = f(ids) * schedule * overhead;
+    out.dropout = f(dropout) * schedule * overhead;
+    out.output = output * overhead;
+    out.layers_formula =
+        "sbh·(10 + 24/tp)·L" + std::string(pipelined ? "·min(1, M/pp)" : "") + "·1.05";
+    out.output_formula = "2·(s·b·Vp/tp + sbh)·1.05";
   }
+  return out;
+}
 
-  const u64 weights = nearest(weight_and_optimizer);
-  const u64 acts = nearest(activation);
-  const std::string sched = pipelined ? "·min(1, M/pp)" : "";
-  const std::string last = sp_branch ? "/tp" : "·1.05";
-  r.terms.push_back({"weights and optimizer (most loaded shard)", weights,
-                     "P_shard·" + std::string(distributed_optimizer ? "(6 + 12/dp)" : "18") +
-                         ", P_shard = ((2h²(1 + g/a) + 3h·ffn)·L/pp + Vp·h" +
-                         (untie && pp == 1 ? " + Vp·h (untied output)" : "") +
-                         ")/tp + (2h·L + h)/pp",
-                     false});
-  r.terms.push_back(
-      {"activations: transformer layers", nearest(layers_part), layers_formula, false});
-  r.terms.push_back({"activations: input ids (pp micro-batches)", nearest(ids_part),
-                     "8·s·b·pp" + sched + last, false});
-  r.terms.push_back({"activations: embedding dropout (pp micro-batches)", nearest(dropout_part),
-                     "sbh·pp" + sched + last, false});
-  if (pp == 1)
-    r.terms.push_back({"activations: output layer and cross-entropy", nearest(output_part),
-                       output_formula, false});
-  settle(r.terms, 1, checked_add(weights, acts, "megatron total"));
-  r.activations = acts;
-  r.gpu_total = checked_add(weights, acts, "megatron total");
-
-  // Notes: the mapping and what the estimator leaves out.
-  const double p_shard = tp_sharded_on_shard + replicated_on_shard;
+// The notes of the Megatron reference: the mapping of our flags and what it leaves out.
+void megatron_notes(ReferenceRank& r, const ModelConfig& model, const TrainConfig& train,
+                    const ParallelConfig& par, bool sp_branch, u64 Vp, double p_shard) {
+  const u64 ffn = u(model.intermediate);
+  const u64 pp = u(par.pp), M = u(par.microbatches);
   r.notes.push_back("P_shard = " + num(nearest(p_shard)) +
                     " parameters on the first stage's rank; " + "Vp = " + num(Vp) + " (vocab " +
                     num(u(model.vocab)) +
@@ -407,7 +389,7 @@ ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& tr
   r.notes.push_back(
       "the 18 (or 6 + 12/dp) bytes per parameter assume bf16 params, fp32 main grads, fp32 main "
       "params and Adam; applied as written");
-  if (distributed_optimizer)
+  if (par.zero >= 1)
     r.notes.push_back("--zero " + num(static_cast<std::int64_t>(par.zero)) +
                       " mapped to --use-distributed-optimizer (main params and Adam states "
                       "sharded over dp; the fp32 gradient buffer stays whole" +
@@ -435,7 +417,7 @@ ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& tr
     r.notes.push_back(
         "checkpointing full = --recompute-granularity full: the estimator has no full-recompute "
         "term and prices activations as if every layer kept them");
-  if (pipelined)
+  if (pp > 1)
     r.notes.push_back("first pipeline stage: L/pp layers × min(pp, M) = " + num(std::min(pp, M)) +
                       " micro-batches in flight (written as L·min(1, M/pp)); the 1F1B schedule, "
                       "no interleaving (virtual stages = 1); no output-layer term off the last "
@@ -444,6 +426,62 @@ ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& tr
       "not counted: communication buffers, NCCL, CUDA context, allocator reserve and "
       "fragmentation, the optimizer step's temporaries (without SP only the × 1.05 stands for "
       "them); no context-parallel term");
+}
+
+}  // namespace
+
+ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& train,
+                                 const ParallelConfig& par, bool selective_recompute) {
+  model.validate();
+  if (selective_recompute && train.checkpointing == Checkpointing::full)
+    throw InputError(
+        "megatron reference: selective recompute and --checkpointing full are exclusive "
+        "(Megatron's --recompute-granularity takes one value)");
+  if (par.tp < 1 || par.pp < 1 || par.dp < 1 || par.microbatches < 1)
+    throw InputError("megatron reference: --dp, --tp, --pp and --microbatches must be >= 1");
+  ReferenceRank r;
+  r.profile = "megatron";
+  const bool sp_branch = par.sp && selective_recompute;
+  r.source = std::string(kMegatron) +
+             (sp_branch ? "compute_activation_memory" : "compute_activation_memory_without_sp") +
+             " (chosen as report_theoretical_memory does)";
+  if (par.offload != Offload::none) {
+    r.why_not = std::string("offload ") + offload_name(par.offload) +
+                ": theoretical_memory_usage.py has no CPU-offload term";
+    return r;
+  }
+  r.covers = true;
+
+  const u64 Vp = megatron_padded_vocab(model, par.tp);
+  const bool untie = !model.tied_embeddings;
+  const bool distributed_optimizer = par.zero >= 1;
+  const bool pipelined = par.pp > 1;
+  const MegatronWeights mw = megatron_weights(model, par, Vp);
+  const MegatronActivations ma = megatron_activations(model, train, par, sp_branch, Vp);
+
+  const u64 weights = nearest(mw.bytes);
+  const u64 acts = nearest(ma.total);
+  const std::string sched = pipelined ? "·min(1, M/pp)" : "";
+  const std::string last = sp_branch ? "/tp" : "·1.05";
+  r.terms.push_back({"weights and optimizer (most loaded shard)", weights,
+                     "P_shard·" + std::string(distributed_optimizer ? "(6 + 12/dp)" : "18") +
+                         ", P_shard = ((2h²(1 + g/a) + 3h·ffn)·L/pp + Vp·h" +
+                         (untie && !pipelined ? " + Vp·h (untied output)" : "") +
+                         ")/tp + (2h·L + h)/pp",
+                     false});
+  r.terms.push_back(
+      {"activations: transformer layers", nearest(ma.layers), ma.layers_formula, false});
+  r.terms.push_back({"activations: input ids (pp micro-batches)", nearest(ma.ids),
+                     "8·s·b·pp" + sched + last, false});
+  r.terms.push_back({"activations: embedding dropout (pp micro-batches)", nearest(ma.dropout),
+                     "sbh·pp" + sched + last, false});
+  if (!pipelined)
+    r.terms.push_back({"activations: output layer and cross-entropy", nearest(ma.output),
+                       ma.output_formula, false});
+  settle(r.terms, 1, checked_add(weights, acts, "megatron total"));
+  r.activations = acts;
+  r.gpu_total = checked_add(weights, acts, "megatron total");
+  megatron_notes(r, model, train, par, sp_branch, Vp, mw.p_shard);
   return r;
 }
 
