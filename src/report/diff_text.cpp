@@ -84,14 +84,6 @@ std::string formula_change(const Coefficients& a, const Coefficients& b) {
   return parts.empty() ? "0" : join(parts, " ");
 }
 
-json coefficients_json(const Coefficients& c) {
-  return json{{"sbh", c.sbh},
-              {"sbi", c.sbi},
-              {"as2b", c.as2b},
-              {"sb", c.sb},
-              {"other_bytes", c.other_bytes}};
-}
-
 std::string describe_side(const Side& s) {
   std::string out = s.profile;
   if (!s.file.empty()) out += " from " + s.file;
