@@ -102,6 +102,14 @@ TEST(ReportSchema, TheKeysAreTheDocumentedOnes) {
   EXPECT_EQ(groups, (std::vector<std::string>{"embedding", "layer", "shared", "head", "loop",
                                               "recompute", "inputs"}));
   EXPECT_EQ(schema::term_names(), "sbh, sbi, as2b, sb, other");
+  const std::vector<std::string> model(schema::kModelCompared.begin(),
+                                       schema::kModelCompared.end());
+  EXPECT_EQ(model, (std::vector<std::string>{"name", "layers", "hidden", "intermediate", "heads",
+                                             "kv_heads", "vocab", "tied_embeddings"}));
+  const std::vector<std::string> shape(schema::kRunShape.begin(), schema::kRunShape.end());
+  EXPECT_EQ(shape, (std::vector<std::string>{"batch", "seq", "dtype"}));
+  const std::vector<std::string> setup(schema::kRunSetup.begin(), schema::kRunSetup.end());
+  EXPECT_EQ(setup, (std::vector<std::string>{"optimizer", "checkpointing", "attention"}));
 
   // What the writer writes is what the tables say, and nothing the reader reads is missing.
   const Estimate e = distinct_estimate();
@@ -110,6 +118,11 @@ TEST(ReportSchema, TheKeysAreTheDocumentedOnes) {
   for (const char* key : {schema::kPeakBreakdown, schema::kPerLayerActivations, schema::kLabel,
                           schema::kCoefficients, schema::kTensors})
     EXPECT_TRUE(profile.contains(key)) << key;
+  const json model_block = report::model_json(e.model, e.param_count);
+  for (const char* key : schema::kModelCompared) EXPECT_TRUE(model_block.contains(key)) << key;
+  const json run_block = report::run_json(e.train, "", -1);
+  for (const char* key : schema::kRunShape) EXPECT_TRUE(run_block.contains(key)) << key;
+  for (const char* key : schema::kRunSetup) EXPECT_TRUE(run_block.contains(key)) << key;
   std::vector<std::string> entry_keys;
   for (auto it = profile.at(schema::kTensors).at(0).begin();
        it != profile.at(schema::kTensors).at(0).end(); ++it)

@@ -76,10 +76,11 @@ std::string optional_string(const json& obj, const std::string& key) {
 }
 
 std::string describe_run(const json& run_object) {
-  const json& r = run_object.contains("run") ? run_object.at("run") : json::object();
+  namespace key = schema::run_key;
+  const json& r = run_object.contains(schema::kRun) ? run_object.at(schema::kRun) : json::object();
   auto get = [&](const char* k) { return r.contains(k) ? plain(r.at(k)) : std::string("?"); };
-  return get("optimizer") + ", checkpointing " + get("checkpointing") + ", batch " + get("batch") +
-         ", seq " + get("seq");
+  return get(key::kOptimizer) + ", checkpointing " + get(key::kCheckpointing) + ", batch " +
+         get(key::kBatch) + ", seq " + get(key::kSeq);
 }
 
 std::string runs_list(const Report& report) {
@@ -235,10 +236,10 @@ Side side_from_run_object(const json& ro, const std::string& profile, const std:
   s.profile = profile;
   s.model = need(ro, schema::kModel, where, "the run");
   s.run = need(ro, schema::kRun, where, "the run");
-  const json& layers = need(s.model, schema::kModelLayers, where, schema::kModel);
+  const json& layers = need(s.model, schema::model_key::kLayers, where, schema::kModel);
   if (!layers.is_number_integer() || layers.get<std::int64_t>() < 1)
-    bad(where, std::string(schema::kModel) + "." + schema::kModelLayers + " is " + layers.dump() +
-                   ", not a layer count (an integer >= 1)");
+    bad(where, std::string(schema::kModel) + "." + schema::model_key::kLayers + " is " +
+                   layers.dump() + ", not a layer count (an integer >= 1)");
   s.layers = layers.get<std::int64_t>();
 
   const json* p = nullptr;
@@ -247,7 +248,8 @@ Side side_from_run_object(const json& ro, const std::string& profile, const std:
     const json& measured = need(ro, schema::kMeasured, where, "the run");
     path = std::string(schema::kMeasured) + "." + schema::kLedger;
     p = &need(measured, schema::kLedger, where, schema::kMeasured);
-    s.label = "the ledger of a run on the " + plain(s.run.value("backend", json("?"))) + " backend";
+    s.label = "the ledger of a run on the " +
+              plain(s.run.value(schema::run_key::kBackend, json("?"))) + " backend";
   } else {
     const auto names = profiles_of(ro);
     if (std::find(names.begin(), names.end(), profile) == names.end())
@@ -303,20 +305,16 @@ Result compare(const Side& a, const Side& b) {
   Result r;
   r.a = a;
   r.b = b;
-  auto differ = [](const json& x, const json& y, const std::vector<std::string>& keys,
-                   std::vector<std::string>& out) {
-    for (const auto& k : keys) {
+  auto differ = [](const json& x, const json& y, const auto& keys, std::vector<std::string>& out) {
+    for (const char* k : keys) {
       const json vx = x.is_object() && x.contains(k) ? x.at(k) : json(nullptr);
       const json vy = y.is_object() && y.contains(k) ? y.at(k) : json(nullptr);
-      if (vx != vy) out.push_back(k + ": " + plain(vx) + " vs " + plain(vy));
+      if (vx != vy) out.push_back(std::string(k) + ": " + plain(vx) + " vs " + plain(vy));
     }
   };
-  differ(
-      a.model, b.model,
-      {"name", "layers", "hidden", "intermediate", "heads", "kv_heads", "vocab", "tied_embeddings"},
-      r.model_differences);
-  differ(a.run, b.run, {"batch", "seq", "dtype"}, r.shape_differences);
-  differ(a.run, b.run, {"optimizer", "checkpointing", "attention"}, r.setup_differences);
+  differ(a.model, b.model, schema::kModelCompared, r.model_differences);
+  differ(a.run, b.run, schema::kRunShape, r.shape_differences);
+  differ(a.run, b.run, schema::kRunSetup, r.setup_differences);
 
   const auto& keys = category_keys();
   for (std::size_t n = 0; n < keys.size(); ++n)

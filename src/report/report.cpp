@@ -196,15 +196,16 @@ std::string joined(const std::vector<std::string>& xs, const char* sep) {
 }  // namespace
 
 json model_json(const ModelConfig& m, std::uint64_t param_count) {
-  json j{{"name", m.name},
-         {"params", param_count},
-         {"layers", m.layers},
-         {"hidden", m.hidden},
-         {"intermediate", m.intermediate},
-         {"heads", m.heads},
-         {"kv_heads", m.kv_heads},
-         {"vocab", m.vocab},
-         {"tied_embeddings", m.tied_embeddings}};
+  namespace key = schema::model_key;
+  json j{{key::kName, m.name},
+         {key::kParams, param_count},
+         {key::kLayers, m.layers},
+         {key::kHidden, m.hidden},
+         {key::kIntermediate, m.intermediate},
+         {key::kHeads, m.heads},
+         {key::kKvHeads, m.kv_heads},
+         {key::kVocab, m.vocab},
+         {key::kTiedEmbeddings, m.tied_embeddings}};
   if (departs_from_llama(m)) {
     j["family"] = m.family;
     j["head_dim"] = m.head_dim();
@@ -241,14 +242,15 @@ std::string ignored_fields_line(const ModelConfig& m) {
 }
 
 json run_json(const TrainConfig& t, const std::string& backend, int steps) {
-  json j{{"batch", t.batch},
-         {"seq", t.seq},
-         {"dtype", dtype_name(t.dtype)},
-         {"optimizer", optimizer_name(t.optimizer)},
-         {"checkpointing", checkpointing_name(t.checkpointing)},
-         {"attention", attention_name(t.attention)}};
-  j["backend"] = backend.empty() ? json(nullptr) : json(backend);
-  j["steps"] = steps < 0 ? json(nullptr) : json(steps);
+  namespace key = schema::run_key;
+  json j{{key::kBatch, t.batch},
+         {key::kSeq, t.seq},
+         {key::kDtype, dtype_name(t.dtype)},
+         {key::kOptimizer, optimizer_name(t.optimizer)},
+         {key::kCheckpointing, checkpointing_name(t.checkpointing)},
+         {key::kAttention, attention_name(t.attention)}};
+  j[key::kBackend] = backend.empty() ? json(nullptr) : json(backend);
+  j[key::kSteps] = steps < 0 ? json(nullptr) : json(steps);
   return j;
 }
 

@@ -48,8 +48,54 @@ constexpr const char* kLedger = "ledger";      // in "measured": the ledger's fi
 // The measured side's name in diff (`FILE:profile=measured`): the ledger of "measured".
 constexpr const char* kMeasuredProfile = "measured";
 
-// In "model": the number of decoder layers (a "layer" entry counts this many times).
-constexpr const char* kModelLayers = "layers";
+// ---------------------------------------------------------------- "model" and "run"
+// The model block's keys every model has (report::model_json; the keys of a family that departs
+// from LLaMA are the writer's alone).
+namespace model_key {
+constexpr const char* kName = "name";
+constexpr const char* kParams = "params";
+constexpr const char* kLayers = "layers";  // a "layer" entry counts this many times
+constexpr const char* kHidden = "hidden";
+constexpr const char* kIntermediate = "intermediate";
+constexpr const char* kHeads = "heads";
+constexpr const char* kKvHeads = "kv_heads";
+constexpr const char* kVocab = "vocab";
+constexpr const char* kTiedEmbeddings = "tied_embeddings";
+}  // namespace model_key
+// What diff compares two models on ("hidden: 4096 vs 5120"), in this order (params follows).
+inline constexpr std::array<const char*, 8> kModelCompared{{
+    model_key::kName,
+    model_key::kLayers,
+    model_key::kHidden,
+    model_key::kIntermediate,
+    model_key::kHeads,
+    model_key::kKvHeads,
+    model_key::kVocab,
+    model_key::kTiedEmbeddings,
+}};
+
+// The run block's keys (report::run_json).
+namespace run_key {
+constexpr const char* kBatch = "batch";
+constexpr const char* kSeq = "seq";
+constexpr const char* kDtype = "dtype";
+constexpr const char* kOptimizer = "optimizer";
+constexpr const char* kCheckpointing = "checkpointing";
+constexpr const char* kAttention = "attention";
+constexpr const char* kBackend = "backend";  // null when nothing ran (estimate)
+constexpr const char* kSteps = "steps";      // null when nothing ran
+}  // namespace run_key
+// What diff compares two runs on, in this order: the shape, and the setup.
+inline constexpr std::array<const char*, 3> kRunShape{{
+    run_key::kBatch,
+    run_key::kSeq,
+    run_key::kDtype,
+}};
+inline constexpr std::array<const char*, 3> kRunSetup{{
+    run_key::kOptimizer,
+    run_key::kCheckpointing,
+    run_key::kAttention,
+}};
 
 // ---------------------------------------------------------------- figures
 // The figures of an analytic profile and of the measured ledger, in the order reports list them
