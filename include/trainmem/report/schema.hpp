@@ -1,11 +1,14 @@
 // The "trainmem/1" JSON document's analytic and measured parts, described once: the keys of the
-// document and of a run object, the figures with the MemoryFigures member each holds, the
-// per-layer coefficients, the fields of a tensor entry and the groups of a per-tensor list.
+// document and of a run object, the model and run blocks' keys diff reads, the figures with the
+// MemoryFigures member each holds, the per-layer coefficients, the fields of a tensor entry and
+// the groups of a per-tensor list.
 //
-// The writer (report.cpp: figures_json, coefficients_json, tensor_entry_json,
-// analytic_profile_json) and diff's reader (diff.cpp: read_report, side_from_run_object) both go
-// through these tables: the writer iterates them to write, the reader iterates the same tables to
-// read and to name a missing field in its error. A key is spelt here and nowhere else in report/.
+// The writer (report.cpp: model_json, run_json, figures_json, coefficients_json,
+// tensor_entry_json, analytic_profile_json) and diff's reader (diff.cpp: read_report,
+// side_from_run_object) both go through these tables: the writer iterates them to write, the reader
+// iterates the same tables to read and to name a missing field in its error. A key that is both
+// written and read back is spelt here and nowhere else in report/ (keys only the writer writes,
+// and diff's own output document, spell theirs where they are written).
 //
 // The document, as far as these tables describe it (docs/design.md has the whole of it):
 //   {"schema": "trainmem/1", <run object>}  or  {"schema": "trainmem/1", "runs": [<run object>...]}
