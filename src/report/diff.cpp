@@ -21,25 +21,22 @@
 #include "trainmem/base/error.hpp"
 #include "trainmem/base/input_file.hpp"
 #include "trainmem/report/report.hpp"
+#include "trainmem/report/schema.hpp"
 
 namespace trainmem::diff {
 
 using nlohmann::json;
 using namespace detail;
+namespace schema = report::schema;
 
 namespace {
 
-// The groups of an analytic per-tensor list, in the order reports list them.
-const std::vector<std::string> kGroups = {"embedding", "layer",     "shared",
-                                          "head",      "recompute", "inputs"};
-
-std::size_t group_rank(const std::string& g) {
-  const auto it = std::find(kGroups.begin(), kGroups.end(), g);
-  return static_cast<std::size_t>(it - kGroups.begin());
-}
-
 [[noreturn]] void bad(const std::string& where, const std::string& what) {
   throw InputError("diff " + where + ": " + what);
+}
+
+std::string quoted(const std::string& key) {
+  return "\"" + key + "\"";
 }
 
 const json& need(const json& obj, const std::string& key, const std::string& where,
@@ -78,17 +75,12 @@ std::string optional_string(const json& obj, const std::string& key) {
   return it != obj.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
-std::optional<Term> parse_term(const std::string& s) {
-  for (Term t : {Term::sbh, Term::sbi, Term::as2b, Term::sb, Term::other})
-    if (s == term_name(t)) return t;
-  return std::nullopt;
-}
-
 std::string describe_run(const json& run_object) {
-  const json& r = run_object.contains("run") ? run_object.at("run") : json::object();
+  namespace key = schema::run_key;
+  const json& r = run_object.contains(schema::kRun) ? run_object.at(schema::kRun) : json::object();
   auto get = [&](const char* k) { return r.contains(k) ? plain(r.at(k)) : std::string("?"); };
-  return get("optimizer") + ", checkpointing " + get("checkpointing") + ", batch " + get("batch") +
-         ", seq " + get("seq");
+  return get(key::kOptimizer) + ", checkpointing " + get(key::kCheckpointing) + ", batch " +
+         get(key::kBatch) + ", seq " + get(key::kSeq);
 }
 
 std::string runs_list(const Report& report) {
@@ -124,15 +116,11 @@ Coefficients entry_coefficients(const std::optional<Entry>& e) {
 }  // namespace
 
 const std::vector<std::string>& category_keys() {
-  static const std::vector<std::string> keys = {"params",
-                                                "gradients",
-                                                "optimizer_states",
-                                                "activations",
-                                                "activations_peak",
-                                                "workspace",
-                                                "inputs",
-                                                "sum",
-                                                "peak"};
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> out;
+    for (const auto& figure : report::schema::kFigures) out.emplace_back(figure.key);
+    return out;
+  }();
   return keys;
 }
 
@@ -152,24 +140,27 @@ Report read_report(const std::string& path, const std::string& where) {
     bad(where, e.what());
   }
   const std::string not_ours = path + " is not a trainmem report: ";
+  const std::string schema_key = quoted(schema::kSchemaKey);
+  const std::string schema_pair = schema_key + ": " + quoted(report::kSchema);
   if (!doc.is_object())
     bad(where, not_ours + "the document is a JSON " + std::string(doc.type_name()) +
-                   ", not an object with \"schema\": \"" + report::kSchema + "\"");
-  if (!doc.contains("schema"))
-    bad(where, not_ours + "no \"schema\" key (trainmem's JSON reports have \"schema\": \"" +
-                   report::kSchema + "\")");
-  if (doc.at("schema") != report::kSchema)
-    bad(where, not_ours + "its schema is " + doc.at("schema").dump() + ", not \"" +
-                   report::kSchema + "\"");
+                   ", not an object with " + schema_pair);
+  if (!doc.contains(schema::kSchemaKey))
+    bad(where,
+        not_ours + "no " + schema_key + " key (trainmem's JSON reports have " + schema_pair + ")");
+  if (doc.at(schema::kSchemaKey) != report::kSchema)
+    bad(where, not_ours + "its schema is " + doc.at(schema::kSchemaKey).dump() + ", not " +
+                   quoted(report::kSchema));
   Report r;
   r.path = path;
   auto usable = [](const json& o) {
-    return o.is_object() && o.contains("model") && o.contains("run") &&
-           (o.contains("analytic") || o.contains("measured"));
+    return o.is_object() && o.contains(schema::kModel) && o.contains(schema::kRun) &&
+           (o.contains(schema::kAnalytic) || o.contains(schema::kMeasured));
   };
-  if (doc.contains("runs")) {
-    if (!doc.at("runs").is_array()) bad(where, path + ": \"runs\" is not an array");
-    for (const auto& o : doc.at("runs"))
+  if (doc.contains(schema::kRuns)) {
+    if (!doc.at(schema::kRuns).is_array())
+      bad(where, path + ": " + quoted(schema::kRuns) + " is not an array");
+    for (const auto& o : doc.at(schema::kRuns))
       if (usable(o)) r.runs.push_back(o);
   } else if (usable(doc)) {
     r.runs.push_back(doc);
@@ -196,86 +187,107 @@ const json& choose_run(const Report& report, int run, const std::string& where) 
 
 std::vector<std::string> profiles_of(const json& run_object) {
   std::vector<std::string> out;
-  if (run_object.contains("analytic") && run_object.at("analytic").is_object())
-    for (auto it = run_object.at("analytic").begin(); it != run_object.at("analytic").end(); ++it)
-      out.push_back(it.key());
-  if (run_object.contains("measured") && run_object.at("measured").is_object() &&
-      run_object.at("measured").contains("ledger") &&
-      run_object.at("measured").at("ledger").is_object())
-    out.push_back("measured");
+  if (run_object.contains(schema::kAnalytic) && run_object.at(schema::kAnalytic).is_object()) {
+    const json& analytic = run_object.at(schema::kAnalytic);
+    for (auto it = analytic.begin(); it != analytic.end(); ++it) out.push_back(it.key());
+  }
+  if (run_object.contains(schema::kMeasured) && run_object.at(schema::kMeasured).is_object() &&
+      run_object.at(schema::kMeasured).contains(schema::kLedger) &&
+      run_object.at(schema::kMeasured).at(schema::kLedger).is_object())
+    out.push_back(schema::kMeasuredProfile);
   return out;
 }
+
+namespace {
+
+// One entry of a per-tensor list, field by field as schema::kTensorFields lists them.
+Entry read_entry(const json& t, const std::string& where, const std::string& tp) {
+  Entry e;
+  e.group = need_string(t, schema::kEntryGroup, where, tp);
+  for (const auto& field : schema::kTensorFields) {
+    switch (field.value) {
+      case schema::EntryValue::text:
+        e.*field.text = field.need == schema::Need::required ? need_string(t, field.key, where, tp)
+                                                             : optional_string(t, field.key);
+        break;
+      case schema::EntryValue::bytes:
+        e.bytes = need_bytes(t, field.key, where, tp);
+        break;
+      case schema::EntryValue::term: {
+        const std::string term = need_string(t, field.key, where, tp);
+        const auto parsed = schema::parse_term(term);
+        if (!parsed)
+          bad(where, tp + "." + field.key + " is '" + term + "'; allowed: " + schema::term_names());
+        e.term = *parsed;
+        break;
+      }
+      case schema::EntryValue::coefficient:
+        e.coefficient = need_number(t, field.key, where, tp);
+        break;
+    }
+  }
+  return e;
+}
+
+}  // namespace
 
 Side side_from_run_object(const json& ro, const std::string& profile, const std::string& where) {
   Side s;
   s.profile = profile;
-  s.model = need(ro, "model", where, "the run");
-  s.run = need(ro, "run", where, "the run");
-  const json& layers = need(s.model, "layers", where, "model");
+  s.model = need(ro, schema::kModel, where, "the run");
+  s.run = need(ro, schema::kRun, where, "the run");
+  const json& layers = need(s.model, schema::model_key::kLayers, where, schema::kModel);
   if (!layers.is_number_integer() || layers.get<std::int64_t>() < 1)
-    bad(where, "model.layers is " + layers.dump() + ", not a layer count (an integer >= 1)");
+    bad(where, std::string(schema::kModel) + "." + schema::model_key::kLayers + " is " +
+                   layers.dump() + ", not a layer count (an integer >= 1)");
   s.layers = layers.get<std::int64_t>();
 
   const json* p = nullptr;
   std::string path;
-  if (profile == "measured") {
-    const json& measured = need(ro, "measured", where, "the run");
-    path = "measured.ledger";
-    p = &need(measured, "ledger", where, "measured");
-    s.label = "the ledger of a run on the " + plain(s.run.value("backend", json("?"))) + " backend";
+  if (profile == schema::kMeasuredProfile) {
+    const json& measured = need(ro, schema::kMeasured, where, "the run");
+    path = std::string(schema::kMeasured) + "." + schema::kLedger;
+    p = &need(measured, schema::kLedger, where, schema::kMeasured);
+    s.label = "the ledger of a run on the " +
+              plain(s.run.value(schema::run_key::kBackend, json("?"))) + " backend";
   } else {
     const auto names = profiles_of(ro);
     if (std::find(names.begin(), names.end(), profile) == names.end())
       bad(where, "the run holds no profile '" + profile +
                      "'; it holds: " + (names.empty() ? std::string("none") : join(names, ", ")));
-    path = "analytic." + profile;
-    p = &ro.at("analytic").at(profile);
-    s.label = optional_string(*p, "label");
+    path = std::string(schema::kAnalytic) + "." + profile;
+    p = &ro.at(schema::kAnalytic).at(profile);
+    s.label = optional_string(*p, schema::kLabel);
   }
-  for (const auto& k : category_keys()) s.categories.push_back(need_bytes(*p, k, where, path));
-  s.per_layer_bytes = need_bytes(*p, "per_layer_activations", where, path);
-  if (profile == "measured") return s;
+  for (const auto& figure : schema::kFigures)
+    s.categories.push_back(need_bytes(*p, figure.key, where, path));
+  s.per_layer_bytes = need_bytes(*p, schema::kPerLayerActivations, where, path);
+  if (profile == schema::kMeasuredProfile) return s;
 
-  const json& c = need(*p, "coefficients", where, path);
-  const std::string cp = path + ".coefficients";
+  const json& c = need(*p, schema::kCoefficients, where, path);
+  const std::string cp = path + "." + schema::kCoefficients;
   Coefficients co;
-  co.sbh = need_number(c, "sbh", where, cp);
-  co.sbi = need_number(c, "sbi", where, cp);
-  co.as2b = need_number(c, "as2b", where, cp);
-  co.sb = need_number(c, "sb", where, cp);
-  co.other_bytes = need_bytes(c, "other_bytes", where, cp);
+  for (const auto& term : schema::kCoefficientTerms)
+    co.*term.member = need_number(c, term.key, where, cp);
+  co.other_bytes = need_bytes(c, schema::kOtherBytes, where, cp);
   s.per_layer = co;
 
-  if (!p->contains("tensors")) return s;  // per-category figures only
-  const json& tensors = p->at("tensors");
-  if (!tensors.is_array()) bad(where, path + ".tensors is not an array");
+  if (!p->contains(schema::kTensors)) return s;  // per-category figures only
+  const json& tensors = p->at(schema::kTensors);
+  if (!tensors.is_array()) bad(where, path + "." + schema::kTensors + " is not an array");
   s.has_tensors = true;
   for (std::size_t n = 0; n < tensors.size(); ++n) {
-    const json& t = tensors[n];
-    const std::string tp = path + ".tensors[" + std::to_string(n) + "]";
-    Entry e;
-    e.group = need_string(t, "group", where, tp);
-    e.name = need_string(t, "name", where, tp);
-    e.shape = optional_string(t, "shape");
-    e.dtype = optional_string(t, "dtype");
-    e.bytes = need_bytes(t, "bytes", where, tp);
-    const std::string term = need_string(t, "term", where, tp);
-    const auto parsed = parse_term(term);
-    if (!parsed) bad(where, tp + ".term is '" + term + "'; allowed: sbh, sbi, as2b, sb, other");
-    e.term = *parsed;
-    e.coefficient = need_number(t, "coefficient", where, tp);
-    e.kept_by = optional_string(t, "kept_by");
-    e.why = optional_string(t, "why");
-    s.entries.push_back(std::move(e));
+    const std::string tp = path + "." + schema::kTensors + "[" + std::to_string(n) + "]";
+    s.entries.push_back(read_entry(tensors[n], where, tp));
   }
   return s;
 }
 
 Side side_from_estimate(const Estimate& e) {
-  const json ro{{"schema", report::kSchema},
-                {"model", report::model_json(e.model, e.param_count)},
-                {"run", report::run_json(e.train, "", -1)},
-                {"analytic", report::analytic_json({e})}};
+  const json ro{{schema::kSchemaKey, report::kSchema},
+                {schema::kModel, report::model_json(e.model, e.param_count)},
+                {schema::kRun, report::run_json(e.train, "", -1)},
+                {schema::kAnalytic, report::analytic_json({e})}};
   Side s = side_from_run_object(ro, profile_name(e.profile), profile_name(e.profile));
   s.spec = profile_name(e.profile);
   return s;
@@ -293,20 +305,16 @@ Result compare(const Side& a, const Side& b) {
   Result r;
   r.a = a;
   r.b = b;
-  auto differ = [](const json& x, const json& y, const std::vector<std::string>& keys,
-                   std::vector<std::string>& out) {
-    for (const auto& k : keys) {
+  auto differ = [](const json& x, const json& y, const auto& keys, std::vector<std::string>& out) {
+    for (const char* k : keys) {
       const json vx = x.is_object() && x.contains(k) ? x.at(k) : json(nullptr);
       const json vy = y.is_object() && y.contains(k) ? y.at(k) : json(nullptr);
-      if (vx != vy) out.push_back(k + ": " + plain(vx) + " vs " + plain(vy));
+      if (vx != vy) out.push_back(std::string(k) + ": " + plain(vx) + " vs " + plain(vy));
     }
   };
-  differ(
-      a.model, b.model,
-      {"name", "layers", "hidden", "intermediate", "heads", "kv_heads", "vocab", "tied_embeddings"},
-      r.model_differences);
-  differ(a.run, b.run, {"batch", "seq", "dtype"}, r.shape_differences);
-  differ(a.run, b.run, {"optimizer", "checkpointing", "attention"}, r.setup_differences);
+  differ(a.model, b.model, schema::kModelCompared, r.model_differences);
+  differ(a.run, b.run, schema::kRunShape, r.shape_differences);
+  differ(a.run, b.run, schema::kRunSetup, r.setup_differences);
 
   const auto& keys = category_keys();
   for (std::size_t n = 0; n < keys.size(); ++n)
@@ -341,7 +349,8 @@ Result compare(const Side& a, const Side& b) {
         r.rows.back().name = e.name;
       }
       Row& row = r.rows[it->second];
-      const std::uint64_t count = e.group == "layer" ? static_cast<std::uint64_t>(s.layers) : 1;
+      const std::uint64_t count =
+          e.group == schema::kLayerGroup ? static_cast<std::uint64_t>(s.layers) : 1;
       const std::uint64_t bytes = checked_mul(e.bytes, count, "diff bytes");
       if (is_a) {
         row.a = e;
@@ -381,7 +390,7 @@ Result compare(const Side& a, const Side& b) {
   }
   std::stable_sort(r.groups.begin(), r.groups.end(), [](const Total& x, const Total& y) {
     if (magnitude(x.delta) != magnitude(y.delta)) return magnitude(x.delta) > magnitude(y.delta);
-    return group_rank(x.name) < group_rank(y.name);
+    return schema::group_rank(x.name) < schema::group_rank(y.name);
   });
   std::map<std::string, std::size_t> order;
   for (std::size_t n = 0; n < r.groups.size(); ++n) order[r.groups[n].name] = n;

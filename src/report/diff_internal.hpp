@@ -32,7 +32,6 @@ bool nonzero(double v);
 std::string formula(const Coefficients& c);
 // B's coefficients minus A's, written as a change ("+24·sbh +2·sbi +262,148 B"; "0").
 std::string formula_change(const Coefficients& a, const Coefficients& b);
-nlohmann::json coefficients_json(const Coefficients& c);
 // "native from r.json (label): llama-7b, batch 8, seq 512, fp16, attention eager, ..."
 std::string describe_side(const Side& s);
 

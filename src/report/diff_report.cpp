@@ -243,7 +243,7 @@ json to_json(const Result& r) {
                 {"kept_by", e->kept_by},
                 {"why", e->why}};
   };
-  json j{{"schema", report::kSchema},
+  json j{{report::schema::kSchemaKey, report::kSchema},
          {"a", side(r.a)},
          {"b", side(r.b)},
          {"same_model", r.same_model()},
@@ -260,13 +260,12 @@ json to_json(const Result& r) {
   if (r.a.per_layer && r.b.per_layer) {
     const Coefficients& ca = *r.a.per_layer;
     const Coefficients& cb = *r.b.per_layer;
-    json delta{{"sbh", cb.sbh - ca.sbh},
-               {"sbi", cb.sbi - ca.sbi},
-               {"as2b", cb.as2b - ca.as2b},
-               {"sb", cb.sb - ca.sb},
-               {"other_bytes", signed_delta(cb.other_bytes, ca.other_bytes)}};
-    j["per_layer"] = json{{"a", coefficients_json(ca)},
-                          {"b", coefficients_json(cb)},
+    json delta = json::object();
+    for (const auto& term : report::schema::kCoefficientTerms)
+      delta[term.key] = cb.*term.member - ca.*term.member;
+    delta[report::schema::kOtherBytes] = signed_delta(cb.other_bytes, ca.other_bytes);
+    j["per_layer"] = json{{"a", report::coefficients_json(ca)},
+                          {"b", report::coefficients_json(cb)},
                           {"delta", delta},
                           {"change", formula_change(ca, cb)},
                           {"a_bytes", r.a.per_layer_bytes},

@@ -84,14 +84,6 @@ std::string formula_change(const Coefficients& a, const Coefficients& b) {
   return parts.empty() ? "0" : join(parts, " ");
 }
 
-json coefficients_json(const Coefficients& c) {
-  return json{{"sbh", c.sbh},
-              {"sbi", c.sbi},
-              {"as2b", c.as2b},
-              {"sb", c.sb},
-              {"other_bytes", c.other_bytes}};
-}
-
 std::string describe_side(const Side& s) {
   std::string out = s.profile;
   if (!s.file.empty()) out += " from " + s.file;
@@ -99,9 +91,11 @@ std::string describe_side(const Side& s) {
   auto get = [&](const json& block, const char* k) {
     return block.is_object() && block.contains(k) ? plain(block.at(k)) : std::string("?");
   };
-  out += ": " + get(s.model, "name") + ", batch " + get(s.run, "batch") + ", seq " +
-         get(s.run, "seq") + ", " + get(s.run, "dtype") + ", attention " + get(s.run, "attention") +
-         ", " + get(s.run, "optimizer") + ", checkpointing " + get(s.run, "checkpointing");
+  namespace run = report::schema::run_key;
+  out += ": " + get(s.model, report::schema::model_key::kName) + ", batch " +
+         get(s.run, run::kBatch) + ", seq " + get(s.run, run::kSeq) + ", " +
+         get(s.run, run::kDtype) + ", attention " + get(s.run, run::kAttention) + ", " +
+         get(s.run, run::kOptimizer) + ", checkpointing " + get(s.run, run::kCheckpointing);
   return out;
 }
 

@@ -196,15 +196,16 @@ std::string joined(const std::vector<std::string>& xs, const char* sep) {
 }  // namespace
 
 json model_json(const ModelConfig& m, std::uint64_t param_count) {
-  json j{{"name", m.name},
-         {"params", param_count},
-         {"layers", m.layers},
-         {"hidden", m.hidden},
-         {"intermediate", m.intermediate},
-         {"heads", m.heads},
-         {"kv_heads", m.kv_heads},
-         {"vocab", m.vocab},
-         {"tied_embeddings", m.tied_embeddings}};
+  namespace key = schema::model_key;
+  json j{{key::kName, m.name},
+         {key::kParams, param_count},
+         {key::kLayers, m.layers},
+         {key::kHidden, m.hidden},
+         {key::kIntermediate, m.intermediate},
+         {key::kHeads, m.heads},
+         {key::kKvHeads, m.kv_heads},
+         {key::kVocab, m.vocab},
+         {key::kTiedEmbeddings, m.tied_embeddings}};
   if (departs_from_llama(m)) {
     j["family"] = m.family;
     j["head_dim"] = m.head_dim();
@@ -241,14 +242,15 @@ std::string ignored_fields_line(const ModelConfig& m) {
 }
 
 json run_json(const TrainConfig& t, const std::string& backend, int steps) {
-  json j{{"batch", t.batch},
-         {"seq", t.seq},
-         {"dtype", dtype_name(t.dtype)},
-         {"optimizer", optimizer_name(t.optimizer)},
-         {"checkpointing", checkpointing_name(t.checkpointing)},
-         {"attention", attention_name(t.attention)}};
-  j["backend"] = backend.empty() ? json(nullptr) : json(backend);
-  j["steps"] = steps < 0 ? json(nullptr) : json(steps);
+  namespace key = schema::run_key;
+  json j{{key::kBatch, t.batch},
+         {key::kSeq, t.seq},
+         {key::kDtype, dtype_name(t.dtype)},
+         {key::kOptimizer, optimizer_name(t.optimizer)},
+         {key::kCheckpointing, checkpointing_name(t.checkpointing)},
+         {key::kAttention, attention_name(t.attention)}};
+  j[key::kBackend] = backend.empty() ? json(nullptr) : json(backend);
+  j[key::kSteps] = steps < 0 ? json(nullptr) : json(steps);
   return j;
 }
 
@@ -259,55 +261,48 @@ json breakdown_json(const CategoryBytes& b) {
 }
 
 json figures_json(const MemoryFigures& f, bool breakdown) {
-  json j{{"params", f.params},
-         {"gradients", f.gradients},
-         {"optimizer_states", f.optimizer_states},
-         {"activations", f.activations},
-         {"activations_peak", f.activations_peak},
-         {"workspace", f.workspace},
-         {"inputs", f.inputs},
-         {"sum", f.sum},
-         {"peak", f.peak}};
-  if (breakdown) j["peak_breakdown"] = breakdown_json(f.peak_breakdown);
+  json j = json::object();
+  for (const auto& figure : schema::kFigures) j[figure.key] = f.*figure.member;
+  if (breakdown) j[schema::kPeakBreakdown] = breakdown_json(f.peak_breakdown);
   return j;
 }
 
-json tensor_entry_json(const TensorEntry& e, const std::string& group) {
-  return json{{"group", group},
-              {"name", e.name},
-              {"shape", e.shape},
-              {"dtype", e.dtype},
-              {"bytes", e.bytes},
-              {"term", term_name(e.term)},
-              {"coefficient", e.coefficient},
-              {"kept_by", e.kept_by},
-              {"why", e.why}};
+json coefficients_json(const Coefficients& c) {
+  json j = json::object();
+  for (const auto& term : schema::kCoefficientTerms) j[term.key] = c.*term.member;
+  j[schema::kOtherBytes] = c.other_bytes;
+  return j;
 }
 
 namespace {
-// The groups of an activation breakdown in a fixed order, with how many times each counts.
-struct Group {
-  const char* name;
-  const std::vector<TensorEntry>* entries;
-};
-std::vector<Group> groups(const ActivationBreakdown& a) {
-  return {{"embedding", &a.embedding}, {"layer", &a.layer}, {"shared", &a.shared},
-          {"head", &a.head},           {"loop", &a.loop},   {"recompute", &a.recompute},
-          {"inputs", &a.inputs}};
+json tensor_field_json(const TensorEntry& e, const schema::TensorField& field) {
+  switch (field.value) {
+    case schema::EntryValue::text:
+      return e.*field.text;
+    case schema::EntryValue::bytes:
+      return e.bytes;
+    case schema::EntryValue::term:
+      return term_name(e.term);
+    case schema::EntryValue::coefficient:
+      return e.coefficient;
+  }
+  throw Error(std::string("tensor_entry_json: no value for field ") + field.key);
 }
 }  // namespace
+
+json tensor_entry_json(const TensorEntry& e, const std::string& group) {
+  json j{{schema::kEntryGroup, group}};
+  for (const auto& field : schema::kTensorFields) j[field.key] = tensor_field_json(e, field);
+  return j;
+}
 
 json analytic_profile_json(const Estimate& e) {
   json j = figures_json(e.figures, true);
   const auto& a = e.activations;
-  j["per_layer_activations"] = a.per_layer_bytes;
-  j["coefficients"] = json{{"sbh", a.per_layer.sbh},
-                           {"sbi", a.per_layer.sbi},
-                           {"as2b", a.per_layer.as2b},
-                           {"sb", a.per_layer.sb},
-                           {"other_bytes", a.per_layer.other_bytes}};
+  j[schema::kPerLayerActivations] = a.per_layer_bytes;
+  j[schema::kCoefficients] = coefficients_json(a.per_layer);
   j["sbh_equivalent"] = sbh_equivalent(e);
-  j["label"] = e.label;
+  j[schema::kLabel] = e.label;
   j["embedding_activations"] = a.embedding_bytes;
   j["shared_activations"] = a.shared_bytes;
   j["head_activations"] = a.head_bytes;
@@ -330,9 +325,9 @@ json analytic_profile_json(const Estimate& e) {
     j["peak_instant"] = e.instants[static_cast<std::size_t>(e.peak_instant)].name;
   j["notes"] = e.notes;
   json tensors = json::array();
-  for (const auto& g : groups(a))
-    for (const auto& t : *g.entries) tensors.push_back(tensor_entry_json(t, g.name));
-  j["tensors"] = std::move(tensors);
+  for (const auto& group : schema::kTensorGroups)
+    for (const auto& t : a.*group.entries) tensors.push_back(tensor_entry_json(t, group.name));
+  j[schema::kTensors] = std::move(tensors);
   return j;
 }
 
@@ -392,12 +387,13 @@ Table tensor_table(const Estimate& e) {
            {"coef", Align::right},
            {"kept by", Align::left}});
   bool first = true;
-  for (const auto& g : groups(e.activations)) {
-    if (g.entries->empty()) continue;
+  for (const auto& group : schema::kTensorGroups) {
+    const auto& entries = e.activations.*group.entries;
+    if (entries.empty()) continue;
     if (!first) t.add_rule();
     first = false;
-    for (const auto& x : *g.entries)
-      t.add_row({g.name, x.name, x.shape, x.dtype, with_commas(x.bytes), term_name(x.term),
+    for (const auto& x : entries)
+      t.add_row({group.name, x.name, x.shape, x.dtype, with_commas(x.bytes), term_name(x.term),
                  x.term == Term::other ? "-" : coef(x.coefficient), x.kept_by});
   }
   return t;

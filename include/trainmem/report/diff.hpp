@@ -24,21 +24,21 @@
 
 #include "trainmem/analytic/analytic.hpp"
 #include "trainmem/report/report_writer.hpp"
+#include "trainmem/report/schema.hpp"
 
 namespace trainmem::diff {
 
-// One per-tensor entry of a side, as an analytic profile's "tensors" list holds it.
-struct Entry {
-  std::string group;  // embedding, layer, shared, head, recompute, inputs
-  std::string name, shape, dtype;
-  std::uint64_t bytes = 0;  // one instance (one layer's, for group "layer")
-  Term term = Term::other;
-  double coefficient = 0;  // bytes per unit of the term's monomial (`other`: the bytes)
-  std::string kept_by, why;
+// One per-tensor entry of a side, as an analytic profile's "tensors" list holds it: the
+// TensorEntry the writer wrote (its fields: schema::kTensorFields), with its group. `bytes` is
+// one instance's (one layer's, for group "layer"); `coefficient` the bytes per unit of the term's
+// monomial (`other`: the bytes).
+struct Entry : TensorEntry {
+  std::string group;  // one of schema::kTensorGroups: embedding, layer, shared, head, loop, ...
 };
 
-// The category figures a side is compared on, in this order.
-const std::vector<std::string>& category_keys();  // params ... peak (figures_json's keys)
+// The category figures a side is compared on, in this order: the keys of schema::kFigures
+// (params ... peak, as figures_json writes them).
+const std::vector<std::string>& category_keys();
 
 // One side of a diff.
 struct Side {

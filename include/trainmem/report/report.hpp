@@ -2,7 +2,8 @@
 // byte figures are written in a unit), a small aligned table whose cells carry their state
 // (rendered as text like a paper's memory table, optionally coloured, as Markdown and as CSV), and
 // the JSON blocks of docs/design.md's schema "trainmem/1"
-// ("model", "run", "analytic", figures, tensor lists). Subcommands compose these: `estimate`
+// ("model", "run", "analytic", figures, tensor lists; their keys: schema.hpp, which diff's
+// reader reads them back through). Subcommands compose these: `estimate`
 // emits {"schema", "model", "run", "analytic"}; `profile` adds "measured", "reconciliation" and
 // "tensors"; `compare` and `sweep` wrap several such objects in {"schema", "runs": [...]}.
 #pragma once
@@ -16,10 +17,9 @@
 #include "trainmem/base/bytes.hpp"
 #include "trainmem/base/config.hpp"
 #include "trainmem/base/figures.hpp"
+#include "trainmem/report/schema.hpp"
 
 namespace trainmem::report {
-
-constexpr const char* kSchema = "trainmem/1";
 
 // ---------------------------------------------------------------- numbers
 std::string fixed(double value, int decimals);
@@ -106,11 +106,14 @@ std::string ignored_fields_line(const ModelConfig& m);
 // "run": {"batch", "seq", "dtype", "optimizer", "checkpointing", "attention", "backend",
 // "steps"}. `backend` empty and steps < 0 write null (estimate runs nothing).
 nlohmann::json run_json(const TrainConfig& t, const std::string& backend, int steps);
-// {"params", ..., "inputs", "sum", "peak"}; with `breakdown`, also "peak_breakdown":
-// {category: bytes}.
+// {"params", ..., "inputs", "sum", "peak"} (schema::kFigures); with `breakdown`, also
+// "peak_breakdown": {category: bytes}.
 nlohmann::json figures_json(const MemoryFigures& f, bool breakdown);
 nlohmann::json breakdown_json(const CategoryBytes& b);
-// One tensor entry of the analytic lists, with its group ("embedding", "layer", ...).
+// {"sbh", "sbi", "as2b", "sb", "other_bytes"} (schema::kCoefficientTerms, schema::kOtherBytes).
+nlohmann::json coefficients_json(const Coefficients& c);
+// One tensor entry of the analytic lists, with its group ("embedding", "layer", ...):
+// schema::kTensorFields.
 nlohmann::json tensor_entry_json(const TensorEntry& e, const std::string& group);
 // "analytic": {"<profile>": {figures, "per_layer_activations", "coefficients": {"sbh", "sbi",
 // "as2b", "sb", "other_bytes"}, "label", "notes", "tensors", ...}}
