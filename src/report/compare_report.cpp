@@ -11,6 +11,7 @@
 #include "trainmem/base/bytes.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/run_report.hpp"
+#include "trainmem/report/schema.hpp"
 #include "trainmem/run/timeline.hpp"
 
 namespace trainmem::report {
@@ -217,9 +218,9 @@ std::string saving_line(const ComparePair& p, ByteUnit u) {
 // {"schema", "runs": [...], "comparisons": [...]}
 json compare_json(const std::vector<ComparePair>& pairs, const std::vector<RunResult>& runs) {
   json j;
-  j["schema"] = report::kSchema;
-  j["runs"] = json::array();
-  for (const auto& r : runs) j["runs"].push_back(run_result_json(r));
+  j[schema::kSchemaKey] = report::kSchema;
+  j[schema::kRuns] = json::array();
+  for (const auto& r : runs) j[schema::kRuns].push_back(run_result_json(r));
   j["comparisons"] = json::array();
   for (const auto& p : pairs) j["comparisons"].push_back(comparison_json(p));
   return j;

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "trainmem/report/report.hpp"
+#include "trainmem/report/schema.hpp"
 #include "trainmem/report/svg_chart.hpp"
 
 namespace trainmem::report {
@@ -267,10 +268,10 @@ report::Table csv_table(const ModelConfig& m, const std::vector<EstimateRun>& ru
 }
 
 json run_object(const EstimateResult& c, const EstimateRun& r) {
-  return json{{"schema", report::kSchema},
-              {"model", report::model_json(c.model, r.estimates.front().param_count)},
-              {"run", report::run_json(r.train, "", -1)},
-              {"analytic", report::analytic_json(r.estimates)}};
+  return json{{schema::kSchemaKey, report::kSchema},
+              {schema::kModel, report::model_json(c.model, r.estimates.front().param_count)},
+              {schema::kRun, report::run_json(r.train, "", -1)},
+              {schema::kAnalytic, report::analytic_json(r.estimates)}};
 }
 
 json estimate_json(const EstimateResult& c, const std::vector<EstimateRun>& runs) {
@@ -278,8 +279,8 @@ json estimate_json(const EstimateResult& c, const std::vector<EstimateRun>& runs
   if (!several(runs)) {
     doc = run_object(c, runs.front());
   } else {
-    doc = json{{"schema", report::kSchema}, {"runs", json::array()}};
-    for (const auto& r : runs) doc["runs"].push_back(run_object(c, r));
+    doc = json{{schema::kSchemaKey, report::kSchema}, {schema::kRuns, json::array()}};
+    for (const auto& r : runs) doc[schema::kRuns].push_back(run_object(c, r));
   }
   return doc;
 }

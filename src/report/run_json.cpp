@@ -1,13 +1,15 @@
 // The per-run JSON object of docs/design.md ("JSON output"); see
-// include/trainmem/run/run_report.hpp.
+// include/trainmem/report/run_report.hpp. Its keys read back by diff: report/schema.hpp.
 #include <cmath>
 
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/run_report.hpp"
+#include "trainmem/report/schema.hpp"
 
 namespace trainmem {
 
 using nlohmann::json;
+namespace schema = report::schema;
 
 namespace {
 
@@ -32,30 +34,31 @@ json tensor_record_json(const TensorRecord& t) {
 
 json run_result_json(const RunResult& r) {
   json j;
-  j["schema"] = report::kSchema;
-  j["model"] = report::model_json(r.model, r.model.param_count());
-  j["run"] = report::run_json(r.train, r.backend, r.steps_requested);
-  j["run"]["steps_done"] = r.steps_done;
-  j["run"]["predicted"] = !r.computes;
-  j["run"]["seed"] = r.seed;
-  j["run"]["weights"] = r.weights.empty() ? json(nullptr) : json(r.weights);
-  j["run"]["tokens"] = r.tokens.empty() ? json(nullptr) : json(r.tokens);
+  j[schema::kSchemaKey] = report::kSchema;
+  j[schema::kModel] = report::model_json(r.model, r.model.param_count());
+  json& run = j[schema::kRun];
+  run = report::run_json(r.train, r.backend, r.steps_requested);
+  run["steps_done"] = r.steps_done;
+  run["predicted"] = !r.computes;
+  run["seed"] = r.seed;
+  run["weights"] = r.weights.empty() ? json(nullptr) : json(r.weights);
+  run["tokens"] = r.tokens.empty() ? json(nullptr) : json(r.tokens);
   json losses = json::array();
   // Meta predicts (no loss: null); a computed loss that is NaN or Inf says so.
   for (float l : r.losses)
     losses.push_back(std::isfinite(l) ? json(l) : r.computes ? json("non_finite") : json(nullptr));
-  j["run"]["losses"] = losses;
+  run["losses"] = losses;
   if (!r.non_finite_steps.empty() || !r.non_finite_weights.empty())
-    j["run"]["non_finite"] = {{"steps", r.non_finite_steps}, {"weights", r.non_finite_weights}};
-  j["run"]["step_seconds"] = r.step_seconds;
-  if (!r.backend_note.empty()) j["run"]["backend_note"] = r.backend_note;
-  j["run"]["device_budget"] = r.device_budget ? json(*r.device_budget) : json(nullptr);
-  j["analytic"] = report::analytic_json(r.estimates);
+    run["non_finite"] = {{"steps", r.non_finite_steps}, {"weights", r.non_finite_weights}};
+  run["step_seconds"] = r.step_seconds;
+  if (!r.backend_note.empty()) run["backend_note"] = r.backend_note;
+  run["device_budget"] = r.device_budget ? json(*r.device_budget) : json(nullptr);
+  j[schema::kAnalytic] = report::analytic_json(r.estimates);
 
   json led = report::figures_json(r.ledger, true);
-  led["per_layer_activations"] = r.per_layer_activations();
+  led[schema::kPerLayerActivations] = r.per_layer_activations();
   // One run cannot identify coefficients; `trainmem sweep --fit` measures them.
-  led["coefficients"] = nullptr;
+  led[schema::kCoefficients] = nullptr;
   if (r.activations_by_layer.size() > 1) {
     led["per_layer_activations_by_layer"] = json(std::vector<std::uint64_t>(
         r.activations_by_layer.begin() + 1, r.activations_by_layer.end()));
@@ -79,12 +82,13 @@ json run_result_json(const RunResult& r) {
     unavailable[name] = reason;
     return nullptr;
   };
-  j["measured"] = json{{"ledger", led}};
-  j["measured"]["pool"] = source("pool", r.pool.available, r.pool.reason, r.pool.to_json());
-  j["measured"]["cupti"] = source("cupti", r.cupti.available, r.cupti.reason, r.cupti.to_json());
-  j["measured"]["memgetinfo"] =
+  json& measured = j[schema::kMeasured];
+  measured = json{{schema::kLedger, led}};
+  measured["pool"] = source("pool", r.pool.available, r.pool.reason, r.pool.to_json());
+  measured["cupti"] = source("cupti", r.cupti.available, r.cupti.reason, r.cupti.to_json());
+  measured["memgetinfo"] =
       source("memgetinfo", r.memgetinfo.available, r.memgetinfo.reason, r.memgetinfo.to_json());
-  j["measured"]["unavailable"] = unavailable;
+  measured["unavailable"] = unavailable;
 
   json rec = json::array();
   for (const auto& row : reconcile_ledger_native(r))

@@ -11,6 +11,7 @@
 #include "trainmem/base/bytes.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/run_report.hpp"
+#include "trainmem/report/schema.hpp"
 #include "trainmem/report/svg_chart.hpp"
 
 namespace trainmem::report {
@@ -235,9 +236,9 @@ void write_fits(report::ReportWriter& w, const SweepFits& f, const std::vector<R
 // {"schema", "runs": [...]} and, with --fit, "fit", "fit_unavailable", "fit_notes".
 json sweep_json(const std::vector<RunResult>& runs, const std::optional<SweepFits>& fits) {
   json j;
-  j["schema"] = report::kSchema;
-  j["runs"] = json::array();
-  for (const auto& r : runs) j["runs"].push_back(run_result_json(r));
+  j[schema::kSchemaKey] = report::kSchema;
+  j[schema::kRuns] = json::array();
+  for (const auto& r : runs) j[schema::kRuns].push_back(run_result_json(r));
   if (fits) {
     j["fit"] = fits_json(*fits);
     // docs/design.md: one entry per measurement source; a source that could not give the
