@@ -1,0 +1,137 @@
+// A model of PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, the
+// DeviceCachingAllocator class), to say what `torch.cuda.memory_reserved` would show for a
+// sequence of allocations and frees, and whether PyTorch would raise an out-of-memory under a
+// device of a given size. The rules, as the source defines them (docs/allocator.md states each):
+//
+//   round_size        requests below 512 B take 512 B, the rest round up to a multiple of 512
+//                     (with roundup_power2_divisions d > 1 and size > 512·d: to the next 1/d step
+//                     between two powers of two);
+//   pools             rounded size <= 1 MiB: the small pool, else the large one; a free block is
+//                     reused only by its own stream;
+//   get_free_block    best fit: the smallest free block of the stream >= the size (ties by
+//                     address); with max_split_size set, a request below it never takes a block
+//                     >= it, and a request >= it only a block < request + max_non_split_rounding;
+//   alloc_block       on a miss, a new segment (cudaMalloc) of get_allocation_size: <= 1 MiB ->
+//                     2 MiB, < 10 MiB -> 20 MiB, else rounded up to 2 MiB;
+//   the retries       if that cudaMalloc fails: release cached oversize blocks (only with
+//                     max_split_size set) and retry; then release every cached segment that is
+//                     one free block and retry; then out of memory;
+//   should_split      small pool: split when >= 512 B remain; large pool: when the request is
+//                     below max_split_size and more than 1 MiB remains; otherwise the request
+//                     gets the whole block (allocated bytes count the block, requested bytes the
+//                     request);
+//   free_block        a freed block merges with its free neighbours of the same segment and goes
+//                     back to its pool; memory returns to the device only through the retries or
+//                     empty_cache.
+//
+// Not modelled (refused by the configuration check): expandable segments, the garbage
+// collection threshold, CUDA graphs' private pools, events and recordStream delaying reuse.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace trainmem {
+
+struct CachingAllocatorConfig {
+  // max_split_size_mb (in bytes here); unset: unlimited (PyTorch's default).
+  std::optional<std::uint64_t> max_split_size;
+  // max_non_split_rounding_mb: how much larger than a request >= max_split_size a reused block
+  // may be (20 MiB by default, kLargeBuffer in older releases).
+  std::uint64_t max_non_split_rounding = 20971520;
+  // roundup_power2_divisions (one value for every size); 0 or 1: plain 512-byte rounding.
+  std::uint64_t roundup_power2_divisions = 0;
+  // What cudaMalloc can hand out in total (the device's free memory); unset: unlimited.
+  std::optional<std::uint64_t> device_bytes;
+  bool expandable_segments = false;         // not modelled: check() refuses it
+  double garbage_collection_threshold = 0;  // not modelled: check() refuses a value > 0
+  // InputError naming the option and what is allowed.
+  void check() const;
+};
+
+// A figure's current value and its high-water mark.
+struct StatPair {
+  std::uint64_t current = 0;
+  std::uint64_t peak = 0;
+  void add(std::uint64_t v);
+  void sub(std::uint64_t v);
+};
+
+struct CachingAllocatorStats {
+  StatPair allocated;               // bytes of the blocks handed out (memory_allocated)
+  StatPair reserved;                // bytes of the segments held (memory_reserved)
+  StatPair requested;               // bytes the callers asked for
+  StatPair segments;                // cudaMalloc'ed segments held
+  std::uint64_t alloc_retries = 0;  // cudaMalloc retried after releasing cached blocks
+  std::uint64_t cuda_mallocs = 0, cuda_frees = 0;
+  // At the instant the reserved peak was reached: the bytes allocated then (reserved - this is
+  // what the cache held unused at its largest).
+  std::uint64_t allocated_at_reserved_peak = 0;
+};
+
+// An allocation PyTorch would refuse: the numbers its message prints.
+struct CachingAllocatorOom {
+  std::uint64_t requested = 0;   // the caller's bytes
+  std::uint64_t alloc_size = 0;  // the segment it tried to cudaMalloc ("Tried to allocate")
+  std::uint64_t device_bytes = 0;
+  std::uint64_t device_free = 0;  // device_bytes - reserved, after the retries
+  std::uint64_t allocated = 0;    // "is allocated by PyTorch"
+  std::uint64_t reserved = 0;     // reserved - allocated: "reserved by PyTorch but unallocated"
+  std::string message;            // PyTorch's wording, with its size format
+};
+
+// PyTorch's format_size: "512 bytes", "1.50 KiB", "20.00 MiB", "1.25 GiB".
+std::string torch_format_size(std::uint64_t bytes);
+
+class CachingAllocatorModel {
+ public:
+  explicit CachingAllocatorModel(CachingAllocatorConfig config = {});
+  ~CachingAllocatorModel();
+  CachingAllocatorModel(const CachingAllocatorModel&) = delete;
+  CachingAllocatorModel& operator=(const CachingAllocatorModel&) = delete;
+
+  // Allocates `bytes` (> 0) under `id` on `stream`. Returns the out-of-memory PyTorch would
+  // raise, with nothing allocated, or nullopt. InputError if `id` is already allocated.
+  std::optional<CachingAllocatorOom> malloc(std::uint64_t id, std::uint64_t bytes, int stream = 0);
+  // Frees the block of `id` (InputError if none is allocated under it).
+  void free(std::uint64_t id);
+  // torch.cuda.empty_cache(): every cached segment that is one free block goes back.
+  void empty_cache();
+
+  const CachingAllocatorStats& stats() const { return stats_; }
+  // The segments held now: their sizes, in the order they were allocated.
+  std::vector<std::uint64_t> segment_sizes() const;
+
+  // The rules, exposed for the tests and the docs.
+  std::uint64_t round_size(std::uint64_t bytes) const;
+  static std::uint64_t allocation_size(std::uint64_t rounded);
+
+ private:
+  struct Block;
+  struct BySize {
+    bool operator()(const Block* a, const Block* b) const;
+  };
+  using Pool = std::set<Block*, BySize>;
+
+  Block* get_free_block(Pool& pool, std::uint64_t size, int stream);
+  Block* alloc_block(Pool& pool, std::uint64_t alloc_size, int stream, bool retry);
+  bool release_available_cached_blocks(Pool& pool, std::uint64_t size, int stream);
+  void release_cached_blocks();
+  void release_block(Block* b);
+  bool should_split(const Block* b, std::uint64_t size) const;
+  void free_block(Block* b);
+  void try_merge(Block* dst, Block* src);
+
+  CachingAllocatorConfig config_;
+  CachingAllocatorStats stats_;
+  Pool small_, large_;
+  // Every block is in a pool (free) or here (allocated); the model owns them (new/delete).
+  std::map<std::uint64_t, Block*> active_;       // id -> block
+  std::map<std::uint64_t, std::uint64_t> held_;  // segment address -> size
+  std::uint64_t next_address_ = 0;               // addresses handed out by the modelled cudaMalloc
+};
+
+}  // namespace trainmem
