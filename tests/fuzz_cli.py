@@ -12,6 +12,8 @@ rerun by itself with --only i): mutants of
            offsets, names, metadata), truncated or padded data, NaN/Inf values;
   tokens   a --tokens file: sizes around batch*seq*4, ids out of range;
   report   a JSON report for `diff` (from estimate/profile --format json), mutated like configs;
+  events   an allocation sequence for `replay` ({"events": [...]}), mutated like configs, with
+           hostile --allocator specs and --budget sizes;
   flags    flag values at and around their bounds, negative, huge, non-numbers, empty, unicode,
            sizes like 1e309GiB, across estimate, profile (meta and cpu), maxbatch, plan, sweep,
            diff.
@@ -520,8 +522,36 @@ def case_flags(rng, env):
     return out, {}
 
 
+def case_events(rng, env):
+    events, live, next_id = [], [], 0
+    for _ in range(rng.choice([1, 5, 40])):
+        if live and rng.random() < 0.4:
+            events.append({"op": "free", "id": live.pop(rng.randrange(len(live)))})
+        else:
+            events.append({"op": "alloc", "id": next_id, "stream": rng.choice([0, 0, 1]),
+                           "bytes": rng.choice([1, 511, 512, 1048576, 1048577, 11534336,
+                                                rng.randrange(1, 1 << 34)])})
+            live.append(next_id)
+            next_id += 1
+    base = {"events": events}
+    files = {"events.json": mutate_json_text(rng, base, ["events", "op", "id", "bytes", "stream"])}
+    args = ["replay", "events.json"]
+    if rng.random() < 0.5:
+        args += ["--budget", rng.choice(["40MiB", "1GiB", "0", "-1", "1e309GiB", "x", "24GB"])]
+    if rng.random() < 0.4:
+        args += ["--allocator", rng.choice([
+            "pytorch", "pytorch:max_split_size_mb=128", "pytorch:max_split_size_mb=20",
+            "pytorch:roundup_power2_divisions=4", "pytorch:roundup_power2_divisions=3",
+            "pytorch:expandable_segments=true", "pytorch:expandable_segments=false",
+            "pytorch:garbage_collection_threshold=0.6", "pytorch:", "pytorch:=,=",
+            "pytorch:max_split_size_mb=99999999999999999999", "cuda", ""])]
+    if rng.random() < 0.3:
+        args += ["--format", rng.choice(["json", "csv", "markdown", "table", "html"])]
+    return args, files
+
+
 KINDS = [("config", case_config, 30), ("weights", case_weights, 20), ("tokens", case_tokens, 8),
-         ("report", case_report, 12), ("flags", case_flags, 30)]
+         ("report", case_report, 12), ("flags", case_flags, 30), ("events", case_events, 8)]
 
 
 def make_case(seed, i, env):

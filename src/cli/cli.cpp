@@ -66,6 +66,7 @@ int run_cli_throwing(int argc, char** argv) {
   add(register_maxbatch);
   add(register_diff);
   add(register_plan);
+  add(register_replay);
   app.require_subcommand(0, 1);
   // CLI11's parse errors in the same form as ours, pointing at the help of the subcommand
   // that was being parsed (which lists each flag's allowed values).

@@ -131,6 +131,8 @@ void check_run_can_start(const RunRequest& rq);
 
 // Writes `text` to --output (or stdout when empty).
 void write_output(const std::string& output_path, const std::string& text);
+// --format's value: InputError naming --format and the formats allowed.
+Format parse_format(const std::string& name);
 
 // Whether `fd` is the user's terminal: a terminal, and not a rank under an MPI launcher (mpirun
 // gives its ranks a pseudo-terminal of its own even when its output goes to a file or a pipe,
@@ -154,6 +156,7 @@ Runner register_sweep(CLI::App& app);
 Runner register_maxbatch(CLI::App& app);
 Runner register_diff(CLI::App& app);
 Runner register_plan(CLI::App& app);
+Runner register_replay(CLI::App& app);
 
 // One side of `trainmem diff A B` as typed (cmd_diff.cpp): a profile spec
 // "NAME[:key=value,...]" (NAME a profile: native, hf-eager, megatron, zero; keys model, batch,

@@ -283,6 +283,16 @@ RunRequest run_request(const Common& c, const RunFlags& flags) {
   return rq;
 }
 
+Format parse_format(const std::string& name) {
+  if (name == "table") return Format::table;
+  if (name == "json") return Format::json;
+  if (name == "csv") return Format::csv;
+  if (name == "markdown") return Format::markdown;
+  if (name == "html") return Format::html;
+  throw InputError("--format: unknown format '" + name +
+                   "'; allowed: table, json, csv, markdown, html");
+}
+
 Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool allow_both_modes) {
   Common c;
   c.model = resolve_model(model_argument(flags.model));
@@ -344,19 +354,7 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
         c.profiles.push_back(e);
   }
 
-  if (flags.format == "table")
-    c.format = Format::table;
-  else if (flags.format == "json")
-    c.format = Format::json;
-  else if (flags.format == "csv")
-    c.format = Format::csv;
-  else if (flags.format == "markdown")
-    c.format = Format::markdown;
-  else if (flags.format == "html")
-    c.format = Format::html;
-  else
-    throw InputError("--format: unknown format '" + flags.format +
-                     "'; allowed: table, json, csv, markdown, html");
+  c.format = parse_format(flags.format);
 
   if (!flags.hf_version.empty()) {
     c.hf.era = parse_hf_version(flags.hf_version);

@@ -134,4 +134,37 @@ class CachingAllocatorModel {
   std::uint64_t next_address_ = 0;               // addresses handed out by the modelled cudaMalloc
 };
 
+// ---------------------------------------------------------------- replaying a sequence
+
+// --allocator pytorch[:expandable_segments=true|false,max_split_size_mb=N,
+// max_non_split_rounding_mb=N,roundup_power2_divisions=N,garbage_collection_threshold=F]:
+// PYTORCH_CUDA_ALLOC_CONF's keys. InputError naming --allocator, the key and what is allowed.
+CachingAllocatorConfig parse_allocator_spec(const std::string& spec);
+
+struct AllocEvent {
+  bool alloc = true;  // "alloc" (else "free")
+  std::uint64_t id = 0;
+  std::uint64_t bytes = 0;  // alloc only
+  int stream = 0;
+};
+
+// The events of a JSON file: an array of {"op": "alloc"|"free", "id": N, "bytes": N (alloc),
+// "stream": N (optional, default 0)}, or an object {"events": [...]}. InputError naming
+// `source`, the event's index and the field.
+std::vector<AllocEvent> parse_alloc_events(const std::string& json_text, const std::string& source);
+
+struct ReplayResult {
+  CachingAllocatorConfig config;
+  std::size_t events = 0;    // events replayed (up to and including an out-of-memory)
+  std::uint64_t allocs = 0;  // of which allocations
+  CachingAllocatorStats stats;
+  std::vector<std::uint64_t> segments_at_reserved_peak;  // sizes, when reserved peaked
+  std::optional<CachingAllocatorOom> oom;
+  std::size_t oom_event = 0;  // its index in the events (when oom)
+};
+
+// Replays `events` in order through a model of `config`; stops at the first out-of-memory.
+// InputError for a free of an id not allocated, or an id allocated twice (naming the event).
+ReplayResult replay(const std::vector<AllocEvent>& events, const CachingAllocatorConfig& config);
+
 }  // namespace trainmem

@@ -13,6 +13,7 @@ namespace trainmem {
 // input").
 constexpr std::uint64_t kMaxConfigBytes = 16ull << 20;   // a config.json: 16 MiB
 constexpr std::uint64_t kMaxReportBytes = 256ull << 20;  // a JSON report (diff): 256 MiB
+constexpr std::uint64_t kMaxEventsBytes = 1ull << 30;    // an allocation sequence (replay): 1 GiB
 constexpr std::uint64_t kMaxWeightsBytes = 4ull << 40;   // a .safetensors file: 4 TiB
 constexpr std::uint64_t kMaxJsonString = 1024;           // one JSON key or string value
 constexpr std::uint64_t kMaxReportString = 1ull << 20;   // ... in a report (diff): 1 MiB
