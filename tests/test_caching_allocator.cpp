@@ -173,7 +173,12 @@ TEST(CachingAllocator, BadInputNamesWhatIsWrong) {
   c.expandable_segments = true;
   EXPECT_THROW(CachingAllocatorModel{c}, InputError);
   c = {};
+  c.max_split_size = 19 * MiB;  // PyTorch's floor is 20 MB
+  EXPECT_THROW(CachingAllocatorModel{c}, InputError);
   c.max_split_size = 20 * MiB;
+  EXPECT_NO_THROW(CachingAllocatorModel{c});
+  c = {};
+  c.max_non_split_rounding = 19 * MiB;
   EXPECT_THROW(CachingAllocatorModel{c}, InputError);
 }
 

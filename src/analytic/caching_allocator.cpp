@@ -20,7 +20,7 @@ constexpr std::uint64_t kLargeBuffer = 20971520;    // ... segments of 20 MiB
 constexpr std::uint64_t kRoundLarge = 2097152;      // larger ones round up to 2 MiB
 
 std::uint64_t round_up(std::uint64_t v, std::uint64_t m) {
-  return checked_mul((v + m - 1) / m, m, "allocation size");
+  return checked_mul(checked_add(v, m - 1, "allocation size") / m, m, "allocation size");
 }
 
 std::uint64_t floor_pow2(std::uint64_t v) {
@@ -67,10 +67,16 @@ void CachingAllocatorConfig::check() const {
     throw InputError(
         "--allocator pytorch:garbage_collection_threshold is not modelled yet (it needs "
         "set_per_process_memory_fraction and block ages); leave it unset");
-  if (max_split_size && *max_split_size <= kLargeBuffer)
+  // PyTorch's parser (AcceleratorAllocatorConfig): both at least kLargeBuffer, 20 MB.
+  if (max_split_size && *max_split_size < kLargeBuffer)
     throw InputError(
-        "--allocator pytorch:max_split_size_mb must be above 20 (PyTorch's own floor), got " +
+        "--allocator pytorch:max_split_size_mb must be at least 20 (PyTorch's own floor), got " +
         std::to_string(*max_split_size >> 20));
+  if (max_non_split_rounding < kLargeBuffer)
+    throw InputError(
+        "--allocator pytorch:max_non_split_rounding_mb must be at least 20 (PyTorch's own "
+        "floor), got " +
+        std::to_string(max_non_split_rounding >> 20));
 }
 
 std::string torch_format_size(std::uint64_t size) {
@@ -149,9 +155,10 @@ CachingAllocatorModel::Block* CachingAllocatorModel::alloc_block(Pool& pool,
   if (config_.device_bytes &&
       checked_add(stats_.reserved.current, alloc_size, "reserved bytes") > *config_.device_bytes)
     return nullptr;  // cudaMalloc fails
-  Block* b = new Block;
-  b->address = next_address_;
+  const std::uint64_t address = next_address_;
   next_address_ = checked_add(next_address_, alloc_size, "addresses");
+  Block* b = new Block;
+  b->address = address;
   b->size = alloc_size;
   b->stream = stream;
   b->small = &pool == &small_;

@@ -15,20 +15,24 @@ namespace {
 
 using nlohmann::json;
 
+// One request's largest size: far above any device, far below 2^64 (the sums stay exact).
+constexpr std::uint64_t kMaxEventBytes = std::uint64_t{1} << 60;
+
 const char* const kSpecForm =
     "allowed: pytorch, or pytorch:KEY=VALUE,... with the keys expandable_segments (true|false), "
     "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions (integers) and "
-    "garbage_collection_threshold (a number in [0, 1))";
+    "garbage_collection_threshold (a number in (0, 1)))";
 
 std::uint64_t spec_integer(const std::string& key, const std::string& value) {
   std::size_t used = 0;
   unsigned long long v = 0;
-  try {
-    v = std::stoull(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != value.size() || value[0] == '-')
+  const bool digits = !value.empty() && value.find_first_not_of("0123456789") == std::string::npos;
+  if (digits) try {
+      v = std::stoull(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+  if (!digits || used != value.size())
     throw InputError("--allocator: " + key + "=" + clip(value) + " is not an integer >= 0; " +
                      kSpecForm);
   return v;
@@ -139,6 +143,9 @@ std::vector<AllocEvent> parse_alloc_events(const std::string& json_text,
     if (ev.alloc) {
       ev.bytes = integer("bytes", true, 0);
       if (ev.bytes == 0) throw InputError(where + ": \"bytes\" must be at least 1");
+      if (ev.bytes > kMaxEventBytes)
+        throw InputError(where + ": \"bytes\" must be at most 2^60 (1 EiB), got " +
+                         std::to_string(ev.bytes));
     }
     const std::uint64_t stream = integer("stream", false, 0);
     if (stream > 1000000) throw InputError(where + ": \"stream\" must be at most 1000000");
@@ -148,31 +155,53 @@ std::vector<AllocEvent> parse_alloc_events(const std::string& json_text,
   return out;
 }
 
-ReplayResult replay(const std::vector<AllocEvent>& events, const CachingAllocatorConfig& config) {
-  ReplayResult r;
-  r.config = config;
-  CachingAllocatorModel m(config);
-  for (std::size_t n = 0; n < events.size(); ++n) {
+namespace {
+
+// Replays events[0, end) through `m`; the index of the event after which reserved last reached
+// a new peak (0 when none did), and the out-of-memory that stopped it, if one did.
+std::size_t replay_into(CachingAllocatorModel& m, const std::vector<AllocEvent>& events,
+                        std::size_t end, ReplayResult* r) {
+  std::size_t peak_event = 0;
+  for (std::size_t n = 0; n < end; ++n) {
     const AllocEvent& e = events[n];
-    ++r.events;
+    if (r) ++r->events;
     try {
       if (!e.alloc) {
         m.free(e.id);
         continue;
       }
-      ++r.allocs;
+      if (r) ++r->allocs;
       const std::uint64_t peak = m.stats().reserved.peak;
       if (auto oom = m.malloc(e.id, e.bytes, e.stream)) {
-        r.oom = std::move(oom);
-        r.oom_event = n;
+        if (r) {
+          r->oom = std::move(oom);
+          r->oom_event = n;
+        }
         break;
       }
-      if (m.stats().reserved.peak > peak) r.segments_at_reserved_peak = m.segment_sizes();
+      if (m.stats().reserved.peak > peak) peak_event = n;
     } catch (const InputError& err) {
       throw InputError("event " + std::to_string(n) + ": " + err.what());
     }
   }
+  return peak_event;
+}
+
+}  // namespace
+
+ReplayResult replay(const std::vector<AllocEvent>& events, const CachingAllocatorConfig& config) {
+  ReplayResult r;
+  r.config = config;
+  CachingAllocatorModel m(config);
+  const std::size_t peak_event = replay_into(m, events, events.size(), &r);
   r.stats = m.stats();
+  // The segments when reserved peaked: a second pass up to that event (a copy of the segment
+  // list at every new peak would make a long, growing sequence quadratic).
+  if (r.stats.reserved.peak > 0) {
+    CachingAllocatorModel at_peak(config);
+    replay_into(at_peak, events, peak_event + 1, nullptr);
+    r.segments_at_reserved_peak = at_peak.segment_sizes();
+  }
   return r;
 }
 
