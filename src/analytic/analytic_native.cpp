@@ -240,6 +240,10 @@ class Stage {
   std::uint64_t grads(std::uint64_t lomo_bytes) const {
     return lomo_ ? csum({tied_lomo_, lomo_bytes}) : r_.est.figures.gradients;
   }
+  // Gradients alive before the head's backward: none under LOMO, else the persistent ones.
+  std::uint64_t grads_before_head() const { return lomo_ ? 0 : r_.est.figures.gradients; }
+  // A transient (b, s, h) gather / partial buffer under sequence parallelism.
+  std::uint64_t gather_buffer() const { return p_.sp ? l_.full : 0; }
   std::string layer_name(std::int64_t k) const {  // "L-1" on one stage, the stage's index else
     return p_.pp == 1 ? "L-" + std::to_string(Ls_ - k) : std::to_string(k);
   }
@@ -432,9 +436,8 @@ void Stage::at(std::string name, std::uint64_t act, std::uint64_t ws, std::uint6
 }
 
 void Stage::instants() {
-  // Before the head's backward no LOMO gradient is alive.
-  const std::uint64_t G0 = lomo_ ? 0 : r_.est.figures.gradients;
-  at("start of step", 0, kCublasWorkspaceBytes, 0, kNoUnit, G0, /*in_flight=*/false);
+  at("start of step", 0, kCublasWorkspaceBytes, 0, kNoUnit, grads_before_head(),
+     /*in_flight=*/false);
   forward_instants();
   head_instants();
   layer_instants();
@@ -443,8 +446,8 @@ void Stage::instants() {
 void Stage::forward_instants() {
   const Local& l = l_;
   const std::uint64_t C = kCublasWorkspaceBytes;
-  const std::uint64_t G0 = lomo_ ? 0 : r_.est.figures.gradients;
-  const std::uint64_t sg = p_.sp ? l.full : 0;  // a transient gather / partial buffer
+  const std::uint64_t G0 = grads_before_head();
+  const std::uint64_t sg = gather_buffer();
   const std::uint64_t S = sum_bytes(set_);
   if (first_ && (p_.sp || p_.zero == 3))
     at("forward: embed_out allocated" + std::string(p_.sp ? " (partial alive)" : ""), l.X, C, sg, 0,
@@ -469,9 +472,9 @@ void Stage::forward_instants() {
 void Stage::head_instants() {
   const Local& l = l_;
   const std::uint64_t C = kCublasWorkspaceBytes;
-  const std::uint64_t sg = p_.sp ? l.full : 0;
+  const std::uint64_t sg = gather_buffer();
   const std::uint64_t head_pos = u(Ls_) + 1, back_pos = u(Ls_) + 2;
-  const std::uint64_t G0 = lomo_ ? 0 : r_.est.figures.gradients;
+  const std::uint64_t G0 = grads_before_head();
   if (!last_) {
     at("backward: d_residual received from the next stage",
        checked_mul(u(Ls_), full_ ? l.X : sum_bytes(set_), "activations"), csum({C, l.X}), 0,
@@ -500,7 +503,7 @@ void Stage::head_instants() {
 void Stage::layer_instants() {
   const Local& l = l_;
   const std::uint64_t C = kCublasWorkspaceBytes;
-  const std::uint64_t sg = p_.sp ? l.full : 0;
+  const std::uint64_t sg = gather_buffer();
   const std::uint64_t pos = u(Ls_) + 2;  // the backward's first unit (ZeRO-3 window)
   const bool sp = p_.sp;
   // Gradients LOMO allocates per step: (i,h) down/gate, (h,a·d) o/q, (h) norms, (d) q/k norms.
