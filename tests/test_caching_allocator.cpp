@@ -4,7 +4,9 @@
 // try_merge_blocks, the release-and-retry path before an out-of-memory, release_cached_blocks).
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "trainmem/analytic/caching_allocator.hpp"
 #include "trainmem/base/error.hpp"
@@ -170,9 +172,6 @@ TEST(CachingAllocator, BadInputNamesWhatIsWrong) {
     EXPECT_NE(std::string(e.what()).find("id 8, which is not allocated"), std::string::npos);
   }
   CachingAllocatorConfig c;
-  c.expandable_segments = true;
-  EXPECT_THROW(CachingAllocatorModel{c}, InputError);
-  c = {};
   c.max_split_size = 19 * MiB;  // PyTorch's floor is 20 MB
   EXPECT_THROW(CachingAllocatorModel{c}, InputError);
   c.max_split_size = 20 * MiB;
@@ -180,6 +179,145 @@ TEST(CachingAllocator, BadInputNamesWhatIsWrong) {
   c = {};
   c.max_non_split_rounding = 19 * MiB;
   EXPECT_THROW(CachingAllocatorModel{c}, InputError);
+}
+
+// ---------------------------------------------------------------- expandable segments
+// Rules (c10/cuda/CUDACachingAllocator.cpp): find_expandable_block takes the lowest unmapped
+// block of the pool and stream with the free block before it; try_allocate_expandable_block
+// maps only the rounded request (ExpandableSegment::map rounds the end up to a page: 20 MiB in
+// the large pool, 2 MiB in the small one), never get_allocation_size; should_split splits
+// whenever >= 512 B remain; free_block never unmaps; release_cached_blocks unmaps the whole
+// pages inside free blocks (ExpandableSegment::unmap rounds inwards); reserved_bytes counts the
+// mapped pages; the "segment" statistics do not count expandable segments.
+
+CachingAllocatorConfig expandable(std::optional<std::uint64_t> device = std::nullopt) {
+  CachingAllocatorConfig c;
+  c.expandable_segments = true;
+  c.device_bytes = device;
+  return c;
+}
+
+TEST(CachingAllocatorExpandable, MapsPagesForTheRequestOnly) {
+  CachingAllocatorModel m(expandable());
+  // 11 MiB: a new large segment, one 20 MiB page mapped; split (9 MiB remain, >= 512 B), so
+  // memory_allocated grows by 11 MiB exactly (not the 12 MiB block of the cudaMalloc path).
+  ASSERT_FALSE(m.malloc(1, 11 * MiB));
+  EXPECT_EQ(m.stats().allocated.current, 11 * MiB);
+  EXPECT_EQ(m.stats().reserved.current, 20 * MiB);
+  // 30 MiB: the free 9 MiB at the end plus the unmapped tail; 21 MiB more rounds to two pages.
+  ASSERT_FALSE(m.malloc(2, 30 * MiB));
+  EXPECT_EQ(m.stats().allocated.current, 41 * MiB);
+  EXPECT_EQ(m.stats().reserved.current, 60 * MiB);
+  // A free never unmaps.
+  m.free(1);
+  EXPECT_EQ(m.stats().reserved.current, 60 * MiB);
+  // 5 MiB: best fit is the free [0, 11) MiB (the block before the tail counts as the size it
+  // can grow to, so it is not smaller): no new page.
+  ASSERT_FALSE(m.malloc(3, 5 * MiB));
+  EXPECT_EQ(m.stats().allocated.current, 35 * MiB);
+  EXPECT_EQ(m.stats().reserved.current, 60 * MiB);
+  // 600 KiB: the small pool's own segment, one 2 MiB page.
+  ASSERT_FALSE(m.malloc(4, 600 * KiB));
+  EXPECT_EQ(m.stats().allocated.current, 35 * MiB + 600 * KiB);
+  EXPECT_EQ(m.stats().reserved.current, 62 * MiB);
+  EXPECT_EQ(m.stats().allocated.peak, 41 * MiB);
+  EXPECT_EQ(m.stats().reserved.peak, 62 * MiB);
+  EXPECT_EQ(m.stats().segments.peak, 0u);  // not counted as cudaMalloc'ed segments
+  EXPECT_EQ(m.stats().cuda_mallocs, 3u);   // three map calls
+  // Two ranges: the large one (60 MiB mapped) and the small one (2 MiB).
+  EXPECT_EQ(m.segment_sizes(), (std::vector<std::uint64_t>{60 * MiB, 2 * MiB}));
+  // empty_cache: no whole page lies inside a free block ([5, 11) MiB, [41, 60) MiB and the
+  // small page's rest): nothing is unmapped.
+  m.empty_cache();
+  EXPECT_EQ(m.stats().reserved.current, 62 * MiB);
+  // Freeing the 30 MiB block merges [5, 60) MiB; empty_cache unmaps pages [20, 60) MiB.
+  m.free(2);
+  m.empty_cache();
+  EXPECT_EQ(m.stats().reserved.current, 22 * MiB);
+  EXPECT_EQ(m.stats().cuda_frees, 1u);
+  // Freeing the 5 MiB block: [0, 20) MiB is one free page, unmapped; the large segment, wholly
+  // unmapped, is released. The small page stays.
+  m.free(3);
+  m.empty_cache();
+  EXPECT_EQ(m.stats().reserved.current, 2 * MiB);
+  EXPECT_EQ(m.segment_sizes(), (std::vector<std::uint64_t>{2 * MiB}));
+}
+
+TEST(CachingAllocatorExpandable, SmallRequestsSharePagesAcrossTheirBoundaries) {
+  // Ten 600 KiB requests: one growing range of 6000 KiB, three 2 MiB pages (the cudaMalloc
+  // path puts three in each 2 MiB segment: four segments, 8 MiB).
+  CachingAllocatorModel e(expandable());
+  CachingAllocatorModel plain;
+  for (std::uint64_t id = 1; id <= 10; ++id) {
+    ASSERT_FALSE(e.malloc(id, 600 * KiB));
+    ASSERT_FALSE(plain.malloc(id, 600 * KiB));
+  }
+  EXPECT_EQ(e.stats().reserved.current, 6 * MiB);
+  EXPECT_EQ(plain.stats().reserved.current, 8 * MiB);
+}
+
+TEST(CachingAllocatorExpandable, BestFitPrefersABlockThatCannotGrow) {
+  CachingAllocatorModel m(expandable());
+  // Layout: A [0, 15) MiB, B [15, 28), C [28, 40) and the unmapped tail from 40 MiB (two pages).
+  ASSERT_FALSE(m.malloc(1, 15 * MiB));
+  ASSERT_FALSE(m.malloc(2, 13 * MiB));
+  ASSERT_FALSE(m.malloc(3, 12 * MiB));
+  EXPECT_EQ(m.stats().reserved.current, 40 * MiB);
+  m.free(1);  // free [0, 15): cannot grow
+  m.free(3);  // free [28, 40): 12 MiB, before the unmapped tail
+  // 10 MiB: lower_bound gives the 12 MiB block, but its size counting the tail is larger than
+  // the 15 MiB block's, so the walk moves on and takes the 15 MiB block.
+  ASSERT_FALSE(m.malloc(4, 10 * MiB));
+  // The 12 MiB block is still free: 12 MiB more fit without mapping a page.
+  ASSERT_FALSE(m.malloc(5, 12 * MiB));
+  EXPECT_EQ(m.stats().reserved.current, 40 * MiB);
+  EXPECT_EQ(m.stats().allocated.current, 13 * MiB + 10 * MiB + 12 * MiB);
+}
+
+TEST(CachingAllocatorExpandable, OutOfMemoryAndTheUnmapRetry) {
+  // A 40 MiB device: 11 MiB maps one page (20 MiB); 30 MiB needs two more (60 > 40); nothing
+  // whole is free to unmap, the retry fails. "Tried to allocate" is get_allocation_size of the
+  // request, 30 MiB, not the 40 MiB the map needed.
+  CachingAllocatorModel m(expandable(40 * MiB));
+  ASSERT_FALSE(m.malloc(1, 11 * MiB));
+  const auto oom = m.malloc(2, 30 * MiB);
+  ASSERT_TRUE(oom);
+  EXPECT_EQ(oom->alloc_size, 30 * MiB);
+  EXPECT_EQ(oom->reserved, 20 * MiB);
+  EXPECT_EQ(oom->allocated, 11 * MiB);
+  EXPECT_EQ(m.stats().alloc_retries, 1u);
+  // 29 MiB needs one page: 20 + 20 = 40 fits exactly.
+  ASSERT_FALSE(m.malloc(3, 29 * MiB));
+  EXPECT_EQ(m.stats().reserved.current, 40 * MiB);
+
+  // A 60 MiB device: 11 + 30 MiB map 60 MiB; the 30 MiB block freed, a small request needs a
+  // 2 MiB page (62 > 60); the retry unmaps pages [20, 60) MiB inside the free [11, 60) and maps
+  // the small page: reserved 22 MiB, its peak still 60 MiB.
+  CachingAllocatorModel n(expandable(60 * MiB));
+  ASSERT_FALSE(n.malloc(1, 11 * MiB));
+  ASSERT_FALSE(n.malloc(2, 30 * MiB));
+  n.free(2);
+  ASSERT_FALSE(n.malloc(3, 600 * KiB));
+  EXPECT_EQ(n.stats().reserved.current, 22 * MiB);
+  EXPECT_EQ(n.stats().reserved.peak, 60 * MiB);
+  EXPECT_EQ(n.stats().alloc_retries, 1u);
+  // Now 30 MiB: the free [11, 20) MiB plus two pages: 22 + 40 > 60, nothing whole to unmap.
+  const auto oom2 = n.malloc(4, 30 * MiB);
+  ASSERT_TRUE(oom2);
+  EXPECT_NE(oom2->message.find("Tried to allocate 30.00 MiB"), std::string::npos);
+}
+
+TEST(CachingAllocatorExpandable, EveryAllocationFreedLeavesNothingAfterEmptyCache) {
+  CachingAllocatorModel m(expandable(1024 * MiB));
+  std::uint64_t id = 1;
+  for (std::uint64_t bytes : {3 * MiB, std::uint64_t{100}, 700 * KiB, 45 * MiB, 1 * MiB + 1, 21 * MiB})
+    ASSERT_FALSE(m.malloc(id++, bytes));
+  for (std::uint64_t n = 1; n < id; n += 2) m.free(n);  // every other one first
+  for (std::uint64_t n = 2; n < id; n += 2) m.free(n);
+  EXPECT_EQ(m.stats().allocated.current, 0u);
+  m.empty_cache();
+  EXPECT_EQ(m.stats().reserved.current, 0u);
+  EXPECT_TRUE(m.segment_sizes().empty());
 }
 
 TEST(CachingAllocator, TorchFormatSize) {

@@ -3,7 +3,9 @@
 // can be read beside the one it models.
 #include "trainmem/analytic/caching_allocator.hpp"
 
+#include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <limits>
 
 #include "trainmem/base/checked.hpp"
@@ -32,10 +34,16 @@ std::uint64_t floor_pow2(std::uint64_t v) {
 }  // namespace
 
 struct CachingAllocatorModel::Block {
-  std::uint64_t address = 0, size = 0;
+  // Where it lies: its segment and its offset in it (the model's address: segments are ordered
+  // by when they were made, as PyTorch's pointers order them only by chance).
+  std::uint64_t segment = 0, address = 0, size = 0;
   int stream = 0;
   bool small = false;      // its pool
-  bool allocated = false;  // handed out (else in its pool)
+  bool allocated = false;  // handed out (else in its pool, or unmapped)
+  // Expandable segments: the page size of its segment (0: a cudaMalloc'ed segment), and
+  // whether its range is mapped (an unmapped block is in unmapped_small_/unmapped_large_).
+  std::uint64_t page = 0;
+  bool mapped = true;
   std::uint64_t requested = 0;
   Block* prev = nullptr;  // neighbours within the segment
   Block* next = nullptr;
@@ -45,6 +53,14 @@ struct CachingAllocatorModel::Block {
 bool CachingAllocatorModel::BySize::operator()(const Block* a, const Block* b) const {
   if (a->stream != b->stream) return a->stream < b->stream;
   if (a->size != b->size) return a->size < b->size;
+  if (a->segment != b->segment) return a->segment < b->segment;
+  return a->address < b->address;
+}
+
+// BlockComparatorAddress (the unmapped blocks): by stream, then address.
+bool CachingAllocatorModel::ByAddress::operator()(const Block* a, const Block* b) const {
+  if (a->stream != b->stream) return a->stream < b->stream;
+  if (a->segment != b->segment) return a->segment < b->segment;
   return a->address < b->address;
 }
 
@@ -59,10 +75,6 @@ void StatPair::sub(std::uint64_t v) {
 }
 
 void CachingAllocatorConfig::check() const {
-  if (expandable_segments)
-    throw InputError(
-        "--allocator pytorch:expandable_segments=true is not modelled yet (its segments map "
-        "2 MiB / 20 MiB pages into one reserved range); use expandable_segments=false");
   if (garbage_collection_threshold > 0)
     throw InputError(
         "--allocator pytorch:garbage_collection_threshold is not modelled yet (it needs "
@@ -100,6 +112,8 @@ CachingAllocatorModel::CachingAllocatorModel(CachingAllocatorConfig config)
 CachingAllocatorModel::~CachingAllocatorModel() {
   for (Pool* pool : {&small_, &large_})
     for (Block* b : *pool) delete b;
+  for (Unmapped* u : {&unmapped_small_, &unmapped_large_})
+    for (Block* b : *u) delete b;
   for (auto& [id, b] : active_) delete b;
 }
 
@@ -136,6 +150,17 @@ CachingAllocatorModel::Block* CachingAllocatorModel::get_free_block(Pool& pool, 
   key.address = 0;
   auto it = pool.lower_bound(&key);
   if (it == pool.end() || (*it)->stream != stream) return nullptr;
+  if ((*it)->page) {
+    // Expandable segments: a free block followed by unmapped space counts as the size it can
+    // grow to, so the walk moves on while the next block's such size is smaller.
+    auto expandable_size = [](const Block* b) {
+      return b->size + (b->next && !b->next->mapped ? b->next->size : 0);
+    };
+    auto next = std::next(it);
+    while ((*it)->page && next != pool.end() && (*next)->stream == stream &&
+           expandable_size(*next) < expandable_size(*it))
+      it = next++;
+  }
   if (config_.max_split_size) {
     const std::uint64_t max_split = *config_.max_split_size;
     // Do not return an oversized block for a request below max_split_size; a request above it
@@ -150,30 +175,164 @@ CachingAllocatorModel::Block* CachingAllocatorModel::get_free_block(Pool& pool, 
 
 CachingAllocatorModel::Block* CachingAllocatorModel::alloc_block(Pool& pool,
                                                                  std::uint64_t alloc_size,
-                                                                 int stream, bool retry) {
+                                                                 std::uint64_t size, int stream,
+                                                                 bool retry) {
   if (retry) ++stats_.alloc_retries;
+  if (config_.expandable_segments) return try_allocate_expandable_block(pool, size, stream);
   if (config_.device_bytes &&
       checked_add(stats_.reserved.current, alloc_size, "reserved bytes") > *config_.device_bytes)
     return nullptr;  // cudaMalloc fails
-  const std::uint64_t address = next_address_;
-  next_address_ = checked_add(next_address_, alloc_size, "addresses");
   Block* b = new Block;
-  b->address = address;
+  b->segment = next_segment_++;
   b->size = alloc_size;
   b->stream = stream;
   b->small = &pool == &small_;
-  held_[b->address] = alloc_size;
+  set_segment(b->segment, alloc_size);
   ++stats_.cuda_mallocs;
   stats_.segments.add(1);
   stats_.reserved.add(alloc_size);
   return b;
 }
 
+// ---------------------------------------------------------------- expandable segments
+
+// try_allocate_expandable_block: the lowest-address run of free and unmapped space of the pool
+// and stream that holds `size` (or a new segment), mapped as far as `size` needs.
+CachingAllocatorModel::Block* CachingAllocatorModel::try_allocate_expandable_block(
+    Pool& pool, std::uint64_t size, int stream) {
+  Block* candidate = find_expandable_block(pool, size, stream);
+  // candidate: unmapped, or free -> unmapped -> ...
+  if (!candidate->mapped && !map_block(candidate, std::min(candidate->size, size))) return nullptr;
+  while (candidate->size < size) {
+    // free -> unmapped: map what is missing; the mapped range merges with the free block.
+    Block* next = candidate->next;
+    if (!next || next->mapped)
+      throw Error("caching allocator model: an expandable candidate without unmapped space");
+    if (!map_block(next, std::min(size - candidate->size, next->size))) return nullptr;
+    candidate = next;
+  }
+  pool.erase(candidate);
+  return candidate;
+}
+
+// find_expandable_block: first fit by address over the pool's unmapped blocks of the stream,
+// each with the free block before it; else a new segment of one unmapped block.
+CachingAllocatorModel::Block* CachingAllocatorModel::find_expandable_block(Pool& pool,
+                                                                           std::uint64_t size,
+                                                                           int stream) {
+  Unmapped& unmapped = unmapped_of(pool);
+  auto allocatable = [](const Block* b) { return b && !b->allocated; };
+  auto has_space = [&](const Block* b) {
+    std::uint64_t bytes = 0;
+    while (bytes < size && allocatable(b)) {
+      bytes += b->size;
+      b = b->next;
+    }
+    return bytes >= size;
+  };
+  Block key;
+  key.stream = stream;
+  for (auto it = unmapped.lower_bound(&key); it != unmapped.end() && (*it)->stream == stream;
+       ++it) {
+    Block* c = *it;
+    if (allocatable(c->prev)) c = c->prev;
+    if (has_space(c)) return c;
+  }
+  // A new segment: its address range covers 1 1/8 of the device, in whole pages.
+  const bool small = &pool == &small_;
+  const std::uint64_t page = small ? kSmallBuffer : kLargeBuffer;
+  std::uint64_t range = std::uint64_t(1) << 62;  // no device size: room for any request
+  if (config_.device_bytes && *config_.device_bytes <= (std::uint64_t(1) << 61)) {
+    const std::uint64_t t = *config_.device_bytes;
+    range = std::min(range, round_up(t / 8 + t, page));
+  }
+  Block* b = new Block;
+  b->segment = next_segment_++;
+  b->size = std::max(range, page);
+  b->stream = stream;
+  b->small = small;
+  b->page = page;
+  b->mapped = false;
+  unmapped.insert(b);
+  return b;
+}
+
+// map_block: maps [to_map, to_map + size) rounded up to pages (all or nothing: false when the
+// device has no room); the rest of the unmapped block stays unmapped after it, and the mapped
+// range merges with the free blocks around it.
+bool CachingAllocatorModel::map_block(Block* to_map, std::uint64_t size) {
+  const std::uint64_t mapped = std::min(round_up(size, to_map->page), to_map->size);
+  if (config_.device_bytes &&
+      checked_add(stats_.reserved.current, mapped, "reserved bytes") > *config_.device_bytes)
+    return false;  // cuMemCreate fails
+  Unmapped& unmapped = to_map->small ? unmapped_small_ : unmapped_large_;
+  unmapped.erase(to_map);
+  if (to_map->size > mapped) {
+    Block* rest = new Block(*to_map);
+    rest->address = to_map->address + mapped;
+    rest->size = to_map->size - mapped;
+    rest->prev = to_map;
+    rest->next = to_map->next;
+    if (rest->next) rest->next->prev = rest;
+    to_map->next = rest;
+    unmapped.insert(rest);
+  }
+  to_map->size = mapped;
+  to_map->mapped = true;
+  try_merge(to_map, to_map->prev);
+  try_merge(to_map, to_map->next);
+  (to_map->small ? small_ : large_).insert(to_map);
+  ++stats_.cuda_mallocs;
+  stats_.reserved.add(mapped);
+  set_segment(to_map->segment, checked_add(held_[to_map->segment], mapped, "reserved bytes"));
+  return true;
+}
+
+// unmap_block: the whole pages inside the free block `b` are unmapped; what is left of it on
+// either side stays a free, mapped block. `b` becomes the unmapped range (merged with unmapped
+// neighbours).
+void CachingAllocatorModel::unmap_block(Block* b) {
+  const std::uint64_t begin = round_up(b->address, b->page);
+  const std::uint64_t end = (b->address + b->size) / b->page * b->page;
+  if (begin >= end) return;
+  Pool& pool = b->small ? small_ : large_;
+  pool.erase(b);
+  if (b->address < begin) {
+    Block* before = new Block(*b);
+    before->size = begin - b->address;
+    before->next = b;
+    if (before->prev) before->prev->next = before;
+    b->prev = before;
+    pool.insert(before);
+  }
+  if (b->address + b->size > end) {
+    Block* after = new Block(*b);
+    after->address = end;
+    after->size = b->address + b->size - end;
+    after->prev = b;
+    if (after->next) after->next->prev = after;
+    b->next = after;
+    pool.insert(after);
+  }
+  b->address = begin;
+  b->size = end - begin;
+  b->mapped = false;
+  try_merge(b, b->prev);
+  try_merge(b, b->next);
+  (b->small ? unmapped_small_ : unmapped_large_).insert(b);
+  ++stats_.cuda_frees;
+  stats_.reserved.sub(end - begin);
+  set_segment(b->segment, held_[b->segment] - (end - begin));
+}
+
+// ---------------------------------------------------------------- the cudaMalloc'ed segments
+
 // release_available_cached_blocks: with max_split_size set, free the smallest cached oversize
-// block that covers the request, or the largest ones until they do.
+// block that covers the request, or the largest ones until they do. Expandable blocks are not
+// released this way (PyTorch skips them since pull request 134338).
 bool CachingAllocatorModel::release_available_cached_blocks(Pool& pool, std::uint64_t size,
                                                             int stream) {
-  if (!config_.max_split_size) return false;
+  if (!config_.max_split_size || config_.expandable_segments) return false;
   const std::uint64_t max_split = *config_.max_split_size;
   Block key;
   key.stream = stream;
@@ -197,12 +356,25 @@ bool CachingAllocatorModel::release_available_cached_blocks(Pool& pool, std::uin
   return true;
 }
 
-// release_cached_blocks: every cached block that is a whole segment goes back to the device.
+// release_cached_blocks (release_blocks of each pool): every cached block that is a whole
+// segment goes back to the device; in an expandable segment, the whole pages inside each free
+// block are unmapped, and a segment left wholly unmapped is released.
 void CachingAllocatorModel::release_cached_blocks() {
   for (Pool* pool : {&large_, &small_}) {
+    std::vector<Block*> to_unmap;
     for (auto it = pool->begin(); it != pool->end();) {
       Block* b = *it++;
-      if (!b->prev && !b->next) release_block(b);
+      if (b->page)
+        to_unmap.push_back(b);
+      else if (!b->prev && !b->next)
+        release_block(b);
+    }
+    for (Block* b : to_unmap) {
+      unmap_block(b);
+      if (!b->prev && !b->next && !b->mapped) {
+        (b->small ? unmapped_small_ : unmapped_large_).erase(b);
+        delete b;  // release_expandable_segment: its address range goes
+      }
     }
   }
 }
@@ -213,7 +385,7 @@ void CachingAllocatorModel::release_block(Block* b) {
   if (b->prev || b->next || b->allocated)
     throw Error("caching allocator model: releasing a block that is not a whole free segment");
   (b->small ? small_ : large_).erase(b);
-  held_.erase(b->address);
+  set_segment(b->segment, 0);
   ++stats_.cuda_frees;
   stats_.segments.sub(1);
   stats_.reserved.sub(b->size);
@@ -222,7 +394,7 @@ void CachingAllocatorModel::release_block(Block* b) {
 
 bool CachingAllocatorModel::should_split(const Block* b, std::uint64_t size) const {
   const std::uint64_t remaining = b->size - size;
-  if (b->small) return remaining >= kMinBlockSize;
+  if (b->small || config_.expandable_segments) return remaining >= kMinBlockSize;
   const bool below_max_split = !config_.max_split_size || size < *config_.max_split_size;
   return below_max_split && remaining > kSmallSize;
 }
@@ -237,12 +409,12 @@ std::optional<CachingAllocatorOom> CachingAllocatorModel::malloc(std::uint64_t i
   const std::uint64_t alloc_size = allocation_size(size);
   const std::uint64_t reserved_peak_before = stats_.reserved.peak;
   Block* b = get_free_block(pool, size, stream);
-  if (!b) b = alloc_block(pool, alloc_size, stream, false);
+  if (!b) b = alloc_block(pool, alloc_size, size, stream, false);
   if (!b && release_available_cached_blocks(pool, size, stream))
-    b = alloc_block(pool, alloc_size, stream, false);
+    b = alloc_block(pool, alloc_size, size, stream, false);
   if (!b) {
     release_cached_blocks();
-    b = alloc_block(pool, alloc_size, stream, true);
+    b = alloc_block(pool, alloc_size, size, stream, true);
   }
   if (!b) {
     CachingAllocatorOom oom;
@@ -278,8 +450,14 @@ std::optional<CachingAllocatorOom> CachingAllocatorModel::malloc(std::uint64_t i
   active_[id] = b;
   stats_.allocated.add(b->size);
   stats_.requested.add(bytes);
-  if (stats_.reserved.peak > reserved_peak_before)
+  // The instant of the reserved peak with the most allocated: a new peak, or more allocated
+  // while reserved still stands at it.
+  if (stats_.reserved.peak > reserved_peak_before ||
+      (stats_.reserved.current == stats_.reserved.peak &&
+       stats_.allocated.current > stats_.allocated_at_reserved_peak)) {
     stats_.allocated_at_reserved_peak = stats_.allocated.current;
+    log_at_reserved_peak_ = segment_log_.size();
+  }
   return std::nullopt;
 }
 
@@ -306,8 +484,11 @@ void CachingAllocatorModel::free_block(Block* b) {
 }
 
 void CachingAllocatorModel::try_merge(Block* dst, Block* src) {
-  if (!src || src->allocated) return;
-  (src->small ? small_ : large_).erase(src);
+  if (!src || src->allocated || src->mapped != dst->mapped) return;
+  if (src->mapped)
+    (src->small ? small_ : large_).erase(src);
+  else
+    (src->small ? unmapped_small_ : unmapped_large_).erase(src);
   if (dst->prev == src) {
     dst->address = src->address;
     dst->prev = src->prev;
@@ -328,6 +509,35 @@ std::vector<std::uint64_t> CachingAllocatorModel::segment_sizes() const {
   std::vector<std::uint64_t> out;
   for (const auto& [address, size] : held_) out.push_back(size);
   return out;
+}
+
+void CachingAllocatorModel::set_segment(std::uint64_t segment, std::uint64_t size) {
+  if (size)
+    held_[segment] = size;
+  else
+    held_.erase(segment);
+  segment_log_.emplace_back(segment, size);
+}
+
+std::vector<std::uint64_t> CachingAllocatorModel::segments_at_reserved_peak() const {
+  std::map<std::uint64_t, std::uint64_t> held;
+  for (std::size_t n = 0; n < log_at_reserved_peak_; ++n) {
+    const auto& [address, size] = segment_log_[n];
+    if (size)
+      held[address] = size;
+    else
+      held.erase(address);
+  }
+  std::vector<std::uint64_t> out;
+  for (const auto& [address, size] : held) out.push_back(size);
+  return out;
+}
+
+void CachingAllocatorModel::reset_peaks() {
+  for (StatPair* p : {&stats_.allocated, &stats_.reserved, &stats_.requested, &stats_.segments})
+    p->peak = p->current;
+  stats_.allocated_at_reserved_peak = stats_.allocated.current;
+  log_at_reserved_peak_ = segment_log_.size();
 }
 
 }  // namespace trainmem

@@ -155,53 +155,30 @@ std::vector<AllocEvent> parse_alloc_events(const std::string& json_text,
   return out;
 }
 
-namespace {
-
-// Replays events[0, end) through `m`; the index of the event after which reserved last reached
-// a new peak (0 when none did), and the out-of-memory that stopped it, if one did.
-std::size_t replay_into(CachingAllocatorModel& m, const std::vector<AllocEvent>& events,
-                        std::size_t end, ReplayResult* r) {
-  std::size_t peak_event = 0;
-  for (std::size_t n = 0; n < end; ++n) {
+ReplayResult replay(const std::vector<AllocEvent>& events, const CachingAllocatorConfig& config) {
+  ReplayResult r;
+  r.config = config;
+  CachingAllocatorModel m(config);
+  for (std::size_t n = 0; n < events.size(); ++n) {
     const AllocEvent& e = events[n];
-    if (r) ++r->events;
+    ++r.events;
     try {
       if (!e.alloc) {
         m.free(e.id);
         continue;
       }
-      if (r) ++r->allocs;
-      const std::uint64_t peak = m.stats().reserved.peak;
+      ++r.allocs;
       if (auto oom = m.malloc(e.id, e.bytes, e.stream)) {
-        if (r) {
-          r->oom = std::move(oom);
-          r->oom_event = n;
-        }
+        r.oom = std::move(oom);
+        r.oom_event = n;
         break;
       }
-      if (m.stats().reserved.peak > peak) peak_event = n;
     } catch (const InputError& err) {
       throw InputError("event " + std::to_string(n) + ": " + err.what());
     }
   }
-  return peak_event;
-}
-
-}  // namespace
-
-ReplayResult replay(const std::vector<AllocEvent>& events, const CachingAllocatorConfig& config) {
-  ReplayResult r;
-  r.config = config;
-  CachingAllocatorModel m(config);
-  const std::size_t peak_event = replay_into(m, events, events.size(), &r);
   r.stats = m.stats();
-  // The segments when reserved peaked: a second pass up to that event (a copy of the segment
-  // list at every new peak would make a long, growing sequence quadratic).
-  if (r.stats.reserved.peak > 0) {
-    CachingAllocatorModel at_peak(config);
-    replay_into(at_peak, events, peak_event + 1, nullptr);
-    r.segments_at_reserved_peak = at_peak.segment_sizes();
-  }
+  r.segments_at_reserved_peak = m.segments_at_reserved_peak();
   return r;
 }
 

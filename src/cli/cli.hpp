@@ -55,6 +55,9 @@ struct RunFlags {
   std::string timeline;  // .json (Perfetto) or .svg
   // --device-budget SIZE (raw): the ledger's allocator refuses to go above it; "" for none.
   std::string device_budget;
+  // --allocator pytorch[:KEY=VALUE,...] (raw): mirror the run in a model of PyTorch's caching
+  // allocator; "" for none.
+  std::string allocator;
 };
 
 // Flags after validation. Errors are InputError naming the flag and what is allowed.

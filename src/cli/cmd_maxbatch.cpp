@@ -31,6 +31,7 @@ struct MaxbatchFlags {
   std::string vary = "batch";
   std::string overhead = "auto";
   std::int64_t step = 1;
+  std::string allocator;  // --allocator pytorch[:...], or ""
   LayoutFlags layout;
 };
 
@@ -108,6 +109,14 @@ int run_maxbatch(const MaxbatchFlags& flags) {
   rq.vary_batch = vary_batch;
   rq.step = flags.step;
   rq.budget = budget.bytes;
+  if (!flags.allocator.empty()) {
+    if (flags.layout.world != 1)
+      throw InputError("--allocator with --world-size " + std::to_string(flags.layout.world) +
+                       ": the caching allocator model is not applied per rank yet; use it on "
+                       "one GPU (--world-size 1)");
+    rq.allocator = parse_allocator_spec(flags.allocator);
+    rq.allocator_spec = flags.allocator;
+  }
   std::string overhead_source;
   if (flags.layout.world != 1) {
     if (flags.overhead != "auto")
@@ -145,6 +154,9 @@ Runner register_maxbatch(CLI::App& app) {
                   "Bytes no tensor owns, added to each peak: a SIZE, 'measure' (on the GPU), "
                   "or 'auto' (measure when a GPU is usable, else 0)")
       ->capture_default_str();
+  cmd->add_option("--allocator", flags->allocator,
+                  "Answer with what PyTorch's CUDA caching allocator would reserve (a model): "
+                  "pytorch, or pytorch:KEY=VALUE,... (docs/allocator.md)");
   cmd->add_option("--step", flags->step, "Granularity of the answer (e.g. 64 for --vary seq)")
       ->check(integer_check<std::int64_t>("an integer; allowed: an integer >= 1"))
       ->capture_default_str();

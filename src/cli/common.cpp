@@ -13,6 +13,7 @@
 #include "cli.hpp"
 #include "size.hpp"
 #include "trainmem/analytic/analytic.hpp"
+#include "trainmem/analytic/caching_allocator.hpp"
 #include "trainmem/backends/backend.hpp"
 #include "trainmem/base/atomic_file.hpp"
 #include "trainmem/base/error.hpp"
@@ -244,6 +245,10 @@ void add_run_flags(CLI::App& cmd, RunFlags& flags, bool several_runs) {
                                 "(out-of-memory: exit 3)"
                               : "Refuse allocations past SIZE live bytes (out-of-memory: exit "
                                 "3, the report of what was measured still written)");
+  cmd.add_option("--allocator", flags.allocator,
+                 "Also report what PyTorch's CUDA caching allocator would reserve: pytorch, or "
+                 "pytorch:KEY=VALUE,... with PYTORCH_CUDA_ALLOC_CONF's keys (docs/allocator.md); "
+                 "with --device-budget the out-of-memory is PyTorch's (reserved bytes)");
 }
 
 void check_outputs(const Common& c, const RunFlags& flags) {
@@ -273,6 +278,10 @@ RunRequest run_request(const Common& c, const RunFlags& flags) {
   rq.dump = flags.dump;
   if (!flags.device_budget.empty())
     rq.device_budget = parse_size(flags.device_budget, "--device-budget");
+  if (!flags.allocator.empty()) {
+    rq.allocator = parse_allocator_spec(flags.allocator);
+    rq.allocator_spec = flags.allocator;
+  }
   for (const auto& name : c.profiles) {
     const auto p = parse_profile(name);
     if (!p) throw InputError("--profile: unknown profile '" + name + "'");

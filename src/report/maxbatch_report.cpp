@@ -139,6 +139,8 @@ std::string render_one_gpu(const MaxbatchRequest& rq, const MaxbatchResult& m,
               {"overhead_source", overhead_source},
               {"budget_source", budget_source},
               {"step", rq.step},
+              {"peak_kind", rq.allocator ? "reserved" : "allocated"},
+              {"allocator", rq.allocator ? json(rq.allocator_spec) : json(nullptr)},
               {"model", report::model_json(rq.model, rq.model.param_count())},
               {"run", report::run_json(rq.train, "meta", 2)},
               {"traced", traced}};
@@ -158,8 +160,14 @@ std::string render_one_gpu(const MaxbatchRequest& rq, const MaxbatchResult& m,
     w->paragraph(family);
   w->paragraph("budget " + q(rq.budget) + " (" + budget_source + "); overhead " + q(rq.overhead) +
                " (" + overhead_source + ")");
-  w->banner("peaks: the meta backend's exact trace of the training step (" +
-            std::to_string(traced) + " configurations traced)");
+  if (rq.allocator)
+    w->banner("peaks: what PyTorch's caching allocator would reserve (a model, --allocator " +
+              rq.allocator_spec + ", on a device of budget − overhead; docs/allocator.md) for "
+              "the meta backend's exact trace of the training step (" +
+              std::to_string(traced) + " configurations traced)");
+  else
+    w->banner("peaks: the meta backend's exact trace of the training step (" +
+              std::to_string(traced) + " configurations traced)");
   if (s.best > 0)
     w->strong("largest " + vary + " that fits: " + std::to_string(s.best) + ", margin " +
               q(std::uint64_t(std::max<std::int64_t>(margin, 0))));

@@ -14,15 +14,6 @@ namespace {
 
 using nlohmann::json;
 
-std::string describe(const CachingAllocatorConfig& c) {
-  std::string s = "pytorch (max_split_size ";
-  s += c.max_split_size ? std::to_string(*c.max_split_size >> 20) + " MiB" : "unlimited";
-  s += ", max_non_split_rounding " + std::to_string(c.max_non_split_rounding >> 20) + " MiB";
-  s += ", roundup_power2_divisions " + std::to_string(c.roundup_power2_divisions);
-  s += ", expandable_segments false)";
-  return s;
-}
-
 json pair_json(const StatPair& p) {
   return json{{"current", p.current}, {"peak", p.peak}};
 }
@@ -37,6 +28,56 @@ std::string segment_list(const std::vector<std::uint64_t>& sizes, ByteUnit u) {
   return out.empty() ? "none" : out;
 }
 
+}  // namespace
+
+std::string describe_allocator(const CachingAllocatorConfig& c) {
+  std::string s = "pytorch (max_split_size ";
+  s += c.max_split_size ? std::to_string(*c.max_split_size >> 20) + " MiB" : "unlimited";
+  s += ", max_non_split_rounding " + std::to_string(c.max_non_split_rounding >> 20) + " MiB";
+  s += ", roundup_power2_divisions " + std::to_string(c.roundup_power2_divisions);
+  s += std::string(", expandable_segments ") + (c.expandable_segments ? "true" : "false") + ")";
+  return s;
+}
+
+json allocator_config_json(const CachingAllocatorConfig& c) {
+  return json{{"name", "pytorch"},
+              {"max_split_size", c.max_split_size ? json(*c.max_split_size) : json(nullptr)},
+              {"max_non_split_rounding", c.max_non_split_rounding},
+              {"roundup_power2_divisions", c.roundup_power2_divisions},
+              {"expandable_segments", c.expandable_segments}};
+}
+
+json allocator_stats_json(const CachingAllocatorStats& s,
+                          const std::vector<std::uint64_t>& segments_at_reserved_peak) {
+  return json{{"allocated", pair_json(s.allocated)},
+              {"reserved", pair_json(s.reserved)},
+              {"requested", pair_json(s.requested)},
+              {"segments", pair_json(s.segments)},
+              {"allocated_at_reserved_peak", s.allocated_at_reserved_peak},
+              {"segments_at_reserved_peak", segments_at_reserved_peak},
+              {"alloc_retries", s.alloc_retries},
+              {"cuda_mallocs", s.cuda_mallocs},
+              {"cuda_frees", s.cuda_frees}};
+}
+
+std::vector<std::string> allocator_peak_lines(
+    const CachingAllocatorStats& s, const std::vector<std::uint64_t>& segments_at_reserved_peak,
+    ByteUnit u) {
+  const std::uint64_t unused = s.reserved.peak - s.allocated_at_reserved_peak;
+  return {"at the reserved peak: " + format_bytes_with_unit(s.reserved.peak, u) + " reserved, " +
+              format_bytes_with_unit(s.allocated_at_reserved_peak, u) + " allocated, " +
+              format_bytes_with_unit(unused, u) + " cached and unused" +
+              (s.reserved.peak
+                   ? " (" + fixed(100.0 * double(unused) / double(s.reserved.peak), 1) + "%)"
+                   : std::string()),
+          "segments at the reserved peak: " + segment_list(segments_at_reserved_peak, u),
+          "cudaMalloc " + std::to_string(s.cuda_mallocs) + ", cudaFree " +
+              std::to_string(s.cuda_frees) + ", retries after freeing the cache " +
+              std::to_string(s.alloc_retries)};
+}
+
+namespace {
+
 json replay_json(const ReplayResult& r, const std::string& source, const std::string& budget) {
   const CachingAllocatorStats& s = r.stats;
   const CachingAllocatorConfig& c = r.config;
@@ -45,23 +86,10 @@ json replay_json(const ReplayResult& r, const std::string& source, const std::st
          {"events_file", source},
          {"events", r.events},
          {"allocations", r.allocs},
-         {"allocator",
-          {{"name", "pytorch"},
-           {"max_split_size", c.max_split_size ? json(*c.max_split_size) : json(nullptr)},
-           {"max_non_split_rounding", c.max_non_split_rounding},
-           {"roundup_power2_divisions", c.roundup_power2_divisions},
-           {"expandable_segments", false}}},
+         {"allocator", allocator_config_json(c)},
          {"budget", c.device_bytes ? json(*c.device_bytes) : json(nullptr)},
-         {"budget_source", budget},
-         {"allocated", pair_json(s.allocated)},
-         {"reserved", pair_json(s.reserved)},
-         {"requested", pair_json(s.requested)},
-         {"segments", pair_json(s.segments)},
-         {"allocated_at_reserved_peak", s.allocated_at_reserved_peak},
-         {"segments_at_reserved_peak", r.segments_at_reserved_peak},
-         {"alloc_retries", s.alloc_retries},
-         {"cuda_mallocs", s.cuda_mallocs},
-         {"cuda_frees", s.cuda_frees}};
+         {"budget_source", budget}};
+  j.update(allocator_stats_json(s, r.segments_at_reserved_peak));
   if (r.oom) {
     const CachingAllocatorOom& o = *r.oom;
     j["oom"] = json{{"event", r.oom_event},         {"requested", o.requested},
@@ -92,7 +120,7 @@ void write_replay(ReportWriter& w, const ReplayResult& r, const std::string& sou
   const ByteUnit u = table_unit(std::max(s.reserved.peak, s.allocated.peak));
   w.title("trainmem replay: " + source + " (" + std::to_string(r.events) + " events, " +
           std::to_string(r.allocs) + " allocations)");
-  w.paragraph("allocator: " + describe(r.config) + "; device: " +
+  w.paragraph("allocator: " + describe_allocator(r.config) + "; device: " +
               (budget_source.empty() ? std::string("unlimited (no --budget)") : budget_source));
   w.banner("PREDICTED: a model of PyTorch's CUDACachingAllocator (docs/allocator.md), not a GPU");
   Table t({{"", Align::left},
@@ -107,16 +135,8 @@ void write_replay(ReportWriter& w, const ReplayResult& r, const std::string& sou
   t.add_row({"segments (cudaMalloc'ed)", std::to_string(s.segments.current),
              std::to_string(s.segments.peak)});
   w.table(t);
-  const std::uint64_t unused = s.reserved.peak - s.allocated_at_reserved_peak;
-  w.line("at the reserved peak: " + format_bytes_with_unit(s.reserved.peak, u) + " reserved, " +
-         format_bytes_with_unit(s.allocated_at_reserved_peak, u) + " allocated, " +
-         format_bytes_with_unit(unused, u) + " cached and unused" +
-         (s.reserved.peak ? " (" + fixed(100.0 * double(unused) / double(s.reserved.peak), 1) + "%)"
-                          : std::string()));
-  w.line("segments at the reserved peak: " + segment_list(r.segments_at_reserved_peak, u));
-  w.line("cudaMalloc " + std::to_string(s.cuda_mallocs) + ", cudaFree " +
-         std::to_string(s.cuda_frees) + ", retries after freeing the cache " +
-         std::to_string(s.alloc_retries));
+  for (const std::string& line : allocator_peak_lines(s, r.segments_at_reserved_peak, u))
+    w.line(line);
   if (r.oom)
     w.alert({"OUT OF MEMORY at event " + std::to_string(r.oom_event) + " (" +
                  std::to_string(r.oom->requested) + " bytes): PyTorch would raise",

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "trainmem/report/report.hpp"
+#include "trainmem/report/replay_report.hpp"
 #include "trainmem/report/run_report.hpp"
 #include "trainmem/report/schema.hpp"
 
@@ -109,6 +110,18 @@ json run_result_json(const RunResult& r) {
   json tensors = json::array();
   for (const auto& t : r.tensors) tensors.push_back(tensor_record_json(t));
   j["tensors"] = tensors;
+  if (r.allocator_model) {
+    const AllocatorModelResult& a = *r.allocator_model;
+    json am = report::allocator_stats_json(a.step, a.segments_at_reserved_peak);
+    am["spec"] = a.spec;
+    am["config"] = report::allocator_config_json(a.config);
+    am["scope"] = "the last step, peaks reset at its start";
+    am["run_reserved_peak"] = a.run_reserved_peak;
+    am["run_allocated_peak"] = a.run_allocated_peak;
+    j["allocator_model"] = am;
+  } else {
+    j["allocator_model"] = nullptr;
+  }
   if (r.failure) j["error"] = failure_json(*r.failure);
   return j;
 }

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "trainmem/report/replay_report.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/report_writer.hpp"
 #include "trainmem/report/svg_chart.hpp"
@@ -208,6 +209,37 @@ std::string true_peak_heading(const RunResult& r, ByteUnit u) {
   return "True peak: " + format_bytes_with_unit(r.peak.bytes, u) + " " + where_text(r.peak);
 }
 
+// --allocator: the model's figures beside the ledger's peak.
+void write_allocator_model(report::ReportWriter& w, const RunResult& r, ByteUnit u) {
+  if (!r.allocator_model) return;
+  const AllocatorModelResult& a = *r.allocator_model;
+  const CachingAllocatorStats& s = a.step;
+  w.heading("What PyTorch's caching allocator would reserve (a model; --allocator " + a.spec +
+                "; the last step, its peaks reset at the step's start)",
+            "PyTorch's caching allocator (model)");
+  report::Table t({{"", report::Align::left},
+                   {std::string("step peak (") + u.name + ")"},
+                   {std::string("over the ledger's peak (") + u.name + ")"}});
+  const std::uint64_t ledger = r.ledger.peak;
+  auto row = [&](const std::string& name, std::uint64_t v) {
+    const std::string over = v >= ledger ? "+" + format_bytes(v - ledger, u)
+                                         : "-" + format_bytes(ledger - v, u);
+    t.add_row({name, format_bytes(v, u), over});
+  };
+  row("the ledger's peak (live tensor bytes)", ledger);
+  row("requested (the same tensors, as PyTorch counts them)", s.requested.peak);
+  row("allocated (memory_allocated: blocks of 512 B multiples)", s.allocated.peak);
+  row("reserved (memory_reserved: the segments held)", s.reserved.peak);
+  w.table(t);
+  w.paragraph_break();
+  w.line("allocator: " + report::describe_allocator(a.config) + "; docs/allocator.md");
+  for (const std::string& line : report::allocator_peak_lines(s, a.segments_at_reserved_peak, u))
+    w.line(line);
+  w.line("over the whole run (setup and every step, no reset): reserved peak " +
+         format_bytes_with_unit(a.run_reserved_peak, u) + ", allocated peak " +
+         format_bytes_with_unit(a.run_allocated_peak, u));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- the per-layer chart
@@ -278,6 +310,7 @@ void write_profile(report::ReportWriter& w, const RunResult& r) {
 
   w.heading(true_peak_heading(r, u));
   w.table(breakdown_table(r, u));
+  write_allocator_model(w, r, u);
   // The page's timeline (the HTML form only; the run keeps one for it).
   if (r.timeline)
     w.figure([&] {

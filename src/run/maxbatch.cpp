@@ -69,6 +69,10 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
   if (step < 1 || step > maxbatch_step_max(vary_batch))
     throw Error("find_max: the step is outside 1..maxbatch_step_max (the caller checks --step)");
   const bool distributed = rq.layout && rq.layout->distributed();
+  if (distributed && rq.allocator)
+    throw InputError(
+        "--allocator with --world-size above 1: the caching allocator model is not applied per "
+        "rank yet; use it on one GPU (--world-size 1)");
   if (distributed) {
     const ParallelConfig& par = *rq.layout;
     if (!vary_batch && par.sp && step % par.tp != 0)
@@ -97,10 +101,34 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
     one.probes = false;
     return execute_run(one).ledger.peak;
   };
+  // --allocator: PyTorch's caching allocator (a model) on a device of budget − overhead.
+  auto reserved_probe = [&](const TrainConfig& t) -> Probe {
+    if (out.added_bytes >= rq.budget) return {false, 0};
+    RunRequest one;
+    one.model = rq.model;
+    one.train = t;
+    one.backend = "meta";
+    one.steps = 2;
+    one.probes = false;
+    one.log_failure = false;
+    one.allocator = rq.allocator;
+    one.allocator_spec = rq.allocator_spec;
+    one.device_budget = rq.budget - out.added_bytes;
+    RunResult r = execute_run(one);
+    if (!r.failure) return {true, r.allocator_model->run_reserved_peak};
+    one.device_budget.reset();  // what it would reserve, unbounded
+    r = execute_run(one);
+    return {false, r.allocator_model->run_reserved_peak};
+  };
   auto probe = [&](std::int64_t v) -> Probe {
     TrainConfig t = rq.train;
     (vary_batch ? t.batch : t.seq) = v;
     try {
+      if (rq.allocator) {
+        const Probe p = reserved_probe(t);
+        ++out.traced;
+        return p;
+      }
       const std::uint64_t peak = peak_of(t);
       ++out.traced;
       return {checked_add(peak, out.added_bytes) <= rq.budget, peak};

@@ -84,8 +84,8 @@ RunResult start_result(const RunRequest& rq) {
 
 // Step 2: everything a run measures with, built in dependency order (each member uses the ones
 // declared before it) and torn down in the reverse order:
-//   backend -> CUPTI tagging (cuda with probes: wraps the backend's allocator) -> budget
-//   allocator (wraps that) -> ledger (allocates through the outermost of them) -> probes (read
+//   backend -> CUPTI tagging (cuda with probes: wraps the backend's allocator) -> the model of
+//   PyTorch's allocator (--allocator) or else the budget allocator (wraps that) -> ledger (allocates through the outermost of them) -> probes (read
 //   the backend's allocator and the ledger, and listen to the ledger's phases) -> model (its
 //   tensors live in the ledger).
 // The destructor makes the teardown that correctness needs explicit; see ~RunRig.
@@ -96,8 +96,9 @@ class RunRig {
         tagged_(be().kind() == BackendKind::cuda && rq.probes
                     ? std::make_unique<CuptiTagAllocator>(be().allocator())
                     : nullptr),
-        budget_(make_budget(inner_allocator(), rq.device_budget)),
-        ledger_(budget_ ? static_cast<Allocator&>(*budget_) : inner_allocator()) {
+        modelled_(make_modelled(inner_allocator(), rq)),
+        budget_(modelled_ ? nullptr : make_budget(inner_allocator(), rq.device_budget)),
+        ledger_(outer_allocator()) {
     r.backend = backend_name(be().kind());
     r.backend_note = chosen_.note;
     r.computes = be().computes();
@@ -126,7 +127,8 @@ class RunRig {
   // the model (its tensors go back to the ledger, and through it to the budget and the
   // backend's allocator, while all of them still exist), then the probes (they read the
   // ledger and the backend's allocator). The remaining members then go in reverse declaration
-  // order: the ledger, the budget allocator, the CUPTI tagging, and last the backend.
+  // order: the ledger, the budget allocator (or the allocator model), the CUPTI tagging, and
+  // last the backend.
   ~RunRig() {
     ledger_.set_phase_listener(nullptr);
     model_.reset();
@@ -137,6 +139,7 @@ class RunRig {
 
   Backend& be() { return *chosen_.backend; }
   Ledger& ledger() { return ledger_; }
+  ModelledAllocator* modelled() { return modelled_.get(); }
   ProbeSet& probes() { return *probes_; }
   std::unique_ptr<LlamaModel>& model() { return model_; }
 
@@ -146,13 +149,26 @@ class RunRig {
     if (!bytes) return nullptr;
     return std::make_unique<BudgetAllocator>(inner, *bytes);
   }
-  // What the budget (or, without one, the ledger) allocates through.
+  // --allocator: the model of PyTorch's allocator, given the device budget as its device size.
+  static std::unique_ptr<ModelledAllocator> make_modelled(Allocator& inner, const RunRequest& rq) {
+    if (!rq.allocator) return nullptr;
+    CachingAllocatorConfig config = *rq.allocator;
+    config.device_bytes = rq.device_budget;
+    return std::make_unique<ModelledAllocator>(inner, rq.allocator_spec, config);
+  }
+  // What the budget or the model (or, without either, the ledger) allocates through.
   Allocator& inner_allocator() {
     return tagged_ ? static_cast<Allocator&>(*tagged_) : be().allocator();
+  }
+  Allocator& outer_allocator() {
+    if (modelled_) return *modelled_;
+    if (budget_) return *budget_;
+    return inner_allocator();
   }
 
   ChosenBackend chosen_;
   std::unique_ptr<CuptiTagAllocator> tagged_;
+  std::unique_ptr<ModelledAllocator> modelled_;
   std::unique_ptr<BudgetAllocator> budget_;
   Ledger ledger_;
   std::unique_ptr<ProbeSet> probes_;
@@ -195,6 +211,7 @@ std::uint64_t run_steps(const RunRequest& rq, RunRig& rig, RunResult& r) {
     for (int step = 1; step <= rq.steps; ++step) {
       step_first_seq = ledger.timeline().size() + ledger.dropped_events() + 1;
       probes.begin_step(step);
+      if (rig.modelled()) rig.modelled()->begin_step();
       const auto t0 = std::chrono::steady_clock::now();
       const float loss = model->train_step(step == 1 && dump ? dump->capture() : nullptr);
       be.synchronize();
@@ -221,7 +238,8 @@ std::uint64_t run_steps(const RunRequest& rq, RunRig& rig, RunResult& r) {
     }
   } catch (const OutOfMemory& e) {
     r.failure = failure_of(e, model ? r.steps_done + 1 : 0, ledger);
-    spdlog::error("out of memory {}: {}",
+    if (rq.log_failure)
+      spdlog::error("out of memory {}: {}",
                   r.failure->step ? "in step " + std::to_string(r.failure->step) : "in setup",
                   e.what());
   }
@@ -236,6 +254,7 @@ void read_ledger(const RunRequest& rq, RunRig& rig, std::uint64_t step_first_seq
   r.peak = ledger.peak_total();
   for (int p = 0; p < kNumPhases; ++p) r.phase_peaks[p] = ledger.phase_peak(static_cast<Phase>(p));
   r.events = ledger.timeline().size() + ledger.dropped_events();
+  if (rig.modelled()) r.allocator_model = rig.modelled()->result();
   r.dropped_events = ledger.dropped_events();
   if (rig.model()) r.activations_by_layer = rig.model()->activations_by_layer();
   const int last_step = r.failure ? r.failure->step : r.steps_done;

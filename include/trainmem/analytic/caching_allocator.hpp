@@ -24,8 +24,14 @@
 //                     back to its pool; memory returns to the device only through the retries or
 //                     empty_cache.
 //
-// Not modelled (refused by the configuration check): expandable segments, the garbage
-// collection threshold, CUDA graphs' private pools, events and recordStream delaying reuse.
+// expandable_segments=true (PyTorch's ExpandableSegment): each pool and stream grows one virtual
+// range of 1.125 x the device (unbounded without a device size) by mapping pages (2 MiB small,
+// 20 MiB large) for the rounded request only; blocks split whenever >= 512 B remain, in both
+// pools; a free never unmaps; the retries and empty_cache unmap the whole pages inside free
+// blocks, and release a segment left wholly unmapped. docs/allocator.md, "Expandable segments".
+//
+// Not modelled (refused by the configuration check): the garbage collection threshold, CUDA
+// graphs' private pools, events and recordStream delaying reuse.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -46,7 +52,7 @@ struct CachingAllocatorConfig {
   std::uint64_t roundup_power2_divisions = 0;
   // What cudaMalloc can hand out in total (the device's free memory); unset: unlimited.
   std::optional<std::uint64_t> device_bytes;
-  bool expandable_segments = false;         // not modelled: check() refuses it
+  bool expandable_segments = false;
   double garbage_collection_threshold = 0;  // not modelled: check() refuses a value > 0
   // InputError naming the option and what is allowed.
   void check() const;
@@ -64,11 +70,15 @@ struct CachingAllocatorStats {
   StatPair allocated;               // bytes of the blocks handed out (memory_allocated)
   StatPair reserved;                // bytes of the segments held (memory_reserved)
   StatPair requested;               // bytes the callers asked for
-  StatPair segments;                // cudaMalloc'ed segments held
+  // cudaMalloc'ed segments held; an expandable segment is not counted (PyTorch's "segment"
+  // statistics do not count them either).
+  StatPair segments;
   std::uint64_t alloc_retries = 0;  // cudaMalloc retried after releasing cached blocks
+  // cudaMalloc / cudaFree calls; with expandable segments, the map and unmap calls
+  // (num_device_alloc / num_device_free).
   std::uint64_t cuda_mallocs = 0, cuda_frees = 0;
-  // At the instant the reserved peak was reached: the bytes allocated then (reserved - this is
-  // what the cache held unused at its largest).
+  // The most bytes allocated while reserved stood at its peak (reserved.peak - this: what the
+  // cache held unused then, at the least).
   std::uint64_t allocated_at_reserved_peak = 0;
 };
 
@@ -104,6 +114,10 @@ class CachingAllocatorModel {
   const CachingAllocatorStats& stats() const { return stats_; }
   // The segments held now: their sizes, in the order they were allocated.
   std::vector<std::uint64_t> segment_sizes() const;
+  // The segments held at that instant (since the start or reset_peaks()).
+  std::vector<std::uint64_t> segments_at_reserved_peak() const;
+  // torch.cuda.reset_peak_memory_stats(): every peak becomes its current value.
+  void reset_peaks();
 
   // The rules, exposed for the tests and the docs.
   std::uint64_t round_size(std::uint64_t bytes) const;
@@ -114,10 +128,23 @@ class CachingAllocatorModel {
   struct BySize {
     bool operator()(const Block* a, const Block* b) const;
   };
-  using Pool = std::set<Block*, BySize>;
+  struct ByAddress {
+    bool operator()(const Block* a, const Block* b) const;
+  };
+  using Pool = std::set<Block*, BySize>;        // free, mapped blocks
+  using Unmapped = std::set<Block*, ByAddress>;  // expandable segments' unmapped ranges
 
   Block* get_free_block(Pool& pool, std::uint64_t size, int stream);
-  Block* alloc_block(Pool& pool, std::uint64_t alloc_size, int stream, bool retry);
+  Block* alloc_block(Pool& pool, std::uint64_t alloc_size, std::uint64_t size, int stream,
+                     bool retry);
+  // Expandable segments (try_allocate_expandable_block and what it calls).
+  Block* try_allocate_expandable_block(Pool& pool, std::uint64_t size, int stream);
+  Block* find_expandable_block(Pool& pool, std::uint64_t size, int stream);
+  bool map_block(Block* to_map, std::uint64_t size);
+  void unmap_block(Block* b);
+  Unmapped& unmapped_of(const Pool& pool) {
+    return &pool == &small_ ? unmapped_small_ : unmapped_large_;
+  }
   bool release_available_cached_blocks(Pool& pool, std::uint64_t size, int stream);
   void release_cached_blocks();
   void release_block(Block* b);
@@ -128,10 +155,18 @@ class CachingAllocatorModel {
   CachingAllocatorConfig config_;
   CachingAllocatorStats stats_;
   Pool small_, large_;
+  Unmapped unmapped_small_, unmapped_large_;
   // Every block is in a pool (free) or here (allocated); the model owns them (new/delete).
   std::map<std::uint64_t, Block*> active_;       // id -> block
-  std::map<std::uint64_t, std::uint64_t> held_;  // segment address -> size
-  std::uint64_t next_address_ = 0;               // addresses handed out by the modelled cudaMalloc
+  // Segment -> bytes held (cudaMalloc'ed, or the pages an expandable segment has mapped).
+  std::map<std::uint64_t, std::uint64_t> held_;
+  // Every change to held_ in order (segment, new size; 0: released), and how many of them had
+  // happened when reserved last peaked: the segments at the peak are rebuilt from it on demand
+  // (a copy of held_ at every new peak would make a growing sequence quadratic).
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> segment_log_;
+  std::size_t log_at_reserved_peak_ = 0;
+  void set_segment(std::uint64_t address, std::uint64_t size);
+  std::uint64_t next_segment_ = 0;  // ids of the segments, in the order they were made
 };
 
 // ---------------------------------------------------------------- replaying a sequence

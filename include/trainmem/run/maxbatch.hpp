@@ -10,6 +10,7 @@
 #include <string>
 
 #include "trainmem/analytic/analytic_rank.hpp"
+#include "trainmem/analytic/caching_allocator.hpp"
 #include "trainmem/base/config.hpp"
 #include "trainmem/base/parallel.hpp"
 
@@ -50,6 +51,11 @@ struct MaxbatchRequest {
   // estimate_overheads(layout, overheads).
   std::optional<ParallelConfig> layout;
   OverheadOptions overheads;
+  // One GPU, --allocator: each candidate runs against a model of PyTorch's caching allocator
+  // with budget − overhead as the device; it fits when PyTorch would not raise, and its peak
+  // is the reserved peak of the whole run (of the run without the budget, when it does not fit).
+  std::optional<CachingAllocatorConfig> allocator;
+  std::string allocator_spec;
 };
 
 struct MaxbatchResult {

@@ -18,6 +18,7 @@
 #include "trainmem/base/figures.hpp"
 #include "trainmem/ledger/ledger.hpp"
 #include "trainmem/probes/probes.hpp"
+#include "trainmem/run/allocator_model.hpp"
 #include "trainmem/run/reconcile.hpp"
 #include "trainmem/run/timeline.hpp"
 
@@ -51,10 +52,16 @@ struct RunRequest {
   // --device-budget: the ledger's allocator refuses to go above this many live bytes (a
   // BudgetAllocator), so an out-of-memory can be provoked on any backend.
   std::optional<std::uint64_t> device_budget;
+  // --allocator pytorch[:...]: every allocation is mirrored in a model of PyTorch's caching
+  // allocator (allocator_model.hpp); with device_budget, the model decides the out-of-memory
+  // (reserved bytes against the budget) in place of the budget allocator.
+  std::optional<CachingAllocatorConfig> allocator;
+  std::string allocator_spec;
   std::vector<Profile> profiles;  // analytic profiles to attach (native is always computed)
   HfOptions hf;                   // the HF profiles' era, PyTorch series, loop, use_cache
   bool probes = true;             // device probes on cuda
   bool keep_timeline = false;     // build the last step's TimelineData
+  bool log_failure = true;        // log an out-of-memory as an error (a search's probes: no)
 };
 
 // Why a run stopped early (only out-of-memory is caught; other errors propagate).
@@ -108,6 +115,9 @@ struct RunResult {
   CuptiResult cupti;
   MemGetInfoResult memgetinfo;
   std::vector<SourceCheck> device_checks;
+
+  // --allocator: what PyTorch's caching allocator would reserve for this run's allocations.
+  std::optional<AllocatorModelResult> allocator_model;
 
   std::optional<RunFailure> failure;
 

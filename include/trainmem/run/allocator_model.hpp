@@ -1,0 +1,62 @@
+// --allocator pytorch[:...] on a run: every allocation the ledger makes is made again in a model
+// of PyTorch's CUDA caching allocator (include/trainmem/analytic/caching_allocator.hpp), so that
+// a run reports what `torch.cuda.memory_reserved()` would show for the same sequence of tensors,
+// and, with --device-budget, runs out of memory where PyTorch would: when the *reserved* bytes
+// cannot grow, not when the live bytes pass the budget. docs/allocator.md.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "trainmem/analytic/caching_allocator.hpp"
+#include "trainmem/ledger/ledger.hpp"
+
+namespace trainmem {
+
+// What a run read from the model.
+struct AllocatorModelResult {
+  std::string spec;  // as given (--allocator)
+  CachingAllocatorConfig config;
+  // The last step, its peaks reset at the step's start (torch.cuda.reset_peak_memory_stats()
+  // before the step, as the ledger's figures are the last step's); the whole run's peaks below.
+  CachingAllocatorStats step;
+  std::vector<std::uint64_t> segments_at_reserved_peak;  // of the last step
+  std::uint64_t run_reserved_peak = 0;   // setup and every step (max_memory_reserved, no reset)
+  std::uint64_t run_allocated_peak = 0;  // the same for memory_allocated
+  std::optional<CachingAllocatorOom> oom;
+};
+
+// An Allocator that passes every request to `inner` and mirrors it in the model. With
+// config.device_bytes set, a request the model cannot place (PyTorch would raise) is refused
+// (nullptr; failure_detail() gives PyTorch's message).
+class ModelledAllocator final : public Allocator {
+ public:
+  ModelledAllocator(Allocator& inner, std::string spec, CachingAllocatorConfig config);
+  void* allocate(std::uint64_t bytes) override;
+  void deallocate(void* ptr, std::uint64_t bytes) override;
+  const char* name() const override { return inner_.name(); }
+  bool touches_memory() const override { return inner_.touches_memory(); }
+  std::string failure_detail() const override;
+  void annotate(Category category, std::uint64_t tensor_id) override {
+    inner_.annotate(category, tensor_id);
+  }
+
+  // At a step's start: the whole run's peaks are kept, the model's are reset.
+  void begin_step();
+  AllocatorModelResult result() const;
+
+ private:
+  Allocator& inner_;
+  std::string spec_;
+  CachingAllocatorConfig config_;
+  CachingAllocatorModel model_;
+  std::unordered_map<void*, std::uint64_t> ids_;  // live pointer -> the model's id
+  std::uint64_t next_id_ = 1;
+  std::uint64_t run_reserved_peak_ = 0, run_allocated_peak_ = 0;
+  std::optional<CachingAllocatorOom> oom_;
+  bool inner_refused_ = false;
+};
+
+}  // namespace trainmem
