@@ -1,0 +1,138 @@
+// End to end: `--allocator pytorch[:...]` on a run (profile) and on maxbatch: every allocation of
+// the step mirrored in the model of PyTorch's caching allocator (docs/allocator.md). What is
+// asserted follows from what the allocator is, not from our code: it is asked for exactly the
+// ledger's tensors (requested == the ledger's peak); it hands out blocks of at least the request
+// (allocated >= requested) carved from what it reserves (reserved >= allocated); under a device
+// budget it raises when the *reserved* bytes cannot grow, which can happen while the live bytes
+// are still under the budget; and a batch that fits what PyTorch reserves fits the live bytes.
+#include <gtest/gtest.h>
+
+#include "test_cli_e2e_helpers.hpp"
+
+namespace trainmem::e2e {
+namespace {
+
+constexpr std::uint64_t MiB = 1048576;
+const std::string kRun = "profile --model tiny --seq 128 --batch 4 --backend meta --format json";
+
+std::uint64_t u64(const json& j) {
+  return j.get<std::uint64_t>();
+}
+
+TEST(CliE2EAllocator, ProfileReportsWhatPyTorchWouldReserve) {
+  for (const std::string spec : {"pytorch", "pytorch:expandable_segments=true"}) {
+    SCOPED_TRACE(spec);
+    const Result r = trainmem(kRun + " --allocator " + spec);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const json j = r.j();
+    const json& a = j["allocator_model"];
+    ASSERT_TRUE(a.is_object());
+    EXPECT_EQ(a["spec"], spec);
+    EXPECT_EQ(a["config"]["expandable_segments"], spec != "pytorch");
+    const std::uint64_t ledger_peak = u64(j["measured"]["ledger"]["peak"]);
+    EXPECT_EQ(u64(a["requested"]["peak"]), ledger_peak);  // the same tensors, the same instant
+    EXPECT_GE(u64(a["allocated"]["peak"]), ledger_peak);
+    EXPECT_GE(u64(a["reserved"]["peak"]), u64(a["allocated"]["peak"]));
+    EXPECT_GE(u64(a["run_reserved_peak"]), u64(a["reserved"]["peak"]));
+    EXPECT_LE(u64(a["allocated_at_reserved_peak"]), u64(a["reserved"]["peak"]));
+    // Reserved is made of whole segments (multiples of 2 MiB in both modes: 2 MiB, 20 MiB or a
+    // large request rounded up to 2 MiB; pages of 2 MiB or 20 MiB).
+    EXPECT_EQ(u64(a["reserved"]["peak"]) % (2 * MiB), 0u);
+    std::uint64_t at_peak = 0;
+    for (const auto& s : a["segments_at_reserved_peak"]) at_peak += u64(s);
+    EXPECT_EQ(at_peak, u64(a["reserved"]["peak"]));
+    // A run without --allocator says so.
+    if (spec == "pytorch") {
+      const Result plain = trainmem(kRun);
+      ASSERT_EQ(plain.code, 0) << plain.err;
+      EXPECT_TRUE(plain.j()["allocator_model"].is_null());
+      EXPECT_EQ(u64(plain.j()["measured"]["ledger"]["peak"]), ledger_peak);
+    }
+  }
+  const Result text = trainmem(
+      "profile --model tiny --seq 128 --batch 4 --backend meta --allocator pytorch");
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("What PyTorch's caching allocator would reserve"), std::string::npos);
+  EXPECT_NE(text.out.find("reserved (memory_reserved"), std::string::npos);
+}
+
+TEST(CliE2EAllocator, UnderABudgetPyTorchRunsOutOfReservedMemoryFirst) {
+  const Result free_run = trainmem(kRun + " --allocator pytorch");
+  ASSERT_EQ(free_run.code, 0) << free_run.err;
+  const json fj = free_run.j();
+  const json& a = fj["allocator_model"];
+  const std::uint64_t live = u64(fj["measured"]["ledger"]["peak"]);
+  const std::uint64_t reserved = u64(a["run_reserved_peak"]);
+  ASSERT_GT(reserved, live + 1) << "the tiny step's cache should hold more than its live bytes";
+  // A budget between the live peak and the reserved peak: the live bytes fit it (the plain
+  // budget allocator passes); PyTorch's allocator, reserving more, has to run out unless its
+  // release-and-retry saves it, and then it never reserves more than the budget.
+  const std::string budget = std::to_string(live + (reserved - live) / 2) + "B";
+  const Result plain = trainmem(kRun + " --device-budget " + budget);
+  EXPECT_EQ(plain.code, 0) << plain.err;
+  const Result modelled = trainmem(kRun + " --allocator pytorch --device-budget " + budget);
+  if (modelled.code == 0) {
+    EXPECT_LE(u64(modelled.j()["allocator_model"]["run_reserved_peak"]),
+              live + (reserved - live) / 2);
+    EXPECT_GT(u64(modelled.j()["allocator_model"]["alloc_retries"]), 0u);
+  } else {
+    ASSERT_EQ(modelled.code, 3) << modelled.err;
+    EXPECT_NE(modelled.err.find("PyTorch's caching allocator (pytorch) would raise: CUDA out of "
+                                "memory. Tried to allocate"),
+              std::string::npos)
+        << modelled.err;
+    const json j = modelled.j();  // the partial report is still written
+    EXPECT_FALSE(j["error"].is_null());
+    EXPECT_LE(u64(j["allocator_model"]["run_reserved_peak"]), live + (reserved - live) / 2);
+  }
+  // Far below the live peak, both refuse.
+  const Result tight = trainmem(kRun + " --allocator pytorch --device-budget 1MiB");
+  EXPECT_EQ(tight.code, 3) << tight.err;
+}
+
+TEST(CliE2EAllocator, MaxbatchAnswersWithReservedMemory) {
+  const std::string base = "maxbatch --model tiny --seq 128 --budget 256MiB --overhead 0 --format json";
+  const Result plain = trainmem(base);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_EQ(plain.j()["peak_kind"], "allocated");
+  for (const std::string spec : {"pytorch", "pytorch:expandable_segments=true"}) {
+    SCOPED_TRACE(spec);
+    const Result r = trainmem(base + " --allocator " + spec);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const json j = r.j();
+    EXPECT_EQ(j["peak_kind"], "reserved");
+    EXPECT_EQ(j["allocator"], spec);
+    // What fits PyTorch's reserve fits the live bytes: never a larger batch than without it.
+    const std::int64_t best = j["batch"].get<std::int64_t>();
+    EXPECT_GT(best, 0);
+    EXPECT_LE(best, plain.j()["batch"].get<std::int64_t>());
+    EXPECT_LE(u64(j["peak"]), 256 * MiB);
+    EXPECT_GT(u64(j["next_peak"]), 256 * MiB);
+    // The answer agrees with a profile run under the same budget: the best batch runs, the next
+    // one raises PyTorch's out-of-memory.
+    const std::string run = "profile --model tiny --seq 128 --backend meta --format json "
+                            "--device-budget 256MiB --allocator " + spec + " --batch ";
+    EXPECT_EQ(trainmem(run + std::to_string(best)).code, 0);
+    EXPECT_EQ(trainmem(run + std::to_string(best + 1)).code, 3);
+  }
+  const Result layout = trainmem(base + " --world-size 2 --zero 1 --allocator pytorch");
+  EXPECT_EQ(layout.code, 2);
+  EXPECT_NE(layout.err.find("--allocator with --world-size 2"), std::string::npos) << layout.err;
+}
+
+TEST(CliE2EAllocator, BadSpecsAndUnsupportedCommandsExit2NamingTheFlag) {
+  const Result bad = trainmem(kRun + " --allocator pytorch:expandable_segments=yes");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--allocator: expandable_segments=yes"), std::string::npos) << bad.err;
+  const Result layout = trainmem(
+      "profile --model tiny --backend meta --world-size 2 --zero 1 --allocator pytorch");
+  EXPECT_EQ(layout.code, 2);
+  EXPECT_NE(layout.err.find("--allocator with --world-size 2"), std::string::npos) << layout.err;
+  // compare and sweep do not take it yet: refused, not ignored.
+  const Result compare = trainmem("compare --model tiny --backend meta --allocator pytorch");
+  EXPECT_EQ(compare.code, 2);
+  EXPECT_NE(compare.err.find("--allocator"), std::string::npos) << compare.err;
+}
+
+}  // namespace
+}  // namespace trainmem::e2e
