@@ -408,7 +408,17 @@ LAYOUT_FLAGS = {
     "--nccl-memory": lambda rng: rng.choice(SIZE_TEXT),
     "--nccl-channels": lambda rng: int_text(rng, 64),
 }
+def allocator_text(rng):
+    return rng.choice([
+        "pytorch", "pytorch:max_split_size_mb=128", "pytorch:max_split_size_mb=20",
+        "pytorch:roundup_power2_divisions=4", "pytorch:roundup_power2_divisions=3",
+        "pytorch:expandable_segments=true", "pytorch:expandable_segments=false",
+        "pytorch:garbage_collection_threshold=0.6", "pytorch:", "pytorch:=,=",
+        "pytorch:max_split_size_mb=99999999999999999999", "cuda", ""])
+
+
 PROFILE_FLAGS = {
+    "--allocator": allocator_text,
     "--steps": lambda rng: int_text(rng, 10000),
     "--seed": lambda rng: int_text(rng, 2**64),
     "--device-budget": lambda rng: rng.choice(SIZE_TEXT),
@@ -418,6 +428,7 @@ PROFILE_FLAGS = {
     "--collectives": lambda rng: rng.choice(["mpi", "nccl", "x"]),
 }
 MAXBATCH_FLAGS = {
+    "--allocator": allocator_text,
     "--budget": lambda rng: rng.choice(SIZE_TEXT),
     "--vary": lambda rng: rng.choice(["batch", "seq", "both", ""]),
     "--overhead": lambda rng: rng.choice(SIZE_TEXT),
@@ -539,12 +550,7 @@ def case_events(rng, env):
     if rng.random() < 0.5:
         args += ["--budget", rng.choice(["40MiB", "1GiB", "0", "-1", "1e309GiB", "x", "24GB"])]
     if rng.random() < 0.4:
-        args += ["--allocator", rng.choice([
-            "pytorch", "pytorch:max_split_size_mb=128", "pytorch:max_split_size_mb=20",
-            "pytorch:roundup_power2_divisions=4", "pytorch:roundup_power2_divisions=3",
-            "pytorch:expandable_segments=true", "pytorch:expandable_segments=false",
-            "pytorch:garbage_collection_threshold=0.6", "pytorch:", "pytorch:=,=",
-            "pytorch:max_split_size_mb=99999999999999999999", "cuda", ""])]
+        args += ["--allocator", allocator_text(rng)]
     if rng.random() < 0.3:
         args += ["--format", rng.choice(["json", "csv", "markdown", "table", "html"])]
     return args, files

@@ -18,10 +18,11 @@ json pair_json(const StatPair& p) {
   return json{{"current", p.current}, {"peak", p.peak}};
 }
 
-// Segment sizes as "size × count", largest first.
-std::string segment_list(const std::vector<std::uint64_t>& sizes, ByteUnit u) {
+// Segment sizes as "size × count", largest first, in the unit of the largest.
+std::string segment_list(const std::vector<std::uint64_t>& sizes) {
   std::map<std::uint64_t, int, std::greater<>> count;
   for (auto s : sizes) ++count[s];
+  const ByteUnit u = table_unit(count.empty() ? 0 : count.begin()->first);
   std::string out;
   for (const auto& [size, n] : count)
     out += (out.empty() ? "" : ", ") + format_bytes_with_unit(size, u) + " × " + std::to_string(n);
@@ -70,7 +71,7 @@ std::vector<std::string> allocator_peak_lines(
               (s.reserved.peak
                    ? " (" + fixed(100.0 * double(unused) / double(s.reserved.peak), 1) + "%)"
                    : std::string()),
-          "segments at the reserved peak: " + segment_list(segments_at_reserved_peak, u),
+          "segments at the reserved peak: " + segment_list(segments_at_reserved_peak),
           "cudaMalloc " + std::to_string(s.cuda_mallocs) + ", cudaFree " +
               std::to_string(s.cuda_frees) + ", retries after freeing the cache " +
               std::to_string(s.alloc_retries)};
