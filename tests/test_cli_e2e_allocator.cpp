@@ -7,6 +7,8 @@
 // are still under the budget; and a batch that fits what PyTorch reserves fits the live bytes.
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include "test_cli_e2e_helpers.hpp"
 
 namespace trainmem::e2e {
@@ -128,10 +130,77 @@ TEST(CliE2EAllocator, BadSpecsAndUnsupportedCommandsExit2NamingTheFlag) {
       "profile --model tiny --backend meta --world-size 2 --zero 1 --allocator pytorch");
   EXPECT_EQ(layout.code, 2);
   EXPECT_NE(layout.err.find("--allocator with --world-size 2"), std::string::npos) << layout.err;
-  // compare and sweep do not take it yet: refused, not ignored.
-  const Result compare = trainmem("compare --model tiny --backend meta --allocator pytorch");
+  const Result compare = trainmem(
+      "compare --model tiny --backend meta --world-size 2 --zero 1 --allocator pytorch");
   EXPECT_EQ(compare.code, 2);
-  EXPECT_NE(compare.err.find("--allocator"), std::string::npos) << compare.err;
+  EXPECT_NE(compare.err.find("--allocator with --world-size 2"), std::string::npos)
+      << compare.err;
+}
+
+TEST(CliE2EAllocator, CompareShowsExpandableSegmentsOffAndOnFromOneRun) {
+  for (const std::string spec : {"pytorch", "pytorch:expandable_segments=true"}) {
+    SCOPED_TRACE(spec);
+    const Result r = trainmem(
+        "compare --model tiny --seq 128 --batch 4 --backend meta --format json --allocator " +
+        spec);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const json j = r.j();
+    ASSERT_EQ(j["runs"].size(), 2u);  // checkpointing none, full
+    for (const json& run : j["runs"]) {
+      const json& a = run["allocator_model"];
+      ASSERT_TRUE(a.is_object());
+      const bool expandable = a["config"]["expandable_segments"].get<bool>();
+      EXPECT_EQ(expandable, spec != "pytorch");
+      ASSERT_EQ(a["shadows"].size(), 1u);
+      const json& other = a["shadows"][0];
+      EXPECT_EQ(other["config"]["expandable_segments"].get<bool>(), !expandable);
+      // The same tensors were asked of both: the same requested peak, the ledger's.
+      EXPECT_EQ(u64(other["requested"]["peak"]), u64(a["requested"]["peak"]));
+      EXPECT_EQ(u64(a["requested"]["peak"]), u64(run["measured"]["ledger"]["peak"]));
+      EXPECT_GE(u64(other["reserved"]["peak"]), u64(other["allocated"]["peak"]));
+      // The shadow is the model the flipped spec builds: a profile with it reserves the same.
+      const Result alone = trainmem(
+          "profile --model tiny --seq 128 --batch 4 --backend meta --format json --checkpointing " +
+          run["run"]["checkpointing"].get<std::string>() + " --allocator " +
+          other["spec"].get<std::string>());
+      ASSERT_EQ(alone.code, 0) << alone.err;
+      EXPECT_EQ(u64(alone.j()["allocator_model"]["reserved"]["peak"]),
+                u64(other["reserved"]["peak"]));
+    }
+  }
+  const Result text =
+      trainmem("compare --model tiny --seq 128 --batch 4 --backend meta --allocator pytorch");
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("reserved (pytorch:expandable_segments=true)"), std::string::npos)
+      << text.out;
+}
+
+TEST(CliE2EAllocator, SweepAddsTheReservedPeakPerPoint) {
+  const Result r = trainmem(
+      "sweep --model tiny --backend meta --batch 1,4 --seq 64,128 --format csv --allocator "
+      "pytorch");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::istringstream in(r.out);
+  std::string header, line;
+  std::getline(in, header);
+  EXPECT_NE(header.find(",peak,reserved_peak,out_of_memory"), std::string::npos) << header;
+  int rows = 0;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    std::vector<std::string> f;
+    std::stringstream ls(line);
+    std::string cell;
+    while (std::getline(ls, cell, ',')) f.push_back(cell);
+    ASSERT_EQ(f.size(), 13u) << line;
+    EXPECT_GE(std::stoull(f[11]), std::stoull(f[10])) << line;  // reserved >= the live peak
+    EXPECT_EQ(std::stoull(f[11]) % (2 * MiB), 0u) << line;    // whole segments
+    ++rows;
+  }
+  EXPECT_EQ(rows, 4);
+  const Result plain =
+      trainmem("sweep --model tiny --backend meta --batch 1 --seq 64 --format csv");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_EQ(plain.out.find("reserved_peak"), std::string::npos);
 }
 
 }  // namespace

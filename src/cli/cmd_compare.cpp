@@ -95,6 +95,10 @@ int run_compare(const CompareFlags& flags) {
   const ParallelConfig par = resolve_layout(flags.layout, c.model, c.train);
   const std::string& be = flags.run.backend;
   check_collectives_flag(flags.launch, par.distributed() && (be == "cpu" || be == "cuda"));
+  if (par.distributed() && !flags.run.allocator.empty())
+    throw InputError("--allocator with --world-size " + std::to_string(par.world) +
+                     ": the caching allocator model is not applied per rank yet; use it on one "
+                     "GPU's step (--world-size 1)");
   if (par.distributed()) return run_compare_layout(c, flags, par);
   if (!flags.run.timeline.empty()) validate_timeline_path(flags.run.timeline);
   if (!flags.run.dump.empty())
@@ -105,6 +109,17 @@ int run_compare(const CompareFlags& flags) {
   for (Optimizer o : c.optimizers) {
     for (Checkpointing mode : {Checkpointing::none, Checkpointing::full}) {
       RunRequest rq = run_request(c, flags.run);
+      // --allocator: the reserve with expandable segments flipped too, from the same run.
+      if (rq.allocator)
+        rq.allocator_shadows.push_back(
+            {rq.allocator_spec +
+                 (rq.allocator_spec.find(':') == std::string::npos ? ":" : ",") +
+                 "expandable_segments=" + (rq.allocator->expandable_segments ? "false" : "true"),
+             [&] {
+               CachingAllocatorConfig other = *rq.allocator;
+               other.expandable_segments = !other.expandable_segments;
+               return other;
+             }()});
       rq.train.optimizer = o;
       rq.train.checkpointing = mode;
       rq.keep_timeline |= c.format == Format::html;  // the page shows every run's timeline

@@ -245,12 +245,12 @@ void add_run_flags(CLI::App& cmd, RunFlags& flags, bool several_runs) {
                                 "(out-of-memory: exit 3)"
                               : "Refuse allocations past SIZE live bytes (out-of-memory: exit "
                                 "3, the report of what was measured still written)");
-  // compare and sweep do not show the model's figures yet: the flag is profile's only.
-  if (!several_runs)
-    cmd.add_option("--allocator", flags.allocator,
-                 "Also report what PyTorch's CUDA caching allocator would reserve: pytorch, or "
-                 "pytorch:KEY=VALUE,... with PYTORCH_CUDA_ALLOC_CONF's keys (docs/allocator.md); "
-                 "with --device-budget the out-of-memory is PyTorch's (reserved bytes)");
+  cmd.add_option("--allocator", flags.allocator,
+                 std::string("Also report what PyTorch's CUDA caching allocator would reserve: "
+                             "pytorch, or pytorch:KEY=VALUE,... with PYTORCH_CUDA_ALLOC_CONF's "
+                             "keys (docs/allocator.md); with --device-budget the out-of-memory "
+                             "is PyTorch's (reserved bytes)") +
+                     (several_runs ? "; every run" : ""));
 }
 
 void check_outputs(const Common& c, const RunFlags& flags) {

@@ -229,6 +229,46 @@ json compare_json(const std::vector<ComparePair>& pairs, const std::vector<RunRe
 }  // namespace
 
 // The report, described once for every format.
+// --allocator: each run's reserve under the given configuration and under the other setting of
+// expandable segments (a shadow model fed the same run).
+void write_allocator_table(report::ReportWriter& w, const std::vector<RunResult>& runs, ByteUnit u) {
+  const RunResult& first = runs.front();
+  if (!first.allocator_model) return;
+  const std::string spec = first.allocator_model->spec;
+  const std::string other =
+      first.allocator_shadows.empty() ? std::string() : first.allocator_shadows.front().spec;
+  w.heading(std::string("What PyTorch's caching allocator would reserve (a model; ") + u.name +
+                "; the last step's peaks; reserved under --allocator " + spec +
+                (other.empty() ? "" : " and under " + other) + ")",
+            "PyTorch's caching allocator (model)");
+  std::vector<report::Table::Column> cols = {{"optimizer", report::Align::left},
+                                      {"checkpointing", report::Align::left},
+                                      {"ledger peak"},
+                                      {"allocated"},
+                                      {"reserved"}};
+  if (!other.empty()) cols.push_back({"reserved (" + other + ")"});
+  report::Table t(cols);
+  for (const RunResult& r : runs) {
+    if (!r.allocator_model) continue;
+    std::vector<report::Cell> row;
+    for (const std::string& cell :
+         {std::string(optimizer_name(r.train.optimizer)),
+          std::string(checkpointing_name(r.train.checkpointing)), format_bytes(r.ledger.peak, u),
+          format_bytes(r.allocator_model->step.allocated.peak, u),
+          format_bytes(r.allocator_model->step.reserved.peak, u)})
+      row.emplace_back(cell);
+    if (!other.empty())
+      row.emplace_back(r.allocator_shadows.empty()
+                           ? std::string("-")
+                           : format_bytes(r.allocator_shadows.front().step.reserved.peak, u));
+    t.add_row(std::move(row));
+  }
+  w.table(t);
+  if (!other.empty())
+    w.detail("the second reserve comes from a model fed the same run without a device limit "
+             "(docs/allocator.md)");
+}
+
 void write_compare(report::ReportWriter& w, const std::vector<ComparePair>& pairs,
                    const std::vector<RunResult>& runs) {
   w.document([&] { return compare_json(pairs, runs); });
@@ -255,6 +295,7 @@ void write_compare(report::ReportWriter& w, const std::vector<ComparePair>& pair
   w.table(memory_table(pairs, u, first.computes));
   w.heading("What checkpointing saves and what it costs");
   for (const auto& p : pairs) w.item(saving_line(p, u));
+  write_allocator_table(w, runs, u);
   // The page: each optimizer's two steps side by side, checkpointing none | full (the HTML
   // form only; the runs keep their timelines for it).
   bool timelines = false;

@@ -118,6 +118,16 @@ json run_result_json(const RunResult& r) {
     am["scope"] = "the last step, peaks reset at its start";
     am["run_reserved_peak"] = a.run_reserved_peak;
     am["run_allocated_peak"] = a.run_allocated_peak;
+    json shadows = json::array();
+    for (const AllocatorModelResult& sh : r.allocator_shadows) {
+      json one = report::allocator_stats_json(sh.step, sh.segments_at_reserved_peak);
+      one["spec"] = sh.spec;
+      one["config"] = report::allocator_config_json(sh.config);
+      one["run_reserved_peak"] = sh.run_reserved_peak;
+      one["run_allocated_peak"] = sh.run_allocated_peak;
+      shadows.push_back(one);
+    }
+    am["shadows"] = shadows;
     j["allocator_model"] = am;
   } else {
     j["allocator_model"] = nullptr;

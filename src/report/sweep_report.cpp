@@ -46,6 +46,8 @@ report::Table runs_table(const std::vector<RunResult>& runs, bool several_models
   cols.push_back({"per layer (B)"});
   cols.push_back({"native per layer (B)"});
   cols.push_back({std::string("Peak (") + u.name + ")"});
+  const bool reserved = runs.front().allocator_model.has_value();  // --allocator
+  if (reserved) cols.push_back({std::string("Reserved (") + u.name + ")"});
   cols.push_back({"native", report::Align::left});
   report::Table t(cols);
   for (const auto& r : runs) {
@@ -61,6 +63,9 @@ report::Table runs_table(const std::vector<RunResult>& runs, bool several_models
     cells.emplace_back(report::with_commas(r.per_layer_activations()));
     cells.emplace_back(report::with_commas(r.native().activations.per_layer_bytes));
     cells.emplace_back(format_bytes(r.ledger.peak, u));
+    if (reserved)
+      cells.emplace_back(r.allocator_model ? format_bytes(r.allocator_model->step.reserved.peak, u)
+                                           : std::string("-"));
     cells.push_back(native_cell(r));
     t.add_row(std::move(cells));
   }
@@ -81,14 +86,27 @@ report::Table runs_bytes_table(const std::vector<RunResult>& runs) {
                    {"activations_peak"},
                    {"peak"},
                    {"out_of_memory", report::Align::left}});
-  for (const auto& r : runs)
-    t.add_row({r.model.name, std::to_string(r.model.hidden), std::to_string(r.model.intermediate),
-               std::to_string(r.model.heads), std::to_string(r.train.batch),
-               std::to_string(r.train.seq), std::to_string(r.ledger.activations),
-               std::to_string(r.per_layer_activations()),
-               std::to_string(r.native().activations.per_layer_bytes),
-               std::to_string(r.ledger.activations_peak), std::to_string(r.ledger.peak),
-               r.failure ? "true" : "false"});
+  const bool reserved = runs.front().allocator_model.has_value();  // --allocator: one more
+  if (reserved) t = report::Table([&] {
+    auto cols = t.columns();
+    cols.insert(cols.end() - 1, report::Table::Column{"reserved_peak"});
+    return cols;
+  }());
+  for (const auto& r : runs) {
+    std::vector<report::Cell> row;
+    for (const std::string& cell : {
+        r.model.name, std::to_string(r.model.hidden), std::to_string(r.model.intermediate),
+        std::to_string(r.model.heads), std::to_string(r.train.batch), std::to_string(r.train.seq),
+        std::to_string(r.ledger.activations), std::to_string(r.per_layer_activations()),
+        std::to_string(r.native().activations.per_layer_bytes),
+        std::to_string(r.ledger.activations_peak), std::to_string(r.ledger.peak)})
+      row.emplace_back(cell);
+    if (reserved)
+      row.emplace_back(r.allocator_model ? std::to_string(r.allocator_model->step.reserved.peak)
+                                         : std::string());
+    row.emplace_back(std::string(r.failure ? "true" : "false"));
+    t.add_row(std::move(row));
+  }
   return t;
 }
 

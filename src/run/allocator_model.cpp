@@ -7,58 +7,82 @@
 
 namespace trainmem {
 
+void ModelledAllocator::Mirror::begin_step() {
+  const CachingAllocatorStats& s = model.stats();
+  run_reserved_peak = std::max(run_reserved_peak, s.reserved.peak);
+  run_allocated_peak = std::max(run_allocated_peak, s.allocated.peak);
+  model.reset_peaks();
+}
+
+AllocatorModelResult ModelledAllocator::Mirror::result() const {
+  AllocatorModelResult r;
+  r.spec = spec;
+  r.config = config;
+  r.step = model.stats();
+  r.segments_at_reserved_peak = model.segments_at_reserved_peak();
+  r.run_reserved_peak = std::max(run_reserved_peak, r.step.reserved.peak);
+  r.run_allocated_peak = std::max(run_allocated_peak, r.step.allocated.peak);
+  return r;
+}
+
 ModelledAllocator::ModelledAllocator(Allocator& inner, std::string spec,
-                                     CachingAllocatorConfig config)
-    : inner_(inner), spec_(std::move(spec)), config_(config), model_(std::move(config)) {}
+                                     CachingAllocatorConfig config,
+                                     const std::vector<ShadowAllocator>& shadows)
+    : inner_(inner), primary_(std::move(spec), std::move(config)) {
+  for (const ShadowAllocator& s : shadows) {
+    CachingAllocatorConfig c = s.config;
+    c.device_bytes.reset();  // figures only: a shadow never refuses
+    shadows_.push_back(std::make_unique<Mirror>(s.spec, c));
+  }
+}
 
 void* ModelledAllocator::allocate(std::uint64_t bytes) {
   const std::uint64_t id = next_id_++;
   inner_refused_ = false;
-  if (auto oom = model_.malloc(id, bytes)) {
+  if (auto oom = primary_.model.malloc(id, bytes)) {
     oom_ = std::move(oom);
     return nullptr;
   }
   void* p = inner_.allocate(bytes);
   if (p == nullptr) {
-    model_.free(id);
+    primary_.model.free(id);
     inner_refused_ = true;
     return nullptr;
   }
+  for (auto& s : shadows_) s->model.malloc(id, bytes);  // unlimited: never refuses
   ids_[p] = id;
   return p;
 }
 
 void ModelledAllocator::deallocate(void* ptr, std::uint64_t bytes) {
   const auto it = ids_.find(ptr);
-  if (it == ids_.end())
-    throw Error("allocator model: release of a pointer it did not hand out");
-  model_.free(it->second);
+  if (it == ids_.end()) throw Error("allocator model: release of a pointer it did not hand out");
+  primary_.model.free(it->second);
+  for (auto& s : shadows_) s->model.free(it->second);
   ids_.erase(it);
   inner_.deallocate(ptr, bytes);
 }
 
 std::string ModelledAllocator::failure_detail() const {
   if (inner_refused_ || !oom_) return inner_.failure_detail();
-  return "PyTorch's caching allocator (" + spec_ + ") would raise: " + oom_->message;
+  return "PyTorch's caching allocator (" + primary_.spec + ") would raise: " + oom_->message;
 }
 
 void ModelledAllocator::begin_step() {
-  const CachingAllocatorStats& s = model_.stats();
-  run_reserved_peak_ = std::max(run_reserved_peak_, s.reserved.peak);
-  run_allocated_peak_ = std::max(run_allocated_peak_, s.allocated.peak);
-  model_.reset_peaks();
+  primary_.begin_step();
+  for (auto& s : shadows_) s->begin_step();
 }
 
 AllocatorModelResult ModelledAllocator::result() const {
-  AllocatorModelResult r;
-  r.spec = spec_;
-  r.config = config_;
-  r.step = model_.stats();
-  r.segments_at_reserved_peak = model_.segments_at_reserved_peak();
-  r.run_reserved_peak = std::max(run_reserved_peak_, r.step.reserved.peak);
-  r.run_allocated_peak = std::max(run_allocated_peak_, r.step.allocated.peak);
+  AllocatorModelResult r = primary_.result();
   r.oom = oom_;
   return r;
+}
+
+std::vector<AllocatorModelResult> ModelledAllocator::shadow_results() const {
+  std::vector<AllocatorModelResult> out;
+  for (const auto& s : shadows_) out.push_back(s->result());
+  return out;
 }
 
 }  // namespace trainmem

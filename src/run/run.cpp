@@ -154,7 +154,8 @@ class RunRig {
     if (!rq.allocator) return nullptr;
     CachingAllocatorConfig config = *rq.allocator;
     config.device_bytes = rq.device_budget;
-    return std::make_unique<ModelledAllocator>(inner, rq.allocator_spec, config);
+    return std::make_unique<ModelledAllocator>(inner, rq.allocator_spec, config,
+                                               rq.allocator_shadows);
   }
   // What the budget or the model (or, without either, the ledger) allocates through.
   Allocator& inner_allocator() {
@@ -254,7 +255,10 @@ void read_ledger(const RunRequest& rq, RunRig& rig, std::uint64_t step_first_seq
   r.peak = ledger.peak_total();
   for (int p = 0; p < kNumPhases; ++p) r.phase_peaks[p] = ledger.phase_peak(static_cast<Phase>(p));
   r.events = ledger.timeline().size() + ledger.dropped_events();
-  if (rig.modelled()) r.allocator_model = rig.modelled()->result();
+  if (rig.modelled()) {
+    r.allocator_model = rig.modelled()->result();
+    r.allocator_shadows = rig.modelled()->shadow_results();
+  }
   r.dropped_events = ledger.dropped_events();
   if (rig.model()) r.activations_by_layer = rig.model()->activations_by_layer();
   const int last_step = r.failure ? r.failure->step : r.steps_done;

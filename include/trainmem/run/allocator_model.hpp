@@ -5,6 +5,7 @@
 // cannot grow, not when the live bytes pass the budget. docs/allocator.md.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -31,9 +32,18 @@ struct AllocatorModelResult {
 // An Allocator that passes every request to `inner` and mirrors it in the model. With
 // config.device_bytes set, a request the model cannot place (PyTorch would raise) is refused
 // (nullptr; failure_detail() gives PyTorch's message).
+//
+// Shadows: further configurations fed the same sequence, for their figures only (no device
+// limit, never refusing): compare shows expandable segments off and on from one run.
+struct ShadowAllocator {
+  std::string spec;
+  CachingAllocatorConfig config;
+};
+
 class ModelledAllocator final : public Allocator {
  public:
-  ModelledAllocator(Allocator& inner, std::string spec, CachingAllocatorConfig config);
+  ModelledAllocator(Allocator& inner, std::string spec, CachingAllocatorConfig config,
+                    const std::vector<ShadowAllocator>& shadows = {});
   void* allocate(std::uint64_t bytes) override;
   void deallocate(void* ptr, std::uint64_t bytes) override;
   const char* name() const override { return inner_.name(); }
@@ -43,18 +53,28 @@ class ModelledAllocator final : public Allocator {
     inner_.annotate(category, tensor_id);
   }
 
-  // At a step's start: the whole run's peaks are kept, the model's are reset.
+  // At a step's start: the whole run's peaks are kept, the models' are reset.
   void begin_step();
   AllocatorModelResult result() const;
+  std::vector<AllocatorModelResult> shadow_results() const;
 
  private:
+  // One model fed the sequence, with the whole run's peaks kept across begin_step.
+  struct Mirror {
+    Mirror(std::string spec, CachingAllocatorConfig config)
+        : spec(std::move(spec)), config(config), model(std::move(config)) {}
+    std::string spec;
+    CachingAllocatorConfig config;
+    CachingAllocatorModel model;
+    std::uint64_t run_reserved_peak = 0, run_allocated_peak = 0;
+    void begin_step();
+    AllocatorModelResult result() const;
+  };
   Allocator& inner_;
-  std::string spec_;
-  CachingAllocatorConfig config_;
-  CachingAllocatorModel model_;
-  std::unordered_map<void*, std::uint64_t> ids_;  // live pointer -> the model's id
+  Mirror primary_;
+  std::vector<std::unique_ptr<Mirror>> shadows_;
+  std::unordered_map<void*, std::uint64_t> ids_;  // live pointer -> the models' id
   std::uint64_t next_id_ = 1;
-  std::uint64_t run_reserved_peak_ = 0, run_allocated_peak_ = 0;
   std::optional<CachingAllocatorOom> oom_;
   bool inner_refused_ = false;
 };
