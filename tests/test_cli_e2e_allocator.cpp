@@ -203,5 +203,35 @@ TEST(CliE2EAllocator, SweepAddsTheReservedPeakPerPoint) {
   EXPECT_EQ(plain.out.find("reserved_peak"), std::string::npos);
 }
 
+TEST(CliE2EAllocator, EstimateFeedsTheNativeStepsTraceToTheModel) {
+  const Result r = trainmem(
+      "estimate --model tiny --seq 128 --batch 4 --optimizer all --checkpointing both --format "
+      "json --allocator pytorch:expandable_segments=true");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.j();
+  ASSERT_EQ(j["runs"].size(), 6u);
+  for (const json& run : j["runs"]) {
+    const json& a = run["allocator_model"];
+    ASSERT_TRUE(a.is_object());
+    // The trace is the native step: its peak is the closed form's, and the model was asked for
+    // exactly those bytes at the peak.
+    EXPECT_EQ(u64(a["traced_peak"]), u64(run["analytic"]["native"]["peak"]));
+    EXPECT_EQ(u64(a["requested"]["peak"]), u64(a["traced_peak"]));
+    EXPECT_GE(u64(a["reserved"]["peak"]), u64(a["allocated"]["peak"]));
+    // Blocks are at least the request.
+    EXPECT_GE(u64(a["allocated"]["peak"]), u64(a["requested"]["peak"]));
+  }
+  const Result plain = trainmem("estimate --model tiny --format json");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_FALSE(plain.j().contains("allocator_model"));
+  const Result bad = trainmem("estimate --model tiny --allocator pytorch:max_split_size_mb=1");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("max_split_size_mb must be at least 20"), std::string::npos) << bad.err;
+  const Result layout =
+      trainmem("estimate --model tiny --world-size 2 --zero 1 --allocator pytorch");
+  EXPECT_EQ(layout.code, 2);
+  EXPECT_NE(layout.err.find("--allocator with --world-size 2"), std::string::npos) << layout.err;
+}
+
 }  // namespace
 }  // namespace trainmem::e2e

@@ -359,7 +359,7 @@ def build(family, attention, dtype):
     return transformers.__version__, model.to(dtype)
 
 
-def run_one(family, attention, ckpt, recipe, release_out=False):
+def run_one(family, attention, ckpt, recipe, loop="literal"):
     torch.set_num_threads(1)
     torch.manual_seed(0)
     marks = Marks()
@@ -403,14 +403,17 @@ def run_one(family, attention, ckpt, recipe, release_out=False):
                     if recipe == "amp":
                         ctx = torch.autocast("cpu", dtype=torch.bfloat16)
                         ctx.__enter__()
-                    out = model(input_ids=input_ids, labels=labels)
+                    if loop == "trainer":
+                        out = None
+                        loss = model(input_ids=input_ids, labels=labels).loss
+                    else:
+                        out = model(input_ids=input_ids, labels=labels)
+                        loss = out.loss
                 if recipe == "amp":
                     with record_function(PREFIX + "autocast_exit"):
                         ctx.__exit__(None, None, None)
                 with record_function(PREFIX + "backward"):
-                    out.loss.backward()
-                    if release_out:
-                        out = None
+                    loss.backward()
                 marks.mark("after_backward", {"gradient": [p.grad for p in params]})
                 with record_function(PREFIX + "optimizer"):
                     if recipe == "mixed":
@@ -429,8 +432,8 @@ def run_one(family, attention, ckpt, recipe, release_out=False):
                     if recipe == "mixed":
                         model.zero_grad(set_to_none=True)
         gc.enable()
-        loss_value = None if release_out else float(out.loss.detach().float())
-        out = None
+        loss_value = float(loss.detach().float())
+        out = loss = None
     allocs, scopes = trace(prof)
     steps, unpaired = analyse(allocs, scopes, marks)
     param_bytes = sum(p.untyped_storage().nbytes() for p in params)
@@ -440,9 +443,7 @@ def run_one(family, attention, ckpt, recipe, release_out=False):
         "versions": {"transformers": version, "torch": torch.__version__.split("+")[0],
                      "python": sys.version.split()[0]},
         "threads": 1, "device": "cpu",
-        "loop": ("out = model(input_ids=input_ids, labels=labels); out.loss.backward(); "
-                 + ("del out; " if release_out else "")
-                 + "opt.step(); opt.zero_grad(set_to_none=True)"),
+        "loop": LOOP_TEXT[loop],
         "recipe_detail": RECIPE_TEXT[recipe],
         "optimizer": "torch.optim.AdamW(foreach=True), defaults (lr 1e-3, weight_decay 1e-2)",
         "batch": BATCH, "seq": SEQ, "steps": STEPS, "recorded_step": STEPS,
@@ -454,6 +455,15 @@ def run_one(family, attention, ckpt, recipe, release_out=False):
     }
     return result
 
+
+LOOP_TEXT = {
+    "literal": ("for step in (1, 2): out = model(input_ids=input_ids, labels=labels); "
+                "out.loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)  "
+                "(out of step 1 lives until step 2's model call returns)"),
+    "trainer": ("for step in (1, 2): loss = model(input_ids=input_ids, labels=labels).loss; "
+                "loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)  "
+                "(the model output, with logits and cache, dropped as the model call returns)"),
+}
 
 RECIPE_TEXT = {
     "pure": "model.to(bfloat16); AdamW on the bf16 parameters (bf16 exp_avg, exp_avg_sq)",
@@ -514,7 +524,8 @@ def line(res, show_peak=False):
             f"{p} {v:,}" for p, v in s["phase_max_over_start_bytes"].items()))
         if show_peak:
             for a in sorted(s["_peak_live"].values(), key=lambda a: a["t"]):
-                if a["step"] == s["step"] or a["cat"] in ("activation", "temporary"):
+                if a["step"] == s["step"] and a["cat"] in ("activation", "temporary",
+                                                           "autocast_cache", "master_grad"):
                     out.append(f"             {a['bytes']:>9,} {a['cat']:<15} step {a['step']} "
                                f"{a['phase']:<9} {a['op']}")
     return "\n".join(out)
@@ -528,14 +539,26 @@ def main():
     ap.add_argument("--attention", default="eager", choices=["eager", "sdpa", "all"])
     ap.add_argument("--ckpt", default="off", choices=["off", "on", "all"])
     ap.add_argument("--recipe", default="pure", choices=["pure", "amp", "mixed", "all"])
-    ap.add_argument("--release-out", action="store_true", help="del out after backward")
+    ap.add_argument("--loop", default="literal", choices=list(LOOP_TEXT),
+                    help="literal: out = model(...) kept until the next step's rebinding; "
+                         "trainer: loss = model(...).loss, the output dropped at once")
+    ap.add_argument("--vocab", type=int)
+    ap.add_argument("--intermediate", type=int)
+    ap.add_argument("--kv-heads", type=int)
+    ap.add_argument("--layers", type=int)
     ap.add_argument("--write", metavar="DIR", help="write goldens there")
     ap.add_argument("--show-peak", action="store_true",
                     help="list what a step allocated that is live at its peak, with the ops")
     ap.add_argument("--events-for", default="llama", help="families whose goldens carry events")
     a = ap.parse_args()
+    for key in ("vocab", "intermediate", "kv_heads", "layers"):
+        if getattr(a, key) is not None:
+            BASE[key] = getattr(a, key)
     if a.selftest:
         sys.exit(0 if selftest() else 1)
+    if a.write and (a.loop != "literal" or any(getattr(a, k) is not None for k in
+                                                ("vocab", "intermediate", "kv_heads", "layers"))):
+        ap.error("--write is for the goldens' own configuration and loop only")
     families = list(FAMILIES) if a.family == "all" else [a.family]
     attentions = ["eager", "sdpa"] if a.attention == "all" else [a.attention]
     ckpts = [False, True] if a.ckpt == "all" else [a.ckpt == "on"]
@@ -545,7 +568,7 @@ def main():
         for att in attentions:
             for ck in ckpts:
                 for rc in recipes:
-                    res = run_one(fam, att, ck, rc, a.release_out)
+                    res = run_one(fam, att, ck, rc, a.loop)
                     tag = f"{fam} {att} ckpt={'on' if ck else 'off'} {rc}"
                     print(f"{tag}: params {res['parameters']:,} ({res['parameter_bytes']:,} B), "
                           f"unpaired frees {res['unpaired_frees']}")

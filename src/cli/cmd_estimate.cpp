@@ -15,13 +15,14 @@
 #include "trainmem/report/estimate_report.hpp"
 #include "trainmem/report/layout_report.hpp"
 #include "trainmem/report/report_writer.hpp"
+#include "trainmem/run/run.hpp"
 
 namespace trainmem::cli {
 namespace {
 
 using nlohmann::json;
 
-std::vector<report::EstimateRun> compute(const Common& c) {
+std::vector<report::EstimateRun> compute(const Common& c, const std::string& allocator) {
   std::vector<Profile> profiles;
   for (const auto& name : c.profiles) {
     const auto p = parse_profile(name);
@@ -36,6 +37,20 @@ std::vector<report::EstimateRun> compute(const Common& c) {
       r.train.optimizer = o;
       r.train.checkpointing = m;
       for (Profile p : profiles) r.estimates.push_back(estimate(p, c.model, r.train, c.hf));
+      if (!allocator.empty()) {
+        // The native step's allocation sequence: its meta trace, fed to the model.
+        RunRequest rq;
+        rq.model = c.model;
+        rq.train = r.train;
+        rq.backend = "meta";
+        rq.steps = 2;
+        rq.probes = false;
+        rq.allocator = parse_allocator_spec(allocator);
+        rq.allocator_spec = allocator;
+        const RunResult traced = execute_run(rq);
+        r.allocator_model = traced.allocator_model;
+        r.traced_peak = traced.ledger.peak;
+      }
       runs.push_back(std::move(r));
     }
   return runs;
@@ -52,7 +67,12 @@ Runner register_estimate(CLI::App& app) {
   auto explain = std::make_shared<bool>(false);
   auto paper = std::make_shared<std::string>();
   auto layout = std::make_shared<LayoutFlags>();
+  auto allocator = std::make_shared<std::string>();
   add_common_flags(*cmd, *flags);
+  cmd->add_option("--allocator", *allocator,
+                  "Also what PyTorch's CUDA caching allocator would reserve for the native step "
+                  "(its meta trace fed to a model): pytorch, or pytorch:KEY=VALUE,... "
+                  "(docs/allocator.md)");
   add_layout_flags(*cmd, *layout);
   cmd->add_option("--paper", *paper,
                   "Print a published table beside the estimate: lomo (LOMO, Lv et al. 2023, "
@@ -62,10 +82,15 @@ Runner register_estimate(CLI::App& app) {
   cmd->footer(
       "--optimizer all and --checkpointing both give the whole table (3 optimizers x 2 modes).\n"
       "Formulas and a worked LLaMA-7B example: docs/formulas.md.");
-  return [flags, explain, paper, layout] {
+  return [flags, explain, paper, layout, allocator] {
     const Common c = resolve_common(*flags, /*allow_all_optimizers=*/true,
                                     /*allow_both_modes=*/true);
     const ParallelConfig par = resolve_layout(*layout, c.model, c.train);
+    if (par.distributed() && !allocator->empty())
+      throw InputError("--allocator with --world-size " + std::to_string(par.world) +
+                       ": the caching allocator model is not applied per rank yet; use it on "
+                       "one GPU (--world-size 1)");
+    if (!allocator->empty()) parse_allocator_spec(*allocator);  // bad specs before any trace
     if (par.distributed()) {
       check_layout_request(c, *explain, !paper->empty());
       const LayoutEstimate le = estimate_layout(c.model, c.train, par, resolve_overheads(*layout));
@@ -86,7 +111,7 @@ Runner register_estimate(CLI::App& app) {
       if (c.format != Format::table && c.format != Format::markdown && c.format != Format::html)
         throw InputError("--paper: allowed with --format table, markdown or html only");
     }
-    const report::EstimateResult result{c.model, c.train, compute(c)};
+    const report::EstimateResult result{c.model, c.train, compute(c, *allocator)};
     // Colour off: estimate's report has no state to colour (and its title was never bold).
     const auto w = report::make_writer(c.format, report::Colour::off);
     report::write_estimate(*w, result, *explain, with_paper);

@@ -3,6 +3,8 @@
 // and, with --explain, the per-tensor lists and formulas.
 #include "trainmem/report/estimate_report.hpp"
 
+#include "trainmem/report/replay_report.hpp"
+
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -268,10 +270,42 @@ report::Table csv_table(const ModelConfig& m, const std::vector<EstimateRun>& ru
 }
 
 json run_object(const EstimateResult& c, const EstimateRun& r) {
-  return json{{schema::kSchemaKey, report::kSchema},
-              {schema::kModel, report::model_json(c.model, r.estimates.front().param_count)},
-              {schema::kRun, report::run_json(r.train, "", -1)},
-              {schema::kAnalytic, report::analytic_json(r.estimates)}};
+  json j{{schema::kSchemaKey, report::kSchema},
+         {schema::kModel, report::model_json(c.model, r.estimates.front().param_count)},
+         {schema::kRun, report::run_json(r.train, "", -1)},
+         {schema::kAnalytic, report::analytic_json(r.estimates)}};
+  if (r.allocator_model) {
+    j["allocator_model"] = report::allocator_model_json(*r.allocator_model);
+    j["allocator_model"]["traced_peak"] = r.traced_peak;
+  }
+  return j;
+}
+
+// --allocator: each run's native step as PyTorch's allocator would hold it.
+void write_allocator_table(ReportWriter& w, const std::vector<EstimateRun>& runs) {
+  if (!runs.front().allocator_model) return;
+  std::uint64_t most = 0;
+  for (const auto& r : runs) most = std::max(most, r.allocator_model->run_reserved_peak);
+  const ByteUnit u = table_unit(most);
+  w.blank();
+  w.strong("What PyTorch's caching allocator would reserve for the native step (a model fed "
+           "its meta trace; --allocator " +
+           runs.front().allocator_model->spec + "; " + u.name + ")");
+  report::Table t({{"optimizer", report::Align::left},
+                   {"checkpointing", report::Align::left},
+                   {"native peak"},
+                   {"allocated"},
+                   {"reserved"},
+                   {"cached, unused"}});
+  for (const auto& r : runs) {
+    const CachingAllocatorStats& s = r.allocator_model->step;
+    t.add_row({optimizer_name(r.train.optimizer), checkpointing_name(r.train.checkpointing),
+               format_bytes(r.traced_peak, u), format_bytes(s.allocated.peak, u),
+               format_bytes(s.reserved.peak, u),
+               format_bytes(s.reserved.peak - s.allocated_at_reserved_peak, u)});
+  }
+  w.table(t);
+  w.line("the last of two traced steps, peaks reset at its start; docs/allocator.md");
 }
 
 json estimate_json(const EstimateResult& c, const std::vector<EstimateRun>& runs) {
@@ -327,6 +361,7 @@ void write_estimate(ReportWriter& w, const EstimateResult& c, bool explain, bool
   w.blank();
   w.line(kLegend);
   w.figure([&] { return per_layer_chart(runs); });
+  write_allocator_table(w, runs);
   if (paper) {
     w.strong("The paper's table beside this estimate");
     w.table(paper_table(runs));

@@ -61,6 +61,22 @@ json allocator_stats_json(const CachingAllocatorStats& s,
               {"cuda_frees", s.cuda_frees}};
 }
 
+json allocator_model_json(const AllocatorModelResult& a,
+                          const std::vector<AllocatorModelResult>* shadows) {
+  json j = allocator_stats_json(a.step, a.segments_at_reserved_peak);
+  j["spec"] = a.spec;
+  j["config"] = allocator_config_json(a.config);
+  j["scope"] = "the last step, peaks reset at its start";
+  j["run_reserved_peak"] = a.run_reserved_peak;
+  j["run_allocated_peak"] = a.run_allocated_peak;
+  if (shadows) {
+    json list = json::array();
+    for (const AllocatorModelResult& sh : *shadows) list.push_back(allocator_model_json(sh));
+    j["shadows"] = list;
+  }
+  return j;
+}
+
 std::vector<std::string> allocator_peak_lines(
     const CachingAllocatorStats& s, const std::vector<std::uint64_t>& segments_at_reserved_peak,
     ByteUnit u) {

@@ -110,28 +110,9 @@ json run_result_json(const RunResult& r) {
   json tensors = json::array();
   for (const auto& t : r.tensors) tensors.push_back(tensor_record_json(t));
   j["tensors"] = tensors;
-  if (r.allocator_model) {
-    const AllocatorModelResult& a = *r.allocator_model;
-    json am = report::allocator_stats_json(a.step, a.segments_at_reserved_peak);
-    am["spec"] = a.spec;
-    am["config"] = report::allocator_config_json(a.config);
-    am["scope"] = "the last step, peaks reset at its start";
-    am["run_reserved_peak"] = a.run_reserved_peak;
-    am["run_allocated_peak"] = a.run_allocated_peak;
-    json shadows = json::array();
-    for (const AllocatorModelResult& sh : r.allocator_shadows) {
-      json one = report::allocator_stats_json(sh.step, sh.segments_at_reserved_peak);
-      one["spec"] = sh.spec;
-      one["config"] = report::allocator_config_json(sh.config);
-      one["run_reserved_peak"] = sh.run_reserved_peak;
-      one["run_allocated_peak"] = sh.run_allocated_peak;
-      shadows.push_back(one);
-    }
-    am["shadows"] = shadows;
-    j["allocator_model"] = am;
-  } else {
-    j["allocator_model"] = nullptr;
-  }
+  j["allocator_model"] = r.allocator_model
+                            ? report::allocator_model_json(*r.allocator_model, &r.allocator_shadows)
+                            : json(nullptr);
   if (r.failure) j["error"] = failure_json(*r.failure);
   return j;
 }

@@ -8,9 +8,11 @@
 //   html      one self-contained page: the tables of the text form, the explanation as its
 //             worked text.
 #pragma once
+#include <optional>
 #include <vector>
 
 #include "trainmem/analytic/analytic.hpp"
+#include "trainmem/run/allocator_model.hpp"
 #include "trainmem/report/report_writer.hpp"
 
 namespace trainmem::report {
@@ -19,6 +21,10 @@ namespace trainmem::report {
 struct EstimateRun {
   TrainConfig train;
   std::vector<Estimate> estimates;
+  // --allocator: what PyTorch's caching allocator would reserve for the native step (its meta
+  // trace fed to the model).
+  std::optional<AllocatorModelResult> allocator_model;
+  std::uint64_t traced_peak = 0;  // that trace's peak (== the native profile's)
 };
 
 // What one `estimate` invocation computed: the model, the configuration as given (the title

@@ -10,6 +10,7 @@
 
 #include "trainmem/base/bytes.hpp"
 #include "trainmem/analytic/caching_allocator.hpp"
+#include "trainmem/run/allocator_model.hpp"
 #include "trainmem/report/report_writer.hpp"
 
 namespace trainmem::report {
@@ -22,6 +23,10 @@ nlohmann::json allocator_config_json(const CachingAllocatorConfig& c);
 // reserved peak and the cudaMalloc counts.
 nlohmann::json allocator_stats_json(const CachingAllocatorStats& s,
                                     const std::vector<std::uint64_t>& segments_at_reserved_peak);
+// A run's --allocator figures: the statistics, "spec", "config", "run_reserved_peak",
+// "run_allocated_peak"; with `shadows`, the shadows' the same way under "shadows".
+nlohmann::json allocator_model_json(const AllocatorModelResult& a,
+                                    const std::vector<AllocatorModelResult>* shadows = nullptr);
 // What was held at the reserved peak, the segments then, the cudaMalloc counts: three lines.
 std::vector<std::string> allocator_peak_lines(
     const CachingAllocatorStats& s, const std::vector<std::uint64_t>& segments_at_reserved_peak,
