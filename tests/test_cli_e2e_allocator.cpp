@@ -117,19 +117,18 @@ TEST(CliE2EAllocator, MaxbatchAnswersWithReservedMemory) {
     EXPECT_EQ(trainmem(run + std::to_string(best)).code, 0);
     EXPECT_EQ(trainmem(run + std::to_string(best + 1)).code, 3);
   }
-  const Result layout = trainmem(base + " --world-size 2 --zero 1 --allocator pytorch");
-  EXPECT_EQ(layout.code, 2);
-  EXPECT_NE(layout.err.find("--allocator with --world-size 2"), std::string::npos) << layout.err;
 }
 
 TEST(CliE2EAllocator, BadSpecsAndUnsupportedCommandsExit2NamingTheFlag) {
   const Result bad = trainmem(kRun + " --allocator pytorch:expandable_segments=yes");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("--allocator: expandable_segments=yes"), std::string::npos) << bad.err;
-  const Result layout = trainmem(
-      "profile --model tiny --backend meta --world-size 2 --zero 1 --allocator pytorch");
-  EXPECT_EQ(layout.code, 2);
-  EXPECT_NE(layout.err.find("--allocator with --world-size 2"), std::string::npos) << layout.err;
+  const Result measured = trainmem(
+      "profile --model tiny --backend cpu --world-size 2 --zero 1 --allocator pytorch");
+  EXPECT_EQ(measured.code, 2);
+  EXPECT_NE(measured.err.find("--allocator with --world-size 2 and --backend cpu"),
+            std::string::npos)
+      << measured.err;
   const Result compare = trainmem(
       "compare --model tiny --backend meta --world-size 2 --zero 1 --allocator pytorch");
   EXPECT_EQ(compare.code, 2);
@@ -231,6 +230,33 @@ TEST(CliE2EAllocator, EstimateFeedsTheNativeStepsTraceToTheModel) {
       trainmem("estimate --model tiny --world-size 2 --zero 1 --allocator pytorch");
   EXPECT_EQ(layout.code, 2);
   EXPECT_NE(layout.err.find("--allocator with --world-size 2"), std::string::npos) << layout.err;
+}
+
+TEST(CliE2EAllocator, EveryTracedRankIsFedToTheModel) {
+  const std::string layout =
+      " --model tiny --seq 64 --batch 2 --world-size 4 --pp 2 --zero 1 --microbatches 2";
+  const Result r =
+      trainmem("profile --backend meta --format json --allocator pytorch" + layout);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.j();
+  ASSERT_EQ(j["ranks"].size(), 2u);  // one per pipeline stage
+  for (const json& rank : j["ranks"]) {
+    const json& a = rank["allocator_model"];
+    ASSERT_TRUE(a.is_object());
+    EXPECT_EQ(u64(a["requested"]["peak"]), u64(rank["ledger"]["peak"]));
+    EXPECT_GE(u64(a["allocated"]["peak"]), u64(a["requested"]["peak"]));
+    EXPECT_GE(u64(a["reserved"]["peak"]), u64(a["allocated"]["peak"]));
+  }
+  // maxbatch over the layout: the worst rank's reserve; never more than without the model.
+  const std::string mb = "maxbatch --format json --budget 512MiB --cuda-context 0 --nccl-memory 0" +
+                         layout;
+  const Result plain = trainmem(mb);
+  const Result modelled = trainmem(mb + " --allocator pytorch");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  ASSERT_EQ(modelled.code, 0) << modelled.err;
+  EXPECT_EQ(modelled.j()["peak_kind"], "reserved");
+  EXPECT_LE(modelled.j()["best"].get<std::int64_t>(), plain.j()["best"].get<std::int64_t>());
+  EXPECT_LE(u64(modelled.j()["worst_rank_peak"]), 512 * MiB);
 }
 
 }  // namespace

@@ -108,7 +108,8 @@ from torch._C._profiler import _EventType  # noqa: E402
 
 PHASES = ["forward", "loss", "backward", "optimizer", "zero_grad", "autocast_exit", "other"]
 CATEGORIES = ["parameter", "gradient", "optimizer_state", "activation", "temporary",
-              "autocast_cache", "master_param", "master_grad", "input", "buffer", "other"]
+              "autocast_cache", "master_param", "master_grad", "input", "buffer", "other",
+              "workspace"]
 PREFIX = "trainmem::"
 
 # Small configurations (issue 31): 3 layers, hidden 128, 4 heads, 2 KV heads, intermediate 352,
@@ -140,12 +141,33 @@ def trace(prof):
             e = n.extra_fields
             if e.device.type != "cpu" or e.alloc_size == 0:
                 continue
+            phase, step = scope_of(n)
+            owner = None
+            if n.parent is not None and not n.parent.name.startswith(PREFIX):
+                owner = (n.parent.name, n.parent.start_time_ns)
             allocs.append((n.start_time_ns, order, e.ptr, e.allocation_id, e.alloc_size,
-                           op_path(n)))
+                           (op_path(n), owner), phase, step))
         elif n.name.startswith(PREFIX):
             scopes.append((n.name[len(PREFIX):], n.start_time_ns, n.end_time_ns))
     allocs.sort()
-    return [(t, p, a, s, o) for t, _, p, a, s, o in allocs], scopes
+    return [(t, p, a, s, o, ph, st) for t, _, p, a, s, o, ph, st in allocs], scopes
+
+
+def scope_of(n):
+    """Phase and step of an allocation event: from its enclosing record_function scopes (the
+    event tree's ancestry, not timestamps)."""
+    phase, step = None, 0
+    n = n.parent
+    while n is not None:
+        if n.name.startswith(PREFIX):
+            name = n.name[len(PREFIX):]
+            if phase is None and name in PHASES:
+                phase = name
+            if name.startswith("step") and name[4:].isdigit():
+                step = int(name[4:])
+                break
+        n = n.parent
+    return phase or "other", step
 
 
 def op_path(n):
@@ -184,13 +206,6 @@ def analyse(allocs, scopes, marks):
     mark_times = sorted((s, int(n.split("::")[1])) for n, s, e in scopes
                         if n.startswith("mark::"))
 
-    def phase_at(t):
-        best = None
-        for n, s, e in phase_scopes:
-            if s <= t <= e and (best is None or s >= best[1]):
-                best = (n, s)
-        return best[0] if best else "other"
-
     def step_at(t):
         for k, s, e in step_scopes:
             if s <= t <= e:
@@ -207,14 +222,13 @@ def analyse(allocs, scopes, marks):
     live_ptr = {}  # ptr -> alloc_id
     unpaired = 0
     mi = 0
-    for t, ptr, aid, size, op in allocs:
+    for t, ptr, aid, size, op, ph, st in allocs:
         while mi < len(mark_times) and mark_times[mi][0] <= t:
             resolve_mark(marks.items[mark_times[mi][1]][1], live_ptr, info)
             mi += 1
-        ph, st = phase_at(t), step_at(t)
         if size > 0:
             info[aid] = dict(bytes=size, t=t, phase=ph, step=st, t_free=None, free_phase=None,
-                             cat=None, op=op)
+                             cat=None, op=op[0], owner=op[1], scratch=False)
             live_ptr[ptr] = aid
         else:
             if aid not in info:
@@ -222,17 +236,34 @@ def analyse(allocs, scopes, marks):
                 continue
             info[aid]["t_free"] = t
             info[aid]["free_phase"] = ph
+            # Allocated and freed within one call of one op: the kernel's own scratch.
+            info[aid]["scratch"] = op[1] is not None and op[1] == info[aid]["owner"]
             live_ptr.pop(ptr, None)
         events.append((t, size, aid, ph, st))
     while mi < len(mark_times):
         resolve_mark(marks.items[mark_times[mi][1]][1], live_ptr, info)
         mi += 1
+    # Autocast keeps its cache of casts in a hash map keyed by address: the frees at the
+    # context's exit come in an order that varies from run to run. List each run of them in
+    # allocation order.
+    i = 0
+    while i < len(events):
+        j = i
+        while j < len(events) and events[j][3] == "autocast_exit" and events[j][1] < 0:
+            j += 1
+        if j > i + 1:
+            times = [ev[0] for ev in events[i:j]]
+            run = sorted(events[i:j], key=lambda ev: info[ev[2]]["t"])
+            events[i:j] = [(t,) + ev[1:] for t, ev in zip(times, run)]
+        i = max(j, i + 1)
 
     for aid, a in info.items():
         if a["cat"] is not None:
             continue
         if a["step"] == 0:
             a["cat"] = "other"
+        elif a["scratch"]:
+            a["cat"] = "workspace"
         elif a["phase"] in ("forward", "loss") and a["free_phase"] == "autocast_exit":
             a["cat"] = "autocast_cache"
         elif (a["phase"] in ("forward", "loss") and

@@ -110,10 +110,6 @@ int run_maxbatch(const MaxbatchFlags& flags) {
   rq.step = flags.step;
   rq.budget = budget.bytes;
   if (!flags.allocator.empty()) {
-    if (flags.layout.world != 1)
-      throw InputError("--allocator with --world-size " + std::to_string(flags.layout.world) +
-                       ": the caching allocator model is not applied per rank yet; use it on "
-                       "one GPU (--world-size 1)");
     rq.allocator = parse_allocator_spec(flags.allocator);
     rq.allocator_spec = flags.allocator;
   }

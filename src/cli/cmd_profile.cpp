@@ -42,8 +42,11 @@ int run_profile_layout(const Common& c, const ProfileFlags& flags, const Paralle
   if (be == "auto") spdlog::info("--world-size {}: tracing every rank on meta", par.world);
   if (auto p = traced_layout_problem(flags.run, par.world, command_line())) throw InputError(*p);
   check_layout_request(c, false, false);
-  const LayoutTrace lt =
-      trace_layout(c.model, c.train, par, resolve_overheads(flags.layout), flags.run.steps);
+  std::optional<AllocatorSpec> allocator;
+  if (!flags.run.allocator.empty())
+    allocator = AllocatorSpec{flags.run.allocator, parse_allocator_spec(flags.run.allocator)};
+  const LayoutTrace lt = trace_layout(c.model, c.train, par, resolve_overheads(flags.layout),
+                                      flags.run.steps, allocator);
   write_output(c.output, report::render_layout_trace(lt, c.format, stdout_colour(c.output)));
   return 0;
 }
@@ -53,11 +56,11 @@ int run_profile(const ProfileFlags& flags) {
   const ParallelConfig par = resolve_layout(flags.layout, c.model, c.train);
   const std::string& be = flags.run.backend;
   check_collectives_flag(flags.launch, par.distributed() && (be == "cpu" || be == "cuda"));
-  if (par.distributed() && !flags.run.allocator.empty())
-    throw InputError(
-        "--allocator with --world-size " + std::to_string(par.world) +
-        ": the caching allocator model is not applied per rank yet; use it on one GPU's step "
-        "(--world-size 1)");
+  if (par.distributed() && !flags.run.allocator.empty() && (be == "cpu" || be == "cuda"))
+    throw InputError("--allocator with --world-size " + std::to_string(par.world) +
+                     " and --backend " + be +
+                     ": the caching allocator model is not applied to measured ranks yet; trace "
+                     "the ranks with --backend meta, or measure one GPU's step (--world-size 1)");
   if (par.distributed()) return run_profile_layout(c, flags, par);
   if (!flags.run.timeline.empty()) validate_timeline_path(flags.run.timeline);
 

@@ -2,6 +2,8 @@
 // estimate's, profile's (traced and measured), compare's and maxbatch's, and a failed rank's.
 #include "trainmem/report/layout_report.hpp"
 
+#include "trainmem/report/replay_report.hpp"
+
 #include <algorithm>
 #include <optional>
 
@@ -314,6 +316,25 @@ report::Table reconcile_table(const LayoutTrace& lt, ByteUnit u, bool exact) {
   return t;
 }
 
+// --allocator: each traced rank's ledger peak beside what PyTorch's allocator would hold.
+report::Table allocator_table(const LayoutTrace& lt, ByteUnit u) {
+  const std::string unit = " (" + std::string(u.name) + ")";
+  report::Table t({{"stage"},
+                   {"ledger peak" + unit},
+                   {"allocated" + unit},
+                   {"reserved" + unit},
+                   {"+ overheads" + unit}});
+  auto cell = [&](std::uint64_t b) { return format_bytes(b, u); };
+  const std::uint64_t overheads = lt.analytic.overheads.total();
+  for (const RankTrace& r : lt.ranks) {
+    if (!r.allocator_model) continue;
+    const CachingAllocatorStats& s = r.allocator_model->step;
+    t.add_row({std::to_string(r.stage), cell(r.ledger.peak), cell(s.allocated.peak),
+               cell(s.reserved.peak), cell(s.reserved.peak + overheads)});
+  }
+  return t;
+}
+
 }  // namespace
 
 std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Colour colour) {
@@ -329,6 +350,13 @@ std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Co
   w->line(lt.all_match() ? "every rank's ledger equals the analytic profile byte for byte"
                          : "MISMATCH: see the rows marked NO",
           lt.all_match() ? report::Tone::ok : report::Tone::fail);
+  const bool modelled = !lt.ranks.empty() && lt.ranks.front().allocator_model.has_value();
+  if (modelled) {
+    w->heading("What PyTorch's caching allocator would reserve on each rank (a model; --allocator " +
+               lt.ranks.front().allocator_model->spec +
+               "; the last step's peaks; no device limit; docs/allocator.md)");
+    w->table(allocator_table(lt, u));
+  }
   w->csv_table(reconcile_table(lt, u, true));
   w->document([&] {
     json ranks = json::array();
@@ -340,6 +368,7 @@ std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Co
       j["ledger_tensors_at_peak"] = r.tensors_at_peak;
       j["matches_analytic"] = r.matches;
       j["differences"] = r.differences;
+      if (r.allocator_model) j["allocator_model"] = report::allocator_model_json(*r.allocator_model);
       ranks.push_back(std::move(j));
     }
     json doc = layout_document(le);

@@ -52,8 +52,15 @@ std::string render_layout(const MaxbatchRequest& rq, const MaxbatchResult& m,
   w->paragraph("budget per GPU " + format_bytes_with_unit(budget_bytes, u) + " (" + budget_source +
                "); overheads " + format_bytes_with_unit(over.total(), u) +
                " (CUDA context: " + over.cuda_context_source + "; NCCL: " + over.nccl_source + ")");
-  w->banner("peaks: every rank's sharded step traced on meta (" + std::to_string(traced) +
-            " configurations), the worst rank kept");
+  if (rq.allocator)
+    w->banner("peaks: what PyTorch's caching allocator would reserve (a model, --allocator " +
+              rq.allocator_spec +
+              ", no device limit: its release-and-retry not counted) for every rank's sharded "
+              "step traced on meta (" +
+              std::to_string(traced) + " configurations), the worst rank kept");
+  else
+    w->banner("peaks: every rank's sharded step traced on meta (" + std::to_string(traced) +
+              " configurations), the worst rank kept");
   if (s.best > 0)
     w->strong("largest micro-" + vary + " that fits every rank: " + std::to_string(s.best));
   else
@@ -74,6 +81,8 @@ std::string render_layout(const MaxbatchRequest& rq, const MaxbatchResult& m,
                 {"cuda_context_source", over.cuda_context_source},
                 {"nccl", over.nccl},
                 {"nccl_source", over.nccl_source}}},
+              {"peak_kind", rq.allocator ? "reserved" : "allocated"},
+              {"allocator", rq.allocator ? json(rq.allocator_spec) : json(nullptr)},
               {"layout", layout_json(par)},
               {"model", report::model_json(model, model.param_count())},
               {"run", report::run_json(train, "meta", 2)},

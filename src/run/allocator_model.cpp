@@ -27,9 +27,9 @@ AllocatorModelResult ModelledAllocator::Mirror::result() const {
 
 ModelledAllocator::ModelledAllocator(Allocator& inner, std::string spec,
                                      CachingAllocatorConfig config,
-                                     const std::vector<ShadowAllocator>& shadows)
+                                     const std::vector<AllocatorSpec>& shadows)
     : inner_(inner), primary_(std::move(spec), std::move(config)) {
-  for (const ShadowAllocator& s : shadows) {
+  for (const AllocatorSpec& s : shadows) {
     CachingAllocatorConfig c = s.config;
     c.device_bytes.reset();  // figures only: a shadow never refuses
     shadows_.push_back(std::make_unique<Mirror>(s.spec, c));

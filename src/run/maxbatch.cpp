@@ -69,10 +69,6 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
   if (step < 1 || step > maxbatch_step_max(vary_batch))
     throw Error("find_max: the step is outside 1..maxbatch_step_max (the caller checks --step)");
   const bool distributed = rq.layout && rq.layout->distributed();
-  if (distributed && rq.allocator)
-    throw InputError(
-        "--allocator with --world-size above 1: the caching allocator model is not applied per "
-        "rank yet; use it on one GPU (--world-size 1)");
   if (distributed) {
     const ParallelConfig& par = *rq.layout;
     if (!vary_batch && par.sp && step % par.tp != 0)
@@ -88,9 +84,14 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
   // The peak of one candidate: one GPU's step, or the worst rank of the layout, on meta.
   auto peak_of = [&](const TrainConfig& t) -> std::uint64_t {
     if (distributed) {
-      const LayoutTrace lt = trace_layout(rq.model, t, *rq.layout, rq.overheads, 2);
+      // --allocator: each rank's reserve without a device limit (no release-and-retry).
+      std::optional<AllocatorSpec> spec;
+      if (rq.allocator) spec = AllocatorSpec{rq.allocator_spec, *rq.allocator};
+      const LayoutTrace lt = trace_layout(rq.model, t, *rq.layout, rq.overheads, 2, spec);
       std::uint64_t worst = 0;
-      for (const auto& r : lt.ranks) worst = std::max(worst, r.ledger.peak);
+      for (const auto& r : lt.ranks)
+        worst = std::max(worst, r.allocator_model ? r.allocator_model->run_reserved_peak
+                                                  : r.ledger.peak);
       return worst;
     }
     RunRequest one;
@@ -124,7 +125,7 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
     TrainConfig t = rq.train;
     (vary_batch ? t.batch : t.seq) = v;
     try {
-      if (rq.allocator) {
+      if (rq.allocator && !distributed) {
         const Probe p = reserved_probe(t);
         ++out.traced;
         return p;

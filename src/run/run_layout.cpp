@@ -109,18 +109,28 @@ MeasuredRank unpack(const std::uint64_t* w) {
 }  // namespace
 
 LayoutTrace trace_layout(const ModelConfig& model, const TrainConfig& train,
-                         const ParallelConfig& layout, const OverheadOptions& overheads,
-                         int steps) {
+                         const ParallelConfig& layout, const OverheadOptions& overheads, int steps,
+                         const std::optional<AllocatorSpec>& allocator) {
   LayoutTrace out;
   out.analytic = estimate_layout(model, train, layout, overheads);
   out.steps = steps < 1 ? 1 : steps;
   const auto t0 = std::chrono::steady_clock::now();
   for (const RankEstimate& re : out.analytic.ranks) {
     MetaAllocator alloc;
-    Ledger ledger(alloc);
+    std::unique_ptr<ModelledAllocator> modelled;
+    if (allocator) {
+      CachingAllocatorConfig config = allocator->config;
+      config.device_bytes.reset();
+      modelled = std::make_unique<ModelledAllocator>(alloc, allocator->spec, config);
+    }
+    Ledger ledger(modelled ? static_cast<Allocator&>(*modelled) : alloc);
     ShardedStep step(model, train, layout, re.stage, ledger);
-    for (int n = 0; n < out.steps; ++n) step.train_step();
+    for (int n = 0; n < out.steps; ++n) {
+      if (modelled) modelled->begin_step();
+      step.train_step();
+    }
     RankTrace r;
+    if (modelled) r.allocator_model = modelled->result();
     r.stage = re.stage;
     r.ledger = measured_figures(ledger);
     r.communication_peak = ledger.peak(Category::communication);

@@ -33,9 +33,10 @@ struct AllocatorModelResult {
 // config.device_bytes set, a request the model cannot place (PyTorch would raise) is refused
 // (nullptr; failure_detail() gives PyTorch's message).
 //
-// Shadows: further configurations fed the same sequence, for their figures only (no device
-// limit, never refusing): compare shows expandable segments off and on from one run.
-struct ShadowAllocator {
+// A configuration with the text it was given as (--allocator). As shadows: further
+// configurations fed the same sequence, for their figures only (no device limit, never
+// refusing): compare shows expandable segments off and on from one run.
+struct AllocatorSpec {
   std::string spec;
   CachingAllocatorConfig config;
 };
@@ -43,7 +44,7 @@ struct ShadowAllocator {
 class ModelledAllocator final : public Allocator {
  public:
   ModelledAllocator(Allocator& inner, std::string spec, CachingAllocatorConfig config,
-                    const std::vector<ShadowAllocator>& shadows = {});
+                    const std::vector<AllocatorSpec>& shadows = {});
   void* allocate(std::uint64_t bytes) override;
   void deallocate(void* ptr, std::uint64_t bytes) override;
   const char* name() const override { return inner_.name(); }

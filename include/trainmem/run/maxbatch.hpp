@@ -51,9 +51,11 @@ struct MaxbatchRequest {
   // estimate_overheads(layout, overheads).
   std::optional<ParallelConfig> layout;
   OverheadOptions overheads;
-  // One GPU, --allocator: each candidate runs against a model of PyTorch's caching allocator
+  // --allocator. One GPU: each candidate runs against a model of PyTorch's caching allocator
   // with budget − overhead as the device; it fits when PyTorch would not raise, and its peak
-  // is the reserved peak of the whole run (of the run without the budget, when it does not fit).
+  // is the reserved peak of the whole run (of the run without the budget, when it does not
+  // fit). A layout: each rank's reserved peak without a device limit (its release-and-retry
+  // not counted), the worst rank's plus the overheads against the budget.
   std::optional<CachingAllocatorConfig> allocator;
   std::string allocator_spec;
 };

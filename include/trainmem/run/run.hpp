@@ -57,7 +57,7 @@ struct RunRequest {
   // (reserved bytes against the budget) in place of the budget allocator.
   std::optional<CachingAllocatorConfig> allocator;
   std::string allocator_spec;
-  std::vector<ShadowAllocator> allocator_shadows;  // fed too, for their figures (compare)
+  std::vector<AllocatorSpec> allocator_shadows;  // fed too, for their figures (compare)
   std::vector<Profile> profiles;  // analytic profiles to attach (native is always computed)
   HfOptions hf;                   // the HF profiles' era, PyTorch series, loop, use_cache
   bool probes = true;             // device probes on cuda

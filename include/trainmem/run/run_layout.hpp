@@ -26,6 +26,9 @@ struct RankTrace {
   std::size_t tensors_at_peak = 0;       // allocations alive at the total peak
   bool matches = false;                  // every figure and the peak breakdown equal the analytic
   std::vector<std::string> differences;  // "activations_peak: ledger X, analytic Y"
+  // --allocator: the rank's allocations fed to the model of PyTorch's allocator (no device
+  // limit: what it would reserve, not whether it would run out).
+  std::optional<AllocatorModelResult> allocator_model;
 };
 
 struct LayoutTrace {
@@ -36,9 +39,11 @@ struct LayoutTrace {
   bool all_match() const;
 };
 
-// Traces `steps` (>= 1) steps of every distinct rank of `layout` (resolved) on meta.
+// Traces `steps` (>= 1) steps of every distinct rank of `layout` (resolved) on meta; with
+// `allocator`, each rank's allocations are also fed to that model (RankTrace::allocator_model).
 LayoutTrace trace_layout(const ModelConfig& model, const TrainConfig& train,
-                         const ParallelConfig& layout, const OverheadOptions& overheads, int steps);
+                         const ParallelConfig& layout, const OverheadOptions& overheads, int steps,
+                         const std::optional<AllocatorSpec>& allocator = std::nullopt);
 
 // ---- measured multi-rank runs (docs/distributed.md, "Measured runs")
 
