@@ -247,9 +247,12 @@ def main():
                 doc = json.loads(out)
                 expect(doc.get("all_ranks_match") is True, "tp 2: every rank matches", out)
                 expect_single_losses(a.trainmem, doc, n, "tp 2 sp", out)
-            # Pipeline stages measured: pp 2 with 3 micro-batches (global batch 3·2·n/2 rows).
+            # Pipeline stages measured: pp 2 with 3 micro-batches (global batch 3·2·n/2 rows),
+            # each rank also fed to the caching allocator model (--allocator): its reserve must
+            # equal its stage's meta trace's (the same allocations; all_ranks_match checks it).
             rc, out, err, _ = run(n, base + ["--world-size", str(n), "--pp", "2",
-                                             "--microbatches", "3", "--format", "json"],
+                                             "--microbatches", "3", "--format", "json",
+                                             "--allocator", "pytorch"],
                                   threads=1)
             expect(rc == 0, f"--pp 2 measured: exit {rc}", out, err)
             if rc == 0:
@@ -257,6 +260,11 @@ def main():
                 expect(doc.get("all_ranks_match") is True and
                        sorted({r["stage"] for r in doc["measured_ranks"]}) == [0, 1],
                        "pp 2: both stages measured and matching", out)
+                expect(all(r["allocator_model"]["reserved_peak"] >=
+                           r["allocator_model"]["allocated_peak"] >= r["ledger"]["peak"] > 0
+                           for r in doc["measured_ranks"]),
+                       "pp 2 --allocator: every rank's reserve >= allocated >= its ledger peak",
+                       out)
                 expect_single_losses(a.trainmem, doc, 3 * n, "pp 2", out)
             # Offload measured: the host bytes of every rank equal the analytic's.
             rc, out, err, _ = run(n, base + ["--world-size", str(n), "--zero", "3", "--offload",

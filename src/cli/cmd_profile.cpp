@@ -56,11 +56,6 @@ int run_profile(const ProfileFlags& flags) {
   const ParallelConfig par = resolve_layout(flags.layout, c.model, c.train);
   const std::string& be = flags.run.backend;
   check_collectives_flag(flags.launch, par.distributed() && (be == "cpu" || be == "cuda"));
-  if (par.distributed() && !flags.run.allocator.empty() && (be == "cpu" || be == "cuda"))
-    throw InputError("--allocator with --world-size " + std::to_string(par.world) +
-                     " and --backend " + be +
-                     ": the caching allocator model is not applied to measured ranks yet; trace "
-                     "the ranks with --backend meta, or measure one GPU's step (--world-size 1)");
   if (par.distributed()) return run_profile_layout(c, flags, par);
   if (!flags.run.timeline.empty()) validate_timeline_path(flags.run.timeline);
 

@@ -273,6 +273,8 @@ MeasureRequest measure_request(const Common& c, const RunFlags& run, const Paral
   rq.tokens = run.tokens;
   if (!run.device_budget.empty())
     rq.device_budget = parse_size(run.device_budget, "--device-budget");
+  if (!run.allocator.empty())
+    rq.allocator = AllocatorSpec{run.allocator, parse_allocator_spec(run.allocator)};
   return rq;
 }
 

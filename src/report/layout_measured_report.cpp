@@ -145,6 +145,23 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
       w->item("device sources: unavailable on rank 0 (" + ml.device_reason + ")");
     }
   }
+  if (!ml.ranks.empty() && ml.ranks.front().allocator_modelled) {
+    // --allocator: each rank's reserve under the model, beside its meta trace's (the same
+    // allocations in the same order: equal, else a difference line above).
+    report::Table t({{"rank"},
+                     {"ledger peak (" + std::string(u.name) + ")"},
+                     {"allocated (" + std::string(u.name) + ")"},
+                     {"reserved (" + std::string(u.name) + ")"},
+                     {"whole run reserved (" + std::string(u.name) + ")"}});
+    for (const auto& r : ml.ranks)
+      t.add_row({std::to_string(r.rank), format_bytes(r.ledger.peak, u),
+                 format_bytes(r.allocator_allocated_peak, u),
+                 format_bytes(r.allocator_reserved_peak, u),
+                 format_bytes(r.allocator_run_reserved_peak, u)});
+    w->heading("What PyTorch's caching allocator would reserve on each rank (a model; the last "
+               "step's peaks; docs/allocator.md)");
+    w->table(t);
+  }
   w->paragraph_break();
   w->csv_table(measured_table(ml, u, true));
   w->document([&] {
@@ -173,6 +190,10 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
                 {"matches_trace", r.trace_differences.empty()},
                 {"matches_analytic", r.analytic_differences.empty()},
                 {"differences", json::array()}};
+      if (r.allocator_modelled)
+        j["allocator_model"] = {{"allocated_peak", r.allocator_allocated_peak},
+                                {"reserved_peak", r.allocator_reserved_peak},
+                                {"run_reserved_peak", r.allocator_run_reserved_peak}};
       for (const auto& d : r.trace_differences) j["differences"].push_back(d);
       for (const auto& d : r.analytic_differences) j["differences"].push_back(d);
       ranks.push_back(std::move(j));

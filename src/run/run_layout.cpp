@@ -79,6 +79,10 @@ std::vector<std::uint64_t> pack(const MeasuredRank& m) {
   w.push_back(m.device_used_peak);
   w.push_back(m.pool_used_peak);
   w.push_back(m.host_bytes);
+  w.push_back(m.allocator_modelled ? 1 : 0);
+  w.push_back(m.allocator_allocated_peak);
+  w.push_back(m.allocator_reserved_peak);
+  w.push_back(m.allocator_run_reserved_peak);
   return w;
 }
 MeasuredRank unpack(const std::uint64_t* w) {
@@ -103,6 +107,10 @@ MeasuredRank unpack(const std::uint64_t* w) {
   m.device_used_peak = w[kWords + 3];
   m.pool_used_peak = w[kWords + 4];
   m.host_bytes = w[kWords + 5];
+  m.allocator_modelled = w[kWords + 6] != 0;
+  m.allocator_allocated_peak = w[kWords + 7];
+  m.allocator_reserved_peak = w[kWords + 8];
+  m.allocator_run_reserved_peak = w[kWords + 9];
   return m;
 }
 
@@ -278,6 +286,18 @@ void gather_ranks(MeasuredLayout& out, const MeasuredRank& mine, Collective& hos
     m.trace_differences = differences(m.ledger, out.predicted.ranks[k].ledger, "meta trace");
     m.analytic_differences =
         differences(m.ledger, out.predicted.analytic.ranks[k].est.figures, "analytic");
+    // The same allocations in the same order: the trace's model holds what this rank's did.
+    if (m.allocator_modelled && out.predicted.ranks[k].allocator_model) {
+      const CachingAllocatorStats& t = out.predicted.ranks[k].allocator_model->step;
+      if (m.allocator_reserved_peak != t.reserved.peak)
+        m.trace_differences.push_back("allocator reserved peak: measured " +
+                                      std::to_string(m.allocator_reserved_peak) +
+                                      ", meta trace " + std::to_string(t.reserved.peak));
+      if (m.allocator_allocated_peak != t.allocated.peak)
+        m.trace_differences.push_back("allocator allocated peak: measured " +
+                                      std::to_string(m.allocator_allocated_peak) +
+                                      ", meta trace " + std::to_string(t.allocated.peak));
+    }
     const std::uint64_t host_want = out.predicted.analytic.ranks[k].host_bytes;
     if (m.host_bytes != host_want)
       m.analytic_differences.push_back("host bytes (--offload): measured " +
@@ -298,7 +318,8 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
   out.seed = rq.seed;
   out.weights = rq.weights;
   out.tokens = rq.tokens;
-  out.predicted = trace_layout(rq.model, rq.train, rq.layout, rq.overheads, out.steps);
+  out.predicted =
+      trace_layout(rq.model, rq.train, rq.layout, rq.overheads, out.steps, rq.allocator);
 
   MeasuredRank mine;
   mine.rank = host.rank();
@@ -306,10 +327,19 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
   mine.stage = groups.stage;
   std::vector<double> seconds;
   {
+    std::unique_ptr<ModelledAllocator> modelled;
     std::unique_ptr<BudgetAllocator> budget;
-    if (rq.device_budget)
+    if (rq.allocator) {
+      CachingAllocatorConfig config = rq.allocator->config;
+      config.device_bytes = rq.device_budget;
+      modelled = std::make_unique<ModelledAllocator>(backend.allocator(), rq.allocator->spec,
+                                                     config);
+    } else if (rq.device_budget) {
       budget = std::make_unique<BudgetAllocator>(backend.allocator(), *rq.device_budget);
-    Ledger ledger(budget ? static_cast<Allocator&>(*budget) : backend.allocator());
+    }
+    Ledger ledger(modelled ? static_cast<Allocator&>(*modelled)
+                  : budget ? static_cast<Allocator&>(*budget)
+                           : backend.allocator());
     std::unique_ptr<ProbeSet> probes = rank_probes(backend, ledger);
     ShardedExecution ex{backend, *groups.dpd, *groups.dph, rq.seed,
                         default_optimizer_settings(rq.train.optimizer)};
@@ -329,6 +359,7 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
         step_first_seq = ledger.timeline().size() + ledger.dropped_events() + 1;
         const auto t0 = std::chrono::steady_clock::now();
         if (probes) probes->begin_step(n + 1);
+        if (modelled) modelled->begin_step();
         out.losses.push_back(step->train_step());
         if (!std::isfinite(out.losses.back()))
           spdlog::warn("rank {}: step {}: the loss is {} (not finite)", mine.rank, n + 1,
@@ -346,6 +377,13 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
     }
     if (probes) ledger.set_phase_listener(nullptr);
     read_books(mine, out, ledger, probes.get(), step.get());
+    if (modelled) {
+      const AllocatorModelResult a = modelled->result();
+      mine.allocator_modelled = true;
+      mine.allocator_allocated_peak = a.step.allocated.peak;
+      mine.allocator_reserved_peak = a.step.reserved.peak;
+      mine.allocator_run_reserved_peak = a.run_reserved_peak;
+    }
     if (rq.keep_timeline && !ledger.timeline().empty())
       out.timeline = build_timeline(
           ledger.timeline(), ledger.tensors(), step_first_seq, TimeAxis::wall,

@@ -61,6 +61,11 @@ struct MeasuredRank {
   bool device_sources = false;
   std::uint64_t device_used_peak = 0;
   std::uint64_t pool_used_peak = 0;
+  // --allocator: the rank's allocations fed to the model (its device: --device-budget), the
+  // last step's allocated and reserved peaks and the whole run's reserved peak.
+  bool allocator_modelled = false;
+  std::uint64_t allocator_allocated_peak = 0, allocator_reserved_peak = 0;
+  std::uint64_t allocator_run_reserved_peak = 0;
   std::vector<std::string> trace_differences;     // against its stage's meta trace
   std::vector<std::string> analytic_differences;  // against its stage's analytic profile
   bool matches() const { return trace_differences.empty() && analytic_differences.empty(); }
@@ -101,6 +106,9 @@ struct MeasureRequest {
   bool keep_timeline = false;
   // --device-budget: each rank's allocator refuses to go above it (OutOfMemory, exit 3).
   std::optional<std::uint64_t> device_budget;
+  // --allocator: each rank mirrored in a model of PyTorch's allocator, which then decides the
+  // out-of-memory under device_budget (as on one GPU); the meta traces are fed one too.
+  std::optional<AllocatorSpec> allocator;
   // --weights (a safetensors file of the whole model, or one shard of an HF checkpoint) and
   // --tokens (the global batch: dp·M·b rows of seq int32 ids); empty: random of `seed`.
   std::string weights, tokens;
