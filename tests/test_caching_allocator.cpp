@@ -310,7 +310,8 @@ TEST(CachingAllocatorExpandable, OutOfMemoryAndTheUnmapRetry) {
 TEST(CachingAllocatorExpandable, EveryAllocationFreedLeavesNothingAfterEmptyCache) {
   CachingAllocatorModel m(expandable(1024 * MiB));
   std::uint64_t id = 1;
-  for (std::uint64_t bytes : {3 * MiB, std::uint64_t{100}, 700 * KiB, 45 * MiB, 1 * MiB + 1, 21 * MiB})
+  for (std::uint64_t bytes :
+       {3 * MiB, std::uint64_t{100}, 700 * KiB, 45 * MiB, 1 * MiB + 1, 21 * MiB})
     ASSERT_FALSE(m.malloc(id++, bytes));
   for (std::uint64_t n = 1; n < id; n += 2) m.free(n);  // every other one first
   for (std::uint64_t n = 2; n < id; n += 2) m.free(n);

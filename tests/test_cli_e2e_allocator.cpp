@@ -51,8 +51,8 @@ TEST(CliE2EAllocator, ProfileReportsWhatPyTorchWouldReserve) {
       EXPECT_EQ(u64(plain.j()["measured"]["ledger"]["peak"]), ledger_peak);
     }
   }
-  const Result text = trainmem(
-      "profile --model tiny --seq 128 --batch 4 --backend meta --allocator pytorch");
+  const Result text =
+      trainmem("profile --model tiny --seq 128 --batch 4 --backend meta --allocator pytorch");
   ASSERT_EQ(text.code, 0) << text.err;
   EXPECT_NE(text.out.find("What PyTorch's caching allocator would reserve"), std::string::npos);
   EXPECT_NE(text.out.find("reserved (memory_reserved"), std::string::npos);
@@ -93,7 +93,8 @@ TEST(CliE2EAllocator, UnderABudgetPyTorchRunsOutOfReservedMemoryFirst) {
 }
 
 TEST(CliE2EAllocator, MaxbatchAnswersWithReservedMemory) {
-  const std::string base = "maxbatch --model tiny --seq 128 --budget 256MiB --overhead 0 --format json";
+  const std::string base =
+      "maxbatch --model tiny --seq 128 --budget 256MiB --overhead 0 --format json";
   const Result plain = trainmem(base);
   ASSERT_EQ(plain.code, 0) << plain.err;
   EXPECT_EQ(plain.j()["peak_kind"], "allocated");
@@ -112,8 +113,10 @@ TEST(CliE2EAllocator, MaxbatchAnswersWithReservedMemory) {
     EXPECT_GT(u64(j["next_peak"]), 256 * MiB);
     // The answer agrees with a profile run under the same budget: the best batch runs, the next
     // one raises PyTorch's out-of-memory.
-    const std::string run = "profile --model tiny --seq 128 --backend meta --format json "
-                            "--device-budget 256MiB --allocator " + spec + " --batch ";
+    const std::string run =
+        "profile --model tiny --seq 128 --backend meta --format json "
+        "--device-budget 256MiB --allocator " +
+        spec + " --batch ";
     EXPECT_EQ(trainmem(run + std::to_string(best)).code, 0);
     EXPECT_EQ(trainmem(run + std::to_string(best + 1)).code, 3);
   }
@@ -123,17 +126,16 @@ TEST(CliE2EAllocator, BadSpecsAndUnsupportedCommandsExit2NamingTheFlag) {
   const Result bad = trainmem(kRun + " --allocator pytorch:expandable_segments=yes");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("--allocator: expandable_segments=yes"), std::string::npos) << bad.err;
-  const Result measured = trainmem(
-      "profile --model tiny --backend cpu --world-size 2 --zero 1 --allocator pytorch");
+  const Result measured =
+      trainmem("profile --model tiny --backend cpu --world-size 2 --zero 1 --allocator pytorch");
   EXPECT_EQ(measured.code, 2);
   EXPECT_NE(measured.err.find("--allocator with --world-size 2 and --backend cpu"),
             std::string::npos)
       << measured.err;
-  const Result compare = trainmem(
-      "compare --model tiny --backend meta --world-size 2 --zero 1 --allocator pytorch");
+  const Result compare =
+      trainmem("compare --model tiny --backend meta --world-size 2 --zero 1 --allocator pytorch");
   EXPECT_EQ(compare.code, 2);
-  EXPECT_NE(compare.err.find("--allocator with --world-size 2"), std::string::npos)
-      << compare.err;
+  EXPECT_NE(compare.err.find("--allocator with --world-size 2"), std::string::npos) << compare.err;
 }
 
 TEST(CliE2EAllocator, CompareShowsExpandableSegmentsOffAndOnFromOneRun) {
@@ -192,7 +194,7 @@ TEST(CliE2EAllocator, SweepAddsTheReservedPeakPerPoint) {
     while (std::getline(ls, cell, ',')) f.push_back(cell);
     ASSERT_EQ(f.size(), 13u) << line;
     EXPECT_GE(std::stoull(f[11]), std::stoull(f[10])) << line;  // reserved >= the live peak
-    EXPECT_EQ(std::stoull(f[11]) % (2 * MiB), 0u) << line;    // whole segments
+    EXPECT_EQ(std::stoull(f[11]) % (2 * MiB), 0u) << line;      // whole segments
     ++rows;
   }
   EXPECT_EQ(rows, 4);
@@ -235,8 +237,7 @@ TEST(CliE2EAllocator, EstimateFeedsTheNativeStepsTraceToTheModel) {
 TEST(CliE2EAllocator, EveryTracedRankIsFedToTheModel) {
   const std::string layout =
       " --model tiny --seq 64 --batch 2 --world-size 4 --pp 2 --zero 1 --microbatches 2";
-  const Result r =
-      trainmem("profile --backend meta --format json --allocator pytorch" + layout);
+  const Result r = trainmem("profile --backend meta --format json --allocator pytorch" + layout);
   ASSERT_EQ(r.code, 0) << r.err;
   const json j = r.j();
   ASSERT_EQ(j["ranks"].size(), 2u);  // one per pipeline stage
@@ -248,8 +249,8 @@ TEST(CliE2EAllocator, EveryTracedRankIsFedToTheModel) {
     EXPECT_GE(u64(a["reserved"]["peak"]), u64(a["allocated"]["peak"]));
   }
   // maxbatch over the layout: the worst rank's reserve; never more than without the model.
-  const std::string mb = "maxbatch --format json --budget 512MiB --cuda-context 0 --nccl-memory 0" +
-                         layout;
+  const std::string mb =
+      "maxbatch --format json --budget 512MiB --cuda-context 0 --nccl-memory 0" + layout;
   const Result plain = trainmem(mb);
   const Result modelled = trainmem(mb + " --allocator pytorch");
   ASSERT_EQ(plain.code, 0) << plain.err;

@@ -112,8 +112,7 @@ int run_compare(const CompareFlags& flags) {
       // --allocator: the reserve with expandable segments flipped too, from the same run.
       if (rq.allocator)
         rq.allocator_shadows.push_back(
-            {rq.allocator_spec +
-                 (rq.allocator_spec.find(':') == std::string::npos ? ":" : ",") +
+            {rq.allocator_spec + (rq.allocator_spec.find(':') == std::string::npos ? ":" : ",") +
                  "expandable_segments=" + (rq.allocator->expandable_segments ? "false" : "true"),
              [&] {
                CachingAllocatorConfig other = *rq.allocator;

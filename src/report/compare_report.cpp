@@ -231,7 +231,8 @@ json compare_json(const std::vector<ComparePair>& pairs, const std::vector<RunRe
 // The report, described once for every format.
 // --allocator: each run's reserve under the given configuration and under the other setting of
 // expandable segments (a shadow model fed the same run).
-void write_allocator_table(report::ReportWriter& w, const std::vector<RunResult>& runs, ByteUnit u) {
+void write_allocator_table(report::ReportWriter& w, const std::vector<RunResult>& runs,
+                           ByteUnit u) {
   const RunResult& first = runs.front();
   if (!first.allocator_model) return;
   const std::string spec = first.allocator_model->spec;
@@ -242,10 +243,10 @@ void write_allocator_table(report::ReportWriter& w, const std::vector<RunResult>
                 (other.empty() ? "" : " and under " + other) + ")",
             "PyTorch's caching allocator (model)");
   std::vector<report::Table::Column> cols = {{"optimizer", report::Align::left},
-                                      {"checkpointing", report::Align::left},
-                                      {"ledger peak"},
-                                      {"allocated"},
-                                      {"reserved"}};
+                                             {"checkpointing", report::Align::left},
+                                             {"ledger peak"},
+                                             {"allocated"},
+                                             {"reserved"}};
   if (!other.empty()) cols.push_back({"reserved (" + other + ")"});
   report::Table t(cols);
   for (const RunResult& r : runs) {
@@ -265,8 +266,9 @@ void write_allocator_table(report::ReportWriter& w, const std::vector<RunResult>
   }
   w.table(t);
   if (!other.empty())
-    w.detail("the second reserve comes from a model fed the same run without a device limit "
-             "(docs/allocator.md)");
+    w.detail(
+        "the second reserve comes from a model fed the same run without a device limit "
+        "(docs/allocator.md)");
 }
 
 void write_compare(report::ReportWriter& w, const std::vector<ComparePair>& pairs,

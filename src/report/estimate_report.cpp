@@ -3,12 +3,11 @@
 // and, with --explain, the per-tensor lists and formulas.
 #include "trainmem/report/estimate_report.hpp"
 
-#include "trainmem/report/replay_report.hpp"
-
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "trainmem/report/replay_report.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/schema.hpp"
 #include "trainmem/report/svg_chart.hpp"
@@ -288,9 +287,10 @@ void write_allocator_table(ReportWriter& w, const std::vector<EstimateRun>& runs
   for (const auto& r : runs) most = std::max(most, r.allocator_model->run_reserved_peak);
   const ByteUnit u = table_unit(most);
   w.blank();
-  w.strong("What PyTorch's caching allocator would reserve for the native step (a model fed "
-           "its meta trace; --allocator " +
-           runs.front().allocator_model->spec + "; " + u.name + ")");
+  w.strong(
+      "What PyTorch's caching allocator would reserve for the native step (a model fed "
+      "its meta trace; --allocator " +
+      runs.front().allocator_model->spec + "; " + u.name + ")");
   report::Table t({{"optimizer", report::Align::left},
                    {"checkpointing", report::Align::left},
                    {"native peak"},

@@ -158,8 +158,9 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
                  format_bytes(r.allocator_allocated_peak, u),
                  format_bytes(r.allocator_reserved_peak, u),
                  format_bytes(r.allocator_run_reserved_peak, u)});
-    w->heading("What PyTorch's caching allocator would reserve on each rank (a model; the last "
-               "step's peaks; docs/allocator.md)");
+    w->heading(
+        "What PyTorch's caching allocator would reserve on each rank (a model; the last "
+        "step's peaks; docs/allocator.md)");
     w->table(t);
   }
   w->paragraph_break();

@@ -2,8 +2,6 @@
 // estimate's, profile's (traced and measured), compare's and maxbatch's, and a failed rank's.
 #include "trainmem/report/layout_report.hpp"
 
-#include "trainmem/report/replay_report.hpp"
-
 #include <algorithm>
 #include <optional>
 
@@ -12,6 +10,7 @@
 #include "trainmem/base/bytes.hpp"
 #include "trainmem/base/checked.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/report/replay_report.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/report_writer.hpp"
 #include "trainmem/report/run_report.hpp"
@@ -352,9 +351,10 @@ std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Co
           lt.all_match() ? report::Tone::ok : report::Tone::fail);
   const bool modelled = !lt.ranks.empty() && lt.ranks.front().allocator_model.has_value();
   if (modelled) {
-    w->heading("What PyTorch's caching allocator would reserve on each rank (a model; --allocator " +
-               lt.ranks.front().allocator_model->spec +
-               "; the last step's peaks; no device limit; docs/allocator.md)");
+    w->heading(
+        "What PyTorch's caching allocator would reserve on each rank (a model; --allocator " +
+        lt.ranks.front().allocator_model->spec +
+        "; the last step's peaks; no device limit; docs/allocator.md)");
     w->table(allocator_table(lt, u));
   }
   w->csv_table(reconcile_table(lt, u, true));
@@ -368,7 +368,8 @@ std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Co
       j["ledger_tensors_at_peak"] = r.tensors_at_peak;
       j["matches_analytic"] = r.matches;
       j["differences"] = r.differences;
-      if (r.allocator_model) j["allocator_model"] = report::allocator_model_json(*r.allocator_model);
+      if (r.allocator_model)
+        j["allocator_model"] = report::allocator_model_json(*r.allocator_model);
       ranks.push_back(std::move(j));
     }
     json doc = layout_document(le);

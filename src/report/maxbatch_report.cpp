@@ -171,7 +171,8 @@ std::string render_one_gpu(const MaxbatchRequest& rq, const MaxbatchResult& m,
                " (" + overhead_source + ")");
   if (rq.allocator)
     w->banner("peaks: what PyTorch's caching allocator would reserve (a model, --allocator " +
-              rq.allocator_spec + ", on a device of budget − overhead; docs/allocator.md) for "
+              rq.allocator_spec +
+              ", on a device of budget − overhead; docs/allocator.md) for "
               "the meta backend's exact trace of the training step (" +
               std::to_string(traced) + " configurations traced)");
   else

@@ -2,8 +2,8 @@
 // include/trainmem/report/run_report.hpp. Its keys read back by diff: report/schema.hpp.
 #include <cmath>
 
-#include "trainmem/report/report.hpp"
 #include "trainmem/report/replay_report.hpp"
+#include "trainmem/report/report.hpp"
 #include "trainmem/report/run_report.hpp"
 #include "trainmem/report/schema.hpp"
 
@@ -110,9 +110,9 @@ json run_result_json(const RunResult& r) {
   json tensors = json::array();
   for (const auto& t : r.tensors) tensors.push_back(tensor_record_json(t));
   j["tensors"] = tensors;
-  j["allocator_model"] = r.allocator_model
-                            ? report::allocator_model_json(*r.allocator_model, &r.allocator_shadows)
-                            : json(nullptr);
+  j["allocator_model"] =
+      r.allocator_model ? report::allocator_model_json(*r.allocator_model, &r.allocator_shadows)
+                        : json(nullptr);
   if (r.failure) j["error"] = failure_json(*r.failure);
   return j;
 }

@@ -222,8 +222,8 @@ void write_allocator_model(report::ReportWriter& w, const RunResult& r, ByteUnit
                    {std::string("over the ledger's peak (") + u.name + ")"}});
   const std::uint64_t ledger = r.ledger.peak;
   auto row = [&](const std::string& name, std::uint64_t v) {
-    const std::string over = v >= ledger ? "+" + format_bytes(v - ledger, u)
-                                         : "-" + format_bytes(ledger - v, u);
+    const std::string over =
+        v >= ledger ? "+" + format_bytes(v - ledger, u) : "-" + format_bytes(ledger - v, u);
     t.add_row({name, format_bytes(v, u), over});
   };
   row("the ledger's peak (live tensor bytes)", ledger);

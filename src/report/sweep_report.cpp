@@ -87,19 +87,20 @@ report::Table runs_bytes_table(const std::vector<RunResult>& runs) {
                    {"peak"},
                    {"out_of_memory", report::Align::left}});
   const bool reserved = runs.front().allocator_model.has_value();  // --allocator: one more
-  if (reserved) t = report::Table([&] {
-    auto cols = t.columns();
-    cols.insert(cols.end() - 1, report::Table::Column{"reserved_peak"});
-    return cols;
-  }());
+  if (reserved)
+    t = report::Table([&] {
+      auto cols = t.columns();
+      cols.insert(cols.end() - 1, report::Table::Column{"reserved_peak"});
+      return cols;
+    }());
   for (const auto& r : runs) {
     std::vector<report::Cell> row;
-    for (const std::string& cell : {
-        r.model.name, std::to_string(r.model.hidden), std::to_string(r.model.intermediate),
-        std::to_string(r.model.heads), std::to_string(r.train.batch), std::to_string(r.train.seq),
-        std::to_string(r.ledger.activations), std::to_string(r.per_layer_activations()),
-        std::to_string(r.native().activations.per_layer_bytes),
-        std::to_string(r.ledger.activations_peak), std::to_string(r.ledger.peak)})
+    for (const std::string& cell :
+         {r.model.name, std::to_string(r.model.hidden), std::to_string(r.model.intermediate),
+          std::to_string(r.model.heads), std::to_string(r.train.batch), std::to_string(r.train.seq),
+          std::to_string(r.ledger.activations), std::to_string(r.per_layer_activations()),
+          std::to_string(r.native().activations.per_layer_bytes),
+          std::to_string(r.ledger.activations_peak), std::to_string(r.ledger.peak)})
       row.emplace_back(cell);
     if (reserved)
       row.emplace_back(r.allocator_model ? std::to_string(r.allocator_model->step.reserved.peak)

@@ -90,8 +90,8 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
       const LayoutTrace lt = trace_layout(rq.model, t, *rq.layout, rq.overheads, 2, spec);
       std::uint64_t worst = 0;
       for (const auto& r : lt.ranks)
-        worst = std::max(worst, r.allocator_model ? r.allocator_model->run_reserved_peak
-                                                  : r.ledger.peak);
+        worst = std::max(worst,
+                         r.allocator_model ? r.allocator_model->run_reserved_peak : r.ledger.peak);
       return worst;
     }
     RunRequest one;

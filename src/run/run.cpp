@@ -85,9 +85,9 @@ RunResult start_result(const RunRequest& rq) {
 // Step 2: everything a run measures with, built in dependency order (each member uses the ones
 // declared before it) and torn down in the reverse order:
 //   backend -> CUPTI tagging (cuda with probes: wraps the backend's allocator) -> the model of
-//   PyTorch's allocator (--allocator) or else the budget allocator (wraps that) -> ledger (allocates through the outermost of them) -> probes (read
-//   the backend's allocator and the ledger, and listen to the ledger's phases) -> model (its
-//   tensors live in the ledger).
+//   PyTorch's allocator (--allocator) or else the budget allocator (wraps that) -> ledger
+//   (allocates through the outermost of them) -> probes (read the backend's allocator and the
+//   ledger, and listen to the ledger's phases) -> model (its tensors live in the ledger).
 // The destructor makes the teardown that correctness needs explicit; see ~RunRig.
 class RunRig {
  public:
@@ -241,8 +241,8 @@ std::uint64_t run_steps(const RunRequest& rq, RunRig& rig, RunResult& r) {
     r.failure = failure_of(e, model ? r.steps_done + 1 : 0, ledger);
     if (rq.log_failure)
       spdlog::error("out of memory {}: {}",
-                  r.failure->step ? "in step " + std::to_string(r.failure->step) : "in setup",
-                  e.what());
+                    r.failure->step ? "in step " + std::to_string(r.failure->step) : "in setup",
+                    e.what());
   }
   return step_first_seq;
 }

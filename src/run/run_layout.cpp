@@ -291,12 +291,12 @@ void gather_ranks(MeasuredLayout& out, const MeasuredRank& mine, Collective& hos
       const CachingAllocatorStats& t = out.predicted.ranks[k].allocator_model->step;
       if (m.allocator_reserved_peak != t.reserved.peak)
         m.trace_differences.push_back("allocator reserved peak: measured " +
-                                      std::to_string(m.allocator_reserved_peak) +
-                                      ", meta trace " + std::to_string(t.reserved.peak));
+                                      std::to_string(m.allocator_reserved_peak) + ", meta trace " +
+                                      std::to_string(t.reserved.peak));
       if (m.allocator_allocated_peak != t.allocated.peak)
         m.trace_differences.push_back("allocator allocated peak: measured " +
-                                      std::to_string(m.allocator_allocated_peak) +
-                                      ", meta trace " + std::to_string(t.allocated.peak));
+                                      std::to_string(m.allocator_allocated_peak) + ", meta trace " +
+                                      std::to_string(t.allocated.peak));
     }
     const std::uint64_t host_want = out.predicted.analytic.ranks[k].host_bytes;
     if (m.host_bytes != host_want)
@@ -332,8 +332,8 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
     if (rq.allocator) {
       CachingAllocatorConfig config = rq.allocator->config;
       config.device_bytes = rq.device_budget;
-      modelled = std::make_unique<ModelledAllocator>(backend.allocator(), rq.allocator->spec,
-                                                     config);
+      modelled =
+          std::make_unique<ModelledAllocator>(backend.allocator(), rq.allocator->spec, config);
     } else if (rq.device_budget) {
       budget = std::make_unique<BudgetAllocator>(backend.allocator(), *rq.device_budget);
     }

@@ -67,9 +67,9 @@ struct StatPair {
 };
 
 struct CachingAllocatorStats {
-  StatPair allocated;               // bytes of the blocks handed out (memory_allocated)
-  StatPair reserved;                // bytes of the segments held (memory_reserved)
-  StatPair requested;               // bytes the callers asked for
+  StatPair allocated;  // bytes of the blocks handed out (memory_allocated)
+  StatPair reserved;   // bytes of the segments held (memory_reserved)
+  StatPair requested;  // bytes the callers asked for
   // cudaMalloc'ed segments held; an expandable segment is not counted (PyTorch's "segment"
   // statistics do not count them either).
   StatPair segments;
@@ -131,7 +131,7 @@ class CachingAllocatorModel {
   struct ByAddress {
     bool operator()(const Block* a, const Block* b) const;
   };
-  using Pool = std::set<Block*, BySize>;        // free, mapped blocks
+  using Pool = std::set<Block*, BySize>;         // free, mapped blocks
   using Unmapped = std::set<Block*, ByAddress>;  // expandable segments' unmapped ranges
 
   Block* get_free_block(Pool& pool, std::uint64_t size, int stream);
@@ -157,7 +157,7 @@ class CachingAllocatorModel {
   Pool small_, large_;
   Unmapped unmapped_small_, unmapped_large_;
   // Every block is in a pool (free) or here (allocated); the model owns them (new/delete).
-  std::map<std::uint64_t, Block*> active_;       // id -> block
+  std::map<std::uint64_t, Block*> active_;  // id -> block
   // Segment -> bytes held (cudaMalloc'ed, or the pages an expandable segment has mapped).
   std::map<std::uint64_t, std::uint64_t> held_;
   // Every change to held_ in order (segment, new size; 0: released), and how many of them had

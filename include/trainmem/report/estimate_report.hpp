@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "trainmem/analytic/analytic.hpp"
-#include "trainmem/run/allocator_model.hpp"
 #include "trainmem/report/report_writer.hpp"
+#include "trainmem/run/allocator_model.hpp"
 
 namespace trainmem::report {
 

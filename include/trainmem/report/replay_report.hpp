@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "trainmem/base/bytes.hpp"
 #include "trainmem/analytic/caching_allocator.hpp"
-#include "trainmem/run/allocator_model.hpp"
+#include "trainmem/base/bytes.hpp"
 #include "trainmem/report/report_writer.hpp"
+#include "trainmem/run/allocator_model.hpp"
 
 namespace trainmem::report {
 
