@@ -22,7 +22,8 @@ std::uint64_t u64(const json& j) {
 }
 
 TEST(CliE2EAllocator, ProfileReportsWhatPyTorchWouldReserve) {
-  for (const std::string spec : {"pytorch", "pytorch:expandable_segments=true"}) {
+  for (const std::string& spec :
+       {std::string("pytorch"), std::string("pytorch:expandable_segments=true")}) {
     SCOPED_TRACE(spec);
     const Result r = trainmem(kRun + " --allocator " + spec);
     ASSERT_EQ(r.code, 0) << r.err;
@@ -98,7 +99,8 @@ TEST(CliE2EAllocator, MaxbatchAnswersWithReservedMemory) {
   const Result plain = trainmem(base);
   ASSERT_EQ(plain.code, 0) << plain.err;
   EXPECT_EQ(plain.j()["peak_kind"], "allocated");
-  for (const std::string spec : {"pytorch", "pytorch:expandable_segments=true"}) {
+  for (const std::string& spec :
+       {std::string("pytorch"), std::string("pytorch:expandable_segments=true")}) {
     SCOPED_TRACE(spec);
     const Result r = trainmem(base + " --allocator " + spec);
     ASSERT_EQ(r.code, 0) << r.err;
@@ -122,24 +124,21 @@ TEST(CliE2EAllocator, MaxbatchAnswersWithReservedMemory) {
   }
 }
 
-TEST(CliE2EAllocator, BadSpecsAndUnsupportedCommandsExit2NamingTheFlag) {
-  const Result bad = trainmem(kRun + " --allocator pytorch:expandable_segments=yes");
-  EXPECT_EQ(bad.code, 2);
-  EXPECT_NE(bad.err.find("--allocator: expandable_segments=yes"), std::string::npos) << bad.err;
-  const Result measured =
-      trainmem("profile --model tiny --backend cpu --world-size 2 --zero 1 --allocator pytorch");
-  EXPECT_EQ(measured.code, 2);
-  EXPECT_NE(measured.err.find("--allocator with --world-size 2 and --backend cpu"),
-            std::string::npos)
-      << measured.err;
-  const Result compare =
-      trainmem("compare --model tiny --backend meta --world-size 2 --zero 1 --allocator pytorch");
-  EXPECT_EQ(compare.code, 2);
-  EXPECT_NE(compare.err.find("--allocator with --world-size 2"), std::string::npos) << compare.err;
+TEST(CliE2EAllocator, BadSpecsExit2NamingTheFlag) {
+  for (const std::string& cmd :
+       {kRun, std::string("maxbatch --model tiny --budget 1GiB"), std::string("estimate"),
+        std::string("compare --model tiny --backend meta"),
+        std::string("sweep --model tiny --backend meta --batch 1 --seq 16")}) {
+    const Result bad = trainmem(cmd + " --allocator pytorch:expandable_segments=yes");
+    EXPECT_EQ(bad.code, 2) << cmd;
+    EXPECT_NE(bad.err.find("--allocator: expandable_segments=yes"), std::string::npos)
+        << cmd << ": " << bad.err;
+  }
 }
 
 TEST(CliE2EAllocator, CompareShowsExpandableSegmentsOffAndOnFromOneRun) {
-  for (const std::string spec : {"pytorch", "pytorch:expandable_segments=true"}) {
+  for (const std::string& spec :
+       {std::string("pytorch"), std::string("pytorch:expandable_segments=true")}) {
     SCOPED_TRACE(spec);
     const Result r = trainmem(
         "compare --model tiny --seq 128 --batch 4 --backend meta --format json --allocator " +
@@ -228,10 +227,6 @@ TEST(CliE2EAllocator, EstimateFeedsTheNativeStepsTraceToTheModel) {
   const Result bad = trainmem("estimate --model tiny --allocator pytorch:max_split_size_mb=1");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("max_split_size_mb must be at least 20"), std::string::npos) << bad.err;
-  const Result layout =
-      trainmem("estimate --model tiny --world-size 2 --zero 1 --allocator pytorch");
-  EXPECT_EQ(layout.code, 2);
-  EXPECT_NE(layout.err.find("--allocator with --world-size 2"), std::string::npos) << layout.err;
 }
 
 TEST(CliE2EAllocator, EveryTracedRankIsFedToTheModel) {
@@ -247,6 +242,20 @@ TEST(CliE2EAllocator, EveryTracedRankIsFedToTheModel) {
     EXPECT_EQ(u64(a["requested"]["peak"]), u64(rank["ledger"]["peak"]));
     EXPECT_GE(u64(a["allocated"]["peak"]), u64(a["requested"]["peak"]));
     EXPECT_GE(u64(a["reserved"]["peak"]), u64(a["allocated"]["peak"]));
+  }
+  // estimate and compare per rank trace the same ranks: the same reserve per stage.
+  const Result est = trainmem("estimate --format json --allocator pytorch" + layout);
+  ASSERT_EQ(est.code, 0) << est.err;
+  const Result cmp = trainmem("compare --backend meta --format json --allocator pytorch" + layout);
+  ASSERT_EQ(cmp.code, 0) << cmp.err;
+  const json ej = est.j(), cj = cmp.j();
+  ASSERT_EQ(ej["ranks"].size(), 2u);
+  ASSERT_EQ(cj["rows"].size(), 2u);
+  for (std::size_t k = 0; k < 2; ++k) {
+    const std::uint64_t reserved = u64(j["ranks"][k]["allocator_model"]["reserved"]["peak"]);
+    EXPECT_EQ(u64(ej["ranks"][k]["allocator_model"]["reserved"]["peak"]), reserved);
+    EXPECT_EQ(u64(cj["rows"][k]["reserved_none"]), reserved);
+    EXPECT_GE(u64(cj["rows"][k]["reserved_full"]), u64(cj["rows"][k]["full"]["peak"]));
   }
   // maxbatch over the layout: the worst rank's reserve; never more than without the model.
   const std::string mb =

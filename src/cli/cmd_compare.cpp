@@ -79,10 +79,13 @@ int run_compare_layout(const Common& c, const CompareFlags& flags, const Paralle
     throw InputError("--backend " + be + " with --world-size above 1: use meta, cpu or cuda");
   check_layout_request(one, false, false);
   if (auto p = traced_layout_problem(flags.run, par.world, command_line())) throw InputError(*p);
-  const LayoutTrace none =
-      trace_layout(c.model, with_mode(Checkpointing::none).train, par, oo, flags.run.steps);
-  const LayoutTrace full =
-      trace_layout(c.model, with_mode(Checkpointing::full).train, par, oo, flags.run.steps);
+  std::optional<AllocatorSpec> allocator;
+  if (!flags.run.allocator.empty())
+    allocator = AllocatorSpec{flags.run.allocator, parse_allocator_spec(flags.run.allocator)};
+  const LayoutTrace none = trace_layout(c.model, with_mode(Checkpointing::none).train, par, oo,
+                                        flags.run.steps, allocator);
+  const LayoutTrace full = trace_layout(c.model, with_mode(Checkpointing::full).train, par, oo,
+                                        flags.run.steps, allocator);
   const std::vector<CompareLayoutRow> rows = compare_rows(none, full);
   write_output(c.output,
                report::render_compare_layout(none.analytic, rows, "TRACED on meta", "meta",
@@ -95,10 +98,6 @@ int run_compare(const CompareFlags& flags) {
   const ParallelConfig par = resolve_layout(flags.layout, c.model, c.train);
   const std::string& be = flags.run.backend;
   check_collectives_flag(flags.launch, par.distributed() && (be == "cpu" || be == "cuda"));
-  if (par.distributed() && !flags.run.allocator.empty())
-    throw InputError("--allocator with --world-size " + std::to_string(par.world) +
-                     ": the caching allocator model is not applied per rank yet; use it on one "
-                     "GPU's step (--world-size 1)");
   if (par.distributed()) return run_compare_layout(c, flags, par);
   if (!flags.run.timeline.empty()) validate_timeline_path(flags.run.timeline);
   if (!flags.run.dump.empty())

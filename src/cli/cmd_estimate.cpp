@@ -16,6 +16,7 @@
 #include "trainmem/report/layout_report.hpp"
 #include "trainmem/report/report_writer.hpp"
 #include "trainmem/run/run.hpp"
+#include "trainmem/run/run_layout.hpp"
 
 namespace trainmem::cli {
 namespace {
@@ -86,13 +87,21 @@ Runner register_estimate(CLI::App& app) {
     const Common c = resolve_common(*flags, /*allow_all_optimizers=*/true,
                                     /*allow_both_modes=*/true);
     const ParallelConfig par = resolve_layout(*layout, c.model, c.train);
-    if (par.distributed() && !allocator->empty())
-      throw InputError("--allocator with --world-size " + std::to_string(par.world) +
-                       ": the caching allocator model is not applied per rank yet; use it on "
-                       "one GPU (--world-size 1)");
     if (!allocator->empty()) parse_allocator_spec(*allocator);  // bad specs before any trace
     if (par.distributed()) {
       check_layout_request(c, *explain, !paper->empty());
+      if (!allocator->empty()) {
+        // Every distinct rank's step traced on meta and fed to the model: the per-rank report
+        // of profile's traced layout (the analytic per rank, then each rank's reserve).
+        const LayoutTrace lt =
+            trace_layout(c.model, c.train, par, resolve_overheads(*layout), 2,
+                         AllocatorSpec{*allocator, parse_allocator_spec(*allocator)});
+        write_output(c.output,
+                     report::render_layout_trace(lt, c.format, stdout_colour(c.output),
+                                                 "trainmem estimate (per rank; each rank traced "
+                                                 "on meta for --allocator)"));
+        return 0;
+      }
       const LayoutEstimate le = estimate_layout(c.model, c.train, par, resolve_overheads(*layout));
       write_output(c.output, report::render_layout(le, c.format, stdout_colour(c.output)));
       return 0;

@@ -336,12 +336,13 @@ report::Table allocator_table(const LayoutTrace& lt, ByteUnit u) {
 
 }  // namespace
 
-std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Colour colour) {
+std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Colour colour,
+                                const std::string& title) {
   const LayoutEstimate& le = lt.analytic;
   const ByteUnit u = layout_unit(le);
   auto w = report::make_writer(format, colour);
   // The per-rank figures (as `estimate` shows them), then the trace's reconciliation.
-  describe_layout(*w, le, u, "trainmem profile (TRACED on meta, per rank)");
+  describe_layout(*w, le, u, title);
   w->heading("Each rank traced on meta (" + std::to_string(lt.steps) +
              " steps, the last one's ledger) against the per-rank analytic profile");
   w->table(reconcile_table(lt, u, false));
@@ -398,23 +399,40 @@ std::string render_compare_layout(const LayoutEstimate& le,
           dtype_name(t.dtype) + ", " + optimizer_name(t.optimizer) + ", " +
           attention_name(t.attention) + " attention; checkpointing none vs full, per rank");
   if (const std::string family = report::family_line(le.model); !family.empty()) w->line(family);
+  const bool reserved = !rows.empty() && rows.front().reserved_none.has_value();  // --allocator
   auto table = [&](bool exact) {
     const std::string un = exact ? "" : " (" + std::string(u.name) + ")";
-    report::Table tb({{"rank", report::Align::left},
-                      {"stage"},
-                      {"activations peak, none" + un},
-                      {"activations peak, full" + un},
-                      {"peak, none" + un},
-                      {"peak, full" + un},
-                      {"saved" + un},
-                      {"= trace and analytic", report::Align::left}});
+    std::vector<report::Table::Column> cols = {{"rank", report::Align::left},
+                                               {"stage"},
+                                               {"activations peak, none" + un},
+                                               {"activations peak, full" + un},
+                                               {"peak, none" + un},
+                                               {"peak, full" + un},
+                                               {"saved" + un}};
+    if (reserved) {
+      cols.push_back({"reserved, none" + un});
+      cols.push_back({"reserved, full" + un});
+    }
+    cols.push_back({"= trace and analytic", report::Align::left});
+    report::Table tb(cols);
     auto cell = [&](std::uint64_t b) { return exact ? std::to_string(b) : format_bytes(b, u); };
     for (const auto& r : rows) {
       const std::int64_t saved = std::int64_t(r.none.peak) - std::int64_t(r.full.peak);
-      tb.add_row({r.rank, std::to_string(r.stage), cell(r.none.activations_peak),
-                  cell(r.full.activations_peak), cell(r.none.peak), cell(r.full.peak),
-                  exact ? std::to_string(saved) : format_signed_bytes(saved, u),
-                  exact ? std::string(r.matches ? "yes" : "NO") : report::check_cell(r.matches)});
+      std::vector<report::Cell> row = {
+          report::Cell(r.rank),
+          report::Cell(std::to_string(r.stage)),
+          report::Cell(cell(r.none.activations_peak)),
+          report::Cell(cell(r.full.activations_peak)),
+          report::Cell(cell(r.none.peak)),
+          report::Cell(cell(r.full.peak)),
+          report::Cell(exact ? std::to_string(saved) : format_signed_bytes(saved, u))};
+      if (reserved) {
+        row.emplace_back(r.reserved_none ? cell(*r.reserved_none) : std::string("-"));
+        row.emplace_back(r.reserved_full ? cell(*r.reserved_full) : std::string("-"));
+      }
+      row.push_back(exact ? report::Cell(std::string(r.matches ? "yes" : "NO"))
+                          : report::check_cell(r.matches));
+      tb.add_row(std::move(row));
     }
     return tb;
   };
@@ -442,6 +460,8 @@ std::string render_compare_layout(const LayoutEstimate& le,
                     {"analytic_none", report::figures_json(r.analytic_none, true)},
                     {"analytic_full", report::figures_json(r.analytic_full, true)},
                     {"saved", std::int64_t(r.none.peak) - std::int64_t(r.full.peak)},
+                    {"reserved_none", r.reserved_none ? json(*r.reserved_none) : json(nullptr)},
+                    {"reserved_full", r.reserved_full ? json(*r.reserved_full) : json(nullptr)},
                     {"matches", r.matches}});
     doc["rows"] = jr;
     return doc;

@@ -19,6 +19,10 @@ std::vector<CompareLayoutRow> compare_rows(const LayoutTrace& none, const Layout
     row.analytic_none = none.analytic.ranks[k].est.figures;
     row.analytic_full = full.analytic.ranks[k].est.figures;
     row.matches = none.ranks[k].matches && full.ranks[k].matches;
+    if (none.ranks[k].allocator_model && full.ranks[k].allocator_model) {
+      row.reserved_none = none.ranks[k].allocator_model->step.reserved.peak;
+      row.reserved_full = full.ranks[k].allocator_model->step.reserved.peak;
+    }
     rows.push_back(std::move(row));
   }
   return rows;
@@ -40,6 +44,10 @@ std::vector<CompareLayoutRow> compare_rows(const MeasuredLayout& none, const Mea
     row.analytic_full = full.predicted.analytic.ranks[std::size_t(b.stage)].est.figures;
     row.matches =
         a.matches() && b.matches() && none.predicted.all_match() && full.predicted.all_match();
+    if (a.allocator_modelled && b.allocator_modelled) {
+      row.reserved_none = a.allocator_reserved_peak;
+      row.reserved_full = b.allocator_reserved_peak;
+    }
     rows.push_back(std::move(row));
   }
   return rows;

@@ -22,7 +22,11 @@ std::string render_layout(const LayoutEstimate& le, Format format, Colour colour
                           const std::string& title = "trainmem estimate (PREDICTED, per rank)");
 
 // The per-rank trace of `profile --world-size N` (meta) beside the analytic, in the chosen format.
-std::string render_layout_trace(const LayoutTrace& lt, Format format, Colour colour);
+// `title`: the report's first line (estimate --allocator names itself).
+std::string render_layout_trace(const LayoutTrace& lt, Format format, Colour colour,
+                                const std::string& title =
+                                    "trainmem profile (TRACED on meta, "
+                                    "per rank)");
 // A measured multi-rank `profile` (rank 0 prints it): every rank's books beside its trace and
 // analytic profile, the losses, and the per-rank figures of the layout.
 std::string render_measured_layout(const MeasuredLayout& ml, Format format, Colour colour);

@@ -3,6 +3,7 @@
 // per rank when measured under MPI.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,8 @@ struct CompareLayoutRow {
   MemoryFigures none, full;  // measured or traced
   MemoryFigures analytic_none, analytic_full;
   bool matches = false;  // both modes equal their trace and analytic profile
+  // --allocator: each mode's reserved peak under the model (the last step's).
+  std::optional<std::uint64_t> reserved_none, reserved_full;
 };
 
 // Rows of two traces of one layout (checkpointing none, full), one per stage.
