@@ -44,8 +44,9 @@ that pairs the free with its allocation. This is the true, complete sequence at 
 it includes what kernels allocate internally (workspaces, reductions' buffers, oneDNN
 scratchpads) and what the autograd engine and the optimizer allocate, which a
 TorchDispatchMode would miss (it sees op outputs only, and sees frees only through Python
-wrappers, which outlive or underlive the C++ storage). torch.distributed._tools.mem_tracker is
-built on CUDA memory statistics and tells nothing on the CPU. How it is made complete:
+wrappers, which outlive or underlive the C++ storage); torch.distributed._tools.mem_tracker is
+such a mode (it agrees to within a few bytes, see the cross-check below, but misses kernels'
+scratch buffers). How it is made complete:
   - the profiler starts before the model is built: the CPU allocator reports the free of a block
     only if the block was allocated while profiling (it looks its size up in a table filled
     then), so everything the steps free must be allocated inside the profile;

@@ -194,6 +194,20 @@ CachingAllocatorModel::Block* CachingAllocatorModel::alloc_block(Pool& pool,
   return b;
 }
 
+// Cuts `b` after its first `keep` bytes: the rest becomes a block of its own (the same segment,
+// stream, pool and mapping), linked after `b`, in no set yet.
+CachingAllocatorModel::Block* CachingAllocatorModel::split_block(Block* b, std::uint64_t keep) {
+  Block* rest = new Block(*b);
+  rest->address = b->address + keep;
+  rest->size = b->size - keep;
+  rest->prev = b;
+  rest->next = b->next;
+  if (rest->next) rest->next->prev = rest;
+  b->next = rest;
+  b->size = keep;
+  return rest;
+}
+
 // ---------------------------------------------------------------- expandable segments
 
 // try_allocate_expandable_block: the lowest-address run of free and unmapped space of the pool
@@ -267,17 +281,7 @@ bool CachingAllocatorModel::map_block(Block* to_map, std::uint64_t size) {
     return false;  // cuMemCreate fails
   Unmapped& unmapped = to_map->small ? unmapped_small_ : unmapped_large_;
   unmapped.erase(to_map);
-  if (to_map->size > mapped) {
-    Block* rest = new Block(*to_map);
-    rest->address = to_map->address + mapped;
-    rest->size = to_map->size - mapped;
-    rest->prev = to_map;
-    rest->next = to_map->next;
-    if (rest->next) rest->next->prev = rest;
-    to_map->next = rest;
-    unmapped.insert(rest);
-  }
-  to_map->size = mapped;
+  if (to_map->size > mapped) unmapped.insert(split_block(to_map, mapped));
   to_map->mapped = true;
   try_merge(to_map, to_map->prev);
   try_merge(to_map, to_map->next);
@@ -305,17 +309,9 @@ void CachingAllocatorModel::unmap_block(Block* b) {
     b->prev = before;
     pool.insert(before);
   }
-  if (b->address + b->size > end) {
-    Block* after = new Block(*b);
-    after->address = end;
-    after->size = b->address + b->size - end;
-    after->prev = b;
-    if (after->next) after->next->prev = after;
-    b->next = after;
-    pool.insert(after);
-  }
-  b->address = begin;
+  if (b->address + b->size > end) pool.insert(split_block(b, end - b->address));
   b->size = end - begin;
+  b->address = begin;
   b->mapped = false;
   try_merge(b, b->prev);
   try_merge(b, b->next);
@@ -433,18 +429,8 @@ std::optional<CachingAllocatorOom> CachingAllocatorModel::malloc(std::uint64_t i
                   " is reserved by PyTorch but unallocated.";
     return oom;
   }
-  if (should_split(b, size)) {
-    // The block keeps the front `size` bytes; the rest goes back to the pool.
-    Block* rest = new Block(*b);
-    rest->address = b->address + size;
-    rest->size = b->size - size;
-    rest->prev = b;
-    rest->next = b->next;
-    if (rest->next) rest->next->prev = rest;
-    b->next = rest;
-    b->size = size;
-    pool.insert(rest);
-  }
+  // The block keeps the front `size` bytes; the rest goes back to the pool.
+  if (should_split(b, size)) pool.insert(split_block(b, size));
   b->allocated = true;
   b->requested = bytes;
   active_[id] = b;

@@ -16,6 +16,15 @@ namespace {
 using layout_detail::layout_json;
 using nlohmann::json;
 
+// "peaks: <what was traced>", or with --allocator what PyTorch's allocator (a model, `how`)
+// would reserve for it.
+std::string peaks_banner(const MaxbatchRequest& rq, const std::string& how,
+                         const std::string& traced) {
+  if (!rq.allocator) return "peaks: " + traced;
+  return "peaks: what PyTorch's caching allocator would reserve (a model, --allocator " +
+         rq.allocator_spec + ", " + how + "; docs/allocator.md) for " + traced;
+}
+
 // A layout of several GPUs: the worst rank with the overheads outside the books.
 std::string render_layout(const MaxbatchRequest& rq, const MaxbatchResult& m,
                           const std::string& budget_source, Format format, Colour colour) {
@@ -52,15 +61,9 @@ std::string render_layout(const MaxbatchRequest& rq, const MaxbatchResult& m,
   w->paragraph("budget per GPU " + format_bytes_with_unit(budget_bytes, u) + " (" + budget_source +
                "); overheads " + format_bytes_with_unit(over.total(), u) +
                " (CUDA context: " + over.cuda_context_source + "; NCCL: " + over.nccl_source + ")");
-  if (rq.allocator)
-    w->banner("peaks: what PyTorch's caching allocator would reserve (a model, --allocator " +
-              rq.allocator_spec +
-              ", no device limit: its release-and-retry not counted) for every rank's sharded "
-              "step traced on meta (" +
-              std::to_string(traced) + " configurations), the worst rank kept");
-  else
-    w->banner("peaks: every rank's sharded step traced on meta (" + std::to_string(traced) +
-              " configurations), the worst rank kept");
+  w->banner(peaks_banner(rq, "no device limit: its release-and-retry not counted",
+                         "every rank's sharded step traced on meta (" + std::to_string(traced) +
+                             " configurations), the worst rank kept"));
   if (s.best > 0)
     w->strong("largest micro-" + vary + " that fits every rank: " + std::to_string(s.best));
   else
@@ -169,15 +172,9 @@ std::string render_one_gpu(const MaxbatchRequest& rq, const MaxbatchResult& m,
     w->paragraph(family);
   w->paragraph("budget " + q(rq.budget) + " (" + budget_source + "); overhead " + q(rq.overhead) +
                " (" + overhead_source + ")");
-  if (rq.allocator)
-    w->banner("peaks: what PyTorch's caching allocator would reserve (a model, --allocator " +
-              rq.allocator_spec +
-              ", on a device of budget − overhead; docs/allocator.md) for "
-              "the meta backend's exact trace of the training step (" +
-              std::to_string(traced) + " configurations traced)");
-  else
-    w->banner("peaks: the meta backend's exact trace of the training step (" +
-              std::to_string(traced) + " configurations traced)");
+  w->banner(peaks_banner(rq, "on a device of budget − overhead",
+                         "the meta backend's exact trace of the training step (" +
+                             std::to_string(traced) + " configurations traced)"));
   if (s.best > 0)
     w->strong("largest " + vary + " that fits: " + std::to_string(s.best) + ", margin " +
               q(std::uint64_t(std::max<std::int64_t>(margin, 0))));

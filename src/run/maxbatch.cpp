@@ -81,6 +81,16 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
   } else {
     out.added_bytes = rq.overhead;
   }
+  // One GPU's two steps of `t` on meta.
+  auto meta_request = [&](const TrainConfig& t) {
+    RunRequest one;
+    one.model = rq.model;
+    one.train = t;
+    one.backend = "meta";
+    one.steps = 2;
+    one.probes = false;
+    return one;
+  };
   // The peak of one candidate: one GPU's step, or the worst rank of the layout, on meta.
   auto peak_of = [&](const TrainConfig& t) -> std::uint64_t {
     if (distributed) {
@@ -94,23 +104,12 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
                          r.allocator_model ? r.allocator_model->run_reserved_peak : r.ledger.peak);
       return worst;
     }
-    RunRequest one;
-    one.model = rq.model;
-    one.train = t;
-    one.backend = "meta";
-    one.steps = 2;
-    one.probes = false;
-    return execute_run(one).ledger.peak;
+    return execute_run(meta_request(t)).ledger.peak;
   };
   // --allocator: PyTorch's caching allocator (a model) on a device of budget − overhead.
   auto reserved_probe = [&](const TrainConfig& t) -> Probe {
     if (out.added_bytes >= rq.budget) return {false, 0};
-    RunRequest one;
-    one.model = rq.model;
-    one.train = t;
-    one.backend = "meta";
-    one.steps = 2;
-    one.probes = false;
+    RunRequest one = meta_request(t);
     one.log_failure = false;
     one.allocator = rq.allocator;
     one.allocator_spec = rq.allocator_spec;

@@ -149,6 +149,7 @@ class CachingAllocatorModel {
   void release_cached_blocks();
   void release_block(Block* b);
   bool should_split(const Block* b, std::uint64_t size) const;
+  Block* split_block(Block* b, std::uint64_t keep);
   void free_block(Block* b);
   void try_merge(Block* dst, Block* src);
 
