@@ -122,6 +122,14 @@ TEST(CliE2EAllocator, MaxbatchAnswersWithReservedMemory) {
     EXPECT_EQ(trainmem(run + std::to_string(best)).code, 0);
     EXPECT_EQ(trainmem(run + std::to_string(best + 1)).code, 3);
   }
+  // The overhead alone fills the budget: nothing fits, and the report still says what the
+  // smallest candidate would reserve.
+  const Result full = trainmem(
+      "maxbatch --model tiny --seq 128 --budget 64MiB --overhead 64MiB --format json "
+      "--allocator pytorch");
+  ASSERT_EQ(full.code, 3) << full.err;
+  ASSERT_FALSE(full.j()["next_peak"].is_null());
+  EXPECT_GT(u64(full.j()["next_peak"]), 0u);
 }
 
 TEST(CliE2EAllocator, BadSpecsExit2NamingTheFlag) {

@@ -108,17 +108,18 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
   };
   // --allocator: PyTorch's caching allocator (a model) on a device of budget − overhead.
   auto reserved_probe = [&](const TrainConfig& t) -> Probe {
-    if (out.added_bytes >= rq.budget) return {false, 0};
     RunRequest one = meta_request(t);
     one.log_failure = false;
     one.allocator = rq.allocator;
     one.allocator_spec = rq.allocator_spec;
-    one.device_budget = rq.budget - out.added_bytes;
-    RunResult r = execute_run(one);
-    if (!r.failure) return {true, r.allocator_model->run_reserved_peak};
-    one.device_budget.reset();  // what it would reserve, unbounded
-    r = execute_run(one);
-    return {false, r.allocator_model->run_reserved_peak};
+    if (out.added_bytes < rq.budget) {
+      one.device_budget = rq.budget - out.added_bytes;
+      const RunResult r = execute_run(one);
+      if (!r.failure) return {true, r.allocator_model->run_reserved_peak};
+      one.device_budget.reset();
+    }
+    // It does not fit (or the overhead alone fills the budget): what it would reserve, unbounded.
+    return {false, execute_run(one).allocator_model->run_reserved_peak};
   };
   auto probe = [&](std::int64_t v) -> Probe {
     TrainConfig t = rq.train;
