@@ -19,7 +19,9 @@ rerun by itself with --only i): mutants of
            diff.
 
 Every run must exit 0, 2 or 3 (never 1, a signal, or a sanitizer's report), finish within
---timeout seconds, print at most 64 KiB on stderr, leave no temporary file (the atomic
+--timeout seconds (60 by default: a hang never ends, while the largest valid inputs are long
+work, e.g. maxbatch over a layout of 16,383 micro-batches traces ~20 candidates of 32,766
+micro-batch steps each, 7 s alone and three times that beside the rest of the suite on 2 cores), print at most 64 KiB on stderr, leave no temporary file (the atomic
 writer's ".<leaf>.tmp-XXXXXX") or partial output in its folder, and leave its input files as
 they were. Failing cases are kept under --work-dir/failures/case-N/ (the files and a
 `repro.sh`); the summary line is "N passed, M failed" and the exit status is 1 on any failure.
@@ -738,7 +740,7 @@ def main():
                     default=int(os.environ.get("TRAINMEM_FUZZ_COUNT", "1200")))
     ap.add_argument("--seed", type=int, default=26)
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
-    ap.add_argument("--timeout", type=float, default=20.0)
+    ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--work-dir", default=os.path.join(os.getcwd(), "fuzz_cli"))
     ap.add_argument("--deadline", type=float, default=float(os.environ.get(
         "TRAINMEM_FUZZ_DEADLINE", "480")),

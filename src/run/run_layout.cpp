@@ -131,7 +131,12 @@ LayoutTrace trace_layout(const ModelConfig& model, const TrainConfig& train,
       config.device_bytes.reset();
       modelled = std::make_unique<ModelledAllocator>(alloc, allocator->spec, config);
     }
-    Ledger ledger(modelled ? static_cast<Allocator&>(*modelled) : alloc);
+    // Only the figures are read: no timeline, no tensor records (a trace of thousands of
+    // micro-batches would otherwise keep millions of them, for every candidate of maxbatch).
+    LedgerOptions books;
+    books.timeline_cap = 0;
+    books.keep_tensor_records = false;
+    Ledger ledger(modelled ? static_cast<Allocator&>(*modelled) : alloc, books);
     ShardedStep step(model, train, layout, re.stage, ledger);
     for (int n = 0; n < out.steps; ++n) {
       if (modelled) modelled->begin_step();
