@@ -107,9 +107,22 @@ One configuration, printed only:
   /tmp/venv-torch/bin/python tools/hf_step_events.py --transformers /tmp/hf/5.25.0 \\
       --family llama --attention eager --ckpt off --recipe pure
 Goldens: tests/data/hf_step/<family>-5.25[-sdpa]-<recipe>[-ckpt].json; the LLaMA ones carry
-the full event list of step 2 as [[+bytes|-bytes, id, phase_code, category_code], ...] (id: the
-allocation's number in order of first appearance in that list; allocations made before the
-step and freed in it appear only with their free), the others summaries only.
+the full event list of step 2 as [[+bytes|-bytes, id, phase_code, category_code, op_index], ...]
+(id: the allocation's number in order of first appearance in that list; allocations made before
+the step and freed in it appear only with their free), the others summaries only. op_index
+names the op the allocation or free happened in: entry op_index of the tables "op_names" (the
+innermost profiler event enclosing the [memory] event: an aten op such as aten::mm or
+aten::empty_strided (what .to() allocates through), an autograd node's evaluate_function when
+the engine itself frees, or a record_function such as Optimizer.step#AdamW.step) and
+"op_nodes" (the autograd node, "autograd::engine::evaluate_function: MmBackward0", enclosing
+that op in backward; "" when none). Entries are pairs in order of first use; a name repeats
+with another node. "(none)" is an event with no op around it, directly in one of our phase
+scopes: frees as Python drops the last reference between ops (step 1's `out` at the rebinding,
+autocast's cache at its exit, model.zero_grad's grads), the 8-B 0-dim tensors into which
+Python's argument parser wraps a Python number before the op starts (`x * scaling`,
+`variance + eps`), and, with checkpointing, the 5,056-B CPU RNG state that checkpoint saves per
+layer (torch.get_rng_state(), not an aten op). Adding the ops changed no other field: the
+summaries, event order and ids are those of the goldens written before them.
 """
 
 import argparse
@@ -166,7 +179,7 @@ def trace(prof):
             if n.parent is not None and not n.parent.name.startswith(PREFIX):
                 owner = (n.parent.name, n.parent.start_time_ns)
             allocs.append((n.start_time_ns, order, e.ptr, e.allocation_id, e.alloc_size,
-                           (op_path(n), owner), phase, step))
+                           (op_path(n), owner, op_of(n)), phase, step))
         elif n.name.startswith(PREFIX):
             scopes.append((n.name[len(PREFIX):], n.start_time_ns, n.end_time_ns))
     allocs.sort()
@@ -188,6 +201,28 @@ def scope_of(n):
                 break
         n = n.parent
     return phase or "other", step
+
+
+NODE_PREFIX = "autograd::engine::evaluate_function: "
+NO_OP = "(none)"
+
+
+def op_of(n):
+    """The op an allocation or free happened in, for the goldens: (innermost enclosing profiler
+    event, the autograd node enclosing that event or ""). The innermost event is NO_OP when the
+    [memory] event sits directly in one of our record_function scopes (no op running: a free
+    when Python drops the last reference, outside any op)."""
+    p = n.parent
+    if p is None or p.name.startswith(PREFIX):
+        return NO_OP, ""
+    node = ""
+    a = p.parent
+    while a is not None and not a.name.startswith(PREFIX):
+        if a.name.startswith(NODE_PREFIX):
+            node = a.name
+            break
+        a = a.parent
+    return p.name, node
 
 
 def op_path(n):
@@ -259,7 +294,7 @@ def analyse(allocs, scopes, marks):
             # Allocated and freed within one call of one op: the kernel's own scratch.
             info[aid]["scratch"] = op[1] is not None and op[1] == info[aid]["owner"]
             live_ptr.pop(ptr, None)
-        events.append((t, size, aid, ph, st))
+        events.append((t, size, aid, ph, st, op[2]))
     while mi < len(mark_times):
         resolve_mark(marks.items[mark_times[mi][1]][1], live_ptr, info)
         mi += 1
@@ -303,7 +338,7 @@ def analyse(allocs, scopes, marks):
         phase_max = {}
         live_now = dict(live)
         peak_live = dict(live)
-        for i, (t, size, aid, ph, st) in enumerate(evs):
+        for i, (t, size, aid, ph, st, _) in enumerate(evs):
             cur += size
             if size > 0:
                 live_now[aid] = info[aid]
@@ -314,12 +349,14 @@ def analyse(allocs, scopes, marks):
             if cur > peak:
                 peak, peak_i = cur, i
                 peak_live = dict(live_now)
-        ids, compact = {}, []
-        for t, size, aid, ph, st in evs:
+        ids, ops, compact = {}, {}, []
+        for t, size, aid, ph, st, op in evs:
             if aid not in ids:
                 ids[aid] = len(ids)
+            if op not in ops:
+                ops[op] = len(ops)
             compact.append([size, ids[aid], PHASES.index(ph),
-                            CATEGORIES.index(info[aid]["cat"])])
+                            CATEGORIES.index(info[aid]["cat"]), ops[op]])
         steps.append({
             "step": k,
             "live_at_start_bytes": start_bytes,
@@ -338,6 +375,7 @@ def analyse(allocs, scopes, marks):
             "allocated_bytes": sum(ev[1] for ev in evs if ev[1] > 0),
             "by_category_at_peak": by_category(peak_live.values()),
             "compact_events": compact,
+            "_ops": list(ops),
             "_peak_live": peak_live,
         })
     return steps, unpaired
@@ -544,17 +582,27 @@ def golden_name(family, version, attention, recipe, ckpt):
 def write_golden(res, directory, with_events, limit=300_000):
     doc = dict(res)
     doc["step_summaries"] = []
-    events = None
+    events = ops = None
     for s in res["step_summaries"]:
         s = dict(s)
         ev = s.pop("compact_events")
+        op = s.pop("_ops")
         s.pop("_peak_live")
         if s["step"] == res["recorded_step"]:
-            events = ev
+            events, ops = ev, op
         doc["step_summaries"].append(s)
     if with_events:
         doc["events"] = events
-        doc["events_format"] = "[+bytes|-bytes, id, phase_code, category_code] of step 2"
+        doc["events_format"] = (
+            "[+bytes|-bytes, id, phase_code, category_code, op_index] of step 2; op_index: "
+            "the op the allocation or free happened in, the pair (op_names[op_index], "
+            "op_nodes[op_index]): op_names the innermost profiler event enclosing it (an aten "
+            f"op, an autograd node, a record_function such as Optimizer.step#AdamW.step; "
+            f"'{NO_OP}' when no op was running: a free as Python drops the last reference), "
+            "op_nodes the autograd node enclosing that op in backward ('' when none); "
+            "entries in order of first use, a name may repeat with another node")
+        doc["op_names"] = [o[0] for o in ops]
+        doc["op_nodes"] = [o[1] for o in ops]
     text = json.dumps(doc, indent=1, sort_keys=False)
     if with_events:
         # One event a line keeps the file readable and diffable.
