@@ -80,8 +80,7 @@ int run_compare_layout(const Common& c, const CompareFlags& flags, const Paralle
   check_layout_request(one, false, false);
   if (auto p = traced_layout_problem(flags.run, par.world, command_line())) throw InputError(*p);
   std::optional<AllocatorSpec> allocator;
-  if (!flags.run.allocator.empty())
-    allocator = AllocatorSpec{flags.run.allocator, parse_allocator_spec(flags.run.allocator)};
+  if (!flags.run.allocator.empty()) allocator = parse_allocator(flags.run.allocator);
   const LayoutTrace none = trace_layout(c.model, with_mode(Checkpointing::none).train, par, oo,
                                         flags.run.steps, allocator);
   const LayoutTrace full = trace_layout(c.model, with_mode(Checkpointing::full).train, par, oo,
@@ -109,15 +108,13 @@ int run_compare(const CompareFlags& flags) {
     for (Checkpointing mode : {Checkpointing::none, Checkpointing::full}) {
       RunRequest rq = run_request(c, flags.run);
       // --allocator: the reserve with expandable segments flipped too, from the same run.
-      if (rq.allocator)
-        rq.allocator_shadows.push_back(
-            {rq.allocator_spec + (rq.allocator_spec.find(':') == std::string::npos ? ":" : ",") +
-                 "expandable_segments=" + (rq.allocator->expandable_segments ? "false" : "true"),
-             [&] {
-               CachingAllocatorConfig other = *rq.allocator;
-               other.expandable_segments = !other.expandable_segments;
-               return other;
-             }()});
+      // (The spec's last expandable_segments= wins, as in PYTORCH_CUDA_ALLOC_CONF.)
+      if (rq.allocator) {
+        const std::string& spec = rq.allocator->spec;
+        rq.allocator_shadows.push_back(parse_allocator(
+            spec + (spec.find(':') == std::string::npos ? ":" : ",") + "expandable_segments=" +
+            (rq.allocator->config.expandable_segments ? "false" : "true")));
+      }
       rq.train.optimizer = o;
       rq.train.checkpointing = mode;
       rq.keep_timeline |= c.format == Format::html;  // the page shows every run's timeline

@@ -46,8 +46,7 @@ std::vector<report::EstimateRun> compute(const Common& c, const std::string& all
         rq.backend = "meta";
         rq.steps = 2;
         rq.probes = false;
-        rq.allocator = parse_allocator_spec(allocator);
-        rq.allocator_spec = allocator;
+        rq.allocator = parse_allocator(allocator);
         const RunResult traced = execute_run(rq);
         r.allocator_model = traced.allocator_model;
         r.traced_peak = traced.ledger.peak;
@@ -93,9 +92,8 @@ Runner register_estimate(CLI::App& app) {
       if (!allocator->empty()) {
         // Every distinct rank's step traced on meta and fed to the model: the per-rank report
         // of profile's traced layout (the analytic per rank, then each rank's reserve).
-        const LayoutTrace lt =
-            trace_layout(c.model, c.train, par, resolve_overheads(*layout), 2,
-                         AllocatorSpec{*allocator, parse_allocator_spec(*allocator)});
+        const LayoutTrace lt = trace_layout(c.model, c.train, par, resolve_overheads(*layout), 2,
+                                            parse_allocator(*allocator));
         write_output(c.output,
                      report::render_layout_trace(lt, c.format, stdout_colour(c.output),
                                                  "trainmem estimate (per rank; each rank traced "

@@ -110,8 +110,7 @@ int run_maxbatch(const MaxbatchFlags& flags) {
   rq.step = flags.step;
   rq.budget = budget.bytes;
   if (!flags.allocator.empty()) {
-    rq.allocator = parse_allocator_spec(flags.allocator);
-    rq.allocator_spec = flags.allocator;
+    rq.allocator = parse_allocator(flags.allocator);
   }
   std::string overhead_source;
   if (flags.layout.world != 1) {

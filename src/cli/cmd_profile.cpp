@@ -43,8 +43,7 @@ int run_profile_layout(const Common& c, const ProfileFlags& flags, const Paralle
   if (auto p = traced_layout_problem(flags.run, par.world, command_line())) throw InputError(*p);
   check_layout_request(c, false, false);
   std::optional<AllocatorSpec> allocator;
-  if (!flags.run.allocator.empty())
-    allocator = AllocatorSpec{flags.run.allocator, parse_allocator_spec(flags.run.allocator)};
+  if (!flags.run.allocator.empty()) allocator = parse_allocator(flags.run.allocator);
   const LayoutTrace lt = trace_layout(c.model, c.train, par, resolve_overheads(flags.layout),
                                       flags.run.steps, allocator);
   write_output(c.output, report::render_layout_trace(lt, c.format, stdout_colour(c.output)));

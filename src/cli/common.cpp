@@ -281,8 +281,7 @@ RunRequest run_request(const Common& c, const RunFlags& flags) {
   if (!flags.device_budget.empty())
     rq.device_budget = parse_size(flags.device_budget, "--device-budget");
   if (!flags.allocator.empty()) {
-    rq.allocator = parse_allocator_spec(flags.allocator);
-    rq.allocator_spec = flags.allocator;
+    rq.allocator = parse_allocator(flags.allocator);
   }
   for (const auto& name : c.profiles) {
     const auto p = parse_profile(name);

@@ -273,8 +273,7 @@ MeasureRequest measure_request(const Common& c, const RunFlags& run, const Paral
   rq.tokens = run.tokens;
   if (!run.device_budget.empty())
     rq.device_budget = parse_size(run.device_budget, "--device-budget");
-  if (!run.allocator.empty())
-    rq.allocator = AllocatorSpec{run.allocator, parse_allocator_spec(run.allocator)};
+  if (!run.allocator.empty()) rq.allocator = parse_allocator(run.allocator);
   return rq;
 }
 

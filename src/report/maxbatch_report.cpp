@@ -22,7 +22,7 @@ std::string peaks_banner(const MaxbatchRequest& rq, const std::string& how,
                          const std::string& traced) {
   if (!rq.allocator) return "peaks: " + traced;
   return "peaks: what PyTorch's caching allocator would reserve (a model, --allocator " +
-         rq.allocator_spec + ", " + how + "; docs/allocator.md) for " + traced;
+         rq.allocator->spec + ", " + how + "; docs/allocator.md) for " + traced;
 }
 
 // A layout of several GPUs: the worst rank with the overheads outside the books.
@@ -85,7 +85,7 @@ std::string render_layout(const MaxbatchRequest& rq, const MaxbatchResult& m,
                 {"nccl", over.nccl},
                 {"nccl_source", over.nccl_source}}},
               {"peak_kind", rq.allocator ? "reserved" : "allocated"},
-              {"allocator", rq.allocator ? json(rq.allocator_spec) : json(nullptr)},
+              {"allocator", rq.allocator ? json(rq.allocator->spec) : json(nullptr)},
               {"layout", layout_json(par)},
               {"model", report::model_json(model, model.param_count())},
               {"run", report::run_json(train, "meta", 2)},
@@ -152,7 +152,7 @@ std::string render_one_gpu(const MaxbatchRequest& rq, const MaxbatchResult& m,
               {"budget_source", budget_source},
               {"step", rq.step},
               {"peak_kind", rq.allocator ? "reserved" : "allocated"},
-              {"allocator", rq.allocator ? json(rq.allocator_spec) : json(nullptr)},
+              {"allocator", rq.allocator ? json(rq.allocator->spec) : json(nullptr)},
               {"model", report::model_json(rq.model, rq.model.param_count())},
               {"run", report::run_json(rq.train, "meta", 2)},
               {"traced", traced}};

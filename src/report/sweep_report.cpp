@@ -74,25 +74,21 @@ report::Table runs_table(const std::vector<RunResult>& runs, bool several_models
 
 // The runs in bytes, for CSV.
 report::Table runs_bytes_table(const std::vector<RunResult>& runs) {
-  report::Table t({{"model", report::Align::left},
-                   {"hidden"},
-                   {"intermediate"},
-                   {"heads"},
-                   {"batch"},
-                   {"seq"},
-                   {"activations"},
-                   {"per_layer_activations"},
-                   {"native_per_layer_activations"},
-                   {"activations_peak"},
-                   {"peak"},
-                   {"out_of_memory", report::Align::left}});
+  std::vector<report::Table::Column> cols = {{"model", report::Align::left},
+                                             {"hidden"},
+                                             {"intermediate"},
+                                             {"heads"},
+                                             {"batch"},
+                                             {"seq"},
+                                             {"activations"},
+                                             {"per_layer_activations"},
+                                             {"native_per_layer_activations"},
+                                             {"activations_peak"},
+                                             {"peak"}};
   const bool reserved = runs.front().allocator_model.has_value();  // --allocator: one more
-  if (reserved)
-    t = report::Table([&] {
-      auto cols = t.columns();
-      cols.insert(cols.end() - 1, report::Table::Column{"reserved_peak"});
-      return cols;
-    }());
+  if (reserved) cols.push_back({"reserved_peak"});
+  cols.push_back({"out_of_memory", report::Align::left});
+  report::Table t(cols);
   for (const auto& r : runs) {
     std::vector<report::Cell> row;
     for (const std::string& cell :

@@ -25,10 +25,13 @@ AllocatorModelResult ModelledAllocator::Mirror::result() const {
   return r;
 }
 
-ModelledAllocator::ModelledAllocator(Allocator& inner, std::string spec,
-                                     CachingAllocatorConfig config,
+AllocatorSpec parse_allocator(const std::string& text) {
+  return {text, parse_allocator_spec(text)};
+}
+
+ModelledAllocator::ModelledAllocator(Allocator& inner, const AllocatorSpec& allocator,
                                      const std::vector<AllocatorSpec>& shadows)
-    : inner_(inner), primary_(std::move(spec), std::move(config)) {
+    : inner_(inner), primary_(allocator.spec, allocator.config) {
   for (const AllocatorSpec& s : shadows) {
     CachingAllocatorConfig c = s.config;
     c.device_bytes.reset();  // figures only: a shadow never refuses

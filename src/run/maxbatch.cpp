@@ -95,9 +95,7 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
   auto peak_of = [&](const TrainConfig& t) -> std::uint64_t {
     if (distributed) {
       // --allocator: each rank's reserve without a device limit (no release-and-retry).
-      std::optional<AllocatorSpec> spec;
-      if (rq.allocator) spec = AllocatorSpec{rq.allocator_spec, *rq.allocator};
-      const LayoutTrace lt = trace_layout(rq.model, t, *rq.layout, rq.overheads, 2, spec);
+      const LayoutTrace lt = trace_layout(rq.model, t, *rq.layout, rq.overheads, 2, rq.allocator);
       std::uint64_t worst = 0;
       for (const auto& r : lt.ranks)
         worst = std::max(worst,
@@ -111,7 +109,6 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
     RunRequest one = meta_request(t);
     one.log_failure = false;
     one.allocator = rq.allocator;
-    one.allocator_spec = rq.allocator_spec;
     if (out.added_bytes < rq.budget) {
       one.device_budget = rq.budget - out.added_bytes;
       const RunResult r = execute_run(one);

@@ -152,10 +152,9 @@ class RunRig {
   // --allocator: the model of PyTorch's allocator, given the device budget as its device size.
   static std::unique_ptr<ModelledAllocator> make_modelled(Allocator& inner, const RunRequest& rq) {
     if (!rq.allocator) return nullptr;
-    CachingAllocatorConfig config = *rq.allocator;
-    config.device_bytes = rq.device_budget;
-    return std::make_unique<ModelledAllocator>(inner, rq.allocator_spec, config,
-                                               rq.allocator_shadows);
+    AllocatorSpec allocator = *rq.allocator;
+    allocator.config.device_bytes = rq.device_budget;
+    return std::make_unique<ModelledAllocator>(inner, allocator, rq.allocator_shadows);
   }
   // What the budget or the model (or, without either, the ledger) allocates through.
   Allocator& inner_allocator() {

@@ -127,9 +127,9 @@ LayoutTrace trace_layout(const ModelConfig& model, const TrainConfig& train,
     MetaAllocator alloc;
     std::unique_ptr<ModelledAllocator> modelled;
     if (allocator) {
-      CachingAllocatorConfig config = allocator->config;
-      config.device_bytes.reset();
-      modelled = std::make_unique<ModelledAllocator>(alloc, allocator->spec, config);
+      AllocatorSpec unlimited = *allocator;
+      unlimited.config.device_bytes.reset();
+      modelled = std::make_unique<ModelledAllocator>(alloc, unlimited);
     }
     // Only the figures are read: no timeline, no tensor records (a trace of thousands of
     // micro-batches would otherwise keep millions of them, for every candidate of maxbatch).
@@ -335,10 +335,9 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
     std::unique_ptr<ModelledAllocator> modelled;
     std::unique_ptr<BudgetAllocator> budget;
     if (rq.allocator) {
-      CachingAllocatorConfig config = rq.allocator->config;
-      config.device_bytes = rq.device_budget;
-      modelled =
-          std::make_unique<ModelledAllocator>(backend.allocator(), rq.allocator->spec, config);
+      AllocatorSpec allocator = *rq.allocator;
+      allocator.config.device_bytes = rq.device_budget;
+      modelled = std::make_unique<ModelledAllocator>(backend.allocator(), allocator);
     } else if (rq.device_budget) {
       budget = std::make_unique<BudgetAllocator>(backend.allocator(), *rq.device_budget);
     }

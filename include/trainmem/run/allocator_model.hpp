@@ -40,10 +40,13 @@ struct AllocatorSpec {
   std::string spec;
   CachingAllocatorConfig config;
 };
+// --allocator TEXT: the text with its configuration (parse_allocator_spec's InputError).
+AllocatorSpec parse_allocator(const std::string& text);
 
 class ModelledAllocator final : public Allocator {
  public:
-  ModelledAllocator(Allocator& inner, std::string spec, CachingAllocatorConfig config,
+  // `allocator.config.device_bytes` is the device the model may fill (unset: unlimited).
+  ModelledAllocator(Allocator& inner, const AllocatorSpec& allocator,
                     const std::vector<AllocatorSpec>& shadows = {});
   void* allocate(std::uint64_t bytes) override;
   void deallocate(void* ptr, std::uint64_t bytes) override;

@@ -10,9 +10,9 @@
 #include <string>
 
 #include "trainmem/analytic/analytic_rank.hpp"
-#include "trainmem/analytic/caching_allocator.hpp"
 #include "trainmem/base/config.hpp"
 #include "trainmem/base/parallel.hpp"
+#include "trainmem/run/allocator_model.hpp"
 
 namespace trainmem {
 
@@ -56,8 +56,7 @@ struct MaxbatchRequest {
   // is the reserved peak of the whole run (of the run without the budget, when it does not
   // fit). A layout: each rank's reserved peak without a device limit (its release-and-retry
   // not counted), the worst rank's plus the overheads against the budget.
-  std::optional<CachingAllocatorConfig> allocator;
-  std::string allocator_spec;
+  std::optional<AllocatorSpec> allocator;
 };
 
 struct MaxbatchResult {

@@ -55,8 +55,7 @@ struct RunRequest {
   // --allocator pytorch[:...]: every allocation is mirrored in a model of PyTorch's caching
   // allocator (allocator_model.hpp); with device_budget, the model decides the out-of-memory
   // (reserved bytes against the budget) in place of the budget allocator.
-  std::optional<CachingAllocatorConfig> allocator;
-  std::string allocator_spec;
+  std::optional<AllocatorSpec> allocator;
   std::vector<AllocatorSpec> allocator_shadows;  // fed too, for their figures (compare)
   std::vector<Profile> profiles;  // analytic profiles to attach (native is always computed)
   HfOptions hf;                   // the HF profiles' era, PyTorch series, loop, use_cache
