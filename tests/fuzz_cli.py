@@ -380,12 +380,28 @@ def list_text(rng):
     return sep.join(parts)
 
 
+def checkpointing_text(rng):
+    """A policy or a list of them, valid or not (every:K, layers:LIST, budget:SIZE)."""
+    def one():
+        kind = rng.choice(["none", "full", "selective", "", "1", "every", "layers", "budget",
+                           "both"])
+        if kind == "every":
+            return "every:" + int_text(rng, 64)
+        if kind == "layers":
+            return "layers:" + rng.choice([list_text(rng), int_text(rng, 64) + "-" +
+                                           int_text(rng, 64), ""])
+        if kind == "budget":
+            return "budget:" + rng.choice(["1GiB", "0", "100", "1e3", "-5", "20GB", "", "x"])
+        return kind
+    return ",".join(one() for _ in range(rng.choice([1, 1, 1, 2, 3])))
+
+
 COMMON_FLAGS = {
     "--batch": lambda rng: int_text(rng, 2**20),
     "--seq": lambda rng: int_text(rng, 2**20),
     "--dtype": lambda rng: rng.choice(["bf16", "fp16", "fp32", "fp8", "", "BF16", "\u00e9"]),
     "--optimizer": lambda rng: rng.choice(["adamw", "sgd", "lomo", "all", "adam", ""]),
-    "--checkpointing": lambda rng: rng.choice(["none", "full", "selective", "", "1"]),
+    "--checkpointing": lambda rng: checkpointing_text(rng),
     "--attention": lambda rng: rng.choice(["eager", "flash", "sdpa", ""]),
     "--profile": lambda rng: rng.choice(["native", "all", "hf-sdpa", "hf-eager,zero", ",", "x",
                                          "native,native", ""]),

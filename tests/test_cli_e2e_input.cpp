@@ -173,7 +173,8 @@ TEST(CliE2EInput, CompareDoesNotReportASavingFromARunThatRanOutOfMemory) {
   EXPECT_EQ(cmp["out_of_memory"], "the run without checkpointing");
   r = trainmem(args);
   ASSERT_EQ(r.code, 3) << r.err;
-  EXPECT_TRUE(has(r.out, "AdamW: not compared: the run without checkpointing ran out of memory"))
+  EXPECT_TRUE(
+      has(r.out, "AdamW, full: not compared: the run without checkpointing ran out of memory"))
       << r.out;
   EXPECT_FALSE(has(r.out, "(saves -")) << r.out;
   r = trainmem(args + "--format csv");
@@ -187,15 +188,22 @@ TEST(CliE2EInput, CompareDoesNotReportASavingFromARunThatRanOutOfMemory) {
   EXPECT_EQ(rows[2].back(), "false");
 }
 
-TEST(CliE2EInput, CompareSaysItIgnoresACheckpointingMode) {
-  Result r =
-      trainmem("compare --model tiny --batch 1 --seq 16 --backend meta --checkpointing full");
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(has(r.err, "--checkpointing full: compare always runs checkpointing none and full"))
-      << r.err;
-  r = trainmem("compare --model tiny --batch 1 --seq 16 --backend meta");
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_FALSE(has(r.err, "--checkpointing")) << r.err;
+// --checkpointing on compare names the policies run against none (none itself first, once);
+// without it, none against full.
+TEST(CliE2EInput, CompareRunsNoneAgainstTheGivenPolicies) {
+  for (const std::string& flag :
+       {std::string(" --checkpointing full"), std::string(),
+        std::string(" --checkpointing none,full"), std::string(" --checkpointing")}) {
+    SCOPED_TRACE(flag);
+    const Result r =
+        trainmem("compare --model tiny --batch 1 --seq 16 --backend meta --format json" + flag);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const json runs = r.j()["runs"];
+    ASSERT_EQ(runs.size(), 2u);
+    EXPECT_EQ(runs[0]["run"]["checkpointing"], "none");
+    EXPECT_EQ(runs[1]["run"]["checkpointing"], "full");
+    EXPECT_FALSE(has(r.err, "--checkpointing")) << r.err;
+  }
 }
 
 // tiny, s 16 on meta: peak 35,511,680 B at b 1, 35,596,032 B at b 2.

@@ -400,6 +400,7 @@ Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& 
                   const HfOptions& hf) {
   model.validate();
   train.validate();
+  train.check_checkpoint_resolved("this command");
   check_hf_options(profile, hf);
   check_hf_model(profile, hf, model);
   Estimate est;
@@ -496,13 +497,37 @@ void finish(ActivationBreakdown& acts, std::int64_t layers) {
   acts.head_bytes = sum_bytes(acts.head);
   acts.loop_bytes = sum_bytes(acts.loop);
   acts.recompute_bytes = sum_bytes(acts.recompute);
+  acts.layer_checkpointed_bytes = sum_bytes(acts.layer_checkpointed);
   const std::int64_t windowed = acts.layer_windowed.empty() ? 0 : acts.windowed_layers;
-  if (windowed < 0 || windowed > layers) throw Error("analytic: windowed layers out of range");
-  acts.total_bytes = csum(
-      {acts.embedding_bytes, checked_mul(acts.per_layer_bytes, layers - windowed, "activations"),
-       checked_mul(acts.layer_windowed_bytes, windowed, "activations"), acts.shared_bytes,
-       acts.head_bytes, acts.loop_bytes},
-      "activations");
+  const std::int64_t ckpt = acts.layer_checkpointed.empty() ? 0 : acts.checkpointed_layers;
+  if (windowed < 0 || ckpt < 0 || windowed + ckpt > layers)
+    throw Error("analytic: windowed or checkpointed layers out of range");
+  acts.total_bytes =
+      csum({acts.embedding_bytes,
+            checked_mul(acts.per_layer_bytes, layers - windowed - ckpt, "activations"),
+            checked_mul(acts.layer_windowed_bytes, windowed, "activations"),
+            checked_mul(acts.layer_checkpointed_bytes, ckpt, "activations"), acts.shared_bytes,
+            acts.head_bytes, acts.loop_bytes},
+           "activations");
+}
+
+std::int64_t split_layers(ActivationBreakdown& acts, const TrainConfig& train, std::int64_t first,
+                          std::int64_t count, std::vector<TensorEntry> saved,
+                          std::vector<TensorEntry> kept, std::vector<TensorEntry> recompute) {
+  const std::int64_t n = train.checkpointed_count(first, count);
+  if (n == 0) {
+    acts.layer = std::move(saved);
+    return 0;
+  }
+  acts.recompute = std::move(recompute);
+  if (n == count) {
+    acts.layer = std::move(kept);
+  } else {
+    acts.layer = std::move(saved);
+    acts.layer_checkpointed = std::move(kept);
+    acts.checkpointed_layers = n;
+  }
+  return n;
 }
 
 std::uint64_t csum(std::initializer_list<std::uint64_t> xs, const char* what) {

@@ -30,6 +30,15 @@ TensorEntry entry(const Dims& d, std::string name, std::string shape, std::strin
 // Fills the sums of an ActivationBreakdown (per_layer, *_bytes, total_bytes).
 void finish(ActivationBreakdown& acts, std::int64_t layers);
 
+// The per-layer lists of `acts` under train's checkpointing policy over the global layers
+// [first, first + count): `saved` is what a layer keeps without checkpointing, `kept` what a
+// checkpointed layer keeps and `recompute` what it re-creates in backward. No layer
+// checkpointed: layer = saved. Every one: layer = kept, recompute. Some: layer = saved,
+// layer_checkpointed = kept (checkpointed_layers of them), recompute. Returns how many are.
+std::int64_t split_layers(ActivationBreakdown& acts, const TrainConfig& train, std::int64_t first,
+                          std::int64_t count, std::vector<TensorEntry> saved,
+                          std::vector<TensorEntry> kept, std::vector<TensorEntry> recompute);
+
 // Profile builders. Each fills est.activations, figures.activations, activations_peak,
 // workspace, inputs, peak (+ breakdown), instants and notes; est.figures.params, gradients and
 // optimizer_states are already set from state_figures().

@@ -350,7 +350,10 @@ std::string era_label(const Hf& hf, const HfOptions& o) {
 void build_hf(Estimate& est) {
   const Dims d = make_dims(est.model, est.train);
   const TrainConfig& t = est.train;
-  const bool full = t.checkpointing == Checkpointing::full;
+  // Any layer checkpointed: HF's gradient checkpointing is on (use_cache off, the checkpoint's
+  // shared arguments kept); a per-layer policy checkpoints the layers it lists (issue 30).
+  const std::int64_t checkpointed = t.checkpointed_count(0, est.model.layers);
+  const bool full = checkpointed > 0;
   const bool sdpa = est.profile == Profile::hf_sdpa;
   HfOptions& o = est.hf;
   const ModelConfig& m = est.model;
@@ -378,11 +381,12 @@ void build_hf(Estimate& est) {
     // HF per-layer gradient checkpointing: each layer's checkpoint keeps its arguments: the
     // layer input, and the mask and position ids (the same storages for every layer).
     const bool v5 = hf.era == HfEra::v5_25;
-    acts.layer.push_back(entry(d, "checkpoint.hidden_states", "(b,s,h)", D, bsh, Term::sbh,
-                               v5 ? "torch.utils.checkpoint(use_reentrant=False) keeps the "
-                                    "layer's arguments"
-                                  : "CheckpointFunction.save_for_backward",
-                               "the layer input, replayed through the layer in backward"));
+    std::vector<TensorEntry> kept;
+    kept.push_back(entry(d, "checkpoint.hidden_states", "(b,s,h)", D, bsh, Term::sbh,
+                         v5 ? "torch.utils.checkpoint(use_reentrant=False) keeps the "
+                              "layer's arguments"
+                            : "CheckpointFunction.save_for_backward",
+                         "the layer input, replayed through the layer in backward"));
     if (hf.era == HfEra::v4_35)
       acts.shared.push_back(entry(d, "checkpoint.attention_mask", "(b,1,s,s) of (s,s)", D,
                                   bytes_of({d.s, d.s}, w), Term::other,
@@ -401,8 +405,18 @@ void build_hf(Estimate& est) {
                                    : "CheckpointFunction.save_for_backward (every layer, one "
                                      "storage)",
                                 "arange(s) built by LlamaModel.forward"));
-    // The replayed layer is the last one (windowed if any layer is).
-    acts.recompute = layer_saved(d, hf, /*with_input=*/false, window_mask(m.layers - 1));
+    // The replayed layer is the last checkpointed one (windowed if any layer is).
+    std::int64_t replayed = m.layers - 1;
+    while (!t.checkpointed(replayed)) --replayed;
+    if (checkpointed < m.layers && masked_layers > 0 && masked_layers < m.layers)
+      throw InputError("--checkpointing " + checkpointing_name(t) + ": " +
+                       profile_name(est.profile) +
+                       " does not model a per-layer policy when only some layers are windowed "
+                       "(" +
+                       std::to_string(masked_layers) + " of " + std::to_string(m.layers) +
+                       "); use none or full");
+    split_layers(acts, t, 0, m.layers, layer_saved(d, hf, /*with_input=*/true, masked_layers > 0),
+                 std::move(kept), layer_saved(d, hf, /*with_input=*/false, window_mask(replayed)));
   } else if (masked_layers == 0 || masked_layers == m.layers) {
     acts.layer = layer_saved(d, hf, /*with_input=*/true, masked_layers > 0);
   } else {
@@ -515,6 +529,12 @@ void build_hf(Estimate& est) {
         "output and (b,a,s) fp32 logsumexp. A padded batch or fp32 picks the memory-efficient "
         "kernel instead, whose logsumexp is padded to a multiple of 32 positions and which "
         "also keeps the mask: not modelled, and no GPU kernel was run here");
+  if (full && checkpointed < m.layers)
+    est.notes.push_back("checkpointing " + checkpointing_name(t) +
+                        ": transformers checkpoints every layer or none; modelled as only these " +
+                        std::to_string(checkpointed) + " of " + std::to_string(m.layers) +
+                        " layers wrapped in torch.utils.checkpoint (as torchtitan's per-layer "
+                        "activation checkpointing does), the others keeping their saved tensors");
   if (hf.era == HfEra::v4_35 && full)
     est.notes.push_back(
         "4.35 without an attention_mask argument: with one (a tokenizer's batch) "

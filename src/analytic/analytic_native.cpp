@@ -202,9 +202,13 @@ class Stage {
         g_(make_dims(m, t)),
         first_(index == 0),
         last_(index == p.pp - 1),
-        full_(t.checkpointing == Checkpointing::full),
         lomo_(t.optimizer == Optimizer::lomo),
         Ls_(m.layers / p.pp) {
+    // Which of the stage's layers are checkpointed (the global index of local layer k is
+    // index·Ls + k); `full_`: every one of them.
+    for (std::int64_t k = 0; k < Ls_; ++k) ck_.push_back(t.checkpointed(index * Ls_ + k));
+    ck_count_ = std::count(ck_.begin(), ck_.end(), true);
+    full_ = Ls_ > 0 && ck_count_ == Ls_;
     if (lomo_ && p.distributed())
       throw Error("analytic native: LOMO is modelled on one GPU only (ParallelConfig::resolve)");
     r_.stage = index;
@@ -255,8 +259,20 @@ class Stage {
   const ParallelConfig& p_;
   const Local l_;
   const Dims g_;
-  const bool first_, last_, full_, lomo_;
+  const bool first_, last_, lomo_;
   const std::int64_t Ls_;
+  std::vector<bool> ck_;  // per local layer: checkpointed
+  std::int64_t ck_count_ = 0;
+  bool full_ = false;
+  // What local layer k keeps at the end of its forward: its `out` when checkpointed, else its
+  // whole set.
+  std::uint64_t keeps(std::int64_t k) const { return ck_[u(k)] ? l_.X : sum_bytes(set_); }
+  // The stage input and what local layers [0, k) keep.
+  std::uint64_t kept_before(std::int64_t k) const {
+    std::uint64_t t = l_.X;
+    for (std::int64_t j = 0; j < k; ++j) t = checked_add(t, keeps(j), "activations");
+    return t;
+  }
   RankEstimate r_;
   GatherPlan gather_;
   std::uint64_t buckets_ = 0;     // the reduce bucket(s), alive all step
@@ -383,15 +399,12 @@ void Stage::activations() {
                                    "the stage's first input_layernorm backward",
                                    "activation received from the previous stage"));
   set_ = layer_set(g_, l, t_.attention, p_.sp, m_.qk_norm);
-  if (full_) {
-    acts.layer.push_back(set_.back());  // `out`: the next layer's checkpointed input
-    acts.layer.back().kept_by = "checkpointing: kept as the next layer's input";
-    acts.layer.back().why = "the only tensor a checkpointed layer keeps; the rest is recomputed";
-    acts.recompute.assign(set_.begin(), set_.end() - 1);
-    for (auto& e : acts.recompute) e.kept_by = "recomputed in backward; " + e.kept_by;
-  } else {
-    acts.layer = set_;
-  }
+  std::vector<TensorEntry> kept{set_.back()};  // `out`: the next layer's checkpointed input
+  kept.back().kept_by = "checkpointing: kept as the next layer's input";
+  kept.back().why = "the only tensor a checkpointed layer keeps; the rest is recomputed";
+  std::vector<TensorEntry> recompute(set_.begin(), set_.end() - 1);
+  for (auto& e : recompute) e.kept_by = "recomputed in backward; " + e.kept_by;
+  split_layers(acts, t_, r_.stage * Ls_, Ls_, set_, std::move(kept), std::move(recompute));
   if (last_) {
     acts.head.push_back(entry(g_, "final_norm_out", res, D, l.X, Term::sbh, "lm_head backward",
                               "input of the lm_head GEMM (dW_head)"));
@@ -456,17 +469,24 @@ void Stage::forward_instants() {
   // stage input and the earlier layers' sets (or checkpoints) kept.
   const std::int64_t window_layers =
       p_.zero == 3 ? std::min<std::int64_t>(Ls_, p_.prefetch + 1) : 1;
-  if (full_ || p_.sp || p_.zero == 3 || !last_) {
-    for (std::int64_t k = Ls_ - window_layers; k < Ls_; ++k) {
-      const std::uint64_t kept =
-          full_ ? csum({l.X, checked_mul(u(k), l.X), S}) : csum({l.X, checked_mul(u(k) + 1, S)});
-      at("forward: layer " + layer_name(k) + " `out` allocated" +
-             (p_.sp   ? " (down partial alive)"
-              : full_ ? " (its other tensors not yet freed)"
-                      : ""),
-         kept, C, sg, u(k) + 1, G0);
-    }
+  // The layers whose `out` allocation is an instant: the last ones (the ZeRO-3 window) and,
+  // when only some layers are checkpointed, the last checkpointed one before them (its whole
+  // set is alive then; the stage's kept bytes only grow with k, so earlier ones never exceed it).
+  std::vector<std::int64_t> ks;
+  if (ck_count_ > 0 && !full_) {
+    std::int64_t last_ck = Ls_ - 1;
+    while (!ck_[u(last_ck)]) --last_ck;
+    if (last_ck < Ls_ - window_layers) ks.push_back(last_ck);
   }
+  if (ck_count_ > 0 || p_.sp || p_.zero == 3 || !last_)
+    for (std::int64_t k = std::max<std::int64_t>(0, Ls_ - window_layers); k < Ls_; ++k)
+      ks.push_back(k);
+  for (std::int64_t k : ks)
+    at("forward: layer " + layer_name(k) + " `out` allocated" +
+           (p_.sp       ? " (down partial alive)"
+            : ck_[u(k)] ? " (its other tensors not yet freed)"
+                        : ""),
+       csum({kept_before(k), S}), C, sg, u(k) + 1, G0);
 }
 
 void Stage::head_instants() {
@@ -476,9 +496,9 @@ void Stage::head_instants() {
   const std::uint64_t head_pos = u(Ls_) + 1, back_pos = u(Ls_) + 2;
   const std::uint64_t G0 = grads_before_head();
   if (!last_) {
-    at("backward: d_residual received from the next stage",
-       checked_mul(u(Ls_), full_ ? l.X : sum_bytes(set_), "activations"), csum({C, l.X}), 0,
-       back_pos, G0);
+    // The stage input and every layer's keep, less the last layer's `out`, sent and freed.
+    at("backward: d_residual received from the next stage", csub(kept_before(Ls_), l.X, "sent"),
+       csum({C, l.X}), 0, back_pos, G0);
     return;
   }
   const std::uint64_t A_end = r_.est.activations.total_bytes;
@@ -512,11 +532,13 @@ void Stage::layer_instants() {
   auto lomo = [&](const char* what) { return std::string(lomo_ ? what : ""); };
   // This micro-batch's activations when the first backward layer starts (the head and the sent
   // `out` gone): before the recompute, and after it.
+  // The first backward layer holds the most: later ones hold what the layers below them keep,
+  // which only shrinks, beside the same set (recomputed or kept) and buffers.
   const std::uint64_t S = sum_bytes(set_);
-  const std::uint64_t A_start = checked_mul(u(Ls_), full_ ? l.X : S, "activations");
-  const std::uint64_t A_L = full_ ? checked_add(A_start, csub(S, l.X, "recompute set")) : A_start;
+  const bool ck_last = ck_.back();
+  const std::uint64_t A_L = csub(csum({kept_before(Ls_ - 1), S}), l.X, "the first backward layer");
   const std::string Lb = "backward layer " + layer_name(Ls_ - 1) + " ";
-  if (full_) at(Lb + "step 0: recompute done", A_L, csum({C, l.X}), 0, pos, grads(0));
+  if (ck_last) at(Lb + "step 0: recompute done", A_L, csum({C, l.X}), 0, pos, grads(0));
   at(Lb + "step 1: d_act" + lomo(" + down_proj gradient") + (sp ? " (d_residual gathered)" : ""),
      A_L, csum({C, l.X, l.bsi}), sg, pos, grads(ih));
   at(Lb + "step 2: d_gate, d_up (SwiGLU backward)", csub(A_L, l.bsi, "step 2"),
@@ -601,6 +623,10 @@ void Stage::figures() {
     est.notes.push_back(
         "checkpointing full: activations_peak includes the forward of the last layer and the "
         "recomputed layer L-1 during backward");
+  else if (ck_count_ > 0)
+    est.notes.push_back("checkpointing " + checkpointing_name(t_) + ": " +
+                        std::to_string(ck_count_) + " of the " + std::to_string(Ls_) +
+                        " layers here keep only their input and are recomputed in backward");
   if (lomo_)
     est.notes.push_back(m_.tied_embeddings
                             ? "LOMO, tied embeddings: the shared embedding gradient is alive "
@@ -619,6 +645,7 @@ void Stage::figures() {
 
 RankEstimate native_stage(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p,
                           std::int64_t stage) {
+  t.check_checkpoint_resolved("this command");
   return Stage(m, t, p, stage).build();
 }
 

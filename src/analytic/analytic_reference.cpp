@@ -32,10 +32,11 @@ void reference_figures(Estimate& est, const Dims& d) {
   est.notes.push_back(
       "workspace is not modelled (0); peak = params + gradients + optimizer states + "
       "activations_peak + inputs (the category maxima added)");
-  if (est.train.checkpointing == Checkpointing::full)
+  if (!est.activations.recompute.empty())
     est.notes.push_back(
-        "checkpointing full: each layer keeps its input (one (s,b,h) tensor); activations_peak "
-        "adds one layer's full set, recomputed during its backward");
+        "checkpointing " + checkpointing_name(est.train) +
+        ": each checkpointed layer keeps its input (one (s,b,h) tensor); activations_peak adds "
+        "one layer's full set, recomputed during its backward");
 }
 
 }  // namespace
@@ -74,13 +75,10 @@ void build_megatron(Estimate& est) {
   // Two LayerNorms: 4sbh.
   v.push_back(entry(d, "ln1.input", "(s,b,h)", D, sbh, Term::sbh, "LayerNorm", "its input"));
   v.push_back(entry(d, "ln2.input", "(s,b,h)", D, sbh, Term::sbh, "LayerNorm", "its input"));
-  if (est.train.checkpointing == Checkpointing::full) {
-    est.activations.layer.push_back(entry(d, "layer_input", "(s,b,h)", D, sbh, Term::sbh,
-                                          "full recomputation", "the checkpointed layer input"));
-    est.activations.recompute = v;
-  } else {
-    est.activations.layer = v;
-  }
+  split_layers(est.activations, est.train, 0, est.model.layers, v,
+               {entry(d, "layer_input", "(s,b,h)", D, sbh, Term::sbh, "full recomputation",
+                      "the checkpointed layer input")},
+               v);
   if (w != 2)
     est.notes.push_back(
         "the published 34 and 5 assume 16-bit activations; here every activation is scaled to "
@@ -96,14 +94,10 @@ void build_zero(Estimate& est) {
       entry(d, "layer_activations", "12·(b,s,h)", D, bytes_of({12, d.b, d.s, d.h}, d.w), Term::sbh,
             "(the paper gives a total, not tensors)",
             "ZeRO section 3.2: about 12 × hidden × batch × seq per layer");
-  if (est.train.checkpointing == Checkpointing::full) {
-    est.activations.layer.push_back(
-        entry(d, "layer_input", "(b,s,h)", D, bytes_of({d.b, d.s, d.h}, d.w), Term::sbh,
-              "activation checkpointing", "the checkpointed layer input"));
-    est.activations.recompute.push_back(all);
-  } else {
-    est.activations.layer.push_back(all);
-  }
+  split_layers(est.activations, est.train, 0, est.model.layers, {all},
+               {entry(d, "layer_input", "(b,s,h)", D, bytes_of({d.b, d.s, d.h}, d.w), Term::sbh,
+                      "activation checkpointing", "the checkpointed layer input")},
+               {all});
   reference_figures(est, d);
 }
 

@@ -414,9 +414,9 @@ void megatron_notes(ReferenceRank& r, const ModelConfig& model, const TrainConfi
         "): per layer sbh(10 + 24/tp), Korthikanti Table 2's tensor-parallel + selective "
         "recompute row, so no a·s² score term either; embedding terms not / tp; × 1.05");
   if (train.checkpointing == Checkpointing::full)
-    r.notes.push_back(
-        "checkpointing full = --recompute-granularity full: the estimator has no full-recompute "
-        "term and prices activations as if every layer kept them");
+    r.notes.push_back("checkpointing " + checkpointing_name(train) +
+                      " = --recompute-granularity full: the estimator has no full-recompute "
+                      "term and prices activations as if every layer kept them");
   if (pp > 1)
     r.notes.push_back("first pipeline stage: L/pp layers × min(pp, M) = " + num(std::min(pp, M)) +
                       " micro-batches in flight (written as L·min(1, M/pp)); the 1F1B schedule, "

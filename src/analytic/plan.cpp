@@ -112,7 +112,8 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
   const double M = static_cast<double>(layout.microbatches);
   const double N = dp * tp * pp;
   const double T = b * M * dp * s;  // tokens per optimizer step (G·s)
-  const double r = train.checkpointing == Checkpointing::full ? 1.0 : 0.0;
+  // The fraction of the layers re-run in backward (1 under full, K/L for a per-layer policy).
+  const double r = static_cast<double>(train.checkpointed_count(0, model.layers)) / L;
 
   // Compute: 6·P·T (forward 2, backward 4), + 2·P·T for the forward re-run under full
   // recompute; attention's QKᵀ and PV, 4·s²·h per layer and sequence forward, ×3 for training,

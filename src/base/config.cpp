@@ -312,6 +312,49 @@ std::optional<Attention> parse_attention(const std::string& s) {
   return std::nullopt;
 }
 
+bool TrainConfig::checkpointed(std::int64_t layer) const {
+  if (checkpointing != Checkpointing::full) return false;
+  const auto& l = checkpoint_layers.list;
+  return l.empty() || std::binary_search(l.begin(), l.end(), layer);
+}
+
+std::int64_t TrainConfig::checkpointed_count(std::int64_t first, std::int64_t count) const {
+  std::int64_t n = 0;
+  for (std::int64_t j = first; j < first + count; ++j) n += checkpointed(j) ? 1 : 0;
+  return n;
+}
+
+void TrainConfig::check_checkpoint_resolved(const std::string& where) const {
+  if (checkpoint_layers.budget != 0)
+    throw InputError("--checkpointing " + checkpoint_layers.spec + ": " + where +
+                     " cannot pick the layers for a budget; give every:K or layers:LIST");
+}
+
+std::string layer_list_text(const std::vector<std::int64_t>& layers) {
+  std::string out;
+  for (std::size_t j = 0; j < layers.size();) {
+    std::size_t e = j;
+    while (e + 1 < layers.size() && layers[e + 1] == layers[e] + 1) ++e;
+    if (!out.empty()) out += ",";
+    if (e >= j + 2) {
+      out += std::to_string(layers[j]) + "-" + std::to_string(layers[e]);
+    } else {
+      for (std::size_t k = j; k <= e; ++k) out += (k > j ? "," : "") + std::to_string(layers[k]);
+    }
+    j = e + 1;
+  }
+  return out;
+}
+
+std::string checkpointing_name(const TrainConfig& t) {
+  const CheckpointLayers& c = t.checkpoint_layers;
+  if (c.spec.empty()) return checkpointing_name(t.checkpointing);
+  if (c.spec.rfind("budget:", 0) != 0) return c.spec;
+  if (t.checkpointing == Checkpointing::none) return c.spec + " (no layer)";
+  if (c.list.empty()) return c.spec + " (every layer)";
+  return c.spec + " (layers " + layer_list_text(c.list) + ")";
+}
+
 void TrainConfig::validate() const {
   if (batch < 1) throw InputError("--batch must be >= 1, got " + std::to_string(batch));
   if (seq < 2)

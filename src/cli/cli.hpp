@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "trainmem/base/config.hpp"
+#include "trainmem/base/parallel.hpp"
 #include "trainmem/cli/cli.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/report_writer.hpp"
@@ -60,14 +61,42 @@ struct RunFlags {
   std::string allocator;
 };
 
+// One --checkpointing policy: none, full, every:K, layers:LIST or budget:SIZE (docs/decisions.md,
+// "Which layers are checkpointed"). budget:SIZE stays unresolved (layers.budget > 0) until
+// resolve_checkpoint_budget picks its layers, once the layout is known.
+struct CheckpointPolicy {
+  Checkpointing mode = Checkpointing::none;
+  CheckpointLayers layers;
+  void apply(TrainConfig& t) const {
+    t.checkpointing = mode;
+    t.checkpoint_layers = layers;
+  }
+};
+// Parses --checkpointing's value for a model of `layers` layers: one policy, or with
+// `allow_list` "both" (none, full) or a comma list of policies ("none,every:2,full"; the
+// numbers after layers: belong to it: "layers:0,3,full" is layers 0 and 3, then full).
+// InputError naming --checkpointing and what is allowed.
+std::vector<CheckpointPolicy> parse_checkpoint_policies(const std::string& text,
+                                                        std::int64_t layers, bool allow_list);
+// budget:SIZE: the fewest checkpointed layers (the first ones of every pipeline stage, as
+// Megatron's --recompute-method block picks them) whose native peak on the worst rank of
+// `layout` fits SIZE; InputError when even every layer checkpointed does not. Other policies
+// are returned as they are.
+CheckpointPolicy resolve_checkpoint_budget(const CheckpointPolicy& policy, const ModelConfig& model,
+                                           const TrainConfig& train, const ParallelConfig& layout);
+
+// resolve_checkpoint_budget over every policy of c (and c.train's), for `layout`.
+struct Common;
+void resolve_checkpointing(Common& c, const ParallelConfig& layout);
+
 // Flags after validation. Errors are InputError naming the flag and what is allowed.
 struct Common {
   ModelConfig model;
-  TrainConfig train;                               // with the first optimizer / checkpointing mode
-  std::vector<Optimizer> optimizers;               // one, or all three for "all"
-  std::vector<Checkpointing> checkpointing_modes;  // one, or none+full for "both"
-  std::vector<std::string> profiles;               // expanded "all"
-  HfOptions hf;                                    // --hf-version, --torch-version, --loop, ...
+  TrainConfig train;                  // with the first optimizer / checkpointing policy
+  std::vector<Optimizer> optimizers;  // one, or all three for "all"
+  std::vector<CheckpointPolicy> checkpointing_modes;  // one, or a list ("both": none, full)
+  std::vector<std::string> profiles;                  // expanded "all"
+  HfOptions hf;                                       // --hf-version, --torch-version, --loop, ...
   Format format = Format::table;
   std::string output;
 };

@@ -32,11 +32,11 @@ std::vector<report::EstimateRun> compute(const Common& c, const std::string& all
   }
   std::vector<report::EstimateRun> runs;
   for (Optimizer o : c.optimizers)
-    for (Checkpointing m : c.checkpointing_modes) {
+    for (const CheckpointPolicy& m : c.checkpointing_modes) {
       report::EstimateRun r;
       r.train = c.train;
       r.train.optimizer = o;
-      r.train.checkpointing = m;
+      m.apply(r.train);
       for (Profile p : profiles) r.estimates.push_back(estimate(p, c.model, r.train, c.hf));
       if (!allocator.empty()) {
         // The native step's allocation sequence: its meta trace, fed to the model.
@@ -83,9 +83,10 @@ Runner register_estimate(CLI::App& app) {
       "--optimizer all and --checkpointing both give the whole table (3 optimizers x 2 modes).\n"
       "Formulas and a worked LLaMA-7B example: docs/formulas.md.");
   return [flags, explain, paper, layout, allocator] {
-    const Common c = resolve_common(*flags, /*allow_all_optimizers=*/true,
-                                    /*allow_both_modes=*/true);
+    Common c = resolve_common(*flags, /*allow_all_optimizers=*/true,
+                              /*allow_both_modes=*/true);
     const ParallelConfig par = resolve_layout(*layout, c.model, c.train);
+    resolve_checkpointing(c, par);  // budget:SIZE picks its layers for this layout
     if (!allocator->empty()) parse_allocator_spec(*allocator);  // bad specs before any trace
     if (par.distributed()) {
       check_layout_request(c, *explain, !paper->empty());

@@ -51,8 +51,9 @@ int run_profile_layout(const Common& c, const ProfileFlags& flags, const Paralle
 }
 
 int run_profile(const ProfileFlags& flags) {
-  const Common c = resolve_common(flags.common, false, false);
+  Common c = resolve_common(flags.common, false, false);
   const ParallelConfig par = resolve_layout(flags.layout, c.model, c.train);
+  resolve_checkpointing(c, par);  // budget:SIZE picks its layers for this layout
   const std::string& be = flags.run.backend;
   check_collectives_flag(flags.launch, par.distributed() && (be == "cpu" || be == "cuda"));
   if (par.distributed()) return run_profile_layout(c, flags, par);

@@ -333,16 +333,9 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   }
   c.train.optimizer = c.optimizers.front();
 
-  const std::string mode = flags.checkpointing.empty() ? "full" : flags.checkpointing;
-  if (allow_both_modes && mode == "both") {
-    c.checkpointing_modes = {Checkpointing::none, Checkpointing::full};
-  } else if (auto m = parse_checkpointing(mode)) {
-    c.checkpointing_modes = {*m};
-  } else {
-    throw InputError("--checkpointing: unknown mode '" + flags.checkpointing +
-                     "'; allowed: none, full" + (allow_both_modes ? ", both" : ""));
-  }
-  c.train.checkpointing = c.checkpointing_modes.front();
+  c.checkpointing_modes = parse_checkpoint_policies(
+      flags.checkpointing.empty() ? "full" : flags.checkpointing, c.model.layers, allow_both_modes);
+  c.checkpointing_modes.front().apply(c.train);
 
   const auto attention = parse_attention(flags.attention);
   if (!attention)
@@ -388,9 +381,10 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   for (const auto& name : c.profiles) {
     TrainConfig t = c.train;
     for (Optimizer o : c.optimizers)
-      for (Checkpointing m : c.checkpointing_modes) {
+      for (const CheckpointPolicy& m : c.checkpointing_modes) {
         t.optimizer = o;
-        t.checkpointing = m;
+        m.apply(t);
+        if (t.checkpoint_layers.budget > 0) t.checkpoint_layers = {{0}, "", 0};  // sizes only
         try {
           (void)estimate(*parse_profile(name), c.model, t, c.hf);
         } catch (const OverflowError& e) {

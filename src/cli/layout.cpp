@@ -103,7 +103,8 @@ void check_layout_request(const Common& c, bool explain, bool paper) {
         "--optimizer all: with --world-size above 1 give one optimizer (adamw or sgd)");
   if (c.checkpointing_modes.size() != 1)
     throw InputError(
-        "--checkpointing both: with --world-size above 1 give one mode (none or full)");
+        "--checkpointing: with --world-size above 1 give one policy (none, full, every:K, "
+        "layers:LIST or budget:SIZE), not a list");
   for (const auto& p : c.profiles)
     if (p != "native" && p != "hf-eager" && p != "megatron" && p != "zero")
       throw InputError("--profile " + p +

@@ -177,8 +177,9 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
   through(LA::out);
   residual_gemm(LA::out, gath, at(LA::h_mid), LA::act, kDown, i);
   gath.reset();
-  // Checkpointing full: every recomputed row freed right after `out`, in reverse allocation order.
-  if (R.train.checkpointing == Checkpointing::full)
+  // A checkpointed layer: every recomputed row freed right after `out`, in reverse allocation
+  // order.
+  if (R.train.checkpointed(g))
     for (int r = kNumLayerActs - 1; r >= 0; --r)
       if (kLayerActs[r].checkpointing == UnderCheckpointing::recomputed)
         A[kLayerActs[r].id].reset();
@@ -266,7 +267,7 @@ void decoder_layer_backward(const LayerRank& R, std::int64_t l, int g, LayerActs
   };
 
   // 0. recompute the layer from its checkpointed input.
-  if (R.train.checkpointing == Checkpointing::full) {
+  if (R.train.checkpointed(g)) {
     auto rc = R.ledger.scope(Phase::recompute);
     decoder_layer_forward(R, l, g, A, ActPass::recompute, x.data());
   }

@@ -74,6 +74,7 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
       opt_(optimizer, backend, ledger) {
   cfg_.validate();
   train_.validate();
+  train_.check_checkpoint_resolved("this command");
   if (train_.dtype != be_.dtype())
     throw Error(std::string("model: training dtype ") + dtype_name(train_.dtype) +
                 " differs from the backend's " + dtype_name(be_.dtype()));

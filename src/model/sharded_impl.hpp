@@ -36,7 +36,7 @@ struct ShardedStep::Impl : LayerHost {
   std::int64_t stage;
   Ledger& ledger;
   DType D;
-  bool first, last, sp, full, eager, tied_here, bias, qkn;
+  bool first, last, sp, eager, tied_here, bias, qkn;
   std::int64_t b, s, sr, h, d, a, k, i, V, Ls, M;
   std::uint64_t Pk = 0;  // the stage's parameter elements
   int step = 0;

@@ -11,7 +11,6 @@ ShardedStep::Impl::Impl(const ModelConfig& model, const TrainConfig& train,
   first = stage == 0;
   last = stage == p.pp - 1;
   sp = p.sp;
-  full = t.checkpointing == Checkpointing::full;
   eager = t.attention == Attention::eager;
   tied_here = m.tied_embeddings && p.pp == 1;
   bias = m.qkv_bias;

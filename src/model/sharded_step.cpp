@@ -247,6 +247,7 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
     : impl_(std::make_unique<Impl>(model, train, layout, stage, ledger)) {
   model.validate();
   train.validate();
+  train.check_checkpoint_resolved("this command");
   if (stage < 0 || stage >= layout.pp)
     throw Error("sharded step: stage " + std::to_string(stage) + " outside the pipeline");
   if (train.optimizer == Optimizer::lomo && (layout.distributed() || exec))

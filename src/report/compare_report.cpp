@@ -55,6 +55,7 @@ json comparison_json(const ComparePair& p) {
   if (!failed_modes(p).empty()) {
     // A run that ran out of memory has figures up to the failure only: no saving to report.
     return json{{"optimizer", optimizer_name(p.optimizer)},
+                {"checkpointing", checkpointing_name(p.full->train)},
                 {"activations_saved", nullptr},
                 {"activations_saved_predicted",
                  saved(p.none->native().figures.activations, p.full->native().figures.activations)},
@@ -74,6 +75,7 @@ json comparison_json(const ComparePair& p) {
   const auto& af = p.full->native().figures;
   return json{
       {"optimizer", optimizer_name(p.optimizer)},
+      {"checkpointing", checkpointing_name(p.full->train)},
       {"activations_saved", saved(n.activations, f.activations)},
       {"activations_saved_predicted", saved(an.activations, af.activations)},
       {"activations_saved_ok",
@@ -103,11 +105,13 @@ report::Table memory_table(const std::vector<ComparePair>& pairs, ByteUnit u, bo
   }
   report::Table t(cols);
   for (std::size_t k = 0; k < pairs.size(); ++k) {
-    if (k) t.add_rule();
+    const bool same_baseline = k > 0 && pairs[k - 1].none == pairs[k].none;
+    if (k && !same_baseline) t.add_rule();
     for (const RunResult* r : {pairs[k].none, pairs[k].full}) {
+      if (same_baseline && r == pairs[k].none) continue;  // one baseline row per optimizer
       const MemoryFigures& f = r->ledger;
       std::vector<report::Cell> cells = {display_optimizer(pairs[k].optimizer),
-                                         checkpointing_name(r->train.checkpointing),
+                                         checkpointing_name(r->train),
                                          format_bytes(f.params, u),
                                          format_bytes(f.gradients, u),
                                          format_bytes(f.optimizer_states, u),
@@ -144,11 +148,13 @@ report::Table memory_bytes_table(const std::vector<ComparePair>& pairs) {
                    {"step_seconds"},
                    {"recompute_cost"},
                    {"out_of_memory", report::Align::left}});
-  for (const auto& p : pairs)
-    for (const RunResult* r : {p.none, p.full}) {
+  for (std::size_t k = 0; k < pairs.size(); ++k)
+    for (const RunResult* r : {pairs[k].none, pairs[k].full}) {
+      const ComparePair& p = pairs[k];
+      if (k > 0 && pairs[k - 1].none == p.none && r == p.none) continue;  // baseline once
       const MemoryFigures& f = r->ledger;
       const double cost = recompute_cost(p);
-      t.add_row({optimizer_name(p.optimizer), checkpointing_name(r->train.checkpointing),
+      t.add_row({optimizer_name(p.optimizer), checkpointing_name(r->train),
                  std::to_string(f.params), std::to_string(f.gradients),
                  std::to_string(f.optimizer_states), std::to_string(f.activations),
                  std::to_string(f.activations_peak), std::to_string(f.workspace),
@@ -162,21 +168,41 @@ report::Table memory_bytes_table(const std::vector<ComparePair>& pairs) {
 
 // The reference profiles' activations for the pair (they do not depend on the optimizer), so
 // the measured figure can be read against what other stacks keep.
-report::Table references_table(const ComparePair& p, ByteUnit u) {
-  report::Table t({{"Profile", report::Align::left},
-                   {"Activations, none"},
-                   {"Activations, full"},
-                   {"saves"},
-                   {"per layer (none)", report::Align::left}});
-  for (std::size_t e = 0; e < p.none->estimates.size(); ++e) {
-    const Estimate& en = p.none->estimates[e];
-    const Estimate& ef = p.full->estimates[e];
-    t.add_row({profile_name(en.profile), format_bytes(en.figures.activations, u),
-               format_bytes(ef.figures.activations, u),
-               format_signed_bytes(saved(en.figures.activations, ef.figures.activations), u),
-               report::per_layer_formula(en)});
+// `pairs`: the first optimizer's (one baseline, each policy against it).
+report::Table references_table(const std::vector<ComparePair>& pairs, ByteUnit u) {
+  std::vector<report::Table::Column> cols = {
+      {"Profile", report::Align::left},
+      {"Activations, " + checkpointing_name(pairs.front().none->train)}};
+  for (const auto& p : pairs) {
+    cols.push_back({"Activations, " + checkpointing_name(p.full->train)});
+    cols.push_back({"saves"});
+  }
+  cols.push_back(
+      {"per layer (" + checkpointing_name(pairs.front().none->train) + ")", report::Align::left});
+  report::Table t(cols);
+  for (std::size_t e = 0; e < pairs.front().none->estimates.size(); ++e) {
+    const Estimate& en = pairs.front().none->estimates[e];
+    std::vector<report::Cell> row = {profile_name(en.profile),
+                                     format_bytes(en.figures.activations, u)};
+    for (const auto& p : pairs) {
+      const Estimate& ef = p.full->estimates[e];
+      row.emplace_back(format_bytes(ef.figures.activations, u));
+      row.emplace_back(
+          format_signed_bytes(saved(en.figures.activations, ef.figures.activations), u));
+    }
+    row.emplace_back(report::per_layer_formula(en));
+    t.add_row(std::move(row));
   }
   return t;
+}
+
+// What the pair's policy re-runs in backward, in words.
+std::string recompute_words(const ComparePair& p) {
+  const TrainConfig& t = p.full->train;
+  const std::int64_t L = p.full->model.layers, n = t.checkpointed_count(0, L);
+  return n == L ? "one extra forward of every layer during backward"
+                : "one extra forward of " + std::to_string(n) + " of the " + std::to_string(L) +
+                      " layers during backward";
 }
 
 // One pair's line of "What checkpointing saves and what it costs".
@@ -187,7 +213,8 @@ std::string saving_line(const ComparePair& p, ByteUnit u) {
   const auto& an = p.none->native().figures;
   const auto& af = p.full->native().figures;
   if (!failed_modes(p).empty()) {
-    o << display_optimizer(p.optimizer) << ": not compared: " << failed_modes(p)
+    o << display_optimizer(p.optimizer) << ", " << checkpointing_name(p.full->train)
+      << ": not compared: " << failed_modes(p)
       << " ran out of memory (figures up to the failure only); native "
       << "predicts activations " << format_bytes(an.activations, u) << " -> "
       << format_bytes_with_unit(af.activations, u) << ", peak " << format_bytes(an.peak, u)
@@ -196,19 +223,19 @@ std::string saving_line(const ComparePair& p, ByteUnit u) {
   }
   const std::int64_t act = saved(n.activations, f.activations);
   const std::int64_t act_pred = saved(an.activations, af.activations);
-  o << display_optimizer(p.optimizer) << ": activations " << format_bytes(n.activations, u)
-    << " -> " << format_bytes_with_unit(f.activations, u) << " (saves "
-    << format_signed_bytes(act, u) << " " << u.name << "; native predicts "
-    << format_signed_bytes(act_pred, u) << ": " << (act == act_pred ? "yes" : "NO") << "), peak "
-    << format_bytes(n.peak, u) << " -> " << format_bytes_with_unit(f.peak, u) << "; ";
+  o << display_optimizer(p.optimizer) << ", " << checkpointing_name(p.full->train)
+    << ": activations " << format_bytes(n.activations, u) << " -> "
+    << format_bytes_with_unit(f.activations, u) << " (saves " << format_signed_bytes(act, u) << " "
+    << u.name << "; native predicts " << format_signed_bytes(act_pred, u) << ": "
+    << (act == act_pred ? "yes" : "NO") << "), peak " << format_bytes(n.peak, u) << " -> "
+    << format_bytes_with_unit(f.peak, u) << "; ";
   const double cost = recompute_cost(p);
   if (!std::isnan(cost)) {
     o << "measured cost: step " << report::fixed(p.none->steady_step_seconds(), 3) << " s -> "
       << report::fixed(p.full->steady_step_seconds(), 3) << " s (" << (cost >= 0 ? "+" : "")
-      << report::fixed(100 * cost, 1) << "%: one extra forward of every layer during backward)";
+      << report::fixed(100 * cost, 1) << "%: " << recompute_words(p) << ")";
   } else if (!p.none->computes) {
-    o << "cost: one extra forward of every layer during backward (not timed: the meta "
-         "backend does no arithmetic)";
+    o << "cost: " << recompute_words(p) << " (not timed: the meta backend does no arithmetic)";
   } else {
     o << "cost: not measured (a run failed)";
   }
@@ -253,9 +280,8 @@ void write_allocator_table(report::ReportWriter& w, const std::vector<RunResult>
     if (!r.allocator_model) continue;
     std::vector<report::Cell> row;
     for (const std::string& cell :
-         {std::string(optimizer_name(r.train.optimizer)),
-          std::string(checkpointing_name(r.train.checkpointing)), format_bytes(r.ledger.peak, u),
-          format_bytes(r.allocator_model->step.allocated.peak, u),
+         {std::string(optimizer_name(r.train.optimizer)), std::string(checkpointing_name(r.train)),
+          format_bytes(r.ledger.peak, u), format_bytes(r.allocator_model->step.allocated.peak, u),
           format_bytes(r.allocator_model->step.reserved.peak, u)})
       row.emplace_back(cell);
     if (!other.empty())
@@ -295,6 +321,9 @@ void write_compare(report::ReportWriter& w, const std::vector<ComparePair>& pair
             "; Total = params + gradients + optimizer states + activations; Peak = true "
             "high-water mark; native = the ledger equals the analytic native profile)");
   w.table(memory_table(pairs, u, first.computes));
+  std::vector<ComparePair> first_optimizer;
+  for (const auto& p : pairs)
+    if (p.optimizer == pairs.front().optimizer) first_optimizer.push_back(p);
   w.heading("What checkpointing saves and what it costs");
   for (const auto& p : pairs) w.item(saving_line(p, u));
   write_allocator_table(w, runs, u);
@@ -304,30 +333,38 @@ void write_compare(report::ReportWriter& w, const std::vector<ComparePair>& pair
   for (const auto& r : runs) timelines |= r.timeline.has_value();
   if (timelines)
     w.figure([&] {
-      std::string html =
-          "<h2>Timelines of the step: checkpointing none | full</h2>\n"
-          "<div class=\"side-by-side\">\n";
+      std::string html = "<h2>Timelines of the step: checkpointing " +
+                         checkpointing_name(pairs.front().none->train);
       for (const auto& p : pairs)
-        for (const RunResult* r : {p.none, p.full})
-          html += "<div>" + (r->timeline ? timeline_svg(*r->timeline) : std::string()) + "</div>\n";
+        if (p.optimizer == pairs.front().optimizer)
+          html += " | " + checkpointing_name(p.full->train);
+      html += "</h2>\n<div class=\"side-by-side\">\n";
+      for (const RunResult& r : runs)
+        html += "<div>" + (r.timeline ? timeline_svg(*r.timeline) : std::string()) + "</div>\n";
       return html + "</div>\n";
     });
   if (pairs.front().none->estimates.size() > 1) {
     w.heading(std::string("Activations in the analytic profiles (") + u.name +
               "; hf-eager = HuggingFace transformers 4.30 eager attention, PyTorch 2.0; megatron "
               "and zero are GPT-style reference formulas)");
-    w.table(references_table(pairs.front(), u));
+    w.table(references_table(first_optimizer, u));
   }
-  // The page: the per-layer activations of every profile, the two modes side by side (they do
-  // not depend on the optimizer: the first pair's).
+  // The page: the per-layer activations of every profile, the policies side by side (they do
+  // not depend on the optimizer: the first optimizer's runs).
   w.figure([&] {
-    return per_layer_chart_html({pairs.front().none, pairs.front().full},
-                                {"checkpointing none", "checkpointing full"}, "per-layer-chart");
+    std::vector<const RunResult*> shown_runs = {first_optimizer.front().none};
+    std::vector<std::string> names = {"checkpointing " +
+                                      checkpointing_name(first_optimizer.front().none->train)};
+    for (const auto& p : first_optimizer) {
+      shown_runs.push_back(p.full);
+      names.push_back("checkpointing " + checkpointing_name(p.full->train));
+    }
+    return per_layer_chart_html(shown_runs, names, "per-layer-chart");
   });
   for (const auto& r : runs)
     if (r.failure)
       w.line(std::string("OUT OF MEMORY in ") + optimizer_name(r.train.optimizer) + "/" +
-                 checkpointing_name(r.train.checkpointing) + ": " + r.failure->message,
+                 checkpointing_name(r.train) + ": " + r.failure->message,
              report::Tone::fail);
 }
 

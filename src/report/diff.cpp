@@ -272,6 +272,13 @@ Side side_from_run_object(const json& ro, const std::string& profile, const std:
   co.other_bytes = need_bytes(c, schema::kOtherBytes, where, cp);
   s.per_layer = co;
 
+  if (p->contains(schema::kCheckpointedLayers)) {  // written since per-layer policies
+    const json& n = p->at(schema::kCheckpointedLayers);
+    if (!n.is_number_integer() || n.get<std::int64_t>() < 0 || n.get<std::int64_t>() > s.layers)
+      bad(where, path + "." + schema::kCheckpointedLayers + " is " + n.dump() +
+                     ", not a count of the model's layers (0 to " + std::to_string(s.layers) + ")");
+    s.checkpointed_layers = n.get<std::int64_t>();
+  }
   if (!p->contains(schema::kTensors)) return s;  // per-category figures only
   const json& tensors = p->at(schema::kTensors);
   if (!tensors.is_array()) bad(where, path + "." + schema::kTensors + " is not an array");
@@ -349,8 +356,11 @@ Result compare(const Side& a, const Side& b) {
         r.rows.back().name = e.name;
       }
       Row& row = r.rows[it->second];
-      const std::uint64_t count =
-          e.group == schema::kLayerGroup ? static_cast<std::uint64_t>(s.layers) : 1;
+      const std::uint64_t count = e.group == schema::kLayerGroup
+                                      ? static_cast<std::uint64_t>(s.layers - s.checkpointed_layers)
+                                  : e.group == schema::kCheckpointedLayerGroup
+                                      ? static_cast<std::uint64_t>(s.checkpointed_layers)
+                                      : 1;
       const std::uint64_t bytes = checked_mul(e.bytes, count, "diff bytes");
       if (is_a) {
         row.a = e;

@@ -32,7 +32,7 @@ std::vector<report::MemoryRow> memory_rows(const std::vector<EstimateRun>& runs)
     for (const auto& e : r.estimates) {
       report::MemoryRow row;
       if (several(runs))
-        row.keys = {optimizer_name(r.train.optimizer), checkpointing_name(r.train.checkpointing)};
+        row.keys = {optimizer_name(r.train.optimizer), checkpointing_name(r.train)};
       row.keys.push_back(profile_name(e.profile));
       row.figures = e.figures;
       rows.push_back(std::move(row));
@@ -65,8 +65,7 @@ std::string title(const EstimateResult& c, const std::vector<EstimateRun>& runs)
     << " B params), batch " << t.batch << ", seq " << t.seq << ", " << dtype_name(t.dtype)
     << ", attention " << attention_name(t.attention);
   if (!several(runs))
-    o << ", " << optimizer_name(t.optimizer) << ", checkpointing "
-      << checkpointing_name(t.checkpointing);
+    o << ", " << optimizer_name(t.optimizer) << ", checkpointing " << checkpointing_name(t);
   o << "  (GiB = 2^30 bytes)";
   return o.str();
 }
@@ -104,7 +103,7 @@ std::string why_text(const EstimateResult& c, const EstimateRun& r) {
   const double h = static_cast<double>(m.hidden);
   std::ostringstream o;
   o << "Why these activations? Per layer, bytes = c_sbh·sbh + c_sbi·sbi + c_as2b·as²b + c_sb·sb"
-    << " (+ other), checkpointing " << checkpointing_name(r.train.checkpointing) << ".\n"
+    << " (+ other), checkpointing " << checkpointing_name(r.train) << ".\n"
     << "Here i/h = " << report::fixed(static_cast<double>(m.intermediate) / h, 4)
     << " (SwiGLU width), a·s/h = "
     << report::fixed(static_cast<double>(m.heads) * static_cast<double>(c.train.seq) / h, 4)
@@ -172,7 +171,9 @@ report::Table paper_table(const std::vector<EstimateRun>& runs) {
         break;
       }
     for (const auto& p : kLomoTable1) {
-      if (p.optimizer != r.train.optimizer || p.checkpointing != r.train.checkpointing) continue;
+      if (p.optimizer != r.train.optimizer || p.checkpointing != r.train.checkpointing ||
+          !r.train.checkpoint_layers.spec.empty())
+        continue;
       const double acts = gib(e->figures.activations), total = gib(e->figures.sum);
       const double parts = p.params + p.gradients + p.states + p.activations;
       t.add_row({optimizer_name(p.optimizer), checkpointing_name(p.checkpointing),
@@ -201,12 +202,11 @@ std::string explanation_text(const EstimateResult& c, const EstimateRun& r) {
 
 std::string explanation_markdown(const EstimateRun& r) {
   std::ostringstream o;
-  o << "\n### Per-layer coefficients (checkpointing " << checkpointing_name(r.train.checkpointing)
-    << ")\n\n"
+  o << "\n### Per-layer coefficients (checkpointing " << checkpointing_name(r.train) << ")\n\n"
     << why_table(r).markdown();
   for (const auto& e : r.estimates) {
-    o << "\n#### " << profile_name(e.profile) << ", checkpointing "
-      << checkpointing_name(r.train.checkpointing) << ": " << e.label << "\n\n"
+    o << "\n#### " << profile_name(e.profile) << ", checkpointing " << checkpointing_name(r.train)
+      << ": " << e.label << "\n\n"
       << "per layer = " << report::per_layer_formula(e) << " = "
       << report::gib2(e.activations.per_layer_bytes) << " GiB; activations "
       << report::gib2(e.figures.activations) << " GiB, activations_peak "
@@ -231,10 +231,9 @@ report::Table csv_table(const ModelConfig& m, const std::vector<EstimateRun>& ru
       std::vector<report::MemoryRow> rows;
       for (const auto& r : runs)
         for (const auto& e : r.estimates) {
-          report::MemoryRow row{
-              {optimizer_name(r.train.optimizer), checkpointing_name(r.train.checkpointing),
-               profile_name(e.profile)},
-              e.figures};
+          report::MemoryRow row{{optimizer_name(r.train.optimizer), checkpointing_name(r.train),
+                                 profile_name(e.profile)},
+                                e.figures};
           if (family) row.keys.insert(row.keys.end(), {m.family, features});
           rows.push_back(std::move(row));
         }
@@ -258,8 +257,8 @@ report::Table csv_table(const ModelConfig& m, const std::vector<EstimateRun>& ru
       const json j = report::analytic_profile_json(e);
       auto str = [](const json& v) { return v.get<std::string>(); };
       for (const auto& x : j.at("tensors"))
-        t.add_row({checkpointing_name(r.train.checkpointing), profile_name(e.profile),
-                   str(x.at("group")), str(x.at("name")), str(x.at("shape")), str(x.at("dtype")),
+        t.add_row({checkpointing_name(r.train), profile_name(e.profile), str(x.at("group")),
+                   str(x.at("name")), str(x.at("shape")), str(x.at("dtype")),
                    std::to_string(x.at("bytes").get<std::uint64_t>()), str(x.at("term")),
                    report::coef(x.at("coefficient").get<double>()), str(x.at("kept_by")),
                    str(x.at("why"))});
@@ -299,7 +298,7 @@ void write_allocator_table(ReportWriter& w, const std::vector<EstimateRun>& runs
                    {"cached, unused"}});
   for (const auto& r : runs) {
     const CachingAllocatorStats& s = r.allocator_model->step;
-    t.add_row({optimizer_name(r.train.optimizer), checkpointing_name(r.train.checkpointing),
+    t.add_row({optimizer_name(r.train.optimizer), checkpointing_name(r.train),
                format_bytes(r.traced_peak, u), format_bytes(s.allocated.peak, u),
                format_bytes(s.reserved.peak, u),
                format_bytes(s.reserved.peak - s.allocated_at_reserved_peak, u)});
@@ -330,7 +329,7 @@ std::string per_layer_chart(const std::vector<EstimateRun>& runs) {
   for (const auto& r : runs)
     if (r.train.optimizer == runs.front().train.optimizer) {
       modes.push_back(&r);
-      c.series.push_back(std::string("checkpointing ") + checkpointing_name(r.train.checkpointing));
+      c.series.push_back(std::string("checkpointing ") + checkpointing_name(r.train));
     }
   for (std::size_t e = 0; e < runs.front().estimates.size(); ++e) {
     report::BarGroup g{profile_name(runs.front().estimates[e].profile), {}};

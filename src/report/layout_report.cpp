@@ -216,7 +216,7 @@ void describe_layout(report::ReportWriter& w, const LayoutEstimate& le, ByteUnit
   w.line("micro-batch b " + std::to_string(t.batch) + " (global batch " +
          std::to_string(le.global_batch) + " = b·M·dp), s " + std::to_string(t.seq) + ", " +
          dtype_name(t.dtype) + ", " + optimizer_name(t.optimizer) + ", checkpointing " +
-         checkpointing_name(t.checkpointing) + ", " + attention_name(t.attention) +
+         checkpointing_name(t) + ", " + attention_name(t.attention) +
          " attention; profile native (docs/distributed.md)");
   if (const std::string family = report::family_line(le.model); !family.empty()) w.line(family);
   w.heading("Per rank at its peak (" + std::string(u.name) +
@@ -385,7 +385,7 @@ std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Co
 std::string render_compare_layout(const LayoutEstimate& le,
                                   const std::vector<CompareLayoutRow>& rows,
                                   const std::string& source, const std::string& backend, int steps,
-                                  Format format, report::Colour colour) {
+                                  Format format, report::Colour colour, const std::string& policy) {
   std::uint64_t max = 0;
   for (const auto& r : rows) max = std::max({max, r.none.peak, r.full.peak});
   const ByteUnit u = table_unit(max);
@@ -397,7 +397,8 @@ std::string render_compare_layout(const LayoutEstimate& le,
   w->line("micro-batch b " + std::to_string(t.batch) + " (global batch " +
           std::to_string(le.global_batch) + "), s " + std::to_string(t.seq) + ", " +
           dtype_name(t.dtype) + ", " + optimizer_name(t.optimizer) + ", " +
-          attention_name(t.attention) + " attention; checkpointing none vs full, per rank");
+          attention_name(t.attention) + " attention; checkpointing none vs " + policy +
+          ", per rank");
   if (const std::string family = report::family_line(le.model); !family.empty()) w->line(family);
   const bool reserved = !rows.empty() && rows.front().reserved_none.has_value();  // --allocator
   auto table = [&](bool exact) {
@@ -405,13 +406,13 @@ std::string render_compare_layout(const LayoutEstimate& le,
     std::vector<report::Table::Column> cols = {{"rank", report::Align::left},
                                                {"stage"},
                                                {"activations peak, none" + un},
-                                               {"activations peak, full" + un},
+                                               {"activations peak, " + policy + un},
                                                {"peak, none" + un},
-                                               {"peak, full" + un},
+                                               {"peak, " + policy + un},
                                                {"saved" + un}};
     if (reserved) {
       cols.push_back({"reserved, none" + un});
-      cols.push_back({"reserved, full" + un});
+      cols.push_back({"reserved, " + policy + un});
     }
     cols.push_back({"= trace and analytic", report::Align::left});
     report::Table tb(cols);
@@ -457,6 +458,7 @@ std::string render_compare_layout(const LayoutEstimate& le,
                     {"stage", r.stage},
                     {"none", report::figures_json(r.none, true)},
                     {"full", report::figures_json(r.full, true)},
+                    {"checkpointing", policy},
                     {"analytic_none", report::figures_json(r.analytic_none, true)},
                     {"analytic_full", report::figures_json(r.analytic_full, true)},
                     {"saved", std::int64_t(r.none.peak) - std::int64_t(r.full.peak)},

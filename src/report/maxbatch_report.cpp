@@ -165,7 +165,7 @@ std::string render_one_gpu(const MaxbatchRequest& rq, const MaxbatchResult& m,
       "trainmem maxbatch: " + rq.model.name + "  " +
       (vary_batch ? "s=" + std::to_string(rq.train.seq) : "b=" + std::to_string(rq.train.batch)) +
       " " + dtype_name(rq.train.dtype) + " " + optimizer_name(rq.train.optimizer) +
-      "  checkpointing=" + checkpointing_name(rq.train.checkpointing) +
+      "  checkpointing=" + checkpointing_name(rq.train) +
       " attention=" + attention_name(rq.train.attention));
   w->paragraph_break();
   if (const std::string family = report::family_line(rq.model); !family.empty())

@@ -30,7 +30,7 @@ std::string secs(double v) {
 // "flash, sp, checkpointing full, offload optimizer" — a layout's settings beside its degrees.
 std::string settings(const PlanCandidate& c) {
   std::string s = "b " + str(c.train.batch) + ", M " + str(c.layout.microbatches) +
-                  ", checkpointing " + checkpointing_name(c.train.checkpointing) + ", " +
+                  ", checkpointing " + checkpointing_name(c.train) + ", " +
                   attention_name(c.train.attention) + " attention, " +
                   optimizer_name(c.train.optimizer);
   if (c.layout.sp) s += ", sp";
@@ -84,7 +84,7 @@ json layout_json(const PlanCandidate& c) {
               {"sp", c.layout.sp},
               {"micro_batch", c.train.batch},
               {"microbatches", c.layout.microbatches},
-              {"checkpointing", checkpointing_name(c.train.checkpointing)},
+              {"checkpointing", checkpointing_name(c.train)},
               {"attention", attention_name(c.train.attention)},
               {"optimizer", optimizer_name(c.train.optimizer)},
               {"offload", offload_name(c.layout.offload)}};
@@ -212,7 +212,7 @@ report::Table csv_table(const PlanResult& r) {
                str(c.layout.pp),
                str(c.layout.zero),
                c.layout.sp ? "yes" : "no",
-               checkpointing_name(c.train.checkpointing),
+               checkpointing_name(c.train),
                attention_name(c.train.attention),
                optimizer_name(c.train.optimizer),
                str(c.train.batch),
@@ -290,12 +290,12 @@ void write_prose(ReportWriter& w, const PlanResult& r) {
         host = format_bytes(c.memory->ranks[c.memory->worst].host_bytes, u);
       }
       t.add_row({std::to_string(k + 1), str(c.layout.dp), str(c.layout.tp), str(c.layout.pp),
-                 str(c.layout.zero), c.layout.sp ? "yes" : "no",
-                 checkpointing_name(c.train.checkpointing), attention_name(c.train.attention),
-                 optimizer_name(c.train.optimizer), str(c.train.batch), str(c.layout.microbatches),
-                 offload_name(c.layout.offload), secs(c.cost.total_seconds),
-                 secs(c.cost.compute_seconds), secs(c.cost.communication_seconds),
-                 secs(c.cost.pcie_seconds), worst, peaks, host});
+                 str(c.layout.zero), c.layout.sp ? "yes" : "no", checkpointing_name(c.train),
+                 attention_name(c.train.attention), optimizer_name(c.train.optimizer),
+                 str(c.train.batch), str(c.layout.microbatches), offload_name(c.layout.offload),
+                 secs(c.cost.total_seconds), secs(c.cost.compute_seconds),
+                 secs(c.cost.communication_seconds), secs(c.cost.pcie_seconds), worst, peaks,
+                 host});
     }
     w.table(t);
     w.paragraph_break();

@@ -247,7 +247,7 @@ json run_json(const TrainConfig& t, const std::string& backend, int steps) {
          {key::kSeq, t.seq},
          {key::kDtype, dtype_name(t.dtype)},
          {key::kOptimizer, optimizer_name(t.optimizer)},
-         {key::kCheckpointing, checkpointing_name(t.checkpointing)},
+         {key::kCheckpointing, checkpointing_name(t)},
          {key::kAttention, attention_name(t.attention)}};
   j[key::kBackend] = backend.empty() ? json(nullptr) : json(backend);
   j[key::kSteps] = steps < 0 ? json(nullptr) : json(steps);
@@ -315,10 +315,11 @@ json analytic_profile_json(const Estimate& e) {
         {"torch_series", torch_era_name(*e.hf.torch)},
         {"torch_version", e.hf.torch_version.empty() ? json(nullptr) : json(e.hf.torch_version)},
         {"loop", loop_name(e.hf.loop)},
-        {"use_cache", e.hf.use_cache && e.train.checkpointing == Checkpointing::none},
+        {"use_cache", e.hf.use_cache && e.train.checkpointed_count(0, e.model.layers) == 0},
         {"use_cache_bytes", e.use_cache_bytes}};
   }
   j["recompute_activations"] = a.recompute_bytes;
+  j[schema::kCheckpointedLayers] = a.checkpointed_layers;
   j["largest_gradient"] =
       json{{"name", e.largest_gradient_name}, {"bytes", e.largest_gradient_bytes}};
   if (e.peak_instant >= 0)
@@ -430,16 +431,19 @@ std::string explain_text(const Estimate& e) {
   const auto& t = e.train;
   std::ostringstream o;
   o << "== " << profile_name(e.profile) << ": " << e.label << "\n";
-  o << "   " << optimizer_name(t.optimizer) << ", checkpointing "
-    << checkpointing_name(t.checkpointing) << ", attention " << attention_name(t.attention) << ", "
-    << dtype_name(t.dtype) << "\n";
+  o << "   " << optimizer_name(t.optimizer) << ", checkpointing " << checkpointing_name(t)
+    << ", attention " << attention_name(t.attention) << ", " << dtype_name(t.dtype) << "\n";
   o << "per layer (bytes) = " << per_layer_formula(e) << "\n";
   o << "                  = " << with_commas(a.per_layer_bytes)
     << " B = " << gib2(a.per_layer_bytes) << " GiB per layer  (= " << coef(sbh_equivalent(e))
     << "·sbh)\n";
-  o << "activations = embedding " << gib2(a.embedding_bytes) << " + " << a.layers << " layers × "
-    << gib2(a.per_layer_bytes) << " + shared " << gib2(a.shared_bytes) << " + head "
-    << gib2(a.head_bytes);
+  const std::int64_t windowed = a.layer_windowed.empty() ? 0 : a.windowed_layers;
+  const std::int64_t ckpt = a.layer_checkpointed.empty() ? 0 : a.checkpointed_layers;
+  o << "activations = embedding " << gib2(a.embedding_bytes) << " + " << a.layers - windowed - ckpt
+    << " layers × " << gib2(a.per_layer_bytes);
+  if (windowed > 0) o << " + " << windowed << " windowed layers × " << gib2(a.layer_windowed_bytes);
+  if (ckpt > 0) o << " + " << ckpt << " checkpointed layers × " << gib2(a.layer_checkpointed_bytes);
+  o << " + shared " << gib2(a.shared_bytes) << " + head " << gib2(a.head_bytes);
   if (!a.loop.empty()) o << " + loop " << gib2(a.loop_bytes);
   o << " = " << gib2(a.total_bytes) << " GiB\n";
   if (!a.recompute.empty())

@@ -277,8 +277,7 @@ void write_sweep(ReportWriter& w, const ModelConfig& model, const TrainConfig& t
   for (const auto& r : runs) max_bytes = std::max(max_bytes, r.ledger.peak);
   const ByteUnit u = table_unit(max_bytes);
   w.title("trainmem sweep: " + model.name + "  " + dtype_name(train.dtype) + " " +
-          optimizer_name(train.optimizer) +
-          "  checkpointing=" + checkpointing_name(train.checkpointing) +
+          optimizer_name(train.optimizer) + "  checkpointing=" + checkpointing_name(train) +
           " attention=" + attention_name(train.attention));
   if (const std::string family = report::family_line(model); !family.empty()) w.paragraph(family);
   w.banner(backend_line(runs.front()));

@@ -384,7 +384,7 @@ RunFailure failure_of(const OutOfMemory& e, int step, const Ledger& ledger) {
 std::string run_title(const ModelConfig& m, const TrainConfig& t) {
   std::ostringstream o;
   o << m.name << "  b=" << t.batch << " s=" << t.seq << " " << dtype_name(t.dtype) << " "
-    << optimizer_name(t.optimizer) << "  checkpointing=" << checkpointing_name(t.checkpointing)
+    << optimizer_name(t.optimizer) << "  checkpointing=" << checkpointing_name(t)
     << " attention=" << attention_name(t.attention);
   return o.str();
 }

@@ -145,7 +145,14 @@ struct ActivationBreakdown {
   std::vector<TensorEntry> layer_windowed;
   std::int64_t windowed_layers = 0;
   std::uint64_t layer_windowed_bytes = 0;
-  // Checkpointing full: what one layer re-creates during its backward (empty otherwise).
+  // A per-layer checkpointing policy that checkpoints some layers but not all (every:K,
+  // layers:LIST, budget:SIZE): what ONE checkpointed layer keeps, and how many do; `layer` is
+  // then what each of the others keeps. Empty and 0 when every layer keeps the same list (with
+  // every layer checkpointed, `layer` is the checkpointed layer's list).
+  std::vector<TensorEntry> layer_checkpointed;
+  std::int64_t checkpointed_layers = 0;
+  std::uint64_t layer_checkpointed_bytes = 0;
+  // Checkpointing: what one checkpointed layer re-creates during its backward (empty otherwise).
   std::vector<TensorEntry> recompute;
   // Inputs (token ids, labels), reported as `inputs`, not as activations.
   std::vector<TensorEntry> inputs;
@@ -158,8 +165,9 @@ struct ActivationBreakdown {
   std::uint64_t loop_bytes = 0;
   std::uint64_t recompute_bytes = 0;
   std::int64_t layers = 0;
-  // embedding + (layers − windowed_layers)·per_layer + windowed_layers·layer_windowed + shared
-  // + head + loop (= MemoryFigures::activations)
+  // embedding + (layers − windowed_layers − checkpointed_layers)·per_layer
+  // + windowed_layers·layer_windowed + checkpointed_layers·layer_checkpointed + shared + head
+  // + loop (= MemoryFigures::activations)
   std::uint64_t total_bytes = 0;
 };
 

@@ -79,15 +79,43 @@ std::optional<Optimizer> parse_optimizer(const std::string& s);
 std::optional<Checkpointing> parse_checkpointing(const std::string& s);
 std::optional<Attention> parse_attention(const std::string& s);
 
+// Which layers `checkpointing full` applies to (issue 30; docs/decisions.md, "Which layers are
+// checkpointed"): every layer (an empty list), or the listed global layer indices. `spec` is the
+// policy as the user wrote it ("every:2", "layers:0,3", "budget:24GiB"), empty for plain "full";
+// the CLI resolves it to `list` against the model (and a budget against the analytic peak)
+// before anything runs.
+struct CheckpointLayers {
+  std::vector<std::int64_t> list;  // sorted, unique, < layers; empty: every layer
+  std::string spec;
+  std::uint64_t budget = 0;  // budget:SIZE not yet resolved to `list` (0: resolved)
+  bool operator==(const CheckpointLayers& o) const {
+    return list == o.list && spec == o.spec && budget == o.budget;
+  }
+};
+
 struct TrainConfig {
   std::int64_t batch = 8;  // b
   std::int64_t seq = 512;  // s
   DType dtype = DType::bf16;
   Optimizer optimizer = Optimizer::adamw;
   Checkpointing checkpointing = Checkpointing::none;
+  CheckpointLayers checkpoint_layers;  // which layers, under checkpointing full
   Attention attention = Attention::eager;
   void validate() const;  // batch >= 1, seq >= 2 (the loss needs a next token)
+  // Whether global layer `layer` keeps only its input and is recomputed in backward.
+  bool checkpointed(std::int64_t layer) const;
+  // How many of the global layers [first, first + count) are checkpointed.
+  std::int64_t checkpointed_count(std::int64_t first, std::int64_t count) const;
+  // InputError when a budget:SIZE policy reaches a step or a profile unresolved (a command
+  // that cannot pick layers for it: the message names `where`).
+  void check_checkpoint_resolved(const std::string& where) const;
 };
+
+// The checkpointing policy in words: "none", "full", or the per-layer spec ("every:2",
+// "layers:0,3", "budget:24GiB (layers 0-5)").
+std::string checkpointing_name(const TrainConfig& t);
+// "0-5", "1,3,5", "0-2,7": a sorted layer list, runs of three or more collapsed.
+std::string layer_list_text(const std::vector<std::int64_t>& layers);
 
 // Presets: llama-7b, llama-13b, llama-33b, llama-65b, llama2-7b, llama2-13b, llama2-70b,
 // llama3-8b, llama3.2-1b, mistral-7b, qwen2-7b, qwen2.5-0.5b, qwen2.5-7b, qwen3-0.6b,

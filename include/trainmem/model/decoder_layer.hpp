@@ -103,12 +103,12 @@ struct LayerRank {
 };
 
 // Forward of local layer l (global index g: the ledger's layer, the sliding window) from its
-// input x (b, sr, h). `pass` recompute (checkpointing full, in backward) allocates the
+// input x (b, sr, h). `pass` recompute (a checkpointed layer, in backward) allocates the
 // recomputed rows again and stops before `out`; the forward proper frees them right after `out`
-// under checkpointing full.
+// when the layer is checkpointed (TrainConfig::checkpointed(g)).
 void decoder_layer_forward(const LayerRank& rank, std::int64_t l, int g, LayerActs& acts,
                            ActPass pass, const void* x);
-// Backward of local layer l (recompute first under checkpointing full). d_res (b, sr, h)
+// Backward of local layer l (recompute first when it is checkpointed). d_res (b, sr, h)
 // carries dL/d(residual) in and out (accumulated); x is the layer's input, freed at the end.
 // Throws Error if a row of the layer is still alive after its last step.
 void decoder_layer_backward(const LayerRank& rank, std::int64_t l, int g, LayerActs& acts,

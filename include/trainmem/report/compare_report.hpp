@@ -9,6 +9,9 @@
 namespace trainmem::report {
 
 // One optimizer's pair of runs.
+// One policy against the baseline of its optimizer: `none` ran without checkpointing, `full`
+// under the policy (full, or a per-layer one: every:K, layers:LIST, budget:SIZE). The pairs of
+// one optimizer share their `none` run.
 struct ComparePair {
   Optimizer optimizer;
   const RunResult* none = nullptr;

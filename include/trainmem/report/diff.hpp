@@ -49,6 +49,7 @@ struct Side {
   nlohmann::json model;  // the "model" block (name, params, layers, hidden, ...)
   nlohmann::json run;    // the "run" block (batch, seq, dtype, optimizer, checkpointing, ...)
   std::int64_t layers = 0;
+  std::int64_t checkpointed_layers = 0;   // a per-layer policy's (the layer_checkpointed group)
   std::vector<std::uint64_t> categories;  // in category_keys() order
   std::optional<Coefficients> per_layer;  // absent for measured figures
   std::uint64_t per_layer_bytes = 0;

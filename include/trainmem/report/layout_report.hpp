@@ -37,11 +37,12 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, Colo
 std::string render_failed_rank(const MeasuredLayout& ml, const std::optional<std::uint64_t>& budget,
                                const std::string& command, Format format, Colour colour);
 
-// `compare --world-size N`: a rank (or, traced, a stage) with checkpointing off and on.
+// `compare --world-size N`: a rank (or, traced, a stage) without checkpointing and under
+// `policy` (its name: "full", "every:2", ...; the rows' `full` figures are its).
 // `source`: "TRACED on meta" or "MEASURED on cpu, 4 ranks over mpi".
 std::string render_compare_layout(const LayoutEstimate& le,
                                   const std::vector<CompareLayoutRow>& rows,
                                   const std::string& source, const std::string& backend, int steps,
-                                  Format format, Colour colour);
+                                  Format format, Colour colour, const std::string& policy = "full");
 
 }  // namespace trainmem::report

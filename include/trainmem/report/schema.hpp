@@ -147,14 +147,19 @@ constexpr const char* kTensors = "tensors";  // [entry...], group by group in kT
 
 // The groups of a per-tensor list, in the order the writer lists them and diff ranks groups
 // whose differences are equal, each with the ActivationBreakdown list it holds.
-constexpr const char* kLayerGroup = "layer";  // one layer's entries: counted model.layers times
+// One layer's entries: counted model.layers times, less the checkpointed layers of a per-layer
+// policy, whose entries are the second group, counted kCheckpointedLayers times.
+constexpr const char* kLayerGroup = "layer";
+constexpr const char* kCheckpointedLayerGroup = "layer_checkpointed";
+constexpr const char* kCheckpointedLayers = "checkpointed_layers";  // an analytic profile's count
 struct TensorGroup {
   const char* name;
   std::vector<TensorEntry> ActivationBreakdown::*entries;
 };
-inline constexpr std::array<TensorGroup, 7> kTensorGroups{{
+inline constexpr std::array<TensorGroup, 8> kTensorGroups{{
     {"embedding", &ActivationBreakdown::embedding},
     {kLayerGroup, &ActivationBreakdown::layer},
+    {kCheckpointedLayerGroup, &ActivationBreakdown::layer_checkpointed},
     {"shared", &ActivationBreakdown::shared},
     {"head", &ActivationBreakdown::head},
     {"loop", &ActivationBreakdown::loop},
