@@ -160,8 +160,9 @@ TEST(CheckpointPolicy, LedgerEqualsNativeProfileForEveryPolicy) {
   for (const char* name : {"tiny", "tiny-gqa", "tiny-qwen3", "tiny-tied"})
     for (std::int64_t L : {3, 5}) {
       const ModelConfig m = with_layers(name, L);
-      for (const std::string& policy : std::vector<std::string>{
-               "layers:0", "layers:" + std::to_string(L - 1), "every:2", "layers:0-1", "layers:1"})
+      for (const std::string& policy :
+           std::vector<std::string>{"layers:0", "layers:" + std::to_string(L - 1), "every:2",
+                                    "layers:0-1", "layers:1", "selective"})
         for (Attention at : {Attention::eager, Attention::flash})
           for (Optimizer o : {Optimizer::adamw, Optimizer::lomo}) {
             const TrainConfig t =
@@ -172,7 +173,7 @@ TEST(CheckpointPolicy, LedgerEqualsNativeProfileForEveryPolicy) {
             if (testing::Test::HasFailure()) return;
           }
     }
-  EXPECT_EQ(cases, 4 * 2 * 5 * 2 * 2);
+  EXPECT_EQ(cases, 4 * 2 * 6 * 2 * 2);
 }
 
 TEST(CheckpointPolicy, CpuLedgerEqualsNativeProfileToo) {
@@ -208,7 +209,7 @@ TEST(CheckpointPolicy, EndOfForwardActivationsAreTheKeptSetsAdded) {
 // ------------------------------------------------------------------ the cpu step, bit for bit
 
 TEST(CheckpointPolicy, RecomputeGivesTheSameBitsAsNoCheckpointing) {
-  for (const std::string policy : {"layers:1", "every:2", "layers:0,2"}) {  // of 3 layers
+  for (const std::string policy : {"layers:1", "every:2", "layers:0,2", "selective"}) {
     const ModelConfig m = with_layers("tiny-gqa", 3);
     auto run = [&](const TrainConfig& t) {
       test::ModelRun r(BackendKind::cpu, m, t);
@@ -233,6 +234,66 @@ TEST(CheckpointPolicy, RecomputeGivesTheSameBitsAsNoCheckpointing) {
   }
 }
 
+// Selective recompute drops exactly the eager probabilities (b, a, s, s) per layer, recomputed
+// at backward step 6; with flash it changes nothing.
+TEST(CheckpointPolicy, SelectiveDropsTheProbabilitiesOfEveryLayer) {
+  const ModelConfig m = with_layers("tiny-gqa", 3);  // a = 6 heads
+  for (Attention at : {Attention::eager, Attention::flash}) {
+    const TrainConfig none =
+        train_config(2, 16, DType::bf16, Optimizer::adamw, Checkpointing::none, at);
+    const TrainConfig sel = with_policy(none, "selective", 3);
+    const std::uint64_t probs = at == Attention::eager ? 2ull * 6 * 16 * 16 * 2 : 0;
+    EXPECT_EQ(estimate(Profile::native, m, sel).figures.activations,
+              estimate(Profile::native, m, none).figures.activations - 3 * probs)
+        << attention_name(at);
+    // The ledger: the recompute phase holds the probabilities (and the output's copy) only.
+    test::ModelRun run(BackendKind::meta, m, sel);
+    run.model->train_step();
+    int recomputed = 0;
+    for (const auto& r : run.ledger->tensors())
+      if (r.phase == Phase::recompute) {
+        EXPECT_TRUE(r.name == "probs" || r.name == "attn_out.recomputed") << r.name;
+        ++recomputed;
+      }
+    EXPECT_EQ(recomputed, at == Attention::eager ? 2 * 3 : 0) << attention_name(at);
+  }
+}
+
+// Korthikanti et al. 2022, section 5: selective recompute keeps 34sbh per layer (16-bit).
+TEST(CheckpointPolicy, MegatronSelectiveKeeps34sbh) {
+  const ModelConfig m = preset("llama-7b");
+  TrainConfig t =
+      train_config(8, 512, DType::f16, Optimizer::adamw, Checkpointing::none, Attention::eager);
+  t = with_policy(t, "selective", 32);
+  const Estimate e = estimate(Profile::megatron, m, t);
+  EXPECT_EQ(e.figures.activations, 32ull * 34 * 512 * 8 * 4096);
+  EXPECT_DOUBLE_EQ(e.activations.per_layer.sbh, 34.0);
+  EXPECT_DOUBLE_EQ(e.activations.per_layer.as2b, 0.0);
+}
+
+// The recompute FLOPs: each checkpointed layer's forward GEMMs and attention square, written out
+// for tiny-gqa (h 48, i 128, a 6 heads of d 8, k 2 kv heads; 2 layers) at b 2, s 16.
+TEST(CheckpointPolicy, RecomputeFlopsCountTheReRunForward) {
+  const ModelConfig m = preset("tiny-gqa");
+  ASSERT_EQ(m.hidden, 48);
+  ASSERT_EQ(m.intermediate, 128);
+  const double gemm = 2.0 * 2 * 16 * (48 * 48 + 2 * 48 * 16 + 48 * 48 + 3 * 48 * 128);
+  const double attention = 4.0 * 2 * 6 * 16 * 16 * 8;
+  const TrainConfig none =
+      train_config(2, 16, DType::bf16, Optimizer::adamw, Checkpointing::none, Attention::eager);
+  const struct {
+    const char* policy;
+    double flops;
+  } cases[] = {{"none", 0.0},
+               {"full", 2 * (gemm + attention)},
+               {"layers:1", gemm + attention},
+               {"selective", 2 * attention}};
+  for (const auto& c : cases)
+    EXPECT_DOUBLE_EQ(estimate(Profile::native, m, with_policy(none, c.policy, 2)).recompute_flops,
+                     c.flops)
+        << c.policy;
+}
+
 // ------------------------------------------------------------------ per rank
 
 TEST(CheckpointPolicy, ShardedTraceEqualsTheAnalyticProfilePerRank) {
@@ -243,12 +304,15 @@ TEST(CheckpointPolicy, ShardedTraceEqualsTheAnalyticProfilePerRank) {
         for (int zero : {0, 3})
           for (bool sp : {false, true})
             for (std::int64_t M : {1, 3})
-              for (const char* policy : {"layers:0", "layers:3", "every:2", "layers:1-2"}) {
+              for (const char* policy :
+                   {"layers:0", "layers:3", "every:2", "layers:1-2", "selective"}) {
                 const ModelConfig m = with_layers(name, 4);
-                const TrainConfig t =
-                    with_policy(train_config(2, 16, DType::bf16, Optimizer::adamw,
-                                             Checkpointing::none, Attention::flash),
-                                policy, 4);
+                // Selective recompute changes the step with eager attention only.
+                const Attention at =
+                    std::string(policy) == "selective" ? Attention::eager : Attention::flash;
+                const TrainConfig t = with_policy(
+                    train_config(2, 16, DType::bf16, Optimizer::adamw, Checkpointing::none, at),
+                    policy, 4);
                 ParallelConfig p;
                 p.world = 2 * tp * pp;
                 p.dp = 2;

@@ -121,6 +121,29 @@ TEST(CliE2ECheckpointing, CompareTakesAListOfPolicies) {
   EXPECT_TRUE(has(text.out, "one extra forward of 1 of the 3 layers")) << text.out;
 }
 
+TEST(CliE2ECheckpointing, SelectiveRecomputesTheProbabilitiesOnly) {
+  // tiny-gqa: 2 layers, 6 heads; b 2, s 32 in bf16: each layer's probs is 2·6·32·32·2 B.
+  const std::string base =
+      "profile --model tiny-gqa --batch 2 --seq 32 --backend cpu --format json";
+  const Result none = trainmem(base);
+  const Result sel = trainmem(base + " --checkpointing selective");
+  ASSERT_EQ(none.code, 0) << none.err;
+  ASSERT_EQ(sel.code, 0) << sel.err;
+  const json n = none.j(), j = sel.j();
+  EXPECT_EQ(j["run"]["checkpointing"], "selective");
+  for (const char* k : {"activations", "activations_peak", "workspace", "peak"})
+    EXPECT_EQ(u64(j["measured"]["ledger"][k]), u64(j["analytic"]["native"][k])) << k;
+  const std::uint64_t probs = 2 * 6 * 32 * 32 * 2;
+  EXPECT_EQ(u64(j["measured"]["ledger"]["activations"]),
+            u64(n["measured"]["ledger"]["activations"]) - 2 * probs);
+  const Result cmp = trainmem(
+      "compare --model tiny-gqa --batch 2 --seq 32 --backend meta --checkpointing "
+      "none,selective,full");
+  ASSERT_EQ(cmp.code, 0) << cmp.err;
+  EXPECT_TRUE(has(cmp.out, "AdamW, selective: activations")) << cmp.out;
+  EXPECT_TRUE(has(cmp.out, "the attention core (scores, softmax, the product with v)")) << cmp.out;
+}
+
 TEST(CliE2ECheckpointing, BadPoliciesExitTwoNamingTheFlag) {
   struct Case {
     std::string args, message;

@@ -432,7 +432,7 @@ TEST(TrainConfig, Validate) {
 TEST(Enums, NamesRoundTrip) {
   for (auto o : {Optimizer::adamw, Optimizer::sgd, Optimizer::lomo})
     EXPECT_EQ(parse_optimizer(optimizer_name(o)), o);
-  for (auto c : {Checkpointing::none, Checkpointing::full})
+  for (auto c : {Checkpointing::none, Checkpointing::full, Checkpointing::selective})
     EXPECT_EQ(parse_checkpointing(checkpointing_name(c)), c);
   for (auto a : {Attention::eager, Attention::flash})
     EXPECT_EQ(parse_attention(attention_name(a)), a);
@@ -440,7 +440,7 @@ TEST(Enums, NamesRoundTrip) {
   EXPECT_STREQ(checkpointing_name(Checkpointing::full), "full");
   EXPECT_STREQ(attention_name(Attention::flash), "flash");
   EXPECT_FALSE(parse_optimizer("adam").has_value());
-  EXPECT_FALSE(parse_checkpointing("selective").has_value());
+  EXPECT_FALSE(parse_checkpointing("partial").has_value());
   EXPECT_FALSE(parse_attention("sdpa").has_value());
 }
 

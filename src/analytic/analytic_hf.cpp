@@ -529,6 +529,10 @@ void build_hf(Estimate& est) {
         "output and (b,a,s) fp32 logsumexp. A padded batch or fp32 picks the memory-efficient "
         "kernel instead, whose logsumexp is padded to a multiple of 32 positions and which "
         "also keeps the mask: not modelled, and no GPU kernel was run here");
+  if (t.checkpointing == Checkpointing::selective)
+    est.notes.push_back(
+        "checkpointing selective: transformers has no selective recompute (its gradient "
+        "checkpointing replays whole layers); the figures are those without checkpointing");
   if (full && checkpointed < m.layers)
     est.notes.push_back("checkpointing " + checkpointing_name(t) +
                         ": transformers checkpoints every layer or none; modelled as only these " +

@@ -203,6 +203,7 @@ class Stage {
         first_(index == 0),
         last_(index == p.pp - 1),
         lomo_(t.optimizer == Optimizer::lomo),
+        sel_(t.checkpointing == Checkpointing::selective && t.attention == Attention::eager),
         Ls_(m.layers / p.pp) {
     // Which of the stage's layers are checkpointed (the global index of local layer k is
     // index·Ls + k); `full_`: every one of them.
@@ -260,13 +261,20 @@ class Stage {
   const Local l_;
   const Dims g_;
   const bool first_, last_, lomo_;
+  // Selective recompute with eager attention: `probs` freed after the attention forward and
+  // recomputed at backward step 6 (flash keeps no s² tensor: selective changes nothing there).
+  const bool sel_;
   const std::int64_t Ls_;
   std::vector<bool> ck_;  // per local layer: checkpointed
   std::int64_t ck_count_ = 0;
   bool full_ = false;
+  // The bytes selective recompute drops from a layer's set (probs), 0 otherwise.
+  std::uint64_t dropped() const { return sel_ ? l_.store : 0; }
   // What local layer k keeps at the end of its forward: its `out` when checkpointed, else its
-  // whole set.
-  std::uint64_t keeps(std::int64_t k) const { return ck_[u(k)] ? l_.X : sum_bytes(set_); }
+  // whole set (less probs under selective recompute).
+  std::uint64_t keeps(std::int64_t k) const {
+    return ck_[u(k)] ? l_.X : csub(sum_bytes(set_), dropped(), "selective");
+  }
   // The stage input and what local layers [0, k) keep.
   std::uint64_t kept_before(std::int64_t k) const {
     std::uint64_t t = l_.X;
@@ -404,7 +412,20 @@ void Stage::activations() {
   kept.back().why = "the only tensor a checkpointed layer keeps; the rest is recomputed";
   std::vector<TensorEntry> recompute(set_.begin(), set_.end() - 1);
   for (auto& e : recompute) e.kept_by = "recomputed in backward; " + e.kept_by;
-  split_layers(acts, t_, r_.stage * Ls_, Ls_, set_, std::move(kept), std::move(recompute));
+  if (sel_) {
+    // Selective: every layer keeps its set but probs, recomputed at backward step 6.
+    for (const auto& e : set_) {
+      if (e.name != "probs") {
+        acts.layer.push_back(e);
+        continue;
+      }
+      acts.recompute.push_back(e);
+      acts.recompute.back().kept_by =
+          "selective recompute: freed after the attention forward, recomputed at backward step 6";
+    }
+  } else {
+    split_layers(acts, t_, r_.stage * Ls_, Ls_, set_, std::move(kept), std::move(recompute));
+  }
   if (last_) {
     acts.head.push_back(entry(g_, "final_norm_out", res, D, l.X, Term::sbh, "lm_head backward",
                               "input of the lm_head GEMM (dW_head)"));
@@ -478,15 +499,25 @@ void Stage::forward_instants() {
     while (!ck_[u(last_ck)]) --last_ck;
     if (last_ck < Ls_ - window_layers) ks.push_back(last_ck);
   }
-  if (ck_count_ > 0 || p_.sp || p_.zero == 3 || !last_)
+  if (ck_count_ > 0 || sel_ || p_.sp || p_.zero == 3 || !last_)
     for (std::int64_t k = std::max<std::int64_t>(0, Ls_ - window_layers); k < Ls_; ++k)
       ks.push_back(k);
-  for (std::int64_t k : ks)
+  // Selective: the layer's rows up to attn_out, probs among them, when attn_out is allocated.
+  std::uint64_t through_attn = 0;
+  for (const auto& e : set_) {
+    through_attn = checked_add(through_attn, e.bytes, "activations");
+    if (e.name == "attn_out") break;
+  }
+  for (std::int64_t k : ks) {
+    if (sel_)
+      at("forward: layer " + layer_name(k) + " attn_out allocated (probs alive)",
+         csum({kept_before(k), through_attn}), C, 0, u(k) + 1, G0);
     at("forward: layer " + layer_name(k) + " `out` allocated" +
            (p_.sp       ? " (down partial alive)"
             : ck_[u(k)] ? " (its other tensors not yet freed)"
                         : ""),
-       csum({kept_before(k), S}), C, sg, u(k) + 1, G0);
+       csum({kept_before(k), csub(S, dropped(), "selective")}), C, sg, u(k) + 1, G0);
+  }
 }
 
 void Stage::head_instants() {
@@ -536,7 +567,8 @@ void Stage::layer_instants() {
   // which only shrinks, beside the same set (recomputed or kept) and buffers.
   const std::uint64_t S = sum_bytes(set_);
   const bool ck_last = ck_.back();
-  const std::uint64_t A_L = csub(csum({kept_before(Ls_ - 1), S}), l.X, "the first backward layer");
+  const std::uint64_t A_L =
+      csub(csum({kept_before(Ls_ - 1), S}), csum({l.X, dropped()}), "the first backward layer");
   const std::string Lb = "backward layer " + layer_name(Ls_ - 1) + " ";
   if (ck_last) at(Lb + "step 0: recompute done", A_L, csum({C, l.X}), 0, pos, grads(0));
   at(Lb + "step 1: d_act" + lomo(" + down_proj gradient") + (sp ? " (d_residual gathered)" : ""),
@@ -556,10 +588,14 @@ void Stage::layer_instants() {
   const std::uint64_t A5 = csub(A4, csum({l.X, l.r4}), "step 5");  // h_mid, rstd2 freed
   at(Lb + "step 5: d_attn_out" + lomo(" + o_proj gradient") + (sp ? " (d_residual gathered)" : ""),
      A5, csum({C, l.X, l.bsad}), sg, pos, grads(had));
+  if (sel_)  // probs recomputed, the attention output into a workspace copy
+    at(Lb + "step 6: probs recomputed (selective)", csum({A5, l.store}),
+       csum({C, l.X, l.bsad, l.bsad}), 0, pos, grads(0));
+  const std::uint64_t A6 = csum({A5, dropped()});
   at(Lb + "step 6: d_q, d_k, d_v, " +
          (t_.attention == Attention::eager ? "d_probs" : "attn_delta") + " (attention backward)",
-     A5, csum({C, l.X, l.bsad, l.bsad, l.bskd, l.bskd, l.store}), 0, pos, grads(0));
-  const std::uint64_t A7 = csub(A5, csum({l.bsad, l.store}), "step 7");  // attn_out, probs|lse
+     A6, csum({C, l.X, l.bsad, l.bsad, l.bskd, l.bskd, l.store}), 0, pos, grads(0));
+  const std::uint64_t A7 = csub(A6, csum({l.bsad, l.store}), "step 7");  // attn_out, probs|lse
   std::uint64_t A8 = A7;
   if (m_.qk_norm) {
     // Step 7, q/k norm backward: d_q_pre, then d_k_pre, beside d_q, d_k, d_v; then d_q, d_k
@@ -607,6 +643,19 @@ void Stage::figures() {
                 ") differs from the optimizer rule (" + std::to_string(fg.gradients) + ")");
   fg.workspace = ws;
   fg.activations_peak = ap;
+  // Recompute FLOPs per optimizer step: each checkpointed layer's forward GEMMs (q, k, v, o,
+  // gate, up, down: 2 FLOPs per multiply-add over the b·s rows) and its attention (QKᵀ and PV,
+  // 2·2·b·a·s²·d, the whole s × s square as Megatron counts it); selective re-runs the attention
+  // only, in every layer; times the micro-batches.
+  {
+    const double b = double(l_.b), s = double(l_.s), h = double(l_.h), i = double(l_.i);
+    const double ad = double(l_.ad), kd = double(l_.kd), a = double(l_.a), d = double(l_.d);
+    const double gemm = 2.0 * b * s * (h * ad + 2.0 * h * kd + ad * h + 3.0 * h * i);
+    const double attention = 4.0 * b * a * s * s * d;
+    est.recompute_flops =
+        (double(ck_count_) * (gemm + attention) + (sel_ ? double(Ls_) * attention : 0.0)) *
+        double(p_.microbatches);
+  }
   fg.peak = best;
   fg.peak_breakdown = est.instants[est.peak_instant].bytes;
   fg.sum = csum({fg.params, fg.gradients, fg.optimizer_states, fg.activations}, "sum");
@@ -623,6 +672,15 @@ void Stage::figures() {
     est.notes.push_back(
         "checkpointing full: activations_peak includes the forward of the last layer and the "
         "recomputed layer L-1 during backward");
+  else if (sel_)
+    est.notes.push_back(
+        "checkpointing selective: each layer frees its probs right after the attention forward "
+        "and recomputes them at backward step 6 (the attention forward again, its output into a "
+        "workspace copy)");
+  else if (t_.checkpointing == Checkpointing::selective)
+    est.notes.push_back(
+        "checkpointing selective with flash attention: flash keeps no s² tensor, so nothing is "
+        "recomputed (the step is the one without checkpointing)");
   else if (ck_count_ > 0)
     est.notes.push_back("checkpointing " + checkpointing_name(t_) + ": " +
                         std::to_string(ck_count_) + " of the " + std::to_string(Ls_) +
@@ -663,6 +721,7 @@ void build_native(Estimate& est) {
   est.figures = f;
   est.label = r.est.label;
   est.notes = r.est.notes;
+  est.recompute_flops = r.est.recompute_flops;
 }
 
 }  // namespace trainmem::analytic_detail

@@ -32,7 +32,7 @@ void reference_figures(Estimate& est, const Dims& d) {
   est.notes.push_back(
       "workspace is not modelled (0); peak = params + gradients + optimizer states + "
       "activations_peak + inputs (the category maxima added)");
-  if (!est.activations.recompute.empty())
+  if (!est.activations.recompute.empty() && est.train.checkpointing == Checkpointing::full)
     est.notes.push_back(
         "checkpointing " + checkpointing_name(est.train) +
         ": each checkpointed layer keeps its input (one (s,b,h) tensor); activations_peak adds "
@@ -75,10 +75,20 @@ void build_megatron(Estimate& est) {
   // Two LayerNorms: 4sbh.
   v.push_back(entry(d, "ln1.input", "(s,b,h)", D, sbh, Term::sbh, "LayerNorm", "its input"));
   v.push_back(entry(d, "ln2.input", "(s,b,h)", D, sbh, Term::sbh, "LayerNorm", "its input"));
-  split_layers(est.activations, est.train, 0, est.model.layers, v,
-               {entry(d, "layer_input", "(s,b,h)", D, sbh, Term::sbh, "full recomputation",
-                      "the checkpointed layer input")},
-               v);
+  if (est.train.checkpointing == Checkpointing::selective) {
+    // Korthikanti et al. 2022, section 5 (selective activation recomputation): the 5as²b/h of
+    // the attention core (softmax output, its dropout mask and output) recomputed, 34sbh kept.
+    for (auto& e : v)
+      (e.term == Term::as2b ? est.activations.recompute : est.activations.layer).push_back(e);
+    est.notes.push_back(
+        "checkpointing selective (Korthikanti et al. section 5): the attention core's 5as²b is "
+        "recomputed; each layer keeps 34sbh");
+  } else {
+    split_layers(est.activations, est.train, 0, est.model.layers, v,
+                 {entry(d, "layer_input", "(s,b,h)", D, sbh, Term::sbh, "full recomputation",
+                        "the checkpointed layer input")},
+                 v);
+  }
   if (w != 2)
     est.notes.push_back(
         "the published 34 and 5 assume 16-bit activations; here every activation is scaled to "
@@ -94,6 +104,10 @@ void build_zero(Estimate& est) {
       entry(d, "layer_activations", "12·(b,s,h)", D, bytes_of({12, d.b, d.s, d.h}, d.w), Term::sbh,
             "(the paper gives a total, not tensors)",
             "ZeRO section 3.2: about 12 × hidden × batch × seq per layer");
+  if (est.train.checkpointing == Checkpointing::selective)
+    est.notes.push_back(
+        "checkpointing selective: the ZeRO paper's 12·hbs has no selective variant; the figures "
+        "are those without checkpointing");
   split_layers(est.activations, est.train, 0, est.model.layers, {all},
                {entry(d, "layer_input", "(b,s,h)", D, bytes_of({d.b, d.s, d.h}, d.w), Term::sbh,
                       "activation checkpointing", "the checkpointed layer input")},

@@ -433,6 +433,7 @@ void megatron_notes(ReferenceRank& r, const ModelConfig& model, const TrainConfi
 ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& train,
                                  const ParallelConfig& par, bool selective_recompute) {
   model.validate();
+  selective_recompute |= train.checkpointing == Checkpointing::selective;
   if (selective_recompute && train.checkpointing == Checkpointing::full)
     throw InputError(
         "megatron reference: selective recompute and --checkpointing full are exclusive "

@@ -114,12 +114,15 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
   const double T = b * M * dp * s;  // tokens per optimizer step (G·s)
   // The fraction of the layers re-run in backward (1 under full, K/L for a per-layer policy).
   const double r = static_cast<double>(train.checkpointed_count(0, model.layers)) / L;
+  // Selective recompute re-runs the attention core only: its QKᵀ and PV (r_a = 1), no GEMM of
+  // the parameters.
+  const double ra = train.checkpointing == Checkpointing::selective ? 1.0 : r;
 
   // Compute: 6·P·T (forward 2, backward 4), + 2·P·T for the forward re-run under full
   // recompute; attention's QKᵀ and PV, 4·s²·h per layer and sequence forward, ×3 for training,
   // + one forward under recompute. Spread evenly over the N GPUs, stretched by the 1F1B
   // bubble.
-  c.flops_per_gpu = ((6.0 + 2.0 * r) * P * T + (12.0 + 4.0 * r) * L * h * s * T) / N;
+  c.flops_per_gpu = ((6.0 + 2.0 * r) * P * T + (12.0 + 4.0 * ra) * L * h * s * T) / N;
   c.bubble = (pp - 1.0) / M;
   c.compute_seconds = c.flops_per_gpu / (cost.tflops * 1e12) * (1.0 + c.bubble);
 

@@ -283,6 +283,8 @@ const char* checkpointing_name(Checkpointing c) {
       return "none";
     case Checkpointing::full:
       return "full";
+    case Checkpointing::selective:
+      return "selective";
   }
   return "?";
 }
@@ -304,6 +306,7 @@ std::optional<Optimizer> parse_optimizer(const std::string& s) {
 std::optional<Checkpointing> parse_checkpointing(const std::string& s) {
   if (s == "none") return Checkpointing::none;
   if (s == "full") return Checkpointing::full;
+  if (s == "selective") return Checkpointing::selective;
   return std::nullopt;
 }
 std::optional<Attention> parse_attention(const std::string& s) {

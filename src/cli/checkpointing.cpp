@@ -1,6 +1,6 @@
 // --checkpointing: the policies (none, full, every:K, layers:LIST, budget:SIZE), parsed against
 // the model, and budget:SIZE resolved to layers once the layout is known (docs/decisions.md,
-// "Which layers are checkpointed").
+// "Which layers are checkpointed, and selective recompute").
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -15,7 +15,7 @@ namespace trainmem::cli {
 namespace {
 
 constexpr const char* kAllowed =
-    "none, full, every:K, layers:LIST (e.g. layers:0,2-5), budget:SIZE";
+    "none, full, selective, every:K, layers:LIST (e.g. layers:0,2-5), budget:SIZE";
 
 bool is_integer(const std::string& s, std::int64_t* v) {
   const char* last = s.data() + s.size();
@@ -37,6 +37,7 @@ CheckpointPolicy per_layer(std::vector<std::int64_t> list, std::string spec, std
 CheckpointPolicy parse_one(const std::string& item, std::int64_t layers) {
   if (item == "none") return {};
   if (item == "full") return {Checkpointing::full, {}};
+  if (item == "selective") return {Checkpointing::selective, {}};
   const std::string range = "0-" + std::to_string(layers - 1);
   if (item.rfind("every:", 0) == 0) {
     std::int64_t k = 0;

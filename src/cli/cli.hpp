@@ -62,8 +62,8 @@ struct RunFlags {
 };
 
 // One --checkpointing policy: none, full, every:K, layers:LIST or budget:SIZE (docs/decisions.md,
-// "Which layers are checkpointed"). budget:SIZE stays unresolved (layers.budget > 0) until
-// resolve_checkpoint_budget picks its layers, once the layout is known.
+// "Which layers are checkpointed, and selective recompute"). budget:SIZE stays unresolved
+// (layers.budget > 0) until resolve_checkpoint_budget picks its layers, once the layout is known.
 struct CheckpointPolicy {
   Checkpointing mode = Checkpointing::none;
   CheckpointLayers layers;

@@ -94,11 +94,14 @@ const std::vector<SideOption> kSideOptions = {
          throw InputError("diff " + which + ": optimizer=" + v + "; allowed: adamw, sgd, lomo");
        s.train.optimizer = *o;
      }},
-    {"checkpointing", Kind::profile, "none|full",
+    {"checkpointing", Kind::profile, "none|full|selective",
      [](SideSetup& s, const std::string& v, const std::string& which) {
        const auto m = parse_checkpointing(v);
-       if (!m) throw InputError("diff " + which + ": checkpointing=" + v + "; allowed: none, full");
+       if (!m)
+         throw InputError("diff " + which + ": checkpointing=" + v +
+                          "; allowed: none, full, selective (per-layer policies: --checkpointing)");
        s.train.checkpointing = *m;
+       s.train.checkpoint_layers = {};
      }},
     {"attention", Kind::profile, "eager|flash",
      [](SideSetup& s, const std::string& v, const std::string& which) {

@@ -190,7 +190,8 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
   cmd.add_option("--optimizer", flags.optimizer, "adamw|sgd|lomo")->capture_default_str();
   // Given alone, --checkpointing means "full" (resolve_common maps the empty value).
   cmd.add_option("--checkpointing", flags.checkpointing,
-                 "none|full; the bare flag means full (default: none)")
+                 "none|full|selective|every:K|layers:LIST|budget:SIZE; the bare flag means full "
+                 "(default: none)")
       ->expected(0, 1);  // no default_str: CLI11 would substitute it for the bare flag
   cmd.add_option("--attention", flags.attention, "eager|flash")->capture_default_str();
   cmd.add_option("--profile", flags.profile,

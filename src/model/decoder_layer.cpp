@@ -152,6 +152,9 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
     be->attention_forward(at(LA::attn_out), eager ? at(LA::probs) : nullptr,
                           eager ? nullptr : at_f(LA::lse), at(LA::q), at(LA::k), at(LA::v), b, s, a,
                           k, d, m.window_of(g), R.train.attention);
+  // Selective recompute: the attention core's probabilities go as soon as its output exists
+  // (step 6 of the backward computes them again).
+  if (pass == ActPass::forward && selective_probs(R.train)) A[LA::probs].reset();
   // h_mid = x + attn_out·W_oᵀ.
   if (sp) gath = comm("o_proj.partial");
   through(LA::h_mid);
@@ -302,7 +305,19 @@ void decoder_layer_backward(const LayerRank& R, std::int64_t l, int g, LayerActs
   Tensor d_ao = ws("d_attn_out", {b, s, ad}, D);
   linear_backward(kO, d_ao.data(), dy, at(LA::attn_out), h, ad, 0.f);
   gath.reset();
-  // 6. attention, then RoPE backward in place.
+  // 6. attention, then RoPE backward in place. Under selective recompute the probabilities first
+  // (phase recompute): the attention forward again from q, k, v, its output into a workspace
+  // copy dropped at once (the kernel computes both; the kept attn_out is the same bits).
+  if (selective_probs(R.train)) {
+    auto rc = R.ledger.scope(Phase::recompute);
+    const LayerActSpec& row = layer_act(LA::probs);
+    A[LA::probs] = R.ledger.allocate(row.name, row.category, g, act_shape(row.shape, dm),
+                                     act_dtype(row.dtype, D));
+    Tensor again = ws("attn_out.recomputed", {b, s, ad}, D);
+    if (run)
+      be->attention_forward(again.data(), at(LA::probs), nullptr, at(LA::q), at(LA::k), at(LA::v),
+                            b, s, a, k, d, m.window_of(g), R.train.attention);
+  }
   Tensor d_q = ws("d_q", {b, s, ad}, D);
   Tensor d_k = ws("d_k", {b, s, kd}, D);
   Tensor d_v = ws("d_v", {b, s, kd}, D);

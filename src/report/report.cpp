@@ -320,6 +320,7 @@ json analytic_profile_json(const Estimate& e) {
   }
   j["recompute_activations"] = a.recompute_bytes;
   j[schema::kCheckpointedLayers] = a.checkpointed_layers;
+  if (e.profile == Profile::native) j["recompute_flops"] = e.recompute_flops;
   j["largest_gradient"] =
       json{{"name", e.largest_gradient_name}, {"bytes", e.largest_gradient_bytes}};
   if (e.peak_instant >= 0)
@@ -448,6 +449,8 @@ std::string explain_text(const Estimate& e) {
   o << " = " << gib2(a.total_bytes) << " GiB\n";
   if (!a.recompute.empty())
     o << "recomputed in backward, one layer at a time: " << gib2(a.recompute_bytes) << " GiB\n";
+  if (e.recompute_flops > 0)
+    o << "recompute per step: " << fixed(e.recompute_flops / 1e9, 2) << " GFLOP\n";
   o << "activations_peak = " << gib2(e.figures.activations_peak)
     << " GiB, workspace = " << gib2(e.figures.workspace)
     << " GiB, inputs = " << gib2(e.figures.inputs) << " GiB\n";

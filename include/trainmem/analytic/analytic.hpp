@@ -198,6 +198,9 @@ struct Estimate {
   std::uint64_t param_count = 0;
   std::uint64_t largest_gradient_bytes = 0;  // largest single gradient tensor
   std::string largest_gradient_name;
+  // native: the floating-point operations the checkpointing policy re-runs in backward per
+  // optimizer step on this rank (docs/formulas.md, "Per-layer policies"); 0 without recompute.
+  double recompute_flops = 0;
   // native: the candidate instants, chronological, and the index of the peak one.
   std::vector<Instant> instants;
   int peak_instant = -1;

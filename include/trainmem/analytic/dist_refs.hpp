@@ -62,10 +62,10 @@ ReferenceRank deepspeed_reference(const ModelConfig& model, const TrainConfig& t
 // for --zero >= 1), plus activations. The activation branch follows report_theoretical_memory:
 // the sequence-parallel formula only when sequence_parallel and recompute_granularity ==
 // 'selective', the without-SP formula otherwise. Our --checkpointing maps to
-// recompute_granularity (none -> None, full -> 'full'); Megatron's selective recompute has no
-// counterpart in our runs, so `selective_recompute` opts in to it (InputError with
-// --checkpointing full: Megatron takes one granularity). covers = false with CPU offload (no
-// term for it). Validates the model.
+// recompute_granularity (none -> None, full and the per-layer policies -> 'full', selective ->
+// 'selective'); `selective_recompute` opts in to the selective branch whatever the policy
+// (InputError with a full policy: Megatron takes one granularity). covers = false with CPU
+// offload (no term for it). Validates the model.
 ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& train,
                                  const ParallelConfig& parallel, bool selective_recompute = false);
 

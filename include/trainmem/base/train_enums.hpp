@@ -6,7 +6,9 @@
 namespace trainmem {
 
 enum class Optimizer { adamw, sgd, lomo };
-enum class Checkpointing { none, full };
+// selective: Megatron's selective recompute, the attention core's s² tensors recomputed
+// (docs/decisions.md, "Which layers are checkpointed, and selective recompute").
+enum class Checkpointing { none, full, selective };
 enum class Attention { eager, flash };
 
 }  // namespace trainmem

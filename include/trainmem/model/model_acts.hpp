@@ -174,6 +174,13 @@ constexpr bool layer_acts_consistent() {
 static_assert(detail::layer_acts_consistent(),
               "kLayerActs / kBackwardFreeOrder: rows out of order, or free steps inconsistent");
 
+// Selective recompute (Megatron's: the attention core's s² tensors recomputed) drops the eager
+// `probs` row right after the attention forward and recomputes it at step 6 of the backward;
+// flash keeps no s² tensor, so there it changes nothing (docs/decisions.md).
+constexpr bool selective_probs(const TrainConfig& train) {
+  return train.checkpointing == Checkpointing::selective && train.attention == Attention::eager;
+}
+
 // Whether `pass` allocates the row for `model` under `attention`.
 constexpr bool allocated_in(const LayerActSpec& row, const ModelConfig& model, Attention attention,
                             ActPass pass) {
