@@ -14,9 +14,9 @@ checks exit codes, messages and that nothing hangs (every run has a wall-clock b
                other and the single-rank run, ledgers against the trace -> exit 0
   cli          trainmem profile --backend cpu --world-size N --zero 2 under mpirun -> exit 0,
                rank 0's JSON report of every rank (measured == trace == analytic), losses equal
-               to the single-rank run of the global batch, one timeline per rank; --tp 2 --sp ->
-               measured, the same losses; --pp 2 --microbatches 3 -> measured, the same
-               losses; --offload optimizer+params -> every rank's host bytes the analytic's;
+               to the single-rank run of the global batch, one timeline per rank; --tp 2 --sp
+               --checkpointing layers:1 -> measured, the same losses; --pp 2 --microbatches 3
+               --checkpointing selective -> measured, the same losses; --offload optimizer+params -> every rank's host bytes the analytic's;
                --backend cuda --pp 2 -> measured where every rank has a GPU, else exit 2 naming the device
                or NCCL, once; --world-size not equal to the MPI size ->
                exit 2 saying what to run instead; compare --world-size N: a row per rank,
@@ -239,20 +239,23 @@ def main():
             expect(ok, f"rank {r}'s timeline {path}", out, err)
         shutil.rmtree(tmp, ignore_errors=True)
         if n % 2 == 0:
-            # Tensor parallelism measured: tp 2 (dp n/2), the same global batch's losses.
+            # Tensor parallelism measured: tp 2 (dp n/2), the same global batch's losses; layer 1
+            # alone checkpointed (a per-layer policy: recomputed on every rank, same losses).
             rc, out, err, _ = run(n, base + ["--world-size", str(n), "--tp", "2", "--sp",
-                                             "--format", "json"], threads=1)
+                                             "--checkpointing", "layers:1", "--format", "json"],
+                                  threads=1)
             expect(rc == 0, f"--tp 2 measured: exit {rc}", out, err)
             if rc == 0:
                 doc = json.loads(out)
                 expect(doc.get("all_ranks_match") is True, "tp 2: every rank matches", out)
-                expect_single_losses(a.trainmem, doc, n, "tp 2 sp", out)
+                expect_single_losses(a.trainmem, doc, n, "tp 2 sp layers:1", out)
             # Pipeline stages measured: pp 2 with 3 micro-batches (global batch 3·2·n/2 rows),
             # each rank also fed to the caching allocator model (--allocator): its reserve must
             # equal its stage's meta trace's (the same allocations; all_ranks_match checks it).
             rc, out, err, _ = run(n, base + ["--world-size", str(n), "--pp", "2",
                                              "--microbatches", "3", "--format", "json",
-                                             "--allocator", "pytorch"],
+                                             "--allocator", "pytorch",
+                                             "--checkpointing", "selective"],
                                   threads=1)
             expect(rc == 0, f"--pp 2 measured: exit {rc}", out, err)
             if rc == 0:
@@ -265,7 +268,7 @@ def main():
                            for r in doc["measured_ranks"]),
                        "pp 2 --allocator: every rank's reserve >= allocated >= its ledger peak",
                        out)
-                expect_single_losses(a.trainmem, doc, 3 * n, "pp 2", out)
+                expect_single_losses(a.trainmem, doc, 3 * n, "pp 2 selective", out)
             # Offload measured: the host bytes of every rank equal the analytic's.
             rc, out, err, _ = run(n, base + ["--world-size", str(n), "--zero", "3", "--offload",
                                              "optimizer+params", "--format", "json"], threads=1)

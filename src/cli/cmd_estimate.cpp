@@ -80,7 +80,8 @@ Runner register_estimate(CLI::App& app) {
   cmd->add_flag("--explain", *explain,
                 "Print the per-tensor lists and per-layer formulas with their coefficients");
   cmd->footer(
-      "--optimizer all and --checkpointing both give the whole table (3 optimizers x 2 modes).\n"
+      "--optimizer all and --checkpointing both give the whole table (3 optimizers x 2 modes);\n"
+      "--checkpointing also takes a list of policies (none,selective,every:2,full).\n"
       "Formulas and a worked LLaMA-7B example: docs/formulas.md.");
   return [flags, explain, paper, layout, allocator] {
     Common c = resolve_common(*flags, /*allow_all_optimizers=*/true,
