@@ -196,26 +196,9 @@ report::Table references_table(const std::vector<ComparePair>& pairs, ByteUnit u
   return t;
 }
 
-std::string recompute_words_only(const ComparePair& p);
-
 // What the pair's policy re-runs in backward, in words, with the native profile's FLOPs.
 std::string recompute_words(const ComparePair& p) {
-  const double flops = p.full->native().recompute_flops;
-  return recompute_words_only(p) +
-         (flops > 0 ? ", " + report::fixed(flops / 1e9, 2) + " GFLOP per step" : "");
-}
-
-std::string recompute_words_only(const ComparePair& p) {
-  const TrainConfig& t = p.full->train;
-  if (t.checkpointing == Checkpointing::selective)
-    return t.attention == Attention::eager
-               ? "the attention core (scores, softmax, the product with v) of every layer "
-                 "again during backward"
-               : "nothing with flash attention (no s² tensor to drop)";
-  const std::int64_t L = p.full->model.layers, n = t.checkpointed_count(0, L);
-  return n == L ? "one extra forward of every layer during backward"
-                : "one extra forward of " + std::to_string(n) + " of the " + std::to_string(L) +
-                      " layers during backward";
+  return report::recompute_text(p.full->native());
 }
 
 // One pair's line of "What checkpointing saves and what it costs".

@@ -359,6 +359,13 @@ void write_estimate(ReportWriter& w, const EstimateResult& c, bool explain, bool
   w.table(figures_table(runs));
   w.blank();
   w.line(kLegend);
+  // What each policy re-runs in backward (the native step's; once per policy).
+  for (const auto& r : runs)
+    if (r.train.optimizer == runs.front().train.optimizer)
+      for (const auto& e : r.estimates)
+        if (e.profile == Profile::native)
+          if (const std::string rc = report::recompute_text(e); !rc.empty())
+            w.line("recompute (checkpointing " + checkpointing_name(r.train) + "): " + rc);
   w.figure([&] { return per_layer_chart(runs); });
   write_allocator_table(w, runs);
   if (paper) {

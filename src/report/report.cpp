@@ -401,6 +401,27 @@ Table tensor_table(const Estimate& e) {
   return t;
 }
 
+std::string recompute_text(const Estimate& e) {
+  const TrainConfig& t = e.train;
+  std::string what;
+  if (t.checkpointing == Checkpointing::selective) {
+    if (t.attention != Attention::eager)
+      return "nothing with flash attention (no s² tensor to drop)";
+    what =
+        "the attention core (scores, softmax, the product with v) of every layer again during "
+        "backward";
+  } else {
+    const std::int64_t L = e.model.layers, n = t.checkpointed_count(0, L);
+    if (n == 0) return "";
+    what = n == L ? "one extra forward of every layer during backward"
+                  : "one extra forward of " + std::to_string(n) + " of the " + std::to_string(L) +
+                        " layers during backward";
+  }
+  return what + (e.recompute_flops > 0
+                     ? ", " + fixed(e.recompute_flops / 1e9, 2) + " GFLOP per step"
+                     : std::string());
+}
+
 std::string per_layer_formula(const Estimate& e) {
   const auto& c = e.activations.per_layer;
   std::string out;

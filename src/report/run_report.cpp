@@ -287,6 +287,9 @@ void write_profile(report::ReportWriter& w, const RunResult& r) {
   if (!family.empty()) w.paragraph(family);
   w.banner(backend_line(r));
   w.detail(steps_line(r));
+  if (!r.estimates.empty())
+    if (const std::string rc = report::recompute_text(r.native()); !rc.empty())
+      w.detail("recompute (checkpointing " + checkpointing_name(r.train) + "): " + rc);
   const std::string losses = losses_text(r);
   if (!losses.empty()) w.detail("loss: " + losses);
   if (r.failure) w.alert(failure_lines(*r.failure, r.device_budget, u));

@@ -141,6 +141,10 @@ Table memory_table_bytes(const std::vector<std::string>& key_headers,
 Table tensor_table(const Estimate& e);
 // "32·sbh + 8·sbi + 8·as²b + 8·sb + 2052 B" (omits zero terms).
 std::string per_layer_formula(const Estimate& e);
+// What the native step re-runs in backward under the native estimate's policy, in words, with
+// its FLOPs per step: "one extra forward of 16 of the 32 layers during backward, 123.45 GFLOP
+// per step"; "" without recompute.
+std::string recompute_text(const Estimate& native);
 // Per-layer bytes expressed as one coefficient of s·b·h:
 // c_sbh + c_sbi·i/h + c_as2b·a·s/h + (c_sb + other/(sb))/h. ZeRO's 12 elements are 12·w here.
 double sbh_equivalent(const Estimate& e);
