@@ -384,7 +384,7 @@ TEST(CheckpointPolicy, BudgetPicksTheFewestFirstLayersThatFit) {
     FAIL() << "a budget below every choice resolved";
   } catch (const InputError& e) {
     EXPECT_TRUE(contains(e.what(), "no choice fits") &&
-                contains(e.what(), std::to_string(peak[6]) + " B"))
+                contains(e.what(), "(adamw) is " + std::to_string(peak[6]) + " B"))
         << e.what();
   }
 }

@@ -98,6 +98,26 @@ TEST(CliE2ECheckpointing, BudgetPicksTheFewestFirstLayersThatFit) {
   EXPECT_TRUE(has(tight.err, "budget:1MiB: no choice fits")) << tight.err;
 }
 
+// budget:SIZE is resolved per optimizer: AdamW's states need layers checkpointed where SGD's and
+// LOMO's step already fits.
+TEST(CliE2ECheckpointing, BudgetPicksLayersForEachOptimizer) {
+  const Result r = trainmem(
+      "estimate --model llama-7b --batch 8 --seq 512 --optimizer all --checkpointing "
+      "budget:110GiB --profile native --format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json runs = r.j()["runs"];
+  ASSERT_EQ(runs.size(), 3u);
+  for (const auto& run : runs) {
+    const std::string opt = run["run"]["optimizer"];
+    const std::string name = run["run"]["checkpointing"];
+    EXPECT_LE(u64(run["analytic"]["native"]["peak"]), 110ull << 30) << opt;
+    if (opt == "adamw")
+      EXPECT_TRUE(has(name, "budget:110GiB (layers 0-")) << name;
+    else
+      EXPECT_EQ(name, "budget:110GiB (no layer)") << opt;
+  }
+}
+
 TEST(CliE2ECheckpointing, CompareTakesAListOfPolicies) {
   const Result r = trainmem(
       "compare --model tiny-awkward --batch 2 --seq 24 --backend meta "

@@ -146,9 +146,9 @@ CheckpointPolicy resolve_checkpoint_budget(const CheckpointPolicy& policy, const
     if (last_peak <= budget) return p;
   }
   throw InputError("--checkpointing " + policy.layers.spec + ": no choice fits; with every layer " +
-                   "checkpointed the step's peak is " + std::to_string(last_peak) + " B (" +
-                   format_bytes_human(last_peak) + ") on the worst rank, above the budget of " +
-                   std::to_string(budget) + " B");
+                   "checkpointed the step's peak (" + optimizer_name(train.optimizer) + ") is " +
+                   std::to_string(last_peak) + " B (" + format_bytes_human(last_peak) +
+                   ") on the worst rank, above the budget of " + std::to_string(budget) + " B");
 }
 
 void resolve_checkpointing(Common& c, const ParallelConfig& layout) {

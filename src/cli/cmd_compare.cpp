@@ -127,10 +127,12 @@ int run_compare_layout(const Common& c, const CompareFlags& flags, const Paralle
 int run_compare(const CompareFlags& flags) {
   Common c = resolve_common(flags.common, true, true);
   const ParallelConfig par = resolve_layout(flags.layout, c.model, c.train);
-  resolve_checkpointing(c, par);  // budget:SIZE picks its layers for this layout
   const std::string& be = flags.run.backend;
   check_collectives_flag(flags.launch, par.distributed() && (be == "cpu" || be == "cuda"));
-  if (par.distributed()) return run_compare_layout(c, flags, par);
+  if (par.distributed()) {
+    resolve_checkpointing(c, par);  // budget:SIZE picks its layers for this layout
+    return run_compare_layout(c, flags, par);
+  }
   if (!flags.run.timeline.empty()) validate_timeline_path(flags.run.timeline);
   if (!flags.run.dump.empty())
     throw InputError("--dump: compare runs several steps; use trainmem profile --dump");
@@ -151,7 +153,8 @@ int run_compare(const CompareFlags& flags) {
             (rq.allocator->config.expandable_segments ? "false" : "true")));
       }
       rq.train.optimizer = o;
-      policy.apply(rq.train);
+      // budget:SIZE picks its layers for each optimizer (their states differ).
+      resolve_checkpoint_budget(policy, c.model, rq.train, par).apply(rq.train);
       rq.keep_timeline |= c.format == Format::html;  // the page shows every run's timeline
       check_run_can_start(rq);
       requests.push_back(std::move(rq));

@@ -36,7 +36,8 @@ std::vector<report::EstimateRun> compute(const Common& c, const std::string& all
       report::EstimateRun r;
       r.train = c.train;
       r.train.optimizer = o;
-      m.apply(r.train);
+      // budget:SIZE picks its layers for each optimizer (their states differ).
+      resolve_checkpoint_budget(m, c.model, r.train, ParallelConfig{}).apply(r.train);
       for (Profile p : profiles) r.estimates.push_back(estimate(p, c.model, r.train, c.hf));
       if (!allocator.empty()) {
         // The native step's allocation sequence: its meta trace, fed to the model.
@@ -87,9 +88,9 @@ Runner register_estimate(CLI::App& app) {
     Common c = resolve_common(*flags, /*allow_all_optimizers=*/true,
                               /*allow_both_modes=*/true);
     const ParallelConfig par = resolve_layout(*layout, c.model, c.train);
-    resolve_checkpointing(c, par);  // budget:SIZE picks its layers for this layout
     if (!allocator->empty()) parse_allocator_spec(*allocator);  // bad specs before any trace
     if (par.distributed()) {
+      resolve_checkpointing(c, par);  // budget:SIZE picks its layers for this layout
       check_layout_request(c, *explain, !paper->empty());
       if (!allocator->empty()) {
         // Every distinct rank's step traced on meta and fed to the model: the per-rank report
@@ -120,7 +121,9 @@ Runner register_estimate(CLI::App& app) {
       if (c.format != Format::table && c.format != Format::markdown && c.format != Format::html)
         throw InputError("--paper: allowed with --format table, markdown or html only");
     }
-    const report::EstimateResult result{c.model, c.train, compute(c, *allocator)};
+    std::vector<report::EstimateRun> runs = compute(c, *allocator);
+    // The title shows the first run's configuration (its budget:SIZE resolved).
+    const report::EstimateResult result{c.model, runs.front().train, std::move(runs)};
     // Colour off: estimate's report has no state to colour (and its title was never bold).
     const auto w = report::make_writer(c.format, report::Colour::off);
     report::write_estimate(*w, result, *explain, with_paper);
