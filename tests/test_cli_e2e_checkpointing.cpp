@@ -38,7 +38,9 @@ TEST(CliE2ECheckpointing, EveryKSavesOneLayerSetPerCheckpointedLayer) {
     // position ids; none elsewhere).
     const std::uint64_t S = u64(pn["per_layer_activations"]);
     const std::uint64_t shared = u64(pe["shared_activations"]) - u64(pn["shared_activations"]);
-    if (profile != "hf-eager") EXPECT_EQ(shared, 0u);
+    if (profile != "hf-eager") {
+      EXPECT_EQ(shared, 0u);
+    }
     EXPECT_EQ(u64(pe["activations"]), u64(pn["activations"]) - 8 * (S - X) + shared);
     std::uint64_t in_group = 0;
     for (const auto& t : pe["tensors"])
@@ -111,10 +113,11 @@ TEST(CliE2ECheckpointing, BudgetPicksLayersForEachOptimizer) {
     const std::string opt = run["run"]["optimizer"];
     const std::string name = run["run"]["checkpointing"];
     EXPECT_LE(u64(run["analytic"]["native"]["peak"]), 110ull << 30) << opt;
-    if (opt == "adamw")
+    if (opt == "adamw") {
       EXPECT_TRUE(has(name, "budget:110GiB (layers 0-")) << name;
-    else
+    } else {
       EXPECT_EQ(name, "budget:110GiB (no layer)") << opt;
+    }
   }
 }
 
