@@ -562,9 +562,9 @@ void Stage::layer_instants() {
   const std::uint64_t hw = bytes_of({l.h}, l.w), dw = bytes_of({l.d}, l.w);
   auto lomo = [&](const char* what) { return std::string(lomo_ ? what : ""); };
   // This micro-batch's activations when the first backward layer starts (the head and the sent
-  // `out` gone): before the recompute, and after it.
-  // The first backward layer holds the most: later ones hold what the layers below them keep,
-  // which only shrinks, beside the same set (recomputed or kept) and buffers.
+  // `out` gone; its set recomputed at step 0 when it is checkpointed). It holds the most: later
+  // layers hold what the layers below them keep, which only shrinks, beside the same set and
+  // buffers.
   const std::uint64_t S = sum_bytes(set_);
   const bool ck_last = ck_.back();
   const std::uint64_t A_L =

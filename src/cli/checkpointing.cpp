@@ -51,16 +51,13 @@ CheckpointPolicy parse_one(const std::string& item, std::int64_t layers) {
   }
   if (item.rfind("layers:", 0) == 0) {
     std::vector<std::int64_t> list;
-    std::string rest = item.substr(7);
+    const std::string rest = item.substr(7);
     if (rest.empty())
       throw InputError(
           "--checkpointing layers: give the layers to checkpoint, e.g. layers:0,2-5 "
           "(the model's layers are " +
           range + ")");
-    std::size_t pos = 0;
-    while (pos <= rest.size()) {
-      const std::size_t comma = std::min(rest.find(',', pos), rest.size());
-      const std::string part = rest.substr(pos, comma - pos);
+    for (const std::string& part : split_commas(rest)) {
       const std::size_t dash = part.find('-');
       std::int64_t lo = 0, hi = 0;
       const bool ok = dash == std::string::npos
@@ -75,7 +72,6 @@ CheckpointPolicy parse_one(const std::string& item, std::int64_t layers) {
                          " is out of range; the model has " + std::to_string(layers) + " layers (" +
                          range + ")");
       for (std::int64_t l = lo; l <= hi; ++l) list.push_back(l);
-      pos = comma + 1;
     }
     return per_layer(std::move(list), item, layers);
   }
@@ -102,16 +98,12 @@ std::vector<CheckpointPolicy> parse_checkpoint_policies(const std::string& text,
   }
   // Items are comma-separated; a number (or N-M) continues the layers: list before it.
   std::vector<std::string> items;
-  std::size_t pos = 0;
-  while (pos <= text.size()) {
-    const std::size_t comma = std::min(text.find(',', pos), text.size());
-    const std::string part = text.substr(pos, comma - pos);
+  for (const std::string& part : split_commas(text)) {
     const bool number = !part.empty() && (std::isdigit(static_cast<unsigned char>(part[0])) != 0);
     if (number && !items.empty() && items.back().rfind("layers:", 0) == 0)
       items.back() += "," + part;
     else
       items.push_back(part);
-    pos = comma + 1;
   }
   std::vector<CheckpointPolicy> out;
   for (const auto& item : items) {

@@ -72,6 +72,9 @@ struct CheckpointPolicy {
     t.checkpoint_layers = layers;
   }
 };
+// "a,b,,c" -> {"a", "b", "", "c"} (empty parts kept, for the caller to refuse).
+std::vector<std::string> split_commas(const std::string& s);
+
 // Parses --checkpointing's value for a model of `layers` layers: one policy, or with
 // `allow_list` "both" (none, full) or a comma list of policies ("none,every:2,full"; the
 // numbers after layers: belong to it: "layers:0,3,full" is layers 0 and 3, then full).

@@ -43,19 +43,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> parts;
-  std::size_t start = 0;
-  while (true) {
-    const std::size_t comma = s.find(',', start);
-    parts.push_back(
-        s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return parts;
-}
-
 // A CLI11 check that the path ends in one of the suffixes.
 CLI::Validator suffix_check(std::vector<std::string> suffixes) {
   const std::string allowed = join(suffixes, " or ");
@@ -88,6 +75,19 @@ std::string model_argument(const std::string& model) {
 }
 
 }  // namespace
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = s.find(',', start);
+    parts.push_back(
+        s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return parts;
+}
 
 void check_writable(const std::string& path, const std::string& flag) {
   if (path.empty()) throw InputError(flag + ": empty path");

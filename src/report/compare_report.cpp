@@ -196,11 +196,6 @@ report::Table references_table(const std::vector<ComparePair>& pairs, ByteUnit u
   return t;
 }
 
-// What the pair's policy re-runs in backward, in words, with the native profile's FLOPs.
-std::string recompute_words(const ComparePair& p) {
-  return report::recompute_text(p.full->native());
-}
-
 // One pair's line of "What checkpointing saves and what it costs".
 std::string saving_line(const ComparePair& p, ByteUnit u) {
   std::ostringstream o;
@@ -229,9 +224,10 @@ std::string saving_line(const ComparePair& p, ByteUnit u) {
   if (!std::isnan(cost)) {
     o << "measured cost: step " << report::fixed(p.none->steady_step_seconds(), 3) << " s -> "
       << report::fixed(p.full->steady_step_seconds(), 3) << " s (" << (cost >= 0 ? "+" : "")
-      << report::fixed(100 * cost, 1) << "%: " << recompute_words(p) << ")";
+      << report::fixed(100 * cost, 1) << "%: " << report::recompute_text(p.full->native()) << ")";
   } else if (!p.none->computes) {
-    o << "cost: " << recompute_words(p) << " (not timed: the meta backend does no arithmetic)";
+    o << "cost: " << report::recompute_text(p.full->native())
+      << " (not timed: the meta backend does no arithmetic)";
   } else {
     o << "cost: not measured (a run failed)";
   }
