@@ -403,6 +403,7 @@ COMMON_FLAGS = {
     "--optimizer": lambda rng: rng.choice(["adamw", "sgd", "lomo", "all", "adam", ""]),
     "--checkpointing": lambda rng: checkpointing_text(rng),
     "--attention": lambda rng: rng.choice(["eager", "flash", "sdpa", ""]),
+    "--offload-activations": lambda rng: None,
     "--profile": lambda rng: rng.choice(["native", "all", "hf-sdpa", "hf-eager,zero", ",", "x",
                                          "native,native", ""]),
     "--hf-version": lambda rng: rng.choice(["4.28", "4.30", "5.25", "9.9", "", "4", "x.y",
@@ -491,7 +492,8 @@ def pick(rng, table, k):
     names = sorted(table)
     out = []
     for name in rng.sample(names, min(k, len(names))):
-        out += [name, table[name](rng)]
+        value = table[name](rng)
+        out += [name] if value is None else [name, value]  # None: a flag without a value
     return out
 
 

@@ -266,6 +266,45 @@ TEST(PoliciesGpu, PerLayerAndSelectiveSameBitsAndLedgerAsPlanned) {
   }
 }
 
+// --offload-activations on the device: the copies through host memory give the same bits as the
+// step that keeps everything on the device, and both ledgers are the meta trace's.
+TEST(OffloadGpu, SameBitsAndBothLedgersAsPlanned) {
+  require_cuda_device();
+  const ModelConfig m = preset("tiny-awkward");  // 3 layers
+  TrainConfig plain =
+      train(2, 29, DType::bf16, Optimizer::adamw, Checkpointing::none, Attention::eager);
+  TrainConfig off = plain;
+  off.offload_activations = true;
+  GradMap grads[2];
+  float loss[2];
+  const TrainConfig* configs[2] = {&plain, &off};
+  for (int k = 0; k < 2; ++k) {
+    ModelRun r(BackendKind::cuda, m, *configs[k]);
+    r.model->init_random(11);
+    r.model->random_tokens(5);
+    loss[k] = r.model->train_step(
+        [&](const Parameter& p, const std::vector<float>& g) { grads[k][p.name] = g; });
+    ModelRun meta(BackendKind::meta, m, *configs[k]);
+    meta.model->train_step();
+    const MemoryFigures fg = measured_figures(*r.ledger), fm = measured_figures(*meta.ledger);
+    EXPECT_EQ(fg.activations, fm.activations) << k;
+    EXPECT_EQ(fg.peak, fm.peak) << k;
+    EXPECT_EQ(fg.peak_breakdown, fm.peak_breakdown) << k;
+    if (k == 1) {
+      ASSERT_NE(r.model->host_ledger(), nullptr);
+      EXPECT_EQ(r.model->host_ledger()->peak_total().bytes,
+                meta.model->host_ledger()->peak_total().bytes);
+      EXPECT_EQ(r.model->offload_transfer_bytes(), meta.model->offload_transfer_bytes());
+    }
+  }
+  EXPECT_EQ(std::memcmp(&loss[0], &loss[1], 4), 0) << loss[0] << " vs " << loss[1];
+  for (const auto& [name, g] : grads[0]) {
+    const auto& h = grads[1].at(name);
+    ASSERT_EQ(g.size(), h.size());
+    EXPECT_EQ(std::memcmp(g.data(), h.data(), g.size() * 4), 0) << name;
+  }
+}
+
 // ---------------------------------------------------------------- cuda ledger == meta ledger
 
 struct LedgerCase {

@@ -109,7 +109,8 @@ TEST(ReportSchema, TheKeysAreTheDocumentedOnes) {
   const std::vector<std::string> shape(schema::kRunShape.begin(), schema::kRunShape.end());
   EXPECT_EQ(shape, (std::vector<std::string>{"batch", "seq", "dtype"}));
   const std::vector<std::string> setup(schema::kRunSetup.begin(), schema::kRunSetup.end());
-  EXPECT_EQ(setup, (std::vector<std::string>{"optimizer", "checkpointing", "attention"}));
+  EXPECT_EQ(setup, (std::vector<std::string>{"optimizer", "checkpointing", "attention",
+                                             "offload_activations"}));
 
   // What the writer writes is what the tables say, and nothing the reader reads is missing.
   const Estimate e = distinct_estimate();

@@ -430,6 +430,10 @@ Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& 
       analytic_detail::build_zero(est);
       break;
   }
+  if (train.offload_activations && profile != Profile::native)
+    est.notes.push_back(
+        "activation offload is modelled for trainmem's own step (native) only: "
+        "these figures keep every activation on the device");
   auto& f = est.figures;
   f.sum = analytic_detail::csum({f.params, f.gradients, f.optimizer_states, f.activations}, "sum");
   return est;

@@ -204,12 +204,15 @@ class Stage {
         last_(index == p.pp - 1),
         lomo_(t.optimizer == Optimizer::lomo),
         sel_(t.checkpointing == Checkpointing::selective && t.attention == Attention::eager),
-        Ls_(m.layers / p.pp) {
+        Ls_(m.layers / p.pp),
+        off_(t.offload_activations && Ls_ >= 2) {
     // Which of the stage's layers are checkpointed (the global index of local layer k is
     // index·Ls + k); `full_`: every one of them.
     for (std::int64_t k = 0; k < Ls_; ++k) ck_.push_back(t.checkpointed(index * Ls_ + k));
     ck_count_ = std::count(ck_.begin(), ck_.end(), true);
     full_ = Ls_ > 0 && ck_count_ == Ls_;
+    if (t.offload_activations && p.distributed())
+      throw Error("analytic native: activation offload is modelled on one GPU only");
     if (lomo_ && p.distributed())
       throw Error("analytic native: LOMO is modelled on one GPU only (ParallelConfig::resolve)");
     r_.stage = index;
@@ -265,6 +268,10 @@ class Stage {
   // recomputed at backward step 6 (flash keeps no s² tensor: selective changes nothing there).
   const bool sel_;
   const std::int64_t Ls_;
+  // --offload-activations with two layers or more (one layer has nothing to offload): layer k's
+  // offload set O_k (its input and what it keeps, `out` excepted: keeps(k) bytes) leaves the
+  // device after layer k+1's forward and comes back at the start of layer k+1's backward.
+  const bool off_;
   std::vector<bool> ck_;  // per local layer: checkpointed
   std::int64_t ck_count_ = 0;
   bool full_ = false;
@@ -280,6 +287,14 @@ class Stage {
     std::uint64_t t = l_.X;
     for (std::int64_t j = 0; j < k; ++j) t = checked_add(t, keeps(j), "activations");
     return t;
+  }
+  // Offload: the layer whose predecessor's set is the largest (the first such in the order
+  // `from`, `to` with step `dir`); both its forward and its backward hold that set beside its own.
+  std::int64_t largest_predecessor(std::int64_t from, std::int64_t to, int dir) const {
+    std::int64_t best = from;
+    for (std::int64_t k = from; k != to + dir; k += dir)
+      if (keeps(k - 1) > keeps(best - 1)) best = k;
+    return best;
   }
   RankEstimate r_;
   GatherPlan gather_;
@@ -446,6 +461,16 @@ void Stage::activations() {
     acts.inputs.push_back(entry(g_, "targets", "(b,s)", "int32", l.bs4, Term::sb, "cross-entropy",
                                 "next-token labels (-1 at each row's end)"));
   finish(acts, Ls_);
+  if (off_) {
+    // On the host at the end of forward: O_0 .. O_{L-2}, the sum of keeps(k) over those layers
+    // (each O_k is x_k and layer k's keep less its `out`, which is x_{k+1}: the x's telescope).
+    std::uint64_t host = 0;
+    for (std::int64_t k = 0; k + 1 < Ls_; ++k) host = checked_add(host, keeps(k), "offload");
+    acts.offloaded_bytes = host;
+    acts.total_bytes = csub(acts.total_bytes, host, "offloaded activations");
+    r_.est.offload_host_bytes = host;
+    r_.est.offload_transfer_bytes = checked_mul(2, host, "offload transfer bytes");
+  }
   inputs_ = sum_bytes(acts.inputs);
   // A non-last stage frees its last layer's `out` once sent.
   mb_ = last_ ? acts.total_bytes : csub(acts.total_bytes, l.X, "stage output");
@@ -499,7 +524,7 @@ void Stage::forward_instants() {
     while (!ck_[u(last_ck)]) --last_ck;
     if (last_ck < Ls_ - window_layers) ks.push_back(last_ck);
   }
-  if (ck_count_ > 0 || sel_ || p_.sp || p_.zero == 3 || !last_)
+  if (ck_count_ > 0 || sel_ || p_.sp || p_.zero == 3 || !last_ || off_)
     for (std::int64_t k = std::max<std::int64_t>(0, Ls_ - window_layers); k < Ls_; ++k)
       ks.push_back(k);
   // Selective: the layer's rows up to attn_out, probs among them, when attn_out is allocated.
@@ -508,15 +533,24 @@ void Stage::forward_instants() {
     through_attn = checked_add(through_attn, e.bytes, "activations");
     if (e.name == "attn_out") break;
   }
+  if (off_) {
+    // Offload: layer k's forward holds O_{k-1} (still being copied out), its input x_k and its
+    // own set; every earlier layer is on the host. The largest O_{k-1} decides, the first such k.
+    ks.assign(1, largest_predecessor(1, Ls_ - 1, 1));
+  }
+  // What is alive before local layer k's own rows: the stage input and the earlier layers' keeps
+  // (offload: O_{k-1} and x_k).
+  auto before = [&](std::int64_t k) { return off_ ? csum({keeps(k - 1), l.X}) : kept_before(k); };
   for (std::int64_t k : ks) {
     if (sel_)
       at("forward: layer " + layer_name(k) + " attn_out allocated (probs alive)",
-         csum({kept_before(k), through_attn}), C, 0, u(k) + 1, G0);
+         csum({before(k), through_attn}), C, 0, u(k) + 1, G0);
     at("forward: layer " + layer_name(k) + " `out` allocated" +
            (p_.sp       ? " (down partial alive)"
             : ck_[u(k)] ? " (its other tensors not yet freed)"
-                        : ""),
-       csum({kept_before(k), csub(S, dropped(), "selective")}), C, sg, u(k) + 1, G0);
+                        : "") +
+           (off_ ? " (layer " + layer_name(k - 1) + "'s set still being offloaded)" : ""),
+       csum({before(k), csub(S, dropped(), "selective")}), C, sg, u(k) + 1, G0);
   }
 }
 
@@ -565,11 +599,18 @@ void Stage::layer_instants() {
   // `out` gone; its set recomputed at step 0 when it is checkpointed). It holds the most: later
   // layers hold what the layers below them keep, which only shrinks, beside the same set and
   // buffers.
+  // Offload: each layer's backward holds the set of the layer below, prefetched (O_{k-1}), beside
+  // its own rows and input, so the layer above the largest O decides (the first such in backward
+  // order); layer 0 prefetches nothing.
   const std::uint64_t S = sum_bytes(set_);
-  const bool ck_last = ck_.back();
+  const std::int64_t kb = off_ ? largest_predecessor(Ls_ - 1, 1, -1) : Ls_ - 1;
+  const bool ck_last = ck_[u(kb)];
   const std::uint64_t A_L =
-      csub(csum({kept_before(Ls_ - 1), S}), csum({l.X, dropped()}), "the first backward layer");
-  const std::string Lb = "backward layer " + layer_name(Ls_ - 1) + " ";
+      off_ ? csub(csum({keeps(kb - 1), S}), dropped(), "the offloaded backward layer")
+           : csub(csum({kept_before(Ls_ - 1), S}), csum({l.X, dropped()}),
+                  "the first backward layer");
+  const std::string Lb =
+      "backward layer " + layer_name(kb) + (off_ ? " (layer below prefetched) " : " ");
   if (ck_last) at(Lb + "step 0: recompute done", A_L, csum({C, l.X}), 0, pos, grads(0));
   at(Lb + "step 1: d_act" + lomo(" + down_proj gradient") + (sp ? " (d_residual gathered)" : ""),
      A_L, csum({C, l.X, l.bsi}), sg, pos, grads(ih));
@@ -658,6 +699,17 @@ void Stage::figures() {
   }
   fg.peak = best;
   fg.peak_breakdown = est.instants[est.peak_instant].bytes;
+  if (off_)
+    est.notes.push_back(
+        "activation offload: layers 0 to L-2 copy their saved tensors and input to host memory "
+        "after the next layer's forward and get them back one layer ahead in backward; the "
+        "device holds two layers' sets at most, the host " +
+        std::to_string(est.offload_host_bytes) + " B at the end of forward; " +
+        std::to_string(est.offload_transfer_bytes) + " B cross the bus per step");
+  else if (t_.offload_activations)
+    est.notes.push_back(
+        "activation offload: one layer has nothing to offload (the last layer's "
+        "set is used at once by the backward)");
   fg.sum = csum({fg.params, fg.gradients, fg.optimizer_states, fg.activations}, "sum");
 
   est.label = p_.distributed() ? "trainmem's sharded step (docs/distributed.md), " + p_.describe() +
@@ -722,6 +774,8 @@ void build_native(Estimate& est) {
   est.label = r.est.label;
   est.notes = r.est.notes;
   est.recompute_flops = r.est.recompute_flops;
+  est.offload_host_bytes = r.est.offload_host_bytes;
+  est.offload_transfer_bytes = r.est.offload_transfer_bytes;
 }
 
 }  // namespace trainmem::analytic_detail

@@ -34,6 +34,7 @@ struct CommonFlags {
   std::string optimizer = "adamw";     // adamw|sgd|lomo (|all where a command allows)
   std::string checkpointing = "none";  // none|full (|both); the bare flag means full
   std::string attention = "eager";     // eager|flash
+  bool offload_activations = false;    // --offload-activations (native step, one GPU)
   std::string profile = "all";         // native|hf-eager|megatron|zero|hf-sdpa|all (comma list)
   // The HF profiles' semantics: a transformers release and a PyTorch release (each mapped to
   // its era; "" = the profile's default), the training loop, use_cache.

@@ -313,7 +313,7 @@ int run_diff(const DiffFlags& flags, const CLI::App& cmd) {
   if (pa.spec.kind == Kind::report && pb.spec.kind == Kind::report) {
     std::vector<std::string> ignored;
     for (const char* f : {"--model", "--batch", "--seq", "--dtype", "--optimizer",
-                          "--checkpointing", "--attention"})
+                          "--checkpointing", "--attention", "--offload-activations"})
       if (cmd.count(f) > 0) ignored.push_back(f);
     if (!ignored.empty())
       spdlog::warn("{}: ignored, both sides are reports (the flags apply to profile sides)",

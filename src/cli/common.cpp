@@ -194,6 +194,10 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
                  "(default: none)")
       ->expected(0, 1);  // no default_str: CLI11 would substitute it for the bare flag
   cmd.add_option("--attention", flags.attention, "eager|flash")->capture_default_str();
+  cmd.add_flag("--offload-activations", flags.offload_activations,
+               "Copy what each layer but the last saves for backward to host memory after the "
+               "next layer's forward, prefetched one layer ahead in backward (trainmem's own "
+               "step on one GPU; docs/formulas.md, Activation offload)");
   cmd.add_option("--profile", flags.profile,
                  "Analytic profiles: " + join(kProfiles, "|") + "|all (" + join(kAllProfiles, ",") +
                      "), or a comma list")
@@ -343,6 +347,7 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
     throw InputError("--attention: unknown attention '" + flags.attention +
                      "'; allowed: eager, flash");
   c.train.attention = *attention;
+  c.train.offload_activations = flags.offload_activations;
 
   for (const auto& p : split_commas(flags.profile)) {
     std::vector<std::string> expanded;

@@ -63,7 +63,8 @@ std::string title(const EstimateResult& c, const std::vector<EstimateRun>& runs)
   o << "trainmem estimate: " << c.model.name << " ("
     << report::fixed(static_cast<double>(runs.front().estimates.front().param_count) / 1e9, 2)
     << " B params), batch " << t.batch << ", seq " << t.seq << ", " << dtype_name(t.dtype)
-    << ", attention " << attention_name(t.attention);
+    << ", attention " << attention_name(t.attention)
+    << (t.offload_activations ? ", activations offloaded" : "");
   if (!several(runs))
     o << ", " << optimizer_name(t.optimizer) << ", checkpointing " << checkpointing_name(t);
   o << "  (GiB = 2^30 bytes)";
@@ -366,6 +367,10 @@ void write_estimate(ReportWriter& w, const EstimateResult& c, bool explain, bool
         if (e.profile == Profile::native)
           if (const std::string rc = report::recompute_text(e); !rc.empty())
             w.line("recompute (checkpointing " + checkpointing_name(r.train) + "): " + rc);
+  for (const auto& e : runs.front().estimates)
+    if (e.profile == Profile::native)
+      if (const std::string off = report::offload_text(e); !off.empty())
+        w.line("activation offload (native): " + off);
   w.figure([&] { return per_layer_chart(runs); });
   write_allocator_table(w, runs);
   if (paper) {

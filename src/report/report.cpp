@@ -248,7 +248,8 @@ json run_json(const TrainConfig& t, const std::string& backend, int steps) {
          {key::kDtype, dtype_name(t.dtype)},
          {key::kOptimizer, optimizer_name(t.optimizer)},
          {key::kCheckpointing, checkpointing_name(t)},
-         {key::kAttention, attention_name(t.attention)}};
+         {key::kAttention, attention_name(t.attention)},
+         {key::kOffloadActivations, t.offload_activations}};
   j[key::kBackend] = backend.empty() ? json(nullptr) : json(backend);
   j[key::kSteps] = steps < 0 ? json(nullptr) : json(steps);
   return j;
@@ -320,7 +321,12 @@ json analytic_profile_json(const Estimate& e) {
   }
   j["recompute_activations"] = a.recompute_bytes;
   j[schema::kCheckpointedLayers] = a.checkpointed_layers;
-  if (e.profile == Profile::native) j["recompute_flops"] = e.recompute_flops;
+  if (e.profile == Profile::native) {
+    j["recompute_flops"] = e.recompute_flops;
+    j["offloaded_activations"] = a.offloaded_bytes;
+    j["offload_host_bytes"] = e.offload_host_bytes;
+    j["offload_transfer_bytes"] = e.offload_transfer_bytes;
+  }
   j["largest_gradient"] =
       json{{"name", e.largest_gradient_name}, {"bytes", e.largest_gradient_bytes}};
   if (e.peak_instant >= 0)
@@ -422,6 +428,16 @@ std::string recompute_text(const Estimate& e) {
                      : std::string());
 }
 
+std::string offload_text(const Estimate& e) {
+  if (!e.train.offload_activations) return "";
+  if (e.offload_transfer_bytes == 0)
+    return "nothing (one layer: its set is used at once by the backward)";
+  const std::int64_t last = e.model.layers - 2;
+  return (last == 0 ? std::string("layer 0") : "layers 0-" + std::to_string(last)) +
+         " on the host: " + format_bytes_human(e.offload_host_bytes) + " at the end of forward, " +
+         format_bytes_human(e.offload_transfer_bytes) + " copied per step (to the host and back)";
+}
+
 std::string per_layer_formula(const Estimate& e) {
   const auto& c = e.activations.per_layer;
   std::string out;
@@ -454,7 +470,8 @@ std::string explain_text(const Estimate& e) {
   std::ostringstream o;
   o << "== " << profile_name(e.profile) << ": " << e.label << "\n";
   o << "   " << optimizer_name(t.optimizer) << ", checkpointing " << checkpointing_name(t)
-    << ", attention " << attention_name(t.attention) << ", " << dtype_name(t.dtype) << "\n";
+    << ", attention " << attention_name(t.attention) << ", " << dtype_name(t.dtype)
+    << (t.offload_activations ? ", activations offloaded" : "") << "\n";
   o << "per layer (bytes) = " << per_layer_formula(e) << "\n";
   o << "                  = " << with_commas(a.per_layer_bytes)
     << " B = " << gib2(a.per_layer_bytes) << " GiB per layer  (= " << coef(sbh_equivalent(e))
@@ -467,7 +484,10 @@ std::string explain_text(const Estimate& e) {
   if (ckpt > 0) o << " + " << ckpt << " checkpointed layers × " << gib2(a.layer_checkpointed_bytes);
   o << " + shared " << gib2(a.shared_bytes) << " + head " << gib2(a.head_bytes);
   if (!a.loop.empty()) o << " + loop " << gib2(a.loop_bytes);
+  if (a.offloaded_bytes > 0) o << " − offloaded " << gib2(a.offloaded_bytes);
   o << " = " << gib2(a.total_bytes) << " GiB\n";
+  if (const std::string off = offload_text(e); !off.empty())
+    o << "activation offload: " << off << "\n";
   if (!a.recompute.empty())
     o << "recomputed in backward, one layer at a time: " << gib2(a.recompute_bytes) << " GiB\n";
   if (e.recompute_flops > 0)

@@ -65,6 +65,10 @@ json run_result_json(const RunResult& r) {
         r.activations_by_layer.begin() + 1, r.activations_by_layer.end()));
     led["outside_layers_activations"] = r.activations_by_layer[0];
   }
+  if (r.train.offload_activations) {
+    led["offload_host_peak"] = r.offload_host_peak;
+    led["offload_transfer_bytes"] = r.offload_transfer_bytes;
+  }
   led["peak_at"] = json{{"phase", phase_name(r.peak.phase)},
                         {"tensor", r.peak.tensor},
                         {"layer", r.peak.layer},

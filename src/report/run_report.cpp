@@ -290,6 +290,11 @@ void write_profile(report::ReportWriter& w, const RunResult& r) {
   if (!r.estimates.empty())
     if (const std::string rc = report::recompute_text(r.native()); !rc.empty())
       w.detail("recompute (checkpointing " + checkpointing_name(r.train) + "): " + rc);
+  if (!r.estimates.empty())
+    if (const std::string off = report::offload_text(r.native()); !off.empty())
+      w.detail("activation offload (native): " + off + "; measured: host peak " +
+               format_bytes_with_unit(r.offload_host_peak, u) + ", copied " +
+               format_bytes_with_unit(r.offload_transfer_bytes, u));
   const std::string losses = losses_text(r);
   if (!losses.empty()) w.detail("loss: " + losses);
   if (r.failure) w.alert(failure_lines(*r.failure, r.device_budget, u));

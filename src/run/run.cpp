@@ -259,7 +259,13 @@ void read_ledger(const RunRequest& rq, RunRig& rig, std::uint64_t step_first_seq
     r.allocator_shadows = rig.modelled()->shadow_results();
   }
   r.dropped_events = ledger.dropped_events();
-  if (rig.model()) r.activations_by_layer = rig.model()->activations_by_layer();
+  if (rig.model()) {
+    r.activations_by_layer = rig.model()->activations_by_layer();
+    if (const Ledger* host = rig.model()->host_ledger()) {
+      r.offload_host_peak = host->peak_total().bytes;
+      r.offload_transfer_bytes = rig.model()->offload_transfer_bytes();
+    }
+  }
   const int last_step = r.failure ? r.failure->step : r.steps_done;
   for (const TensorRecord& t : ledger.tensors())
     if (t.step == 0 || t.step == last_step) r.tensors.push_back(t);
@@ -310,8 +316,14 @@ std::vector<ReconciliationRow> reconcile_ledger_native(const RunResult& r) {
       {"inputs", {m.inputs, a.inputs}},
       {"sum", {m.sum, a.sum}},
       {"peak", {m.peak, a.peak}}};
+  auto all = rows;
+  if (r.train.offload_activations) {  // the host ledger against the closed form
+    const Estimate& n = r.native();
+    all.push_back({"offload_host", {r.offload_host_peak, n.offload_host_bytes}});
+    all.push_back({"offload_transfer", {r.offload_transfer_bytes, n.offload_transfer_bytes}});
+  }
   std::vector<ReconciliationRow> out;
-  for (const auto& [name, v] : rows) {
+  for (const auto& [name, v] : all) {
     ReconciliationRow row;
     row.category = name;
     row.measured = v.first;
@@ -385,7 +397,8 @@ std::string run_title(const ModelConfig& m, const TrainConfig& t) {
   std::ostringstream o;
   o << m.name << "  b=" << t.batch << " s=" << t.seq << " " << dtype_name(t.dtype) << " "
     << optimizer_name(t.optimizer) << "  checkpointing=" << checkpointing_name(t)
-    << " attention=" << attention_name(t.attention);
+    << " attention=" << attention_name(t.attention)
+    << (t.offload_activations ? " offload-activations" : "");
   return o.str();
 }
 

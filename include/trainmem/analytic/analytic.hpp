@@ -167,8 +167,11 @@ struct ActivationBreakdown {
   std::int64_t layers = 0;
   // embedding + (layers − windowed_layers − checkpointed_layers)·per_layer
   // + windowed_layers·layer_windowed + checkpointed_layers·layer_checkpointed + shared + head
-  // + loop (= MemoryFigures::activations)
+  // + loop − offloaded (= MemoryFigures::activations: what is on the device)
   std::uint64_t total_bytes = 0;
+  // --offload-activations (native): what the layers but the last keep in host memory at the end
+  // of forward, their inputs included (docs/formulas.md, "Activation offload"); 0 otherwise.
+  std::uint64_t offloaded_bytes = 0;
 };
 
 // One parameter tensor (HuggingFace name, shape, element count).
@@ -201,6 +204,10 @@ struct Estimate {
   // native: the floating-point operations the checkpointing policy re-runs in backward per
   // optimizer step on this rank (docs/formulas.md, "Per-layer policies"); 0 without recompute.
   double recompute_flops = 0;
+  // native, --offload-activations: the host bytes the offloaded activations peak at (the end of
+  // forward), and the bytes copied per optimizer step, device to host and back (2 × that).
+  std::uint64_t offload_host_bytes = 0;
+  std::uint64_t offload_transfer_bytes = 0;
   // native: the candidate instants, chronological, and the index of the peak one.
   std::vector<Instant> instants;
   int peak_instant = -1;

@@ -101,6 +101,10 @@ struct TrainConfig {
   Checkpointing checkpointing = Checkpointing::none;
   CheckpointLayers checkpoint_layers;  // which layers, under checkpointing full
   Attention attention = Attention::eager;
+  // --offload-activations (issue 30; docs/native-plan.md, "Activation offload"): what each layer
+  // but the last saves for its backward is copied to host memory after the next layer's forward
+  // and prefetched one layer ahead in backward. trainmem's own step (one GPU) only.
+  bool offload_activations = false;
   void validate() const;  // batch >= 1, seq >= 2 (the loss needs a next token)
   // Whether global layer `layer` keeps only its input and is recomputed in backward.
   bool checkpointed(std::int64_t layer) const;

@@ -39,6 +39,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -145,8 +146,14 @@ class LlamaModel : private LayerHost {
   const std::vector<std::int32_t>& tokens() const { return host_tokens_; }
   // Activation bytes alive at the end of the last forward, by layer: [0] outside the layers
   // (embedding output, head), [l + 1] layer l.
+  // (Under --offload-activations both places count: device and host.)
   const std::vector<std::uint64_t>& activations_by_layer() const { return act_by_layer_; }
   ParameterOptimizer& optimizer() { return opt_; }
+  // --offload-activations: the host ledger the offloaded copies live in (nullptr otherwise; its
+  // peaks restart with each step), and the bytes copied each way in the last step (device to host
+  // in forward, host to device in backward: each equals the host peak).
+  const Ledger* host_ledger() const { return host_ledger_.get(); }
+  std::uint64_t offload_transfer_bytes() const { return transfer_bytes_; }
 
  private:
   Parameter& P(std::size_t i) { return params_[i]; }
@@ -166,6 +173,13 @@ class LlamaModel : private LayerHost {
   void upload_inputs();
   void forward();
   void backward(const GradientCapture& capture);
+  // Activation offload (docs/native-plan.md, "Activation offload"). O_l, the offload set of
+  // layer l < L-1: its input x_l and the rows it keeps for its backward, `out` excepted (x_{l+1}).
+  bool offloads(int l) const { return host_ledger_ && l + 1 < cfg_.layers; }
+  void offload_to_host(int l);     // forward, after layer l: O_l copied into the host ledger
+  void free_offloaded(int l);      // forward, after layer l+1: O_l's device tensors freed
+  void prefetch_to_device(int l);  // backward, before layer l+1's: O_l allocated and copied back
+  void free_host_copies(int l);    // backward, after layer l+1's: O_l's host copies freed
   // The decoder layer's view of this run (world size 1) and its LayerHost side.
   LayerRank layer_rank();
   const void* weight(std::int64_t l, int slot) override;
@@ -208,6 +222,21 @@ class LlamaModel : private LayerHost {
   HeadObserver head_observer_;
   const GradientCapture* capture_ = nullptr;  // backward's, for grad_done
   std::vector<std::uint64_t> act_by_layer_;
+
+  // --offload-activations: the host allocator and ledger, each layer's offloaded tensors (the
+  // device slot, what to allocate it as again, and the host copy), the bytes moved this step.
+  struct Offloaded {
+    Tensor* slot;
+    const char* name;
+    int layer;
+    std::vector<std::int64_t> shape;
+    DType dtype;
+    Tensor host;
+  };
+  std::unique_ptr<Allocator> host_allocator_;
+  std::unique_ptr<Ledger> host_ledger_;
+  std::vector<std::vector<Offloaded>> offloaded_;
+  std::uint64_t transfer_bytes_ = 0;
 
   // Forward state kept for backward.
   Tensor embed_out_;

@@ -145,6 +145,10 @@ std::string per_layer_formula(const Estimate& e);
 // its FLOPs per step: "one extra forward of 16 of the 32 layers during backward, 123.45 GFLOP
 // per step"; "" without recompute.
 std::string recompute_text(const Estimate& native);
+// --offload-activations, the native estimate's host side in words: "layers 0-30 on the host:
+// 19.44 GiB at the end of forward, 38.87 GiB copied per step (to the host and back)"; ""
+// without offload.
+std::string offload_text(const Estimate& native);
 // Per-layer bytes expressed as one coefficient of s·b·h:
 // c_sbh + c_sbi·i/h + c_as2b·a·s/h + (c_sb + other/(sb))/h. ZeRO's 12 elements are 12·w here.
 double sbh_equivalent(const Estimate& e);

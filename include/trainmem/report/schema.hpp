@@ -85,6 +85,7 @@ constexpr const char* kDtype = "dtype";
 constexpr const char* kOptimizer = "optimizer";
 constexpr const char* kCheckpointing = "checkpointing";
 constexpr const char* kAttention = "attention";
+constexpr const char* kOffloadActivations = "offload_activations";  // bool
 constexpr const char* kBackend = "backend";  // null when nothing ran (estimate)
 constexpr const char* kSteps = "steps";      // null when nothing ran
 }  // namespace run_key
@@ -94,10 +95,11 @@ inline constexpr std::array<const char*, 3> kRunShape{{
     run_key::kSeq,
     run_key::kDtype,
 }};
-inline constexpr std::array<const char*, 3> kRunSetup{{
+inline constexpr std::array<const char*, 4> kRunSetup{{
     run_key::kOptimizer,
     run_key::kCheckpointing,
     run_key::kAttention,
+    run_key::kOffloadActivations,
 }};
 
 // ---------------------------------------------------------------- figures

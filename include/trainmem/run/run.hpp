@@ -103,6 +103,10 @@ struct RunResult {
   PeakInfo peak;  // bytes, breakdown, phase, tensor, layer
   std::array<std::uint64_t, kNumPhases> phase_peaks{};
   std::vector<std::uint64_t> activations_by_layer;  // [0] outside the layers, [l+1] layer l
+  // --offload-activations: the host ledger's peak in the last step (the offloaded copies) and the
+  // bytes copied device to host and back in it; 0 otherwise.
+  std::uint64_t offload_host_peak = 0;
+  std::uint64_t offload_transfer_bytes = 0;
   std::uint64_t events = 0, dropped_events = 0;
   std::vector<TensorRecord> tensors;  // setup and the last step
   std::optional<TimelineData> timeline;
