@@ -189,5 +189,44 @@ TEST(CliE2ECheckpointing, BadPoliciesExitTwoNamingTheFlag) {
   }
 }
 
+// maxbatch with a list of policies: one search per policy, each the answer maxbatch gives for
+// that policy alone, with the recompute FLOPs of the native step at that size; one GPU and a
+// layout of several.
+TEST(CliE2ECheckpointing, MaxbatchSearchesEachPolicyOfAList) {
+  // One GPU (no device: no overhead added) and two ranks (the stated per-GPU overheads added).
+  for (const std::string layout : {" --budget 256MiB", " --budget 1GiB --world-size 2 --zero 3"}) {
+    SCOPED_TRACE(layout);
+    const std::string base =
+        "maxbatch --model small-256 --batch 2 --vary seq --step 64 --format json" + layout;
+    const Result all = trainmem(base + " --checkpointing none,selective,every:2,full");
+    ASSERT_EQ(all.code, 0) << all.err;
+    const json j = all.j();
+    ASSERT_EQ(j["policies"].size(), 4u);
+    std::int64_t none_best = 0;
+    for (const auto& p : j["policies"]) {
+      const std::string name = p["checkpointing"].get<std::string>();
+      const Result one = trainmem(base + " --checkpointing " + name);
+      ASSERT_EQ(one.code, 0) << one.err;
+      const json o = one.j();
+      const std::int64_t alone =
+          (layout.find("world") == std::string::npos ? o["seq"] : o["best"]).get<std::int64_t>();
+      ASSERT_GT(alone, 0) << name << ": the budget is meant to fit every policy";
+      EXPECT_EQ(p["best"].get<std::int64_t>(), alone) << name;
+      if (name == "none") {
+        none_best = p["best"].get<std::int64_t>();
+        EXPECT_EQ(p["recompute_flops"].get<double>(), 0.0);
+      } else {
+        EXPECT_GE(p["best"].get<std::int64_t>(), none_best) << name;
+        EXPECT_GT(p["recompute_flops"].get<double>(), 0.0) << name;
+      }
+    }
+  }
+  const Result text = trainmem(
+      "maxbatch --model small-256 --batch 2 --vary seq --step 64 --budget 256MiB "
+      "--checkpointing none,full");
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_TRUE(has(text.out, "maxbatch per checkpointing policy")) << text.out;
+}
+
 }  // namespace
 }  // namespace trainmem::e2e

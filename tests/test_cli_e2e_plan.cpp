@@ -5,12 +5,17 @@
 // written, LLaMA-2-70B on 8 × 80 GiB, and bad flags exit 2 naming the flag.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "test_cli_e2e_helpers.hpp"
 
 namespace trainmem::e2e {
 namespace {
 
-const std::string kTiny = "plan --model tiny --gpus 4 --gpu-memory 16GiB --seq 16 --global-batch 8";
+// The none and full policies, as tests/test_plan.cpp counts them.
+const std::string kTiny =
+    "plan --model tiny --gpus 4 --gpu-memory 16GiB --seq 16 --global-batch 8 "
+    "--checkpointing none,full";
 
 TEST(CliE2EPlan, TinyJsonCountsRanksAndRejects) {
   const Result r = trainmem(kTiny + " --format json");
@@ -164,6 +169,14 @@ TEST(CliE2EPlan, BadFlagsExitTwoNamingTheFlag) {
       {"plan --model tiny --gpus 4 --global-batch 8 --cuda-context lots" + ok, "--cuda-context"},
       {"plan --model nope --gpus 4 --global-batch 8" + ok, "--model"},
       {"plan --model tiny --gpus 4 --global-batch 8 --nccl-channels 0" + ok, "--nccl-channels"},
+      {"plan --model tiny --gpus 4 --global-batch 8 --checkpointing every:1" + ok,
+       "--checkpointing every:1: K must be an integer >= 2"},
+      {"plan --model tiny --gpus 4 --global-batch 8 --checkpointing none,sometimes" + ok,
+       "--checkpointing: unknown policy 'sometimes'"},
+      {"plan --model tiny --gpus 4 --global-batch 8 --checkpointing full,full" + ok,
+       "'full' is listed twice"},
+      {"plan --model tiny --gpus 4 --global-batch 8 --activation-offload maybe" + ok,
+       "--activation-offload: unknown 'maybe'"},
   };
   for (const auto& [args, message] : cases) {
     const Result r = trainmem(args);
@@ -171,6 +184,76 @@ TEST(CliE2EPlan, BadFlagsExitTwoNamingTheFlag) {
     EXPECT_NE(r.err.find(message), std::string::npos) << args << "\n" << r.err;
     EXPECT_TRUE(r.out.empty()) << args << " wrote a report: " << r.out;
   }
+}
+
+// The default policies: none, selective (eager only: with flash it is the plain step), every:2,
+// full and budget; each (dp, tp, pp, ZeRO, offload, sp) setting has 5 eager and 4 flash
+// policies where the counts above have 2 and 2, so every count is 9/4 of theirs, and the fitting
+// budget layouts that are the none or full layout are counted once, under that policy.
+TEST(CliE2EPlan, TheDefaultPoliciesAreNineFourthsOfNoneAndFull) {
+  const Result r = trainmem(
+      "plan --model tiny --gpus 4 --gpu-memory 16GiB --seq 16 --global-batch 8 --top 1000 "
+      "--format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.j();
+  const auto count = [&](const char* k) { return j["counts"][k].get<int>(); };
+  EXPECT_EQ(count("enumerated"), 972);
+  EXPECT_EQ(count("invalid"), 171);
+  EXPECT_EQ(count("fitting") + count("too_big") + count("same_as_none_or_full"), 801);
+  std::set<std::string> names;
+  for (const auto& c : j["candidates"]) {
+    std::string name = c["layout"]["checkpointing"].get<std::string>();
+    if (name.rfind("budget:", 0) == 0) name = "budget";
+    names.insert(name);
+    if (name == "selective") {
+      EXPECT_EQ(c["layout"]["attention"], "eager");
+    }
+    EXPECT_EQ(c["layout"]["offload"] == "activations", false) << "4 GPUs: no activation offload";
+  }
+  EXPECT_EQ(names, (std::set<std::string>{"none", "selective", "every:2", "full"}))
+      << "16 GiB fits every tiny layout with no layer checkpointed: budget is none's layout";
+}
+
+// docs/formulas.md's worked example: LLaMA-3-8B at s 131072 on 8 GPUs of 80 GiB. No layout
+// fits without recompute; the fastest that fits checkpoints some layers only.
+TEST(CliE2EPlan, Llama3_8bAtLongContextNeedsSomeLayersCheckpointed) {
+  const Result r = trainmem(
+      "plan --model llama3-8b --gpus 8 --gpu-memory 80GiB --seq 131072 --global-batch 8 "
+      "--top 50 --format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.j();
+  ASSERT_FALSE(j["candidates"].empty());
+  for (const auto& c : j["candidates"]) {
+    EXPECT_NE(c["layout"]["checkpointing"], "none");
+    EXPECT_NE(c["layout"]["checkpointing"], "selective");  // flash: selective is none
+    EXPECT_LE(c["memory"]["worst_total"].get<std::uint64_t>(),
+              j["inputs"]["budget"].get<std::uint64_t>());
+  }
+  const std::string best = j["candidates"][0]["layout"]["checkpointing"].get<std::string>();
+  EXPECT_EQ(best.rfind("budget:76GiB (layers ", 0), 0u) << best;
+}
+
+// One GPU: layouts with --offload-activations, their PCIe time the transfer; off by the flag.
+TEST(CliE2EPlan, OneGpuEnumeratesActivationOffload) {
+  const std::string base =
+      "plan --model llama3.2-1b --gpus 1 --gpu-memory 40GiB --seq 16384 --global-batch 4 "
+      "--top 100 --format json";
+  const Result r = trainmem(base);
+  ASSERT_EQ(r.code, 0) << r.err;
+  int offloaded = 0;
+  const json j = r.j();
+  for (const auto& c : j["candidates"])
+    if (c["layout"]["offload"] == "activations") {
+      ++offloaded;
+      EXPECT_GT(c["cost"]["pcie_seconds"].get<double>(), 0.0);
+      EXPECT_GT(c["memory"]["ranks"][0]["host_bytes"].get<std::uint64_t>(), 0u);
+    }
+  EXPECT_GT(offloaded, 0);
+  const Result off = trainmem(base + " --activation-offload off");
+  ASSERT_EQ(off.code, 0) << off.err;
+  const json jo = off.j();
+  ASSERT_FALSE(jo["candidates"].empty());
+  for (const auto& c : jo["candidates"]) EXPECT_NE(c["layout"]["offload"], "activations");
 }
 
 }  // namespace

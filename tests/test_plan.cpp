@@ -11,6 +11,7 @@
 #include <set>
 #include <tuple>
 
+#include "trainmem/analytic/analytic.hpp"
 #include "trainmem/analytic/plan.hpp"
 #include "trainmem/base/error.hpp"
 
@@ -64,12 +65,16 @@ LayoutEstimator constant(std::uint64_t total) {
   };
 }
 
+// The counts below are of the none and full policies without activation offload (the policies
+// plan adds are tested on their own at the end).
 PlanOptions tiny_options() {
   PlanOptions o;
   o.gpus = 4;
   o.gpu_memory = std::uint64_t{1} << 40;
   o.seq = 16;
   o.global_batch = 8;
+  o.policies = {{PlanPolicy::Kind::none}, {PlanPolicy::Kind::full}};
+  o.activation_offload = {false};
   return o;
 }
 
@@ -414,6 +419,108 @@ TEST(Plan, BadOptionsAreRefusedNamingTheFlag) {
           "--gpus 3 (3)");
   o.global_batch = 6;
   EXPECT_NO_THROW(plan(tiny(), o, fake));
+}
+
+// ------------------------------------------------------------------ checkpointing policies
+
+ModelConfig four_layers() {
+  ModelConfig m = tiny();
+  m.layers = 4;
+  m.name = "tiny-4l";
+  return m;
+}
+
+TEST(PlanPolicies, EachPolicySetsTheLayersTheCommandLineWould) {
+  const ModelConfig m = four_layers();
+  TrainConfig t;
+  ASSERT_TRUE(PlanPolicy::every(2).apply(t, m, 1));
+  EXPECT_EQ(t.checkpointing, Checkpointing::full);
+  EXPECT_EQ(t.checkpoint_layers.list, (std::vector<std::int64_t>{1, 3}));  // torchtitan's
+  EXPECT_EQ(checkpointing_name(t), "every:2");
+  EXPECT_FALSE(PlanPolicy::every(5).apply(t, m, 1));  // no layer: none's layout
+  const PlanPolicy budget{PlanPolicy::Kind::budget};
+  ASSERT_TRUE(budget.apply(t, m, 2, 1, std::uint64_t{76} << 30));  // the first of each stage
+  EXPECT_EQ(t.checkpoint_layers.list, (std::vector<std::int64_t>{0, 2}));
+  EXPECT_EQ(checkpointing_name(t), "budget:76GiB (layers 0,2)");
+  ASSERT_TRUE(budget.apply(t, m, 1, 0, 1000));
+  EXPECT_EQ(t.checkpointing, Checkpointing::none);
+  EXPECT_EQ(checkpointing_name(t), "budget:1000 (no layer)");
+  ASSERT_TRUE(budget.apply(t, m, 2, 2, std::uint64_t{3} << 20));
+  EXPECT_EQ(t.checkpointing, Checkpointing::full);
+  EXPECT_TRUE(t.checkpoint_layers.list.empty());
+  EXPECT_EQ(checkpointing_name(t), "budget:3MiB (every layer)");
+}
+
+// One GPU, the real estimate: every budget candidate checkpoints the fewest first layers that
+// fit (one fewer does not, checked here with estimate_layout itself), never none or full (they
+// are candidates of their own); selective is not enumerated with flash; activation offload is
+// enumerated only on one GPU, and its PCIe bytes are the native step's transfer per micro-batch.
+TEST(PlanPolicies, BudgetTakesTheFewestFirstLayersThatFit) {
+  const ModelConfig m = four_layers();
+  PlanOptions o;
+  o.gpus = 1;
+  o.seq = 64;
+  o.global_batch = 8;
+  o.top = 100000;
+  // Between the full step's and the plain step's peak at b 8: some prefixes fit, not all.
+  TrainConfig t;
+  t.batch = 8;
+  t.seq = 64;
+  ParallelConfig one;
+  one.resolve(true, m, t);
+  const std::uint64_t plain = estimate_layout(m, t, one).worst_total();
+  t.checkpointing = Checkpointing::full;
+  const std::uint64_t full = estimate_layout(m, t, one).worst_total();
+  ASSERT_LT(full, plain);
+  o.gpu_memory = (full + plain) / 2;
+  o.margin = 0;
+  const PlanResult r = plan(m, o);
+  int budgets = 0, offloaded = 0;
+  for (const PlanCandidate& c : r.candidates) {
+    EXPECT_FALSE(c.train.checkpointing == Checkpointing::selective &&
+                 c.train.attention == Attention::flash);
+    if (c.train.offload_activations) {
+      ++offloaded;
+      const double want = double(c.layout.microbatches) *
+                          double(estimate(Profile::native, m, c.train).offload_transfer_bytes) /
+                          (o.cost.pcie_gbps * 1e9 / 8.0);
+      EXPECT_DOUBLE_EQ(c.cost.pcie_seconds, want);
+      EXPECT_GT(c.memory->ranks[0].host_bytes, 0u);
+    }
+    if (c.train.checkpoint_layers.spec.rfind("budget:", 0) != 0) continue;
+    ++budgets;
+    const auto& list = c.train.checkpoint_layers.list;
+    ASSERT_FALSE(list.empty()) << "every layer: full's own candidate";
+    EXPECT_EQ(list.back(), std::int64_t(list.size()) - 1) << "a prefix";
+    EXPECT_LE(c.memory->worst_total(), r.budget);
+    TrainConfig fewer = c.train;
+    fewer.checkpoint_layers.list.pop_back();
+    if (fewer.checkpoint_layers.list.empty()) fewer.checkpointing = Checkpointing::none;
+    ParallelConfig p = c.layout;
+    EXPECT_GT(estimate_layout(m, fewer, p).worst_total(), r.budget) << checkpointing_name(c.train);
+  }
+  EXPECT_GT(budgets, 0);
+  EXPECT_GT(offloaded, 0);
+  // Several GPUs: no activation offload.
+  o.gpus = 2;
+  for (const PlanCandidate& c : plan(m, o).candidates) EXPECT_FALSE(c.train.offload_activations);
+}
+
+// The cost of a per-layer policy: its share of the layers re-run (r = n/L in docs/plan.md).
+TEST(PlanPolicies, APerLayerPolicyCostsItsShareOfTheRecompute) {
+  const ModelConfig m = four_layers();
+  TrainConfig none, every, full;
+  none.batch = every.batch = full.batch = 2;
+  none.seq = every.seq = full.seq = 64;
+  ASSERT_TRUE(PlanPolicy::every(2).apply(every, m, 1));
+  full.checkpointing = Checkpointing::full;
+  ParallelConfig p;
+  p.resolve(true, m, none);
+  const CostModel rates;
+  const double c0 = step_cost(m, none, p, rates).flops_per_gpu;
+  const double c1 = step_cost(m, every, p, rates).flops_per_gpu;
+  const double c2 = step_cost(m, full, p, rates).flops_per_gpu;
+  EXPECT_DOUBLE_EQ(c1 - c0, (c2 - c0) / 2);  // two of the four layers
 }
 
 }  // namespace

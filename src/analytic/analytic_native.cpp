@@ -470,6 +470,11 @@ void Stage::activations() {
     acts.total_bytes = csub(acts.total_bytes, host, "offloaded activations");
     r_.est.offload_host_bytes = host;
     r_.est.offload_transfer_bytes = checked_mul(2, host, "offload transfer bytes");
+    TensorEntry e = entry(g_, "offloaded activations", "(layers 0..L-2)", g_.dt, host, Term::other,
+                          "after the next layer's forward, until one layer ahead of its backward",
+                          "--offload-activations: each layer's input and saved rows");
+    r_.host_bytes = checked_add(r_.host_bytes, host, "host bytes");
+    r_.host.push_back(std::move(e));
   }
   inputs_ = sum_bytes(acts.inputs);
   // A non-last stage frees its last layer's `out` once sent.

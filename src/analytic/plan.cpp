@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "trainmem/analytic/analytic.hpp"
 #include "trainmem/base/error.hpp"
 
 namespace trainmem {
@@ -59,11 +60,125 @@ std::string refusal(const std::string& message) {
          message;
 }
 
+bool has_policy(const PlanOptions& o, PlanPolicy::Kind kind) {
+  for (const PlanPolicy& p : o.policies)
+    if (p.kind == kind) return true;
+  return false;
+}
+
 void add_unique(std::vector<std::string>& xs, const std::string& x) {
   if (std::find(xs.begin(), xs.end(), x) == xs.end()) xs.push_back(x);
 }
 
+// "76GiB", "512MiB", or the bytes: a budget policy's name.
+std::string size_text(std::uint64_t bytes) {
+  if (bytes > 0 && bytes % (std::uint64_t{1} << 30) == 0)
+    return str(std::int64_t(bytes >> 30)) + "GiB";
+  if (bytes > 0 && bytes % (std::uint64_t{1} << 20) == 0)
+    return str(std::int64_t(bytes >> 20)) + "MiB";
+  return std::to_string(bytes);
+}
+
 }  // namespace
+
+std::string PlanPolicy::name() const {
+  switch (kind) {
+    case Kind::none:
+      return "none";
+    case Kind::selective:
+      return "selective";
+    case Kind::every:
+      return "every:" + str(k);
+    case Kind::full:
+      return "full";
+    case Kind::budget:
+      return "budget";
+  }
+  return "?";
+}
+
+bool PlanPolicy::apply(TrainConfig& train, const ModelConfig& model, std::int64_t pp,
+                       std::int64_t first, std::uint64_t budget) const {
+  train.checkpoint_layers = {};
+  switch (kind) {
+    case Kind::none:
+      train.checkpointing = Checkpointing::none;
+      return true;
+    case Kind::selective:
+      train.checkpointing = Checkpointing::selective;
+      return true;
+    case Kind::full:
+      train.checkpointing = Checkpointing::full;
+      return true;
+    case Kind::every: {
+      // torchtitan's every K-th layer: 0-based K-1, 2K-1, ... (as --checkpointing every:K).
+      std::vector<std::int64_t> list;
+      for (std::int64_t l = k - 1; l < model.layers; l += k) list.push_back(l);
+      if (list.empty() || std::int64_t(list.size()) == model.layers) return false;
+      train.checkpointing = Checkpointing::full;
+      train.checkpoint_layers = {list, name(), 0};
+      return true;
+    }
+    case Kind::budget: {
+      const std::int64_t per_stage = model.layers / pp;
+      std::vector<std::int64_t> list;
+      for (std::int64_t st = 0; st < pp; ++st)
+        for (std::int64_t j = 0; j < std::min(first, per_stage); ++j)
+          list.push_back(st * per_stage + j);
+      const std::string spec = "budget:" + size_text(budget);
+      if (list.empty()) {
+        train.checkpointing = Checkpointing::none;
+        train.checkpoint_layers = {{}, spec, 0};
+      } else {
+        train.checkpointing = Checkpointing::full;
+        if (std::int64_t(list.size()) == model.layers) list.clear();  // every layer
+        train.checkpoint_layers = {list, spec, 0};
+      }
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<PlanPolicy> parse_plan_policies(const std::string& text) {
+  const std::string allowed =
+      "allowed: a comma list of none, selective, every:K (K >= 2), full, budget";
+  std::vector<PlanPolicy> out;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    PlanPolicy p;
+    if (item == "none") {
+      p.kind = PlanPolicy::Kind::none;
+    } else if (item == "selective") {
+      p.kind = PlanPolicy::Kind::selective;
+    } else if (item == "full") {
+      p.kind = PlanPolicy::Kind::full;
+    } else if (item == "budget") {
+      p.kind = PlanPolicy::Kind::budget;
+    } else if (item.rfind("every:", 0) == 0) {
+      const std::string k = item.substr(6);
+      const bool digits =
+          !k.empty() && k.size() <= 9 && k.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits || std::stoll(k) < 2)
+        throw InputError("--checkpointing " + item +
+                         ": K must be an integer >= 2 (every:1 is full); " + allowed);
+      p = PlanPolicy::every(std::stoll(k));
+    } else {
+      throw InputError("--checkpointing: unknown policy '" + item + "' for plan; " + allowed +
+                       " (budget: the fewest first layers that fit --gpu-memory, per layout)");
+    }
+    for (const PlanPolicy& q : out)
+      if (q.kind == p.kind && q.k == p.k)
+        throw InputError("--checkpointing: '" + item + "' is listed twice; " + allowed);
+    out.push_back(p);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
 
 std::string family_name(std::int64_t dp, std::int64_t tp, std::int64_t pp, int zero) {
   return "dp " + str(dp) + " tp " + str(tp) + " pp " + str(pp) + " ZeRO-" + str(zero);
@@ -88,8 +203,8 @@ void PlanOptions::validate() const {
     throw InputError("--link-gbps must be a positive number of Gb/s, got " + num(cost.link_gbps));
   if (!(cost.pcie_gbps > 0) || !std::isfinite(cost.pcie_gbps))
     throw InputError("--pcie-gbps must be a positive number of Gb/s, got " + num(cost.pcie_gbps));
-  if (optimizers.empty() || zero_stages.empty() || checkpointing.empty() || attention.empty() ||
-      offloads.empty())
+  if (optimizers.empty() || zero_stages.empty() || policies.empty() || attention.empty() ||
+      offloads.empty() || activation_offload.empty())
     throw InputError("plan: nothing to enumerate (an empty list of choices)");
 }
 
@@ -158,6 +273,11 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
     c.pcie_bytes = (grads + 1.0) * shard * w;
     if (layout.offload == Offload::optimizer_params) c.pcie_bytes += 2.0 * M * shard * w;
   }
+  // Activation offload (one GPU): each micro-batch's offload sets go to the host and come back,
+  // the native step's transfer bytes per micro-batch, M times.
+  if (train.offload_activations)
+    c.pcie_bytes +=
+        M * static_cast<double>(estimate(Profile::native, model, train).offload_transfer_bytes);
   const double link = cost.link_gbps * 1e9 / 8.0, pcie = cost.pcie_gbps * 1e9 / 8.0;
   c.communication_seconds = (c.dp_bytes + c.tp_bytes + c.pp_bytes) / link;
   c.pcie_seconds = c.pcie_bytes / pcie;
@@ -250,92 +370,123 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
       for (Offload off : options.offloads) {
         if (!enumerated(tr.dp, zero, off)) continue;
         for (bool sp : tr.tp > 1 ? std::vector<bool>{true, false} : std::vector<bool>{false})
-          for (Checkpointing ck : options.checkpointing)
-            for (Attention at : options.attention)
-              for (Optimizer opt : options.optimizers) {
-                enumerated_any = true;
-                TrainConfig train = base;
-                train.checkpointing = ck;
-                train.attention = at;
-                train.optimizer = opt;
-                ParallelConfig layout;
-                layout.world = N;
-                layout.dp = tr.dp;
-                layout.tp = tr.tp;
-                layout.pp = tr.pp;
-                layout.zero = zero;
-                layout.sp = sp;
-                layout.offload = off;
-                // The micro-batch sizes the layout checks accept, ascending. The checks depend
-                // on b only through M = G / (dp·b) and its bound: the rest is checked once per
-                // setting (with M = 1), so the loop over b costs no exceptions.
-                std::vector<std::int64_t> valid;
-                res.enumerated += bs.size();
-                fam.layouts += bs.size();
-                try {
-                  ParallelConfig p = layout;
-                  p.microbatches = 1;
-                  train.batch = bs.empty() ? 1 : bs.front();
-                  p.resolve(true, model, train);
-                } catch (const InputError& e) {
-                  res.invalid += bs.size();
-                  fam.invalid += bs.size();
-                  if (!bs.empty()) add_unique(fam.messages, refusal(e.what()));
-                  continue;
-                }
-                for (std::int64_t b : bs) {
-                  if (G / (tr.dp * b) <= kMaxMicrobatches) {
-                    valid.push_back(b);
+          for (const PlanPolicy& pol : options.policies)
+            for (bool off_act : options.activation_offload)
+              for (Attention at : options.attention)
+                for (Optimizer opt : options.optimizers) {
+                  if (off_act && N != 1) continue;  // the step offloads on one GPU only
+                  // Selective with flash is the plain step (no s² tensor to drop).
+                  if (pol.kind == PlanPolicy::Kind::selective && at != Attention::eager) continue;
+                  TrainConfig train = base;
+                  const bool budget_policy = pol.kind == PlanPolicy::Kind::budget;
+                  const std::int64_t per_stage = model.layers / tr.pp;
+                  // budget: checked at every layer checkpointed (the least memory), then the
+                  // fewest first layers per stage for each fitting b.
+                  if (!pol.apply(train, model, tr.pp, per_stage, res.budget)) continue;
+                  enumerated_any = true;
+                  train.attention = at;
+                  train.optimizer = opt;
+                  train.offload_activations = off_act;
+                  ParallelConfig layout;
+                  layout.world = N;
+                  layout.dp = tr.dp;
+                  layout.tp = tr.tp;
+                  layout.pp = tr.pp;
+                  layout.zero = zero;
+                  layout.sp = sp;
+                  layout.offload = off;
+                  // The micro-batch sizes the layout checks accept, ascending. The checks depend
+                  // on b only through M = G / (dp·b) and its bound: the rest is checked once per
+                  // setting (with M = 1), so the loop over b costs no exceptions.
+                  std::vector<std::int64_t> valid;
+                  res.enumerated += bs.size();
+                  fam.layouts += bs.size();
+                  try {
+                    ParallelConfig p = layout;
+                    p.microbatches = 1;
+                    train.batch = bs.empty() ? 1 : bs.front();
+                    p.resolve(true, model, train);
+                  } catch (const InputError& e) {
+                    res.invalid += bs.size();
+                    fam.invalid += bs.size();
+                    if (!bs.empty()) add_unique(fam.messages, refusal(e.what()));
                     continue;
                   }
-                  ++res.invalid;
-                  ++fam.invalid;
-                  add_unique(fam.messages, "not supported: more than " + str(kMaxMicrobatches) +
-                                               " micro-batches per step (--microbatches' bound)");
-                }
-                if (valid.empty()) continue;
-                auto at_b = [&](std::int64_t b) {
-                  train.batch = b;
-                  layout.microbatches = G / (tr.dp * b);
-                  return std::pair<TrainConfig, ParallelConfig>(train, layout);
-                };
-                // Memory is monotone in b (activations grow with b·min(pp, M) = min(pp·b,
-                // G/dp)): the smallest b decides whether anything of this setting fits, and a
-                // binary search finds the largest b that does.
-                std::string error;
-                auto fits = [&](std::int64_t b, std::optional<std::uint64_t>* total) {
-                  const auto [t, p] = at_b(b);
-                  const auto w = worst_total(t, p, &error);
-                  if (total) *total = w;
-                  return w && *w <= res.budget;
-                };
-                std::optional<std::uint64_t> smallest;
-                if (!fits(valid.front(), &smallest)) {
-                  res.too_big += valid.size();
-                  if (smallest && (!fam.smallest || *smallest < fam.smallest_worst_total)) {
-                    const auto [t, p] = at_b(valid.front());
-                    fam.smallest_worst_total = *smallest;
-                    fam.smallest = PlanCandidate{p, t, step_cost(model, t, p, options.cost), {}};
+                  for (std::int64_t b : bs) {
+                    if (G / (tr.dp * b) <= kMaxMicrobatches) {
+                      valid.push_back(b);
+                      continue;
+                    }
+                    ++res.invalid;
+                    ++fam.invalid;
+                    add_unique(fam.messages, "not supported: more than " + str(kMaxMicrobatches) +
+                                                 " micro-batches per step (--microbatches' bound)");
                   }
-                  if (!smallest) add_unique(fam.messages, "the estimate failed: " + error);
-                  continue;
+                  if (valid.empty()) continue;
+                  auto at_b = [&](std::int64_t b, std::int64_t first) {
+                    train.batch = b;
+                    if (budget_policy) pol.apply(train, model, tr.pp, first, res.budget);
+                    layout.microbatches = G / (tr.dp * b);
+                    return std::pair<TrainConfig, ParallelConfig>(train, layout);
+                  };
+                  // Memory is monotone in b (activations grow with b·min(pp, M) = min(pp·b,
+                  // G/dp)): the smallest b decides whether anything of this setting fits, and a
+                  // binary search finds the largest b that does.
+                  std::string error;
+                  auto fits = [&](std::int64_t b, std::int64_t first,
+                                  std::optional<std::uint64_t>* total) {
+                    const auto [t, p] = at_b(b, first);
+                    const auto w = worst_total(t, p, &error);
+                    if (total) *total = w;
+                    return w && *w <= res.budget;
+                  };
+                  std::optional<std::uint64_t> smallest;
+                  if (!fits(valid.front(), per_stage, &smallest)) {
+                    res.too_big += valid.size();
+                    if (smallest && (!fam.smallest || *smallest < fam.smallest_worst_total)) {
+                      const auto [t, p] = at_b(valid.front(), per_stage);
+                      fam.smallest_worst_total = *smallest;
+                      fam.smallest = PlanCandidate{p, t, step_cost(model, t, p, options.cost), {}};
+                    }
+                    if (!smallest) add_unique(fam.messages, "the estimate failed: " + error);
+                    continue;
+                  }
+                  std::size_t lo = 0, hi = valid.size() - 1;
+                  while (lo < hi) {
+                    const std::size_t mid = (lo + hi + 1) / 2;
+                    if (fits(valid[mid], per_stage, nullptr))
+                      lo = mid;
+                    else
+                      hi = mid - 1;
+                  }
+                  family_fits = true;
+                  res.fitting += lo + 1;
+                  res.too_big += valid.size() - 1 - lo;
+                  for (std::size_t k = 0; k <= lo; ++k) {
+                    std::int64_t first = per_stage;
+                    if (budget_policy) {
+                      // The fewest first layers that fit (memory falls as layers are
+                      // checkpointed); none and full themselves are their own policies.
+                      std::int64_t a = 0, z = per_stage;
+                      while (a < z) {
+                        const std::int64_t mid = (a + z) / 2;
+                        if (fits(valid[k], mid, nullptr))
+                          z = mid;
+                        else
+                          a = mid + 1;
+                      }
+                      first = a;
+                      if ((first == 0 && has_policy(options, PlanPolicy::Kind::none)) ||
+                          (first == per_stage && has_policy(options, PlanPolicy::Kind::full))) {
+                        --res.fitting;  // the same layout as that policy's
+                        ++res.same_as_none_or_full;
+                        continue;
+                      }
+                    }
+                    const auto [t, p] = at_b(valid[k], first);
+                    fitting.push_back({p, t, step_cost(model, t, p, options.cost), {}});
+                  }
                 }
-                std::size_t lo = 0, hi = valid.size() - 1;
-                while (lo < hi) {
-                  const std::size_t mid = (lo + hi + 1) / 2;
-                  if (fits(valid[mid], nullptr))
-                    lo = mid;
-                  else
-                    hi = mid - 1;
-                }
-                family_fits = true;
-                res.fitting += lo + 1;
-                res.too_big += valid.size() - 1 - lo;
-                for (std::size_t k = 0; k <= lo; ++k) {
-                  const auto [t, p] = at_b(valid[k]);
-                  fitting.push_back({p, t, step_cost(model, t, p, options.cost), {}});
-                }
-              }
       }
       if (!enumerated_any) continue;
       if (bs.empty())

@@ -89,7 +89,8 @@ int run_maxbatch(const MaxbatchFlags& flags) {
   // positions): validate the rest at the shortest sequence.
   CommonFlags common = flags.common;
   if (flags.vary == "seq") common.seq = 2;
-  const Common c = resolve_common(common, false, false);
+  // A list of policies (--checkpointing none,selective,full) searches each.
+  const Common c = resolve_common(common, false, true);
   if (flags.budget.empty())
     throw InputError("--budget is required: a SIZE (80GiB, 24GB, 512MiB) or 'device'");
   const std::int64_t step_max = maxbatch_step_max(flags.vary == "batch");
@@ -118,7 +119,7 @@ int run_maxbatch(const MaxbatchFlags& flags) {
       throw InputError(
           "--overhead with --world-size above 1: state the overheads per GPU with "
           "--cuda-context and --nccl-memory");
-    check_layout_request(c, false, false);
+    check_layout_request(c, false, false, /*policy_list=*/true);
     rq.layout = par;
     rq.overheads = resolve_overheads(flags.layout);
   } else {
@@ -126,13 +127,28 @@ int run_maxbatch(const MaxbatchFlags& flags) {
     rq.overhead = overhead.bytes;
     overhead_source = overhead.source;
   }
-  const MaxbatchResult m = find_max(rq);
-  if (!rq.layout && !vary_batch && m.search.best > c.model.max_positions)
-    spdlog::warn("--vary seq: {} is longer than {}'s max_position_embeddings {}", m.search.best,
-                 c.model.name, c.model.max_positions);
-  write_output(c.output, report::render_maxbatch(rq, m, budget.source, overhead_source, c.format,
-                                                 stdout_colour(c.output)));
-  return m.search.best > 0 ? 0 : 3;
+  std::vector<report::MaxbatchPolicyRun> runs;
+  for (const CheckpointPolicy& policy : c.checkpointing_modes) {
+    MaxbatchRequest one = rq;
+    policy.apply(one.train);
+    const MaxbatchResult m = find_max(one);
+    if (!one.layout && !vary_batch && m.search.best > c.model.max_positions)
+      spdlog::warn("--vary seq{}: {} is longer than {}'s max_position_embeddings {}",
+                   c.checkpointing_modes.size() > 1 ? " (" + checkpointing_name(one.train) + ")"
+                                                    : std::string(),
+                   m.search.best, c.model.name, c.model.max_positions);
+    runs.push_back({std::move(one), m});
+  }
+  bool any = false;
+  for (const auto& r : runs) any = any || r.result.search.best > 0;
+  if (runs.size() == 1)
+    write_output(c.output,
+                 report::render_maxbatch(runs.front().request, runs.front().result, budget.source,
+                                         overhead_source, c.format, stdout_colour(c.output)));
+  else
+    write_output(c.output, report::render_maxbatch_policies(runs, budget.source, overhead_source,
+                                                            c.format, stdout_colour(c.output)));
+  return any ? 0 : 3;
 }
 
 }  // namespace

@@ -28,6 +28,8 @@ struct PlanFlags {
   CLI::Option* global_batch_given = nullptr;
   std::string dtype = "bf16";
   std::string optimizer = "adamw";
+  std::string checkpointing = "none,selective,every:2,full,budget";
+  std::string activation_offload = "both";  // off|on|both (on: one GPU only)
   double margin = 0.05;
   std::int64_t top = 10;
   double tflops = CostModel{}.tflops;
@@ -72,6 +74,16 @@ int run_plan(const PlanFlags& flags) {
   o.global_batch = flags.global_batch;
   o.dtype = c.train.dtype;
   o.optimizers = c.optimizers;
+  o.policies = parse_plan_policies(flags.checkpointing);
+  if (flags.activation_offload == "off")
+    o.activation_offload = {false};
+  else if (flags.activation_offload == "on")
+    o.activation_offload = {true};
+  else if (flags.activation_offload == "both")
+    o.activation_offload = {false, true};
+  else
+    throw InputError("--activation-offload: unknown '" + flags.activation_offload +
+                     "'; allowed: off, on, both (on: the layouts of one GPU only)");
   if (flags.top < 1) throw InputError("--top must be at least 1, got " + str(flags.top));
   o.top = static_cast<std::size_t>(flags.top);
   o.cost.tflops = flags.tflops;
@@ -123,6 +135,13 @@ Runner register_plan(CLI::App& app) {
           ->check(integer_check<std::int64_t>("an integer; allowed: an integer >= 1"));
   cmd->add_option("--dtype", f.dtype, "Training dtype: bf16|fp16|fp32")->capture_default_str();
   cmd->add_option("--optimizer", f.optimizer, "The optimizer of every layout: adamw|sgd|lomo|all")
+      ->capture_default_str();
+  cmd->add_option("--checkpointing", f.checkpointing,
+                  "The policies enumerated: a comma list of none, selective, every:K, full, "
+                  "budget (the fewest first layers of every stage that fit, per layout)")
+      ->capture_default_str();
+  cmd->add_option("--activation-offload", f.activation_offload,
+                  "off|on|both: layouts with --offload-activations (one GPU only)")
       ->capture_default_str();
   cmd->add_option("--margin", f.margin,
                   "Fraction of --gpu-memory kept back: a layout fits within gpu-memory × (1 − "

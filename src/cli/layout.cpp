@@ -97,11 +97,11 @@ OverheadOptions resolve_overheads(const LayoutFlags& f) {
   return o;
 }
 
-void check_layout_request(const Common& c, bool explain, bool paper) {
+void check_layout_request(const Common& c, bool explain, bool paper, bool policy_list) {
   if (c.optimizers.size() != 1)
     throw InputError(
         "--optimizer all: with --world-size above 1 give one optimizer (adamw or sgd)");
-  if (c.checkpointing_modes.size() != 1)
+  if (c.checkpointing_modes.size() != 1 && !policy_list)
     throw InputError(
         "--checkpointing: with --world-size above 1 give one policy (none, full, every:K, "
         "layers:LIST or budget:SIZE), not a list");

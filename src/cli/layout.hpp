@@ -37,7 +37,8 @@ ParallelConfig resolve_layout(const LayoutFlags& flags, const ModelConfig& model
 OverheadOptions resolve_overheads(const LayoutFlags& flags);
 
 // What the per-rank estimate supports (InputError naming the flag otherwise): one optimizer,
-// one checkpointing mode, the native profile, no --explain or --paper.
-void check_layout_request(const Common& c, bool explain, bool paper);
+// one checkpointing policy (a list where the command searches each: `policy_list`), the native
+// profile, no --explain or --paper.
+void check_layout_request(const Common& c, bool explain, bool paper, bool policy_list = false);
 
 }  // namespace trainmem::cli

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "layout_internal.hpp"
+#include "trainmem/analytic/analytic.hpp"
+#include "trainmem/analytic/analytic_rank.hpp"
 #include "trainmem/base/bytes.hpp"
 #include "trainmem/report/layout_report.hpp"
 #include "trainmem/report/report.hpp"
@@ -185,7 +187,120 @@ std::string render_one_gpu(const MaxbatchRequest& rq, const MaxbatchResult& m,
   return w->str();
 }
 
+// The recompute a policy costs at the size it reached: the native step's FLOPs per optimizer step
+// (a layout's worst rank's); 0 when nothing fits.
+double recompute_flops_at(const MaxbatchRequest& rq, const MaxbatchResult& m) {
+  if (m.search.best <= 0) return 0;
+  TrainConfig t = rq.train;
+  (rq.vary_batch ? t.batch : t.seq) = m.search.best;
+  if (rq.layout && rq.layout->distributed()) {
+    const LayoutEstimate e = estimate_layout(rq.model, t, *rq.layout, rq.overheads);
+    return e.ranks[std::size_t(e.worst)].est.recompute_flops;
+  }
+  return estimate(Profile::native, rq.model, t).recompute_flops;
+}
+
 }  // namespace
+
+std::string render_maxbatch_policies(const std::vector<MaxbatchPolicyRun>& runs,
+                                     const std::string& budget_source,
+                                     const std::string& overhead_source, Format format,
+                                     Colour colour) {
+  const MaxbatchRequest& first = runs.front().request;
+  const bool vary_batch = first.vary_batch;
+  const std::string vary = vary_batch ? "batch" : "seq";
+  const bool layout = first.layout && first.layout->distributed();
+  const ByteUnit u = table_unit(first.budget);
+  report::Table t({{"checkpointing", report::Align::left},
+                   {"largest " + vary},
+                   {std::string(layout ? "worst rank peak (" : "peak (") + u.name + ")"},
+                   {std::string(layout ? "+ overheads (" : "+ overhead (") + u.name + ")"},
+                   {std::string("margin (") + u.name + ")"},
+                   {"recompute (GFLOP/step)"},
+                   {"next " + vary + " needs (" + std::string(u.name) + ")"}});
+  report::Table bytes_t({{"checkpointing", report::Align::left},
+                         {"largest_" + vary},
+                         {"peak"},
+                         {"peak_plus_overhead"},
+                         {"margin"},
+                         {"recompute_flops"},
+                         {"next_" + vary},
+                         {"next_peak_plus_overhead"}});
+  json policies = json::array();
+  for (const MaxbatchPolicyRun& r : runs) {
+    const SearchResult& s = r.result.search;
+    const std::uint64_t added = r.result.added_bytes;
+    const bool fits = s.best > 0;
+    const std::int64_t margin =
+        fits ? std::int64_t(r.request.budget) - std::int64_t(s.at_best.peak + added) : 0;
+    const double flops = recompute_flops_at(r.request, r.result);
+    const std::string name = checkpointing_name(r.request.train);
+    const std::uint64_t next_need = s.at_next.peak ? s.at_next.peak + added : 0;
+    t.add_row({name, fits ? std::to_string(s.best) : "none fits",
+               fits ? format_bytes(s.at_best.peak, u) : "-",
+               fits ? format_bytes(s.at_best.peak + added, u) : "-",
+               fits ? format_signed_bytes(margin, u) : "-", report::fixed(flops / 1e9, 2),
+               std::to_string(r.result.next) + ": " +
+                   (next_need ? format_bytes(next_need, u) : std::string("overflow"))});
+    bytes_t.add_row({name, std::to_string(s.best), std::to_string(fits ? s.at_best.peak : 0),
+                     std::to_string(fits ? s.at_best.peak + added : 0), std::to_string(margin),
+                     report::fixed(flops, 0), std::to_string(r.result.next),
+                     std::to_string(next_need)});
+    policies.push_back({{"checkpointing", name},
+                        {"best", fits ? json(s.best) : json(nullptr)},
+                        {"peak", fits ? json(s.at_best.peak) : json(nullptr)},
+                        {"margin", margin},
+                        {"recompute_flops", flops},
+                        {"next", r.result.next},
+                        {"next_peak", s.at_next.peak ? json(s.at_next.peak) : json(nullptr)},
+                        {"added", added},
+                        {"traced", r.result.traced}});
+  }
+  const auto w = make_writer(format, colour);
+  w->document([&] {
+    json j = {{"schema", report::kSchema},
+              {"budget", first.budget},
+              {"budget_source", budget_source},
+              {"vary", vary},
+              {"step", first.step},
+              {"peak_kind", first.allocator ? "reserved" : "allocated"},
+              {"allocator", first.allocator ? json(first.allocator->spec) : json(nullptr)},
+              {"overhead_source",
+               layout ? json("the layout's per-GPU overheads") : json(overhead_source)},
+              {"layout", layout ? json(first.layout->describe()) : json(nullptr)},
+              {"model", report::model_json(first.model, first.model.param_count())},
+              {"run", report::run_json(first.train, "meta", 2)},
+              {"policies", policies}};
+    j["run"]["checkpointing"] = nullptr;  // one per policy
+    j["run"][vary] = nullptr;             // searched
+    return j;
+  });
+  w->csv_table(bytes_t);
+  w->title("trainmem maxbatch per checkpointing policy: " + first.model.name + "  " +
+           (vary_batch ? "s=" + std::to_string(first.train.seq)
+                       : "b=" + std::to_string(first.train.batch)) +
+           " " + dtype_name(first.train.dtype) + " " + optimizer_name(first.train.optimizer) +
+           " attention=" + attention_name(first.train.attention) +
+           (first.train.offload_activations ? " offload-activations" : "") +
+           (layout
+                ? ", " + std::to_string(first.layout->world) + " GPUs: " + first.layout->describe()
+                : ""));
+  w->paragraph_break();
+  if (const std::string family = report::family_line(first.model); !family.empty())
+    w->paragraph(family);
+  w->paragraph("budget " + format_bytes_with_unit(first.budget, u) + " (" + budget_source + ")" +
+               (layout
+                    ? "; the per-GPU overheads (CUDA context, NCCL) are in the + overheads column"
+                    : "; overhead " + format_bytes_with_unit(first.overhead, u) + " (" +
+                          overhead_source + ")"));
+  w->banner(peaks_banner(first, "on a device of budget − overhead",
+                         std::string("the meta backend's exact trace of the training step") +
+                             (layout ? ", per rank (the worst rank)" : "")));
+  w->table(t);
+  w->line("recompute: the forward work the policy re-runs in backward at its largest " + vary +
+          " (docs/formulas.md, \"Recompute FLOPs\"); a policy saves memory for that time.");
+  return w->str();
+}
 
 std::string render_maxbatch(const MaxbatchRequest& rq, const MaxbatchResult& m,
                             const std::string& budget_source, const std::string& overhead_source,

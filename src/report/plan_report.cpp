@@ -13,6 +13,11 @@
 namespace trainmem::report {
 namespace {
 
+// The offload column: ZeRO's (--offload) or, on one GPU, the activations'.
+std::string offload_cell(const PlanCandidate& c) {
+  return c.train.offload_activations ? "activations" : offload_name(c.layout.offload);
+}
+
 using nlohmann::json;
 
 std::string str(std::int64_t v) {
@@ -34,7 +39,7 @@ std::string settings(const PlanCandidate& c) {
                   attention_name(c.train.attention) + " attention, " +
                   optimizer_name(c.train.optimizer);
   if (c.layout.sp) s += ", sp";
-  s += ", offload " + std::string(offload_name(c.layout.offload));
+  s += ", offload " + std::string(offload_cell(c));
   return s;
 }
 
@@ -87,7 +92,7 @@ json layout_json(const PlanCandidate& c) {
               {"checkpointing", checkpointing_name(c.train)},
               {"attention", attention_name(c.train.attention)},
               {"optimizer", optimizer_name(c.train.optimizer)},
-              {"offload", offload_name(c.layout.offload)}};
+              {"offload", offload_cell(c)}};
 }
 
 json memory_json(const LayoutEstimate& e) {
@@ -115,6 +120,9 @@ json plan_json(const PlanResult& r) {
   const PlanOptions& o = r.options;
   json optimizers = json::array();
   for (Optimizer x : o.optimizers) optimizers.push_back(optimizer_name(x));
+  json policies = json::array(), offload = json::array();
+  for (const PlanPolicy& p : o.policies) policies.push_back(p.name());
+  for (bool on : o.activation_offload) offload.push_back(on);
   json j = {{"schema", report::kSchema},
             {"command", "plan"},
             {"model", report::model_json(r.model, r.model.param_count())},
@@ -127,6 +135,8 @@ json plan_json(const PlanResult& r) {
               {"global_batch", o.global_batch},
               {"dtype", dtype_name(o.dtype)},
               {"optimizers", optimizers},
+              {"checkpointing", policies},
+              {"activation_offload", offload},
               {"top", o.top}}},
             {"cost_model",
              {{"tflops", o.cost.tflops},
@@ -139,6 +149,7 @@ json plan_json(const PlanResult& r) {
               {"fitting", r.fitting},
               {"too_big", r.too_big},
               {"invalid", r.invalid},
+              {"same_as_none_or_full", r.same_as_none_or_full},
               {"estimates", r.estimates}}}};
   json cands = json::array();
   for (std::size_t k = 0; k < r.candidates.size(); ++k) {
@@ -217,7 +228,7 @@ report::Table csv_table(const PlanResult& r) {
                optimizer_name(c.train.optimizer),
                str(c.train.batch),
                str(c.layout.microbatches),
-               offload_name(c.layout.offload),
+               offload_cell(c),
                sec(c.cost.total_seconds),
                sec(c.cost.compute_seconds),
                sec(c.cost.communication_seconds),
@@ -255,8 +266,12 @@ void write_prose(ReportWriter& w, const PlanResult& r) {
               report::fixed(o.cost.pcie_gbps, 0) + " Gb/s (--pcie-gbps), no overlap");
   w.paragraph(std::to_string(r.enumerated) + " layouts enumerated: " + std::to_string(r.fitting) +
               " fit, " + std::to_string(r.too_big) + " do not, " + std::to_string(r.invalid) +
-              " refused by the layout checks (" + std::to_string(r.estimates) +
-              " per-rank estimates, " + report::fixed(r.total_seconds, 3) + " s)");
+              " refused by the layout checks" +
+              (r.same_as_none_or_full ? ", " + std::to_string(r.same_as_none_or_full) +
+                                            " budget layouts that are the none or full one"
+                                      : std::string()) +
+              " (" + std::to_string(r.estimates) + " per-rank estimates, " +
+              report::fixed(r.total_seconds, 3) + " s)");
   if (r.candidates.empty()) {
     w.strong("nothing fits " + q(r.budget) + " per GPU");
   } else {
@@ -292,7 +307,7 @@ void write_prose(ReportWriter& w, const PlanResult& r) {
       t.add_row({std::to_string(k + 1), str(c.layout.dp), str(c.layout.tp), str(c.layout.pp),
                  str(c.layout.zero), c.layout.sp ? "yes" : "no", checkpointing_name(c.train),
                  attention_name(c.train.attention), optimizer_name(c.train.optimizer),
-                 str(c.train.batch), str(c.layout.microbatches), offload_name(c.layout.offload),
+                 str(c.train.batch), str(c.layout.microbatches), offload_cell(c),
                  secs(c.cost.total_seconds), secs(c.cost.compute_seconds),
                  secs(c.cost.communication_seconds), secs(c.cost.pcie_seconds), worst, peaks,
                  host});

@@ -34,7 +34,8 @@ struct StepCost {
   double dp_bytes = 0;         // gradient reduction and ZeRO gathers
   double tp_bytes = 0;         // tensor-parallel all-reduces (or sp's reduce-scatter+all-gather)
   double pp_bytes = 0;         // pipeline p2p: activations forward, their gradients backward
-  double pcie_bytes = 0;       // offload: gradients down, parameters up (and ZeRO-3 fetches)
+  double pcie_bytes = 0;       // offload: gradients down, parameters up (and ZeRO-3 fetches);
+                               // activation offload: each micro-batch's sets out and back
   double communication_seconds = 0;  // (dp + tp + pp bytes) / link
   double pcie_seconds = 0;           // pcie_bytes / pcie link
   double total_seconds = 0;
@@ -54,6 +55,28 @@ using LayoutEstimator = std::function<LayoutEstimate(
 constexpr std::int64_t kMaxPlanGpus = 65536;
 constexpr std::int64_t kMaxPlanGlobalBatch = std::int64_t{1} << 24;
 
+// One checkpointing policy plan enumerates (docs/plan.md, "Checkpointing policies"): none,
+// selective, every:K, full, or budget: for each setting and micro-batch size, the fewest first
+// layers of every pipeline stage whose worst rank fits (what `--checkpointing budget:SIZE`
+// picks), so its recompute is the least any prefix of layers allows.
+struct PlanPolicy {
+  enum class Kind { none, selective, every, full, budget };
+  Kind kind = Kind::none;
+  std::int64_t k = 0;  // every:K
+  static PlanPolicy every(std::int64_t k) { return {Kind::every, k}; }
+  std::string name() const;  // "none", "selective", "every:2", "full", "budget"
+  // Sets train's checkpointing to this policy for `model` split over `pp` stages. budget: the
+  // first `first` layers of every stage (0: none, all of them: full), named after `budget`
+  // bytes ("budget:76GiB (layers 0-5)"). Returns false when the policy checkpoints nothing
+  // different from none or full (every:K with K above the layers: no layer).
+  bool apply(TrainConfig& train, const ModelConfig& model, std::int64_t pp, std::int64_t first = 0,
+             std::uint64_t budget = 0) const;
+};
+
+// --checkpointing for plan: a comma list of none, selective, every:K (K >= 2), full, budget
+// (InputError naming the flag and what is allowed otherwise).
+std::vector<PlanPolicy> parse_plan_policies(const std::string& text);
+
 struct PlanOptions {
   std::int64_t gpus = 1;          // N (--gpus)
   std::uint64_t gpu_memory = 0;   // bytes per GPU (--gpu-memory)
@@ -64,7 +87,13 @@ struct PlanOptions {
   // The choices enumerated (the CLI fixes the optimizer with --optimizer; tests narrow others).
   std::vector<Optimizer> optimizers = {Optimizer::adamw};
   std::vector<int> zero_stages = {0, 1, 2, 3};
-  std::vector<Checkpointing> checkpointing = {Checkpointing::none, Checkpointing::full};
+  std::vector<PlanPolicy> policies = {{PlanPolicy::Kind::none},
+                                      {PlanPolicy::Kind::selective},
+                                      PlanPolicy::every(2),
+                                      {PlanPolicy::Kind::full},
+                                      {PlanPolicy::Kind::budget}};
+  // --offload-activations on and off: enumerated on one GPU only (the step offloads there).
+  std::vector<bool> activation_offload = {false, true};
   std::vector<Attention> attention = {Attention::flash, Attention::eager};
   std::vector<Offload> offloads = {Offload::none, Offload::optimizer, Offload::optimizer_params};
   std::size_t top = 10;  // --top K: candidates whose memory is estimated and returned
@@ -109,10 +138,13 @@ struct PlanResult {
   std::vector<PlanCandidate> candidates;  // the best `top`, fastest first, memory estimated
   // Counts over the whole enumeration (layouts: one per setting and micro-batch size b).
   std::uint64_t enumerated = 0;
-  std::uint64_t invalid = 0;    // refused by ParallelConfig::resolve or the estimate
-  std::uint64_t fitting = 0;    // valid and fitting (all ranked; `candidates` are the first)
-  std::uint64_t too_big = 0;    // valid, not fitting
-  std::uint64_t estimates = 0;  // calls of the estimator (the search skips most layouts)
+  std::uint64_t invalid = 0;  // refused by ParallelConfig::resolve or the estimate
+  std::uint64_t fitting = 0;  // valid and fitting (all ranked; `candidates` are the first)
+  std::uint64_t too_big = 0;  // valid, not fitting
+  // Fitting budget layouts whose fewest layers are none or every layer: the none or full
+  // layout, listed once under that policy (enumerated = fitting + too_big + invalid + this).
+  std::uint64_t same_as_none_or_full = 0;
+  std::uint64_t estimates = 0;           // calls of the estimator (the search skips most layouts)
   std::vector<RejectedFamily> rejected;  // enumeration order
   double estimate_seconds = 0;           // time inside the estimator
   double total_seconds = 0;

@@ -3,6 +3,7 @@
 // a layout of several GPUs, per rank (the worst rank) with the overheads outside the books.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "trainmem/report/report_writer.hpp"
 #include "trainmem/run/maxbatch.hpp"
@@ -14,5 +15,18 @@ namespace trainmem::report {
 std::string render_maxbatch(const MaxbatchRequest& rq, const MaxbatchResult& m,
                             const std::string& budget_source, const std::string& overhead_source,
                             Format format, Colour colour);
+
+// One search per --checkpointing policy (a list, e.g. none,selective,every:2,full): each policy's
+// largest batch or sequence, its peak and margin, and the recompute it costs there (FLOPs per
+// step of the native step at that size; a layout's worst rank's). `runs` hold each policy's
+// request (rq with that policy) and result, in the order given.
+struct MaxbatchPolicyRun {
+  MaxbatchRequest request;
+  MaxbatchResult result;
+};
+std::string render_maxbatch_policies(const std::vector<MaxbatchPolicyRun>& runs,
+                                     const std::string& budget_source,
+                                     const std::string& overhead_source, Format format,
+                                     Colour colour);
 
 }  // namespace trainmem::report
