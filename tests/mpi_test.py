@@ -16,7 +16,7 @@ checks exit codes, messages and that nothing hangs (every run has a wall-clock b
                rank 0's JSON report of every rank (measured == trace == analytic), losses equal
                to the single-rank run of the global batch, one timeline per rank; --tp 2 --sp
                --checkpointing layers:1 -> measured, the same losses; --pp 2 --microbatches 3
-               --checkpointing selective -> measured, the same losses; --offload optimizer+params -> every rank's host bytes the analytic's;
+               --checkpointing selective -> measured, the same losses; --offload optimizer+params --offload-activations -> every rank's host bytes the analytic's, the same losses;
                --backend cuda --pp 2 -> measured where every rank has a GPU, else exit 2 naming the device
                or NCCL, once; --world-size not equal to the MPI size ->
                exit 2 saying what to run instead; compare --world-size N: a row per rank,
@@ -269,16 +269,21 @@ def main():
                        "pp 2 --allocator: every rank's reserve >= allocated >= its ledger peak",
                        out)
                 expect_single_losses(a.trainmem, doc, 3 * n, "pp 2 selective", out)
-            # Offload measured: the host bytes of every rank equal the analytic's.
+            # Offload measured, the optimizer's and the activations': the host bytes of every
+            # rank (its states and its host ledger's peak) equal the analytic's; the copies are
+            # exact, so the losses are the single rank's.
             rc, out, err, _ = run(n, base + ["--world-size", str(n), "--zero", "3", "--offload",
-                                             "optimizer+params", "--format", "json"], threads=1)
-            expect(rc == 0, f"--offload optimizer+params measured: exit {rc}", out, err)
+                                             "optimizer+params", "--offload-activations",
+                                             "--format", "json"], threads=1)
+            expect(rc == 0, f"--offload optimizer+params --offload-activations measured: exit {rc}",
+                   out, err)
             if rc == 0:
                 doc = json.loads(out)
                 expect(doc.get("all_ranks_match") is True and
                        all(r["host_bytes"] == doc["ranks"][0]["host_bytes"] > 0
                            for r in doc["measured_ranks"]),
                        "offload: every rank's host bytes equal the analytic's", out)
+                expect_single_losses(a.trainmem, doc, 2 * n, "ZeRO-3 offload + activations", out)
             # cuda with --pp: measured like the cpu's where every rank has a GPU and NCCL is
             # built; otherwise exit 2 with the reason (the device or NCCL, not the layout), once.
             cuda = [w if w != "cpu" else "cuda" for w in base]

@@ -11,25 +11,18 @@
 #include "cli/cli.hpp"
 #include "family_configs.hpp"
 #include "model_helpers.hpp"
+#include "policy_helpers.hpp"
 #include "test_cli_e2e_helpers.hpp"
 #include "trainmem/analytic/analytic.hpp"
+#include "trainmem/analytic/analytic_rank.hpp"
+#include "trainmem/model/sharded_step.hpp"
 
 namespace trainmem {
 namespace {
 
 using test::train_config;
-
-ModelConfig with_layers(const std::string& name, std::int64_t layers) {
-  ModelConfig m = test::any_config(name);
-  m.layers = layers;
-  m.name = name + "-" + std::to_string(layers) + "l";
-  return m;
-}
-
-TrainConfig with_policy(TrainConfig t, const std::string& policy, std::int64_t layers) {
-  cli::parse_checkpoint_policies(policy, layers, false).front().apply(t);
-  return t;
-}
+using test::with_layers;
+using test::with_policy;
 
 TrainConfig offloaded(TrainConfig t) {
   t.offload_activations = true;
@@ -219,6 +212,77 @@ TEST(ActivationOffload, HostLedgerHoldsTheOffloadSetsOfTheFirstLayers) {
   EXPECT_EQ(names, (std::vector<std::pair<std::string, int>>{{"embed_out", -1}, {"out", 0}}));
 }
 
+// Every rank of a sharded step (one stage: dp, tp, sp, ZeRO 0-3, micro-batches) offloads the
+// same way: its meta trace equals its analytic profile byte for byte, device and host; with
+// --pp above 1 it is refused.
+TEST(ActivationOffload, ShardedTraceEqualsTheAnalyticProfilePerRank) {
+  int checked = 0;
+  for (const char* name : {"tiny-gqa", "tiny-qwen3"})
+    for (std::int64_t tp : {1, 2})
+      for (int zero : {0, 1, 2, 3})
+        for (bool sp : {false, true})
+          for (std::int64_t M : {1, 3})
+            for (const char* policy : {"none", "layers:0", "layers:3", "every:2", "selective"})
+              for (std::int64_t prefetch : {1, 2}) {
+                if (zero != 3 && prefetch != 1) continue;
+                const ModelConfig m = with_layers(name, 4);
+                const Attention at =
+                    std::string(policy) == "selective" ? Attention::eager : Attention::flash;
+                const TrainConfig t = offloaded(with_policy(
+                    train_config(2, 16, DType::bf16, Optimizer::adamw, Checkpointing::none, at),
+                    policy, 4));
+                ParallelConfig p;
+                p.world = 2 * tp;
+                p.dp = 2;
+                p.tp = tp;
+                p.zero = zero;
+                p.sp = sp;
+                p.microbatches = M;
+                p.prefetch = prefetch;
+                try {
+                  p.resolve(true, m, t);
+                } catch (const InputError&) {
+                  continue;
+                }
+                const LayoutEstimate le = estimate_layout(m, t, p);
+                MetaAllocator alloc;
+                Ledger ledger(alloc);
+                ShardedStep step(m, t, p, 0, ledger);
+                step.train_step();
+                step.train_step();
+                const MemoryFigures got = measured_figures(ledger);
+                const RankEstimate& want = le.ranks.front();
+                const std::string what = std::string(name) + " " + policy + " " + p.describe() +
+                                         " prefetch " + std::to_string(prefetch);
+                EXPECT_EQ(got.activations, want.est.figures.activations) << what;
+                EXPECT_EQ(got.activations_peak, want.est.figures.activations_peak) << what;
+                EXPECT_EQ(got.workspace, want.est.figures.workspace) << what;
+                EXPECT_EQ(got.peak, want.est.figures.peak)
+                    << what << " (analytic at "
+                    << want.est.instants[std::size_t(want.est.peak_instant)].name << ")";
+                EXPECT_EQ(got.peak_breakdown, want.est.figures.peak_breakdown) << what;
+                EXPECT_EQ(step.host_bytes(), want.host_bytes) << what;
+                EXPECT_GT(want.host_bytes, 0u) << what;
+                if (HasFailure()) return;
+                ++checked;
+              }
+  EXPECT_GT(checked, 100);
+  // Pipeline parallelism: refused, naming the flags.
+  const ModelConfig m = with_layers("tiny", 4);
+  const TrainConfig t = offloaded(
+      train_config(2, 16, DType::bf16, Optimizer::adamw, Checkpointing::none, Attention::flash));
+  ParallelConfig p;
+  p.world = 2;
+  p.pp = 2;
+  try {
+    p.resolve(false, m, t);
+    ADD_FAILURE() << "pp 2 with offload resolved";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--offload-activations with --pp 2"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 
 namespace e2e {
@@ -275,10 +339,16 @@ TEST(CliE2EOffload, EstimateShowsTheDeviceSavingAndTheOtherProfilesSayTheyIgnore
   EXPECT_TRUE(noted) << hf["notes"].dump();
 }
 
-TEST(CliE2EOffload, ParallelLayoutsAreRefusedNamingBothFlags) {
-  const Result r = trainmem("estimate --model tiny --world-size 2 --offload-activations");
+TEST(CliE2EOffload, PipelineLayoutsAreRefusedNamingBothFlags) {
+  const Result r = trainmem("estimate --model tiny --world-size 2 --pp 2 --offload-activations");
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_TRUE(has(r.err, "--offload-activations") && has(r.err, "--world-size")) << r.err;
+  EXPECT_TRUE(has(r.err, "--offload-activations with --pp 2")) << r.err;
+  // Without pipeline parallelism every rank offloads: its host bytes in the per-rank table.
+  const Result ok =
+      trainmem("estimate --model tiny --world-size 2 --zero 3 --offload-activations --format json");
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  const json j = ok.j();
+  EXPECT_GT(u64(j["ranks"][0]["host_bytes"]), 0u) << j["ranks"].dump();
 }
 
 }  // namespace

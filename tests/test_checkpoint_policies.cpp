@@ -9,6 +9,7 @@
 #include "cli/cli.hpp"
 #include "family_configs.hpp"
 #include "model_helpers.hpp"
+#include "policy_helpers.hpp"
 #include "trainmem/analytic/analytic.hpp"
 #include "trainmem/analytic/analytic_rank.hpp"
 #include "trainmem/model/sharded_step.hpp"
@@ -20,6 +21,8 @@ using cli::CheckpointPolicy;
 using cli::parse_checkpoint_policies;
 using test::preset;
 using test::train_config;
+using test::with_layers;
+using test::with_policy;
 
 std::vector<std::int64_t> list_of(const std::string& text, std::int64_t layers) {
   const auto p = parse_checkpoint_policies(text, layers, false);
@@ -42,19 +45,6 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
-}
-
-// A preset with its layer count changed (the per-layer policies need more than two layers).
-ModelConfig with_layers(const std::string& name, std::int64_t layers) {
-  ModelConfig m = test::any_config(name);
-  m.layers = layers;
-  m.name = name + "-" + std::to_string(layers) + "l";
-  return m;
-}
-
-TrainConfig with_policy(TrainConfig t, const std::string& policy, std::int64_t layers) {
-  parse_checkpoint_policies(policy, layers, false).front().apply(t);
-  return t;
 }
 
 TEST(CheckpointPolicy, EveryKIsTorchtitansEveryKthLayer) {

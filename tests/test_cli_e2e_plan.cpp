@@ -15,7 +15,7 @@ namespace {
 // The none and full policies, as tests/test_plan.cpp counts them.
 const std::string kTiny =
     "plan --model tiny --gpus 4 --gpu-memory 16GiB --seq 16 --global-batch 8 "
-    "--checkpointing none,full";
+    "--checkpointing none,full --activation-offload off";
 
 TEST(CliE2EPlan, TinyJsonCountsRanksAndRejects) {
   const Result r = trainmem(kTiny + " --format json");
@@ -177,6 +177,7 @@ TEST(CliE2EPlan, BadFlagsExitTwoNamingTheFlag) {
        "'full' is listed twice"},
       {"plan --model tiny --gpus 4 --global-batch 8 --activation-offload maybe" + ok,
        "--activation-offload: unknown 'maybe'"},
+      {"plan --model tiny --gpus 4 --global-batch 8 --host-memory lots" + ok, "--host-memory"},
   };
   for (const auto& [args, message] : cases) {
     const Result r = trainmem(args);
@@ -186,14 +187,14 @@ TEST(CliE2EPlan, BadFlagsExitTwoNamingTheFlag) {
   }
 }
 
-// The default policies: none, selective (eager only: with flash it is the plain step), every:2,
-// full and budget; each (dp, tp, pp, ZeRO, offload, sp) setting has 5 eager and 4 flash
-// policies where the counts above have 2 and 2, so every count is 9/4 of theirs, and the fitting
-// budget layouts that are the none or full layout are counted once, under that policy.
+// The default policies (activation offload off): none, selective (eager only: with flash it is the
+// plain step), every:2, full and budget; each (dp, tp, pp, ZeRO, offload, sp) setting has 5 eager
+// and 4 flash policies where the counts above have 2 and 2, so every count is 9/4 of theirs, and
+// the fitting budget layouts that are the none or full layout are counted once, under that policy.
 TEST(CliE2EPlan, TheDefaultPoliciesAreNineFourthsOfNoneAndFull) {
   const Result r = trainmem(
       "plan --model tiny --gpus 4 --gpu-memory 16GiB --seq 16 --global-batch 8 --top 1000 "
-      "--format json");
+      "--activation-offload off --format json");
   ASSERT_EQ(r.code, 0) << r.err;
   const json j = r.j();
   const auto count = [&](const char* k) { return j["counts"][k].get<int>(); };
@@ -208,18 +209,19 @@ TEST(CliE2EPlan, TheDefaultPoliciesAreNineFourthsOfNoneAndFull) {
     if (name == "selective") {
       EXPECT_EQ(c["layout"]["attention"], "eager");
     }
-    EXPECT_EQ(c["layout"]["offload"] == "activations", false) << "4 GPUs: no activation offload";
   }
   EXPECT_EQ(names, (std::set<std::string>{"none", "selective", "every:2", "full"}))
       << "16 GiB fits every tiny layout with no layer checkpointed: budget is none's layout";
 }
 
-// docs/formulas.md's worked example: LLaMA-3-8B at s 131072 on 8 GPUs of 80 GiB. No layout
-// fits without recompute; the fastest that fits checkpoints some layers only.
+// docs/distributed.md's worked example: LLaMA-3-8B at s 131072 on 8 GPUs of 80 GiB. Without
+// activation offload no layout fits without recompute and the fastest checkpoints some layers
+// only; with it, what a rank offloads is bounded by --host-memory.
 TEST(CliE2EPlan, Llama3_8bAtLongContextNeedsSomeLayersCheckpointed) {
-  const Result r = trainmem(
+  const std::string base =
       "plan --model llama3-8b --gpus 8 --gpu-memory 80GiB --seq 131072 --global-batch 8 "
-      "--top 50 --format json");
+      "--top 50 --format json";
+  const Result r = trainmem(base + " --activation-offload off");
   ASSERT_EQ(r.code, 0) << r.err;
   const json j = r.j();
   ASSERT_FALSE(j["candidates"].empty());
@@ -231,10 +233,37 @@ TEST(CliE2EPlan, Llama3_8bAtLongContextNeedsSomeLayersCheckpointed) {
   }
   const std::string best = j["candidates"][0]["layout"]["checkpointing"].get<std::string>();
   EXPECT_EQ(best.rfind("budget:76GiB (layers ", 0), 0u) << best;
+
+  const std::uint64_t host = std::uint64_t{128} << 30;
+  const Result h = trainmem(base + " --host-memory 128GiB");
+  ASSERT_EQ(h.code, 0) << h.err;
+  const json jh = h.j();
+  EXPECT_EQ(jh["inputs"]["host_memory"].get<std::uint64_t>(), host);
+  int offloading = 0;
+  for (const auto& c : jh["candidates"]) {
+    for (const auto& rank : c["memory"]["ranks"])
+      EXPECT_LE(rank["host_bytes"].get<std::uint64_t>(), host);
+    offloading += c["layout"]["offload"] == "activations";
+  }
+  EXPECT_GT(offloading, 0);
 }
 
-// One GPU: layouts with --offload-activations, their PCIe time the transfer; off by the flag.
-TEST(CliE2EPlan, OneGpuEnumeratesActivationOffload) {
+// Layouts with --offload-activations, their PCIe time the transfer, without pipeline
+// parallelism only; none with --activation-offload off.
+TEST(CliE2EPlan, ActivationOffloadIsEnumeratedWithoutPipelining) {
+  const Result four = trainmem(
+      "plan --model tiny --gpus 4 --gpu-memory 16GiB --seq 16 --global-batch 8 --top 1000 "
+      "--format json");
+  ASSERT_EQ(four.code, 0) << four.err;
+  const json j4 = four.j();
+  int with_offload = 0;
+  for (const auto& c : j4["candidates"])
+    if (c["layout"]["offload"] == "activations") {
+      ++with_offload;
+      EXPECT_EQ(c["layout"]["pp"], 1);
+    }
+  EXPECT_GT(with_offload, 0);
+  EXPECT_GT(j4["counts"]["enumerated"].get<int>(), 972);
   const std::string base =
       "plan --model llama3.2-1b --gpus 1 --gpu-memory 40GiB --seq 16384 --global-batch 4 "
       "--top 100 --format json";

@@ -453,8 +453,9 @@ TEST(PlanPolicies, EachPolicySetsTheLayersTheCommandLineWould) {
 
 // One GPU, the real estimate: every budget candidate checkpoints the fewest first layers that
 // fit (one fewer does not, checked here with estimate_layout itself), never none or full (they
-// are candidates of their own); selective is not enumerated with flash; activation offload is
-// enumerated only on one GPU, and its PCIe bytes are the native step's transfer per micro-batch.
+// are candidates of their own); selective is not enumerated with flash; activation offload's
+// PCIe bytes are the native step's transfer per micro-batch, and on several GPUs it is
+// enumerated without pipeline parallelism only.
 TEST(PlanPolicies, BudgetTakesTheFewestFirstLayersThatFit) {
   const ModelConfig m = four_layers();
   PlanOptions o;
@@ -501,9 +502,23 @@ TEST(PlanPolicies, BudgetTakesTheFewestFirstLayersThatFit) {
   }
   EXPECT_GT(budgets, 0);
   EXPECT_GT(offloaded, 0);
-  // Several GPUs: no activation offload.
+  // Several GPUs: activation offload without pipeline parallelism only, priced by the rank's
+  // own transfer (tensor parallelism shards it).
   o.gpus = 2;
-  for (const PlanCandidate& c : plan(m, o).candidates) EXPECT_FALSE(c.train.offload_activations);
+  o.gpu_memory = std::uint64_t{1} << 40;
+  int ranks_offloading = 0;
+  for (const PlanCandidate& c : plan(m, o).candidates)
+    if (c.train.offload_activations) {
+      ++ranks_offloading;
+      EXPECT_EQ(c.layout.pp, 1);
+      const double want = double(c.layout.microbatches) *
+                          double(c.memory->ranks[0].est.offload_transfer_bytes) /
+                          (o.cost.pcie_gbps * 1e9 / 8.0);
+      if (c.layout.offload == Offload::none) {  // else ZeRO's offload adds its own bytes
+        EXPECT_DOUBLE_EQ(c.cost.pcie_seconds, want);
+      }
+    }
+  EXPECT_GT(ranks_offloading, 0);
 }
 
 // The cost of a per-layer policy: its share of the layers re-run (r = n/L in docs/plan.md).

@@ -211,8 +211,8 @@ class Stage {
     for (std::int64_t k = 0; k < Ls_; ++k) ck_.push_back(t.checkpointed(index * Ls_ + k));
     ck_count_ = std::count(ck_.begin(), ck_.end(), true);
     full_ = Ls_ > 0 && ck_count_ == Ls_;
-    if (t.offload_activations && p.distributed())
-      throw Error("analytic native: activation offload is modelled on one GPU only");
+    if (t.offload_activations && p.pp > 1)
+      throw Error("analytic native: activation offload is modelled without pipeline parallelism");
     if (lomo_ && p.distributed())
       throw Error("analytic native: LOMO is modelled on one GPU only (ParallelConfig::resolve)");
     r_.stage = index;
@@ -237,6 +237,11 @@ class Stage {
   void forward_instants();
   void head_instants();
   void layer_instants();
+  // The steps of local layer kb's backward (its activations at step 1 from what it and the layers
+  // below hold: kept_before, or offload's prefetched set).
+  void layer_steps(std::int64_t kb);
+  // The compute position of local layer k's backward (the ZeRO-3 window's index).
+  std::uint64_t back_pos(std::int64_t k) const { return u(Ls_) + 2 + u(Ls_ - 1 - k); }
   void figures();
   // An instant: the persistent books, `act` bytes of this micro-batch's activations (plus the
   // other micro-batches in flight), workspace `ws`, communication `comm` beside the buckets and
@@ -541,11 +546,18 @@ void Stage::forward_instants() {
   if (off_) {
     // Offload: layer k's forward holds O_{k-1} (still being copied out), its input x_k and its
     // own set; every earlier layer is on the host. The largest O_{k-1} decides, the first such k.
+    // Under ZeRO-3 the last layers too: their gather window reaches the head's larger unit.
     ks.assign(1, largest_predecessor(1, Ls_ - 1, 1));
+    if (p_.zero == 3)
+      for (std::int64_t k = std::max<std::int64_t>(0, Ls_ - window_layers); k < Ls_; ++k)
+        if (k != ks.front()) ks.push_back(k);
+    std::sort(ks.begin(), ks.end());
   }
   // What is alive before local layer k's own rows: the stage input and the earlier layers' keeps
-  // (offload: O_{k-1} and x_k).
-  auto before = [&](std::int64_t k) { return off_ ? csum({keeps(k - 1), l.X}) : kept_before(k); };
+  // (offload: O_{k-1}, none for layer 0, and x_k).
+  auto before = [&](std::int64_t k) {
+    return off_ ? csum({k > 0 ? keeps(k - 1) : 0, l.X}) : kept_before(k);
+  };
   for (std::int64_t k : ks) {
     if (sel_)
       at("forward: layer " + layer_name(k) + " attn_out allocated (probs alive)",
@@ -591,10 +603,29 @@ void Stage::head_instants() {
 }
 
 void Stage::layer_instants() {
+  // The first backward layer holds the most (below). Offload: each layer's backward holds the set
+  // of the layer below, prefetched (O_{k-1}), beside its own rows and input, so the layer above
+  // the largest O decides (the first such in backward order; layer 0 prefetches nothing), and
+  // under ZeRO-3 any earlier layer whose gather window is larger (the window only shrinks along
+  // the backward, at its end).
+  if (!off_) {
+    layer_steps(Ls_ - 1);
+    return;
+  }
+  const std::int64_t kb = largest_predecessor(Ls_ - 1, 1, -1);
+  const auto window_at = [&](std::int64_t k) {
+    return p_.zero == 3 ? gather_.window(back_pos(k), p_.prefetch) : 0;
+  };
+  for (std::int64_t k = Ls_ - 1; k > kb; --k)
+    if (window_at(k) > window_at(kb)) layer_steps(k);
+  layer_steps(kb);
+}
+
+void Stage::layer_steps(std::int64_t kb) {
   const Local& l = l_;
   const std::uint64_t C = kCublasWorkspaceBytes;
   const std::uint64_t sg = gather_buffer();
-  const std::uint64_t pos = u(Ls_) + 2;  // the backward's first unit (ZeRO-3 window)
+  const std::uint64_t pos = back_pos(kb);  // the layer's backward unit (ZeRO-3 window)
   const bool sp = p_.sp;
   // Gradients LOMO allocates per step: (i,h) down/gate, (h,a·d) o/q, (h) norms, (d) q/k norms.
   const std::uint64_t ih = bytes_of({l.i, l.h}, l.w), had = bytes_of({l.h, l.ad}, l.w);
@@ -604,11 +635,7 @@ void Stage::layer_instants() {
   // `out` gone; its set recomputed at step 0 when it is checkpointed). It holds the most: later
   // layers hold what the layers below them keep, which only shrinks, beside the same set and
   // buffers.
-  // Offload: each layer's backward holds the set of the layer below, prefetched (O_{k-1}), beside
-  // its own rows and input, so the layer above the largest O decides (the first such in backward
-  // order); layer 0 prefetches nothing.
   const std::uint64_t S = sum_bytes(set_);
-  const std::int64_t kb = off_ ? largest_predecessor(Ls_ - 1, 1, -1) : Ls_ - 1;
   const bool ck_last = ck_[u(kb)];
   const std::uint64_t A_L =
       off_ ? csub(csum({keeps(kb - 1), S}), dropped(), "the offloaded backward layer")

@@ -273,11 +273,12 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
     c.pcie_bytes = (grads + 1.0) * shard * w;
     if (layout.offload == Offload::optimizer_params) c.pcie_bytes += 2.0 * M * shard * w;
   }
-  // Activation offload (one GPU): each micro-batch's offload sets go to the host and come back,
-  // the native step's transfer bytes per micro-batch, M times.
+  // Activation offload: each micro-batch's offload sets go to the host and come back, the rank's
+  // transfer bytes per micro-batch, M times.
   if (train.offload_activations)
     c.pcie_bytes +=
-        M * static_cast<double>(estimate(Profile::native, model, train).offload_transfer_bytes);
+        M * static_cast<double>(
+                estimate_layout(model, train, layout).ranks.front().est.offload_transfer_bytes);
   const double link = cost.link_gbps * 1e9 / 8.0, pcie = cost.pcie_gbps * 1e9 / 8.0;
   c.communication_seconds = (c.dp_bytes + c.tp_bytes + c.pp_bytes) / link;
   c.pcie_seconds = c.pcie_bytes / pcie;
@@ -348,6 +349,17 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
     try {
       const LayoutEstimate e = estimator(model, t, p, options.overheads);
       res.estimate_seconds += seconds_since(t0);
+      if (options.host_memory > 0) {
+        std::uint64_t host = 0;
+        for (const auto& r : e.ranks) host = std::max(host, r.host_bytes);
+        if (host > options.host_memory) {
+          if (error)
+            *error = "host memory: a rank holds " + std::to_string(host) +
+                     " bytes on the host, more than --host-memory " +
+                     std::to_string(options.host_memory);
+          return std::nullopt;
+        }
+      }
       return e.worst_total();
     } catch (const InputError& e) {
       res.estimate_seconds += seconds_since(t0);
@@ -374,7 +386,7 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
             for (bool off_act : options.activation_offload)
               for (Attention at : options.attention)
                 for (Optimizer opt : options.optimizers) {
-                  if (off_act && N != 1) continue;  // the step offloads on one GPU only
+                  if (off_act && tr.pp > 1) continue;  // offload runs without pipelining
                   // Selective with flash is the plain step (no s² tensor to drop).
                   if (pol.kind == PlanPolicy::Kind::selective && at != Attention::eager) continue;
                   TrainConfig train = base;
@@ -448,7 +460,10 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
                       fam.smallest_worst_total = *smallest;
                       fam.smallest = PlanCandidate{p, t, step_cost(model, t, p, options.cost), {}};
                     }
-                    if (!smallest) add_unique(fam.messages, "the estimate failed: " + error);
+                    if (!smallest)
+                      add_unique(fam.messages, error.rfind("host memory", 0) == 0
+                                                   ? "does not fit --host-memory"
+                                                   : "the estimate failed: " + error);
                     continue;
                   }
                   std::size_t lo = 0, hi = valid.size() - 1;

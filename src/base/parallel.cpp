@@ -106,11 +106,11 @@ void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const Trai
       train.optimizer != Optimizer::sgd)
     throw InputError("--offload " + std::string(offload_name(offload)) +
                      " needs --optimizer adamw or sgd");
-  if (world > 1 && train.offload_activations)
+  if (pp > 1 && train.offload_activations)
     throw InputError(
-        "--offload-activations: trainmem's step offloads activations on one GPU; with "
-        "--world-size above 1 (here " +
-        std::to_string(world) + ") it is not modelled");
+        "--offload-activations with --pp " + str(pp) +
+        ": activation offload is modelled without pipeline parallelism (one stage per rank "
+        "and one micro-batch in flight); use --pp 1");
   if (world > 1 && train.optimizer == Optimizer::lomo)
     throw InputError(
         "--optimizer lomo: the sharded step supports adamw and sgd; LOMO with "

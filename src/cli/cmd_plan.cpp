@@ -23,6 +23,7 @@ struct PlanFlags {
   std::int64_t gpus = 0;  // required
   CLI::Option* gpus_given = nullptr;
   std::string gpu_memory;
+  std::string host_memory;  // "" = no limit
   std::int64_t seq = 512;
   std::int64_t global_batch = 0;  // required
   CLI::Option* global_batch_given = nullptr;
@@ -69,6 +70,7 @@ int run_plan(const PlanFlags& flags) {
   PlanOptions o;
   o.gpus = flags.gpus;
   o.gpu_memory = parse_size(flags.gpu_memory, "--gpu-memory");
+  if (!flags.host_memory.empty()) o.host_memory = parse_size(flags.host_memory, "--host-memory");
   o.margin = flags.margin;
   o.seq = c.train.seq;
   o.global_batch = flags.global_batch;
@@ -124,6 +126,9 @@ Runner register_plan(CLI::App& app) {
       ->capture_default_str();
   f.gpus_given = cmd->add_option("--gpus", f.gpus, "Number of GPUs N = dp·tp·pp (required, >= 1)")
                      ->check(integer_check<std::int64_t>("an integer; allowed: an integer >= 1"));
+  cmd->add_option("--host-memory", f.host_memory,
+                  "Host memory one rank may use for offloaded states and activations, a SIZE "
+                  "(default: no limit)");
   cmd->add_option("--gpu-memory", f.gpu_memory,
                   "Memory of one GPU: a SIZE (80GiB, 24GB; required)");
   cmd->add_option("--seq", f.seq, "Sequence length s (>= 2)")

@@ -99,16 +99,7 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
   checked_product({std::uint64_t(n_), std::uint64_t(a_), std::uint64_t(s_), 4}, "probs bytes");
   checked_product({std::uint64_t(n_), std::uint64_t(i_), 4}, "intermediate activation bytes");
   layers_.resize(std::size_t(cfg_.layers));
-  if (train_.offload_activations) {
-    // Host memory for the offloaded copies: real on a backend that computes, addresses only on
-    // meta (nothing is copied there).
-    if (be_.computes())
-      host_allocator_ = std::make_unique<HostAllocator>();
-    else
-      host_allocator_ = std::make_unique<MetaAllocator>();
-    host_ledger_ = std::make_unique<Ledger>(*host_allocator_);
-    offloaded_.resize(std::size_t(cfg_.layers));
-  }
+  if (train_.offload_activations) offload_ = std::make_unique<ActivationOffload>(&be_, cfg_.layers);
 
   auto setup = ledger_.scope(Phase::setup);
 
@@ -275,8 +266,7 @@ float LlamaModel::train_step(const GradientCapture& capture) {
     throw Error("model: train_step before set_tokens() or random_tokens()");
   ++step_;
   ledger_.begin_step(step_);
-  if (host_ledger_) host_ledger_->begin_step(step_);
-  transfer_bytes_ = 0;
+  if (offload_) offload_->begin_step(step_);
   forward();
   backward(capture);
   {
@@ -313,8 +303,9 @@ void LlamaModel::forward() {
     x = A[LA::out].data();
     // Offload: the previous layer's set has reached the host while this layer ran; this one's
     // starts now (double-buffered: two layers' sets at most on the device).
-    if (l >= 1 && offloads(l - 1)) free_offloaded(l - 1);
-    if (offloads(l)) offload_to_host(l);
+    if (offload_)
+      offload_->after_forward(l, l == 0 ? embed_out_ : layers_[std::size_t(l) - 1][LA::out],
+                              l == 0 ? "embed_out" : layer_act(LA::out).name, l - 1, A, l);
   }
   // Head.
   final_norm_out_ = act("final_norm_out", -1, {b_, s_, h_}, D_);
@@ -344,46 +335,10 @@ void LlamaModel::forward() {
   for (const TensorRecord* r : ledger_.live_tensors())
     if (r->category == Category::activations && r->layer >= -1 && r->layer < cfg_.layers)
       act_by_layer_[std::size_t(r->layer + 1)] += r->bytes;
-  if (host_ledger_)  // what each layer saved, wherever it is kept
-    for (const TensorRecord* r : host_ledger_->live_tensors())
+  if (offload_)  // what each layer saved, wherever it is kept
+    for (const TensorRecord* r : offload_->host().live_tensors())
       if (r->layer >= -1 && r->layer < cfg_.layers)
         act_by_layer_[std::size_t(r->layer + 1)] += r->bytes;
-}
-
-void LlamaModel::offload_to_host(int l) {
-  auto& set = offloaded_[std::size_t(l)];
-  set.clear();
-  auto add = [&](Tensor& t, const char* name, int layer) {
-    if (!t) return;
-    Offloaded o{&t, name, layer, t.shape(), t.dtype(), Tensor()};
-    o.host = host_ledger_->allocate(name, Category::activations, layer, o.shape, o.dtype);
-    if (be_.computes()) be_.download(o.host.data(), t.data(), t.bytes());
-    transfer_bytes_ = checked_add(transfer_bytes_, t.bytes(), "offload transfer bytes");
-    set.push_back(std::move(o));
-  };
-  // x_l first (the embedding output or the previous layer's `out`), then the layer's rows.
-  if (l == 0)
-    add(embed_out_, "embed_out", -1);
-  else
-    add(layers_[std::size_t(l) - 1][LA::out], layer_act(LA::out).name, l - 1);
-  for (const LayerActSpec& row : kLayerActs)
-    if (row.id != LA::out) add(layers_[std::size_t(l)][row.id], row.name, l);
-}
-
-void LlamaModel::free_offloaded(int l) {
-  for (auto& o : offloaded_[std::size_t(l)]) o.slot->reset();
-}
-
-void LlamaModel::prefetch_to_device(int l) {
-  for (auto& o : offloaded_[std::size_t(l)]) {
-    *o.slot = ledger_.allocate(o.name, Category::activations, o.layer, o.shape, o.dtype);
-    if (be_.computes()) be_.upload(o.slot->data(), o.host.data(), o.host.bytes());
-    transfer_bytes_ = checked_add(transfer_bytes_, o.host.bytes(), "offload transfer bytes");
-  }
-}
-
-void LlamaModel::free_host_copies(int l) {
-  offloaded_[std::size_t(l)].clear();  // each host Tensor releases its copy
 }
 
 void* LlamaModel::begin_grad(std::size_t index) {
@@ -495,11 +450,10 @@ void LlamaModel::backward(const GradientCapture& capture) {
   const LayerRank rank = layer_rank();
   for (int l = int(cfg_.layers) - 1; l >= 0; --l) {
     // Offload: the layer below comes back while this one's backward runs.
-    const bool below = l >= 1 && offloads(l - 1);
-    if (below) prefetch_to_device(l - 1);
+    if (offload_) offload_->before_backward(l, ledger_);
     Tensor& x = l == 0 ? embed_out_ : layers_[std::size_t(l) - 1][LayerAct::out];  // x_l
     decoder_layer_backward(rank, l, l, layers_[std::size_t(l)], x, d_res);
-    if (below) free_host_copies(l - 1);
+    if (offload_) offload_->after_backward(l);
   }
   capture_ = nullptr;
 

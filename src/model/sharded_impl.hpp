@@ -13,12 +13,14 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "trainmem/base/checked.hpp"
 #include "trainmem/base/dtype.hpp"
 #include "trainmem/base/error.hpp"
 #include "trainmem/base/param_init.hpp"
+#include "trainmem/model/activation_offload.hpp"
 #include "trainmem/model/decoder_layer.hpp"
 #include "trainmem/model/model.hpp"
 #include "trainmem/model/sharded_step.hpp"
@@ -89,8 +91,11 @@ struct ShardedStep::Impl : LayerHost {
   std::unique_ptr<Backend> host_be;
   std::vector<float> h_master, h_m, h_v, h_grad;
   std::vector<unsigned char> h_params;
+  // --offload-activations (one stage): the copies' host ledger; its peak counts as host bytes.
+  std::unique_ptr<ActivationOffload> offload;
   std::uint64_t host_bytes() const {
-    return (h_master.size() + h_m.size() + h_v.size() + h_grad.size()) * 4 + h_params.size();
+    return (h_master.size() + h_m.size() + h_v.size() + h_grad.size()) * 4 + h_params.size() +
+           (offload ? offload->host_peak() : 0);
   }
 
   // ZeRO-3: unit positions and the gathered units alive.

@@ -55,6 +55,11 @@ void ShardedStep::Impl::forward(std::int64_t mb, bool mark) {
     window(++pos);
     decoder_layer_forward(layer_rank(), l, global_layer(l), B.layers[std::size_t(l)],
                           ActPass::forward, layer_input(B, l).data());
+    if (offload)
+      offload->after_forward(
+          l, layer_input(B, l),
+          l > 0 ? layer_act(LayerAct::out).name : (first ? "embed_out" : "stage_input"),
+          l > 0 ? global_layer(l - 1) : -1, B.layers[std::size_t(l)], global_layer(l));
   }
   if (last) {
     window(++pos);
@@ -163,8 +168,10 @@ void ShardedStep::Impl::backward(std::int64_t mb) {
   }
   for (std::int64_t l = Ls - 1; l >= 0; --l) {
     window(++pos);
+    if (offload) offload->before_backward(l, ledger);  // the layer below, one ahead
     decoder_layer_backward(layer_rank(), l, global_layer(l), B.layers[std::size_t(l)],
                            layer_input(B, l), d_res);
+    if (offload) offload->after_backward(l);
   }
   window(seq.size());  // the embedding's backward needs no weight
   if (first) {         // the embedding: from the whole sequence's d_residual (gathered under sp)
@@ -189,6 +196,7 @@ void ShardedStep::Impl::backward(std::int64_t mb) {
 float ShardedStep::Impl::train_step() {
   ++step;
   ledger.begin_step(step);
+  if (offload) offload->begin_step(step);
   if (run) {
     loss_sum = 0;
     for (auto& gq : grads) be->fill_zero(gq.data(), gq.bytes());
@@ -292,6 +300,11 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
     x.offx = x.run && layout.offload != Offload::none;
     if (exec->optimizer.kind != train.optimizer)
       throw Error("sharded step: optimizer settings are for another optimizer");
+  }
+  if (train.offload_activations) {
+    if (layout.pp > 1) throw InputError("--offload-activations with --pp above 1 is not modelled");
+    impl_->offload =
+        std::make_unique<ActivationOffload>(impl_->run ? impl_->be : nullptr, impl_->Ls);
   }
   try {
     impl_->setup();

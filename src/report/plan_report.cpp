@@ -131,6 +131,7 @@ json plan_json(const PlanResult& r) {
               {"gpu_memory", o.gpu_memory},
               {"margin", o.margin},
               {"budget", r.budget},
+              {"host_memory", o.host_memory ? json(o.host_memory) : json(nullptr)},
               {"seq", o.seq},
               {"global_batch", o.global_batch},
               {"dtype", dtype_name(o.dtype)},
@@ -259,7 +260,10 @@ void write_prose(ReportWriter& w, const PlanResult& r) {
   w.paragraph("budget per GPU " + q(r.budget) + " = " + q(o.gpu_memory) + " × (1 − " +
               report::fixed(o.margin, 2) +
               " --margin); a layout fits when its worst rank's peak + overheads (CUDA context, "
-              "NCCL buffers) is at most this");
+              "NCCL buffers) is at most this" +
+              (o.host_memory ? ", and what a rank offloads at most " + q(o.host_memory) +
+                                   " of host memory (--host-memory)"
+                             : std::string("; host memory is not limited (--host-memory)")));
   w.paragraph("step time (docs/plan.md): compute at " + report::fixed(o.cost.tflops, 0) +
               " TFLOP/s per GPU (--tflops), communication at " +
               report::fixed(o.cost.link_gbps, 0) + " Gb/s (--link-gbps), offload over PCIe at " +

@@ -78,9 +78,11 @@ struct PlanPolicy {
 std::vector<PlanPolicy> parse_plan_policies(const std::string& text);
 
 struct PlanOptions {
-  std::int64_t gpus = 1;          // N (--gpus)
-  std::uint64_t gpu_memory = 0;   // bytes per GPU (--gpu-memory)
-  double margin = 0.05;           // --margin: kept back from gpu_memory
+  std::int64_t gpus = 1;         // N (--gpus)
+  std::uint64_t gpu_memory = 0;  // bytes per GPU (--gpu-memory)
+  double margin = 0.05;          // --margin: kept back from gpu_memory
+  // --host-memory: host bytes one rank may hold (ZeRO offload, activation offload); 0: no limit.
+  std::uint64_t host_memory = 0;
   std::int64_t seq = 512;         // s (--seq)
   std::int64_t global_batch = 1;  // G (--global-batch): sequences per optimizer step
   DType dtype = DType::bf16;      // --dtype
@@ -92,7 +94,7 @@ struct PlanOptions {
                                       PlanPolicy::every(2),
                                       {PlanPolicy::Kind::full},
                                       {PlanPolicy::Kind::budget}};
-  // --offload-activations on and off: enumerated on one GPU only (the step offloads there).
+  // --offload-activations off and on: on is enumerated without pipeline parallelism (pp 1).
   std::vector<bool> activation_offload = {false, true};
   std::vector<Attention> attention = {Attention::flash, Attention::eager};
   std::vector<Offload> offloads = {Offload::none, Offload::optimizer, Offload::optimizer_params};

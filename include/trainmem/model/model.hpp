@@ -47,6 +47,7 @@
 #include "trainmem/base/config.hpp"
 #include "trainmem/base/safetensors.hpp"
 #include "trainmem/ledger/ledger.hpp"
+#include "trainmem/model/activation_offload.hpp"
 #include "trainmem/model/decoder_layer.hpp"
 #include "trainmem/model/model_acts.hpp"
 #include "trainmem/model/optimizer.hpp"
@@ -152,8 +153,8 @@ class LlamaModel : private LayerHost {
   // --offload-activations: the host ledger the offloaded copies live in (nullptr otherwise; its
   // peaks restart with each step), and the bytes copied each way in the last step (device to host
   // in forward, host to device in backward: each equals the host peak).
-  const Ledger* host_ledger() const { return host_ledger_.get(); }
-  std::uint64_t offload_transfer_bytes() const { return transfer_bytes_; }
+  const Ledger* host_ledger() const { return offload_ ? &offload_->host() : nullptr; }
+  std::uint64_t offload_transfer_bytes() const { return offload_ ? offload_->transfer_bytes() : 0; }
 
  private:
   Parameter& P(std::size_t i) { return params_[i]; }
@@ -173,13 +174,6 @@ class LlamaModel : private LayerHost {
   void upload_inputs();
   void forward();
   void backward(const GradientCapture& capture);
-  // Activation offload (docs/native-plan.md, "Activation offload"). O_l, the offload set of
-  // layer l < L-1: its input x_l and the rows it keeps for its backward, `out` excepted (x_{l+1}).
-  bool offloads(int l) const { return host_ledger_ && l + 1 < cfg_.layers; }
-  void offload_to_host(int l);     // forward, after layer l: O_l copied into the host ledger
-  void free_offloaded(int l);      // forward, after layer l+1: O_l's device tensors freed
-  void prefetch_to_device(int l);  // backward, before layer l+1's: O_l allocated and copied back
-  void free_host_copies(int l);    // backward, after layer l+1's: O_l's host copies freed
   // The decoder layer's view of this run (world size 1) and its LayerHost side.
   LayerRank layer_rank();
   const void* weight(std::int64_t l, int slot) override;
@@ -223,20 +217,8 @@ class LlamaModel : private LayerHost {
   const GradientCapture* capture_ = nullptr;  // backward's, for grad_done
   std::vector<std::uint64_t> act_by_layer_;
 
-  // --offload-activations: the host allocator and ledger, each layer's offloaded tensors (the
-  // device slot, what to allocate it as again, and the host copy), the bytes moved this step.
-  struct Offloaded {
-    Tensor* slot;
-    const char* name;
-    int layer;
-    std::vector<std::int64_t> shape;
-    DType dtype;
-    Tensor host;
-  };
-  std::unique_ptr<Allocator> host_allocator_;
-  std::unique_ptr<Ledger> host_ledger_;
-  std::vector<std::vector<Offloaded>> offloaded_;
-  std::uint64_t transfer_bytes_ = 0;
+  // --offload-activations (include/trainmem/model/activation_offload.hpp); null otherwise.
+  std::unique_ptr<ActivationOffload> offload_;
 
   // Forward state kept for backward.
   Tensor embed_out_;
