@@ -566,7 +566,7 @@ void Stage::forward_instants() {
            (p_.sp       ? " (down partial alive)"
             : ck_[u(k)] ? " (its other tensors not yet freed)"
                         : "") +
-           (off_ ? " (layer " + layer_name(k - 1) + "'s set still being offloaded)" : ""),
+           (off_ && k > 0 ? " (layer " + layer_name(k - 1) + "'s set still being offloaded)" : ""),
        csum({before(k), csub(S, dropped(), "selective")}), C, sg, u(k) + 1, G0);
   }
 }
