@@ -34,21 +34,7 @@ TrainConfig offloaded(TrainConfig t) {
 void expect_ledgers_equal_analytic(const ModelConfig& m, const TrainConfig& t,
                                    const std::string& what, BackendKind kind = BackendKind::meta) {
   test::ModelRun run(kind, m, t);
-  if (kind == BackendKind::cpu) {
-    run.model->init_random(3);
-    run.model->random_tokens(4);
-  }
-  run.model->train_step();
-  run.model->train_step();
-  const MemoryFigures got = measured_figures(*run.ledger);
-  const Estimate e = estimate(Profile::native, m, t);
-  const MemoryFigures& want = e.figures;
-  EXPECT_EQ(got.activations, want.activations) << what;
-  EXPECT_EQ(got.activations_peak, want.activations_peak) << what;
-  EXPECT_EQ(got.workspace, want.workspace) << what;
-  EXPECT_EQ(got.peak, want.peak) << what << " (analytic peak at "
-                                 << e.instants[std::size_t(e.peak_instant)].name << ")";
-  EXPECT_EQ(got.peak_breakdown, want.peak_breakdown) << what;
+  const Estimate e = test::expect_ledger_equals_native(run, m, t, what, kind);
   const Ledger* host = run.model->host_ledger();
   ASSERT_NE(host, nullptr) << what;
   EXPECT_EQ(host->peak_total().bytes, e.offload_host_bytes) << what;

@@ -128,21 +128,7 @@ TEST(CheckpointPolicy, AnUnresolvedBudgetNeverRunsAsFull) {
 void expect_ledger_equals_analytic(const ModelConfig& m, const TrainConfig& t,
                                    const std::string& what, BackendKind kind = BackendKind::meta) {
   test::ModelRun run(kind, m, t);
-  if (kind == BackendKind::cpu) {
-    run.model->init_random(3);
-    run.model->random_tokens(4);
-  }
-  run.model->train_step();
-  run.model->train_step();
-  const MemoryFigures got = measured_figures(*run.ledger);
-  const Estimate e = estimate(Profile::native, m, t);
-  const MemoryFigures& want = e.figures;
-  EXPECT_EQ(got.activations, want.activations) << what;
-  EXPECT_EQ(got.activations_peak, want.activations_peak) << what;
-  EXPECT_EQ(got.workspace, want.workspace) << what;
-  EXPECT_EQ(got.peak, want.peak) << what << " (analytic peak at "
-                                 << e.instants[std::size_t(e.peak_instant)].name << ")";
-  EXPECT_EQ(got.peak_breakdown, want.peak_breakdown) << what;
+  test::expect_ledger_equals_native(run, m, t, what, kind);
 }
 
 TEST(CheckpointPolicy, LedgerEqualsNativeProfileForEveryPolicy) {
