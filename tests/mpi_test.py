@@ -17,6 +17,8 @@ checks exit codes, messages and that nothing hangs (every run has a wall-clock b
                to the single-rank run of the global batch, one timeline per rank; --tp 2 --sp
                --checkpointing layers:1 -> measured, the same losses; --pp 2 --microbatches 3
                --checkpointing selective -> measured, the same losses; --offload optimizer+params --offload-activations -> every rank's host bytes the analytic's, the same losses;
+               --cp 2 --zero 1 --checkpointing full and --cp N (ring attention) -> measured,
+               every rank matching, the losses of one rank holding the whole sequence;
                --backend cuda --pp 2 -> measured where every rank has a GPU, else exit 2 naming the device
                or NCCL, once; --world-size not equal to the MPI size ->
                exit 2 saying what to run instead; compare --world-size N: a row per rank,
@@ -110,10 +112,11 @@ def run_mpmd(spec, bound=BOUND_S):
     return p.returncode, p.stdout, p.stderr, elapsed
 
 
-def expect_single_losses(exe, doc, rows, what, out):
+def expect_single_losses(exe, doc, rows, what, out, extra=()):
     """The measured job's losses equal the single-rank run of the same `rows` global rows."""
     rc1, out1, err1 = single(exe, ["profile", "--model", "tiny", "--batch", str(rows), "--seq",
-                                   "16", "--backend", "cpu", "--dtype", "fp32", "--format", "json"])
+                                   "16", "--backend", "cpu", "--dtype", "fp32", "--format", "json"]
+                             + list(extra))
     expect(rc1 == 0, f"the single-rank run of {rows} rows: exit {rc1}", out1, err1)
     if rc1 == 0:
         want = json.loads(out1)["run"]["losses"]
@@ -284,6 +287,22 @@ def main():
                            for r in doc["measured_ranks"]),
                        "offload: every rank's host bytes equal the analytic's", out)
                 expect_single_losses(a.trainmem, doc, 2 * n, "ZeRO-3 offload + activations", out)
+            # Context parallelism measured: the sequence over cp ranks (ring attention over MPI
+            # sends), with dp n/cp; the same global batch's losses as one rank running the
+            # whole sequence. cp 2 under ZeRO-1 with full checkpointing (the ring runs again in
+            # the recompute); cp n (4 ranks: three ring steps, two receive buffers) with tp 1.
+            for cp, extra in ([2, ["--zero", "1", "--checkpointing", "full"]],
+                              [n, ["--checkpointing", "layers:1"]]):
+                rc, out, err, _ = run(n, base + ["--world-size", str(n), "--cp", str(cp),
+                                                 "--attention", "flash", "--format", "json"]
+                                      + extra, threads=1)
+                expect(rc == 0, f"--cp {cp} measured: exit {rc}", out, err)
+                if rc == 0:
+                    doc = json.loads(out)
+                    expect(doc.get("all_ranks_match") is True,
+                           f"cp {cp}: every rank's ledger equals its trace and the analytic", out)
+                    expect_single_losses(a.trainmem, doc, 2 * n // cp, f"cp {cp}", out,
+                                         ["--attention", "flash"])
             # cuda with --pp: measured like the cpu's where every rank has a GPU and NCCL is
             # built; otherwise exit 2 with the reason (the device or NCCL, not the layout), once.
             cuda = [w if w != "cpu" else "cuda" for w in base]

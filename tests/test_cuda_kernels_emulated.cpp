@@ -362,14 +362,17 @@ TEST(CudaKernelsEmulated, RmsNormForwardAndBackward) {
 // ---------------------------------------------------------------- rope
 
 // Without scaling and under Llama 3.1's llama3 scaling at original 64 (d 12, theta 10000: the
-// six pairs' wavelengths 6.3, 29, 135, ... 13500 fall in all three bands, < 16, 16..64, > 64).
+// six pairs' wavelengths 6.3, 29, 135, ... 13500 fall in all three bands, < 16, 16..64, > 64),
+// and at a context-parallel rank's positions (rows 0..3 at 4..7, rows 4..8 at 20..24).
 template <class S>
 void check_rope() {
   std::mt19937 rng(3);
   const std::int64_t b = 2, s = 9, a = 4, kv = 2, d = 12;
   RopeSpec scaled{10000.0, {}};
   scaled.scaling = {RopeScalingKind::llama3, 8.0, 1.0, 4.0, 64};
-  for (const RopeSpec& spec : {RopeSpec{10000.0, {}}, scaled})
+  RopeSpec chunks = scaled;
+  chunks.positions = SeqPositions{4, 4, 20};
+  for (const RopeSpec& spec : {RopeSpec{10000.0, {}}, scaled, chunks})
     for (float sign : {1.0f, -1.0f}) {
       auto q_want = random_storage<S>(std::size_t(b * s * a * d), rng);
       auto k_want = random_storage<S>(std::size_t(b * s * kv * d), rng);
@@ -381,9 +384,9 @@ void check_rope() {
       }
       const RopeFreqParams freq = rope_freq_params(spec);
       launch(dim3(2), dim3(64), 0, rope_kernel<S>, static_cast<void*>(q_got.data()),
-             b * s * a * (d / 2), s, a, d, freq, sign);
+             b * s * a * (d / 2), s, a, d, freq, spec.positions, sign);
       launch(dim3(2), dim3(64), 0, rope_kernel<S>, static_cast<void*>(k_got.data()),
-             b * s * kv * (d / 2), s, kv, d, freq, sign);
+             b * s * kv * (d / 2), s, kv, d, freq, spec.positions, sign);
       expect_close(to_f32<S>(q_got), to_f32<S>(q_want), tol16<S>() * 2, "rope q");
       expect_close(to_f32<S>(k_got), to_f32<S>(k_want), tol16<S>() * 2, "rope k");
     }

@@ -166,7 +166,7 @@ TEST(ShardedExecOneRank, RefusesWhatItDoesNotRun) {
     ShardedStep step(m, t, dp2, 0, ledger, &ex);
     FAIL() << "dp 2 ran on a collective of one rank";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("collectives have 1 ranks, the layout dp 2"),
+    EXPECT_NE(std::string(e.what()).find("collectives have 1 ranks, the layout dp·cp 2"),
               std::string::npos)
         << e.what();
   }

@@ -33,7 +33,7 @@ void launch(const char* op, void* q, void* k, std::int64_t b, std::int64_t s, st
     if (pairs == 0) continue;
     dispatch_storage(dt, op, [&](auto tag) {
       cuda::rope_kernel<decltype(tag)><<<cuda::grid_for(pairs, kThreads), kThreads, 0, stream>>>(
-          x, pairs, s, heads, d, freq, sign);
+          x, pairs, s, heads, d, freq, rope.positions, sign);
       TM_CUDA_CHECK_LAUNCH();
     });
   }

@@ -10,7 +10,8 @@
 
 namespace trainmem {
 
-// In place on q (b, s, a, d) D and k (b, s, kv, d) D at positions 0..s-1,
+// In place on q (b, s, a, d) D and k (b, s, kv, d) D, row t at position rope.positions.at(t)
+// (0..s-1 unless context parallelism gives the rank's chunks),
 // inv_freq[j] = rope.theta^(-2j/d), rescaled under rope.scaling (rope_math.hpp). d must be even
 // (InputError otherwise).
 void rope_forward_cpu(void* q, void* k, std::int64_t b, std::int64_t s, std::int64_t a,

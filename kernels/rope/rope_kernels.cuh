@@ -14,16 +14,17 @@ namespace trainmem::cuda {
 // ---------------------------------------------------------------- kernels
 
 // x (b, s, heads, d) D: pairs = b*s*heads*(d/2), grid-stride over them. freq: the fp32
-// constants of the frequency rule (rope_freq_params of rope_math.hpp).
+// constants of the frequency rule (rope_freq_params of rope_math.hpp); row t of a sequence at
+// position pos.at(t).
 template <class S>
 __global__ void rope_kernel(void* x, std::int64_t pairs, std::int64_t s, std::int64_t heads,
-                            std::int64_t d, RopeFreqParams freq, float sign) {
+                            std::int64_t d, RopeFreqParams freq, SeqPositions pos, float sign) {
   const std::int64_t half = d / 2;
   for (std::int64_t p = cuda::global_thread_index(); p < pairs; p += cuda::global_thread_count()) {
     const std::int64_t j = p % half;
     const std::int64_t row = p / half;  // (batch index * s + t) * heads + head
     const std::int64_t t = (row / heads) % s;
-    const float angle = rope_scaled_angle(t, j, d, freq);
+    const float angle = rope_scaled_angle(pos.at(t), j, d, freq);
     float sn, c;
     sincosf(angle, &sn, &c);
     const std::size_t i1 = std::size_t(row) * d + j;

@@ -73,7 +73,7 @@ struct Local {
 Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p) {
   Local l;
   l.b = u(t.batch);
-  l.s = u(t.seq);
+  l.s = u(p.local_seq(t.seq));  // the rank's s/cp rows under context parallelism
   l.sr = p.sp ? l.s / u(p.tp) : l.s;
   l.h = u(m.hidden);
   l.d = u(m.head_dim());
@@ -217,7 +217,7 @@ class Stage {
       throw Error("analytic native: LOMO is modelled on one GPU only (ParallelConfig::resolve)");
     r_.stage = index;
     r_.role = p.pp == 1 ? "only" : first_ ? "first" : last_ ? "last" : "middle";
-    r_.ranks = p.dp * p.tp;
+    r_.ranks = p.dp * p.tp * p.cp;
     r_.layers = Ls_;
     r_.in_flight = std::min<std::int64_t>(p.pp - index, p.microbatches);
   }
@@ -257,6 +257,28 @@ class Stage {
   std::uint64_t grads_before_head() const { return lomo_ ? 0 : r_.est.figures.gradients; }
   // A transient (b, s, h) gather / partial buffer under sequence parallelism.
   std::uint64_t gather_buffer() const { return p_.sp ? l_.full : 0; }
+  // Context parallelism (docs/distributed.md, "Context parallelism"): ring attention's receive
+  // buffers of key/value blocks, (2, b, s/c, k·d) D each, min(cp-1, 2) of them; the two fp32
+  // key/value gradient accumulators of the backward; the fp32 (b, s/c, a·d) accumulator of the
+  // output (forward) or of d_q (backward), in workspace.
+  std::uint64_t ring_buffers() const { return u(std::min<std::int64_t>(p_.cp - 1, 2)); }
+  std::uint64_t ring_kv() const {
+    return p_.cp > 1 ? checked_mul(ring_buffers(), bytes_of({2, l_.b, l_.s, l_.kd}, l_.w)) : 0;
+  }
+  std::uint64_t ring_dkv() const {
+    return p_.cp > 1 ? checked_mul(2, bytes_of({2, l_.b, l_.s, l_.kd}, 4)) : 0;
+  }
+  // The layer's rows up to attn_out (probs among them, under selective), allocated when the
+  // attention runs.
+  std::uint64_t through_attn_out() const {
+    std::uint64_t t = 0;
+    for (const auto& e : set_) {
+      t = checked_add(t, e.bytes, "activations");
+      if (e.name == "attn_out") break;
+    }
+    return t;
+  }
+  std::uint64_t ring_acc() const { return p_.cp > 1 ? bytes_of({l_.b, l_.s, l_.ad}, 4) : 0; }
   std::string layer_name(std::int64_t k) const {  // "L-1" on one stage, the stage's index else
     return p_.pp == 1 ? "L-" + std::to_string(Ls_ - k) : std::to_string(k);
   }
@@ -320,7 +342,7 @@ void Stage::books() {
   if (first_) Pk = checked_add(Pk, emb);
   const bool tied_here = m_.tied_embeddings && p_.pp == 1;
   if (last_) Pk = csum({Pk, l.h, tied_here ? 0 : emb}, "parameters");
-  const std::uint64_t dp = u(p_.dp);
+  const std::uint64_t dp = u(p_.grad_ranks());  // ZeRO shards over dp·cp
   const std::uint64_t shard = (Pk + dp - 1) / dp;
   r_.local_params = Pk;
   r_.shard_elements = p_.zero >= 1 ? shard : Pk;
@@ -409,6 +431,19 @@ void Stage::books() {
                                      "around each tensor-parallel GEMM group",
                                      "sequence parallelism: all-gather input / reduce-scatter "
                                      "partial output, transient"));
+  if (p_.cp > 1) {
+    const std::string n = std::to_string(ring_buffers());
+    r_.communication.push_back(entry(
+        g_, "ring.kv", n + "×(2,b,s/c," + l.lk + "·d)", g_.dt, ring_kv(), Term::other,
+        "each layer's attention, forward and backward",
+        "context parallelism: key/value blocks received from the previous rank of the ring (" + n +
+            " buffer(s): min(cp-1, 2), alternating)"));
+    r_.communication.push_back(
+        entry(g_, "ring.dkv", "2×(2,b,s/c," + l.lk + "·d)", "fp32", ring_dkv(), Term::other,
+              "each layer's attention backward",
+              "context parallelism: the key/value gradient accumulator that travels with its "
+              "block, and the one being received"));
+  }
 }
 
 void Stage::activations() {
@@ -534,15 +569,10 @@ void Stage::forward_instants() {
     while (!ck_[u(last_ck)]) --last_ck;
     if (last_ck < Ls_ - window_layers) ks.push_back(last_ck);
   }
-  if (ck_count_ > 0 || sel_ || p_.sp || p_.zero == 3 || !last_ || off_)
+  if (ck_count_ > 0 || sel_ || p_.sp || p_.zero == 3 || !last_ || off_ || p_.cp > 1)
     for (std::int64_t k = std::max<std::int64_t>(0, Ls_ - window_layers); k < Ls_; ++k)
       ks.push_back(k);
-  // Selective: the layer's rows up to attn_out, probs among them, when attn_out is allocated.
-  std::uint64_t through_attn = 0;
-  for (const auto& e : set_) {
-    through_attn = checked_add(through_attn, e.bytes, "activations");
-    if (e.name == "attn_out") break;
-  }
+  const std::uint64_t through_attn = through_attn_out();
   if (off_) {
     // Offload: layer k's forward holds O_{k-1} (still being copied out), its input x_k and its
     // own set; every earlier layer is on the host. The largest O_{k-1} decides, the first such k.
@@ -559,6 +589,9 @@ void Stage::forward_instants() {
     return off_ ? csum({k > 0 ? keeps(k - 1) : 0, l.X}) : kept_before(k);
   };
   for (std::int64_t k : ks) {
+    if (p_.cp > 1)  // ring attention: its buffers beside the rows through attn_out
+      at("forward: layer " + layer_name(k) + " ring attention (key/value blocks received)",
+         csum({before(k), through_attn}), csum({C, ring_acc()}), ring_kv(), u(k) + 1, G0);
     if (sel_)
       at("forward: layer " + layer_name(k) + " attn_out allocated (probs alive)",
          csum({before(k), through_attn}), C, 0, u(k) + 1, G0);
@@ -643,6 +676,12 @@ void Stage::layer_steps(std::int64_t kb) {
                   "the first backward layer");
   const std::string Lb =
       "backward layer " + layer_name(kb) + (off_ ? " (layer below prefetched) " : " ");
+  if (ck_last && p_.cp > 1) {
+    // The recompute's ring attention: the rows after attn_out (`out` excepted) not yet recomputed.
+    const std::uint64_t rest = csub(S, csum({l.X, through_attn_out()}), "rows after attn_out");
+    at(Lb + "step 0: recompute's ring attention", csub(A_L, rest, "recompute"),
+       csum({C, l.X, ring_acc()}), ring_kv(), pos, grads(0));
+  }
   if (ck_last) at(Lb + "step 0: recompute done", A_L, csum({C, l.X}), 0, pos, grads(0));
   at(Lb + "step 1: d_act" + lomo(" + down_proj gradient") + (sp ? " (d_residual gathered)" : ""),
      A_L, csum({C, l.X, l.bsi}), sg, pos, grads(ih));
@@ -666,8 +705,11 @@ void Stage::layer_steps(std::int64_t kb) {
        csum({C, l.X, l.bsad, l.bsad}), 0, pos, grads(0));
   const std::uint64_t A6 = csum({A5, dropped()});
   at(Lb + "step 6: d_q, d_k, d_v, " +
-         (t_.attention == Attention::eager ? "d_probs" : "attn_delta") + " (attention backward)",
-     A6, csum({C, l.X, l.bsad, l.bsad, l.bskd, l.bskd, l.store}), 0, pos, grads(0));
+         (t_.attention == Attention::eager ? "d_probs" : "attn_delta") +
+         (p_.cp > 1 ? " (ring attention backward: accumulators and blocks)"
+                    : " (attention backward)"),
+     A6, csum({C, l.X, l.bsad, l.bsad, l.bskd, l.bskd, l.store, ring_acc()}),
+     csum({ring_kv(), ring_dkv()}), pos, grads(0));
   const std::uint64_t A7 = csub(A6, csum({l.bsad, l.store}), "step 7");  // attn_out, probs|lse
   std::uint64_t A8 = A7;
   if (m_.qk_norm) {

@@ -45,10 +45,11 @@ Overheads estimate_overheads(const ParallelConfig& layout, const OverheadOptions
     o.nccl_source = "--nccl-memory";
     return o;
   }
-  // One communicator per parallel group the rank belongs to (dp, tp, pp where > 1); each holds
+  // One communicator per parallel group the rank belongs to (the gradient group of dp·cp ranks,
+  // tp, pp, cp's ring, where > 1); each holds
   // NCCL_BUFFSIZE per channel per peer, for its ring/tree peers (2: send and receive side).
   std::uint64_t comms = 0;
-  for (std::int64_t deg : {layout.dp, layout.tp, layout.pp})
+  for (std::int64_t deg : {layout.grad_ranks(), layout.tp, layout.pp, layout.cp})
     if (deg > 1) ++comms;
   const std::uint64_t per = checked_mul(checked_mul(opts.nccl_buffsize, u(opts.nccl_channels)), 2);
   o.nccl = checked_mul(comms, per, "NCCL buffers");

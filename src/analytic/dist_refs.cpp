@@ -422,6 +422,15 @@ void megatron_notes(ReferenceRank& r, const ModelConfig& model, const TrainConfi
                       " micro-batches in flight (written as L·min(1, M/pp)); the 1F1B schedule, "
                       "no interleaving (virtual stages = 1); no output-layer term off the last "
                       "stage");
+  if (par.cp > 1)
+    r.notes.push_back(
+        "--cp " + num(par.cp) +
+        ": the estimator has no context-parallel term, so its activations are the whole "
+        "sequence's (s = " +
+        num(train.seq) +
+        " tokens per rank, where a rank holds s/cp = " + num(par.local_seq(train.seq)) +
+        "), and its distributed optimizer divides by data_parallel_size = dp = " + num(par.dp) +
+        " (Megatron shards over the dp·cp ranks); applied as written");
   r.notes.push_back(
       "not counted: communication buffers, NCCL, CUDA context, allocator reserve and "
       "fragmentation, the optimizer step's temporaries (without SP only the × 1.05 stands for "

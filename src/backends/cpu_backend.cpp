@@ -17,6 +17,7 @@
 
 #include "adamw/adamw.hpp"
 #include "attention/attention.hpp"
+#include "attention/attention_ring.hpp"
 #include "bias/bias.hpp"
 #include "cross_entropy/cross_entropy.hpp"
 #include "embedding/embedding.hpp"
@@ -186,6 +187,25 @@ class CpuBackend final : public Backend {
     const bool found = nonfinite_;
     nonfinite_ = false;
     return found;
+  }
+  void attention_ring_forward(float* acc, float* lse, const void* q, const void* k, const void* v,
+                              std::int64_t b, std::int64_t sq, std::int64_t sk, std::int64_t a,
+                              std::int64_t kv, std::int64_t d, std::int64_t window,
+                              SeqPositions qpos, SeqPositions kpos, bool first) override {
+    attention_ring_forward_cpu(acc, lse, q, k, v, b, sq, sk, a, kv, d, window, qpos, kpos, first,
+                               dtype());
+  }
+  void attention_ring_backward(float* dq, float* dk, float* dv, float* delta, const void* dout,
+                               const void* q, const void* k, const void* v, const void* out,
+                               const float* lse, std::int64_t b, std::int64_t sq, std::int64_t sk,
+                               std::int64_t a, std::int64_t kv, std::int64_t d, std::int64_t window,
+                               SeqPositions qpos, SeqPositions kpos, bool first) override {
+    attention_ring_backward_cpu(dq, dk, dv, delta, dout, q, k, v, out, lse, b, sq, sk, a, kv, d,
+                                window, qpos, kpos, first, dtype());
+  }
+  void round_from_f32(void* out, const float* in, std::int64_t n) override {
+    const DType dt = dtype();
+    for (std::int64_t e = 0; e < n; ++e) store_from_f32(out, std::size_t(e), dt, in[e]);
   }
 
  private:

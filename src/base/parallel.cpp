@@ -2,6 +2,9 @@
 // (include/trainmem/base/parallel.hpp; the rules are explained in docs/distributed.md).
 #include "trainmem/base/parallel.hpp"
 
+#include <limits>
+#include <utility>
+
 #include "trainmem/base/error.hpp"
 
 namespace trainmem {
@@ -52,16 +55,27 @@ void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const Trai
   if (world < 1) throw InputError("--world-size must be at least 1, got " + str(world));
   if (tp < 1) throw InputError("--tp must be at least 1, got " + str(tp));
   if (pp < 1) throw InputError("--pp must be at least 1, got " + str(pp));
+  if (cp < 1) throw InputError("--cp must be at least 1, got " + str(cp));
+  // Products saturate instead of overflowing (hostile degrees give "not divisible").
+  const auto mul = [](std::int64_t x, std::int64_t y) {
+    return x > std::numeric_limits<std::int64_t>::max() / y
+               ? std::numeric_limits<std::int64_t>::max()
+               : x * y;
+  };
+  const std::int64_t tpc = mul(mul(tp, pp), cp);
+  const std::string cp_text = cp > 1 ? " × --cp" : "";
   if (dp_given) {
     if (dp < 1) throw InputError("--dp must be at least 1, got " + str(dp));
-    if (dp * tp * pp != world)
-      throw InputError("--world-size " + str(world) + " must equal --dp × --tp × --pp = " +
-                       str(dp) + " × " + str(tp) + " × " + str(pp) + " = " + str(dp * tp * pp));
+    if (mul(dp, tpc) != world)
+      throw InputError("--world-size " + str(world) + " must equal --dp × --tp × --pp" + cp_text +
+                       " = " + str(dp) + " × " + str(tp) + " × " + str(pp) +
+                       (cp > 1 ? " × " + str(cp) : "") + " = " + str(mul(dp, tpc)));
   } else {
-    if (world % (tp * pp) != 0)
-      throw InputError("--world-size " + str(world) + " is not divisible by --tp × --pp = " +
-                       str(tp * pp) + "; the data-parallel degree is N / (tp·pp)");
-    dp = world / (tp * pp);
+    if (world % tpc != 0)
+      throw InputError("--world-size " + str(world) + " is not divisible by --tp × --pp" + cp_text +
+                       " = " + str(tpc) + "; the data-parallel degree is N / (tp·pp" +
+                       (cp > 1 ? "·cp)" : ")"));
+    dp = world / tpc;
   }
   if (zero < 0 || zero > 3) throw InputError("--zero must be 0, 1, 2 or 3, got " + str(zero));
   // The trace walks every micro-batch of the schedule: the bound keeps its run time bounded.
@@ -83,17 +97,35 @@ void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const Trai
     throw InputError(
         "--sp needs --tp 2 or more: sequence parallelism shards the sequence "
         "inside the tensor-parallel group");
-  if (sp && train.seq % tp != 0)
+  if (sp && cp == 1 && train.seq % tp != 0)
     throw InputError("--sp with --tp " + str(tp) + ": --seq " + str(train.seq) +
                      " must be divisible by --tp (each rank keeps s/tp rows)");
   if (zero >= 2 && pp > 1)
     throw InputError("--zero " + str(zero) + " with --pp " + str(pp) +
                      ": pipeline parallelism is supported with --zero 0 or 1 only (as "
                      "DeepSpeed's pipeline engine)");
-  if (zero > 0 && dp == 1)
+  if (zero > 0 && dp * cp == 1)
     throw InputError("--zero " + str(zero) +
-                     " needs data parallelism (--dp 2 or more): ZeRO shards over the "
-                     "data-parallel ranks, and here dp = 1");
+                     " needs data parallelism (--dp 2 or more, or --cp 2 or more): ZeRO shards "
+                     "over the data- and context-parallel ranks, and here dp·cp = 1");
+  if (cp > 1) {
+    // Load-balanced chunks (Megatron): the sequence in 2·cp chunks, rank r holding chunks r and
+    // 2·cp-1-r, so that every rank has the same causal work.
+    if (train.seq % (2 * cp) != 0)
+      throw InputError("--cp " + str(cp) + ": --seq " + str(train.seq) +
+                       " must be divisible by 2·cp = " + str(2 * cp) +
+                       " (each rank holds two chunks of s/(2·cp) tokens, load-balanced for the "
+                       "causal mask)");
+    if (sp && (train.seq / cp) % tp != 0)
+      throw InputError("--sp with --cp " + str(cp) + " and --tp " + str(tp) + ": --seq " +
+                       str(train.seq) + " / cp must be divisible by --tp (each rank keeps " +
+                       "s/(cp·tp) rows)");
+    if (train.attention != Attention::flash)
+      throw InputError("--cp " + str(cp) +
+                       " needs --attention flash: ring attention exchanges key/value blocks and "
+                       "merges their outputs by log-sum-exp, as flash attention does (an eager "
+                       "(s/cp, s) score matrix is not modelled)");
+  }
   if (offload == Offload::optimizer && zero < 1)
     throw InputError(
         "--offload optimizer needs --zero 1, 2 or 3 (the offloaded optimizer "
@@ -119,6 +151,7 @@ void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const Trai
 
 std::string ParallelConfig::describe() const {
   std::string out = "dp " + str(dp) + " × tp " + str(tp) + " × pp " + str(pp);
+  if (cp > 1) out += " × cp " + str(cp);
   out += ", ZeRO-" + str(zero);
   if (sp) out += ", sp";
   if (pp > 1) out += ", M " + str(microbatches);

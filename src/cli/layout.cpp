@@ -11,13 +11,18 @@ namespace trainmem::cli {
 using nlohmann::json;
 
 void add_layout_flags(CLI::App& cmd, LayoutFlags& f) {
-  cmd.add_option("--world-size", f.world, "GPUs the step is spread over, N = dp·tp·pp (default 1)")
+  cmd.add_option("--world-size", f.world,
+                 "GPUs the step is spread over, N = dp·tp·pp·cp (default 1)")
       ->check(integer_check<std::int64_t>("a whole number of GPUs"));
-  cmd.add_option("--dp", f.dp, "Data-parallel degree (default N / (tp·pp))")
+  cmd.add_option("--dp", f.dp, "Data-parallel degree (default N / (tp·pp·cp))")
       ->check(integer_check<std::int64_t>("a whole number"));
   cmd.add_option("--tp", f.tp, "Tensor-parallel degree (default 1)")
       ->check(integer_check<std::int64_t>("a whole number"));
   cmd.add_option("--pp", f.pp, "Pipeline stages, 1F1B schedule (default 1)")
+      ->check(integer_check<std::int64_t>("a whole number"));
+  cmd.add_option("--cp", f.cp,
+                 "Context-parallel degree: the sequence split over cp ranks, ring attention "
+                 "(default 1; needs --attention flash)")
       ->check(integer_check<std::int64_t>("a whole number"));
   cmd.add_option("--zero", f.zero,
                  "ZeRO stage over the data-parallel ranks: 0, 1 (optimizer states), 2 (+ "
@@ -65,6 +70,7 @@ ParallelConfig resolve_layout(const LayoutFlags& f, const ModelConfig& model,
   p.dp = f.dp;
   p.tp = f.tp;
   p.pp = f.pp;
+  p.cp = f.cp;
   const auto zero = parse_zero(f.zero);
   if (!zero)
     throw InputError("--zero: '" + f.zero +

@@ -1,4 +1,4 @@
-// The parallel-layout flags (--world-size, --dp, --tp, --pp, --zero, --sp, --microbatches,
+// The parallel-layout flags (--world-size, --dp, --tp, --pp, --cp, --zero, --sp, --microbatches,
 // --offload, --reduce-bucket, --overlap-comm, --prefetch, and the overhead estimates
 // --cuda-context, --nccl-memory, --nccl-channels), resolved into a ParallelConfig
 // (docs/distributed.md); the per-rank reports are report/layout_report.hpp's.
@@ -18,6 +18,7 @@ struct LayoutFlags {
   std::int64_t dp = 0;  // 0: not given (N / (tp·pp))
   std::int64_t tp = 1;
   std::int64_t pp = 1;
+  std::int64_t cp = 1;
   std::string zero = "0";
   bool sp = false;
   std::int64_t microbatches = 1;

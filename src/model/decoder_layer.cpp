@@ -4,6 +4,8 @@
 // its last reader, so that the ledger's books are the plan's.
 #include "trainmem/model/decoder_layer.hpp"
 
+#include <algorithm>
+#include <array>
 #include <functional>
 #include <string>
 
@@ -65,6 +67,111 @@ void LayerHost::sp_gather(const Tensor&, const Tensor&, std::int64_t) {
 void LayerHost::sp_reduce_scatter(const Tensor&, const Tensor&, const void*) {
   no_group("sp_reduce_scatter");
 }
+void LayerHost::cp_pass(const void*, void*, std::uint64_t, DType) {
+  throw Error("decoder layer: cp_pass called on a rank without context parallelism");
+}
+
+namespace {
+
+// Ring attention (cp > 1; docs/distributed.md, "Context parallelism"): the rank's queries meet
+// every rank's key/value block in turn, its own first; after each block the block goes on to the
+// next rank and the previous rank's arrives in a receive buffer (two alternate when cp > 2).
+// Step j holds the block of rank (cp_rank - j) mod cp.
+struct Ring {
+  const LayerRank& R;
+  int g;
+  std::int64_t b, s, k, d, cp;
+  std::uint64_t kv_n;        // elements of one k or v block (b, s, kv, d)
+  std::array<Tensor, 2> kv;  // receive buffers (2, b, s, kv, d) D: k then v
+
+  Ring(const LayerRank& rank, int layer)
+      : R(rank),
+        g(layer),
+        b(rank.dims.b),
+        s(rank.dims.s),
+        k(rank.dims.k),
+        d(rank.dims.d),
+        cp(rank.cp),
+        kv_n(std::uint64_t(b * s * k * d)) {
+    for (std::int64_t j = 0; j < std::min<std::int64_t>(cp - 1, 2); ++j)
+      kv[std::size_t(j)] =
+          R.ledger.allocate(j == 0 ? "ring.kv.0" : "ring.kv.1", Category::communication, g,
+                            {2, b, s, k * d}, R.train.dtype);
+  }
+  std::int64_t source(std::int64_t j) const { return (R.cp_rank - j + cp) % cp; }
+  // After step j (j + 1 < cp): the block (kc, vc) sent on, the next one received; (kc, vc)
+  // becomes it.
+  void pass(std::int64_t j, const void*& kc, const void*& vc) {
+    Tensor& nb = kv[std::size_t(j % 2)];
+    char* nk = static_cast<char*>(nb.data());
+    char* nv = nk + kv_n * dtype_size(R.train.dtype);
+    R.host.cp_pass(kc, nk, kv_n, R.train.dtype);
+    R.host.cp_pass(vc, nv, kv_n, R.train.dtype);
+    kc = nk;
+    vc = nv;
+  }
+};
+
+// The forward: attn_out and lse (allocated) from q, k, v through an fp32 accumulator.
+void ring_forward(const LayerRank& R, int g, LayerActs& A) {
+  const ActDims& dm = R.dims;
+  const std::int64_t b = dm.b, s = dm.s, a = dm.a, k = dm.k, d = dm.d;
+  Tensor acc = R.ledger.allocate("attn_out.ring_acc", Category::workspace, g, {b, s, a * d}, f32);
+  Ring ring(R, g);
+  Backend* be = R.backend;
+  if (!be) return;
+  const void* kc = A[LayerAct::k].data();
+  const void* vc = A[LayerAct::v].data();
+  const SeqPositions mine = R.positions(R.cp_rank);
+  for (std::int64_t j = 0; j < R.cp; ++j) {
+    be->attention_ring_forward(acc.as<float>(), A[LayerAct::lse].as<float>(), A[LayerAct::q].data(),
+                               kc, vc, b, s, s, a, k, d, R.model.window_of(g), mine,
+                               R.positions(ring.source(j)), j == 0);
+    if (j + 1 < R.cp) ring.pass(j, kc, vc);
+  }
+  be->round_from_f32(A[LayerAct::attn_out].data(), acc.as<float>(), b * s * a * d);
+}
+
+// The backward into d_q, d_k, d_v (D) from d_attn_out: the queries' gradient in an fp32
+// accumulator, each key/value block's in an fp32 accumulator that travels with the block and
+// reaches its owner after the last step; delta (b, a, s) f32 written at the first step.
+void ring_backward(const LayerRank& R, int g, LayerActs& A, const Tensor& d_ao, Tensor& d_q,
+                   Tensor& d_k, Tensor& d_v, const Tensor& delta) {
+  const ActDims& dm = R.dims;
+  const std::int64_t b = dm.b, s = dm.s, a = dm.a, k = dm.k, d = dm.d;
+  Tensor dq = R.ledger.allocate("d_q.ring_acc", Category::workspace, g, {b, s, a * d}, f32);
+  Ring ring(R, g);
+  std::array<Tensor, 2> dkv;  // (2, b, s, kv, d) f32: dk then dv of the block held
+  for (int j = 0; j < 2; ++j)
+    dkv[std::size_t(j)] = R.ledger.allocate(j == 0 ? "ring.dkv.0" : "ring.dkv.1",
+                                            Category::communication, g, {2, b, s, k * d}, f32);
+  Backend* be = R.backend;
+  if (!be) return;
+  be->fill_zero(dq.data(), dq.bytes());
+  be->fill_zero(dkv[0].data(), dkv[0].bytes());
+  const void* kc = A[LayerAct::k].data();
+  const void* vc = A[LayerAct::v].data();
+  const SeqPositions mine = R.positions(R.cp_rank);
+  std::size_t cur = 0;
+  for (std::int64_t j = 0; j < R.cp; ++j) {
+    float* dk = dkv[cur].as<float>();
+    be->attention_ring_backward(dq.as<float>(), dk, dk + ring.kv_n, delta.as<float>(), d_ao.data(),
+                                A[LayerAct::q].data(), kc, vc, A[LayerAct::attn_out].data(),
+                                A[LayerAct::lse].as<float>(), b, s, s, a, k, d,
+                                R.model.window_of(g), mine, R.positions(ring.source(j)), j == 0);
+    if (j + 1 < R.cp) ring.pass(j, kc, vc);
+    // The block's accumulator goes on with it; after the last step the one received is the
+    // gradient of this rank's own block, summed over every rank's queries.
+    R.host.cp_pass(dk, dkv[1 - cur].data(), 2 * ring.kv_n, f32);
+    cur = 1 - cur;
+  }
+  be->round_from_f32(d_q.data(), dq.as<float>(), b * s * a * d);
+  const float* own = dkv[cur].as<float>();
+  be->round_from_f32(d_k.data(), own, std::int64_t(ring.kv_n));
+  be->round_from_f32(d_v.data(), own + ring.kv_n, std::int64_t(ring.kv_n));
+}
+
+}  // namespace
 
 // ------------------------------------------------------------------------------ forward
 
@@ -81,6 +188,8 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
   Backend* be = R.backend;
   const bool run = be != nullptr;
   LayerHost& H = R.host;
+  RopeSpec rope = m.rope();
+  rope.positions = R.positions(R.cp_rank);
   auto W = [&](int slot) { return H.weight(l, slot); };
   auto at = [&](LA row) { return A[row].data(); };
   auto at_f = [&](LA row) { return A[row].as<float>(); };
@@ -144,11 +253,13 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
       be->rmsnorm_forward(at(LA::q), at_f(LA::q_rstd), q_proj, W(kQNorm), n * a, d, eps);
       be->rmsnorm_forward(at(LA::k), at_f(LA::k_rstd), k_proj, W(kKNorm), n * k, d, eps);
     }
-    be->rope_forward(at(LA::q), at(LA::k), b, s, a, k, d, m.rope());  // in place
+    be->rope_forward(at(LA::q), at(LA::k), b, s, a, k, d, rope);  // in place
   }
   gath.reset();
   through(LA::attn_out);  // probs (eager) | lse (flash), attn_out
-  if (run)
+  if (R.cp > 1)
+    ring_forward(R, g, A);
+  else if (run)
     be->attention_forward(at(LA::attn_out), eager ? at(LA::probs) : nullptr,
                           eager ? nullptr : at_f(LA::lse), at(LA::q), at(LA::k), at(LA::v), b, s, a,
                           k, d, m.window_of(g), R.train.attention);
@@ -322,7 +433,14 @@ void decoder_layer_backward(const LayerRank& R, std::int64_t l, int g, LayerActs
   Tensor d_k = ws("d_k", {b, s, kd}, D);
   Tensor d_v = ws("d_v", {b, s, kd}, D);
   Tensor scratch = eager ? ws("d_probs", {b, a, s, s}, D) : ws("attn_delta", {b, a, s}, f32);
-  if (run) {
+  if (R.cp > 1) {
+    ring_backward(R, g, A, d_ao, d_q, d_k, d_v, scratch);
+    if (run) {
+      RopeSpec rope = m.rope();
+      rope.positions = R.positions(R.cp_rank);
+      be->rope_backward(d_q.data(), d_k.data(), b, s, a, k, d, rope);
+    }
+  } else if (run) {
     be->attention_backward(d_q.data(), d_k.data(), d_v.data(), eager ? scratch.data() : nullptr,
                            eager ? nullptr : scratch.as<float>(), d_ao.data(), at(LA::q), at(LA::k),
                            at(LA::v), at(LA::attn_out), eager ? at(LA::probs) : nullptr,

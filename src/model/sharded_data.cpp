@@ -136,7 +136,7 @@ void ShardedStep::Impl::initialise() {
     if (st->v) be->fill_zero(st->v.data(), st->v.bytes());
   }
   const std::int64_t rows = checked_mul(std::int64_t(p.dp) * M, b, "global batch");
-  const std::int64_t ids = checked_mul(rows, s, "global batch x seq");
+  const std::int64_t ids = checked_mul(rows, s_full, "global batch x seq");
   if (X->tokens) {
     if (std::int64_t(X->tokens->size()) != ids)
       throw InputError("--tokens: " + std::to_string(X->tokens->size()) +
@@ -149,7 +149,7 @@ void ShardedStep::Impl::initialise() {
   } else {
     global_tokens = random_token_ids(X->seed, ids, m.vocab);
   }
-  const std::int64_t positions = rows * (s - 1);
+  const std::int64_t positions = rows * (s_full - 1);
   S = loss_scale(D, positions);
   ce_scale = S / float(positions);
 }
@@ -161,13 +161,16 @@ std::vector<ShardedStep::Impl::States*> ShardedStep::Impl::all_states() {
 }
 
 void ShardedStep::Impl::upload_batch(std::int64_t mb) {
-  const std::size_t row0 = std::size_t((std::int64_t(r) * M + mb) * b);
+  // The data-parallel index r / cp picks the rows; the context-parallel index the positions.
+  const std::size_t row0 = std::size_t((std::int64_t(r / int(cp)) * M + mb) * b);
+  const SeqPositions pos = SeqPositions::of_rank(s_full, cp, cr);
   std::vector<std::int32_t> tok(std::size_t(b * s)), tgt(std::size_t(b * s));
   for (std::int64_t row = 0; row < b; ++row)
     for (std::int64_t c = 0; c < s; ++c) {
-      const std::size_t g = (row0 + std::size_t(row)) * std::size_t(s) + std::size_t(c);
+      const std::int64_t at = pos.at(c);
+      const std::size_t g = (row0 + std::size_t(row)) * std::size_t(s_full) + std::size_t(at);
       tok[std::size_t(row * s + c)] = global_tokens[g];
-      tgt[std::size_t(row * s + c)] = c + 1 < s ? global_tokens[g + 1] : -1;
+      tgt[std::size_t(row * s + c)] = at + 1 < s_full ? global_tokens[g + 1] : -1;
     }
   if (tpx) {  // the rank's vocabulary rows: ids outside them read row 0, then corrected
     foreign_tok.clear();

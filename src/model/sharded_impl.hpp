@@ -40,6 +40,9 @@ struct ShardedStep::Impl : LayerHost {
   DType D;
   bool first, last, sp, eager, tied_here, bias, qkn;
   std::int64_t b, s, sr, h, d, a, k, i, V, Ls, M;
+  // Context parallelism: s is the rank's s_full/cp rows of the whole sequence s_full, at the
+  // positions of its two chunks (SeqPositions::of_rank of cp index cr).
+  std::int64_t s_full, cp;
   std::uint64_t Pk = 0;  // the stage's parameter elements
   int step = 0;
 
@@ -47,7 +50,8 @@ struct ShardedStep::Impl : LayerHost {
   const ShardedExecution* X = nullptr;
   Backend* be = nullptr;
   bool run = false;
-  int r = 0;                     // this rank in the data-parallel group
+  int r = 0;                     // this rank in the gradient group (dp·cp ranks)
+  int cr = 0;                    // its context-parallel index (r mod cp)
   std::uint64_t shard = 0;       // elements per rank of the flat vectors
   std::uint64_t lo = 0, hi = 0;  // the flat range this rank owns
   std::size_t es = 4;            // bytes of D
@@ -71,6 +75,10 @@ struct ShardedStep::Impl : LayerHost {
   bool ppx = false;
   std::vector<unsigned char> pp_stage;  // the host copy a pipeline message travels in
   std::vector<std::size_t> gidx;        // each parameter's index in the whole model's setup order
+  // Context parallelism (cpx: a measured run with cp > 1): the ring of the cp ranks, on host
+  // buffers (the cpu backend's).
+  Collective* CPc = nullptr;
+  bool cpx = false;
 
   // Setup's tensors the arithmetic never reads itself: the GEMM workspace (handed to the
   // backend) and, with --overlap-comm, the second reduce bucket.
@@ -155,7 +163,7 @@ struct ShardedStep::Impl : LayerHost {
   // The ranks' owned flat ranges overlapping [from, to): f(owner, first, end).
   template <class F>
   void by_owner(std::uint64_t from, std::uint64_t to, F&& f) const {
-    for (std::uint64_t q = from / shard; q < std::uint64_t(p.dp) && q * shard < to; ++q)
+    for (std::uint64_t q = from / shard; q < std::uint64_t(p.grad_ranks()) && q * shard < to; ++q)
       f(int(q), std::max(from, q * shard), std::min(to, (q + 1) * shard));
   }
   ParamInit init_of(std::size_t q) const;
@@ -224,6 +232,13 @@ struct ShardedStep::Impl : LayerHost {
   // y = partial (already in y) summed over the group, then + x (the residual): a row-parallel
   // GEMM's output.
   void tp_sum_add(const Tensor& y, const void* x) override;
+  // Ring attention's message: `send` to the next context-parallel rank, the previous one's into
+  // `recv` (MPI's send returns once staged, so every rank sends first).
+  void cp_pass(const void* send, void* recv, std::uint64_t count, DType dt) override {
+    be->synchronize();
+    CPc->send(send, count, dt, int((cr + 1) % cp));
+    CPc->recv(recv, count, dt, int((cr + cp - 1) % cp));
+  }
 
   // Vocabulary-parallel cross-entropy, forward: every rank computed its rows' lse and (for the
   // targets it holds) lse - logit; the group's lse is the log-sum-exp of the ranks', the target
@@ -276,7 +291,11 @@ struct ShardedStep::Impl : LayerHost {
   // The decoder layer (decoder_layer.hpp) with the rank's slice; this Impl is its host.
   ActDims dims() const { return ActDims{b, s, h, i, a, k, d, sr}; }
   LayerRank layer_rank() {
-    return LayerRank{m, t, ledger, run ? be : nullptr, *this, dims(), sp, tpx};
+    LayerRank lr{m, t, ledger, run ? be : nullptr, *this, dims(), sp, tpx};
+    lr.cp = cp;
+    lr.cp_rank = cr;
+    lr.seq = s_full;
+    return lr;
   }
   const void* weight(std::int64_t l, int slot) override { return LW(l, slot); }
   void* grad(std::int64_t l, int slot) override { return run ? G(Li(l, slot)) : nullptr; }

@@ -16,7 +16,9 @@ ShardedStep::Impl::Impl(const ModelConfig& model, const TrainConfig& train,
   bias = m.qkv_bias;
   qkn = m.qk_norm;
   b = t.batch;
-  s = t.seq;
+  s_full = t.seq;
+  cp = p.cp;
+  s = p.local_seq(t.seq);
   sr = sp ? s / p.tp : s;
   h = m.hidden;
   d = m.head_dim();
@@ -94,7 +96,8 @@ void ShardedStep::Impl::setup() {
       }
     }
   }
-  shard = (Pk + std::uint64_t(p.dp) - 1) / std::uint64_t(p.dp);
+  const std::uint64_t ranks = std::uint64_t(p.grad_ranks());  // ZeRO's: dp·cp
+  shard = (Pk + ranks - 1) / ranks;
   lo = std::min(Pk, std::uint64_t(r) * shard);
   hi = std::min(Pk, lo + shard);
   const std::int64_t shard_n = static_cast<std::int64_t>(shard);

@@ -218,11 +218,11 @@ float ShardedStep::Impl::train_step() {
   if (!run) return std::numeric_limits<float>::quiet_NaN();
   optimizer_step();
   // The global mean: every rank's sum of token losses, added in rank order.
-  std::vector<double> sums(std::size_t(p.dp));
+  std::vector<double> sums(std::size_t(p.grad_ranks()));
   X->host.all_gather(&loss_sum, sums.data(), 2, DType::f32);  // a double as 8 bytes
   double total = 0;
   for (double v : sums) total += v;
-  float loss = float(total / double(std::int64_t(p.dp) * M * b * (s - 1)));
+  float loss = float(total / double(std::int64_t(p.dp) * M * b * (s_full - 1)));
   if (ppx) PPc->broadcast(&loss, 1, DType::f32, int(p.pp) - 1);  // the last stage's
   return loss;
 }
@@ -236,7 +236,7 @@ std::vector<float> ShardedStep::Impl::parameter_values(const std::string& name) 
   if (p.zero < 3) {
     be->download(raw.data(), value[q].data(), raw.size());
   } else {  // every rank's shard, on the host, then the parameter's range
-    std::vector<unsigned char> mine(shard * es), all(shard * es * std::size_t(p.dp));
+    std::vector<unsigned char> mine(shard * es), all(shard * es * std::size_t(p.grad_ranks()));
     if (!h_params.empty())
       std::memcpy(mine.data(), h_params.data(), mine.size());
     else
@@ -269,9 +269,23 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
     x.es = dtype_size(train.dtype);
     if (exec->backend.dtype() != train.dtype)
       throw Error("sharded step: the backend's dtype differs from the run's");
-    if (exec->data.size() != layout.dp || exec->host.size() != layout.dp)
+    if (exec->data.size() != layout.grad_ranks() || exec->host.size() != layout.grad_ranks())
       throw Error("sharded step: the collectives have " + std::to_string(exec->data.size()) +
-                  " ranks, the layout dp " + std::to_string(layout.dp));
+                  " ranks, the layout dp·cp " + std::to_string(layout.grad_ranks()));
+    if (layout.cp > 1) {
+      if (exec->backend.kind() != BackendKind::cpu && exec->backend.computes())
+        throw InputError("--cp " + std::to_string(layout.cp) + " with --backend " +
+                         backend_name(exec->backend.kind()) +
+                         ": ring attention's kernels exist on the cpu backend only (measured) "
+                         "and meta (traced); use --backend cpu or meta");
+      if (!exec->cp || exec->cp->size() != layout.cp || exec->cp->rank() != x.r % layout.cp)
+        throw Error("sharded step: --cp " + std::to_string(layout.cp) +
+                    " needs the context-parallel ring's collective, this rank being index " +
+                    std::to_string(x.r % layout.cp));
+      x.CPc = exec->cp;
+      x.cr = exec->cp->rank();
+      x.cpx = x.run;
+    }
     if (layout.pp > 1) {
       if (!exec->pp || exec->pp->size() != layout.pp || exec->pp->rank() != stage)
         throw Error("sharded step: --pp " + std::to_string(layout.pp) +

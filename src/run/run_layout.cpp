@@ -172,37 +172,44 @@ std::string rank_path(const std::string& path, int rank) {
 
 namespace {
 
-// The rank's data-, tensor- and pipeline-parallel groups, split from the job's collectives in
-// Megatron's order of the ranks: the tensor-parallel index fastest, then data, then pipeline.
-// A layout of one group each needs no split: the data-parallel group is the job's.
+// The rank's data-, tensor-, context- and pipeline-parallel groups, split from the job's
+// collectives in Megatron's order of the ranks: the tensor-parallel index fastest, then context,
+// then data, then pipeline: rank = ((stage·dp + dp_rank)·cp + cp_rank)·tp + tp_rank. The
+// gradient group ("data": the ranks that sum gradients and share ZeRO's shards) holds the dp·cp
+// ranks of the same stage and tensor-parallel index, ordered dp_rank·cp + cp_rank. A layout of
+// one group each needs no split: the gradient group is the job's.
 struct RankGroups {
   std::int64_t stage = 0;
-  std::unique_ptr<Collective> dp_data, dp_host, tp_data, tp_host, pp_host;
-  Collective* dpd = nullptr;  // data parallel, on the backend's buffers
-  Collective* dph = nullptr;  // data parallel, on host buffers
+  std::unique_ptr<Collective> dp_data, dp_host, tp_data, tp_host, pp_host, cp_host;
+  Collective* dpd = nullptr;  // the gradient group, on the backend's buffers
+  Collective* dph = nullptr;  // the gradient group, on host buffers
 
   RankGroups(const ParallelConfig& layout, int rank, Collective& data, Collective& host) {
-    const int tp = int(layout.tp), dp = int(layout.dp), pp = int(layout.pp);
-    const int tp_rank = rank % tp, dp_rank = (rank / tp) % dp;
-    stage = rank / (tp * dp);
+    const int tp = int(layout.tp), dp = int(layout.dp), pp = int(layout.pp), cp = int(layout.cp);
+    const int tp_rank = rank % tp, cp_rank = (rank / tp) % cp, dp_rank = (rank / (tp * cp)) % dp;
+    stage = rank / (tp * cp * dp);
     dpd = &data;
     dph = &host;
-    if (tp == 1 && pp == 1) return;
-    const int dp_color = int(stage) * tp + tp_rank, tp_color = int(stage) * dp + dp_rank;
-    dp_data = data.split(dp_color, dp_rank);
+    if (tp == 1 && pp == 1 && cp == 1) return;
+    const int st = int(stage);
+    const int dp_color = st * tp + tp_rank, dp_key = dp_rank * cp + cp_rank;
+    const int tp_color = (st * dp + dp_rank) * cp + cp_rank;
+    dp_data = data.split(dp_color, dp_key);
     tp_data = data.split(tp_color, tp_rank);
     if (&host != &data) {
-      dp_host = host.split(dp_color, dp_rank);
+      dp_host = host.split(dp_color, dp_key);
       tp_host = host.split(tp_color, tp_rank);
     }
     dpd = dp_data.get();
     dph = dp_host ? dp_host.get() : dpd;
     // The pipeline: stages on host buffers (sends and receives of the cpu backend).
-    pp_host = host.split(dp_rank * tp + tp_rank, int(stage));
+    pp_host = host.split((dp_rank * cp + cp_rank) * tp + tp_rank, st);
+    // The context-parallel ring, on host buffers likewise.
+    cp_host = host.split((st * dp + dp_rank) * tp + tp_rank, cp_rank);
   }
   // Hands the groups over (to be held past a failure, see MeasuredLayout::held_groups).
   void release_into(std::vector<std::shared_ptr<Collective>>& held) {
-    for (auto* g : {&dp_data, &dp_host, &tp_data, &tp_host, &pp_host})
+    for (auto* g : {&dp_data, &dp_host, &tp_data, &tp_host, &pp_host, &cp_host})
       if (*g) held.push_back(std::move(*g));
   }
 };
@@ -352,6 +359,7 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
       ex.tp_host = groups.tp_host ? groups.tp_host.get() : groups.tp_data.get();
     }
     if (rq.layout.pp > 1) ex.pp = groups.pp_host.get();
+    if (rq.layout.cp > 1) ex.cp = groups.cp_host.get();
     const RankFiles files(rq, ex);
     // Kept past an out-of-memory, so that what was alive is still in the books when read.
     std::unique_ptr<ShardedStep> step;

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "trainmem/base/hd.hpp"
+
 namespace trainmem {
 
 enum class Trans { no, yes };
@@ -30,10 +32,39 @@ struct RopeScaling {
   double high_freq_factor = 4.0;
   std::int64_t original_max_positions = 8192;
 };
-// What the RoPE ops need: the base theta and the scaling.
+// The sequence positions of a rank's rows under context parallelism (Megatron's load-balanced
+// chunks, docs/distributed.md "Context parallelism"): the sequence of s tokens cut into 2·cp
+// chunks of c = s/(2·cp) tokens; rank r holds chunk r, then chunk 2·cp-1-r, so local row t sits
+// at position r·c + t (t < c) or (2·cp-1-r)·c + t - c. The default (chunk 0) is the identity:
+// row t at position t, one rank holding the whole sequence.
+struct SeqPositions {
+  std::int64_t chunk = 0;   // c; 0: the identity
+  std::int64_t first = 0;   // the first chunk's first position
+  std::int64_t second = 0;  // the second chunk's first position
+  TM_HD std::int64_t at(std::int64_t t) const {
+    return chunk == 0 || t < chunk ? first + t : second + (t - chunk);
+  }
+  bool identity() const { return chunk == 0 && first == 0; }
+  // Rank r of cp over a sequence of s tokens (cp 1: the identity).
+  static SeqPositions of_rank(std::int64_t s, std::int64_t cp, std::int64_t r) {
+    SeqPositions p;
+    if (cp <= 1) return p;
+    p.chunk = s / (2 * cp);
+    p.first = r * p.chunk;
+    p.second = (2 * cp - 1 - r) * p.chunk;
+    return p;
+  }
+};
+
+// What the RoPE ops need: the base theta, the scaling, and the positions of the rows (the
+// identity 0..s-1 but under context parallelism).
 struct RopeSpec {
   double theta = 10000.0;
   RopeScaling scaling;
+  SeqPositions positions;
+  RopeSpec() = default;
+  RopeSpec(double theta_, RopeScaling scaling_, SeqPositions positions_ = {})
+      : theta(theta_), scaling(scaling_), positions(positions_) {}
 };
 
 }  // namespace trainmem

@@ -1,7 +1,8 @@
 // The parallel layout of a training job spread over several GPUs (docs/distributed.md): data
 // parallelism with ZeRO stages 0-3, tensor parallelism (with or without sequence parallelism),
 // pipeline parallelism with the 1F1B schedule, CPU offload, and the collective buffers' sizes.
-// Letters: N world size, dp/tp/pp the three degrees (dp·tp·pp = N), M micro-batches per step.
+// context parallelism (the sequence split over cp ranks, ring attention).
+// Letters: N world size, dp/tp/pp/cp the degrees (dp·tp·pp·cp = N), M micro-batches per step.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -27,6 +28,7 @@ struct ParallelConfig {
   std::int64_t dp = 1;            // data-parallel degree (--dp; default N / (tp·pp))
   std::int64_t tp = 1;            // tensor-parallel degree (--tp)
   std::int64_t pp = 1;            // pipeline stages (--pp)
+  std::int64_t cp = 1;            // context-parallel degree (--cp): the sequence split cp ways
   int zero = 0;                   // --zero 0|1|2|3 (FSDP: SHARD_GRAD_OP = 2, FULL_SHARD = 3)
   bool sp = false;                // --sp: sequence parallelism inside the tensor-parallel group
   std::int64_t microbatches = 1;  // M (--microbatches): per optimizer step, per pipeline
@@ -36,11 +38,17 @@ struct ParallelConfig {
   std::int64_t prefetch = 1;  // --prefetch: ZeRO-3 units gathered ahead of the one computing
 
   bool distributed() const { return world > 1; }
-  // Fills dp from world / (tp·pp) when `dp_given` is false, then checks the layout against the
-  // model and the run. InputError naming the flag (--world-size, --dp, --tp, --pp, --zero, --sp,
-  // --microbatches, --offload, --prefetch, --reduce-bucket) and what is allowed.
+  // The ranks that hold the same parameters and sum their gradients: the data-parallel ranks
+  // times the context-parallel ones (each holds other tokens of the batch). ZeRO shards over
+  // them, as Megatron's distributed optimizer shards over its data-parallel-with-cp group.
+  std::int64_t grad_ranks() const { return dp * cp; }
+  // The sequence rows one rank holds: s/cp (s when cp is 1).
+  std::int64_t local_seq(std::int64_t seq) const { return seq / cp; }
+  // Fills dp from world / (tp·pp·cp) when `dp_given` is false, then checks the layout against
+  // the model and the run. InputError naming the flag (--world-size, --dp, --tp, --pp, --cp,
+  // --zero, --sp, --microbatches, --offload, --prefetch, --reduce-bucket) and what is allowed.
   void resolve(bool dp_given, const ModelConfig& model, const TrainConfig& train);
-  // "dp 2 × tp 4 × pp 1, ZeRO-3, sp, M 1, offload none"
+  // "dp 2 × tp 4 × pp 1, ZeRO-3, sp, M 1, offload none" ("× cp 2" after pp when cp > 1)
   std::string describe() const;
 };
 

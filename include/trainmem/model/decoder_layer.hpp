@@ -88,6 +88,9 @@ class LayerHost {
   // the rank's (b, s/tp, h), then + x when x is given.
   virtual void sp_gather(const Tensor& local, const Tensor& full, std::int64_t width);
   virtual void sp_reduce_scatter(const Tensor& partial, const Tensor& out, const void* x);
+  // Context parallelism (measured, cp > 1): `send` (count elements of t) to the next rank of the
+  // ring, and the previous rank's into `recv`.
+  virtual void cp_pass(const void* send, void* recv, std::uint64_t count, DType t);
 };
 
 // How a rank runs its layers.
@@ -100,6 +103,12 @@ struct LayerRank {
   ActDims dims;     // the rank's: a, k, i per rank; sr the rank's sequence rows
   bool sp = false;  // sequence parallelism (sr = s/tp)
   bool tp = false;  // a measured run with tp > 1: partial sums go through the host's collectives
+  // Context parallelism: the rank's dims.s rows are its two chunks of the whole sequence `seq`
+  // (SeqPositions::of_rank), and attention is ring attention over the cp ranks (cp 1: none).
+  std::int64_t cp = 1;
+  std::int64_t cp_rank = 0;
+  std::int64_t seq = 0;  // the whole sequence (cp > 1)
+  SeqPositions positions(std::int64_t rank) const { return SeqPositions::of_rank(seq, cp, rank); }
 };
 
 // Forward of local layer l (global index g: the ledger's layer, the sliding window) from its

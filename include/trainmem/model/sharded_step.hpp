@@ -41,10 +41,11 @@ namespace trainmem {
 // names and shapes, as LlamaModel::load_weights reads them); the global batch is
 // random_token_ids(seed, dp·M·b·s, V) (model.hpp), or `tokens` (--tokens: dp·M·b·s ids), in rows
 // of s, and rank r's micro-batch m is rows (r·M + m)·b ... +b: the step of a single-rank
-// LlamaModel of batch dp·M·b, split.
+// LlamaModel of batch dp·M·b, split. Under context parallelism r is the data-parallel index and
+// the rank holds the positions of its two chunks of each row (SeqPositions::of_rank).
 struct ShardedExecution {
   Backend& backend;  // computes; its allocator is the ledger's
-  Collective& data;  // the data-parallel group (size dp), on the backend's buffers
+  Collective& data;  // the gradient group (size dp·cp), on the backend's buffers
   Collective& host;  // the same ranks on host buffers (the loss, parameter read-back)
   std::uint64_t seed = 0;
   OptimizerSettings optimizer;
@@ -55,6 +56,10 @@ struct ShardedExecution {
   // Pipeline parallelism (layout pp > 1): the rank's pipeline group on host buffers (MPI on
   // every backend: the messages are staged in host memory), its rank the stage.
   Collective* pp = nullptr;
+  // Context parallelism (layout cp > 1): the ring of the rank's context-parallel group on host
+  // buffers (the cpu backend), its rank the context-parallel index. `data` and `host` are then
+  // the gradient group of dp·cp ranks, ordered dp_index·cp + cp_index.
+  Collective* cp = nullptr;
   // The whole model's weights (empty: random of `seed`): each parameter by its HF name (a tied
   // lm_head reads model.embed_tokens.weight), in the single-rank model's shape; InputError naming
   // --weights, the file and the tensor when one is missing, has another shape or no float dtype.
