@@ -12,10 +12,10 @@
 namespace trainmem::e2e {
 namespace {
 
-// The none and full policies, as tests/test_plan.cpp counts them.
+// The none and full policies without context parallelism, as tests/test_plan.cpp counts them.
 const std::string kTiny =
     "plan --model tiny --gpus 4 --gpu-memory 16GiB --seq 16 --global-batch 8 "
-    "--checkpointing none,full --activation-offload off";
+    "--checkpointing none,full --activation-offload off --cp 1";
 
 TEST(CliE2EPlan, TinyJsonCountsRanksAndRejects) {
   const Result r = trainmem(kTiny + " --format json");
@@ -86,7 +86,8 @@ TEST(CliE2EPlan, TinyCsvMarkdownAndTextSayTheSame) {
 
 TEST(CliE2EPlan, NothingFitsExitsThreeWithEachFamilysReason) {
   const Result r = trainmem(
-      "plan --model tiny --gpus 4 --gpu-memory 1MiB --seq 16 --global-batch 8 --format json");
+      "plan --model tiny --gpus 4 --gpu-memory 1MiB --seq 16 --global-batch 8 --cp 1 "
+      "--format json");
   EXPECT_EQ(r.code, 3) << r.err;
   const json j = r.j();
   EXPECT_TRUE(j["candidates"].empty());
@@ -194,7 +195,7 @@ TEST(CliE2EPlan, BadFlagsExitTwoNamingTheFlag) {
 TEST(CliE2EPlan, TheDefaultPoliciesAreNineFourthsOfNoneAndFull) {
   const Result r = trainmem(
       "plan --model tiny --gpus 4 --gpu-memory 16GiB --seq 16 --global-batch 8 --top 1000 "
-      "--activation-offload off --format json");
+      "--activation-offload off --cp 1 --format json");
   ASSERT_EQ(r.code, 0) << r.err;
   const json j = r.j();
   const auto count = [&](const char* k) { return j["counts"][k].get<int>(); };
@@ -215,13 +216,15 @@ TEST(CliE2EPlan, TheDefaultPoliciesAreNineFourthsOfNoneAndFull) {
 }
 
 // docs/distributed.md's worked example: LLaMA-3-8B at s 131072 on 8 GPUs of 80 GiB. Without
-// activation offload no layout fits without recompute and the fastest checkpoints some layers
-// only; with it, what a rank offloads is bounded by --host-memory.
+// context parallelism or activation offload no layout fits without recompute and the fastest
+// checkpoints some layers only; with activation offload, what a rank offloads is bounded by
+// --host-memory; with context parallelism (the default search) the fastest recomputes nothing,
+// and is faster than the best without it.
 TEST(CliE2EPlan, Llama3_8bAtLongContextNeedsSomeLayersCheckpointed) {
   const std::string base =
       "plan --model llama3-8b --gpus 8 --gpu-memory 80GiB --seq 131072 --global-batch 8 "
       "--top 50 --format json";
-  const Result r = trainmem(base + " --activation-offload off");
+  const Result r = trainmem(base + " --activation-offload off --cp 1");
   ASSERT_EQ(r.code, 0) << r.err;
   const json j = r.j();
   ASSERT_FALSE(j["candidates"].empty());
@@ -235,7 +238,7 @@ TEST(CliE2EPlan, Llama3_8bAtLongContextNeedsSomeLayersCheckpointed) {
   EXPECT_EQ(best.rfind("budget:76GiB (layers ", 0), 0u) << best;
 
   const std::uint64_t host = std::uint64_t{128} << 30;
-  const Result h = trainmem(base + " --host-memory 128GiB");
+  const Result h = trainmem(base + " --host-memory 128GiB --cp 1");
   ASSERT_EQ(h.code, 0) << h.err;
   const json jh = h.j();
   EXPECT_EQ(jh["inputs"]["host_memory"].get<std::uint64_t>(), host);
@@ -246,6 +249,15 @@ TEST(CliE2EPlan, Llama3_8bAtLongContextNeedsSomeLayersCheckpointed) {
     offloading += c["layout"]["offload"] == "activations";
   }
   EXPECT_GT(offloading, 0);
+
+  const Result cp = trainmem(base + " --activation-offload off");
+  ASSERT_EQ(cp.code, 0) << cp.err;
+  const json jc = cp.j();
+  const json& top = jc["candidates"][0];
+  EXPECT_GT(top["layout"]["cp"].get<int>(), 1) << top.dump();
+  EXPECT_EQ(top["layout"]["checkpointing"], "none") << top.dump();
+  EXPECT_LT(top["cost"]["total_seconds"].get<double>(),
+            j["candidates"][0]["cost"]["total_seconds"].get<double>());
 }
 
 // Layouts with --offload-activations, their PCIe time the transfer, without pipeline
@@ -283,6 +295,41 @@ TEST(CliE2EPlan, ActivationOffloadIsEnumeratedWithoutPipelining) {
   const json jo = off.j();
   ASSERT_FALSE(jo["candidates"].empty());
   for (const auto& c : jo["candidates"]) EXPECT_NE(c["layout"]["offload"], "activations");
+}
+
+// --cp: the default (auto) searches every divisor of --gpus; 1,2 adds to kTiny's layouts the
+// cp 2 ones tests/test_plan.cpp counts by hand (240 enumerated, 40 refused), each with flash
+// attention and its ring traffic in the cost; a degree that does not divide --gpus exits 2.
+TEST(CliE2EPlan, ContextParallelDegreesAreSearched) {
+  const std::string base =
+      "plan --model tiny --gpus 4 --gpu-memory 16GiB --seq 16 --global-batch 8 "
+      "--checkpointing none,full --activation-offload off --top 1000 --format json";
+  const Result two = trainmem(base + " --cp 1,2");
+  ASSERT_EQ(two.code, 0) << two.err;
+  const json j = two.j();
+  EXPECT_EQ(j["counts"]["enumerated"].get<int>(), 432 + 240);
+  EXPECT_EQ(j["counts"]["invalid"].get<int>(), 76 + 40);
+  int cp2 = 0;
+  for (const auto& c : j["candidates"]) {
+    const auto& l = c["layout"];
+    EXPECT_EQ(l["dp"].get<int>() * l["tp"].get<int>() * l["pp"].get<int>() * l["cp"].get<int>(), 4);
+    if (l["cp"].get<int>() != 2) continue;
+    ++cp2;
+    EXPECT_EQ(l["attention"], "flash");
+    EXPECT_GT(c["cost"]["cp_bytes"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(cp2, 200);
+  const Result autos = trainmem(base);  // cp 1, 2 and 4
+  ASSERT_EQ(autos.code, 0) << autos.err;
+  std::set<int> seen;
+  const json ja = autos.j();
+  for (const auto& c : ja["candidates"]) seen.insert(c["layout"]["cp"].get<int>());
+  EXPECT_EQ(seen, (std::set<int>{1, 2, 4}));
+  const Result bad = trainmem(base + " --cp 3");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--cp: '3' is not a context-parallel degree of --gpus 4"),
+            std::string::npos)
+      << bad.err;
 }
 
 }  // namespace

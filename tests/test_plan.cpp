@@ -373,6 +373,75 @@ TEST(Plan, TheCostModelMatchesHandComputedFigures) {
   }
 }
 
+// Context parallelism by hand, on tiny (k 4, d 16): dp 1 tp 2 pp 1 cp 2, ZeRO-1, b 2, M 1,
+// s 16 (s_c 8), bf16, no recompute.
+TEST(Plan, TheCostModelOfContextParallelismMatchesHandComputedFigures) {
+  const ModelConfig m = tiny();
+  CostModel rates;
+  rates.tflops = 1;
+  rates.link_gbps = 8;
+  rates.pcie_gbps = 8;
+  ParallelConfig p;
+  p.world = 4;
+  p.dp = 1;
+  p.tp = 2;
+  p.cp = 2;
+  p.zero = 1;
+  TrainConfig t;
+  t.batch = 2;
+  t.seq = 16;
+  t.attention = Attention::flash;
+  const StepCost c = step_cost(m, t, p, rates);
+  // T = b·M·dp·s = 32 tokens over N = 4 GPUs.
+  EXPECT_DOUBLE_EQ(c.flops_per_gpu, (6.0 * 117056 * 32 + 12.0 * 2 * 64 * 16 * 32) / 4);
+  // The gradient group is dp·cp = 2 ranks: 2·(1/2)·P_local·w = P/2 · 2.
+  EXPECT_DOUBLE_EQ(c.dp_bytes, 117056.0);
+  // M·(L/pp)·4·2(tp−1)/tp·b·s_c·h·w = 1·2·4·1·2·8·64·2.
+  EXPECT_DOUBLE_EQ(c.tp_bytes, 16384.0);
+  // B = 2·b·s_c·(k/tp)·d = 2·2·8·2·16 = 1024; per layer 2·(cp−1)·B·w + cp·B·4 = 4096 + 8192.
+  EXPECT_DOUBLE_EQ(c.cp_bytes, 2 * (4096.0 + 8192.0));
+  EXPECT_DOUBLE_EQ(c.communication_seconds, (117056.0 + 16384.0 + 24576.0) / 1e9);
+  // Full recompute passes the forward's blocks once more: + (cp−1)·B·w per layer.
+  t.checkpointing = Checkpointing::full;
+  EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).cp_bytes, 2 * (4096.0 + 2048.0 + 8192.0));
+}
+
+// cp {1, 2} on tiny_options' 4 GPUs adds the cp 2 layouts, flash only (eager is not a layout
+// with ring attention), the gradient group dp·cp allowing every ZeRO stage:
+//   dp 2 tp 1 pp 1: 8 (ZeRO, offload) pairs × 2 policies = 16 × b {1, 2, 4}   =  48
+//   dp 1 tp 2 pp 1: 8 × sp on/off × 2 = 32 × b {1, 2, 4, 8}                   = 128
+//   dp 1 tp 1 pp 2: 8 × 2 = 16 × 4 = 64, of which ZeRO 2/3 with pp: 5 × 2 × 4 = 40 refused
+TEST(Plan, ContextParallelDegreesAddTheirLayouts) {
+  PlanOptions o = tiny_options();
+  o.top = 100000;
+  const PlanResult one = plan(tiny(), o, fake);
+  o.cp_degrees = {1, 2};
+  const PlanResult two = plan(tiny(), o, fake);
+  EXPECT_EQ(two.enumerated - one.enumerated, 240u);
+  EXPECT_EQ(two.invalid - one.invalid, 40u);
+  EXPECT_EQ(two.fitting - one.fitting, 200u);
+  std::size_t with_cp = 0;
+  for (const auto& c : two.candidates) {
+    EXPECT_EQ(c.layout.dp * c.layout.tp * c.layout.pp * c.layout.cp, 4);
+    EXPECT_EQ(c.train.batch * c.layout.microbatches * c.layout.dp, 8);
+    if (c.layout.cp == 1) continue;
+    ++with_cp;
+    EXPECT_EQ(c.train.attention, Attention::flash);
+    EXPECT_GT(c.cost.cp_bytes, 0.0);
+  }
+  EXPECT_EQ(with_cp, 200u);
+  // A degree that does not divide the GPUs is refused naming --cp.
+  o.cp_degrees = {3};
+  try {
+    plan(tiny(), o, fake);
+    ADD_FAILURE() << "cp 3 of 4 GPUs accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--cp 3: a context-parallel degree must divide --gpus 4"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Plan, BadOptionsAreRefusedNamingTheFlag) {
   auto refused = [](PlanOptions o, const std::string& flag) {
     try {

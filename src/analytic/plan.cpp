@@ -43,9 +43,10 @@ std::vector<std::int64_t> divisors(std::int64_t n) {
   return low;
 }
 
-// The structural rules of the enumeration (docs/plan.md): ZeRO shards over data-parallel
-// ranks, so with dp = 1 only stage 0 is a layout of its own; --offload optimizer offloads the
-// ZeRO shard (stage 1 or more) and optimizer+params the ZeRO-3 parameter shard.
+// The structural rules of the enumeration (docs/plan.md): ZeRO shards over the gradient group
+// (the dp·cp ranks, `dp` here), so with one such rank only stage 0 is a layout of its own;
+// --offload optimizer offloads the ZeRO shard (stage 1 or more) and optimizer+params the ZeRO-3
+// parameter shard.
 bool enumerated(std::int64_t dp, int zero, Offload offload) {
   if (zero > 0 && dp == 1) return false;
   if (offload == Offload::optimizer && zero < 1) return false;
@@ -180,8 +181,10 @@ std::vector<PlanPolicy> parse_plan_policies(const std::string& text) {
   return out;
 }
 
-std::string family_name(std::int64_t dp, std::int64_t tp, std::int64_t pp, int zero) {
-  return "dp " + str(dp) + " tp " + str(tp) + " pp " + str(pp) + " ZeRO-" + str(zero);
+std::string family_name(std::int64_t dp, std::int64_t tp, std::int64_t pp, int zero,
+                        std::int64_t cp) {
+  return "dp " + str(dp) + " tp " + str(tp) + " pp " + str(pp) + (cp > 1 ? " cp " + str(cp) : "") +
+         " ZeRO-" + str(zero);
 }
 
 void PlanOptions::validate() const {
@@ -204,8 +207,12 @@ void PlanOptions::validate() const {
   if (!(cost.pcie_gbps > 0) || !std::isfinite(cost.pcie_gbps))
     throw InputError("--pcie-gbps must be a positive number of Gb/s, got " + num(cost.pcie_gbps));
   if (optimizers.empty() || zero_stages.empty() || policies.empty() || attention.empty() ||
-      offloads.empty() || activation_offload.empty())
+      offloads.empty() || activation_offload.empty() || cp_degrees.empty())
     throw InputError("plan: nothing to enumerate (an empty list of choices)");
+  for (std::int64_t c : cp_degrees)
+    if (c < 1 || c > gpus || gpus % c != 0)
+      throw InputError("--cp " + str(c) + ": a context-parallel degree must divide --gpus " +
+                       str(gpus));
 }
 
 std::uint64_t PlanOptions::budget() const {
@@ -223,9 +230,10 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
   const double b = static_cast<double>(train.batch), s = static_cast<double>(train.seq);
   const double w = static_cast<double>(dtype_size(train.dtype));
   const double dp = static_cast<double>(layout.dp), tp = static_cast<double>(layout.tp),
-               pp = static_cast<double>(layout.pp);
+               pp = static_cast<double>(layout.pp), cp = static_cast<double>(layout.cp);
   const double M = static_cast<double>(layout.microbatches);
-  const double N = dp * tp * pp;
+  const double N = dp * tp * pp * cp;
+  const double sc = s / cp;         // a rank's rows of each sequence
   const double T = b * M * dp * s;  // tokens per optimizer step (G·s)
   // The fraction of the layers re-run in backward (1 under full, K/L for a per-layer policy).
   const double r = static_cast<double>(train.checkpointed_count(0, model.layers)) / L;
@@ -241,9 +249,10 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
   c.bubble = (pp - 1.0) / M;
   c.compute_seconds = c.flops_per_gpu / (cost.tflops * 1e12) * (1.0 + c.bubble);
 
-  // Data parallelism over the stage's TP shard of the parameters (even split).
+  // Data parallelism over the stage's TP shard of the parameters (even split); the gradient
+  // group is the dp·cp ranks that hold the same parameters.
   const double P_local = P / (tp * pp);
-  const double f = (dp - 1.0) / dp;
+  const double f = (dp * cp - 1.0) / (dp * cp);
   switch (layout.zero) {
     case 0:  // one all-reduce of the accumulated gradients
     case 1:  // reduce-scatter + all-gather of the updated parameters: the same volume
@@ -260,14 +269,22 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
   // of b·s·h each; sequence parallelism replaces each by reduce-scatter + all-gather, the same
   // volume.
   if (layout.tp > 1)
-    c.tp_bytes = M * (L / pp) * (4.0 + 2.0 * r) * 2.0 * (tp - 1.0) / tp * b * s * h * w;
+    c.tp_bytes = M * (L / pp) * (4.0 + 2.0 * r) * 2.0 * (tp - 1.0) / tp * b * sc * h * w;
   // Pipeline: an interior stage sends b·s·h activations forward and b·s·h gradients back per
   // micro-batch.
-  if (layout.pp > 1) c.pp_bytes = 2.0 * M * b * s * h * w;
+  if (layout.pp > 1) c.pp_bytes = 2.0 * M * b * sc * h * w;
+  // Context parallelism: per layer, the forward's ring passes cp − 1 key/value blocks
+  // (2·b·(s/cp)·(k/tp)·d of D each) on, again in a recompute (r); the backward's cp − 1 blocks
+  // and cp fp32 gradient blocks of the same shape.
+  if (layout.cp > 1) {
+    const double kd = static_cast<double>(model.kv_heads * model.head_dim()) / tp;
+    const double block = 2.0 * b * sc * kd;
+    c.cp_bytes = M * (L / pp) * ((2.0 + r) * (cp - 1.0) * block * w + cp * block * 4.0);
+  }
   // Offload: gradient shards down (once per step under ZeRO-1, per micro-batch under 2 and 3),
   // updated parameter shards up; optimizer+params fetches the parameter shard for every
   // forward and backward.
-  const double shard = P_local / dp;
+  const double shard = P_local / (dp * cp);
   if (layout.offload != Offload::none) {
     const double grads = layout.zero == 1 ? 1.0 : M;
     c.pcie_bytes = (grads + 1.0) * shard * w;
@@ -280,7 +297,7 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
         M * static_cast<double>(
                 estimate_layout(model, train, layout).ranks.front().est.offload_transfer_bytes);
   const double link = cost.link_gbps * 1e9 / 8.0, pcie = cost.pcie_gbps * 1e9 / 8.0;
-  c.communication_seconds = (c.dp_bytes + c.tp_bytes + c.pp_bytes) / link;
+  c.communication_seconds = (c.dp_bytes + c.tp_bytes + c.pp_bytes + c.cp_bytes) / link;
   c.pcie_seconds = c.pcie_bytes / pcie;
   c.total_seconds = c.compute_seconds + c.communication_seconds + c.pcie_seconds;
   return c;
@@ -303,13 +320,18 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
   base.optimizer = options.optimizers.front();
   base.validate();
 
-  // The (dp, tp, pp) of N GPUs, pipeline depth then tensor width ascending.
+  // The (dp, tp, pp, cp) of N GPUs: context-parallel degree (as listed), then pipeline depth,
+  // then tensor width, ascending.
   struct Triple {
-    std::int64_t dp, tp, pp;
+    std::int64_t dp, tp, pp, cp;
   };
   std::vector<Triple> triples;
-  for (std::int64_t pp : divisors(N))
-    for (std::int64_t tp : divisors(N / pp)) triples.push_back({N / (tp * pp), tp, pp});
+  for (std::int64_t cp : options.cp_degrees) {
+    if (N % cp != 0) continue;
+    for (std::int64_t pp : divisors(N / cp))
+      for (std::int64_t tp : divisors(N / (cp * pp)))
+        triples.push_back({N / (tp * pp * cp), tp, pp, cp});
+  }
 
   // G must be divisible by a data-parallel degree the model allows (dp·tp·pp = N).
   bool divisible = false;
@@ -320,8 +342,11 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
     p.dp = t.dp;
     p.tp = t.tp;
     p.pp = t.pp;
+    p.cp = t.cp;
+    TrainConfig flash = base;  // context parallelism needs flash attention
+    flash.attention = Attention::flash;
     try {
-      p.resolve(true, model, base);
+      p.resolve(true, model, flash);
     } catch (const InputError&) {
       continue;
     }
@@ -377,10 +402,11 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
       fam.dp = tr.dp;
       fam.tp = tr.tp;
       fam.pp = tr.pp;
+      fam.cp = tr.cp;
       fam.zero = zero;
       bool family_fits = false, enumerated_any = false;
       for (Offload off : options.offloads) {
-        if (!enumerated(tr.dp, zero, off)) continue;
+        if (!enumerated(tr.dp * tr.cp, zero, off)) continue;
         for (bool sp : tr.tp > 1 ? std::vector<bool>{true, false} : std::vector<bool>{false})
           for (const PlanPolicy& pol : options.policies)
             for (bool off_act : options.activation_offload)
@@ -389,6 +415,8 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
                   if (off_act && tr.pp > 1) continue;  // offload runs without pipelining
                   // Selective with flash is the plain step (no s² tensor to drop).
                   if (pol.kind == PlanPolicy::Kind::selective && at != Attention::eager) continue;
+                  // Ring attention is flash attention's (ParallelConfig::resolve).
+                  if (tr.cp > 1 && at != Attention::flash) continue;
                   TrainConfig train = base;
                   const bool budget_policy = pol.kind == PlanPolicy::Kind::budget;
                   const std::int64_t per_stage = model.layers / tr.pp;
@@ -404,6 +432,7 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
                   layout.dp = tr.dp;
                   layout.tp = tr.tp;
                   layout.pp = tr.pp;
+                  layout.cp = tr.cp;
                   layout.zero = zero;
                   layout.sp = sp;
                   layout.offload = off;

@@ -4,6 +4,7 @@
 // (include/trainmem/analytic/plan.hpp; the cost model: docs/plan.md). Exit 3 when nothing fits (the
 // report, with each rejected family's reason, is still written).
 // Its report: include/trainmem/report/plan_report.hpp.
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -31,6 +32,7 @@ struct PlanFlags {
   std::string optimizer = "adamw";
   std::string checkpointing = "none,selective,every:2,full,budget";
   std::string activation_offload = "both";  // off|on|both (on: one GPU only)
+  std::string cp = "auto";                  // context-parallel degrees: auto or a comma list
   double margin = 0.05;
   std::int64_t top = 10;
   double tflops = CostModel{}.tflops;
@@ -86,6 +88,31 @@ int run_plan(const PlanFlags& flags) {
   else
     throw InputError("--activation-offload: unknown '" + flags.activation_offload +
                      "'; allowed: off, on, both (on: the layouts of one GPU only)");
+  o.cp_degrees.clear();
+  if (flags.cp == "auto") {  // every divisor of N (an N out of bounds is --gpus' error)
+    for (std::int64_t c = 1; c <= std::min(o.gpus, kMaxPlanGpus); ++c)
+      if (o.gpus % c == 0) o.cp_degrees.push_back(c);
+    if (o.cp_degrees.empty()) o.cp_degrees.push_back(1);
+  } else {
+    std::size_t start = 0;
+    while (true) {
+      const std::size_t comma = flags.cp.find(',', start);
+      const std::string item =
+          flags.cp.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      const bool digits = !item.empty() && item.size() <= 9 &&
+                          item.find_first_not_of("0123456789") == std::string::npos;
+      const std::int64_t c = digits ? std::stoll(item) : 0;
+      if (c < 1 || o.gpus % c != 0)
+        throw InputError("--cp: '" + item + "' is not a context-parallel degree of --gpus " +
+                         str(o.gpus) +
+                         "; allowed: auto (every divisor of --gpus) or a comma list of divisors");
+      if (std::find(o.cp_degrees.begin(), o.cp_degrees.end(), c) != o.cp_degrees.end())
+        throw InputError("--cp: " + item + " is listed twice");
+      o.cp_degrees.push_back(c);
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
   if (flags.top < 1) throw InputError("--top must be at least 1, got " + str(flags.top));
   o.top = static_cast<std::size_t>(flags.top);
   o.cost.tflops = flags.tflops;
@@ -124,8 +151,9 @@ Runner register_plan(CLI::App& app) {
              }() +
              ") or a HuggingFace config.json path")
       ->capture_default_str();
-  f.gpus_given = cmd->add_option("--gpus", f.gpus, "Number of GPUs N = dp·tp·pp (required, >= 1)")
-                     ->check(integer_check<std::int64_t>("an integer; allowed: an integer >= 1"));
+  f.gpus_given =
+      cmd->add_option("--gpus", f.gpus, "Number of GPUs N = dp·tp·pp·cp (required, >= 1)")
+          ->check(integer_check<std::int64_t>("an integer; allowed: an integer >= 1"));
   cmd->add_option("--host-memory", f.host_memory,
                   "Host memory one rank may use for offloaded states and activations, a SIZE "
                   "(default: no limit)");
@@ -147,6 +175,10 @@ Runner register_plan(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--activation-offload", f.activation_offload,
                   "off|on|both: layouts with --offload-activations (one GPU only)")
+      ->capture_default_str();
+  cmd->add_option("--cp", f.cp,
+                  "Context-parallel degrees searched: auto (every divisor of --gpus) or a comma "
+                  "list; cp > 1 with flash attention")
       ->capture_default_str();
   cmd->add_option("--margin", f.margin,
                   "Fraction of --gpu-memory kept back: a layout fits within gpu-memory × (1 − "

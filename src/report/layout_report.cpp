@@ -141,6 +141,7 @@ json layout_detail::layout_json(const ParallelConfig& p) {
               {"dp", p.dp},
               {"tp", p.tp},
               {"pp", p.pp},
+              {"cp", p.cp},
               {"zero", p.zero},
               {"sp", p.sp},
               {"microbatches", p.microbatches},

@@ -75,6 +75,7 @@ json cost_json(const StepCost& c) {
               {"dp_bytes", c.dp_bytes},
               {"tp_bytes", c.tp_bytes},
               {"pp_bytes", c.pp_bytes},
+              {"cp_bytes", c.cp_bytes},
               {"pcie_bytes", c.pcie_bytes},
               {"communication_seconds", c.communication_seconds},
               {"pcie_seconds", c.pcie_seconds},
@@ -85,6 +86,7 @@ json layout_json(const PlanCandidate& c) {
   return json{{"dp", c.layout.dp},
               {"tp", c.layout.tp},
               {"pp", c.layout.pp},
+              {"cp", c.layout.cp},
               {"zero", c.layout.zero},
               {"sp", c.layout.sp},
               {"micro_batch", c.train.batch},
@@ -163,10 +165,11 @@ json plan_json(const PlanResult& r) {
   const ByteUnit u = table_unit(r.options.gpu_memory);
   json rej = json::array();
   for (const auto& f : r.rejected) {
-    json x = {{"family", family_name(f.dp, f.tp, f.pp, f.zero)},
+    json x = {{"family", family_name(f.dp, f.tp, f.pp, f.zero, f.cp)},
               {"dp", f.dp},
               {"tp", f.tp},
               {"pp", f.pp},
+              {"cp", f.cp},
               {"zero", f.zero},
               {"layouts", f.layouts},
               {"invalid", f.invalid},
@@ -186,6 +189,7 @@ report::Table csv_table(const PlanResult& r) {
                    {"dp"},
                    {"tp"},
                    {"pp"},
+                   {"cp"},
                    {"zero"},
                    {"sp"},
                    {"checkpointing"},
@@ -222,6 +226,7 @@ report::Table csv_table(const PlanResult& r) {
                str(c.layout.dp),
                str(c.layout.tp),
                str(c.layout.pp),
+               str(c.layout.cp),
                str(c.layout.zero),
                c.layout.sp ? "yes" : "no",
                checkpointing_name(c.train),
@@ -285,6 +290,7 @@ void write_prose(ReportWriter& w, const PlanResult& r) {
                      {"dp"},
                      {"tp"},
                      {"pp"},
+                     {"cp"},
                      {"ZeRO"},
                      {"sp", report::Align::left},
                      {"ckpt", report::Align::left},
@@ -308,12 +314,25 @@ void write_prose(ReportWriter& w, const PlanResult& r) {
         peaks = rank_peaks(*c.memory, u);
         host = format_bytes(c.memory->ranks[c.memory->worst].host_bytes, u);
       }
-      t.add_row({std::to_string(k + 1), str(c.layout.dp), str(c.layout.tp), str(c.layout.pp),
-                 str(c.layout.zero), c.layout.sp ? "yes" : "no", checkpointing_name(c.train),
-                 attention_name(c.train.attention), optimizer_name(c.train.optimizer),
-                 str(c.train.batch), str(c.layout.microbatches), offload_cell(c),
-                 secs(c.cost.total_seconds), secs(c.cost.compute_seconds),
-                 secs(c.cost.communication_seconds), secs(c.cost.pcie_seconds), worst, peaks,
+      t.add_row({std::to_string(k + 1),
+                 str(c.layout.dp),
+                 str(c.layout.tp),
+                 str(c.layout.pp),
+                 str(c.layout.cp),
+                 str(c.layout.zero),
+                 c.layout.sp ? "yes" : "no",
+                 checkpointing_name(c.train),
+                 attention_name(c.train.attention),
+                 optimizer_name(c.train.optimizer),
+                 str(c.train.batch),
+                 str(c.layout.microbatches),
+                 offload_cell(c),
+                 secs(c.cost.total_seconds),
+                 secs(c.cost.compute_seconds),
+                 secs(c.cost.communication_seconds),
+                 secs(c.cost.pcie_seconds),
+                 worst,
+                 peaks,
                  host});
     }
     w.table(t);
@@ -327,7 +346,7 @@ void write_prose(ReportWriter& w, const PlanResult& r) {
     report::Table t(
         {{"family", report::Align::left}, {"layouts"}, {"reason", report::Align::left}});
     for (const auto& f : r.rejected)
-      t.add_row({family_name(f.dp, f.tp, f.pp, f.zero), std::to_string(f.layouts),
+      t.add_row({family_name(f.dp, f.tp, f.pp, f.zero, f.cp), std::to_string(f.layouts),
                  reason(f, r.budget, u)});
     w.table(t);
   }

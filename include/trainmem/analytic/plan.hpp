@@ -1,5 +1,5 @@
 // `trainmem plan`: the cheapest parallel layout that fits. Enumerates the layouts of a training
-// job over N GPUs (dp·tp·pp = N, ZeRO stage, sequence parallelism, checkpointing, attention,
+// job over N GPUs (dp·tp·pp·cp = N, ZeRO stage, sequence parallelism, checkpointing, attention,
 // optimizer, micro-batch size b with b·M·dp = G, offload), keeps those whose worst rank fits
 // the GPU's memory less a margin (the per-rank figures of estimate_layout, analytic_rank.hpp),
 // and ranks them by a simple, documented step-time model (docs/plan.md, "plan: the cost
@@ -34,15 +34,17 @@ struct StepCost {
   double dp_bytes = 0;         // gradient reduction and ZeRO gathers
   double tp_bytes = 0;         // tensor-parallel all-reduces (or sp's reduce-scatter+all-gather)
   double pp_bytes = 0;         // pipeline p2p: activations forward, their gradients backward
+  double cp_bytes = 0;         // context parallelism: ring attention's key/value blocks and
+                               // their gradients
   double pcie_bytes = 0;       // offload: gradients down, parameters up (and ZeRO-3 fetches);
                                // activation offload: each micro-batch's sets out and back
-  double communication_seconds = 0;  // (dp + tp + pp bytes) / link
+  double communication_seconds = 0;  // (dp + tp + pp + cp bytes) / link
   double pcie_seconds = 0;           // pcie_bytes / pcie link
   double total_seconds = 0;
 };
 
 // The cost of one layout: `train` carries b (train.batch), s, dtype and checkpointing;
-// `layout` dp, tp, pp, ZeRO stage, sp, M (microbatches) and offload.
+// `layout` dp, tp, pp, cp, ZeRO stage, sp, M (microbatches) and offload.
 StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const ParallelConfig& layout,
                    const CostModel& cost);
 
@@ -98,6 +100,9 @@ struct PlanOptions {
   std::vector<bool> activation_offload = {false, true};
   std::vector<Attention> attention = {Attention::flash, Attention::eager};
   std::vector<Offload> offloads = {Offload::none, Offload::optimizer, Offload::optimizer_params};
+  // The context-parallel degrees searched (those dividing N; cp > 1 with flash attention only).
+  // {1}: none; the CLI's --cp auto is every divisor of N.
+  std::vector<std::int64_t> cp_degrees = {1};
   std::size_t top = 10;  // --top K: candidates whose memory is estimated and returned
   CostModel cost;
   OverheadOptions overheads;  // --cuda-context, --nccl-memory
@@ -117,9 +122,9 @@ struct PlanCandidate {
   std::optional<LayoutEstimate> memory;
 };
 
-// A family of layouts (one dp × tp × pp with one ZeRO stage) of which none fits.
+// A family of layouts (one dp × tp × pp × cp with one ZeRO stage) of which none fits.
 struct RejectedFamily {
-  std::int64_t dp = 1, tp = 1, pp = 1;
+  std::int64_t dp = 1, tp = 1, pp = 1, cp = 1;
   int zero = 0;
   std::uint64_t layouts = 0;  // layouts of the family enumerated
   std::uint64_t invalid = 0;  // of which ParallelConfig::resolve (or the estimate) refused
@@ -158,7 +163,8 @@ struct PlanResult {
 PlanResult plan(const ModelConfig& model, const PlanOptions& options,
                 const LayoutEstimator& estimator = estimate_layout);
 
-// "dp 8 tp 1 pp 1 ZeRO-0"
-std::string family_name(std::int64_t dp, std::int64_t tp, std::int64_t pp, int zero);
+// "dp 8 tp 1 pp 1 ZeRO-0" ("dp 4 tp 1 pp 1 cp 2 ZeRO-0" when cp > 1)
+std::string family_name(std::int64_t dp, std::int64_t tp, std::int64_t pp, int zero,
+                        std::int64_t cp = 1);
 
 }  // namespace trainmem
