@@ -103,7 +103,13 @@ int run_maxbatch(const MaxbatchFlags& flags) {
   const bool vary_batch = flags.vary == "batch";
   // The layout flags are checked as every subcommand checks them (--tp 2 or --zero 3 without
   // --world-size is refused here as by estimate, never silently ignored).
-  const ParallelConfig par = resolve_layout(flags.layout, c.model, c.train);
+  // --vary seq: the layout is checked at a sequence every layout of these degrees divides (2·cp
+  // chunks, s/cp rows split by tp under sp); --step's divisibility is find_max's check.
+  TrainConfig layout_train = c.train;
+  if (!vary_batch && flags.layout.cp >= 1 && flags.layout.cp <= 65536 && flags.layout.tp >= 1 &&
+      flags.layout.tp <= 65536)
+    layout_train.seq = 2 * flags.layout.cp * flags.layout.tp;
+  const ParallelConfig par = resolve_layout(flags.layout, c.model, layout_train);
   MaxbatchRequest rq;
   rq.model = c.model;
   rq.train = c.train;

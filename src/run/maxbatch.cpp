@@ -71,11 +71,18 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
   const bool distributed = rq.layout && rq.layout->distributed();
   if (distributed) {
     const ParallelConfig& par = *rq.layout;
-    if (!vary_batch && par.sp && step % par.tp != 0)
+    if (!vary_batch && par.cp > 1 && step % (2 * par.cp) != 0)
+      throw InputError(
+          "--step " + std::to_string(step) + " with --cp " + std::to_string(par.cp) +
+          " and --vary seq: must be a multiple of 2·cp = " + std::to_string(2 * par.cp) +
+          " (each rank holds two chunks of s/(2·cp) tokens)");
+    if (!vary_batch && par.sp && step % (par.tp * par.cp) != 0)
       throw InputError("--step " + std::to_string(step) +
                        " with --sp and --vary seq: must be a "
                        "multiple of --tp " +
-                       std::to_string(par.tp) + " (each rank keeps s/tp rows)");
+                       std::to_string(par.tp) +
+                       (par.cp > 1 ? " × --cp " + std::to_string(par.cp) : std::string()) +
+                       " (each rank keeps s/(cp·tp) rows)");
     out.layout_overheads = estimate_overheads(par, rq.overheads);
     out.added_bytes = out.layout_overheads.total();
   } else {
