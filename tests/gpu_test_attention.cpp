@@ -219,5 +219,74 @@ INSTANTIATE_TEST_SUITE_P(Ops, AttentionGpu,
                                   "_" + std::get<2>(info.param).name;
                          });
 
+// Ring attention's block kernels (context parallelism) against the cpu backend: rank 1 of cp 3
+// over a sequence of 48, its queries against the three ranks' blocks in ring order, forward
+// (accumulator, lse, the rounded output) and backward (dq, dk, dv accumulators per block, delta).
+// Both backends run the same per-row code (attention_ring_math.hpp); the GPU's exp/log may
+// differ from the host's in the last bits.
+TEST(RingAttentionGpu, BlocksMatchCpu) {
+  require_cuda_device();
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    std::unique_ptr<Backend> cpu = make_cpu_backend(dt);
+    Backend* gpu = &cuda_backend(dt);
+    std::mt19937 rng{7};
+    const std::int64_t b = 2, s = 48, cp = 3, sl = s / cp, a = 4, kv = 2, d = 64, window = 0;
+    const std::int64_t nq = b * sl * a * d, nk = b * sl * kv * d, nl = b * a * sl;
+    const SeqPositions mine = SeqPositions::of_rank(s, cp, 1);
+    const HostBuf q = random_buf(dt, nq, rng), dout = random_buf(dt, nq, rng);
+    std::vector<HostBuf> k, v;
+    for (int r = 0; r < cp; ++r) {
+      k.push_back(random_buf(dt, nk, rng));
+      v.push_back(random_buf(dt, nk, rng));
+    }
+    std::vector<float> acc(static_cast<std::size_t>(nq)), lse(static_cast<std::size_t>(nl));
+    DevBuf d_q(*gpu, q), d_dout(*gpu, dout), d_acc(*gpu, nq * 4), d_lse(*gpu, nl * 4);
+    for (std::int64_t j = 0; j < cp; ++j) {
+      const std::size_t src = std::size_t((1 - j + cp) % cp);
+      const SeqPositions kp = SeqPositions::of_rank(s, cp, std::int64_t(src));
+      DevBuf d_k(*gpu, k[src]), d_v(*gpu, v[src]);
+      cpu->attention_ring_forward(acc.data(), lse.data(), q.data(), k[src].data(), v[src].data(), b,
+                                  sl, sl, a, kv, d, window, mine, kp, j == 0);
+      gpu->attention_ring_forward(d_acc.as<float>(), d_lse.as<float>(), d_q.get(), d_k.get(),
+                                  d_v.get(), b, sl, sl, a, kv, d, window, mine, kp, j == 0);
+    }
+    EXPECT_TRUE(all_close("ring acc", d_acc.f32(DType::f32, nq), acc, tolerance(DType::f32, 20),
+                          {b, sl, a, d}));
+    EXPECT_TRUE(all_close("ring lse", d_lse.f32(DType::f32, nl), lse, tolerance(DType::f32, 20),
+                          {b, a, sl}));
+    // The backward both backends get: the CPU's output and lse.
+    HostBuf out(dt, nq);
+    cpu->round_from_f32(out.data(), acc.data(), nq);
+    DevBuf d_out(*gpu, out), d_dq(*gpu, nq * 4), d_delta(*gpu, nl * 4);
+    gpu->upload(d_lse.get(), lse.data(), std::uint64_t(nl) * 4);
+    std::vector<float> dq(static_cast<std::size_t>(nq)), delta(static_cast<std::size_t>(nl));
+    gpu->fill_zero(d_dq.get(), std::uint64_t(nq) * 4);
+    for (std::int64_t j = 0; j < cp; ++j) {
+      const std::size_t src = std::size_t((1 - j + cp) % cp);
+      const SeqPositions kp = SeqPositions::of_rank(s, cp, std::int64_t(src));
+      std::vector<float> dk(static_cast<std::size_t>(nk)), dv(static_cast<std::size_t>(nk));
+      DevBuf d_k(*gpu, k[src]), d_v(*gpu, v[src]), d_dk(*gpu, nk * 4), d_dv(*gpu, nk * 4);
+      gpu->fill_zero(d_dk.get(), std::uint64_t(nk) * 4);
+      gpu->fill_zero(d_dv.get(), std::uint64_t(nk) * 4);
+      cpu->attention_ring_backward(dq.data(), dk.data(), dv.data(), delta.data(), dout.data(),
+                                   q.data(), k[src].data(), v[src].data(), out.data(), lse.data(),
+                                   b, sl, sl, a, kv, d, window, mine, kp, j == 0);
+      gpu->attention_ring_backward(d_dq.as<float>(), d_dk.as<float>(), d_dv.as<float>(),
+                                   d_delta.as<float>(), d_dout.get(), d_q.get(), d_k.get(),
+                                   d_v.get(), d_out.get(), d_lse.as<float>(), b, sl, sl, a, kv, d,
+                                   window, mine, kp, j == 0);
+      EXPECT_TRUE(all_close("ring dk", d_dk.f32(DType::f32, nk), dk, tolerance(DType::f32, 20),
+                            {b, sl, kv, d}));
+      EXPECT_TRUE(all_close("ring dv", d_dv.f32(DType::f32, nk), dv, tolerance(DType::f32, 20),
+                            {b, sl, kv, d}));
+    }
+    EXPECT_TRUE(all_close("ring dq", d_dq.f32(DType::f32, nq), dq, tolerance(DType::f32, 20),
+                          {b, sl, a, d}));
+    EXPECT_TRUE(all_close("ring delta", d_delta.f32(DType::f32, nl), delta,
+                          tolerance(DType::f32, 20), {b, a, sl}));
+  }
+}
+
 }  // namespace
 }  // namespace trainmem::gputest

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <set>
 #include <vector>
@@ -250,10 +251,20 @@ TEST(ContextParallel, LayoutRulesNameTheFlags) {
   ParallelConfig z = cp_layout(2, 2);
   z.zero = 3;
   EXPECT_EQ(message(z, t), "(accepted)");
-  // Hostile degrees saturate instead of overflowing.
+  // Hostile degrees: products past 64 bits are "more than 2^63", never a wrapped value.
   ParallelConfig huge = cp_layout(4, std::int64_t(1) << 62);
   huge.tp = std::int64_t(1) << 62;
-  EXPECT_NE(message(huge, t).find("not divisible"), std::string::npos);
+  EXPECT_NE(message(huge, t).find("not divisible by --tp × --pp × --cp = more than 2^63"),
+            std::string::npos);
+  const std::int64_t max = std::numeric_limits<std::int64_t>::max();
+  ParallelConfig wide = cp_layout(max, max - 1);
+  wide.dp = 2;
+  EXPECT_NE(message(wide, t, true).find("= more than 2^63"), std::string::npos)
+      << message(wide, t, true);
+  // cp equal to the world: accepted by the product, refused by the sequence (2·cp not formed).
+  EXPECT_NE(message(cp_layout(max, max), t).find("--seq 64 must be divisible by 2·cp ("),
+            std::string::npos)
+      << message(cp_layout(max, max), t);
 }
 
 // The trace of every stage equals the analytic profile byte for byte, over cp (one, two and

@@ -28,6 +28,7 @@
 #include "adamw/adamw_kernels.cuh"
 #include "attention/attention_eager_kernels.cuh"
 #include "attention/attention_flash_kernels.cuh"
+#include "attention/attention_ring_kernels.cuh"
 #include "bias/bias_kernels.cuh"
 #include "cross_entropy/cross_entropy_kernels.cuh"
 #include "embedding/embedding_kernels.cuh"
@@ -39,6 +40,7 @@
 // The CPU references.
 #include "adamw/adamw.hpp"
 #include "attention/attention.hpp"
+#include "attention/attention_ring.hpp"
 #include "bias/bias.hpp"
 #include "cross_entropy/cross_entropy.hpp"
 #include "embedding/embedding.hpp"
@@ -748,6 +750,78 @@ TEST(CudaKernelsEmulated, FlashAttentionLlamaHeadDim128Fp16) {
 TEST(CudaKernelsEmulated, FlashAttentionHeadDim200In256LayoutBf16) {
   // The 256-wide lane layout with d < 256 (lanes past d idle), shared memory above 48 KiB.
   check_flash<BF16, 256>({1, 21, 2, 1, 200});
+}
+
+// ---------------------------------------------------------------- ring attention
+// Context parallelism's block kernels (one thread per row, grid-stride with a small grid) against
+// the CPU reference, which runs the same per-row code: equal bit for bit. Three ring steps of a
+// rank of cp 3 (its own block first, `first` set), GQA, a sliding window, a block no row sees.
+
+template <class S>
+void check_ring(std::int64_t window) {
+  std::mt19937 rng(21);
+  const std::int64_t b = 2, s = 24, cp = 3, sl = s / cp, a = 4, kv = 2, d = 12;
+  const std::size_t nq = std::size_t(b * sl * a * d), nk = std::size_t(b * sl * kv * d);
+  const std::size_t nl = std::size_t(b * a * sl);
+  const SeqPositions mine = SeqPositions::of_rank(s, cp, 1);
+  std::vector<typename S::raw> q = random_storage<S>(nq, rng), dout = random_storage<S>(nq, rng);
+  std::vector<std::vector<typename S::raw>> k, v;
+  for (int r = 0; r < cp; ++r) {
+    k.push_back(random_storage<S>(nk, rng));
+    v.push_back(random_storage<S>(nk, rng));
+  }
+  const RingShape x{b, sl, sl, a, kv, d, window};
+  std::vector<float> acc_w(nq), lse_w(nl), acc_g(nq), lse_g(nl);
+  std::vector<typename S::raw> out(nq);
+  for (std::int64_t j = 0; j < cp; ++j) {
+    const std::size_t src = std::size_t((1 - j + cp) % cp);
+    const SeqPositions kp = SeqPositions::of_rank(s, cp, std::int64_t(src));
+    attention_ring_forward_cpu(acc_w.data(), lse_w.data(), q.data(), k[src].data(), v[src].data(),
+                               b, sl, sl, a, kv, d, window, mine, kp, j == 0, S::dtype);
+    launch(dim3(2), dim3(32), 0, ring_forward_kernel<S>, acc_g.data(), lse_g.data(),
+           static_cast<const void*>(q.data()), static_cast<const void*>(k[src].data()),
+           static_cast<const void*>(v[src].data()), x, mine, kp, j == 0);
+    expect_close(acc_g, acc_w, 0, "ring forward acc, step " + std::to_string(j));
+    expect_close(lse_g, lse_w, 0, "ring forward lse, step " + std::to_string(j));
+  }
+  launch(dim3(3), dim3(64), 0, round_from_f32_kernel<S>, static_cast<void*>(out.data()),
+         static_cast<const float*>(acc_g.data()), std::int64_t(nq));
+  std::vector<typename S::raw> out_w(nq);
+  round_from_f32_cpu(out_w.data(), acc_w.data(), std::int64_t(nq), S::dtype);
+  expect_close(to_f32<S>(out), to_f32<S>(out_w), 0, "ring round");
+  // Backward: the steps in the same order, the key/value accumulators per source block.
+  std::vector<float> dq_w(nq), dq_g(nq), delta_w(nl), delta_g(nl);
+  const std::vector<std::vector<float>> zeros(static_cast<std::size_t>(cp), std::vector<float>(nk));
+  std::vector<std::vector<float>> dk_w = zeros, dv_w = zeros, dk_g = zeros, dv_g = zeros;
+  for (std::int64_t j = 0; j < cp; ++j) {
+    const std::size_t src = std::size_t((1 - j + cp) % cp);
+    const SeqPositions kp = SeqPositions::of_rank(s, cp, std::int64_t(src));
+    attention_ring_backward_cpu(dq_w.data(), dk_w[src].data(), dv_w[src].data(), delta_w.data(),
+                                dout.data(), q.data(), k[src].data(), v[src].data(), out.data(),
+                                lse_w.data(), b, sl, sl, a, kv, d, window, mine, kp, j == 0,
+                                S::dtype);
+    launch(dim3(2), dim3(32), 0, ring_dq_kernel<S>, dq_g.data(), delta_g.data(),
+           static_cast<const void*>(dout.data()), static_cast<const void*>(q.data()),
+           static_cast<const void*>(k[src].data()), static_cast<const void*>(v[src].data()),
+           static_cast<const void*>(out.data()), static_cast<const float*>(lse_g.data()), x, mine,
+           kp, j == 0);
+    launch(dim3(2), dim3(32), 0, ring_dkdv_kernel<S>, dk_g[src].data(), dv_g[src].data(),
+           static_cast<const float*>(delta_g.data()), static_cast<const void*>(dout.data()),
+           static_cast<const void*>(q.data()), static_cast<const void*>(k[src].data()),
+           static_cast<const void*>(v[src].data()), static_cast<const float*>(lse_g.data()), x,
+           mine, kp);
+    const std::string step = ", step " + std::to_string(j);
+    expect_close(dq_g, dq_w, 0, "ring dq" + step);
+    expect_close(delta_g, delta_w, 0, "ring delta" + step);
+    expect_close(dk_g[src], dk_w[src], 0, "ring dk" + step);
+    expect_close(dv_g[src], dv_w[src], 0, "ring dv" + step);
+  }
+}
+
+TEST(CudaKernelsEmulated, RingAttentionBlocksEqualTheCpuReference) {
+  check_ring<F32>(0);
+  check_ring<BF16>(0);
+  check_ring<F16>(5);  // a window of 5: rank 1's late chunk sees nothing of block 0
 }
 
 // ---------------------------------------------------------------- sliding window

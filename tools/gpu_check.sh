@@ -645,7 +645,8 @@ else
   fi
   if ((GPUS >= 1)); then
     # Two ranks sharing the GPU(s), the collectives through host memory.
-    for lay in "zero3:--zero 3" "tp2_sp:--tp 2 --sp" "pp2:--pp 2 --microbatches 3"; do
+    for lay in "zero3:--zero 3" "tp2_sp:--tp 2 --sp" "pp2:--pp 2 --microbatches 3" \
+      "cp2:--cp 2 --attention flash"; do
       # shellcheck disable=SC2086
       run_step "shared_gpu_${lay%%:*}" 120 30 "${SHARED[@]}" "$TM" profile --backend cuda \
         --collectives mpi --model tiny --batch 2 --seq 64 --world-size 2 ${lay#*:} --steps 2 \

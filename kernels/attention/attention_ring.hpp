@@ -1,7 +1,8 @@
 // Ring attention (context parallelism, docs/distributed.md "Context parallelism"): causal
 // attention of a rank's queries against one key/value block at a time, the blocks passed around
-// the ring of context-parallel ranks. CPU reference only (attention_ring_cpu.cpp); the cuda
-// backend has no ring kernels yet, so measured context parallelism runs on the cpu backend.
+// the ring of context-parallel ranks. The CPU reference (attention_ring_cpu.cpp) and the CUDA
+// launchers (attention_ring.cu, kernels in attention_ring_kernels.cuh) side by side, in the same
+// argument order (CUDA: plus the stream); both run the per-row pieces of attention_ring_math.hpp.
 //
 // Shapes: q, out, dout (b, sq, a, d) D at sequence positions qpos.at(0..sq-1); k, v (b, sk, kv,
 // d) D at kpos.at(0..sk-1). Visibility is attention_math.hpp's on the positions: key position
@@ -10,6 +11,7 @@
 #pragma once
 #include <cstdint>
 
+#include "common/cuda_handles.hpp"
 #include "trainmem/base/dtype.hpp"
 #include "trainmem/base/op_types.hpp"
 
@@ -25,6 +27,11 @@ void attention_ring_forward_cpu(float* acc, float* lse, const void* q, const voi
                                 std::int64_t b, std::int64_t sq, std::int64_t sk, std::int64_t a,
                                 std::int64_t kv, std::int64_t d, std::int64_t window,
                                 SeqPositions qpos, SeqPositions kpos, bool first, DType dt);
+void attention_ring_forward_cuda(float* acc, float* lse, const void* q, const void* k,
+                                 const void* v, std::int64_t b, std::int64_t sq, std::int64_t sk,
+                                 std::int64_t a, std::int64_t kv, std::int64_t d,
+                                 std::int64_t window, SeqPositions qpos, SeqPositions kpos,
+                                 bool first, DType dt, cudaStream_t stream);
 
 // One block's share of the backward, from the final out and lse of the forward: with
 // p = exp(s - lse), dp = dout·v, delta = rowsum(dout * out) (written into delta (b, a, sq) f32
@@ -38,5 +45,17 @@ void attention_ring_backward_cpu(float* dq, float* dk, float* dv, float* delta, 
                                  std::int64_t a, std::int64_t kv, std::int64_t d,
                                  std::int64_t window, SeqPositions qpos, SeqPositions kpos,
                                  bool first, DType dt);
+// CUDA: d up to kRingMaxHeadDim (256, InputError above); delta is written by the dq pass before
+// the dk/dv pass reads it (one stream).
+void attention_ring_backward_cuda(float* dq, float* dk, float* dv, float* delta, const void* dout,
+                                  const void* q, const void* k, const void* v, const void* out,
+                                  const float* lse, std::int64_t b, std::int64_t sq,
+                                  std::int64_t sk, std::int64_t a, std::int64_t kv, std::int64_t d,
+                                  std::int64_t window, SeqPositions qpos, SeqPositions kpos,
+                                  bool first, DType dt, cudaStream_t stream);
+
+// out (n) D = round(in (n) f32): the accumulators into the D tensors.
+void round_from_f32_cpu(void* out, const float* in, std::int64_t n, DType dt);
+void round_from_f32_cuda(void* out, const float* in, std::int64_t n, DType dt, cudaStream_t stream);
 
 }  // namespace trainmem

@@ -147,12 +147,15 @@ ReferenceRank deepspeed_reference(const ModelConfig& model, const TrainConfig& t
         "(estimate_zero2_model_states_mem_needs has cpu_offload, no parameter offload)";
     return r;
   }
-  const std::int64_t N = par.dp;
+  // The ZeRO group: the dp·cp ranks that shard the states (context-parallel ranks hold the same
+  // parameters, as DeepSpeed's sequence-parallel ranks do).
+  const std::int64_t N = par.grad_ranks();
   if (N < 1) throw InputError("deepspeed reference: --dp must be at least 1");
   // DeepSpeed's (num_gpus_per_node, num_nodes) whose product is the ZeRO group.
   const std::int64_t per_node = std::min(N, gpus_per_node);
   if (N % per_node != 0) {
-    r.why_not = "dp " + num(N) + " is not a whole number of nodes of " + num(gpus_per_node) +
+    r.why_not = std::string(par.cp > 1 ? "dp·cp " : "dp ") + num(N) +
+                " is not a whole number of nodes of " + num(gpus_per_node) +
                 " GPUs (the estimators take num_gpus_per_node × num_nodes)";
     return r;
   }
@@ -160,9 +163,9 @@ ReferenceRank deepspeed_reference(const ModelConfig& model, const TrainConfig& t
   r.covers = true;
   const u64 P = model.param_count();
   const u64 n = u(per_node);
-  r.notes.push_back(
-      "P = " + num(P) + " (tied weights once, as model_to_params), N = dp = " + num(N) + " = " +
-      num(per_node) + " GPUs per node × " + num(nodes) + (nodes > 1 ? " nodes" : " node"));
+  r.notes.push_back("P = " + num(P) + " (tied weights once, as model_to_params), N = " +
+                    (par.cp > 1 ? "dp·cp" : "dp") + " = " + num(N) + " = " + num(per_node) +
+                    " GPUs per node × " + num(nodes) + (nodes > 1 ? " nodes" : " node"));
   r.notes.push_back(
       "the CPU figure is per node (\"per CPU\" in DeepSpeed's table), with "
       "additional_buffer_factor 1.5");

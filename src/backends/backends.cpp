@@ -21,8 +21,7 @@ const char* backend_name(BackendKind k) {
 
 namespace {
 [[noreturn]] void no_ring(const Backend& be, const char* op) {
-  throw Error(std::string(op) + ": not implemented on the " + backend_name(be.kind()) +
-              " backend (context parallelism is measured on the cpu backend)");
+  throw Error(std::string(op) + ": not implemented on the " + backend_name(be.kind()) + " backend");
 }
 }  // namespace
 

@@ -204,8 +204,7 @@ class CpuBackend final : public Backend {
                                 window, qpos, kpos, first, dtype());
   }
   void round_from_f32(void* out, const float* in, std::int64_t n) override {
-    const DType dt = dtype();
-    for (std::int64_t e = 0; e < n; ++e) store_from_f32(out, std::size_t(e), dt, in[e]);
+    round_from_f32_cpu(out, in, n, dtype());
   }
 
  private:

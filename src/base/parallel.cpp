@@ -3,6 +3,7 @@
 #include "trainmem/base/parallel.hpp"
 
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "trainmem/base/error.hpp"
@@ -56,26 +57,30 @@ void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const Trai
   if (tp < 1) throw InputError("--tp must be at least 1, got " + str(tp));
   if (pp < 1) throw InputError("--pp must be at least 1, got " + str(pp));
   if (cp < 1) throw InputError("--cp must be at least 1, got " + str(cp));
-  // Products saturate instead of overflowing (hostile degrees give "not divisible").
-  const auto mul = [](std::int64_t x, std::int64_t y) {
-    return x > std::numeric_limits<std::int64_t>::max() / y
-               ? std::numeric_limits<std::int64_t>::max()
-               : x * y;
+  // The product of the degrees, or nullopt past 64 bits (then it exceeds any world size).
+  const auto mul = [](std::optional<std::int64_t> x,
+                      std::int64_t y) -> std::optional<std::int64_t> {
+    if (!x || *x > std::numeric_limits<std::int64_t>::max() / y) return std::nullopt;
+    return *x * y;
   };
-  const std::int64_t tpc = mul(mul(tp, pp), cp);
+  const std::optional<std::int64_t> tpc = mul(mul(mul(1, tp), pp), cp);
   const std::string cp_text = cp > 1 ? " × --cp" : "";
+  const auto text = [](std::optional<std::int64_t> v) {
+    return v ? str(*v) : std::string("more than 2^63");
+  };
   if (dp_given) {
     if (dp < 1) throw InputError("--dp must be at least 1, got " + str(dp));
-    if (mul(dp, tpc) != world)
+    const std::optional<std::int64_t> all = mul(tpc, dp);
+    if (!all || *all != world)
       throw InputError("--world-size " + str(world) + " must equal --dp × --tp × --pp" + cp_text +
                        " = " + str(dp) + " × " + str(tp) + " × " + str(pp) +
-                       (cp > 1 ? " × " + str(cp) : "") + " = " + str(mul(dp, tpc)));
+                       (cp > 1 ? " × " + str(cp) : "") + " = " + text(all));
   } else {
-    if (world % tpc != 0)
+    if (!tpc || world % *tpc != 0)
       throw InputError("--world-size " + str(world) + " is not divisible by --tp × --pp" + cp_text +
-                       " = " + str(tpc) + "; the data-parallel degree is N / (tp·pp" +
+                       " = " + text(tpc) + "; the data-parallel degree is N / (tp·pp" +
                        (cp > 1 ? "·cp)" : ")"));
-    dp = world / tpc;
+    dp = world / *tpc;
   }
   if (zero < 0 || zero > 3) throw InputError("--zero must be 0, 1, 2 or 3, got " + str(zero));
   // The trace walks every micro-batch of the schedule: the bound keeps its run time bounded.
@@ -111,9 +116,11 @@ void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const Trai
   if (cp > 1) {
     // Load-balanced chunks (Megatron): the sequence in 2·cp chunks, rank r holding chunks r and
     // 2·cp-1-r, so that every rank has the same causal work.
-    if (train.seq % (2 * cp) != 0)
+    // (cp divides the world size here, so 2·cp overflows only past 2^62: tested without it.)
+    if (train.seq % cp != 0 || (train.seq / cp) % 2 != 0)
       throw InputError("--cp " + str(cp) + ": --seq " + str(train.seq) +
-                       " must be divisible by 2·cp = " + str(2 * cp) +
+                       " must be divisible by 2·cp" +
+                       (cp <= (std::int64_t{1} << 61) ? " = " + str(2 * cp) : std::string()) +
                        " (each rank holds two chunks of s/(2·cp) tokens, load-balanced for the "
                        "causal mask)");
     if (sp && (train.seq / cp) % tp != 0)

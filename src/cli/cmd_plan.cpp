@@ -89,7 +89,9 @@ int run_plan(const PlanFlags& flags) {
     throw InputError("--activation-offload: unknown '" + flags.activation_offload +
                      "'; allowed: off, on, both (on: the layouts of one GPU only)");
   o.cp_degrees.clear();
-  if (flags.cp == "auto") {  // every divisor of N (an N out of bounds is --gpus' error)
+  if (o.gpus < 1 || o.gpus > kMaxPlanGpus) {
+    o.cp_degrees = {1};             // validate() names --gpus
+  } else if (flags.cp == "auto") {  // every divisor of N (an N out of bounds is --gpus' error)
     for (std::int64_t c = 1; c <= std::min(o.gpus, kMaxPlanGpus); ++c)
       if (o.gpus % c == 0) o.cp_degrees.push_back(c);
     if (o.cp_degrees.empty()) o.cp_degrees.push_back(1);

@@ -233,11 +233,25 @@ struct ShardedStep::Impl : LayerHost {
   // GEMM's output.
   void tp_sum_add(const Tensor& y, const void* x) override;
   // Ring attention's message: `send` to the next context-parallel rank, the previous one's into
-  // `recv` (MPI's send returns once staged, so every rank sends first).
+  // `recv`, over the ring's MPI group (MPI's send returns once staged, so every rank sends
+  // first). Backend buffers other than the cpu's travel through host copies, as pipeline
+  // messages do.
+  std::vector<unsigned char> cp_out, cp_in;
   void cp_pass(const void* send, void* recv, std::uint64_t count, DType dt) override {
     be->synchronize();
-    CPc->send(send, count, dt, int((cr + 1) % cp));
-    CPc->recv(recv, count, dt, int((cr + cp - 1) % cp));
+    const int next = int((cr + 1) % cp), prev = int((cr + cp - 1) % cp);
+    if (be->kind() == BackendKind::cpu) {
+      CPc->send(send, count, dt, next);
+      CPc->recv(recv, count, dt, prev);
+      return;
+    }
+    const std::size_t bytes = count * dtype_size(dt);
+    cp_out.resize(bytes);
+    cp_in.resize(bytes);
+    be->download(cp_out.data(), send, bytes);
+    CPc->send(cp_out.data(), count, dt, next);
+    CPc->recv(cp_in.data(), count, dt, prev);
+    be->upload(recv, cp_in.data(), bytes);
   }
 
   // Vocabulary-parallel cross-entropy, forward: every rank computed its rows' lse and (for the

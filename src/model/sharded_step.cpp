@@ -273,11 +273,6 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
       throw Error("sharded step: the collectives have " + std::to_string(exec->data.size()) +
                   " ranks, the layout dp·cp " + std::to_string(layout.grad_ranks()));
     if (layout.cp > 1) {
-      if (exec->backend.kind() != BackendKind::cpu && exec->backend.computes())
-        throw InputError("--cp " + std::to_string(layout.cp) + " with --backend " +
-                         backend_name(exec->backend.kind()) +
-                         ": ring attention's kernels exist on the cpu backend only (measured) "
-                         "and meta (traced); use --backend cpu or meta");
       if (!exec->cp || exec->cp->size() != layout.cp || exec->cp->rank() != x.r % layout.cp)
         throw Error("sharded step: --cp " + std::to_string(layout.cp) +
                     " needs the context-parallel ring's collective, this rank being index " +
@@ -315,6 +310,8 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
     if (exec->optimizer.kind != train.optimizer)
       throw Error("sharded step: optimizer settings are for another optimizer");
   }
+  if (layout.cp > 1 && train.attention != Attention::flash)  // resolve's rule, for any caller
+    throw InputError("--cp " + std::to_string(layout.cp) + " needs --attention flash");
   if (train.offload_activations) {
     if (layout.pp > 1) throw InputError("--offload-activations with --pp above 1 is not modelled");
     impl_->offload =

@@ -71,12 +71,13 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
   const bool distributed = rq.layout && rq.layout->distributed();
   if (distributed) {
     const ParallelConfig& par = *rq.layout;
-    if (!vary_batch && par.cp > 1 && step % (2 * par.cp) != 0)
+    // (step is at most 2^30 here: a cp above it divides no step.)
+    if (!vary_batch && par.cp > 1 && (par.cp > step || step % (2 * par.cp) != 0))
       throw InputError(
           "--step " + std::to_string(step) + " with --cp " + std::to_string(par.cp) +
           " and --vary seq: must be a multiple of 2·cp = " + std::to_string(2 * par.cp) +
           " (each rank holds two chunks of s/(2·cp) tokens)");
-    if (!vary_batch && par.sp && step % (par.tp * par.cp) != 0)
+    if (!vary_batch && par.sp && (par.tp > step || par.cp > step || step % (par.tp * par.cp) != 0))
       throw InputError("--step " + std::to_string(step) +
                        " with --sp and --vary seq: must be a "
                        "multiple of --tp " +

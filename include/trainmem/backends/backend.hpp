@@ -101,8 +101,8 @@ class Backend {
   // positions kpos. Forward merges the block into acc (b, sq, a, d) f32 and lse (b, a, sq) f32
   // (`first`: both start empty); backward adds the block's share into dq (b, sq, a, d),
   // dk, dv (b, sk, kv, d) f32 from the final out and lse, delta (b, a, sq) f32 = rowsum(dout *
-  // out) written when `first`. The cpu backend computes them, meta does nothing, the others
-  // throw Error (measured context parallelism runs on the cpu backend).
+  // out) written when `first`. cpu and cuda compute them (the same per-row code), meta does
+  // nothing; the base class throws Error naming the backend.
   virtual void attention_ring_forward(float* acc, float* lse, const void* q, const void* k,
                                       const void* v, std::int64_t b, std::int64_t sq,
                                       std::int64_t sk, std::int64_t a, std::int64_t kv,

@@ -8,6 +8,7 @@
 
 #include "adamw/adamw.hpp"
 #include "attention/attention.hpp"
+#include "attention/attention_ring.hpp"
 #include "bias/bias.hpp"
 #include "common/cublas_check.hpp"
 #include "cross_entropy/cross_entropy.hpp"
@@ -179,6 +180,27 @@ void CudaBackend::attention_backward(void* dq, void* dk, void* dv, void* dprobs,
                                      Attention variant) {
   attention_backward_cuda(dq, dk, dv, dprobs, delta, dout, q, k, v, out, probs, lse, b, s, a, kv, d,
                           window, variant, dtype(), cublas_, stream_);
+}
+void CudaBackend::attention_ring_forward(float* acc, float* lse, const void* q, const void* k,
+                                         const void* v, std::int64_t b, std::int64_t sq,
+                                         std::int64_t sk, std::int64_t a, std::int64_t kv,
+                                         std::int64_t d, std::int64_t window, SeqPositions qpos,
+                                         SeqPositions kpos, bool first) {
+  attention_ring_forward_cuda(acc, lse, q, k, v, b, sq, sk, a, kv, d, window, qpos, kpos, first,
+                              dtype(), stream_);
+}
+void CudaBackend::attention_ring_backward(float* dq, float* dk, float* dv, float* delta,
+                                          const void* dout, const void* q, const void* k,
+                                          const void* v, const void* out, const float* lse,
+                                          std::int64_t b, std::int64_t sq, std::int64_t sk,
+                                          std::int64_t a, std::int64_t kv, std::int64_t d,
+                                          std::int64_t window, SeqPositions qpos, SeqPositions kpos,
+                                          bool first) {
+  attention_ring_backward_cuda(dq, dk, dv, delta, dout, q, k, v, out, lse, b, sq, sk, a, kv, d,
+                               window, qpos, kpos, first, dtype(), stream_);
+}
+void CudaBackend::round_from_f32(void* out, const float* in, std::int64_t n) {
+  round_from_f32_cuda(out, in, n, dtype(), stream_);
 }
 void CudaBackend::swiglu_forward(void* out, const void* gate, const void* up, std::int64_t n) {
   swiglu_forward_cuda(out, gate, up, n, dtype(), stream_);

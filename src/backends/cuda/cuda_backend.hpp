@@ -77,6 +77,16 @@ class CudaBackend final : public Backend {
                           const void* out, const void* probs, const float* lse, std::int64_t b,
                           std::int64_t s, std::int64_t a, std::int64_t kv, std::int64_t d,
                           std::int64_t window, Attention variant) override;
+  void attention_ring_forward(float* acc, float* lse, const void* q, const void* k, const void* v,
+                              std::int64_t b, std::int64_t sq, std::int64_t sk, std::int64_t a,
+                              std::int64_t kv, std::int64_t d, std::int64_t window,
+                              SeqPositions qpos, SeqPositions kpos, bool first) override;
+  void attention_ring_backward(float* dq, float* dk, float* dv, float* delta, const void* dout,
+                               const void* q, const void* k, const void* v, const void* out,
+                               const float* lse, std::int64_t b, std::int64_t sq, std::int64_t sk,
+                               std::int64_t a, std::int64_t kv, std::int64_t d, std::int64_t window,
+                               SeqPositions qpos, SeqPositions kpos, bool first) override;
+  void round_from_f32(void* out, const float* in, std::int64_t n) override;
   void swiglu_forward(void* out, const void* gate, const void* up, std::int64_t n) override;
   void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
                        std::int64_t n) override;
