@@ -10,6 +10,7 @@
 
 #include "cli/cli.hpp"
 #include "family_configs.hpp"
+#include "layout_trace_helpers.hpp"
 #include "model_helpers.hpp"
 #include "policy_helpers.hpp"
 #include "test_cli_e2e_helpers.hpp"
@@ -230,25 +231,11 @@ TEST(ActivationOffload, ShardedTraceEqualsTheAnalyticProfilePerRank) {
                 } catch (const InputError&) {
                   continue;
                 }
-                const LayoutEstimate le = estimate_layout(m, t, p);
-                MetaAllocator alloc;
-                Ledger ledger(alloc);
-                ShardedStep step(m, t, p, 0, ledger);
-                step.train_step();
-                step.train_step();
-                const MemoryFigures got = measured_figures(ledger);
-                const RankEstimate& want = le.ranks.front();
-                const std::string what = std::string(name) + " " + policy + " " + p.describe() +
-                                         " prefetch " + std::to_string(prefetch);
-                EXPECT_EQ(got.activations, want.est.figures.activations) << what;
-                EXPECT_EQ(got.activations_peak, want.est.figures.activations_peak) << what;
-                EXPECT_EQ(got.workspace, want.est.figures.workspace) << what;
-                EXPECT_EQ(got.peak, want.est.figures.peak)
-                    << what << " (analytic at "
-                    << want.est.instants[std::size_t(want.est.peak_instant)].name << ")";
-                EXPECT_EQ(got.peak_breakdown, want.est.figures.peak_breakdown) << what;
-                EXPECT_EQ(step.host_bytes(), want.host_bytes) << what;
-                EXPECT_GT(want.host_bytes, 0u) << what;
+                const LayoutEstimate le = test::expect_trace_equals_layout(
+                    m, t, p,
+                    std::string(name) + " " + policy + " " + p.describe() + " prefetch " +
+                        std::to_string(prefetch));
+                EXPECT_GT(le.ranks.front().host_bytes, 0u);
                 if (HasFailure()) return;
                 ++checked;
               }

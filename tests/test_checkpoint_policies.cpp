@@ -8,6 +8,7 @@
 
 #include "cli/cli.hpp"
 #include "family_configs.hpp"
+#include "layout_trace_helpers.hpp"
 #include "model_helpers.hpp"
 #include "policy_helpers.hpp"
 #include "trainmem/analytic/analytic.hpp"
@@ -302,24 +303,9 @@ TEST(CheckpointPolicy, ShardedTraceEqualsTheAnalyticProfilePerRank) {
                 } catch (const InputError&) {
                   continue;
                 }
-                const LayoutEstimate le = estimate_layout(m, t, p);
-                for (std::int64_t k = 0; k < pp; ++k) {
-                  MetaAllocator alloc;
-                  Ledger ledger(alloc);
-                  ShardedStep step(m, t, p, k, ledger);
-                  step.train_step();
-                  step.train_step();
-                  const MemoryFigures got = measured_figures(ledger);
-                  const MemoryFigures& want = le.ranks[std::size_t(k)].est.figures;
-                  const std::string what = std::string(name) + " " + policy + " " + p.describe() +
-                                           " stage " + std::to_string(k);
-                  EXPECT_EQ(got.activations, want.activations) << what;
-                  EXPECT_EQ(got.activations_peak, want.activations_peak) << what;
-                  EXPECT_EQ(got.workspace, want.workspace) << what;
-                  EXPECT_EQ(got.peak, want.peak) << what;
-                  EXPECT_EQ(got.peak_breakdown, want.peak_breakdown) << what;
-                  if (HasFailure()) return;
-                }
+                test::expect_trace_equals_layout(
+                    m, t, p, std::string(name) + " " + policy + " " + p.describe());
+                if (HasFailure()) return;
                 ++checked;
               }
   EXPECT_GT(checked, 100);

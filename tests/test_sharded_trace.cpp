@@ -8,6 +8,7 @@
 #include <string>
 
 #include "family_configs.hpp"
+#include "layout_trace_helpers.hpp"
 #include "trainmem/analytic/analytic_rank.hpp"
 #include "trainmem/ledger/ledger.hpp"
 #include "trainmem/model/sharded_step.hpp"
@@ -67,28 +68,7 @@ bool check(const Case& c) {
   } catch (const InputError&) {
     return false;
   }
-  const LayoutEstimate le = estimate_layout(m, t, p);
-  EXPECT_EQ(le.ranks.size(), std::size_t(c.pp)) << c.str();
-  for (std::int64_t k = 0; k < c.pp; ++k) {
-    MetaAllocator alloc;
-    Ledger ledger(alloc);
-    ShardedStep step(m, t, p, k, ledger);
-    step.train_step();
-    step.train_step();  // the steady-state step's figures
-    const MemoryFigures got = measured_figures(ledger);
-    const MemoryFigures& want = le.ranks[std::size_t(k)].est.figures;
-    const std::string what = c.str() + " stage " + std::to_string(k);
-    EXPECT_EQ(got.params, want.params) << what;
-    EXPECT_EQ(got.gradients, want.gradients) << what;
-    EXPECT_EQ(got.optimizer_states, want.optimizer_states) << what;
-    EXPECT_EQ(got.activations, want.activations) << what;
-    EXPECT_EQ(got.activations_peak, want.activations_peak) << what;
-    EXPECT_EQ(got.workspace, want.workspace) << what;
-    EXPECT_EQ(got.inputs, want.inputs) << what;
-    EXPECT_EQ(got.peak, want.peak) << what;
-    EXPECT_EQ(got.peak_breakdown, want.peak_breakdown) << what;
-    if (testing::Test::HasFailure()) return true;
-  }
+  test::expect_trace_equals_layout(m, t, p, c.str());
   return true;
 }
 
