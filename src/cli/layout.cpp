@@ -24,9 +24,10 @@ void add_layout_flags(CLI::App& cmd, LayoutFlags& f) {
                  "Context-parallel degree: the sequence split over cp ranks, ring attention "
                  "(default 1; needs --attention flash)")
       ->check(integer_check<std::int64_t>("a whole number"));
-  cmd.add_option("--zero", f.zero,
-                 "ZeRO stage over the data-parallel ranks: 0, 1 (optimizer states), 2 (+ "
-                 "gradients; FSDP SHARD_GRAD_OP), 3 (+ parameters; FSDP FULL_SHARD)");
+  cmd.add_option(
+      "--zero", f.zero,
+      "ZeRO stage over the data-parallel (× context-parallel) ranks: 0, 1 (optimizer states), 2 (+ "
+      "gradients; FSDP SHARD_GRAD_OP), 3 (+ parameters; FSDP FULL_SHARD)");
   cmd.add_flag("--sp", f.sp, "Sequence parallelism inside the tensor-parallel group (needs --tp)");
   cmd.add_option("--microbatches", f.microbatches,
                  "Micro-batches per optimizer step (M; the pipeline's in-flight count)")
