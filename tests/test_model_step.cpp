@@ -349,6 +349,14 @@ class WorkspaceRecorder final : public Backend {
   void sgd_update(void*, const void*, float*, std::int64_t, float, float) override {}
   void check_finite(const void*, std::int64_t) override {}
   bool take_nonfinite() override { return false; }
+  void attention_ring_forward(float*, float*, const void*, const void*, const void*, std::int64_t,
+                              std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                              std::int64_t, SeqPositions, SeqPositions, bool) override {}
+  void attention_ring_backward(float*, float*, float*, float*, const void*, const void*,
+                               const void*, const void*, const void*, const float*, std::int64_t,
+                               std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                               std::int64_t, SeqPositions, SeqPositions, bool) override {}
+  void round_from_f32(void*, const float*, std::int64_t) override {}
 
  private:
   std::unique_ptr<Backend> inner_;

@@ -3,25 +3,11 @@
 #include "attention/attention_ring.hpp"
 #include "attention/attention_ring_kernels.cuh"
 #include "common/cuda_common.cuh"
-#include "trainmem/base/checked.hpp"
 
 namespace trainmem {
 namespace {
 
 constexpr int kThreads = 128;
-
-RingShape checked_shape(const char* op, std::int64_t b, std::int64_t sq, std::int64_t sk,
-                        std::int64_t a, std::int64_t kv, std::int64_t d, std::int64_t window) {
-  if (b < 1 || sq < 1 || sk < 1 || a < 1 || d < 1 || kv < 1 || a % kv != 0)
-    throw InputError(std::string(op) + ": b, sq, sk, a, kv, d must be positive and kv divide a");
-  if (window < 0) throw InputError(std::string(op) + ": window must be >= 0");
-  if (d > kRingMaxHeadDim)
-    throw InputError(std::string(op) + ": ring attention supports head dim d up to " +
-                     std::to_string(kRingMaxHeadDim) + ", got " + std::to_string(d));
-  checked_product(
-      {std::uint64_t(b), std::uint64_t(std::max(sq, sk)), std::uint64_t(a), std::uint64_t(d)}, op);
-  return RingShape{b, sq, sk, a, kv, d, window};
-}
 
 }  // namespace
 
@@ -31,7 +17,7 @@ void attention_ring_forward_cuda(float* acc, float* lse, const void* q, const vo
                                  std::int64_t window, SeqPositions qpos, SeqPositions kpos,
                                  bool first, DType dt, cudaStream_t stream) {
   const char* op = "attention_ring_forward_cuda";
-  const RingShape x = checked_shape(op, b, sq, sk, a, kv, d, window);
+  const RingShape x = check_ring_shape(op, b, sq, sk, a, kv, d, window, kRingMaxHeadDim);
   dispatch_storage(dt, op, [&](auto tag) {
     cuda::ring_forward_kernel<decltype(tag)>
         <<<cuda::grid_for(b * a * sq, kThreads), kThreads, 0, stream>>>(acc, lse, q, k, v, x, qpos,
@@ -47,7 +33,7 @@ void attention_ring_backward_cuda(float* dq, float* dk, float* dv, float* delta,
                                   std::int64_t window, SeqPositions qpos, SeqPositions kpos,
                                   bool first, DType dt, cudaStream_t stream) {
   const char* op = "attention_ring_backward_cuda";
-  const RingShape x = checked_shape(op, b, sq, sk, a, kv, d, window);
+  const RingShape x = check_ring_shape(op, b, sq, sk, a, kv, d, window, kRingMaxHeadDim);
   dispatch_storage(dt, op, [&](auto tag) {
     using S = decltype(tag);
     cuda::ring_dq_kernel<S><<<cuda::grid_for(b * a * sq, kThreads), kThreads, 0, stream>>>(

@@ -11,11 +11,19 @@
 #pragma once
 #include <cstdint>
 
+#include "attention/attention_ring_math.hpp"
 #include "common/cuda_handles.hpp"
 #include "trainmem/base/dtype.hpp"
 #include "trainmem/base/op_types.hpp"
 
 namespace trainmem {
+
+// The shape the kernels of both sides accept: InputError naming `op` when b, sq, sk, a, kv, d
+// are not positive, kv does not divide a, window is negative, d exceeds `max_d` (the CUDA
+// forward's per-thread row; 0: no bound) or a buffer's size overflows. Returns the shape.
+RingShape check_ring_shape(const char* op, std::int64_t b, std::int64_t sq, std::int64_t sk,
+                           std::int64_t a, std::int64_t kv, std::int64_t d, std::int64_t window,
+                           std::int64_t max_d = 0);
 
 // Merges one block into the running output: acc (b, sq, a, d) f32 holds the output normalised
 // over the keys seen so far and lse (b, a, sq) f32 their log-sum-exp (-inf: none yet). With

@@ -3,6 +3,7 @@
 // rows. Every output element has one writer and a fixed order of operations: results do not
 // depend on the thread count. Written for clarity, not speed: the measured context-parallel
 // runs are small.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -10,16 +11,11 @@
 #include "attention/attention_ring_math.hpp"
 #include "common/cpu_parallel.hpp"
 #include "common/storage.hpp"
+#include "trainmem/base/checked.hpp"
 #include "trainmem/base/error.hpp"
 
 namespace trainmem {
 namespace {
-
-void check(const RingShape& x, const char* op) {
-  if (x.b < 1 || x.sq < 1 || x.sk < 1 || x.a < 1 || x.d < 1 || x.kv < 1 || x.a % x.kv != 0)
-    throw InputError(std::string(op) + ": b, sq, sk, a, kv, d must be positive and kv divide a");
-  if (x.window < 0) throw InputError(std::string(op) + ": window must be >= 0");
-}
 
 bool parallel(const RingShape& x) {
   return double(x.b) * double(x.a) * double(x.sq) * double(x.sk) * double(x.d) >= kParallelMinMacs;
@@ -60,12 +56,25 @@ void ring_backward(float* dq, float* dk, float* dv, float* delta, const void* do
 
 }  // namespace
 
+RingShape check_ring_shape(const char* op, std::int64_t b, std::int64_t sq, std::int64_t sk,
+                           std::int64_t a, std::int64_t kv, std::int64_t d, std::int64_t window,
+                           std::int64_t max_d) {
+  if (b < 1 || sq < 1 || sk < 1 || a < 1 || d < 1 || kv < 1 || a % kv != 0)
+    throw InputError(std::string(op) + ": b, sq, sk, a, kv, d must be positive and kv divide a");
+  if (window < 0) throw InputError(std::string(op) + ": window must be >= 0");
+  if (max_d > 0 && d > max_d)
+    throw InputError(std::string(op) + ": ring attention supports head dim d up to " +
+                     std::to_string(max_d) + ", got " + std::to_string(d));
+  checked_product(
+      {std::uint64_t(b), std::uint64_t(std::max(sq, sk)), std::uint64_t(a), std::uint64_t(d)}, op);
+  return RingShape{b, sq, sk, a, kv, d, window};
+}
+
 void attention_ring_forward_cpu(float* acc, float* lse, const void* q, const void* k, const void* v,
                                 std::int64_t b, std::int64_t sq, std::int64_t sk, std::int64_t a,
                                 std::int64_t kv, std::int64_t d, std::int64_t window,
                                 SeqPositions qpos, SeqPositions kpos, bool first, DType dt) {
-  const RingShape x{b, sq, sk, a, kv, d, window};
-  check(x, "attention_ring_forward");
+  const RingShape x = check_ring_shape("attention_ring_forward", b, sq, sk, a, kv, d, window);
   cpu_threads_setup();
   dispatch_storage(dt, "attention_ring_forward", [&](auto tag) {
     ring_forward<decltype(tag)>(acc, lse, q, k, v, x, qpos, kpos, first);
@@ -78,8 +87,7 @@ void attention_ring_backward_cpu(float* dq, float* dk, float* dv, float* delta, 
                                  std::int64_t a, std::int64_t kv, std::int64_t d,
                                  std::int64_t window, SeqPositions qpos, SeqPositions kpos,
                                  bool first, DType dt) {
-  const RingShape x{b, sq, sk, a, kv, d, window};
-  check(x, "attention_ring_backward");
+  const RingShape x = check_ring_shape("attention_ring_backward", b, sq, sk, a, kv, d, window);
   cpu_threads_setup();
   dispatch_storage(dt, "attention_ring_backward", [&](auto tag) {
     ring_backward<decltype(tag)>(dq, dk, dv, delta, dout, q, k, v, out, lse, x, qpos, kpos, first);

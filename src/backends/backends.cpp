@@ -19,29 +19,6 @@ const char* backend_name(BackendKind k) {
   return "?";
 }
 
-namespace {
-[[noreturn]] void no_ring(const Backend& be, const char* op) {
-  throw Error(std::string(op) + ": not implemented on the " + backend_name(be.kind()) + " backend");
-}
-}  // namespace
-
-void Backend::attention_ring_forward(float*, float*, const void*, const void*, const void*,
-                                     std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                                     std::int64_t, std::int64_t, std::int64_t, SeqPositions,
-                                     SeqPositions, bool) {
-  no_ring(*this, "attention_ring_forward");
-}
-void Backend::attention_ring_backward(float*, float*, float*, float*, const void*, const void*,
-                                      const void*, const void*, const void*, const float*,
-                                      std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                                      std::int64_t, std::int64_t, std::int64_t, SeqPositions,
-                                      SeqPositions, bool) {
-  no_ring(*this, "attention_ring_backward");
-}
-void Backend::round_from_f32(void*, const float*, std::int64_t) {
-  no_ring(*this, "round_from_f32");
-}
-
 void Backend::init_param(void* dst, float* master, std::uint64_t n, const ParamInit& init) {
   constexpr std::uint64_t kChunk = std::uint64_t(1) << 20;  // host staging, elements
   const DType dt = dtype();

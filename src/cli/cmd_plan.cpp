@@ -96,11 +96,7 @@ int run_plan(const PlanFlags& flags) {
       if (o.gpus % c == 0) o.cp_degrees.push_back(c);
     if (o.cp_degrees.empty()) o.cp_degrees.push_back(1);
   } else {
-    std::size_t start = 0;
-    while (true) {
-      const std::size_t comma = flags.cp.find(',', start);
-      const std::string item =
-          flags.cp.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    for (const std::string& item : split_commas(flags.cp)) {
       const bool digits = !item.empty() && item.size() <= 9 &&
                           item.find_first_not_of("0123456789") == std::string::npos;
       const std::int64_t c = digits ? std::stoll(item) : 0;
@@ -111,8 +107,6 @@ int run_plan(const PlanFlags& flags) {
       if (std::find(o.cp_degrees.begin(), o.cp_degrees.end(), c) != o.cp_degrees.end())
         throw InputError("--cp: " + item + " is listed twice");
       o.cp_degrees.push_back(c);
-      if (comma == std::string::npos) break;
-      start = comma + 1;
     }
   }
   if (flags.top < 1) throw InputError("--top must be at least 1, got " + str(flags.top));

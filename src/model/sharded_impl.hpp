@@ -75,10 +75,8 @@ struct ShardedStep::Impl : LayerHost {
   bool ppx = false;
   std::vector<unsigned char> pp_stage;  // the host copy a pipeline message travels in
   std::vector<std::size_t> gidx;        // each parameter's index in the whole model's setup order
-  // Context parallelism (cpx: a measured run with cp > 1): the ring of the cp ranks, on host
-  // buffers (the cpu backend's).
+  // Context parallelism (a measured run with cp > 1): the ring of the cp ranks, on host buffers.
   Collective* CPc = nullptr;
-  bool cpx = false;
 
   // Setup's tensors the arithmetic never reads itself: the GEMM workspace (handed to the
   // backend) and, with --overlap-comm, the second reduce bucket.

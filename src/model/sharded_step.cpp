@@ -279,7 +279,6 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
                     std::to_string(x.r % layout.cp));
       x.CPc = exec->cp;
       x.cr = exec->cp->rank();
-      x.cpx = x.run;
     }
     if (layout.pp > 1) {
       if (!exec->pp || exec->pp->size() != layout.pp || exec->pp->rank() != stage)

@@ -102,21 +102,21 @@ class Backend {
   // (`first`: both start empty); backward adds the block's share into dq (b, sq, a, d),
   // dk, dv (b, sk, kv, d) f32 from the final out and lse, delta (b, a, sq) f32 = rowsum(dout *
   // out) written when `first`. cpu and cuda compute them (the same per-row code), meta does
-  // nothing; the base class throws Error naming the backend.
+  // nothing.
   virtual void attention_ring_forward(float* acc, float* lse, const void* q, const void* k,
                                       const void* v, std::int64_t b, std::int64_t sq,
                                       std::int64_t sk, std::int64_t a, std::int64_t kv,
                                       std::int64_t d, std::int64_t window, SeqPositions qpos,
-                                      SeqPositions kpos, bool first);
+                                      SeqPositions kpos, bool first) = 0;
   virtual void attention_ring_backward(float* dq, float* dk, float* dv, float* delta,
                                        const void* dout, const void* q, const void* k,
                                        const void* v, const void* out, const float* lse,
                                        std::int64_t b, std::int64_t sq, std::int64_t sk,
                                        std::int64_t a, std::int64_t kv, std::int64_t d,
                                        std::int64_t window, SeqPositions qpos, SeqPositions kpos,
-                                       bool first);
+                                       bool first) = 0;
   // out (n) D = round(in (n) f32): ring attention's fp32 sums into the D tensors (same support).
-  virtual void round_from_f32(void* out, const float* in, std::int64_t n);
+  virtual void round_from_f32(void* out, const float* in, std::int64_t n) = 0;
   // out (n) D = silu(gate) * up
   virtual void swiglu_forward(void* out, const void* gate, const void* up, std::int64_t n) = 0;
   virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate,
