@@ -26,6 +26,7 @@
 #include "cuda_emulator.hpp"
 // The kernel headers, compiled as host C++.
 #include "adamw/adamw_kernels.cuh"
+#include "adamw8bit/adamw8bit_kernels.cuh"
 #include "attention/attention_eager_kernels.cuh"
 #include "attention/attention_flash_kernels.cuh"
 #include "attention/attention_ring_kernels.cuh"
@@ -34,17 +35,21 @@
 #include "embedding/embedding_kernels.cuh"
 #include "kernels/residual_kernels.cuh"
 #include "nonfinite/nonfinite_kernels.cuh"
+#include "quant4/quant4_kernels.cuh"
 #include "rmsnorm/rmsnorm_kernels.cuh"
 #include "rope/rope_kernels.cuh"
 #include "swiglu/swiglu_kernels.cuh"
 // The CPU references.
 #include "adamw/adamw.hpp"
+#include "adamw8bit/adamw8bit.hpp"
 #include "attention/attention.hpp"
 #include "attention/attention_ring.hpp"
 #include "bias/bias.hpp"
 #include "cross_entropy/cross_entropy.hpp"
 #include "embedding/embedding.hpp"
 #include "nonfinite/nonfinite.hpp"
+#include "quant4/dynamic_map.hpp"
+#include "quant4/quant4.hpp"
 #include "rmsnorm/rmsnorm.hpp"
 #include "rope/rope.hpp"
 #include "swiglu/swiglu.hpp"
@@ -541,6 +546,119 @@ TEST(CudaKernelsEmulated, AdamWAndSgd) {
   check_optimizers<F32>();
   check_optimizers<BF16>();
   check_optimizers<F16>();  // the dtype that runs with a loss scale
+}
+
+// ---------------------------------------------------------------- bitsandbytes quantization
+
+// The 4-bit and 8-bit blockwise kernels against their CPU references, bit for bit (the same
+// per-block and per-element functions of quant4_math.hpp): a partial last block, an odd count
+// (the pad nibble), an all-zero block, a grid smaller than the blocks (grid-stride).
+template <class S>
+void check_quant4(Quant4Type t) {
+  std::mt19937 rng(41);
+  const std::int64_t n = 64 * 37 + 9, bs = 64, nb = quant_blocks(n, bs);
+  auto x = random_storage<S>(std::size_t(n), rng, -3, 3);
+  for (std::int64_t i = 128; i < 192; ++i) S::store(x.data(), std::size_t(i), 0.0f);
+  std::vector<std::uint8_t> pw(static_cast<std::size_t>(quant4_packed_bytes(n))), pg(pw.size());
+  std::vector<float> aw(static_cast<std::size_t>(nb)), ag(static_cast<std::size_t>(nb));
+  quantize_4bit_cpu(pw.data(), aw.data(), x.data(), n, bs, t, S::dtype);
+  launch(dim3(2), dim3(8), 0, quantize_4bit_kernel<S>, pg.data(), ag.data(),
+         static_cast<const void*>(x.data()), n, bs, nb, t);
+  EXPECT_EQ(pg, pw);
+  expect_close(ag, aw, 0, "quant4 absmax");
+  for (bool signed_zero : {false, true}) {
+    std::vector<typename S::raw> ow(static_cast<std::size_t>(n)), og(static_cast<std::size_t>(n));
+    dequantize_4bit_cpu(ow.data(), pw.data(), aw.data(), n, bs, t, signed_zero, S::dtype);
+    launch(dim3(3), dim3(64), 0, dequantize_4bit_kernel<S>, static_cast<void*>(og.data()),
+           static_cast<const std::uint8_t*>(pw.data()), static_cast<const float*>(aw.data()), n, bs,
+           t, signed_zero);
+    EXPECT_EQ(std::memcmp(ow.data(), og.data(), ow.size() * sizeof(ow[0])), 0);
+  }
+}
+TEST(CudaKernelsEmulated, Quant4) {
+  for (Quant4Type t : {Quant4Type::nf4, Quant4Type::fp4}) {
+    check_quant4<F32>(t);
+    check_quant4<BF16>(t);
+    check_quant4<F16>(t);
+  }
+}
+
+TEST(CudaKernelsEmulated, Blockwise8) {
+  std::mt19937 rng(42);
+  const std::int64_t n = 256 * 5 + 100, bs = 256, nb = quant_blocks(n, bs);
+  std::vector<float> x(static_cast<std::size_t>(n));
+  std::uniform_real_distribution<float> d(-2, 2);
+  for (auto& e : x) e = d(rng);
+  for (std::int64_t i = 256; i < 512; ++i) x[std::size_t(i)] = 0.5f;  // a block of equal values
+  std::vector<std::uint8_t> lut(kQuantLutSize);
+  blockwise8_build_lut(kDynamicMapSigned, lut.data());
+  for (float sub : {0.0f, 0.5f}) {  // sub 0.5 makes the second block all zero
+    std::vector<std::uint8_t> qw(static_cast<std::size_t>(n)), qg(static_cast<std::size_t>(n));
+    std::vector<float> aw(static_cast<std::size_t>(nb)), ag(static_cast<std::size_t>(nb));
+    quantize_blockwise8_cpu(qw.data(), aw.data(), x.data(), sub, n, bs, lut.data());
+    launch(dim3(1), dim3(4), 0, quantize_blockwise8_kernel, qg.data(), ag.data(),
+           static_cast<const float*>(x.data()), sub, n, bs, nb,
+           static_cast<const std::uint8_t*>(lut.data()));
+    EXPECT_EQ(qg, qw);
+    expect_close(ag, aw, 0, "blockwise8 absmax");
+    std::vector<float> ow(static_cast<std::size_t>(n)), og(static_cast<std::size_t>(n));
+    dequantize_blockwise8_cpu(ow.data(), qw.data(), aw.data(), kDynamicMapSigned, n, bs, true, sub);
+    launch(dim3(2), dim3(64), 0, dequantize_blockwise8_kernel, og.data(),
+           static_cast<const std::uint8_t*>(qw.data()), static_cast<const float*>(aw.data()),
+           static_cast<const float*>(kDynamicMapSigned), n, bs, true, sub);
+    expect_close(og, ow, 0, "blockwise8 dequantize");
+  }
+}
+
+template <class S>
+void check_adamw8bit() {
+  std::mt19937 rng(43);
+  const std::int64_t n = 256 * 9 + 77, nb = quant_blocks(n, kBlockwise8Size);
+  std::vector<std::uint8_t> lut1(kQuantLutSize), lut2(kQuantLutSize);
+  blockwise8_build_lut(kDynamicMapSigned, lut1.data());
+  blockwise8_build_lut(kDynamicMapUnsigned, lut2.data());
+  BnbAdamWParams hp;
+  auto pw = random_storage<S>(std::size_t(n), rng);
+  auto pg = pw;
+  std::vector<std::uint8_t> s1w(static_cast<std::size_t>(n), 0),
+      s2w(static_cast<std::size_t>(n), 0);
+  std::vector<float> a1w(static_cast<std::size_t>(nb), 0.0f),
+      a2w(static_cast<std::size_t>(nb), 0.0f);
+  auto s1g = s1w, s2g = s2w;
+  auto a1g = a1w, a2g = a2w;
+  std::vector<float> mw(static_cast<std::size_t>(n), 0.0f), vw(static_cast<std::size_t>(n), 0.0f);
+  auto mg = mw, vg = vw;
+  auto qw = pw, qg = pw;  // the fp32-state path's parameters
+  for (int step = 1; step <= 3; ++step) {
+    auto grad = random_storage<S>(std::size_t(n), rng);
+    if (step == 1)  // a zero gradient over the first blocks (a fresh LoRA A): absmax 0
+      for (std::int64_t i = 0; i < 512; ++i) S::store(grad.data(), std::size_t(i), 0.0f);
+    bnb_adamw8bit_update_cpu(pw.data(), grad.data(), s1w.data(), s2w.data(), a1w.data(), a2w.data(),
+                             kDynamicMapSigned, kDynamicMapUnsigned, lut1.data(), lut2.data(), n,
+                             hp, step, S::dtype);
+    launch(dim3(2), dim3(4), 0, bnb_adamw8bit_kernel<S>, static_cast<void*>(pg.data()),
+           static_cast<const void*>(grad.data()), s1g.data(), s2g.data(), a1g.data(), a2g.data(),
+           static_cast<const float*>(kDynamicMapSigned),
+           static_cast<const float*>(kDynamicMapUnsigned),
+           static_cast<const std::uint8_t*>(lut1.data()),
+           static_cast<const std::uint8_t*>(lut2.data()), n, nb, bnb_adamw_consts(hp, step));
+    EXPECT_EQ(s1g, s1w);
+    EXPECT_EQ(s2g, s2w);
+    expect_close(a1g, a1w, 0, "adamw8bit absmax1");
+    expect_close(a2g, a2w, 0, "adamw8bit absmax2");
+    expect_close(to_f32<S>(pg), to_f32<S>(pw), 0, "adamw8bit param");
+    bnb_adamw32_update_cpu(qw.data(), grad.data(), mw.data(), vw.data(), n, hp, step, S::dtype);
+    launch(dim3(3), dim3(64), 0, bnb_adamw32_kernel<S>, static_cast<void*>(qg.data()),
+           static_cast<const void*>(grad.data()), mg.data(), vg.data(), n,
+           bnb_adamw_consts(hp, step));
+    expect_close(mg, mw, 0, "adamw32 m");
+    expect_close(vg, vw, 0, "adamw32 v");
+    expect_close(to_f32<S>(qg), to_f32<S>(qw), 0, "adamw32 param");
+  }
+}
+TEST(CudaKernelsEmulated, AdamW8bit) {
+  check_adamw8bit<F32>();
+  check_adamw8bit<BF16>();
 }
 
 // ---------------------------------------------------------------- non-finite check

@@ -1,0 +1,65 @@
+// bitsandbytes' 4-bit weight storage (NF4, FP4, blockwise absmax, double quantization of the
+// absmax) and its 8-bit blockwise quantization. The CPU reference (quant4_cpu.cpp) and the CUDA
+// launchers (quant4.cu, kernels in quant4_kernels.cuh) side by side, in the same argument order
+// (CUDA: plus the stream). The arithmetic, per element and per block, is in quant4_math.hpp,
+// shared by both; docs/formulas.md ("4-bit weights") gives the layout and the bytes.
+#pragma once
+#include <cstdint>
+
+#include "common/cuda_handles.hpp"
+#include "quant4/quant4_math.hpp"
+#include "trainmem/base/dtype.hpp"
+
+namespace trainmem {
+
+// Bytes of a packed 4-bit tensor of n elements, and blocks of `blocksize` over n elements.
+constexpr std::int64_t quant4_packed_bytes(std::int64_t n) {
+  return (n + 1) / 2;
+}
+constexpr std::int64_t quant_blocks(std::int64_t n, std::int64_t blocksize) {
+  return (n + blocksize - 1) / blocksize;
+}
+// The nested absmax of double quantization (and 8-bit optimizer state) uses blocks of 256.
+constexpr std::int64_t kBlockwise8Size = 256;
+
+// packed (quant4_packed_bytes(n)) u8, absmax (quant_blocks(n, blocksize)) f32 <- x (n) dt.
+// blocksize: even and positive (bnb allows 32 ... 4096). CPU: blocks in parallel.
+// CUDA: one thread per block.
+void quantize_4bit_cpu(std::uint8_t* packed, float* absmax, const void* x, std::int64_t n,
+                       std::int64_t blocksize, Quant4Type t, DType dt);
+void quantize_4bit_cuda(std::uint8_t* packed, float* absmax, const void* x, std::int64_t n,
+                        std::int64_t blocksize, Quant4Type t, DType dt, cudaStream_t stream);
+
+// out (n) dt = code[nibble] * absmax[i / blocksize], rounded once. signed_zero: FP4's nibble 8
+// reads -0.0, as bnb's CPU kernel does for a weight whose last dimension is even (its fallback
+// for an odd one reads +0.0).
+void dequantize_4bit_cpu(void* out, const std::uint8_t* packed, const float* absmax, std::int64_t n,
+                         std::int64_t blocksize, Quant4Type t, bool signed_zero, DType dt);
+void dequantize_4bit_cuda(void* out, const std::uint8_t* packed, const float* absmax,
+                          std::int64_t n, std::int64_t blocksize, Quant4Type t, bool signed_zero,
+                          DType dt, cudaStream_t stream);
+
+// 8-bit blockwise: q (n) u8, absmax (quant_blocks(n, blocksize)) f32 <- x - sub (fp32, n),
+// through `lut` (kQuantLutSize entries, blockwise8_build_lut of the code; device memory for
+// CUDA). sub 0 quantizes x itself (x - 0 is x, bit for bit).
+void quantize_blockwise8_cpu(std::uint8_t* q, float* absmax, const float* x, float sub,
+                             std::int64_t n, std::int64_t blocksize, const std::uint8_t* lut);
+void quantize_blockwise8_cuda(std::uint8_t* q, float* absmax, const float* x, float sub,
+                              std::int64_t n, std::int64_t blocksize, const std::uint8_t* lut,
+                              cudaStream_t stream);
+// out (n) f32 = code[q] * absmax[i / blocksize] (+ add, a second rounding, when has_add: the
+// offset of a double-quantized absmax). code: 256 f32 (device memory for CUDA).
+void dequantize_blockwise8_cpu(float* out, const std::uint8_t* q, const float* absmax,
+                               const float* code, std::int64_t n, std::int64_t blocksize,
+                               bool has_add, float add);
+void dequantize_blockwise8_cuda(float* out, const std::uint8_t* q, const float* absmax,
+                                const float* code, std::int64_t n, std::int64_t blocksize,
+                                bool has_add, float add, cudaStream_t stream);
+
+// Double quantization's offset: the mean of the fp32 absmax (nb entries), summed in double and
+// rounded once, then divided by nb in fp32. bnb takes torch's fp32 `mean()`, whose summation
+// order can differ from the exact sum in the last bit; tests/test_ops_quant.cpp states by how
+// much on the goldens. Host arithmetic (the absmax is small: n / blocksize entries).
+float double_quant_offset(const float* absmax, std::int64_t nb);
+
+}  // namespace trainmem
