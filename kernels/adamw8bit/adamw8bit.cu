@@ -1,8 +1,5 @@
 // bitsandbytes' AdamW8bit on the GPU (math in adamw8bit_math.hpp, kernels in
 // adamw8bit_kernels.cuh).
-#include <limits>
-#include <string>
-
 #include "adamw8bit/adamw8bit.hpp"
 #include "adamw8bit/adamw8bit_kernels.cuh"
 #include "common/cuda_common.cuh"
@@ -13,13 +10,6 @@ namespace {
 
 constexpr int kThreads = cuda::kElementwiseThreads;
 
-void check(const char* op, std::int64_t n, int step) {
-  cuda::require_fits(n, std::numeric_limits<std::int64_t>::max(), op, "n");
-  if (step < 1)
-    throw InputError(std::string(op) + ": step must be >= 1 (bias correction), got " +
-                     std::to_string(step));
-}
-
 }  // namespace
 
 void bnb_adamw8bit_update_cuda(void* param, const void* grad, std::uint8_t* s1, std::uint8_t* s2,
@@ -27,7 +17,7 @@ void bnb_adamw8bit_update_cuda(void* param, const void* grad, std::uint8_t* s1, 
                                const float* qmap2, const std::uint8_t* lut1,
                                const std::uint8_t* lut2, std::int64_t n, const BnbAdamWParams& hp,
                                int step, DType dt, cudaStream_t stream) {
-  check("bnb_adamw8bit_update_cuda", n, step);
+  check_bnb_adamw_args("bnb_adamw8bit_update_cuda", n, step);
   if (n == 0) return;
   const BnbAdamWConsts c = bnb_adamw_consts(hp, step);
   const std::int64_t nb = quant_blocks(n, kBlockwise8Size);
@@ -41,7 +31,7 @@ void bnb_adamw8bit_update_cuda(void* param, const void* grad, std::uint8_t* s1, 
 
 void bnb_adamw32_update_cuda(void* param, const void* grad, float* m, float* v, std::int64_t n,
                              const BnbAdamWParams& hp, int step, DType dt, cudaStream_t stream) {
-  check("bnb_adamw32_update_cuda", n, step);
+  check_bnb_adamw_args("bnb_adamw32_update_cuda", n, step);
   if (n == 0) return;
   const BnbAdamWConsts c = bnb_adamw_consts(hp, step);
   dispatch_storage(dt, "bnb_adamw32_update_cuda", [&](auto tag) {

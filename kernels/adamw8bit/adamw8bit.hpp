@@ -5,15 +5,25 @@
 // stream); the arithmetic in adamw8bit_math.hpp.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "adamw8bit/adamw8bit_math.hpp"
 #include "common/cuda_handles.hpp"
 #include "trainmem/base/dtype.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 
 // bitsandbytes keeps fp32 states for a tensor under this many elements.
 constexpr std::int64_t kBnbMin8BitSize = 4096;
+
+// The arguments both updates check, CPU and CUDA alike: n >= 0, step >= 1 (bias correction).
+inline void check_bnb_adamw_args(const char* op, std::int64_t n, int step) {
+  if (n < 0) throw InputError(std::string(op) + ": n must be >= 0, got " + std::to_string(n));
+  if (step < 1)
+    throw InputError(std::string(op) + ": step must be >= 1 (bias correction), got " +
+                     std::to_string(step));
+}
 
 // param (n) dt, grad (n) dt; s1, s2 (n) u8; absmax1, absmax2 (quant_blocks(n, 256)) f32;
 // qmap1 / qmap2: the signed / unsigned dynamic maps (256 f32) and lut1 / lut2 their lookup

@@ -1,30 +1,18 @@
 // bitsandbytes' AdamW8bit, CPU reference (math in adamw8bit_math.hpp): blocks of 256 (8-bit) or
 // elements (fp32 states) in parallel, each computed by one thread in a fixed order.
-#include <string>
-
 #include "adamw8bit/adamw8bit.hpp"
 #include "common/cpu_parallel.hpp"
 #include "common/storage.hpp"
 #include "quant4/quant4.hpp"
-#include "trainmem/base/error.hpp"
 
 namespace trainmem {
-
-namespace {
-void bnb_adamw_check(const char* op, std::int64_t n, int step) {
-  if (n < 0) throw InputError(std::string(op) + ": n must be >= 0, got " + std::to_string(n));
-  if (step < 1)
-    throw InputError(std::string(op) + ": step must be >= 1 (bias correction), got " +
-                     std::to_string(step));
-}
-}  // namespace
 
 void bnb_adamw8bit_update_cpu(void* param, const void* grad, std::uint8_t* s1, std::uint8_t* s2,
                               float* absmax1, float* absmax2, const float* qmap1,
                               const float* qmap2, const std::uint8_t* lut1,
                               const std::uint8_t* lut2, std::int64_t n, const BnbAdamWParams& hp,
                               int step, DType dt) {
-  bnb_adamw_check("bnb_adamw8bit_update_cpu", n, step);
+  check_bnb_adamw_args("bnb_adamw8bit_update_cpu", n, step);
   cpu_threads_setup();
   const BnbAdamWConsts c = bnb_adamw_consts(hp, step);
   const std::int64_t nb = quant_blocks(n, kBlockwise8Size);
@@ -39,7 +27,7 @@ void bnb_adamw8bit_update_cpu(void* param, const void* grad, std::uint8_t* s1, s
 
 void bnb_adamw32_update_cpu(void* param, const void* grad, float* m, float* v, std::int64_t n,
                             const BnbAdamWParams& hp, int step, DType dt) {
-  bnb_adamw_check("bnb_adamw32_update_cpu", n, step);
+  check_bnb_adamw_args("bnb_adamw32_update_cpu", n, step);
   cpu_threads_setup();
   const BnbAdamWConsts c = bnb_adamw_consts(hp, step);
   dispatch_storage(dt, "bnb_adamw32_update_cpu", [&](auto tag) {

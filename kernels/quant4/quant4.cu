@@ -1,8 +1,5 @@
 // bitsandbytes' 4-bit and 8-bit blockwise quantization on the GPU (math in quant4_math.hpp,
 // kernels in quant4_kernels.cuh).
-#include <limits>
-#include <string>
-
 #include "common/cuda_common.cuh"
 #include "quant4/quant4.hpp"
 #include "quant4/quant4_kernels.cuh"
@@ -12,18 +9,11 @@ namespace {
 
 constexpr int kThreads = cuda::kElementwiseThreads;
 
-void check_blocksize(const char* op, std::int64_t n, std::int64_t blocksize, bool even) {
-  cuda::require_fits(n, std::numeric_limits<std::int64_t>::max(), op, "n");
-  if (blocksize <= 0 || (even && blocksize % 2 != 0))
-    throw InputError(std::string(op) + ": blocksize must be " + (even ? "even and " : "") +
-                     "positive, got " + std::to_string(blocksize));
-}
-
 }  // namespace
 
 void quantize_4bit_cuda(std::uint8_t* packed, float* absmax, const void* x, std::int64_t n,
                         std::int64_t blocksize, Quant4Type t, DType dt, cudaStream_t stream) {
-  check_blocksize("quantize_4bit_cuda", n, blocksize, true);
+  check_quant_args("quantize_4bit_cuda", n, blocksize, true);
   if (n == 0) return;
   const std::int64_t nb = quant_blocks(n, blocksize);
   dispatch_storage(dt, "quantize_4bit_cuda", [&](auto tag) {
@@ -37,7 +27,7 @@ void quantize_4bit_cuda(std::uint8_t* packed, float* absmax, const void* x, std:
 void dequantize_4bit_cuda(void* out, const std::uint8_t* packed, const float* absmax,
                           std::int64_t n, std::int64_t blocksize, Quant4Type t, bool signed_zero,
                           DType dt, cudaStream_t stream) {
-  check_blocksize("dequantize_4bit_cuda", n, blocksize, false);
+  check_quant_args("dequantize_4bit_cuda", n, blocksize, false);
   if (n == 0) return;
   dispatch_storage(dt, "dequantize_4bit_cuda", [&](auto tag) {
     cuda::dequantize_4bit_kernel<decltype(tag)>
@@ -50,7 +40,7 @@ void dequantize_4bit_cuda(void* out, const std::uint8_t* packed, const float* ab
 void quantize_blockwise8_cuda(std::uint8_t* q, float* absmax, const float* x, float sub,
                               std::int64_t n, std::int64_t blocksize, const std::uint8_t* lut,
                               cudaStream_t stream) {
-  check_blocksize("quantize_blockwise8_cuda", n, blocksize, false);
+  check_quant_args("quantize_blockwise8_cuda", n, blocksize, false);
   if (n == 0) return;
   const std::int64_t nb = quant_blocks(n, blocksize);
   cuda::quantize_blockwise8_kernel<<<cuda::grid_for(nb, kThreads), kThreads, 0, stream>>>(
@@ -61,7 +51,7 @@ void quantize_blockwise8_cuda(std::uint8_t* q, float* absmax, const float* x, fl
 void dequantize_blockwise8_cuda(float* out, const std::uint8_t* q, const float* absmax,
                                 const float* code, std::int64_t n, std::int64_t blocksize,
                                 bool has_add, float add, cudaStream_t stream) {
-  check_blocksize("dequantize_blockwise8_cuda", n, blocksize, false);
+  check_quant_args("dequantize_blockwise8_cuda", n, blocksize, false);
   if (n == 0) return;
   cuda::dequantize_blockwise8_kernel<<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(
       out, q, absmax, code, n, blocksize, has_add, add);

@@ -5,10 +5,12 @@
 // shared by both; docs/formulas.md ("4-bit weights") gives the layout and the bytes.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "common/cuda_handles.hpp"
 #include "quant4/quant4_math.hpp"
 #include "trainmem/base/dtype.hpp"
+#include "trainmem/base/error.hpp"
 
 namespace trainmem {
 
@@ -21,6 +23,15 @@ constexpr std::int64_t quant_blocks(std::int64_t n, std::int64_t blocksize) {
 }
 // The nested absmax of double quantization (and 8-bit optimizer state) uses blocks of 256.
 constexpr std::int64_t kBlockwise8Size = 256;
+
+// The arguments every quantization op checks, CPU and CUDA alike: n >= 0 and a positive
+// blocksize (even for 4-bit, whose blocks must not share a byte). InputError naming `op`.
+inline void check_quant_args(const char* op, std::int64_t n, std::int64_t blocksize, bool even) {
+  if (n < 0) throw InputError(std::string(op) + ": n must be >= 0, got " + std::to_string(n));
+  if (blocksize <= 0 || (even && blocksize % 2 != 0))
+    throw InputError(std::string(op) + ": blocksize must be " + (even ? "even and " : "") +
+                     "positive, got " + std::to_string(blocksize));
+}
 
 // packed (quant4_packed_bytes(n)) u8, absmax (quant_blocks(n, blocksize)) f32 <- x (n) dt.
 // blocksize: even and positive (bnb allows 32 ... 4096). CPU: blocks in parallel.

@@ -1,28 +1,15 @@
 // bitsandbytes' 4-bit and 8-bit blockwise quantization, CPU reference (math in quant4_math.hpp).
 // Blocks (quantize) and chunks of elements (dequantize) in parallel; each element or block is
 // computed by one thread in a fixed order, so the bits do not depend on the team size.
-#include <string>
-
 #include "common/cpu_parallel.hpp"
 #include "common/storage.hpp"
 #include "quant4/quant4.hpp"
-#include "trainmem/base/error.hpp"
 
 namespace trainmem {
-namespace {
-
-void check_blocksize(const char* op, std::int64_t n, std::int64_t blocksize, bool even) {
-  if (n < 0) throw InputError(std::string(op) + ": n must be >= 0, got " + std::to_string(n));
-  if (blocksize <= 0 || (even && blocksize % 2 != 0))
-    throw InputError(std::string(op) + ": blocksize must be " + (even ? "even and " : "") +
-                     "positive, got " + std::to_string(blocksize));
-}
-
-}  // namespace
 
 void quantize_4bit_cpu(std::uint8_t* packed, float* absmax, const void* x, std::int64_t n,
                        std::int64_t blocksize, Quant4Type t, DType dt) {
-  check_blocksize("quantize_4bit_cpu", n, blocksize, true);
+  check_quant_args("quantize_4bit_cpu", n, blocksize, true);
   cpu_threads_setup();
   const std::int64_t nb = quant_blocks(n, blocksize);
   dispatch_storage(dt, "quantize_4bit_cpu", [&](auto tag) {
@@ -35,7 +22,7 @@ void quantize_4bit_cpu(std::uint8_t* packed, float* absmax, const void* x, std::
 
 void dequantize_4bit_cpu(void* out, const std::uint8_t* packed, const float* absmax, std::int64_t n,
                          std::int64_t blocksize, Quant4Type t, bool signed_zero, DType dt) {
-  check_blocksize("dequantize_4bit_cpu", n, blocksize, false);
+  check_quant_args("dequantize_4bit_cpu", n, blocksize, false);
   cpu_threads_setup();
   dispatch_storage(dt, "dequantize_4bit_cpu", [&](auto tag) {
     using S = decltype(tag);
@@ -48,7 +35,7 @@ void dequantize_4bit_cpu(void* out, const std::uint8_t* packed, const float* abs
 
 void quantize_blockwise8_cpu(std::uint8_t* q, float* absmax, const float* x, float sub,
                              std::int64_t n, std::int64_t blocksize, const std::uint8_t* lut) {
-  check_blocksize("quantize_blockwise8_cpu", n, blocksize, false);
+  check_quant_args("quantize_blockwise8_cpu", n, blocksize, false);
   cpu_threads_setup();
   const std::int64_t nb = quant_blocks(n, blocksize);
 #pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
@@ -59,7 +46,7 @@ void quantize_blockwise8_cpu(std::uint8_t* q, float* absmax, const float* x, flo
 void dequantize_blockwise8_cpu(float* out, const std::uint8_t* q, const float* absmax,
                                const float* code, std::int64_t n, std::int64_t blocksize,
                                bool has_add, float add) {
-  check_blocksize("dequantize_blockwise8_cpu", n, blocksize, false);
+  check_quant_args("dequantize_blockwise8_cpu", n, blocksize, false);
   cpu_threads_setup();
 #pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
   for (std::int64_t i = 0; i < n; ++i)
