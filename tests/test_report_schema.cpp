@@ -99,8 +99,9 @@ TEST(ReportSchema, TheKeysAreTheDocumentedOnes) {
   EXPECT_EQ(fields, (std::vector<std::string>{"name", "shape", "dtype", "bytes", "term",
                                               "coefficient", "kept_by", "why"}));
   for (const auto& group : schema::kTensorGroups) groups.push_back(group.name);
-  EXPECT_EQ(groups, (std::vector<std::string>{"embedding", "layer", "layer_checkpointed", "shared",
-                                              "head", "loop", "recompute", "inputs"}));
+  EXPECT_EQ(groups,
+            (std::vector<std::string>{"embedding", "first_layer", "layer", "layer_checkpointed",
+                                      "shared", "head", "loop", "recompute", "inputs"}));
   EXPECT_EQ(schema::term_names(), "sbh, sbi, as2b, sb, other");
   const std::vector<std::string> model(schema::kModelCompared.begin(),
                                        schema::kModelCompared.end());

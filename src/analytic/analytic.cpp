@@ -26,6 +26,32 @@ const char* profile_name(Profile p) {
       return "zero";
     case Profile::hf_sdpa:
       return "hf-sdpa";
+    case Profile::hf_peft:
+      return "hf-peft";
+  }
+  return "?";
+}
+
+const char* finetune_name(Finetune f) {
+  switch (f) {
+    case Finetune::full:
+      return "full";
+    case Finetune::lora:
+      return "lora";
+    case Finetune::qlora:
+      return "qlora";
+  }
+  return "?";
+}
+
+const char* quant_name(Quant q) {
+  switch (q) {
+    case Quant::none:
+      return "none";
+    case Quant::nf4:
+      return "nf4";
+    case Quant::fp4:
+      return "fp4";
   }
   return "?";
 }
@@ -34,6 +60,7 @@ std::optional<Profile> parse_profile(const std::string& s) {
   for (Profile p : all_profiles())
     if (s == profile_name(p)) return p;
   if (s == "hf_eager" || s == "hf") return Profile::hf_eager;
+  if (s == profile_name(Profile::hf_peft)) return Profile::hf_peft;
   return std::nullopt;
 }
 
@@ -163,7 +190,35 @@ TorchEra parse_torch_version(const std::string& version, HfOptions* opts) {
 }
 
 void check_hf_options(Profile profile, const HfOptions& opts) {
-  if (profile != Profile::hf_eager && profile != Profile::hf_sdpa) return;
+  if (profile == Profile::hf_peft) {
+    if (opts.era && *opts.era != HfEra::v5_25)
+      throw InputError("--hf-version " + opts.hf_version +
+                       ": hf-peft models transformers 5.25 (5.25.x) with peft 0.21 and "
+                       "bitsandbytes 0.50, the releases it was measured with");
+    const PeftOptions& pf = opts.peft;
+    if (pf.finetune == Finetune::full)
+      throw InputError("--profile hf-peft: needs --finetune lora or qlora");
+    if (pf.rank < 1 || pf.rank > 65536)
+      throw InputError("--lora-rank " + std::to_string(pf.rank) + ": allowed 1 to 65536");
+    if (!(pf.dropout >= 0 && pf.dropout < 1))
+      throw InputError("--lora-dropout: allowed 0 <= p < 1");
+    if (pf.targets == 0 || (pf.targets & ~0x7fu) != 0)
+      throw InputError(
+          "--lora-targets: at least one of q_proj, k_proj, v_proj, o_proj, "
+          "gate_proj, up_proj, down_proj, or all-linear");
+    if (pf.finetune == Finetune::lora && pf.quant != Quant::none)
+      throw InputError(std::string("--quant ") + quant_name(pf.quant) +
+                       ": a quantized base is --finetune qlora (--finetune lora trains adapters "
+                       "on a 16-bit base)");
+    if (pf.finetune == Finetune::qlora && pf.quant == Quant::none)
+      throw InputError("--quant none: --finetune qlora needs a 4-bit base (nf4 or fp4)");
+    const std::int64_t bs = pf.quant_blocksize;
+    if (bs < 64 || bs > 4096 || (bs & (bs - 1)) != 0)
+      throw InputError("--quant-blocksize " + std::to_string(bs) +
+                       ": bitsandbytes' 4-bit blocksizes are 64, 128, 256, 512, 1024, 2048, 4096");
+  }
+  if (profile != Profile::hf_eager && profile != Profile::hf_sdpa && profile != Profile::hf_peft)
+    return;
   if (profile == Profile::hf_sdpa && opts.era && *opts.era != HfEra::v5_25)
     throw InputError("--hf-version " + opts.hf_version +
                      ": hf-sdpa models the SDPA attention of transformers 5.25 (5.25.x) only; "
@@ -230,14 +285,21 @@ bool needs_5_25(const ModelConfig& m) {
 
 HfEra hf_era_for(Profile profile, const HfOptions& opts, const ModelConfig& model) {
   if (opts.era) return *opts.era;
-  if (profile == Profile::hf_sdpa || needs_5_25(model)) return HfEra::v5_25;
+  if (profile == Profile::hf_sdpa || profile == Profile::hf_peft || needs_5_25(model))
+    return HfEra::v5_25;
   return HfEra::v4_30;
 }
 
 void check_hf_model(Profile profile, const HfOptions& opts, const ModelConfig& model) {
-  if (profile != Profile::hf_eager && profile != Profile::hf_sdpa) return;
+  if (profile != Profile::hf_eager && profile != Profile::hf_sdpa && profile != Profile::hf_peft)
+    return;
   const HfEra era = hf_era_for(profile, opts, model);
-  const std::string why = hf_unproven(model, era);
+  std::string why = hf_unproven(model, era);
+  // hf-peft: LLaMA was measured under peft; Mistral and Qwen2 differ from it only by what a
+  // frozen base keeps no tensor for (biases) or by a window that the sequence does not reach
+  // (checked in build_hf_peft). Qwen3's q/k norms were not measured under peft.
+  if (why.empty() && profile == Profile::hf_peft && model.qk_norm)
+    why = "q/k norms (qwen3) were not measured under peft (tools/peft_saved_tensors.py ran LLaMA)";
   if (why.empty()) return;
   const std::string flag =
       opts.era ? "--hf-version " +
@@ -412,6 +474,7 @@ Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& 
   est.figures.gradients = st.gradients;
   est.figures.optimizer_states = st.optimizer_states;
   est.param_count = st.params / dtype_size(train.dtype);
+  est.trainable_params = est.param_count;
   est.largest_gradient_bytes = st.largest_gradient_bytes;
   est.largest_gradient_name = st.largest_gradient_name;
   switch (profile) {
@@ -422,6 +485,10 @@ Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& 
     case Profile::hf_sdpa:
       est.hf = hf;
       analytic_detail::build_hf(est);
+      break;
+    case Profile::hf_peft:
+      est.hf = hf;
+      analytic_detail::build_hf_peft(est);
       break;
     case Profile::megatron:
       analytic_detail::build_megatron(est);
@@ -502,13 +569,16 @@ void finish(ActivationBreakdown& acts, std::int64_t layers) {
   acts.loop_bytes = sum_bytes(acts.loop);
   acts.recompute_bytes = sum_bytes(acts.recompute);
   acts.layer_checkpointed_bytes = sum_bytes(acts.layer_checkpointed);
+  acts.first_layer_bytes = sum_bytes(acts.first_layer);
   const std::int64_t windowed = acts.layer_windowed.empty() ? 0 : acts.windowed_layers;
   const std::int64_t ckpt = acts.layer_checkpointed.empty() ? 0 : acts.checkpointed_layers;
-  if (windowed < 0 || ckpt < 0 || windowed + ckpt > layers)
-    throw Error("analytic: windowed or checkpointed layers out of range");
+  const std::int64_t first = acts.first_layer.empty() ? 0 : 1;
+  if (windowed < 0 || ckpt < 0 || windowed + ckpt + first > layers ||
+      (first > 0 && windowed + ckpt > 0))
+    throw Error("analytic: windowed, checkpointed or first layers out of range");
   acts.total_bytes =
-      csum({acts.embedding_bytes,
-            checked_mul(acts.per_layer_bytes, layers - windowed - ckpt, "activations"),
+      csum({acts.embedding_bytes, acts.first_layer_bytes,
+            checked_mul(acts.per_layer_bytes, layers - windowed - ckpt - first, "activations"),
             checked_mul(acts.layer_windowed_bytes, windowed, "activations"),
             checked_mul(acts.layer_checkpointed_bytes, ckpt, "activations"), acts.shared_bytes,
             acts.head_bytes, acts.loop_bytes},

@@ -42,8 +42,9 @@ std::int64_t split_layers(ActivationBreakdown& acts, const TrainConfig& train, s
 // Profile builders. Each fills est.activations, figures.activations, activations_peak,
 // workspace, inputs, peak (+ breakdown), instants and notes; est.figures.params, gradients and
 // optimizer_states are already set from state_figures().
-void build_native(Estimate& est);  // native_stage for the layout of one GPU
-void build_hf(Estimate& est);      // hf-eager and hf-sdpa (est.hf set)
+void build_native(Estimate& est);   // native_stage for the layout of one GPU
+void build_hf(Estimate& est);       // hf-eager and hf-sdpa (est.hf set)
+void build_hf_peft(Estimate& est);  // hf-peft (est.hf set, est.hf.peft a LoRA recipe)
 void build_megatron(Estimate& est);
 void build_zero(Estimate& est);
 

@@ -22,6 +22,7 @@
 #include <algorithm>
 
 #include "analytic_detail.hpp"
+#include "trainmem/base/lora.hpp"
 
 namespace trainmem::analytic_detail {
 namespace {
@@ -554,6 +555,394 @@ void build_hf(Estimate& est) {
             : "checkpointing: HF per-layer torch.utils.checkpoint (reentrant); activations_peak "
               "adds the replayed layer's saved tensors during its backward (the head's are "
               "released by then)");
+}
+
+// ---------------------------------------------------------------- hf-peft
+// peft's LoRA on the 5.25 SDPA step (docs/lora-plan.md, sections 2 and 8; docs/formulas.md,
+// "hf-peft"). What changes against hf-sdpa, from autograd's rules with frozen base weights:
+//   - a frozen linear (16-bit or bitsandbytes 4-bit) saves no input: only the weight would
+//     need it (MatMul4Bit keeps (None, packed weight), the weight a parameter);
+//   - a frozen norm keeps no `weight * y` operand, only its fp32 x and 1/rms, and nothing at
+//     all where its input needs no gradient (layer 0, after the frozen embedding, unless the
+//     input is made to require one, as prepare_model_for_kbit_training does for
+//     checkpointing);
+//   - each LoRA branch, lora_B(lora_A(dropout(x.to(A's dtype)))) · scaling, keeps lora_A's
+//     input and lora_B's (b·s, r) input; lora_A's input is x itself (one storage however many
+//     adapters read it) when x is already in the adapters' dtype, else a copy per adapter;
+//     with dropout, the mask and the dropped copy per adapter instead;
+//   - prepare_model_for_kbit_training upcasts every non-4-bit weight to fp32, so the
+//     embedding's output, the residual stream and every activation are fp32.
+namespace {
+
+// The dtypes of a LoRA step and its recipe.
+struct PeftStep {
+  std::uint64_t wr;  // the residual stream's and the activations' width
+  std::string rdt;
+  std::uint64_t wa;  // the adapters' width
+  std::string adt;
+  std::uint64_t r;
+  bool dropout;
+  std::uint64_t mask_w;
+  std::string mask_dt;
+  unsigned targets;
+  bool has(unsigned t) const { return (targets & t) != 0; }
+};
+
+// One wrapped linear's LoRA branch. `x_grad`: whether x requires a gradient (the dropout keeps
+// its mask only then); `shared_saved`: whether x's own storage is already saved (set when this
+// branch saves it).
+void lora_branch(std::vector<TensorEntry>& v, const Dims& d, const PeftStep& ps,
+                 const std::string& proj, std::uint64_t in, const std::string& in_shape,
+                 const std::string& input_name, bool x_grad, bool* shared_saved) {
+  const Term term = in == d.i && in != d.h ? Term::sbi : Term::sbh;
+  const std::uint64_t x_bytes = bytes_of({d.b, d.s, in}, ps.wa);
+  if (ps.dropout) {
+    if (x_grad)
+      v.push_back(entry(d, proj + ".lora_dropout.mask", in_shape, ps.mask_dt,
+                        bytes_of({d.b, d.s, in}, ps.mask_w), term,
+                        "lora_dropout (the dropout's mask, kept for its backward)",
+                        ps.mask_w == 1 ? "CUDA's native_dropout keeps a bool mask"
+                                       : "the CPU keeps the mask in the dropped tensor's dtype"));
+    v.push_back(entry(d, proj + ".lora_A.input", in_shape, ps.adt, x_bytes, term,
+                      "lora_A (linear saves its input)", "the dropped x: dW_A needs it"));
+  } else if (ps.wr == ps.wa) {
+    if (!*shared_saved)
+      v.push_back(entry(d, input_name, in_shape, ps.adt, x_bytes, term,
+                        "lora_A of every adapter reading it (linear saves its input; one storage)",
+                        "x is already in the adapters' dtype: no copy"));
+    *shared_saved = true;
+  } else {
+    v.push_back(entry(d, proj + ".lora_A.x_copy", in_shape, ps.adt, x_bytes, term,
+                      "lora_A (linear saves its input)",
+                      "x.to(lora_A.weight.dtype): a copy per adapter"));
+  }
+  v.push_back(entry(d, proj + ".lora_B.input", "(b·s,r)", ps.adt, bytes_of({d.b, d.s, ps.r}, ps.wa),
+                    Term::sb, "lora_B (linear saves its input)", "lora_A's output: dW_B needs it"));
+}
+
+// What one decoder layer keeps under LoRA. `in_grad`: the layer's input requires a gradient;
+// `with_input`: count the input's storage where its norm saves it (not in a checkpointed
+// layer's replay: the checkpoint holds it). *out_grad: whether the layer's output requires a
+// gradient; *rope: whether q * cos and k * cos keep RoPE's tables.
+std::vector<TensorEntry> peft_layer_saved(const Dims& d, const PeftStep& ps, bool in_grad,
+                                          bool with_input, bool* out_grad, bool* rope) {
+  std::vector<TensorEntry> v;
+  const std::string R = ps.rdt;
+  const std::uint64_t w = ps.wr;
+  const std::uint64_t bsh4 = bytes_of({d.b, d.s, d.h}, 4);
+  auto norm = [&](const std::string& p, bool layer_input) {
+    if (w == 4) {
+      if (!layer_input || with_input)
+        v.push_back(entry(d, p + ".x", "(b,s,h)", "fp32", bsh4, Term::sbh,
+                          "pow(2) and x * rsqrt(...) (x.to(float32) is x in fp32)",
+                          layer_input ? "the layer's input, the residual stream (one storage)"
+                                      : "the residual stream after attention (one storage)"));
+    } else {
+      v.push_back(entry(d, p + ".x_f32", "(b,s,h)", "fp32", bsh4, Term::sbh,
+                        "x.to(float32): pow(2) and x * rsqrt(...) save it (one storage)",
+                        "the fp32 upcast of the 16-bit residual"));
+    }
+    v.push_back(entry(d, p + ".rsqrt", "(b,s,1)", "fp32", bytes_of({d.b, d.s}, 4), Term::sb,
+                      "rsqrt (RsqrtBackward0 saves its result), x * rsqrt (MulBackward0)",
+                      "1/rms of each row; the frozen weight needs no weight * y operand"));
+  };
+  if (in_grad) norm("input_layernorm", true);
+  bool n1_saved = false;
+  const std::uint64_t ad = checked_mul(d.a, d.d, "a·d");
+  if (ps.has(kLoraQ))
+    lora_branch(v, d, ps, "q_proj", d.h, "(b,s,h)", "input_layernorm.out", in_grad, &n1_saved);
+  if (ps.has(kLoraK))
+    lora_branch(v, d, ps, "k_proj", d.h, "(b,s,h)", "input_layernorm.out", in_grad, &n1_saved);
+  if (ps.has(kLoraV))
+    lora_branch(v, d, ps, "v_proj", d.h, "(b,s,h)", "input_layernorm.out", in_grad, &n1_saved);
+  const bool qg = in_grad || ps.has(kLoraQ), kg = in_grad || ps.has(kLoraK);
+  const bool attn = qg || kg || in_grad || ps.has(kLoraV);
+  *rope = qg || kg;
+  if (attn) {
+    const std::uint64_t q_bytes = bytes_of({d.b, d.s, d.a, d.d}, w);
+    const std::uint64_t kv = bytes_of({d.b, d.s, d.kd}, w);
+    v.push_back(entry(d, "sdpa.q", "(b,a,s,d)", R, q_bytes, Term::sbh,
+                      "scaled_dot_product_attention (flash: saves query)", "RoPE's output"));
+    v.push_back(entry(d, "sdpa.k", "(b,k,s,d)", R, kv, Term::sbh,
+                      "scaled_dot_product_attention (flash: saves key)",
+                      "at the kv heads (enable_gqa)"));
+    v.push_back(entry(d, "sdpa.v", "(b,k,s,d)", R, kv, Term::sbh,
+                      "scaled_dot_product_attention (flash: saves value)",
+                      "a transposed view of v_proj's output"));
+    v.push_back(entry(d, "sdpa.out", "(b,a,s,d)", R, q_bytes, Term::sbh,
+                      "scaled_dot_product_attention (saves its output)",
+                      "also o_proj's input (one storage)"));
+    v.push_back(entry(d, "sdpa.logsumexp", "(b,a,s)", "fp32", bytes_of({d.b, d.a, d.s}, 4),
+                      Term::sb, "scaled_dot_product_attention (flash: saves logsumexp)",
+                      "the softmax is recomputed in backward from it"));
+  }
+  bool out_saved = attn;  // SDPA's output is o_proj's input
+  if (ps.has(kLoraO))
+    lora_branch(v, d, ps, "o_proj", ad, "(b,s,a·d)", "sdpa.out", attn, &out_saved);
+  const bool h_mid = in_grad || attn || ps.has(kLoraO);
+  if (h_mid) norm("post_attention_layernorm", false);
+  bool n2_saved = false;
+  if (ps.has(kLoraGate))
+    lora_branch(v, d, ps, "gate_proj", d.h, "(b,s,h)", "post_attention_layernorm.out", h_mid,
+                &n2_saved);
+  if (ps.has(kLoraUp))
+    lora_branch(v, d, ps, "up_proj", d.h, "(b,s,h)", "post_attention_layernorm.out", h_mid,
+                &n2_saved);
+  const bool gate_g = h_mid || ps.has(kLoraGate), up_g = h_mid || ps.has(kLoraUp);
+  const std::uint64_t bsi = bytes_of({d.b, d.s, d.i}, w);
+  if (gate_g)
+    v.push_back(entry(d, "mlp.gate", "(b,s,i)", R, bsi, Term::sbi,
+                      "act_fn = SiLU (SiluBackward0 saves its input)", "silu'(gate)"));
+  if (up_g)
+    v.push_back(entry(d, "mlp.silu", "(b,s,i)", R, bsi, Term::sbi,
+                      "silu(gate) * up (MulBackward0 saves silu for d up)",
+                      "d up = d prod · silu(gate)"));
+  if (gate_g)
+    v.push_back(entry(d, "mlp.up", "(b,s,i)", R, bsi, Term::sbi,
+                      "silu(gate) * up (MulBackward0 saves up for d silu)",
+                      "d silu = d prod · up"));
+  bool prod_saved = false;  // the frozen down_proj keeps no input
+  if (ps.has(kLoraDown))
+    lora_branch(v, d, ps, "down_proj", d.i, "(b,s,i)", "mlp.prod", gate_g || up_g, &prod_saved);
+  *out_grad = h_mid || gate_g || up_g || ps.has(kLoraDown);
+  return v;
+}
+
+// bitsandbytes' bytes for one 4-bit weight of n elements (docs/formulas.md, "4-bit weights"):
+// the packed pairs, the absmax per block (u8 under double quantization, with one fp32 absmax
+// per 256 of them, the fp32 offset and the 256-entry fp32 nested code; fp32 otherwise) and the
+// 16-entry fp32 code.
+std::uint64_t quant4_weight_bytes(std::uint64_t n, std::uint64_t blocksize, bool double_quant) {
+  const std::uint64_t blocks = (n + blocksize - 1) / blocksize;
+  const std::uint64_t packed = (n + 1) / 2;
+  if (!double_quant) return csum({packed, checked_mul(blocks, 4, "absmax"), 64}, "4-bit weight");
+  return csum({packed, blocks, checked_mul((blocks + 255) / 256, 4, "nested absmax"), 4, 64, 1024},
+              "4-bit weight");
+}
+
+bool is_layer_linear(const std::string& name) {
+  return name.rfind("model.layers.", 0) == 0 && name.size() > 12 &&
+         name.compare(name.size() - 12, 12, "_proj.weight") == 0;
+}
+
+}  // namespace
+
+void build_hf_peft(Estimate& est) {
+  const ModelConfig& m = est.model;
+  const TrainConfig& t = est.train;
+  HfOptions& o = est.hf;
+  const PeftOptions& pf = o.peft;
+  o.era = HfEra::v5_25;
+  if (!o.torch) o.torch = TorchEra::from_2_2;
+  const Dims d = make_dims(m, t);
+  const bool quant = pf.finetune == Finetune::qlora && pf.quant != Quant::none;
+  const bool fp32_residual = quant && pf.kbit_prepare;
+  // Dims of the residual stream: the tables, the loss and the logits follow its dtype.
+  Dims dr = d;
+  if (fp32_residual) {
+    dr.w = 4;
+    dr.dt = "fp32";
+  }
+  PeftStep ps;
+  ps.wr = dr.w;
+  ps.rdt = dr.dt;
+  ps.wa = pf.adapters_fp32 ? 4 : d.w;
+  ps.adt = pf.adapters_fp32 ? "fp32" : d.dt;
+  ps.r = static_cast<std::uint64_t>(pf.rank);
+  ps.dropout = pf.dropout > 0;
+  ps.mask_w = pf.cpu_dropout_mask ? ps.wa : 1;
+  ps.mask_dt = pf.cpu_dropout_mask ? ps.adt : "bool";
+  ps.targets = pf.targets;
+  for (std::int64_t l = 0; l < m.layers; ++l) {
+    const std::int64_t W = m.window_of(l);
+    if (W > 0 && static_cast<std::uint64_t>(W) <= d.s)
+      throw InputError("--seq " + std::to_string(t.seq) + ": hf-peft does not model the window " +
+                       "mask SDPA keeps once the sequence reaches sliding_window " +
+                       std::to_string(W) + " (layer " + std::to_string(l) +
+                       "); use --seq below it, or --profile hf-sdpa for a full fine-tune");
+  }
+  if (t.optimizer == Optimizer::lomo)
+    throw InputError(
+        "--optimizer lomo: LOMO updates every weight inside the backward; peft "
+        "trains the adapters with a torch optimizer (allowed with --finetune " +
+        std::string(finetune_name(pf.finetune)) + ": adamw, sgd)");
+  if (t.checkpointing == Checkpointing::selective)
+    throw InputError(
+        "--checkpointing selective: transformers has no selective recompute; "
+        "hf-peft models none or full");
+  const std::int64_t checkpointed = t.checkpointed_count(0, m.layers);
+  if (checkpointed > 0 && checkpointed < m.layers)
+    throw InputError("--checkpointing " + checkpointing_name(t) +
+                     ": hf-peft models HF's gradient checkpointing of every layer (none or full)");
+  const bool full = checkpointed > 0;
+  const Hf hf{HfEra::v5_25, *o.torch, true, o.loop, false, false};
+
+  // Model states. Params: every stored byte (4-bit weights with their quantization state, the
+  // other weights in the base's dtype or fp32 after prepare, the adapters, RoPE's buffers).
+  const auto specs = parameter_specs(m);
+  std::uint64_t params = 0, base_elements = 0;
+  for (const auto& p : specs) {
+    base_elements = checked_add(base_elements, p.elements, "parameters");
+    if (quant && is_layer_linear(p.name))
+      params = checked_add(
+          params,
+          quant4_weight_bytes(p.elements, static_cast<std::uint64_t>(pf.quant_blocksize),
+                              pf.double_quant),
+          "params");
+    else
+      params =
+          checked_add(params, checked_mul(p.elements, fp32_residual ? 4 : d.w, "params"), "params");
+  }
+  const std::uint64_t trainable = lora_trainable_count(m, pf.rank, pf.targets);
+  const std::uint64_t adapter_bytes = checked_mul(trainable, ps.wa, "adapters");
+  const std::uint64_t rope_buffers = checked_mul(4, d.d, "rotary buffers");  // 2 × (d/2) fp32
+  auto& f = est.figures;
+  f.params = csum({params, adapter_bytes, rope_buffers}, "params");
+  f.gradients = adapter_bytes;
+  f.optimizer_states =
+      t.optimizer == Optimizer::adamw ? checked_mul(2, adapter_bytes, "optimizer states") : 0;
+  est.param_count = checked_add(base_elements, trainable, "parameters");
+  est.trainable_params = trainable;
+  // The largest adapter gradient: A (r, in) or B (out, r) of the widest target.
+  std::uint64_t widest = 0;
+  std::string widest_name;
+  const std::uint64_t ad = checked_mul(d.a, d.d, "a·d");
+  const struct {
+    unsigned bit;
+    const char* name;
+    std::uint64_t in, out;
+  } projections[] = {
+      {kLoraQ, "self_attn.q_proj", d.h, ad},   {kLoraK, "self_attn.k_proj", d.h, d.kd},
+      {kLoraV, "self_attn.v_proj", d.h, d.kd}, {kLoraO, "self_attn.o_proj", ad, d.h},
+      {kLoraGate, "mlp.gate_proj", d.h, d.i},  {kLoraUp, "mlp.up_proj", d.h, d.i},
+      {kLoraDown, "mlp.down_proj", d.i, d.h}};
+  for (const auto& pr : projections) {
+    if (!ps.has(pr.bit)) continue;
+    const bool a_wider = pr.in >= pr.out;
+    const std::uint64_t n = checked_mul(ps.r, a_wider ? pr.in : pr.out, "adapter");
+    if (n > widest) {
+      widest = n;
+      widest_name = "model.layers." + std::to_string(m.layers - 1) + "." + pr.name +
+                    (a_wider ? ".lora_A.default.weight" : ".lora_B.default.weight");
+    }
+  }
+  est.largest_gradient_bytes = checked_mul(widest, ps.wa, "adapter gradient");
+  est.largest_gradient_name = widest_name;
+
+  est.label = "HF " + hf_class(m) + " + peft LoRA r " + std::to_string(pf.rank) + " on " +
+              lora_targets_name(pf.targets) +
+              (quant ? std::string(", bitsandbytes ") + quant_name(pf.quant) +
+                           (pf.double_quant ? " + double quant" : "") + " base" +
+                           (pf.kbit_prepare ? ", prepare_model_for_kbit_training" : "")
+                     : ", " + d.dt + " base") +
+              ", SDPA attention, transformers 5.25 / peft 0.21 / bitsandbytes 0.50, loop " +
+              loop_name(hf.loop) + ": autograd's saved tensors + the loop's";
+
+  auto& acts = est.activations;
+  // Under checkpointing every layer's input is made to require a gradient
+  // (enable_input_require_grads; without it reentrant checkpointing gives the adapters no
+  // gradient); otherwise layer 0's input, the frozen embedding's output, needs none.
+  bool rope = false;
+  bool grad = full;
+  std::vector<TensorEntry> first, rest;
+  for (std::int64_t l = 0; l < std::min<std::int64_t>(m.layers, 2); ++l) {
+    bool out_grad = false, r = false;
+    auto list = peft_layer_saved(d, ps, grad, true, &out_grad, &r);
+    rope = rope || r;
+    (l == 0 ? first : rest) = std::move(list);
+    grad = out_grad;
+  }
+  // From layer 1 on the list repeats (a layer's output needs a gradient whenever its input
+  // does or an adapter is in it).
+  const bool first_differs = m.layers > 1 && sum_bytes(first) != sum_bytes(rest);
+  if (full) {
+    bool og = false, r2 = false;
+    std::vector<TensorEntry> kept;
+    kept.push_back(entry(dr, "checkpoint.hidden_states", "(b,s,h)", dr.dt,
+                         bytes_of({d.b, d.s, d.h}, dr.w), Term::sbh,
+                         "torch.utils.checkpoint keeps the layer's input",
+                         "the layer input, replayed through the layer in backward"));
+    split_layers(acts, t, 0, m.layers, first, std::move(kept),
+                 peft_layer_saved(d, ps, true, false, &og, &r2));
+    acts.shared.push_back(entry(d, "checkpoint.position_ids", "(1,s)", "int64", bytes_of({d.s}, 8),
+                                Term::other,
+                                "the checkpoints' closures (one storage; not a saved tensor)",
+                                "arange(s) built by LlamaModel.forward"));
+  } else if (first_differs) {
+    acts.first_layer = std::move(first);
+    acts.layer = std::move(rest);
+  } else {
+    acts.layer = std::move(first);
+  }
+  if (rope || full) rope_tables(acts.shared, dr, hf);
+  // Head: the final norm (its input needs a gradient: an adapter is in some layer), the frozen
+  // lm_head keeps nothing, the loss.
+  acts.head.push_back(entry(d, dr.w == 4 ? "norm.x" : "norm.x_f32", "(b,s,h)", "fp32",
+                            bytes_of({d.b, d.s, d.h}, 4), Term::sbh,
+                            "pow(2) and x * rsqrt(...) (one storage)",
+                            dr.w == 4 ? "the last layer's output" : "the fp32 upcast of it"));
+  acts.head.push_back(entry(d, "norm.rsqrt", "(b,s,1)", "fp32", bytes_of({d.b, d.s}, 4), Term::sb,
+                            "rsqrt (RsqrtBackward0 saves its result), x * rsqrt (MulBackward0)",
+                            "1/rms of each row"));
+  loss_saved(acts.head, dr, hf);
+  acts.loop.push_back(entry(dr, "loop.logits", "(b,s,V)", dr.dt, bytes_of({d.b, d.s, d.V}, dr.w),
+                            Term::other, "the caller (out.logits of model(..., labels=...))",
+                            fp32_residual ? "in fp32: prepare upcast lm_head"
+                                          : "in the base's dtype; not saved by autograd"));
+  acts.inputs.push_back(entry(d, "input_ids", "(b,s)", "int64", bytes_of({d.b, d.s}, 8), Term::sb,
+                              "the caller (the frozen embedding saves no indices)", "token ids"));
+  acts.inputs.push_back(entry(d, "labels", "(b,s)", "int64", bytes_of({d.b, d.s}, 8), Term::sb,
+                              "the caller", "labels = input_ids"));
+  finish(acts, m.layers);
+
+  f.activations = acts.total_bytes;
+  f.inputs = sum_bytes(acts.inputs);
+  f.activations_peak = f.activations;
+  if (full) {
+    const std::uint64_t during =
+        csum({csub(f.activations, acts.head_bytes, "hf-peft recompute"), acts.recompute_bytes},
+             "hf-peft");
+    f.activations_peak = std::max(f.activations, during);
+  }
+  f.workspace = 0;
+  f.peak = csum({f.params, f.gradients, f.optimizer_states, f.activations_peak, f.inputs}, "peak");
+  f.peak_breakdown = {f.params, f.gradients, f.optimizer_states, f.activations_peak, 0, f.inputs};
+
+  est.notes.push_back(
+      "params = every stored byte of the model: the frozen base (" +
+      std::string(quant ? "4-bit linear weights with their absmax, nested absmax, offset and "
+                          "codes; the other weights "
+                        : "") +
+      (fp32_residual ? "upcast to fp32 by prepare_model_for_kbit_training" : d.dt) +
+      "), the adapters (" + ps.adt + ") and RoPE's inv_freq buffers; trainable = " +
+      std::to_string(trainable) + " adapter elements (r·(in + out) per target)");
+  est.notes.push_back(
+      std::string("gradients and optimizer states: the adapters' only (") +
+      (t.optimizer == Optimizer::adamw ? "AdamW m and v in the adapters' dtype" : "SGD: none") +
+      "); torch's AdamW keeps each parameter's `step` as a 4-byte tensor on the host "
+      "(not counted)");
+  est.notes.push_back(
+      "activations = storages autograd saves for backward (each counted once) + the returned "
+      "logits; transients (bitsandbytes' dequantized weight in every forward and backward of a "
+      "4-bit linear, autograd's gradients) are not modelled: peak = the category maxima added");
+  if (first_differs)
+    est.notes.push_back(
+        "layer 0 keeps less: its input (the frozen embedding's output) needs no gradient, so "
+        "its first norm saves nothing");
+  if (ps.dropout)
+    est.notes.push_back(
+        std::string("lora_dropout > 0: each adapter keeps the dropout's mask (") +
+        (ps.mask_w == 1 ? "a bool on CUDA" : "in the dropped dtype, as on the CPU") +
+        ") and its dropped input instead of sharing x");
+  if (full)
+    est.notes.push_back(
+        "checkpointing: every layer in torch.utils.checkpoint, its input made to require a "
+        "gradient (prepare_model_for_kbit_training / enable_input_require_grads); "
+        "activations_peak adds the replayed layer's saved tensors during its backward");
+  if (m.family != "llama")
+    est.notes.push_back(hf_class(m) +
+                        ": derived from LLaMA's measurement under peft and the family's hf-sdpa "
+                        "measurement (its frozen biases keep nothing), not measured under peft");
 }
 
 }  // namespace trainmem::analytic_detail

@@ -346,6 +346,9 @@ Result compare(const Side& a, const Side& b) {
   std::map<Key, std::size_t> index;
   auto place = [&](const Side& s, bool is_a) {
     std::map<std::pair<std::string, std::string>, int> seen;
+    const bool first_layer = std::any_of(s.entries.begin(), s.entries.end(), [](const Entry& e) {
+      return e.group == schema::kFirstLayerGroup;
+    });
     for (const auto& e : s.entries) {
       const Key key{e.group, e.name, seen[{e.group, e.name}]++};
       auto it = index.find(key);
@@ -356,11 +359,12 @@ Result compare(const Side& a, const Side& b) {
         r.rows.back().name = e.name;
       }
       Row& row = r.rows[it->second];
-      const std::uint64_t count = e.group == schema::kLayerGroup
-                                      ? static_cast<std::uint64_t>(s.layers - s.checkpointed_layers)
-                                  : e.group == schema::kCheckpointedLayerGroup
-                                      ? static_cast<std::uint64_t>(s.checkpointed_layers)
-                                      : 1;
+      const std::uint64_t count =
+          e.group == schema::kLayerGroup
+              ? static_cast<std::uint64_t>(s.layers - s.checkpointed_layers - (first_layer ? 1 : 0))
+          : e.group == schema::kCheckpointedLayerGroup
+              ? static_cast<std::uint64_t>(s.checkpointed_layers)
+              : 1;
       const std::uint64_t bytes = checked_mul(e.bytes, count, "diff bytes");
       if (is_a) {
         row.a = e;

@@ -114,7 +114,14 @@ std::string why_text(const EstimateResult& c, const EstimateRun& r) {
     << " bytes·sbh per layer.\n\n";
   o << why_table(r).text();
   for (const auto& e : r.estimates) {
-    if (e.profile != Profile::hf_eager && e.profile != Profile::hf_sdpa) continue;
+    if (e.profile != Profile::hf_eager && e.profile != Profile::hf_sdpa &&
+        e.profile != Profile::hf_peft)
+      continue;
+    if (e.profile == Profile::hf_peft)
+      o << "\nhf-peft: " << report::with_commas(e.trainable_params)
+        << " trainable adapter elements (" << report::gib2(e.figures.gradients)
+        << " GiB of gradients); the frozen base and the "
+        << "adapters take " << report::gib2(e.figures.params) << " GiB.";
     o << "\n"
       << profile_name(e.profile) << ": the loop (" << loop_name(e.hf.loop) << ") holds "
       << report::gib2(e.activations.loop_bytes) << " GiB at the end of forward (the returned logits"

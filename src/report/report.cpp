@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "trainmem/base/error.hpp"
+#include "trainmem/base/lora.hpp"
 
 namespace trainmem::report {
 
@@ -307,7 +308,26 @@ json analytic_profile_json(const Estimate& e) {
   j["embedding_activations"] = a.embedding_bytes;
   j["shared_activations"] = a.shared_bytes;
   j["head_activations"] = a.head_bytes;
-  if (e.profile == Profile::hf_eager || e.profile == Profile::hf_sdpa) {
+  if (e.profile == Profile::hf_peft) {
+    const PeftOptions& p = e.hf.peft;
+    j["trainable_params"] = e.trainable_params;
+    j["first_layer_activations"] = a.first_layer_bytes;
+    j["peft"] =
+        json{{"finetune", finetune_name(p.finetune)},
+             {"lora_rank", p.rank},
+             {"lora_targets", lora_targets_name(p.targets)},
+             {"lora_dropout", p.dropout},
+             {"lora_dtype", p.adapters_fp32 ? "fp32" : dtype_name(e.train.dtype)},
+             {"quant", quant_name(p.quant)},
+             {"double_quant", p.quant != Quant::none && p.double_quant},
+             {"quant_blocksize", p.quant != Quant::none ? json(p.quant_blocksize) : json(nullptr)},
+             {"kbit_prepare", p.quant != Quant::none && p.kbit_prepare},
+             {"measured_with",
+              "transformers 5.25.0, peft 0.21.2, bitsandbytes 0.50.2, "
+              "torch 2.15.0"}};
+  }
+  if (e.profile == Profile::hf_eager || e.profile == Profile::hf_sdpa ||
+      e.profile == Profile::hf_peft) {
     j["loop_activations"] = a.loop_bytes;
     j["hf"] = json{
         {"transformers_era", hf_era_name(*e.hf.era)},
@@ -478,8 +498,10 @@ std::string explain_text(const Estimate& e) {
     << "·sbh)\n";
   const std::int64_t windowed = a.layer_windowed.empty() ? 0 : a.windowed_layers;
   const std::int64_t ckpt = a.layer_checkpointed.empty() ? 0 : a.checkpointed_layers;
-  o << "activations = embedding " << gib2(a.embedding_bytes) << " + " << a.layers - windowed - ckpt
-    << " layers × " << gib2(a.per_layer_bytes);
+  const std::int64_t first = a.first_layer.empty() ? 0 : 1;
+  o << "activations = embedding " << gib2(a.embedding_bytes);
+  if (first > 0) o << " + layer 0 " << gib2(a.first_layer_bytes);
+  o << " + " << a.layers - windowed - ckpt - first << " layers × " << gib2(a.per_layer_bytes);
   if (windowed > 0) o << " + " << windowed << " windowed layers × " << gib2(a.layer_windowed_bytes);
   if (ckpt > 0) o << " + " << ckpt << " checkpointed layers × " << gib2(a.layer_checkpointed_bytes);
   o << " + shared " << gib2(a.shared_bytes) << " + head " << gib2(a.head_bytes);

@@ -14,6 +14,10 @@
 //             PyTorch series (HfOptions; default transformers 4.30, PyTorch 2.0), verified
 //             against saved_tensors_hooks by tools/hf_saved_tensors.py.
 //   hf-sdpa   the same for transformers 5.25's default SDPA attention (PyTorch's flash kernel).
+//   hf-peft   the same SDPA step fine-tuned with peft's LoRA (frozen base weights, adapters on
+//             the chosen projections), on a 16-bit or bitsandbytes 4-bit base (QLoRA, with
+//             prepare_model_for_kbit_training's fp32 upcasts), transformers 5.25, peft 0.21,
+//             bitsandbytes 0.50 (PeftOptions); verified by tools/peft_saved_tensors.py.
 //   megatron  Korthikanti et al. 2022, sbh(34 + 5as/h) bytes per layer (GPT-style reference).
 //   zero      the ZeRO paper's 12·h·b·s elements per layer × dtype width (GPT-style reference).
 //
@@ -33,12 +37,15 @@
 
 namespace trainmem {
 
-enum class Profile { native, hf_eager, megatron, zero, hf_sdpa };
-constexpr int kNumProfiles = 5;
+enum class Profile { native, hf_eager, megatron, zero, hf_sdpa, hf_peft };
+constexpr int kNumProfiles = 6;
 
-const char* profile_name(Profile p);  // "native", "hf-eager", "megatron", "zero", "hf-sdpa"
+// "native", "hf-eager", "megatron", "zero", "hf-sdpa", "hf-peft"
+const char* profile_name(Profile p);
 std::optional<Profile> parse_profile(const std::string& s);
-std::vector<Profile> all_profiles();  // in the order above
+// The profiles of a full fine-tune, in the order above (hf-peft is the LoRA one: it is listed
+// instead of them when --finetune is lora or qlora).
+std::vector<Profile> all_profiles();
 
 // ---------------------------------------------------------------- HF reference semantics
 // The code era of a transformers release: the releases whose LLaMA training step saves the
@@ -67,6 +74,35 @@ std::optional<Loop> parse_loop(const std::string& s);
 
 // The HF profiles' options. Unset era/torch: the profile's default (hf-eager: transformers 4.30
 // with PyTorch 2.0; hf-sdpa: transformers 5.25 with PyTorch 2.15).
+// ---------------------------------------------------------------- LoRA / QLoRA (hf-peft)
+// What is trained: every weight (full), LoRA adapters on a frozen 16-bit base (lora), or on a
+// frozen bitsandbytes 4-bit base (qlora: NF4 by default).
+enum class Finetune { full, lora, qlora };
+// bitsandbytes' storage of the frozen base's linear weights.
+enum class Quant { none, nf4, fp4 };
+const char* finetune_name(Finetune f);  // "full", "lora", "qlora"
+const char* quant_name(Quant q);        // "none", "nf4", "fp4"
+
+// The fine-tuning recipe of the hf-peft profile (docs/lora-plan.md; docs/formulas.md,
+// "hf-peft"). Defaults are peft's and the QLoRA recipe's.
+struct PeftOptions {
+  Finetune finetune = Finetune::full;
+  std::int64_t rank = 16;     // LoraConfig.r
+  unsigned targets = 0x5;     // LoraTarget bits (lora.hpp); peft's default q_proj, v_proj
+  double dropout = 0;         // LoraConfig.lora_dropout, in [0, 1)
+  bool adapters_fp32 = true;  // peft's autocast_adapter_dtype: adapters in fp32
+  Quant quant = Quant::none;  // qlora: nf4 unless given
+  bool double_quant = true;   // bnb_4bit_use_double_quant
+  std::int64_t quant_blocksize = 64;
+  // prepare_model_for_kbit_training (qlora): every non-4-bit weight upcast to fp32 (so the
+  // residual stream and the activations are fp32), and, with checkpointing, the embedding's
+  // output made to require a gradient.
+  bool kbit_prepare = true;
+  // The dropout mask as the CPU keeps it (in the dropped tensor's dtype, as the goldens were
+  // measured) instead of CUDA's one-byte bool mask. Tests only.
+  bool cpu_dropout_mask = false;
+};
+
 struct HfOptions {
   std::optional<HfEra> era;
   std::string hf_version;  // as given (e.g. "4.29.2"); "" when the default
@@ -75,6 +111,7 @@ struct HfOptions {
   int torch_major = 0, torch_minor = 0;  // parsed torch_version (0.0 when not given)
   Loop loop = Loop::hf_model_loss;
   bool use_cache = false;  // the model returns past_key_values (off under checkpointing)
+  PeftOptions peft;        // hf-peft only
 };
 // "--hf-version X" -> its era; InputError naming --hf-version and the known eras otherwise.
 HfEra parse_hf_version(const std::string& version);
@@ -172,6 +209,11 @@ struct ActivationBreakdown {
   // --offload-activations (native): what the layers but the last keep in host memory at the end
   // of forward, their inputs included (docs/formulas.md, "Activation offload"); 0 otherwise.
   std::uint64_t offloaded_bytes = 0;
+  // What layer 0 keeps when it differs from the others (hf-peft without checkpointing: the
+  // frozen embedding's output needs no gradient, so layer 0's first norm saves nothing); empty
+  // otherwise. `layer` is then what each of layers 1..L-1 keeps.
+  std::vector<TensorEntry> first_layer;
+  std::uint64_t first_layer_bytes = 0;
 };
 
 // One parameter tensor (HuggingFace name, shape, element count).
@@ -199,6 +241,9 @@ struct Estimate {
   MemoryFigures figures;
   ActivationBreakdown activations;
   std::uint64_t param_count = 0;
+  // Elements that receive a gradient and optimizer states (every parameter, except under
+  // hf-peft: the adapters only).
+  std::uint64_t trainable_params = 0;
   std::uint64_t largest_gradient_bytes = 0;  // largest single gradient tensor
   std::string largest_gradient_name;
   // native: the floating-point operations the checkpointing policy re-runs in backward per

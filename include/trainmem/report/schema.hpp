@@ -154,12 +154,16 @@ constexpr const char* kTensors = "tensors";  // [entry...], group by group in kT
 constexpr const char* kLayerGroup = "layer";
 constexpr const char* kCheckpointedLayerGroup = "layer_checkpointed";
 constexpr const char* kCheckpointedLayers = "checkpointed_layers";  // an analytic profile's count
+// hf-peft without checkpointing: layer 0's own list (counted once; `layer` then counts the
+// other model.layers - 1).
+constexpr const char* kFirstLayerGroup = "first_layer";
 struct TensorGroup {
   const char* name;
   std::vector<TensorEntry> ActivationBreakdown::*entries;
 };
-inline constexpr std::array<TensorGroup, 8> kTensorGroups{{
+inline constexpr std::array<TensorGroup, 9> kTensorGroups{{
     {"embedding", &ActivationBreakdown::embedding},
+    {kFirstLayerGroup, &ActivationBreakdown::first_layer},
     {kLayerGroup, &ActivationBreakdown::layer},
     {kCheckpointedLayerGroup, &ActivationBreakdown::layer_checkpointed},
     {"shared", &ActivationBreakdown::shared},

@@ -1,0 +1,270 @@
+// The hf-peft profile against what a real LoRA / QLoRA step kept: transformers 5.25, peft
+// 0.21.2, bitsandbytes 0.50.2 and torch 2.15 on the CPU (tests/data/hf_peft/*.json, written by
+// tools/peft_saved_tensors.py with saved_tensors_hooks; the test needs none of them). Every
+// group of saved tensors is compared as a sorted list of (bytes, dtype) pairs, and the model
+// states against the bytes the script counted tensor by tensor.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trainmem/analytic/analytic.hpp"
+#include "trainmem/base/error.hpp"
+#include "trainmem/base/lora.hpp"
+
+namespace trainmem {
+namespace {
+
+using u64 = std::uint64_t;
+using nlohmann::json;
+
+json load_case(const std::string& name) {
+  const std::string path = std::string(TRAINMEM_TEST_DATA_DIR) + "/hf_peft/" + name + ".json";
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return json::parse(ss.str());
+}
+
+using Sig = std::vector<std::pair<u64, std::string>>;
+Sig sig_of_group(const json& g, const std::string& group) {
+  Sig s;
+  for (const auto& e : g.at("saved"))
+    if (e.at("group") == group) s.push_back({e.at("bytes").get<u64>(), e.at("dtype")});
+  std::sort(s.begin(), s.end());
+  return s;
+}
+Sig sig_of(std::initializer_list<const std::vector<TensorEntry>*> lists) {
+  Sig s;
+  for (const auto* l : lists)
+    for (const auto& e : *l) s.push_back({e.bytes, e.dtype});
+  std::sort(s.begin(), s.end());
+  return s;
+}
+std::string show(const Sig& s) {
+  std::string o;
+  for (const auto& [b, d] : s) o += std::to_string(b) + ":" + d + " ";
+  return o;
+}
+
+// The recipe each golden ran (tools/peft_saved_tensors.py, docs/lora-plan.md section 8).
+struct Case {
+  const char* name;
+  Finetune finetune;
+  bool prepare;
+  double dropout;
+  bool checkpointing;
+};
+const Case kCases[] = {
+    {"lora-bf16", Finetune::lora, false, 0.0, false},
+    {"lora-bf16-dropout", Finetune::lora, false, 0.1, false},
+    {"qlora-nf4-dq", Finetune::qlora, true, 0.0, false},
+    {"qlora-nf4-dq-ckpt", Finetune::qlora, true, 0.0, true},
+    {"qlora-nf4-dq-noprep", Finetune::qlora, false, 0.0, false},
+    {"qlora-nf4-dq-dropout", Finetune::qlora, true, 0.1, false},
+};
+
+struct Recipe {
+  ModelConfig model;
+  TrainConfig train;
+  HfOptions hf;
+};
+
+Recipe setup_of(const json& g, const Case& c) {
+  const json& cfg = g.at("config");
+  Recipe s;
+  s.model.name = std::string("peft-golden-") + c.name;
+  s.model.hidden = cfg.at("hidden_size");
+  s.model.intermediate = cfg.at("intermediate_size");
+  s.model.heads = cfg.at("num_attention_heads");
+  s.model.kv_heads = cfg.at("num_key_value_heads");
+  s.model.vocab = cfg.at("vocab_size");
+  s.model.layers = cfg.at("num_hidden_layers");
+  s.model.max_positions = cfg.at("max_position_embeddings");
+  s.model.tied_embeddings = cfg.at("tie_word_embeddings");
+  s.train.batch = cfg.at("batch");
+  s.train.seq = cfg.at("seq");
+  s.train.dtype = DType::bf16;
+  s.train.optimizer = Optimizer::adamw;
+  s.train.checkpointing = c.checkpointing ? Checkpointing::full : Checkpointing::none;
+  PeftOptions& p = s.hf.peft;
+  p.finetune = c.finetune;
+  p.rank = cfg.at("lora_r");
+  EXPECT_EQ(cfg.at("lora_alpha").get<int>(), cfg.at("lora_r").get<int>());
+  p.targets = parse_lora_targets(cfg.at("target_modules"));
+  p.dropout = cfg.at("lora_dropout");
+  EXPECT_DOUBLE_EQ(p.dropout, c.dropout) << c.name;
+  p.quant = c.finetune == Finetune::qlora ? Quant::nf4 : Quant::none;
+  p.double_quant = true;
+  p.quant_blocksize = 64;
+  p.kbit_prepare = c.prepare;
+  p.cpu_dropout_mask = true;  // the goldens ran on the CPU
+  EXPECT_EQ(g.at("gradient_checkpointing").get<bool>(), c.checkpointing) << c.name;
+  return s;
+}
+
+TEST(HfPeftGolden, TheRunsWereTheReleasedLibrariesOnTheCpu) {
+  for (const Case& c : kCases) {
+    const json g = load_case(c.name);
+    EXPECT_EQ(g.at("case"), c.name);
+    EXPECT_EQ(g.at("device"), "cpu");
+    EXPECT_EQ(g.at("versions").at("transformers"), "5.25.0");
+    EXPECT_EQ(g.at("versions").at("peft"), "0.21.2");
+    EXPECT_EQ(g.at("versions").at("bitsandbytes"), "0.50.2");
+    EXPECT_TRUE(g.at("frozen_params_with_grad").empty()) << c.name;
+  }
+}
+
+TEST(HfPeftGolden, ModelStatesAreEveryStoredByte) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    const json g = load_case(c.name);
+    const Recipe s = setup_of(g, c);
+    const Estimate e = estimate(Profile::hf_peft, s.model, s.train, s.hf);
+    EXPECT_EQ(e.figures.params, g.at("params_bytes").get<u64>());
+    EXPECT_EQ(e.trainable_params, g.at("trainable_elements").get<u64>());
+    EXPECT_EQ(e.trainable_params, g.at("peft_get_nb_trainable_parameters").at(0).get<u64>());
+    EXPECT_EQ(e.figures.gradients, g.at("gradient_bytes").get<u64>());
+    // torch's AdamW on the CPU keeps each parameter's step as a 0-dim fp32 tensor; on a GPU it
+    // stays on the host (not counted by the profile).
+    u64 states = 0, steps = 0;
+    for (const auto& st : g.at("optimizer").at("states")) {
+      states += st.at("bytes").get<u64>();
+      steps += st.at("state").at("step").at("bytes").get<u64>();
+    }
+    EXPECT_EQ(steps, 4u * 2u * 7u * static_cast<u64>(s.model.layers));
+    EXPECT_EQ(e.figures.optimizer_states + steps, states);
+    // The logits the caller holds.
+    EXPECT_EQ(e.activations.loop_bytes, g.at("caller_held").at("logits").at("bytes").get<u64>());
+  }
+}
+
+TEST(HfPeftGolden, EveryGroupMatchesTheSavedTensors) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    const json g = load_case(c.name);
+    const Recipe s = setup_of(g, c);
+    const Estimate e = estimate(Profile::hf_peft, s.model, s.train, s.hf);
+    const auto& a = e.activations;
+    // RoPE's two tables (one storage each for the model): the hooks see them in the first
+    // layer that saves them.
+    std::vector<TensorEntry> tables, other_shared;
+    for (const auto& t : a.shared)
+      (t.name.rfind("rope.", 0) == 0 ? tables : other_shared).push_back(t);
+    ASSERT_EQ(tables.size(), 2u);
+    const Sig head = sig_of({&a.head});
+    Sig want_head = sig_of_group(g, "forward.model");
+    const Sig base = sig_of_group(g, "forward.base_model");
+    want_head.insert(want_head.end(), base.begin(), base.end());
+    std::sort(want_head.begin(), want_head.end());
+    EXPECT_EQ(head, want_head) << "ours " << show(head) << "\nreal " << show(want_head);
+    if (!c.checkpointing) {
+      ASSERT_FALSE(a.first_layer.empty()) << "layer 0's input needs no gradient";
+      const Sig l0 = sig_of({&a.first_layer, &tables});
+      const Sig l1 = sig_of({&a.layer});
+      EXPECT_EQ(l0, sig_of_group(g, "forward.layer.0"))
+          << "ours " << show(l0) << "\nreal " << show(sig_of_group(g, "forward.layer.0"));
+      EXPECT_EQ(l1, sig_of_group(g, "forward.layer.1"))
+          << "ours " << show(l1) << "\nreal " << show(sig_of_group(g, "forward.layer.1"));
+      EXPECT_TRUE(other_shared.empty());
+      EXPECT_EQ(a.total_bytes, g.at("saved_bytes_total").get<u64>() + a.loop_bytes);
+    } else {
+      EXPECT_TRUE(a.first_layer.empty());
+      for (const char* grp : {"forward.layer.0", "forward.layer.1"})
+        EXPECT_EQ(sig_of({&a.layer}), sig_of_group(g, grp)) << grp;
+      const Sig r0 = sig_of({&a.recompute});
+      const Sig r1 = sig_of({&a.recompute, &tables});
+      EXPECT_EQ(r0, sig_of_group(g, "recompute.layer.0"))
+          << "ours " << show(r0) << "\nreal " << show(sig_of_group(g, "recompute.layer.0"));
+      EXPECT_EQ(r1, sig_of_group(g, "recompute.layer.1"));
+      // position_ids is held by the checkpoints' closures, not saved: the hooks do not see it.
+      ASSERT_EQ(other_shared.size(), 1u);
+      EXPECT_EQ(other_shared[0].bytes, 8u * static_cast<u64>(s.train.seq));
+    }
+  }
+}
+
+// The 4-bit bytes of one matrix, written from bitsandbytes' layout (docs/lora-plan.md 1.6)
+// against the bytes the script measured on every quantized weight.
+TEST(HfPeftGolden, FourBitWeightBytesPerMatrix) {
+  const json g = load_case("qlora-nf4-dq");
+  int n4 = 0;
+  for (const auto& p : g.at("params")) {
+    if (!p.contains("quant_state")) continue;
+    const json& q = p.at("quant_state");
+    const u64 n = q.at("n");
+    const u64 blocks = (n + 63) / 64;
+    const u64 want = (n + 1) / 2 + blocks + 4 * ((blocks + 255) / 256) + 4 + 16 * 4 + 256 * 4;
+    EXPECT_EQ(q.at("bytes_measured").get<u64>(), want) << p.at("name");
+    ++n4;
+  }
+  EXPECT_EQ(n4, 14);
+}
+
+TEST(HfPeftByHand, Llama3_8bQloraAllLinear) {
+  // Llama-3-8B, QLoRA r 16 on all seven projections, NF4 + double quant, prepare, b 1,
+  // s 2048, checkpointing: the numbers of docs/formulas.md's worked example, by hand.
+  auto m = find_preset("llama3-8b");
+  ASSERT_TRUE(m);
+  TrainConfig t;
+  t.batch = 1;
+  t.seq = 2048;
+  t.dtype = DType::bf16;
+  t.checkpointing = Checkpointing::full;
+  HfOptions o;
+  o.peft.finetune = Finetune::qlora;
+  o.peft.quant = Quant::nf4;
+  o.peft.rank = 16;
+  o.peft.targets = kLoraAllLinear;
+  const Estimate e = estimate(Profile::hf_peft, *m, t, o);
+  EXPECT_EQ(e.trainable_params, 41943040u);
+  EXPECT_EQ(e.figures.gradients, 4u * 41943040u);
+  EXPECT_EQ(e.figures.optimizer_states, 8u * 41943040u);
+  // Each checkpointed layer keeps its fp32 input: 4·s·h.
+  EXPECT_EQ(e.activations.per_layer_bytes, 4u * 2048u * 4096u);
+}
+
+TEST(HfPeftInputs, BadRecipesNameTheFlag) {
+  auto m = find_preset("tiny");
+  ASSERT_TRUE(m);
+  TrainConfig t;
+  t.batch = 1;
+  t.seq = 16;
+  auto expect_error = [&](HfOptions o, const std::string& want) {
+    try {
+      (void)estimate(Profile::hf_peft, *m, t, o);
+      ADD_FAILURE() << "accepted; wanted " << want;
+    } catch (const InputError& err) {
+      EXPECT_NE(std::string(err.what()).find(want), std::string::npos) << err.what();
+    }
+  };
+  HfOptions o;
+  expect_error(o, "--finetune lora or qlora");
+  o.peft.finetune = Finetune::lora;
+  o.peft.rank = 0;
+  expect_error(o, "--lora-rank 0");
+  o.peft.rank = 8;
+  o.peft.dropout = 1;
+  expect_error(o, "--lora-dropout");
+  o.peft.dropout = 0;
+  o.peft.quant = Quant::nf4;
+  expect_error(o, "--quant nf4");
+  o.peft.finetune = Finetune::qlora;
+  o.peft.quant = Quant::none;
+  expect_error(o, "--quant none");
+  o.peft.quant = Quant::nf4;
+  o.peft.quant_blocksize = 96;
+  expect_error(o, "--quant-blocksize 96");
+  o.peft.quant_blocksize = 64;
+  t.optimizer = Optimizer::lomo;
+  expect_error(o, "--optimizer lomo");
+}
+
+}  // namespace
+}  // namespace trainmem
