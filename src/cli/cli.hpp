@@ -42,6 +42,16 @@ struct CommonFlags {
   std::string torch_version;
   std::string loop = "hf-model-loss";
   bool use_cache = false;
+  // LoRA / QLoRA (estimate's hf-peft profile; the other commands refuse anything but full).
+  std::string finetune = "full";  // full|lora|qlora
+  std::int64_t lora_rank = 16;
+  std::string lora_targets = "q_proj,v_proj";
+  std::string lora_dropout = "0";
+  std::string lora_dtype = "fp32";  // fp32|model
+  std::string quant;                // none|nf4|fp4; "" = nf4 for qlora, none otherwise
+  std::string double_quant = "on";  // on|off (qlora)
+  std::int64_t quant_blocksize = 64;
+  std::string kbit_prepare = "on";  // on|off (qlora): prepare_model_for_kbit_training
   std::string format = "table";
   std::string output;  // empty: stdout
   std::string log_level = "info";
@@ -131,7 +141,9 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags);
 void add_run_flags(CLI::App& cmd, RunFlags& flags, bool several_runs = false);
 // Validates the flags. allow_all_optimizers / allow_both_modes say whether "all" / "both" are
 // accepted by this subcommand.
-Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool allow_both_modes);
+// `allow_finetune`: the command models --finetune lora|qlora (estimate); the others refuse it.
+Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool allow_both_modes,
+                      bool allow_finetune = false);
 
 // The request of one run from the validated common flags and the run flags (profile, compare,
 // sweep): model and training configuration (callers vary optimizer, checkpointing, batch,

@@ -86,8 +86,19 @@ Runner register_estimate(CLI::App& app) {
       "Formulas and a worked LLaMA-7B example: docs/formulas.md.");
   return [flags, explain, paper, layout, allocator] {
     Common c = resolve_common(*flags, /*allow_all_optimizers=*/true,
-                              /*allow_both_modes=*/true);
+                              /*allow_both_modes=*/true, /*allow_finetune=*/true);
     const ParallelConfig par = resolve_layout(*layout, c.model, c.train);
+    if (c.hf.peft.finetune != Finetune::full) {
+      const char* bad = par.distributed()     ? "a parallel layout (--tp/--pp/--zero/...)"
+                        : !allocator->empty() ? "--allocator"
+                        : !paper->empty()     ? "--paper"
+                                              : nullptr;
+      if (bad)
+        throw InputError(std::string("--finetune ") + finetune_name(c.hf.peft.finetune) + " with " +
+                         bad +
+                         ": the LoRA step (hf-peft) is modelled on one GPU, without the "
+                         "allocator replay or the paper's table");
+    }
     if (!allocator->empty()) parse_allocator_spec(*allocator);  // bad specs before any trace
     if (par.distributed()) {
       resolve_checkpointing(c, par);  // budget:SIZE picks its layers for this layout

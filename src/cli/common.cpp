@@ -17,6 +17,7 @@
 #include "trainmem/backends/backend.hpp"
 #include "trainmem/base/atomic_file.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/base/lora.hpp"
 #include "trainmem/comm/collective.hpp"
 #include "trainmem/run/run.hpp"
 
@@ -26,7 +27,8 @@ namespace {
 const std::vector<std::string> kLogLevels = {"trace", "debug", "info", "warn", "error", "off"};
 // "all" expands to the first four; hf-sdpa is asked for by name (docs/decisions.md).
 const std::vector<std::string> kAllProfiles = {"native", "hf-eager", "megatron", "zero"};
-const std::vector<std::string> kProfiles = {"native", "hf-eager", "megatron", "zero", "hf-sdpa"};
+const std::vector<std::string> kProfiles = {"native", "hf-eager", "megatron",
+                                            "zero",   "hf-sdpa",  "hf-peft"};
 const std::vector<std::string> kLoops = {"hf-model-loss", "shift-ce", "none"};
 
 std::string join(const std::vector<std::string>& xs, const char* sep = ", ") {
@@ -217,10 +219,130 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
   cmd.add_flag("--use-cache", flags.use_cache,
                "hf-eager/hf-sdpa: the model returns past_key_values and the loop holds them "
                "(HF turns it off under checkpointing)");
+  cmd.add_option("--finetune", flags.finetune,
+                 "full|lora|qlora: what is trained. lora and qlora (estimate only) model peft's "
+                 "adapters on a frozen 16-bit or bitsandbytes 4-bit base as HF + peft run them "
+                 "(profile hf-peft; docs/formulas.md)")
+      ->capture_default_str();
+  cmd.add_option("--lora-rank", flags.lora_rank, "LoRA rank r (1 to 65536)")
+      ->check(integer_check<std::int64_t>("an integer; allowed: an integer from 1 to 65536"))
+      ->capture_default_str();
+  cmd.add_option("--lora-targets", flags.lora_targets,
+                 "Projections with an adapter: a comma list of q_proj,k_proj,v_proj,o_proj,"
+                 "gate_proj,up_proj,down_proj, or all-linear (peft's default: q_proj,v_proj)")
+      ->capture_default_str();
+  cmd.add_option("--lora-dropout", flags.lora_dropout, "lora_dropout p (0 <= p < 1)")
+      ->capture_default_str();
+  cmd.add_option("--lora-dtype", flags.lora_dtype,
+                 "fp32|model: the adapters' dtype (peft upcasts them to fp32 by default)")
+      ->capture_default_str();
+  cmd.add_option("--quant", flags.quant,
+                 "none|nf4|fp4: bitsandbytes' 4-bit storage of the frozen base's linear weights "
+                 "(default: nf4 with --finetune qlora, none otherwise)");
+  cmd.add_option("--double-quant", flags.double_quant,
+                 "on|off: quantize the 4-bit weights' absmax again (bnb_4bit_use_double_quant)")
+      ->capture_default_str();
+  cmd.add_option("--quant-blocksize", flags.quant_blocksize,
+                 "Elements per absmax block of a 4-bit weight: 64, 128, ... 4096")
+      ->check(integer_check<std::int64_t>("an integer; allowed: 64, 128, 256, 512, 1024, 2048, "
+                                          "4096"))
+      ->capture_default_str();
+  cmd.add_option("--kbit-prepare", flags.kbit_prepare,
+                 "on|off (qlora): peft's prepare_model_for_kbit_training, which upcasts every "
+                 "non-4-bit weight to fp32 (and with it the activations)")
+      ->capture_default_str();
   cmd.add_option("--format", flags.format, "table|json|csv|markdown|html")->capture_default_str();
   cmd.add_option("--output", flags.output, "Write the report to FILE instead of stdout");
   add_log_level_flag(cmd, flags.log_level);
 }
+
+namespace {
+
+bool on_off(const std::string& value, const char* flag) {
+  if (value == "on") return true;
+  if (value == "off") return false;
+  throw InputError(std::string(flag) + ": '" + value + "'; allowed: on, off");
+}
+
+// --finetune and the LoRA flags into opts.peft; InputError naming the flag.
+void resolve_peft(const CommonFlags& flags, PeftOptions& p) {
+  if (flags.finetune == "full")
+    p.finetune = Finetune::full;
+  else if (flags.finetune == "lora")
+    p.finetune = Finetune::lora;
+  else if (flags.finetune == "qlora")
+    p.finetune = Finetune::qlora;
+  else
+    throw InputError("--finetune: unknown '" + flags.finetune + "'; allowed: full, lora, qlora");
+  const CommonFlags defaults;
+  if (p.finetune == Finetune::full) {
+    const std::pair<const char*, bool> given[] = {
+        {"--lora-rank", flags.lora_rank != defaults.lora_rank},
+        {"--lora-targets", flags.lora_targets != defaults.lora_targets},
+        {"--lora-dropout", flags.lora_dropout != defaults.lora_dropout},
+        {"--lora-dtype", flags.lora_dtype != defaults.lora_dtype},
+        {"--quant", !flags.quant.empty() && flags.quant != "none"},
+        {"--double-quant", flags.double_quant != defaults.double_quant},
+        {"--quant-blocksize", flags.quant_blocksize != defaults.quant_blocksize},
+        {"--kbit-prepare", flags.kbit_prepare != defaults.kbit_prepare}};
+    for (const auto& [flag, set] : given)
+      if (set)
+        throw InputError(std::string(flag) +
+                         " applies to --finetune lora or qlora (--finetune is full)");
+    return;
+  }
+  p.rank = flags.lora_rank;
+  if (p.rank < 1 || p.rank > 65536)
+    throw InputError("--lora-rank " + std::to_string(p.rank) + ": allowed 1 to 65536");
+  p.targets = parse_lora_targets(flags.lora_targets);
+  {
+    const std::string& v = flags.lora_dropout;
+    char* end = nullptr;
+    errno = 0;
+    const double x = v.empty() ? -1 : std::strtod(v.c_str(), &end);
+    if (v.empty() || errno != 0 || end != v.c_str() + v.size() || !(x >= 0 && x < 1))
+      throw InputError("--lora-dropout: '" + v + "'; allowed: a number p with 0 <= p < 1");
+    p.dropout = x;
+  }
+  if (flags.lora_dtype == "fp32")
+    p.adapters_fp32 = true;
+  else if (flags.lora_dtype == "model")
+    p.adapters_fp32 = false;
+  else
+    throw InputError("--lora-dtype: unknown '" + flags.lora_dtype + "'; allowed: fp32, model");
+  const std::string quant =
+      flags.quant.empty() ? (p.finetune == Finetune::qlora ? "nf4" : "none") : flags.quant;
+  if (quant == "none")
+    p.quant = Quant::none;
+  else if (quant == "nf4")
+    p.quant = Quant::nf4;
+  else if (quant == "fp4")
+    p.quant = Quant::fp4;
+  else if (quant == "int8")
+    throw InputError(
+        "--quant int8: bitsandbytes' 8-bit base (LLM.int8) is not modelled (its "
+        "MatMul8bitLt keeps other tensors, not measured); allowed: none, nf4, fp4");
+  else
+    throw InputError("--quant: unknown '" + quant + "'; allowed: none, nf4, fp4");
+  if (p.finetune == Finetune::lora && p.quant != Quant::none)
+    throw InputError("--quant " + quant +
+                     " with --finetune lora: a 4-bit base is --finetune qlora");
+  if (p.finetune == Finetune::qlora && p.quant == Quant::none)
+    throw InputError(
+        "--quant none with --finetune qlora: qlora needs a 4-bit base (nf4, fp4); "
+        "for a 16-bit base use --finetune lora");
+  p.double_quant = on_off(flags.double_quant, "--double-quant");
+  p.kbit_prepare = on_off(flags.kbit_prepare, "--kbit-prepare");
+  p.quant_blocksize = flags.quant_blocksize;
+  if (p.quant == Quant::none && (flags.double_quant != defaults.double_quant ||
+                                 flags.quant_blocksize != defaults.quant_blocksize ||
+                                 flags.kbit_prepare != defaults.kbit_prepare))
+    throw InputError(
+        "--double-quant, --quant-blocksize and --kbit-prepare apply to a 4-bit base "
+        "(--finetune qlora)");
+}
+
+}  // namespace
 
 void add_run_flags(CLI::App& cmd, RunFlags& flags, bool several_runs) {
   cmd.add_option("--backend", flags.backend, "auto|cuda|cpu|meta")
@@ -308,9 +430,17 @@ Format parse_format(const std::string& name) {
                    "'; allowed: table, json, csv, markdown, html");
 }
 
-Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool allow_both_modes) {
+Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool allow_both_modes,
+                      bool allow_finetune) {
   Common c;
   c.model = resolve_model(model_argument(flags.model));
+  resolve_peft(flags, c.hf.peft);
+  const bool lora = c.hf.peft.finetune != Finetune::full;
+  if (lora && !allow_finetune)
+    throw InputError("--finetune " + flags.finetune +
+                     ": this command runs, searches or plans trainmem's own step, which trains "
+                     "every weight (LoRA in it is not built yet); `trainmem estimate --finetune " +
+                     flags.finetune + "` models the step as HF + peft run it (profile hf-peft)");
 
   c.train.batch = flags.batch;
   c.train.seq = flags.seq;
@@ -330,6 +460,7 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
 
   if (allow_all_optimizers && flags.optimizer == "all") {
     c.optimizers = {Optimizer::adamw, Optimizer::sgd, Optimizer::lomo};
+    if (lora) c.optimizers.pop_back();  // LOMO updates every weight in the backward
   } else if (auto o = parse_optimizer(flags.optimizer)) {
     c.optimizers = {*o};
   } else {
@@ -352,7 +483,7 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   for (const auto& p : split_commas(flags.profile)) {
     std::vector<std::string> expanded;
     if (p == "all")
-      expanded = kAllProfiles;
+      expanded = lora ? std::vector<std::string>{"hf-peft"} : kAllProfiles;
     else if (std::find(kProfiles.begin(), kProfiles.end(), p) != kProfiles.end())
       expanded = {p};
     else
@@ -378,7 +509,13 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
     throw InputError("--loop: unknown loop '" + flags.loop + "'; allowed: " + join(kLoops));
   c.hf.loop = *loop;
   c.hf.use_cache = flags.use_cache;
-  for (const auto& name : c.profiles) check_hf_options(*parse_profile(name), c.hf);
+  for (const auto& name : c.profiles) {
+    if (lora && name != "hf-peft")
+      throw InputError("--profile " + name + " with --finetune " + flags.finetune +
+                       ": only hf-peft models a LoRA step (the other profiles train every "
+                       "weight)");
+    check_hf_options(*parse_profile(name), c.hf);
+  }
 
   c.output = flags.output;
   if (!c.output.empty()) check_writable(c.output, "--output");
