@@ -362,13 +362,17 @@ run_step() {
 # interrupted, write the final summary and copy everything to $RESULTS.
 INTERRUPTED=""
 on_signal() {
+  # First: the same signal comes two or three times (kill to the group, then timeout signals
+  # its child and its group again); one arriving before this line would re-enter here and exit
+  # with the EXIT trap already spent, losing the interrupted record (seen in CI under load).
+  trap '' TERM INT
   INTERRUPTED=$1
   exit $((128 + $2))
 }
 on_exit() {
   local rc=$?
-  trap - EXIT
   trap '' TERM INT  # a second signal (timeout signals the child, then its group) must not cut this short
+  trap - EXIT
   if [[ -n $STEP_PID ]]; then
     kill -TERM "$STEP_PID" 2>/dev/null
     wait "$STEP_PID" 2>/dev/null
