@@ -119,10 +119,10 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
 TEST(CliE2ELora, DiffOfSavedReportsCountsLayerZeroOnce) {
   const std::string flags = "--model tiny-gqa --batch 2 --seq 24 --lora-targets all-linear";
   const std::string a = temp_path("lora_a.json"), b = temp_path("lora_b.json");
-  const Result ra = trainmem("estimate --finetune lora " + flags + " --format json --output '" +
-                             a + "'");
-  const Result rb = trainmem("estimate --finetune qlora " + flags + " --format json --output '" +
-                             b + "'");
+  const Result ra =
+      trainmem("estimate --finetune lora " + flags + " --format json --output '" + a + "'");
+  const Result rb =
+      trainmem("estimate --finetune qlora " + flags + " --format json --output '" + b + "'");
   ASSERT_EQ(ra.code, 0) << ra.err;
   ASSERT_EQ(rb.code, 0) << rb.err;
   const json ja = json::parse(slurp(a)), jb = json::parse(slurp(b));

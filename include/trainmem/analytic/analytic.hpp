@@ -72,8 +72,6 @@ const char* loop_name(Loop l);           // "hf-model-loss", "shift-ce", "none"
 std::vector<HfEra> all_hf_eras();
 std::optional<Loop> parse_loop(const std::string& s);
 
-// The HF profiles' options. Unset era/torch: the profile's default (hf-eager: transformers 4.30
-// with PyTorch 2.0; hf-sdpa: transformers 5.25 with PyTorch 2.15).
 // ---------------------------------------------------------------- LoRA / QLoRA (hf-peft)
 // What is trained: every weight (full), LoRA adapters on a frozen 16-bit base (lora), or on a
 // frozen bitsandbytes 4-bit base (qlora: NF4 by default).
@@ -103,6 +101,8 @@ struct PeftOptions {
   bool cpu_dropout_mask = false;
 };
 
+// The HF profiles' options. Unset era/torch: the profile's default (hf-eager: transformers 4.30
+// with PyTorch 2.0; hf-sdpa: transformers 5.25 with PyTorch 2.15).
 struct HfOptions {
   std::optional<HfEra> era;
   std::string hf_version;  // as given (e.g. "4.29.2"); "" when the default
