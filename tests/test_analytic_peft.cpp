@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -60,6 +61,7 @@ struct Case {
   bool prepare;
   double dropout;
   bool checkpointing;
+  BnbOptimizer optimizer = BnbOptimizer::none;  // none: torch's AdamW
 };
 const Case kCases[] = {
     {"lora-bf16", Finetune::lora, false, 0.0, false},
@@ -68,6 +70,10 @@ const Case kCases[] = {
     {"qlora-nf4-dq-ckpt", Finetune::qlora, true, 0.0, true},
     {"qlora-nf4-dq-noprep", Finetune::qlora, false, 0.0, false},
     {"qlora-nf4-dq-dropout", Finetune::qlora, true, 0.1, false},
+    {"qlora-nf4-dq-r20-adamw8bit", Finetune::qlora, true, 0.0, false, BnbOptimizer::adamw8bit},
+    {"qlora-nf4-dq-r20-paged-adamw8bit", Finetune::qlora, true, 0.0, false,
+     BnbOptimizer::paged_adamw8bit},
+    {"lora-bf16-r20-paged-adamw", Finetune::lora, false, 0.0, false, BnbOptimizer::paged_adamw},
 };
 
 struct Recipe {
@@ -96,7 +102,9 @@ Recipe setup_of(const json& g, const Case& c) {
   PeftOptions& p = s.hf.peft;
   p.finetune = c.finetune;
   p.rank = cfg.at("lora_r");
-  EXPECT_EQ(cfg.at("lora_alpha").get<int>(), cfg.at("lora_r").get<int>());
+  // peft's default lora_alpha, what the script passes: it scales the adapters' output, not
+  // their bytes.
+  EXPECT_EQ(cfg.at("lora_alpha").get<int>(), 8);
   p.targets = parse_lora_targets(cfg.at("target_modules"));
   p.dropout = cfg.at("lora_dropout");
   EXPECT_DOUBLE_EQ(p.dropout, c.dropout) << c.name;
@@ -105,6 +113,7 @@ Recipe setup_of(const json& g, const Case& c) {
   p.quant_blocksize = 64;
   p.kbit_prepare = c.prepare;
   p.cpu_dropout_mask = true;  // the goldens ran on the CPU
+  p.optimizer = c.optimizer;
   EXPECT_EQ(g.at("gradient_checkpointing").get<bool>(), c.checkpointing) << c.name;
   return s;
 }
@@ -132,14 +141,23 @@ TEST(HfPeftGolden, ModelStatesAreEveryStoredByte) {
     EXPECT_EQ(e.trainable_params, g.at("peft_get_nb_trainable_parameters").at(0).get<u64>());
     EXPECT_EQ(e.figures.gradients, g.at("gradient_bytes").get<u64>());
     // torch's AdamW on the CPU keeps each parameter's step as a 0-dim fp32 tensor; on a GPU it
-    // stays on the host (not counted by the profile).
+    // stays on the host (not counted by the profile). bitsandbytes keeps its step as a Python
+    // int. The script counted each state storage once (the shared quantile maps too).
     u64 states = 0, steps = 0;
     for (const auto& st : g.at("optimizer").at("states")) {
       states += st.at("bytes").get<u64>();
-      steps += st.at("state").at("step").at("bytes").get<u64>();
+      if (st.at("state").contains("step"))
+        steps += st.at("state").at("step").at("bytes").get<u64>();
     }
-    EXPECT_EQ(steps, 4u * 2u * 7u * static_cast<u64>(s.model.layers));
-    EXPECT_EQ(e.figures.optimizer_states + steps, states);
+    if (c.optimizer == BnbOptimizer::none) {
+      EXPECT_EQ(g.at("optimizer").at("class"), "torch.optim.AdamW");
+      EXPECT_EQ(steps, 4u * 2u * 7u * static_cast<u64>(s.model.layers));
+    } else {
+      EXPECT_EQ(steps, 0u);
+    }
+    // On the CPU bitsandbytes allocates no managed memory: the paged cases hold every state as
+    // an ordinary tensor (and warn), so the golden's total is device + managed.
+    EXPECT_EQ(e.figures.optimizer_states + e.optimizer_states_managed + steps, states);
     // The logits the caller holds.
     EXPECT_EQ(e.activations.loop_bytes, g.at("caller_held").at("logits").at("bytes").get<u64>());
   }
@@ -207,11 +225,90 @@ TEST(HfPeftGolden, FourBitWeightBytesPerMatrix) {
   EXPECT_EQ(n4, 14);
 }
 
-TEST(HfPeftByHand, Llama3_8bQloraAllLinear) {
-  // Llama-3-8B, QLoRA r 16 on all seven projections, NF4 + double quant, prepare, b 1,
-  // s 2048, checkpointing: the numbers of docs/formulas.md's worked example, by hand.
-  auto m = find_preset("llama3-8b");
-  ASSERT_TRUE(m);
+// bitsandbytes' state layout, tensor by tensor, as the golden shows it: the rule the profile
+// sums (8-bit from 4,096 elements, one fp32 absmax per 256, the maps once) and where CUDA would
+// page (100,000 elements; none of these adapters is that large, and the CPU never pages).
+TEST(HfPeftGolden, BitsandbytesOptimizerStatesPerTensor) {
+  for (const Case& c : kCases) {
+    if (c.optimizer == BnbOptimizer::none) continue;
+    SCOPED_TRACE(c.name);
+    const json g = load_case(c.name);
+    const bool bits8 = c.optimizer != BnbOptimizer::paged_adamw;
+    const bool paged = c.optimizer != BnbOptimizer::adamw8bit;
+    if (paged)
+      EXPECT_NE(g.at("optimizer").at("warnings").dump().find("not supported on CPU"),
+                std::string::npos);
+    int eight = 0, maps = 0;
+    for (const auto& st : g.at("optimizer").at("states")) {
+      const u64 n = st.at("numel");
+      const json& k = st.at("state");
+      const bool want8 = bits8 && n >= 4096;
+      EXPECT_EQ(k.at("state1").at("dtype"), want8 ? "u8" : "fp32") << st.at("name");
+      EXPECT_EQ(k.at("state2").at("bytes").get<u64>(), (want8 ? 1u : 4u) * n);
+      EXPECT_EQ(k.contains("absmax1"), want8);
+      if (want8) {
+        ++eight;
+        EXPECT_EQ(k.at("absmax2").at("bytes").get<u64>(), 4u * ((n + 255) / 256));
+        EXPECT_EQ(k.at("qmap1").at("bytes").get<u64>(), 1024u);
+        maps += !k.at("qmap1").at("shared").get<bool>() + !k.at("qmap2").at("shared").get<bool>();
+      }
+      for (const auto& [name, rec] : k.items()) EXPECT_FALSE(rec.at("is_paged").get<bool>());
+    }
+    EXPECT_EQ(eight, bits8 ? 6 : 0);  // gate/up lora_B and down lora_A (304 × 20) of 2 layers
+    EXPECT_EQ(maps, bits8 ? 2 : 0);
+  }
+}
+
+// --bnb-version 0.43: the 8-bit optimizers' absmax over 2,048 elements, as bitsandbytes 0.43.3
+// allocates it (tools/bnb_optimizer_era.py: init_state on the rank-20 adapters of the
+// qlora-nf4-dq-r20-adamw8bit case; 0.43.3 has no CPU update step).
+TEST(HfPeftGolden, Bitsandbytes043KeepsOneAbsmaxPer2048Elements) {
+  const json old = load_case("bnb-0.43.3-adamw8bit-init");
+  EXPECT_EQ(old.at("versions").at("bitsandbytes"), "0.43.3");
+  for (const auto& st : old.at("states")) {
+    const u64 n = st.at("numel");
+    if (n < 4096) continue;
+    EXPECT_EQ(st.at("state").at("absmax1").at("bytes").get<u64>(), 4u * ((n + 2047) / 2048));
+  }
+  const Case& c = kCases[6];
+  ASSERT_EQ(std::string(c.name), "qlora-nf4-dq-r20-adamw8bit");
+  const json g = load_case(c.name);
+  Recipe s = setup_of(g, c);
+  EXPECT_EQ(old.at("config").at("lora_r"), g.at("config").at("lora_r"));
+  s.hf.peft.bnb_era = parse_bnb_version("0.43.3");
+  const Estimate e = estimate(Profile::hf_peft, s.model, s.train, s.hf);
+  EXPECT_EQ(e.figures.optimizer_states, old.at("bytes").get<u64>());
+  // The same adapters under 0.50.2 (the measured step) differ by the absmax alone.
+  s.hf.peft.bnb_era = parse_bnb_version("0.50.2");
+  const Estimate now = estimate(Profile::hf_peft, s.model, s.train, s.hf);
+  EXPECT_EQ(now.figures.optimizer_states, g.at("optimizer").at("bytes").get<u64>());
+  EXPECT_EQ(now.figures.optimizer_states - e.figures.optimizer_states, 6u * 8u * (24u - 3u));
+}
+
+TEST(HfPeftInputs, BnbVersions) {
+  EXPECT_EQ(parse_bnb_version("0.43"), BnbEra::v0_43);
+  EXPECT_EQ(parse_bnb_version("0.43.3"), BnbEra::v0_43);
+  EXPECT_EQ(parse_bnb_version("0.44.0"), BnbEra::v0_44);
+  EXPECT_EQ(parse_bnb_version("0.48.1.dev0"), BnbEra::v0_44);
+  EXPECT_EQ(parse_bnb_version("0.50.2"), BnbEra::v0_44);
+  EXPECT_EQ(parse_bnb_version("0.44.0rc1"), BnbEra::v0_44);
+  EXPECT_EQ(parse_bnb_version("0.45.2.post1"), BnbEra::v0_44);
+  for (const char* bad : {"0.42.0", "0.51.0", "1.0", "0.4x", "", ".43", "0.", "043", "0.43-3",
+                          "0.43.foo!", "0.50.", "0.43.-3", "0.43.3.", "0.44.0 "}) {
+    try {
+      (void)parse_bnb_version(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const InputError& err) {
+      EXPECT_NE(std::string(err.what()).find("--bnb-version"), std::string::npos) << err.what();
+    }
+  }
+}
+
+// Llama-3-8B, QLoRA r 16 on all seven projections, NF4 + double quant, prepare, b 1, s 2048,
+// bf16, checkpointing.
+std::tuple<ModelConfig, TrainConfig, HfOptions> llama3_8b_qlora_all_linear() {
+  const auto m = find_preset("llama3-8b");
+  if (!m) throw std::runtime_error("no llama3-8b preset");
   TrainConfig t;
   t.batch = 1;
   t.seq = 2048;
@@ -222,7 +319,40 @@ TEST(HfPeftByHand, Llama3_8bQloraAllLinear) {
   o.peft.quant = Quant::nf4;
   o.peft.rank = 16;
   o.peft.targets = kLoraAllLinear;
-  const Estimate e = estimate(Profile::hf_peft, *m, t, o);
+  return {*m, t, o};
+}
+
+TEST(HfPeftByHand, Llama3_8bQloraPagedAdamw8bit) {
+  // Llama-3-8B, QLoRA r 16 on all seven projections, PagedAdamW8bit. Per layer the adapters are
+  // 16 × 4,096 or 4,096 × 16 = 65,536 elements (q, k/v A, o, gate/up A, down B), 1,024 × 16 =
+  // 16,384 (k/v B) and 229,376 = 16 × 14,336 (gate/up B, down A): all 8-bit, every count a
+  // multiple of 256; the last three paged.
+  auto [m, t, o] = llama3_8b_qlora_all_linear();
+  o.peft.optimizer = BnbOptimizer::paged_adamw8bit;
+  const Estimate e = estimate(Profile::hf_peft, m, t, o);
+  const u64 n = 41943040;  // trainable
+  const u64 managed = 32u * 3u * 2u * 229376u;
+  EXPECT_EQ(e.optimizer_states_managed, managed);
+  EXPECT_EQ(e.figures.optimizer_states, 2u * n + 8u * (n / 256u) + 2048u - managed);
+  EXPECT_EQ(e.figures.peak, e.figures.params + e.figures.gradients + e.figures.optimizer_states +
+                                e.figures.activations_peak + e.figures.inputs);
+  // Not paged: the same bytes on the device.
+  o.peft.optimizer = BnbOptimizer::adamw8bit;
+  const Estimate d = estimate(Profile::hf_peft, m, t, o);
+  EXPECT_EQ(d.optimizer_states_managed, 0u);
+  EXPECT_EQ(d.figures.optimizer_states, 2u * n + 8u * (n / 256u) + 2048u);
+  // The 32-bit paged AdamW: fp32 m and v, the same three tensors paged.
+  o.peft.optimizer = BnbOptimizer::paged_adamw;
+  const Estimate p = estimate(Profile::hf_peft, m, t, o);
+  EXPECT_EQ(p.optimizer_states_managed, 4u * managed);
+  EXPECT_EQ(p.figures.optimizer_states + p.optimizer_states_managed, 8u * n);
+}
+
+TEST(HfPeftByHand, Llama3_8bQloraAllLinear) {
+  // Llama-3-8B, QLoRA r 16 on all seven projections, NF4 + double quant, prepare, b 1,
+  // s 2048, checkpointing: the numbers of docs/formulas.md's worked example, by hand.
+  const auto [m, t, o] = llama3_8b_qlora_all_linear();
+  const Estimate e = estimate(Profile::hf_peft, m, t, o);
   EXPECT_EQ(e.trainable_params, 41943040u);
   EXPECT_EQ(e.figures.gradients, 4u * 41943040u);
   EXPECT_EQ(e.figures.optimizer_states, 8u * 41943040u);
@@ -264,6 +394,19 @@ TEST(HfPeftInputs, BadRecipesNameTheFlag) {
   o.peft.quant_blocksize = 64;
   t.optimizer = Optimizer::lomo;
   expect_error(o, "--optimizer lomo");
+  t.optimizer = Optimizer::sgd;
+  o.peft.optimizer = BnbOptimizer::adamw8bit;
+  expect_error(o, "--optimizer adamw8bit");  // it replaces AdamW: not beside SGD
+  t.optimizer = Optimizer::adamw;
+  HfOptions full;
+  full.peft.optimizer = BnbOptimizer::paged_adamw8bit;
+  try {
+    (void)estimate(Profile::hf_sdpa, *m, t, full);
+    ADD_FAILURE() << "hf-sdpa accepted a bitsandbytes optimizer";
+  } catch (const InputError& err) {
+    EXPECT_NE(std::string(err.what()).find("--optimizer paged-adamw8bit"), std::string::npos)
+        << err.what();
+  }
 }
 
 }  // namespace

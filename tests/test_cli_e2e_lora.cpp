@@ -59,6 +59,118 @@ TEST(CliE2ELora, QloraOfLlama3_8bStoresEveryByteOfTheQuantizedModel) {
   EXPECT_TRUE(has(t.out, "hf-peft")) << t.out;
 }
 
+// QLoRA's own recipe: PagedAdamW8bit (the QLoRA paper's optimizer; HF Trainer's
+// optim="paged_adamw_8bit"). Every adapter of Llama-3-8B r 16 all-linear has 4,096 elements or
+// more: uint8 m and v plus an fp32 absmax per 256; those of 100,000 or more (gate/up lora_B and
+// down lora_A, 14,336 × 16) in CUDA managed memory, reported apart and left out of the peak.
+TEST(CliE2ELora, PagedAdamw8bitKeepsItsLargeStatesInManagedMemory) {
+  const Result r = trainmem(
+      "estimate --model llama3-8b --finetune qlora --lora-targets all-linear --batch 1 "
+      "--seq 2048 --checkpointing --optimizer paged-adamw8bit --format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.j();
+  const json p = j["analytic"]["hf-peft"];
+  const u64 h = 4096, i = 14336, kd = 1024, L = 32, r16 = 16;
+  // Per layer: q, o (h×h): A and B of 16·h; k, v: A 16·h, B 16·kd; gate, up: A 16·h, B 16·i;
+  // down: A 16·i, B 16·h.
+  const std::vector<u64> adapters = {r16 * h,  r16 * h, r16 * h, r16 * kd, r16 * h,
+                                     r16 * kd, r16 * h, r16 * h, r16 * h,  r16 * i,
+                                     r16 * h,  r16 * i, r16 * i, r16 * h};
+  u64 device = 2 * 256 * 4, managed = 0;  // the two quantile maps, once
+  for (u64 e : adapters) {
+    device += L * 8 * ((e + 255) / 256);            // absmax1, absmax2 (fp32)
+    (e >= 100000 ? managed : device) += L * 2 * e;  // state1, state2 (uint8)
+  }
+  EXPECT_EQ(n(p["optimizer_states"]), device);
+  EXPECT_EQ(n(p["optimizer_states_managed"]), managed);
+  EXPECT_EQ(managed, 44040192u);
+  EXPECT_EQ(p["peft"]["optimizer"], "paged-adamw8bit");
+  EXPECT_TRUE(p["peft"]["bnb_version"].is_null());
+  EXPECT_EQ(p["peft"]["bnb_era"], "0.44-0.50");
+  EXPECT_EQ(j["run"]["optimizer"], "paged-adamw8bit");
+  EXPECT_EQ(n(p["peak"]), n(p["params"]) + n(p["gradients"]) + device + n(p["activations_peak"]) +
+                              n(p["inputs"]));
+  const Result t = trainmem(
+      "estimate --model llama3-8b --finetune qlora --lora-targets all-linear --batch 1 "
+      "--seq 2048 --checkpointing --optimizer paged-adamw8bit");
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_TRUE(has(t.out, "paged-adamw8bit")) << t.out;
+  EXPECT_TRUE(has(t.out, "CUDA managed memory")) << t.out;
+  EXPECT_TRUE(has(t.out, "10.61")) << "README's peak for this recipe\n" << t.out;
+  // bitsandbytes 0.43: one absmax per 2,048 elements instead of 256.
+  const Result o = trainmem(
+      "estimate --model llama3-8b --finetune qlora --lora-targets all-linear --batch 1 "
+      "--seq 2048 --checkpointing --optimizer paged-adamw8bit --bnb-version 0.43.3 --format json");
+  ASSERT_EQ(o.code, 0) << o.err;
+  const json oj = o.j();
+  const json op = oj["analytic"]["hf-peft"];
+  u64 old_device = 2 * 256 * 4;
+  for (u64 e : adapters) {
+    old_device += L * 8 * ((e + 2047) / 2048);
+    if (e < 100000) old_device += L * 2 * e;
+  }
+  EXPECT_EQ(n(op["optimizer_states"]), old_device);
+  EXPECT_EQ(n(op["optimizer_states_managed"]), managed);
+  EXPECT_EQ(op["peft"]["bnb_version"], "0.43.3");
+  EXPECT_EQ(op["peft"]["bnb_era"], "0.43");
+}
+
+// The question users ask (issue 28, point 4): the largest batch of a QLoRA fine-tune of
+// Llama-3-8B that fits a 24 GB GPU. The answer must be the batch whose `estimate` peak fits
+// while the next one's does not, each checked here with `estimate` itself.
+TEST(CliE2ELora, MaxbatchAnswersForQloraWithTheHfPeftProfile) {
+  const std::string recipe =
+      " --model llama3-8b --finetune qlora --lora-targets all-linear --seq 2048 ";
+  const Result r = trainmem("maxbatch" + recipe +
+                            "--checkpointing none,full --budget 24GB --overhead 0 --format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.j();
+  EXPECT_EQ(j["profile"], "hf-peft");
+  EXPECT_EQ(j["peft"]["finetune"], "qlora");
+  EXPECT_EQ(j["run"]["attention"], "sdpa");
+  EXPECT_TRUE(j["run"]["backend"].is_null());
+  ASSERT_EQ(j["policies"].size(), 2u);
+  const u64 budget = 24000000000u;
+  EXPECT_EQ(n(j["budget"]), budget);
+  std::vector<u64> best;  // 0: nothing fits
+  for (const json& p : j["policies"]) {
+    SCOPED_TRACE(p.dump());
+    const std::string ckpt = p["checkpointing"];
+    auto peak_at = [&](u64 batch) {
+      const Result e = trainmem("estimate" + recipe + "--checkpointing " + ckpt + " --batch " +
+                                std::to_string(batch) + " --format json");
+      EXPECT_EQ(e.code, 0) << e.err;
+      const json ej = e.j();
+      return n(ej["analytic"]["hf-peft"]["peak"]);
+    };
+    const u64 b = p["best"].is_null() ? 0 : n(p["best"]);
+    best.push_back(b);
+    if (b > 0) {
+      const u64 fits = peak_at(b);
+      EXPECT_EQ(n(p["peak"]), fits);
+      EXPECT_LE(fits, budget);
+    } else {
+      EXPECT_TRUE(p["peak"].is_null());
+    }
+    const u64 next = peak_at(b + 1);
+    EXPECT_EQ(n(p["next"]), b + 1);
+    EXPECT_GT(next, budget);
+    EXPECT_EQ(n(p["next_peak"]), next);
+    EXPECT_TRUE(p["recompute_flops"].is_null()) << "the native step's FLOPs do not apply";
+  }
+  // Without checkpointing peft's fp32 copies of each adapter's input and the fp32 residual of
+  // prepare_model_for_kbit_training do not fit even batch 1 (22.49 GiB of activations, README);
+  // with it, a few.
+  EXPECT_EQ(best[0], 0u);
+  EXPECT_GE(best[1], 1u);
+  // The text names the profile and says why it is not the native step.
+  const Result t = trainmem("maxbatch" + recipe + "--checkpointing --budget 24GB --overhead 0");
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_TRUE(has(t.out, "largest batch that fits: " + std::to_string(best[1]))) << t.out;
+  EXPECT_TRUE(has(t.out, "hf-peft")) << t.out;
+  EXPECT_TRUE(has(t.out, "does not run LoRA yet")) << t.out;
+}
+
 TEST(CliE2ELora, LoraDefaultsArePeftsQAndV) {
   const Result r = trainmem("estimate --model llama-7b --finetune lora --format json");
   ASSERT_EQ(r.code, 0) << r.err;
@@ -82,7 +194,15 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
   };
   for (const Case& c : std::vector<Case>{
            {"profile --model tiny --backend meta --finetune lora", "--finetune lora"},
-           {"maxbatch --model tiny --budget 1GiB --finetune qlora", "--finetune qlora"},
+           {"sweep --model tiny --backend meta --finetune qlora", "--finetune qlora"},
+           {"maxbatch --model tiny --budget 1GiB --finetune lora --world-size 2 --zero 2",
+            "--world-size with --finetune lora"},
+           {"maxbatch --model tiny --budget 1GiB --finetune lora --allocator pytorch",
+            "--allocator with --finetune lora"},
+           {"maxbatch --model mistral-7b --budget 24GB --finetune qlora --vary seq",
+            "--vary seq with --finetune qlora"},
+           {"maxbatch --model tiny --budget 1GiB --finetune lora --checkpointing selective",
+            "--checkpointing selective"},
            {"estimate --model tiny --finetune lora --profile native",
             "--profile native with --finetune lora"},
            {"estimate --model tiny --profile hf-peft", "needs --finetune lora or qlora"},
@@ -105,7 +225,21 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
            {"estimate --model tiny --finetune lora --world-size 2 --zero 2",
             "--finetune lora with"},
            {"estimate --model qwen3-8b --finetune lora", "q/k norms"},
-           {"estimate --model tiny --finetune dora", "--finetune"}}) {
+           {"estimate --model tiny --finetune dora", "--finetune"},
+           {"estimate --model tiny --optimizer adamw8bit", "--optimizer adamw8bit"},
+           {"profile --model tiny --backend meta --optimizer paged-adamw8bit",
+            "--optimizer paged-adamw8bit"},
+           {"estimate --model tiny --finetune lora --optimizer adam8bit",
+            "adamw8bit, paged-adamw, paged-adamw8bit"},
+           {"estimate --model tiny --bnb-version 0.43.3", "--bnb-version applies to"},
+           {"estimate --model tiny --finetune qlora --optimizer adamw8bit --bnb-version 0.39.0",
+            "--bnb-version 0.39.0"},
+           {"estimate --model tiny --finetune qlora --bnb-version 0.43.3",
+            "give it with --optimizer adamw8bit or paged-adamw8bit"},
+           {"estimate --model tiny --finetune lora --offload-activations",
+            "--offload-activations with --finetune lora"},
+           {"maxbatch --model tiny --budget 1GiB --finetune lora --offload-activations",
+            "--offload-activations with --finetune lora"}}) {
     SCOPED_TRACE(c.args);
     const Result r = trainmem(c.args);
     EXPECT_EQ(r.code, 2) << r.out << r.err;

@@ -16,7 +16,9 @@ records, per case:
                   bytes docs/formulas.md's 4-bit formula gives;
   trainable       the trainable element count (and peft's get_nb_trainable_parameters());
   gradients       which tensors have .grad after backward, dtype and bytes;
-  optimizer       torch AdamW's state tensors after one step, per parameter, bytes;
+  optimizer       the optimizer's state tensors after one step, per parameter, bytes (each
+                  storage once), bitsandbytes' is_paged mark (torch AdamW, or the case's
+                  bitsandbytes optimizer);
   saved           the tensors autograd saves for backward (torch.autograd.graph.saved_tensors_hooks,
                   each storage once, parameters excluded), attributed to the innermost module
                   running when it was packed (forward hooks on every module) and named by the
@@ -45,6 +47,10 @@ Cases (tests/data/hf_peft/<case>.json):
   qlora-nf4-dq-noprep   the 4-bit model without prepare_model_for_kbit_training (get_peft_model
                         freezes the base); bf16 embedding, norms, lm_head and residual
   qlora-nf4-dq-dropout  qlora-nf4-dq with lora_dropout=0.1 (dropout on an fp32 residual)
+  qlora-nf4-dq-r20-adamw8bit        qlora-nf4-dq at rank 20, bitsandbytes' AdamW8bit
+  qlora-nf4-dq-r20-paged-adamw8bit  the same with PagedAdamW8bit (on the CPU bitsandbytes falls
+                                    back to ordinary tensors and says so: the warning is kept)
+  lora-bf16-r20-paged-adamw         lora-bf16 at rank 20, PagedAdamW (32-bit states)
 
 Releases (checked): torch 2.15.0 (the +cu132 wheel, run on the CPU), transformers 5.25.0,
 peft 0.21.2, bitsandbytes 0.50.2 (PyPI releases on PYTHONPATH, here /tmp/bnbpy, as for
@@ -71,7 +77,32 @@ B, S = 2, 16
 R = 8
 
 CASES = ["lora-bf16", "lora-bf16-dropout", "qlora-nf4-dq", "qlora-nf4-dq-ckpt",
-         "qlora-nf4-dq-noprep", "qlora-nf4-dq-dropout"]
+         "qlora-nf4-dq-noprep", "qlora-nf4-dq-dropout",
+         "qlora-nf4-dq-r20-adamw8bit", "qlora-nf4-dq-r20-paged-adamw8bit",
+         "lora-bf16-r20-paged-adamw"]
+# The optimizer cases: rank 20 so that some adapters reach bitsandbytes' min_8bit_size (4,096
+# elements: gate/up lora_B and down lora_A are 304 x 20 = 6,080, not a multiple of its 256-element
+# blocks) and the others (q/k/v/o, 64 x 20 = 1,280) keep 32-bit states.
+OPTIMIZERS = {"-r20-adamw8bit": "bnb.optim.AdamW8bit",
+              "-r20-paged-adamw8bit": "bnb.optim.PagedAdamW8bit",
+              "-r20-paged-adamw": "bnb.optim.PagedAdamW"}
+
+
+def case_optimizer(case):
+    """(suffix, class name) of the case's bitsandbytes optimizer, or ("", torch's AdamW)."""
+    for suffix, cls in OPTIMIZERS.items():
+        if case.endswith(suffix):
+            return suffix, cls
+    return "", "torch.optim.AdamW"
+
+
+def case_base(case):
+    """The case without its optimizer suffix: what the model and LoRA are built as."""
+    return case[:-len(case_optimizer(case)[0])] if case_optimizer(case)[0] else case
+
+
+def case_rank(case):
+    return 20 if case_optimizer(case)[0] else R
 
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
                torch.int64: "int64", torch.int32: "int32", torch.bool: "bool",
@@ -114,6 +145,8 @@ def build(case, tmp):
     from transformers import LlamaForCausalLM, BitsAndBytesConfig
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     notes = []
+    rank = case_rank(case)
+    case = case_base(case)
     dropout = 0.1 if case.endswith("-dropout") else 0.0
     if case.startswith("lora-bf16"):
         model = LlamaForCausalLM.from_pretrained(tmp, dtype=torch.bfloat16, device_map="cpu")
@@ -130,7 +163,7 @@ def build(case, tmp):
                 warnings.simplefilter("always")
                 model = prepare_model_for_kbit_training(model)
             notes += [str(x.message) for x in w]
-    cfg = LoraConfig(r=R, target_modules="all-linear", lora_dropout=dropout,
+    cfg = LoraConfig(r=rank, target_modules="all-linear", lora_dropout=dropout,
                      task_type="CAUSAL_LM")
     model = get_peft_model(model, cfg)
     model.train()
@@ -353,17 +386,40 @@ def step(model, case):
     frozen_with_grad = [g["name"] for g in grads
                         if not dict(model.named_parameters())[g["name"]].requires_grad]
 
-    # optimizer
+    # optimizer: each state storage counted once (bitsandbytes shares its two 256-entry quantile
+    # maps between every 8-bit parameter); "shared" marks a storage an earlier parameter holds.
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    opt = torch.optim.AdamW([p for _, p in trainable], lr=1e-3)
-    opt.step()
-    ostates, obytes = [], 0
+    ocls = case_optimizer(case)[1]
+    owarn = []
+    if ocls == "torch.optim.AdamW":
+        opt = torch.optim.AdamW([p for _, p in trainable], lr=1e-3)
+    else:
+        import bitsandbytes as bnb
+        cls = {"bnb.optim.AdamW8bit": bnb.optim.AdamW8bit,
+               "bnb.optim.PagedAdamW8bit": bnb.optim.PagedAdamW8bit,
+               "bnb.optim.PagedAdamW": bnb.optim.PagedAdamW}[ocls]
+        opt = cls([p for _, p in trainable], lr=1e-3)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        opt.step()
+    owarn += sorted({str(x.message) for x in w})
+    ostates, obytes, oseen = [], 0, set()
     for n, p in trainable:
         st = opt.state.get(p, {})
-        recs = {k: tensor_rec(v) for k, v in st.items() if isinstance(v, torch.Tensor)}
-        b = sum(r["bytes"] for r in recs.values())
+        recs = {}
+        for k, v in st.items():
+            if not isinstance(v, torch.Tensor):
+                continue
+            r = tensor_rec(v)
+            r["is_paged"] = bool(getattr(v, "is_paged", False))
+            key = storage_key(v)
+            r["shared"] = key[0] in oseen
+            oseen.add(key[0])
+            recs[k] = r
+        b = sum(r["bytes"] for r in recs.values() if not r["shared"])
         obytes += b
-        ostates.append({"name": n, "param_dtype": dn(p.dtype), "state": recs, "bytes": b})
+        ostates.append({"name": n, "param_dtype": dn(p.dtype), "numel": p.numel(),
+                        "state": recs, "bytes": b})
 
     return {"loss": float(loss.detach()), "dtypes": dtypes, "caller_held": held,
             "graph_nodes": graph_nodes,
@@ -373,7 +429,8 @@ def step(model, case):
             "saved_bytes_total": sum(e["bytes"] for e in entries),
             "gradients": grads, "gradient_bytes": gbytes,
             "frozen_params_with_grad": frozen_with_grad,
-            "optimizer": {"class": "torch.optim.AdamW", "states": ostates, "bytes": obytes},
+            "optimizer": {"class": ocls, "states": ostates, "bytes": obytes,
+                          "warnings": owarn},
             "warnings": step_warnings}
 
 
@@ -392,9 +449,9 @@ def run_case(case, tmp):
         gc = getattr(base, "is_gradient_checkpointing", None)
     res = step(model, case)
     doc = {"case": case, "versions": versions, "device": "cpu",
-           "config": dict(TINY, batch=B, seq=S, lora_r=R, lora_alpha=8,
+           "config": dict(TINY, batch=B, seq=S, lora_r=case_rank(case), lora_alpha=8,
                           target_modules="all-linear",
-                          lora_dropout=0.1 if case.endswith("-dropout") else 0.0),
+                          lora_dropout=0.1 if case_base(case).endswith("-dropout") else 0.0),
            "gradient_checkpointing": gc, "build_warnings": notes,
            "params": ptab, "params_bytes": pbytes,
            "trainable_elements": trainable,

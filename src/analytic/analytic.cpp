@@ -4,6 +4,7 @@
 #include "trainmem/analytic/analytic.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 
 #include "analytic_detail.hpp"
@@ -54,6 +55,75 @@ const char* quant_name(Quant q) {
       return "fp4";
   }
   return "?";
+}
+
+const char* bnb_optimizer_name(BnbOptimizer o) {
+  switch (o) {
+    case BnbOptimizer::none:
+      return "";
+    case BnbOptimizer::adamw8bit:
+      return "adamw8bit";
+    case BnbOptimizer::paged_adamw:
+      return "paged-adamw";
+    case BnbOptimizer::paged_adamw8bit:
+      return "paged-adamw8bit";
+  }
+  return "?";
+}
+
+std::optional<BnbOptimizer> parse_bnb_optimizer(const std::string& name) {
+  for (BnbOptimizer o :
+       {BnbOptimizer::adamw8bit, BnbOptimizer::paged_adamw, BnbOptimizer::paged_adamw8bit})
+    if (name == bnb_optimizer_name(o)) return o;
+  return std::nullopt;
+}
+
+const char* bnb_era_name(BnbEra e) {
+  switch (e) {
+    case BnbEra::v0_43:
+      return "0.43";
+    case BnbEra::v0_44:
+      return "0.44-0.50";
+  }
+  return "?";
+}
+
+BnbEra parse_bnb_version(const std::string& version) {
+  // MAJOR.MINOR, then nothing, ".PATCH..." or a suffix such as "rc1" or ".dev0".
+  std::size_t i = 0;
+  auto number = [&](int& out) {
+    const std::size_t start = i;
+    out = 0;
+    while (i < version.size() && i - start < 6 &&
+           std::isdigit(static_cast<unsigned char>(version[i])))
+      out = out * 10 + (version[i++] - '0');
+    return i > start;
+  };
+  // The tail after MINOR: [.PATCH][[.]LETTERS[ALNUM...]] ("", ".3", ".1.dev0", "rc1", ".post2").
+  auto tail_ok = [&]() {
+    int patch = 0;
+    if (i < version.size() && version[i] == '.' && i + 1 < version.size() &&
+        std::isdigit(static_cast<unsigned char>(version[i + 1]))) {
+      ++i;
+      number(patch);
+    }
+    if (i == version.size()) return true;
+    if (version[i] == '.') ++i;
+    if (i == version.size() || !std::isalpha(static_cast<unsigned char>(version[i]))) return false;
+    for (; i < version.size(); ++i)
+      if (!std::isalnum(static_cast<unsigned char>(version[i]))) return false;
+    return true;
+  };
+  int major = -1, minor = -1;
+  const bool ok =
+      number(major) && i < version.size() && version[i++] == '.' && number(minor) && tail_ok();
+  if (!ok) major = minor = -1;
+  if (major == 0 && minor == 43) return BnbEra::v0_43;
+  if (major == 0 && minor >= 44 && minor <= 50) return BnbEra::v0_44;
+  throw InputError("--bnb-version " + version +
+                   ": hf-peft knows bitsandbytes 0.43.x (8-bit optimizer blocks of 2,048, read "
+                   "from the 0.43.3 release) and 0.44.0 to 0.50.x (blocks of 256; 0.50.2 "
+                   "measured); other releases were not read");
 }
 
 std::optional<Profile> parse_profile(const std::string& s) {
@@ -190,6 +260,10 @@ TorchEra parse_torch_version(const std::string& version, HfOptions* opts) {
 }
 
 void check_hf_options(Profile profile, const HfOptions& opts) {
+  if (profile != Profile::hf_peft && opts.peft.optimizer != BnbOptimizer::none)
+    throw InputError(std::string("--optimizer ") + bnb_optimizer_name(opts.peft.optimizer) +
+                     ": bitsandbytes' optimizers are modelled for the adapters of --finetune "
+                     "lora|qlora (profile hf-peft) only");
   if (profile == Profile::hf_peft) {
     if (opts.era && *opts.era != HfEra::v5_25)
       throw InputError("--hf-version " + opts.hf_version +

@@ -799,8 +799,6 @@ void build_hf_peft(Estimate& est) {
   auto& f = est.figures;
   f.params = csum({params, adapter_bytes, rope_buffers}, "params");
   f.gradients = adapter_bytes;
-  f.optimizer_states =
-      t.optimizer == Optimizer::adamw ? checked_mul(2, adapter_bytes, "optimizer states") : 0;
   est.param_count = checked_add(base_elements, trainable, "parameters");
   est.trainable_params = trainable;
   // The largest adapter gradient: A (r, in) or B (out, r) of the widest target.
@@ -828,6 +826,51 @@ void build_hf_peft(Estimate& est) {
   }
   est.largest_gradient_bytes = checked_mul(widest, ps.wa, "adapter gradient");
   est.largest_gradient_name = widest_name;
+  // Optimizer states: torch's AdamW keeps m and v in the adapters' dtype; SGD nothing.
+  // bitsandbytes' (Optimizer2State.init_state, 0.50): a tensor of n >= min_8bit_size (4,096)
+  // elements keeps uint8 state1/state2 (n bytes each) and fp32 absmax1/absmax2 over 256-element
+  // blocks; a smaller one, or any under the 32-bit PagedAdamW, fp32 state1/state2 (4n each);
+  // the two 256-entry fp32 quantile maps (dynamic, udynamic) are one pair shared by every 8-bit
+  // tensor. A paged optimizer takes state1/state2 of a tensor of n >= 1e5 elements from CUDA
+  // managed memory (get_state_buffer), the rest as ordinary tensors.
+  const BnbOptimizer bo = pf.optimizer;
+  if (bo != BnbOptimizer::none && t.optimizer != Optimizer::adamw)
+    throw InputError(
+        std::string("--optimizer ") + bnb_optimizer_name(bo) +
+        ": a bitsandbytes optimizer replaces torch's AdamW; the torch optimizer beside it "
+        "must be adamw (not sgd or lomo)");
+  if (bo == BnbOptimizer::none) {
+    f.optimizer_states =
+        t.optimizer == Optimizer::adamw ? checked_mul(2, adapter_bytes, "optimizer states") : 0;
+  } else {
+    const bool bits8 = bo != BnbOptimizer::paged_adamw;
+    const std::uint64_t block = pf.bnb_era == BnbEra::v0_43 ? 2048 : 256;  // absmax block
+    const bool paged = bo != BnbOptimizer::adamw8bit;
+    std::uint64_t device = 0, managed = 0;
+    bool any8 = false;
+    auto add_tensor = [&](std::uint64_t n) {
+      const bool eight = bits8 && n >= 4096;
+      any8 = any8 || eight;
+      const std::uint64_t states = checked_mul(eight ? 2 : 8, n, "optimizer states");
+      if (paged && n >= 100000)
+        managed = checked_add(managed, states, "optimizer states");
+      else
+        device = checked_add(device, states, "optimizer states");
+      if (eight) device = checked_add(device, 8 * ((n + block - 1) / block), "optimizer states");
+    };
+    for (const auto& pr : projections) {
+      if (!ps.has(pr.bit)) continue;
+      const std::uint64_t na = checked_mul(ps.r, pr.in, "adapter"),
+                          nb = checked_mul(ps.r, pr.out, "adapter");
+      for (std::int64_t l = 0; l < m.layers; ++l) {
+        add_tensor(na);
+        add_tensor(nb);
+      }
+    }
+    if (any8) device = checked_add(device, 2 * 256 * 4, "optimizer states");
+    f.optimizer_states = device;
+    est.optimizer_states_managed = managed;
+  }
 
   est.label = "HF " + hf_class(m) + " + peft LoRA r " + std::to_string(pf.rank) + " on " +
               lora_targets_name(pf.targets) +
@@ -916,11 +959,32 @@ void build_hf_peft(Estimate& est) {
       (fp32_residual ? "upcast to fp32 by prepare_model_for_kbit_training" : d.dt) +
       "), the adapters (" + ps.adt + ") and RoPE's inv_freq buffers; trainable = " +
       std::to_string(trainable) + " adapter elements (r·(in + out) per target)");
-  est.notes.push_back(
-      std::string("gradients and optimizer states: the adapters' only (") +
-      (t.optimizer == Optimizer::adamw ? "AdamW m and v in the adapters' dtype" : "SGD: none") +
-      "); torch's AdamW keeps each parameter's `step` as a 4-byte tensor on the host "
-      "(not counted)");
+  if (bo == BnbOptimizer::none)
+    est.notes.push_back(
+        std::string("gradients and optimizer states: the adapters' only (") +
+        (t.optimizer == Optimizer::adamw ? "AdamW m and v in the adapters' dtype" : "SGD: none") +
+        "); torch's AdamW keeps each parameter's `step` as a 4-byte tensor on the host "
+        "(not counted)");
+  else
+    est.notes.push_back(
+        std::string("gradients and optimizer states: the adapters' only; bitsandbytes ") +
+        (bo == BnbOptimizer::adamw8bit     ? "AdamW8bit"
+         : bo == BnbOptimizer::paged_adamw ? "PagedAdamW"
+                                           : "PagedAdamW8bit") +
+        (bo == BnbOptimizer::paged_adamw
+             ? ": fp32 m and v"
+             : std::string(": uint8 m and v with an fp32 absmax per ") +
+                   (pf.bnb_era == BnbEra::v0_43 ? "2,048 elements (bitsandbytes 0.43)"
+                                                : "256 elements") +
+                   " for tensors of 4,096 elements or more, fp32 m and v below that, two "
+                   "shared 256-entry quantile maps") +
+        (bo == BnbOptimizer::adamw8bit
+             ? std::string()
+             : "; m and v of tensors of 100,000 elements or more in CUDA managed memory "
+               "(optimizer_states_managed, " +
+                   std::to_string(est.optimizer_states_managed) +
+                   " B: outside PyTorch's allocator and the peak; migrated to the GPU when "
+                   "the step touches them, evicted under memory pressure)"));
   est.notes.push_back(
       "activations = storages autograd saves for backward (each counted once) + the returned "
       "logits; transients (bitsandbytes' dequantized weight in every forward and backward of a "

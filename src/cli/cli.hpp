@@ -42,7 +42,8 @@ struct CommonFlags {
   std::string torch_version;
   std::string loop = "hf-model-loss";
   bool use_cache = false;
-  // LoRA / QLoRA (estimate's hf-peft profile; the other commands refuse anything but full).
+  // LoRA / QLoRA (the hf-peft profile of estimate and maxbatch; the other commands refuse
+  // anything but full).
   std::string finetune = "full";  // full|lora|qlora
   std::int64_t lora_rank = 16;
   std::string lora_targets = "q_proj,v_proj";
@@ -52,6 +53,7 @@ struct CommonFlags {
   std::string double_quant = "on";  // on|off (qlora)
   std::int64_t quant_blocksize = 64;
   std::string kbit_prepare = "on";  // on|off (qlora): prepare_model_for_kbit_training
+  std::string bnb_version;          // "" = 0.50.2 (what hf-peft measured)
   std::string format = "table";
   std::string output;  // empty: stdout
   std::string log_level = "info";
@@ -141,7 +143,8 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags);
 void add_run_flags(CLI::App& cmd, RunFlags& flags, bool several_runs = false);
 // Validates the flags. allow_all_optimizers / allow_both_modes say whether "all" / "both" are
 // accepted by this subcommand.
-// `allow_finetune`: the command models --finetune lora|qlora (estimate); the others refuse it.
+// `allow_finetune`: the command models --finetune lora|qlora (estimate, and maxbatch through the
+// hf-peft profile); the others refuse it.
 Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool allow_both_modes,
                       bool allow_finetune = false);
 

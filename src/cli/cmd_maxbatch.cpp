@@ -90,7 +90,8 @@ int run_maxbatch(const MaxbatchFlags& flags) {
   CommonFlags common = flags.common;
   if (flags.vary == "seq") common.seq = 2;
   // A list of policies (--checkpointing none,selective,full) searches each.
-  const Common c = resolve_common(common, false, true);
+  const Common c = resolve_common(common, false, true, /*allow_finetune=*/true);
+  const bool lora = c.hf.peft.finetune != Finetune::full;
   if (flags.budget.empty())
     throw InputError("--budget is required: a SIZE (80GiB, 24GB, 512MiB) or 'device'");
   const std::int64_t step_max = maxbatch_step_max(flags.vary == "batch");
@@ -117,7 +118,25 @@ int run_maxbatch(const MaxbatchFlags& flags) {
   rq.step = flags.step;
   rq.budget = budget.bytes;
   if (!flags.allocator.empty()) {
+    if (lora)
+      throw InputError("--allocator with --finetune " + common.finetune +
+                       ": the allocator model replays trainmem's own step, which does not run "
+                       "LoRA yet");
     rq.allocator = parse_allocator(flags.allocator);
+  }
+  if (lora) {
+    // trainmem's own step does not run LoRA yet: the search uses the hf-peft profile (one GPU).
+    if (flags.layout.world != 1 || par.distributed())
+      throw InputError("--world-size with --finetune " + common.finetune +
+                       ": hf-peft models one GPU's step (no parallel layout)");
+    if (!vary_batch)
+      for (std::int64_t l = 0; l < c.model.layers; ++l)
+        if (c.model.window_of(l) > 0)
+          throw InputError("--vary seq with --finetune " + common.finetune + ": " + c.model.name +
+                           " has a sliding window (" + std::to_string(c.model.window_of(l)) +
+                           ") that hf-peft does not model once the sequence reaches it; "
+                           "use --vary batch with --seq below it");
+    rq.hf_peft = c.hf;
   }
   std::string overhead_source;
   if (flags.layout.world != 1) {

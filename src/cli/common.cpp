@@ -189,7 +189,11 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
       ->check(integer_check<std::int64_t>("an integer; allowed: an integer >= 2"))
       ->capture_default_str();
   cmd.add_option("--dtype", flags.dtype, "Training dtype: bf16|fp16|fp32")->capture_default_str();
-  cmd.add_option("--optimizer", flags.optimizer, "adamw|sgd|lomo")->capture_default_str();
+  cmd.add_option("--optimizer", flags.optimizer,
+                 "adamw|sgd|lomo; with --finetune lora|qlora (estimate, maxbatch) also "
+                 "bitsandbytes' "
+                 "adamw8bit|paged-adamw|paged-adamw8bit")
+      ->capture_default_str();
   // Given alone, --checkpointing means "full" (resolve_common maps the empty value).
   cmd.add_option("--checkpointing", flags.checkpointing,
                  "none|full|selective|every:K|layers:LIST|budget:SIZE; the bare flag means full "
@@ -219,10 +223,11 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
   cmd.add_flag("--use-cache", flags.use_cache,
                "hf-eager/hf-sdpa: the model returns past_key_values and the loop holds them "
                "(HF turns it off under checkpointing)");
-  cmd.add_option("--finetune", flags.finetune,
-                 "full|lora|qlora: what is trained. lora and qlora (estimate only) model peft's "
-                 "adapters on a frozen 16-bit or bitsandbytes 4-bit base as HF + peft run them "
-                 "(profile hf-peft; docs/formulas.md)")
+  cmd.add_option(
+         "--finetune", flags.finetune,
+         "full|lora|qlora: what is trained. lora and qlora (estimate, maxbatch) model peft's "
+         "adapters on a frozen 16-bit or bitsandbytes 4-bit base as HF + peft run them "
+         "(profile hf-peft; docs/formulas.md)")
       ->capture_default_str();
   cmd.add_option("--lora-rank", flags.lora_rank, "LoRA rank r (1 to 65536)")
       ->check(integer_check<std::int64_t>("an integer; allowed: an integer from 1 to 65536"))
@@ -251,6 +256,9 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
                  "on|off (qlora): peft's prepare_model_for_kbit_training, which upcasts every "
                  "non-4-bit weight to fp32 (and with it the activations)")
       ->capture_default_str();
+  cmd.add_option("--bnb-version", flags.bnb_version,
+                 "bitsandbytes release the hf-peft profile follows (0.43.x, 0.44-0.50.x) "
+                 "[0.50.2, measured]");
   cmd.add_option("--format", flags.format, "table|json|csv|markdown|html")->capture_default_str();
   cmd.add_option("--output", flags.output, "Write the report to FILE instead of stdout");
   add_log_level_flag(cmd, flags.log_level);
@@ -284,7 +292,8 @@ void resolve_peft(const CommonFlags& flags, PeftOptions& p) {
         {"--quant", !flags.quant.empty() && flags.quant != "none"},
         {"--double-quant", flags.double_quant != defaults.double_quant},
         {"--quant-blocksize", flags.quant_blocksize != defaults.quant_blocksize},
-        {"--kbit-prepare", flags.kbit_prepare != defaults.kbit_prepare}};
+        {"--kbit-prepare", flags.kbit_prepare != defaults.kbit_prepare},
+        {"--bnb-version", !flags.bnb_version.empty()}};
     for (const auto& [flag, set] : given)
       if (set)
         throw InputError(std::string(flag) +
@@ -333,6 +342,10 @@ void resolve_peft(const CommonFlags& flags, PeftOptions& p) {
         "for a 16-bit base use --finetune lora");
   p.double_quant = on_off(flags.double_quant, "--double-quant");
   p.kbit_prepare = on_off(flags.kbit_prepare, "--kbit-prepare");
+  if (!flags.bnb_version.empty()) {
+    p.bnb_era = parse_bnb_version(flags.bnb_version);
+    p.bnb_version = flags.bnb_version;
+  }
   p.quant_blocksize = flags.quant_blocksize;
   if (p.quant == Quant::none && (flags.double_quant != defaults.double_quant ||
                                  flags.quant_blocksize != defaults.quant_blocksize ||
@@ -438,9 +451,12 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   const bool lora = c.hf.peft.finetune != Finetune::full;
   if (lora && !allow_finetune)
     throw InputError("--finetune " + flags.finetune +
-                     ": this command runs, searches or plans trainmem's own step, which trains "
+                     ": this command runs, compares or plans trainmem's own step, which trains "
                      "every weight (LoRA in it is not built yet); `trainmem estimate --finetune " +
-                     flags.finetune + "` models the step as HF + peft run it (profile hf-peft)");
+                     flags.finetune +
+                     "` models the step as HF + peft run it (profile hf-peft), and `trainmem "
+                     "maxbatch --finetune " +
+                     flags.finetune + "` searches the largest batch with it");
 
   c.train.batch = flags.batch;
   c.train.seq = flags.seq;
@@ -458,16 +474,33 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
     throw InputError("--dtype: unknown dtype '" + flags.dtype + "'; allowed: bf16, fp16, fp32");
   c.train.dtype = *dtype;
 
-  if (allow_all_optimizers && flags.optimizer == "all") {
+  if (const auto bnb = parse_bnb_optimizer(flags.optimizer)) {
+    // bitsandbytes' optimizers step the adapters of the hf-peft profile; AdamW's arithmetic,
+    // other states (docs/formulas.md, "Profile hf-peft").
+    if (!lora)
+      throw InputError(
+          "--optimizer " + flags.optimizer +
+          ": bitsandbytes' optimizers are modelled for LoRA adapters only: add --finetune "
+          "lora|qlora (estimate or maxbatch, profile hf-peft); the full fine-tune and "
+          "trainmem's own step have adamw, sgd, lomo");
+    c.hf.peft.optimizer = *bnb;
+    c.optimizers = {Optimizer::adamw};
+  } else if (allow_all_optimizers && flags.optimizer == "all") {
     c.optimizers = {Optimizer::adamw, Optimizer::sgd, Optimizer::lomo};
     if (lora) c.optimizers.pop_back();  // LOMO updates every weight in the backward
   } else if (auto o = parse_optimizer(flags.optimizer)) {
     c.optimizers = {*o};
   } else {
     throw InputError("--optimizer: unknown optimizer '" + flags.optimizer +
-                     "'; allowed: adamw, sgd, lomo" + (allow_all_optimizers ? ", all" : ""));
+                     "'; allowed: adamw, sgd, lomo" + (allow_all_optimizers ? ", all" : "") +
+                     (lora ? ", adamw8bit, paged-adamw, paged-adamw8bit" : ""));
   }
   c.train.optimizer = c.optimizers.front();
+  if (!flags.bnb_version.empty() && c.hf.peft.optimizer != BnbOptimizer::adamw8bit &&
+      c.hf.peft.optimizer != BnbOptimizer::paged_adamw8bit)
+    throw InputError("--bnb-version " + flags.bnb_version +
+                     ": the releases hf-peft knows differ only in the 8-bit optimizers' state; "
+                     "give it with --optimizer adamw8bit or paged-adamw8bit");
 
   c.checkpointing_modes = parse_checkpoint_policies(
       flags.checkpointing.empty() ? "full" : flags.checkpointing, c.model.layers, allow_both_modes);
@@ -479,6 +512,10 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
                      "'; allowed: eager, flash");
   c.train.attention = *attention;
   c.train.offload_activations = flags.offload_activations;
+  if (lora && c.train.offload_activations)
+    throw InputError("--offload-activations with --finetune " + flags.finetune +
+                     ": activation offload is trainmem's own step's; hf-peft models HF's step, "
+                     "which keeps its activations on the GPU");
 
   for (const auto& p : split_commas(flags.profile)) {
     std::vector<std::string> expanded;

@@ -21,6 +21,14 @@ bool several(const std::vector<EstimateRun>& runs) {
   return runs.size() > 1;
 }
 
+// The optimizer a run steps with: bitsandbytes' when hf-peft was given one (then hf-peft is the
+// run's only profile), else the torch optimizer of the run's TrainConfig.
+std::string optimizer_of(const EstimateRun& r) {
+  for (const auto& e : r.estimates)
+    if (e.hf.peft.optimizer != BnbOptimizer::none) return bnb_optimizer_name(e.hf.peft.optimizer);
+  return optimizer_name(r.train.optimizer);
+}
+
 std::vector<std::string> key_headers(const std::vector<EstimateRun>& runs) {
   if (several(runs)) return {"Optimizer", "Checkpointing", "Profile"};
   return {"Profile"};
@@ -31,8 +39,7 @@ std::vector<report::MemoryRow> memory_rows(const std::vector<EstimateRun>& runs)
   for (const auto& r : runs)
     for (const auto& e : r.estimates) {
       report::MemoryRow row;
-      if (several(runs))
-        row.keys = {optimizer_name(r.train.optimizer), checkpointing_name(r.train)};
+      if (several(runs)) row.keys = {optimizer_of(r), checkpointing_name(r.train)};
       row.keys.push_back(profile_name(e.profile));
       row.figures = e.figures;
       rows.push_back(std::move(row));
@@ -66,7 +73,7 @@ std::string title(const EstimateResult& c, const std::vector<EstimateRun>& runs)
     << ", attention " << attention_name(t.attention)
     << (t.offload_activations ? ", activations offloaded" : "");
   if (!several(runs))
-    o << ", " << optimizer_name(t.optimizer) << ", checkpointing " << checkpointing_name(t);
+    o << ", " << optimizer_of(runs.front()) << ", checkpointing " << checkpointing_name(t);
   o << "  (GiB = 2^30 bytes)";
   return o.str();
 }
@@ -239,9 +246,8 @@ report::Table csv_table(const ModelConfig& m, const std::vector<EstimateRun>& ru
       std::vector<report::MemoryRow> rows;
       for (const auto& r : runs)
         for (const auto& e : r.estimates) {
-          report::MemoryRow row{{optimizer_name(r.train.optimizer), checkpointing_name(r.train),
-                                 profile_name(e.profile)},
-                                e.figures};
+          report::MemoryRow row{
+              {optimizer_of(r), checkpointing_name(r.train), profile_name(e.profile)}, e.figures};
           if (family) row.keys.insert(row.keys.end(), {m.family, features});
           rows.push_back(std::move(row));
         }
@@ -280,6 +286,7 @@ json run_object(const EstimateResult& c, const EstimateRun& r) {
          {schema::kModel, report::model_json(c.model, r.estimates.front().param_count)},
          {schema::kRun, report::run_json(r.train, "", -1)},
          {schema::kAnalytic, report::analytic_json(r.estimates)}};
+  j[schema::kRun][schema::run_key::kOptimizer] = optimizer_of(r);
   if (r.allocator_model) {
     j["allocator_model"] = report::allocator_model_json(*r.allocator_model);
     j["allocator_model"]["traced_peak"] = r.traced_peak;
@@ -378,6 +385,16 @@ void write_estimate(ReportWriter& w, const EstimateResult& c, bool explain, bool
     if (e.profile == Profile::native)
       if (const std::string off = report::offload_text(e); !off.empty())
         w.line("activation offload (native): " + off);
+  // A paged bitsandbytes optimizer's managed memory: in no column above.
+  for (const auto& r : runs)
+    for (const auto& e : r.estimates)
+      if (e.optimizer_states_managed > 0)
+        w.line("managed memory (" + optimizer_of(r) + ", checkpointing " +
+               checkpointing_name(r.train) + "): " + report::gib2(e.optimizer_states_managed) +
+               " GiB of optimizer state in CUDA managed memory (bitsandbytes pages m and v of "
+               "tensors of 100,000 elements or more), in neither Optimizer States nor Peak: it "
+               "moves to the GPU when the step touches it and back to the host under memory "
+               "pressure, outside PyTorch's allocator.");
   w.figure([&] { return per_layer_chart(runs); });
   write_allocator_table(w, runs);
   if (paper) {

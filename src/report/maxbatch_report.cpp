@@ -9,6 +9,7 @@
 #include "trainmem/analytic/analytic.hpp"
 #include "trainmem/analytic/analytic_rank.hpp"
 #include "trainmem/base/bytes.hpp"
+#include "trainmem/base/lora.hpp"
 #include "trainmem/report/layout_report.hpp"
 #include "trainmem/report/report.hpp"
 
@@ -22,9 +23,62 @@ using nlohmann::json;
 // would reserve for it.
 std::string peaks_banner(const MaxbatchRequest& rq, const std::string& how,
                          const std::string& traced) {
+  if (rq.hf_peft) {
+    const BnbOptimizer o = rq.hf_peft->peft.optimizer;
+    const bool paged = o == BnbOptimizer::paged_adamw || o == BnbOptimizer::paged_adamw8bit;
+    return std::string(
+               "peaks: the hf-peft profile's, as transformers 5.25 + peft 0.21 + "
+               "bitsandbytes ") +
+           (rq.hf_peft->peft.bnb_version.empty() ? std::string("0.50")
+                                                 : rq.hf_peft->peft.bnb_version) +
+           " keep the step (params + gradients + optimizer states + activations at "
+           "their maxima, no transients; docs/formulas.md, \"Profile hf-peft\"): "
+           "trainmem's own step does not run LoRA yet" +
+           (paged ? "; the paged optimizer's state in CUDA managed memory is outside them "
+                    "(evicted to the host under pressure)"
+                  : "");
+  }
   if (!rq.allocator) return "peaks: " + traced;
   return "peaks: what PyTorch's caching allocator would reserve (a model, --allocator " +
          rq.allocator->spec + ", " + how + "; docs/allocator.md) for " + traced;
+}
+
+// The optimizer in titles: bitsandbytes' for hf-peft when given, else the run's.
+std::string optimizer_text(const MaxbatchRequest& rq) {
+  if (rq.hf_peft && rq.hf_peft->peft.optimizer != BnbOptimizer::none)
+    return bnb_optimizer_name(rq.hf_peft->peft.optimizer);
+  return optimizer_name(rq.train.optimizer);
+}
+
+// The attention in titles: hf-peft models transformers' SDPA whatever --attention says.
+std::string attention_text(const MaxbatchRequest& rq) {
+  return rq.hf_peft ? "sdpa" : attention_name(rq.train.attention);
+}
+
+// " finetune=qlora r=16 targets=all-linear" for hf-peft, else "".
+std::string finetune_text(const MaxbatchRequest& rq) {
+  if (!rq.hf_peft) return "";
+  const PeftOptions& p = rq.hf_peft->peft;
+  return std::string(" finetune=") + finetune_name(p.finetune) + " r=" + std::to_string(p.rank) +
+         " targets=" + lora_targets_name(p.targets);
+}
+
+// What the JSON says about where the peaks come from, and the run as searched.
+void add_profile_json(json& j, const MaxbatchRequest& rq) {
+  j["profile"] = rq.hf_peft ? "hf-peft" : "native";
+  if (!rq.hf_peft) return;
+  const PeftOptions& p = rq.hf_peft->peft;
+  j["run"]["optimizer"] = optimizer_text(rq);
+  j["run"]["attention"] = attention_text(rq);
+  j["run"]["backend"] = nullptr;  // estimated, not traced
+  j["run"]["steps"] = nullptr;
+  j["peft"] = {{"finetune", finetune_name(p.finetune)},
+               {"lora_rank", p.rank},
+               {"lora_targets", lora_targets_name(p.targets)},
+               {"quant", quant_name(p.quant)},
+               {"optimizer", optimizer_text(rq)},
+               {"bnb_version", p.bnb_version.empty() ? json(nullptr) : json(p.bnb_version)},
+               {"bnb_era", bnb_era_name(p.bnb_era)}};
 }
 
 // A layout of several GPUs: the worst rank with the overheads outside the books.
@@ -160,15 +214,15 @@ std::string render_one_gpu(const MaxbatchRequest& rq, const MaxbatchResult& m,
               {"traced", traced}};
     j["run"]["batch"] = batch;
     j["run"]["seq"] = seq;
+    add_profile_json(j, rq);
     return j;
   });
   w->csv_table(bytes_t);
   w->title(
       "trainmem maxbatch: " + rq.model.name + "  " +
       (vary_batch ? "s=" + std::to_string(rq.train.seq) : "b=" + std::to_string(rq.train.batch)) +
-      " " + dtype_name(rq.train.dtype) + " " + optimizer_name(rq.train.optimizer) +
-      "  checkpointing=" + checkpointing_name(rq.train) +
-      " attention=" + attention_name(rq.train.attention));
+      " " + dtype_name(rq.train.dtype) + " " + optimizer_text(rq) + "  checkpointing=" +
+      checkpointing_name(rq.train) + " attention=" + attention_text(rq) + finetune_text(rq));
   w->paragraph_break();
   if (const std::string family = report::family_line(rq.model); !family.empty())
     w->paragraph(family);
@@ -190,7 +244,7 @@ std::string render_one_gpu(const MaxbatchRequest& rq, const MaxbatchResult& m,
 // The recompute a policy costs at the size it reached: the native step's FLOPs per optimizer step
 // (a layout's worst rank's); 0 when nothing fits.
 double recompute_flops_at(const MaxbatchRequest& rq, const MaxbatchResult& m) {
-  if (m.search.best <= 0) return 0;
+  if (m.search.best <= 0 || rq.hf_peft) return 0;
   TrainConfig t = rq.train;
   (rq.vary_batch ? t.batch : t.seq) = m.search.best;
   if (rq.layout && rq.layout->distributed()) {
@@ -239,7 +293,8 @@ std::string render_maxbatch_policies(const std::vector<MaxbatchPolicyRun>& runs,
     t.add_row({name, fits ? std::to_string(s.best) : "none fits",
                fits ? format_bytes(s.at_best.peak, u) : "-",
                fits ? format_bytes(s.at_best.peak + added, u) : "-",
-               fits ? format_signed_bytes(margin, u) : "-", report::fixed(flops / 1e9, 2),
+               fits ? format_signed_bytes(margin, u) : "-",
+               r.request.hf_peft ? "-" : report::fixed(flops / 1e9, 2),
                std::to_string(r.result.next) + ": " +
                    (next_need ? format_bytes(next_need, u) : std::string("overflow"))});
     bytes_t.add_row({name, std::to_string(s.best), std::to_string(fits ? s.at_best.peak : 0),
@@ -250,7 +305,7 @@ std::string render_maxbatch_policies(const std::vector<MaxbatchPolicyRun>& runs,
                         {"best", fits ? json(s.best) : json(nullptr)},
                         {"peak", fits ? json(s.at_best.peak) : json(nullptr)},
                         {"margin", margin},
-                        {"recompute_flops", flops},
+                        {"recompute_flops", r.request.hf_peft ? json(nullptr) : json(flops)},
                         {"next", r.result.next},
                         {"next_peak", s.at_next.peak ? json(s.at_next.peak) : json(nullptr)},
                         {"added", added},
@@ -273,14 +328,15 @@ std::string render_maxbatch_policies(const std::vector<MaxbatchPolicyRun>& runs,
               {"policies", policies}};
     j["run"]["checkpointing"] = nullptr;  // one per policy
     j["run"][vary] = nullptr;             // searched
+    add_profile_json(j, first);
     return j;
   });
   w->csv_table(bytes_t);
   w->title("trainmem maxbatch per checkpointing policy: " + first.model.name + "  " +
            (vary_batch ? "s=" + std::to_string(first.train.seq)
                        : "b=" + std::to_string(first.train.batch)) +
-           " " + dtype_name(first.train.dtype) + " " + optimizer_name(first.train.optimizer) +
-           " attention=" + attention_name(first.train.attention) +
+           " " + dtype_name(first.train.dtype) + " " + optimizer_text(first) +
+           " attention=" + attention_text(first) + finetune_text(first) +
            (first.train.offload_activations ? " offload-activations" : "") +
            (layout
                 ? ", " + std::to_string(first.layout->world) + " GPUs: " + first.layout->describe()
@@ -297,8 +353,11 @@ std::string render_maxbatch_policies(const std::vector<MaxbatchPolicyRun>& runs,
                          std::string("the meta backend's exact trace of the training step") +
                              (layout ? ", per rank (the worst rank)" : "")));
   w->table(t);
-  w->line("recompute: the forward work the policy re-runs in backward at its largest " + vary +
-          " (docs/formulas.md, \"Recompute FLOPs\"); a policy saves memory for that time.");
+  if (first.hf_peft)
+    w->line("recompute: not computed for hf-peft (the native step's FLOP count does not apply).");
+  else
+    w->line("recompute: the forward work the policy re-runs in backward at its largest " + vary +
+            " (docs/formulas.md, \"Recompute FLOPs\"); a policy saves memory for that time.");
   return w->str();
 }
 

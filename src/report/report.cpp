@@ -312,6 +312,7 @@ json analytic_profile_json(const Estimate& e) {
     const PeftOptions& p = e.hf.peft;
     j["trainable_params"] = e.trainable_params;
     j["first_layer_activations"] = a.first_layer_bytes;
+    j["optimizer_states_managed"] = e.optimizer_states_managed;
     j["peft"] =
         json{{"finetune", finetune_name(p.finetune)},
              {"lora_rank", p.rank},
@@ -322,6 +323,11 @@ json analytic_profile_json(const Estimate& e) {
              {"double_quant", p.quant != Quant::none && p.double_quant},
              {"quant_blocksize", p.quant != Quant::none ? json(p.quant_blocksize) : json(nullptr)},
              {"kbit_prepare", p.quant != Quant::none && p.kbit_prepare},
+             {"bnb_version", p.bnb_version.empty() ? json(nullptr) : json(p.bnb_version)},
+             {"bnb_era", bnb_era_name(p.bnb_era)},
+             {"optimizer", p.optimizer == BnbOptimizer::none
+                               ? std::string(optimizer_name(e.train.optimizer))
+                               : std::string(bnb_optimizer_name(p.optimizer))},
              {"measured_with",
               "transformers 5.25.0, peft 0.21.2, bitsandbytes 0.50.2, "
               "torch 2.15.0"}};

@@ -69,6 +69,10 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
   if (step < 1 || step > maxbatch_step_max(vary_batch))
     throw Error("find_max: the step is outside 1..maxbatch_step_max (the caller checks --step)");
   const bool distributed = rq.layout && rq.layout->distributed();
+  if (rq.hf_peft && (distributed || rq.allocator))
+    throw Error(
+        "find_max: hf-peft is one GPU's analytic step (the caller refuses layouts and "
+        "--allocator)");
   if (distributed) {
     const ParallelConfig& par = *rq.layout;
     // (step is at most 2^30 here: a cp above it divides no step.)
@@ -101,6 +105,7 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
   };
   // The peak of one candidate: one GPU's step, or the worst rank of the layout, on meta.
   auto peak_of = [&](const TrainConfig& t) -> std::uint64_t {
+    if (rq.hf_peft) return estimate(Profile::hf_peft, rq.model, t, *rq.hf_peft).figures.peak;
     if (distributed) {
       // --allocator: each rank's reserve without a device limit (no release-and-retry).
       const LayoutTrace lt = trace_layout(rq.model, t, *rq.layout, rq.overheads, 2, rq.allocator);

@@ -81,6 +81,21 @@ enum class Quant { none, nf4, fp4 };
 const char* finetune_name(Finetune f);  // "full", "lora", "qlora"
 const char* quant_name(Quant q);        // "none", "nf4", "fp4"
 
+// bitsandbytes' optimizers for the adapters (hf-peft; `--optimizer adamw8bit|paged-adamw|
+// paged-adamw8bit`): bnb.optim.AdamW8bit, PagedAdamW, PagedAdamW8bit (bitsandbytes 0.50;
+// docs/formulas.md, "Profile hf-peft"). TrainConfig::optimizer stays adamw beside them.
+enum class BnbOptimizer { none, adamw8bit, paged_adamw, paged_adamw8bit };
+const char* bnb_optimizer_name(BnbOptimizer o);  // "adamw8bit", "paged-adamw", ...; "" for none
+std::optional<BnbOptimizer> parse_bnb_optimizer(const std::string& name);  // not "none"
+
+// bitsandbytes releases as far as they change what hf-peft counts (`--bnb-version`): the 8-bit
+// optimizers' absmax covers 2,048 elements up to 0.43 and 256 from 0.44.0 (pull request #1365).
+// Releases before 0.43 were not read.
+enum class BnbEra { v0_43, v0_44 };
+const char* bnb_era_name(BnbEra e);  // "0.43", "0.44-0.50"
+// "--bnb-version X" -> its era; InputError naming --bnb-version and the known releases otherwise.
+BnbEra parse_bnb_version(const std::string& version);
+
 // The fine-tuning recipe of the hf-peft profile (docs/lora-plan.md; docs/formulas.md,
 // "hf-peft"). Defaults are peft's and the QLoRA recipe's.
 struct PeftOptions {
@@ -99,6 +114,9 @@ struct PeftOptions {
   // The dropout mask as the CPU keeps it (in the dropped tensor's dtype, as the goldens were
   // measured) instead of CUDA's one-byte bool mask. Tests only.
   bool cpu_dropout_mask = false;
+  BnbOptimizer optimizer = BnbOptimizer::none;  // none: TrainConfig::optimizer's torch optimizer
+  BnbEra bnb_era = BnbEra::v0_44;               // --bnb-version (default: 0.50.2, measured)
+  std::string bnb_version;                      // as given; "" when the default
 };
 
 // The HF profiles' options. Unset era/torch: the profile's default (hf-eager: transformers 4.30
@@ -261,6 +279,10 @@ struct Estimate {
   // tensors (0 under checkpointing, where HF turns the cache off).
   HfOptions hf;
   std::uint64_t use_cache_bytes = 0;
+  // hf-peft with a paged bitsandbytes optimizer: the state tensors it allocates as CUDA managed
+  // memory (cudaMallocManaged: outside PyTorch's allocator, migrated on demand and evicted under
+  // pressure). Not in figures.optimizer_states nor in the peak.
+  std::uint64_t optimizer_states_managed = 0;
   // Plain-language notes: what the profile assumes, what it ignores, how peak is defined.
   std::vector<std::string> notes;
 };

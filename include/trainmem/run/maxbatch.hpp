@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "trainmem/analytic/analytic.hpp"
 #include "trainmem/analytic/analytic_rank.hpp"
 #include "trainmem/base/config.hpp"
 #include "trainmem/base/parallel.hpp"
@@ -57,6 +58,10 @@ struct MaxbatchRequest {
   // fit). A layout: each rank's reserved peak without a device limit (its release-and-retry
   // not counted), the worst rank's plus the overheads against the budget.
   std::optional<AllocatorSpec> allocator;
+  // --finetune lora|qlora (one GPU, no --allocator): each candidate's peak is the hf-peft
+  // profile's (transformers + peft + bitsandbytes; the category maxima added, no transients),
+  // since trainmem's own step does not run LoRA yet.
+  std::optional<HfOptions> hf_peft;
 };
 
 struct MaxbatchResult {
