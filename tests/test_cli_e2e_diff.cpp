@@ -414,8 +414,8 @@ TEST(CliE2EDiff, BadInputNamesTheFileOrFlagAndWhatIsWrong) {
       {"diff '" + missing + "' native --profile hf-eager",
        {"diff A: " + missing + ": analytic.hf-eager.tensors[1]: missing \"term\""}},
       {"diff natve native",
-       {"diff A: 'natve' is neither a profile (native, hf-eager, megatron, zero, hf-sdpa) nor a "
-        "file"}},
+       {"diff A: 'natve' is neither a profile (native, hf-eager, megatron, zero, hf-sdpa, hf-peft) "
+        "nor a file"}},
       {"diff native hf-eger", {"diff B: 'hf-eger' is neither a profile"}},
       {"diff native native:dtype=fp8", {"diff B: dtype=fp8; allowed: bf16, fp16, fp32"}},
       {"diff native native:seed=4",
@@ -424,6 +424,15 @@ TEST(CliE2EDiff, BadInputNamesTheFileOrFlagAndWhatIsWrong) {
       {"diff native native:hf=4.29",
        {"diff B (native:hf=4.29): hf= applies to hf-eager and hf-sdpa only"}},
       {"diff native native:batch=0", {"diff B: batch=0 is not an integer >= 1"}},
+      {"diff native native:rank=8", {"diff B (native:rank=8): rank= applies to hf-peft only"}},
+      {"diff hf-sdpa hf-peft", {"diff B (hf-peft): hf-peft needs finetune=lora|qlora"}},
+      {"diff hf-sdpa hf-peft:finetune=dora", {"diff B: finetune=dora; allowed: lora, qlora"}},
+      {"diff hf-sdpa hf-peft:finetune=lora,quant=int4",
+       {"diff B: quant=int4; allowed: none, nf4, fp4"}},
+      {"diff hf-sdpa hf-peft:finetune=lora,quant=nf4", {"--quant nf4"}},
+      {"diff hf-sdpa:optimizer=adamw8bit hf-peft:finetune=lora",
+       {"diff A (hf-sdpa:optimizer=adamw8bit): --optimizer adamw8bit"}},
+      {"diff hf-sdpa hf-peft:finetune=lora,optimizer=adam", {"diff B: optimizer=adam; allowed"}},
       {"diff '" + all + "':dtype=fp32 native", {"'dtype' is not an option of a report side"}},
       {"diff '" + all + "' '" + all + "'",
        {"diff A: " + all +

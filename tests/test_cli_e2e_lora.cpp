@@ -247,6 +247,50 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
   }
 }
 
+// "What does QLoRA change against the full fine-tune?": diff computes both sides now, a
+// profile side taking hf-peft's recipe as key=value options; each side's categories are what
+// `estimate` gives for the same recipe.
+TEST(CliE2ELora, DiffOfTheFullFineTuneAndQloraSidesComputedNow) {
+  const std::string common = " --model tiny-gqa --batch 2 --seq 24 --checkpointing ";
+  const Result d =
+      trainmem("diff hf-sdpa hf-peft:finetune=qlora,targets=all-linear,optimizer=paged-adamw8bit" +
+               common + "--format json");
+  ASSERT_EQ(d.code, 0) << d.err;
+  const json dj = d.j();
+  const Result full = trainmem("estimate --profile hf-sdpa" + common + "--format json");
+  const Result q = trainmem(
+      "estimate --finetune qlora --lora-targets all-linear --optimizer "
+      "paged-adamw8bit" +
+      common + "--format json");
+  ASSERT_EQ(full.code, 0) << full.err;
+  ASSERT_EQ(q.code, 0) << q.err;
+  const json fj = full.j(), qj = q.j();
+  const json fa = fj["analytic"]["hf-sdpa"], qa = qj["analytic"]["hf-peft"];
+  int seen = 0;
+  for (const json& c : dj["categories"]) {
+    const std::string cat = c["category"];
+    if (cat == "params" || cat == "gradients" || cat == "optimizer_states" ||
+        cat == "activations") {
+      EXPECT_EQ(n(c["a"]), n(fa[cat])) << cat;
+      EXPECT_EQ(n(c["b"]), n(qa[cat])) << cat;
+      ++seen;
+    }
+  }
+  EXPECT_EQ(seen, 4);
+  // The same recipe from the common flags: hf-peft takes --finetune, the hf-sdpa side ignores it.
+  const Result d2 = trainmem(
+      "diff hf-sdpa hf-peft --finetune qlora --lora-targets all-linear "
+      "--optimizer adamw" +
+      common + "--format json");
+  ASSERT_EQ(d2.code, 0) << d2.err;
+  const json d2j = d2.j();
+  for (const json& c : d2j["categories"])
+    if (c["category"] == "params") EXPECT_EQ(n(c["b"]), n(qa["params"]));
+  // lora against qlora, one key apart.
+  const Result d3 = trainmem("diff hf-peft:finetune=lora hf-peft:finetune=qlora" + common);
+  ASSERT_EQ(d3.code, 0) << d3.err;
+}
+
 // Two saved LoRA reports through diff: the tensors, each counted as often as the report's
 // layers keep it (layer 0's own list once, the others L - 1 times), add up to each side's
 // activations.

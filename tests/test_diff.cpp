@@ -252,7 +252,7 @@ TEST(DiffSideSpec, ProfilesWithOptionsAndReportsWithTheirs) {
     return std::string("accepted");
   };
   EXPECT_NE(refused("natve").find("diff A: 'natve' is neither a profile (native, hf-eager, "
-                                  "megatron, zero, hf-sdpa) nor a file"),
+                                  "megatron, zero, hf-sdpa, hf-peft) nor a file"),
             std::string::npos);
   EXPECT_NE(refused("hf-eager:dtype").find("'dtype' in 'hf-eager:dtype' is not key=value"),
             std::string::npos);

@@ -15,6 +15,7 @@
 #include "cli.hpp"
 #include "trainmem/analytic/analytic.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/base/lora.hpp"
 #include "trainmem/report/diff.hpp"
 #include "trainmem/report/report_writer.hpp"
 
@@ -27,9 +28,12 @@ std::string join(const std::vector<std::string>& xs, const char* sep = ", ") {
   return out;
 }
 
+// The profiles a side may name: every analytic profile, hf-peft (LoRA; not in all_profiles())
+// included.
 std::vector<std::string> profile_names() {
   std::vector<std::string> out;
   for (Profile p : all_profiles()) out.push_back(profile_name(p));
+  out.push_back(profile_name(Profile::hf_peft));
   return out;
 }
 
@@ -87,12 +91,21 @@ const std::vector<SideOption> kSideOptions = {
          throw InputError("diff " + which + ": dtype=" + v + "; allowed: bf16, fp16, fp32");
        s.train.dtype = *d;
      }},
-    {"optimizer", Kind::profile, "adamw|sgd|lomo",
+    {"optimizer", Kind::profile,
+     "adamw|sgd|lomo (hf-peft also adamw8bit|paged-adamw|paged-adamw8bit)",
      [](SideSetup& s, const std::string& v, const std::string& which) {
+       if (const auto b = parse_bnb_optimizer(v)) {  // checked against the profile later
+         s.hf.peft.optimizer = *b;
+         s.train.optimizer = Optimizer::adamw;
+         return;
+       }
        const auto o = parse_optimizer(v);
        if (!o)
-         throw InputError("diff " + which + ": optimizer=" + v + "; allowed: adamw, sgd, lomo");
+         throw InputError("diff " + which + ": optimizer=" + v +
+                          "; allowed: adamw, sgd, lomo, and for hf-peft adamw8bit, paged-adamw, "
+                          "paged-adamw8bit");
        s.train.optimizer = *o;
+       s.hf.peft.optimizer = BnbOptimizer::none;
      }},
     {"checkpointing", Kind::profile, "none|full|selective",
      [](SideSetup& s, const std::string& v, const std::string& which) {
@@ -127,6 +140,45 @@ const std::vector<SideOption> kSideOptions = {
                           "; allowed: hf-model-loss, shift-ce, none");
        s.hf.loop = *l;
      }},
+    // hf-peft's recipe (as --finetune, --lora-rank, --lora-targets, --quant, --kbit-prepare).
+    {"finetune", Kind::profile, "lora|qlora (hf-peft; as --finetune)",
+     [](SideSetup& s, const std::string& v, const std::string& which) {
+       if (v == "lora")
+         s.hf.peft.finetune = Finetune::lora;
+       else if (v == "qlora")
+         s.hf.peft.finetune = Finetune::qlora;
+       else
+         throw InputError("diff " + which + ": finetune=" + v + "; allowed: lora, qlora");
+     }},
+    {"rank", Kind::profile, "an integer 1..65536 (hf-peft; as --lora-rank)",
+     [](SideSetup& s, const std::string& v, const std::string& which) {
+       s.hf.peft.rank = std::min<std::int64_t>(integer_value("rank", v, 1, which), 1 << 30);
+     }},
+    {"targets", Kind::profile,
+     "q_proj+v_proj+...|all-linear (hf-peft; as --lora-targets, '+' "
+     "between names)",
+     [](SideSetup& s, const std::string& v, const std::string&) {
+       std::string list = v;
+       std::replace(list.begin(), list.end(), '+', ',');
+       s.hf.peft.targets = parse_lora_targets(list);
+     }},
+    {"quant", Kind::profile, "none|nf4|fp4 (hf-peft; as --quant)",
+     [](SideSetup& s, const std::string& v, const std::string& which) {
+       if (v == "none")
+         s.hf.peft.quant = Quant::none;
+       else if (v == "nf4")
+         s.hf.peft.quant = Quant::nf4;
+       else if (v == "fp4")
+         s.hf.peft.quant = Quant::fp4;
+       else
+         throw InputError("diff " + which + ": quant=" + v + "; allowed: none, nf4, fp4");
+     }},
+    {"prepare", Kind::profile, "on|off (hf-peft with a 4-bit base; as --kbit-prepare)",
+     [](SideSetup& s, const std::string& v, const std::string& which) {
+       if (v != "on" && v != "off")
+         throw InputError("diff " + which + ": prepare=" + v + "; allowed: on, off");
+       s.hf.peft.kbit_prepare = v == "on";
+     }},
     {"profile", Kind::report, "NAME (a profile the report holds, or measured)",
      [](SideSetup& s, const std::string& v, const std::string&) { s.profile = v; }},
     {"run", Kind::report, "N (the run's place in the report's \"runs\", from 1)",
@@ -156,9 +208,10 @@ void apply_options(const DiffSideSpec& spec, SideSetup& s, const std::string& wh
 }
 
 const char* kSideHelp =
-    "a profile spec NAME[:key=value,...] (NAME: native, hf-eager, hf-sdpa, megatron, zero; keys: "
-    "model, batch, seq, dtype, optimizer, checkpointing, attention, hf, torch, loop, over the "
-    "common flags) or a "
+    "a profile spec NAME[:key=value,...] (NAME: native, hf-eager, hf-sdpa, hf-peft, megatron, "
+    "zero; "
+    "keys: model, batch, seq, dtype, optimizer, checkpointing, attention, hf, torch, loop, and "
+    "for hf-peft finetune, rank, targets, quant, prepare, over the common flags) or a "
     "trainmem JSON report FILE[:profile=NAME,run=N]";
 
 }  // namespace
@@ -220,12 +273,30 @@ diff::Side profile_side(const DiffSideSpec& spec, const std::string& text, const
                         const std::string& which) {
   SideSetup s{c.model, c.train, c.hf, "", 0};
   const Profile profile = *parse_profile(spec.name);
+  const bool peft = profile == Profile::hf_peft;
   try {
-    if (profile != Profile::hf_eager && profile != Profile::hf_sdpa)
-      for (const auto& kv : spec.options)
-        if (kv.first == "hf" || kv.first == "torch" || kv.first == "loop")
-          throw InputError(kv.first + "= applies to hf-eager and hf-sdpa only");
+    bool quant_given = false;
+    for (const auto& kv : spec.options) {
+      const std::string& k = kv.first;
+      if (profile != Profile::hf_eager && profile != Profile::hf_sdpa &&
+          (k == "hf" || k == "torch" || k == "loop"))
+        throw InputError(k + "= applies to hf-eager and hf-sdpa only");
+      if (!peft &&
+          (k == "finetune" || k == "rank" || k == "targets" || k == "quant" || k == "prepare"))
+        throw InputError(k + "= applies to hf-peft only");
+      quant_given = quant_given || k == "quant";
+    }
     apply_options(spec, s, which);
+    if (peft) {
+      PeftOptions& p = s.hf.peft;
+      if (p.finetune == Finetune::full)
+        throw InputError("hf-peft needs finetune=lora|qlora (or --finetune lora|qlora)");
+      // finetune= alone takes its base as --finetune does: qlora nf4, lora none.
+      if (!quant_given) {
+        if (p.finetune == Finetune::qlora && p.quant == Quant::none) p.quant = Quant::nf4;
+        if (p.finetune == Finetune::lora) p.quant = Quant::none;
+      }
+    }
     s.train.validate();
     check_hf_options(profile, s.hf);
   } catch (const InputError& e) {
@@ -298,7 +369,7 @@ diff::Side build_side(const Pending& p, const Common& c) {
 }
 
 int run_diff(const DiffFlags& flags, const CLI::App& cmd) {
-  const Common c = resolve_common(flags.common, false, false);
+  const Common c = resolve_common(flags.common, false, false, /*allow_finetune=*/true);
   std::string flag_profile;
   if (cmd.count("--profile") > 0) {
     if (c.profiles.size() != 1)
@@ -354,6 +425,7 @@ Runner register_diff(CLI::App& app) {
       "  trainmem diff native hf-eager --model llama-7b --batch 8 --seq 512 --dtype fp16\n"
       "  trainmem diff hf-eager hf-eager:dtype=fp32\n"
       "  trainmem diff native native:checkpointing=full\n"
+      "  trainmem diff hf-sdpa hf-peft:finetune=qlora,targets=all-linear --checkpointing\n"
       "  trainmem diff old.json new.json --profile hf-eager\n"
       "  trainmem diff saved.json:profile=native,run=2 native\n"
       "The common flags apply to profile sides; a side's own key=value options override them.");
