@@ -282,10 +282,12 @@ void check_hf_options(Profile profile, const HfOptions& opts) {
           "gate_proj, up_proj, down_proj, or all-linear");
     if (pf.finetune == Finetune::lora && pf.quant != Quant::none)
       throw InputError(std::string("--quant ") + quant_name(pf.quant) +
-                       ": a quantized base is --finetune qlora (--finetune lora trains adapters "
-                       "on a 16-bit base)");
+                       " with --finetune lora: a 4-bit base is --finetune qlora (--finetune lora "
+                       "trains adapters on a 16-bit base)");
     if (pf.finetune == Finetune::qlora && pf.quant == Quant::none)
-      throw InputError("--quant none: --finetune qlora needs a 4-bit base (nf4 or fp4)");
+      throw InputError(
+          "--quant none with --finetune qlora: qlora needs a 4-bit base (nf4, fp4); for a "
+          "16-bit base use --finetune lora");
     const std::int64_t bs = pf.quant_blocksize;
     if (bs < 64 || bs > 4096 || (bs & (bs - 1)) != 0)
       throw InputError("--quant-blocksize " + std::to_string(bs) +

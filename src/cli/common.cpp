@@ -301,8 +301,6 @@ void resolve_peft(const CommonFlags& flags, PeftOptions& p) {
     return;
   }
   p.rank = flags.lora_rank;
-  if (p.rank < 1 || p.rank > 65536)
-    throw InputError("--lora-rank " + std::to_string(p.rank) + ": allowed 1 to 65536");
   p.targets = parse_lora_targets(flags.lora_targets);
   {
     const std::string& v = flags.lora_dropout;
@@ -333,13 +331,7 @@ void resolve_peft(const CommonFlags& flags, PeftOptions& p) {
         "MatMul8bitLt keeps other tensors, not measured); allowed: none, nf4, fp4");
   else
     throw InputError("--quant: unknown '" + quant + "'; allowed: none, nf4, fp4");
-  if (p.finetune == Finetune::lora && p.quant != Quant::none)
-    throw InputError("--quant " + quant +
-                     " with --finetune lora: a 4-bit base is --finetune qlora");
-  if (p.finetune == Finetune::qlora && p.quant == Quant::none)
-    throw InputError(
-        "--quant none with --finetune qlora: qlora needs a 4-bit base (nf4, fp4); "
-        "for a 16-bit base use --finetune lora");
+  // The rank's range and the base/finetune pairs: check_hf_options, for every caller.
   p.double_quant = on_off(flags.double_quant, "--double-quant");
   p.kbit_prepare = on_off(flags.kbit_prepare, "--kbit-prepare");
   if (!flags.bnb_version.empty()) {
