@@ -57,6 +57,18 @@ const char* quant_name(Quant q) {
   return "?";
 }
 
+std::optional<Finetune> parse_finetune(const std::string& name) {
+  for (Finetune f : {Finetune::full, Finetune::lora, Finetune::qlora})
+    if (name == finetune_name(f)) return f;
+  return std::nullopt;
+}
+
+std::optional<Quant> parse_quant(const std::string& name) {
+  for (Quant q : {Quant::none, Quant::nf4, Quant::fp4})
+    if (name == quant_name(q)) return q;
+  return std::nullopt;
+}
+
 const char* bnb_optimizer_name(BnbOptimizer o) {
   switch (o) {
     case BnbOptimizer::none:

@@ -143,12 +143,10 @@ const std::vector<SideOption> kSideOptions = {
     // hf-peft's recipe (as --finetune, --lora-rank, --lora-targets, --quant, --kbit-prepare).
     {"finetune", Kind::profile, "lora|qlora (hf-peft; as --finetune)",
      [](SideSetup& s, const std::string& v, const std::string& which) {
-       if (v == "lora")
-         s.hf.peft.finetune = Finetune::lora;
-       else if (v == "qlora")
-         s.hf.peft.finetune = Finetune::qlora;
-       else
+       const auto f = parse_finetune(v);
+       if (!f || *f == Finetune::full)
          throw InputError("diff " + which + ": finetune=" + v + "; allowed: lora, qlora");
+       s.hf.peft.finetune = *f;
      }},
     {"rank", Kind::profile, "an integer 1..65536 (hf-peft; as --lora-rank)",
      [](SideSetup& s, const std::string& v, const std::string& which) {
@@ -164,14 +162,9 @@ const std::vector<SideOption> kSideOptions = {
      }},
     {"quant", Kind::profile, "none|nf4|fp4 (hf-peft; as --quant)",
      [](SideSetup& s, const std::string& v, const std::string& which) {
-       if (v == "none")
-         s.hf.peft.quant = Quant::none;
-       else if (v == "nf4")
-         s.hf.peft.quant = Quant::nf4;
-       else if (v == "fp4")
-         s.hf.peft.quant = Quant::fp4;
-       else
-         throw InputError("diff " + which + ": quant=" + v + "; allowed: none, nf4, fp4");
+       const auto q = parse_quant(v);
+       if (!q) throw InputError("diff " + which + ": quant=" + v + "; allowed: none, nf4, fp4");
+       s.hf.peft.quant = *q;
      }},
     {"prepare", Kind::profile, "on|off (hf-peft with a 4-bit base; as --kbit-prepare)",
      [](SideSetup& s, const std::string& v, const std::string& which) {

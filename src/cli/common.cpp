@@ -274,12 +274,8 @@ bool on_off(const std::string& value, const char* flag) {
 
 // --finetune and the LoRA flags into opts.peft; InputError naming the flag.
 void resolve_peft(const CommonFlags& flags, PeftOptions& p) {
-  if (flags.finetune == "full")
-    p.finetune = Finetune::full;
-  else if (flags.finetune == "lora")
-    p.finetune = Finetune::lora;
-  else if (flags.finetune == "qlora")
-    p.finetune = Finetune::qlora;
+  if (const auto f = parse_finetune(flags.finetune))
+    p.finetune = *f;
   else
     throw InputError("--finetune: unknown '" + flags.finetune + "'; allowed: full, lora, qlora");
   const CommonFlags defaults;
@@ -319,12 +315,8 @@ void resolve_peft(const CommonFlags& flags, PeftOptions& p) {
     throw InputError("--lora-dtype: unknown '" + flags.lora_dtype + "'; allowed: fp32, model");
   const std::string quant =
       flags.quant.empty() ? (p.finetune == Finetune::qlora ? "nf4" : "none") : flags.quant;
-  if (quant == "none")
-    p.quant = Quant::none;
-  else if (quant == "nf4")
-    p.quant = Quant::nf4;
-  else if (quant == "fp4")
-    p.quant = Quant::fp4;
+  if (const auto q = parse_quant(quant))
+    p.quant = *q;
   else if (quant == "int8")
     throw InputError(
         "--quant int8: bitsandbytes' 8-bit base (LLM.int8) is not modelled (its "

@@ -78,8 +78,10 @@ std::optional<Loop> parse_loop(const std::string& s);
 enum class Finetune { full, lora, qlora };
 // bitsandbytes' storage of the frozen base's linear weights.
 enum class Quant { none, nf4, fp4 };
-const char* finetune_name(Finetune f);  // "full", "lora", "qlora"
-const char* quant_name(Quant q);        // "none", "nf4", "fp4"
+const char* finetune_name(Finetune f);                            // "full", "lora", "qlora"
+const char* quant_name(Quant q);                                  // "none", "nf4", "fp4"
+std::optional<Finetune> parse_finetune(const std::string& name);  // by finetune_name
+std::optional<Quant> parse_quant(const std::string& name);        // by quant_name
 
 // bitsandbytes' optimizers for the adapters (hf-peft; `--optimizer adamw8bit|paged-adamw|
 // paged-adamw8bit`): bnb.optim.AdamW8bit, PagedAdamW, PagedAdamW8bit (bitsandbytes 0.50;
