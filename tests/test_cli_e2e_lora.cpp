@@ -64,9 +64,10 @@ TEST(CliE2ELora, QloraOfLlama3_8bStoresEveryByteOfTheQuantizedModel) {
 // more: uint8 m and v plus an fp32 absmax per 256; those of 100,000 or more (gate/up lora_B and
 // down lora_A, 14,336 × 16) in CUDA managed memory, reported apart and left out of the peak.
 TEST(CliE2ELora, PagedAdamw8bitKeepsItsLargeStatesInManagedMemory) {
-  const Result r = trainmem(
+  const std::string recipe =
       "estimate --model llama3-8b --finetune qlora --lora-targets all-linear --batch 1 "
-      "--seq 2048 --checkpointing --optimizer paged-adamw8bit --format json");
+      "--seq 2048 --checkpointing --optimizer paged-adamw8bit";
+  const Result r = trainmem(recipe + " --format json");
   ASSERT_EQ(r.code, 0) << r.err;
   const json j = r.j();
   const json p = j["analytic"]["hf-peft"];
@@ -90,17 +91,13 @@ TEST(CliE2ELora, PagedAdamw8bitKeepsItsLargeStatesInManagedMemory) {
   EXPECT_EQ(j["run"]["optimizer"], "paged-adamw8bit");
   EXPECT_EQ(n(p["peak"]), n(p["params"]) + n(p["gradients"]) + device + n(p["activations_peak"]) +
                               n(p["inputs"]));
-  const Result t = trainmem(
-      "estimate --model llama3-8b --finetune qlora --lora-targets all-linear --batch 1 "
-      "--seq 2048 --checkpointing --optimizer paged-adamw8bit");
+  const Result t = trainmem(recipe);
   ASSERT_EQ(t.code, 0) << t.err;
   EXPECT_TRUE(has(t.out, "paged-adamw8bit")) << t.out;
   EXPECT_TRUE(has(t.out, "CUDA managed memory")) << t.out;
   EXPECT_TRUE(has(t.out, "10.61")) << "README's peak for this recipe\n" << t.out;
   // bitsandbytes 0.43: one absmax per 2,048 elements instead of 256.
-  const Result o = trainmem(
-      "estimate --model llama3-8b --finetune qlora --lora-targets all-linear --batch 1 "
-      "--seq 2048 --checkpointing --optimizer paged-adamw8bit --bnb-version 0.43.3 --format json");
+  const Result o = trainmem(recipe + " --bnb-version 0.43.3 --format json");
   ASSERT_EQ(o.code, 0) << o.err;
   const json oj = o.j();
   const json op = oj["analytic"]["hf-peft"];

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstring>
 
 #include "analytic_detail.hpp"
 #include "trainmem/base/checked.hpp"
@@ -100,44 +101,6 @@ const char* bnb_era_name(BnbEra e) {
   return "?";
 }
 
-BnbEra parse_bnb_version(const std::string& version) {
-  // MAJOR.MINOR, then nothing, ".PATCH..." or a suffix such as "rc1" or ".dev0".
-  std::size_t i = 0;
-  auto number = [&](int& out) {
-    const std::size_t start = i;
-    out = 0;
-    while (i < version.size() && i - start < 6 &&
-           std::isdigit(static_cast<unsigned char>(version[i])))
-      out = out * 10 + (version[i++] - '0');
-    return i > start;
-  };
-  // The tail after MINOR: [.PATCH][[.]LETTERS[ALNUM...]] ("", ".3", ".1.dev0", "rc1", ".post2").
-  auto tail_ok = [&]() {
-    int patch = 0;
-    if (i < version.size() && version[i] == '.' && i + 1 < version.size() &&
-        std::isdigit(static_cast<unsigned char>(version[i + 1]))) {
-      ++i;
-      number(patch);
-    }
-    if (i == version.size()) return true;
-    if (version[i] == '.') ++i;
-    if (i == version.size() || !std::isalpha(static_cast<unsigned char>(version[i]))) return false;
-    for (; i < version.size(); ++i)
-      if (!std::isalnum(static_cast<unsigned char>(version[i]))) return false;
-    return true;
-  };
-  int major = -1, minor = -1;
-  const bool ok =
-      number(major) && i < version.size() && version[i++] == '.' && number(minor) && tail_ok();
-  if (!ok) major = minor = -1;
-  if (major == 0 && minor == 43) return BnbEra::v0_43;
-  if (major == 0 && minor >= 44 && minor <= 50) return BnbEra::v0_44;
-  throw InputError("--bnb-version " + version +
-                   ": hf-peft knows bitsandbytes 0.43.x (8-bit optimizer blocks of 2,048, read "
-                   "from the 0.43.3 release) and 0.44.0 to 0.50.x (blocks of 256; 0.50.2 "
-                   "measured); other releases were not read");
-}
-
 std::optional<Profile> parse_profile(const std::string& s) {
   for (Profile p : all_profiles())
     if (s == profile_name(p)) return p;
@@ -210,7 +173,8 @@ std::optional<Loop> parse_loop(const std::string& s) {
 
 namespace {
 
-// "4.29.2" -> {4, 29}; false unless it is MAJOR.MINOR[.PATCH[suffix]] with digits.
+// "4.29.2" -> {4, 29}; false unless it is MAJOR.MINOR[.PATCH[suffix]] with digits, the suffix
+// a release tag of letters, digits and . + _ - not ending in '.' (rc1, +cu121, .dev0).
 bool major_minor(const std::string& v, int* major, int* minor) {
   std::size_t pos = 0;
   auto number = [&](int* out) {
@@ -226,7 +190,10 @@ bool major_minor(const std::string& v, int* major, int* minor) {
   if (v[pos] != '.') return false;
   ++pos;
   int patch = 0;
-  return number(&patch);  // anything after the patch number (rc1, +cu121) is allowed
+  if (!number(&patch)) return false;
+  for (std::size_t k = pos; k < v.size(); ++k)
+    if (!std::isalnum(static_cast<unsigned char>(v[k])) && !std::strchr(".+_-", v[k])) return false;
+  return v.back() != '.';
 }
 
 std::string known_hf_eras() {
@@ -253,6 +220,18 @@ HfEra parse_hf_version(const std::string& version) {
       "--hf-version: '" + version +
       "' is not a transformers release in a modelled era; known eras: " + known_hf_eras() +
       " (each proven against the released code by tools/hf_saved_tensors.py)");
+}
+
+BnbEra parse_bnb_version(const std::string& version) {
+  int major = 0, minor = 0;
+  if (major_minor(version, &major, &minor) && major == 0) {
+    if (minor == 43) return BnbEra::v0_43;
+    if (minor >= 44 && minor <= 50) return BnbEra::v0_44;
+  }
+  throw InputError("--bnb-version " + version +
+                   ": hf-peft knows bitsandbytes 0.43.x (8-bit optimizer blocks of 2,048, read "
+                   "from the 0.43.3 release) and 0.44.0 to 0.50.x (blocks of 256; 0.50.2 "
+                   "measured); other releases were not read");
 }
 
 TorchEra parse_torch_version(const std::string& version, HfOptions* opts) {

@@ -848,24 +848,25 @@ void build_hf_peft(Estimate& est) {
     const bool paged = bo != BnbOptimizer::adamw8bit;
     std::uint64_t device = 0, managed = 0;
     bool any8 = false;
+    const std::uint64_t layers = static_cast<std::uint64_t>(m.layers);
+    // One adapter tensor of n elements in every layer.
     auto add_tensor = [&](std::uint64_t n) {
       const bool eight = bits8 && n >= 4096;
       any8 = any8 || eight;
-      const std::uint64_t states = checked_mul(eight ? 2 : 8, n, "optimizer states");
+      const std::uint64_t states = checked_mul(
+          layers, checked_mul(eight ? 2 : 8, n, "optimizer states"), "optimizer states");
       if (paged && n >= 100000)
         managed = checked_add(managed, states, "optimizer states");
       else
         device = checked_add(device, states, "optimizer states");
-      if (eight) device = checked_add(device, 8 * ((n + block - 1) / block), "optimizer states");
+      if (eight)
+        device = checked_add(device, checked_mul(layers, 8 * ((n + block - 1) / block), "absmax"),
+                             "optimizer states");
     };
     for (const auto& pr : projections) {
       if (!ps.has(pr.bit)) continue;
-      const std::uint64_t na = checked_mul(ps.r, pr.in, "adapter"),
-                          nb = checked_mul(ps.r, pr.out, "adapter");
-      for (std::int64_t l = 0; l < m.layers; ++l) {
-        add_tensor(na);
-        add_tensor(nb);
-      }
+      add_tensor(checked_mul(ps.r, pr.in, "adapter"));   // lora_A (r, in)
+      add_tensor(checked_mul(ps.r, pr.out, "adapter"));  // lora_B (out, r)
     }
     if (any8) device = checked_add(device, 2 * 256 * 4, "optimizer states");
     f.optimizer_states = device;
