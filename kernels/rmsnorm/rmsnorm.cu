@@ -49,6 +49,7 @@ void rmsnorm_backward_cuda(void* dinp, void* dweight, const void* dout, const vo
     cuda::rmsnorm_backward_dinp_kernel<S><<<cuda::grid_of(rows), cuda::block_of(rows), 0, stream>>>(
         dinp, dout, inp, weight, rstd, h);
     TM_CUDA_CHECK_LAUNCH();
+    if (!dweight) return;  // a frozen weight (LoRA's base): no gradient
     cuda::rmsnorm_backward_dweight_kernel<S>
         <<<cuda::grid_of(cols), cuda::block_of(cols), 0, stream>>>(dweight, dout, inp, rstd, n, h);
     TM_CUDA_CHECK_LAUNCH();

@@ -56,6 +56,7 @@ void rmsnorm_backward_impl(void* dinp, void* dweight, const void* dout, const vo
       }
     }
   }
+  if (!dweight) return;  // a frozen weight (LoRA's base): no gradient
   for (std::int64_t c = 0; c < h; ++c) {
     float acc = S::load(dweight, c);
     float sum = 0.0f;

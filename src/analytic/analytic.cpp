@@ -478,6 +478,9 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
   ModelConfig one_layer = model;
   one_layer.layers = std::min<std::int64_t>(model.layers, 1);
   const auto few = parameter_specs(one_layer);
+  auto csum3 = [](std::uint64_t x, std::uint64_t y, std::uint64_t z) {
+    return checked_add(checked_add(x, y, "LoRA parameters"), z, "LoRA parameters");
+  };
   // Exact count for all layers: embedding + final norm (+ lm_head) + L × one layer.
   std::uint64_t per_layer = 0, outside = 0;
   for (const auto& p : few) {
@@ -491,19 +494,50 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
 
   StateFigures f;
   f.params = checked_mul(P, w, "params bytes");
+  f.trainable = P;
   const ParamSpec* largest = nullptr;
   for (const auto& p : few)
     if (!largest || p.elements > largest->elements) largest = &p;
-  f.largest_gradient_bytes = checked_mul(largest->elements, w, "gradient bytes");
-  f.largest_gradient_name = largest->name + ".grad";
+  std::string largest_name = largest ? largest->name : "";
+  std::uint64_t largest_elements = largest ? largest->elements : 0;
+  if (train.lora()) {
+    // LoRA: the adapters of layer 0's targets, each A (r, in) then B (out, r), in the order of
+    // the projections; the first largest names the largest gradient.
+    const std::uint64_t r = static_cast<std::uint64_t>(train.lora_rank);
+    const std::uint64_t h = model.hidden, i = model.intermediate;
+    const std::uint64_t ad = checked_mul(model.heads, model.head_dim()), kd = model.kv_dim();
+    struct Proj {
+      const char* name;
+      std::uint64_t in, out;
+    };
+    const Proj proj[7] = {{"self_attn.q_proj", h, ad}, {"self_attn.k_proj", h, kd},
+                          {"self_attn.v_proj", h, kd}, {"self_attn.o_proj", ad, h},
+                          {"mlp.gate_proj", h, i},     {"mlp.up_proj", h, i},
+                          {"mlp.down_proj", i, h}};
+    std::uint64_t per_layer_adapters = 0;
+    largest_elements = 0;
+    for (int t = 0; t < 7; ++t) {
+      if (!(train.lora_targets & (1u << t))) continue;
+      const std::uint64_t a = checked_mul(r, proj[t].in), bb = checked_mul(r, proj[t].out);
+      per_layer_adapters = csum3(per_layer_adapters, a, bb);
+      const std::string pre = std::string("model.layers.0.") + proj[t].name;
+      if (a > largest_elements) largest_elements = a, largest_name = pre + ".lora_A.weight";
+      if (bb > largest_elements) largest_elements = bb, largest_name = pre + ".lora_B.weight";
+    }
+    f.trainable = checked_mul(per_layer_adapters, model.layers, "LoRA parameters");
+    f.params = checked_mul(checked_add(P, f.trainable, "params"), w, "params bytes");
+  }
+  const std::uint64_t T = f.trainable;
+  f.largest_gradient_bytes = checked_mul(largest_elements, w, "gradient bytes");
+  f.largest_gradient_name = largest_name + ".grad";
   switch (train.optimizer) {
     case Optimizer::adamw:
-      f.gradients = f.params;
-      f.optimizer_states = checked_mul(P, fp32 ? 8 : 12, "optimizer states");
+      f.gradients = checked_mul(T, w, "gradient bytes");
+      f.optimizer_states = checked_mul(T, fp32 ? 8 : 12, "optimizer states");
       break;
     case Optimizer::sgd:
-      f.gradients = f.params;
-      f.optimizer_states = fp32 ? 0 : checked_mul(P, 4, "optimizer states");
+      f.gradients = checked_mul(T, w, "gradient bytes");
+      f.optimizer_states = fp32 ? 0 : checked_mul(T, 4, "optimizer states");
       break;
     case Optimizer::lomo: {
       f.optimizer_states = 0;
@@ -541,7 +575,7 @@ Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& 
   est.figures.gradients = st.gradients;
   est.figures.optimizer_states = st.optimizer_states;
   est.param_count = st.params / dtype_size(train.dtype);
-  est.trainable_params = est.param_count;
+  est.trainable_params = st.trainable;
   est.largest_gradient_bytes = st.largest_gradient_bytes;
   est.largest_gradient_name = st.largest_gradient_name;
   switch (profile) {

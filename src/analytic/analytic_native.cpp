@@ -23,6 +23,7 @@
 #include "trainmem/analytic/analytic_rank.hpp"
 #include "trainmem/base/checked.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/base/lora.hpp"
 
 namespace trainmem::analytic_detail {
 namespace {
@@ -66,6 +67,17 @@ struct Local {
   std::uint64_t bs4;     // (b, s) f32 / int32
   std::uint64_t store;   // probs (b,a,s,s) D | lse (b,a,s) f32
   std::uint64_t logits;  // (b, s, V) D
+  // LoRA (TrainConfig::lora_rank r > 0): its targets, and one adapter row (b, s, r) D.
+  std::uint64_t r = 0;
+  unsigned lora = 0;
+  std::uint64_t bsr = 0;
+  bool targets(unsigned bits) const { return (lora & bits) != 0; }
+  // The rows of the targets among `bits`: one bsr each.
+  std::uint64_t lora_rows(unsigned bits) const {
+    std::uint64_t n = 0;
+    for (unsigned t = 0; t < 7; ++t) n += (lora & bits & (1u << t)) ? 1 : 0;
+    return checked_mul(n, bsr, "LoRA rows");
+  }
   // Letters of the shapes: "a" or "a/t" under tensor parallelism, rows "s" or "s/t" under sp.
   std::string la, lk, li, lV, rows;
 };
@@ -94,6 +106,11 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
   l.store = t.attention == Attention::eager ? bytes_of({l.b, l.a, l.s, l.s}, l.w)
                                             : bytes_of({l.b, l.a, l.s}, 4);
   l.logits = bytes_of({l.b, l.s, l.V}, l.w);
+  if (t.lora()) {
+    l.r = u(t.lora_rank);
+    l.lora = t.lora_targets;
+    l.bsr = bytes_of({l.b, l.s, l.r}, l.w);
+  }
   const bool split = p.tp > 1;
   l.la = split ? "a/t" : "a";
   l.lk = split ? "k/t" : "k";
@@ -111,6 +128,17 @@ std::uint64_t layer_params(const Local& l, const ModelConfig& m) {
                checked_mul(l.ad, l.h), checked_mul(3, checked_mul(l.h, l.i)),
                m.qkv_bias ? csum({l.ad, l.kd, l.kd}) : 0, m.qk_norm ? checked_mul(2, l.d) : 0},
               "parameters");
+}
+
+// LoRA's adapter elements in one layer: r·(in + out) for each target projection (A (r, in) and
+// B (out, r)), in the order q, k, v, o, gate, up, down (docs/native-plan.md, "LoRA").
+std::uint64_t layer_adapters(const Local& l) {
+  const std::uint64_t io[7] = {l.h + l.ad, l.h + l.kd, l.h + l.kd, l.ad + l.h,
+                               l.h + l.i,  l.h + l.i,  l.i + l.h};
+  std::uint64_t n = 0;
+  for (unsigned t = 0; t < 7; ++t)
+    if (l.targets(1u << t)) n = checked_add(n, checked_mul(l.r, io[t]), "LoRA parameters");
+  return n;
 }
 
 // The per-layer forward set of one rank, in allocation order (`out` last).
@@ -141,6 +169,17 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn
                     "key after RoPE, sized by the kv heads"));
   v.push_back(entry(g, "v", kv_shape, D, l.bskd, Term::sbh, "attention backward",
                     "value, sized by the kv heads"));
+  // LoRA: target t's row a = x·Aᵀ (b, s, r), which dB = c·dyᵀ·a reads (r·w bytes per sb, folded
+  // into c_sb).
+  auto lora_row = [&](unsigned bit, const char* proj, const char* input) {
+    if (!l.targets(bit)) return;
+    v.push_back(entry(g, std::string("lora_a.") + proj, "(b,s,r)", D, l.bsr, Term::sb,
+                      std::string(proj) + " adapter backward (dB)",
+                      std::string(input) + "·Aᵀ: the LoRA adapter's rank-r activation"));
+  };
+  lora_row(1u << 0, "q_proj", "xn1");
+  lora_row(1u << 1, "k_proj", "xn1");
+  lora_row(1u << 2, "v_proj", "xn1");
   if (attn == Attention::eager)
     v.push_back(entry(g, "probs", "(b," + l.la + ",s,s)", D, l.store, Term::as2b,
                       "attention backward", "materialised causal softmax probabilities"));
@@ -152,6 +191,7 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn
   v.push_back(entry(g, "attn_out", q_shape, D, l.bsad, Term::sbh,
                     "o_proj backward and attention backward",
                     "input of the o GEMM (dW_o); the flash/eager backward reads it too"));
+  lora_row(1u << 3, "o_proj", "attn_out");
   v.push_back(entry(g, "h_mid", res, D, l.X, Term::sbh, "post_attention_layernorm backward",
                     "residual stream after attention"));
   v.push_back(entry(g, "rstd2", rows, "fp32", l.r4, Term::sb, "post_attention_layernorm backward",
@@ -165,8 +205,11 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn
                     "silu'(gate) needs the pre-activation"));
   v.push_back(entry(g, "up", i_shape, D, l.bsi, Term::sbi, "SwiGLU backward",
                     "d gate = d act · up · silu'(gate)"));
+  lora_row(1u << 4, "gate_proj", "xn2");
+  lora_row(1u << 5, "up_proj", "xn2");
   v.push_back(entry(g, "act", i_shape, D, l.bsi, Term::sbi, "down_proj backward",
                     "input of the down GEMM (dW_down)"));
+  lora_row(1u << 6, "down_proj", "act");
   v.push_back(entry(g, "out", res, D, l.X, Term::sbh,
                     "next layer's input_layernorm backward (or the final norm's)",
                     "the layer output x_{l+1}, the next layer's input"));
@@ -215,6 +258,9 @@ class Stage {
       throw Error("analytic native: activation offload is modelled without pipeline parallelism");
     if (lomo_ && p.distributed())
       throw Error("analytic native: LOMO is modelled on one GPU only (ParallelConfig::resolve)");
+    if (t.lora() && (p.distributed() || lomo_ || t.offload_activations))
+      throw Error(
+          "analytic native: LoRA is modelled on one GPU, with adamw or sgd, without offload");
     r_.stage = index;
     r_.role = p.pp == 1 ? "only" : first_ ? "first" : last_ ? "last" : "middle";
     r_.ranks = p.dp * p.tp * p.cp;
@@ -336,7 +382,9 @@ class Stage {
 
 void Stage::books() {
   const Local& l = l_;
-  const std::uint64_t Lu = layer_params(l, m_);
+  // LoRA (one GPU): the adapters are in the params and are all that trains.
+  const std::uint64_t La = layer_adapters(l);
+  const std::uint64_t Lu = checked_add(layer_params(l, m_), La, "parameters");
   const std::uint64_t emb = checked_mul(l.V, l.h);
   std::uint64_t Pk = checked_mul(Lu, u(Ls_), "parameters");
   if (first_) Pk = checked_add(Pk, emb);
@@ -365,6 +413,12 @@ void Stage::books() {
     fg.gradients = checked_mul(Pk, w);
   const std::uint64_t updated = p_.zero >= 1 ? shard : Pk;
   fg.optimizer_states = off_opt ? 0 : checked_mul(updated, f, "optimizer states");
+  if (t_.lora()) {
+    const std::uint64_t T = checked_mul(La, u(Ls_), "LoRA parameters");
+    fg.gradients = checked_mul(T, w, "gradients");
+    fg.optimizer_states = checked_mul(T, f, "optimizer states");
+    est.trainable_params = T;
+  }
   if (!p_.distributed()) {
     // The whole model: its largest gradient (by name) from the parameter list, and LOMO's
     // gradient figure (one gradient at a time; tied: the shared one beside the largest other).
@@ -685,25 +739,42 @@ void Stage::layer_steps(std::int64_t kb) {
   if (ck_last) at(Lb + "step 0: recompute done", A_L, csum({C, l.X}), 0, pos, grads(0));
   at(Lb + "step 1: d_act" + lomo(" + down_proj gradient") + (sp ? " (d_residual gathered)" : ""),
      A_L, csum({C, l.X, l.bsi}), sg, pos, grads(ih));
-  at(Lb + "step 2: d_gate, d_up (SwiGLU backward)", csub(A_L, l.bsi, "step 2"),
-     csum({C, l.X, l.bsi, l.bsi, l.bsi}), 0, pos, grads(0));
-  const std::uint64_t A3 = csub(A_L, checked_mul(3, l.bsi), "step 3");  // gate, up, act freed
+  // LoRA: each target's backward allocates d_lora_a.<proj> (b, s, r) beside the step's buffers,
+  // and the step frees the target's row with the others (kLoraBits: q k v o gate up down).
+  constexpr unsigned kDownBit = 1u << 6, kGateUpBits = 3u << 4, kOBit = 1u << 3, kQkvBits = 7u;
+  auto lora_step = [&](unsigned bits, const std::string& what, std::uint64_t act,
+                       std::uint64_t ws) {
+    if (l.targets(bits))
+      at(Lb + what + " (LoRA: d_lora_a, the adapter's gradient path)", act, csum({ws, l.bsr}), 0,
+         pos, grads(0));
+  };
+  lora_step(kDownBit, "step 1: d_lora_a.down_proj", A_L, csum({C, l.X, l.bsi}));
+  const std::uint64_t A2 = csub(A_L, csum({l.bsi, l.lora_rows(kDownBit)}), "step 2");
+  at(Lb + "step 2: d_gate, d_up (SwiGLU backward)", A2, csum({C, l.X, l.bsi, l.bsi, l.bsi}), 0, pos,
+     grads(0));
+  const std::uint64_t A3 = csub(A2, checked_mul(2, l.bsi), "step 3");  // gate, up freed
   at(Lb + "step 3: d_xn2" + lomo(" + gate_proj gradient") + (sp ? " partial (xn2 gathered)" : ""),
      A3, csum({C, l.X, l.full, l.bsi, l.bsi}), sg, pos, grads(ih));
   if (sp)
     at(Lb + "step 3: d_xn2 reduce-scattered", A3, csum({C, l.X, l.full, l.X, l.bsi, l.bsi}), 0, pos,
        grads(0));
-  const std::uint64_t A4 = csub(A3, l.X, "step 4");  // xn2 freed
+  lora_step(kGateUpBits,
+            std::string("step 3: d_lora_a.") + (l.targets(1u << 4) ? "gate_proj" : "up_proj"), A3,
+            csum({C, l.X, l.full, l.bsi, l.bsi}));
+  // xn2 freed (and the gate/up rows)
+  const std::uint64_t A4 = csub(A3, csum({l.X, l.lora_rows(kGateUpBits)}), "step 4");
   if (lomo_)
     at(Lb + "step 4: post_attention_layernorm gradient", A4, csum({C, l.X, l.X}), 0, pos,
        grads(hw));
   const std::uint64_t A5 = csub(A4, csum({l.X, l.r4}), "step 5");  // h_mid, rstd2 freed
   at(Lb + "step 5: d_attn_out" + lomo(" + o_proj gradient") + (sp ? " (d_residual gathered)" : ""),
      A5, csum({C, l.X, l.bsad}), sg, pos, grads(had));
+  lora_step(kOBit, "step 5: d_lora_a.o_proj", A5, csum({C, l.X, l.bsad}));
+  const std::uint64_t A5b = csub(A5, l.lora_rows(kOBit), "step 5");  // the o row freed
   if (sel_)  // probs recomputed, the attention output into a workspace copy
-    at(Lb + "step 6: probs recomputed (selective)", csum({A5, l.store}),
+    at(Lb + "step 6: probs recomputed (selective)", csum({A5b, l.store}),
        csum({C, l.X, l.bsad, l.bsad}), 0, pos, grads(0));
-  const std::uint64_t A6 = csum({A5, dropped()});
+  const std::uint64_t A6 = csum({A5b, dropped()});
   at(Lb + "step 6: d_q, d_k, d_v, " +
          (t_.attention == Attention::eager ? "d_probs" : "attn_delta") +
          (p_.cp > 1 ? " (ring attention backward: accumulators and blocks)"
@@ -728,6 +799,10 @@ void Stage::layer_steps(std::int64_t kb) {
   if (sp)
     at(Lb + "step 8: d_xn1 reduce-scattered", A8,
        csum({C, l.X, l.full, l.X, l.bsad, l.bskd, l.bskd}), 0, pos, grads(0));
+  lora_step(kQkvBits,
+            std::string("step 8: d_lora_a.") +
+                (l.targets(1u) ? "q_proj" : l.targets(2u) ? "k_proj" : "v_proj"),
+            A8, csum({C, l.X, l.full, l.bsad, l.bskd, l.bskd}));
   if (lomo_) {  // one GPU only: x_l is the layer's only rows
     const std::uint64_t A9 = csub(A8, csum({l.bsad, l.X, l.bskd, l.bskd}), "step 9");
     at(Lb + "step 9: input_layernorm gradient", A9, csum({C, l.X, l.X}), 0, pos, grads(hw));
@@ -765,7 +840,9 @@ void Stage::figures() {
   {
     const double b = double(l_.b), s = double(l_.s), h = double(l_.h), i = double(l_.i);
     const double ad = double(l_.ad), kd = double(l_.kd), a = double(l_.a), d = double(l_.d);
-    const double gemm = 2.0 * b * s * (h * ad + 2.0 * h * kd + ad * h + 3.0 * h * i);
+    // LoRA's adapters: 2 FLOPs per multiply-add of x·Aᵀ and a·Bᵀ, r·(in + out) per row.
+    const double gemm =
+        2.0 * b * s * (h * ad + 2.0 * h * kd + ad * h + 3.0 * h * i + double(layer_adapters(l_)));
     const double attention = 4.0 * b * a * s * s * d;
     est.recompute_flops =
         (double(ck_count_) * (gemm + attention) + (sel_ ? double(Ls_) * attention : 0.0)) *
@@ -811,6 +888,12 @@ void Stage::figures() {
     est.notes.push_back("checkpointing " + checkpointing_name(t_) + ": " +
                         std::to_string(ck_count_) + " of the " + std::to_string(Ls_) +
                         " layers here keep only their input and are recomputed in backward");
+  if (t_.lora())
+    est.notes.push_back(
+        "LoRA r " + std::to_string(t_.lora_rank) + " on " + lora_targets_name(t_.lora_targets) +
+        ": the base is frozen (no gradients, no optimizer states); each adapter (A, B in the "
+        "training dtype, fp32 master and states like every trained weight) keeps its rank-r row "
+        "x·Aᵀ and allocates d_lora_a (b,s,r) in backward");
   if (lomo_)
     est.notes.push_back(m_.tied_embeddings
                             ? "LOMO, tied embeddings: the shared embedding gradient is alive "

@@ -366,6 +366,18 @@ void TrainConfig::validate() const {
   if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16)
     throw InputError(std::string("--dtype must be one of bf16, fp16, fp32, got ") +
                      dtype_name(dtype));
+  if (lora_rank < 0 || lora_rank > (1 << 16))
+    throw InputError("--lora-rank must be 1 to 65536, got " + std::to_string(lora_rank));
+  if (lora_rank > 0 && (lora_targets == 0 || (lora_targets & ~0x7fu) != 0))
+    throw InputError("--lora-targets: the LoRA step needs one or more of the seven projections");
+  if (lora_rank > 0 && optimizer == Optimizer::lomo)
+    throw InputError(
+        "--optimizer lomo with --finetune lora: LOMO updates every weight inside the backward; "
+        "the adapters train with adamw or sgd");
+  if (lora_rank > 0 && offload_activations)
+    throw InputError(
+        "--offload-activations with --finetune lora: the LoRA step is not modelled with "
+        "activation offload yet");
 }
 
 // ------------------------------------------------------------------ presets

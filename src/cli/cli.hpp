@@ -144,9 +144,11 @@ void add_run_flags(CLI::App& cmd, RunFlags& flags, bool several_runs = false);
 // Validates the flags. allow_all_optimizers / allow_both_modes say whether "all" / "both" are
 // accepted by this subcommand.
 // `allow_finetune`: the command models --finetune lora|qlora (estimate, and maxbatch through the
-// hf-peft profile); the others refuse it.
+// hf-peft profile); `native_lora`: it runs trainmem's own step, which trains LoRA adapters on a
+// frozen 16-bit base (--finetune lora: TrainConfig::lora_rank, lora_targets; profiles native and
+// hf-peft); the others refuse it.
 Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool allow_both_modes,
-                      bool allow_finetune = false);
+                      bool allow_finetune = false, bool native_lora = false);
 
 // The request of one run from the validated common flags and the run flags (profile, compare,
 // sweep): model and training configuration (callers vary optimizer, checkpointing, batch,

@@ -51,7 +51,8 @@ int run_profile_layout(const Common& c, const ProfileFlags& flags, const Paralle
 }
 
 int run_profile(const ProfileFlags& flags) {
-  Common c = resolve_common(flags.common, false, false);
+  Common c = resolve_common(flags.common, false, false, /*allow_finetune=*/false,
+                            /*native_lora=*/true);
   const ParallelConfig par = resolve_layout(flags.layout, c.model, c.train);
   resolve_checkpointing(c, par);  // budget:SIZE picks its layers for this layout
   const std::string& be = flags.run.backend;

@@ -428,12 +428,33 @@ Format parse_format(const std::string& name) {
 }
 
 Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool allow_both_modes,
-                      bool allow_finetune) {
+                      bool allow_finetune, bool native_lora) {
   Common c;
   c.model = resolve_model(model_argument(flags.model));
   resolve_peft(flags, c.hf.peft);
   const bool lora = c.hf.peft.finetune != Finetune::full;
-  if (lora && !allow_finetune)
+  if (lora && native_lora) {
+    // trainmem's own step: LoRA adapters on a frozen 16-bit base (docs/native-plan.md, "LoRA").
+    const PeftOptions& p = c.hf.peft;
+    check_hf_options(Profile::hf_peft, c.hf);  // the rank's range, the base/finetune pairs
+    if (p.finetune == Finetune::qlora || p.quant != Quant::none)
+      throw InputError("--finetune " + flags.finetune +
+                       ": trainmem's own step has no 4-bit base yet; --finetune lora runs it "
+                       "with a frozen 16-bit base, and `trainmem estimate --finetune qlora` "
+                       "models the QLoRA step as HF + peft + bitsandbytes run it (hf-peft)");
+    if (p.dropout > 0)
+      throw InputError("--lora-dropout " + flags.lora_dropout +
+                       ": trainmem's own LoRA step has no dropout yet (its masks are not "
+                       "modelled); `trainmem estimate --finetune lora` models peft's");
+    if (parse_bnb_optimizer(flags.optimizer))
+      throw InputError("--optimizer " + flags.optimizer +
+                       ": trainmem's own LoRA step has adamw and sgd; `trainmem estimate "
+                       "--finetune lora --optimizer " +
+                       flags.optimizer + "` models bitsandbytes' optimizer (hf-peft)");
+    c.train.lora_rank = p.rank;
+    c.train.lora_targets = p.targets;
+  }
+  if (lora && !allow_finetune && !native_lora)
     throw InputError("--finetune " + flags.finetune +
                      ": this command runs, compares or plans trainmem's own step, which trains "
                      "every weight (LoRA in it is not built yet); `trainmem estimate --finetune " +
@@ -504,7 +525,9 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   for (const auto& p : split_commas(flags.profile)) {
     std::vector<std::string> expanded;
     if (p == "all")
-      expanded = lora ? std::vector<std::string>{"hf-peft"} : kAllProfiles;
+      expanded = !lora         ? kAllProfiles
+                 : native_lora ? std::vector<std::string>{"native", "hf-peft"}
+                               : std::vector<std::string>{"hf-peft"};
     else if (std::find(kProfiles.begin(), kProfiles.end(), p) != kProfiles.end())
       expanded = {p};
     else
@@ -531,10 +554,10 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   c.hf.loop = *loop;
   c.hf.use_cache = flags.use_cache;
   for (const auto& name : c.profiles) {
-    if (lora && name != "hf-peft")
+    if (lora && name != "hf-peft" && !(native_lora && name == "native"))
       throw InputError("--profile " + name + " with --finetune " + flags.finetune +
-                       ": only hf-peft models a LoRA step (the other profiles train every "
-                       "weight)");
+                       ": only hf-peft" + (native_lora ? " and native model" : " models") +
+                       " a LoRA step (the other profiles train every weight)");
     check_hf_options(*parse_profile(name), c.hf);
   }
 

@@ -45,7 +45,52 @@ std::vector<LayerParamSpec> layer_param_specs(const ModelConfig& model, const Ac
   v.push_back({kGate, "mlp.gate_proj.weight", {i, h}});
   v.push_back({kUp, "mlp.up_proj.weight", {i, h}});
   v.push_back({kDown, "mlp.down_proj.weight", {h, i}});
-  return v;
+  if (dims.r <= 0 || dims.lora == 0) return v;
+  // LoRA: each target's A (r, in) and B (out, r) right after its weight and bias.
+  static constexpr const char* kNames[7][2] = {
+      {"self_attn.q_proj.lora_A.weight", "self_attn.q_proj.lora_B.weight"},
+      {"self_attn.k_proj.lora_A.weight", "self_attn.k_proj.lora_B.weight"},
+      {"self_attn.v_proj.lora_A.weight", "self_attn.v_proj.lora_B.weight"},
+      {"self_attn.o_proj.lora_A.weight", "self_attn.o_proj.lora_B.weight"},
+      {"mlp.gate_proj.lora_A.weight", "mlp.gate_proj.lora_B.weight"},
+      {"mlp.up_proj.lora_A.weight", "mlp.up_proj.lora_B.weight"},
+      {"mlp.down_proj.lora_A.weight", "mlp.down_proj.lora_B.weight"}};
+  // The projection whose adapter follows `slot` (its weight, or its bias when it has one).
+  auto adapter_after = [&](int slot) {
+    switch (slot) {
+      case kQ:
+      case kK:
+      case kV:
+        return bias ? -1 : slot;
+      case kQBias:
+        return int(kQ);
+      case kKBias:
+        return int(kK);
+      case kVBias:
+        return int(kV);
+      case kO:
+      case kGate:
+      case kUp:
+      case kDown:
+        return slot;
+      default:
+        return -1;
+    }
+  };
+  std::vector<LayerParamSpec> out;
+  for (const LayerParamSpec& spec : v) {
+    out.push_back(spec);
+    const int base = adapter_after(spec.slot);
+    for (int t = 0; t < 7; ++t) {
+      if (base < 0 || kLoraBase[t] != base || !(dims.lora & (1u << t))) continue;
+      for (const LayerParamSpec& w : v)  // the projection's (out, in)
+        if (w.slot == base) {
+          out.push_back({LayerParam(lora_a_slot(t)), kNames[t][0], {dims.r, w.shape[1]}});
+          out.push_back({LayerParam(lora_b_slot(t)), kNames[t][1], {w.shape[0], dims.r}});
+        }
+    }
+  }
+  return out;
 }
 
 bool layer_param_replicated(int slot) {
@@ -171,6 +216,21 @@ void ring_backward(const LayerRank& R, int g, LayerActs& A, const Tensor& d_ao, 
   be->round_from_f32(d_v.data(), own + ring.kv_n, std::int64_t(ring.kv_n));
 }
 
+// LoRA's row of each target index t (decoder_layer.hpp's kLoraBase order).
+constexpr LayerAct kLoraRow[7] = {LayerAct::lora_q,    LayerAct::lora_k,  LayerAct::lora_v,
+                                  LayerAct::lora_o,    LayerAct::lora_gate, LayerAct::lora_up,
+                                  LayerAct::lora_down};
+// The target index of a projection slot, -1 for any other slot.
+int lora_index(int slot) {
+  for (int t = 0; t < 7; ++t)
+    if (kLoraBase[t] == slot) return t;
+  return -1;
+}
+// Whether the rank's step trains an adapter on target t.
+bool has_lora(const LayerRank& R, int t) {
+  return t >= 0 && R.train.lora() && (R.train.lora_targets & (1u << t)) != 0;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------ forward
@@ -193,6 +253,22 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
   auto W = [&](int slot) { return H.weight(l, slot); };
   auto at = [&](LA row) { return A[row].data(); };
   auto at_f = [&](LA row) { return A[row].as<float>(); };
+  // LoRA on projection `slot` (when it is a target): its row a = xin·Aᵀ (n, r), then, once the
+  // projection y = xin·Wᵀ exists, y += (alpha/r)·a·Bᵀ.
+  const std::int64_t r = dm.r;
+  const float scaling = R.train.lora_scaling();
+  auto lora_a = [&](int slot, const void* xin, std::int64_t in_f) {
+    const int t = lora_index(slot);
+    if (run && has_lora(R, t))
+      be->matmul(at(kLoraRow[t]), xin, W(lora_a_slot(t)), n, r, in_f, Trans::no, Trans::yes, 1.f,
+                 0.f);
+  };
+  auto lora_b = [&](int slot, void* y, std::int64_t out_f) {
+    const int t = lora_index(slot);
+    if (run && has_lora(R, t))
+      be->matmul(y, at(kLoraRow[t]), W(lora_b_slot(t)), n, out_f, r, Trans::no, Trans::yes, scaling,
+                 1.f);
+  };
   // The table's rows from `next` up to and including `last` that this pass allocates; returns
   // whether `last` itself was.
   int next = 0;
@@ -200,7 +276,7 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
     bool allocated = false;
     for (; next <= static_cast<int>(last); ++next) {
       const LayerActSpec& row = kLayerActs[next];
-      allocated = allocated_in(row, m, R.train.attention, pass);
+      allocated = allocated_in(row, m, R.train, pass);
       if (allocated)
         A[row.id] = R.ledger.allocate(row.name, row.category, g, act_shape(row.shape, dm),
                                       act_dtype(row.dtype, D));
@@ -236,15 +312,17 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
   if (sp) gath = comm("xn1.gathered");
   if (sp && run) H.sp_gather(A[LA::xn1], gath, h);
   const void* xn1_all = sp ? gath.data() : at(LA::xn1);  // the projections' input
-  through(LA::v);  // (qk_norm: q_pre, k_pre, q_rstd, k_rstd), q, k, v
+  through(LA::lora_v);  // (qk_norm: q_pre, k_pre, q_rstd, k_rstd), q, k, v (LoRA: their rows)
   if (run) {
     // The projections (q and k into q_pre and k_pre when they are normed), each bias added in
-    // place right after its GEMM.
+    // place right after its GEMM, then its adapter's share.
     void* q_proj = qkn ? at(LA::q_pre) : at(LA::q);
     void* k_proj = qkn ? at(LA::k_pre) : at(LA::k);
     auto project = [&](void* out, int weight, int bias, std::int64_t width) {
       be->matmul(out, xn1_all, W(weight), n, width, h, Trans::no, Trans::yes, 1.f, 0.f);
       if (m.qkv_bias) be->bias_forward(out, W(bias), n, width);
+      lora_a(weight, xn1_all, h);
+      lora_b(weight, out, width);
     };
     project(q_proj, kQ, kQBias, ad);
     project(k_proj, kK, kKBias, kd);
@@ -268,8 +346,10 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
   if (pass == ActPass::forward && selective_probs(R.train)) A[LA::probs].reset();
   // h_mid = x + attn_out·W_oᵀ.
   if (sp) gath = comm("o_proj.partial");
-  through(LA::h_mid);
+  through(LA::h_mid);  // (LoRA on o: its row), h_mid
+  lora_a(kO, at(LA::attn_out), ad);
   residual_gemm(LA::h_mid, gath, x, LA::attn_out, kO, ad);
+  lora_b(kO, at(LA::h_mid), h);
   gath.reset();
   through(LA::xn2);  // rstd2, xn2
   if (run)
@@ -277,19 +357,26 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
   if (sp) gath = comm("xn2.gathered");
   if (sp && run) H.sp_gather(A[LA::xn2], gath, h);
   const void* xn2_all = sp ? gath.data() : at(LA::xn2);
-  through(LA::up);  // gate, up
+  through(LA::lora_up);  // gate, up (LoRA: their rows)
   if (run) {
     be->matmul(at(LA::gate), xn2_all, W(kGate), n, i, h, Trans::no, Trans::yes, 1.f, 0.f);
+    lora_a(kGate, xn2_all, h);
+    lora_b(kGate, at(LA::gate), i);
     be->matmul(at(LA::up), xn2_all, W(kUp), n, i, h, Trans::no, Trans::yes, 1.f, 0.f);
+    lora_a(kUp, xn2_all, h);
+    lora_b(kUp, at(LA::up), i);
   }
   gath.reset();
   through(LA::act);  // silu(gate) · up
   if (run) be->swiglu_forward(at(LA::act), at(LA::gate), at(LA::up), n * i);
+  through(LA::lora_down);  // LoRA on down: its row, recomputed too (dB_down reads it)
+  lora_a(kDown, at(LA::act), i);
   if (pass == ActPass::recompute) return;  // it stops before `out`
   // out = h_mid + act·W_downᵀ; it is x_{l+1}.
   if (sp) gath = comm("down_proj.partial");
   through(LA::out);
   residual_gemm(LA::out, gath, at(LA::h_mid), LA::act, kDown, i);
+  lora_b(kDown, at(LA::out), h);
   gath.reset();
   // A checkpointed layer: every recomputed row freed right after `out`, in reverse allocation
   // order.
@@ -327,25 +414,60 @@ void decoder_layer_backward(const LayerRank& R, std::int64_t l, int g, LayerActs
     for (LA row : kBackwardFreeOrder)
       if (layer_act(row).freed_at_step == step) A[row].reset();
   };
-  // y = x·Wᵀ with W (out_f, in_f): dx = dy·W (dx_beta 1: +=), dW += dyᵀ·x. Under LOMO the
-  // gradient lives only around these two GEMMs.
+  // LoRA (docs/native-plan.md, "LoRA"): every base weight is frozen (no gradient), the adapters
+  // train.
+  const bool frozen = R.train.lora();
+  const std::int64_t r = dm.r;
+  const float scaling = R.train.lora_scaling();
+  // The adapter of projection `slot` (a target): with a its row (n, r) and c = alpha/r,
+  // dB += c·dyᵀ·a, d_a = c·dy·B (workspace), dA += d_aᵀ·x, dx += d_a·A.
+  auto lora_backward = [&](int slot, void* dx, const void* dy, const void* xin,
+                           std::int64_t out_f, std::int64_t in_f) {
+    const int t = lora_index(slot);
+    if (!has_lora(R, t)) return;
+    const void* a_row = at(kLoraRow[t]);
+    void* dB = H.grad(l, lora_b_slot(t));
+    if (run) be->matmul(dB, dy, a_row, out_f, r, n, Trans::yes, Trans::no, scaling, 1.f);
+    H.grad_done(l, lora_b_slot(t));
+    Tensor d_a = ws(std::string("d_") + kLayerActs[int(kLoraRow[t])].name, {b, s, r}, D);
+    if (run)
+      be->matmul(d_a.data(), dy, W(lora_b_slot(t)), n, r, out_f, Trans::no, Trans::no, scaling,
+                 0.f);
+    void* dA = H.grad(l, lora_a_slot(t));
+    if (run) {
+      be->matmul(dA, d_a.data(), xin, r, in_f, n, Trans::yes, Trans::no, 1.f, 1.f);
+      be->matmul(dx, d_a.data(), W(lora_a_slot(t)), n, in_f, r, Trans::no, Trans::no, 1.f, 1.f);
+    }
+    H.grad_done(l, lora_a_slot(t));
+  };
+  // y = x·Wᵀ with W (out_f, in_f): dx = dy·W (dx_beta 1: +=), dW += dyᵀ·x (a frozen W: none),
+  // then the adapter's share. Under LOMO the gradient lives only around these two GEMMs.
   auto linear_backward = [&](int slot, void* dx, const void* dy, const void* xin,
                              std::int64_t out_f, std::int64_t in_f, float dx_beta) {
-    void* dW = H.grad(l, slot);
-    if (run) {
-      be->matmul(dx, dy, W(slot), n, in_f, out_f, Trans::no, Trans::no, 1.f, dx_beta);
-      be->matmul(dW, dy, xin, out_f, in_f, n, Trans::yes, Trans::no, 1.f, 1.f);
+    if (frozen) {
+      if (run) be->matmul(dx, dy, W(slot), n, in_f, out_f, Trans::no, Trans::no, 1.f, dx_beta);
+    } else {
+      void* dW = H.grad(l, slot);
+      if (run) {
+        be->matmul(dx, dy, W(slot), n, in_f, out_f, Trans::no, Trans::no, 1.f, dx_beta);
+        be->matmul(dW, dy, xin, out_f, in_f, n, Trans::yes, Trans::no, 1.f, 1.f);
+      }
+      H.grad_done(l, slot);
     }
-    H.grad_done(l, slot);
+    lora_backward(slot, dx, dy, xin, out_f, in_f);
   };
   auto bias_backward = [&](int slot, const void* dy, std::int64_t width) {
-    if (!m.qkv_bias) return;
+    if (!m.qkv_bias || frozen) return;
     void* db = H.grad(l, slot);
     if (run) be->bias_backward(db, dy, n, width);
     H.grad_done(l, slot);
   };
   auto norm_backward = [&](int slot, void* dinp, const void* dout, const void* inp,
                            const float* rstd, std::int64_t rows, std::int64_t width) {
+    if (frozen) {
+      if (run) be->rmsnorm_backward(dinp, nullptr, dout, inp, W(slot), rstd, rows, width);
+      return;
+    }
     void* dw = H.grad(l, slot);
     if (run) be->rmsnorm_backward(dinp, dw, dout, inp, W(slot), rstd, rows, width);
     H.grad_done(l, slot);
@@ -390,7 +512,7 @@ void decoder_layer_backward(const LayerRank& R, std::int64_t l, int g, LayerActs
   const void* dy = d_res_all(gath);
   Tensor d_act = ws("d_act", {b, s, i}, D);
   linear_backward(kDown, d_act.data(), dy, at(LA::act), h, i, 0.f);
-  free_step(1);  // act
+  free_step(1);  // act (LoRA on down: its row)
   gath.reset();
   // 2. SwiGLU.
   Tensor d_gate = ws("d_gate", {b, s, i}, D);
@@ -406,7 +528,7 @@ void decoder_layer_backward(const LayerRank& R, std::int64_t l, int g, LayerActs
   });
   d_gate.reset();
   d_up.reset();
-  free_step(3);  // xn2
+  free_step(3);  // xn2 (LoRA on gate, up: their rows)
   // 4. post-attention RMSNorm: d_residual += ..., through h_mid.
   norm_backward(kPostNorm, d_res.data(), d_xn2.data(), at(LA::h_mid), at_f(LA::rstd2), nr, h);
   d_xn2.reset();
@@ -416,6 +538,7 @@ void decoder_layer_backward(const LayerRank& R, std::int64_t l, int g, LayerActs
   Tensor d_ao = ws("d_attn_out", {b, s, ad}, D);
   linear_backward(kO, d_ao.data(), dy, at(LA::attn_out), h, ad, 0.f);
   gath.reset();
+  free_step(5);  // (LoRA on o: its row)
   // 6. attention, then RoPE backward in place. Under selective recompute the probabilities first
   // (phase recompute): the attention forward again from q, k, v, its output into a workspace
   // copy dropped at once (the kernel computes both; the kept attn_out is the same bits).
@@ -478,7 +601,7 @@ void decoder_layer_backward(const LayerRank& R, std::int64_t l, int g, LayerActs
   d_q.reset();
   d_k.reset();
   d_v.reset();
-  free_step(8);  // q, k, v, xn1
+  free_step(8);  // q, k, v (LoRA on q, k, v: their rows), xn1
   // 9. input RMSNorm: d_residual += ..., through x_l; then x_l is no longer needed.
   norm_backward(kInNorm, d_res.data(), d_xn1.data(), x.data(), at_f(LA::rstd1), nr, h);
   d_xn1.reset();

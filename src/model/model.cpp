@@ -22,6 +22,9 @@
 //             LOMO: each gradient allocated right before the op producing it, then the update
 //             and the free (tied: the embedding gradient lives from the head to the end).
 //   optimizer AdamW/SGD over all parameters in setup order; no allocations.
+//   LoRA      (TrainConfig::lora_rank > 0) each target's lora_A, lora_B after its weight; only
+//             they have gradients and states; each target's row lora_a.<proj> (b,s,r) and, in
+//             backward, ws d_lora_a.<proj> (b,s,r) around its adapter's GEMMs ("LoRA").
 //   offload   --offload-activations: each layer but the last sends its input and kept rows to
 //             a host ledger after the next layer's forward and gets them back before the layer
 //             above it runs its backward ("Activation offload").
@@ -34,6 +37,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -106,6 +110,8 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
   // 1. params, D, in HF order.
   auto add = [&](std::string name, int layer, std::vector<std::int64_t> shape) {
     Parameter p;
+    // LoRA: only the adapters train (docs/native-plan.md, "LoRA").
+    p.trainable = !train_.lora() || name.find(".lora_") != std::string::npos;
     p.name = std::move(name);
     p.layer = layer;
     p.shape = std::move(shape);
@@ -132,10 +138,12 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
   // 2. gradients, D, persistent (AdamW/SGD). LOMO allocates them during backward.
   if (opt_.holds_gradients())
     for (auto& p : params_)
-      p.grad = ledger_.allocate(p.name + ".grad", Category::gradients, p.layer, p.shape, D_);
+      if (p.trainable)
+        p.grad = ledger_.allocate(p.name + ".grad", Category::gradients, p.layer, p.shape, D_);
 
-  // 3. optimizer states, f32, per parameter in order.
-  for (auto& p : params_) p.opt_index = opt_.add_parameter(p.name, p.layer, p.shape);
+  // 3. optimizer states, f32, per trainable parameter in order.
+  for (auto& p : params_)
+    if (p.trainable) p.opt_index = opt_.add_parameter(p.name, p.layer, p.shape);
 
   // 4. inputs.
   tokens_ = ledger_.allocate("tokens", Category::inputs, -1, {b_, s_}, i32);
@@ -191,29 +199,49 @@ Tensor LlamaModel::ws(const char* name, int layer, std::vector<std::int64_t> sha
 // ------------------------------------------------------------------------------ weights, tokens
 
 void LlamaModel::init_random(std::uint64_t seed) {
-  // Norm weights 1 and biases 0 (HF's _init_weights: RMSNorm weight ones, nn.Linear bias
-  // zeros), every other weight 0.02 * N(0,1) from its own stream (the parameter's index + 1),
-  // computed by the backend (on the device for cuda: include/trainmem/base/param_init.hpp).
-  if (be_.computes()) {
-    for (std::size_t pi = 0; pi < params_.size(); ++pi) {
-      auto& p = params_[pi];
-      ParamInit init;
-      if (p.shape.size() == 1) {
-        const std::string bias = ".bias";
-        const bool is_bias = p.name.size() > bias.size() &&
-                             p.name.compare(p.name.size() - bias.size(), bias.size(), bias) == 0;
-        init.kind = ParamInit::Kind::constant;
-        init.value = is_bias ? 0.0f : 1.0f;
-      } else {
-        init.kind = ParamInit::Kind::normal;
-        init.scale = 0.02f;
-        init.seed = seed;
-        init.stream = pi + 1;
-      }
-      be_.init_param(p.value.data(), opt_.master(p.opt_index), p.numel(), init);
-    }
-  }
+  if (be_.computes())
+    for (std::size_t pi = 0; pi < params_.size(); ++pi) init_parameter(pi, seed);
   weights_set_ = true;
+}
+
+void LlamaModel::init_parameter(std::size_t pi, std::uint64_t seed) {
+  // Norm weights 1 and biases 0 (HF's _init_weights: RMSNorm weight ones, nn.Linear bias
+  // zeros), LoRA's B 0 (peft: the adapter starts as the identity), every other weight
+  // 0.02 * N(0,1) from its own stream (the parameter's index + 1), computed by the backend (on the
+  // device for cuda: include/trainmem/base/param_init.hpp). LoRA's A is drawn like the other
+  // weights (peft's kaiming-uniform draw changes no byte).
+  auto& p = params_[pi];
+  auto ends_with = [&](const std::string& tail) {
+    return p.name.size() > tail.size() &&
+           p.name.compare(p.name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  ParamInit init;
+  if (p.shape.size() == 1 || ends_with(".lora_B.weight")) {
+    init.kind = ParamInit::Kind::constant;
+    init.value = p.shape.size() == 1 && !ends_with(".bias") ? 1.0f : 0.0f;
+  } else {
+    init.kind = ParamInit::Kind::normal;
+    init.scale = 0.02f;
+    init.seed = seed;
+    init.stream = pi + 1;
+  }
+  be_.init_param(p.value.data(), opt_.master(p.opt_index), p.numel(), init);
+}
+
+void LlamaModel::set_parameter_values(const std::string& hf_name, const std::vector<float>& values) {
+  for (std::size_t pi = 0; pi < params_.size(); ++pi) {
+    if (params_[pi].name != hf_name) continue;
+    if (values.size() != params_[pi].numel())
+      throw Error("model: set_parameter_values(" + hf_name + "): " + std::to_string(values.size()) +
+                  " values for " + std::to_string(params_[pi].numel()) + " elements");
+    if (!be_.computes()) return;
+    write_parameter(pi, [&](float* dst, std::uint64_t first, std::uint64_t count) {
+      std::copy(values.begin() + std::ptrdiff_t(first),
+                values.begin() + std::ptrdiff_t(first + count), dst);
+    });
+    return;
+  }
+  throw InputError("model: no parameter named '" + hf_name + "'");
 }
 
 void LlamaModel::set_tokens(const std::vector<std::int32_t>& ids, const std::string& source) {
@@ -273,7 +301,8 @@ float LlamaModel::train_step(const GradientCapture& capture) {
     auto ph = ledger_.scope(Phase::optimizer);
     if (opt_.holds_gradients())
       for (auto& p : params_)
-        opt_.update(p.opt_index, p.value.data(), p.grad.data(), step_, 1.0f / loss_scale_);
+        if (p.trainable)
+          opt_.update(p.opt_index, p.value.data(), p.grad.data(), step_, 1.0f / loss_scale_);
   }
   return loss_;
 }
@@ -351,7 +380,7 @@ void* LlamaModel::begin_grad(std::size_t index) {
 }
 
 void LlamaModel::capture_grad(std::size_t index, const GradientCapture& capture) {
-  if (!capture || !be_.computes()) return;
+  if (!capture || !be_.computes() || !params_[index].trainable) return;
   const auto& p = params_[index];
   std::vector<unsigned char> raw(p.grad.bytes());
   be_.download(raw.data(), p.grad.data(), raw.size());
@@ -368,7 +397,7 @@ bool LlamaModel::checks_finite() const {
 }
 
 void LlamaModel::check_grad_finite(std::size_t index) {
-  if (!checks_finite()) return;
+  if (!checks_finite() || !params_[index].trainable) return;
   const auto& p = params_[index];
   be_.check_finite(p.grad.data(), std::int64_t(p.numel()));
 }
@@ -381,6 +410,7 @@ void LlamaModel::report_nonfinite_grads() {
   std::string names;
   if (opt_.holds_gradients()) {
     for (std::size_t pi = 0; pi < params_.size(); ++pi) {
+      if (!params_[pi].trainable) continue;
       check_grad_finite(pi);
       if (be_.take_nonfinite()) nonfinite_grads_.push_back(params_[pi].name);
     }
@@ -413,7 +443,8 @@ void LlamaModel::end_grad(std::size_t index, const GradientCapture& capture) {
 void LlamaModel::backward(const GradientCapture& capture) {
   auto ph = ledger_.scope(Phase::backward);
   if (opt_.holds_gradients())
-    for (auto& p : params_) be_.fill_zero(p.grad.data(), p.grad.bytes());
+    for (auto& p : params_)
+      if (p.trainable) be_.fill_zero(p.grad.data(), p.grad.bytes());
   nonfinite_grads_.clear();
   grads_nonfinite_ = false;
   const std::size_t head = head_index(), fnorm = final_norm_index();
@@ -428,19 +459,23 @@ void LlamaModel::backward(const GradientCapture& capture) {
   ce_lse_.reset();
   // 2. through the head. Tied: the embedding gradient, kept until the embedding backward.
   Tensor d_fno = ws("d_final_norm_out", -1, {b_, s_, h_}, D_);
-  void* dW_head = begin_grad(head);
+  const bool head_trains = params_[head].trainable;  // LoRA: frozen
+  void* dW_head = head_trains ? begin_grad(head) : nullptr;
   be_.matmul(d_fno.data(), logits_.data(), params_[head].value.data(), n_, h_, V_, Trans::no,
              Trans::no, 1.f, 0.f);
-  be_.matmul(dW_head, logits_.data(), final_norm_out_.data(), V_, h_, n_, Trans::yes, Trans::no,
-             1.f, 1.f);
-  if (!cfg_.tied_embeddings) end_grad(head, capture);
+  if (head_trains) {
+    be_.matmul(dW_head, logits_.data(), final_norm_out_.data(), V_, h_, n_, Trans::yes, Trans::no,
+               1.f, 1.f);
+    if (!cfg_.tied_embeddings) end_grad(head, capture);
+  }
   logits_.reset();
   // 3. final norm; d_residual carries dL/dx from here down to the embedding.
   Tensor d_res = ws("d_residual", -1, {b_, s_, h_}, D_);  // accumulates
   be_.fill_zero(d_res.data(), d_res.bytes());
-  be_.rmsnorm_backward(d_res.data(), begin_grad(fnorm), d_fno.data(), x_L,
+  const bool fnorm_trains = params_[fnorm].trainable;
+  be_.rmsnorm_backward(d_res.data(), fnorm_trains ? begin_grad(fnorm) : nullptr, d_fno.data(), x_L,
                        params_[fnorm].value.data(), final_rstd_.as<float>(), n_, h_);
-  end_grad(fnorm, capture);
+  if (fnorm_trains) end_grad(fnorm, capture);
   d_fno.reset();
   final_norm_out_.reset();
   final_rstd_.reset();
@@ -458,8 +493,11 @@ void LlamaModel::backward(const GradientCapture& capture) {
   capture_ = nullptr;
 
   // Embedding (x_0 = embed_out was freed by layer 0).
-  be_.embedding_backward(begin_grad(0), d_res.data(), tokens_.as<std::int32_t>(), b_, s_, h_, V_);
-  end_grad(0, capture);
+  if (params_[0].trainable) {
+    be_.embedding_backward(begin_grad(0), d_res.data(), tokens_.as<std::int32_t>(), b_, s_, h_,
+                           V_);
+    end_grad(0, capture);
+  }
   d_res.reset();
 
   if (opt_.holds_gradients())

@@ -6,8 +6,11 @@
 namespace trainmem {
 
 ActDims ActDims::of(const ModelConfig& model, const TrainConfig& train) {
-  return {train.batch, train.seq,      model.hidden,     model.intermediate,
-          model.heads, model.kv_heads, model.head_dim(), train.seq};
+  ActDims d{train.batch, train.seq,      model.hidden,     model.intermediate,
+            model.heads, model.kv_heads, model.head_dim(), train.seq};
+  d.r = train.lora_rank;
+  d.lora = train.lora() ? train.lora_targets : 0u;
+  return d;
 }
 
 std::vector<std::int64_t> act_shape(const ActShape& shape, const ActDims& dims) {
@@ -39,6 +42,9 @@ std::vector<std::int64_t> act_shape(const ActShape& shape, const ActDims& dims) 
         break;
       case Extent::kd:
         out.push_back(dims.k * dims.d);
+        break;
+      case Extent::r:
+        out.push_back(dims.r);
         break;
     }
   return out;
@@ -78,6 +84,9 @@ std::string act_shape_letters(const ActShape& shape) {
       case Extent::kd:
         out += "k·d";
         break;
+      case Extent::r:
+        out += "r";
+        break;
     }
   }
   return out + ")";
@@ -99,7 +108,7 @@ std::vector<PlannedActivation> layer_activation_plan(const ModelConfig& model,
   if (pass == ActPass::recompute && train.checkpointing != Checkpointing::full) return out;
   const ActDims dims = ActDims::of(model, train);
   for (const LayerActSpec& row : kLayerActs) {
-    if (!allocated_in(row, model, train.attention, pass)) continue;
+    if (!allocated_in(row, model, train, pass)) continue;
     PlannedActivation p{
         &row,         row.name, act_shape(row.shape, dims), act_dtype(row.dtype, train.dtype),
         row.category, 0};

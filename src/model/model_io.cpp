@@ -78,6 +78,7 @@ void LlamaModel::load_weights(const std::vector<const SafeTensorsReader*>& files
         source[pi] = f;
         break;
       }
+    if (!t && p.name.find(".lora_") != std::string::npos) continue;  // initialised below
     if (!t)
       throw InputError("--weights " + label + ": missing tensor '" + p.name +
                        "' (needed by model " + cfg_.name + ")");
@@ -105,8 +106,19 @@ void LlamaModel::load_weights(const std::vector<const SafeTensorsReader*>& files
         spdlog::debug("--weights {}: tensor '{}' not used by the model", f->path(), t.name);
     }
   if (ignored) spdlog::info("--weights {}: {} tensor(s) not used by the model", label, ignored);
+  // LoRA adapters a base checkpoint does not hold start as peft's do: B zero, A drawn (seed 0).
+  std::size_t fresh = 0;
+  for (std::size_t pi = 0; pi < params_.size(); ++pi)
+    if (!source[pi]) {
+      ++fresh;
+      if (be_.computes()) init_parameter(pi, 0);
+    }
+  if (fresh)
+    spdlog::info("--weights {}: {} LoRA adapter tensor(s) not in the file start fresh (B zero)",
+                 label, fresh);
   if (be_.computes()) {
     for (std::size_t pi = 0; pi < params_.size(); ++pi) {
+      if (!source[pi]) continue;
       const std::string& name = params_[pi].name;
       const SafeTensorsReader* f = source[pi];
       std::uint64_t bad = 0;

@@ -52,6 +52,7 @@ std::size_t ParameterOptimizer::add_parameter(const std::string& name, int layer
 }
 
 float* ParameterOptimizer::master(std::size_t index) const {
+  if (index == kNoOptimizerState) return nullptr;
   return states_.at(index).master.as<float>();
 }
 

@@ -311,6 +311,9 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
   }
   if (layout.cp > 1 && train.attention != Attention::flash)  // resolve's rule, for any caller
     throw InputError("--cp " + std::to_string(layout.cp) + " needs --attention flash");
+  if (train.lora())
+    throw InputError(
+        "--finetune lora with a parallel layout: the LoRA step runs on one GPU (world size 1)");
   if (train.offload_activations) {
     if (layout.pp > 1) throw InputError("--offload-activations with --pp above 1 is not modelled");
     impl_->offload =

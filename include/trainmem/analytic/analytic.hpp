@@ -302,11 +302,14 @@ Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& 
 // SGD 4 B/param (0 in fp32), LOMO 0.
 struct StateFigures {
   std::uint64_t params = 0;
+  std::uint64_t trainable = 0;  // elements: every parameter, or LoRA's adapters (train.lora())
   std::uint64_t gradients = 0;
   std::uint64_t optimizer_states = 0;
   std::uint64_t largest_gradient_bytes = 0;
   std::string largest_gradient_name;
 };
+// Under LoRA (train.lora(), trainmem's own step) the params hold the adapters too, and only the
+// adapters have gradients and states (docs/native-plan.md, "LoRA").
 StateFigures state_figures(const ModelConfig& model, const TrainConfig& train);
 
 // The cuBLAS workspace the native plan allocates at setup (32 MiB).

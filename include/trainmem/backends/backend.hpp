@@ -61,7 +61,7 @@ class Backend {
   // out (n, h) D = inp * rstd * weight, rstd (n) f32 = 1/sqrt(mean(inp^2) + eps)
   virtual void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight,
                                std::int64_t n, std::int64_t h, float eps) = 0;
-  // dinp (n, h) D += ..., dweight (h) D += ...
+  // dinp (n, h) D += ..., dweight (h) D += ... (nullptr: a frozen weight, no gradient)
   virtual void rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp,
                                 const void* weight, const float* rstd, std::int64_t n,
                                 std::int64_t h) = 0;

@@ -105,6 +105,14 @@ struct TrainConfig {
   // but the last saves for its backward is copied to host memory after the next layer's forward
   // and prefetched one layer ahead in backward. trainmem's own step (one GPU) only.
   bool offload_activations = false;
+  // LoRA in trainmem's own step (issue 28; docs/native-plan.md, "LoRA"): rank 0 trains every
+  // weight; rank r >= 1 freezes the base and trains an adapter pair A (r, in), B (out, r) on each
+  // projection of `lora_targets` (LoraTarget bits, lora.hpp), y = x·Wᵀ + (alpha/r)·(x·Aᵀ)·Bᵀ.
+  std::int64_t lora_rank = 0;
+  unsigned lora_targets = 0;
+  float lora_alpha = 8.0f;  // peft's LoraConfig default
+  constexpr bool lora() const { return lora_rank > 0; }
+  float lora_scaling() const { return lora_rank > 0 ? lora_alpha / float(lora_rank) : 0.0f; }
   void validate() const;  // batch >= 1, seq >= 2 (the loss needs a next token)
   // Whether global layer `layer` keeps only its input and is recomputed in backward.
   bool checkpointed(std::int64_t layer) const;

@@ -42,8 +42,24 @@ enum LayerParam : int {
   kGate,
   kUp,
   kDown,
-  kLayerParams
+  // LoRA adapters (TrainConfig::lora_rank > 0): A (r, in) and B (out, r) of each target, in
+  // LoraTarget order (q, k, v, o, gate, up, down); lora_a_slot / lora_b_slot.
+  kLoraFirst,
+  kLayerParams = kLoraFirst + 14
 };
+// The projection a LoRA target index t (0 q, 1 k, 2 v, 3 o, 4 gate, 5 up, 6 down; its
+// LoraTarget bit is 1 << t) adapts, and its adapter's slots.
+constexpr int kLoraBase[7] = {kQ, kK, kV, kO, kGate, kUp, kDown};
+constexpr int lora_a_slot(int t) {
+  return kLoraFirst + 2 * t;
+}
+constexpr int lora_b_slot(int t) {
+  return kLoraFirst + 2 * t + 1;
+}
+// Whether the slot is a LoRA adapter (trainable under LoRA; every other slot is then frozen).
+constexpr bool is_lora_slot(int slot) {
+  return slot >= kLoraFirst && slot < kLayerParams;
+}
 
 // One parameter of a layer as a rank holds it.
 struct LayerParamSpec {
@@ -52,7 +68,8 @@ struct LayerParamSpec {
   std::vector<std::int64_t> shape;  // the rank's slice
 };
 // The parameters `model` gives a layer, in setup order, with the shapes of `dims` (the whole
-// layer at tp 1; the rank's heads and MLP columns under tensor parallelism).
+// layer at tp 1; the rank's heads and MLP columns under tensor parallelism). Under LoRA (dims.r,
+// dims.lora) each target's lora_A and lora_B follow its weight (and bias), as peft lists them.
 std::vector<LayerParamSpec> layer_param_specs(const ModelConfig& model, const ActDims& dims);
 // Whether the slot is the same on every tensor-parallel rank (the norms), rather than a block of
 // rows (column-parallel q/k/v with their biases, gate, up) or of columns (row-parallel o_proj,

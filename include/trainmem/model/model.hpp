@@ -62,7 +62,9 @@ struct Parameter {
   std::vector<std::int64_t> shape;
   Tensor value;  // D
   Tensor grad;   // D
-  std::size_t opt_index = 0;
+  // False for a frozen weight (LoRA's base): no gradient, no optimizer states, never updated.
+  bool trainable = true;
+  std::size_t opt_index = kNoOptimizerState;
   std::uint64_t numel() const;
 };
 
@@ -144,6 +146,9 @@ class LlamaModel : private LayerHost {
   const Parameter& parameter(const std::string& hf_name) const;
   // Current values of a parameter as fp32 (downloads; not on meta).
   std::vector<float> parameter_values(const std::string& hf_name) const;
+  // Sets a parameter (and its fp32 master, when it has one) from fp32 values, rounded to D; the
+  // size must be the parameter's (Error otherwise). Tests use it (LoRA's B starts at zero).
+  void set_parameter_values(const std::string& hf_name, const std::vector<float>& values);
   const std::vector<std::int32_t>& tokens() const { return host_tokens_; }
   // Activation bytes alive at the end of the last forward, by layer: [0] outside the layers
   // (embedding output, head), [l + 1] layer l.
@@ -169,6 +174,8 @@ class LlamaModel : private LayerHost {
   Tensor act(const char* name, int layer, std::vector<std::int64_t> shape, DType dt);
   Tensor ws(const char* name, int layer, std::vector<std::int64_t> shape, DType dt);
 
+  // The initial value of parameter `pi` from `seed` (init_random's rule).
+  void init_parameter(std::size_t pi, std::uint64_t seed);
   void write_parameter(std::size_t index,
                        const std::function<void(float*, std::uint64_t, std::uint64_t)>& fill);
   void upload_inputs();

@@ -38,24 +38,31 @@ enum class LayerAct : std::uint8_t {
   q,
   k,
   v,
+  lora_q,
+  lora_k,
+  lora_v,
   probs,
   lse,
   attn_out,
+  lora_o,
   h_mid,
   rstd2,
   xn2,
   gate,
   up,
+  lora_gate,
+  lora_up,
   act,
+  lora_down,
   out,
 };
-constexpr int kNumLayerActs = 19;
+constexpr int kNumLayerActs = 26;
 
 // One extent of an activation's shape: a single dimension, or the products a·d and k·d. `sr`
 // is the sequence rows a rank holds of the rows outside the tensor-parallel region (the norms
 // and the residual stream): s, or s/tp under sequence parallelism. Listings are of one rank
-// without it and write it "s".
-enum class Extent : std::uint8_t { b, s, sr, h, i, a, k, ad, kd };
+// without it and write it "s". `r` is the LoRA rank.
+enum class Extent : std::uint8_t { b, s, sr, h, i, a, k, ad, kd, r };
 
 struct ActShape {
   std::uint8_t rank;
@@ -66,10 +73,27 @@ struct ActShape {
 enum class ActDType : std::uint8_t { D, f32 };
 // Which attention variant allocates a row.
 enum class ForAttention : std::uint8_t { both, eager, flash };
-// Which models allocate a row: all of them, or only those with per-head q/k RMSNorm
-// (ModelConfig::qk_norm, Qwen3). A row a model does not allocate is absent from every pass and
-// from the backward's frees, as a row of the other attention variant is.
-enum class ForModel : std::uint8_t { all, qk_norm };
+// Which models allocate a row: all of them, only those with per-head q/k RMSNorm
+// (ModelConfig::qk_norm, Qwen3), or only a LoRA step whose targets include that projection
+// (TrainConfig::lora_targets: the adapter's x·Aᵀ, read by dB). A row a configuration does not
+// allocate is absent from every pass and from the backward's frees, as a row of the other
+// attention variant is.
+enum class ForModel : std::uint8_t {
+  all,
+  qk_norm,
+  lora_q,
+  lora_k,
+  lora_v,
+  lora_o,
+  lora_gate,
+  lora_up,
+  lora_down
+};
+// The LoraTarget bit (lora.hpp) of a lora_* value; 0 for all and qk_norm.
+constexpr unsigned lora_target_of(ForModel m) {
+  return m >= ForModel::lora_q ? 1u << (static_cast<int>(m) - static_cast<int>(ForModel::lora_q))
+                               : 0u;
+}
 // Under checkpointing full: `recomputed` rows are freed right after the layer's `out` is
 // computed (in reverse allocation order) and allocated again by the recompute in backward;
 // the `kept` row is the layer's output, the next layer's checkpointed input.
@@ -105,6 +129,7 @@ constexpr ActShape bas{3, {Extent::b, Extent::a, Extent::s}};
 constexpr ActShape bsa{3, {Extent::b, Extent::s, Extent::a}};
 constexpr ActShape bsk{3, {Extent::b, Extent::s, Extent::k}};
 constexpr ActShape bass{4, {Extent::b, Extent::a, Extent::s, Extent::s}};
+constexpr ActShape bsr{3, {Extent::b, Extent::s, Extent::r}};
 }  // namespace act_shapes
 
 // clang-format off
@@ -119,15 +144,22 @@ inline constexpr LayerActSpec kLayerActs[kNumLayerActs] = {
     {LayerAct::q,        "q",        act_shapes::bsad, ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 8, "xn1·W_qᵀ (+ bias; q_norm of q_pre), RoPE in place"},
     {LayerAct::k,        "k",        act_shapes::bskd, ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 8, "xn1·W_kᵀ (+ bias; k_norm of k_pre), RoPE in place"},
     {LayerAct::v,        "v",        act_shapes::bskd, ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 8, "xn1·W_vᵀ (+ bias)"},
+    {LayerAct::lora_q, "lora_a.q_proj", act_shapes::bsr, ActDType::D, Category::activations, ForAttention::both, ForModel::lora_q, UnderCheckpointing::recomputed, 8, "xn1·A_qᵀ (LoRA on q_proj): dB_q reads it"},
+    {LayerAct::lora_k, "lora_a.k_proj", act_shapes::bsr, ActDType::D, Category::activations, ForAttention::both, ForModel::lora_k, UnderCheckpointing::recomputed, 8, "xn1·A_kᵀ (LoRA on k_proj): dB_k reads it"},
+    {LayerAct::lora_v, "lora_a.v_proj", act_shapes::bsr, ActDType::D, Category::activations, ForAttention::both, ForModel::lora_v, UnderCheckpointing::recomputed, 8, "xn1·A_vᵀ (LoRA on v_proj): dB_v reads it"},
     {LayerAct::probs,    "probs",    act_shapes::bass, ActDType::D,   Category::activations, ForAttention::eager, ForModel::all,     UnderCheckpointing::recomputed, 6, "causal softmax of the scores"},
     {LayerAct::lse,      "lse",      act_shapes::bas,  ActDType::f32, Category::activations, ForAttention::flash, ForModel::all,     UnderCheckpointing::recomputed, 6, "log-sum-exp of each score row"},
     {LayerAct::attn_out, "attn_out", act_shapes::bsad, ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 6, "attention output, heads side by side"},
+    {LayerAct::lora_o, "lora_a.o_proj", act_shapes::bsr, ActDType::D, Category::activations, ForAttention::both, ForModel::lora_o, UnderCheckpointing::recomputed, 5, "attn_out·A_oᵀ (LoRA on o_proj): dB_o reads it"},
     {LayerAct::h_mid,    "h_mid",    act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 4, "x_l + attn_out·W_oᵀ"},
     {LayerAct::rstd2,    "rstd2",    act_shapes::bs,   ActDType::f32, Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 4, "1/rms of each row of h_mid (post-attention RMSNorm)"},
     {LayerAct::xn2,      "xn2",      act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 3, "rmsnorm(h_mid)"},
     {LayerAct::gate,     "gate",     act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 2, "xn2·W_gateᵀ"},
     {LayerAct::up,       "up",       act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 2, "xn2·W_upᵀ"},
+    {LayerAct::lora_gate, "lora_a.gate_proj", act_shapes::bsr, ActDType::D, Category::activations, ForAttention::both, ForModel::lora_gate, UnderCheckpointing::recomputed, 3, "xn2·A_gateᵀ (LoRA on gate_proj): dB_gate reads it"},
+    {LayerAct::lora_up, "lora_a.up_proj", act_shapes::bsr, ActDType::D, Category::activations, ForAttention::both, ForModel::lora_up, UnderCheckpointing::recomputed, 3, "xn2·A_upᵀ (LoRA on up_proj): dB_up reads it"},
     {LayerAct::act,      "act",      act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 1, "silu(gate)·up"},
+    {LayerAct::lora_down, "lora_a.down_proj", act_shapes::bsr, ActDType::D, Category::activations, ForAttention::both, ForModel::lora_down, UnderCheckpointing::recomputed, 1, "act·A_downᵀ (LoRA on down_proj): dB_down reads it"},
     {LayerAct::out,      "out",      act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::kept,       0, "h_mid + act·W_downᵀ = x_{l+1}"},
 };
 // clang-format on
@@ -136,10 +168,11 @@ inline constexpr LayerActSpec kLayerActs[kNumLayerActs] = {
 // docs/native-plan.md lists them (after the step's own workspace buffers). `out` is not in it
 // (its consumer frees it).
 inline constexpr LayerAct kBackwardFreeOrder[] = {
-    LayerAct::act,    LayerAct::gate,     LayerAct::up,     LayerAct::xn2, LayerAct::h_mid,
-    LayerAct::rstd2,  LayerAct::attn_out, LayerAct::probs,  LayerAct::lse, LayerAct::q_pre,
-    LayerAct::q_rstd, LayerAct::k_pre,    LayerAct::k_rstd, LayerAct::q,   LayerAct::k,
-    LayerAct::v,      LayerAct::xn1,      LayerAct::rstd1,
+    LayerAct::act,    LayerAct::lora_down, LayerAct::gate,      LayerAct::up,     LayerAct::xn2,
+    LayerAct::lora_gate, LayerAct::lora_up, LayerAct::h_mid,    LayerAct::rstd2,  LayerAct::lora_o,
+    LayerAct::attn_out, LayerAct::probs,  LayerAct::lse,      LayerAct::q_pre,  LayerAct::q_rstd,
+    LayerAct::k_pre,  LayerAct::k_rstd,    LayerAct::q,         LayerAct::k,      LayerAct::v,
+    LayerAct::lora_q, LayerAct::lora_k,    LayerAct::lora_v,    LayerAct::xn1,    LayerAct::rstd1,
 };
 
 constexpr const LayerActSpec& layer_act(LayerAct x) {
@@ -181,10 +214,15 @@ constexpr bool selective_probs(const TrainConfig& train) {
   return train.checkpointing == Checkpointing::selective && train.attention == Attention::eager;
 }
 
-// Whether `pass` allocates the row for `model` under `attention`.
-constexpr bool allocated_in(const LayerActSpec& row, const ModelConfig& model, Attention attention,
-                            ActPass pass) {
+// Whether `pass` allocates the row for `model` under `train` (its attention variant and LoRA
+// targets).
+constexpr bool allocated_in(const LayerActSpec& row, const ModelConfig& model,
+                            const TrainConfig& train, ActPass pass) {
+  const Attention attention = train.attention;
   if (row.model == ForModel::qk_norm && !model.qk_norm) return false;
+  if (lora_target_of(row.model) != 0 &&
+      (!train.lora() || (train.lora_targets & lora_target_of(row.model)) == 0))
+    return false;
   if (row.attention == ForAttention::eager && attention != Attention::eager) return false;
   if (row.attention == ForAttention::flash && attention != Attention::flash) return false;
   return pass == ActPass::forward || row.checkpointing == UnderCheckpointing::recomputed;
@@ -195,6 +233,8 @@ constexpr bool allocated_in(const LayerActSpec& row, const ModelConfig& model, A
 // its sequence rows (module note of Extent). ActDims::of is the whole layer (sr = s).
 struct ActDims {
   std::int64_t b, s, h, i, a, k, d, sr;
+  std::int64_t r = 0;     // LoRA rank (0: no adapters)
+  unsigned lora = 0;      // LoRA targets (LoraTarget bits)
   static ActDims of(const ModelConfig& model, const TrainConfig& train);
 };
 std::vector<std::int64_t> act_shape(const ActShape& shape, const ActDims& dims);

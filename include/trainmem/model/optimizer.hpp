@@ -34,6 +34,9 @@ OptimizerSettings default_optimizer_settings(Optimizer kind);
 // (AdamW 12 or 8, SGD 4 or 0, LOMO 0).
 std::uint64_t optimizer_state_bytes_per_param(Optimizer kind, DType d);
 
+// The optimizer index of a frozen parameter (LoRA's base): no states, never updated.
+constexpr std::size_t kNoOptimizerState = ~std::size_t{0};
+
 class ParameterOptimizer {
  public:
   ParameterOptimizer(const OptimizerSettings& settings, Backend& backend, Ledger& ledger);
@@ -49,8 +52,8 @@ class ParameterOptimizer {
   // Returns the parameter's index for update().
   std::size_t add_parameter(const std::string& name, int layer,
                             const std::vector<std::int64_t>& shape);
-  // The fp32 master copy of parameter `index`, or nullptr when there is none (D = fp32 or
-  // LOMO). The model writes the initial weights into it beside the D weights.
+  // The fp32 master copy of parameter `index`, or nullptr when there is none (D = fp32, LOMO,
+  // or kNoOptimizerState). The model writes the initial weights into it beside the D weights.
   float* master(std::size_t index) const;
 
   // Applies one update to parameter `index` (n elements of D at `param`) with its gradient.
