@@ -190,7 +190,21 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
     std::string args, message;
   };
   for (const Case& c : std::vector<Case>{
-           {"profile --model tiny --backend meta --finetune lora", "--finetune lora"},
+           {"profile --model tiny --backend meta --finetune qlora", "no 4-bit base yet"},
+           {"profile --model tiny --backend meta --finetune lora --lora-dropout 0.1",
+            "--lora-dropout 0.1"},
+           {"profile --model tiny --backend meta --finetune lora --optimizer adamw8bit",
+            "--optimizer adamw8bit"},
+           {"profile --model tiny --backend meta --finetune lora --optimizer lomo",
+            "--optimizer lomo with --finetune lora"},
+           {"profile --model tiny --backend meta --finetune lora --world-size 2 --zero 2",
+            "--finetune lora with a parallel layout"},
+           {"profile --model tiny --backend meta --finetune lora --world-size 2 --zero 2 "
+            "--profile native",
+            "--finetune lora with a parallel layout"},
+           {"profile --model tiny --backend meta --finetune lora --profile hf-eager",
+            "--profile hf-eager with --finetune lora"},
+           {"compare --model tiny --backend meta --finetune lora", "--finetune lora"},
            {"sweep --model tiny --backend meta --finetune qlora", "--finetune qlora"},
            {"maxbatch --model tiny --budget 1GiB --finetune lora --world-size 2 --zero 2",
             "--world-size with --finetune lora"},
@@ -242,6 +256,36 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
     EXPECT_EQ(r.code, 2) << r.out << r.err;
     EXPECT_TRUE(has(r.err, c.message)) << r.err;
   }
+}
+
+// trainmem's own step with LoRA, as a user runs it: the measured ledger reconciles with the
+// native profile exactly, hf-peft is shown beside it, and the model states are the adapters'
+// (written out here from peft's shapes).
+TEST(CliE2ELora, ProfileRunsTheLoraStepOnTheCpu) {
+  const Result r = trainmem(
+      "profile --model tiny --finetune lora --lora-rank 4 --lora-targets q_proj,v_proj,down_proj "
+      "--backend cpu --batch 2 --seq 16 --checkpointing full --format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.j();
+  ASSERT_TRUE(j["analytic"].contains("native")) << j["analytic"];
+  ASSERT_TRUE(j["analytic"].contains("hf-peft")) << j["analytic"];
+  const json& m = j["measured"]["ledger"];
+  // tiny: h 64, i 176, 4 heads of 16, 2 layers, V 128, untied.
+  const u64 h = 64, i = 176, L = 2, V = 128, r4 = 4;
+  const u64 adapters = L * r4 * (2 * (h + h) + (i + h));  // q, v: (h, h); down: (i, h)
+  const u64 base = 2 * V * h + L * (2 * h + 4 * h * h + 3 * h * i) + h;
+  EXPECT_EQ(n(m["params"]), 2 * (base + adapters));
+  EXPECT_EQ(n(m["gradients"]), 2 * adapters);
+  EXPECT_EQ(n(m["optimizer_states"]), 12 * adapters);
+  ASSERT_FALSE(j["reconciliation"].empty());
+  for (const json& row : j["reconciliation"]) EXPECT_EQ(row["ok"], true) << row;
+  EXPECT_EQ(j["run"]["finetune"], "lora");
+  EXPECT_EQ(j["run"]["lora_rank"], 4);
+  EXPECT_EQ(j["run"]["lora_targets"], "q_proj,v_proj,down_proj");
+  // The full fine-tune's run block has no LoRA keys.
+  const Result f = trainmem("profile --model tiny --backend meta --batch 1 --seq 4 --format json");
+  ASSERT_EQ(f.code, 0) << f.err;
+  EXPECT_FALSE(f.j()["run"].contains("finetune"));
 }
 
 // "What does QLoRA change against the full fine-tune?": diff computes both sides now, a

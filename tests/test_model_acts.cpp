@@ -30,15 +30,17 @@ namespace {
 // frees each row), transcribed by hand. Shapes are written with the plan's letters.
 struct Dims {
   std::int64_t b, s, h, i, a, k, d;
+  std::int64_t r = 0;  // LoRA rank
 };
 enum class Only { both, eager, flash };
 struct PlanRow {
   const char* name;
   std::function<std::vector<std::int64_t>(const Dims&)> shape;
-  bool f32;        // "f32" in the plan; otherwise the training dtype D
-  Only attention;  // "eager: probs | flash: lse"
-  bool qk_norm;    // marked [qk_norm]
-  int freed_at;    // backward step of the layer that frees it; 0: `out`, freed by its consumer
+  bool f32;           // "f32" in the plan; otherwise the training dtype D
+  Only attention;     // "eager: probs | flash: lse"
+  bool qk_norm;       // marked [qk_norm]
+  int freed_at;       // backward step of the layer that frees it; 0: `out`, freed by its consumer
+  unsigned lora = 0;  // marked [lora <proj>]: allocated when LoRA targets that projection (its bit)
 };
 const std::vector<PlanRow>& plan_rows() {
   using S = std::vector<std::int64_t>;
@@ -88,6 +90,21 @@ const std::vector<PlanRow>& plan_rows() {
          return S{x.b, x.s, x.k * x.d};
        },
        false, Only::both, false, 8},
+      {"lora_a.q_proj",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.r};
+       },
+       false, Only::both, false, 8, 1u << 0},
+      {"lora_a.k_proj",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.r};
+       },
+       false, Only::both, false, 8, 1u << 1},
+      {"lora_a.v_proj",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.r};
+       },
+       false, Only::both, false, 8, 1u << 2},
       {"probs",
        [](const Dims& x) {
          return S{x.b, x.a, x.s, x.s};
@@ -103,6 +120,11 @@ const std::vector<PlanRow>& plan_rows() {
          return S{x.b, x.s, x.a * x.d};
        },
        false, Only::both, false, 6},
+      {"lora_a.o_proj",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.r};
+       },
+       false, Only::both, false, 5, 1u << 3},
       {"h_mid",
        [](const Dims& x) {
          return S{x.b, x.s, x.h};
@@ -128,11 +150,26 @@ const std::vector<PlanRow>& plan_rows() {
          return S{x.b, x.s, x.i};
        },
        false, Only::both, false, 2},
+      {"lora_a.gate_proj",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.r};
+       },
+       false, Only::both, false, 3, 1u << 4},
+      {"lora_a.up_proj",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.r};
+       },
+       false, Only::both, false, 3, 1u << 5},
       {"act",
        [](const Dims& x) {
          return S{x.b, x.s, x.i};
        },
        false, Only::both, false, 1},
+      {"lora_a.down_proj",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.r};
+       },
+       false, Only::both, false, 1, 1u << 6},
       {"out",
        [](const Dims& x) {
          return S{x.b, x.s, x.h};
@@ -141,12 +178,34 @@ const std::vector<PlanRow>& plan_rows() {
   };
   return rows;
 }
-// The frees of the layer's backward in order, as the plan's steps list them: 1 act; 2 gate, up;
-// 3 xn2; 4 h_mid, rstd2; 6 attn_out, probs|lse; 7 q_pre, q_rstd, k_pre, k_rstd; 8 q, k, v, xn1;
-// 9 rstd1.
-const std::vector<std::string> kPlanFreeOrder = {
-    "act",   "gate",   "up",    "xn2",    "h_mid", "rstd2", "attn_out", "probs", "lse",
-    "q_pre", "q_rstd", "k_pre", "k_rstd", "q",     "k",     "v",        "xn1",   "rstd1"};
+// The frees of the layer's backward in order, as the plan's steps list them: 1 act, lora_a.down;
+// 2 gate, up; 3 xn2, lora_a.gate, lora_a.up; 4 h_mid, rstd2; 5 lora_a.o; 6 attn_out, probs|lse;
+// 7 q_pre, q_rstd, k_pre, k_rstd; 8 q, k, v, lora_a.q, lora_a.k, lora_a.v, xn1; 9 rstd1.
+const std::vector<std::string> kPlanFreeOrder = {"act",
+                                                 "lora_a.down_proj",
+                                                 "gate",
+                                                 "up",
+                                                 "xn2",
+                                                 "lora_a.gate_proj",
+                                                 "lora_a.up_proj",
+                                                 "h_mid",
+                                                 "rstd2",
+                                                 "lora_a.o_proj",
+                                                 "attn_out",
+                                                 "probs",
+                                                 "lse",
+                                                 "q_pre",
+                                                 "q_rstd",
+                                                 "k_pre",
+                                                 "k_rstd",
+                                                 "q",
+                                                 "k",
+                                                 "v",
+                                                 "lora_a.q_proj",
+                                                 "lora_a.k_proj",
+                                                 "lora_a.v_proj",
+                                                 "xn1",
+                                                 "rstd1"};
 
 const PlanRow& plan_row(const std::string& name) {
   for (const auto& r : plan_rows())
@@ -154,8 +213,9 @@ const PlanRow& plan_row(const std::string& name) {
   throw Error("test: no plan row " + name);
 }
 
-bool plan_allocates(const PlanRow& r, const ModelConfig& m, Attention at) {
+bool plan_allocates(const PlanRow& r, const ModelConfig& m, Attention at, unsigned lora = 0) {
   if (r.qk_norm && !m.qk_norm) return false;
+  if (r.lora != 0 && (lora & r.lora) == 0) return false;
   if (r.attention == Only::eager) return at == Attention::eager;
   if (r.attention == Only::flash) return at == Attention::flash;
   return true;
@@ -173,9 +233,10 @@ std::vector<Expected> expected_rows(const ModelConfig& m, const TrainConfig& t, 
   std::vector<Expected> out;
   if (recompute && t.checkpointing != Checkpointing::full) return out;
   const std::int64_t d = m.explicit_head_dim ? m.explicit_head_dim : m.hidden / m.heads;
-  const Dims x{t.batch, t.seq, m.hidden, m.intermediate, m.heads, m.kv_heads, d};
+  const Dims x{t.batch, t.seq, m.hidden, m.intermediate, m.heads, m.kv_heads, d, t.lora_rank};
   for (const auto& r : plan_rows()) {
-    if (!plan_allocates(r, m, t.attention) || (recompute && r.freed_at == 0)) continue;
+    if (!plan_allocates(r, m, t.attention, t.lora_targets) || (recompute && r.freed_at == 0))
+      continue;
     Expected e{r.name, r.shape(x), r.f32 ? DType::f32 : t.dtype, 0};
     std::uint64_t n = 1;
     for (auto v : e.shape) n *= std::uint64_t(v);
@@ -253,91 +314,115 @@ TEST_P(LayerActsTable, ForwardRecomputeAndFreesFollowThePlan) {
   const ActsMode md = GetParam();
   // Workspace buffers of a layer's backward and the step allocating each (docs/native-plan.md).
   const std::map<std::string, int> landmark_step = {
-      {"d_act", 1}, {"d_gate", 2},  {"d_up", 2},   {"d_xn2", 3},   {"d_attn_out", 5},
-      {"d_q", 6},   {"d_k", 6},     {"d_v", 6},    {"d_probs", 6}, {"attn_delta", 6},
-      {"d_xn1", 8}, {"d_q_pre", 7}, {"d_k_pre", 7}};
-  for (const char* name : {"tiny-gqa", "tiny-awkward", "tiny-qwen3", "tiny-qwen2",
-                           "llama-narrow-mlp", "narrow-awkward"})
-    for (DType dt : {DType::bf16, DType::f32}) {
-      SCOPED_TRACE(std::string(name) + " " + dtype_name(dt));
-      const ModelConfig m = any_config(name);
-      const TrainConfig t = train_config(2, 7, dt, Optimizer::adamw, md.ckpt, md.attn);
-      ModelRun run(BackendKind::meta, m, t);
-      run.model->init_random(1);
-      run.model->random_tokens(2);
-      run.model->train_step();
-      const Ledger& ledger = *run.ledger;
-      const auto fwd_want = expected_rows(m, t, false);
-      const auto rc_want = expected_rows(m, t, true);
-      expect_plan(layer_activation_plan(m, t, ActPass::forward), fwd_want);
-      expect_plan(layer_activation_plan(m, t, ActPass::recompute), rc_want);
-      EXPECT_EQ(rc_want.empty(), md.ckpt == Checkpointing::none);
+      {"d_act", 1},
+      {"d_gate", 2},
+      {"d_up", 2},
+      {"d_xn2", 3},
+      {"d_attn_out", 5},
+      {"d_q", 6},
+      {"d_k", 6},
+      {"d_v", 6},
+      {"d_probs", 6},
+      {"attn_delta", 6},
+      {"d_xn1", 8},
+      {"d_q_pre", 7},
+      {"d_k_pre", 7},
+      // LoRA: each target's d_lora_a (the step of its projection's backward).
+      {"d_lora_a.down_proj", 1},
+      {"d_lora_a.gate_proj", 3},
+      {"d_lora_a.up_proj", 3},
+      {"d_lora_a.o_proj", 5},
+      {"d_lora_a.q_proj", 8},
+      {"d_lora_a.k_proj", 8},
+      {"d_lora_a.v_proj", 8}};
+  // The full fine-tune, LoRA on all seven projections, LoRA on q, v and down (bits 0, 2, 6).
+  for (unsigned lora : {0u, 0x7fu, 0x45u})
+    for (const char* name : {"tiny-gqa", "tiny-awkward", "tiny-qwen3", "tiny-qwen2",
+                             "llama-narrow-mlp", "narrow-awkward"})
+      for (DType dt : {DType::bf16, DType::f32}) {
+        SCOPED_TRACE(std::string(name) + " " + dtype_name(dt) + " lora " + std::to_string(lora));
+        const ModelConfig m = any_config(name);
+        TrainConfig t = train_config(2, 7, dt, Optimizer::adamw, md.ckpt, md.attn);
+        t.lora_rank = lora ? 3 : 0;
+        t.lora_targets = lora;
+        ModelRun run(BackendKind::meta, m, t);
+        run.model->init_random(1);
+        run.model->random_tokens(2);
+        run.model->train_step();
+        const Ledger& ledger = *run.ledger;
+        const auto fwd_want = expected_rows(m, t, false);
+        const auto rc_want = expected_rows(m, t, true);
+        expect_plan(layer_activation_plan(m, t, ActPass::forward), fwd_want);
+        expect_plan(layer_activation_plan(m, t, ActPass::recompute), rc_want);
+        EXPECT_EQ(rc_want.empty(), md.ckpt == Checkpointing::none);
 
-      for (int l = 0; l < m.layers; ++l) {
-        SCOPED_TRACE("layer " + std::to_string(l));
-        const auto fwd = layer_records(ledger, l, Phase::forward);
-        const auto rc = layer_records(ledger, l, Phase::recompute);
-        expect_listing(fwd_want, fwd);
-        expect_listing(rc_want, rc);
-        if (testing::Test::HasFailure()) return;
+        for (int l = 0; l < m.layers; ++l) {
+          SCOPED_TRACE("layer " + std::to_string(l));
+          const auto fwd = layer_records(ledger, l, Phase::forward);
+          const auto rc = layer_records(ledger, l, Phase::recompute);
+          expect_listing(fwd_want, fwd);
+          expect_listing(rc_want, rc);
+          if (testing::Test::HasFailure()) return;
 
-        // Alive at the end of forward: every row, or only `out` under checkpointing.
-        std::uint64_t kept = 0;
-        for (const auto& e : fwd_want)
-          if (md.ckpt == Checkpointing::none || e.name == "out") kept += e.bytes;
-        EXPECT_EQ(run.model->activations_by_layer()[std::size_t(l) + 1], kept);
+          // Alive at the end of forward: every row, or only `out` under checkpointing.
+          std::uint64_t kept = 0;
+          for (const auto& e : fwd_want)
+            if (md.ckpt == Checkpointing::none || e.name == "out") kept += e.bytes;
+          EXPECT_EQ(run.model->activations_by_layer()[std::size_t(l) + 1], kept);
 
-        // The records the backward frees: the forward's (none) or the recompute's (full).
-        auto by_free = [](std::vector<const TensorRecord*> v) {
-          std::sort(v.begin(), v.end(), [](auto* x, auto* y) { return x->free_seq < y->free_seq; });
-          return v;
-        };
-        std::vector<std::string> freed_order, want_order;
-        std::vector<const TensorRecord*> freed_by_backward;
-        if (md.ckpt == Checkpointing::full) {
-          // Forward: every row but `out` in reverse allocation order, right after `out`; `out`
-          // later, by its consumer.
-          std::vector<std::string> got, want;
-          for (const auto* r : by_free(fwd)) got.push_back(r->name);
-          for (auto it = fwd_want.rbegin(); it != fwd_want.rend(); ++it)
-            if (it->name != "out") want.push_back(it->name);
-          want.push_back("out");
-          EXPECT_EQ(got, want);
-          // ... as the events right after `out`'s allocation.
-          const TensorRecord* out = fwd.back();
-          ASSERT_EQ(out->name, "out");
-          const auto freed = by_free(fwd);
-          for (std::size_t j = 0; j + 1 < freed.size(); ++j)
-            EXPECT_EQ(freed[j]->free_seq, out->alloc_seq + j + 1) << freed[j]->name;
-          freed_by_backward = rc;
-        } else {
-          for (const auto* r : fwd)
-            if (r->name != "out") freed_by_backward.push_back(r);
-        }
-        for (const auto* r : by_free(freed_by_backward)) freed_order.push_back(r->name);
-        for (const std::string& n : kPlanFreeOrder)
-          if (plan_allocates(plan_row(n), m, t.attention)) want_order.push_back(n);
-        EXPECT_EQ(freed_order, want_order);
+          // The records the backward frees: the forward's (none) or the recompute's (full).
+          auto by_free = [](std::vector<const TensorRecord*> v) {
+            std::sort(v.begin(), v.end(),
+                      [](auto* x, auto* y) { return x->free_seq < y->free_seq; });
+            return v;
+          };
+          std::vector<std::string> freed_order, want_order;
+          std::vector<const TensorRecord*> freed_by_backward;
+          if (md.ckpt == Checkpointing::full) {
+            // Forward: every row but `out` in reverse allocation order, right after `out`; `out`
+            // later, by its consumer.
+            std::vector<std::string> got, want;
+            for (const auto* r : by_free(fwd)) got.push_back(r->name);
+            for (auto it = fwd_want.rbegin(); it != fwd_want.rend(); ++it)
+              if (it->name != "out") want.push_back(it->name);
+            want.push_back("out");
+            EXPECT_EQ(got, want);
+            // ... as the events right after `out`'s allocation.
+            const TensorRecord* out = fwd.back();
+            ASSERT_EQ(out->name, "out");
+            const auto freed = by_free(fwd);
+            for (std::size_t j = 0; j + 1 < freed.size(); ++j)
+              EXPECT_EQ(freed[j]->free_seq, out->alloc_seq + j + 1) << freed[j]->name;
+            freed_by_backward = rc;
+          } else {
+            for (const auto* r : fwd)
+              if (r->name != "out") freed_by_backward.push_back(r);
+          }
+          for (const auto* r : by_free(freed_by_backward)) freed_order.push_back(r->name);
+          for (const std::string& n : kPlanFreeOrder)
+            if (plan_allocates(plan_row(n), m, t.attention, t.lora_targets))
+              want_order.push_back(n);
+          EXPECT_EQ(freed_order, want_order);
 
-        // Each row freed in its backward step: after every landmark of the steps up to it,
-        // before every landmark of the later steps.
-        std::vector<std::pair<int, const TensorRecord*>> landmarks;
-        for (const auto& r : ledger.tensors())
-          if (r.category == Category::workspace && r.layer == l && r.step == 1 &&
-              r.phase == Phase::backward && landmark_step.count(r.name))
-            landmarks.push_back({landmark_step.at(r.name), &r});
-        ASSERT_EQ(landmarks.size(), m.qk_norm ? 12u : 10u);
-        for (const auto* r : freed_by_backward) {
-          const int step = plan_row(r->name).freed_at;
-          for (const auto& [lm_step, lm] : landmarks) {
-            if (lm_step <= step)
-              EXPECT_GT(r->free_seq, lm->alloc_seq) << r->name << " vs " << lm->name;
-            else
-              EXPECT_LT(r->free_seq, lm->alloc_seq) << r->name << " vs " << lm->name;
+          // Each row freed in its backward step: after every landmark of the steps up to it,
+          // before every landmark of the later steps.
+          std::vector<std::pair<int, const TensorRecord*>> landmarks;
+          for (const auto& r : ledger.tensors())
+            if (r.category == Category::workspace && r.layer == l && r.step == 1 &&
+                r.phase == Phase::backward && landmark_step.count(r.name))
+              landmarks.push_back({landmark_step.at(r.name), &r});
+          ASSERT_EQ(landmarks.size(), (m.qk_norm ? 12u : 10u) + unsigned(__builtin_popcount(lora)));
+          for (const auto* r : freed_by_backward) {
+            const int step = plan_row(r->name).freed_at;
+            for (const auto& [lm_step, lm] : landmarks) {
+              if (lm_step <= step)
+                EXPECT_GT(r->free_seq, lm->alloc_seq) << r->name << " vs " << lm->name;
+              else
+                EXPECT_LT(r->free_seq, lm->alloc_seq) << r->name << " vs " << lm->name;
+            }
           }
         }
       }
-    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, LayerActsTable,

@@ -257,23 +257,41 @@ class FamilyGradients : public testing::TestWithParam<std::string> {};
 // bound in every check, under OPENBLAS_CORETYPE Haswell, SkylakeX and Zen, TRAINMEM_CPU_GEMM auto
 // and generic, 1 or 3 threads. The embedding's gradient scaled by 1.01 fails along both directions,
 // in every family.
-TEST_P(FamilyGradients, MatchFiniteDifferencesForEveryTensor) {
-  const std::string name = GetParam();
+// The check above for every trained tensor of `name` under `base` (its attention set here);
+// `lora`: the LoRA step, whose B starts at zero (then dA is zero): B is drawn like the other
+// matrices, 0.02·N(0,1), so that every adapter has a gradient.
+void check_every_gradient(const std::string& name, TrainConfig base, bool lora) {
   const ModelConfig m = family_config(name);
   // s = 13 exceeds the windows (5, 6): windowed layers mask keys.
   for (Attention at : {Attention::eager, Attention::flash}) {
     SCOPED_TRACE(attention_name(at));
-    const TrainConfig t = train_config(2, 13, DType::f32, Optimizer::sgd, Checkpointing::none, at);
+    TrainConfig t = base;
+    t.attention = at;
     LossAt loss(m, t, name + "_fd.safetensors");
     loss.run.model->random_tokens(3);
-    const Values w0 = varied_weights(*loss.run.model, 21);
+    Values w0 = varied_weights(*loss.run.model, 21);
+    if (lora) {
+      std::mt19937_64 bgen(5);
+      std::normal_distribution<float> b01(0.f, 1.f);
+      for (auto& [pname, x] : w0)
+        if (pname.find(".lora_B.") != std::string::npos)
+          for (auto& e : x) e += 0.02f * b01(bgen);
+    }
     GradMap g;
     const float L0 = loss(w0, &g);
     EXPECT_TRUE(std::isfinite(L0));
-    ASSERT_EQ(g.size(), loss.run.model->parameters().size());
+    std::size_t trained = 0;
+    for (const auto& p : loss.run.model->parameters()) trained += p.trainable ? 1 : 0;
+    ASSERT_EQ(g.size(), trained);
+    if (lora) {  // only the adapters: A and B of each target in every layer
+      ASSERT_EQ(trained, std::size_t(2 * m.layers * __builtin_popcount(t.lora_targets)));
+      for (const auto& [pname, grad] : g)
+        EXPECT_NE(pname.find(".lora_"), std::string::npos) << pname << " was trained";
+    }
     std::mt19937_64 gen(99);
     std::normal_distribution<double> n01(0.0, 1.0);
     for (const auto& p : loss.run.model->parameters()) {
+      if (!p.trainable) continue;
       const std::vector<float>& gp = g.at(p.name);
       const std::size_t n = gp.size();
       double norm = 0;
@@ -325,6 +343,25 @@ TEST_P(FamilyGradients, MatchFiniteDifferencesForEveryTensor) {
       }
     }
   }
+}
+
+TEST_P(FamilyGradients, MatchFiniteDifferencesForEveryTensor) {
+  check_every_gradient(
+      GetParam(),
+      train_config(2, 13, DType::f32, Optimizer::sgd, Checkpointing::none, Attention::eager),
+      false);
+}
+
+// LoRA (issue 28) on every projection at rank 3, alpha 5 (scaling 5/3, not 1): the gradients
+// of each adapter's A and B through the frozen base, by the same bound. The base weights get
+// none (the count above).
+TEST_P(FamilyGradients, LoraAdaptersMatchFiniteDifferences) {
+  TrainConfig t =
+      train_config(2, 13, DType::f32, Optimizer::sgd, Checkpointing::none, Attention::eager);
+  t.lora_rank = 3;
+  t.lora_targets = 0x7f;
+  t.lora_alpha = 5.0f;
+  check_every_gradient(GetParam(), t, true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyGradients, testing::ValuesIn(family_names()),

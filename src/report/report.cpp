@@ -251,6 +251,12 @@ json run_json(const TrainConfig& t, const std::string& backend, int steps) {
          {key::kCheckpointing, checkpointing_name(t)},
          {key::kAttention, attention_name(t.attention)},
          {key::kOffloadActivations, t.offload_activations}};
+  if (t.lora()) {  // trainmem's own LoRA step (docs/native-plan.md, "LoRA")
+    j["finetune"] = "lora";
+    j["lora_rank"] = t.lora_rank;
+    j["lora_targets"] = lora_targets_name(t.lora_targets);
+    j["lora_alpha"] = t.lora_alpha;
+  }
   j[key::kBackend] = backend.empty() ? json(nullptr) : json(backend);
   j[key::kSteps] = steps < 0 ? json(nullptr) : json(steps);
   return j;

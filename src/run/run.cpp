@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "trainmem/base/error.hpp"
+#include "trainmem/base/lora.hpp"
 #include "trainmem/model/model.hpp"
 #include "trainmem/model/model_io.hpp"
 #include "trainmem/probes/cupti_tag_allocator.hpp"
@@ -399,6 +400,8 @@ std::string run_title(const ModelConfig& m, const TrainConfig& t) {
     << optimizer_name(t.optimizer) << "  checkpointing=" << checkpointing_name(t)
     << " attention=" << attention_name(t.attention)
     << (t.offload_activations ? " offload-activations" : "");
+  if (t.lora())
+    o << "  lora r=" << t.lora_rank << " " << lora_targets_name(t.lora_targets) << " (base frozen)";
   return o.str();
 }
 
