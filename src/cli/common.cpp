@@ -227,7 +227,8 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
          "--finetune", flags.finetune,
          "full|lora|qlora: what is trained. lora and qlora (estimate, maxbatch) model peft's "
          "adapters on a frozen 16-bit or bitsandbytes 4-bit base as HF + peft run them "
-         "(profile hf-peft; docs/formulas.md)")
+         "(profile hf-peft; docs/formulas.md); profile --finetune lora runs trainmem's own "
+         "step with the adapters (docs/native-plan.md, \"LoRA\")")
       ->capture_default_str();
   cmd.add_option("--lora-rank", flags.lora_rank, "LoRA rank r (1 to 65536)")
       ->check(integer_check<std::int64_t>("an integer; allowed: an integer from 1 to 65536"))
