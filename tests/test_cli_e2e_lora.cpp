@@ -4,6 +4,8 @@
 // real runs are tests/test_analytic_peft.cpp's.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "test_cli_e2e_helpers.hpp"
 
 namespace trainmem::e2e {
@@ -204,8 +206,10 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
             "--finetune lora with a parallel layout"},
            {"profile --model tiny --backend meta --finetune lora --profile hf-eager",
             "--profile hf-eager with --finetune lora"},
-           {"compare --model tiny --backend meta --finetune lora", "--finetune lora"},
+           {"compare --model tiny --backend meta --finetune qlora", "no 4-bit base yet"},
            {"sweep --model tiny --backend meta --finetune qlora", "--finetune qlora"},
+           {"plan --model tiny --gpus 2 --gpu-memory 1GiB --global-batch 2 --finetune lora",
+            "--finetune"},
            {"maxbatch --model tiny --budget 1GiB --finetune lora --world-size 2 --zero 2",
             "--world-size with --finetune lora"},
            {"maxbatch --model tiny --budget 1GiB --finetune lora --allocator pytorch",
@@ -286,6 +290,31 @@ TEST(CliE2ELora, ProfileRunsTheLoraStepOnTheCpu) {
   const Result f = trainmem("profile --model tiny --backend meta --batch 1 --seq 4 --format json");
   ASSERT_EQ(f.code, 0) << f.err;
   EXPECT_FALSE(f.j()["run"].contains("finetune"));
+}
+
+// compare and sweep run the LoRA step in each of their runs; every run reconciles exactly with
+// the native profile, and the adapters' books do not change with the batch, the sequence or the
+// checkpointing.
+TEST(CliE2ELora, CompareAndSweepRunTheLoraStep) {
+  for (const std::string cmd :
+       {"compare --model tiny-qwen3 --finetune lora --lora-targets all-linear --lora-rank 2 "
+        "--backend cpu --batch 2 --seq 12 --checkpointing both --format json",
+        "sweep --model tiny-qwen3 --finetune lora --lora-targets all-linear --lora-rank 2 "
+        "--backend meta --batch 1,2 --seq 8,16 --format json"}) {
+    SCOPED_TRACE(cmd);
+    const Result r = trainmem(cmd);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const json j = r.j();
+    ASSERT_GE(j["runs"].size(), 2u);
+    std::set<u64> grads;
+    for (const json& run : j["runs"]) {
+      EXPECT_EQ(run["run"]["finetune"], "lora");
+      ASSERT_FALSE(run["reconciliation"].empty());
+      for (const json& row : run["reconciliation"]) EXPECT_EQ(row["ok"], true) << row;
+      grads.insert(n(run["measured"]["ledger"]["gradients"]));
+    }
+    EXPECT_EQ(grads.size(), 1u);
+  }
 }
 
 // "What does QLoRA change against the full fine-tune?": diff computes both sides now, a

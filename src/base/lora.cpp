@@ -74,4 +74,10 @@ std::uint64_t lora_trainable_count(const ModelConfig& m, std::int64_t rank, unsi
                          "--lora-rank * adapter widths * num_hidden_layers");
 }
 
+std::string lora_title(const TrainConfig& t) {
+  if (!t.lora()) return "";
+  return "  lora r=" + std::to_string(t.lora_rank) + " " + lora_targets_name(t.lora_targets) +
+         " (base frozen)";
+}
+
 }  // namespace trainmem

@@ -125,7 +125,8 @@ int run_compare_layout(const Common& c, const CompareFlags& flags, const Paralle
 }
 
 int run_compare(const CompareFlags& flags) {
-  Common c = resolve_common(flags.common, true, true);
+  Common c = resolve_common(flags.common, true, true, /*allow_finetune=*/false,
+                            /*native_lora=*/true);
   const ParallelConfig par = resolve_layout(flags.layout, c.model, c.train);
   const std::string& be = flags.run.backend;
   check_collectives_flag(flags.launch, par.distributed() && (be == "cpu" || be == "cuda"));

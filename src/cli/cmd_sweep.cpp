@@ -103,7 +103,8 @@ int run_sweep(const SweepFlags& flags) {
   CommonFlags common = flags.common;
   common.batch = *std::max_element(batches.begin(), batches.end());
   common.seq = *std::max_element(seqs.begin(), seqs.end());
-  const Common c = resolve_common(common, false, false);
+  const Common c = resolve_common(common, false, false, /*allow_finetune=*/false,
+                                  /*native_lora=*/true);
   const auto models = model_variants(c.model, flags);
   const FitTerms terms = models.size() > 1 ? FitTerms::separate : FitTerms::one_model;
 

@@ -523,6 +523,7 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
                      ": activation offload is trainmem's own step's; hf-peft models HF's step, "
                      "which keeps its activations on the GPU");
 
+  bool all_profiles = false;
   for (const auto& p : split_commas(flags.profile)) {
     std::vector<std::string> expanded;
     if (p == "all")
@@ -534,6 +535,7 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
     else
       throw InputError("--profile: unknown profile '" + p + "'; allowed: " + join(kProfiles) +
                        ", all (or a comma-separated list)");
+    all_profiles |= p == "all";
     for (const auto& e : expanded)
       if (std::find(c.profiles.begin(), c.profiles.end(), e) == c.profiles.end())
         c.profiles.push_back(e);
@@ -554,6 +556,16 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
     throw InputError("--loop: unknown loop '" + flags.loop + "'; allowed: " + join(kLoops));
   c.hf.loop = *loop;
   c.hf.use_cache = flags.use_cache;
+  if (all_profiles && native_lora && lora) {
+    // Beside the native step, hf-peft where it models the family (LLaMA, Mistral, Qwen2).
+    try {
+      check_hf_model(Profile::hf_peft, c.hf, c.model);
+    } catch (const InputError& e) {
+      spdlog::info("--profile all: hf-peft left out: {}", e.what());
+      c.profiles.erase(std::remove(c.profiles.begin(), c.profiles.end(), "hf-peft"),
+                       c.profiles.end());
+    }
+  }
   for (const auto& name : c.profiles) {
     if (lora && name != "hf-peft" && !(native_lora && name == "native"))
       throw InputError("--profile " + name + " with --finetune " + flags.finetune +

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "trainmem/base/bytes.hpp"
+#include "trainmem/base/lora.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/run_report.hpp"
 #include "trainmem/report/schema.hpp"
@@ -300,7 +301,8 @@ void write_compare(report::ReportWriter& w, const std::vector<ComparePair>& pair
   const TrainConfig& shown = first.train;
   std::ostringstream title;
   title << "trainmem compare: " << first.model.name << "  b=" << shown.batch << " s=" << shown.seq
-        << " " << dtype_name(shown.dtype) << "  attention=" << attention_name(shown.attention);
+        << " " << dtype_name(shown.dtype) << "  attention=" << attention_name(shown.attention)
+        << lora_title(shown);
   w.title(title.str());
   if (const std::string family = report::family_line(first.model); !family.empty())
     w.paragraph(family);

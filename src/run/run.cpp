@@ -400,8 +400,7 @@ std::string run_title(const ModelConfig& m, const TrainConfig& t) {
     << optimizer_name(t.optimizer) << "  checkpointing=" << checkpointing_name(t)
     << " attention=" << attention_name(t.attention)
     << (t.offload_activations ? " offload-activations" : "");
-  if (t.lora())
-    o << "  lora r=" << t.lora_rank << " " << lora_targets_name(t.lora_targets) << " (base frozen)";
+  o << lora_title(t);
   return o.str();
 }
 
