@@ -167,7 +167,45 @@ TEST(CliE2ELora, MaxbatchAnswersForQloraWithTheHfPeftProfile) {
   ASSERT_EQ(t.code, 0) << t.err;
   EXPECT_TRUE(has(t.out, "largest batch that fits: " + std::to_string(best[1]))) << t.out;
   EXPECT_TRUE(has(t.out, "hf-peft")) << t.out;
-  EXPECT_TRUE(has(t.out, "does not run LoRA yet")) << t.out;
+  EXPECT_FALSE(has(t.out, "native rows")) << "QLoRA has no native step yet: " << t.out;
+}
+
+// LoRA on a 16-bit base: each policy answers for hf-peft and for trainmem's own step, the native
+// answer being the batch whose traced peak (`profile --backend meta`) fits while the next
+// one's does not.
+TEST(CliE2ELora, MaxbatchAnswersForLoraWithBothSteps) {
+  const std::string recipe =
+      " --model llama3-8b --finetune lora --lora-targets all-linear "
+      "--seq 2048 --attention flash ";
+  const Result r = trainmem("maxbatch" + recipe +
+                            "--checkpointing none,full --budget 24GB --overhead 0 --format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.j();
+  const u64 budget = 24000000000u;
+  int native = 0;
+  for (const json& p : j["policies"]) {
+    if (p["profile"] != "native") continue;
+    SCOPED_TRACE(p.dump());
+    ++native;
+    auto peak_at = [&](u64 batch) {
+      const Result e = trainmem("profile" + recipe + "--backend meta --profile native --steps 2 " +
+                                "--checkpointing " + p["checkpointing"].get<std::string>() +
+                                " --batch " + std::to_string(batch) + " --format json");
+      EXPECT_EQ(e.code, 0) << e.err;
+      return n(e.j()["measured"]["ledger"]["peak"]);
+    };
+    const u64 b = p["best"].is_null() ? 0 : n(p["best"]);
+    if (b > 0) {
+      EXPECT_EQ(n(p["peak"]), peak_at(b));
+      EXPECT_LE(peak_at(b), budget);
+    }
+    EXPECT_GT(peak_at(b + 1), budget);
+  }
+  EXPECT_EQ(native, 2);
+  const Result t = trainmem("maxbatch" + recipe + "--checkpointing --budget 24GB --overhead 0");
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_TRUE(has(t.out, "native, full")) << t.out;
+  EXPECT_TRUE(has(t.out, "hf-peft, full")) << t.out;
 }
 
 TEST(CliE2ELora, LoraDefaultsArePeftsQAndV) {

@@ -120,12 +120,11 @@ int run_maxbatch(const MaxbatchFlags& flags) {
   if (!flags.allocator.empty()) {
     if (lora)
       throw InputError("--allocator with --finetune " + common.finetune +
-                       ": the allocator model replays trainmem's own step, which does not run "
-                       "LoRA yet");
+                       ": the allocator model is not built for the LoRA searches yet");
     rq.allocator = parse_allocator(flags.allocator);
   }
   if (lora) {
-    // trainmem's own step does not run LoRA yet: the search uses the hf-peft profile (one GPU).
+    // The hf-peft profile's search (one GPU), and below the native step's for a 16-bit base.
     if (flags.layout.world != 1 || par.distributed())
       throw InputError("--world-size with --finetune " + common.finetune +
                        ": hf-peft models one GPU's step (no parallel layout)");
@@ -138,6 +137,11 @@ int run_maxbatch(const MaxbatchFlags& flags) {
                            "use --vary batch with --seq below it");
     rq.hf_peft = c.hf;
   }
+  // --finetune lora on a 16-bit base with adamw or sgd: trainmem's own step runs it too, and each
+  // policy gets its answer beside hf-peft's (docs/native-plan.md, "LoRA").
+  const PeftOptions& peft = c.hf.peft;
+  const bool native_lora = lora && peft.finetune == Finetune::lora && peft.quant == Quant::none &&
+                           peft.dropout == 0 && peft.optimizer == BnbOptimizer::none;
   std::string overhead_source;
   if (flags.layout.world != 1) {
     if (flags.overhead != "auto")
@@ -164,9 +168,19 @@ int run_maxbatch(const MaxbatchFlags& flags) {
                    m.search.best, c.model.name, c.model.max_positions);
     runs.push_back({std::move(one), m});
   }
+  if (native_lora)
+    for (const CheckpointPolicy& policy : c.checkpointing_modes) {
+      MaxbatchRequest one = rq;
+      one.hf_peft.reset();
+      one.train.lora_rank = peft.rank;
+      one.train.lora_targets = peft.targets;
+      policy.apply(one.train);
+      const MaxbatchResult m = find_max(one);
+      runs.push_back({std::move(one), m});
+    }
   bool any = false;
   for (const auto& r : runs) any = any || r.result.search.best > 0;
-  if (runs.size() == 1)
+  if (runs.size() == 1 && !native_lora)
     write_output(c.output,
                  report::render_maxbatch(runs.front().request, runs.front().result, budget.source,
                                          overhead_source, c.format, stdout_colour(c.output)));

@@ -32,8 +32,7 @@ std::string peaks_banner(const MaxbatchRequest& rq, const std::string& how,
            (rq.hf_peft->peft.bnb_version.empty() ? std::string("0.50")
                                                  : rq.hf_peft->peft.bnb_version) +
            " keep the step (params + gradients + optimizer states + activations at "
-           "their maxima, no transients; docs/formulas.md, \"Profile hf-peft\"): "
-           "trainmem's own step does not run LoRA yet" +
+           "their maxima, no transients; docs/formulas.md, \"Profile hf-peft\")" +
            (paged ? "; the paged optimizer's state in CUDA managed memory is outside them "
                     "(evicted to the host under pressure)"
                   : "");
@@ -265,7 +264,10 @@ std::string render_maxbatch_policies(const std::vector<MaxbatchPolicyRun>& runs,
   const std::string vary = vary_batch ? "batch" : "seq";
   const bool layout = first.layout && first.layout->distributed();
   const ByteUnit u = table_unit(first.budget);
-  report::Table t({{"checkpointing", report::Align::left},
+  // --finetune lora: hf-peft's rows and trainmem's own step's (native) side by side.
+  bool mixed = false;
+  for (const MaxbatchPolicyRun& r : runs) mixed |= bool(r.request.hf_peft) != bool(first.hf_peft);
+  report::Table t({{mixed ? "step, checkpointing" : "checkpointing", report::Align::left},
                    {"largest " + vary},
                    {std::string(layout ? "worst rank peak (" : "peak (") + u.name + ")"},
                    {std::string(layout ? "+ overheads (" : "+ overhead (") + u.name + ")"},
@@ -288,7 +290,8 @@ std::string render_maxbatch_policies(const std::vector<MaxbatchPolicyRun>& runs,
     const std::int64_t margin =
         fits ? std::int64_t(r.request.budget) - std::int64_t(s.at_best.peak + added) : 0;
     const double flops = recompute_flops_at(r.request, r.result);
-    const std::string name = checkpointing_name(r.request.train);
+    const std::string name = (mixed ? (r.request.hf_peft ? "hf-peft, " : "native, ") : "") +
+                             checkpointing_name(r.request.train);
     const std::uint64_t next_need = s.at_next.peak ? s.at_next.peak + added : 0;
     t.add_row({name, fits ? std::to_string(s.best) : "none fits",
                fits ? format_bytes(s.at_best.peak, u) : "-",
@@ -301,7 +304,8 @@ std::string render_maxbatch_policies(const std::vector<MaxbatchPolicyRun>& runs,
                      std::to_string(fits ? s.at_best.peak + added : 0), std::to_string(margin),
                      report::fixed(flops, 0), std::to_string(r.result.next),
                      std::to_string(next_need)});
-    policies.push_back({{"checkpointing", name},
+    policies.push_back({{"checkpointing", checkpointing_name(r.request.train)},
+                        {"profile", r.request.hf_peft ? "hf-peft" : "native"},
                         {"best", fits ? json(s.best) : json(nullptr)},
                         {"peak", fits ? json(s.at_best.peak) : json(nullptr)},
                         {"margin", margin},
@@ -352,8 +356,17 @@ std::string render_maxbatch_policies(const std::vector<MaxbatchPolicyRun>& runs,
   w->banner(peaks_banner(first, "on a device of budget − overhead",
                          std::string("the meta backend's exact trace of the training step") +
                              (layout ? ", per rank (the worst rank)" : "")));
+  if (mixed)
+    w->banner(
+        "native rows: the meta backend's exact trace of trainmem's own LoRA step (adapters in " +
+        std::string(dtype_name(first.train.dtype)) + " with fp32 master weights, attention=" +
+        attention_name(first.train.attention) + "; docs/native-plan.md, \"LoRA\")");
   w->table(t);
-  if (first.hf_peft)
+  if (mixed)
+    w->line(
+        "recompute: not computed for hf-peft (the native step's FLOP count does not apply); "
+        "for the native rows, the forward work the policy re-runs in backward.");
+  else if (first.hf_peft)
     w->line("recompute: not computed for hf-peft (the native step's FLOP count does not apply).");
   else
     w->line("recompute: the forward work the policy re-runs in backward at its largest " + vary +
