@@ -256,7 +256,9 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
             "--vary seq with --finetune qlora"},
            {"maxbatch --model tiny --budget 1GiB --finetune lora --checkpointing selective",
             "--checkpointing selective"},
-           {"estimate --model tiny --finetune lora --profile native",
+           {"estimate --model tiny --finetune qlora --profile native",
+            "--profile native with --finetune qlora"},
+           {"estimate --model tiny --finetune lora --lora-dropout 0.1 --profile native",
             "--profile native with --finetune lora"},
            {"estimate --model tiny --profile hf-peft", "needs --finetune lora or qlora"},
            {"estimate --model tiny --finetune full --lora-rank 8", "--lora-rank applies to"},
@@ -277,7 +279,7 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
             "--checkpointing selective"},
            {"estimate --model tiny --finetune lora --world-size 2 --zero 2",
             "--finetune lora with"},
-           {"estimate --model qwen3-8b --finetune lora", "q/k norms"},
+           {"estimate --model qwen3-8b --finetune lora --profile hf-peft", "q/k norms"},
            {"estimate --model tiny --finetune dora", "--finetune"},
            {"estimate --model tiny --optimizer adamw8bit", "--optimizer adamw8bit"},
            {"profile --model tiny --backend meta --optimizer paged-adamw8bit",
@@ -328,6 +330,33 @@ TEST(CliE2ELora, ProfileRunsTheLoraStepOnTheCpu) {
   const Result f = trainmem("profile --model tiny --backend meta --batch 1 --seq 4 --format json");
   ASSERT_EQ(f.code, 0) << f.err;
   EXPECT_FALSE(f.j()["run"].contains("finetune"));
+}
+
+// estimate lists trainmem's own LoRA step beside hf-peft for a 16-bit base (adamw, sgd), and
+// hf-peft alone where the native step has no such recipe (QLoRA, dropout, 8-bit optimizers).
+TEST(CliE2ELora, EstimateListsTheNativeLoraStepWhereItRuns) {
+  const Result r = trainmem(
+      "estimate --model llama3-8b --finetune lora --lora-targets all-linear --batch 1 --seq 2048 "
+      "--format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.j();
+  ASSERT_TRUE(j["analytic"].contains("native")) << j["analytic"];
+  ASSERT_TRUE(j["analytic"].contains("hf-peft")) << j["analytic"];
+  const json& nat = j["analytic"]["native"];
+  const u64 T = 41943040;  // peft's count, Llama-3-8B r 16 all seven
+  EXPECT_EQ(n(nat["trainable_params"]), T);
+  EXPECT_EQ(n(nat["gradients"]), 2 * T);
+  EXPECT_EQ(n(nat["optimizer_states"]), 12 * T);
+  EXPECT_EQ(j["run"]["lora_targets"], "all-linear");
+  for (const std::string other : {"--finetune qlora", "--finetune lora --lora-dropout 0.05",
+                                  "--finetune lora --optimizer adamw8bit"}) {
+    SCOPED_TRACE(other);
+    const Result q =
+        trainmem("estimate --model llama3-8b " + other + " --batch 1 --seq 2048 --format json");
+    ASSERT_EQ(q.code, 0) << q.err;
+    EXPECT_EQ(q.j()["analytic"].size(), 1u) << q.j()["analytic"];
+    EXPECT_FALSE(q.j()["run"].contains("finetune"));
+  }
 }
 
 // compare and sweep run the LoRA step in each of their runs; every run reconciles exactly with

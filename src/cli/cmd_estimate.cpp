@@ -86,7 +86,8 @@ Runner register_estimate(CLI::App& app) {
       "Formulas and a worked LLaMA-7B example: docs/formulas.md.");
   return [flags, explain, paper, layout, allocator] {
     Common c = resolve_common(*flags, /*allow_all_optimizers=*/true,
-                              /*allow_both_modes=*/true, /*allow_finetune=*/true);
+                              /*allow_both_modes=*/true, /*allow_finetune=*/true,
+                              /*native_lora=*/true);
     const ParallelConfig par = resolve_layout(*layout, c.model, c.train);
     if (c.hf.peft.finetune != Finetune::full) {
       const char* bad = par.distributed()     ? "a parallel layout (--tp/--pp/--zero/...)"

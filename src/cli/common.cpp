@@ -434,9 +434,21 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   c.model = resolve_model(model_argument(flags.model));
   resolve_peft(flags, c.hf.peft);
   const bool lora = c.hf.peft.finetune != Finetune::full;
-  if (lora && native_lora) {
-    // trainmem's own step: LoRA adapters on a frozen 16-bit base (docs/native-plan.md, "LoRA").
-    const PeftOptions& p = c.hf.peft;
+  // trainmem's own step: LoRA adapters on a frozen 16-bit base (docs/native-plan.md, "LoRA").
+  // A command that only runs it refuses the recipes it cannot run; estimate models it beside
+  // hf-peft where it can.
+  const PeftOptions& peft = c.hf.peft;
+  const bool native_capable = lora && peft.finetune == Finetune::lora &&
+                              peft.quant == Quant::none && peft.dropout == 0 &&
+                              !parse_bnb_optimizer(flags.optimizer);
+  if (lora && native_lora && (native_capable || allow_finetune)) {
+    if (native_capable) {
+      check_hf_options(Profile::hf_peft, c.hf);  // the rank's range, the base/finetune pairs
+      c.train.lora_rank = peft.rank;
+      c.train.lora_targets = peft.targets;
+    }
+  } else if (lora && native_lora) {
+    const PeftOptions& p = peft;
     check_hf_options(Profile::hf_peft, c.hf);  // the rank's range, the base/finetune pairs
     if (p.finetune == Finetune::qlora || p.quant != Quant::none)
       throw InputError("--finetune " + flags.finetune +
@@ -452,8 +464,6 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
                        ": trainmem's own LoRA step has adamw and sgd; `trainmem estimate "
                        "--finetune lora --optimizer " +
                        flags.optimizer + "` models bitsandbytes' optimizer (hf-peft)");
-    c.train.lora_rank = p.rank;
-    c.train.lora_targets = p.targets;
   }
   if (lora && !allow_finetune && !native_lora)
     throw InputError("--finetune " + flags.finetune +
@@ -527,9 +537,9 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   for (const auto& p : split_commas(flags.profile)) {
     std::vector<std::string> expanded;
     if (p == "all")
-      expanded = !lora         ? kAllProfiles
-                 : native_lora ? std::vector<std::string>{"native", "hf-peft"}
-                               : std::vector<std::string>{"hf-peft"};
+      expanded = !lora            ? kAllProfiles
+                 : c.train.lora() ? std::vector<std::string>{"native", "hf-peft"}
+                                  : std::vector<std::string>{"hf-peft"};
     else if (std::find(kProfiles.begin(), kProfiles.end(), p) != kProfiles.end())
       expanded = {p};
     else
@@ -556,20 +566,22 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
     throw InputError("--loop: unknown loop '" + flags.loop + "'; allowed: " + join(kLoops));
   c.hf.loop = *loop;
   c.hf.use_cache = flags.use_cache;
-  if (all_profiles && native_lora && lora) {
+  if (all_profiles && c.train.lora()) {
     // Beside the native step, hf-peft where it models the family (LLaMA, Mistral, Qwen2).
     try {
       check_hf_model(Profile::hf_peft, c.hf, c.model);
     } catch (const InputError& e) {
-      spdlog::info("--profile all: hf-peft left out: {}", e.what());
+      spdlog::warn("--profile all: hf-peft left out: {}", e.what());
       c.profiles.erase(std::remove(c.profiles.begin(), c.profiles.end(), "hf-peft"),
                        c.profiles.end());
     }
   }
   for (const auto& name : c.profiles) {
-    if (lora && name != "hf-peft" && !(native_lora && name == "native"))
+    if (lora && name != "hf-peft" && !(c.train.lora() && name == "native"))
       throw InputError("--profile " + name + " with --finetune " + flags.finetune +
-                       ": only hf-peft" + (native_lora ? " and native model" : " models") +
+                       ": only hf-peft" +
+                       (native_lora ? " and native (a 16-bit base, adamw or sgd, no dropout) model"
+                                    : " models") +
                        " a LoRA step (the other profiles train every weight)");
     check_hf_options(*parse_profile(name), c.hf);
   }

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "trainmem/base/lora.hpp"
 #include "trainmem/report/replay_report.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/schema.hpp"
@@ -74,7 +75,7 @@ std::string title(const EstimateResult& c, const std::vector<EstimateRun>& runs)
     << (t.offload_activations ? ", activations offloaded" : "");
   if (!several(runs))
     o << ", " << optimizer_of(runs.front()) << ", checkpointing " << checkpointing_name(t);
-  o << "  (GiB = 2^30 bytes)";
+  o << lora_title(t) << "  (GiB = 2^30 bytes)";
   return o.str();
 }
 

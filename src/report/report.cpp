@@ -314,6 +314,8 @@ json analytic_profile_json(const Estimate& e) {
   j["embedding_activations"] = a.embedding_bytes;
   j["shared_activations"] = a.shared_bytes;
   j["head_activations"] = a.head_bytes;
+  // The native LoRA step: the adapters' elements (hf-peft writes its own below).
+  if (e.profile == Profile::native && e.train.lora()) j["trainable_params"] = e.trainable_params;
   if (e.profile == Profile::hf_peft) {
     const PeftOptions& p = e.hf.peft;
     j["trainable_params"] = e.trainable_params;
