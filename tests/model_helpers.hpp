@@ -76,4 +76,22 @@ inline Diff compare(const std::vector<float>& got, const std::vector<float>& ref
   return d;
 }
 
+// Every figure of two MemoryFigures equal, the peak's category breakdown included (a measured
+// ledger against an analytic profile: byte for byte). `where` names the side's peak instant.
+inline void expect_same_figures(const MemoryFigures& got, const MemoryFigures& want,
+                                const std::string& where = "") {
+  EXPECT_EQ(got.params, want.params);
+  EXPECT_EQ(got.gradients, want.gradients);
+  EXPECT_EQ(got.optimizer_states, want.optimizer_states);
+  EXPECT_EQ(got.activations, want.activations);
+  EXPECT_EQ(got.activations_peak, want.activations_peak);
+  EXPECT_EQ(got.workspace, want.workspace);
+  EXPECT_EQ(got.inputs, want.inputs);
+  EXPECT_EQ(got.sum, want.sum);
+  EXPECT_EQ(got.peak, want.peak) << where;
+  for (Category cat : all_categories())
+    EXPECT_EQ(got.peak_breakdown[static_cast<int>(cat)], want.peak_breakdown[static_cast<int>(cat)])
+        << category_name(cat);
+}
+
 }  // namespace trainmem::test

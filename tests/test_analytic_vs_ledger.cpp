@@ -8,6 +8,7 @@
 #include <string>
 
 #include "family_configs.hpp"
+#include "model_helpers.hpp"
 #include "trainmem/analytic/analytic.hpp"
 #include "trainmem/backends/backend.hpp"
 #include "trainmem/model/model.hpp"
@@ -59,20 +60,8 @@ TEST_P(NativeVsLedger, MetaLedgerEqualsTheClosedForm) {
     model.train_step();  // docs/design.md: figures of the second, steady-state step
     const MemoryFigures got = measured_figures(ledger);
     const Estimate e = estimate(Profile::native, *model_cfg, t);
-    const MemoryFigures& want = e.figures;
-    EXPECT_EQ(got.params, want.params);
-    EXPECT_EQ(got.gradients, want.gradients);
-    EXPECT_EQ(got.optimizer_states, want.optimizer_states);
-    EXPECT_EQ(got.activations, want.activations);
-    EXPECT_EQ(got.activations_peak, want.activations_peak);
-    EXPECT_EQ(got.workspace, want.workspace);
-    EXPECT_EQ(got.inputs, want.inputs);
-    EXPECT_EQ(got.sum, want.sum);
-    EXPECT_EQ(got.peak, want.peak) << "analytic peak at " << e.instants.at(e.peak_instant).name;
-    for (Category cat : all_categories())
-      EXPECT_EQ(got.peak_breakdown[static_cast<int>(cat)],
-                want.peak_breakdown[static_cast<int>(cat)])
-          << category_name(cat);
+    test::expect_same_figures(got, e.figures,
+                              "analytic peak at " + e.instants.at(e.peak_instant).name);
   }
 }
 

@@ -83,19 +83,8 @@ TEST(LoraLedger, MetaTraceEqualsTheNativeClosedForm) {
               run.model->train_step();
               const MemoryFigures got = measured_figures(*run.ledger);
               const Estimate e = estimate(Profile::native, m, t);
-              const MemoryFigures& want = e.figures;
-              EXPECT_EQ(got.params, want.params);
-              EXPECT_EQ(got.gradients, want.gradients);
-              EXPECT_EQ(got.optimizer_states, want.optimizer_states);
-              EXPECT_EQ(got.activations, want.activations);
-              EXPECT_EQ(got.activations_peak, want.activations_peak);
-              EXPECT_EQ(got.workspace, want.workspace);
-              EXPECT_EQ(got.peak, want.peak)
-                  << "analytic peak at " << e.instants.at(e.peak_instant).name;
-              for (Category cat : all_categories())
-                EXPECT_EQ(got.peak_breakdown[static_cast<int>(cat)],
-                          want.peak_breakdown[static_cast<int>(cat)])
-                    << category_name(cat);
+              test::expect_same_figures(got, e.figures,
+                                        "analytic peak at " + e.instants.at(e.peak_instant).name);
               ++checked;
             }
   }
