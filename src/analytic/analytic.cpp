@@ -11,6 +11,7 @@
 #include "analytic_detail.hpp"
 #include "trainmem/base/checked.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/base/lora.hpp"
 
 namespace trainmem {
 
@@ -478,9 +479,6 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
   ModelConfig one_layer = model;
   one_layer.layers = std::min<std::int64_t>(model.layers, 1);
   const auto few = parameter_specs(one_layer);
-  auto csum3 = [](std::uint64_t x, std::uint64_t y, std::uint64_t z) {
-    return checked_add(checked_add(x, y, "LoRA parameters"), z, "LoRA parameters");
-  };
   // Exact count for all layers: embedding + final norm (+ lm_head) + L × one layer.
   std::uint64_t per_layer = 0, outside = 0;
   for (const auto& p : few) {
@@ -514,17 +512,15 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
                           {"self_attn.v_proj", h, kd}, {"self_attn.o_proj", ad, h},
                           {"mlp.gate_proj", h, i},     {"mlp.up_proj", h, i},
                           {"mlp.down_proj", i, h}};
-    std::uint64_t per_layer_adapters = 0;
     largest_elements = 0;
     for (int t = 0; t < 7; ++t) {
       if (!(train.lora_targets & (1u << t))) continue;
       const std::uint64_t a = checked_mul(r, proj[t].in), bb = checked_mul(r, proj[t].out);
-      per_layer_adapters = csum3(per_layer_adapters, a, bb);
       const std::string pre = std::string("model.layers.0.") + proj[t].name;
       if (a > largest_elements) largest_elements = a, largest_name = pre + ".lora_A.weight";
       if (bb > largest_elements) largest_elements = bb, largest_name = pre + ".lora_B.weight";
     }
-    f.trainable = checked_mul(per_layer_adapters, model.layers, "LoRA parameters");
+    f.trainable = lora_trainable_count(model, train.lora_rank, train.lora_targets);
     f.params = checked_mul(checked_add(P, f.trainable, "params"), w, "params bytes");
   }
   const std::uint64_t T = f.trainable;

@@ -800,8 +800,9 @@ void Stage::layer_steps(std::int64_t kb) {
     at(Lb + "step 8: d_xn1 reduce-scattered", A8,
        csum({C, l.X, l.full, l.X, l.bsad, l.bskd, l.bskd}), 0, pos, grads(0));
   lora_step(kQkvBits,
-            std::string("step 8: d_lora_a.") +
-                (l.targets(1u) ? "q_proj" : l.targets(2u) ? "k_proj" : "v_proj"),
+            std::string("step 8: d_lora_a.") + (l.targets(1u)   ? "q_proj"
+                                                : l.targets(2u) ? "k_proj"
+                                                                : "v_proj"),
             A8, csum({C, l.X, l.full, l.bsad, l.bskd, l.bskd}));
   if (lomo_) {  // one GPU only: x_l is the layer's only rows
     const std::uint64_t A9 = csub(A8, csum({l.bsad, l.X, l.bskd, l.bskd}), "step 9");

@@ -90,7 +90,10 @@ int run_maxbatch(const MaxbatchFlags& flags) {
   CommonFlags common = flags.common;
   if (flags.vary == "seq") common.seq = 2;
   // A list of policies (--checkpointing none,selective,full) searches each.
-  const Common c = resolve_common(common, false, true, /*allow_finetune=*/true);
+  // --finetune lora on a 16-bit base with adamw or sgd: c.train.lora() (trainmem's own step runs
+  // it too, and each policy gets its answer beside hf-peft's; docs/native-plan.md, "LoRA").
+  const Common c = resolve_common(common, false, true, /*allow_finetune=*/true,
+                                  /*native_lora=*/true);
   const bool lora = c.hf.peft.finetune != Finetune::full;
   if (flags.budget.empty())
     throw InputError("--budget is required: a SIZE (80GiB, 24GB, 512MiB) or 'device'");
@@ -137,11 +140,7 @@ int run_maxbatch(const MaxbatchFlags& flags) {
                            "use --vary batch with --seq below it");
     rq.hf_peft = c.hf;
   }
-  // --finetune lora on a 16-bit base with adamw or sgd: trainmem's own step runs it too, and each
-  // policy gets its answer beside hf-peft's (docs/native-plan.md, "LoRA").
-  const PeftOptions& peft = c.hf.peft;
-  const bool native_lora = lora && peft.finetune == Finetune::lora && peft.quant == Quant::none &&
-                           peft.dropout == 0 && peft.optimizer == BnbOptimizer::none;
+  const bool native_lora = c.train.lora();
   std::string overhead_source;
   if (flags.layout.world != 1) {
     if (flags.overhead != "auto")
@@ -172,8 +171,6 @@ int run_maxbatch(const MaxbatchFlags& flags) {
     for (const CheckpointPolicy& policy : c.checkpointing_modes) {
       MaxbatchRequest one = rq;
       one.hf_peft.reset();
-      one.train.lora_rank = peft.rank;
-      one.train.lora_targets = peft.targets;
       policy.apply(one.train);
       const MaxbatchResult m = find_max(one);
       runs.push_back({std::move(one), m});

@@ -227,8 +227,8 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
          "--finetune", flags.finetune,
          "full|lora|qlora: what is trained. lora and qlora (estimate, maxbatch) model peft's "
          "adapters on a frozen 16-bit or bitsandbytes 4-bit base as HF + peft run them "
-         "(profile hf-peft; docs/formulas.md); profile --finetune lora runs trainmem's own "
-         "step with the adapters (docs/native-plan.md, \"LoRA\")")
+         "(profile hf-peft; docs/formulas.md); profile, compare and sweep --finetune lora run "
+         "trainmem's own step with the adapters (docs/native-plan.md, \"LoRA\")")
       ->capture_default_str();
   cmd.add_option("--lora-rank", flags.lora_rank, "LoRA rank r (1 to 65536)")
       ->check(integer_check<std::int64_t>("an integer; allowed: an integer from 1 to 65536"))
@@ -467,8 +467,7 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   }
   if (lora && !allow_finetune && !native_lora)
     throw InputError("--finetune " + flags.finetune +
-                     ": this command runs, compares or plans trainmem's own step, which trains "
-                     "every weight (LoRA in it is not built yet); `trainmem estimate --finetune " +
+                     ": this command models full fine-tunes only; `trainmem estimate --finetune " +
                      flags.finetune +
                      "` models the step as HF + peft run it (profile hf-peft), and `trainmem "
                      "maxbatch --finetune " +

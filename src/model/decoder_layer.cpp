@@ -217,8 +217,8 @@ void ring_backward(const LayerRank& R, int g, LayerActs& A, const Tensor& d_ao, 
 }
 
 // LoRA's row of each target index t (decoder_layer.hpp's kLoraBase order).
-constexpr LayerAct kLoraRow[7] = {LayerAct::lora_q,    LayerAct::lora_k,  LayerAct::lora_v,
-                                  LayerAct::lora_o,    LayerAct::lora_gate, LayerAct::lora_up,
+constexpr LayerAct kLoraRow[7] = {LayerAct::lora_q,   LayerAct::lora_k,    LayerAct::lora_v,
+                                  LayerAct::lora_o,   LayerAct::lora_gate, LayerAct::lora_up,
                                   LayerAct::lora_down};
 // The target index of a projection slot, -1 for any other slot.
 int lora_index(int slot) {
@@ -421,8 +421,8 @@ void decoder_layer_backward(const LayerRank& R, std::int64_t l, int g, LayerActs
   const float scaling = R.train.lora_scaling();
   // The adapter of projection `slot` (a target): with a its row (n, r) and c = alpha/r,
   // dB += c·dyᵀ·a, d_a = c·dy·B (workspace), dA += d_aᵀ·x, dx += d_a·A.
-  auto lora_backward = [&](int slot, void* dx, const void* dy, const void* xin,
-                           std::int64_t out_f, std::int64_t in_f) {
+  auto lora_backward = [&](int slot, void* dx, const void* dy, const void* xin, std::int64_t out_f,
+                           std::int64_t in_f) {
     const int t = lora_index(slot);
     if (!has_lora(R, t)) return;
     const void* a_row = at(kLoraRow[t]);

@@ -228,7 +228,8 @@ void LlamaModel::init_parameter(std::size_t pi, std::uint64_t seed) {
   be_.init_param(p.value.data(), opt_.master(p.opt_index), p.numel(), init);
 }
 
-void LlamaModel::set_parameter_values(const std::string& hf_name, const std::vector<float>& values) {
+void LlamaModel::set_parameter_values(const std::string& hf_name,
+                                      const std::vector<float>& values) {
   for (std::size_t pi = 0; pi < params_.size(); ++pi) {
     if (params_[pi].name != hf_name) continue;
     if (values.size() != params_[pi].numel())
@@ -494,8 +495,7 @@ void LlamaModel::backward(const GradientCapture& capture) {
 
   // Embedding (x_0 = embed_out was freed by layer 0).
   if (params_[0].trainable) {
-    be_.embedding_backward(begin_grad(0), d_res.data(), tokens_.as<std::int32_t>(), b_, s_, h_,
-                           V_);
+    be_.embedding_backward(begin_grad(0), d_res.data(), tokens_.as<std::int32_t>(), b_, s_, h_, V_);
     end_grad(0, capture);
   }
   d_res.reset();

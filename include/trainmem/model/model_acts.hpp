@@ -168,11 +168,11 @@ inline constexpr LayerActSpec kLayerActs[kNumLayerActs] = {
 // docs/native-plan.md lists them (after the step's own workspace buffers). `out` is not in it
 // (its consumer frees it).
 inline constexpr LayerAct kBackwardFreeOrder[] = {
-    LayerAct::act,    LayerAct::lora_down, LayerAct::gate,      LayerAct::up,     LayerAct::xn2,
-    LayerAct::lora_gate, LayerAct::lora_up, LayerAct::h_mid,    LayerAct::rstd2,  LayerAct::lora_o,
-    LayerAct::attn_out, LayerAct::probs,  LayerAct::lse,      LayerAct::q_pre,  LayerAct::q_rstd,
-    LayerAct::k_pre,  LayerAct::k_rstd,    LayerAct::q,         LayerAct::k,      LayerAct::v,
-    LayerAct::lora_q, LayerAct::lora_k,    LayerAct::lora_v,    LayerAct::xn1,    LayerAct::rstd1,
+    LayerAct::act,       LayerAct::lora_down, LayerAct::gate,   LayerAct::up,    LayerAct::xn2,
+    LayerAct::lora_gate, LayerAct::lora_up,   LayerAct::h_mid,  LayerAct::rstd2, LayerAct::lora_o,
+    LayerAct::attn_out,  LayerAct::probs,     LayerAct::lse,    LayerAct::q_pre, LayerAct::q_rstd,
+    LayerAct::k_pre,     LayerAct::k_rstd,    LayerAct::q,      LayerAct::k,     LayerAct::v,
+    LayerAct::lora_q,    LayerAct::lora_k,    LayerAct::lora_v, LayerAct::xn1,   LayerAct::rstd1,
 };
 
 constexpr const LayerActSpec& layer_act(LayerAct x) {
@@ -233,8 +233,8 @@ constexpr bool allocated_in(const LayerActSpec& row, const ModelConfig& model,
 // its sequence rows (module note of Extent). ActDims::of is the whole layer (sr = s).
 struct ActDims {
   std::int64_t b, s, h, i, a, k, d, sr;
-  std::int64_t r = 0;     // LoRA rank (0: no adapters)
-  unsigned lora = 0;      // LoRA targets (LoraTarget bits)
+  std::int64_t r = 0;  // LoRA rank (0: no adapters)
+  unsigned lora = 0;   // LoRA targets (LoraTarget bits)
   static ActDims of(const ModelConfig& model, const TrainConfig& train);
 };
 std::vector<std::int64_t> act_shape(const ActShape& shape, const ActDims& dims);
