@@ -170,13 +170,15 @@ INSTANTIATE_TEST_SUITE_P(
                       ModelCase{"tiny-gqa", DType::bf16, Attention::eager, Optimizer::adamw},
                       ModelCase{"tiny-gqa", DType::bf16, Attention::flash, Optimizer::adamw},
                       ModelCase{"tiny-awkward", DType::f16, Attention::eager, Optimizer::sgd},
-                      ModelCase{"tiny-tied", DType::f16, Attention::flash, Optimizer::lomo}),
+                      ModelCase{"tiny-tied", DType::f16, Attention::flash, Optimizer::lomo},
+                      // bitsandbytes' 8-bit update (tiny-gqa's embedding and MLP weights are
+                      // 8-bit, its norms fp32-state) through the cuda backend.
+                      ModelCase{"tiny-gqa", DType::f32, Attention::flash, Optimizer::adamw8bit},
+                      ModelCase{"tiny-gqa", DType::bf16, Attention::eager, Optimizer::adamw8bit}),
     [](const ::testing::TestParamInfo<ModelCase>& i) {
       std::string n = std::string(i.param.preset) + "_" + dtype_param_name(i.param.dtype) + "_" +
                       (i.param.attention == Attention::eager ? "eager" : "flash") + "_" +
-                      (i.param.optimizer == Optimizer::adamw ? "adamw"
-                       : i.param.optimizer == Optimizer::sgd ? "sgd"
-                                                             : "lomo");
+                      optimizer_name(i.param.optimizer);
       for (auto& ch : n)
         if (ch == '-') ch = '_';
       return n;

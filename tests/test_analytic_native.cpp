@@ -329,6 +329,49 @@ INSTANTIATE_TEST_SUITE_P(AllModes, NativeVsSimulation, ::testing::ValuesIn(all_c
 
 // ---------------------------------------------------------------- hand-computed values
 
+// 8-bit AdamW's states by hand (docs/formulas.md, "8-bit AdamW in the native step"): per tensor
+// of n >= 4,096 elements 2n bytes of uint8 moments + 8 bytes of fp32 absmax per 256-element
+// block, below that 8n; + 2 × 1,024 B of quantile maps and 2 × 65,536 B of lookup tables.
+TEST(NativeByHand, AdamW8bitStatesOfLlama7bAndLlama3LoRA) {
+  TrainConfig t;
+  t.batch = 1;
+  t.seq = 64;
+  t.dtype = DType::bf16;
+  t.optimizer = Optimizer::adamw8bit;
+  // LLaMA-7B, full fine-tune. h·h = 16,777,216 elements: 33,554,432 + 65,536 blocks × 8.
+  const u64 qkvo = 33554432 + 524288;   // 34,078,720
+  const u64 mlp = 90177536 + 1409024;   // 11,008 × 4,096 = 45,088,768 elements, 176,128 blocks
+  const u64 norm = 8192 + 128;          // 4,096 elements: exactly min_8bit_size, 8-bit
+  const u64 emb = 262144000 + 4096000;  // 32,000 × 4,096 = 131,072,000 elements, 512,000 blocks
+  const u64 tables = 2 * 1024 + 2 * 65536;
+  const u64 full = 32 * (4 * qkvo + 3 * mlp + 2 * norm) + 2 * emb + norm + tables;
+  EXPECT_EQ(full, 13687539840u);
+  const Estimate e =
+      estimate(Profile::native, make_model("llama-7b", 32000, 4096, 11008, 32, 32, 32), t);
+  EXPECT_EQ(e.figures.optimizer_states, full);
+  EXPECT_EQ(e.figures.gradients, 2 * e.param_count);  // bf16 gradients, no master copy
+  // Llama-3-8B, LoRA r 16 on all seven: A (16, in), B (out, 16) with in/out 4,096, 1,024 (k, v
+  // out) and 14,336 (gate/up out, down in); every adapter is 8-bit.
+  ModelConfig l3 = make_model("llama3-8b", 128256, 4096, 14336, 32, 32, 8);
+  t.lora_rank = 16;
+  t.lora_targets = 0x7f;
+  const u64 a65536 = 131072 + 256 * 8, a16384 = 32768 + 64 * 8, a229376 = 458752 + 896 * 8;
+  const u64 lora = 32 * (9 * a65536 + 2 * a16384 + 3 * a229376) + tables;
+  EXPECT_EQ(lora, 85329920u);
+  const Estimate el = estimate(Profile::native, l3, t);
+  EXPECT_EQ(el.figures.optimizer_states, lora);
+  EXPECT_EQ(el.figures.gradients, 2u * 41943040);  // the adapters' bf16 gradients
+  // hf-peft keeps the same states for peft's fp32 adapters, with the two maps and no tables.
+  HfOptions hf;
+  hf.peft.finetune = Finetune::lora;
+  hf.peft.rank = 16;
+  hf.peft.targets = 0x7f;
+  TrainConfig th = t;
+  th.lora_rank = 0;
+  th.lora_targets = 0;
+  EXPECT_EQ(estimate(Profile::hf_peft, l3, th, hf).figures.optimizer_states, lora - 2 * 65536);
+}
+
 // LLaMA-7B, b 8, s 512, fp16, eager, no checkpointing (docs/formulas.md, worked example).
 TEST(NativeByHand, Llama7bFp16EagerNone) {
   const ModelConfig m = make_model("llama-7b", 32000, 4096, 11008, 32, 32, 32);

@@ -233,8 +233,16 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
            {"profile --model tiny --backend meta --finetune qlora", "no 4-bit base yet"},
            {"profile --model tiny --backend meta --finetune lora --lora-dropout 0.1",
             "--lora-dropout 0.1"},
-           {"profile --model tiny --backend meta --finetune lora --optimizer adamw8bit",
-            "--optimizer adamw8bit"},
+           {"profile --model tiny --backend meta --finetune lora --optimizer paged-adamw8bit",
+            "--optimizer paged-adamw8bit: trainmem's own LoRA step has adamw, sgd and adamw8bit"},
+           {"profile --model tiny --backend meta --optimizer adamw8bit --dtype fp16",
+            "--optimizer adamw8bit with --dtype fp16"},
+           {"estimate --model tiny --optimizer adamw8bit --world-size 2 --zero 1",
+            "--optimizer adamw8bit: the sharded step"},
+           {"profile --model tiny --backend meta --optimizer adamw8bit --world-size 2 --dp 2",
+            "--optimizer adamw8bit: the sharded step"},
+           {"plan --model tiny --gpus 2 --gpu-memory 1GiB --global-batch 2 --optimizer adamw8bit",
+            "--optimizer adamw8bit: plan searches parallel layouts"},
            {"profile --model tiny --backend meta --finetune lora --optimizer lomo",
             "--optimizer lomo with --finetune lora"},
            {"profile --model tiny --backend meta --finetune lora --world-size 2 --zero 2",
@@ -281,11 +289,11 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
             "--finetune lora with"},
            {"estimate --model qwen3-8b --finetune lora --profile hf-peft", "q/k norms"},
            {"estimate --model tiny --finetune dora", "--finetune"},
-           {"estimate --model tiny --optimizer adamw8bit", "--optimizer adamw8bit"},
+           {"estimate --model tiny --optimizer paged-adamw", "--optimizer paged-adamw: "},
            {"profile --model tiny --backend meta --optimizer paged-adamw8bit",
             "--optimizer paged-adamw8bit"},
            {"estimate --model tiny --finetune lora --optimizer adam8bit",
-            "adamw8bit, paged-adamw, paged-adamw8bit"},
+            "adamw, sgd, lomo, adamw8bit, all, paged-adamw, paged-adamw8bit"},
            {"estimate --model tiny --bnb-version 0.43.3", "--bnb-version applies to"},
            {"estimate --model tiny --finetune qlora --optimizer adamw8bit --bnb-version 0.39.0",
             "--bnb-version 0.39.0"},
@@ -332,8 +340,9 @@ TEST(CliE2ELora, ProfileRunsTheLoraStepOnTheCpu) {
   EXPECT_FALSE(f.j()["run"].contains("finetune"));
 }
 
-// estimate lists trainmem's own LoRA step beside hf-peft for a 16-bit base (adamw, sgd), and
-// hf-peft alone where the native step has no such recipe (QLoRA, dropout, 8-bit optimizers).
+// estimate lists trainmem's own LoRA step beside hf-peft for a 16-bit base (adamw, sgd,
+// adamw8bit), and hf-peft alone where the native step has no such recipe (QLoRA, dropout, the
+// paged optimizers).
 TEST(CliE2ELora, EstimateListsTheNativeLoraStepWhereItRuns) {
   const Result r = trainmem(
       "estimate --model llama3-8b --finetune lora --lora-targets all-linear --batch 1 --seq 2048 "
@@ -349,7 +358,7 @@ TEST(CliE2ELora, EstimateListsTheNativeLoraStepWhereItRuns) {
   EXPECT_EQ(n(nat["optimizer_states"]), 12 * T);
   EXPECT_EQ(j["run"]["lora_targets"], "all-linear");
   for (const std::string other : {"--finetune qlora", "--finetune lora --lora-dropout 0.05",
-                                  "--finetune lora --optimizer adamw8bit"}) {
+                                  "--finetune lora --optimizer paged-adamw8bit"}) {
     SCOPED_TRACE(other);
     const Result q =
         trainmem("estimate --model llama3-8b " + other + " --batch 1 --seq 2048 --format json");
@@ -457,6 +466,52 @@ TEST(CliE2ELora, DiffOfSavedReportsCountsLayerZeroOnce) {
   EXPECT_GT(n(pa["first_layer_activations"]), 0u);
   EXPECT_EQ(sum_a, n(pa["activations"]));
   EXPECT_EQ(sum_b, n(pb["activations"]));
+}
+
+// bitsandbytes' AdamW8bit in trainmem's own step, as a user runs it: the full fine-tune on the
+// cpu (the states written out here per tensor), and LoRA, where estimate shows the native step
+// beside hf-peft with the same per-tensor rule (hf-peft: peft's fp32 adapters, no lookup tables).
+TEST(CliE2ELora, AdamW8bitRunsInTheNativeStep) {
+  const Result r = trainmem(
+      "profile --model tiny --optimizer adamw8bit --backend cpu --batch 2 --seq 16 --steps 2 "
+      "--format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.j();
+  // tiny: h 64, i 176, 4 heads of 16 (q, k, v, o: 4,096 elements each, exactly min_8bit_size),
+  // 2 layers, V 128, untied. 8-bit tensor of n: 2n + 8·ceil(n/256); fp32 states below 4,096: 8n.
+  auto eight = [](u64 e) { return 2 * e + 8 * ((e + 255) / 256); };
+  const u64 layer = 4 * eight(64 * 64) + 3 * eight(176 * 64) + 2 * 8 * 64;
+  const u64 states = 2 * layer + 2 * eight(128 * 64) + 8 * 64 + 2 * 1024 + 2 * 65536;
+  EXPECT_EQ(states, 372800u);
+  const json& m = j["measured"]["ledger"];
+  EXPECT_EQ(n(m["optimizer_states"]), states);
+  const u64 P = 2 * 128 * 64 + 2 * (2 * 64 + 4 * 64 * 64 + 3 * 64 * 176) + 64;
+  EXPECT_EQ(n(m["params"]), 2 * P);
+  EXPECT_EQ(n(m["gradients"]), 2 * P);
+  for (const json& row : j["reconciliation"]) EXPECT_EQ(row["ok"], true) << row;
+  EXPECT_EQ(j["run"]["optimizer"], "adamw8bit");
+  const auto& losses = j["run"]["losses"];
+  ASSERT_EQ(losses.size(), 2u);
+  EXPECT_TRUE(losses[1].is_number_float()) << losses;
+
+  const Result e = trainmem(
+      "estimate --model llama3-8b --finetune lora --lora-targets all-linear --optimizer adamw8bit "
+      "--batch 1 --seq 2048 --format json");
+  ASSERT_EQ(e.code, 0) << e.err;
+  const json ej = e.j();
+  const json& a = ej["analytic"];
+  ASSERT_TRUE(a.contains("native") && a.contains("hf-peft")) << a;
+  // 32 layers × (nine adapters of 65,536 elements, two of 16,384, three of 229,376).
+  const u64 lora = 32 * (9 * eight(65536) + 2 * eight(16384) + 3 * eight(229376));
+  EXPECT_EQ(n(a["native"]["optimizer_states"]), lora + 2 * 1024 + 2 * 65536);
+  EXPECT_EQ(n(a["hf-peft"]["optimizer_states"]), lora + 2 * 1024);
+  EXPECT_EQ(a["hf-peft"]["peft"]["optimizer"], "adamw8bit");
+  // The LoRA step runs with it on the cpu too, and reconciles.
+  const Result l = trainmem(
+      "profile --model tiny --finetune lora --optimizer adamw8bit --backend cpu --batch 1 "
+      "--seq 8 --format json");
+  ASSERT_EQ(l.code, 0) << l.err;
+  for (const json& row : l.j()["reconciliation"]) EXPECT_EQ(row["ok"], true) << row;
 }
 
 }  // namespace

@@ -347,6 +347,12 @@ class WorkspaceRecorder final : public Backend {
   void adamw_update(void*, const void*, float*, float*, float*, std::int64_t, const AdamWParams&,
                     int, float) override {}
   void sgd_update(void*, const void*, float*, std::int64_t, float, float) override {}
+  void bnb_adamw8bit_tables(float*, float*, std::uint8_t*, std::uint8_t*) override {}
+  void bnb_adamw8bit_update(void*, const void*, std::uint8_t*, std::uint8_t*, float*, float*,
+                            const float*, const float*, const std::uint8_t*, const std::uint8_t*,
+                            std::int64_t, const BnbAdamWParams&, int) override {}
+  void bnb_adamw32_update(void*, const void*, float*, float*, std::int64_t, const BnbAdamWParams&,
+                          int) override {}
   void check_finite(const void*, std::int64_t) override {}
   bool take_nonfinite() override { return false; }
   void attention_ring_forward(float*, float*, const void*, const void*, const void*, std::int64_t,

@@ -3,10 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "trainmem/backends/backend.hpp"
 #include "trainmem/base/dtype.hpp"
+#include "trainmem/base/safetensors.hpp"
 #include "trainmem/ledger/ledger.hpp"
 #include "trainmem/model/optimizer.hpp"
 
@@ -220,4 +223,111 @@ TEST(Optimizer, LossScaledGradientsWithGradScaleOneOverSGiveTheUnscaledUpdate) {
       }
     }
   }
+}
+
+// AdamW8bit's books: a tensor of 4,096 elements or more keeps uint8 state1/state2 and one fp32
+// absmax per 256-element block for each; a smaller one fp32 state1/state2; the two quantile
+// maps (256 fp32) and their lookup tables (65,536 bytes each) come once, with the first 8-bit
+// tensor; no master copy (the weights are updated in place, as bitsandbytes does).
+TEST(Optimizer, AdamW8bitStatesFollowBitsandbytesSizes) {
+  auto be = make_meta_backend(DType::bf16);
+  Ledger ledger(be->allocator());
+  ParameterOptimizer opt(default_optimizer_settings(Optimizer::adamw8bit), *be, ledger);
+  opt.add_parameter("small", 0, {4095});   // one under min_8bit_size: fp32 states
+  opt.add_parameter("big", 1, {50, 100});  // 5,000: 8-bit, 20 blocks (the last partial)
+  opt.add_parameter("edge", 1, {4096});    // exactly min_8bit_size: 8-bit, 16 blocks
+  struct Want {
+    const char* name;
+    DType dt;
+    std::uint64_t bytes;
+  };
+  const Want want[] = {
+      {"small.state1", DType::f32, 4095 * 4},    {"small.state2", DType::f32, 4095 * 4},
+      {"optimizer.qmap1", DType::f32, 1024},     {"optimizer.qmap2", DType::f32, 1024},
+      {"optimizer.qmap1_lut", DType::u8, 65536}, {"optimizer.qmap2_lut", DType::u8, 65536},
+      {"big.state1", DType::u8, 5000},           {"big.state2", DType::u8, 5000},
+      {"big.absmax1", DType::f32, 20 * 4},       {"big.absmax2", DType::f32, 20 * 4},
+      {"edge.state1", DType::u8, 4096},          {"edge.state2", DType::u8, 4096},
+      {"edge.absmax1", DType::f32, 16 * 4},      {"edge.absmax2", DType::f32, 16 * 4}};
+  const auto& got = ledger.tensors();
+  ASSERT_EQ(got.size(), std::size(want));
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].name, want[i].name) << i;
+    EXPECT_EQ(got[i].dtype, want[i].dt) << want[i].name;
+    EXPECT_EQ(got[i].bytes, want[i].bytes) << want[i].name;
+    EXPECT_EQ(got[i].category, Category::optimizer_states) << want[i].name;
+    total += want[i].bytes;
+  }
+  EXPECT_EQ(ledger.live(Category::optimizer_states), total);
+  EXPECT_EQ(total, 2u * 16380 + 2048 + 131072 + 10160 + 8320);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(opt.master(i), nullptr);
+  EXPECT_FALSE(opt.fused_into_backward());
+}
+
+// The optimizer's wiring (which map serves which moment, the hyperparameters, the 8-bit and
+// fp32-state paths by size, the states carried from step to step) against the real
+// bitsandbytes: tests/data/bnb/adamw8bit.safetensors, three steps of five parameters recorded
+// by tools/bnb_goldens.py. Each step starts from the golden parameter before it and from the
+// states this optimizer carried; the result must equal bnb's within the bound
+// tests/test_ops_quant.cpp derives (torch's MKL sqrt against sqrtf: about one ulp).
+TEST(Optimizer, AdamW8bitStepsLikeBitsandbytes) {
+  const SafeTensorsReader r(std::string(TRAINMEM_TEST_DATA_DIR) + "/bnb/adamw8bit.safetensors");
+  const nlohmann::json hyper = nlohmann::json::parse(r.metadata().at("hyper"));
+  const int steps = std::stoi(r.metadata().at("steps"));
+  const int count = std::stoi(r.metadata().at("params"));
+  ASSERT_GE(steps, 2);
+  OptimizerSettings s = default_optimizer_settings(Optimizer::adamw8bit);
+  s.adamw8bit.lr = hyper["lr"].get<double>();
+  s.adamw8bit.beta1 = hyper["beta1"].get<double>();
+  s.adamw8bit.beta2 = hyper["beta2"].get<double>();
+  s.adamw8bit.eps = hyper["eps"].get<double>();
+  s.adamw8bit.weight_decay = hyper["weight_decay"].get<double>();
+  auto be = make_cpu_backend(DType::f32);
+  Ledger ledger(be->allocator());
+  ParameterOptimizer opt(s, *be, ledger);
+  std::vector<Tensor> params, grads;
+  std::vector<std::int64_t> sizes;
+  bool eight = false, small = false;
+  for (int j = 0; j < count; ++j) {
+    const auto spec = nlohmann::json::parse(r.metadata().at("p" + std::to_string(j)));
+    std::vector<std::int64_t> shape = spec["shape"].get<std::vector<std::int64_t>>();
+    std::int64_t n = 1;
+    for (auto e : shape) n *= e;
+    (n >= 4096 ? eight : small) = true;
+    sizes.push_back(n);
+    params.push_back(
+        ledger.allocate("p" + std::to_string(j), Category::params, 0, shape, DType::f32));
+    grads.push_back(ledger.allocate("p" + std::to_string(j) + ".grad", Category::gradients, 0,
+                                    shape, DType::f32));
+    EXPECT_EQ(opt.add_parameter("p" + std::to_string(j), 0, shape), std::size_t(j));
+  }
+  ASSERT_TRUE(eight && small) << "the goldens cover both paths";
+  std::int64_t off = 0, total = 0;
+  for (int step = 1; step <= steps; ++step) {
+    for (int j = 0; j < count; ++j) {
+      const std::string p = "p" + std::to_string(j);
+      const std::string pre = p + ".s" + std::to_string(step) + ".";
+      SCOPED_TRACE(pre);
+      const auto before =
+          r.read_f32(step == 1 ? p + ".init" : p + ".s" + std::to_string(step - 1) + ".param");
+      const auto g = r.read_f32(pre + "grad");
+      ASSERT_EQ(std::int64_t(before.size()), sizes[j]);
+      std::memcpy(params[j].data(), before.data(), before.size() * 4);
+      std::memcpy(grads[j].data(), g.data(), g.size() * 4);
+      opt.update(std::size_t(j), params[j].data(), grads[j].data(), step, 1.0f);
+      const auto want = r.read_f32(pre + "param");
+      const float* got = params[j].as<float>();
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        const double change = std::fabs(double(want[i]) - before[i]);
+        ASSERT_LE(std::fabs(double(got[i]) - want[i]),
+                  std::ldexp(std::fabs(double(before[i])) + change, -22))
+            << "element " << i << ": " << got[i] << " vs bitsandbytes " << want[i];
+        off += got[i] != want[i];
+      }
+      total += sizes[j];
+    }
+  }
+  EXPECT_LT(off * 100, total) << off << " of " << total << " elements off by the last bit";
+  EXPECT_THROW(opt.update(0, params[0].data(), grads[0].data(), steps + 1, 0.5f), Error);
 }

@@ -9,13 +9,11 @@
 
 #include "adamw8bit/adamw8bit_math.hpp"
 #include "common/cuda_handles.hpp"
+#include "quant4/quant4.hpp"
 #include "trainmem/base/dtype.hpp"
 #include "trainmem/base/error.hpp"
 
 namespace trainmem {
-
-// bitsandbytes keeps fp32 states for a tensor under this many elements.
-constexpr std::int64_t kBnbMin8BitSize = 4096;
 
 // The arguments both updates check, CPU and CUDA alike: n >= 0, step >= 1 (bias correction).
 inline void check_bnb_adamw_args(const char* op, std::int64_t n, int step) {
@@ -24,6 +22,15 @@ inline void check_bnb_adamw_args(const char* op, std::int64_t n, int step) {
     throw InputError(std::string(op) + ": step must be >= 1 (bias correction), got " +
                      std::to_string(step));
 }
+
+// The update's shared constants, on the host: the signed and unsigned dynamic maps (256 f32
+// each, bitsandbytes' create_dynamic_map) and their lookup tables (kQuantLutSize u8 each,
+// blockwise8_build_lut). The backends copy them to where the update runs.
+void bnb_adamw8bit_tables_host(float* qmap_signed, float* qmap_unsigned, std::uint8_t* lut_signed,
+                               std::uint8_t* lut_unsigned);
+static_assert(kBnbLutEntries == kQuantLutSize, "op_types.hpp's LUT size is the quantizer's");
+static_assert(kBnbMapEntries == 256 && kBnbStateBlock == kBlockwise8Size,
+              "op_types.hpp's map and block sizes are the kernels'");
 
 // param (n) dt, grad (n) dt; s1, s2 (n) u8; absmax1, absmax2 (quant_blocks(n, 256)) f32;
 // qmap1 / qmap2: the signed / unsigned dynamic maps (256 f32) and lut1 / lut2 their lookup

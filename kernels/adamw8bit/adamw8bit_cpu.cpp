@@ -3,9 +3,20 @@
 #include "adamw8bit/adamw8bit.hpp"
 #include "common/cpu_parallel.hpp"
 #include "common/storage.hpp"
+#include "quant4/dynamic_map.hpp"
 #include "quant4/quant4.hpp"
 
 namespace trainmem {
+
+void bnb_adamw8bit_tables_host(float* qmap_signed, float* qmap_unsigned, std::uint8_t* lut_signed,
+                               std::uint8_t* lut_unsigned) {
+  for (int i = 0; i < 256; ++i) {
+    qmap_signed[i] = kDynamicMapSigned[i];
+    qmap_unsigned[i] = kDynamicMapUnsigned[i];
+  }
+  blockwise8_build_lut(kDynamicMapSigned, lut_signed);
+  blockwise8_build_lut(kDynamicMapUnsigned, lut_unsigned);
+}
 
 void bnb_adamw8bit_update_cpu(void* param, const void* grad, std::uint8_t* s1, std::uint8_t* s2,
                               float* absmax1, float* absmax2, const float* qmap1,

@@ -25,17 +25,9 @@
 
 #include "common/common_math.hpp"
 #include "quant4/quant4_math.hpp"
+#include "trainmem/base/op_types.hpp"
 
 namespace trainmem {
-
-// bitsandbytes' hyperparameters are Python floats: kept in double until the op converts them.
-struct BnbAdamWParams {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 1e-2;  // bnb's AdamW8bit default
-};
 
 // The fp32 constants of step t (>= 1), converted from double as torch converts a Python scalar.
 struct BnbAdamWConsts {

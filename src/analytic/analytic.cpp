@@ -12,6 +12,7 @@
 #include "trainmem/base/checked.hpp"
 #include "trainmem/base/error.hpp"
 #include "trainmem/base/lora.hpp"
+#include "trainmem/base/op_types.hpp"
 
 namespace trainmem {
 
@@ -471,6 +472,17 @@ std::uint64_t parameter_count(const std::vector<ParamSpec>& specs) {
   return n;
 }
 
+namespace {
+// bitsandbytes' AdamW8bit states of one tensor of n elements (docs/formulas.md, "8-bit AdamW in
+// the native step"): uint8 state1/state2 and an fp32 absmax1/absmax2 per 256-element block from
+// 4,096 elements on, fp32 state1/state2 below.
+std::uint64_t adamw8bit_tensor_bytes(std::uint64_t n) {
+  if (n < static_cast<std::uint64_t>(kBnbMin8BitSize)) return checked_mul(n, 8, "8-bit states");
+  const std::uint64_t blocks = (n + kBnbStateBlock - 1) / kBnbStateBlock;
+  return checked_add(checked_mul(n, 2, "8-bit states"), checked_mul(blocks, 8), "8-bit states");
+}
+}  // namespace
+
 StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
   const std::uint64_t w = dtype_size(train.dtype);
   const bool fp32 = train.dtype == DType::f32;
@@ -523,6 +535,34 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
     f.trainable = lora_trainable_count(model, train.lora_rank, train.lora_targets);
     f.params = checked_mul(checked_add(P, f.trainable, "params"), w, "params bytes");
   }
+  // AdamW8bit: the states of every trained tensor (one layer's, times the layers, + the rest),
+  // and the shared maps and lookup tables once any tensor keeps 8-bit states.
+  std::uint64_t states8 = 0;
+  bool any8 = false;
+  if (train.optimizer == Optimizer::adamw8bit) {
+    const std::uint64_t L = static_cast<std::uint64_t>(model.layers);
+    auto add = [&](std::uint64_t n, std::uint64_t copies) {
+      any8 = any8 || n >= static_cast<std::uint64_t>(kBnbMin8BitSize);
+      states8 = checked_add(states8, checked_mul(adamw8bit_tensor_bytes(n), copies), "states");
+    };
+    if (train.lora()) {
+      const std::uint64_t r = static_cast<std::uint64_t>(train.lora_rank);
+      const std::uint64_t h = model.hidden, i = model.intermediate;
+      const std::uint64_t ad = checked_mul(model.heads, model.head_dim()), kd = model.kv_dim();
+      const std::uint64_t in[7] = {h, h, h, ad, h, h, i}, out[7] = {ad, kd, kd, h, i, i, h};
+      for (int t = 0; t < 7; ++t) {
+        if (!(train.lora_targets & (1u << t))) continue;
+        add(checked_mul(r, in[t]), L);
+        add(checked_mul(r, out[t]), L);
+      }
+    } else {
+      for (const auto& p : few) add(p.elements, p.name.rfind("model.layers.", 0) == 0 ? L : 1);
+    }
+    if (any8)
+      states8 = checked_add(states8,
+                            static_cast<std::uint64_t>(2 * kBnbMapEntries * 4 + 2 * kBnbLutEntries),
+                            "states");
+  }
   const std::uint64_t T = f.trainable;
   f.largest_gradient_bytes = checked_mul(largest_elements, w, "gradient bytes");
   f.largest_gradient_name = largest_name + ".grad";
@@ -534,6 +574,10 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
     case Optimizer::sgd:
       f.gradients = checked_mul(T, w, "gradient bytes");
       f.optimizer_states = fp32 ? 0 : checked_mul(T, 4, "optimizer states");
+      break;
+    case Optimizer::adamw8bit:
+      f.gradients = checked_mul(T, w, "gradient bytes");
+      f.optimizer_states = states8;
       break;
     case Optimizer::lomo: {
       f.optimizer_states = 0;

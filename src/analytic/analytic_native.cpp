@@ -48,6 +48,7 @@ std::uint64_t state_bytes_per_param(Optimizer o, std::uint64_t w) {
     case Optimizer::sgd:
       return w == 4 ? 0 : 4;
     case Optimizer::lomo:
+    case Optimizer::adamw8bit:  // per tensor (state_figures); one GPU only
       return 0;
   }
   return 0;
@@ -426,6 +427,7 @@ void Stage::books() {
     est.largest_gradient_bytes = st.largest_gradient_bytes;
     est.largest_gradient_name = st.largest_gradient_name;
     if (lomo_) fg.gradients = st.gradients;
+    if (t_.optimizer == Optimizer::adamw8bit) fg.optimizer_states = st.optimizer_states;
   }
   if (lomo_) {
     emb_grad_ = checked_mul(emb, w);

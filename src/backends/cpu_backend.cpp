@@ -16,6 +16,7 @@
 #include <mutex>
 
 #include "adamw/adamw.hpp"
+#include "adamw8bit/adamw8bit.hpp"
 #include "attention/attention.hpp"
 #include "attention/attention_ring.hpp"
 #include "bias/bias.hpp"
@@ -179,6 +180,22 @@ class CpuBackend final : public Backend {
   void sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr,
                   float grad_scale) override {
     sgd_update_cpu(param, grad, master, n, lr, grad_scale, dtype());
+  }
+  void bnb_adamw8bit_tables(float* qmap_signed, float* qmap_unsigned, std::uint8_t* lut_signed,
+                            std::uint8_t* lut_unsigned) override {
+    bnb_adamw8bit_tables_host(qmap_signed, qmap_unsigned, lut_signed, lut_unsigned);
+  }
+  void bnb_adamw8bit_update(void* param, const void* grad, std::uint8_t* s1, std::uint8_t* s2,
+                            float* absmax1, float* absmax2, const float* qmap_signed,
+                            const float* qmap_unsigned, const std::uint8_t* lut_signed,
+                            const std::uint8_t* lut_unsigned, std::int64_t n,
+                            const BnbAdamWParams& hp, int step) override {
+    bnb_adamw8bit_update_cpu(param, grad, s1, s2, absmax1, absmax2, qmap_signed, qmap_unsigned,
+                             lut_signed, lut_unsigned, n, hp, step, dtype());
+  }
+  void bnb_adamw32_update(void* param, const void* grad, float* m, float* v, std::int64_t n,
+                          const BnbAdamWParams& hp, int step) override {
+    bnb_adamw32_update_cpu(param, grad, m, v, n, hp, step, dtype());
   }
   void check_finite(const void* x, std::int64_t n) override {
     nonfinite_ = nonfinite_ || has_nonfinite_cpu(x, n, dtype());

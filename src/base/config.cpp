@@ -274,6 +274,8 @@ const char* optimizer_name(Optimizer o) {
       return "sgd";
     case Optimizer::lomo:
       return "lomo";
+    case Optimizer::adamw8bit:
+      return "adamw8bit";
   }
   return "?";
 }
@@ -301,6 +303,7 @@ std::optional<Optimizer> parse_optimizer(const std::string& s) {
   if (s == "adamw") return Optimizer::adamw;
   if (s == "sgd") return Optimizer::sgd;
   if (s == "lomo") return Optimizer::lomo;
+  if (s == "adamw8bit") return Optimizer::adamw8bit;
   return std::nullopt;
 }
 std::optional<Checkpointing> parse_checkpointing(const std::string& s) {
@@ -374,6 +377,10 @@ void TrainConfig::validate() const {
     throw InputError(
         "--optimizer lomo with --finetune lora: LOMO updates every weight inside the backward; "
         "the adapters train with adamw or sgd");
+  if (optimizer == Optimizer::adamw8bit && dtype == DType::f16)
+    throw InputError(
+        "--optimizer adamw8bit with --dtype fp16: trainmem's fp16 step scales the loss, and "
+        "bitsandbytes' 8-bit update takes unscaled gradients; use --dtype bf16 or fp32");
   if (lora_rank > 0 && offload_activations)
     throw InputError(
         "--offload-activations with --finetune lora: the LoRA step is not modelled with "

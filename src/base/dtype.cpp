@@ -13,6 +13,8 @@ const char* dtype_name(DType t) {
       return "bf16";
     case DType::i32:
       return "int32";
+    case DType::u8:
+      return "uint8";
   }
   return "?";
 }

@@ -190,9 +190,8 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
       ->capture_default_str();
   cmd.add_option("--dtype", flags.dtype, "Training dtype: bf16|fp16|fp32")->capture_default_str();
   cmd.add_option("--optimizer", flags.optimizer,
-                 "adamw|sgd|lomo; with --finetune lora|qlora (estimate, maxbatch) also "
-                 "bitsandbytes' "
-                 "adamw8bit|paged-adamw|paged-adamw8bit")
+                 "adamw|sgd|lomo|adamw8bit (bitsandbytes' AdamW8bit); with --finetune "
+                 "lora|qlora (estimate, maxbatch) also bitsandbytes' paged-adamw|paged-adamw8bit")
       ->capture_default_str();
   // Given alone, --checkpointing means "full" (resolve_common maps the empty value).
   cmd.add_option("--checkpointing", flags.checkpointing,
@@ -438,9 +437,11 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   // A command that only runs it refuses the recipes it cannot run; estimate models it beside
   // hf-peft where it can.
   const PeftOptions& peft = c.hf.peft;
+  // adamw8bit is an optimizer of trainmem's own step too; the paged ones are hf-peft's alone.
+  const auto bnb = parse_bnb_optimizer(flags.optimizer);
+  const bool paged = bnb && *bnb != BnbOptimizer::adamw8bit;
   const bool native_capable = lora && peft.finetune == Finetune::lora &&
-                              peft.quant == Quant::none && peft.dropout == 0 &&
-                              !parse_bnb_optimizer(flags.optimizer);
+                              peft.quant == Quant::none && peft.dropout == 0 && !paged;
   if (lora && native_lora && (native_capable || allow_finetune)) {
     if (native_capable) {
       check_hf_options(Profile::hf_peft, c.hf);  // the rank's range, the base/finetune pairs
@@ -459,10 +460,11 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
       throw InputError("--lora-dropout " + flags.lora_dropout +
                        ": trainmem's own LoRA step has no dropout yet (its masks are not "
                        "modelled); `trainmem estimate --finetune lora` models peft's");
-    if (parse_bnb_optimizer(flags.optimizer))
+    if (paged)
       throw InputError("--optimizer " + flags.optimizer +
-                       ": trainmem's own LoRA step has adamw and sgd; `trainmem estimate "
-                       "--finetune lora --optimizer " +
+                       ": trainmem's own LoRA step has adamw, sgd and adamw8bit (paged "
+                       "optimizers keep their states in CUDA managed memory, which it does not "
+                       "model); `trainmem estimate --finetune lora --optimizer " +
                        flags.optimizer + "` models bitsandbytes' optimizer (hf-peft)");
   }
   if (lora && !allow_finetune && !native_lora)
@@ -489,15 +491,15 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
     throw InputError("--dtype: unknown dtype '" + flags.dtype + "'; allowed: bf16, fp16, fp32");
   c.train.dtype = *dtype;
 
-  if (const auto bnb = parse_bnb_optimizer(flags.optimizer)) {
-    // bitsandbytes' optimizers step the adapters of the hf-peft profile; AdamW's arithmetic,
-    // other states (docs/formulas.md, "Profile hf-peft").
+  if (paged) {
+    // bitsandbytes' paged optimizers step the adapters of the hf-peft profile; AdamW's
+    // arithmetic, other states (docs/formulas.md, "Profile hf-peft").
     if (!lora)
       throw InputError(
           "--optimizer " + flags.optimizer +
-          ": bitsandbytes' optimizers are modelled for LoRA adapters only: add --finetune "
-          "lora|qlora (estimate or maxbatch, profile hf-peft); the full fine-tune and "
-          "trainmem's own step have adamw, sgd, lomo");
+          ": bitsandbytes' paged optimizers are modelled for LoRA adapters only: add "
+          "--finetune lora|qlora (estimate or maxbatch, profile hf-peft); the full fine-tune "
+          "and trainmem's own step have adamw, sgd, lomo, adamw8bit");
     c.hf.peft.optimizer = *bnb;
     c.optimizers = {Optimizer::adamw};
   } else if (allow_all_optimizers && flags.optimizer == "all") {
@@ -507,11 +509,12 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
     c.optimizers = {*o};
   } else {
     throw InputError("--optimizer: unknown optimizer '" + flags.optimizer +
-                     "'; allowed: adamw, sgd, lomo" + (allow_all_optimizers ? ", all" : "") +
-                     (lora ? ", adamw8bit, paged-adamw, paged-adamw8bit" : ""));
+                     "'; allowed: adamw, sgd, lomo, adamw8bit" +
+                     (allow_all_optimizers ? ", all" : "") +
+                     (lora ? ", paged-adamw, paged-adamw8bit" : ""));
   }
   c.train.optimizer = c.optimizers.front();
-  if (!flags.bnb_version.empty() && c.hf.peft.optimizer != BnbOptimizer::adamw8bit &&
+  if (!flags.bnb_version.empty() && c.train.optimizer != Optimizer::adamw8bit &&
       c.hf.peft.optimizer != BnbOptimizer::paged_adamw8bit)
     throw InputError("--bnb-version " + flags.bnb_version +
                      ": the releases hf-peft knows differ only in the 8-bit optimizers' state; "
@@ -579,7 +582,8 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
     if (lora && name != "hf-peft" && !(c.train.lora() && name == "native"))
       throw InputError("--profile " + name + " with --finetune " + flags.finetune +
                        ": only hf-peft" +
-                       (native_lora ? " and native (a 16-bit base, adamw or sgd, no dropout) model"
+                       (native_lora ? " and native (a 16-bit base, adamw, sgd or adamw8bit, no "
+                                      "dropout) model"
                                     : " models") +
                        " a LoRA step (the other profiles train every weight)");
     check_hf_options(*parse_profile(name), c.hf);

@@ -21,6 +21,7 @@ std::uint64_t optimizer_state_bytes_per_param(Optimizer kind, DType d) {
     case Optimizer::sgd:
       return master;
     case Optimizer::lomo:
+    case Optimizer::adamw8bit:  // per tensor: adamw8bit_state_bytes
       return 0;
   }
   return 0;
@@ -35,7 +36,8 @@ std::size_t ParameterOptimizer::add_parameter(const std::string& name, int layer
   States st;
   st.numel = 1;
   for (auto d : shape) st.numel = std::int64_t(checked_mul(std::uint64_t(st.numel), d, "numel"));
-  const bool has_master = s_.kind != Optimizer::lomo && backend_.dtype() != DType::f32;
+  const bool has_master =
+      (s_.kind == Optimizer::adamw || s_.kind == Optimizer::sgd) && backend_.dtype() != DType::f32;
   if (has_master)
     st.master =
         ledger_.allocate(name + ".master", Category::optimizer_states, layer, shape, DType::f32);
@@ -46,6 +48,38 @@ std::size_t ParameterOptimizer::add_parameter(const std::string& name, int layer
                             DType::f32);
     backend_.fill_zero(st.m.data(), st.m.bytes());
     backend_.fill_zero(st.v.data(), st.v.bytes());
+  }
+  if (s_.kind == Optimizer::adamw8bit) {
+    // bitsandbytes' Optimizer2State.init_state: names as in its state dict.
+    const bool eight = st.numel >= kBnbMin8BitSize;
+    st.eight_bit = eight;
+    if (eight && !have_tables_) {
+      have_tables_ = true;
+      qmap1_ = ledger_.allocate("optimizer.qmap1", Category::optimizer_states, -1, {kBnbMapEntries},
+                                DType::f32);
+      qmap2_ = ledger_.allocate("optimizer.qmap2", Category::optimizer_states, -1, {kBnbMapEntries},
+                                DType::f32);
+      lut1_ = ledger_.allocate("optimizer.qmap1_lut", Category::optimizer_states, -1,
+                               {kBnbLutEntries}, DType::u8);
+      lut2_ = ledger_.allocate("optimizer.qmap2_lut", Category::optimizer_states, -1,
+                               {kBnbLutEntries}, DType::u8);
+      backend_.bnb_adamw8bit_tables(qmap1_.as<float>(), qmap2_.as<float>(),
+                                    lut1_.as<std::uint8_t>(), lut2_.as<std::uint8_t>());
+    }
+    const DType sd = eight ? DType::u8 : DType::f32;
+    st.m = ledger_.allocate(name + ".state1", Category::optimizer_states, layer, shape, sd);
+    st.v = ledger_.allocate(name + ".state2", Category::optimizer_states, layer, shape, sd);
+    backend_.fill_zero(st.m.data(), st.m.bytes());
+    backend_.fill_zero(st.v.data(), st.v.bytes());
+    if (eight) {
+      const std::int64_t nb = (st.numel + kBnbStateBlock - 1) / kBnbStateBlock;
+      st.absmax1 =
+          ledger_.allocate(name + ".absmax1", Category::optimizer_states, layer, {nb}, DType::f32);
+      st.absmax2 =
+          ledger_.allocate(name + ".absmax2", Category::optimizer_states, layer, {nb}, DType::f32);
+      backend_.fill_zero(st.absmax1.data(), st.absmax1.bytes());
+      backend_.fill_zero(st.absmax2.data(), st.absmax2.bytes());
+    }
   }
   states_.push_back(std::move(st));
   return states_.size() - 1;
@@ -70,6 +104,20 @@ void ParameterOptimizer::update(std::size_t index, void* param, const void* grad
       return;
     case Optimizer::lomo:
       backend_.sgd_update(param, grad, nullptr, st.numel, s_.lomo_lr, grad_scale);
+      return;
+    case Optimizer::adamw8bit:
+      if (grad_scale != 1.0f)
+        throw Error(
+            "AdamW8bit update: the gradients carry a loss scale (fp16); bitsandbytes' "
+            "update takes unscaled gradients");
+      if (!st.eight_bit)
+        backend_.bnb_adamw32_update(param, grad, st.m.as<float>(), st.v.as<float>(), st.numel,
+                                    s_.adamw8bit, step);
+      else
+        backend_.bnb_adamw8bit_update(
+            param, grad, st.m.as<std::uint8_t>(), st.v.as<std::uint8_t>(), st.absmax1.as<float>(),
+            st.absmax2.as<float>(), qmap1_.as<float>(), qmap2_.as<float>(),
+            lut1_.as<std::uint8_t>(), lut2_.as<std::uint8_t>(), st.numel, s_.adamw8bit, step);
       return;
   }
 }

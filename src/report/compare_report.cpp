@@ -28,6 +28,8 @@ std::string display_optimizer(Optimizer o) {
       return "SGD";
     case Optimizer::lomo:
       return "LOMO";
+    case Optimizer::adamw8bit:
+      return "AdamW8bit";
   }
   return "?";
 }

@@ -141,6 +141,22 @@ class Backend {
   // master = nullptr.
   virtual void sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr,
                           float grad_scale) = 0;
+  // bitsandbytes' AdamW8bit (kernels/adamw8bit/adamw8bit.hpp), param (n) D updated in place.
+  // bnb_adamw8bit_tables fills the shared constants: qmap_signed / qmap_unsigned (256 f32, the
+  // dynamic maps of the first and second moment) and lut_signed / lut_unsigned
+  // (kBnbLutEntries u8, the quantizer's lookup tables). The 8-bit update (n >= 4096): s1, s2
+  // (n) u8, absmax1, absmax2 (ceil(n / 256)) f32. The fp32-state update (smaller tensors): m, v
+  // (n) f32. step >= 1. The gradients must carry no loss scale.
+  virtual void bnb_adamw8bit_tables(float* qmap_signed, float* qmap_unsigned,
+                                    std::uint8_t* lut_signed, std::uint8_t* lut_unsigned) = 0;
+  virtual void bnb_adamw8bit_update(void* param, const void* grad, std::uint8_t* s1,
+                                    std::uint8_t* s2, float* absmax1, float* absmax2,
+                                    const float* qmap_signed, const float* qmap_unsigned,
+                                    const std::uint8_t* lut_signed,
+                                    const std::uint8_t* lut_unsigned, std::int64_t n,
+                                    const BnbAdamWParams& hp, int step) = 0;
+  virtual void bnb_adamw32_update(void* param, const void* grad, float* m, float* v, std::int64_t n,
+                                  const BnbAdamWParams& hp, int step) = 0;
   // The overflow check of loss-scaled gradients, in two halves so that a step waits once:
   // check_finite queues a test of x (n) D for +-inf and NaN; take_nonfinite returns whether
   // any buffer checked since the previous take held one, and clears that (it waits for the

@@ -11,12 +11,13 @@
 namespace trainmem {
 
 // f32, f16, bf16 are training dtypes; i32 holds token ids and labels.
-enum class DType : std::uint8_t { f32, f16, bf16, i32 };
+// u8: storage only (bitsandbytes' 8-bit optimizer states); no op computes in it.
+enum class DType : std::uint8_t { f32, f16, bf16, i32, u8 };
 
 constexpr std::size_t dtype_size(DType t) {
-  return t == DType::f16 || t == DType::bf16 ? 2 : 4;
+  return t == DType::u8 ? 1 : t == DType::f16 || t == DType::bf16 ? 2 : 4;
 }
-const char* dtype_name(DType t);  // "fp32", "fp16", "bf16", "int32"
+const char* dtype_name(DType t);  // "fp32", "fp16", "bf16", "int32", "uint8"
 // Accepts fp32|float32|f32, fp16|float16|f16|half, bf16|bfloat16. nullopt otherwise.
 std::optional<DType> parse_dtype(const std::string& s);
 

@@ -18,6 +18,24 @@ struct AdamWParams {
   float weight_decay = 0.0f;  // decoupled (AdamW)
 };
 
+// bitsandbytes' AdamW8bit hyperparameters (kernels/adamw8bit/adamw8bit_math.hpp). They are
+// Python floats there: kept in double until the op converts them.
+struct BnbAdamWParams {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;  // bnb's AdamW8bit default
+};
+// bitsandbytes keeps fp32 moments for a tensor under this many elements (min_8bit_size).
+constexpr std::int64_t kBnbMin8BitSize = 4096;
+// The 8-bit moments' absmax block, and the entries of a dynamic quantile map.
+constexpr std::int64_t kBnbStateBlock = 256;
+constexpr std::int64_t kBnbMapEntries = 256;
+// trainmem's 8-bit quantizer finds a value's code through a lookup table of this many entries
+// per map (kernels/quant4/quant4_math.hpp: kQuantLutSize; bitsandbytes searches the map).
+constexpr std::int64_t kBnbLutEntries = 65536;
+
 // RoPE frequency scaling (config.json `rope_scaling`): none, or Llama 3.1's `llama3` rule
 // (HuggingFace's _compute_llama3_parameters), which rescales the inverse frequencies
 // inv_freq[j] = theta^(-2j/d) by their wavelength 2π/inv_freq[j]: wavelengths shorter than

@@ -5,7 +5,10 @@
 
 namespace trainmem {
 
-enum class Optimizer { adamw, sgd, lomo };
+// adamw8bit: bitsandbytes' AdamW8bit (uint8 moments with an fp32 absmax per 256-element block,
+// fp32 moments for tensors under 4,096 elements, the weights updated in place without a master
+// copy); docs/formulas.md, "8-bit AdamW in the native step".
+enum class Optimizer { adamw, sgd, lomo, adamw8bit };
 // selective: Megatron's selective recompute, the attention core's s² tensors recomputed
 // (docs/decisions.md, "Which layers are checkpointed, and selective recompute").
 enum class Checkpointing { none, full, selective };

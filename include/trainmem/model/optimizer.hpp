@@ -3,6 +3,12 @@
 //   AdamW  mixed precision: fp32 master copy (only when the training dtype D is 16-bit), fp32
 //          m and v; bias correction; decoupled weight decay. 12 B/param under bf16/fp16.
 //   SGD    no momentum; fp32 master copy when D is 16-bit (4 B/param), nothing under fp32.
+//   AdamW8bit  bitsandbytes' AdamW8bit: no master copy (the D weights are updated in place, as
+//          bnb updates a 16-bit model); a tensor of 4,096 elements or more keeps uint8 `state1`,
+//          `state2` (n bytes each) and fp32 `absmax1`, `absmax2` (one per 256-element block), a
+//          smaller one fp32 `state1`, `state2`; the signed and unsigned quantile maps (256 f32)
+//          and their lookup tables (65,536 u8) are shared, allocated with the first 8-bit
+//          tensor. The gradients must carry no loss scale (no fp16).
 //   LOMO   SGD fused into backward (Lv et al. 2023): each parameter is updated as soon as its
 //          gradient is complete and the gradient is freed at once; no states, the D weights
 //          are updated in place.
@@ -26,12 +32,15 @@ struct OptimizerSettings {
   AdamWParams adamw{1e-5f, 0.9f, 0.999f, 1e-8f, 0.01f};  // lr, beta1, beta2, eps, weight decay
   float sgd_lr = 1e-3f;
   float lomo_lr = 1e-3f;
+  // AdamW8bit: the same lr, betas, eps and weight decay as AdamW's defaults (docs/decisions.md).
+  BnbAdamWParams adamw8bit{1e-5, 0.9, 0.999, 1e-8, 0.01};
 };
 // The documented defaults for `kind`.
 OptimizerSettings default_optimizer_settings(Optimizer kind);
 
 // Bytes of optimizer state per parameter element for `kind` under training dtype `d`
-// (AdamW 12 or 8, SGD 4 or 0, LOMO 0).
+// (AdamW 12 or 8, SGD 4 or 0, LOMO 0). AdamW8bit's depend on each tensor's size:
+// adamw8bit_state_bytes.
 std::uint64_t optimizer_state_bytes_per_param(Optimizer kind, DType d);
 
 // The optimizer index of a frozen parameter (LoRA's base): no states, never updated.
@@ -65,14 +74,20 @@ class ParameterOptimizer {
  private:
   struct States {
     std::int64_t numel = 0;
-    Tensor master;  // (n) f32, empty when D = fp32 or LOMO
-    Tensor m;       // (n) f32, AdamW only
-    Tensor v;       // (n) f32, AdamW only
+    Tensor master;   // (n) f32, empty when D = fp32, LOMO or AdamW8bit
+    Tensor m;        // (n) f32, AdamW (AdamW8bit: u8 for n >= 4096)
+    Tensor v;        // (n) f32, AdamW (AdamW8bit: u8 for n >= 4096)
+    Tensor absmax1;  // AdamW8bit, n >= 4096: (ceil(n / 256)) f32
+    Tensor absmax2;
+    bool eight_bit = false;  // AdamW8bit with 8-bit states
   };
   OptimizerSettings s_;
   Backend& backend_;
   Ledger& ledger_;
   std::vector<States> states_;
+  // AdamW8bit's shared maps and lookup tables (allocated with the first 8-bit tensor).
+  Tensor qmap1_, qmap2_, lut1_, lut2_;
+  bool have_tables_ = false;
 };
 
 }  // namespace trainmem

@@ -5,8 +5,10 @@
 #include <spdlog/spdlog.h>
 
 #include <string>
+#include <vector>
 
 #include "adamw/adamw.hpp"
+#include "adamw8bit/adamw8bit.hpp"
 #include "attention/attention.hpp"
 #include "attention/attention_ring.hpp"
 #include "bias/bias.hpp"
@@ -226,6 +228,29 @@ void CudaBackend::adamw_update(void* param, const void* grad, float* master, flo
 void CudaBackend::sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr,
                              float grad_scale) {
   sgd_update_cuda(param, grad, master, n, lr, grad_scale, dtype(), stream_);
+}
+void CudaBackend::bnb_adamw8bit_tables(float* qmap_signed, float* qmap_unsigned,
+                                       std::uint8_t* lut_signed, std::uint8_t* lut_unsigned) {
+  std::vector<float> qs(kBnbMapEntries), qu(kBnbMapEntries);
+  std::vector<std::uint8_t> ls(kBnbLutEntries), lu(kBnbLutEntries);
+  bnb_adamw8bit_tables_host(qs.data(), qu.data(), ls.data(), lu.data());
+  upload(qmap_signed, qs.data(), qs.size() * sizeof(float));
+  upload(qmap_unsigned, qu.data(), qu.size() * sizeof(float));
+  upload(lut_signed, ls.data(), ls.size());
+  upload(lut_unsigned, lu.data(), lu.size());
+}
+void CudaBackend::bnb_adamw8bit_update(void* param, const void* grad, std::uint8_t* s1,
+                                       std::uint8_t* s2, float* absmax1, float* absmax2,
+                                       const float* qmap_signed, const float* qmap_unsigned,
+                                       const std::uint8_t* lut_signed,
+                                       const std::uint8_t* lut_unsigned, std::int64_t n,
+                                       const BnbAdamWParams& hp, int step) {
+  bnb_adamw8bit_update_cuda(param, grad, s1, s2, absmax1, absmax2, qmap_signed, qmap_unsigned,
+                            lut_signed, lut_unsigned, n, hp, step, dtype(), stream_);
+}
+void CudaBackend::bnb_adamw32_update(void* param, const void* grad, float* m, float* v,
+                                     std::int64_t n, const BnbAdamWParams& hp, int step) {
+  bnb_adamw32_update_cuda(param, grad, m, v, n, hp, step, dtype(), stream_);
 }
 void CudaBackend::check_finite(const void* x, std::int64_t n) {
   flag_nonfinite_cuda(nonfinite_device_, x, n, dtype(), stream_);

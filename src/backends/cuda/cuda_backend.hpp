@@ -99,6 +99,15 @@ class CudaBackend final : public Backend {
                     std::int64_t n, const AdamWParams& hp, int step, float grad_scale) override;
   void sgd_update(void* param, const void* grad, float* master, std::int64_t n, float lr,
                   float grad_scale) override;
+  void bnb_adamw8bit_tables(float* qmap_signed, float* qmap_unsigned, std::uint8_t* lut_signed,
+                            std::uint8_t* lut_unsigned) override;
+  void bnb_adamw8bit_update(void* param, const void* grad, std::uint8_t* s1, std::uint8_t* s2,
+                            float* absmax1, float* absmax2, const float* qmap_signed,
+                            const float* qmap_unsigned, const std::uint8_t* lut_signed,
+                            const std::uint8_t* lut_unsigned, std::int64_t n,
+                            const BnbAdamWParams& hp, int step) override;
+  void bnb_adamw32_update(void* param, const void* grad, float* m, float* v, std::int64_t n,
+                          const BnbAdamWParams& hp, int step) override;
   // The flag both write is a word of mapped pinned host memory (no device memory, so the
   // allocation plan and the device figures are unchanged): take_nonfinite synchronises the
   // stream, reads and clears it.
