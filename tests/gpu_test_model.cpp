@@ -118,6 +118,7 @@ struct ModelCase {
   DType dtype;
   Attention attention;
   Optimizer optimizer;
+  std::int64_t lora_rank = 0;  // > 0: LoRA on all seven projections, the base frozen
 };
 void PrintTo(const ModelCase& c, std::ostream* os) {
   *os << c.preset << " " << dtype_param_name(c.dtype) << " "
@@ -132,7 +133,9 @@ class ModelGpu : public ::testing::TestWithParam<ModelCase> {
 TEST_P(ModelGpu, LossGradientsAndUpdatedWeightsMatchTheCpuBackend) {
   const ModelCase c = GetParam();
   const ModelConfig m = preset(c.preset);
-  const TrainConfig t = train(2, 13, c.dtype, c.optimizer, Checkpointing::none, c.attention);
+  TrainConfig t = train(2, 13, c.dtype, c.optimizer, Checkpointing::none, c.attention);
+  t.lora_rank = c.lora_rank;
+  t.lora_targets = c.lora_rank > 0 ? 0x7fu : 0u;
   ModelRun cpu(BackendKind::cpu, m, t), gpu(BackendKind::cuda, m, t);
   for (ModelRun* r : {&cpu, &gpu}) {
     r->model->init_random(7);
@@ -174,11 +177,18 @@ INSTANTIATE_TEST_SUITE_P(
                       // bitsandbytes' 8-bit update (tiny-gqa's embedding and MLP weights are
                       // 8-bit, its norms fp32-state) through the cuda backend.
                       ModelCase{"tiny-gqa", DType::f32, Attention::flash, Optimizer::adamw8bit},
-                      ModelCase{"tiny-gqa", DType::bf16, Attention::eager, Optimizer::adamw8bit}),
+                      ModelCase{"tiny-gqa", DType::bf16, Attention::eager, Optimizer::adamw8bit},
+                      // LoRA (r 4, all seven; B starts at zero, so step 2 checks the adapters'
+                      // full gradients): the frozen norms' backward, the skipped head and
+                      // embedding gradients, the fp16 loss scale through the adapters.
+                      ModelCase{"tiny-gqa", DType::bf16, Attention::flash, Optimizer::adamw, 4},
+                      ModelCase{"tiny-awkward", DType::f32, Attention::eager, Optimizer::adamw8bit,
+                                4},
+                      ModelCase{"tiny-gqa", DType::f16, Attention::eager, Optimizer::sgd, 4}),
     [](const ::testing::TestParamInfo<ModelCase>& i) {
       std::string n = std::string(i.param.preset) + "_" + dtype_param_name(i.param.dtype) + "_" +
                       (i.param.attention == Attention::eager ? "eager" : "flash") + "_" +
-                      optimizer_name(i.param.optimizer);
+                      optimizer_name(i.param.optimizer) + (i.param.lora_rank > 0 ? "_lora" : "");
       for (auto& ch : n)
         if (ch == '-') ch = '_';
       return n;
