@@ -400,7 +400,7 @@ COMMON_FLAGS = {
     "--batch": lambda rng: int_text(rng, 2**20),
     "--seq": lambda rng: int_text(rng, 2**20),
     "--dtype": lambda rng: rng.choice(["bf16", "fp16", "fp32", "fp8", "", "BF16", "\u00e9"]),
-    "--optimizer": lambda rng: rng.choice(["adamw", "sgd", "lomo", "all", "adam", ""]),
+    "--optimizer": lambda rng: rng.choice(["adamw", "sgd", "lomo", "all", "adam", "", "adamw8bit", "paged-adamw8bit"]),
     "--checkpointing": lambda rng: checkpointing_text(rng),
     "--attention": lambda rng: rng.choice(["eager", "flash", "sdpa", ""]),
     "--offload-activations": lambda rng: None,

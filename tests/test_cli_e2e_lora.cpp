@@ -229,80 +229,85 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
   struct Case {
     std::string args, message;
   };
-  for (const Case& c : std::vector<Case>{
-           {"profile --model tiny --backend meta --finetune qlora", "no 4-bit base yet"},
-           {"profile --model tiny --backend meta --finetune lora --lora-dropout 0.1",
-            "--lora-dropout 0.1"},
-           {"profile --model tiny --backend meta --finetune lora --optimizer paged-adamw8bit",
-            "--optimizer paged-adamw8bit: trainmem's own LoRA step has adamw, sgd and adamw8bit"},
-           {"profile --model tiny --backend meta --optimizer adamw8bit --dtype fp16",
-            "--optimizer adamw8bit with --dtype fp16"},
-           {"estimate --model tiny --optimizer adamw8bit --world-size 2 --zero 1",
-            "--optimizer adamw8bit: the sharded step"},
-           {"profile --model tiny --backend meta --optimizer adamw8bit --world-size 2 --dp 2",
-            "--optimizer adamw8bit: the sharded step"},
-           {"plan --model tiny --gpus 2 --gpu-memory 1GiB --global-batch 2 --optimizer adamw8bit",
-            "--optimizer adamw8bit: plan searches parallel layouts"},
-           {"profile --model tiny --backend meta --finetune lora --optimizer lomo",
-            "--optimizer lomo with --finetune lora"},
-           {"profile --model tiny --backend meta --finetune lora --world-size 2 --zero 2",
-            "--finetune lora with a parallel layout"},
-           {"profile --model tiny --backend meta --finetune lora --world-size 2 --zero 2 "
-            "--profile native",
-            "--finetune lora with a parallel layout"},
-           {"profile --model tiny --backend meta --finetune lora --profile hf-eager",
-            "--profile hf-eager with --finetune lora"},
-           {"compare --model tiny --backend meta --finetune qlora", "no 4-bit base yet"},
-           {"sweep --model tiny --backend meta --finetune qlora", "--finetune qlora"},
-           {"plan --model tiny --gpus 2 --gpu-memory 1GiB --global-batch 2 --finetune lora",
-            "--finetune"},
-           {"maxbatch --model tiny --budget 1GiB --finetune lora --world-size 2 --zero 2",
-            "--world-size with --finetune lora"},
-           {"maxbatch --model tiny --budget 1GiB --finetune lora --allocator pytorch",
-            "--allocator with --finetune lora"},
-           {"maxbatch --model mistral-7b --budget 24GB --finetune qlora --vary seq",
-            "--vary seq with --finetune qlora"},
-           {"maxbatch --model tiny --budget 1GiB --finetune lora --checkpointing selective",
-            "--checkpointing selective"},
-           {"estimate --model tiny --finetune qlora --profile native",
-            "--profile native with --finetune qlora"},
-           {"estimate --model tiny --finetune lora --lora-dropout 0.1 --profile native",
-            "--profile native with --finetune lora"},
-           {"estimate --model tiny --profile hf-peft", "needs --finetune lora or qlora"},
-           {"estimate --model tiny --finetune full --lora-rank 8", "--lora-rank applies to"},
-           {"estimate --model tiny --finetune lora --lora-rank 0", "--lora-rank"},
-           {"estimate --model tiny --finetune lora --lora-targets q_proj,wo", "--lora-targets"},
-           {"estimate --model tiny --finetune lora --lora-dropout 1.5", "--lora-dropout"},
-           {"estimate --model tiny --finetune lora --lora-dropout x", "--lora-dropout"},
-           {"estimate --model tiny --finetune lora --lora-dtype fp8", "--lora-dtype"},
-           {"estimate --model tiny --finetune lora --quant nf4",
-            "--quant nf4 with --finetune lora"},
-           {"estimate --model tiny --finetune qlora --quant none", "--quant none"},
-           {"estimate --model tiny --finetune qlora --quant int8", "--quant int8"},
-           {"estimate --model tiny --finetune qlora --quant-blocksize 100",
-            "--quant-blocksize 100"},
-           {"estimate --model tiny --finetune qlora --double-quant maybe", "--double-quant"},
-           {"estimate --model tiny --finetune lora --optimizer lomo", "--optimizer lomo"},
-           {"estimate --model tiny --finetune lora --checkpointing selective",
-            "--checkpointing selective"},
-           {"estimate --model tiny --finetune lora --world-size 2 --zero 2",
-            "--finetune lora with"},
-           {"estimate --model qwen3-8b --finetune lora --profile hf-peft", "q/k norms"},
-           {"estimate --model tiny --finetune dora", "--finetune"},
-           {"estimate --model tiny --optimizer paged-adamw", "--optimizer paged-adamw: "},
-           {"profile --model tiny --backend meta --optimizer paged-adamw8bit",
-            "--optimizer paged-adamw8bit"},
-           {"estimate --model tiny --finetune lora --optimizer adam8bit",
-            "adamw, sgd, lomo, adamw8bit, all, paged-adamw, paged-adamw8bit"},
-           {"estimate --model tiny --bnb-version 0.43.3", "--bnb-version applies to"},
-           {"estimate --model tiny --finetune qlora --optimizer adamw8bit --bnb-version 0.39.0",
-            "--bnb-version 0.39.0"},
-           {"estimate --model tiny --finetune qlora --bnb-version 0.43.3",
-            "give it with --optimizer adamw8bit or paged-adamw8bit"},
-           {"estimate --model tiny --finetune lora --offload-activations",
-            "--offload-activations with --finetune lora"},
-           {"maxbatch --model tiny --budget 1GiB --finetune lora --offload-activations",
-            "--offload-activations with --finetune lora"}}) {
+  for (
+      const Case& c : std::vector<Case>{
+          {"profile --model tiny --backend meta --finetune qlora", "no 4-bit base yet"},
+          {"profile --model tiny --backend meta --finetune lora --lora-dropout 0.1",
+           "--lora-dropout 0.1"},
+          {"profile --model tiny --backend meta --finetune lora --optimizer paged-adamw8bit",
+           "--optimizer paged-adamw8bit: trainmem's own LoRA step has adamw, sgd and adamw8bit"},
+          {"profile --model tiny --backend meta --optimizer adamw8bit --dtype fp16",
+           "--optimizer adamw8bit with --dtype fp16"},
+          {"estimate --model tiny --optimizer adamw8bit --world-size 2 --zero 1",
+           "--optimizer adamw8bit: the sharded step"},
+          {"profile --model tiny --backend meta --optimizer adamw8bit --world-size 2 --dp 2",
+           "--optimizer adamw8bit: the sharded step"},
+          {"profile --model tiny --backend meta --finetune lora --optimizer adamw8bit --dtype fp16",
+           "--optimizer adamw8bit with --dtype fp16"},
+          {"estimate --model tiny --optimizer adamw8bit --dtype fp16 --profile native",
+           "--optimizer adamw8bit with --dtype fp16"},
+          {"sweep --model tiny --backend meta --finetune lora --optimizer adamw8bit "
+           "--bnb-version 0.43.3",
+           "--bnb-version 0.43.3: it keys the hf-peft profile"},
+          {"plan --model tiny --gpus 2 --gpu-memory 1GiB --global-batch 2 --optimizer adamw8bit",
+           "--optimizer adamw8bit: plan searches parallel layouts"},
+          {"profile --model tiny --backend meta --finetune lora --optimizer lomo",
+           "--optimizer lomo with --finetune lora"},
+          {"profile --model tiny --backend meta --finetune lora --world-size 2 --zero 2",
+           "--finetune lora with a parallel layout"},
+          {"profile --model tiny --backend meta --finetune lora --world-size 2 --zero 2 "
+           "--profile native",
+           "--finetune lora with a parallel layout"},
+          {"profile --model tiny --backend meta --finetune lora --profile hf-eager",
+           "--profile hf-eager with --finetune lora"},
+          {"compare --model tiny --backend meta --finetune qlora", "no 4-bit base yet"},
+          {"sweep --model tiny --backend meta --finetune qlora", "--finetune qlora"},
+          {"plan --model tiny --gpus 2 --gpu-memory 1GiB --global-batch 2 --finetune lora",
+           "--finetune"},
+          {"maxbatch --model tiny --budget 1GiB --finetune lora --world-size 2 --zero 2",
+           "--world-size with --finetune lora"},
+          {"maxbatch --model tiny --budget 1GiB --finetune lora --allocator pytorch",
+           "--allocator with --finetune lora"},
+          {"maxbatch --model mistral-7b --budget 24GB --finetune qlora --vary seq",
+           "--vary seq with --finetune qlora"},
+          {"maxbatch --model tiny --budget 1GiB --finetune lora --checkpointing selective",
+           "--checkpointing selective"},
+          {"estimate --model tiny --finetune qlora --profile native",
+           "--profile native with --finetune qlora"},
+          {"estimate --model tiny --finetune lora --lora-dropout 0.1 --profile native",
+           "--profile native with --finetune lora"},
+          {"estimate --model tiny --profile hf-peft", "needs --finetune lora or qlora"},
+          {"estimate --model tiny --finetune full --lora-rank 8", "--lora-rank applies to"},
+          {"estimate --model tiny --finetune lora --lora-rank 0", "--lora-rank"},
+          {"estimate --model tiny --finetune lora --lora-targets q_proj,wo", "--lora-targets"},
+          {"estimate --model tiny --finetune lora --lora-dropout 1.5", "--lora-dropout"},
+          {"estimate --model tiny --finetune lora --lora-dropout x", "--lora-dropout"},
+          {"estimate --model tiny --finetune lora --lora-dtype fp8", "--lora-dtype"},
+          {"estimate --model tiny --finetune lora --quant nf4", "--quant nf4 with --finetune lora"},
+          {"estimate --model tiny --finetune qlora --quant none", "--quant none"},
+          {"estimate --model tiny --finetune qlora --quant int8", "--quant int8"},
+          {"estimate --model tiny --finetune qlora --quant-blocksize 100", "--quant-blocksize 100"},
+          {"estimate --model tiny --finetune qlora --double-quant maybe", "--double-quant"},
+          {"estimate --model tiny --finetune lora --optimizer lomo", "--optimizer lomo"},
+          {"estimate --model tiny --finetune lora --checkpointing selective",
+           "--checkpointing selective"},
+          {"estimate --model tiny --finetune lora --world-size 2 --zero 2", "--finetune lora with"},
+          {"estimate --model qwen3-8b --finetune lora --profile hf-peft", "q/k norms"},
+          {"estimate --model tiny --finetune dora", "--finetune"},
+          {"estimate --model tiny --optimizer paged-adamw", "--optimizer paged-adamw: "},
+          {"profile --model tiny --backend meta --optimizer paged-adamw8bit",
+           "--optimizer paged-adamw8bit"},
+          {"estimate --model tiny --finetune lora --optimizer adam8bit",
+           "adamw, sgd, lomo, adamw8bit, all, paged-adamw, paged-adamw8bit"},
+          {"estimate --model tiny --bnb-version 0.43.3", "--bnb-version applies to"},
+          {"estimate --model tiny --finetune qlora --optimizer adamw8bit --bnb-version 0.39.0",
+           "--bnb-version 0.39.0"},
+          {"estimate --model tiny --finetune qlora --bnb-version 0.43.3",
+           "give it with --optimizer adamw8bit or paged-adamw8bit"},
+          {"estimate --model tiny --finetune lora --offload-activations",
+           "--offload-activations with --finetune lora"},
+          {"maxbatch --model tiny --budget 1GiB --finetune lora --offload-activations",
+           "--offload-activations with --finetune lora"}}) {
     SCOPED_TRACE(c.args);
     const Result r = trainmem(c.args);
     EXPECT_EQ(r.code, 2) << r.out << r.err;
@@ -506,6 +511,23 @@ TEST(CliE2ELora, AdamW8bitRunsInTheNativeStep) {
   EXPECT_EQ(n(a["native"]["optimizer_states"]), lora + 2 * 1024 + 2 * 65536);
   EXPECT_EQ(n(a["hf-peft"]["optimizer_states"]), lora + 2 * 1024);
   EXPECT_EQ(a["hf-peft"]["peft"]["optimizer"], "adamw8bit");
+  // bitsandbytes on an fp16 model is hf-peft's (the native step scales an fp16 loss): estimate
+  // answers with hf-peft alone, profile refuses, naming both flags.
+  for (const char* ft : {"lora", "qlora"}) {
+    SCOPED_TRACE(ft);
+    const Result h = trainmem(std::string("estimate --model llama3-8b --finetune ") + ft +
+                              " --optimizer adamw8bit --dtype fp16 --format json");
+    ASSERT_EQ(h.code, 0) << h.err;
+    const json hj = h.j();
+    EXPECT_EQ(hj["analytic"].size(), 1u) << hj["analytic"];
+    EXPECT_EQ(hj["analytic"]["hf-peft"]["peft"]["optimizer"], "adamw8bit");
+  }
+  // diff takes it as a side's optimizer, for the native step and for hf-peft.
+  const Result d = trainmem("diff native:optimizer=adamw8bit native --model tiny --format json");
+  ASSERT_EQ(d.code, 0) << d.err;
+  const Result dh = trainmem(
+      "diff hf-peft hf-peft:optimizer=adamw8bit --finetune lora --model tiny --format json");
+  ASSERT_EQ(dh.code, 0) << dh.err;
   // The LoRA step runs with it on the cpu too, and reconciles.
   const Result l = trainmem(
       "profile --model tiny --finetune lora --optimizer adamw8bit --backend cpu --batch 1 "

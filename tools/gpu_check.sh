@@ -542,6 +542,23 @@ fi
 COMMON=(--model llama-7b --batch 8 --seq 512 --dtype fp16 --attention eager)
 # Headroom for what no tensor owns (CUDA context, cuBLAS, pool rounding): 3 GiB.
 HEADROOM=$((3 * 1024 * 1024 * 1024))
+# fits NAME: whether the native peak of runs/NAME.estimate.json plus the headroom fits the device;
+# records profile_NAME as not_fitting when it does not. No prediction: it runs anyway, said.
+fits() {
+  local predicted
+  predicted=$("$PYTHON" -c 'import json,sys
+try: print(int(json.load(open(sys.argv[1]))["analytic"]["native"]["peak"]))
+except Exception: print(-1)' "$OUT/runs/$1.estimate.json" 2>/dev/null)
+  predicted=${predicted:--1}
+  if ((predicted > 0 && DEVICE_TOTAL_BYTES > 0 && predicted + HEADROOM > DEVICE_TOTAL_BYTES)); then
+    say "$1: predicted peak $predicted B + headroom > device $DEVICE_TOTAL_BYTES B: does not fit, skipped"
+    record "profile_$1" not_fitting 0 0 "predicted peak $predicted bytes + $HEADROOM headroom > device $DEVICE_TOTAL_BYTES bytes"
+    publish "after profile_$1"
+    return 1
+  fi
+  ((predicted <= 0)) && say "$1: no prediction (estimate unavailable): running it anyway"
+  return 0
+}
 if [[ -x $TM ]]; then
   # Every prediction first (a second each): they are in the results even if no run follows.
   for opt in adamw sgd lomo; do
@@ -551,35 +568,25 @@ if [[ -x $TM ]]; then
         --checkpointing "$ck" --profile native --format json --output "$OUT/runs/$name.estimate.json"
     done
   done
+  # LoRA on all seven projections with bitsandbytes' 8-bit AdamW (bf16: 8-bit AdamW has no fp16
+  # step), checkpointed: the frozen base, the adapters' rows and their 8-bit states on the device.
+  LORA=(--model llama-7b --batch 8 --seq 512 --dtype bf16 --attention flash --finetune lora
+    --lora-targets all-linear --optimizer adamw8bit --checkpointing full)
+  run_step estimate_llama7b_lora_adamw8bit 30 5 "$TM" estimate "${LORA[@]}" --profile native \
+    --format json --output "$OUT/runs/llama7b_lora_adamw8bit.estimate.json"
   for opt in adamw sgd lomo; do
     for ck in none full; do
       name="llama7b_${opt}_${ck}"
       time_for "profile_$name" 30 || continue
-      predicted=$("$PYTHON" -c 'import json,sys
-try: print(int(json.load(open(sys.argv[1]))["analytic"]["native"]["peak"]))
-except Exception: print(-1)' "$OUT/runs/$name.estimate.json" 2>/dev/null)
-      predicted=${predicted:--1}
-      if ((predicted > 0 && DEVICE_TOTAL_BYTES > 0 && predicted + HEADROOM > DEVICE_TOTAL_BYTES)); then
-        say "$name: predicted peak $predicted B + headroom > device $DEVICE_TOTAL_BYTES B: does not fit, skipped"
-        record "profile_$name" not_fitting 0 0 "predicted peak $predicted bytes + $HEADROOM headroom > device $DEVICE_TOTAL_BYTES bytes"
-        publish "after profile_$name"
-        continue
-      fi
-      ((predicted <= 0)) && say "$name: no prediction (estimate unavailable): running it anyway"
+      fits "$name" || continue
       run_step "profile_$name" 150 30 "$TM" profile "${COMMON[@]}" --optimizer "$opt" \
         --checkpointing "$ck" --backend "$BACKEND" --steps 2 --format json \
         --output "$OUT/runs/$name.profile.json"
     done
   done
-  # LoRA on all seven projections with bitsandbytes' 8-bit AdamW (bf16: 8-bit AdamW has no fp16
-  # step), checkpointed: the frozen base, the adapters' rows and their 8-bit states on the
-  # device (about 14 GB predicted: it fits every GPU this runs on).
-  LORA=(--model llama-7b --batch 8 --seq 512 --dtype bf16 --attention flash --finetune lora
-    --lora-targets all-linear --optimizer adamw8bit --checkpointing full)
+  # LoRA, measured after the six: its prediction above, the same fit check.
   name=llama7b_lora_adamw8bit
-  run_step "estimate_$name" 30 5 "$TM" estimate "${LORA[@]}" --profile native --format json \
-    --output "$OUT/runs/$name.estimate.json"
-  if time_for "profile_$name" 30; then
+  if time_for "profile_$name" 30 && fits "$name"; then
     run_step "profile_$name" 150 30 "$TM" profile "${LORA[@]}" --backend "$BACKEND" --steps 2 \
       --format json --output "$OUT/runs/$name.profile.json"
   fi

@@ -839,7 +839,7 @@ void build_hf_peft(Estimate& est) {
       t.optimizer == Optimizer::adamw8bit ? BnbOptimizer::adamw8bit : pf.optimizer;
   if (pf.optimizer != BnbOptimizer::none && t.optimizer != Optimizer::adamw)
     throw InputError(
-        std::string("--optimizer ") + bnb_optimizer_name(bo) +
+        std::string("--optimizer ") + bnb_optimizer_name(pf.optimizer) +
         ": a bitsandbytes optimizer replaces torch's AdamW; the torch optimizer beside it "
         "must be adamw (not sgd or lomo)");
   if (bo == BnbOptimizer::none) {

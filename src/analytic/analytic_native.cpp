@@ -895,8 +895,15 @@ void Stage::figures() {
     est.notes.push_back(
         "LoRA r " + std::to_string(t_.lora_rank) + " on " + lora_targets_name(t_.lora_targets) +
         ": the base is frozen (no gradients, no optimizer states); each adapter (A, B in the "
-        "training dtype, fp32 master and states like every trained weight) keeps its rank-r row "
-        "x·Aᵀ and allocates d_lora_a (b,s,r) in backward");
+        "training dtype, with the optimizer's states like every trained weight) keeps its "
+        "rank-r row x·Aᵀ and allocates d_lora_a (b,s,r) in backward");
+  if (t_.optimizer == Optimizer::adamw8bit)
+    est.notes.push_back(
+        "adamw8bit (bitsandbytes' AdamW8bit): no fp32 master copy (the weights are updated in "
+        "place); per trained tensor of n >= 4,096 elements uint8 state1/state2 and an fp32 "
+        "absmax1/absmax2 per 256 elements (2n + 8·ceil(n/256) B), fp32 state1/state2 below "
+        "(8n B), and once the two 256-entry quantile maps and their 65,536-entry lookup tables "
+        "(133,120 B)");
   if (lomo_)
     est.notes.push_back(m_.tied_embeddings
                             ? "LOMO, tied embeddings: the shared embedding gradient is alive "
@@ -920,6 +927,7 @@ RankEstimate native_stage(const ModelConfig& m, const TrainConfig& t, const Para
 }
 
 void build_native(Estimate& est) {
+  est.train.check_native_step();
   // One GPU: the layout of one rank. The books from the parameter list (state_figures, already
   // in est) and the stage's closed form must agree; they are two derivations of the same count.
   const RankEstimate r = native_stage(est.model, est.train, ParallelConfig{}, 0);

@@ -232,8 +232,9 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(DType dtype) {
-  if (dtype == DType::i32)
-    throw InputError("dtype: the cpu backend trains in fp32, fp16 or bf16, not int32");
+  if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16)
+    throw InputError(std::string("dtype: the cpu backend trains in fp32, fp16 or bf16, not ") +
+                     dtype_name(dtype));
   return std::make_unique<CpuBackend>(dtype);
 }
 

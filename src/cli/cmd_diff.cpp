@@ -92,18 +92,19 @@ const std::vector<SideOption> kSideOptions = {
        s.train.dtype = *d;
      }},
     {"optimizer", Kind::profile,
-     "adamw|sgd|lomo (hf-peft also adamw8bit|paged-adamw|paged-adamw8bit)",
+     "adamw|sgd|lomo|adamw8bit (hf-peft also paged-adamw|paged-adamw8bit)",
      [](SideSetup& s, const std::string& v, const std::string& which) {
-       if (const auto b = parse_bnb_optimizer(v)) {  // checked against the profile later
-         s.hf.peft.optimizer = *b;
-         s.train.optimizer = Optimizer::adamw;
-         return;
-       }
-       const auto o = parse_optimizer(v);
-       if (!o)
+       const auto o = parse_optimizer(v);  // adamw8bit: the native step's and hf-peft's
+       if (!o) {
+         if (const auto b = parse_bnb_optimizer(v)) {  // paged: checked against the profile later
+           s.hf.peft.optimizer = *b;
+           s.train.optimizer = Optimizer::adamw;
+           return;
+         }
          throw InputError("diff " + which + ": optimizer=" + v +
-                          "; allowed: adamw, sgd, lomo, and for hf-peft adamw8bit, paged-adamw, "
+                          "; allowed: adamw, sgd, lomo, adamw8bit, and for hf-peft paged-adamw, "
                           "paged-adamw8bit");
+       }
        s.train.optimizer = *o;
        s.hf.peft.optimizer = BnbOptimizer::none;
      }},

@@ -96,6 +96,10 @@ int run_sweep(const SweepFlags& flags) {
   if (!flags.run.timeline.empty() || !flags.run.dump.empty())
     throw InputError(std::string(flags.run.timeline.empty() ? "--dump" : "--timeline") +
                      ": sweep runs many configurations; use trainmem profile for one");
+  if (!flags.common.bnb_version.empty())
+    throw InputError("--bnb-version " + flags.common.bnb_version +
+                     ": it keys the hf-peft profile's 8-bit states, and sweep reports the native "
+                     "step only (which uses bitsandbytes 0.44+'s 256-element blocks)");
   const auto batches = parse_list(flags.batches, "--batch", 1, "1,2,4");
   const auto seqs = parse_list(flags.seqs, "--seq", 2, "128,256");
   // The common flags' --batch and --seq are the lists here: validate the rest with the

@@ -440,8 +440,12 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   // adamw8bit is an optimizer of trainmem's own step too; the paged ones are hf-peft's alone.
   const auto bnb = parse_bnb_optimizer(flags.optimizer);
   const bool paged = bnb && *bnb != BnbOptimizer::adamw8bit;
+  const auto given_dtype = parse_dtype(flags.dtype);
+  const bool adamw8bit_fp16 =
+      bnb && *bnb == BnbOptimizer::adamw8bit && given_dtype && *given_dtype == DType::f16;
   const bool native_capable = lora && peft.finetune == Finetune::lora &&
-                              peft.quant == Quant::none && peft.dropout == 0 && !paged;
+                              peft.quant == Quant::none && peft.dropout == 0 && !paged &&
+                              !adamw8bit_fp16;
   if (lora && native_lora && (native_capable || allow_finetune)) {
     if (native_capable) {
       check_hf_options(Profile::hf_peft, c.hf);  // the rank's range, the base/finetune pairs
@@ -460,6 +464,11 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
       throw InputError("--lora-dropout " + flags.lora_dropout +
                        ": trainmem's own LoRA step has no dropout yet (its masks are not "
                        "modelled); `trainmem estimate --finetune lora` models peft's");
+    if (adamw8bit_fp16)
+      throw InputError(
+          "--optimizer adamw8bit with --dtype fp16: trainmem's fp16 step scales the loss, and "
+          "bitsandbytes' 8-bit update takes unscaled gradients; use --dtype bf16 or fp32, or "
+          "`trainmem estimate --finetune lora --optimizer adamw8bit --dtype fp16` (hf-peft)");
     if (paged)
       throw InputError("--optimizer " + flags.optimizer +
                        ": trainmem's own LoRA step has adamw, sgd and adamw8bit (paged "
@@ -515,7 +524,8 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   }
   c.train.optimizer = c.optimizers.front();
   if (!flags.bnb_version.empty() && c.train.optimizer != Optimizer::adamw8bit &&
-      c.hf.peft.optimizer != BnbOptimizer::paged_adamw8bit)
+      c.hf.peft.optimizer != BnbOptimizer::paged_adamw8bit &&
+      c.hf.peft.optimizer != BnbOptimizer::adamw8bit)
     throw InputError("--bnb-version " + flags.bnb_version +
                      ": the releases hf-peft knows differ only in the 8-bit optimizers' state; "
                      "give it with --optimizer adamw8bit or paged-adamw8bit");

@@ -21,7 +21,7 @@ std::uint64_t optimizer_state_bytes_per_param(Optimizer kind, DType d) {
     case Optimizer::sgd:
       return master;
     case Optimizer::lomo:
-    case Optimizer::adamw8bit:  // per tensor: adamw8bit_state_bytes
+    case Optimizer::adamw8bit:  // per tensor of the model: state_figures (analytic.hpp)
       return 0;
   }
   return 0;

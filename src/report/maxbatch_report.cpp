@@ -359,8 +359,12 @@ std::string render_maxbatch_policies(const std::vector<MaxbatchPolicyRun>& runs,
   if (mixed)
     w->banner(
         "native rows: the meta backend's exact trace of trainmem's own LoRA step (adapters in " +
-        std::string(dtype_name(first.train.dtype)) + " with fp32 master weights, attention=" +
-        attention_name(first.train.attention) + "; docs/native-plan.md, \"LoRA\")");
+        std::string(dtype_name(first.train.dtype)) +
+        (first.train.optimizer == Optimizer::adamw8bit || first.train.dtype == DType::f32
+             ? std::string(", no master copy")
+             : std::string(" with fp32 master weights")) +
+        ", attention=" + attention_name(first.train.attention) +
+        "; docs/native-plan.md, \"LoRA\")");
   w->table(t);
   if (mixed)
     w->line(

@@ -114,6 +114,10 @@ struct TrainConfig {
   constexpr bool lora() const { return lora_rank > 0; }
   float lora_scaling() const { return lora_rank > 0 ? lora_alpha / float(lora_rank) : 0.0f; }
   void validate() const;  // batch >= 1, seq >= 2 (the loss needs a next token)
+  // What trainmem's own step (and the native profile) cannot run, InputError naming the flags:
+  // 8-bit AdamW under fp16 (the step scales the loss; bitsandbytes' update takes unscaled
+  // gradients). The HF profiles model such recipes.
+  void check_native_step() const;
   // Whether global layer `layer` keeps only its input and is recomputed in backward.
   bool checkpointed(std::int64_t layer) const;
   // How many of the global layers [first, first + count) are checkpointed.

@@ -39,8 +39,8 @@ struct OptimizerSettings {
 OptimizerSettings default_optimizer_settings(Optimizer kind);
 
 // Bytes of optimizer state per parameter element for `kind` under training dtype `d`
-// (AdamW 12 or 8, SGD 4 or 0, LOMO 0). AdamW8bit's depend on each tensor's size:
-// adamw8bit_state_bytes.
+// (AdamW 12 or 8, SGD 4 or 0, LOMO 0). AdamW8bit's depend on each tensor's size (0 here; the
+// analytic layer's state_figures counts them per tensor).
 std::uint64_t optimizer_state_bytes_per_param(Optimizer kind, DType d);
 
 // The optimizer index of a frozen parameter (LoRA's base): no states, never updated.

@@ -28,8 +28,9 @@
 namespace trainmem {
 
 CudaBackend::CudaBackend(DType dtype) : Backend(dtype) {
-  if (dtype == DType::i32)
-    throw InputError("dtype: the cuda backend trains in fp32, fp16 or bf16, not int32");
+  if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16)
+    throw InputError(std::string("dtype: the cuda backend trains in fp32, fp16 or bf16, not ") +
+                     dtype_name(dtype));
   const std::string reason = cuda_unavailable_reason();
   if (!reason.empty()) throw DeviceError("cuda backend: no usable CUDA device: " + reason);
   try {
