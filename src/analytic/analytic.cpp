@@ -510,6 +510,7 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
     if (!largest || p.elements > largest->elements) largest = &p;
   std::string largest_name = largest ? largest->name : "";
   std::uint64_t largest_elements = largest ? largest->elements : 0;
+  std::vector<std::uint64_t> adapters;  // LoRA: each adapter's elements, one layer
   if (train.lora()) {
     // LoRA: the adapters of layer 0's targets, each A (r, in) then B (out, r), in the order of
     // the projections; the first largest names the largest gradient.
@@ -528,6 +529,7 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
     for (int t = 0; t < 7; ++t) {
       if (!(train.lora_targets & (1u << t))) continue;
       const std::uint64_t a = checked_mul(r, proj[t].in), bb = checked_mul(r, proj[t].out);
+      adapters.insert(adapters.end(), {a, bb});
       const std::string pre = std::string("model.layers.0.") + proj[t].name;
       if (a > largest_elements) largest_elements = a, largest_name = pre + ".lora_A.weight";
       if (bb > largest_elements) largest_elements = bb, largest_name = pre + ".lora_B.weight";
@@ -546,15 +548,7 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
       states8 = checked_add(states8, checked_mul(adamw8bit_tensor_bytes(n), copies), "states");
     };
     if (train.lora()) {
-      const std::uint64_t r = static_cast<std::uint64_t>(train.lora_rank);
-      const std::uint64_t h = model.hidden, i = model.intermediate;
-      const std::uint64_t ad = checked_mul(model.heads, model.head_dim()), kd = model.kv_dim();
-      const std::uint64_t in[7] = {h, h, h, ad, h, h, i}, out[7] = {ad, kd, kd, h, i, i, h};
-      for (int t = 0; t < 7; ++t) {
-        if (!(train.lora_targets & (1u << t))) continue;
-        add(checked_mul(r, in[t]), L);
-        add(checked_mul(r, out[t]), L);
-      }
+      for (std::uint64_t n : adapters) add(n, L);
     } else {
       for (const auto& p : few) add(p.elements, p.name.rfind("model.layers.", 0) == 0 ? L : 1);
     }

@@ -52,9 +52,7 @@ std::size_t ParameterOptimizer::add_parameter(const std::string& name, int layer
   if (s_.kind == Optimizer::adamw8bit) {
     // bitsandbytes' Optimizer2State.init_state: names as in its state dict.
     const bool eight = st.numel >= kBnbMin8BitSize;
-    st.eight_bit = eight;
-    if (eight && !have_tables_) {
-      have_tables_ = true;
+    if (eight && !qmap1_) {
       qmap1_ = ledger_.allocate("optimizer.qmap1", Category::optimizer_states, -1, {kBnbMapEntries},
                                 DType::f32);
       qmap2_ = ledger_.allocate("optimizer.qmap2", Category::optimizer_states, -1, {kBnbMapEntries},
@@ -110,7 +108,7 @@ void ParameterOptimizer::update(std::size_t index, void* param, const void* grad
         throw Error(
             "AdamW8bit update: the gradients carry a loss scale (fp16); bitsandbytes' "
             "update takes unscaled gradients");
-      if (!st.eight_bit)
+      if (st.numel < kBnbMin8BitSize)
         backend_.bnb_adamw32_update(param, grad, st.m.as<float>(), st.v.as<float>(), st.numel,
                                     s_.adamw8bit, step);
       else

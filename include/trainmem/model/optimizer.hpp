@@ -79,7 +79,6 @@ class ParameterOptimizer {
     Tensor v;        // (n) f32, AdamW (AdamW8bit: u8 for n >= 4096)
     Tensor absmax1;  // AdamW8bit, n >= 4096: (ceil(n / 256)) f32
     Tensor absmax2;
-    bool eight_bit = false;  // AdamW8bit with 8-bit states
   };
   OptimizerSettings s_;
   Backend& backend_;
@@ -87,7 +86,6 @@ class ParameterOptimizer {
   std::vector<States> states_;
   // AdamW8bit's shared maps and lookup tables (allocated with the first 8-bit tensor).
   Tensor qmap1_, qmap2_, lut1_, lut2_;
-  bool have_tables_ = false;
 };
 
 }  // namespace trainmem
