@@ -67,6 +67,12 @@ void dequantize_blockwise8_cuda(float* out, const std::uint8_t* q, const float* 
                                 const float* code, std::int64_t n, std::int64_t blocksize,
                                 bool has_add, float add, cudaStream_t stream);
 
+// The constants of one 4-bit weight, on the host: code (16 f32, type t's values, as
+// QuantState.code), nested_code (256 f32, bitsandbytes' signed dynamic map, the code of the
+// double-quantized absmax) and nested_lut (kQuantLutSize u8, blockwise8_build_lut of it); a
+// nullptr nested table is skipped.
+void quant4_tables_host(float* code, float* nested_code, std::uint8_t* nested_lut, Quant4Type t);
+
 // Double quantization's offset: the mean of the fp32 absmax (nb entries), summed in double and
 // rounded once, then divided by nb in fp32. bnb takes torch's fp32 `mean()`, whose summation
 // order can differ from the exact sum in the last bit; tests/test_ops_quant.cpp states by how

@@ -3,6 +3,7 @@
 // computed by one thread in a fixed order, so the bits do not depend on the team size.
 #include "common/cpu_parallel.hpp"
 #include "common/storage.hpp"
+#include "quant4/dynamic_map.hpp"
 #include "quant4/quant4.hpp"
 
 namespace trainmem {
@@ -58,6 +59,13 @@ float double_quant_offset(const float* absmax, std::int64_t nb) {
   double sum = 0.0;
   for (std::int64_t j = 0; j < nb; ++j) sum += double(absmax[j]);
   return float(sum) / float(nb);
+}
+
+void quant4_tables_host(float* code, float* nested_code, std::uint8_t* nested_lut, Quant4Type t) {
+  for (int j = 0; j < 16; ++j) code[j] = quant4_code(t, j);
+  if (nested_code)
+    for (int j = 0; j < 256; ++j) nested_code[j] = kDynamicMapSigned[j];
+  if (nested_lut) blockwise8_build_lut(kDynamicMapSigned, nested_lut);
 }
 
 }  // namespace trainmem

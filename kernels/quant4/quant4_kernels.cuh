@@ -31,16 +31,18 @@ __global__ void dequantize_4bit_kernel(void* out, const std::uint8_t* packed, co
              dequantize_4bit_elem(packed, absmax, i, blocksize, t, signed_zero));
 }
 
-__global__ void quantize_blockwise8_kernel(std::uint8_t* q, float* absmax, const float* x,
-                                           float sub, std::int64_t n, std::int64_t blocksize,
-                                           std::int64_t nb, const std::uint8_t* lut) {
+// static: this header is also compiled into the emulator tests, which link the launchers too.
+static __global__ void quantize_blockwise8_kernel(std::uint8_t* q, float* absmax, const float* x,
+                                                  float sub, std::int64_t n, std::int64_t blocksize,
+                                                  std::int64_t nb, const std::uint8_t* lut) {
   for (std::int64_t b = cuda::global_thread_index(); b < nb; b += cuda::global_thread_count())
     quantize_blockwise8_block(q, absmax, x, sub, n, blocksize, b, lut);
 }
 
-__global__ void dequantize_blockwise8_kernel(float* out, const std::uint8_t* q, const float* absmax,
-                                             const float* code, std::int64_t n,
-                                             std::int64_t blocksize, bool has_add, float add) {
+static __global__ void dequantize_blockwise8_kernel(float* out, const std::uint8_t* q,
+                                                    const float* absmax, const float* code,
+                                                    std::int64_t n, std::int64_t blocksize,
+                                                    bool has_add, float add) {
   for (std::int64_t i = cuda::global_thread_index(); i < n; i += cuda::global_thread_count())
     out[i] = dequantize_blockwise8_elem(q, absmax, code, i, blocksize, has_add, add);
 }

@@ -25,10 +25,9 @@
 #include <cstdint>
 
 #include "common/common_math.hpp"
+#include "trainmem/base/op_types.hpp"
 
 namespace trainmem {
-
-enum class Quant4Type : std::uint8_t { nf4, fp4 };
 
 constexpr int kQuantLutSize = 65536;  // the 8-bit quantizer's lookup table
 

@@ -24,6 +24,7 @@
 #include "embedding/embedding.hpp"
 #include "matmul/matmul.hpp"
 #include "nonfinite/nonfinite.hpp"
+#include "quant4/quant4.hpp"
 #include "rmsnorm/rmsnorm.hpp"
 #include "rope/rope.hpp"
 #include "swiglu/swiglu.hpp"
@@ -196,6 +197,31 @@ class CpuBackend final : public Backend {
   void bnb_adamw32_update(void* param, const void* grad, float* m, float* v, std::int64_t n,
                           const BnbAdamWParams& hp, int step) override {
     bnb_adamw32_update_cpu(param, grad, m, v, n, hp, step, dtype());
+  }
+  void quant4_tables(float* code, float* nested_code, std::uint8_t* nested_lut,
+                     Quant4Type t) override {
+    quant4_tables_host(code, nested_code, nested_lut, t);
+  }
+  void quantize_4bit(std::uint8_t* packed, float* absmax, const void* x, std::int64_t n,
+                     std::int64_t blocksize, Quant4Type t) override {
+    quantize_4bit_cpu(packed, absmax, x, n, blocksize, t, dtype());
+  }
+  void dequantize_4bit(void* out, const std::uint8_t* packed, const float* absmax, std::int64_t n,
+                       std::int64_t blocksize, Quant4Type t, bool signed_zero) override {
+    dequantize_4bit_cpu(out, packed, absmax, n, blocksize, t, signed_zero, dtype());
+  }
+  void quantize_blockwise8(std::uint8_t* q, float* absmax, const float* x, float sub,
+                           std::int64_t n, std::int64_t blocksize,
+                           const std::uint8_t* lut) override {
+    quantize_blockwise8_cpu(q, absmax, x, sub, n, blocksize, lut);
+  }
+  void dequantize_blockwise8(float* out, const std::uint8_t* q, const float* absmax,
+                             const float* code, std::int64_t n, std::int64_t blocksize,
+                             float add) override {
+    dequantize_blockwise8_cpu(out, q, absmax, code, n, blocksize, true, add);
+  }
+  float double_quant_offset(const float* absmax, std::int64_t nb) override {
+    return trainmem::double_quant_offset(absmax, nb);
   }
   void check_finite(const void* x, std::int64_t n) override {
     nonfinite_ = nonfinite_ || has_nonfinite_cpu(x, n, dtype());

@@ -57,6 +57,16 @@ class MetaBackend final : public Backend {
                             std::int64_t, const BnbAdamWParams&, int) override {}
   void bnb_adamw32_update(void*, const void*, float*, float*, std::int64_t, const BnbAdamWParams&,
                           int) override {}
+  void quant4_tables(float*, float*, std::uint8_t*, Quant4Type) override {}
+  void quantize_4bit(std::uint8_t*, float*, const void*, std::int64_t, std::int64_t,
+                     Quant4Type) override {}
+  void dequantize_4bit(void*, const std::uint8_t*, const float*, std::int64_t, std::int64_t,
+                       Quant4Type, bool) override {}
+  void quantize_blockwise8(std::uint8_t*, float*, const float*, float, std::int64_t, std::int64_t,
+                           const std::uint8_t*) override {}
+  void dequantize_blockwise8(float*, const std::uint8_t*, const float*, const float*, std::int64_t,
+                             std::int64_t, float) override {}
+  float double_quant_offset(const float*, std::int64_t) override { return 0.0f; }
   void check_finite(const void*, std::int64_t) override {}
   bool take_nonfinite() override { return false; }
   void attention_ring_forward(float*, float*, const void*, const void*, const void*, std::int64_t,

@@ -157,6 +157,29 @@ class Backend {
                                     const BnbAdamWParams& hp, int step) = 0;
   virtual void bnb_adamw32_update(void* param, const void* grad, float* m, float* v, std::int64_t n,
                                   const BnbAdamWParams& hp, int step) = 0;
+  // bitsandbytes' 4-bit weights (kernels/quant4/quant4.hpp; docs/native-plan.md, "QLoRA").
+  // quant4_tables fills the constants: code (16 f32, the 4-bit type's values), nested_code (256
+  // f32, the signed dynamic map double quantization uses) and nested_lut (kBnbLutEntries u8, its
+  // quantizer's lookup table; either nested one may be nullptr). quantize_4bit: packed ((n + 1) /
+  // 2) u8 and absmax (ceil(n / blocksize)) f32 from x (n) D; dequantize_4bit: out (n) D =
+  // code[nibble] · absmax of its block. quantize_blockwise8: q (n) u8 and absmax (ceil(n /
+  // blocksize)) f32 from x - sub (n f32) through nested_lut; dequantize_blockwise8: out (n) f32 =
+  // nested code[q] · absmax (+ add). double_quant_offset: the mean of absmax (nb f32), as double
+  // quantization subtracts it (a host float; it waits for the device).
+  virtual void quant4_tables(float* code, float* nested_code, std::uint8_t* nested_lut,
+                             Quant4Type t) = 0;
+  virtual void quantize_4bit(std::uint8_t* packed, float* absmax, const void* x, std::int64_t n,
+                             std::int64_t blocksize, Quant4Type t) = 0;
+  virtual void dequantize_4bit(void* out, const std::uint8_t* packed, const float* absmax,
+                               std::int64_t n, std::int64_t blocksize, Quant4Type t,
+                               bool signed_zero) = 0;
+  virtual void quantize_blockwise8(std::uint8_t* q, float* absmax, const float* x, float sub,
+                                   std::int64_t n, std::int64_t blocksize,
+                                   const std::uint8_t* lut) = 0;
+  virtual void dequantize_blockwise8(float* out, const std::uint8_t* q, const float* absmax,
+                                     const float* code, std::int64_t n, std::int64_t blocksize,
+                                     float add) = 0;
+  virtual float double_quant_offset(const float* absmax, std::int64_t nb) = 0;
   // The overflow check of loss-scaled gradients, in two halves so that a step waits once:
   // check_finite queues a test of x (n) D for +-inf and NaN; take_nonfinite returns whether
   // any buffer checked since the previous take held one, and clears that (it waits for the

@@ -10,6 +10,9 @@ namespace trainmem {
 
 enum class Trans { no, yes };
 
+// bitsandbytes' 4-bit data types (kernels/quant4/quant4_math.hpp has their code tables).
+enum class Quant4Type : std::uint8_t { nf4, fp4 };
+
 struct AdamWParams {
   float lr = 1e-3f;
   float beta1 = 0.9f;

@@ -18,6 +18,7 @@
 #include "init/init.hpp"
 #include "matmul/matmul.hpp"
 #include "nonfinite/nonfinite.hpp"
+#include "quant4/quant4.hpp"
 #include "rmsnorm/rmsnorm.hpp"
 #include "rope/rope.hpp"
 #include "swiglu/swiglu.hpp"
@@ -252,6 +253,39 @@ void CudaBackend::bnb_adamw8bit_update(void* param, const void* grad, std::uint8
 void CudaBackend::bnb_adamw32_update(void* param, const void* grad, float* m, float* v,
                                      std::int64_t n, const BnbAdamWParams& hp, int step) {
   bnb_adamw32_update_cuda(param, grad, m, v, n, hp, step, dtype(), stream_);
+}
+void CudaBackend::quant4_tables(float* code, float* nested_code, std::uint8_t* nested_lut,
+                                Quant4Type t) {
+  std::vector<float> c(16), nc(256);
+  std::vector<std::uint8_t> lut(kBnbLutEntries);
+  quant4_tables_host(c.data(), nc.data(), lut.data(), t);
+  upload(code, c.data(), c.size() * sizeof(float));
+  if (nested_code) upload(nested_code, nc.data(), nc.size() * sizeof(float));
+  if (nested_lut) upload(nested_lut, lut.data(), lut.size());
+}
+void CudaBackend::quantize_4bit(std::uint8_t* packed, float* absmax, const void* x, std::int64_t n,
+                                std::int64_t blocksize, Quant4Type t) {
+  quantize_4bit_cuda(packed, absmax, x, n, blocksize, t, dtype(), stream_);
+}
+void CudaBackend::dequantize_4bit(void* out, const std::uint8_t* packed, const float* absmax,
+                                  std::int64_t n, std::int64_t blocksize, Quant4Type t,
+                                  bool signed_zero) {
+  dequantize_4bit_cuda(out, packed, absmax, n, blocksize, t, signed_zero, dtype(), stream_);
+}
+void CudaBackend::quantize_blockwise8(std::uint8_t* q, float* absmax, const float* x, float sub,
+                                      std::int64_t n, std::int64_t blocksize,
+                                      const std::uint8_t* lut) {
+  quantize_blockwise8_cuda(q, absmax, x, sub, n, blocksize, lut, stream_);
+}
+void CudaBackend::dequantize_blockwise8(float* out, const std::uint8_t* q, const float* absmax,
+                                        const float* code, std::int64_t n, std::int64_t blocksize,
+                                        float add) {
+  dequantize_blockwise8_cuda(out, q, absmax, code, n, blocksize, true, add, stream_);
+}
+float CudaBackend::double_quant_offset(const float* absmax, std::int64_t nb) {
+  std::vector<float> host(static_cast<std::size_t>(nb));
+  download(host.data(), absmax, host.size() * sizeof(float));  // waits for the stream
+  return trainmem::double_quant_offset(host.data(), nb);
 }
 void CudaBackend::check_finite(const void* x, std::int64_t n) {
   flag_nonfinite_cuda(nonfinite_device_, x, n, dtype(), stream_);

@@ -111,6 +111,19 @@ class CudaBackend final : public Backend {
   // The flag both write is a word of mapped pinned host memory (no device memory, so the
   // allocation plan and the device figures are unchanged): take_nonfinite synchronises the
   // stream, reads and clears it.
+  void quant4_tables(float* code, float* nested_code, std::uint8_t* nested_lut,
+                     Quant4Type t) override;
+  void quantize_4bit(std::uint8_t* packed, float* absmax, const void* x, std::int64_t n,
+                     std::int64_t blocksize, Quant4Type t) override;
+  void dequantize_4bit(void* out, const std::uint8_t* packed, const float* absmax, std::int64_t n,
+                       std::int64_t blocksize, Quant4Type t, bool signed_zero) override;
+  void quantize_blockwise8(std::uint8_t* q, float* absmax, const float* x, float sub,
+                           std::int64_t n, std::int64_t blocksize,
+                           const std::uint8_t* lut) override;
+  void dequantize_blockwise8(float* out, const std::uint8_t* q, const float* absmax,
+                             const float* code, std::int64_t n, std::int64_t blocksize,
+                             float add) override;
+  float double_quant_offset(const float* absmax, std::int64_t nb) override;
   void check_finite(const void* x, std::int64_t n) override;
   bool take_nonfinite() override;
 
