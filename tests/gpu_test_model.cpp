@@ -119,6 +119,7 @@ struct ModelCase {
   Attention attention;
   Optimizer optimizer;
   std::int64_t lora_rank = 0;  // > 0: LoRA on all seven projections, the base frozen
+  Quant quant = Quant::none;   // with LoRA: the base 4-bit (QLoRA, double quantization)
 };
 void PrintTo(const ModelCase& c, std::ostream* os) {
   *os << c.preset << " " << dtype_param_name(c.dtype) << " "
@@ -136,6 +137,7 @@ TEST_P(ModelGpu, LossGradientsAndUpdatedWeightsMatchTheCpuBackend) {
   TrainConfig t = train(2, 13, c.dtype, c.optimizer, Checkpointing::none, c.attention);
   t.lora_rank = c.lora_rank;
   t.lora_targets = c.lora_rank > 0 ? 0x7fu : 0u;
+  t.quant = c.quant;
   ModelRun cpu(BackendKind::cpu, m, t), gpu(BackendKind::cuda, m, t);
   for (ModelRun* r : {&cpu, &gpu}) {
     r->model->init_random(7);
@@ -159,6 +161,15 @@ TEST_P(ModelGpu, LossGradientsAndUpdatedWeightsMatchTheCpuBackend) {
     }
   }
   for (const auto& p : cpu.model->parameters()) {
+    if (p.quant >= 0) {  // QLoRA: the device quantized the same weights into the same bits
+      const Quant4View* vc = cpu.model->quant4_weight(p.name);
+      const Quant4View* vg = gpu.model->quant4_weight(p.name);
+      std::vector<std::uint8_t> packed(std::size_t((p.numel() + 1) / 2));
+      gpu.backend->download(packed.data(), vg->packed, packed.size());
+      EXPECT_EQ(0, std::memcmp(packed.data(), vc->packed, packed.size())) << p.name;
+      EXPECT_EQ(vg->offset, vc->offset) << p.name;
+      continue;
+    }
     EXPECT_TRUE(rel_l2_close("weights after 2 steps " + p.name, gpu.model->parameter_values(p.name),
                              cpu.model->parameter_values(p.name), tol));
   }
@@ -166,29 +177,34 @@ TEST_P(ModelGpu, LossGradientsAndUpdatedWeightsMatchTheCpuBackend) {
 
 INSTANTIATE_TEST_SUITE_P(
     Model, ModelGpu,
-    ::testing::Values(ModelCase{"tiny", DType::f32, Attention::eager, Optimizer::adamw},
-                      ModelCase{"tiny-gqa", DType::f32, Attention::flash, Optimizer::adamw},
-                      ModelCase{"tiny-tied", DType::f32, Attention::eager, Optimizer::sgd},
-                      ModelCase{"tiny-awkward", DType::f32, Attention::flash, Optimizer::lomo},
-                      ModelCase{"tiny-gqa", DType::bf16, Attention::eager, Optimizer::adamw},
-                      ModelCase{"tiny-gqa", DType::bf16, Attention::flash, Optimizer::adamw},
-                      ModelCase{"tiny-awkward", DType::f16, Attention::eager, Optimizer::sgd},
-                      ModelCase{"tiny-tied", DType::f16, Attention::flash, Optimizer::lomo},
-                      // bitsandbytes' 8-bit update (tiny-gqa's embedding and MLP weights are
-                      // 8-bit, its norms fp32-state) through the cuda backend.
-                      ModelCase{"tiny-gqa", DType::f32, Attention::flash, Optimizer::adamw8bit},
-                      ModelCase{"tiny-gqa", DType::bf16, Attention::eager, Optimizer::adamw8bit},
-                      // LoRA (r 4, all seven; B starts at zero, so step 2 checks the adapters'
-                      // full gradients): the frozen norms' backward, the skipped head and
-                      // embedding gradients, the fp16 loss scale through the adapters.
-                      ModelCase{"tiny-gqa", DType::bf16, Attention::flash, Optimizer::adamw, 4},
-                      ModelCase{"tiny-awkward", DType::f32, Attention::eager, Optimizer::adamw8bit,
-                                4},
-                      ModelCase{"tiny-gqa", DType::f16, Attention::eager, Optimizer::sgd, 4}),
+    ::testing::Values(
+        ModelCase{"tiny", DType::f32, Attention::eager, Optimizer::adamw},
+        ModelCase{"tiny-gqa", DType::f32, Attention::flash, Optimizer::adamw},
+        ModelCase{"tiny-tied", DType::f32, Attention::eager, Optimizer::sgd},
+        ModelCase{"tiny-awkward", DType::f32, Attention::flash, Optimizer::lomo},
+        ModelCase{"tiny-gqa", DType::bf16, Attention::eager, Optimizer::adamw},
+        ModelCase{"tiny-gqa", DType::bf16, Attention::flash, Optimizer::adamw},
+        ModelCase{"tiny-awkward", DType::f16, Attention::eager, Optimizer::sgd},
+        ModelCase{"tiny-tied", DType::f16, Attention::flash, Optimizer::lomo},
+        // bitsandbytes' 8-bit update (tiny-gqa's embedding and MLP weights are
+        // 8-bit, its norms fp32-state) through the cuda backend.
+        ModelCase{"tiny-gqa", DType::f32, Attention::flash, Optimizer::adamw8bit},
+        ModelCase{"tiny-gqa", DType::bf16, Attention::eager, Optimizer::adamw8bit},
+        // LoRA (r 4, all seven; B starts at zero, so step 2 checks the adapters'
+        // full gradients): the frozen norms' backward, the skipped head and
+        // embedding gradients, the fp16 loss scale through the adapters.
+        ModelCase{"tiny-gqa", DType::bf16, Attention::flash, Optimizer::adamw, 4},
+        ModelCase{"tiny-awkward", DType::f32, Attention::eager, Optimizer::adamw8bit, 4},
+        ModelCase{"tiny-gqa", DType::f16, Attention::eager, Optimizer::sgd, 4},
+        // QLoRA: the 4-bit base quantized on the device at init and dequantized
+        // around every GEMM (the quantization kernels' bits are the CPU's).
+        ModelCase{"tiny-gqa", DType::bf16, Attention::flash, Optimizer::adamw, 4, Quant::nf4},
+        ModelCase{"tiny-awkward", DType::f32, Attention::eager, Optimizer::sgd, 4, Quant::fp4}),
     [](const ::testing::TestParamInfo<ModelCase>& i) {
       std::string n = std::string(i.param.preset) + "_" + dtype_param_name(i.param.dtype) + "_" +
                       (i.param.attention == Attention::eager ? "eager" : "flash") + "_" +
-                      optimizer_name(i.param.optimizer) + (i.param.lora_rank > 0 ? "_lora" : "");
+                      optimizer_name(i.param.optimizer) + (i.param.lora_rank > 0 ? "_lora" : "") +
+                      (i.param.quant != Quant::none ? "_qlora" : "");
       for (auto& ch : n)
         if (ch == '-') ch = '_';
       return n;

@@ -94,4 +94,20 @@ inline void expect_same_figures(const MemoryFigures& got, const MemoryFigures& w
         << category_name(cat);
 }
 
+// Two ledgers hold the same tensors in the same order, with the same bytes, categories, layers
+// and allocation and free events (a cpu run against its meta trace).
+inline void expect_same_ledgers(const Ledger& got, const Ledger& want) {
+  const auto& a = got.tensors();
+  const auto& b = want.tensors();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t j = 0; j < a.size(); ++j) {
+    EXPECT_EQ(a[j].name, b[j].name) << j;
+    EXPECT_EQ(a[j].bytes, b[j].bytes) << a[j].name;
+    EXPECT_EQ(a[j].category, b[j].category) << a[j].name;
+    EXPECT_EQ(a[j].layer, b[j].layer) << a[j].name;
+    EXPECT_EQ(a[j].alloc_seq, b[j].alloc_seq) << a[j].name;
+    EXPECT_EQ(a[j].free_seq, b[j].free_seq) << a[j].name;
+  }
+}
+
 }  // namespace trainmem::test

@@ -372,6 +372,55 @@ TEST(NativeByHand, AdamW8bitStatesOfLlama7bAndLlama3LoRA) {
   EXPECT_EQ(estimate(Profile::hf_peft, l3, th, hf).figures.optimizer_states, lora - 2 * 65536);
 }
 
+// QLoRA of Llama-3-8B, r 16 on all seven, nf4 with double quantization, blocksize 64
+// (docs/formulas.md, "QLoRA in the native step"): each projection of n elements stores n/2
+// packed bytes, n/64 uint8 absmax, an fp32 nested absmax per 256 of those, the fp32 offset, the
+// 16-entry code and the 256-entry nested code (4 + 64 + 1,024 B).
+TEST(NativeByHand, QloraStorageOfLlama3_8b) {
+  const u64 hh = 8388608 + 262144 + 1024 * 4 + 1092;   // q, o: 4,096 x 4,096
+  const u64 hk = 2097152 + 65536 + 256 * 4 + 1092;     // k, v: 1,024 x 4,096
+  const u64 hi = 29360128 + 917504 + 3584 * 4 + 1092;  // gate, up, down: 14,336 x 4,096
+  EXPECT_EQ(hh, 8655940u);
+  const u64 layer = 2 * hh + 2 * hk + 3 * hi + 2 * 4096 * 2;  // + two bf16 norms
+  const u64 rest = 2 * u64(128256) * 4096 * 2 + 4096 * 2;     // embedding, lm_head, final norm
+  const u64 adapters = 41943040u * 2;                         // bf16 adapters
+  const u64 params = 32 * layer + rest + adapters;
+  EXPECT_EQ(params, 5786426240u);
+  TrainConfig t;
+  t.batch = 1;
+  t.seq = 2048;
+  t.dtype = DType::bf16;
+  t.lora_rank = 16;
+  t.lora_targets = 0x7f;
+  t.quant = Quant::nf4;
+  const ModelConfig l3 = make_model("llama3-8b", 128256, 4096, 14336, 32, 32, 8);
+  const Estimate e = estimate(Profile::native, l3, t);
+  EXPECT_EQ(e.figures.params, params);
+  EXPECT_EQ(e.trainable_params, 41943040u);
+  EXPECT_EQ(e.figures.gradients, 2u * 41943040);
+  // hf-peft stores the same bytes for the same recipe: bf16 adapters (--lora-dtype model) and no
+  // fp32 upcast of the other weights (--kbit-prepare off), and beside them the model's RoPE
+  // buffers inv_freq and original_inv_freq (d/2 = 64 fp32 each), which trainmem computes inline.
+  HfOptions hf;
+  hf.peft.finetune = Finetune::qlora;
+  hf.peft.rank = 16;
+  hf.peft.targets = 0x7f;
+  hf.peft.quant = Quant::nf4;
+  hf.peft.adapters_fp32 = false;
+  hf.peft.kbit_prepare = false;
+  TrainConfig th = t;
+  th.lora_rank = 0;
+  th.lora_targets = 0;
+  th.quant = Quant::none;
+  EXPECT_EQ(estimate(Profile::hf_peft, l3, th, hf).figures.params, params + 2 * 64 * 4);
+  // Without double quantization: an fp32 absmax per block and the code, nothing nested.
+  t.double_quant = false;
+  const u64 hh1 = 8388608 + 262144 * 4 + 64, hk1 = 2097152 + 65536 * 4 + 64,
+            hi1 = 29360128 + 917504 * 4 + 64;
+  EXPECT_EQ(estimate(Profile::native, l3, t).figures.params,
+            32 * (2 * hh1 + 2 * hk1 + 3 * hi1 + 2 * 4096 * 2) + rest + adapters);
+}
+
 // LLaMA-7B, b 8, s 512, fp16, eager, no checkpointing (docs/formulas.md, worked example).
 TEST(NativeByHand, Llama7bFp16EagerNone) {
   const ModelConfig m = make_model("llama-7b", 32000, 4096, 11008, 32, 32, 32);

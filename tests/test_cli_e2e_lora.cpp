@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <sstream>
 
 #include "test_cli_e2e_helpers.hpp"
+#include "trainmem/base/safetensors.hpp"
 
 namespace trainmem::e2e {
 namespace {
@@ -35,7 +37,7 @@ TEST(CliE2ELora, QloraOfLlama3_8bStoresEveryByteOfTheQuantizedModel) {
       "--seq 2048 --checkpointing --format json");
   ASSERT_EQ(r.code, 0) << r.err;
   const json j = r.j();
-  ASSERT_EQ(j["analytic"].size(), 1u) << "only hf-peft models a LoRA step";
+  ASSERT_EQ(j["analytic"].size(), 2u) << "hf-peft and trainmem's own QLoRA step";
   const json& p = j["analytic"]["hf-peft"];
   // Llama-3-8B: h 4096, i 14336, 32 heads of 128, 8 kv heads, V 128256, 32 layers, untied.
   const u64 h = 4096, i = 14336, kd = 1024, V = 128256, L = 32, r16 = 16;
@@ -55,6 +57,13 @@ TEST(CliE2ELora, QloraOfLlama3_8bStoresEveryByteOfTheQuantizedModel) {
   EXPECT_EQ(p["peft"]["double_quant"], true);
   EXPECT_EQ(p["peft"]["kbit_prepare"], true);
   EXPECT_EQ(p["peft"]["lora_targets"], "all-linear");
+  // trainmem's own step stores the same 4-bit weights, and the rest in bf16 (no fp32 upcast;
+  // bf16 adapters), without RoPE's buffers.
+  const json& nat = j["analytic"]["native"];
+  EXPECT_EQ(n(nat["params"]), L * per_layer_4bit + fp32_rest / 2 + 2 * trainable);
+  EXPECT_EQ(n(nat["trainable_params"]), trainable);
+  EXPECT_EQ(j["run"]["finetune"], "qlora");
+  EXPECT_EQ(j["run"]["quant"], "nf4");
   // The text report says what it models.
   const Result t = trainmem("estimate --model llama3-8b --finetune qlora --batch 1 --seq 2048");
   ASSERT_EQ(t.code, 0) << t.err;
@@ -128,11 +137,12 @@ TEST(CliE2ELora, MaxbatchAnswersForQloraWithTheHfPeftProfile) {
   EXPECT_EQ(j["peft"]["finetune"], "qlora");
   EXPECT_EQ(j["run"]["attention"], "sdpa");
   EXPECT_TRUE(j["run"]["backend"].is_null());
-  ASSERT_EQ(j["policies"].size(), 2u);
+  ASSERT_EQ(j["policies"].size(), 4u);  // hf-peft's two, then the native step's two
   const u64 budget = 24000000000u;
   EXPECT_EQ(n(j["budget"]), budget);
   std::vector<u64> best;  // 0: nothing fits
   for (const json& p : j["policies"]) {
+    if (p["profile"] == "native") continue;  // MaxbatchAnswersForLoraWithBothSteps checks those
     SCOPED_TRACE(p.dump());
     const std::string ckpt = p["checkpointing"];
     auto peak_at = [&](u64 batch) {
@@ -165,47 +175,57 @@ TEST(CliE2ELora, MaxbatchAnswersForQloraWithTheHfPeftProfile) {
   // The text names the profile and says why it is not the native step.
   const Result t = trainmem("maxbatch" + recipe + "--checkpointing --budget 24GB --overhead 0");
   ASSERT_EQ(t.code, 0) << t.err;
-  EXPECT_TRUE(has(t.out, "largest batch that fits: " + std::to_string(best[1]))) << t.out;
+  // Its row: "hf-peft, full", then the largest batch.
+  const std::size_t row = t.out.find("hf-peft, full");
+  ASSERT_NE(row, std::string::npos) << t.out;
+  std::istringstream cells(t.out.substr(row + std::string("hf-peft, full").size()));
+  u64 shown = 0;
+  cells >> shown;
+  EXPECT_EQ(shown, best[1]) << t.out;
   EXPECT_TRUE(has(t.out, "hf-peft")) << t.out;
-  EXPECT_FALSE(has(t.out, "native rows")) << "QLoRA has no native step yet: " << t.out;
+  EXPECT_TRUE(has(t.out, "on the 4-bit nf4 base")) << t.out;
 }
 
 // LoRA on a 16-bit base: each policy answers for hf-peft and for trainmem's own step, the native
 // answer being the batch whose traced peak (`profile --backend meta`) fits while the next
 // one's does not.
 TEST(CliE2ELora, MaxbatchAnswersForLoraWithBothSteps) {
-  const std::string recipe =
-      " --model llama3-8b --finetune lora --lora-targets all-linear "
-      "--seq 2048 --attention flash ";
-  const Result r = trainmem("maxbatch" + recipe +
-                            "--checkpointing none,full --budget 24GB --overhead 0 --format json");
-  ASSERT_EQ(r.code, 0) << r.err;
-  const json j = r.j();
-  const u64 budget = 24000000000u;
-  int native = 0;
-  for (const json& p : j["policies"]) {
-    if (p["profile"] != "native") continue;
-    SCOPED_TRACE(p.dump());
-    ++native;
-    auto peak_at = [&](u64 batch) {
-      const Result e = trainmem("profile" + recipe + "--backend meta --profile native --steps 2 " +
-                                "--checkpointing " + p["checkpointing"].get<std::string>() +
-                                " --batch " + std::to_string(batch) + " --format json");
-      EXPECT_EQ(e.code, 0) << e.err;
-      return n(e.j()["measured"]["ledger"]["peak"]);
-    };
-    const u64 b = p["best"].is_null() ? 0 : n(p["best"]);
-    if (b > 0) {
-      EXPECT_EQ(n(p["peak"]), peak_at(b));
-      EXPECT_LE(peak_at(b), budget);
+  for (const std::string finetune : {"lora", "qlora"}) {
+    SCOPED_TRACE(finetune);
+    const std::string recipe = " --model llama3-8b --finetune " + finetune +
+                               " --lora-targets all-linear "
+                               "--seq 2048 --attention flash ";
+    const Result r = trainmem("maxbatch" + recipe +
+                              "--checkpointing none,full --budget 24GB --overhead 0 --format json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const json j = r.j();
+    const u64 budget = 24000000000u;
+    int native = 0;
+    for (const json& p : j["policies"]) {
+      if (p["profile"] != "native") continue;
+      SCOPED_TRACE(p.dump());
+      ++native;
+      auto peak_at = [&](u64 batch) {
+        const Result e =
+            trainmem("profile" + recipe + "--backend meta --profile native --steps 2 " +
+                     "--checkpointing " + p["checkpointing"].get<std::string>() + " --batch " +
+                     std::to_string(batch) + " --format json");
+        EXPECT_EQ(e.code, 0) << e.err;
+        return n(e.j()["measured"]["ledger"]["peak"]);
+      };
+      const u64 b = p["best"].is_null() ? 0 : n(p["best"]);
+      if (b > 0) {
+        EXPECT_EQ(n(p["peak"]), peak_at(b));
+        EXPECT_LE(peak_at(b), budget);
+      }
+      EXPECT_GT(peak_at(b + 1), budget);
     }
-    EXPECT_GT(peak_at(b + 1), budget);
+    EXPECT_EQ(native, 2);
+    const Result t = trainmem("maxbatch" + recipe + "--checkpointing --budget 24GB --overhead 0");
+    ASSERT_EQ(t.code, 0) << t.err;
+    EXPECT_TRUE(has(t.out, "native, full")) << t.out;
+    EXPECT_TRUE(has(t.out, "hf-peft, full")) << t.out;
   }
-  EXPECT_EQ(native, 2);
-  const Result t = trainmem("maxbatch" + recipe + "--checkpointing --budget 24GB --overhead 0");
-  ASSERT_EQ(t.code, 0) << t.err;
-  EXPECT_TRUE(has(t.out, "native, full")) << t.out;
-  EXPECT_TRUE(has(t.out, "hf-peft, full")) << t.out;
 }
 
 TEST(CliE2ELora, LoraDefaultsArePeftsQAndV) {
@@ -231,7 +251,8 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
   };
   for (
       const Case& c : std::vector<Case>{
-          {"profile --model tiny --backend meta --finetune qlora", "no 4-bit base yet"},
+          {"profile --model tiny --backend meta --finetune qlora --world-size 2 --zero 2",
+           "--finetune qlora with a parallel layout"},
           {"profile --model tiny --backend meta --finetune lora --lora-dropout 0.1",
            "--lora-dropout 0.1"},
           {"profile --model tiny --backend meta --finetune lora --optimizer paged-adamw8bit",
@@ -260,8 +281,8 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
            "--finetune lora with a parallel layout"},
           {"profile --model tiny --backend meta --finetune lora --profile hf-eager",
            "--profile hf-eager with --finetune lora"},
-          {"compare --model tiny --backend meta --finetune qlora", "no 4-bit base yet"},
-          {"sweep --model tiny --backend meta --finetune qlora", "--finetune qlora"},
+          {"compare --model tiny --backend meta --finetune qlora --lora-dropout 0.1",
+           "--lora-dropout 0.1"},
           {"plan --model tiny --gpus 2 --gpu-memory 1GiB --global-batch 2 --finetune lora",
            "--finetune"},
           {"maxbatch --model tiny --budget 1GiB --finetune lora --world-size 2 --zero 2",
@@ -272,7 +293,7 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
            "--vary seq with --finetune qlora"},
           {"maxbatch --model tiny --budget 1GiB --finetune lora --checkpointing selective",
            "--checkpointing selective"},
-          {"estimate --model tiny --finetune qlora --profile native",
+          {"estimate --model tiny --finetune qlora --lora-dropout 0.1 --profile native",
            "--profile native with --finetune qlora"},
           {"estimate --model tiny --finetune lora --lora-dropout 0.1 --profile native",
            "--profile native with --finetune lora"},
@@ -345,9 +366,9 @@ TEST(CliE2ELora, ProfileRunsTheLoraStepOnTheCpu) {
   EXPECT_FALSE(f.j()["run"].contains("finetune"));
 }
 
-// estimate lists trainmem's own LoRA step beside hf-peft for a 16-bit base (adamw, sgd,
-// adamw8bit), and hf-peft alone where the native step has no such recipe (QLoRA, dropout, the
-// paged optimizers).
+// estimate lists trainmem's own LoRA step beside hf-peft (adamw, sgd, adamw8bit, a 16-bit or
+// 4-bit base), and hf-peft alone where the native step has no such recipe (dropout, the paged
+// optimizers).
 TEST(CliE2ELora, EstimateListsTheNativeLoraStepWhereItRuns) {
   const Result r = trainmem(
       "estimate --model llama3-8b --finetune lora --lora-targets all-linear --batch 1 --seq 2048 "
@@ -362,8 +383,9 @@ TEST(CliE2ELora, EstimateListsTheNativeLoraStepWhereItRuns) {
   EXPECT_EQ(n(nat["gradients"]), 2 * T);
   EXPECT_EQ(n(nat["optimizer_states"]), 12 * T);
   EXPECT_EQ(j["run"]["lora_targets"], "all-linear");
-  for (const std::string other : {"--finetune qlora", "--finetune lora --lora-dropout 0.05",
-                                  "--finetune lora --optimizer paged-adamw8bit"}) {
+  for (const std::string other :
+       {"--finetune qlora --lora-dropout 0.05", "--finetune lora --lora-dropout 0.05",
+        "--finetune lora --optimizer paged-adamw8bit"}) {
     SCOPED_TRACE(other);
     const Result q =
         trainmem("estimate --model llama3-8b " + other + " --batch 1 --seq 2048 --format json");
@@ -455,7 +477,8 @@ TEST(CliE2ELora, DiffOfSavedReportsCountsLayerZeroOnce) {
   ASSERT_EQ(ra.code, 0) << ra.err;
   ASSERT_EQ(rb.code, 0) << rb.err;
   const json ja = json::parse(slurp(a)), jb = json::parse(slurp(b));
-  const Result d = trainmem("diff '" + a + "' '" + b + "' --format json");
+  const Result d =
+      trainmem("diff '" + a + ":profile=hf-peft' '" + b + ":profile=hf-peft' --format json");
   std::remove(a.c_str());
   std::remove(b.c_str());
   ASSERT_EQ(d.code, 0) << d.err;
@@ -534,6 +557,58 @@ TEST(CliE2ELora, AdamW8bitRunsInTheNativeStep) {
       "--seq 8 --format json");
   ASSERT_EQ(l.code, 0) << l.err;
   for (const json& row : l.j()["reconciliation"]) EXPECT_EQ(row["ok"], true) << row;
+}
+
+}  // namespace
+}  // namespace trainmem::e2e
+
+namespace trainmem::e2e {
+namespace {
+
+// QLoRA in trainmem's own step as a user runs it: profile on the cpu backend reconciles with the
+// native profile exactly, says the recipe in the run block, writes only the adapters' gradients
+// with --dump, and compare and sweep run it in each of their runs.
+TEST(CliE2ELora, QloraRunsInTheNativeStep) {
+  const std::string dump = temp_path("qlora_grads.safetensors");
+  const std::string recipe =
+      " --model tiny-qwen3 --finetune qlora --lora-targets all-linear --lora-rank 2 ";
+  const Result r = trainmem("profile" + recipe +
+                            "--backend cpu --batch 2 --seq 12 --checkpointing full --steps 2 "
+                            "--quant fp4 --double-quant off --quant-blocksize 128 --dump " +
+                            dump + " --format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.j();
+  EXPECT_EQ(j["run"]["finetune"], "qlora");
+  EXPECT_EQ(j["run"]["quant"], "fp4");
+  EXPECT_EQ(j["run"]["double_quant"], false);
+  EXPECT_EQ(j["run"]["quant_blocksize"], 128);
+  ASSERT_FALSE(j["reconciliation"].empty());
+  for (const json& row : j["reconciliation"]) EXPECT_EQ(row["ok"], true) << row;
+  const SafeTensorsReader grads(dump);
+  std::size_t adapters = 0;
+  for (const auto& t : grads.tensors()) {
+    if (t.name == "loss") continue;
+    EXPECT_NE(t.name.find(".lora_"), std::string::npos) << t.name;
+    ++adapters;
+  }
+  EXPECT_EQ(adapters, 2u * 7 * 2);  // tiny-qwen3: 2 layers, A and B of seven targets
+  const Result t = trainmem("profile" + recipe + "--backend meta --batch 1 --seq 8");
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_TRUE(has(t.out, "qlora r=2 all-linear (base frozen, 4-bit nf4 + double quant")) << t.out;
+  EXPECT_TRUE(has(t.out, "at the allocation of dequant.")) << t.out;
+  for (const std::string cmd :
+       {"compare" + recipe + "--backend cpu --batch 2 --seq 12 --checkpointing both --format json",
+        "sweep" + recipe + "--backend meta --batch 1,2 --seq 8,16 --format json"}) {
+    SCOPED_TRACE(cmd);
+    const Result c = trainmem(cmd);
+    ASSERT_EQ(c.code, 0) << c.err;
+    const json cj = c.j();
+    ASSERT_GE(cj["runs"].size(), 2u);
+    for (const json& run : cj["runs"]) {
+      EXPECT_EQ(run["run"]["finetune"], "qlora");
+      for (const json& row : run["reconciliation"]) EXPECT_EQ(row["ok"], true) << row;
+    }
+  }
 }
 
 }  // namespace

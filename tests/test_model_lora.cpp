@@ -110,17 +110,7 @@ TEST(LoraLedger, CpuLedgerIsTheMetaTrace) {
         run->model->train_step();
         run->model->train_step();
       }
-      const auto& a = cpu.ledger->tensors();
-      const auto& b = meta.ledger->tensors();
-      ASSERT_EQ(a.size(), b.size());
-      for (std::size_t j = 0; j < a.size(); ++j) {
-        EXPECT_EQ(a[j].name, b[j].name) << j;
-        EXPECT_EQ(a[j].bytes, b[j].bytes) << a[j].name;
-        EXPECT_EQ(a[j].category, b[j].category) << a[j].name;
-        EXPECT_EQ(a[j].layer, b[j].layer) << a[j].name;
-        EXPECT_EQ(a[j].alloc_seq, b[j].alloc_seq) << a[j].name;
-        EXPECT_EQ(a[j].free_seq, b[j].free_seq) << a[j].name;
-      }
+      test::expect_same_ledgers(*cpu.ledger, *meta.ledger);
     }
 }
 

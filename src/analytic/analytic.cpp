@@ -504,6 +504,7 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
 
   StateFigures f;
   f.params = checked_mul(P, w, "params bytes");
+  f.elements = P;
   f.trainable = P;
   const ParamSpec* largest = nullptr;
   for (const auto& p : few)
@@ -535,7 +536,28 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
       if (bb > largest_elements) largest_elements = bb, largest_name = pre + ".lora_B.weight";
     }
     f.trainable = lora_trainable_count(model, train.lora_rank, train.lora_targets);
-    f.params = checked_mul(checked_add(P, f.trainable, "params"), w, "params bytes");
+    f.elements = checked_add(P, f.trainable, "params");
+    f.params = checked_mul(f.elements, w, "params bytes");
+  }
+  if (train.quantized()) {
+    // QLoRA: each layer's `*_proj.weight` in bitsandbytes' 4-bit tensors, the rest in D.
+    const auto proj_weight = [](const std::string& name) {
+      return name.size() > 12 && name.compare(name.size() - 12, 12, "_proj.weight") == 0;
+    };
+    std::uint64_t layer_bytes = 0;
+    for (const auto& p : few)
+      if (p.name.rfind("model.layers.", 0) == 0)
+        layer_bytes = checked_add(
+            layer_bytes,
+            proj_weight(p.name) ? analytic_detail::quant4_weight_bytes(
+                                      p.elements, static_cast<std::uint64_t>(train.quant_blocksize),
+                                      train.double_quant)
+                                : checked_mul(p.elements, w, "params bytes"),
+            "params bytes");
+    f.params = analytic_detail::csum(
+        {checked_mul(checked_add(outside, f.trainable, "params"), w, "params bytes"),
+         checked_mul(layer_bytes, model.layers, "params bytes")},
+        "params bytes");
   }
   // AdamW8bit: the states of every trained tensor (one layer's, times the layers, + the rest),
   // and the shared maps and lookup tables once any tensor keeps 8-bit states.
@@ -608,7 +630,7 @@ Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& 
   est.figures.params = st.params;
   est.figures.gradients = st.gradients;
   est.figures.optimizer_states = st.optimizer_states;
-  est.param_count = st.params / dtype_size(train.dtype);
+  est.param_count = st.elements;
   est.trainable_params = st.trainable;
   est.largest_gradient_bytes = st.largest_gradient_bytes;
   est.largest_gradient_name = st.largest_gradient_name;
@@ -737,6 +759,18 @@ std::int64_t split_layers(ActivationBreakdown& acts, const TrainConfig& train, s
     acts.checkpointed_layers = n;
   }
   return n;
+}
+
+// bitsandbytes' bytes for one 4-bit weight (docs/formulas.md, "4-bit weights"):
+// the packed pairs, the absmax per block (u8 under double quantization, with one fp32 absmax
+// per 256 of them, the fp32 offset and the 256-entry fp32 nested code; fp32 otherwise) and the
+// 16-entry fp32 code.
+std::uint64_t quant4_weight_bytes(std::uint64_t n, std::uint64_t blocksize, bool double_quant) {
+  const std::uint64_t blocks = (n + blocksize - 1) / blocksize;
+  const std::uint64_t packed = (n + 1) / 2;
+  if (!double_quant) return csum({packed, checked_mul(blocks, 4, "absmax"), 64}, "4-bit weight");
+  return csum({packed, blocks, checked_mul((blocks + 255) / 256, 4, "nested absmax"), 4, 64, 1024},
+              "4-bit weight");
 }
 
 std::uint64_t csum(std::initializer_list<std::uint64_t> xs, const char* what) {

@@ -708,18 +708,6 @@ std::vector<TensorEntry> peft_layer_saved(const Dims& d, const PeftStep& ps, boo
   return v;
 }
 
-// bitsandbytes' bytes for one 4-bit weight of n elements (docs/formulas.md, "4-bit weights"):
-// the packed pairs, the absmax per block (u8 under double quantization, with one fp32 absmax
-// per 256 of them, the fp32 offset and the 256-entry fp32 nested code; fp32 otherwise) and the
-// 16-entry fp32 code.
-std::uint64_t quant4_weight_bytes(std::uint64_t n, std::uint64_t blocksize, bool double_quant) {
-  const std::uint64_t blocks = (n + blocksize - 1) / blocksize;
-  const std::uint64_t packed = (n + 1) / 2;
-  if (!double_quant) return csum({packed, checked_mul(blocks, 4, "absmax"), 64}, "4-bit weight");
-  return csum({packed, blocks, checked_mul((blocks + 255) / 256, 4, "nested absmax"), 4, 64, 1024},
-              "4-bit weight");
-}
-
 bool is_layer_linear(const std::string& name) {
   return name.rfind("model.layers.", 0) == 0 && name.size() > 12 &&
          name.compare(name.size() - 12, 12, "_proj.weight") == 0;

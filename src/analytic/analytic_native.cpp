@@ -79,6 +79,10 @@ struct Local {
     for (unsigned t = 0; t < 7; ++t) n += (lora & bits & (1u << t)) ? 1 : 0;
     return checked_mul(n, bsr, "LoRA rows");
   }
+  // QLoRA (TrainConfig::quantized()): the workspace a GEMM's dequantized base weight takes, the
+  // weight in D and, under double quantization, its fp32 absmax beside it: deq_ha for q_proj's
+  // (a·d, h) and o_proj's (h, a·d), deq_hi for gate/up/down's (i, h); 0 without quantization.
+  std::uint64_t deq_ha = 0, deq_hi = 0;
   // Letters of the shapes: "a" or "a/t" under tensor parallelism, rows "s" or "s/t" under sp.
   std::string la, lk, li, lV, rows;
 };
@@ -111,6 +115,15 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
     l.r = u(t.lora_rank);
     l.lora = t.lora_targets;
     l.bsr = bytes_of({l.b, l.s, l.r}, l.w);
+  }
+  if (t.quantized()) {
+    const std::uint64_t bs = u(t.quant_blocksize);
+    auto deq = [&](std::uint64_t n) {
+      const std::uint64_t absmax = t.double_quant ? checked_mul((n + bs - 1) / bs, 4) : 0;
+      return csum({checked_mul(n, l.w, "dequantized weight"), absmax}, "dequantized weight");
+    };
+    l.deq_ha = deq(checked_mul(l.h, l.ad));
+    l.deq_hi = deq(checked_mul(l.h, l.i));
   }
   const bool split = p.tp > 1;
   l.la = split ? "a/t" : "a";
@@ -325,6 +338,15 @@ class Stage {
     }
     return t;
   }
+  // The layer's rows up to and including `name` (in allocation order).
+  std::uint64_t rows_through(const char* name) const {
+    std::uint64_t t = 0;
+    for (const auto& e : set_) {
+      t = checked_add(t, e.bytes, "activations");
+      if (e.name == name) return t;
+    }
+    throw Error(std::string("analytic native: no row ") + name);
+  }
   std::uint64_t ring_acc() const { return p_.cp > 1 ? bytes_of({l_.b, l_.s, l_.ad}, 4) : 0; }
   std::string layer_name(std::int64_t k) const {  // "L-1" on one stage, the stage's index else
     return p_.pp == 1 ? "L-" + std::to_string(Ls_ - k) : std::to_string(k);
@@ -414,6 +436,23 @@ void Stage::books() {
     fg.gradients = checked_mul(Pk, w);
   const std::uint64_t updated = p_.zero >= 1 ? shard : Pk;
   fg.optimizer_states = off_opt ? 0 : checked_mul(updated, f, "optimizer states");
+  if (t_.quantized()) {
+    // QLoRA: each layer's seven projections as bitsandbytes' 4-bit tensors instead of D.
+    const std::uint64_t proj[7] = {checked_mul(l.h, l.ad), checked_mul(l.h, l.kd),
+                                   checked_mul(l.h, l.kd), checked_mul(l.ad, l.h),
+                                   checked_mul(l.h, l.i),  checked_mul(l.h, l.i),
+                                   checked_mul(l.i, l.h)};
+    std::uint64_t dense = 0, q4 = 0;
+    for (std::uint64_t n : proj) {
+      dense = checked_add(dense, n, "parameters");
+      q4 = checked_add(q4, quant4_weight_bytes(n, u(t_.quant_blocksize), t_.double_quant),
+                       "4-bit weights");
+    }
+    const std::uint64_t Ld = u(Ls_);
+    fg.params = csum({checked_mul(csub(Pk, checked_mul(dense, Ld), "4-bit weights"), w),
+                      checked_mul(q4, Ld, "4-bit weights")},
+                     "parameters");
+  }
   if (t_.lora()) {
     const std::uint64_t T = checked_mul(La, u(Ls_), "LoRA parameters");
     fg.gradients = checked_mul(T, w, "gradients");
@@ -739,6 +778,20 @@ void Stage::layer_steps(std::int64_t kb) {
        csum({C, l.X, ring_acc()}), ring_kv(), pos, grads(0));
   }
   if (ck_last) at(Lb + "step 0: recompute done", A_L, csum({C, l.X}), 0, pos, grads(0));
+  // QLoRA (one GPU): a base weight dequantized beside a step's buffers. The recompute's o_proj
+  // holds the rows through h_mid and d_residual (its q_proj fewer rows, its gate and up fewer
+  // than step 1 beside the same size). The forward's dequantizations are never the peak: its
+  // o_proj holds what step 5's does less d_attn_out, its down_proj what step 1's does less d_act
+  // (the same rows, `out` in place of d_residual), and q, gate, up fewer rows still.
+  auto deq_step = [&](const std::string& what, std::uint64_t act, std::uint64_t ws,
+                      std::uint64_t deq) {
+    if (t_.quantized())
+      at(Lb + what + " (QLoRA: the 4-bit weight dequantized)", act, csum({ws, deq}), 0, pos,
+         grads(0));
+  };
+  if (ck_last)
+    deq_step("step 0: recompute's o_proj", csum({kept_before(Ls_ - 1), rows_through("h_mid")}),
+             csum({C, l.X}), l.deq_ha);
   at(Lb + "step 1: d_act" + lomo(" + down_proj gradient") + (sp ? " (d_residual gathered)" : ""),
      A_L, csum({C, l.X, l.bsi}), sg, pos, grads(ih));
   // LoRA: each target's backward allocates d_lora_a.<proj> (b, s, r) beside the step's buffers,
@@ -750,6 +803,7 @@ void Stage::layer_steps(std::int64_t kb) {
       at(Lb + what + " (LoRA: d_lora_a, the adapter's gradient path)", act, csum({ws, l.bsr}), 0,
          pos, grads(0));
   };
+  deq_step("step 1: down_proj", A_L, csum({C, l.X, l.bsi}), l.deq_hi);
   lora_step(kDownBit, "step 1: d_lora_a.down_proj", A_L, csum({C, l.X, l.bsi}));
   const std::uint64_t A2 = csub(A_L, csum({l.bsi, l.lora_rows(kDownBit)}), "step 2");
   at(Lb + "step 2: d_gate, d_up (SwiGLU backward)", A2, csum({C, l.X, l.bsi, l.bsi, l.bsi}), 0, pos,
@@ -760,6 +814,7 @@ void Stage::layer_steps(std::int64_t kb) {
   if (sp)
     at(Lb + "step 3: d_xn2 reduce-scattered", A3, csum({C, l.X, l.full, l.X, l.bsi, l.bsi}), 0, pos,
        grads(0));
+  deq_step("step 3: gate_proj, up_proj", A3, csum({C, l.X, l.full, l.bsi, l.bsi}), l.deq_hi);
   lora_step(kGateUpBits,
             std::string("step 3: d_lora_a.") + (l.targets(1u << 4) ? "gate_proj" : "up_proj"), A3,
             csum({C, l.X, l.full, l.bsi, l.bsi}));
@@ -771,6 +826,7 @@ void Stage::layer_steps(std::int64_t kb) {
   const std::uint64_t A5 = csub(A4, csum({l.X, l.r4}), "step 5");  // h_mid, rstd2 freed
   at(Lb + "step 5: d_attn_out" + lomo(" + o_proj gradient") + (sp ? " (d_residual gathered)" : ""),
      A5, csum({C, l.X, l.bsad}), sg, pos, grads(had));
+  deq_step("step 5: o_proj", A5, csum({C, l.X, l.bsad}), l.deq_ha);
   lora_step(kOBit, "step 5: d_lora_a.o_proj", A5, csum({C, l.X, l.bsad}));
   const std::uint64_t A5b = csub(A5, l.lora_rows(kOBit), "step 5");  // the o row freed
   if (sel_)  // probs recomputed, the attention output into a workspace copy
@@ -801,6 +857,7 @@ void Stage::layer_steps(std::int64_t kb) {
   if (sp)
     at(Lb + "step 8: d_xn1 reduce-scattered", A8,
        csum({C, l.X, l.full, l.X, l.bsad, l.bskd, l.bskd}), 0, pos, grads(0));
+  deq_step("step 8: q_proj", A8, csum({C, l.X, l.full, l.bsad, l.bskd, l.bskd}), l.deq_ha);
   lora_step(kQkvBits,
             std::string("step 8: d_lora_a.") + (l.targets(1u)   ? "q_proj"
                                                 : l.targets(2u) ? "k_proj"
@@ -897,6 +954,19 @@ void Stage::figures() {
         ": the base is frozen (no gradients, no optimizer states); each adapter (A, B in the "
         "training dtype, with the optimizer's states like every trained weight) keeps its "
         "rank-r row x·Aᵀ and allocates d_lora_a (b,s,r) in backward");
+  if (t_.quantized())
+    est.notes.push_back(
+        std::string("QLoRA: the seven projections of every layer stored 4-bit as bitsandbytes "
+                    "stores them (") +
+        (t_.quant == Quant::nf4 ? "nf4" : "fp4") + ", blocksize " +
+        std::to_string(t_.quant_blocksize) +
+        (t_.double_quant ? ", double quantization: packed n/2 + 8-bit absmax + fp32 nested "
+                           "absmax per 256 blocks + offset and codes"
+                         : ": packed n/2 + fp32 absmax per block + code") +
+        "); each GEMM that reads one dequantizes it into workspace (the weight in the training "
+        "dtype" +
+        (t_.double_quant ? " beside its fp32 absmax" : "") +
+        ") and frees it after the GEMM: forward, recompute and the backward's input gradients");
   if (t_.optimizer == Optimizer::adamw8bit)
     est.notes.push_back(
         "adamw8bit (bitsandbytes' AdamW8bit): no fp32 master copy (the weights are updated in "

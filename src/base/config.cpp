@@ -389,6 +389,14 @@ void TrainConfig::validate() const {
     throw InputError(
         "--offload-activations with --finetune lora: the LoRA step is not modelled with "
         "activation offload yet");
+  if (quant != Quant::none && lora_rank == 0)
+    throw InputError(
+        "--quant: a 4-bit base is frozen and trains through LoRA adapters only; give "
+        "--finetune qlora (or lora with --quant nf4|fp4)");
+  const std::int64_t bs = quant_blocksize;
+  if (quant != Quant::none && (bs < 64 || bs > 4096 || (bs & (bs - 1)) != 0))
+    throw InputError("--quant-blocksize " + std::to_string(bs) +
+                     ": bitsandbytes' 4-bit blocksizes are 64, 128, 256, 512, 1024, 2048, 4096");
 }
 
 // ------------------------------------------------------------------ presets

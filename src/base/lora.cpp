@@ -76,6 +76,11 @@ std::uint64_t lora_trainable_count(const ModelConfig& m, std::int64_t rank, unsi
 
 std::string lora_title(const TrainConfig& t) {
   if (!t.lora()) return "";
+  if (t.quantized())  // QLoRA (docs/native-plan.md, "QLoRA")
+    return "  qlora r=" + std::to_string(t.lora_rank) + " " + lora_targets_name(t.lora_targets) +
+           " (base frozen, 4-bit " + (t.quant == Quant::fp4 ? "fp4" : "nf4") +
+           (t.double_quant ? " + double quant" : "") + ", blocksize " +
+           std::to_string(t.quant_blocksize) + ")";
   return "  lora r=" + std::to_string(t.lora_rank) + " " + lora_targets_name(t.lora_targets) +
          " (base frozen)";
 }

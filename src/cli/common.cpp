@@ -226,8 +226,9 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
          "--finetune", flags.finetune,
          "full|lora|qlora: what is trained. lora and qlora (estimate, maxbatch) model peft's "
          "adapters on a frozen 16-bit or bitsandbytes 4-bit base as HF + peft run them "
-         "(profile hf-peft; docs/formulas.md); profile, compare and sweep --finetune lora run "
-         "trainmem's own step with the adapters (docs/native-plan.md, \"LoRA\")")
+         "(profile hf-peft; docs/formulas.md); profile, compare and sweep --finetune lora|qlora "
+         "run trainmem's own step with the adapters (docs/native-plan.md, \"LoRA\", "
+         "\"QLoRA\")")
       ->capture_default_str();
   cmd.add_option("--lora-rank", flags.lora_rank, "LoRA rank r (1 to 65536)")
       ->check(integer_check<std::int64_t>("an integer; allowed: an integer from 1 to 65536"))
@@ -433,7 +434,8 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   c.model = resolve_model(model_argument(flags.model));
   resolve_peft(flags, c.hf.peft);
   const bool lora = c.hf.peft.finetune != Finetune::full;
-  // trainmem's own step: LoRA adapters on a frozen 16-bit base (docs/native-plan.md, "LoRA").
+  // trainmem's own step: LoRA adapters on a frozen 16-bit or 4-bit base (docs/native-plan.md,
+  // "LoRA", "QLoRA").
   // A command that only runs it refuses the recipes it cannot run; estimate models it beside
   // hf-peft where it can.
   const PeftOptions& peft = c.hf.peft;
@@ -443,23 +445,19 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   const auto given_dtype = parse_dtype(flags.dtype);
   const bool adamw8bit_fp16 =
       bnb && *bnb == BnbOptimizer::adamw8bit && given_dtype && *given_dtype == DType::f16;
-  const bool native_capable = lora && peft.finetune == Finetune::lora &&
-                              peft.quant == Quant::none && peft.dropout == 0 && !paged &&
-                              !adamw8bit_fp16;
+  const bool native_capable = lora && peft.dropout == 0 && !paged && !adamw8bit_fp16;
   if (lora && native_lora && (native_capable || allow_finetune)) {
     if (native_capable) {
       check_hf_options(Profile::hf_peft, c.hf);  // the rank's range, the base/finetune pairs
       c.train.lora_rank = peft.rank;
       c.train.lora_targets = peft.targets;
+      c.train.quant = peft.quant;
+      c.train.double_quant = peft.double_quant;
+      c.train.quant_blocksize = peft.quant_blocksize;
     }
   } else if (lora && native_lora) {
     const PeftOptions& p = peft;
     check_hf_options(Profile::hf_peft, c.hf);  // the rank's range, the base/finetune pairs
-    if (p.finetune == Finetune::qlora || p.quant != Quant::none)
-      throw InputError("--finetune " + flags.finetune +
-                       ": trainmem's own step has no 4-bit base yet; --finetune lora runs it "
-                       "with a frozen 16-bit base, and `trainmem estimate --finetune qlora` "
-                       "models the QLoRA step as HF + peft + bitsandbytes run it (hf-peft)");
     if (p.dropout > 0)
       throw InputError("--lora-dropout " + flags.lora_dropout +
                        ": trainmem's own LoRA step has no dropout yet (its masks are not "

@@ -231,6 +231,42 @@ bool has_lora(const LayerRank& R, int t) {
   return t >= 0 && R.train.lora() && (R.train.lora_targets & (1u << t)) != 0;
 }
 
+// The weight one GEMM of base projection `slot` reads: its parameter, or for a 4-bit weight
+// (QLoRA) a copy dequantized into workspace, `dequant.<proj>` (out, in) D, freed with this
+// object, right after the GEMM. Under double quantization the fp32 absmax is dequantized first
+// into `dequant.<proj>.absmax` (workspace, ceil(n / blocksize) f32), freed as soon as the weight
+// is written (docs/native-plan.md, "QLoRA").
+struct GemmWeight {
+  Tensor copy;
+  const void* ptr = nullptr;
+};
+GemmWeight gemm_weight(const LayerRank& R, std::int64_t l, int g, int slot) {
+  const Quant4View* q = R.host.quant4(l, slot);
+  if (!q) return GemmWeight{Tensor{}, R.host.weight(l, slot)};
+  static constexpr const char* kProj[7] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                           "gate_proj", "up_proj", "down_proj"};
+  const std::string name = std::string("dequant.") + kProj[lora_index(slot)];
+  const std::int64_t n = q->out * q->in, bs = R.train.quant_blocksize, nb = (n + bs - 1) / bs;
+  Backend* be = R.backend;
+  Tensor absmax;
+  const float* am = static_cast<const float*>(q->absmax);
+  if (R.train.double_quant) {
+    absmax = R.ledger.allocate(name + ".absmax", Category::workspace, g, {nb}, DType::f32);
+    if (be)
+      be->dequantize_blockwise8(absmax.as<float>(), static_cast<const std::uint8_t*>(q->absmax),
+                                q->nested_absmax, q->nested_code, nb, kQuantNestedBlock, q->offset);
+    am = absmax.as<float>();
+  }
+  GemmWeight w;
+  w.copy = R.ledger.allocate(name, Category::workspace, g, {q->out, q->in}, R.train.dtype);
+  w.ptr = w.copy.data();
+  // bitsandbytes' CPU kernel reads FP4's nibble 8 as -0.0 when the last dimension is even.
+  if (be)
+    be->dequantize_4bit(w.copy.data(), q->packed, am, n, bs, quant4_type(R.train.quant),
+                        q->in % 2 == 0);
+  return w;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------ forward
@@ -296,12 +332,15 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
     if (!run) return;
     if (!R.tp) {
       be->copy(at(out), res, A[out].bytes());
-      be->matmul(at(out), at(in), W(slot), n, h, width, Trans::no, Trans::yes, 1.f, 1.f);
+      be->matmul(at(out), at(in), gemm_weight(R, l, g, slot).ptr, n, h, width, Trans::no,
+                 Trans::yes, 1.f, 1.f);
     } else if (!sp) {
-      be->matmul(at(out), at(in), W(slot), n, h, width, Trans::no, Trans::yes, 1.f, 0.f);
+      be->matmul(at(out), at(in), gemm_weight(R, l, g, slot).ptr, n, h, width, Trans::no,
+                 Trans::yes, 1.f, 0.f);
       H.tp_sum_add(A[out], res);
     } else {
-      be->matmul(partial.data(), at(in), W(slot), n, h, width, Trans::no, Trans::yes, 1.f, 0.f);
+      be->matmul(partial.data(), at(in), gemm_weight(R, l, g, slot).ptr, n, h, width, Trans::no,
+                 Trans::yes, 1.f, 0.f);
       H.sp_reduce_scatter(partial, A[out], res);
     }
   };
@@ -319,7 +358,8 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
     void* q_proj = qkn ? at(LA::q_pre) : at(LA::q);
     void* k_proj = qkn ? at(LA::k_pre) : at(LA::k);
     auto project = [&](void* out, int weight, int bias, std::int64_t width) {
-      be->matmul(out, xn1_all, W(weight), n, width, h, Trans::no, Trans::yes, 1.f, 0.f);
+      be->matmul(out, xn1_all, gemm_weight(R, l, g, weight).ptr, n, width, h, Trans::no, Trans::yes,
+                 1.f, 0.f);
       if (m.qkv_bias) be->bias_forward(out, W(bias), n, width);
       lora_a(weight, xn1_all, h);
       lora_b(weight, out, width);
@@ -359,10 +399,12 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
   const void* xn2_all = sp ? gath.data() : at(LA::xn2);
   through(LA::lora_up);  // gate, up (LoRA: their rows)
   if (run) {
-    be->matmul(at(LA::gate), xn2_all, W(kGate), n, i, h, Trans::no, Trans::yes, 1.f, 0.f);
+    be->matmul(at(LA::gate), xn2_all, gemm_weight(R, l, g, kGate).ptr, n, i, h, Trans::no,
+               Trans::yes, 1.f, 0.f);
     lora_a(kGate, xn2_all, h);
     lora_b(kGate, at(LA::gate), i);
-    be->matmul(at(LA::up), xn2_all, W(kUp), n, i, h, Trans::no, Trans::yes, 1.f, 0.f);
+    be->matmul(at(LA::up), xn2_all, gemm_weight(R, l, g, kUp).ptr, n, i, h, Trans::no, Trans::yes,
+               1.f, 0.f);
     lora_a(kUp, xn2_all, h);
     lora_b(kUp, at(LA::up), i);
   }
@@ -445,7 +487,9 @@ void decoder_layer_backward(const LayerRank& R, std::int64_t l, int g, LayerActs
   auto linear_backward = [&](int slot, void* dx, const void* dy, const void* xin,
                              std::int64_t out_f, std::int64_t in_f, float dx_beta) {
     if (frozen) {
-      if (run) be->matmul(dx, dy, W(slot), n, in_f, out_f, Trans::no, Trans::no, 1.f, dx_beta);
+      if (run)
+        be->matmul(dx, dy, gemm_weight(R, l, g, slot).ptr, n, in_f, out_f, Trans::no, Trans::no,
+                   1.f, dx_beta);
     } else {
       void* dW = H.grad(l, slot);
       if (run) {

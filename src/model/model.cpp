@@ -108,15 +108,44 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
 
   auto setup = ledger_.scope(Phase::setup);
 
-  // 1. params, D, in HF order.
-  auto add = [&](std::string name, int layer, std::vector<std::int64_t> shape) {
+  // 1. params, D, in HF order. QLoRA: each base projection as bitsandbytes' 4-bit tensors
+  // (docs/native-plan.md, "QLoRA"): the packed pairs under the weight's name, then its absmax,
+  // code, and under double quantization the nested absmax, nested code and offset.
+  const std::int64_t qbs = train_.quant_blocksize;
+  auto add = [&](std::string name, int layer, std::vector<std::int64_t> shape, bool quantized) {
     Parameter p;
     // LoRA: only the adapters train (docs/native-plan.md, "LoRA").
     p.trainable = !train_.lora() || name.find(".lora_") != std::string::npos;
     p.name = std::move(name);
     p.layer = layer;
     p.shape = std::move(shape);
-    p.value = ledger_.allocate(p.name, Category::params, layer, p.shape, D_);
+    if (!quantized) {
+      p.value = ledger_.allocate(p.name, Category::params, layer, p.shape, D_);
+      params_.push_back(std::move(p));
+      return;
+    }
+    const std::int64_t n = std::int64_t(p.numel()), nb = (n + qbs - 1) / qbs;
+    auto q4 = [&](const char* what, std::vector<std::int64_t> s, DType dt) {
+      return ledger_.allocate(p.name + what, Category::params, layer, std::move(s), dt);
+    };
+    p.value = q4("", {(n + 1) / 2, 1}, DType::u8);
+    Quant4Param q;
+    q.absmax = q4(".absmax", {nb}, train_.double_quant ? DType::u8 : f32);
+    q.quant_map = q4(".quant_map", {16}, f32);
+    if (train_.double_quant) {
+      q.nested_absmax =
+          q4(".nested_absmax", {(nb + kQuantNestedBlock - 1) / kQuantNestedBlock}, f32);
+      q.nested_quant_map = q4(".nested_quant_map", {256}, f32);
+      q.nested_offset = q4(".nested_offset", {1}, f32);
+    }
+    q.view.packed = p.value.as<std::uint8_t>();
+    q.view.absmax = q.absmax.data();
+    q.view.nested_absmax = q.nested_absmax ? q.nested_absmax.as<float>() : nullptr;
+    q.view.nested_code = q.nested_quant_map ? q.nested_quant_map.as<float>() : nullptr;
+    q.view.out = p.shape[0];
+    q.view.in = p.shape[1];
+    p.quant = int(quant_.size());
+    quant_.push_back(std::move(q));
     params_.push_back(std::move(p));
   };
   // A layer's parameters, in setup order (decoder_layer.hpp): slot, HF name after
@@ -128,13 +157,14 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
     layer_slot_[std::size_t(layer_specs[j].slot)] = int(j);
   per_layer_params_ = layer_specs.size();
 
-  add("model.embed_tokens.weight", -1, {V_, h_});
+  add("model.embed_tokens.weight", -1, {V_, h_}, false);
   for (int l = 0; l < cfg_.layers; ++l) {
     const std::string pre = "model.layers." + std::to_string(l) + ".";
-    for (const auto& spec : layer_specs) add(pre + spec.name, l, spec.shape);
+    for (const auto& spec : layer_specs)
+      add(pre + spec.name, l, spec.shape, train_.quantized() && is_quantizable_slot(spec.slot));
   }
-  add("model.norm.weight", -1, {h_});
-  if (!cfg_.tied_embeddings) add("lm_head.weight", -1, {V_, h_});
+  add("model.norm.weight", -1, {h_}, false);
+  if (!cfg_.tied_embeddings) add("lm_head.weight", -1, {V_, h_}, false);
 
   // 2. gradients, D, persistent (AdamW/SGD). LOMO allocates them during backward.
   if (opt_.holds_gradients())
@@ -183,11 +213,18 @@ const Parameter& LlamaModel::parameter(const std::string& hf_name) const {
 std::vector<float> LlamaModel::parameter_values(const std::string& hf_name) const {
   const auto& p = parameter(hf_name);
   if (!be_.computes()) throw Error("model: parameter values are not available on this backend");
+  if (p.quant >= 0)
+    throw Error("model: " + hf_name + " is a 4-bit weight; quant4_weight() gives its storage");
   std::vector<unsigned char> raw(p.value.bytes());
   be_.download(raw.data(), p.value.data(), raw.size());
   std::vector<float> out(p.numel());
   for (std::size_t e = 0; e < out.size(); ++e) out[e] = load_as_f32(raw.data(), e, D_);
   return out;
+}
+
+const Quant4View* LlamaModel::quant4_weight(const std::string& hf_name) const {
+  const auto& p = parameter(hf_name);
+  return p.quant >= 0 ? &quant_[std::size_t(p.quant)].view : nullptr;
 }
 
 Tensor LlamaModel::act(const char* name, int layer, std::vector<std::int64_t> shape, DType dt) {
@@ -200,8 +237,9 @@ Tensor LlamaModel::ws(const char* name, int layer, std::vector<std::int64_t> sha
 // ------------------------------------------------------------------------------ weights, tokens
 
 void LlamaModel::init_random(std::uint64_t seed) {
-  if (be_.computes())
-    for (std::size_t pi = 0; pi < params_.size(); ++pi) init_parameter(pi, seed);
+  // A 4-bit weight's quantization allocates on every backend (the meta trace books it too).
+  for (std::size_t pi = 0; pi < params_.size(); ++pi)
+    if (be_.computes() || params_[pi].quant >= 0) init_parameter(pi, seed);
   weights_set_ = true;
 }
 
@@ -226,7 +264,41 @@ void LlamaModel::init_parameter(std::size_t pi, std::uint64_t seed) {
     init.seed = seed;
     init.stream = pi + 1;
   }
+  if (p.quant >= 0) {
+    quantize_parameter(pi, [&](void* dense) { be_.init_param(dense, nullptr, p.numel(), init); });
+    return;
+  }
   be_.init_param(p.value.data(), opt_.master(p.opt_index), p.numel(), init);
+}
+
+void LlamaModel::quantize_parameter(std::size_t pi, const std::function<void(void*)>& fill) {
+  // bitsandbytes' Params4bit._quantize, with trainmem's transients (workspace, phase setup):
+  // the dense weight (D) and, under double quantization, its fp32 absmax and the 8-bit
+  // quantizer's lookup table; the offset is the absmax's mean (docs/native-plan.md, "QLoRA").
+  auto ph = ledger_.scope(Phase::setup);
+  Parameter& p = params_[pi];
+  Quant4Param& q = quant_[std::size_t(p.quant)];
+  const std::int64_t n = std::int64_t(p.numel()), bs = train_.quant_blocksize,
+                     nb = (n + bs - 1) / bs;
+  const Quant4Type type = quant4_type(train_.quant);
+  const bool dq = train_.double_quant;
+  Tensor lut;
+  if (dq) lut = ws("quantize.nested_lut", p.layer, {kBnbLutEntries}, DType::u8);
+  be_.quant4_tables(q.quant_map.as<float>(), dq ? q.nested_quant_map.as<float>() : nullptr,
+                    dq ? lut.as<std::uint8_t>() : nullptr, type);
+  Tensor dense = ws("quantize.weight", p.layer, p.shape, D_);
+  if (be_.computes()) fill(dense.data());
+  Tensor absmax32;
+  if (dq) absmax32 = ws("quantize.absmax", p.layer, {nb}, f32);
+  float* am = dq ? absmax32.as<float>() : q.absmax.as<float>();
+  be_.quantize_4bit(p.value.as<std::uint8_t>(), am, dense.data(), n, bs, type);
+  dense.reset();
+  if (!dq) return;
+  const float offset = be_.double_quant_offset(am, nb);
+  if (be_.computes()) be_.upload(q.nested_offset.data(), &offset, sizeof offset);
+  q.view.offset = offset;
+  be_.quantize_blockwise8(q.absmax.as<std::uint8_t>(), q.nested_absmax.as<float>(), am, offset, nb,
+                          kQuantNestedBlock, lut.as<std::uint8_t>());
 }
 
 void LlamaModel::set_parameter_values(const std::string& hf_name,
@@ -313,7 +385,14 @@ LayerRank LlamaModel::layer_rank() {
   return LayerRank{cfg_, train_, ledger_, &be_, *this, ActDims::of(cfg_, train_)};
 }
 const void* LlamaModel::weight(std::int64_t l, int slot) {
-  return params_[layer_param(int(l), slot)].value.data();
+  const Parameter& p = params_[layer_param(int(l), slot)];
+  if (p.quant >= 0)
+    throw Error("model: " + p.name + " is a 4-bit weight; the layer dequantizes it (quant4)");
+  return p.value.data();
+}
+const Quant4View* LlamaModel::quant4(std::int64_t l, int slot) {
+  const Parameter& p = params_[layer_param(int(l), slot)];
+  return p.quant >= 0 ? &quant_[std::size_t(p.quant)].view : nullptr;
 }
 void* LlamaModel::grad(std::int64_t l, int slot) {
   return begin_grad(layer_param(int(l), slot));

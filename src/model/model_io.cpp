@@ -116,9 +116,11 @@ void LlamaModel::load_weights(const std::vector<const SafeTensorsReader*>& files
   if (fresh)
     spdlog::info("--weights {}: {} LoRA adapter tensor(s) not in the file start fresh (B zero)",
                  label, fresh);
-  if (be_.computes()) {
+  {
     for (std::size_t pi = 0; pi < params_.size(); ++pi) {
-      if (!source[pi]) continue;
+      // A 4-bit weight's quantization allocates on every backend (the meta trace books it; its
+      // values are read only where they are computed with).
+      if (!source[pi] || (!be_.computes() && params_[pi].quant < 0)) continue;
       const std::string& name = params_[pi].name;
       const SafeTensorsReader* f = source[pi];
       std::uint64_t bad = 0;
@@ -148,19 +150,24 @@ void LlamaModel::load_weights(const std::vector<const SafeTensorsReader*>& files
 void LlamaModel::write_parameter(
     std::size_t index, const std::function<void(float*, std::uint64_t, std::uint64_t)>& fill) {
   auto& p = params_[index];
-  float* master = opt_.master(p.opt_index);
   const std::uint64_t n = p.numel();
   const std::size_t w = dtype_size(D_);
-  std::vector<float> vals(std::min(n, kChunkElems));
-  std::vector<unsigned char> stored(vals.size() * w);
-  for (std::uint64_t first = 0; first < n; first += kChunkElems) {
-    const std::uint64_t count = std::min(kChunkElems, n - first);
-    fill(vals.data(), first, count);
-    for (std::uint64_t e = 0; e < count; ++e) store_from_f32(stored.data(), e, D_, vals[e]);
-    be_.upload(static_cast<unsigned char*>(p.value.data()) + first * w, stored.data(), count * w);
-    // The fp32 master starts from the values as given (before rounding to D).
-    if (master) be_.upload(master + first, vals.data(), count * 4);
-  }
+  // D values into dst, and the fp32 master (when there is one) from the values as given.
+  auto upload = [&](void* dst, float* master) {
+    std::vector<float> vals(std::min(n, kChunkElems));
+    std::vector<unsigned char> stored(vals.size() * w);
+    for (std::uint64_t first = 0; first < n; first += kChunkElems) {
+      const std::uint64_t count = std::min(kChunkElems, n - first);
+      fill(vals.data(), first, count);
+      for (std::uint64_t e = 0; e < count; ++e) store_from_f32(stored.data(), e, D_, vals[e]);
+      be_.upload(static_cast<unsigned char*>(dst) + first * w, stored.data(), count * w);
+      if (master) be_.upload(master + first, vals.data(), count * 4);
+    }
+  };
+  if (p.quant >= 0)  // quantized from the values rounded to D, as bitsandbytes quantizes a model
+    quantize_parameter(index, [&](void* dense) { upload(dense, nullptr); });
+  else
+    upload(p.value.data(), opt_.master(p.opt_index));
 }
 
 // ------------------------------------------------------------------------------ --tokens
@@ -198,7 +205,9 @@ GradientDump::GradientDump(std::string path, const LlamaModel& model) : path_(st
   writer_.set_metadata("format", "trainmem gradient dump");
   writer_.set_metadata("model", model.model_config().name);
   writer_.declare("loss", SafeDType::F32, {1});
-  for (const auto& p : model.parameters()) writer_.declare(p.name, SafeDType::F32, p.shape);
+  // The trained parameters' gradients (LoRA: the adapters'; a frozen weight has none).
+  for (const auto& p : model.parameters())
+    if (p.trainable) writer_.declare(p.name, SafeDType::F32, p.shape);
   writer_.open(path_, "--dump");
 }
 

@@ -363,8 +363,11 @@ std::string render_maxbatch_policies(const std::vector<MaxbatchPolicyRun>& runs,
         (first.train.optimizer == Optimizer::adamw8bit || first.train.dtype == DType::f32
              ? std::string(", no master copy")
              : std::string(" with fp32 master weights")) +
-        ", attention=" + attention_name(first.train.attention) +
-        "; docs/native-plan.md, \"LoRA\")");
+        (first.train.quantized() ? std::string(", on the 4-bit ") + quant_name(first.train.quant) +
+                                       " base dequantized around each GEMM"
+                                 : std::string()) +
+        ", attention=" + attention_name(first.train.attention) + "; docs/native-plan.md, " +
+        (first.train.quantized() ? "\"QLoRA\")" : "\"LoRA\")"));
   w->table(t);
   if (mixed)
     w->line(

@@ -252,10 +252,15 @@ json run_json(const TrainConfig& t, const std::string& backend, int steps) {
          {key::kAttention, attention_name(t.attention)},
          {key::kOffloadActivations, t.offload_activations}};
   if (t.lora()) {  // trainmem's own LoRA step (docs/native-plan.md, "LoRA")
-    j["finetune"] = "lora";
+    j["finetune"] = t.quantized() ? "qlora" : "lora";
     j["lora_rank"] = t.lora_rank;
     j["lora_targets"] = lora_targets_name(t.lora_targets);
     j["lora_alpha"] = t.lora_alpha;
+    if (t.quantized()) {  // QLoRA (docs/native-plan.md, "QLoRA")
+      j["quant"] = quant_name(t.quant);
+      j["double_quant"] = t.double_quant;
+      j["quant_blocksize"] = t.quant_blocksize;
+    }
   }
   j[key::kBackend] = backend.empty() ? json(nullptr) : json(backend);
   j[key::kSteps] = steps < 0 ? json(nullptr) : json(steps);

@@ -230,7 +230,9 @@ std::uint64_t run_steps(const RunRequest& rq, RunRig& rig, RunResult& r) {
       }
       if (step == 1 && dump) {
         dump->finish(loss);
-        spdlog::info("wrote {} (loss and {} gradients, fp32)", rq.dump, model->parameters().size());
+        spdlog::info("wrote {} (loss and {} gradients, fp32)", rq.dump,
+                     std::count_if(model->parameters().begin(), model->parameters().end(),
+                                   [](const Parameter& p) { return p.trainable; }));
       }
       if (be.computes())
         spdlog::debug("step {}: loss {:.6f} ({:.3f} s)", step, loss, r.step_seconds.back());

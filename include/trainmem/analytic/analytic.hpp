@@ -76,8 +76,6 @@ std::optional<Loop> parse_loop(const std::string& s);
 // What is trained: every weight (full), LoRA adapters on a frozen 16-bit base (lora), or on a
 // frozen bitsandbytes 4-bit base (qlora: NF4 by default).
 enum class Finetune { full, lora, qlora };
-// bitsandbytes' storage of the frozen base's linear weights.
-enum class Quant { none, nf4, fp4 };
 const char* finetune_name(Finetune f);                            // "full", "lora", "qlora"
 const char* quant_name(Quant q);                                  // "none", "nf4", "fp4"
 std::optional<Finetune> parse_finetune(const std::string& name);  // by finetune_name
@@ -301,7 +299,8 @@ Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& 
 // optimizer states: AdamW 12 B/param (8 when the training dtype is fp32: no master copy),
 // SGD 4 B/param (0 in fp32), LOMO 0.
 struct StateFigures {
-  std::uint64_t params = 0;
+  std::uint64_t params = 0;     // bytes (QLoRA: the 4-bit weights' storage)
+  std::uint64_t elements = 0;   // every parameter's elements, the adapters' included
   std::uint64_t trainable = 0;  // elements: every parameter, or LoRA's adapters (train.lora())
   std::uint64_t gradients = 0;
   std::uint64_t optimizer_states = 0;

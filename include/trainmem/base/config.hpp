@@ -113,6 +113,15 @@ struct TrainConfig {
   float lora_alpha = 8.0f;  // peft's LoraConfig default
   constexpr bool lora() const { return lora_rank > 0; }
   float lora_scaling() const { return lora_rank > 0 ? lora_alpha / float(lora_rank) : 0.0f; }
+  // QLoRA in trainmem's own step (docs/native-plan.md, "QLoRA"): under LoRA, the seven
+  // projections of every layer stored 4-bit as bitsandbytes stores them (packed pairs, an absmax
+  // per `quant_blocksize` elements, under double quantization that absmax in 8 bits with an fp32
+  // absmax per 256 of them and one fp32 offset), each dequantized into workspace around every
+  // GEMM that reads it. none: the base in the training dtype.
+  Quant quant = Quant::none;
+  bool double_quant = true;
+  std::int64_t quant_blocksize = 64;
+  constexpr bool quantized() const { return quant != Quant::none; }
   void validate() const;  // batch >= 1, seq >= 2 (the loss needs a next token)
   // What trainmem's own step (and the native profile) cannot run, InputError naming the flags:
   // 8-bit AdamW under fp16 (the step scales the loss; bitsandbytes' update takes unscaled

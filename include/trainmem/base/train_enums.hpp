@@ -13,5 +13,8 @@ enum class Optimizer { adamw, sgd, lomo, adamw8bit };
 // (docs/decisions.md, "Which layers are checkpointed, and selective recompute").
 enum class Checkpointing { none, full, selective };
 enum class Attention { eager, flash };
+// bitsandbytes' storage of a frozen base's linear weights (QLoRA: nf4): none keeps them in the
+// training dtype.
+enum class Quant { none, nf4, fp4 };
 
 }  // namespace trainmem

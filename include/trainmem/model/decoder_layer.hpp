@@ -61,6 +61,29 @@ constexpr bool is_lora_slot(int slot) {
   return slot >= kLoraFirst && slot < kLayerParams;
 }
 
+// QLoRA (TrainConfig::quantized()): the seven base projections are frozen 4-bit weights, stored
+// as bitsandbytes stores them (docs/native-plan.md, "QLoRA"). Whether slot is one of them.
+constexpr bool is_quantizable_slot(int slot) {
+  return slot == kQ || slot == kK || slot == kV || slot == kO || slot == kGate || slot == kUp ||
+         slot == kDown;
+}
+// Double quantization quantizes the fp32 absmax in 8-bit blocks of this many entries.
+constexpr std::int64_t kQuantNestedBlock = 256;
+inline Quant4Type quant4_type(Quant q) {
+  return q == Quant::fp4 ? Quant4Type::fp4 : Quant4Type::nf4;
+}
+// A 4-bit weight (out, in) as a GEMM's reader sees it, in backend memory: the packed pairs, the
+// absmax per block (u8 under double quantization, with its fp32 nested absmax per 256, the
+// nested code and the offset; f32 otherwise).
+struct Quant4View {
+  const std::uint8_t* packed = nullptr;
+  const void* absmax = nullptr;
+  const float* nested_absmax = nullptr;
+  const float* nested_code = nullptr;
+  float offset = 0.0f;
+  std::int64_t out = 0, in = 0;
+};
+
 // One parameter of a layer as a rank holds it.
 struct LayerParamSpec {
   LayerParam slot;
@@ -90,6 +113,9 @@ class LayerHost {
   virtual ~LayerHost() = default;
   // The weight of `slot` as the op about to read it sees it.
   virtual const void* weight(std::int64_t l, int slot) = 0;
+  // The 4-bit storage of `slot` when it is a quantized projection (the layer then dequantizes it
+  // around each GEMM instead of calling weight()); nullptr otherwise.
+  virtual const Quant4View* quant4(std::int64_t /*l*/, int /*slot*/) { return nullptr; }
   // The buffer the op about to produce the gradient of `slot` accumulates into (+=); then
   // grad_done once it is complete for this step (or micro-batch). A trace without a backend
   // may return nullptr: nothing is computed.

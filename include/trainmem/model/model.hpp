@@ -65,6 +65,9 @@ struct Parameter {
   // False for a frozen weight (LoRA's base): no gradient, no optimizer states, never updated.
   bool trainable = true;
   std::size_t opt_index = kNoOptimizerState;
+  // QLoRA: the index of its 4-bit storage (value is then the packed pairs, u8, and shape stays
+  // the weight's); -1 for a dense parameter.
+  int quant = -1;
   std::uint64_t numel() const;
 };
 
@@ -144,8 +147,11 @@ class LlamaModel : private LayerHost {
   const TrainConfig& train_config() const { return train_; }
   const std::vector<Parameter>& parameters() const { return params_; }
   const Parameter& parameter(const std::string& hf_name) const;
-  // Current values of a parameter as fp32 (downloads; not on meta).
+  // Current values of a parameter as fp32 (downloads; not on meta). Error for a 4-bit weight:
+  // quant4_weight gives its storage.
   std::vector<float> parameter_values(const std::string& hf_name) const;
+  // QLoRA: the 4-bit storage of a base projection (backend memory), nullptr for a dense one.
+  const Quant4View* quant4_weight(const std::string& hf_name) const;
   // Sets a parameter (and its fp32 master, when it has one) from fp32 values, rounded to D; the
   // size must be the parameter's (Error otherwise). Tests use it (LoRA's B starts at zero).
   void set_parameter_values(const std::string& hf_name, const std::vector<float>& values);
@@ -176,14 +182,20 @@ class LlamaModel : private LayerHost {
 
   // The initial value of parameter `pi` from `seed` (init_random's rule).
   void init_parameter(std::size_t pi, std::uint64_t seed);
+  // Sets parameter `index` from fp32 values that `fill(dst, first, count)` writes in chunks
+  // (rounded to D; its master too). A 4-bit weight is quantized from the rounded values.
   void write_parameter(std::size_t index,
                        const std::function<void(float*, std::uint64_t, std::uint64_t)>& fill);
+  // QLoRA: quantizes 4-bit weight `pi` from its dense values, which `fill` writes (D, on the
+  // backend; not called on meta) into a transient workspace copy (docs/native-plan.md, "QLoRA").
+  void quantize_parameter(std::size_t pi, const std::function<void(void*)>& fill);
   void upload_inputs();
   void forward();
   void backward(const GradientCapture& capture);
   // The decoder layer's view of this run (world size 1) and its LayerHost side.
   LayerRank layer_rank();
   const void* weight(std::int64_t l, int slot) override;
+  const Quant4View* quant4(std::int64_t l, int slot) override;
   void* grad(std::int64_t l, int slot) override;
   void grad_done(std::int64_t l, int slot) override;
   // Gradient bookkeeping: AdamW/SGD use the persistent buffer; LOMO allocates it zeroed here.
@@ -205,6 +217,12 @@ class LlamaModel : private LayerHost {
   DType D_;
   std::int64_t b_, s_, h_, i_, a_, k_, d_, V_, n_;  // n = b*s rows
   std::vector<Parameter> params_;
+  // QLoRA: each 4-bit weight's other tensors (bitsandbytes' QuantState), by Parameter::quant.
+  struct Quant4Param {
+    Tensor absmax, quant_map, nested_absmax, nested_quant_map, nested_offset;
+    Quant4View view;
+  };
+  std::vector<Quant4Param> quant_;
   // Position of each LayerParam slot among a layer's parameters (-1: not in this model), and
   // the number of parameters per layer.
   std::vector<int> layer_slot_;
