@@ -228,7 +228,7 @@ for opt in ("adamw", "sgd", "lomo"):
         print(f"  {opt:6s} ckpt={ck:4s}           {gib(pred)}  {gib(ledger)}  {gib(pool_res)}  "
               f"{gib(mgi_peak)}    {st}" + (f" ({not_ok} reconciliation rows not ok)"
                                              if not_ok else ""))
-name = "llama7b_lora_adamw8bit"
+name = "llama7b_qlora_adamw8bit"
 est = load(os.path.join(out, "runs", f"{name}.estimate.json"))
 prof = load(os.path.join(out, "runs", f"{name}.profile.json"))
 st = status.get(f"profile_{name}", {}).get("status", "not run")
@@ -236,12 +236,12 @@ pred = (est or {}).get("analytic", {}).get("native", {}).get("peak")
 meas = (prof or {}).get("measured", {}) or {}
 recon = (prof or {}).get("reconciliation") or []
 not_ok = sum(1 for r in recon if r.get("ok") is False)
-print(f"  LoRA all-linear r16, adamw8bit, bf16 flash ckpt=full:  predicted {gib(pred)}  "
+print(f"  QLoRA nf4 all-linear r16, adamw8bit, bf16 flash ckpt=full:  predicted {gib(pred)}  "
       f"ledger {gib((meas.get('ledger') or {}).get('peak'))}  "
       f"pool-res {gib((meas.get('pool') or {}).get('reserved_high'))}  "
       f"memgetinfo {gib(((meas.get('memgetinfo') or {}).get('sampler') or {}).get('max_used'))}  {st}"
       + (f" ({not_ok} reconciliation rows not ok)" if not_ok else ""))
-runs[name] = {"optimizer": "adamw8bit", "checkpointing": "full", "finetune": "lora",
+runs[name] = {"optimizer": "adamw8bit", "checkpointing": "full", "finetune": "qlora",
               "status": st, "predicted_peak": pred, "estimate": est, "profile": prof}
 summary["trainmem_runs"] = runs
 summary["compare"] = load(os.path.join(out, "runs", "llama7b_compare.json"))
@@ -568,12 +568,13 @@ if [[ -x $TM ]]; then
         --checkpointing "$ck" --profile native --format json --output "$OUT/runs/$name.estimate.json"
     done
   done
-  # LoRA on all seven projections with bitsandbytes' 8-bit AdamW (bf16: 8-bit AdamW has no fp16
-  # step), checkpointed: the frozen base, the adapters' rows and their 8-bit states on the device.
-  LORA=(--model llama-7b --batch 8 --seq 512 --dtype bf16 --attention flash --finetune lora
+  # QLoRA on all seven projections with bitsandbytes' 8-bit AdamW (bf16: 8-bit AdamW has no fp16
+  # step), checkpointed: the 4-bit base quantized on the device and dequantized around each GEMM,
+  # the adapters' rows and their 8-bit states.
+  LORA=(--model llama-7b --batch 8 --seq 512 --dtype bf16 --attention flash --finetune qlora
     --lora-targets all-linear --optimizer adamw8bit --checkpointing full)
-  run_step estimate_llama7b_lora_adamw8bit 30 5 "$TM" estimate "${LORA[@]}" --profile native \
-    --format json --output "$OUT/runs/llama7b_lora_adamw8bit.estimate.json"
+  run_step estimate_llama7b_qlora_adamw8bit 30 5 "$TM" estimate "${LORA[@]}" --profile native \
+    --format json --output "$OUT/runs/llama7b_qlora_adamw8bit.estimate.json"
   for opt in adamw sgd lomo; do
     for ck in none full; do
       name="llama7b_${opt}_${ck}"
@@ -584,8 +585,8 @@ if [[ -x $TM ]]; then
         --output "$OUT/runs/$name.profile.json"
     done
   done
-  # LoRA, measured after the six: its prediction above, the same fit check.
-  name=llama7b_lora_adamw8bit
+  # QLoRA, measured after the six: its prediction above, the same fit check.
+  name=llama7b_qlora_adamw8bit
   if time_for "profile_$name" 30 && fits "$name"; then
     run_step "profile_$name" 150 30 "$TM" profile "${LORA[@]}" --backend "$BACKEND" --steps 2 \
       --format json --output "$OUT/runs/$name.profile.json"

@@ -98,10 +98,10 @@ exec python3 "$@"'
 # The steps in the order the script must run them (one GPU: shared-GPU runs, no NCCL).
 EXPECTED_ORDER="devdeps configure build gpu_tests estimate_llama7b_adamw_none
 estimate_llama7b_adamw_full estimate_llama7b_sgd_none estimate_llama7b_sgd_full
-estimate_llama7b_lomo_none estimate_llama7b_lomo_full estimate_llama7b_lora_adamw8bit
+estimate_llama7b_lomo_none estimate_llama7b_lomo_full estimate_llama7b_qlora_adamw8bit
 profile_llama7b_adamw_none profile_llama7b_adamw_full profile_llama7b_sgd_none
 profile_llama7b_sgd_full profile_llama7b_lomo_none profile_llama7b_lomo_full
-profile_llama7b_lora_adamw8bit gemm_bf16 throughput gemm_fp16
+profile_llama7b_qlora_adamw8bit gemm_bf16 throughput gemm_fp16
 estimate_hf_eager hf_peer sweep shared_gpu_zero3 shared_gpu_tp2_sp shared_gpu_pp2 shared_gpu_cp2
 build_mpi_test shared_gpu_sharded multi_gpu"
 
