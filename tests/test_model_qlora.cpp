@@ -6,6 +6,8 @@
 // weights, bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -16,6 +18,8 @@
 #include "quant4/quant4.hpp"
 #include "trainmem/analytic/analytic.hpp"
 #include "trainmem/base/lora.hpp"
+#include "trainmem/base/safetensors.hpp"
+#include "trainmem/model/model_io.hpp"
 #include "trainmem/model/optimizer.hpp"
 
 namespace trainmem {
@@ -292,6 +296,50 @@ TEST(QloraStep, LoadsAndQuantizesACheckpoint) {
     r->model->train_step();
   }
   test::expect_same_ledgers(*q.ledger, *meta.ledger);
+}
+
+// trainmem's LoRA and QLoRA steps against the real thing (tools/peft_golden.py: transformers
+// 5.25 + peft 0.21.2, and bitsandbytes 0.50.2's nf4 base with double quantization, fp32 on the
+// CPU): the same tiny model, adapters and tokens give the same loss and adapter gradients, to
+// fp32 rounding (the GEMMs sum in another order; bitsandbytes' offset may differ in its last bit,
+// docs/decisions.md).
+TEST(PeftGolden, LoraAndQloraStepsMatchTheRealPeft) {
+  const std::string dir = std::string(TRAINMEM_TEST_DATA_DIR) + "/";
+  const ModelConfig m = load_hf_config(dir + "golden_tiny_gqa_config.json");
+  for (const std::string c : {"lora", "qlora"}) {
+    SCOPED_TRACE(c);
+    const SafeTensorsReader g(dir + "peft_golden_" + c + ".safetensors");
+    const std::int64_t b = std::stoll(g.metadata().at("batch")),
+                       s = std::stoll(g.metadata().at("seq")),
+                       r = std::stoll(g.metadata().at("rank"));
+    TrainConfig t = qlora_train(b, s, r, kLoraAllLinear, c == "qlora" ? Quant::nf4 : Quant::none,
+                                true, 64, Optimizer::sgd, DType::f32);
+    t.lora_alpha = std::stof(g.metadata().at("alpha"));
+    ModelRun run(BackendKind::cpu, m, t);
+    run.model->load_weights(dir + "golden_tiny_gqa_weights.safetensors");
+    int adapters = 0;
+    for (const Parameter& p : run.model->parameters())
+      if (p.trainable) {
+        run.model->set_parameter_values(p.name, g.read_f32(p.name));
+        ++adapters;
+      }
+    EXPECT_EQ(adapters, 28);
+    run.model->set_tokens(load_tokens_file(dir + "golden_tiny_gqa_tokens.bin", b, s, m.vocab),
+                          "golden tokens");
+    test::GradMap got;
+    const float loss = run.model->train_step(test::capture_into(got));
+    const float want = g.read_f32("loss").at(0);
+    EXPECT_NEAR(loss, want, 1e-5 * want);
+    ASSERT_EQ(got.size(), 28u);
+    for (const auto& [name, grad] : got) {
+      const std::vector<float> ref = g.read_f32("grad." + name);
+      double scale = 0;
+      for (float v : ref) scale = std::max(scale, double(std::abs(v)));
+      const test::Diff d = test::compare(grad, ref, 1e-5 * scale, 1e-4);
+      EXPECT_LT(d.first_bad, 0) << name << ": max |diff| " << d.max_abs << " of " << d.max_ref;
+      EXPECT_GT(scale, 0.0) << name << " has no gradient";
+    }
+  }
 }
 
 }  // namespace
