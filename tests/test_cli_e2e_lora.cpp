@@ -559,6 +559,34 @@ TEST(CliE2ELora, AdamW8bitRunsInTheNativeStep) {
   for (const json& row : l.j()["reconciliation"]) EXPECT_EQ(row["ok"], true) << row;
 }
 
+// diff sets trainmem's own LoRA and QLoRA steps side by side (native:finetune=..., or --finetune
+// for a native side): the 4-bit base saves exactly the projections' bytes of docs/formulas.md,
+// and hf-peft's default QLoRA stores 2,185,765,376 B more (its fp32 upcasts and adapters, RoPE's
+// buffers).
+TEST(CliE2ELora, DiffTakesTheNativeLoraAndQloraSteps) {
+  const std::string common = " --model llama3-8b --batch 1 --seq 2048 --format json";
+  const u64 qlora = 5786426240u;                    // NativeByHand.QloraStorageOfLlama3_8b
+  const u64 lora = 2u * (8030261248u + 41943040u);  // bf16 base + adapters
+  const Result d = trainmem(
+      "diff native:finetune=lora,targets=all-linear native:finetune=qlora,targets=all-linear" +
+      common);
+  ASSERT_EQ(d.code, 0) << d.err;
+  const json dj = d.j();
+  EXPECT_EQ(dj["categories"][0]["category"], "params");
+  EXPECT_EQ(n(dj["categories"][0]["a"]), lora);
+  EXPECT_EQ(n(dj["categories"][0]["b"]), qlora);
+  const Result h =
+      trainmem("diff hf-peft native --finetune qlora --lora-targets all-linear" + common);
+  ASSERT_EQ(h.code, 0) << h.err;
+  EXPECT_EQ(n(h.j()["categories"][0]["b"]), qlora);
+  EXPECT_EQ(n(h.j()["categories"][0]["a"]) - qlora, 2185765376u);
+  const Result r = trainmem(
+      "diff native hf-peft --model tiny --seq 64 --finetune lora "
+      "--lora-dropout 0.1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r.err, "native with LoRA dropout")) << r.err;
+}
+
 }  // namespace
 }  // namespace trainmem::e2e
 

@@ -141,27 +141,28 @@ const std::vector<SideOption> kSideOptions = {
                           "; allowed: hf-model-loss, shift-ce, none");
        s.hf.loop = *l;
      }},
-    // hf-peft's recipe (as --finetune, --lora-rank, --lora-targets, --quant, --kbit-prepare).
-    {"finetune", Kind::profile, "lora|qlora (hf-peft; as --finetune)",
+    // hf-peft's recipe (as --finetune, --lora-rank, --lora-targets, --quant, --kbit-prepare);
+    // native takes the first four (trainmem's own LoRA / QLoRA step).
+    {"finetune", Kind::profile, "lora|qlora (hf-peft, native; as --finetune)",
      [](SideSetup& s, const std::string& v, const std::string& which) {
        const auto f = parse_finetune(v);
        if (!f || *f == Finetune::full)
          throw InputError("diff " + which + ": finetune=" + v + "; allowed: lora, qlora");
        s.hf.peft.finetune = *f;
      }},
-    {"rank", Kind::profile, "an integer 1..65536 (hf-peft; as --lora-rank)",
+    {"rank", Kind::profile, "an integer 1..65536 (hf-peft, native; as --lora-rank)",
      [](SideSetup& s, const std::string& v, const std::string& which) {
        s.hf.peft.rank = std::min<std::int64_t>(integer_value("rank", v, 1, which), 1 << 30);
      }},
     {"targets", Kind::profile,
-     "q_proj+v_proj+...|all-linear (hf-peft; as --lora-targets, '+' "
+     "q_proj+v_proj+...|all-linear (hf-peft, native; as --lora-targets, '+' "
      "between names)",
      [](SideSetup& s, const std::string& v, const std::string&) {
        std::string list = v;
        std::replace(list.begin(), list.end(), '+', ',');
        s.hf.peft.targets = parse_lora_targets(list);
      }},
-    {"quant", Kind::profile, "none|nf4|fp4 (hf-peft; as --quant)",
+    {"quant", Kind::profile, "none|nf4|fp4 (hf-peft, native; as --quant)",
      [](SideSetup& s, const std::string& v, const std::string& which) {
        const auto q = parse_quant(v);
        if (!q) throw InputError("diff " + which + ": quant=" + v + "; allowed: none, nf4, fp4");
@@ -205,7 +206,8 @@ const char* kSideHelp =
     "a profile spec NAME[:key=value,...] (NAME: native, hf-eager, hf-sdpa, hf-peft, megatron, "
     "zero; "
     "keys: model, batch, seq, dtype, optimizer, checkpointing, attention, hf, torch, loop, and "
-    "for hf-peft finetune, rank, targets, quant, prepare, over the common flags) or a "
+    "for hf-peft finetune, rank, targets, quant, prepare, for native the first four, over the "
+    "common flags) or a "
     "trainmem JSON report FILE[:profile=NAME,run=N]";
 
 }  // namespace
@@ -267,7 +269,7 @@ diff::Side profile_side(const DiffSideSpec& spec, const std::string& text, const
                         const std::string& which) {
   SideSetup s{c.model, c.train, c.hf, "", 0};
   const Profile profile = *parse_profile(spec.name);
-  const bool peft = profile == Profile::hf_peft;
+  const bool peft = profile == Profile::hf_peft, native = profile == Profile::native;
   try {
     bool quant_given = false;
     for (const auto& kv : spec.options) {
@@ -275,21 +277,38 @@ diff::Side profile_side(const DiffSideSpec& spec, const std::string& text, const
       if (profile != Profile::hf_eager && profile != Profile::hf_sdpa &&
           (k == "hf" || k == "torch" || k == "loop"))
         throw InputError(k + "= applies to hf-eager and hf-sdpa only");
-      if (!peft &&
-          (k == "finetune" || k == "rank" || k == "targets" || k == "quant" || k == "prepare"))
-        throw InputError(k + "= applies to hf-peft only");
+      if (!peft && k == "prepare") throw InputError("prepare= applies to hf-peft only");
+      if (!peft && !native && (k == "finetune" || k == "rank" || k == "targets" || k == "quant"))
+        throw InputError(k + "= applies to hf-peft and native only");
       quant_given = quant_given || k == "quant";
     }
     apply_options(spec, s, which);
-    if (peft) {
-      PeftOptions& p = s.hf.peft;
-      if (p.finetune == Finetune::full)
-        throw InputError("hf-peft needs finetune=lora|qlora (or --finetune lora|qlora)");
-      // finetune= alone takes its base as --finetune does: qlora nf4, lora none.
-      if (!quant_given) {
-        if (p.finetune == Finetune::qlora && p.quant == Quant::none) p.quant = Quant::nf4;
-        if (p.finetune == Finetune::lora) p.quant = Quant::none;
-      }
+    PeftOptions& p = s.hf.peft;
+    if (peft && p.finetune == Finetune::full)
+      throw InputError("hf-peft needs finetune=lora|qlora (or --finetune lora|qlora)");
+    // finetune= alone takes its base as --finetune does: qlora nf4, lora none.
+    if ((peft || native) && !quant_given) {
+      if (p.finetune == Finetune::qlora && p.quant == Quant::none) p.quant = Quant::nf4;
+      if (p.finetune == Finetune::lora) p.quant = Quant::none;
+    }
+    if (native && p.finetune == Finetune::full)
+      for (const auto& kv : spec.options)
+        if (kv.first == "rank" || kv.first == "targets" || kv.first == "quant")
+          throw InputError(kv.first + "= needs finetune=lora|qlora (or --finetune lora|qlora)");
+    if (native && p.finetune != Finetune::full) {
+      // trainmem's own LoRA / QLoRA step (docs/native-plan.md, "LoRA", "QLoRA").
+      if (p.dropout > 0)
+        throw InputError(
+            "native with LoRA dropout: trainmem's own step has no dropout yet; "
+            "hf-peft models it");
+      if (p.optimizer != BnbOptimizer::none && p.optimizer != BnbOptimizer::adamw8bit)
+        throw InputError(std::string("native with --optimizer ") + bnb_optimizer_name(p.optimizer) +
+                         ": trainmem's own step has no paged optimizer; hf-peft models it");
+      s.train.lora_rank = p.rank;
+      s.train.lora_targets = p.targets;
+      s.train.quant = p.quant;
+      s.train.double_quant = p.double_quant;
+      s.train.quant_blocksize = p.quant_blocksize;
     }
     s.train.validate();
     check_hf_options(profile, s.hf);

@@ -96,6 +96,11 @@ std::string describe_side(const Side& s) {
          get(s.run, run::kBatch) + ", seq " + get(s.run, run::kSeq) + ", " +
          get(s.run, run::kDtype) + ", attention " + get(s.run, run::kAttention) + ", " +
          get(s.run, run::kOptimizer) + ", checkpointing " + get(s.run, run::kCheckpointing);
+  // trainmem's own LoRA / QLoRA step (the run block's LoRA keys, docs/output-formats.md).
+  if (s.run.is_object() && s.run.contains("finetune"))
+    out += ", " + get(s.run, "finetune") + " r " + get(s.run, "lora_rank") + " on " +
+           get(s.run, "lora_targets") +
+           (s.run.contains("quant") ? ", 4-bit " + get(s.run, "quant") : std::string());
   return out;
 }
 
