@@ -94,6 +94,15 @@ inline void expect_same_figures(const MemoryFigures& got, const MemoryFigures& w
         << category_name(cat);
 }
 
+// Random weights (seed 1) and tokens (seed 2), then two steps: the second is the steady state
+// whose figures the ledger tests compare.
+inline void two_random_steps(LlamaModel& model) {
+  model.init_random(1);
+  model.random_tokens(2);
+  model.train_step();
+  model.train_step();
+}
+
 // Two ledgers hold the same tensors in the same order, with the same bytes, categories, layers
 // and allocation and free events (a cpu run against its meta trace).
 inline void expect_same_ledgers(const Ledger& got, const Ledger& want) {

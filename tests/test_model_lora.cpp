@@ -80,10 +80,7 @@ TEST(LoraLedger, MetaTraceEqualsTheNativeClosedForm) {
                            " r " + std::to_string(r) + " " + ck + " " + attention_name(at) + " " +
                            optimizer_name(md.o) + " " + dtype_name(md.dt));
               ModelRun run(BackendKind::meta, m, t);
-              run.model->init_random(1);
-              run.model->random_tokens(2);
-              run.model->train_step();
-              run.model->train_step();
+              test::two_random_steps(*run.model);
               const MemoryFigures got = measured_figures(*run.ledger);
               const Estimate e = estimate(Profile::native, m, t);
               test::expect_same_figures(got, e.figures,
@@ -105,10 +102,7 @@ TEST(LoraLedger, CpuLedgerIsTheMetaTrace) {
       t.checkpointing = *parse_checkpointing(ck);
       ModelRun cpu(BackendKind::cpu, m, t), meta(BackendKind::meta, m, t);
       for (ModelRun* run : {&cpu, &meta}) {
-        run->model->init_random(1);
-        run->model->random_tokens(2);
-        run->model->train_step();
-        run->model->train_step();
+        test::two_random_steps(*run->model);
       }
       test::expect_same_ledgers(*cpu.ledger, *meta.ledger);
     }

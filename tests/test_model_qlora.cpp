@@ -59,10 +59,7 @@ void set_checkpointing(TrainConfig& t, const ModelConfig& m, const std::string& 
 Estimate expect_trace_is_the_closed_form(const ModelConfig& m, const TrainConfig& t,
                                          std::unique_ptr<ModelRun>* keep = nullptr) {
   auto run = std::make_unique<ModelRun>(BackendKind::meta, m, t);
-  run->model->init_random(1);
-  run->model->random_tokens(2);
-  run->model->train_step();
-  run->model->train_step();
+  test::two_random_steps(*run->model);
   const Estimate e = estimate(Profile::native, m, t);
   test::expect_same_figures(measured_figures(*run->ledger), e.figures,
                             "analytic peak at " + e.instants.at(e.peak_instant).name);
@@ -221,10 +218,7 @@ TEST(QloraLedger, CpuLedgerIsTheMetaTrace) {
         t.checkpointing = *parse_checkpointing(ck);
         ModelRun cpu(BackendKind::cpu, m, t), meta(BackendKind::meta, m, t);
         for (ModelRun* run : {&cpu, &meta}) {
-          run->model->init_random(1);
-          run->model->random_tokens(2);
-          run->model->train_step();
-          run->model->train_step();
+          test::two_random_steps(*run->model);
         }
         test::expect_same_ledgers(*cpu.ledger, *meta.ledger);
         int dequants = 0;

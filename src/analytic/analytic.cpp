@@ -48,27 +48,9 @@ const char* finetune_name(Finetune f) {
   return "?";
 }
 
-const char* quant_name(Quant q) {
-  switch (q) {
-    case Quant::none:
-      return "none";
-    case Quant::nf4:
-      return "nf4";
-    case Quant::fp4:
-      return "fp4";
-  }
-  return "?";
-}
-
 std::optional<Finetune> parse_finetune(const std::string& name) {
   for (Finetune f : {Finetune::full, Finetune::lora, Finetune::qlora})
     if (name == finetune_name(f)) return f;
-  return std::nullopt;
-}
-
-std::optional<Quant> parse_quant(const std::string& name) {
-  for (Quant q : {Quant::none, Quant::nf4, Quant::fp4})
-    if (name == quant_name(q)) return q;
   return std::nullopt;
 }
 
@@ -281,10 +263,7 @@ void check_hf_options(Profile profile, const HfOptions& opts) {
       throw InputError(
           "--quant none with --finetune qlora: qlora needs a 4-bit base (nf4, fp4); for a "
           "16-bit base use --finetune lora");
-    const std::int64_t bs = pf.quant_blocksize;
-    if (bs < 64 || bs > 4096 || (bs & (bs - 1)) != 0)
-      throw InputError("--quant-blocksize " + std::to_string(bs) +
-                       ": bitsandbytes' 4-bit blocksizes are 64, 128, 256, 512, 1024, 2048, 4096");
+    check_quant_blocksize(pf.quant_blocksize);
   }
   if (profile != Profile::hf_eager && profile != Profile::hf_sdpa && profile != Profile::hf_peft)
     return;
@@ -541,19 +520,17 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
   }
   if (train.quantized()) {
     // QLoRA: each layer's `*_proj.weight` in bitsandbytes' 4-bit tensors, the rest in D.
-    const auto proj_weight = [](const std::string& name) {
-      return name.size() > 12 && name.compare(name.size() - 12, 12, "_proj.weight") == 0;
-    };
     std::uint64_t layer_bytes = 0;
     for (const auto& p : few)
       if (p.name.rfind("model.layers.", 0) == 0)
-        layer_bytes = checked_add(
-            layer_bytes,
-            proj_weight(p.name) ? analytic_detail::quant4_weight_bytes(
-                                      p.elements, static_cast<std::uint64_t>(train.quant_blocksize),
-                                      train.double_quant)
-                                : checked_mul(p.elements, w, "params bytes"),
-            "params bytes");
+        layer_bytes =
+            checked_add(layer_bytes,
+                        analytic_detail::is_layer_linear(p.name)
+                            ? analytic_detail::quant4_weight_bytes(
+                                  p.elements, static_cast<std::uint64_t>(train.quant_blocksize),
+                                  train.double_quant)
+                            : checked_mul(p.elements, w, "params bytes"),
+                        "params bytes");
     f.params = analytic_detail::csum(
         {checked_mul(checked_add(outside, f.trainable, "params"), w, "params bytes"),
          checked_mul(layer_bytes, model.layers, "params bytes")},
@@ -771,6 +748,11 @@ std::uint64_t quant4_weight_bytes(std::uint64_t n, std::uint64_t blocksize, bool
   if (!double_quant) return csum({packed, checked_mul(blocks, 4, "absmax"), 64}, "4-bit weight");
   return csum({packed, blocks, checked_mul((blocks + 255) / 256, 4, "nested absmax"), 4, 64, 1024},
               "4-bit weight");
+}
+
+bool is_layer_linear(const std::string& name) {
+  return name.rfind("model.layers.", 0) == 0 && name.size() > 12 &&
+         name.compare(name.size() - 12, 12, "_proj.weight") == 0;
 }
 
 std::uint64_t csum(std::initializer_list<std::uint64_t> xs, const char* what) {

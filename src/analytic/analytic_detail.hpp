@@ -56,6 +56,9 @@ RankEstimate native_stage(const ModelConfig& m, const TrainConfig& t, const Para
 // bitsandbytes' bytes for one 4-bit weight of n elements (docs/formulas.md, "4-bit weights"):
 // what the hf-peft profile and the native step's QLoRA both store.
 std::uint64_t quant4_weight_bytes(std::uint64_t n, std::uint64_t blocksize, bool double_quant);
+// Whether an HF parameter name is a decoder layer's linear weight (`model.layers.N.*_proj.weight`):
+// the weights bitsandbytes stores 4-bit.
+bool is_layer_linear(const std::string& name);
 std::uint64_t csum(std::initializer_list<std::uint64_t> xs, const char* what = "bytes");
 // a - b, throwing Error when b > a (an internal accounting mistake, never user input).
 std::uint64_t csub(std::uint64_t a, std::uint64_t b, const char* what);

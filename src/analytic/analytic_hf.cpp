@@ -708,11 +708,6 @@ std::vector<TensorEntry> peft_layer_saved(const Dims& d, const PeftStep& ps, boo
   return v;
 }
 
-bool is_layer_linear(const std::string& name) {
-  return name.rfind("model.layers.", 0) == 0 && name.size() > 12 &&
-         name.compare(name.size() - 12, 12, "_proj.weight") == 0;
-}
-
 }  // namespace
 
 void build_hf_peft(Estimate& est) {

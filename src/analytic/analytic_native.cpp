@@ -958,8 +958,7 @@ void Stage::figures() {
     est.notes.push_back(
         std::string("QLoRA: the seven projections of every layer stored 4-bit as bitsandbytes "
                     "stores them (") +
-        (t_.quant == Quant::nf4 ? "nf4" : "fp4") + ", blocksize " +
-        std::to_string(t_.quant_blocksize) +
+        quant_name(t_.quant) + ", blocksize " + std::to_string(t_.quant_blocksize) +
         (t_.double_quant ? ", double quantization: packed n/2 + 8-bit absmax + fp32 nested "
                            "absmax per 256 blocks + offset and codes"
                          : ": packed n/2 + fp32 absmax per block + code") +

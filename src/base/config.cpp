@@ -266,6 +266,30 @@ std::vector<std::string> ModelConfig::features() const {
 
 // ------------------------------------------------------------------ enums
 
+const char* quant_name(Quant q) {
+  switch (q) {
+    case Quant::none:
+      return "none";
+    case Quant::nf4:
+      return "nf4";
+    case Quant::fp4:
+      return "fp4";
+  }
+  return "?";
+}
+
+std::optional<Quant> parse_quant(const std::string& name) {
+  for (Quant q : {Quant::none, Quant::nf4, Quant::fp4})
+    if (name == quant_name(q)) return q;
+  return std::nullopt;
+}
+
+void check_quant_blocksize(std::int64_t bs) {
+  if (bs < 64 || bs > 4096 || (bs & (bs - 1)) != 0)
+    throw InputError("--quant-blocksize " + std::to_string(bs) +
+                     ": bitsandbytes' 4-bit blocksizes are 64, 128, 256, 512, 1024, 2048, 4096");
+}
+
 const char* optimizer_name(Optimizer o) {
   switch (o) {
     case Optimizer::adamw:
@@ -393,10 +417,7 @@ void TrainConfig::validate() const {
     throw InputError(
         "--quant: a 4-bit base is frozen and trains through LoRA adapters only; give "
         "--finetune qlora (or lora with --quant nf4|fp4)");
-  const std::int64_t bs = quant_blocksize;
-  if (quant != Quant::none && (bs < 64 || bs > 4096 || (bs & (bs - 1)) != 0))
-    throw InputError("--quant-blocksize " + std::to_string(bs) +
-                     ": bitsandbytes' 4-bit blocksizes are 64, 128, 256, 512, 1024, 2048, 4096");
+  if (quant != Quant::none) check_quant_blocksize(quant_blocksize);
 }
 
 // ------------------------------------------------------------------ presets

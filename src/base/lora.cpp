@@ -78,7 +78,7 @@ std::string lora_title(const TrainConfig& t) {
   if (!t.lora()) return "";
   if (t.quantized())  // QLoRA (docs/native-plan.md, "QLoRA")
     return "  qlora r=" + std::to_string(t.lora_rank) + " " + lora_targets_name(t.lora_targets) +
-           " (base frozen, 4-bit " + (t.quant == Quant::fp4 ? "fp4" : "nf4") +
+           " (base frozen, 4-bit " + quant_name(t.quant) +
            (t.double_quant ? " + double quant" : "") + ", blocksize " +
            std::to_string(t.quant_blocksize) + ")";
   return "  lora r=" + std::to_string(t.lora_rank) + " " + lora_targets_name(t.lora_targets) +

@@ -116,33 +116,31 @@ void LlamaModel::load_weights(const std::vector<const SafeTensorsReader*>& files
   if (fresh)
     spdlog::info("--weights {}: {} LoRA adapter tensor(s) not in the file start fresh (B zero)",
                  label, fresh);
-  {
-    for (std::size_t pi = 0; pi < params_.size(); ++pi) {
-      // A 4-bit weight's quantization allocates on every backend (the meta trace books it; its
-      // values are read only where they are computed with).
-      if (!source[pi] || (!be_.computes() && params_[pi].quant < 0)) continue;
-      const std::string& name = params_[pi].name;
-      const SafeTensorsReader* f = source[pi];
-      std::uint64_t bad = 0;
-      write_parameter(pi, [&](float* dst, std::uint64_t first, std::uint64_t count) {
-        f->read_f32(name, dst, first, count);
-        for (std::uint64_t e = 0; e < count; ++e) bad += std::isfinite(dst[e]) ? 0 : 1;
-      });
-      if (bad)
-        non_finite_weights_.push_back(name + " (" + std::to_string(bad) + " of " +
-                                      std::to_string(params_[pi].numel()) + ")");
-    }
-    if (!non_finite_weights_.empty()) {
-      std::string list;
-      for (std::size_t k = 0; k < non_finite_weights_.size() && k < 4; ++k)
-        list += (k ? ", " : "") + non_finite_weights_[k];
-      if (non_finite_weights_.size() > 4)
-        list += " and " + std::to_string(non_finite_weights_.size() - 4) + " more";
-      spdlog::warn(
-          "--weights {}: {} tensor(s) hold NaN or Inf values: {}; the losses and gradients will "
-          "not be finite",
-          label, non_finite_weights_.size(), list);
-    }
+  for (std::size_t pi = 0; pi < params_.size(); ++pi) {
+    // A 4-bit weight's quantization allocates on every backend (the meta trace books it; its
+    // values are read only where they are computed with).
+    if (!source[pi] || (!be_.computes() && params_[pi].quant < 0)) continue;
+    const std::string& name = params_[pi].name;
+    const SafeTensorsReader* f = source[pi];
+    std::uint64_t bad = 0;
+    write_parameter(pi, [&](float* dst, std::uint64_t first, std::uint64_t count) {
+      f->read_f32(name, dst, first, count);
+      for (std::uint64_t e = 0; e < count; ++e) bad += std::isfinite(dst[e]) ? 0 : 1;
+    });
+    if (bad)
+      non_finite_weights_.push_back(name + " (" + std::to_string(bad) + " of " +
+                                    std::to_string(params_[pi].numel()) + ")");
+  }
+  if (!non_finite_weights_.empty()) {
+    std::string list;
+    for (std::size_t k = 0; k < non_finite_weights_.size() && k < 4; ++k)
+      list += (k ? ", " : "") + non_finite_weights_[k];
+    if (non_finite_weights_.size() > 4)
+      list += " and " + std::to_string(non_finite_weights_.size() - 4) + " more";
+    spdlog::warn(
+        "--weights {}: {} tensor(s) hold NaN or Inf values: {}; the losses and gradients will "
+        "not be finite",
+        label, non_finite_weights_.size(), list);
   }
   weights_set_ = true;
 }

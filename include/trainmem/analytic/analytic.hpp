@@ -77,9 +77,7 @@ std::optional<Loop> parse_loop(const std::string& s);
 // frozen bitsandbytes 4-bit base (qlora: NF4 by default).
 enum class Finetune { full, lora, qlora };
 const char* finetune_name(Finetune f);                            // "full", "lora", "qlora"
-const char* quant_name(Quant q);                                  // "none", "nf4", "fp4"
 std::optional<Finetune> parse_finetune(const std::string& name);  // by finetune_name
-std::optional<Quant> parse_quant(const std::string& name);        // by quant_name
 
 // bitsandbytes' optimizers for the adapters (hf-peft; `--optimizer adamw8bit|paged-adamw|
 // paged-adamw8bit`): bnb.optim.AdamW8bit, PagedAdamW, PagedAdamW8bit (bitsandbytes 0.50;

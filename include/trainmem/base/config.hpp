@@ -78,6 +78,10 @@ const char* attention_name(Attention a);
 std::optional<Optimizer> parse_optimizer(const std::string& s);
 std::optional<Checkpointing> parse_checkpointing(const std::string& s);
 std::optional<Attention> parse_attention(const std::string& s);
+const char* quant_name(Quant q);                            // "none", "nf4", "fp4"
+std::optional<Quant> parse_quant(const std::string& name);  // by quant_name
+// bitsandbytes' 4-bit blocksizes (64, 128, ..., 4096); InputError naming --quant-blocksize else.
+void check_quant_blocksize(std::int64_t blocksize);
 
 // Which layers `checkpointing full` applies to (issue 30; docs/decisions.md, "Which layers are
 // checkpointed"): every layer (an empty list), or the listed global layer indices. `spec` is the
