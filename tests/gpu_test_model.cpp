@@ -120,6 +120,7 @@ struct ModelCase {
   Optimizer optimizer;
   std::int64_t lora_rank = 0;  // > 0: LoRA on all seven projections, the base frozen
   Quant quant = Quant::none;   // with LoRA: the base 4-bit (QLoRA, double quantization)
+  double dropout = 0.0;        // with LoRA: its dropout (the masks drawn on each backend)
 };
 void PrintTo(const ModelCase& c, std::ostream* os) {
   *os << c.preset << " " << dtype_param_name(c.dtype) << " "
@@ -138,6 +139,7 @@ TEST_P(ModelGpu, LossGradientsAndUpdatedWeightsMatchTheCpuBackend) {
   t.lora_rank = c.lora_rank;
   t.lora_targets = c.lora_rank > 0 ? 0x7fu : 0u;
   t.quant = c.quant;
+  t.lora_dropout = c.dropout;
   ModelRun cpu(BackendKind::cpu, m, t), gpu(BackendKind::cuda, m, t);
   for (ModelRun* r : {&cpu, &gpu}) {
     r->model->init_random(7);
@@ -199,12 +201,18 @@ INSTANTIATE_TEST_SUITE_P(
         // QLoRA: the 4-bit base quantized on the device at init and dequantized
         // around every GEMM (the quantization kernels' bits are the CPU's).
         ModelCase{"tiny-gqa", DType::bf16, Attention::flash, Optimizer::adamw, 4, Quant::nf4},
-        ModelCase{"tiny-awkward", DType::f32, Attention::eager, Optimizer::sgd, 4, Quant::fp4}),
+        ModelCase{"tiny-awkward", DType::f32, Attention::eager, Optimizer::sgd, 4, Quant::fp4},
+        // LoRA dropout: the device draws the CPU's masks (the same generator) and drops the
+        // adapters' inputs in forward and again in backward.
+        ModelCase{"tiny-gqa", DType::bf16, Attention::flash, Optimizer::adamw, 4, Quant::nf4, 0.1},
+        ModelCase{"tiny-awkward", DType::f32, Attention::eager, Optimizer::sgd, 4, Quant::none,
+                  0.3}),
     [](const ::testing::TestParamInfo<ModelCase>& i) {
       std::string n = std::string(i.param.preset) + "_" + dtype_param_name(i.param.dtype) + "_" +
                       (i.param.attention == Attention::eager ? "eager" : "flash") + "_" +
                       optimizer_name(i.param.optimizer) + (i.param.lora_rank > 0 ? "_lora" : "") +
-                      (i.param.quant != Quant::none ? "_qlora" : "");
+                      (i.param.quant != Quant::none ? "_qlora" : "") +
+                      (i.param.dropout > 0 ? "_dropout" : "");
       for (auto& ch : n)
         if (ch == '-') ch = '_';
       return n;

@@ -253,8 +253,6 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
       const Case& c : std::vector<Case>{
           {"profile --model tiny --backend meta --finetune qlora --world-size 2 --zero 2",
            "--finetune qlora with a parallel layout"},
-          {"profile --model tiny --backend meta --finetune lora --lora-dropout 0.1",
-           "--lora-dropout 0.1"},
           {"profile --model tiny --backend meta --finetune lora --optimizer paged-adamw8bit",
            "--optimizer paged-adamw8bit: trainmem's own LoRA step has adamw, sgd and adamw8bit"},
           {"profile --model tiny --backend meta --optimizer adamw8bit --dtype fp16",
@@ -281,8 +279,6 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
            "--finetune lora with a parallel layout"},
           {"profile --model tiny --backend meta --finetune lora --profile hf-eager",
            "--profile hf-eager with --finetune lora"},
-          {"compare --model tiny --backend meta --finetune qlora --lora-dropout 0.1",
-           "--lora-dropout 0.1"},
           {"plan --model tiny --gpus 2 --gpu-memory 1GiB --global-batch 2 --finetune lora",
            "--finetune"},
           {"maxbatch --model tiny --budget 1GiB --finetune lora --world-size 2 --zero 2",
@@ -293,10 +289,6 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
            "--vary seq with --finetune qlora"},
           {"maxbatch --model tiny --budget 1GiB --finetune lora --checkpointing selective",
            "--checkpointing selective"},
-          {"estimate --model tiny --finetune qlora --lora-dropout 0.1 --profile native",
-           "--profile native with --finetune qlora"},
-          {"estimate --model tiny --finetune lora --lora-dropout 0.1 --profile native",
-           "--profile native with --finetune lora"},
           {"estimate --model tiny --profile hf-peft", "needs --finetune lora or qlora"},
           {"estimate --model tiny --finetune full --lora-rank 8", "--lora-rank applies to"},
           {"estimate --model tiny --finetune lora --lora-rank 0", "--lora-rank"},
@@ -367,7 +359,7 @@ TEST(CliE2ELora, ProfileRunsTheLoraStepOnTheCpu) {
 }
 
 // estimate lists trainmem's own LoRA step beside hf-peft (adamw, sgd, adamw8bit, a 16-bit or
-// 4-bit base), and hf-peft alone where the native step has no such recipe (dropout, the paged
+// 4-bit base, dropout), and hf-peft alone where the native step has no such recipe (the paged
 // optimizers).
 TEST(CliE2ELora, EstimateListsTheNativeLoraStepWhereItRuns) {
   const Result r = trainmem(
@@ -390,8 +382,10 @@ TEST(CliE2ELora, EstimateListsTheNativeLoraStepWhereItRuns) {
     const Result q =
         trainmem("estimate --model llama3-8b " + other + " --batch 1 --seq 2048 --format json");
     ASSERT_EQ(q.code, 0) << q.err;
-    EXPECT_EQ(q.j()["analytic"].size(), 1u) << q.j()["analytic"];
-    EXPECT_FALSE(q.j()["run"].contains("finetune"));
+    const bool paged = has(other, "paged");
+    EXPECT_EQ(q.j()["analytic"].size(), paged ? 1u : 2u) << q.j()["analytic"];
+    EXPECT_EQ(q.j()["run"].contains("finetune"), !paged);
+    if (!paged) EXPECT_EQ(q.j()["run"]["lora_dropout"], 0.05);
   }
 }
 
@@ -580,11 +574,39 @@ TEST(CliE2ELora, DiffTakesTheNativeLoraAndQloraSteps) {
   ASSERT_EQ(h.code, 0) << h.err;
   EXPECT_EQ(n(h.j()["categories"][0]["b"]), qlora);
   EXPECT_EQ(n(h.j()["categories"][0]["a"]) - qlora, 2185765376u);
+  // With LoRA dropout: the native side keeps a one-byte mask per adapter input, peft a bool
+  // mask and the dropped copy per adapter.
   const Result r = trainmem(
       "diff native hf-peft --model tiny --seq 64 --finetune lora "
       "--lora-dropout 0.1");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_TRUE(has(r.err, "native with LoRA dropout")) << r.err;
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
+// LoRA dropout runs in the native step (docs/native-plan.md, "LoRA dropout"): the run reconciles
+// with the native profile, and against the same step without dropout it keeps one byte per
+// element of each adapter's input more at the end of forward (q_proj, v_proj: (b, s, h); down:
+// (b, s, i)), in every layer.
+TEST(CliE2ELora, LoraDropoutRunsInTheNativeStep) {
+  const std::string recipe =
+      "profile --model tiny --finetune lora --lora-rank 4 --lora-targets q_proj,v_proj,down_proj "
+      "--backend cpu --batch 2 --seq 16 --steps 2 --format json";
+  const Result d = trainmem(recipe + " --lora-dropout 0.1");
+  ASSERT_EQ(d.code, 0) << d.err;
+  const Result p = trainmem(recipe);
+  ASSERT_EQ(p.code, 0) << p.err;
+  const json dj = d.j(), pj = p.j();
+  EXPECT_EQ(dj["run"]["lora_dropout"], 0.1);
+  EXPECT_EQ(pj["run"]["lora_dropout"], 0.0);
+  ASSERT_FALSE(dj["reconciliation"].empty());
+  for (const json& row : dj["reconciliation"]) EXPECT_EQ(row["ok"], true) << row;
+  const u64 h = 64, i = 176, L = 2, b = 2, s = 16;  // tiny
+  EXPECT_EQ(n(dj["measured"]["ledger"]["activations"]) - n(pj["measured"]["ledger"]["activations"]),
+            L * b * s * (h + h + i));
+  EXPECT_EQ(n(dj["measured"]["ledger"]["params"]), n(pj["measured"]["ledger"]["params"]));
+  const Result t = trainmem(
+      "profile --model tiny --finetune qlora --lora-dropout 0.05 --backend meta --batch 1 --seq 8");
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_TRUE(has(t.out, "qlora r=16 q_proj,v_proj dropout=0.05 (base frozen")) << t.out;
 }
 
 }  // namespace

@@ -32,6 +32,7 @@
 #include "attention/attention_ring_kernels.cuh"
 #include "bias/bias_kernels.cuh"
 #include "cross_entropy/cross_entropy_kernels.cuh"
+#include "dropout/dropout_kernels.cuh"
 #include "embedding/embedding_kernels.cuh"
 #include "kernels/residual_kernels.cuh"
 #include "nonfinite/nonfinite_kernels.cuh"
@@ -46,6 +47,7 @@
 #include "attention/attention_ring.hpp"
 #include "bias/bias.hpp"
 #include "cross_entropy/cross_entropy.hpp"
+#include "dropout/dropout.hpp"
 #include "embedding/embedding.hpp"
 #include "nonfinite/nonfinite.hpp"
 #include "quant4/dynamic_map.hpp"
@@ -501,6 +503,34 @@ void check_cross_entropy() {
                static_cast<const std::int32_t*>(tgt.data()), V, 0.25f);
   expect_close(to_f32<S>(d_g), to_f32<S>(d_w), tol16<S>(), "cross-entropy dlogits");
 }
+// LoRA dropout: the device's mask and its masked, scaled copy and accumulation are the CPU
+// twin's bits (one per element, the same math).
+template <class S>
+void check_dropout() {
+  std::mt19937 rng(8);
+  const std::int64_t n = 2000;
+  const auto x = random_storage<S>(std::size_t(n), rng);
+  const auto base = random_storage<S>(std::size_t(n), rng);
+  std::vector<std::uint8_t> mw(n), mg(n);
+  dropout_mask_cpu(mw.data(), n, 0.3f, 11, 5);
+  launch(dim3(3), dim3(64), 0, dropout_mask_kernel, mg.data(), n, 0.3f, std::uint64_t(11),
+         std::uint64_t(5));
+  EXPECT_EQ(mg, mw);
+  for (bool acc : {false, true}) {
+    auto ow = base, og = base;
+    dropout_apply_cpu(ow.data(), x.data(), mw.data(), n, 1.0f / 0.7f, acc, S::dtype);
+    launch(dim3(2), dim3(32), 0, dropout_apply_kernel<S>, static_cast<void*>(og.data()),
+           static_cast<const void*>(x.data()), static_cast<const std::uint8_t*>(mw.data()), n,
+           1.0f / 0.7f, acc);
+    expect_close(to_f32<S>(og), to_f32<S>(ow), 0, acc ? "dropout accumulate" : "dropout copy");
+  }
+}
+TEST(CudaKernelsEmulated, DropoutMaskAndApplyBitIdentical) {
+  check_dropout<F32>();
+  check_dropout<BF16>();
+  check_dropout<F16>();
+}
+
 TEST(CudaKernelsEmulated, CrossEntropyForwardAndInPlaceBackward) {
   check_cross_entropy<F32>();
   check_cross_entropy<BF16>();

@@ -41,6 +41,7 @@ struct PlanRow {
   bool qk_norm;       // marked [qk_norm]
   int freed_at;       // backward step of the layer that frees it; 0: `out`, freed by its consumer
   unsigned lora = 0;  // marked [lora <proj>]: allocated when LoRA targets that projection (its bit)
+  bool mask = false;  // marked [dropout]: uint8, allocated under LoRA dropout only
 };
 const std::vector<PlanRow>& plan_rows() {
   using S = std::vector<std::int64_t>;
@@ -90,16 +91,31 @@ const std::vector<PlanRow>& plan_rows() {
          return S{x.b, x.s, x.k * x.d};
        },
        false, Only::both, false, 8},
+      {"lora_mask.q_proj",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.h};
+       },
+       false, Only::both, false, 8, 1u << 0, true},
       {"lora_a.q_proj",
        [](const Dims& x) {
          return S{x.b, x.s, x.r};
        },
        false, Only::both, false, 8, 1u << 0},
+      {"lora_mask.k_proj",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.h};
+       },
+       false, Only::both, false, 8, 1u << 1, true},
       {"lora_a.k_proj",
        [](const Dims& x) {
          return S{x.b, x.s, x.r};
        },
        false, Only::both, false, 8, 1u << 1},
+      {"lora_mask.v_proj",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.h};
+       },
+       false, Only::both, false, 8, 1u << 2, true},
       {"lora_a.v_proj",
        [](const Dims& x) {
          return S{x.b, x.s, x.r};
@@ -120,6 +136,11 @@ const std::vector<PlanRow>& plan_rows() {
          return S{x.b, x.s, x.a * x.d};
        },
        false, Only::both, false, 6},
+      {"lora_mask.o_proj",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.a * x.d};
+       },
+       false, Only::both, false, 5, 1u << 3, true},
       {"lora_a.o_proj",
        [](const Dims& x) {
          return S{x.b, x.s, x.r};
@@ -150,11 +171,21 @@ const std::vector<PlanRow>& plan_rows() {
          return S{x.b, x.s, x.i};
        },
        false, Only::both, false, 2},
+      {"lora_mask.gate_proj",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.h};
+       },
+       false, Only::both, false, 3, 1u << 4, true},
       {"lora_a.gate_proj",
        [](const Dims& x) {
          return S{x.b, x.s, x.r};
        },
        false, Only::both, false, 3, 1u << 4},
+      {"lora_mask.up_proj",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.h};
+       },
+       false, Only::both, false, 3, 1u << 5, true},
       {"lora_a.up_proj",
        [](const Dims& x) {
          return S{x.b, x.s, x.r};
@@ -165,6 +196,11 @@ const std::vector<PlanRow>& plan_rows() {
          return S{x.b, x.s, x.i};
        },
        false, Only::both, false, 1},
+      {"lora_mask.down_proj",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.i};
+       },
+       false, Only::both, false, 1, 1u << 6, true},
       {"lora_a.down_proj",
        [](const Dims& x) {
          return S{x.b, x.s, x.r};
@@ -178,19 +214,24 @@ const std::vector<PlanRow>& plan_rows() {
   };
   return rows;
 }
-// The frees of the layer's backward in order, as the plan's steps list them: 1 act, lora_a.down;
-// 2 gate, up; 3 xn2, lora_a.gate, lora_a.up; 4 h_mid, rstd2; 5 lora_a.o; 6 attn_out, probs|lse;
-// 7 q_pre, q_rstd, k_pre, k_rstd; 8 q, k, v, lora_a.q, lora_a.k, lora_a.v, xn1; 9 rstd1.
+// The frees of the layer's backward in order, as the plan's steps list them (each adapter's mask
+// right after its row): 1 act, lora_a.down; 2 gate, up; 3 xn2, lora_a.gate, lora_a.up; 4 h_mid,
+// rstd2; 5 lora_a.o; 6 attn_out, probs|lse; 7 q_pre, q_rstd, k_pre, k_rstd; 8 q, k, v,
+// lora_a.q, lora_a.k, lora_a.v, xn1; 9 rstd1.
 const std::vector<std::string> kPlanFreeOrder = {"act",
                                                  "lora_a.down_proj",
+                                                 "lora_mask.down_proj",
                                                  "gate",
                                                  "up",
                                                  "xn2",
                                                  "lora_a.gate_proj",
+                                                 "lora_mask.gate_proj",
                                                  "lora_a.up_proj",
+                                                 "lora_mask.up_proj",
                                                  "h_mid",
                                                  "rstd2",
                                                  "lora_a.o_proj",
+                                                 "lora_mask.o_proj",
                                                  "attn_out",
                                                  "probs",
                                                  "lse",
@@ -202,8 +243,11 @@ const std::vector<std::string> kPlanFreeOrder = {"act",
                                                  "k",
                                                  "v",
                                                  "lora_a.q_proj",
+                                                 "lora_mask.q_proj",
                                                  "lora_a.k_proj",
+                                                 "lora_mask.k_proj",
                                                  "lora_a.v_proj",
+                                                 "lora_mask.v_proj",
                                                  "xn1",
                                                  "rstd1"};
 
@@ -213,9 +257,11 @@ const PlanRow& plan_row(const std::string& name) {
   throw Error("test: no plan row " + name);
 }
 
-bool plan_allocates(const PlanRow& r, const ModelConfig& m, Attention at, unsigned lora = 0) {
+bool plan_allocates(const PlanRow& r, const ModelConfig& m, Attention at, unsigned lora = 0,
+                    bool dropout = false) {
   if (r.qk_norm && !m.qk_norm) return false;
   if (r.lora != 0 && (lora & r.lora) == 0) return false;
+  if (r.mask && !dropout) return false;
   if (r.attention == Only::eager) return at == Attention::eager;
   if (r.attention == Only::flash) return at == Attention::flash;
   return true;
@@ -235,12 +281,13 @@ std::vector<Expected> expected_rows(const ModelConfig& m, const TrainConfig& t, 
   const std::int64_t d = m.explicit_head_dim ? m.explicit_head_dim : m.hidden / m.heads;
   const Dims x{t.batch, t.seq, m.hidden, m.intermediate, m.heads, m.kv_heads, d, t.lora_rank};
   for (const auto& r : plan_rows()) {
-    if (!plan_allocates(r, m, t.attention, t.lora_targets) || (recompute && r.freed_at == 0))
+    if (!plan_allocates(r, m, t.attention, t.lora_targets, t.lora_dropout > 0) ||
+        (recompute && r.freed_at == 0))
       continue;
-    Expected e{r.name, r.shape(x), r.f32 ? DType::f32 : t.dtype, 0};
+    Expected e{r.name, r.shape(x), r.f32 ? DType::f32 : r.mask ? DType::u8 : t.dtype, 0};
     std::uint64_t n = 1;
     for (auto v : e.shape) n *= std::uint64_t(v);
-    e.bytes = n * (r.f32 ? 4u : (t.dtype == DType::f32 ? 4u : 2u));
+    e.bytes = n * (r.f32 ? 4u : r.mask ? 1u : (t.dtype == DType::f32 ? 4u : 2u));
     out.push_back(std::move(e));
   }
   return out;
@@ -304,6 +351,7 @@ TEST(LayerActsTable, FreeOrderIsThePlans) {
     const PlanRow& want = plan_row(row.name);
     EXPECT_EQ(row.freed_at_step, want.freed_at);
     EXPECT_EQ(row.dtype == ActDType::f32, want.f32);
+    EXPECT_EQ(row.dtype == ActDType::u8, want.mask);
     EXPECT_EQ(row.model == ForModel::qk_norm, want.qk_norm);
     EXPECT_EQ(row.checkpointing == UnderCheckpointing::kept, want.freed_at == 0);
   }
@@ -335,16 +383,19 @@ TEST_P(LayerActsTable, ForwardRecomputeAndFreesFollowThePlan) {
       {"d_lora_a.q_proj", 8},
       {"d_lora_a.k_proj", 8},
       {"d_lora_a.v_proj", 8}};
-  // The full fine-tune, LoRA on all seven projections, LoRA on q, v and down (bits 0, 2, 6).
-  for (unsigned lora : {0u, 0x7fu, 0x45u})
+  // The full fine-tune, LoRA on all seven projections, LoRA on q, v and down (bits 0, 2, 6),
+  // those three with dropout (0x145: bit 8 here says dropout).
+  for (unsigned mode : {0u, 0x7fu, 0x45u, 0x145u})
     for (const char* name : {"tiny-gqa", "tiny-awkward", "tiny-qwen3", "tiny-qwen2",
                              "llama-narrow-mlp", "narrow-awkward"})
       for (DType dt : {DType::bf16, DType::f32}) {
-        SCOPED_TRACE(std::string(name) + " " + dtype_name(dt) + " lora " + std::to_string(lora));
+        const unsigned lora = mode & 0x7fu;
+        SCOPED_TRACE(std::string(name) + " " + dtype_name(dt) + " lora " + std::to_string(mode));
         const ModelConfig m = any_config(name);
         TrainConfig t = train_config(2, 7, dt, Optimizer::adamw, md.ckpt, md.attn);
         t.lora_rank = lora ? 3 : 0;
         t.lora_targets = lora;
+        t.lora_dropout = (mode & 0x100u) ? 0.1 : 0.0;
         ModelRun run(BackendKind::meta, m, t);
         run.model->init_random(1);
         run.model->random_tokens(2);
@@ -400,7 +451,7 @@ TEST_P(LayerActsTable, ForwardRecomputeAndFreesFollowThePlan) {
           }
           for (const auto* r : by_free(freed_by_backward)) freed_order.push_back(r->name);
           for (const std::string& n : kPlanFreeOrder)
-            if (plan_allocates(plan_row(n), m, t.attention, t.lora_targets))
+            if (plan_allocates(plan_row(n), m, t.attention, t.lora_targets, t.lora_dropout > 0))
               want_order.push_back(n);
           EXPECT_EQ(freed_order, want_order);
 

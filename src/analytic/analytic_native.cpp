@@ -73,11 +73,18 @@ struct Local {
   unsigned lora = 0;
   std::uint64_t bsr = 0;
   bool targets(unsigned bits) const { return (lora & bits) != 0; }
-  // The rows of the targets among `bits`: one bsr each.
+  // LoRA dropout (TrainConfig::lora_dropped): each target keeps its mask, (b, s, in) one byte per
+  // element of its input, and drops that input into a (b, s, in) D transient (drop_in).
+  bool drop = false;
+  std::uint64_t in_of(unsigned t) const { return t == 3 ? ad : t == 6 ? i : h; }
+  std::uint64_t mask(unsigned t) const { return drop ? bytes_of({b, s, in_of(t)}, 1) : 0; }
+  std::uint64_t drop_in(unsigned t) const { return drop ? bytes_of({b, s, in_of(t)}, w) : 0; }
+  // The rows of the targets among `bits`: one bsr each, and its mask under dropout.
   std::uint64_t lora_rows(unsigned bits) const {
     std::uint64_t n = 0;
-    for (unsigned t = 0; t < 7; ++t) n += (lora & bits & (1u << t)) ? 1 : 0;
-    return checked_mul(n, bsr, "LoRA rows");
+    for (unsigned t = 0; t < 7; ++t)
+      if (lora & bits & (1u << t)) n = csum({n, bsr, mask(t)}, "LoRA rows");
+    return n;
   }
   // QLoRA (TrainConfig::quantized()): the workspace a GEMM's dequantized base weight takes, the
   // weight in D and, under double quantization, its fp32 absmax beside it: deq_ha for q_proj's
@@ -115,6 +122,7 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
     l.r = u(t.lora_rank);
     l.lora = t.lora_targets;
     l.bsr = bytes_of({l.b, l.s, l.r}, l.w);
+    l.drop = t.lora_dropped();
   }
   if (t.quantized()) {
     const std::uint64_t bs = u(t.quant_blocksize);
@@ -185,8 +193,21 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn
                     "value, sized by the kv heads"));
   // LoRA: target t's row a = x·Aᵀ (b, s, r), which dB = c·dyᵀ·a reads (r·w bytes per sb, folded
   // into c_sb).
+  // Under dropout its mask first, (b, s, in) one byte per element (in·bs bytes: folded into c_sbh,
+  // or c_sbi for down_proj's).
   auto lora_row = [&](unsigned bit, const char* proj, const char* input) {
     if (!l.targets(bit)) return;
+    unsigned t = 0;
+    while ((1u << t) != bit) ++t;
+    if (l.drop)
+      v.push_back(entry(g, std::string("lora_mask.") + proj,
+                        t == 3   ? q_shape
+                        : t == 6 ? "(b,s," + l.li + ")"
+                                 : "(b,s,h)",
+                        "uint8", l.mask(t), t == 6 ? Term::sbi : Term::sbh,
+                        std::string(proj) + " adapter backward (dA, dx)",
+                        "LoRA dropout's mask of " + std::string(input) +
+                            ": the backward drops the same elements"));
     v.push_back(entry(g, std::string("lora_a.") + proj, "(b,s,r)", D, l.bsr, Term::sb,
                       std::string(proj) + " adapter backward (dB)",
                       std::string(input) + "·Aᵀ: the LoRA adapter's rank-r activation"));
@@ -391,6 +412,33 @@ class Stage {
     for (std::int64_t k = from; k != to + dir; k += dir)
       if (keeps(k - 1) > keeps(best - 1)) best = k;
     return best;
+  }
+  // LoRA dropout in a layer's forward (and its recompute): each group of targets drops its input
+  // into a (b, s, in) D transient while the layer's rows through `rows` exist (q/k/v: through
+  // their adapters' rows; o: through h_mid; gate/up: through theirs; down: through its own).
+  struct DropPoint {
+    std::string what;
+    std::uint64_t rows, drop;
+  };
+  std::vector<DropPoint> drop_points() const {
+    std::vector<DropPoint> v;
+    if (!l_.drop) return v;
+    auto group = [&](unsigned bits, const char* what, std::uint64_t rows) {
+      std::uint64_t drop = 0;
+      for (unsigned t = 0; t < 7; ++t)
+        if (l_.targets(bits & (1u << t))) drop = std::max(drop, l_.drop_in(t));
+      if (l_.targets(bits))
+        v.push_back(
+            {std::string(what) + " (LoRA dropout: the adapter's input dropped)", rows, drop});
+    };
+    // The forward (not the recompute) has dropped probs under selective by o_proj.
+    group(7u, "q/k/v adapters", csum({rows_through("v"), l_.lora_rows(7u)}));
+    group(1u << 3, "o_proj adapter", csub(rows_through("h_mid"), dropped(), "selective"));
+    group(3u << 4, "gate/up adapters",
+          csub(csum({rows_through("up"), l_.lora_rows(3u << 4)}), dropped(), "selective"));
+    group(1u << 6, "down_proj adapter",
+          csub(csum({rows_through("act"), l_.lora_rows(1u << 6)}), dropped(), "selective"));
+    return v;
   }
   RankEstimate r_;
   GatherPlan gather_;
@@ -683,6 +731,10 @@ void Stage::forward_instants() {
   auto before = [&](std::int64_t k) {
     return off_ ? csum({k > 0 ? keeps(k - 1) : 0, l.X}) : kept_before(k);
   };
+  // LoRA (one GPU, no offload): the last layer's forward holds the most beside each dropout.
+  for (const DropPoint& dp : drop_points())
+    at("forward: layer " + layer_name(Ls_ - 1) + " " + dp.what,
+       csum({kept_before(Ls_ - 1), dp.rows}), csum({C, dp.drop}), 0, u(Ls_), G0);
   for (std::int64_t k : ks) {
     if (p_.cp > 1)  // ring attention: its buffers beside the rows through attn_out
       at("forward: layer " + layer_name(k) + " ring attention (key/value blocks received)",
@@ -792,16 +844,27 @@ void Stage::layer_steps(std::int64_t kb) {
   if (ck_last)
     deq_step("step 0: recompute's o_proj", csum({kept_before(Ls_ - 1), rows_through("h_mid")}),
              csum({C, l.X}), l.deq_ha);
+  // LoRA dropout: the recompute drops each target's input again beside d_residual.
+  if (ck_last)
+    for (const DropPoint& dp : drop_points())
+      at(Lb + "step 0: recompute's " + dp.what, csum({kept_before(Ls_ - 1), dp.rows}),
+         csum({C, l.X, dp.drop}), 0, pos, grads(0));
   at(Lb + "step 1: d_act" + lomo(" + down_proj gradient") + (sp ? " (d_residual gathered)" : ""),
      A_L, csum({C, l.X, l.bsi}), sg, pos, grads(ih));
   // LoRA: each target's backward allocates d_lora_a.<proj> (b, s, r) beside the step's buffers,
   // and the step frees the target's row with the others (kLoraBits: q k v o gate up down).
   constexpr unsigned kDownBit = 1u << 6, kGateUpBits = 3u << 4, kOBit = 1u << 3, kQkvBits = 7u;
+  // Under dropout the target's input is dropped again beside d_lora_a (`lora_drop.<proj>`, then
+  // d_lora_a·A in its place): `t` the largest input among the step's targets.
   auto lora_step = [&](unsigned bits, const std::string& what, std::uint64_t act,
                        std::uint64_t ws) {
-    if (l.targets(bits))
-      at(Lb + what + " (LoRA: d_lora_a, the adapter's gradient path)", act, csum({ws, l.bsr}), 0,
-         pos, grads(0));
+    if (!l.targets(bits)) return;
+    std::uint64_t drop = 0;
+    for (unsigned t = 0; t < 7; ++t)
+      if (l.targets(bits & (1u << t))) drop = std::max(drop, l.drop_in(t));
+    at(Lb + what + " (LoRA: d_lora_a" + (l.drop ? ", the input dropped again" : "") +
+           ", the adapter's gradient path)",
+       act, csum({ws, l.bsr, drop}), 0, pos, grads(0));
   };
   deq_step("step 1: down_proj", A_L, csum({C, l.X, l.bsi}), l.deq_hi);
   lora_step(kDownBit, "step 1: d_lora_a.down_proj", A_L, csum({C, l.X, l.bsi}));
@@ -954,6 +1017,12 @@ void Stage::figures() {
         ": the base is frozen (no gradients, no optimizer states); each adapter (A, B in the "
         "training dtype, with the optimizer's states like every trained weight) keeps its "
         "rank-r row x·Aᵀ and allocates d_lora_a (b,s,r) in backward");
+  if (t_.lora_dropped())
+    est.notes.push_back(
+        "LoRA dropout > 0: each adapter keeps a one-byte mask of its input (b,s,in) and drops that "
+        "input into a "
+        "(b,s,in) workspace copy for A's GEMM, in forward, in the recompute and again in backward "
+        "(where the copy then holds d_lora_a·A, added to dx through the mask)");
   if (t_.quantized())
     est.notes.push_back(
         std::string("QLoRA: the seven projections of every layer stored 4-bit as bitsandbytes "

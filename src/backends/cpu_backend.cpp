@@ -21,6 +21,7 @@
 #include "attention/attention_ring.hpp"
 #include "bias/bias.hpp"
 #include "cross_entropy/cross_entropy.hpp"
+#include "dropout/dropout.hpp"
 #include "embedding/embedding.hpp"
 #include "matmul/matmul.hpp"
 #include "nonfinite/nonfinite.hpp"
@@ -222,6 +223,14 @@ class CpuBackend final : public Backend {
   }
   float double_quant_offset(const float* absmax, std::int64_t nb) override {
     return trainmem::double_quant_offset(absmax, nb);
+  }
+  void dropout_mask(std::uint8_t* mask, std::int64_t n, float p, std::uint64_t seed,
+                    std::uint64_t stream) override {
+    dropout_mask_cpu(mask, n, p, seed, stream);
+  }
+  void dropout_apply(void* out, const void* x, const std::uint8_t* mask, std::int64_t n,
+                     float scale, bool accumulate) override {
+    dropout_apply_cpu(out, x, mask, n, scale, accumulate, dtype());
   }
   void check_finite(const void* x, std::int64_t n) override {
     nonfinite_ = nonfinite_ || has_nonfinite_cpu(x, n, dtype());

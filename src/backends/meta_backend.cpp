@@ -67,6 +67,8 @@ class MetaBackend final : public Backend {
   void dequantize_blockwise8(float*, const std::uint8_t*, const float*, const float*, std::int64_t,
                              std::int64_t, float) override {}
   float double_quant_offset(const float*, std::int64_t) override { return 0.0f; }
+  void dropout_mask(std::uint8_t*, std::int64_t, float, std::uint64_t, std::uint64_t) override {}
+  void dropout_apply(void*, const void*, const std::uint8_t*, std::int64_t, float, bool) override {}
   void check_finite(const void*, std::int64_t) override {}
   bool take_nonfinite() override { return false; }
   void attention_ring_forward(float*, float*, const void*, const void*, const void*, std::int64_t,

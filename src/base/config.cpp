@@ -413,6 +413,12 @@ void TrainConfig::validate() const {
     throw InputError(
         "--offload-activations with --finetune lora: the LoRA step is not modelled with "
         "activation offload yet");
+  if (!(lora_dropout >= 0.0 && lora_dropout < 1.0))
+    throw InputError("--lora-dropout must be a number p with 0 <= p < 1, got " +
+                     std::to_string(lora_dropout));
+  if (lora_dropout > 0.0 && lora_rank == 0)
+    throw InputError(
+        "--lora-dropout: dropout applies to LoRA adapters; give --finetune lora|qlora");
   if (quant != Quant::none && lora_rank == 0)
     throw InputError(
         "--quant: a 4-bit base is frozen and trains through LoRA adapters only; give "

@@ -2,6 +2,7 @@
 #include "trainmem/base/lora.hpp"
 
 #include <array>
+#include <cstdio>
 #include <sstream>
 
 #include "trainmem/base/checked.hpp"
@@ -76,13 +77,19 @@ std::uint64_t lora_trainable_count(const ModelConfig& m, std::int64_t rank, unsi
 
 std::string lora_title(const TrainConfig& t) {
   if (!t.lora()) return "";
+  std::string dropout;
+  if (t.lora_dropped()) {
+    char p[32];
+    std::snprintf(p, sizeof p, "%g", t.lora_dropout);
+    dropout = std::string(" dropout=") + p;
+  }
   if (t.quantized())  // QLoRA (docs/native-plan.md, "QLoRA")
     return "  qlora r=" + std::to_string(t.lora_rank) + " " + lora_targets_name(t.lora_targets) +
-           " (base frozen, 4-bit " + quant_name(t.quant) +
+           dropout + " (base frozen, 4-bit " + quant_name(t.quant) +
            (t.double_quant ? " + double quant" : "") + ", blocksize " +
            std::to_string(t.quant_blocksize) + ")";
   return "  lora r=" + std::to_string(t.lora_rank) + " " + lora_targets_name(t.lora_targets) +
-         " (base frozen)";
+         dropout + " (base frozen)";
 }
 
 }  // namespace trainmem

@@ -297,15 +297,12 @@ diff::Side profile_side(const DiffSideSpec& spec, const std::string& text, const
           throw InputError(kv.first + "= needs finetune=lora|qlora (or --finetune lora|qlora)");
     if (native && p.finetune != Finetune::full) {
       // trainmem's own LoRA / QLoRA step (docs/native-plan.md, "LoRA", "QLoRA").
-      if (p.dropout > 0)
-        throw InputError(
-            "native with LoRA dropout: trainmem's own step has no dropout yet; "
-            "hf-peft models it");
       if (p.optimizer != BnbOptimizer::none && p.optimizer != BnbOptimizer::adamw8bit)
         throw InputError(std::string("native with --optimizer ") + bnb_optimizer_name(p.optimizer) +
                          ": trainmem's own step has no paged optimizer; hf-peft models it");
       s.train.lora_rank = p.rank;
       s.train.lora_targets = p.targets;
+      s.train.lora_dropout = p.dropout;
       s.train.quant = p.quant;
       s.train.double_quant = p.double_quant;
       s.train.quant_blocksize = p.quant_blocksize;

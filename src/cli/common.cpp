@@ -445,12 +445,13 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   const auto given_dtype = parse_dtype(flags.dtype);
   const bool adamw8bit_fp16 =
       bnb && *bnb == BnbOptimizer::adamw8bit && given_dtype && *given_dtype == DType::f16;
-  const bool native_capable = lora && peft.dropout == 0 && !paged && !adamw8bit_fp16;
+  const bool native_capable = lora && !paged && !adamw8bit_fp16;
   if (lora && native_lora && (native_capable || allow_finetune)) {
     if (native_capable) {
       check_hf_options(Profile::hf_peft, c.hf);  // the rank's range, the base/finetune pairs
       c.train.lora_rank = peft.rank;
       c.train.lora_targets = peft.targets;
+      c.train.lora_dropout = peft.dropout;
       c.train.quant = peft.quant;
       c.train.double_quant = peft.double_quant;
       c.train.quant_blocksize = peft.quant_blocksize;
@@ -458,10 +459,6 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   } else if (lora && native_lora) {
     const PeftOptions& p = peft;
     check_hf_options(Profile::hf_peft, c.hf);  // the rank's range, the base/finetune pairs
-    if (p.dropout > 0)
-      throw InputError("--lora-dropout " + flags.lora_dropout +
-                       ": trainmem's own LoRA step has no dropout yet (its masks are not "
-                       "modelled); `trainmem estimate --finetune lora` models peft's");
     if (adamw8bit_fp16)
       throw InputError(
           "--optimizer adamw8bit with --dtype fp16: trainmem's fp16 step scales the loss, and "
@@ -590,8 +587,8 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
     if (lora && name != "hf-peft" && !(c.train.lora() && name == "native"))
       throw InputError("--profile " + name + " with --finetune " + flags.finetune +
                        ": only hf-peft" +
-                       (native_lora ? " and native (a 16-bit base, adamw, sgd or adamw8bit, no "
-                                      "dropout) model"
+                       (native_lora ? " and native (adamw, sgd or adamw8bit; no paged "
+                                      "optimizer) model"
                                     : " models") +
                        " a LoRA step (the other profiles train every weight)");
     check_hf_options(*parse_profile(name), c.hf);

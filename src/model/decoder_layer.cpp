@@ -220,11 +220,21 @@ void ring_backward(const LayerRank& R, int g, LayerActs& A, const Tensor& d_ao, 
 constexpr LayerAct kLoraRow[7] = {LayerAct::lora_q,   LayerAct::lora_k,    LayerAct::lora_v,
                                   LayerAct::lora_o,   LayerAct::lora_gate, LayerAct::lora_up,
                                   LayerAct::lora_down};
+// Its dropout mask's row (TrainConfig::lora_dropped).
+constexpr LayerAct kMaskRow[7] = {LayerAct::mask_q,   LayerAct::mask_k,    LayerAct::mask_v,
+                                  LayerAct::mask_o,   LayerAct::mask_gate, LayerAct::mask_up,
+                                  LayerAct::mask_down};
+constexpr const char* kProj[7] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                  "gate_proj", "up_proj", "down_proj"};
 // The target index of a projection slot, -1 for any other slot.
 int lora_index(int slot) {
   for (int t = 0; t < 7; ++t)
     if (kLoraBase[t] == slot) return t;
   return -1;
+}
+// 1/(1 − p), the scale of a kept element.
+float keep_scale(double p) {
+  return float(1.0 / (1.0 - p));
 }
 // Whether the rank's step trains an adapter on target t.
 bool has_lora(const LayerRank& R, int t) {
@@ -243,8 +253,6 @@ struct GemmWeight {
 GemmWeight gemm_weight(const LayerRank& R, std::int64_t l, int g, int slot) {
   const Quant4View* q = R.host.quant4(l, slot);
   if (!q) return GemmWeight{Tensor{}, R.host.weight(l, slot)};
-  static constexpr const char* kProj[7] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                           "gate_proj", "up_proj", "down_proj"};
   const std::string name = std::string("dequant.") + kProj[lora_index(slot)];
   const std::int64_t n = q->out * q->in, bs = R.train.quant_blocksize, nb = (n + bs - 1) / bs;
   Backend* be = R.backend;
@@ -265,6 +273,25 @@ GemmWeight gemm_weight(const LayerRank& R, std::int64_t l, int g, int slot) {
     be->dequantize_4bit(w.copy.data(), q->packed, am, n, bs, quant4_type(R.train.quant),
                         q->in % 2 == 0);
   return w;
+}
+
+// LoRA dropout (docs/native-plan.md, "LoRA dropout"): target t's input xin (n, in_f) D
+// dropped by its mask row into the workspace `lora_drop.<proj>` (n, in_f) D, x ⊙ mask / (1 − p);
+// the caller frees it. `draw`: fill the mask first (the forward and the recompute draw the same
+// bits from the step's key).
+Tensor dropped_input(const LayerRank& R, LayerActs& A, int g, int t, const void* xin,
+                     std::int64_t n, std::int64_t in_f, bool draw) {
+  Tensor drop = R.ledger.allocate(std::string("lora_drop.") + kProj[t], Category::workspace, g,
+                                  {R.dims.b, R.dims.s, in_f}, R.train.dtype);
+  if (Backend* be = R.backend) {
+    std::uint8_t* mask = A[kMaskRow[t]].as<std::uint8_t>();
+    const double p = R.train.lora_dropout;
+    if (draw)
+      be->dropout_mask(mask, n * in_f, float(p), R.dropout_seed,
+                       dropout_stream(R.dropout_step, std::uint64_t(g), std::uint64_t(t)));
+    be->dropout_apply(drop.data(), xin, mask, n * in_f, keep_scale(p), false);
+  }
+  return drop;
 }
 
 }  // namespace
@@ -293,11 +320,15 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
   // projection y = xin·Wᵀ exists, y += (alpha/r)·a·Bᵀ.
   const std::int64_t r = dm.r;
   const float scaling = R.train.lora_scaling();
+  // Under LoRA dropout the adapter reads its input dropped (dropped_input), a transient.
   auto lora_a = [&](int slot, const void* xin, std::int64_t in_f) {
     const int t = lora_index(slot);
-    if (run && has_lora(R, t))
-      be->matmul(at(kLoraRow[t]), xin, W(lora_a_slot(t)), n, r, in_f, Trans::no, Trans::yes, 1.f,
-                 0.f);
+    if (!has_lora(R, t)) return;
+    Tensor drop;
+    if (R.train.lora_dropped()) drop = dropped_input(R, A, g, t, xin, n, in_f, true);
+    if (run)
+      be->matmul(at(kLoraRow[t]), drop ? drop.data() : xin, W(lora_a_slot(t)), n, r, in_f,
+                 Trans::no, Trans::yes, 1.f, 0.f);
   };
   auto lora_b = [&](int slot, void* y, std::int64_t out_f) {
     const int t = lora_index(slot);
@@ -462,7 +493,9 @@ void decoder_layer_backward(const LayerRank& R, std::int64_t l, int g, LayerActs
   const std::int64_t r = dm.r;
   const float scaling = R.train.lora_scaling();
   // The adapter of projection `slot` (a target): with a its row (n, r) and c = alpha/r,
-  // dB += c·dyᵀ·a, d_a = c·dy·B (workspace), dA += d_aᵀ·x, dx += d_a·A.
+  // dB += c·dyᵀ·a, d_a = c·dy·B (workspace), dA += d_aᵀ·x, dx += d_a·A. Under LoRA dropout x is
+  // the dropped input, made again from the mask into `lora_drop.<proj>` (workspace), which then
+  // receives d_a·A, added to dx through the mask: dx += (d_a·A) ⊙ mask / (1 − p).
   auto lora_backward = [&](int slot, void* dx, const void* dy, const void* xin, std::int64_t out_f,
                            std::int64_t in_f) {
     const int t = lora_index(slot);
@@ -476,9 +509,20 @@ void decoder_layer_backward(const LayerRank& R, std::int64_t l, int g, LayerActs
       be->matmul(d_a.data(), dy, W(lora_b_slot(t)), n, r, out_f, Trans::no, Trans::no, scaling,
                  0.f);
     void* dA = H.grad(l, lora_a_slot(t));
-    if (run) {
-      be->matmul(dA, d_a.data(), xin, r, in_f, n, Trans::yes, Trans::no, 1.f, 1.f);
-      be->matmul(dx, d_a.data(), W(lora_a_slot(t)), n, in_f, r, Trans::no, Trans::no, 1.f, 1.f);
+    if (!R.train.lora_dropped()) {
+      if (run) {
+        be->matmul(dA, d_a.data(), xin, r, in_f, n, Trans::yes, Trans::no, 1.f, 1.f);
+        be->matmul(dx, d_a.data(), W(lora_a_slot(t)), n, in_f, r, Trans::no, Trans::no, 1.f, 1.f);
+      }
+    } else {
+      Tensor drop = dropped_input(R, A, g, t, xin, n, in_f, false);
+      if (run) {
+        be->matmul(dA, d_a.data(), drop.data(), r, in_f, n, Trans::yes, Trans::no, 1.f, 1.f);
+        be->matmul(drop.data(), d_a.data(), W(lora_a_slot(t)), n, in_f, r, Trans::no, Trans::no,
+                   1.f, 0.f);
+        be->dropout_apply(dx, drop.data(), A[kMaskRow[t]].as<std::uint8_t>(), n * in_f,
+                          keep_scale(R.train.lora_dropout), true);
+      }
     }
     H.grad_done(l, lora_a_slot(t));
   };

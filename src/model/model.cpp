@@ -378,11 +378,15 @@ float LlamaModel::train_step(const GradientCapture& capture) {
         if (p.trainable)
           opt_.update(p.opt_index, p.value.data(), p.grad.data(), step_, 1.0f / loss_scale_);
   }
+  ++dropout_step_;
   return loss_;
 }
 
 LayerRank LlamaModel::layer_rank() {
-  return LayerRank{cfg_, train_, ledger_, &be_, *this, ActDims::of(cfg_, train_)};
+  LayerRank R{cfg_, train_, ledger_, &be_, *this, ActDims::of(cfg_, train_)};
+  R.dropout_seed = dropout_seed_;
+  R.dropout_step = dropout_step_;
+  return R;
 }
 const void* LlamaModel::weight(std::int64_t l, int slot) {
   const Parameter& p = params_[layer_param(int(l), slot)];

@@ -51,7 +51,7 @@ std::vector<std::int64_t> act_shape(const ActShape& shape, const ActDims& dims) 
 }
 
 DType act_dtype(ActDType dtype, DType training) {
-  return dtype == ActDType::f32 ? DType::f32 : training;
+  return dtype == ActDType::f32 ? DType::f32 : dtype == ActDType::u8 ? DType::u8 : training;
 }
 
 std::string act_shape_letters(const ActShape& shape) {

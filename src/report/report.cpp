@@ -256,6 +256,7 @@ json run_json(const TrainConfig& t, const std::string& backend, int steps) {
     j["lora_rank"] = t.lora_rank;
     j["lora_targets"] = lora_targets_name(t.lora_targets);
     j["lora_alpha"] = t.lora_alpha;
+    j["lora_dropout"] = t.lora_dropout;
     if (t.quantized()) {  // QLoRA (docs/native-plan.md, "QLoRA")
       j["quant"] = quant_name(t.quant);
       j["double_quant"] = t.double_quant;

@@ -188,6 +188,7 @@ std::uint64_t run_steps(const RunRequest& rq, RunRig& rig, RunResult& r) {
   try {
     model = std::make_unique<LlamaModel>(rq.model, rq.train, be, ledger,
                                          default_optimizer_settings(rq.train.optimizer));
+    model->set_dropout_key(rq.seed, 0);  // LoRA dropout's masks, from --seed
     if (!rq.weights.empty()) {
       try {
         model->load_weights(rq.weights);

@@ -180,6 +180,13 @@ class Backend {
                                      const float* code, std::int64_t n, std::int64_t blocksize,
                                      float add) = 0;
   virtual float double_quant_offset(const float* absmax, std::int64_t nb) = 0;
+  // LoRA dropout (kernels/dropout/dropout.hpp): dropout_mask fills mask (n) u8 with 1 (kept) or
+  // 0 (dropped), element e from (seed, stream, e) with probability p of 0; dropout_apply writes
+  // out (n) D = (accumulate ? out : 0) + x (n) D · mask · scale.
+  virtual void dropout_mask(std::uint8_t* mask, std::int64_t n, float p, std::uint64_t seed,
+                            std::uint64_t stream) = 0;
+  virtual void dropout_apply(void* out, const void* x, const std::uint8_t* mask, std::int64_t n,
+                             float scale, bool accumulate) = 0;
   // The overflow check of loss-scaled gradients, in two halves so that a step waits once:
   // check_finite queues a test of x (n) D for +-inf and NaN; take_nonfinite returns whether
   // any buffer checked since the previous take held one, and clears that (it waits for the

@@ -117,6 +117,11 @@ struct TrainConfig {
   float lora_alpha = 8.0f;  // peft's LoraConfig default
   constexpr bool lora() const { return lora_rank > 0; }
   float lora_scaling() const { return lora_rank > 0 ? lora_alpha / float(lora_rank) : 0.0f; }
+  // LoRA dropout p (peft's lora_dropout, 0 <= p < 1): each adapter's input is dropped with
+  // probability p and scaled by 1/(1 − p) before A (docs/native-plan.md, "LoRA dropout"). The
+  // mask bits are drawn from (the run's seed, the step, the layer, the target, the element).
+  double lora_dropout = 0.0;
+  constexpr bool lora_dropped() const { return lora_rank > 0 && lora_dropout > 0.0; }
   // QLoRA in trainmem's own step (docs/native-plan.md, "QLoRA"): under LoRA, the seven
   // projections of every layer stored 4-bit as bitsandbytes stores them (packed pairs, an absmax
   // per `quant_blocksize` elements, under double quantization that absmax in 8 bits with an fp32

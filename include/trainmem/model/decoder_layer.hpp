@@ -151,8 +151,19 @@ struct LayerRank {
   std::int64_t cp = 1;
   std::int64_t cp_rank = 0;
   std::int64_t seq = 0;  // the whole sequence (cp > 1)
+  // LoRA dropout (TrainConfig::lora_dropped): the key of this step's masks. The mask of target t
+  // in global layer g is drawn from (dropout_seed, dropout_stream(dropout_step, g, t)), so the
+  // recompute draws the same bits.
+  std::uint64_t dropout_seed = 0;
+  std::uint64_t dropout_step = 0;
   SeqPositions positions(std::int64_t rank) const { return SeqPositions::of_rank(seq, cp, rank); }
 };
+
+// The generator stream of LoRA dropout's mask of target t (0..6, q k v o gate up down) in global
+// layer g at step `step`; the top bit keeps it apart from the parameters' streams (their index).
+constexpr std::uint64_t dropout_stream(std::uint64_t step, std::uint64_t g, std::uint64_t t) {
+  return (1ull << 63) | (step << 24) | (g << 3) | t;
+}
 
 // Forward of local layer l (global index g: the ledger's layer, the sliding window) from its
 // input x (b, sr, h). `pass` recompute (a checkpointed layer, in backward) allocates the

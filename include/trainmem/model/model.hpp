@@ -131,6 +131,13 @@ class LlamaModel : private LayerHost {
   // `capture`, when set, receives every parameter gradient of this step.
   float train_step(const GradientCapture& capture = nullptr);
   int steps_done() const { return step_; }
+  // LoRA dropout: the key of the next step's masks (seed, step); each step then advances the
+  // step. A run sets it from --seed; a test holds the masks of one step fixed by setting it
+  // again before each step.
+  void set_dropout_key(std::uint64_t seed, std::uint64_t step) {
+    dropout_seed_ = seed;
+    dropout_step_ = step;
+  }
 
   // loss_scale(dtype, b·(s−1)): the factor every stored gradient of this run carries.
   float loss_scale() const { return loss_scale_; }
@@ -234,6 +241,7 @@ class LlamaModel : private LayerHost {
   bool weights_set_ = false, tokens_set_ = false;
   std::vector<std::string> non_finite_weights_;
   int step_ = 0;
+  std::uint64_t dropout_seed_ = 0, dropout_step_ = 0;
   float loss_ = 0.0f;
   float loss_scale_ = 1.0f;
   bool grads_nonfinite_ = false;

@@ -38,25 +38,32 @@ enum class LayerAct : std::uint8_t {
   q,
   k,
   v,
+  mask_q,
   lora_q,
+  mask_k,
   lora_k,
+  mask_v,
   lora_v,
   probs,
   lse,
   attn_out,
+  mask_o,
   lora_o,
   h_mid,
   rstd2,
   xn2,
   gate,
   up,
+  mask_gate,
   lora_gate,
+  mask_up,
   lora_up,
   act,
+  mask_down,
   lora_down,
   out,
 };
-constexpr int kNumLayerActs = 26;
+constexpr int kNumLayerActs = 33;
 
 // One extent of an activation's shape: a single dimension, or the products a·d and k·d. `sr`
 // is the sequence rows a rank holds of the rows outside the tensor-parallel region (the norms
@@ -69,14 +76,15 @@ struct ActShape {
   std::array<Extent, 4> extents;  // the first `rank`
 };
 
-// The dtype of a row: the training dtype D, or fp32 whatever D is.
-enum class ActDType : std::uint8_t { D, f32 };
+// The dtype of a row: the training dtype D, fp32 whatever D is, or one byte (a dropout mask).
+enum class ActDType : std::uint8_t { D, f32, u8 };
 // Which attention variant allocates a row.
 enum class ForAttention : std::uint8_t { both, eager, flash };
 // Which models allocate a row: all of them, only those with per-head q/k RMSNorm
 // (ModelConfig::qk_norm, Qwen3), or only a LoRA step whose targets include that projection
-// (TrainConfig::lora_targets: the adapter's x·Aᵀ, read by dB). A row a configuration does not
-// allocate is absent from every pass and from the backward's frees, as a row of the other
+// (TrainConfig::lora_targets: the adapter's x·Aᵀ, read by dB), or only a LoRA step with dropout
+// on that projection (TrainConfig::lora_dropped: the adapter's mask). A row a configuration does
+// not allocate is absent from every pass and from the backward's frees, as a row of the other
 // attention variant is.
 enum class ForModel : std::uint8_t {
   all,
@@ -87,12 +95,24 @@ enum class ForModel : std::uint8_t {
   lora_o,
   lora_gate,
   lora_up,
-  lora_down
+  lora_down,
+  drop_q,
+  drop_k,
+  drop_v,
+  drop_o,
+  drop_gate,
+  drop_up,
+  drop_down
 };
-// The LoraTarget bit (lora.hpp) of a lora_* value; 0 for all and qk_norm.
+// Whether a row is a dropout mask (drop_*).
+constexpr bool dropout_row(ForModel m) {
+  return m >= ForModel::drop_q;
+}
+// The LoraTarget bit (lora.hpp) of a lora_* or drop_* value; 0 for all and qk_norm.
 constexpr unsigned lora_target_of(ForModel m) {
-  return m >= ForModel::lora_q ? 1u << (static_cast<int>(m) - static_cast<int>(ForModel::lora_q))
-                               : 0u;
+  return dropout_row(m)          ? 1u << (static_cast<int>(m) - static_cast<int>(ForModel::drop_q))
+         : m >= ForModel::lora_q ? 1u << (static_cast<int>(m) - static_cast<int>(ForModel::lora_q))
+                                 : 0u;
 }
 // Under checkpointing full: `recomputed` rows are freed right after the layer's `out` is
 // computed (in reverse allocation order) and allocated again by the recompute in backward;
@@ -122,6 +142,7 @@ struct LayerActSpec {
 namespace act_shapes {
 constexpr ActShape bs{2, {Extent::b, Extent::sr}};
 constexpr ActShape bsh{3, {Extent::b, Extent::sr, Extent::h}};
+constexpr ActShape bsh_all{3, {Extent::b, Extent::s, Extent::h}};  // every sequence row
 constexpr ActShape bsi{3, {Extent::b, Extent::s, Extent::i}};
 constexpr ActShape bsad{3, {Extent::b, Extent::s, Extent::ad}};
 constexpr ActShape bskd{3, {Extent::b, Extent::s, Extent::kd}};
@@ -144,21 +165,28 @@ inline constexpr LayerActSpec kLayerActs[kNumLayerActs] = {
     {LayerAct::q,        "q",        act_shapes::bsad, ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 8, "xn1·W_qᵀ (+ bias; q_norm of q_pre), RoPE in place"},
     {LayerAct::k,        "k",        act_shapes::bskd, ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 8, "xn1·W_kᵀ (+ bias; k_norm of k_pre), RoPE in place"},
     {LayerAct::v,        "v",        act_shapes::bskd, ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 8, "xn1·W_vᵀ (+ bias)"},
+    {LayerAct::mask_q, "lora_mask.q_proj", act_shapes::bsh_all, ActDType::u8, Category::activations, ForAttention::both, ForModel::drop_q, UnderCheckpointing::recomputed, 8, "the dropout mask of q_proj's adapter input (xn1): its backward drops the same elements"},
     {LayerAct::lora_q, "lora_a.q_proj", act_shapes::bsr, ActDType::D, Category::activations, ForAttention::both, ForModel::lora_q, UnderCheckpointing::recomputed, 8, "xn1·A_qᵀ (LoRA on q_proj): dB_q reads it"},
+    {LayerAct::mask_k, "lora_mask.k_proj", act_shapes::bsh_all, ActDType::u8, Category::activations, ForAttention::both, ForModel::drop_k, UnderCheckpointing::recomputed, 8, "the dropout mask of k_proj's adapter input (xn1): its backward drops the same elements"},
     {LayerAct::lora_k, "lora_a.k_proj", act_shapes::bsr, ActDType::D, Category::activations, ForAttention::both, ForModel::lora_k, UnderCheckpointing::recomputed, 8, "xn1·A_kᵀ (LoRA on k_proj): dB_k reads it"},
+    {LayerAct::mask_v, "lora_mask.v_proj", act_shapes::bsh_all, ActDType::u8, Category::activations, ForAttention::both, ForModel::drop_v, UnderCheckpointing::recomputed, 8, "the dropout mask of v_proj's adapter input (xn1): its backward drops the same elements"},
     {LayerAct::lora_v, "lora_a.v_proj", act_shapes::bsr, ActDType::D, Category::activations, ForAttention::both, ForModel::lora_v, UnderCheckpointing::recomputed, 8, "xn1·A_vᵀ (LoRA on v_proj): dB_v reads it"},
     {LayerAct::probs,    "probs",    act_shapes::bass, ActDType::D,   Category::activations, ForAttention::eager, ForModel::all,     UnderCheckpointing::recomputed, 6, "causal softmax of the scores"},
     {LayerAct::lse,      "lse",      act_shapes::bas,  ActDType::f32, Category::activations, ForAttention::flash, ForModel::all,     UnderCheckpointing::recomputed, 6, "log-sum-exp of each score row"},
     {LayerAct::attn_out, "attn_out", act_shapes::bsad, ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 6, "attention output, heads side by side"},
+    {LayerAct::mask_o, "lora_mask.o_proj", act_shapes::bsad, ActDType::u8, Category::activations, ForAttention::both, ForModel::drop_o, UnderCheckpointing::recomputed, 5, "the dropout mask of o_proj's adapter input (attn_out): its backward drops the same elements"},
     {LayerAct::lora_o, "lora_a.o_proj", act_shapes::bsr, ActDType::D, Category::activations, ForAttention::both, ForModel::lora_o, UnderCheckpointing::recomputed, 5, "attn_out·A_oᵀ (LoRA on o_proj): dB_o reads it"},
     {LayerAct::h_mid,    "h_mid",    act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 4, "x_l + attn_out·W_oᵀ"},
     {LayerAct::rstd2,    "rstd2",    act_shapes::bs,   ActDType::f32, Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 4, "1/rms of each row of h_mid (post-attention RMSNorm)"},
     {LayerAct::xn2,      "xn2",      act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 3, "rmsnorm(h_mid)"},
     {LayerAct::gate,     "gate",     act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 2, "xn2·W_gateᵀ"},
     {LayerAct::up,       "up",       act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 2, "xn2·W_upᵀ"},
+    {LayerAct::mask_gate, "lora_mask.gate_proj", act_shapes::bsh_all, ActDType::u8, Category::activations, ForAttention::both, ForModel::drop_gate, UnderCheckpointing::recomputed, 3, "the dropout mask of gate_proj's adapter input (xn2): its backward drops the same elements"},
     {LayerAct::lora_gate, "lora_a.gate_proj", act_shapes::bsr, ActDType::D, Category::activations, ForAttention::both, ForModel::lora_gate, UnderCheckpointing::recomputed, 3, "xn2·A_gateᵀ (LoRA on gate_proj): dB_gate reads it"},
+    {LayerAct::mask_up, "lora_mask.up_proj", act_shapes::bsh_all, ActDType::u8, Category::activations, ForAttention::both, ForModel::drop_up, UnderCheckpointing::recomputed, 3, "the dropout mask of up_proj's adapter input (xn2): its backward drops the same elements"},
     {LayerAct::lora_up, "lora_a.up_proj", act_shapes::bsr, ActDType::D, Category::activations, ForAttention::both, ForModel::lora_up, UnderCheckpointing::recomputed, 3, "xn2·A_upᵀ (LoRA on up_proj): dB_up reads it"},
     {LayerAct::act,      "act",      act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 1, "silu(gate)·up"},
+    {LayerAct::mask_down, "lora_mask.down_proj", act_shapes::bsi, ActDType::u8, Category::activations, ForAttention::both, ForModel::drop_down, UnderCheckpointing::recomputed, 1, "the dropout mask of down_proj's adapter input (act): its backward drops the same elements"},
     {LayerAct::lora_down, "lora_a.down_proj", act_shapes::bsr, ActDType::D, Category::activations, ForAttention::both, ForModel::lora_down, UnderCheckpointing::recomputed, 1, "act·A_downᵀ (LoRA on down_proj): dB_down reads it"},
     {LayerAct::out,      "out",      act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::kept,       0, "h_mid + act·W_downᵀ = x_{l+1}"},
 };
@@ -168,11 +196,14 @@ inline constexpr LayerActSpec kLayerActs[kNumLayerActs] = {
 // docs/native-plan.md lists them (after the step's own workspace buffers). `out` is not in it
 // (its consumer frees it).
 inline constexpr LayerAct kBackwardFreeOrder[] = {
-    LayerAct::act,       LayerAct::lora_down, LayerAct::gate,   LayerAct::up,    LayerAct::xn2,
-    LayerAct::lora_gate, LayerAct::lora_up,   LayerAct::h_mid,  LayerAct::rstd2, LayerAct::lora_o,
-    LayerAct::attn_out,  LayerAct::probs,     LayerAct::lse,    LayerAct::q_pre, LayerAct::q_rstd,
-    LayerAct::k_pre,     LayerAct::k_rstd,    LayerAct::q,      LayerAct::k,     LayerAct::v,
-    LayerAct::lora_q,    LayerAct::lora_k,    LayerAct::lora_v, LayerAct::xn1,   LayerAct::rstd1,
+    LayerAct::act,     LayerAct::lora_down, LayerAct::mask_down, LayerAct::gate,
+    LayerAct::up,      LayerAct::xn2,       LayerAct::lora_gate, LayerAct::mask_gate,
+    LayerAct::lora_up, LayerAct::mask_up,   LayerAct::h_mid,     LayerAct::rstd2,
+    LayerAct::lora_o,  LayerAct::mask_o,    LayerAct::attn_out,  LayerAct::probs,
+    LayerAct::lse,     LayerAct::q_pre,     LayerAct::q_rstd,    LayerAct::k_pre,
+    LayerAct::k_rstd,  LayerAct::q,         LayerAct::k,         LayerAct::v,
+    LayerAct::lora_q,  LayerAct::mask_q,    LayerAct::lora_k,    LayerAct::mask_k,
+    LayerAct::lora_v,  LayerAct::mask_v,    LayerAct::xn1,       LayerAct::rstd1,
 };
 
 constexpr const LayerActSpec& layer_act(LayerAct x) {
@@ -223,6 +254,7 @@ constexpr bool allocated_in(const LayerActSpec& row, const ModelConfig& model,
   if (lora_target_of(row.model) != 0 &&
       (!train.lora() || (train.lora_targets & lora_target_of(row.model)) == 0))
     return false;
+  if (dropout_row(row.model) && !train.lora_dropped()) return false;
   if (row.attention == ForAttention::eager && attention != Attention::eager) return false;
   if (row.attention == ForAttention::flash && attention != Attention::flash) return false;
   return pass == ActPass::forward || row.checkpointing == UnderCheckpointing::recomputed;

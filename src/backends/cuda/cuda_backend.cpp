@@ -14,6 +14,7 @@
 #include "bias/bias.hpp"
 #include "common/cublas_check.hpp"
 #include "cross_entropy/cross_entropy.hpp"
+#include "dropout/dropout.hpp"
 #include "embedding/embedding.hpp"
 #include "init/init.hpp"
 #include "matmul/matmul.hpp"
@@ -286,6 +287,14 @@ float CudaBackend::double_quant_offset(const float* absmax, std::int64_t nb) {
   std::vector<float> host(static_cast<std::size_t>(nb));
   download(host.data(), absmax, host.size() * sizeof(float));  // waits for the stream
   return trainmem::double_quant_offset(host.data(), nb);
+}
+void CudaBackend::dropout_mask(std::uint8_t* mask, std::int64_t n, float p, std::uint64_t seed,
+                               std::uint64_t stream) {
+  dropout_mask_cuda(mask, n, p, seed, stream, stream_);
+}
+void CudaBackend::dropout_apply(void* out, const void* x, const std::uint8_t* mask, std::int64_t n,
+                                float scale, bool accumulate) {
+  dropout_apply_cuda(out, x, mask, n, scale, accumulate, dtype(), stream_);
 }
 void CudaBackend::check_finite(const void* x, std::int64_t n) {
   flag_nonfinite_cuda(nonfinite_device_, x, n, dtype(), stream_);

@@ -124,6 +124,10 @@ class CudaBackend final : public Backend {
                              const float* code, std::int64_t n, std::int64_t blocksize,
                              float add) override;
   float double_quant_offset(const float* absmax, std::int64_t nb) override;
+  void dropout_mask(std::uint8_t* mask, std::int64_t n, float p, std::uint64_t seed,
+                    std::uint64_t stream) override;
+  void dropout_apply(void* out, const void* x, const std::uint8_t* mask, std::int64_t n,
+                     float scale, bool accumulate) override;
   void check_finite(const void* x, std::int64_t n) override;
   bool take_nonfinite() override;
 
