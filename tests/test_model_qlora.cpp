@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -296,11 +297,14 @@ TEST(QloraStep, LoadsAndQuantizesACheckpoint) {
 // 5.25 + peft 0.21.2, and bitsandbytes 0.50.2's nf4 base with double quantization, fp32 on the
 // CPU): the same tiny model, adapters and tokens give the same loss and adapter gradients, to
 // fp32 rounding (the GEMMs sum in another order; bitsandbytes' offset may differ in its last bit,
-// docs/decisions.md).
+// docs/decisions.md). With LoRA dropout (p 0.3) peft ran with trainmem's masks in place of its
+// nn.Dropout, so this checks where and how the native step drops: the adapter's input, scaled by
+// 1/(1 − p), before A, and the gradients through the mask.
 TEST(PeftGolden, LoraAndQloraStepsMatchTheRealPeft) {
   const std::string dir = std::string(TRAINMEM_TEST_DATA_DIR) + "/";
   const ModelConfig m = load_hf_config(dir + "golden_tiny_gqa_config.json");
-  for (const std::string c : {"lora", "qlora"}) {
+  std::map<std::string, float> losses;
+  for (const std::string c : {"lora", "qlora", "lora-dropout"}) {
     SCOPED_TRACE(c);
     const SafeTensorsReader g(dir + "peft_golden_" + c + ".safetensors");
     const std::int64_t b = std::stoll(g.metadata().at("batch")),
@@ -309,7 +313,11 @@ TEST(PeftGolden, LoraAndQloraStepsMatchTheRealPeft) {
     TrainConfig t = qlora_train(b, s, r, kLoraAllLinear, c == "qlora" ? Quant::nf4 : Quant::none,
                                 true, 64, Optimizer::sgd, DType::f32);
     t.lora_alpha = std::stof(g.metadata().at("alpha"));
+    // lora-dropout: peft's step run with trainmem's masks of (dropout_seed, step 0).
+    if (c == "lora-dropout") t.lora_dropout = std::stod(g.metadata().at("dropout"));
     ModelRun run(BackendKind::cpu, m, t);
+    if (c == "lora-dropout")
+      run.model->set_dropout_key(std::stoull(g.metadata().at("dropout_seed")), 0);
     run.model->load_weights(dir + "golden_tiny_gqa_weights.safetensors");
     int adapters = 0;
     for (const Parameter& p : run.model->parameters())
@@ -324,6 +332,7 @@ TEST(PeftGolden, LoraAndQloraStepsMatchTheRealPeft) {
     const float loss = run.model->train_step(test::capture_into(got));
     const float want = g.read_f32("loss").at(0);
     EXPECT_NEAR(loss, want, 1e-5 * want);
+    losses[c] = want;
     ASSERT_EQ(got.size(), 28u);
     for (const auto& [name, grad] : got) {
       const std::vector<float> ref = g.read_f32("grad." + name);
@@ -334,6 +343,8 @@ TEST(PeftGolden, LoraAndQloraStepsMatchTheRealPeft) {
       EXPECT_GT(scale, 0.0) << name << " has no gradient";
     }
   }
+  // The masks change what peft computed (p 0.3 of every adapter input dropped).
+  EXPECT_GT(std::abs(losses["lora-dropout"] - losses["lora"]), 1e-4f * losses["lora"]);
 }
 
 }  // namespace
