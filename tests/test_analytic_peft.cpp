@@ -62,6 +62,11 @@ struct Case {
   double dropout;
   bool checkpointing;
   BnbOptimizer optimizer = BnbOptimizer::none;  // none: torch's AdamW
+  bool model_dtype =
+      false;  // get_peft_model(..., autocast_adapter_dtype=False): --lora-dtype model
+  PeftEra era = PeftEra::v0_19;  // the peft release measured (--peft-version)
+  const char* dir = "";          // the era's folder under tests/data/hf_peft
+  std::string file() const { return std::string(dir) + name; }
 };
 const Case kCases[] = {
     {"lora-bf16", Finetune::lora, false, 0.0, false},
@@ -74,6 +79,27 @@ const Case kCases[] = {
     {"qlora-nf4-dq-r20-paged-adamw8bit", Finetune::qlora, true, 0.0, false,
      BnbOptimizer::paged_adamw8bit},
     {"lora-bf16-r20-paged-adamw", Finetune::lora, false, 0.0, false, BnbOptimizer::paged_adamw},
+    {"lora-bf16-model", Finetune::lora, false, 0.0, false, BnbOptimizer::none, true},
+    {"qlora-nf4-dq-model", Finetune::qlora, true, 0.0, false, BnbOptimizer::none, true},
+    // Older peft (`--peft-version`, docs/formulas.md, "peft eras"): 0.10.0, adapters in the base
+    // weight's dtype (bf16 here; fp32 on the 4-bit base), no autocast option; 0.18.1, fp32
+    // adapters, and a 4-bit base's stay fp32 under autocast_adapter_dtype=False.
+    {"lora-bf16", Finetune::lora, false, 0.0, false, BnbOptimizer::none, false, PeftEra::v0_10,
+     "peft-0.10.0/"},
+    {"lora-bf16-dropout", Finetune::lora, false, 0.1, false, BnbOptimizer::none, false,
+     PeftEra::v0_10, "peft-0.10.0/"},
+    {"qlora-nf4-dq", Finetune::qlora, true, 0.0, false, BnbOptimizer::none, false, PeftEra::v0_10,
+     "peft-0.10.0/"},
+    {"lora-bf16-r20-paged-adamw", Finetune::lora, false, 0.0, false, BnbOptimizer::paged_adamw,
+     false, PeftEra::v0_10, "peft-0.10.0/"},
+    {"lora-bf16", Finetune::lora, false, 0.0, false, BnbOptimizer::none, false, PeftEra::v0_11,
+     "peft-0.18.1/"},
+    {"lora-bf16-model", Finetune::lora, false, 0.0, false, BnbOptimizer::none, true, PeftEra::v0_11,
+     "peft-0.18.1/"},
+    {"qlora-nf4-dq", Finetune::qlora, true, 0.0, false, BnbOptimizer::none, false, PeftEra::v0_11,
+     "peft-0.18.1/"},
+    {"qlora-nf4-dq-model", Finetune::qlora, true, 0.0, false, BnbOptimizer::none, true,
+     PeftEra::v0_11, "peft-0.18.1/"},
 };
 
 struct Recipe {
@@ -114,17 +140,19 @@ Recipe setup_of(const json& g, const Case& c) {
   p.kbit_prepare = c.prepare;
   p.cpu_dropout_mask = true;  // the goldens ran on the CPU
   p.optimizer = c.optimizer;
+  p.adapters_fp32 = !c.model_dtype;
+  p.peft_era = c.era;
   EXPECT_EQ(g.at("gradient_checkpointing").get<bool>(), c.checkpointing) << c.name;
   return s;
 }
 
 TEST(HfPeftGolden, TheRunsWereTheReleasedLibrariesOnTheCpu) {
   for (const Case& c : kCases) {
-    const json g = load_case(c.name);
+    const json g = load_case(c.file());
     EXPECT_EQ(g.at("case"), c.name);
     EXPECT_EQ(g.at("device"), "cpu");
     EXPECT_EQ(g.at("versions").at("transformers"), "5.25.0");
-    EXPECT_EQ(g.at("versions").at("peft"), "0.21.2");
+    EXPECT_EQ(g.at("versions").at("peft"), peft_era_measured(c.era));
     EXPECT_EQ(g.at("versions").at("bitsandbytes"), "0.50.2");
     EXPECT_TRUE(g.at("frozen_params_with_grad").empty()) << c.name;
   }
@@ -132,8 +160,8 @@ TEST(HfPeftGolden, TheRunsWereTheReleasedLibrariesOnTheCpu) {
 
 TEST(HfPeftGolden, ModelStatesAreEveryStoredByte) {
   for (const Case& c : kCases) {
-    SCOPED_TRACE(c.name);
-    const json g = load_case(c.name);
+    SCOPED_TRACE(c.file());
+    const json g = load_case(c.file());
     const Recipe s = setup_of(g, c);
     const Estimate e = estimate(Profile::hf_peft, s.model, s.train, s.hf);
     EXPECT_EQ(e.figures.params, g.at("params_bytes").get<u64>());
@@ -165,8 +193,8 @@ TEST(HfPeftGolden, ModelStatesAreEveryStoredByte) {
 
 TEST(HfPeftGolden, EveryGroupMatchesTheSavedTensors) {
   for (const Case& c : kCases) {
-    SCOPED_TRACE(c.name);
-    const json g = load_case(c.name);
+    SCOPED_TRACE(c.file());
+    const json g = load_case(c.file());
     const Recipe s = setup_of(g, c);
     const Estimate e = estimate(Profile::hf_peft, s.model, s.train, s.hf);
     const auto& a = e.activations;
@@ -231,8 +259,8 @@ TEST(HfPeftGolden, FourBitWeightBytesPerMatrix) {
 TEST(HfPeftGolden, BitsandbytesOptimizerStatesPerTensor) {
   for (const Case& c : kCases) {
     if (c.optimizer == BnbOptimizer::none) continue;
-    SCOPED_TRACE(c.name);
-    const json g = load_case(c.name);
+    SCOPED_TRACE(c.file());
+    const json g = load_case(c.file());
     const bool bits8 = c.optimizer != BnbOptimizer::paged_adamw;
     const bool paged = c.optimizer != BnbOptimizer::adamw8bit;
     if (paged)
@@ -272,7 +300,7 @@ TEST(HfPeftGolden, Bitsandbytes043KeepsOneAbsmaxPer2048Elements) {
   }
   const Case& c = kCases[6];
   ASSERT_EQ(std::string(c.name), "qlora-nf4-dq-r20-adamw8bit");
-  const json g = load_case(c.name);
+  const json g = load_case(c.file());
   Recipe s = setup_of(g, c);
   EXPECT_EQ(old.at("config").at("lora_r"), g.at("config").at("lora_r"));
   s.hf.peft.bnb_era = parse_bnb_version("0.43.3");
@@ -283,6 +311,57 @@ TEST(HfPeftGolden, Bitsandbytes043KeepsOneAbsmaxPer2048Elements) {
   const Estimate now = estimate(Profile::hf_peft, s.model, s.train, s.hf);
   EXPECT_EQ(now.figures.optimizer_states, g.at("optimizer").at("bytes").get<u64>());
   EXPECT_EQ(now.figures.optimizer_states - e.figures.optimizer_states, 6u * 8u * (24u - 3u));
+}
+
+TEST(HfPeftInputs, PeftVersions) {
+  EXPECT_EQ(parse_peft_version("0.10.0"), PeftEra::v0_10);
+  EXPECT_EQ(parse_peft_version("0.11"), PeftEra::v0_11);
+  EXPECT_EQ(parse_peft_version("0.18.1"), PeftEra::v0_11);
+  EXPECT_EQ(parse_peft_version("0.19.0"), PeftEra::v0_19);
+  EXPECT_EQ(parse_peft_version("0.21.2"), PeftEra::v0_19);
+  for (const char* bad : {"0.9.0", "0.22.0", "1.0", "", "0.1x", "0.18.", "018"}) {
+    try {
+      (void)parse_peft_version(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const InputError& err) {
+      EXPECT_NE(std::string(err.what()).find("--peft-version"), std::string::npos) << err.what();
+    }
+  }
+}
+
+// What the eras change, on Llama-3-8B, r 16, all seven (T = 41,943,040 adapter elements): under
+// peft 0.10 a bf16 base's adapters are bf16 (2·T bytes fewer params and gradients than 0.21's
+// fp32 ones; torch's AdamW states follow them: 4·T fewer); a 4-bit base's are fp32 in every era
+// but 0.19+ under --lora-dtype model.
+TEST(HfPeftInputs, PeftErasChangeTheAdaptersDtype) {
+  const ModelConfig m = *find_preset("llama3-8b");
+  TrainConfig t;
+  t.batch = 1;
+  t.seq = 512;
+  t.dtype = DType::bf16;
+  HfOptions hf;
+  hf.peft.finetune = Finetune::lora;
+  hf.peft.rank = 16;
+  hf.peft.targets = 0x7f;
+  const u64 T = 41943040;
+  auto with = [&](Finetune f, PeftEra era, bool fp32) {
+    HfOptions o = hf;
+    o.peft.finetune = f;
+    o.peft.quant = f == Finetune::qlora ? Quant::nf4 : Quant::none;
+    o.peft.peft_era = era;
+    o.peft.adapters_fp32 = fp32;
+    return estimate(Profile::hf_peft, m, t, o);
+  };
+  const Estimate now = with(Finetune::lora, PeftEra::v0_19, true);
+  const Estimate old = with(Finetune::lora, PeftEra::v0_10, true);
+  EXPECT_EQ(now.figures.params - old.figures.params, 2 * T);
+  EXPECT_EQ(now.figures.gradients - old.figures.gradients, 2 * T);
+  EXPECT_EQ(now.figures.optimizer_states - old.figures.optimizer_states, 4 * T);
+  EXPECT_EQ(old.figures.params, with(Finetune::lora, PeftEra::v0_11, false).figures.params);
+  const u64 q = with(Finetune::qlora, PeftEra::v0_19, true).figures.params;
+  for (PeftEra era : {PeftEra::v0_10, PeftEra::v0_11})
+    EXPECT_EQ(with(Finetune::qlora, era, false).figures.params, q) << peft_era_name(era);
+  EXPECT_EQ(q - with(Finetune::qlora, PeftEra::v0_19, false).figures.params, 2 * T);
 }
 
 TEST(HfPeftInputs, BnbVersions) {

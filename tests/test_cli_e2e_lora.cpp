@@ -296,6 +296,13 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
           {"estimate --model tiny --finetune lora --lora-dropout 1.5", "--lora-dropout"},
           {"estimate --model tiny --finetune lora --lora-dropout x", "--lora-dropout"},
           {"estimate --model tiny --finetune lora --lora-dtype fp8", "--lora-dtype"},
+          {"estimate --model tiny --finetune lora --peft-version 0.10.0 --lora-dtype fp32",
+           "--lora-dtype fp32 with --peft-version 0.10.0: peft before 0.11"},
+          {"estimate --model tiny --peft-version 0.21.2",
+           "--peft-version applies to --finetune lora or qlora"},
+          {"estimate --model tiny --finetune lora --peft-version 0.9.0", "--peft-version 0.9.0"},
+          {"sweep --model tiny --backend meta --finetune lora --peft-version 0.10.0",
+           "--peft-version 0.10.0: it keys the hf-peft profile's adapters"},
           {"estimate --model tiny --finetune lora --quant nf4", "--quant nf4 with --finetune lora"},
           {"estimate --model tiny --finetune qlora --quant none", "--quant none"},
           {"estimate --model tiny --finetune qlora --quant int8", "--quant int8"},
@@ -580,6 +587,30 @@ TEST(CliE2ELora, DiffTakesTheNativeLoraAndQloraSteps) {
       "diff native hf-peft --model tiny --seq 64 --finetune lora "
       "--lora-dropout 0.1");
   EXPECT_EQ(r.code, 0) << r.err;
+}
+
+// --peft-version: the hf-peft profile follows the release's adapters (docs/formulas.md, "peft
+// eras"): peft 0.10 keeps a bf16 base's adapters in bf16, so Llama-3-8B r 16 on all seven stores
+// 2·T bytes fewer than 0.21's fp32 adapters; the native step is not peft's and does not change.
+TEST(CliE2ELora, PeftVersionKeysTheAdaptersDtype) {
+  const std::string base =
+      "estimate --model llama3-8b --finetune lora --lora-targets all-linear --batch 1 --seq 512 "
+      "--format json";
+  const Result now = trainmem(base);
+  const Result old = trainmem(base + " --peft-version 0.10.0");
+  ASSERT_EQ(now.code, 0) << now.err;
+  ASSERT_EQ(old.code, 0) << old.err;
+  const json nj = now.j(), oj = old.j();
+  const json& a = nj["analytic"]["hf-peft"];
+  const json& b = oj["analytic"]["hf-peft"];
+  EXPECT_EQ(b["peft"]["peft_era"], "0.10");
+  EXPECT_EQ(b["peft"]["peft_version"], "0.10.0");
+  EXPECT_EQ(b["peft"]["lora_dtype"], "bf16");
+  EXPECT_EQ(a["peft"]["peft_era"], "0.19-0.21");
+  EXPECT_TRUE(a["peft"]["peft_version"].is_null());
+  const u64 T = 41943040;
+  EXPECT_EQ(n(a["params"]) - n(b["params"]), 2 * T);
+  EXPECT_EQ(n(nj["analytic"]["native"]["params"]), n(oj["analytic"]["native"]["params"]));
 }
 
 // LoRA dropout runs in the native step (docs/native-plan.md, "LoRA dropout"): the run reconciles

@@ -51,6 +51,14 @@ Cases (tests/data/hf_peft/<case>.json):
   qlora-nf4-dq-r20-paged-adamw8bit  the same with PagedAdamW8bit (on the CPU bitsandbytes falls
                                     back to ordinary tensors and says so: the warning is kept)
   lora-bf16-r20-paged-adamw         lora-bf16 at rank 20, PagedAdamW (32-bit states)
+  lora-bf16-model       lora-bf16 with get_peft_model(..., autocast_adapter_dtype=False)
+                        (trainmem's --lora-dtype model); skipped by peft before 0.11, which
+                        has no such argument
+  qlora-nf4-dq-model    qlora-nf4-dq the same way
+
+The same script measures older peft releases (`--peft-version`, docs/formulas.md, "peft
+eras"): put that release first on PYTHONPATH and write to tests/data/hf_peft/peft-<version>
+(peft 0.10.0 and 0.18.1 import with transformers 5.25).
 
 Releases (checked): torch 2.15.0 (the +cu132 wheel, run on the CPU), transformers 5.25.0,
 peft 0.21.2, bitsandbytes 0.50.2 (PyPI releases on PYTHONPATH, here /tmp/bnbpy, as for
@@ -79,7 +87,7 @@ R = 8
 CASES = ["lora-bf16", "lora-bf16-dropout", "qlora-nf4-dq", "qlora-nf4-dq-ckpt",
          "qlora-nf4-dq-noprep", "qlora-nf4-dq-dropout",
          "qlora-nf4-dq-r20-adamw8bit", "qlora-nf4-dq-r20-paged-adamw8bit",
-         "lora-bf16-r20-paged-adamw"]
+         "lora-bf16-r20-paged-adamw", "lora-bf16-model", "qlora-nf4-dq-model"]
 # The optimizer cases: rank 20 so that some adapters reach bitsandbytes' min_8bit_size (4,096
 # elements: gate/up lora_B and down lora_A are 304 x 20 = 6,080, not a multiple of its 256-element
 # blocks) and the others (q/k/v/o, 64 x 20 = 1,280) keep 32-bit states.
@@ -156,7 +164,7 @@ def build(case, tmp):
                                bnb_4bit_compute_dtype=torch.bfloat16)
         model = LlamaForCausalLM.from_pretrained(tmp, quantization_config=q, device_map="cpu",
                                                  dtype=torch.bfloat16)
-        if case in ("qlora-nf4-dq", "qlora-nf4-dq-dropout"):
+        if case in ("qlora-nf4-dq", "qlora-nf4-dq-dropout", "qlora-nf4-dq-model"):
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
         elif case == "qlora-nf4-dq-ckpt":
             with warnings.catch_warnings(record=True) as w:
@@ -165,7 +173,15 @@ def build(case, tmp):
             notes += [str(x.message) for x in w]
     cfg = LoraConfig(r=rank, target_modules="all-linear", lora_dropout=dropout,
                      task_type="CAUSAL_LM")
-    model = get_peft_model(model, cfg)
+    if case.endswith("-model"):
+        # autocast_adapter_dtype=False (trainmem's --lora-dtype model); peft before 0.11 has no
+        # such argument (its adapters follow the base weight's dtype).
+        import inspect
+        if "autocast_adapter_dtype" not in inspect.signature(get_peft_model).parameters:
+            return None, ["this peft has no autocast_adapter_dtype"]
+        model = get_peft_model(model, cfg, autocast_adapter_dtype=False)
+    else:
+        model = get_peft_model(model, cfg)
     model.train()
     return model, notes
 
@@ -440,6 +456,8 @@ def run_case(case, tmp):
                 "peft": peft.__version__, "bitsandbytes": bitsandbytes.__version__,
                 "python": sys.version.split()[0]}
     model, notes = build(case, tmp)
+    if model is None:
+        return None
     ptab, pbytes = params_of(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     nb = model.get_nb_trainable_parameters()
@@ -471,6 +489,9 @@ def main():
         save_base(tmp)
         for case in a.case or CASES:
             doc = run_case(case, tmp)
+            if doc is None:
+                print(f"{case}: skipped (this peft has no autocast_adapter_dtype)")
+                continue
             path = os.path.join(a.out, case + ".json")
             with open(path, "w") as f:
                 json.dump(doc, f, indent=1, sort_keys=False)

@@ -75,6 +75,42 @@ std::optional<BnbOptimizer> parse_bnb_optimizer(const std::string& name) {
   return std::nullopt;
 }
 
+const char* peft_era_name(PeftEra e) {
+  switch (e) {
+    case PeftEra::v0_10:
+      return "0.10";
+    case PeftEra::v0_11:
+      return "0.11-0.18";
+    case PeftEra::v0_19:
+      return "0.19-0.21";
+  }
+  return "?";
+}
+const char* peft_era_measured(PeftEra e) {
+  switch (e) {
+    case PeftEra::v0_10:
+      return "0.10.0";
+    case PeftEra::v0_11:
+      return "0.18.1";
+    case PeftEra::v0_19:
+      return "0.21.2";
+  }
+  return "?";
+}
+
+bool PeftOptions::adapters_are_fp32() const {
+  const bool four_bit = finetune == Finetune::qlora && quant != Quant::none;
+  switch (peft_era) {
+    case PeftEra::v0_10:
+      return four_bit;
+    case PeftEra::v0_11:
+      return four_bit || adapters_fp32;
+    case PeftEra::v0_19:
+      break;
+  }
+  return adapters_fp32;
+}
+
 const char* bnb_era_name(BnbEra e) {
   switch (e) {
     case BnbEra::v0_43:
@@ -216,6 +252,19 @@ BnbEra parse_bnb_version(const std::string& version) {
                    ": hf-peft knows bitsandbytes 0.43.x (8-bit optimizer blocks of 2,048, read "
                    "from the 0.43.3 release) and 0.44.0 to 0.50.x (blocks of 256; 0.50.2 "
                    "measured); other releases were not read");
+}
+
+PeftEra parse_peft_version(const std::string& version) {
+  int major = 0, minor = 0;
+  if (major_minor(version, &major, &minor) && major == 0) {
+    if (minor == 10) return PeftEra::v0_10;
+    if (minor >= 11 && minor <= 18) return PeftEra::v0_11;
+    if (minor >= 19 && minor <= 21) return PeftEra::v0_19;
+  }
+  throw InputError("--peft-version " + version +
+                   ": hf-peft knows peft 0.10.x (adapters in the base's dtype; 0.10.0 measured), "
+                   "0.11 to 0.18.x (fp32 adapters, always on a 4-bit base; 0.18.1 measured) and "
+                   "0.19 to 0.21.x (0.21.2 measured); other releases were not read");
 }
 
 TorchEra parse_torch_version(const std::string& version, HfOptions* opts) {

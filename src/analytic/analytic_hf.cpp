@@ -729,8 +729,8 @@ void build_hf_peft(Estimate& est) {
   PeftStep ps;
   ps.wr = dr.w;
   ps.rdt = dr.dt;
-  ps.wa = pf.adapters_fp32 ? 4 : d.w;
-  ps.adt = pf.adapters_fp32 ? "fp32" : d.dt;
+  ps.wa = pf.adapters_are_fp32() ? 4 : d.w;
+  ps.adt = pf.adapters_are_fp32() ? "fp32" : d.dt;
   ps.r = static_cast<std::uint64_t>(pf.rank);
   ps.dropout = pf.dropout > 0;
   ps.mask_w = pf.cpu_dropout_mask ? ps.wa : 1;
@@ -865,8 +865,9 @@ void build_hf_peft(Estimate& est) {
                            (pf.double_quant ? " + double quant" : "") + " base" +
                            (pf.kbit_prepare ? ", prepare_model_for_kbit_training" : "")
                      : ", " + d.dt + " base") +
-              ", SDPA attention, transformers 5.25 / peft 0.21 / bitsandbytes 0.50, loop " +
-              loop_name(hf.loop) + ": autograd's saved tensors + the loop's";
+              ", SDPA attention, transformers 5.25 / peft " + peft_era_measured(pf.peft_era) +
+              " / bitsandbytes 0.50, loop " + loop_name(hf.loop) +
+              ": autograd's saved tensors + the loop's";
 
   auto& acts = est.activations;
   // Under checkpointing every layer's input is made to require a gradient
@@ -980,6 +981,14 @@ void build_hf_peft(Estimate& est) {
     est.notes.push_back(
         "layer 0 keeps less: its input (the frozen embedding's output) needs no gradient, so "
         "its first norm saves nothing");
+  if (pf.peft_era == PeftEra::v0_10)
+    est.notes.push_back(std::string("peft 0.10 (--peft-version): the adapters take the base "
+                                    "weight's dtype (") +
+                        ps.adt + "), with no autocast_adapter_dtype to upcast them");
+  else if (pf.peft_era == PeftEra::v0_11 && quant && !pf.adapters_fp32)
+    est.notes.push_back(
+        "peft 0.11-0.18 (--peft-version): --lora-dtype model (autocast_adapter_dtype=False) "
+        "leaves a 4-bit base's adapters in fp32 (peft issue #2889, fixed in 0.19)");
   if (ps.dropout)
     est.notes.push_back(
         std::string("lora_dropout > 0: each adapter keeps the dropout's mask (") +

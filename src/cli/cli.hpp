@@ -48,12 +48,13 @@ struct CommonFlags {
   std::int64_t lora_rank = 16;
   std::string lora_targets = "q_proj,v_proj";
   std::string lora_dropout = "0";
-  std::string lora_dtype = "fp32";  // fp32|model
+  std::string lora_dtype;           // fp32|model; "" = fp32 (peft's autocast), or the era's
   std::string quant;                // none|nf4|fp4; "" = nf4 for qlora, none otherwise
   std::string double_quant = "on";  // on|off (qlora)
   std::int64_t quant_blocksize = 64;
   std::string kbit_prepare = "on";  // on|off (qlora): prepare_model_for_kbit_training
   std::string bnb_version;          // "" = 0.50.2 (what hf-peft measured)
+  std::string peft_version;         // "" = 0.21.2 (what hf-peft measured)
   std::string format = "table";
   std::string output;  // empty: stdout
   std::string log_level = "info";

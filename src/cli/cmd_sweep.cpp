@@ -100,6 +100,10 @@ int run_sweep(const SweepFlags& flags) {
     throw InputError("--bnb-version " + flags.common.bnb_version +
                      ": it keys the hf-peft profile's 8-bit states, and sweep reports the native "
                      "step only (which uses bitsandbytes 0.44+'s 256-element blocks)");
+  if (!flags.common.peft_version.empty())
+    throw InputError("--peft-version " + flags.common.peft_version +
+                     ": it keys the hf-peft profile's adapters, and sweep reports the native step "
+                     "only");
   const auto batches = parse_list(flags.batches, "--batch", 1, "1,2,4");
   const auto seqs = parse_list(flags.seqs, "--seq", 2, "128,256");
   // The common flags' --batch and --seq are the lists here: validate the rest with the

@@ -240,8 +240,8 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
   cmd.add_option("--lora-dropout", flags.lora_dropout, "lora_dropout p (0 <= p < 1)")
       ->capture_default_str();
   cmd.add_option("--lora-dtype", flags.lora_dtype,
-                 "fp32|model: the adapters' dtype (peft upcasts them to fp32 by default)")
-      ->capture_default_str();
+                 "fp32|model: the adapters' dtype (peft upcasts them to fp32 by default) [fp32; "
+                 "peft 0.10: the base's dtype, no option]");
   cmd.add_option("--quant", flags.quant,
                  "none|nf4|fp4: bitsandbytes' 4-bit storage of the frozen base's linear weights "
                  "(default: nf4 with --finetune qlora, none otherwise)");
@@ -260,6 +260,9 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
   cmd.add_option("--bnb-version", flags.bnb_version,
                  "bitsandbytes release the hf-peft profile follows (0.43.x, 0.44-0.50.x) "
                  "[0.50.2, measured]");
+  cmd.add_option("--peft-version", flags.peft_version,
+                 "peft release the hf-peft profile follows (0.10.x, 0.11-0.18.x, 0.19-0.21.x: the "
+                 "adapters' dtype) [0.21.2, measured]");
   cmd.add_option("--format", flags.format, "table|json|csv|markdown|html")->capture_default_str();
   cmd.add_option("--output", flags.output, "Write the report to FILE instead of stdout");
   add_log_level_flag(cmd, flags.log_level);
@@ -290,7 +293,8 @@ void resolve_peft(const CommonFlags& flags, PeftOptions& p) {
         {"--double-quant", flags.double_quant != defaults.double_quant},
         {"--quant-blocksize", flags.quant_blocksize != defaults.quant_blocksize},
         {"--kbit-prepare", flags.kbit_prepare != defaults.kbit_prepare},
-        {"--bnb-version", !flags.bnb_version.empty()}};
+        {"--bnb-version", !flags.bnb_version.empty()},
+        {"--peft-version", !flags.peft_version.empty()}};
     for (const auto& [flag, set] : given)
       if (set)
         throw InputError(std::string(flag) +
@@ -308,7 +312,7 @@ void resolve_peft(const CommonFlags& flags, PeftOptions& p) {
       throw InputError("--lora-dropout: '" + v + "'; allowed: a number p with 0 <= p < 1");
     p.dropout = x;
   }
-  if (flags.lora_dtype == "fp32")
+  if (flags.lora_dtype.empty() || flags.lora_dtype == "fp32")
     p.adapters_fp32 = true;
   else if (flags.lora_dtype == "model")
     p.adapters_fp32 = false;
@@ -330,6 +334,15 @@ void resolve_peft(const CommonFlags& flags, PeftOptions& p) {
   if (!flags.bnb_version.empty()) {
     p.bnb_era = parse_bnb_version(flags.bnb_version);
     p.bnb_version = flags.bnb_version;
+  }
+  if (!flags.peft_version.empty()) {
+    p.peft_era = parse_peft_version(flags.peft_version);
+    p.peft_version = flags.peft_version;
+    if (p.peft_era == PeftEra::v0_10 && flags.lora_dtype != defaults.lora_dtype)
+      throw InputError("--lora-dtype " + flags.lora_dtype + " with --peft-version " +
+                       flags.peft_version +
+                       ": peft before 0.11 has no autocast_adapter_dtype; its adapters take the "
+                       "base weight's dtype (fp32 on a 4-bit base)");
   }
   p.quant_blocksize = flags.quant_blocksize;
   if (p.quant == Quant::none && (flags.double_quant != defaults.double_quant ||

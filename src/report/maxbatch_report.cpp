@@ -26,9 +26,10 @@ std::string peaks_banner(const MaxbatchRequest& rq, const std::string& how,
   if (rq.hf_peft) {
     const BnbOptimizer o = rq.hf_peft->peft.optimizer;
     const bool paged = o == BnbOptimizer::paged_adamw || o == BnbOptimizer::paged_adamw8bit;
-    return std::string(
-               "peaks: the hf-peft profile's, as transformers 5.25 + peft 0.21 + "
-               "bitsandbytes ") +
+    return std::string("peaks: the hf-peft profile's, as transformers 5.25 + peft ") +
+           (rq.hf_peft->peft.peft_version.empty() ? std::string("0.21")
+                                                  : rq.hf_peft->peft.peft_version) +
+           " + bitsandbytes " +
            (rq.hf_peft->peft.bnb_version.empty() ? std::string("0.50")
                                                  : rq.hf_peft->peft.bnb_version) +
            " keep the step (params + gradients + optimizer states + activations at "
@@ -77,7 +78,9 @@ void add_profile_json(json& j, const MaxbatchRequest& rq) {
                {"quant", quant_name(p.quant)},
                {"optimizer", optimizer_text(rq)},
                {"bnb_version", p.bnb_version.empty() ? json(nullptr) : json(p.bnb_version)},
-               {"bnb_era", bnb_era_name(p.bnb_era)}};
+               {"bnb_era", bnb_era_name(p.bnb_era)},
+               {"peft_version", p.peft_version.empty() ? json(nullptr) : json(p.peft_version)},
+               {"peft_era", peft_era_name(p.peft_era)}};
 }
 
 // A layout of several GPUs: the worst rank with the overheads outside the books.

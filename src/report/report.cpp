@@ -332,19 +332,21 @@ json analytic_profile_json(const Estimate& e) {
              {"lora_rank", p.rank},
              {"lora_targets", lora_targets_name(p.targets)},
              {"lora_dropout", p.dropout},
-             {"lora_dtype", p.adapters_fp32 ? "fp32" : dtype_name(e.train.dtype)},
+             {"lora_dtype", p.adapters_are_fp32() ? "fp32" : dtype_name(e.train.dtype)},
              {"quant", quant_name(p.quant)},
              {"double_quant", p.quant != Quant::none && p.double_quant},
              {"quant_blocksize", p.quant != Quant::none ? json(p.quant_blocksize) : json(nullptr)},
              {"kbit_prepare", p.quant != Quant::none && p.kbit_prepare},
              {"bnb_version", p.bnb_version.empty() ? json(nullptr) : json(p.bnb_version)},
              {"bnb_era", bnb_era_name(p.bnb_era)},
+             {"peft_version", p.peft_version.empty() ? json(nullptr) : json(p.peft_version)},
+             {"peft_era", peft_era_name(p.peft_era)},
              {"optimizer", p.optimizer == BnbOptimizer::none
                                ? std::string(optimizer_name(e.train.optimizer))
                                : std::string(bnb_optimizer_name(p.optimizer))},
-             {"measured_with",
-              "transformers 5.25.0, peft 0.21.2, bitsandbytes 0.50.2, "
-              "torch 2.15.0"}};
+             {"measured_with", std::string("transformers 5.25.0, peft ") +
+                                   peft_era_measured(p.peft_era) +
+                                   ", bitsandbytes 0.50.2, torch 2.15.0"}};
   }
   if (e.profile == Profile::hf_eager || e.profile == Profile::hf_sdpa ||
       e.profile == Profile::hf_peft) {

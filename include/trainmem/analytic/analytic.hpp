@@ -94,6 +94,17 @@ const char* bnb_era_name(BnbEra e);  // "0.43", "0.44-0.50"
 // "--bnb-version X" -> its era; InputError naming --bnb-version and the known releases otherwise.
 BnbEra parse_bnb_version(const std::string& version);
 
+// peft releases as far as they change what hf-peft counts (`--peft-version`; docs/formulas.md,
+// "peft eras"): the adapters' dtype. Before 0.11 they take the base weight's dtype (fp32 on a
+// 4-bit base, whose weight is uint8), with no option; from 0.11 (pull request #1706,
+// autocast_adapter_dtype) fp32 unless autocast_adapter_dtype=False, which a 4-bit base ignored
+// until 0.19 (pull request #2893: then its compute dtype). Measured: 0.10.0, 0.18.1, 0.21.2.
+enum class PeftEra { v0_10, v0_11, v0_19 };
+const char* peft_era_name(PeftEra e);      // "0.10", "0.11-0.18", "0.19-0.21"
+const char* peft_era_measured(PeftEra e);  // "0.10.0", "0.18.1", "0.21.2"
+// "--peft-version X" -> its era; InputError naming --peft-version and the known releases.
+PeftEra parse_peft_version(const std::string& version);
+
 // The fine-tuning recipe of the hf-peft profile (docs/lora-plan.md; docs/formulas.md,
 // "hf-peft"). Defaults are peft's and the QLoRA recipe's.
 struct PeftOptions {
@@ -101,7 +112,7 @@ struct PeftOptions {
   std::int64_t rank = 16;     // LoraConfig.r
   unsigned targets = 0x5;     // LoraTarget bits (lora.hpp); peft's default q_proj, v_proj
   double dropout = 0;         // LoraConfig.lora_dropout, in [0, 1)
-  bool adapters_fp32 = true;  // peft's autocast_adapter_dtype: adapters in fp32
+  bool adapters_fp32 = true;  // peft's autocast_adapter_dtype: adapters in fp32 (see below)
   Quant quant = Quant::none;  // qlora: nf4 unless given
   bool double_quant = true;   // bnb_4bit_use_double_quant
   std::int64_t quant_blocksize = 64;
@@ -115,6 +126,12 @@ struct PeftOptions {
   BnbOptimizer optimizer = BnbOptimizer::none;  // none: TrainConfig::optimizer's torch optimizer
   BnbEra bnb_era = BnbEra::v0_44;               // --bnb-version (default: 0.50.2, measured)
   std::string bnb_version;                      // as given; "" when the default
+  PeftEra peft_era = PeftEra::v0_19;            // --peft-version (default: 0.21.2, measured)
+  std::string peft_version;                     // as given; "" when the default
+  // Whether the adapters are fp32 in this era: adapters_fp32 (autocast_adapter_dtype) from
+  // 0.19, and before it on a 16-bit base; always on a 4-bit base before 0.19; never on a 16-bit
+  // base before 0.11.
+  bool adapters_are_fp32() const;
 };
 
 // The HF profiles' options. Unset era/torch: the profile's default (hf-eager: transformers 4.30
