@@ -67,6 +67,11 @@ struct Case {
   PeftEra era = PeftEra::v0_19;  // the peft release measured (--peft-version)
   const char* dir = "";          // the era's folder under tests/data/hf_peft
   std::string file() const { return std::string(dir) + name; }
+  // The release that ran it: "peft-<release>/", or the default 0.21.2.
+  std::string release() const {
+    const std::string d = dir;
+    return d.empty() ? "0.21.2" : d.substr(5, d.size() - 6);
+  }
 };
 const Case kCases[] = {
     {"lora-bf16", Finetune::lora, false, 0.0, false},
@@ -81,9 +86,9 @@ const Case kCases[] = {
     {"lora-bf16-r20-paged-adamw", Finetune::lora, false, 0.0, false, BnbOptimizer::paged_adamw},
     {"lora-bf16-model", Finetune::lora, false, 0.0, false, BnbOptimizer::none, true},
     {"qlora-nf4-dq-model", Finetune::qlora, true, 0.0, false, BnbOptimizer::none, true},
-    // Older peft (`--peft-version`, docs/formulas.md, "peft eras"): 0.10.0, adapters in the base
-    // weight's dtype (bf16 here; fp32 on the 4-bit base), no autocast option; 0.18.1, fp32
-    // adapters, and a 4-bit base's stay fp32 under autocast_adapter_dtype=False.
+    // Older peft (`--peft-version`, docs/formulas.md, "peft eras"): 0.10.0 and 0.11.1, adapters
+    // in the base weight's dtype (bf16 here; fp32 on the 4-bit base), no autocast option; 0.12.0
+    // and 0.18.1, fp32 adapters, and a 4-bit base's stay fp32 under autocast_adapter_dtype=False.
     {"lora-bf16", Finetune::lora, false, 0.0, false, BnbOptimizer::none, false, PeftEra::v0_10,
      "peft-0.10.0/"},
     {"lora-bf16-dropout", Finetune::lora, false, 0.1, false, BnbOptimizer::none, false,
@@ -92,14 +97,20 @@ const Case kCases[] = {
      "peft-0.10.0/"},
     {"lora-bf16-r20-paged-adamw", Finetune::lora, false, 0.0, false, BnbOptimizer::paged_adamw,
      false, PeftEra::v0_10, "peft-0.10.0/"},
-    {"lora-bf16", Finetune::lora, false, 0.0, false, BnbOptimizer::none, false, PeftEra::v0_11,
+    {"lora-bf16", Finetune::lora, false, 0.0, false, BnbOptimizer::none, false, PeftEra::v0_10,
+     "peft-0.11.1/"},
+    {"lora-bf16", Finetune::lora, false, 0.0, false, BnbOptimizer::none, false, PeftEra::v0_12,
+     "peft-0.12.0/"},
+    {"lora-bf16-model", Finetune::lora, false, 0.0, false, BnbOptimizer::none, true, PeftEra::v0_12,
+     "peft-0.12.0/"},
+    {"lora-bf16", Finetune::lora, false, 0.0, false, BnbOptimizer::none, false, PeftEra::v0_12,
      "peft-0.18.1/"},
-    {"lora-bf16-model", Finetune::lora, false, 0.0, false, BnbOptimizer::none, true, PeftEra::v0_11,
+    {"lora-bf16-model", Finetune::lora, false, 0.0, false, BnbOptimizer::none, true, PeftEra::v0_12,
      "peft-0.18.1/"},
-    {"qlora-nf4-dq", Finetune::qlora, true, 0.0, false, BnbOptimizer::none, false, PeftEra::v0_11,
+    {"qlora-nf4-dq", Finetune::qlora, true, 0.0, false, BnbOptimizer::none, false, PeftEra::v0_12,
      "peft-0.18.1/"},
     {"qlora-nf4-dq-model", Finetune::qlora, true, 0.0, false, BnbOptimizer::none, true,
-     PeftEra::v0_11, "peft-0.18.1/"},
+     PeftEra::v0_12, "peft-0.18.1/"},
 };
 
 struct Recipe {
@@ -152,7 +163,8 @@ TEST(HfPeftGolden, TheRunsWereTheReleasedLibrariesOnTheCpu) {
     EXPECT_EQ(g.at("case"), c.name);
     EXPECT_EQ(g.at("device"), "cpu");
     EXPECT_EQ(g.at("versions").at("transformers"), "5.25.0");
-    EXPECT_EQ(g.at("versions").at("peft"), peft_era_measured(c.era));
+    EXPECT_EQ(g.at("versions").at("peft"), c.release());
+    EXPECT_EQ(parse_peft_version(c.release()), c.era);
     EXPECT_EQ(g.at("versions").at("bitsandbytes"), "0.50.2");
     EXPECT_TRUE(g.at("frozen_params_with_grad").empty()) << c.name;
   }
@@ -315,8 +327,10 @@ TEST(HfPeftGolden, Bitsandbytes043KeepsOneAbsmaxPer2048Elements) {
 
 TEST(HfPeftInputs, PeftVersions) {
   EXPECT_EQ(parse_peft_version("0.10.0"), PeftEra::v0_10);
-  EXPECT_EQ(parse_peft_version("0.11"), PeftEra::v0_11);
-  EXPECT_EQ(parse_peft_version("0.18.1"), PeftEra::v0_11);
+  EXPECT_EQ(parse_peft_version("0.11"), PeftEra::v0_10);
+  EXPECT_EQ(parse_peft_version("0.11.1"), PeftEra::v0_10);
+  EXPECT_EQ(parse_peft_version("0.12.0"), PeftEra::v0_12);
+  EXPECT_EQ(parse_peft_version("0.18.1"), PeftEra::v0_12);
   EXPECT_EQ(parse_peft_version("0.19.0"), PeftEra::v0_19);
   EXPECT_EQ(parse_peft_version("0.21.2"), PeftEra::v0_19);
   for (const char* bad : {"0.9.0", "0.22.0", "1.0", "", "0.1x", "0.18.", "018"}) {
@@ -357,9 +371,9 @@ TEST(HfPeftInputs, PeftErasChangeTheAdaptersDtype) {
   EXPECT_EQ(now.figures.params - old.figures.params, 2 * T);
   EXPECT_EQ(now.figures.gradients - old.figures.gradients, 2 * T);
   EXPECT_EQ(now.figures.optimizer_states - old.figures.optimizer_states, 4 * T);
-  EXPECT_EQ(old.figures.params, with(Finetune::lora, PeftEra::v0_11, false).figures.params);
+  EXPECT_EQ(old.figures.params, with(Finetune::lora, PeftEra::v0_12, false).figures.params);
   const u64 q = with(Finetune::qlora, PeftEra::v0_19, true).figures.params;
-  for (PeftEra era : {PeftEra::v0_10, PeftEra::v0_11})
+  for (PeftEra era : {PeftEra::v0_10, PeftEra::v0_12})
     EXPECT_EQ(with(Finetune::qlora, era, false).figures.params, q) << peft_era_name(era);
   EXPECT_EQ(q - with(Finetune::qlora, PeftEra::v0_19, false).figures.params, 2 * T);
 }

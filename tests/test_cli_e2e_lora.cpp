@@ -297,10 +297,15 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
           {"estimate --model tiny --finetune lora --lora-dropout x", "--lora-dropout"},
           {"estimate --model tiny --finetune lora --lora-dtype fp8", "--lora-dtype"},
           {"estimate --model tiny --finetune lora --peft-version 0.10.0 --lora-dtype fp32",
-           "--lora-dtype fp32 with --peft-version 0.10.0: peft before 0.11"},
+           "--lora-dtype fp32 with --peft-version 0.10.0: peft before 0.12"},
           {"estimate --model tiny --peft-version 0.21.2",
            "--peft-version applies to --finetune lora or qlora"},
           {"estimate --model tiny --finetune lora --peft-version 0.9.0", "--peft-version 0.9.0"},
+          {"estimate --model tiny --finetune lora --profile native --peft-version 0.10.0",
+           "--peft-version 0.10.0: it keys the hf-peft profile, which this run does not compute"},
+          {"estimate --model tiny --finetune lora --optimizer adamw8bit --profile native "
+           "--bnb-version 0.43.3",
+           "--bnb-version 0.43.3: it keys the hf-peft profile, which this run does not compute"},
           {"sweep --model tiny --backend meta --finetune lora --peft-version 0.10.0",
            "--peft-version 0.10.0: it keys the hf-peft profile's adapters"},
           {"estimate --model tiny --finetune lora --quant nf4", "--quant nf4 with --finetune lora"},
@@ -581,12 +586,26 @@ TEST(CliE2ELora, DiffTakesTheNativeLoraAndQloraSteps) {
   ASSERT_EQ(h.code, 0) << h.err;
   EXPECT_EQ(n(h.j()["categories"][0]["b"]), qlora);
   EXPECT_EQ(n(h.j()["categories"][0]["a"]) - qlora, 2185765376u);
-  // With LoRA dropout: the native side keeps a one-byte mask per adapter input, peft a bool
-  // mask and the dropped copy per adapter.
-  const Result r = trainmem(
-      "diff native hf-peft --model tiny --seq 64 --finetune lora "
-      "--lora-dropout 0.1");
-  EXPECT_EQ(r.code, 0) << r.err;
+  // With LoRA dropout the native side keeps a one-byte mask per adapter input (q_proj, v_proj:
+  // (b, s, h) each, in both layers of tiny): L·b·s·2h bytes more activations than without, and
+  // its side line says so.
+  const std::string dropout_diff =
+      "diff native hf-peft --model tiny --batch 2 --seq 64 --finetune lora --format json";
+  const Result r = trainmem(dropout_diff + " --lora-dropout 0.1");
+  const Result r0 = trainmem(dropout_diff);
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(r0.code, 0) << r0.err;
+  auto native_acts = [](const json& j) {
+    for (const json& c : j["categories"])
+      if (c["category"] == "activations") return n(c["a"]);
+    ADD_FAILURE() << "no activations row";
+    return u64{0};
+  };
+  EXPECT_EQ(native_acts(r.j()) - native_acts(r0.j()), 2u * 2u * 64u * 2u * 64u);
+  const Result t = trainmem(
+      "diff native hf-peft --model tiny --batch 2 --seq 64 --finetune lora --lora-dropout 0.1");
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_TRUE(has(t.out, "lora r 16 on q_proj,v_proj, dropout 0.1")) << t.out;
 }
 
 // --peft-version: the hf-peft profile follows the release's adapters (docs/formulas.md, "peft
@@ -603,7 +622,7 @@ TEST(CliE2ELora, PeftVersionKeysTheAdaptersDtype) {
   const json nj = now.j(), oj = old.j();
   const json& a = nj["analytic"]["hf-peft"];
   const json& b = oj["analytic"]["hf-peft"];
-  EXPECT_EQ(b["peft"]["peft_era"], "0.10");
+  EXPECT_EQ(b["peft"]["peft_era"], "0.10-0.11");
   EXPECT_EQ(b["peft"]["peft_version"], "0.10.0");
   EXPECT_EQ(b["peft"]["lora_dtype"], "bf16");
   EXPECT_EQ(a["peft"]["peft_era"], "0.19-0.21");

@@ -44,6 +44,10 @@ TrainConfig dropout_train(std::int64_t b, std::int64_t s, unsigned targets, doub
 TEST(LoraDropoutOps, MaskKeepsElementsByTheirOwnDraw) {
   auto be = make_cpu_backend(DType::f32);
   const std::int64_t n = 1 << 20;
+  // Fixed team sizes (the cpu ops turn dynamic teams on at their first call: do it first), the
+  // process's settings restored after.
+  cpu_threads_setup();
+  const int dynamic = omp_get_dynamic(), threads = omp_get_max_threads();
   for (float p : {0.05f, 0.1f, 0.5f}) {
     SCOPED_TRACE(p);
     std::vector<std::uint8_t> m1(n), m2(n), prefix(1000), other(n), seed2(n);
@@ -71,6 +75,8 @@ TEST(LoraDropoutOps, MaskKeepsElementsByTheirOwnDraw) {
     const double mean = (1.0 - p) * double(n), sd = std::sqrt(double(n) * p * (1.0 - p));
     EXPECT_NEAR(double(kept), mean, 6 * sd);
   }
+  omp_set_dynamic(dynamic);
+  omp_set_num_threads(threads);
 }
 
 // dropout_apply: a kept element is x·(1/(1 − p)) in fp32, rounded once to D (plus the output in

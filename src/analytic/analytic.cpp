@@ -78,9 +78,9 @@ std::optional<BnbOptimizer> parse_bnb_optimizer(const std::string& name) {
 const char* peft_era_name(PeftEra e) {
   switch (e) {
     case PeftEra::v0_10:
-      return "0.10";
-    case PeftEra::v0_11:
-      return "0.11-0.18";
+      return "0.10-0.11";
+    case PeftEra::v0_12:
+      return "0.12-0.18";
     case PeftEra::v0_19:
       return "0.19-0.21";
   }
@@ -90,7 +90,7 @@ const char* peft_era_measured(PeftEra e) {
   switch (e) {
     case PeftEra::v0_10:
       return "0.10.0";
-    case PeftEra::v0_11:
+    case PeftEra::v0_12:
       return "0.18.1";
     case PeftEra::v0_19:
       return "0.21.2";
@@ -103,7 +103,7 @@ bool PeftOptions::adapters_are_fp32() const {
   switch (peft_era) {
     case PeftEra::v0_10:
       return four_bit;
-    case PeftEra::v0_11:
+    case PeftEra::v0_12:
       return four_bit || adapters_fp32;
     case PeftEra::v0_19:
       break;
@@ -257,14 +257,15 @@ BnbEra parse_bnb_version(const std::string& version) {
 PeftEra parse_peft_version(const std::string& version) {
   int major = 0, minor = 0;
   if (major_minor(version, &major, &minor) && major == 0) {
-    if (minor == 10) return PeftEra::v0_10;
-    if (minor >= 11 && minor <= 18) return PeftEra::v0_11;
+    if (minor == 10 || minor == 11) return PeftEra::v0_10;
+    if (minor >= 12 && minor <= 18) return PeftEra::v0_12;
     if (minor >= 19 && minor <= 21) return PeftEra::v0_19;
   }
   throw InputError("--peft-version " + version +
-                   ": hf-peft knows peft 0.10.x (adapters in the base's dtype; 0.10.0 measured), "
-                   "0.11 to 0.18.x (fp32 adapters, always on a 4-bit base; 0.18.1 measured) and "
-                   "0.19 to 0.21.x (0.21.2 measured); other releases were not read");
+                   ": hf-peft knows peft 0.10.x and 0.11.x (adapters in the base's dtype; 0.10.0 "
+                   "and 0.11.1 measured), 0.12 to 0.18.x (fp32 adapters, always on a 4-bit base; "
+                   "0.12.0 and 0.18.1 measured) and 0.19 to 0.21.x (0.21.2 measured); other "
+                   "releases were not read");
 }
 
 TorchEra parse_torch_version(const std::string& version, HfOptions* opts) {

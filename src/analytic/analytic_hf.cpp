@@ -982,12 +982,12 @@ void build_hf_peft(Estimate& est) {
         "layer 0 keeps less: its input (the frozen embedding's output) needs no gradient, so "
         "its first norm saves nothing");
   if (pf.peft_era == PeftEra::v0_10)
-    est.notes.push_back(std::string("peft 0.10 (--peft-version): the adapters take the base "
+    est.notes.push_back(std::string("peft 0.10-0.11 (--peft-version): the adapters take the base "
                                     "weight's dtype (") +
                         ps.adt + "), with no autocast_adapter_dtype to upcast them");
-  else if (pf.peft_era == PeftEra::v0_11 && quant && !pf.adapters_fp32)
+  else if (pf.peft_era == PeftEra::v0_12 && quant && !pf.adapters_fp32)
     est.notes.push_back(
-        "peft 0.11-0.18 (--peft-version): --lora-dtype model (autocast_adapter_dtype=False) "
+        "peft 0.12-0.18 (--peft-version): --lora-dtype model (autocast_adapter_dtype=False) "
         "leaves a 4-bit base's adapters in fp32 (peft issue #2889, fixed in 0.19)");
   if (ps.dropout)
     est.notes.push_back(

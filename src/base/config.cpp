@@ -416,6 +416,9 @@ void TrainConfig::validate() const {
   if (!(lora_dropout >= 0.0 && lora_dropout < 1.0))
     throw InputError("--lora-dropout must be a number p with 0 <= p < 1, got " +
                      std::to_string(lora_dropout));
+  if (float(lora_dropout) >= 1.0f)  // the mask compares in float: p would drop everything
+    throw InputError("--lora-dropout must be below 1 in float, got " +
+                     std::to_string(lora_dropout));
   if (lora_dropout > 0.0 && lora_rank == 0)
     throw InputError(
         "--lora-dropout: dropout applies to LoRA adapters; give --finetune lora|qlora");

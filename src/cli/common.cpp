@@ -241,7 +241,7 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
       ->capture_default_str();
   cmd.add_option("--lora-dtype", flags.lora_dtype,
                  "fp32|model: the adapters' dtype (peft upcasts them to fp32 by default) [fp32; "
-                 "peft 0.10: the base's dtype, no option]");
+                 "peft 0.10-0.11: the base's dtype, no option]");
   cmd.add_option("--quant", flags.quant,
                  "none|nf4|fp4: bitsandbytes' 4-bit storage of the frozen base's linear weights "
                  "(default: nf4 with --finetune qlora, none otherwise)");
@@ -260,9 +260,10 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
   cmd.add_option("--bnb-version", flags.bnb_version,
                  "bitsandbytes release the hf-peft profile follows (0.43.x, 0.44-0.50.x) "
                  "[0.50.2, measured]");
-  cmd.add_option("--peft-version", flags.peft_version,
-                 "peft release the hf-peft profile follows (0.10.x, 0.11-0.18.x, 0.19-0.21.x: the "
-                 "adapters' dtype) [0.21.2, measured]");
+  cmd.add_option(
+      "--peft-version", flags.peft_version,
+      "peft release the hf-peft profile follows (0.10-0.11.x, 0.12-0.18.x, 0.19-0.21.x: the "
+      "adapters' dtype) [0.21.2, measured]");
   cmd.add_option("--format", flags.format, "table|json|csv|markdown|html")->capture_default_str();
   cmd.add_option("--output", flags.output, "Write the report to FILE instead of stdout");
   add_log_level_flag(cmd, flags.log_level);
@@ -341,7 +342,7 @@ void resolve_peft(const CommonFlags& flags, PeftOptions& p) {
     if (p.peft_era == PeftEra::v0_10 && flags.lora_dtype != defaults.lora_dtype)
       throw InputError("--lora-dtype " + flags.lora_dtype + " with --peft-version " +
                        flags.peft_version +
-                       ": peft before 0.11 has no autocast_adapter_dtype; its adapters take the "
+                       ": peft before 0.12 has no autocast_adapter_dtype; its adapters take the "
                        "base weight's dtype (fp32 on a 4-bit base)");
   }
   p.quant_blocksize = flags.quant_blocksize;
@@ -596,6 +597,16 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
                        c.profiles.end());
     }
   }
+  // The releases that key the hf-peft profile alone: an error, not a no-op, without it.
+  if (std::find(c.profiles.begin(), c.profiles.end(), "hf-peft") == c.profiles.end())
+    for (const auto& [flag, value] :
+         {std::pair<const char*, const std::string&>{"--peft-version", flags.peft_version},
+          {"--bnb-version", flags.bnb_version}})
+      if (!value.empty())
+        throw InputError(std::string(flag) + " " + value +
+                         ": it keys the hf-peft profile, which this run does not compute "
+                         "(--profile " +
+                         flags.profile + ")");
   for (const auto& name : c.profiles) {
     if (lora && name != "hf-peft" && !(c.train.lora() && name == "native"))
       throw InputError("--profile " + name + " with --finetune " + flags.finetune +

@@ -100,7 +100,11 @@ std::string describe_side(const Side& s) {
   if (s.run.is_object() && s.run.contains("finetune"))
     out += ", " + get(s.run, "finetune") + " r " + get(s.run, "lora_rank") + " on " +
            get(s.run, "lora_targets") +
-           (s.run.contains("quant") ? ", 4-bit " + get(s.run, "quant") : std::string());
+           (s.run.contains("quant") ? ", 4-bit " + get(s.run, "quant") : std::string()) +
+           (s.run.contains("lora_dropout") && s.run.at("lora_dropout").is_number() &&
+                    s.run.at("lora_dropout").get<double>() > 0
+                ? ", dropout " + get(s.run, "lora_dropout")
+                : std::string());
   return out;
 }
 

@@ -95,12 +95,13 @@ const char* bnb_era_name(BnbEra e);  // "0.43", "0.44-0.50"
 BnbEra parse_bnb_version(const std::string& version);
 
 // peft releases as far as they change what hf-peft counts (`--peft-version`; docs/formulas.md,
-// "peft eras"): the adapters' dtype. Before 0.11 they take the base weight's dtype (fp32 on a
-// 4-bit base, whose weight is uint8), with no option; from 0.11 (pull request #1706,
+// "peft eras"): the adapters' dtype. Up to 0.11.x they take the base weight's dtype (fp32 on a
+// 4-bit base, whose weight is uint8), with no option; from 0.12 (pull request #1706,
 // autocast_adapter_dtype) fp32 unless autocast_adapter_dtype=False, which a 4-bit base ignored
-// until 0.19 (pull request #2893: then its compute dtype). Measured: 0.10.0, 0.18.1, 0.21.2.
-enum class PeftEra { v0_10, v0_11, v0_19 };
-const char* peft_era_name(PeftEra e);      // "0.10", "0.11-0.18", "0.19-0.21"
+// until 0.19 (pull request #2893: then its compute dtype). Measured: 0.10.0, 0.11.1, 0.12.0,
+// 0.18.1, 0.21.2.
+enum class PeftEra { v0_10, v0_12, v0_19 };
+const char* peft_era_name(PeftEra e);      // "0.10-0.11", "0.12-0.18", "0.19-0.21"
 const char* peft_era_measured(PeftEra e);  // "0.10.0", "0.18.1", "0.21.2"
 // "--peft-version X" -> its era; InputError naming --peft-version and the known releases.
 PeftEra parse_peft_version(const std::string& version);
