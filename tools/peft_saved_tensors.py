@@ -58,7 +58,8 @@ Cases (tests/data/hf_peft/<case>.json):
 
 The same script measures older peft releases (`--peft-version`, docs/formulas.md, "peft
 eras"): put that release first on PYTHONPATH and write to tests/data/hf_peft/peft-<version>
-(peft 0.10.0 and 0.18.1 import with transformers 5.25).
+(peft 0.10.0, 0.11.1, 0.12.0 and 0.18.1 import with transformers 5.25; measured 2026-12-06 on
+an AMD Zen 4, with USE_HUB_KERNELS=0 and the libraries tools/peft_golden.py's docstring lists).
 
 Releases (checked): torch 2.15.0 (the +cu132 wheel, run on the CPU), transformers 5.25.0,
 peft 0.21.2, bitsandbytes 0.50.2 (PyPI releases on PYTHONPATH, here /tmp/bnbpy, as for
