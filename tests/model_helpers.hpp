@@ -94,6 +94,18 @@ inline void expect_same_figures(const MemoryFigures& got, const MemoryFigures& w
         << category_name(cat);
 }
 
+// A checkpointing policy of the ledger grids: "none", "full", "selective", or "every:2" (full
+// on layers 0, 2, 4, ... as `--checkpointing every:2` resolves it).
+inline void set_checkpointing(TrainConfig& t, const ModelConfig& m, const std::string& ck) {
+  if (ck == "every:2") {
+    t.checkpointing = Checkpointing::full;
+    t.checkpoint_layers.spec = "every:2";
+    for (std::int64_t l = 0; l < m.layers; l += 2) t.checkpoint_layers.list.push_back(l);
+  } else {
+    t.checkpointing = *parse_checkpointing(ck);
+  }
+}
+
 // Random weights (seed 1) and tokens (seed 2), then two steps: the second is the steady state
 // whose figures the ledger tests compare.
 inline void two_random_steps(LlamaModel& model) {

@@ -68,14 +68,7 @@ TEST(LoraLedger, MetaTraceEqualsTheNativeClosedForm) {
                 continue;
               TrainConfig t = lora_train(c.b, c.s, r, targets, md.o, md.dt);
               t.attention = at;
-              if (std::string(ck) == "every:2") {
-                t.checkpointing = Checkpointing::full;
-                t.checkpoint_layers.spec = "every:2";
-                for (std::int64_t l = 0; l < m.layers; l += 2)
-                  t.checkpoint_layers.list.push_back(l);
-              } else {
-                t.checkpointing = *parse_checkpointing(ck);
-              }
+              test::set_checkpointing(t, m, ck);
               SCOPED_TRACE(std::string(c.preset) + " targets " + lora_targets_name(targets) +
                            " r " + std::to_string(r) + " " + ck + " " + attention_name(at) + " " +
                            optimizer_name(md.o) + " " + dtype_name(md.dt));

@@ -111,16 +111,6 @@ TEST(LoraDropoutOps, ApplyScalesTheKeptElementsOnce) {
 
 // ------------------------------------------------------------------------------ the ledger
 
-void set_checkpointing(TrainConfig& t, const ModelConfig& m, const std::string& ck) {
-  if (ck == "every:2") {
-    t.checkpointing = Checkpointing::full;
-    t.checkpoint_layers.spec = "every:2";
-    for (std::int64_t l = 0; l < m.layers; l += 2) t.checkpoint_layers.list.push_back(l);
-  } else {
-    t.checkpointing = *parse_checkpointing(ck);
-  }
-}
-
 // The figures of the second step of the meta trace equal the closed form, peak breakdown
 // included, over families (and shapes whose intermediate size is below the hidden size, or whose
 // heads are wider than it), target sets, checkpointing policies, attention variants and a 16-bit
@@ -162,7 +152,7 @@ TEST(LoraDropoutLedger, MetaTraceEqualsTheNativeClosedForm) {
             TrainConfig t = dropout_train(c.b, c.s, targets, 0.1);
             t.attention = at;
             t.quant = q;
-            set_checkpointing(t, m, ck);
+            test::set_checkpointing(t, m, ck);
             SCOPED_TRACE(std::string(c.preset) + " targets " + lora_targets_name(targets) + " " +
                          ck + " " + attention_name(at) + " " + quant_name(q));
             ModelRun run(BackendKind::meta, m, t);

@@ -45,16 +45,6 @@ bool is_projection(const std::string& name) {
          name.compare(name.size() - 12, 12, "_proj.weight") == 0;
 }
 
-void set_checkpointing(TrainConfig& t, const ModelConfig& m, const std::string& ck) {
-  if (ck == "every:2") {
-    t.checkpointing = Checkpointing::full;
-    t.checkpoint_layers.spec = "every:2";
-    for (std::int64_t l = 0; l < m.layers; l += 2) t.checkpoint_layers.list.push_back(l);
-  } else {
-    t.checkpointing = *parse_checkpointing(ck);
-  }
-}
-
 // The second step of the meta trace has the closed form's figures, peak breakdown included;
 // returns the estimate (and the run, when asked).
 Estimate expect_trace_is_the_closed_form(const ModelConfig& m, const TrainConfig& t,
@@ -175,7 +165,7 @@ TEST(QloraLedger, MetaTraceEqualsTheNativeClosedForm) {
                     qlora_train(c.b, c.s, 2, targets, checked % 2 ? Quant::fp4 : Quant::nf4, dq, bs,
                                 md.o, md.dt);
                 t.attention = at;
-                set_checkpointing(t, m, ck);
+                test::set_checkpointing(t, m, ck);
                 SCOPED_TRACE(std::string(c.preset) + (dq ? " dq" : " no-dq") + " bs " +
                              std::to_string(bs) + " targets " + lora_targets_name(targets) + " " +
                              ck + " " + attention_name(at) + " " + optimizer_name(md.o) + " " +
@@ -194,7 +184,7 @@ TEST(QloraLedger, TheDequantizedWeightIsThePeakOfAShortSequence) {
     SCOPED_TRACE(ck);
     TrainConfig t = qlora_train(1, 32, 16, kLoraAllLinear);
     t.attention = Attention::flash;
-    set_checkpointing(t, m, ck);
+    test::set_checkpointing(t, m, ck);
     std::unique_ptr<ModelRun> run;
     const Estimate e = expect_trace_is_the_closed_form(m, t, &run);
     EXPECT_NE(e.instants.at(e.peak_instant).name.find("dequantized"), std::string::npos)
