@@ -249,90 +249,86 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
   struct Case {
     std::string args, message;
   };
-  for (
-      const Case& c : std::vector<Case>{
-          {"profile --model tiny --backend meta --finetune qlora --world-size 2 --zero 2",
-           "--finetune qlora with a parallel layout"},
-          {"profile --model tiny --backend meta --finetune lora --optimizer paged-adamw8bit",
-           "--optimizer paged-adamw8bit: trainmem's own LoRA step has adamw, sgd and adamw8bit"},
-          {"profile --model tiny --backend meta --optimizer adamw8bit --dtype fp16",
-           "--optimizer adamw8bit with --dtype fp16"},
-          {"estimate --model tiny --optimizer adamw8bit --world-size 2 --zero 1",
-           "--optimizer adamw8bit: the sharded step"},
-          {"profile --model tiny --backend meta --optimizer adamw8bit --world-size 2 --dp 2",
-           "--optimizer adamw8bit: the sharded step"},
-          {"profile --model tiny --backend meta --finetune lora --optimizer adamw8bit --dtype fp16",
-           "--optimizer adamw8bit with --dtype fp16"},
-          {"estimate --model tiny --optimizer adamw8bit --dtype fp16 --profile native",
-           "--optimizer adamw8bit with --dtype fp16"},
-          {"sweep --model tiny --backend meta --finetune lora --optimizer adamw8bit "
-           "--bnb-version 0.43.3",
-           "--bnb-version 0.43.3: it keys the hf-peft profile"},
-          {"plan --model tiny --gpus 2 --gpu-memory 1GiB --global-batch 2 --optimizer adamw8bit",
-           "--optimizer adamw8bit: plan searches parallel layouts"},
-          {"profile --model tiny --backend meta --finetune lora --optimizer lomo",
-           "--optimizer lomo with --finetune lora"},
-          {"profile --model tiny --backend meta --finetune lora --world-size 2 --zero 2",
-           "--finetune lora with a parallel layout"},
-          {"profile --model tiny --backend meta --finetune lora --world-size 2 --zero 2 "
-           "--profile native",
-           "--finetune lora with a parallel layout"},
-          {"profile --model tiny --backend meta --finetune lora --profile hf-eager",
-           "--profile hf-eager with --finetune lora"},
-          {"plan --model tiny --gpus 2 --gpu-memory 1GiB --global-batch 2 --finetune lora",
-           "--finetune"},
-          {"maxbatch --model tiny --budget 1GiB --finetune lora --world-size 2 --zero 2",
-           "--world-size with --finetune lora"},
-          {"maxbatch --model tiny --budget 1GiB --finetune lora --allocator pytorch",
-           "--allocator with --finetune lora"},
-          {"maxbatch --model mistral-7b --budget 24GB --finetune qlora --vary seq",
-           "--vary seq with --finetune qlora"},
-          {"maxbatch --model tiny --budget 1GiB --finetune lora --checkpointing selective",
-           "--checkpointing selective"},
-          {"estimate --model tiny --profile hf-peft", "needs --finetune lora or qlora"},
-          {"estimate --model tiny --finetune full --lora-rank 8", "--lora-rank applies to"},
-          {"estimate --model tiny --finetune lora --lora-rank 0", "--lora-rank"},
-          {"estimate --model tiny --finetune lora --lora-targets q_proj,wo", "--lora-targets"},
-          {"estimate --model tiny --finetune lora --lora-dropout 1.5", "--lora-dropout"},
-          {"estimate --model tiny --finetune lora --lora-dropout x", "--lora-dropout"},
-          {"estimate --model tiny --finetune lora --lora-dtype fp8", "--lora-dtype"},
-          {"estimate --model tiny --finetune lora --peft-version 0.10.0 --lora-dtype fp32",
-           "--lora-dtype fp32 with --peft-version 0.10.0: peft before 0.12"},
-          {"estimate --model tiny --peft-version 0.21.2",
-           "--peft-version applies to --finetune lora or qlora"},
-          {"estimate --model tiny --finetune lora --peft-version 0.9.0", "--peft-version 0.9.0"},
-          {"estimate --model tiny --finetune lora --profile native --peft-version 0.10.0",
-           "--peft-version 0.10.0: it keys the hf-peft profile, which this run does not compute"},
-          {"estimate --model tiny --finetune lora --optimizer adamw8bit --profile native "
-           "--bnb-version 0.43.3",
-           "--bnb-version 0.43.3: it keys the hf-peft profile, which this run does not compute"},
-          {"sweep --model tiny --backend meta --finetune lora --peft-version 0.10.0",
-           "--peft-version 0.10.0: it keys the hf-peft profile's adapters"},
-          {"estimate --model tiny --finetune lora --quant nf4", "--quant nf4 with --finetune lora"},
-          {"estimate --model tiny --finetune qlora --quant none", "--quant none"},
-          {"estimate --model tiny --finetune qlora --quant int8", "--quant int8"},
-          {"estimate --model tiny --finetune qlora --quant-blocksize 100", "--quant-blocksize 100"},
-          {"estimate --model tiny --finetune qlora --double-quant maybe", "--double-quant"},
-          {"estimate --model tiny --finetune lora --optimizer lomo", "--optimizer lomo"},
-          {"estimate --model tiny --finetune lora --checkpointing selective",
-           "--checkpointing selective"},
-          {"estimate --model tiny --finetune lora --world-size 2 --zero 2", "--finetune lora with"},
-          {"estimate --model qwen3-8b --finetune lora --profile hf-peft", "q/k norms"},
-          {"estimate --model tiny --finetune dora", "--finetune"},
-          {"estimate --model tiny --optimizer paged-adamw", "--optimizer paged-adamw: "},
-          {"profile --model tiny --backend meta --optimizer paged-adamw8bit",
-           "--optimizer paged-adamw8bit"},
-          {"estimate --model tiny --finetune lora --optimizer adam8bit",
-           "adamw, sgd, lomo, adamw8bit, all, paged-adamw, paged-adamw8bit"},
-          {"estimate --model tiny --bnb-version 0.43.3", "--bnb-version applies to"},
-          {"estimate --model tiny --finetune qlora --optimizer adamw8bit --bnb-version 0.39.0",
-           "--bnb-version 0.39.0"},
-          {"estimate --model tiny --finetune qlora --bnb-version 0.43.3",
-           "give it with --optimizer adamw8bit or paged-adamw8bit"},
-          {"estimate --model tiny --finetune lora --offload-activations",
-           "--offload-activations with --finetune lora"},
-          {"maxbatch --model tiny --budget 1GiB --finetune lora --offload-activations",
-           "--offload-activations with --finetune lora"}}) {
+  for (const Case& c : std::vector<Case>{
+           {"profile --model tiny --backend meta --finetune qlora --world-size 2 --zero 2",
+            "--finetune qlora with a parallel layout"},
+           {"profile --model tiny --backend meta --finetune lora --optimizer paged-adamw8bit",
+            "--optimizer paged-adamw8bit: trainmem's own LoRA step has adamw, sgd and adamw8bit"},
+           {"estimate --model tiny --optimizer adamw8bit --world-size 2 --zero 1",
+            "--optimizer adamw8bit: the sharded step"},
+           {"profile --model tiny --backend meta --optimizer adamw8bit --world-size 2 --dp 2",
+            "--optimizer adamw8bit: the sharded step"},
+           {"sweep --model tiny --backend meta --finetune lora --optimizer adamw8bit "
+            "--bnb-version 0.43.3",
+            "--bnb-version 0.43.3: it keys the hf-peft profile"},
+           {"plan --model tiny --gpus 2 --gpu-memory 1GiB --global-batch 2 --optimizer adamw8bit",
+            "--optimizer adamw8bit: plan searches parallel layouts"},
+           {"profile --model tiny --backend meta --finetune lora --optimizer lomo",
+            "--optimizer lomo with --finetune lora"},
+           {"profile --model tiny --backend meta --finetune lora --world-size 2 --zero 2",
+            "--finetune lora with a parallel layout"},
+           {"profile --model tiny --backend meta --finetune lora --world-size 2 --zero 2 "
+            "--profile native",
+            "--finetune lora with a parallel layout"},
+           {"profile --model tiny --backend meta --finetune lora --profile hf-eager",
+            "--profile hf-eager with --finetune lora"},
+           {"plan --model tiny --gpus 2 --gpu-memory 1GiB --global-batch 2 --finetune lora",
+            "--finetune"},
+           {"maxbatch --model tiny --budget 1GiB --finetune lora --world-size 2 --zero 2",
+            "--world-size with --finetune lora"},
+           {"maxbatch --model tiny --budget 1GiB --finetune lora --allocator pytorch",
+            "--allocator with --finetune lora"},
+           {"maxbatch --model mistral-7b --budget 24GB --finetune qlora --vary seq",
+            "--vary seq with --finetune qlora"},
+           {"maxbatch --model tiny --budget 1GiB --finetune lora --checkpointing selective",
+            "--checkpointing selective"},
+           {"estimate --model tiny --profile hf-peft", "needs --finetune lora or qlora"},
+           {"estimate --model tiny --finetune full --lora-rank 8", "--lora-rank applies to"},
+           {"estimate --model tiny --finetune lora --lora-rank 0", "--lora-rank"},
+           {"estimate --model tiny --finetune lora --lora-targets q_proj,wo", "--lora-targets"},
+           {"estimate --model tiny --finetune lora --lora-dropout 1.5", "--lora-dropout"},
+           {"estimate --model tiny --finetune lora --lora-dropout x", "--lora-dropout"},
+           {"estimate --model tiny --finetune lora --lora-dtype fp8", "--lora-dtype"},
+           {"estimate --model tiny --finetune lora --peft-version 0.10.0 --lora-dtype fp32",
+            "--lora-dtype fp32 with --peft-version 0.10.0: peft before 0.12"},
+           {"estimate --model tiny --peft-version 0.21.2",
+            "--peft-version applies to --finetune lora or qlora"},
+           {"estimate --model tiny --finetune lora --peft-version 0.9.0", "--peft-version 0.9.0"},
+           {"estimate --model tiny --finetune lora --profile native --peft-version 0.10.0",
+            "--peft-version 0.10.0: it keys the hf-peft profile, which this run does not compute"},
+           {"estimate --model tiny --finetune lora --optimizer adamw8bit --profile native "
+            "--bnb-version 0.43.3",
+            "--bnb-version 0.43.3: it keys the hf-peft profile, which this run does not compute"},
+           {"sweep --model tiny --backend meta --finetune lora --peft-version 0.10.0",
+            "--peft-version 0.10.0: it keys the hf-peft profile's adapters"},
+           {"estimate --model tiny --finetune lora --quant nf4",
+            "--quant nf4 with --finetune lora"},
+           {"estimate --model tiny --finetune qlora --quant none", "--quant none"},
+           {"estimate --model tiny --finetune qlora --quant int8", "--quant int8"},
+           {"estimate --model tiny --finetune qlora --quant-blocksize 100",
+            "--quant-blocksize 100"},
+           {"estimate --model tiny --finetune qlora --double-quant maybe", "--double-quant"},
+           {"estimate --model tiny --finetune lora --optimizer lomo", "--optimizer lomo"},
+           {"estimate --model tiny --finetune lora --checkpointing selective",
+            "--checkpointing selective"},
+           {"estimate --model tiny --finetune lora --world-size 2 --zero 2",
+            "--finetune lora with"},
+           {"estimate --model qwen3-8b --finetune lora --profile hf-peft", "q/k norms"},
+           {"estimate --model tiny --finetune dora", "--finetune"},
+           {"estimate --model tiny --optimizer paged-adamw", "--optimizer paged-adamw: "},
+           {"profile --model tiny --backend meta --optimizer paged-adamw8bit",
+            "--optimizer paged-adamw8bit"},
+           {"estimate --model tiny --finetune lora --optimizer adam8bit",
+            "adamw, sgd, lomo, adamw8bit, all, paged-adamw, paged-adamw8bit"},
+           {"estimate --model tiny --bnb-version 0.43.3", "--bnb-version applies to"},
+           {"estimate --model tiny --finetune qlora --optimizer adamw8bit --bnb-version 0.39.0",
+            "--bnb-version 0.39.0"},
+           {"estimate --model tiny --finetune qlora --bnb-version 0.43.3",
+            "give it with --optimizer adamw8bit or paged-adamw8bit"},
+           {"estimate --model tiny --finetune lora --offload-activations",
+            "--offload-activations with --finetune lora"},
+           {"maxbatch --model tiny --budget 1GiB --finetune lora --offload-activations",
+            "--offload-activations with --finetune lora"}}) {
     SCOPED_TRACE(c.args);
     const Result r = trainmem(c.args);
     EXPECT_EQ(r.code, 2) << r.out << r.err;
@@ -540,17 +536,29 @@ TEST(CliE2ELora, AdamW8bitRunsInTheNativeStep) {
   EXPECT_EQ(n(a["native"]["optimizer_states"]), lora + 2 * 1024 + 2 * 65536);
   EXPECT_EQ(n(a["hf-peft"]["optimizer_states"]), lora + 2 * 1024);
   EXPECT_EQ(a["hf-peft"]["peft"]["optimizer"], "adamw8bit");
-  // bitsandbytes on an fp16 model is hf-peft's (the native step scales an fp16 loss): estimate
-  // answers with hf-peft alone, profile refuses, naming both flags.
+  // On an fp16 model too: the native step unscales its loss-scaled gradients inside the update
+  // (bitsandbytes' gnorm_scale); its states are bf16's, byte for byte.
   for (const char* ft : {"lora", "qlora"}) {
     SCOPED_TRACE(ft);
-    const Result h = trainmem(std::string("estimate --model llama3-8b --finetune ") + ft +
-                              " --optimizer adamw8bit --dtype fp16 --format json");
+    const std::string recipe = std::string("estimate --model llama3-8b --finetune ") + ft +
+                               " --lora-targets all-linear --optimizer adamw8bit --batch 1 --seq "
+                               "2048 --format json";
+    const Result h = trainmem(recipe + " --dtype fp16");
+    const Result hb = trainmem(recipe);
     ASSERT_EQ(h.code, 0) << h.err;
+    ASSERT_EQ(hb.code, 0) << hb.err;
     const json hj = h.j();
-    EXPECT_EQ(hj["analytic"].size(), 1u) << hj["analytic"];
+    ASSERT_EQ(hj["analytic"].size(), 2u) << hj["analytic"];
     EXPECT_EQ(hj["analytic"]["hf-peft"]["peft"]["optimizer"], "adamw8bit");
+    EXPECT_EQ(n(hj["analytic"]["native"]["optimizer_states"]), lora + 2 * 1024 + 2 * 65536);
+    EXPECT_EQ(n(hj["analytic"]["native"]["optimizer_states"]),
+              n(hb.j()["analytic"]["native"]["optimizer_states"]));
   }
+  const Result f16 = trainmem(
+      "profile --model tiny --finetune lora --optimizer adamw8bit --dtype fp16 --backend cpu "
+      "--batch 1 --seq 8 --steps 2 --format json");
+  ASSERT_EQ(f16.code, 0) << f16.err;
+  for (const json& row : f16.j()["reconciliation"]) EXPECT_EQ(row["ok"], true) << row;
   // diff takes it as a side's optimizer, for the native step and for hf-peft.
   const Result d = trainmem("diff native:optimizer=adamw8bit native --model tiny --format json");
   ASSERT_EQ(d.code, 0) << d.err;

@@ -58,7 +58,8 @@ TEST(LoraLedger, MetaTraceEqualsTheNativeClosedForm) {
           for (Attention at : {Attention::eager, Attention::flash})
             for (Mode md :
                  {Mode{Optimizer::adamw, DType::bf16}, Mode{Optimizer::sgd, DType::f32},
-                  Mode{Optimizer::adamw, DType::f16}, Mode{Optimizer::adamw8bit, DType::bf16}}) {
+                  Mode{Optimizer::adamw, DType::f16}, Mode{Optimizer::adamw8bit, DType::bf16},
+                  Mode{Optimizer::adamw8bit, DType::f16}}) {
               // The large model once per target set and optimizer (its trace is the slow part);
               // its adapters keep 8-bit AdamW states (r·in >= 4,096), the tiny ones fp32 states
               // (covered at one rank and attention).

@@ -50,12 +50,13 @@ TEST(ModelTraining, AdamWCutsTheLossTenfoldOnAFixedSequence) {
 
 // The same memorisation with bitsandbytes' AdamW8bit (tiny-gqa's embedding, 96 × 64 = 6,144
 // elements, and its larger projections keep 8-bit moments; the norms fp32 ones): the weights
-// are updated in place without a master copy, in fp32 and in bf16.
+// are updated in place without a master copy, in fp32, bf16 and fp16 (its loss-scaled
+// gradients unscaled by the update's gnorm_scale).
 TEST(ModelTraining, AdamW8bitCutsTheLossFivefoldOnAFixedSequence) {
   OptimizerSettings opt = default_optimizer_settings(Optimizer::adamw8bit);
   opt.adamw8bit.lr = 3e-3;
   opt.adamw8bit.weight_decay = 0.0;
-  for (DType dt : {DType::f32, DType::bf16}) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     const Losses l = memorise(dt, Optimizer::adamw8bit, opt, 150);
     EXPECT_GT(l.first, 4.0f) << dtype_name(dt);
     EXPECT_LT(l.last, l.first / 5) << dtype_name(dt) << ": first " << l.first << " last " << l.last;

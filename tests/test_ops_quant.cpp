@@ -13,6 +13,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -263,6 +264,49 @@ TEST(OpsQuant, AdamW8bitMatchesBitsandbytes) {
   RecordProperty("param_elements_one_ulp_off", int(param_off));
   RecordProperty("param_elements", int(param_elems));
   EXPECT_LT(param_off * 100, param_elems) << param_off << " of " << param_elems;
+}
+
+// gnorm_scale (the fp16 step's 1/S): the update with scale c on fp32 gradients g is the update
+// with scale 1 on the gradients float(g)·c computed beforehand, bit for bit (bitsandbytes'
+// g.float() * gnorm_scale, one fp32 multiply), for the 8-bit and the fp32-state paths; and it is
+// not the unscaled update.
+TEST(OpsQuant, GnormScaleIsOneMultiplyBeforeTheMoments) {
+  std::vector<std::uint8_t> lut1(kQuantLutSize), lut2(kQuantLutSize);
+  blockwise8_build_lut(kDynamicMapSigned, lut1.data());
+  blockwise8_build_lut(kDynamicMapUnsigned, lut2.data());
+  const float c = 1.0f / 30.0f;  // 1/S for b·(s − 1) = 30 positions
+  for (std::int64_t n : {std::int64_t(1000), std::int64_t(5000)}) {
+    SCOPED_TRACE(n);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const auto un = static_cast<std::size_t>(n);
+    std::vector<float> g(un), gc(un), p0(un);
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      g[i] = 30.0f * nd(rng);
+      gc[i] = g[i] * c;
+      p0[i] = 0.02f * nd(rng);
+    }
+    const std::int64_t nb = quant_blocks(n, kBlockwise8Size);
+    auto run = [&](const std::vector<float>& grad, float scale) {
+      BnbAdamWParams hp;
+      hp.gnorm_scale = scale;
+      std::vector<float> p = p0, m(std::size_t(n), 0.f), v(std::size_t(n), 0.f),
+                         a1(std::size_t(nb), 0.f), a2(std::size_t(nb), 0.f);
+      std::vector<std::uint8_t> s1(std::size_t(n), 0), s2(std::size_t(n), 0);
+      for (int step = 1; step <= 2; ++step)
+        if (n >= kBnbMin8BitSize)
+          bnb_adamw8bit_update_cpu(p.data(), grad.data(), s1.data(), s2.data(), a1.data(),
+                                   a2.data(), kDynamicMapSigned, kDynamicMapUnsigned, lut1.data(),
+                                   lut2.data(), n, hp, step, DType::f32);
+        else
+          bnb_adamw32_update_cpu(p.data(), grad.data(), m.data(), v.data(), n, hp, step,
+                                 DType::f32);
+      return p;
+    };
+    const std::vector<float> scaled = run(g, c), prescaled = run(gc, 1.0f), raw = run(g, 1.0f);
+    EXPECT_EQ(bit_mismatches(scaled, prescaled), 0);
+    EXPECT_GT(bit_mismatches(scaled, raw), 0);
+  }
 }
 
 TEST(OpsQuant, BadArgumentsAreErrors) {

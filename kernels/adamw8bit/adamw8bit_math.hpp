@@ -4,7 +4,7 @@
 // bitsandbytes 0.50.2 runs on the CPU (`_optimizer_update_8bit_blockwise_cpu` and
 // `_optimizer_update_32bit_cpu`, torch operations in fp32), operation by operation:
 //
-//   g = grad in fp32;  p = param in fp32
+//   g = grad in fp32 * gnorm_scale;  p = param in fp32     (g.float() * gnorm_scale)
 //   m <- fma(g, 1 - b1, m * b1)               state1.mul_(b1).add_(g, alpha=1-b1)
 //   v <- fma((1 - b2) * g, g, v * b2)          state2.mul_(b2).addcmul_(g, g, value=1-b2)
 //   c1 = 1 - b1^t, c2 = sqrt(1 - b2^t)         (in double, as Python computes them)
@@ -39,6 +39,7 @@ struct BnbAdamWConsts {
   float neg_lr_c1;  // -lr / c1                 (8-bit)
   float eps_c2;     // eps * c2                 (fp32 states)
   float step_size;  // -lr * c2 / c1            (fp32 states)
+  float gnorm_scale;
 };
 inline BnbAdamWConsts bnb_adamw_consts(const BnbAdamWParams& hp, int step) {
   const double c1 = 1.0 - ::pow(hp.beta1, double(step));
@@ -55,11 +56,13 @@ inline BnbAdamWConsts bnb_adamw_consts(const BnbAdamWParams& hp, int step) {
   c.neg_lr_c1 = float(-hp.lr / c1);
   c.eps_c2 = float(hp.eps * c2);
   c.step_size = float(-hp.lr * c2 / c1);
+  c.gnorm_scale = hp.gnorm_scale;
   return c;
 }
 
 // The moments after gradient g.
 TM_HD void bnb_adam_moments(float g, float* m, float* v, const BnbAdamWConsts& c) {
+  g = tm_mul_rn(g, c.gnorm_scale);
   *m = ::fmaf(g, c.one_minus_beta1, tm_mul_rn(*m, c.beta1));
   *v = ::fmaf(tm_mul_rn(c.one_minus_beta2, g), g, tm_mul_rn(*v, c.beta2));
 }

@@ -1065,7 +1065,6 @@ RankEstimate native_stage(const ModelConfig& m, const TrainConfig& t, const Para
 }
 
 void build_native(Estimate& est) {
-  est.train.check_native_step();
   // One GPU: the layout of one rank. The books from the parameter list (state_figures, already
   // in est) and the stage's closed form must agree; they are two derivations of the same count.
   const RankEstimate r = native_stage(est.model, est.train, ParallelConfig{}, 0);

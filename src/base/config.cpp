@@ -385,14 +385,6 @@ std::string checkpointing_name(const TrainConfig& t) {
   return c.spec + " (layers " + layer_list_text(c.list) + ")";
 }
 
-void TrainConfig::check_native_step() const {
-  if (optimizer == Optimizer::adamw8bit && dtype == DType::f16)
-    throw InputError(
-        "--optimizer adamw8bit with --dtype fp16: trainmem's fp16 step scales the loss, and "
-        "bitsandbytes' 8-bit update takes unscaled gradients; use --dtype bf16 or fp32 (the HF "
-        "profiles model bitsandbytes on an fp16 model)");
-}
-
 void TrainConfig::validate() const {
   if (batch < 1) throw InputError("--batch must be >= 1, got " + std::to_string(batch));
   if (seq < 2)

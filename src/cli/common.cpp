@@ -456,10 +456,7 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   // adamw8bit is an optimizer of trainmem's own step too; the paged ones are hf-peft's alone.
   const auto bnb = parse_bnb_optimizer(flags.optimizer);
   const bool paged = bnb && *bnb != BnbOptimizer::adamw8bit;
-  const auto given_dtype = parse_dtype(flags.dtype);
-  const bool adamw8bit_fp16 =
-      bnb && *bnb == BnbOptimizer::adamw8bit && given_dtype && *given_dtype == DType::f16;
-  const bool native_capable = lora && !paged && !adamw8bit_fp16;
+  const bool native_capable = lora && !paged;
   if (lora && native_lora && (native_capable || allow_finetune)) {
     if (native_capable) {
       check_hf_options(Profile::hf_peft, c.hf);  // the rank's range, the base/finetune pairs
@@ -473,11 +470,6 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   } else if (lora && native_lora) {
     const PeftOptions& p = peft;
     check_hf_options(Profile::hf_peft, c.hf);  // the rank's range, the base/finetune pairs
-    if (adamw8bit_fp16)
-      throw InputError(
-          "--optimizer adamw8bit with --dtype fp16: trainmem's fp16 step scales the loss, and "
-          "bitsandbytes' 8-bit update takes unscaled gradients; use --dtype bf16 or fp32, or "
-          "`trainmem estimate --finetune lora --optimizer adamw8bit --dtype fp16` (hf-peft)");
     if (paged)
       throw InputError("--optimizer " + flags.optimizer +
                        ": trainmem's own LoRA step has adamw, sgd and adamw8bit (paged "

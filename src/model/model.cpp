@@ -82,7 +82,6 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
   cfg_.validate();
   train_.validate();
   train_.check_checkpoint_resolved("this command");
-  train_.check_native_step();
   if (train_.dtype != be_.dtype())
     throw Error(std::string("model: training dtype ") + dtype_name(train_.dtype) +
                 " differs from the backend's " + dtype_name(be_.dtype()));

@@ -103,20 +103,20 @@ void ParameterOptimizer::update(std::size_t index, void* param, const void* grad
     case Optimizer::lomo:
       backend_.sgd_update(param, grad, nullptr, st.numel, s_.lomo_lr, grad_scale);
       return;
-    case Optimizer::adamw8bit:
-      if (grad_scale != 1.0f)
-        throw Error(
-            "AdamW8bit update: the gradients carry a loss scale (fp16); bitsandbytes' "
-            "update takes unscaled gradients");
+    case Optimizer::adamw8bit: {
+      // fp16: the loss-scaled gradient unscaled as bitsandbytes' gnorm_scale does it.
+      BnbAdamWParams hp = s_.adamw8bit;
+      hp.gnorm_scale = grad_scale;
       if (st.numel < kBnbMin8BitSize)
-        backend_.bnb_adamw32_update(param, grad, st.m.as<float>(), st.v.as<float>(), st.numel,
-                                    s_.adamw8bit, step);
+        backend_.bnb_adamw32_update(param, grad, st.m.as<float>(), st.v.as<float>(), st.numel, hp,
+                                    step);
       else
         backend_.bnb_adamw8bit_update(
             param, grad, st.m.as<std::uint8_t>(), st.v.as<std::uint8_t>(), st.absmax1.as<float>(),
             st.absmax2.as<float>(), qmap1_.as<float>(), qmap2_.as<float>(),
-            lut1_.as<std::uint8_t>(), lut2_.as<std::uint8_t>(), st.numel, s_.adamw8bit, step);
+            lut1_.as<std::uint8_t>(), lut2_.as<std::uint8_t>(), st.numel, hp, step);
       return;
+    }
   }
 }
 

@@ -132,10 +132,6 @@ struct TrainConfig {
   std::int64_t quant_blocksize = 64;
   constexpr bool quantized() const { return quant != Quant::none; }
   void validate() const;  // batch >= 1, seq >= 2 (the loss needs a next token)
-  // What trainmem's own step (and the native profile) cannot run, InputError naming the flags:
-  // 8-bit AdamW under fp16 (the step scales the loss; bitsandbytes' update takes unscaled
-  // gradients). The HF profiles model such recipes.
-  void check_native_step() const;
   // Whether global layer `layer` keeps only its input and is recomputed in backward.
   bool checkpointed(std::int64_t layer) const;
   // How many of the global layers [first, first + count) are checkpointed.

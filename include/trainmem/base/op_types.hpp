@@ -29,6 +29,10 @@ struct BnbAdamWParams {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;  // bnb's AdamW8bit default
+  // bitsandbytes' gnorm_scale: the gradient is used as float(g) * gnorm_scale (one fp32
+  // multiply, as its update does). trainmem's fp16 step passes 1/S to unscale its loss-scaled
+  // gradients; 1 leaves the arithmetic exactly that of an unscaled update.
+  float gnorm_scale = 1.0f;
 };
 // bitsandbytes keeps fp32 moments for a tensor under this many elements (min_8bit_size).
 constexpr std::int64_t kBnbMin8BitSize = 4096;

@@ -8,7 +8,8 @@
 //          `state2` (n bytes each) and fp32 `absmax1`, `absmax2` (one per 256-element block), a
 //          smaller one fp32 `state1`, `state2`; the signed and unsigned quantile maps (256 f32)
 //          and their lookup tables (65,536 u8) are shared, allocated with the first 8-bit
-//          tensor. The gradients must carry no loss scale (no fp16).
+//          tensor. fp16's loss-scaled gradients are unscaled inside the update as bitsandbytes'
+//          gnorm_scale does it (float(g) * 1/S).
 //   LOMO   SGD fused into backward (Lv et al. 2023): each parameter is updated as soon as its
 //          gradient is complete and the gradient is freed at once; no states, the D weights
 //          are updated in place.
