@@ -329,5 +329,33 @@ TEST(Optimizer, AdamW8bitStepsLikeBitsandbytes) {
     }
   }
   EXPECT_LT(off * 100, total) << off << " of " << total << " elements off by the last bit";
-  EXPECT_THROW(opt.update(0, params[0].data(), grads[0].data(), steps + 1, 0.5f), Error);
+}
+
+// The fp16 step's grad_scale reaches bitsandbytes' update as its gnorm_scale: an update with
+// scale 1/30 on gradients g leaves the parameters that scale 1 leaves on float(g)·(1/30), bit for
+// bit, for an 8-bit tensor and an fp32-state one, over two steps.
+TEST(Optimizer, AdamW8bitTakesTheLossScaleAsGnormScale) {
+  auto be = make_cpu_backend(DType::f32);
+  const float c = 1.0f / 30.0f;
+  for (std::int64_t n : {std::int64_t(5000), std::int64_t(300)}) {
+    SCOPED_TRACE(n);
+    std::vector<std::vector<float>> result;
+    for (bool prescale : {false, true}) {
+      Ledger ledger(be->allocator());
+      ParameterOptimizer opt(default_optimizer_settings(Optimizer::adamw8bit), *be, ledger);
+      Tensor p = ledger.allocate("p", Category::params, 0, {n}, DType::f32);
+      Tensor g = ledger.allocate("p.grad", Category::gradients, 0, {n}, DType::f32);
+      ASSERT_EQ(opt.add_parameter("p", 0, {n}), 0u);
+      for (std::int64_t i = 0; i < n; ++i) p.as<float>()[i] = 0.01f * float(i % 17) - 0.08f;
+      for (int step = 1; step <= 2; ++step) {
+        for (std::int64_t i = 0; i < n; ++i) {
+          const float raw = 30.0f * (0.003f * float((i * 7 + step) % 23) - 0.03f);
+          g.as<float>()[i] = prescale ? raw * c : raw;
+        }
+        opt.update(0, p.data(), g.data(), step, prescale ? 1.0f : c);
+      }
+      result.emplace_back(p.as<float>(), p.as<float>() + n);
+    }
+    EXPECT_EQ(result[0], result[1]);
+  }
 }
