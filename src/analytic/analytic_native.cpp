@@ -79,6 +79,13 @@ struct Local {
   std::uint64_t in_of(unsigned t) const { return t == 3 ? ad : t == 6 ? i : h; }
   std::uint64_t mask(unsigned t) const { return drop ? bytes_of({b, s, in_of(t)}, 1) : 0; }
   std::uint64_t drop_in(unsigned t) const { return drop ? bytes_of({b, s, in_of(t)}, w) : 0; }
+  // The largest dropped input among the targets in `bits` (0 without dropout).
+  std::uint64_t drop_max(unsigned bits) const {
+    std::uint64_t m = 0;
+    for (unsigned t = 0; t < 7; ++t)
+      if (targets(bits & (1u << t))) m = std::max(m, drop_in(t));
+    return m;
+  }
   // The rows of the targets among `bits`: one bsr each, and its mask under dropout.
   std::uint64_t lora_rows(unsigned bits) const {
     std::uint64_t n = 0;
@@ -195,10 +202,8 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn
   // into c_sb).
   // Under dropout its mask first, (b, s, in) one byte per element (in·bs bytes: folded into c_sbh,
   // or c_sbi for down_proj's).
-  auto lora_row = [&](unsigned bit, const char* proj, const char* input) {
-    if (!l.targets(bit)) return;
-    unsigned t = 0;
-    while ((1u << t) != bit) ++t;
+  auto lora_row = [&](unsigned t, const char* proj, const char* input) {
+    if (!l.targets(1u << t)) return;
     if (l.drop)
       v.push_back(entry(g, std::string("lora_mask.") + proj,
                         t == 3   ? q_shape
@@ -212,9 +217,9 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn
                       std::string(proj) + " adapter backward (dB)",
                       std::string(input) + "·Aᵀ: the LoRA adapter's rank-r activation"));
   };
-  lora_row(1u << 0, "q_proj", "xn1");
-  lora_row(1u << 1, "k_proj", "xn1");
-  lora_row(1u << 2, "v_proj", "xn1");
+  lora_row(0, "q_proj", "xn1");
+  lora_row(1, "k_proj", "xn1");
+  lora_row(2, "v_proj", "xn1");
   if (attn == Attention::eager)
     v.push_back(entry(g, "probs", "(b," + l.la + ",s,s)", D, l.store, Term::as2b,
                       "attention backward", "materialised causal softmax probabilities"));
@@ -226,7 +231,7 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn
   v.push_back(entry(g, "attn_out", q_shape, D, l.bsad, Term::sbh,
                     "o_proj backward and attention backward",
                     "input of the o GEMM (dW_o); the flash/eager backward reads it too"));
-  lora_row(1u << 3, "o_proj", "attn_out");
+  lora_row(3, "o_proj", "attn_out");
   v.push_back(entry(g, "h_mid", res, D, l.X, Term::sbh, "post_attention_layernorm backward",
                     "residual stream after attention"));
   v.push_back(entry(g, "rstd2", rows, "fp32", l.r4, Term::sb, "post_attention_layernorm backward",
@@ -240,11 +245,11 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn
                     "silu'(gate) needs the pre-activation"));
   v.push_back(entry(g, "up", i_shape, D, l.bsi, Term::sbi, "SwiGLU backward",
                     "d gate = d act · up · silu'(gate)"));
-  lora_row(1u << 4, "gate_proj", "xn2");
-  lora_row(1u << 5, "up_proj", "xn2");
+  lora_row(4, "gate_proj", "xn2");
+  lora_row(5, "up_proj", "xn2");
   v.push_back(entry(g, "act", i_shape, D, l.bsi, Term::sbi, "down_proj backward",
                     "input of the down GEMM (dW_down)"));
-  lora_row(1u << 6, "down_proj", "act");
+  lora_row(6, "down_proj", "act");
   v.push_back(entry(g, "out", res, D, l.X, Term::sbh,
                     "next layer's input_layernorm backward (or the final norm's)",
                     "the layer output x_{l+1}, the next layer's input"));
@@ -424,12 +429,9 @@ class Stage {
     std::vector<DropPoint> v;
     if (!l_.drop) return v;
     auto group = [&](unsigned bits, const char* what, std::uint64_t rows) {
-      std::uint64_t drop = 0;
-      for (unsigned t = 0; t < 7; ++t)
-        if (l_.targets(bits & (1u << t))) drop = std::max(drop, l_.drop_in(t));
       if (l_.targets(bits))
-        v.push_back(
-            {std::string(what) + " (LoRA dropout: the adapter's input dropped)", rows, drop});
+        v.push_back({std::string(what) + " (LoRA dropout: the adapter's input dropped)", rows,
+                     l_.drop_max(bits)});
     };
     // The forward (not the recompute) has dropped probs under selective by o_proj.
     group(7u, "q/k/v adapters", csum({rows_through("v"), l_.lora_rows(7u)}));
@@ -855,16 +857,13 @@ void Stage::layer_steps(std::int64_t kb) {
   // and the step frees the target's row with the others (kLoraBits: q k v o gate up down).
   constexpr unsigned kDownBit = 1u << 6, kGateUpBits = 3u << 4, kOBit = 1u << 3, kQkvBits = 7u;
   // Under dropout the target's input is dropped again beside d_lora_a (`lora_drop.<proj>`, then
-  // d_lora_a·A in its place): `t` the largest input among the step's targets.
+  // d_lora_a·A in its place): the largest input among the step's targets.
   auto lora_step = [&](unsigned bits, const std::string& what, std::uint64_t act,
                        std::uint64_t ws) {
     if (!l.targets(bits)) return;
-    std::uint64_t drop = 0;
-    for (unsigned t = 0; t < 7; ++t)
-      if (l.targets(bits & (1u << t))) drop = std::max(drop, l.drop_in(t));
     at(Lb + what + " (LoRA: d_lora_a" + (l.drop ? ", the input dropped again" : "") +
            ", the adapter's gradient path)",
-       act, csum({ws, l.bsr, drop}), 0, pos, grads(0));
+       act, csum({ws, l.bsr, l.drop_max(bits)}), 0, pos, grads(0));
   };
   deq_step("step 1: down_proj", A_L, csum({C, l.X, l.bsi}), l.deq_hi);
   lora_step(kDownBit, "step 1: d_lora_a.down_proj", A_L, csum({C, l.X, l.bsi}));
