@@ -341,6 +341,59 @@ TEST(OffloadGpu, SameBitsAndBothLedgersAsPlanned) {
   }
 }
 
+// The managed allocator gives what cudaMallocManaged gives: memory the driver calls managed,
+// which a kernel (cudaMemset) and the host both reach.
+TEST(PagedGpu, ManagedAllocatorGivesManagedMemory) {
+  require_cuda_device();
+  Allocator& a = cuda_backend(DType::bf16).managed_allocator();
+  EXPECT_STREQ(a.name(), "managed");
+  const std::uint64_t bytes = 1 << 20;
+  void* p = a.allocate(bytes);
+  ASSERT_NE(p, nullptr) << a.failure_detail();
+  cudaPointerAttributes at{};
+  ASSERT_EQ(cudaPointerGetAttributes(&at, p), cudaSuccess);
+  EXPECT_EQ(at.type, cudaMemoryTypeManaged);
+  ASSERT_EQ(cudaMemset(p, 0x5a, bytes), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(static_cast<unsigned char*>(p)[bytes - 1], 0x5a);
+  a.deallocate(p, bytes);
+}
+
+// --optimizer paged-adamw8bit on the device: the large moments in CUDA managed memory, the same
+// bits as AdamW8bit's step with them in the pool, and the managed
+// ledger as the meta trace plans it. small-256's embedding and MLP weights page; its attention
+// weights (65,536 elements) do not.
+TEST(PagedGpu, ManagedMomentsGiveTheUnpagedBitsAndThePlannedLedger) {
+  require_cuda_device();
+  const ModelConfig m = preset("small-256");
+  float loss[2];
+  std::vector<float> weight[2];
+  const Optimizer opts[2] = {Optimizer::adamw8bit, Optimizer::paged_adamw8bit};
+  for (int k = 0; k < 2; ++k) {
+    const TrainConfig t = train(1, 24, DType::bf16, opts[k], Checkpointing::none, Attention::eager);
+    ModelRun r(BackendKind::cuda, m, t);
+    r.model->init_random(11);
+    r.model->random_tokens(5);
+    for (int step = 0; step < 3; ++step) loss[k] = r.model->train_step();
+    weight[k] = r.model->parameter_values("model.embed_tokens.weight");
+    if (k == 0) {
+      EXPECT_EQ(r.model->managed_ledger(), nullptr);
+      continue;
+    }
+    const Ledger* managed = r.model->managed_ledger();
+    ASSERT_NE(managed, nullptr);
+    ModelRun meta(BackendKind::meta, m, t);
+    meta.model->train_step();
+    EXPECT_EQ(managed->peak_total().bytes, meta.model->managed_ledger()->peak_total().bytes);
+    EXPECT_GT(managed->live_total(), 0u);
+    const MemoryFigures fg = measured_figures(*r.ledger), fm = measured_figures(*meta.ledger);
+    EXPECT_EQ(fg.optimizer_states, fm.optimizer_states);
+    EXPECT_EQ(fg.peak, fm.peak);
+  }
+  EXPECT_EQ(std::memcmp(&loss[0], &loss[1], 4), 0) << loss[0] << " vs " << loss[1];
+  EXPECT_EQ(weight[0], weight[1]);
+}
+
 // ---------------------------------------------------------------- cuda ledger == meta ledger
 
 struct LedgerCase {

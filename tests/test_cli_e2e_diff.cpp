@@ -435,8 +435,6 @@ TEST(CliE2EDiff, BadInputNamesTheFileOrFlagAndWhatIsWrong) {
       {"diff hf-sdpa hf-peft:finetune=lora,quant=int4",
        {"diff B: quant=int4; allowed: none, nf4, fp4"}},
       {"diff hf-sdpa hf-peft:finetune=lora,quant=nf4", {"--quant nf4"}},
-      {"diff hf-sdpa:optimizer=paged-adamw8bit hf-peft:finetune=lora",
-       {"diff A (hf-sdpa:optimizer=paged-adamw8bit): --optimizer paged-adamw8bit"}},
       {"diff hf-sdpa hf-peft:finetune=lora,optimizer=adam", {"diff B: optimizer=adam; allowed"}},
       {"diff '" + all + "':dtype=fp32 native", {"'dtype' is not an option of a report side"}},
       {"diff '" + all + "' '" + all + "'",

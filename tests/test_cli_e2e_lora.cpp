@@ -102,6 +102,11 @@ TEST(CliE2ELora, PagedAdamw8bitKeepsItsLargeStatesInManagedMemory) {
   EXPECT_EQ(j["run"]["optimizer"], "paged-adamw8bit");
   EXPECT_EQ(n(p["peak"]), n(p["params"]) + n(p["gradients"]) + device + n(p["activations_peak"]) +
                               n(p["inputs"]));
+  // trainmem's own step keeps the same states, plus its two 65,536-entry lookup tables of the
+  // maps (kernels/adamw8bit), on the device; the managed ones equal, outside its exact peak.
+  const json nat = j["analytic"]["native"];
+  EXPECT_EQ(n(nat["optimizer_states"]), device + 2 * 65536);
+  EXPECT_EQ(n(nat["optimizer_states_managed"]), managed);
   const Result t = trainmem(recipe);
   ASSERT_EQ(t.code, 0) << t.err;
   EXPECT_TRUE(has(t.out, "paged-adamw8bit")) << t.out;
@@ -252,8 +257,10 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
   for (const Case& c : std::vector<Case>{
            {"profile --model tiny --backend meta --finetune qlora --world-size 2 --zero 2",
             "--finetune qlora with a parallel layout"},
-           {"profile --model tiny --backend meta --finetune lora --optimizer paged-adamw8bit",
-            "--optimizer paged-adamw8bit: trainmem's own LoRA step has adamw, sgd and adamw8bit"},
+           {"profile --model tiny --backend meta --optimizer paged-adamw8bit --world-size 2 --dp 2",
+            "--optimizer paged-adamw8bit: the sharded step"},
+           {"plan --model tiny --gpus 2 --gpu-memory 1GiB --global-batch 2 --optimizer paged-adamw",
+            "--optimizer paged-adamw: plan searches parallel layouts"},
            {"estimate --model tiny --optimizer adamw8bit --world-size 2 --zero 1",
             "--optimizer adamw8bit: the sharded step"},
            {"profile --model tiny --backend meta --optimizer adamw8bit --world-size 2 --dp 2",
@@ -315,11 +322,10 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
             "--finetune lora with"},
            {"estimate --model qwen3-8b --finetune lora --profile hf-peft", "q/k norms"},
            {"estimate --model tiny --finetune dora", "--finetune"},
-           {"estimate --model tiny --optimizer paged-adamw", "--optimizer paged-adamw: "},
-           {"profile --model tiny --backend meta --optimizer paged-adamw8bit",
-            "--optimizer paged-adamw8bit"},
            {"estimate --model tiny --finetune lora --optimizer adam8bit",
-            "adamw, sgd, lomo, adamw8bit, all, paged-adamw, paged-adamw8bit"},
+            "allowed: adamw, sgd, lomo, adamw8bit, paged-adamw, paged-adamw8bit, all"},
+           {"estimate --model tiny --finetune lora --optimizer paged-adamw --bnb-version 0.43.3",
+            "give it with --optimizer adamw8bit or paged-adamw8bit"},
            {"estimate --model tiny --bnb-version 0.43.3", "--bnb-version applies to"},
            {"estimate --model tiny --finetune qlora --optimizer adamw8bit --bnb-version 0.39.0",
             "--bnb-version 0.39.0"},
@@ -366,9 +372,8 @@ TEST(CliE2ELora, ProfileRunsTheLoraStepOnTheCpu) {
   EXPECT_FALSE(f.j()["run"].contains("finetune"));
 }
 
-// estimate lists trainmem's own LoRA step beside hf-peft (adamw, sgd, adamw8bit, a 16-bit or
-// 4-bit base, dropout), and hf-peft alone where the native step has no such recipe (the paged
-// optimizers).
+// estimate lists trainmem's own LoRA step beside hf-peft (adamw, sgd, bitsandbytes' optimizers,
+// a 16-bit or 4-bit base, dropout).
 TEST(CliE2ELora, EstimateListsTheNativeLoraStepWhereItRuns) {
   const Result r = trainmem(
       "estimate --model llama3-8b --finetune lora --lora-targets all-linear --batch 1 --seq 2048 "
@@ -391,8 +396,8 @@ TEST(CliE2ELora, EstimateListsTheNativeLoraStepWhereItRuns) {
         trainmem("estimate --model llama3-8b " + other + " --batch 1 --seq 2048 --format json");
     ASSERT_EQ(q.code, 0) << q.err;
     const bool paged = has(other, "paged");
-    EXPECT_EQ(q.j()["analytic"].size(), paged ? 1u : 2u) << q.j()["analytic"];
-    EXPECT_EQ(q.j()["run"].contains("finetune"), !paged);
+    EXPECT_EQ(q.j()["analytic"].size(), 2u) << q.j()["analytic"];
+    EXPECT_TRUE(q.j()["run"].contains("finetune"));
     if (!paged) EXPECT_EQ(q.j()["run"]["lora_dropout"], 0.05);
   }
 }

@@ -430,8 +430,11 @@ TEST(TrainConfig, Validate) {
 }
 
 TEST(Enums, NamesRoundTrip) {
-  for (auto o : {Optimizer::adamw, Optimizer::sgd, Optimizer::lomo})
+  for (auto o : {Optimizer::adamw, Optimizer::sgd, Optimizer::lomo, Optimizer::adamw8bit,
+                 Optimizer::paged_adamw, Optimizer::paged_adamw8bit})
     EXPECT_EQ(parse_optimizer(optimizer_name(o)), o);
+  EXPECT_STREQ(optimizer_name(Optimizer::paged_adamw), "paged-adamw");  // bitsandbytes' spelling
+  EXPECT_STREQ(optimizer_name(Optimizer::paged_adamw8bit), "paged-adamw8bit");
   for (auto c : {Checkpointing::none, Checkpointing::full, Checkpointing::selective})
     EXPECT_EQ(parse_checkpointing(checkpointing_name(c)), c);
   for (auto a : {Attention::eager, Attention::flash})

@@ -265,6 +265,116 @@ TEST(Optimizer, AdamW8bitStatesFollowBitsandbytesSizes) {
   EXPECT_FALSE(opt.fused_into_backward());
 }
 
+// bitsandbytes' paged optimizers (get_state_buffer): state1/state2 of a tensor of 100,000
+// elements or more come from the managed ledger, everything else (a smaller tensor's moments,
+// the absmax blocks, the shared maps and tables) from the device ledger as AdamW8bit keeps it;
+// PagedAdamW keeps fp32 moments for every tensor and no maps. No master copy either way.
+TEST(Optimizer, PagedOptimizersTakeLargeMomentsFromTheManagedLedger) {
+  auto be = make_meta_backend(DType::bf16);
+  struct Want {
+    std::string name;
+    DType dt;
+    std::uint64_t bytes;
+    bool managed;
+  };
+  for (Optimizer o : {Optimizer::paged_adamw8bit, Optimizer::paged_adamw}) {
+    SCOPED_TRACE(optimizer_name(o));
+    Ledger device(be->allocator()), managed(be->managed_allocator());
+    ParameterOptimizer opt(default_optimizer_settings(o), *be, device, &managed);
+    opt.add_parameter("small", 0, {4095});   // under min_8bit_size
+    opt.add_parameter("under", 0, {99999});  // one under the paging size
+    opt.add_parameter("at", 1, {400, 250});  // exactly 100,000: paged
+    const bool eight = o == Optimizer::paged_adamw8bit;
+    const DType md = eight ? DType::u8 : DType::f32;
+    const std::uint64_t w = eight ? 1 : 4;
+    std::vector<Want> want = {{"small.state1", DType::f32, 4095 * 4, false},
+                              {"small.state2", DType::f32, 4095 * 4, false}};
+    if (eight)
+      for (const char* m : {"optimizer.qmap1", "optimizer.qmap2"})
+        want.push_back({m, DType::f32, 1024, false});
+    if (eight)
+      for (const char* m : {"optimizer.qmap1_lut", "optimizer.qmap2_lut"})
+        want.push_back({m, DType::u8, 65536, false});
+    for (const char* s : {"under.state1", "under.state2"})
+      want.push_back({s, md, 99999 * w, false});
+    if (eight)
+      for (const char* a : {"under.absmax1", "under.absmax2"})
+        want.push_back({a, DType::f32, 391 * 4, false});  // ceil(99,999 / 256) = 391
+    for (const char* s : {"at.state1", "at.state2"}) want.push_back({s, md, 100000 * w, true});
+    if (eight)
+      for (const char* a : {"at.absmax1", "at.absmax2"})
+        want.push_back({a, DType::f32, 391 * 4, false});  // ceil(100,000 / 256) = 391
+    std::vector<const TensorRecord*> got_device, got_managed;
+    for (const auto& r : device.tensors()) got_device.push_back(&r);
+    for (const auto& r : managed.tensors()) got_managed.push_back(&r);
+    std::size_t d = 0, m = 0;
+    for (const Want& x : want) {
+      auto& list = x.managed ? got_managed : got_device;
+      std::size_t& at = x.managed ? m : d;
+      ASSERT_LT(at, list.size()) << x.name;
+      const TensorRecord& r = *list[at++];
+      EXPECT_EQ(r.name, x.name);
+      EXPECT_EQ(r.dtype, x.dt) << x.name;
+      EXPECT_EQ(r.bytes, x.bytes) << x.name;
+      EXPECT_EQ(r.category, Category::optimizer_states) << x.name;
+    }
+    EXPECT_EQ(d, got_device.size());
+    EXPECT_EQ(m, got_managed.size());
+    EXPECT_EQ(managed.live_total(), 2 * 100000 * w);
+    for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(opt.master(i), nullptr);
+  }
+  Ledger device(be->allocator());
+  try {
+    ParameterOptimizer opt(default_optimizer_settings(Optimizer::paged_adamw), *be, device);
+    FAIL() << "a paged optimizer without its managed ledger";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("paged-adamw: a paged optimizer needs the managed-memory "
+                                         "ledger"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// The update of a paged optimizer is the unpaged one: PagedAdamW8bit's equals AdamW8bit's bit for
+// bit on a paged tensor; PagedAdamW's on 100,000 elements equals bitsandbytes' 32-bit update that
+// AdamW8bit applies to tensors under 4,096 elements, run here on 25 slices of 4,000 (the 32-bit
+// update is elementwise, so the slices must give the same bits), over three steps.
+TEST(Optimizer, PagedOptimizersStepLikeTheirUnpagedTwins) {
+  auto be = make_cpu_backend(DType::bf16);
+  const std::int64_t n = 100000, slice = 4000;
+  auto init = [](std::int64_t i) { return 0.01f * float(i % 37) - 0.17f; };
+  auto grad = [](std::int64_t i, int step) { return 0.002f * float((i * 11 + step) % 29) - 0.03f; };
+  auto run = [&](Optimizer o, std::int64_t parts) {
+    Ledger device(be->allocator()), managed(be->managed_allocator());
+    ParameterOptimizer opt(default_optimizer_settings(o), *be, device, &managed);
+    const std::int64_t len = n / parts;
+    std::vector<Tensor> p, g;
+    for (std::int64_t k = 0; k < parts; ++k) {
+      p.push_back(device.allocate("p", Category::params, 0, {len}, DType::bf16));
+      g.push_back(device.allocate("g", Category::gradients, 0, {len}, DType::bf16));
+      opt.add_parameter("p" + std::to_string(k), 0, {len});
+      std::vector<float> v(static_cast<std::size_t>(len));
+      for (std::int64_t i = 0; i < len; ++i) v[std::size_t(i)] = init(k * len + i);
+      be->round_from_f32(p.back().data(), v.data(), len);
+    }
+    EXPECT_EQ(managed.live_total() > 0, paged_optimizer(o) && parts == 1);
+    for (int step = 1; step <= 3; ++step)
+      for (std::int64_t k = 0; k < parts; ++k) {
+        std::vector<float> v(static_cast<std::size_t>(len));
+        for (std::int64_t i = 0; i < len; ++i) v[std::size_t(i)] = grad(k * len + i, step);
+        be->round_from_f32(g[std::size_t(k)].data(), v.data(), len);
+        opt.update(std::size_t(k), p[std::size_t(k)].data(), g[std::size_t(k)].data(), step, 1.0f);
+      }
+    std::vector<std::uint16_t> out;
+    for (auto& t : p) out.insert(out.end(), t.as<std::uint16_t>(), t.as<std::uint16_t>() + len);
+    return out;
+  };
+  EXPECT_EQ(run(Optimizer::paged_adamw8bit, 1), run(Optimizer::adamw8bit, 1));
+  const auto paged32 = run(Optimizer::paged_adamw, 1);
+  EXPECT_EQ(paged32, run(Optimizer::adamw8bit, n / slice));
+  EXPECT_NE(paged32, run(Optimizer::adamw8bit, 1)) << "8-bit moments must differ from fp32 ones";
+}
+
 // The optimizer's wiring (which map serves which moment, the hyperparameters, the 8-bit and
 // fp32-state paths by size, the states carried from step to step) against the real
 // bitsandbytes: tests/data/bnb/adamw8bit.safetensors, three steps of five parameters recorded

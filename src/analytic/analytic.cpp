@@ -502,13 +502,20 @@ std::uint64_t parameter_count(const std::vector<ParamSpec>& specs) {
 }
 
 namespace {
-// bitsandbytes' AdamW8bit states of one tensor of n elements (docs/formulas.md, "8-bit AdamW in
-// the native step"): uint8 state1/state2 and an fp32 absmax1/absmax2 per 256-element block from
-// 4,096 elements on, fp32 state1/state2 below.
-std::uint64_t adamw8bit_tensor_bytes(std::uint64_t n) {
-  if (n < static_cast<std::uint64_t>(kBnbMin8BitSize)) return checked_mul(n, 8, "8-bit states");
+// bitsandbytes' states of one tensor of n elements (docs/formulas.md, "8-bit AdamW in the native
+// step", "Paged optimizers in the native step"): under the 8-bit kinds uint8 state1/state2 and an
+// fp32 absmax1/absmax2 per 256-element block from 4,096 elements on, else fp32 state1/state2;
+// a paged kind's state1/state2 of n >= 100,000 go to `managed`, the rest to `device`.
+void bnb_tensor_bytes(Optimizer o, std::uint64_t n, std::uint64_t copies, std::uint64_t& device,
+                      std::uint64_t& managed, bool& any8) {
+  const bool eight = eight_bit_optimizer(o) && n >= static_cast<std::uint64_t>(kBnbMin8BitSize);
+  const bool paged = paged_optimizer(o) && n >= static_cast<std::uint64_t>(kBnbPagedMinSize);
+  any8 = any8 || eight;
+  const std::uint64_t states = checked_mul(checked_mul(n, eight ? 2 : 8, "bnb states"), copies);
   const std::uint64_t blocks = (n + kBnbStateBlock - 1) / kBnbStateBlock;
-  return checked_add(checked_mul(n, 2, "8-bit states"), checked_mul(blocks, 8), "8-bit states");
+  const std::uint64_t absmax = eight ? checked_mul(checked_mul(blocks, 8), copies) : 0;
+  (paged ? managed : device) = checked_add(paged ? managed : device, states, "bnb states");
+  device = checked_add(device, absmax, "bnb states");
 }
 }  // namespace
 
@@ -586,15 +593,14 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
          checked_mul(layer_bytes, model.layers, "params bytes")},
         "params bytes");
   }
-  // AdamW8bit: the states of every trained tensor (one layer's, times the layers, + the rest),
-  // and the shared maps and lookup tables once any tensor keeps 8-bit states.
-  std::uint64_t states8 = 0;
+  // bitsandbytes' optimizers: the states of every trained tensor (one layer's, times the layers,
+  // + the rest), and the shared maps and lookup tables once any tensor keeps 8-bit states.
+  std::uint64_t states_bnb = 0, states_managed = 0;
   bool any8 = false;
-  if (train.optimizer == Optimizer::adamw8bit) {
+  if (bnb_optimizer(train.optimizer)) {
     const std::uint64_t L = static_cast<std::uint64_t>(model.layers);
     auto add = [&](std::uint64_t n, std::uint64_t copies) {
-      any8 = any8 || n >= static_cast<std::uint64_t>(kBnbMin8BitSize);
-      states8 = checked_add(states8, checked_mul(adamw8bit_tensor_bytes(n), copies), "states");
+      bnb_tensor_bytes(train.optimizer, n, copies, states_bnb, states_managed, any8);
     };
     if (train.lora()) {
       for (std::uint64_t n : adapters) add(n, L);
@@ -602,9 +608,9 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
       for (const auto& p : few) add(p.elements, p.name.rfind("model.layers.", 0) == 0 ? L : 1);
     }
     if (any8)
-      states8 = checked_add(states8,
-                            static_cast<std::uint64_t>(2 * kBnbMapEntries * 4 + 2 * kBnbLutEntries),
-                            "states");
+      states_bnb = checked_add(
+          states_bnb, static_cast<std::uint64_t>(2 * kBnbMapEntries * 4 + 2 * kBnbLutEntries),
+          "states");
   }
   const std::uint64_t T = f.trainable;
   f.largest_gradient_bytes = checked_mul(largest_elements, w, "gradient bytes");
@@ -619,8 +625,11 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
       f.optimizer_states = fp32 ? 0 : checked_mul(T, 4, "optimizer states");
       break;
     case Optimizer::adamw8bit:
+    case Optimizer::paged_adamw:
+    case Optimizer::paged_adamw8bit:
       f.gradients = checked_mul(T, w, "gradient bytes");
-      f.optimizer_states = states8;
+      f.optimizer_states = states_bnb;
+      f.optimizer_states_managed = states_managed;
       break;
     case Optimizer::lomo: {
       f.optimizer_states = 0;
@@ -657,6 +666,7 @@ Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& 
   est.figures.params = st.params;
   est.figures.gradients = st.gradients;
   est.figures.optimizer_states = st.optimizer_states;
+  est.optimizer_states_managed = st.optimizer_states_managed;
   est.param_count = st.elements;
   est.trainable_params = st.trainable;
   est.largest_gradient_bytes = st.largest_gradient_bytes;

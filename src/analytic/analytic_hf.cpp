@@ -816,11 +816,15 @@ void build_hf_peft(Estimate& est) {
   // the two 256-entry fp32 quantile maps (dynamic, udynamic) are one pair shared by every 8-bit
   // tensor. A paged optimizer takes state1/state2 of a tensor of n >= 1e5 elements from CUDA
   // managed memory (get_state_buffer), the rest as ordinary tensors.
-  // `--optimizer adamw8bit` is a TrainConfig optimizer (the native step runs it too); the paged
-  // ones are hf-peft's alone (PeftOptions::optimizer).
-  const BnbOptimizer bo =
-      t.optimizer == Optimizer::adamw8bit ? BnbOptimizer::adamw8bit : pf.optimizer;
-  if (pf.optimizer != BnbOptimizer::none && t.optimizer != Optimizer::adamw)
+  // bitsandbytes' optimizers are TrainConfig optimizers (the native step runs them too); a
+  // PeftOptions::optimizer, when set, must be the same one.
+  const BnbOptimizer bo = t.optimizer == Optimizer::adamw8bit     ? BnbOptimizer::adamw8bit
+                          : t.optimizer == Optimizer::paged_adamw ? BnbOptimizer::paged_adamw
+                          : t.optimizer == Optimizer::paged_adamw8bit
+                              ? BnbOptimizer::paged_adamw8bit
+                              : pf.optimizer;
+  if (pf.optimizer != BnbOptimizer::none &&
+      (pf.optimizer != bo || !(t.optimizer == Optimizer::adamw || bnb_optimizer(t.optimizer))))
     throw InputError(
         std::string("--optimizer ") + bnb_optimizer_name(pf.optimizer) +
         ": a bitsandbytes optimizer replaces torch's AdamW; the torch optimizer beside it "

@@ -48,7 +48,9 @@ std::uint64_t state_bytes_per_param(Optimizer o, std::uint64_t w) {
     case Optimizer::sgd:
       return w == 4 ? 0 : 4;
     case Optimizer::lomo:
-    case Optimizer::adamw8bit:  // per tensor (state_figures); one GPU only
+    case Optimizer::adamw8bit:  // bitsandbytes': per tensor (state_figures); one GPU only
+    case Optimizer::paged_adamw:
+    case Optimizer::paged_adamw8bit:
       return 0;
   }
   return 0;
@@ -516,7 +518,10 @@ void Stage::books() {
     est.largest_gradient_bytes = st.largest_gradient_bytes;
     est.largest_gradient_name = st.largest_gradient_name;
     if (lomo_) fg.gradients = st.gradients;
-    if (t_.optimizer == Optimizer::adamw8bit) fg.optimizer_states = st.optimizer_states;
+    if (bnb_optimizer(t_.optimizer)) {
+      fg.optimizer_states = st.optimizer_states;
+      est.optimizer_states_managed = st.optimizer_states_managed;
+    }
   }
   if (lomo_) {
     emb_grad_ = checked_mul(emb, w);
@@ -1034,13 +1039,23 @@ void Stage::figures() {
         "dtype" +
         (t_.double_quant ? " beside its fp32 absmax" : "") +
         ") and frees it after the GEMM: forward, recompute and the backward's input gradients");
-  if (t_.optimizer == Optimizer::adamw8bit)
+  if (eight_bit_optimizer(t_.optimizer))
     est.notes.push_back(
         "adamw8bit (bitsandbytes' AdamW8bit): no fp32 master copy (the weights are updated in "
         "place); per trained tensor of n >= 4,096 elements uint8 state1/state2 and an fp32 "
         "absmax1/absmax2 per 256 elements (2n + 8·ceil(n/256) B), fp32 state1/state2 below "
         "(8n B), and once the two 256-entry quantile maps and their 65,536-entry lookup tables "
         "(133,120 B)");
+  if (paged_optimizer(t_.optimizer))
+    est.notes.push_back(
+        std::string(optimizer_name(t_.optimizer)) + " (bitsandbytes' " +
+        (t_.optimizer == Optimizer::paged_adamw
+             ? "PagedAdamW: its 32-bit Adam, fp32 state1/state2 (8n B) for every trained tensor, "
+               "no fp32 master copy"
+             : "PagedAdamW8bit: AdamW8bit's states") +
+        "): state1/state2 of a tensor of n >= 100,000 elements live in CUDA managed memory, "
+        "reported apart as optimizer_states_managed (outside the pool, the peak and "
+        "--device-budget); the rest on the device");
   if (lomo_)
     est.notes.push_back(m_.tied_embeddings
                             ? "LOMO, tied embeddings: the shared embedding gradient is alive "

@@ -300,6 +300,10 @@ const char* optimizer_name(Optimizer o) {
       return "lomo";
     case Optimizer::adamw8bit:
       return "adamw8bit";
+    case Optimizer::paged_adamw:
+      return "paged-adamw";
+    case Optimizer::paged_adamw8bit:
+      return "paged-adamw8bit";
   }
   return "?";
 }
@@ -328,6 +332,8 @@ std::optional<Optimizer> parse_optimizer(const std::string& s) {
   if (s == "sgd") return Optimizer::sgd;
   if (s == "lomo") return Optimizer::lomo;
   if (s == "adamw8bit") return Optimizer::adamw8bit;
+  if (s == "paged-adamw") return Optimizer::paged_adamw;
+  if (s == "paged-adamw8bit") return Optimizer::paged_adamw8bit;
   return std::nullopt;
 }
 std::optional<Checkpointing> parse_checkpointing(const std::string& s) {

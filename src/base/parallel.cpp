@@ -150,10 +150,10 @@ void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const Trai
         "--offload-activations with --pp " + str(pp) +
         ": activation offload is modelled without pipeline parallelism (one stage per rank "
         "and one micro-batch in flight); use --pp 1");
-  if (world > 1 && train.optimizer == Optimizer::adamw8bit)
-    throw InputError(
-        "--optimizer adamw8bit: the sharded step shards AdamW's and SGD's fp32 states; 8-bit "
-        "AdamW with --world-size above 1 is not modelled yet");
+  if (world > 1 && bnb_optimizer(train.optimizer))
+    throw InputError(std::string("--optimizer ") + optimizer_name(train.optimizer) +
+                     ": the sharded step shards AdamW's and SGD's fp32 states; bitsandbytes' "
+                     "optimizers with --world-size above 1 are not modelled yet");
   if (world > 1 && train.optimizer == Optimizer::lomo)
     throw InputError(
         "--optimizer lomo: the sharded step supports adamw and sgd; LOMO with "

@@ -91,21 +91,13 @@ const std::vector<SideOption> kSideOptions = {
          throw InputError("diff " + which + ": dtype=" + v + "; allowed: bf16, fp16, fp32");
        s.train.dtype = *d;
      }},
-    {"optimizer", Kind::profile,
-     "adamw|sgd|lomo|adamw8bit (hf-peft also paged-adamw|paged-adamw8bit)",
+    {"optimizer", Kind::profile, "adamw|sgd|lomo|adamw8bit|paged-adamw|paged-adamw8bit",
      [](SideSetup& s, const std::string& v, const std::string& which) {
-       const auto o = parse_optimizer(v);  // adamw8bit: the native step's and hf-peft's
-       if (!o) {
-         if (const auto b = parse_bnb_optimizer(v)) {  // paged: checked against the profile later
-           s.hf.peft.optimizer = *b;
-           s.train.optimizer = Optimizer::adamw;
-           return;
-         }
+       const auto o = parse_optimizer(v);  // bitsandbytes': the native step's and hf-peft's
+       if (!o)
          throw InputError("diff " + which + ": optimizer=" + v +
-                          "; allowed: adamw, sgd, lomo, adamw8bit, and for hf-peft paged-adamw, "
-                          "paged-adamw8bit");
-       }
-       s.train.optimizer = *o;
+                          "; allowed: adamw, sgd, lomo, adamw8bit, paged-adamw, paged-adamw8bit");
+       s.train.optimizer = *o;  // hf-peft takes bitsandbytes' from it
        s.hf.peft.optimizer = BnbOptimizer::none;
      }},
     {"checkpointing", Kind::profile, "none|full|selective",
@@ -297,9 +289,6 @@ diff::Side profile_side(const DiffSideSpec& spec, const std::string& text, const
           throw InputError(kv.first + "= needs finetune=lora|qlora (or --finetune lora|qlora)");
     if (native && p.finetune != Finetune::full) {
       // trainmem's own LoRA / QLoRA step (docs/native-plan.md, "LoRA", "QLoRA").
-      if (p.optimizer != BnbOptimizer::none && p.optimizer != BnbOptimizer::adamw8bit)
-        throw InputError(std::string("native with --optimizer ") + bnb_optimizer_name(p.optimizer) +
-                         ": trainmem's own step has no paged optimizer; hf-peft models it");
       s.train.lora_rank = p.rank;
       s.train.lora_targets = p.targets;
       s.train.lora_dropout = p.dropout;

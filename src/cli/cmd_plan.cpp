@@ -68,11 +68,12 @@ int run_plan(const PlanFlags& flags) {
   cf.format = flags.format;
   cf.output = flags.output;
   const Common c = resolve_common(cf, true, false);
-  if (c.train.optimizer == Optimizer::adamw8bit)
-    throw InputError(
-        "--optimizer adamw8bit: plan searches parallel layouts, and 8-bit AdamW is modelled on "
-        "one GPU only (the sharded step shards AdamW's and SGD's fp32 states); `trainmem "
-        "maxbatch --optimizer adamw8bit` answers for one GPU");
+  if (bnb_optimizer(c.train.optimizer))
+    throw InputError(std::string("--optimizer ") + flags.optimizer +
+                     ": plan searches parallel layouts, and bitsandbytes' optimizers are "
+                     "modelled on one GPU only (the sharded step shards AdamW's and SGD's fp32 "
+                     "states); `trainmem maxbatch --optimizer " +
+                     flags.optimizer + "` answers for one GPU");
 
   PlanOptions o;
   o.gpus = flags.gpus;

@@ -190,8 +190,8 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
       ->capture_default_str();
   cmd.add_option("--dtype", flags.dtype, "Training dtype: bf16|fp16|fp32")->capture_default_str();
   cmd.add_option("--optimizer", flags.optimizer,
-                 "adamw|sgd|lomo|adamw8bit (bitsandbytes' AdamW8bit); with --finetune "
-                 "lora|qlora (estimate, maxbatch) also bitsandbytes' paged-adamw|paged-adamw8bit")
+                 "adamw|sgd|lomo, or bitsandbytes' adamw8bit|paged-adamw|paged-adamw8bit "
+                 "(AdamW8bit, PagedAdamW, PagedAdamW8bit)")
       ->capture_default_str();
   // Given alone, --checkpointing means "full" (resolve_common maps the empty value).
   cmd.add_option("--checkpointing", flags.checkpointing,
@@ -453,29 +453,16 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   // A command that only runs it refuses the recipes it cannot run; estimate models it beside
   // hf-peft where it can.
   const PeftOptions& peft = c.hf.peft;
-  // adamw8bit is an optimizer of trainmem's own step too; the paged ones are hf-peft's alone.
-  const auto bnb = parse_bnb_optimizer(flags.optimizer);
-  const bool paged = bnb && *bnb != BnbOptimizer::adamw8bit;
-  const bool native_capable = lora && !paged;
-  if (lora && native_lora && (native_capable || allow_finetune)) {
-    if (native_capable) {
-      check_hf_options(Profile::hf_peft, c.hf);  // the rank's range, the base/finetune pairs
-      c.train.lora_rank = peft.rank;
-      c.train.lora_targets = peft.targets;
-      c.train.lora_dropout = peft.dropout;
-      c.train.quant = peft.quant;
-      c.train.double_quant = peft.double_quant;
-      c.train.quant_blocksize = peft.quant_blocksize;
-    }
-  } else if (lora && native_lora) {
-    const PeftOptions& p = peft;
+  // bitsandbytes' optimizers are TrainConfig optimizers: trainmem's own step and hf-peft run
+  // them alike (PeftOptions::optimizer stays none; hf-peft takes them from the TrainConfig).
+  if (lora && native_lora) {
     check_hf_options(Profile::hf_peft, c.hf);  // the rank's range, the base/finetune pairs
-    if (paged)
-      throw InputError("--optimizer " + flags.optimizer +
-                       ": trainmem's own LoRA step has adamw, sgd and adamw8bit (paged "
-                       "optimizers keep their states in CUDA managed memory, which it does not "
-                       "model); `trainmem estimate --finetune lora --optimizer " +
-                       flags.optimizer + "` models bitsandbytes' optimizer (hf-peft)");
+    c.train.lora_rank = peft.rank;
+    c.train.lora_targets = peft.targets;
+    c.train.lora_dropout = peft.dropout;
+    c.train.quant = peft.quant;
+    c.train.double_quant = peft.double_quant;
+    c.train.quant_blocksize = peft.quant_blocksize;
   }
   if (lora && !allow_finetune && !native_lora)
     throw InputError("--finetune " + flags.finetune +
@@ -501,32 +488,18 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
     throw InputError("--dtype: unknown dtype '" + flags.dtype + "'; allowed: bf16, fp16, fp32");
   c.train.dtype = *dtype;
 
-  if (paged) {
-    // bitsandbytes' paged optimizers step the adapters of the hf-peft profile; AdamW's
-    // arithmetic, other states (docs/formulas.md, "Profile hf-peft").
-    if (!lora)
-      throw InputError(
-          "--optimizer " + flags.optimizer +
-          ": bitsandbytes' paged optimizers are modelled for LoRA adapters only: add "
-          "--finetune lora|qlora (estimate or maxbatch, profile hf-peft); the full fine-tune "
-          "and trainmem's own step have adamw, sgd, lomo, adamw8bit");
-    c.hf.peft.optimizer = *bnb;
-    c.optimizers = {Optimizer::adamw};
-  } else if (allow_all_optimizers && flags.optimizer == "all") {
+  if (allow_all_optimizers && flags.optimizer == "all") {
     c.optimizers = {Optimizer::adamw, Optimizer::sgd, Optimizer::lomo};
     if (lora) c.optimizers.pop_back();  // LOMO updates every weight in the backward
   } else if (auto o = parse_optimizer(flags.optimizer)) {
     c.optimizers = {*o};
   } else {
     throw InputError("--optimizer: unknown optimizer '" + flags.optimizer +
-                     "'; allowed: adamw, sgd, lomo, adamw8bit" +
-                     (allow_all_optimizers ? ", all" : "") +
-                     (lora ? ", paged-adamw, paged-adamw8bit" : ""));
+                     "'; allowed: adamw, sgd, lomo, adamw8bit, paged-adamw, paged-adamw8bit" +
+                     (allow_all_optimizers ? ", all" : ""));
   }
   c.train.optimizer = c.optimizers.front();
-  if (!flags.bnb_version.empty() && c.train.optimizer != Optimizer::adamw8bit &&
-      c.hf.peft.optimizer != BnbOptimizer::paged_adamw8bit &&
-      c.hf.peft.optimizer != BnbOptimizer::adamw8bit)
+  if (!flags.bnb_version.empty() && !eight_bit_optimizer(c.train.optimizer))
     throw InputError("--bnb-version " + flags.bnb_version +
                      ": the releases hf-peft knows differ only in the 8-bit optimizers' state; "
                      "give it with --optimizer adamw8bit or paged-adamw8bit");
@@ -602,10 +575,7 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   for (const auto& name : c.profiles) {
     if (lora && name != "hf-peft" && !(c.train.lora() && name == "native"))
       throw InputError("--profile " + name + " with --finetune " + flags.finetune +
-                       ": only hf-peft" +
-                       (native_lora ? " and native (adamw, sgd or adamw8bit; no paged "
-                                      "optimizer) model"
-                                    : " models") +
+                       ": only hf-peft" + (native_lora ? " and native model" : " models") +
                        " a LoRA step (the other profiles train every weight)");
     check_hf_options(*parse_profile(name), c.hf);
   }

@@ -78,7 +78,10 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
       be_(backend),
       ledger_(ledger),
       D_(backend.dtype()),
-      opt_(optimizer, backend, ledger) {
+      managed_ledger_(paged_optimizer(optimizer.kind)
+                          ? std::make_unique<Ledger>(backend.managed_allocator())
+                          : nullptr),
+      opt_(optimizer, backend, ledger, managed_ledger_.get()) {
   cfg_.validate();
   train_.validate();
   train_.check_checkpoint_resolved("this command");

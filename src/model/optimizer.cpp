@@ -21,15 +21,21 @@ std::uint64_t optimizer_state_bytes_per_param(Optimizer kind, DType d) {
     case Optimizer::sgd:
       return master;
     case Optimizer::lomo:
-    case Optimizer::adamw8bit:  // per tensor of the model: state_figures (analytic.hpp)
+    case Optimizer::adamw8bit:  // bitsandbytes': per tensor of the model (state_figures)
+    case Optimizer::paged_adamw:
+    case Optimizer::paged_adamw8bit:
       return 0;
   }
   return 0;
 }
 
 ParameterOptimizer::ParameterOptimizer(const OptimizerSettings& settings, Backend& backend,
-                                       Ledger& ledger)
-    : s_(settings), backend_(backend), ledger_(ledger) {}
+                                       Ledger& ledger, Ledger* managed)
+    : s_(settings), backend_(backend), ledger_(ledger), managed_(managed) {
+  if (paged_optimizer(s_.kind) && !managed_)
+    throw Error(std::string("optimizer ") + optimizer_name(s_.kind) +
+                ": a paged optimizer needs the managed-memory ledger");
+}
 
 std::size_t ParameterOptimizer::add_parameter(const std::string& name, int layer,
                                               const std::vector<std::int64_t>& shape) {
@@ -49,9 +55,11 @@ std::size_t ParameterOptimizer::add_parameter(const std::string& name, int layer
     backend_.fill_zero(st.m.data(), st.m.bytes());
     backend_.fill_zero(st.v.data(), st.v.bytes());
   }
-  if (s_.kind == Optimizer::adamw8bit) {
-    // bitsandbytes' Optimizer2State.init_state: names as in its state dict.
-    const bool eight = st.numel >= kBnbMin8BitSize;
+  if (bnb_optimizer(s_.kind)) {
+    // bitsandbytes' Optimizer2State.init_state: names as in its state dict; get_state_buffer
+    // takes a paged optimizer's state1/state2 of a large tensor from managed memory.
+    const bool eight = eight_bit_optimizer(s_.kind) && st.numel >= kBnbMin8BitSize;
+    Ledger& states = paged_optimizer(s_.kind) && st.numel >= kBnbPagedMinSize ? *managed_ : ledger_;
     if (eight && !qmap1_) {
       qmap1_ = ledger_.allocate("optimizer.qmap1", Category::optimizer_states, -1, {kBnbMapEntries},
                                 DType::f32);
@@ -65,8 +73,8 @@ std::size_t ParameterOptimizer::add_parameter(const std::string& name, int layer
                                     lut1_.as<std::uint8_t>(), lut2_.as<std::uint8_t>());
     }
     const DType sd = eight ? DType::u8 : DType::f32;
-    st.m = ledger_.allocate(name + ".state1", Category::optimizer_states, layer, shape, sd);
-    st.v = ledger_.allocate(name + ".state2", Category::optimizer_states, layer, shape, sd);
+    st.m = states.allocate(name + ".state1", Category::optimizer_states, layer, shape, sd);
+    st.v = states.allocate(name + ".state2", Category::optimizer_states, layer, shape, sd);
     backend_.fill_zero(st.m.data(), st.m.bytes());
     backend_.fill_zero(st.v.data(), st.v.bytes());
     if (eight) {
@@ -103,11 +111,13 @@ void ParameterOptimizer::update(std::size_t index, void* param, const void* grad
     case Optimizer::lomo:
       backend_.sgd_update(param, grad, nullptr, st.numel, s_.lomo_lr, grad_scale);
       return;
-    case Optimizer::adamw8bit: {
+    case Optimizer::adamw8bit:
+    case Optimizer::paged_adamw:
+    case Optimizer::paged_adamw8bit: {
       // fp16: the loss-scaled gradient unscaled as bitsandbytes' gnorm_scale does it.
       BnbAdamWParams hp = s_.adamw8bit;
       hp.gnorm_scale = grad_scale;
-      if (st.numel < kBnbMin8BitSize)
+      if (!st.absmax1)  // 32-bit states: PagedAdamW, or a tensor under 4,096 elements
         backend_.bnb_adamw32_update(param, grad, st.m.as<float>(), st.v.as<float>(), st.numel, hp,
                                     step);
       else

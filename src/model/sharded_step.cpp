@@ -260,10 +260,10 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
     throw Error("sharded step: stage " + std::to_string(stage) + " outside the pipeline");
   if (train.optimizer == Optimizer::lomo && (layout.distributed() || exec))
     throw InputError("--optimizer lomo: the sharded step supports adamw and sgd");
-  if (train.optimizer == Optimizer::adamw8bit)
-    throw InputError(
-        "--optimizer adamw8bit: the sharded step supports adamw and sgd (8-bit AdamW runs on "
-        "one GPU without a parallel layout)");
+  if (bnb_optimizer(train.optimizer))
+    throw InputError(std::string("--optimizer ") + optimizer_name(train.optimizer) +
+                     ": the sharded step supports adamw and sgd (bitsandbytes' optimizers run "
+                     "on one GPU without a parallel layout)");
   if (exec) {
     Impl& x = *impl_;
     x.X = exec;

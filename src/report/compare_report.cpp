@@ -30,6 +30,10 @@ std::string display_optimizer(Optimizer o) {
       return "LOMO";
     case Optimizer::adamw8bit:
       return "AdamW8bit";
+    case Optimizer::paged_adamw:
+      return "PagedAdamW";
+    case Optimizer::paged_adamw8bit:
+      return "PagedAdamW8bit";
   }
   return "?";
 }
@@ -317,6 +321,10 @@ void write_compare(report::ReportWriter& w, const std::vector<ComparePair>& pair
             "; Total = params + gradients + optimizer states + activations; Peak = true "
             "high-water mark; native = the ledger equals the analytic native profile)");
   w.table(memory_table(pairs, u, first.computes));
+  for (const auto& p : pairs)
+    if (const std::string pg = report::managed_text(p.optimizer, p.none->optimizer_states_managed);
+        !pg.empty())
+      w.detail("managed memory, " + pg);
   std::vector<ComparePair> first_optimizer;
   for (const auto& p : pairs)
     if (p.optimizer == pairs.front().optimizer) first_optimizer.push_back(p);

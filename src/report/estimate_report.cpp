@@ -390,8 +390,9 @@ void write_estimate(ReportWriter& w, const EstimateResult& c, bool explain, bool
   for (const auto& r : runs)
     for (const auto& e : r.estimates)
       if (e.optimizer_states_managed > 0)
-        w.line("managed memory (" + optimizer_of(r) + ", checkpointing " +
-               checkpointing_name(r.train) + "): " + report::gib2(e.optimizer_states_managed) +
+        w.line("managed memory (" + std::string(profile_name(e.profile)) + ", " + optimizer_of(r) +
+               ", checkpointing " + checkpointing_name(r.train) +
+               "): " + report::gib2(e.optimizer_states_managed) +
                " GiB of optimizer state in CUDA managed memory (bitsandbytes pages m and v of "
                "tensors of 100,000 elements or more), in neither Optimizer States nor Peak: it "
                "moves to the GPU when the step touches it and back to the host under memory "

@@ -25,7 +25,8 @@ std::string peaks_banner(const MaxbatchRequest& rq, const std::string& how,
                          const std::string& traced) {
   if (rq.hf_peft) {
     const BnbOptimizer o = rq.hf_peft->peft.optimizer;
-    const bool paged = o == BnbOptimizer::paged_adamw || o == BnbOptimizer::paged_adamw8bit;
+    const bool paged = o == BnbOptimizer::paged_adamw || o == BnbOptimizer::paged_adamw8bit ||
+                       paged_optimizer(rq.train.optimizer);
     return std::string("peaks: the hf-peft profile's, as transformers 5.25 + peft ") +
            (rq.hf_peft->peft.peft_version.empty() ? std::string("0.21")
                                                   : rq.hf_peft->peft.peft_version) +
@@ -363,7 +364,7 @@ std::string render_maxbatch_policies(const std::vector<MaxbatchPolicyRun>& runs,
     w->banner(
         "native rows: the meta backend's exact trace of trainmem's own LoRA step (adapters in " +
         std::string(dtype_name(first.train.dtype)) +
-        (first.train.optimizer == Optimizer::adamw8bit || first.train.dtype == DType::f32
+        (bnb_optimizer(first.train.optimizer) || first.train.dtype == DType::f32
              ? std::string(", no master copy")
              : std::string(" with fp32 master weights")) +
         (first.train.quantized() ? std::string(", on the 4-bit ") + quant_name(first.train.quant) +

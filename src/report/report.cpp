@@ -322,11 +322,13 @@ json analytic_profile_json(const Estimate& e) {
   j["head_activations"] = a.head_bytes;
   // The native LoRA step: the adapters' elements (hf-peft writes its own below).
   if (e.profile == Profile::native && e.train.lora()) j["trainable_params"] = e.trainable_params;
+  // A paged bitsandbytes optimizer's states in CUDA managed memory (in no figure above).
+  if (e.profile == Profile::hf_peft || paged_optimizer(e.train.optimizer))
+    j["optimizer_states_managed"] = e.optimizer_states_managed;
   if (e.profile == Profile::hf_peft) {
     const PeftOptions& p = e.hf.peft;
     j["trainable_params"] = e.trainable_params;
     j["first_layer_activations"] = a.first_layer_bytes;
-    j["optimizer_states_managed"] = e.optimizer_states_managed;
     j["peft"] =
         json{{"finetune", finetune_name(p.finetune)},
              {"lora_rank", p.rank},
@@ -478,6 +480,14 @@ std::string offload_text(const Estimate& e) {
   return (last == 0 ? std::string("layer 0") : "layers 0-" + std::to_string(last)) +
          " on the host: " + format_bytes_human(e.offload_host_bytes) + " at the end of forward, " +
          format_bytes_human(e.offload_transfer_bytes) + " copied per step (to the host and back)";
+}
+
+std::string managed_text(Optimizer o, std::uint64_t bytes) {
+  if (!paged_optimizer(o)) return "";
+  return std::string(optimizer_name(o)) + ": " + format_bytes_human(bytes) +
+         " of optimizer state in CUDA managed memory (state1/state2 of the tensors of 100,000 "
+         "elements or more, as bitsandbytes pages them), in no column and outside the peak: it "
+         "moves to the GPU when the update touches it and back to the host under memory pressure";
 }
 
 std::string per_layer_formula(const Estimate& e) {

@@ -69,6 +69,8 @@ json run_result_json(const RunResult& r) {
     led["offload_host_peak"] = r.offload_host_peak;
     led["offload_transfer_bytes"] = r.offload_transfer_bytes;
   }
+  if (paged_optimizer(r.train.optimizer))
+    led["optimizer_states_managed"] = r.optimizer_states_managed;
   led["peak_at"] = json{{"phase", phase_name(r.peak.phase)},
                         {"tensor", r.peak.tensor},
                         {"layer", r.peak.layer},

@@ -295,6 +295,9 @@ void write_profile(report::ReportWriter& w, const RunResult& r) {
       w.detail("activation offload (native): " + off + "; measured: host peak " +
                format_bytes_with_unit(r.offload_host_peak, u) + ", copied " +
                format_bytes_with_unit(r.offload_transfer_bytes, u));
+  if (const std::string pg = report::managed_text(r.train.optimizer, r.optimizer_states_managed);
+      !pg.empty())
+    w.detail("managed memory, " + pg);
   const std::string losses = losses_text(r);
   if (!losses.empty()) w.detail("loss: " + losses);
   if (r.failure) w.alert(failure_lines(*r.failure, r.device_budget, u));

@@ -284,6 +284,13 @@ void write_sweep(ReportWriter& w, const ModelConfig& model, const TrainConfig& t
   w.banner(backend_line(runs.front()));
   w.blank();
   w.table(runs_table(runs, several_models, u));
+  for (std::size_t k = 0; k < runs.size(); ++k)  // once per model (the states are batch's)
+    if (k == 0 || runs[k].model.name != runs[k - 1].model.name)
+      if (const std::string pg =
+              report::managed_text(runs[k].train.optimizer, runs[k].optimizer_states_managed);
+          !pg.empty())
+        w.detail("managed memory" + (several_models ? " (" + runs[k].model.name + ")" : "") + ", " +
+                 pg);
   if (fits) write_fits(w, *fits, runs, several_models);
 }
 

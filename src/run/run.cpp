@@ -269,6 +269,8 @@ void read_ledger(const RunRequest& rq, RunRig& rig, std::uint64_t step_first_seq
       r.offload_host_peak = host->peak_total().bytes;
       r.offload_transfer_bytes = rig.model()->offload_transfer_bytes();
     }
+    if (const Ledger* managed = rig.model()->managed_ledger())
+      r.optimizer_states_managed = managed->peak_total().bytes;
   }
   const int last_step = r.failure ? r.failure->step : r.steps_done;
   for (const TensorRecord& t : ledger.tensors())
@@ -326,6 +328,9 @@ std::vector<ReconciliationRow> reconcile_ledger_native(const RunResult& r) {
     all.push_back({"offload_host", {r.offload_host_peak, n.offload_host_bytes}});
     all.push_back({"offload_transfer", {r.offload_transfer_bytes, n.offload_transfer_bytes}});
   }
+  if (paged_optimizer(r.train.optimizer))  // the managed ledger against the closed form
+    all.push_back({"optimizer_states_managed",
+                   {r.optimizer_states_managed, r.native().optimizer_states_managed}});
   std::vector<ReconciliationRow> out;
   for (const auto& [name, v] : all) {
     ReconciliationRow row;

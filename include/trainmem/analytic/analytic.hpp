@@ -295,8 +295,9 @@ struct Estimate {
   // tensors (0 under checkpointing, where HF turns the cache off).
   HfOptions hf;
   std::uint64_t use_cache_bytes = 0;
-  // hf-peft with a paged bitsandbytes optimizer: the state tensors it allocates as CUDA managed
-  // memory (cudaMallocManaged: outside PyTorch's allocator, migrated on demand and evicted under
+  // A paged bitsandbytes optimizer (hf-peft, and every profile of `--optimizer paged-adamw|
+  // paged-adamw8bit`): the state tensors it allocates as CUDA managed memory (cudaMallocManaged:
+  // outside PyTorch's allocator and trainmem's pool, migrated on demand and evicted under
   // pressure). Not in figures.optimizer_states nor in the peak.
   std::uint64_t optimizer_states_managed = 0;
   // Plain-language notes: what the profile assumes, what it ignores, how peak is defined.
@@ -320,6 +321,8 @@ struct StateFigures {
   std::uint64_t trainable = 0;  // elements: every parameter, or LoRA's adapters (train.lora())
   std::uint64_t gradients = 0;
   std::uint64_t optimizer_states = 0;
+  // A paged bitsandbytes optimizer's states in managed memory (not in optimizer_states).
+  std::uint64_t optimizer_states_managed = 0;
   std::uint64_t largest_gradient_bytes = 0;
   std::string largest_gradient_name;
 };

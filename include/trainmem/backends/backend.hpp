@@ -32,6 +32,10 @@ class Backend {
   DType dtype() const { return dtype_; }
   virtual BackendKind kind() const = 0;
   virtual Allocator& allocator() = 0;
+  // Where a paged optimizer's large states live (ParameterOptimizer; their own ledger): CUDA
+  // managed memory on cuda, the backend's own allocator elsewhere (cpu memory is host memory;
+  // meta's addresses are unique across ledgers). Outside any device budget.
+  virtual Allocator& managed_allocator() { return allocator(); }
   // False for meta: the model then skips reading results (loss is reported as NaN).
   virtual bool computes() const { return true; }
   virtual void synchronize() {}

@@ -46,4 +46,21 @@ class DeviceAllocator final : public Allocator {
   std::string failure_;
 };
 
+// CUDA managed memory (cudaMallocManaged, attached globally), as bitsandbytes' paged optimizers
+// take their large states (get_paged: cudaMallocManaged). Outside the pool: the pool probe and
+// CUPTI's device-memory records do not see it; pages migrate to the device when a kernel touches
+// them (bitsandbytes also prefetches them before each update: a timing matter, not a byte one)
+// and the driver may evict them under pressure. Out of memory returns nullptr with
+// failure_detail(); any other error throws DeviceError. cudaFree synchronises the device.
+class ManagedAllocator final : public Allocator {
+ public:
+  void* allocate(std::uint64_t bytes) override;
+  void deallocate(void* ptr, std::uint64_t bytes) override;
+  const char* name() const override { return "managed"; }
+  std::string failure_detail() const override { return failure_; }
+
+ private:
+  std::string failure_;
+};
+
 }  // namespace trainmem

@@ -36,6 +36,9 @@ struct BnbAdamWParams {
 };
 // bitsandbytes keeps fp32 moments for a tensor under this many elements (min_8bit_size).
 constexpr std::int64_t kBnbMin8BitSize = 4096;
+// A paged bitsandbytes optimizer takes state1/state2 of a tensor of this many elements or more
+// from CUDA managed memory (Optimizer8bit.get_state_buffer: `p.numel() < 1e5` stays on the device).
+constexpr std::int64_t kBnbPagedMinSize = 100000;
 // The 8-bit moments' absmax block, and the entries of a dynamic quantile map.
 constexpr std::int64_t kBnbStateBlock = 256;
 constexpr std::int64_t kBnbMapEntries = 256;

@@ -173,6 +173,9 @@ class LlamaModel : private LayerHost {
   // in forward, host to device in backward: each equals the host peak).
   const Ledger* host_ledger() const { return offload_ ? &offload_->host() : nullptr; }
   std::uint64_t offload_transfer_bytes() const { return offload_ ? offload_->transfer_bytes() : 0; }
+  // --optimizer paged-adamw|paged-adamw8bit: the ledger of the states taken from managed memory
+  // (allocated at setup, alive for the run); nullptr for the other optimizers.
+  const Ledger* managed_ledger() const { return managed_ledger_.get(); }
 
  private:
   Parameter& P(std::size_t i) { return params_[i]; }
@@ -234,6 +237,9 @@ class LlamaModel : private LayerHost {
   // the number of parameters per layer.
   std::vector<int> layer_slot_;
   std::size_t per_layer_params_ = 0;
+  // A paged optimizer's large states (managed memory; null for the other optimizers). Declared
+  // before opt_, whose tensors it holds.
+  std::unique_ptr<Ledger> managed_ledger_;
   ParameterOptimizer opt_;
   Tensor tokens_, targets_;  // (b,s) int32, inputs
   Tensor gemm_workspace_;    // 32 MiB, workspace

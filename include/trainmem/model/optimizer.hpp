@@ -10,6 +10,10 @@
 //          and their lookup tables (65,536 u8) are shared, allocated with the first 8-bit
 //          tensor. fp16's loss-scaled gradients are unscaled inside the update as bitsandbytes'
 //          gnorm_scale does it (float(g) * 1/S).
+//   PagedAdamW, PagedAdamW8bit  bitsandbytes' paged optimizers: PagedAdamW is its 32-bit Adam
+//          (fp32 state1, state2 for every tensor, no master copy), PagedAdamW8bit is AdamW8bit;
+//          the state1, state2 of a tensor of kBnbPagedMinSize (100,000) elements or more are
+//          allocated from the `managed` ledger (CUDA managed memory on cuda), the rest as above.
 //   LOMO   SGD fused into backward (Lv et al. 2023): each parameter is updated as soon as its
 //          gradient is complete and the gradient is freed at once; no states, the D weights
 //          are updated in place.
@@ -33,7 +37,8 @@ struct OptimizerSettings {
   AdamWParams adamw{1e-5f, 0.9f, 0.999f, 1e-8f, 0.01f};  // lr, beta1, beta2, eps, weight decay
   float sgd_lr = 1e-3f;
   float lomo_lr = 1e-3f;
-  // AdamW8bit: the same lr, betas, eps and weight decay as AdamW's defaults (docs/decisions.md).
+  // bitsandbytes' optimizers (AdamW8bit and the paged ones): the same lr, betas, eps and weight
+  // decay as AdamW's defaults (docs/decisions.md).
   BnbAdamWParams adamw8bit{1e-5, 0.9, 0.999, 1e-8, 0.01};
 };
 // The documented defaults for `kind`.
@@ -49,7 +54,10 @@ constexpr std::size_t kNoOptimizerState = ~std::size_t{0};
 
 class ParameterOptimizer {
  public:
-  ParameterOptimizer(const OptimizerSettings& settings, Backend& backend, Ledger& ledger);
+  // `managed`: the ledger of a paged optimizer's large states (required for paged kinds, else
+  // unused); its tensors must not outlive it.
+  ParameterOptimizer(const OptimizerSettings& settings, Backend& backend, Ledger& ledger,
+                     Ledger* managed = nullptr);
 
   Optimizer kind() const { return s_.kind; }
   const OptimizerSettings& settings() const { return s_; }
@@ -76,14 +84,15 @@ class ParameterOptimizer {
   struct States {
     std::int64_t numel = 0;
     Tensor master;   // (n) f32, empty when D = fp32, LOMO or AdamW8bit
-    Tensor m;        // (n) f32, AdamW (AdamW8bit: u8 for n >= 4096)
-    Tensor v;        // (n) f32, AdamW (AdamW8bit: u8 for n >= 4096)
-    Tensor absmax1;  // AdamW8bit, n >= 4096: (ceil(n / 256)) f32
+    Tensor m;        // (n) f32, AdamW (8-bit kinds: u8 for n >= 4096; paged: managed)
+    Tensor v;        // (n) f32, AdamW (8-bit kinds: u8 for n >= 4096; paged: managed)
+    Tensor absmax1;  // 8-bit kinds, n >= 4096: (ceil(n / 256)) f32
     Tensor absmax2;
   };
   OptimizerSettings s_;
   Backend& backend_;
   Ledger& ledger_;
+  Ledger* managed_;
   std::vector<States> states_;
   // AdamW8bit's shared maps and lookup tables (allocated with the first 8-bit tensor).
   Tensor qmap1_, qmap2_, lut1_, lut2_;

@@ -149,6 +149,10 @@ std::string recompute_text(const Estimate& native);
 // 19.44 GiB at the end of forward, 38.87 GiB copied per step (to the host and back)"; ""
 // without offload.
 std::string offload_text(const Estimate& native);
+// A paged bitsandbytes optimizer (`--optimizer paged-adamw|paged-adamw8bit`), measured or
+// planned: "paged-adamw8bit: 6.03 MiB of optimizer state in CUDA managed memory (...)"; ""
+// for the other optimizers.
+std::string managed_text(Optimizer o, std::uint64_t bytes);
 // Per-layer bytes expressed as one coefficient of s·b·h:
 // c_sbh + c_sbi·i/h + c_as2b·a·s/h + (c_sb + other/(sb))/h. ZeRO's 12 elements are 12·w here.
 double sbh_equivalent(const Estimate& e);

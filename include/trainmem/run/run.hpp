@@ -107,6 +107,9 @@ struct RunResult {
   // bytes copied device to host and back in it; 0 otherwise.
   std::uint64_t offload_host_peak = 0;
   std::uint64_t offload_transfer_bytes = 0;
+  // --optimizer paged-adamw|paged-adamw8bit: the bytes of the managed ledger (the states taken
+  // from managed memory at setup; outside the ledger's figures and peak); 0 otherwise.
+  std::uint64_t optimizer_states_managed = 0;
   std::uint64_t events = 0, dropped_events = 0;
   std::vector<TensorRecord> tensors;  // setup and the last step
   std::optional<TimelineData> timeline;

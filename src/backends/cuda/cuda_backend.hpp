@@ -30,6 +30,7 @@ class CudaBackend final : public Backend {
 
   BackendKind kind() const override { return BackendKind::cuda; }
   Allocator& allocator() override;
+  Allocator& managed_allocator() override { return managed_; }
   void synchronize() override;
 
   // The pool-backed allocator (what the probes read the pool's high-water marks from).
@@ -136,6 +137,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<DeviceAllocator> allocator_;  // destroyed first (see the destructor)
+  ManagedAllocator managed_;                    // paged optimizer states
   void* gemm_workspace_ = nullptr;  // set_gemm_workspace's buffer, lent to embedding_backward
   std::uint64_t gemm_workspace_bytes_ = 0;
   unsigned* nonfinite_host_ = nullptr;    // cudaHostAllocMapped word

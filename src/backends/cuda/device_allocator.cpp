@@ -73,4 +73,25 @@ void DeviceAllocator::deallocate(void* ptr, std::uint64_t) {
   TM_CUDA_CHECK(cudaFreeAsync(ptr, stream_));
 }
 
+void* ManagedAllocator::allocate(std::uint64_t bytes) {
+  failure_.clear();
+  if (bytes > std::numeric_limits<std::size_t>::max()) {
+    failure_ = "request does not fit in size_t";
+    return nullptr;
+  }
+  void* p = nullptr;
+  const cudaError_t e = cudaMallocManaged(&p, static_cast<std::size_t>(bytes), cudaMemAttachGlobal);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    failure_ = "cudaMallocManaged: " + detail::cuda_error_string(e);
+    return nullptr;
+  }
+  TM_CUDA_CHECK(e);
+  return p;
+}
+
+void ManagedAllocator::deallocate(void* ptr, std::uint64_t) {
+  TM_CUDA_CHECK(cudaFree(ptr));
+}
+
 }  // namespace trainmem
