@@ -131,6 +131,37 @@ TEST(CliE2ELora, PagedAdamw8bitKeepsItsLargeStatesInManagedMemory) {
 // The question users ask (issue 28, point 4): the largest batch of a QLoRA fine-tune of
 // Llama-3-8B that fits a 24 GB GPU. The answer must be the batch whose `estimate` peak fits
 // while the next one's does not, each checked here with `estimate` itself.
+// The issue's one-line question as a user types it, without --checkpointing: a LoRA / QLoRA
+// search answers for none and full (peft's prepare_model_for_kbit_training turns checkpointing
+// on), the same policies and answers as `--checkpointing none,full` gives; a full fine-tune
+// keeps the single default policy.
+TEST(CliE2ELora, MaxbatchWithoutCheckpointingSearchesNoneAndFullForLora) {
+  const std::string q = "maxbatch --model llama3-8b --finetune qlora --seq 2048 --budget 24GB";
+  const Result bare = trainmem(q + " --format json");
+  const Result both = trainmem(q + " --checkpointing none,full --format json");
+  ASSERT_EQ(bare.code, 0) << bare.err;
+  ASSERT_EQ(both.code, 0) << both.err;
+  const json a = bare.j(), b = both.j();
+  ASSERT_EQ(a["policies"].size(), 4u);
+  EXPECT_EQ(a["policies"], b["policies"]);
+  std::vector<std::string> policies;
+  for (const json& p : a["policies"]) policies.push_back(p["checkpointing"]);
+  EXPECT_EQ(policies, (std::vector<std::string>{"none", "full", "none", "full"}));
+  const Result text = trainmem(q);
+  EXPECT_TRUE(has(text.out, "hf-peft, full")) << text.out;
+  EXPECT_TRUE(has(text.out, "native, full")) << text.out;
+  const Result one = trainmem(
+      "maxbatch --model llama3-8b --finetune lora --seq 512 --budget 80GB --checkpointing full "
+      "--format json");
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_EQ(one.j()["policies"].size(), 2u) << "a given policy stays the only one";
+  const Result full = trainmem("maxbatch --model tiny --seq 64 --budget 1GiB --format json");
+  ASSERT_EQ(full.code, 0) << full.err;
+  // The full fine-tune's default is unchanged: one policy (none), answered without a list.
+  EXPECT_FALSE(full.j().contains("policies")) << full.out;
+  EXPECT_EQ(full.j()["run"]["checkpointing"], "none");
+}
+
 TEST(CliE2ELora, MaxbatchAnswersForQloraWithTheHfPeftProfile) {
   const std::string recipe =
       " --model llama3-8b --finetune qlora --lora-targets all-linear --seq 2048 ";

@@ -208,7 +208,15 @@ Runner register_maxbatch(CLI::App& app) {
       ->check(integer_check<std::int64_t>("an integer; allowed: an integer >= 1"))
       ->capture_default_str();
   add_layout_flags(*cmd, flags->layout);
-  return [flags] { return run_maxbatch(*flags); };
+  return [flags, cmd] {
+    // A LoRA / QLoRA search without --checkpointing answers with and without it: peft's
+    // prepare_model_for_kbit_training turns checkpointing on by default, a plain LoRA loop
+    // leaves it off (docs/decisions.md, "maxbatch for LoRA and QLoRA").
+    if (cmd->count("--checkpointing") == 0 &&
+        (flags->common.finetune == "lora" || flags->common.finetune == "qlora"))
+      flags->common.checkpointing = "none,full";
+    return run_maxbatch(*flags);
+  };
 }
 
 }  // namespace trainmem::cli
