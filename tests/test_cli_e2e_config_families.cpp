@@ -116,9 +116,10 @@ TEST(CliE2EFamilies, RefusedConfigsExitTwoNamingTheField) {
     std::vector<std::string> message;
   } cases[] = {
       {modified_config("qwen2-7b", {{"model_type", "qwen2_moe"}, {"num_experts", 60}}, "moe1.json"),
-       {"model_type \"qwen2_moe\"", "mixture of experts"}},
+       {"model_type qwen2_moe", "a mixture of experts (60 experts, top 4, 28 of 28 layers",
+        "no step or profile of trainmem models a MoE layer yet"}},
       {modified_config("qwen3-8b", {{"num_experts", 128}, {"num_experts_per_tok", 8}}, "moe2.json"),
-       {"num_experts", "mixture-of-experts field"}},
+       {"num_experts is a mixture-of-experts field, but model_type qwen3 is dense"}},
       {modified_config("mistral-7b", {{"num_local_experts", 8}}, "moe3.json"),
        {"num_local_experts"}},
       {modified_config("llama3.2-1b", {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}},
@@ -138,6 +139,33 @@ TEST(CliE2EFamilies, RefusedConfigsExitTwoNamingTheField) {
     EXPECT_TRUE(r.out.empty()) << r.out;
     std::remove(c.path.c_str());
   }
+}
+
+// The MoE families load (presets and config.json files) and every command refuses them with
+// exit 2, naming the model_type, the experts and PyTorch's parameter count
+// (tests/data/hf_moe/counts.json), until a step or profile models a MoE layer; nothing is
+// printed on stdout.
+TEST(CliE2EFamilies, MoeModelsLoadAndEveryCommandRefusesThem) {
+  struct Case {
+    std::string model, type, count;
+  };
+  for (const Case& c : {Case{"mixtral-8x7b", "mixtral", "46702792704"},
+                        Case{config("qwen1.5-moe-a2.7b"), "qwen2_moe", "14315784192"},
+                        Case{"qwen3-30b-a3b", "qwen3_moe", "30532122624"},
+                        Case{config("tiny-qwen2-moe"), "qwen2_moe", "326080"}})
+    for (const std::string cmd :
+         {"estimate --batch 1 --seq 64", "profile --backend meta --batch 1 --seq 64",
+          "maxbatch --budget 80GiB --seq 64", "sweep --backend meta --batch 1,2 --seq 64",
+          "plan --gpus 8 --gpu-memory 80GiB --global-batch 8 --seq 64"}) {
+      SCOPED_TRACE(c.model + ": " + cmd);
+      const std::string sub = cmd.substr(0, cmd.find(' '));
+      const Result r = trainmem(sub + " --model " + c.model + cmd.substr(cmd.find(' ')));
+      EXPECT_EQ(r.code, 2) << r.err;
+      EXPECT_TRUE(has(r.err, "model_type " + c.type)) << r.err;
+      EXPECT_TRUE(has(r.err, c.count + " parameters")) << r.err;
+      EXPECT_TRUE(has(r.err, "no step or profile of trainmem models a MoE layer yet")) << r.err;
+      EXPECT_TRUE(r.out.empty()) << r.out;
+    }
 }
 
 TEST(CliE2EFamilies, UnrecognisedKeyWarnsAndIsListed) {

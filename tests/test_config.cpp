@@ -49,6 +49,12 @@ const Shape kShapes[] = {
     {"tiny-qwen3", 96, 48, 128, 2, 4, 2, 256, 1e-6, 1e6, false},
     {"tiny-llama3", 96, 48, 128, 2, 6, 2, 256, 1e-5, 5e5, true},
     {"small-256", 2048, 256, 688, 4, 4, 4, 1024, 1e-5, 1e4, false},
+    {"mixtral-8x7b", 32000, 4096, 14336, 32, 32, 8, 32768, 1e-5, 1e6, false},
+    {"qwen1.5-moe-a2.7b", 151936, 2048, 5632, 24, 16, 16, 8192, 1e-6, 1e6, false},
+    {"qwen3-30b-a3b", 151936, 2048, 6144, 48, 32, 4, 40960, 1e-6, 1e6, false},
+    {"tiny-mixtral", 97, 64, 88, 2, 4, 2, 256, 1e-5, 1e6, false},
+    {"tiny-qwen2-moe", 101, 64, 120, 6, 4, 4, 256, 1e-6, 1e6, false},
+    {"tiny-qwen3-moe", 103, 64, 112, 2, 4, 2, 256, 1e-6, 1e6, false},
 };
 
 // The family features of each preset (the published configs; the tiny ones as issue 16
@@ -76,6 +82,12 @@ const Family kFamilies[] = {
     {"tiny-qwen2", "qwen2", 8, true, false, 6, 1, 0, 0, 0, 0},
     {"tiny-qwen3", "qwen3", 16, false, true, 0, 0, 0, 0, 0, 0},
     {"tiny-llama3", "llama", 8, false, false, 0, 0, 8, 1, 4, 16},
+    {"mixtral-8x7b", "mixtral", 128, false, false, 0, 0, 0, 0, 0, 0},
+    {"qwen1.5-moe-a2.7b", "qwen2_moe", 128, true, false, 0, 0, 0, 0, 0, 0},
+    {"qwen3-30b-a3b", "qwen3_moe", 128, false, true, 0, 0, 0, 0, 0, 0},
+    {"tiny-mixtral", "mixtral", 16, false, false, 0, 0, 0, 0, 0, 0},
+    {"tiny-qwen2-moe", "qwen2_moe", 16, true, false, 0, 0, 0, 0, 0, 0},
+    {"tiny-qwen3-moe", "qwen3_moe", 24, false, true, 0, 0, 0, 0, 0, 0},
 };
 
 TEST(Presets, FamilyFeatures) {

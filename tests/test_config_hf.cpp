@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
+#include "trainmem/analytic/analytic.hpp"
 #include "trainmem/base/config.hpp"
 #include "trainmem/base/error.hpp"
 
@@ -604,13 +606,87 @@ TEST(HfFamilies, TransformersFiveRopeParameters) {
   expect_error_naming(j, "rope_parameters.full_attention");
 }
 
-TEST(HfFamilies, MixtureOfExpertsIsRefusedNamingTheField) {
-  for (const char* type : {"mixtral", "qwen2_moe", "qwen3_moe"}) {
-    json j = base_config();
-    j["model_type"] = type;
-    expect_error_naming(j, std::string("model_type \"") + type + "\"");
-    expect_error_naming(j, "mixture of experts");
+// The three MoE families load (issue 29, point 1): each published and tiny config.json to its
+// preset, field by field (tests/data/configs/<name>.json).
+TEST(HfMoe, ConfigsLoadToTheirPresets) {
+  for (const char* name : {"mixtral-8x7b", "qwen1.5-moe-a2.7b", "qwen3-30b-a3b", "tiny-mixtral",
+                           "tiny-qwen2-moe", "tiny-qwen3-moe"}) {
+    SCOPED_TRACE(name);
+    const ModelConfig c = load_hf_config(data_file(std::string("configs/") + name + ".json"));
+    const ModelConfig p = *find_preset(name);
+    EXPECT_EQ(c.family, p.family);
+    for (auto [got, want] : {std::pair{c.vocab, p.vocab},
+                             {c.hidden, p.hidden},
+                             {c.intermediate, p.intermediate},
+                             {c.layers, p.layers},
+                             {c.heads, p.heads},
+                             {c.kv_heads, p.kv_heads},
+                             {c.max_positions, p.max_positions},
+                             {c.head_dim(), p.head_dim()},
+                             {c.sliding_window, p.sliding_window},
+                             {c.experts, p.experts},
+                             {c.experts_per_token, p.experts_per_token},
+                             {c.expert_intermediate, p.expert_intermediate},
+                             {c.shared_expert_intermediate, p.shared_expert_intermediate},
+                             {c.decoder_sparse_step, p.decoder_sparse_step}})
+      EXPECT_EQ(got, want);
+    EXPECT_EQ(c.qkv_bias, p.qkv_bias);
+    EXPECT_EQ(c.qk_norm, p.qk_norm);
+    EXPECT_EQ(c.norm_topk_prob, p.norm_topk_prob);
+    EXPECT_EQ(c.mlp_only_layers, p.mlp_only_layers);
+    EXPECT_EQ(c.output_router_logits, false);
+    EXPECT_DOUBLE_EQ(c.rms_eps, p.rms_eps);
+    EXPECT_DOUBLE_EQ(c.rope_theta, p.rope_theta);
+    EXPECT_EQ(c.tied_embeddings, p.tied_embeddings);
+    EXPECT_EQ(c.torch_dtype, p.torch_dtype);
+    EXPECT_TRUE(c.moe());
+    EXPECT_EQ(c.param_count(), p.param_count());
+    for (const auto& f : c.ignored_fields)
+      EXPECT_EQ(f.find("unrecognised"), std::string::npos) << f;
   }
+  // router_aux_loss_coef only scales the loss: read, listed as ignored.
+  EXPECT_TRUE(
+      lists(load_hf_config(data_file("configs/mixtral-8x7b.json")), "router_aux_loss_coef"));
+}
+
+// PyTorch's own count of the real classes (transformers 5.25 on the meta device,
+// tests/data/hf_moe/counts.json, tools/hf_moe_facts.py): the totals, which layers are MoE, and
+// every tensor of each kind of layer by name and shape, against parameter_specs.
+TEST(HfMoe, ParametersEqualTheRealHfClasses) {
+  const json doc = json::parse(read_text(data_file("hf_moe/counts.json")));
+  int checked = 0;
+  for (const auto& [name, want] : doc.at("counts").items()) {
+    SCOPED_TRACE(name);
+    const ModelConfig m = *find_preset(name);
+    EXPECT_EQ(m.param_count(), want.at("total").get<std::uint64_t>());
+    const auto specs = parameter_specs(m);
+    EXPECT_EQ(parameter_count(specs), want.at("total").get<std::uint64_t>());
+    const json& kinds = want.at("layer_kinds");
+    ASSERT_EQ(std::int64_t(kinds.size()), m.layers);
+    EXPECT_EQ(m.moe_layer_count(), want.at("moe_layers").get<std::int64_t>());
+    for (std::int64_t l = 0; l < m.layers; ++l) {
+      const std::string kind = kinds[std::size_t(l)];
+      EXPECT_EQ(m.is_moe_layer(l), kind == "moe") << "layer " << l;
+      // The layer's tensors, by name within the layer.
+      std::map<std::string, std::vector<std::int64_t>> got;
+      const std::string pre = "model.layers." + std::to_string(l) + ".";
+      for (const ParamSpec& p : specs)
+        if (p.name.rfind(pre, 0) == 0) got[p.name.substr(pre.size())] = p.shape;
+      const json& by_name = want.at("per_layer").at(kind).at("by_name");
+      EXPECT_EQ(got.size(), by_name.size()) << "layer " << l;
+      for (const auto& [tensor, entry] : by_name.items()) {
+        ASSERT_TRUE(got.count(tensor)) << "layer " << l << " lacks " << tensor;
+        EXPECT_EQ(got.at(tensor), entry.at(0).get<std::vector<std::int64_t>>()) << tensor;
+      }
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, 6);
+}
+
+// Errors name the field: a MoE key in a dense family, another MoE design's keys, jitter noise,
+// a top-k above the experts, layer lists out of range, a windowed MoE model.
+TEST(HfMoe, BadConfigsNameTheField) {
   const std::pair<const char*, json> fields[] = {{"num_experts", 64},
                                                  {"num_local_experts", 8},
                                                  {"num_experts_per_tok", 2},
@@ -626,8 +702,81 @@ TEST(HfFamilies, MixtureOfExpertsIsRefusedNamingTheField) {
       SCOPED_TRACE(std::string(family) + " " + key);
       json j = family_config(family);
       j[key] = value;
-      expect_error_naming(j, std::string(key) + " is a mixture-of-experts field");
+      expect_error_naming(j, std::string(key) + " is a mixture-of-experts field, but model_type " +
+                                 family + " is dense");
     }
+  const json mixtral = json::parse(read_text(data_file("configs/tiny-mixtral.json")));
+  const json qwen2 = json::parse(read_text(data_file("configs/tiny-qwen2-moe.json")));
+  for (const char* key : {"n_routed_experts", "n_shared_experts", "first_k_dense_replace"}) {
+    json j = mixtral;
+    j[key] = 2;
+    expect_error_naming(j, std::string(key) + " belongs to another mixture-of-experts design");
+  }
+  struct Bad {
+    json base;
+    const char* key;
+    json value;
+    const char* needle;
+  };
+  for (const Bad& b :
+       {Bad{mixtral, "router_jitter_noise", 0.01, "router_jitter_noise = 0.01"},
+        Bad{mixtral, "num_experts_per_tok", 6,
+            "num_experts_per_tok (6) must be at most the number of experts (5)"},
+        Bad{mixtral, "num_local_experts", 0, "num_local_experts must be a positive"},
+        Bad{qwen2, "moe_intermediate_size", -4, "moe_intermediate_size must be"},
+        Bad{qwen2, "mlp_only_layers", json::array({6}),
+            "mlp_only_layers entries must be layer indices 0 to 5, got 6"},
+        Bad{qwen2, "mlp_only_layers", "3", "mlp_only_layers must be a list"},
+        Bad{qwen2, "decoder_sparse_step", 0, "decoder_sparse_step must be a positive"},
+        Bad{qwen2, "use_sliding_window", true,
+            "use_sliding_window = true is not supported for model_type qwen2_moe"},
+        Bad{qwen2, "norm_topk_prob", "yes", "norm_topk_prob must be true or false"}}) {
+    SCOPED_TRACE(std::string(b.key) + " = " + b.value.dump());
+    json j = b.base;
+    j[b.key] = b.value;
+    expect_error_naming(j, b.needle);
+  }
+  // Mixtral's num_experts is an alias of num_local_experts: both must agree.
+  json j = mixtral;
+  j["num_experts"] = 4;
+  expect_error_naming(j, "num_experts and num_local_experts disagree");
+  j["num_experts"] = 5;
+  EXPECT_EQ(parse_hf_config(j.dump(), "cfg.json").experts, 5);
+}
+
+// Absent keys take transformers' defaults (MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig 5.25).
+// The counts are PyTorch's: each class built on the meta device from its config class with
+// vocab_size 96, hidden_size 256, intermediate_size 128, num_hidden_layers 2 and
+// num_attention_heads 16 given and the rest defaulted (transformers 5.25.0, torch 2.15.0,
+// 2026-12-06).
+TEST(HfMoe, DefaultsAsTransformersConfigClasses) {
+  struct Want {
+    const char* type;
+    std::int64_t E, k, im, is, kv;
+    bool norm;
+    std::uint64_t count;
+  };
+  for (const Want& w : {Want{"mixtral", 8, 2, 128, 0, 8, true, 2020608},
+                        Want{"qwen2_moe", 60, 4, 1408, 5632, 16, false, 139019520},
+                        Want{"qwen3_moe", 128, 8, 768, 0, 4, false, 151438656}}) {
+    SCOPED_TRACE(w.type);
+    json j = base_config();
+    j["model_type"] = w.type;
+    j["num_attention_heads"] = 16;
+    j["hidden_size"] = 256;
+    j.erase("num_key_value_heads");
+    const ModelConfig c = parse_hf_config(j.dump(), "cfg.json");
+    EXPECT_EQ(c.experts, w.E);
+    EXPECT_EQ(c.experts_per_token, w.k);
+    EXPECT_EQ(c.expert_intermediate, w.im);  // Mixtral: intermediate_size (128 here)
+    EXPECT_EQ(c.shared_expert_intermediate, w.is);
+    EXPECT_EQ(c.kv_heads, w.kv);
+    EXPECT_EQ(c.norm_topk_prob, w.norm);
+    EXPECT_EQ(c.head_dim(), 16);  // no default head_dim: h / a
+    EXPECT_EQ(c.sliding_window, 0);
+    EXPECT_EQ(c.moe_layer_count(), 2);
+    EXPECT_EQ(c.param_count(), w.count);
+  }
 }
 
 TEST(HfFamilies, DropoutAndOtherRefusals) {

@@ -486,6 +486,21 @@ std::vector<ParamSpec> parameter_specs(const ModelConfig& m) {
       add(p + "self_attn.k_norm.weight", {m.head_dim()});
     }
     add(p + "post_attention_layernorm.weight", {h});
+    if (m.is_moe_layer(l)) {
+      // transformers 5.x: the router, the experts as two 3-D tensors, Qwen2-MoE's shared expert
+      // and its gate (docs/moe-plan.md, "Parameters").
+      const std::int64_t E = m.experts, im = m.expert_intermediate;
+      add(p + "mlp.gate.weight", {E, h});
+      add(p + "mlp.experts.gate_up_proj", {E, 2 * im, h});
+      add(p + "mlp.experts.down_proj", {E, h, im});
+      if (const std::int64_t is = m.shared_expert_intermediate; is > 0) {
+        add(p + "mlp.shared_expert.gate_proj.weight", {is, h});
+        add(p + "mlp.shared_expert.up_proj.weight", {is, h});
+        add(p + "mlp.shared_expert.down_proj.weight", {h, is});
+        add(p + "mlp.shared_expert_gate.weight", {1, h});
+      }
+      continue;
+    }
     add(p + "mlp.gate_proj.weight", {i, h});
     add(p + "mlp.up_proj.weight", {i, h});
     add(p + "mlp.down_proj.weight", {h, i});
@@ -654,6 +669,7 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
 Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& train,
                   const HfOptions& hf) {
   model.validate();
+  require_dense(model, std::string("profile ") + profile_name(profile));
   train.validate();
   train.check_checkpoint_resolved("this command");
   check_hf_options(profile, hf);

@@ -70,6 +70,32 @@ void check_shape(const ModelConfig& c) {
   if (c.window_from_layer < 0)
     throw InputError(who + "window_from_layer (max_window_layers) must be >= 0, got " +
                      std::to_string(c.window_from_layer));
+  if (c.experts < 0)
+    throw InputError(who + "num_experts must be a positive integer, got " +
+                     std::to_string(c.experts));
+  if (c.moe()) {
+    if (c.experts_per_token < 1 || c.experts_per_token > c.experts)
+      throw InputError(who + "num_experts_per_tok must be 1 to the number of experts (" +
+                       std::to_string(c.experts) + "), got " + std::to_string(c.experts_per_token));
+    if (c.expert_intermediate <= 0)
+      throw InputError(who +
+                       "the experts' intermediate size (moe_intermediate_size) must be a "
+                       "positive integer, got " +
+                       std::to_string(c.expert_intermediate));
+    if (c.shared_expert_intermediate < 0)
+      throw InputError(who + "shared_expert_intermediate_size must be a positive integer, got " +
+                       std::to_string(c.shared_expert_intermediate));
+    if (c.decoder_sparse_step < 1)
+      throw InputError(who + "decoder_sparse_step must be a positive integer, got " +
+                       std::to_string(c.decoder_sparse_step));
+    for (std::size_t n = 0; n < c.mlp_only_layers.size(); ++n) {
+      const std::int64_t l = c.mlp_only_layers[n];
+      if (l < 0 || l >= c.layers || (n > 0 && l <= c.mlp_only_layers[n - 1]))
+        throw InputError(who + "mlp_only_layers must hold distinct layer indices 0 to " +
+                         std::to_string(c.layers - 1) + " in ascending order, got " +
+                         std::to_string(l) + " at position " + std::to_string(n));
+    }
+  }
 }
 
 std::vector<ModelConfig> make_presets() {
@@ -123,6 +149,20 @@ std::vector<ModelConfig> make_presets() {
     c.rope_scaling.original_max_positions = original;
     return c;
   };
+  // Mixture of experts (docs/moe-plan.md): E experts, top-k, the experts' width and, for
+  // qwen2_moe, the shared expert's; norm_topk_prob for Qwen (Mixtral always renormalises).
+  auto moe = [&](ModelConfig c, const char* fam, std::int64_t E, std::int64_t k, std::int64_t im,
+                 std::int64_t is, bool norm) {
+    c = family(std::move(c), fam);
+    c.experts = E;
+    c.experts_per_token = k;
+    c.expert_intermediate = im;
+    c.shared_expert_intermediate = is;
+    c.norm_topk_prob = norm;
+    if (c.family == "qwen2_moe") c.qkv_bias = true;
+    if (c.family == "qwen3_moe") c.qk_norm = true;
+    return c;
+  };
   const auto f16 = std::optional<DType>(DType::f16);
   const auto bf16 = std::optional<DType>(DType::bf16);
   const auto none = std::optional<DType>();
@@ -148,6 +188,18 @@ std::vector<ModelConfig> make_presets() {
       qwen2(m("qwen2.5-7b", 152064, 3584, 18944, 28, 28, 4, 131072, 1e-6, 1e6, false, bf16)),
       qwen3(m("qwen3-0.6b", 151936, 1024, 3072, 28, 16, 8, 40960, 1e-6, 1e6, true, bf16), 128),
       qwen3(m("qwen3-8b", 151936, 4096, 12288, 36, 32, 8, 40960, 1e-6, 1e6, false, bf16), 128),
+      // Mixtures of experts (tests/data/configs/<name>.json; parsed and counted, no step yet).
+      moe(m("mixtral-8x7b", 32000, 4096, 14336, 32, 32, 8, 32768, 1e-5, 1e6, false, bf16),
+          "mixtral", 8, 2, 14336, 0, true),
+      moe(m("qwen1.5-moe-a2.7b", 151936, 2048, 5632, 24, 16, 16, 8192, 1e-6, 1e6, false, bf16),
+          "qwen2_moe", 60, 4, 1408, 5632, false),
+      [&] {
+        ModelConfig c =
+            moe(m("qwen3-30b-a3b", 151936, 2048, 6144, 48, 32, 4, 40960, 1e-6, 1e6, false, bf16),
+                "qwen3_moe", 128, 8, 768, 0, true);
+        c.explicit_head_dim = 128;  // 2048 / 32 = 64 otherwise
+        return c;
+      }(),
       // Tiny models for tests: small enough for the cpu backend and finite differences.
       m("tiny", 128, 64, 176, 2, 4, 4, 256, 1e-5, 1e4, false, none),
       m("tiny-gqa", 96, 48, 128, 2, 6, 2, 256, 1e-5, 1e4, false, none),
@@ -160,6 +212,21 @@ std::vector<ModelConfig> make_presets() {
       qwen3(m("tiny-qwen3", 96, 48, 128, 2, 4, 2, 256, 1e-6, 1e6, false, none), 16),
       llama3_rope(m("tiny-llama3", 96, 48, 128, 2, 6, 2, 256, 1e-5, 5e5, true, none), 8.0, 1.0, 4.0,
                   16),
+      moe(m("tiny-mixtral", 97, 64, 88, 2, 4, 2, 256, 1e-5, 1e6, false, none), "mixtral", 5, 2, 88,
+          0, true),
+      [&] {
+        ModelConfig c = moe(m("tiny-qwen2-moe", 101, 64, 120, 6, 4, 4, 256, 1e-6, 1e6, false, none),
+                            "qwen2_moe", 6, 2, 40, 72, false);
+        c.decoder_sparse_step = 2;
+        c.mlp_only_layers = {3};
+        return c;
+      }(),
+      [&] {
+        ModelConfig c = moe(m("tiny-qwen3-moe", 103, 64, 112, 2, 4, 2, 256, 1e-6, 1e6, false, none),
+                            "qwen3_moe", 8, 2, 36, 0, true);
+        c.explicit_head_dim = 24;
+        return c;
+      }(),
       // Used by the step benchmark: big enough that GEMMs dominate, small enough for a CPU.
       m("small-256", 2048, 256, 688, 4, 4, 4, 1024, 1e-5, 1e4, false, none),
   };
@@ -173,6 +240,34 @@ const std::vector<ModelConfig>& presets() {
 }  // namespace
 
 // ------------------------------------------------------------------ ModelConfig
+
+bool ModelConfig::is_moe_layer(std::int64_t l) const {
+  if (!moe()) return false;
+  if (std::binary_search(mlp_only_layers.begin(), mlp_only_layers.end(), l)) return false;
+  return (l + 1) % decoder_sparse_step == 0;
+}
+
+std::int64_t ModelConfig::moe_layer_count() const {
+  std::int64_t n = 0;
+  for (std::int64_t l = 0; l < layers && moe(); ++l) n += is_moe_layer(l);
+  return n;
+}
+
+void require_dense(const ModelConfig& m, const std::string& what) {
+  if (!m.moe()) return;
+  std::string count;
+  try {
+    count = ", " + std::to_string(m.param_count()) + " parameters";
+  } catch (const Error&) {
+  }
+  throw InputError("model_type " + m.family + " (" + label(m) + "): a mixture of experts (" +
+                   std::to_string(m.experts) + " experts, top " +
+                   std::to_string(m.experts_per_token) + ", " +
+                   std::to_string(m.moe_layer_count()) + " of " + std::to_string(m.layers) +
+                   " layers" + count + "); " + what +
+                   " models dense layers only: no step or profile of trainmem models a MoE layer "
+                   "yet (docs/moe-plan.md)");
+}
 
 std::uint64_t ModelConfig::param_count() const {
   check_shape(*this);
@@ -196,9 +291,28 @@ std::uint64_t ModelConfig::param_count() const {
     // gate_proj, up_proj (i,h) + down_proj (h,i)
     const std::uint64_t mlp = checked_product({3, i, h}, "intermediate_size * hidden_size");
     const std::uint64_t per_layer = checked_add(checked_add(attn, mlp), 2 * h, "per-layer params");
-    std::uint64_t total = checked_mul(
-        L, per_layer,
-        "num_hidden_layers * per-layer parameters (hidden_size, intermediate_size, head_dim)");
+    // A MoE layer: the router (E, h), the experts' gate_up (E, 2·i_m, h) and down (E, h, i_m),
+    // the shared expert's three (i_s, h) weights and its gate (1, h).
+    const char* moe_name = "num_experts * moe_intermediate_size * hidden_size";
+    std::uint64_t moe_mlp = 0;
+    if (moe()) {
+      const auto E = static_cast<std::uint64_t>(experts);
+      const auto im = static_cast<std::uint64_t>(expert_intermediate);
+      const auto is = static_cast<std::uint64_t>(shared_expert_intermediate);
+      const std::uint64_t router = checked_mul(E, h, moe_name);
+      const std::uint64_t routed = checked_product({3, E, im, h}, moe_name);
+      const std::uint64_t shared =
+          is > 0 ? checked_add(checked_product({3, is, h}, moe_name), h, moe_name) : 0;
+      moe_mlp = checked_add(checked_add(router, routed, moe_name), shared, moe_name);
+    }
+    const std::uint64_t moe_layer =
+        checked_add(checked_add(attn, moe_mlp, moe_name), 2 * h, moe_name);
+    const auto Lm = static_cast<std::uint64_t>(moe_layer_count());
+    std::uint64_t total = checked_add(
+        checked_mul(
+            L - Lm, per_layer,
+            "num_hidden_layers * per-layer parameters (hidden_size, intermediate_size, head_dim)"),
+        checked_mul(Lm, moe_layer, moe_name), "parameter count");
     total = checked_add(total, embed, "parameter count");
     total = checked_add(total, h, "parameter count");  // final norm
     if (!tied_embeddings) total = checked_add(total, embed, "parameter count (lm_head)");

@@ -140,7 +140,9 @@ const char* const kIgnoredKeys[] = {"_name_or_path",
                                     "forced_bos_token_id",
                                     "forced_eos_token_id"};
 
-// Keys of mixture-of-experts models: a dense model has none of them.
+// Keys of mixture-of-experts models: a dense model has none of them; the MoE families read the
+// first eleven (read_moe) and refuse the rest (other MoE designs: DeepSeek's shared and
+// fine-grained experts).
 const char* const kMoeKeys[] = {"num_experts",
                                 "num_local_experts",
                                 "num_experts_per_tok",
@@ -157,7 +159,19 @@ const char* const kMoeKeys[] = {"num_experts",
                                 "moe_layer_freq",
                                 "first_k_dense_replace"};
 
-const char* const kFamilies = "llama, mistral, qwen2, qwen3";
+const char* const kFamilies = "llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe";
+
+bool moe_family(const std::string& family) {
+  return family == "mixtral" || family == "qwen2_moe" || family == "qwen3_moe";
+}
+// The dense family whose attention and config keys a MoE family shares: Mixtral's attention is
+// Mistral's, Qwen2-MoE's Qwen2's (q/k/v biases), Qwen3-MoE's Qwen3's (q/k norms).
+std::string attention_family(const std::string& family) {
+  if (family == "mixtral") return "mistral";
+  if (family == "qwen2_moe") return "qwen2";
+  if (family == "qwen3_moe") return "qwen3";
+  return family;
+}
 
 // The defaults of transformers' config classes (LlamaConfig, MistralConfig, Qwen2Config,
 // Qwen3Config) for the keys a file may leave out.
@@ -167,6 +181,10 @@ struct FamilyDefaults {
   std::optional<std::int64_t> head_dim;  // Qwen3Config: 128
 };
 FamilyDefaults family_defaults(const std::string& family) {
+  // MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig (transformers 5.25): no default head_dim.
+  if (family == "mixtral") return {8, 4096 * 32, std::nullopt};
+  if (family == "qwen2_moe") return {16, 32768, std::nullopt};
+  if (family == "qwen3_moe") return {4, 32768, std::nullopt};
   if (family == "mistral") return {8, 4096 * 32, std::nullopt};
   if (family == "qwen2") return {32, 32768, std::nullopt};
   if (family == "qwen3") return {32, 32768, 128};
@@ -284,7 +302,8 @@ void require_zero(const json& j, const char* name, const std::string& src, Keys&
   keys.ignored.push_back(name);
 }
 
-// model_type, checked: one of the dense families (mixture-of-experts models refused).
+// model_type, checked: one of the dense families or the three MoE families; other MoE designs'
+// keys refused.
 std::string read_family(const json& j, const std::string& src) {
   const std::string supported = std::string("(supported: ") + kFamilies + ")";
   const json* type = field(j, "model_type");
@@ -293,17 +312,19 @@ std::string read_family(const json& j, const std::string& src) {
     throw InputError(src + ": model_type must be a string " + supported + ", got " +
                      json_kind(*type));
   const std::string family = type->get<std::string>();
-  if (family == "mixtral" || family == "qwen2_moe" || family == "qwen3_moe")
-    throw InputError(src + ": model_type \"" + clip(family) +
-                     "\" is a mixture of experts, which trainmem does not model " + supported);
-  if (family != "llama" && family != "mistral" && family != "qwen2" && family != "qwen3")
+  if (family != "llama" && family != "mistral" && family != "qwen2" && family != "qwen3" &&
+      !moe_family(family))
     throw InputError(src + ": model_type \"" + clip(family) + "\" is not supported " + supported);
-  for (const char* k : kMoeKeys)
-    if (field(j, k))
-      throw InputError(src + ": " + k +
-                       " is a mixture-of-experts field, which trainmem does not model (dense "
-                       "models only), got " +
-                       text_of(*field(j, k)));
+  const bool moe = moe_family(family);
+  for (std::size_t n = 0; n < std::size(kMoeKeys); ++n)
+    if (field(j, kMoeKeys[n]) && (!moe || n >= 11))
+      throw InputError(src + ": " + kMoeKeys[n] +
+                       (moe ? " belongs to another mixture-of-experts design (shared or "
+                              "fine-grained experts), which trainmem does not model; model_type " +
+                                  family + " has no such key"
+                            : " is a mixture-of-experts field, but model_type " + family +
+                                  " is dense (use mixtral, qwen2_moe or qwen3_moe)") +
+                       ", got " + text_of(*field(j, kMoeKeys[n])));
 
   return family;
 }
@@ -527,6 +548,72 @@ void read_window(const json& j, const std::string& src, const std::string& famil
   }
 }
 
+// The experts of a MoE family, with the defaults of transformers' MixtralConfig,
+// Qwen2MoeConfig and Qwen3MoeConfig (5.25) for absent keys (docs/moe-plan.md, "Config keys").
+void read_moe(const json& j, const std::string& src, const std::string& family, Keys& keys,
+              ModelConfig& c) {
+  const bool mixtral = family == "mixtral", qwen2 = family == "qwen2_moe";
+  // Mixtral: num_local_experts (num_experts is its alias); Qwen: num_experts.
+  const char* experts_key =
+      mixtral && !j.contains("num_experts") ? "num_local_experts" : "num_experts";
+  if (mixtral && field(j, "num_experts") && field(j, "num_local_experts") &&
+      *field(j, "num_experts") != *field(j, "num_local_experts"))
+    throw InputError(src + ": num_experts and num_local_experts disagree (give one of them)");
+  if (mixtral) keys.use("num_local_experts");
+  keys.use("num_experts");
+  c.experts = read_int(j, experts_key, src, mixtral ? 8 : qwen2 ? 60 : 128);
+  keys.use("num_experts_per_tok");
+  c.experts_per_token = read_int(j, "num_experts_per_tok", src, mixtral ? 2 : qwen2 ? 4 : 8);
+  if (c.experts_per_token > c.experts)
+    throw InputError(src + ": num_experts_per_tok (" + std::to_string(c.experts_per_token) +
+                     ") must be at most the number of experts (" + std::to_string(c.experts) + ")");
+  keys.use("output_router_logits");
+  c.output_router_logits = read_bool(j, "output_router_logits", src, false);
+  // Only scales the auxiliary loss: no tensor depends on it (docs/moe-plan.md, measured).
+  if (field(j, "router_aux_loss_coef")) {
+    if (!field(j, "router_aux_loss_coef")->is_number())
+      throw InputError(src + ": router_aux_loss_coef must be a number, got " +
+                       json_kind(*field(j, "router_aux_loss_coef")));
+    keys.ignored.push_back("router_aux_loss_coef");
+  }
+  if (mixtral) {
+    c.expert_intermediate = c.intermediate;  // MixtralConfig: intermediate_size is the experts'
+    c.norm_topk_prob = true;                 // MixtralSparseMoeBlock always renormalises
+    require_zero(j, "router_jitter_noise", src, keys,
+                 "jitter noise multiplies the router's input by random factors in training, "
+                 "which keeps one more (T, h) tensor and routes at random; not modelled");
+    return;
+  }
+  keys.use("moe_intermediate_size");
+  c.expert_intermediate = read_int(j, "moe_intermediate_size", src, qwen2 ? 1408 : 768);
+  if (qwen2) {
+    keys.use("shared_expert_intermediate_size");
+    c.shared_expert_intermediate = read_int(j, "shared_expert_intermediate_size", src, 5632);
+  }
+  keys.use("norm_topk_prob");
+  c.norm_topk_prob = read_bool(j, "norm_topk_prob", src, false);
+  keys.use("decoder_sparse_step");
+  c.decoder_sparse_step = read_int(j, "decoder_sparse_step", src, 1);
+  keys.use("mlp_only_layers");
+  if (const json* mo = field(j, "mlp_only_layers")) {
+    if (!mo->is_array())
+      throw InputError(src + ": mlp_only_layers must be a list of layer indices, got " +
+                       json_kind(*mo));
+    for (const json& e : *mo) {
+      if (!e.is_number_integer() || e.get<std::int64_t>() < 0 || e.get<std::int64_t>() >= c.layers)
+        throw InputError(src + ": mlp_only_layers entries must be layer indices 0 to " +
+                         std::to_string(c.layers - 1) + ", got " + text_of(e));
+      c.mlp_only_layers.push_back(e.get<std::int64_t>());
+    }
+    std::sort(c.mlp_only_layers.begin(), c.mlp_only_layers.end());
+    c.mlp_only_layers.erase(std::unique(c.mlp_only_layers.begin(), c.mlp_only_layers.end()),
+                            c.mlp_only_layers.end());
+  }
+  if (read_bool(j, "use_sliding_window", src, false))
+    throw InputError(src + ": use_sliding_window = true is not supported for model_type " + family +
+                     " (a windowed MoE model was not measured)");
+}
+
 // Everything else: ignored when known not to matter, else reported as unrecognised.
 void list_other_keys(const json& j, const std::string& src, const Keys& keys, ModelConfig& c) {
   for (const auto& item : j.items()) {
@@ -558,12 +645,19 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
                      json_kind(j));
 
   const std::string family = read_family(j, src);
+  const std::string attention = attention_family(family);
   Keys keys;
   keys.used = {"model_type"};
   ModelConfig c = read_sizes(j, src, family, keys);
-  read_variants(j, src, family, keys, c);
+  read_variants(j, src, attention, keys, c);
   read_rope(j, src, keys, c);
-  read_window(j, src, family, keys, c);
+  if (family == "mixtral" && !j.contains("sliding_window")) {
+    // MixtralConfig's window defaults to none (Mistral's to 4096).
+    keys.use("sliding_window");
+  } else {
+    read_window(j, src, attention, keys, c);
+  }
+  if (moe_family(family)) read_moe(j, src, family, keys, c);
   c.validate();
   list_other_keys(j, src, keys, c);
   return c;

@@ -446,6 +446,7 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
                       bool allow_finetune, bool native_lora) {
   Common c;
   c.model = resolve_model(model_argument(flags.model));
+  require_dense(c.model, "this command");
   resolve_peft(flags, c.hf.peft);
   const bool lora = c.hf.peft.finetune != Finetune::full;
   // trainmem's own step: LoRA adapters on a frozen 16-bit or 4-bit base (docs/native-plan.md,

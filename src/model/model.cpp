@@ -83,6 +83,7 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
                           : nullptr),
       opt_(optimizer, backend, ledger, managed_ledger_.get()) {
   cfg_.validate();
+  require_dense(cfg_, "trainmem's own step");
   train_.validate();
   train_.check_checkpoint_resolved("this command");
   if (train_.dtype != be_.dtype())

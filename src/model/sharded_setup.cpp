@@ -8,6 +8,7 @@ namespace trainmem {
 ShardedStep::Impl::Impl(const ModelConfig& model, const TrainConfig& train,
                         const ParallelConfig& layout, std::int64_t st, Ledger& l)
     : m(model), t(train), p(layout), stage(st), ledger(l), D(train.dtype) {
+  require_dense(m, "the sharded step");
   first = stage == 0;
   last = stage == p.pp - 1;
   sp = p.sp;

@@ -44,6 +44,21 @@ struct ModelConfig {
   std::int64_t sliding_window = 0;
   std::int64_t window_from_layer = 0;
   RopeScaling rope_scaling;  // rope_scaling of config.json (none or llama3)
+  // Mixture of experts (model_type mixtral, qwen2_moe, qwen3_moe; docs/moe-plan.md); experts is
+  // 0 for a dense model. A MoE layer's MLP is a router `mlp.gate` (E, h), E experts of width
+  // expert_intermediate stored as `mlp.experts.gate_up_proj` (E, 2·i_m, h) and
+  // `mlp.experts.down_proj` (E, h, i_m) (transformers 5.x), and under qwen2_moe a shared expert
+  // of width shared_expert_intermediate with its sigmoid gate (1, h). Qwen's other layers
+  // (is_moe_layer false) keep the dense MLP of width `intermediate`. Parsed and counted only so
+  // far: no step or profile models a MoE layer yet (require_dense).
+  std::int64_t experts = 0;                     // E: num_local_experts / num_experts
+  std::int64_t experts_per_token = 0;           // top-k: num_experts_per_tok
+  std::int64_t expert_intermediate = 0;         // i_m (Mixtral: intermediate_size)
+  std::int64_t shared_expert_intermediate = 0;  // i_s: shared_expert_intermediate_size (qwen2_moe)
+  bool norm_topk_prob = false;                  // renormalise the top-k weights (Mixtral: always)
+  std::int64_t decoder_sparse_step = 1;         // Qwen: layer l is MoE when (l + 1) % step == 0
+  std::vector<std::int64_t> mlp_only_layers;    // Qwen: layers kept dense, ascending
+  bool output_router_logits = false;            // the load-balancing loss's tensors
   // config.json keys that were read and do not change a training step's computation or memory
   // (listed by --explain); keys the loader does not know end in " (unrecognised)".
   std::vector<std::string> ignored_fields;
@@ -58,10 +73,16 @@ struct ModelConfig {
     return sliding_window > 0 && layer >= window_from_layer ? sliding_window : 0;
   }
   RopeSpec rope() const { return RopeSpec{rope_theta, rope_scaling}; }
+  bool moe() const { return experts > 0; }
+  // Whether layer l's MLP is the experts' (HF's rule: every layer for Mixtral; for Qwen, not in
+  // mlp_only_layers and (l + 1) % decoder_sparse_step == 0).
+  bool is_moe_layer(std::int64_t l) const;
+  std::int64_t moe_layer_count() const;
   // The family features that are on, one phrase each, for the reports' model description
   // (e.g. "q/k/v biases", "sliding window 4096 from layer 28"); empty for a plain LLaMA.
   std::vector<std::string> features() const;
-  // Exact parameter count (checked arithmetic): embeddings, per layer q_proj (a·d, h),
+  // Exact parameter count (checked arithmetic; a MoE layer's MLP as above): embeddings, per
+  // layer q_proj (a·d, h),
   // k_proj and v_proj (k·d, h), o_proj (h, a·d) with d = head_dim(), their biases when
   // qkv_bias (a·d + 2·k·d), q_norm and k_norm when qk_norm (2·d), gate/up/down, two RMSNorm
   // weights, final norm, and lm_head unless tied.
@@ -71,6 +92,11 @@ struct ModelConfig {
   // rope_scaling's parameters in range, sizes whose byte counts would overflow 64 bits.
   void validate() const;
 };
+
+// The guard of every step and profile until one models a MoE layer: InputError for a
+// mixture-of-experts model, naming its model_type, its experts and parameter count, and `what`
+// (the command or profile that refused it). No-op for a dense model.
+void require_dense(const ModelConfig& m, const std::string& what);
 
 const char* optimizer_name(Optimizer o);
 const char* checkpointing_name(Checkpointing c);
