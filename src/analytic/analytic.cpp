@@ -68,6 +68,15 @@ const char* bnb_optimizer_name(BnbOptimizer o) {
   return "?";
 }
 
+void PeftOptions::apply_to(TrainConfig& t) const {
+  t.lora_rank = rank;
+  t.lora_targets = targets;
+  t.lora_dropout = dropout;
+  t.quant = quant;
+  t.double_quant = double_quant;
+  t.quant_blocksize = quant_blocksize;
+}
+
 std::optional<BnbOptimizer> parse_bnb_optimizer(const std::string& name) {
   for (BnbOptimizer o :
        {BnbOptimizer::adamw8bit, BnbOptimizer::paged_adamw, BnbOptimizer::paged_adamw8bit})

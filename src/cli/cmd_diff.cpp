@@ -289,12 +289,7 @@ diff::Side profile_side(const DiffSideSpec& spec, const std::string& text, const
           throw InputError(kv.first + "= needs finetune=lora|qlora (or --finetune lora|qlora)");
     if (native && p.finetune != Finetune::full) {
       // trainmem's own LoRA / QLoRA step (docs/native-plan.md, "LoRA", "QLoRA").
-      s.train.lora_rank = p.rank;
-      s.train.lora_targets = p.targets;
-      s.train.lora_dropout = p.dropout;
-      s.train.quant = p.quant;
-      s.train.double_quant = p.double_quant;
-      s.train.quant_blocksize = p.quant_blocksize;
+      p.apply_to(s.train);
     }
     s.train.validate();
     check_hf_options(profile, s.hf);

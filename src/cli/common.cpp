@@ -458,12 +458,7 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   // them alike (PeftOptions::optimizer stays none; hf-peft takes them from the TrainConfig).
   if (lora && native_lora) {
     check_hf_options(Profile::hf_peft, c.hf);  // the rank's range, the base/finetune pairs
-    c.train.lora_rank = peft.rank;
-    c.train.lora_targets = peft.targets;
-    c.train.lora_dropout = peft.dropout;
-    c.train.quant = peft.quant;
-    c.train.double_quant = peft.double_quant;
-    c.train.quant_blocksize = peft.quant_blocksize;
+    peft.apply_to(c.train);
   }
   if (lora && !allow_finetune && !native_lora)
     throw InputError("--finetune " + flags.finetune +

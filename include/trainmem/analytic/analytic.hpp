@@ -133,6 +133,9 @@ struct PeftOptions {
   // 0.19, and before it on a 16-bit base; always on a 4-bit base before 0.19; never on a 16-bit
   // base before 0.11.
   bool adapters_are_fp32() const;
+  // trainmem's own step runs the same recipe: the rank, targets, dropout and 4-bit base into
+  // `t` (the adapters' dtype and the peft era are hf-peft's alone).
+  void apply_to(TrainConfig& t) const;
 };
 
 // The HF profiles' options. Unset era/torch: the profile's default (hf-eager: transformers 4.30
