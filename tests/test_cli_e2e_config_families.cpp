@@ -115,9 +115,11 @@ TEST(CliE2EFamilies, RefusedConfigsExitTwoNamingTheField) {
     std::string path;
     std::vector<std::string> message;
   } cases[] = {
-      {modified_config("qwen2-7b", {{"model_type", "qwen2_moe"}, {"num_experts", 60}}, "moe1.json"),
-       {"model_type qwen2_moe", "a mixture of experts (60 experts, top 4, 28 of 28 layers",
-        "no step or profile of trainmem models a MoE layer yet"}},
+      {modified_config(
+           "qwen2-7b",
+           {{"model_type", "qwen2_moe"}, {"num_experts", 60}, {"use_sliding_window", true}},
+           "moe1.json"),
+       {"use_sliding_window = true is not supported for model_type qwen2_moe"}},
       {modified_config("qwen3-8b", {{"num_experts", 128}, {"num_experts_per_tok", 8}}, "moe2.json"),
        {"num_experts is a mixture-of-experts field, but model_type qwen3 is dense"}},
       {modified_config("mistral-7b", {{"num_local_experts", 8}}, "moe3.json"),
@@ -141,31 +143,63 @@ TEST(CliE2EFamilies, RefusedConfigsExitTwoNamingTheField) {
   }
 }
 
-// The MoE families load (presets and config.json files) and every command refuses them with
-// exit 2, naming the model_type, the experts and PyTorch's parameter count
-// (tests/data/hf_moe/counts.json), until a step or profile models a MoE layer; nothing is
-// printed on stdout.
-TEST(CliE2EFamilies, MoeModelsLoadAndEveryCommandRefusesThem) {
+// The MoE families load (presets and config.json files). estimate answers with hf-eager and
+// hf-sdpa (a warning says the other profiles are left out); every command or profile that runs
+// another model refuses them with exit 2, naming the model_type, the experts and PyTorch's
+// parameter count (tests/data/hf_moe/counts.json), and prints nothing on stdout.
+TEST(CliE2EFamilies, MoeModelsEstimateWithHfEagerAndEverythingElseRefusesThem) {
   struct Case {
     std::string model, type, count;
   };
   for (const Case& c : {Case{"mixtral-8x7b", "mixtral", "46702792704"},
                         Case{config("qwen1.5-moe-a2.7b"), "qwen2_moe", "14315784192"},
-                        Case{"qwen3-30b-a3b", "qwen3_moe", "30532122624"},
-                        Case{config("tiny-qwen2-moe"), "qwen2_moe", "326080"}})
+                        Case{"qwen3-30b-a3b", "qwen3_moe", "30532122624"}}) {
+    SCOPED_TRACE(c.model);
+    const Result e = trainmem("estimate --model " + c.model + " --batch 1 --seq 64 --format json");
+    ASSERT_EQ(e.code, 0) << e.err;
+    EXPECT_TRUE(has(e.err, "only hf-eager and hf-sdpa model it")) << e.err;
+    const json j = e.j();
+    ASSERT_EQ(j["analytic"].size(), 2u) << j["analytic"];
+    for (const char* p : {"hf-eager", "hf-sdpa"})
+      EXPECT_EQ(j["analytic"][p]["params"].get<std::uint64_t>(),
+                2 * std::stoull(c.count));  // bf16
+    EXPECT_EQ(j["model"]["moe"]["moe_layers"], j["model"]["layers"]);
+    EXPECT_EQ(j["analytic"]["hf-eager"]["hf"]["experts_implementation"], "grouped_mm");
+    // --experts-impl eager: the loop's list (2·T·k·h more per layer, less 8·T·k and 4·E).
+    const Result l = trainmem("estimate --model " + c.model +
+                              " --batch 1 --seq 64 --experts-impl eager --format json");
+    ASSERT_EQ(l.code, 0) << l.err;
+    EXPECT_EQ(l.j()["analytic"]["hf-eager"]["hf"]["experts_implementation"], "eager");
+    EXPECT_GT(l.j()["analytic"]["hf-eager"]["per_layer_activations"].get<std::uint64_t>(),
+              j["analytic"]["hf-eager"]["per_layer_activations"].get<std::uint64_t>());
     for (const std::string cmd :
-         {"estimate --batch 1 --seq 64", "profile --backend meta --batch 1 --seq 64",
-          "maxbatch --budget 80GiB --seq 64", "sweep --backend meta --batch 1,2 --seq 64",
+         {"estimate --profile native --batch 1 --seq 64",
+          "estimate --profile hf-peft --finetune lora --batch 1 --seq 64",
+          "profile --backend meta --batch 1 --seq 64", "maxbatch --budget 80GiB --seq 64",
+          "sweep --backend meta --batch 1,2 --seq 64",
           "plan --gpus 8 --gpu-memory 80GiB --global-batch 8 --seq 64"}) {
-      SCOPED_TRACE(c.model + ": " + cmd);
+      SCOPED_TRACE(cmd);
       const std::string sub = cmd.substr(0, cmd.find(' '));
       const Result r = trainmem(sub + " --model " + c.model + cmd.substr(cmd.find(' ')));
       EXPECT_EQ(r.code, 2) << r.err;
       EXPECT_TRUE(has(r.err, "model_type " + c.type)) << r.err;
       EXPECT_TRUE(has(r.err, c.count + " parameters")) << r.err;
-      EXPECT_TRUE(has(r.err, "no step or profile of trainmem models a MoE layer yet")) << r.err;
+      EXPECT_TRUE(has(r.err, "models dense layers only")) << r.err;
       EXPECT_TRUE(r.out.empty()) << r.out;
     }
+  }
+}
+
+// --experts-impl is a MoE model's: on a dense model, or with an unknown name, exit 2.
+TEST(CliE2EFamilies, ExpertsImplIsRefusedWhereItMeansNothing) {
+  const Result d = trainmem("estimate --model tiny --experts-impl eager");
+  EXPECT_EQ(d.code, 2);
+  EXPECT_TRUE(has(d.err, "--experts-impl eager: tiny is not a mixture of experts")) << d.err;
+  const Result u = trainmem("estimate --model tiny-mixtral --experts-impl loop");
+  EXPECT_EQ(u.code, 2);
+  EXPECT_TRUE(
+      has(u.err, "--experts-impl: unknown implementation 'loop'; allowed: grouped_mm, eager"))
+      << u.err;
 }
 
 TEST(CliE2EFamilies, UnrecognisedKeyWarnsAndIsListed) {

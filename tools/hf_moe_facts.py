@@ -30,7 +30,9 @@ Two records, both from the transformers release installed beside PyTorch (checke
    <config>-router-logits-saved.json, and <config>-grouped-mm-saved.json: the same step with
    experts_implementation "grouped_mm" (torch._grouped_mm on the CPU; where it fails, the file
    records the error: tiny-qwen3-moe's moe_intermediate_size 36 gives rows of 72 bytes, and
-   _grouped_mm wants strides that are multiples of 16 bytes). Saved tensors that only a node
+   _grouped_mm wants strides that are multiples of 16 bytes), <config>-sdpa-saved.json (SDPA
+   attention) and <config>-fp32-saved.json (fp32 training), both with the eager experts. Saved
+   tensors that only a node
    the loss does not reach holds (the aux loss's top-k indices) are marked "reached": false and
    left out of group_bytes (listed in unreached_bytes): they are freed before forward returns.
    Everything is seeded (torch.manual_seed(0) before the
@@ -122,16 +124,16 @@ def count(name):
 
 # ----------------------------------------------------------------------------- saved tensors
 
-def measure(name, router_logits, experts="eager"):
+def measure(name, router_logits, experts="eager", attn="eager", dtype=torch.bfloat16):
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     cfg, arch = load(name, output_router_logits=router_logits)
     default_experts = None
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager",
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn,
                                              experts_implementation=experts)
     default_experts = AutoModelForCausalLM.from_config(
         load(name)[0], attn_implementation="eager").config._experts_implementation
-    model = model.to(torch.bfloat16)
+    model = model.to(dtype)
     model.train()
     torch.manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ))
@@ -259,7 +261,8 @@ def measure(name, router_logits, experts="eager"):
         "tool": "tools/hf_moe_facts.py --saved",
         "transformers": transformers.__version__, "torch": torch.__version__,
         "config": name, "class": arch, "batch": BATCH, "seq": SEQ, "tokens": BATCH * SEQ,
-        "dtype": "bfloat16", "attention": "eager", "experts_implementation": experts,
+        "dtype": str(dtype).replace("torch.", ""), "attention": attn,
+        "experts_implementation": experts,
         "default_experts": default_experts,
         "output_router_logits": router_logits,
         "counting": "saved_tensors_hooks, each storage once, parameters and their views excluded; "
@@ -328,6 +331,12 @@ def main():
             print(f"{name + '-grouped-mm-saved':36s} {d.get('group_bytes', d.get('error'))}",
                   file=sys.stderr)
             rc |= dump(OUT / f"{name}-grouped-mm-saved.json", d, args.check)
+            # SDPA attention (PyTorch's CPU flash kernel) and fp32 training, eager experts.
+            for stem, kw in ((f"{name}-sdpa-saved", {"attn": "sdpa"}),
+                             (f"{name}-fp32-saved", {"dtype": torch.float32})):
+                d = measure(name, False, **kw)
+                print(f"{stem:36s} {d['group_bytes']}", file=sys.stderr)
+                rc |= dump(OUT / f"{stem}.json", d, args.check)
     return rc
 
 

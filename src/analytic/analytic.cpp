@@ -347,7 +347,15 @@ namespace {
 // rope_scaling llama3). Anything else (a Qwen3 with attention_bias, a LLaMA with q/k norms, an
 // older era) was not measured.
 std::string hf_unproven(const ModelConfig& m, HfEra era) {
-  const std::string& f = m.family;
+  // A MoE family's attention is its dense family's (MixtralForCausalLM: Mistral's; the Qwen MoE
+  // classes: Qwen2's, Qwen3's), measured on the MoE classes too (docs/moe-plan.md).
+  const std::string f = m.family == "mixtral"     ? std::string("mistral")
+                        : m.family == "qwen2_moe" ? std::string("qwen2")
+                        : m.family == "qwen3_moe" ? std::string("qwen3")
+                                                  : m.family;
+  if (m.moe() && era != HfEra::v5_25)
+    return m.family + " (" + (m.family == "mixtral" ? "MixtralForCausalLM" : "a Qwen MoE class") +
+           ") was measured with the 5.25 era's classes only";
   const bool head_dim = m.explicit_head_dim > 0 && m.explicit_head_dim * m.heads != m.hidden;
   const bool rope = m.rope_scaling.kind != RopeScalingKind::none;
   const bool window = m.sliding_window > 0;
@@ -547,9 +555,12 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
   const std::uint64_t w = dtype_size(train.dtype);
   const bool fp32 = train.dtype == DType::f32;
   // The largest gradient tensor comes from the first layer and the embedding/head; the other
-  // layers repeat the same shapes, so one layer is enough (keeps 80-layer models cheap).
+  // layers repeat the same shapes, so one layer is enough (keeps 80-layer models cheap). A
+  // mixture of experts may mix dense and MoE layers: every layer then (`per_layer` is their sum
+  // and counts once).
   ModelConfig one_layer = model;
-  one_layer.layers = std::min<std::int64_t>(model.layers, 1);
+  if (!model.moe()) one_layer.layers = std::min<std::int64_t>(model.layers, 1);
+  const std::uint64_t layer_copies = model.moe() ? 1 : static_cast<std::uint64_t>(model.layers);
   const auto few = parameter_specs(one_layer);
   // Exact count for all layers: embedding + final norm (+ lm_head) + L × one layer.
   std::uint64_t per_layer = 0, outside = 0;
@@ -560,7 +571,7 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
       outside = checked_add(outside, p.elements, "parameter count");
   }
   const std::uint64_t P =
-      checked_add(outside, checked_mul(per_layer, model.layers, "parameter count"), "params");
+      checked_add(outside, checked_mul(per_layer, layer_copies, "parameter count"), "params");
 
   StateFigures f;
   f.params = checked_mul(P, w, "params bytes");
@@ -614,7 +625,7 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
                         "params bytes");
     f.params = analytic_detail::csum(
         {checked_mul(checked_add(outside, f.trainable, "params"), w, "params bytes"),
-         checked_mul(layer_bytes, model.layers, "params bytes")},
+         checked_mul(layer_bytes, layer_copies, "params bytes")},
         "params bytes");
   }
   // bitsandbytes' optimizers: the states of every trained tensor (one layer's, times the layers,
@@ -629,7 +640,8 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
     if (train.lora()) {
       for (std::uint64_t n : adapters) add(n, L);
     } else {
-      for (const auto& p : few) add(p.elements, p.name.rfind("model.layers.", 0) == 0 ? L : 1);
+      for (const auto& p : few)
+        add(p.elements, p.name.rfind("model.layers.", 0) == 0 ? layer_copies : 1);
     }
     if (any8)
       states_bnb = checked_add(
@@ -678,7 +690,10 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
 Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& train,
                   const HfOptions& hf) {
   model.validate();
-  require_dense(model, std::string("profile ") + profile_name(profile));
+  // hf-eager and hf-sdpa model the MoE classes (build_hf checks what was measured); the others
+  // do not.
+  if (profile != Profile::hf_eager && profile != Profile::hf_sdpa)
+    require_dense(model, std::string("profile ") + profile_name(profile));
   train.validate();
   train.check_checkpoint_resolved("this command");
   check_hf_options(profile, hf);
@@ -782,6 +797,7 @@ void finish(ActivationBreakdown& acts, std::int64_t layers) {
   acts.per_layer = sum_coefficients(acts.layer);
   acts.per_layer_bytes = sum_bytes(acts.layer);
   acts.layer_windowed_bytes = sum_bytes(acts.layer_windowed);
+  acts.layer_dense_bytes = sum_bytes(acts.layer_dense);
   acts.embedding_bytes = sum_bytes(acts.embedding);
   acts.shared_bytes = sum_bytes(acts.shared);
   acts.head_bytes = sum_bytes(acts.head);
@@ -792,16 +808,18 @@ void finish(ActivationBreakdown& acts, std::int64_t layers) {
   const std::int64_t windowed = acts.layer_windowed.empty() ? 0 : acts.windowed_layers;
   const std::int64_t ckpt = acts.layer_checkpointed.empty() ? 0 : acts.checkpointed_layers;
   const std::int64_t first = acts.first_layer.empty() ? 0 : 1;
-  if (windowed < 0 || ckpt < 0 || windowed + ckpt + first > layers ||
-      (first > 0 && windowed + ckpt > 0))
-    throw Error("analytic: windowed, checkpointed or first layers out of range");
-  acts.total_bytes =
-      csum({acts.embedding_bytes, acts.first_layer_bytes,
-            checked_mul(acts.per_layer_bytes, layers - windowed - ckpt - first, "activations"),
-            checked_mul(acts.layer_windowed_bytes, windowed, "activations"),
-            checked_mul(acts.layer_checkpointed_bytes, ckpt, "activations"), acts.shared_bytes,
-            acts.head_bytes, acts.loop_bytes},
-           "activations");
+  const std::int64_t dense = acts.layer_dense.empty() ? 0 : acts.dense_layers;
+  if (windowed < 0 || ckpt < 0 || dense < 0 || windowed + ckpt + first + dense > layers ||
+      (first > 0 && windowed + ckpt > 0) || (dense > 0 && windowed + ckpt + first > 0))
+    throw Error("analytic: windowed, dense, checkpointed or first layers out of range");
+  acts.total_bytes = csum(
+      {acts.embedding_bytes, acts.first_layer_bytes,
+       checked_mul(acts.per_layer_bytes, layers - windowed - ckpt - first - dense, "activations"),
+       checked_mul(acts.layer_windowed_bytes, windowed, "activations"),
+       checked_mul(acts.layer_dense_bytes, dense, "activations"),
+       checked_mul(acts.layer_checkpointed_bytes, ckpt, "activations"), acts.shared_bytes,
+       acts.head_bytes, acts.loop_bytes},
+      "activations");
 }
 
 std::int64_t split_layers(ActivationBreakdown& acts, const TrainConfig& train, std::int64_t first,

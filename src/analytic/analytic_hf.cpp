@@ -35,6 +35,10 @@ struct Hf {
   Loop loop;
   bool use_cache;
   bool qk_norm;  // Qwen3: RMSNorm over each head of q and k (q_norm, k_norm)
+  // A mixture of experts (every layer's MLP the experts'; null for a dense model) and its
+  // experts implementation.
+  const ModelConfig* moe = nullptr;
+  bool grouped_mm = true;
   bool before_4_31() const { return era == HfEra::v4_28 || era == HfEra::v4_30; }
   bool mean_saves() const { return torch == TorchEra::before_2_2; }
 };
@@ -128,6 +132,95 @@ void rope_tables(std::vector<TensorEntry>& v, const Dims& d, const Hf& hf) {
 // a sliding-window layer with s >= the window, where HF passes a (b,1,s,s) boolean mask
 // instead of is_causal=True (transformers 5.25 masking_utils: the causal skip needs
 // kv_length < sliding_window).
+// A MoE layer's MLP as transformers 5.25's MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock /
+// Qwen3MoeSparseMoeBlock keep it (docs/moe-plan.md, measured on the real classes; d.i is the
+// experts' width i_m here). T = b·s tokens, each routed to k experts: whatever the routing, the
+// experts hit see T·k rows in all, so their storages (up to eight per expert hit, whose shapes
+// follow the routing) add up to the same bytes; they are listed here as those sums.
+void moe_saved(std::vector<TensorEntry>& v, const Dims& d, const Hf& hf) {
+  const ModelConfig& m = *hf.moe;
+  const std::string& D = d.dt;
+  const std::uint64_t w = d.w, T = checked_mul(d.b, d.s, "tokens");
+  const std::uint64_t k = static_cast<std::uint64_t>(m.experts_per_token);
+  const std::uint64_t E = static_cast<std::uint64_t>(m.experts);
+  const std::uint64_t Tk = checked_mul(T, k, "routed rows");
+  const bool mixtral = m.family == "mixtral", qwen2 = m.family == "qwen2_moe";
+  // Mixtral keeps the routing weights in fp32; Qwen casts them back to the logits' dtype.
+  const std::uint64_t r = mixtral ? 4 : w;
+  const std::string rdt = mixtral ? "fp32" : D;
+  v.push_back(entry(d, "post_attention_layernorm.out", "(b,s,h)", D, bytes_of({d.b, d.s, d.h}, w),
+                    Term::sbh,
+                    qwen2 ? "the router, shared_expert_gate and the shared expert's gate_proj, "
+                            "up_proj (linear saves its input; one storage)"
+                          : "the router mlp.gate (linear saves its input)",
+                    "dW_router needs it"));
+  v.push_back(entry(d, "router.softmax_f32", "(T,E)", "fp32", bytes_of({T, E}, 4), Term::sb,
+                    "softmax(router_logits, dtype=float32) (SoftmaxBackward0 saves its result)",
+                    "the router logits themselves are not saved"));
+  v.push_back(entry(d, "router.topk_indices", "(T,k)", "int64", bytes_of({T, k}, 8), Term::sb,
+                    "topk (TopkBackward0 saves the indices)", "which k experts each token takes"));
+  if (m.norm_topk_prob) {
+    v.push_back(entry(d, "router.topk_values", "(T,k)", "fp32", bytes_of({T, k}, 4), Term::sb,
+                      "top_k / top_k.sum() (DivBackward0 saves self)",
+                      mixtral ? "Mixtral always renormalises the top-k weights"
+                              : "norm_topk_prob: the top-k weights renormalised"));
+    v.push_back(entry(d, "router.topk_sum", "(T,1)", "fp32", bytes_of({T}, 4), Term::sb,
+                      "top_k / top_k.sum() (DivBackward0 saves other)", "their sum"));
+  }
+  const char* each = hf.grouped_mm ? "over the T·k rows sorted by expert"
+                                   : "summed over the experts hit (t_e rows each, Σ t_e = T·k)";
+  if (hf.grouped_mm) {
+    v.push_back(entry(d, "experts.sort_indices", "3 × (T·k)", "int64", bytes_of({Tk}, 24), Term::sb,
+                      "index and index_add (their backward nodes save the indices)",
+                      "grouped_mm: the sorting permutation and the token and slot of each row"));
+    v.push_back(entry(d, "experts.group_offsets", "(E)", "int32", bytes_of({E}, 4), Term::other,
+                      "torch._grouped_mm (saves offs)", "where each expert's rows end"));
+  } else {
+    v.push_back(entry(d, "experts.where", "(T·k,2)", "int64", bytes_of({Tk, 2}, 8), Term::sb,
+                      "hidden_states[token_idx] and index_add_ (IndexBackward0, "
+                      "IndexAddBackward0 save the indices)",
+                      "torch.where(expert_mask[e]): one (t_e, 2) storage per expert hit"));
+  }
+  v.push_back(entry(d, "experts.input", "(T·k,h)", D, bytes_of({Tk, d.h}, w), Term::sbh,
+                    "the gate_up projection (saves its input)",
+                    std::string("the tokens gathered per expert, ") + each));
+  v.push_back(entry(d, "experts.gate_up", "(T·k,2·i_m)", D, bytes_of({Tk, 2 * d.i}, w), Term::sbi,
+                    "act_fn (SiluBackward0 saves the gate half), the product (saves the up half)",
+                    std::string("one storage, ") + each));
+  v.push_back(entry(d, "experts.silu", "(T·k,i_m)", D, bytes_of({Tk, d.i}, w), Term::sbi,
+                    "silu(gate) * up (MulBackward0 saves self)", each));
+  v.push_back(entry(d, "experts.prod", "(T·k,i_m)", D, bytes_of({Tk, d.i}, w), Term::sbi,
+                    "the down projection (saves its input)", each));
+  v.push_back(entry(d, "experts.down_out", "(T·k,h)", D, bytes_of({Tk, d.h}, w), Term::sbh,
+                    "the weighting multiply (MulBackward0 saves self)", each));
+  v.push_back(entry(d, "experts.weights", "(T·k,1)", rdt, bytes_of({Tk}, r), Term::sb,
+                    "the weighting multiply (MulBackward0 saves other)",
+                    std::string("the routing weight of each row, ") +
+                        (mixtral ? "fp32 (Mixtral)" : "in the logits' dtype (Qwen)")));
+  if (!hf.grouped_mm)
+    v.push_back(
+        entry(d, "experts.weighted_out", "(T·k,h)", D, bytes_of({Tk, d.h}, w), Term::sbh,
+              "index_add_ (IndexAddBackward0 saves source)",
+              mixtral ? "the fp32 product cast back (.to(dtype) copies it), " + std::string(each)
+                      : std::string("the weighted output, ") + each));
+  if (qwen2) {
+    const std::uint64_t is = static_cast<std::uint64_t>(m.shared_expert_intermediate);
+    const std::uint64_t bsi = bytes_of({T, is}, w);
+    v.push_back(entry(d, "shared_expert.gate", "(T,i_s)", D, bsi, Term::other,
+                      "act_fn (SiluBackward0 saves its input)", "the shared expert's gate_proj"));
+    v.push_back(entry(d, "shared_expert.silu", "(T,i_s)", D, bsi, Term::other,
+                      "silu(gate) * up (MulBackward0 saves self)", "the shared expert"));
+    v.push_back(entry(d, "shared_expert.up", "(T,i_s)", D, bsi, Term::other,
+                      "silu(gate) * up (MulBackward0 saves other)", "the shared expert"));
+    v.push_back(entry(d, "shared_expert.prod", "(T,i_s)", D, bsi, Term::other,
+                      "down_proj (linear saves its input)", "the shared expert"));
+    v.push_back(entry(d, "shared_expert.out", "(T,h)", D, bytes_of({T, d.h}, w), Term::sbh,
+                      "sigmoid(gate) * out (MulBackward0 saves other)", "its output"));
+    v.push_back(entry(d, "shared_expert_gate.sigmoid", "(T,1)", D, bytes_of({T}, w), Term::sb,
+                      "sigmoid (saves its result), the multiply (saves self)", "one storage"));
+  }
+}
+
 std::vector<TensorEntry> layer_saved(const Dims& d, const Hf& hf, bool with_input,
                                      bool window_mask = false) {
   const std::string D = d.dt;
@@ -236,6 +329,10 @@ std::vector<TensorEntry> layer_saved(const Dims& d, const Hf& hf, bool with_inpu
                       "the attention output's transpose(1,2) is copied before o_proj"));
   }
   rmsnorm(v, d, hf, "post_attention_layernorm", true, "h_mid");
+  if (hf.moe) {
+    moe_saved(v, d, hf);
+    return v;
+  }
   v.push_back(entry(d, "post_attention_layernorm.out", "(b,s,h)", D, bytes_of({d.b, d.s, d.h}, w),
                     Term::sbh, "gate_proj, up_proj (linear saves its input; one storage)",
                     "dW_gate, dW_up need it"));
@@ -329,10 +426,45 @@ std::uint64_t use_cache_extra(const Dims& d, const Hf& hf, const ModelConfig& m)
 
 // The HF class of the model's family.
 std::string hf_class(const ModelConfig& m) {
+  if (m.family == "mixtral") return "MixtralForCausalLM";
+  if (m.family == "qwen2_moe") return "Qwen2MoeForCausalLM";
+  if (m.family == "qwen3_moe") return "Qwen3MoeForCausalLM";
   if (m.family == "mistral") return "MistralForCausalLM";
   if (m.family == "qwen2") return "Qwen2ForCausalLM";
   if (m.family == "qwen3") return "Qwen3ForCausalLM";
   return "LlamaForCausalLM";
+}
+
+// What the MoE classes were measured with (docs/moe-plan.md): transformers 5.25, eager or SDPA
+// attention, bf16 or fp32, every layer's MLP the experts'. The rest exits 2 naming the flag or
+// field. Checkpointing keeps each layer's input and replays the layer, as for the dense 5.25
+// families (derived there too: use_reentrant=False hides the replay from the measuring hooks).
+void check_hf_moe(const Estimate& est) {
+  const ModelConfig& m = est.model;
+  const TrainConfig& t = est.train;
+  const std::string who = std::string(profile_name(est.profile)) + " on " + m.name + " (" +
+                          m.family + ", a mixture of experts): ";
+  if (est.hf.era && *est.hf.era != HfEra::v5_25)
+    throw InputError("--hf-version " + est.hf.hf_version + ": " + who +
+                     "the MoE classes were measured with transformers 5.25 only");
+  if (t.lora())
+    throw InputError("--finetune: " + who + "LoRA of a mixture of experts is not modelled");
+  const std::int64_t dense = m.layers - m.moe_layer_count();
+  const std::int64_t ckpt = t.checkpointed_count(0, m.layers);
+  if (dense > 0 && ckpt > 0 && ckpt < m.layers)
+    throw InputError("--checkpointing " + checkpointing_name(t) + ": " + who +
+                     "a per-layer policy is not modelled when dense layers (decoder_sparse_step, "
+                     "mlp_only_layers: " +
+                     std::to_string(dense) + " of " + std::to_string(m.layers) +
+                     ") sit among the MoE layers; use none or full");
+  const std::uint64_t row = static_cast<std::uint64_t>(m.expert_intermediate) * dtype_size(t.dtype);
+  if (est.hf.experts_grouped_mm && row % 16 != 0)
+    throw InputError("--experts-impl grouped_mm: " + who +
+                     "torch._grouped_mm needs rows of a "
+                     "multiple of 16 bytes and the experts' rows are " +
+                     std::to_string(row) + " (moe_intermediate_size " +
+                     std::to_string(m.expert_intermediate) +
+                     "): transformers raises there; use --experts-impl eager");
 }
 
 std::string era_label(const Hf& hf, const HfOptions& o) {
@@ -349,8 +481,12 @@ std::string era_label(const Hf& hf, const HfOptions& o) {
 }  // namespace
 
 void build_hf(Estimate& est) {
-  const Dims d = make_dims(est.model, est.train);
+  Dims d = make_dims(est.model, est.train);
   const TrainConfig& t = est.train;
+  if (est.model.moe()) {
+    check_hf_moe(est);
+    d.i = static_cast<std::uint64_t>(est.model.expert_intermediate);  // sbi: s·b·i_m
+  }
   // Any layer checkpointed: HF's gradient checkpointing is on (use_cache off, the checkpoint's
   // shared arguments kept); a per-layer policy checkpoints the layers it lists (issue 30).
   const std::int64_t checkpointed = t.checkpointed_count(0, est.model.layers);
@@ -361,7 +497,20 @@ void build_hf(Estimate& est) {
   const bool era_defaulted = !o.era;
   if (!o.era) o.era = hf_era_for(est.profile, o, m);
   if (!o.torch) o.torch = *o.era == HfEra::v5_25 ? TorchEra::from_2_2 : TorchEra::before_2_2;
-  const Hf hf{*o.era, *o.torch, sdpa, o.loop, o.use_cache && !full, m.qk_norm};
+  const Hf hf{*o.era,
+              *o.torch,
+              sdpa,
+              o.loop,
+              o.use_cache && !full,
+              m.qk_norm,
+              m.moe() ? &m : nullptr,
+              o.experts_grouped_mm};
+  // A MoE model's dense layers (Qwen): the dense list at the dense MLP's width.
+  Hf dense_hf = hf;
+  dense_hf.moe = nullptr;
+  Dims dense_dims = d;
+  dense_dims.i = static_cast<std::uint64_t>(m.intermediate);
+  auto dense_layer = [&](std::int64_t l) { return m.moe() && !m.is_moe_layer(l); };
   // SDPA layers whose window makes HF pass a mask (s >= window): they keep another list.
   auto window_mask = [&](std::int64_t l) {
     const std::int64_t W = m.window_of(l);
@@ -370,6 +519,8 @@ void build_hf(Estimate& est) {
   std::int64_t masked_layers = 0;
   for (std::int64_t l = 0; l < m.layers; ++l) masked_layers += window_mask(l) ? 1 : 0;
   est.label = "HF " + hf_class(m) + ", " + (sdpa ? "SDPA" : "eager") + " attention, " +
+              (m.moe() ? std::string("experts ") + (hf.grouped_mm ? "grouped_mm" : "eager") + ", "
+                       : std::string()) +
               era_label(hf, o) + ", loop " + loop_name(hf.loop) +
               (hf.use_cache ? " with use_cache" : "") + ": autograd's saved tensors + the loop's";
   auto& acts = est.activations;
@@ -417,7 +568,15 @@ void build_hf(Estimate& est) {
                        std::to_string(masked_layers) + " of " + std::to_string(m.layers) +
                        "); use none or full");
     split_layers(acts, t, 0, m.layers, layer_saved(d, hf, /*with_input=*/true, masked_layers > 0),
-                 std::move(kept), layer_saved(d, hf, /*with_input=*/false, window_mask(replayed)));
+                 std::move(kept),
+                 dense_layer(replayed)
+                     ? layer_saved(dense_dims, dense_hf, /*with_input=*/false, false)
+                     : layer_saved(d, hf, /*with_input=*/false, window_mask(replayed)));
+  } else if (m.moe() && m.moe_layer_count() < m.layers) {
+    // Qwen's dense layers among the MoE ones: the dense MLP of width `intermediate`.
+    acts.layer = layer_saved(d, hf, /*with_input=*/true, false);
+    acts.layer_dense = layer_saved(dense_dims, dense_hf, /*with_input=*/true, false);
+    acts.dense_layers = m.layers - m.moe_layer_count();
   } else if (masked_layers == 0 || masked_layers == m.layers) {
     acts.layer = layer_saved(d, hf, /*with_input=*/true, masked_layers > 0);
   } else {
@@ -430,6 +589,20 @@ void build_hf(Estimate& est) {
   acts.head.push_back(entry(d, "norm.out", "(b,s,h)", D, bsh, Term::sbh,
                             "lm_head (linear saves its input)", "dW_head"));
   loss_saved(acts.head, d, hf);
+  if (hf.moe && m.output_router_logits) {
+    // load_balancing_loss_func: softmax of every layer's logits in their dtype (no fp32 upcast),
+    // and the fp32 tokens per expert; the caller also holds out.router_logits.
+    const std::uint64_t TE = bytes_of({d.b, d.s, static_cast<std::uint64_t>(m.experts)}, w);
+    acts.head.push_back(
+        entry(d, "aux_loss.softmax", "L × (T,E)", D,
+              checked_mul(static_cast<std::uint64_t>(m.moe_layer_count()), TE, "aux loss"),
+              Term::other, "softmax (SoftmaxBackward0 saves its result)",
+              "output_router_logits: every layer's routing probabilities"));
+    acts.head.push_back(entry(d, "aux_loss.tokens_per_expert", "(E)", "fp32",
+                              bytes_of({static_cast<std::uint64_t>(m.experts)}, 4), Term::other,
+                              "the product with router_prob_per_expert (MulBackward0 saves self)",
+                              "the fraction of tokens routed to each expert"));
+  }
   // The loop: the caller holds the returned output until backward.
   const auto [ldt, lw] = logits_dtype(d, hf);
   acts.loop.push_back(
@@ -438,6 +611,13 @@ void build_hf(Estimate& est) {
                                            : "the caller (logits = model(input_ids).logits)",
             ldt == "fp32" && w != 4 ? "returned in fp32 (4.31-4.35: logits = logits.float())"
                                     : "returned in the training dtype; not saved by autograd"));
+  if (hf.moe && m.output_router_logits)
+    acts.loop.push_back(
+        entry(d, "loop.router_logits", "L × (T,E)", D,
+              checked_mul(static_cast<std::uint64_t>(m.moe_layer_count()),
+                          bytes_of({d.b, d.s, static_cast<std::uint64_t>(m.experts)}, w),
+                          "router logits"),
+              Term::other, "the caller (out.router_logits)", "every layer's router logits"));
   est.use_cache_bytes = full ? 0 : use_cache_extra(d, hf, m);
   if (hf.use_cache && est.use_cache_bytes > 0)
     acts.loop.push_back(entry(d, "loop.past_key_values", "L × 2 × (b,k,s,d)", D,

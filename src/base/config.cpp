@@ -265,8 +265,9 @@ void require_dense(const ModelConfig& m, const std::string& what) {
                    std::to_string(m.experts_per_token) + ", " +
                    std::to_string(m.moe_layer_count()) + " of " + std::to_string(m.layers) +
                    " layers" + count + "); " + what +
-                   " models dense layers only: no step or profile of trainmem models a MoE layer "
-                   "yet (docs/moe-plan.md)");
+                   " models dense layers only: of trainmem's profiles only hf-eager and hf-sdpa "
+                   "model the MoE classes so far (`trainmem estimate`; docs/formulas.md, "
+                   "\"Mixture of experts\")");
 }
 
 std::uint64_t ModelConfig::param_count() const {
@@ -369,6 +370,15 @@ std::vector<std::string> ModelConfig::features() const {
     f.push_back("sliding window " + std::to_string(sliding_window) +
                 (window_from_layer == 0 ? std::string(" in every layer")
                                         : " from layer " + std::to_string(window_from_layer)));
+  if (moe())
+    f.push_back("mixture of experts: " + std::to_string(experts) + " experts of width " +
+                std::to_string(expert_intermediate) + ", top " + std::to_string(experts_per_token) +
+                (norm_topk_prob ? " renormalised" : "") +
+                (shared_expert_intermediate > 0
+                     ? ", a shared expert of width " + std::to_string(shared_expert_intermediate)
+                     : std::string()) +
+                ", in " + std::to_string(moe_layer_count()) + " of " + std::to_string(layers) +
+                " layers" + (output_router_logits ? ", router logits returned" : ""));
   if (rope_scaling.kind == RopeScalingKind::llama3)
     f.push_back("rope scaling llama3 (factor " + number_text(rope_scaling.factor) +
                 ", low_freq_factor " + number_text(rope_scaling.low_freq_factor) +

@@ -42,6 +42,8 @@ struct CommonFlags {
   std::string torch_version;
   std::string loop = "hf-model-loss";
   bool use_cache = false;
+  // hf-eager on a mixture of experts: transformers 5.25's experts implementation.
+  std::string experts_impl;  // grouped_mm|eager; "" = grouped_mm (given: a MoE model only)
   // LoRA / QLoRA (the hf-peft profile of estimate and maxbatch; the other commands refuse
   // anything but full).
   std::string finetune = "full";  // full|lora|qlora

@@ -222,6 +222,10 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
   cmd.add_flag("--use-cache", flags.use_cache,
                "hf-eager/hf-sdpa: the model returns past_key_values and the loop holds them "
                "(HF turns it off under checkpointing)");
+  cmd.add_option("--experts-impl", flags.experts_impl,
+                 "hf-eager on a mixture of experts: transformers 5.25's experts implementation, "
+                 "grouped_mm (its default where torch._grouped_mm runs) or eager (a loop over "
+                 "the experts; default grouped_mm)");
   cmd.add_option(
          "--finetune", flags.finetune,
          "full|lora|qlora: what is trained. lora and qlora (estimate, maxbatch) model peft's "
@@ -446,7 +450,6 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
                       bool allow_finetune, bool native_lora) {
   Common c;
   c.model = resolve_model(model_argument(flags.model));
-  require_dense(c.model, "this command");
   resolve_peft(flags, c.hf.peft);
   const bool lora = c.hf.peft.finetune != Finetune::full;
   // trainmem's own step: LoRA adapters on a frozen 16-bit or 4-bit base (docs/native-plan.md,
@@ -548,6 +551,16 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
     throw InputError("--loop: unknown loop '" + flags.loop + "'; allowed: " + join(kLoops));
   c.hf.loop = *loop;
   c.hf.use_cache = flags.use_cache;
+  if (!flags.experts_impl.empty()) {
+    if (flags.experts_impl != "grouped_mm" && flags.experts_impl != "eager")
+      throw InputError("--experts-impl: unknown implementation '" + flags.experts_impl +
+                       "'; allowed: grouped_mm, eager");
+    if (!c.model.moe())
+      throw InputError("--experts-impl " + flags.experts_impl + ": " + c.model.name +
+                       " is not a mixture of experts (the flag applies to mixtral, qwen2_moe and "
+                       "qwen3_moe models)");
+    c.hf.experts_grouped_mm = flags.experts_impl == "grouped_mm";
+  }
   if (all_profiles && c.train.lora()) {
     // Beside the native step, hf-peft where it models the family (LLaMA, Mistral, Qwen2).
     try {
@@ -568,6 +581,16 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
                          ": it keys the hf-peft profile, which this run does not compute "
                          "(--profile " +
                          flags.profile + ")");
+  if (c.model.moe()) {
+    // A mixture of experts: the HF profiles model its classes, no other profile does yet.
+    if (all_profiles) {
+      spdlog::warn("--profile all: {} is a mixture of experts; only hf-eager and hf-sdpa model it",
+                   c.model.name);
+      c.profiles = {"hf-eager", "hf-sdpa"};
+    }
+    for (const auto& name : c.profiles)
+      if (name != "hf-eager" && name != "hf-sdpa") require_dense(c.model, "profile " + name);
+  }
   for (const auto& name : c.profiles) {
     if (lora && name != "hf-peft" && !(c.train.lora() && name == "native"))
       throw InputError("--profile " + name + " with --finetune " + flags.finetune +

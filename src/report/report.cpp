@@ -225,6 +225,14 @@ json model_json(const ModelConfig& m, std::uint64_t param_count) {
       j["rope_scaling"] = nullptr;
     j["features"] = m.features();
   }
+  if (m.moe())
+    j["moe"] = json{{"experts", m.experts},
+                    {"experts_per_token", m.experts_per_token},
+                    {"expert_intermediate", m.expert_intermediate},
+                    {"shared_expert_intermediate", m.shared_expert_intermediate},
+                    {"norm_topk_prob", m.norm_topk_prob},
+                    {"moe_layers", m.moe_layer_count()},
+                    {"output_router_logits", m.output_router_logits}};
   if (!m.ignored_fields.empty()) j["ignored_fields"] = m.ignored_fields;
   return j;
 }
@@ -319,6 +327,10 @@ json analytic_profile_json(const Estimate& e) {
   j[schema::kLabel] = e.label;
   j["embedding_activations"] = a.embedding_bytes;
   j["shared_activations"] = a.shared_bytes;
+  if (!a.layer_dense.empty()) {  // a mixture of experts with dense layers among the MoE ones
+    j["dense_layers"] = a.dense_layers;
+    j["dense_layer_activations"] = a.layer_dense_bytes;
+  }
   j["head_activations"] = a.head_bytes;
   // The native LoRA step: the adapters' elements (hf-peft writes its own below).
   if (e.profile == Profile::native && e.train.lora()) j["trainable_params"] = e.trainable_params;
@@ -362,6 +374,8 @@ json analytic_profile_json(const Estimate& e) {
         {"loop", loop_name(e.hf.loop)},
         {"use_cache", e.hf.use_cache && e.train.checkpointed_count(0, e.model.layers) == 0},
         {"use_cache_bytes", e.use_cache_bytes}};
+    if (e.model.moe())
+      j["hf"]["experts_implementation"] = e.hf.experts_grouped_mm ? "grouped_mm" : "eager";
   }
   j["recompute_activations"] = a.recompute_bytes;
   j[schema::kCheckpointedLayers] = a.checkpointed_layers;
@@ -531,10 +545,13 @@ std::string explain_text(const Estimate& e) {
   const std::int64_t windowed = a.layer_windowed.empty() ? 0 : a.windowed_layers;
   const std::int64_t ckpt = a.layer_checkpointed.empty() ? 0 : a.checkpointed_layers;
   const std::int64_t first = a.first_layer.empty() ? 0 : 1;
+  const std::int64_t dense = a.layer_dense.empty() ? 0 : a.dense_layers;
   o << "activations = embedding " << gib2(a.embedding_bytes);
   if (first > 0) o << " + layer 0 " << gib2(a.first_layer_bytes);
-  o << " + " << a.layers - windowed - ckpt - first << " layers × " << gib2(a.per_layer_bytes);
+  o << " + " << a.layers - windowed - ckpt - first - dense << (dense > 0 ? " MoE" : "")
+    << " layers × " << gib2(a.per_layer_bytes);
   if (windowed > 0) o << " + " << windowed << " windowed layers × " << gib2(a.layer_windowed_bytes);
+  if (dense > 0) o << " + " << dense << " dense layers × " << gib2(a.layer_dense_bytes);
   if (ckpt > 0) o << " + " << ckpt << " checkpointed layers × " << gib2(a.layer_checkpointed_bytes);
   o << " + shared " << gib2(a.shared_bytes) << " + head " << gib2(a.head_bytes);
   if (!a.loop.empty()) o << " + loop " << gib2(a.loop_bytes);

@@ -149,6 +149,11 @@ struct HfOptions {
   Loop loop = Loop::hf_model_loss;
   bool use_cache = false;  // the model returns past_key_values (off under checkpointing)
   PeftOptions peft;        // hf-peft only
+  // hf-eager on a mixture of experts (`--experts-impl`): transformers 5.25's experts
+  // implementation, "grouped_mm" (its default where torch._grouped_mm dispatches: the tokens
+  // sorted by expert, one grouped GEMM per projection) or "eager" (a loop over the experts hit);
+  // docs/formulas.md, "Mixture of experts".
+  bool experts_grouped_mm = true;
 };
 // "--hf-version X" -> its era; InputError naming --hf-version and the known eras otherwise.
 HfEra parse_hf_version(const std::string& version);
@@ -219,6 +224,12 @@ struct ActivationBreakdown {
   std::vector<TensorEntry> layer_windowed;
   std::int64_t windowed_layers = 0;
   std::uint64_t layer_windowed_bytes = 0;
+  // A mixture of experts whose layers are not all MoE (Qwen's decoder_sparse_step,
+  // mlp_only_layers): what ONE dense layer keeps, and how many do; `layer` is then the MoE
+  // layers' list. Empty and 0 otherwise.
+  std::vector<TensorEntry> layer_dense;
+  std::int64_t dense_layers = 0;
+  std::uint64_t layer_dense_bytes = 0;
   // A per-layer checkpointing policy that checkpoints some layers but not all (every:K,
   // layers:LIST, budget:SIZE): what ONE checkpointed layer keeps, and how many do; `layer` is
   // then what each of the others keeps. Empty and 0 when every layer keeps the same list (with
@@ -239,8 +250,9 @@ struct ActivationBreakdown {
   std::uint64_t loop_bytes = 0;
   std::uint64_t recompute_bytes = 0;
   std::int64_t layers = 0;
-  // embedding + (layers − windowed_layers − checkpointed_layers)·per_layer
-  // + windowed_layers·layer_windowed + checkpointed_layers·layer_checkpointed + shared + head
+  // embedding + (layers − windowed_layers − dense_layers − checkpointed_layers)·per_layer
+  // + windowed_layers·layer_windowed + dense_layers·layer_dense
+  // + checkpointed_layers·layer_checkpointed + shared + head
   // + loop − offloaded (= MemoryFigures::activations: what is on the device)
   std::uint64_t total_bytes = 0;
   // --offload-activations (native): what the layers but the last keep in host memory at the end

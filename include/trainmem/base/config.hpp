@@ -50,7 +50,7 @@ struct ModelConfig {
   // `mlp.experts.down_proj` (E, h, i_m) (transformers 5.x), and under qwen2_moe a shared expert
   // of width shared_expert_intermediate with its sigmoid gate (1, h). Qwen's other layers
   // (is_moe_layer false) keep the dense MLP of width `intermediate`. Parsed and counted only so
-  // far: no step or profile models a MoE layer yet (require_dense).
+  // far by the hf-eager and hf-sdpa profiles only (require_dense guards the others).
   std::int64_t experts = 0;                     // E: num_local_experts / num_experts
   std::int64_t experts_per_token = 0;           // top-k: num_experts_per_tok
   std::int64_t expert_intermediate = 0;         // i_m (Mixtral: intermediate_size)
@@ -93,9 +93,9 @@ struct ModelConfig {
   void validate() const;
 };
 
-// The guard of every step and profile until one models a MoE layer: InputError for a
-// mixture-of-experts model, naming its model_type, its experts and parameter count, and `what`
-// (the command or profile that refused it). No-op for a dense model.
+// The guard of every step and profile that does not model a MoE layer (all but the HF ones):
+// InputError for a mixture-of-experts model, naming its model_type, its experts and parameter
+// count, and `what` (the command or profile that refused it). No-op for a dense model.
 void require_dense(const ModelConfig& m, const std::string& what);
 
 const char* optimizer_name(Optimizer o);
