@@ -28,6 +28,15 @@ json golden(const std::string& name) {
   return json::parse(s.str());
 }
 
+// A bf16 step of b sequences of s tokens (AdamW, no checkpointing, eager attention).
+TrainConfig bf16_step(std::int64_t b, std::int64_t s) {
+  TrainConfig t;
+  t.batch = b;
+  t.seq = s;
+  t.dtype = DType::bf16;
+  return t;
+}
+
 TrainConfig step(const json& g) {
   TrainConfig t;
   t.batch = g.at("batch").get<std::int64_t>();
@@ -107,10 +116,7 @@ TEST(HfMoeProfile, EveryLayerAndGroupEqualsTheRealClasses) {
 // the dense list. A per-layer policy over mixed layers exits 2.
 TEST(HfMoeProfile, Qwen2MoeMixedLayersUnderCheckpointing) {
   ModelConfig m = *find_preset("tiny-qwen2-moe");  // layers 1 and 5 MoE
-  TrainConfig t;
-  t.batch = 2;
-  t.seq = 11;
-  t.dtype = DType::bf16;
+  TrainConfig t = bf16_step(2, 11);
   HfOptions o;
   o.experts_grouped_mm = false;
   const Estimate none = estimate(Profile::hf_eager, m, t, o);
@@ -145,11 +151,7 @@ TEST(HfMoeProfile, Qwen2MoeMixedLayersUnderCheckpointing) {
 // the attention part is taken from the loop list's difference to grouped_mm's, which shares it).
 TEST(HfMoeProfile, ExpertsBytesByHandAtAPublishedWidth) {
   const ModelConfig m = *find_preset("mixtral-8x7b");
-  TrainConfig t;
-  t.batch = 1;
-  t.seq = 4096;
-  t.dtype = DType::bf16;
-  t.attention = Attention::eager;
+  TrainConfig t = bf16_step(1, 4096);
   HfOptions loop, grouped;
   loop.experts_grouped_mm = false;
   const u64 T = 4096, k = 2, h = 4096, im = 14336, E = 8;
@@ -173,10 +175,7 @@ TEST(HfMoeProfile, CheckpointingKeepsTheLayerInputsAndReplaysOneLayer) {
     for (const char* name : {"mixtral-8x7b", "qwen3-30b-a3b"}) {
       SCOPED_TRACE(std::string(name) + " " + profile_name(p));
       const ModelConfig m = *find_preset(name);
-      TrainConfig t;
-      t.batch = 2;
-      t.seq = 1024;
-      t.dtype = DType::bf16;
+      TrainConfig t = bf16_step(2, 1024);
       const Estimate none = estimate(p, m, t);
       t.checkpointing = Checkpointing::full;
       const Estimate full = estimate(p, m, t);
@@ -193,10 +192,7 @@ TEST(HfMoeProfile, CheckpointingKeepsTheLayerInputsAndReplaysOneLayer) {
 // What the MoE classes were not measured with exits 2 naming the flag.
 TEST(HfMoeProfile, UnmeasuredRecipesAreRefusedNamingTheFlag) {
   const ModelConfig m = *find_preset("tiny-mixtral");
-  TrainConfig t;
-  t.batch = 2;
-  t.seq = 11;
-  t.dtype = DType::bf16;
+  TrainConfig t = bf16_step(2, 11);
   auto refused = [&](Profile p, const TrainConfig& tc, const HfOptions& o,
                      const std::string& needle) {
     try {

@@ -35,8 +35,8 @@ struct Hf {
   Loop loop;
   bool use_cache;
   bool qk_norm;  // Qwen3: RMSNorm over each head of q and k (q_norm, k_norm)
-  // A mixture of experts (every layer's MLP the experts'; null for a dense model) and its
-  // experts implementation.
+  // A mixture of experts (its MoE layers' MLP the experts'; null for a dense model and for a MoE
+  // model's dense layers) and its experts implementation.
   const ModelConfig* moe = nullptr;
   bool grouped_mm = true;
   bool before_4_31() const { return era == HfEra::v4_28 || era == HfEra::v4_30; }
@@ -128,10 +128,6 @@ void rope_tables(std::vector<TensorEntry>& v, const Dims& d, const Hf& hf) {
                     "rotate_half(q) * sin, rotate_half(k) * sin", why));
 }
 
-// One decoder layer's saved tensors, in the order autograd saves them. `window_mask`: SDPA in
-// a sliding-window layer with s >= the window, where HF passes a (b,1,s,s) boolean mask
-// instead of is_causal=True (transformers 5.25 masking_utils: the causal skip needs
-// kv_length < sliding_window).
 // A MoE layer's MLP as transformers 5.25's MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock /
 // Qwen3MoeSparseMoeBlock keep it (docs/moe-plan.md, measured on the real classes; d.i is the
 // experts' width i_m here). T = b·s tokens, each routed to k experts: whatever the routing, the
@@ -221,6 +217,10 @@ void moe_saved(std::vector<TensorEntry>& v, const Dims& d, const Hf& hf) {
   }
 }
 
+// One decoder layer's saved tensors, in the order autograd saves them. `window_mask`: SDPA in
+// a sliding-window layer with s >= the window, where HF passes a (b,1,s,s) boolean mask
+// instead of is_causal=True (transformers 5.25 masking_utils: the causal skip needs
+// kv_length < sliding_window).
 std::vector<TensorEntry> layer_saved(const Dims& d, const Hf& hf, bool with_input,
                                      bool window_mask = false) {
   const std::string D = d.dt;
