@@ -107,6 +107,17 @@ TEST(CliE2ELora, PagedAdamw8bitKeepsItsLargeStatesInManagedMemory) {
   const json nat = j["analytic"]["native"];
   EXPECT_EQ(n(nat["optimizer_states"]), device + 2 * 65536);
   EXPECT_EQ(n(nat["optimizer_states_managed"]), managed);
+  // maxbatch says where the managed state is: in no peak it searches with.
+  const Result mb = trainmem(
+      "maxbatch --model llama3-8b --finetune qlora --lora-targets all-linear --seq 2048 "
+      "--checkpointing full --budget 24GB --optimizer paged-adamw8bit");
+  ASSERT_EQ(mb.code, 0) << mb.err;
+  EXPECT_TRUE(has(mb.out,
+                  "native rows: the meta backend's exact trace of trainmem's own LoRA "
+                  "step"))
+      << mb.out;
+  EXPECT_TRUE(has(mb.out, "the paged optimizer's state in CUDA managed memory is outside them"))
+      << mb.out;
   const Result t = trainmem(recipe);
   ASSERT_EQ(t.code, 0) << t.err;
   EXPECT_TRUE(has(t.out, "paged-adamw8bit")) << t.out;

@@ -39,9 +39,14 @@ std::string peaks_banner(const MaxbatchRequest& rq, const std::string& how,
                     "(evicted to the host under pressure)"
                   : "");
   }
-  if (!rq.allocator) return "peaks: " + traced;
+  // A paged optimizer's managed state is in no peak of the native step.
+  const std::string managed =
+      paged_optimizer(rq.train.optimizer)
+          ? "; the paged optimizer's state in CUDA managed memory is outside them"
+          : "";
+  if (!rq.allocator) return "peaks: " + traced + managed;
   return "peaks: what PyTorch's caching allocator would reserve (a model, --allocator " +
-         rq.allocator->spec + ", " + how + "; docs/allocator.md) for " + traced;
+         rq.allocator->spec + ", " + how + "; docs/allocator.md) for " + traced + managed;
 }
 
 // The optimizer in titles: bitsandbytes' for hf-peft when given, else the run's.
@@ -357,6 +362,12 @@ std::string render_maxbatch_policies(const std::vector<MaxbatchPolicyRun>& runs,
                     ? "; the per-GPU overheads (CUDA context, NCCL) are in the + overheads column"
                     : "; overhead " + format_bytes_with_unit(first.overhead, u) + " (" +
                           overhead_source + ")"));
+  // A paged optimizer's managed state is in no peak of the native step (docs/formulas.md, "Paged
+  // optimizers in the native step").
+  const std::string managed =
+      paged_optimizer(first.train.optimizer)
+          ? "; the paged optimizer's state in CUDA managed memory is outside them"
+          : "";
   w->banner(peaks_banner(first, "on a device of budget − overhead",
                          std::string("the meta backend's exact trace of the training step") +
                              (layout ? ", per rank (the worst rank)" : "")));
@@ -371,7 +382,7 @@ std::string render_maxbatch_policies(const std::vector<MaxbatchPolicyRun>& runs,
                                        " base dequantized around each GEMM"
                                  : std::string()) +
         ", attention=" + attention_name(first.train.attention) + "; docs/native-plan.md, " +
-        (first.train.quantized() ? "\"QLoRA\")" : "\"LoRA\")"));
+        (first.train.quantized() ? "\"QLoRA\")" : "\"LoRA\")") + managed);
   w->table(t);
   if (mixed)
     w->line(
