@@ -77,13 +77,6 @@ void PeftOptions::apply_to(TrainConfig& t) const {
   t.quant_blocksize = quant_blocksize;
 }
 
-std::optional<BnbOptimizer> parse_bnb_optimizer(const std::string& name) {
-  for (BnbOptimizer o :
-       {BnbOptimizer::adamw8bit, BnbOptimizer::paged_adamw, BnbOptimizer::paged_adamw8bit})
-    if (name == bnb_optimizer_name(o)) return o;
-  return std::nullopt;
-}
-
 const char* peft_era_name(PeftEra e) {
   switch (e) {
     case PeftEra::v0_10:
@@ -533,24 +526,6 @@ std::uint64_t parameter_count(const std::vector<ParamSpec>& specs) {
   return n;
 }
 
-namespace {
-// bitsandbytes' states of one tensor of n elements (docs/formulas.md, "8-bit AdamW in the native
-// step", "Paged optimizers in the native step"): under the 8-bit kinds uint8 state1/state2 and an
-// fp32 absmax1/absmax2 per 256-element block from 4,096 elements on, else fp32 state1/state2;
-// a paged kind's state1/state2 of n >= 100,000 go to `managed`, the rest to `device`.
-void bnb_tensor_bytes(Optimizer o, std::uint64_t n, std::uint64_t copies, std::uint64_t& device,
-                      std::uint64_t& managed, bool& any8) {
-  const bool eight = eight_bit_optimizer(o) && n >= static_cast<std::uint64_t>(kBnbMin8BitSize);
-  const bool paged = paged_optimizer(o) && n >= static_cast<std::uint64_t>(kBnbPagedMinSize);
-  any8 = any8 || eight;
-  const std::uint64_t states = checked_mul(checked_mul(n, eight ? 2 : 8, "bnb states"), copies);
-  const std::uint64_t blocks = (n + kBnbStateBlock - 1) / kBnbStateBlock;
-  const std::uint64_t absmax = eight ? checked_mul(checked_mul(blocks, 8), copies) : 0;
-  (paged ? managed : device) = checked_add(paged ? managed : device, states, "bnb states");
-  device = checked_add(device, absmax, "bnb states");
-}
-}  // namespace
-
 StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
   const std::uint64_t w = dtype_size(train.dtype);
   const bool fp32 = train.dtype == DType::f32;
@@ -635,7 +610,9 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
   if (bnb_optimizer(train.optimizer)) {
     const std::uint64_t L = static_cast<std::uint64_t>(model.layers);
     auto add = [&](std::uint64_t n, std::uint64_t copies) {
-      bnb_tensor_bytes(train.optimizer, n, copies, states_bnb, states_managed, any8);
+      analytic_detail::bnb_state_bytes(eight_bit_optimizer(train.optimizer),
+                                       paged_optimizer(train.optimizer), kBnbStateBlock, n, copies,
+                                       states_bnb, states_managed, any8);
     };
     if (train.lora()) {
       for (std::uint64_t n : adapters) add(n, L);
@@ -851,6 +828,20 @@ std::uint64_t quant4_weight_bytes(std::uint64_t n, std::uint64_t blocksize, bool
   if (!double_quant) return csum({packed, checked_mul(blocks, 4, "absmax"), 64}, "4-bit weight");
   return csum({packed, blocks, checked_mul((blocks + 255) / 256, 4, "nested absmax"), 4, 64, 1024},
               "4-bit weight");
+}
+
+void bnb_state_bytes(bool bits8, bool paged, std::uint64_t block, std::uint64_t n,
+                     std::uint64_t copies, std::uint64_t& device, std::uint64_t& managed,
+                     bool& any8) {
+  const bool eight = bits8 && n >= static_cast<std::uint64_t>(kBnbMin8BitSize);
+  const bool in_managed = paged && n >= static_cast<std::uint64_t>(kBnbPagedMinSize);
+  any8 = any8 || eight;
+  const std::uint64_t states = checked_mul(checked_mul(n, eight ? 2 : 8, "bnb states"), copies);
+  std::uint64_t& moments = in_managed ? managed : device;
+  moments = checked_add(moments, states, "bnb states");
+  if (eight)
+    device = checked_add(device, checked_mul(checked_mul((n + block - 1) / block, 8), copies),
+                         "bnb states");
 }
 
 bool is_layer_linear(const std::string& name) {

@@ -56,6 +56,15 @@ RankEstimate native_stage(const ModelConfig& m, const TrainConfig& t, const Para
 // bitsandbytes' bytes for one 4-bit weight of n elements (docs/formulas.md, "4-bit weights"):
 // what the hf-peft profile and the native step's QLoRA both store.
 std::uint64_t quant4_weight_bytes(std::uint64_t n, std::uint64_t blocksize, bool double_quant);
+// bitsandbytes' optimizer states of `copies` tensors of n elements each, added to `device` and
+// `managed` (docs/formulas.md, "8-bit AdamW in the native step", "Paged optimizers in the native
+// step"): with `bits8`, uint8 state1/state2 and an fp32 absmax1/absmax2 per `block` elements from
+// 4,096 elements on, else fp32 state1/state2; with `paged`, state1/state2 of n >= 100,000 in
+// managed memory, the absmax on the device. `any8` is set when a tensor keeps 8-bit states (the
+// shared maps are then the caller's to add).
+void bnb_state_bytes(bool bits8, bool paged, std::uint64_t block, std::uint64_t n,
+                     std::uint64_t copies, std::uint64_t& device, std::uint64_t& managed,
+                     bool& any8);
 // Whether an HF parameter name is a decoder layer's linear weight (`model.layers.N.*_proj.weight`):
 // the weights bitsandbytes stores 4-bit.
 bool is_layer_linear(const std::string& name);

@@ -1021,17 +1021,7 @@ void build_hf_peft(Estimate& est) {
     const std::uint64_t layers = static_cast<std::uint64_t>(m.layers);
     // One adapter tensor of n elements in every layer.
     auto add_tensor = [&](std::uint64_t n) {
-      const bool eight = bits8 && n >= 4096;
-      any8 = any8 || eight;
-      const std::uint64_t states = checked_mul(
-          layers, checked_mul(eight ? 2 : 8, n, "optimizer states"), "optimizer states");
-      if (paged && n >= 100000)
-        managed = checked_add(managed, states, "optimizer states");
-      else
-        device = checked_add(device, states, "optimizer states");
-      if (eight)
-        device = checked_add(device, checked_mul(layers, 8 * ((n + block - 1) / block), "absmax"),
-                             "optimizer states");
+      bnb_state_bytes(bits8, paged, block, n, layers, device, managed, any8);
     };
     for (const auto& pr : projections) {
       if (!ps.has(pr.bit)) continue;

@@ -21,12 +21,19 @@ using nlohmann::json;
 
 // "peaks: <what was traced>", or with --allocator what PyTorch's allocator (a model, `how`)
 // would reserve for it.
+// A paged optimizer's state in CUDA managed memory is in no peak maxbatch searches with
+// (docs/formulas.md, "Paged optimizers in the native step"): "; ..." saying so, or "".
+std::string managed_outside(const MaxbatchRequest& rq) {
+  const BnbOptimizer o = rq.hf_peft ? rq.hf_peft->peft.optimizer : BnbOptimizer::none;
+  const bool paged = o == BnbOptimizer::paged_adamw || o == BnbOptimizer::paged_adamw8bit ||
+                     paged_optimizer(rq.train.optimizer);
+  return paged ? "; the paged optimizer's state in CUDA managed memory is outside them" : "";
+}
+
 std::string peaks_banner(const MaxbatchRequest& rq, const std::string& how,
                          const std::string& traced) {
+  const std::string managed = managed_outside(rq);
   if (rq.hf_peft) {
-    const BnbOptimizer o = rq.hf_peft->peft.optimizer;
-    const bool paged = o == BnbOptimizer::paged_adamw || o == BnbOptimizer::paged_adamw8bit ||
-                       paged_optimizer(rq.train.optimizer);
     return std::string("peaks: the hf-peft profile's, as transformers 5.25 + peft ") +
            (rq.hf_peft->peft.peft_version.empty() ? std::string("0.21")
                                                   : rq.hf_peft->peft.peft_version) +
@@ -35,15 +42,8 @@ std::string peaks_banner(const MaxbatchRequest& rq, const std::string& how,
                                                  : rq.hf_peft->peft.bnb_version) +
            " keep the step (params + gradients + optimizer states + activations at "
            "their maxima, no transients; docs/formulas.md, \"Profile hf-peft\")" +
-           (paged ? "; the paged optimizer's state in CUDA managed memory is outside them "
-                    "(evicted to the host under pressure)"
-                  : "");
+           (managed.empty() ? "" : managed + " (evicted to the host under pressure)");
   }
-  // A paged optimizer's managed state is in no peak of the native step.
-  const std::string managed =
-      paged_optimizer(rq.train.optimizer)
-          ? "; the paged optimizer's state in CUDA managed memory is outside them"
-          : "";
   if (!rq.allocator) return "peaks: " + traced + managed;
   return "peaks: what PyTorch's caching allocator would reserve (a model, --allocator " +
          rq.allocator->spec + ", " + how + "; docs/allocator.md) for " + traced + managed;
@@ -362,12 +362,7 @@ std::string render_maxbatch_policies(const std::vector<MaxbatchPolicyRun>& runs,
                     ? "; the per-GPU overheads (CUDA context, NCCL) are in the + overheads column"
                     : "; overhead " + format_bytes_with_unit(first.overhead, u) + " (" +
                           overhead_source + ")"));
-  // A paged optimizer's managed state is in no peak of the native step (docs/formulas.md, "Paged
-  // optimizers in the native step").
-  const std::string managed =
-      paged_optimizer(first.train.optimizer)
-          ? "; the paged optimizer's state in CUDA managed memory is outside them"
-          : "";
+  const std::string managed = managed_outside(first);
   w->banner(peaks_banner(first, "on a device of budget − overhead",
                          std::string("the meta backend's exact trace of the training step") +
                              (layout ? ", per rank (the worst rank)" : "")));

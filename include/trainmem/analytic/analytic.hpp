@@ -79,12 +79,12 @@ enum class Finetune { full, lora, qlora };
 const char* finetune_name(Finetune f);                            // "full", "lora", "qlora"
 std::optional<Finetune> parse_finetune(const std::string& name);  // by finetune_name
 
-// bitsandbytes' optimizers for the adapters (hf-peft; `--optimizer adamw8bit|paged-adamw|
-// paged-adamw8bit`): bnb.optim.AdamW8bit, PagedAdamW, PagedAdamW8bit (bitsandbytes 0.50;
-// docs/formulas.md, "Profile hf-peft"). TrainConfig::optimizer stays adamw beside them.
+// bitsandbytes' optimizers for the adapters of hf-peft (PeftOptions::optimizer):
+// bnb.optim.AdamW8bit, PagedAdamW, PagedAdamW8bit (bitsandbytes 0.50; docs/formulas.md, "Profile
+// hf-peft"), for library callers; the CLI's `--optimizer` sets the same ones as TrainConfig
+// optimizers, which hf-peft reads alike (TrainConfig::optimizer then stays adamw beside these).
 enum class BnbOptimizer { none, adamw8bit, paged_adamw, paged_adamw8bit };
 const char* bnb_optimizer_name(BnbOptimizer o);  // "adamw8bit", "paged-adamw", ...; "" for none
-std::optional<BnbOptimizer> parse_bnb_optimizer(const std::string& name);  // not "none"
 
 // bitsandbytes releases as far as they change what hf-peft counts (`--bnb-version`): the 8-bit
 // optimizers' absmax covers 2,048 elements up to 0.43 and 256 from 0.44.0 (pull request #1365).
