@@ -35,6 +35,7 @@
 #include "dropout/dropout_kernels.cuh"
 #include "embedding/embedding_kernels.cuh"
 #include "kernels/residual_kernels.cuh"
+#include "moe/moe_kernels.cuh"
 #include "nonfinite/nonfinite_kernels.cuh"
 #include "quant4/quant4_kernels.cuh"
 #include "rmsnorm/rmsnorm_kernels.cuh"
@@ -49,6 +50,7 @@
 #include "cross_entropy/cross_entropy.hpp"
 #include "dropout/dropout.hpp"
 #include "embedding/embedding.hpp"
+#include "moe/moe.hpp"
 #include "nonfinite/nonfinite.hpp"
 #include "quant4/dynamic_map.hpp"
 #include "quant4/quant4.hpp"
@@ -529,6 +531,74 @@ TEST(CudaKernelsEmulated, DropoutMaskAndApplyBitIdentical) {
   check_dropout<F32>();
   check_dropout<BF16>();
   check_dropout<F16>();
+}
+
+// Mixture of experts: the routing, its counting sort, the permute, the combine and its backward
+// are the CPU twin's bits (per token, per choice or per element, the same math in the same
+// order; the emulator runs the device code on the host).
+template <class S>
+void check_moe() {
+  std::mt19937 rng(12);
+  const std::int64_t n = 23, E = 6, K = 2, h = 9;
+  const auto logits = random_storage<S>(std::size_t(n * E), rng);
+  for (bool normalize : {true, false}) {
+    std::vector<float> pw(std::size_t(n * E)), pg(pw.size()), ww(std::size_t(n * K)), wg(ww.size());
+    std::vector<std::int32_t> iw(std::size_t(n * K)), ig(iw.size()), posw(iw.size()),
+        posg(iw.size()), ow(std::size_t(E + 1)), og(ow.size());
+    moe_route_cpu(pw.data(), iw.data(), ww.data(), posw.data(), ow.data(), logits.data(), n, E, K,
+                  normalize, S::dtype);
+    launch(dim3(2), dim3(8), 0, moe_route_kernel<S>, pg.data(), ig.data(), wg.data(),
+           static_cast<const void*>(logits.data()), n, E, K, normalize);
+    launch(dim3(1), dim3(1), 0, moe_sort_kernel, posg.data(), og.data(),
+           static_cast<const std::int32_t*>(ig.data()), n, E, K);
+    EXPECT_EQ(pg, pw);
+    EXPECT_EQ(ig, iw);
+    EXPECT_EQ(wg, ww);
+    EXPECT_EQ(posg, posw);
+    EXPECT_EQ(og, ow);
+    const auto dweight = random_storage<F32>(std::size_t(n * K), rng);
+    auto dlw = random_storage<S>(std::size_t(n * E), rng), dlg = dlw;
+    moe_route_backward_cpu(dlw.data(), dweight.data(), pw.data(), iw.data(), n, E, K, normalize,
+                           S::dtype);
+    launch(dim3(2), dim3(8), 0, moe_route_backward_kernel<S>, static_cast<void*>(dlg.data()),
+           static_cast<const float*>(dweight.data()), static_cast<const float*>(pw.data()),
+           static_cast<const std::int32_t*>(iw.data()), n, E, K, normalize);
+    expect_close(to_f32<S>(dlg), to_f32<S>(dlw), 0, "moe route backward");
+    const auto x = random_storage<S>(std::size_t(n * h), rng);
+    const auto res = random_storage<S>(std::size_t(n * h), rng);
+    const auto y = random_storage<S>(std::size_t(n * K * h), rng);
+    auto rw = y, rg = y;
+    moe_permute_cpu(rw.data(), x.data(), posw.data(), n, K, h, S::dtype);
+    launch(dim3(3), dim3(32), 0, moe_permute_kernel<S>, static_cast<void*>(rg.data()),
+           static_cast<const void*>(x.data()), static_cast<const std::int32_t*>(posw.data()), n, K,
+           h);
+    expect_close(to_f32<S>(rg), to_f32<S>(rw), 0, "moe permute");
+    for (bool weighted : {true, false}) {
+      auto cw = res, cg = res;
+      moe_combine_cpu(cw.data(), weighted ? res.data() : nullptr, y.data(),
+                      weighted ? ww.data() : nullptr, posw.data(), n, K, h, S::dtype);
+      launch(dim3(3), dim3(32), 0, moe_combine_kernel<S>, static_cast<void*>(cg.data()),
+             static_cast<const void*>(weighted ? res.data() : nullptr),
+             static_cast<const void*>(y.data()),
+             static_cast<const float*>(weighted ? ww.data() : nullptr),
+             static_cast<const std::int32_t*>(posw.data()), n, K, h);
+      expect_close(to_f32<S>(cg), to_f32<S>(cw), 0, "moe combine");
+    }
+    auto drw = y, drg = y;
+    std::vector<float> dww(std::size_t(n * K)), dwg(dww.size());
+    moe_combine_backward_cpu(drw.data(), dww.data(), x.data(), y.data(), ww.data(), posw.data(), n,
+                             K, h, S::dtype);
+    launch(dim3(2), dim3(8), 0, moe_combine_backward_kernel<S>, static_cast<void*>(drg.data()),
+           dwg.data(), static_cast<const void*>(x.data()), static_cast<const void*>(y.data()),
+           static_cast<const float*>(ww.data()), static_cast<const std::int32_t*>(posw.data()), n,
+           K, h);
+    expect_close(to_f32<S>(drg), to_f32<S>(drw), 0, "moe combine backward rows");
+    EXPECT_EQ(dwg, dww);
+  }
+}
+TEST(CudaKernelsEmulated, MoeRoutingPermuteAndCombineBitIdentical) {
+  check_moe<F32>();
+  check_moe<BF16>();
 }
 
 TEST(CudaKernelsEmulated, CrossEntropyForwardAndInPlaceBackward) {

@@ -24,6 +24,7 @@
 #include "dropout/dropout.hpp"
 #include "embedding/embedding.hpp"
 #include "matmul/matmul.hpp"
+#include "moe/moe.hpp"
 #include "nonfinite/nonfinite.hpp"
 #include "quant4/quant4.hpp"
 #include "rmsnorm/rmsnorm.hpp"
@@ -231,6 +232,30 @@ class CpuBackend final : public Backend {
   void dropout_apply(void* out, const void* x, const std::uint8_t* mask, std::int64_t n,
                      float scale, bool accumulate) override {
     dropout_apply_cpu(out, x, mask, n, scale, accumulate, dtype());
+  }
+  void moe_route(float* probs, std::int32_t* idx, float* weight, std::int32_t* pos,
+                 std::int32_t* offsets, const void* logits, std::int64_t n, std::int64_t E,
+                 std::int64_t K, bool normalize) override {
+    moe_route_cpu(probs, idx, weight, pos, offsets, logits, n, E, K, normalize, dtype());
+  }
+  void moe_route_backward(void* dlogits, const float* dweight, const float* probs,
+                          const std::int32_t* idx, std::int64_t n, std::int64_t E, std::int64_t K,
+                          bool normalize) override {
+    moe_route_backward_cpu(dlogits, dweight, probs, idx, n, E, K, normalize, dtype());
+  }
+  void moe_permute(void* rows, const void* x, const std::int32_t* pos, std::int64_t n,
+                   std::int64_t K, std::int64_t h) override {
+    moe_permute_cpu(rows, x, pos, n, K, h, dtype());
+  }
+  void moe_combine(void* out, const void* res, const void* rows, const float* weight,
+                   const std::int32_t* pos, std::int64_t n, std::int64_t K,
+                   std::int64_t h) override {
+    moe_combine_cpu(out, res, rows, weight, pos, n, K, h, dtype());
+  }
+  void moe_combine_backward(void* drows, float* dweight, const void* dout, const void* rows,
+                            const float* weight, const std::int32_t* pos, std::int64_t n,
+                            std::int64_t K, std::int64_t h) override {
+    moe_combine_backward_cpu(drows, dweight, dout, rows, weight, pos, n, K, h, dtype());
   }
   void check_finite(const void* x, std::int64_t n) override {
     nonfinite_ = nonfinite_ || has_nonfinite_cpu(x, n, dtype());

@@ -191,6 +191,25 @@ class Backend {
                             std::uint64_t stream) = 0;
   virtual void dropout_apply(void* out, const void* x, const std::uint8_t* mask, std::int64_t n,
                              float scale, bool accumulate) = 0;
+  // Mixture of experts (kernels/moe/moe.hpp; docs/native-plan.md, "Mixture of experts"): the
+  // router's fp32 softmax and top-k with the tokens' order by expert (offsets (E + 1), pos (n, K)
+  // i32), its backward into dlogits (n, E) D, the rows gathered into expert order, combined back
+  // (weighted, onto a residual) and the combine's backward. cpu and cuda compute them, meta does
+  // nothing.
+  virtual void moe_route(float* probs, std::int32_t* idx, float* weight, std::int32_t* pos,
+                         std::int32_t* offsets, const void* logits, std::int64_t n, std::int64_t E,
+                         std::int64_t K, bool normalize) = 0;
+  virtual void moe_route_backward(void* dlogits, const float* dweight, const float* probs,
+                                  const std::int32_t* idx, std::int64_t n, std::int64_t E,
+                                  std::int64_t K, bool normalize) = 0;
+  virtual void moe_permute(void* rows, const void* x, const std::int32_t* pos, std::int64_t n,
+                           std::int64_t K, std::int64_t h) = 0;
+  virtual void moe_combine(void* out, const void* res, const void* rows, const float* weight,
+                           const std::int32_t* pos, std::int64_t n, std::int64_t K,
+                           std::int64_t h) = 0;
+  virtual void moe_combine_backward(void* drows, float* dweight, const void* dout, const void* rows,
+                                    const float* weight, const std::int32_t* pos, std::int64_t n,
+                                    std::int64_t K, std::int64_t h) = 0;
   // The overflow check of loss-scaled gradients, in two halves so that a step waits once:
   // check_finite queues a test of x (n) D for +-inf and NaN; take_nonfinite returns whether
   // any buffer checked since the previous take held one, and clears that (it waits for the

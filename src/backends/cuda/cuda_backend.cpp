@@ -18,6 +18,7 @@
 #include "embedding/embedding.hpp"
 #include "init/init.hpp"
 #include "matmul/matmul.hpp"
+#include "moe/moe.hpp"
 #include "nonfinite/nonfinite.hpp"
 #include "quant4/quant4.hpp"
 #include "rmsnorm/rmsnorm.hpp"
@@ -295,6 +296,31 @@ void CudaBackend::dropout_mask(std::uint8_t* mask, std::int64_t n, float p, std:
 void CudaBackend::dropout_apply(void* out, const void* x, const std::uint8_t* mask, std::int64_t n,
                                 float scale, bool accumulate) {
   dropout_apply_cuda(out, x, mask, n, scale, accumulate, dtype(), stream_);
+}
+void CudaBackend::moe_route(float* probs, std::int32_t* idx, float* weight, std::int32_t* pos,
+                            std::int32_t* offsets, const void* logits, std::int64_t n,
+                            std::int64_t E, std::int64_t K, bool normalize) {
+  moe_route_cuda(probs, idx, weight, pos, offsets, logits, n, E, K, normalize, dtype(), stream_);
+}
+void CudaBackend::moe_route_backward(void* dlogits, const float* dweight, const float* probs,
+                                     const std::int32_t* idx, std::int64_t n, std::int64_t E,
+                                     std::int64_t K, bool normalize) {
+  moe_route_backward_cuda(dlogits, dweight, probs, idx, n, E, K, normalize, dtype(), stream_);
+}
+void CudaBackend::moe_permute(void* rows, const void* x, const std::int32_t* pos, std::int64_t n,
+                              std::int64_t K, std::int64_t h) {
+  moe_permute_cuda(rows, x, pos, n, K, h, dtype(), stream_);
+}
+void CudaBackend::moe_combine(void* out, const void* res, const void* rows, const float* weight,
+                              const std::int32_t* pos, std::int64_t n, std::int64_t K,
+                              std::int64_t h) {
+  moe_combine_cuda(out, res, rows, weight, pos, n, K, h, dtype(), stream_);
+}
+void CudaBackend::moe_combine_backward(void* drows, float* dweight, const void* dout,
+                                       const void* rows, const float* weight,
+                                       const std::int32_t* pos, std::int64_t n, std::int64_t K,
+                                       std::int64_t h) {
+  moe_combine_backward_cuda(drows, dweight, dout, rows, weight, pos, n, K, h, dtype(), stream_);
 }
 void CudaBackend::check_finite(const void* x, std::int64_t n) {
   flag_nonfinite_cuda(nonfinite_device_, x, n, dtype(), stream_);

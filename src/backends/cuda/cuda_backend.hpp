@@ -129,6 +129,20 @@ class CudaBackend final : public Backend {
                     std::uint64_t stream) override;
   void dropout_apply(void* out, const void* x, const std::uint8_t* mask, std::int64_t n,
                      float scale, bool accumulate) override;
+  void moe_route(float* probs, std::int32_t* idx, float* weight, std::int32_t* pos,
+                 std::int32_t* offsets, const void* logits, std::int64_t n, std::int64_t E,
+                 std::int64_t K, bool normalize) override;
+  void moe_route_backward(void* dlogits, const float* dweight, const float* probs,
+                          const std::int32_t* idx, std::int64_t n, std::int64_t E, std::int64_t K,
+                          bool normalize) override;
+  void moe_permute(void* rows, const void* x, const std::int32_t* pos, std::int64_t n,
+                   std::int64_t K, std::int64_t h) override;
+  void moe_combine(void* out, const void* res, const void* rows, const float* weight,
+                   const std::int32_t* pos, std::int64_t n, std::int64_t K,
+                   std::int64_t h) override;
+  void moe_combine_backward(void* drows, float* dweight, const void* dout, const void* rows,
+                            const float* weight, const std::int32_t* pos, std::int64_t n,
+                            std::int64_t K, std::int64_t h) override;
   void check_finite(const void* x, std::int64_t n) override;
   bool take_nonfinite() override;
 

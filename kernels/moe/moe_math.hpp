@@ -1,0 +1,116 @@
+// Mixture of experts, per token (kernels/moe/moe.hpp), shared by the CPU reference and the CUDA
+// kernels. Every sum runs in a fixed order in fp32, products rounded on their own (tm_mul_rn),
+// so that a token's results do not depend on the backend or the team size.
+#pragma once
+#include <cstdint>
+
+#include "common/common_math.hpp"
+
+namespace trainmem {
+
+// Token t's routing: its softmax over E logits (S storage) into probs_t (E f32), its top K into
+// idx_t / weight_t (K each). Softmax as PyTorch's: max, exp(x − max), sum in order, divide.
+template <class S>
+TM_HD void moe_route_token(float* probs_t, std::int32_t* idx_t, float* weight_t, const void* logits,
+                           std::int64_t t, std::int64_t E, std::int64_t K, bool normalize) {
+  const std::int64_t base = t * E;
+  float mx = S::load(logits, std::size_t(base));
+  for (std::int64_t e = 1; e < E; ++e) mx = tm_max(mx, S::load(logits, std::size_t(base + e)));
+  float sum = 0.0f;
+  for (std::int64_t e = 0; e < E; ++e) {
+    const float x = tm_exp(S::load(logits, std::size_t(base + e)) - mx);
+    probs_t[e] = x;
+    sum += x;
+  }
+  for (std::int64_t e = 0; e < E; ++e) probs_t[e] = probs_t[e] / sum;
+  // Top K by selection: the largest probability not yet chosen, the lower expert on a tie.
+  float total = 0.0f;
+  for (std::int64_t j = 0; j < K; ++j) {
+    std::int32_t best = -1;
+    for (std::int64_t e = 0; e < E; ++e) {
+      bool taken = false;
+      for (std::int64_t c = 0; c < j; ++c) taken = taken || idx_t[c] == std::int32_t(e);
+      if (taken) continue;
+      if (best < 0 || probs_t[e] > probs_t[best]) best = std::int32_t(e);
+    }
+    idx_t[j] = best;
+    weight_t[j] = probs_t[best];
+    total += probs_t[best];
+  }
+  if (normalize)
+    for (std::int64_t j = 0; j < K; ++j) weight_t[j] = weight_t[j] / total;
+}
+
+// Token t's logit gradient (E, S storage) from the gradient of its K weights: through the
+// normalisation w_j = p_j / Σp (dp_j = (dw_j − Σ_c dw_c·w_c) / Σp) when `normalize`, then the
+// softmax (dlogit_e = p_e·(dp_e − Σ_f dp_f·p_f), dp zero outside the top K).
+template <class S>
+TM_HD void moe_route_backward_token(void* dlogits, const float* dweight_t, const float* probs_t,
+                                    const std::int32_t* idx_t, std::int64_t t, std::int64_t E,
+                                    std::int64_t K, bool normalize) {
+  float total = 0.0f, dot = 0.0f;
+  if (normalize) {
+    for (std::int64_t j = 0; j < K; ++j) total += probs_t[idx_t[j]];
+    for (std::int64_t j = 0; j < K; ++j) dot += tm_mul_rn(dweight_t[j], probs_t[idx_t[j]] / total);
+  }
+  // dp of choice j, and g = Σ_j dp_j·p_j over the chosen experts (the rest have dp 0).
+  float g = 0.0f;
+  for (std::int64_t j = 0; j < K; ++j) {
+    const float dp = normalize ? (dweight_t[j] - dot) / total : dweight_t[j];
+    g += tm_mul_rn(dp, probs_t[idx_t[j]]);
+  }
+  for (std::int64_t e = 0; e < E; ++e) {
+    float dp = 0.0f;
+    for (std::int64_t j = 0; j < K; ++j)
+      if (idx_t[j] == std::int32_t(e)) dp = normalize ? (dweight_t[j] - dot) / total : dweight_t[j];
+    S::store(dlogits, std::size_t(t * E + e), tm_mul_rn(probs_t[e], dp - g));
+  }
+}
+
+// The stable counting sort of the choices by expert, serial: offsets (E + 1), pos (n, K).
+TM_HD void moe_sort_serial(std::int32_t* pos, std::int32_t* offsets, const std::int32_t* idx,
+                           std::int64_t n, std::int64_t E, std::int64_t K) {
+  for (std::int64_t e = 0; e <= E; ++e) offsets[e] = 0;
+  for (std::int64_t c = 0; c < n * K; ++c) ++offsets[idx[c] + 1];
+  for (std::int64_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
+  // offsets[e] is now expert e's first row. Shifted by one, offsets[e + 1] is expert e's cursor:
+  // it starts at e's first row and ends at e's end, which is e + 1's first row, so that the
+  // offsets are right again once every choice has its row.
+  for (std::int64_t e = E; e > 0; --e) offsets[e] = offsets[e - 1];
+  offsets[0] = 0;
+  for (std::int64_t c = 0; c < n * K; ++c) pos[c] = offsets[idx[c] + 1]++;
+}
+
+// Row t of the combine (moe.hpp): out[t, c] for c in [c0, c1).
+template <class S>
+TM_HD void moe_combine_token(void* out, const void* res, const void* rows, const float* weight,
+                             const std::int32_t* pos, std::int64_t t, std::int64_t K,
+                             std::int64_t h, std::int64_t c0, std::int64_t c1) {
+  for (std::int64_t c = c0; c < c1; ++c) {
+    float acc = res ? S::load(res, std::size_t(t * h + c)) : 0.0f;
+    for (std::int64_t j = 0; j < K; ++j) {
+      const float y = S::load(rows, std::size_t(std::int64_t(pos[t * K + j]) * h + c));
+      acc += weight ? tm_mul_rn(weight[t * K + j], y) : y;
+    }
+    S::store(out, std::size_t(t * h + c), acc);
+  }
+}
+
+// Choice (t, j) of the combine's backward: its row of drows, and dweight[t, j].
+template <class S>
+TM_HD void moe_combine_backward_choice(void* drows, float* dweight, const void* dout,
+                                       const void* rows, const float* weight,
+                                       const std::int32_t* pos, std::int64_t t, std::int64_t j,
+                                       std::int64_t K, std::int64_t h) {
+  const std::int64_t r = pos[t * K + j];
+  const float w = weight[t * K + j];
+  float dot = 0.0f;
+  for (std::int64_t c = 0; c < h; ++c) {
+    const float d = S::load(dout, std::size_t(t * h + c));
+    S::store(drows, std::size_t(r * h + c), tm_mul_rn(w, d));
+    dot += tm_mul_rn(d, S::load(rows, std::size_t(r * h + c)));
+  }
+  dweight[t * K + j] = dot;
+}
+
+}  // namespace trainmem
