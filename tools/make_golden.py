@@ -31,6 +31,33 @@ PyTorch that can import the current transformers, e.g.
   /tmp/venv-hf/bin/python tools/make_golden.py --families --transformers /tmp/hf/5.25.0
 (transformers installed out of the way by tools/hf_saved_tensors.py --install 5.25.0 --target
 /tmp/hf/5.25.0). Checked with transformers 5.25.0, PyTorch 2.15.0.
+
+The mixture-of-experts goldens (issue 29; --families, made alone with --only): tiny_mixtral
+(MixtralForCausalLM: 4 experts of width 32 (Mixtral's intermediate_size), top 2, renormalised
+top-k weights, 4 heads / 2 kv heads, no window) and tiny_qwen3_moe (Qwen3MoeForCausalLM: 6 experts
+of width moe_intermediate_size 32, top 2, norm_topk_prob false so the unnormalised path is
+covered, every layer MoE (decoder_sparse_step 1, mlp_only_layers []), head_dim 16, q/k norms),
+b 2, s 16, no router logits in the loss, fp32 weights and compute as above, eager attention and
+the experts' eager implementation (experts_implementation "eager" in the config's kwargs: the
+per-expert loop of MixtralExperts/Qwen3MoeExperts.forward, not 5.x's default "grouped_mm"). The
+routers (mlp.gate.weight) and the 3-D experts (mlp.experts.gate_up_proj (E, 2·m, h),
+mlp.experts.down_proj (E, h, m)) are randomised like every matrix (0.2·N(0, 1)). Routing must be
+robust, since trainmem routes in fp32 itself: forward hooks on every router and MoE block check,
+for every token and layer, that the k-th minus the (k+1)-th router probability exceeds
+ROUTING_MIN_GAP (1e-3), that the top-k probabilities are distinct by more than 1e-6 and that
+every expert gets a token; if not, the weights are drawn again with the next seed. Each block's
+output is also checked against a float64 computation by hand (gate = gate_up_proj's first m
+rows). The expected file's metadata records the seed used, the seeds rejected, the minimum gap
+and top-k separation, the tokens routed to each expert per layer (routing_l<l>: expert 0, 1, ...)
+and the transformers and torch versions. Made on 2026-12-06 with the PyPI releases
+(transformers 5.25.0, torch 2.15.0+cu132, on the CPU) by
+  LD_LIBRARY_PATH=<libcufile, libnvshmem_host, NCCL 2.32: see tools/peft_golden.py> \
+  USE_HUB_KERNELS=0 PYTHONPATH=/tmp/bnbpy:/tmp/bnbdeps \
+  python3 tools/make_golden.py --families --only tiny_mixtral,tiny_qwen3_moe
+(seed 1234 was rejected for both: gaps 2.4e-4 and 8.6e-4; seed 1235 taken). --only leaves the
+other families' files untouched: rerun here, the dense families' weights and tokens came out
+byte-identical but three expected files differed at fp32 rounding (~1.5e-6 relative), so the
+committed ones were kept.
 """
 import sys
 
@@ -225,7 +252,30 @@ FAMILIES = {
                          rope_scaling={"rope_type": "llama3", "factor": 8.0,
                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                        "original_max_position_embeddings": 16}), 2, 16),
+    # Mixture of experts (issue 29): Mixtral's intermediate_size is the experts' width; Mixtral
+    # always renormalises its top-k weights, Qwen3-MoE here does not (norm_topk_prob false).
+    "tiny_mixtral": (dict(_TINY, architectures=["MixtralForCausalLM"], model_type="mixtral",
+                          intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
+                          num_local_experts=4, num_experts_per_tok=2, output_router_logits=False,
+                          router_jitter_noise=0.0, sliding_window=None, rms_norm_eps=1e-5,
+                          rope_theta=1e6, tie_word_embeddings=False), 2, 16),
+    "tiny_qwen3_moe": (dict(_TINY, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+                            intermediate_size=128, moe_intermediate_size=32,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                            num_experts=6, num_experts_per_tok=2, norm_topk_prob=False,
+                            decoder_sparse_step=1, mlp_only_layers=[],
+                            output_router_logits=False, use_sliding_window=False,
+                            rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=False), 2, 16),
 }
+# Every routing decision of the MoE goldens must be robust (trainmem routes in fp32 itself): for
+# every token of every layer, prob[k-th] - prob[(k+1)-th] > ROUTING_MIN_GAP, the top-k
+# probabilities distinct by > ROUTING_MIN_SEPARATION, and every expert given a token; otherwise
+# make_family draws new weights with the next seed. The router weights are drawn as the other
+# matrices (0.2·N(0, 1)): over seeds 1234-1263 that scale gave the largest median of the minimum
+# gap among 0.05-0.5 (smaller: near-uniform probabilities; larger: peaked, with tiny k-th and
+# (k+1)-th probabilities).
+ROUTING_MIN_GAP = 1e-3
+ROUTING_MIN_SEPARATION = 1e-6
 
 
 def expected_inv_freq(cfg):
@@ -252,40 +302,142 @@ def expected_inv_freq(cfg):
     return torch.tensor(out, dtype=torch.float64)
 
 
+def moe_blocks(model):
+    """(layer index, MoE block) of every layer whose MLP is a mixture of experts."""
+    return [(l, layer.mlp) for l, layer in enumerate(model.model.layers)
+            if hasattr(layer.mlp, "experts")]
+
+
+def moe_reference(block, x, k, normalise):
+    """The MoE block's output by hand, in float64, from its input x (T, h): softmax router, top-k
+    (renormalised when `normalise`), and per chosen expert e: down_e(silu(g) * u) with g the first
+    m rows of gate_up_proj[e] times x and u the last m rows, weighted and summed."""
+    with torch.no_grad():
+        x = x.double()
+        probs = torch.softmax(x @ block.gate.weight.double().T, dim=-1)
+        top, idx = probs.topk(k, dim=-1)
+        if normalise:
+            top = top / top.sum(-1, keepdim=True)
+        gate_up = block.experts.gate_up_proj.double()
+        down = block.experts.down_proj.double()
+        m = down.shape[-1]
+        y = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for j in range(k):
+                e = idx[t, j]
+                g, u = gate_up[e, :m] @ x[t], gate_up[e, m:] @ x[t]
+                y[t] += top[t, j] * (down[e] @ (torch.nn.functional.silu(g) * u))
+        return y
+
+
+def check_routing(cfg, model, seen):
+    """The routing of the forward just run (seen: layer -> router output and block input/output).
+    Returns (None, facts) when every decision is robust, else (why, facts)."""
+    k = cfg["num_experts_per_tok"]
+    E = cfg.get("num_local_experts", cfg.get("num_experts"))
+    normalise = cfg["model_type"] == "mixtral" or bool(cfg.get("norm_topk_prob"))
+    facts = {"min_gap": math.inf, "min_separation": math.inf, "counts": {}}
+    why = None
+    for l, block in moe_blocks(model):
+        logits, scores, idx = seen[("router", l)]
+        x, out = seen[("block", l)]
+        probs = torch.softmax(logits.float(), dim=-1)  # both routers: softmax of fp32 logits
+        srt = probs.sort(dim=-1, descending=True).values
+        gap = (srt[:, k - 1] - srt[:, k]).min().item()
+        sep = (srt[:, :k - 1] - srt[:, 1:k]).min().item() if k > 1 else math.inf
+        counts = torch.bincount(idx.reshape(-1), minlength=E)
+        facts["min_gap"] = min(facts["min_gap"], gap)
+        facts["min_separation"] = min(facts["min_separation"], sep)
+        facts["counts"][l] = counts.tolist()
+        if why is None and gap <= ROUTING_MIN_GAP:
+            why = f"layer {l}: k-th minus (k+1)-th router probability {gap:.3g}"
+        elif why is None and sep <= ROUTING_MIN_SEPARATION:
+            why = f"layer {l}: two top-k router probabilities {sep:.3g} apart"
+        elif why is None and counts.min().item() == 0:
+            why = f"layer {l}: an expert gets no token ({counts.tolist()})"
+        if why is None:
+            # HF's choice is the top-k of those probabilities, its weights the (renormalised)
+            # top-k values, and the block's output the float64 computation by hand.
+            top, want = probs.topk(k, dim=-1)
+            assert torch.equal(idx.sort(-1).values, want.sort(-1).values), (l, idx, want)
+            if normalise:
+                top = top / top.sum(-1, keepdim=True)
+            assert torch.allclose(scores.float(), top, rtol=1e-6, atol=1e-7), (l, scores, top)
+            ref = moe_reference(block, x, k, normalise)
+            err = (out.double() - ref).abs().max().item() / ref.abs().max().item()
+            assert err < 1e-5, (l, err)
+    return why, facts
+
+
 def make_family(name, out_dir, seed):
     import transformers
     cfg, b, s = FAMILIES[name]
     Config = getattr(transformers, cfg["architectures"][0].replace("ForCausalLM", "Config"))
     Model = getattr(transformers, cfg["architectures"][0])
-    # A deep copy: from_dict() writes into nested dicts (rope_scaling gains rope_theta).
-    hf_cfg = Config.from_dict(copy.deepcopy(dict(cfg, attn_implementation="eager")))
-    torch.manual_seed(seed)
-    model = Model(hf_cfg).to(torch.float32)
-    model.train()
-    inv = model.model.rotary_emb.inv_freq.double()
-    want = expected_inv_freq(cfg)
-    assert torch.allclose(inv, want, rtol=1e-6, atol=0), (name, inv, want)
-    if cfg.get("sliding_window") and cfg["model_type"] != "mistral":
-        kinds = ["sliding_attention" if l >= cfg["max_window_layers"] else "full_attention"
-                 for l in range(cfg["num_hidden_layers"])]
-        assert list(hf_cfg.layer_types) == kinds, (hf_cfg.layer_types, kinds)
+    moe = "num_experts_per_tok" in cfg
+    impl = dict(attn_implementation="eager")
+    if moe:
+        # The experts' per-expert loop (MixtralExperts.forward / Qwen3MoeExperts.forward), not
+        # transformers 5.x's default "grouped_mm": `experts_implementation` in the config's
+        # kwargs sets config._experts_implementation, which the @use_experts_implementation
+        # wrapper reads on each call ("eager" is no registered function: the class's own forward).
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+        impl["experts_implementation"] = "eager"
+        assert ALL_EXPERTS_FUNCTIONS.get_interface("eager", make_family) is make_family
+    rejected = []
+    while True:  # dense families: once; MoE: until every routing decision is robust
+        # A deep copy: from_dict() writes into nested dicts (rope_scaling gains rope_theta).
+        hf_cfg = Config.from_dict(copy.deepcopy(dict(cfg, **impl)))
+        torch.manual_seed(seed)
+        model = Model(hf_cfg).to(torch.float32)
+        model.train()
+        inv = model.model.rotary_emb.inv_freq.double()
+        want = expected_inv_freq(cfg)
+        assert torch.allclose(inv, want, rtol=1e-6, atol=0), (name, inv, want)
+        if cfg.get("sliding_window") and cfg["model_type"] != "mistral":
+            kinds = ["sliding_attention" if l >= cfg["max_window_layers"] else "full_attention"
+                     for l in range(cfg["num_hidden_layers"])]
+            assert list(hf_cfg.layer_types) == kinds, (hf_cfg.layer_types, kinds)
 
-    gen = torch.Generator().manual_seed(seed)
-    weights = []
-    with torch.no_grad():
-        for pname, p in model.named_parameters():  # tied: lm_head is embed_tokens, listed once
-            if pname.endswith("norm.weight"):  # RMSNorm weights (q_norm/k_norm too): around 1
-                w = 1.0 + 0.1 * torch.randn(p.shape, generator=gen)
-            elif pname.endswith(".bias"):  # biases large enough that a missing one shows
-                w = 0.3 * torch.randn(p.shape, generator=gen)
-            else:
-                w = 0.2 * torch.randn(p.shape, generator=gen)
-            p.copy_(w)
-            weights.append((pname, w.to(torch.float32)))
-    tokens = torch.randint(0, cfg["vocab_size"], (b, s), generator=gen, dtype=torch.int32)
-    ids = tokens.long()
-    model.zero_grad()
-    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        gen = torch.Generator().manual_seed(seed)
+        weights = []
+        with torch.no_grad():
+            for pname, p in model.named_parameters():  # tied: lm_head is embed_tokens, listed once
+                if pname.endswith("norm.weight"):  # RMSNorm weights (q_norm/k_norm too): around 1
+                    w = 1.0 + 0.1 * torch.randn(p.shape, generator=gen)
+                elif pname.endswith(".bias"):  # biases large enough that a missing one shows
+                    w = 0.3 * torch.randn(p.shape, generator=gen)
+                else:  # matrices, the MoE routers (mlp.gate.weight) and 3-D experts included
+                    w = 0.2 * torch.randn(p.shape, generator=gen)
+                p.copy_(w)
+                weights.append((pname, w.to(torch.float32)))
+        tokens = torch.randint(0, cfg["vocab_size"], (b, s), generator=gen, dtype=torch.int32)
+        ids = tokens.long()
+        model.zero_grad()
+        seen, hooks = {}, []
+        if moe:
+            assert model.config._experts_implementation == "eager", model.config._experts_implementation
+            blocks = moe_blocks(model)
+            assert len(blocks) == cfg["num_hidden_layers"], name  # every layer MoE in both
+            for l, block in blocks:
+                hooks.append(block.gate.register_forward_hook(
+                    lambda mod, inp, out, l=l: seen.__setitem__(
+                        ("router", l), tuple(t.detach().clone() for t in out))))
+                hooks.append(block.register_forward_hook(
+                    lambda mod, inp, out, l=l: seen.__setitem__(
+                        ("block", l), (inp[0].detach().reshape(-1, inp[0].shape[-1]).clone(),
+                                       out.detach().reshape(-1, out.shape[-1]).clone()))))
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        for hk in hooks:
+            hk.remove()
+        if not moe:
+            break
+        why, routing = check_routing(cfg, model, seen)
+        if why is None:
+            break
+        print(f"{name}: seed {seed} rejected ({why}); next seed")
+        rejected.append(seed)
+        seed += 1
     loss.backward()
     grads = dict(model.named_parameters())
     # The loss by hand from the logits (the shifted mean), a check of the HF loss's reduction.
@@ -315,6 +467,18 @@ def make_family(name, out_dir, seed):
             "generator": "tools/make_golden.py --families",
             "reference": f"transformers {transformers.__version__} "
                          f"{cfg['architectures'][0]}, eager attention, PyTorch {torch.__version__}"}
+    if moe:
+        meta["reference"] += ", eager experts"
+        meta.update({
+            "transformers": transformers.__version__, "torch": torch.__version__,
+            "experts_implementation": model.config._experts_implementation,
+            "seeds_rejected": ",".join(map(str, rejected)) or "none",
+            # min over every token and MoE layer of prob[k-th] - prob[(k+1)-th] (fp32 softmax),
+            # and of the gaps between the top-k probabilities themselves
+            "min_routing_gap": f"{routing['min_gap']:.6g}",
+            "min_topk_separation": f"{routing['min_separation']:.6g}"})
+        for l, counts in routing["counts"].items():  # tokens routed to expert 0, 1, ... in layer l
+            meta[f"routing_l{l}"] = ",".join(map(str, counts))
     write_safetensors(prefix + "_weights.safetensors", weights, meta)
     with open(prefix + "_tokens.bin", "wb") as f:
         f.write(tokens.numpy().astype("<i4").tobytes())
@@ -322,10 +486,19 @@ def make_family(name, out_dir, seed):
     for n, _ in weights:
         g = grads[n].grad
         assert g is not None and g.abs().max().item() > 0, f"{name}: {n} has no gradient"
+        if n.endswith(("experts.gate_up_proj", "experts.down_proj")):  # every expert's slice
+            assert all(g[e].abs().max().item() > 0 for e in range(g.shape[0])), n
         expected.append((n, g.to(torch.float32)))
     write_safetensors(prefix + "_expected.safetensors", expected, meta)
     print(f"{name}: loss {loss.item():.8f} ({len(weights)} parameters; "
           f"{cfg['architectures'][0]} of transformers {transformers.__version__})")
+    if moe:
+        print(f"{name}: seed {seed} (rejected: {meta['seeds_rejected']}), min routing gap "
+              f"{meta['min_routing_gap']}, min top-k separation {meta['min_topk_separation']}, "
+              + "; ".join(f"routing_l{l} {meta[f'routing_l{l}']}" for l in routing["counts"]))
+        for n, w in weights:
+            if ".mlp." in n:
+                print(f"  {n} {list(w.shape)}")
 
 
 def main():
@@ -337,11 +510,21 @@ def main():
                     help="the families' goldens from the real transformers classes (FAMILIES)")
     ap.add_argument("--transformers", metavar="DIR",
                     help="folder holding a transformers release, put first on sys.path")
+    ap.add_argument("--only", metavar="NAME", action="append",
+                    help="with --families: make only these (repeat or comma-separate), e.g. "
+                         "--only tiny_mixtral,tiny_qwen3_moe; the others' files are not touched")
     args = ap.parse_args()
+    only = [n for o in (args.only or []) for n in o.split(",") if n]
+    if only and not args.families:
+        ap.error("--only goes with --families")
+    for n in only:
+        if n not in FAMILIES:
+            ap.error(f"--only {n}: not a family ({', '.join(FAMILIES)})")
     os.makedirs(args.out, exist_ok=True)
     if args.families:
         for name in FAMILIES:
-            make_family(name, args.out, args.seed)
+            if not only or name in only:
+                make_family(name, args.out, args.seed)
         return
     dtype = torch.float64 if args.compute == "fp64" else torch.float32
     for name in CONFIGS:
