@@ -206,7 +206,12 @@ INSTANTIATE_TEST_SUITE_P(
         // adapters' inputs in forward and again in backward.
         ModelCase{"tiny-gqa", DType::bf16, Attention::flash, Optimizer::adamw, 4, Quant::nf4, 0.1},
         ModelCase{"tiny-awkward", DType::f32, Attention::eager, Optimizer::sgd, 4, Quant::none,
-                  0.3}),
+                  0.3},
+        // Mixture of experts: the routing kernels, the expert-ordered rows and one GEMM per
+        // expert on cuBLAS. fp32, so that the router's logits agree to ~1e-7 and no expert
+        // choice differs between the backends.
+        ModelCase{"tiny-mixtral", DType::f32, Attention::eager, Optimizer::adamw},
+        ModelCase{"tiny-qwen3-moe", DType::f32, Attention::flash, Optimizer::sgd}),
     [](const ::testing::TestParamInfo<ModelCase>& i) {
       std::string n = std::string(i.param.preset) + "_" + dtype_param_name(i.param.dtype) + "_" +
                       (i.param.attention == Attention::eager ? "eager" : "flash") + "_" +
@@ -253,7 +258,8 @@ INSTANTIATE_TEST_SUITE_P(
     Model, CheckpointingGpu,
     ::testing::Values(ModelCase{"tiny-gqa", DType::bf16, Attention::eager, Optimizer::adamw},
                       ModelCase{"tiny-gqa", DType::f16, Attention::flash, Optimizer::sgd},
-                      ModelCase{"tiny-tied", DType::f32, Attention::flash, Optimizer::lomo}),
+                      ModelCase{"tiny-tied", DType::f32, Attention::flash, Optimizer::lomo},
+                      ModelCase{"tiny-mixtral", DType::bf16, Attention::flash, Optimizer::adamw}),
     [](const ::testing::TestParamInfo<ModelCase>& i) {
       std::string n = std::string(i.param.preset) + "_" + dtype_param_name(i.param.dtype) + "_" +
                       (i.param.attention == Attention::eager ? "eager" : "flash");
@@ -459,7 +465,10 @@ INSTANTIATE_TEST_SUITE_P(Model, LedgerGpu,
                                            LedgerCase{"tiny-tied", DType::f16, Optimizer::lomo,
                                                       Checkpointing::full, Attention::flash},
                                            LedgerCase{"tiny-awkward", DType::f32, Optimizer::sgd,
-                                                      Checkpointing::full, Attention::eager}),
+                                                      Checkpointing::full, Attention::eager},
+                                           LedgerCase{"tiny-qwen3-moe", DType::bf16,
+                                                      Optimizer::adamw, Checkpointing::full,
+                                                      Attention::flash}),
                          [](const ::testing::TestParamInfo<LedgerCase>& i) {
                            std::string n =
                                std::string(i.param.preset) + "_" + dtype_param_name(i.param.dtype);

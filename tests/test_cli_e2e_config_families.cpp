@@ -144,25 +144,34 @@ TEST(CliE2EFamilies, RefusedConfigsExitTwoNamingTheField) {
 }
 
 // The MoE families load (presets and config.json files). estimate answers with hf-eager and
-// hf-sdpa (a warning says the other profiles are left out); every command or profile that runs
-// another model refuses them with exit 2, naming the model_type, the experts and PyTorch's
-// parameter count (tests/data/hf_moe/counts.json), and prints nothing on stdout.
-TEST(CliE2EFamilies, MoeModelsEstimateWithHfEagerAndEverythingElseRefusesThem) {
+// hf-sdpa, and with native where trainmem's own MoE layer models the model (Mixtral,
+// Qwen3-MoE: a router and routed experts in every layer; a warning names what answers); the
+// per-rank plan and hf-peft refuse them with exit 2, and native refuses Qwen1.5-MoE's shared
+// expert, naming the model_type, the experts and the field; nothing is printed on stdout then.
+TEST(CliE2EFamilies, MoeModelsEstimateWithHfAndNativeProfilesAndTheRestRefusesThem) {
   struct Case {
     std::string model, type, count;
+    bool native;
   };
-  for (const Case& c : {Case{"mixtral-8x7b", "mixtral", "46702792704"},
-                        Case{config("qwen1.5-moe-a2.7b"), "qwen2_moe", "14315784192"},
-                        Case{"qwen3-30b-a3b", "qwen3_moe", "30532122624"}}) {
+  for (const Case& c : {Case{"mixtral-8x7b", "mixtral", "46702792704", true},
+                        Case{config("qwen1.5-moe-a2.7b"), "qwen2_moe", "14315784192", false},
+                        Case{"qwen3-30b-a3b", "qwen3_moe", "30532122624", true}}) {
     SCOPED_TRACE(c.model);
     const Result e = trainmem("estimate --model " + c.model + " --batch 1 --seq 64 --format json");
     ASSERT_EQ(e.code, 0) << e.err;
-    EXPECT_TRUE(has(e.err, "only hf-eager and hf-sdpa model it")) << e.err;
+    EXPECT_TRUE(has(e.err, c.native ? "only native, hf-eager, hf-sdpa model it"
+                                    : "only hf-eager, hf-sdpa model it"))
+        << e.err;
+    if (!c.native) {
+      EXPECT_TRUE(has(e.err, "native left out")) << e.err;
+    }
     const json j = e.j();
-    ASSERT_EQ(j["analytic"].size(), 2u) << j["analytic"];
-    for (const char* p : {"hf-eager", "hf-sdpa"})
-      EXPECT_EQ(j["analytic"][p]["params"].get<std::uint64_t>(),
-                2 * std::stoull(c.count));  // bf16
+    ASSERT_EQ(j["analytic"].size(), c.native ? 3u : 2u) << j["analytic"];
+    for (const char* p : {"hf-eager", "hf-sdpa", "native"})
+      if (j["analytic"].contains(p)) {
+        EXPECT_EQ(j["analytic"][p]["params"].get<std::uint64_t>(),
+                  2 * std::stoull(c.count));  // bf16
+      }
     EXPECT_EQ(j["model"]["moe"]["moe_layers"], j["model"]["layers"]);
     EXPECT_EQ(j["analytic"]["hf-eager"]["hf"]["experts_implementation"], "grouped_mm");
     // --experts-impl eager: the loop's list (2·T·k·h more per layer, less 8·T·k and 4·E).
@@ -172,20 +181,37 @@ TEST(CliE2EFamilies, MoeModelsEstimateWithHfEagerAndEverythingElseRefusesThem) {
     EXPECT_EQ(l.j()["analytic"]["hf-eager"]["hf"]["experts_implementation"], "eager");
     EXPECT_GT(l.j()["analytic"]["hf-eager"]["per_layer_activations"].get<std::uint64_t>(),
               j["analytic"]["hf-eager"]["per_layer_activations"].get<std::uint64_t>());
-    for (const std::string cmd :
-         {"estimate --profile native --batch 1 --seq 64",
-          "estimate --profile hf-peft --finetune lora --batch 1 --seq 64",
-          "profile --backend meta --batch 1 --seq 64", "maxbatch --budget 80GiB --seq 64",
-          "sweep --backend meta --batch 1,2 --seq 64",
-          "plan --gpus 8 --gpu-memory 80GiB --global-batch 8 --seq 64"}) {
+    std::vector<std::string> refused = {
+        "estimate --profile hf-peft --finetune lora --batch 1 --seq 64",
+        "estimate --profile megatron --batch 1 --seq 64",
+        "plan --gpus 8 --gpu-memory 80GiB --global-batch 8 --seq 64"};
+    std::vector<std::string> native = {"estimate --profile native --batch 1 --seq 64",
+                                       "profile --backend meta --batch 1 --seq 64"};
+    if (!c.native) refused.insert(refused.end(), native.begin(), native.end());
+    for (const std::string& cmd : refused) {
       SCOPED_TRACE(cmd);
       const std::string sub = cmd.substr(0, cmd.find(' '));
       const Result r = trainmem(sub + " --model " + c.model + cmd.substr(cmd.find(' ')));
       EXPECT_EQ(r.code, 2) << r.err;
       EXPECT_TRUE(has(r.err, "model_type " + c.type)) << r.err;
-      EXPECT_TRUE(has(r.err, c.count + " parameters")) << r.err;
-      EXPECT_TRUE(has(r.err, "models dense layers only")) << r.err;
+      // Qwen1.5-MoE: the native step's guard speaks first where the native step would run.
+      if (!c.native &&
+          (cmd.find("native") != std::string::npos || sub == "profile" || sub == "plan")) {
+        EXPECT_TRUE(has(r.err, "shared_expert_intermediate_size")) << r.err;
+      } else {
+        EXPECT_TRUE(has(r.err, c.count + " parameters") && has(r.err, "models dense layers only"))
+            << r.err;
+      }
       EXPECT_TRUE(r.out.empty()) << r.out;
+    }
+    if (!c.native) continue;
+    for (const std::string& cmd : native) {
+      SCOPED_TRACE(cmd);
+      const std::string sub = cmd.substr(0, cmd.find(' '));
+      const Result r =
+          trainmem(sub + " --model " + c.model + cmd.substr(cmd.find(' ')) + " --format json");
+      ASSERT_EQ(r.code, 0) << r.err;
+      EXPECT_GT(r.j().dump().size(), 0u);
     }
   }
 }

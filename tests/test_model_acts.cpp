@@ -30,7 +30,8 @@ namespace {
 // frees each row), transcribed by hand. Shapes are written with the plan's letters.
 struct Dims {
   std::int64_t b, s, h, i, a, k, d;
-  std::int64_t r = 0;  // LoRA rank
+  std::int64_t r = 0;                // LoRA rank
+  std::int64_t E = 0, K = 0, m = 0;  // mixture of experts: experts, per token, width
 };
 enum class Only { both, eager, flash };
 struct PlanRow {
@@ -42,6 +43,9 @@ struct PlanRow {
   int freed_at;       // backward step of the layer that frees it; 0: `out`, freed by its consumer
   unsigned lora = 0;  // marked [lora <proj>]: allocated when LoRA targets that projection (its bit)
   bool mask = false;  // marked [dropout]: uint8, allocated under LoRA dropout only
+  int kind = 0;       // 0 every layer; 1 a dense MLP's (gate, up, act); 2 a MoE layer's ("Mixture
+                      // of experts")
+  bool i32 = false;   // int32 (the routing's indices)
 };
 const std::vector<PlanRow>& plan_rows() {
   using S = std::vector<std::int64_t>;
@@ -161,16 +165,64 @@ const std::vector<PlanRow>& plan_rows() {
          return S{x.b, x.s, x.h};
        },
        false, Only::both, false, 3},
+      // docs/native-plan.md, "Mixture of experts": forward 1-2, freed in backward 1-3.
+      {"router_probs",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.E};
+       },
+       true, Only::both, false, 3, 0, false, 2},
+      {"topk_idx",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.K};
+       },
+       false, Only::both, false, 3, 0, false, 2, true},
+      {"topk_weight",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.K};
+       },
+       true, Only::both, false, 3, 0, false, 2},
+      {"expert_pos",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.K};
+       },
+       false, Only::both, false, 3, 0, false, 2, true},
+      {"expert_offsets", [](const Dims& x) { return S{x.E + 1}; }, false, Only::both, false, 3, 0,
+       false, 2, true},
+      {"expert_in",
+       [](const Dims& x) {
+         return S{x.b * x.s * x.K, x.h};
+       },
+       false, Only::both, false, 3, 0, false, 2},
+      {"expert_gate",
+       [](const Dims& x) {
+         return S{x.b * x.s * x.K, x.m};
+       },
+       false, Only::both, false, 2, 0, false, 2},
+      {"expert_up",
+       [](const Dims& x) {
+         return S{x.b * x.s * x.K, x.m};
+       },
+       false, Only::both, false, 2, 0, false, 2},
+      {"expert_act",
+       [](const Dims& x) {
+         return S{x.b * x.s * x.K, x.m};
+       },
+       false, Only::both, false, 1, 0, false, 2},
+      {"expert_out",
+       [](const Dims& x) {
+         return S{x.b * x.s * x.K, x.h};
+       },
+       false, Only::both, false, 1, 0, false, 2},
       {"gate",
        [](const Dims& x) {
          return S{x.b, x.s, x.i};
        },
-       false, Only::both, false, 2},
+       false, Only::both, false, 2, 0, false, 1},
       {"up",
        [](const Dims& x) {
          return S{x.b, x.s, x.i};
        },
-       false, Only::both, false, 2},
+       false, Only::both, false, 2, 0, false, 1},
       {"lora_mask.gate_proj",
        [](const Dims& x) {
          return S{x.b, x.s, x.h};
@@ -195,7 +247,7 @@ const std::vector<PlanRow>& plan_rows() {
        [](const Dims& x) {
          return S{x.b, x.s, x.i};
        },
-       false, Only::both, false, 1},
+       false, Only::both, false, 1, 0, false, 1},
       {"lora_mask.down_proj",
        [](const Dims& x) {
          return S{x.b, x.s, x.i};
@@ -221,13 +273,23 @@ const std::vector<PlanRow>& plan_rows() {
 const std::vector<std::string> kPlanFreeOrder = {"act",
                                                  "lora_a.down_proj",
                                                  "lora_mask.down_proj",
+                                                 "expert_out",
+                                                 "expert_act",
                                                  "gate",
                                                  "up",
+                                                 "expert_gate",
+                                                 "expert_up",
                                                  "xn2",
                                                  "lora_a.gate_proj",
                                                  "lora_mask.gate_proj",
                                                  "lora_a.up_proj",
                                                  "lora_mask.up_proj",
+                                                 "expert_in",
+                                                 "router_probs",
+                                                 "topk_idx",
+                                                 "topk_weight",
+                                                 "expert_pos",
+                                                 "expert_offsets",
                                                  "h_mid",
                                                  "rstd2",
                                                  "lora_a.o_proj",
@@ -260,6 +322,7 @@ const PlanRow& plan_row(const std::string& name) {
 bool plan_allocates(const PlanRow& r, const ModelConfig& m, Attention at, unsigned lora = 0,
                     bool dropout = false) {
   if (r.qk_norm && !m.qk_norm) return false;
+  if ((r.kind == 1 && m.moe()) || (r.kind == 2 && !m.moe())) return false;
   if (r.lora != 0 && (lora & r.lora) == 0) return false;
   if (r.mask && !dropout) return false;
   if (r.attention == Only::eager) return at == Attention::eager;
@@ -279,15 +342,30 @@ std::vector<Expected> expected_rows(const ModelConfig& m, const TrainConfig& t, 
   std::vector<Expected> out;
   if (recompute && t.checkpointing != Checkpointing::full) return out;
   const std::int64_t d = m.explicit_head_dim ? m.explicit_head_dim : m.hidden / m.heads;
-  const Dims x{t.batch, t.seq, m.hidden, m.intermediate, m.heads, m.kv_heads, d, t.lora_rank};
+  const Dims x{t.batch,
+               t.seq,
+               m.hidden,
+               m.intermediate,
+               m.heads,
+               m.kv_heads,
+               d,
+               t.lora_rank,
+               m.experts,
+               m.experts_per_token,
+               m.expert_intermediate};
   for (const auto& r : plan_rows()) {
     if (!plan_allocates(r, m, t.attention, t.lora_targets, t.lora_dropout > 0) ||
         (recompute && r.freed_at == 0))
       continue;
-    Expected e{r.name, r.shape(x), r.f32 ? DType::f32 : r.mask ? DType::u8 : t.dtype, 0};
+    Expected e{r.name, r.shape(x),
+               r.f32    ? DType::f32
+               : r.mask ? DType::u8
+               : r.i32  ? DType::i32
+                        : t.dtype,
+               0};
     std::uint64_t n = 1;
     for (auto v : e.shape) n *= std::uint64_t(v);
-    e.bytes = n * (r.f32 ? 4u : r.mask ? 1u : (t.dtype == DType::f32 ? 4u : 2u));
+    e.bytes = n * (r.f32 || r.i32 ? 4u : r.mask ? 1u : (t.dtype == DType::f32 ? 4u : 2u));
     out.push_back(std::move(e));
   }
   return out;
@@ -353,6 +431,9 @@ TEST(LayerActsTable, FreeOrderIsThePlans) {
     EXPECT_EQ(row.dtype == ActDType::f32, want.f32);
     EXPECT_EQ(row.dtype == ActDType::u8, want.mask);
     EXPECT_EQ(row.model == ForModel::qk_norm, want.qk_norm);
+    EXPECT_EQ(row.model == ForModel::dense, want.kind == 1);
+    EXPECT_EQ(row.model == ForModel::moe, want.kind == 2);
+    EXPECT_EQ(row.dtype == ActDType::i32, want.i32);
     EXPECT_EQ(row.checkpointing == UnderCheckpointing::kept, want.freed_at == 0);
   }
   EXPECT_EQ(std::size(kLayerActs), plan_rows().size());
@@ -382,13 +463,24 @@ TEST_P(LayerActsTable, ForwardRecomputeAndFreesFollowThePlan) {
       {"d_lora_a.o_proj", 5},
       {"d_lora_a.q_proj", 8},
       {"d_lora_a.k_proj", 8},
-      {"d_lora_a.v_proj", 8}};
+      {"d_lora_a.v_proj", 8},
+      // A mixture of experts' steps 1-3.
+      {"d_expert_out", 1},
+      {"d_topk_weight", 1},
+      {"d_expert_act", 1},
+      {"d_expert_gate", 2},
+      {"d_expert_up", 2},
+      {"d_expert_in", 3},
+      {"d_router_logits", 3}};
   // The full fine-tune, LoRA on all seven projections, LoRA on q, v and down (bits 0, 2, 6),
   // those three with dropout (0x145: bit 8 here says dropout).
+  // Mixture of experts (tiny-mixtral, tiny-qwen3-moe): the full fine-tune only.
   for (unsigned mode : {0u, 0x7fu, 0x45u, 0x145u})
-    for (const char* name : {"tiny-gqa", "tiny-awkward", "tiny-qwen3", "tiny-qwen2",
-                             "llama-narrow-mlp", "narrow-awkward"})
+    for (const char* name :
+         {"tiny-gqa", "tiny-awkward", "tiny-qwen3", "tiny-qwen2", "llama-narrow-mlp",
+          "narrow-awkward", "tiny-mixtral", "tiny-qwen3-moe"})
       for (DType dt : {DType::bf16, DType::f32}) {
+        if (mode != 0 && any_config(name).moe()) continue;
         const unsigned lora = mode & 0x7fu;
         SCOPED_TRACE(std::string(name) + " " + dtype_name(dt) + " lora " + std::to_string(mode));
         const ModelConfig m = any_config(name);
@@ -462,7 +554,10 @@ TEST_P(LayerActsTable, ForwardRecomputeAndFreesFollowThePlan) {
             if (r.category == Category::workspace && r.layer == l && r.step == 1 &&
                 r.phase == Phase::backward && landmark_step.count(r.name))
               landmarks.push_back({landmark_step.at(r.name), &r});
-          ASSERT_EQ(landmarks.size(), (m.qk_norm ? 12u : 10u) + unsigned(__builtin_popcount(lora)));
+          // d_attn_out, d_q, d_k, d_v, d_probs|attn_delta, d_xn1 (+ d_q_pre, d_k_pre), and the
+          // MLP's: d_act, d_gate, d_up, d_xn2, or a MoE layer's seven and d_xn2.
+          ASSERT_EQ(landmarks.size(), 6u + (m.qk_norm ? 2u : 0u) + (m.moe() ? 8u : 4u) +
+                                          unsigned(__builtin_popcount(lora)));
           for (const auto* r : freed_by_backward) {
             const int step = plan_row(r->name).freed_at;
             for (const auto& [lm_step, lm] : landmarks) {

@@ -261,8 +261,13 @@ class FamilyGradients : public testing::TestWithParam<std::string> {};
 // The check above for every trained tensor of `name` under `base` (its attention set here);
 // `lora`: the LoRA step, whose B starts at zero (then dA is zero): B is drawn like the other
 // matrices, 0.02·N(0,1), so that every adapter has a gradient.
+constexpr float kMoeRouterScale = 10.0f;
+constexpr double kMoeMaxStep = 3e-3;
+constexpr double kMoeLossMove = 4e-4;
 void check_every_gradient(const std::string& name, TrainConfig base, bool lora) {
-  const ModelConfig m = family_config(name);
+  // The MoE families are presets (tiny-mixtral, tiny-qwen3-moe); the dense ones built here.
+  const auto moe = find_preset(name);
+  const ModelConfig m = moe && moe->moe() ? *moe : family_config(name);
   // s = 13 exceeds the windows (5, 6): windowed layers mask keys.
   for (Attention at : {Attention::eager, Attention::flash}) {
     SCOPED_TRACE(attention_name(at));
@@ -271,6 +276,15 @@ void check_every_gradient(const std::string& name, TrainConfig base, bool lora) 
     LossAt loss(m, t, name + "_fd.safetensors");
     loss.run.model->random_tokens(3);
     Values w0 = varied_weights(*loss.run.model, 21);
+    // A mixture of experts routes by a top-K: the loss is smooth only while no perturbation
+    // changes an expert choice. The router's weights scaled by kMoeRouterScale spread its logits
+    // (std ~ 0.02·10·√h ≈ 1.4 instead of 0.14), so the K-th and the next probability stand
+    // apart, and the steps move the loss by kMoeLossMove (not 2e-3), capped at kMoeMaxStep (a
+    // logit moves by ~0.003 at most): the rounding's share of the bound grows up to 30-fold.
+    if (m.moe())
+      for (auto& [pname, x] : w0)
+        if (pname.find(".mlp.gate.weight") != std::string::npos)
+          for (auto& e : x) e *= kMoeRouterScale;
     if (lora) {
       std::mt19937_64 bgen(5);
       std::normal_distribution<float> b01(0.f, 1.f);
@@ -313,7 +327,8 @@ void check_every_gradient(const std::string& name, TrainConfig base, bool lora) 
           Du = dot;
           if (dir == 0 || std::fabs(dot) >= norm / (2 * std::sqrt(double(n)))) break;
         }
-        const double eps = std::clamp(2e-3 / std::fabs(Du), 1e-3, 0.1);
+        const double eps = m.moe() ? std::clamp(kMoeLossMove / std::fabs(Du), 1e-4, kMoeMaxStep)
+                                   : std::clamp(2e-3 / std::fabs(Du), 1e-3, 0.1);
         double rho = 0;  // 2 ulp of the largest loss seen
         // The central difference at step e, and in *want the value it must give for the
         // weights as rounded to floats.
@@ -378,6 +393,19 @@ TEST(FamilyGradientsDropout, LoraDropoutAdaptersMatchFiniteDifferences) {
     t.lora_alpha = 5.0f;
     t.lora_dropout = 0.3f;
     check_every_gradient(name, t, true);
+  }
+}
+
+// Mixture of experts (issue 29): the router (through its softmax, top-K and renormalisation),
+// each expert's three matrices (their slices of gate_up_proj and down_proj) and the rest, by the
+// same bound; b·s·K = 52 choices reach every expert, so no expert's gradient is zero.
+TEST(FamilyGradientsMoe, MatchFiniteDifferencesForEveryTensor) {
+  for (const char* name : {"tiny-mixtral", "tiny-qwen3-moe"}) {
+    SCOPED_TRACE(name);
+    check_every_gradient(
+        name,
+        train_config(2, 13, DType::f32, Optimizer::sgd, Checkpointing::none, Attention::eager),
+        false);
   }
 }
 

@@ -133,8 +133,9 @@ TEST(LoraStep, OnlyTheAdaptersTrainAndTheBaseStaysFrozen) {
   }
   EXPECT_EQ(adapters, std::size_t(2 * 3 * m.layers));  // q, v, down: A and B each
   for (const TensorRecord& r : run.ledger->tensors()) {
-    if (r.category == Category::gradients || r.category == Category::optimizer_states)
+    if (r.category == Category::gradients || r.category == Category::optimizer_states) {
       EXPECT_TRUE(is_adapter(r.name)) << r.name;
+    }
   }
 }
 

@@ -99,6 +99,13 @@ struct Local {
   // weight in D and, under double quantization, its fp32 absmax beside it: deq_ha for q_proj's
   // (a·d, h) and o_proj's (h, a·d), deq_hi for gate/up/down's (i, h); 0 without quantization.
   std::uint64_t deq_ha = 0, deq_hi = 0;
+  // A mixture of experts (ModelConfig::moe(); docs/native-plan.md, "Mixture of experts"): E
+  // experts, K per token, an expert's width m; the bytes of (b,s,E) D (the router's logits and
+  // their gradient), (b,s,E) f32 (the softmax), (b,s,K) 4-byte (indices, weights, positions),
+  // (E+1) int32 (the offsets), and the rows in expert order (b·s·K, h) and (b·s·K, m) D.
+  bool moe = false;
+  std::uint64_t E = 0, K = 0, m = 0;
+  std::uint64_t bsE = 0, bsE4 = 0, bsK4 = 0, off4 = 0, nkh = 0, nkm = 0;
   // Letters of the shapes: "a" or "a/t" under tensor parallelism, rows "s" or "s/t" under sp.
   std::string la, lk, li, lV, rows;
 };
@@ -142,6 +149,18 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
     l.deq_ha = deq(checked_mul(l.h, l.ad));
     l.deq_hi = deq(checked_mul(l.h, l.i));
   }
+  if (m.moe()) {
+    l.moe = true;
+    l.E = u(m.experts);
+    l.K = u(m.experts_per_token);
+    l.m = u(m.expert_intermediate);
+    l.bsE = bytes_of({l.b, l.s, l.E}, l.w);
+    l.bsE4 = bytes_of({l.b, l.s, l.E}, 4);
+    l.bsK4 = bytes_of({l.b, l.s, l.K}, 4);
+    l.off4 = bytes_of({l.E + 1}, 4);
+    l.nkh = bytes_of({l.b, l.s, l.K, l.h}, l.w);
+    l.nkm = bytes_of({l.b, l.s, l.K, l.m}, l.w);
+  }
   const bool split = p.tp > 1;
   l.la = split ? "a/t" : "a";
   l.lk = split ? "k/t" : "k";
@@ -154,10 +173,15 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
 // Parameter elements of one layer on a rank (two norms, q/k/v/o, gate/up/down; TP-sharded),
 // with the q/k/v biases (split with their columns: a/t·d + 2·k/t·d) and the q/k norm weights
 // (replicated: 2·d) of the families that have them.
+// A mixture of experts has, in place of gate/up/down, the router (E, h) and E experts of three
+// (m, h) matrices each: E·h·(1 + 3m).
 std::uint64_t layer_params(const Local& l, const ModelConfig& m) {
+  const std::uint64_t mlp =
+      l.moe ? checked_mul(checked_mul(l.E, l.h), csum({1, checked_mul(3, l.m)}), "parameters")
+            : checked_mul(3, checked_mul(l.h, l.i));
   return csum({checked_mul(2, l.h), checked_mul(l.h, l.ad), checked_mul(2, checked_mul(l.h, l.kd)),
-               checked_mul(l.ad, l.h), checked_mul(3, checked_mul(l.h, l.i)),
-               m.qkv_bias ? csum({l.ad, l.kd, l.kd}) : 0, m.qk_norm ? checked_mul(2, l.d) : 0},
+               checked_mul(l.ad, l.h), mlp, m.qkv_bias ? csum({l.ad, l.kd, l.kd}) : 0,
+               m.qk_norm ? checked_mul(2, l.d) : 0},
               "parameters");
 }
 
@@ -242,6 +266,36 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn
                     sp ? "the rank's rows of the gate and up GEMMs' input (gathered again in "
                          "backward)"
                        : "input of the gate and up GEMMs"));
+  if (l.moe) {
+    // The router and the experts (docs/native-plan.md, "Mixture of experts"): the bytes hold all
+    // b·s·K rows in expert order at once, whatever the routing.
+    v.push_back(entry(g, "router_probs", "(b,s,E)", "fp32", l.bsE4, Term::sb, "router backward",
+                      "fp32 softmax of the router logits xn2·W_routerᵀ"));
+    v.push_back(entry(g, "topk_idx", "(b,s,K)", "int32", l.bsK4, Term::sb, "router backward",
+                      "the K experts each token is routed to"));
+    v.push_back(entry(g, "topk_weight", "(b,s,K)", "fp32", l.bsK4, Term::sb, "combine backward",
+                      "the routing weights (renormalised under norm_topk_prob)"));
+    v.push_back(entry(g, "expert_pos", "(b,s,K)", "int32", l.bsK4, Term::sb,
+                      "permute and combine backward",
+                      "each (token, choice)'s row in expert order"));
+    v.push_back(entry(g, "expert_offsets", "(E+1)", "int32", l.off4, Term::other,
+                      "the experts' backward GEMMs", "where each expert's rows start"));
+    v.push_back(entry(g, "expert_in", "(b·s·K,h)", D, l.nkh, Term::sbh, "experts' gate/up backward",
+                      "xn2's rows in expert order, one per (token, choice)"));
+    v.push_back(entry(g, "expert_gate", "(b·s·K,m)", D, l.nkm, Term::sbi, "SwiGLU backward",
+                      "each expert's gate projection of its rows"));
+    v.push_back(entry(g, "expert_up", "(b·s·K,m)", D, l.nkm, Term::sbi, "SwiGLU backward",
+                      "each expert's up projection of its rows"));
+    v.push_back(entry(g, "expert_act", "(b·s·K,m)", D, l.nkm, Term::sbi,
+                      "experts' down backward (dW_down)", "silu(expert_gate)·expert_up"));
+    v.push_back(entry(g, "expert_out", "(b·s·K,h)", D, l.nkh, Term::sbh,
+                      "combine backward (the weights' gradient)",
+                      "each expert's output before its routing weight"));
+    v.push_back(entry(g, "out", res, D, l.X, Term::sbh,
+                      "next layer's input_layernorm backward (or the final norm's)",
+                      "the layer output x_{l+1} = h_mid + Σ weight·expert_out"));
+    return v;
+  }
   const std::string i_shape = "(b,s," + l.li + ")";
   v.push_back(entry(g, "gate", i_shape, D, l.bsi, Term::sbi, "SwiGLU backward",
                     "silu'(gate) needs the pre-activation"));
@@ -300,6 +354,12 @@ class Stage {
       throw Error("analytic native: activation offload is modelled without pipeline parallelism");
     if (lomo_ && p.distributed())
       throw Error("analytic native: LOMO is modelled on one GPU only (ParallelConfig::resolve)");
+    require_native_moe(m, t, "profile native");
+    if (m.moe() && p.distributed())
+      throw InputError(
+          "profile native: " + m.name +
+          " is a mixture of experts; the per-rank (sharded) step does not model MoE layers yet "
+          "(expert parallelism: issue 33)");
     if (t.lora() && (p.distributed() || lomo_ || t.offload_activations))
       throw Error(
           "analytic native: LoRA is modelled on one GPU, with adamw or sgd, without offload");
@@ -742,6 +802,17 @@ void Stage::forward_instants() {
   for (const DropPoint& dp : drop_points())
     at("forward: layer " + layer_name(Ls_ - 1) + " " + dp.what,
        csum({kept_before(Ls_ - 1), dp.rows}), csum({C, dp.drop}), 0, u(Ls_), G0);
+  // A mixture of experts: the last layer's router logits (workspace) beside its rows through the
+  // routing's, right before they are freed (the experts' rows come after them, in one run of
+  // allocations up to `out`).
+  bool router_done = false;
+  auto router = [&]() {
+    if (!l.moe || router_done) return;
+    router_done = true;
+    at("forward: layer " + layer_name(Ls_ - 1) + " router logits (routing rows allocated)",
+       csum({kept_before(Ls_ - 1), csub(rows_through("expert_offsets"), dropped(), "selective")}),
+       csum({C, l.bsE}), 0, u(Ls_), G0);
+  };
   for (std::int64_t k : ks) {
     if (p_.cp > 1)  // ring attention: its buffers beside the rows through attn_out
       at("forward: layer " + layer_name(k) + " ring attention (key/value blocks received)",
@@ -749,6 +820,7 @@ void Stage::forward_instants() {
     if (sel_)
       at("forward: layer " + layer_name(k) + " attn_out allocated (probs alive)",
          csum({before(k), through_attn}), C, 0, u(k) + 1, G0);
+    if (k == Ls_ - 1) router();
     at("forward: layer " + layer_name(k) + " `out` allocated" +
            (p_.sp       ? " (down partial alive)"
             : ck_[u(k)] ? " (its other tensors not yet freed)"
@@ -756,6 +828,7 @@ void Stage::forward_instants() {
            (off_ && k > 0 ? " (layer " + layer_name(k - 1) + "'s set still being offloaded)" : ""),
        csum({before(k), csub(S, dropped(), "selective")}), C, sg, u(k) + 1, G0);
   }
+  router();
 }
 
 void Stage::head_instants() {
@@ -836,6 +909,10 @@ void Stage::layer_steps(std::int64_t kb) {
     at(Lb + "step 0: recompute's ring attention", csub(A_L, rest, "recompute"),
        csum({C, l.X, ring_acc()}), ring_kv(), pos, grads(0));
   }
+  if (ck_last && l.moe)  // the recompute's router logits beside d_residual
+    at(Lb + "step 0: recompute's router logits",
+       csum({kept_before(Ls_ - 1), rows_through("expert_offsets")}), csum({C, l.X, l.bsE}), 0, pos,
+       grads(0));
   if (ck_last) at(Lb + "step 0: recompute done", A_L, csum({C, l.X}), 0, pos, grads(0));
   // QLoRA (one GPU): a base weight dequantized beside a step's buffers. The recompute's o_proj
   // holds the rows through h_mid and d_residual (its q_proj fewer rows, its gate and up fewer
@@ -856,10 +933,6 @@ void Stage::layer_steps(std::int64_t kb) {
     for (const DropPoint& dp : drop_points())
       at(Lb + "step 0: recompute's " + dp.what, csum({kept_before(Ls_ - 1), dp.rows}),
          csum({C, l.X, dp.drop}), 0, pos, grads(0));
-  at(Lb + "step 1: d_act" + lomo(" + down_proj gradient") + (sp ? " (d_residual gathered)" : ""),
-     A_L, csum({C, l.X, l.bsi}), sg, pos, grads(ih));
-  // LoRA: each target's backward allocates d_lora_a.<proj> (b, s, r) beside the step's buffers,
-  // and the step frees the target's row with the others (kLoraBits: q k v o gate up down).
   constexpr unsigned kDownBit = 1u << 6, kGateUpBits = 3u << 4, kOBit = 1u << 3, kQkvBits = 7u;
   // Under dropout the target's input is dropped again beside d_lora_a (`lora_drop.<proj>`, then
   // d_lora_a·A in its place): the largest input among the step's targets.
@@ -870,23 +943,50 @@ void Stage::layer_steps(std::int64_t kb) {
            ", the adapter's gradient path)",
        act, csum({ws, l.bsr, l.drop_max(bits)}), 0, pos, grads(0));
   };
-  deq_step("step 1: down_proj", A_L, csum({C, l.X, l.bsi}), l.deq_hi);
-  lora_step(kDownBit, "step 1: d_lora_a.down_proj", A_L, csum({C, l.X, l.bsi}));
-  const std::uint64_t A2 = csub(A_L, csum({l.bsi, l.lora_rows(kDownBit)}), "step 2");
-  at(Lb + "step 2: d_gate, d_up (SwiGLU backward)", A2, csum({C, l.X, l.bsi, l.bsi, l.bsi}), 0, pos,
-     grads(0));
-  const std::uint64_t A3 = csub(A2, checked_mul(2, l.bsi), "step 3");  // gate, up freed
-  at(Lb + "step 3: d_xn2" + lomo(" + gate_proj gradient") + (sp ? " partial (xn2 gathered)" : ""),
-     A3, csum({C, l.X, l.full, l.bsi, l.bsi}), sg, pos, grads(ih));
-  if (sp)
-    at(Lb + "step 3: d_xn2 reduce-scattered", A3, csum({C, l.X, l.full, l.X, l.bsi, l.bsi}), 0, pos,
-       grads(0));
-  deq_step("step 3: gate_proj, up_proj", A3, csum({C, l.X, l.full, l.bsi, l.bsi}), l.deq_hi);
-  lora_step(kGateUpBits,
-            std::string("step 3: d_lora_a.") + (l.targets(1u << 4) ? "gate_proj" : "up_proj"), A3,
-            csum({C, l.X, l.full, l.bsi, l.bsi}));
-  // xn2 freed (and the gate/up rows)
-  const std::uint64_t A4 = csub(A3, csum({l.X, l.lora_rows(kGateUpBits)}), "step 4");
+  std::uint64_t A4 = 0;
+  if (l.moe) {
+    // Steps 1-3 of a MoE layer (docs/native-plan.md, "Mixture of experts"): the combine's backward
+    // and the experts' down (d_expert_out, d_topk_weight, d_expert_act), the SwiGLU backward, the
+    // experts' gate/up (d_expert_in), the rows summed back per token (d_xn2), the router
+    // (d_router_logits); d_topk_weight lives from step 1 to the router's backward.
+    at(Lb + "step 1: d_expert_out, d_topk_weight, d_expert_act (combine and experts' down_proj "
+            "backward)",
+       A_L, csum({C, l.X, l.nkh, l.bsK4, l.nkm}), sg, pos, grads(0));
+    const std::uint64_t M2 = csub(A_L, csum({l.nkh, l.nkm}), "step 2");  // expert_out, _act
+    at(Lb + "step 2: d_expert_gate, d_expert_up (SwiGLU backward)", M2,
+       csum({C, l.X, l.bsK4, l.nkm, l.nkm, l.nkm}), 0, pos, grads(0));
+    const std::uint64_t M3 = csub(M2, checked_mul(2, l.nkm), "step 3");  // expert_gate, _up
+    at(Lb + "step 3: d_expert_in (experts' gate_up_proj backward)", M3,
+       csum({C, l.X, l.bsK4, l.nkm, l.nkm, l.nkh}), 0, pos, grads(0));
+    at(Lb + "step 3: d_xn2 (the rows summed back per token)", M3,
+       csum({C, l.X, l.bsK4, l.nkh, l.full}), 0, pos, grads(0));
+    at(Lb + "step 3: d_router_logits (router backward)", M3, csum({C, l.X, l.bsK4, l.full, l.bsE}),
+       0, pos, grads(0));
+    // xn2, expert_in and the routing's rows freed
+    A4 = csub(M3, csum({l.X, l.nkh, l.bsE4, checked_mul(3, l.bsK4), l.off4}), "step 4");
+  } else {
+    at(Lb + "step 1: d_act" + lomo(" + down_proj gradient") + (sp ? " (d_residual gathered)" : ""),
+       A_L, csum({C, l.X, l.bsi}), sg, pos, grads(ih));
+    // LoRA: each target's backward allocates d_lora_a.<proj> (b, s, r) beside the step's buffers,
+    // and the step frees the target's row with the others (kLoraBits: q k v o gate up down).
+    deq_step("step 1: down_proj", A_L, csum({C, l.X, l.bsi}), l.deq_hi);
+    lora_step(kDownBit, "step 1: d_lora_a.down_proj", A_L, csum({C, l.X, l.bsi}));
+    const std::uint64_t A2 = csub(A_L, csum({l.bsi, l.lora_rows(kDownBit)}), "step 2");
+    at(Lb + "step 2: d_gate, d_up (SwiGLU backward)", A2, csum({C, l.X, l.bsi, l.bsi, l.bsi}), 0,
+       pos, grads(0));
+    const std::uint64_t A3 = csub(A2, checked_mul(2, l.bsi), "step 3");  // gate, up freed
+    at(Lb + "step 3: d_xn2" + lomo(" + gate_proj gradient") + (sp ? " partial (xn2 gathered)" : ""),
+       A3, csum({C, l.X, l.full, l.bsi, l.bsi}), sg, pos, grads(ih));
+    if (sp)
+      at(Lb + "step 3: d_xn2 reduce-scattered", A3, csum({C, l.X, l.full, l.X, l.bsi, l.bsi}), 0,
+         pos, grads(0));
+    deq_step("step 3: gate_proj, up_proj", A3, csum({C, l.X, l.full, l.bsi, l.bsi}), l.deq_hi);
+    lora_step(kGateUpBits,
+              std::string("step 3: d_lora_a.") + (l.targets(1u << 4) ? "gate_proj" : "up_proj"), A3,
+              csum({C, l.X, l.full, l.bsi, l.bsi}));
+    // xn2 freed (and the gate/up rows)
+    A4 = csub(A3, csum({l.X, l.lora_rows(kGateUpBits)}), "step 4");
+  }
   if (lomo_)
     at(Lb + "step 4: post_attention_layernorm gradient", A4, csum({C, l.X, l.X}), 0, pos,
        grads(hw));
@@ -968,8 +1068,11 @@ void Stage::figures() {
     const double b = double(l_.b), s = double(l_.s), h = double(l_.h), i = double(l_.i);
     const double ad = double(l_.ad), kd = double(l_.kd), a = double(l_.a), d = double(l_.d);
     // LoRA's adapters: 2 FLOPs per multiply-add of x·Aᵀ and a·Bᵀ, r·(in + out) per row.
+    // A mixture of experts: the router (E·h per row) and K experts of three m×h GEMMs per row.
+    const double mlp =
+        l_.moe ? h * (double(l_.E) + 3.0 * double(l_.K) * double(l_.m)) : 3.0 * h * i;
     const double gemm =
-        2.0 * b * s * (h * ad + 2.0 * h * kd + ad * h + 3.0 * h * i + double(layer_adapters(l_)));
+        2.0 * b * s * (h * ad + 2.0 * h * kd + ad * h + mlp + double(layer_adapters(l_)));
     const double attention = 4.0 * b * a * s * s * d;
     est.recompute_flops =
         (double(ck_count_) * (gemm + attention) + (sel_ ? double(Ls_) * attention : 0.0)) *

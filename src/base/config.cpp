@@ -265,9 +265,49 @@ void require_dense(const ModelConfig& m, const std::string& what) {
                    std::to_string(m.experts_per_token) + ", " +
                    std::to_string(m.moe_layer_count()) + " of " + std::to_string(m.layers) +
                    " layers" + count + "); " + what +
-                   " models dense layers only: of trainmem's profiles only hf-eager and hf-sdpa "
-                   "model the MoE classes so far (`trainmem estimate`; docs/formulas.md, "
-                   "\"Mixture of experts\")");
+                   " models dense layers only: of trainmem's profiles hf-eager and hf-sdpa model "
+                   "the MoE classes, and native (one GPU) trainmem's own MoE layer "
+                   "(`trainmem estimate`; docs/formulas.md, \"Mixture of experts\")");
+}
+
+namespace {
+constexpr std::int64_t kInt32Max = 2147483647;
+}  // namespace
+
+void require_native_moe(const ModelConfig& m, const TrainConfig& t, const std::string& what) {
+  if (!m.moe()) return;
+  auto refuse = [&](const std::string& why) {
+    throw InputError(what + ": " + m.name + " (model_type " + m.family + ", " +
+                     std::to_string(m.experts) + " experts, top " +
+                     std::to_string(m.experts_per_token) + ") " + why +
+                     "; trainmem's own MoE layer models a router and routed experts in every "
+                     "layer, trained in full (docs/native-plan.md, \"Mixture of experts\"); the "
+                     "hf-eager and hf-sdpa profiles model this model (`trainmem estimate`)");
+  };
+  if (m.shared_expert_intermediate > 0)
+    refuse("has a shared expert (shared_expert_intermediate_size " +
+           std::to_string(m.shared_expert_intermediate) + "), not modelled in the native step yet");
+  if (m.moe_layer_count() != m.layers)
+    refuse("keeps " + std::to_string(m.layers - m.moe_layer_count()) +
+           " dense layer(s) among its MoE layers (mlp_only_layers, decoder_sparse_step), not "
+           "modelled in the native step yet");
+  if (m.output_router_logits)
+    refuse(
+        "sets output_router_logits (the load-balancing loss), not modelled in the native "
+        "step yet");
+  if (t.lora())
+    refuse(
+        "with --finetune lora|qlora: adapters on experts are not modelled in the native step "
+        "yet");
+  if (t.optimizer == Optimizer::lomo)
+    refuse("with --optimizer lomo: not modelled for MoE layers yet");
+  if (t.offload_activations) refuse("with --offload-activations: not modelled for MoE layers yet");
+  // The routing's indices are int32: one row per token and choice.
+  if (t.batch > 0 && t.seq > 0 &&
+      (t.batch > kInt32Max / t.seq || t.batch * t.seq > kInt32Max / m.experts_per_token))
+    throw InputError("--batch " + std::to_string(t.batch) + " x --seq " + std::to_string(t.seq) +
+                     " x num_experts_per_tok " + std::to_string(m.experts_per_token) +
+                     ": the routed rows exceed 2^31 - 1, the int32 indices of " + what);
 }
 
 std::uint64_t ModelConfig::param_count() const {

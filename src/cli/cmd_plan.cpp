@@ -68,6 +68,8 @@ int run_plan(const PlanFlags& flags) {
   cf.format = flags.format;
   cf.output = flags.output;
   const Common c = resolve_common(cf, true, false);
+  // plan searches parallel layouts: the per-rank step has no MoE layer yet (issue 33).
+  require_dense(c.model, "plan (the per-rank sharded step)");
   if (bnb_optimizer(c.train.optimizer))
     throw InputError(std::string("--optimizer ") + flags.optimizer +
                      ": plan searches parallel layouts, and bitsandbytes' optimizers are "

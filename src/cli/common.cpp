@@ -582,14 +582,24 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
                          "(--profile " +
                          flags.profile + ")");
   if (c.model.moe()) {
-    // A mixture of experts: the HF profiles model its classes, no other profile does yet.
+    // A mixture of experts: the HF profiles model its classes, native trainmem's own MoE layer
+    // (require_native_moe says what it does not model yet); no other profile does yet.
     if (all_profiles) {
-      spdlog::warn("--profile all: {} is a mixture of experts; only hf-eager and hf-sdpa model it",
-                   c.model.name);
-      c.profiles = {"hf-eager", "hf-sdpa"};
+      c.profiles = {"native", "hf-eager", "hf-sdpa"};
+      try {
+        require_native_moe(c.model, c.train, "profile native");
+      } catch (const InputError& e) {
+        spdlog::warn("--profile all: native left out: {}", e.what());
+        c.profiles.erase(c.profiles.begin());
+      }
+      spdlog::warn("--profile all: {} is a mixture of experts; only {} model it", c.model.name,
+                   join(c.profiles));
     }
     for (const auto& name : c.profiles)
-      if (name != "hf-eager" && name != "hf-sdpa") require_dense(c.model, "profile " + name);
+      if (name == "native")
+        require_native_moe(c.model, c.train, "profile native");
+      else if (name != "hf-eager" && name != "hf-sdpa")
+        require_dense(c.model, "profile " + name);
   }
   for (const auto& name : c.profiles) {
     if (lora && name != "hf-peft" && !(c.train.lora() && name == "native"))

@@ -42,9 +42,15 @@ std::vector<LayerParamSpec> layer_param_specs(const ModelConfig& model, const Ac
     v.push_back({kKNorm, "self_attn.k_norm.weight", {d}});
   }
   v.push_back({kPostNorm, "post_attention_layernorm.weight", {h}});
-  v.push_back({kGate, "mlp.gate_proj.weight", {i, h}});
-  v.push_back({kUp, "mlp.up_proj.weight", {i, h}});
-  v.push_back({kDown, "mlp.down_proj.weight", {h, i}});
+  if (model.moe()) {
+    v.push_back({kRouter, "mlp.gate.weight", {dims.E, h}});
+    v.push_back({kExpertsGateUp, "mlp.experts.gate_up_proj", {dims.E, 2 * dims.m, h}});
+    v.push_back({kExpertsDown, "mlp.experts.down_proj", {dims.E, h, dims.m}});
+  } else {
+    v.push_back({kGate, "mlp.gate_proj.weight", {i, h}});
+    v.push_back({kUp, "mlp.up_proj.weight", {i, h}});
+    v.push_back({kDown, "mlp.down_proj.weight", {h, i}});
+  }
   if (dims.r <= 0 || dims.lora == 0) return v;
   // LoRA: each target's A (r, in) and B (out, r) right after its weight and bias.
   static constexpr const char* kNames[7][2] = {
@@ -294,6 +300,189 @@ Tensor dropped_input(const LayerRank& R, LayerActs& A, int g, int t, const void*
   return drop;
 }
 
+// ------------------------------------------------------------------------------ experts
+// A mixture-of-experts MLP (docs/native-plan.md, "Mixture of experts"): the router's logits
+// (a workspace transient) into its fp32 softmax and top-K, the tokens' rows in expert order, each
+// expert's SwiGLU over its rows (one GEMM per expert and projection: the experts' row counts come
+// from the routing), and the weighted combine onto the residual. Every buffer holds all n·K rows
+// at once, so the bytes do not depend on the routing; only the GEMMs' shapes do.
+
+// Where each expert's rows start (E + 1 entries) as the backend computed them (a cuda backend
+// waits for the routing).
+std::vector<std::int32_t> expert_offsets(const LayerRank& R, const LayerActs& A) {
+  std::vector<std::int32_t> off(std::size_t(R.dims.E + 1));
+  R.backend->download(off.data(), A[LayerAct::expert_offsets].data(), off.size() * sizeof off[0]);
+  return off;
+}
+bool moe_normalize(const LayerRank& R) {
+  return R.model.norm_topk_prob;
+}
+// Expert e's `rows` rows from row r0 of a (rows, width) D buffer, and its slice of a (E, ...) D
+// weight of `per` elements per expert.
+char* moe_rows(const Tensor& t, std::int64_t r0, std::int64_t width, DType D) {
+  return static_cast<char*>(t.data()) + std::size_t(r0 * width) * dtype_size(D);
+}
+const char* moe_expert(const void* w, std::int64_t e, std::int64_t per, DType D) {
+  return static_cast<const char*>(w) + std::size_t(e * per) * dtype_size(D);
+}
+char* moe_expert(void* w, std::int64_t e, std::int64_t per, DType D) {
+  return static_cast<char*>(w) + std::size_t(e * per) * dtype_size(D);
+}
+
+// The forward from xn2 to `out` (its recompute up to expert_out; false then: the caller stops).
+template <class Through>
+bool moe_mlp_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, ActPass pass,
+                     const void* xn2, Through&& through) {
+  const ActDims& dm = R.dims;
+  const std::int64_t b = dm.b, s = dm.s, h = dm.h, n = b * s, E = dm.E, K = dm.K, mw = dm.m;
+  const DType D = R.train.dtype;
+  Backend* be = R.backend;
+  LayerHost& H = R.host;
+  {
+    Tensor logits = R.ledger.allocate("router_logits", Category::workspace, g, {b, s, E}, D);
+    if (be)
+      be->matmul(logits.data(), xn2, H.weight(l, kRouter), n, E, h, Trans::no, Trans::yes, 1.f,
+                 0.f);
+    through(LayerAct::expert_offsets);  // router_probs, topk_idx, topk_weight, expert_pos, offsets
+    if (be)
+      be->moe_route(
+          A[LayerAct::router_probs].as<float>(), A[LayerAct::topk_idx].as<std::int32_t>(),
+          A[LayerAct::topk_weight].as<float>(), A[LayerAct::expert_pos].as<std::int32_t>(),
+          A[LayerAct::expert_offsets].as<std::int32_t>(), logits.data(), n, E, K, moe_normalize(R));
+  }
+  through(LayerAct::expert_out);  // expert_in, expert_gate, expert_up, expert_act, expert_out
+  if (be) {
+    const std::int32_t* pos = A[LayerAct::expert_pos].as<std::int32_t>();
+    be->moe_permute(A[LayerAct::expert_in].data(), xn2, pos, n, K, h);
+    const std::vector<std::int32_t> off = expert_offsets(R, A);
+    const void* gu = H.weight(l, kExpertsGateUp);
+    const void* dn = H.weight(l, kExpertsDown);
+    for (std::int64_t e = 0; e < E; ++e) {
+      const std::int64_t r0 = off[std::size_t(e)], c = off[std::size_t(e + 1)] - r0;
+      if (c == 0) continue;
+      const char* wg = moe_expert(gu, e, 2 * mw * h, D);
+      const char* wu = wg + std::size_t(mw * h) * dtype_size(D);
+      const char* xin = moe_rows(A[LayerAct::expert_in], r0, h, D);
+      be->matmul(moe_rows(A[LayerAct::expert_gate], r0, mw, D), xin, wg, c, mw, h, Trans::no,
+                 Trans::yes, 1.f, 0.f);
+      be->matmul(moe_rows(A[LayerAct::expert_up], r0, mw, D), xin, wu, c, mw, h, Trans::no,
+                 Trans::yes, 1.f, 0.f);
+    }
+    be->swiglu_forward(A[LayerAct::expert_act].data(), A[LayerAct::expert_gate].data(),
+                       A[LayerAct::expert_up].data(), n * K * mw);
+    for (std::int64_t e = 0; e < E; ++e) {
+      const std::int64_t r0 = off[std::size_t(e)], c = off[std::size_t(e + 1)] - r0;
+      if (c == 0) continue;
+      be->matmul(moe_rows(A[LayerAct::expert_out], r0, h, D),
+                 moe_rows(A[LayerAct::expert_act], r0, mw, D), moe_expert(dn, e, h * mw, D), c, h,
+                 mw, Trans::no, Trans::yes, 1.f, 0.f);
+    }
+  }
+  if (pass == ActPass::recompute) return false;
+  // out = h_mid + Σ_j weight_j · expert_out[pos_j]: x_{l+1}.
+  through(LayerAct::out);
+  if (be)
+    be->moe_combine(A[LayerAct::out].data(), A[LayerAct::h_mid].data(),
+                    A[LayerAct::expert_out].data(), A[LayerAct::topk_weight].as<float>(),
+                    A[LayerAct::expert_pos].as<std::int32_t>(), n, K, h);
+  return true;
+}
+
+// The backward from d_residual (the MLP's output gradient) to d_xn2 (returned, workspace
+// (b, s, h) D), steps 1 to 3 of docs/native-plan.md's "Mixture of experts"; `free_step(k)` frees
+// the rows of step k.
+template <class FreeStep>
+Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
+                        const Tensor& d_res, FreeStep&& free_step) {
+  const ActDims& dm = R.dims;
+  const std::int64_t b = dm.b, s = dm.s, h = dm.h, n = b * s, E = dm.E, K = dm.K, mw = dm.m;
+  const std::int64_t nk = n * K;
+  const DType D = R.train.dtype;
+  Backend* be = R.backend;
+  LayerHost& H = R.host;
+  auto ws = [&](const char* name, std::vector<std::int64_t> shape, DType dt) {
+    return R.ledger.allocate(name, Category::workspace, g, std::move(shape), dt);
+  };
+  const std::int32_t* pos = A[LayerAct::expert_pos].as<std::int32_t>();
+  std::vector<std::int32_t> off;
+  if (be) off = expert_offsets(R, A);
+  // Expert e's rows [r0, r0 + c), for every expert with rows.
+  auto each_expert = [&](auto&& f) {
+    for (std::int64_t e = 0; be && e < E; ++e) {
+      const std::int64_t r0 = off[std::size_t(e)], c = off[std::size_t(e + 1)] - r0;
+      if (c > 0) f(e, r0, c);
+    }
+  };
+  // 1. the combine's backward, then each expert's down_proj.
+  Tensor d_out = ws("d_expert_out", {nk, h}, D);
+  Tensor d_weight = ws("d_topk_weight", {b, s, K}, DType::f32);
+  if (be)
+    be->moe_combine_backward(d_out.data(), d_weight.as<float>(), d_res.data(),
+                             A[LayerAct::expert_out].data(), A[LayerAct::topk_weight].as<float>(),
+                             pos, n, K, h);
+  Tensor d_act = ws("d_expert_act", {nk, mw}, D);
+  void* dWd = H.grad(l, kExpertsDown);
+  const void* Wd = H.weight(l, kExpertsDown);
+  each_expert([&](std::int64_t e, std::int64_t r0, std::int64_t c) {
+    const char* dy = moe_rows(d_out, r0, h, D);
+    be->matmul(moe_rows(d_act, r0, mw, D), dy, moe_expert(Wd, e, h * mw, D), c, mw, h, Trans::no,
+               Trans::no, 1.f, 0.f);
+    be->matmul(moe_expert(dWd, e, h * mw, D), dy, moe_rows(A[LayerAct::expert_act], r0, mw, D), h,
+               mw, c, Trans::yes, Trans::no, 1.f, 1.f);
+  });
+  H.grad_done(l, kExpertsDown);
+  d_out.reset();
+  free_step(1);  // expert_out, expert_act
+  // 2. SwiGLU.
+  Tensor d_gate = ws("d_expert_gate", {nk, mw}, D);
+  Tensor d_up = ws("d_expert_up", {nk, mw}, D);
+  if (be)
+    be->swiglu_backward(d_gate.data(), d_up.data(), d_act.data(), A[LayerAct::expert_gate].data(),
+                        A[LayerAct::expert_up].data(), nk * mw);
+  d_act.reset();
+  free_step(2);  // expert_gate, expert_up
+  // 3. each expert's gate and up, the rows summed back per token, the router.
+  Tensor d_in = ws("d_expert_in", {nk, h}, D);
+  void* dWgu = H.grad(l, kExpertsGateUp);
+  const void* Wgu = H.weight(l, kExpertsGateUp);
+  const std::size_t half = std::size_t(mw * h) * dtype_size(D);
+  each_expert([&](std::int64_t e, std::int64_t r0, std::int64_t c) {
+    const char* wg = moe_expert(Wgu, e, 2 * mw * h, D);
+    char* dwg = moe_expert(dWgu, e, 2 * mw * h, D);
+    const char* dg = moe_rows(d_gate, r0, mw, D);
+    const char* du = moe_rows(d_up, r0, mw, D);
+    const char* xin = moe_rows(A[LayerAct::expert_in], r0, h, D);
+    char* dx = moe_rows(d_in, r0, h, D);
+    be->matmul(dx, dg, wg, c, h, mw, Trans::no, Trans::no, 1.f, 0.f);
+    be->matmul(dx, du, wg + half, c, h, mw, Trans::no, Trans::no, 1.f, 1.f);
+    be->matmul(dwg, dg, xin, mw, h, c, Trans::yes, Trans::no, 1.f, 1.f);
+    be->matmul(dwg + half, du, xin, mw, h, c, Trans::yes, Trans::no, 1.f, 1.f);
+  });
+  H.grad_done(l, kExpertsGateUp);
+  d_gate.reset();
+  d_up.reset();
+  Tensor d_xn2 = ws("d_xn2", {b, s, h}, D);
+  if (be) be->moe_combine(d_xn2.data(), nullptr, d_in.data(), nullptr, pos, n, K, h);
+  d_in.reset();
+  Tensor d_logits = ws("d_router_logits", {b, s, E}, D);
+  if (be)
+    be->moe_route_backward(d_logits.data(), d_weight.as<float>(),
+                           A[LayerAct::router_probs].as<float>(),
+                           A[LayerAct::topk_idx].as<std::int32_t>(), n, E, K, moe_normalize(R));
+  d_weight.reset();
+  void* dWr = H.grad(l, kRouter);
+  if (be) {
+    be->matmul(d_xn2.data(), d_logits.data(), H.weight(l, kRouter), n, h, E, Trans::no, Trans::no,
+               1.f, 1.f);
+    be->matmul(dWr, d_logits.data(), A[LayerAct::xn2].data(), E, h, n, Trans::yes, Trans::no, 1.f,
+               1.f);
+  }
+  H.grad_done(l, kRouter);
+  d_logits.reset();
+  free_step(3);  // xn2, expert_in and the routing
+  return d_xn2;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------ forward
@@ -428,29 +617,34 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
   if (sp) gath = comm("xn2.gathered");
   if (sp && run) H.sp_gather(A[LA::xn2], gath, h);
   const void* xn2_all = sp ? gath.data() : at(LA::xn2);
-  through(LA::lora_up);  // gate, up (LoRA: their rows)
-  if (run) {
-    be->matmul(at(LA::gate), xn2_all, gemm_weight(R, l, g, kGate).ptr, n, i, h, Trans::no,
-               Trans::yes, 1.f, 0.f);
-    lora_a(kGate, xn2_all, h);
-    lora_b(kGate, at(LA::gate), i);
-    be->matmul(at(LA::up), xn2_all, gemm_weight(R, l, g, kUp).ptr, n, i, h, Trans::no, Trans::yes,
-               1.f, 0.f);
-    lora_a(kUp, xn2_all, h);
-    lora_b(kUp, at(LA::up), i);
+  if (m.moe()) {
+    gath.reset();  // a MoE model runs on one rank (require_native_moe)
+    if (!moe_mlp_forward(R, l, g, A, pass, xn2_all, through)) return;  // the recompute stops
+  } else {
+    through(LA::lora_up);  // gate, up (LoRA: their rows)
+    if (run) {
+      be->matmul(at(LA::gate), xn2_all, gemm_weight(R, l, g, kGate).ptr, n, i, h, Trans::no,
+                 Trans::yes, 1.f, 0.f);
+      lora_a(kGate, xn2_all, h);
+      lora_b(kGate, at(LA::gate), i);
+      be->matmul(at(LA::up), xn2_all, gemm_weight(R, l, g, kUp).ptr, n, i, h, Trans::no, Trans::yes,
+                 1.f, 0.f);
+      lora_a(kUp, xn2_all, h);
+      lora_b(kUp, at(LA::up), i);
+    }
+    gath.reset();
+    through(LA::act);  // silu(gate) · up
+    if (run) be->swiglu_forward(at(LA::act), at(LA::gate), at(LA::up), n * i);
+    through(LA::lora_down);  // LoRA on down: its row, recomputed too (dB_down reads it)
+    lora_a(kDown, at(LA::act), i);
+    if (pass == ActPass::recompute) return;  // it stops before `out`
+    // out = h_mid + act·W_downᵀ; it is x_{l+1}.
+    if (sp) gath = comm("down_proj.partial");
+    through(LA::out);
+    residual_gemm(LA::out, gath, at(LA::h_mid), LA::act, kDown, i);
+    lora_b(kDown, at(LA::out), h);
+    gath.reset();
   }
-  gath.reset();
-  through(LA::act);  // silu(gate) · up
-  if (run) be->swiglu_forward(at(LA::act), at(LA::gate), at(LA::up), n * i);
-  through(LA::lora_down);  // LoRA on down: its row, recomputed too (dB_down reads it)
-  lora_a(kDown, at(LA::act), i);
-  if (pass == ActPass::recompute) return;  // it stops before `out`
-  // out = h_mid + act·W_downᵀ; it is x_{l+1}.
-  if (sp) gath = comm("down_proj.partial");
-  through(LA::out);
-  residual_gemm(LA::out, gath, at(LA::h_mid), LA::act, kDown, i);
-  lora_b(kDown, at(LA::out), h);
-  gath.reset();
   // A checkpointed layer: every recomputed row freed right after `out`, in reverse allocation
   // order.
   if (R.train.checkpointed(g))
@@ -596,27 +790,34 @@ void decoder_layer_backward(const LayerRank& R, std::int64_t l, int g, LayerActs
     decoder_layer_forward(R, l, g, A, ActPass::recompute, x.data());
   }
   Tensor gath;
-  // 1. down_proj.
-  const void* dy = d_res_all(gath);
-  Tensor d_act = ws("d_act", {b, s, i}, D);
-  linear_backward(kDown, d_act.data(), dy, at(LA::act), h, i, 0.f);
-  free_step(1);  // act (LoRA on down: its row)
-  gath.reset();
-  // 2. SwiGLU.
-  Tensor d_gate = ws("d_gate", {b, s, i}, D);
-  Tensor d_up = ws("d_up", {b, s, i}, D);
-  if (run)
-    be->swiglu_backward(d_gate.data(), d_up.data(), d_act.data(), at(LA::gate), at(LA::up), n * i);
-  d_act.reset();
-  free_step(2);  // gate, up
-  // 3. gate_proj, up_proj.
-  Tensor d_xn2 = input_grad("xn2.gathered", "d_xn2", LA::xn2, [&](void* dx, const void* xin) {
-    linear_backward(kGate, dx, d_gate.data(), xin, i, h, 0.f);
-    linear_backward(kUp, dx, d_up.data(), xin, i, h, 1.f);
-  });
-  d_gate.reset();
-  d_up.reset();
-  free_step(3);  // xn2 (LoRA on gate, up: their rows)
+  Tensor d_xn2;
+  const void* dy = nullptr;
+  if (m.moe()) {
+    d_xn2 = moe_mlp_backward(R, l, g, A, d_res, free_step);
+  } else {
+    // 1. down_proj.
+    dy = d_res_all(gath);
+    Tensor d_act = ws("d_act", {b, s, i}, D);
+    linear_backward(kDown, d_act.data(), dy, at(LA::act), h, i, 0.f);
+    free_step(1);  // act (LoRA on down: its row)
+    gath.reset();
+    // 2. SwiGLU.
+    Tensor d_gate = ws("d_gate", {b, s, i}, D);
+    Tensor d_up = ws("d_up", {b, s, i}, D);
+    if (run)
+      be->swiglu_backward(d_gate.data(), d_up.data(), d_act.data(), at(LA::gate), at(LA::up),
+                          n * i);
+    d_act.reset();
+    free_step(2);  // gate, up
+    // 3. gate_proj, up_proj.
+    d_xn2 = input_grad("xn2.gathered", "d_xn2", LA::xn2, [&](void* dx, const void* xin) {
+      linear_backward(kGate, dx, d_gate.data(), xin, i, h, 0.f);
+      linear_backward(kUp, dx, d_up.data(), xin, i, h, 1.f);
+    });
+    d_gate.reset();
+    d_up.reset();
+    free_step(3);  // xn2 (LoRA on gate, up: their rows)
+  }
   // 4. post-attention RMSNorm: d_residual += ..., through h_mid.
   norm_backward(kPostNorm, d_res.data(), d_xn2.data(), at(LA::h_mid), at_f(LA::rstd2), nr, h);
   d_xn2.reset();

@@ -83,8 +83,8 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
                           : nullptr),
       opt_(optimizer, backend, ledger, managed_ledger_.get()) {
   cfg_.validate();
-  require_dense(cfg_, "trainmem's own step");
   train_.validate();
+  require_native_moe(cfg_, train_, "trainmem's own step");
   train_.check_checkpoint_resolved("this command");
   if (train_.dtype != be_.dtype())
     throw Error(std::string("model: training dtype ") + dtype_name(train_.dtype) +
@@ -106,6 +106,10 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
   checked_product({std::uint64_t(n_), std::uint64_t(V_), 4}, "logits bytes");
   checked_product({std::uint64_t(n_), std::uint64_t(a_), std::uint64_t(s_), 4}, "probs bytes");
   checked_product({std::uint64_t(n_), std::uint64_t(i_), 4}, "intermediate activation bytes");
+  if (cfg_.moe())  // the experts' rows: n·K of width h and of width m
+    checked_product({std::uint64_t(n_), std::uint64_t(cfg_.experts_per_token),
+                     std::uint64_t(std::max(h_, cfg_.expert_intermediate)), 4},
+                    "experts' activation bytes");
   layers_.resize(std::size_t(cfg_.layers));
   if (train_.offload_activations) offload_ = std::make_unique<ActivationOffload>(&be_, cfg_.layers);
 

@@ -10,6 +10,11 @@ ActDims ActDims::of(const ModelConfig& model, const TrainConfig& train) {
             model.heads, model.kv_heads, model.head_dim(), train.seq};
   d.r = train.lora_rank;
   d.lora = train.lora() ? train.lora_targets : 0u;
+  if (model.moe()) {
+    d.E = model.experts;
+    d.K = model.experts_per_token;
+    d.m = model.expert_intermediate;
+  }
   return d;
 }
 
@@ -46,12 +51,37 @@ std::vector<std::int64_t> act_shape(const ActShape& shape, const ActDims& dims) 
       case Extent::r:
         out.push_back(dims.r);
         break;
+      case Extent::E:
+        out.push_back(dims.E);
+        break;
+      case Extent::E1:
+        out.push_back(dims.E + 1);
+        break;
+      case Extent::K:
+        out.push_back(dims.K);
+        break;
+      case Extent::m:
+        out.push_back(dims.m);
+        break;
+      case Extent::nk:
+        out.push_back(dims.b * dims.s * dims.K);
+        break;
     }
   return out;
 }
 
 DType act_dtype(ActDType dtype, DType training) {
-  return dtype == ActDType::f32 ? DType::f32 : dtype == ActDType::u8 ? DType::u8 : training;
+  switch (dtype) {
+    case ActDType::f32:
+      return DType::f32;
+    case ActDType::u8:
+      return DType::u8;
+    case ActDType::i32:
+      return DType::i32;
+    case ActDType::D:
+      break;
+  }
+  return training;
 }
 
 std::string act_shape_letters(const ActShape& shape) {
@@ -86,6 +116,21 @@ std::string act_shape_letters(const ActShape& shape) {
         break;
       case Extent::r:
         out += "r";
+        break;
+      case Extent::E:
+        out += "E";
+        break;
+      case Extent::E1:
+        out += "E+1";
+        break;
+      case Extent::K:
+        out += "K";
+        break;
+      case Extent::m:
+        out += "m";
+        break;
+      case Extent::nk:
+        out += "b·s·K";
         break;
     }
   }

@@ -167,6 +167,14 @@ struct TrainConfig {
   void check_checkpoint_resolved(const std::string& where) const;
 };
 
+// The guard of trainmem's own step and its `native` profile (one GPU) for a mixture of experts
+// (docs/native-plan.md, "Mixture of experts"): what the native MoE layer does not model yet
+// exits 2 naming the field or flag: a shared expert (shared_expert_intermediate_size), dense
+// layers among the MoE ones (mlp_only_layers, decoder_sparse_step), output_router_logits (the
+// load-balancing loss), LoRA/QLoRA (--finetune), LOMO (--optimizer lomo),
+// --offload-activations. `what` names the command or profile. No-op for a dense model.
+void require_native_moe(const ModelConfig& m, const TrainConfig& t, const std::string& what);
+
 // The checkpointing policy in words: "none", "full", or the per-layer spec ("every:2",
 // "layers:0,3", "budget:24GiB (layers 0-5)").
 std::string checkpointing_name(const TrainConfig& t);

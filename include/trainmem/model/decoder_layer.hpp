@@ -42,6 +42,12 @@ enum LayerParam : int {
   kGate,
   kUp,
   kDown,
+  // A mixture-of-experts layer (ModelConfig::moe()) has these in place of gate, up and down: the
+  // router `mlp.gate` (E, h), the experts' `gate_up_proj` (E, 2·m, h: each expert's gate rows,
+  // then its up rows) and `down_proj` (E, h, m), as transformers 5.x stores them.
+  kRouter,
+  kExpertsGateUp,
+  kExpertsDown,
   // LoRA adapters (TrainConfig::lora_rank > 0): A (r, in) and B (out, r) of each target, in
   // LoraTarget order (q, k, v, o, gate, up, down); lora_a_slot / lora_b_slot.
   kLoraFirst,

@@ -52,6 +52,16 @@ enum class LayerAct : std::uint8_t {
   h_mid,
   rstd2,
   xn2,
+  router_probs,
+  topk_idx,
+  topk_weight,
+  expert_pos,
+  expert_offsets,
+  expert_in,
+  expert_gate,
+  expert_up,
+  expert_act,
+  expert_out,
   gate,
   up,
   mask_gate,
@@ -63,32 +73,39 @@ enum class LayerAct : std::uint8_t {
   lora_down,
   out,
 };
-constexpr int kNumLayerActs = 33;
+constexpr int kNumLayerActs = 43;
 
 // One extent of an activation's shape: a single dimension, or the products a·d and k·d. `sr`
 // is the sequence rows a rank holds of the rows outside the tensor-parallel region (the norms
 // and the residual stream): s, or s/tp under sequence parallelism. Listings are of one rank
-// without it and write it "s". `r` is the LoRA rank.
-enum class Extent : std::uint8_t { b, s, sr, h, i, a, k, ad, kd, r };
+// without it and write it "s". `r` is the LoRA rank. A mixture of experts adds E (experts), E1
+// (E + 1), K (experts per token), m (an expert's width) and nk (b·s·K: the rows in expert order,
+// one per token and choice).
+enum class Extent : std::uint8_t { b, s, sr, h, i, a, k, ad, kd, r, E, E1, K, m, nk };
 
 struct ActShape {
   std::uint8_t rank;
   std::array<Extent, 4> extents;  // the first `rank`
 };
 
-// The dtype of a row: the training dtype D, fp32 whatever D is, or one byte (a dropout mask).
-enum class ActDType : std::uint8_t { D, f32, u8 };
+// The dtype of a row: the training dtype D, fp32 whatever D is, one byte (a dropout mask) or
+// int32 (the routing's indices).
+enum class ActDType : std::uint8_t { D, f32, u8, i32 };
 // Which attention variant allocates a row.
 enum class ForAttention : std::uint8_t { both, eager, flash };
 // Which models allocate a row: all of them, only those with per-head q/k RMSNorm
 // (ModelConfig::qk_norm, Qwen3), or only a LoRA step whose targets include that projection
-// (TrainConfig::lora_targets: the adapter's x·Aᵀ, read by dB), or only a LoRA step with dropout
+// (TrainConfig::lora_targets: the adapter's x·Aᵀ, read by dB), or only a dense or only a
+// mixture-of-experts MLP (ModelConfig::moe(): trainmem's own step models a model whose layers
+// are all MoE; require_native_moe), or only a LoRA step with dropout
 // on that projection (TrainConfig::lora_dropped: the adapter's mask). A row a configuration does
 // not allocate is absent from every pass and from the backward's frees, as a row of the other
 // attention variant is.
 enum class ForModel : std::uint8_t {
   all,
   qk_norm,
+  dense,  // a dense MLP's rows (gate, up, act): not in a mixture-of-experts layer
+  moe,    // a mixture-of-experts layer's rows (ModelConfig::moe())
   lora_q,
   lora_k,
   lora_v,
@@ -151,6 +168,11 @@ constexpr ActShape bsa{3, {Extent::b, Extent::s, Extent::a}};
 constexpr ActShape bsk{3, {Extent::b, Extent::s, Extent::k}};
 constexpr ActShape bass{4, {Extent::b, Extent::a, Extent::s, Extent::s}};
 constexpr ActShape bsr{3, {Extent::b, Extent::s, Extent::r}};
+constexpr ActShape bsE{3, {Extent::b, Extent::s, Extent::E}};
+constexpr ActShape bsK{3, {Extent::b, Extent::s, Extent::K}};
+constexpr ActShape E1{1, {Extent::E1}};
+constexpr ActShape nkh{2, {Extent::nk, Extent::h}};
+constexpr ActShape nkm{2, {Extent::nk, Extent::m}};
 }  // namespace act_shapes
 
 // clang-format off
@@ -179,13 +201,23 @@ inline constexpr LayerActSpec kLayerActs[kNumLayerActs] = {
     {LayerAct::h_mid,    "h_mid",    act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 4, "x_l + attn_out·W_oᵀ"},
     {LayerAct::rstd2,    "rstd2",    act_shapes::bs,   ActDType::f32, Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 4, "1/rms of each row of h_mid (post-attention RMSNorm)"},
     {LayerAct::xn2,      "xn2",      act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 3, "rmsnorm(h_mid)"},
-    {LayerAct::gate,     "gate",     act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 2, "xn2·W_gateᵀ"},
-    {LayerAct::up,       "up",       act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 2, "xn2·W_upᵀ"},
+    {LayerAct::router_probs, "router_probs", act_shapes::bsE, ActDType::f32, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 3, "softmax of the router logits xn2·W_routerᵀ in fp32 (its backward)"},
+    {LayerAct::topk_idx, "topk_idx", act_shapes::bsK, ActDType::i32, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 3, "the K experts each token is routed to"},
+    {LayerAct::topk_weight, "topk_weight", act_shapes::bsK, ActDType::f32, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 3, "their routing weights (renormalised: Mixtral, norm_topk_prob)"},
+    {LayerAct::expert_pos, "expert_pos", act_shapes::bsK, ActDType::i32, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 3, "the row of each (token, choice) in expert order"},
+    {LayerAct::expert_offsets, "expert_offsets", act_shapes::E1, ActDType::i32, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 3, "where each expert's rows start (the routing's histogram)"},
+    {LayerAct::expert_in, "expert_in", act_shapes::nkh, ActDType::D, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 3, "xn2's rows in expert order, one per (token, choice): the experts' gate/up input"},
+    {LayerAct::expert_gate, "expert_gate", act_shapes::nkm, ActDType::D, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 2, "each expert's rows · W_gateᵀ"},
+    {LayerAct::expert_up, "expert_up", act_shapes::nkm, ActDType::D, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 2, "each expert's rows · W_upᵀ"},
+    {LayerAct::expert_act, "expert_act", act_shapes::nkm, ActDType::D, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 1, "silu(expert_gate)·expert_up: the down GEMMs' input"},
+    {LayerAct::expert_out, "expert_out", act_shapes::nkh, ActDType::D, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 1, "each expert's output before its routing weight (the weight's gradient)"},
+    {LayerAct::gate,     "gate",     act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::dense,     UnderCheckpointing::recomputed, 2, "xn2·W_gateᵀ"},
+    {LayerAct::up,       "up",       act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::dense,     UnderCheckpointing::recomputed, 2, "xn2·W_upᵀ"},
     {LayerAct::mask_gate, "lora_mask.gate_proj", act_shapes::bsh_all, ActDType::u8, Category::activations, ForAttention::both, ForModel::drop_gate, UnderCheckpointing::recomputed, 3, "the dropout mask of gate_proj's adapter input (xn2): its backward drops the same elements"},
     {LayerAct::lora_gate, "lora_a.gate_proj", act_shapes::bsr, ActDType::D, Category::activations, ForAttention::both, ForModel::lora_gate, UnderCheckpointing::recomputed, 3, "xn2·A_gateᵀ (LoRA on gate_proj): dB_gate reads it"},
     {LayerAct::mask_up, "lora_mask.up_proj", act_shapes::bsh_all, ActDType::u8, Category::activations, ForAttention::both, ForModel::drop_up, UnderCheckpointing::recomputed, 3, "the dropout mask of up_proj's adapter input (xn2): its backward drops the same elements"},
     {LayerAct::lora_up, "lora_a.up_proj", act_shapes::bsr, ActDType::D, Category::activations, ForAttention::both, ForModel::lora_up, UnderCheckpointing::recomputed, 3, "xn2·A_upᵀ (LoRA on up_proj): dB_up reads it"},
-    {LayerAct::act,      "act",      act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::recomputed, 1, "silu(gate)·up"},
+    {LayerAct::act,      "act",      act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::dense,     UnderCheckpointing::recomputed, 1, "silu(gate)·up"},
     {LayerAct::mask_down, "lora_mask.down_proj", act_shapes::bsi, ActDType::u8, Category::activations, ForAttention::both, ForModel::drop_down, UnderCheckpointing::recomputed, 1, "the dropout mask of down_proj's adapter input (act): its backward drops the same elements"},
     {LayerAct::lora_down, "lora_a.down_proj", act_shapes::bsr, ActDType::D, Category::activations, ForAttention::both, ForModel::lora_down, UnderCheckpointing::recomputed, 1, "act·A_downᵀ (LoRA on down_proj): dB_down reads it"},
     {LayerAct::out,      "out",      act_shapes::bsh,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::all,     UnderCheckpointing::kept,       0, "h_mid + act·W_downᵀ = x_{l+1}"},
@@ -196,14 +228,17 @@ inline constexpr LayerActSpec kLayerActs[kNumLayerActs] = {
 // docs/native-plan.md lists them (after the step's own workspace buffers). `out` is not in it
 // (its consumer frees it).
 inline constexpr LayerAct kBackwardFreeOrder[] = {
-    LayerAct::act,     LayerAct::lora_down, LayerAct::mask_down, LayerAct::gate,
-    LayerAct::up,      LayerAct::xn2,       LayerAct::lora_gate, LayerAct::mask_gate,
-    LayerAct::lora_up, LayerAct::mask_up,   LayerAct::h_mid,     LayerAct::rstd2,
-    LayerAct::lora_o,  LayerAct::mask_o,    LayerAct::attn_out,  LayerAct::probs,
-    LayerAct::lse,     LayerAct::q_pre,     LayerAct::q_rstd,    LayerAct::k_pre,
-    LayerAct::k_rstd,  LayerAct::q,         LayerAct::k,         LayerAct::v,
-    LayerAct::lora_q,  LayerAct::mask_q,    LayerAct::lora_k,    LayerAct::mask_k,
-    LayerAct::lora_v,  LayerAct::mask_v,    LayerAct::xn1,       LayerAct::rstd1,
+    LayerAct::act,        LayerAct::lora_down,   LayerAct::mask_down,  LayerAct::expert_out,
+    LayerAct::expert_act, LayerAct::gate,        LayerAct::up,         LayerAct::expert_gate,
+    LayerAct::expert_up,  LayerAct::xn2,         LayerAct::lora_gate,  LayerAct::mask_gate,
+    LayerAct::lora_up,    LayerAct::mask_up,     LayerAct::expert_in,  LayerAct::router_probs,
+    LayerAct::topk_idx,   LayerAct::topk_weight, LayerAct::expert_pos, LayerAct::expert_offsets,
+    LayerAct::h_mid,      LayerAct::rstd2,       LayerAct::lora_o,     LayerAct::mask_o,
+    LayerAct::attn_out,   LayerAct::probs,       LayerAct::lse,        LayerAct::q_pre,
+    LayerAct::q_rstd,     LayerAct::k_pre,       LayerAct::k_rstd,     LayerAct::q,
+    LayerAct::k,          LayerAct::v,           LayerAct::lora_q,     LayerAct::mask_q,
+    LayerAct::lora_k,     LayerAct::mask_k,      LayerAct::lora_v,     LayerAct::mask_v,
+    LayerAct::xn1,        LayerAct::rstd1,
 };
 
 constexpr const LayerActSpec& layer_act(LayerAct x) {
@@ -251,6 +286,8 @@ constexpr bool allocated_in(const LayerActSpec& row, const ModelConfig& model,
                             const TrainConfig& train, ActPass pass) {
   const Attention attention = train.attention;
   if (row.model == ForModel::qk_norm && !model.qk_norm) return false;
+  if (row.model == ForModel::dense && model.moe()) return false;
+  if (row.model == ForModel::moe && !model.moe()) return false;
   if (lora_target_of(row.model) != 0 &&
       (!train.lora() || (train.lora_targets & lora_target_of(row.model)) == 0))
     return false;
@@ -267,6 +304,8 @@ struct ActDims {
   std::int64_t b, s, h, i, a, k, d, sr;
   std::int64_t r = 0;  // LoRA rank (0: no adapters)
   unsigned lora = 0;   // LoRA targets (LoraTarget bits)
+  // A mixture of experts: experts, experts per token, an expert's width (0 for a dense model).
+  std::int64_t E = 0, K = 0, m = 0;
   static ActDims of(const ModelConfig& model, const TrainConfig& train);
 };
 std::vector<std::int64_t> act_shape(const ActShape& shape, const ActDims& dims);

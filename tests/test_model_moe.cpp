@@ -1,0 +1,306 @@
+// Mixture of experts in trainmem's own step (issue 29; docs/native-plan.md, "Mixture of
+// experts"): the routing and combine kernels against references written here, the ledger against
+// the analytic `native` profile byte for byte, the cpu ledger against the meta trace (the bytes do
+// not depend on the routing), and the guard's refusals. The gradients against finite differences
+// are in test_model_families.cpp, against the real transformers classes in test_model_golden.cpp.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "family_configs.hpp"
+#include "model_helpers.hpp"
+#include "moe/moe.hpp"
+#include "trainmem/analytic/analytic.hpp"
+#include "trainmem/base/error.hpp"
+
+using namespace trainmem;
+using namespace trainmem::test;
+
+namespace {
+
+// ------------------------------------------------------------------------------ kernels
+
+// The routing of one token as written down from HF's MixtralTopKRouter / Qwen3MoeTopKRouter, in
+// double: softmax, the K largest (std::stable_sort by descending probability: a tie keeps the
+// lower expert first), renormalised when asked.
+struct RefRoute {
+  std::vector<double> probs;
+  std::vector<int> idx;
+  std::vector<double> weight;
+};
+RefRoute ref_route(const std::vector<double>& logits, int K, bool normalize) {
+  RefRoute r;
+  const double mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (double x : logits) sum += std::exp(x - mx);
+  for (double x : logits) r.probs.push_back(std::exp(x - mx) / sum);
+  std::vector<int> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return r.probs[std::size_t(a)] > r.probs[std::size_t(b)]; });
+  double total = 0;
+  for (int j = 0; j < K; ++j) {
+    r.idx.push_back(order[std::size_t(j)]);
+    r.weight.push_back(r.probs[std::size_t(order[std::size_t(j)])]);
+    total += r.weight.back();
+  }
+  if (normalize)
+    for (double& w : r.weight) w /= total;
+  return r;
+}
+
+std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float scale) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(gen);
+  return v;
+}
+
+TEST(MoeKernels, RouteMatchesTheRouterWrittenHereAndSortsChoicesByExpert) {
+  for (bool normalize : {true, false})
+    for (auto [n, E, K] : {std::array<std::int64_t, 3>{37, 8, 2}, {5, 4, 1}, {64, 6, 3}}) {
+      SCOPED_TRACE(std::to_string(n) + " tokens, " + std::to_string(E) + " experts, top " +
+                   std::to_string(K) + (normalize ? ", normalised" : ""));
+      const std::vector<float> logits =
+          random_floats(std::size_t(n * E), 7 + std::uint64_t(n), 2.f);
+      std::vector<float> probs(std::size_t(n * E)), weight(std::size_t(n * K));
+      std::vector<std::int32_t> idx(std::size_t(n * K)), pos(std::size_t(n * K)),
+          off(std::size_t(E + 1));
+      moe_route_cpu(probs.data(), idx.data(), weight.data(), pos.data(), off.data(), logits.data(),
+                    n, E, K, normalize, DType::f32);
+      std::vector<std::int64_t> count(std::size_t(E), 0);
+      for (std::int64_t t = 0; t < n; ++t) {
+        const RefRoute r =
+            ref_route(std::vector<double>(logits.begin() + t * E, logits.begin() + (t + 1) * E),
+                      int(K), normalize);
+        for (std::int64_t e = 0; e < E; ++e)
+          EXPECT_NEAR(probs[std::size_t(t * E + e)], r.probs[std::size_t(e)], 2e-7);
+        for (std::int64_t j = 0; j < K; ++j) {
+          EXPECT_EQ(idx[std::size_t(t * K + j)], r.idx[std::size_t(j)]) << t << "," << j;
+          EXPECT_NEAR(weight[std::size_t(t * K + j)], r.weight[std::size_t(j)], 5e-7);
+          ++count[std::size_t(r.idx[std::size_t(j)])];
+        }
+      }
+      // The offsets are the histogram's running sum; the positions fill each expert's range in
+      // (token, choice) order.
+      EXPECT_EQ(off[0], 0);
+      for (std::int64_t e = 0; e < E; ++e)
+        EXPECT_EQ(off[std::size_t(e + 1)] - off[std::size_t(e)], count[std::size_t(e)]) << e;
+      std::vector<std::int32_t> next(off.begin(), off.end() - 1);
+      for (std::int64_t c = 0; c < n * K; ++c)
+        EXPECT_EQ(pos[std::size_t(c)], next[std::size_t(idx[std::size_t(c)])]++) << c;
+    }
+}
+
+// The logit gradient of L = Σ g_tj · weight_tj against central differences of the router
+// written here (double), for both normalisations.
+TEST(MoeKernels, RouteBackwardMatchesFiniteDifferences) {
+  const std::int64_t n = 9, E = 6, K = 2;
+  for (bool normalize : {true, false}) {
+    SCOPED_TRACE(normalize ? "normalised" : "raw");
+    const std::vector<float> logits = random_floats(std::size_t(n * E), 3, 1.5f);
+    const std::vector<float> g = random_floats(std::size_t(n * K), 4, 1.f);
+    std::vector<float> probs(std::size_t(n * E)), weight(std::size_t(n * K)),
+        dlogits(std::size_t(n * E));
+    std::vector<std::int32_t> idx(std::size_t(n * K)), pos(std::size_t(n * K)),
+        off(std::size_t(E + 1));
+    moe_route_cpu(probs.data(), idx.data(), weight.data(), pos.data(), off.data(), logits.data(), n,
+                  E, K, normalize, DType::f32);
+    moe_route_backward_cpu(dlogits.data(), g.data(), probs.data(), idx.data(), n, E, K, normalize,
+                           DType::f32);
+    for (std::int64_t t = 0; t < n; ++t)
+      for (std::int64_t e = 0; e < E; ++e) {
+        auto L = [&](double delta) {
+          std::vector<double> x(logits.begin() + t * E, logits.begin() + (t + 1) * E);
+          x[std::size_t(e)] += delta;
+          const RefRoute r = ref_route(x, int(K), normalize);
+          double l = 0;
+          for (std::int64_t j = 0; j < K; ++j) {
+            // The experts chosen at the unperturbed point (a step this small changes none).
+            EXPECT_EQ(r.idx[std::size_t(j)], idx[std::size_t(t * K + j)]);
+            l += double(g[std::size_t(t * K + j)]) * r.weight[std::size_t(j)];
+          }
+          return l;
+        };
+        const double h = 1e-5, fd = (L(h) - L(-h)) / (2 * h);
+        EXPECT_NEAR(dlogits[std::size_t(t * E + e)], fd, 1e-5 + 1e-4 * std::fabs(fd))
+            << "token " << t << " expert " << e;
+      }
+  }
+}
+
+TEST(MoeKernels, PermuteCombineAndTheCombineBackwardAreTheirFormulas) {
+  const std::int64_t n = 11, E = 5, K = 2, h = 7;
+  const std::vector<float> logits = random_floats(std::size_t(n * E), 9, 1.f);
+  std::vector<float> probs(std::size_t(n * E)), weight(std::size_t(n * K));
+  std::vector<std::int32_t> idx(std::size_t(n * K)), pos(std::size_t(n * K)),
+      off(std::size_t(E + 1));
+  moe_route_cpu(probs.data(), idx.data(), weight.data(), pos.data(), off.data(), logits.data(), n,
+                E, K, true, DType::f32);
+  const std::vector<float> x = random_floats(std::size_t(n * h), 10, 1.f);
+  const std::vector<float> res = random_floats(std::size_t(n * h), 11, 1.f);
+  const std::vector<float> y = random_floats(std::size_t(n * K * h), 12, 1.f);
+  const std::vector<float> dout = random_floats(std::size_t(n * h), 13, 1.f);
+  std::vector<float> rows(std::size_t(n * K * h), -1.f), out(std::size_t(n * h)),
+      sum(std::size_t(n * h)), drows(std::size_t(n * K * h), -1.f), dw(std::size_t(n * K));
+  moe_permute_cpu(rows.data(), x.data(), pos.data(), n, K, h, DType::f32);
+  moe_combine_cpu(out.data(), res.data(), y.data(), weight.data(), pos.data(), n, K, h, DType::f32);
+  moe_combine_cpu(sum.data(), nullptr, y.data(), nullptr, pos.data(), n, K, h, DType::f32);
+  moe_combine_backward_cpu(drows.data(), dw.data(), dout.data(), y.data(), weight.data(),
+                           pos.data(), n, K, h, DType::f32);
+  for (std::int64_t t = 0; t < n; ++t)
+    for (std::int64_t c = 0; c < h; ++c) {
+      double o = res[std::size_t(t * h + c)], s = 0;
+      for (std::int64_t j = 0; j < K; ++j) {
+        const std::size_t r = std::size_t(pos[std::size_t(t * K + j)]);
+        EXPECT_EQ(rows[r * std::size_t(h) + std::size_t(c)], x[std::size_t(t * h + c)]);
+        o += double(weight[std::size_t(t * K + j)]) * y[r * std::size_t(h) + std::size_t(c)];
+        s += y[r * std::size_t(h) + std::size_t(c)];
+        EXPECT_NEAR(drows[r * std::size_t(h) + std::size_t(c)],
+                    double(weight[std::size_t(t * K + j)]) * dout[std::size_t(t * h + c)], 1e-6);
+      }
+      EXPECT_NEAR(out[std::size_t(t * h + c)], o, 1e-5);
+      EXPECT_NEAR(sum[std::size_t(t * h + c)], s, 1e-5);
+    }
+  for (std::int64_t t = 0; t < n; ++t)
+    for (std::int64_t j = 0; j < K; ++j) {
+      double d = 0;
+      const std::size_t r = std::size_t(pos[std::size_t(t * K + j)]);
+      for (std::int64_t c = 0; c < h; ++c)
+        d += double(dout[std::size_t(t * h + c)]) * y[r * std::size_t(h) + std::size_t(c)];
+      EXPECT_NEAR(dw[std::size_t(t * K + j)], d, 1e-5);
+    }
+  // Every row of the expert-ordered buffers was written: the positions are a permutation.
+  for (float v : drows) EXPECT_NE(v, -1.f);
+}
+
+// ------------------------------------------------------------------------------ the step
+
+struct Shape {
+  std::string preset;
+  std::int64_t b, s;
+};
+
+void expect_native_equals_ledger(const ModelConfig& m, const TrainConfig& t, BackendKind kind,
+                                 const std::string& what) {
+  ModelRun run(kind, m, t);
+  two_random_steps(*run.model);
+  const MemoryFigures got = measured_figures(*run.ledger);
+  const Estimate e = estimate(Profile::native, m, t);
+  expect_same_figures(got, e.figures, what);
+}
+
+// Mixtral (renormalised top 2 of 5, and 8 at published widths) and Qwen3-MoE (q/k norms, head
+// dim apart from h/a), in every checkpointing policy × attention × optimizer × dtype the native
+// profile models; the published ones in bf16 on meta, two of their layers.
+TEST(MoeModel, LedgerEqualsNativeProfileByteForByte) {
+  const std::vector<Shape> shapes = {{"tiny-mixtral", 2, 9},
+                                     {"tiny-mixtral", 1, 33},
+                                     {"tiny-qwen3-moe", 3, 7},
+                                     {"mixtral-8x7b", 1, 64},
+                                     {"qwen3-30b-a3b", 1, 32}};
+  int cases = 0;
+  for (const auto& sh : shapes) {
+    ModelConfig m = preset(sh.preset);
+    const bool big = sh.preset.rfind("tiny", 0) != 0;
+    if (big) m.layers = 2;
+    for (DType dt : {DType::bf16, DType::f32, DType::f16})
+      for (const char* ck : {"none", "full", "selective", "every:2"})
+        for (Attention at : {Attention::eager, Attention::flash})
+          for (Optimizer o : {Optimizer::adamw, Optimizer::sgd, Optimizer::adamw8bit,
+                              Optimizer::paged_adamw8bit}) {
+            if (big && dt != DType::bf16) continue;
+            if (eight_bit_optimizer(o) && dt == DType::f16) continue;  // no fp16 loss scale
+            TrainConfig t = train_config(sh.b, sh.s, dt, o, Checkpointing::none, at);
+            set_checkpointing(t, m, ck);
+            const std::string what = sh.preset + " b" + std::to_string(sh.b) + " s" +
+                                     std::to_string(sh.s) + " " + dtype_name(dt) + " " + ck + " " +
+                                     attention_name(at) + " " + optimizer_name(o);
+            SCOPED_TRACE(what);
+            expect_native_equals_ledger(m, t, BackendKind::meta, what);
+            ++cases;
+          }
+  }
+  EXPECT_EQ(cases, 3 * (96 - 16) + 2 * 32);
+}
+
+// The bytes do not depend on the routing: the cpu run's ledger is the meta trace's, event for
+// event, and both equal the native profile.
+TEST(MoeModel, CpuLedgerEqualsMetaTraceAndTheNativeProfile) {
+  for (const char* name : {"tiny-mixtral", "tiny-qwen3-moe"})
+    for (const char* ck : {"none", "full"}) {
+      SCOPED_TRACE(std::string(name) + " " + ck);
+      const ModelConfig m = preset(name);
+      TrainConfig t =
+          train_config(2, 9, DType::bf16, Optimizer::adamw, Checkpointing::none, Attention::flash);
+      set_checkpointing(t, m, ck);
+      ModelRun cpu(BackendKind::cpu, m, t);
+      ModelRun meta(BackendKind::meta, m, t);
+      two_random_steps(*cpu.model);
+      two_random_steps(*meta.model);
+      expect_same_ledgers(*cpu.ledger, *meta.ledger);
+      expect_same_figures(measured_figures(*cpu.ledger), estimate(Profile::native, m, t).figures,
+                          std::string("cpu ") + name);
+    }
+}
+
+// A layer's saved tensors, counted here from the shapes: the routing (fp32 softmax (b,s,E),
+// int32 indices, fp32 weights, int32 positions (b,s,K) each, (E+1) int32 offsets) and the n·K
+// expert rows (two of width h, three of width m) beside the attention's; a checkpointed layer
+// keeps its output only.
+TEST(MoeModel, SavedBytesPerLayerAreTheExpertsRowsAndTheRouting) {
+  const ModelConfig m = preset("tiny-mixtral");
+  const std::int64_t b = 2, s = 9, n = b * s, h = m.hidden, E = m.experts, K = m.experts_per_token,
+                     mw = m.expert_intermediate, w = 2;
+  const std::int64_t a = m.heads, kv = m.kv_heads, d = m.head_dim();
+  const TrainConfig t =
+      train_config(b, s, DType::bf16, Optimizer::adamw, Checkpointing::none, Attention::flash);
+  const Estimate e = estimate(Profile::native, m, t);
+  const std::int64_t attention = n * 4 /*rstd1*/ + n * h * w /*xn1*/ + n * a * d * w /*q*/ +
+                                 2 * n * kv * d * w /*k, v*/ + b * a * s * 4 /*lse*/ +
+                                 n * a * d * w /*attn_out*/ + n * h * w /*h_mid*/ +
+                                 n * 4 /*rstd2*/ + n * h * w /*xn2*/;
+  const std::int64_t routing = n * E * 4 + 3 * n * K * 4 + (E + 1) * 4;
+  const std::int64_t experts = 2 * n * K * h * w + 3 * n * K * mw * w;
+  EXPECT_EQ(std::int64_t(e.activations.per_layer_bytes),
+            attention + routing + experts + n * h * w /*out*/);
+}
+
+TEST(MoeModel, WhatTheNativeMoeLayerDoesNotModelIsRefusedNamingIt) {
+  auto refused = [](const ModelConfig& m, const TrainConfig& t, const std::string& needle) {
+    try {
+      (void)estimate(Profile::native, m, t);
+      ADD_FAILURE() << "estimate: " << needle;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    try {
+      ModelRun run(BackendKind::meta, m, t);
+      ADD_FAILURE() << "step: " << needle;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const TrainConfig t =
+      train_config(2, 9, DType::bf16, Optimizer::adamw, Checkpointing::none, Attention::flash);
+  refused(preset("tiny-qwen2-moe"), t, "shared_expert_intermediate_size 72");
+  ModelConfig mixed = preset("tiny-qwen3-moe");
+  mixed.mlp_only_layers = {0};
+  refused(mixed, t, "dense layer(s) among its MoE layers (mlp_only_layers, decoder_sparse_step)");
+  ModelConfig aux = preset("tiny-mixtral");
+  aux.output_router_logits = true;
+  refused(aux, t, "output_router_logits");
+  TrainConfig lora = t;
+  lora.lora_rank = 4;
+  lora.lora_targets = 3;  // q_proj, v_proj
+  refused(preset("tiny-mixtral"), lora, "--finetune lora|qlora");
+  TrainConfig lomo = t;
+  lomo.optimizer = Optimizer::lomo;
+  refused(preset("tiny-mixtral"), lomo, "--optimizer lomo");
+}
+
+}  // namespace
