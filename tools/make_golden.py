@@ -34,30 +34,63 @@ PyTorch that can import the current transformers, e.g.
 
 The mixture-of-experts goldens (issue 29; --families, made alone with --only): tiny_mixtral
 (MixtralForCausalLM: 4 experts of width 32 (Mixtral's intermediate_size), top 2, renormalised
-top-k weights, 4 heads / 2 kv heads, no window) and tiny_qwen3_moe (Qwen3MoeForCausalLM: 6 experts
+top-k weights, 4 heads / 2 kv heads, no window), tiny_qwen3_moe (Qwen3MoeForCausalLM: 6 experts
 of width moe_intermediate_size 32, top 2, norm_topk_prob false so the unnormalised path is
-covered, every layer MoE (decoder_sparse_step 1, mlp_only_layers []), head_dim 16, q/k norms),
-b 2, s 16, no router logits in the loss, fp32 weights and compute as above, eager attention and
-the experts' eager implementation (experts_implementation "eager" in the config's kwargs: the
-per-expert loop of MixtralExperts/Qwen3MoeExperts.forward, not 5.x's default "grouped_mm"). The
-routers (mlp.gate.weight) and the 3-D experts (mlp.experts.gate_up_proj (E, 2·m, h),
-mlp.experts.down_proj (E, h, m)) are randomised like every matrix (0.2·N(0, 1)). Routing must be
-robust, since trainmem routes in fp32 itself: forward hooks on every router and MoE block check,
-for every token and layer, that the k-th minus the (k+1)-th router probability exceeds
+covered, every layer MoE (decoder_sparse_step 1, mlp_only_layers []), head_dim 16, q/k norms)
+and tiny_qwen2_moe (Qwen2MoeForCausalLM: as tiny_qwen3_moe but Qwen2's attention, head_dim
+48/4 = 12 with randomised q/k/v biases, and in every MoE block a shared expert, a dense SwiGLU of
+width shared_expert_intermediate_size 40 (mlp.shared_expert.{gate,up,down}_proj.weight), scaled
+per token by sigmoid(x·W_sgᵀ) with mlp.shared_expert_gate.weight (1, h) and added to the routed
+experts' sum), b 2, s 16, no router logits in the loss (but see tiny_mixtral_aux), fp32 weights and compute as above, eager
+attention and the experts' eager implementation (experts_implementation "eager" in the config's
+kwargs: the per-expert loop of MixtralExperts/Qwen3MoeExperts/Qwen2MoeExperts.forward, not 5.x's
+default "grouped_mm"). The routers (mlp.gate.weight), the 3-D experts (mlp.experts.gate_up_proj
+(E, 2·m, h), mlp.experts.down_proj (E, h, m)), the shared expert and its gate are randomised like
+every matrix (0.2·N(0, 1): the gate's logits have a std of about 0.2·sqrt(48) ≈ 1.4 times the
+normed input's rms, so the sigmoid values spread; a range under 0.3 in a layer fails). Routing
+must be robust, since trainmem routes in fp32 itself: forward hooks on every router and MoE block
+check, for every token and layer, that the k-th minus the (k+1)-th router probability exceeds
 ROUTING_MIN_GAP (1e-3), that the top-k probabilities are distinct by more than 1e-6 and that
 every expert gets a token; if not, the weights are drawn again with the next seed. Each block's
 output is also checked against a float64 computation by hand (gate = gate_up_proj's first m
-rows). The expected file's metadata records the seed used, the seeds rejected, the minimum gap
-and top-k separation, the tokens routed to each expert per layer (routing_l<l>: expert 0, 1, ...)
-and the transformers and torch versions. Made on 2026-12-06 with the PyPI releases
-(transformers 5.25.0, torch 2.15.0+cu132, on the CPU) by
+rows; the shared expert times its sigmoid gate added: without the sigmoid the check fails, by
+0.59 relative). The expected file's metadata records the seed used, the seeds rejected, the
+minimum gap and top-k separation, the tokens routed to each expert per layer (routing_l<l>:
+expert 0, 1, ...), for tiny_qwen2_moe the shared gate's sigmoid range per layer
+(shared_gate_sigmoid_l<l>: min,max) and the transformers and torch versions. Made on 2026-12-06
+with the PyPI releases (transformers 5.25.0, torch 2.15.0+cu132, on the CPU) by
   LD_LIBRARY_PATH=<libcufile, libnvshmem_host, NCCL 2.32: see tools/peft_golden.py> \
   USE_HUB_KERNELS=0 PYTHONPATH=/tmp/bnbpy:/tmp/bnbdeps \
   python3 tools/make_golden.py --families --only tiny_mixtral,tiny_qwen3_moe
-(seed 1234 was rejected for both: gaps 2.4e-4 and 8.6e-4; seed 1235 taken). --only leaves the
-other families' files untouched: rerun here, the dense families' weights and tokens came out
-byte-identical but three expected files differed at fp32 rounding (~1.5e-6 relative), so the
-committed ones were kept.
+(seed 1234 was rejected for both: gaps 2.4e-4 and 8.6e-4; seed 1235 taken), and tiny_qwen2_moe
+the same way with --only tiny_qwen2_moe (seed 1234 taken: min gap 1.89e-3, sigmoid values
+0.014-0.97, loss 5.04799604). --only leaves the other families' files untouched: rerun here,
+the dense families' weights and tokens came out byte-identical but three expected files differed
+at fp32 rounding (~1.5e-6 relative), so the committed ones were kept.
+
+tiny_mixtral_aux (--only tiny_mixtral_aux) is tiny_mixtral with the router's load-balancing loss
+in the loss: the same config keys and sizes (hence, for the same seed, byte-identical weights and
+tokens) but output_router_logits true and router_aux_loss_coef 0.5 (large, so that the aux loss
+visibly moves the gradients; the default 0.001 would not). The stored loss is the model's own,
+which in transformers 5.25 MixtralForCausalLM.forward is loss_function(logits, labels) +
+router_aux_loss_coef · load_balancing_loss_func(router_logits, E, k, attention_mask=None), and
+the gradients are those of that sum. load_balancing_loss_func (5.25.0, modeling_mixtral.py):
+per layer the softmax of the router's raw logits in their own dtype (not the router's .float();
+fp32 here), the top-k RECOMPUTED from that softmax, then without an attention mask
+tokens_per_expert = (top-k counts summed over layers) / (L·T) and router_prob_per_expert =
+(softmax summed over layers' tokens) / (L·T), aux = E · sum(tokens_per_expert ·
+router_prob_per_expert): Switch's f·P summed, the top-k counts NOT divided by k (so balanced
+routing gives k, not 1). The script checks: out.router_logits are the routers' own outputs,
+loss == ce + coef·aux_loss exactly (ce = model.loss_function on the same logits, equal to
+tiny_mixtral's loss), the aux loss recomputed by hand in float64 (aux_loss_reference) matches to
+1e-6 relative, its top-k is the routers' choice, and ||coef·d aux/dW_router|| / ||d ce/dW_router||
+> 0.05 in every layer. Its metadata adds output_router_logits, router_aux_loss_coef, aux_loss
+(HF's), ce_loss, aux_loss_fp64 (by hand) and router_grad_aux_ratio_l<l>. Made on 2026-12-06 as
+the other MoE goldens (seed 1234 rejected, 1235 taken; routing as tiny_mixtral's 13,24,3,24 and
+21,13,12,18): loss 6.49386597 = ce 5.40232515 + 0.5 · aux 2.18308187 (by hand 2.18308173369,
+6.0e-8 relative); router-gradient ratios 0.140 (layer 0) and 0.728 (layer 1). The gradients of
+lm_head, model.norm and the last layer's experts equal tiny_mixtral's bit for bit (the aux loss
+does not reach them); the others differ by 7-83 % of their max.
 """
 import sys
 
@@ -266,7 +299,24 @@ FAMILIES = {
                             decoder_sparse_step=1, mlp_only_layers=[],
                             output_router_logits=False, use_sliding_window=False,
                             rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=False), 2, 16),
+    # Qwen2-MoE: Qwen2's attention (q/k/v biases: Qwen2MoeConfig.qkv_bias defaults to true and is
+    # left out, as the released configs do) and, in every MoE block, a shared expert (a dense
+    # SwiGLU of width shared_expert_intermediate_size) scaled by sigmoid(shared_expert_gate(x)).
+    "tiny_qwen2_moe": (dict(_TINY, architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe",
+                            intermediate_size=128, moe_intermediate_size=32,
+                            shared_expert_intermediate_size=40,
+                            num_attention_heads=4, num_key_value_heads=2,
+                            num_experts=6, num_experts_per_tok=2, norm_topk_prob=False,
+                            decoder_sparse_step=1, mlp_only_layers=[],
+                            output_router_logits=False, use_sliding_window=False,
+                            rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=False), 2, 16),
 }
+# Mixtral with the router's load-balancing loss in the loss: tiny_mixtral's config (same keys, same
+# sizes, so the same weights and tokens for the same seed) but output_router_logits true and a
+# router_aux_loss_coef of 0.5 (the default 0.001 would barely move the gradients): the model's
+# loss is then cross-entropy + 0.5 · aux_loss (MixtralForCausalLM.forward).
+FAMILIES["tiny_mixtral_aux"] = (dict(FAMILIES["tiny_mixtral"][0], output_router_logits=True,
+                                     router_aux_loss_coef=0.5), 2, 16)
 # Every routing decision of the MoE goldens must be robust (trainmem routes in fp32 itself): for
 # every token of every layer, prob[k-th] - prob[(k+1)-th] > ROUTING_MIN_GAP, the top-k
 # probabilities distinct by > ROUTING_MIN_SEPARATION, and every expert given a token; otherwise
@@ -311,7 +361,9 @@ def moe_blocks(model):
 def moe_reference(block, x, k, normalise):
     """The MoE block's output by hand, in float64, from its input x (T, h): softmax router, top-k
     (renormalised when `normalise`), and per chosen expert e: down_e(silu(g) * u) with g the first
-    m rows of gate_up_proj[e] times x and u the last m rows, weighted and summed."""
+    m rows of gate_up_proj[e] times x and u the last m rows, weighted and summed; plus, where the
+    block has a shared expert (Qwen2-MoE), sigmoid(x·W_sgᵀ) · down_s(silu(gate_s x) * up_s x).
+    Returns (output (T, h), the shared expert's sigmoid gate values (T,) or None)."""
     with torch.no_grad():
         x = x.double()
         probs = torch.softmax(x @ block.gate.weight.double().T, dim=-1)
@@ -327,7 +379,16 @@ def moe_reference(block, x, k, normalise):
                 e = idx[t, j]
                 g, u = gate_up[e, :m] @ x[t], gate_up[e, m:] @ x[t]
                 y[t] += top[t, j] * (down[e] @ (torch.nn.functional.silu(g) * u))
-        return y
+        sig = None
+        if hasattr(block, "shared_expert"):
+            se = block.shared_expert
+            gs = x @ se.gate_proj.weight.double().T
+            us = x @ se.up_proj.weight.double().T
+            shared = (torch.nn.functional.silu(gs) * us) @ se.down_proj.weight.double().T
+            sig = torch.sigmoid(x @ block.shared_expert_gate.weight.double().T)  # (T, 1)
+            y += sig * shared
+            sig = sig.reshape(-1)
+        return y, sig
 
 
 def check_routing(cfg, model, seen):
@@ -336,7 +397,7 @@ def check_routing(cfg, model, seen):
     k = cfg["num_experts_per_tok"]
     E = cfg.get("num_local_experts", cfg.get("num_experts"))
     normalise = cfg["model_type"] == "mixtral" or bool(cfg.get("norm_topk_prob"))
-    facts = {"min_gap": math.inf, "min_separation": math.inf, "counts": {}}
+    facts = {"min_gap": math.inf, "min_separation": math.inf, "counts": {}, "sigmoid": {}}
     why = None
     for l, block in moe_blocks(model):
         logits, scores, idx = seen[("router", l)]
@@ -363,10 +424,32 @@ def check_routing(cfg, model, seen):
             if normalise:
                 top = top / top.sum(-1, keepdim=True)
             assert torch.allclose(scores.float(), top, rtol=1e-6, atol=1e-7), (l, scores, top)
-            ref = moe_reference(block, x, k, normalise)
+            ref, sig = moe_reference(block, x, k, normalise)
             err = (out.double() - ref).abs().max().item() / ref.abs().max().item()
             assert err < 1e-5, (l, err)
+            if sig is not None:  # the shared expert's gate: (min, max) of its sigmoid values
+                facts["sigmoid"][l] = (sig.min().item(), sig.max().item())
+                # spread, not all ~0.5, so that a gate left out or applied wrongly shows
+                assert sig.max().item() - sig.min().item() > 0.3, (l, facts["sigmoid"][l])
     return why, facts
+
+
+def aux_loss_reference(cfg, router_logits):
+    """The Switch-Transformer load-balancing loss by hand, in float64, from every layer's router
+    logits ((T, E) each): per token the softmax over its E logits and the one-hot (k, E) of its
+    top-k experts; tokens_per_expert = mean over all layers' tokens of the one-hot (k, E),
+    router_prob_per_expert = mean over all layers' tokens of the softmax (E);
+    aux = E · sum(tokens_per_expert · router_prob_per_expert). Returns (aux, top-k indices per
+    layer)."""
+    E, k = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    with torch.no_grad():
+        probs = [torch.softmax(g.double(), dim=-1) for g in router_logits]
+        idx = [p.topk(k, dim=-1).indices for p in probs]
+        one_hot = torch.cat([torch.nn.functional.one_hot(i, E) for i in idx]).double()  # (LT, k, E)
+        tokens_per_expert = one_hot.mean(0)  # (k, E)
+        router_prob_per_expert = torch.cat(probs).mean(0)  # (E,)
+        aux = E * (tokens_per_expert * router_prob_per_expert.unsqueeze(0)).sum()
+    return aux.item(), idx
 
 
 def make_family(name, out_dir, seed):
@@ -418,7 +501,7 @@ def make_family(name, out_dir, seed):
         if moe:
             assert model.config._experts_implementation == "eager", model.config._experts_implementation
             blocks = moe_blocks(model)
-            assert len(blocks) == cfg["num_hidden_layers"], name  # every layer MoE in both
+            assert len(blocks) == cfg["num_hidden_layers"], name  # every layer MoE in all three
             for l, block in blocks:
                 hooks.append(block.gate.register_forward_hook(
                     lambda mod, inp, out, l=l: seen.__setitem__(
@@ -427,7 +510,8 @@ def make_family(name, out_dir, seed):
                     lambda mod, inp, out, l=l: seen.__setitem__(
                         ("block", l), (inp[0].detach().reshape(-1, inp[0].shape[-1]).clone(),
                                        out.detach().reshape(-1, out.shape[-1]).clone()))))
-        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        out = model(input_ids=ids, labels=ids, use_cache=False)
+        loss = out.loss
         for hk in hooks:
             hk.remove()
         if not moe:
@@ -438,14 +522,47 @@ def make_family(name, out_dir, seed):
         print(f"{name}: seed {seed} rejected ({why}); next seed")
         rejected.append(seed)
         seed += 1
+    ce = loss  # the cross-entropy part: all of the loss unless the aux loss is in it
+    aux = None
+    if cfg.get("output_router_logits"):
+        # MixtralForCausalLM.forward: loss = loss_function(logits, labels) and then, with
+        # output_router_logits, loss += router_aux_loss_coef * load_balancing_loss_func(
+        # router_logits, E, k, attention_mask=None).
+        coef = cfg["router_aux_loss_coef"]
+        assert model.router_aux_loss_coef == coef and hf_cfg.output_router_logits is True
+        blocks = moe_blocks(model)
+        rl = out.router_logits
+        assert isinstance(rl, tuple) and len(rl) == len(blocks), type(rl)
+        for l, _ in blocks:  # the recorded logits are the routers' own (T, E) outputs
+            assert torch.equal(rl[l].detach(), seen[("router", l)][0]), l
+        ce = model.loss_function(out.logits, ids, cfg["vocab_size"]).detach()
+        hf_aux = out.aux_loss.detach()
+        assert torch.equal(loss.detach(), ce + coef * hf_aux), (loss.item(), ce.item(), hf_aux.item())
+        mine, idx = aux_loss_reference(cfg, [g.detach() for g in rl])
+        for l, _ in blocks:  # the top-k of the float64 softmax is the routers' choice
+            assert torch.equal(idx[l].sort(-1).values, seen[("router", l)][2].sort(-1).values), l
+        rel = abs(hf_aux.item() - mine) / abs(mine)
+        assert rel <= 1e-6, (hf_aux.item(), mine, rel)
+        # The aux loss's share of each router's gradient (d aux / d W_router, before backward).
+        routers = [block.gate.weight for _, block in blocks]
+        aux_grads = torch.autograd.grad(out.aux_loss, routers, retain_graph=True)
+        aux = {"coef": coef, "hf": hf_aux.item(), "fp64": mine, "rel": rel, "ce": ce.item()}
     loss.backward()
     grads = dict(model.named_parameters())
+    if aux is not None:
+        # ||coef · d aux/dW|| / ||d ce/dW|| per router: the aux loss must visibly move the gradient
+        aux["router_grad_ratio"] = {}
+        for (l, _), w, ga in zip(moe_blocks(model), routers, aux_grads):
+            g_ce = w.grad - coef * ga
+            ratio = (coef * ga).norm().item() / g_ce.norm().item()
+            assert ratio > 0.05, (l, ratio)
+            aux["router_grad_ratio"][l] = ratio
     # The loss by hand from the logits (the shifted mean), a check of the HF loss's reduction.
     with torch.no_grad():
         logits = model(input_ids=ids, use_cache=False).logits
         ref = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, cfg["vocab_size"]),
                                                 ids[:, 1:].reshape(-1))
-    assert abs(ref.item() - loss.item()) <= 1e-6 * abs(ref.item()), (ref.item(), loss.item())
+    assert abs(ref.item() - ce.item()) <= 1e-6 * abs(ref.item()), (ref.item(), ce.item())
     assert model.config._attn_implementation == "eager", model.config._attn_implementation
     if cfg.get("sliding_window"):
         # The window must matter at this s: the same weights without it give another loss.
@@ -479,6 +596,16 @@ def make_family(name, out_dir, seed):
             "min_topk_separation": f"{routing['min_separation']:.6g}"})
         for l, counts in routing["counts"].items():  # tokens routed to expert 0, 1, ... in layer l
             meta[f"routing_l{l}"] = ",".join(map(str, counts))
+        for l, (lo, hi) in routing["sigmoid"].items():  # shared expert's gate: min,max sigmoid
+            meta[f"shared_gate_sigmoid_l{l}"] = f"{lo:.6g},{hi:.6g}"
+    if aux is not None:  # loss = ce_loss + router_aux_loss_coef * aux_loss
+        meta.update({
+            "output_router_logits": "true", "router_aux_loss_coef": repr(aux["coef"]),
+            "aux_loss": f"{aux['hf']:.9g}", "ce_loss": f"{aux['ce']:.9g}",
+            # the aux loss recomputed by hand in float64 from the router logits (1e-6 relative)
+            "aux_loss_fp64": f"{aux['fp64']:.12g}"})
+        for l, r in aux["router_grad_ratio"].items():  # ||coef·d aux/dW_router|| / ||d ce/dW_router||
+            meta[f"router_grad_aux_ratio_l{l}"] = f"{r:.4g}"
     write_safetensors(prefix + "_weights.safetensors", weights, meta)
     with open(prefix + "_tokens.bin", "wb") as f:
         f.write(tokens.numpy().astype("<i4").tobytes())
@@ -496,6 +623,16 @@ def make_family(name, out_dir, seed):
         print(f"{name}: seed {seed} (rejected: {meta['seeds_rejected']}), min routing gap "
               f"{meta['min_routing_gap']}, min top-k separation {meta['min_topk_separation']}, "
               + "; ".join(f"routing_l{l} {meta[f'routing_l{l}']}" for l in routing["counts"]))
+        if aux is not None:
+            print(f"{name}: loss {loss.item():.8f} = ce_loss {aux['ce']:.8f} + "
+                  f"{aux['coef']} * aux_loss {aux['hf']:.9f} (float64 by hand {aux['fp64']:.12f}, "
+                  f"relative difference {aux['rel']:.2e}); router gradient "
+                  "||coef·d aux|| / ||d ce||: "
+                  + "; ".join(f"l{l} {r:.4g}" for l, r in aux["router_grad_ratio"].items()))
+        if routing["sigmoid"]:
+            print(f"{name}: shared expert gate sigmoid range (min,max) "
+                  + "; ".join(f"l{l} {meta[f'shared_gate_sigmoid_l{l}']}"
+                              for l in routing["sigmoid"]))
         for n, w in weights:
             if ".mlp." in n:
                 print(f"  {n} {list(w.shape)}")
