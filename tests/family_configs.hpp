@@ -147,8 +147,25 @@ inline ModelConfig family_big(const std::string& name) {
   return c;
 }
 
-// A preset when one has that name, else a family configuration above.
+// A preset when one has that name, else a family configuration above. "tiny-qwen2-moe-all" is
+// the tiny-qwen2-moe preset with every layer MoE (decoder_sparse_step 1, no mlp_only_layers):
+// its shared expert in trainmem's own step, which models one kind of layer. "tiny-mixtral-aux" is
+// tiny-mixtral with output_router_logits on and router_aux_loss_coef 0.5 (the load-balancing loss).
 inline ModelConfig any_config(const std::string& name) {
+  if (name == "tiny-mixtral-aux") {
+    ModelConfig c = *find_preset("tiny-mixtral");
+    c.name = name;
+    c.output_router_logits = true;
+    c.router_aux_loss_coef = 0.5;
+    return c;
+  }
+  if (name == "tiny-qwen2-moe-all") {
+    ModelConfig c = *find_preset("tiny-qwen2-moe");
+    c.name = name;
+    c.decoder_sparse_step = 1;
+    c.mlp_only_layers.clear();
+    return c;
+  }
   if (auto p = find_preset(name)) return *p;
   if (name.rfind("tiny-", 0) == 0) return family_config(name);
   return family_big(name);

@@ -275,9 +275,10 @@ TEST(HfPeftGolden, BitsandbytesOptimizerStatesPerTensor) {
     const json g = load_case(c.file());
     const bool bits8 = c.optimizer != BnbOptimizer::paged_adamw;
     const bool paged = c.optimizer != BnbOptimizer::adamw8bit;
-    if (paged)
+    if (paged) {
       EXPECT_NE(g.at("optimizer").at("warnings").dump().find("not supported on CPU"),
                 std::string::npos);
+    }
     int eight = 0, maps = 0;
     for (const auto& st : g.at("optimizer").at("states")) {
       const u64 n = st.at("numel");

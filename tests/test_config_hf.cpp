@@ -644,9 +644,24 @@ TEST(HfMoe, ConfigsLoadToTheirPresets) {
     for (const auto& f : c.ignored_fields)
       EXPECT_EQ(f.find("unrecognised"), std::string::npos) << f;
   }
-  // router_aux_loss_coef only scales the loss: read, listed as ignored.
+  // router_aux_loss_coef only scales the load-balancing loss: without output_router_logits it
+  // changes nothing (read, listed as ignored); with it, the native step's loss weighs it.
   EXPECT_TRUE(
       lists(load_hf_config(data_file("configs/mixtral-8x7b.json")), "router_aux_loss_coef"));
+  std::ifstream in(data_file("configs/mixtral-8x7b.json"));
+  json j = json::parse(in);
+  j["output_router_logits"] = true;
+  j["router_aux_loss_coef"] = 0.25;
+  const ModelConfig aux = parse_hf_config(j.dump(), "cfg.json");
+  EXPECT_TRUE(aux.output_router_logits);
+  EXPECT_EQ(aux.router_aux_loss_coef, 0.25);
+  EXPECT_FALSE(lists(aux, "router_aux_loss_coef"));
+  j.erase("router_aux_loss_coef");
+  EXPECT_EQ(parse_hf_config(j.dump(), "cfg.json").router_aux_loss_coef, 0.001);  // the default
+  for (const json& bad : {json(-0.5), json("0.1")}) {
+    j["router_aux_loss_coef"] = bad;
+    expect_error_naming(j, "router_aux_loss_coef must be a number >= 0, got " + bad.dump());
+  }
 }
 
 // PyTorch's own count of the real classes (transformers 5.25 on the meta device,

@@ -558,11 +558,14 @@ void check_moe() {
     EXPECT_EQ(og, ow);
     const auto dweight = random_storage<F32>(std::size_t(n * K), rng);
     auto dlw = random_storage<S>(std::size_t(n * E), rng), dlg = dlw;
-    moe_route_backward_cpu(dlw.data(), dweight.data(), pw.data(), iw.data(), n, E, K, normalize,
+    // With the load-balancing loss's term when normalised, without it otherwise.
+    const auto aux = random_storage<F32>(std::size_t(E), rng);
+    const float* a = normalize ? aux.data() : nullptr;
+    moe_route_backward_cpu(dlw.data(), dweight.data(), pw.data(), iw.data(), a, n, E, K, normalize,
                            S::dtype);
     launch(dim3(2), dim3(8), 0, moe_route_backward_kernel<S>, static_cast<void*>(dlg.data()),
            static_cast<const float*>(dweight.data()), static_cast<const float*>(pw.data()),
-           static_cast<const std::int32_t*>(iw.data()), n, E, K, normalize);
+           static_cast<const std::int32_t*>(iw.data()), a, n, E, K, normalize);
     expect_close(to_f32<S>(dlg), to_f32<S>(dlw), 0, "moe route backward");
     const auto x = random_storage<S>(std::size_t(n * h), rng);
     const auto res = random_storage<S>(std::size_t(n * h), rng);
@@ -595,6 +598,24 @@ void check_moe() {
     expect_close(to_f32<S>(drg), to_f32<S>(drw), 0, "moe combine backward rows");
     EXPECT_EQ(dwg, dww);
   }
+  // Qwen2-MoE's shared expert gate and its backward.
+  const auto score = random_storage<S>(std::size_t(n), rng);
+  const auto ys = random_storage<S>(std::size_t(n * h), rng);
+  auto gw = random_storage<S>(std::size_t(n * h), rng), gg = gw;
+  moe_gate_add_cpu(gw.data(), ys.data(), score.data(), n, h, S::dtype);
+  launch(dim3(3), dim3(32), 0, moe_gate_add_kernel<S>, static_cast<void*>(gg.data()),
+         static_cast<const void*>(ys.data()), static_cast<const void*>(score.data()), n, h);
+  expect_close(to_f32<S>(gg), to_f32<S>(gw), 0, "moe gate add");
+  const auto dout = random_storage<S>(std::size_t(n * h), rng);
+  auto dyw = ys, dyg = ys;
+  auto dsw = score, dsg = score;
+  moe_gate_backward_cpu(dyw.data(), dsw.data(), dout.data(), ys.data(), score.data(), n, h,
+                        S::dtype);
+  launch(dim3(2), dim3(8), 0, moe_gate_backward_kernel<S>, static_cast<void*>(dyg.data()),
+         static_cast<void*>(dsg.data()), static_cast<const void*>(dout.data()),
+         static_cast<const void*>(ys.data()), static_cast<const void*>(score.data()), n, h);
+  expect_close(to_f32<S>(dyg), to_f32<S>(dyw), 0, "moe gate backward dy");
+  expect_close(to_f32<S>(dsg), to_f32<S>(dsw), 0, "moe gate backward dscore");
 }
 TEST(CudaKernelsEmulated, MoeRoutingPermuteAndCombineBitIdentical) {
   check_moe<F32>();

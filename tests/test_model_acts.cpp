@@ -32,6 +32,7 @@ struct Dims {
   std::int64_t b, s, h, i, a, k, d;
   std::int64_t r = 0;                // LoRA rank
   std::int64_t E = 0, K = 0, m = 0;  // mixture of experts: experts, per token, width
+  std::int64_t ms = 0;               // the shared expert's width
 };
 enum class Only { both, eager, flash };
 struct PlanRow {
@@ -44,7 +45,7 @@ struct PlanRow {
   unsigned lora = 0;  // marked [lora <proj>]: allocated when LoRA targets that projection (its bit)
   bool mask = false;  // marked [dropout]: uint8, allocated under LoRA dropout only
   int kind = 0;       // 0 every layer; 1 a dense MLP's (gate, up, act); 2 a MoE layer's ("Mixture
-                      // of experts")
+                      // of experts"); 3 its shared expert's (Qwen2-MoE)
   bool i32 = false;   // int32 (the routing's indices)
 };
 const std::vector<PlanRow>& plan_rows() {
@@ -213,6 +214,32 @@ const std::vector<PlanRow>& plan_rows() {
          return S{x.b * x.s * x.K, x.h};
        },
        false, Only::both, false, 1, 0, false, 2},
+      // Qwen2-MoE's shared expert (kind 3), forward after the experts, freed in backward step 3.
+      {"shared_gate",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.ms};
+       },
+       false, Only::both, false, 3, 0, false, 3},
+      {"shared_up",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.ms};
+       },
+       false, Only::both, false, 3, 0, false, 3},
+      {"shared_act",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.ms};
+       },
+       false, Only::both, false, 3, 0, false, 3},
+      {"shared_out",
+       [](const Dims& x) {
+         return S{x.b, x.s, x.h};
+       },
+       false, Only::both, false, 3, 0, false, 3},
+      {"shared_score",
+       [](const Dims& x) {
+         return S{x.b, x.s};
+       },
+       false, Only::both, false, 3, 0, false, 3},
       {"gate",
        [](const Dims& x) {
          return S{x.b, x.s, x.i};
@@ -290,6 +317,11 @@ const std::vector<std::string> kPlanFreeOrder = {"act",
                                                  "topk_weight",
                                                  "expert_pos",
                                                  "expert_offsets",
+                                                 "shared_gate",
+                                                 "shared_up",
+                                                 "shared_act",
+                                                 "shared_out",
+                                                 "shared_score",
                                                  "h_mid",
                                                  "rstd2",
                                                  "lora_a.o_proj",
@@ -323,6 +355,7 @@ bool plan_allocates(const PlanRow& r, const ModelConfig& m, Attention at, unsign
                     bool dropout = false) {
   if (r.qk_norm && !m.qk_norm) return false;
   if ((r.kind == 1 && m.moe()) || (r.kind == 2 && !m.moe())) return false;
+  if (r.kind == 3 && (!m.moe() || m.shared_expert_intermediate == 0)) return false;
   if (r.lora != 0 && (lora & r.lora) == 0) return false;
   if (r.mask && !dropout) return false;
   if (r.attention == Only::eager) return at == Attention::eager;
@@ -352,7 +385,8 @@ std::vector<Expected> expected_rows(const ModelConfig& m, const TrainConfig& t, 
                t.lora_rank,
                m.experts,
                m.experts_per_token,
-               m.expert_intermediate};
+               m.expert_intermediate,
+               m.shared_expert_intermediate};
   for (const auto& r : plan_rows()) {
     if (!plan_allocates(r, m, t.attention, t.lora_targets, t.lora_dropout > 0) ||
         (recompute && r.freed_at == 0))
@@ -433,6 +467,7 @@ TEST(LayerActsTable, FreeOrderIsThePlans) {
     EXPECT_EQ(row.model == ForModel::qk_norm, want.qk_norm);
     EXPECT_EQ(row.model == ForModel::dense, want.kind == 1);
     EXPECT_EQ(row.model == ForModel::moe, want.kind == 2);
+    EXPECT_EQ(row.model == ForModel::shared, want.kind == 3);
     EXPECT_EQ(row.dtype == ActDType::i32, want.i32);
     EXPECT_EQ(row.checkpointing == UnderCheckpointing::kept, want.freed_at == 0);
   }
@@ -471,14 +506,19 @@ TEST_P(LayerActsTable, ForwardRecomputeAndFreesFollowThePlan) {
       {"d_expert_gate", 2},
       {"d_expert_up", 2},
       {"d_expert_in", 3},
-      {"d_router_logits", 3}};
+      {"d_router_logits", 3},
+      {"d_shared_out", 3},
+      {"d_shared_score", 3},
+      {"d_shared_act", 3},
+      {"d_shared_gate", 3},
+      {"d_shared_up", 3}};
   // The full fine-tune, LoRA on all seven projections, LoRA on q, v and down (bits 0, 2, 6),
   // those three with dropout (0x145: bit 8 here says dropout).
   // Mixture of experts (tiny-mixtral, tiny-qwen3-moe): the full fine-tune only.
   for (unsigned mode : {0u, 0x7fu, 0x45u, 0x145u})
     for (const char* name :
          {"tiny-gqa", "tiny-awkward", "tiny-qwen3", "tiny-qwen2", "llama-narrow-mlp",
-          "narrow-awkward", "tiny-mixtral", "tiny-qwen3-moe"})
+          "narrow-awkward", "tiny-mixtral", "tiny-qwen3-moe", "tiny-qwen2-moe-all"})
       for (DType dt : {DType::bf16, DType::f32}) {
         if (mode != 0 && any_config(name).moe()) continue;
         const unsigned lora = mode & 0x7fu;
@@ -557,6 +597,7 @@ TEST_P(LayerActsTable, ForwardRecomputeAndFreesFollowThePlan) {
           // d_attn_out, d_q, d_k, d_v, d_probs|attn_delta, d_xn1 (+ d_q_pre, d_k_pre), and the
           // MLP's: d_act, d_gate, d_up, d_xn2, or a MoE layer's seven and d_xn2.
           ASSERT_EQ(landmarks.size(), 6u + (m.qk_norm ? 2u : 0u) + (m.moe() ? 8u : 4u) +
+                                          (m.shared_expert_intermediate > 0 ? 5u : 0u) +
                                           unsigned(__builtin_popcount(lora)));
           for (const auto* r : freed_by_backward) {
             const int step = plan_row(r->name).freed_at;

@@ -72,6 +72,18 @@ TEST_P(Golden, LossAndEveryGradientMatchPyTorch) {
 
   const float ref_loss = expected.read_f32("loss")[0];
   EXPECT_NEAR(loss, ref_loss, kLossRtol * std::abs(ref_loss));
+  // A mixture of experts: the tokens each expert received, layer by layer, are the real class's
+  // (the golden's metadata "routing_l<l>": expert 0, 1, ...).
+  if (m.moe()) {
+    const auto& routing = run.model->routing();
+    ASSERT_EQ(routing.size(), std::size_t(m.layers));
+    for (std::size_t l = 0; l < routing.size(); ++l) {
+      std::string got;
+      for (std::int64_t c : routing[l].tokens_per_expert)
+        got += (got.empty() ? "" : ",") + std::to_string(c);
+      EXPECT_EQ(got, expected.metadata().at("routing_l" + std::to_string(l))) << "layer " << l;
+    }
+  }
 
   std::set<std::string> want;
   for (const auto& t : expected.tensors())
@@ -135,7 +147,15 @@ INSTANTIATE_TEST_SUITE_P(
         GoldenCase{"tiny_mixtral", Checkpointing::none, Attention::eager, Optimizer::adamw},
         GoldenCase{"tiny_mixtral", Checkpointing::full, Attention::flash, Optimizer::adamw},
         GoldenCase{"tiny_qwen3_moe", Checkpointing::none, Attention::flash, Optimizer::adamw},
-        GoldenCase{"tiny_qwen3_moe", Checkpointing::selective, Attention::eager, Optimizer::sgd}),
+        GoldenCase{"tiny_qwen3_moe", Checkpointing::selective, Attention::eager, Optimizer::sgd},
+        // Qwen2MoeForCausalLM with every layer MoE: q/k/v biases, top 2 of 6 unnormalised, the
+        // shared expert (width 40) and its sigmoid gate.
+        GoldenCase{"tiny_qwen2_moe", Checkpointing::none, Attention::eager, Optimizer::adamw},
+        GoldenCase{"tiny_qwen2_moe", Checkpointing::full, Attention::flash, Optimizer::adamw},
+        // output_router_logits with router_aux_loss_coef 0.5: the loss is the cross-entropy plus
+        // 0.5 times HF's load_balancing_loss_func, and every router gradient carries its share.
+        GoldenCase{"tiny_mixtral_aux", Checkpointing::none, Attention::eager, Optimizer::adamw},
+        GoldenCase{"tiny_mixtral_aux", Checkpointing::full, Attention::flash, Optimizer::sgd}),
     case_name);
 
 }  // namespace

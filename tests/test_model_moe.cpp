@@ -96,41 +96,47 @@ TEST(MoeKernels, RouteMatchesTheRouterWrittenHereAndSortsChoicesByExpert) {
     }
 }
 
-// The logit gradient of L = Σ g_tj · weight_tj against central differences of the router
-// written here (double), for both normalisations.
+// The logit gradient of L = Σ g_tj · weight_tj (+ Σ_e a_e · p_te: the load-balancing loss's
+// term, the same a for every token) against central differences of the router written here
+// (double), for both normalisations, with and without the aux term.
 TEST(MoeKernels, RouteBackwardMatchesFiniteDifferences) {
   const std::int64_t n = 9, E = 6, K = 2;
-  for (bool normalize : {true, false}) {
-    SCOPED_TRACE(normalize ? "normalised" : "raw");
-    const std::vector<float> logits = random_floats(std::size_t(n * E), 3, 1.5f);
-    const std::vector<float> g = random_floats(std::size_t(n * K), 4, 1.f);
-    std::vector<float> probs(std::size_t(n * E)), weight(std::size_t(n * K)),
-        dlogits(std::size_t(n * E));
-    std::vector<std::int32_t> idx(std::size_t(n * K)), pos(std::size_t(n * K)),
-        off(std::size_t(E + 1));
-    moe_route_cpu(probs.data(), idx.data(), weight.data(), pos.data(), off.data(), logits.data(), n,
-                  E, K, normalize, DType::f32);
-    moe_route_backward_cpu(dlogits.data(), g.data(), probs.data(), idx.data(), n, E, K, normalize,
-                           DType::f32);
-    for (std::int64_t t = 0; t < n; ++t)
-      for (std::int64_t e = 0; e < E; ++e) {
-        auto L = [&](double delta) {
-          std::vector<double> x(logits.begin() + t * E, logits.begin() + (t + 1) * E);
-          x[std::size_t(e)] += delta;
-          const RefRoute r = ref_route(x, int(K), normalize);
-          double l = 0;
-          for (std::int64_t j = 0; j < K; ++j) {
-            // The experts chosen at the unperturbed point (a step this small changes none).
-            EXPECT_EQ(r.idx[std::size_t(j)], idx[std::size_t(t * K + j)]);
-            l += double(g[std::size_t(t * K + j)]) * r.weight[std::size_t(j)];
-          }
-          return l;
-        };
-        const double h = 1e-5, fd = (L(h) - L(-h)) / (2 * h);
-        EXPECT_NEAR(dlogits[std::size_t(t * E + e)], fd, 1e-5 + 1e-4 * std::fabs(fd))
-            << "token " << t << " expert " << e;
-      }
-  }
+  const std::vector<float> a = random_floats(std::size_t(E), 5, 0.7f);
+  for (bool normalize : {true, false})
+    for (bool with_aux : {false, true}) {
+      SCOPED_TRACE(std::string(normalize ? "normalised" : "raw") + (with_aux ? ", aux" : ""));
+      const std::vector<float> logits = random_floats(std::size_t(n * E), 3, 1.5f);
+      const std::vector<float> g = random_floats(std::size_t(n * K), 4, 1.f);
+      std::vector<float> probs(std::size_t(n * E)), weight(std::size_t(n * K)),
+          dlogits(std::size_t(n * E));
+      std::vector<std::int32_t> idx(std::size_t(n * K)), pos(std::size_t(n * K)),
+          off(std::size_t(E + 1));
+      moe_route_cpu(probs.data(), idx.data(), weight.data(), pos.data(), off.data(), logits.data(),
+                    n, E, K, normalize, DType::f32);
+      moe_route_backward_cpu(dlogits.data(), g.data(), probs.data(), idx.data(),
+                             with_aux ? a.data() : nullptr, n, E, K, normalize, DType::f32);
+      for (std::int64_t t = 0; t < n; ++t)
+        for (std::int64_t e = 0; e < E; ++e) {
+          auto L = [&](double delta) {
+            std::vector<double> x(logits.begin() + t * E, logits.begin() + (t + 1) * E);
+            x[std::size_t(e)] += delta;
+            const RefRoute r = ref_route(x, int(K), normalize);
+            double l = 0;
+            for (std::int64_t j = 0; j < K; ++j) {
+              // The experts chosen at the unperturbed point (a step this small changes none).
+              EXPECT_EQ(r.idx[std::size_t(j)], idx[std::size_t(t * K + j)]);
+              l += double(g[std::size_t(t * K + j)]) * r.weight[std::size_t(j)];
+            }
+            if (with_aux)
+              for (std::int64_t f = 0; f < E; ++f)
+                l += double(a[std::size_t(f)]) * r.probs[std::size_t(f)];
+            return l;
+          };
+          const double h = 1e-5, fd = (L(h) - L(-h)) / (2 * h);
+          EXPECT_NEAR(dlogits[std::size_t(t * E + e)], fd, 1e-5 + 1e-4 * std::fabs(fd))
+              << "token " << t << " expert " << e;
+        }
+    }
 }
 
 TEST(MoeKernels, PermuteCombineAndTheCombineBackwardAreTheirFormulas) {
@@ -178,6 +184,40 @@ TEST(MoeKernels, PermuteCombineAndTheCombineBackwardAreTheirFormulas) {
   for (float v : drows) EXPECT_NE(v, -1.f);
 }
 
+// Qwen2-MoE's shared expert gate: out += σ(score)·y, and its backward against the derivative of
+// σ written here and central differences of the gated sum.
+TEST(MoeKernels, SharedExpertGateAndItsBackward) {
+  const std::int64_t n = 7, h = 5;
+  const std::vector<float> y = random_floats(std::size_t(n * h), 21, 1.f);
+  const std::vector<float> score = random_floats(std::size_t(n), 22, 2.f);
+  const std::vector<float> base = random_floats(std::size_t(n * h), 23, 1.f);
+  const std::vector<float> dout = random_floats(std::size_t(n * h), 24, 1.f);
+  std::vector<float> out = base;
+  std::vector<float> dy(std::size_t(n * h)), dscore(static_cast<std::size_t>(n));
+  moe_gate_add_cpu(out.data(), y.data(), score.data(), n, h, DType::f32);
+  moe_gate_backward_cpu(dy.data(), dscore.data(), dout.data(), y.data(), score.data(), n, h,
+                        DType::f32);
+  auto sigmoid = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
+  for (std::int64_t t = 0; t < n; ++t) {
+    const double g = sigmoid(score[std::size_t(t)]);
+    // L(score) = Σ_c dout·σ(score)·y: its derivative by central differences.
+    auto L = [&](double x) {
+      double l = 0;
+      for (std::int64_t c = 0; c < h; ++c)
+        l += double(dout[std::size_t(t * h + c)]) * sigmoid(x) * y[std::size_t(t * h + c)];
+      return l;
+    };
+    const double eps = 1e-5,
+                 fd = (L(score[std::size_t(t)] + eps) - L(score[std::size_t(t)] - eps)) / (2 * eps);
+    EXPECT_NEAR(dscore[std::size_t(t)], fd, 1e-5 + 1e-5 * std::fabs(fd)) << t;
+    for (std::int64_t c = 0; c < h; ++c) {
+      const std::size_t e = std::size_t(t * h + c);
+      EXPECT_NEAR(out[e], base[e] + g * y[e], 1e-6) << t << "," << c;
+      EXPECT_NEAR(dy[e], g * dout[e], 1e-6) << t << "," << c;
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------ the step
 
 struct Shape {
@@ -194,18 +234,18 @@ void expect_native_equals_ledger(const ModelConfig& m, const TrainConfig& t, Bac
   expect_same_figures(got, e.figures, what);
 }
 
-// Mixtral (renormalised top 2 of 5, and 8 at published widths) and Qwen3-MoE (q/k norms, head
-// dim apart from h/a), in every checkpointing policy × attention × optimizer × dtype the native
+// Mixtral (renormalised top 2 of 5, and 8 at published widths), Qwen3-MoE (q/k norms, head dim
+// apart from h/a) and Qwen2-MoE's shared expert (with every layer MoE; Qwen1.5-MoE-A2.7B's 60
+// experts, top 4), in every checkpointing policy × attention × optimizer × dtype the native
 // profile models; the published ones in bf16 on meta, two of their layers.
 TEST(MoeModel, LedgerEqualsNativeProfileByteForByte) {
-  const std::vector<Shape> shapes = {{"tiny-mixtral", 2, 9},
-                                     {"tiny-mixtral", 1, 33},
-                                     {"tiny-qwen3-moe", 3, 7},
-                                     {"mixtral-8x7b", 1, 64},
-                                     {"qwen3-30b-a3b", 1, 32}};
+  const std::vector<Shape> shapes = {{"tiny-mixtral", 2, 9},     {"tiny-mixtral", 1, 33},
+                                     {"tiny-qwen3-moe", 3, 7},   {"tiny-qwen2-moe-all", 2, 5},
+                                     {"tiny-mixtral-aux", 2, 7}, {"mixtral-8x7b", 1, 64},
+                                     {"qwen3-30b-a3b", 1, 32},   {"qwen1.5-moe-a2.7b", 1, 32}};
   int cases = 0;
   for (const auto& sh : shapes) {
-    ModelConfig m = preset(sh.preset);
+    ModelConfig m = any_config(sh.preset);  // tiny-mixtral-aux: the load-balancing loss too
     const bool big = sh.preset.rfind("tiny", 0) != 0;
     if (big) m.layers = 2;
     for (DType dt : {DType::bf16, DType::f32, DType::f16})
@@ -225,16 +265,16 @@ TEST(MoeModel, LedgerEqualsNativeProfileByteForByte) {
             ++cases;
           }
   }
-  EXPECT_EQ(cases, 3 * (96 - 16) + 2 * 32);
+  EXPECT_EQ(cases, 5 * (96 - 16) + 3 * 32);
 }
 
 // The bytes do not depend on the routing: the cpu run's ledger is the meta trace's, event for
 // event, and both equal the native profile.
 TEST(MoeModel, CpuLedgerEqualsMetaTraceAndTheNativeProfile) {
-  for (const char* name : {"tiny-mixtral", "tiny-qwen3-moe"})
+  for (const char* name : {"tiny-mixtral", "tiny-qwen3-moe", "tiny-qwen2-moe-all"})
     for (const char* ck : {"none", "full"}) {
       SCOPED_TRACE(std::string(name) + " " + ck);
-      const ModelConfig m = preset(name);
+      const ModelConfig m = any_config(name);
       TrainConfig t =
           train_config(2, 9, DType::bf16, Optimizer::adamw, Checkpointing::none, Attention::flash);
       set_checkpointing(t, m, ck);
@@ -287,13 +327,11 @@ TEST(MoeModel, WhatTheNativeMoeLayerDoesNotModelIsRefusedNamingIt) {
   };
   const TrainConfig t =
       train_config(2, 9, DType::bf16, Optimizer::adamw, Checkpointing::none, Attention::flash);
-  refused(preset("tiny-qwen2-moe"), t, "shared_expert_intermediate_size 72");
+  refused(preset("tiny-qwen2-moe"), t,
+          "keeps 4 dense layer(s) among its MoE layers (mlp_only_layers, decoder_sparse_step)");
   ModelConfig mixed = preset("tiny-qwen3-moe");
   mixed.mlp_only_layers = {0};
   refused(mixed, t, "dense layer(s) among its MoE layers (mlp_only_layers, decoder_sparse_step)");
-  ModelConfig aux = preset("tiny-mixtral");
-  aux.output_router_logits = true;
-  refused(aux, t, "output_router_logits");
   TrainConfig lora = t;
   lora.lora_rank = 4;
   lora.lora_targets = 3;  // q_proj, v_proj

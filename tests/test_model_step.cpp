@@ -367,8 +367,8 @@ class WorkspaceRecorder final : public Backend {
   void dropout_apply(void*, const void*, const std::uint8_t*, std::int64_t, float, bool) override {}
   void moe_route(float*, std::int32_t*, float*, std::int32_t*, std::int32_t*, const void*,
                  std::int64_t, std::int64_t, std::int64_t, bool) override {}
-  void moe_route_backward(void*, const float*, const float*, const std::int32_t*, std::int64_t,
-                          std::int64_t, std::int64_t, bool) override {}
+  void moe_route_backward(void*, const float*, const float*, const std::int32_t*, const float*,
+                          std::int64_t, std::int64_t, std::int64_t, bool) override {}
   void moe_permute(void*, const void*, const std::int32_t*, std::int64_t, std::int64_t,
                    std::int64_t) override {}
   void moe_combine(void*, const void*, const void*, const float*, const std::int32_t*, std::int64_t,
@@ -376,6 +376,9 @@ class WorkspaceRecorder final : public Backend {
   void moe_combine_backward(void*, float*, const void*, const void*, const float*,
                             const std::int32_t*, std::int64_t, std::int64_t,
                             std::int64_t) override {}
+  void moe_gate_add(void*, const void*, const void*, std::int64_t, std::int64_t) override {}
+  void moe_gate_backward(void*, void*, const void*, const void*, const void*, std::int64_t,
+                         std::int64_t) override {}
   void check_finite(const void*, std::int64_t) override {}
   bool take_nonfinite() override { return false; }
   void attention_ring_forward(float*, float*, const void*, const void*, const void*, std::int64_t,

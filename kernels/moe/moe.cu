@@ -26,14 +26,15 @@ void moe_route_cuda(float* probs, std::int32_t* idx, float* weight, std::int32_t
 }
 
 void moe_route_backward_cuda(void* dlogits, const float* dweight, const float* probs,
-                             const std::int32_t* idx, std::int64_t n, std::int64_t E,
-                             std::int64_t K, bool normalize, DType dt, cudaStream_t stream) {
+                             const std::int32_t* idx, const float* aux, std::int64_t n,
+                             std::int64_t E, std::int64_t K, bool normalize, DType dt,
+                             cudaStream_t stream) {
   cuda::require_fits(n, kMax, "moe_route_backward_cuda", "n");
   if (n == 0) return;
   dispatch_storage(dt, "moe_route_backward_cuda", [&](auto tag) {
     cuda::moe_route_backward_kernel<decltype(tag)>
-        <<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(dlogits, dweight, probs, idx, n, E,
-                                                               K, normalize);
+        <<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(dlogits, dweight, probs, idx, aux, n,
+                                                               E, K, normalize);
     TM_CUDA_CHECK_LAUNCH();
   });
 }
@@ -68,6 +69,27 @@ void moe_combine_backward_cuda(void* drows, float* dweight, const void* dout, co
     cuda::moe_combine_backward_kernel<decltype(tag)>
         <<<cuda::grid_for(n * K, kThreads), kThreads, 0, stream>>>(drows, dweight, dout, rows,
                                                                    weight, pos, n, K, h);
+    TM_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void moe_gate_add_cuda(void* out, const void* y, const void* score, std::int64_t n, std::int64_t h,
+                       DType dt, cudaStream_t stream) {
+  if (n == 0) return;
+  dispatch_storage(dt, "moe_gate_add_cuda", [&](auto tag) {
+    cuda::moe_gate_add_kernel<decltype(tag)>
+        <<<cuda::grid_for(n * h, kThreads), kThreads, 0, stream>>>(out, y, score, n, h);
+    TM_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void moe_gate_backward_cuda(void* dy, void* dscore, const void* dout, const void* y,
+                            const void* score, std::int64_t n, std::int64_t h, DType dt,
+                            cudaStream_t stream) {
+  if (n == 0) return;
+  dispatch_storage(dt, "moe_gate_backward_cuda", [&](auto tag) {
+    cuda::moe_gate_backward_kernel<decltype(tag)>
+        <<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(dy, dscore, dout, y, score, n, h);
     TM_CUDA_CHECK_LAUNCH();
   });
 }

@@ -27,11 +27,12 @@ void moe_route_cuda(float* probs, std::int32_t* idx, float* weight, std::int32_t
 
 // dlogits (n, E) D from dweight (n, K) f32 back through the normalisation and the softmax.
 void moe_route_backward_cpu(void* dlogits, const float* dweight, const float* probs,
-                            const std::int32_t* idx, std::int64_t n, std::int64_t E, std::int64_t K,
-                            bool normalize, DType dt);
+                            const std::int32_t* idx, const float* aux, std::int64_t n,
+                            std::int64_t E, std::int64_t K, bool normalize, DType dt);
 void moe_route_backward_cuda(void* dlogits, const float* dweight, const float* probs,
-                             const std::int32_t* idx, std::int64_t n, std::int64_t E,
-                             std::int64_t K, bool normalize, DType dt, cudaStream_t stream);
+                             const std::int32_t* idx, const float* aux, std::int64_t n,
+                             std::int64_t E, std::int64_t K, bool normalize, DType dt,
+                             cudaStream_t stream);
 
 // rows (n·K, h) D: rows[pos[t, j]] = x[t] (x (n, h) D).
 void moe_permute_cpu(void* rows, const void* x, const std::int32_t* pos, std::int64_t n,
@@ -56,5 +57,19 @@ void moe_combine_backward_cpu(void* drows, float* dweight, const void* dout, con
 void moe_combine_backward_cuda(void* drows, float* dweight, const void* dout, const void* rows,
                                const float* weight, const std::int32_t* pos, std::int64_t n,
                                std::int64_t K, std::int64_t h, DType dt, cudaStream_t stream);
+
+// Qwen2-MoE's shared expert and its sigmoid gate: out[t] (n, h) D += σ(score[t])·y[t] (y (n, h),
+// score (n) D; σ in fp32, the sum rounded once).
+void moe_gate_add_cpu(void* out, const void* y, const void* score, std::int64_t n, std::int64_t h,
+                      DType dt);
+void moe_gate_add_cuda(void* out, const void* y, const void* score, std::int64_t n, std::int64_t h,
+                       DType dt, cudaStream_t stream);
+// Its backward: dy[t] = σ(score[t])·dout[t] (D); dscore[t] (D) = σ'(score[t])·Σ_c dout[t, c]·y[t,
+// c] (in c order, fp32).
+void moe_gate_backward_cpu(void* dy, void* dscore, const void* dout, const void* y,
+                           const void* score, std::int64_t n, std::int64_t h, DType dt);
+void moe_gate_backward_cuda(void* dy, void* dscore, const void* dout, const void* y,
+                            const void* score, std::int64_t n, std::int64_t h, DType dt,
+                            cudaStream_t stream);
 
 }  // namespace trainmem

@@ -21,15 +21,15 @@ void moe_route_cpu(float* probs, std::int32_t* idx, float* weight, std::int32_t*
 }
 
 void moe_route_backward_cpu(void* dlogits, const float* dweight, const float* probs,
-                            const std::int32_t* idx, std::int64_t n, std::int64_t E, std::int64_t K,
-                            bool normalize, DType dt) {
+                            const std::int32_t* idx, const float* aux, std::int64_t n,
+                            std::int64_t E, std::int64_t K, bool normalize, DType dt) {
   cpu_threads_setup();
   dispatch_storage(dt, "moe_route_backward", [&](auto tag) {
     using S = decltype(tag);
 #pragma omp parallel for schedule(static) if (n * E >= kParallelMinElements)
     for (std::int64_t t = 0; t < n; ++t)
-      moe_route_backward_token<S>(dlogits, dweight + t * K, probs + t * E, idx + t * K, t, E, K,
-                                  normalize);
+      moe_route_backward_token<S>(dlogits, dweight + t * K, probs + t * E, idx + t * K, aux, t, E,
+                                  K, normalize);
   });
 }
 
@@ -70,6 +70,27 @@ void moe_combine_backward_cpu(void* drows, float* dweight, const void* dout, con
     for (std::int64_t t = 0; t < n; ++t)
       for (std::int64_t j = 0; j < K; ++j)
         moe_combine_backward_choice<S>(drows, dweight, dout, rows, weight, pos, t, j, K, h);
+  });
+}
+
+void moe_gate_add_cpu(void* out, const void* y, const void* score, std::int64_t n, std::int64_t h,
+                      DType dt) {
+  cpu_threads_setup();
+  dispatch_storage(dt, "moe_gate_add", [&](auto tag) {
+    using S = decltype(tag);
+#pragma omp parallel for schedule(static) if (n * h >= kParallelMinElements)
+    for (std::int64_t t = 0; t < n; ++t) moe_gate_add_token<S>(out, y, score, t, h, 0, h);
+  });
+}
+
+void moe_gate_backward_cpu(void* dy, void* dscore, const void* dout, const void* y,
+                           const void* score, std::int64_t n, std::int64_t h, DType dt) {
+  cpu_threads_setup();
+  dispatch_storage(dt, "moe_gate_backward", [&](auto tag) {
+    using S = decltype(tag);
+#pragma omp parallel for schedule(static) if (n * h >= kParallelMinElements)
+    for (std::int64_t t = 0; t < n; ++t)
+      moe_gate_backward_token<S>(dy, dscore, dout, y, score, t, h);
   });
 }
 

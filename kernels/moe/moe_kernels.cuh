@@ -27,10 +27,10 @@ static __global__ void moe_sort_kernel(std::int32_t* pos, std::int32_t* offsets,
 
 template <class S>
 __global__ void moe_route_backward_kernel(void* dlogits, const float* dweight, const float* probs,
-                                          const std::int32_t* idx, std::int64_t n, std::int64_t E,
-                                          std::int64_t K, bool normalize) {
+                                          const std::int32_t* idx, const float* aux, std::int64_t n,
+                                          std::int64_t E, std::int64_t K, bool normalize) {
   for (std::int64_t t = cuda::global_thread_index(); t < n; t += cuda::global_thread_count())
-    moe_route_backward_token<S>(dlogits, dweight + t * K, probs + t * E, idx + t * K, t, E, K,
+    moe_route_backward_token<S>(dlogits, dweight + t * K, probs + t * E, idx + t * K, aux, t, E, K,
                                 normalize);
 }
 
@@ -60,6 +60,20 @@ __global__ void moe_combine_backward_kernel(void* drows, float* dweight, const v
                                             std::int64_t h) {
   for (std::int64_t e = cuda::global_thread_index(); e < n * K; e += cuda::global_thread_count())
     moe_combine_backward_choice<S>(drows, dweight, dout, rows, weight, pos, e / K, e % K, K, h);
+}
+
+template <class S>
+__global__ void moe_gate_add_kernel(void* out, const void* y, const void* score, std::int64_t n,
+                                    std::int64_t h) {
+  for (std::int64_t e = cuda::global_thread_index(); e < n * h; e += cuda::global_thread_count())
+    moe_gate_add_token<S>(out, y, score, e / h, h, e % h, e % h + 1);
+}
+
+template <class S>
+__global__ void moe_gate_backward_kernel(void* dy, void* dscore, const void* dout, const void* y,
+                                         const void* score, std::int64_t n, std::int64_t h) {
+  for (std::int64_t t = cuda::global_thread_index(); t < n; t += cuda::global_thread_count())
+    moe_gate_backward_token<S>(dy, dscore, dout, y, score, t, h);
 }
 
 }  // namespace trainmem::cuda

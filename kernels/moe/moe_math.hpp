@@ -43,26 +43,30 @@ TM_HD void moe_route_token(float* probs_t, std::int32_t* idx_t, float* weight_t,
 
 // Token t's logit gradient (E, S storage) from the gradient of its K weights: through the
 // normalisation w_j = p_j / Σp (dp_j = (dw_j − Σ_c dw_c·w_c) / Σp) when `normalize`, then the
-// softmax (dlogit_e = p_e·(dp_e − Σ_f dp_f·p_f), dp zero outside the top K).
+// softmax (dlogit_e = p_e·(dp_e − Σ_f dp_f·p_f), dp zero outside the top K). `aux` (E, or
+// nullptr): a gradient of every probability alike (the load-balancing loss's), added to dp.
 template <class S>
 TM_HD void moe_route_backward_token(void* dlogits, const float* dweight_t, const float* probs_t,
-                                    const std::int32_t* idx_t, std::int64_t t, std::int64_t E,
-                                    std::int64_t K, bool normalize) {
+                                    const std::int32_t* idx_t, const float* aux, std::int64_t t,
+                                    std::int64_t E, std::int64_t K, bool normalize) {
   float total = 0.0f, dot = 0.0f;
   if (normalize) {
     for (std::int64_t j = 0; j < K; ++j) total += probs_t[idx_t[j]];
     for (std::int64_t j = 0; j < K; ++j) dot += tm_mul_rn(dweight_t[j], probs_t[idx_t[j]] / total);
   }
-  // dp of choice j, and g = Σ_j dp_j·p_j over the chosen experts (the rest have dp 0).
+  // dp of choice j, and g = Σ_e dp_e·p_e: the chosen experts', then the aux term's over all.
   float g = 0.0f;
   for (std::int64_t j = 0; j < K; ++j) {
     const float dp = normalize ? (dweight_t[j] - dot) / total : dweight_t[j];
     g += tm_mul_rn(dp, probs_t[idx_t[j]]);
   }
+  if (aux)
+    for (std::int64_t e = 0; e < E; ++e) g += tm_mul_rn(aux[e], probs_t[e]);
   for (std::int64_t e = 0; e < E; ++e) {
     float dp = 0.0f;
     for (std::int64_t j = 0; j < K; ++j)
       if (idx_t[j] == std::int32_t(e)) dp = normalize ? (dweight_t[j] - dot) / total : dweight_t[j];
+    if (aux) dp += aux[e];
     S::store(dlogits, std::size_t(t * E + e), tm_mul_rn(probs_t[e], dp - g));
   }
 }
@@ -111,6 +115,35 @@ TM_HD void moe_combine_backward_choice(void* drows, float* dweight, const void* 
     dot += tm_mul_rn(d, S::load(rows, std::size_t(r * h + c)));
   }
   dweight[t * K + j] = dot;
+}
+
+// The shared expert's gate (moe.hpp): σ(x) = 1 / (1 + exp(−x)) in fp32.
+TM_HD float moe_sigmoid(float x) {
+  return 1.0f / (1.0f + tm_exp(-x));
+}
+// out[t, c] for c in [c0, c1): out + σ(score[t])·y.
+template <class S>
+TM_HD void moe_gate_add_token(void* out, const void* y, const void* score, std::int64_t t,
+                              std::int64_t h, std::int64_t c0, std::int64_t c1) {
+  const float g = moe_sigmoid(S::load(score, std::size_t(t)));
+  for (std::int64_t c = c0; c < c1; ++c) {
+    const std::size_t e = std::size_t(t * h + c);
+    S::store(out, e, S::load(out, e) + tm_mul_rn(g, S::load(y, e)));
+  }
+}
+// Token t of its backward: dy's row and dscore[t].
+template <class S>
+TM_HD void moe_gate_backward_token(void* dy, void* dscore, const void* dout, const void* y,
+                                   const void* score, std::int64_t t, std::int64_t h) {
+  const float g = moe_sigmoid(S::load(score, std::size_t(t)));
+  float dot = 0.0f;
+  for (std::int64_t c = 0; c < h; ++c) {
+    const std::size_t e = std::size_t(t * h + c);
+    const float d = S::load(dout, e);
+    S::store(dy, e, tm_mul_rn(g, d));
+    dot += tm_mul_rn(d, S::load(y, e));
+  }
+  S::store(dscore, std::size_t(t), tm_mul_rn(dot, tm_mul_rn(g, 1.0f - g)));
 }
 
 }  // namespace trainmem

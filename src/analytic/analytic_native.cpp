@@ -106,6 +106,11 @@ struct Local {
   bool moe = false;
   std::uint64_t E = 0, K = 0, m = 0;
   std::uint64_t bsE = 0, bsE4 = 0, bsK4 = 0, off4 = 0, nkh = 0, nkm = 0;
+  // Qwen2-MoE's shared expert of width ms: (b,s,ms) D rows, and its gate's logit (b,s) D.
+  std::uint64_t ms = 0, bsms = 0, bsw = 0;
+  // output_router_logits: the load-balancing loss's gradient of the probabilities, (E) f32,
+  // uploaded beside d_router_logits.
+  std::uint64_t aux4 = 0;
   // Letters of the shapes: "a" or "a/t" under tensor parallelism, rows "s" or "s/t" under sp.
   std::string la, lk, li, lV, rows;
 };
@@ -160,6 +165,10 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
     l.off4 = bytes_of({l.E + 1}, 4);
     l.nkh = bytes_of({l.b, l.s, l.K, l.h}, l.w);
     l.nkm = bytes_of({l.b, l.s, l.K, l.m}, l.w);
+    l.ms = u(m.shared_expert_intermediate);
+    l.bsms = bytes_of({l.b, l.s, l.ms}, l.w);
+    l.bsw = l.ms > 0 ? bytes_of({l.b, l.s}, l.w) : 0;
+    l.aux4 = m.output_router_logits ? bytes_of({l.E}, 4) : 0;
   }
   const bool split = p.tp > 1;
   l.la = split ? "a/t" : "a";
@@ -174,11 +183,16 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
 // with the q/k/v biases (split with their columns: a/t·d + 2·k/t·d) and the q/k norm weights
 // (replicated: 2·d) of the families that have them.
 // A mixture of experts has, in place of gate/up/down, the router (E, h) and E experts of three
-// (m, h) matrices each: E·h·(1 + 3m).
+// (m, h) matrices each: E·h·(1 + 3m); a shared expert adds three (m_s, h) and its gate (1, h).
 std::uint64_t layer_params(const Local& l, const ModelConfig& m) {
+  const std::uint64_t shared =
+      l.ms > 0 ? checked_mul(l.h, csum({1, checked_mul(3, l.ms)}), "parameters") : 0;
   const std::uint64_t mlp =
-      l.moe ? checked_mul(checked_mul(l.E, l.h), csum({1, checked_mul(3, l.m)}), "parameters")
-            : checked_mul(3, checked_mul(l.h, l.i));
+      l.moe
+          ? csum({checked_mul(checked_mul(l.E, l.h), csum({1, checked_mul(3, l.m)}), "parameters"),
+                  shared},
+                 "parameters")
+          : checked_mul(3, checked_mul(l.h, l.i));
   return csum({checked_mul(2, l.h), checked_mul(l.h, l.ad), checked_mul(2, checked_mul(l.h, l.kd)),
                checked_mul(l.ad, l.h), mlp, m.qkv_bias ? csum({l.ad, l.kd, l.kd}) : 0,
                m.qk_norm ? checked_mul(2, l.d) : 0},
@@ -291,6 +305,20 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn
     v.push_back(entry(g, "expert_out", "(b·s·K,h)", D, l.nkh, Term::sbh,
                       "combine backward (the weights' gradient)",
                       "each expert's output before its routing weight"));
+    if (l.ms > 0) {
+      const std::string sh = "(b,s,m_s)";
+      v.push_back(entry(g, "shared_gate", sh, D, l.bsms, Term::sbi, "shared SwiGLU backward",
+                        "the shared expert's gate projection (Qwen2-MoE)"));
+      v.push_back(entry(g, "shared_up", sh, D, l.bsms, Term::sbi, "shared SwiGLU backward",
+                        "the shared expert's up projection"));
+      v.push_back(entry(g, "shared_act", sh, D, l.bsms, Term::sbi, "shared down backward (dW_down)",
+                        "silu(shared_gate)·shared_up"));
+      v.push_back(entry(g, "shared_out", "(b,s,h)", D, l.full, Term::sbh,
+                        "shared gate backward (σ's gradient)",
+                        "the shared expert's output before its sigmoid gate"));
+      v.push_back(entry(g, "shared_score", "(b,s)", D, l.bsw, Term::sb, "shared gate backward (σ')",
+                        "the shared expert gate's logit"));
+    }
     v.push_back(entry(g, "out", res, D, l.X, Term::sbh,
                       "next layer's input_layernorm backward (or the final norm's)",
                       "the layer output x_{l+1} = h_mid + Σ weight·expert_out"));
@@ -960,10 +988,23 @@ void Stage::layer_steps(std::int64_t kb) {
        csum({C, l.X, l.bsK4, l.nkm, l.nkm, l.nkh}), 0, pos, grads(0));
     at(Lb + "step 3: d_xn2 (the rows summed back per token)", M3,
        csum({C, l.X, l.bsK4, l.nkh, l.full}), 0, pos, grads(0));
-    at(Lb + "step 3: d_router_logits (router backward)", M3, csum({C, l.X, l.bsK4, l.full, l.bsE}),
-       0, pos, grads(0));
-    // xn2, expert_in and the routing's rows freed
-    A4 = csub(M3, csum({l.X, l.nkh, l.bsE4, checked_mul(3, l.bsK4), l.off4}), "step 4");
+    at(Lb + "step 3: d_router_logits (router backward" +
+           (l.aux4 ? ", the load-balancing loss's gradient beside it)" : ")"),
+       M3, csum({C, l.X, l.bsK4, l.full, l.aux4, l.bsE}), 0, pos, grads(0));
+    if (l.ms > 0) {
+      // The shared expert's backward beside d_xn2: d_shared_out, d_shared_score (the gate), then
+      // d_shared_act; d_shared_out freed, d_shared_gate and d_shared_up.
+      at(Lb + "step 3: d_shared_out, d_shared_score, d_shared_act (shared expert's gate and "
+              "down_proj backward)",
+         M3, csum({C, l.X, l.full, l.full, l.bsw, l.bsms}), 0, pos, grads(0));
+      at(Lb + "step 3: d_shared_gate, d_shared_up (shared SwiGLU backward)", M3,
+         csum({C, l.X, l.full, l.bsw, l.bsms, l.bsms, l.bsms}), 0, pos, grads(0));
+    }
+    // xn2, expert_in, the routing's and the shared expert's rows freed
+    A4 = csub(M3,
+              csum({l.X, l.nkh, l.bsE4, checked_mul(3, l.bsK4), l.off4, checked_mul(3, l.bsms),
+                    l.ms > 0 ? l.full : 0, l.bsw}),
+              "step 4");
   } else {
     at(Lb + "step 1: d_act" + lomo(" + down_proj gradient") + (sp ? " (d_residual gathered)" : ""),
        A_L, csum({C, l.X, l.bsi}), sg, pos, grads(ih));
@@ -1069,8 +1110,9 @@ void Stage::figures() {
     const double ad = double(l_.ad), kd = double(l_.kd), a = double(l_.a), d = double(l_.d);
     // LoRA's adapters: 2 FLOPs per multiply-add of x·Aᵀ and a·Bᵀ, r·(in + out) per row.
     // A mixture of experts: the router (E·h per row) and K experts of three m×h GEMMs per row.
-    const double mlp =
-        l_.moe ? h * (double(l_.E) + 3.0 * double(l_.K) * double(l_.m)) : 3.0 * h * i;
+    const double mlp = l_.moe ? h * (double(l_.E) + 3.0 * double(l_.K) * double(l_.m) +
+                                     3.0 * double(l_.ms) + (l_.ms > 0 ? 1.0 : 0.0))
+                              : 3.0 * h * i;
     const double gemm =
         2.0 * b * s * (h * ad + 2.0 * h * kd + ad * h + mlp + double(layer_adapters(l_)));
     const double attention = 4.0 * b * a * s * s * d;
@@ -1142,6 +1184,17 @@ void Stage::figures() {
         "dtype" +
         (t_.double_quant ? " beside its fp32 absmax" : "") +
         ") and frees it after the GEMM: forward, recompute and the backward's input gradients");
+  if (l_.moe)
+    est.notes.push_back(
+        "mixture of experts (" + std::to_string(l_.E) + " experts, top " + std::to_string(l_.K) +
+        (l_.ms > 0 ? ", a shared expert" : "") +
+        "): each layer keeps its router's fp32 softmax, the routing (indices, weights, positions, "
+        "offsets) and the b·s·K expert rows in expert order (input, gate, up, product, output); "
+        "one GEMM per expert; no byte depends on the routing" +
+        (m_.output_router_logits
+             ? "; output_router_logits: the load-balancing loss from per-expert counts and "
+               "probability sums, its gradient one (E) f32 buffer per router backward"
+             : ""));
   if (eight_bit_optimizer(t_.optimizer))
     est.notes.push_back(
         "adamw8bit (bitsandbytes' AdamW8bit): no fp32 master copy (the weights are updated in "

@@ -239,9 +239,9 @@ class CpuBackend final : public Backend {
     moe_route_cpu(probs, idx, weight, pos, offsets, logits, n, E, K, normalize, dtype());
   }
   void moe_route_backward(void* dlogits, const float* dweight, const float* probs,
-                          const std::int32_t* idx, std::int64_t n, std::int64_t E, std::int64_t K,
-                          bool normalize) override {
-    moe_route_backward_cpu(dlogits, dweight, probs, idx, n, E, K, normalize, dtype());
+                          const std::int32_t* idx, const float* aux, std::int64_t n, std::int64_t E,
+                          std::int64_t K, bool normalize) override {
+    moe_route_backward_cpu(dlogits, dweight, probs, idx, aux, n, E, K, normalize, dtype());
   }
   void moe_permute(void* rows, const void* x, const std::int32_t* pos, std::int64_t n,
                    std::int64_t K, std::int64_t h) override {
@@ -256,6 +256,14 @@ class CpuBackend final : public Backend {
                             const float* weight, const std::int32_t* pos, std::int64_t n,
                             std::int64_t K, std::int64_t h) override {
     moe_combine_backward_cpu(drows, dweight, dout, rows, weight, pos, n, K, h, dtype());
+  }
+  void moe_gate_add(void* out, const void* y, const void* score, std::int64_t n,
+                    std::int64_t h) override {
+    moe_gate_add_cpu(out, y, score, n, h, dtype());
+  }
+  void moe_gate_backward(void* dy, void* dscore, const void* dout, const void* y, const void* score,
+                         std::int64_t n, std::int64_t h) override {
+    moe_gate_backward_cpu(dy, dscore, dout, y, score, n, h, dtype());
   }
   void check_finite(const void* x, std::int64_t n) override {
     nonfinite_ = nonfinite_ || has_nonfinite_cpu(x, n, dtype());

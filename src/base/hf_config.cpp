@@ -569,12 +569,17 @@ void read_moe(const json& j, const std::string& src, const std::string& family, 
                      ") must be at most the number of experts (" + std::to_string(c.experts) + ")");
   keys.use("output_router_logits");
   c.output_router_logits = read_bool(j, "output_router_logits", src, false);
-  // Only scales the auxiliary loss: no tensor depends on it (docs/moe-plan.md, measured).
-  if (field(j, "router_aux_loss_coef")) {
-    if (!field(j, "router_aux_loss_coef")->is_number())
-      throw InputError(src + ": router_aux_loss_coef must be a number, got " +
-                       json_kind(*field(j, "router_aux_loss_coef")));
-    keys.ignored.push_back("router_aux_loss_coef");
+  // The auxiliary loss's weight (the config classes' default 0.001): no tensor depends on it
+  // (docs/moe-plan.md, measured), the native step's loss and router gradients do when
+  // output_router_logits adds the loss; without it the key changes nothing (listed as ignored).
+  if (const json* coef = field(j, "router_aux_loss_coef")) {
+    if (!coef->is_number() || coef->get<double>() < 0 || !std::isfinite(coef->get<double>()))
+      throw InputError(src + ": router_aux_loss_coef must be a number >= 0, got " + coef->dump());
+    c.router_aux_loss_coef = coef->get<double>();
+    if (c.output_router_logits)
+      keys.use("router_aux_loss_coef");
+    else
+      keys.ignored.push_back("router_aux_loss_coef");
   }
   if (mixtral) {
     c.expert_intermediate = c.intermediate;  // MixtralConfig: intermediate_size is the experts'

@@ -46,6 +46,12 @@ std::vector<LayerParamSpec> layer_param_specs(const ModelConfig& model, const Ac
     v.push_back({kRouter, "mlp.gate.weight", {dims.E, h}});
     v.push_back({kExpertsGateUp, "mlp.experts.gate_up_proj", {dims.E, 2 * dims.m, h}});
     v.push_back({kExpertsDown, "mlp.experts.down_proj", {dims.E, h, dims.m}});
+    if (dims.ms > 0) {
+      v.push_back({kSharedGate, "mlp.shared_expert.gate_proj.weight", {dims.ms, h}});
+      v.push_back({kSharedUp, "mlp.shared_expert.up_proj.weight", {dims.ms, h}});
+      v.push_back({kSharedDown, "mlp.shared_expert.down_proj.weight", {h, dims.ms}});
+      v.push_back({kSharedExpertGate, "mlp.shared_expert_gate.weight", {1, h}});
+    }
   } else {
     v.push_back({kGate, "mlp.gate_proj.weight", {i, h}});
     v.push_back({kUp, "mlp.up_proj.weight", {i, h}});
@@ -349,6 +355,9 @@ bool moe_mlp_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, Ac
           A[LayerAct::router_probs].as<float>(), A[LayerAct::topk_idx].as<std::int32_t>(),
           A[LayerAct::topk_weight].as<float>(), A[LayerAct::expert_pos].as<std::int32_t>(),
           A[LayerAct::expert_offsets].as<std::int32_t>(), logits.data(), n, E, K, moe_normalize(R));
+    if (pass == ActPass::forward)
+      H.moe_routed(g, A[LayerAct::topk_idx], A[LayerAct::expert_offsets],
+                   A[LayerAct::router_probs]);
   }
   through(LayerAct::expert_out);  // expert_in, expert_gate, expert_up, expert_act, expert_out
   if (be) {
@@ -378,13 +387,36 @@ bool moe_mlp_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, Ac
                  mw, Trans::no, Trans::yes, 1.f, 0.f);
     }
   }
+  // Qwen2-MoE's shared expert: a dense SwiGLU of width m_s over every token, and its gate's
+  // logit xn2·W_sgᵀ (b, s) D.
+  const std::int64_t ms = dm.ms;
+  if (ms > 0) {
+    through(LayerAct::shared_score);  // shared_gate, shared_up, shared_act, shared_out, score
+    if (be) {
+      auto at = [&](LayerAct row) { return A[row].data(); };
+      be->matmul(at(LayerAct::shared_gate), xn2, H.weight(l, kSharedGate), n, ms, h, Trans::no,
+                 Trans::yes, 1.f, 0.f);
+      be->matmul(at(LayerAct::shared_up), xn2, H.weight(l, kSharedUp), n, ms, h, Trans::no,
+                 Trans::yes, 1.f, 0.f);
+      be->swiglu_forward(at(LayerAct::shared_act), at(LayerAct::shared_gate),
+                         at(LayerAct::shared_up), n * ms);
+      be->matmul(at(LayerAct::shared_out), at(LayerAct::shared_act), H.weight(l, kSharedDown), n, h,
+                 ms, Trans::no, Trans::yes, 1.f, 0.f);
+      be->matmul(at(LayerAct::shared_score), xn2, H.weight(l, kSharedExpertGate), n, 1, h,
+                 Trans::no, Trans::yes, 1.f, 0.f);
+    }
+  }
   if (pass == ActPass::recompute) return false;
-  // out = h_mid + Σ_j weight_j · expert_out[pos_j]: x_{l+1}.
+  // out = h_mid + Σ_j weight_j · expert_out[pos_j] (+ σ(score)·shared_out): x_{l+1}.
   through(LayerAct::out);
-  if (be)
+  if (be) {
     be->moe_combine(A[LayerAct::out].data(), A[LayerAct::h_mid].data(),
                     A[LayerAct::expert_out].data(), A[LayerAct::topk_weight].as<float>(),
                     A[LayerAct::expert_pos].as<std::int32_t>(), n, K, h);
+    if (ms > 0)
+      be->moe_gate_add(A[LayerAct::out].data(), A[LayerAct::shared_out].data(),
+                       A[LayerAct::shared_score].data(), n, h);
+  }
   return true;
 }
 
@@ -464,11 +496,20 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
   Tensor d_xn2 = ws("d_xn2", {b, s, h}, D);
   if (be) be->moe_combine(d_xn2.data(), nullptr, d_in.data(), nullptr, pos, n, K, h);
   d_in.reset();
+  // The load-balancing loss (output_router_logits): its gradient of the probabilities, the same
+  // E values for every token, uploaded beside the router's backward.
+  Tensor aux;
+  if (const float* host_aux = H.moe_aux_grad()) {
+    aux = ws("router_aux_grad", {E}, DType::f32);
+    if (be) be->upload(aux.data(), host_aux, aux.bytes());
+  }
   Tensor d_logits = ws("d_router_logits", {b, s, E}, D);
   if (be)
     be->moe_route_backward(d_logits.data(), d_weight.as<float>(),
                            A[LayerAct::router_probs].as<float>(),
-                           A[LayerAct::topk_idx].as<std::int32_t>(), n, E, K, moe_normalize(R));
+                           A[LayerAct::topk_idx].as<std::int32_t>(),
+                           aux ? aux.as<float>() : nullptr, n, E, K, moe_normalize(R));
+  aux.reset();
   d_weight.reset();
   void* dWr = H.grad(l, kRouter);
   if (be) {
@@ -479,7 +520,47 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
   }
   H.grad_done(l, kRouter);
   d_logits.reset();
-  free_step(3);  // xn2, expert_in and the routing
+  // Qwen2-MoE's shared expert: its gate's backward, then the dense SwiGLU's, into d_xn2.
+  if (const std::int64_t ms = dm.ms; ms > 0) {
+    auto at = [&](LayerAct row) { return A[row].data(); };
+    Tensor d_sh = ws("d_shared_out", {b, s, h}, D);
+    Tensor d_score = ws("d_shared_score", {b, s}, D);
+    if (be)
+      be->moe_gate_backward(d_sh.data(), d_score.data(), d_res.data(), at(LayerAct::shared_out),
+                            at(LayerAct::shared_score), n, h);
+    Tensor d_sact = ws("d_shared_act", {b, s, ms}, D);
+    void* dWsd = H.grad(l, kSharedDown);
+    if (be) {
+      be->matmul(d_sact.data(), d_sh.data(), H.weight(l, kSharedDown), n, ms, h, Trans::no,
+                 Trans::no, 1.f, 0.f);
+      be->matmul(dWsd, d_sh.data(), at(LayerAct::shared_act), h, ms, n, Trans::yes, Trans::no, 1.f,
+                 1.f);
+    }
+    H.grad_done(l, kSharedDown);
+    d_sh.reset();
+    Tensor d_sg = ws("d_shared_gate", {b, s, ms}, D);
+    Tensor d_su = ws("d_shared_up", {b, s, ms}, D);
+    if (be)
+      be->swiglu_backward(d_sg.data(), d_su.data(), d_sact.data(), at(LayerAct::shared_gate),
+                          at(LayerAct::shared_up), n * ms);
+    d_sact.reset();
+    // d_xn2 += dy·W, dW += dyᵀ·xn2 for the shared gate and up projections and the gate's logit.
+    auto input_and_weight = [&](int slot, const Tensor& dy, std::int64_t width) {
+      void* dW = H.grad(l, slot);
+      if (be) {
+        be->matmul(d_xn2.data(), dy.data(), H.weight(l, slot), n, h, width, Trans::no, Trans::no,
+                   1.f, 1.f);
+        be->matmul(dW, dy.data(), at(LayerAct::xn2), width, h, n, Trans::yes, Trans::no, 1.f, 1.f);
+      }
+      H.grad_done(l, slot);
+    };
+    input_and_weight(kSharedGate, d_sg, ms);
+    input_and_weight(kSharedUp, d_su, ms);
+    d_sg.reset();
+    d_su.reset();
+    input_and_weight(kSharedExpertGate, d_score, 1);
+  }
+  free_step(3);  // xn2, expert_in, the routing and the shared expert's rows
   return d_xn2;
 }
 

@@ -107,9 +107,11 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
   checked_product({std::uint64_t(n_), std::uint64_t(a_), std::uint64_t(s_), 4}, "probs bytes");
   checked_product({std::uint64_t(n_), std::uint64_t(i_), 4}, "intermediate activation bytes");
   if (cfg_.moe())  // the experts' rows: n·K of width h and of width m
-    checked_product({std::uint64_t(n_), std::uint64_t(cfg_.experts_per_token),
-                     std::uint64_t(std::max(h_, cfg_.expert_intermediate)), 4},
-                    "experts' activation bytes");
+    checked_product(
+        {std::uint64_t(n_), std::uint64_t(cfg_.experts_per_token),
+         std::uint64_t(std::max({h_, cfg_.expert_intermediate, cfg_.shared_expert_intermediate})),
+         4},
+        "experts' activation bytes");
   layers_.resize(std::size_t(cfg_.layers));
   if (train_.offload_activations) offload_ = std::make_unique<ActivationOffload>(&be_, cfg_.layers);
 
@@ -408,12 +410,66 @@ const Quant4View* LlamaModel::quant4(std::int64_t l, int slot) {
 void* LlamaModel::grad(std::int64_t l, int slot) {
   return begin_grad(layer_param(int(l), slot));
 }
+double LlamaModel::router_aux_loss() {
+  if (!cfg_.output_router_logits) return 0.0;
+  // HF's load_balancing_loss_func over every MoE layer's T = b·s tokens: with C_e the (token,
+  // choice) pairs routed to expert e and P_e the sum of its probabilities, both over the L
+  // layers, aux = E·Σ_e (C_e / LT)·(P_e / LT); the loss adds coef·aux. Its gradient by each
+  // probability is coef·E·C_e / (LT)², whatever the token (the counts are constants), times the
+  // loss scale as the cross-entropy's gradient is.
+  const double E = double(cfg_.experts), LT = double(cfg_.layers) * double(n_);
+  const double coef = cfg_.router_aux_loss_coef;
+  double aux = 0.0;
+  for (std::size_t e = 0; e < aux_counts_.size(); ++e) {
+    aux += (aux_counts_[e] / LT) * (aux_prob_sums_[e] / LT);
+    aux_grad_[e] = float(double(loss_scale_) * coef * E * aux_counts_[e] / (LT * LT));
+  }
+  return coef * E * aux;
+}
+
+void LlamaModel::moe_routed(int g, const Tensor& topk_idx, const Tensor& offsets,
+                            const Tensor& probs) {
+  if (!be_.computes()) return;
+  routing_.resize(std::size_t(cfg_.layers));
+  LayerRouting& r = routing_[std::size_t(g)];
+  std::vector<std::int32_t> idx(std::size_t(topk_idx.bytes() / sizeof(std::int32_t)));
+  std::vector<std::int32_t> off(std::size_t(offsets.bytes() / sizeof(std::int32_t)));
+  be_.download(idx.data(), topk_idx.data(), topk_idx.bytes());
+  be_.download(off.data(), offsets.data(), offsets.bytes());
+  r.tokens_per_expert.assign(off.size() - 1, 0);
+  for (std::size_t e = 0; e + 1 < off.size(); ++e) r.tokens_per_expert[e] = off[e + 1] - off[e];
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a, 64-bit, over the indices' bytes
+  for (std::int32_t v : idx)
+    for (int k = 0; k < 4; ++k) {
+      h ^= (std::uint32_t(v) >> (8 * k)) & 0xffu;
+      h *= 1099511628211ull;
+    }
+  r.fingerprint = h;
+  if (!cfg_.output_router_logits) return;
+  // The load-balancing loss's statistics (docs/formulas.md, "The load-balancing loss").
+  const std::size_t E = std::size_t(cfg_.experts);
+  std::vector<float> p(std::size_t(probs.bytes() / sizeof(float)));
+  be_.download(p.data(), probs.data(), probs.bytes());
+  for (std::size_t e = 0; e < E; ++e) aux_counts_[e] += double(r.tokens_per_expert[e]);
+  for (std::size_t t = 0; t * E < p.size(); ++t)
+    for (std::size_t e = 0; e < E; ++e) aux_prob_sums_[e] += double(p[t * E + e]);
+}
+
+const float* LlamaModel::moe_aux_grad() {
+  return cfg_.output_router_logits ? aux_grad_.data() : nullptr;
+}
+
 void LlamaModel::grad_done(std::int64_t l, int slot) {
   end_grad(layer_param(int(l), slot), *capture_);
 }
 
 void LlamaModel::forward() {
   auto ph = ledger_.scope(Phase::forward);
+  if (cfg_.output_router_logits) {  // this step's load-balancing statistics start afresh
+    aux_counts_.assign(std::size_t(cfg_.experts), 0.0);
+    aux_prob_sums_.assign(std::size_t(cfg_.experts), 0.0);
+    aux_grad_.assign(std::size_t(cfg_.experts), 0.0f);
+  }
   embed_out_ = act("embed_out", -1, {b_, s_, h_}, D_);  // x_0
   be_.embedding_forward(embed_out_.data(), tokens_.as<std::int32_t>(), params_[0].value.data(), b_,
                         s_, h_, V_);
@@ -446,7 +502,7 @@ void LlamaModel::forward() {
       be_.download(host.data(), losses.data(), losses.bytes());
       double sum = 0.0;
       for (float v : host) sum += v;
-      loss_ = float(sum / double(b_ * (s_ - 1)));
+      loss_ = float(sum / double(b_ * (s_ - 1)) + router_aux_loss());
     } else {
       loss_ = std::numeric_limits<float>::quiet_NaN();
     }

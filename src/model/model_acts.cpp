@@ -14,6 +14,7 @@ ActDims ActDims::of(const ModelConfig& model, const TrainConfig& train) {
     d.E = model.experts;
     d.K = model.experts_per_token;
     d.m = model.expert_intermediate;
+    d.ms = model.shared_expert_intermediate;
   }
   return d;
 }
@@ -65,6 +66,9 @@ std::vector<std::int64_t> act_shape(const ActShape& shape, const ActDims& dims) 
         break;
       case Extent::nk:
         out.push_back(dims.b * dims.s * dims.K);
+        break;
+      case Extent::ms:
+        out.push_back(dims.ms);
         break;
     }
   return out;
@@ -131,6 +135,9 @@ std::string act_shape_letters(const ActShape& shape) {
         break;
       case Extent::nk:
         out += "b·s·K";
+        break;
+      case Extent::ms:
+        out += "m_s";
         break;
     }
   }

@@ -200,8 +200,8 @@ class Backend {
                          std::int32_t* offsets, const void* logits, std::int64_t n, std::int64_t E,
                          std::int64_t K, bool normalize) = 0;
   virtual void moe_route_backward(void* dlogits, const float* dweight, const float* probs,
-                                  const std::int32_t* idx, std::int64_t n, std::int64_t E,
-                                  std::int64_t K, bool normalize) = 0;
+                                  const std::int32_t* idx, const float* aux, std::int64_t n,
+                                  std::int64_t E, std::int64_t K, bool normalize) = 0;
   virtual void moe_permute(void* rows, const void* x, const std::int32_t* pos, std::int64_t n,
                            std::int64_t K, std::int64_t h) = 0;
   virtual void moe_combine(void* out, const void* res, const void* rows, const float* weight,
@@ -210,6 +210,12 @@ class Backend {
   virtual void moe_combine_backward(void* drows, float* dweight, const void* dout, const void* rows,
                                     const float* weight, const std::int32_t* pos, std::int64_t n,
                                     std::int64_t K, std::int64_t h) = 0;
+  // Qwen2-MoE's shared expert gate: out (n, h) D += σ(score)·y; its backward dy = σ(score)·dout,
+  // dscore (n) D = σ'(score)·rowsum(dout·y).
+  virtual void moe_gate_add(void* out, const void* y, const void* score, std::int64_t n,
+                            std::int64_t h) = 0;
+  virtual void moe_gate_backward(void* dy, void* dscore, const void* dout, const void* y,
+                                 const void* score, std::int64_t n, std::int64_t h) = 0;
   // The overflow check of loss-scaled gradients, in two halves so that a step waits once:
   // check_finite queues a test of x (n) D for +-inf and NaN; take_nonfinite returns whether
   // any buffer checked since the previous take held one, and clears that (it waits for the

@@ -59,6 +59,7 @@ struct ModelConfig {
   std::int64_t decoder_sparse_step = 1;         // Qwen: layer l is MoE when (l + 1) % step == 0
   std::vector<std::int64_t> mlp_only_layers;    // Qwen: layers kept dense, ascending
   bool output_router_logits = false;            // the load-balancing loss's tensors
+  double router_aux_loss_coef = 0.001;          // its weight in the loss (router_aux_loss_coef)
   // config.json keys that were read and do not change a training step's computation or memory
   // (listed by --explain); keys the loader does not know end in " (unrecognised)".
   std::vector<std::string> ignored_fields;
@@ -169,9 +170,9 @@ struct TrainConfig {
 
 // The guard of trainmem's own step and its `native` profile (one GPU) for a mixture of experts
 // (docs/native-plan.md, "Mixture of experts"): what the native MoE layer does not model yet
-// exits 2 naming the field or flag: a shared expert (shared_expert_intermediate_size), dense
-// layers among the MoE ones (mlp_only_layers, decoder_sparse_step), output_router_logits (the
-// load-balancing loss), LoRA/QLoRA (--finetune), LOMO (--optimizer lomo),
+// exits 2 naming the field or flag: dense layers among the MoE ones (mlp_only_layers,
+// decoder_sparse_step), LoRA/QLoRA (--finetune),
+// LOMO (--optimizer lomo),
 // --offload-activations. `what` names the command or profile. No-op for a dense model.
 void require_native_moe(const ModelConfig& m, const TrainConfig& t, const std::string& what);
 

@@ -48,6 +48,13 @@ enum LayerParam : int {
   kRouter,
   kExpertsGateUp,
   kExpertsDown,
+  // Qwen2-MoE's shared expert (ModelConfig::shared_expert_intermediate > 0): a dense SwiGLU of
+  // width m_s, `mlp.shared_expert.{gate,up,down}_proj` ((m_s, h), (m_s, h), (h, m_s)), and its
+  // sigmoid gate `mlp.shared_expert_gate` (1, h).
+  kSharedGate,
+  kSharedUp,
+  kSharedDown,
+  kSharedExpertGate,
   // LoRA adapters (TrainConfig::lora_rank > 0): A (r, in) and B (out, r) of each target, in
   // LoraTarget order (q, k, v, o, gate, up, down); lora_a_slot / lora_b_slot.
   kLoraFirst,
@@ -140,6 +147,16 @@ class LayerHost {
   // Context parallelism (measured, cp > 1): `send` (count elements of t) to the next rank of the
   // ring, and the previous rank's into `recv`.
   virtual void cp_pass(const void* send, void* recv, std::uint64_t count, DType t);
+  // A mixture-of-experts layer's routing in the forward proper (not the recompute, which routes
+  // the same way): topk_idx (b, s, K) and expert_offsets (E + 1) int32 and router_probs (b, s, E)
+  // f32, in backend memory, right after the router computed them. The host may record them
+  // (LlamaModel::routing) and sum them for the load-balancing loss.
+  virtual void moe_routed(int /*g*/, const Tensor& /*topk_idx*/, const Tensor& /*offsets*/,
+                          const Tensor& /*probs*/) {}
+  // The load-balancing loss's gradient of every token's router probabilities (E floats in host
+  // memory, the same for every layer and token, loss scale included) when ModelConfig::
+  // output_router_logits adds the loss; nullptr otherwise.
+  virtual const float* moe_aux_grad() { return nullptr; }
 };
 
 // How a rank runs its layers.

@@ -167,6 +167,15 @@ class LlamaModel : private LayerHost {
   // (embedding output, head), [l + 1] layer l.
   // (Under --offload-activations both places count: device and host.)
   const std::vector<std::uint64_t>& activations_by_layer() const { return act_by_layer_; }
+  // A mixture of experts (issue 29, point 3): each layer's routing in the last forward, as the
+  // backend computed it (cpu and cuda; empty on meta, which routes nothing): the tokens each
+  // expert received (b·s·K in all) and a fingerprint of every (token, choice)'s expert (FNV-1a
+  // over topk_idx), which tells two routings apart without keeping them.
+  struct LayerRouting {
+    std::vector<std::int64_t> tokens_per_expert;
+    std::uint64_t fingerprint = 0;
+  };
+  const std::vector<LayerRouting>& routing() const { return routing_; }
   ParameterOptimizer& optimizer() { return opt_; }
   // --offload-activations: the host ledger the offloaded copies live in (nullptr otherwise; its
   // peaks restart with each step), and the bytes copied each way in the last step (device to host
@@ -208,6 +217,12 @@ class LlamaModel : private LayerHost {
   const Quant4View* quant4(std::int64_t l, int slot) override;
   void* grad(std::int64_t l, int slot) override;
   void grad_done(std::int64_t l, int slot) override;
+  void moe_routed(int g, const Tensor& topk_idx, const Tensor& offsets,
+                  const Tensor& probs) override;
+  const float* moe_aux_grad() override;
+  // The load-balancing loss's share of the loss, coef·aux, from this step's statistics; fills
+  // aux_grad_ (0 without output_router_logits).
+  double router_aux_loss();
   // Gradient bookkeeping: AdamW/SGD use the persistent buffer; LOMO allocates it zeroed here.
   void* begin_grad(std::size_t index);
   // LOMO: capture, update and free now. AdamW/SGD: nothing (captured after backward).
@@ -235,6 +250,12 @@ class LlamaModel : private LayerHost {
   std::vector<Quant4Param> quant_;
   // Position of each LayerParam slot among a layer's parameters (-1: not in this model), and
   // the number of parameters per layer.
+  std::vector<LayerRouting> routing_;  // per layer, the last forward's (MoE, computing backends)
+  // The load-balancing loss (ModelConfig::output_router_logits): per expert, over every layer of
+  // this step's forward, the (token, choice) pairs routed to it and the sum of its probabilities
+  // (double, tokens in order), and the gradient of the scaled loss by each probability.
+  std::vector<double> aux_counts_, aux_prob_sums_;
+  std::vector<float> aux_grad_;
   std::vector<int> layer_slot_;
   std::size_t per_layer_params_ = 0;
   // A paged optimizer's large states (managed memory; null for the other optimizers). Declared

@@ -62,6 +62,11 @@ enum class LayerAct : std::uint8_t {
   expert_up,
   expert_act,
   expert_out,
+  shared_gate,
+  shared_up,
+  shared_act,
+  shared_out,
+  shared_score,
   gate,
   up,
   mask_gate,
@@ -73,15 +78,15 @@ enum class LayerAct : std::uint8_t {
   lora_down,
   out,
 };
-constexpr int kNumLayerActs = 43;
+constexpr int kNumLayerActs = 48;
 
 // One extent of an activation's shape: a single dimension, or the products a·d and k·d. `sr`
 // is the sequence rows a rank holds of the rows outside the tensor-parallel region (the norms
 // and the residual stream): s, or s/tp under sequence parallelism. Listings are of one rank
 // without it and write it "s". `r` is the LoRA rank. A mixture of experts adds E (experts), E1
-// (E + 1), K (experts per token), m (an expert's width) and nk (b·s·K: the rows in expert order,
-// one per token and choice).
-enum class Extent : std::uint8_t { b, s, sr, h, i, a, k, ad, kd, r, E, E1, K, m, nk };
+// (E + 1), K (experts per token), m (an expert's width), nk (b·s·K: the rows in expert order,
+// one per token and choice) and ms (Qwen2-MoE's shared expert's width).
+enum class Extent : std::uint8_t { b, s, sr, h, i, a, k, ad, kd, r, E, E1, K, m, nk, ms };
 
 struct ActShape {
   std::uint8_t rank;
@@ -104,8 +109,9 @@ enum class ForAttention : std::uint8_t { both, eager, flash };
 enum class ForModel : std::uint8_t {
   all,
   qk_norm,
-  dense,  // a dense MLP's rows (gate, up, act): not in a mixture-of-experts layer
-  moe,    // a mixture-of-experts layer's rows (ModelConfig::moe())
+  dense,   // a dense MLP's rows (gate, up, act): not in a mixture-of-experts layer
+  moe,     // a mixture-of-experts layer's rows (ModelConfig::moe())
+  shared,  // a MoE layer's shared expert's rows (ModelConfig::shared_expert_intermediate > 0)
   lora_q,
   lora_k,
   lora_v,
@@ -173,6 +179,8 @@ constexpr ActShape bsK{3, {Extent::b, Extent::s, Extent::K}};
 constexpr ActShape E1{1, {Extent::E1}};
 constexpr ActShape nkh{2, {Extent::nk, Extent::h}};
 constexpr ActShape nkm{2, {Extent::nk, Extent::m}};
+constexpr ActShape bsms{3, {Extent::b, Extent::s, Extent::ms}};
+constexpr ActShape bs_all{2, {Extent::b, Extent::s}};
 }  // namespace act_shapes
 
 // clang-format off
@@ -211,6 +219,11 @@ inline constexpr LayerActSpec kLayerActs[kNumLayerActs] = {
     {LayerAct::expert_up, "expert_up", act_shapes::nkm, ActDType::D, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 2, "each expert's rows · W_upᵀ"},
     {LayerAct::expert_act, "expert_act", act_shapes::nkm, ActDType::D, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 1, "silu(expert_gate)·expert_up: the down GEMMs' input"},
     {LayerAct::expert_out, "expert_out", act_shapes::nkh, ActDType::D, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 1, "each expert's output before its routing weight (the weight's gradient)"},
+    {LayerAct::shared_gate, "shared_gate", act_shapes::bsms, ActDType::D, Category::activations, ForAttention::both, ForModel::shared, UnderCheckpointing::recomputed, 3, "xn2·W_shared_gateᵀ (Qwen2-MoE's shared expert)"},
+    {LayerAct::shared_up, "shared_up", act_shapes::bsms, ActDType::D, Category::activations, ForAttention::both, ForModel::shared, UnderCheckpointing::recomputed, 3, "xn2·W_shared_upᵀ"},
+    {LayerAct::shared_act, "shared_act", act_shapes::bsms, ActDType::D, Category::activations, ForAttention::both, ForModel::shared, UnderCheckpointing::recomputed, 3, "silu(shared_gate)·shared_up: the shared down GEMM's input"},
+    {LayerAct::shared_out, "shared_out", act_shapes::bsh_all, ActDType::D, Category::activations, ForAttention::both, ForModel::shared, UnderCheckpointing::recomputed, 3, "the shared expert's output before its sigmoid gate"},
+    {LayerAct::shared_score, "shared_score", act_shapes::bs_all, ActDType::D, Category::activations, ForAttention::both, ForModel::shared, UnderCheckpointing::recomputed, 3, "xn2·W_shared_expert_gateᵀ, the gate's logit (σ' in backward)"},
     {LayerAct::gate,     "gate",     act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::dense,     UnderCheckpointing::recomputed, 2, "xn2·W_gateᵀ"},
     {LayerAct::up,       "up",       act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::dense,     UnderCheckpointing::recomputed, 2, "xn2·W_upᵀ"},
     {LayerAct::mask_gate, "lora_mask.gate_proj", act_shapes::bsh_all, ActDType::u8, Category::activations, ForAttention::both, ForModel::drop_gate, UnderCheckpointing::recomputed, 3, "the dropout mask of gate_proj's adapter input (xn2): its backward drops the same elements"},
@@ -228,17 +241,53 @@ inline constexpr LayerActSpec kLayerActs[kNumLayerActs] = {
 // docs/native-plan.md lists them (after the step's own workspace buffers). `out` is not in it
 // (its consumer frees it).
 inline constexpr LayerAct kBackwardFreeOrder[] = {
-    LayerAct::act,        LayerAct::lora_down,   LayerAct::mask_down,  LayerAct::expert_out,
-    LayerAct::expert_act, LayerAct::gate,        LayerAct::up,         LayerAct::expert_gate,
-    LayerAct::expert_up,  LayerAct::xn2,         LayerAct::lora_gate,  LayerAct::mask_gate,
-    LayerAct::lora_up,    LayerAct::mask_up,     LayerAct::expert_in,  LayerAct::router_probs,
-    LayerAct::topk_idx,   LayerAct::topk_weight, LayerAct::expert_pos, LayerAct::expert_offsets,
-    LayerAct::h_mid,      LayerAct::rstd2,       LayerAct::lora_o,     LayerAct::mask_o,
-    LayerAct::attn_out,   LayerAct::probs,       LayerAct::lse,        LayerAct::q_pre,
-    LayerAct::q_rstd,     LayerAct::k_pre,       LayerAct::k_rstd,     LayerAct::q,
-    LayerAct::k,          LayerAct::v,           LayerAct::lora_q,     LayerAct::mask_q,
-    LayerAct::lora_k,     LayerAct::mask_k,      LayerAct::lora_v,     LayerAct::mask_v,
-    LayerAct::xn1,        LayerAct::rstd1,
+    LayerAct::act,
+    LayerAct::lora_down,
+    LayerAct::mask_down,
+    LayerAct::expert_out,
+    LayerAct::expert_act,
+    LayerAct::gate,
+    LayerAct::up,
+    LayerAct::expert_gate,
+    LayerAct::expert_up,
+    LayerAct::xn2,
+    LayerAct::lora_gate,
+    LayerAct::mask_gate,
+    LayerAct::lora_up,
+    LayerAct::mask_up,
+    LayerAct::expert_in,
+    LayerAct::router_probs,
+    LayerAct::topk_idx,
+    LayerAct::topk_weight,
+    LayerAct::expert_pos,
+    LayerAct::expert_offsets,
+    LayerAct::shared_gate,
+    LayerAct::shared_up,
+    LayerAct::shared_act,
+    LayerAct::shared_out,
+    LayerAct::shared_score,
+    LayerAct::h_mid,
+    LayerAct::rstd2,
+    LayerAct::lora_o,
+    LayerAct::mask_o,
+    LayerAct::attn_out,
+    LayerAct::probs,
+    LayerAct::lse,
+    LayerAct::q_pre,
+    LayerAct::q_rstd,
+    LayerAct::k_pre,
+    LayerAct::k_rstd,
+    LayerAct::q,
+    LayerAct::k,
+    LayerAct::v,
+    LayerAct::lora_q,
+    LayerAct::mask_q,
+    LayerAct::lora_k,
+    LayerAct::mask_k,
+    LayerAct::lora_v,
+    LayerAct::mask_v,
+    LayerAct::xn1,
+    LayerAct::rstd1,
 };
 
 constexpr const LayerActSpec& layer_act(LayerAct x) {
@@ -288,6 +337,8 @@ constexpr bool allocated_in(const LayerActSpec& row, const ModelConfig& model,
   if (row.model == ForModel::qk_norm && !model.qk_norm) return false;
   if (row.model == ForModel::dense && model.moe()) return false;
   if (row.model == ForModel::moe && !model.moe()) return false;
+  if (row.model == ForModel::shared && (!model.moe() || model.shared_expert_intermediate == 0))
+    return false;
   if (lora_target_of(row.model) != 0 &&
       (!train.lora() || (train.lora_targets & lora_target_of(row.model)) == 0))
     return false;
@@ -306,6 +357,7 @@ struct ActDims {
   unsigned lora = 0;   // LoRA targets (LoraTarget bits)
   // A mixture of experts: experts, experts per token, an expert's width (0 for a dense model).
   std::int64_t E = 0, K = 0, m = 0;
+  std::int64_t ms = 0;  // the shared expert's width (0: none)
   static ActDims of(const ModelConfig& model, const TrainConfig& train);
 };
 std::vector<std::int64_t> act_shape(const ActShape& shape, const ActDims& dims);

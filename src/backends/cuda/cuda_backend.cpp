@@ -303,9 +303,9 @@ void CudaBackend::moe_route(float* probs, std::int32_t* idx, float* weight, std:
   moe_route_cuda(probs, idx, weight, pos, offsets, logits, n, E, K, normalize, dtype(), stream_);
 }
 void CudaBackend::moe_route_backward(void* dlogits, const float* dweight, const float* probs,
-                                     const std::int32_t* idx, std::int64_t n, std::int64_t E,
-                                     std::int64_t K, bool normalize) {
-  moe_route_backward_cuda(dlogits, dweight, probs, idx, n, E, K, normalize, dtype(), stream_);
+                                     const std::int32_t* idx, const float* aux, std::int64_t n,
+                                     std::int64_t E, std::int64_t K, bool normalize) {
+  moe_route_backward_cuda(dlogits, dweight, probs, idx, aux, n, E, K, normalize, dtype(), stream_);
 }
 void CudaBackend::moe_permute(void* rows, const void* x, const std::int32_t* pos, std::int64_t n,
                               std::int64_t K, std::int64_t h) {
@@ -321,6 +321,14 @@ void CudaBackend::moe_combine_backward(void* drows, float* dweight, const void* 
                                        const std::int32_t* pos, std::int64_t n, std::int64_t K,
                                        std::int64_t h) {
   moe_combine_backward_cuda(drows, dweight, dout, rows, weight, pos, n, K, h, dtype(), stream_);
+}
+void CudaBackend::moe_gate_add(void* out, const void* y, const void* score, std::int64_t n,
+                               std::int64_t h) {
+  moe_gate_add_cuda(out, y, score, n, h, dtype(), stream_);
+}
+void CudaBackend::moe_gate_backward(void* dy, void* dscore, const void* dout, const void* y,
+                                    const void* score, std::int64_t n, std::int64_t h) {
+  moe_gate_backward_cuda(dy, dscore, dout, y, score, n, h, dtype(), stream_);
 }
 void CudaBackend::check_finite(const void* x, std::int64_t n) {
   flag_nonfinite_cuda(nonfinite_device_, x, n, dtype(), stream_);

@@ -133,8 +133,8 @@ class CudaBackend final : public Backend {
                  std::int32_t* offsets, const void* logits, std::int64_t n, std::int64_t E,
                  std::int64_t K, bool normalize) override;
   void moe_route_backward(void* dlogits, const float* dweight, const float* probs,
-                          const std::int32_t* idx, std::int64_t n, std::int64_t E, std::int64_t K,
-                          bool normalize) override;
+                          const std::int32_t* idx, const float* aux, std::int64_t n, std::int64_t E,
+                          std::int64_t K, bool normalize) override;
   void moe_permute(void* rows, const void* x, const std::int32_t* pos, std::int64_t n,
                    std::int64_t K, std::int64_t h) override;
   void moe_combine(void* out, const void* res, const void* rows, const float* weight,
@@ -143,6 +143,10 @@ class CudaBackend final : public Backend {
   void moe_combine_backward(void* drows, float* dweight, const void* dout, const void* rows,
                             const float* weight, const std::int32_t* pos, std::int64_t n,
                             std::int64_t K, std::int64_t h) override;
+  void moe_gate_add(void* out, const void* y, const void* score, std::int64_t n,
+                    std::int64_t h) override;
+  void moe_gate_backward(void* dy, void* dscore, const void* dout, const void* y, const void* score,
+                         std::int64_t n, std::int64_t h) override;
   void check_finite(const void* x, std::int64_t n) override;
   bool take_nonfinite() override;
 
