@@ -66,10 +66,11 @@ struct RunFlags {
   std::string backend = "auto";  // auto|cuda|cpu|meta
   int steps = 2;
   std::uint64_t seed = 0;
-  std::string weights;   // .safetensors
-  std::string tokens;    // raw int32 LE, batch*seq
-  std::string dump;      // .safetensors
-  std::string timeline;  // .json (Perfetto) or .svg
+  std::string weights;       // .safetensors
+  std::string tokens;        // raw int32 LE, batch*seq
+  std::string dump;          // .safetensors
+  std::string timeline;      // .json (Perfetto) or .svg
+  std::string dump_routing;  // .json: a mixture of experts' measured routing (profile only)
   // --device-budget SIZE (raw): the ledger's allocator refuses to go above it; "" for none.
   std::string device_budget;
   // --allocator pytorch[:KEY=VALUE,...] (raw): mirror the run in a model of PyTorch's caching

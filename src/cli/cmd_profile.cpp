@@ -57,6 +57,9 @@ int run_profile(const ProfileFlags& flags) {
     throw InputError("--finetune " + flags.common.finetune +
                      " with a parallel layout (--world-size " + std::to_string(flags.layout.world) +
                      "): the LoRA step runs on one GPU (world size 1)");
+  if (!flags.run.dump_routing.empty() && !c.model.moe())
+    throw InputError("--dump-routing " + flags.run.dump_routing + ": " + c.model.name +
+                     " is not a mixture of experts (it routes no token)");
   const ParallelConfig par = resolve_layout(flags.layout, c.model, c.train);
   resolve_checkpointing(c, par);  // budget:SIZE picks its layers for this layout
   const std::string& be = flags.run.backend;
@@ -70,27 +73,49 @@ int run_profile(const ProfileFlags& flags) {
   // step can start on the chosen backend.
   if (!flags.run.timeline.empty()) check_writable(flags.run.timeline, "--timeline");
   if (!flags.run.dump.empty()) check_writable(flags.run.dump, "--dump");
+  if (!flags.run.dump_routing.empty()) {
+    if (be == "meta")
+      throw InputError("--dump-routing " + flags.run.dump_routing +
+                       ": the meta backend routes nothing (it computes no logits); use --backend "
+                       "cpu or cuda");
+    check_writable(flags.run.dump_routing, "--dump-routing");
+  }
   check_run_can_start(rq);
 
   const RunResult r = execute_run(rq);
   if (!r.backend_note.empty()) spdlog::warn("{}", r.backend_note);
-  // The timeline, then the report: one that cannot be written (a full disk) does not keep the
-  // other from being written; its error is the exit status afterwards.
-  std::optional<std::string> timeline_error;
+  // The timeline and the routing, then the report: one that cannot be written (a full disk) does
+  // not keep the others from being written; its error is the exit status afterwards.
+  std::optional<std::string> output_error;
   if (r.timeline && !flags.run.timeline.empty()) {
     try {
       write_timeline(flags.run.timeline, *r.timeline);
       spdlog::info("wrote {}", flags.run.timeline);
     } catch (const InputError& e) {
-      timeline_error = e.what();
+      output_error = e.what();
       spdlog::error("the timeline was not written: {}", e.what());
+    }
+  }
+
+  if (!flags.run.dump_routing.empty()) {
+    try {
+      if (r.routing.empty())  // auto fell back to meta (no device), or no forward completed
+        throw InputError(
+            "--dump-routing " + flags.run.dump_routing + ": no routing was measured (backend " +
+            r.backend +
+            (r.computes ? ": the run stopped before a forward" : ": it computes nothing") + ")");
+      write_output(flags.run.dump_routing, routing_json(r).dump(2) + "\n");
+      spdlog::info("wrote {}", flags.run.dump_routing);
+    } catch (const InputError& e) {
+      if (!output_error) output_error = e.what();
+      spdlog::error("the routing was not written: {}", e.what());
     }
   }
 
   const auto w = report::make_writer(c.format, stdout_colour(c.output));
   write_profile(*w, r);
   write_output(c.output, w->str());
-  if (timeline_error && !r.failure) throw InputError(*timeline_error);
+  if (output_error && !r.failure) throw InputError(*output_error);
   // After an out-of-memory (already logged by execute_run) the report above holds what was
   // measured up to the failure.
   return r.failure ? 3 : 0;

@@ -383,6 +383,11 @@ void add_run_flags(CLI::App& cmd, RunFlags& flags, bool several_runs) {
       ->check(suffix_check({".safetensors"}));
   cmd.add_option("--timeline", flags.timeline, "Memory timeline: .json (Perfetto) or .svg")
       ->check(suffix_check({".json", ".svg"}));
+  if (!several_runs)
+    cmd.add_option("--dump-routing", flags.dump_routing,
+                   "A mixture of experts: write the tokens each expert received in the last "
+                   "step, layer by layer (JSON; cpu or cuda)")
+        ->check(suffix_check({".json"}));
   cmd.add_option("--device-budget", flags.device_budget,
                  several_runs ? "Refuse allocations past SIZE live bytes in every run "
                                 "(out-of-memory: exit 3)"
@@ -397,14 +402,17 @@ void add_run_flags(CLI::App& cmd, RunFlags& flags, bool several_runs) {
 }
 
 void check_outputs(const Common& c, const RunFlags& flags) {
-  check_distinct_outputs(
-      {{"--output", c.output}, {"--timeline", flags.timeline}, {"--dump", flags.dump}});
+  check_distinct_outputs({{"--output", c.output},
+                          {"--timeline", flags.timeline},
+                          {"--dump", flags.dump},
+                          {"--dump-routing", flags.dump_routing}});
   // An input overwritten by an output would be read after it changed.
   for (const auto& [in_flag, in] : {std::pair<std::string, std::string>{"--weights", flags.weights},
                                     {"--tokens", flags.tokens}})
     for (const auto& [out_flag, out] : {std::pair<std::string, std::string>{"--output", c.output},
                                         {"--timeline", flags.timeline},
-                                        {"--dump", flags.dump}})
+                                        {"--dump", flags.dump},
+                                        {"--dump-routing", flags.dump_routing}})
       if (same_output_file(in, out))
         throw InputError(out_flag + " " + out + " is the " + in_flag +
                          " file: the run would overwrite its own input; give another path");

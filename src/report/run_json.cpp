@@ -12,6 +12,24 @@ namespace trainmem {
 using nlohmann::json;
 namespace schema = report::schema;
 
+namespace {}  // namespace
+
+json routing_json(const RunResult& r) {
+  json layers = json::array();
+  for (std::size_t l = 0; l < r.routing.size(); ++l)
+    layers.push_back(json{{"layer", l}, {"tokens_per_expert", r.routing[l]}});
+  return json{{"model", r.model.name},
+              {"batch", r.train.batch},
+              {"seq", r.train.seq},
+              {"experts", r.model.experts},
+              {"experts_per_token", r.model.experts_per_token},
+              {"step", r.steps_done},
+              {"layers", layers},
+              {"note",
+               "tokens each expert received in the step's forward; no byte of trainmem's step "
+               "depends on it: every expert buffer holds batch*seq*experts_per_token rows"}};
+}
+
 namespace {
 
 json shape_json(const std::vector<std::int64_t>& shape) {
@@ -71,6 +89,7 @@ json run_result_json(const RunResult& r) {
   }
   if (paged_optimizer(r.train.optimizer))
     led["optimizer_states_managed"] = r.optimizer_states_managed;
+  if (!r.routing.empty()) led["routing"] = routing_json(r);
   led["peak_at"] = json{{"phase", phase_name(r.peak.phase)},
                         {"tensor", r.peak.tensor},
                         {"layer", r.peak.layer},

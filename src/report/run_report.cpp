@@ -301,6 +301,18 @@ void write_profile(report::ReportWriter& w, const RunResult& r) {
   const std::string losses = losses_text(r);
   if (!losses.empty()) w.detail("loss: " + losses);
   if (r.failure) w.alert(failure_lines(*r.failure, r.device_budget, u));
+  if (!r.routing.empty()) {
+    w.detail("routing (last step's forward, tokens per expert, experts 0.." +
+             std::to_string(r.model.experts - 1) +
+             "): the bytes above do not depend on it, every "
+             "expert buffer holds b·s·K = " +
+             std::to_string(r.train.batch * r.train.seq * r.model.experts_per_token) + " rows");
+    for (std::size_t l = 0; l < r.routing.size(); ++l) {
+      std::string line = "  layer " + std::to_string(l) + ":";
+      for (std::int64_t c : r.routing[l]) line += " " + std::to_string(c);
+      w.detail(line);
+    }
+  }
 
   w.heading("Reconciliation: measured (ledger) vs analytic (native), ok = exact",
             "Reconciliation: measured (ledger) vs analytic (native)");

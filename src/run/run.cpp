@@ -271,6 +271,7 @@ void read_ledger(const RunRequest& rq, RunRig& rig, std::uint64_t step_first_seq
     }
     if (const Ledger* managed = rig.model()->managed_ledger())
       r.optimizer_states_managed = managed->peak_total().bytes;
+    for (const auto& layer : rig.model()->routing()) r.routing.push_back(layer.tokens_per_expert);
   }
   const int last_step = r.failure ? r.failure->step : r.steps_done;
   for (const TensorRecord& t : ledger.tensors())

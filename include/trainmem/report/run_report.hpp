@@ -20,6 +20,11 @@ namespace trainmem {
 // The per-run object of docs/design.md ("JSON output"): schema, model, run, analytic, measured,
 // reconciliation, tensors; plus device_checks and, after an out-of-memory, error.
 nlohmann::json run_result_json(const RunResult& r);
+// A mixture of experts' measured routing (RunResult::routing; `measured.routing` of the JSON
+// report and the file --dump-routing writes): the model, batch, sequence, experts, top-K and
+// per layer the tokens each expert received in the last step's forward, with a note that no
+// byte depends on it.
+nlohmann::json routing_json(const RunResult& r);
 // An out-of-memory as the "error" object of the JSON report (kind, message, requested bytes,
 // category, tensor, live bytes, step, the tensors alive, largest first).
 nlohmann::json failure_json(const RunFailure& f);

@@ -110,6 +110,10 @@ struct RunResult {
   // --optimizer paged-adamw|paged-adamw8bit: the bytes of the managed ledger (the states taken
   // from managed memory at setup; outside the ledger's figures and peak); 0 otherwise.
   std::uint64_t optimizer_states_managed = 0;
+  // A mixture of experts on a backend that computes: the tokens each expert received in the last
+  // step's forward, layer by layer (LlamaModel::routing; empty otherwise). No byte depends on it
+  // (docs/native-plan.md, "Mixture of experts").
+  std::vector<std::vector<std::int64_t>> routing;
   std::uint64_t events = 0, dropped_events = 0;
   std::vector<TensorRecord> tensors;  // setup and the last step
   std::optional<TimelineData> timeline;
