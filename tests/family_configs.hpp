@@ -151,7 +151,31 @@ inline ModelConfig family_big(const std::string& name) {
 // the tiny-qwen2-moe preset with every layer MoE (decoder_sparse_step 1, no mlp_only_layers):
 // its shared expert in trainmem's own step, which models one kind of layer. "tiny-mixtral-aux" is
 // tiny-mixtral with output_router_logits on and router_aux_loss_coef 0.5 (the load-balancing loss).
+//
+// Skewed MoE shapes, so that each of the native MoE layer's instants decides some figure (the
+// ledger tests then check every one of them): "moe-wide-router" (h 8, 64 experts of width 1, top
+// 1: the router's (b,s,E) tensors dominate the layer's workspace), "moe-wide-router-aux" (the same
+// with the load-balancing loss's (E) f32 buffer), "moe-wide-shared" (two experts of width 1 beside
+// a shared expert of width 300: its backward's transients dominate).
 inline ModelConfig any_config(const std::string& name) {
+  if (name.rfind("moe-wide-", 0) == 0) {
+    ModelConfig c = *find_preset(name == "moe-wide-shared" ? "tiny-qwen2-moe" : "tiny-mixtral");
+    c.name = name;
+    c.vocab = 16;
+    c.hidden = 8;
+    c.heads = 2;
+    c.kv_heads = 1;
+    c.layers = 2;
+    c.intermediate = 1;
+    c.expert_intermediate = 1;
+    c.experts_per_token = 1;
+    c.experts = name == "moe-wide-shared" ? 2 : 64;
+    c.decoder_sparse_step = 1;
+    c.mlp_only_layers.clear();
+    c.shared_expert_intermediate = name == "moe-wide-shared" ? 300 : 0;
+    c.output_router_logits = name == "moe-wide-router-aux";
+    return c;
+  }
   if (name == "tiny-mixtral-aux") {
     ModelConfig c = *find_preset("tiny-mixtral");
     c.name = name;

@@ -237,16 +237,19 @@ void expect_native_equals_ledger(const ModelConfig& m, const TrainConfig& t, Bac
 // Mixtral (renormalised top 2 of 5, and 8 at published widths), Qwen3-MoE (q/k norms, head dim
 // apart from h/a) and Qwen2-MoE's shared expert (with every layer MoE; Qwen1.5-MoE-A2.7B's 60
 // experts, top 4), in every checkpointing policy × attention × optimizer × dtype the native
-// profile models; the published ones in bf16 on meta, two of their layers.
+// profile models; the published ones in bf16 on meta, two of their layers; and three skewed shapes
+// (family_configs.hpp, moe-wide-*) in which the router's, the load-balancing loss's and the shared
+// expert's instants decide the workspace figure.
 TEST(MoeModel, LedgerEqualsNativeProfileByteForByte) {
-  const std::vector<Shape> shapes = {{"tiny-mixtral", 2, 9},     {"tiny-mixtral", 1, 33},
-                                     {"tiny-qwen3-moe", 3, 7},   {"tiny-qwen2-moe-all", 2, 5},
-                                     {"tiny-mixtral-aux", 2, 7}, {"mixtral-8x7b", 1, 64},
-                                     {"qwen3-30b-a3b", 1, 32},   {"qwen1.5-moe-a2.7b", 1, 32}};
+  const std::vector<Shape> shapes = {
+      {"tiny-mixtral", 2, 9},        {"tiny-mixtral", 1, 33},     {"tiny-qwen3-moe", 3, 7},
+      {"tiny-qwen2-moe-all", 2, 5},  {"tiny-mixtral-aux", 2, 7},  {"moe-wide-router", 2, 3},
+      {"moe-wide-router-aux", 2, 3}, {"moe-wide-shared", 2, 3},   {"mixtral-8x7b", 1, 64},
+      {"qwen3-30b-a3b", 1, 32},      {"qwen1.5-moe-a2.7b", 1, 32}};
   int cases = 0;
   for (const auto& sh : shapes) {
     ModelConfig m = any_config(sh.preset);  // tiny-mixtral-aux: the load-balancing loss too
-    const bool big = sh.preset.rfind("tiny", 0) != 0;
+    const bool big = sh.preset.rfind("tiny", 0) != 0;  // (and the skewed ones: bf16 only)
     if (big) m.layers = 2;
     for (DType dt : {DType::bf16, DType::f32, DType::f16})
       for (const char* ck : {"none", "full", "selective", "every:2"})
@@ -265,7 +268,7 @@ TEST(MoeModel, LedgerEqualsNativeProfileByteForByte) {
             ++cases;
           }
   }
-  EXPECT_EQ(cases, 5 * (96 - 16) + 3 * 32);
+  EXPECT_EQ(cases, 5 * (96 - 16) + 6 * 32);
 }
 
 // The bytes do not depend on the routing: the cpu run's ledger is the meta trace's, event for
