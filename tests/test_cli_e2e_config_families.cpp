@@ -228,6 +228,24 @@ TEST(CliE2EFamilies, UnrecognisedKeyWarnsAndIsListed) {
   std::remove(path.c_str());
 }
 
+// --profile all on a MoE model whose experts' rows torch._grouped_mm refuses (tiny-qwen3-moe:
+// 36 bf16 values, 72 bytes): the HF profiles are left out with the reason (the real class raises
+// under the default grouped_mm), native answers; under --experts-impl eager all three do.
+TEST(CliE2EFamilies, ProfileAllLeavesOutHfWhereGroupedMmWouldRaise) {
+  const Result r = trainmem("estimate --model tiny-qwen3-moe --batch 1 --seq 8 --format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.err,
+                  "hf-eager and hf-sdpa left out under --experts-impl grouped_mm: "
+                  "torch._grouped_mm needs rows of a multiple of 16 bytes"))
+      << r.err;
+  EXPECT_EQ(r.j()["analytic"].size(), 1u);
+  EXPECT_TRUE(r.j()["analytic"].contains("native"));
+  const Result e = trainmem(
+      "estimate --model tiny-qwen3-moe --batch 1 --seq 8 --experts-impl eager --format json");
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_EQ(e.j()["analytic"].size(), 3u);
+}
+
 // --dump-routing (issue 29, point 3): the cpu run of a MoE model writes the tokens each expert
 // received per layer, the same as the report's measured.ledger.routing;
 // the golden's routing is the real MixtralForCausalLM's (its metadata, routing_l<l>). A dense

@@ -457,14 +457,8 @@ void check_hf_moe(const Estimate& est) {
                      "mlp_only_layers: " +
                      std::to_string(dense) + " of " + std::to_string(m.layers) +
                      ") sit among the MoE layers; use none or full");
-  const std::uint64_t row = static_cast<std::uint64_t>(m.expert_intermediate) * dtype_size(t.dtype);
-  if (est.hf.experts_grouped_mm && row % 16 != 0)
-    throw InputError("--experts-impl grouped_mm: " + who +
-                     "torch._grouped_mm needs rows of a "
-                     "multiple of 16 bytes and the experts' rows are " +
-                     std::to_string(row) + " (moe_intermediate_size " +
-                     std::to_string(m.expert_intermediate) +
-                     "): transformers raises there; use --experts-impl eager");
+  if (const std::string why = grouped_mm_problem(m, t.dtype, est.hf); !why.empty())
+    throw InputError("--experts-impl grouped_mm: " + who + why);
 }
 
 std::string era_label(const Hf& hf, const HfOptions& o) {
@@ -1180,3 +1174,18 @@ void build_hf_peft(Estimate& est) {
 }
 
 }  // namespace trainmem::analytic_detail
+
+namespace trainmem {
+
+std::string grouped_mm_problem(const ModelConfig& model, DType dtype, const HfOptions& opts) {
+  if (!model.moe() || !opts.experts_grouped_mm) return "";
+  const std::uint64_t row =
+      static_cast<std::uint64_t>(model.expert_intermediate) * dtype_size(dtype);
+  if (row % 16 == 0) return "";
+  return "torch._grouped_mm needs rows of a multiple of 16 bytes and the experts' rows are " +
+         std::to_string(row) + " (moe_intermediate_size " +
+         std::to_string(model.expert_intermediate) +
+         "): transformers raises there; use --experts-impl eager";
+}
+
+}  // namespace trainmem

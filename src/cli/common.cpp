@@ -600,6 +600,19 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
         spdlog::warn("--profile all: native left out: {}", e.what());
         c.profiles.erase(c.profiles.begin());
       }
+      // HF's default experts implementation cannot run every width (torch._grouped_mm): the HF
+      // profiles are left out then, said, as the real class would raise.
+      if (const std::string why = grouped_mm_problem(c.model, c.train.dtype, c.hf); !why.empty()) {
+        spdlog::warn(
+            "--profile all: hf-eager and hf-sdpa left out under --experts-impl "
+            "grouped_mm: {}",
+            why);
+        c.profiles.erase(std::remove_if(c.profiles.begin(), c.profiles.end(),
+                                        [](const std::string& p) { return p != "native"; }),
+                         c.profiles.end());
+        if (c.profiles.empty())
+          throw InputError("--profile all: no profile models " + c.model.name + " (" + why + ")");
+      }
       spdlog::warn("--profile all: {} is a mixture of experts; only {} model it", c.model.name,
                    join(c.profiles));
     }

@@ -304,7 +304,7 @@ void write_profile(report::ReportWriter& w, const RunResult& r) {
   if (!r.routing.empty()) {
     w.detail("routing (last step's forward, tokens per expert, experts 0.." +
              std::to_string(r.model.experts - 1) +
-             "): the bytes above do not depend on it, every "
+             "): no byte of the step depends on it, every "
              "expert buffer holds b·s·K = " +
              std::to_string(r.train.batch * r.train.seq * r.model.experts_per_token) + " rows");
     for (std::size_t l = 0; l < r.routing.size(); ++l) {

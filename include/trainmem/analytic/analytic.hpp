@@ -173,6 +173,10 @@ HfEra hf_era_for(Profile profile, const HfOptions& opts, const ModelConfig& mode
 // tools/hf_saved_tensors.py (tests/data/hf_golden/<family>-<era>*.json). No-op for non-HF
 // profiles.
 void check_hf_model(Profile profile, const HfOptions& opts, const ModelConfig& model);
+// A mixture of experts under `--experts-impl grouped_mm` (transformers 5.x's default): why
+// torch._grouped_mm would refuse the experts' rows (not a multiple of 16 bytes in `dtype`), or ""
+// when it runs (or the model is dense, or opts say eager).
+std::string grouped_mm_problem(const ModelConfig& model, DType dtype, const HfOptions& opts);
 
 // The monomial one activation tensor's bytes are proportional to.
 //   sbh: s·b·h   sbi: s·b·i   as2b: a·s²·b   sb: s·b   other: none of these (fixed bytes for
