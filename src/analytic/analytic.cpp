@@ -668,11 +668,9 @@ Estimate estimate(Profile profile, const ModelConfig& model, const TrainConfig& 
                   const HfOptions& hf) {
   model.validate();
   // hf-eager and hf-sdpa model the MoE classes (build_hf checks what was measured), native
-  // trainmem's own MoE layer (require_native_moe); the others do not.
+  // trainmem's own MoE layer (its Stage runs require_native_moe); the others do not.
   train.validate();
-  if (profile == Profile::native)
-    require_native_moe(model, train, "profile native");
-  else if (profile != Profile::hf_eager && profile != Profile::hf_sdpa)
+  if (profile != Profile::native && profile != Profile::hf_eager && profile != Profile::hf_sdpa)
     require_dense(model, std::string("profile ") + profile_name(profile));
   train.check_checkpoint_resolved("this command");
   check_hf_options(profile, hf);

@@ -320,9 +320,6 @@ std::vector<std::int32_t> expert_offsets(const LayerRank& R, const LayerActs& A)
   R.backend->download(off.data(), A[LayerAct::expert_offsets].data(), off.size() * sizeof off[0]);
   return off;
 }
-bool moe_normalize(const LayerRank& R) {
-  return R.model.norm_topk_prob;
-}
 // Expert e's `rows` rows from row r0 of a (rows, width) D buffer, and its slice of a (E, ...) D
 // weight of `per` elements per expert.
 char* moe_rows(const Tensor& t, std::int64_t r0, std::int64_t width, DType D) {
@@ -344,6 +341,7 @@ bool moe_mlp_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, Ac
   const DType D = R.train.dtype;
   Backend* be = R.backend;
   LayerHost& H = R.host;
+  std::vector<std::int32_t> off;  // where each expert's rows start, on the host
   {
     Tensor logits = R.ledger.allocate("router_logits", Category::workspace, g, {b, s, E}, D);
     if (be)
@@ -351,19 +349,19 @@ bool moe_mlp_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, Ac
                  0.f);
     through(LayerAct::expert_offsets);  // router_probs, topk_idx, topk_weight, expert_pos, offsets
     if (be)
-      be->moe_route(
-          A[LayerAct::router_probs].as<float>(), A[LayerAct::topk_idx].as<std::int32_t>(),
-          A[LayerAct::topk_weight].as<float>(), A[LayerAct::expert_pos].as<std::int32_t>(),
-          A[LayerAct::expert_offsets].as<std::int32_t>(), logits.data(), n, E, K, moe_normalize(R));
+      be->moe_route(A[LayerAct::router_probs].as<float>(), A[LayerAct::topk_idx].as<std::int32_t>(),
+                    A[LayerAct::topk_weight].as<float>(),
+                    A[LayerAct::expert_pos].as<std::int32_t>(),
+                    A[LayerAct::expert_offsets].as<std::int32_t>(), logits.data(), n, E, K,
+                    R.model.norm_topk_prob);
+    if (be) off = expert_offsets(R, A);
     if (pass == ActPass::forward)
-      H.moe_routed(g, A[LayerAct::topk_idx], A[LayerAct::expert_offsets],
-                   A[LayerAct::router_probs]);
+      H.moe_routed(g, off, A[LayerAct::topk_idx], A[LayerAct::router_probs]);
   }
   through(LayerAct::expert_out);  // expert_in, expert_gate, expert_up, expert_act, expert_out
   if (be) {
     const std::int32_t* pos = A[LayerAct::expert_pos].as<std::int32_t>();
     be->moe_permute(A[LayerAct::expert_in].data(), xn2, pos, n, K, h);
-    const std::vector<std::int32_t> off = expert_offsets(R, A);
     const void* gu = H.weight(l, kExpertsGateUp);
     const void* dn = H.weight(l, kExpertsDown);
     for (std::int64_t e = 0; e < E; ++e) {
@@ -508,7 +506,7 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
     be->moe_route_backward(d_logits.data(), d_weight.as<float>(),
                            A[LayerAct::router_probs].as<float>(),
                            A[LayerAct::topk_idx].as<std::int32_t>(),
-                           aux ? aux.as<float>() : nullptr, n, E, K, moe_normalize(R));
+                           aux ? aux.as<float>() : nullptr, n, E, K, R.model.norm_topk_prob);
   aux.reset();
   d_weight.reset();
   void* dWr = H.grad(l, kRouter);

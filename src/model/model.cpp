@@ -427,15 +427,13 @@ double LlamaModel::router_aux_loss() {
   return coef * E * aux;
 }
 
-void LlamaModel::moe_routed(int g, const Tensor& topk_idx, const Tensor& offsets,
+void LlamaModel::moe_routed(int g, const std::vector<std::int32_t>& off, const Tensor& topk_idx,
                             const Tensor& probs) {
   if (!be_.computes()) return;
   routing_.resize(std::size_t(cfg_.layers));
   LayerRouting& r = routing_[std::size_t(g)];
   std::vector<std::int32_t> idx(std::size_t(topk_idx.bytes() / sizeof(std::int32_t)));
-  std::vector<std::int32_t> off(std::size_t(offsets.bytes() / sizeof(std::int32_t)));
   be_.download(idx.data(), topk_idx.data(), topk_idx.bytes());
-  be_.download(off.data(), offsets.data(), offsets.bytes());
   r.tokens_per_expert.assign(off.size() - 1, 0);
   for (std::size_t e = 0; e + 1 < off.size(); ++e) r.tokens_per_expert[e] = off[e + 1] - off[e];
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a, 64-bit, over the indices' bytes

@@ -148,11 +148,12 @@ class LayerHost {
   // ring, and the previous rank's into `recv`.
   virtual void cp_pass(const void* send, void* recv, std::uint64_t count, DType t);
   // A mixture-of-experts layer's routing in the forward proper (not the recompute, which routes
-  // the same way): topk_idx (b, s, K) and expert_offsets (E + 1) int32 and router_probs (b, s, E)
-  // f32, in backend memory, right after the router computed them. The host may record them
-  // (LlamaModel::routing) and sum them for the load-balancing loss.
-  virtual void moe_routed(int /*g*/, const Tensor& /*topk_idx*/, const Tensor& /*offsets*/,
-                          const Tensor& /*probs*/) {}
+  // the same way), right after the router computed it: where each expert's rows start (E + 1,
+  // host memory, as the layer read them), topk_idx (b, s, K) int32 and router_probs (b, s, E)
+  // f32 in backend memory. The host may record them (LlamaModel::routing) and sum them for the
+  // load-balancing loss.
+  virtual void moe_routed(int /*g*/, const std::vector<std::int32_t>& /*offsets*/,
+                          const Tensor& /*topk_idx*/, const Tensor& /*probs*/) {}
   // The load-balancing loss's gradient of every token's router probabilities (E floats in host
   // memory, the same for every layer and token, loss scale included) when ModelConfig::
   // output_router_logits adds the loss; nullptr otherwise.

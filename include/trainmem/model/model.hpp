@@ -217,7 +217,7 @@ class LlamaModel : private LayerHost {
   const Quant4View* quant4(std::int64_t l, int slot) override;
   void* grad(std::int64_t l, int slot) override;
   void grad_done(std::int64_t l, int slot) override;
-  void moe_routed(int g, const Tensor& topk_idx, const Tensor& offsets,
+  void moe_routed(int g, const std::vector<std::int32_t>& offsets, const Tensor& topk_idx,
                   const Tensor& probs) override;
   const float* moe_aux_grad() override;
   // The load-balancing loss's share of the loss, coef·aux, from this step's statistics; fills
