@@ -121,6 +121,7 @@ struct ModelCase {
   std::int64_t lora_rank = 0;  // > 0: LoRA on all seven projections, the base frozen
   Quant quant = Quant::none;   // with LoRA: the base 4-bit (QLoRA, double quantization)
   double dropout = 0.0;        // with LoRA: its dropout (the masks drawn on each backend)
+  double capacity_factor = 0.0;  // a mixture of experts: --capacity-factor (choices dropped)
 };
 void PrintTo(const ModelCase& c, std::ostream* os) {
   *os << c.preset << " " << dtype_param_name(c.dtype) << " "
@@ -140,6 +141,7 @@ TEST_P(ModelGpu, LossGradientsAndUpdatedWeightsMatchTheCpuBackend) {
   t.lora_targets = c.lora_rank > 0 ? 0x7fu : 0u;
   t.quant = c.quant;
   t.lora_dropout = c.dropout;
+  t.capacity_factor = c.capacity_factor;
   ModelRun cpu(BackendKind::cpu, m, t), gpu(BackendKind::cuda, m, t);
   for (ModelRun* r : {&cpu, &gpu}) {
     r->model->init_random(7);
@@ -211,13 +213,18 @@ INSTANTIATE_TEST_SUITE_P(
         // expert on cuBLAS. fp32, so that the router's logits agree to ~1e-7 and no expert
         // choice differs between the backends.
         ModelCase{"tiny-mixtral", DType::f32, Attention::eager, Optimizer::adamw},
-        ModelCase{"tiny-qwen3-moe", DType::f32, Attention::flash, Optimizer::sgd}),
+        ModelCase{"tiny-qwen3-moe", DType::f32, Attention::flash, Optimizer::sgd},
+        // --capacity-factor 0.6: the device drops the CPU's choices (pos −1) and its GEMMs run
+        // over the kept rows only.
+        ModelCase{"tiny-mixtral", DType::f32, Attention::flash, Optimizer::adamw, 0, Quant::none,
+                  0.0, 0.6}),
     [](const ::testing::TestParamInfo<ModelCase>& i) {
       std::string n = std::string(i.param.preset) + "_" + dtype_param_name(i.param.dtype) + "_" +
                       (i.param.attention == Attention::eager ? "eager" : "flash") + "_" +
                       optimizer_name(i.param.optimizer) + (i.param.lora_rank > 0 ? "_lora" : "") +
                       (i.param.quant != Quant::none ? "_qlora" : "") +
-                      (i.param.dropout > 0 ? "_dropout" : "");
+                      (i.param.dropout > 0 ? "_dropout" : "") +
+                      (i.param.capacity_factor > 0 ? "_capacity" : "");
       for (auto& ch : n)
         if (ch == '-') ch = '_';
       return n;

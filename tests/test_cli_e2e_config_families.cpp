@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 
 #include "test_cli_e2e_helpers.hpp"
 
@@ -276,6 +277,149 @@ TEST(CliE2EFamilies, DumpRoutingWritesTheMeasuredHistogram) {
     EXPECT_TRUE(has(e.err, "--dump-routing " + path)) << e.err;
     EXPECT_TRUE(e.out.empty());
   }
+}
+
+// --capacity-factor 0.75 on the same run: ⌈(32·2/4)·0.75⌉ = 12 rows per expert. Layer 0 routes
+// the embeddings as the real MixtralForCausalLM did (13, 24, 3, 24), so it drops 1 + 12 + 12 =
+// 25 choices; every layer drops what its histogram has past 12. The bad values and the profiles
+// that model no capacity exit 2 naming the flag.
+TEST(CliE2EFamilies, CapacityFactorDropsWhatEachExpertHasPastItsCapacity) {
+  const std::string data = std::string(TRAINMEM_TEST_DATA_DIR) + "/golden_tiny_mixtral_";
+  const Result r = trainmem("profile --model " + data + "config.json --weights " + data +
+                            "weights.safetensors --tokens " + data +
+                            "tokens.bin --batch 2 --seq 16 --dtype fp32 --steps 1 --backend cpu "
+                            "--optimizer sgd --format json --capacity-factor 0.75");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json routing = r.j()["measured"]["ledger"]["routing"];
+  EXPECT_EQ(routing["capacity"], 12);
+  EXPECT_EQ(routing["capacity_factor"], 0.75);
+  ASSERT_EQ(routing["layers"].size(), 2u);
+  EXPECT_EQ(routing["layers"][0]["tokens_per_expert"], json({13, 24, 3, 24}));
+  EXPECT_EQ(routing["layers"][0]["dropped"], 25);
+  for (const json& layer : routing["layers"]) {
+    std::int64_t past = 0, total = 0;
+    for (const json& c : layer["tokens_per_expert"]) {
+      past += std::max<std::int64_t>(0, c.get<std::int64_t>() - 12);
+      total += c.get<std::int64_t>();
+    }
+    EXPECT_EQ(total, 64);
+    EXPECT_EQ(layer["dropped"], past);
+  }
+  // The ledger holds 4·12 expert rows per layer, as the native profile counts them.
+  ASSERT_FALSE(r.j()["reconciliation"].empty());
+  for (const json& row : r.j()["reconciliation"]) EXPECT_EQ(row["difference"], 0) << row.dump();
+  for (const auto& [cmd, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"estimate --model tiny --capacity-factor 1", "tiny is not a mixture of experts"},
+           {"estimate --model tiny-mixtral --capacity-factor 0", "--capacity-factor: '0'"},
+           {"estimate --model tiny-mixtral --capacity-factor 1x", "--capacity-factor: '1x'"},
+           {"estimate --model tiny-mixtral --capacity-factor 1 --profile hf-eager",
+            "--profile hf-eager with --capacity-factor 1"},
+           {"estimate --model tiny-mixtral --capacity-factor 1e12",
+            "--capacity-factor 1e+12: 5 experts"}}) {
+    const Result e = trainmem(cmd + " --batch 1 --seq 8");
+    EXPECT_EQ(e.code, 2) << cmd;
+    EXPECT_TRUE(has(e.err, needle)) << cmd << ": " << e.err;
+    EXPECT_TRUE(e.out.empty()) << cmd;
+  }
+}
+
+// Routing as data (issue 29, point 3): the cpu run of the real Mixtral's weights and tokens,
+// under a capacity, dumps its routing; the meta trace given that file reports the same
+// histograms and dropped choices (each expert keeps min(routed, 12)), and its ledger is the cpu
+// run's figure for figure. Without a file the meta trace says it assumed balanced routing.
+TEST(CliE2EFamilies, MetaGivenTheDumpedRoutingReproducesTheCpuRun) {
+  const std::string path = temp_path("given_routing.json");
+  const std::string data = std::string(TRAINMEM_TEST_DATA_DIR) + "/golden_tiny_mixtral_";
+  const std::string common = "profile --model " + data +
+                             "config.json --batch 2 --seq 16 --dtype fp32 --steps 1 --optimizer "
+                             "sgd --format json --capacity-factor 0.75 ";
+  const Result cpu =
+      trainmem(common + "--backend cpu --weights " + data + "weights.safetensors --tokens " + data +
+               "tokens.bin --dump-routing " + path);
+  ASSERT_EQ(cpu.code, 0) << cpu.err;
+  const Result meta = trainmem(common + "--backend meta --routing " + path);
+  ASSERT_EQ(meta.code, 0) << meta.err;
+  json lc = cpu.j()["measured"]["ledger"], lm = meta.j()["measured"]["ledger"];
+  EXPECT_EQ(lc["routing"]["source"], "measured");
+  EXPECT_EQ(lm["routing"]["source"], "file " + path);
+  EXPECT_EQ(lm["routing"]["layers"], lc["routing"]["layers"]);  // counts and drops
+  lc.erase("routing");
+  lm.erase("routing");
+  EXPECT_EQ(lm, lc);
+  const Result balanced = trainmem(common + "--backend meta");
+  ASSERT_EQ(balanced.code, 0) << balanced.err;
+  const json b = balanced.j()["measured"]["ledger"]["routing"];
+  EXPECT_EQ(b["source"], "balanced");
+  for (const json& layer : b["layers"]) {
+    EXPECT_EQ(layer["tokens_per_expert"], json({16, 16, 16, 16}));
+    EXPECT_EQ(layer["dropped"], 16);  // 4 past 12 at each expert
+  }
+  std::remove(path.c_str());
+}
+
+// A routing file that is not this run's is refused naming the field: every check of
+// read_routing_file, on files written here.
+TEST(CliE2EFamilies, RoutingFilesThatDoNotFitTheRunAreRefusedNamingTheField) {
+  const std::string path = temp_path("bad_routing.json");
+  // tiny-mixtral: 5 experts, top 2, 2 layers; b 1, s 8: 16 choices per layer.
+  const json good = {{"experts", 5},
+                     {"experts_per_token", 2},
+                     {"batch", 1},
+                     {"seq", 8},
+                     {"layers",
+                      {{{"layer", 0}, {"tokens_per_expert", {4, 4, 4, 2, 2}}},
+                       {{"layer", 1}, {"tokens_per_expert", {8, 8, 0, 0, 0}}}}}};
+  auto with = [&](const std::function<void(json&)>& f) {
+    json d = good;
+    f(d);
+    return d;
+  };
+  const std::string run =
+      "profile --model tiny-mixtral --batch 1 --seq 8 --backend meta --routing ";
+  {
+    std::ofstream(path) << good.dump();
+    const Result ok = trainmem(run + path + " --format json");
+    ASSERT_EQ(ok.code, 0) << ok.err;
+    EXPECT_EQ(ok.j()["measured"]["ledger"]["routing"]["layers"], good["layers"]);
+  }
+  for (const auto& [doc, needle] : std::vector<std::pair<json, std::string>>{
+           {with([](json& d) { d["experts"] = 8; }), "experts: 8, but this run has"},
+           {with([](json& d) { d["experts_per_token"] = 1; }), "experts_per_token: 1"},
+           {with([](json& d) { d["batch"] = 2; }), "batch: 2, but this run has --batch 1"},
+           {with([](json& d) { d.erase("seq"); }), "seq: missing"},
+           {with([](json& d) { d["layers"].erase(1); }), "layers: 1 entries, but tiny-mixtral"},
+           {with([](json& d) { d["layers"][1]["layer"] = 0; }), "layers[1].layer: 0, expected 1"},
+           {with([](json& d) {
+              d["layers"][0]["tokens_per_expert"] = {4, 4, 4, 4};
+            }),
+            "layers[0].tokens_per_expert: not an array of 5 counts"},
+           {with([](json& d) {
+              d["layers"][0]["tokens_per_expert"] = {9, 3, 4, 0, 0};
+            }),
+            "layers[0].tokens_per_expert[0]: 9 is outside [0, b·s = 8]"},
+           {with([](json& d) {
+              d["layers"][0]["tokens_per_expert"] = {4, 4, 4, 2, 1};
+            }),
+            "layers[0].tokens_per_expert: sums to 15, but b·s·K = 16"},
+           {with([](json& d) { d["layers"][0]["tokens_per_expert"][2] = 4.5; }),
+            "layers[0].tokens_per_expert[2]: not an integer"},
+           {json::array(), "the document: not a JSON object"}}) {
+    std::ofstream(path) << doc.dump();
+    const Result e = trainmem(run + path);
+    EXPECT_EQ(e.code, 2) << needle;
+    EXPECT_TRUE(has(e.err, "--routing " + path + ": " + needle)) << e.err;
+    EXPECT_TRUE(e.out.empty());
+  }
+  for (const auto& [cmd, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"profile --model tiny --backend meta --routing balanced", "tiny is not a mixture"},
+           {"profile --model tiny-mixtral --backend cpu --routing balanced", "add --backend meta"},
+           {"profile --model tiny-mixtral --backend meta --routing /nonexistent.json",
+            "/nonexistent.json"}}) {
+    const Result e = trainmem(cmd + " --batch 1 --seq 8");
+    EXPECT_EQ(e.code, 2) << cmd;
+    EXPECT_TRUE(has(e.err, needle)) << cmd << ": " << e.err;
+  }
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -541,16 +541,20 @@ void check_moe() {
   std::mt19937 rng(12);
   const std::int64_t n = 23, E = 6, K = 2, h = 9;
   const auto logits = random_storage<S>(std::size_t(n * E), rng);
-  for (bool normalize : {true, false}) {
+  // Capacity 5 of 23·2/6 ≈ 7.7 choices per expert drops some (pos −1, skipped below).
+  for (auto [normalize, cap] : {std::pair{true, 0}, {false, 0}, {true, 5}}) {
     std::vector<float> pw(std::size_t(n * E)), pg(pw.size()), ww(std::size_t(n * K)), wg(ww.size());
     std::vector<std::int32_t> iw(std::size_t(n * K)), ig(iw.size()), posw(iw.size()),
         posg(iw.size()), ow(std::size_t(E + 1)), og(ow.size());
     moe_route_cpu(pw.data(), iw.data(), ww.data(), posw.data(), ow.data(), logits.data(), n, E, K,
-                  normalize, S::dtype);
+                  cap, normalize, S::dtype);
     launch(dim3(2), dim3(8), 0, moe_route_kernel<S>, pg.data(), ig.data(), wg.data(),
            static_cast<const void*>(logits.data()), n, E, K, normalize);
     launch(dim3(1), dim3(1), 0, moe_sort_kernel, posg.data(), og.data(),
-           static_cast<const std::int32_t*>(ig.data()), n, E, K);
+           static_cast<const std::int32_t*>(ig.data()), n, E, K, std::int64_t(cap));
+    if (cap > 0) {
+      EXPECT_LT(ow[std::size_t(E)], n * K) << "no choice dropped";
+    }
     EXPECT_EQ(pg, pw);
     EXPECT_EQ(ig, iw);
     EXPECT_EQ(wg, ww);

@@ -445,6 +445,13 @@ TEST(FamilyGradientsMoe, MatchFiniteDifferencesForEveryTensor) {
         train_config(2, 13, DType::f32, Optimizer::sgd, Checkpointing::none, Attention::eager),
         false);
   }
+  // --capacity-factor 0.6: ⌈52/5·0.6⌉ = 7 rows per expert for 10.4 choices on average, so that
+  // choices are dropped (their weight's gradient 0, the others' through the renormalisation).
+  SCOPED_TRACE("tiny-mixtral, capacity factor 0.6");
+  TrainConfig t =
+      train_config(2, 13, DType::f32, Optimizer::sgd, Checkpointing::none, Attention::eager);
+  t.capacity_factor = 0.6;
+  check_every_gradient("tiny-mixtral", t, false);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyGradients, testing::ValuesIn(family_names()),

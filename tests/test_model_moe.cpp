@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -71,7 +72,7 @@ TEST(MoeKernels, RouteMatchesTheRouterWrittenHereAndSortsChoicesByExpert) {
       std::vector<std::int32_t> idx(std::size_t(n * K)), pos(std::size_t(n * K)),
           off(std::size_t(E + 1));
       moe_route_cpu(probs.data(), idx.data(), weight.data(), pos.data(), off.data(), logits.data(),
-                    n, E, K, normalize, DType::f32);
+                    n, E, K, 0, normalize, DType::f32);
       std::vector<std::int64_t> count(std::size_t(E), 0);
       for (std::int64_t t = 0; t < n; ++t) {
         const RefRoute r =
@@ -112,7 +113,7 @@ TEST(MoeKernels, RouteBackwardMatchesFiniteDifferences) {
       std::vector<std::int32_t> idx(std::size_t(n * K)), pos(std::size_t(n * K)),
           off(std::size_t(E + 1));
       moe_route_cpu(probs.data(), idx.data(), weight.data(), pos.data(), off.data(), logits.data(),
-                    n, E, K, normalize, DType::f32);
+                    n, E, K, 0, normalize, DType::f32);
       moe_route_backward_cpu(dlogits.data(), g.data(), probs.data(), idx.data(),
                              with_aux ? a.data() : nullptr, n, E, K, normalize, DType::f32);
       for (std::int64_t t = 0; t < n; ++t)
@@ -146,7 +147,7 @@ TEST(MoeKernels, PermuteCombineAndTheCombineBackwardAreTheirFormulas) {
   std::vector<std::int32_t> idx(std::size_t(n * K)), pos(std::size_t(n * K)),
       off(std::size_t(E + 1));
   moe_route_cpu(probs.data(), idx.data(), weight.data(), pos.data(), off.data(), logits.data(), n,
-                E, K, true, DType::f32);
+                E, K, 0, true, DType::f32);
   const std::vector<float> x = random_floats(std::size_t(n * h), 10, 1.f);
   const std::vector<float> res = random_floats(std::size_t(n * h), 11, 1.f);
   const std::vector<float> y = random_floats(std::size_t(n * K * h), 12, 1.f);
@@ -182,6 +183,91 @@ TEST(MoeKernels, PermuteCombineAndTheCombineBackwardAreTheirFormulas) {
     }
   // Every row of the expert-ordered buffers was written: the positions are a permutation.
   for (float v : drows) EXPECT_NE(v, -1.f);
+}
+
+// --capacity-factor (GShard's token dropping): each expert keeps its first `cap` choices in
+// (token, choice) order; the others get pos −1, the offsets count the kept rows, and the permute,
+// the combine and its backward skip the dropped choices (their weight's gradient is 0). Checked
+// against the routing without capacity and the combine's sum written here.
+TEST(MoeKernels, CapacityKeepsEachExpertsFirstChoicesAndTheKernelsSkipTheRest) {
+  const std::int64_t n = 29, E = 4, K = 2, h = 5;
+  const std::vector<float> logits = random_floats(std::size_t(n * E), 31, 2.f);
+  auto route = [&](std::int64_t cap, std::vector<std::int32_t>& idx, std::vector<std::int32_t>& pos,
+                   std::vector<std::int32_t>& off, std::vector<float>& weight) {
+    std::vector<float> probs(std::size_t(n * E));
+    weight.assign(std::size_t(n * K), 0.f);
+    idx.assign(std::size_t(n * K), 0);
+    pos.assign(std::size_t(n * K), 0);
+    off.assign(std::size_t(E + 1), 0);
+    moe_route_cpu(probs.data(), idx.data(), weight.data(), pos.data(), off.data(), logits.data(), n,
+                  E, K, cap, true, DType::f32);
+  };
+  std::vector<std::int32_t> idx0, pos0, off0, idx, pos, off;
+  std::vector<float> w0, weight;
+  route(0, idx0, pos0, off0, w0);
+  std::int64_t largest = 0;
+  for (std::int64_t e = 0; e < E; ++e)
+    largest = std::max<std::int64_t>(largest, off0[std::size_t(e + 1)] - off0[std::size_t(e)]);
+  ASSERT_GT(largest, 9) << "the test needs an expert with more than 9 choices";
+  for (std::int64_t cap : {largest, std::int64_t(9), std::int64_t(1)}) {
+    SCOPED_TRACE("capacity " + std::to_string(cap));
+    route(cap, idx, pos, off, weight);
+    EXPECT_EQ(idx, idx0);
+    EXPECT_EQ(weight, w0);  // dropping happens after the weights (no renormalisation)
+    std::vector<std::int64_t> seen(std::size_t(E), 0);
+    std::int64_t start = 0, dropped = 0;
+    for (std::int64_t e = 0; e < E; ++e) {
+      const std::int64_t routed = off0[std::size_t(e + 1)] - off0[std::size_t(e)];
+      EXPECT_EQ(off[std::size_t(e)], start);
+      start += std::min(routed, cap);
+    }
+    EXPECT_EQ(off[std::size_t(E)], start);
+    for (std::int64_t c = 0; c < n * K; ++c) {
+      const std::size_t e = std::size_t(idx[std::size_t(c)]);
+      const std::int64_t rank = seen[e]++;
+      if (rank < cap) {
+        EXPECT_EQ(pos[std::size_t(c)], off[e] + rank) << c;
+      } else {
+        EXPECT_EQ(pos[std::size_t(c)], -1) << c;
+        ++dropped;
+      }
+    }
+    EXPECT_EQ(dropped, n * K - start);
+    if (cap == largest) {
+      EXPECT_EQ(pos, pos0);
+    }
+    if (cap == 1) {
+      EXPECT_EQ(dropped, n * K - E);
+    }
+    const std::vector<float> x = random_floats(std::size_t(n * h), 32, 1.f);
+    const std::vector<float> y = random_floats(std::size_t(n * K * h), 33, 1.f);
+    const std::vector<float> dout = random_floats(std::size_t(n * h), 34, 1.f);
+    std::vector<float> rows(std::size_t(n * K * h), -1.f), out(std::size_t(n * h)),
+        drows(std::size_t(n * K * h), -1.f), dw(std::size_t(n * K), -1.f);
+    moe_permute_cpu(rows.data(), x.data(), pos.data(), n, K, h, DType::f32);
+    moe_combine_cpu(out.data(), nullptr, y.data(), weight.data(), pos.data(), n, K, h, DType::f32);
+    moe_combine_backward_cpu(drows.data(), dw.data(), dout.data(), y.data(), weight.data(),
+                             pos.data(), n, K, h, DType::f32);
+    for (std::int64_t t = 0; t < n; ++t) {
+      for (std::int64_t c = 0; c < h; ++c) {
+        double o = 0;
+        for (std::int64_t j = 0; j < K; ++j) {
+          const std::int32_t r = pos[std::size_t(t * K + j)];
+          if (r < 0) continue;
+          EXPECT_EQ(rows[std::size_t(r * h + c)], x[std::size_t(t * h + c)]);
+          o += double(weight[std::size_t(t * K + j)]) * y[std::size_t(r * h + c)];
+        }
+        EXPECT_NEAR(out[std::size_t(t * h + c)], o, 1e-5);
+      }
+      for (std::int64_t j = 0; j < K; ++j)
+        if (pos[std::size_t(t * K + j)] < 0) {
+          EXPECT_EQ(dw[std::size_t(t * K + j)], 0.f);
+        }
+    }
+    // The kept rows [0, off[E]) are written, the rows past them untouched.
+    for (std::int64_t r = 0; r < n * K; ++r)
+      EXPECT_EQ(drows[std::size_t(r * h)] != -1.f, r < off[std::size_t(E)]) << r;
+  }
 }
 
 // Qwen2-MoE's shared expert gate: out += σ(score)·y, and its backward against the derivative of
@@ -247,28 +333,32 @@ TEST(MoeModel, LedgerEqualsNativeProfileByteForByte) {
       {"moe-wide-router-aux", 2, 3}, {"moe-wide-shared", 2, 3},   {"mixtral-8x7b", 1, 64},
       {"qwen3-30b-a3b", 1, 32},      {"qwen1.5-moe-a2.7b", 1, 32}};
   int cases = 0;
-  for (const auto& sh : shapes) {
-    ModelConfig m = any_config(sh.preset);  // tiny-mixtral-aux: the load-balancing loss too
-    const bool big = sh.preset.rfind("tiny", 0) != 0;  // (and the skewed ones: bf16 only)
-    if (big) m.layers = 2;
-    for (DType dt : {DType::bf16, DType::f32, DType::f16})
-      for (const char* ck : {"none", "full", "selective", "every:2"})
-        for (Attention at : {Attention::eager, Attention::flash})
-          for (Optimizer o : {Optimizer::adamw, Optimizer::sgd, Optimizer::adamw8bit,
-                              Optimizer::paged_adamw8bit}) {
-            if (big && dt != DType::bf16) continue;
-            if (eight_bit_optimizer(o) && dt == DType::f16) continue;  // no fp16 loss scale
-            TrainConfig t = train_config(sh.b, sh.s, dt, o, Checkpointing::none, at);
-            set_checkpointing(t, m, ck);
-            const std::string what = sh.preset + " b" + std::to_string(sh.b) + " s" +
-                                     std::to_string(sh.s) + " " + dtype_name(dt) + " " + ck + " " +
-                                     attention_name(at) + " " + optimizer_name(o);
-            SCOPED_TRACE(what);
-            expect_native_equals_ledger(m, t, BackendKind::meta, what);
-            ++cases;
-          }
-  }
-  EXPECT_EQ(cases, 5 * (96 - 16) + 6 * 32);
+  for (const auto& sh : shapes)
+    // --capacity-factor: none, fewer expert rows than choices, more (E·c > b·s·K).
+    for (double cf : {0.0, 0.6, 3.0}) {
+      ModelConfig m = any_config(sh.preset);  // tiny-mixtral-aux: the load-balancing loss too
+      const bool big = sh.preset.rfind("tiny", 0) != 0;  // (and the skewed ones: bf16 only)
+      if (big) m.layers = 2;
+      for (DType dt : {DType::bf16, DType::f32, DType::f16})
+        for (const char* ck : {"none", "full", "selective", "every:2"})
+          for (Attention at : {Attention::eager, Attention::flash})
+            for (Optimizer o : {Optimizer::adamw, Optimizer::sgd, Optimizer::adamw8bit,
+                                Optimizer::paged_adamw8bit}) {
+              if (big && dt != DType::bf16) continue;
+              if (eight_bit_optimizer(o) && dt == DType::f16) continue;  // no fp16 loss scale
+              TrainConfig t = train_config(sh.b, sh.s, dt, o, Checkpointing::none, at);
+              set_checkpointing(t, m, ck);
+              t.capacity_factor = cf;
+              const std::string what = sh.preset + " b" + std::to_string(sh.b) + " s" +
+                                       std::to_string(sh.s) + " " + dtype_name(dt) + " " + ck +
+                                       " " + attention_name(at) + " " + optimizer_name(o) +
+                                       " capacity factor " + std::to_string(cf);
+              SCOPED_TRACE(what);
+              expect_native_equals_ledger(m, t, BackendKind::meta, what);
+              ++cases;
+            }
+    }
+  EXPECT_EQ(cases, 3 * (5 * (96 - 16) + 6 * 32));
 }
 
 // The bytes do not depend on the routing: the cpu run's ledger is the meta trace's, event for
@@ -281,14 +371,75 @@ TEST(MoeModel, CpuLedgerEqualsMetaTraceAndTheNativeProfile) {
       TrainConfig t =
           train_config(2, 9, DType::bf16, Optimizer::adamw, Checkpointing::none, Attention::flash);
       set_checkpointing(t, m, ck);
-      ModelRun cpu(BackendKind::cpu, m, t);
-      ModelRun meta(BackendKind::meta, m, t);
-      two_random_steps(*cpu.model);
-      two_random_steps(*meta.model);
-      expect_same_ledgers(*cpu.ledger, *meta.ledger);
-      expect_same_figures(measured_figures(*cpu.ledger), estimate(Profile::native, m, t).figures,
-                          std::string("cpu ") + name);
+      for (double cf : {0.0, 0.6}) {  // and with choices dropped by a capacity
+        t.capacity_factor = cf;
+        ModelRun cpu(BackendKind::cpu, m, t);
+        ModelRun meta(BackendKind::meta, m, t);
+        two_random_steps(*cpu.model);
+        two_random_steps(*meta.model);
+        expect_same_ledgers(*cpu.ledger, *meta.ledger);
+        expect_same_figures(measured_figures(*cpu.ledger), estimate(Profile::native, m, t).figures,
+                            std::string("cpu ") + name);
+        if (cf > 0.0) {
+          std::int64_t dropped = 0;
+          for (const auto& r : cpu.model->routing()) dropped += r.dropped;
+          EXPECT_GT(dropped, 0) << "the capacity dropped no choice";
+        }
+      }
     }
+}
+
+// Under --capacity-factor each expert's buffers hold ⌈(b·s·K/E)·C⌉ rows, whatever the routing
+// (Megatron's get_capacity, written here in double).
+TEST(MoeModel, CapacityFactorSizesTheExpertRowsAsECeilOfTheAverageTimesC) {
+  const ModelConfig m = preset("tiny-mixtral");
+  const std::int64_t b = 2, s = 9, h = m.hidden, E = m.experts, K = m.experts_per_token,
+                     mw = m.expert_intermediate, w = 2;
+  TrainConfig t =
+      train_config(b, s, DType::bf16, Optimizer::adamw, Checkpointing::none, Attention::flash);
+  const std::uint64_t none = estimate(Profile::native, m, t).activations.per_layer_bytes;
+  for (double cf : {0.3, 1.0, 1.25, 7.0}) {
+    SCOPED_TRACE(cf);
+    t.capacity_factor = cf;
+    const auto rows = std::int64_t(std::ceil(double(b * s * K) / double(E) * cf)) * E;
+    EXPECT_EQ(moe_rows(m, t), rows);
+    const std::int64_t delta = (rows - b * s * K) * (2 * h + 3 * mw) * w;
+    EXPECT_EQ(std::int64_t(estimate(Profile::native, m, t).activations.per_layer_bytes),
+              std::int64_t(none) + delta);
+  }
+  t.capacity_factor = 1e12;  // E·c past the int32 indices
+  EXPECT_THROW((void)estimate(Profile::native, m, t), InputError);
+}
+
+// Dropping changes the step only where a choice is dropped: with a capacity no expert reaches,
+// the loss and gradients are the run's without one, bit for bit; under checkpointing the
+// recompute drops the same choices again (no bit changes).
+TEST(MoeModel, CapacityChangesNothingUntilAnExpertIsFullAndRecomputesTheSameDrops) {
+  const ModelConfig m = preset("tiny-mixtral");
+  auto run = [&](double cf, Checkpointing ck) {
+    TrainConfig t = train_config(2, 13, DType::f32, Optimizer::adamw, ck, Attention::eager);
+    t.capacity_factor = cf;
+    ModelRun r(BackendKind::cpu, m, t);
+    r.model->init_random(4);
+    r.model->random_tokens(5);
+    std::vector<float> losses;
+    for (int i = 0; i < 2; ++i) losses.push_back(r.model->train_step());
+    std::int64_t dropped = 0;
+    for (const auto& l : r.model->routing()) dropped += l.dropped;
+    return std::pair{losses, dropped};
+  };
+  const auto [base, d0] = run(0.0, Checkpointing::none);
+  EXPECT_EQ(d0, 0);
+  // 26·2/5 = 10.4 choices per expert on average; 5.0 gives 52 rows each, all of them.
+  const auto [wide, d1] = run(5.0, Checkpointing::none);
+  EXPECT_EQ(d1, 0);
+  EXPECT_EQ(std::memcmp(base.data(), wide.data(), base.size() * 4), 0);
+  const auto [tight, d2] = run(0.5, Checkpointing::none);
+  EXPECT_GT(d2, 0);
+  EXPECT_NE(tight[0], base[0]);
+  const auto [tight_ck, d3] = run(0.5, Checkpointing::full);
+  EXPECT_EQ(d3, d2);
+  EXPECT_EQ(std::memcmp(tight.data(), tight_ck.data(), tight.size() * 4), 0);
 }
 
 // A layer's saved tensors, counted here from the shapes: the routing (fp32 softmax (b,s,E),

@@ -13,7 +13,8 @@ constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
 
 void moe_route_cuda(float* probs, std::int32_t* idx, float* weight, std::int32_t* pos,
                     std::int32_t* offsets, const void* logits, std::int64_t n, std::int64_t E,
-                    std::int64_t K, bool normalize, DType dt, cudaStream_t stream) {
+                    std::int64_t K, std::int64_t capacity, bool normalize, DType dt,
+                    cudaStream_t stream) {
   cuda::require_fits(n * K, std::numeric_limits<std::int32_t>::max(), "moe_route_cuda", "n*K");
   if (n == 0) return;
   dispatch_storage(dt, "moe_route_cuda", [&](auto tag) {
@@ -21,7 +22,7 @@ void moe_route_cuda(float* probs, std::int32_t* idx, float* weight, std::int32_t
         probs, idx, weight, logits, n, E, K, normalize);
     TM_CUDA_CHECK_LAUNCH();
   });
-  cuda::moe_sort_kernel<<<1, 1, 0, stream>>>(pos, offsets, idx, n, E, K);
+  cuda::moe_sort_kernel<<<1, 1, 0, stream>>>(pos, offsets, idx, n, E, K, capacity);
   TM_CUDA_CHECK_LAUNCH();
 }
 

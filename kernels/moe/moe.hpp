@@ -17,13 +17,16 @@ namespace trainmem {
 // probabilities, divided by their fp32 sum (in that order) when `normalize`; offsets (E + 1):
 // where each expert's rows start in expert order (offsets[E] = n·K); pos (n, K): the row of
 // (token t, choice j) in expert order, experts ascending and within one by token, a stable
-// counting sort.
+// counting sort. capacity > 0 (rows per expert, --capacity-factor): each expert keeps its first
+// `capacity` choices in token order, the others get pos −1 (dropped: permute, combine and its
+// backward skip them) and offsets count the kept rows (offsets[E] <= n·K).
 void moe_route_cpu(float* probs, std::int32_t* idx, float* weight, std::int32_t* pos,
                    std::int32_t* offsets, const void* logits, std::int64_t n, std::int64_t E,
-                   std::int64_t K, bool normalize, DType dt);
+                   std::int64_t K, std::int64_t capacity, bool normalize, DType dt);
 void moe_route_cuda(float* probs, std::int32_t* idx, float* weight, std::int32_t* pos,
                     std::int32_t* offsets, const void* logits, std::int64_t n, std::int64_t E,
-                    std::int64_t K, bool normalize, DType dt, cudaStream_t stream);
+                    std::int64_t K, std::int64_t capacity, bool normalize, DType dt,
+                    cudaStream_t stream);
 
 // dlogits (n, E) D from dweight (n, K) f32 back through the normalisation and the softmax.
 void moe_route_backward_cpu(void* dlogits, const float* dweight, const float* probs,
@@ -34,14 +37,14 @@ void moe_route_backward_cuda(void* dlogits, const float* dweight, const float* p
                              std::int64_t E, std::int64_t K, bool normalize, DType dt,
                              cudaStream_t stream);
 
-// rows (n·K, h) D: rows[pos[t, j]] = x[t] (x (n, h) D).
+// rows (n·K, h) D: rows[pos[t, j]] = x[t] (x (n, h) D), a dropped choice (pos −1) skipped.
 void moe_permute_cpu(void* rows, const void* x, const std::int32_t* pos, std::int64_t n,
                      std::int64_t K, std::int64_t h, DType dt);
 void moe_permute_cuda(void* rows, const void* x, const std::int32_t* pos, std::int64_t n,
                       std::int64_t K, std::int64_t h, DType dt, cudaStream_t stream);
 
 // out (n, h) D = (res ? res[t] : 0) + Σ_j (weight ? weight[t, j] : 1) · rows[pos[t, j]], in fp32,
-// j = 0..K−1 in order, rounded once. out may alias res.
+// j = 0..K−1 in order (dropped choices skipped), rounded once. out may alias res.
 void moe_combine_cpu(void* out, const void* res, const void* rows, const float* weight,
                      const std::int32_t* pos, std::int64_t n, std::int64_t K, std::int64_t h,
                      DType dt);
@@ -50,7 +53,7 @@ void moe_combine_cuda(void* out, const void* res, const void* rows, const float*
                       DType dt, cudaStream_t stream);
 
 // The combine's backward: drows[pos[t, j]] = weight[t, j] · dout[t] (D); dweight[t, j] (f32) =
-// Σ_c dout[t, c] · rows[pos[t, j], c], in c order.
+// Σ_c dout[t, c] · rows[pos[t, j], c], in c order; a dropped choice: dweight 0, no row.
 void moe_combine_backward_cpu(void* drows, float* dweight, const void* dout, const void* rows,
                               const float* weight, const std::int32_t* pos, std::int64_t n,
                               std::int64_t K, std::int64_t h, DType dt);

@@ -9,7 +9,7 @@ namespace trainmem {
 
 void moe_route_cpu(float* probs, std::int32_t* idx, float* weight, std::int32_t* pos,
                    std::int32_t* offsets, const void* logits, std::int64_t n, std::int64_t E,
-                   std::int64_t K, bool normalize, DType dt) {
+                   std::int64_t K, std::int64_t capacity, bool normalize, DType dt) {
   cpu_threads_setup();
   dispatch_storage(dt, "moe_route", [&](auto tag) {
     using S = decltype(tag);
@@ -17,7 +17,7 @@ void moe_route_cpu(float* probs, std::int32_t* idx, float* weight, std::int32_t*
     for (std::int64_t t = 0; t < n; ++t)
       moe_route_token<S>(probs + t * E, idx + t * K, weight + t * K, logits, t, E, K, normalize);
   });
-  moe_sort_serial(pos, offsets, idx, n, E, K);
+  moe_sort_serial(pos, offsets, idx, n, E, K, capacity);
 }
 
 void moe_route_backward_cpu(void* dlogits, const float* dweight, const float* probs,
@@ -42,6 +42,7 @@ void moe_permute_cpu(void* rows, const void* x, const std::int32_t* pos, std::in
     for (std::int64_t t = 0; t < n; ++t)
       for (std::int64_t j = 0; j < K; ++j) {
         const std::int64_t r = pos[t * K + j];
+        if (r < 0) continue;  // dropped (capacity)
         for (std::int64_t c = 0; c < h; ++c)
           S::store(rows, std::size_t(r * h + c), S::load(x, std::size_t(t * h + c)));
       }

@@ -21,8 +21,8 @@ __global__ void moe_route_kernel(float* probs, std::int32_t* idx, float* weight,
 // One thread: the serial sort (n·K choices; the expert counts decide every later GEMM's shape).
 static __global__ void moe_sort_kernel(std::int32_t* pos, std::int32_t* offsets,
                                        const std::int32_t* idx, std::int64_t n, std::int64_t E,
-                                       std::int64_t K) {
-  if (cuda::global_thread_index() == 0) moe_sort_serial(pos, offsets, idx, n, E, K);
+                                       std::int64_t K, std::int64_t cap) {
+  if (cuda::global_thread_index() == 0) moe_sort_serial(pos, offsets, idx, n, E, K, cap);
 }
 
 template <class S>
@@ -40,6 +40,7 @@ __global__ void moe_permute_kernel(void* rows, const void* x, const std::int32_t
   for (std::int64_t e = cuda::global_thread_index(); e < n * K * h;
        e += cuda::global_thread_count()) {
     const std::int64_t c = e % h, choice = e / h, t = choice / K;
+    if (pos[choice] < 0) continue;  // dropped (capacity)
     S::store(rows, std::size_t(std::int64_t(pos[choice]) * h + c),
              S::load(x, std::size_t(t * h + c)));
   }

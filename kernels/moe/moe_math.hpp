@@ -71,18 +71,22 @@ TM_HD void moe_route_backward_token(void* dlogits, const float* dweight_t, const
   }
 }
 
-// The stable counting sort of the choices by expert, serial: offsets (E + 1), pos (n, K).
+// The stable counting sort of the choices by expert, serial: offsets (E + 1), pos (n, K). With
+// a capacity (cap > 0: rows per expert, GShard's token dropping) expert e keeps its first
+// min(count_e, cap) choices in token order; the rest get pos −1 (dropped) and the offsets count
+// the kept rows only. Pass 1 numbers each choice within its expert (offsets[e + 1] counting e's
+// choices), pass 2 turns the counts, clipped, into the experts' first rows, pass 3 the numbers
+// into rows.
 TM_HD void moe_sort_serial(std::int32_t* pos, std::int32_t* offsets, const std::int32_t* idx,
-                           std::int64_t n, std::int64_t E, std::int64_t K) {
+                           std::int64_t n, std::int64_t E, std::int64_t K, std::int64_t cap) {
   for (std::int64_t e = 0; e <= E; ++e) offsets[e] = 0;
-  for (std::int64_t c = 0; c < n * K; ++c) ++offsets[idx[c] + 1];
-  for (std::int64_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
-  // offsets[e] is now expert e's first row. Shifted by one, offsets[e + 1] is expert e's cursor:
-  // it starts at e's first row and ends at e's end, which is e + 1's first row, so that the
-  // offsets are right again once every choice has its row.
-  for (std::int64_t e = E; e > 0; --e) offsets[e] = offsets[e - 1];
-  offsets[0] = 0;
   for (std::int64_t c = 0; c < n * K; ++c) pos[c] = offsets[idx[c] + 1]++;
+  for (std::int64_t e = 0; e < E; ++e) {
+    if (cap > 0 && offsets[e + 1] > cap) offsets[e + 1] = std::int32_t(cap);
+    offsets[e + 1] += offsets[e];
+  }
+  for (std::int64_t c = 0; c < n * K; ++c)
+    pos[c] = cap > 0 && pos[c] >= cap ? -1 : offsets[idx[c]] + pos[c];
 }
 
 // Row t of the combine (moe.hpp): out[t, c] for c in [c0, c1).
@@ -93,6 +97,7 @@ TM_HD void moe_combine_token(void* out, const void* res, const void* rows, const
   for (std::int64_t c = c0; c < c1; ++c) {
     float acc = res ? S::load(res, std::size_t(t * h + c)) : 0.0f;
     for (std::int64_t j = 0; j < K; ++j) {
+      if (pos[t * K + j] < 0) continue;  // dropped (capacity): no contribution
       const float y = S::load(rows, std::size_t(std::int64_t(pos[t * K + j]) * h + c));
       acc += weight ? tm_mul_rn(weight[t * K + j], y) : y;
     }
@@ -107,6 +112,10 @@ TM_HD void moe_combine_backward_choice(void* drows, float* dweight, const void* 
                                        const std::int32_t* pos, std::int64_t t, std::int64_t j,
                                        std::int64_t K, std::int64_t h) {
   const std::int64_t r = pos[t * K + j];
+  if (r < 0) {  // dropped (capacity): its weight reached no output
+    dweight[t * K + j] = 0.0f;
+    return;
+  }
   const float w = weight[t * K + j];
   float dot = 0.0f;
   for (std::int64_t c = 0; c < h; ++c) {

@@ -102,9 +102,10 @@ struct Local {
   // A mixture of experts (ModelConfig::moe(); docs/native-plan.md, "Mixture of experts"): E
   // experts, K per token, an expert's width m; the bytes of (b,s,E) D (the router's logits and
   // their gradient), (b,s,E) f32 (the softmax), (b,s,K) 4-byte (indices, weights, positions),
-  // (E+1) int32 (the offsets), and the rows in expert order (b·s·K, h) and (b·s·K, m) D.
+  // (E+1) int32 (the offsets), and the rows in expert order (nk, h) and (nk, m) D: nk = b·s·K, or
+  // E·capacity under --capacity-factor (moe_rows), cap the capacity (0: none).
   bool moe = false;
-  std::uint64_t E = 0, K = 0, m = 0;
+  std::uint64_t E = 0, K = 0, m = 0, nk = 0, cap = 0;
   std::uint64_t bsE = 0, bsE4 = 0, bsK4 = 0, off4 = 0, nkh = 0, nkm = 0;
   // Qwen2-MoE's shared expert of width ms: (b,s,ms) D rows, and its gate's logit (b,s) D.
   std::uint64_t ms = 0, bsms = 0, bsw = 0;
@@ -163,8 +164,10 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
     l.bsE4 = bytes_of({l.b, l.s, l.E}, 4);
     l.bsK4 = bytes_of({l.b, l.s, l.K}, 4);
     l.off4 = bytes_of({l.E + 1}, 4);
-    l.nkh = bytes_of({l.b, l.s, l.K, l.h}, l.w);
-    l.nkm = bytes_of({l.b, l.s, l.K, l.m}, l.w);
+    l.nk = u(moe_rows(m, t));
+    l.cap = u(moe_capacity(m, t));
+    l.nkh = bytes_of({l.nk, l.h}, l.w);
+    l.nkm = bytes_of({l.nk, l.m}, l.w);
     l.ms = u(m.shared_expert_intermediate);
     l.bsms = bytes_of({l.b, l.s, l.ms}, l.w);
     l.bsw = l.ms > 0 ? bytes_of({l.b, l.s}, l.w) : 0;
@@ -294,15 +297,18 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn
                       "each (token, choice)'s row in expert order"));
     v.push_back(entry(g, "expert_offsets", "(E+1)", "int32", l.off4, Term::other,
                       "the experts' backward GEMMs", "where each expert's rows start"));
-    v.push_back(entry(g, "expert_in", "(b·s·K,h)", D, l.nkh, Term::sbh, "experts' gate/up backward",
+    // Under --capacity-factor the rows are E·c (c the capacity), whatever the routing.
+    const std::string nk = l.cap > 0 ? "E·c" : "b·s·K";
+    v.push_back(entry(g, "expert_in", "(" + nk + ",h)", D, l.nkh, Term::sbh,
+                      "experts' gate/up backward",
                       "xn2's rows in expert order, one per (token, choice)"));
-    v.push_back(entry(g, "expert_gate", "(b·s·K,m)", D, l.nkm, Term::sbi, "SwiGLU backward",
+    v.push_back(entry(g, "expert_gate", "(" + nk + ",m)", D, l.nkm, Term::sbi, "SwiGLU backward",
                       "each expert's gate projection of its rows"));
-    v.push_back(entry(g, "expert_up", "(b·s·K,m)", D, l.nkm, Term::sbi, "SwiGLU backward",
+    v.push_back(entry(g, "expert_up", "(" + nk + ",m)", D, l.nkm, Term::sbi, "SwiGLU backward",
                       "each expert's up projection of its rows"));
-    v.push_back(entry(g, "expert_act", "(b·s·K,m)", D, l.nkm, Term::sbi,
+    v.push_back(entry(g, "expert_act", "(" + nk + ",m)", D, l.nkm, Term::sbi,
                       "experts' down backward (dW_down)", "silu(expert_gate)·expert_up"));
-    v.push_back(entry(g, "expert_out", "(b·s·K,h)", D, l.nkh, Term::sbh,
+    v.push_back(entry(g, "expert_out", "(" + nk + ",h)", D, l.nkh, Term::sbh,
                       "combine backward (the weights' gradient)",
                       "each expert's output before its routing weight"));
     if (l.ms > 0) {
@@ -1109,12 +1115,17 @@ void Stage::figures() {
     const double b = double(l_.b), s = double(l_.s), h = double(l_.h), i = double(l_.i);
     const double ad = double(l_.ad), kd = double(l_.kd), a = double(l_.a), d = double(l_.d);
     // LoRA's adapters: 2 FLOPs per multiply-add of x·Aᵀ and a·Bᵀ, r·(in + out) per row.
-    // A mixture of experts: the router (E·h per row) and K experts of three m×h GEMMs per row.
-    const double mlp = l_.moe ? h * (double(l_.E) + 3.0 * double(l_.K) * double(l_.m) +
-                                     3.0 * double(l_.ms) + (l_.ms > 0 ? 1.0 : 0.0))
-                              : 3.0 * h * i;
+    // A mixture of experts: the router (E·h per row), the shared expert, and three m×h GEMMs per
+    // expert row: b·s·K rows, at most E·capacity of them under --capacity-factor (the kept rows
+    // depend on the routing: this counts the most).
+    const double mlp =
+        l_.moe ? h * (double(l_.E) + 3.0 * double(l_.ms) + (l_.ms > 0 ? 1.0 : 0.0)) : 3.0 * h * i;
+    const double expert_rows =
+        l_.moe ? std::min(b * s * double(l_.K), l_.cap > 0 ? double(l_.nk) : b * s * double(l_.K))
+               : 0.0;
     const double gemm =
-        2.0 * b * s * (h * ad + 2.0 * h * kd + ad * h + mlp + double(layer_adapters(l_)));
+        2.0 * b * s * (h * ad + 2.0 * h * kd + ad * h + mlp + double(layer_adapters(l_))) +
+        2.0 * expert_rows * 3.0 * h * double(l_.m);
     const double attention = 4.0 * b * a * s * s * d;
     est.recompute_flops =
         (double(ck_count_) * (gemm + attention) + (sel_ ? double(Ls_) * attention : 0.0)) *
@@ -1189,7 +1200,13 @@ void Stage::figures() {
         "mixture of experts (" + std::to_string(l_.E) + " experts, top " + std::to_string(l_.K) +
         (l_.ms > 0 ? ", a shared expert" : "") +
         "): each layer keeps its router's fp32 softmax, the routing (indices, weights, positions, "
-        "offsets) and the b·s·K expert rows in expert order (input, gate, up, product, output); "
+        "offsets) and the " +
+        (l_.cap > 0 ? "E·capacity = " + std::to_string(l_.E) + "·" + std::to_string(l_.cap) +
+                          " expert rows (--capacity-factor " + number_text(t_.capacity_factor) +
+                          ": each expert computes at most " + std::to_string(l_.cap) +
+                          " of its choices, the later ones dropped)"
+                    : std::string("b·s·K expert rows")) +
+        " in expert order (input, gate, up, product, output); "
         "one GEMM per expert; no byte depends on the routing" +
         (m_.output_router_logits
              ? "; output_router_logits: the load-balancing loss from per-expert counts and "

@@ -69,7 +69,7 @@ class MetaBackend final : public Backend {
   float double_quant_offset(const float*, std::int64_t) override { return 0.0f; }
   void dropout_mask(std::uint8_t*, std::int64_t, float, std::uint64_t, std::uint64_t) override {}
   void moe_route(float*, std::int32_t*, float*, std::int32_t*, std::int32_t*, const void*,
-                 std::int64_t, std::int64_t, std::int64_t, bool) override {}
+                 std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool) override {}
   void moe_route_backward(void*, const float*, const float*, const std::int32_t*, const float*,
                           std::int64_t, std::int64_t, std::int64_t, bool) override {}
   void moe_permute(void*, const void*, const std::int32_t*, std::int64_t, std::int64_t,

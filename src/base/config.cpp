@@ -12,17 +12,17 @@
 #include "trainmem/base/error.hpp"
 
 namespace trainmem {
-namespace {
 
-std::string label(const ModelConfig& c) {
-  return c.name.empty() ? "model" : c.name;
-}
-
-// A number as %g writes it (32, 0.5, 1e-05).
 std::string number_text(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", v);
   return buf;
+}
+
+namespace {
+
+std::string label(const ModelConfig& c) {
+  return c.name.empty() ? "model" : c.name;
 }
 
 // Positivity and divisibility: what param_count() needs before it may divide.
@@ -301,6 +301,26 @@ void require_native_moe(const ModelConfig& m, const TrainConfig& t, const std::s
     throw InputError("--batch " + std::to_string(t.batch) + " x --seq " + std::to_string(t.seq) +
                      " x num_experts_per_tok " + std::to_string(m.experts_per_token) +
                      ": the routed rows exceed 2^31 - 1, the int32 indices of " + what);
+  if (t.batch > 0 && t.seq > 0) (void)moe_rows(m, t);  // the capacity's rows fit int32 too
+}
+
+std::int64_t moe_capacity(const ModelConfig& m, const TrainConfig& t) {
+  if (!m.moe() || t.capacity_factor <= 0.0) return 0;
+  // Megatron's get_capacity: ceil((num_tokens / num_experts) * capacity_factor), num_tokens the
+  // b·s·K choices, in double.
+  const double rows = std::ceil(
+      (double(t.batch) * double(t.seq) * double(m.experts_per_token) / double(m.experts)) *
+      t.capacity_factor);
+  if (!(rows * double(m.experts) <= double(kInt32Max)))
+    throw InputError("--capacity-factor " + number_text(t.capacity_factor) + ": " +
+                     std::to_string(m.experts) + " experts x " + number_text(rows) +
+                     " rows each exceed 2^31 - 1, the int32 indices of the expert-ordered rows");
+  return static_cast<std::int64_t>(rows);
+}
+
+std::int64_t moe_rows(const ModelConfig& m, const TrainConfig& t) {
+  const std::int64_t cap = moe_capacity(m, t);
+  return cap > 0 ? m.experts * cap : t.batch * t.seq * m.experts_per_token;
 }
 
 std::uint64_t ModelConfig::param_count() const {
@@ -568,6 +588,11 @@ void TrainConfig::validate() const {
     throw InputError(
         "--offload-activations with --finetune lora: the LoRA step is not modelled with "
         "activation offload yet");
+  if (!(capacity_factor == 0.0 || (std::isfinite(capacity_factor) && capacity_factor > 0.0)))
+    throw InputError(
+        "--capacity-factor must be a number C > 0 (rows per expert ⌈(b·s·K/E)·C⌉), "
+        "got " +
+        number_text(capacity_factor));
   if (!(lora_dropout >= 0.0 && lora_dropout < 1.0))
     throw InputError("--lora-dropout must be a number p with 0 <= p < 1, got " +
                      std::to_string(lora_dropout));

@@ -44,6 +44,9 @@ struct CommonFlags {
   bool use_cache = false;
   // hf-eager on a mixture of experts: transformers 5.25's experts implementation.
   std::string experts_impl;  // grouped_mm|eager; "" = grouped_mm (given: a MoE model only)
+  // trainmem's own MoE step: GShard-style token dropping, ⌈(b·s·K/E)·C⌉ rows per expert; "" =
+  // none (given: a MoE model only).
+  std::string capacity_factor;
   // LoRA / QLoRA (the hf-peft profile of estimate and maxbatch; the other commands refuse
   // anything but full).
   std::string finetune = "full";  // full|lora|qlora
@@ -71,6 +74,7 @@ struct RunFlags {
   std::string dump;          // .safetensors
   std::string timeline;      // .json (Perfetto) or .svg
   std::string dump_routing;  // .json: a mixture of experts' measured routing (profile only)
+  std::string routing;       // balanced|FILE.json: the routing the meta trace is given (profile)
   // --device-budget SIZE (raw): the ledger's allocator refuses to go above it; "" for none.
   std::string device_budget;
   // --allocator pytorch[:KEY=VALUE,...] (raw): mirror the run in a model of PyTorch's caching

@@ -16,6 +16,7 @@
 #include "trainmem/report/layout_report.hpp"
 #include "trainmem/report/report_writer.hpp"
 #include "trainmem/report/run_report.hpp"
+#include "trainmem/run/routing.hpp"
 #include "trainmem/run/run.hpp"
 #include "trainmem/run/timeline.hpp"
 
@@ -73,6 +74,19 @@ int run_profile(const ProfileFlags& flags) {
   // step can start on the chosen backend.
   if (!flags.run.timeline.empty()) check_writable(flags.run.timeline, "--timeline");
   if (!flags.run.dump.empty()) check_writable(flags.run.dump, "--dump");
+  if (!flags.run.routing.empty()) {
+    if (!c.model.moe())
+      throw InputError("--routing " + flags.run.routing + ": " + c.model.name +
+                       " is not a mixture of experts (it routes no token)");
+    if (be != "meta")
+      throw InputError("--routing " + flags.run.routing +
+                       ": a routing is given to the meta trace, which routes nothing; add "
+                       "--backend meta (cpu and cuda route the tokens themselves and report it)");
+    if (flags.run.routing != "balanced") {
+      rq.given_routing = read_routing_file(flags.run.routing, c.model, c.train);
+      rq.given_routing_source = "file " + flags.run.routing;
+    }
+  }
   if (!flags.run.dump_routing.empty()) {
     if (be == "meta")
       throw InputError("--dump-routing " + flags.run.dump_routing +
@@ -99,7 +113,7 @@ int run_profile(const ProfileFlags& flags) {
 
   if (!flags.run.dump_routing.empty()) {
     try {
-      if (r.routing.empty())  // auto fell back to meta (no device), or no forward completed
+      if (r.routing_source != "measured")  // auto fell back to meta, or no forward completed
         throw InputError(
             "--dump-routing " + flags.run.dump_routing + ": no routing was measured (backend " +
             r.backend +

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -226,6 +227,10 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
                  "hf-eager on a mixture of experts: transformers 5.25's experts implementation, "
                  "grouped_mm (its default where torch._grouped_mm runs) or eager (a loop over "
                  "the experts; default grouped_mm)");
+  cmd.add_option("--capacity-factor", flags.capacity_factor,
+                 "a mixture of experts in trainmem's own step (native): each expert computes at "
+                 "most ceil((b*s*K/E)*C) of the choices routed to it, in token order, the rest "
+                 "dropped (GShard; default: none, every choice kept)");
   cmd.add_option(
          "--finetune", flags.finetune,
          "full|lora|qlora: what is trained. lora and qlora (estimate, maxbatch) model peft's "
@@ -383,11 +388,16 @@ void add_run_flags(CLI::App& cmd, RunFlags& flags, bool several_runs) {
       ->check(suffix_check({".safetensors"}));
   cmd.add_option("--timeline", flags.timeline, "Memory timeline: .json (Perfetto) or .svg")
       ->check(suffix_check({".json", ".svg"}));
-  if (!several_runs)
+  if (!several_runs) {
     cmd.add_option("--dump-routing", flags.dump_routing,
                    "A mixture of experts: write the tokens each expert received in the last "
                    "step, layer by layer (JSON; cpu or cuda)")
         ->check(suffix_check({".json"}));
+    cmd.add_option("--routing", flags.routing,
+                   "A mixture of experts on --backend meta (which routes nothing): balanced (the "
+                   "default) or a --dump-routing FILE.json; the report shows it and, under "
+                   "--capacity-factor, the choices it drops (no byte depends on it)");
+  }
   cmd.add_option("--device-budget", flags.device_budget,
                  several_runs ? "Refuse allocations past SIZE live bytes in every run "
                                 "(out-of-memory: exit 3)"
@@ -408,7 +418,8 @@ void check_outputs(const Common& c, const RunFlags& flags) {
                           {"--dump-routing", flags.dump_routing}});
   // An input overwritten by an output would be read after it changed.
   for (const auto& [in_flag, in] : {std::pair<std::string, std::string>{"--weights", flags.weights},
-                                    {"--tokens", flags.tokens}})
+                                    {"--tokens", flags.tokens},
+                                    {"--routing", flags.routing}})
     for (const auto& [out_flag, out] : {std::pair<std::string, std::string>{"--output", c.output},
                                         {"--timeline", flags.timeline},
                                         {"--dump", flags.dump},
@@ -569,6 +580,23 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
                        "qwen3_moe models)");
     c.hf.experts_grouped_mm = flags.experts_impl == "grouped_mm";
   }
+  if (!flags.capacity_factor.empty()) {
+    const std::string& v = flags.capacity_factor;
+    std::size_t used = 0;
+    double C = 0.0;
+    try {
+      C = std::stod(v, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != v.size() || !(std::isfinite(C) && C > 0.0))
+      throw InputError("--capacity-factor: '" + v + "'; allowed: a number C > 0");
+    if (!c.model.moe())
+      throw InputError("--capacity-factor " + v + ": " + c.model.name +
+                       " is not a mixture of experts (the flag applies to mixtral, qwen2_moe and "
+                       "qwen3_moe models)");
+    c.train.capacity_factor = C;
+  }
   if (all_profiles && c.train.lora()) {
     // Beside the native step, hf-peft where it models the family (LLaMA, Mistral, Qwen2).
     try {
@@ -592,7 +620,14 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   if (c.model.moe()) {
     // A mixture of experts: the HF profiles model its classes, native trainmem's own MoE layer
     // (require_native_moe says what it does not model yet); no other profile does yet.
-    if (all_profiles) {
+    if (all_profiles && c.train.capacity_factor > 0.0) {
+      // HF's MoE blocks drop no token: the capacity is the native step's alone.
+      spdlog::warn(
+          "--profile all with --capacity-factor {}: only native models a capacity (HF's "
+          "MoE blocks drop no token)",
+          flags.capacity_factor);
+      c.profiles = {"native"};
+    } else if (all_profiles) {
       c.profiles = {"native", "hf-eager", "hf-sdpa"};
       try {
         require_native_moe(c.model, c.train, "profile native");
@@ -621,6 +656,10 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
         require_native_moe(c.model, c.train, "profile native");
       else if (name != "hf-eager" && name != "hf-sdpa")
         require_dense(c.model, "profile " + name);
+      else if (c.train.capacity_factor > 0.0)
+        throw InputError("--profile " + name + " with --capacity-factor " + flags.capacity_factor +
+                         ": HF's MoE blocks drop no token; the capacity applies to the native "
+                         "profile and trainmem's own step");
   }
   for (const auto& name : c.profiles) {
     if (lora && name != "hf-peft" && !(c.train.lora() && name == "native"))

@@ -352,7 +352,7 @@ bool moe_mlp_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, Ac
       be->moe_route(A[LayerAct::router_probs].as<float>(), A[LayerAct::topk_idx].as<std::int32_t>(),
                     A[LayerAct::topk_weight].as<float>(),
                     A[LayerAct::expert_pos].as<std::int32_t>(),
-                    A[LayerAct::expert_offsets].as<std::int32_t>(), logits.data(), n, E, K,
+                    A[LayerAct::expert_offsets].as<std::int32_t>(), logits.data(), n, E, K, dm.cap,
                     R.model.norm_topk_prob);
     if (be) off = expert_offsets(R, A);
     if (pass == ActPass::forward)
@@ -375,8 +375,9 @@ bool moe_mlp_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, Ac
       be->matmul(moe_rows(A[LayerAct::expert_up], r0, mw, D), xin, wu, c, mw, h, Trans::no,
                  Trans::yes, 1.f, 0.f);
     }
+    // The kept rows, off[E] (b·s·K without a capacity; the rows past them are never read).
     be->swiglu_forward(A[LayerAct::expert_act].data(), A[LayerAct::expert_gate].data(),
-                       A[LayerAct::expert_up].data(), n * K * mw);
+                       A[LayerAct::expert_up].data(), off[std::size_t(E)] * mw);
     for (std::int64_t e = 0; e < E; ++e) {
       const std::int64_t r0 = off[std::size_t(e)], c = off[std::size_t(e + 1)] - r0;
       if (c == 0) continue;
@@ -426,7 +427,7 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
                         const Tensor& d_res, FreeStep&& free_step) {
   const ActDims& dm = R.dims;
   const std::int64_t b = dm.b, s = dm.s, h = dm.h, n = b * s, E = dm.E, K = dm.K, mw = dm.m;
-  const std::int64_t nk = n * K;
+  const std::int64_t nk = dm.nk;  // the expert-ordered rows (E·capacity under a capacity factor)
   const DType D = R.train.dtype;
   Backend* be = R.backend;
   LayerHost& H = R.host;
@@ -468,7 +469,7 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
   Tensor d_up = ws("d_expert_up", {nk, mw}, D);
   if (be)
     be->swiglu_backward(d_gate.data(), d_up.data(), d_act.data(), A[LayerAct::expert_gate].data(),
-                        A[LayerAct::expert_up].data(), nk * mw);
+                        A[LayerAct::expert_up].data(), off[std::size_t(E)] * mw);
   d_act.reset();
   free_step(2);  // expert_gate, expert_up
   // 3. each expert's gate and up, the rows summed back per token, the router.

@@ -434,8 +434,11 @@ void LlamaModel::moe_routed(int g, const std::vector<std::int32_t>& off, const T
   LayerRouting& r = routing_[std::size_t(g)];
   std::vector<std::int32_t> idx(std::size_t(topk_idx.bytes() / sizeof(std::int32_t)));
   be_.download(idx.data(), topk_idx.data(), topk_idx.bytes());
+  // The choices routed to each expert (before a capacity drops any: the load-balancing loss counts
+  // them so, as Megatron's does); the offsets count the kept rows.
   r.tokens_per_expert.assign(off.size() - 1, 0);
-  for (std::size_t e = 0; e + 1 < off.size(); ++e) r.tokens_per_expert[e] = off[e + 1] - off[e];
+  for (std::int32_t e : idx) ++r.tokens_per_expert[std::size_t(e)];
+  r.dropped = std::int64_t(idx.size()) - off.back();
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a, 64-bit, over the indices' bytes
   for (std::int32_t v : idx)
     for (int k = 0; k < 4; ++k) {

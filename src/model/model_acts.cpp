@@ -15,6 +15,8 @@ ActDims ActDims::of(const ModelConfig& model, const TrainConfig& train) {
     d.K = model.experts_per_token;
     d.m = model.expert_intermediate;
     d.ms = model.shared_expert_intermediate;
+    d.nk = moe_rows(model, train);
+    d.cap = moe_capacity(model, train);
   }
   return d;
 }
@@ -65,7 +67,7 @@ std::vector<std::int64_t> act_shape(const ActShape& shape, const ActDims& dims) 
         out.push_back(dims.m);
         break;
       case Extent::nk:
-        out.push_back(dims.b * dims.s * dims.K);
+        out.push_back(dims.nk);
         break;
       case Extent::ms:
         out.push_back(dims.ms);

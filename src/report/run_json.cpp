@@ -15,19 +15,37 @@ namespace schema = report::schema;
 namespace {}  // namespace
 
 json routing_json(const RunResult& r) {
+  const std::int64_t cap = moe_capacity(r.model, r.train);
   json layers = json::array();
-  for (std::size_t l = 0; l < r.routing.size(); ++l)
-    layers.push_back(json{{"layer", l}, {"tokens_per_expert", r.routing[l]}});
-  return json{{"model", r.model.name},
-              {"batch", r.train.batch},
-              {"seq", r.train.seq},
-              {"experts", r.model.experts},
-              {"experts_per_token", r.model.experts_per_token},
-              {"step", r.steps_done},
-              {"layers", layers},
-              {"note",
-               "tokens each expert received in the step's forward; no byte of trainmem's step "
-               "depends on it: every expert buffer holds batch*seq*experts_per_token rows"}};
+  for (std::size_t l = 0; l < r.routing.size(); ++l) {
+    json layer{{"layer", l}, {"tokens_per_expert", r.routing[l]}};
+    if (cap > 0 && l < r.routing_dropped.size()) layer["dropped"] = r.routing_dropped[l];
+    layers.push_back(std::move(layer));
+  }
+  json j{{"model", r.model.name},
+         {"batch", r.train.batch},
+         {"seq", r.train.seq},
+         {"experts", r.model.experts},
+         {"experts_per_token", r.model.experts_per_token},
+         {"step", r.steps_done},
+         {"source", r.routing_source},
+         {"layers", layers},
+         {"note", r.routing_source != "measured"
+                      ? "the routing the meta trace was given (it routes nothing); no byte of "
+                        "trainmem's step depends on it; under a capacity `dropped` counts the "
+                        "choices past each expert's capacity"
+                  : cap > 0 ? "choices routed to each expert in the step's forward (before the "
+                              "capacity: an expert computes at most `capacity` of them, `dropped` "
+                              "the rest); no byte of trainmem's step depends on it: every expert "
+                              "buffer holds experts*capacity rows"
+                            : "tokens each expert received in the step's forward; no byte of "
+                              "trainmem's step depends on it: every expert buffer holds "
+                              "batch*seq*experts_per_token rows"}};
+  if (cap > 0) {
+    j["capacity_factor"] = r.train.capacity_factor;
+    j["capacity"] = cap;
+  }
+  return j;
 }
 
 namespace {

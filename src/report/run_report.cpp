@@ -302,14 +302,27 @@ void write_profile(report::ReportWriter& w, const RunResult& r) {
   if (!losses.empty()) w.detail("loss: " + losses);
   if (r.failure) w.alert(failure_lines(*r.failure, r.device_budget, u));
   if (!r.routing.empty()) {
-    w.detail("routing (last step's forward, tokens per expert, experts 0.." +
-             std::to_string(r.model.experts - 1) +
-             "): no byte of the step depends on it, every "
-             "expert buffer holds b·s·K = " +
-             std::to_string(r.train.batch * r.train.seq * r.model.experts_per_token) + " rows");
+    const std::int64_t cap = moe_capacity(r.model, r.train);
+    const bool measured = r.routing_source == "measured";
+    w.detail(
+        "routing (" +
+        (measured ? std::string("last step's forward")
+                  : "given to the meta trace, " + r.routing_source +
+                        (r.routing_source == "balanced" ? " (the default; --routing FILE)" : "")) +
+        ", tokens per expert, experts 0.." + std::to_string(r.model.experts - 1) +
+        "): no byte of the step depends on it, every " +
+        (cap > 0 ? "expert buffer holds E·capacity = " + std::to_string(r.model.experts) + "·" +
+                       std::to_string(cap) + " rows (--capacity-factor " +
+                       number_text(r.train.capacity_factor) + "; an expert computes at most " +
+                       std::to_string(cap) + " of the choices routed to it, in token order)"
+                 : "expert buffer holds b·s·K = " +
+                       std::to_string(r.train.batch * r.train.seq * r.model.experts_per_token) +
+                       " rows"));
     for (std::size_t l = 0; l < r.routing.size(); ++l) {
       std::string line = "  layer " + std::to_string(l) + ":";
       for (std::int64_t c : r.routing[l]) line += " " + std::to_string(c);
+      if (cap > 0 && l < r.routing_dropped.size())
+        line += "  (dropped " + std::to_string(r.routing_dropped[l]) + ")";
       w.detail(line);
     }
   }

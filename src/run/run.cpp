@@ -17,6 +17,7 @@
 #include "trainmem/model/model.hpp"
 #include "trainmem/model/model_io.hpp"
 #include "trainmem/probes/cupti_tag_allocator.hpp"
+#include "trainmem/run/routing.hpp"
 
 namespace trainmem {
 
@@ -271,7 +272,21 @@ void read_ledger(const RunRequest& rq, RunRig& rig, std::uint64_t step_first_seq
     }
     if (const Ledger* managed = rig.model()->managed_ledger())
       r.optimizer_states_managed = managed->peak_total().bytes;
-    for (const auto& layer : rig.model()->routing()) r.routing.push_back(layer.tokens_per_expert);
+    for (const auto& layer : rig.model()->routing()) {
+      r.routing.push_back(layer.tokens_per_expert);
+      r.routing_dropped.push_back(layer.dropped);
+      r.routing_source = "measured";
+    }
+    // The meta trace routes nothing: the routing it was given, and what a capacity drops of it
+    // (an expert keeps min(routed, capacity) choices; no byte depends on either).
+    if (rq.model.moe() && !r.computes) {
+      r.routing =
+          rq.given_routing.empty() ? balanced_routing(rq.model, rq.train) : rq.given_routing;
+      r.routing_source =
+          rq.given_routing_source.empty() ? std::string("balanced") : rq.given_routing_source;
+      for (const auto& layer : r.routing)
+        r.routing_dropped.push_back(dropped_choices(layer, moe_capacity(rq.model, rq.train)));
+    }
   }
   const int last_step = r.failure ? r.failure->step : r.steps_done;
   for (const TensorRecord& t : ledger.tensors())

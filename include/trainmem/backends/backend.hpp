@@ -195,10 +195,11 @@ class Backend {
   // router's fp32 softmax and top-k with the tokens' order by expert (offsets (E + 1), pos (n, K)
   // i32), its backward into dlogits (n, E) D, the rows gathered into expert order, combined back
   // (weighted, onto a residual) and the combine's backward. cpu and cuda compute them, meta does
-  // nothing.
+  // nothing. capacity > 0: rows per expert, the later choices dropped (pos −1;
+  // kernels/moe/moe.hpp).
   virtual void moe_route(float* probs, std::int32_t* idx, float* weight, std::int32_t* pos,
                          std::int32_t* offsets, const void* logits, std::int64_t n, std::int64_t E,
-                         std::int64_t K, bool normalize) = 0;
+                         std::int64_t K, std::int64_t capacity, bool normalize) = 0;
   virtual void moe_route_backward(void* dlogits, const float* dweight, const float* probs,
                                   const std::int32_t* idx, const float* aux, std::int64_t n,
                                   std::int64_t E, std::int64_t K, bool normalize) = 0;

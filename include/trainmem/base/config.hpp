@@ -158,6 +158,10 @@ struct TrainConfig {
   bool double_quant = true;
   std::int64_t quant_blocksize = 64;
   constexpr bool quantized() const { return quant != Quant::none; }
+  // --capacity-factor C (a mixture of experts in trainmem's own step; docs/native-plan.md,
+  // "Capacity"): each expert takes at most ⌈(b·s·K / E)·C⌉ rows, GShard's token dropping; 0: no
+  // capacity, every choice kept.
+  double capacity_factor = 0.0;
   void validate() const;  // batch >= 1, seq >= 2 (the loss needs a next token)
   // Whether global layer `layer` keeps only its input and is recomputed in backward.
   bool checkpointed(std::int64_t layer) const;
@@ -175,6 +179,14 @@ struct TrainConfig {
 // LOMO (--optimizer lomo),
 // --offload-activations. `what` names the command or profile. No-op for a dense model.
 void require_native_moe(const ModelConfig& m, const TrainConfig& t, const std::string& what);
+// The rows each expert may take under --capacity-factor, ⌈(b·s·K / E)·C⌉ computed in double as
+// Megatron's get_capacity does; 0 without a capacity factor or for a dense model.
+std::int64_t moe_capacity(const ModelConfig& m, const TrainConfig& t);
+// The rows of the expert-ordered buffers: E·capacity under a capacity factor, b·s·K otherwise.
+std::int64_t moe_rows(const ModelConfig& m, const TrainConfig& t);
+
+// A number as %g writes it (32, 0.5, 1e-05): flag values in messages and reports.
+std::string number_text(double v);
 
 // The checkpointing policy in words: "none", "full", or the per-layer spec ("every:2",
 // "layers:0,3", "budget:24GiB (layers 0-5)").

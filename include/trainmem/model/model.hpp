@@ -171,8 +171,11 @@ class LlamaModel : private LayerHost {
   // backend computed it (cpu and cuda; empty on meta, which routes nothing): the tokens each
   // expert received (b·s·K in all) and a fingerprint of every (token, choice)'s expert (FNV-1a
   // over topk_idx), which tells two routings apart without keeping them.
+  // Under --capacity-factor, `dropped` of the choices found their expert full (tokens_per_expert
+  // counts them, routed; the expert computed min(routed, capacity) rows).
   struct LayerRouting {
     std::vector<std::int64_t> tokens_per_expert;
+    std::int64_t dropped = 0;
     std::uint64_t fingerprint = 0;
   };
   const std::vector<LayerRouting>& routing() const { return routing_; }

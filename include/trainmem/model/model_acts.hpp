@@ -358,6 +358,9 @@ struct ActDims {
   // A mixture of experts: experts, experts per token, an expert's width (0 for a dense model).
   std::int64_t E = 0, K = 0, m = 0;
   std::int64_t ms = 0;  // the shared expert's width (0: none)
+  // The rows in expert order (Extent::nk): b·s·K, or E·capacity under --capacity-factor
+  // (moe_rows); cap the capacity (0: none).
+  std::int64_t nk = 0, cap = 0;
   static ActDims of(const ModelConfig& model, const TrainConfig& train);
 };
 std::vector<std::int64_t> act_shape(const ActShape& shape, const ActDims& dims);

@@ -62,6 +62,10 @@ struct RunRequest {
   bool probes = true;             // device probes on cuda
   bool keep_timeline = false;     // build the last step's TimelineData
   bool log_failure = true;        // log an out-of-memory as an error (a search's probes: no)
+  // A mixture of experts on the meta backend, which routes nothing: the routing the report
+  // assumes (--routing FILE, read_routing_file; empty: balanced_routing), and its name.
+  std::vector<std::vector<std::int64_t>> given_routing;
+  std::string given_routing_source;  // "file PATH"; "" = balanced
 };
 
 // Why a run stopped early (only out-of-memory is caught; other errors propagate).
@@ -113,7 +117,12 @@ struct RunResult {
   // A mixture of experts on a backend that computes: the tokens each expert received in the last
   // step's forward, layer by layer (LlamaModel::routing; empty otherwise). No byte depends on it
   // (docs/native-plan.md, "Mixture of experts").
+  // On meta (which routes nothing): the routing it was given (RunRequest::given_routing, balanced
+  // by default), said by routing_source: "measured", "balanced" or "file PATH".
   std::vector<std::vector<std::int64_t>> routing;
+  // Under --capacity-factor: per layer, the choices dropped because their expert was full.
+  std::vector<std::int64_t> routing_dropped;
+  std::string routing_source;
   std::uint64_t events = 0, dropped_events = 0;
   std::vector<TensorRecord> tensors;  // setup and the last step
   std::optional<TimelineData> timeline;

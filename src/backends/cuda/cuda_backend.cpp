@@ -299,8 +299,9 @@ void CudaBackend::dropout_apply(void* out, const void* x, const std::uint8_t* ma
 }
 void CudaBackend::moe_route(float* probs, std::int32_t* idx, float* weight, std::int32_t* pos,
                             std::int32_t* offsets, const void* logits, std::int64_t n,
-                            std::int64_t E, std::int64_t K, bool normalize) {
-  moe_route_cuda(probs, idx, weight, pos, offsets, logits, n, E, K, normalize, dtype(), stream_);
+                            std::int64_t E, std::int64_t K, std::int64_t capacity, bool normalize) {
+  moe_route_cuda(probs, idx, weight, pos, offsets, logits, n, E, K, capacity, normalize, dtype(),
+                 stream_);
 }
 void CudaBackend::moe_route_backward(void* dlogits, const float* dweight, const float* probs,
                                      const std::int32_t* idx, const float* aux, std::int64_t n,

@@ -131,7 +131,7 @@ class CudaBackend final : public Backend {
                      float scale, bool accumulate) override;
   void moe_route(float* probs, std::int32_t* idx, float* weight, std::int32_t* pos,
                  std::int32_t* offsets, const void* logits, std::int64_t n, std::int64_t E,
-                 std::int64_t K, bool normalize) override;
+                 std::int64_t K, std::int64_t capacity, bool normalize) override;
   void moe_route_backward(void* dlogits, const float* dweight, const float* probs,
                           const std::int32_t* idx, const float* aux, std::int64_t n, std::int64_t E,
                           std::int64_t K, bool normalize) override;
