@@ -183,6 +183,27 @@ inline ModelConfig any_config(const std::string& name) {
     c.router_aux_loss_coef = 0.5;
     return c;
   }
+  // Dense layers among MoE ones (Qwen's mlp_only_layers): Qwen3-MoE with only its middle layer
+  // MoE (the last layer dense), and two skewed shapes in which the kind that is not last decides
+  // a figure: a wide dense MLP in layer 0 before two MoE layers, and a 64-expert router in layers
+  // 0 and 1 before a narrow dense layer 2.
+  if (name == "tiny-qwen3-moe-mixed") {
+    ModelConfig c = *find_preset("tiny-qwen3-moe");
+    c.name = name;
+    c.layers = 3;
+    c.mlp_only_layers = {0, 2};
+    return c;
+  }
+  if (name == "moe-mixed-dense-first" || name == "moe-mixed-router-first") {
+    ModelConfig c = any_config("moe-wide-router");
+    c.name = name;
+    c.layers = 3;
+    const bool dense_first = name == "moe-mixed-dense-first";
+    c.mlp_only_layers = {dense_first ? 0 : 2};
+    c.intermediate = dense_first ? 400 : 1;
+    if (dense_first) c.experts = 4;
+    return c;
+  }
   if (name == "tiny-qwen2-moe-all") {
     ModelConfig c = *find_preset("tiny-qwen2-moe");
     c.name = name;

@@ -118,9 +118,9 @@ struct ModelCase {
   DType dtype;
   Attention attention;
   Optimizer optimizer;
-  std::int64_t lora_rank = 0;  // > 0: LoRA on all seven projections, the base frozen
-  Quant quant = Quant::none;   // with LoRA: the base 4-bit (QLoRA, double quantization)
-  double dropout = 0.0;        // with LoRA: its dropout (the masks drawn on each backend)
+  std::int64_t lora_rank = 0;    // > 0: LoRA on all seven projections, the base frozen
+  Quant quant = Quant::none;     // with LoRA: the base 4-bit (QLoRA, double quantization)
+  double dropout = 0.0;          // with LoRA: its dropout (the masks drawn on each backend)
   double capacity_factor = 0.0;  // a mixture of experts: --capacity-factor (choices dropped)
 };
 void PrintTo(const ModelCase& c, std::ostream* os) {

@@ -148,29 +148,30 @@ TEST(CliE2EFamilies, RefusedConfigsExitTwoNamingTheField) {
 // hf-sdpa and native (trainmem's own MoE layer: router, routed experts, Qwen1.5-MoE's shared
 // expert; a warning names what answers), and profile runs them; the per-rank plan, megatron and
 // hf-peft refuse them with exit 2, naming the model_type, the experts and the count; nothing is
-// printed on stdout then. tiny-qwen2-moe mixes dense and MoE layers, which the native step does
-// not model yet: native is left out of its estimate (warned) and refused where asked for.
+// printed on stdout then. tiny-qwen2-moe mixes dense and MoE layers (native, hf-eager and hf-sdpa
+// all count its dense layers apart).
 TEST(CliE2EFamilies, MoeModelsEstimateWithHfAndNativeProfilesAndTheRestRefusesThem) {
   struct Case {
     std::string model, type, count;
-    bool native;
+    bool mixed;
   };
-  for (const Case& c : {Case{"mixtral-8x7b", "mixtral", "46702792704", true},
-                        Case{config("qwen1.5-moe-a2.7b"), "qwen2_moe", "14315784192", true},
-                        Case{"qwen3-30b-a3b", "qwen3_moe", "30532122624", true},
-                        Case{"tiny-qwen2-moe", "qwen2_moe", "326080", false}}) {
+  for (const Case& c : {Case{"mixtral-8x7b", "mixtral", "46702792704", false},
+                        Case{config("qwen1.5-moe-a2.7b"), "qwen2_moe", "14315784192", false},
+                        Case{"qwen3-30b-a3b", "qwen3_moe", "30532122624", false},
+                        Case{"tiny-qwen2-moe", "qwen2_moe", "326080", true}}) {
     SCOPED_TRACE(c.model);
+    const bool native = true;
     const Result e = trainmem("estimate --model " + c.model + " --batch 1 --seq 64 --format json");
     ASSERT_EQ(e.code, 0) << e.err;
-    EXPECT_TRUE(has(e.err, c.native ? "only native, hf-eager, hf-sdpa model it"
-                                    : "only hf-eager, hf-sdpa model it"))
-        << e.err;
-    EXPECT_EQ(has(e.err, "native left out"), !c.native) << e.err;
+    EXPECT_TRUE(has(e.err, "only native, hf-eager, hf-sdpa model it")) << e.err;
+    EXPECT_FALSE(has(e.err, "native left out")) << e.err;
     const json j = e.j();
-    ASSERT_EQ(j["analytic"].size(), c.native ? 3u : 2u) << j["analytic"];
-    for (const auto& [name, a] : j["analytic"].items())
+    ASSERT_EQ(j["analytic"].size(), 3u) << j["analytic"];
+    for (const auto& [name, a] : j["analytic"].items()) {
       EXPECT_EQ(a["params"].get<std::uint64_t>(), 2 * std::stoull(c.count)) << name;  // bf16
-    EXPECT_EQ(j["model"]["moe"]["moe_layers"] == j["model"]["layers"], c.native);
+      EXPECT_EQ(a.value("dense_layers", 0), c.mixed ? 4 : 0) << name;
+    }
+    EXPECT_EQ(j["model"]["moe"]["moe_layers"] == j["model"]["layers"], !c.mixed);
     EXPECT_EQ(j["analytic"]["hf-eager"]["hf"]["experts_implementation"], "grouped_mm");
     // --experts-impl eager: the loop's list (2·T·k·h more per layer, less 8·T·k and 4·E).
     const Result l = trainmem("estimate --model " + c.model +
@@ -188,21 +189,16 @@ TEST(CliE2EFamilies, MoeModelsEstimateWithHfAndNativeProfilesAndTheRestRefusesTh
       const std::string sub = cmd.substr(0, cmd.find(' '));
       const bool runs_native = cmd.find("native") != std::string::npos || sub == "profile";
       const Result r = trainmem(sub + " --model " + c.model + cmd.substr(cmd.find(' ')) +
-                                (c.native && runs_native ? " --format json" : ""));
-      if (c.native && runs_native) {
+                                (native && runs_native ? " --format json" : ""));
+      if (native && runs_native) {
         ASSERT_EQ(r.code, 0) << r.err;
         EXPECT_TRUE(r.j().contains(sub == "profile" ? "measured" : "analytic")) << r.out;
         continue;
       }
       EXPECT_EQ(r.code, 2) << r.err;
       EXPECT_TRUE(has(r.err, "model_type " + c.type)) << r.err;
-      // The native step's guard speaks first where the native step would run (plan too).
-      if (!c.native && (runs_native || sub == "plan")) {
-        EXPECT_TRUE(has(r.err, "dense layer(s) among its MoE layers")) << r.err;
-      } else {
-        EXPECT_TRUE(has(r.err, c.count + " parameters") && has(r.err, "models dense layers only"))
-            << r.err;
-      }
+      EXPECT_TRUE(has(r.err, c.count + " parameters") && has(r.err, "models dense layers only"))
+          << r.err;
       EXPECT_TRUE(r.out.empty()) << r.out;
     }
   }
@@ -354,6 +350,34 @@ TEST(CliE2EFamilies, MetaGivenTheDumpedRoutingReproducesTheCpuRun) {
     EXPECT_EQ(layer["tokens_per_expert"], json({16, 16, 16, 16}));
     EXPECT_EQ(layer["dropped"], 16);  // 4 past 12 at each expert
   }
+  std::remove(path.c_str());
+}
+
+// Qwen2-MoE with a dense layer between two MoE ones (the real class's weights and tokens): the
+// routing lists layers 0 and 2 with the real Qwen2MoeForCausalLM's histograms, and the meta trace
+// given it reproduces the cpu run's ledger (the dense layer's rows and the MoE layers' alike).
+TEST(CliE2EFamilies, MixedDenseAndMoeLayersRouteAndTraceLayerByLayer) {
+  const std::string path = temp_path("mixed_routing.json");
+  const std::string data = std::string(TRAINMEM_TEST_DATA_DIR) + "/golden_tiny_qwen2_moe_mixed_";
+  const std::string common = "profile --model " + data +
+                             "config.json --batch 2 --seq 16 --dtype fp32 --steps 1 --optimizer "
+                             "sgd --format json ";
+  const Result cpu =
+      trainmem(common + "--backend cpu --weights " + data + "weights.safetensors --tokens " + data +
+               "tokens.bin --dump-routing " + path);
+  ASSERT_EQ(cpu.code, 0) << cpu.err;
+  json lc = cpu.j()["measured"]["ledger"];
+  EXPECT_EQ(lc["routing"]["layers"],
+            json::parse(R"([{"layer": 0, "tokens_per_expert": [22, 6, 4, 5, 17, 10]},
+                            {"layer": 2, "tokens_per_expert": [7, 12, 3, 8, 20, 14]}])"));
+  for (const json& row : cpu.j()["reconciliation"]) EXPECT_EQ(row["difference"], 0) << row.dump();
+  const Result meta = trainmem(common + "--backend meta --routing " + path);
+  ASSERT_EQ(meta.code, 0) << meta.err;
+  json lm = meta.j()["measured"]["ledger"];
+  EXPECT_EQ(lm["routing"]["layers"], lc["routing"]["layers"]);
+  lc.erase("routing");
+  lm.erase("routing");
+  EXPECT_EQ(lm, lc);
   std::remove(path.c_str());
 }
 

@@ -177,7 +177,7 @@ TEST(CuptiFold, UnknownCorrelationIdsAreUnattributed) {
   EXPECT_EQ(r.unattributed_live, 400u);  // 300 + 100
   EXPECT_EQ(r.unattributed_peak, 600u);
   EXPECT_EQ(r.live[G], 64u);
-  EXPECT_EQ(r.peak_total, 64u);    // attributed bytes only
+  EXPECT_EQ(r.peak_total, 64u);  // attributed bytes only
   EXPECT_EQ(r.other_records, 1u);
 }
 
@@ -188,7 +188,7 @@ TEST(CuptiFold, UnmatchedReleasesReusedAddressesAndOtherKinds) {
   b.append(mem_record(true, 0x1000, 1000, 10, 2));
   b.append(ext_record(3, encode_external_id(Category::activations, 2)));
   b.append(mem_record(true, 0x1000, 700, 20, 3));  // same address: the release was lost
-  b.append(other_record());  // e.g. a pinned host allocation (decoded below)
+  b.append(other_record());                        // e.g. a pinned host allocation (decoded below)
   b.append(pool_record());
   b.append(pool_record());
   CuptiFold f;
@@ -308,7 +308,6 @@ TEST(CuptiFold, RandomSequencesMatchNaiveReplay) {
   }
 }
 
-
 #ifdef TRAINMEM_HAVE_CUDA
 // ------------------------------------------------------- CUPTI records (CUDA builds: headers)
 
@@ -333,9 +332,9 @@ class CuptiBuffer {
   std::vector<std::size_t> offsets_;
 };
 
-CUpti_ActivityMemory4 cupti_mem(
-    bool alloc, std::uint64_t address, std::uint64_t bytes, std::uint64_t ts, std::uint32_t corr,
-    CUpti_ActivityMemoryKind kind = CUPTI_ACTIVITY_MEMORY_KIND_DEVICE) {
+CUpti_ActivityMemory4 cupti_mem(bool alloc, std::uint64_t address, std::uint64_t bytes,
+                                std::uint64_t ts, std::uint32_t corr,
+                                CUpti_ActivityMemoryKind kind = CUPTI_ACTIVITY_MEMORY_KIND_DEVICE) {
   CUpti_ActivityMemory4 m;
   std::memset(&m, 0, sizeof m);
   m.kind = CUPTI_ACTIVITY_KIND_MEMORY2;

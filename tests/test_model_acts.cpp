@@ -535,8 +535,8 @@ TEST_P(LayerActsTable, ForwardRecomputeAndFreesFollowThePlan) {
         const Ledger& ledger = *run.ledger;
         const auto fwd_want = expected_rows(m, t, false);
         const auto rc_want = expected_rows(m, t, true);
-        expect_plan(layer_activation_plan(m, t, ActPass::forward), fwd_want);
-        expect_plan(layer_activation_plan(m, t, ActPass::recompute), rc_want);
+        expect_plan(layer_activation_plan(m, t, ActPass::forward, m.moe()), fwd_want);
+        expect_plan(layer_activation_plan(m, t, ActPass::recompute, m.moe()), rc_want);
         EXPECT_EQ(rc_want.empty(), md.ckpt == Checkpointing::none);
 
         for (int l = 0; l < m.layers; ++l) {
@@ -626,7 +626,7 @@ TEST(LayerActsTable, QkNormRowsOnlyForQkNormModels) {
       train_config(2, 5, DType::bf16, Optimizer::adamw, Checkpointing::none, Attention::flash);
   for (const std::string& name : family_names()) {
     const ModelConfig m = any_config(name);
-    const auto plan = layer_activation_plan(m, t, ActPass::forward);
+    const auto plan = layer_activation_plan(m, t, ActPass::forward, m.moe());
     std::map<std::string, std::uint64_t> bytes;
     for (const auto& p : plan) bytes[p.name] = p.bytes;
     const std::uint64_t d = m.head_dim(), a = m.heads, k = m.kv_heads;

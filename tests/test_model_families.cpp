@@ -270,8 +270,15 @@ void check_every_gradient(const std::string& name, TrainConfig base, bool lora) 
   const bool moe =
       name.find("mixtral") != std::string::npos || name.find("moe") != std::string::npos;
   ModelConfig m = moe ? any_config(name) : family_config(name);
-  // Qwen2-MoE's shared expert on two of its six layers: the run stays short.
-  if (moe) m.layers = std::min<std::int64_t>(m.layers, 2);
+  // Qwen2-MoE's shared expert on two of its six layers: the run stays short. A model with dense
+  // layers among MoE ones keeps three (tiny-qwen2-moe: dense, MoE, dense).
+  if (moe) {
+    m.layers = std::min<std::int64_t>(m.layers, m.moe_layer_count() < m.layers ? 3 : 2);
+    auto& dense = m.mlp_only_layers;
+    dense.erase(
+        std::remove_if(dense.begin(), dense.end(), [&](std::int64_t l) { return l >= m.layers; }),
+        dense.end());
+  }
   // s = 13 exceeds the windows (5, 6): windowed layers mask keys.
   for (Attention at : {Attention::eager, Attention::flash}) {
     SCOPED_TRACE(attention_name(at));
@@ -435,10 +442,11 @@ TEST(FamilyGradientsDropout, LoraDropoutAdaptersMatchFiniteDifferences) {
 // Mixture of experts (issue 29): the router (through its softmax, top-K and renormalisation, and
 // with tiny-mixtral-aux the load-balancing loss's term),
 // each expert's three matrices (their slices of gate_up_proj and down_proj) and the rest, by the
-// same bound; b·s·K = 52 choices reach every expert, so no expert's gradient is zero.
+// same bound; b·s·K = 52 choices reach every expert, so no expert's gradient is zero;
+// tiny-qwen2-moe keeps a dense layer on either side of its MoE one.
 TEST(FamilyGradientsMoe, MatchFiniteDifferencesForEveryTensor) {
-  for (const char* name :
-       {"tiny-mixtral", "tiny-qwen3-moe", "tiny-qwen2-moe-all", "tiny-mixtral-aux"}) {
+  for (const char* name : {"tiny-mixtral", "tiny-qwen3-moe", "tiny-qwen2-moe-all",
+                           "tiny-mixtral-aux", "tiny-qwen2-moe"}) {
     SCOPED_TRACE(name);
     check_every_gradient(
         name,

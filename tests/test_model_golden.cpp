@@ -73,15 +73,21 @@ TEST_P(Golden, LossAndEveryGradientMatchPyTorch) {
   const float ref_loss = expected.read_f32("loss")[0];
   EXPECT_NEAR(loss, ref_loss, kLossRtol * std::abs(ref_loss));
   // A mixture of experts: the tokens each expert received, layer by layer, are the real class's
-  // (the golden's metadata "routing_l<l>": expert 0, 1, ...).
+  // (the golden's metadata "routing_l<l>": expert 0, 1, ...); a dense layer routes nothing.
   if (m.moe()) {
     const auto& routing = run.model->routing();
     ASSERT_EQ(routing.size(), std::size_t(m.layers));
     for (std::size_t l = 0; l < routing.size(); ++l) {
+      const auto it = expected.metadata().find("routing_l" + std::to_string(l));
+      EXPECT_EQ(it != expected.metadata().end(), m.is_moe_layer(std::int64_t(l))) << "layer " << l;
+      if (it == expected.metadata().end()) {
+        EXPECT_TRUE(routing[l].tokens_per_expert.empty()) << "layer " << l;
+        continue;
+      }
       std::string got;
       for (std::int64_t c : routing[l].tokens_per_expert)
         got += (got.empty() ? "" : ",") + std::to_string(c);
-      EXPECT_EQ(got, expected.metadata().at("routing_l" + std::to_string(l))) << "layer " << l;
+      EXPECT_EQ(got, it->second) << "layer " << l;
     }
   }
 
@@ -155,7 +161,11 @@ INSTANTIATE_TEST_SUITE_P(
         // output_router_logits with router_aux_loss_coef 0.5: the loss is the cross-entropy plus
         // 0.5 times HF's load_balancing_loss_func, and every router gradient carries its share.
         GoldenCase{"tiny_mixtral_aux", Checkpointing::none, Attention::eager, Optimizer::adamw},
-        GoldenCase{"tiny_mixtral_aux", Checkpointing::full, Attention::flash, Optimizer::sgd}),
+        GoldenCase{"tiny_mixtral_aux", Checkpointing::full, Attention::flash, Optimizer::sgd},
+        // Qwen2MoeForCausalLM with a dense layer among its MoE ones (mlp_only_layers [1] of 3: a
+        // Qwen2MoeMLP of width 128) and the load-balancing loss over the two MoE layers only.
+        GoldenCase{"tiny_qwen2_moe_mixed", Checkpointing::none, Attention::eager, Optimizer::adamw},
+        GoldenCase{"tiny_qwen2_moe_mixed", Checkpointing::full, Attention::flash, Optimizer::sgd}),
     case_name);
 
 }  // namespace

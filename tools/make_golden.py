@@ -91,6 +91,15 @@ the other MoE goldens (seed 1234 rejected, 1235 taken; routing as tiny_mixtral's
 6.0e-8 relative); router-gradient ratios 0.140 (layer 0) and 0.728 (layer 1). The gradients of
 lm_head, model.norm and the last layer's experts equal tiny_mixtral's bit for bit (the aux loss
 does not reach them); the others differ by 7-83 % of their max.
+
+tiny_qwen2_moe_mixed (--only tiny_qwen2_moe_mixed) is tiny_qwen2_moe with 3 layers, layer 1 dense
+(mlp_only_layers [1]: a Qwen2MoeMLP of width intermediate_size 128) and the load-balancing loss
+(output_router_logits, coef 0.5), which HF computes over the two MoE layers' router logits only.
+The MoE checks run on layers 0 and 2 (moe_blocks), the aux loss's logits are matched to them in
+order. Made on 2026-12-06, transformers 5.25.0 and torch 2.15.0+cu132 on the CPU, as above (seed
+1234 taken: min gap 1.66e-3; routing_l0 22,6,4,5,17,10, routing_l2 7,12,3,8,20,14): loss
+7.05788660 = ce 5.88262653 + 0.5 · aux 2.350519896 (by hand 2.3505197126, 7.8e-8 relative);
+router-gradient ratios 0.477 (layer 0) and 1.812 (layer 2).
 """
 import sys
 
@@ -317,6 +326,13 @@ FAMILIES = {
 # loss is then cross-entropy + 0.5 · aux_loss (MixtralForCausalLM.forward).
 FAMILIES["tiny_mixtral_aux"] = (dict(FAMILIES["tiny_mixtral"][0], output_router_logits=True,
                                      router_aux_loss_coef=0.5), 2, 16)
+# Qwen2-MoE with a dense layer among its MoE ones (mlp_only_layers [1] of 3 layers: Qwen2MoeMLP
+# of width intermediate_size 128 there) and the load-balancing loss over the two MoE layers only
+# (coef 0.5): load_balancing_loss_func concatenates the routers' logits, and a dense layer has
+# no router.
+FAMILIES["tiny_qwen2_moe_mixed"] = (dict(FAMILIES["tiny_qwen2_moe"][0], num_hidden_layers=3,
+                                         mlp_only_layers=[1], output_router_logits=True,
+                                         router_aux_loss_coef=0.5), 2, 16)
 # Every routing decision of the MoE goldens must be robust (trainmem routes in fp32 itself): for
 # every token of every layer, prob[k-th] - prob[(k+1)-th] > ROUTING_MIN_GAP, the top-k
 # probabilities distinct by > ROUTING_MIN_SEPARATION, and every expert given a token; otherwise
@@ -441,7 +457,7 @@ def aux_loss_reference(cfg, router_logits):
     router_prob_per_expert = mean over all layers' tokens of the softmax (E);
     aux = E · sum(tokens_per_expert · router_prob_per_expert). Returns (aux, top-k indices per
     layer)."""
-    E, k = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    E, k = cfg.get("num_local_experts", cfg.get("num_experts")), cfg["num_experts_per_tok"]
     with torch.no_grad():
         probs = [torch.softmax(g.double(), dim=-1) for g in router_logits]
         idx = [p.topk(k, dim=-1).indices for p in probs]
@@ -501,7 +517,10 @@ def make_family(name, out_dir, seed):
         if moe:
             assert model.config._experts_implementation == "eager", model.config._experts_implementation
             blocks = moe_blocks(model)
-            assert len(blocks) == cfg["num_hidden_layers"], name  # every layer MoE in all three
+            # every layer MoE, but Qwen's mlp_only_layers (tiny_qwen2_moe_mixed)
+            dense = cfg.get("mlp_only_layers", [])
+            assert [l for l, _ in blocks] == [l for l in range(cfg["num_hidden_layers"])
+                                              if l not in dense], name
             for l, block in blocks:
                 hooks.append(block.gate.register_forward_hook(
                     lambda mod, inp, out, l=l: seen.__setitem__(
@@ -533,14 +552,16 @@ def make_family(name, out_dir, seed):
         blocks = moe_blocks(model)
         rl = out.router_logits
         assert isinstance(rl, tuple) and len(rl) == len(blocks), type(rl)
-        for l, _ in blocks:  # the recorded logits are the routers' own (T, E) outputs
-            assert torch.equal(rl[l].detach(), seen[("router", l)][0]), l
+        # the recorded logits are the routers' own (T, E) outputs, one per MoE layer in order (a
+        # dense layer records none)
+        for j, (l, _) in enumerate(blocks):
+            assert torch.equal(rl[j].detach(), seen[("router", l)][0]), l
         ce = model.loss_function(out.logits, ids, cfg["vocab_size"]).detach()
         hf_aux = out.aux_loss.detach()
         assert torch.equal(loss.detach(), ce + coef * hf_aux), (loss.item(), ce.item(), hf_aux.item())
         mine, idx = aux_loss_reference(cfg, [g.detach() for g in rl])
-        for l, _ in blocks:  # the top-k of the float64 softmax is the routers' choice
-            assert torch.equal(idx[l].sort(-1).values, seen[("router", l)][2].sort(-1).values), l
+        for j, (l, _) in enumerate(blocks):  # the top-k of the float64 softmax: the routers' choice
+            assert torch.equal(idx[j].sort(-1).values, seen[("router", l)][2].sort(-1).values), l
         rel = abs(hf_aux.item() - mine) / abs(mine)
         assert rel <= 1e-6, (hf_aux.item(), mine, rel)
         # The aux loss's share of each router's gradient (d aux / d W_router, before backward).

@@ -787,7 +787,7 @@ void finish(ActivationBreakdown& acts, std::int64_t layers) {
   const std::int64_t first = acts.first_layer.empty() ? 0 : 1;
   const std::int64_t dense = acts.layer_dense.empty() ? 0 : acts.dense_layers;
   if (windowed < 0 || ckpt < 0 || dense < 0 || windowed + ckpt + first + dense > layers ||
-      (first > 0 && windowed + ckpt > 0) || (dense > 0 && windowed + ckpt + first > 0))
+      (first > 0 && windowed + ckpt > 0) || (dense > 0 && windowed + first > 0))
     throw Error("analytic: windowed, dense, checkpointed or first layers out of range");
   acts.total_bytes = csum(
       {acts.embedding_bytes, acts.first_layer_bytes,

@@ -185,14 +185,14 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
 // Parameter elements of one layer on a rank (two norms, q/k/v/o, gate/up/down; TP-sharded),
 // with the q/k/v biases (split with their columns: a/t·d + 2·k/t·d) and the q/k norm weights
 // (replicated: 2·d) of the families that have them.
-// A mixture of experts has, in place of gate/up/down, the router (E, h) and E experts of three
-// (m, h) matrices each: E·h·(1 + 3m); a shared expert adds three (m_s, h) and its gate (1, h).
-std::uint64_t layer_params(const Local& l, const ModelConfig& m) {
+// A mixture-of-experts layer (`moe`) has, in place of gate/up/down, the router (E, h) and E
+// experts of three (m, h) matrices each: E·h·(1 + 3m); a shared expert adds three (m_s, h) and its
+// gate (1, h).
+std::uint64_t layer_params(const Local& l, const ModelConfig& m, bool moe) {
   const std::uint64_t shared =
       l.ms > 0 ? checked_mul(l.h, csum({1, checked_mul(3, l.ms)}), "parameters") : 0;
   const std::uint64_t mlp =
-      l.moe
-          ? csum({checked_mul(checked_mul(l.E, l.h), csum({1, checked_mul(3, l.m)}), "parameters"),
+      moe ? csum({checked_mul(checked_mul(l.E, l.h), csum({1, checked_mul(3, l.m)}), "parameters"),
                   shared},
                  "parameters")
           : checked_mul(3, checked_mul(l.h, l.i));
@@ -213,9 +213,10 @@ std::uint64_t layer_adapters(const Local& l) {
   return n;
 }
 
-// The per-layer forward set of one rank, in allocation order (`out` last).
+// The per-layer forward set of one rank, in allocation order (`out` last), of a dense layer or a
+// mixture-of-experts one (`moe`).
 std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn, bool sp,
-                                   bool qk_norm) {
+                                   bool qk_norm, bool moe) {
   const std::string& D = g.dt;
   const std::string res = "(b," + l.rows + ",h)", rows = "(b," + l.rows + ")";
   const std::string q_shape = "(b,s," + l.la + "·d)", kv_shape = "(b,s," + l.lk + "·d)";
@@ -283,7 +284,7 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn
                     sp ? "the rank's rows of the gate and up GEMMs' input (gathered again in "
                          "backward)"
                        : "input of the gate and up GEMMs"));
-  if (l.moe) {
+  if (moe) {
     // The router and the experts (docs/native-plan.md, "Mixture of experts"): the bytes hold all
     // b·s·K rows in expert order at once, whatever the routing.
     v.push_back(entry(g, "router_probs", "(b,s,E)", "fp32", l.bsE4, Term::sb, "router backward",
@@ -454,16 +455,16 @@ class Stage {
   // attention runs.
   std::uint64_t through_attn_out() const {
     std::uint64_t t = 0;
-    for (const auto& e : set_) {
+    for (const auto& e : set(Ls_ - 1)) {  // the attention's rows: the same in either kind
       t = checked_add(t, e.bytes, "activations");
       if (e.name == "attn_out") break;
     }
     return t;
   }
-  // The layer's rows up to and including `name` (in allocation order).
-  std::uint64_t rows_through(const char* name) const {
+  // Local layer k's rows up to and including `name` (in allocation order).
+  std::uint64_t rows_through(const char* name, std::int64_t k) const {
     std::uint64_t t = 0;
-    for (const auto& e : set_) {
+    for (const auto& e : set(k)) {
       t = checked_add(t, e.bytes, "activations");
       if (e.name == name) return t;
     }
@@ -498,7 +499,7 @@ class Stage {
   // What local layer k keeps at the end of its forward: its `out` when checkpointed, else its
   // whole set (less probs under selective recompute).
   std::uint64_t keeps(std::int64_t k) const {
-    return ck_[u(k)] ? l_.X : csub(sum_bytes(set_), dropped(), "selective");
+    return ck_[u(k)] ? l_.X : csub(sum_bytes(set(k)), dropped(), "selective");
   }
   // The stage input and what local layers [0, k) keep.
   std::uint64_t kept_before(std::int64_t k) const {
@@ -530,32 +531,48 @@ class Stage {
                      l_.drop_max(bits)});
     };
     // The forward (not the recompute) has dropped probs under selective by o_proj.
-    group(7u, "q/k/v adapters", csum({rows_through("v"), l_.lora_rows(7u)}));
-    group(1u << 3, "o_proj adapter", csub(rows_through("h_mid"), dropped(), "selective"));
+    const std::int64_t k = Ls_ - 1;  // LoRA: every layer dense
+    group(7u, "q/k/v adapters", csum({rows_through("v", k), l_.lora_rows(7u)}));
+    group(1u << 3, "o_proj adapter", csub(rows_through("h_mid", k), dropped(), "selective"));
     group(3u << 4, "gate/up adapters",
-          csub(csum({rows_through("up"), l_.lora_rows(3u << 4)}), dropped(), "selective"));
+          csub(csum({rows_through("up", k), l_.lora_rows(3u << 4)}), dropped(), "selective"));
     group(1u << 6, "down_proj adapter",
-          csub(csum({rows_through("act"), l_.lora_rows(1u << 6)}), dropped(), "selective"));
+          csub(csum({rows_through("act", k), l_.lora_rows(1u << 6)}), dropped(), "selective"));
     return v;
   }
   RankEstimate r_;
   GatherPlan gather_;
-  std::uint64_t buckets_ = 0;     // the reduce bucket(s), alive all step
-  std::uint64_t emb_grad_ = 0;    // LOMO: the (V, h) embedding / lm_head gradient
-  std::uint64_t tied_lomo_ = 0;   // LOMO, tied: that gradient, alive from the head backward on
-  std::vector<TensorEntry> set_;  // one layer's forward set
-  std::uint64_t mb_ = 0;          // one micro-batch's activations that stay on the stage
-  std::uint64_t others_ = 0;      // the other in-flight micro-batches' activations
-  std::uint64_t inputs_ = 0;      // tokens and targets on the stage
+  std::uint64_t buckets_ = 0;    // the reduce bucket(s), alive all step
+  std::uint64_t emb_grad_ = 0;   // LOMO: the (V, h) embedding / lm_head gradient
+  std::uint64_t tied_lomo_ = 0;  // LOMO, tied: that gradient, alive from the head backward on
+  // A dense layer's forward set [0] and a mixture-of-experts layer's [1] (a model with both: Qwen's
+  // dense layers among MoE ones); kind(k) says which local layer k is.
+  std::vector<TensorEntry> sets_[2];
+  int kind(std::int64_t k) const { return m_.is_moe_layer(r_.stage * Ls_ + k) ? 1 : 0; }
+  const std::vector<TensorEntry>& set(std::int64_t k) const { return sets_[kind(k)]; }
+  // Whether the stage's layers are of both kinds, and the last local layer of a kind (-1: none).
+  bool mixed() const { return last_of(0) >= 0 && last_of(1) >= 0; }
+  std::int64_t last_of(int kd) const {
+    for (std::int64_t k = Ls_ - 1; k >= 0; --k)
+      if (kind(k) == kd) return k;
+    return -1;
+  }
+  std::uint64_t mb_ = 0;      // one micro-batch's activations that stay on the stage
+  std::uint64_t others_ = 0;  // the other in-flight micro-batches' activations
+  std::uint64_t inputs_ = 0;  // tokens and targets on the stage
 };
 
 void Stage::books() {
   const Local& l = l_;
   // LoRA (one GPU): the adapters are in the params and are all that trains.
   const std::uint64_t La = layer_adapters(l);
-  const std::uint64_t Lu = checked_add(layer_params(l, m_), La, "parameters");
+  // Each local layer's parameters (its kind's: a dense MLP or the router and experts).
+  auto Lu = [&](std::int64_t k) {
+    return checked_add(layer_params(l, m_, kind(k) == 1), La, "parameters");
+  };
   const std::uint64_t emb = checked_mul(l.V, l.h);
-  std::uint64_t Pk = checked_mul(Lu, u(Ls_), "parameters");
+  std::uint64_t Pk = 0;
+  for (std::int64_t k = 0; k < Ls_; ++k) Pk = checked_add(Pk, Lu(k), "parameters");
   if (first_) Pk = checked_add(Pk, emb);
   const bool tied_here = m_.tied_embeddings && p_.pp == 1;
   if (last_) Pk = csum({Pk, l.h, tied_here ? 0 : emb}, "parameters");
@@ -657,7 +674,8 @@ void Stage::books() {
     }
   }
   if (p_.zero == 3) {
-    gather_.bytes.assign(u(Ls_) + 2, checked_mul(Lu, w));
+    gather_.bytes.assign(u(Ls_) + 2, 0);
+    for (std::int64_t k = 0; k < Ls_; ++k) gather_.bytes[u(k) + 1] = checked_mul(Lu(k), w);
     gather_.bytes[0] = checked_mul(emb, w);
     gather_.bytes[u(Ls_) + 1] = checked_mul(checked_add(emb, l.h), w);  // final norm + head
     gather_.seq.push_back(0);
@@ -705,25 +723,42 @@ void Stage::activations() {
     acts.embedding.push_back(entry(g_, "stage_input", res, D, l.X, Term::sbh,
                                    "the stage's first input_layernorm backward",
                                    "activation received from the previous stage"));
-  set_ = layer_set(g_, l, t_.attention, p_.sp, m_.qk_norm);
-  std::vector<TensorEntry> kept{set_.back()};  // `out`: the next layer's checkpointed input
+  for (int kd = 0; kd < 2; ++kd)
+    sets_[kd] = layer_set(g_, l, t_.attention, p_.sp, m_.qk_norm, kd == 1);
+  // `layer` lists a MoE layer's set when any layer is one; with dense layers among them (Qwen),
+  // `layer_dense` lists a dense layer's, for the dense layers that keep their whole set (a
+  // checkpointed layer of either kind keeps its `out` alone).
+  const std::vector<TensorEntry>& S = sets_[last_of(1) >= 0 ? 1 : 0];
+  std::vector<TensorEntry> kept{S.back()};  // `out`: the next layer's checkpointed input
   kept.back().kept_by = "checkpointing: kept as the next layer's input";
   kept.back().why = "the only tensor a checkpointed layer keeps; the rest is recomputed";
-  std::vector<TensorEntry> recompute(set_.begin(), set_.end() - 1);
+  std::vector<TensorEntry> recompute(S.begin(), S.end() - 1);
   for (auto& e : recompute) e.kept_by = "recomputed in backward; " + e.kept_by;
+  auto without_probs = [](const std::vector<TensorEntry>& set) {
+    std::vector<TensorEntry> v;
+    for (const auto& e : set)
+      if (e.name != "probs") v.push_back(e);
+    return v;
+  };
   if (sel_) {
     // Selective: every layer keeps its set but probs, recomputed at backward step 6.
-    for (const auto& e : set_) {
-      if (e.name != "probs") {
-        acts.layer.push_back(e);
-        continue;
+    acts.layer = without_probs(S);
+    for (const auto& e : S)
+      if (e.name == "probs") {
+        acts.recompute.push_back(e);
+        acts.recompute.back().kept_by =
+            "selective recompute: freed after the attention forward, recomputed at backward step 6";
       }
-      acts.recompute.push_back(e);
-      acts.recompute.back().kept_by =
-          "selective recompute: freed after the attention forward, recomputed at backward step 6";
-    }
   } else {
-    split_layers(acts, t_, r_.stage * Ls_, Ls_, set_, std::move(kept), std::move(recompute));
+    split_layers(acts, t_, r_.stage * Ls_, Ls_, S, std::move(kept), std::move(recompute));
+  }
+  if (mixed()) {
+    std::int64_t dense = 0;
+    for (std::int64_t k = 0; k < Ls_; ++k) dense += kind(k) == 0 && !ck_[u(k)];
+    if (dense > 0) {
+      acts.layer_dense = sel_ ? without_probs(sets_[0]) : sets_[0];
+      acts.dense_layers = dense;
+    }
   }
   if (last_) {
     acts.head.push_back(entry(g_, "final_norm_out", res, D, l.X, Term::sbh, "lm_head backward",
@@ -796,7 +831,6 @@ void Stage::forward_instants() {
   const std::uint64_t C = kCublasWorkspaceBytes;
   const std::uint64_t G0 = grads_before_head();
   const std::uint64_t sg = gather_buffer();
-  const std::uint64_t S = sum_bytes(set_);
   if (first_ && (p_.sp || p_.zero == 3))
     at("forward: embed_out allocated" + std::string(p_.sp ? " (partial alive)" : ""), l.X, C, sg, 0,
        G0);
@@ -813,9 +847,23 @@ void Stage::forward_instants() {
     while (!ck_[u(last_ck)]) --last_ck;
     if (last_ck < Ls_ - window_layers) ks.push_back(last_ck);
   }
-  if (ck_count_ > 0 || sel_ || p_.sp || p_.zero == 3 || !last_ || off_ || p_.cp > 1)
+  const bool last_layers =
+      ck_count_ > 0 || sel_ || p_.sp || p_.zero == 3 || !last_ || off_ || p_.cp > 1;
+  if (last_layers)
     for (std::int64_t k = std::max<std::int64_t>(0, Ls_ - window_layers); k < Ls_; ++k)
       ks.push_back(k);
+  if (mixed()) {
+    // Dense layers among MoE ones (one GPU): the same two layers of each kind, whose sets differ.
+    for (int kd = 0; kd < 2; ++kd) {
+      std::int64_t last_ck = -1;
+      for (std::int64_t k = 0; k < Ls_; ++k)
+        if (kind(k) == kd && ck_[u(k)]) last_ck = k;
+      if (last_ck >= 0 && !full_) ks.push_back(last_ck);
+      if (last_layers) ks.push_back(last_of(kd));
+    }
+    std::sort(ks.begin(), ks.end());
+    ks.erase(std::unique(ks.begin(), ks.end()), ks.end());
+  }
   const std::uint64_t through_attn = through_attn_out();
   if (off_) {
     // Offload: layer k's forward holds O_{k-1} (still being copied out), its input x_k and its
@@ -836,16 +884,17 @@ void Stage::forward_instants() {
   for (const DropPoint& dp : drop_points())
     at("forward: layer " + layer_name(Ls_ - 1) + " " + dp.what,
        csum({kept_before(Ls_ - 1), dp.rows}), csum({C, dp.drop}), 0, u(Ls_), G0);
-  // A mixture of experts: the last layer's router logits (workspace) beside its rows through the
-  // routing's, right before they are freed (the experts' rows come after them, in one run of
+  // A mixture of experts: the last MoE layer's router logits (workspace) beside its rows through
+  // the routing's, right before they are freed (the experts' rows come after them, in one run of
   // allocations up to `out`).
+  const std::int64_t km = last_of(1);
   bool router_done = false;
   auto router = [&]() {
-    if (!l.moe || router_done) return;
+    if (km < 0 || router_done) return;
     router_done = true;
-    at("forward: layer " + layer_name(Ls_ - 1) + " router logits (routing rows allocated)",
-       csum({kept_before(Ls_ - 1), csub(rows_through("expert_offsets"), dropped(), "selective")}),
-       csum({C, l.bsE}), 0, u(Ls_), G0);
+    at("forward: layer " + layer_name(km) + " router logits (routing rows allocated)",
+       csum({kept_before(km), csub(rows_through("expert_offsets", km), dropped(), "selective")}),
+       csum({C, l.bsE}), 0, u(km) + 1, G0);
   };
   for (std::int64_t k : ks) {
     if (p_.cp > 1)  // ring attention: its buffers beside the rows through attn_out
@@ -854,13 +903,13 @@ void Stage::forward_instants() {
     if (sel_)
       at("forward: layer " + layer_name(k) + " attn_out allocated (probs alive)",
          csum({before(k), through_attn}), C, 0, u(k) + 1, G0);
-    if (k == Ls_ - 1) router();
+    if (k == km) router();
     at("forward: layer " + layer_name(k) + " `out` allocated" +
            (p_.sp       ? " (down partial alive)"
             : ck_[u(k)] ? " (its other tensors not yet freed)"
                         : "") +
            (off_ && k > 0 ? " (layer " + layer_name(k - 1) + "'s set still being offloaded)" : ""),
-       csum({before(k), csub(S, dropped(), "selective")}), C, sg, u(k) + 1, G0);
+       csum({before(k), csub(sum_bytes(set(k)), dropped(), "selective")}), C, sg, u(k) + 1, G0);
   }
   router();
 }
@@ -902,6 +951,24 @@ void Stage::layer_instants() {
   // the largest O decides (the first such in backward order; layer 0 prefetches nothing), and
   // under ZeRO-3 any earlier layer whose gather window is larger (the window only shrinks along
   // the backward, at its end).
+  if (!off_ && mixed()) {
+    // Dense layers among MoE ones (one GPU): per kind, its first layer in backward order holds
+    // the most of that kind's steps, and its last checkpointed one the most of its recompute
+    // (step 0); in backward order.
+    std::vector<std::int64_t> kbs;
+    for (int kd = 0; kd < 2; ++kd) {
+      kbs.push_back(last_of(kd));
+      for (std::int64_t k = last_of(kd); k >= 0; --k)
+        if (kind(k) == kd && ck_[u(k)]) {
+          kbs.push_back(k);
+          break;
+        }
+    }
+    std::sort(kbs.rbegin(), kbs.rend());
+    kbs.erase(std::unique(kbs.begin(), kbs.end()), kbs.end());
+    for (std::int64_t kb : kbs) layer_steps(kb);
+    return;
+  }
   if (!off_) {
     layer_steps(Ls_ - 1);
     return;
@@ -928,13 +995,14 @@ void Stage::layer_steps(std::int64_t kb) {
   // This micro-batch's activations when the first backward layer starts (the head and the sent
   // `out` gone; its set recomputed at step 0 when it is checkpointed). It holds the most: later
   // layers hold what the layers below them keep, which only shrinks, beside the same set and
-  // buffers.
-  const std::uint64_t S = sum_bytes(set_);
+  // buffers (with dense layers among MoE ones: the first of each kind; layer_instants). Layer
+  // kb holds the layers below it, its own set and no `out` (freed by the layer above).
+  const std::uint64_t S = sum_bytes(set(kb));
+  const bool moe = kind(kb) == 1;
   const bool ck_last = ck_[u(kb)];
   const std::uint64_t A_L =
       off_ ? csub(csum({keeps(kb - 1), S}), dropped(), "the offloaded backward layer")
-           : csub(csum({kept_before(Ls_ - 1), S}), csum({l.X, dropped()}),
-                  "the first backward layer");
+           : csub(csum({kept_before(kb), S}), csum({l.X, dropped()}), "the first backward layer");
   const std::string Lb =
       "backward layer " + layer_name(kb) + (off_ ? " (layer below prefetched) " : " ");
   if (ck_last && p_.cp > 1) {
@@ -943,9 +1011,9 @@ void Stage::layer_steps(std::int64_t kb) {
     at(Lb + "step 0: recompute's ring attention", csub(A_L, rest, "recompute"),
        csum({C, l.X, ring_acc()}), ring_kv(), pos, grads(0));
   }
-  if (ck_last && l.moe)  // the recompute's router logits beside d_residual
+  if (ck_last && moe)  // the recompute's router logits beside d_residual
     at(Lb + "step 0: recompute's router logits",
-       csum({kept_before(Ls_ - 1), rows_through("expert_offsets")}), csum({C, l.X, l.bsE}), 0, pos,
+       csum({kept_before(kb), rows_through("expert_offsets", kb)}), csum({C, l.X, l.bsE}), 0, pos,
        grads(0));
   if (ck_last) at(Lb + "step 0: recompute done", A_L, csum({C, l.X}), 0, pos, grads(0));
   // QLoRA (one GPU): a base weight dequantized beside a step's buffers. The recompute's o_proj
@@ -960,12 +1028,12 @@ void Stage::layer_steps(std::int64_t kb) {
          grads(0));
   };
   if (ck_last)
-    deq_step("step 0: recompute's o_proj", csum({kept_before(Ls_ - 1), rows_through("h_mid")}),
+    deq_step("step 0: recompute's o_proj", csum({kept_before(kb), rows_through("h_mid", kb)}),
              csum({C, l.X}), l.deq_ha);
   // LoRA dropout: the recompute drops each target's input again beside d_residual.
   if (ck_last)
     for (const DropPoint& dp : drop_points())
-      at(Lb + "step 0: recompute's " + dp.what, csum({kept_before(Ls_ - 1), dp.rows}),
+      at(Lb + "step 0: recompute's " + dp.what, csum({kept_before(kb), dp.rows}),
          csum({C, l.X, dp.drop}), 0, pos, grads(0));
   constexpr unsigned kDownBit = 1u << 6, kGateUpBits = 3u << 4, kOBit = 1u << 3, kQkvBits = 7u;
   // Under dropout the target's input is dropped again beside d_lora_a (`lora_drop.<proj>`, then
@@ -978,7 +1046,7 @@ void Stage::layer_steps(std::int64_t kb) {
        act, csum({ws, l.bsr, l.drop_max(bits)}), 0, pos, grads(0));
   };
   std::uint64_t A4 = 0;
-  if (l.moe) {
+  if (moe) {
     // Steps 1-3 of a MoE layer (docs/native-plan.md, "Mixture of experts"): the combine's backward
     // and the experts' down (d_expert_out, d_topk_weight, d_expert_act), the SwiGLU backward, the
     // experts' gate/up (d_expert_in), the rows summed back per token (d_xn2), the router
@@ -1118,18 +1186,22 @@ void Stage::figures() {
     // A mixture of experts: the router (E·h per row), the shared expert, and three m×h GEMMs per
     // expert row: b·s·K rows, at most E·capacity of them under --capacity-factor (the kept rows
     // depend on the routing: this counts the most).
-    const double mlp =
-        l_.moe ? h * (double(l_.E) + 3.0 * double(l_.ms) + (l_.ms > 0 ? 1.0 : 0.0)) : 3.0 * h * i;
-    const double expert_rows =
-        l_.moe ? std::min(b * s * double(l_.K), l_.cap > 0 ? double(l_.nk) : b * s * double(l_.K))
-               : 0.0;
-    const double gemm =
-        2.0 * b * s * (h * ad + 2.0 * h * kd + ad * h + mlp + double(layer_adapters(l_))) +
-        2.0 * expert_rows * 3.0 * h * double(l_.m);
+    // A dense layer among MoE ones (Qwen) counts its dense MLP.
+    auto gemm = [&](bool moe) {
+      const double mlp =
+          moe ? h * (double(l_.E) + 3.0 * double(l_.ms) + (l_.ms > 0 ? 1.0 : 0.0)) : 3.0 * h * i;
+      const double expert_rows =
+          moe ? std::min(b * s * double(l_.K), l_.cap > 0 ? double(l_.nk) : b * s * double(l_.K))
+              : 0.0;
+      return 2.0 * b * s * (h * ad + 2.0 * h * kd + ad * h + mlp + double(layer_adapters(l_))) +
+             2.0 * expert_rows * 3.0 * h * double(l_.m);
+    };
     const double attention = 4.0 * b * a * s * s * d;
+    double recomputed = 0.0;
+    for (std::int64_t k = 0; k < Ls_; ++k)
+      if (ck_[u(k)]) recomputed += gemm(kind(k) == 1) + attention;
     est.recompute_flops =
-        (double(ck_count_) * (gemm + attention) + (sel_ ? double(Ls_) * attention : 0.0)) *
-        double(p_.microbatches);
+        (recomputed + (sel_ ? double(Ls_) * attention : 0.0)) * double(p_.microbatches);
   }
   fg.peak = best;
   fg.peak_breakdown = est.instants[est.peak_instant].bytes;
@@ -1199,7 +1271,12 @@ void Stage::figures() {
     est.notes.push_back(
         "mixture of experts (" + std::to_string(l_.E) + " experts, top " + std::to_string(l_.K) +
         (l_.ms > 0 ? ", a shared expert" : "") +
-        "): each layer keeps its router's fp32 softmax, the routing (indices, weights, positions, "
+        (m_.moe_layer_count() < m_.layers
+             ? ", in " + std::to_string(m_.moe_layer_count()) + " of " + std::to_string(m_.layers) +
+                   " layers; the others a dense MLP of width " + std::to_string(m_.intermediate)
+             : std::string()) +
+        "): each MoE layer keeps its router's fp32 softmax, the routing (indices, weights, "
+        "positions, "
         "offsets) and the " +
         (l_.cap > 0 ? "E·capacity = " + std::to_string(l_.E) + "·" + std::to_string(l_.cap) +
                           " expert rows (--capacity-factor " + number_text(t_.capacity_factor) +

@@ -277,17 +277,13 @@ constexpr std::int64_t kInt32Max = 2147483647;
 void require_native_moe(const ModelConfig& m, const TrainConfig& t, const std::string& what) {
   if (!m.moe()) return;
   auto refuse = [&](const std::string& why) {
-    throw InputError(
-        what + ": " + m.name + " (model_type " + m.family + ", " + std::to_string(m.experts) +
-        " experts, top " + std::to_string(m.experts_per_token) + ") " + why +
-        "; trainmem's own MoE layer models a router, routed experts and a shared "
-        "expert in every layer, trained in full (docs/native-plan.md, \"Mixture of experts\"); the "
-        "hf-eager and hf-sdpa profiles model this model (`trainmem estimate`)");
+    throw InputError(what + ": " + m.name + " (model_type " + m.family + ", " +
+                     std::to_string(m.experts) + " experts, top " +
+                     std::to_string(m.experts_per_token) + ") " + why +
+                     "; trainmem's own MoE layer models a router, routed experts and a shared "
+                     "expert, trained in full (docs/native-plan.md, \"Mixture of experts\"); the "
+                     "hf-eager and hf-sdpa profiles model this model (`trainmem estimate`)");
   };
-  if (m.moe_layer_count() != m.layers)
-    refuse("keeps " + std::to_string(m.layers - m.moe_layer_count()) +
-           " dense layer(s) among its MoE layers (mlp_only_layers, decoder_sparse_step), not "
-           "modelled in the native step yet");
   if (t.lora())
     refuse(
         "with --finetune lora|qlora: adapters on experts are not modelled in the native step "

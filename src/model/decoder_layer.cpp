@@ -24,7 +24,8 @@ constexpr DType f32 = DType::f32;
 }
 }  // namespace
 
-std::vector<LayerParamSpec> layer_param_specs(const ModelConfig& model, const ActDims& dims) {
+std::vector<LayerParamSpec> layer_param_specs(const ModelConfig& model, const ActDims& dims,
+                                              bool moe_layer) {
   const std::int64_t h = dims.h, i = dims.i, d = dims.d, ad = dims.a * d, kd = dims.k * d;
   const bool bias = model.qkv_bias;
   std::vector<LayerParamSpec> v;
@@ -42,7 +43,7 @@ std::vector<LayerParamSpec> layer_param_specs(const ModelConfig& model, const Ac
     v.push_back({kKNorm, "self_attn.k_norm.weight", {d}});
   }
   v.push_back({kPostNorm, "post_attention_layernorm.weight", {h}});
-  if (model.moe()) {
+  if (moe_layer) {
     v.push_back({kRouter, "mlp.gate.weight", {dims.E, h}});
     v.push_back({kExpertsGateUp, "mlp.experts.gate_up_proj", {dims.E, 2 * dims.m, h}});
     v.push_back({kExpertsDown, "mlp.experts.down_proj", {dims.E, h, dims.m}});
@@ -582,6 +583,7 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
   LayerHost& H = R.host;
   RopeSpec rope = m.rope();
   rope.positions = R.positions(R.cp_rank);
+  const bool moe_layer = m.is_moe_layer(g);  // Qwen: dense layers among the MoE ones
   auto W = [&](int slot) { return H.weight(l, slot); };
   auto at = [&](LA row) { return A[row].data(); };
   auto at_f = [&](LA row) { return A[row].as<float>(); };
@@ -612,7 +614,7 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
     bool allocated = false;
     for (; next <= static_cast<int>(last); ++next) {
       const LayerActSpec& row = kLayerActs[next];
-      allocated = allocated_in(row, m, R.train, pass);
+      allocated = allocated_in(row, m, R.train, pass, moe_layer);
       if (allocated)
         A[row.id] = R.ledger.allocate(row.name, row.category, g, act_shape(row.shape, dm),
                                       act_dtype(row.dtype, D));
@@ -697,7 +699,7 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
   if (sp) gath = comm("xn2.gathered");
   if (sp && run) H.sp_gather(A[LA::xn2], gath, h);
   const void* xn2_all = sp ? gath.data() : at(LA::xn2);
-  if (m.moe()) {
+  if (moe_layer) {
     gath.reset();  // a MoE model runs on one rank (require_native_moe)
     if (!moe_mlp_forward(R, l, g, A, pass, xn2_all, through)) return;  // the recompute stops
   } else {
@@ -872,7 +874,7 @@ void decoder_layer_backward(const LayerRank& R, std::int64_t l, int g, LayerActs
   Tensor gath;
   Tensor d_xn2;
   const void* dy = nullptr;
-  if (m.moe()) {
+  if (m.is_moe_layer(g)) {
     d_xn2 = moe_mlp_backward(R, l, g, A, d_res, free_step);
   } else {
     // 1. down_proj.

@@ -158,20 +158,25 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
     params_.push_back(std::move(p));
   };
   // A layer's parameters, in setup order (decoder_layer.hpp): slot, HF name after
-  // "model.layers.N.", shape.
-  const std::vector<LayerParamSpec> layer_specs =
-      layer_param_specs(cfg_, ActDims::of(cfg_, train_));
-  layer_slot_.assign(kLayerParams, -1);
-  for (std::size_t j = 0; j < layer_specs.size(); ++j)
-    layer_slot_[std::size_t(layer_specs[j].slot)] = int(j);
-  per_layer_params_ = layer_specs.size();
+  // "model.layers.N.", shape; a dense layer's [0] and a mixture-of-experts layer's [1] (Qwen
+  // keeps dense layers among MoE ones).
+  const ActDims dims = ActDims::of(cfg_, train_);
+  const std::vector<LayerParamSpec> layer_specs[2] = {layer_param_specs(cfg_, dims, false),
+                                                      layer_param_specs(cfg_, dims, true)};
+  for (int kind = 0; kind < 2; ++kind) {
+    layer_slot_[kind].assign(kLayerParams, -1);
+    for (std::size_t j = 0; j < layer_specs[kind].size(); ++j)
+      layer_slot_[kind][std::size_t(layer_specs[kind][j].slot)] = int(j);
+  }
 
   add("model.embed_tokens.weight", -1, {V_, h_}, false);
   for (int l = 0; l < cfg_.layers; ++l) {
+    layer_first_.push_back(params_.size());
     const std::string pre = "model.layers." + std::to_string(l) + ".";
-    for (const auto& spec : layer_specs)
+    for (const auto& spec : layer_specs[cfg_.is_moe_layer(l) ? 1 : 0])
       add(pre + spec.name, l, spec.shape, train_.quantized() && is_quantizable_slot(spec.slot));
   }
+  layer_first_.push_back(params_.size());
   add("model.norm.weight", -1, {h_}, false);
   if (!cfg_.tied_embeddings) add("lm_head.weight", -1, {V_, h_}, false);
 
@@ -417,7 +422,8 @@ double LlamaModel::router_aux_loss() {
   // layers, aux = E·Σ_e (C_e / LT)·(P_e / LT); the loss adds coef·aux. Its gradient by each
   // probability is coef·E·C_e / (LT)², whatever the token (the counts are constants), times the
   // loss scale as the cross-entropy's gradient is.
-  const double E = double(cfg_.experts), LT = double(cfg_.layers) * double(n_);
+  // L counts the MoE layers (HF concatenates the routers' logits; a dense layer has none).
+  const double E = double(cfg_.experts), LT = double(cfg_.moe_layer_count()) * double(n_);
   const double coef = cfg_.router_aux_loss_coef;
   double aux = 0.0;
   for (std::size_t e = 0; e < aux_counts_.size(); ++e) {

@@ -157,12 +157,13 @@ std::string act_freed_when(const LayerActSpec& row, Checkpointing checkpointing)
 }
 
 std::vector<PlannedActivation> layer_activation_plan(const ModelConfig& model,
-                                                     const TrainConfig& train, ActPass pass) {
+                                                     const TrainConfig& train, ActPass pass,
+                                                     bool moe_layer) {
   std::vector<PlannedActivation> out;
   if (pass == ActPass::recompute && train.checkpointing != Checkpointing::full) return out;
   const ActDims dims = ActDims::of(model, train);
   for (const LayerActSpec& row : kLayerActs) {
-    if (!allocated_in(row, model, train, pass)) continue;
+    if (!allocated_in(row, model, train, pass, moe_layer)) continue;
     PlannedActivation p{
         &row,         row.name, act_shape(row.shape, dims), act_dtype(row.dtype, train.dtype),
         row.category, 0};

@@ -34,7 +34,8 @@ ShardedStep::Impl::Impl(const ModelConfig& model, const TrainConfig& train,
 std::vector<ShardedStep::Impl::ParamShape> ShardedStep::Impl::param_shapes() const {
   std::vector<ParamShape> v;
   if (first) v.push_back({"model.embed_tokens.weight", -1, {V, h}});
-  const std::vector<LayerParamSpec> specs = layer_param_specs(m, dims());
+  // Dense layers only: a mixture of experts runs on one rank (require_native_moe).
+  const std::vector<LayerParamSpec> specs = layer_param_specs(m, dims(), false);
   for (std::int64_t l = 0; l < Ls; ++l) {
     const int g = global_layer(l);
     const std::string pre = "model.layers." + std::to_string(g) + ".";

@@ -17,9 +17,9 @@ namespace {}  // namespace
 json routing_json(const RunResult& r) {
   const std::int64_t cap = moe_capacity(r.model, r.train);
   json layers = json::array();
-  for (std::size_t l = 0; l < r.routing.size(); ++l) {
-    json layer{{"layer", l}, {"tokens_per_expert", r.routing[l]}};
-    if (cap > 0 && l < r.routing_dropped.size()) layer["dropped"] = r.routing_dropped[l];
+  for (const LayerRoutingRecord& rec : r.routing) {
+    json layer{{"layer", rec.layer}, {"tokens_per_expert", rec.tokens_per_expert}};
+    if (cap > 0) layer["dropped"] = rec.dropped;
     layers.push_back(std::move(layer));
   }
   json j{{"model", r.model.name},

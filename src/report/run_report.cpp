@@ -318,11 +318,10 @@ void write_profile(report::ReportWriter& w, const RunResult& r) {
                  : "expert buffer holds b·s·K = " +
                        std::to_string(r.train.batch * r.train.seq * r.model.experts_per_token) +
                        " rows"));
-    for (std::size_t l = 0; l < r.routing.size(); ++l) {
-      std::string line = "  layer " + std::to_string(l) + ":";
-      for (std::int64_t c : r.routing[l]) line += " " + std::to_string(c);
-      if (cap > 0 && l < r.routing_dropped.size())
-        line += "  (dropped " + std::to_string(r.routing_dropped[l]) + ")";
+    for (const LayerRoutingRecord& rec : r.routing) {
+      std::string line = "  layer " + std::to_string(rec.layer) + ":";
+      for (std::int64_t c : rec.tokens_per_expert) line += " " + std::to_string(c);
+      if (cap > 0) line += "  (dropped " + std::to_string(rec.dropped) + ")";
       w.detail(line);
     }
   }

@@ -10,9 +10,12 @@ namespace trainmem {
 
 Routing balanced_routing(const ModelConfig& m, const TrainConfig& t) {
   const std::int64_t E = m.experts, choices = t.batch * t.seq * m.experts_per_token;
-  std::vector<std::int64_t> layer(std::size_t(E), choices / E);
-  for (std::int64_t e = 0; e < choices % E; ++e) ++layer[std::size_t(e)];
-  return Routing(std::size_t(m.layers), layer);
+  std::vector<std::int64_t> counts(std::size_t(E), choices / E);
+  for (std::int64_t e = 0; e < choices % E; ++e) ++counts[std::size_t(e)];
+  Routing out;
+  for (std::int64_t l = 0; l < m.layers; ++l)
+    if (m.is_moe_layer(l)) out.push_back({l, counts, dropped_choices(counts, moe_capacity(m, t))});
+  return out;
 }
 
 Routing read_routing_file(const std::string& path, const ModelConfig& m, const TrainConfig& t) {
@@ -41,9 +44,12 @@ Routing read_routing_file(const std::string& path, const ModelConfig& m, const T
   if (!d.contains("layers") || !d["layers"].is_array())
     throw fail("layers", "missing or not an array");
   const nlohmann::json& layers = d["layers"];
-  if (std::int64_t(layers.size()) != m.layers)
+  std::vector<std::int64_t> moe_layers;
+  for (std::int64_t l = 0; l < m.layers; ++l)
+    if (m.is_moe_layer(l)) moe_layers.push_back(l);
+  if (layers.size() != moe_layers.size())
     throw fail("layers", std::to_string(layers.size()) + " entries, but " + m.name + " has " +
-                             std::to_string(m.layers) + " MoE layers");
+                             std::to_string(moe_layers.size()) + " MoE layers");
   const std::int64_t tokens = t.batch * t.seq, choices = tokens * m.experts_per_token;
   Routing out;
   for (std::size_t l = 0; l < layers.size(); ++l) {
@@ -51,9 +57,10 @@ Routing read_routing_file(const std::string& path, const ModelConfig& m, const T
     const nlohmann::json& layer = layers[l];
     if (!layer.is_object() || !layer.contains("layer") || !layer.contains("tokens_per_expert"))
       throw fail(at, "not an object with \"layer\" and \"tokens_per_expert\"");
-    if (integer(layer["layer"], at + ".layer") != std::int64_t(l))
-      throw fail(at + ".layer", clip(layer["layer"].dump()) + ", expected " + std::to_string(l) +
-                                    " (one entry per layer, in order)");
+    if (integer(layer["layer"], at + ".layer") != moe_layers[l])
+      throw fail(at + ".layer", clip(layer["layer"].dump()) + ", expected " +
+                                    std::to_string(moe_layers[l]) +
+                                    " (one entry per MoE layer, in order)");
     const nlohmann::json& counts = layer["tokens_per_expert"];
     if (!counts.is_array() || std::int64_t(counts.size()) != m.experts)
       throw fail(at + ".tokens_per_expert",
@@ -74,7 +81,8 @@ Routing read_routing_file(const std::string& path, const ModelConfig& m, const T
       throw fail(at + ".tokens_per_expert", "sums to " + std::to_string(sum) +
                                                 ", but b·s·K = " + std::to_string(choices) +
                                                 " choices are routed in every layer");
-    out.push_back(std::move(row));
+    const std::int64_t dropped = dropped_choices(row, moe_capacity(m, t));
+    out.push_back({moe_layers[l], std::move(row), dropped});
   }
   return out;
 }

@@ -272,9 +272,10 @@ void read_ledger(const RunRequest& rq, RunRig& rig, std::uint64_t step_first_seq
     }
     if (const Ledger* managed = rig.model()->managed_ledger())
       r.optimizer_states_managed = managed->peak_total().bytes;
-    for (const auto& layer : rig.model()->routing()) {
-      r.routing.push_back(layer.tokens_per_expert);
-      r.routing_dropped.push_back(layer.dropped);
+    const auto& routed = rig.model()->routing();
+    for (std::size_t l = 0; l < routed.size(); ++l) {
+      if (routed[l].tokens_per_expert.empty()) continue;  // a dense layer
+      r.routing.push_back({std::int64_t(l), routed[l].tokens_per_expert, routed[l].dropped});
       r.routing_source = "measured";
     }
     // The meta trace routes nothing: the routing it was given, and what a capacity drops of it
@@ -284,8 +285,6 @@ void read_ledger(const RunRequest& rq, RunRig& rig, std::uint64_t step_first_seq
           rq.given_routing.empty() ? balanced_routing(rq.model, rq.train) : rq.given_routing;
       r.routing_source =
           rq.given_routing_source.empty() ? std::string("balanced") : rq.given_routing_source;
-      for (const auto& layer : r.routing)
-        r.routing_dropped.push_back(dropped_choices(layer, moe_capacity(rq.model, rq.train)));
     }
   }
   const int last_step = r.failure ? r.failure->step : r.steps_done;

@@ -230,7 +230,9 @@ struct ActivationBreakdown {
   std::uint64_t layer_windowed_bytes = 0;
   // A mixture of experts whose layers are not all MoE (Qwen's decoder_sparse_step,
   // mlp_only_layers): what ONE dense layer keeps, and how many do; `layer` is then the MoE
-  // layers' list. Empty and 0 otherwise.
+  // layers' list. Empty and 0 otherwise. (native under a per-layer checkpointing policy: the
+  // dense layers not checkpointed; a checkpointed layer of either kind is in
+  // layer_checkpointed.)
   std::vector<TensorEntry> layer_dense;
   std::int64_t dense_layers = 0;
   std::uint64_t layer_dense_bytes = 0;

@@ -174,10 +174,9 @@ struct TrainConfig {
 
 // The guard of trainmem's own step and its `native` profile (one GPU) for a mixture of experts
 // (docs/native-plan.md, "Mixture of experts"): what the native MoE layer does not model yet
-// exits 2 naming the field or flag: dense layers among the MoE ones (mlp_only_layers,
-// decoder_sparse_step), LoRA/QLoRA (--finetune),
-// LOMO (--optimizer lomo),
-// --offload-activations. `what` names the command or profile. No-op for a dense model.
+// exits 2 naming the field or flag: LoRA/QLoRA (--finetune), LOMO (--optimizer lomo),
+// --offload-activations, and int32 overflow of the routed rows. `what` names the command or
+// profile. No-op for a dense model.
 void require_native_moe(const ModelConfig& m, const TrainConfig& t, const std::string& what);
 // The rows each expert may take under --capacity-factor, ⌈(b·s·K / E)·C⌉ computed in double as
 // Megatron's get_capacity does; 0 without a capacity factor or for a dense model.

@@ -106,7 +106,9 @@ struct LayerParamSpec {
 // The parameters `model` gives a layer, in setup order, with the shapes of `dims` (the whole
 // layer at tp 1; the rank's heads and MLP columns under tensor parallelism). Under LoRA (dims.r,
 // dims.lora) each target's lora_A and lora_B follow its weight (and bias), as peft lists them.
-std::vector<LayerParamSpec> layer_param_specs(const ModelConfig& model, const ActDims& dims);
+// `moe_layer` (ModelConfig::is_moe_layer): the router and experts in place of gate/up/down.
+std::vector<LayerParamSpec> layer_param_specs(const ModelConfig& model, const ActDims& dims,
+                                              bool moe_layer);
 // Whether the slot is the same on every tensor-parallel rank (the norms), rather than a block of
 // rows (column-parallel q/k/v with their biases, gate, up) or of columns (row-parallel o_proj,
 // down_proj).

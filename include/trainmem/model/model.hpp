@@ -192,12 +192,12 @@ class LlamaModel : private LayerHost {
  private:
   Parameter& P(std::size_t i) { return params_[i]; }
   // Per-layer parameter j (LayerParam slots, decoder_layer.hpp: norms, projections, biases,
-  // q/k norms) of layer l; only for the slots this model has (has_layer_param).
+  // q/k norms, router and experts) of layer l; only for the slots layer l has.
   std::size_t layer_param(int l, int j) const {
-    return 1 + std::size_t(l) * per_layer_params_ + std::size_t(layer_slot_[std::size_t(j)]);
+    const int kind = cfg_.is_moe_layer(l) ? 1 : 0;
+    return layer_first_[std::size_t(l)] + std::size_t(layer_slot_[kind][std::size_t(j)]);
   }
-  bool has_layer_param(int j) const { return layer_slot_[std::size_t(j)] >= 0; }
-  std::size_t final_norm_index() const { return 1 + std::size_t(cfg_.layers) * per_layer_params_; }
+  std::size_t final_norm_index() const { return layer_first_.back(); }
   std::size_t head_index() const;  // embed (0) when tied
   Tensor act(const char* name, int layer, std::vector<std::int64_t> shape, DType dt);
   Tensor ws(const char* name, int layer, std::vector<std::int64_t> shape, DType dt);
@@ -251,16 +251,17 @@ class LlamaModel : private LayerHost {
     Quant4View view;
   };
   std::vector<Quant4Param> quant_;
-  // Position of each LayerParam slot among a layer's parameters (-1: not in this model), and
-  // the number of parameters per layer.
   std::vector<LayerRouting> routing_;  // per layer, the last forward's (MoE, computing backends)
   // The load-balancing loss (ModelConfig::output_router_logits): per expert, over every layer of
   // this step's forward, the (token, choice) pairs routed to it and the sum of its probabilities
   // (double, tokens in order), and the gradient of the scaled loss by each probability.
   std::vector<double> aux_counts_, aux_prob_sums_;
   std::vector<float> aux_grad_;
-  std::vector<int> layer_slot_;
-  std::size_t per_layer_params_ = 0;
+  // Where layer l's parameters start in params_ ([layers]: the final norm), and each slot's place
+  // among them in a dense layer [0] and a mixture-of-experts layer [1] (-1: the kind has no such
+  // slot).
+  std::vector<std::size_t> layer_first_;
+  std::vector<int> layer_slot_[2];
   // A paged optimizer's large states (managed memory; null for the other optimizers). Declared
   // before opt_, whose tensors it holds.
   std::unique_ptr<Ledger> managed_ledger_;

@@ -101,8 +101,8 @@ enum class ForAttention : std::uint8_t { both, eager, flash };
 // Which models allocate a row: all of them, only those with per-head q/k RMSNorm
 // (ModelConfig::qk_norm, Qwen3), or only a LoRA step whose targets include that projection
 // (TrainConfig::lora_targets: the adapter's x·Aᵀ, read by dB), or only a dense or only a
-// mixture-of-experts MLP (ModelConfig::moe(): trainmem's own step models a model whose layers
-// are all MoE; require_native_moe), or only a LoRA step with dropout
+// mixture-of-experts MLP (the layer's kind: ModelConfig::is_moe_layer; Qwen's dense layers
+// among MoE ones take the dense rows), or only a LoRA step with dropout
 // on that projection (TrainConfig::lora_dropped: the adapter's mask). A row a configuration does
 // not allocate is absent from every pass and from the backward's frees, as a row of the other
 // attention variant is.
@@ -110,7 +110,7 @@ enum class ForModel : std::uint8_t {
   all,
   qk_norm,
   dense,   // a dense MLP's rows (gate, up, act): not in a mixture-of-experts layer
-  moe,     // a mixture-of-experts layer's rows (ModelConfig::moe())
+  moe,     // a mixture-of-experts layer's rows (ModelConfig::is_moe_layer)
   shared,  // a MoE layer's shared expert's rows (ModelConfig::shared_expert_intermediate > 0)
   lora_q,
   lora_k,
@@ -330,14 +330,15 @@ constexpr bool selective_probs(const TrainConfig& train) {
 }
 
 // Whether `pass` allocates the row for `model` under `train` (its attention variant and LoRA
-// targets).
+// targets) in a layer whose MLP is a mixture of experts (`moe_layer`: ModelConfig::is_moe_layer)
+// or dense.
 constexpr bool allocated_in(const LayerActSpec& row, const ModelConfig& model,
-                            const TrainConfig& train, ActPass pass) {
+                            const TrainConfig& train, ActPass pass, bool moe_layer) {
   const Attention attention = train.attention;
   if (row.model == ForModel::qk_norm && !model.qk_norm) return false;
-  if (row.model == ForModel::dense && model.moe()) return false;
-  if (row.model == ForModel::moe && !model.moe()) return false;
-  if (row.model == ForModel::shared && (!model.moe() || model.shared_expert_intermediate == 0))
+  if (row.model == ForModel::dense && moe_layer) return false;
+  if (row.model == ForModel::moe && !moe_layer) return false;
+  if (row.model == ForModel::shared && (!moe_layer || model.shared_expert_intermediate == 0))
     return false;
   if (lora_target_of(row.model) != 0 &&
       (!train.lora() || (train.lora_targets & lora_target_of(row.model)) == 0))
@@ -383,6 +384,7 @@ struct PlannedActivation {
 // What one layer's `pass` allocates under (model, train), in allocation order (the recompute:
 // nothing unless train.checkpointing is full).
 std::vector<PlannedActivation> layer_activation_plan(const ModelConfig& model,
-                                                     const TrainConfig& train, ActPass pass);
+                                                     const TrainConfig& train, ActPass pass,
+                                                     bool moe_layer);
 
 }  // namespace trainmem

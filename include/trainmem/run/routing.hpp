@@ -12,16 +12,27 @@
 
 namespace trainmem {
 
-using Routing = std::vector<std::vector<std::int64_t>>;  // [layer][expert] choices routed
+// One MoE layer's routing: its global index, the choices routed to each expert, and how many of
+// them a capacity dropped.
+struct LayerRoutingRecord {
+  std::int64_t layer = 0;
+  std::vector<std::int64_t> tokens_per_expert;
+  std::int64_t dropped = 0;
+  bool operator==(const LayerRoutingRecord& o) const {
+    return layer == o.layer && tokens_per_expert == o.tokens_per_expert && dropped == o.dropped;
+  }
+};
+using Routing = std::vector<LayerRoutingRecord>;  // the MoE layers, ascending
 
-// The b·s·K choices of each layer spread evenly: b·s·K / E each, the first (b·s·K mod E) experts
-// one more.
+// The b·s·K choices of each MoE layer spread evenly: b·s·K / E each, the first (b·s·K mod E)
+// experts one more; dropped as the capacity drops them.
 Routing balanced_routing(const ModelConfig& m, const TrainConfig& t);
 
 // A routing file as `profile --dump-routing` writes it (docs/output-formats.md), checked against
 // the run it is given to: its experts, experts_per_token, batch and seq are the run's, one entry
-// per layer in order, each expert's count an integer in [0, b·s] (a token picks K distinct
-// experts) and each layer's sum b·s·K. InputError "--routing PATH: <field>: ..." otherwise.
+// per MoE layer in order (its "layer" the global index), each expert's count an integer in
+// [0, b·s] (a token picks K distinct experts) and each layer's sum b·s·K; dropped as the run's
+// capacity drops them. InputError "--routing PATH: <field>: ..." otherwise.
 Routing read_routing_file(const std::string& path, const ModelConfig& m, const TrainConfig& t);
 
 // The choices past their expert's capacity: Σ_e max(0, routed_e − capacity); 0 without one.

@@ -20,6 +20,7 @@
 #include "trainmem/probes/probes.hpp"
 #include "trainmem/run/allocator_model.hpp"
 #include "trainmem/run/reconcile.hpp"
+#include "trainmem/run/routing.hpp"
 #include "trainmem/run/timeline.hpp"
 
 namespace trainmem {
@@ -64,7 +65,7 @@ struct RunRequest {
   bool log_failure = true;        // log an out-of-memory as an error (a search's probes: no)
   // A mixture of experts on the meta backend, which routes nothing: the routing the report
   // assumes (--routing FILE, read_routing_file; empty: balanced_routing), and its name.
-  std::vector<std::vector<std::int64_t>> given_routing;
+  Routing given_routing;
   std::string given_routing_source;  // "file PATH"; "" = balanced
 };
 
@@ -119,9 +120,9 @@ struct RunResult {
   // (docs/native-plan.md, "Mixture of experts").
   // On meta (which routes nothing): the routing it was given (RunRequest::given_routing, balanced
   // by default), said by routing_source: "measured", "balanced" or "file PATH".
-  std::vector<std::vector<std::int64_t>> routing;
-  // Under --capacity-factor: per layer, the choices dropped because their expert was full.
-  std::vector<std::int64_t> routing_dropped;
+  // Each MoE layer's record; under --capacity-factor `dropped` counts the choices past their
+  // expert's capacity.
+  Routing routing;
   std::string routing_source;
   std::uint64_t events = 0, dropped_events = 0;
   std::vector<TensorRecord> tensors;  // setup and the last step
