@@ -319,30 +319,46 @@ TEST(CliE2EFamilies, CapacityFactorDropsWhatEachExpertHasPastItsCapacity) {
   }
 }
 
+// The cpu run of golden `name` (its weights and tokens; b 2, s 16, fp32, sgd, one step, `extra`
+// flags) dumps its routing, then the meta trace is given that file: both measured ledgers.
+std::pair<json, json> cpu_then_meta_given_its_routing(const std::string& name,
+                                                      const std::string& extra) {
+  const std::string path = temp_path(name + "_routing.json");
+  const std::string data = std::string(TRAINMEM_TEST_DATA_DIR) + "/golden_" + name + "_";
+  const std::string common = "profile --model " + data +
+                             "config.json --batch 2 --seq 16 --dtype fp32 --steps 1 --optimizer "
+                             "sgd --format json " +
+                             extra + " ";
+  const Result cpu =
+      trainmem(common + "--backend cpu --weights " + data + "weights.safetensors --tokens " + data +
+               "tokens.bin --dump-routing " + path);
+  EXPECT_EQ(cpu.code, 0) << cpu.err;
+  const Result meta = trainmem(common + "--backend meta --routing " + path);
+  EXPECT_EQ(meta.code, 0) << meta.err;
+  std::remove(path.c_str());
+  if (cpu.code != 0 || meta.code != 0) return {};
+  for (const json& row : cpu.j()["reconciliation"]) EXPECT_EQ(row["difference"], 0) << row.dump();
+  EXPECT_EQ(meta.j()["measured"]["ledger"]["routing"]["source"], "file " + path);
+  return {cpu.j()["measured"]["ledger"], meta.j()["measured"]["ledger"]};
+}
+
 // Routing as data (issue 29, point 3): the cpu run of the real Mixtral's weights and tokens,
 // under a capacity, dumps its routing; the meta trace given that file reports the same
 // histograms and dropped choices (each expert keeps min(routed, 12)), and its ledger is the cpu
 // run's figure for figure. Without a file the meta trace says it assumed balanced routing.
 TEST(CliE2EFamilies, MetaGivenTheDumpedRoutingReproducesTheCpuRun) {
-  const std::string path = temp_path("given_routing.json");
-  const std::string data = std::string(TRAINMEM_TEST_DATA_DIR) + "/golden_tiny_mixtral_";
-  const std::string common = "profile --model " + data +
-                             "config.json --batch 2 --seq 16 --dtype fp32 --steps 1 --optimizer "
-                             "sgd --format json --capacity-factor 0.75 ";
-  const Result cpu =
-      trainmem(common + "--backend cpu --weights " + data + "weights.safetensors --tokens " + data +
-               "tokens.bin --dump-routing " + path);
-  ASSERT_EQ(cpu.code, 0) << cpu.err;
-  const Result meta = trainmem(common + "--backend meta --routing " + path);
-  ASSERT_EQ(meta.code, 0) << meta.err;
-  json lc = cpu.j()["measured"]["ledger"], lm = meta.j()["measured"]["ledger"];
+  auto [lc, lm] = cpu_then_meta_given_its_routing("tiny_mixtral", "--capacity-factor 0.75");
+  ASSERT_FALSE(lc.is_null());
   EXPECT_EQ(lc["routing"]["source"], "measured");
-  EXPECT_EQ(lm["routing"]["source"], "file " + path);
   EXPECT_EQ(lm["routing"]["layers"], lc["routing"]["layers"]);  // counts and drops
   lc.erase("routing");
   lm.erase("routing");
   EXPECT_EQ(lm, lc);
-  const Result balanced = trainmem(common + "--backend meta");
+  const std::string data = std::string(TRAINMEM_TEST_DATA_DIR) + "/golden_tiny_mixtral_";
+  const Result balanced = trainmem("profile --model " + data +
+                                   "config.json --batch 2 --seq 16 --dtype fp32 --steps 1 "
+                                   "--optimizer sgd --format json --capacity-factor 0.75 "
+                                   "--backend meta");
   ASSERT_EQ(balanced.code, 0) << balanced.err;
   const json b = balanced.j()["measured"]["ledger"]["routing"];
   EXPECT_EQ(b["source"], "balanced");
@@ -350,35 +366,21 @@ TEST(CliE2EFamilies, MetaGivenTheDumpedRoutingReproducesTheCpuRun) {
     EXPECT_EQ(layer["tokens_per_expert"], json({16, 16, 16, 16}));
     EXPECT_EQ(layer["dropped"], 16);  // 4 past 12 at each expert
   }
-  std::remove(path.c_str());
 }
 
 // Qwen2-MoE with a dense layer between two MoE ones (the real class's weights and tokens): the
 // routing lists layers 0 and 2 with the real Qwen2MoeForCausalLM's histograms, and the meta trace
 // given it reproduces the cpu run's ledger (the dense layer's rows and the MoE layers' alike).
 TEST(CliE2EFamilies, MixedDenseAndMoeLayersRouteAndTraceLayerByLayer) {
-  const std::string path = temp_path("mixed_routing.json");
-  const std::string data = std::string(TRAINMEM_TEST_DATA_DIR) + "/golden_tiny_qwen2_moe_mixed_";
-  const std::string common = "profile --model " + data +
-                             "config.json --batch 2 --seq 16 --dtype fp32 --steps 1 --optimizer "
-                             "sgd --format json ";
-  const Result cpu =
-      trainmem(common + "--backend cpu --weights " + data + "weights.safetensors --tokens " + data +
-               "tokens.bin --dump-routing " + path);
-  ASSERT_EQ(cpu.code, 0) << cpu.err;
-  json lc = cpu.j()["measured"]["ledger"];
+  auto [lc, lm] = cpu_then_meta_given_its_routing("tiny_qwen2_moe_mixed", "");
+  ASSERT_FALSE(lc.is_null());
   EXPECT_EQ(lc["routing"]["layers"],
             json::parse(R"([{"layer": 0, "tokens_per_expert": [22, 6, 4, 5, 17, 10]},
                             {"layer": 2, "tokens_per_expert": [7, 12, 3, 8, 20, 14]}])"));
-  for (const json& row : cpu.j()["reconciliation"]) EXPECT_EQ(row["difference"], 0) << row.dump();
-  const Result meta = trainmem(common + "--backend meta --routing " + path);
-  ASSERT_EQ(meta.code, 0) << meta.err;
-  json lm = meta.j()["measured"]["ledger"];
   EXPECT_EQ(lm["routing"]["layers"], lc["routing"]["layers"]);
   lc.erase("routing");
   lm.erase("routing");
   EXPECT_EQ(lm, lc);
-  std::remove(path.c_str());
 }
 
 // A routing file that is not this run's is refused naming the field: every check of
@@ -436,6 +438,8 @@ TEST(CliE2EFamilies, RoutingFilesThatDoNotFitTheRunAreRefusedNamingTheField) {
   }
   for (const auto& [cmd, needle] : std::vector<std::pair<std::string, std::string>>{
            {"profile --model tiny --backend meta --routing balanced", "tiny is not a mixture"},
+           {"profile --model tiny --world-size 2 --backend meta --routing balanced",
+            "--routing balanced: tiny is not a mixture"},
            {"profile --model tiny-mixtral --backend cpu --routing balanced", "add --backend meta"},
            {"profile --model tiny-mixtral --backend meta --routing /nonexistent.json",
             "/nonexistent.json"}}) {

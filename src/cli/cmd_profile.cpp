@@ -58,9 +58,12 @@ int run_profile(const ProfileFlags& flags) {
     throw InputError("--finetune " + flags.common.finetune +
                      " with a parallel layout (--world-size " + std::to_string(flags.layout.world) +
                      "): the LoRA step runs on one GPU (world size 1)");
-  if (!flags.run.dump_routing.empty() && !c.model.moe())
-    throw InputError("--dump-routing " + flags.run.dump_routing + ": " + c.model.name +
-                     " is not a mixture of experts (it routes no token)");
+  for (const auto& [flag, value] :
+       {std::pair<const char*, const std::string&>{"--dump-routing", flags.run.dump_routing},
+        {"--routing", flags.run.routing}})
+    if (!value.empty() && !c.model.moe())
+      throw InputError(std::string(flag) + " " + value + ": " + c.model.name +
+                       " is not a mixture of experts (it routes no token)");
   const ParallelConfig par = resolve_layout(flags.layout, c.model, c.train);
   resolve_checkpointing(c, par);  // budget:SIZE picks its layers for this layout
   const std::string& be = flags.run.backend;
@@ -75,9 +78,6 @@ int run_profile(const ProfileFlags& flags) {
   if (!flags.run.timeline.empty()) check_writable(flags.run.timeline, "--timeline");
   if (!flags.run.dump.empty()) check_writable(flags.run.dump, "--dump");
   if (!flags.run.routing.empty()) {
-    if (!c.model.moe())
-      throw InputError("--routing " + flags.run.routing + ": " + c.model.name +
-                       " is not a mixture of experts (it routes no token)");
     if (be != "meta")
       throw InputError("--routing " + flags.run.routing +
                        ": a routing is given to the meta trace, which routes nothing; add "
