@@ -287,6 +287,7 @@ TEST(CliE2EFamilies, CapacityFactorDropsWhatEachExpertHasPastItsCapacity) {
                             "--optimizer sgd --format json --capacity-factor 0.75");
   ASSERT_EQ(r.code, 0) << r.err;
   const json routing = r.j()["measured"]["ledger"]["routing"];
+  EXPECT_EQ(r.j()["run"]["capacity_factor"], 0.75);
   EXPECT_EQ(routing["capacity"], 12);
   EXPECT_EQ(routing["capacity_factor"], 0.75);
   ASSERT_EQ(routing["layers"].size(), 2u);
@@ -381,6 +382,18 @@ TEST(CliE2EFamilies, MixedDenseAndMoeLayersRouteAndTraceLayerByLayer) {
   lc.erase("routing");
   lm.erase("routing");
   EXPECT_EQ(lm, lc);
+  // tiny-qwen2-moe's layer 0 is dense: the measured per-layer figure is its first MoE layer's
+  // (layer 1), as the native profile's per-layer list is a MoE layer's (its dense layers apart).
+  const Result q = trainmem(
+      "profile --model tiny-qwen2-moe --batch 1 --seq 64 --backend cpu "
+      "--steps 1 --format json");
+  ASSERT_EQ(q.code, 0) << q.err;
+  const json qj = q.j();
+  const json& by_layer = qj["measured"]["ledger"]["per_layer_activations_by_layer"];
+  EXPECT_EQ(qj["measured"]["ledger"]["per_layer_activations"], by_layer[1]);
+  EXPECT_NE(by_layer[0], by_layer[1]);
+  EXPECT_EQ(qj["measured"]["ledger"]["per_layer_activations"],
+            qj["analytic"]["native"]["per_layer_activations"]);
 }
 
 // A routing file that is not this run's is refused naming the field: every check of

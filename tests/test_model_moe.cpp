@@ -403,6 +403,31 @@ TEST(MoeModel, CpuLedgerEqualsMetaTraceAndTheNativeProfile) {
     }
 }
 
+// A MoE config whose every layer is dense (mlp_only_layers lists them all) routes nothing: with
+// output_router_logits its loss has no load-balancing term (no router logits; not 0/0), and its
+// ledger is the native profile's.
+TEST(MoeModel, AConfigWithEveryLayerDenseHasNoLoadBalancingLoss) {
+  ModelConfig m = any_config("tiny-qwen3-moe");
+  m.mlp_only_layers = {0, 1};
+  m.output_router_logits = true;
+  ModelConfig plain = m;
+  plain.output_router_logits = false;
+  const TrainConfig t =
+      train_config(2, 9, DType::f32, Optimizer::adamw, Checkpointing::none, Attention::eager);
+  auto loss = [&](const ModelConfig& c) {
+    ModelRun r(BackendKind::cpu, c, t);
+    r.model->init_random(3);
+    r.model->random_tokens(4);
+    const float l = r.model->train_step();
+    expect_same_figures(measured_figures(*r.ledger), estimate(Profile::native, c, t).figures,
+                        c.name);
+    return l;
+  };
+  const float with = loss(m), without = loss(plain);
+  EXPECT_TRUE(std::isfinite(with));
+  EXPECT_EQ(std::memcmp(&with, &without, 4), 0) << with << " vs " << without;
+}
+
 // Under --capacity-factor each expert's buffers hold ⌈(b·s·K/E)·C⌉ rows, whatever the routing
 // (Megatron's get_capacity, written here in double).
 TEST(MoeModel, CapacityFactorSizesTheExpertRowsAsECeilOfTheAverageTimesC) {

@@ -15,7 +15,8 @@ namespace trainmem {
 // probs (n, E) f32 = softmax(float(logits (n, E) D)); idx (n, K) the K experts of largest
 // probability, descending (a tie goes to the lower expert); weight (n, K) f32 their
 // probabilities, divided by their fp32 sum (in that order) when `normalize`; offsets (E + 1):
-// where each expert's rows start in expert order (offsets[E] = n·K); pos (n, K): the row of
+// where each expert's rows start in expert order (offsets[E] = n·K without a capacity); pos
+// (n, K): the row of
 // (token t, choice j) in expert order, experts ascending and within one by token, a stable
 // counting sort. capacity > 0 (rows per expert, --capacity-factor): each expert keeps its first
 // `capacity` choices in token order, the others get pos −1 (dropped: permute, combine and its
@@ -37,7 +38,8 @@ void moe_route_backward_cuda(void* dlogits, const float* dweight, const float* p
                              std::int64_t E, std::int64_t K, bool normalize, DType dt,
                              cudaStream_t stream);
 
-// rows (n·K, h) D: rows[pos[t, j]] = x[t] (x (n, h) D), a dropped choice (pos −1) skipped.
+// rows (n·K, or E·capacity, h) D: rows[pos[t, j]] = x[t] (x (n, h) D), a dropped choice (pos −1)
+// skipped.
 void moe_permute_cpu(void* rows, const void* x, const std::int32_t* pos, std::int64_t n,
                      std::int64_t K, std::int64_t h, DType dt);
 void moe_permute_cuda(void* rows, const void* x, const std::int32_t* pos, std::int64_t n,

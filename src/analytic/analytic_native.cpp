@@ -286,7 +286,8 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn
                        : "input of the gate and up GEMMs"));
   if (moe) {
     // The router and the experts (docs/native-plan.md, "Mixture of experts"): the bytes hold all
-    // b·s·K rows in expert order at once, whatever the routing.
+    // b·s·K rows (E·capacity under --capacity-factor) in expert order at once, whatever the
+    // routing.
     v.push_back(entry(g, "router_probs", "(b,s,E)", "fp32", l.bsE4, Term::sb, "router backward",
                       "fp32 softmax of the router logits xn2·W_routerᵀ"));
     v.push_back(entry(g, "topk_idx", "(b,s,K)", "int32", l.bsK4, Term::sb, "router backward",

@@ -75,8 +75,11 @@ std::uint64_t lora_trainable_count(const ModelConfig& m, std::int64_t rank, unsi
                          "--lora-rank * adapter widths * num_hidden_layers");
 }
 
-std::string lora_title(const TrainConfig& t) {
-  if (!t.lora()) return "";
+std::string train_title_extras(const TrainConfig& t) {
+  // A mixture of experts' capacity (--capacity-factor), after the LoRA part.
+  const std::string capacity =
+      t.capacity_factor > 0 ? "  capacity factor " + number_text(t.capacity_factor) : "";
+  if (!t.lora()) return capacity;
   std::string dropout;
   if (t.lora_dropped()) {
     char p[32];
@@ -87,9 +90,9 @@ std::string lora_title(const TrainConfig& t) {
     return "  qlora r=" + std::to_string(t.lora_rank) + " " + lora_targets_name(t.lora_targets) +
            dropout + " (base frozen, 4-bit " + quant_name(t.quant) +
            (t.double_quant ? " + double quant" : "") + ", blocksize " +
-           std::to_string(t.quant_blocksize) + ")";
+           std::to_string(t.quant_blocksize) + ")" + capacity;
   return "  lora r=" + std::to_string(t.lora_rank) + " " + lora_targets_name(t.lora_targets) +
-         dropout + " (base frozen)";
+         dropout + " (base frozen)" + capacity;
 }
 
 }  // namespace trainmem

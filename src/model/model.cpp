@@ -416,7 +416,8 @@ void* LlamaModel::grad(std::int64_t l, int slot) {
   return begin_grad(layer_param(int(l), slot));
 }
 double LlamaModel::router_aux_loss() {
-  if (!cfg_.output_router_logits) return 0.0;
+  // No router, no loss (a MoE config whose every layer is dense: mlp_only_layers).
+  if (!cfg_.output_router_logits || cfg_.moe_layer_count() == 0) return 0.0;
   // HF's load_balancing_loss_func over every MoE layer's T = b·s tokens: with C_e the (token,
   // choice) pairs routed to expert e and P_e the sum of its probabilities, both over the L
   // layers, aux = E·Σ_e (C_e / LT)·(P_e / LT); the loss adds coef·aux. Its gradient by each

@@ -308,7 +308,7 @@ void write_compare(report::ReportWriter& w, const std::vector<ComparePair>& pair
   std::ostringstream title;
   title << "trainmem compare: " << first.model.name << "  b=" << shown.batch << " s=" << shown.seq
         << " " << dtype_name(shown.dtype) << "  attention=" << attention_name(shown.attention)
-        << lora_title(shown);
+        << train_title_extras(shown);
   w.title(title.str());
   if (const std::string family = report::family_line(first.model); !family.empty())
     w.paragraph(family);

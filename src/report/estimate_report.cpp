@@ -75,7 +75,7 @@ std::string title(const EstimateResult& c, const std::vector<EstimateRun>& runs)
     << (t.offload_activations ? ", activations offloaded" : "");
   if (!several(runs))
     o << ", " << optimizer_of(runs.front()) << ", checkpointing " << checkpointing_name(t);
-  o << lora_title(t) << "  (GiB = 2^30 bytes)";
+  o << train_title_extras(t) << "  (GiB = 2^30 bytes)";
   return o.str();
 }
 

@@ -271,6 +271,7 @@ json run_json(const TrainConfig& t, const std::string& backend, int steps) {
       j["quant_blocksize"] = t.quant_blocksize;
     }
   }
+  if (t.capacity_factor > 0) j["capacity_factor"] = t.capacity_factor;  // a mixture of experts
   j[key::kBackend] = backend.empty() ? json(nullptr) : json(backend);
   j[key::kSteps] = steps < 0 ? json(nullptr) : json(steps);
   return j;

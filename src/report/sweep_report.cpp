@@ -279,7 +279,7 @@ void write_sweep(ReportWriter& w, const ModelConfig& model, const TrainConfig& t
   const ByteUnit u = table_unit(max_bytes);
   w.title("trainmem sweep: " + model.name + "  " + dtype_name(train.dtype) + " " +
           optimizer_name(train.optimizer) + "  checkpointing=" + checkpointing_name(train) +
-          " attention=" + attention_name(train.attention) + lora_title(train));
+          " attention=" + attention_name(train.attention) + train_title_extras(train));
   if (const std::string family = report::family_line(model); !family.empty()) w.paragraph(family);
   w.banner(backend_line(runs.front()));
   w.blank();

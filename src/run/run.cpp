@@ -59,7 +59,12 @@ double RunResult::steady_step_seconds() const {
 }
 
 std::uint64_t RunResult::per_layer_activations() const {
-  return activations_by_layer.size() > 1 ? activations_by_layer[1] : 0;
+  // The analytic profiles' per-layer list is a MoE layer's when the model has dense layers among
+  // MoE ones (the dense layers are counted apart): the first MoE layer's, else layer 0's.
+  std::size_t l = 0;
+  while (model.moe() && l + 1 < std::size_t(model.layers) && !model.is_moe_layer(std::int64_t(l)))
+    ++l;
+  return activations_by_layer.size() > l + 1 ? activations_by_layer[l + 1] : 0;
 }
 
 namespace {
@@ -423,7 +428,7 @@ std::string run_title(const ModelConfig& m, const TrainConfig& t) {
     << optimizer_name(t.optimizer) << "  checkpointing=" << checkpointing_name(t)
     << " attention=" << attention_name(t.attention)
     << (t.offload_activations ? " offload-activations" : "");
-  o << lora_title(t);
+  o << train_title_extras(t);
   return o.str();
 }
 

@@ -31,9 +31,10 @@ unsigned parse_lora_targets(const std::string& list);
 // The names of a target set, in layer order ("q_proj,v_proj"; "all-linear" for all seven).
 std::string lora_targets_name(unsigned targets);
 
+// What the reports' title lines append for the training options past the common ones:
 // "  lora r=16 q_proj,v_proj (base frozen)" for trainmem's own LoRA step (TrainConfig::lora()),
-// "" otherwise: what the reports' title lines append.
-std::string lora_title(const TrainConfig& t);
+// then "  capacity factor 1.25" under --capacity-factor; "" for neither.
+std::string train_title_extras(const TrainConfig& t);
 
 // Trainable elements of the adapters over every layer: each target linear (in -> out) gets
 // A (r, in) and B (out, r), r·(in + out) elements (peft's count, bias "none"). Checked

@@ -84,8 +84,9 @@ constexpr int kNumLayerActs = 48;
 // is the sequence rows a rank holds of the rows outside the tensor-parallel region (the norms
 // and the residual stream): s, or s/tp under sequence parallelism. Listings are of one rank
 // without it and write it "s". `r` is the LoRA rank. A mixture of experts adds E (experts), E1
-// (E + 1), K (experts per token), m (an expert's width), nk (b·s·K: the rows in expert order,
-// one per token and choice) and ms (Qwen2-MoE's shared expert's width).
+// (E + 1), K (experts per token), m (an expert's width), nk (the rows in expert order: b·s·K, one
+// per token and choice, or E·capacity under --capacity-factor; ActDims::nk) and ms (Qwen2-MoE's
+// shared expert's width).
 enum class Extent : std::uint8_t { b, s, sr, h, i, a, k, ad, kd, r, E, E1, K, m, nk, ms };
 
 struct ActShape {

@@ -145,7 +145,8 @@ struct RunResult {
 
   // Median wall time of the steady-state steps (all but the first; the only one if one ran).
   double steady_step_seconds() const;
-  // Activation bytes one layer keeps (layer 0's; every layer keeps the same), 0 if unknown.
+  // Activation bytes one layer keeps (layer 0's; with dense layers among MoE ones the first MoE
+  // layer's, as the analytic per-layer list), 0 if unknown.
   std::uint64_t per_layer_activations() const;
 };
 
