@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -314,13 +313,11 @@ void resolve_peft(const CommonFlags& flags, PeftOptions& p) {
   p.rank = flags.lora_rank;
   p.targets = parse_lora_targets(flags.lora_targets);
   {
-    const std::string& v = flags.lora_dropout;
-    char* end = nullptr;
-    errno = 0;
-    const double x = v.empty() ? -1 : std::strtod(v.c_str(), &end);
-    if (v.empty() || errno != 0 || end != v.c_str() + v.size() || !(x >= 0 && x < 1))
-      throw InputError("--lora-dropout: '" + v + "'; allowed: a number p with 0 <= p < 1");
-    p.dropout = x;
+    const std::optional<double> x = parse_number(flags.lora_dropout);
+    if (!x || !(*x >= 0 && *x < 1))
+      throw InputError("--lora-dropout: '" + flags.lora_dropout +
+                       "'; allowed: a number p with 0 <= p < 1");
+    p.dropout = *x;
   }
   if (flags.lora_dtype.empty() || flags.lora_dtype == "fp32")
     p.adapters_fp32 = true;
@@ -582,20 +579,14 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   }
   if (!flags.capacity_factor.empty()) {
     const std::string& v = flags.capacity_factor;
-    std::size_t used = 0;
-    double C = 0.0;
-    try {
-      C = std::stod(v, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != v.size() || !(std::isfinite(C) && C > 0.0))
+    const std::optional<double> C = parse_number(v);
+    if (!C || !(*C > 0.0))
       throw InputError("--capacity-factor: '" + v + "'; allowed: a number C > 0");
     if (!c.model.moe())
       throw InputError("--capacity-factor " + v + ": " + c.model.name +
                        " is not a mixture of experts (the flag applies to mixtral, qwen2_moe and "
                        "qwen3_moe models)");
-    c.train.capacity_factor = C;
+    c.train.capacity_factor = *C;
   }
   if (all_profiles && c.train.lora()) {
     // Beside the native step, hf-peft where it models the family (LLaMA, Mistral, Qwen2).

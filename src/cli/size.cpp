@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 
@@ -51,6 +52,15 @@ std::uint64_t parse_size(const std::string& text, const std::string& flag) {
   const long double value = std::strtold(number.c_str(), nullptr) * scale;
   if (!(value < 18446744073709551615.0L)) throw bad("larger than 2^64 bytes");
   return static_cast<std::uint64_t>(std::floor(value));
+}
+
+std::optional<double> parse_number(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text.c_str(), &end);
+  if (errno != 0 || end != text.c_str() + text.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
 }
 
 }  // namespace trainmem::cli

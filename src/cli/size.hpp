@@ -2,6 +2,7 @@
 // TRAINMEM_HOST_MEMORY).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace trainmem::cli {
@@ -11,5 +12,9 @@ namespace trainmem::cli {
 // allowed ("1.5GiB") and rounded down to a byte. Throws InputError naming `flag` and the
 // accepted forms for anything else (negative, empty, unknown unit, > 2^64).
 std::uint64_t parse_size(const std::string& text, const std::string& flag);
+
+// The whole of `text` as a finite number ("0.1", "1.25", "5e-2"); nullopt for anything else
+// (empty, trailing characters, out of range, inf, nan). The caller words the error.
+std::optional<double> parse_number(const std::string& text);
 
 }  // namespace trainmem::cli
