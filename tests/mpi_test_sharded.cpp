@@ -23,6 +23,9 @@
 //      relative, and check 3 against the stage's trace;
 //   7. --weights and --tokens (files rank 0 writes): dp N under ZeRO 0-3, tp 2 (dp N/2), pp 2 with
 //      3 micro-batches (dp N/2), each against the single-rank run that loaded the same files;
+//   8. LoRA per rank: dp N under ZeRO 0-2, tp 2, pp 2 against the single rank's LoRA run (check
+//      2's bounds), the base frozen, the ZeRO stages against ZeRO 0 bit for bit, and check 3;
+//      QLoRA (nf4, double quantization) likewise without tp;
 //   4. tensor parallelism (tp 2 with and without sp, dp N/2; tiny, tiny-qwen2 with biases and tied
 //   embeddings,
 //      tiny-qwen3 with q/k norms): every rank's slice of every weight against the same slice of
@@ -113,6 +116,24 @@ void check_ledger(const ShardedRun& run, const ModelConfig& m, const TrainConfig
   }
 }
 
+// Rank rank_id's groups in a layout of N ranks, tp fastest, then dp, then the stage: the data-
+// and tensor-parallel groups on `data`, the pipeline group on `world`.
+struct Groups {
+  int dp, tp_rank, dp_rank, stage;
+  std::unique_ptr<Collective> dp_group, tp_group, pp_group;
+};
+Groups groups_of(Collective& data, Collective& world, int N, int tp, int pp) {
+  Groups g;
+  g.dp = N / (tp * pp);
+  g.tp_rank = rank_id % tp;
+  g.dp_rank = (rank_id / tp) % g.dp;
+  g.stage = rank_id / (tp * g.dp);
+  g.dp_group = data.split(g.stage * tp + g.tp_rank, g.dp_rank);
+  g.tp_group = data.split(g.stage * g.dp + g.dp_rank, g.tp_rank);
+  g.pp_group = world.split(g.dp_rank * tp + g.tp_rank, g.stage);
+  return g;
+}
+
 // Losses within 1e-5 relative and every weight (the rank's slice of it) within adam_tolerance
 // of the single-rank run's; prints the worst weight difference when `print`.
 void check_against_single(const std::string& label, const StepsResult& got, const StepsResult& ref,
@@ -139,7 +160,7 @@ void check_against_single(const std::string& label, const StepsResult& got, cons
 // [tr·cl, (tr+1)·cl) of every row; every other one (q/k/v and their biases, gate/up, the
 // vocabulary rows of the embedding and lm_head) the block of rows [tr·n, (tr+1)·n).
 void check_tp_elements(const std::string& label, const StepsResult& got, const StepsResult& ref,
-                       const ModelConfig& m, int tp, int tr) {
+                       const ModelConfig& m, int tp, int tr, std::int64_t lora_rank = 0) {
   auto ends_with = [](const std::string& s, const char* tail) {
     const std::string t(tail);
     return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
@@ -151,8 +172,13 @@ void check_tp_elements(const std::string& label, const StepsResult& got, const S
     bool ok = map.size() == n;
     for (std::uint64_t e = 0; ok && e < n; ++e) {
       std::uint64_t want = e;
-      if (n != whole && (ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight"))) {
-        const std::uint64_t cl = n / std::uint64_t(m.hidden);
+      // LoRA: the A (r rows) of o_proj and down_proj holds columns; a split B holds rows.
+      const bool a_of_row_parallel =
+          ends_with(name, "o_proj.lora_A.weight") || ends_with(name, "down_proj.lora_A.weight");
+      if (n != whole && (ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight") ||
+                         a_of_row_parallel)) {
+        const std::uint64_t cl =
+            n / std::uint64_t(a_of_row_parallel ? lora_rank : std::int64_t(m.hidden));
         want = (e / cl) * cl * std::uint64_t(tp) + std::uint64_t(tr) * cl + e % cl;
       } else if (n != whole) {
         want = std::uint64_t(tr) * n + e;
@@ -430,6 +456,76 @@ int main(int argc, char** argv) {
           }
       }
     }
+    // LoRA per rank (docs/distributed.md, "LoRA per rank"): dp N under ZeRO 0-2, tp 2 (dp N/2),
+    // pp 2 (dp N/2, 3 micro-batches); the frozen base and the adapters against the single-rank
+    // LoRA run (check 2's bounds), the ZeRO stages against ZeRO 0 bit for bit (one micro-batch,
+    // untied), each rank's adapter slices where tensor parallelism puts them, and check 3.
+    if (!cuda) {
+      struct Layout {
+        int tp, pp, zero;
+        std::int64_t M;
+      };
+      std::vector<Layout> layouts;
+      for (int zero = 0; zero <= (N > 1 ? 2 : 0); ++zero) layouts.push_back({1, 1, zero, 1});
+      if (N > 1) layouts.push_back({1, 1, 2, 2});
+      if (N % 2 == 0)
+        layouts.push_back({2, 1, N > 2 ? 2 : 0, 1}), layouts.push_back({1, 2, N > 2 ? 1 : 0, 3});
+      for (const std::string name : {"tiny", "tiny-qwen2", "tiny-gqa qlora"}) {
+        const bool qlora = name == "tiny-gqa qlora";
+        std::vector<StepsResult> by_zero;
+        for (const Layout& lay : layouts) {
+          if (qlora && lay.tp > 1) continue;  // check_lora_layout: QLoRA with tp 1
+          Groups gr = groups_of(data, *world, N, lay.tp, lay.pp);
+          const int dp = gr.dp, tp_rank = gr.tp_rank, stage = gr.stage;
+          const ModelConfig m = any_config(qlora ? "tiny-gqa" : name);
+          TrainConfig t;
+          t.batch = 1;
+          t.seq = 12;
+          t.dtype = DType::f32;
+          t.optimizer = Optimizer::adamw;
+          t.checkpointing = lay.M > 1 ? Checkpointing::full : Checkpointing::none;
+          t.attention = Attention::flash;
+          t.lora_rank = 4;
+          t.lora_targets = 0x7fu;
+          if (qlora) t.quant = Quant::nf4;  // with double quantization
+          const StepsResult ref = reference_steps(m, t, dp * lay.M * t.batch, 17, kSteps);
+          std::ostringstream label;
+          label << name << " LoRA fp32 M " << lay.M << " tp " << lay.tp << " pp " << lay.pp
+                << " dp " << dp << " ZeRO-" << lay.zero;
+          if (lay.pp > 1) label << " stage " << stage;
+          ParallelConfig p;
+          p.world = N;
+          p.tp = lay.tp;
+          p.pp = lay.pp;
+          p.zero = lay.zero;
+          p.microbatches = lay.M;
+          p.resolve(false, m, t);
+          ShardedRun run(m, t, p, *gr.dp_group, *gr.dp_group, 17, kind,
+                         lay.tp > 1 ? gr.tp_group.get() : nullptr,
+                         lay.pp > 1 ? gr.pp_group.get() : nullptr);
+          const StepsResult got = run.run(kSteps);
+          check_ledger(run, m, t, p, label.str(), lay.pp > 1 ? stage : 0);
+          if (lay.tp > 1) check_tp_elements(label.str(), got, ref, m, lay.tp, tp_rank, t.lora_rank);
+          check_against_single(label.str(), got, ref, kSteps, rank_id == 0);
+          check(got.losses[kSteps - 1] != got.losses[kSteps - 2], label.str() + ": no training");
+          // The frozen base did not move: the single rank's initial weights are its own.
+          const StepsResult start = reference_steps(m, t, dp * lay.M * t.batch, 17, 0);
+          for (const auto& [pname, v] : slice_of(start.weights, got))  // 4-bit weights left out
+            if (pname.find(".lora_") == std::string::npos)
+              check(v == got.weights.at(pname), label.str() + ": frozen " + pname + " moved");
+          if (lay.tp == 1 && lay.pp == 1 && lay.M == 1) {
+            if (qlora)
+              check(got.weights.size() < run.step->parameter_names().size(),
+                    label.str() + ": no 4-bit weight on the rank");
+            by_zero.push_back(got);
+            std::string where;
+            if (lay.zero > 0 && !m.tied_embeddings)
+              check(bit_identical(got.weights, by_zero[0].weights, &where),
+                    label.str() + ": weights not bit-identical to ZeRO-0's at " + where);
+          }
+        }
+      }
+    }
     // --weights and --tokens: every layout starts from the files' weights and global batch.
     {
       // One directory for the job: rank 0's process id, told to every rank.
@@ -461,12 +557,11 @@ int main(int argc, char** argv) {
       for (int zero = 0; zero <= (N > 1 ? 3 : 0); ++zero) layouts.push_back({1, 1, zero});
       if (N % 2 == 0) layouts.push_back({2, 1, N > 2 ? 3 : 0}), layouts.push_back({1, 2, 0});
       for (const Layout& lay : layouts) {
-        const int dp = N / (lay.tp * lay.pp);
-        const int tp_rank = rank_id % lay.tp, dp_rank = (rank_id / lay.tp) % dp,
-                  stage = rank_id / (lay.tp * dp);
-        std::unique_ptr<Collective> dp_group = data.split(stage * lay.tp + tp_rank, dp_rank);
-        std::unique_ptr<Collective> tp_group = data.split(stage * dp + dp_rank, tp_rank);
-        std::unique_ptr<Collective> pp_group = world->split(dp_rank * lay.tp + tp_rank, stage);
+        Groups gr = groups_of(data, *world, N, lay.tp, lay.pp);
+        const int dp = gr.dp, tp_rank = gr.tp_rank, dp_rank = gr.dp_rank, stage = gr.stage;
+        Collective* dp_group = gr.dp_group.get();
+        Collective* tp_group = gr.tp_group.get();
+        Collective* pp_group = gr.pp_group.get();
         std::unique_ptr<Collective> dp_host, tp_host;
         if (cuda) {
           dp_host = world->split(stage * lay.tp + tp_rank, dp_rank);
@@ -494,7 +589,7 @@ int main(int argc, char** argv) {
         p.microbatches = M;
         p.resolve(false, m, t);
         ShardedRun run(m, t, p, *dp_group, cuda ? *dp_host : *dp_group, 1, kind,
-                       lay.tp > 1 ? tp_group.get() : nullptr, lay.pp > 1 ? pp_group.get() : nullptr,
+                       lay.tp > 1 ? tp_group : nullptr, lay.pp > 1 ? pp_group : nullptr,
                        cuda && lay.tp > 1 ? tp_host.get() : nullptr, {&file}, &ids);
         const StepsResult got = run.run(kSteps);
         check_ledger(run, m, t, p, label.str(), lay.pp > 1 ? stage : 0);

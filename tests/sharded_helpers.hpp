@@ -85,6 +85,7 @@ struct ShardedRun {
     StepsResult r;
     for (int n = 0; n < steps; ++n) r.losses.push_back(step->train_step());
     for (const auto& name : step->parameter_names()) {
+      if (step->is_4bit(name)) continue;  // QLoRA: frozen, compared through the losses
       r.weights[name] = step->parameter_values(name);
       if (exec->tp) r.elements[name] = step->parameter_elements(name);
     }
@@ -112,7 +113,8 @@ inline StepsResult reference_steps(const ModelConfig& m, TrainConfig t, std::int
     else
       model.set_tokens(load_tokens_file(tokens, rows, t.seq, m.vocab));
     for (int n = 0; n < steps; ++n) r.losses.push_back(model.train_step());
-    for (const auto& p : model.parameters()) r.weights[p.name] = model.parameter_values(p.name);
+    for (const auto& p : model.parameters())
+      if (p.quant < 0) r.weights[p.name] = model.parameter_values(p.name);
   }
   return r;
 }

@@ -297,8 +297,8 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
     std::string args, message;
   };
   for (const Case& c : std::vector<Case>{
-           {"profile --model tiny --backend meta --finetune qlora --world-size 2 --zero 2",
-            "--finetune qlora with a parallel layout"},
+           {"profile --model tiny --backend meta --finetune qlora --world-size 2 --tp 2",
+            "--finetune qlora with --tp 2: each rank would quantize its own slice"},
            {"profile --model tiny --backend meta --optimizer paged-adamw8bit --world-size 2 --dp 2",
             "--optimizer paged-adamw8bit: the sharded step"},
            {"plan --model tiny --gpus 2 --gpu-memory 1GiB --global-batch 2 --optimizer paged-adamw",
@@ -314,17 +314,24 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
             "--optimizer adamw8bit: plan searches parallel layouts"},
            {"profile --model tiny --backend meta --finetune lora --optimizer lomo",
             "--optimizer lomo with --finetune lora"},
-           {"profile --model tiny --backend meta --finetune lora --world-size 2 --zero 2",
-            "--finetune lora with a parallel layout"},
-           {"profile --model tiny --backend meta --finetune lora --world-size 2 --zero 2 "
-            "--profile native",
-            "--finetune lora with a parallel layout"},
+           {"profile --model tiny --backend meta --finetune lora --world-size 2 --zero 3",
+            "--finetune lora with --zero 3: ZeRO-3 partitions the frozen base"},
+           {"profile --model tiny --backend meta --finetune lora --world-size 2 --tp 2 --sp",
+            "--finetune lora with --sp"},
+           {"profile --model tiny --backend meta --finetune lora --lora-dropout 0.1 "
+            "--world-size 2 --tp 2",
+            "--lora-dropout with --tp 2"},
            {"profile --model tiny --backend meta --finetune lora --profile hf-eager",
             "--profile hf-eager with --finetune lora"},
-           {"plan --model tiny --gpus 2 --gpu-memory 1GiB --global-batch 2 --finetune lora",
-            "--finetune"},
-           {"maxbatch --model tiny --budget 1GiB --finetune lora --world-size 2 --zero 2",
-            "--world-size with --finetune lora"},
+
+           {"plan --model tiny --gpus 1 --gpu-memory 1GiB --global-batch 2 --finetune lora "
+            "--activation-offload on",
+            "--activation-offload on with --finetune lora"},
+           {"maxbatch --model tiny --budget 1GiB --finetune qlora --world-size 2 --tp 2",
+            "--finetune qlora with --tp 2"},
+           {"maxbatch --model tiny --budget 1GiB --finetune lora --optimizer adamw8bit "
+            "--world-size 2 --zero 2",
+            "--optimizer adamw8bit"},
            {"maxbatch --model tiny --budget 1GiB --finetune lora --allocator pytorch",
             "--allocator with --finetune lora"},
            {"maxbatch --model mistral-7b --budget 24GB --finetune qlora --vary seq",
@@ -360,8 +367,10 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
            {"estimate --model tiny --finetune lora --optimizer lomo", "--optimizer lomo"},
            {"estimate --model tiny --finetune lora --checkpointing selective",
             "--checkpointing selective"},
-           {"estimate --model tiny --finetune lora --world-size 2 --zero 2",
-            "--finetune lora with"},
+           {"estimate --model tiny --finetune lora --world-size 2 --zero 3",
+            "--finetune lora with --zero 3"},
+           {"estimate --model tiny --finetune lora --world-size 2 --zero 2 --profile hf-peft",
+            "--profile hf-peft: with --world-size above 1 the per-rank profile is native"},
            {"estimate --model qwen3-8b --finetune lora --profile hf-peft", "q/k norms"},
            {"estimate --model tiny --finetune dora", "--finetune"},
            {"estimate --model tiny --finetune lora --optimizer adam8bit",
@@ -764,6 +773,93 @@ TEST(CliE2ELora, QloraRunsInTheNativeStep) {
       for (const json& row : run["reconciliation"]) EXPECT_EQ(row["ok"], true) << row;
     }
   }
+}
+
+}  // namespace
+}  // namespace trainmem::e2e
+
+namespace trainmem::e2e {
+namespace {
+
+// LoRA per rank (docs/distributed.md, "LoRA per rank"), as a user types it: estimate, profile on
+// meta, maxbatch and plan with --world-size / --gpus. Llama-3-8B's adapters on all seven
+// projections, r 16: 41,943,040 elements (peft's own count); the frozen base whole on every
+// rank, the adapters' gradients and AdamW states (fp32 master, m, v) sharded by ZeRO-2 over 4.
+TEST(CliE2ELora, LoraPerRankShardsTheAdaptersOnly) {
+  const Result r = trainmem(
+      "estimate --model llama3-8b --finetune lora --lora-targets all-linear --world-size 4 "
+      "--zero 2 --seq 2048 --batch 1 --checkpointing full --format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.j();
+  const json& rank = j["ranks"][0];
+  const u64 adapters = 41943040, base = 8030261248, shard = adapters / 4;
+  EXPECT_EQ(n(rank["analytic"]["trainable_params"]), adapters);
+  EXPECT_EQ(n(rank["local_params"]), base + adapters);
+  EXPECT_EQ(n(rank["shard_elements"]), shard);
+  EXPECT_EQ(n(rank["figures"]["params"]), 2 * (base + adapters));
+  EXPECT_EQ(n(rank["figures"]["gradients"]), 2 * shard);
+  EXPECT_EQ(n(rank["figures"]["optimizer_states"]), 12 * shard);
+  EXPECT_EQ(j["run"]["finetune"], "lora");
+  for (const json& e : j["references"]["estimators"]) {
+    EXPECT_FALSE(e["covers"].get<bool>()) << e["profile"];
+    EXPECT_TRUE(has(e["why_not"].get<std::string>(), "models a full fine-tune"));
+  }
+
+  // The meta trace of every stage equals the analytic per rank (tp 2 × pp 2, three layers'
+  // adapters split by tp).
+  const Result p = trainmem(
+      "profile --model tiny --backend meta --finetune lora --lora-targets all-linear --world-size "
+      "4 --tp 2 --pp 2 --microbatches 2 --seq 64 --batch 2 --format json");
+  ASSERT_EQ(p.code, 0) << p.err;
+  const json pj = p.j();
+  EXPECT_TRUE(pj["all_ranks_match"].get<bool>());
+  ASSERT_EQ(pj["ranks"].size(), 2u);
+  for (const json& rk : pj["ranks"]) {
+    EXPECT_TRUE(rk["matches_analytic"].get<bool>()) << rk["differences"].dump();
+    EXPECT_EQ(n(rk["analytic"]["trainable_params"]) * 2, n(rk["ledger"]["gradients"]));
+  }
+
+  // maxbatch per rank: the native step's search alone, the title naming the adapters.
+  const Result m = trainmem(
+      "maxbatch --model llama3-8b --budget 24GB --finetune lora --lora-targets all-linear "
+      "--world-size 4 --zero 2 --seq 2048 --checkpointing full");
+  ASSERT_EQ(m.code, 0) << m.err;
+  EXPECT_TRUE(has(m.out, "lora r=16 all-linear (base frozen)")) << m.out;
+  EXPECT_TRUE(has(m.out, "largest micro-batch that fits every rank")) << m.out;
+
+  // plan --finetune lora: every fitting layout keeps the base whole (no ZeRO-3, no sp), and the
+  // ZeRO-3 families say why they are refused.
+  const Result pl = trainmem(
+      "plan --model llama3-8b --gpus 8 --gpu-memory 24GB --global-batch 64 --seq 2048 "
+      "--finetune lora --lora-targets all-linear --format json");
+  ASSERT_EQ(pl.code, 0) << pl.err;
+  const json pjj = pl.j();
+  EXPECT_EQ(pjj["inputs"]["finetune"]["finetune"], "lora");
+  EXPECT_EQ(n(pjj["inputs"]["finetune"]["lora_rank"]), 16u);
+  ASSERT_FALSE(pjj["candidates"].empty());
+  for (const json& c : pjj["candidates"]) {
+    EXPECT_LE(c["layout"]["zero"].get<int>(), 2);
+    EXPECT_FALSE(c["layout"]["sp"].get<bool>());
+  }
+  EXPECT_TRUE(has(pl.out, "--finetune lora with --zero 3"));
+
+  // QLoRA per rank (tp 1): every rank stores the whole 4-bit base, the bytes of the one-GPU
+  // native profile's params (proven byte for byte against bitsandbytes' layout above); ZeRO-2
+  // shards the adapters' gradients.
+  const Result one = trainmem(
+      "estimate --model llama3-8b --finetune qlora --lora-targets all-linear --seq 2048 --batch 1 "
+      "--checkpointing full --profile native --format json");
+  const Result four = trainmem(
+      "estimate --model llama3-8b --finetune qlora --lora-targets all-linear --world-size 4 "
+      "--zero 2 --seq 2048 --batch 1 --checkpointing full --format json");
+  ASSERT_EQ(one.code, 0) << one.err;
+  ASSERT_EQ(four.code, 0) << four.err;
+  const json fj = four.j();
+  const json& q4 = fj["ranks"][0]["figures"];
+  EXPECT_EQ(n(q4["params"]), n(one.j()["analytic"]["native"]["params"]));
+  EXPECT_EQ(n(q4["gradients"]), 2 * shard);
+  EXPECT_EQ(n(q4["optimizer_states"]), 12 * shard);
+  EXPECT_EQ(fj["run"]["finetune"], "qlora");
 }
 
 }  // namespace

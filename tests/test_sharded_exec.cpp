@@ -274,3 +274,84 @@ TEST(ShardedExecOneRank, RefusesWeightsAndTokensThatDoNotFit) {
 
 }  // namespace
 }  // namespace trainmem::test
+
+namespace trainmem::test {
+namespace {
+
+// LoRA per rank (docs/distributed.md, "LoRA per rank"): on one rank the sharded step is
+// LlamaModel's LoRA and QLoRA steps bit for bit (the frozen base, quantized on the rank as
+// LlamaModel quantizes it, the adapters' updates, checkpointing; ZeRO's shards of the adapters
+// under mpirun: tests/mpi_test_sharded.cpp), from random weights and from a base checkpoint that
+// has no adapters (they start fresh as LlamaModel's do); its ledger is the meta trace's and the
+// per-rank analytic profile's.
+TEST(ShardedExecOneRank, LoraEqualsLlamaModelBitForBit) {
+  struct LoraCase {
+    const char* model;
+    DType dt;
+    Checkpointing ck;
+    unsigned targets;
+    Quant quant;  // QLoRA: nf4 with double quantization, fp4 without
+  };
+  for (const LoraCase& c :
+       {LoraCase{"tiny-qwen2", DType::bf16, Checkpointing::none, 0x7fu, Quant::none},
+        LoraCase{"tiny-gqa", DType::f32, Checkpointing::full, 1u | 4u, Quant::none},
+        LoraCase{"tiny-tied", DType::f32, Checkpointing::full, 8u | 64u, Quant::none},
+        LoraCase{"tiny-qwen2", DType::bf16, Checkpointing::full, 0x7fu, Quant::nf4},
+        LoraCase{"tiny-qwen2", DType::bf16, Checkpointing::none, 0x7fu, Quant::fp4}}) {
+    SCOPED_TRACE(std::string(c.model) + " " + quant_name(c.quant));
+    const ModelConfig m = any_config(c.model);
+    TrainConfig t = train_config(2, 12, c.dt, Optimizer::adamw, c.ck, Attention::flash);
+    t.lora_rank = 4;
+    t.lora_targets = c.targets;
+    t.quant = c.quant;
+    t.double_quant = c.quant == Quant::nf4;
+    const ParallelConfig p = one_rank(m, t, 1);
+    auto local = make_local_collective();
+    ShardedRun run(m, t, p, *local, *local, 7);
+    const StepsResult got = run.run(3);
+    const StepsResult want = reference_steps(m, t, 2, 7, 3);
+    for (std::size_t n = 0; n < 3; ++n) EXPECT_EQ(got.losses[n], want.losses[n]) << n;
+    if (c.quant == Quant::none) EXPECT_NE(got.losses[1], got.losses[2]) << "the adapters train";
+    std::string where;
+    EXPECT_TRUE(bit_identical(got.weights, want.weights, &where)) << where;
+    EXPECT_EQ(got.weights.size(), want.weights.size());
+    const MemoryFigures mine = measured_figures(*run.ledger);
+    const LayoutTrace lt = trace_layout(m, t, p, OverheadOptions{}, 3);
+    ASSERT_EQ(lt.ranks.size(), 1u);
+    EXPECT_TRUE(lt.ranks[0].matches);
+    const MemoryFigures& ana = lt.analytic.ranks[0].est.figures;
+    EXPECT_EQ(mine.params, ana.params);
+    EXPECT_EQ(mine.gradients, ana.gradients);
+    EXPECT_EQ(mine.optimizer_states, ana.optimizer_states);
+    EXPECT_EQ(mine.workspace, ana.workspace);
+    EXPECT_EQ(mine.peak, ana.peak);
+    // Only the adapters have gradients and states: r·(in + out) per target and layer.
+    const std::uint64_t trainable = lt.analytic.ranks[0].est.trainable_params;
+    EXPECT_EQ(mine.gradients, trainable * dtype_size(c.dt));
+    EXPECT_LT(trainable, lt.analytic.ranks[0].local_params);
+  }
+  // From a base checkpoint: the adapters the file lacks start fresh (B zero, A seed 0).
+  const ModelConfig m = any_config("tiny-qwen2");
+  TrainConfig base =
+      train_config(2, 12, DType::bf16, Optimizer::adamw, Checkpointing::none, Attention::flash);
+  const std::string wpath = temp_file("lora_base.safetensors");
+  write_weights_file(wpath, m, 41);
+  TrainConfig t = base;
+  t.lora_rank = 8;
+  t.lora_targets = 0x7fu;
+  const StepsResult want = reference_steps(m, t, 2, 7, 2, wpath);
+  {
+    SafeTensorsReader file(wpath);
+    auto local = make_local_collective();
+    ShardedRun run(m, t, one_rank(m, t, 1), *local, *local, 7, BackendKind::cpu, nullptr, nullptr,
+                   nullptr, {&file});
+    const StepsResult got = run.run(2);
+    for (std::size_t n = 0; n < 2; ++n) EXPECT_EQ(got.losses[n], want.losses[n]) << n;
+    std::string where;
+    EXPECT_TRUE(bit_identical(got.weights, want.weights, &where)) << where;
+  }
+  std::filesystem::remove(wpath);
+}
+
+}  // namespace
+}  // namespace trainmem::test

@@ -31,13 +31,30 @@ struct Case {
   bool overlap = false;
   std::uint64_t bucket = kDefaultReduceBucket;
   std::int64_t b = 2, s = 16;
+  // LoRA (docs/distributed.md, "LoRA per rank"): rank r on `targets` (0: a full fine-tune).
+  std::int64_t lora_rank = 0;
+  unsigned targets = 0;
+  std::int64_t cp = 1;
+  // QLoRA: the frozen projections as 4-bit weights (Quant::none: a 16-bit base).
+  Quant quant = Quant::none;
+  bool double_quant = true;
+  std::int64_t blocksize = 64;
+  double dropout = 0.0;  // LoRA dropout (each adapter's one-byte mask and dropped input)
   std::string str() const {
     return model + " dp" + std::to_string(dp) + " tp" + std::to_string(tp) + " pp" +
            std::to_string(pp) + " z" + std::to_string(zero) + (sp ? " sp" : "") + " M" +
            std::to_string(M) + " " + checkpointing_name(ck) + " " + attention_name(at) + " " +
            optimizer_name(opt) + " " + dtype_name(dt) + " off=" + offload_name(off) + " pf" +
            std::to_string(prefetch) + (overlap ? " overlap" : "") + " bucket" +
-           std::to_string(bucket);
+           std::to_string(bucket) +
+           (lora_rank ? " lora r" + std::to_string(lora_rank) + " t" + std::to_string(targets)
+                      : "") +
+           (cp > 1 ? " cp" + std::to_string(cp) : "") +
+           (quant != Quant::none
+                ? std::string(" ") + quant_name(quant) + (double_quant ? " dq" : "") + " bs" +
+                      std::to_string(blocksize)
+                : "") +
+           (dropout > 0 ? " dropout" : "");
   }
 };
 
@@ -51,8 +68,15 @@ bool check(const Case& c) {
   t.checkpointing = c.ck;
   t.attention = c.at;
   t.optimizer = c.opt;
+  t.lora_rank = c.lora_rank;
+  t.lora_targets = c.targets;
+  t.quant = c.quant;
+  t.double_quant = c.double_quant;
+  t.quant_blocksize = c.blocksize;
+  t.lora_dropout = c.dropout;
   ParallelConfig p;
-  p.world = c.dp * c.tp * c.pp;
+  p.world = c.dp * c.tp * c.pp * c.cp;
+  p.cp = c.cp;
   p.dp = c.dp;
   p.tp = c.tp;
   p.pp = c.pp;
@@ -156,6 +180,150 @@ TEST(ShardedTrace, LargePresetsOnMeta) {
     EXPECT_TRUE(check(c)) << c.str();
     if (HasFailure()) return;
   }
+}
+
+}  // namespace
+}  // namespace trainmem
+
+namespace trainmem {
+namespace {
+
+// LoRA per rank: the frozen base whole on every rank, the adapters' gradients and states sharded
+// by ZeRO 1/2, split by tp (a column target's B and a row target's A), the recompute's rows, the
+// reduce bucket of adapter gradients; over targets, ranks, layouts and both optimizers.
+TEST(ShardedTrace, LoraOverTheGrid) {
+  int checked = 0;
+  const unsigned qv = 1u | 4u, all = 0x7fu, o_down = 8u | 64u;
+  for (const char* model : {"tiny-gqa", "tiny-tied", "tiny-qwen2", "tiny-qwen3"})
+    for (unsigned targets : {qv, all, o_down})
+      for (std::int64_t tp : {1, 2})
+        for (std::int64_t pp : {1, 2})
+          for (std::int64_t dp : {1, 3})
+            for (int zero = 0; zero <= 2; ++zero)
+              for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
+                for (std::int64_t M : {1, 3}) {
+                  Case c{model,
+                         dp,
+                         tp,
+                         pp,
+                         zero,
+                         false,
+                         M,
+                         ck,
+                         Attention::eager,
+                         Optimizer::adamw,
+                         DType::bf16};
+                  c.lora_rank = targets == all ? 4 : 8;
+                  c.targets = targets;
+                  c.opt = (dp + zero) % 2 ? Optimizer::sgd : Optimizer::adamw;
+                  c.at = ck == Checkpointing::full ? Attention::flash : Attention::eager;
+                  if (check(c)) ++checked;
+                  if (HasFailure()) return;
+                }
+  EXPECT_GT(checked, 500);
+  // Context parallelism, fp32 and fp16, offload of the adapters' states, a bucket smaller than
+  // an adapter, overlap, and the larger presets on meta.
+  Case more[] = {
+      {"tiny-gqa", 2, 1, 1, 1, false, 1, Checkpointing::none, Attention::flash, Optimizer::adamw,
+       DType::f32},
+      {"tiny-gqa", 2, 2, 1, 2, false, 2, Checkpointing::full, Attention::flash, Optimizer::adamw,
+       DType::f16, Offload::optimizer, 1, true, 100},
+      {"tiny-gqa", 4, 1, 1, 2, false, 1, Checkpointing::none, Attention::eager, Optimizer::sgd,
+       DType::bf16, Offload::none, 1, false, 10},
+      {"mistral-7b-2l", 4, 2, 1, 2, false, 1, Checkpointing::full, Attention::flash,
+       Optimizer::adamw, DType::bf16, Offload::none, 1, false, kDefaultReduceBucket, 1, 512},
+      {"qwen2-7b-2l", 2, 1, 2, 1, false, 4, Checkpointing::none, Attention::flash, Optimizer::adamw,
+       DType::bf16, Offload::none, 1, false, kDefaultReduceBucket, 1, 256},
+  };
+  for (Case& c : more) {
+    c.lora_rank = 16;
+    c.targets = all;
+    EXPECT_TRUE(check(c)) << c.str();
+    if (HasFailure()) return;
+  }
+  Case cp{"tiny-gqa",       2,          1, 1, 1, false, 1, Checkpointing::full, Attention::flash,
+          Optimizer::adamw, DType::bf16};
+  cp.lora_rank = 4;
+  cp.targets = qv;
+  cp.cp = 2;
+  EXPECT_TRUE(check(cp)) << cp.str();
+  // LoRA dropout per rank (dp, pp; refused under tp): the masks and the dropped inputs, in the
+  // forward, the recompute and the backward.
+  int dropped = 0;
+  for (std::int64_t pp : {1, 2})
+    for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
+      for (unsigned targets : {qv, all, o_down}) {
+        Case c{"tiny-qwen2",     2,          1, pp, 1, false, 3, ck, Attention::eager,
+               Optimizer::adamw, DType::bf16};
+        c.lora_rank = 4;
+        c.targets = targets;
+        c.dropout = 0.1;
+        if (check(c)) ++dropped;
+        if (HasFailure()) return;
+      }
+  EXPECT_EQ(dropped, 12);
+}
+
+}  // namespace
+}  // namespace trainmem
+
+namespace trainmem {
+namespace {
+
+// QLoRA per rank (tp 1): the 4-bit tensors of the frozen projections on every rank of the
+// gradient group, the dequantize workspace of each GEMM, the adapters sharded; over targets,
+// pp, dp, ZeRO 0-2, checkpointing, micro-batches, double quantization and blocksizes, nf4 and
+// fp4, and a 7B-class shape.
+TEST(ShardedTrace, QloraOverTheGrid) {
+  int checked = 0;
+  for (const char* model : {"tiny-gqa", "tiny-qwen2", "tiny-qwen3"})
+    for (unsigned targets : {1u | 4u, 0x7fu})
+      for (std::int64_t pp : {1, 2})
+        for (std::int64_t dp : {1, 2})
+          for (int zero = 0; zero <= 2; ++zero)
+            for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
+              for (std::int64_t M : {1, 3})
+                for (bool dq : {true, false}) {
+                  Case c{
+                      model,      dp, 1, pp, zero, false, M, ck, Attention::flash, Optimizer::adamw,
+                      DType::bf16};
+                  c.lora_rank = 4;
+                  c.targets = targets;
+                  c.quant = dq ? Quant::nf4 : Quant::fp4;
+                  c.double_quant = dq;
+                  c.blocksize = dq ? 64 : 128;
+                  if (check(c)) ++checked;
+                  if (HasFailure()) return;
+                }
+  EXPECT_GT(checked, 150);
+  Case big{"mistral-7b-2l",
+           4,
+           1,
+           1,
+           2,
+           false,
+           1,
+           Checkpointing::full,
+           Attention::flash,
+           Optimizer::adamw,
+           DType::bf16,
+           Offload::none,
+           1,
+           false,
+           kDefaultReduceBucket,
+           1,
+           1024};
+  big.lora_rank = 16;
+  big.targets = 0x7fu;
+  big.quant = Quant::nf4;
+  EXPECT_TRUE(check(big)) << big.str();
+  // A layout the sharded step refuses is refused alike by the analytic profile (tp 2).
+  Case tp{"tiny-gqa",       1,          2, 1, 0, false, 1, Checkpointing::none, Attention::flash,
+          Optimizer::adamw, DType::bf16};
+  tp.lora_rank = 4;
+  tp.targets = 0x7fu;
+  tp.quant = Quant::nf4;
+  EXPECT_FALSE(check(tp));
 }
 
 }  // namespace

@@ -213,6 +213,16 @@ std::uint64_t layer_adapters(const Local& l) {
   return n;
 }
 
+// The largest adapter tensor of a layer on a rank: r·in (A) or out·r (B) of each target.
+std::uint64_t largest_adapter(const Local& l) {
+  const std::uint64_t in[7] = {l.h, l.h, l.h, l.ad, l.h, l.h, l.i};
+  const std::uint64_t out[7] = {l.ad, l.kd, l.kd, l.h, l.i, l.i, l.h};
+  std::uint64_t n = 0;
+  for (unsigned t = 0; t < 7; ++t)
+    if (l.targets(1u << t)) n = std::max({n, checked_mul(l.r, in[t]), checked_mul(l.r, out[t])});
+  return n;
+}
+
 // The per-layer forward set of one rank, in allocation order (`out` last), of a dense layer or a
 // mixture-of-experts one (`moe`).
 std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn, bool sp,
@@ -396,9 +406,9 @@ class Stage {
           "profile native: " + m.name +
           " is a mixture of experts; the per-rank (sharded) step does not model MoE layers yet "
           "(expert parallelism: issue 33)");
-    if (t.lora() && (p.distributed() || lomo_ || t.offload_activations))
-      throw Error(
-          "analytic native: LoRA is modelled on one GPU, with adamw or sgd, without offload");
+    if (t.lora() && (lomo_ || t.offload_activations))
+      throw Error("analytic native: LoRA is modelled with adamw or sgd, without offload");
+    check_lora_layout(p, t);  // what the sharded step runs of LoRA per rank
     r_.stage = index;
     r_.role = p.pp == 1 ? "only" : first_ ? "first" : last_ ? "last" : "middle";
     r_.ranks = p.dp * p.tp * p.cp;
@@ -578,10 +588,13 @@ void Stage::books() {
   const bool tied_here = m_.tied_embeddings && p_.pp == 1;
   if (last_) Pk = csum({Pk, l.h, tied_here ? 0 : emb}, "parameters");
   const std::uint64_t dp = u(p_.grad_ranks());  // ZeRO shards over dp·cp
-  const std::uint64_t shard = (Pk + dp - 1) / dp;
+  // The flat vector ZeRO shards: every parameter, or under LoRA the adapters only (the frozen
+  // base whole on every rank: check_lora_layout refuses ZeRO-3).
+  const std::uint64_t T = t_.lora() ? checked_mul(La, u(Ls_), "LoRA parameters") : Pk;
+  const std::uint64_t shard = (T + dp - 1) / dp;
   r_.local_params = Pk;
-  r_.shard_elements = p_.zero >= 1 ? shard : Pk;
-  r_.padding_elements = p_.zero >= 1 ? checked_mul(shard, dp) - Pk : 0;
+  r_.shard_elements = p_.zero >= 1 ? shard : T;
+  r_.padding_elements = p_.zero >= 1 ? checked_mul(shard, dp) - T : 0;
   const std::uint64_t w = l.w;
   const std::uint64_t f = state_bytes_per_param(t_.optimizer, w);
   const bool off_opt = p_.offload != Offload::none,
@@ -618,9 +631,11 @@ void Stage::books() {
                      "parameters");
   }
   if (t_.lora()) {
-    const std::uint64_t T = checked_mul(La, u(Ls_), "LoRA parameters");
-    fg.gradients = checked_mul(T, w, "gradients");
-    fg.optimizer_states = checked_mul(T, f, "optimizer states");
+    fg.gradients = p_.zero < 2 ? checked_mul(T, w, "gradients")
+                   : off_opt   ? 0
+                               : checked_mul(shard, w, "gradients");
+    fg.optimizer_states =
+        off_opt ? 0 : checked_mul(p_.zero >= 1 ? shard : T, f, "optimizer states");
     est.trainable_params = T;
   }
   if (!p_.distributed()) {
@@ -662,8 +677,9 @@ void Stage::books() {
   std::uint64_t largest =
       std::max({checked_mul(l.h, l.ad), checked_mul(l.h, l.kd), checked_mul(l.h, l.i)});
   if (first_ || last_) largest = std::max(largest, emb);
+  if (t_.lora()) largest = largest_adapter(l);  // the bucket holds trainable gradients only
   if (p_.zero >= 2) {
-    const std::uint64_t n = std::min(std::max(p_.reduce_bucket, largest), Pk);
+    const std::uint64_t n = std::min(std::max(p_.reduce_bucket, largest), T);
     for (int c = 0; c < (p_.overlap_comm ? 2 : 1); ++c) {
       TensorEntry e = entry(g_, c == 0 ? "reduce_bucket" : "reduce_bucket.1", "(n)", g_.dt,
                             checked_mul(n, w), Term::other, "setup (persistent)",

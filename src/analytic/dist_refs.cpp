@@ -117,6 +117,11 @@ std::uint64_t megatron_padded_vocab(const ModelConfig& m, std::int64_t tp) {
   return checked_mul((V + multiple - 1) / multiple, multiple, "padded vocab");
 }
 
+// LoRA per rank: neither estimator has a frozen base (every parameter has a gradient and states).
+constexpr const char* kFullFineTuneOnly =
+    "--finetune lora: the estimator models a full fine-tune (a gradient and optimizer states for "
+    "every parameter); only the adapters train here";
+
 ReferenceRank deepspeed_reference(const ModelConfig& model, const TrainConfig& train,
                                   const ParallelConfig& par, std::int64_t gpus_per_node) {
   model.validate();
@@ -128,6 +133,10 @@ ReferenceRank deepspeed_reference(const ModelConfig& model, const TrainConfig& t
   r.source = par.zero == 3 ? kDeepSpeedZero3 : kDeepSpeedZero2;
   deepspeed_common_notes(r, train, par);
 
+  if (train.lora()) {
+    r.why_not = kFullFineTuneOnly;
+    return r;
+  }
   if (par.zero < 2) {
     r.why_not = "ZeRO-" + num(static_cast<std::int64_t>(par.zero)) +
                 ": DeepSpeed publishes estimators for ZeRO-2 "
@@ -458,6 +467,10 @@ ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& tr
   r.source = std::string(kMegatron) +
              (sp_branch ? "compute_activation_memory" : "compute_activation_memory_without_sp") +
              " (chosen as report_theoretical_memory does)";
+  if (train.lora()) {
+    r.why_not = kFullFineTuneOnly;
+    return r;
+  }
   if (par.offload != Offload::none) {
     r.why_not = std::string("offload ") + offload_name(par.offload) +
                 ": theoretical_memory_usage.py has no CPU-offload term";

@@ -10,6 +10,7 @@
 
 #include "trainmem/analytic/analytic.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/base/lora.hpp"
 
 namespace trainmem {
 namespace {
@@ -245,13 +246,22 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
   // recompute; attention's QKᵀ and PV, 4·s²·h per layer and sequence forward, ×3 for training,
   // + one forward under recompute. Spread evenly over the N GPUs, stretched by the 1F1B
   // bubble.
-  c.flops_per_gpu = ((6.0 + 2.0 * r) * P * T + (12.0 + 4.0 * ra) * L * h * s * T) / N;
+  // LoRA (docs/plan.md, "LoRA"): the frozen base has no weight gradient, 2·P·T fewer; the
+  // adapters' P_a elements cost as trained weights.
+  const double Pa =
+      train.lora()
+          ? static_cast<double>(lora_trainable_count(model, train.lora_rank, train.lora_targets))
+          : 0.0;
+  const double base_flops =
+      train.lora() ? (4.0 + 2.0 * r) * P + (6.0 + 2.0 * r) * Pa : (6.0 + 2.0 * r) * P;
+  c.flops_per_gpu = (base_flops * T + (12.0 + 4.0 * ra) * L * h * s * T) / N;
   c.bubble = (pp - 1.0) / M;
   c.compute_seconds = c.flops_per_gpu / (cost.tflops * 1e12) * (1.0 + c.bubble);
 
   // Data parallelism over the stage's TP shard of the parameters (even split); the gradient
   // group is the dp·cp ranks that hold the same parameters.
-  const double P_local = P / (tp * pp);
+  // What the gradient group reduces and ZeRO shards: every parameter, or the adapters.
+  const double P_local = (train.lora() ? Pa : P) / (tp * pp);
   const double f = (dp * cp - 1.0) / (dp * cp);
   switch (layout.zero) {
     case 0:  // one all-reduce of the accumulated gradients
@@ -318,6 +328,13 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
   base.seq = options.seq;
   base.dtype = options.dtype;
   base.optimizer = options.optimizers.front();
+  base.lora_rank = options.finetune.lora_rank;
+  base.lora_targets = options.finetune.lora_targets;
+  base.lora_alpha = options.finetune.lora_alpha;
+  base.lora_dropout = options.finetune.lora_dropout;
+  base.quant = options.finetune.quant;
+  base.double_quant = options.finetune.double_quant;
+  base.quant_blocksize = options.finetune.quant_blocksize;
   base.validate();
 
   // The (dp, tp, pp, cp) of N GPUs: context-parallel degree (as listed), then pipeline depth,
@@ -412,7 +429,8 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
             for (bool off_act : options.activation_offload)
               for (Attention at : options.attention)
                 for (Optimizer opt : options.optimizers) {
-                  if (off_act && tr.pp > 1) continue;  // offload runs without pipelining
+                  if (off_act && tr.pp > 1) continue;    // offload runs without pipelining
+                  if (off_act && base.lora()) continue;  // not modelled with LoRA
                   // Selective with flash is the plain step (no s² tensor to drop).
                   if (pol.kind == PlanPolicy::Kind::selective && at != Attention::eager) continue;
                   // Ring attention is flash attention's (ParallelConfig::resolve).

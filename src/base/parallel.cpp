@@ -158,6 +158,32 @@ void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const Trai
     throw InputError(
         "--optimizer lomo: the sharded step supports adamw and sgd; LOMO with "
         "--world-size above 1 is not modelled");
+  check_lora_layout(*this, train);
+}
+
+void check_lora_layout(const ParallelConfig& p, const TrainConfig& train) {
+  if (!p.distributed() || !train.lora()) return;
+  const std::string ft = train.quantized() ? "--finetune qlora" : "--finetune lora";
+  if (train.quantized() && p.tp > 1)
+    throw InputError(ft + " with --tp " + str(p.tp) +
+                     ": each rank would quantize its own slice of a 4-bit weight, in blocks that "
+                     "are not the whole weight's; QLoRA per rank is modelled with dp, pp and cp "
+                     "(--tp 1)");
+  if (p.zero == 3)
+    throw InputError(ft +
+                     " with --zero 3: ZeRO-3 partitions the frozen base apart from the adapters' "
+                     "flat groups, which the sharded step does not model yet; use --zero 0, 1 or "
+                     "2 (the frozen base whole on every rank, the adapters' gradients and states "
+                     "sharded)");
+  if (p.sp)
+    throw InputError(ft +
+                     " with --sp: the adapters of o_proj and down_proj add their (b, s, r) rows "
+                     "to the sequence-split residual, which is not modelled; use --tp without "
+                     "--sp");
+  if (p.tp > 1 && train.lora_dropped())
+    throw InputError("--lora-dropout with --tp " + str(p.tp) +
+                     ": every tensor-parallel rank would draw its own mask of a shared input; "
+                     "LoRA dropout under tensor parallelism is not modelled");
 }
 
 std::string ParallelConfig::describe() const {

@@ -120,6 +120,7 @@ struct Common {
   std::vector<Optimizer> optimizers;  // one, or all three for "all"
   std::vector<CheckpointPolicy> checkpointing_modes;  // one, or a list ("both": none, full)
   std::vector<std::string> profiles;                  // expanded "all"
+  bool profiles_all = false;                          // --profile all (the default)
   HfOptions hf;                                       // --hf-version, --torch-version, --loop, ...
   Format format = Format::table;
   std::string output;
@@ -145,6 +146,8 @@ CLI::Validator integer_check(const std::string& what) {
 
 // Adds the common flags to a subcommand.
 void add_common_flags(CLI::App& cmd, CommonFlags& flags);
+// --finetune and the LoRA/QLoRA flags alone (add_common_flags' share; plan registers them too).
+void add_finetune_flags(CLI::App& cmd, CommonFlags& flags);
 // Adds the run flags (--backend ... --timeline, --device-budget) to a subcommand that runs
 // steps; `several_runs` says that --device-budget applies to each of its runs (compare,
 // sweep) in the help.

@@ -90,7 +90,10 @@ Runner register_estimate(CLI::App& app) {
                               /*native_lora=*/true);
     const ParallelConfig par = resolve_layout(*layout, c.model, c.train);
     if (c.hf.peft.finetune != Finetune::full) {
-      const char* bad = par.distributed()     ? "a parallel layout (--tp/--pp/--zero/...)"
+      // trainmem's own LoRA step runs per rank (docs/distributed.md, "LoRA per rank"); hf-peft
+      // does not.
+      const char* bad = par.distributed() && !c.train.lora()
+                            ? "a parallel layout (--tp/--pp/--zero/...)"
                         : !allocator->empty() ? "--allocator"
                         : !paper->empty()     ? "--paper"
                                               : nullptr;

@@ -126,11 +126,15 @@ int run_maxbatch(const MaxbatchFlags& flags) {
                        ": the allocator model is not built for the LoRA searches yet");
     rq.allocator = parse_allocator(flags.allocator);
   }
-  if (lora) {
+  // LoRA under a parallel layout: the native step's search per rank alone (docs/distributed.md,
+  // "LoRA per rank"); hf-peft models one GPU.
+  const bool per_rank = flags.layout.world != 1 || par.distributed();
+  if (lora && per_rank && !c.train.lora())
+    throw InputError("--world-size with --finetune " + common.finetune +
+                     ": hf-peft models one GPU's step (no parallel layout), and trainmem's own "
+                     "step runs this recipe on one GPU only");
+  if (lora && !per_rank) {
     // The hf-peft profile's search (one GPU), and below the native step's for a 16-bit base.
-    if (flags.layout.world != 1 || par.distributed())
-      throw InputError("--world-size with --finetune " + common.finetune +
-                       ": hf-peft models one GPU's step (no parallel layout)");
     if (!vary_batch)
       for (std::int64_t l = 0; l < c.model.layers; ++l)
         if (c.model.window_of(l) > 0)
@@ -167,7 +171,7 @@ int run_maxbatch(const MaxbatchFlags& flags) {
                    m.search.best, c.model.name, c.model.max_positions);
     runs.push_back({std::move(one), m});
   }
-  if (native_lora)
+  if (native_lora && rq.hf_peft)  // one GPU: the native step's answers beside hf-peft's
     for (const CheckpointPolicy& policy : c.checkpointing_modes) {
       MaxbatchRequest one = rq;
       one.hf_peft.reset();
@@ -177,7 +181,7 @@ int run_maxbatch(const MaxbatchFlags& flags) {
     }
   bool any = false;
   for (const auto& r : runs) any = any || r.result.search.best > 0;
-  if (runs.size() == 1 && !native_lora)
+  if (runs.size() == 1)
     write_output(c.output,
                  report::render_maxbatch(runs.front().request, runs.front().result, budget.source,
                                          overhead_source, c.format, stdout_colour(c.output)));

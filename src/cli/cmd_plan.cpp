@@ -44,6 +44,8 @@ struct PlanFlags {
   std::string format = "table";
   std::string output;
   std::string log_level = "info";
+  // --finetune and the LoRA flags (add_finetune_flags): the recipe every layout trains.
+  CommonFlags finetune;
 };
 
 std::string str(std::int64_t v) {
@@ -58,7 +60,7 @@ int run_plan(const PlanFlags& flags) {
   if (flags.global_batch_given && !flags.global_batch_given->count())
     throw InputError("--global-batch is required: sequences per optimizer step (>= 1)");
   // The model, --seq, --dtype, --optimizer, --format and --output as every command checks them.
-  CommonFlags cf;
+  CommonFlags cf = flags.finetune;  // --finetune and the LoRA flags
   cf.model = flags.model;
   cf.batch = 1;
   cf.seq = flags.seq;
@@ -67,7 +69,11 @@ int run_plan(const PlanFlags& flags) {
   cf.profile = "native";
   cf.format = flags.format;
   cf.output = flags.output;
-  const Common c = resolve_common(cf, true, false);
+  const Common c = resolve_common(cf, true, false, /*allow_finetune=*/false,
+                                  /*native_lora=*/true);
+  if (c.train.lora() && flags.activation_offload == "on")
+    throw InputError("--activation-offload on with --finetune " + cf.finetune +
+                     ": the LoRA step is not modelled with activation offload");
   // plan searches parallel layouts: the per-rank step has no MoE layer yet (issue 33).
   require_dense(c.model, "plan (the per-rank sharded step)");
   if (bnb_optimizer(c.train.optimizer))
@@ -86,6 +92,7 @@ int run_plan(const PlanFlags& flags) {
   o.global_batch = flags.global_batch;
   o.dtype = c.train.dtype;
   o.optimizers = c.optimizers;
+  o.finetune = c.train;  // its LoRA and quantization fields
   o.policies = parse_plan_policies(flags.checkpointing);
   if (flags.activation_offload == "off")
     o.activation_offload = {false};
@@ -206,6 +213,7 @@ Runner register_plan(CLI::App& app) {
                   "NCCL channels per communicator, for the NCCL buffer estimate")
       ->check(integer_check<std::int64_t>("an integer; allowed: an integer >= 1"))
       ->capture_default_str();
+  add_finetune_flags(*cmd, f.finetune);
   cmd->add_option("--format", f.format, "table|json|csv|markdown")->capture_default_str();
   cmd->add_option("--output", f.output, "Write the report to FILE instead of stdout");
   add_log_level_flag(*cmd, f.log_level);

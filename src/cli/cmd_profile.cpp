@@ -54,10 +54,6 @@ int run_profile_layout(const Common& c, const ProfileFlags& flags, const Paralle
 int run_profile(const ProfileFlags& flags) {
   Common c = resolve_common(flags.common, false, false, /*allow_finetune=*/false,
                             /*native_lora=*/true);
-  if (c.train.lora() && flags.layout.world > 1)
-    throw InputError("--finetune " + flags.common.finetune +
-                     " with a parallel layout (--world-size " + std::to_string(flags.layout.world) +
-                     "): the LoRA step runs on one GPU (world size 1)");
   for (const auto& [flag, value] :
        {std::pair<const char*, const std::string&>{"--dump-routing", flags.run.dump_routing},
         {"--routing", flags.run.routing}})

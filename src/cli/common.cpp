@@ -178,6 +178,51 @@ void add_log_level_flag(CLI::App& cmd, std::string& level) {
       ->capture_default_str();
 }
 
+void add_finetune_flags(CLI::App& cmd, CommonFlags& flags) {
+  cmd.add_option(
+         "--finetune", flags.finetune,
+         "full|lora|qlora: what is trained. lora and qlora (estimate, maxbatch) model peft's "
+         "adapters on a frozen 16-bit or bitsandbytes 4-bit base as HF + peft run them "
+         "(profile hf-peft; docs/formulas.md); profile, compare, sweep and plan --finetune "
+         "lora|qlora run trainmem's own step with the adapters (docs/native-plan.md, \"LoRA\", "
+         "\"QLoRA\"; per rank: docs/distributed.md, \"LoRA per rank\")")
+      ->capture_default_str();
+  cmd.add_option("--lora-rank", flags.lora_rank, "LoRA rank r (1 to 65536)")
+      ->check(integer_check<std::int64_t>("an integer; allowed: an integer from 1 to 65536"))
+      ->capture_default_str();
+  cmd.add_option("--lora-targets", flags.lora_targets,
+                 "Projections with an adapter: a comma list of q_proj,k_proj,v_proj,o_proj,"
+                 "gate_proj,up_proj,down_proj, or all-linear (peft's default: q_proj,v_proj)")
+      ->capture_default_str();
+  cmd.add_option("--lora-dropout", flags.lora_dropout, "lora_dropout p (0 <= p < 1)")
+      ->capture_default_str();
+  cmd.add_option("--lora-dtype", flags.lora_dtype,
+                 "fp32|model: the adapters' dtype (peft upcasts them to fp32 by default) [fp32; "
+                 "peft 0.10-0.11: the base's dtype, no option]");
+  cmd.add_option("--quant", flags.quant,
+                 "none|nf4|fp4: bitsandbytes' 4-bit storage of the frozen base's linear weights "
+                 "(default: nf4 with --finetune qlora, none otherwise)");
+  cmd.add_option("--double-quant", flags.double_quant,
+                 "on|off: quantize the 4-bit weights' absmax again (bnb_4bit_use_double_quant)")
+      ->capture_default_str();
+  cmd.add_option("--quant-blocksize", flags.quant_blocksize,
+                 "Elements per absmax block of a 4-bit weight: 64, 128, ... 4096")
+      ->check(integer_check<std::int64_t>("an integer; allowed: 64, 128, 256, 512, 1024, 2048, "
+                                          "4096"))
+      ->capture_default_str();
+  cmd.add_option("--kbit-prepare", flags.kbit_prepare,
+                 "on|off (qlora): peft's prepare_model_for_kbit_training, which upcasts every "
+                 "non-4-bit weight to fp32 (and with it the activations)")
+      ->capture_default_str();
+  cmd.add_option("--bnb-version", flags.bnb_version,
+                 "bitsandbytes release the hf-peft profile follows (0.43.x, 0.44-0.50.x) "
+                 "[0.50.2, measured]");
+  cmd.add_option(
+      "--peft-version", flags.peft_version,
+      "peft release the hf-peft profile follows (0.10-0.11.x, 0.12-0.18.x, 0.19-0.21.x: the "
+      "adapters' dtype) [0.21.2, measured]");
+}
+
 void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
   cmd.add_option("--model", flags.model,
                  "A preset (" + join(preset_names()) + ") or a HuggingFace config.json path")
@@ -230,48 +275,7 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
                  "a mixture of experts in trainmem's own step (native): each expert computes at "
                  "most ceil((b*s*K/E)*C) of the choices routed to it, in token order, the rest "
                  "dropped (GShard; default: none, every choice kept)");
-  cmd.add_option(
-         "--finetune", flags.finetune,
-         "full|lora|qlora: what is trained. lora and qlora (estimate, maxbatch) model peft's "
-         "adapters on a frozen 16-bit or bitsandbytes 4-bit base as HF + peft run them "
-         "(profile hf-peft; docs/formulas.md); profile, compare and sweep --finetune lora|qlora "
-         "run trainmem's own step with the adapters (docs/native-plan.md, \"LoRA\", "
-         "\"QLoRA\")")
-      ->capture_default_str();
-  cmd.add_option("--lora-rank", flags.lora_rank, "LoRA rank r (1 to 65536)")
-      ->check(integer_check<std::int64_t>("an integer; allowed: an integer from 1 to 65536"))
-      ->capture_default_str();
-  cmd.add_option("--lora-targets", flags.lora_targets,
-                 "Projections with an adapter: a comma list of q_proj,k_proj,v_proj,o_proj,"
-                 "gate_proj,up_proj,down_proj, or all-linear (peft's default: q_proj,v_proj)")
-      ->capture_default_str();
-  cmd.add_option("--lora-dropout", flags.lora_dropout, "lora_dropout p (0 <= p < 1)")
-      ->capture_default_str();
-  cmd.add_option("--lora-dtype", flags.lora_dtype,
-                 "fp32|model: the adapters' dtype (peft upcasts them to fp32 by default) [fp32; "
-                 "peft 0.10-0.11: the base's dtype, no option]");
-  cmd.add_option("--quant", flags.quant,
-                 "none|nf4|fp4: bitsandbytes' 4-bit storage of the frozen base's linear weights "
-                 "(default: nf4 with --finetune qlora, none otherwise)");
-  cmd.add_option("--double-quant", flags.double_quant,
-                 "on|off: quantize the 4-bit weights' absmax again (bnb_4bit_use_double_quant)")
-      ->capture_default_str();
-  cmd.add_option("--quant-blocksize", flags.quant_blocksize,
-                 "Elements per absmax block of a 4-bit weight: 64, 128, ... 4096")
-      ->check(integer_check<std::int64_t>("an integer; allowed: 64, 128, 256, 512, 1024, 2048, "
-                                          "4096"))
-      ->capture_default_str();
-  cmd.add_option("--kbit-prepare", flags.kbit_prepare,
-                 "on|off (qlora): peft's prepare_model_for_kbit_training, which upcasts every "
-                 "non-4-bit weight to fp32 (and with it the activations)")
-      ->capture_default_str();
-  cmd.add_option("--bnb-version", flags.bnb_version,
-                 "bitsandbytes release the hf-peft profile follows (0.43.x, 0.44-0.50.x) "
-                 "[0.50.2, measured]");
-  cmd.add_option(
-      "--peft-version", flags.peft_version,
-      "peft release the hf-peft profile follows (0.10-0.11.x, 0.12-0.18.x, 0.19-0.21.x: the "
-      "adapters' dtype) [0.21.2, measured]");
+  add_finetune_flags(cmd, flags);
   cmd.add_option("--format", flags.format, "table|json|csv|markdown|html")->capture_default_str();
   cmd.add_option("--output", flags.output, "Write the report to FILE instead of stdout");
   add_log_level_flag(cmd, flags.log_level);
@@ -588,6 +592,7 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
                        "qwen3_moe models)");
     c.train.capacity_factor = *C;
   }
+  c.profiles_all = all_profiles;
   if (all_profiles && c.train.lora()) {
     // Beside the native step, hf-peft where it models the family (LLaMA, Mistral, Qwen2).
     try {

@@ -113,7 +113,8 @@ void check_layout_request(const Common& c, bool explain, bool paper, bool policy
         "--checkpointing: with --world-size above 1 give one policy (none, full, every:K, "
         "layers:LIST or budget:SIZE), not a list");
   for (const auto& p : c.profiles)
-    if (p != "native" && p != "hf-eager" && p != "megatron" && p != "zero")
+    if (p != "native" && p != "hf-eager" && p != "megatron" && p != "zero" &&
+        !(p == "hf-peft" && c.profiles_all))  // LoRA's "all": per rank, native alone
       throw InputError("--profile " + p +
                        ": with --world-size above 1 the per-rank profile is "
                        "native (the default)");

@@ -106,11 +106,30 @@ std::vector<LayerParamSpec> layer_param_specs(const ModelConfig& model, const Ac
   return out;
 }
 
+namespace {
+// LoRA under tensor parallelism (docs/native-plan.md, "LoRA per rank"): the adapter of a
+// row-parallel target (o_proj, down_proj) reads the rank's columns of its input.
+bool lora_on_row_parallel(int slot) {
+  const int t = (slot - kLoraFirst) / 2;
+  return kLoraBase[t] == kO || kLoraBase[t] == kDown;
+}
+}  // namespace
+
 bool layer_param_replicated(int slot) {
+  if (is_lora_slot(slot))  // A of a column-parallel target, B of a row-parallel one
+    return (slot == lora_a_slot((slot - kLoraFirst) / 2)) != lora_on_row_parallel(slot);
   return slot == kInNorm || slot == kPostNorm || slot == kQNorm || slot == kKNorm;
 }
 bool layer_param_row_parallel(int slot) {
+  if (is_lora_slot(slot))  // A of a row-parallel target: a block of its columns
+    return slot == lora_a_slot((slot - kLoraFirst) / 2) && lora_on_row_parallel(slot);
   return slot == kO || slot == kDown;
+}
+bool layer_param_tp_partial_grad(int slot) {
+  // A of a column-parallel target: every rank reads the whole input and the same A, its gradient
+  // d_aᵀ·x a partial (d_a = dy·B over the rank's output columns).
+  return is_lora_slot(slot) && slot == lora_a_slot((slot - kLoraFirst) / 2) &&
+         !lora_on_row_parallel(slot);
 }
 
 void LayerHost::tp_sum(const Tensor&, std::uint64_t) {
@@ -604,9 +623,12 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
   };
   auto lora_b = [&](int slot, void* y, std::int64_t out_f) {
     const int t = lora_index(slot);
-    if (run && has_lora(R, t))
-      be->matmul(y, at(kLoraRow[t]), W(lora_b_slot(t)), n, out_f, r, Trans::no, Trans::yes, scaling,
-                 1.f);
+    if (!run || !has_lora(R, t)) return;
+    // A row-parallel target's row is a partial (the rank's input columns): summed over the group
+    // first, so that every rank adds the whole c·a·Bᵀ to the summed output (and dB reads it).
+    if (R.tp && layer_param_row_parallel(slot)) H.tp_sum(A[kLoraRow[t]], std::uint64_t(n * r));
+    be->matmul(y, at(kLoraRow[t]), W(lora_b_slot(t)), n, out_f, r, Trans::no, Trans::yes, scaling,
+               1.f);
   };
   // The table's rows from `next` up to and including `last` that this pass allocates; returns
   // whether `last` itself was.
@@ -632,20 +654,25 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
   // `partial`).
   auto residual_gemm = [&](LA out, const Tensor& partial, const void* res, LA in, int slot,
                            std::int64_t width) {
+    const GemmWeight w = gemm_weight(R, l, g, slot);  // booked by every host, run or not
     if (!run) return;
     if (!R.tp) {
       be->copy(at(out), res, A[out].bytes());
-      be->matmul(at(out), at(in), gemm_weight(R, l, g, slot).ptr, n, h, width, Trans::no,
-                 Trans::yes, 1.f, 1.f);
+      be->matmul(at(out), at(in), w.ptr, n, h, width, Trans::no, Trans::yes, 1.f, 1.f);
     } else if (!sp) {
-      be->matmul(at(out), at(in), gemm_weight(R, l, g, slot).ptr, n, h, width, Trans::no,
-                 Trans::yes, 1.f, 0.f);
+      be->matmul(at(out), at(in), w.ptr, n, h, width, Trans::no, Trans::yes, 1.f, 0.f);
       H.tp_sum_add(A[out], res);
     } else {
-      be->matmul(partial.data(), at(in), gemm_weight(R, l, g, slot).ptr, n, h, width, Trans::no,
-                 Trans::yes, 1.f, 0.f);
+      be->matmul(partial.data(), at(in), w.ptr, n, h, width, Trans::no, Trans::yes, 1.f, 0.f);
       H.sp_reduce_scatter(partial, A[out], res);
     }
+  };
+  // y = xin·Wᵀ of base projection `slot` (a 4-bit weight's dequantized copy freed right after);
+  // the allocations happen on every host, the arithmetic when the layer runs.
+  auto project_into = [&](void* y, const void* xin, int slot, std::int64_t out_f,
+                          std::int64_t in_f) {
+    const GemmWeight w = gemm_weight(R, l, g, slot);
+    if (run) be->matmul(y, xin, w.ptr, n, out_f, in_f, Trans::no, Trans::yes, 1.f, 0.f);
   };
 
   through(LA::xn1);  // rstd1, xn1
@@ -655,21 +682,24 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
   if (sp && run) H.sp_gather(A[LA::xn1], gath, h);
   const void* xn1_all = sp ? gath.data() : at(LA::xn1);  // the projections' input
   through(LA::lora_v);  // (qk_norm: q_pre, k_pre, q_rstd, k_rstd), q, k, v (LoRA: their rows)
-  if (run) {
+  {
     // The projections (q and k into q_pre and k_pre when they are normed), each bias added in
     // place right after its GEMM, then its adapter's share.
     void* q_proj = qkn ? at(LA::q_pre) : at(LA::q);
     void* k_proj = qkn ? at(LA::k_pre) : at(LA::k);
     auto project = [&](void* out, int weight, int bias, std::int64_t width) {
-      be->matmul(out, xn1_all, gemm_weight(R, l, g, weight).ptr, n, width, h, Trans::no, Trans::yes,
-                 1.f, 0.f);
-      if (m.qkv_bias) be->bias_forward(out, W(bias), n, width);
+      project_into(out, xn1_all, weight, width, h);
+      if (run && m.qkv_bias) be->bias_forward(out, W(bias), n, width);
       lora_a(weight, xn1_all, h);
       lora_b(weight, out, width);
     };
     project(q_proj, kQ, kQBias, ad);
     project(k_proj, kK, kKBias, kd);
     project(at(LA::v), kV, kVBias, kd);
+  }
+  if (run) {
+    void* q_proj = qkn ? at(LA::q_pre) : at(LA::q);
+    void* k_proj = qkn ? at(LA::k_pre) : at(LA::k);
     if (qkn) {  // RMSNorm over each head: n·a (n·k) rows of width d, before RoPE (as HF)
       be->rmsnorm_forward(at(LA::q), at_f(LA::q_rstd), q_proj, W(kQNorm), n * a, d, eps);
       be->rmsnorm_forward(at(LA::k), at_f(LA::k_rstd), k_proj, W(kKNorm), n * k, d, eps);
@@ -705,16 +735,12 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
     if (!moe_mlp_forward(R, l, g, A, pass, xn2_all, through)) return;  // the recompute stops
   } else {
     through(LA::lora_up);  // gate, up (LoRA: their rows)
-    if (run) {
-      be->matmul(at(LA::gate), xn2_all, gemm_weight(R, l, g, kGate).ptr, n, i, h, Trans::no,
-                 Trans::yes, 1.f, 0.f);
-      lora_a(kGate, xn2_all, h);
-      lora_b(kGate, at(LA::gate), i);
-      be->matmul(at(LA::up), xn2_all, gemm_weight(R, l, g, kUp).ptr, n, i, h, Trans::no, Trans::yes,
-                 1.f, 0.f);
-      lora_a(kUp, xn2_all, h);
-      lora_b(kUp, at(LA::up), i);
-    }
+    project_into(at(LA::gate), xn2_all, kGate, i, h);
+    lora_a(kGate, xn2_all, h);
+    lora_b(kGate, at(LA::gate), i);
+    project_into(at(LA::up), xn2_all, kUp, i, h);
+    lora_a(kUp, xn2_all, h);
+    lora_b(kUp, at(LA::up), i);
     gath.reset();
     through(LA::act);  // silu(gate) · up
     if (run) be->swiglu_forward(at(LA::act), at(LA::gate), at(LA::up), n * i);
@@ -808,9 +834,8 @@ void decoder_layer_backward(const LayerRank& R, std::int64_t l, int g, LayerActs
   auto linear_backward = [&](int slot, void* dx, const void* dy, const void* xin,
                              std::int64_t out_f, std::int64_t in_f, float dx_beta) {
     if (frozen) {
-      if (run)
-        be->matmul(dx, dy, gemm_weight(R, l, g, slot).ptr, n, in_f, out_f, Trans::no, Trans::no,
-                   1.f, dx_beta);
+      const GemmWeight w = gemm_weight(R, l, g, slot);  // booked by every host, run or not
+      if (run) be->matmul(dx, dy, w.ptr, n, in_f, out_f, Trans::no, Trans::no, 1.f, dx_beta);
     } else {
       void* dW = H.grad(l, slot);
       if (run) {

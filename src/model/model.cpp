@@ -120,7 +120,6 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
   // 1. params, D, in HF order. QLoRA: each base projection as bitsandbytes' 4-bit tensors
   // (docs/native-plan.md, "QLoRA"): the packed pairs under the weight's name, then its absmax,
   // code, and under double quantization the nested absmax, nested code and offset.
-  const std::int64_t qbs = train_.quant_blocksize;
   auto add = [&](std::string name, int layer, std::vector<std::int64_t> shape, bool quantized) {
     Parameter p;
     // LoRA: only the adapters train (docs/native-plan.md, "LoRA").
@@ -133,26 +132,8 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
       params_.push_back(std::move(p));
       return;
     }
-    const std::int64_t n = std::int64_t(p.numel()), nb = (n + qbs - 1) / qbs;
-    auto q4 = [&](const char* what, std::vector<std::int64_t> s, DType dt) {
-      return ledger_.allocate(p.name + what, Category::params, layer, std::move(s), dt);
-    };
-    p.value = q4("", {(n + 1) / 2, 1}, DType::u8);
-    Quant4Param q;
-    q.absmax = q4(".absmax", {nb}, train_.double_quant ? DType::u8 : f32);
-    q.quant_map = q4(".quant_map", {16}, f32);
-    if (train_.double_quant) {
-      q.nested_absmax =
-          q4(".nested_absmax", {(nb + kQuantNestedBlock - 1) / kQuantNestedBlock}, f32);
-      q.nested_quant_map = q4(".nested_quant_map", {256}, f32);
-      q.nested_offset = q4(".nested_offset", {1}, f32);
-    }
-    q.view.packed = p.value.as<std::uint8_t>();
-    q.view.absmax = q.absmax.data();
-    q.view.nested_absmax = q.nested_absmax ? q.nested_absmax.as<float>() : nullptr;
-    q.view.nested_code = q.nested_quant_map ? q.nested_quant_map.as<float>() : nullptr;
-    q.view.out = p.shape[0];
-    q.view.in = p.shape[1];
+    Quant4Param q = allocate_quant4(ledger_, p.name, layer, p.shape, train_);
+    p.value = std::move(q.packed);  // the packed pairs, under the weight's name
     p.quant = int(quant_.size());
     quant_.push_back(std::move(q));
     params_.push_back(std::move(p));
@@ -286,33 +267,9 @@ void LlamaModel::init_parameter(std::size_t pi, std::uint64_t seed) {
 }
 
 void LlamaModel::quantize_parameter(std::size_t pi, const std::function<void(void*)>& fill) {
-  // bitsandbytes' Params4bit._quantize, with trainmem's transients (workspace, phase setup):
-  // the dense weight (D) and, under double quantization, its fp32 absmax and the 8-bit
-  // quantizer's lookup table; the offset is the absmax's mean (docs/native-plan.md, "QLoRA").
-  auto ph = ledger_.scope(Phase::setup);
   Parameter& p = params_[pi];
-  Quant4Param& q = quant_[std::size_t(p.quant)];
-  const std::int64_t n = std::int64_t(p.numel()), bs = train_.quant_blocksize,
-                     nb = (n + bs - 1) / bs;
-  const Quant4Type type = quant4_type(train_.quant);
-  const bool dq = train_.double_quant;
-  Tensor lut;
-  if (dq) lut = ws("quantize.nested_lut", p.layer, {kBnbLutEntries}, DType::u8);
-  be_.quant4_tables(q.quant_map.as<float>(), dq ? q.nested_quant_map.as<float>() : nullptr,
-                    dq ? lut.as<std::uint8_t>() : nullptr, type);
-  Tensor dense = ws("quantize.weight", p.layer, p.shape, D_);
-  if (be_.computes()) fill(dense.data());
-  Tensor absmax32;
-  if (dq) absmax32 = ws("quantize.absmax", p.layer, {nb}, f32);
-  float* am = dq ? absmax32.as<float>() : q.absmax.as<float>();
-  be_.quantize_4bit(p.value.as<std::uint8_t>(), am, dense.data(), n, bs, type);
-  dense.reset();
-  if (!dq) return;
-  const float offset = be_.double_quant_offset(am, nb);
-  if (be_.computes()) be_.upload(q.nested_offset.data(), &offset, sizeof offset);
-  q.view.offset = offset;
-  be_.quantize_blockwise8(q.absmax.as<std::uint8_t>(), q.nested_absmax.as<float>(), am, offset, nb,
-                          kQuantNestedBlock, lut.as<std::uint8_t>());
+  quantize4(ledger_, &be_, p.value.as<std::uint8_t>(), quant_[std::size_t(p.quant)], p.layer,
+            p.shape, train_, fill);
 }
 
 void LlamaModel::set_parameter_values(const std::string& hf_name,

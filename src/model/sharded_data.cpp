@@ -7,11 +7,13 @@ namespace trainmem {
 
 ParamInit ShardedStep::Impl::init_of(std::size_t q) const {
   ParamInit init;
-  if (P[q].shape.size() == 1) {  // norms 1, biases 0 (LlamaModel::init_random)
+  const int sl = P[q].slot;
+  const bool lora_b = is_lora_slot(sl) && sl == lora_b_slot((sl - kLoraFirst) / 2);
+  if (P[q].shape.size() == 1 || lora_b) {  // norms 1, biases 0, LoRA's B 0 (LlamaModel's)
     const std::string& nm = P[q].name;
     const bool is_bias = nm.size() > 5 && nm.compare(nm.size() - 5, 5, ".bias") == 0;
     init.kind = ParamInit::Kind::constant;
-    init.value = is_bias ? 0.0f : 1.0f;
+    init.value = is_bias || lora_b ? 0.0f : 1.0f;
   } else {
     init.kind = ParamInit::Kind::normal;
     init.scale = 0.02f;
@@ -53,6 +55,7 @@ const SafeTensorsReader* ShardedStep::Impl::weights_file(std::size_t q) const {
                          ", expected a floating dtype");
       return f;
     }
+  if (is_lora_slot(P[q].slot)) return nullptr;  // an adapter the base checkpoint lacks: fresh
   throw InputError("--weights " + X->weights.front()->path() +
                    (X->weights.size() > 1 ? " (and its other shards)" : "") + ": missing tensor '" +
                    name + "' (needed by model " + m.name + ")");
@@ -60,12 +63,16 @@ const SafeTensorsReader* ShardedStep::Impl::weights_file(std::size_t q) const {
 
 std::vector<float> ShardedStep::Impl::rank_values(std::size_t q) const {
   std::vector<float> f(P[q].n);
-  if (X->weights.empty()) {
-    const ParamInit init = init_of(q);
+  const SafeTensorsReader* in = X->weights.empty() ? nullptr : weights_file(q);
+  if (!in) {
+    // Random, or a LoRA adapter the files lack: it starts as LlamaModel::load_weights starts it
+    // (B zero, A drawn with seed 0).
+    ParamInit init = init_of(q);
+    if (!X->weights.empty()) init.seed = 0;
     for (std::uint64_t e = 0; e < P[q].n; ++e) f[e] = param_init_value(init, global_elem(q, e));
     return f;
   }
-  const SafeTensorsReader& file = *weights_file(q);
+  const SafeTensorsReader& file = *in;
   const std::string name = file_name(q);
   const int sl = P[q].slot;
   if (p.tp > 1 && sl >= 0 &&
@@ -84,6 +91,20 @@ void ShardedStep::Impl::initialise() {
   // Parameters (ZeRO < 3), with the per-parameter master copy under ZeRO 0: the backend's
   // init, or under tensor parallelism or from --weights the rank's elements made on the host.
   for (std::size_t q = 0; q < value.size(); ++q) {
+    if (P[q].quant >= 0) {  // QLoRA: the D weight quantized into its 4-bit tensors
+      quantize4(ledger, be, value[q].as<std::uint8_t>(), quant[std::size_t(P[q].quant)], P[q].layer,
+                P[q].shape, t, [&](void* dense) {
+                  if (p.tp == 1 && X->weights.empty()) {
+                    be->init_param(dense, nullptr, P[q].n, init_of(q));
+                    return;
+                  }
+                  const std::vector<float> f = rank_values(q);
+                  std::vector<unsigned char> raw(P[q].n * es);
+                  for (std::uint64_t e = 0; e < P[q].n; ++e) store_from_f32(raw.data(), e, D, f[e]);
+                  be->upload(dense, raw.data(), raw.size());
+                });
+      continue;
+    }
     float* master = states.empty() ? nullptr : states[q].master.as<float>();
     if (p.tp == 1 && X->weights.empty()) {
       be->init_param(value[q].data(), master, P[q].n, init_of(q));
@@ -112,7 +133,7 @@ void ShardedStep::Impl::initialise() {
     std::vector<float> f(std::size_t(hi - lo));
     for (std::size_t q = 0; q < P.size(); ++q) {
       const std::uint64_t a = std::max(lo, P[q].off), z = std::min(hi, P[q].off + P[q].n);
-      if (a >= z) continue;
+      if (a >= z || !P[q].trainable) continue;
       const std::vector<float> v = rank_values(q);
       std::copy(v.begin() + std::ptrdiff_t(a - P[q].off), v.begin() + std::ptrdiff_t(z - P[q].off),
                 f.begin() + std::ptrdiff_t(a - lo));
@@ -315,36 +336,39 @@ void ShardedStep::Impl::for_owned(
     const std::function<void(std::size_t, std::uint64_t, std::uint64_t)>& f) const {
   for (std::size_t q = 0; q < P.size(); ++q) {
     const std::uint64_t a = std::max(lo, P[q].off), z = std::min(hi, P[q].off + P[q].n);
-    if (a < z) f(q, a, z);
+    if (a < z && P[q].trainable) f(q, a, z);
   }
 }
 
 void ShardedStep::Impl::broadcast_owned_slices() {
   be->synchronize();
   for (std::size_t q = 0; q < P.size(); ++q)
-    by_owner(P[q].off, P[q].off + P[q].n, [&](int owner, std::uint64_t a, std::uint64_t z) {
-      X->data.broadcast(elem_ptr(value[q], a - P[q].off), z - a, D, owner);
-    });
+    if (P[q].trainable)
+      by_owner(P[q].off, P[q].off + P[q].n, [&](int owner, std::uint64_t a, std::uint64_t z) {
+        X->data.broadcast(elem_ptr(value[q], a - P[q].off), z - a, D, owner);
+      });
 }
 
 bool ShardedStep::Impl::tp_partial(int q) const {
   const int sl = P[std::size_t(q)].slot;
   if (!tpx) return false;
   if (sl == kQNorm || sl == kKNorm) return true;
+  if (sl >= 0 && layer_param_tp_partial_grad(sl)) return true;  // LoRA: a column target's A
   return sp && (sl == kInNorm || sl == kPostNorm || q == norm_i);
 }
 
 void ShardedStep::Impl::optimizer_step() {
   be->synchronize();
-  if (tie_group) {  // the embedding's gradient: its first-stage and last-stage parts summed
+  if (tie_group && !t.lora()) {  // the embedding's gradient: its first and last stage's summed
     const int q = first ? embed_i : head_i;
     tie_sum(grads[std::size_t(q)].data(), P[std::size_t(q)].n);
   }
   if (p.zero < 2)
     for (std::size_t q = 0; q < P.size(); ++q)
-      if (tp_partial(int(q))) T->all_reduce_sum(grads[q].data(), P[q].n, D);
+      if (P[q].trainable && tp_partial(int(q))) T->all_reduce_sum(grads[q].data(), P[q].n, D);
   if (p.zero < 2)
-    for (std::size_t q = 0; q < P.size(); ++q) X->data.all_reduce_sum(grads[q].data(), P[q].n, D);
+    for (std::size_t q = 0; q < P.size(); ++q)
+      if (P[q].trainable) X->data.all_reduce_sum(grads[q].data(), P[q].n, D);
   const float gs = 1.0f / S;
   if (offx) {
     offload_step(gs);
@@ -361,7 +385,7 @@ void ShardedStep::Impl::optimizer_step() {
   };
   if (p.zero == 0) {
     for (std::size_t q = 0; q < P.size(); ++q)
-      update(value[q].data(), grads[q].data(), states[q], 0, P[q].n);
+      if (P[q].trainable) update(value[q].data(), grads[q].data(), states[q], 0, P[q].n);
     return;
   }
   if (p.zero == 3) {

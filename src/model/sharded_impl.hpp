@@ -23,6 +23,7 @@
 #include "trainmem/model/activation_offload.hpp"
 #include "trainmem/model/decoder_layer.hpp"
 #include "trainmem/model/model.hpp"
+#include "trainmem/model/quant4_param.hpp"
 #include "trainmem/model/sharded_step.hpp"
 
 namespace trainmem {
@@ -43,7 +44,7 @@ struct ShardedStep::Impl : LayerHost {
   // Context parallelism: s is the rank's s_full/cp rows of the whole sequence s_full, at the
   // positions of its two chunks (SeqPositions::of_rank of cp index cr).
   std::int64_t s_full, cp;
-  std::uint64_t Pk = 0;  // the stage's parameter elements
+  std::uint64_t Pk = 0;  // the stage's trainable parameter elements (the flat vector's)
   int step = 0;
 
   // Measured runs.
@@ -140,9 +141,15 @@ struct ShardedStep::Impl : LayerHost {
     int layer;
     Shape shape;
     int slot = -1;          // Slot of a layer parameter, -1 otherwise
-    std::uint64_t off = 0;  // first element in the flat vector
+    std::uint64_t off = 0;  // first element in the flat vector (trainable parameters only)
     std::uint64_t n = 0;    // elements
+    // LoRA: only the adapters train; a frozen parameter has no gradient, no optimizer state and
+    // no place in the flat vector (docs/distributed.md, "LoRA per rank").
+    bool trainable = true;
+    int quant = -1;  // QLoRA: its index in `quant` (a frozen 4-bit base projection), else -1
   };
+  // QLoRA: each 4-bit weight's tensors but the packed pairs (its `value`), by ParamShape::quant.
+  std::vector<Quant4Param> quant;
   std::vector<ParamShape> P;
   std::vector<std::array<int, kLayerParams>>
       lidx;                                    // [local layer][slot] -> index in P, -1 if absent
@@ -301,7 +308,12 @@ struct ShardedStep::Impl : LayerHost {
 
   // ---------------------------------------------------------------- forward
   // The decoder layer (decoder_layer.hpp) with the rank's slice; this Impl is its host.
-  ActDims dims() const { return ActDims{b, s, h, i, a, k, d, sr}; }
+  ActDims dims() const {
+    ActDims dm{b, s, h, i, a, k, d, sr};
+    dm.r = t.lora_rank;
+    dm.lora = t.lora() ? t.lora_targets : 0u;
+    return dm;
+  }
   LayerRank layer_rank() {
     LayerRank lr{m, t, ledger, run ? be : nullptr, *this, dims(), sp, tpx};
     lr.cp = cp;
@@ -310,6 +322,12 @@ struct ShardedStep::Impl : LayerHost {
     return lr;
   }
   const void* weight(std::int64_t l, int slot) override { return LW(l, slot); }
+  const Quant4View* quant4(std::int64_t l, int slot) override {
+    const int q = Li(l, slot);
+    return q >= 0 && P[std::size_t(q)].quant >= 0
+               ? &quant[std::size_t(P[std::size_t(q)].quant)].view
+               : nullptr;
+  }
   void* grad(std::int64_t l, int slot) override { return run ? G(Li(l, slot)) : nullptr; }
   void grad_done(std::int64_t l, int slot) override {
     if (run) G_done(Li(l, slot));

@@ -39,13 +39,17 @@ std::vector<ShardedStep::Impl::ParamShape> ShardedStep::Impl::param_shapes() con
   for (std::int64_t l = 0; l < Ls; ++l) {
     const int g = global_layer(l);
     const std::string pre = "model.layers." + std::to_string(g) + ".";
-    for (const LayerParamSpec& spec : specs)
+    for (const LayerParamSpec& spec : specs) {
       v.push_back({pre + spec.name, g, spec.shape, spec.slot});
+      v.back().trainable = !t.lora() || is_lora_slot(spec.slot);
+    }
   }
   if (last) {
     v.push_back({"model.norm.weight", -1, {h}});
     if (!tied_here) v.push_back({"lm_head.weight", -1, {V, h}});
   }
+  for (ParamShape& q : v)
+    if (q.slot < 0) q.trainable = !t.lora();  // LoRA: the embedding, final norm and head frozen
   return v;
 }
 
@@ -63,9 +67,11 @@ void ShardedStep::Impl::setup() {
   for (auto& row : lidx) row.fill(-1);
   for (std::size_t q = 0; q < P.size(); ++q) {
     P[q].n = numel(P[q].shape);
-    P[q].off = Pk;
-    Pk = checked_add(Pk, P[q].n, "parameters");
-    largest = std::max(largest, P[q].n);
+    if (P[q].trainable) {  // the flat vector holds the parameters that train
+      P[q].off = Pk;
+      Pk = checked_add(Pk, P[q].n, "parameters");
+      largest = std::max(largest, P[q].n);
+    }
     const int qi = int(q);
     if (P[q].slot >= 0)
       lidx[std::size_t(P[q].layer - global_layer(0))][std::size_t(P[q].slot)] = qi;
@@ -109,14 +115,27 @@ void ShardedStep::Impl::setup() {
   if (p.zero == 3) {
     if (!off_params) params_shard = alloc("params.shard", Category::params, -1, {shard_n}, D);
   } else {
-    for (const auto& q : P) value.push_back(alloc(q.name, Category::params, q.layer, q.shape, D));
+    for (auto& q : P) {
+      if (!t.quantized() || q.slot < 0 || !is_quantizable_slot(q.slot)) {
+        value.push_back(alloc(q.name, Category::params, q.layer, q.shape, D));
+        continue;
+      }
+      // QLoRA: bitsandbytes' tensors of the frozen projection (check_lora_layout: tp 1, so the
+      // whole weight); the packed pairs are its value.
+      Quant4Param qp = allocate_quant4(ledger, q.name, q.layer, q.shape, t);
+      value.push_back(std::move(qp.packed));
+      q.quant = int(quant.size());
+      quant.push_back(std::move(qp));
+    }
   }
   // 2. gradients.
   if (p.zero >= 2) {
     if (!off) grads_shard = alloc("grads.shard", Category::gradients, -1, {shard_n}, D);
   } else {
     for (const auto& q : P)
-      grads.push_back(alloc(q.name + ".grad", Category::gradients, q.layer, q.shape, D));
+      grads.push_back(q.trainable
+                          ? alloc(q.name + ".grad", Category::gradients, q.layer, q.shape, D)
+                          : Tensor{});
   }
   // 3. optimizer states, f32.
   if (!off) {
@@ -137,7 +156,8 @@ void ShardedStep::Impl::setup() {
       add(shard_states, "shard", -1, {shard_n});
     } else {
       states.resize(P.size());
-      for (std::size_t q = 0; q < P.size(); ++q) add(states[q], P[q].name, P[q].layer, P[q].shape);
+      for (std::size_t q = 0; q < P.size(); ++q)
+        if (P[q].trainable) add(states[q], P[q].name, P[q].layer, P[q].shape);
     }
   }
   // 4. inputs of one micro-batch.

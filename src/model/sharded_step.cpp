@@ -138,9 +138,11 @@ void ShardedStep::Impl::backward(std::int64_t mb) {
       be->matmul(d_fno.data(), B.logits.data(), W(hu, head_i), n, h, V, Trans::no, Trans::no, 1.f,
                  0.f);
       if (tpx && !sp) tp_sum(d_fno, std::uint64_t(n * h));
-      be->matmul(G(head_i), B.logits.data(), sp ? gath.data() : B.final_norm_out.data(), V, h, n,
-                 Trans::yes, Trans::no, 1.f, 1.f);
-      G_done(head_i);
+      if (P[std::size_t(head_i)].trainable) {  // LoRA: a frozen head has no gradient
+        be->matmul(G(head_i), B.logits.data(), sp ? gath.data() : B.final_norm_out.data(), V, h, n,
+                   Trans::yes, Trans::no, 1.f, 1.f);
+        G_done(head_i);
+      }
     }
     gath.reset();
     B.logits.reset();
@@ -154,9 +156,10 @@ void ShardedStep::Impl::backward(std::int64_t mb) {
     if (run) {
       const void* xL = Ls > 0 ? B.layers.back()[LayerAct::out].data() : B.input.data();
       be->fill_zero(d_res.data(), d_res.bytes());
-      be->rmsnorm_backward(d_res.data(), G(norm_i), d_fno.data(), xL, W(hu, norm_i),
-                           B.final_rstd.as<float>(), b * sr, h);
-      G_done(norm_i);
+      const bool trains = P[std::size_t(norm_i)].trainable;
+      be->rmsnorm_backward(d_res.data(), trains ? G(norm_i) : nullptr, d_fno.data(), xL,
+                           W(hu, norm_i), B.final_rstd.as<float>(), b * sr, h);
+      if (trains) G_done(norm_i);
     }
     d_fno.reset();
     B.final_norm_out.reset();
@@ -174,7 +177,9 @@ void ShardedStep::Impl::backward(std::int64_t mb) {
     if (offload) offload->after_backward(l);
   }
   window(seq.size());  // the embedding's backward needs no weight
-  if (first) {         // the embedding: from the whole sequence's d_residual (gathered under sp)
+  // The embedding (LoRA: frozen, no backward): from the whole sequence's d_residual (gathered
+  // under sp).
+  if (first && P[std::size_t(embed_i)].trainable) {
     Tensor gath;
     if (sp) gath = comm("d_residual.gathered", -1, {b, s, h}, D);
     if (run) {
@@ -199,7 +204,8 @@ float ShardedStep::Impl::train_step() {
   if (offload) offload->begin_step(step);
   if (run) {
     loss_sum = 0;
-    for (auto& gq : grads) be->fill_zero(gq.data(), gq.bytes());
+    for (auto& gq : grads)
+      if (gq) be->fill_zero(gq.data(), gq.bytes());
     if (grads_shard) be->fill_zero(grads_shard.data(), grads_shard.bytes());
     std::fill(h_grad.begin(), h_grad.end(), 0.0f);
   }
@@ -232,6 +238,8 @@ std::vector<float> ShardedStep::Impl::parameter_values(const std::string& name) 
   std::size_t q = 0;
   while (q < P.size() && P[q].name != name) ++q;
   if (q == P.size()) throw InputError("sharded step: no parameter named '" + name + "'");
+  if (P[q].quant >= 0)
+    throw Error("sharded step: " + name + " is a 4-bit weight; the layer dequantizes it");
   std::vector<unsigned char> raw(P[q].n * es);
   if (p.zero < 3) {
     be->download(raw.data(), value[q].data(), raw.size());
@@ -315,9 +323,7 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
   }
   if (layout.cp > 1 && train.attention != Attention::flash)  // resolve's rule, for any caller
     throw InputError("--cp " + std::to_string(layout.cp) + " needs --attention flash");
-  if (train.lora())
-    throw InputError(
-        "--finetune lora with a parallel layout: the LoRA step runs on one GPU (world size 1)");
+  check_lora_layout(layout, train);
   if (train.offload_activations) {
     if (layout.pp > 1) throw InputError("--offload-activations with --pp above 1 is not modelled");
     impl_->offload =
@@ -352,6 +358,12 @@ std::vector<std::uint64_t> ShardedStep::parameter_elements(const std::string& hf
       return v;
     }
   throw InputError("sharded step: no parameter named '" + hf_name + "'");
+}
+
+bool ShardedStep::is_4bit(const std::string& hf_name) const {
+  for (const auto& q : impl_->P)
+    if (q.name == hf_name) return q.quant >= 0;
+  return false;
 }
 
 std::uint64_t ShardedStep::host_bytes() const {

@@ -10,6 +10,7 @@
 #include "trainmem/base/bytes.hpp"
 #include "trainmem/base/checked.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/base/lora.hpp"
 #include "trainmem/report/replay_report.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/report_writer.hpp"
@@ -218,7 +219,7 @@ void describe_layout(report::ReportWriter& w, const LayoutEstimate& le, ByteUnit
          std::to_string(le.global_batch) + " = b·M·dp), s " + std::to_string(t.seq) + ", " +
          dtype_name(t.dtype) + ", " + optimizer_name(t.optimizer) + ", checkpointing " +
          checkpointing_name(t) + ", " + attention_name(t.attention) +
-         " attention; profile native (docs/distributed.md)");
+         " attention; profile native (docs/distributed.md)" + train_title_extras(t));
   if (const std::string family = report::family_line(le.model); !family.empty()) w.line(family);
   w.heading("Per rank at its peak (" + std::string(u.name) +
             "; ranks of one pipeline stage have identical books)");
@@ -241,6 +242,9 @@ void describe_layout(report::ReportWriter& w, const LayoutEstimate& le, ByteUnit
   }
   w.item("peak instant: " + worst.est.instants[worst.est.peak_instant].name);
   w.item("parameters on the rank: " + report::with_commas(worst.local_params) +
+         (le.train.lora()
+              ? " (" + report::with_commas(worst.est.trainable_params) + " trainable: the adapters)"
+              : std::string()) +
          (le.layout.zero >= 1 ? ", ZeRO shard " + report::with_commas(worst.shard_elements) +
                                     " (padding " + report::with_commas(worst.padding_elements) + ")"
                               : ""));
@@ -399,7 +403,7 @@ std::string render_compare_layout(const LayoutEstimate& le,
           std::to_string(le.global_batch) + "), s " + std::to_string(t.seq) + ", " +
           dtype_name(t.dtype) + ", " + optimizer_name(t.optimizer) + ", " +
           attention_name(t.attention) + " attention; checkpointing none vs " + policy +
-          ", per rank");
+          ", per rank" + train_title_extras(t));
   if (const std::string family = report::family_line(le.model); !family.empty()) w->line(family);
   const bool reserved = !rows.empty() && rows.front().reserved_none.has_value();  // --allocator
   auto table = [&](bool exact) {

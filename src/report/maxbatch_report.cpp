@@ -63,7 +63,7 @@ std::string attention_text(const MaxbatchRequest& rq) {
 
 // " finetune=qlora r=16 targets=all-linear" for hf-peft, else "".
 std::string finetune_text(const MaxbatchRequest& rq) {
-  if (!rq.hf_peft) return "";
+  if (!rq.hf_peft) return train_title_extras(rq.train);  // the native step's own LoRA, if any
   const PeftOptions& p = rq.hf_peft->peft;
   return std::string(" finetune=") + finetune_name(p.finetune) + " r=" + std::to_string(p.rank) +
          " targets=" + lora_targets_name(p.targets);
@@ -120,7 +120,7 @@ std::string render_layout(const MaxbatchRequest& rq, const MaxbatchResult& m,
   row(m.next, s.at_next);
   auto w = report::make_writer(format, colour);
   w->title("trainmem maxbatch per rank: " + model.name + ", " + std::to_string(par.world) +
-           " GPUs: " + par.describe());
+           " GPUs: " + par.describe() + train_title_extras(rq.train));
   if (const std::string family = report::family_line(model); !family.empty()) w->paragraph(family);
   w->paragraph("budget per GPU " + format_bytes_with_unit(budget_bytes, u) + " (" + budget_source +
                "); overheads " + format_bytes_with_unit(over.total(), u) +

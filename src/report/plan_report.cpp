@@ -8,6 +8,7 @@
 
 #include "trainmem/analytic/analytic_rank.hpp"
 #include "trainmem/base/bytes.hpp"
+#include "trainmem/base/lora.hpp"
 #include "trainmem/report/report.hpp"
 
 namespace trainmem::report {
@@ -122,6 +123,14 @@ json plan_json(const PlanResult& r) {
   const PlanOptions& o = r.options;
   json optimizers = json::array();
   for (Optimizer x : o.optimizers) optimizers.push_back(optimizer_name(x));
+  // The recipe every layout trains (--finetune): full, or LoRA's rank and targets.
+  const TrainConfig& ft = o.finetune;
+  json finetune{{"finetune", !ft.lora() ? "full" : ft.quantized() ? "qlora" : "lora"}};
+  if (ft.lora()) {
+    finetune["lora_rank"] = ft.lora_rank;
+    finetune["lora_targets"] = lora_targets_name(ft.lora_targets);
+    if (ft.quantized()) finetune["quant"] = quant_name(ft.quant);
+  }
   json policies = json::array(), offload = json::array();
   for (const PlanPolicy& p : o.policies) policies.push_back(p.name());
   for (bool on : o.activation_offload) offload.push_back(on);
@@ -140,6 +149,7 @@ json plan_json(const PlanResult& r) {
               {"optimizers", optimizers},
               {"checkpointing", policies},
               {"activation_offload", offload},
+              {"finetune", finetune},
               {"top", o.top}}},
             {"cost_model",
              {{"tflops", o.cost.tflops},
@@ -259,7 +269,8 @@ void write_prose(ReportWriter& w, const PlanResult& r) {
   w.title("trainmem plan: " + r.model.name + " (" +
           report::fixed(static_cast<double>(r.model.param_count()) / 1e9, 2) + " B params) on " +
           str(o.gpus) + " GPUs × " + q(o.gpu_memory) + ", seq " + str(o.seq) + ", global batch " +
-          str(o.global_batch) + ", " + dtype_name(o.dtype) + ", " + optimizers);
+          str(o.global_batch) + ", " + dtype_name(o.dtype) + ", " + optimizers +
+          train_title_extras(o.finetune));
   w.paragraph_break();
   if (const std::string family = report::family_line(r.model); !family.empty()) w.paragraph(family);
   w.paragraph("budget per GPU " + q(r.budget) + " = " + q(o.gpu_memory) + " × (1 − " +

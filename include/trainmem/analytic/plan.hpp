@@ -90,6 +90,10 @@ struct PlanOptions {
   DType dtype = DType::bf16;      // --dtype
   // The choices enumerated (the CLI fixes the optimizer with --optimizer; tests narrow others).
   std::vector<Optimizer> optimizers = {Optimizer::adamw};
+  // The fine-tune every layout trains (--finetune and the LoRA flags): only its LoRA and
+  // quantization fields are read (docs/distributed.md, "LoRA per rank"); a full fine-tune by
+  // default.
+  TrainConfig finetune;
   std::vector<int> zero_stages = {0, 1, 2, 3};
   std::vector<PlanPolicy> policies = {{PlanPolicy::Kind::none},
                                       {PlanPolicy::Kind::selective},

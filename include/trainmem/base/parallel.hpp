@@ -52,6 +52,11 @@ struct ParallelConfig {
   std::string describe() const;
 };
 
+// LoRA under a parallel layout (docs/distributed.md, "LoRA per rank"): InputError naming the
+// flags for what the sharded step does not model (a 4-bit base, ZeRO-3, sp, dropout under tp);
+// nothing on one GPU. resolve() calls it; so do the sharded step and the per-rank profile.
+void check_lora_layout(const ParallelConfig& layout, const TrainConfig& train);
+
 // "1" / "2" / "3" / "0", or FSDP's names: "FULL_SHARD" (3), "SHARD_GRAD_OP" (2), "NO_SHARD" (0).
 std::optional<int> parse_zero(const std::string& s);
 

@@ -111,9 +111,14 @@ std::vector<LayerParamSpec> layer_param_specs(const ModelConfig& model, const Ac
                                               bool moe_layer);
 // Whether the slot is the same on every tensor-parallel rank (the norms), rather than a block of
 // rows (column-parallel q/k/v with their biases, gate, up) or of columns (row-parallel o_proj,
-// down_proj).
+// down_proj). LoRA (docs/native-plan.md, "LoRA per rank"): a column-parallel target's A is
+// replicated and its B a block of rows; a row-parallel target's A a block of columns and its B
+// replicated.
 bool layer_param_replicated(int slot);
 bool layer_param_row_parallel(int slot);
+// A replicated slot whose gradient each rank computes as a partial sum over the group (the A of
+// a column-parallel LoRA target).
+bool layer_param_tp_partial_grad(int slot);
 
 // Activations of one layer: one tensor per row of kLayerActs, empty while not allocated.
 struct LayerActs {

@@ -51,6 +51,7 @@
 #include "trainmem/model/decoder_layer.hpp"
 #include "trainmem/model/model_acts.hpp"
 #include "trainmem/model/optimizer.hpp"
+#include "trainmem/model/quant4_param.hpp"
 
 namespace trainmem {
 
@@ -245,11 +246,8 @@ class LlamaModel : private LayerHost {
   DType D_;
   std::int64_t b_, s_, h_, i_, a_, k_, d_, V_, n_;  // n = b*s rows
   std::vector<Parameter> params_;
-  // QLoRA: each 4-bit weight's other tensors (bitsandbytes' QuantState), by Parameter::quant.
-  struct Quant4Param {
-    Tensor absmax, quant_map, nested_absmax, nested_quant_map, nested_offset;
-    Quant4View view;
-  };
+  // QLoRA: each 4-bit weight's other tensors (bitsandbytes' QuantState), by Parameter::quant
+  // (its packed pairs are the Parameter's value).
   std::vector<Quant4Param> quant_;
   std::vector<LayerRouting> routing_;  // per layer, the last forward's (MoE, computing backends)
   // The load-balancing loss (ModelConfig::output_router_logits): per expert, over every layer of

@@ -1,0 +1,64 @@
+// A frozen 4-bit base weight's storage and quantization (include/trainmem/model/quant4_param.hpp).
+#include "trainmem/model/quant4_param.hpp"
+
+namespace trainmem {
+
+Quant4Param allocate_quant4(Ledger& ledger, const std::string& name, int layer,
+                            const std::vector<std::int64_t>& shape, const TrainConfig& train) {
+  const std::int64_t n = shape.at(0) * shape.at(1), bs = train.quant_blocksize,
+                     nb = (n + bs - 1) / bs;
+  auto q4 = [&](const char* what, std::vector<std::int64_t> s, DType dt) {
+    return ledger.allocate(name + what, Category::params, layer, std::move(s), dt);
+  };
+  Quant4Param q;
+  q.packed = q4("", {(n + 1) / 2, 1}, DType::u8);
+  q.absmax = q4(".absmax", {nb}, train.double_quant ? DType::u8 : DType::f32);
+  q.quant_map = q4(".quant_map", {16}, DType::f32);
+  if (train.double_quant) {
+    q.nested_absmax =
+        q4(".nested_absmax", {(nb + kQuantNestedBlock - 1) / kQuantNestedBlock}, DType::f32);
+    q.nested_quant_map = q4(".nested_quant_map", {256}, DType::f32);
+    q.nested_offset = q4(".nested_offset", {1}, DType::f32);
+  }
+  q.view.packed = q.packed.as<std::uint8_t>();
+  q.view.absmax = q.absmax.data();
+  q.view.nested_absmax = q.nested_absmax ? q.nested_absmax.as<float>() : nullptr;
+  q.view.nested_code = q.nested_quant_map ? q.nested_quant_map.as<float>() : nullptr;
+  q.view.out = shape[0];
+  q.view.in = shape[1];
+  return q;
+}
+
+void quantize4(Ledger& ledger, Backend* be, std::uint8_t* packed, Quant4Param& q, int layer,
+               const std::vector<std::int64_t>& shape, const TrainConfig& train,
+               const std::function<void(void*)>& fill) {
+  auto ph = ledger.scope(Phase::setup);
+  auto ws = [&](const char* name, std::vector<std::int64_t> s, DType dt) {
+    return ledger.allocate(name, Category::workspace, layer, std::move(s), dt);
+  };
+  const std::int64_t n = shape.at(0) * shape.at(1), bs = train.quant_blocksize,
+                     nb = (n + bs - 1) / bs;
+  const Quant4Type type = quant4_type(train.quant);
+  const bool dq = train.double_quant;
+  Tensor lut;
+  if (dq) lut = ws("quantize.nested_lut", {kBnbLutEntries}, DType::u8);
+  if (be)
+    be->quant4_tables(q.quant_map.as<float>(), dq ? q.nested_quant_map.as<float>() : nullptr,
+                      dq ? lut.as<std::uint8_t>() : nullptr, type);
+  Tensor dense = ws("quantize.weight", shape, train.dtype);
+  if (be && be->computes()) fill(dense.data());
+  Tensor absmax32;
+  if (dq) absmax32 = ws("quantize.absmax", {nb}, DType::f32);
+  float* am = dq ? absmax32.as<float>() : q.absmax.as<float>();
+  if (be) be->quantize_4bit(packed, am, dense.data(), n, bs, type);
+  dense.reset();
+  if (!dq) return;
+  const float offset = be ? be->double_quant_offset(am, nb) : 0.0f;
+  if (be && be->computes()) be->upload(q.nested_offset.data(), &offset, sizeof offset);
+  q.view.offset = offset;
+  if (be)
+    be->quantize_blockwise8(q.absmax.as<std::uint8_t>(), q.nested_absmax.as<float>(), am, offset,
+                            nb, kQuantNestedBlock, lut.as<std::uint8_t>());
+}
+
+}  // namespace trainmem
