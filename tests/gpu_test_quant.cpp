@@ -63,6 +63,35 @@ TEST(Quant4Gpu, QuantizeAndDequantizeMatchCpu) {
   }
 }
 
+// The int8 base (--quant int8): CB, SCB and the dequantized weight, a zero row included.
+TEST(Quant4Gpu, Int8MatchesCpu) {
+  require_cuda_device();
+  Backend& be = cuda_backend(DType::f32);
+  std::mt19937 rng{29};
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  const std::int64_t rows = 1024 + 3, cols = 4096 + 5, n = rows * cols;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    std::vector<std::uint8_t> w(std::size_t(n) * dtype_size(dt));
+    for (std::int64_t i = 0; i < n; ++i)
+      store_from_f32(w.data(), std::size_t(i), dt, i / cols == 7 ? 0.0f : d(rng));
+    std::vector<std::int8_t> cb(static_cast<std::size_t>(n));
+    std::vector<float> scb(static_cast<std::size_t>(rows));
+    quantize_int8_cpu(cb.data(), scb.data(), w.data(), rows, cols, dt);
+    DevBuf dw = to_device(be, w), dcb(be, cb.size()), dscb(be, scb.size() * 4);
+    quantize_int8_cuda(dcb.as<std::int8_t>(), dscb.as<float>(), dw.get(), rows, cols, dt, nullptr);
+    EXPECT_EQ(to_host<std::int8_t>(be, dcb, cb.size()), cb);
+    const std::vector<float> gs = to_host<float>(be, dscb, scb.size());
+    EXPECT_EQ(std::memcmp(gs.data(), scb.data(), scb.size() * 4), 0);
+    std::vector<std::uint8_t> out(w.size());
+    dequantize_int8_cpu(out.data(), cb.data(), scb.data(), rows, cols, dt);
+    DevBuf dout(be, out.size());
+    dequantize_int8_cuda(dout.get(), dcb.as<std::int8_t>(), dscb.as<float>(), rows, cols, dt,
+                         nullptr);
+    EXPECT_EQ(to_host<std::uint8_t>(be, dout, out.size()), out);
+  }
+}
+
 TEST(Quant4Gpu, AdamW8bitMatchesCpu) {
   require_cuda_device();
   Backend& be = cuda_backend(DType::f32);

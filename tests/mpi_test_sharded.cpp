@@ -23,7 +23,7 @@
 //      relative, and check 3 against the stage's trace;
 //   7. --weights and --tokens (files rank 0 writes): dp N under ZeRO 0-3, tp 2 (dp N/2), pp 2 with
 //      3 micro-batches (dp N/2), each against the single-rank run that loaded the same files;
-//   8. LoRA per rank: dp N under ZeRO 0-2, tp 2, pp 2 against the single rank's LoRA run (check
+//   8. LoRA per rank: dp N under ZeRO 0-3, tp 2, pp 2 against the single rank's LoRA run (check
 //      2's bounds), the base frozen, the ZeRO stages against ZeRO 0 bit for bit, and check 3;
 //      QLoRA (nf4, double quantization) likewise without tp;
 //   4. tensor parallelism (tp 2 with and without sp, dp N/2; tiny, tiny-qwen2 with biases and tied
@@ -466,15 +466,16 @@ int main(int argc, char** argv) {
         std::int64_t M;
       };
       std::vector<Layout> layouts;
-      for (int zero = 0; zero <= (N > 1 ? 2 : 0); ++zero) layouts.push_back({1, 1, zero, 1});
-      if (N > 1) layouts.push_back({1, 1, 2, 2});
+      for (int zero = 0; zero <= (N > 1 ? 3 : 0); ++zero) layouts.push_back({1, 1, zero, 1});
+      if (N > 1) layouts.push_back({1, 1, 2, 2}), layouts.push_back({1, 1, 3, 2});
       if (N % 2 == 0)
         layouts.push_back({2, 1, N > 2 ? 2 : 0, 1}), layouts.push_back({1, 2, N > 2 ? 1 : 0, 3});
       for (const std::string name : {"tiny", "tiny-qwen2", "tiny-gqa qlora"}) {
         const bool qlora = name == "tiny-gqa qlora";
         std::vector<StepsResult> by_zero;
         for (const Layout& lay : layouts) {
-          if (qlora && lay.tp > 1) continue;  // check_lora_layout: QLoRA with tp 1
+          // check_lora_layout: a quantized base with tp 1 and ZeRO 0-2
+          if (qlora && (lay.tp > 1 || lay.zero == 3)) continue;
           Groups gr = groups_of(data, *world, N, lay.tp, lay.pp);
           const int dp = gr.dp, tp_rank = gr.tp_rank, stage = gr.stage;
           const ModelConfig m = any_config(qlora ? "tiny-gqa" : name);

@@ -314,8 +314,11 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
             "--optimizer adamw8bit: plan searches parallel layouts"},
            {"profile --model tiny --backend meta --finetune lora --optimizer lomo",
             "--optimizer lomo with --finetune lora"},
-           {"profile --model tiny --backend meta --finetune lora --world-size 2 --zero 3",
-            "--finetune lora with --zero 3: ZeRO-3 partitions the frozen base"},
+           {"profile --model tiny --backend meta --finetune qlora --world-size 2 --zero 3",
+            "--finetune qlora with --zero 3: a quantized base is stored whole"},
+           {"profile --model tiny --backend meta --finetune lora --world-size 2 --zero 3 "
+            "--offload optimizer+params",
+            "--finetune lora with --offload optimizer+params"},
            {"profile --model tiny --backend meta --finetune lora --world-size 2 --tp 2 --sp",
             "--finetune lora with --sp"},
            {"profile --model tiny --backend meta --finetune lora --lora-dropout 0.1 "
@@ -367,8 +370,8 @@ TEST(CliE2ELora, BadRecipesExitTwoNamingTheFlag) {
            {"estimate --model tiny --finetune lora --optimizer lomo", "--optimizer lomo"},
            {"estimate --model tiny --finetune lora --checkpointing selective",
             "--checkpointing selective"},
-           {"estimate --model tiny --finetune lora --world-size 2 --zero 3",
-            "--finetune lora with --zero 3"},
+           {"estimate --model tiny --finetune lora --quant int8 --world-size 2 --zero 3",
+            "--finetune lora --quant int8 with --zero 3"},
            {"estimate --model tiny --finetune lora --world-size 2 --zero 2 --profile hf-peft",
             "--profile hf-peft: with --world-size above 1 the per-rank profile is native"},
            {"estimate --model qwen3-8b --finetune lora --profile hf-peft", "q/k norms"},
@@ -785,6 +788,51 @@ namespace {
 // meta, maxbatch and plan with --world-size / --gpus. Llama-3-8B's adapters on all seven
 // projections, r 16: 41,943,040 elements (peft's own count); the frozen base whole on every
 // rank, the adapters' gradients and AdamW states (fp32 master, m, v) sharded by ZeRO-2 over 4.
+// --quant int8 (docs/native-plan.md, "8-bit base"): trainmem's own step on LLM.int8's base;
+// Llama-3-8B's params by hand: each projection's n int8 bytes and 4 bytes per row, the rest and
+// the adapters in bf16 (docs/formulas.md, "8-bit base in the native step").
+TEST(CliE2ELora, Int8BaseRunsInTheNativeStep) {
+  const Result r = trainmem(
+      "estimate --model llama3-8b --finetune lora --quant int8 --lora-targets all-linear "
+      "--batch 1 --seq 2048 --checkpointing --format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.err, "hf-peft left out")) << r.err;
+  const json j = r.j();
+  ASSERT_EQ(j["analytic"].size(), 1u);
+  const json& nat = j["analytic"]["native"];
+  EXPECT_EQ(n(nat["params"]), 9170591744u);
+  EXPECT_EQ(n(nat["trainable_params"]), 41943040u);
+  EXPECT_EQ(j["run"]["finetune"], "lora");
+  EXPECT_EQ(j["run"]["quant"], "int8");
+  // The cpu run's ledger is the native profile's, and per rank too.
+  const Result p = trainmem(
+      "profile --model tiny --backend cpu --finetune lora --quant int8 --lora-targets all-linear "
+      "--batch 2 --seq 16 --steps 2 --format json");
+  ASSERT_EQ(p.code, 0) << p.err;
+  const json pj = p.j();
+  EXPECT_EQ(n(pj["measured"]["ledger"]["peak"]), n(pj["analytic"]["native"]["peak"]));
+  const Result w = trainmem(
+      "profile --model tiny --backend meta --finetune lora --quant int8 --world-size 2 --zero 2 "
+      "--seq 16 --batch 2 --format json");
+  ASSERT_EQ(w.code, 0) << w.err;
+  EXPECT_TRUE(w.j()["all_ranks_match"].get<bool>());
+  struct Bad {
+    std::string args, message;
+  };
+  for (const Bad& c : std::vector<Bad>{
+           {"estimate --model tiny --finetune lora --quant int8 --profile hf-peft",
+            "--quant int8: the hf-peft profile does not model"},
+           {"estimate --model tiny --finetune lora --quant int8 --quant-blocksize 128",
+            "--quant int8 stores one fp32 absmax per row"},
+           {"profile --model tiny --backend meta --finetune lora --quant int8 --world-size 2 "
+            "--tp 2",
+            "--finetune lora --quant int8 with --tp 2"}}) {
+    const Result e = trainmem(c.args);
+    EXPECT_EQ(e.code, 2) << c.args;
+    EXPECT_TRUE(has(e.err, c.message)) << c.args << "\n" << e.err;
+  }
+}
+
 TEST(CliE2ELora, LoraPerRankShardsTheAdaptersOnly) {
   const Result r = trainmem(
       "estimate --model llama3-8b --finetune lora --lora-targets all-linear --world-size 4 "
@@ -827,8 +875,17 @@ TEST(CliE2ELora, LoraPerRankShardsTheAdaptersOnly) {
   EXPECT_TRUE(has(m.out, "lora r=16 all-linear (base frozen)")) << m.out;
   EXPECT_TRUE(has(m.out, "largest micro-batch that fits every rank")) << m.out;
 
-  // plan --finetune lora: every fitting layout keeps the base whole (no ZeRO-3, no sp), and the
-  // ZeRO-3 families say why they are refused.
+  // ZeRO-3: the frozen base sharded too, in its own flat vector: (⌈F/4⌉ + ⌈T/4⌉)·2 bytes.
+  const Result z3 = trainmem(
+      "estimate --model llama3-8b --finetune lora --lora-targets all-linear --world-size 4 "
+      "--zero 3 --seq 2048 --batch 1 --checkpointing full --format json");
+  ASSERT_EQ(z3.code, 0) << z3.err;
+  const json zj = z3.j();
+  EXPECT_EQ(n(zj["ranks"][0]["figures"]["params"]), 2 * (base / 4 + shard));
+  EXPECT_EQ(n(zj["ranks"][0]["figures"]["gradients"]), 2 * shard);
+
+  // plan --finetune lora: no fitting layout splits the sequence (sp), and the sp families say
+  // why they are refused.
   const Result pl = trainmem(
       "plan --model llama3-8b --gpus 8 --gpu-memory 24GB --global-batch 64 --seq 2048 "
       "--finetune lora --lora-targets all-linear --format json");
@@ -837,11 +894,7 @@ TEST(CliE2ELora, LoraPerRankShardsTheAdaptersOnly) {
   EXPECT_EQ(pjj["inputs"]["finetune"]["finetune"], "lora");
   EXPECT_EQ(n(pjj["inputs"]["finetune"]["lora_rank"]), 16u);
   ASSERT_FALSE(pjj["candidates"].empty());
-  for (const json& c : pjj["candidates"]) {
-    EXPECT_LE(c["layout"]["zero"].get<int>(), 2);
-    EXPECT_FALSE(c["layout"]["sp"].get<bool>());
-  }
-  EXPECT_TRUE(has(pl.out, "--finetune lora with --zero 3"));
+  for (const json& c : pjj["candidates"]) EXPECT_FALSE(c["layout"]["sp"].get<bool>());
 
   // QLoRA per rank (tp 1): every rank stores the whole 4-bit base, the bytes of the one-GPU
   // native profile's params (proven byte for byte against bitsandbytes' layout above); ZeRO-2

@@ -339,3 +339,107 @@ TEST(PeftGolden, LoraAndQloraStepsMatchTheRealPeft) {
 
 }  // namespace
 }  // namespace trainmem
+
+namespace trainmem {
+namespace {
+
+// --quant int8 (docs/native-plan.md, "8-bit base"): the figures of the meta trace's second step
+// equal the closed form over families, the skewed shapes, targets, checkpointing policies,
+// attention variants, dtypes and optimizers; the cpu ledger is the meta trace.
+TEST(Int8Ledger, MetaTraceEqualsTheNativeClosedFormAndTheCpuLedger) {
+  int checked = 0;
+  for (const char* preset : {"tiny", "tiny-awkward", "tiny-tied", "tiny-qwen2", "tiny-qwen3"})
+    for (unsigned targets : std::vector<unsigned>{kLoraPeftDefault, kLoraAllLinear, kLoraDown})
+      for (const char* ck : {"none", "full", "selective", "every:2"})
+        for (Attention at : {Attention::eager, Attention::flash})
+          for (Optimizer o : {Optimizer::adamw, Optimizer::sgd, Optimizer::adamw8bit}) {
+            const ModelConfig m = test::any_config(preset);
+            TrainConfig t = qlora_train(2, 7, 2, targets, Quant::int8, true, 64, o,
+                                        o == Optimizer::sgd ? DType::f32 : DType::bf16);
+            t.attention = at;
+            test::set_checkpointing(t, m, ck);
+            SCOPED_TRACE(std::string(preset) + " " + lora_targets_name(targets) + " " + ck + " " +
+                         attention_name(at) + " " + optimizer_name(o));
+            expect_trace_is_the_closed_form(m, t);
+            ++checked;
+          }
+  EXPECT_EQ(checked, 5 * 3 * 4 * 2 * 3);
+  for (const char* ck : {"none", "full"}) {
+    const ModelConfig m = test::any_config("tiny-qwen2");
+    TrainConfig t = qlora_train(2, 9, 4, kLoraAllLinear, Quant::int8);
+    t.checkpointing = *parse_checkpointing(ck);
+    ModelRun cpu(BackendKind::cpu, m, t), meta(BackendKind::meta, m, t);
+    for (ModelRun* run : {&cpu, &meta}) test::two_random_steps(*run->model);
+    test::expect_same_ledgers(*cpu.ledger, *meta.ledger);
+    int dequants = 0, absmax = 0;
+    for (const TensorRecord& r : cpu.ledger->tensors()) {
+      dequants += r.name.rfind("dequant.", 0) == 0;
+      absmax += r.name.find(".absmax") != std::string::npos;
+    }
+    EXPECT_EQ(dequants, 2 * int(m.layers) * (std::string(ck) == "full" ? 20 : 14));
+    EXPECT_EQ(absmax, 0) << "an int8 weight rebuilds no absmax";
+  }
+  // Llama-3-8B: the params are every projection's n int8 bytes + 4 bytes per row, the rest and
+  // the adapters in bf16.
+  const ModelConfig m = test::preset("llama3-8b");
+  const TrainConfig t = qlora_train(1, 512, 16, kLoraAllLinear, Quant::int8);
+  const Estimate e = estimate(Profile::native, m, t);
+  const std::uint64_t h = 4096, kd = 1024, i = 14336, L = 32, V = 128256;
+  const std::uint64_t proj = h * h + 2 * kd * h + h * h + 3 * i * h;
+  const std::uint64_t rows = h + 2 * kd + h + 2 * i + h;
+  const std::uint64_t rest = 2 * V * h + (2 * L + 1) * h;
+  EXPECT_EQ(e.figures.params, L * (proj + 4 * rows) + 2 * rest + 2 * e.trainable_params);
+  EXPECT_EQ(e.trainable_params, 41943040u);
+}
+
+// The int8 weights are bitsandbytes' row-wise quantization (the kernels') of the weights the same
+// seed draws for the 16-bit base, and the step computes exactly what the LoRA step computes on
+// the dequantized weights: the same losses over two steps and the same adapter gradients.
+TEST(Int8Step, StoresInt8WeightsAndStepsLikeLoraOnTheDequantizedBase) {
+  for (const DType dt : {DType::bf16, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const ModelConfig m = test::any_config("tiny-qwen2");
+    TrainConfig tq =
+        qlora_train(2, 9, 3, kLoraAllLinear, Quant::int8, true, 64, Optimizer::adamw, dt);
+    tq.checkpointing = dt == DType::f32 ? Checkpointing::full : Checkpointing::none;
+    TrainConfig tl = tq;
+    tl.quant = Quant::none;
+    ModelRun q(BackendKind::cpu, m, tq), l(BackendKind::cpu, m, tl);
+    q.model->init_random(3);
+    l.model->init_random(3);
+    int projections = 0;
+    for (const Parameter& p : q.model->parameters()) {
+      if (!is_projection(p.name)) continue;
+      ++projections;
+      const Quant4View* v = q.model->quant4_weight(p.name);
+      ASSERT_NE(v, nullptr) << p.name;
+      const std::vector<float> dense = l.model->parameter_values(p.name);
+      std::vector<unsigned char> x(dense.size() * dtype_size(dt));
+      for (std::size_t e = 0; e < dense.size(); ++e) store_from_f32(x.data(), e, dt, dense[e]);
+      std::vector<std::int8_t> cb(dense.size());
+      std::vector<float> scb(std::size_t(v->out));
+      quantize_int8_cpu(cb.data(), scb.data(), x.data(), v->out, v->in, dt);
+      EXPECT_EQ(0, std::memcmp(cb.data(), v->packed, cb.size())) << p.name;
+      EXPECT_EQ(0, std::memcmp(scb.data(), v->absmax, scb.size() * 4)) << p.name;
+      std::vector<float> w(dense.size());
+      dequantize_int8_cpu(w.data(), cb.data(), scb.data(), v->out, v->in, DType::f32);
+      l.model->set_parameter_values(p.name, w);
+      EXPECT_NE(w, dense) << "quantization lost nothing";
+    }
+    EXPECT_EQ(projections, 7 * int(m.layers));
+    q.model->random_tokens(4);
+    l.model->random_tokens(4);
+    test::GradMap gq, gl;
+    EXPECT_EQ(q.model->train_step(test::capture_into(gq)),
+              l.model->train_step(test::capture_into(gl)));
+    EXPECT_EQ(gq.size(), std::size_t(14 * m.layers));
+    for (const auto& [name, g] : gl) {
+      ASSERT_TRUE(gq.count(name)) << name;
+      EXPECT_EQ(gq.at(name), g) << name;
+    }
+    EXPECT_EQ(q.model->train_step(), l.model->train_step());
+  }
+}
+
+}  // namespace
+}  // namespace trainmem

@@ -1,4 +1,5 @@
-// bitsandbytes' 4-bit storage and 8-bit AdamW, against what the real library computed on the CPU
+// bitsandbytes' 4-bit and 8-bit storage and 8-bit AdamW, against what the real library computed
+// on the CPU
 // (tests/data/bnb, made by tools/bnb_goldens.py with bitsandbytes 0.50.2 and torch 2.15; the
 // release is in each file's metadata). Bit for bit: the code tables, the packed nibbles, the
 // absmax (plain and double-quantized), the dequantized weights in fp32, bf16 and fp16, the 8-bit
@@ -194,6 +195,55 @@ TEST(OpsQuant, FourBitMatchesBitsandbytes) {
   RecordProperty("double_quant_offsets_exact", offsets_exact);
   RecordProperty("double_quant_offsets", offsets_total);
   EXPECT_GE(offsets_exact, offsets_total - 3);
+}
+
+// LLM.int8's frozen weight (--quant int8): what bitsandbytes' Int8Params stores (CB, SCB) and
+// the weight MatMul8bitFp / MatMul8bitLt dequantize for their GEMMs, bit for bit, in every
+// dtype: ties rounded half to even, the fp16 cast before the absmax (an fp32 weight's SCB is not
+// its max|W|), values below fp16's range. A zero row (NaN in bnb, undefined in C) stores 0.
+TEST(OpsQuant, Int8MatchesBitsandbytes) {
+  const SafeTensorsReader r(data_file("int8.safetensors"));
+  const json cases = cases_of(r, "cases", "c");
+  ASSERT_GE(cases.size(), 4u);
+  EXPECT_EQ(r.metadata().at("bitsandbytes"), "0.50.2");
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    const json& cs = cases[c];
+    const std::string p = "c" + std::to_string(c) + ".";
+    SCOPED_TRACE(p + cs.dump());
+    const DType dt = dtype_of(cs["dtype"].get<std::string>());
+    const std::vector<std::int64_t> shape = cs["shape"].get<std::vector<std::int64_t>>();
+    const std::int64_t rows = shape[0], cols = shape[1], n = rows * cols;
+    const std::vector<std::uint8_t> w = as_bytes(r.read_f32(p + "input"), dt);
+    std::vector<std::int8_t> cb(static_cast<std::size_t>(n));
+    std::vector<float> scb(static_cast<std::size_t>(rows));
+    quantize_int8_cpu(cb.data(), scb.data(), w.data(), rows, cols, dt);
+    const std::vector<std::uint8_t> gcb = read_u8(r, p + "cb");
+    ASSERT_EQ(gcb.size(), cb.size());
+    EXPECT_EQ(std::memcmp(gcb.data(), cb.data(), cb.size()), 0);
+    EXPECT_EQ(bit_mismatches(scb, r.read_f32(p + "scb")), 0);
+    for (const char* name : {"f32", "bf16", "f16"}) {
+      const DType odt = dtype_of(name);
+      std::vector<std::uint8_t> out(static_cast<std::size_t>(n) * dtype_size(odt));
+      const std::vector<float> gscb = r.read_f32(p + "scb");
+      dequantize_int8_cpu(out.data(), reinterpret_cast<const std::int8_t*>(gcb.data()), gscb.data(),
+                          rows, cols, odt);
+      EXPECT_EQ(bit_mismatches(from_bytes(out, std::size_t(n), odt), r.read_f32(p + "deq_" + name)),
+                0)
+          << name;
+    }
+  }
+  // The tie row of case 0 (absmax 127: scale 1): 0.5 -> 0, 1.5 -> 2, 2.5 -> 2, 126.5 -> 126.
+  const std::vector<std::uint8_t> tie = read_u8(r, "c0.cb");
+  EXPECT_EQ(std::vector<int>(tie.begin(), tie.begin() + 9),
+            (std::vector<int>{127, 0, 2, 2, 4, 0, 254, 254, 126}));  // int8 bytes: -2 is 254
+  // A zero row: SCB 0 and CB 0, next to an ordinary row.
+  const std::vector<float> zw = {0, 0, 0, 1, -2, 4};
+  const std::vector<std::uint8_t> zb = as_bytes(zw, DType::f32);
+  std::vector<std::int8_t> zcb(6, 99);
+  std::vector<float> zscb(2, -1);
+  quantize_int8_cpu(zcb.data(), zscb.data(), zb.data(), 2, 3, DType::f32);
+  EXPECT_EQ(zscb, (std::vector<float>{0.0f, 4.0f}));
+  EXPECT_EQ(zcb, (std::vector<std::int8_t>{0, 0, 0, 32, -64, 127}));
 }
 
 // AdamW8bit, three steps of five parameters: 8-bit states for the tensors of 4,096 elements or

@@ -188,9 +188,10 @@ TEST(ShardedTrace, LargePresetsOnMeta) {
 namespace trainmem {
 namespace {
 
-// LoRA per rank: the frozen base whole on every rank, the adapters' gradients and states sharded
-// by ZeRO 1/2, split by tp (a column target's B and a row target's A), the recompute's rows, the
-// reduce bucket of adapter gradients; over targets, ranks, layouts and both optimizers.
+// LoRA per rank: the frozen base whole on every rank (ZeRO-3: its own flat vector, sharded and
+// gathered with the adapters per unit), the adapters' gradients and states sharded by ZeRO 1-3,
+// split by tp (a column target's B and a row target's A), the recompute's rows, the reduce
+// bucket of adapter gradients; over targets, ranks, layouts and both optimizers.
 TEST(ShardedTrace, LoraOverTheGrid) {
   int checked = 0;
   const unsigned qv = 1u | 4u, all = 0x7fu, o_down = 8u | 64u;
@@ -199,7 +200,7 @@ TEST(ShardedTrace, LoraOverTheGrid) {
       for (std::int64_t tp : {1, 2})
         for (std::int64_t pp : {1, 2})
           for (std::int64_t dp : {1, 3})
-            for (int zero = 0; zero <= 2; ++zero)
+            for (int zero = 0; zero <= 3; ++zero)
               for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
                 for (std::int64_t M : {1, 3}) {
                   Case c{model,
@@ -220,7 +221,7 @@ TEST(ShardedTrace, LoraOverTheGrid) {
                   if (check(c)) ++checked;
                   if (HasFailure()) return;
                 }
-  EXPECT_GT(checked, 500);
+  EXPECT_GT(checked, 650);
   // Context parallelism, fp32 and fp16, offload of the adapters' states, a bucket smaller than
   // an adapter, overlap, and the larger presets on meta.
   Case more[] = {
@@ -272,8 +273,8 @@ namespace {
 
 // QLoRA per rank (tp 1): the 4-bit tensors of the frozen projections on every rank of the
 // gradient group, the dequantize workspace of each GEMM, the adapters sharded; over targets,
-// pp, dp, ZeRO 0-2, checkpointing, micro-batches, double quantization and blocksizes, nf4 and
-// fp4, and a 7B-class shape.
+// pp, dp, ZeRO 0-2, checkpointing, micro-batches, double quantization and blocksizes, nf4, fp4
+// and the int8 base, and a 7B-class shape.
 TEST(ShardedTrace, QloraOverTheGrid) {
   int checked = 0;
   for (const char* model : {"tiny-gqa", "tiny-qwen2", "tiny-qwen3"})
@@ -289,7 +290,8 @@ TEST(ShardedTrace, QloraOverTheGrid) {
                       DType::bf16};
                   c.lora_rank = 4;
                   c.targets = targets;
-                  c.quant = dq ? Quant::nf4 : Quant::fp4;
+                  // nf4 with double quantization; without, fp4 or the int8 base in turn.
+                  c.quant = dq ? Quant::nf4 : M == 1 ? Quant::fp4 : Quant::int8;
                   c.double_quant = dq;
                   c.blocksize = dq ? 64 : 128;
                   if (check(c)) ++checked;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Goldens of bitsandbytes' 4-bit storage and 8-bit AdamW, made with the real library on the CPU.
+"""Goldens of bitsandbytes' 4-bit and 8-bit storage and 8-bit AdamW, made with the real library on the CPU.
 
 trainmem's twins (kernels/quant4, kernels/adamw8bit) are checked against these files bit for bit
 by tests/test_ops_quant.cpp, without Python: this script is run once by hand when the pinned
@@ -15,6 +15,11 @@ What it records (safetensors; each case's parameters in the metadata as JSON, on
     absmax, the nested absmax, offset and both code tables when nested), the fp32 absmax that
     `dequantize_4bit` rebuilds from the nested one, and the dequantized weight in fp32, bf16 and
     fp16 (through `torch.ops.bitsandbytes.dequantize_4bit`, the op MatMul4Bit's backward calls).
+  int8.safetensors: LLM.int8's frozen weight (`load_in_8bit`): for each case (input dtype, shape)
+    the input W, what `bitsandbytes.nn.Int8Params(W, has_fp16_weights=False).to("cpu")` stores
+    (CB, int8 bytes stored as u8, and SCB fp32), and the weight MatMul8bitFp and MatMul8bitLt
+    dequantize for their GEMMs (autograd/_functions.py: `CB.to(dt).mul_(SCB.unsqueeze(1).mul(1.0
+    / 127.0))`, in the installed source, not copied) in fp32, bf16 and fp16.
   adamw8bit.safetensors: `bitsandbytes.optim.AdamW8bit` on CPU parameters (below and above its
     4,096-element threshold for 8-bit state, a size that is not a multiple of 256, a parameter
     whose first gradient is zero as a fresh LoRA A's is): the parameter before step 1, the
@@ -22,6 +27,7 @@ What it records (safetensors; each case's parameters in the metadata as JSON, on
     qmap1, qmap2.
 """
 import argparse
+import inspect
 import json
 import os
 import struct
@@ -181,6 +187,46 @@ def make_adamw8bit(path):
     return len(specs)
 
 
+def int8_input(shape, dtype, gen, special):
+    x = torch.randn(shape, generator=gen, dtype=torch.float32)
+    if special:
+        # Row 0: values whose scaled magnitude lands on .5 exactly (absmax 127: scale 1), so that
+        # the half-to-even rule shows; row 1: a negative absmax; row 2: values below fp16's range
+        # next to ordinary ones (they round to zero in the fp16 cast bnb makes first).
+        x[0, :9] = torch.tensor([127.0, 0.5, 1.5, 2.5, 3.5, -0.5, -1.5, -2.5, 126.5])
+        x[0, 9:] = 0.25
+        x[1, 3] = -7.0
+        x[2, :4] = torch.tensor([1e-9, -1e-9, 3.0, 1e-30])
+    return x.to(dtype)
+
+
+def make_int8(path):
+    gen = torch.Generator().manual_seed(808)
+    tensors = {}
+    cases = [dict(dtype="bf16", shape=[48, 96], special=True),
+             dict(dtype="f32", shape=[5, 130], special=True),
+             dict(dtype="f16", shape=[7, 9], special=False),
+             dict(dtype="bf16", shape=[176, 64], special=False)]
+    code = inspect.getsource(bnb.autograd._functions)
+    assert "mul_(state.SCB.unsqueeze(1).mul(1.0 / 127.0))" in code, "the dequantize expression moved"
+    for c, case in enumerate(cases):
+        p = f"c{c}."
+        w = int8_input(case["shape"], DT[case["dtype"]], gen, case["special"])
+        q = bnb.nn.Int8Params(w.clone(), requires_grad=False, has_fp16_weights=False).to("cpu")
+        CB, SCB = q.data, q.SCB
+        assert CB.dtype == torch.int8 and SCB.dtype == torch.float32
+        tensors[p + "input"] = w
+        tensors[p + "cb"] = CB.view(torch.uint8).reshape(-1)
+        tensors[p + "scb"] = SCB
+        for name, odt in DT.items():  # MatMul8bitFp's expression, as the installed source reads
+            tensors[p + "deq_" + name] = CB.to(odt).mul_(SCB.unsqueeze(1).mul(1.0 / 127.0))
+    meta = {"cases": str(len(cases)), **versions()}
+    for c, case in enumerate(cases):
+        meta[f"c{c}"] = json.dumps(case)
+    write_safetensors(path, tensors, meta)
+    return len(cases)
+
+
 def versions():
     return {
         "bitsandbytes": bnb.__version__,
@@ -197,8 +243,9 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     n4 = make_quant4(os.path.join(args.out, "quant4.safetensors"))
     n8 = make_adamw8bit(os.path.join(args.out, "adamw8bit.safetensors"))
+    ni = make_int8(os.path.join(args.out, "int8.safetensors"))
     print(f"bitsandbytes {bnb.__version__}, torch {torch.__version__}: {n4} quant4 cases, "
-          f"{n8} AdamW8bit parameters", file=sys.stderr)
+          f"{n8} AdamW8bit parameters, {ni} int8 cases", file=sys.stderr)
 
 
 if __name__ == "__main__":

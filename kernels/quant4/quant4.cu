@@ -58,4 +58,27 @@ void dequantize_blockwise8_cuda(float* out, const std::uint8_t* q, const float* 
   TM_CUDA_CHECK_LAUNCH();
 }
 
+void quantize_int8_cuda(std::int8_t* cb, float* scb, const void* w, std::int64_t rows,
+                        std::int64_t cols, DType dt, cudaStream_t stream) {
+  check_int8_args("quantize_int8_cuda", rows, cols);
+  if (rows == 0 || cols == 0) return;
+  dispatch_storage(dt, "quantize_int8_cuda", [&](auto tag) {
+    cuda::quantize_int8_kernel<decltype(tag)>
+        <<<cuda::grid_for(rows, kThreads), kThreads, 0, stream>>>(cb, scb, w, rows, cols);
+    TM_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void dequantize_int8_cuda(void* out, const std::int8_t* cb, const float* scb, std::int64_t rows,
+                          std::int64_t cols, DType dt, cudaStream_t stream) {
+  check_int8_args("dequantize_int8_cuda", rows, cols);
+  const std::int64_t n = rows * cols;
+  if (n == 0) return;
+  dispatch_storage(dt, "dequantize_int8_cuda", [&](auto tag) {
+    cuda::dequantize_int8_kernel<decltype(tag)>
+        <<<cuda::grid_for(n, kThreads), kThreads, 0, stream>>>(out, cb, scb, n, cols);
+    TM_CUDA_CHECK_LAUNCH();
+  });
+}
+
 }  // namespace trainmem

@@ -24,6 +24,13 @@ constexpr std::int64_t quant_blocks(std::int64_t n, std::int64_t blocksize) {
 // The nested absmax of double quantization (and 8-bit optimizer state) uses blocks of 256.
 constexpr std::int64_t kBlockwise8Size = 256;
 
+// The int8 ops' shape: rows, cols >= 0 (InputError naming `op`).
+inline void check_int8_args(const char* op, std::int64_t rows, std::int64_t cols) {
+  if (rows < 0 || cols < 0)
+    throw InputError(std::string(op) + ": rows and cols must be >= 0, got " + std::to_string(rows) +
+                     " x " + std::to_string(cols));
+}
+
 // The arguments every quantization op checks, CPU and CUDA alike: n >= 0 and a positive
 // blocksize (even for 4-bit, whose blocks must not share a byte). InputError naming `op`.
 inline void check_quant_args(const char* op, std::int64_t n, std::int64_t blocksize, bool even) {
@@ -66,6 +73,18 @@ void dequantize_blockwise8_cpu(float* out, const std::uint8_t* q, const float* a
 void dequantize_blockwise8_cuda(float* out, const std::uint8_t* q, const float* absmax,
                                 const float* code, std::int64_t n, std::int64_t blocksize,
                                 bool has_add, float add, cudaStream_t stream);
+
+// The 8-bit base (--quant int8): cb (rows·cols) int8 and scb (rows) f32 <- w (rows, cols) dt,
+// quantize_int8_row per row (CPU: rows in parallel; CUDA: one thread per row); out (rows·cols)
+// dt = dequantize_int8_elem, rounded once.
+void quantize_int8_cpu(std::int8_t* cb, float* scb, const void* w, std::int64_t rows,
+                       std::int64_t cols, DType dt);
+void quantize_int8_cuda(std::int8_t* cb, float* scb, const void* w, std::int64_t rows,
+                        std::int64_t cols, DType dt, cudaStream_t stream);
+void dequantize_int8_cpu(void* out, const std::int8_t* cb, const float* scb, std::int64_t rows,
+                         std::int64_t cols, DType dt);
+void dequantize_int8_cuda(void* out, const std::int8_t* cb, const float* scb, std::int64_t rows,
+                          std::int64_t cols, DType dt, cudaStream_t stream);
 
 // The constants of one 4-bit weight, on the host: code (16 f32, type t's values, as
 // QuantState.code), nested_code (256 f32, bitsandbytes' signed dynamic map, the code of the

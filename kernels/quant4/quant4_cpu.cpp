@@ -54,6 +54,30 @@ void dequantize_blockwise8_cpu(float* out, const std::uint8_t* q, const float* a
     out[i] = dequantize_blockwise8_elem(q, absmax, code, i, blocksize, has_add, add);
 }
 
+void quantize_int8_cpu(std::int8_t* cb, float* scb, const void* w, std::int64_t rows,
+                       std::int64_t cols, DType dt) {
+  check_int8_args("quantize_int8_cpu", rows, cols);
+  cpu_threads_setup();
+  dispatch_storage(dt, "quantize_int8_cpu", [&](auto tag) {
+    using S = decltype(tag);
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMinElements)
+    for (std::int64_t r = 0; r < rows; ++r) quantize_int8_row<S>(cb, scb, w, cols, r);
+  });
+}
+
+void dequantize_int8_cpu(void* out, const std::int8_t* cb, const float* scb, std::int64_t rows,
+                         std::int64_t cols, DType dt) {
+  check_int8_args("dequantize_int8_cpu", rows, cols);
+  cpu_threads_setup();
+  const std::int64_t n = rows * cols;
+  dispatch_storage(dt, "dequantize_int8_cpu", [&](auto tag) {
+    using S = decltype(tag);
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+    for (std::int64_t i = 0; i < n; ++i)
+      S::store(out, std::size_t(i), dequantize_int8_elem(cb, scb, i, cols));
+  });
+}
+
 float double_quant_offset(const float* absmax, std::int64_t nb) {
   if (nb <= 0) throw InputError("double_quant_offset: no absmax entries");
   double sum = 0.0;

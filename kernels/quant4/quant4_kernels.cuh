@@ -47,4 +47,18 @@ static __global__ void dequantize_blockwise8_kernel(float* out, const std::uint8
     out[i] = dequantize_blockwise8_elem(q, absmax, code, i, blocksize, has_add, add);
 }
 
+template <class S>
+__global__ void quantize_int8_kernel(std::int8_t* cb, float* scb, const void* w, std::int64_t rows,
+                                     std::int64_t cols) {
+  for (std::int64_t r = cuda::global_thread_index(); r < rows; r += cuda::global_thread_count())
+    quantize_int8_row<S>(cb, scb, w, cols, r);
+}
+
+template <class S>
+__global__ void dequantize_int8_kernel(void* out, const std::int8_t* cb, const float* scb,
+                                       std::int64_t n, std::int64_t cols) {
+  for (std::int64_t i = cuda::global_thread_index(); i < n; i += cuda::global_thread_count())
+    S::store(out, std::size_t(i), dequantize_int8_elem(cb, scb, i, cols));
+}
+
 }  // namespace trainmem::cuda

@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "common/common_math.hpp"
+#include "trainmem/base/dtype.hpp"
 #include "trainmem/base/op_types.hpp"
 
 namespace trainmem {
@@ -167,6 +168,38 @@ TM_HD float dequantize_blockwise8_elem(const std::uint8_t* q, const float* absma
                                        bool has_add, float add) {
   const float v = tm_mul_rn(code[q[i]], absmax[i / blocksize]);
   return has_add ? v + add : v;
+}
+
+// bitsandbytes' row-wise 8-bit weight (LLM.int8's Int8Params._quantize, bnb 0.50.2: the weight
+// cast to fp16, then backends/default/ops.py int8_vectorwise_quant with threshold 0; the
+// docs/formulas.md section "8-bit base in the native step"): per row the absmax of the fp16
+// values (SCB, fp32), scale = fp32(fp32(1/SCB)·127) (torch's `127.0 / t` is a reciprocal times
+// 127), CB = rint(fp32(w16)·scale) rounded half to even into int8 (|CB| <= 127 by construction).
+// A row of zeros stores SCB 0 and CB 0 (bnb's NaN cast, 0 on the CPUs seen).
+template <class S>
+TM_HD void quantize_int8_row(std::int8_t* cb, float* scb, const void* w, std::int64_t cols,
+                             std::int64_t row) {
+  const std::int64_t lo = row * cols;
+  float am = 0.0f;
+  for (std::int64_t j = 0; j < cols; ++j) {
+    const float a = ::fabsf(f16_to_f32(f32_to_f16(S::load(w, std::size_t(lo + j)))));
+    if (a > am) am = a;
+  }
+  scb[row] = am;
+  const float scale = am > 0.0f ? tm_mul_rn(1.0f / am, 127.0f) : 0.0f;
+  for (std::int64_t j = 0; j < cols; ++j) {
+    const float v = f16_to_f32(f32_to_f16(S::load(w, std::size_t(lo + j))));
+    cb[lo + j] = static_cast<std::int8_t>(::rintf(tm_mul_rn(v, scale)));
+  }
+}
+
+// Element i of the dequantized weight as MatMul8bitLt and MatMul8bitFp build it for their GEMMs
+// (autograd/_functions.py: CB.to(dt).mul_(SCB[:, None] * (1 / 127))): fp32(CB) times
+// fp32(SCB · fp32(1/127)), rounded once into the output dtype by the caller.
+TM_HD float dequantize_int8_elem(const std::int8_t* cb, const float* scb, std::int64_t i,
+                                 std::int64_t cols) {
+  const float row_scale = tm_mul_rn(scb[i / cols], 1.0f / 127.0f);
+  return tm_mul_rn(static_cast<float>(cb[i]), row_scale);
 }
 
 }  // namespace trainmem

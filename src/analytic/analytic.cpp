@@ -307,14 +307,15 @@ void check_hf_options(Profile profile, const HfOptions& opts) {
       throw InputError(
           "--lora-targets: at least one of q_proj, k_proj, v_proj, o_proj, "
           "gate_proj, up_proj, down_proj, or all-linear");
-    if (pf.finetune == Finetune::lora && pf.quant != Quant::none)
+    if (pf.finetune == Finetune::lora && (pf.quant == Quant::nf4 || pf.quant == Quant::fp4))
       throw InputError(std::string("--quant ") + quant_name(pf.quant) +
                        " with --finetune lora: a 4-bit base is --finetune qlora (--finetune lora "
-                       "trains adapters on a 16-bit base)");
-    if (pf.finetune == Finetune::qlora && pf.quant == Quant::none)
-      throw InputError(
-          "--quant none with --finetune qlora: qlora needs a 4-bit base (nf4, fp4); for a "
-          "16-bit base use --finetune lora");
+                       "trains adapters on a 16-bit base, or with --quant int8 an 8-bit one)");
+    if (pf.finetune == Finetune::qlora && (pf.quant == Quant::none || pf.quant == Quant::int8))
+      throw InputError(std::string("--quant ") + quant_name(pf.quant) +
+                       " with --finetune qlora: qlora needs a 4-bit base (nf4, fp4); for a "
+                       "16-bit base use --finetune lora, for an 8-bit one --finetune lora "
+                       "--quant int8");
     check_quant_blocksize(pf.quant_blocksize);
   }
   if (profile != Profile::hf_eager && profile != Profile::hf_sdpa && profile != Profile::hf_peft)
@@ -586,16 +587,16 @@ StateFigures state_figures(const ModelConfig& model, const TrainConfig& train) {
     f.params = checked_mul(f.elements, w, "params bytes");
   }
   if (train.quantized()) {
-    // QLoRA: each layer's `*_proj.weight` in bitsandbytes' 4-bit tensors, the rest in D.
+    // QLoRA: each layer's `*_proj.weight` in bitsandbytes' 4-bit tensors (--quant int8: int8
+    // with an fp32 absmax per row), the rest in D.
     std::uint64_t layer_bytes = 0;
     for (const auto& p : few)
       if (p.name.rfind("model.layers.", 0) == 0)
         layer_bytes =
             checked_add(layer_bytes,
                         analytic_detail::is_layer_linear(p.name)
-                            ? analytic_detail::quant4_weight_bytes(
-                                  p.elements, static_cast<std::uint64_t>(train.quant_blocksize),
-                                  train.double_quant)
+                            ? analytic_detail::quantized_weight_bytes(
+                                  p.elements, static_cast<std::uint64_t>(p.shape.at(0)), train)
                             : checked_mul(p.elements, w, "params bytes"),
                         "params bytes");
     f.params = analytic_detail::csum(
@@ -828,6 +829,12 @@ std::uint64_t quant4_weight_bytes(std::uint64_t n, std::uint64_t blocksize, bool
   if (!double_quant) return csum({packed, checked_mul(blocks, 4, "absmax"), 64}, "4-bit weight");
   return csum({packed, blocks, checked_mul((blocks + 255) / 256, 4, "nested absmax"), 4, 64, 1024},
               "4-bit weight");
+}
+
+std::uint64_t quantized_weight_bytes(std::uint64_t n, std::uint64_t out, const TrainConfig& train) {
+  if (train.quant8()) return csum({n, checked_mul(out, 4, "SCB")}, "8-bit weight");
+  return quant4_weight_bytes(n, static_cast<std::uint64_t>(train.quant_blocksize),
+                             train.double_quant);
 }
 
 void bnb_state_bytes(bool bits8, bool paged, std::uint64_t block, std::uint64_t n,

@@ -56,6 +56,9 @@ RankEstimate native_stage(const ModelConfig& m, const TrainConfig& t, const Para
 // bitsandbytes' bytes for one 4-bit weight of n elements (docs/formulas.md, "4-bit weights"):
 // what the hf-peft profile and the native step's QLoRA both store.
 std::uint64_t quant4_weight_bytes(std::uint64_t n, std::uint64_t blocksize, bool double_quant);
+// A frozen base projection of `out` rows and n elements as `train` stores it: 4-bit
+// (quant4_weight_bytes) or LLM.int8's n int8 bytes + one fp32 absmax per row (--quant int8).
+std::uint64_t quantized_weight_bytes(std::uint64_t n, std::uint64_t out, const TrainConfig& train);
 // bitsandbytes' optimizer states of `copies` tensors of n elements each, added to `device` and
 // `managed` (docs/formulas.md, "8-bit AdamW in the native step", "Paged optimizers in the native
 // step"): with `bits8`, uint8 state1/state2 and an fp32 absmax1/absmax2 per `block` elements from

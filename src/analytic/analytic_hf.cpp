@@ -918,6 +918,12 @@ void build_hf_peft(Estimate& est) {
                        std::to_string(W) + " (layer " + std::to_string(l) +
                        "); use --seq below it, or --profile hf-sdpa for a full fine-tune");
   }
+  if (pf.quant == Quant::int8)
+    throw InputError(
+        "--quant int8: the hf-peft profile does not model bitsandbytes' 8-bit base yet "
+        "(MatMul8bitLt keeps each layer's input and the outlier columns of every batch, sizes "
+        "that depend on the data, and the CPU takes MatMul8bitFp instead, so a CPU run cannot "
+        "prove it); trainmem's own step (--profile native) runs it");
   if (t.optimizer == Optimizer::lomo)
     throw InputError(
         "--optimizer lomo: LOMO updates every weight inside the backward; peft "

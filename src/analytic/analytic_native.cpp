@@ -149,7 +149,9 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
   if (t.quantized()) {
     const std::uint64_t bs = u(t.quant_blocksize);
     auto deq = [&](std::uint64_t n) {
-      const std::uint64_t absmax = t.double_quant ? checked_mul((n + bs - 1) / bs, 4) : 0;
+      // 4-bit under double quantization: its fp32 absmax rebuilt beside it (int8: none).
+      const std::uint64_t absmax =
+          t.quant4() && t.double_quant ? checked_mul((n + bs - 1) / bs, 4) : 0;
       return csum({checked_mul(n, l.w, "dequantized weight"), absmax}, "dequantized weight");
     };
     l.deq_ha = deq(checked_mul(l.h, l.ad));
@@ -607,6 +609,12 @@ void Stage::books() {
   est.param_count = Pk;
   auto& fg = est.figures;
   fg.params = p_.zero == 3 ? (off_params ? 0 : checked_mul(shard, w)) : checked_mul(Pk, w);
+  if (p_.zero == 3 && t_.lora()) {
+    // LoRA under ZeRO-3: the frozen base in its own flat vector, sharded alike, beside the
+    // adapters' shard (check_lora_layout: a 16-bit base, no parameter offload).
+    const std::uint64_t F = csub(Pk, T, "frozen parameters");
+    fg.params = checked_mul(csum({(F + dp - 1) / dp, shard}, "parameter shards"), w);
+  }
   if (p_.zero >= 2)
     fg.gradients = off_opt ? 0 : checked_mul(shard, w);
   else
@@ -614,16 +622,17 @@ void Stage::books() {
   const std::uint64_t updated = p_.zero >= 1 ? shard : Pk;
   fg.optimizer_states = off_opt ? 0 : checked_mul(updated, f, "optimizer states");
   if (t_.quantized()) {
-    // QLoRA: each layer's seven projections as bitsandbytes' 4-bit tensors instead of D.
+    // QLoRA: each layer's seven projections as bitsandbytes' 4-bit tensors instead of D
+    // (--quant int8: int8 and an fp32 absmax per row).
     const std::uint64_t proj[7] = {checked_mul(l.h, l.ad), checked_mul(l.h, l.kd),
                                    checked_mul(l.h, l.kd), checked_mul(l.ad, l.h),
                                    checked_mul(l.h, l.i),  checked_mul(l.h, l.i),
                                    checked_mul(l.i, l.h)};
+    const std::uint64_t rows[7] = {l.ad, l.kd, l.kd, l.h, l.i, l.i, l.h};  // out of each
     std::uint64_t dense = 0, q4 = 0;
-    for (std::uint64_t n : proj) {
-      dense = checked_add(dense, n, "parameters");
-      q4 = checked_add(q4, quant4_weight_bytes(n, u(t_.quant_blocksize), t_.double_quant),
-                       "4-bit weights");
+    for (int j = 0; j < 7; ++j) {
+      dense = checked_add(dense, proj[j], "parameters");
+      q4 = checked_add(q4, quantized_weight_bytes(proj[j], rows[j], t_), "quantized weights");
     }
     const std::uint64_t Ld = u(Ls_);
     fg.params = csum({checked_mul(csub(Pk, checked_mul(dense, Ld), "4-bit weights"), w),
@@ -1272,7 +1281,13 @@ void Stage::figures() {
         "input into a "
         "(b,s,in) workspace copy for A's GEMM, in forward, in the recompute and again in backward "
         "(where the copy then holds d_lora_a·A, added to dx through the mask)");
-  if (t_.quantized())
+  if (t_.quant8())
+    est.notes.push_back(
+        "8-bit base (--quant int8, bitsandbytes' LLM.int8 weight): the seven projections of every "
+        "layer stored as int8 (n bytes) with an fp32 absmax per output row (SCB); each GEMM that "
+        "reads one dequantizes it into workspace (CB·SCB/127 in the training dtype) and frees it "
+        "after the GEMM: forward, recompute and the backward's input gradients");
+  if (t_.quant4())
     est.notes.push_back(
         std::string("QLoRA: the seven projections of every layer stored 4-bit as bitsandbytes "
                     "stores them (") +

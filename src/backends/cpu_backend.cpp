@@ -208,6 +208,14 @@ class CpuBackend final : public Backend {
                      std::int64_t blocksize, Quant4Type t) override {
     quantize_4bit_cpu(packed, absmax, x, n, blocksize, t, dtype());
   }
+  void quantize_int8(std::int8_t* cb, float* scb, const void* w, std::int64_t rows,
+                     std::int64_t cols) override {
+    quantize_int8_cpu(cb, scb, w, rows, cols, dtype());
+  }
+  void dequantize_int8(void* out, const std::int8_t* cb, const float* scb, std::int64_t rows,
+                       std::int64_t cols) override {
+    dequantize_int8_cpu(out, cb, scb, rows, cols, dtype());
+  }
   void dequantize_4bit(void* out, const std::uint8_t* packed, const float* absmax, std::int64_t n,
                        std::int64_t blocksize, Quant4Type t, bool signed_zero) override {
     dequantize_4bit_cpu(out, packed, absmax, n, blocksize, t, signed_zero, dtype());

@@ -66,6 +66,9 @@ class MetaBackend final : public Backend {
                            const std::uint8_t*) override {}
   void dequantize_blockwise8(float*, const std::uint8_t*, const float*, const float*, std::int64_t,
                              std::int64_t, float) override {}
+  void quantize_int8(std::int8_t*, float*, const void*, std::int64_t, std::int64_t) override {}
+  void dequantize_int8(void*, const std::int8_t*, const float*, std::int64_t,
+                       std::int64_t) override {}
   float double_quant_offset(const float*, std::int64_t) override { return 0.0f; }
   void dropout_mask(std::uint8_t*, std::int64_t, float, std::uint64_t, std::uint64_t) override {}
   void moe_route(float*, std::int32_t*, float*, std::int32_t*, std::int32_t*, const void*,

@@ -447,12 +447,14 @@ const char* quant_name(Quant q) {
       return "nf4";
     case Quant::fp4:
       return "fp4";
+    case Quant::int8:
+      return "int8";
   }
   return "?";
 }
 
 std::optional<Quant> parse_quant(const std::string& name) {
-  for (Quant q : {Quant::none, Quant::nf4, Quant::fp4})
+  for (Quant q : {Quant::none, Quant::nf4, Quant::fp4, Quant::int8})
     if (name == quant_name(q)) return q;
   return std::nullopt;
 }
@@ -600,9 +602,9 @@ void TrainConfig::validate() const {
         "--lora-dropout: dropout applies to LoRA adapters; give --finetune lora|qlora");
   if (quant != Quant::none && lora_rank == 0)
     throw InputError(
-        "--quant: a 4-bit base is frozen and trains through LoRA adapters only; give "
-        "--finetune qlora (or lora with --quant nf4|fp4)");
-  if (quant != Quant::none) check_quant_blocksize(quant_blocksize);
+        "--quant: a quantized base is frozen and trains through LoRA adapters only; give "
+        "--finetune qlora (a 4-bit base) or --finetune lora --quant int8");
+  if (quant4()) check_quant_blocksize(quant_blocksize);
 }
 
 // ------------------------------------------------------------------ presets

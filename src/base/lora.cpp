@@ -86,6 +86,9 @@ std::string train_title_extras(const TrainConfig& t) {
     std::snprintf(p, sizeof p, "%g", t.lora_dropout);
     dropout = std::string(" dropout=") + p;
   }
+  if (t.quant8())  // LLM.int8's base (docs/native-plan.md, "8-bit base")
+    return "  lora r=" + std::to_string(t.lora_rank) + " " + lora_targets_name(t.lora_targets) +
+           dropout + " (base frozen, 8-bit int8, an fp32 absmax per row)" + capacity;
   if (t.quantized())  // QLoRA (docs/native-plan.md, "QLoRA")
     return "  qlora r=" + std::to_string(t.lora_rank) + " " + lora_targets_name(t.lora_targets) +
            dropout + " (base frozen, 4-bit " + quant_name(t.quant) +

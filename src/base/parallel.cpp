@@ -163,18 +163,22 @@ void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const Trai
 
 void check_lora_layout(const ParallelConfig& p, const TrainConfig& train) {
   if (!p.distributed() || !train.lora()) return;
-  const std::string ft = train.quantized() ? "--finetune qlora" : "--finetune lora";
+  const std::string ft = train.quant4()   ? "--finetune qlora"
+                         : train.quant8() ? "--finetune lora --quant int8"
+                                          : "--finetune lora";
   if (train.quantized() && p.tp > 1)
     throw InputError(ft + " with --tp " + str(p.tp) +
-                     ": each rank would quantize its own slice of a 4-bit weight, in blocks that "
-                     "are not the whole weight's; QLoRA per rank is modelled with dp, pp and cp "
-                     "(--tp 1)");
-  if (p.zero == 3)
+                     ": each rank would quantize its own slice of a weight, in blocks (rows) that "
+                     "are not the whole weight's; a quantized base per rank is modelled with dp, "
+                     "pp and cp (--tp 1)");
+  if (p.zero == 3 && train.quantized())
     throw InputError(ft +
-                     " with --zero 3: ZeRO-3 partitions the frozen base apart from the adapters' "
-                     "flat groups, which the sharded step does not model yet; use --zero 0, 1 or "
-                     "2 (the frozen base whole on every rank, the adapters' gradients and states "
-                     "sharded)");
+                     " with --zero 3: a quantized base is stored whole on every rank; ZeRO-3 "
+                     "with LoRA is modelled on a 16-bit base (--finetune lora)");
+  if (p.zero == 3 && p.offload == Offload::optimizer_params)
+    throw InputError(ft +
+                     " with --offload optimizer+params: the frozen base's shard stays on the "
+                     "device, which is not modelled; use --offload optimizer");
   if (p.sp)
     throw InputError(ft +
                      " with --sp: the adapters of o_proj and down_proj add their (b, s, r) rows "

@@ -133,8 +133,9 @@ int run_maxbatch(const MaxbatchFlags& flags) {
     throw InputError("--world-size with --finetune " + common.finetune +
                      ": hf-peft models one GPU's step (no parallel layout), and trainmem's own "
                      "step runs this recipe on one GPU only");
-  if (lora && !per_rank) {
-    // The hf-peft profile's search (one GPU), and below the native step's for a 16-bit base.
+  if (lora && !per_rank && !c.train.quant8()) {
+    // The hf-peft profile's search (one GPU), and below the native step's for a 16-bit base
+    // (hf-peft does not model the 8-bit base: the native step's search alone).
     if (!vary_batch)
       for (std::int64_t l = 0; l < c.model.layers; ++l)
         if (c.model.window_of(l) > 0)

@@ -200,8 +200,9 @@ void add_finetune_flags(CLI::App& cmd, CommonFlags& flags) {
                  "fp32|model: the adapters' dtype (peft upcasts them to fp32 by default) [fp32; "
                  "peft 0.10-0.11: the base's dtype, no option]");
   cmd.add_option("--quant", flags.quant,
-                 "none|nf4|fp4: bitsandbytes' 4-bit storage of the frozen base's linear weights "
-                 "(default: nf4 with --finetune qlora, none otherwise)");
+                 "none|nf4|fp4|int8: bitsandbytes' storage of the frozen base's linear weights, "
+                 "4-bit (--finetune qlora; default nf4) or LLM.int8's 8-bit (--finetune lora "
+                 "--quant int8: trainmem's own step; default: none)");
   cmd.add_option("--double-quant", flags.double_quant,
                  "on|off: quantize the 4-bit weights' absmax again (bnb_4bit_use_double_quant)")
       ->capture_default_str();
@@ -333,12 +334,8 @@ void resolve_peft(const CommonFlags& flags, PeftOptions& p) {
       flags.quant.empty() ? (p.finetune == Finetune::qlora ? "nf4" : "none") : flags.quant;
   if (const auto q = parse_quant(quant))
     p.quant = *q;
-  else if (quant == "int8")
-    throw InputError(
-        "--quant int8: bitsandbytes' 8-bit base (LLM.int8) is not modelled (its "
-        "MatMul8bitLt keeps other tensors, not measured); allowed: none, nf4, fp4");
   else
-    throw InputError("--quant: unknown '" + quant + "'; allowed: none, nf4, fp4");
+    throw InputError("--quant: unknown '" + quant + "'; allowed: none, nf4, fp4, int8");
   // The rank's range and the base/finetune pairs: check_hf_options, for every caller.
   p.double_quant = on_off(flags.double_quant, "--double-quant");
   p.kbit_prepare = on_off(flags.kbit_prepare, "--kbit-prepare");
@@ -362,6 +359,11 @@ void resolve_peft(const CommonFlags& flags, PeftOptions& p) {
     throw InputError(
         "--double-quant, --quant-blocksize and --kbit-prepare apply to a 4-bit base "
         "(--finetune qlora)");
+  if (p.quant == Quant::int8 && (flags.double_quant != defaults.double_quant ||
+                                 flags.quant_blocksize != defaults.quant_blocksize))
+    throw InputError(
+        "--double-quant and --quant-blocksize apply to a 4-bit base (--finetune qlora); "
+        "--quant int8 stores one fp32 absmax per row");
 }
 
 }  // namespace
@@ -594,8 +596,11 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
   }
   c.profiles_all = all_profiles;
   if (all_profiles && c.train.lora()) {
-    // Beside the native step, hf-peft where it models the family (LLaMA, Mistral, Qwen2).
+    // Beside the native step, hf-peft where it models the family (LLaMA, Mistral, Qwen2) and the
+    // base (not the 8-bit one yet).
     try {
+      if (c.train.quant8())
+        throw InputError("hf-peft does not model bitsandbytes' 8-bit base (--quant int8) yet");
       check_hf_model(Profile::hf_peft, c.hf, c.model);
     } catch (const InputError& e) {
       spdlog::warn("--profile all: hf-peft left out: {}", e.what());

@@ -274,10 +274,10 @@ bool has_lora(const LayerRank& R, int t) {
 }
 
 // The weight one GEMM of base projection `slot` reads: its parameter, or for a 4-bit weight
-// (QLoRA) a copy dequantized into workspace, `dequant.<proj>` (out, in) D, freed with this
-// object, right after the GEMM. Under double quantization the fp32 absmax is dequantized first
-// into `dequant.<proj>.absmax` (workspace, ceil(n / blocksize) f32), freed as soon as the weight
-// is written (docs/native-plan.md, "QLoRA").
+// (QLoRA) or an 8-bit one (--quant int8) a copy dequantized into workspace, `dequant.<proj>`
+// (out, in) D, freed with this object, right after the GEMM. Under double quantization the fp32
+// absmax is dequantized first into `dequant.<proj>.absmax` (workspace, ceil(n / blocksize) f32),
+// freed as soon as the weight is written (docs/native-plan.md, "QLoRA").
 struct GemmWeight {
   Tensor copy;
   const void* ptr = nullptr;
@@ -288,6 +288,15 @@ GemmWeight gemm_weight(const LayerRank& R, std::int64_t l, int g, int slot) {
   const std::string name = std::string("dequant.") + kProj[lora_index(slot)];
   const std::int64_t n = q->out * q->in, bs = R.train.quant_blocksize, nb = (n + bs - 1) / bs;
   Backend* be = R.backend;
+  if (R.train.quant8()) {  // LLM.int8: CB · (SCB / 127) per row, no absmax transient
+    GemmWeight w;
+    w.copy = R.ledger.allocate(name, Category::workspace, g, {q->out, q->in}, R.train.dtype);
+    w.ptr = w.copy.data();
+    if (be)
+      be->dequantize_int8(w.copy.data(), reinterpret_cast<const std::int8_t*>(q->packed),
+                          static_cast<const float*>(q->absmax), q->out, q->in);
+    return w;
+  }
   Tensor absmax;
   const float* am = static_cast<const float*>(q->absmax);
   if (R.train.double_quant) {

@@ -132,7 +132,7 @@ LlamaModel::LlamaModel(const ModelConfig& model, const TrainConfig& train, Backe
       params_.push_back(std::move(p));
       return;
     }
-    Quant4Param q = allocate_quant4(ledger_, p.name, layer, p.shape, train_);
+    QuantParam q = allocate_quantized(ledger_, p.name, layer, p.shape, train_);
     p.value = std::move(q.packed);  // the packed pairs, under the weight's name
     p.quant = int(quant_.size());
     quant_.push_back(std::move(q));
@@ -268,8 +268,8 @@ void LlamaModel::init_parameter(std::size_t pi, std::uint64_t seed) {
 
 void LlamaModel::quantize_parameter(std::size_t pi, const std::function<void(void*)>& fill) {
   Parameter& p = params_[pi];
-  quantize4(ledger_, &be_, p.value.as<std::uint8_t>(), quant_[std::size_t(p.quant)], p.layer,
-            p.shape, train_, fill);
+  quantize_base(ledger_, &be_, p.value.as<std::uint8_t>(), quant_[std::size_t(p.quant)], p.layer,
+                p.shape, train_, fill);
 }
 
 void LlamaModel::set_parameter_values(const std::string& hf_name,

@@ -92,17 +92,18 @@ void ShardedStep::Impl::initialise() {
   // init, or under tensor parallelism or from --weights the rank's elements made on the host.
   for (std::size_t q = 0; q < value.size(); ++q) {
     if (P[q].quant >= 0) {  // QLoRA: the D weight quantized into its 4-bit tensors
-      quantize4(ledger, be, value[q].as<std::uint8_t>(), quant[std::size_t(P[q].quant)], P[q].layer,
-                P[q].shape, t, [&](void* dense) {
-                  if (p.tp == 1 && X->weights.empty()) {
-                    be->init_param(dense, nullptr, P[q].n, init_of(q));
-                    return;
-                  }
-                  const std::vector<float> f = rank_values(q);
-                  std::vector<unsigned char> raw(P[q].n * es);
-                  for (std::uint64_t e = 0; e < P[q].n; ++e) store_from_f32(raw.data(), e, D, f[e]);
-                  be->upload(dense, raw.data(), raw.size());
-                });
+      quantize_base(ledger, be, value[q].as<std::uint8_t>(), quant[std::size_t(P[q].quant)],
+                    P[q].layer, P[q].shape, t, [&](void* dense) {
+                      if (p.tp == 1 && X->weights.empty()) {
+                        be->init_param(dense, nullptr, P[q].n, init_of(q));
+                        return;
+                      }
+                      const std::vector<float> f = rank_values(q);
+                      std::vector<unsigned char> raw(P[q].n * es);
+                      for (std::uint64_t e = 0; e < P[q].n; ++e)
+                        store_from_f32(raw.data(), e, D, f[e]);
+                      be->upload(dense, raw.data(), raw.size());
+                    });
       continue;
     }
     float* master = states.empty() ? nullptr : states[q].master.as<float>();
@@ -128,6 +129,21 @@ void ShardedStep::Impl::initialise() {
     h_grad.assign(shard, 0.0f);
     if (p.offload == Offload::optimizer_params) h_params.assign(shard * es, 0);
     host_be = make_cpu_backend(DType::f32);
+  }
+  if (frozen_shard) {  // LoRA under ZeRO-3: the frozen base's owned slice
+    std::vector<float> f(std::size_t(fhi - flo));
+    for (std::size_t q = 0; q < P.size(); ++q) {
+      if (P[q].trainable) continue;
+      const std::uint64_t a = std::max(flo, P[q].off), z = std::min(fhi, P[q].off + P[q].n);
+      if (a >= z) continue;
+      const std::vector<float> v = rank_values(q);
+      std::copy(v.begin() + std::ptrdiff_t(a - P[q].off), v.begin() + std::ptrdiff_t(z - P[q].off),
+                f.begin() + std::ptrdiff_t(a - flo));
+    }
+    std::vector<unsigned char> raw(f.size() * es);
+    for (std::size_t x = 0; x < f.size(); ++x) store_from_f32(raw.data(), x, D, f[x]);
+    be->fill_zero(frozen_shard.data(), frozen_shard.bytes());
+    be->upload(frozen_shard.data(), raw.data(), raw.size());
   }
   if (shard_master || params_shard || !h_master.empty() || !h_params.empty()) {
     std::vector<float> f(std::size_t(hi - lo));
@@ -319,6 +335,17 @@ void ShardedStep::Impl::fill_unit(int u) {
   be->synchronize();
   for (const auto& [q, pos] : members[std::size_t(u)]) {
     const ParamShape& pq = P[std::size_t(q)];
+    if (!pq.trainable) {  // LoRA: the frozen base's flat vector
+      by_owner_of(fshard, pq.off, pq.off + pq.n, [&](int owner, std::uint64_t a, std::uint64_t z) {
+        char* dst = elem_ptr(buf, pos + (a - pq.off));
+        if (owner == r) {
+          be->copy(dst, elem_ptr(frozen_shard, a - flo), (z - a) * es);
+          be->synchronize();
+        }
+        X->data.broadcast(dst, z - a, D, owner);
+      });
+      continue;
+    }
     by_owner(pq.off, pq.off + pq.n, [&](int owner, std::uint64_t a, std::uint64_t z) {
       char* dst = elem_ptr(buf, pos + (a - pq.off));
       if (owner == r && !h_params.empty()) {

@@ -23,7 +23,7 @@
 #include "trainmem/model/activation_offload.hpp"
 #include "trainmem/model/decoder_layer.hpp"
 #include "trainmem/model/model.hpp"
-#include "trainmem/model/quant4_param.hpp"
+#include "trainmem/model/quant_param.hpp"
 #include "trainmem/model/sharded_step.hpp"
 
 namespace trainmem {
@@ -55,9 +55,12 @@ struct ShardedStep::Impl : LayerHost {
   int cr = 0;                    // its context-parallel index (r mod cp)
   std::uint64_t shard = 0;       // elements per rank of the flat vectors
   std::uint64_t lo = 0, hi = 0;  // the flat range this rank owns
-  std::size_t es = 4;            // bytes of D
-  float S = 1, ce_scale = 1;     // the loss scale and the cross-entropy backward's scale
-  double loss_sum = 0;           // this rank's summed token losses of the step
+  // LoRA under ZeRO-3: the frozen base's own flat vector (ParamShape::off of a frozen parameter),
+  // sharded alike into `frozen_shard` (docs/distributed.md, "LoRA per rank").
+  std::uint64_t Fk = 0, fshard = 0, flo = 0, fhi = 0;
+  std::size_t es = 4;         // bytes of D
+  float S = 1, ce_scale = 1;  // the loss scale and the cross-entropy backward's scale
+  double loss_sum = 0;        // this rank's summed token losses of the step
   std::vector<std::int32_t> global_tokens;
   // Tensor parallelism (tpx: a measured run with tp > 1): the group, this rank's index in it,
   // its vocabulary rows [V_lo, V_lo + V), and the micro-batch's rows whose token (target) lies
@@ -90,6 +93,7 @@ struct ShardedStep::Impl : LayerHost {
   std::vector<States> states;  // per parameter (ZeRO 0)
   States shard_states;         // ZeRO >= 1
   Tensor params_shard, grads_shard, tokens, targets, bucket;
+  Tensor frozen_shard;  // LoRA under ZeRO-3: the rank's slice of the frozen base
   // --offload (measured): what DeepSpeed keeps in host memory, each (shard) elements: the
   // optimizer states (fp32 master when D is 16-bit, m, v), the fp32 gradient shard the host
   // optimizer reads, and under optimizer+params the D parameter shard; the host update runs on a
@@ -149,7 +153,7 @@ struct ShardedStep::Impl : LayerHost {
     int quant = -1;  // QLoRA: its index in `quant` (a frozen 4-bit base projection), else -1
   };
   // QLoRA: each 4-bit weight's tensors but the packed pairs (its `value`), by ParamShape::quant.
-  std::vector<Quant4Param> quant;
+  std::vector<QuantParam> quant;
   std::vector<ParamShape> P;
   std::vector<std::array<int, kLayerParams>>
       lidx;                                    // [local layer][slot] -> index in P, -1 if absent
@@ -168,8 +172,14 @@ struct ShardedStep::Impl : LayerHost {
   // The ranks' owned flat ranges overlapping [from, to): f(owner, first, end).
   template <class F>
   void by_owner(std::uint64_t from, std::uint64_t to, F&& f) const {
-    for (std::uint64_t q = from / shard; q < std::uint64_t(p.grad_ranks()) && q * shard < to; ++q)
-      f(int(q), std::max(from, q * shard), std::min(to, (q + 1) * shard));
+    by_owner_of(shard, from, to, f);
+  }
+  // The same over a flat vector of `per` elements per rank (the frozen base's under LoRA).
+  template <class F>
+  void by_owner_of(std::uint64_t per, std::uint64_t from, std::uint64_t to, F&& f) const {
+    if (per == 0) return;
+    for (std::uint64_t q = from / per; q < std::uint64_t(p.grad_ranks()) && q * per < to; ++q)
+      f(int(q), std::max(from, q * per), std::min(to, (q + 1) * per));
   }
   ParamInit init_of(std::size_t q) const;
   // The parameter's index in the whole model's setup order (LlamaModel's): with pp = 1 the

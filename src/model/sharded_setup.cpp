@@ -71,6 +71,9 @@ void ShardedStep::Impl::setup() {
       P[q].off = Pk;
       Pk = checked_add(Pk, P[q].n, "parameters");
       largest = std::max(largest, P[q].n);
+    } else {  // LoRA's frozen base: its own flat vector (sharded under ZeRO-3 only)
+      P[q].off = Fk;
+      Fk = checked_add(Fk, P[q].n, "parameters");
     }
     const int qi = int(q);
     if (P[q].slot >= 0)
@@ -113,6 +116,12 @@ void ShardedStep::Impl::setup() {
   const bool off_params = p.offload == Offload::optimizer_params;
   // 1. parameters.
   if (p.zero == 3) {
+    if (Fk > 0) {  // LoRA: the frozen base's slice, then the adapters'
+      fshard = (Fk + ranks - 1) / ranks;
+      flo = std::min(Fk, std::uint64_t(r) * fshard);
+      fhi = std::min(Fk, flo + fshard);
+      frozen_shard = alloc("params.frozen_shard", Category::params, -1, {std::int64_t(fshard)}, D);
+    }
     if (!off_params) params_shard = alloc("params.shard", Category::params, -1, {shard_n}, D);
   } else {
     for (auto& q : P) {
@@ -122,7 +131,7 @@ void ShardedStep::Impl::setup() {
       }
       // QLoRA: bitsandbytes' tensors of the frozen projection (check_lora_layout: tp 1, so the
       // whole weight); the packed pairs are its value.
-      Quant4Param qp = allocate_quant4(ledger, q.name, q.layer, q.shape, t);
+      QuantParam qp = allocate_quantized(ledger, q.name, q.layer, q.shape, t);
       value.push_back(std::move(qp.packed));
       q.quant = int(quant.size());
       quant.push_back(std::move(qp));

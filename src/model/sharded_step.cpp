@@ -243,13 +243,15 @@ std::vector<float> ShardedStep::Impl::parameter_values(const std::string& name) 
   std::vector<unsigned char> raw(P[q].n * es);
   if (p.zero < 3) {
     be->download(raw.data(), value[q].data(), raw.size());
-  } else {  // every rank's shard, on the host, then the parameter's range
-    std::vector<unsigned char> mine(shard * es), all(shard * es * std::size_t(p.grad_ranks()));
-    if (!h_params.empty())
+  } else {  // every rank's shard (the frozen base's under LoRA), then the parameter's range
+    const bool frozen = !P[q].trainable;
+    const std::uint64_t per = frozen ? fshard : shard;
+    std::vector<unsigned char> mine(per * es), all(per * es * std::size_t(p.grad_ranks()));
+    if (!h_params.empty() && !frozen)
       std::memcpy(mine.data(), h_params.data(), mine.size());
     else
-      be->download(mine.data(), params_shard.data(), mine.size());
-    X->host.all_gather(mine.data(), all.data(), shard * es / 2, DType::f16);
+      be->download(mine.data(), (frozen ? frozen_shard : params_shard).data(), mine.size());
+    X->host.all_gather(mine.data(), all.data(), per * es / 2, DType::f16);
     std::memcpy(raw.data(), all.data() + P[q].off * es, raw.size());
   }
   std::vector<float> out(P[q].n);

@@ -373,11 +373,15 @@ std::string render_maxbatch_policies(const std::vector<MaxbatchPolicyRun>& runs,
         (bnb_optimizer(first.train.optimizer) || first.train.dtype == DType::f32
              ? std::string(", no master copy")
              : std::string(" with fp32 master weights")) +
-        (first.train.quantized() ? std::string(", on the 4-bit ") + quant_name(first.train.quant) +
-                                       " base dequantized around each GEMM"
-                                 : std::string()) +
+        (first.train.quantized()
+             ? std::string(first.train.quant8() ? ", on the 8-bit " : ", on the 4-bit ") +
+                   quant_name(first.train.quant) + " base dequantized around each GEMM"
+             : std::string()) +
         ", attention=" + attention_name(first.train.attention) + "; docs/native-plan.md, " +
-        (first.train.quantized() ? "\"QLoRA\")" : "\"LoRA\")") + managed);
+        (first.train.quant4()   ? "\"QLoRA\")"
+         : first.train.quant8() ? "\"8-bit base\")"
+                                : "\"LoRA\")") +
+        managed);
   w->table(t);
   if (mixed)
     w->line(

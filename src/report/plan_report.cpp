@@ -125,7 +125,7 @@ json plan_json(const PlanResult& r) {
   for (Optimizer x : o.optimizers) optimizers.push_back(optimizer_name(x));
   // The recipe every layout trains (--finetune): full, or LoRA's rank and targets.
   const TrainConfig& ft = o.finetune;
-  json finetune{{"finetune", !ft.lora() ? "full" : ft.quantized() ? "qlora" : "lora"}};
+  json finetune{{"finetune", !ft.lora() ? "full" : ft.quant4() ? "qlora" : "lora"}};
   if (ft.lora()) {
     finetune["lora_rank"] = ft.lora_rank;
     finetune["lora_targets"] = lora_targets_name(ft.lora_targets);

@@ -260,15 +260,17 @@ json run_json(const TrainConfig& t, const std::string& backend, int steps) {
          {key::kAttention, attention_name(t.attention)},
          {key::kOffloadActivations, t.offload_activations}};
   if (t.lora()) {  // trainmem's own LoRA step (docs/native-plan.md, "LoRA")
-    j["finetune"] = t.quantized() ? "qlora" : "lora";
+    j["finetune"] = t.quant4() ? "qlora" : "lora";
     j["lora_rank"] = t.lora_rank;
     j["lora_targets"] = lora_targets_name(t.lora_targets);
     j["lora_alpha"] = t.lora_alpha;
     j["lora_dropout"] = t.lora_dropout;
-    if (t.quantized()) {  // QLoRA (docs/native-plan.md, "QLoRA")
+    if (t.quant4()) {  // QLoRA (docs/native-plan.md, "QLoRA")
       j["quant"] = quant_name(t.quant);
       j["double_quant"] = t.double_quant;
       j["quant_blocksize"] = t.quant_blocksize;
+    } else if (t.quant8()) {  // the 8-bit base (docs/native-plan.md, "8-bit base")
+      j["quant"] = quant_name(t.quant);
     }
   }
   if (t.capacity_factor > 0) j["capacity_factor"] = t.capacity_factor;  // a mixture of experts

@@ -180,6 +180,13 @@ class Backend {
   virtual void quantize_blockwise8(std::uint8_t* q, float* absmax, const float* x, float sub,
                                    std::int64_t n, std::int64_t blocksize,
                                    const std::uint8_t* lut) = 0;
+  // bitsandbytes' 8-bit base (--quant int8; kernels/quant4/quant4.hpp; docs/native-plan.md,
+  // "8-bit base"): quantize_int8: cb (rows·cols) int8 and scb (rows) f32 from w (rows, cols) D;
+  // dequantize_int8: out (rows, cols) D = cb · (scb / 127) per row.
+  virtual void quantize_int8(std::int8_t* cb, float* scb, const void* w, std::int64_t rows,
+                             std::int64_t cols) = 0;
+  virtual void dequantize_int8(void* out, const std::int8_t* cb, const float* scb,
+                               std::int64_t rows, std::int64_t cols) = 0;
   virtual void dequantize_blockwise8(float* out, const std::uint8_t* q, const float* absmax,
                                      const float* code, std::int64_t n, std::int64_t blocksize,
                                      float add) = 0;

@@ -158,6 +158,10 @@ struct TrainConfig {
   bool double_quant = true;
   std::int64_t quant_blocksize = 64;
   constexpr bool quantized() const { return quant != Quant::none; }
+  // The 4-bit base (QLoRA: nf4, fp4) or the 8-bit one (--quant int8: int8 weights with an fp32
+  // absmax per row, docs/native-plan.md, "8-bit base").
+  constexpr bool quant4() const { return quant == Quant::nf4 || quant == Quant::fp4; }
+  constexpr bool quant8() const { return quant == Quant::int8; }
   // --capacity-factor C (a mixture of experts in trainmem's own step; docs/native-plan.md,
   // "Capacity"): each expert takes at most ⌈(b·s·K / E)·C⌉ rows, GShard's token dropping; 0: no
   // capacity, every choice kept.

@@ -29,8 +29,8 @@ constexpr bool paged_optimizer(Optimizer o) {
 // (docs/decisions.md, "Which layers are checkpointed, and selective recompute").
 enum class Checkpointing { none, full, selective };
 enum class Attention { eager, flash };
-// bitsandbytes' storage of a frozen base's linear weights (QLoRA: nf4): none keeps them in the
-// training dtype.
-enum class Quant { none, nf4, fp4 };
+// bitsandbytes' storage of a frozen base's linear weights (QLoRA: nf4; int8: LLM.int8's
+// row-wise 8-bit weight, load_in_8bit): none keeps them in the training dtype.
+enum class Quant { none, nf4, fp4, int8 };
 
 }  // namespace trainmem

@@ -82,12 +82,13 @@ constexpr bool is_quantizable_slot(int slot) {
 }
 // Double quantization quantizes the fp32 absmax in 8-bit blocks of this many entries.
 constexpr std::int64_t kQuantNestedBlock = 256;
-inline Quant4Type quant4_type(Quant q) {
+inline Quant4Type quant4_type(Quant q) {  // nf4 or fp4 (TrainConfig::quant4)
   return q == Quant::fp4 ? Quant4Type::fp4 : Quant4Type::nf4;
 }
 // A 4-bit weight (out, in) as a GEMM's reader sees it, in backend memory: the packed pairs, the
 // absmax per block (u8 under double quantization, with its fp32 nested absmax per 256, the
 // nested code and the offset; f32 otherwise).
+// (--quant int8: packed is CB (out·in int8 bytes), absmax SCB (out f32); the rest unused.)
 struct Quant4View {
   const std::uint8_t* packed = nullptr;
   const void* absmax = nullptr;

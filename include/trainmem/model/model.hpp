@@ -51,7 +51,7 @@
 #include "trainmem/model/decoder_layer.hpp"
 #include "trainmem/model/model_acts.hpp"
 #include "trainmem/model/optimizer.hpp"
-#include "trainmem/model/quant4_param.hpp"
+#include "trainmem/model/quant_param.hpp"
 
 namespace trainmem {
 
@@ -248,7 +248,7 @@ class LlamaModel : private LayerHost {
   std::vector<Parameter> params_;
   // QLoRA: each 4-bit weight's other tensors (bitsandbytes' QuantState), by Parameter::quant
   // (its packed pairs are the Parameter's value).
-  std::vector<Quant4Param> quant_;
+  std::vector<QuantParam> quant_;
   std::vector<LayerRouting> routing_;  // per layer, the last forward's (MoE, computing backends)
   // The load-balancing loss (ModelConfig::output_router_logits): per expert, over every layer of
   // this step's forward, the (token, choice) pairs routed to it and the sum of its probabilities

@@ -269,6 +269,14 @@ void CudaBackend::quantize_4bit(std::uint8_t* packed, float* absmax, const void*
                                 std::int64_t blocksize, Quant4Type t) {
   quantize_4bit_cuda(packed, absmax, x, n, blocksize, t, dtype(), stream_);
 }
+void CudaBackend::quantize_int8(std::int8_t* cb, float* scb, const void* w, std::int64_t rows,
+                                std::int64_t cols) {
+  quantize_int8_cuda(cb, scb, w, rows, cols, dtype(), stream_);
+}
+void CudaBackend::dequantize_int8(void* out, const std::int8_t* cb, const float* scb,
+                                  std::int64_t rows, std::int64_t cols) {
+  dequantize_int8_cuda(out, cb, scb, rows, cols, dtype(), stream_);
+}
 void CudaBackend::dequantize_4bit(void* out, const std::uint8_t* packed, const float* absmax,
                                   std::int64_t n, std::int64_t blocksize, Quant4Type t,
                                   bool signed_zero) {

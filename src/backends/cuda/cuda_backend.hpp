@@ -118,6 +118,10 @@ class CudaBackend final : public Backend {
                      std::int64_t blocksize, Quant4Type t) override;
   void dequantize_4bit(void* out, const std::uint8_t* packed, const float* absmax, std::int64_t n,
                        std::int64_t blocksize, Quant4Type t, bool signed_zero) override;
+  void quantize_int8(std::int8_t* cb, float* scb, const void* w, std::int64_t rows,
+                     std::int64_t cols) override;
+  void dequantize_int8(void* out, const std::int8_t* cb, const float* scb, std::int64_t rows,
+                       std::int64_t cols) override;
   void quantize_blockwise8(std::uint8_t* q, float* absmax, const float* x, float sub,
                            std::int64_t n, std::int64_t blocksize,
                            const std::uint8_t* lut) override;

@@ -1,16 +1,26 @@
-// A frozen 4-bit base weight's storage and quantization (include/trainmem/model/quant4_param.hpp).
-#include "trainmem/model/quant4_param.hpp"
+// A frozen quantized base weight's storage and quantization
+// (include/trainmem/model/quant_param.hpp).
+#include "trainmem/model/quant_param.hpp"
 
 namespace trainmem {
 
-Quant4Param allocate_quant4(Ledger& ledger, const std::string& name, int layer,
-                            const std::vector<std::int64_t>& shape, const TrainConfig& train) {
+QuantParam allocate_quantized(Ledger& ledger, const std::string& name, int layer,
+                              const std::vector<std::int64_t>& shape, const TrainConfig& train) {
   const std::int64_t n = shape.at(0) * shape.at(1), bs = train.quant_blocksize,
                      nb = (n + bs - 1) / bs;
   auto q4 = [&](const char* what, std::vector<std::int64_t> s, DType dt) {
     return ledger.allocate(name + what, Category::params, layer, std::move(s), dt);
   };
-  Quant4Param q;
+  QuantParam q;
+  q.view.out = shape[0];
+  q.view.in = shape[1];
+  if (train.quant8()) {                   // LLM.int8: CB (out, in) int8, SCB (out) fp32
+    q.packed = q4("", shape, DType::u8);  // int8 bytes (the ledger has no signed 8-bit dtype)
+    q.absmax = q4(".SCB", {shape[0]}, DType::f32);
+    q.view.packed = q.packed.as<std::uint8_t>();
+    q.view.absmax = q.absmax.data();
+    return q;
+  }
   q.packed = q4("", {(n + 1) / 2, 1}, DType::u8);
   q.absmax = q4(".absmax", {nb}, train.double_quant ? DType::u8 : DType::f32);
   q.quant_map = q4(".quant_map", {16}, DType::f32);
@@ -24,18 +34,24 @@ Quant4Param allocate_quant4(Ledger& ledger, const std::string& name, int layer,
   q.view.absmax = q.absmax.data();
   q.view.nested_absmax = q.nested_absmax ? q.nested_absmax.as<float>() : nullptr;
   q.view.nested_code = q.nested_quant_map ? q.nested_quant_map.as<float>() : nullptr;
-  q.view.out = shape[0];
-  q.view.in = shape[1];
   return q;
 }
 
-void quantize4(Ledger& ledger, Backend* be, std::uint8_t* packed, Quant4Param& q, int layer,
-               const std::vector<std::int64_t>& shape, const TrainConfig& train,
-               const std::function<void(void*)>& fill) {
+void quantize_base(Ledger& ledger, Backend* be, std::uint8_t* packed, QuantParam& q, int layer,
+                   const std::vector<std::int64_t>& shape, const TrainConfig& train,
+                   const std::function<void(void*)>& fill) {
   auto ph = ledger.scope(Phase::setup);
   auto ws = [&](const char* name, std::vector<std::int64_t> s, DType dt) {
     return ledger.allocate(name, Category::workspace, layer, std::move(s), dt);
   };
+  if (train.quant8()) {  // Int8Params._quantize: the dense weight, then CB and SCB per row
+    Tensor dense = ws("quantize.weight", shape, train.dtype);
+    if (be && be->computes()) fill(dense.data());
+    if (be)
+      be->quantize_int8(reinterpret_cast<std::int8_t*>(packed), q.absmax.as<float>(), dense.data(),
+                        shape.at(0), shape.at(1));
+    return;
+  }
   const std::int64_t n = shape.at(0) * shape.at(1), bs = train.quant_blocksize,
                      nb = (n + bs - 1) / bs;
   const Quant4Type type = quant4_type(train.quant);
