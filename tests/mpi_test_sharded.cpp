@@ -468,10 +468,13 @@ int main(int argc, char** argv) {
       std::vector<Layout> layouts;
       for (int zero = 0; zero <= (N > 1 ? 3 : 0); ++zero) layouts.push_back({1, 1, zero, 1});
       if (N > 1) layouts.push_back({1, 1, 2, 2}), layouts.push_back({1, 1, 3, 2});
-      if (N % 2 == 0)
+      if (N % 2 == 0) {
         layouts.push_back({2, 1, N > 2 ? 2 : 0, 1}), layouts.push_back({1, 2, N > 2 ? 1 : 0, 3});
-      for (const std::string name : {"tiny", "tiny-qwen2", "tiny-gqa qlora"}) {
-        const bool qlora = name == "tiny-gqa qlora";
+        // tp under checkpointing: the recompute's row-parallel rows summed over the group too.
+        layouts.push_back({2, 1, N > 2 ? 3 : 0, 2});
+      }
+      for (const std::string name : {"tiny", "tiny-qwen2", "tiny-gqa qlora", "tiny-gqa int8"}) {
+        const bool qlora = name == "tiny-gqa qlora" || name == "tiny-gqa int8";
         std::vector<StepsResult> by_zero;
         for (const Layout& lay : layouts) {
           // check_lora_layout: a quantized base with tp 1 and ZeRO 0-2
@@ -488,7 +491,8 @@ int main(int argc, char** argv) {
           t.attention = Attention::flash;
           t.lora_rank = 4;
           t.lora_targets = 0x7fu;
-          if (qlora) t.quant = Quant::nf4;  // with double quantization
+          if (qlora)  // nf4 with double quantization, or LLM.int8's 8-bit base
+            t.quant = name == "tiny-gqa int8" ? Quant::int8 : Quant::nf4;
           const StepsResult ref = reference_steps(m, t, dp * lay.M * t.batch, 17, kSteps);
           std::ostringstream label;
           label << name << " LoRA fp32 M " << lay.M << " tp " << lay.tp << " pp " << lay.pp

@@ -85,7 +85,7 @@ struct ShardedRun {
     StepsResult r;
     for (int n = 0; n < steps; ++n) r.losses.push_back(step->train_step());
     for (const auto& name : step->parameter_names()) {
-      if (step->is_4bit(name)) continue;  // QLoRA: frozen, compared through the losses
+      if (step->is_quantized(name)) continue;  // frozen 4-bit/int8: compared through the losses
       r.weights[name] = step->parameter_values(name);
       if (exec->tp) r.elements[name] = step->parameter_elements(name);
     }

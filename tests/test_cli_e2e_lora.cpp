@@ -848,6 +848,7 @@ TEST(CliE2ELora, LoraPerRankShardsTheAdaptersOnly) {
   EXPECT_EQ(n(rank["figures"]["gradients"]), 2 * shard);
   EXPECT_EQ(n(rank["figures"]["optimizer_states"]), 12 * shard);
   EXPECT_EQ(j["run"]["finetune"], "lora");
+  ASSERT_FALSE(j["references"]["estimators"].empty());
   for (const json& e : j["references"]["estimators"]) {
     EXPECT_FALSE(e["covers"].get<bool>()) << e["profile"];
     EXPECT_TRUE(has(e["why_not"].get<std::string>(), "models a full fine-tune"));

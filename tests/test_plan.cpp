@@ -14,6 +14,7 @@
 #include "trainmem/analytic/analytic.hpp"
 #include "trainmem/analytic/plan.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/base/lora.hpp"
 
 namespace trainmem {
 namespace {
@@ -371,6 +372,35 @@ TEST(Plan, TheCostModelMatchesHandComputedFigures) {
     EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).tp_bytes, without);
     EXPECT_DOUBLE_EQ(without, 1 * 2 * 4 * 1.0 * 1 * 16 * 64 * 2);
   }
+}
+
+// LoRA (docs/plan.md, "LoRA") by hand, on tiny (h 64, i 176, L 2; a = k = 4, d 16): adapters
+// r 8 on q and v, P_a = L·2·r·(h + h) = 4,096 elements; no weight gradient for the frozen base.
+TEST(Plan, TheCostModelOfLoraMatchesHandComputedFigures) {
+  const ModelConfig m = tiny();
+  CostModel rates;
+  rates.tflops = 1;
+  rates.link_gbps = 8;
+  ParallelConfig p;
+  p.world = 4;
+  p.dp = 4;
+  p.zero = 2;
+  p.microbatches = 2;
+  TrainConfig t;
+  t.batch = 1;
+  t.seq = 16;
+  t.lora_rank = 8;
+  t.lora_targets = kLoraPeftDefault;
+  const double P = 117056, Pa = 2 * 2 * 8 * (64 + 64), T = 1 * 2 * 4 * 16;
+  ASSERT_EQ(lora_trainable_count(m, 8, kLoraPeftDefault), std::uint64_t(Pa));
+  StepCost c = step_cost(m, t, p, rates);
+  EXPECT_DOUBLE_EQ(c.flops_per_gpu, (4 * P * T + 6 * Pa * T + 12.0 * 2 * 64 * 16 * T) / 4);
+  // ZeRO-2: (M + 1)·(dp−1)/dp·P_a·w: only the adapters' gradients.
+  EXPECT_DOUBLE_EQ(c.dp_bytes, 3 * 0.75 * Pa * 2);
+  // ZeRO-3: the adapters reduce-scattered per micro-batch, every parameter gathered twice.
+  p.zero = 3;
+  c = step_cost(m, t, p, rates);
+  EXPECT_DOUBLE_EQ(c.dp_bytes, 2 * 0.75 * Pa * 2 + 2 * 2 * 0.75 * (P + Pa) * 2);
 }
 
 // Context parallelism by hand, on tiny (k 4, d 16): dp 1 tp 2 pp 1 cp 2, ZeRO-1, b 2, M 1,

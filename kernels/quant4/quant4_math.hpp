@@ -175,7 +175,8 @@ TM_HD float dequantize_blockwise8_elem(const std::uint8_t* q, const float* absma
 // docs/formulas.md section "8-bit base in the native step"): per row the absmax of the fp16
 // values (SCB, fp32), scale = fp32(fp32(1/SCB)·127) (torch's `127.0 / t` is a reciprocal times
 // 127), CB = rint(fp32(w16)·scale) rounded half to even into int8 (|CB| <= 127 by construction).
-// A row of zeros stores SCB 0 and CB 0 (bnb's NaN cast, 0 on the CPUs seen).
+// A row of zeros stores SCB 0 and CB 0 (bnb's NaN cast, 0 on the CPUs seen); so does a row whose
+// absmax is not finite (a weight beyond fp16's range: bnb's inf·0 cast, undefined in C).
 template <class S>
 TM_HD void quantize_int8_row(std::int8_t* cb, float* scb, const void* w, std::int64_t cols,
                              std::int64_t row) {
@@ -186,10 +187,11 @@ TM_HD void quantize_int8_row(std::int8_t* cb, float* scb, const void* w, std::in
     if (a > am) am = a;
   }
   scb[row] = am;
-  const float scale = am > 0.0f ? tm_mul_rn(1.0f / am, 127.0f) : 0.0f;
+  const bool scaled = am > 0.0f && am <= 3.402823466e38f;  // finite and not zero
+  const float scale = scaled ? tm_mul_rn(1.0f / am, 127.0f) : 0.0f;
   for (std::int64_t j = 0; j < cols; ++j) {
     const float v = f16_to_f32(f32_to_f16(S::load(w, std::size_t(lo + j))));
-    cb[lo + j] = static_cast<std::int8_t>(::rintf(tm_mul_rn(v, scale)));
+    cb[lo + j] = scaled ? static_cast<std::int8_t>(::rintf(tm_mul_rn(v, scale))) : 0;
   }
 }
 

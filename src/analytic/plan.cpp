@@ -273,6 +273,9 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
       break;
     default:  // 3: + the parameters gathered for every forward and every backward
       c.dp_bytes = 3.0 * M * f * P_local * w;
+      // LoRA: the gathers carry every parameter, the frozen base's too; the reduce-scatters
+      // the adapters' gradients alone.
+      if (train.lora()) c.dp_bytes = M * f * P_local * w + 2.0 * M * f * (P + Pa) / (tp * pp) * w;
       break;
   }
   // Tensor parallelism: 2 all-reduces per layer forward, 2 backward (+2 in the recompute),

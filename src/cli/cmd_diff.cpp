@@ -154,10 +154,11 @@ const std::vector<SideOption> kSideOptions = {
        std::replace(list.begin(), list.end(), '+', ',');
        s.hf.peft.targets = parse_lora_targets(list);
      }},
-    {"quant", Kind::profile, "none|nf4|fp4 (hf-peft, native; as --quant)",
+    {"quant", Kind::profile, "none|nf4|fp4|int8 (hf-peft, native; as --quant)",
      [](SideSetup& s, const std::string& v, const std::string& which) {
        const auto q = parse_quant(v);
-       if (!q) throw InputError("diff " + which + ": quant=" + v + "; allowed: none, nf4, fp4");
+       if (!q)
+         throw InputError("diff " + which + ": quant=" + v + "; allowed: none, nf4, fp4, int8");
        s.hf.peft.quant = *q;
      }},
     {"prepare", Kind::profile, "on|off (hf-peft with a 4-bit base; as --kbit-prepare)",
@@ -288,17 +289,19 @@ diff::Side profile_side(const DiffSideSpec& spec, const std::string& text, const
         if (kv.first == "rank" || kv.first == "targets" || kv.first == "quant")
           throw InputError(kv.first + "= needs finetune=lora|qlora (or --finetune lora|qlora)");
     if (native && p.finetune != Finetune::full) {
-      // trainmem's own LoRA / QLoRA step (docs/native-plan.md, "LoRA", "QLoRA").
+      // trainmem's own LoRA / QLoRA step (docs/native-plan.md, "LoRA", "QLoRA"): its recipe's
+      // finetune/quant pairs are hf-peft's (a 4-bit base is qlora, int8 lora's).
+      check_hf_options(Profile::hf_peft, s.hf);
       p.apply_to(s.train);
     }
     s.train.validate();
     check_hf_options(profile, s.hf);
+    diff::Side side = diff::side_from_estimate(estimate(profile, s.model, s.train, s.hf));
+    side.spec = text;
+    return side;
   } catch (const InputError& e) {
     throw InputError("diff " + which + " (" + text + "): " + e.what());
   }
-  diff::Side side = diff::side_from_estimate(estimate(profile, s.model, s.train, s.hf));
-  side.spec = text;
-  return side;
 }
 
 // A side on its way: parsed, its report read and its run chosen, its profile decided where it

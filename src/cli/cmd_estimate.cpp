@@ -90,13 +90,9 @@ Runner register_estimate(CLI::App& app) {
                               /*native_lora=*/true);
     const ParallelConfig par = resolve_layout(*layout, c.model, c.train);
     if (c.hf.peft.finetune != Finetune::full) {
-      // trainmem's own LoRA step runs per rank (docs/distributed.md, "LoRA per rank"); hf-peft
-      // does not.
-      const char* bad = par.distributed() && !c.train.lora()
-                            ? "a parallel layout (--tp/--pp/--zero/...)"
-                        : !allocator->empty() ? "--allocator"
-                        : !paper->empty()     ? "--paper"
-                                              : nullptr;
+      // trainmem's own LoRA step runs per rank (docs/distributed.md, "LoRA per rank"; hf-peft,
+      // one GPU's, is refused there by check_layout_request).
+      const char* bad = !allocator->empty() ? "--allocator" : !paper->empty() ? "--paper" : nullptr;
       if (bad)
         throw InputError(std::string("--finetune ") + finetune_name(c.hf.peft.finetune) + " with " +
                          bad +

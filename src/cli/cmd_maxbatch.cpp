@@ -129,10 +129,6 @@ int run_maxbatch(const MaxbatchFlags& flags) {
   // LoRA under a parallel layout: the native step's search per rank alone (docs/distributed.md,
   // "LoRA per rank"); hf-peft models one GPU.
   const bool per_rank = flags.layout.world != 1 || par.distributed();
-  if (lora && per_rank && !c.train.lora())
-    throw InputError("--world-size with --finetune " + common.finetune +
-                     ": hf-peft models one GPU's step (no parallel layout), and trainmem's own "
-                     "step runs this recipe on one GPU only");
   if (lora && !per_rank && !c.train.quant8()) {
     // The hf-peft profile's search (one GPU), and below the native step's for a 16-bit base
     // (hf-peft does not model the 8-bit base: the native step's search alone).

@@ -360,10 +360,12 @@ void resolve_peft(const CommonFlags& flags, PeftOptions& p) {
         "--double-quant, --quant-blocksize and --kbit-prepare apply to a 4-bit base "
         "(--finetune qlora)");
   if (p.quant == Quant::int8 && (flags.double_quant != defaults.double_quant ||
-                                 flags.quant_blocksize != defaults.quant_blocksize))
+                                 flags.quant_blocksize != defaults.quant_blocksize ||
+                                 flags.kbit_prepare != defaults.kbit_prepare))
     throw InputError(
-        "--double-quant and --quant-blocksize apply to a 4-bit base (--finetune qlora); "
-        "--quant int8 stores one fp32 absmax per row");
+        "--double-quant, --quant-blocksize and --kbit-prepare apply to a 4-bit base (--finetune "
+        "qlora; --kbit-prepare to its hf-peft profile); --quant int8 stores one fp32 absmax per "
+        "row and hf-peft does not model it");
 }
 
 }  // namespace

@@ -121,6 +121,19 @@ void check_layout_request(const Common& c, bool explain, bool paper, bool policy
   if (c.profiles.size() == 1 && c.profiles.front() != "native")
     throw InputError("--profile " + c.profiles.front() +
                      ": with --world-size above 1 the per-rank profile is native (the default)");
+  if (c.train.lora()) {
+    // The flags that key only the hf-peft profile, which models one GPU.
+    const PeftOptions& pf = c.hf.peft;
+    const char* only_hf = !pf.peft_version.empty()  ? "--peft-version"
+                          : !pf.bnb_version.empty() ? "--bnb-version"
+                          : !pf.adapters_fp32       ? "--lora-dtype model"
+                          : !pf.kbit_prepare        ? "--kbit-prepare off"
+                                                    : nullptr;
+    if (only_hf)
+      throw InputError(std::string(only_hf) +
+                       ": it keys the hf-peft profile, which models one GPU; with --world-size "
+                       "above 1 the per-rank profile is trainmem's own LoRA step (native)");
+  }
   if (explain) throw InputError("--explain: not yet available with --world-size above 1");
   if (paper) throw InputError("--paper: a single-GPU table; not with --world-size above 1");
 }

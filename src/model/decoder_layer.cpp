@@ -273,7 +273,7 @@ bool has_lora(const LayerRank& R, int t) {
   return t >= 0 && R.train.lora() && (R.train.lora_targets & (1u << t)) != 0;
 }
 
-// The weight one GEMM of base projection `slot` reads: its parameter, or for a 4-bit weight
+// The weight one GEMM of base projection `slot` reads: its parameter, or for a quantized weight
 // (QLoRA) or an 8-bit one (--quant int8) a copy dequantized into workspace, `dequant.<proj>`
 // (out, in) D, freed with this object, right after the GEMM. Under double quantization the fp32
 // absmax is dequantized first into `dequant.<proj>.absmax` (workspace, ceil(n / blocksize) f32),
@@ -626,16 +626,17 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
     if (!has_lora(R, t)) return;
     Tensor drop;
     if (R.train.lora_dropped()) drop = dropped_input(R, A, g, t, xin, n, in_f, true);
-    if (run)
-      be->matmul(at(kLoraRow[t]), drop ? drop.data() : xin, W(lora_a_slot(t)), n, r, in_f,
-                 Trans::no, Trans::yes, 1.f, 0.f);
+    if (!run) return;
+    be->matmul(at(kLoraRow[t]), drop ? drop.data() : xin, W(lora_a_slot(t)), n, r, in_f, Trans::no,
+               Trans::yes, 1.f, 0.f);
+    // A row-parallel target's row is a partial (the rank's input columns): summed over the group
+    // at once, so that every rank adds the whole c·a·Bᵀ to the summed output and dB reads the
+    // whole row, in the forward and in the recompute (which stops before down_proj's B).
+    if (R.tp && layer_param_row_parallel(slot)) H.tp_sum(A[kLoraRow[t]], std::uint64_t(n * r));
   };
   auto lora_b = [&](int slot, void* y, std::int64_t out_f) {
     const int t = lora_index(slot);
     if (!run || !has_lora(R, t)) return;
-    // A row-parallel target's row is a partial (the rank's input columns): summed over the group
-    // first, so that every rank adds the whole c·a·Bᵀ to the summed output (and dB reads it).
-    if (R.tp && layer_param_row_parallel(slot)) H.tp_sum(A[kLoraRow[t]], std::uint64_t(n * r));
     be->matmul(y, at(kLoraRow[t]), W(lora_b_slot(t)), n, out_f, r, Trans::no, Trans::yes, scaling,
                1.f);
   };
@@ -676,7 +677,7 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
       H.sp_reduce_scatter(partial, A[out], res);
     }
   };
-  // y = xin·Wᵀ of base projection `slot` (a 4-bit weight's dequantized copy freed right after);
+  // y = xin·Wᵀ of base projection `slot` (a quantized weight's dequantized copy freed right after);
   // the allocations happen on every host, the arithmetic when the layer runs.
   auto project_into = [&](void* y, const void* xin, int slot, std::int64_t out_f,
                           std::int64_t in_f) {

@@ -209,7 +209,8 @@ std::vector<float> LlamaModel::parameter_values(const std::string& hf_name) cons
   const auto& p = parameter(hf_name);
   if (!be_.computes()) throw Error("model: parameter values are not available on this backend");
   if (p.quant >= 0)
-    throw Error("model: " + hf_name + " is a 4-bit weight; quant4_weight() gives its storage");
+    throw Error("model: " + hf_name +
+                " is a quantized (4-bit or int8) weight; quant4_weight() gives its storage");
   std::vector<unsigned char> raw(p.value.bytes());
   be_.download(raw.data(), p.value.data(), raw.size());
   std::vector<float> out(p.numel());
@@ -362,7 +363,7 @@ LayerRank LlamaModel::layer_rank() {
 const void* LlamaModel::weight(std::int64_t l, int slot) {
   const Parameter& p = params_[layer_param(int(l), slot)];
   if (p.quant >= 0)
-    throw Error("model: " + p.name + " is a 4-bit weight; the layer dequantizes it (quant4)");
+    throw Error("model: " + p.name + " is a quantized weight; the layer dequantizes it (quant4)");
   return p.value.data();
 }
 const Quant4View* LlamaModel::quant4(std::int64_t l, int slot) {

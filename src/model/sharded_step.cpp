@@ -239,7 +239,7 @@ std::vector<float> ShardedStep::Impl::parameter_values(const std::string& name) 
   while (q < P.size() && P[q].name != name) ++q;
   if (q == P.size()) throw InputError("sharded step: no parameter named '" + name + "'");
   if (P[q].quant >= 0)
-    throw Error("sharded step: " + name + " is a 4-bit weight; the layer dequantizes it");
+    throw Error("sharded step: " + name + " is a quantized weight; the layer dequantizes it");
   std::vector<unsigned char> raw(P[q].n * es);
   if (p.zero < 3) {
     be->download(raw.data(), value[q].data(), raw.size());
@@ -362,7 +362,7 @@ std::vector<std::uint64_t> ShardedStep::parameter_elements(const std::string& hf
   throw InputError("sharded step: no parameter named '" + hf_name + "'");
 }
 
-bool ShardedStep::is_4bit(const std::string& hf_name) const {
+bool ShardedStep::is_quantized(const std::string& hf_name) const {
   for (const auto& q : impl_->P)
     if (q.name == hf_name) return q.quant >= 0;
   return false;

@@ -93,9 +93,9 @@ class ShardedStep {
   std::uint64_t host_bytes() const;
   // The HF names of the rank's parameters, in setup order.
   std::vector<std::string> parameter_names() const;
-  // Whether the parameter is a frozen 4-bit weight (QLoRA; parameter_values refuses it, as
-  // LlamaModel's does).
-  bool is_4bit(const std::string& hf_name) const;
+  // Whether the parameter is a frozen quantized weight (4-bit or int8; parameter_values refuses
+  // it, as LlamaModel's does).
+  bool is_quantized(const std::string& hf_name) const;
   // Where each of the rank's elements of a parameter sits in the whole parameter (row-major, the
   // single-rank model's shape): the identity without tensor parallelism.
   std::vector<std::uint64_t> parameter_elements(const std::string& hf_name) const;
