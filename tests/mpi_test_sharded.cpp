@@ -77,9 +77,12 @@ void check(bool ok, const std::string& what) {
   std::cerr << "rank " << rank_id << ": FAIL " << what << "\n";
 }
 
-ParallelConfig layout(const ModelConfig& m, const TrainConfig& t, int N, int zero, std::int64_t M) {
+ParallelConfig layout(const ModelConfig& m, const TrainConfig& t, int N, int zero, std::int64_t M,
+                      int tp = 1, int pp = 1) {
   ParallelConfig p;
   p.world = N;
+  p.tp = tp;
+  p.pp = pp;
   p.zero = zero;
   p.microbatches = M;
   p.resolve(false, m, t);
@@ -498,13 +501,7 @@ int main(int argc, char** argv) {
           label << name << " LoRA fp32 M " << lay.M << " tp " << lay.tp << " pp " << lay.pp
                 << " dp " << dp << " ZeRO-" << lay.zero;
           if (lay.pp > 1) label << " stage " << stage;
-          ParallelConfig p;
-          p.world = N;
-          p.tp = lay.tp;
-          p.pp = lay.pp;
-          p.zero = lay.zero;
-          p.microbatches = lay.M;
-          p.resolve(false, m, t);
+          const ParallelConfig p = layout(m, t, N, lay.zero, lay.M, lay.tp, lay.pp);
           ShardedRun run(m, t, p, *gr.dp_group, *gr.dp_group, 17, kind,
                          lay.tp > 1 ? gr.tp_group.get() : nullptr,
                          lay.pp > 1 ? gr.pp_group.get() : nullptr);
@@ -586,13 +583,7 @@ int main(int argc, char** argv) {
         label << "--weights --tokens tiny-qwen2 fp32 M " << M << " tp " << lay.tp << " pp "
               << lay.pp << " dp " << dp << " ZeRO-" << lay.zero;
         if (lay.pp > 1) label << " stage " << stage;
-        ParallelConfig p;
-        p.world = N;
-        p.tp = lay.tp;
-        p.pp = lay.pp;
-        p.zero = lay.zero;
-        p.microbatches = M;
-        p.resolve(false, m, t);
+        const ParallelConfig p = layout(m, t, N, lay.zero, M, lay.tp, lay.pp);
         ShardedRun run(m, t, p, *dp_group, cuda ? *dp_host : *dp_group, 1, kind,
                        lay.tp > 1 ? tp_group : nullptr, lay.pp > 1 ? pp_group : nullptr,
                        cuda && lay.tp > 1 ? tp_host.get() : nullptr, {&file}, &ids);

@@ -78,7 +78,11 @@ struct Local {
   // LoRA dropout (TrainConfig::lora_dropped): each target keeps its mask, (b, s, in) one byte per
   // element of its input, and drops that input into a (b, s, in) D transient (drop_in).
   bool drop = false;
+  // Target t's input and output widths on the rank (q, k, v, o, gate, up, down).
   std::uint64_t in_of(unsigned t) const { return t == 3 ? ad : t == 6 ? i : h; }
+  std::uint64_t out_of(unsigned t) const {
+    return t == 0 ? ad : t == 1 || t == 2 ? kd : t == 3 || t == 6 ? h : i;
+  }
   std::uint64_t mask(unsigned t) const { return drop ? bytes_of({b, s, in_of(t)}, 1) : 0; }
   std::uint64_t drop_in(unsigned t) const { return drop ? bytes_of({b, s, in_of(t)}, w) : 0; }
   // The largest dropped input among the targets in `bits` (0 without dropout).
@@ -217,11 +221,10 @@ std::uint64_t layer_adapters(const Local& l) {
 
 // The largest adapter tensor of a layer on a rank: r·in (A) or out·r (B) of each target.
 std::uint64_t largest_adapter(const Local& l) {
-  const std::uint64_t in[7] = {l.h, l.h, l.h, l.ad, l.h, l.h, l.i};
-  const std::uint64_t out[7] = {l.ad, l.kd, l.kd, l.h, l.i, l.i, l.h};
   std::uint64_t n = 0;
   for (unsigned t = 0; t < 7; ++t)
-    if (l.targets(1u << t)) n = std::max({n, checked_mul(l.r, in[t]), checked_mul(l.r, out[t])});
+    if (l.targets(1u << t))
+      n = std::max({n, checked_mul(l.r, l.in_of(t)), checked_mul(l.r, l.out_of(t))});
   return n;
 }
 
@@ -591,7 +594,7 @@ void Stage::books() {
   if (last_) Pk = csum({Pk, l.h, tied_here ? 0 : emb}, "parameters");
   const std::uint64_t dp = u(p_.grad_ranks());  // ZeRO shards over dp·cp
   // The flat vector ZeRO shards: every parameter, or under LoRA the adapters only (the frozen
-  // base whole on every rank: check_lora_layout refuses ZeRO-3).
+  // base whole on every rank under ZeRO 0-2, in a flat vector of its own under ZeRO-3).
   const std::uint64_t T = t_.lora() ? checked_mul(La, u(Ls_), "LoRA parameters") : Pk;
   const std::uint64_t shard = (T + dp - 1) / dp;
   r_.local_params = Pk;
@@ -624,15 +627,11 @@ void Stage::books() {
   if (t_.quantized()) {
     // QLoRA: each layer's seven projections as bitsandbytes' 4-bit tensors instead of D
     // (--quant int8: int8 and an fp32 absmax per row).
-    const std::uint64_t proj[7] = {checked_mul(l.h, l.ad), checked_mul(l.h, l.kd),
-                                   checked_mul(l.h, l.kd), checked_mul(l.ad, l.h),
-                                   checked_mul(l.h, l.i),  checked_mul(l.h, l.i),
-                                   checked_mul(l.i, l.h)};
-    const std::uint64_t rows[7] = {l.ad, l.kd, l.kd, l.h, l.i, l.i, l.h};  // out of each
     std::uint64_t dense = 0, q4 = 0;
-    for (int j = 0; j < 7; ++j) {
-      dense = checked_add(dense, proj[j], "parameters");
-      q4 = checked_add(q4, quantized_weight_bytes(proj[j], rows[j], t_), "quantized weights");
+    for (unsigned j = 0; j < 7; ++j) {
+      const std::uint64_t n = checked_mul(l.out_of(j), l.in_of(j), "parameters");
+      dense = checked_add(dense, n, "parameters");
+      q4 = checked_add(q4, quantized_weight_bytes(n, l.out_of(j), t_), "quantized weights");
     }
     const std::uint64_t Ld = u(Ls_);
     fg.params = csum({checked_mul(csub(Pk, checked_mul(dense, Ld), "4-bit weights"), w),

@@ -692,24 +692,20 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
   if (sp && run) H.sp_gather(A[LA::xn1], gath, h);
   const void* xn1_all = sp ? gath.data() : at(LA::xn1);  // the projections' input
   through(LA::lora_v);  // (qk_norm: q_pre, k_pre, q_rstd, k_rstd), q, k, v (LoRA: their rows)
-  {
-    // The projections (q and k into q_pre and k_pre when they are normed), each bias added in
-    // place right after its GEMM, then its adapter's share.
-    void* q_proj = qkn ? at(LA::q_pre) : at(LA::q);
-    void* k_proj = qkn ? at(LA::k_pre) : at(LA::k);
-    auto project = [&](void* out, int weight, int bias, std::int64_t width) {
-      project_into(out, xn1_all, weight, width, h);
-      if (run && m.qkv_bias) be->bias_forward(out, W(bias), n, width);
-      lora_a(weight, xn1_all, h);
-      lora_b(weight, out, width);
-    };
-    project(q_proj, kQ, kQBias, ad);
-    project(k_proj, kK, kKBias, kd);
-    project(at(LA::v), kV, kVBias, kd);
-  }
+  // The projections (q and k into q_pre and k_pre when they are normed), each bias added in
+  // place right after its GEMM, then its adapter's share.
+  void* q_proj = qkn ? at(LA::q_pre) : at(LA::q);
+  void* k_proj = qkn ? at(LA::k_pre) : at(LA::k);
+  auto project = [&](void* out, int weight, int bias, std::int64_t width) {
+    project_into(out, xn1_all, weight, width, h);
+    if (run && m.qkv_bias) be->bias_forward(out, W(bias), n, width);
+    lora_a(weight, xn1_all, h);
+    lora_b(weight, out, width);
+  };
+  project(q_proj, kQ, kQBias, ad);
+  project(k_proj, kK, kKBias, kd);
+  project(at(LA::v), kV, kVBias, kd);
   if (run) {
-    void* q_proj = qkn ? at(LA::q_pre) : at(LA::q);
-    void* k_proj = qkn ? at(LA::k_pre) : at(LA::k);
     if (qkn) {  // RMSNorm over each head: n·a (n·k) rows of width d, before RoPE (as HF)
       be->rmsnorm_forward(at(LA::q), at_f(LA::q_rstd), q_proj, W(kQNorm), n * a, d, eps);
       be->rmsnorm_forward(at(LA::k), at_f(LA::k_rstd), k_proj, W(kKNorm), n * k, d, eps);

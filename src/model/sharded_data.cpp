@@ -91,31 +91,24 @@ void ShardedStep::Impl::initialise() {
   // Parameters (ZeRO < 3), with the per-parameter master copy under ZeRO 0: the backend's
   // init, or under tensor parallelism or from --weights the rank's elements made on the host.
   for (std::size_t q = 0; q < value.size(); ++q) {
-    if (P[q].quant >= 0) {  // QLoRA: the D weight quantized into its 4-bit tensors
-      quantize_base(ledger, be, value[q].as<std::uint8_t>(), quant[std::size_t(P[q].quant)],
-                    P[q].layer, P[q].shape, t, [&](void* dense) {
-                      if (p.tp == 1 && X->weights.empty()) {
-                        be->init_param(dense, nullptr, P[q].n, init_of(q));
-                        return;
-                      }
-                      const std::vector<float> f = rank_values(q);
-                      std::vector<unsigned char> raw(P[q].n * es);
-                      for (std::uint64_t e = 0; e < P[q].n; ++e)
-                        store_from_f32(raw.data(), e, D, f[e]);
-                      be->upload(dense, raw.data(), raw.size());
-                    });
-      continue;
-    }
     float* master = states.empty() ? nullptr : states[q].master.as<float>();
-    if (p.tp == 1 && X->weights.empty()) {
-      be->init_param(value[q].data(), master, P[q].n, init_of(q));
-      continue;
-    }
-    const std::vector<float> f = rank_values(q);
-    std::vector<unsigned char> raw(P[q].n * es);
-    for (std::uint64_t e = 0; e < P[q].n; ++e) store_from_f32(raw.data(), e, D, f[e]);
-    be->upload(value[q].data(), raw.data(), raw.size());
-    if (master) be->upload(master, f.data(), f.size() * 4);
+    // The D values (and the master copy) into `dst`.
+    auto fill = [&](void* dst) {
+      if (p.tp == 1 && X->weights.empty()) {
+        be->init_param(dst, master, P[q].n, init_of(q));
+        return;
+      }
+      const std::vector<float> f = rank_values(q);
+      std::vector<unsigned char> raw(P[q].n * es);
+      for (std::uint64_t e = 0; e < P[q].n; ++e) store_from_f32(raw.data(), e, D, f[e]);
+      be->upload(dst, raw.data(), raw.size());
+      if (master) be->upload(master, f.data(), f.size() * 4);
+    };
+    if (P[q].quant >= 0)  // a quantized base weight: its D values quantized (frozen: no master)
+      quantize_base(ledger, be, value[q].as<std::uint8_t>(), quant[std::size_t(P[q].quant)],
+                    P[q].layer, P[q].shape, t, fill);
+    else
+      fill(value[q].data());
   }
   // The owned slices (ZeRO >= 1's master shard, ZeRO-3's parameter shard), made on the host.
   const bool shard_master = bool(shard_states.master);
