@@ -112,9 +112,9 @@ def run_mpmd(spec, bound=BOUND_S):
     return p.returncode, p.stdout, p.stderr, elapsed
 
 
-def expect_single_losses(exe, doc, rows, what, out, extra=()):
+def expect_single_losses(exe, doc, rows, what, out, extra=(), model="tiny"):
     """The measured job's losses equal the single-rank run of the same `rows` global rows."""
-    rc1, out1, err1 = single(exe, ["profile", "--model", "tiny", "--batch", str(rows), "--seq",
+    rc1, out1, err1 = single(exe, ["profile", "--model", model, "--batch", str(rows), "--seq",
                                    "16", "--backend", "cpu", "--dtype", "fp32", "--format", "json"]
                              + list(extra))
     expect(rc1 == 0, f"the single-rank run of {rows} rows: exit {rc1}", out1, err1)
@@ -241,6 +241,22 @@ def main():
                     ok = "traceEvents" in json.load(f)
             expect(ok, f"rank {r}'s timeline {path}", out, err)
         shutil.rmtree(tmp, ignore_errors=True)
+        # FSDP2's per-parameter sharding measured (--fsdp2): tiny-awkward's vocabulary of 71
+        # rows splits unevenly, so the ranks own different rows and their optimizer states
+        # differ; each is checked against the trace of its own index (all_ranks_match), and
+        # the losses are the single rank's.
+        awk = [x if x != "tiny" else "tiny-awkward" for x in base]
+        rc, out, err, _ = run(n, awk + ["--world-size", str(n), "--fsdp2", "--format", "json"],
+                              threads=1)
+        expect(rc == 0, f"--fsdp2 measured: exit {rc}", out, err)
+        if rc == 0:
+            doc = json.loads(out)
+            states = {r["ledger"]["optimizer_states"] for r in doc["measured_ranks"]}
+            expect(doc.get("all_ranks_match") is True and len(doc["measured_ranks"]) == n and
+                   len(states) == 2 and doc["layout"]["sharding"] == "per-parameter",
+                   "fsdp2: every rank matching its own trace, the last rank owning fewer rows",
+                   out)
+            expect_single_losses(a.trainmem, doc, 2 * n, "fsdp2", out, model="tiny-awkward")
         if n % 2 == 0:
             # Tensor parallelism measured: tp 2 (dp n/2), the same global batch's losses; layer 1
             # alone checkpointed (a per-layer policy: recomputed on every rank, same losses).

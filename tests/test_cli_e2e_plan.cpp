@@ -59,6 +59,42 @@ TEST(CliE2EPlan, TinyJsonCountsRanksAndRejects) {
   EXPECT_TRUE(pp4) << j["rejected"].dump(1);
 }
 
+// --fsdp2: only ZeRO-3 layouts sharded per parameter, no offload; each shown candidate's memory
+// is the per-rank estimate of that layout (rank 0, the most rows), and --sharding per-parameter
+// keeps the other stages while its ZeRO-3 layouts shard per parameter.
+TEST(CliE2EPlan, Fsdp2EnumeratesPerParameterZeroThree) {
+  const std::string awkward =
+      "plan --model tiny-awkward --gpus 4 --gpu-memory 16GiB --seq 16 --global-batch 8 "
+      "--checkpointing none,full --activation-offload off --cp 1";
+  const Result r = trainmem(awkward + " --fsdp2 --format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.j();
+  ASSERT_FALSE(j["candidates"].empty());
+  for (const auto& c : j["candidates"]) {
+    EXPECT_EQ(c["layout"]["zero"], 3) << c.dump();
+    EXPECT_EQ(c["layout"]["sharding"], "per-parameter") << c.dump();
+    EXPECT_EQ(c["layout"]["offload"], "none") << c.dump();
+  }
+  for (const auto& f : j["rejected"])
+    EXPECT_NE(f["family"].get<std::string>().find("ZeRO-3"), std::string::npos) << f.dump();
+  const Result both = trainmem(awkward + " --sharding per-parameter --top 400 --format json");
+  ASSERT_EQ(both.code, 0) << both.err;
+  std::set<std::string> seen;
+  const json jb = both.j();
+  for (const auto& c : jb["candidates"]) {
+    const int zero = c["layout"]["zero"];
+    EXPECT_EQ(c["layout"]["sharding"], zero == 3 ? "per-parameter" : "flat") << c.dump();
+    seen.insert(std::to_string(zero));
+  }
+  EXPECT_EQ(seen.size(), 4u);  // ZeRO 0-3 all fit this small model
+  const Result bad = trainmem(awkward + " --fsdp2 --sharding flat");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--fsdp2 with --sharding flat"), std::string::npos) << bad.err;
+  const Result bad2 = trainmem(awkward + " --sharding fsdp");
+  EXPECT_EQ(bad2.code, 2);
+  EXPECT_NE(bad2.err.find("--sharding: 'fsdp' is not allowed"), std::string::npos) << bad2.err;
+}
+
 TEST(CliE2EPlan, TinyCsvMarkdownAndTextSayTheSame) {
   const Result csv = trainmem(kTiny + " --format csv --top 3");
   ASSERT_EQ(csv.code, 0) << csv.err;

@@ -134,6 +134,50 @@ TEST(CliLayout, CompareTracesEveryStageInBothModes) {
       << all.err;
 }
 
+// --fsdp2 (per-parameter sharding, docs/distributed.md): LLaMA-2-70B on 8 GPUs, each parameter
+// split on dim 0. Every row count of LLaMA-2-70B (8192, 1024 for k/v, 28672, 32000) divides by 8,
+// so the chunks are exact: the same states as flat ZeRO-3 (no padding either way), plus AdamW's
+// step scalars on the host, 4 B for each of the 80·9 + 3 parameter tensors.
+TEST(CliLayout, Fsdp2ShardsEachParameterOnDimZero) {
+  auto run = [](std::vector<std::string> extra) {
+    std::vector<std::string> a = {"estimate", "--model",  "llama2-70b", "--world-size",
+                                  "8",        "--batch",  "1",          "--seq",
+                                  "4096",     "--format", "json"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run_trainmem(a);
+  };
+  const auto r = run({"--fsdp2"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["layout"]["zero"], 3);
+  EXPECT_EQ(j["layout"]["sharding"], "per-parameter");
+  const std::uint64_t shard = 68976648192ull / 8;
+  const auto& r0 = j["ranks"][0];
+  EXPECT_EQ(r0["figures"]["params"].get<std::uint64_t>(), 2 * shard);
+  EXPECT_EQ(r0["figures"]["gradients"].get<std::uint64_t>(), 2 * shard);
+  EXPECT_EQ(r0["figures"]["optimizer_states"].get<std::uint64_t>(), 12 * shard);
+  EXPECT_EQ(r0["owned_elements"].get<std::uint64_t>(), shard);
+  EXPECT_EQ(r0["padding_elements"], 0);
+  EXPECT_EQ(r0["host_bytes"].get<std::uint64_t>(), 4u * (80 * 9 + 3));
+  const auto same = run({"--sharding", "per-parameter", "--zero", "FULL_SHARD"});
+  ASSERT_EQ(same.code, 0) << same.err;
+  EXPECT_EQ(nlohmann::json::parse(same.out)["ranks"], j["ranks"]);
+  // An uneven model: tiny-awkward (V 71, 5 heads of 8, one kv head) on 4 ranks; the text says
+  // which rank it shows and what it owns.
+  const auto text = run_trainmem({"estimate", "--model", "tiny-awkward", "--world-size", "4",
+                                  "--fsdp2", "--batch", "2", "--seq", "16"});
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_TRUE(contains(text.out, "ZeRO-3 per-parameter (FSDP2)")) << text.out;
+  EXPECT_TRUE(contains(text.out, "data-parallel rank 0, which owns the most")) << text.out;
+  EXPECT_TRUE(contains(text.out, "host: adamw.step")) << text.out;
+  // profile on meta traces it and agrees with the analytic.
+  const auto prof =
+      run_trainmem({"profile", "--backend", "meta", "--model", "tiny-awkward", "--world-size", "4",
+                    "--fsdp2", "--batch", "2", "--seq", "16", "--format", "json"});
+  ASSERT_EQ(prof.code, 0) << prof.err;
+  EXPECT_TRUE(nlohmann::json::parse(prof.out)["all_ranks_match"].get<bool>()) << prof.out;
+}
+
 TEST(CliLayout, ProfileTracesEveryRankOnMetaAndAgrees) {
   const auto r = run_trainmem({"profile",
                                "--backend",
@@ -230,6 +274,13 @@ TEST(CliLayout, BadLayoutsExitTwoNamingTheFlag) {
       {{"--world-size", "2", "--explain"}, "--explain: not yet available with --world-size"},
       {{"--world-size", "2", "--cuda-context", "lots"}, "--cuda-context"},
       {{"--world-size", "0"}, "--world-size must be at least 1"},
+      {{"--world-size", "2", "--sharding", "fsdp"}, "--sharding: 'fsdp' is not allowed"},
+      {{"--world-size", "2", "--sharding", "per-parameter"},
+       "--sharding per-parameter with --zero 0"},
+      {{"--world-size", "2", "--fsdp2", "--zero", "2"}, "--fsdp2 with --zero 2"},
+      {{"--world-size", "2", "--fsdp2", "--sharding", "flat"}, "--fsdp2 with --sharding flat"},
+      {{"--world-size", "2", "--fsdp2", "--offload", "optimizer"},
+       "--sharding per-parameter with --offload optimizer"},
   };
   for (const auto& c : cases) {
     std::vector<std::string> args = {"estimate", "--model", "llama-7b"};

@@ -50,8 +50,9 @@ void build_zero(Estimate& est);
 
 // The native profile of one pipeline stage of `layout` (resolved), the single GPU included
 // (analytic_native.cpp).
+// Per-parameter sharding: `grad_rank` is the rank in the gradient group (its owned rows).
 RankEstimate native_stage(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& layout,
-                          std::int64_t stage);
+                          std::int64_t stage, std::int64_t grad_rank = 0);
 
 // bitsandbytes' bytes for one 4-bit weight of n elements (docs/formulas.md, "4-bit weights"):
 // what the hf-peft profile and the native step's QLoRA both store.

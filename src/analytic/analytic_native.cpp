@@ -384,8 +384,10 @@ struct GatherPlan {
 // step: the persistent books, one micro-batch's activations, the instants, the figures.
 class Stage {
  public:
-  Stage(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p, std::int64_t index)
-      : m_(m),
+  Stage(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p, std::int64_t index,
+        std::int64_t grad_rank = 0)
+      : grad_rank_(grad_rank),
+        m_(m),
         t_(t),
         p_(p),
         l_(make_local(m, t, p)),
@@ -431,6 +433,7 @@ class Stage {
 
  private:
   void books();
+  void per_parameter_books(std::uint64_t Pk, std::uint64_t N, std::uint64_t f);
   void activations();
   void instants();
   void forward_instants();
@@ -493,6 +496,9 @@ class Stage {
 
   static constexpr std::uint64_t kNoUnit = ~std::uint64_t{0};  // nothing gathered
 
+  // Per-parameter sharding: the rank in the gradient group whose books these are (its optimizer
+  // states hold the rows it owns); the other layouts' ranks of a stage have identical books.
+  const std::int64_t grad_rank_;
   const ModelConfig& m_;
   const TrainConfig& t_;
   const ParallelConfig& p_;
@@ -602,6 +608,8 @@ void Stage::books() {
   r_.padding_elements = p_.zero >= 1 ? checked_mul(shard, dp) - T : 0;
   const std::uint64_t w = l.w;
   const std::uint64_t f = state_bytes_per_param(t_.optimizer, w);
+  r_.owned_elements = r_.shard_elements;  // flat: every rank's states are a whole shard
+  r_.grad_rank = grad_rank_;
   const bool off_opt = p_.offload != Offload::none,
              off_params = p_.offload == Offload::optimizer_params;
 
@@ -624,6 +632,7 @@ void Stage::books() {
     fg.gradients = checked_mul(Pk, w);
   const std::uint64_t updated = p_.zero >= 1 ? shard : Pk;
   fg.optimizer_states = off_opt ? 0 : checked_mul(updated, f, "optimizer states");
+  if (p_.per_parameter()) per_parameter_books(Pk, dp, f);
   if (t_.quantized()) {
     // QLoRA: each layer's seven projections as bitsandbytes' 4-bit tensors instead of D
     // (--quant int8: int8 and an fp32 absmax per row).
@@ -730,6 +739,65 @@ void Stage::books() {
               "each layer's attention backward",
               "context parallelism: the key/value gradient accumulator that travels with its "
               "block, and the one being received"));
+  }
+}
+
+void Stage::per_parameter_books(std::uint64_t Pk, std::uint64_t N, std::uint64_t f) {
+  // FSDP2's fully_shard (docs/distributed.md, "FSDP2: per-parameter sharding"): every parameter
+  // split on dim 0 into chunks of c = ceil(rows/N) rows; each rank stores c rows of every
+  // parameter and of its gradient (padded: the reduce-scatter output), and optimizer states for
+  // the rows it owns (unpadded: zeros_like of the local view). Shapes as the rank holds them
+  // (tensor parallelism splits before FSDP2 does); check_lora_layout refuses LoRA here.
+  const Local& l = l_;
+  const std::uint64_t k = u(grad_rank_);
+  std::uint64_t chunks = 0, owned = 0, elems = 0, tensors = 0;
+  auto add = [&](std::uint64_t rows, std::uint64_t cols, std::uint64_t count) {
+    chunks = checked_add(chunks, checked_mul(count, checked_mul(shard_chunk_rows(rows, N), cols)),
+                         "parameter chunks");
+    owned = checked_add(owned, checked_mul(count, checked_mul(shard_owned_rows(rows, N, k), cols)),
+                        "owned rows");
+    elems = checked_add(elems, checked_mul(count, checked_mul(rows, cols)), "parameters");
+    tensors += count;
+  };
+  if (first_) add(l.V, l.h, 1);
+  for (std::int64_t layer = 0; layer < Ls_; ++layer) {
+    add(l.h, 1, 2);     // input_layernorm, post_attention_layernorm
+    add(l.ad, l.h, 1);  // q_proj
+    add(l.kd, l.h, 2);  // k_proj, v_proj
+    add(l.h, l.ad, 1);  // o_proj: (h, a·d/t), rows whole
+    add(l.i, l.h, 2);   // gate_proj, up_proj
+    add(l.h, l.i, 1);   // down_proj: (h, i/t)
+    if (m_.qkv_bias) {
+      add(l.ad, 1, 1);
+      add(l.kd, 1, 2);
+    }
+    if (m_.qk_norm) add(l.d, 1, 2);
+  }
+  if (last_) {
+    add(l.h, 1, 1);
+    if (!(m_.tied_embeddings && p_.pp == 1)) add(l.V, l.h, 1);
+  }
+  if (elems != Pk)
+    throw Error("analytic native: per-parameter shapes cover " + std::to_string(elems) +
+                " elements, the stage holds " + std::to_string(Pk));
+  r_.shard_elements = chunks;
+  r_.padding_elements = checked_mul(chunks, N) - Pk;
+  r_.owned_elements = owned;
+  auto& fg = r_.est.figures;
+  fg.params = checked_mul(chunks, l.w, "parameters");
+  fg.gradients = checked_mul(chunks, l.w, "gradients");
+  fg.optimizer_states = checked_mul(owned, f, "optimizer states");
+  if (t_.optimizer == Optimizer::adamw) {
+    // torch.optim.AdamW's `step`: one fp32 scalar per parameter tensor, on the host unless
+    // capturable or fused (torch/optim/adam.py, _init_group).
+    TensorEntry e;
+    e.name = "adamw.step";
+    e.shape = "(" + std::to_string(tensors) + " scalars)";
+    e.dtype = "fp32";
+    e.bytes = checked_mul(tensors, 4);
+    e.why = "AdamW's step count, one fp32 scalar per parameter tensor in host memory";
+    r_.host_bytes = checked_add(r_.host_bytes, e.bytes, "host bytes");
+    r_.host.push_back(std::move(e));
   }
 }
 
@@ -1354,9 +1422,9 @@ void Stage::figures() {
 }  // namespace
 
 RankEstimate native_stage(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p,
-                          std::int64_t stage) {
+                          std::int64_t stage, std::int64_t grad_rank) {
   t.check_checkpoint_resolved("this command");
-  return Stage(m, t, p, stage).build();
+  return Stage(m, t, p, stage, grad_rank).build();
 }
 
 void build_native(Estimate& est) {

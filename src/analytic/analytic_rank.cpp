@@ -66,6 +66,15 @@ std::uint64_t LayoutEstimate::worst_total() const {
 
 LayoutEstimate estimate_layout(const ModelConfig& model, const TrainConfig& train,
                                const ParallelConfig& layout, const OverheadOptions& overheads) {
+  return estimate_layout_of_rank(model, train, layout, 0, overheads);
+}
+
+LayoutEstimate estimate_layout_of_rank(const ModelConfig& model, const TrainConfig& train,
+                                       const ParallelConfig& layout, std::int64_t grad_rank,
+                                       const OverheadOptions& overheads) {
+  if (grad_rank < 0 || grad_rank >= layout.grad_ranks())
+    throw Error("estimate_layout: rank " + std::to_string(grad_rank) +
+                " outside the gradient group of " + std::to_string(layout.grad_ranks()));
   model.validate();
   train.validate();
   LayoutEstimate out;
@@ -75,7 +84,7 @@ LayoutEstimate estimate_layout(const ModelConfig& model, const TrainConfig& trai
   out.global_batch = checked_mul(checked_mul(u(train.batch), u(layout.microbatches)), u(layout.dp),
                                  "global batch");
   for (std::int64_t k = 0; k < layout.pp; ++k)
-    out.ranks.push_back(analytic_detail::native_stage(model, train, layout, k));
+    out.ranks.push_back(analytic_detail::native_stage(model, train, layout, k, grad_rank));
   for (std::size_t n = 1; n < out.ranks.size(); ++n)
     if (out.ranks[n].est.figures.peak > out.ranks[u(out.worst)].est.figures.peak)
       out.worst = static_cast<int>(n);

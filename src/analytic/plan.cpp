@@ -425,8 +425,11 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
       fam.cp = tr.cp;
       fam.zero = zero;
       bool family_fits = false, enumerated_any = false;
+      // ZeRO-3 under per-parameter sharding (FSDP2): no offload (CPUOffloadPolicy unmodelled).
+      const bool fsdp2 = zero == 3 && options.sharding == Sharding::per_parameter;
       for (Offload off : options.offloads) {
         if (!enumerated(tr.dp * tr.cp, zero, off)) continue;
+        if (fsdp2 && off != Offload::none) continue;
         for (bool sp : tr.tp > 1 ? std::vector<bool>{true, false} : std::vector<bool>{false})
           for (const PlanPolicy& pol : options.policies)
             for (bool off_act : options.activation_offload)
@@ -455,6 +458,7 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
                   layout.pp = tr.pp;
                   layout.cp = tr.cp;
                   layout.zero = zero;
+                  layout.sharding = fsdp2 ? Sharding::per_parameter : Sharding::flat;
                   layout.sp = sp;
                   layout.offload = off;
                   // The micro-batch sizes the layout checks accept, ascending. The checks depend

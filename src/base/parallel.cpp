@@ -2,6 +2,7 @@
 // (include/trainmem/base/parallel.hpp; the rules are explained in docs/distributed.md).
 #include "trainmem/base/parallel.hpp"
 
+#include <algorithm>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -26,6 +27,26 @@ std::optional<Offload> parse_offload(const std::string& s) {
   for (Offload o : {Offload::none, Offload::optimizer, Offload::optimizer_params})
     if (s == offload_name(o)) return o;
   return std::nullopt;
+}
+
+const char* sharding_name(Sharding s) {
+  return s == Sharding::per_parameter ? "per-parameter" : "flat";
+}
+
+std::optional<Sharding> parse_sharding(const std::string& s) {
+  for (Sharding v : {Sharding::flat, Sharding::per_parameter})
+    if (s == sharding_name(v)) return v;
+  return std::nullopt;
+}
+
+std::uint64_t shard_chunk_rows(std::uint64_t rows, std::uint64_t n) {
+  return rows / n + (rows % n != 0 ? 1 : 0);
+}
+
+std::uint64_t shard_owned_rows(std::uint64_t rows, std::uint64_t n, std::uint64_t k) {
+  const std::uint64_t c = shard_chunk_rows(rows, n);
+  // k·c > rows exactly when rank k starts past the last row (k < n, so k·c < rows + n).
+  return k * c >= rows ? 0 : std::min(c, rows - k * c);
 }
 
 std::optional<int> parse_zero(const std::string& s) {
@@ -158,6 +179,20 @@ void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const Trai
     throw InputError(
         "--optimizer lomo: the sharded step supports adamw and sgd; LOMO with "
         "--world-size above 1 is not modelled");
+  if (per_parameter()) {
+    if (zero != 3)
+      throw InputError("--sharding per-parameter with --zero " + str(zero) +
+                       ": per-parameter sharding is FSDP2's fully_shard, which shards the "
+                       "parameters too; it needs --zero 3 (FULL_SHARD) (--fsdp2 sets both)");
+    if (offload != Offload::none)
+      throw InputError("--sharding per-parameter with --offload " +
+                       std::string(offload_name(offload)) +
+                       ": FSDP2's CPUOffloadPolicy is not modelled yet; use --offload none");
+    if (train.lora())
+      throw InputError(
+          "--sharding per-parameter with --finetune: LoRA under FSDP2 is not modelled yet; "
+          "LoRA per rank shards as DeepSpeed does (--sharding flat)");
+  }
   check_lora_layout(*this, train);
 }
 
@@ -194,6 +229,7 @@ std::string ParallelConfig::describe() const {
   std::string out = "dp " + str(dp) + " × tp " + str(tp) + " × pp " + str(pp);
   if (cp > 1) out += " × cp " + str(cp);
   out += ", ZeRO-" + str(zero);
+  if (per_parameter()) out += " per-parameter (FSDP2)";
   if (sp) out += ", sp";
   if (pp > 1) out += ", M " + str(microbatches);
   if (offload != Offload::none) out += ", offload " + std::string(offload_name(offload));

@@ -33,6 +33,8 @@ struct PlanFlags {
   std::string checkpointing = "none,selective,every:2,full,budget";
   std::string activation_offload = "both";  // off|on|both (on: one GPU only)
   std::string cp = "auto";                  // context-parallel degrees: auto or a comma list
+  std::string sharding;                     // ZeRO-3's split: flat | per-parameter ("": flat)
+  bool fsdp2 = false;                       // only FSDP2's layouts: ZeRO-3 per-parameter
   double margin = 0.05;
   std::int64_t top = 10;
   double tflops = CostModel{}.tflops;
@@ -124,6 +126,20 @@ int run_plan(const PlanFlags& flags) {
       o.cp_degrees.push_back(c);
     }
   }
+  if (!flags.sharding.empty()) {
+    const auto sharding = parse_sharding(flags.sharding);
+    if (!sharding)
+      throw InputError("--sharding: '" + flags.sharding +
+                       "' is not allowed; allowed: flat, per-parameter (FSDP2)");
+    o.sharding = *sharding;
+  }
+  if (flags.fsdp2) {
+    if (!flags.sharding.empty() && o.sharding != Sharding::per_parameter)
+      throw InputError("--fsdp2 with --sharding " + flags.sharding +
+                       ": FSDP2 shards per parameter; drop one of the two");
+    o.sharding = Sharding::per_parameter;
+    o.zero_stages = {3};
+  }
   if (flags.top < 1) throw InputError("--top must be at least 1, got " + str(flags.top));
   o.top = static_cast<std::size_t>(flags.top);
   o.cost.tflops = flags.tflops;
@@ -191,6 +207,11 @@ Runner register_plan(CLI::App& app) {
                   "Context-parallel degrees searched: auto (every divisor of --gpus) or a comma "
                   "list; cp > 1 with flash attention")
       ->capture_default_str();
+  cmd->add_option("--sharding", f.sharding,
+                  "How the ZeRO-3 layouts shard: flat (DeepSpeed, FSDP1; the default) or "
+                  "per-parameter (PyTorch FSDP2)");
+  cmd->add_flag("--fsdp2", f.fsdp2,
+                "Only PyTorch FSDP2's layouts: ZeRO-3 (FULL_SHARD) sharded per parameter");
   cmd->add_option("--margin", f.margin,
                   "Fraction of --gpu-memory kept back: a layout fits within gpu-memory × (1 − "
                   "margin)")

@@ -41,6 +41,11 @@ void add_layout_flags(CLI::App& cmd, LayoutFlags& f) {
   cmd.add_option("--prefetch", f.prefetch,
                  "ZeRO-3: units (layers) gathered ahead of the one computing (default 1)")
       ->check(integer_check<std::int64_t>("a whole number"));
+  cmd.add_option("--sharding", f.sharding,
+                 "ZeRO-3's split: flat (one padded flat vector, DeepSpeed / FSDP1; the default) or "
+                 "per-parameter (each parameter on dim 0, PyTorch FSDP2's fully_shard)");
+  cmd.add_flag("--fsdp2", f.fsdp2,
+               "PyTorch FSDP2 (fully_shard): --sharding per-parameter with --zero 3 (FULL_SHARD)");
   cmd.add_option("--cuda-context", f.cuda_context,
                  "CUDA context per GPU, outside the books (default estimate 512MiB)");
   cmd.add_option("--nccl-memory", f.nccl_memory,
@@ -90,6 +95,24 @@ ParallelConfig resolve_layout(const LayoutFlags& f, const ModelConfig& model,
     p.reduce_bucket = parse_elements(f.reduce_bucket, "--reduce-bucket");
   p.overlap_comm = f.overlap_comm;
   p.prefetch = f.prefetch;
+  if (!f.sharding.empty()) {
+    const auto sh = parse_sharding(f.sharding);
+    if (!sh)
+      throw InputError("--sharding: '" + f.sharding +
+                       "' is not allowed; allowed: flat, per-parameter (FSDP2)");
+    p.sharding = *sh;
+  }
+  if (f.fsdp2) {
+    if (!f.sharding.empty() && p.sharding != Sharding::per_parameter)
+      throw InputError("--fsdp2 with --sharding " + f.sharding +
+                       ": FSDP2 shards per parameter; drop one of the two");
+    if (f.zero != "0" && p.zero != 3)
+      throw InputError("--fsdp2 with --zero " + f.zero +
+                       ": FSDP2 here is FULL_SHARD (--zero 3); reshard_after_forward=False "
+                       "(SHARD_GRAD_OP) is not modelled yet");
+    p.sharding = Sharding::per_parameter;
+    p.zero = 3;
+  }
   if (f.nccl_channels < 1)
     throw InputError("--nccl-channels must be at least 1, got " + std::to_string(f.nccl_channels));
   p.resolve(f.dp != 0, model, train);

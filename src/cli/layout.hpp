@@ -1,5 +1,6 @@
 // The parallel-layout flags (--world-size, --dp, --tp, --pp, --cp, --zero, --sp, --microbatches,
-// --offload, --reduce-bucket, --overlap-comm, --prefetch, and the overhead estimates
+// --offload, --reduce-bucket, --overlap-comm, --prefetch, --sharding, --fsdp2, and the overhead
+// estimates
 // --cuda-context, --nccl-memory, --nccl-channels), resolved into a ParallelConfig
 // (docs/distributed.md); the per-rank reports are report/layout_report.hpp's.
 #pragma once
@@ -26,6 +27,8 @@ struct LayoutFlags {
   std::string reduce_bucket;  // elements; "" = DeepSpeed's 5e8
   bool overlap_comm = false;
   std::int64_t prefetch = 1;
+  std::string sharding;      // flat | per-parameter; "" = flat, or per-parameter under --fsdp2
+  bool fsdp2 = false;        // --fsdp2: --sharding per-parameter --zero 3
   std::string cuda_context;  // SIZE; "" = the default estimate
   std::string nccl_memory;   // SIZE; "" = the formula
   std::int64_t nccl_channels = 16;

@@ -123,40 +123,41 @@ void ShardedStep::Impl::initialise() {
     if (p.offload == Offload::optimizer_params) h_params.assign(shard * es, 0);
     host_be = make_cpu_backend(DType::f32);
   }
-  if (frozen_shard) {  // LoRA under ZeRO-3: the frozen base's owned slice
-    std::vector<float> f(std::size_t(fhi - flo));
+  // The rank's owned elements of the trainable (or, LoRA's, the frozen) parameters, in its
+  // shard's layout (`shard` elements, zero where nothing is owned: the padding) and, for the
+  // master copy, in the states' (`own` under per-parameter sharding, else the shard's).
+  auto owned_values = [&](bool trainable, std::uint64_t n, bool states_layout) {
+    std::vector<float> f(std::size_t(n), 0.0f);
     for (std::size_t q = 0; q < P.size(); ++q) {
-      if (P[q].trainable) continue;
-      const std::uint64_t a = std::max(flo, P[q].off), z = std::min(fhi, P[q].off + P[q].n);
-      if (a >= z) continue;
-      const std::vector<float> v = rank_values(q);
-      std::copy(v.begin() + std::ptrdiff_t(a - P[q].off), v.begin() + std::ptrdiff_t(z - P[q].off),
-                f.begin() + std::ptrdiff_t(a - flo));
+      if (P[q].trainable != trainable) continue;
+      std::vector<float> v;
+      pieces(q, [&](int owner, std::uint64_t a, std::uint64_t z, std::uint64_t at) {
+        if (owner != r) return;
+        if (v.empty()) v = rank_values(q);
+        const std::uint64_t to = states_layout ? state_at(q, at) : at;
+        std::copy(v.begin() + std::ptrdiff_t(a), v.begin() + std::ptrdiff_t(z),
+                  f.begin() + std::ptrdiff_t(to));
+      });
     }
+    return f;
+  };
+  auto upload_d = [&](const Tensor& dst, const std::vector<float>& f) {
     std::vector<unsigned char> raw(f.size() * es);
     for (std::size_t x = 0; x < f.size(); ++x) store_from_f32(raw.data(), x, D, f[x]);
-    be->fill_zero(frozen_shard.data(), frozen_shard.bytes());
-    be->upload(frozen_shard.data(), raw.data(), raw.size());
-  }
+    be->fill_zero(dst.data(), dst.bytes());
+    be->upload(dst.data(), raw.data(), raw.size());
+  };
+  if (frozen_shard) upload_d(frozen_shard, owned_values(false, fhi - flo, false));
   if (shard_master || params_shard || !h_master.empty() || !h_params.empty()) {
-    std::vector<float> f(std::size_t(hi - lo));
-    for (std::size_t q = 0; q < P.size(); ++q) {
-      const std::uint64_t a = std::max(lo, P[q].off), z = std::min(hi, P[q].off + P[q].n);
-      if (a >= z || !P[q].trainable) continue;
-      const std::vector<float> v = rank_values(q);
-      std::copy(v.begin() + std::ptrdiff_t(a - P[q].off), v.begin() + std::ptrdiff_t(z - P[q].off),
-                f.begin() + std::ptrdiff_t(a - lo));
-    }
+    // Flat: the owned range [lo, hi) (the padding past Pk stays zero); per-parameter: the
+    // whole padded shard.
+    std::vector<float> f = owned_values(true, per_param ? shard : hi - lo, false);
     if (shard_master) {
+      const std::vector<float> fm = per_param ? owned_values(true, own, true) : f;
       be->fill_zero(shard_states.master.data(), shard_states.master.bytes());
-      be->upload(shard_states.master.data(), f.data(), f.size() * 4);
+      be->upload(shard_states.master.data(), fm.data(), fm.size() * 4);
     }
-    if (params_shard) {
-      std::vector<unsigned char> raw(f.size() * es);
-      for (std::size_t x = 0; x < f.size(); ++x) store_from_f32(raw.data(), x, D, f[x]);
-      be->fill_zero(params_shard.data(), params_shard.bytes());
-      be->upload(params_shard.data(), raw.data(), raw.size());
-    }
+    if (params_shard) upload_d(params_shard, f);
     if (!h_master.empty()) std::copy(f.begin(), f.end(), h_master.begin());
     for (std::size_t x = 0; x < f.size() && !h_params.empty(); ++x)
       store_from_f32(h_params.data(), x, D, f[x]);
@@ -312,39 +313,31 @@ void ShardedStep::Impl::G_done(int q) {
   be->synchronize();  // the backend's work is done before the collective reads its buffers
   if (tp_partial(q)) T->all_reduce_sum(bucket.data(), pq.n, D);
   X->data.all_reduce_sum(bucket.data(), pq.n, D);
-  const std::uint64_t a = std::max(lo, pq.off), z = std::min(hi, pq.off + pq.n);
-  if (a < z && offx) {  // into the host's fp32 gradient shard
-    std::vector<unsigned char> raw((z - a) * es);
-    be->download(raw.data(), elem_ptr(bucket, a - pq.off), raw.size());
-    for (std::uint64_t x = a; x < z; ++x) h_grad[x - lo] += load_as_f32(raw.data(), x - a, D);
-  } else if (a < z) {
-    be->bias_forward(elem_ptr(grads_shard, a - lo), elem_ptr(bucket, a - pq.off), 1,
-                     std::int64_t(z - a));
-  }
+  pieces(std::size_t(q), [&](int owner, std::uint64_t a, std::uint64_t z, std::uint64_t at) {
+    if (owner != r) return;
+    if (offx) {  // into the host's fp32 gradient shard
+      std::vector<unsigned char> raw((z - a) * es);
+      be->download(raw.data(), elem_ptr(bucket, a), raw.size());
+      for (std::uint64_t x = a; x < z; ++x)
+        h_grad[at + (x - a)] += load_as_f32(raw.data(), x - a, D);
+    } else {
+      be->bias_forward(elem_ptr(grads_shard, at), elem_ptr(bucket, a), 1, std::int64_t(z - a));
+    }
+  });
 }
 
 void ShardedStep::Impl::fill_unit(int u) {
   Tensor& buf = gathered.at(u);
   be->synchronize();
   for (const auto& [q, pos] : members[std::size_t(u)]) {
-    const ParamShape& pq = P[std::size_t(q)];
-    if (!pq.trainable) {  // LoRA: the frozen base's flat vector
-      by_owner_of(fshard, pq.off, pq.off + pq.n, [&](int owner, std::uint64_t a, std::uint64_t z) {
-        char* dst = elem_ptr(buf, pos + (a - pq.off));
-        if (owner == r) {
-          be->copy(dst, elem_ptr(frozen_shard, a - flo), (z - a) * es);
-          be->synchronize();
-        }
-        X->data.broadcast(dst, z - a, D, owner);
-      });
-      continue;
-    }
-    by_owner(pq.off, pq.off + pq.n, [&](int owner, std::uint64_t a, std::uint64_t z) {
-      char* dst = elem_ptr(buf, pos + (a - pq.off));
-      if (owner == r && !h_params.empty()) {
-        be->upload(dst, h_params.data() + (a - lo) * es, (z - a) * es);
+    // LoRA: a frozen parameter's elements are in the frozen base's flat vector.
+    const bool frozen = !P[std::size_t(q)].trainable;
+    pieces(std::size_t(q), [&](int owner, std::uint64_t a, std::uint64_t z, std::uint64_t at) {
+      char* dst = elem_ptr(buf, pos + a);
+      if (owner == r && !frozen && !h_params.empty()) {
+        be->upload(dst, h_params.data() + at * es, (z - a) * es);
       } else if (owner == r) {
-        be->copy(dst, elem_ptr(params_shard, a - lo), (z - a) * es);
+        be->copy(dst, elem_ptr(frozen ? frozen_shard : params_shard, at), (z - a) * es);
         be->synchronize();
       }
       X->data.broadcast(dst, z - a, D, owner);
@@ -406,6 +399,15 @@ void ShardedStep::Impl::optimizer_step() {
   if (p.zero == 0) {
     for (std::size_t q = 0; q < P.size(); ++q)
       if (P[q].trainable) update(value[q].data(), grads[q].data(), states[q], 0, P[q].n);
+    return;
+  }
+  if (p.zero == 3 && per_param) {  // each owned piece (the padding is never updated)
+    for (std::size_t q = 0; q < P.size(); ++q)
+      pieces(q, [&](int owner, std::uint64_t a, std::uint64_t z, std::uint64_t at) {
+        if (owner == r)
+          update(elem_ptr(params_shard, at), elem_ptr(grads_shard, at), shard_states,
+                 state_at(q, at), z - a);
+      });
     return;
   }
   if (p.zero == 3) {

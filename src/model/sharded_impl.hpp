@@ -55,6 +55,11 @@ struct ShardedStep::Impl : LayerHost {
   int cr = 0;                    // its context-parallel index (r mod cp)
   std::uint64_t shard = 0;       // elements per rank of the flat vectors
   std::uint64_t lo = 0, hi = 0;  // the flat range this rank owns
+  // Per-parameter sharding (FSDP2, ZeRO-3 only): `shard` is every parameter's ceil(rows/N) rows
+  // (ParamShape::off its offset in every rank's shard), `own` the rows this rank owns
+  // (ParamShape::st the first of parameter q's in the optimizer states); lo and hi are unused.
+  bool per_param = false;
+  std::uint64_t own = 0;
   // LoRA under ZeRO-3: the frozen base's own flat vector (ParamShape::off of a frozen parameter),
   // sharded alike into `frozen_shard` (docs/distributed.md, "LoRA per rank").
   std::uint64_t Fk = 0, fshard = 0, flo = 0, fhi = 0;
@@ -104,9 +109,11 @@ struct ShardedStep::Impl : LayerHost {
   std::vector<unsigned char> h_params;
   // --offload-activations (one stage): the copies' host ledger; its peak counts as host bytes.
   std::unique_ptr<ActivationOffload> offload;
+  // Per-parameter sharding with AdamW: torch's per-parameter fp32 `step` scalars (host memory).
+  std::uint64_t step_scalars = 0;
   std::uint64_t host_bytes() const {
     return (h_master.size() + h_m.size() + h_v.size() + h_grad.size()) * 4 + h_params.size() +
-           (offload ? offload->host_peak() : 0);
+           (offload ? offload->host_peak() : 0) + step_scalars * 4;
   }
 
   // ZeRO-3: unit positions and the gathered units alive.
@@ -146,6 +153,7 @@ struct ShardedStep::Impl : LayerHost {
     Shape shape;
     int slot = -1;          // Slot of a layer parameter, -1 otherwise
     std::uint64_t off = 0;  // first element in the flat vector (trainable parameters only)
+    std::uint64_t st = 0;   // per-parameter sharding: its owned rows' first state element
     std::uint64_t n = 0;    // elements
     // LoRA: only the adapters train; a frozen parameter has no gradient, no optimizer state and
     // no place in the flat vector (docs/distributed.md, "LoRA per rank").
@@ -181,6 +189,27 @@ struct ShardedStep::Impl : LayerHost {
     for (std::uint64_t q = from / per; q < std::uint64_t(p.grad_ranks()) && q * per < to; ++q)
       f(int(q), std::max(from, q * per), std::min(to, (q + 1) * per));
   }
+  // Where parameter q's elements live among the gradient group's shards: f(owner, a, z, at),
+  // elements [a, z) of the parameter (row-major) in `owner`'s shard from element `at`. Flat: its
+  // range of the flat vector (the frozen base's under LoRA) by owner; per-parameter: rows in
+  // chunks of ceil(rows/N), each owner's piece at the parameter's offset in every shard.
+  template <class F>
+  void pieces(std::size_t q, F&& f) const {
+    const ParamShape& pq = P[q];
+    if (!per_param || !pq.trainable) {
+      const std::uint64_t per = pq.trainable ? shard : fshard;
+      by_owner_of(per, pq.off, pq.off + pq.n, [&](int o, std::uint64_t A, std::uint64_t Z) {
+        f(o, A - pq.off, Z - pq.off, A - std::uint64_t(o) * per);
+      });
+      return;
+    }
+    const std::uint64_t rows = std::uint64_t(pq.shape.at(0)), cols = rows ? pq.n / rows : 0;
+    const std::uint64_t N = std::uint64_t(p.grad_ranks()), c = shard_chunk_rows(rows, N);
+    for (std::uint64_t o = 0; o < N && o * c < rows; ++o)
+      f(int(o), o * c * cols, std::min(rows, (o + 1) * c) * cols, pq.off);
+  }
+  // The states' offset of this rank's piece of parameter q that starts at `at` in its shard.
+  std::uint64_t state_at(std::size_t q, std::uint64_t at) const { return per_param ? P[q].st : at; }
   ParamInit init_of(std::size_t q) const;
   // The parameter's index in the whole model's setup order (LlamaModel's): with pp = 1 the
   // rank's own order.

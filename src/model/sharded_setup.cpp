@@ -111,6 +111,20 @@ void ShardedStep::Impl::setup() {
   shard = (Pk + ranks - 1) / ranks;
   lo = std::min(Pk, std::uint64_t(r) * shard);
   hi = std::min(Pk, lo + shard);
+  per_param = p.per_parameter();
+  if (per_param) {  // FSDP2: each parameter's chunk of ceil(rows/N) rows, in setup order
+    shard = own = 0;
+    for (ParamShape& q : P) {
+      const std::uint64_t rows = std::uint64_t(q.shape.at(0)), cols = q.n / rows;
+      q.off = shard;
+      q.st = own;
+      shard = checked_add(shard, checked_mul(shard_chunk_rows(rows, ranks), cols), "shard");
+      own = checked_add(own, checked_mul(shard_owned_rows(rows, ranks, std::uint64_t(r)), cols),
+                        "owned rows");
+    }
+    lo = hi = 0;
+    if (t.optimizer == Optimizer::adamw) step_scalars = P.size();
+  }
   const std::int64_t shard_n = static_cast<std::int64_t>(shard);
   const bool off = p.offload != Offload::none;
   const bool off_params = p.offload == Offload::optimizer_params;
@@ -162,7 +176,9 @@ void ShardedStep::Impl::setup() {
       }
     };
     if (p.zero >= 1) {
-      add(shard_states, "shard", -1, {shard_n});
+      // Per-parameter: the owned rows, unpadded (none at all: no states on this rank).
+      if (!per_param || own > 0)
+        add(shard_states, "shard", -1, {static_cast<std::int64_t>(per_param ? own : shard)});
     } else {
       states.resize(P.size());
       for (std::size_t q = 0; q < P.size(); ++q)

@@ -252,7 +252,10 @@ std::vector<float> ShardedStep::Impl::parameter_values(const std::string& name) 
     else
       be->download(mine.data(), (frozen ? frozen_shard : params_shard).data(), mine.size());
     X->host.all_gather(mine.data(), all.data(), per * es / 2, DType::f16);
-    std::memcpy(raw.data(), all.data() + P[q].off * es, raw.size());
+    pieces(q, [&](int owner, std::uint64_t a, std::uint64_t z, std::uint64_t at) {
+      std::memcpy(raw.data() + a * es, all.data() + (std::uint64_t(owner) * per + at) * es,
+                  (z - a) * es);
+    });
   }
   std::vector<float> out(P[q].n);
   for (std::size_t e = 0; e < out.size(); ++e) out[e] = load_as_f32(raw.data(), e, D);
@@ -261,7 +264,7 @@ std::vector<float> ShardedStep::Impl::parameter_values(const std::string& name) 
 
 ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
                          const ParallelConfig& layout, std::int64_t stage, Ledger& ledger,
-                         const ShardedExecution* exec)
+                         const ShardedExecution* exec, std::int64_t grad_rank)
     : impl_(std::make_unique<Impl>(model, train, layout, stage, ledger)) {
   model.validate();
   train.validate();
@@ -322,6 +325,12 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
     x.offx = x.run && layout.offload != Offload::none;
     if (exec->optimizer.kind != train.optimizer)
       throw Error("sharded step: optimizer settings are for another optimizer");
+  }
+  if (!exec) {
+    if (grad_rank < 0 || grad_rank >= layout.grad_ranks())
+      throw Error("sharded step: rank " + std::to_string(grad_rank) +
+                  " outside the gradient group of " + std::to_string(layout.grad_ranks()));
+    impl_->r = int(grad_rank);
   }
   if (layout.cp > 1 && train.attention != Attention::flash)  // resolve's rule, for any caller
     throw InputError("--cp " + std::to_string(layout.cp) + " needs --attention flash");

@@ -37,6 +37,8 @@ json rank_json(const RankEstimate& r) {
       {"local_params", r.local_params},
       {"shard_elements", r.shard_elements},
       {"padding_elements", r.padding_elements},
+      {"owned_elements", r.owned_elements},
+      {"grad_rank", r.grad_rank},
       {"figures", report::figures_json(e.figures, true)},
       {"peak_instant", e.peak_instant >= 0 ? json(e.instants[e.peak_instant].name) : json()},
       {"communication", comm},
@@ -149,7 +151,8 @@ json layout_detail::layout_json(const ParallelConfig& p) {
               {"offload", offload_name(p.offload)},
               {"reduce_bucket_elements", p.reduce_bucket},
               {"overlap_comm", p.overlap_comm},
-              {"prefetch", p.prefetch}};
+              {"prefetch", p.prefetch},
+              {"sharding", sharding_name(p.sharding)}};
 }
 
 json layout_detail::layout_document(const LayoutEstimate& le) {
@@ -222,7 +225,12 @@ void describe_layout(report::ReportWriter& w, const LayoutEstimate& le, ByteUnit
          " attention; profile native (docs/distributed.md)" + train_title_extras(t));
   if (const std::string family = report::family_line(le.model); !family.empty()) w.line(family);
   w.heading("Per rank at its peak (" + std::string(u.name) +
-            "; ranks of one pipeline stage have identical books)");
+            (le.layout.per_parameter()
+                 ? "; ranks of one pipeline stage differ only in the optimizer states of the rows "
+                   "they own: shown, data-parallel rank " +
+                       std::to_string(le.ranks.front().grad_rank) +
+                       (le.ranks.front().grad_rank == 0 ? ", which owns the most)" : ")")
+                 : "; ranks of one pipeline stage have identical books)"));
   w.table(ranks_table(le, u, false));
   w.paragraph_break();
   const RankEstimate& worst = le.ranks[static_cast<std::size_t>(le.worst)];
@@ -247,7 +255,11 @@ void describe_layout(report::ReportWriter& w, const LayoutEstimate& le, ByteUnit
               : std::string()) +
          (le.layout.zero >= 1 ? ", ZeRO shard " + report::with_commas(worst.shard_elements) +
                                     " (padding " + report::with_commas(worst.padding_elements) + ")"
-                              : ""));
+                              : "") +
+         (le.layout.per_parameter()
+              ? "; per-parameter (FSDP2): every parameter's ceil(rows/N) rows stored, " +
+                    report::with_commas(worst.owned_elements) + " owned (the optimizer states')"
+              : ""));
   for (const auto& e : worst.communication)
     w.item("communication: " + e.name + " " + e.shape + " " + format_bytes_with_unit(e.bytes, u) +
            " — " + e.why);

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "trainmem/base/error.hpp"
 #include "trainmem/ledger/ledger.hpp"
@@ -118,9 +119,9 @@ MeasuredRank unpack(const std::uint64_t* w) {
 
 LayoutTrace trace_layout(const ModelConfig& model, const TrainConfig& train,
                          const ParallelConfig& layout, const OverheadOptions& overheads, int steps,
-                         const std::optional<AllocatorSpec>& allocator) {
+                         const std::optional<AllocatorSpec>& allocator, std::int64_t grad_rank) {
   LayoutTrace out;
-  out.analytic = estimate_layout(model, train, layout, overheads);
+  out.analytic = estimate_layout_of_rank(model, train, layout, grad_rank, overheads);
   out.steps = steps < 1 ? 1 : steps;
   const auto t0 = std::chrono::steady_clock::now();
   for (const RankEstimate& re : out.analytic.ranks) {
@@ -137,7 +138,7 @@ LayoutTrace trace_layout(const ModelConfig& model, const TrainConfig& train,
     books.timeline_cap = 0;
     books.keep_tensor_records = false;
     Ledger ledger(modelled ? static_cast<Allocator&>(*modelled) : alloc, books);
-    ShardedStep step(model, train, layout, re.stage, ledger);
+    ShardedStep step(model, train, layout, re.stage, ledger, nullptr, grad_rank);
     for (int n = 0; n < out.steps; ++n) {
       if (modelled) modelled->begin_step();
       step.train_step();
@@ -287,20 +288,35 @@ void read_books(MeasuredRank& mine, MeasuredLayout& out, const Ledger& ledger, P
 
 // Every rank's figures to every rank (words through the host collective), each checked against
 // its stage's trace and analytic profile.
-void gather_ranks(MeasuredLayout& out, const MeasuredRank& mine, Collective& host) {
+void gather_ranks(MeasuredLayout& out, const MeasuredRank& mine, Collective& host,
+                  const MeasureRequest& rq) {
   const std::vector<std::uint64_t> words = pack(mine);
   std::vector<std::uint64_t> all(words.size() * std::size_t(host.size()));
   host.all_gather(words.data(), all.data(), words.size() * 2, DType::f32);
+  // Per-parameter sharding: the ranks of a stage differ in their owned rows, so a rank other
+  // than the gradient group's first is checked against a trace of its own index.
+  std::map<std::int64_t, LayoutTrace> of_rank;
   for (int r = 0; r < host.size(); ++r) {
     MeasuredRank m = unpack(all.data() + std::size_t(r) * words.size());
+    const LayoutTrace* pred = &out.predicted;
+    const std::int64_t tp = rq.layout.tp, cp = rq.layout.cp;
+    const std::int64_t g = (m.rank / (tp * cp)) % rq.layout.dp * cp + (m.rank / tp) % cp;
+    if (rq.layout.per_parameter() && g != 0) {
+      auto it = of_rank.find(g);
+      if (it == of_rank.end())
+        it = of_rank
+                 .emplace(g, trace_layout(rq.model, rq.train, rq.layout, rq.overheads, out.steps,
+                                          rq.allocator, g))
+                 .first;
+      pred = &it->second;
+    }
     std::size_t k = 0;
-    while (k + 1 < out.predicted.ranks.size() && out.predicted.ranks[k].stage != m.stage) ++k;
-    m.trace_differences = differences(m.ledger, out.predicted.ranks[k].ledger, "meta trace");
-    m.analytic_differences =
-        differences(m.ledger, out.predicted.analytic.ranks[k].est.figures, "analytic");
+    while (k + 1 < pred->ranks.size() && pred->ranks[k].stage != m.stage) ++k;
+    m.trace_differences = differences(m.ledger, pred->ranks[k].ledger, "meta trace");
+    m.analytic_differences = differences(m.ledger, pred->analytic.ranks[k].est.figures, "analytic");
     // The same allocations in the same order: the trace's model holds what this rank's did.
-    if (m.allocator_modelled && out.predicted.ranks[k].allocator_model) {
-      const CachingAllocatorStats& t = out.predicted.ranks[k].allocator_model->step;
+    if (m.allocator_modelled && pred->ranks[k].allocator_model) {
+      const CachingAllocatorStats& t = pred->ranks[k].allocator_model->step;
       if (m.allocator_reserved_peak != t.reserved.peak)
         m.trace_differences.push_back("allocator reserved peak: measured " +
                                       std::to_string(m.allocator_reserved_peak) + ", meta trace " +
@@ -310,7 +326,7 @@ void gather_ranks(MeasuredLayout& out, const MeasuredRank& mine, Collective& hos
                                       std::to_string(m.allocator_allocated_peak) + ", meta trace " +
                                       std::to_string(t.allocated.peak));
     }
-    const std::uint64_t host_want = out.predicted.analytic.ranks[k].host_bytes;
+    const std::uint64_t host_want = pred->analytic.ranks[k].host_bytes;
     if (m.host_bytes != host_want)
       m.analytic_differences.push_back("host bytes (--offload): measured " +
                                        std::to_string(m.host_bytes) + ", analytic " +
@@ -410,7 +426,7 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
   }
   std::sort(seconds.begin(), seconds.end());
   mine.step_seconds = seconds[seconds.size() / 2];
-  gather_ranks(out, mine, host);
+  gather_ranks(out, mine, host, rq);
   return out;
 }
 

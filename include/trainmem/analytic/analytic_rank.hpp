@@ -52,7 +52,12 @@ struct RankEstimate {
   std::uint64_t local_params = 0;      // parameters the stage holds before ZeRO (TP-sharded)
   std::uint64_t shard_elements = 0;    // the ZeRO flat shard, padded (= local_params when zero 0)
   std::uint64_t padding_elements = 0;  // shard·dp − local_params
-  Estimate est;                        // figures per category (communication included), instants
+  // The elements the optimizer states cover: the shard (flat ZeRO >= 1; every rank alike), or
+  // under per-parameter sharding the rows this rank owns, unpadded (rank `grad_rank` of the
+  // gradient group; rank 0 owns the most).
+  std::uint64_t owned_elements = 0;
+  std::int64_t grad_rank = 0;
+  Estimate est;  // figures per category (communication included), instants
   std::vector<TensorEntry> communication;  // the collective buffers the stage allocates
   std::uint64_t host_bytes = 0;            // --offload: what the rank keeps in host memory
   std::vector<TensorEntry> host;           // what those host bytes are
@@ -71,7 +76,13 @@ struct LayoutEstimate {
 
 // The native per-rank profile of `layout` (already resolved: ParallelConfig::resolve).
 // A layout of one GPU is estimate(Profile::native, ...): the same code (analytic_native.cpp).
+// Under per-parameter sharding the ranks of a stage differ in their optimizer states:
+// estimate_layout's books are gradient-group rank 0's (it owns the most rows: the worst), and
+// estimate_layout_of_rank's rank `grad_rank`'s.
 LayoutEstimate estimate_layout(const ModelConfig& model, const TrainConfig& train,
                                const ParallelConfig& layout, const OverheadOptions& overheads = {});
+LayoutEstimate estimate_layout_of_rank(const ModelConfig& model, const TrainConfig& train,
+                                       const ParallelConfig& layout, std::int64_t grad_rank,
+                                       const OverheadOptions& overheads = {});
 
 }  // namespace trainmem

@@ -95,6 +95,9 @@ struct PlanOptions {
   // default.
   TrainConfig finetune;
   std::vector<int> zero_stages = {0, 1, 2, 3};
+  // How the ZeRO-3 layouts shard (--sharding, --fsdp2): per_parameter as FSDP2 does, without
+  // offload (docs/distributed.md, "FSDP2: per-parameter sharding").
+  Sharding sharding = Sharding::flat;
   std::vector<PlanPolicy> policies = {{PlanPolicy::Kind::none},
                                       {PlanPolicy::Kind::selective},
                                       PlanPolicy::every(2),

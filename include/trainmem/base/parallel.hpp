@@ -16,6 +16,20 @@ enum class Offload { none, optimizer, optimizer_params };
 const char* offload_name(Offload o);  // "none", "optimizer", "optimizer+params"
 std::optional<Offload> parse_offload(const std::string& s);
 
+// How ZeRO-3 splits the parameters, gradients and optimizer states over the gradient group
+// (docs/distributed.md, "FSDP2: per-parameter sharding"). flat: one flat vector of every
+// parameter padded at its end and cut into equal slices (DeepSpeed, FSDP1). per_parameter: each
+// parameter split on dim 0 as PyTorch FSDP2's fully_shard does (--sharding per-parameter,
+// --fsdp2): rank k owns rows [k·c, min((k+1)·c, r)) of a parameter of r rows, c = ceil(r/N),
+// stores every parameter and gradient padded to c rows, and its optimizer states unpadded.
+enum class Sharding { flat, per_parameter };
+const char* sharding_name(Sharding s);  // "flat", "per-parameter"
+std::optional<Sharding> parse_sharding(const std::string& s);
+// FSDP2's dim-0 chunks (torch.chunk): the padded rows every rank stores, ceil(rows/n), and the
+// rows rank k owns, max(0, min(c, rows − k·c)) (the last ranks may own none).
+std::uint64_t shard_chunk_rows(std::uint64_t rows, std::uint64_t n);
+std::uint64_t shard_owned_rows(std::uint64_t rows, std::uint64_t n, std::uint64_t k);
+
 // DeepSpeed's default (deepspeed/runtime/zero/config.py), in elements. Its allgather bucket
 // costs no bytes here: the sharded step gathers updated parameters in place.
 constexpr std::uint64_t kDefaultReduceBucket = 500000000;  // reduce_bucket_size 5e8
@@ -36,6 +50,8 @@ struct ParallelConfig {
   std::uint64_t reduce_bucket = kDefaultReduceBucket;  // --reduce-bucket (elements)
   bool overlap_comm = false;  // --overlap-comm: a second reduce bucket (DeepSpeed overlap_comm)
   std::int64_t prefetch = 1;  // --prefetch: ZeRO-3 units gathered ahead of the one computing
+  Sharding sharding = Sharding::flat;  // --sharding (ZeRO-3 only for per_parameter)
+  bool per_parameter() const { return sharding == Sharding::per_parameter; }
 
   bool distributed() const { return world > 1; }
   // The ranks that hold the same parameters and sum their gradients: the data-parallel ranks
@@ -46,7 +62,8 @@ struct ParallelConfig {
   std::int64_t local_seq(std::int64_t seq) const { return seq / cp; }
   // Fills dp from world / (tp·pp·cp) when `dp_given` is false, then checks the layout against
   // the model and the run. InputError naming the flag (--world-size, --dp, --tp, --pp, --cp,
-  // --zero, --sp, --microbatches, --offload, --prefetch, --reduce-bucket) and what is allowed.
+  // --zero, --sp, --microbatches, --offload, --prefetch, --reduce-bucket, --sharding) and what is
+  // allowed.
   void resolve(bool dp_given, const ModelConfig& model, const TrainConfig& train);
   // "dp 2 × tp 4 × pp 1, ZeRO-3, sp, M 1, offload none" ("× cp 2" after pp when cp > 1)
   std::string describe() const;

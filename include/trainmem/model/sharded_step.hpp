@@ -74,8 +74,11 @@ class ShardedStep {
   // Allocates the setup of pipeline stage `stage` of `layout` (resolved) in phase setup.
   // With `exec` (measured), the rank is exec->data.rank() of the data-parallel group, and
   // the weights and states are initialised.
+  // Traced (no `exec`), the rank is `grad_rank` of the gradient group: under per-parameter
+  // sharding its optimizer states hold the rows it owns (other layouts: every rank alike).
   ShardedStep(const ModelConfig& model, const TrainConfig& train, const ParallelConfig& layout,
-              std::int64_t stage, Ledger& ledger, const ShardedExecution* exec = nullptr);
+              std::int64_t stage, Ledger& ledger, const ShardedExecution* exec = nullptr,
+              std::int64_t grad_rank = 0);
   ~ShardedStep();
   ShardedStep(const ShardedStep&) = delete;
   ShardedStep& operator=(const ShardedStep&) = delete;

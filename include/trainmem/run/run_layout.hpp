@@ -41,9 +41,12 @@ struct LayoutTrace {
 
 // Traces `steps` (>= 1) steps of every distinct rank of `layout` (resolved) on meta; with
 // `allocator`, each rank's allocations are also fed to that model (RankTrace::allocator_model).
+// Under per-parameter sharding the ranks of a stage differ in their optimizer states: the trace
+// and its analytic are of gradient-group rank `grad_rank` (0 owns the most rows).
 LayoutTrace trace_layout(const ModelConfig& model, const TrainConfig& train,
                          const ParallelConfig& layout, const OverheadOptions& overheads, int steps,
-                         const std::optional<AllocatorSpec>& allocator = std::nullopt);
+                         const std::optional<AllocatorSpec>& allocator = std::nullopt,
+                         std::int64_t grad_rank = 0);
 
 // ---- measured multi-rank runs (docs/distributed.md, "Measured runs")
 
