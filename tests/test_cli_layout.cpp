@@ -154,7 +154,15 @@ TEST(CliLayout, Fsdp2ShardsEachParameterOnDimZero) {
   const std::uint64_t shard = 68976648192ull / 8;
   const auto& r0 = j["ranks"][0];
   EXPECT_EQ(r0["figures"]["params"].get<std::uint64_t>(), 2 * shard);
-  EXPECT_EQ(r0["figures"]["gradients"].get<std::uint64_t>(), 2 * shard);
+  EXPECT_EQ(r0["shard_elements"].get<std::uint64_t>(), shard);  // the sharded gradients
+  // FSDP2's gradient peak, layer 0's backward done: the 79 layers above reduced (a layer's
+  // 855,654,400 parameters / 8 each), lm_head's and the final norm's unsharded gradients and
+  // layer 0's own: more than the root's post-backward (80 layers' shards + 2 × 32000 × 8192 +
+  // 8192).
+  const std::uint64_t layer = (68976648192ull - 2ull * 32000 * 8192 - 8192) / 80;
+  EXPECT_EQ(layer, 855654400u);
+  EXPECT_EQ(r0["figures"]["gradients"].get<std::uint64_t>(),
+            2 * (79 * (layer / 8) + 32000ull * 8192 + 8192 + layer));
   EXPECT_EQ(r0["figures"]["optimizer_states"].get<std::uint64_t>(), 12 * shard);
   EXPECT_EQ(r0["owned_elements"].get<std::uint64_t>(), shard);
   EXPECT_EQ(r0["padding_elements"], 0);

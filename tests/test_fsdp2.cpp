@@ -37,7 +37,9 @@ std::vector<Golden> goldens() {
   std::vector<Golden> out;
   const std::filesystem::path dir = std::filesystem::path(TRAINMEM_TEST_DATA_DIR) / "fsdp2";
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    if (e.path().extension() != ".json") continue;
+    // The states' goldens (llama-<shape>-<dtype>-np<N>.json); gathers-np<N>.json are the gathers'.
+    if (e.path().extension() != ".json" || e.path().stem().string().rfind("llama-", 0) != 0)
+      continue;
     std::ifstream in(e.path());
     out.push_back({e.path().stem().string(), json::parse(in)});
   }
@@ -109,7 +111,7 @@ TEST(Fsdp2, ParamsGradsStatesByteExactPerRank) {
       const json& tot = r["totals"];
       const RankEstimate re = estimate_layout_of_rank(m, t, p, k).ranks.at(0);
       EXPECT_EQ(re.est.figures.params, tot["params"]["storage_bytes"].get<std::uint64_t>()) << at;
-      EXPECT_EQ(re.est.figures.gradients, tot["grads"]["storage_bytes"].get<std::uint64_t>()) << at;
+      EXPECT_EQ(re.shard_elements * e, tot["grads"]["storage_bytes"].get<std::uint64_t>()) << at;
       EXPECT_EQ(re.owned_elements * e, tot["exp_avg"]["storage_bytes"].get<std::uint64_t>()) << at;
       EXPECT_EQ(re.owned_elements * e, tot["exp_avg_sq"]["storage_bytes"].get<std::uint64_t>())
           << at;
@@ -174,6 +176,12 @@ TEST(Fsdp2, MetaTraceEqualsAnalyticPerRank) {
       EXPECT_EQ(got.peak, want.est.figures.peak) << at;
       EXPECT_EQ(got.peak_breakdown, want.est.figures.peak_breakdown) << at;
       EXPECT_EQ(step.host_bytes(), want.host_bytes) << at;
+      // FSDP2's buffers at their most (the communication category alone): the ledger's against
+      // the analytic's instants.
+      std::uint64_t comm = 0;
+      for (const Instant& in : want.est.instants)
+        comm = std::max(comm, in.bytes[int(Category::communication)]);
+      EXPECT_EQ(ledger.peak(Category::communication), comm) << at;
     }
   }
   // Other layouts under per-parameter sharding, stage by stage (rank 0: the most rows).
@@ -193,27 +201,72 @@ TEST(Fsdp2, MetaTraceEqualsAnalyticPerRank) {
       for (const int tp : {1, 2}) {
         if (tp == 2 && (m.heads % 2 || m.kv_heads % 2 || m.vocab % 2 || m.intermediate % 2))
           continue;
-        for (const int cp : {1, 2}) {
-          ParallelConfig p;
-          p.world = 4 * tp * cp;
-          p.tp = tp;
-          p.cp = cp;
-          p.zero = 3;
-          p.sharding = Sharding::per_parameter;
-          p.resolve(false, m, t);
-          test::expect_trace_equals_layout(m, t, p,
-                                           std::string(name) + " tp " + std::to_string(tp) +
-                                               " cp " + std::to_string(cp) +
-                                               (ck == Checkpointing::full ? " ckpt" : ""));
-        }
+        for (const int cp : {1, 2})
+          for (const int prefetch : {0, 1, 2, 3}) {
+            // prefetch 3 stands for 1 with two micro-batches (gradients accumulated).
+            if (prefetch != 1 && (tp != 1 || cp != 1)) continue;
+            ParallelConfig p;
+            p.world = 4 * tp * cp;
+            p.tp = tp;
+            p.sp = tp == 2 && prefetch == 1 && cp == 1;  // sequence parallelism with tp
+            p.cp = cp;
+            p.zero = 3;
+            p.prefetch = prefetch == 3 ? 1 : prefetch;
+            p.microbatches = prefetch == 3 ? 2 : 1;
+            p.sharding = Sharding::per_parameter;
+            p.resolve(false, m, t);
+            test::expect_trace_equals_layout(m, t, p,
+                                             std::string(name) + " tp " + std::to_string(tp) +
+                                                 " cp " + std::to_string(cp) + " prefetch " +
+                                                 std::to_string(prefetch) +
+                                                 (ck == Checkpointing::full ? " ckpt" : ""));
+          }
       }
     }
   }
 }
 
-// Flat and per-parameter sharding of the same layout differ only in the model states and the
-// host's step scalars; the activations and the buffers are the same step's.
-TEST(Fsdp2, OnlyTheStatesDifferFromFlatZero3) {
+// A vocabulary far larger than a layer (V 50,000, h 64, one layer, b 1, s 4): the root (the
+// embedding and lm_head, 2 × 50,000 × 64 bf16) dominates, so the moments FSDP2 holds it twice
+// decide: the forward's all-gather copied out into the root's buffers, and the root's
+// post-backward (its unsharded gradients beside its reduce-scatter input). The trace's peak and
+// its communication peak equal the analytic's, and the communication peak is the forward's
+// copy-out, twice the root's padded bytes.
+TEST(Fsdp2, RootDominatedModel) {
+  ModelConfig m = *find_preset("tiny");
+  m.vocab = 50000;
+  m.layers = 1;
+  TrainConfig t;
+  t.batch = 1;
+  t.seq = 4;
+  for (const std::int64_t M : {1, 2}) {
+    ParallelConfig p;
+    p.world = 2;
+    p.zero = 3;
+    p.microbatches = M;
+    p.sharding = Sharding::per_parameter;
+    p.resolve(false, m, t);
+    const RankEstimate want = estimate_layout(m, t, p).ranks.at(0);
+    MetaAllocator alloc;
+    Ledger ledger(alloc);
+    ShardedStep step(m, t, p, 0, ledger);
+    step.train_step();
+    step.train_step();
+    const MemoryFigures got = measured_figures(ledger);
+    const std::string at = "M " + std::to_string(M);
+    EXPECT_EQ(got.peak, want.est.figures.peak) << at;
+    EXPECT_EQ(got.peak_breakdown, want.est.figures.peak_breakdown) << at;
+    EXPECT_EQ(got.gradients, want.est.figures.gradients) << at;
+    const std::uint64_t root = 2u * (2 * 50000 * 64 + 64);  // N 2 divides every row count
+    EXPECT_EQ(ledger.peak(Category::communication), 2 * root) << at;
+    EXPECT_EQ(got.gradients, want.est.figures.gradients) << at;
+  }
+}
+
+// Flat and per-parameter sharding of the same layout differ in the model states, the host's step
+// scalars and the gathered units (FSDP2's padded unsharded buffers and its root unit); the
+// activations are the same step's.
+TEST(Fsdp2, StatesAndGathersAgainstFlatZero3) {
   ModelConfig m = *find_preset("tiny-awkward");
   m.explicit_head_dim = 6;
   TrainConfig t;
@@ -245,9 +298,24 @@ TEST(Fsdp2, OnlyTheStatesDifferFromFlatZero3) {
   EXPECT_EQ(b.owned_elements, 13210u);
   EXPECT_EQ(last.owned_elements, 12410u);
   EXPECT_EQ(last.est.figures.params, 13210u * 2);  // bf16, padded on every rank
-  EXPECT_EQ(last.est.figures.gradients, 13210u * 2);
+  EXPECT_EQ(last.shard_elements * 2, 13210u * 2);  // the sharded gradients after the backward
+  // The gradient peak: layer 0's backward done, before its reduce-scatter: the two layers above
+  // reduced (2·3,920), lm_head's and the final norm's unsharded gradients (71·40 + 40) and layer
+  // 0's (15,440); the root's post-backward holds less (3·3,920 + 2·2,840 + 40).
+  EXPECT_EQ(last.est.figures.gradients, 2u * (2 * 3920 + 2880 + 15440));
   EXPECT_EQ(last.est.figures.optimizer_states, 12410u * 12);  // fp32 master, m, v
   EXPECT_EQ(b.host_bytes, 4u * (3 + m.layers * 9));           // embed, norm, head; 9 per layer
+  // Gathered, bf16, each parameter padded to 4·ceil(rows/4) rows: a layer 2·40 (norms) + 32·40
+  // (q) + 2·8·40 (k, v) + 40·30 (o) + 2·104·40 (gate, up) + 40·104 (down) = 15,680 elements; the
+  // root 2·72·40 (embedding, lm_head) + 40 (norm) = 5,800.
+  auto comm = [](const RankEstimate& e, const char* name) {
+    for (const TensorEntry& c : e.communication)
+      if (c.name == name) return c.bytes;
+    return std::uint64_t{0};
+  };
+  EXPECT_EQ(comm(b, "gathered units"), 2u * 15680);
+  EXPECT_EQ(comm(b, "gathered root"), 2u * 5800);
+  EXPECT_EQ(comm(a, "gathered units"), 2u * (80 + 1200 + 480 + 1200 + 8320 + 4160));  // unpadded
 }
 
 // docs/distributed.md's worked example, from LLaMA-3-8B's dimensions alone: on 6 GPUs every
@@ -288,15 +356,95 @@ TEST(Fsdp2, Llama3_8bWorkedExample) {
                 .owned_elements,
             P - 5 * ((P + pad) / 6));
   EXPECT_EQ(r.host_bytes, 4u * 291);
-  EXPECT_EQ(fs.worst_total(), 26889418416u);
-  EXPECT_EQ(fl.worst_total(), 26881378992u);
-  // 8 GPUs: the same bytes as flat ZeRO-3 (no padding either way).
+  // The root unit (embedding, final norm, lm_head), gathered all step: 2 × 128,256 × 4,096
+  // (the vocabulary divides by 6) and the norm's 6 × 683 rows, bf16.
+  auto root = [](const RankEstimate& e) {
+    for (const TensorEntry& c : e.communication)
+      if (c.name == "gathered root") return c.bytes;
+    return std::uint64_t{0};
+  };
+  EXPECT_EQ(root(r), 2u * (2u * 128256 * 4096 + 6 * 683));
+  // 8 GPUs: the same model states as flat ZeRO-3 (no padding either way); the root is still
+  // gathered through the step (2 × (2 × 128,256 × 4,096 + 4,096) B), which flat ZeRO-3 gathers
+  // as two units in their turn.
   const RankEstimate a = estimate_layout(m, t, layout(8, Sharding::per_parameter)).ranks.at(0);
   const RankEstimate b = estimate_layout(m, t, layout(8, Sharding::flat)).ranks.at(0);
   EXPECT_EQ(a.padding_elements, 0u);
-  EXPECT_EQ(a.est.figures.peak, b.est.figures.peak);
+  EXPECT_EQ(a.est.figures.params, b.est.figures.params);
+  EXPECT_EQ(a.shard_elements, b.shard_elements);
+  // FSDP2's gradient peak is the root's post-backward: the 32 layers' sharded gradients
+  // (218,112,000 / 8 each) beside the root's unsharded ones (2 × 128,256 × 4,096 + 4,096).
+  EXPECT_EQ(a.est.figures.gradients, 2ull * (32ull * 218112000 / 8 + 2ull * 128256 * 4096 + 4096));
+  EXPECT_EQ(b.est.figures.gradients, 2u * (P / 8));
   EXPECT_EQ(a.est.figures.optimizer_states, b.est.figures.optimizer_states);
   EXPECT_EQ(a.est.figures.params, 2007565312u);
+  EXPECT_EQ(root(a), 2u * (2u * 128256 * 4096 + 4096));
+  EXPECT_EQ(root(b), 0u);
+  EXPECT_GE(a.est.figures.peak_breakdown[int(Category::communication)], root(a));
+}
+
+// FSDP2's unsharded parameters against real fully_shard (tests/data/fsdp2/gathers-np<N>.json,
+// tools/fsdp2_gathers.py: torch 2.15, gloo, bf16, the odd and oddheads shapes, N 2-4, every
+// rank): the bytes of each unit while gathered equal trainmem's "gathered units" (a layer) and
+// "gathered root" entries of that rank, the root is gathered at every event of the step until
+// the backward ends, the forward holds one layer at a time and the backward two (the implicit
+// prefetch trainmem's --prefetch 1 models).
+TEST(Fsdp2, GatheredUnitsMatchRealFullyShard) {
+  int checked = 0;
+  for (int n = 2; n <= 4; ++n) {
+    std::ifstream in(std::string(TRAINMEM_TEST_DATA_DIR) + "/fsdp2/gathers-np" + std::to_string(n) +
+                     ".json");
+    ASSERT_TRUE(in) << "gathers-np" << n;
+    const json doc = json::parse(in);
+    ASSERT_EQ(doc["ranks"].size(), std::size_t(n));
+    for (std::size_t k = 0; k < doc["ranks"].size(); ++k)
+      for (const auto& [shape, got] : doc["ranks"][k].items()) {
+        json cfg = {{"shape", shape},
+                    {"dtype", "bf16"},
+                    {"batch", 2},
+                    {"sequence", 16},
+                    {"llama",
+                     {{"hidden_size", 128},
+                      {"intermediate_size", 353},
+                      {"num_attention_heads", 4},
+                      {"num_key_value_heads", shape == "odd" ? 2 : 1},
+                      {"num_hidden_layers", 3},
+                      {"vocab_size", 1001},
+                      {"tie_word_embeddings", false}}}};
+        if (shape == "oddheads") cfg["llama"]["head_dim"] = 6;
+        const ModelConfig m = model_of(cfg);
+        const TrainConfig t = train_of(cfg);
+        const RankEstimate r =
+            estimate_layout_of_rank(m, t, fsdp2(n, m, t), std::int64_t(k)).ranks.at(0);
+        std::uint64_t units = 0, root = 0;
+        for (const TensorEntry& c : r.communication) {
+          if (c.name == "gathered units") units = c.bytes;
+          if (c.name == "gathered root") root = c.bytes;
+        }
+        const std::string at = shape + " np" + std::to_string(n) + " rank " + std::to_string(k);
+        const json& ub = got["unit_bytes"];
+        EXPECT_EQ(units, ub["layer0"].get<std::uint64_t>()) << at;
+        EXPECT_EQ(units, ub["layer2"].get<std::uint64_t>()) << at;
+        EXPECT_EQ(root, ub["root"].get<std::uint64_t>()) << at;
+        bool backward = false;
+        std::uint64_t fwd_layers = 0, bwd_layers = 0;
+        for (const json& e : got["events"]) {
+          const std::string ev = e[0];
+          const json& live = e[1];  // root, layer0, layer1, layer2
+          const std::uint64_t layers = live[1].get<std::uint64_t>() + live[2].get<std::uint64_t>() +
+                                       live[3].get<std::uint64_t>();
+          if (ev.rfind("after pre_backward", 0) == 0) backward = true;
+          (backward ? bwd_layers : fwd_layers) =
+              std::max(backward ? bwd_layers : fwd_layers, layers);
+          const bool ended = ev == "after backward" || ev == "after post_backward root";
+          EXPECT_EQ(live[0].get<std::uint64_t>(), ended ? 0 : root) << at << " " << ev;
+        }
+        EXPECT_EQ(fwd_layers, units) << at;
+        EXPECT_EQ(bwd_layers, 2 * units) << at;
+        ++checked;
+      }
+  }
+  EXPECT_EQ(checked, 2 * (2 + 3 + 4));
 }
 
 TEST(Fsdp2, RefusedLayoutsNameTheFlags) {
@@ -324,6 +472,9 @@ TEST(Fsdp2, RefusedLayoutsNameTheFlags) {
   lora.lora_rank = 4;
   lora.lora_targets = 1;
   EXPECT_NE(err(p, lora).find("--finetune"), std::string::npos) << err(p, lora);
+  TrainConfig off = t;
+  off.offload_activations = true;
+  EXPECT_NE(err(p, off).find("--offload-activations"), std::string::npos) << err(p, off);
   EXPECT_EQ(err(p, t), "no error");
   EXPECT_EQ(parse_sharding("per-parameter"), Sharding::per_parameter);
   EXPECT_EQ(parse_sharding("flat"), Sharding::flat);

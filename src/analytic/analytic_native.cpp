@@ -368,9 +368,18 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn
 struct GatherPlan {
   std::vector<int> seq;              // unit id per position: 0 embedding, 1+l layer l, L+1 head
   std::vector<std::uint64_t> bytes;  // gathered bytes per unit id
+  int pinned = -1;                   // a unit gathered at every position (FSDP2's root), or -1
+  // Positions before this one prefetch nothing (FSDP2's forward: a layer is resharded before
+  // the next one is gathered).
+  std::size_t prefetch_from = 0;
   std::uint64_t window(std::size_t pos, std::int64_t prefetch) const {
     std::vector<int> seen;
     std::uint64_t total = 0;
+    if (pinned >= 0) {
+      seen.push_back(pinned);
+      total = bytes[u(pinned)];
+    }
+    if (pos < prefetch_from) prefetch = 0;
     for (std::size_t j = pos; j < seq.size() && j <= pos + u(prefetch); ++j) {
       if (std::find(seen.begin(), seen.end(), seq[j]) != seen.end()) continue;
       seen.push_back(seq[j]);
@@ -416,6 +425,7 @@ class Stage {
     if (t.lora() && (lomo_ || t.offload_activations))
       throw Error("analytic native: LoRA is modelled with adamw or sgd, without offload");
     check_lora_layout(p, t);  // what the sharded step runs of LoRA per rank
+    fsdp2_ = p.per_parameter();
     r_.stage = index;
     r_.role = p.pp == 1 ? "only" : first_ ? "first" : last_ ? "last" : "middle";
     r_.ranks = p.dp * p.tp * p.cp;
@@ -434,6 +444,7 @@ class Stage {
  private:
   void books();
   void per_parameter_books(std::uint64_t Pk, std::uint64_t N, std::uint64_t f);
+  void fsdp2_units();
   void activations();
   void instants();
   void forward_instants();
@@ -453,10 +464,26 @@ class Stage {
   // Gradient bytes alive in backward, LOMO allocating `lomo_bytes` around its op (the persistent
   // gradients otherwise).
   std::uint64_t grads(std::uint64_t lomo_bytes) const {
+    if (fsdp2_) return csum({fg_base_, fg_cum_}, "gradients");
     return lomo_ ? csum({tied_lomo_, lomo_bytes}) : r_.est.figures.gradients;
   }
-  // Gradients alive before the head's backward: none under LOMO, else the persistent ones.
-  std::uint64_t grads_before_head() const { return lomo_ ? 0 : r_.est.figures.gradients; }
+  // Gradients alive before the head's backward: none under LOMO or FSDP2 (zero_grad sets them
+  // to None), else the persistent ones.
+  std::uint64_t grads_before_head() const {
+    if (fsdp2_) return fsdp2_all_;  // a later micro-batch: the earlier ones' sharded gradients
+    return lomo_ ? 0 : r_.est.figures.gradients;
+  }
+  // FSDP2's gradient path (per-parameter sharding; docs/distributed.md): the units' sharded
+  // gradients made so far and the root's unsharded ones (fg_base_), the current unit's unsharded
+  // gradients made so far in its backward (fg_cum_), the reduce-scatter input in flight
+  // (fg_held_, communication).
+  bool fsdp2_ = false;
+  std::uint64_t fg_base_ = 0, fg_cum_ = 0, fg_held_ = 0;
+  std::uint64_t fsdp2_layer_shard_ = 0;  // a layer's S_u·w
+  // Several micro-batches: from the second on, every unit's sharded gradient is alive (each
+  // later reduce-scatter output is added into it and freed); 0 with one micro-batch.
+  std::uint64_t fsdp2_all_ = 0;
+  void fsdp2_backward_instants();
   // A transient (b, s, h) gather / partial buffer under sequence parallelism.
   std::uint64_t gather_buffer() const { return p_.sp ? l_.full : 0; }
   // Context parallelism (docs/distributed.md, "Context parallelism"): ring attention's receive
@@ -695,7 +722,7 @@ void Stage::books() {
       std::max({checked_mul(l.h, l.ad), checked_mul(l.h, l.kd), checked_mul(l.h, l.i)});
   if (first_ || last_) largest = std::max(largest, emb);
   if (t_.lora()) largest = largest_adapter(l);  // the bucket holds trainable gradients only
-  if (p_.zero >= 2) {
+  if (p_.zero >= 2 && !fsdp2_) {  // FSDP2 reduce-scatters each unit (fsdp2_backward_instants)
     const std::uint64_t n = std::min(std::max(p_.reduce_bucket, largest), T);
     for (int c = 0; c < (p_.overlap_comm ? 2 : 1); ++c) {
       TensorEntry e = entry(g_, c == 0 ? "reduce_bucket" : "reduce_bucket.1", "(n)", g_.dt,
@@ -716,11 +743,30 @@ void Stage::books() {
     for (std::int64_t k = 0; k < Ls_; ++k) gather_.seq.push_back(static_cast<int>(1 + k));
     gather_.seq.push_back(static_cast<int>(Ls_ + 1));
     for (std::int64_t k = Ls_ - 1; k >= 0; --k) gather_.seq.push_back(static_cast<int>(1 + k));
-    r_.communication.push_back(entry(g_, "gathered units", "(layer params)", g_.dt,
-                                     gather_.bytes[1], Term::other,
-                                     "forward and backward of each unit",
-                                     "ZeRO-3: one unit's parameters gathered, plus " +
-                                         std::to_string(p_.prefetch) + " prefetched"));
+    if (p_.per_parameter()) fsdp2_units();
+    r_.communication.push_back(
+        entry(g_, "gathered units", "(layer params)", g_.dt, gather_.bytes[1], Term::other,
+              "forward and backward of each unit",
+              "ZeRO-3: one unit's parameters gathered, plus " + std::to_string(p_.prefetch) +
+                  " prefetched" +
+                  (p_.per_parameter() ? " (FSDP2: each parameter padded to N·ceil(rows/N) "
+                                        "rows)"
+                                      : "")));
+    if (p_.per_parameter()) {
+      r_.communication.push_back(
+          entry(g_, "gathered root", "(embedding, final norm, lm_head)", g_.dt, gather_.bytes[0],
+                Term::other, "from the first forward position to the end of the backward",
+                "FSDP2: the root unit (fully_shard(model)) is not resharded after forward"));
+      r_.communication.push_back(
+          entry(g_, "reduce_scatter (layer)", "(N·S_layer)", g_.dt, gather_.bytes[1], Term::other,
+                "from a layer's post-backward to the next unit's",
+                "FSDP2: a unit's gradients copied in, padded, for the reduce-scatter; one in "
+                "flight"));
+      r_.communication.push_back(
+          entry(g_, "reduce_scatter (root)", "(N·S_root)", g_.dt, gather_.bytes[0], Term::other,
+                "the root's post-backward, at the end of the backward",
+                "FSDP2: the embedding's, final norm's and lm_head's gradients, padded"));
+    }
   }
   if (p_.sp)
     r_.communication.push_back(entry(g_, "sp gather/partial", "(b,s,h)", g_.dt, l.full, Term::sbh,
@@ -787,6 +833,7 @@ void Stage::per_parameter_books(std::uint64_t Pk, std::uint64_t N, std::uint64_t
   fg.params = checked_mul(chunks, l.w, "parameters");
   fg.gradients = checked_mul(chunks, l.w, "gradients");
   fg.optimizer_states = checked_mul(owned, f, "optimizer states");
+  if (p_.microbatches > 1) fsdp2_all_ = fg.gradients;
   if (t_.optimizer == Optimizer::adamw) {
     // torch.optim.AdamW's `step`: one fp32 scalar per parameter tensor, on the host unless
     // capturable or fused (torch/optim/adam.py, _init_group).
@@ -799,6 +846,83 @@ void Stage::per_parameter_books(std::uint64_t Pk, std::uint64_t N, std::uint64_t
     r_.host_bytes = checked_add(r_.host_bytes, e.bytes, "host bytes");
     r_.host.push_back(std::move(e));
   }
+}
+
+void Stage::fsdp2_backward_instants() {
+  // FSDP2's backward (docs/distributed.md, "FSDP2: per-parameter sharding"): every layer, in
+  // backward order, holds the sharded gradients of the layers above it and the root's unsharded
+  // ones (lm_head's, the final norm's), its own unsharded gradients as its steps make them, and
+  // the reduce-scatter input of the layer above; at its post-backward its parameters are
+  // resharded, that input released and its own allocated beside its unsharded gradients. Then
+  // the embedding's backward, the root's post-backward (its gradients reduce-scattered) and the
+  // optimizer step (every unit's sharded gradient).
+  const Local& l = l_;
+  const std::uint64_t C = kCublasWorkspaceBytes;
+  const std::uint64_t root_head = csum({bytes_of({l.V, l.h}, l.w), bytes_of({l.h}, l.w)},
+                                       "gradients");  // lm_head (tied: the embedding), norm
+  fg_base_ = csum({fsdp2_all_, root_head}, "gradients");
+  fg_held_ = 0;
+  for (std::int64_t kb = Ls_ - 1; kb >= 0; --kb) {
+    fg_cum_ = 0;
+    layer_steps(kb);
+    // The post-backward: the layer's activations and input freed, d_residual alive; its
+    // parameters resharded, the previous input released and its own allocated.
+    const std::uint64_t pos = back_pos(kb);
+    fg_held_ = gather_.bytes[1];
+    at("backward layer " + layer_name(kb) +
+           " post-backward: reduce-scatter input (unsharded gradients alive)",
+       csub(kept_before(kb), l.X, "the layer's input"), csum({C, l.X}),
+       csub(gather_.window(pos, p_.prefetch), gather_.bytes[u(kb) + 1], "resharded"), kNoUnit,
+       grads(0));
+    if (fsdp2_all_ == 0) fg_base_ = checked_add(fg_base_, fsdp2_layer_shard_, "gradients");
+    fg_cum_ = 0;
+  }
+  // The embedding's backward (untied: its unsharded gradient beside the others).
+  if (!m_.tied_embeddings) fg_cum_ = bytes_of({l.V, l.h}, l.w);
+  at("backward embedding: embed_tokens gradient (FSDP2: the root still gathered)", 0,
+     csum({C, l.X}), csum({gather_.bytes[0], p_.sp ? l.full : 0}), kNoUnit, grads(0));
+  // The root's post-backward: gathered root and d_residual freed, layer 0's input released.
+  fg_held_ = gather_.bytes[0];
+  at("root post-backward: reduce-scatter input (the root's unsharded gradients alive)", 0, C, 0,
+     kNoUnit, grads(0));
+  fg_held_ = 0;
+  fg_base_ = r_.est.figures.gradients;  // every unit's sharded gradient
+  fg_cum_ = 0;
+  at("optimizer step: every unit's sharded gradient", 0, C, 0, kNoUnit, grads(0),
+     /*in_flight=*/false);
+}
+
+void Stage::fsdp2_units() {
+  // FSDP2's unsharded parameters (docs/distributed.md, "FSDP2: per-parameter sharding"): each
+  // parameter gathered into its own padded buffer of N·ceil(rows/N) rows
+  // (FSDPParam.init_all_gather_outputs), and the root unit (the embedding, the final norm and
+  // lm_head: fully_shard(model)'s) gathered at the first position and kept through the backward,
+  // the head's position included (the root is not resharded after forward).
+  const Local& l = l_;
+  const std::uint64_t N = u(p_.grad_ranks());
+  auto padded = [&](std::uint64_t rows, std::uint64_t cols) {
+    return checked_mul(checked_mul(shard_chunk_rows(rows, N), N), cols, "gathered unit");
+  };
+  std::uint64_t layer =
+      csum({checked_mul(2, padded(l.h, 1)), padded(l.ad, l.h), checked_mul(2, padded(l.kd, l.h)),
+            padded(l.h, l.ad), checked_mul(2, padded(l.i, l.h)), padded(l.h, l.i)},
+           "gathered unit");
+  if (m_.qkv_bias)
+    layer = csum({layer, padded(l.ad, 1), checked_mul(2, padded(l.kd, 1))}, "gathered unit");
+  if (m_.qk_norm) layer = checked_add(layer, checked_mul(2, padded(l.d, 1)), "gathered unit");
+  for (std::int64_t k = 0; k < Ls_; ++k) gather_.bytes[u(k) + 1] = checked_mul(layer, l.w);
+  const bool tied = m_.tied_embeddings;  // pp is 1 under ZeRO-3: the head is the embedding
+  gather_.bytes[0] = checked_mul(
+      csum({padded(l.V, l.h), padded(l.h, 1), tied ? 0 : padded(l.V, l.h)}, "gathered unit"), l.w);
+  gather_.bytes[u(Ls_) + 1] = 0;
+  gather_.seq[u(Ls_) + 1] = 0;
+  gather_.pinned = 0;
+  // A layer's sharded gradient (the reduce-scatter output) is 1/N of its padded buffer.
+  fsdp2_layer_shard_ = gather_.bytes[1] / N;
+  // Forward (positions 0..L): the unit computing alone (FSDP2 reshards a layer in its
+  // post-forward before the next pre-forward gathers); from the head on (the root's pre-backward
+  // prefetches the last layer) the backward's implicit prefetch.
+  gather_.prefetch_from = u(Ls_) + 1;
 }
 
 void Stage::activations() {
@@ -907,12 +1031,12 @@ void Stage::at(std::string name, std::uint64_t act, std::uint64_t ws, std::uint6
   in.bytes[I] = inputs_;
   const std::uint64_t window =
       p_.zero == 3 && pos != kNoUnit ? gather_.window(pos, p_.prefetch) : 0;
-  in.bytes[X] = csum({buckets_, comm, window}, "communication");
+  in.bytes[X] = csum({buckets_, comm, window, fsdp2_ ? fg_held_ : 0}, "communication");
   r_.est.instants.push_back(std::move(in));
 }
 
 void Stage::instants() {
-  at("start of step", 0, kCublasWorkspaceBytes, 0, kNoUnit, grads_before_head(),
+  at("start of step", 0, kCublasWorkspaceBytes, 0, kNoUnit, fsdp2_ ? 0 : grads_before_head(),
      /*in_flight=*/false);
   forward_instants();
   head_instants();
@@ -924,6 +1048,15 @@ void Stage::forward_instants() {
   const std::uint64_t C = kCublasWorkspaceBytes;
   const std::uint64_t G0 = grads_before_head();
   const std::uint64_t sg = gather_buffer();
+  if (fsdp2_) {
+    // FSDP2's all-gathers in forward: the flat output beside the unit's buffers it is copied
+    // into; the root's first, then each layer's beside what the layers below keep (the last
+    // layer's holds the most).
+    at("forward: root all-gather copied out (FSDP2)", 0, C, gather_.bytes[0], 0, G0);
+    if (Ls_ > 0)
+      at("forward: layer " + layer_name(Ls_ - 1) + " all-gather copied out (FSDP2)",
+         kept_before(Ls_ - 1), C, gather_.bytes[u(Ls_)], u(Ls_), G0);
+  }
   if (first_ && (p_.sp || p_.zero == 3))
     at("forward: embed_out allocated" + std::string(p_.sp ? " (partial alive)" : ""), l.X, C, sg, 0,
        G0);
@@ -1027,18 +1160,30 @@ void Stage::head_instants() {
   at("end of forward: ce_losses allocated", A_end, csum({C, l.bs4}), 0, head_pos, G0);
   // Step 2: d_final_norm_out, then (LOMO) the lm_head gradient (tied: the shared embedding
   // gradient, kept until the embedding backward).
+  // FSDP2: lm_head's unsharded gradient (tied: the embedding's) from here to the root's
+  // post-backward, then the final norm's.
+  if (fsdp2_) {
+    fg_base_ = fsdp2_all_;
+    fg_cum_ = bytes_of({l.V, l.h}, l.w);
+  }
+  const std::uint64_t G2 = fsdp2_ ? grads(0) : G0;
   at("backward head step 2: d_final_norm_out" + lomo_head +
          (p_.sp ? " partial (input gathered)" : ""),
-     csub(A_end, l.bs4, "head"), csum({C, l.full}), sg, head_pos, lomo_ ? emb_grad_ : G0);
+     csub(A_end, l.bs4, "head"), csum({C, l.full}), sg, head_pos, lomo_ ? emb_grad_ : G2);
   const std::uint64_t A3 = csub(A_end, csum({l.bs4, l.logits}), "head");
   if (p_.sp)
     at("backward head step 2: d_final_norm_out reduce-scattered", A3, csum({C, l.full, l.X}), 0,
-       head_pos, G0);
+       head_pos, G2);
+  if (fsdp2_) fg_cum_ = checked_add(fg_cum_, bytes_of({l.h}, l.w), "gradients");
   at("backward head step 3: d_residual" + std::string(lomo_ ? " + norm gradient" : ""), A3,
      csum({C, l.X, l.X}), 0, head_pos, grads(bytes_of({l.h}, l.w)));
 }
 
 void Stage::layer_instants() {
+  if (fsdp2_) {
+    fsdp2_backward_instants();
+    return;
+  }
   // The first backward layer holds the most (below). Offload: each layer's backward holds the set
   // of the layer below, prefetched (O_{k-1}), beside its own rows and input, so the layer above
   // the largest O decides (the first such in backward order; layer 0 prefetches nothing), and
@@ -1173,6 +1318,7 @@ void Stage::layer_steps(std::int64_t kb) {
                     l.ms > 0 ? l.full : 0, l.bsw}),
               "step 4");
   } else {
+    if (fsdp2_) fg_cum_ = checked_add(fg_cum_, ih, "gradients");  // down_proj's
     at(Lb + "step 1: d_act" + lomo(" + down_proj gradient") + (sp ? " (d_residual gathered)" : ""),
        A_L, csum({C, l.X, l.bsi}), sg, pos, grads(ih));
     // LoRA: each target's backward allocates d_lora_a.<proj> (b, s, r) beside the step's buffers,
@@ -1183,6 +1329,7 @@ void Stage::layer_steps(std::int64_t kb) {
     at(Lb + "step 2: d_gate, d_up (SwiGLU backward)", A2, csum({C, l.X, l.bsi, l.bsi, l.bsi}), 0,
        pos, grads(0));
     const std::uint64_t A3 = csub(A2, checked_mul(2, l.bsi), "step 3");  // gate, up freed
+    if (fsdp2_) fg_cum_ = csum({fg_cum_, ih, ih}, "gradients");          // gate_proj's, up_proj's
     at(Lb + "step 3: d_xn2" + lomo(" + gate_proj gradient") + (sp ? " partial (xn2 gathered)" : ""),
        A3, csum({C, l.X, l.full, l.bsi, l.bsi}), sg, pos, grads(ih));
     if (sp)
@@ -1195,10 +1342,12 @@ void Stage::layer_steps(std::int64_t kb) {
     // xn2 freed (and the gate/up rows)
     A4 = csub(A3, csum({l.X, l.lora_rows(kGateUpBits)}), "step 4");
   }
-  if (lomo_)
+  if (fsdp2_) fg_cum_ = checked_add(fg_cum_, hw, "gradients");  // post_attention_layernorm's
+  if (lomo_ || fsdp2_)
     at(Lb + "step 4: post_attention_layernorm gradient", A4, csum({C, l.X, l.X}), 0, pos,
        grads(hw));
   const std::uint64_t A5 = csub(A4, csum({l.X, l.r4}), "step 5");  // h_mid, rstd2 freed
+  if (fsdp2_) fg_cum_ = checked_add(fg_cum_, had, "gradients");    // o_proj's
   at(Lb + "step 5: d_attn_out" + lomo(" + o_proj gradient") + (sp ? " (d_residual gathered)" : ""),
      A5, csum({C, l.X, l.bsad}), sg, pos, grads(had));
   deq_step("step 5: o_proj", A5, csum({C, l.X, l.bsad}), l.deq_ha);
@@ -1219,14 +1368,20 @@ void Stage::layer_steps(std::int64_t kb) {
   if (m_.qk_norm) {
     // Step 7, q/k norm backward: d_q_pre, then d_k_pre, beside d_q, d_k, d_v; then d_q, d_k
     // and the four norm tensors are freed.
+    if (fsdp2_) fg_cum_ = checked_add(fg_cum_, dw, "gradients");  // q_norm's
     at(Lb + "step 7: d_q_pre" + lomo(" + q_norm gradient"), A7,
        csum({C, l.X, l.bsad, l.bskd, l.bskd, l.bsad}), 0, pos, grads(dw));
+    if (fsdp2_) fg_cum_ = checked_add(fg_cum_, dw, "gradients");  // k_norm's
     at(Lb + "step 7: d_k_pre" + lomo(" + k_norm gradient"), A7,
        csum({C, l.X, l.bsad, l.bskd, l.bskd, l.bsad, l.bskd}), 0, pos, grads(dw));
     A8 =
         csub(A7, csum({l.bsad, l.bskd, bytes_of({l.b, l.s, l.a}, 4), bytes_of({l.b, l.s, l.k}, 4)}),
              "step 8");
   }
+  if (fsdp2_)  // q_proj's, k_proj's, v_proj's (and their biases)
+    fg_cum_ = csum({fg_cum_, had, bytes_of({l.kd, l.h}, l.w), bytes_of({l.kd, l.h}, l.w),
+                    m_.qkv_bias ? bytes_of({l.ad + l.kd + l.kd}, l.w) : 0},
+                   "gradients");
   at(Lb + "step 8: d_xn1" + lomo(" + q_proj gradient") + (sp ? " partial (xn1 gathered)" : ""), A8,
      csum({C, l.X, l.full, l.bsad, l.bskd, l.bskd}), sg, pos, grads(had));
   if (sp)
@@ -1238,9 +1393,12 @@ void Stage::layer_steps(std::int64_t kb) {
                                                 : l.targets(2u) ? "k_proj"
                                                                 : "v_proj"),
             A8, csum({C, l.X, l.full, l.bsad, l.bskd, l.bskd}));
-  if (lomo_) {  // one GPU only: x_l is the layer's only rows
+  if (fsdp2_) fg_cum_ = checked_add(fg_cum_, hw, "gradients");  // input_layernorm's
+  if (lomo_ || fsdp2_) {  // q, k, v and xn1 (the rank's rows) freed; d_xn1 beside d_residual
     const std::uint64_t A9 = csub(A8, csum({l.bsad, l.X, l.bskd, l.bskd}), "step 9");
     at(Lb + "step 9: input_layernorm gradient", A9, csum({C, l.X, l.X}), 0, pos, grads(hw));
+  }
+  if (lomo_) {  // one GPU only
     if (!m_.tied_embeddings)
       at("backward embedding: embed_tokens gradient", 0, csum({C, l.X}), 0, pos, emb_grad_);
   }
@@ -1263,6 +1421,7 @@ void Stage::figures() {
       est.peak_instant = static_cast<int>(n);
     }
   }
+  if (fsdp2_) fg.gradients = gp;  // the root's post-backward: unsharded gradients at their most
   if (gp != fg.gradients)
     throw Error("analytic native: gradient peak of the instants (" + std::to_string(gp) +
                 ") differs from the optimizer rule (" + std::to_string(fg.gradients) + ")");

@@ -436,6 +436,7 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
               for (Attention at : options.attention)
                 for (Optimizer opt : options.optimizers) {
                   if (off_act && tr.pp > 1) continue;    // offload runs without pipelining
+                  if (off_act && fsdp2) continue;        // not modelled beside FSDP2's path
                   if (off_act && base.lora()) continue;  // not modelled with LoRA
                   // Selective with flash is the plain step (no s² tensor to drop).
                   if (pol.kind == PlanPolicy::Kind::selective && at != Attention::eager) continue;

@@ -192,6 +192,10 @@ void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const Trai
       throw InputError(
           "--sharding per-parameter with --finetune: LoRA under FSDP2 is not modelled yet; "
           "LoRA per rank shards as DeepSpeed does (--sharding flat)");
+    if (train.offload_activations)
+      throw InputError(
+          "--sharding per-parameter with --offload-activations: activation offload beside "
+          "FSDP2's gradient path is not modelled yet; use --sharding flat");
   }
   check_lora_layout(*this, train);
 }

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cli.hpp"
+#include "layout.hpp"
 #include "size.hpp"
 #include "trainmem/analytic/analytic_rank.hpp"
 #include "trainmem/analytic/plan.hpp"
@@ -126,20 +127,8 @@ int run_plan(const PlanFlags& flags) {
       o.cp_degrees.push_back(c);
     }
   }
-  if (!flags.sharding.empty()) {
-    const auto sharding = parse_sharding(flags.sharding);
-    if (!sharding)
-      throw InputError("--sharding: '" + flags.sharding +
-                       "' is not allowed; allowed: flat, per-parameter (FSDP2)");
-    o.sharding = *sharding;
-  }
-  if (flags.fsdp2) {
-    if (!flags.sharding.empty() && o.sharding != Sharding::per_parameter)
-      throw InputError("--fsdp2 with --sharding " + flags.sharding +
-                       ": FSDP2 shards per parameter; drop one of the two");
-    o.sharding = Sharding::per_parameter;
-    o.zero_stages = {3};
-  }
+  o.sharding = resolve_sharding(flags.sharding, flags.fsdp2);
+  if (flags.fsdp2) o.zero_stages = {3};  // FSDP2's layouts only
   if (flags.top < 1) throw InputError("--top must be at least 1, got " + str(flags.top));
   o.top = static_cast<std::size_t>(flags.top);
   o.cost.tflops = flags.tflops;

@@ -69,6 +69,21 @@ std::uint64_t parse_elements(const std::string& text, const char* flag) {
 
 }  // namespace
 
+Sharding resolve_sharding(const std::string& sharding, bool fsdp2) {
+  Sharding out = Sharding::flat;
+  if (!sharding.empty()) {
+    const auto sh = parse_sharding(sharding);
+    if (!sh)
+      throw InputError("--sharding: '" + sharding +
+                       "' is not allowed; allowed: flat, per-parameter (FSDP2)");
+    out = *sh;
+  }
+  if (fsdp2 && !sharding.empty() && out != Sharding::per_parameter)
+    throw InputError("--fsdp2 with --sharding " + sharding +
+                     ": FSDP2 shards per parameter; drop one of the two");
+  return fsdp2 ? Sharding::per_parameter : out;
+}
+
 ParallelConfig resolve_layout(const LayoutFlags& f, const ModelConfig& model,
                               const TrainConfig& train) {
   ParallelConfig p;
@@ -95,17 +110,8 @@ ParallelConfig resolve_layout(const LayoutFlags& f, const ModelConfig& model,
     p.reduce_bucket = parse_elements(f.reduce_bucket, "--reduce-bucket");
   p.overlap_comm = f.overlap_comm;
   p.prefetch = f.prefetch;
-  if (!f.sharding.empty()) {
-    const auto sh = parse_sharding(f.sharding);
-    if (!sh)
-      throw InputError("--sharding: '" + f.sharding +
-                       "' is not allowed; allowed: flat, per-parameter (FSDP2)");
-    p.sharding = *sh;
-  }
+  p.sharding = resolve_sharding(f.sharding, f.fsdp2);
   if (f.fsdp2) {
-    if (!f.sharding.empty() && p.sharding != Sharding::per_parameter)
-      throw InputError("--fsdp2 with --sharding " + f.sharding +
-                       ": FSDP2 shards per parameter; drop one of the two");
     if (f.zero != "0" && p.zero != 3)
       throw InputError("--fsdp2 with --zero " + f.zero +
                        ": FSDP2 here is FULL_SHARD (--zero 3); reshard_after_forward=False "

@@ -39,6 +39,9 @@ void add_layout_flags(CLI::App& cmd, LayoutFlags& flags);
 ParallelConfig resolve_layout(const LayoutFlags& flags, const ModelConfig& model,
                               const TrainConfig& train);
 OverheadOptions resolve_overheads(const LayoutFlags& flags);
+// --sharding and --fsdp2 (flat when neither is given): InputError naming the flag for a value
+// other than flat or per-parameter, or --fsdp2 beside --sharding flat.
+Sharding resolve_sharding(const std::string& sharding, bool fsdp2);
 
 // What the per-rank estimate supports (InputError naming the flag otherwise): one optimizer,
 // one checkpointing policy (a list where the command searches each: `policy_list`), the native

@@ -302,13 +302,23 @@ const void* ShardedStep::Impl::W(int u, int q) const {
 }
 
 void* ShardedStep::Impl::G(int q) {
+  if (per_param) {  // autograd's unsharded gradient, accumulated until the unit's post-backward
+    auto it = ugrad.find(q);
+    if (it == ugrad.end()) {
+      const ParamShape& pq = P[std::size_t(q)];
+      it = ugrad.emplace(q, alloc(pq.name + ".grad", Category::gradients, pq.layer, pq.shape, D))
+               .first;
+      if (run) be->fill_zero(it->second.data(), it->second.bytes());
+    }
+    return it->second.data();
+  }
   if (p.zero < 2) return grads[std::size_t(q)].data();
   be->fill_zero(bucket.data(), P[std::size_t(q)].n * es);
   return bucket.data();
 }
 
 void ShardedStep::Impl::G_done(int q) {
-  if (p.zero < 2) return;
+  if (p.zero < 2 || per_param) return;  // per-parameter: reduced at the unit's post-backward
   const ParamShape& pq = P[std::size_t(q)];
   be->synchronize();  // the backend's work is done before the collective reads its buffers
   if (tp_partial(q)) T->all_reduce_sum(bucket.data(), pq.n, D);
@@ -324,6 +334,48 @@ void ShardedStep::Impl::G_done(int q) {
       be->bias_forward(elem_ptr(grads_shard, at), elem_ptr(bucket, a), 1, std::int64_t(z - a));
     }
   });
+}
+
+void ShardedStep::Impl::reduce_unit(int u) {
+  rs_held.reset();  // the previous unit's reduce-scatter input (FSDP2 keeps one in flight)
+  const std::uint64_t S_u = unit_shard[std::size_t(u)];
+  Tensor rs_in = comm("reduce_scatter." + unit_name(u), -1,
+                      {static_cast<std::int64_t>(S_u * std::uint64_t(p.grad_ranks()))}, D);
+  // Each gradient summed over the ranks (as the flat step sums its bucket), this rank's rows
+  // staged at their offset in the unit's shard (the padding zero).
+  if (run) {
+    be->fill_zero(rs_in.data(), S_u * es);
+    be->synchronize();
+  }
+  for (const auto& [q, pos] : members[std::size_t(u)]) {
+    auto it = ugrad.find(q);
+    if (it == ugrad.end()) continue;  // no gradient (a frozen parameter)
+    if (run) {
+      const ParamShape& pq = P[std::size_t(q)];
+      if (tp_partial(q)) T->all_reduce_sum(it->second.data(), pq.n, D);
+      X->data.all_reduce_sum(it->second.data(), pq.n, D);
+      pieces(std::size_t(q), [&](int owner, std::uint64_t a, std::uint64_t z, std::uint64_t) {
+        if (owner == r)
+          be->copy(elem_ptr(rs_in, goff[std::size_t(q)]), elem_ptr(it->second, a), (z - a) * es);
+      });
+    }
+  }
+  for (const auto& [q, pos] : members[std::size_t(u)]) ugrad.erase(q);  // the unsharded freed
+  Tensor& out = unit_grad[std::size_t(u)];
+  const std::int64_t n = static_cast<std::int64_t>(S_u);
+  if (!out) {
+    out = alloc("grads." + unit_name(u), Category::gradients, -1, {n}, D);
+    if (run) be->fill_zero(out.data(), out.bytes());
+    if (run) be->bias_forward(out.data(), rs_in.data(), 1, n);
+  } else {  // a later micro-batch: its own output, added into the unit's gradient
+    Tensor more = alloc("grads." + unit_name(u) + ".accumulated", Category::gradients, -1, {n}, D);
+    if (run) {
+      be->fill_zero(more.data(), more.bytes());
+      be->bias_forward(more.data(), rs_in.data(), 1, n);
+      be->bias_forward(out.data(), more.data(), 1, n);
+    }
+  }
+  rs_held = std::move(rs_in);
 }
 
 void ShardedStep::Impl::fill_unit(int u) {
@@ -405,9 +457,10 @@ void ShardedStep::Impl::optimizer_step() {
     for (std::size_t q = 0; q < P.size(); ++q)
       pieces(q, [&](int owner, std::uint64_t a, std::uint64_t z, std::uint64_t at) {
         if (owner == r)
-          update(elem_ptr(params_shard, at), elem_ptr(grads_shard, at), shard_states,
-                 state_at(q, at), z - a);
+          update(elem_ptr(params_shard, at), elem_ptr(unit_grad[std::size_t(unit_of[q])], goff[q]),
+                 shard_states, state_at(q, at), z - a);
       });
+    for (Tensor& g : unit_grad) g.reset();  // zero_grad(set_to_none=True)
     return;
   }
   if (p.zero == 3) {
@@ -474,7 +527,11 @@ void ShardedStep::Impl::offload_step(float gs) {
 void ShardedStep::Impl::window(std::size_t pos) {
   if (p.zero != 3) return;
   std::vector<int> want;
-  for (std::size_t j = pos; j < seq.size() && j <= pos + std::size_t(p.prefetch); ++j)
+  if (per_param) want.push_back(0);  // FSDP2's root, until the end of the backward
+  // FSDP2 prefetches in backward only (from the head on): a layer is resharded in its
+  // post-forward before the next pre-forward gathers.
+  const std::size_t ahead = per_param && pos <= std::size_t(Ls) ? 0 : std::size_t(p.prefetch);
+  for (std::size_t j = pos; j < seq.size() && j <= pos + ahead; ++j)
     if (std::find(want.begin(), want.end(), seq[j]) == want.end()) want.push_back(seq[j]);
   for (auto it = gathered.begin(); it != gathered.end();)
     if (std::find(want.begin(), want.end(), it->first) == want.end())
@@ -483,14 +540,19 @@ void ShardedStep::Impl::window(std::size_t pos) {
       ++it;
   for (int u : want)
     if (!gathered.count(u)) {
-      gathered[u] = comm("gathered." + unit_name(u), -1,
-                         {static_cast<std::int64_t>(unit_elems[std::size_t(u)])}, D);
+      const std::int64_t n = static_cast<std::int64_t>(unit_elems[std::size_t(u)]);
+      // FSDP2 in forward: the all-gather's flat output (N chunks of every parameter) alive while
+      // it is copied out into the unit's buffers, then freed (foreach_all_gather, then
+      // foreach_all_gather_copy_out). In backward the prefetched output stands for the buffers.
+      Tensor ag;
+      if (per_param && pos <= std::size_t(Ls)) ag = comm("all_gather." + unit_name(u), -1, {n}, D);
+      gathered[u] = comm("gathered." + unit_name(u), -1, {n}, D);
       if (run) fill_unit(u);
     }
 }
 
 std::string ShardedStep::Impl::unit_name(int u) const {
-  if (u == 0) return "embedding";
+  if (u == 0) return per_param ? "root" : "embedding";
   if (u == Ls + 1) return "head";
   return "layer" + std::to_string(global_layer(u - 1));
 }

@@ -116,7 +116,27 @@ struct ShardedStep::Impl : LayerHost {
            (offload ? offload->host_peak() : 0) + step_scalars * 4;
   }
 
-  // ZeRO-3: unit positions and the gathered units alive.
+  // ZeRO-3: unit positions and the gathered units alive. Per-parameter sharding (FSDP2): the
+  // root unit 0 holds the embedding, the final norm and lm_head, gathered at the first position
+  // and kept until the end of the backward (fully_shard does not reshard the root after
+  // forward), so the head's position is unit 0's.
+  int head_unit() const { return per_param ? 0 : int(Ls) + 1; }
+  // FSDP2's gradient path (per-parameter sharding; docs/distributed.md, "FSDP2: per-parameter
+  // sharding"): each parameter's unsharded gradient (autograd's .grad) from the op that makes it
+  // to its unit's post-backward; there the previous unit's reduce-scatter input is released, the
+  // unit's own (N·S_u, padded) allocated and filled, the unsharded gradients freed, and the
+  // unit's sharded gradient (S_u, the reduce-scatter output) allocated, kept until the optimizer
+  // step has run (zero_grad(set_to_none)); the input is held until the next unit's.
+  std::map<int, Tensor> ugrad;            // by parameter, while its unit is in backward
+  std::vector<Tensor> unit_grad;          // by unit: its sharded gradient
+  std::vector<std::uint64_t> unit_shard;  // by unit: S_u elements
+  std::vector<std::uint64_t> goff;        // by parameter: its chunk's offset in its unit
+  std::vector<int> unit_of;               // by parameter
+  Tensor rs_held;
+  void reduce_unit(int u);
+  // The gradient buffer of parameter q for the op about to produce it: per-parameter sharding
+  // allocates (and books) it whether or not the step computes; else G(q) on a computing run.
+  void* grad_buffer(int q) { return per_param || run ? G(q) : nullptr; }
   std::vector<int> seq;  // unit per position (0 embedding, 1+l layer, Ls+1 head)
   std::vector<std::uint64_t> unit_elems;
   std::map<int, Tensor> gathered;
@@ -367,7 +387,7 @@ struct ShardedStep::Impl : LayerHost {
                ? &quant[std::size_t(P[std::size_t(q)].quant)].view
                : nullptr;
   }
-  void* grad(std::int64_t l, int slot) override { return run ? G(Li(l, slot)) : nullptr; }
+  void* grad(std::int64_t l, int slot) override { return grad_buffer(Li(l, slot)); }
   void grad_done(std::int64_t l, int slot) override {
     if (run) G_done(Li(l, slot));
   }

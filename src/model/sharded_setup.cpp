@@ -153,7 +153,9 @@ void ShardedStep::Impl::setup() {
   }
   // 2. gradients.
   if (p.zero >= 2) {
-    if (!off) grads_shard = alloc("grads.shard", Category::gradients, -1, {shard_n}, D);
+    // Per-parameter (FSDP2): each unit's sharded gradient is made at its post-backward.
+    if (!off && !per_param)
+      grads_shard = alloc("grads.shard", Category::gradients, -1, {shard_n}, D);
   } else {
     for (const auto& q : P)
       grads.push_back(q.trainable
@@ -193,7 +195,7 @@ void ShardedStep::Impl::setup() {
   if (run) be->set_gemm_workspace(persistent.back().data(), persistent.back().bytes());
   // 6. ZeRO-2/3 reduce bucket(s). A measured step reduces through the first one only (its
   // reductions are synchronous); the second is allocated as DeepSpeed's overlap_comm would.
-  if (p.zero >= 2) {
+  if (p.zero >= 2 && !per_param) {  // FSDP2 reduce-scatters each unit instead (reduce_unit)
     const std::uint64_t n = std::min(std::max(p.reduce_bucket, largest), Pk);
     for (int c = 0; c < (p.overlap_comm ? 2 : 1); ++c) {
       Tensor bk =
@@ -206,28 +208,55 @@ void ShardedStep::Impl::setup() {
     std::uint64_t layer_elems = 0;
     for (const auto& q : P)
       if (q.layer == global_layer(0)) layer_elems = checked_add(layer_elems, q.n);
-    unit_elems.assign(std::size_t(Ls) + 2, layer_elems);
-    unit_elems[0] = numel({V, h});
-    unit_elems[std::size_t(Ls) + 1] = numel({V, h}) + std::uint64_t(h);
+    unit_elems.assign(std::size_t(Ls) + 2, 0);
     seq.push_back(0);
     for (std::int64_t l = 0; l < Ls; ++l) seq.push_back(int(1 + l));
-    seq.push_back(int(Ls + 1));
+    seq.push_back(head_unit());
     for (std::int64_t l = Ls - 1; l >= 0; --l) seq.push_back(int(1 + l));
     // What each unit's gathered buffer holds, in order (the head: the final norm, then
-    // lm_head or, tied, a copy of the embedding).
+    // lm_head or, tied, a copy of the embedding). Per-parameter sharding (FSDP2): each parameter
+    // in its padded unsharded buffer, N·ceil(rows/N) rows (FSDPParam.init_all_gather_outputs),
+    // the parameter its first rows; the root unit 0 holds the embedding, the final norm and
+    // lm_head (fully_shard(model) takes what the layers' calls left).
     members.assign(std::size_t(Ls) + 2, {});
+    const std::uint64_t ranks_n = std::uint64_t(p.grad_ranks());
     auto put = [&](int u, int q) {
       auto& mem = members[std::size_t(u)];
-      const std::uint64_t pos =
-          mem.empty() ? 0 : mem.back().second + P[std::size_t(mem.back().first)].n;
-      mem.emplace_back(q, pos);
+      if (per_param)
+        for (const auto& [mq, mpos] : mem)
+          if (mq == q) return;  // tied: the root holds the embedding once
+      const ParamShape& pq = P[std::size_t(q)];
+      const std::uint64_t rows = std::uint64_t(pq.shape.at(0));
+      const std::uint64_t held =
+          per_param ? checked_mul(checked_mul(shard_chunk_rows(rows, ranks_n), ranks_n),
+                                  pq.n / rows, "gathered unit")
+                    : pq.n;
+      mem.emplace_back(q, unit_elems[std::size_t(u)]);
+      unit_elems[std::size_t(u)] = checked_add(unit_elems[std::size_t(u)], held, "gathered unit");
     };
     if (embed_i >= 0) put(0, embed_i);
     for (std::size_t q = 0; q < P.size(); ++q)
       if (P[q].slot >= 0) put(1 + P[q].layer - global_layer(0), int(q));
     if (last) {
-      put(int(Ls) + 1, norm_i);
-      put(int(Ls) + 1, head_i);
+      put(head_unit(), norm_i);
+      put(head_unit(), head_i);
+    }
+    if (per_param) {  // each unit's sharded gradient: its members' chunks, in member order
+      unit_shard.assign(members.size(), 0);
+      unit_grad.clear();
+      unit_grad.resize(members.size());
+      goff.assign(P.size(), 0);
+      unit_of.assign(P.size(), -1);
+      for (std::size_t u = 0; u < members.size(); ++u)
+        for (const auto& [q, pos] : members[u]) {
+          const ParamShape& pq = P[std::size_t(q)];
+          const std::uint64_t rows = std::uint64_t(pq.shape.at(0));
+          goff[std::size_t(q)] = unit_shard[u];
+          unit_of[std::size_t(q)] = int(u);
+          unit_shard[u] =
+              checked_add(unit_shard[u], checked_mul(shard_chunk_rows(rows, ranks_n), pq.n / rows),
+                          "unit shard");
+        }
     }
   }
   if (run) initialise();

@@ -63,7 +63,7 @@ void ShardedStep::Impl::forward(std::int64_t mb, bool mark) {
   }
   if (last) {
     window(++pos);
-    const int hu = int(Ls) + 1;
+    const int hu = head_unit();
     const void* xL = Ls > 0 ? B.layers.back()[LayerAct::out].data() : B.input.data();
     B.final_norm_out = act("final_norm_out", -1, {b, sr, h}, D);
     B.final_rstd = act("final_rstd", -1, {b, sr}, f32);
@@ -107,7 +107,7 @@ void ShardedStep::Impl::backward(std::int64_t mb) {
   std::size_t pos = std::size_t(Ls) + 1;  // the head's position
   Tensor d_res;
   if (last) {
-    const int hu = int(Ls) + 1;
+    const int hu = head_unit();
     // 1. dlogits in place of logits.
     if (run) {
       // Vocabulary-parallel: a row whose target another rank holds was given target 0 here;
@@ -134,12 +134,14 @@ void ShardedStep::Impl::backward(std::int64_t mb) {
     if (sp) gath = comm("final_norm_out.gathered", -1, {b, s, h}, D);
     if (sp && run) sp_gather(B.final_norm_out, gath, h);
     Tensor d_fno = ws(sp ? "d_final_norm_out.partial" : "d_final_norm_out", -1, {b, s, h}, D);
+    // LoRA: a frozen head has no gradient.
+    void* g_head = P[std::size_t(head_i)].trainable ? grad_buffer(head_i) : nullptr;
     if (run) {
       be->matmul(d_fno.data(), B.logits.data(), W(hu, head_i), n, h, V, Trans::no, Trans::no, 1.f,
                  0.f);
       if (tpx && !sp) tp_sum(d_fno, std::uint64_t(n * h));
-      if (P[std::size_t(head_i)].trainable) {  // LoRA: a frozen head has no gradient
-        be->matmul(G(head_i), B.logits.data(), sp ? gath.data() : B.final_norm_out.data(), V, h, n,
+      if (g_head) {
+        be->matmul(g_head, B.logits.data(), sp ? gath.data() : B.final_norm_out.data(), V, h, n,
                    Trans::yes, Trans::no, 1.f, 1.f);
         G_done(head_i);
       }
@@ -153,12 +155,13 @@ void ShardedStep::Impl::backward(std::int64_t mb) {
     }
     // 3. final norm.
     d_res = ws("d_residual", -1, {b, sr, h}, D);
+    const bool trains = P[std::size_t(norm_i)].trainable;
+    void* g_norm = trains ? grad_buffer(norm_i) : nullptr;
     if (run) {
       const void* xL = Ls > 0 ? B.layers.back()[LayerAct::out].data() : B.input.data();
       be->fill_zero(d_res.data(), d_res.bytes());
-      const bool trains = P[std::size_t(norm_i)].trainable;
-      be->rmsnorm_backward(d_res.data(), trains ? G(norm_i) : nullptr, d_fno.data(), xL,
-                           W(hu, norm_i), B.final_rstd.as<float>(), b * sr, h);
+      be->rmsnorm_backward(d_res.data(), g_norm, d_fno.data(), xL, W(hu, norm_i),
+                           B.final_rstd.as<float>(), b * sr, h);
       if (trains) G_done(norm_i);
     }
     d_fno.reset();
@@ -175,19 +178,26 @@ void ShardedStep::Impl::backward(std::int64_t mb) {
     decoder_layer_backward(layer_rank(), l, global_layer(l), B.layers[std::size_t(l)],
                            layer_input(B, l), d_res);
     if (offload) offload->after_backward(l);
+    if (per_param) {  // FSDP2's post-backward: the unit resharded, then reduce-scattered
+      gathered.erase(int(1 + l));
+      reduce_unit(int(1 + l));
+    }
   }
-  window(seq.size());  // the embedding's backward needs no weight
+  // The embedding's backward needs no weight; FSDP2's root stays gathered until the backward
+  // ends (its reshard is the final callback's).
+  window(seq.size());
   // The embedding (LoRA: frozen, no backward): from the whole sequence's d_residual (gathered
   // under sp).
   if (first && P[std::size_t(embed_i)].trainable) {
     Tensor gath;
     if (sp) gath = comm("d_residual.gathered", -1, {b, s, h}, D);
+    void* g_embed = grad_buffer(embed_i);
     if (run) {
       if (ppx) upload_batch(mb);  // later micro-batches' forwards replaced the tokens
       if (sp) sp_gather(d_res, gath, h);
       const Tensor& dy = sp ? gath : d_res;
       if (tpx) zero_rows(dy, foreign_tok);  // its last use: rows of ids other ranks hold
-      be->embedding_backward(G(embed_i), dy.data(), tokens.as<std::int32_t>(), b, s, h, V);
+      be->embedding_backward(g_embed, dy.data(), tokens.as<std::int32_t>(), b, s, h, V);
       G_done(embed_i);
     }
   }
@@ -195,6 +205,11 @@ void ShardedStep::Impl::backward(std::int64_t mb) {
   if (ppx && !first)  // dL/d(stage input), to the previous stage
     pp_send(d_res, std::uint64_t(b * sr * h), int(stage) - 1);
   d_res.reset();
+  if (per_param) {  // FSDP2's final callback: the root resharded and reduce-scattered
+    gathered.clear();
+    reduce_unit(0);
+    rs_held.reset();
+  }
   in_flight.erase(mb);
 }
 
@@ -221,7 +236,10 @@ float ShardedStep::Impl::train_step() {
     backward(next_b++);
   }
   auto ph = ledger.scope(Phase::optimizer);
-  if (!run) return std::numeric_limits<float>::quiet_NaN();
+  if (!run) {
+    for (Tensor& g : unit_grad) g.reset();  // FSDP2: zero_grad(set_to_none=True), as measured
+    return std::numeric_limits<float>::quiet_NaN();
+  }
   optimizer_step();
   // The global mean: every rank's sum of token losses, added in rank order.
   std::vector<double> sums(std::size_t(p.grad_ranks()));
