@@ -184,6 +184,17 @@ TEST(CliLayout, Fsdp2ShardsEachParameterOnDimZero) {
                     "--fsdp2", "--batch", "2", "--seq", "16", "--format", "json"});
   ASSERT_EQ(prof.code, 0) << prof.err;
   EXPECT_TRUE(nlohmann::json::parse(prof.out)["all_ranks_match"].get<bool>()) << prof.out;
+  // --fsdp2 --zero SHARD_GRAD_OP: reshard_after_forward=False, every layer kept gathered from its
+  // forward to its backward: the same states, more gathered at once.
+  const auto sgo = run({"--fsdp2", "--zero", "SHARD_GRAD_OP"});
+  ASSERT_EQ(sgo.code, 0) << sgo.err;
+  const auto js = nlohmann::json::parse(sgo.out);
+  EXPECT_EQ(js["layout"]["zero"], 3);
+  EXPECT_FALSE(js["layout"]["reshard_after_forward"].get<bool>());
+  EXPECT_TRUE(j["layout"]["reshard_after_forward"].get<bool>());
+  EXPECT_EQ(js["ranks"][0]["figures"]["optimizer_states"], r0["figures"]["optimizer_states"]);
+  EXPECT_GT(js["ranks"][0]["figures"]["peak"].get<std::uint64_t>(),
+            r0["figures"]["peak"].get<std::uint64_t>());
 }
 
 TEST(CliLayout, ProfileTracesEveryRankOnMetaAndAgrees) {
@@ -285,7 +296,7 @@ TEST(CliLayout, BadLayoutsExitTwoNamingTheFlag) {
       {{"--world-size", "2", "--sharding", "fsdp"}, "--sharding: 'fsdp' is not allowed"},
       {{"--world-size", "2", "--sharding", "per-parameter"},
        "--sharding per-parameter with --zero 0"},
-      {{"--world-size", "2", "--fsdp2", "--zero", "2"}, "--fsdp2 with --zero 2"},
+      {{"--world-size", "2", "--fsdp2", "--zero", "1"}, "--fsdp2 with --zero 1"},
       {{"--world-size", "2", "--fsdp2", "--sharding", "flat"}, "--fsdp2 with --sharding flat"},
       {{"--world-size", "2", "--fsdp2", "--offload", "optimizer"},
        "--sharding per-parameter with --offload optimizer"},

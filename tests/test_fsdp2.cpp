@@ -202,8 +202,9 @@ TEST(Fsdp2, MetaTraceEqualsAnalyticPerRank) {
         if (tp == 2 && (m.heads % 2 || m.kv_heads % 2 || m.vocab % 2 || m.intermediate % 2))
           continue;
         for (const int cp : {1, 2})
-          for (const int prefetch : {0, 1, 2, 3}) {
-            // prefetch 3 stands for 1 with two micro-batches (gradients accumulated).
+          for (const int prefetch : {0, 1, 2, 3, 4}) {
+            // prefetch 3 stands for 1 with two micro-batches (gradients accumulated), 4 for 1
+            // with reshard_after_forward=False.
             if (prefetch != 1 && (tp != 1 || cp != 1)) continue;
             ParallelConfig p;
             p.world = 4 * tp * cp;
@@ -211,8 +212,9 @@ TEST(Fsdp2, MetaTraceEqualsAnalyticPerRank) {
             p.sp = tp == 2 && prefetch == 1 && cp == 1;  // sequence parallelism with tp
             p.cp = cp;
             p.zero = 3;
-            p.prefetch = prefetch == 3 ? 1 : prefetch;
+            p.prefetch = prefetch >= 3 ? 1 : prefetch;
             p.microbatches = prefetch == 3 ? 2 : 1;
+            p.reshard_after_forward = prefetch != 4;
             p.sharding = Sharding::per_parameter;
             p.resolve(false, m, t);
             test::expect_trace_equals_layout(m, t, p,
@@ -389,62 +391,69 @@ TEST(Fsdp2, Llama3_8bWorkedExample) {
 // "gathered root" entries of that rank, the root is gathered at every event of the step until
 // the backward ends, the forward holds one layer at a time and the backward two (the implicit
 // prefetch trainmem's --prefetch 1 models).
+// gathers-noreshard-np<N>.json: fully_shard(layer, reshard_after_forward=False) (--fsdp2 --zero
+// SHARD_GRAD_OP): every layer gathered from its forward to its post-backward, three at once.
 TEST(Fsdp2, GatheredUnitsMatchRealFullyShard) {
   int checked = 0;
-  for (int n = 2; n <= 4; ++n) {
-    std::ifstream in(std::string(TRAINMEM_TEST_DATA_DIR) + "/fsdp2/gathers-np" + std::to_string(n) +
-                     ".json");
-    ASSERT_TRUE(in) << "gathers-np" << n;
-    const json doc = json::parse(in);
-    ASSERT_EQ(doc["ranks"].size(), std::size_t(n));
-    for (std::size_t k = 0; k < doc["ranks"].size(); ++k)
-      for (const auto& [shape, got] : doc["ranks"][k].items()) {
-        json cfg = {{"shape", shape},
-                    {"dtype", "bf16"},
-                    {"batch", 2},
-                    {"sequence", 16},
-                    {"llama",
-                     {{"hidden_size", 128},
-                      {"intermediate_size", 353},
-                      {"num_attention_heads", 4},
-                      {"num_key_value_heads", shape == "odd" ? 2 : 1},
-                      {"num_hidden_layers", 3},
-                      {"vocab_size", 1001},
-                      {"tie_word_embeddings", false}}}};
-        if (shape == "oddheads") cfg["llama"]["head_dim"] = 6;
-        const ModelConfig m = model_of(cfg);
-        const TrainConfig t = train_of(cfg);
-        const RankEstimate r =
-            estimate_layout_of_rank(m, t, fsdp2(n, m, t), std::int64_t(k)).ranks.at(0);
-        std::uint64_t units = 0, root = 0;
-        for (const TensorEntry& c : r.communication) {
-          if (c.name == "gathered units") units = c.bytes;
-          if (c.name == "gathered root") root = c.bytes;
+  for (const bool reshard : {true, false})
+    for (int n = 2; n <= 4; ++n) {
+      const std::string file = std::string(reshard ? "gathers-np" : "gathers-noreshard-np") +
+                               std::to_string(n) + ".json";
+      std::ifstream in(std::string(TRAINMEM_TEST_DATA_DIR) + "/fsdp2/" + file);
+      ASSERT_TRUE(in) << file;
+      const json doc = json::parse(in);
+      ASSERT_EQ(doc.value("reshard_after_forward", true), reshard) << file;
+      ASSERT_EQ(doc["ranks"].size(), std::size_t(n));
+      for (std::size_t k = 0; k < doc["ranks"].size(); ++k)
+        for (const auto& [shape, got] : doc["ranks"][k].items()) {
+          json cfg = {{"shape", shape},
+                      {"dtype", "bf16"},
+                      {"batch", 2},
+                      {"sequence", 16},
+                      {"llama",
+                       {{"hidden_size", 128},
+                        {"intermediate_size", 353},
+                        {"num_attention_heads", 4},
+                        {"num_key_value_heads", shape == "odd" ? 2 : 1},
+                        {"num_hidden_layers", 3},
+                        {"vocab_size", 1001},
+                        {"tie_word_embeddings", false}}}};
+          if (shape == "oddheads") cfg["llama"]["head_dim"] = 6;
+          const ModelConfig m = model_of(cfg);
+          const TrainConfig t = train_of(cfg);
+          ParallelConfig p = fsdp2(n, m, t);
+          p.reshard_after_forward = reshard;
+          const RankEstimate r = estimate_layout_of_rank(m, t, p, std::int64_t(k)).ranks.at(0);
+          std::uint64_t units = 0, root = 0;
+          for (const TensorEntry& c : r.communication) {
+            if (c.name == "gathered units") units = c.bytes;
+            if (c.name == "gathered root") root = c.bytes;
+          }
+          const std::string at = file + " " + shape + " rank " + std::to_string(k);
+          const json& ub = got["unit_bytes"];
+          EXPECT_EQ(units, ub["layer0"].get<std::uint64_t>()) << at;
+          EXPECT_EQ(units, ub["layer2"].get<std::uint64_t>()) << at;
+          EXPECT_EQ(root, ub["root"].get<std::uint64_t>()) << at;
+          bool backward = false;
+          std::uint64_t fwd_layers = 0, bwd_layers = 0;
+          for (const json& e : got["events"]) {
+            const std::string ev = e[0];
+            const json& live = e[1];  // root, layer0, layer1, layer2
+            const std::uint64_t layers = live[1].get<std::uint64_t>() +
+                                         live[2].get<std::uint64_t>() +
+                                         live[3].get<std::uint64_t>();
+            if (ev.rfind("after pre_backward", 0) == 0) backward = true;
+            (backward ? bwd_layers : fwd_layers) =
+                std::max(backward ? bwd_layers : fwd_layers, layers);
+            const bool ended = ev == "after backward" || ev == "after post_backward root";
+            EXPECT_EQ(live[0].get<std::uint64_t>(), ended ? 0 : root) << at << " " << ev;
+          }
+          EXPECT_EQ(fwd_layers, (reshard ? 1 : 3) * units) << at;
+          EXPECT_EQ(bwd_layers, (reshard ? 2 : 3) * units) << at;
+          ++checked;
         }
-        const std::string at = shape + " np" + std::to_string(n) + " rank " + std::to_string(k);
-        const json& ub = got["unit_bytes"];
-        EXPECT_EQ(units, ub["layer0"].get<std::uint64_t>()) << at;
-        EXPECT_EQ(units, ub["layer2"].get<std::uint64_t>()) << at;
-        EXPECT_EQ(root, ub["root"].get<std::uint64_t>()) << at;
-        bool backward = false;
-        std::uint64_t fwd_layers = 0, bwd_layers = 0;
-        for (const json& e : got["events"]) {
-          const std::string ev = e[0];
-          const json& live = e[1];  // root, layer0, layer1, layer2
-          const std::uint64_t layers = live[1].get<std::uint64_t>() + live[2].get<std::uint64_t>() +
-                                       live[3].get<std::uint64_t>();
-          if (ev.rfind("after pre_backward", 0) == 0) backward = true;
-          (backward ? bwd_layers : fwd_layers) =
-              std::max(backward ? bwd_layers : fwd_layers, layers);
-          const bool ended = ev == "after backward" || ev == "after post_backward root";
-          EXPECT_EQ(live[0].get<std::uint64_t>(), ended ? 0 : root) << at << " " << ev;
-        }
-        EXPECT_EQ(fwd_layers, units) << at;
-        EXPECT_EQ(bwd_layers, 2 * units) << at;
-        ++checked;
-      }
-  }
-  EXPECT_EQ(checked, 2 * (2 + 3 + 4));
+    }
+  EXPECT_EQ(checked, 2 * 2 * (2 + 3 + 4));
 }
 
 TEST(Fsdp2, RefusedLayoutsNameTheFlags) {
@@ -476,6 +485,11 @@ TEST(Fsdp2, RefusedLayoutsNameTheFlags) {
   off.offload_activations = true;
   EXPECT_NE(err(p, off).find("--offload-activations"), std::string::npos) << err(p, off);
   EXPECT_EQ(err(p, t), "no error");
+  ParallelConfig flat = p;
+  flat.sharding = Sharding::flat;
+  flat.reshard_after_forward = false;
+  EXPECT_NE(err(flat, t).find("reshard_after_forward=False is FSDP2's"), std::string::npos)
+      << err(flat, t);
   EXPECT_EQ(parse_sharding("per-parameter"), Sharding::per_parameter);
   EXPECT_EQ(parse_sharding("flat"), Sharding::flat);
   EXPECT_FALSE(parse_sharding("fsdp"));

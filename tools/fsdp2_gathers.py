@@ -15,6 +15,8 @@ What it checks against trainmem's model of the gathers (docs/distributed.md, "FS
 per-parameter sharding"), printing both and exiting 1 on a mismatch:
   - each unit's unsharded bytes, when alive, are sum_p e * N * ceil(r_p / N) * c_p over its
     parameters (every parameter padded to N chunks);
+  - with --no-reshard (`reshard_after_forward=False` on the layers, FSDP1's SHARD_GRAD_OP) a
+    layer stays gathered from its pre-forward to its post-backward;
   - the root unit is alive from its own pre-forward to the end of the backward (with
     reshard_after_forward left at its default, fully_shard does not reshard the root after
     forward: _fsdp_state.py:222-226), and a layer's unit from its pre-forward to its
@@ -24,7 +26,7 @@ per-parameter sharding"), printing both and exiting 1 on a mismatch:
 
 How to run (torch and transformers importable, e.g. a venv with `pip install torch==2.15.0
 transformers==5.25.0`; no GPU, no network):
-    python3 tools/fsdp2_gathers.py --nprocs 4
+    python3 tools/fsdp2_gathers.py --nprocs 4 [--no-reshard]
 Prints the table of (event, unit, bytes alive per unit) for rank 0 and the verdict for every
 rank; `--write tests/data/fsdp2/gathers-np<N>.json` also writes what every rank measured (each
 unit's largest bytes alive in step 2, and the events), which tests/test_fsdp2.cpp reads.
@@ -41,7 +43,7 @@ def padded_bytes(shape, n, e):
     return e * n * math.ceil(rows / n) * cols
 
 
-def run(rank, nprocs, shapes, port, out):
+def run(rank, nprocs, shapes, port, out, reshard=True):
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -72,7 +74,12 @@ def run(rank, nprocs, shapes, port, out):
             units[unit].append(tuple(p.shape))
         expect = {u: sum(padded_bytes(s, nprocs, 2) for s in v) for u, v in units.items()}
         for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)  # the defaults: reshard_after_forward=None (auto)
+            # The defaults: reshard_after_forward=None (auto); --no-reshard: False on the layers
+            # (FSDP1's SHARD_GRAD_OP), the root left at its default.
+            if reshard:
+                fully_shard(layer, mesh=mesh)
+            else:
+                fully_shard(layer, mesh=mesh, reshard_after_forward=False)
         fully_shard(model, mesh=mesh)
 
         def alive(mod):
@@ -134,13 +141,16 @@ def run(rank, nprocs, shapes, port, out):
                 meth, u = words[1], words[2]
                 if meth == "pre_forward":
                     want[u] = True
-                elif meth == "post_forward" and u != "root":
+                elif meth == "post_forward" and u != "root" and reshard:
                     want[u] = False
                 elif meth == "pre_backward":
                     want[u] = True
                     k = int(u[5:]) if u != "root" else 3
                     if k > 0:
                         want[f"layer{k - 1}"] = True  # implicit backward prefetch of one unit
+                    if not reshard:  # every layer still gathered since its forward
+                        for j in range(k):
+                            want[f"layer{j}"] = True
                 elif meth == "post_backward":
                     want[u] = False
             elif event == "after backward":
@@ -169,11 +179,14 @@ def main():
     ap.add_argument("--shapes", default="odd,oddheads")
     ap.add_argument("--port", type=int, default=29531)
     ap.add_argument("--write", default="", help="write what every rank measured to this JSON")
+    ap.add_argument("--no-reshard", action="store_true",
+                    help="fully_shard(layer, reshard_after_forward=False) (SHARD_GRAD_OP)")
     a = ap.parse_args()
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=run, args=(r, a.nprocs, a.shapes.split(","), a.port, q))
+    procs = [ctx.Process(target=run,
+                         args=(r, a.nprocs, a.shapes.split(","), a.port, q, not a.no_reshard))
              for r in range(a.nprocs)]
     for p in procs:
         p.start()
@@ -188,8 +201,11 @@ def main():
         doc = {"tool": "tools/fsdp2_gathers.py", "torch": torch.__version__,
                "transformers": transformers.__version__, "backend": "gloo", "device": "cpu",
                "nprocs": a.nprocs, "dtype": "bf16",
-               "recipe": "fully_shard(layer, mesh) per decoder layer, then fully_shard(model, "
-                         "mesh): reshard_after_forward left at None (auto)",
+               "recipe": ("fully_shard(layer, mesh) per decoder layer, then fully_shard(model, "
+                          "mesh): reshard_after_forward left at None (auto)") if not a.no_reshard
+               else ("fully_shard(layer, mesh, reshard_after_forward=False) per decoder layer, "
+                     "then fully_shard(model, mesh) (auto)"),
+               "reshard_after_forward": not a.no_reshard,
                "events_columns": ["root", "layer0", "layer1", "layer2"],
                "ranks": [m for _, _, m in results]}
         with open(a.write, "w") as f:

@@ -372,9 +372,23 @@ struct GatherPlan {
   // Positions before this one prefetch nothing (FSDP2's forward: a layer is resharded before
   // the next one is gathered).
   std::size_t prefetch_from = 0;
+  // FSDP2 with reshard_after_forward=False: every unit gathered in forward stays until its
+  // post-backward (the window at a position is what the forward gathered so far, less the
+  // layers whose backward is done).
+  bool keep = false;
   std::uint64_t window(std::size_t pos, std::int64_t prefetch) const {
     std::vector<int> seen;
     std::uint64_t total = 0;
+    if (keep) {
+      const std::size_t L = (seq.size() - 2) / 2;  // seq: 0, the layers, the head, backward
+      const std::size_t last = pos <= L + 1 ? pos : 2 * L + 1 - pos + 1;  // backward: layers 0..k
+      for (std::size_t j = 0; j <= last && j < seq.size(); ++j) {
+        if (std::find(seen.begin(), seen.end(), seq[j]) != seen.end()) continue;
+        seen.push_back(seq[j]);
+        total = checked_add(total, bytes[seq[j]], "gathered parameters");
+      }
+      return total;
+    }
     if (pinned >= 0) {
       seen.push_back(pinned);
       total = bytes[u(pinned)];
@@ -923,6 +937,7 @@ void Stage::fsdp2_units() {
   // post-forward before the next pre-forward gathers); from the head on (the root's pre-backward
   // prefetches the last layer) the backward's implicit prefetch.
   gather_.prefetch_from = u(Ls_) + 1;
+  gather_.keep = !p_.reshard_after_forward;
 }
 
 void Stage::activations() {

@@ -179,6 +179,10 @@ void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const Trai
     throw InputError(
         "--optimizer lomo: the sharded step supports adamw and sgd; LOMO with "
         "--world-size above 1 is not modelled");
+  if (!reshard_after_forward && !per_parameter())
+    throw InputError(
+        "reshard_after_forward=False is FSDP2's (--fsdp2 --zero SHARD_GRAD_OP); the flat "
+        "vector's ZeRO-2 keeps the parameters whole instead");
   if (per_parameter()) {
     if (zero != 3)
       throw InputError("--sharding per-parameter with --zero " + str(zero) +
@@ -233,7 +237,9 @@ std::string ParallelConfig::describe() const {
   std::string out = "dp " + str(dp) + " × tp " + str(tp) + " × pp " + str(pp);
   if (cp > 1) out += " × cp " + str(cp);
   out += ", ZeRO-" + str(zero);
-  if (per_parameter()) out += " per-parameter (FSDP2)";
+  if (per_parameter())
+    out += reshard_after_forward ? " per-parameter (FSDP2)"
+                                 : " per-parameter (FSDP2, reshard_after_forward=False)";
   if (sp) out += ", sp";
   if (pp > 1) out += ", M " + str(microbatches);
   if (offload != Offload::none) out += ", offload " + std::string(offload_name(offload));

@@ -27,7 +27,8 @@ void add_layout_flags(CLI::App& cmd, LayoutFlags& f) {
   cmd.add_option(
       "--zero", f.zero,
       "ZeRO stage over the data-parallel (× context-parallel) ranks: 0, 1 (optimizer states), 2 (+ "
-      "gradients; FSDP SHARD_GRAD_OP), 3 (+ parameters; FSDP FULL_SHARD)");
+      "gradients; FSDP SHARD_GRAD_OP; with --fsdp2: reshard_after_forward=False), 3 (+ "
+      "parameters; FSDP FULL_SHARD)");
   cmd.add_flag("--sp", f.sp, "Sequence parallelism inside the tensor-parallel group (needs --tp)");
   cmd.add_option("--microbatches", f.microbatches,
                  "Micro-batches per optimizer step (M; the pipeline's in-flight count)")
@@ -112,12 +113,17 @@ ParallelConfig resolve_layout(const LayoutFlags& f, const ModelConfig& model,
   p.prefetch = f.prefetch;
   p.sharding = resolve_sharding(f.sharding, f.fsdp2);
   if (f.fsdp2) {
-    if (f.zero != "0" && p.zero != 3)
+    if (f.zero != "0" && p.zero != 3 && p.zero != 2)
       throw InputError("--fsdp2 with --zero " + f.zero +
-                       ": FSDP2 here is FULL_SHARD (--zero 3); reshard_after_forward=False "
-                       "(SHARD_GRAD_OP) is not modelled yet");
-    p.sharding = Sharding::per_parameter;
+                       ": FSDP2 shards the parameters: FULL_SHARD (--zero 3, the default) or "
+                       "SHARD_GRAD_OP (--zero 2: reshard_after_forward=False)");
+    if (p.zero != 2) p.zero = 3;
+  }
+  // FSDP2's SHARD_GRAD_OP: the parameters sharded at rest, a layer kept gathered from its forward
+  // to its backward (fully_shard(layer, reshard_after_forward=False)).
+  if (p.per_parameter() && p.zero == 2) {
     p.zero = 3;
+    p.reshard_after_forward = false;
   }
   if (f.nccl_channels < 1)
     throw InputError("--nccl-channels must be at least 1, got " + std::to_string(f.nccl_channels));

@@ -533,8 +533,10 @@ void ShardedStep::Impl::window(std::size_t pos) {
   const std::size_t ahead = per_param && pos <= std::size_t(Ls) ? 0 : std::size_t(p.prefetch);
   for (std::size_t j = pos; j < seq.size() && j <= pos + ahead; ++j)
     if (std::find(want.begin(), want.end(), seq[j]) == want.end()) want.push_back(seq[j]);
+  // FSDP2 with reshard_after_forward=False: a unit stays until its post-backward reshards it.
+  const bool keep = per_param && !p.reshard_after_forward;
   for (auto it = gathered.begin(); it != gathered.end();)
-    if (std::find(want.begin(), want.end(), it->first) == want.end())
+    if (!keep && std::find(want.begin(), want.end(), it->first) == want.end())
       it = gathered.erase(it);
     else
       ++it;

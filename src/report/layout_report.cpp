@@ -152,7 +152,8 @@ json layout_detail::layout_json(const ParallelConfig& p) {
               {"reduce_bucket_elements", p.reduce_bucket},
               {"overlap_comm", p.overlap_comm},
               {"prefetch", p.prefetch},
-              {"sharding", sharding_name(p.sharding)}};
+              {"sharding", sharding_name(p.sharding)},
+              {"reshard_after_forward", p.reshard_after_forward}};
 }
 
 json layout_detail::layout_document(const LayoutEstimate& le) {

@@ -51,6 +51,9 @@ struct ParallelConfig {
   bool overlap_comm = false;  // --overlap-comm: a second reduce bucket (DeepSpeed overlap_comm)
   std::int64_t prefetch = 1;  // --prefetch: ZeRO-3 units gathered ahead of the one computing
   Sharding sharding = Sharding::flat;  // --sharding (ZeRO-3 only for per_parameter)
+  // Per-parameter sharding: FSDP2's reshard_after_forward on the layers (--fsdp2 --zero
+  // SHARD_GRAD_OP sets it false: a layer stays gathered from its forward to its backward).
+  bool reshard_after_forward = true;
   bool per_parameter() const { return sharding == Sharding::per_parameter; }
 
   bool distributed() const { return world > 1; }
