@@ -205,9 +205,6 @@ void ShardedStep::Impl::setup() {
   }
   // ZeRO-3 units and their order.
   if (p.zero == 3) {
-    std::uint64_t layer_elems = 0;
-    for (const auto& q : P)
-      if (q.layer == global_layer(0)) layer_elems = checked_add(layer_elems, q.n);
     unit_elems.assign(std::size_t(Ls) + 2, 0);
     seq.push_back(0);
     for (std::int64_t l = 0; l < Ls; ++l) seq.push_back(int(1 + l));

@@ -19,7 +19,11 @@
 //     updates its owned slices (states in the flat shard.* tensors), then every slice is
 //     broadcast from its owner into every rank's parameter; ZeRO 3: each rank updates
 //     params.shard, and a unit's weights are gathered into gathered.<unit> (each owner's slice
-//     broadcast) when the unit enters the prefetch window.
+//     broadcast) when the unit enters the prefetch window;
+//   - per-parameter sharding (FSDP2, docs/distributed.md "FSDP2: per-parameter sharding"): each
+//     parameter's rows split in chunks of ceil(rows/N) (pieces()); a parameter's gradient is its
+//     own unsharded <name>.grad until its unit's post-backward, which all-reduces each (the sum a
+//     reduce-scatter would give the owner) and keeps the rank's rows in grads.<unit>.
 #include "sharded_impl.hpp"
 
 namespace trainmem {

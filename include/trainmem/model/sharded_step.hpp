@@ -19,7 +19,10 @@
 // Names: parameters use their HuggingFace names with the rank's shapes (q_proj (a/t·d, h), ...);
 // the ZeRO flat tensors are `params.shard`, `grads.shard`, `shard.master`, `shard.exp_avg`,
 // `shard.exp_avg_sq`; collective buffers (category communication) are `reduce_bucket`,
-// `gathered.<unit>`, and under sp `<tensor>.gathered` / `<tensor>.partial`.
+// `gathered.<unit>`, and under sp `<tensor>.gathered` / `<tensor>.partial`. Per-parameter
+// sharding (FSDP2) adds `all_gather.<unit>` (forward copy-outs), `reduce_scatter.<unit>`, the
+// unsharded `<param>.grad` and each unit's sharded gradient `grads.<unit>` (no reduce bucket, no
+// grads.shard); its root unit is `gathered.root`.
 #pragma once
 #include <cstdint>
 #include <memory>
