@@ -28,26 +28,6 @@ namespace {
 
 using nlohmann::json;
 
-struct Golden {
-  std::string name;
-  json doc;
-};
-
-std::vector<Golden> goldens() {
-  std::vector<Golden> out;
-  const std::filesystem::path dir = std::filesystem::path(TRAINMEM_TEST_DATA_DIR) / "fsdp2";
-  for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    // The states' goldens (llama-<shape>-<dtype>-np<N>.json); gathers-np<N>.json are the gathers'.
-    if (e.path().extension() != ".json" || e.path().stem().string().rfind("llama-", 0) != 0)
-      continue;
-    std::ifstream in(e.path());
-    out.push_back({e.path().stem().string(), json::parse(in)});
-  }
-  std::sort(out.begin(), out.end(),
-            [](const Golden& a, const Golden& b) { return a.name < b.name; });
-  return out;
-}
-
 // The golden's LlamaForCausalLM as a trainmem model (no biases, untied, its head_dim when set).
 ModelConfig model_of(const json& cfg) {
   const json& l = cfg["llama"];
@@ -83,6 +63,43 @@ ParallelConfig fsdp2(std::int64_t n, const ModelConfig& m, const TrainConfig& t)
   return p;
 }
 
+// A states golden and the trainmem layout of its run: the model, the run, N and FSDP2's layout.
+struct Golden {
+  std::string name;
+  json doc;
+  ModelConfig m;
+  TrainConfig t;
+  std::int64_t n = 0;
+  ParallelConfig p;
+};
+
+std::vector<Golden> goldens() {
+  std::vector<Golden> out;
+  const std::filesystem::path dir = std::filesystem::path(TRAINMEM_TEST_DATA_DIR) / "fsdp2";
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    // The states' goldens (llama-<shape>-<dtype>-np<N>.json); gathers-np<N>.json are the gathers'.
+    if (e.path().extension() != ".json" || e.path().stem().string().rfind("llama-", 0) != 0)
+      continue;
+    std::ifstream in(e.path());
+    Golden g{e.path().stem().string(), json::parse(in)};
+    g.m = model_of(g.doc["config"]);
+    g.t = train_of(g.doc["config"]);
+    g.n = g.doc["nprocs"];
+    g.p = fsdp2(g.n, g.m, g.t);
+    out.push_back(std::move(g));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const Golden& a, const Golden& b) { return a.name < b.name; });
+  return out;
+}
+
+// A named communication entry's bytes on the rank (0 when it has none).
+std::uint64_t comm_bytes(const RankEstimate& e, const std::string& name) {
+  for (const TensorEntry& c : e.communication)
+    if (c.name == name) return c.bytes;
+  return 0;
+}
+
 TEST(Fsdp2, GoldensCoverTheMeasuredShapes) {
   const std::vector<Golden> g = goldens();
   ASSERT_EQ(g.size(), 18u);  // 3 shapes × 2 dtypes × N 2, 3, 4 (docs/fsdp2-measured.md)
@@ -98,11 +115,10 @@ TEST(Fsdp2, GoldensCoverTheMeasuredShapes) {
 // chunk of every parameter), the states' elements as it creates them (the owned rows).
 TEST(Fsdp2, ParamsGradsStatesByteExactPerRank) {
   for (const Golden& x : goldens()) {
-    const json& cfg = x.doc["config"];
-    const ModelConfig m = model_of(cfg);
-    const TrainConfig t = train_of(cfg);
-    const std::int64_t n = x.doc["nprocs"];
-    const ParallelConfig p = fsdp2(n, m, t);
+    const ModelConfig& m = x.m;
+    const TrainConfig& t = x.t;
+    const std::int64_t n = x.n;
+    const ParallelConfig& p = x.p;
     const std::uint64_t e = dtype_size(t.dtype);
     ASSERT_EQ(x.doc["ranks"].size(), std::size_t(n)) << x.name;
     for (const json& r : x.doc["ranks"]) {
@@ -156,11 +172,10 @@ TEST(Fsdp2, ChunkRowsAreTorchChunks) {
 // them) equals the per-rank analytic of the same rank.
 TEST(Fsdp2, MetaTraceEqualsAnalyticPerRank) {
   for (const Golden& x : goldens()) {
-    const json& cfg = x.doc["config"];
-    const ModelConfig m = model_of(cfg);
-    const TrainConfig t = train_of(cfg);
-    const std::int64_t n = x.doc["nprocs"];
-    const ParallelConfig p = fsdp2(n, m, t);
+    const ModelConfig& m = x.m;
+    const TrainConfig& t = x.t;
+    const std::int64_t n = x.n;
+    const ParallelConfig& p = x.p;
     for (std::int64_t k = 0; k < n; ++k) {
       const RankEstimate want = estimate_layout_of_rank(m, t, p, k).ranks.at(0);
       MetaAllocator alloc;
@@ -310,14 +325,10 @@ TEST(Fsdp2, StatesAndGathersAgainstFlatZero3) {
   // Gathered, bf16, each parameter padded to 4·ceil(rows/4) rows: a layer 2·40 (norms) + 32·40
   // (q) + 2·8·40 (k, v) + 40·30 (o) + 2·104·40 (gate, up) + 40·104 (down) = 15,680 elements; the
   // root 2·72·40 (embedding, lm_head) + 40 (norm) = 5,800.
-  auto comm = [](const RankEstimate& e, const char* name) {
-    for (const TensorEntry& c : e.communication)
-      if (c.name == name) return c.bytes;
-    return std::uint64_t{0};
-  };
-  EXPECT_EQ(comm(b, "gathered units"), 2u * 15680);
-  EXPECT_EQ(comm(b, "gathered root"), 2u * 5800);
-  EXPECT_EQ(comm(a, "gathered units"), 2u * (80 + 1200 + 480 + 1200 + 8320 + 4160));  // unpadded
+  EXPECT_EQ(comm_bytes(b, "gathered units"), 2u * 15680);
+  EXPECT_EQ(comm_bytes(b, "gathered root"), 2u * 5800);
+  EXPECT_EQ(comm_bytes(a, "gathered units"),
+            2u * (80 + 1200 + 480 + 1200 + 8320 + 4160));  // unpadded
 }
 
 // docs/distributed.md's worked example, from LLaMA-3-8B's dimensions alone: on 6 GPUs every
@@ -360,11 +371,7 @@ TEST(Fsdp2, Llama3_8bWorkedExample) {
   EXPECT_EQ(r.host_bytes, 4u * 291);
   // The root unit (embedding, final norm, lm_head), gathered all step: 2 × 128,256 × 4,096
   // (the vocabulary divides by 6) and the norm's 6 × 683 rows, bf16.
-  auto root = [](const RankEstimate& e) {
-    for (const TensorEntry& c : e.communication)
-      if (c.name == "gathered root") return c.bytes;
-    return std::uint64_t{0};
-  };
+  auto root = [](const RankEstimate& e) { return comm_bytes(e, "gathered root"); };
   EXPECT_EQ(root(r), 2u * (2u * 128256 * 4096 + 6 * 683));
   // 8 GPUs: the same model states as flat ZeRO-3 (no padding either way); the root is still
   // gathered through the step (2 × (2 × 128,256 × 4,096 + 4,096) B), which flat ZeRO-3 gathers
@@ -424,11 +431,8 @@ TEST(Fsdp2, GatheredUnitsMatchRealFullyShard) {
           ParallelConfig p = fsdp2(n, m, t);
           p.reshard_after_forward = reshard;
           const RankEstimate r = estimate_layout_of_rank(m, t, p, std::int64_t(k)).ranks.at(0);
-          std::uint64_t units = 0, root = 0;
-          for (const TensorEntry& c : r.communication) {
-            if (c.name == "gathered units") units = c.bytes;
-            if (c.name == "gathered root") root = c.bytes;
-          }
+          const std::uint64_t units = comm_bytes(r, "gathered units");
+          const std::uint64_t root = comm_bytes(r, "gathered root");
           const std::string at = file + " " + shape + " rank " + std::to_string(k);
           const json& ub = got["unit_bytes"];
           EXPECT_EQ(units, ub["layer0"].get<std::uint64_t>()) << at;

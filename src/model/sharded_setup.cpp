@@ -238,22 +238,19 @@ void ShardedStep::Impl::setup() {
       put(head_unit(), norm_i);
       put(head_unit(), head_i);
     }
-    if (per_param) {  // each unit's sharded gradient: its members' chunks, in member order
+    if (per_param) {  // each unit's sharded gradient: 1/N of its padded buffer, member order
       unit_shard.assign(members.size(), 0);
       unit_grad.clear();
       unit_grad.resize(members.size());
       goff.assign(P.size(), 0);
       unit_of.assign(P.size(), -1);
-      for (std::size_t u = 0; u < members.size(); ++u)
+      for (std::size_t u = 0; u < members.size(); ++u) {
+        unit_shard[u] = unit_elems[u] / ranks_n;
         for (const auto& [q, pos] : members[u]) {
-          const ParamShape& pq = P[std::size_t(q)];
-          const std::uint64_t rows = std::uint64_t(pq.shape.at(0));
-          goff[std::size_t(q)] = unit_shard[u];
+          goff[std::size_t(q)] = pos / ranks_n;
           unit_of[std::size_t(q)] = int(u);
-          unit_shard[u] =
-              checked_add(unit_shard[u], checked_mul(shard_chunk_rows(rows, ranks_n), pq.n / rows),
-                          "unit shard");
         }
+      }
     }
   }
   if (run) initialise();
