@@ -81,7 +81,9 @@ std::vector<Golden> goldens() {
     if (e.path().extension() != ".json" || e.path().stem().string().rfind("llama-", 0) != 0)
       continue;
     std::ifstream in(e.path());
-    Golden g{e.path().stem().string(), json::parse(in)};
+    Golden g;
+    g.name = e.path().stem().string();
+    g.doc = json::parse(in);
     g.m = model_of(g.doc["config"]);
     g.t = train_of(g.doc["config"]);
     g.n = g.doc["nprocs"];

@@ -138,6 +138,25 @@ struct PeftOptions {
   void apply_to(TrainConfig& t) const;
 };
 
+// The precision recipe of an HF step (`--precision`):
+//   pure   the model in the training dtype, AdamW's moments in it too (torch AdamW on bf16
+//          parameters);
+//   amp    an fp32 model under torch.autocast(training dtype): fp32 parameters, gradients and
+//          moments, autocast's cache of 16-bit weight copies, the activations as autocast casts
+//          them (HF Trainer's bf16=True / fp16=True);
+//   mixed  a 16-bit model with fp32 master weights and AdamW on them (DeepSpeed, Megatron,
+//          LOMO's Table 1): `m.grad = p.grad.float()` before the step, `p.copy_(m)` after.
+enum class Precision { pure, amp, mixed };
+const char* precision_name(Precision p);  // "pure", "amp", "mixed"
+std::optional<Precision> parse_precision(const std::string& s);
+
+// torch.optim.AdamW's implementation (`--adamw-impl`): foreach (PyTorch's default on a GPU: one
+// list of sqrt(exp_avg_sq) tensors alive through the update), fused (no temporaries), forloop
+// (one parameter at a time: sqrt and the division's result).
+enum class AdamwImpl { foreach_, fused, forloop };
+const char* adamw_impl_name(AdamwImpl a);  // "foreach", "fused", "forloop"
+std::optional<AdamwImpl> parse_adamw_impl(const std::string& s);
+
 // The HF profiles' options. Unset era/torch: the profile's default (hf-eager: transformers 4.30
 // with PyTorch 2.0; hf-sdpa: transformers 5.25 with PyTorch 2.15).
 struct HfOptions {
@@ -154,6 +173,14 @@ struct HfOptions {
   // sorted by expert, one grouped GEMM per projection) or "eager" (a loop over the experts hit);
   // docs/formulas.md, "Mixture of experts".
   bool experts_grouped_mm = true;
+  // The precision recipe (`--precision`) and torch AdamW's implementation (`--adamw-impl`), which
+  // the step's event sequence (hf_step.hpp) models. Unset: recipe(dtype) below.
+  std::optional<Precision> precision;
+  AdamwImpl adamw_impl = AdamwImpl::foreach_;
+  // The recipe in force: `precision` when given; otherwise mixed for a 16-bit dtype (the 16-bit
+  // model with fp32 master weights and AdamW states these profiles have always counted, as
+  // trainmem's own step runs it) and pure for fp32 (nothing to cast).
+  Precision recipe(DType dtype) const;
 };
 // "--hf-version X" -> its era; InputError naming --hf-version and the known eras otherwise.
 HfEra parse_hf_version(const std::string& version);

@@ -1,0 +1,103 @@
+// The whole HuggingFace training step as PyTorch runs it, allocation by allocation (issue 31,
+// points 0-2; docs/hf-step.md): the forward of transformers 5.25's LlamaForCausalLM family
+// (llama, mistral, qwen2, qwen3) with eager or SDPA attention, with or without gradient
+// checkpointing, its loss, autograd's backward (each node's gradient outputs, the saved tensors
+// it releases, accumulation into `.grad`, checkpoint recompute), AdamW's step and
+// zero_grad(set_to_none=True), under one precision recipe. One walk over the sequence gives the
+// step's true high-water mark, its instant and its category breakdown, which the HF profiles'
+// "sum of category maxima" only bounds.
+//
+// Proven against the real step on the CPU (tools/hf_step_events.py, tests/data/hf_step/, checked
+// by tests/test_hf_step.cpp). The sequence models a GPU step: what only the CPU's kernels
+// allocate (bf16 GEMM scratch, the temporary upcast inside a mixed-dtype elementwise op, the CPU
+// RNG state a checkpoint keeps) is left out unless HfStepOptions::cpu_kernels asks for it.
+// Tensors under 1 KiB that never decide a peak (index vectors, 0-dim scalars, a norm's (b, s, 1)
+// statistics are kept) are left out; docs/hf-step.md states their sum.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainmem/analytic/analytic.hpp"
+#include "trainmem/base/config.hpp"
+
+namespace trainmem {
+
+enum class HfStepPhase : std::uint8_t {
+  forward,
+  loss,
+  backward,
+  optimizer,
+  zero_grad,
+  autocast_exit
+};
+constexpr int kHfStepPhases = 6;
+const char* hf_step_phase_name(HfStepPhase p);  // "forward", "loss", ..., "autocast_exit"
+
+// What a tensor of the step is (the goldens' categories): `activation` a forward tensor still
+// alive when backward begins, `temporary` one freed before (and every backward or optimizer
+// temporary).
+enum class HfStepKind : std::uint8_t {
+  parameter,
+  gradient,
+  optimizer_state,
+  activation,
+  temporary,
+  autocast_cache,
+  master_param,
+  master_grad,
+  input,
+  buffer,
+};
+constexpr int kHfStepKinds = 10;
+const char* hf_step_kind_name(HfStepKind k);  // "parameter", ..., "buffer"
+
+struct HfStepTensor {
+  std::string name;  // e.g. "layers.0.self_attn.q_proj.out", "grad.lm_head.weight"
+  int layer = -1;    // decoder layer, -1 outside them
+  std::uint64_t bytes = 0;
+  HfStepKind kind = HfStepKind::activation;
+};
+struct HfStepEvent {
+  bool alloc = true;
+  std::uint32_t tensor = 0;  // index into HfStep::tensors
+  HfStepPhase phase = HfStepPhase::forward;
+};
+
+struct HfStepOptions {
+  bool sdpa = false;  // hf-sdpa (the flash kernel's saved set) or hf-eager
+  int step = 2;       // 1: AdamW's state created inside opt.step(); 2: a steady step
+  // Add what only the CPU's kernels allocate (see the header comment): the tests' comparison
+  // with CPU goldens.
+  bool cpu_kernels = false;
+};
+
+struct HfStep {
+  std::vector<HfStepTensor> tensors;
+  std::vector<HfStepEvent> events;  // the step's events (live_at_start is before the first)
+  std::uint64_t live_at_start = 0;
+  std::array<std::uint64_t, kHfStepKinds> start_by_kind{};
+  std::uint64_t peak = 0;      // live bytes after the event peak_event
+  std::size_t peak_event = 0;  // first event reaching the peak
+  HfStepPhase peak_phase = HfStepPhase::forward;
+  std::array<std::uint64_t, kHfStepKinds> by_kind_at_peak{};
+  // The largest live bytes after an event of each phase (0 and phase_seen false where none).
+  std::array<std::uint64_t, kHfStepPhases> phase_max{};
+  std::array<bool, kHfStepPhases> phase_seen{};
+  std::uint64_t live_at_end = 0;
+  std::string recipe;  // one line: the loop, the recipe and the optimizer modelled
+};
+
+// The step of `model` (a dense llama, mistral, qwen2 or qwen3 config, transformers 5.25 era) at
+// train.batch x train.seq in train.dtype (the 16-bit dtype under amp), checkpointing none or
+// full (non-reentrant, every layer), with hf.loop hf-model-loss, hf.use_cache (HF 5 builds a
+// DynamicCache in training when config.use_cache is true; off under checkpointing), the recipe
+// hf.recipe() and AdamW hf.adamw_impl.
+// InputError naming the flag for what is not modelled (another era, family or loop, MoE, a
+// sliding window, selective checkpointing, an optimizer other than AdamW).
+HfStep hf_step(const ModelConfig& model, const TrainConfig& train, const HfOptions& hf,
+               const HfStepOptions& opts);
+
+}  // namespace trainmem
