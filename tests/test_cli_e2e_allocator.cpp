@@ -237,6 +237,37 @@ TEST(CliE2EAllocator, EstimateFeedsTheNativeStepsTraceToTheModel) {
   EXPECT_NE(bad.err.find("max_split_size_mb must be at least 20"), std::string::npos) << bad.err;
 }
 
+// The HF step's event sequence (hf-sdpa, transformers 5.25) through the same model: asked for
+// exactly the sequence's tensors (requested peak == the profile's peak), every block at least
+// its request and within its 512-byte rounding, reserved made of whole segments.
+TEST(CliE2EAllocator, EstimateFeedsTheHfStepsSequenceToTheModel) {
+  for (const std::string recipe : {"pure", "amp", "mixed"}) {
+    SCOPED_TRACE(recipe);
+    const Result r = trainmem(
+        "estimate --model tiny-qwen3 --seq 64 --batch 2 --profile hf-sdpa "
+        "--checkpointing full --format json --allocator pytorch --precision " +
+        recipe);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const json j = r.j();
+    const json& e = j["analytic"]["hf-sdpa"];
+    EXPECT_EQ(e["hf"]["precision"], recipe);
+    EXPECT_TRUE(e["hf"]["peak_from_event_sequence"].get<bool>());
+    const json& a = j["hf_allocator_model"]["hf-sdpa"];
+    ASSERT_TRUE(a.is_object());
+    EXPECT_EQ(u64(a["step_peak"]), u64(e["peak"]));
+    EXPECT_EQ(u64(a["requested"]["peak"]), u64(e["peak"]));
+    EXPECT_GE(u64(a["allocated"]["peak"]), u64(a["requested"]["peak"]));
+    EXPECT_GE(u64(a["reserved"]["peak"]), u64(a["allocated"]["peak"]));
+    EXPECT_EQ(u64(a["reserved"]["peak"]) % (2 * MiB), 0u);
+  }
+  // Without the sequence (hf-eager's default era, 4.30) there is nothing to replay for it.
+  const Result old =
+      trainmem("estimate --model tiny --profile hf-eager --format json --allocator pytorch");
+  ASSERT_EQ(old.code, 0) << old.err;
+  EXPECT_FALSE(old.j().contains("hf_allocator_model"));
+  EXPECT_FALSE(old.j()["analytic"]["hf-eager"]["hf"]["peak_from_event_sequence"].get<bool>());
+}
+
 TEST(CliE2EAllocator, EveryTracedRankIsFedToTheModel) {
   const std::string layout =
       " --model tiny --seq 64 --batch 2 --world-size 4 --pp 2 --zero 1 --microbatches 2";

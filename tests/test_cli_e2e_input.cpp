@@ -58,6 +58,32 @@ TEST(CliE2EInput, NonIntegersAndOverflowsNameTheFlagAndWhatIsAllowed) {
   EXPECT_FALSE(has(r.err, "--seq 1,2,4")) << r.err;
 }
 
+// The HF step's recipe flags: unknown values, a profile that has no HF step, and what the
+// event sequence does not model are refused naming the flag (exit 2, no report).
+TEST(CliE2EInput, HfStepRecipeFlagsNameWhatIsAllowed) {
+  const BadInput cases[] = {
+      {"estimate --model tiny --profile hf-sdpa --precision half",
+       {"--precision: unknown recipe 'half'", "pure, amp, mixed"}},
+      {"estimate --model tiny --profile hf-sdpa --adamw-impl apex",
+       {"--adamw-impl: unknown implementation 'apex'", "foreach, fused, forloop"}},
+      {"estimate --model tiny --profile native --precision amp",
+       {"--precision: applies to the HF step", "hf-eager or hf-sdpa"}},
+      {"estimate --model tiny --profile zero --adamw-impl fused", {"--adamw-impl: applies"}},
+      {"estimate --model tiny --profile hf-sdpa --precision amp --dtype fp32",
+       {"--precision amp needs a 16-bit --dtype"}},
+      {"estimate --model tiny --profile hf-sdpa --precision pure --optimizer sgd",
+       {"--optimizer", "torch.optim.AdamW only"}},
+      {"estimate --model tiny --profile hf-eager --hf-version 4.30 --precision pure",
+       {"--hf-version", "5.25 only"}},
+  };
+  for (const auto& c : cases) {
+    const Result r = trainmem(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.err;
+    for (const auto& m : c.message) EXPECT_TRUE(has(r.err, m)) << c.args << "\n" << r.err;
+    EXPECT_TRUE(r.out.empty()) << c.args << " wrote a report: " << r.out;
+  }
+}
+
 TEST(CliE2EInput, UnwritablePathsAreRefusedBeforeTheRunWritesAnything) {
   const std::string dump = temp_path("first.safetensors");
   std::remove(dump.c_str());

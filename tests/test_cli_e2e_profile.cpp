@@ -270,6 +270,45 @@ TEST(CliE2EProfile, PerfettoTimelineReplaysToTheMeasuredPeak) {
   std::remove(path.c_str());
 }
 
+// estimate --timeline: the HF step's event sequence, replayed to the profile's peak with the
+// peak event named as the report names it; one HF step per file, or exit 2.
+TEST(CliE2EProfile, HfStepTimelineReplaysToTheEstimatesPeak) {
+  const std::string path = temp_path("hf-timeline.json");
+  const std::string est =
+      "estimate --model tiny-gqa --batch 2 --seq 32 --profile hf-sdpa "
+      "--precision pure --format json";
+  const Result r = trainmem(est + " --timeline " + path);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json doc = r.j();
+  const json& e = doc["analytic"]["hf-sdpa"];
+  const json t = json::parse(slurp(path));
+  std::uint64_t max_total = 0;
+  int peaks = 0;
+  for (const auto& ev : t["traceEvents"]) {
+    if (ev["ph"] == "C" && ev["name"] == "live total")
+      max_total = std::max<std::uint64_t>(max_total, ev["args"]["bytes"]);
+    if (ev["ph"] == "i" && ev["cat"] == "peak") {
+      ++peaks;
+      EXPECT_EQ(ev["args"]["bytes"], e["peak"]);
+      // "optimizer: adamw.sqrt.lm_head.weight allocated" names the same tensor
+      EXPECT_NE(e["peak_instant"].get<std::string>().find(ev["args"]["tensor"].get<std::string>()),
+                std::string::npos);
+    }
+  }
+  EXPECT_EQ(peaks, 1);
+  EXPECT_EQ(max_total, e["peak"].get<std::uint64_t>());
+  EXPECT_EQ(t["otherData"]["time_axis"], "event_index");
+  std::remove(path.c_str());
+  for (const std::string& bad :
+       {std::string("estimate --model tiny-gqa --profile hf-sdpa,hf-eager --hf-version 5.25"),
+        std::string("estimate --model tiny-gqa --profile hf-eager"),
+        std::string("estimate --model tiny-gqa --profile hf-sdpa --checkpointing both")}) {
+    const Result b = trainmem(bad + " --timeline " + path);
+    EXPECT_EQ(b.code, 2) << bad;
+    EXPECT_NE(b.err.find("--timeline: draws one HF step"), std::string::npos) << b.err;
+  }
+}
+
 TEST(CliE2EProfile, SvgTimelinesForProfileAndCompare) {
   const std::string svg = temp_path("timeline.svg");
   const Result r = trainmem(kProfile + "--format json --timeline " + svg);

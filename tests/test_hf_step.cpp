@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "model_helpers.hpp"
 #include "trainmem/analytic/hf_step.hpp"
 #include "trainmem/base/config.hpp"
 #include "trainmem/base/error.hpp"
@@ -211,14 +212,7 @@ TEST(HfStep, TheGpuSequenceLeavesOutOnlyCpuKernelAllocations) {
 //   pure  params 2, grads 2, m + v 4, sqrt 2;   mixed params 2 + master 4, grads 2 + master
 //   grads 4, m + v 8, sqrt 4;                   amp params 4, grads 4, m + v 8, sqrt 4.
 TEST(HfStep, OptimizerPeakByHandOnLlama7b) {
-  ModelConfig m;
-  m.family = "llama";
-  m.vocab = 32000;
-  m.hidden = 4096;
-  m.intermediate = 11008;
-  m.layers = 32;
-  m.heads = 32;
-  m.kv_heads = 32;
+  const ModelConfig m = test::preset("llama-7b");
   const std::uint64_t P = 6738415616ull;  // LLaMA-7B's parameters
   const std::uint64_t b = 1, s = 512, V = 32000;
   TrainConfig t;
@@ -257,14 +251,7 @@ TEST(HfStep, OptimizerPeakByHandOnLlama7b) {
 }
 
 TEST(HfStep, RefusesWhatItDoesNotModelNamingTheFlag) {
-  ModelConfig m;
-  m.family = "llama";
-  m.vocab = 1000;
-  m.hidden = 128;
-  m.intermediate = 352;
-  m.layers = 2;
-  m.heads = 4;
-  m.kv_heads = 2;
+  const ModelConfig m = test::preset("tiny-gqa");
   TrainConfig t;
   t.batch = 1;
   t.seq = 16;

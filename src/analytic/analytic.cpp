@@ -394,7 +394,9 @@ bool needs_5_25(const ModelConfig& m) {
 
 HfEra hf_era_for(Profile profile, const HfOptions& opts, const ModelConfig& model) {
   if (opts.era) return *opts.era;
-  if (profile == Profile::hf_sdpa || profile == Profile::hf_peft || needs_5_25(model))
+  // a recipe other than the default is modelled by the step's event sequence, 5.25's
+  const bool recipe = opts.precision && *opts.precision != Precision::mixed;
+  if (profile == Profile::hf_sdpa || profile == Profile::hf_peft || needs_5_25(model) || recipe)
     return HfEra::v5_25;
   return HfEra::v4_30;
 }

@@ -22,6 +22,7 @@
 #include <algorithm>
 
 #include "analytic_detail.hpp"
+#include "trainmem/analytic/hf_step.hpp"
 #include "trainmem/base/lora.hpp"
 
 namespace trainmem::analytic_detail {
@@ -474,6 +475,111 @@ std::string era_label(const Hf& hf, const HfOptions& o) {
 
 }  // namespace
 
+namespace {
+
+// The step's event sequence (hf_step.hpp) where it models the configuration: its true
+// high-water mark, instant by instant, replaces the category maxima; the model states follow the
+// precision recipe. Elsewhere the maxima stay, and a recipe other than mixed is refused.
+void apply_step_sequence(Estimate& est, bool sdpa) {
+  const HfOptions& o = est.hf;
+  const Precision recipe = o.recipe(est.train.dtype);
+  const std::string why = hf_step_unsupported(est.model, est.train, o);
+  if (!why.empty()) {
+    if (o.precision && *o.precision != Precision::mixed) throw InputError(why);
+    HfOptions at_5_25 = o;
+    at_5_25.era = HfEra::v5_25;
+    const bool era = hf_step_unsupported(est.model, est.train, at_5_25).empty();
+    est.notes.push_back(
+        "not modelled: autograd's transient gradients, caching-allocator blocks: workspace is 0 "
+        "and peak = params + gradients + optimizer states + activations_peak + inputs (the "
+        "category maxima added, an estimate; " +
+        (era ? std::string("--hf-version 5.25 gives the step's true peak from its event "
+                           "sequence, docs/hf-step.md")
+             : "the step's event sequence does not apply: " + why) +
+        ")");
+    return;
+  }
+  HfStepOptions so;
+  so.sdpa = sdpa;
+  so.step = 2;
+  const HfStep st = hf_step(est.model, est.train, o, so);
+  est.hf_step_peak = true;
+  auto& f = est.figures;
+  auto to_categories = [](const std::array<std::uint64_t, kHfStepKinds>& by) {
+    CategoryBytes c{};
+    for (int k = 0; k < kHfStepKinds; ++k)
+      c[static_cast<int>(hf_step_category(static_cast<HfStepKind>(k)))] += by[k];
+    return c;
+  };
+  // Each category's own maximum over the step (the workspace's: the temporaries and mixed's
+  // master gradients).
+  CategoryBytes live = to_categories(st.start_by_kind), most = live;
+  for (const auto& e : st.events) {
+    const auto& t = st.tensors[e.tensor];
+    auto& c = live[static_cast<int>(hf_step_category(t.kind))];
+    c = e.alloc ? c + t.bytes : c - t.bytes;
+    for (int k = 0; k < kNumCategories; ++k) most[k] = std::max(most[k], live[k]);
+  }
+  const CategoryBytes start = to_categories(st.start_by_kind);
+  f.params = start[static_cast<int>(Category::params)];
+  f.optimizer_states = start[static_cast<int>(Category::optimizer_states)];
+  f.gradients = most[static_cast<int>(Category::gradients)];
+  if (recipe == Precision::amp) {
+    // autocast's dtypes: the saved-tensor tables above are the 16-bit model's
+    f.activations = st.activations_at_backward;
+    f.activations_peak = most[static_cast<int>(Category::activations)];
+  }
+  f.workspace = most[static_cast<int>(Category::workspace)];
+  f.inputs = start[static_cast<int>(Category::inputs)];
+  f.peak = st.peak;
+  f.peak_breakdown = to_categories(st.by_kind_at_peak);
+  // One instant per phase, its largest; the peak's named by its event.
+  const HfStepTensor& at = st.tensors[st.events[st.peak_event].tensor];
+  est.instants.clear();
+  for (int p = 0; p < kHfStepPhases; ++p) {
+    if (!st.phase_seen[p]) continue;
+    const std::string phase = hf_step_phase_name(static_cast<HfStepPhase>(p));
+    std::string name = phase + " (its largest instant)";
+    if (static_cast<HfStepPhase>(p) == st.peak_phase) {
+      est.peak_instant = static_cast<int>(est.instants.size());
+      name = phase + ": " + at.name + (st.events[st.peak_event].alloc ? " allocated" : " freed");
+    }
+    est.instants.push_back(Instant{name, to_categories(st.phase_by_kind[p])});
+  }
+  est.notes.push_back(
+      std::string("peak = the step's true high-water mark, from its event sequence (every "
+                  "allocation and free of forward, loss, backward, AdamW ") +
+      adamw_impl_name(o.adamw_impl) +
+      " and zero_grad(set_to_none=True), step 2 of the loop; docs/hf-step.md): in " +
+      hf_step_phase_name(st.peak_phase) + ", as " + at.name + " is " +
+      (st.events[st.peak_event].alloc ? "allocated" : "freed") +
+      "; workspace = the most bytes of temporaries alive at once");
+  switch (recipe) {
+    case Precision::pure:
+      est.notes.push_back(std::string("precision pure: the model in ") +
+                          dtype_name(est.train.dtype) +
+                          ", AdamW's moments in it too (torch.optim.AdamW on the model's "
+                          "parameters; its 4-byte step tensors are host memory)");
+      break;
+    case Precision::amp:
+      est.notes.push_back(std::string("precision amp: an fp32 model under torch.autocast(") +
+                          dtype_name(est.train.dtype) +
+                          "), as HF's Trainer runs bf16=True/fp16=True: fp32 parameters, "
+                          "gradients and moments, autocast's cache of 16-bit weight copies");
+      break;
+    case Precision::mixed:
+      est.notes.push_back(
+          "precision mixed" + std::string(o.precision ? "" : " (the default)") +
+          ": the 16-bit model with fp32 master weights (counted as optimizer states) and fp32 "
+          "AdamW moments, the fp32 master gradients made before the step (DeepSpeed, Megatron); "
+          "HF's Trainer with bf16=True is --precision amp, a bf16 model with torch AdamW "
+          "--precision pure");
+      break;
+  }
+}
+
+}  // namespace
+
 void build_hf(Estimate& est) {
   Dims d = make_dims(est.model, est.train);
   const TrainConfig& t = est.train;
@@ -647,10 +753,7 @@ void build_hf(Estimate& est) {
       "activations = storages autograd saves for backward (each counted once; parameters and "
       "the int64 input_ids, reported as inputs, excluded) + what the loop holds at the end of "
       "forward (group loop: the returned logits; past_key_values with --use-cache)");
-  est.notes.push_back(
-      "not modelled: autograd's transient gradients, caching-allocator blocks: workspace is 0 "
-      "and peak = params + gradients + optimizer states + activations_peak + inputs (the "
-      "category maxima added, an estimate)");
+  apply_step_sequence(est, sdpa);
   if (hf.loop != Loop::none) {
     const bool v5_model_loss = hf.era == HfEra::v5_25 && hf.loop == Loop::hf_model_loss;
     const std::uint64_t copy = v5_model_loss

@@ -62,6 +62,28 @@ const char* hf_step_phase_name(HfStepPhase p) {
                                                    "optimizer", "zero_grad", "autocast_exit"};
   return names[static_cast<int>(p)];
 }
+Category hf_step_category(HfStepKind k) {
+  switch (k) {
+    case HfStepKind::parameter:
+      return Category::params;
+    case HfStepKind::gradient:
+      return Category::gradients;
+    case HfStepKind::optimizer_state:
+    case HfStepKind::master_param:
+      return Category::optimizer_states;
+    case HfStepKind::temporary:
+    case HfStepKind::master_grad:  // made for the optimizer step and freed by zero_grad
+      return Category::workspace;
+    case HfStepKind::input:
+      return Category::inputs;
+    case HfStepKind::activation:
+    case HfStepKind::autocast_cache:
+    case HfStepKind::buffer:
+      break;
+  }
+  return Category::activations;
+}
+
 const char* hf_step_kind_name(HfStepKind k) {
   static const char* const names[kHfStepKinds] = {
       "parameter",      "gradient",     "optimizer_state", "activation", "temporary",
@@ -817,40 +839,42 @@ class Step {
   std::vector<Param*> cached_;
 };
 
-void check_supported(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
-                     const HfStepOptions& o) {
+}  // namespace
+
+std::string hf_step_unsupported(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf) {
+  const std::string what = "the HF step's event sequence (transformers 5.25) ";
   if (m.family != "llama" && m.family != "mistral" && m.family != "qwen2" && m.family != "qwen3")
-    throw InputError(
-        "--profile: the HF step sequence models the llama, mistral, qwen2 and qwen3 "
-        "families; got model_type '" +
-        m.family + "'");
-  if (m.moe())
-    throw InputError("--profile: the HF step sequence does not model a mixture of experts yet");
-  if (m.sliding_window > 0)
-    throw InputError("--profile: the HF step sequence does not model a sliding window yet");
+    return "--model: " + what +
+           "models the llama, mistral, qwen2 and qwen3 families; got "
+           "model_type '" +
+           m.family + "'";
+  if (m.moe()) return "--model: " + what + "does not model a mixture of experts yet";
+  if (m.sliding_window > 0) return "--model: " + what + "does not model a sliding window yet";
+  // rope_scaling (llama3) changes inv_freq's values, not the step's tensors
   if (hf.era && *hf.era != HfEra::v5_25)
-    throw InputError(
-        "--hf-version: the HF step sequence models transformers 5.25 only (the era "
-        "tools/hf_step_events.py measured)");
-  if (hf.loop != Loop::hf_model_loss)
-    throw InputError("--loop: the HF step sequence models hf-model-loss only");
+    return "--hf-version: " + what +
+           "models transformers 5.25 only (the release "
+           "tools/hf_step_events.py measured); got " +
+           hf_era_name(*hf.era);
+  if (hf.loop != Loop::hf_model_loss) return "--loop: " + what + "models hf-model-loss only";
   if (t.checkpointing == Checkpointing::selective ||
       (t.checkpointing == Checkpointing::full && !t.checkpoint_layers.list.empty() &&
        static_cast<std::int64_t>(t.checkpoint_layers.list.size()) != m.layers))
-    throw InputError("--checkpointing: the HF step sequence models none or full (every layer)");
+    return "--checkpointing: " + what + "models none or full (every layer)";
   if (t.optimizer != Optimizer::adamw)
-    throw InputError("--optimizer: the HF step sequence models torch.optim.AdamW only");
+    return "--optimizer: " + what + "models torch.optim.AdamW only";
+  if (t.lora()) return "--finetune: " + what + "models a full fine-tune";
   if (dtype_size(t.dtype) != 2 && hf.recipe(t.dtype) != Precision::pure)
-    throw InputError("--precision " + std::string(precision_name(hf.recipe(t.dtype))) +
-                     " needs a 16-bit --dtype (bf16 or fp16)");
-  if (o.step != 1 && o.step != 2) throw InputError("hf_step: step must be 1 or 2");
+    return "--precision " + std::string(precision_name(hf.recipe(t.dtype))) +
+           " needs a 16-bit --dtype (bf16 or fp16)";
+  return "";
 }
-
-}  // namespace
 
 HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
                const HfStepOptions& o) {
-  check_supported(m, t, hf, o);
+  const std::string why = hf_step_unsupported(m, t, hf);
+  if (!why.empty()) throw InputError(why);
+  if (o.step != 1 && o.step != 2) throw InputError("hf_step: step must be 1 or 2");
   D d{};
   d.b = static_cast<u64>(t.batch);
   d.s = static_cast<u64>(t.seq);
@@ -939,6 +963,8 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
     prev_out.push_back(sim.alloc(4, "step1.out.loss"));
   }
   sim.started = true;
+  const std::size_t first_step_tensor = st.tensors.size();
+  st.first_step_tensor = first_step_tensor;
 
   Step step(d, sim, params);
   // ---- forward (LlamaModel.forward)
@@ -1084,11 +1110,14 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
     if (e.phase == HfStepPhase::backward) in_backward = true;
     if (!e.alloc && !in_backward) freed_before_backward[e.tensor] = true;
   }
-  for (std::size_t i = 0; i < st.tensors.size(); ++i)
+  // (step 1's output, alive when the step began, stays an activation)
+  for (std::size_t i = first_step_tensor; i < st.tensors.size(); ++i)
     if (st.tensors[i].kind == HfStepKind::activation && freed_before_backward[i])
       st.tensors[i].kind = HfStepKind::temporary;
   u64 live = st.live_at_start;
   std::array<u64, kHfStepKinds> by = st.start_by_kind;
+  bool backward_seen = false;
+  u64 by_before_backward = 0;
   st.peak = live;
   st.by_kind_at_peak = by;
   for (std::size_t i = 0; i < st.events.size(); ++i) {
@@ -1103,8 +1132,16 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
       k -= t.bytes;
     }
     const int ph = static_cast<int>(e.phase);
-    if (!st.phase_seen[ph] || live > st.phase_max[ph]) st.phase_max[ph] = live;
+    if (!st.phase_seen[ph] || live > st.phase_max[ph]) {
+      st.phase_max[ph] = live;
+      st.phase_by_kind[ph] = by;
+    }
     st.phase_seen[ph] = true;
+    if (e.phase == HfStepPhase::backward && !backward_seen) {
+      backward_seen = true;  // before this event: what the forward left
+      st.activations_at_backward = by_before_backward;
+    }
+    if (!backward_seen) by_before_backward = by[static_cast<int>(HfStepKind::activation)];
     if (live > st.peak) {
       st.peak = live;
       st.peak_event = i;

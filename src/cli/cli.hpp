@@ -42,6 +42,9 @@ struct CommonFlags {
   std::string torch_version;
   std::string loop = "hf-model-loss";
   bool use_cache = false;
+  // The HF step's precision recipe and torch AdamW implementation (hf-eager/hf-sdpa, 5.25).
+  std::string precision;   // pure|amp|mixed; "" = mixed (pure in fp32)
+  std::string adamw_impl;  // foreach|fused|forloop; "" = foreach
   // hf-eager on a mixture of experts: transformers 5.25's experts implementation.
   std::string experts_impl;  // grouped_mm|eager; "" = grouped_mm (given: a MoE model only)
   // trainmem's own MoE step: GShard-style token dropping, ⌈(b·s·K/E)·C⌉ rows per expert; "" =

@@ -11,17 +11,68 @@
 #include "cli.hpp"
 #include "layout.hpp"
 #include "trainmem/analytic/analytic.hpp"
+#include "trainmem/analytic/caching_allocator.hpp"
+#include "trainmem/analytic/hf_step.hpp"
 #include "trainmem/base/error.hpp"
 #include "trainmem/report/estimate_report.hpp"
 #include "trainmem/report/layout_report.hpp"
 #include "trainmem/report/report_writer.hpp"
 #include "trainmem/run/run.hpp"
 #include "trainmem/run/run_layout.hpp"
+#include "trainmem/run/timeline.hpp"
 
 namespace trainmem::cli {
 namespace {
 
 using nlohmann::json;
+
+// An HF step's event sequence through the allocator model: the state alive when the step
+// begins (parameters, optimizer states, step 1's output, inputs) allocated first, the peaks reset
+// (torch.cuda.reset_peak_memory_stats() before the step), then the step's events.
+AllocatorModelResult replay_hf_step(const HfStep& st, const AllocatorSpec& spec) {
+  CachingAllocatorModel model(spec.config);
+  AllocatorModelResult r;
+  r.spec = spec.spec;
+  r.config = spec.config;
+  for (std::size_t i = 0; i < st.first_step_tensor && !r.oom; ++i)
+    r.oom = model.malloc(i, st.tensors[i].bytes);
+  const std::uint64_t setup_reserved = model.stats().reserved.peak;
+  const std::uint64_t setup_allocated = model.stats().allocated.peak;
+  model.reset_peaks();
+  for (const HfStepEvent& e : st.events) {
+    if (r.oom) break;
+    if (e.alloc)
+      r.oom = model.malloc(e.tensor, st.tensors[e.tensor].bytes);
+    else
+      model.free(e.tensor);
+  }
+  r.step = model.stats();
+  r.segments_at_reserved_peak = model.segments_at_reserved_peak();
+  r.run_reserved_peak = std::max(setup_reserved, r.step.reserved.peak);
+  r.run_allocated_peak = std::max(setup_allocated, r.step.allocated.peak);
+  return r;
+}
+
+// --timeline: the one HF step of the report, as a timeline file.
+void write_hf_timeline(const std::string& path, const std::vector<report::EstimateRun>& runs) {
+  std::vector<const Estimate*> steps;
+  for (const auto& r : runs)
+    for (const auto& e : r.estimates)
+      if (e.hf_step_peak) steps.push_back(&e);
+  if (steps.size() != 1)
+    throw InputError(
+        "--timeline: draws one HF step (--profile hf-eager or hf-sdpa in "
+        "transformers 5.25, one --optimizer and --checkpointing mode); this report "
+        "has " +
+        std::to_string(steps.size()));
+  const Estimate& e = *steps.front();
+  HfStepOptions so;
+  so.sdpa = e.profile == Profile::hf_sdpa;
+  const HfStep st = hf_step(e.model, e.train, e.hf, so);
+  write_timeline(
+      path, hf_step_timeline(st, std::string(profile_name(e.profile)) + " step, " + e.model.name +
+                                     ", precision " + precision_name(e.hf.recipe(e.train.dtype))));
+}
 
 std::vector<report::EstimateRun> compute(const Common& c, const std::string& allocator) {
   std::vector<Profile> profiles;
@@ -51,6 +102,14 @@ std::vector<report::EstimateRun> compute(const Common& c, const std::string& all
         const RunResult traced = execute_run(rq);
         r.allocator_model = traced.allocator_model;
         r.traced_peak = traced.ledger.peak;
+        for (const Estimate& e : r.estimates) {
+          if (!e.hf_step_peak) continue;
+          HfStepOptions so;
+          so.sdpa = e.profile == Profile::hf_sdpa;
+          const HfStep st = hf_step(e.model, e.train, e.hf, so);
+          r.hf_allocator.push_back(
+              {profile_name(e.profile), st.peak, replay_hf_step(st, parse_allocator(allocator))});
+        }
       }
       runs.push_back(std::move(r));
     }
@@ -69,9 +128,15 @@ Runner register_estimate(CLI::App& app) {
   auto paper = std::make_shared<std::string>();
   auto layout = std::make_shared<LayoutFlags>();
   auto allocator = std::make_shared<std::string>();
+  auto timeline = std::make_shared<std::string>();
   add_common_flags(*cmd, *flags);
+  cmd->add_option("--timeline", *timeline,
+                  "The HF step's memory timeline (one profile hf-eager or hf-sdpa in "
+                  "transformers 5.25, one optimizer and checkpointing mode): .json (Perfetto) "
+                  "or .svg, its event sequence (docs/hf-step.md)");
   cmd->add_option("--allocator", *allocator,
                   "Also what PyTorch's CUDA caching allocator would reserve for the native step "
+                  "and the HF step (hf-eager/hf-sdpa in transformers 5.25) "
                   "(its meta trace fed to a model): pytorch, or pytorch:KEY=VALUE,... "
                   "(docs/allocator.md)");
   add_layout_flags(*cmd, *layout);
@@ -84,7 +149,7 @@ Runner register_estimate(CLI::App& app) {
       "--optimizer all and --checkpointing both give the whole table (3 optimizers x 2 modes);\n"
       "--checkpointing also takes a list of policies (none,selective,every:2,full).\n"
       "Formulas and a worked LLaMA-7B example: docs/formulas.md.");
-  return [flags, explain, paper, layout, allocator] {
+  return [flags, explain, paper, layout, allocator, timeline] {
     Common c = resolve_common(*flags, /*allow_all_optimizers=*/true,
                               /*allow_both_modes=*/true, /*allow_finetune=*/true,
                               /*native_lora=*/true);
@@ -100,6 +165,12 @@ Runner register_estimate(CLI::App& app) {
                          "allocator replay or the paper's table");
     }
     if (!allocator->empty()) parse_allocator_spec(*allocator);  // bad specs before any trace
+    if (!timeline->empty()) {
+      validate_timeline_path(*timeline);
+      check_writable(*timeline, "--timeline");
+      if (par.distributed())
+        throw InputError("--timeline: draws one GPU's HF step; not with a --world-size layout");
+    }
     if (par.distributed()) {
       resolve_checkpointing(c, par);  // budget:SIZE picks its layers for this layout
       check_layout_request(c, *explain, !paper->empty());
@@ -133,6 +204,7 @@ Runner register_estimate(CLI::App& app) {
         throw InputError("--paper: allowed with --format table, markdown or html only");
     }
     std::vector<report::EstimateRun> runs = compute(c, *allocator);
+    if (!timeline->empty()) write_hf_timeline(*timeline, runs);
     // The title shows the first run's configuration (its budget:SIZE resolved).
     const report::EstimateResult result{c.model, runs.front().train, std::move(runs)};
     // Colour off: estimate's report has no state to colour (and its title was never bold).

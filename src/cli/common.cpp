@@ -268,6 +268,14 @@ void add_common_flags(CLI::App& cmd, CommonFlags& flags) {
   cmd.add_flag("--use-cache", flags.use_cache,
                "hf-eager/hf-sdpa: the model returns past_key_values and the loop holds them "
                "(HF turns it off under checkpointing)");
+  cmd.add_option("--precision", flags.precision,
+                 "hf-eager/hf-sdpa (transformers 5.25): the precision recipe of the HF step: pure "
+                 "(the model and AdamW's moments in --dtype), amp (an fp32 model under autocast, "
+                 "HF Trainer's bf16=True/fp16=True), mixed (a 16-bit model with fp32 master "
+                 "weights and moments; the default, pure in fp32)");
+  cmd.add_option("--adamw-impl", flags.adamw_impl,
+                 "hf-eager/hf-sdpa (transformers 5.25): torch.optim.AdamW's implementation: "
+                 "foreach (the default on a GPU), fused, forloop");
   cmd.add_option("--experts-impl", flags.experts_impl,
                  "hf-eager on a mixture of experts: transformers 5.25's experts implementation, "
                  "grouped_mm (its default where torch._grouped_mm runs) or eager (a loop over "
@@ -575,6 +583,20 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
     throw InputError("--loop: unknown loop '" + flags.loop + "'; allowed: " + join(kLoops));
   c.hf.loop = *loop;
   c.hf.use_cache = flags.use_cache;
+  if (!flags.precision.empty()) {
+    const auto p = parse_precision(flags.precision);
+    if (!p)
+      throw InputError("--precision: unknown recipe '" + flags.precision +
+                       "'; allowed: pure, amp, mixed");
+    c.hf.precision = *p;
+  }
+  if (!flags.adamw_impl.empty()) {
+    const auto a = parse_adamw_impl(flags.adamw_impl);
+    if (!a)
+      throw InputError("--adamw-impl: unknown implementation '" + flags.adamw_impl +
+                       "'; allowed: foreach, fused, forloop");
+    c.hf.adamw_impl = *a;
+  }
   if (!flags.experts_impl.empty()) {
     if (flags.experts_impl != "grouped_mm" && flags.experts_impl != "eager")
       throw InputError("--experts-impl: unknown implementation '" + flags.experts_impl +
@@ -670,6 +692,15 @@ Common resolve_common(const CommonFlags& flags, bool allow_all_optimizers, bool 
                        ": only hf-peft" + (native_lora ? " and native model" : " models") +
                        " a LoRA step (the other profiles train every weight)");
     check_hf_options(*parse_profile(name), c.hf);
+  }
+  if (!flags.precision.empty() || !flags.adamw_impl.empty()) {
+    const bool hf = std::any_of(c.profiles.begin(), c.profiles.end(), [](const std::string& n) {
+      return n == "hf-eager" || n == "hf-sdpa";
+    });
+    if (!hf)
+      throw InputError(std::string(flags.precision.empty() ? "--adamw-impl" : "--precision") +
+                       ": applies to the HF step (--profile hf-eager or hf-sdpa); --profile " +
+                       join(c.profiles) + " has neither");
   }
 
   c.output = flags.output;

@@ -82,7 +82,8 @@ std::string title(const EstimateResult& c, const std::vector<EstimateRun>& runs)
 const char* kLegend =
     "Total = Params + Gradients + Optimizer States + Activations, as published tables add "
     "them. Activations = alive at the end of forward.\n"
-    "Peak = the step's high-water mark: native is exact (workspace and inputs included); the "
+    "Peak = the step's high-water mark: native is exact (workspace and inputs included), and so "
+    "are hf-eager/hf-sdpa in transformers 5.25 (the step's event sequence); the other "
     "reference profiles add the category maxima (no workspace).";
 
 // The "why" block: per-layer bytes as one coefficient of s·b·h, profile by profile, next to
@@ -292,6 +293,10 @@ json run_object(const EstimateResult& c, const EstimateRun& r) {
     j["allocator_model"] = report::allocator_model_json(*r.allocator_model);
     j["allocator_model"]["traced_peak"] = r.traced_peak;
   }
+  for (const auto& h : r.hf_allocator) {
+    j["hf_allocator_model"][h.profile] = report::allocator_model_json(h.model);
+    j["hf_allocator_model"][h.profile]["step_peak"] = h.step_peak;
+  }
   return j;
 }
 
@@ -299,7 +304,10 @@ json run_object(const EstimateResult& c, const EstimateRun& r) {
 void write_allocator_table(ReportWriter& w, const std::vector<EstimateRun>& runs) {
   if (!runs.front().allocator_model) return;
   std::uint64_t most = 0;
-  for (const auto& r : runs) most = std::max(most, r.allocator_model->run_reserved_peak);
+  for (const auto& r : runs) {
+    most = std::max(most, r.allocator_model->run_reserved_peak);
+    for (const auto& h : r.hf_allocator) most = std::max(most, h.model.run_reserved_peak);
+  }
   const ByteUnit u = table_unit(most);
   w.blank();
   w.strong(
@@ -321,6 +329,30 @@ void write_allocator_table(ReportWriter& w, const std::vector<EstimateRun>& runs
   }
   w.table(t);
   w.line("the last of two traced steps, peaks reset at its start; docs/allocator.md");
+  if (runs.front().hf_allocator.empty()) return;
+  w.blank();
+  w.strong(
+      "What it would reserve for the HF step (its event sequence, step 2, peaks reset at "
+      "its start; docs/hf-step.md; " +
+      std::string(u.name) + ")");
+  report::Table h({{"optimizer", report::Align::left},
+                   {"checkpointing", report::Align::left},
+                   {"profile", report::Align::left},
+                   {"step peak"},
+                   {"allocated"},
+                   {"reserved"},
+                   {"cached, unused"},
+                   {"segments"}});
+  for (const auto& r : runs)
+    for (const auto& x : r.hf_allocator) {
+      const CachingAllocatorStats& s = x.model.step;
+      h.add_row({optimizer_name(r.train.optimizer), checkpointing_name(r.train), x.profile,
+                 format_bytes(x.step_peak, u), format_bytes(s.allocated.peak, u),
+                 format_bytes(s.reserved.peak, u),
+                 format_bytes(s.reserved.peak - s.allocated_at_reserved_peak, u),
+                 std::to_string(x.model.segments_at_reserved_peak.size())});
+    }
+  w.table(h);
 }
 
 json estimate_json(const EstimateResult& c, const std::vector<EstimateRun>& runs) {
@@ -375,6 +407,16 @@ void write_estimate(ReportWriter& w, const EstimateResult& c, bool explain, bool
   w.table(figures_table(runs));
   w.blank();
   w.line(kLegend);
+  // The HF step's recipe, where its event sequence gives the peak (once per profile).
+  for (const auto& e : runs.front().estimates)
+    if (e.hf_step_peak)
+      w.line(std::string(profile_name(e.profile)) + ": precision " +
+             precision_name(e.hf.recipe(e.train.dtype)) +
+             (e.hf.precision ? "" : " (the default; --precision pure|amp|mixed)") + ", AdamW " +
+             adamw_impl_name(e.hf.adamw_impl) + ", peak in " +
+             (e.peak_instant >= 0 ? e.instants[static_cast<std::size_t>(e.peak_instant)].name
+                                  : std::string()) +
+             " (docs/hf-step.md)");
   // What each policy re-runs in backward (the native step's; once per policy).
   for (const auto& r : runs)
     if (r.train.optimizer == runs.front().train.optimizer)

@@ -379,6 +379,9 @@ json analytic_profile_json(const Estimate& e) {
         {"use_cache_bytes", e.use_cache_bytes}};
     if (e.model.moe())
       j["hf"]["experts_implementation"] = e.hf.experts_grouped_mm ? "grouped_mm" : "eager";
+    j["hf"]["precision"] = precision_name(e.hf.recipe(e.train.dtype));
+    j["hf"]["adamw_implementation"] = adamw_impl_name(e.hf.adamw_impl);
+    j["hf"]["peak_from_event_sequence"] = e.hf_step_peak;
   }
   j["recompute_activations"] = a.recompute_bytes;
   j[schema::kCheckpointedLayers] = a.checkpointed_layers;

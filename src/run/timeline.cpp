@@ -35,6 +35,52 @@ double trace_ts_us(const TimelineData& d, std::size_t i) {
 
 }  // namespace
 
+TimelineData hf_step_timeline(const HfStep& step, std::string title) {
+  auto phase_of = [](HfStepPhase p) {
+    switch (p) {
+      case HfStepPhase::backward:
+        return Phase::backward;
+      case HfStepPhase::optimizer:
+      case HfStepPhase::zero_grad:
+        return Phase::optimizer;
+      case HfStepPhase::forward:
+      case HfStepPhase::loss:
+      case HfStepPhase::autocast_exit:
+        break;
+    }
+    return Phase::forward;
+  };
+  std::vector<LedgerEvent> events;
+  std::vector<TensorRecord> tensors;
+  std::uint64_t seq = 0;
+  auto add = [&](std::uint32_t id, bool alloc, Phase phase) {
+    const HfStepTensor& t = step.tensors[id];
+    LedgerEvent e;
+    e.seq = ++seq;
+    e.time_ns = static_cast<std::int64_t>(seq);
+    e.delta = alloc ? static_cast<std::int64_t>(t.bytes) : -static_cast<std::int64_t>(t.bytes);
+    e.category = hf_step_category(t.kind);
+    e.tensor_id = id;
+    e.layer = t.layer;
+    e.phase = phase;
+    events.push_back(e);
+  };
+  for (std::uint32_t i = 0; i < step.tensors.size(); ++i) {
+    const HfStepTensor& t = step.tensors[i];
+    TensorRecord r;
+    r.id = i;
+    r.name = t.name;
+    r.category = hf_step_category(t.kind);
+    r.layer = t.layer;
+    r.bytes = t.bytes;
+    tensors.push_back(std::move(r));
+    if (i < step.first_step_tensor) add(i, true, Phase::setup);
+  }
+  const std::uint64_t first = seq + 1;
+  for (const HfStepEvent& e : step.events) add(e.tensor, e.alloc, phase_of(e.phase));
+  return build_timeline(events, tensors, first, TimeAxis::event_index, std::move(title));
+}
+
 TimelineData build_timeline(const std::vector<LedgerEvent>& events,
                             const std::vector<TensorRecord>& tensors, std::uint64_t from_seq,
                             TimeAxis axis, std::string title, std::uint64_t dropped_events,

@@ -193,7 +193,8 @@ void check_hf_options(Profile profile, const HfOptions& opts);
 // The era the HF profiles use for this model: opts.era when set, else the profile's default
 // (hf-eager 4.30, hf-sdpa 5.25), except that a model the older eras cannot express (a family
 // other than llama, an explicit head_dim, q/k/v biases, q/k norms, a sliding window, rope
-// scaling) defaults to 5.25, the one era whose classes were measured for them.
+// scaling) defaults to 5.25, the one era whose classes were measured for them, and so does a
+// --precision other than mixed (the step's event sequence models 5.25).
 HfEra hf_era_for(Profile profile, const HfOptions& opts, const ModelConfig& model);
 // The model against the era: InputError naming --hf-version (or the config field when no era
 // was given) for a family or feature whose HF class was not measured in that era by
@@ -343,6 +344,9 @@ struct Estimate {
   // tensors (0 under checkpointing, where HF turns the cache off).
   HfOptions hf;
   std::uint64_t use_cache_bytes = 0;
+  // hf-eager/hf-sdpa in transformers 5.25: peak, workspace and instants come from the step's
+  // event sequence (hf_step.hpp) under the precision recipe hf.recipe(train.dtype).
+  bool hf_step_peak = false;
   // A paged bitsandbytes optimizer (hf-peft, and every profile of `--optimizer paged-adamw|
   // paged-adamw8bit`): the state tensors it allocates as CUDA managed memory (cudaMallocManaged:
   // outside PyTorch's allocator and trainmem's pool, migrated on demand and evicted under

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "trainmem/analytic/analytic.hpp"
+#include "trainmem/base/categories.hpp"
 #include "trainmem/base/config.hpp"
 
 namespace trainmem {
@@ -53,6 +54,12 @@ enum class HfStepKind : std::uint8_t {
 };
 constexpr int kHfStepKinds = 10;
 const char* hf_step_kind_name(HfStepKind k);  // "parameter", ..., "buffer"
+// The report's category of a kind: parameter -> params; gradient (the .grad tensors) ->
+// gradients; optimizer_state, master_param -> optimizer_states (trainmem counts the fp32 master
+// copy as optimizer state); activation, autocast_cache, buffer -> activations; temporary (what a
+// forward op, autograd or AdamW frees again within the step) and master_grad (mixed's fp32
+// gradients, made for the optimizer step, freed by zero_grad) -> workspace; input -> inputs.
+Category hf_step_category(HfStepKind k);
 
 struct HfStepTensor {
   std::string name;  // e.g. "layers.0.self_attn.q_proj.out", "grad.lm_head.weight"
@@ -77,6 +84,9 @@ struct HfStepOptions {
 struct HfStep {
   std::vector<HfStepTensor> tensors;
   std::vector<HfStepEvent> events;  // the step's events (live_at_start is before the first)
+  // tensors[0, first_step_tensor) are those alive when the step begins (no event allocates
+  // them); the others are allocated by an event of the step.
+  std::size_t first_step_tensor = 0;
   std::uint64_t live_at_start = 0;
   std::array<std::uint64_t, kHfStepKinds> start_by_kind{};
   std::uint64_t peak = 0;      // live bytes after the event peak_event
@@ -86,6 +96,11 @@ struct HfStep {
   // The largest live bytes after an event of each phase (0 and phase_seen false where none).
   std::array<std::uint64_t, kHfStepPhases> phase_max{};
   std::array<bool, kHfStepPhases> phase_seen{};
+  std::array<std::array<std::uint64_t, kHfStepKinds>, kHfStepPhases> phase_by_kind{};
+  // Bytes of kind activation alive when backward begins (autograd's saved tensors, the model's
+  // outputs the loop holds, the RoPE tables) and the most bytes of forward tensors (activation,
+  // temporary before backward, autocast_cache) alive at once.
+  std::uint64_t activations_at_backward = 0;
   std::uint64_t live_at_end = 0;
   std::string recipe;  // one line: the loop, the recipe and the optimizer modelled
 };
@@ -99,5 +114,8 @@ struct HfStep {
 // sliding window, selective checkpointing, an optimizer other than AdamW).
 HfStep hf_step(const ModelConfig& model, const TrainConfig& train, const HfOptions& hf,
                const HfStepOptions& opts);
+// Why hf_step() refuses this configuration (a message naming the flag), or "" when it models it.
+std::string hf_step_unsupported(const ModelConfig& model, const TrainConfig& train,
+                                const HfOptions& hf);
 
 }  // namespace trainmem

@@ -25,6 +25,15 @@ struct EstimateRun {
   // trace fed to the model).
   std::optional<AllocatorModelResult> allocator_model;
   std::uint64_t traced_peak = 0;  // that trace's peak (== the native profile's)
+  // --allocator with hf-eager/hf-sdpa in transformers 5.25: each HF step's event sequence fed
+  // to the same model (the state alive when the step begins allocated first, peaks reset at
+  // the step's start), by profile name.
+  struct HfReplay {
+    std::string profile;
+    std::uint64_t step_peak = 0;  // the sequence's allocated peak (the profile's Peak)
+    AllocatorModelResult model;
+  };
+  std::vector<HfReplay> hf_allocator;
 };
 
 // What one `estimate` invocation computed: the model, the configuration as given (the title

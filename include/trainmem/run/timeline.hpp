@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "trainmem/analytic/hf_step.hpp"
 #include "trainmem/base/bytes.hpp"
 #include "trainmem/ledger/ledger.hpp"
 
@@ -75,6 +76,12 @@ TimelineData build_timeline(const std::vector<LedgerEvent>& events,
                             const std::vector<TensorRecord>& tensors, std::uint64_t from_seq,
                             TimeAxis axis, std::string title, std::uint64_t dropped_events = 0,
                             const std::vector<PhaseMark>& phase_marks = {});
+
+// The HF step's event sequence (hf_step.hpp) as a timeline over the event index: the state alive
+// when the step begins as the initial stack, each event's tensor and category
+// (hf_step_category), its phase as the ledger's (loss and autocast's exit under forward, zero_grad
+// under optimizer).
+TimelineData hf_step_timeline(const HfStep& step, std::string title);
 
 // The trace-event JSON text ({"traceEvents": [...], "displayTimeUnit": "ms", ...}).
 std::string timeline_trace_json(const TimelineData& data);
