@@ -1,7 +1,8 @@
 // The HuggingFace step's event sequence (include/trainmem/analytic/hf_step.hpp) against the real
 // step: tests/data/hf_step/*.json were written by tools/hf_step_events.py, which ran
 // transformers 5.25.0 + PyTorch 2.15.0 on the CPU (LLaMA, Mistral, Qwen2, Qwen3; eager and SDPA;
-// checkpointing off and on; the pure, amp and mixed recipes; two AdamW foreach steps) and
+// checkpointing off and on; the pure, amp and mixed recipes; two AdamW foreach steps, and for
+// LLaMA eager also fused and for-loop AdamW) and
 // recorded every allocation and free (docs/hf-step-measured.md). No PyTorch here: the goldens'
 // figures are compared with the sequence trainmem generates from the model's config.json.
 //
@@ -78,6 +79,11 @@ HfStep sequence_of(const Golden& g, int step, bool cpu_kernels = true) {
   const auto recipe = parse_precision(j["recipe"].get<std::string>());
   EXPECT_TRUE(recipe.has_value()) << g.name;
   hf.precision = recipe.value_or(Precision::pure);
+  if (j.contains("adamw_impl")) {  // the fused and for-loop goldens; the others are foreach's
+    const auto impl = parse_adamw_impl(j["adamw_impl"].get<std::string>());
+    EXPECT_TRUE(impl.has_value()) << g.name;
+    hf.adamw_impl = impl.value_or(AdamwImpl::foreach_);
+  }
   HfStepOptions o;
   o.sdpa = j["attention"] == "sdpa";
   o.step = step;
@@ -92,11 +98,11 @@ double rel(std::uint64_t a, std::uint64_t b) {
   return std::abs(static_cast<double>(a) - static_cast<double>(b)) / static_cast<double>(b);
 }
 
-// The peak of both steps, its phase and what is alive when each step begins, for all 48
-// configurations: within the 0.5%, and in fact to within the sub-KiB tensors the model
-// leaves out.
+// The peak of both steps, its phase and what is alive when each step begins, for all 60
+// configurations (48 with AdamW foreach, LLaMA eager's 12 again with fused and for-loop AdamW):
+// within the 0.5%, and in fact to within the sub-KiB tensors the model leaves out.
 TEST(HfStep, PeakPhaseAndStartOfEveryGoldenStep) {
-  ASSERT_EQ(goldens().size(), 48u);
+  ASSERT_EQ(goldens().size(), 60u);
   for (const Golden& g : goldens())
     for (int step : {1, 2}) {
       SCOPED_TRACE(g.name + " step " + std::to_string(step));

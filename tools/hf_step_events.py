@@ -456,7 +456,7 @@ def build(family, attention, dtype):
     return transformers.__version__, model.to(dtype)
 
 
-def run_one(family, attention, ckpt, recipe, loop="literal"):
+def run_one(family, attention, ckpt, recipe, loop="literal", adamw="foreach"):
     torch.set_num_threads(1)
     torch.manual_seed(0)
     marks = Marks()
@@ -470,11 +470,12 @@ def run_one(family, attention, ckpt, recipe, loop="literal"):
                 gradient_checkpointing_kwargs={"use_reentrant": False})
         params = list(model.parameters())
         masters = []
+        impl = ADAMW_KWARGS[adamw]
         if recipe == "mixed":
             masters = [p.detach().float().requires_grad_() for p in params]
-            opt = torch.optim.AdamW(masters, foreach=True)
+            opt = torch.optim.AdamW(masters, **impl)
         else:
-            opt = torch.optim.AdamW(params, foreach=True)
+            opt = torch.optim.AdamW(params, **impl)
         input_ids = torch.randint(0, BASE["vocab"], (BATCH, SEQ))
         labels = input_ids.clone()
         plain_loss = model.loss_function
@@ -542,7 +543,9 @@ def run_one(family, attention, ckpt, recipe, loop="literal"):
         "threads": 1, "device": "cpu",
         "loop": LOOP_TEXT[loop],
         "recipe_detail": RECIPE_TEXT[recipe],
-        "optimizer": "torch.optim.AdamW(foreach=True), defaults (lr 1e-3, weight_decay 1e-2)",
+        "optimizer": (f"torch.optim.AdamW({', '.join(f'{k}={v}' for k, v in ADAMW_KWARGS[adamw].items())})"
+                      ", defaults (lr 1e-3, weight_decay 1e-2)"),
+        "adamw_impl": adamw,
         "batch": BATCH, "seq": SEQ, "steps": STEPS, "recorded_step": STEPS,
         "parameters": sum(p.numel() for p in params), "parameter_bytes": param_bytes,
         "unpaired_frees": unpaired,
@@ -552,6 +555,11 @@ def run_one(family, attention, ckpt, recipe, loop="literal"):
     }
     return result
 
+
+# torch.optim.AdamW's implementations (--adamw): foreach (the goldens' default, as on a GPU), fused
+# (torch >= 2.4 runs it on the CPU too) and the single-tensor for-loop.
+ADAMW_KWARGS = {"foreach": {"foreach": True}, "fused": {"fused": True},
+                "forloop": {"foreach": False}}
 
 LOOP_TEXT = {
     "literal": ("for step in (1, 2): out = model(input_ids=input_ids, labels=labels); "
@@ -615,6 +623,8 @@ def write_golden(res, directory, with_events, limit=300_000):
             text = json.dumps(doc, indent=1)
     name = golden_name(res["family"], res["versions"]["transformers"], res["attention"],
                        res["recipe"], res["checkpointing"])
+    if res["adamw_impl"] != "foreach":
+        name = name[:-len(".json")] + "-" + res["adamw_impl"] + ".json"
     with open(os.path.join(directory, name), "w") as f:
         f.write(text + "\n")
     return name
@@ -653,6 +663,9 @@ def main():
     ap.add_argument("--intermediate", type=int)
     ap.add_argument("--kv-heads", type=int)
     ap.add_argument("--layers", type=int)
+    ap.add_argument("--adamw", default="foreach", choices=list(ADAMW_KWARGS),
+                    help="torch.optim.AdamW's implementation (goldens other than foreach's are "
+                         "named -<impl>.json)")
     ap.add_argument("--write", metavar="DIR", help="write goldens there")
     ap.add_argument("--show-peak", action="store_true",
                     help="list what a step allocated that is live at its peak, with the ops")
@@ -675,7 +688,7 @@ def main():
         for att in attentions:
             for ck in ckpts:
                 for rc in recipes:
-                    res = run_one(fam, att, ck, rc, a.loop)
+                    res = run_one(fam, att, ck, rc, a.loop, a.adamw)
                     tag = f"{fam} {att} ckpt={'on' if ck else 'off'} {rc}"
                     print(f"{tag}: params {res['parameters']:,} ({res['parameter_bytes']:,} B), "
                           f"unpaired frees {res['unpaired_frees']}")

@@ -1069,6 +1069,8 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
   }
   // ---- optimizer
   sim.phase = HfStepPhase::optimizer;
+  // fused AdamW allocates nothing: the phase's one instant is then the live total it begins at
+  const std::size_t optimizer_begins = st.events.size();
   std::vector<Id> mgrads;
   if (mixed)
     for (auto& p : params)
@@ -1150,6 +1152,21 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
     }
   }
   st.live_at_end = live;
+  const int opt = static_cast<int>(HfStepPhase::optimizer);
+  if (!st.phase_seen[opt]) {
+    u64 at = st.live_at_start;
+    std::array<u64, kHfStepKinds> k = st.start_by_kind;
+    for (std::size_t i = 0; i < optimizer_begins; ++i) {
+      const auto& t = st.tensors[st.events[i].tensor];
+      const bool a = st.events[i].alloc;
+      at = a ? at + t.bytes : at - t.bytes;
+      auto& slot = k[static_cast<int>(t.kind)];
+      slot = a ? slot + t.bytes : slot - t.bytes;
+    }
+    st.phase_seen[opt] = true;
+    st.phase_max[opt] = at;
+    st.phase_by_kind[opt] = k;
+  }
   st.recipe = std::string(
                   "out = model(input_ids, labels=labels); out.loss.backward(); opt.step(); "
                   "opt.zero_grad(set_to_none=True); step ") +
