@@ -132,6 +132,48 @@ TEST(CliE2EAllocator, MaxbatchAnswersWithReservedMemory) {
   EXPECT_GT(u64(full.j()["next_peak"]), 0u);
 }
 
+// maxbatch --profile hf-sdpa: the HF step's event sequence decides; the answer is the largest
+// batch whose estimate peak fits (estimate computes the same sequence independently of the
+// search), and the reserve-based answer is never larger.
+TEST(CliE2EAllocator, MaxbatchSearchesTheHfStep) {
+  const std::string base =
+      "maxbatch --model tiny-gqa --seq 64 --budget 8MiB --overhead 0 --profile hf-sdpa "
+      "--precision pure --format json";
+  const Result plain = trainmem(base);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  const json j = plain.j();
+  EXPECT_EQ(j["profile"], "hf-sdpa");
+  EXPECT_EQ(j["hf"]["precision"], "pure");
+  const std::int64_t best = j["batch"].get<std::int64_t>();
+  ASSERT_GT(best, 0);
+  auto peak_at = [](std::int64_t b) {
+    const Result e = trainmem(
+        "estimate --model tiny-gqa --seq 64 --profile hf-sdpa --precision "
+        "pure --format json --batch " +
+        std::to_string(b));
+    EXPECT_EQ(e.code, 0) << e.err;
+    return u64(e.j()["analytic"]["hf-sdpa"]["peak"]);
+  };
+  EXPECT_EQ(u64(j["peak"]), peak_at(best));
+  EXPECT_LE(peak_at(best), 8 * MiB);
+  EXPECT_GT(peak_at(best + 1), 8 * MiB);
+  const Result reserved = trainmem(base + " --allocator pytorch");
+  ASSERT_EQ(reserved.code, 0) << reserved.err;
+  EXPECT_EQ(reserved.j()["peak_kind"], "reserved");
+  EXPECT_LE(reserved.j()["batch"].get<std::int64_t>(), best);
+  EXPECT_LE(u64(reserved.j()["peak"]), 8 * MiB);
+  // What it does not search with is refused, naming the flag.
+  for (const std::string& bad :
+       {std::string("maxbatch --model tiny-gqa --budget 8MiB --profile megatron"),
+        std::string("maxbatch --model tiny-gqa --budget 8MiB --precision pure"),
+        std::string("maxbatch --model tiny-gqa --budget 8MiB --profile hf-eager"),
+        std::string("maxbatch --model tiny-gqa --budget 8MiB --profile hf-sdpa --world-size 2")}) {
+    const Result b = trainmem(bad);
+    EXPECT_EQ(b.code, 2) << bad << "\n" << b.err;
+    EXPECT_NE(b.err.find("--"), std::string::npos) << b.err;
+  }
+}
+
 TEST(CliE2EAllocator, BadSpecsExit2NamingTheFlag) {
   for (const std::string& cmd :
        {kRun, std::string("maxbatch --model tiny --budget 1GiB"), std::string("estimate"),

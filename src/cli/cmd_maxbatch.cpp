@@ -13,6 +13,7 @@
 #include "cli.hpp"
 #include "layout.hpp"
 #include "size.hpp"
+#include "trainmem/analytic/hf_step.hpp"
 #include "trainmem/backends/backend.hpp"
 #include "trainmem/base/error.hpp"
 #include "trainmem/report/maxbatch_report.hpp"
@@ -126,6 +127,27 @@ int run_maxbatch(const MaxbatchFlags& flags) {
                        ": the allocator model is not built for the LoRA searches yet");
     rq.allocator = parse_allocator(flags.allocator);
   }
+  // --profile: trainmem's own step (native, the default) or the HF step's event sequence.
+  const std::string& prof = flags.common.profile;
+  if (!lora && prof != "all" && prof != "native") {
+    if (prof != "hf-eager" && prof != "hf-sdpa")
+      throw InputError("--profile " + prof +
+                       ": maxbatch searches with native (trainmem's own step, the default) or "
+                       "one of hf-eager, hf-sdpa (the HF step's event sequence, transformers "
+                       "5.25)");
+    const Profile p = *parse_profile(prof);
+    if (par.distributed() || flags.layout.world != 1)
+      throw InputError("--profile " + prof +
+                       " with a --world-size layout: the HF step is modelled on one GPU");
+    rq.hf_step = p;
+    rq.hf = c.hf;
+    rq.hf.era = hf_era_for(p, c.hf, c.model);
+    const std::string why = hf_step_unsupported(c.model, c.train, rq.hf);
+    if (!why.empty()) throw InputError(why);
+  }
+  if (!rq.hf_step && (!common.precision.empty() || !common.adamw_impl.empty()))
+    throw InputError(std::string(common.precision.empty() ? "--adamw-impl" : "--precision") +
+                     ": maxbatch applies it to the HF step (--profile hf-eager or hf-sdpa)");
   // LoRA under a parallel layout: the native step's search per rank alone (docs/distributed.md,
   // "LoRA per rank"); hf-peft models one GPU.
   const bool per_rank = flags.layout.world != 1 || par.distributed();

@@ -44,6 +44,15 @@ std::string peaks_banner(const MaxbatchRequest& rq, const std::string& how,
            "their maxima, no transients; docs/formulas.md, \"Profile hf-peft\")" +
            (managed.empty() ? "" : managed + " (evicted to the host under pressure)");
   }
+  if (rq.hf_step) {
+    const std::string seq = std::string("the HF step's event sequence (") +
+                            profile_name(*rq.hf_step) + ", transformers 5.25, precision " +
+                            precision_name(rq.hf.recipe(rq.train.dtype)) + ", AdamW " +
+                            adamw_impl_name(rq.hf.adamw_impl) + "; docs/hf-step.md)";
+    if (!rq.allocator) return "peaks: " + seq;
+    return "peaks: what PyTorch's caching allocator would reserve (a model, --allocator " +
+           rq.allocator->spec + ", " + how + "; docs/allocator.md) for " + seq;
+  }
   if (!rq.allocator) return "peaks: " + traced + managed;
   return "peaks: what PyTorch's caching allocator would reserve (a model, --allocator " +
          rq.allocator->spec + ", " + how + "; docs/allocator.md) for " + traced + managed;
@@ -58,6 +67,7 @@ std::string optimizer_text(const MaxbatchRequest& rq) {
 
 // The attention in titles: hf-peft models transformers' SDPA whatever --attention says.
 std::string attention_text(const MaxbatchRequest& rq) {
+  if (rq.hf_step) return *rq.hf_step == Profile::hf_sdpa ? "sdpa" : "eager";
   return rq.hf_peft ? "sdpa" : attention_name(rq.train.attention);
 }
 
@@ -71,7 +81,15 @@ std::string finetune_text(const MaxbatchRequest& rq) {
 
 // What the JSON says about where the peaks come from, and the run as searched.
 void add_profile_json(json& j, const MaxbatchRequest& rq) {
-  j["profile"] = rq.hf_peft ? "hf-peft" : "native";
+  j["profile"] = rq.hf_peft ? "hf-peft" : rq.hf_step ? profile_name(*rq.hf_step) : "native";
+  if (rq.hf_step) {
+    j["run"]["backend"] = nullptr;  // the HF step's event sequence, not a trace
+    j["run"]["steps"] = nullptr;
+    j["hf"] = {{"precision", precision_name(rq.hf.recipe(rq.train.dtype))},
+               {"adamw_implementation", adamw_impl_name(rq.hf.adamw_impl)},
+               {"transformers_era", hf_era_name(rq.hf.era.value_or(HfEra::v5_25))}};
+    return;
+  }
   if (!rq.hf_peft) return;
   const PeftOptions& p = rq.hf_peft->peft;
   j["run"]["optimizer"] = optimizer_text(rq);

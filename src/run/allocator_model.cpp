@@ -88,4 +88,28 @@ std::vector<AllocatorModelResult> ModelledAllocator::shadow_results() const {
   return out;
 }
 
+AllocatorModelResult replay_hf_step(const HfStep& st, const AllocatorSpec& spec) {
+  CachingAllocatorModel model(spec.config);
+  AllocatorModelResult r;
+  r.spec = spec.spec;
+  r.config = spec.config;
+  for (std::size_t i = 0; i < st.first_step_tensor && !r.oom; ++i)
+    r.oom = model.malloc(i, st.tensors[i].bytes);
+  const std::uint64_t setup_reserved = model.stats().reserved.peak;
+  const std::uint64_t setup_allocated = model.stats().allocated.peak;
+  model.reset_peaks();
+  for (const HfStepEvent& e : st.events) {
+    if (r.oom) break;
+    if (e.alloc)
+      r.oom = model.malloc(e.tensor, st.tensors[e.tensor].bytes);
+    else
+      model.free(e.tensor);
+  }
+  r.step = model.stats();
+  r.segments_at_reserved_peak = model.segments_at_reserved_peak();
+  r.run_reserved_peak = std::max(setup_reserved, r.step.reserved.peak);
+  r.run_allocated_peak = std::max(setup_allocated, r.step.allocated.peak);
+  return r;
+}
+
 }  // namespace trainmem

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "trainmem/analytic/hf_step.hpp"
 #include "trainmem/base/checked.hpp"
 #include "trainmem/base/error.hpp"
 #include "trainmem/run/run.hpp"
@@ -69,6 +70,8 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
   if (step < 1 || step > maxbatch_step_max(vary_batch))
     throw Error("find_max: the step is outside 1..maxbatch_step_max (the caller checks --step)");
   const bool distributed = rq.layout && rq.layout->distributed();
+  if (rq.hf_step && (distributed || rq.hf_peft))
+    throw Error("find_max: the HF step is one GPU's full fine-tune (the caller refuses the rest)");
   if (rq.hf_peft && (distributed || rq.allocator))
     throw Error(
         "find_max: hf-peft is one GPU's analytic step (the caller refuses layouts and "
@@ -104,8 +107,15 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
     return one;
   };
   // The peak of one candidate: one GPU's step, or the worst rank of the layout, on meta.
+  // The HF step of `t` (its sequence; InputError naming the flag where it is not modelled).
+  auto hf_sequence = [&](const TrainConfig& t) {
+    HfStepOptions so;
+    so.sdpa = *rq.hf_step == Profile::hf_sdpa;
+    return hf_step(rq.model, t, rq.hf, so);
+  };
   auto peak_of = [&](const TrainConfig& t) -> std::uint64_t {
     if (rq.hf_peft) return estimate(Profile::hf_peft, rq.model, t, *rq.hf_peft).figures.peak;
+    if (rq.hf_step) return hf_sequence(t).peak;
     if (distributed) {
       // --allocator: each rank's reserve without a device limit (no release-and-retry).
       const LayoutTrace lt = trace_layout(rq.model, t, *rq.layout, rq.overheads, 2, rq.allocator);
@@ -119,6 +129,17 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
   };
   // --allocator: PyTorch's caching allocator (a model) on a device of budget − overhead.
   auto reserved_probe = [&](const TrainConfig& t) -> Probe {
+    if (rq.hf_step) {
+      const HfStep st = hf_sequence(t);
+      AllocatorSpec spec = *rq.allocator;
+      if (out.added_bytes < rq.budget) {
+        spec.config.device_bytes = rq.budget - out.added_bytes;
+        const AllocatorModelResult r = replay_hf_step(st, spec);
+        if (!r.oom) return {true, r.run_reserved_peak};
+      }
+      spec.config.device_bytes.reset();
+      return {false, replay_hf_step(st, spec).run_reserved_peak};
+    }
     RunRequest one = meta_request(t);
     one.log_failure = false;
     one.allocator = rq.allocator;

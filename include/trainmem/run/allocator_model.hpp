@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "trainmem/analytic/caching_allocator.hpp"
+#include "trainmem/analytic/hf_step.hpp"
 #include "trainmem/ledger/ledger.hpp"
 
 namespace trainmem {
@@ -42,6 +43,12 @@ struct AllocatorSpec {
 };
 // --allocator TEXT: the text with its configuration (parse_allocator_spec's InputError).
 AllocatorSpec parse_allocator(const std::string& text);
+
+// The HF step's event sequence (hf_step.hpp) fed to the model: the state alive when the step
+// begins (parameters, optimizer states, step 1's output, inputs) allocated first, the peaks reset
+// (torch.cuda.reset_peak_memory_stats() before the step), then the step's events, up to an
+// out-of-memory under spec.config.device_bytes.
+AllocatorModelResult replay_hf_step(const HfStep& step, const AllocatorSpec& spec);
 
 class ModelledAllocator final : public Allocator {
  public:

@@ -62,6 +62,11 @@ struct MaxbatchRequest {
   // profile's (transformers + peft + bitsandbytes; the category maxima added, no transients),
   // since trainmem's own step does not run LoRA yet.
   std::optional<HfOptions> hf_peft;
+  // --profile hf-eager|hf-sdpa (one GPU, transformers 5.25): each candidate's peak is the HF
+  // step's event sequence (hf_step.hpp) under hf's recipe; with --allocator what the allocator
+  // model reserves for that sequence on a device of budget − overhead.
+  std::optional<Profile> hf_step;
+  HfOptions hf;
 };
 
 struct MaxbatchResult {
