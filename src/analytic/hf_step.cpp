@@ -123,8 +123,6 @@ class Sim {
     }
     return id;
   }
-  // An allocation freed inside the op that made it.
-  void transient(u64 bytes, const std::string& name) { drop(alloc(bytes, name)); }
   Id ref(Id id) {
     if (id != kNone) ++refs_[id];
     return id;
@@ -135,9 +133,7 @@ class Sim {
     if (--refs_[id] == 0) st_.events.push_back(HfStepEvent{false, id, phase});
   }
   u64 bytes(Id id) const { return st_.tensors[id].bytes; }
-  int refs(Id id) const { return refs_[id]; }
   void set_view(Id id, bool v) { view_[id] = v; }
-  bool is_view(Id id) const { return view_[id]; }
   void set_kind(Id id, HfStepKind k) { st_.tensors[id].kind = k; }
 
   // Adds gradient `g` into the buffer `buf` (an InputBuffer slot): the first gradient is stored;
@@ -282,7 +278,7 @@ class Step {
   // `acc`: the input's gradient buffer, which the input's gradient is added into as soon as it
   // exists (before the weight's cast runs its backward); kNone-initialised buffers take it.
   // Without `acc` the gradient is returned.
-  Id linear_back(Id g, u64 in, u64 out, const std::string& pname, LinSaved& sv, Id* acc = nullptr) {
+  Id linear_back(Id g, u64 in, const std::string& pname, LinSaved& sv, Id* acc = nullptr) {
     Param& w = param(pname + ".weight");
     const u64 wel = w.elems;
     Id gw;
@@ -508,11 +504,11 @@ class Step {
     const u64 wqe = std::max(wq, d_.pw);  // q_embed / k_embed width
     Id key = ke, value = v;
     const bool cache = d_.cache && !d_.ckpt && !recompute;
-    if (cache) {  // DynamicLayer.update: torch.cat onto an empty tensor copies k and v
+    if (cache) {
+      // DynamicLayer.update: torch.cat onto an empty tensor copies k and v; the cache (in
+      // `out`) keeps its reference into the next step, the attention takes another
       key = sim_.alloc(d_.tok(kd, wqe), p + "cache.key");
       value = sim_.alloc(d_.tok(kd, d_.aw), p + "cache.value");
-      cache_.push_back(key);
-      cache_.push_back(value);
       sim_.drop(ke);
       sim_.drop(v);
       sim_.ref(key);
@@ -520,7 +516,7 @@ class Step {
     }
     Id ao;  // o_proj's input
     if (!d_.sdpa)
-      ao = eager_attention(qe, key, value, wqe, keep, sv, p);
+      ao = eager_attention(key, value, wqe, keep, sv, p);  // q_embed is copied (q_contiguous)
     else
       ao = sdpa_attention(qe, key, value, wqe, keep, sv, p);
     const Id o = linear(ao, qd, d_.aw, p + "self_attn.o_proj", h, keep, sv.o);
@@ -585,8 +581,7 @@ class Step {
 
   // eager_attention_forward: repeat_kv, q @ k^T * scaling + mask, softmax in fp32, .to(q.dtype),
   // @ v, transpose(1, 2).contiguous().
-  Id eager_attention(Id qe, Id key, Id value, u64 wqe, bool keep, LayerSaved& sv,
-                     const std::string& p) {
+  Id eager_attention(Id key, Id value, u64 wqe, bool keep, LayerSaved& sv, const std::string& p) {
     const u64 full = d_.tok(d_.a * d_.d, 1);  // b·s·a·d elements
     const bool rep = d_.k < d_.a;
     const Id kr =
@@ -691,15 +686,15 @@ class Step {
       gdown = c;
     }
     if (d_.ckpt) recompute(l, sv);
-    Id gm = linear_back(gdown, I, h, p + "mlp.down_proj", sv.down);
+    Id gm = linear_back(gdown, I, p + "mlp.down_proj", sv.down);
     const Id gsilu = sim_.alloc(d_.tok(I, d_.aw), p + "grad.silu", HfStepKind::temporary);
     const Id gup = sim_.alloc(d_.tok(I, d_.aw), p + "grad.up", HfStepKind::temporary);
     node_done({gm}, {sv.up_out, sv.silu});
     Id gn2 = kNone;
-    linear_back(gup, h, I, p + "mlp.up_proj", sv.up, &gn2);
+    linear_back(gup, h, p + "mlp.up_proj", sv.up, &gn2);
     const Id ggate = sim_.alloc(d_.tok(I, d_.aw), p + "grad.gate", HfStepKind::temporary);
     node_done({gsilu}, {sv.gate_out});
-    linear_back(ggate, h, I, p + "mlp.gate_proj", sv.gate, &gn2);
+    linear_back(ggate, h, p + "mlp.gate_proj", sv.gate, &gn2);
     rmsnorm_back(gn2, sv.n2, p + "post_attention_layernorm", gres);
     // h1 = x + o
     Id gx = gres;
@@ -709,7 +704,7 @@ class Step {
       sim_.drop(go);
       go = c;
     }
-    Id gao = linear_back(go, qd, h, p + "self_attn.o_proj", sv.o);
+    Id gao = linear_back(go, qd, p + "self_attn.o_proj", sv.o);
     Id gq, gk, gv;
     if (!d_.sdpa)
       eager_back(gao, sv, p, gq, gk, gv);
@@ -735,9 +730,9 @@ class Step {
     };
     Id gn1 = kNone;
     // SDPA's backward makes v's gradient in the (b, s, heads, d) layout already
-    linear_back(d_.sdpa ? gv : reshape(gv, kd), h, kd, p + "self_attn.v_proj", sv.v, &gn1);
-    linear_back(reshape(gk, kd), h, kd, p + "self_attn.k_proj", sv.k, &gn1);
-    linear_back(reshape(gq, qd), h, qd, p + "self_attn.q_proj", sv.q, &gn1);
+    linear_back(d_.sdpa ? gv : reshape(gv, kd), h, p + "self_attn.v_proj", sv.v, &gn1);
+    linear_back(reshape(gk, kd), h, p + "self_attn.k_proj", sv.k, &gn1);
+    linear_back(reshape(gq, qd), h, p + "self_attn.q_proj", sv.q, &gn1);
     rmsnorm_back(gn1, sv.n1, p + "input_layernorm", gx, &sv.frame);
     recomputed_ = false;
     sim_.layer = -1;
@@ -826,7 +821,6 @@ class Step {
     sim_.layer = l;
   }
 
-  std::vector<Id> cache_;  // the DynamicCache's tensors (held by `out`)
   // RoPE's cos and sin: every layer's multiplies save them; layer 0's q nodes release them last
   std::array<Id, 2> tables_{kNone, kNone};
   Id attn_weights_ = kNone;  // eager attention's probabilities, until the module returns
@@ -931,11 +925,9 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
   // What is alive when the step begins.
   for (auto& p : params)
     sim.alloc(checked_mul(p.elems, d.pw, "bytes"), p.name, HfStepKind::parameter);
-  std::vector<Id> masters;
-  if (mixed)
+  if (mixed)  // the fp32 masters AdamW updates (alive for the whole run)
     for (auto& p : params)
-      masters.push_back(sim.alloc(checked_mul(p.elems, 4, "bytes"), "master." + p.name,
-                                  HfStepKind::master_param));
+      sim.alloc(checked_mul(p.elems, 4, "bytes"), "master." + p.name, HfStepKind::master_param);
   // rotary_emb.inv_freq and original_inv_freq, (d/2) each, in the model's dtype
   sim.alloc(checked_mul(d.d / 2, d.pw, "bytes"), "rotary_emb.inv_freq", HfStepKind::buffer);
   sim.alloc(checked_mul(d.d / 2, d.pw, "bytes"), "rotary_emb.original_inv_freq",
@@ -1025,7 +1017,7 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
   const Id lab = sim.alloc(checked_product({d.b, d.s + 1, 8}, "bytes"), "loss.labels_padded");
   const Id tgt = sim.alloc(d.tok(1, 8), "loss.shift_labels");
   const Id ls = sim.alloc(d.tok(d.V, 4), "loss.log_softmax");
-  const Id loss = sim.alloc(4, "loss");
+  sim.alloc(4, "loss");  // held by `out` into the next step
   const Id tw = sim.alloc(4, "loss.total_weight");
   sim.drop(lf);
   sim.drop(lab);
@@ -1053,7 +1045,7 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
     gl = sim.alloc(d.tok(d.V, logits_w), "grad.logits", HfStepKind::temporary);
     sim.drop(g2);
   }
-  Id gh = step.linear_back(gl, d.h, d.V, head, hs);
+  Id gh = step.linear_back(gl, d.h, head, hs);
   {
     Id last = kNone;  // the last layer's output gradient
     step.rmsnorm_back(gh, fn, "model.norm", last);
@@ -1101,9 +1093,6 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
     sim.drop(p.grad);
     p.grad = kNone;
   }
-  (void)masters;
-  (void)loss;
-  (void)step.cache_;
 
   // ---- the walk: kinds of forward tensors, the peak, the phase maxima
   std::vector<bool> freed_before_backward(st.tensors.size(), false);
