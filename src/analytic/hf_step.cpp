@@ -262,8 +262,6 @@ class Step {
     sim_.drop(xin);
     return y;
   }
-  // MmBackward (and the casts' ToCopyBackward under autocast): the weight's gradient into
-  // .grad, the input's gradient returned (a view: it passes through ViewBackward).
   // A node has run: its incoming gradients and its saved tensors go. Autograd releases saved
   // tensors after the incoming gradients; a checkpointed layer's recomputed tensors are unpacked
   // into the backward function's locals and go before them.
@@ -275,6 +273,8 @@ class Step {
       for (Id t : saved) sim_.drop(t);
   }
 
+  // MmBackward (and the casts' ToCopyBackward under autocast): the weight's gradient into
+  // .grad, the input's gradient returned (a view: it passes through ViewBackward).
   // `acc`: the input's gradient buffer, which the input's gradient is added into as soon as it
   // exists (before the weight's cast runs its backward); kNone-initialised buffers take it.
   // Without `acc` the gradient is returned.
