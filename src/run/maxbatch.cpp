@@ -106,13 +106,14 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
     one.probes = false;
     return one;
   };
-  // The peak of one candidate: one GPU's step, or the worst rank of the layout, on meta.
   // The HF step of `t` (its sequence; InputError naming the flag where it is not modelled).
   auto hf_sequence = [&](const TrainConfig& t) {
     HfStepOptions so;
     so.sdpa = *rq.hf_step == Profile::hf_sdpa;
     return hf_step(rq.model, t, rq.hf, so);
   };
+  // The peak of one candidate: one GPU's step (trainmem's on meta, hf-peft's or the HF step's),
+  // or the worst rank of the layout, on meta.
   auto peak_of = [&](const TrainConfig& t) -> std::uint64_t {
     if (rq.hf_peft) return estimate(Profile::hf_peft, rq.model, t, *rq.hf_peft).figures.peak;
     if (rq.hf_step) return hf_sequence(t).peak;
