@@ -1111,7 +1111,14 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
   u64 by_before_backward = 0;
   st.peak = live;
   st.by_kind_at_peak = by;
+  // what is live as the optimizer step begins (its one instant when it allocates nothing)
+  u64 live_at_optimizer = live;
+  std::array<u64, kHfStepKinds> by_at_optimizer = by;
   for (std::size_t i = 0; i < st.events.size(); ++i) {
+    if (i == optimizer_begins) {
+      live_at_optimizer = live;
+      by_at_optimizer = by;
+    }
     const auto& e = st.events[i];
     const auto& t = st.tensors[e.tensor];
     auto& k = by[static_cast<int>(t.kind)];
@@ -1143,18 +1150,9 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
   st.live_at_end = live;
   const int opt = static_cast<int>(HfStepPhase::optimizer);
   if (!st.phase_seen[opt]) {
-    u64 at = st.live_at_start;
-    std::array<u64, kHfStepKinds> k = st.start_by_kind;
-    for (std::size_t i = 0; i < optimizer_begins; ++i) {
-      const auto& t = st.tensors[st.events[i].tensor];
-      const bool a = st.events[i].alloc;
-      at = a ? at + t.bytes : at - t.bytes;
-      auto& slot = k[static_cast<int>(t.kind)];
-      slot = a ? slot + t.bytes : slot - t.bytes;
-    }
     st.phase_seen[opt] = true;
-    st.phase_max[opt] = at;
-    st.phase_by_kind[opt] = k;
+    st.phase_max[opt] = live_at_optimizer;
+    st.phase_by_kind[opt] = by_at_optimizer;
   }
   st.recipe = std::string(
                   "out = model(input_ids, labels=labels); out.loss.backward(); opt.step(); "
