@@ -76,6 +76,8 @@ Category hf_step_category(HfStepKind k) {
       return Category::workspace;
     case HfStepKind::input:
       return Category::inputs;
+    case HfStepKind::communication:
+      return Category::communication;
     case HfStepKind::activation:
     case HfStepKind::autocast_cache:
     case HfStepKind::buffer:
@@ -85,9 +87,10 @@ Category hf_step_category(HfStepKind k) {
 }
 
 const char* hf_step_kind_name(HfStepKind k) {
-  static const char* const names[kHfStepKinds] = {
-      "parameter",      "gradient",     "optimizer_state", "activation", "temporary",
-      "autocast_cache", "master_param", "master_grad",     "input",      "buffer"};
+  static const char* const names[kHfStepKinds] = {"parameter",    "gradient",     "optimizer_state",
+                                                  "activation",   "temporary",    "autocast_cache",
+                                                  "master_param", "master_grad",  "input",
+                                                  "buffer",       "communication"};
   return names[static_cast<int>(k)];
 }
 
@@ -180,8 +183,26 @@ struct D {
 struct Param {
   std::string name;
   u64 elems;
-  Id grad = kNone;  // .grad (or the master gradient's source under mixed)
-  Id cast = kNone;  // autocast's cached 16-bit copy
+  u64 rows = 0, cols = 0;  // dim 0 and the product of the others (FSDP2 shards dim 0)
+  int unit = -1;           // FSDP2 unit: the decoder layer, -1 the root
+  Id grad = kNone;         // .grad (or the master gradient's source under mixed)
+  Id cast = kNone;         // autocast's cached 16-bit copy
+  Id full = kNone;         // FSDP2: the unsharded parameter (its all-gather output)
+};
+
+// PyTorch FSDP2's per-parameter sharding over n ranks (docs/distributed.md, "FSDP2"): dim 0 in
+// torch.chunk's ceil(rows / n)-row chunks; rank k owns rows(k), the last owners fewer or none;
+// every rank's shard is padded to a whole chunk, and a gathered parameter to n chunks.
+struct Shard {
+  u64 n = 1, k = 0;
+  u64 chunk(const Param& p) const { return (p.rows + n - 1) / n; }
+  u64 padded_elems(const Param& p) const { return checked_mul(chunk(p), p.cols, "elements"); }
+  u64 local_elems(const Param& p) const {
+    const u64 c = chunk(p), start = checked_mul(k, c, "rows");
+    const u64 rows = start >= p.rows ? 0 : std::min(c, p.rows - start);
+    return checked_mul(rows, p.cols, "elements");
+  }
+  u64 unsharded_elems(const Param& p) const { return checked_mul(n, padded_elems(p), "elements"); }
 };
 
 // A linear layer's saved tensors (its input as the mm sees it and, under autocast, the cached
@@ -833,6 +854,139 @@ class Step {
   std::vector<Param*> cached_;
 };
 
+// FSDP2's runtime as one rank sees it (torch/distributed/fsdp/_fully_shard/, torch 2.15;
+// docs/hf-step.md, "Per rank under FSDP2"), around the step's own tensors. Units: each decoder
+// layer and the root.
+class Fsdp {
+ public:
+  Fsdp(Sim& sim, std::vector<Param>& params, const Shard& sh, u64 width, int layers, bool reshard,
+       bool cpu)
+      : sim_(sim),
+        params_(params),
+        sh_(sh),
+        w_(width),
+        layers_(layers),
+        reshard_(reshard),
+        cpu_(cpu),
+        pending_(static_cast<std::size_t>(layers) + 1, kNone),
+        grads_(static_cast<std::size_t>(layers) + 1, kNone) {}
+  bool on() const { return sh_.n > 1; }
+
+  // Forward. The root's pre-forward (the model call's start) and each layer's: the unit's
+  // all-gather output (every parameter padded to n chunks, one flat buffer), then each
+  // parameter's own unsharded buffer copied out of it. The flat output is held (for the
+  // all-gather streams' event) until the next unit's all-gather has been issued, the last
+  // layer's until the root's post-forward.
+  void pre_forward(int unit) {
+    if (!on()) return;
+    const Id f = gather(unit);
+    sim_.drop(held_);
+    held_ = f;
+    copy_out(unit);
+  }
+  void post_forward(int unit) {  // a layer's: resharded unless reshard_after_forward=False
+    if (on() && unit >= 0 && reshard_) reshard(unit);
+  }
+  void root_post_forward() {
+    if (!on()) return;
+    sim_.drop(held_);
+    held_ = kNone;
+  }
+  // Backward. The root's pre-backward (at the loss's first node) prefetches the last layer's
+  // all-gather; each layer's pre-backward copies its prefetched output out, frees the flat
+  // buffer and prefetches the layer below. Without resharding the layers are still gathered.
+  void root_pre_backward() {
+    if (on() && reshard_ && layers_ > 0) pending_[idx(layers_ - 1)] = gather(layers_ - 1);
+  }
+  void pre_backward(int unit) {
+    if (!on() || !reshard_) return;
+    copy_out(unit);
+    sim_.drop(pending_[idx(unit)]);
+    pending_[idx(unit)] = kNone;
+    if (unit > 0) pending_[idx(unit - 1)] = gather(unit - 1);
+  }
+  // A unit's post-backward: reshard; wait for the previous reduce-scatter (its input freed);
+  // the reduce-scatter input (the unsharded gradients, each padded to n chunks: on the CPU
+  // _chunk_cat pads a copy of each unevenly split one first); the unsharded .grad tensors
+  // dropped; the sharded gradient, one buffer per unit that every parameter's .grad views.
+  void post_backward(int unit) {
+    if (!on()) return;
+    reshard(unit);
+    sim_.drop(rs_);
+    rs_ = sim_.alloc(bytes(unit_elems(unit)), "fsdp.reduce_scatter_input." + unit_name(unit),
+                     HfStepKind::communication);
+    if (cpu_) {
+      std::vector<Id> pads;
+      for (Param& p : params_)
+        if (p.unit == unit && p.rows % sh_.n != 0)
+          pads.push_back(sim_.alloc(bytes(sh_.unsharded_elems(p)), "fsdp.chunk_cat_pad." + p.name,
+                                    HfStepKind::temporary));
+      for (Id t : pads) sim_.drop(t);
+    }
+    for (Param& p : params_)
+      if (p.unit == unit) {
+        sim_.drop(p.grad);
+        p.grad = kNone;
+      }
+    grads_[idx(unit)] = sim_.alloc(bytes(unit_elems(unit) / sh_.n),
+                                   "fsdp.sharded_grad." + unit_name(unit), HfStepKind::gradient);
+  }
+  void end_backward() {  // the root's post-backward callback frees the last reduce-scatter input
+    sim_.drop(rs_);
+    rs_ = kNone;
+  }
+  // zero_grad(set_to_none=True): a unit's gradient buffer goes with its last parameter's .grad.
+  void zero_grad() {
+    std::vector<int> left(grads_.size(), 0);
+    for (const Param& p : params_) ++left[idx(p.unit)];
+    for (const Param& p : params_)
+      if (--left[idx(p.unit)] == 0) {
+        sim_.drop(grads_[idx(p.unit)]);
+        grads_[idx(p.unit)] = kNone;
+      }
+  }
+
+ private:
+  std::size_t idx(int unit) const { return static_cast<std::size_t>(unit < 0 ? layers_ : unit); }
+  std::string unit_name(int unit) const {
+    return unit < 0 ? std::string("root") : "layers." + std::to_string(unit);
+  }
+  u64 bytes(u64 elems) const { return checked_mul(elems, w_, "bytes"); }
+  u64 unit_elems(int unit) const {
+    u64 n = 0;
+    for (const Param& p : params_)
+      if (p.unit == unit) n = checked_add(n, sh_.unsharded_elems(p), "elements");
+    return n;
+  }
+  Id gather(int unit) {
+    return sim_.alloc(bytes(unit_elems(unit)), "fsdp.all_gather." + unit_name(unit),
+                      HfStepKind::communication);
+  }
+  void copy_out(int unit) {
+    for (Param& p : params_)
+      if (p.unit == unit)
+        p.full = sim_.alloc(bytes(sh_.unsharded_elems(p)), "fsdp.unsharded." + p.name,
+                            HfStepKind::communication);
+  }
+  void reshard(int unit) {
+    for (Param& p : params_)
+      if (p.unit == unit) {
+        sim_.drop(p.full);
+        p.full = kNone;
+      }
+  }
+
+  Sim& sim_;
+  std::vector<Param>& params_;
+  Shard sh_;
+  u64 w_;
+  int layers_;
+  bool reshard_, cpu_;
+  Id held_ = kNone;  // the forward's last all-gather output
+  Id rs_ = kNone;    // the last reduce-scatter input
+  std::vector<Id> pending_, grads_;
+};
+
 }  // namespace
 
 std::string hf_step_unsupported(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf) {
@@ -869,6 +1023,16 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
   const std::string why = hf_step_unsupported(m, t, hf);
   if (!why.empty()) throw InputError(why);
   if (o.step != 1 && o.step != 2) throw InputError("hf_step: step must be 1 or 2");
+  if (o.fsdp_world < 1 || o.fsdp_rank < 0 || o.fsdp_rank >= o.fsdp_world)
+    throw InputError("hf_step: FSDP2 rank " + std::to_string(o.fsdp_rank) + " of " +
+                     std::to_string(o.fsdp_world) + " ranks");
+  if (o.fsdp_world > 1 && hf.recipe(t.dtype) != Precision::pure)
+    throw InputError(std::string("--precision ") + precision_name(hf.recipe(t.dtype)) +
+                     ": the HF step under FSDP2 models the pure recipe (the model in --dtype, "
+                     "no MixedPrecisionPolicy); give --precision pure");
+  if (o.fsdp_world > 1 && hf.adamw_impl != AdamwImpl::foreach_)
+    throw InputError(std::string("--adamw-impl ") + adamw_impl_name(hf.adamw_impl) +
+                     ": the HF step under FSDP2 models foreach AdamW (its default on a GPU)");
   D d{};
   d.b = static_cast<u64>(t.batch);
   d.s = static_cast<u64>(t.seq);
@@ -892,39 +1056,56 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
 
   HfStep st;
   Sim sim(st);
-  // model.parameters() in module order.
+  // model.parameters() in module order, with their dim 0 and FSDP2 unit.
   std::vector<Param> params;
-  params.push_back({"model.embed_tokens.weight", d.V * d.h});
+  auto add = [&](const std::string& name, u64 rows, u64 cols, int unit) {
+    Param p;
+    p.name = name;
+    p.rows = rows;
+    p.cols = cols;
+    p.elems = checked_mul(rows, cols, "parameter elements");
+    p.unit = unit;
+    params.push_back(p);
+  };
+  add("model.embed_tokens.weight", d.V, d.h, -1);
   for (u64 l = 0; l < d.L; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
+    const int u = static_cast<int>(l);
     const u64 qd = d.a * d.d, kd = d.k * d.d;
-    params.push_back({p + "self_attn.q_proj.weight", qd * d.h});
-    if (d.bias) params.push_back({p + "self_attn.q_proj.bias", qd});
-    params.push_back({p + "self_attn.k_proj.weight", kd * d.h});
-    if (d.bias) params.push_back({p + "self_attn.k_proj.bias", kd});
-    params.push_back({p + "self_attn.v_proj.weight", kd * d.h});
-    if (d.bias) params.push_back({p + "self_attn.v_proj.bias", kd});
-    params.push_back({p + "self_attn.o_proj.weight", d.h * qd});
+    add(p + "self_attn.q_proj.weight", qd, d.h, u);
+    if (d.bias) add(p + "self_attn.q_proj.bias", qd, 1, u);
+    add(p + "self_attn.k_proj.weight", kd, d.h, u);
+    if (d.bias) add(p + "self_attn.k_proj.bias", kd, 1, u);
+    add(p + "self_attn.v_proj.weight", kd, d.h, u);
+    if (d.bias) add(p + "self_attn.v_proj.bias", kd, 1, u);
+    add(p + "self_attn.o_proj.weight", d.h, qd, u);
     if (d.qkn) {
-      params.push_back({p + "self_attn.q_norm.weight", d.d});
-      params.push_back({p + "self_attn.k_norm.weight", d.d});
+      add(p + "self_attn.q_norm.weight", d.d, 1, u);
+      add(p + "self_attn.k_norm.weight", d.d, 1, u);
     }
-    params.push_back({p + "mlp.gate_proj.weight", d.i * d.h});
-    params.push_back({p + "mlp.up_proj.weight", d.i * d.h});
-    params.push_back({p + "mlp.down_proj.weight", d.h * d.i});
-    params.push_back({p + "input_layernorm.weight", d.h});
-    params.push_back({p + "post_attention_layernorm.weight", d.h});
+    add(p + "mlp.gate_proj.weight", d.i, d.h, u);
+    add(p + "mlp.up_proj.weight", d.i, d.h, u);
+    add(p + "mlp.down_proj.weight", d.h, d.i, u);
+    add(p + "input_layernorm.weight", d.h, 1, u);
+    add(p + "post_attention_layernorm.weight", d.h, 1, u);
   }
-  params.push_back({"model.norm.weight", d.h});
-  if (!d.tied) params.push_back({"lm_head.weight", d.V * d.h});
+  add("model.norm.weight", d.h, 1, -1);
+  if (!d.tied) add("lm_head.weight", d.V, d.h, -1);
   const std::string head = d.tied ? "model.embed_tokens" : "lm_head";
+  // FSDP2: what this rank holds of each parameter at rest (its padded shard) and of AdamW's
+  // states (its own rows, unpadded).
+  Shard sh;
+  sh.n = static_cast<u64>(o.fsdp_world);
+  sh.k = static_cast<u64>(o.fsdp_rank);
+  auto at_rest = [&](const Param& p) { return sh.n > 1 ? sh.padded_elems(p) : p.elems; };
+  auto owned = [&](const Param& p) { return sh.n > 1 ? sh.local_elems(p) : p.elems; };
 
   const bool mixed = hf.recipe(t.dtype) == Precision::mixed;
   const u64 sw = mixed || d.amp ? 4 : d.pw;  // AdamW's state (and master) width
   const bool steps_on_device = o.cpu_kernels || hf.adamw_impl == AdamwImpl::fused;
   // What is alive when the step begins.
   for (auto& p : params)
-    sim.alloc(checked_mul(p.elems, d.pw, "bytes"), p.name, HfStepKind::parameter);
+    sim.alloc(checked_mul(at_rest(p), d.pw, "bytes"), p.name, HfStepKind::parameter);
   if (mixed)  // the fp32 masters AdamW updates (alive for the whole run)
     for (auto& p : params)
       sim.alloc(checked_mul(p.elems, 4, "bytes"), "master." + p.name, HfStepKind::master_param);
@@ -936,9 +1117,9 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
   sim.alloc(d.tok(1, 8), "labels", HfStepKind::input);
   auto create_state = [&](Param& p) {
     if (steps_on_device) sim.alloc(4, "state.step." + p.name, HfStepKind::optimizer_state);
-    sim.alloc(checked_mul(p.elems, sw, "bytes"), "state.exp_avg." + p.name,
+    sim.alloc(checked_mul(owned(p), sw, "bytes"), "state.exp_avg." + p.name,
               HfStepKind::optimizer_state);
-    sim.alloc(checked_mul(p.elems, sw, "bytes"), "state.exp_avg_sq." + p.name,
+    sim.alloc(checked_mul(owned(p), sw, "bytes"), "state.exp_avg_sq." + p.name,
               HfStepKind::optimizer_state);
   };
   std::vector<Id> prev_out;  // step 1's `out`: logits, the cache, the loss
@@ -959,7 +1140,9 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
   st.first_step_tensor = first_step_tensor;
 
   Step step(d, sim, params);
+  Fsdp fsdp(sim, params, sh, d.pw, static_cast<int>(d.L), o.reshard_after_forward, d.cpu);
   // ---- forward (LlamaModel.forward)
+  fsdp.pre_forward(-1);
   const Id emb = sim.alloc(d.tok(d.h, d.pw), "model.embed_tokens.out");
   Id mask = kNone;
   if (!d.sdpa) {  // create_causal_mask (eager): a (b, 1, s, s) additive mask in the model dtype
@@ -1000,7 +1183,9 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
       // torch.utils.checkpoint keeps the CPU RNG state (a host tensor on a GPU step)
       if (d.cpu) sv.frame.push_back(sim.alloc(5056, "checkpoint.cpu_rng_state"));
     }
+    fsdp.pre_forward(static_cast<int>(l));
     const Id out = step.layer_forward(static_cast<int>(l), hidden, !d.ckpt, false, sv);
+    fsdp.post_forward(static_cast<int>(l));
     sim.drop(hidden);
     hidden = out;
   }
@@ -1022,6 +1207,7 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
   sim.drop(lf);
   sim.drop(lab);
   sim.phase = HfStepPhase::forward;
+  fsdp.root_post_forward();
   sim.drop(normed);
   sim.drop(cos);
   sim.drop(sin);
@@ -1033,6 +1219,7 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
   // ---- backward
   sim.phase = HfStepPhase::backward;
   const Id seed = sim.alloc(4, "grad.seed", HfStepKind::temporary);
+  fsdp.root_pre_backward();
   const Id g1 = sim.alloc(d.tok(d.V, 4), "grad.nll", HfStepKind::temporary);
   sim.drop(tgt);
   sim.drop(tw);
@@ -1051,7 +1238,11 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
     step.rmsnorm_back(gh, fn, "model.norm", last);
     gh = last;
   }
-  for (u64 l = d.L; l-- > 0;) gh = step.layer_backward(static_cast<int>(l), gh, saved[l]);
+  for (u64 l = d.L; l-- > 0;) {
+    fsdp.pre_backward(static_cast<int>(l));
+    gh = step.layer_backward(static_cast<int>(l), gh, saved[l]);
+    fsdp.post_backward(static_cast<int>(l));
+  }
   {  // EmbeddingBackward0: a dense (V, h) gradient
     Param& e = step.param("model.embed_tokens.weight");
     const Id ge = sim.alloc(checked_mul(e.elems, d.pw, "bytes"), "grad.model.embed_tokens.weight",
@@ -1059,6 +1250,8 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
     sim.drop(gh);
     step.to_grad(e, ge);
   }
+  fsdp.post_backward(-1);
+  fsdp.end_backward();
   // ---- optimizer
   sim.phase = HfStepPhase::optimizer;
   // fused AdamW allocates nothing: the phase's one instant is then the live total it begins at
@@ -1073,14 +1266,14 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
   if (hf.adamw_impl == AdamwImpl::foreach_) {
     std::vector<Id> sq;
     for (auto& p : params)
-      sq.push_back(sim.alloc(checked_mul(p.elems, sw, "bytes"), "adamw.sqrt." + p.name,
+      sq.push_back(sim.alloc(checked_mul(owned(p), sw, "bytes"), "adamw.sqrt." + p.name,
                              HfStepKind::temporary));
     for (auto it = sq.rbegin(); it != sq.rend(); ++it) sim.drop(*it);
   } else if (hf.adamw_impl == AdamwImpl::forloop) {
     for (auto& p : params) {
-      const Id a = sim.alloc(checked_mul(p.elems, sw, "bytes"), "adamw.sqrt." + p.name,
+      const Id a = sim.alloc(checked_mul(owned(p), sw, "bytes"), "adamw.sqrt." + p.name,
                              HfStepKind::temporary);
-      const Id b = sim.alloc(checked_mul(p.elems, sw, "bytes"), "adamw.denom." + p.name,
+      const Id b = sim.alloc(checked_mul(owned(p), sw, "bytes"), "adamw.denom." + p.name,
                              HfStepKind::temporary);
       sim.drop(a);
       sim.drop(b);
@@ -1089,9 +1282,13 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
   // ---- zero_grad(set_to_none=True)
   sim.phase = HfStepPhase::zero_grad;
   for (Id g : mgrads) sim.drop(g);
-  for (auto& p : params) {
-    sim.drop(p.grad);
-    p.grad = kNone;
+  if (fsdp.on()) {
+    fsdp.zero_grad();
+  } else {
+    for (auto& p : params) {
+      sim.drop(p.grad);
+      p.grad = kNone;
+    }
   }
 
   // ---- the walk: kinds of forward tensors, the peak, the phase maxima
@@ -1160,6 +1357,41 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
               std::to_string(o.step) + ", " + precision_name(hf.recipe(t.dtype)) + ", AdamW " +
               adamw_impl_name(hf.adamw_impl);
   return st;
+}
+
+std::vector<HfStepRankGroup> hf_step_fsdp2_ranks(const ModelConfig& m, const TrainConfig& t,
+                                                 const HfOptions& hf, HfStepOptions o) {
+  if (o.fsdp_world < 2) throw InputError("hf_step_fsdp2_ranks: needs at least 2 ranks");
+  // A rank's step depends on its rows of each distinct dim 0 (torch.chunk's split).
+  const std::vector<u64> dims = {static_cast<u64>(m.vocab),
+                                 static_cast<u64>(m.heads) * static_cast<u64>(m.head_dim()),
+                                 static_cast<u64>(m.kv_heads) * static_cast<u64>(m.head_dim()),
+                                 static_cast<u64>(m.hidden),
+                                 static_cast<u64>(m.intermediate),
+                                 static_cast<u64>(m.head_dim())};
+  std::map<std::vector<u64>, std::size_t> seen;
+  std::vector<HfStepRankGroup> groups;
+  for (int k = 0; k < o.fsdp_world; ++k) {
+    Shard sh;
+    sh.n = static_cast<u64>(o.fsdp_world);
+    sh.k = static_cast<u64>(k);
+    std::vector<u64> key;
+    for (u64 r : dims) {
+      Param p;
+      p.rows = r;
+      p.cols = 1;
+      key.push_back(sh.local_elems(p));
+    }
+    const auto it = seen.find(key);
+    if (it != seen.end()) {
+      groups[it->second].ranks.push_back(k);
+      continue;
+    }
+    o.fsdp_rank = k;
+    seen.emplace(key, groups.size());
+    groups.push_back(HfStepRankGroup{{k}, hf_step(m, t, hf, o)});
+  }
+  return groups;
 }
 
 }  // namespace trainmem

@@ -15,6 +15,7 @@
 #include "trainmem/analytic/hf_step.hpp"
 #include "trainmem/base/error.hpp"
 #include "trainmem/report/estimate_report.hpp"
+#include "trainmem/report/hf_fsdp2_report.hpp"
 #include "trainmem/report/layout_report.hpp"
 #include "trainmem/report/report_writer.hpp"
 #include "trainmem/run/run.hpp"
@@ -89,6 +90,53 @@ std::vector<report::EstimateRun> compute(const Common& c, const std::string& all
   return runs;
 }
 
+// `--profile hf-eager|hf-sdpa --world-size N`: the HF step per rank under FSDP2 (docs/hf-step.md,
+// "Per rank under FSDP2"). Data parallelism alone, per-parameter sharding (--fsdp2; --zero 2
+// for reshard_after_forward=False); the precision recipe defaults to pure, as FSDP2 without a
+// MixedPrecisionPolicy trains.
+int estimate_hf_fsdp2(const Common& c, const ParallelConfig& par, const std::string& allocator,
+                      bool explain, bool paper) {
+  const std::string prof = c.profiles.front();
+  if (!par.per_parameter() || par.zero != 3 || par.tp != 1 || par.pp != 1 || par.cp != 1 ||
+      par.offload != Offload::none || par.microbatches != 1 || par.dp != par.world)
+    throw InputError("--profile " + prof +
+                     ": with --world-size above 1 the HF step is modelled per rank under "
+                     "PyTorch FSDP2 over data parallelism alone: --fsdp2 (FULL_SHARD), or "
+                     "--fsdp2 --zero 2 (reshard_after_forward=False), no --tp/--pp/--cp, "
+                     "--offload or --microbatches; got " +
+                     par.describe());
+  if (explain) throw InputError("--explain: not with the HF step per rank (--fsdp2)");
+  if (paper) throw InputError("--paper: a single-GPU table; not with --world-size above 1");
+  if (c.optimizers.size() != 1 || c.checkpointing_modes.size() != 1)
+    throw InputError(
+        "--optimizer/--checkpointing: the HF step per rank takes one optimizer (adamw) and one "
+        "checkpointing mode (none or full)");
+  report::HfFsdp2Report r;
+  r.model = c.model;
+  r.train = c.train;
+  r.train.optimizer = c.optimizers.front();
+  r.hf = c.hf;
+  r.precision_defaulted = !r.hf.precision;
+  if (r.precision_defaulted) r.hf.precision = Precision::pure;
+  r.profile = prof;
+  r.world = static_cast<int>(par.world);
+  r.reshard_after_forward = par.reshard_after_forward;
+  const std::string why = hf_step_unsupported(r.model, r.train, r.hf);
+  if (!why.empty()) throw InputError(why);
+  HfStepOptions o;
+  o.sdpa = prof == "hf-sdpa";
+  o.fsdp_world = r.world;
+  o.reshard_after_forward = par.reshard_after_forward;
+  r.groups = hf_step_fsdp2_ranks(r.model, r.train, r.hf, o);
+  if (!allocator.empty())
+    for (const auto& g : r.groups)
+      r.reserved.push_back(replay_hf_step(g.step, parse_allocator(allocator)));
+  const auto w = report::make_writer(c.format, stdout_colour(c.output));
+  report::write_hf_fsdp2(*w, r);
+  write_output(c.output, w->str());
+  return 0;
+}
+
 }  // namespace
 
 Runner register_estimate(CLI::App& app) {
@@ -146,6 +194,9 @@ Runner register_estimate(CLI::App& app) {
     }
     if (par.distributed()) {
       resolve_checkpointing(c, par);  // budget:SIZE picks its layers for this layout
+      if (c.profiles.size() == 1 &&
+          (c.profiles.front() == "hf-eager" || c.profiles.front() == "hf-sdpa"))
+        return estimate_hf_fsdp2(c, par, *allocator, *explain, !paper->empty());
       check_layout_request(c, *explain, !paper->empty());
       if (!allocator->empty()) {
         // Every distinct rank's step traced on meta and fed to the model: the per-rank report

@@ -51,14 +51,18 @@ enum class HfStepKind : std::uint8_t {
   master_grad,
   input,
   buffer,
+  // FSDP2's collective buffers: a unit's all-gather output, each parameter's unsharded copy,
+  // the reduce-scatter input.
+  communication,
 };
-constexpr int kHfStepKinds = 10;
-const char* hf_step_kind_name(HfStepKind k);  // "parameter", ..., "buffer"
+constexpr int kHfStepKinds = 11;
+const char* hf_step_kind_name(HfStepKind k);  // "parameter", ..., "buffer", "communication"
 // The report's category of a kind: parameter -> params; gradient (the .grad tensors) ->
 // gradients; optimizer_state, master_param -> optimizer_states (trainmem counts the fp32 master
 // copy as optimizer state); activation, autocast_cache, buffer -> activations; temporary (what a
 // forward op, autograd or AdamW frees again within the step) and master_grad (mixed's fp32
-// gradients, made for the optimizer step, freed by zero_grad) -> workspace; input -> inputs.
+// gradients, made for the optimizer step, freed by zero_grad) -> workspace; input -> inputs;
+// communication -> communication.
 Category hf_step_category(HfStepKind k);
 
 struct HfStepTensor {
@@ -79,6 +83,13 @@ struct HfStepOptions {
   // Add what only the CPU's kernels allocate (see the header comment): the tests' comparison
   // with CPU goldens.
   bool cpu_kernels = false;
+  // PyTorch FSDP2 (docs/hf-step.md, "Per rank under FSDP2"): fully_shard(layer) on every
+  // decoder layer, then fully_shard(model) (the root: embeddings, final norm, lm_head), over
+  // fsdp_world ranks, the step as rank fsdp_rank runs it; 1: no sharding. Pure recipe only (no
+  // MixedPrecisionPolicy: gathers and reductions in the parameters' dtype).
+  int fsdp_world = 1;
+  int fsdp_rank = 0;
+  bool reshard_after_forward = true;  // the layers' (the root stays gathered after forward)
 };
 
 struct HfStep {
@@ -114,6 +125,15 @@ struct HfStep {
 // sliding window, selective checkpointing, an optimizer other than AdamW).
 HfStep hf_step(const ModelConfig& model, const TrainConfig& train, const HfOptions& hf,
                const HfStepOptions& opts);
+// Every rank's step under FSDP2 over o.fsdp_world ranks (o.fsdp_rank is ignored): ranks whose
+// shards have the same shapes (every parameter's own rows the same) run the same step, which is
+// computed once for the group. Groups in rank order.
+struct HfStepRankGroup {
+  std::vector<int> ranks;
+  HfStep step;
+};
+std::vector<HfStepRankGroup> hf_step_fsdp2_ranks(const ModelConfig& model, const TrainConfig& train,
+                                                 const HfOptions& hf, HfStepOptions o);
 // Why hf_step() refuses this configuration (a message naming the flag), or "" when it models it.
 std::string hf_step_unsupported(const ModelConfig& model, const TrainConfig& train,
                                 const HfOptions& hf);

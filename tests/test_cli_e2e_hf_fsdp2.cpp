@@ -1,0 +1,109 @@
+// `trainmem estimate --profile hf-eager|hf-sdpa --world-size N --fsdp2`: the HF step per rank
+// under PyTorch FSDP2, as a user runs it (the sequence itself is proven against real FSDP2 in
+// test_hf_step_fsdp2.cpp). The figures are checked against closed forms written here from
+// FSDP2's sharding rule (docs/distributed.md, "FSDP2"), not read back from the code.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "test_cli_e2e_helpers.hpp"
+
+namespace trainmem::e2e {
+namespace {
+
+using u64 = std::uint64_t;
+
+// tiny-awkward: vocabulary 71, hidden 40, intermediate 104, 3 layers, 5 heads of 8, 1 KV head.
+// Its parameters' dim 0 and the product of the others, in model.parameters() order.
+struct Shape {
+  u64 rows, cols;
+};
+std::vector<Shape> awkward_shapes() {
+  std::vector<Shape> s = {{71, 40}};
+  for (int l = 0; l < 3; ++l)
+    for (Shape p : {Shape{40, 40}, Shape{8, 40}, Shape{8, 40}, Shape{40, 40}, Shape{104, 40},
+                    Shape{104, 40}, Shape{40, 104}, Shape{40, 1}, Shape{40, 1}})
+      s.push_back(p);
+  s.push_back({40, 1});
+  s.push_back({71, 40});
+  return s;
+}
+
+TEST(CliE2EHfFsdp2, EveryRankOnceWithItsShardAndStatesByHand) {
+  const Result r = trainmem(
+      "estimate --model tiny-awkward --profile hf-eager --world-size 4 --fsdp2 --batch 2 --seq 64 "
+      "--format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.j();
+  EXPECT_EQ(j["world_size"], 4);
+  EXPECT_EQ(j["precision"], "pure");
+  EXPECT_EQ(j["reshard_after_forward"], true);
+  // Each rank holds every parameter's padded chunk of ceil(rows / 4) rows (bf16) and AdamW's
+  // two bf16 moments over the rows it owns; over all ranks the owned rows are the model.
+  u64 shard = 0, params = 0;
+  for (const Shape& p : awkward_shapes()) {
+    shard += 2 * ((p.rows + 3) / 4) * p.cols;
+    params += p.rows * p.cols;
+  }
+  EXPECT_EQ(params, 54920u);
+  std::set<int> seen;
+  u64 states = 0, worst = 0;
+  for (const json& g : j["rank_groups"]) {
+    for (int k : g["ranks"]) EXPECT_TRUE(seen.insert(k).second) << k;
+    EXPECT_EQ(g["live_at_start_by_category"]["params"].get<u64>(), shard);
+    states += g["ranks"].size() * g["live_at_start_by_category"]["optimizer_states"].get<u64>();
+    EXPECT_GT(g["peak"].get<u64>(), g["live_at_start"].get<u64>());
+    worst = std::max(worst, g["peak"].get<u64>());
+    // the layers' gathered parameters are booked as communication at the peak
+    EXPECT_GT(g["peak_by_category"]["communication"].get<u64>(), 0u);
+  }
+  EXPECT_EQ(seen, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(states, 2 * 2 * params);
+  EXPECT_EQ(j["worst_peak"].get<u64>(), worst);
+}
+
+// reshard_after_forward=False (--zero 2) keeps every layer gathered from its forward to its
+// backward: never less at the peak than resharding after each layer.
+TEST(CliE2EHfFsdp2, ShardGradOpHoldsTheLayersGathered) {
+  auto peak = [](const std::string& extra) {
+    const Result r = trainmem(
+        "estimate --model tiny-gqa --profile hf-sdpa --world-size 2 --fsdp2 --batch 2 --seq 32 "
+        "--format json" +
+        extra);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r.j();
+  };
+  const json full = peak(""), grad_op = peak(" --zero 2");
+  EXPECT_EQ(grad_op["reshard_after_forward"], false);
+  EXPECT_GT(grad_op["worst_peak"].get<u64>(), full["worst_peak"].get<u64>());
+  // the text form names the recipe and the rank groups
+  const Result t = trainmem(
+      "estimate --model tiny-gqa --profile hf-sdpa --world-size 2 --fsdp2 --batch 2 --seq 32");
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(t.out.find("the HF step per rank under FSDP2"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("--precision pure, the default here"), std::string::npos) << t.out;
+}
+
+TEST(CliE2EHfFsdp2, WhatItDoesNotModelExits2NamingTheFlag) {
+  const std::string base = "estimate --model tiny --seq 32 --batch 1 --profile hf-eager ";
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"--world-size 2", "--fsdp2"},
+           {"--world-size 4 --tp 2 --fsdp2", "--fsdp2"},
+           {"--world-size 2 --zero 3", "--fsdp2"},
+           {"--world-size 2 --fsdp2 --precision mixed", "--precision mixed"},
+           {"--world-size 2 --fsdp2 --adamw-impl fused", "--adamw-impl fused"},
+           {"--world-size 2 --fsdp2 --explain", "--explain"},
+           {"--world-size 2 --fsdp2 --optimizer sgd", "--optimizer"}}) {
+    const Result r = trainmem(base + args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.err.find(want), std::string::npos) << args << ": " << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace trainmem::e2e
