@@ -65,6 +65,22 @@ TEST(CliE2EHfFsdp2, EveryRankOnceWithItsShardAndStatesByHand) {
   EXPECT_EQ(seen, (std::set<int>{0, 1, 2, 3}));
   EXPECT_EQ(states, 2 * 2 * params);
   EXPECT_EQ(j["worst_peak"].get<u64>(), worst);
+
+  // --precision mixed under FSDP2: an fp32 model under MixedPrecisionPolicy(bf16, fp32): the
+  // shards and both moments in fp32, the gathers in bf16 (the same gathered bytes).
+  const Result m = trainmem(
+      "estimate --model tiny-awkward --profile hf-eager --world-size 4 --fsdp2 --batch 2 --seq 64 "
+      "--format json --precision mixed");
+  ASSERT_EQ(m.code, 0) << m.err;
+  const json mj = m.j();
+  EXPECT_EQ(mj["precision"], "mixed");
+  u64 mixed_states = 0;
+  for (const json& g : mj["rank_groups"]) {
+    EXPECT_EQ(g["live_at_start_by_category"]["params"].get<u64>(), 2 * shard);
+    mixed_states +=
+        g["ranks"].size() * g["live_at_start_by_category"]["optimizer_states"].get<u64>();
+  }
+  EXPECT_EQ(mixed_states, 2 * 4 * params);
 }
 
 // reshard_after_forward=False (--zero 2) keeps every layer gathered from its forward to its
@@ -95,7 +111,7 @@ TEST(CliE2EHfFsdp2, WhatItDoesNotModelExits2NamingTheFlag) {
            {"--world-size 2", "--fsdp2"},
            {"--world-size 4 --tp 2 --fsdp2", "--fsdp2"},
            {"--world-size 2 --zero 3", "--fsdp2"},
-           {"--world-size 2 --fsdp2 --precision mixed", "--precision mixed"},
+           {"--world-size 2 --fsdp2 --precision amp", "--precision amp"},
            {"--world-size 2 --fsdp2 --adamw-impl fused", "--adamw-impl fused"},
            {"--world-size 2 --fsdp2 --explain", "--explain"},
            {"--world-size 2 --fsdp2 --optimizer sgd", "--optimizer"}}) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Records every allocation and free of a whole HuggingFace training step under PyTorch FSDP2,
+r"""Records every allocation and free of a whole HuggingFace training step under PyTorch FSDP2,
 on every rank (issue 32, points 3-4: the HF step per rank).
 
 The same tracer as tools/hf_step_events.py (PyTorch's profiler with profile_memory=True, one
@@ -22,20 +22,31 @@ dimensions of tools/fsdp2_states.py by default (intermediate 353, vocabulary 100
 pads) so that padding shows. Each rank's inputs are drawn with its own seed (sizes do not
 depend on them).
 
-What the main thread cannot show: gloo runs each collective on its own worker threads, and what
-gloo allocates there (a flat staging tensor for all-gather) is not in the trace: NCCL on a GPU
-allocates nothing of the kind, so the trace is the GPU's sequence in this respect. FSDP2's own
+gloo, not NCCL: what gloo allocates inside a collective (a flat staging tensor, on the main
+thread inside c10d's op or on its worker thread) is left out, as NCCL allocates nothing of the
+kind; the profiler counts allocation ids per thread, so the events are paired by address; and
+each collective is waited for, with a 5 ms pause, before FSDP goes on, so that gloo's worker
+has let go of the buffers first (otherwise the last reference was sometimes the worker's, the
+free happened outside the profile and two runs differed). FSDP2's own
 buffers (the all-gather input/output, each parameter's unsharded buffer, the reduce-scatter
 input and output) are allocated on the main thread and are in it. The optimizer's `step`
 scalars are CPU tensors here as on a GPU (4 B each).
 
+With --mp on the model is fp32 and every fully_shard gets
+MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) (torchtitan's
+default; trainmem's `--precision mixed` under FSDP2).
+
 Writes, with --write DIR, one golden per configuration:
-  DIR/<family>-5.25[-sdpa]-pure[-ckpt][-noreshard]-fsdp2-np<N>.json
+  DIR/<family>-5.25[-sdpa]-<pure|mp>[-ckpt][-noreshard]-fsdp2-np<N>.json
 with, per rank, the step summaries of hf_step_events.py (live at start, peak, its phase, the
 phase maxima, categories at the peak, event counts; step 2 is the one compared).
 
     /tmp/venv-torch/bin/python tools/hf_step_fsdp2.py --nprocs 2 --attention eager --ckpt off
-    /tmp/venv-torch/bin/python tools/hf_step_fsdp2.py --all --write tests/data/hf_step_fsdp2
+    for n in 2 4; do /tmp/venv-torch/bin/python tools/hf_step_fsdp2.py --nprocs $n \
+        --family all --attention all --ckpt all --reshard all --mp all \
+        --write tests/data/hf_step_fsdp2; done                 # about 8 minutes on 2 cores
+
+Two runs write identical goldens.
 """
 import argparse
 import gc
@@ -87,17 +98,23 @@ def run_rank(rank, nprocs, port, configs, queue):
         marks = hse.Marks()
         gc.collect()
         with hse.profiler() as prof:
-            version, model = hse.build(cfg["family"], cfg["attention"], torch.bfloat16)
+            version, model = hse.build(cfg["family"], cfg["attention"],
+                                       torch.float32 if cfg["mp"] else torch.bfloat16)
+            extra = {}
+            if cfg["mp"]:  # fp32 model, gathered in bf16, gradients reduced in fp32
+                from torch.distributed.fsdp import MixedPrecisionPolicy
+                extra["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                          reduce_dtype=torch.float32)
             model.train()
             if cfg["ckpt"]:
                 model.gradient_checkpointing_enable(
                     gradient_checkpointing_kwargs={"use_reentrant": False})
             for layer in model.model.layers:
                 if cfg["reshard"]:
-                    fully_shard(layer, mesh=mesh)
+                    fully_shard(layer, mesh=mesh, **extra)
                 else:
-                    fully_shard(layer, mesh=mesh, reshard_after_forward=False)
-            fully_shard(model, mesh=mesh)
+                    fully_shard(layer, mesh=mesh, reshard_after_forward=False, **extra)
+            fully_shard(model, mesh=mesh, **extra)
             params = list(model.parameters())
             opt = torch.optim.AdamW(params, foreach=True)
             gen = torch.Generator().manual_seed(rank)
@@ -205,15 +222,18 @@ def configs_for(a):
     atts = ["eager", "sdpa"] if a.attention == "all" else [a.attention]
     ckpts = [False, True] if a.ckpt == "all" else [a.ckpt == "on"]
     reshards = [True, False] if a.reshard == "all" else [a.reshard == "on"]
+    mps = [False, True] if a.mp == "all" else [a.mp == "on"]
     out = []
     for fam in fams:
         for att in atts:
             for ck in ckpts:
                 for rs in reshards:
-                    name = (f"{fam}-5.25{'-sdpa' if att == 'sdpa' else ''}-pure"
-                            f"{'-ckpt' if ck else ''}{'' if rs else '-noreshard'}")
-                    out.append(dict(name=name, family=fam, attention=att, ckpt=ck, reshard=rs,
-                                    dims=dict(ODD)))
+                    for mp in mps:
+                        name = (f"{fam}-5.25{'-sdpa' if att == 'sdpa' else ''}"
+                                f"{'-mp' if mp else '-pure'}"
+                                f"{'-ckpt' if ck else ''}{'' if rs else '-noreshard'}")
+                        out.append(dict(name=name, family=fam, attention=att, ckpt=ck,
+                                        reshard=rs, mp=mp, dims=dict(ODD)))
     return out
 
 
@@ -225,6 +245,9 @@ def main():
     ap.add_argument("--ckpt", default="off", choices=["off", "on", "all"])
     ap.add_argument("--reshard", default="on", choices=["on", "off", "all"],
                     help="reshard_after_forward of the layers (off: SHARD_GRAD_OP)")
+    ap.add_argument("--mp", default="off", choices=["on", "off", "all"],
+                    help="on: an fp32 model under MixedPrecisionPolicy(param_dtype=bfloat16, "
+                         "reduce_dtype=float32) (golden names -mp instead of -pure)")
     ap.add_argument("--port", type=int, default=29541)
     ap.add_argument("--write", metavar="DIR")
     ap.add_argument("--dump", action="store_true", help="print rank 0's step-2 events")
@@ -261,7 +284,11 @@ def main():
             doc = dict(
                 configuration=cfg["name"], nprocs=a.nprocs, family=cfg["family"],
                 attention=cfg["attention"], checkpointing=cfg["ckpt"],
-                reshard_after_forward_layers=cfg["reshard"], recipe="pure", dtype="bfloat16",
+                reshard_after_forward_layers=cfg["reshard"],
+                recipe="mixed_precision_policy" if cfg["mp"] else "pure",
+                dtype="float32" if cfg["mp"] else "bfloat16",
+                mixed_precision_policy=("MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+                                        "reduce_dtype=torch.float32)") if cfg["mp"] else None,
                 batch=2, seq=64, steps=2, recorded_step=2, adamw_impl="foreach",
                 versions={"transformers": ranks[0]["version"],
                           "torch": torch.__version__.split("+")[0],

@@ -859,12 +859,15 @@ class Step {
 // layer and the root.
 class Fsdp {
  public:
-  Fsdp(Sim& sim, std::vector<Param>& params, const Shard& sh, u64 width, int layers, bool reshard,
-       bool cpu)
+  // `width`: the gathered parameters' (param_dtype); `rest`: the sharded parameters' and the
+  // reductions' (the model's dtype, reduce_dtype).
+  Fsdp(Sim& sim, std::vector<Param>& params, const Shard& sh, u64 width, u64 rest, int layers,
+       bool reshard, bool cpu)
       : sim_(sim),
         params_(params),
         sh_(sh),
         w_(width),
+        rw_(rest),
         layers_(layers),
         reshard_(reshard),
         cpu_(cpu),
@@ -913,7 +916,7 @@ class Fsdp {
     if (!on()) return;
     reshard(unit);
     sim_.drop(rs_);
-    rs_ = sim_.alloc(bytes(unit_elems(unit)), "fsdp.reduce_scatter_input." + unit_name(unit),
+    rs_ = sim_.alloc(rest_bytes(unit_elems(unit)), "fsdp.reduce_scatter_input." + unit_name(unit),
                      HfStepKind::communication);
     if (cpu_) {
       std::vector<Id> pads;
@@ -921,6 +924,11 @@ class Fsdp {
         if (p.unit == unit && p.rows % sh_.n != 0)
           pads.push_back(sim_.alloc(bytes(sh_.unsharded_elems(p)), "fsdp.chunk_cat_pad." + p.name,
                                     HfStepKind::temporary));
+      if (w_ != rw_)  // the CPU casts each (padded) gradient to the reduce dtype through a copy
+        for (Param& p : params_)
+          if (p.unit == unit)
+            sim_.drop(sim_.alloc(bytes(sh_.unsharded_elems(p)), "fsdp.chunk_cat_cast." + p.name,
+                                 HfStepKind::temporary));
       for (Id t : pads) sim_.drop(t);
     }
     for (Param& p : params_)
@@ -928,7 +936,7 @@ class Fsdp {
         sim_.drop(p.grad);
         p.grad = kNone;
       }
-    grads_[idx(unit)] = sim_.alloc(bytes(unit_elems(unit) / sh_.n),
+    grads_[idx(unit)] = sim_.alloc(rest_bytes(unit_elems(unit) / sh_.n),
                                    "fsdp.sharded_grad." + unit_name(unit), HfStepKind::gradient);
   }
   void end_backward() {  // the root's post-backward callback frees the last reduce-scatter input
@@ -952,15 +960,24 @@ class Fsdp {
     return unit < 0 ? std::string("root") : "layers." + std::to_string(unit);
   }
   u64 bytes(u64 elems) const { return checked_mul(elems, w_, "bytes"); }
+  u64 rest_bytes(u64 elems) const { return checked_mul(elems, rw_, "bytes"); }
   u64 unit_elems(int unit) const {
     u64 n = 0;
     for (const Param& p : params_)
       if (p.unit == unit) n = checked_add(n, sh_.unsharded_elems(p), "elements");
     return n;
   }
+  // With a param_dtype other than the parameters' the shards are first cast into one input
+  // buffer, copied into the output's slice and freed.
   Id gather(int unit) {
-    return sim_.alloc(bytes(unit_elems(unit)), "fsdp.all_gather." + unit_name(unit),
-                      HfStepKind::communication);
+    const Id in = w_ == rw_ ? kNone
+                            : sim_.alloc(bytes(unit_elems(unit) / sh_.n),
+                                         "fsdp.all_gather_input." + unit_name(unit),
+                                         HfStepKind::communication);
+    const Id out = sim_.alloc(bytes(unit_elems(unit)), "fsdp.all_gather." + unit_name(unit),
+                              HfStepKind::communication);
+    sim_.drop(in);
+    return out;
   }
   void copy_out(int unit) {
     for (Param& p : params_)
@@ -979,7 +996,7 @@ class Fsdp {
   Sim& sim_;
   std::vector<Param>& params_;
   Shard sh_;
-  u64 w_;
+  u64 w_, rw_;
   int layers_;
   bool reshard_, cpu_;
   Id held_ = kNone;  // the forward's last all-gather output
@@ -1026,10 +1043,11 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
   if (o.fsdp_world < 1 || o.fsdp_rank < 0 || o.fsdp_rank >= o.fsdp_world)
     throw InputError("hf_step: FSDP2 rank " + std::to_string(o.fsdp_rank) + " of " +
                      std::to_string(o.fsdp_world) + " ranks");
-  if (o.fsdp_world > 1 && hf.recipe(t.dtype) != Precision::pure)
-    throw InputError(std::string("--precision ") + precision_name(hf.recipe(t.dtype)) +
-                     ": the HF step under FSDP2 models the pure recipe (the model in --dtype, "
-                     "no MixedPrecisionPolicy); give --precision pure");
+  if (o.fsdp_world > 1 && hf.recipe(t.dtype) == Precision::amp)
+    throw InputError(
+        "--precision amp: the HF step under FSDP2 models pure (the model in --dtype, no "
+        "MixedPrecisionPolicy) and mixed (an fp32 model under MixedPrecisionPolicy(param_dtype="
+        "--dtype, reduce_dtype=float32)), not autocast");
   if (o.fsdp_world > 1 && hf.adamw_impl != AdamwImpl::foreach_)
     throw InputError(std::string("--adamw-impl ") + adamw_impl_name(hf.adamw_impl) +
                      ": the HF step under FSDP2 models foreach AdamW (its default on a GPU)");
@@ -1101,18 +1119,23 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
   auto owned = [&](const Param& p) { return sh.n > 1 ? sh.local_elems(p) : p.elems; };
 
   const bool mixed = hf.recipe(t.dtype) == Precision::mixed;
+  // mixed under FSDP2 is its MixedPrecisionPolicy(param_dtype=--dtype, reduce_dtype=float32)
+  // on an fp32 model: the fp32 parameters are the masters (no copy of their own), gathered in
+  // 16 bits; the step computes as the pure recipe does.
+  const bool fsdp_mp = sh.n > 1 && mixed;
+  const bool masters = mixed && !fsdp_mp;
+  const u64 rw = fsdp_mp ? 4 : d.pw;         // the parameters' (and buffers') width at rest
   const u64 sw = mixed || d.amp ? 4 : d.pw;  // AdamW's state (and master) width
   const bool steps_on_device = o.cpu_kernels || hf.adamw_impl == AdamwImpl::fused;
   // What is alive when the step begins.
   for (auto& p : params)
-    sim.alloc(checked_mul(at_rest(p), d.pw, "bytes"), p.name, HfStepKind::parameter);
-  if (mixed)  // the fp32 masters AdamW updates (alive for the whole run)
+    sim.alloc(checked_mul(at_rest(p), rw, "bytes"), p.name, HfStepKind::parameter);
+  if (masters)  // the fp32 masters AdamW updates (alive for the whole run)
     for (auto& p : params)
       sim.alloc(checked_mul(p.elems, 4, "bytes"), "master." + p.name, HfStepKind::master_param);
   // rotary_emb.inv_freq and original_inv_freq, (d/2) each, in the model's dtype
-  sim.alloc(checked_mul(d.d / 2, d.pw, "bytes"), "rotary_emb.inv_freq", HfStepKind::buffer);
-  sim.alloc(checked_mul(d.d / 2, d.pw, "bytes"), "rotary_emb.original_inv_freq",
-            HfStepKind::buffer);
+  sim.alloc(checked_mul(d.d / 2, rw, "bytes"), "rotary_emb.inv_freq", HfStepKind::buffer);
+  sim.alloc(checked_mul(d.d / 2, rw, "bytes"), "rotary_emb.original_inv_freq", HfStepKind::buffer);
   sim.alloc(d.tok(1, 8), "input_ids", HfStepKind::input);
   sim.alloc(d.tok(1, 8), "labels", HfStepKind::input);
   auto create_state = [&](Param& p) {
@@ -1140,7 +1163,7 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
   st.first_step_tensor = first_step_tensor;
 
   Step step(d, sim, params);
-  Fsdp fsdp(sim, params, sh, d.pw, static_cast<int>(d.L), o.reshard_after_forward, d.cpu);
+  Fsdp fsdp(sim, params, sh, d.pw, rw, static_cast<int>(d.L), o.reshard_after_forward, d.cpu);
   // ---- forward (LlamaModel.forward)
   fsdp.pre_forward(-1);
   const Id emb = sim.alloc(d.tok(d.h, d.pw), "model.embed_tokens.out");
@@ -1257,7 +1280,7 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
   // fused AdamW allocates nothing: the phase's one instant is then the live total it begins at
   const std::size_t optimizer_begins = st.events.size();
   std::vector<Id> mgrads;
-  if (mixed)
+  if (masters)
     for (auto& p : params)
       mgrads.push_back(sim.alloc(checked_mul(p.elems, 4, "bytes"), "master_grad." + p.name,
                                  HfStepKind::master_grad));

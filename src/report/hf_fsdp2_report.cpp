@@ -50,7 +50,11 @@ std::string setup_line(const HfFsdp2Report& r) {
          (t.checkpointing == Checkpointing::full ? "full" : "none") + "; FSDP2 over " +
          std::to_string(r.world) + " ranks: fully_shard(layer" +
          (r.reshard_after_forward ? "" : ", reshard_after_forward=False") +
-         ") on every decoder layer, then fully_shard(model), no MixedPrecisionPolicy";
+         ") on every decoder layer, then fully_shard(model), " +
+         (r.hf.recipe(t.dtype) == Precision::mixed
+              ? std::string("an fp32 model under MixedPrecisionPolicy(param_dtype=") +
+                    dtype_name(t.dtype) + ", reduce_dtype=float32)"
+              : std::string("no MixedPrecisionPolicy (the model in ") + dtype_name(t.dtype) + ")");
 }
 
 json report_json(const HfFsdp2Report& r) {

@@ -85,8 +85,9 @@ struct HfStepOptions {
   bool cpu_kernels = false;
   // PyTorch FSDP2 (docs/hf-step.md, "Per rank under FSDP2"): fully_shard(layer) on every
   // decoder layer, then fully_shard(model) (the root: embeddings, final norm, lm_head), over
-  // fsdp_world ranks, the step as rank fsdp_rank runs it; 1: no sharding. Pure recipe only (no
-  // MixedPrecisionPolicy: gathers and reductions in the parameters' dtype).
+  // fsdp_world ranks, the step as rank fsdp_rank runs it; 1: no sharding. The pure recipe (no
+  // MixedPrecisionPolicy: gathers and reductions in the parameters' dtype) or mixed, FSDP2's
+  // way: an fp32 model under MixedPrecisionPolicy(param_dtype=--dtype, reduce_dtype=float32).
   int fsdp_world = 1;
   int fsdp_rank = 0;
   bool reshard_after_forward = true;  // the layers' (the root stays gathered after forward)
