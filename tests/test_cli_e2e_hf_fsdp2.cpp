@@ -105,6 +105,27 @@ TEST(CliE2EHfFsdp2, ShardGradOpHoldsTheLayersGathered) {
   EXPECT_NE(t.out.find("--precision pure, the default here"), std::string::npos) << t.out;
 }
 
+// maxbatch searches with the worst rank's HF step under FSDP2: the answer's step fits the budget
+// in estimate's report of the same layout, one more does not.
+TEST(CliE2EHfFsdp2, MaxbatchAnswersWithTheWorstRanksStep) {
+  const std::string layout = " --model tiny-gqa --profile hf-sdpa --world-size 2 --fsdp2 --seq 64";
+  const Result r =
+      trainmem("maxbatch --budget 8MiB --cuda-context 0 --nccl-memory 0 --format json" + layout);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.j();
+  EXPECT_EQ(j["profile"], "hf-sdpa");
+  const std::int64_t best = j["best"];
+  ASSERT_GT(best, 0);
+  auto worst_at = [&](std::int64_t b) {
+    const Result e = trainmem("estimate --format json --batch " + std::to_string(b) + layout);
+    EXPECT_EQ(e.code, 0) << e.err;
+    return e.j()["worst_peak"].get<u64>();
+  };
+  EXPECT_EQ(j["worst_rank_peak"].get<u64>(), worst_at(best));
+  EXPECT_LE(worst_at(best), 8u << 20);
+  EXPECT_GT(worst_at(best + 1), 8u << 20);
+}
+
 TEST(CliE2EHfFsdp2, WhatItDoesNotModelExits2NamingTheFlag) {
   const std::string base = "estimate --model tiny --seq 32 --batch 1 --profile hf-eager ";
   for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
@@ -119,6 +140,10 @@ TEST(CliE2EHfFsdp2, WhatItDoesNotModelExits2NamingTheFlag) {
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
     EXPECT_NE(r.err.find(want), std::string::npos) << args << ": " << r.err;
   }
+  const Result m =
+      trainmem("maxbatch --model tiny --seq 32 --budget 1GiB --profile hf-eager --world-size 2");
+  EXPECT_EQ(m.code, 2) << m.out;
+  EXPECT_NE(m.err.find("--fsdp2"), std::string::npos) << m.err;
 }
 
 }  // namespace

@@ -97,14 +97,7 @@ std::vector<report::EstimateRun> compute(const Common& c, const std::string& all
 int estimate_hf_fsdp2(const Common& c, const ParallelConfig& par, const std::string& allocator,
                       bool explain, bool paper) {
   const std::string prof = c.profiles.front();
-  if (!par.per_parameter() || par.zero != 3 || par.tp != 1 || par.pp != 1 || par.cp != 1 ||
-      par.offload != Offload::none || par.microbatches != 1 || par.dp != par.world)
-    throw InputError("--profile " + prof +
-                     ": with --world-size above 1 the HF step is modelled per rank under "
-                     "PyTorch FSDP2 over data parallelism alone: --fsdp2 (FULL_SHARD), or "
-                     "--fsdp2 --zero 2 (reshard_after_forward=False), no --tp/--pp/--cp, "
-                     "--offload or --microbatches; got " +
-                     par.describe());
+  check_hf_fsdp2_layout(prof, par);
   if (explain) throw InputError("--explain: not with the HF step per rank (--fsdp2)");
   if (paper) throw InputError("--paper: a single-GPU table; not with --world-size above 1");
   if (c.optimizers.size() != 1 || c.checkpointing_modes.size() != 1)

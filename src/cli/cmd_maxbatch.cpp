@@ -136,11 +136,12 @@ int run_maxbatch(const MaxbatchFlags& flags) {
                        "one of hf-eager, hf-sdpa (the HF step's event sequence, transformers "
                        "5.25)");
     const Profile p = *parse_profile(prof);
-    if (par.distributed() || flags.layout.world != 1)
-      throw InputError("--profile " + prof +
-                       " with a --world-size layout: the HF step is modelled on one GPU");
     rq.hf_step = p;
     rq.hf = c.hf;
+    if (par.distributed()) {  // every rank's step under FSDP2 (pure unless --precision says)
+      check_hf_fsdp2_layout(prof, par);
+      if (!rq.hf.precision) rq.hf.precision = Precision::pure;
+    }
     rq.hf.era = hf_era_for(p, c.hf, c.model);
     const std::string why = hf_step_unsupported(c.model, c.train, rq.hf);
     if (!why.empty()) throw InputError(why);
@@ -170,7 +171,7 @@ int run_maxbatch(const MaxbatchFlags& flags) {
       throw InputError(
           "--overhead with --world-size above 1: state the overheads per GPU with "
           "--cuda-context and --nccl-memory");
-    check_layout_request(c, false, false, /*policy_list=*/true);
+    if (!rq.hf_step) check_layout_request(c, false, false, /*policy_list=*/true);
     rq.layout = par;
     rq.overheads = resolve_overheads(flags.layout);
   } else {

@@ -139,6 +139,17 @@ OverheadOptions resolve_overheads(const LayoutFlags& f) {
   return o;
 }
 
+void check_hf_fsdp2_layout(const std::string& profile, const ParallelConfig& par) {
+  if (!par.per_parameter() || par.zero != 3 || par.tp != 1 || par.pp != 1 || par.cp != 1 ||
+      par.offload != Offload::none || par.microbatches != 1 || par.dp != par.world)
+    throw InputError("--profile " + profile +
+                     ": with --world-size above 1 the HF step is modelled per rank under "
+                     "PyTorch FSDP2 over data parallelism alone: --fsdp2 (FULL_SHARD), or "
+                     "--fsdp2 --zero 2 (reshard_after_forward=False), no --tp/--pp/--cp, "
+                     "--offload or --microbatches; got " +
+                     par.describe());
+}
+
 void check_layout_request(const Common& c, bool explain, bool paper, bool policy_list) {
   if (c.optimizers.size() != 1)
     throw InputError(

@@ -46,6 +46,9 @@ Sharding resolve_sharding(const std::string& sharding, bool fsdp2);
 // What the per-rank estimate supports (InputError naming the flag otherwise): one optimizer,
 // one checkpointing policy (a list where the command searches each: `policy_list`), the native
 // profile, no --explain or --paper.
+// The HF step per rank (--profile hf-eager|hf-sdpa with --world-size) is modelled under PyTorch
+// FSDP2 over data parallelism alone: InputError naming the flags otherwise.
+void check_hf_fsdp2_layout(const std::string& profile, const ParallelConfig& par);
 void check_layout_request(const Common& c, bool explain, bool paper, bool policy_list = false);
 
 }  // namespace trainmem::cli

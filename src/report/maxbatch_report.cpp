@@ -48,7 +48,10 @@ std::string peaks_banner(const MaxbatchRequest& rq, const std::string& how,
     const std::string seq = std::string("the HF step's event sequence (") +
                             profile_name(*rq.hf_step) + ", transformers 5.25, precision " +
                             precision_name(rq.hf.recipe(rq.train.dtype)) + ", AdamW " +
-                            adamw_impl_name(rq.hf.adamw_impl) + "; docs/hf-step.md)";
+                            adamw_impl_name(rq.hf.adamw_impl) + "; docs/hf-step.md)" +
+                            (rq.layout && rq.layout->distributed()
+                                 ? ", every distinct rank's under FSDP2, the worst kept"
+                                 : "");
     if (!rq.allocator) return "peaks: " + seq;
     return "peaks: what PyTorch's caching allocator would reserve (a model, --allocator " +
            rq.allocator->spec + ", " + how + "; docs/allocator.md) for " + seq;
@@ -168,6 +171,7 @@ std::string render_layout(const MaxbatchRequest& rq, const MaxbatchResult& m,
                 {"nccl_source", over.nccl_source}}},
               {"peak_kind", rq.allocator ? "reserved" : "allocated"},
               {"allocator", rq.allocator ? json(rq.allocator->spec) : json(nullptr)},
+              {"profile", rq.hf_step ? profile_name(*rq.hf_step) : "native"},
               {"layout", layout_json(par)},
               {"model", report::model_json(model, model.param_count())},
               {"run", report::run_json(train, "meta", 2)},

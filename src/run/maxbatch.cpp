@@ -70,8 +70,8 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
   if (step < 1 || step > maxbatch_step_max(vary_batch))
     throw Error("find_max: the step is outside 1..maxbatch_step_max (the caller checks --step)");
   const bool distributed = rq.layout && rq.layout->distributed();
-  if (rq.hf_step && (distributed || rq.hf_peft))
-    throw Error("find_max: the HF step is one GPU's full fine-tune (the caller refuses the rest)");
+  if (rq.hf_step && rq.hf_peft)
+    throw Error("find_max: the HF step is a full fine-tune (the caller refuses hf-peft with it)");
   if (rq.hf_peft && (distributed || rq.allocator))
     throw Error(
         "find_max: hf-peft is one GPU's analytic step (the caller refuses layouts and "
@@ -116,6 +116,20 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
   // or the worst rank of the layout, on meta.
   auto peak_of = [&](const TrainConfig& t) -> std::uint64_t {
     if (rq.hf_peft) return estimate(Profile::hf_peft, rq.model, t, *rq.hf_peft).figures.peak;
+    if (rq.hf_step && distributed) {
+      // every distinct rank's step under FSDP2, the worst kept (with --allocator each rank's
+      // reserve without a device limit, as for the native step's ranks)
+      HfStepOptions so;
+      so.sdpa = *rq.hf_step == Profile::hf_sdpa;
+      so.fsdp_world = static_cast<int>(rq.layout->world);
+      so.reshard_after_forward = rq.layout->reshard_after_forward;
+      std::uint64_t worst = 0;
+      for (const auto& g : hf_step_fsdp2_ranks(rq.model, t, rq.hf, so))
+        worst =
+            std::max(worst, rq.allocator ? replay_hf_step(g.step, *rq.allocator).run_reserved_peak
+                                         : g.step.peak);
+      return worst;
+    }
     if (rq.hf_step) return hf_sequence(t).peak;
     if (distributed) {
       // --allocator: each rank's reserve without a device limit (no release-and-retry).

@@ -62,9 +62,10 @@ struct MaxbatchRequest {
   // profile's (transformers + peft + bitsandbytes; the category maxima added, no transients),
   // since trainmem's own step does not run LoRA yet.
   std::optional<HfOptions> hf_peft;
-  // --profile hf-eager|hf-sdpa (one GPU, transformers 5.25): each candidate's peak is the HF
-  // step's event sequence (hf_step.hpp) under hf's recipe; with --allocator what the allocator
-  // model reserves for that sequence on a device of budget − overhead.
+  // --profile hf-eager|hf-sdpa (transformers 5.25): each candidate's peak is the HF step's
+  // event sequence (hf_step.hpp) under hf's recipe; with --allocator what the allocator model
+  // reserves for that sequence on a device of budget − overhead. With a layout (FSDP2 over
+  // data parallelism, the caller checks it) every distinct rank's step, the worst kept.
   std::optional<Profile> hf_step;
   HfOptions hf;
 };
