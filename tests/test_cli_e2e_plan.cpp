@@ -59,34 +59,43 @@ TEST(CliE2EPlan, TinyJsonCountsRanksAndRejects) {
   EXPECT_TRUE(pp4) << j["rejected"].dump(1);
 }
 
-// --fsdp2: only ZeRO-3 layouts sharded per parameter, no offload; each shown candidate's memory
-// is the per-rank estimate of that layout (rank 0, the most rows), and --sharding per-parameter
-// keeps the other stages while its ZeRO-3 layouts shard per parameter.
+// --fsdp2: only FSDP2's layouts, sharded per parameter, no offload: FULL_SHARD and
+// SHARD_GRAD_OP (ZeRO-3 with reshard_after_forward=False, what --fsdp2 --zero 2 runs); each
+// shown candidate's memory is the per-rank estimate of that layout, and --sharding
+// per-parameter keeps ZeRO-0 and 1 flat while its stages 2 and 3 are FSDP2's.
 TEST(CliE2EPlan, Fsdp2EnumeratesPerParameterZeroThree) {
   const std::string awkward =
       "plan --model tiny-awkward --gpus 4 --gpu-memory 16GiB --seq 16 --global-batch 8 "
       "--checkpointing none,full --activation-offload off --cp 1";
-  const Result r = trainmem(awkward + " --fsdp2 --format json");
+  const Result r = trainmem(awkward + " --fsdp2 --top 400 --format json");
   ASSERT_EQ(r.code, 0) << r.err;
   const json j = r.j();
   ASSERT_FALSE(j["candidates"].empty());
+  std::set<bool> reshard;
   for (const auto& c : j["candidates"]) {
     EXPECT_EQ(c["layout"]["zero"], 3) << c.dump();
     EXPECT_EQ(c["layout"]["sharding"], "per-parameter") << c.dump();
     EXPECT_EQ(c["layout"]["offload"], "none") << c.dump();
+    reshard.insert(c["layout"]["reshard_after_forward"].get<bool>());
   }
-  for (const auto& f : j["rejected"])
-    EXPECT_NE(f["family"].get<std::string>().find("ZeRO-3"), std::string::npos) << f.dump();
+  EXPECT_EQ(reshard, (std::set<bool>{false, true}));  // SHARD_GRAD_OP and FULL_SHARD
+  for (const auto& f : j["rejected"]) {
+    const std::string fam = f["family"];
+    EXPECT_TRUE(fam.find("ZeRO-3") != std::string::npos || fam.find("ZeRO-2") != std::string::npos)
+        << f.dump();
+  }
   const Result both = trainmem(awkward + " --sharding per-parameter --top 400 --format json");
   ASSERT_EQ(both.code, 0) << both.err;
   std::set<std::string> seen;
   const json jb = both.j();
   for (const auto& c : jb["candidates"]) {
     const int zero = c["layout"]["zero"];
+    EXPECT_NE(zero, 2) << c.dump();  // stage 2 is SHARD_GRAD_OP: ZeRO-3 gathered fwd to bwd
     EXPECT_EQ(c["layout"]["sharding"], zero == 3 ? "per-parameter" : "flat") << c.dump();
-    seen.insert(std::to_string(zero));
+    seen.insert(std::to_string(zero) +
+                (c["layout"]["reshard_after_forward"].get<bool>() ? "" : " SHARD_GRAD_OP"));
   }
-  EXPECT_EQ(seen.size(), 4u);  // ZeRO 0-3 all fit this small model
+  EXPECT_EQ(seen, (std::set<std::string>{"0", "1", "3", "3 SHARD_GRAD_OP"}));
   const Result bad = trainmem(awkward + " --fsdp2 --sharding flat");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("--fsdp2 with --sharding flat"), std::string::npos) << bad.err;

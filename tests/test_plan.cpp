@@ -363,6 +363,14 @@ TEST(Plan, TheCostModelMatchesHandComputedFigures) {
     p.microbatches = 1;
     p.zero = 3;  // M = 1: 1.5 × the all-reduce
     EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).dp_bytes, 1.5 * 234112.0);
+    // FSDP2's SHARD_GRAD_OP gathers once per micro-batch, for the forward and the backward:
+    // 2·M·(dp−1)/dp·P·w = 2 · 1 · 0.5 · 117056 · 2, the all-reduce's volume.
+    p.sharding = Sharding::per_parameter;
+    p.reshard_after_forward = false;
+    EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).dp_bytes, 234112.0);
+    p.reshard_after_forward = true;
+    EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).dp_bytes, 1.5 * 234112.0);
+    p.sharding = Sharding::flat;
     // Sequence parallelism moves the same bytes.
     p.dp = 1;
     p.tp = 2;

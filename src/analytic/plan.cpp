@@ -273,6 +273,9 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
       break;
     default:  // 3: + the parameters gathered for every forward and every backward
       c.dp_bytes = 3.0 * M * f * P_local * w;
+      // FSDP2's SHARD_GRAD_OP: a layer gathered in forward is kept for its backward
+      if (layout.per_parameter() && !layout.reshard_after_forward)
+        c.dp_bytes = 2.0 * M * f * P_local * w;
       // LoRA: the gathers carry every parameter, the frozen base's too; the reduce-scatters
       // the adapters' gradients alone.
       if (train.lora()) c.dp_bytes = M * f * P_local * w + 2.0 * M * f * (P + Pa) / (tp * pp) * w;
@@ -426,7 +429,10 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
       fam.zero = zero;
       bool family_fits = false, enumerated_any = false;
       // ZeRO-3 under per-parameter sharding (FSDP2): no offload (CPUOffloadPolicy unmodelled).
-      const bool fsdp2 = zero == 3 && options.sharding == Sharding::per_parameter;
+      // Stage 2 under per-parameter sharding is FSDP2's SHARD_GRAD_OP: the parameters sharded
+      // at rest, each layer kept gathered from its forward to its backward
+      // (reshard_after_forward=False), as the command line reads --fsdp2 --zero 2.
+      const bool fsdp2 = (zero == 3 || zero == 2) && options.sharding == Sharding::per_parameter;
       for (Offload off : options.offloads) {
         if (!enumerated(tr.dp * tr.cp, zero, off)) continue;
         if (fsdp2 && off != Offload::none) continue;
@@ -458,8 +464,9 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
                   layout.tp = tr.tp;
                   layout.pp = tr.pp;
                   layout.cp = tr.cp;
-                  layout.zero = zero;
+                  layout.zero = fsdp2 ? 3 : zero;
                   layout.sharding = fsdp2 ? Sharding::per_parameter : Sharding::flat;
+                  layout.reshard_after_forward = !(fsdp2 && zero == 2);
                   layout.sp = sp;
                   layout.offload = off;
                   // The micro-batch sizes the layout checks accept, ascending. The checks depend

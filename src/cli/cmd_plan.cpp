@@ -35,7 +35,7 @@ struct PlanFlags {
   std::string activation_offload = "both";  // off|on|both (on: one GPU only)
   std::string cp = "auto";                  // context-parallel degrees: auto or a comma list
   std::string sharding;                     // ZeRO-3's split: flat | per-parameter ("": flat)
-  bool fsdp2 = false;                       // only FSDP2's layouts: ZeRO-3 per-parameter
+  bool fsdp2 = false;  // only FSDP2's layouts: per-parameter FULL_SHARD and SHARD_GRAD_OP
   double margin = 0.05;
   std::int64_t top = 10;
   double tflops = CostModel{}.tflops;
@@ -128,7 +128,8 @@ int run_plan(const PlanFlags& flags) {
     }
   }
   o.sharding = resolve_sharding(flags.sharding, flags.fsdp2);
-  if (flags.fsdp2) o.zero_stages = {3};  // FSDP2's layouts only
+  // FSDP2's layouts only: SHARD_GRAD_OP (stage 2 under per-parameter sharding) and FULL_SHARD
+  if (flags.fsdp2) o.zero_stages = {2, 3};
   if (flags.top < 1) throw InputError("--top must be at least 1, got " + str(flags.top));
   o.top = static_cast<std::size_t>(flags.top);
   o.cost.tflops = flags.tflops;
@@ -200,7 +201,8 @@ Runner register_plan(CLI::App& app) {
                   "How the ZeRO-3 layouts shard: flat (DeepSpeed, FSDP1; the default) or "
                   "per-parameter (PyTorch FSDP2)");
   cmd->add_flag("--fsdp2", f.fsdp2,
-                "Only PyTorch FSDP2's layouts: ZeRO-3 (FULL_SHARD) sharded per parameter");
+                "Only PyTorch FSDP2's layouts, sharded per parameter: FULL_SHARD and "
+                "SHARD_GRAD_OP (reshard_after_forward=False)");
   cmd->add_option("--margin", f.margin,
                   "Fraction of --gpu-memory kept back: a layout fits within gpu-memory × (1 − "
                   "margin)")

@@ -83,6 +83,20 @@ json cost_json(const StepCost& c) {
               {"total_seconds", c.total_seconds}};
 }
 
+// "3", "3 (FSDP2)" or "3 (FSDP2 SHARD_GRAD_OP)": the ZeRO column.
+std::string zero_cell(const ParallelConfig& p) {
+  if (!p.per_parameter()) return str(p.zero);
+  return str(p.zero) + (p.reshard_after_forward ? " (FSDP2)" : " (FSDP2 SHARD_GRAD_OP)");
+}
+
+// A refused family's name; under per-parameter sharding stages 2 and 3 are FSDP2's.
+std::string family_label(const PlanResult& r, const RejectedFamily& f) {
+  std::string name = family_name(f.dp, f.tp, f.pp, f.zero, f.cp);
+  if (r.options.sharding == Sharding::per_parameter && f.zero >= 2)
+    name += f.zero == 3 ? " (FSDP2)" : " (FSDP2 SHARD_GRAD_OP)";
+  return name;
+}
+
 json layout_json(const PlanCandidate& c) {
   return json{{"dp", c.layout.dp},
               {"tp", c.layout.tp},
@@ -90,6 +104,7 @@ json layout_json(const PlanCandidate& c) {
               {"cp", c.layout.cp},
               {"zero", c.layout.zero},
               {"sharding", sharding_name(c.layout.sharding)},
+              {"reshard_after_forward", c.layout.reshard_after_forward},
               {"sp", c.layout.sp},
               {"micro_batch", c.train.batch},
               {"microbatches", c.layout.microbatches},
@@ -176,7 +191,7 @@ json plan_json(const PlanResult& r) {
   const ByteUnit u = table_unit(r.options.gpu_memory);
   json rej = json::array();
   for (const auto& f : r.rejected) {
-    json x = {{"family", family_name(f.dp, f.tp, f.pp, f.zero, f.cp)},
+    json x = {{"family", family_label(r, f)},
               {"dp", f.dp},
               {"tp", f.tp},
               {"pp", f.pp},
@@ -238,7 +253,7 @@ report::Table csv_table(const PlanResult& r) {
                str(c.layout.tp),
                str(c.layout.pp),
                str(c.layout.cp),
-               str(c.layout.zero) + (c.layout.per_parameter() ? " (FSDP2)" : ""),
+               zero_cell(c.layout),
                c.layout.sp ? "yes" : "no",
                checkpointing_name(c.train),
                attention_name(c.train.attention),
@@ -331,7 +346,7 @@ void write_prose(ReportWriter& w, const PlanResult& r) {
                  str(c.layout.tp),
                  str(c.layout.pp),
                  str(c.layout.cp),
-                 str(c.layout.zero) + (c.layout.per_parameter() ? " (FSDP2)" : ""),
+                 zero_cell(c.layout),
                  c.layout.sp ? "yes" : "no",
                  checkpointing_name(c.train),
                  attention_name(c.train.attention),
@@ -358,7 +373,7 @@ void write_prose(ReportWriter& w, const PlanResult& r) {
     report::Table t(
         {{"family", report::Align::left}, {"layouts"}, {"reason", report::Align::left}});
     for (const auto& f : r.rejected)
-      t.add_row({family_name(f.dp, f.tp, f.pp, f.zero, f.cp), std::to_string(f.layouts),
+      t.add_row({family_label(r, f), std::to_string(f.layouts),
                  reason(f, r.budget, u)});
     w.table(t);
   }
