@@ -230,6 +230,37 @@ TEST(CliE2EHtml, ProfileFiguresAreTheJsonReports) {
   EXPECT_EQ(trainmem(args).out.find("Timeline"), std::string::npos);
 }
 
+// estimate's page draws the HF step's timeline (hf-eager/hf-sdpa in transformers 5.25) as the
+// profile page draws the native step's: one peak instant, and the tensors live at the peak add
+// up to the profile's peak in the JSON report.
+TEST(CliE2EHtml, EstimatePageDrawsTheHfStepTimeline) {
+  const std::string args =
+      "estimate --model tiny --batch 2 --seq 64 --profile hf-sdpa --precision amp ";
+  const json j = trainmem(args + "--format json").j();
+  const Result h = trainmem(args + "--format html");
+  ASSERT_EQ(h.code, 0) << h.err;
+  EXPECT_TRUE(has(h.out, "<h2>The hf-sdpa step, event by event (adamw, checkpointing none)"));
+  EXPECT_EQ(count(h.out, "class=\"instant peak\""), 1u);
+  const auto tables = parse_html_tables(h.out);
+  const auto live = std::find_if(tables.begin(), tables.end(), [](const auto& t) {
+    return !t.empty() && !t[0].empty() && t[0][0] == "tensor";
+  });
+  ASSERT_NE(live, tables.end());
+  std::uint64_t sum = 0;
+  for (std::size_t k = 1; k < live->size(); ++k) {
+    std::string b = (*live)[k][3];
+    b.erase(std::remove(b.begin(), b.end(), ','), b.end());
+    sum += std::stoull(b);
+  }
+  EXPECT_EQ(sum, j["analytic"]["hf-sdpa"]["peak"].get<std::uint64_t>());
+  // A profile without an event sequence draws none (the older era's category maxima).
+  const Result older = trainmem(
+      "estimate --model tiny --batch 2 --seq 64 --profile hf-eager --hf-version 4.35 --format "
+      "html");
+  ASSERT_EQ(older.code, 0) << older.err;
+  EXPECT_FALSE(has(older.out, "event by event"));
+}
+
 // The bound docs/output-formats.md states: LLaMA-2-70B's profile page on meta stays under
 // 3 MiB (its timeline downsampled, the tensor records embedded once).
 TEST(CliE2EHtml, Llama70bProfilePageStaysUnderItsBound) {

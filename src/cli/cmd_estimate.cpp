@@ -49,6 +49,7 @@ void write_hf_timeline(const std::string& path, const std::vector<report::Estima
 }
 
 std::vector<report::EstimateRun> compute(const Common& c, const std::string& allocator) {
+  const bool html = c.format == Format::html;
   std::vector<Profile> profiles;
   for (const auto& name : c.profiles) {
     const auto p = parse_profile(name);
@@ -85,6 +86,19 @@ std::vector<report::EstimateRun> compute(const Common& c, const std::string& all
               {profile_name(e.profile), st.peak, replay_hf_step(st, parse_allocator(allocator))});
         }
       }
+      if (html)  // the page draws each HF step's timeline
+        for (const Estimate& e : r.estimates) {
+          if (!e.hf_step_peak) continue;
+          HfStepOptions so;
+          so.sdpa = e.profile == Profile::hf_sdpa;
+          report::EstimateRun::HfTimeline tl;
+          tl.profile = profile_name(e.profile);
+          tl.data = hf_step_timeline(hf_step(e.model, e.train, e.hf, so),
+                                     tl.profile + " step, " + e.model.name + ", precision " +
+                                         precision_name(e.hf.recipe(e.train.dtype)),
+                                     &tl.tensors);
+          r.hf_timelines.push_back(std::move(tl));
+        }
       runs.push_back(std::move(r));
     }
   return runs;

@@ -10,6 +10,8 @@
 #include "trainmem/base/lora.hpp"
 #include "trainmem/report/replay_report.hpp"
 #include "trainmem/report/report.hpp"
+#include "trainmem/report/run_report.hpp"
+#include "trainmem/report/run_report.hpp"
 #include "trainmem/report/schema.hpp"
 #include "trainmem/report/svg_chart.hpp"
 
@@ -417,6 +419,14 @@ void write_estimate(ReportWriter& w, const EstimateResult& c, bool explain, bool
              (e.peak_instant >= 0 ? e.instants[static_cast<std::size_t>(e.peak_instant)].name
                                   : std::string()) +
              " (docs/hf-step.md)");
+  // The HTML page's HF step timelines (the other forms have --timeline).
+  for (const auto& r : runs)
+    for (const auto& t : r.hf_timelines)
+      w.figure([&] {
+        return "<h2>The " + t.profile + " step, event by event (" + optimizer_of(r) +
+               ", checkpointing " + checkpointing_name(r.train) +
+               "): live bytes by category</h2>\n" + timeline_html(t.data, t.tensors);
+      });
   // What each policy re-runs in backward (the native step's; once per policy).
   for (const auto& r : runs)
     if (r.train.optimizer == runs.front().train.optimizer)

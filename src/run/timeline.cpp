@@ -35,7 +35,8 @@ double trace_ts_us(const TimelineData& d, std::size_t i) {
 
 }  // namespace
 
-TimelineData hf_step_timeline(const HfStep& step, std::string title) {
+TimelineData hf_step_timeline(const HfStep& step, std::string title,
+                              std::vector<TensorRecord>* tensors_out) {
   auto phase_of = [](HfStepPhase p) {
     switch (p) {
       case HfStepPhase::backward:
@@ -64,6 +65,14 @@ TimelineData hf_step_timeline(const HfStep& step, std::string title) {
     e.layer = t.layer;
     e.phase = phase;
     events.push_back(e);
+    // the records say when each tensor lives (the page lists those live at an instant)
+    TensorRecord& r = tensors[id];
+    if (alloc) {
+      r.alloc_seq = e.seq;
+      r.phase = phase;
+    } else {
+      r.free_seq = e.seq;
+    }
   };
   for (std::uint32_t i = 0; i < step.tensors.size(); ++i) {
     const HfStepTensor& t = step.tensors[i];
@@ -78,7 +87,9 @@ TimelineData hf_step_timeline(const HfStep& step, std::string title) {
   }
   const std::uint64_t first = seq + 1;
   for (const HfStepEvent& e : step.events) add(e.tensor, e.alloc, phase_of(e.phase));
-  return build_timeline(events, tensors, first, TimeAxis::event_index, std::move(title));
+  TimelineData d = build_timeline(events, tensors, first, TimeAxis::event_index, std::move(title));
+  if (tensors_out) *tensors_out = std::move(tensors);
+  return d;
 }
 
 TimelineData build_timeline(const std::vector<LedgerEvent>& events,

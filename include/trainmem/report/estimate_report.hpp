@@ -14,6 +14,7 @@
 #include "trainmem/analytic/analytic.hpp"
 #include "trainmem/report/report_writer.hpp"
 #include "trainmem/run/allocator_model.hpp"
+#include "trainmem/run/timeline.hpp"
 
 namespace trainmem::report {
 
@@ -34,6 +35,14 @@ struct EstimateRun {
     AllocatorModelResult model;
   };
   std::vector<HfReplay> hf_allocator;
+  // The HTML page: each HF step's timeline (hf-eager/hf-sdpa in transformers 5.25), drawn as
+  // the profile page draws the native step's.
+  struct HfTimeline {
+    std::string profile;
+    TimelineData data;
+    std::vector<TensorRecord> tensors;
+  };
+  std::vector<HfTimeline> hf_timelines;
 };
 
 // What one `estimate` invocation computed: the model, the configuration as given (the title

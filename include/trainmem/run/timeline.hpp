@@ -81,7 +81,9 @@ TimelineData build_timeline(const std::vector<LedgerEvent>& events,
 // when the step begins as the initial stack, each event's tensor and category
 // (hf_step_category), its phase as the ledger's (loss and autocast's exit under forward, zero_grad
 // under optimizer).
-TimelineData hf_step_timeline(const HfStep& step, std::string title);
+// `tensors_out`: the records the timeline names (for timeline_html), when given.
+TimelineData hf_step_timeline(const HfStep& step, std::string title,
+                              std::vector<TensorRecord>* tensors_out = nullptr);
 
 // The trace-event JSON text ({"traceEvents": [...], "displayTimeUnit": "ms", ...}).
 std::string timeline_trace_json(const TimelineData& data);
