@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "hf_golden_helpers.hpp"
 #include "model_helpers.hpp"
 #include "trainmem/analytic/hf_step.hpp"
 #include "trainmem/base/config.hpp"
@@ -34,32 +35,10 @@ namespace {
 
 using nlohmann::json;
 
-struct Golden {
-  std::string name;
-  json j;
-  ModelConfig model;  // its config.json, as `--model config.json` reads it
-};
+using Golden = test::HfGolden;
 
 const std::vector<Golden>& goldens() {
-  static const std::vector<Golden> all = [] {
-    std::vector<Golden> v;
-    const std::string dir = std::string(TRAINMEM_TEST_DATA_DIR) + "/hf_step";
-    for (const auto& e : std::filesystem::directory_iterator(dir)) {
-      if (e.path().extension() != ".json") continue;
-      std::ifstream in(e.path());
-      Golden g;
-      g.name = e.path().filename().string();
-      g.j = json::parse(in);
-      // transformers' generic config keys (chunk_size_feed_forward, ...) draw a warning each
-      const auto level = spdlog::get_level();
-      spdlog::set_level(spdlog::level::err);
-      g.model = parse_hf_config(g.j["config"].dump(), g.name);
-      spdlog::set_level(level);
-      v.push_back(std::move(g));
-    }
-    std::sort(v.begin(), v.end(), [](const Golden& a, const Golden& b) { return a.name < b.name; });
-    return v;
-  }();
+  static const std::vector<Golden> all = test::load_hf_goldens("hf_step");
   return all;
 }
 

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "hf_golden_helpers.hpp"
 #include "model_helpers.hpp"
 #include "trainmem/analytic/hf_step.hpp"
 #include "trainmem/base/config.hpp"
@@ -30,31 +31,10 @@ namespace {
 
 using nlohmann::json;
 
-struct Golden {
-  std::string name;
-  json j;
-  ModelConfig model;
-};
+using Golden = test::HfGolden;
 
 const std::vector<Golden>& goldens() {
-  static const std::vector<Golden> all = [] {
-    std::vector<Golden> v;
-    const std::string dir = std::string(TRAINMEM_TEST_DATA_DIR) + "/hf_step_fsdp2";
-    for (const auto& e : std::filesystem::directory_iterator(dir)) {
-      if (e.path().extension() != ".json") continue;
-      std::ifstream in(e.path());
-      Golden g;
-      g.name = e.path().filename().string();
-      g.j = json::parse(in);
-      const auto level = spdlog::get_level();
-      spdlog::set_level(spdlog::level::err);
-      g.model = parse_hf_config(g.j["config"].dump(), g.name);
-      spdlog::set_level(level);
-      v.push_back(std::move(g));
-    }
-    std::sort(v.begin(), v.end(), [](const Golden& a, const Golden& b) { return a.name < b.name; });
-    return v;
-  }();
+  static const std::vector<Golden> all = test::load_hf_goldens("hf_step_fsdp2");
   return all;
 }
 
@@ -187,21 +167,19 @@ TEST(HfStepFsdp2, RefusesWhatItDoesNotModelNamingTheFlag) {
   HfOptions hf;
   HfStepOptions o;
   o.fsdp_world = 2;
+  auto refused = [&](const std::string& flag) {
+    try {
+      hf_step(m, t, hf, o);
+      ADD_FAILURE() << flag << " accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+    }
+  };
   hf.precision = Precision::amp;
-  try {
-    hf_step(m, t, hf, o);
-    ADD_FAILURE() << "amp accepted";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("--precision amp"), std::string::npos) << e.what();
-  }
+  refused("--precision amp");
   hf.precision = Precision::pure;
   hf.adamw_impl = AdamwImpl::fused;
-  try {
-    hf_step(m, t, hf, o);
-    ADD_FAILURE() << "fused accepted";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("--adamw-impl fused"), std::string::npos) << e.what();
-  }
+  refused("--adamw-impl fused");
   hf.adamw_impl = AdamwImpl::foreach_;
   o.fsdp_rank = 2;
   EXPECT_THROW(hf_step(m, t, hf, o), InputError);
