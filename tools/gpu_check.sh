@@ -17,7 +17,9 @@
 #      throughput (tokens/s) and its model FLOP utilisation against it; the fp16 GEMM rate;
 #   4. the PyTorch peer (tools/hf_peer.py: transformers' LlamaForCausalLM, random weights,
 #      eager and sdpa attention, checkpointing off and on) where python3 has torch and
-#      transformers;
+#      transformers; then the HF step of trainmem's event sequence (docs/hf-step.md) against
+#      the real one: the literal loop with foreach AdamW on a 4-layer LLaMA-7B in bf16, its
+#      max_memory_allocated beside trainmem's sequence peak;
 #   5. a small sweep over (batch, seq) on a 4-layer LLaMA-7B (same per-layer shapes) for the
 #      coefficient fit (`trainmem sweep --fit`, or profile runs and a least-squares fit here
 #      when sweep is not available);
@@ -276,6 +278,34 @@ if peer:
 else:
     print(f"PyTorch peer: {status.get('hf_peer', {}).get('status', 'not run')}: "
           f"{status.get('hf_peer', {}).get('detail', '')}")
+
+# The HF step event by event: the real steady step's max_memory_allocated against trainmem's
+# sequence (estimate --profile hf-eager|hf-sdpa --precision pure --adamw-impl foreach).
+step_peer = load(os.path.join(out, "hf_step_peer.json"))
+summary["hf_step_peer"] = step_peer
+rows = []
+if step_peer:
+    print("HF step, event by event: the real step vs trainmem's sequence (4-layer LLaMA-7B, "
+          "b 4, s 512, bf16, AdamW foreach, literal loop):")
+    print("  attention  ckpt   real max_alloc  trainmem peak   trainmem - real")
+    for c in step_peer.get("configs", []):
+        est = load(os.path.join(out, "runs", f"hf_step_{c['attention']}.estimate.json")) or {}
+        ours = None
+        for r in est.get("runs", []):
+            if (r.get("run") or {}).get("checkpointing") == c["checkpointing"]:
+                ours = ((r.get("analytic") or {}).get("hf-" + c["attention"]) or {}).get("peak")
+        real = c.get("max_memory_allocated") if c.get("status") == "ok" else None
+        diff = (f"{ours - real:+,d} B ({100 * (ours - real) / real:+.2f}%)"
+                if ours and real else "n/a")
+        rows.append({"attention": c["attention"], "checkpointing": c["checkpointing"],
+                     "real_max_memory_allocated": real, "trainmem_peak": ours,
+                     "real_memory_reserved": c.get("memory_reserved"), "status": c["status"]})
+        print(f"  {c['attention']:9s}  {c['checkpointing']:5s}  {gib(real)}      {gib(ours)}     "
+              f"{diff}  {c['status']}")
+else:
+    print(f"HF step peer: {status.get('hf_step_peer', {}).get('status', 'not run')}: "
+          f"{status.get('hf_step_peer', {}).get('detail', '')}")
+summary["hf_step_comparison"] = rows
 
 # Coefficient fit: from `sweep --fit`, else least squares here on the profile runs:
 # per-layer activation bytes = c_sbh * s*b*h + c_as2b * a*s^2*b.
@@ -623,9 +653,26 @@ if "${PEER_ENV[@]}" "$PYTHON" -c 'import torch, transformers; assert torch.cuda.
   run_step hf_peer 240 90 "${PEER_ENV[@]}" "$PYTHON" "$ROOT/tools/hf_peer.py" --model llama-7b \
     --batch 8 --seq 512 --dtype fp16 --optimizer sgd --attention eager,sdpa \
     --checkpointing none,full --steps 2 --output "$OUT/hf_peer.json"
+  # The HF step event by event (docs/hf-step.md): the literal loop trainmem's sequence models
+  # (out = model(...); backward; AdamW foreach step; zero_grad), a 4-layer LLaMA-7B (the same
+  # per-layer shapes) in bf16, the pure recipe; the real steady step's max_memory_allocated
+  # beside trainmem's sequence of the same configuration (its config.json written by the peer).
+  run_step hf_step_peer 120 30 "${PEER_ENV[@]}" "$PYTHON" "$ROOT/tools/hf_peer.py" \
+    --model llama-7b --layers 4 --batch 4 --seq 512 --dtype bf16 --optimizer adamw-foreach \
+    --loop literal --attention eager,sdpa --checkpointing none,full --steps 2 \
+    --write-config "$OUT/hf_step_peer.config.json" --output "$OUT/hf_step_peer.json"
+  if [[ -x $TM ]]; then
+    for attn in eager sdpa; do
+      run_step "estimate_hf_step_$attn" 30 5 "$TM" estimate --model "$OUT/hf_step_peer.config.json" \
+        --batch 4 --seq 512 --dtype bf16 --precision pure --adamw-impl foreach \
+        --profile "hf-$attn" --checkpointing both --format json \
+        --output "$OUT/runs/hf_step_$attn.estimate.json"
+    done
+  fi
 else
   say "hf_peer: $PYTHON lacks torch with CUDA or transformers: peer not run"
   record hf_peer unavailable 0 0 "$PYTHON lacks torch with CUDA or transformers"
+  record hf_step_peer unavailable 0 0 "$PYTHON lacks torch with CUDA or transformers"
   publish "after hf_peer"
 fi
 

@@ -102,7 +102,7 @@ estimate_llama7b_lomo_none estimate_llama7b_lomo_full estimate_llama7b_qlora_ada
 profile_llama7b_adamw_none profile_llama7b_adamw_full profile_llama7b_sgd_none
 profile_llama7b_sgd_full profile_llama7b_lomo_none profile_llama7b_lomo_full
 profile_llama7b_qlora_adamw8bit gemm_bf16 throughput gemm_fp16
-estimate_hf_eager hf_peer sweep shared_gpu_zero3 shared_gpu_tp2_sp shared_gpu_pp2 shared_gpu_cp2
+estimate_hf_eager hf_peer hf_step_peer estimate_hf_step_eager estimate_hf_step_sdpa sweep shared_gpu_zero3 shared_gpu_tp2_sp shared_gpu_pp2 shared_gpu_cp2
 build_mpi_test shared_gpu_sharded multi_gpu"
 
 steps_of() { [[ -f $1 ]] && python3 -c 'import json,sys

@@ -16,7 +16,7 @@ step. Records, per configuration:
     torch.nn.functional.scaled_dot_product_attention, "eager" when none did) with the SDPA
     calls' mask/is_causal arguments (a mask tensor rules out the flash kernel), and
     checkpointing_effective ("full" when every decoder layer ran again during backward,
-    "none" when none did) from forward pre-hooks on the decoder layers. The warm-up step's
+    "none" when none did) from forward pre-hooks on each decoder layer's input_layernorm. The warm-up step's
     time (warmup_ms) includes these probes; the timed steps run without them;
   - status "ok", or "oom" (torch.cuda.OutOfMemoryError; the run goes on with the next
     configuration), or "error" with the message.
@@ -66,11 +66,20 @@ def parse_args():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
-    ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw", "none"],
+    ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw", "adamw-foreach", "none"],
                     help="torch.optim.SGD (no momentum, no state) / AdamW (states in the "
                          "training dtype; in pure fp16 its eps 1e-8 rounds to 0 and the loss "
-                         "turns NaN after the first update: memory and time are unaffected) / "
-                         "no update")
+                         "turns NaN after the first update: memory and time are unaffected; "
+                         "the for-loop implementation, or foreach=True, PyTorch's default on a "
+                         "GPU) / no update")
+    ap.add_argument("--loop", default="zero-first", choices=["zero-first", "literal"],
+                    help="zero-first: zero_grad, forward, backward, step (the output dropped "
+                         "after each step); literal: out = model(...); out.loss.backward(); "
+                         "opt.step(); opt.zero_grad(set_to_none=True), `out` alive until the next "
+                         "step's forward returns: the loop trainmem's HF step sequence models "
+                         "(docs/hf-step.md)")
+    ap.add_argument("--write-config", default=None, metavar="PATH",
+                    help="write the model's config.json there (trainmem estimate --model PATH)")
     ap.add_argument("--attention", default="eager,sdpa",
                     help="comma list of HF attn_implementation values")
     ap.add_argument("--checkpointing", default="none,full", help="comma list of none|full")
@@ -174,9 +183,11 @@ def build_model(torch, tf_version, LlamaConfig, LlamaForCausalLM, cfg_kwargs, at
 class WarmupProbe:
     """Observes one training step: which attention code ran and whether layers recompute.
 
-    - forward pre-hooks on the decoder layers count their calls during forward and during
-      backward (checkpointing re-runs each checkpointed layer in backward; pre-hooks, because
-      torch's non-reentrant checkpoint may stop a recomputation before the layer returns);
+    - forward pre-hooks on each decoder layer's input norm (its first submodule) count its
+      calls during forward and during backward (checkpointing re-runs each checkpointed layer
+      in backward; pre-hooks, because torch's non-reentrant checkpoint may stop a
+      recomputation before the layer returns; not on the layer itself, whose hooks
+      transformers 5's recompute bypasses);
     - a TorchFunctionMode active during forward only sees every call of
       torch.nn.functional.scaled_dot_product_attention, however transformers imported it.
     """
@@ -187,7 +198,12 @@ class WarmupProbe:
         self.phase = "forward"
         self.calls = {"forward": 0, "backward": 0}
         self.sdpa = []
-        self.handles = [layer.register_forward_pre_hook(self._pre_hook) for layer in self.layers]
+        # On each layer's first submodule, its input norm: transformers 5's
+        # GradientCheckpointingLayer recomputes through the layer's forward without its hooks
+        # (measured with 5.25: a pre-hook on the layer never fires in backward), while every
+        # submodule call goes through its own hooks in every version.
+        self.handles = [getattr(layer, "input_layernorm", layer).register_forward_pre_hook(
+            self._pre_hook) for layer in self.layers]
         mode_base = getattr(getattr(torch, "overrides", None), "TorchFunctionMode", None)
         self.mode = None
         if mode_base is not None:
@@ -297,7 +313,7 @@ def main():
         else 0,
         "model": {"name": args.model, **cfg_kwargs},
         "run": {"batch": b, "seq": s, "dtype": args.dtype, "optimizer": args.optimizer,
-                "steps": args.steps},
+                "steps": args.steps, "loop": args.loop},
         "configs": [],
     }
 
@@ -326,10 +342,15 @@ def main():
             mem.release()
             continue
 
+        if args.write_config:
+            model.config.to_json_file(args.write_config)
         if args.optimizer == "sgd":
             opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.0, foreach=False)
         elif args.optimizer == "adamw":
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        elif args.optimizer == "adamw-foreach":
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+        literal = args.loop == "literal"
 
         for ck in checkpointing:
             entry = {"attention": attn, "checkpointing": ck, "params": params,
@@ -349,7 +370,9 @@ def main():
                 for step in range(args.steps + 1):
                     if step == 0:
                         probe = WarmupProbe(torch, model)
-                    if opt is not None:
+                    if literal:
+                        pass  # the previous step zeroed them at its end
+                    elif opt is not None:
                         opt.zero_grad(set_to_none=True)
                     else:
                         model.zero_grad(set_to_none=True)
@@ -369,10 +392,16 @@ def main():
                     out.loss.backward()
                     if opt is not None:
                         opt.step()
+                    if literal:
+                        if opt is not None:
+                            opt.zero_grad(set_to_none=True)
+                        else:
+                            model.zero_grad(set_to_none=True)
                     mem.sync()
                     dt_ms = (time.perf_counter() - t0) * 1e3
                     loss_v = float(out.loss.detach())
-                    out = None
+                    if not literal:
+                        out = None
                     if step == 0:
                         probe.close()
                         probe.report(entry, config_attn)
