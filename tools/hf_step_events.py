@@ -442,13 +442,13 @@ def selftest():
 
 # ----------------------------------------------------------------------------- the step
 
-def build(family, attention, dtype):
+def build(family, attention, dtype, tied=False):
     import transformers
     config_name, model_name, extra = FAMILIES[family]
     kw = dict(vocab_size=BASE["vocab"], hidden_size=BASE["hidden"],
               intermediate_size=BASE["intermediate"], num_hidden_layers=BASE["layers"],
               num_attention_heads=BASE["heads"], num_key_value_heads=BASE["kv_heads"],
-              max_position_embeddings=2048, tie_word_embeddings=False,
+              max_position_embeddings=2048, tie_word_embeddings=tied,
               attn_implementation=attention)
     kw.update(extra)
     config = getattr(transformers, config_name)(**kw)

@@ -98,8 +98,9 @@ def run_rank(rank, nprocs, port, configs, queue):
         marks = hse.Marks()
         gc.collect()
         with hse.profiler() as prof:
-            version, model = hse.build(cfg["family"], cfg["attention"],
-                                       torch.float32 if cfg["mp"] else torch.bfloat16)
+            tied = cfg["family"] == "llama-tied"
+            version, model = hse.build("llama" if tied else cfg["family"], cfg["attention"],
+                                       torch.float32 if cfg["mp"] else torch.bfloat16, tied=tied)
             extra = {}
             if cfg["mp"]:  # fp32 model, gathered in bf16, gradients reduced in fp32
                 from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -240,7 +241,10 @@ def configs_for(a):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nprocs", type=int, default=2)
-    ap.add_argument("--family", default="llama", choices=["llama", "qwen2", "all"])
+    ap.add_argument("--family", default="llama",
+                    choices=["llama", "qwen2", "qwen3", "llama-tied", "all"],
+                    help="all: llama and qwen2 (qwen3 and llama-tied, tied embeddings, one by "
+                         "one)")
     ap.add_argument("--attention", default="eager", choices=["eager", "sdpa", "all"])
     ap.add_argument("--ckpt", default="off", choices=["off", "on", "all"])
     ap.add_argument("--reshard", default="on", choices=["on", "off", "all"],
