@@ -158,6 +158,42 @@ TEST(HfStepFsdp2, Llama7bOnEightRanksByHand) {
   EXPECT_EQ(most, root + 3 * layer);
 }
 
+// The rank groups are what each rank's own step gives: for every rank of a few world sizes
+// (some ranks owning the remainder or no row of a parameter: q_norm and k_norm have head_dim
+// rows), the step computed for it alone has its group's peak, start and event count, and the
+// groups cover the ranks once, in order.
+TEST(HfStepFsdp2, RankGroupsAreEachRanksOwnStep) {
+  for (const char* name : {"tiny-awkward", "tiny-qwen3", "tiny-tied"})
+    for (int n : {3, 7, 12, 41}) {
+      SCOPED_TRACE(std::string(name) + " on " + std::to_string(n) + " ranks");
+      const ModelConfig m = test::preset(name);
+      TrainConfig t;
+      t.batch = 1;
+      t.seq = 16;
+      t.dtype = DType::bf16;
+      t.checkpointing = Checkpointing::full;
+      HfOptions hf;
+      hf.precision = Precision::pure;
+      HfStepOptions o;
+      o.fsdp_world = n;
+      const auto groups = hf_step_fsdp2_ranks(m, t, hf, o);
+      int next = 0;
+      for (const auto& g : groups) {
+        ASSERT_EQ(g.first, next);
+        ASSERT_LE(g.first, g.last);
+        for (int k = g.first; k <= g.last; ++k) {
+          o.fsdp_rank = k;
+          const HfStep own = hf_step(m, t, hf, o);
+          EXPECT_EQ(own.peak, g.step.peak) << "rank " << k;
+          EXPECT_EQ(own.live_at_start, g.step.live_at_start) << "rank " << k;
+          EXPECT_EQ(own.events.size(), g.step.events.size()) << "rank " << k;
+        }
+        next = g.last + 1;
+      }
+      EXPECT_EQ(next, n);
+    }
+}
+
 TEST(HfStepFsdp2, RefusesWhatItDoesNotModelNamingTheFlag) {
   const ModelConfig m = test::preset("tiny");
   TrainConfig t;

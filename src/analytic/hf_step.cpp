@@ -1384,20 +1384,21 @@ HfStep hf_step(const ModelConfig& m, const TrainConfig& t, const HfOptions& hf,
 
 std::vector<HfStepRankGroup> hf_step_fsdp2_ranks(const ModelConfig& m, const TrainConfig& t,
                                                  const HfOptions& hf, HfStepOptions o) {
-  if (o.fsdp_world < 2) throw InputError("hf_step_fsdp2_ranks: needs at least 2 ranks");
-  // A rank's step depends on its rows of each distinct dim 0 (torch.chunk's split).
+  if (o.fsdp_world < 2)
+    throw InputError("--world-size: the HF step per rank under FSDP2 needs at least 2 ranks");
+  const u64 n = static_cast<u64>(o.fsdp_world);
+  // A rank's step depends on its rows of each distinct dim 0 (torch.chunk's split): every
+  // parameter's dim 0 is one of these.
   const std::vector<u64> dims = {static_cast<u64>(m.vocab),
                                  static_cast<u64>(m.heads) * static_cast<u64>(m.head_dim()),
                                  static_cast<u64>(m.kv_heads) * static_cast<u64>(m.head_dim()),
                                  static_cast<u64>(m.hidden),
                                  static_cast<u64>(m.intermediate),
                                  static_cast<u64>(m.head_dim())};
-  std::map<std::vector<u64>, std::size_t> seen;
-  std::vector<HfStepRankGroup> groups;
-  for (int k = 0; k < o.fsdp_world; ++k) {
+  auto key_of = [&](u64 k) {
     Shard sh;
-    sh.n = static_cast<u64>(o.fsdp_world);
-    sh.k = static_cast<u64>(k);
+    sh.n = n;
+    sh.k = k;
     std::vector<u64> key;
     for (u64 r : dims) {
       Param p;
@@ -1405,14 +1406,31 @@ std::vector<HfStepRankGroup> hf_step_fsdp2_ranks(const ModelConfig& m, const Tra
       p.cols = 1;
       key.push_back(sh.local_elems(p));
     }
-    const auto it = seen.find(key);
-    if (it != seen.end()) {
-      groups[it->second].ranks.push_back(k);
+    return key;
+  };
+  // Where a rank's rows of some dim change: after the ranks of whole chunks (r / c of them) and
+  // after the one with the remainder.
+  std::vector<u64> starts = {0};
+  for (u64 r : dims) {
+    const u64 c = (r + n - 1) / n;
+    for (u64 b : {r / c, r / c + 1})
+      if (b < n) starts.push_back(b);
+  }
+  std::sort(starts.begin(), starts.end());
+  starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+  std::vector<HfStepRankGroup> groups;
+  std::vector<u64> last_key;
+  for (std::size_t i = 0; i < starts.size(); ++i) {
+    const u64 end = i + 1 < starts.size() ? starts[i + 1] : n;  // exclusive
+    std::vector<u64> key = key_of(starts[i]);
+    if (!groups.empty() && key == last_key) {
+      groups.back().last = static_cast<int>(end - 1);
       continue;
     }
-    o.fsdp_rank = k;
-    seen.emplace(key, groups.size());
-    groups.push_back(HfStepRankGroup{{k}, hf_step(m, t, hf, o)});
+    o.fsdp_rank = static_cast<int>(starts[i]);
+    groups.push_back(HfStepRankGroup{static_cast<int>(starts[i]), static_cast<int>(end - 1),
+                                     hf_step(m, t, hf, o)});
+    last_key = std::move(key);
   }
   return groups;
 }

@@ -108,8 +108,8 @@ std::vector<report::EstimateRun> compute(const Common& c, const std::string& all
 // "Per rank under FSDP2"). Data parallelism alone, per-parameter sharding (--fsdp2; --zero 2
 // for reshard_after_forward=False); the precision recipe defaults to pure, as FSDP2 without a
 // MixedPrecisionPolicy trains.
-int estimate_hf_fsdp2(const Common& c, const ParallelConfig& par, const std::string& allocator,
-                      bool explain, bool paper) {
+int estimate_hf_fsdp2(const Common& c, const ParallelConfig& par, const LayoutFlags& layout,
+                      const std::string& allocator, bool explain, bool paper) {
   const std::string prof = c.profiles.front();
   check_hf_fsdp2_layout(prof, par);
   if (explain) throw InputError("--explain: not with the HF step per rank (--fsdp2)");
@@ -135,6 +135,7 @@ int estimate_hf_fsdp2(const Common& c, const ParallelConfig& par, const std::str
   o.fsdp_world = r.world;
   o.reshard_after_forward = par.reshard_after_forward;
   r.groups = hf_step_fsdp2_ranks(r.model, r.train, r.hf, o);
+  r.overheads = estimate_overheads(par, resolve_overheads(layout));
   if (!allocator.empty())
     for (const auto& g : r.groups)
       r.reserved.push_back(replay_hf_step(g.step, parse_allocator(allocator)));
@@ -203,7 +204,7 @@ Runner register_estimate(CLI::App& app) {
       resolve_checkpointing(c, par);  // budget:SIZE picks its layers for this layout
       if (c.profiles.size() == 1 &&
           (c.profiles.front() == "hf-eager" || c.profiles.front() == "hf-sdpa"))
-        return estimate_hf_fsdp2(c, par, *allocator, *explain, !paper->empty());
+        return estimate_hf_fsdp2(c, par, *layout, *allocator, *explain, !paper->empty());
       check_layout_request(c, *explain, !paper->empty());
       if (!allocator->empty()) {
         // Every distinct rank's step traced on meta and fed to the model: the per-rank report

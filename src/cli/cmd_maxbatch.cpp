@@ -142,7 +142,7 @@ int run_maxbatch(const MaxbatchFlags& flags) {
       check_hf_fsdp2_layout(prof, par);
       if (!rq.hf.precision) rq.hf.precision = Precision::pure;
     }
-    rq.hf.era = hf_era_for(p, c.hf, c.model);
+    rq.hf.era = hf_era_for(p, rq.hf, c.model);  // the recipe as settled above
     const std::string why = hf_step_unsupported(c.model, c.train, rq.hf);
     if (!why.empty()) throw InputError(why);
   }

@@ -140,6 +140,19 @@ OverheadOptions resolve_overheads(const LayoutFlags& f) {
 }
 
 void check_hf_fsdp2_layout(const std::string& profile, const ParallelConfig& par) {
+  constexpr std::int64_t kMaxRanks = 1 << 20;
+  if (par.world > kMaxRanks)
+    throw InputError("--world-size: the HF step per rank under FSDP2 models up to " +
+                     std::to_string(kMaxRanks) + " ranks; got " + std::to_string(par.world));
+  // DeepSpeed's knobs and the native step's prefetch window: FSDP2's recipe has none of them.
+  const char* knob = par.prefetch != 1                           ? "--prefetch"
+                     : par.reduce_bucket != kDefaultReduceBucket ? "--reduce-bucket"
+                     : par.overlap_comm                          ? "--overlap-comm"
+                                                                 : nullptr;
+  if (knob)
+    throw InputError(std::string(knob) + " with --profile " + profile +
+                     ": the HF step under FSDP2 runs fully_shard's own schedule (one unit "
+                     "prefetched in backward, no reduce bucket); not a setting it takes");
   if (!par.per_parameter() || par.zero != 3 || par.tp != 1 || par.pp != 1 || par.cp != 1 ||
       par.offload != Offload::none || par.microbatches != 1 || par.dp != par.world)
     throw InputError("--profile " + profile +

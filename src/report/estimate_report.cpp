@@ -11,7 +11,6 @@
 #include "trainmem/report/replay_report.hpp"
 #include "trainmem/report/report.hpp"
 #include "trainmem/report/run_report.hpp"
-#include "trainmem/report/run_report.hpp"
 #include "trainmem/report/schema.hpp"
 #include "trainmem/report/svg_chart.hpp"
 

@@ -21,25 +21,22 @@ CategoryBytes categories(const std::array<std::uint64_t, kHfStepKinds>& by) {
   return c;
 }
 
-// "0-2", "3" or "0, 2": the ranks of a group.
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s;
-  std::size_t i = 0;
-  while (i < ranks.size()) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!s.empty()) s += ", ";
-    s += std::to_string(ranks[i]);
-    if (j > i) s += "-" + std::to_string(ranks[j]);
-    i = j + 1;
-  }
-  return s;
+// "0-2" or "3": the ranks of a group.
+std::string rank_list(const HfStepRankGroup& g) {
+  return g.first == g.last ? std::to_string(g.first)
+                           : std::to_string(g.first) + "-" + std::to_string(g.last);
+}
+
+// A group's peak: allocated, or with --allocator what the caching allocator would reserve over
+// the run (what an out-of-memory is about; maxbatch's figure).
+std::uint64_t peak_of(const HfFsdp2Report& r, std::size_t i) {
+  return r.reserved.empty() ? r.groups[i].step.peak : r.reserved[i].run_reserved_peak;
 }
 
 std::size_t worst(const HfFsdp2Report& r) {
   std::size_t w = 0;
   for (std::size_t i = 1; i < r.groups.size(); ++i)
-    if (r.groups[i].step.peak > r.groups[w].step.peak) w = i;
+    if (peak_of(r, i) > peak_of(r, w)) w = i;
   return w;
 }
 
@@ -70,7 +67,8 @@ json report_json(const HfFsdp2Report& r) {
     for (int p = 0; p < kHfStepPhases; ++p)
       if (st.phase_seen[p])
         phases[hf_step_phase_name(static_cast<HfStepPhase>(p))] = st.phase_max[p];
-    json g{{"ranks", r.groups[i].ranks},
+    json g{{"first_rank", r.groups[i].first},
+           {"last_rank", r.groups[i].last},
            {"live_at_start", st.live_at_start},
            {"live_at_start_by_category", at_start},
            {"peak", st.peak},
@@ -82,6 +80,7 @@ json report_json(const HfFsdp2Report& r) {
     groups.push_back(g);
   }
   const std::size_t w = worst(r);
+  const Overheads& o = r.overheads;
   return json{{schema::kSchemaKey, kSchema},
               {"command", "estimate"},
               {"profile", r.profile},
@@ -97,8 +96,15 @@ json report_json(const HfFsdp2Report& r) {
               {"adamw_implementation", adamw_impl_name(r.hf.adamw_impl)},
               {"loop", r.groups.front().step.recipe},
               {"rank_groups", groups},
-              {"worst_rank", r.groups[w].ranks.front()},
-              {"worst_peak", r.groups[w].step.peak}};
+              {"peak_kind", r.reserved.empty() ? "allocated" : "reserved"},
+              {"worst_rank", r.groups[w].first},
+              {"worst_peak", peak_of(r, w)},
+              {"overheads",
+               {{"cuda_context", o.cuda_context},
+                {"cuda_context_source", o.cuda_context_source},
+                {"nccl", o.nccl},
+                {"nccl_source", o.nccl_source}}},
+              {"worst_total", peak_of(r, w) + o.total()}};
 }
 
 }  // namespace
@@ -107,7 +113,7 @@ void write_hf_fsdp2(ReportWriter& w, const HfFsdp2Report& r) {
   w.document([&] { return report_json(r); });
   std::uint64_t most = 0;
   for (const auto& g : r.groups) most = std::max(most, g.step.peak);
-  for (const auto& res : r.reserved) most = std::max(most, res.step.reserved.peak);
+  for (const auto& res : r.reserved) most = std::max(most, res.run_reserved_peak);
   const ByteUnit u = table_unit(most);
   w.title("trainmem estimate: the HF step per rank under FSDP2 (" + r.profile +
           ", transformers 5.25)");
@@ -127,23 +133,31 @@ void write_hf_fsdp2(ReportWriter& w, const HfFsdp2Report& r) {
   Table csv({{"ranks", Align::left}, {"live_at_start"}, {"peak"}, {"peak_phase", Align::left}});
   for (std::size_t i = 0; i < r.groups.size(); ++i) {
     const HfStep& st = r.groups[i].step;
-    std::vector<Cell> row = {rank_list(r.groups[i].ranks), format_bytes(st.live_at_start, u),
+    std::vector<Cell> row = {rank_list(r.groups[i]), format_bytes(st.live_at_start, u),
                              format_bytes(st.peak, u), hf_step_phase_name(st.peak_phase)};
     const CategoryBytes c = categories(st.by_kind_at_peak);
     for (Category k : all_categories()) row.push_back(format_bytes(c[static_cast<int>(k)], u));
-    if (!r.reserved.empty()) row.push_back(format_bytes(r.reserved[i].step.reserved.peak, u));
+    if (!r.reserved.empty()) row.push_back(format_bytes(r.reserved[i].run_reserved_peak, u));
     t.add_row(row);
-    csv.add_row({rank_list(r.groups[i].ranks), std::to_string(st.live_at_start),
-                 std::to_string(st.peak), hf_step_phase_name(st.peak_phase)});
+    csv.add_row({rank_list(r.groups[i]), std::to_string(st.live_at_start), std::to_string(st.peak),
+                 hf_step_phase_name(st.peak_phase)});
   }
   w.table(t);
   w.csv_table(csv);
   const std::size_t k = worst(r);
-  w.line("worst rank " + std::to_string(r.groups[k].ranks.front()) + ": peak " +
-         format_bytes_with_unit(r.groups[k].step.peak, u) + " in " +
+  const Overheads& o = r.overheads;
+  w.line("worst rank " + std::to_string(r.groups[k].first) + ": peak " +
+         format_bytes_with_unit(r.groups[k].step.peak, u) + " allocated in " +
          hf_step_phase_name(r.groups[k].step.peak_phase) +
-         " (the categories are those alive at that instant; communication: the all-gathered "
-         "units, the prefetched all-gather, the reduce-scatter input)");
+         (r.reserved.empty()
+              ? std::string()
+              : ", " + format_bytes_with_unit(r.reserved[k].run_reserved_peak, u) + " reserved") +
+         "; with the overheads outside the books " +
+         format_bytes_with_unit(peak_of(r, k) + o.total(), u) +
+         " (CUDA context: " + o.cuda_context_source + "; NCCL: " + o.nccl_source + ")");
+  w.line(
+      "the categories are those alive at the peak; communication: the all-gathered units, the "
+      "prefetched all-gather, the reduce-scatter input");
   w.line(
       "the event sequence is proven against real FSDP2 (gloo, 2 and 4 ranks, on the CPU) "
       "within 1 KiB of every rank's peak (tests/test_hf_step_fsdp2.cpp); on a GPU NCCL's own "

@@ -171,12 +171,12 @@ std::string render_layout(const MaxbatchRequest& rq, const MaxbatchResult& m,
                 {"nccl_source", over.nccl_source}}},
               {"peak_kind", rq.allocator ? "reserved" : "allocated"},
               {"allocator", rq.allocator ? json(rq.allocator->spec) : json(nullptr)},
-              {"profile", rq.hf_step ? profile_name(*rq.hf_step) : "native"},
               {"layout", layout_json(par)},
               {"model", report::model_json(model, model.param_count())},
               {"run", report::run_json(train, "meta", 2)},
               {"traced", traced}};
     j["run"][vary] = s.best;
+    add_profile_json(j, rq);  // "profile", and the HF step's recipe
     return j;
   });
   return w->str();

@@ -93,13 +93,16 @@ AllocatorModelResult replay_hf_step(const HfStep& st, const AllocatorSpec& spec)
   AllocatorModelResult r;
   r.spec = spec.spec;
   r.config = spec.config;
+  // An empty tensor (a rank's AdamW moments of a parameter it owns no row of under FSDP2) has
+  // no storage: the caching allocator is never asked.
   for (std::size_t i = 0; i < st.first_step_tensor && !r.oom; ++i)
-    r.oom = model.malloc(i, st.tensors[i].bytes);
+    if (st.tensors[i].bytes > 0) r.oom = model.malloc(i, st.tensors[i].bytes);
   const std::uint64_t setup_reserved = model.stats().reserved.peak;
   const std::uint64_t setup_allocated = model.stats().allocated.peak;
   model.reset_peaks();
   for (const HfStepEvent& e : st.events) {
     if (r.oom) break;
+    if (st.tensors[e.tensor].bytes == 0) continue;
     if (e.alloc)
       r.oom = model.malloc(e.tensor, st.tensors[e.tensor].bytes);
     else

@@ -128,9 +128,11 @@ HfStep hf_step(const ModelConfig& model, const TrainConfig& train, const HfOptio
                const HfStepOptions& opts);
 // Every rank's step under FSDP2 over o.fsdp_world ranks (o.fsdp_rank is ignored): ranks whose
 // shards have the same shapes (every parameter's own rows the same) run the same step, which is
-// computed once for the group. Groups in rank order.
+// computed once for the group. Such ranks are contiguous (a rank owns whole chunks of a
+// parameter, then one rank the remainder, then none): groups are rank ranges, in rank order,
+// found from the chunk boundaries (a handful, however many ranks).
 struct HfStepRankGroup {
-  std::vector<int> ranks;
+  int first = 0, last = 0;  // ranks first..last
   HfStep step;
 };
 std::vector<HfStepRankGroup> hf_step_fsdp2_ranks(const ModelConfig& model, const TrainConfig& train,

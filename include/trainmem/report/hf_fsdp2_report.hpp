@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "trainmem/analytic/analytic_rank.hpp"
 #include "trainmem/analytic/hf_step.hpp"
 #include "trainmem/base/config.hpp"
 #include "trainmem/report/report_writer.hpp"
@@ -24,6 +25,7 @@ struct HfFsdp2Report {
   bool precision_defaulted = false;  // --precision not given: pure, as FSDP2 trains
   std::vector<HfStepRankGroup> groups;
   std::vector<AllocatorModelResult> reserved;  // one per group with --allocator, else empty
+  Overheads overheads;  // outside the books: the CUDA context, NCCL's buffers
 };
 
 void write_hf_fsdp2(ReportWriter& w, const HfFsdp2Report& r);
