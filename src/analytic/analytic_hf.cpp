@@ -505,22 +505,16 @@ void apply_step_sequence(Estimate& est, bool sdpa) {
   const HfStep st = hf_step(est.model, est.train, o, so);
   est.hf_step_peak = true;
   auto& f = est.figures;
-  auto to_categories = [](const std::array<std::uint64_t, kHfStepKinds>& by) {
-    CategoryBytes c{};
-    for (int k = 0; k < kHfStepKinds; ++k)
-      c[static_cast<int>(hf_step_category(static_cast<HfStepKind>(k)))] += by[k];
-    return c;
-  };
   // Each category's own maximum over the step (the workspace's: the temporaries and mixed's
   // master gradients).
-  CategoryBytes live = to_categories(st.start_by_kind), most = live;
+  CategoryBytes live = hf_step_categories(st.start_by_kind), most = live;
   for (const auto& e : st.events) {
     const auto& t = st.tensors[e.tensor];
     auto& c = live[static_cast<int>(hf_step_category(t.kind))];
     c = e.alloc ? c + t.bytes : c - t.bytes;
     for (int k = 0; k < kNumCategories; ++k) most[k] = std::max(most[k], live[k]);
   }
-  const CategoryBytes start = to_categories(st.start_by_kind);
+  const CategoryBytes start = hf_step_categories(st.start_by_kind);
   f.params = start[static_cast<int>(Category::params)];
   f.optimizer_states = start[static_cast<int>(Category::optimizer_states)];
   f.gradients = most[static_cast<int>(Category::gradients)];
@@ -532,7 +526,7 @@ void apply_step_sequence(Estimate& est, bool sdpa) {
   f.workspace = most[static_cast<int>(Category::workspace)];
   f.inputs = start[static_cast<int>(Category::inputs)];
   f.peak = st.peak;
-  f.peak_breakdown = to_categories(st.by_kind_at_peak);
+  f.peak_breakdown = hf_step_categories(st.by_kind_at_peak);
   // One instant per phase, its largest; the peak's named by its event.
   const HfStepTensor& at = st.tensors[st.events[st.peak_event].tensor];
   est.instants.clear();
@@ -544,7 +538,7 @@ void apply_step_sequence(Estimate& est, bool sdpa) {
       est.peak_instant = static_cast<int>(est.instants.size());
       name = phase + ": " + at.name + (st.events[st.peak_event].alloc ? " allocated" : " freed");
     }
-    est.instants.push_back(Instant{name, to_categories(st.phase_by_kind[p])});
+    est.instants.push_back(Instant{name, hf_step_categories(st.phase_by_kind[p])});
   }
   est.notes.push_back(
       std::string("peak = the step's true high-water mark, from its event sequence (every "

@@ -86,6 +86,13 @@ Category hf_step_category(HfStepKind k) {
   return Category::activations;
 }
 
+CategoryBytes hf_step_categories(const std::array<std::uint64_t, kHfStepKinds>& by_kind) {
+  CategoryBytes c{};
+  for (int k = 0; k < kHfStepKinds; ++k)
+    c[static_cast<int>(hf_step_category(static_cast<HfStepKind>(k)))] += by_kind[k];
+  return c;
+}
+
 const char* hf_step_kind_name(HfStepKind k) {
   static const char* const names[kHfStepKinds] = {"parameter",    "gradient",     "optimizer_state",
                                                   "activation",   "temporary",    "autocast_cache",

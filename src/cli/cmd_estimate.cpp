@@ -136,9 +136,10 @@ int estimate_hf_fsdp2(const Common& c, const ParallelConfig& par, const LayoutFl
   o.reshard_after_forward = par.reshard_after_forward;
   r.groups = hf_step_fsdp2_ranks(r.model, r.train, r.hf, o);
   r.overheads = estimate_overheads(par, resolve_overheads(layout));
-  if (!allocator.empty())
-    for (const auto& g : r.groups)
-      r.reserved.push_back(replay_hf_step(g.step, parse_allocator(allocator)));
+  if (!allocator.empty()) {
+    const AllocatorSpec spec = parse_allocator(allocator);
+    for (const auto& g : r.groups) r.reserved.push_back(replay_hf_step(g.step, spec));
+  }
   const auto w = report::make_writer(c.format, stdout_colour(c.output));
   report::write_hf_fsdp2(*w, r);
   write_output(c.output, w->str());

@@ -14,13 +14,6 @@ namespace {
 
 using nlohmann::json;
 
-CategoryBytes categories(const std::array<std::uint64_t, kHfStepKinds>& by) {
-  CategoryBytes c{};
-  for (int k = 0; k < kHfStepKinds; ++k)
-    c[static_cast<int>(hf_step_category(static_cast<HfStepKind>(k)))] += by[k];
-  return c;
-}
-
 // "0-2" or "3": the ranks of a group.
 std::string rank_list(const HfStepRankGroup& g) {
   return g.first == g.last ? std::to_string(g.first)
@@ -59,7 +52,8 @@ json report_json(const HfFsdp2Report& r) {
   for (std::size_t i = 0; i < r.groups.size(); ++i) {
     const HfStep& st = r.groups[i].step;
     json at_peak = json::object(), at_start = json::object(), phases = json::object();
-    const CategoryBytes cp = categories(st.by_kind_at_peak), cs = categories(st.start_by_kind);
+    const CategoryBytes cp = hf_step_categories(st.by_kind_at_peak),
+                        cs = hf_step_categories(st.start_by_kind);
     for (Category c : all_categories()) {
       at_peak[category_name(c)] = cp[static_cast<int>(c)];
       at_start[category_name(c)] = cs[static_cast<int>(c)];
@@ -135,7 +129,7 @@ void write_hf_fsdp2(ReportWriter& w, const HfFsdp2Report& r) {
     const HfStep& st = r.groups[i].step;
     std::vector<Cell> row = {rank_list(r.groups[i]), format_bytes(st.live_at_start, u),
                              format_bytes(st.peak, u), hf_step_phase_name(st.peak_phase)};
-    const CategoryBytes c = categories(st.by_kind_at_peak);
+    const CategoryBytes c = hf_step_categories(st.by_kind_at_peak);
     for (Category k : all_categories()) row.push_back(format_bytes(c[static_cast<int>(k)], u));
     if (!r.reserved.empty()) row.push_back(format_bytes(r.reserved[i].run_reserved_peak, u));
     t.add_row(row);

@@ -373,8 +373,7 @@ void write_prose(ReportWriter& w, const PlanResult& r) {
     report::Table t(
         {{"family", report::Align::left}, {"layouts"}, {"reason", report::Align::left}});
     for (const auto& f : r.rejected)
-      t.add_row({family_label(r, f), std::to_string(f.layouts),
-                 reason(f, r.budget, u)});
+      t.add_row({family_label(r, f), std::to_string(f.layouts), reason(f, r.budget, u)});
     w.table(t);
   }
 }

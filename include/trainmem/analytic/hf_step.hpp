@@ -64,6 +64,8 @@ const char* hf_step_kind_name(HfStepKind k);  // "parameter", ..., "buffer", "co
 // gradients, made for the optimizer step, freed by zero_grad) -> workspace; input -> inputs;
 // communication -> communication.
 Category hf_step_category(HfStepKind k);
+// Bytes per kind summed into the report's categories (hf_step_category of each kind).
+CategoryBytes hf_step_categories(const std::array<std::uint64_t, kHfStepKinds>& by_kind);
 
 struct HfStepTensor {
   std::string name;  // e.g. "layers.0.self_attn.q_proj.out", "grad.lm_head.weight"
