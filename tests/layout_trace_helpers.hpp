@@ -13,15 +13,18 @@
 namespace trainmem::test {
 
 // Every stage of the resolved layout `p`; gtest failures name `what`, the stage and the analytic's
-// peak instant. Returns the analytic layout for further checks.
+// peak instant. Returns the analytic layout for further checks. `grad_rank`: the rank's index in
+// the gradient group, where ranks differ (per-parameter sharding's owned rows, an
+// expert-parallel index's received rows).
 inline LayoutEstimate expect_trace_equals_layout(const ModelConfig& m, const TrainConfig& t,
-                                                 const ParallelConfig& p, const std::string& what) {
-  LayoutEstimate le = estimate_layout(m, t, p);
+                                                 const ParallelConfig& p, const std::string& what,
+                                                 std::int64_t grad_rank = 0) {
+  LayoutEstimate le = estimate_layout_of_rank(m, t, p, grad_rank);
   EXPECT_EQ(le.ranks.size(), std::size_t(p.pp)) << what;
   for (std::int64_t k = 0; k < p.pp && k < std::int64_t(le.ranks.size()); ++k) {
     MetaAllocator alloc;
     Ledger ledger(alloc);
-    ShardedStep step(m, t, p, k, ledger);
+    ShardedStep step(m, t, p, k, ledger, nullptr, grad_rank);
     step.train_step();
     step.train_step();  // the steady-state step's figures
     const MemoryFigures got = measured_figures(ledger);

@@ -257,6 +257,21 @@ def main():
                    "fsdp2: every rank matching its own trace, the last rank owning fewer rows",
                    out)
             expect_single_losses(a.trainmem, doc, 2 * n, "fsdp2", out, model="tiny-awkward")
+        # A mixture of experts per rank (dp n, ZeRO-1): the routed experts' flat vector sharded
+        # apart from the rest (expert_shard_elements), every rank matching its trace and the
+        # analytic, the losses the single rank's of the same global batch.
+        moe = [x if x != "tiny" else "tiny-qwen3-moe" for x in base]
+        rc, out, err, _ = run(n, moe + ["--world-size", str(n), "--zero", "1", "--format", "json"],
+                              threads=1)
+        expect(rc == 0, f"tiny-qwen3-moe measured: exit {rc}", out, err)
+        if rc == 0:
+            doc = json.loads(out)
+            rank0 = doc["ranks"][0] if doc.get("ranks") else {}
+            expect(doc.get("all_ranks_match") is True, "moe: every rank matches", out)
+            expect(rank0.get("expert_params") == 2 * 8 * 3 * 36 * 64 and
+                   rank0.get("expert_shard_elements") == -(-2 * 8 * 3 * 36 * 64 // n),
+                   "moe: the experts' own flat vector, sharded over the n ranks", out)
+            expect_single_losses(a.trainmem, doc, 2 * n, "moe dp", out, model="tiny-qwen3-moe")
         if n % 2 == 0:
             # Tensor parallelism measured: tp 2 (dp n/2), the same global batch's losses; layer 1
             # alone checkpointed (a per-layer policy: recomputed on every rank, same losses).

@@ -5,11 +5,14 @@
 // Also the layout checks (ParallelConfig::resolve) and their messages.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
 #include "trainmem/analytic/analytic_rank.hpp"
 #include "trainmem/base/error.hpp"
+#include "trainmem/ledger/ledger.hpp"
+#include "trainmem/model/sharded_step.hpp"
 
 namespace trainmem {
 namespace {
@@ -370,6 +373,184 @@ TEST(AnalyticRank, BadLayoutsNameTheFlag) {
   p = {};
   p.world = 2;
   EXPECT_NE(resolve_error(p, false, m, lomo).find("--optimizer lomo"), std::string::npos);
+}
+
+// A mixture of experts per rank, written out by hand (docs/distributed.md, "Mixture of experts
+// per rank"): tiny-qwen3-moe (h 64, a 4, kv 2, head_dim 24, V 103, 2 layers, 8 experts of width
+// 36, top 2, q/k norms, untied), fp32, AdamW (8 B of states per element). Per layer: attention
+// q (96,64) + k, v (48,64) each + o (64,96) = 18,432, q/k norms 2·24, norms 2·64, the router
+// (8,64) = 512, the experts 8·3·36·64 = 55,296. The routed experts are one flat vector and the
+// rest another, each sharded by ZeRO over the dp ranks (ep = etp = tp = 1: edp = dp).
+TEST(AnalyticRank, MixtureOfExpertsShardsTheExpertsApart) {
+  const ModelConfig m = preset("tiny-qwen3-moe");
+  const TrainConfig t = train(1, 11, DType::f32);
+  const u64 per_layer_dense = 18432 + 48 + 128 + 512, experts = 8 * 3 * 36 * 64;
+  const u64 Pd = 2 * per_layer_dense + 2 * 103 * 64 + 64;  // + embedding, lm_head, final norm
+  const u64 Pe = 2 * experts;
+  ASSERT_EQ(Pd, 51488u);
+  ASSERT_EQ(Pd + Pe, m.param_count());
+  struct Row {
+    std::int64_t dp;
+    int zero;
+    u64 dense_shard, expert_shard;
+  };
+  // dp 3: 51,488 = 3·17,162 + 2 pads the dense shard to 17,163; 110,592 = 3·36,864 divides.
+  for (const Row& row : {Row{2, 1, 25744, 55296}, Row{2, 2, 25744, 55296}, Row{4, 1, 12872, 27648},
+                         Row{3, 2, 17163, 36864}, Row{2, 0, Pd, Pe}}) {
+    SCOPED_TRACE("dp " + std::to_string(row.dp) + " zero " + std::to_string(row.zero));
+    const LayoutEstimate le = estimate_layout(m, t, layout(row.dp, 1, 1, row.zero, m, t));
+    ASSERT_EQ(le.ranks.size(), 1u);
+    const RankEstimate& r = le.ranks[0];
+    EXPECT_EQ(r.local_params, Pd + Pe);
+    EXPECT_EQ(r.expert_params, Pe);
+    EXPECT_EQ(r.shard_elements, row.dense_shard);
+    EXPECT_EQ(r.expert_shard_elements, row.expert_shard);
+    EXPECT_EQ(r.padding_elements, row.zero >= 1 ? row.dense_shard * u64(row.dp) - Pd : 0);
+    EXPECT_EQ(r.expert_padding_elements, row.zero >= 1 ? row.expert_shard * u64(row.dp) - Pe : 0);
+    const MemoryFigures& f = r.est.figures;
+    EXPECT_EQ(f.params, (Pd + Pe) * 4);
+    EXPECT_EQ(f.gradients, (row.zero >= 2 ? row.dense_shard + row.expert_shard : Pd + Pe) * 4);
+    EXPECT_EQ(f.optimizer_states, (row.dense_shard + row.expert_shard) * 8);
+  }
+  // The hand-worked figure of docs/distributed.md: dp 2, ZeRO-1, 648,320 B of states.
+  EXPECT_EQ(estimate_layout(m, t, layout(2, 1, 1, 1, m, t)).ranks[0].est.figures.optimizer_states,
+            648320u);
+}
+
+// Expert parallelism by hand (docs/distributed.md, "Expert parallelism"): the same tiny-qwen3-moe,
+// b 1, s 11, fp32, AdamW. --ep 2 puts E/ep = 4 experts on a rank: Pe per rank = 2·4·3·36·64 =
+// 55,296, the dense 51,488 whole. World 2 (dp 2 = ep, edp 1): params 106,784·4 = 427,136 B,
+// ZeRO-1 states 8·(⌈51,488/2⌉ + 55,296) = 648,320 B (the experts unsharded: edp 1); world 4 (dp 4,
+// edp 2): 8·(12,872 + 27,648) = 324,160 B. Balanced routing of nk = 22 choices over 8 experts:
+// 3 to experts 0-5, 2 to 6-7; every rank of an ep group sends alike, so ep index 0 (experts 0-3)
+// receives 2·12 = 24 rows and index 1 (experts 4-7) 2·10 = 20: two distinct ranks.
+TEST(AnalyticRank, ExpertParallelismPlacesEOverEpExpertsPerRank) {
+  const ModelConfig m = preset("tiny-qwen3-moe");
+  const TrainConfig t = train(1, 11, DType::f32);
+  ParallelConfig p;
+  p.world = 2;
+  p.ep = 2;
+  p.zero = 1;
+  p.resolve(false, m, t);
+  const LayoutEstimate le = estimate_layout(m, t, p);
+  const RankEstimate& r = le.ranks.at(0);
+  EXPECT_EQ(r.local_params, 106784u);
+  EXPECT_EQ(r.expert_params, 55296u);
+  EXPECT_EQ(r.expert_shard_elements, 55296u);
+  EXPECT_EQ(r.est.figures.params, 427136u);
+  EXPECT_EQ(r.est.figures.gradients, 427136u);
+  EXPECT_EQ(r.est.figures.optimizer_states, 648320u);
+  p.world = 4;
+  p.dp = 0;
+  p.resolve(false, m, t);
+  EXPECT_EQ(p.edp(), 2);
+  EXPECT_EQ(estimate_layout(m, t, p).ranks.at(0).est.figures.optimizer_states, 324160u);
+  // The rows each rank's experts take, in the trace's ledger (fp32: 4 B an element): the
+  // dispatch buffer holds the rank's own 22 rows, expert_in/combine.send the received ones.
+  for (std::int64_t grad_rank : {0, 1}) {
+    SCOPED_TRACE("rank " + std::to_string(grad_rank));
+    const std::int64_t rows = grad_rank == 0 ? 24 : 20;
+    MetaAllocator alloc;
+    Ledger ledger(alloc);
+    ShardedStep step(m, t, p, 0, ledger, nullptr, grad_rank);
+    step.train_step();
+    std::map<std::string, std::vector<std::int64_t>> shape;
+    for (const TensorRecord& rec : ledger.tensors())
+      if (rec.layer == 1) shape[rec.name] = rec.shape;
+    using S = std::vector<std::int64_t>;
+    EXPECT_EQ(shape["dispatch.send"], (S{22, 64}));
+    EXPECT_EQ(shape["expert_in"], (S{rows, 64}));
+    EXPECT_EQ(shape["expert_gate"], (S{rows, 36}));
+    EXPECT_EQ(shape["expert_act"], (S{rows, 36}));
+    EXPECT_EQ(shape["combine.send"], (S{rows, 64}));
+    EXPECT_EQ(shape["expert_out"], (S{22, 64}));
+    EXPECT_EQ(shape["d_expert_rows"], (S{rows, 64}));
+    EXPECT_EQ(shape["d_expert_in"], (S{22, 64}));
+    EXPECT_EQ(shape["model.layers.1.mlp.experts.gate_up_proj"], (S{4, 72, 64}));
+    // The analytic of the same rank agrees with its trace (the grid in test_sharded_trace.cpp).
+    const LayoutEstimate mine = estimate_layout_of_rank(m, t, p, grad_rank);
+    EXPECT_EQ(measured_figures(ledger).activations_peak,
+              mine.ranks.at(0).est.figures.activations_peak);
+  }
+}
+
+TEST(AnalyticRank, ExpertParallelFlagsNameTheirRule) {
+  const TrainConfig t = train(1, 16);
+  const ModelConfig moe = preset("tiny-qwen3-moe");
+  ParallelConfig p;
+  p.world = 2;
+  p.ep = 0;
+  EXPECT_NE(resolve_error(p, false, moe, t).find("--ep must be at least 1, got 0"),
+            std::string::npos);
+  p = {};
+  p.world = 2;
+  p.etp = -1;
+  EXPECT_NE(resolve_error(p, false, moe, t).find("--etp must be at least 1, got -1"),
+            std::string::npos);
+  p = {};
+  p.world = 2;
+  p.ep = 2;
+  EXPECT_NE(resolve_error(p, false, preset("tiny"), t)
+                .find("--ep 2: tiny is not a mixture of experts (it has no routed experts"),
+            std::string::npos);
+  p = {};
+  p.world = 3;
+  p.ep = 3;
+  EXPECT_NE(resolve_error(p, false, moe, t)
+                .find("--ep 3: the model's num_experts (8) is not divisible by it"),
+            std::string::npos);
+  p = {};
+  p.world = 6;
+  p.ep = 4;
+  EXPECT_NE(resolve_error(p, false, moe, t)
+                .find("--ep 4 × --etp 1 = 4 does not divide the 6 ranks of a pipeline stage "
+                      "(--world-size 6 / --pp 1 = dp·tp·cp)"),
+            std::string::npos);
+  p = {};
+  p.world = 4;
+  p.etp = 5;
+  EXPECT_NE(resolve_error(p, false, moe, t)
+                .find("--etp 5: the model's moe_intermediate_size (36) is not divisible by it"),
+            std::string::npos);
+  p = {};
+  p.world = 2;
+  p.ep = 4;  // more than the stage's ranks, before the product would be formed
+  EXPECT_NE(resolve_error(p, false, moe, t).find("--ep 4 × --etp 1 does not divide the 2 ranks"),
+            std::string::npos);
+  // What the per-rank step does not model yet, each named with its flag.
+  p = {};
+  p.world = 2;
+  p.etp = 2;
+  EXPECT_NE(resolve_error(p, false, moe, t)
+                .find("--etp 2 with a mixture of experts (tiny-qwen3-moe): expert tensor "
+                      "parallelism"),
+            std::string::npos);
+  p = {};
+  p.world = 2;
+  p.zero = 3;
+  EXPECT_NE(resolve_error(p, false, moe, t).find("--zero 3 with a mixture of experts"),
+            std::string::npos);
+  p = {};
+  p.world = 2;
+  p.offload = Offload::optimizer;
+  p.zero = 1;
+  EXPECT_NE(resolve_error(p, false, moe, t).find("--offload optimizer with a mixture of experts"),
+            std::string::npos);
+  TrainConfig cap = t;
+  cap.capacity_factor = 1.25;
+  p = {};
+  p.world = 2;
+  EXPECT_NE(resolve_error(p, false, moe, cap).find("--capacity-factor with a mixture of experts"),
+            std::string::npos);
+  ModelConfig aux = moe;
+  aux.output_router_logits = true;
+  EXPECT_NE(resolve_error(p, false, aux, t).find("output_router_logits with a mixture of experts"),
+            std::string::npos);
+  // One GPU: --ep 1 is the default and changes nothing; the flags' rules hold there too.
+  p = {};
+  EXPECT_EQ(resolve_error(p, false, moe, t), "(no error)");
+  p.ep = 2;
+  EXPECT_NE(resolve_error(p, false, moe, t).find("does not divide the 1 ranks"), std::string::npos);
 }
 
 }  // namespace

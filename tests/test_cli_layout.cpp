@@ -271,6 +271,75 @@ TEST(CliLayout, MaxbatchFindsTheLargestMicroBatchWhoseWorstRankFits) {
   EXPECT_TRUE(contains(bad.err, "--overhead with --world-size above 1")) << bad.err;
 }
 
+// A mixture of experts per rank: the experts' own flat vector in the JSON, the books equal to
+// the library's, the meta trace agreeing, and --ep/--etp refused with the flag named.
+TEST(CliLayout, MixtureOfExpertsPerRankAndTheExpertFlags) {
+  const auto r = run_trainmem({"estimate", "--model", "tiny-qwen2-moe", "--world-size", "6", "--pp",
+                               "3", "--zero", "1", "--microbatches", "3", "--batch", "2", "--seq",
+                               "16", "--format", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["ranks"].size(), 3u);
+  // tiny-qwen2-moe: MoE layers 1 and 5 (decoder_sparse_step 2, layer 3 dense): stage 1 (layers
+  // 2-3) holds no expert, stages 0 and 2 hold 6·3·40·64 expert elements each.
+  const std::uint64_t experts = 6 * 3 * 40 * 64;
+  EXPECT_EQ(j["ranks"][0]["expert_params"].get<std::uint64_t>(), experts);
+  EXPECT_EQ(j["ranks"][1]["expert_params"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(j["ranks"][2]["expert_params"].get<std::uint64_t>(), experts);
+  EXPECT_EQ(j["ranks"][0]["expert_shard_elements"].get<std::uint64_t>(), experts / 2);
+  const auto p = run_trainmem({"profile", "--model", "tiny-qwen2-moe", "--world-size", "6", "--pp",
+                               "3", "--zero", "1", "--microbatches", "3", "--batch", "2", "--seq",
+                               "16", "--format", "json"});
+  ASSERT_EQ(p.code, 0) << p.err;
+  const auto pj = nlohmann::json::parse(p.out);
+  EXPECT_TRUE(pj["all_ranks_match"].get<bool>()) << p.out.substr(0, 2000);
+  ASSERT_EQ(pj["ranks"].size(), 3u);
+  for (const auto& rank : pj["ranks"]) EXPECT_TRUE(rank["matches_analytic"].get<bool>());
+  // --ep 2 (docs/distributed.md, "Expert parallelism"): 4 of tiny-qwen3-moe's 8 experts per
+  // rank, edp 1, the meta trace of index 0 (which receives the most rows) agreeing.
+  for (const std::string cmd : {"estimate", "profile"}) {
+    const auto e = run_trainmem({cmd, "--model", "tiny-qwen3-moe", "--world-size", "2", "--ep", "2",
+                                 "--zero", "1", "--batch", "1", "--seq", "11", "--format", "json"});
+    ASSERT_EQ(e.code, 0) << e.err;
+    const auto ej = nlohmann::json::parse(e.out);
+    EXPECT_EQ(ej["layout"]["ep"], 2);
+    EXPECT_EQ(ej["layout"]["edp"], 1);
+    EXPECT_EQ(ej["ranks"][0]["expert_params"].get<std::uint64_t>(), 2u * 4 * 3 * 36 * 64);
+    if (cmd == "profile") EXPECT_TRUE(ej["all_ranks_match"].get<bool>());
+  }
+  const auto text = run_trainmem({"estimate", "--model", "tiny-qwen3-moe", "--world-size", "2",
+                                  "--ep", "2", "--batch", "1", "--seq", "11"});
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_TRUE(contains(text.out, "ep 2 × etp 1 (edp 1)")) << text.out;
+  EXPECT_TRUE(contains(text.out, "expert-parallel index 0, whose experts receive the most"))
+      << text.out;
+  const struct {
+    std::vector<std::string> args;
+    const char* message;
+  } cases[] = {
+      {{"--model", "llama-7b", "--world-size", "2", "--ep", "2"},
+       "--ep 2: llama-7b is not a mixture of experts"},
+      {{"--model", "tiny-mixtral", "--world-size", "4", "--ep", "2"},
+       "--ep 2: the model's num_local_experts (5) is not divisible by it"},
+      {{"--model", "tiny-mixtral", "--world-size", "4", "--etp", "3"},
+       "--etp 3: the model's intermediate_size (88) is not divisible by it"},
+      {{"--model", "tiny-qwen3-moe", "--world-size", "2", "--etp", "2"},
+       "--etp 2 with a mixture of experts (tiny-qwen3-moe): expert tensor parallelism"},
+      {{"--model", "qwen3-30b-a3b", "--world-size", "2", "--tp", "2", "--seq", "512"},
+       "--tp 2 with a mixture of experts (qwen3-30b-a3b)"},
+      {{"--model", "tiny-qwen3-moe", "--world-size", "2", "--fsdp2"},
+       "--sharding per-parameter with a mixture of experts"},
+      {{"--model", "tiny-qwen3-moe", "--world-size", "2", "--ep", "x"}, "--ep"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> args = {"estimate"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    const auto e = run_trainmem(args);
+    EXPECT_EQ(e.code, 2) << c.message;
+    EXPECT_TRUE(contains(e.err, c.message)) << "expected: " << c.message << "\ngot: " << e.err;
+  }
+}
+
 TEST(CliLayout, BadLayoutsExitTwoNamingTheFlag) {
   const struct {
     std::vector<std::string> args;

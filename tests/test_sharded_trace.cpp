@@ -164,6 +164,124 @@ TEST(ShardedTrace, OptimizersDtypesOffloadPrefetchBuckets) {
   EXPECT_GT(checked, 100);
 }
 
+// A mixture of experts per rank (docs/distributed.md, "Mixture of experts per rank"; ep = etp =
+// tp = 1): the routed experts in a flat vector of their own beside the others', Qwen's dense
+// layers among the MoE ones (uneven pipeline stages: tiny-qwen2-moe at pp 3 has a stage of dense
+// layers only), the shared expert, and the skewed shapes whose every MoE instant decides some
+// figure on one GPU, over dp, pp, cp, ZeRO 0-2, micro-batches, checkpointing and attention.
+TEST(ShardedTrace, MixtureOfExpertsOverTheGrid) {
+  int checked = 0;
+  for (const char* model :
+       {"tiny-mixtral", "tiny-qwen3-moe", "tiny-qwen2-moe", "moe-wide-router", "moe-wide-shared",
+        "moe-mixed-dense-first", "moe-mixed-router-first", "tiny-qwen3-moe-mixed"})
+    for (std::int64_t pp : {1, 2, 3})
+      for (std::int64_t dp : {1, 2, 3})
+        for (std::int64_t cp : {1, 2})
+          for (int zero = 0; zero <= 2; ++zero)
+            for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
+              for (Attention at : {Attention::eager, Attention::flash})
+                for (std::int64_t M : {1, 3}) {
+                  Case c{model, dp, 1, pp, zero, false, M, ck, at, Optimizer::adamw, DType::bf16};
+                  c.cp = cp;
+                  if (check(c)) ++checked;
+                  if (HasFailure()) return;
+                }
+  EXPECT_GT(checked, 400);
+  // Optimizers, dtypes and the reduce bucket (100 elements: each gradient alone, the bucket the
+  // largest tensor, here an experts' gate_up_proj or the 64-expert router), with --overlap-comm.
+  int more = 0;
+  for (const char* model : {"tiny-qwen2-moe", "moe-wide-router", "moe-wide-shared"})
+    for (Optimizer o : {Optimizer::adamw, Optimizer::sgd})
+      for (DType dt : {DType::bf16, DType::f32})
+        for (int zero = 0; zero <= 2; ++zero)
+          for (bool overlap : {false, true})
+            for (std::uint64_t bucket : {std::uint64_t(100), kDefaultReduceBucket}) {
+              Case c{model,
+                     3,
+                     1,
+                     1,
+                     zero,
+                     false,
+                     2,
+                     Checkpointing::full,
+                     Attention::flash,
+                     o,
+                     dt,
+                     Offload::none,
+                     1,
+                     overlap,
+                     bucket};
+              if (check(c)) ++more;
+              if (HasFailure()) return;
+            }
+  EXPECT_EQ(more, 3 * 2 * 2 * 3 * 2 * 2);
+}
+
+// Expert parallelism (--ep; docs/distributed.md, "Expert parallelism"): E/ep experts per rank,
+// their states sharded over edp = dp·cp/ep, the dispatch and combine buffers and the received
+// rows, every rank of the gradient group (the expert-parallel indices receive different rows
+// when nk = b·s·K is not a multiple of E), over ep × dp × pp × cp × ZeRO 0-2 × checkpointing ×
+// micro-batches; s 12 (cp 2: 6 tokens a rank) leaves remainders for every E here.
+// "moe-wide-experts" (tiny-qwen3-moe with experts of width 96: h < m < 2h) makes backward step 1's
+// d_expert_act instant the peak (R·m > nk·h); on the others d_expert_out's is, and the widest
+// workspace is d_expert_rows_in's. (The dispatch and combine instants, forward and recompute,
+// never exceed step 1's and decide no compared figure: they complete the timeline.)
+TEST(ShardedTrace, ExpertParallelEveryRankOverTheGrid) {
+  int checked = 0, ranks_differ = 0;
+  for (const char* model : {"tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "moe-wide-router",
+                            "moe-mixed-dense-first", "tiny-qwen3-moe-mixed", "moe-wide-experts"})
+    for (std::int64_t ep : {2, 3, 4, 5, 8})
+      for (std::int64_t dp : {2, 4, 6})
+        for (std::int64_t cp : {1, 2})
+          for (std::int64_t pp : {1, 2})
+            for (int zero = 0; zero <= 2; ++zero)
+              for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
+                for (std::int64_t M : {1, 3}) {
+                  ModelConfig m = test::any_config(
+                      std::string(model) == "moe-wide-experts" ? "tiny-qwen3-moe" : model);
+                  if (std::string(model) == "moe-wide-experts") m.expert_intermediate = 96;
+                  TrainConfig t;
+                  t.batch = 1;
+                  t.seq = 12;
+                  t.dtype = DType::bf16;
+                  t.checkpointing = ck;
+                  t.attention = Attention::flash;
+                  ParallelConfig p;
+                  p.world = dp * pp * cp;
+                  p.dp = dp;
+                  p.pp = pp;
+                  p.cp = cp;
+                  p.ep = ep;
+                  p.zero = zero;
+                  p.microbatches = M;
+                  try {
+                    p.resolve(true, m, t);
+                  } catch (const InputError&) {
+                    continue;
+                  }
+                  std::uint64_t first_peak = 0;
+                  bool differ = false;
+                  for (std::int64_t rank = 0; rank < p.grad_ranks(); ++rank) {
+                    const std::string what = std::string(model) + " ep" + std::to_string(ep) +
+                                             " dp" + std::to_string(dp) + " cp" +
+                                             std::to_string(cp) + " pp" + std::to_string(pp) +
+                                             " z" + std::to_string(zero) + " " +
+                                             checkpointing_name(ck) + " M" + std::to_string(M) +
+                                             " rank " + std::to_string(rank);
+                    const LayoutEstimate le = test::expect_trace_equals_layout(m, t, p, what, rank);
+                    if (HasFailure()) return;
+                    const std::uint64_t peak = le.ranks.at(0).est.figures.peak;
+                    if (rank == 0) first_peak = peak;
+                    differ |= peak != first_peak;
+                    EXPECT_LE(peak, first_peak) << what << ": index 0 receives the most rows";
+                  }
+                  ++checked;
+                  ranks_differ += differ;
+                }
+  EXPECT_GT(checked, 300);
+  EXPECT_GT(ranks_differ, 50);  // the grid's remainders make ranks differ, or it tests little
+}
+
 TEST(ShardedTrace, LargePresetsOnMeta) {
   // 70B-class layouts as users run them (the trace allocates nothing real on meta).
   const Case cases[] = {

@@ -111,6 +111,12 @@ struct Local {
   bool moe = false;
   std::uint64_t E = 0, K = 0, m = 0, nk = 0, cap = 0;
   std::uint64_t bsE = 0, bsE4 = 0, bsK4 = 0, off4 = 0, nkh = 0, nkm = 0;
+  // Expert parallelism (ep > 1; docs/distributed.md, "Expert parallelism"): the rank's El = E/ep
+  // experts compute er rows, (er, h) and (er, m) bytes, the rows the ep group's ranks route to
+  // them under balanced routing; the rank's own nk rows travel out (dispatch) and back (combine).
+  // One GPU: El = E, er = nk.
+  bool ep = false;
+  std::uint64_t El = 0, er = 0, erh = 0, erm = 0;
   // Qwen2-MoE's shared expert of width ms: (b,s,ms) D rows, and its gate's logit (b,s) D.
   std::uint64_t ms = 0, bsms = 0, bsw = 0;
   // output_router_logits: the load-balancing loss's gradient of the probabilities, (E) f32,
@@ -120,7 +126,19 @@ struct Local {
   std::string la, lk, li, lV, rows;
 };
 
-Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p) {
+// The rows the experts of expert-parallel index ep_i receive under balanced routing: every one of
+// the ep ranks of its group routes its nk = n·K choices ⌊nk/E⌋ to each expert and one more to
+// each of the first nk mod E experts (balanced_routing), and ep_i holds experts
+// [ep_i·El, (ep_i + 1)·El), so R = ep·(El·⌊nk/E⌋ + the remainder's experts among them).
+std::uint64_t balanced_expert_rows(std::uint64_t nk, std::uint64_t E, std::uint64_t ep,
+                                   std::uint64_t ep_i) {
+  const std::uint64_t El = E / ep, first = ep_i * El, rem = nk % E;
+  const std::uint64_t extra = rem > first ? std::min(El, rem - first) : 0;
+  return checked_mul(ep, csum({checked_mul(El, nk / E), extra}), "expert rows");
+}
+
+Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p,
+                 std::int64_t grad_rank = 0) {
   Local l;
   l.b = u(t.batch);
   l.s = u(p.local_seq(t.seq));  // the rank's s/cp rows under context parallelism
@@ -170,10 +188,19 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
     l.bsE4 = bytes_of({l.b, l.s, l.E}, 4);
     l.bsK4 = bytes_of({l.b, l.s, l.K}, 4);
     l.off4 = bytes_of({l.E + 1}, 4);
-    l.nk = u(moe_rows(m, t));
+    // The rank's b·s tokens (s/cp under context parallelism) route b·s·K rows; a capacity
+    // factor is modelled on one GPU (check_moe_layout).
+    l.nk = t.capacity_factor > 0 ? u(moe_rows(m, t)) : checked_mul(checked_mul(l.b, l.s), l.K);
     l.cap = u(moe_capacity(m, t));
     l.nkh = bytes_of({l.nk, l.h}, l.w);
     l.nkm = bytes_of({l.nk, l.m}, l.w);
+    // The rank's place in the stage: slot j = grad_rank (check_moe_layout: tp = etp = 1), its
+    // expert-parallel index j mod ep (Megatron's order: etp fastest, then ep, then edp).
+    l.ep = p.ep > 1;
+    l.El = l.E / u(p.ep);
+    l.er = l.ep ? balanced_expert_rows(l.nk, l.E, u(p.ep), u(grad_rank) % u(p.ep)) : l.nk;
+    l.erh = bytes_of({l.er, l.h}, l.w);
+    l.erm = bytes_of({l.er, l.m}, l.w);
     l.ms = u(m.shared_expert_intermediate);
     l.bsms = bytes_of({l.b, l.s, l.ms}, l.w);
     l.bsw = l.ms > 0 ? bytes_of({l.b, l.s}, l.w) : 0;
@@ -192,13 +219,13 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
 // with the q/k/v biases (split with their columns: a/t·d + 2·k/t·d) and the q/k norm weights
 // (replicated: 2·d) of the families that have them.
 // A mixture-of-experts layer (`moe`) has, in place of gate/up/down, the router (E, h) and E
-// experts of three (m, h) matrices each: E·h·(1 + 3m); a shared expert adds three (m_s, h) and its
-// gate (1, h).
+// experts of three (m, h) matrices each: E·h·(1 + 3m) (under expert parallelism the rank's
+// El = E/ep experts: E·h + El·3·m·h); a shared expert adds three (m_s, h) and its gate (1, h).
 std::uint64_t layer_params(const Local& l, const ModelConfig& m, bool moe) {
   const std::uint64_t shared =
       l.ms > 0 ? checked_mul(l.h, csum({1, checked_mul(3, l.ms)}), "parameters") : 0;
   const std::uint64_t mlp =
-      moe ? csum({checked_mul(checked_mul(l.E, l.h), csum({1, checked_mul(3, l.m)}), "parameters"),
+      moe ? csum({checked_mul(l.E, l.h), checked_mul(checked_mul(l.El, l.h), checked_mul(3, l.m)),
                   shared},
                  "parameters")
           : checked_mul(3, checked_mul(l.h, l.i));
@@ -316,18 +343,23 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn
                       "the experts' backward GEMMs", "where each expert's rows start"));
     // Under --capacity-factor the rows are E·c (c the capacity), whatever the routing.
     const std::string nk = l.cap > 0 ? "E·c" : "b·s·K";
-    v.push_back(entry(g, "expert_in", "(" + nk + ",h)", D, l.nkh, Term::sbh,
+    // Expert parallelism: the rows the rank's experts receive (R) in place of its own.
+    const std::string er = l.ep ? "R" : nk;
+    v.push_back(entry(g, "expert_in", "(" + er + ",h)", D, l.erh, Term::sbh,
                       "experts' gate/up backward",
-                      "xn2's rows in expert order, one per (token, choice)"));
-    v.push_back(entry(g, "expert_gate", "(" + nk + ",m)", D, l.nkm, Term::sbi, "SwiGLU backward",
+                      l.ep ? "the rows routed to this rank's experts, received by all-to-all"
+                           : "xn2's rows in expert order, one per (token, choice)"));
+    v.push_back(entry(g, "expert_gate", "(" + er + ",m)", D, l.erm, Term::sbi, "SwiGLU backward",
                       "each expert's gate projection of its rows"));
-    v.push_back(entry(g, "expert_up", "(" + nk + ",m)", D, l.nkm, Term::sbi, "SwiGLU backward",
+    v.push_back(entry(g, "expert_up", "(" + er + ",m)", D, l.erm, Term::sbi, "SwiGLU backward",
                       "each expert's up projection of its rows"));
-    v.push_back(entry(g, "expert_act", "(" + nk + ",m)", D, l.nkm, Term::sbi,
+    v.push_back(entry(g, "expert_act", "(" + er + ",m)", D, l.erm, Term::sbi,
                       "experts' down backward (dW_down)", "silu(expert_gate)·expert_up"));
     v.push_back(entry(g, "expert_out", "(" + nk + ",h)", D, l.nkh, Term::sbh,
                       "combine backward (the weights' gradient)",
-                      "each expert's output before its routing weight"));
+                      l.ep ? "the experts' outputs of the rank's own rows, received back by "
+                             "all-to-all, before their routing weights"
+                           : "each expert's output before its routing weight"));
     if (l.ms > 0) {
       const std::string sh = "(b,s,m_s)";
       v.push_back(entry(g, "shared_gate", sh, D, l.bsms, Term::sbi, "shared SwiGLU backward",
@@ -413,7 +445,7 @@ class Stage {
         m_(m),
         t_(t),
         p_(p),
-        l_(make_local(m, t, p)),
+        l_(make_local(m, t, p, grad_rank)),
         g_(make_dims(m, t)),
         first_(index == 0),
         last_(index == p.pp - 1),
@@ -431,11 +463,7 @@ class Stage {
     if (lomo_ && p.distributed())
       throw Error("analytic native: LOMO is modelled on one GPU only (ParallelConfig::resolve)");
     require_native_moe(m, t, "profile native");
-    if (m.moe() && p.distributed())
-      throw InputError(
-          "profile native: " + m.name +
-          " is a mixture of experts; the per-rank (sharded) step does not model MoE layers yet "
-          "(expert parallelism: issue 33)");
+    check_moe_layout(p, m, t);  // what the sharded step runs of a mixture of experts per rank
     if (t.lora() && (lomo_ || t.offload_activations))
       throw Error("analytic native: LoRA is modelled with adamw or sgd, without offload");
     check_lora_layout(p, t);  // what the sharded step runs of LoRA per rank
@@ -636,20 +664,35 @@ void Stage::books() {
   const std::uint64_t emb = checked_mul(l.V, l.h);
   std::uint64_t Pk = 0;
   for (std::int64_t k = 0; k < Ls_; ++k) Pk = checked_add(Pk, Lu(k), "parameters");
+  // A mixture of experts: each MoE layer's E experts of three (m, h) matrices, in their own flat
+  // vector (the rest stays in Pk's).
+  std::uint64_t Pe = 0;
+  for (std::int64_t k = 0; k < Ls_; ++k)
+    if (kind(k) == 1)
+      Pe = checked_add(Pe, checked_mul(l.El, checked_mul(3, checked_mul(l.m, l.h))));
   if (first_) Pk = checked_add(Pk, emb);
   const bool tied_here = m_.tied_embeddings && p_.pp == 1;
   if (last_) Pk = csum({Pk, l.h, tied_here ? 0 : emb}, "parameters");
   const std::uint64_t dp = u(p_.grad_ranks());  // ZeRO shards over dp·cp
   // The flat vector ZeRO shards: every parameter, or under LoRA the adapters only (the frozen
   // base whole on every rank under ZeRO 0-2, in a flat vector of its own under ZeRO-3).
-  const std::uint64_t T = t_.lora() ? checked_mul(La, u(Ls_), "LoRA parameters") : Pk;
+  const std::uint64_t T = t_.lora() ? checked_mul(La, u(Ls_), "LoRA parameters") : Pk - Pe;
   const std::uint64_t shard = (T + dp - 1) / dp;
+  const std::uint64_t edp = u(p_.edp());
+  const std::uint64_t eshard = (Pe + edp - 1) / edp;
   r_.local_params = Pk;
   r_.shard_elements = p_.zero >= 1 ? shard : T;
   r_.padding_elements = p_.zero >= 1 ? checked_mul(shard, dp) - T : 0;
+  r_.expert_params = Pe;
+  r_.expert_shard_elements = p_.zero >= 1 ? eshard : Pe;
+  r_.expert_padding_elements = p_.zero >= 1 ? checked_mul(eshard, edp) - Pe : 0;
+  // The shards ZeRO >= 1 keeps states for (and ZeRO-2 gradients): both vectors' (eshard is 0 for
+  // a dense model).
+  const std::uint64_t shards = checked_add(shard, eshard, "shards");
   const std::uint64_t w = l.w;
   const std::uint64_t f = state_bytes_per_param(t_.optimizer, w);
-  r_.owned_elements = r_.shard_elements;  // flat: every rank's states are a whole shard
+  // Flat: every rank's states are a whole shard (of each vector).
+  r_.owned_elements = r_.shard_elements + r_.expert_shard_elements;
   r_.grad_rank = grad_rank_;
   const bool off_opt = p_.offload != Offload::none,
              off_params = p_.offload == Offload::optimizer_params;
@@ -668,10 +711,10 @@ void Stage::books() {
     fg.params = checked_mul(csum({(F + dp - 1) / dp, shard}, "parameter shards"), w);
   }
   if (p_.zero >= 2)
-    fg.gradients = off_opt ? 0 : checked_mul(shard, w);
+    fg.gradients = off_opt ? 0 : checked_mul(shards, w);
   else
     fg.gradients = checked_mul(Pk, w);
-  const std::uint64_t updated = p_.zero >= 1 ? shard : Pk;
+  const std::uint64_t updated = p_.zero >= 1 ? shards : Pk;
   fg.optimizer_states = off_opt ? 0 : checked_mul(updated, f, "optimizer states");
   if (p_.per_parameter()) per_parameter_books(Pk, dp, f);
   if (t_.quantized()) {
@@ -732,12 +775,18 @@ void Stage::books() {
   }
 
   // Communication buffers allocated at setup: the reduce bucket(s) of ZeRO-2/3.
-  std::uint64_t largest =
-      std::max({checked_mul(l.h, l.ad), checked_mul(l.h, l.kd), checked_mul(l.h, l.i)});
+  // The largest trainable tensor: of attention, of a dense MLP where the stage has one, of a MoE
+  // layer (the experts' gate_up_proj (E, 2m, h), the router (E, h), a shared expert's (m_s, h)).
+  std::uint64_t largest = std::max(checked_mul(l.h, l.ad), checked_mul(l.h, l.kd));
+  for (std::int64_t k = 0; k < Ls_; ++k)
+    largest = std::max(
+        largest, kind(k) == 1 ? std::max({checked_mul(checked_mul(2, l.El), checked_mul(l.m, l.h)),
+                                          checked_mul(l.E, l.h), checked_mul(l.ms, l.h)})
+                              : checked_mul(l.h, l.i));
   if (first_ || last_) largest = std::max(largest, emb);
   if (t_.lora()) largest = largest_adapter(l);  // the bucket holds trainable gradients only
   if (p_.zero >= 2 && !fsdp2_) {  // FSDP2 reduce-scatters each unit (fsdp2_backward_instants)
-    const std::uint64_t n = std::min(std::max(p_.reduce_bucket, largest), T);
+    const std::uint64_t n = std::min(std::max(p_.reduce_bucket, largest), T + Pe);
     for (int c = 0; c < (p_.overlap_comm ? 2 : 1); ++c) {
       TensorEntry e = entry(g_, c == 0 ? "reduce_bucket" : "reduce_bucket.1", "(n)", g_.dt,
                             checked_mul(n, w), Term::other, "setup (persistent)",
@@ -1136,6 +1185,16 @@ void Stage::forward_instants() {
     at("forward: layer " + layer_name(km) + " router logits (routing rows allocated)",
        csum({kept_before(km), csub(rows_through("expert_offsets", km), dropped(), "selective")}),
        csum({C, l.bsE}), 0, u(km) + 1, G0);
+    if (!l.ep) return;
+    // Expert parallelism: the dispatch buffer (the rank's own nk rows in expert order) beside the
+    // rows it sends to expert_in, then the combine buffer (the experts' outputs of the received
+    // rows) beside expert_out, which it returns (docs/distributed.md, "Expert parallelism").
+    at("forward: layer " + layer_name(km) + " dispatch (expert_in received, dispatch.send alive)",
+       csum({kept_before(km), csub(rows_through("expert_in", km), dropped(), "selective")}), C,
+       csum({l.nkh, sg}), u(km) + 1, G0);
+    at("forward: layer " + layer_name(km) + " combine (expert_out received, combine.send alive)",
+       csum({kept_before(km), csub(rows_through("expert_out", km), dropped(), "selective")}), C,
+       csum({l.erh, sg}), u(km) + 1, G0);
   };
   for (std::int64_t k : ks) {
     if (p_.cp > 1)  // ring attention: its buffers beside the rows through attn_out
@@ -1268,6 +1327,14 @@ void Stage::layer_steps(std::int64_t kb) {
     at(Lb + "step 0: recompute's router logits",
        csum({kept_before(kb), rows_through("expert_offsets", kb)}), csum({C, l.X, l.bsE}), 0, pos,
        grads(0));
+  if (ck_last && moe && l.ep) {  // the recompute's dispatch and combine (forward_instants)
+    at(Lb + "step 0: recompute's dispatch (dispatch.send alive)",
+       csum({kept_before(kb), rows_through("expert_in", kb)}), csum({C, l.X}), csum({l.nkh, sg}),
+       pos, grads(0));
+    at(Lb + "step 0: recompute's combine (combine.send alive)",
+       csum({kept_before(kb), rows_through("expert_out", kb)}), csum({C, l.X}), csum({l.erh, sg}),
+       pos, grads(0));
+  }
   if (ck_last) at(Lb + "step 0: recompute done", A_L, csum({C, l.X}), 0, pos, grads(0));
   // QLoRA (one GPU): a base weight dequantized beside a step's buffers. The recompute's o_proj
   // holds the rows through h_mid and d_residual (its q_proj fewer rows, its gate and up fewer
@@ -1304,15 +1371,30 @@ void Stage::layer_steps(std::int64_t kb) {
     // and the experts' down (d_expert_out, d_topk_weight, d_expert_act), the SwiGLU backward, the
     // experts' gate/up (d_expert_in), the rows summed back per token (d_xn2), the router
     // (d_router_logits); d_topk_weight lives from step 1 to the router's backward.
-    at(Lb + "step 1: d_expert_out, d_topk_weight, d_expert_act (combine and experts' down_proj "
-            "backward)",
-       A_L, csum({C, l.X, l.nkh, l.bsK4, l.nkm}), sg, pos, grads(0));
-    const std::uint64_t M2 = csub(A_L, csum({l.nkh, l.nkm}), "step 2");  // expert_out, _act
+    // Expert parallelism: the home rows' gradient d_expert_out goes to the experts' ranks
+    // (d_expert_rows, R rows) and is freed; their gate/up backward's d_expert_rows_in comes back
+    // (d_expert_in, the home rows). One GPU: R = nk, erh = nkh, erm = nkm.
+    if (l.ep) {
+      at(Lb + "step 1: d_expert_out, d_topk_weight, d_expert_rows (combine backward, the "
+              "gradients sent to the experts)",
+         A_L, csum({C, l.X, l.nkh, l.bsK4, l.erh}), sg, pos, grads(0));
+      at(Lb + "step 1: d_expert_act (experts' down_proj backward)", A_L,
+         csum({C, l.X, l.bsK4, l.erh, l.erm}), sg, pos, grads(0));
+    } else {
+      at(Lb + "step 1: d_expert_out, d_topk_weight, d_expert_act (combine and experts' "
+              "down_proj backward)",
+         A_L, csum({C, l.X, l.nkh, l.bsK4, l.erm}), sg, pos, grads(0));
+    }
+    const std::uint64_t M2 = csub(A_L, csum({l.nkh, l.erm}), "step 2");  // expert_out, _act
     at(Lb + "step 2: d_expert_gate, d_expert_up (SwiGLU backward)", M2,
-       csum({C, l.X, l.bsK4, l.nkm, l.nkm, l.nkm}), 0, pos, grads(0));
-    const std::uint64_t M3 = csub(M2, checked_mul(2, l.nkm), "step 3");  // expert_gate, _up
-    at(Lb + "step 3: d_expert_in (experts' gate_up_proj backward)", M3,
-       csum({C, l.X, l.bsK4, l.nkm, l.nkm, l.nkh}), 0, pos, grads(0));
+       csum({C, l.X, l.bsK4, l.erm, l.erm, l.erm}), 0, pos, grads(0));
+    const std::uint64_t M3 = csub(M2, checked_mul(2, l.erm), "step 3");  // expert_gate, _up
+    at(Lb + (l.ep ? "step 3: d_expert_rows_in" : "step 3: d_expert_in") +
+           " (experts' gate_up_proj backward)",
+       M3, csum({C, l.X, l.bsK4, l.erm, l.erm, l.erh}), 0, pos, grads(0));
+    if (l.ep)
+      at(Lb + "step 3: d_expert_in (the rows' gradients back from the experts)", M3,
+         csum({C, l.X, l.bsK4, l.erh, l.nkh}), 0, pos, grads(0));
     at(Lb + "step 3: d_xn2 (the rows summed back per token)", M3,
        csum({C, l.X, l.bsK4, l.nkh, l.full}), 0, pos, grads(0));
     at(Lb + "step 3: d_router_logits (router backward" +
@@ -1329,7 +1411,7 @@ void Stage::layer_steps(std::int64_t kb) {
     }
     // xn2, expert_in, the routing's and the shared expert's rows freed
     A4 = csub(M3,
-              csum({l.X, l.nkh, l.bsE4, checked_mul(3, l.bsK4), l.off4, checked_mul(3, l.bsms),
+              csum({l.X, l.erh, l.bsE4, checked_mul(3, l.bsK4), l.off4, checked_mul(3, l.bsms),
                     l.ms > 0 ? l.full : 0, l.bsw}),
               "step 4");
   } else {

@@ -51,6 +51,10 @@ Overheads estimate_overheads(const ParallelConfig& layout, const OverheadOptions
   std::uint64_t comms = 0;
   for (std::int64_t deg : {layout.grad_ranks(), layout.tp, layout.pp, layout.cp})
     if (deg > 1) ++comms;
+  // Expert parallelism: the ep group's all-to-all, and the expert-data-parallel group that sums
+  // the experts' gradients (the gradient group itself when ep = etp = 1).
+  if (layout.ep > 1) ++comms;
+  if (layout.ep * layout.etp > 1 && layout.edp() > 1) ++comms;
   const std::uint64_t per = checked_mul(checked_mul(opts.nccl_buffsize, u(opts.nccl_channels)), 2);
   o.nccl = checked_mul(comms, per, "NCCL buffers");
   o.nccl_source = std::to_string(comms) + " communicator(s) × " +

@@ -144,6 +144,12 @@ ReferenceRank deepspeed_reference(const ModelConfig& model, const TrainConfig& t
                 "(estimate_zero3_model_states_mem_needs) only";
     return r;
   }
+  if (par.ep > 1) {
+    r.why_not = "ep " + num(par.ep) +
+                ": the estimators take the total parameter count and the GPU count only; a rank "
+                "holds E/ep of the experts";
+    return r;
+  }
   if (par.tp > 1 || par.pp > 1) {
     r.why_not = "tp " + num(par.tp) + " × pp " + num(par.pp) +
                 ": the estimators take the total parameter count and the GPU count only, with "
@@ -474,6 +480,12 @@ ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& tr
   if (par.offload != Offload::none) {
     r.why_not = std::string("offload ") + offload_name(par.offload) +
                 ": theoretical_memory_usage.py has no CPU-offload term";
+    return r;
+  }
+  if (model.moe()) {
+    r.why_not =
+        "a mixture of experts: this formula (3h·ffn per layer) counts dense layers; Megatron's "
+        "MoE terms (experts over etp·ep, the router) are not reproduced here yet";
     return r;
   }
   r.covers = true;

@@ -78,6 +78,8 @@ void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const Trai
   if (tp < 1) throw InputError("--tp must be at least 1, got " + str(tp));
   if (pp < 1) throw InputError("--pp must be at least 1, got " + str(pp));
   if (cp < 1) throw InputError("--cp must be at least 1, got " + str(cp));
+  if (ep < 1) throw InputError("--ep must be at least 1, got " + str(ep));
+  if (etp < 1) throw InputError("--etp must be at least 1, got " + str(etp));
   // The product of the degrees, or nullopt past 64 bits (then it exceeds any world size).
   const auto mul = [](std::optional<std::int64_t> x,
                       std::int64_t y) -> std::optional<std::int64_t> {
@@ -202,6 +204,64 @@ void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const Trai
           "FSDP2's gradient path is not modelled yet; use --sharding flat");
   }
   check_lora_layout(*this, train);
+  check_moe_layout(*this, model, train);
+}
+
+void check_moe_layout(const ParallelConfig& p, const ModelConfig& m, const TrainConfig& t) {
+  const bool expert_flags = p.ep > 1 || p.etp > 1;
+  const std::string flag = p.ep > 1 ? "--ep " + str(p.ep) : "--etp " + str(p.etp);
+  if (expert_flags && !m.moe())
+    throw InputError(flag + ": " + m.name +
+                     " is not a mixture of experts (it has no routed experts to place); expert "
+                     "parallelism needs a MoE model (model_type mixtral, qwen2_moe, qwen3_moe)");
+  if (!m.moe()) return;
+  const std::string expert_key = m.family == "mixtral" ? "num_local_experts" : "num_experts";
+  if (m.experts % p.ep != 0)
+    throw InputError("--ep " + str(p.ep) + ": the model's " + expert_key + " (" + str(m.experts) +
+                     ") is not divisible by it; expert parallelism places E/ep whole experts on "
+                     "each rank");
+  const std::string width_key =
+      m.family == "mixtral" ? "intermediate_size" : "moe_intermediate_size";
+  if (m.expert_intermediate % p.etp != 0)
+    throw InputError("--etp " + str(p.etp) + ": the model's " + width_key + " (" +
+                     str(m.expert_intermediate) +
+                     ") is not divisible by it; expert tensor parallelism splits each expert's "
+                     "width evenly");
+  // dp·tp·cp is at most the world size (resolve), so the products below stay in 64 bits.
+  const std::int64_t stage_ranks = p.dp * p.tp * p.cp;
+  if (expert_flags &&
+      (p.ep > stage_ranks || p.etp > stage_ranks || stage_ranks % (p.ep * p.etp) != 0))
+    throw InputError(
+        "--ep " + str(p.ep) + " × --etp " + str(p.etp) +
+        (p.ep <= stage_ranks && p.etp <= stage_ranks ? " = " + str(p.ep * p.etp) : std::string()) +
+        " does not divide the " + str(stage_ranks) + " ranks of a pipeline stage (--world-size " +
+        str(p.world) + " / --pp " + str(p.pp) +
+        " = dp·tp·cp); the expert-data-parallel degree is dp·tp·cp/(ep·etp)");
+  if (!p.distributed()) return;
+  const std::string what = " with a mixture of experts (" + m.name + ")";
+  auto not_yet = [&](const std::string& flags, const std::string& why) {
+    throw InputError(flags + what + ": " + why +
+                     " is not modelled yet; the per-rank step models "
+                     "a MoE model with data, pipeline, context and expert parallelism (--ep) and "
+                     "ZeRO 0-2 (docs/distributed.md, \"Mixture of experts per rank\")");
+  };
+  if (p.etp > 1)
+    not_yet("--etp " + str(p.etp), "expert tensor parallelism (each expert's width split)");
+  if (p.tp > 1)
+    not_yet("--tp " + str(p.tp),
+            "tensor parallelism of the attention beside replicated or expert-parallel experts "
+            "(Megatron's sequence-parallel MoE)");
+  if (p.zero == 3 || p.per_parameter())
+    not_yet(p.per_parameter() ? "--sharding per-parameter" : "--zero 3",
+            "ZeRO-3 of the experts (gathering each layer's experts)");
+  if (p.offload != Offload::none)
+    not_yet("--offload " + std::string(offload_name(p.offload)),
+            "optimizer offload of the experts' states");
+  if (t.capacity_factor > 0)
+    not_yet("--capacity-factor", "a per-rank expert capacity (each rank drops its own tokens)");
+  if (m.output_router_logits)
+    not_yet("output_router_logits",
+            "the load-balancing loss per rank (its counts over each rank's own tokens)");
 }
 
 void check_lora_layout(const ParallelConfig& p, const TrainConfig& train) {
@@ -236,6 +296,8 @@ void check_lora_layout(const ParallelConfig& p, const TrainConfig& train) {
 std::string ParallelConfig::describe() const {
   std::string out = "dp " + str(dp) + " × tp " + str(tp) + " × pp " + str(pp);
   if (cp > 1) out += " × cp " + str(cp);
+  if (ep > 1 || etp > 1)
+    out += " × ep " + str(ep) + " × etp " + str(etp) + " (edp " + str(edp()) + ")";
   out += ", ZeRO-" + str(zero);
   if (per_parameter())
     out += reshard_after_forward ? " per-parameter (FSDP2)"

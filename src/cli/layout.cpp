@@ -24,6 +24,13 @@ void add_layout_flags(CLI::App& cmd, LayoutFlags& f) {
                  "Context-parallel degree: the sequence split over cp ranks, ring attention "
                  "(default 1; needs --attention flash)")
       ->check(integer_check<std::int64_t>("a whole number"));
+  cmd.add_option("--ep", f.ep,
+                 "Expert-parallel degree of a mixture of experts: E/ep whole experts per rank "
+                 "(default 1)")
+      ->check(integer_check<std::int64_t>("a whole number"));
+  cmd.add_option("--etp", f.etp,
+                 "Expert tensor-parallel degree: each expert's width split etp ways (default 1)")
+      ->check(integer_check<std::int64_t>("a whole number"));
   cmd.add_option(
       "--zero", f.zero,
       "ZeRO stage over the data-parallel (× context-parallel) ranks: 0, 1 (optimizer states), 2 (+ "
@@ -93,6 +100,8 @@ ParallelConfig resolve_layout(const LayoutFlags& f, const ModelConfig& model,
   p.tp = f.tp;
   p.pp = f.pp;
   p.cp = f.cp;
+  p.ep = f.ep;
+  p.etp = f.etp;
   const auto zero = parse_zero(f.zero);
   if (!zero)
     throw InputError("--zero: '" + f.zero +
@@ -173,7 +182,8 @@ void check_layout_request(const Common& c, bool explain, bool paper, bool policy
         "layers:LIST or budget:SIZE), not a list");
   for (const auto& p : c.profiles)
     if (p != "native" && p != "hf-eager" && p != "megatron" && p != "zero" &&
-        !(p == "hf-peft" && c.profiles_all))  // LoRA's "all": per rank, native alone
+        // LoRA's and a mixture of experts' "all": per rank, native alone.
+        !((p == "hf-peft" || p == "hf-sdpa") && c.profiles_all))
       throw InputError("--profile " + p +
                        ": with --world-size above 1 the per-rank profile is "
                        "native (the default)");

@@ -1,4 +1,5 @@
-// The parallel-layout flags (--world-size, --dp, --tp, --pp, --cp, --zero, --sp, --microbatches,
+// The parallel-layout flags (--world-size, --dp, --tp, --pp, --cp, --ep, --etp, --zero, --sp,
+// --microbatches,
 // --offload, --reduce-bucket, --overlap-comm, --prefetch, --sharding, --fsdp2, and the overhead
 // estimates
 // --cuda-context, --nccl-memory, --nccl-channels), resolved into a ParallelConfig
@@ -20,6 +21,8 @@ struct LayoutFlags {
   std::int64_t tp = 1;
   std::int64_t pp = 1;
   std::int64_t cp = 1;
+  std::int64_t ep = 1;   // --ep: expert-parallel degree
+  std::int64_t etp = 1;  // --etp: expert tensor-parallel degree
   std::string zero = "0";
   bool sp = false;
   std::int64_t microbatches = 1;

@@ -45,8 +45,9 @@ std::vector<LayerParamSpec> layer_param_specs(const ModelConfig& model, const Ac
   v.push_back({kPostNorm, "post_attention_layernorm.weight", {h}});
   if (moe_layer) {
     v.push_back({kRouter, "mlp.gate.weight", {dims.E, h}});
-    v.push_back({kExpertsGateUp, "mlp.experts.gate_up_proj", {dims.E, 2 * dims.m, h}});
-    v.push_back({kExpertsDown, "mlp.experts.down_proj", {dims.E, h, dims.m}});
+    // The rank's El experts (E/ep under expert parallelism); the router scores all E.
+    v.push_back({kExpertsGateUp, "mlp.experts.gate_up_proj", {dims.El, 2 * dims.m, h}});
+    v.push_back({kExpertsDown, "mlp.experts.down_proj", {dims.El, h, dims.m}});
     if (dims.ms > 0) {
       v.push_back({kSharedGate, "mlp.shared_expert.gate_proj.weight", {dims.ms, h}});
       v.push_back({kSharedUp, "mlp.shared_expert.up_proj.weight", {dims.ms, h}});
@@ -388,7 +389,28 @@ bool moe_mlp_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, Ac
     if (pass == ActPass::forward)
       H.moe_routed(g, off, A[LayerAct::topk_idx], A[LayerAct::router_probs]);
   }
-  through(LayerAct::expert_out);  // expert_in, expert_gate, expert_up, expert_act, expert_out
+  if (R.ep) {
+    // Expert parallelism: xn2's rows in expert order into the dispatch buffer, sent to their
+    // experts' ranks (all-to-all) into expert_in (the R rows this rank's experts take); the
+    // experts' down outputs into the combine buffer, returned into expert_out (the home rows).
+    if (be)
+      throw Error(
+          "decoder layer: a measured MoE layer with expert parallelism is not "
+          "modelled yet (its all-to-all); the trace is");
+    auto comm = [&](const char* name, std::int64_t rows) {  // none for no rows
+      return rows > 0 ? R.ledger.allocate(name, Category::communication, g, {rows, h}, D)
+                      : Tensor{};
+    };
+    Tensor send = comm("dispatch.send", dm.nk);
+    through(LayerAct::expert_in);
+    send.reset();
+    through(LayerAct::expert_act);  // expert_gate, expert_up, expert_act
+    Tensor back = comm("combine.send", dm.er);
+    through(LayerAct::expert_out);
+    back.reset();
+  } else {
+    through(LayerAct::expert_out);  // expert_in, expert_gate, expert_up, expert_act, expert_out
+  }
   if (be) {
     const std::int32_t* pos = A[LayerAct::expert_pos].as<std::int32_t>();
     be->moe_permute(A[LayerAct::expert_in].data(), xn2, pos, n, K, h);
@@ -461,8 +483,10 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
   const DType D = R.train.dtype;
   Backend* be = R.backend;
   LayerHost& H = R.host;
+  // (Expert parallelism: none of the rows of experts that receive no row.)
   auto ws = [&](const char* name, std::vector<std::int64_t> shape, DType dt) {
-    return R.ledger.allocate(name, Category::workspace, g, std::move(shape), dt);
+    return shape.front() > 0 ? R.ledger.allocate(name, Category::workspace, g, std::move(shape), dt)
+                             : Tensor{};
   };
   const std::int32_t* pos = A[LayerAct::expert_pos].as<std::int32_t>();
   std::vector<std::int32_t> off;
@@ -481,7 +505,13 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
     be->moe_combine_backward(d_out.data(), d_weight.as<float>(), d_res.data(),
                              A[LayerAct::expert_out].data(), A[LayerAct::topk_weight].as<float>(),
                              pos, n, K, h);
-  Tensor d_act = ws("d_expert_act", {nk, mw}, D);
+  // Expert parallelism: the gradients of the home rows sent to the experts' ranks (R rows).
+  Tensor d_rows;
+  if (R.ep) {
+    d_rows = ws("d_expert_rows", {dm.er, h}, D);
+    d_out.reset();
+  }
+  Tensor d_act = ws("d_expert_act", {dm.er, mw}, D);
   void* dWd = H.grad(l, kExpertsDown);
   const void* Wd = H.weight(l, kExpertsDown);
   each_expert([&](std::int64_t e, std::int64_t r0, std::int64_t c) {
@@ -493,17 +523,18 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
   });
   H.grad_done(l, kExpertsDown);
   d_out.reset();
+  d_rows.reset();
   free_step(1);  // expert_out, expert_act
   // 2. SwiGLU.
-  Tensor d_gate = ws("d_expert_gate", {nk, mw}, D);
-  Tensor d_up = ws("d_expert_up", {nk, mw}, D);
+  Tensor d_gate = ws("d_expert_gate", {dm.er, mw}, D);
+  Tensor d_up = ws("d_expert_up", {dm.er, mw}, D);
   if (be)
     be->swiglu_backward(d_gate.data(), d_up.data(), d_act.data(), A[LayerAct::expert_gate].data(),
                         A[LayerAct::expert_up].data(), off[std::size_t(E)] * mw);
   d_act.reset();
   free_step(2);  // expert_gate, expert_up
   // 3. each expert's gate and up, the rows summed back per token, the router.
-  Tensor d_in = ws("d_expert_in", {nk, h}, D);
+  Tensor d_in = ws(R.ep ? "d_expert_rows_in" : "d_expert_in", {dm.er, h}, D);
   void* dWgu = H.grad(l, kExpertsGateUp);
   const void* Wgu = H.weight(l, kExpertsGateUp);
   const std::size_t half = std::size_t(mw * h) * dtype_size(D);
@@ -522,6 +553,10 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
   H.grad_done(l, kExpertsGateUp);
   d_gate.reset();
   d_up.reset();
+  if (R.ep) {  // the rows' input gradients back from the experts' ranks, into the home rows
+    Tensor home = ws("d_expert_in", {nk, h}, D);
+    d_in = std::move(home);
+  }
   Tensor d_xn2 = ws("d_xn2", {b, s, h}, D);
   if (be) be->moe_combine(d_xn2.data(), nullptr, d_in.data(), nullptr, pos, n, K, h);
   d_in.reset();
@@ -648,9 +683,13 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
     for (; next <= static_cast<int>(last); ++next) {
       const LayerActSpec& row = kLayerActs[next];
       allocated = allocated_in(row, m, R.train, pass, moe_layer);
-      if (allocated)
-        A[row.id] = R.ledger.allocate(row.name, row.category, g, act_shape(row.shape, dm),
-                                      act_dtype(row.dtype, D));
+      if (!allocated) continue;
+      std::vector<std::int64_t> shape = act_shape(row.shape, dm);
+      // Expert parallelism: a rank whose experts receive no row holds none of their rows (an
+      // empty tensor takes no memory); every other row has elements.
+      if (std::find(shape.begin(), shape.end(), 0) == shape.end())
+        A[row.id] =
+            R.ledger.allocate(row.name, row.category, g, std::move(shape), act_dtype(row.dtype, D));
     }
     return allocated;
   };
@@ -737,7 +776,7 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
   if (sp && run) H.sp_gather(A[LA::xn2], gath, h);
   const void* xn2_all = sp ? gath.data() : at(LA::xn2);
   if (moe_layer) {
-    gath.reset();  // a MoE model runs on one rank (require_native_moe)
+    gath.reset();  // a MoE model runs without tensor parallelism (check_moe_layout)
     if (!moe_mlp_forward(R, l, g, A, pass, xn2_all, through)) return;  // the recompute stops
   } else {
     through(LA::lora_up);  // gate, up (LoRA: their rows)

@@ -17,6 +17,8 @@ ActDims ActDims::of(const ModelConfig& model, const TrainConfig& train) {
     d.ms = model.shared_expert_intermediate;
     d.nk = moe_rows(model, train);
     d.cap = moe_capacity(model, train);
+    d.El = d.E;
+    d.er = d.nk;
   }
   return d;
 }
@@ -71,6 +73,9 @@ std::vector<std::int64_t> act_shape(const ActShape& shape, const ActDims& dims) 
         break;
       case Extent::ms:
         out.push_back(dims.ms);
+        break;
+      case Extent::er:
+        out.push_back(dims.er);
         break;
     }
   return out;
@@ -140,6 +145,9 @@ std::string act_shape_letters(const ActShape& shape) {
         break;
       case Extent::ms:
         out += "m_s";
+        break;
+      case Extent::er:
+        out += "R";
         break;
     }
   }

@@ -126,10 +126,12 @@ void ShardedStep::Impl::initialise() {
   // The rank's owned elements of the trainable (or, LoRA's, the frozen) parameters, in its
   // shard's layout (`shard` elements, zero where nothing is owned: the padding) and, for the
   // master copy, in the states' (`own` under per-parameter sharding, else the shard's).
-  auto owned_values = [&](bool trainable, std::uint64_t n, bool states_layout) {
+  // A mixture of experts: the `expert` vector's parameters or the others'.
+  auto owned_values = [&](bool trainable, std::uint64_t n, bool states_layout,
+                          bool expert = false) {
     std::vector<float> f(std::size_t(n), 0.0f);
     for (std::size_t q = 0; q < P.size(); ++q) {
-      if (P[q].trainable != trainable) continue;
+      if (P[q].trainable != trainable || P[q].expert != expert) continue;
       std::vector<float> v;
       pieces(q, [&](int owner, std::uint64_t a, std::uint64_t z, std::uint64_t at) {
         if (owner != r) return;
@@ -162,6 +164,11 @@ void ShardedStep::Impl::initialise() {
     for (std::size_t x = 0; x < f.size() && !h_params.empty(); ++x)
       store_from_f32(h_params.data(), x, D, f[x]);
   }
+  if (expert_states.master) {  // the experts' owned range [elo, ehi)
+    const std::vector<float> f = owned_values(true, ehi - elo, false, true);
+    be->fill_zero(expert_states.master.data(), expert_states.master.bytes());
+    be->upload(expert_states.master.data(), f.data(), f.size() * 4);
+  }
   for (States* st : all_states()) {
     if (st->m) be->fill_zero(st->m.data(), st->m.bytes());
     if (st->v) be->fill_zero(st->v.data(), st->v.bytes());
@@ -186,7 +193,7 @@ void ShardedStep::Impl::initialise() {
 }
 
 std::vector<ShardedStep::Impl::States*> ShardedStep::Impl::all_states() {
-  std::vector<States*> v{&shard_states};
+  std::vector<States*> v{&shard_states, &expert_states};
   for (auto& st : states) v.push_back(&st);
   return v;
 }
@@ -331,7 +338,8 @@ void ShardedStep::Impl::G_done(int q) {
       for (std::uint64_t x = a; x < z; ++x)
         h_grad[at + (x - a)] += load_as_f32(raw.data(), x - a, D);
     } else {
-      be->bias_forward(elem_ptr(grads_shard, at), elem_ptr(bucket, a), 1, std::int64_t(z - a));
+      be->bias_forward(elem_ptr(grads_shard_of(std::size_t(q)), at), elem_ptr(bucket, a), 1,
+                       std::int64_t(z - a));
     }
   });
 }
@@ -400,7 +408,7 @@ void ShardedStep::Impl::fill_unit(int u) {
 void ShardedStep::Impl::for_owned(
     const std::function<void(std::size_t, std::uint64_t, std::uint64_t)>& f) const {
   for (std::size_t q = 0; q < P.size(); ++q) {
-    const std::uint64_t a = std::max(lo, P[q].off), z = std::min(hi, P[q].off + P[q].n);
+    const std::uint64_t a = std::max(lo_of(q), P[q].off), z = std::min(hi_of(q), P[q].off + P[q].n);
     if (a < z && P[q].trainable) f(q, a, z);
   }
 }
@@ -409,9 +417,10 @@ void ShardedStep::Impl::broadcast_owned_slices() {
   be->synchronize();
   for (std::size_t q = 0; q < P.size(); ++q)
     if (P[q].trainable)
-      by_owner(P[q].off, P[q].off + P[q].n, [&](int owner, std::uint64_t a, std::uint64_t z) {
-        X->data.broadcast(elem_ptr(value[q], a - P[q].off), z - a, D, owner);
-      });
+      by_owner_of(shard_of(q), P[q].off, P[q].off + P[q].n,
+                  [&](int owner, std::uint64_t a, std::uint64_t z) {
+                    X->data.broadcast(elem_ptr(value[q], a - P[q].off), z - a, D, owner);
+                  });
 }
 
 bool ShardedStep::Impl::tp_partial(int q) const {
@@ -468,8 +477,10 @@ void ShardedStep::Impl::optimizer_step() {
     return;
   }
   for_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
-    const void* g = p.zero == 1 ? elem_ptr(grads[q], a - P[q].off) : elem_ptr(grads_shard, a - lo);
-    update(elem_ptr(value[q], a - P[q].off), g, shard_states, a - lo, z - a);
+    const std::uint64_t at = a - lo_of(q);  // in the shard of q's flat vector
+    const void* g =
+        p.zero == 1 ? elem_ptr(grads[q], a - P[q].off) : elem_ptr(grads_shard_of(q), at);
+    update(elem_ptr(value[q], a - P[q].off), g, states_of(q), at, z - a);
   });
   broadcast_owned_slices();
 }

@@ -63,6 +63,13 @@ struct ShardedStep::Impl : LayerHost {
   // LoRA under ZeRO-3: the frozen base's own flat vector (ParamShape::off of a frozen parameter),
   // sharded alike into `frozen_shard` (docs/distributed.md, "LoRA per rank").
   std::uint64_t Fk = 0, fshard = 0, flo = 0, fhi = 0;
+  // A mixture of experts: the routed experts' parameters in a flat vector of their own (as
+  // Megatron's expert buffers and DeepSpeed's MoE parameter groups keep them; ParamShape::expert),
+  // Ek elements sharded over the expert-data-parallel ranks (ParallelConfig::edp), eshard each,
+  // this rank owning [elo, ehi) as index r / ep of the group (check_moe_layout: etp = tp = 1;
+  // with ep = 1 the expert group is the gradient group; docs/distributed.md, "Mixture of experts
+  // per rank").
+  std::uint64_t Ek = 0, eshard = 0, elo = 0, ehi = 0;
   std::size_t es = 4;         // bytes of D
   float S = 1, ce_scale = 1;  // the loss scale and the cross-entropy backward's scale
   double loss_sum = 0;        // this rank's summed token losses of the step
@@ -97,8 +104,10 @@ struct ShardedStep::Impl : LayerHost {
   };
   std::vector<States> states;  // per parameter (ZeRO 0)
   States shard_states;         // ZeRO >= 1
+  States expert_states;        // ZeRO >= 1, the experts' flat vector
   Tensor params_shard, grads_shard, tokens, targets, bucket;
-  Tensor frozen_shard;  // LoRA under ZeRO-3: the rank's slice of the frozen base
+  Tensor expert_grads_shard;  // ZeRO-2, the experts' flat vector
+  Tensor frozen_shard;        // LoRA under ZeRO-3: the rank's slice of the frozen base
   // --offload (measured): what DeepSpeed keeps in host memory, each (shard) elements: the
   // optimizer states (fp32 master when D is 16-bit, m, v), the fp32 gradient shard the host
   // optimizer reads, and under optimizer+params the D parameter shard; the host update runs on a
@@ -178,7 +187,8 @@ struct ShardedStep::Impl : LayerHost {
     // LoRA: only the adapters train; a frozen parameter has no gradient, no optimizer state and
     // no place in the flat vector (docs/distributed.md, "LoRA per rank").
     bool trainable = true;
-    int quant = -1;  // QLoRA: its index in `quant` (a frozen 4-bit base projection), else -1
+    int quant = -1;       // QLoRA: its index in `quant` (a frozen 4-bit base projection), else -1
+    bool expert = false;  // a routed expert's (gate_up_proj, down_proj): the experts' flat vector
   };
   // QLoRA: each 4-bit weight's tensors but the packed pairs (its `value`), by ParamShape::quant.
   std::vector<QuantParam> quant;
@@ -197,10 +207,16 @@ struct ShardedStep::Impl : LayerHost {
   char* elem_ptr(const Tensor& x, std::uint64_t elem) const {
     return static_cast<char*>(x.data()) + elem * es;
   }
-  // The ranks' owned flat ranges overlapping [from, to): f(owner, first, end).
-  template <class F>
-  void by_owner(std::uint64_t from, std::uint64_t to, F&& f) const {
-    by_owner_of(shard, from, to, f);
+  // The flat vector parameter q lives in: its elements per rank, the range this rank owns, the
+  // ZeRO-2 gradient shard and the ZeRO >= 1 states (the experts' or the others').
+  std::uint64_t shard_of(std::size_t q) const {
+    return !P[q].trainable ? fshard : P[q].expert ? eshard : shard;
+  }
+  std::uint64_t lo_of(std::size_t q) const { return P[q].expert ? elo : lo; }
+  std::uint64_t hi_of(std::size_t q) const { return P[q].expert ? ehi : hi; }
+  Tensor& grads_shard_of(std::size_t q) { return P[q].expert ? expert_grads_shard : grads_shard; }
+  const States& states_of(std::size_t q) const {
+    return P[q].expert ? expert_states : shard_states;
   }
   // The same over a flat vector of `per` elements per rank (the frozen base's under LoRA).
   template <class F>
@@ -217,7 +233,7 @@ struct ShardedStep::Impl : LayerHost {
   void pieces(std::size_t q, F&& f) const {
     const ParamShape& pq = P[q];
     if (!per_param || !pq.trainable) {
-      const std::uint64_t per = pq.trainable ? shard : fshard;
+      const std::uint64_t per = shard_of(q);
       by_owner_of(per, pq.off, pq.off + pq.n, [&](int o, std::uint64_t A, std::uint64_t Z) {
         f(o, A - pq.off, Z - pq.off, A - std::uint64_t(o) * per);
       });
@@ -340,7 +356,8 @@ struct ShardedStep::Impl : LayerHost {
   // ZeRO-3: unit u's weights into its gathered buffer, each owner's slice broadcast.
   void fill_unit(int u);
 
-  // f(q, a, z) for every parameter q with elements [a, z) of the flat range this rank owns.
+  // f(q, a, z) for every parameter q with elements [a, z) of the flat range this rank owns (of
+  // q's flat vector: lo_of(q)).
   void for_owned(const std::function<void(std::size_t, std::uint64_t, std::uint64_t)>& f) const;
   // ZeRO 1/2 after the update: every parameter's slices broadcast from their owners, in place.
   void broadcast_owned_slices();
@@ -371,10 +388,32 @@ struct ShardedStep::Impl : LayerHost {
     ActDims dm{b, s, h, i, a, k, d, sr};
     dm.r = t.lora_rank;
     dm.lora = t.lora() ? t.lora_targets : 0u;
+    if (m.moe()) {  // the rank's b·s tokens routed (check_moe_layout: no capacity factor)
+      dm.E = m.experts;
+      dm.K = m.experts_per_token;
+      dm.m = m.expert_intermediate;
+      dm.ms = m.shared_expert_intermediate;
+      dm.nk = checked_mul(b * s, dm.K, "routed rows");
+      dm.El = dm.E / p.ep;
+      dm.er = p.ep > 1 ? expert_rows(dm.nk) : dm.nk;
+    }
     return dm;
+  }
+  // Expert parallelism: the rows this rank's experts take under balanced routing. Its place in
+  // the stage is slot r (check_moe_layout: tp = etp = 1), its expert-parallel index r mod ep
+  // (Megatron's order), its experts [ep_i·El, (ep_i + 1)·El); each of the ep ranks of its group
+  // routes ⌊nk/E⌋ of its nk choices to every expert and one more to each of the first nk mod E
+  // (the single-rank balanced_routing, per source).
+  std::int64_t expert_rows(std::int64_t nk) const {
+    const std::int64_t E = m.experts, El = E / p.ep, ep_i = r % p.ep;
+    std::int64_t rows = 0;
+    for (std::int64_t e = ep_i * El; e < (ep_i + 1) * El; ++e)
+      rows += nk / E + (e < nk % E ? 1 : 0);
+    return checked_mul(rows, p.ep, "expert rows");
   }
   LayerRank layer_rank() {
     LayerRank lr{m, t, ledger, run ? be : nullptr, *this, dims(), sp, tpx};
+    lr.ep = p.ep > 1;
     lr.cp = cp;
     lr.cp_rank = cr;
     lr.seq = s_full;

@@ -8,7 +8,8 @@ namespace trainmem {
 ShardedStep::Impl::Impl(const ModelConfig& model, const TrainConfig& train,
                         const ParallelConfig& layout, std::int64_t st, Ledger& l)
     : m(model), t(train), p(layout), stage(st), ledger(l), D(train.dtype) {
-  require_dense(m, "the sharded step");
+  require_native_moe(m, t, "the sharded step");
+  check_moe_layout(p, m, t);
   first = stage == 0;
   last = stage == p.pp - 1;
   sp = p.sp;
@@ -34,14 +35,16 @@ ShardedStep::Impl::Impl(const ModelConfig& model, const TrainConfig& train,
 std::vector<ShardedStep::Impl::ParamShape> ShardedStep::Impl::param_shapes() const {
   std::vector<ParamShape> v;
   if (first) v.push_back({"model.embed_tokens.weight", -1, {V, h}});
-  // Dense layers only: a mixture of experts runs on one rank (require_native_moe).
-  const std::vector<LayerParamSpec> specs = layer_param_specs(m, dims(), false);
+  // Each layer's kind: a dense MLP, or the router and experts (ModelConfig::is_moe_layer).
+  const std::vector<LayerParamSpec> specs[2] = {layer_param_specs(m, dims(), false),
+                                                layer_param_specs(m, dims(), m.moe())};
   for (std::int64_t l = 0; l < Ls; ++l) {
     const int g = global_layer(l);
     const std::string pre = "model.layers." + std::to_string(g) + ".";
-    for (const LayerParamSpec& spec : specs) {
+    for (const LayerParamSpec& spec : specs[m.is_moe_layer(g) ? 1 : 0]) {
       v.push_back({pre + spec.name, g, spec.shape, spec.slot});
       v.back().trainable = !t.lora() || is_lora_slot(spec.slot);
+      v.back().expert = spec.slot == kExpertsGateUp || spec.slot == kExpertsDown;
     }
   }
   if (last) {
@@ -67,7 +70,11 @@ void ShardedStep::Impl::setup() {
   for (auto& row : lidx) row.fill(-1);
   for (std::size_t q = 0; q < P.size(); ++q) {
     P[q].n = numel(P[q].shape);
-    if (P[q].trainable) {  // the flat vector holds the parameters that train
+    if (P[q].trainable && P[q].expert) {  // a mixture of experts: the experts' own vector
+      P[q].off = Ek;
+      Ek = checked_add(Ek, P[q].n, "parameters");
+      largest = std::max(largest, P[q].n);
+    } else if (P[q].trainable) {  // the flat vector holds the parameters that train
       P[q].off = Pk;
       Pk = checked_add(Pk, P[q].n, "parameters");
       largest = std::max(largest, P[q].n);
@@ -86,12 +93,16 @@ void ShardedStep::Impl::setup() {
       head_i = qi;
   }
   if (tied_here) head_i = embed_i;
-  // Indices in the whole model (embedding 0, layer g's j-th parameter 1 + g·per_layer + j, the
-  // final norm, lm_head): a later stage's parameters keep the single-rank model's streams.
+  // Indices in the whole model (embedding 0, layer g's j-th parameter 1 + before[g] + j, where
+  // before[g] counts the parameters of layers 0..g-1 (each its kind's), the final norm, lm_head):
+  // a later stage's parameters keep the single-rank model's streams.
   if (p.pp > 1) {
-    std::size_t per_layer = 0;
-    for (const auto& q : P)
-      if (q.slot >= 0 && q.layer == global_layer(0)) ++per_layer;
+    std::vector<std::size_t> before(std::size_t(m.layers) + 1, 0);
+    const std::size_t per_kind[2] = {layer_param_specs(m, dims(), false).size(),
+                                     layer_param_specs(m, dims(), m.moe()).size()};
+    for (std::int64_t g = 0; g < m.layers; ++g)
+      before[std::size_t(g) + 1] = before[std::size_t(g)] + per_kind[m.is_moe_layer(g) ? 1 : 0];
+    const std::size_t all_layers = before.back();
     gidx.assign(P.size(), 0);
     std::size_t j = 0;
     int prev = -1;
@@ -99,11 +110,11 @@ void ShardedStep::Impl::setup() {
       if (P[q].slot >= 0) {
         j = P[q].layer == prev ? j + 1 : 0;
         prev = P[q].layer;
-        gidx[q] = 1 + std::size_t(P[q].layer) * per_layer + j;
+        gidx[q] = 1 + before[std::size_t(P[q].layer)] + j;
       } else if (int(q) == norm_i) {
-        gidx[q] = 1 + std::size_t(m.layers) * per_layer;
+        gidx[q] = 1 + all_layers;
       } else if (int(q) == head_i) {  // tied: the last stage's copy starts as the embedding
-        gidx[q] = m.tied_embeddings ? 0 : 2 + std::size_t(m.layers) * per_layer;
+        gidx[q] = m.tied_embeddings ? 0 : 2 + all_layers;
       }
     }
   }
@@ -111,6 +122,12 @@ void ShardedStep::Impl::setup() {
   shard = (Pk + ranks - 1) / ranks;
   lo = std::min(Pk, std::uint64_t(r) * shard);
   hi = std::min(Pk, lo + shard);
+  if (Ek > 0) {  // the experts' vector over the expert-data-parallel ranks (edp = dp·cp/ep)
+    const std::uint64_t eranks = std::uint64_t(p.edp());
+    eshard = (Ek + eranks - 1) / eranks;
+    elo = std::min(Ek, std::uint64_t(r / int(p.ep)) * eshard);
+    ehi = std::min(Ek, elo + eshard);
+  }
   per_param = p.per_parameter();
   if (per_param) {  // FSDP2: each parameter's chunk of ceil(rows/N) rows, in setup order
     shard = own = 0;
@@ -156,6 +173,9 @@ void ShardedStep::Impl::setup() {
     // Per-parameter (FSDP2): each unit's sharded gradient is made at its post-backward.
     if (!off && !per_param)
       grads_shard = alloc("grads.shard", Category::gradients, -1, {shard_n}, D);
+    if (Ek > 0)
+      expert_grads_shard = alloc("expert_grads.shard", Category::gradients, -1,
+                                 {static_cast<std::int64_t>(eshard)}, D);
   } else {
     for (const auto& q : P)
       grads.push_back(q.trainable
@@ -181,6 +201,7 @@ void ShardedStep::Impl::setup() {
       // Per-parameter: the owned rows, unpadded (none at all: no states on this rank).
       if (!per_param || own > 0)
         add(shard_states, "shard", -1, {static_cast<std::int64_t>(per_param ? own : shard)});
+      if (Ek > 0) add(expert_states, "expert_shard", -1, {static_cast<std::int64_t>(eshard)});
     } else {
       states.resize(P.size());
       for (std::size_t q = 0; q < P.size(); ++q)
@@ -196,7 +217,8 @@ void ShardedStep::Impl::setup() {
   // 6. ZeRO-2/3 reduce bucket(s). A measured step reduces through the first one only (its
   // reductions are synchronous); the second is allocated as DeepSpeed's overlap_comm would.
   if (p.zero >= 2 && !per_param) {  // FSDP2 reduce-scatters each unit instead (reduce_unit)
-    const std::uint64_t n = std::min(std::max(p.reduce_bucket, largest), Pk);
+    const std::uint64_t n =
+        std::min(std::max(p.reduce_bucket, largest), checked_add(Pk, Ek, "parameters"));
     for (int c = 0; c < (p.overlap_comm ? 2 : 1); ++c) {
       Tensor bk =
           comm(c == 0 ? "reduce_bucket" : "reduce_bucket.1", -1, {static_cast<std::int64_t>(n)}, D);

@@ -11,6 +11,9 @@
 // buffers it writes exist, so the books are the trace's. Data parallelism, rank r of dp:
 //   - the flat parameter vector is the rank's parameters concatenated in setup order (Pk
 //     elements); rank r owns [r·shard, min((r+1)·shard, Pk)), shard = ceil(Pk/dp);
+//     a mixture of experts keeps its routed experts' parameters in a second flat vector
+//     (docs/distributed.md, "Mixture of experts per rank"), sharded alike over the
+//     expert-data-parallel ranks into expert_grads.shard and expert_shard.*;
 //   - ZeRO 0/1: every parameter and gradient whole; after the last micro-batch each gradient is
 //     all-reduced in place (the sum in rank order, collective.hpp). ZeRO 2/3: each parameter's
 //     gradient of a micro-batch is computed into reduce_bucket (zeroed), all-reduced there, and
@@ -226,6 +229,7 @@ float ShardedStep::Impl::train_step() {
     for (auto& gq : grads)
       if (gq) be->fill_zero(gq.data(), gq.bytes());
     if (grads_shard) be->fill_zero(grads_shard.data(), grads_shard.bytes());
+    if (expert_grads_shard) be->fill_zero(expert_grads_shard.data(), expert_grads_shard.bytes());
     std::fill(h_grad.begin(), h_grad.end(), 0.0f);
   }
   const std::int64_t warm = std::min<std::int64_t>(p.pp - stage - 1, M);
@@ -299,6 +303,11 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
     throw InputError(std::string("--optimizer ") + optimizer_name(train.optimizer) +
                      ": the sharded step supports adamw and sgd (bitsandbytes' optimizers run "
                      "on one GPU without a parallel layout)");
+  if (exec && layout.ep > 1)
+    throw InputError("--ep " + std::to_string(layout.ep) +
+                     ": a measured run with expert parallelism is not modelled yet (the "
+                     "all-to-all of the experts' rows); `trainmem estimate` and `profile "
+                     "--backend meta` model its memory per rank");
   if (exec) {
     Impl& x = *impl_;
     x.X = exec;

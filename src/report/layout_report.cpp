@@ -38,6 +38,9 @@ json rank_json(const RankEstimate& r) {
       {"shard_elements", r.shard_elements},
       {"padding_elements", r.padding_elements},
       {"owned_elements", r.owned_elements},
+      {"expert_params", r.expert_params},
+      {"expert_shard_elements", r.expert_shard_elements},
+      {"expert_padding_elements", r.expert_padding_elements},
       {"grad_rank", r.grad_rank},
       {"figures", report::figures_json(e.figures, true)},
       {"peak_instant", e.peak_instant >= 0 ? json(e.instants[e.peak_instant].name) : json()},
@@ -145,6 +148,9 @@ json layout_detail::layout_json(const ParallelConfig& p) {
               {"tp", p.tp},
               {"pp", p.pp},
               {"cp", p.cp},
+              {"ep", p.ep},
+              {"etp", p.etp},
+              {"edp", p.edp()},
               {"zero", p.zero},
               {"sp", p.sp},
               {"microbatches", p.microbatches},
@@ -231,6 +237,13 @@ void describe_layout(report::ReportWriter& w, const LayoutEstimate& le, ByteUnit
                    "they own: shown, data-parallel rank " +
                        std::to_string(le.ranks.front().grad_rank) +
                        (le.ranks.front().grad_rank == 0 ? ", which owns the most)" : ")")
+             : le.layout.ep > 1
+                 ? "; ranks of one pipeline stage differ in the rows their experts receive: shown, "
+                   "expert-parallel index " +
+                       std::to_string(le.ranks.front().grad_rank % le.layout.ep) +
+                       (le.ranks.front().grad_rank % le.layout.ep == 0
+                            ? ", whose experts receive the most under balanced routing)"
+                            : ")")
                  : "; ranks of one pipeline stage have identical books)"));
   w.table(ranks_table(le, u, false));
   w.paragraph_break();
@@ -250,17 +263,27 @@ void describe_layout(report::ReportWriter& w, const LayoutEstimate& le, ByteUnit
     w.item("NCCL buffers: " + o.nccl_source);
   }
   w.item("peak instant: " + worst.est.instants[worst.est.peak_instant].name);
-  w.item("parameters on the rank: " + report::with_commas(worst.local_params) +
-         (le.train.lora()
-              ? " (" + report::with_commas(worst.est.trainable_params) + " trainable: the adapters)"
-              : std::string()) +
-         (le.layout.zero >= 1 ? ", ZeRO shard " + report::with_commas(worst.shard_elements) +
-                                    " (padding " + report::with_commas(worst.padding_elements) + ")"
-                              : "") +
-         (le.layout.per_parameter()
-              ? "; per-parameter (FSDP2): every parameter's ceil(rows/N) rows stored, " +
-                    report::with_commas(worst.owned_elements) + " owned (the optimizer states')"
-              : ""));
+  w.item(
+      "parameters on the rank: " + report::with_commas(worst.local_params) +
+      (le.train.lora()
+           ? " (" + report::with_commas(worst.est.trainable_params) + " trainable: the adapters)"
+           : std::string()) +
+      (le.layout.zero >= 1 ? ", ZeRO shard " + report::with_commas(worst.shard_elements) +
+                                 " (padding " + report::with_commas(worst.padding_elements) + ")"
+                           : "") +
+      (worst.expert_params > 0
+           ? "; the routed experts' " + report::with_commas(worst.expert_params) +
+                 " in a flat vector of their own over the " + std::to_string(le.layout.edp()) +
+                 " expert-data-parallel ranks" +
+                 (le.layout.zero >= 1
+                      ? ", shard " + report::with_commas(worst.expert_shard_elements) +
+                            " (padding " + report::with_commas(worst.expert_padding_elements) + ")"
+                      : std::string())
+           : std::string()) +
+      (le.layout.per_parameter()
+           ? "; per-parameter (FSDP2): every parameter's ceil(rows/N) rows stored, " +
+                 report::with_commas(worst.owned_elements) + " owned (the optimizer states')"
+           : ""));
   for (const auto& e : worst.communication)
     w.item("communication: " + e.name + " " + e.shape + " " + format_bytes_with_unit(e.bytes, u) +
            " — " + e.why);

@@ -56,6 +56,13 @@ struct RankEstimate {
   // under per-parameter sharding the rows this rank owns, unpadded (rank `grad_rank` of the
   // gradient group; rank 0 owns the most).
   std::uint64_t owned_elements = 0;
+  // A mixture of experts: the routed experts' parameters in a flat vector of their own, sharded
+  // by ZeRO >= 1 over the expert-data-parallel ranks (docs/distributed.md, "Mixture of experts
+  // per rank"); local_params counts them too, shard_elements and padding_elements are the other
+  // parameters' vector. 0 for a dense model.
+  std::uint64_t expert_params = 0;
+  std::uint64_t expert_shard_elements = 0;    // padded (= expert_params when zero 0)
+  std::uint64_t expert_padding_elements = 0;  // expert shard·edp − expert_params
   std::int64_t grad_rank = 0;
   Estimate est;  // figures per category (communication included), instants
   std::vector<TensorEntry> communication;  // the collective buffers the stage allocates

@@ -38,11 +38,18 @@ constexpr std::uint64_t kDefaultReduceBucket = 500000000;  // reduce_bucket_size
 constexpr std::int64_t kMaxMicrobatches = 16384;
 
 struct ParallelConfig {
-  std::int64_t world = 1;         // N (--world-size)
-  std::int64_t dp = 1;            // data-parallel degree (--dp; default N / (tp·pp))
-  std::int64_t tp = 1;            // tensor-parallel degree (--tp)
-  std::int64_t pp = 1;            // pipeline stages (--pp)
-  std::int64_t cp = 1;            // context-parallel degree (--cp): the sequence split cp ways
+  std::int64_t world = 1;  // N (--world-size)
+  std::int64_t dp = 1;     // data-parallel degree (--dp; default N / (tp·pp))
+  std::int64_t tp = 1;     // tensor-parallel degree (--tp)
+  std::int64_t pp = 1;     // pipeline stages (--pp)
+  std::int64_t cp = 1;     // context-parallel degree (--cp): the sequence split cp ways
+  // Expert parallelism (a mixture of experts only; docs/distributed.md, "Mixture of experts per
+  // rank"): --ep places E/ep whole routed experts on each rank, --etp splits each expert's width
+  // etp ways. Both are carved from the dp·tp·cp ranks of a stage, as Megatron's expert groups
+  // are; the rest, edp = dp·tp·cp/(ep·etp), is the expert-data-parallel group that sums the
+  // experts' gradients and over which ZeRO shards their states.
+  std::int64_t ep = 1;
+  std::int64_t etp = 1;
   int zero = 0;                   // --zero 0|1|2|3 (FSDP: SHARD_GRAD_OP = 2, FULL_SHARD = 3)
   bool sp = false;                // --sp: sequence parallelism inside the tensor-parallel group
   std::int64_t microbatches = 1;  // M (--microbatches): per optimizer step, per pipeline
@@ -61,6 +68,8 @@ struct ParallelConfig {
   // times the context-parallel ones (each holds other tokens of the batch). ZeRO shards over
   // them, as Megatron's distributed optimizer shards over its data-parallel-with-cp group.
   std::int64_t grad_ranks() const { return dp * cp; }
+  // The expert-data-parallel degree: the ranks of a stage that hold the same experts.
+  std::int64_t edp() const { return dp * tp * cp / (ep * etp); }
   // The sequence rows one rank holds: s/cp (s when cp is 1).
   std::int64_t local_seq(std::int64_t seq) const { return seq / cp; }
   // Fills dp from world / (tp·pp·cp) when `dp_given` is false, then checks the layout against
@@ -68,7 +77,8 @@ struct ParallelConfig {
   // --zero, --sp, --microbatches, --offload, --prefetch, --reduce-bucket, --sharding) and what is
   // allowed.
   void resolve(bool dp_given, const ModelConfig& model, const TrainConfig& train);
-  // "dp 2 × tp 4 × pp 1, ZeRO-3, sp, M 1, offload none" ("× cp 2" after pp when cp > 1)
+  // "dp 2 × tp 4 × pp 1, ZeRO-3, sp, M 1, offload none" ("× cp 2" after pp when cp > 1, and
+  // "× ep 2 × etp 1 (edp 2)" after them when ep·etp > 1)
   std::string describe() const;
 };
 
@@ -76,6 +86,14 @@ struct ParallelConfig {
 // flags for what the sharded step does not model (a 4-bit base, ZeRO-3, sp, dropout under tp);
 // nothing on one GPU. resolve() calls it; so do the sharded step and the per-rank profile.
 void check_lora_layout(const ParallelConfig& layout, const TrainConfig& train);
+
+// A mixture of experts under a parallel layout: InputError naming the flags for what the sharded
+// step does not model yet (tensor parallelism, ZeRO-3 and FSDP2, offload, a capacity factor, the
+// load-balancing loss, expert parallelism itself, --ep/--etp above 1) and for --ep/--etp on a
+// dense model or degrees that do not divide the experts, their width or the stage's ranks.
+// resolve() calls it; so do the sharded step and the per-rank profile.
+void check_moe_layout(const ParallelConfig& layout, const ModelConfig& model,
+                      const TrainConfig& train);
 
 // "1" / "2" / "3" / "0", or FSDP's names: "FULL_SHARD" (3), "SHARD_GRAD_OP" (2), "NO_SHARD" (0).
 std::optional<int> parse_zero(const std::string& s);

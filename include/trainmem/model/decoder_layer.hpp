@@ -183,6 +183,11 @@ struct LayerRank {
   std::int64_t cp = 1;
   std::int64_t cp_rank = 0;
   std::int64_t seq = 0;  // the whole sequence (cp > 1)
+  // Expert parallelism (ParallelConfig::ep > 1; docs/distributed.md, "Expert parallelism"): a MoE
+  // layer's nk rows leave through `dispatch.send` to the ranks of their experts, which compute
+  // dims.er rows of their dims.El experts and return them through `combine.send` (all-to-all
+  // over the ep group); the backward's gradients travel alike. A trace only (no arithmetic yet).
+  bool ep = false;
   // LoRA dropout (TrainConfig::lora_dropped): the key of this step's masks. The mask of target t
   // in global layer g is drawn from (dropout_seed, dropout_stream(dropout_step, g, t)), so the
   // recompute draws the same bits.

@@ -85,9 +85,10 @@ constexpr int kNumLayerActs = 48;
 // and the residual stream): s, or s/tp under sequence parallelism. Listings are of one rank
 // without it and write it "s". `r` is the LoRA rank. A mixture of experts adds E (experts), E1
 // (E + 1), K (experts per token), m (an expert's width), nk (the rows in expert order: b·s·K, one
-// per token and choice, or E·capacity under --capacity-factor; ActDims::nk) and ms (Qwen2-MoE's
-// shared expert's width).
-enum class Extent : std::uint8_t { b, s, sr, h, i, a, k, ad, kd, r, E, E1, K, m, nk, ms };
+// per token and choice, or E·capacity under --capacity-factor; ActDims::nk), ms (Qwen2-MoE's
+// shared expert's width) and er (the rows this rank's experts compute, written R: nk on one GPU,
+// under expert parallelism the rows the ep group's ranks send to its E/ep experts; ActDims::er).
+enum class Extent : std::uint8_t { b, s, sr, h, i, a, k, ad, kd, r, E, E1, K, m, nk, ms, er };
 
 struct ActShape {
   std::uint8_t rank;
@@ -180,6 +181,8 @@ constexpr ActShape bsK{3, {Extent::b, Extent::s, Extent::K}};
 constexpr ActShape E1{1, {Extent::E1}};
 constexpr ActShape nkh{2, {Extent::nk, Extent::h}};
 constexpr ActShape nkm{2, {Extent::nk, Extent::m}};
+constexpr ActShape erh{2, {Extent::er, Extent::h}};
+constexpr ActShape erm{2, {Extent::er, Extent::m}};
 constexpr ActShape bsms{3, {Extent::b, Extent::s, Extent::ms}};
 constexpr ActShape bs_all{2, {Extent::b, Extent::s}};
 }  // namespace act_shapes
@@ -215,10 +218,10 @@ inline constexpr LayerActSpec kLayerActs[kNumLayerActs] = {
     {LayerAct::topk_weight, "topk_weight", act_shapes::bsK, ActDType::f32, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 3, "their routing weights (renormalised: Mixtral, norm_topk_prob)"},
     {LayerAct::expert_pos, "expert_pos", act_shapes::bsK, ActDType::i32, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 3, "the row of each (token, choice) in expert order"},
     {LayerAct::expert_offsets, "expert_offsets", act_shapes::E1, ActDType::i32, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 3, "where each expert's rows start (the routing's histogram)"},
-    {LayerAct::expert_in, "expert_in", act_shapes::nkh, ActDType::D, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 3, "xn2's rows in expert order, one per (token, choice): the experts' gate/up input"},
-    {LayerAct::expert_gate, "expert_gate", act_shapes::nkm, ActDType::D, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 2, "each expert's rows · W_gateᵀ"},
-    {LayerAct::expert_up, "expert_up", act_shapes::nkm, ActDType::D, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 2, "each expert's rows · W_upᵀ"},
-    {LayerAct::expert_act, "expert_act", act_shapes::nkm, ActDType::D, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 1, "silu(expert_gate)·expert_up: the down GEMMs' input"},
+    {LayerAct::expert_in, "expert_in", act_shapes::erh, ActDType::D, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 3, "xn2's rows in expert order, one per (token, choice): the experts' gate/up input"},
+    {LayerAct::expert_gate, "expert_gate", act_shapes::erm, ActDType::D, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 2, "each expert's rows · W_gateᵀ"},
+    {LayerAct::expert_up, "expert_up", act_shapes::erm, ActDType::D, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 2, "each expert's rows · W_upᵀ"},
+    {LayerAct::expert_act, "expert_act", act_shapes::erm, ActDType::D, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 1, "silu(expert_gate)·expert_up: the down GEMMs' input"},
     {LayerAct::expert_out, "expert_out", act_shapes::nkh, ActDType::D, Category::activations, ForAttention::both, ForModel::moe, UnderCheckpointing::recomputed, 1, "each expert's output before its routing weight (the weight's gradient)"},
     {LayerAct::shared_gate, "shared_gate", act_shapes::bsms, ActDType::D, Category::activations, ForAttention::both, ForModel::shared, UnderCheckpointing::recomputed, 3, "xn2·W_shared_gateᵀ (Qwen2-MoE's shared expert)"},
     {LayerAct::shared_up, "shared_up", act_shapes::bsms, ActDType::D, Category::activations, ForAttention::both, ForModel::shared, UnderCheckpointing::recomputed, 3, "xn2·W_shared_upᵀ"},
@@ -363,6 +366,9 @@ struct ActDims {
   // The rows in expert order (Extent::nk): b·s·K, or E·capacity under --capacity-factor
   // (moe_rows); cap the capacity (0: none).
   std::int64_t nk = 0, cap = 0;
+  // Expert parallelism (ParallelConfig::ep): the rank's El = E/ep experts (E on one GPU) and the
+  // rows er they compute (Extent::er; nk on one GPU).
+  std::int64_t El = 0, er = 0;
   static ActDims of(const ModelConfig& model, const TrainConfig& train);
 };
 std::vector<std::int64_t> act_shape(const ActShape& shape, const ActDims& dims);
