@@ -434,3 +434,38 @@ TEST(DistRefs, MegatronDoesNotCoverOffload) {
 
 }  // namespace
 }  // namespace trainmem
+
+namespace trainmem {
+namespace {
+
+// Megatron's weights term for a mixture of experts, as NVIDIA/Megatron-LM PR #4687's
+// compute_weight_and_optimizer_memory splits it, worked by hand for Mixtral-8x7B on 8 GPUs at
+// ep 8 with the distributed optimizer (docs/ep-plan.md §6): tp-sharded attention
+// 32·2·4096²·(1 + 8/32) = 1,342,177,280 + the untied embedding and head 2·4096·32,000
+// (Vp = 32,000 is a multiple of 128) = 1,604,321,280; replicated 32·(2·4096 + 4096·8) + 4096 =
+// 1,314,816; experts 32·2·4096·14,336·8·1.5 / 8 = 5,637,144,576 on each rank, with
+// edp = 8/(1·8·1) = 1: 1,605,636,096·(6 + 12/8) + 5,637,144,576·(6 + 12/1) = 113,510,873,088.
+TEST(DistRefs, MegatronMixtureOfExpertsSplitsTheExperts) {
+  const ModelConfig m = preset("mixtral-8x7b");
+  TrainConfig t = run(1, 4096);
+  t.checkpointing = Checkpointing::full;
+  ParallelConfig par = layout(8, 1, 1, 1);
+  par.ep = 8;
+  const auto r = megatron_reference(m, t, par);
+  ASSERT_TRUE(r.covers) << r.why_not;
+  const ld dense = 1342177280.0L + 262144000.0L + 1314816.0L;
+  EXPECT_EQ(dense, 1605636096.0L);
+  expect_bytes(r.gpu_total - r.activations, dense * 7.5L + 5637144576.0L * 18.0L,
+               "weights and optimizer");
+  expect_bytes(r.gpu_total - r.activations, 113510873088.0L, "the hand figure");
+  EXPECT_TRUE(has_note(r, "PR #4687")) << r.notes.front();
+  EXPECT_TRUE(has_note(r, "edp = world/(etp·ep·pp) = 1"));
+  // ep 1 over the same 8 ranks: the experts whole on every rank, sharded over dp 8 alike.
+  par.ep = 1;
+  const auto one = megatron_reference(m, t, par);
+  expect_bytes(one.gpu_total - one.activations, (dense + 8 * 5637144576.0L) * 7.5L,
+               "ep 1: every parameter at 6 + 12/8");
+}
+
+}  // namespace
+}  // namespace trainmem

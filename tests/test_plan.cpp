@@ -444,6 +444,72 @@ TEST(Plan, TheCostModelOfContextParallelismMatchesHandComputedFigures) {
   EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).cp_bytes, 2 * (4096.0 + 2048.0 + 8192.0));
 }
 
+// A mixture of experts (docs/plan.md, "Mixture of experts"), by hand for tiny-qwen3-moe (h 64,
+// 2 MoE layers, E 8, K 2, m 36; P = 162,080, the experts 2·8·3·36·64 = 110,592): the FLOPs
+// count the active parameters P − 2·(8 − 2)·3·36·64 = 162,080 − 82,944 = 79,136; ep 2 over dp 4
+// (edp 2) reduces the dense 51,488 over 4 ranks and each rank's 55,296 experts over 2; each MoE
+// layer's four all-to-alls send (ep−1)/ep of the rank's b·s·K rows of h.
+TEST(Plan, TheCostModelOfExpertParallelismMatchesHandComputedFigures) {
+  const ModelConfig m = *find_preset("tiny-qwen3-moe");
+  CostModel rates;
+  rates.tflops = 1;
+  rates.link_gbps = 8;
+  ParallelConfig p;
+  p.world = 4;
+  p.dp = 4;
+  p.ep = 2;
+  p.zero = 1;
+  TrainConfig t;
+  t.batch = 2;
+  t.seq = 16;
+  t.dtype = DType::bf16;
+  t.attention = Attention::flash;
+  p.resolve(true, m, t);
+  const StepCost c = step_cost(m, t, p, rates);
+  // T = b·M·dp·s = 128 tokens over N = 4 GPUs; attention 12·L·h·s per token.
+  EXPECT_DOUBLE_EQ(c.flops_per_gpu, (6.0 * 79136 * 128 + 12.0 * 2 * 64 * 16 * 128) / 4);
+  // ZeRO-1: 2·(f·P_dense + f_e·P_experts/ep)·w = 2·(3/4·51,488 + 1/2·55,296)·2.
+  EXPECT_DOUBLE_EQ(c.dp_bytes, 2.0 * (0.75 * 51488 + 0.5 * 55296) * 2);
+  // M·L_moe·4·(ep−1)/ep·b·s·K·h·w = 1·2·4·(1/2)·2·16·2·64·2.
+  EXPECT_DOUBLE_EQ(c.ep_bytes, 2.0 * 4 * 0.5 * 2 * 16 * 2 * 64 * 2);
+  EXPECT_DOUBLE_EQ(c.communication_seconds, (c.dp_bytes + c.ep_bytes) / 1e9);
+  t.checkpointing = Checkpointing::full;  // + the recompute's dispatch and combine
+  EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).ep_bytes, 2.0 * 6 * 0.5 * 2 * 16 * 2 * 64 * 2);
+  p.ep = 1;  // one group for every parameter again
+  EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).dp_bytes, 2.0 * 0.75 * 162080 * 2);
+  EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).ep_bytes, 0.0);
+}
+
+// plan enumerates ep for a MoE model: every degree dividing E and the stage's dp·cp ranks, each
+// layout refused or estimated as `estimate --ep` would (tp > 1 refused: check_moe_layout).
+TEST(Plan, ExpertParallelDegreesAreEnumeratedForAMixtureOfExperts) {
+  const ModelConfig m = *find_preset("tiny-qwen3-moe");
+  PlanOptions o;
+  o.gpus = 4;
+  o.gpu_memory = std::uint64_t(1) << 30;
+  o.seq = 16;
+  o.global_batch = 8;
+  o.zero_stages = {0, 1, 2};
+  o.policies = {{PlanPolicy::Kind::none}};
+  o.activation_offload = {false};
+  o.attention = {Attention::flash};
+  o.offloads = {Offload::none};
+  o.top = 100000;
+  const PlanResult r = plan(m, o);
+  std::set<std::int64_t> eps;
+  for (const PlanCandidate& c : r.candidates) {
+    eps.insert(c.layout.ep);
+    EXPECT_EQ(c.layout.tp, 1);
+    EXPECT_EQ((c.layout.dp * c.layout.cp) % c.layout.ep, 0);
+    if (c.layout.ep > 1) EXPECT_GT(c.cost.ep_bytes, 0.0);
+    // The candidate's memory is estimate_layout's for its layout.
+    ASSERT_TRUE(c.memory);
+    EXPECT_EQ(c.memory->worst_total(),
+              estimate_layout(m, c.train, c.layout, o.overheads).worst_total());
+  }
+  EXPECT_EQ(eps, (std::set<std::int64_t>{1, 2, 4}));  // dp 4: ep 1, 2, 4 (8 does not divide 4)
+}
+
 // cp {1, 2} on tiny_options' 4 GPUs adds the cp 2 layouts, flash only (eager is not a layout
 // with ring attention), the gradient group dp·cp allowing every ZeRO stage:
 //   dp 2 tp 1 pp 1: 8 (ZeRO, offload) pairs × 2 policies = 16 × b {1, 2, 4}   =  48

@@ -280,11 +280,15 @@ ReferenceRank deepspeed_reference(const ModelConfig& model, const TrainConfig& t
 
 namespace {
 
-// Megatron-LM's compute_weight_and_optimizer_memory for a dense model (no MoE, no MTP, no MLA):
-// the parameters on the most loaded shard (the first stage's rank) and their bytes.
+// Megatron-LM's compute_weight_and_optimizer_memory (no MTP, no MLA): the parameters on the most
+// loaded shard (the first stage's rank) and their bytes. A mixture of experts as NVIDIA/
+// Megatron-LM PR #4687 ("take into account expert parallelism correctly") splits it: the routed
+// experts apart, over etp·ep, with their own expert-data-parallel degree.
 struct MegatronWeights {
-  double p_shard = 0;  // parameters: tp-sharded + replicated, on the most loaded shard
-  double bytes = 0;    // × 18, or × (6 + 12/dp) with the distributed optimizer
+  double p_shard = 0;    // parameters: tp-sharded + replicated, on the most loaded shard
+  double p_expert = 0;   // the routed experts on it (0 for a dense model)
+  std::int64_t edp = 1;  // world // (etp·ep·pp)
+  double bytes = 0;  // p_shard × 18, or × (6 + 12/dp) with the distributed optimizer; + experts'
 };
 
 MegatronWeights megatron_weights(const ModelConfig& model, const ParallelConfig& par, u64 Vp) {
@@ -308,17 +312,41 @@ MegatronWeights megatron_weights(const ModelConfig& model, const ParallelConfig&
   const double dense_mlp_params =
       f(checked_product({2, h, ffn}, "mlp params")) * gated_linear_multiplier;
   const u64 layernorm_params = 2 * h * norm_size;
-  const double tp_sharded_in_block = (attention_params + dense_mlp_params) * f(L);
+  // A mixture of experts (PR #4687): L_moe layers of attention + shared expert (tp-sharded),
+  // layernorms + router h·E + shared expert gate h (replicated), routed experts
+  // 2·h·moe_ffn·E·1.5 (over etp·ep); the L − L_moe dense layers as before. Our layer rule
+  // (ModelConfig::is_moe_layer) is passed as moe_layer_freq's list form.
+  const u64 L_moe = u(model.moe_layer_count()), L_dense = L - L_moe;
+  const u64 E = u(model.experts), moe_ffn = u(model.expert_intermediate);
+  const u64 shared_ffn = u(model.shared_expert_intermediate);
+  const double shared_expert_params =
+      f(checked_product({2, h, shared_ffn}, "shared expert params")) * gated_linear_multiplier;
+  const double routed_expert_params =
+      f(checked_product({2, h, moe_ffn, E}, "expert params")) * gated_linear_multiplier;
+  const u64 router_params = checked_mul(h, E, "router params");  // add_bias_linear false
+  const u64 shared_expert_gate_params = shared_ffn > 0 ? h : 0;  // moe_shared_expert_gate
+  const double tp_sharded_in_block = (attention_params + dense_mlp_params) * f(L_dense) +
+                                     (attention_params + shared_expert_params) * f(L_moe);
+  const u64 per_moe_layer = checked_add(checked_add(layernorm_params, router_params),
+                                        shared_expert_gate_params, "norm params");
   const u64 replicated_in_block =
-      checked_add(checked_mul(layernorm_params, L), final_layernorm, "norm params");
+      checked_add(checked_add(checked_mul(layernorm_params, L_dense),
+                              checked_mul(per_moe_layer, L_moe), "norm params"),
+                  final_layernorm, "norm params");
+  const double expert_in_block = routed_expert_params * f(L_moe);
   // tp_sharded_params_on_most_loaded_shard = ((tp_sharded / pp) + mtp(0) + embedding) / tp
   double tp_sharded_on_shard = ((tp_sharded_in_block / f(pp)) + f(embedding_size)) / f(tp);
   const double replicated_on_shard = f(replicated_in_block) / f(pp);
+  const double expert_on_shard = expert_in_block / f(pp) / f(u(par.etp) * u(par.ep));
   if (untie && pp == 1) tp_sharded_on_shard += f(embedding_size) / f(tp);
-  const double bytes_per_param = par.zero >= 1 ? 6.0 + (12.0 / f(dp)) : 18.0;
+  // num_bytes_per_parameter(dp): 18, or 6 + 12/dp with the distributed optimizer.
+  auto bytes_per_param = [&](u64 n) { return par.zero >= 1 ? 6.0 + (12.0 / f(n)) : 18.0; };
   MegatronWeights w;
   w.p_shard = tp_sharded_on_shard + replicated_on_shard;
-  w.bytes = (tp_sharded_on_shard + replicated_on_shard) * bytes_per_param;
+  w.p_expert = expert_on_shard;
+  w.edp = par.world / (par.etp * par.ep * par.pp);  // expert_data_parallel_size
+  w.bytes = (tp_sharded_on_shard + replicated_on_shard) * bytes_per_param(dp) +
+            expert_on_shard * bytes_per_param(u(w.edp));
   return w;
 }
 
@@ -482,12 +510,6 @@ ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& tr
                 ": theoretical_memory_usage.py has no CPU-offload term";
     return r;
   }
-  if (model.moe()) {
-    r.why_not =
-        "a mixture of experts: this formula (3h·ffn per layer) counts dense layers; Megatron's "
-        "MoE terms (experts over etp·ep, the router) are not reproduced here yet";
-    return r;
-  }
   r.covers = true;
 
   const u64 Vp = megatron_padded_vocab(model, par.tp);
@@ -501,12 +523,23 @@ ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& tr
   const u64 acts = nearest(ma.total);
   const std::string sched = pipelined ? "·min(1, M/pp)" : "";
   const std::string last = sp_branch ? "/tp" : "·1.05";
-  r.terms.push_back({"weights and optimizer (most loaded shard)", weights,
-                     "P_shard·" + std::string(distributed_optimizer ? "(6 + 12/dp)" : "18") +
-                         ", P_shard = ((2h²(1 + g/a) + 3h·ffn)·L/pp + Vp·h" +
-                         (untie && !pipelined ? " + Vp·h (untied output)" : "") +
-                         ")/tp + (2h·L + h)/pp",
-                     false});
+  const std::string bpp = distributed_optimizer ? "(6 + 12/dp)" : "18";
+  if (!model.moe())
+    r.terms.push_back({"weights and optimizer (most loaded shard)", weights,
+                       "P_shard·" + bpp + ", P_shard = ((2h²(1 + g/a) + 3h·ffn)·L/pp + Vp·h" +
+                           (untie && !pipelined ? " + Vp·h (untied output)" : "") +
+                           ")/tp + (2h·L + h)/pp",
+                       false});
+  else
+    r.terms.push_back(
+        {"weights and optimizer (most loaded shard)", weights,
+         "P_shard·" + bpp + " + P_experts·" +
+             (distributed_optimizer ? "(6 + 12/edp)" : std::string("18")) +
+             ", P_shard = ((2h²(1 + g/a) + 3h·ffn)·L_dense + (2h²(1 + g/a) + 3h·ffn_s)·L_moe)/pp" +
+             " + Vp·h" + (untie && !pipelined ? " + Vp·h (untied output)" : "") +
+             ")/tp + (2h·L + (h·E + gate)·L_moe + h)/pp, P_experts = "
+             "3h·moe_ffn·E·L_moe/(pp·etp·ep)",
+         false});
   r.terms.push_back(
       {"activations: transformer layers", nearest(ma.layers), ma.layers_formula, false});
   r.terms.push_back({"activations: input ids (pp micro-batches)", nearest(ma.ids),
@@ -520,6 +553,18 @@ ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& tr
   r.activations = acts;
   r.gpu_total = checked_add(weights, acts, "megatron total");
   megatron_notes(r, model, train, par, sp_branch, Vp, mw.p_shard);
+  if (model.moe())
+    r.notes.push_back(
+        "a mixture of experts, split as NVIDIA/Megatron-LM PR #4687 does: P_experts = " +
+        num(nearest(mw.p_expert)) + " routed-expert parameters on the rank (" +
+        num(model.moe_layer_count()) + " MoE layers of " + num(model.experts) +
+        " experts, over etp·ep = " + num(par.etp * par.ep) + "), at " +
+        (par.zero >= 1 ? "6 + 12/edp" : std::string("18")) +
+        " bytes with edp = world/(etp·ep·pp) = " + num(mw.edp) +
+        "; the router (h·E per MoE layer) and the shared expert's gate replicated; its activation "
+        "formulas have no MoE term (every layer priced as a dense one of width ffn = "
+        "intermediate), so the routed rows trainmem counts (b·s·K of h and of m per MoE layer, "
+        "the dispatch buffers) are not in it");
   return r;
 }
 

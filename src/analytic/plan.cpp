@@ -183,9 +183,9 @@ std::vector<PlanPolicy> parse_plan_policies(const std::string& text) {
 }
 
 std::string family_name(std::int64_t dp, std::int64_t tp, std::int64_t pp, int zero,
-                        std::int64_t cp) {
+                        std::int64_t cp, std::int64_t ep) {
   return "dp " + str(dp) + " tp " + str(tp) + " pp " + str(pp) + (cp > 1 ? " cp " + str(cp) : "") +
-         " ZeRO-" + str(zero);
+         (ep > 1 ? " ep " + str(ep) : "") + " ZeRO-" + str(zero);
 }
 
 void PlanOptions::validate() const {
@@ -252,8 +252,14 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
       train.lora()
           ? static_cast<double>(lora_trainable_count(model, train.lora_rank, train.lora_targets))
           : 0.0;
+  // A mixture of experts (docs/plan.md, "Mixture of experts"): a token runs K of the E experts
+  // of each MoE layer, so the FLOPs count the active parameters, P − L_moe·(E − K)·3·h·m.
+  const double L_moe = static_cast<double>(model.moe_layer_count());
+  const double expert = 3.0 * h * static_cast<double>(model.expert_intermediate);
+  const double P_act =
+      P - L_moe * static_cast<double>(model.experts - model.experts_per_token) * expert;
   const double base_flops =
-      train.lora() ? (4.0 + 2.0 * r) * P + (6.0 + 2.0 * r) * Pa : (6.0 + 2.0 * r) * P;
+      train.lora() ? (4.0 + 2.0 * r) * P + (6.0 + 2.0 * r) * Pa : (6.0 + 2.0 * r) * P_act;
   c.flops_per_gpu = (base_flops * T + (12.0 + 4.0 * ra) * L * h * s * T) / N;
   c.bubble = (pp - 1.0) / M;
   c.compute_seconds = c.flops_per_gpu / (cost.tflops * 1e12) * (1.0 + c.bubble);
@@ -261,15 +267,20 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
   // Data parallelism over the stage's TP shard of the parameters (even split); the gradient
   // group is the dp·cp ranks that hold the same parameters.
   // What the gradient group reduces and ZeRO shards: every parameter, or the adapters.
-  const double P_local = (train.lora() ? Pa : P) / (tp * pp);
+  // A mixture of experts: the experts' E/ep per rank reduce over the expert-data-parallel ranks
+  // (edp = dp·cp/ep), in a weighted share f·P_local (the rest over dp·cp as before).
+  const double P_exp = L_moe * static_cast<double>(model.experts) * expert;
+  const double ep = static_cast<double>(layout.ep), edp = dp * cp / ep;
+  const double P_local = (train.lora() ? Pa : P - P_exp) / (tp * pp);
   const double f = (dp * cp - 1.0) / (dp * cp);
+  const double fP = f * P_local + (edp - 1.0) / edp * P_exp / (ep * pp);
   switch (layout.zero) {
     case 0:  // one all-reduce of the accumulated gradients
     case 1:  // reduce-scatter + all-gather of the updated parameters: the same volume
-      c.dp_bytes = 2.0 * f * P_local * w;
+      c.dp_bytes = 2.0 * fP * w;
       break;
     case 2:  // a reduce-scatter per micro-batch (the shard cannot hold unreduced gradients)
-      c.dp_bytes = (M + 1.0) * f * P_local * w;
+      c.dp_bytes = (M + 1.0) * fP * w;
       break;
     default:  // 3: + the parameters gathered for every forward and every backward
       c.dp_bytes = 3.0 * M * f * P_local * w;
@@ -289,6 +300,12 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
   // Pipeline: an interior stage sends b·s·h activations forward and b·s·h gradients back per
   // micro-batch.
   if (layout.pp > 1) c.pp_bytes = 2.0 * M * b * sc * h * w;
+  // Expert parallelism: each MoE layer's all-to-alls, dispatch and combine in forward, their
+  // gradients in backward, again in a recompute (r), each sending the (ep − 1)/ep of the rank's
+  // b·(s/cp)·K rows that go to other ranks (balanced routing).
+  if (layout.ep > 1)
+    c.ep_bytes = M * (L_moe / pp) * (4.0 + 2.0 * r) * (ep - 1.0) / ep * b * sc *
+                 static_cast<double>(model.experts_per_token) * h * w;
   // Context parallelism: per layer, the forward's ring passes cp − 1 key/value blocks
   // (2·b·(s/cp)·(k/tp)·d of D each) on, again in a recompute (r); the backward's cp − 1 blocks
   // and cp fp32 gradient blocks of the same shape.
@@ -313,7 +330,7 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
         M * static_cast<double>(
                 estimate_layout(model, train, layout).ranks.front().est.offload_transfer_bytes);
   const double link = cost.link_gbps * 1e9 / 8.0, pcie = cost.pcie_gbps * 1e9 / 8.0;
-  c.communication_seconds = (c.dp_bytes + c.tp_bytes + c.pp_bytes + c.cp_bytes) / link;
+  c.communication_seconds = (c.dp_bytes + c.tp_bytes + c.pp_bytes + c.cp_bytes + c.ep_bytes) / link;
   c.pcie_seconds = c.pcie_bytes / pcie;
   c.total_seconds = c.compute_seconds + c.communication_seconds + c.pcie_seconds;
   return c;
@@ -344,16 +361,22 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
   base.validate();
 
   // The (dp, tp, pp, cp) of N GPUs: context-parallel degree (as listed), then pipeline depth,
-  // then tensor width, ascending.
+  // then tensor width, ascending; for a mixture of experts each expert-parallel degree ep that
+  // divides the experts and the stage's dp·cp ranks (tp 1: check_moe_layout), ascending.
   struct Triple {
-    std::int64_t dp, tp, pp, cp;
+    std::int64_t dp, tp, pp, cp, ep = 1;
   };
   std::vector<Triple> triples;
   for (std::int64_t cp : options.cp_degrees) {
     if (N % cp != 0) continue;
     for (std::int64_t pp : divisors(N / cp))
-      for (std::int64_t tp : divisors(N / (cp * pp)))
-        triples.push_back({N / (tp * pp * cp), tp, pp, cp});
+      for (std::int64_t tp : divisors(N / (cp * pp))) {
+        const std::int64_t dp = N / (tp * pp * cp);
+        triples.push_back({dp, tp, pp, cp});
+        if (model.moe() && tp == 1)
+          for (std::int64_t ep : divisors(model.experts))
+            if (ep > 1 && (dp * cp) % ep == 0) triples.push_back({dp, tp, pp, cp, ep});
+      }
   }
 
   // G must be divisible by a data-parallel degree the model allows (dp·tp·pp = N).
@@ -426,6 +449,7 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
       fam.tp = tr.tp;
       fam.pp = tr.pp;
       fam.cp = tr.cp;
+      fam.ep = tr.ep;
       fam.zero = zero;
       bool family_fits = false, enumerated_any = false;
       // ZeRO-3 under per-parameter sharding (FSDP2): no offload (CPUOffloadPolicy unmodelled).
@@ -464,6 +488,7 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
                   layout.tp = tr.tp;
                   layout.pp = tr.pp;
                   layout.cp = tr.cp;
+                  layout.ep = tr.ep;
                   layout.zero = fsdp2 ? 3 : zero;
                   layout.sharding = fsdp2 ? Sharding::per_parameter : Sharding::flat;
                   layout.reshard_after_forward = !(fsdp2 && zero == 2);

@@ -77,8 +77,9 @@ int run_plan(const PlanFlags& flags) {
   if (c.train.lora() && flags.activation_offload == "on")
     throw InputError("--activation-offload on with --finetune " + cf.finetune +
                      ": the LoRA step is not modelled with activation offload");
-  // plan searches parallel layouts: the per-rank step has no MoE layer yet (issue 33).
-  require_dense(c.model, "plan (the per-rank sharded step)");
+  // plan searches parallel layouts: the per-rank step models a mixture of experts as
+  // check_moe_layout allows (docs/distributed.md, "Mixture of experts per rank").
+  require_native_moe(c.model, c.train, "plan (the per-rank sharded step)");
   if (bnb_optimizer(c.train.optimizer))
     throw InputError(std::string("--optimizer ") + flags.optimizer +
                      ": plan searches parallel layouts, and bitsandbytes' optimizers are "

@@ -77,6 +77,7 @@ json cost_json(const StepCost& c) {
               {"tp_bytes", c.tp_bytes},
               {"pp_bytes", c.pp_bytes},
               {"cp_bytes", c.cp_bytes},
+              {"ep_bytes", c.ep_bytes},
               {"pcie_bytes", c.pcie_bytes},
               {"communication_seconds", c.communication_seconds},
               {"pcie_seconds", c.pcie_seconds},
@@ -91,7 +92,7 @@ std::string zero_cell(const ParallelConfig& p) {
 
 // A refused family's name; under per-parameter sharding stages 2 and 3 are FSDP2's.
 std::string family_label(const PlanResult& r, const RejectedFamily& f) {
-  std::string name = family_name(f.dp, f.tp, f.pp, f.zero, f.cp);
+  std::string name = family_name(f.dp, f.tp, f.pp, f.zero, f.cp, f.ep);
   if (r.options.sharding == Sharding::per_parameter && f.zero >= 2)
     name += f.zero == 3 ? " (FSDP2)" : " (FSDP2 SHARD_GRAD_OP)";
   return name;
@@ -102,6 +103,7 @@ json layout_json(const PlanCandidate& c) {
               {"tp", c.layout.tp},
               {"pp", c.layout.pp},
               {"cp", c.layout.cp},
+              {"ep", c.layout.ep},
               {"zero", c.layout.zero},
               {"sharding", sharding_name(c.layout.sharding)},
               {"reshard_after_forward", c.layout.reshard_after_forward},
@@ -196,6 +198,7 @@ json plan_json(const PlanResult& r) {
               {"tp", f.tp},
               {"pp", f.pp},
               {"cp", f.cp},
+              {"ep", f.ep},
               {"zero", f.zero},
               {"layouts", f.layouts},
               {"invalid", f.invalid},
@@ -210,29 +213,39 @@ json plan_json(const PlanResult& r) {
   return j;
 }
 
+// A mixture of experts: an "ep" column after "cp" (inserted into a row at the same place).
+void insert_ep(const PlanResult& r, std::vector<report::Table::Column>& cols) {
+  if (r.model.moe()) cols.insert(cols.begin() + 5, report::Table::Column{"ep"});
+}
+void insert_ep(const PlanResult& r, std::vector<report::Cell>& row, const PlanCandidate& c) {
+  if (r.model.moe()) row.insert(row.begin() + 5, str(c.layout.ep));
+}
+
 report::Table csv_table(const PlanResult& r) {
-  report::Table t({{"rank"},
-                   {"dp"},
-                   {"tp"},
-                   {"pp"},
-                   {"cp"},
-                   {"zero"},
-                   {"sp"},
-                   {"checkpointing"},
-                   {"attention"},
-                   {"optimizer"},
-                   {"micro_batch"},
-                   {"microbatches"},
-                   {"offload"},
-                   {"step_seconds"},
-                   {"compute_seconds"},
-                   {"communication_seconds"},
-                   {"pcie_seconds"},
-                   {"worst_total"},
-                   {"overheads"},
-                   {"rank_peaks"},
-                   {"host_bytes"},
-                   {"budget"}});
+  std::vector<report::Table::Column> cols({{"rank"},
+                                           {"dp"},
+                                           {"tp"},
+                                           {"pp"},
+                                           {"cp"},
+                                           {"zero"},
+                                           {"sp"},
+                                           {"checkpointing"},
+                                           {"attention"},
+                                           {"optimizer"},
+                                           {"micro_batch"},
+                                           {"microbatches"},
+                                           {"offload"},
+                                           {"step_seconds"},
+                                           {"compute_seconds"},
+                                           {"communication_seconds"},
+                                           {"pcie_seconds"},
+                                           {"worst_total"},
+                                           {"overheads"},
+                                           {"rank_peaks"},
+                                           {"host_bytes"},
+                                           {"budget"}});
+  insert_ep(r, cols);
+  report::Table t(std::move(cols));
   for (std::size_t k = 0; k < r.candidates.size(); ++k) {
     const PlanCandidate& c = r.candidates[k];
     std::string peaks, host = "0", worst = "", overheads = "";
@@ -248,28 +261,30 @@ report::Table csv_table(const PlanResult& r) {
       std::snprintf(buf, sizeof buf, "%.6g", v);
       return std::string(buf);
     };
-    t.add_row({std::to_string(k + 1),
-               str(c.layout.dp),
-               str(c.layout.tp),
-               str(c.layout.pp),
-               str(c.layout.cp),
-               zero_cell(c.layout),
-               c.layout.sp ? "yes" : "no",
-               checkpointing_name(c.train),
-               attention_name(c.train.attention),
-               optimizer_name(c.train.optimizer),
-               str(c.train.batch),
-               str(c.layout.microbatches),
-               offload_cell(c),
-               sec(c.cost.total_seconds),
-               sec(c.cost.compute_seconds),
-               sec(c.cost.communication_seconds),
-               sec(c.cost.pcie_seconds),
-               worst,
-               overheads,
-               peaks,
-               host,
-               std::to_string(r.budget)});
+    std::vector<report::Cell> row{std::to_string(k + 1),
+                                  str(c.layout.dp),
+                                  str(c.layout.tp),
+                                  str(c.layout.pp),
+                                  str(c.layout.cp),
+                                  zero_cell(c.layout),
+                                  c.layout.sp ? "yes" : "no",
+                                  checkpointing_name(c.train),
+                                  attention_name(c.train.attention),
+                                  optimizer_name(c.train.optimizer),
+                                  str(c.train.batch),
+                                  str(c.layout.microbatches),
+                                  offload_cell(c),
+                                  sec(c.cost.total_seconds),
+                                  sec(c.cost.compute_seconds),
+                                  sec(c.cost.communication_seconds),
+                                  sec(c.cost.pcie_seconds),
+                                  worst,
+                                  overheads,
+                                  peaks,
+                                  host,
+                                  std::to_string(r.budget)};
+    insert_ep(r, row, c);
+    t.add_row(std::move(row));
   }
   return t;
 }
@@ -313,26 +328,28 @@ void write_prose(ReportWriter& w, const PlanResult& r) {
   } else {
     w.heading("The best " + std::to_string(r.candidates.size()) + " layouts, fastest first");
     const std::string un = std::string(" (") + u.name + ")";
-    report::Table t({{"#"},
-                     {"dp"},
-                     {"tp"},
-                     {"pp"},
-                     {"cp"},
-                     {"ZeRO"},
-                     {"sp", report::Align::left},
-                     {"ckpt", report::Align::left},
-                     {"attention", report::Align::left},
-                     {"optimizer", report::Align::left},
-                     {"b"},
-                     {"M"},
-                     {"offload", report::Align::left},
-                     {"step (s)"},
-                     {"compute"},
-                     {"comm"},
-                     {"PCIe"},
-                     {"worst rank + overheads" + un},
-                     {"rank peaks" + un},
-                     {"host/rank" + un}});
+    std::vector<report::Table::Column> cols({{"#"},
+                                             {"dp"},
+                                             {"tp"},
+                                             {"pp"},
+                                             {"cp"},
+                                             {"ZeRO"},
+                                             {"sp", report::Align::left},
+                                             {"ckpt", report::Align::left},
+                                             {"attention", report::Align::left},
+                                             {"optimizer", report::Align::left},
+                                             {"b"},
+                                             {"M"},
+                                             {"offload", report::Align::left},
+                                             {"step (s)"},
+                                             {"compute"},
+                                             {"comm"},
+                                             {"PCIe"},
+                                             {"worst rank + overheads" + un},
+                                             {"rank peaks" + un},
+                                             {"host/rank" + un}});
+    insert_ep(r, cols);
+    report::Table t(std::move(cols));
     for (std::size_t k = 0; k < r.candidates.size(); ++k) {
       const PlanCandidate& c = r.candidates[k];
       std::string worst = "-", peaks = "-", host = "-";
@@ -341,26 +358,28 @@ void write_prose(ReportWriter& w, const PlanResult& r) {
         peaks = rank_peaks(*c.memory, u);
         host = format_bytes(c.memory->ranks[c.memory->worst].host_bytes, u);
       }
-      t.add_row({std::to_string(k + 1),
-                 str(c.layout.dp),
-                 str(c.layout.tp),
-                 str(c.layout.pp),
-                 str(c.layout.cp),
-                 zero_cell(c.layout),
-                 c.layout.sp ? "yes" : "no",
-                 checkpointing_name(c.train),
-                 attention_name(c.train.attention),
-                 optimizer_name(c.train.optimizer),
-                 str(c.train.batch),
-                 str(c.layout.microbatches),
-                 offload_cell(c),
-                 secs(c.cost.total_seconds),
-                 secs(c.cost.compute_seconds),
-                 secs(c.cost.communication_seconds),
-                 secs(c.cost.pcie_seconds),
-                 worst,
-                 peaks,
-                 host});
+      std::vector<report::Cell> row{std::to_string(k + 1),
+                                    str(c.layout.dp),
+                                    str(c.layout.tp),
+                                    str(c.layout.pp),
+                                    str(c.layout.cp),
+                                    zero_cell(c.layout),
+                                    c.layout.sp ? "yes" : "no",
+                                    checkpointing_name(c.train),
+                                    attention_name(c.train.attention),
+                                    optimizer_name(c.train.optimizer),
+                                    str(c.train.batch),
+                                    str(c.layout.microbatches),
+                                    offload_cell(c),
+                                    secs(c.cost.total_seconds),
+                                    secs(c.cost.compute_seconds),
+                                    secs(c.cost.communication_seconds),
+                                    secs(c.cost.pcie_seconds),
+                                    worst,
+                                    peaks,
+                                    host};
+      insert_ep(r, row, c);
+      t.add_row(std::move(row));
     }
     w.table(t);
     w.paragraph_break();

@@ -28,7 +28,8 @@ struct CostModel {
 // The step time of one layout, term by term (docs/plan.md). Bytes are what one GPU sends
 // per optimizer step; seconds are bytes / rate; total = compute + communication + pcie.
 struct StepCost {
-  double flops_per_gpu = 0;  // (6 + 2r)·P·T + (12 + 4r)·L·h·s·T, ÷ N (r = 1 under recompute)
+  double flops_per_gpu = 0;  // (6 + 2r)·P·T + (12 + 4r)·L·h·s·T, ÷ N (r = 1 under recompute;
+                             // a mixture of experts: its active parameters in place of P)
   double bubble = 0;         // (pp − 1) / M
   double compute_seconds = 0;  // flops_per_gpu / tflops × (1 + bubble)
   double dp_bytes = 0;         // gradient reduction and ZeRO gathers
@@ -36,9 +37,11 @@ struct StepCost {
   double pp_bytes = 0;         // pipeline p2p: activations forward, their gradients backward
   double cp_bytes = 0;         // context parallelism: ring attention's key/value blocks and
                                // their gradients
+  double ep_bytes = 0;         // expert parallelism: the MoE layers' all-to-alls (dispatch and
+                               // combine, forward, backward and recompute)
   double pcie_bytes = 0;       // offload: gradients down, parameters up (and ZeRO-3 fetches);
                                // activation offload: each micro-batch's sets out and back
-  double communication_seconds = 0;  // (dp + tp + pp + cp bytes) / link
+  double communication_seconds = 0;  // (dp + tp + pp + cp + ep bytes) / link
   double pcie_seconds = 0;           // pcie_bytes / pcie link
   double total_seconds = 0;
 };
@@ -131,7 +134,7 @@ struct PlanCandidate {
 
 // A family of layouts (one dp × tp × pp × cp with one ZeRO stage) of which none fits.
 struct RejectedFamily {
-  std::int64_t dp = 1, tp = 1, pp = 1, cp = 1;
+  std::int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
   int zero = 0;
   std::uint64_t layouts = 0;  // layouts of the family enumerated
   std::uint64_t invalid = 0;  // of which ParallelConfig::resolve (or the estimate) refused
@@ -170,8 +173,9 @@ struct PlanResult {
 PlanResult plan(const ModelConfig& model, const PlanOptions& options,
                 const LayoutEstimator& estimator = estimate_layout);
 
-// "dp 8 tp 1 pp 1 ZeRO-0" ("dp 4 tp 1 pp 1 cp 2 ZeRO-0" when cp > 1)
+// "dp 8 tp 1 pp 1 ZeRO-0" ("dp 4 tp 1 pp 1 cp 2 ZeRO-0" when cp > 1, "... ep 8 ZeRO-1" when
+// ep > 1)
 std::string family_name(std::int64_t dp, std::int64_t tp, std::int64_t pp, int zero,
-                        std::int64_t cp = 1);
+                        std::int64_t cp = 1, std::int64_t ep = 1);
 
 }  // namespace trainmem
