@@ -217,8 +217,29 @@ json plan_json(const PlanResult& r) {
 void insert_ep(const PlanResult& r, std::vector<report::Table::Column>& cols) {
   if (r.model.moe()) cols.insert(cols.begin() + 5, report::Table::Column{"ep"});
 }
-void insert_ep(const PlanResult& r, std::vector<report::Cell>& row, const PlanCandidate& c) {
+// Candidate k's cells up to its step times (the tables' shared columns; seconds by `sec`).
+template <class Sec>
+std::vector<report::Cell> layout_cells(const PlanResult& r, std::size_t k, Sec&& sec) {
+  const PlanCandidate& c = r.candidates[k];
+  std::vector<report::Cell> row{std::to_string(k + 1),
+                                str(c.layout.dp),
+                                str(c.layout.tp),
+                                str(c.layout.pp),
+                                str(c.layout.cp),
+                                zero_cell(c.layout),
+                                c.layout.sp ? "yes" : "no",
+                                checkpointing_name(c.train),
+                                attention_name(c.train.attention),
+                                optimizer_name(c.train.optimizer),
+                                str(c.train.batch),
+                                str(c.layout.microbatches),
+                                offload_cell(c),
+                                sec(c.cost.total_seconds),
+                                sec(c.cost.compute_seconds),
+                                sec(c.cost.communication_seconds),
+                                sec(c.cost.pcie_seconds)};
   if (r.model.moe()) row.insert(row.begin() + 5, str(c.layout.ep));
+  return row;
 }
 
 report::Table csv_table(const PlanResult& r) {
@@ -261,29 +282,9 @@ report::Table csv_table(const PlanResult& r) {
       std::snprintf(buf, sizeof buf, "%.6g", v);
       return std::string(buf);
     };
-    std::vector<report::Cell> row{std::to_string(k + 1),
-                                  str(c.layout.dp),
-                                  str(c.layout.tp),
-                                  str(c.layout.pp),
-                                  str(c.layout.cp),
-                                  zero_cell(c.layout),
-                                  c.layout.sp ? "yes" : "no",
-                                  checkpointing_name(c.train),
-                                  attention_name(c.train.attention),
-                                  optimizer_name(c.train.optimizer),
-                                  str(c.train.batch),
-                                  str(c.layout.microbatches),
-                                  offload_cell(c),
-                                  sec(c.cost.total_seconds),
-                                  sec(c.cost.compute_seconds),
-                                  sec(c.cost.communication_seconds),
-                                  sec(c.cost.pcie_seconds),
-                                  worst,
-                                  overheads,
-                                  peaks,
-                                  host,
-                                  std::to_string(r.budget)};
-    insert_ep(r, row, c);
+    std::vector<report::Cell> row = layout_cells(r, k, sec);
+    for (const std::string& x : {worst, overheads, peaks, host, std::to_string(r.budget)})
+      row.emplace_back(x);
     t.add_row(std::move(row));
   }
   return t;
@@ -358,27 +359,8 @@ void write_prose(ReportWriter& w, const PlanResult& r) {
         peaks = rank_peaks(*c.memory, u);
         host = format_bytes(c.memory->ranks[c.memory->worst].host_bytes, u);
       }
-      std::vector<report::Cell> row{std::to_string(k + 1),
-                                    str(c.layout.dp),
-                                    str(c.layout.tp),
-                                    str(c.layout.pp),
-                                    str(c.layout.cp),
-                                    zero_cell(c.layout),
-                                    c.layout.sp ? "yes" : "no",
-                                    checkpointing_name(c.train),
-                                    attention_name(c.train.attention),
-                                    optimizer_name(c.train.optimizer),
-                                    str(c.train.batch),
-                                    str(c.layout.microbatches),
-                                    offload_cell(c),
-                                    secs(c.cost.total_seconds),
-                                    secs(c.cost.compute_seconds),
-                                    secs(c.cost.communication_seconds),
-                                    secs(c.cost.pcie_seconds),
-                                    worst,
-                                    peaks,
-                                    host};
-      insert_ep(r, row, c);
+      std::vector<report::Cell> row = layout_cells(r, k, secs);
+      for (const std::string& x : {worst, peaks, host}) row.emplace_back(x);
       t.add_row(std::move(row));
     }
     w.table(t);
