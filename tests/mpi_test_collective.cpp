@@ -8,6 +8,8 @@
 //       check passed on every rank. staged: the MPI collectives through host copies
 //       (make_staged_collective, the cuda backend's --collectives mpi) with counting memcpy
 //       copies standing in for the device's: the same bits, and every call copied.
+//       all_to_all_v (rows of 1, 3 and 70 elements, uneven and zero counts per pair, int32 too):
+//       every source's rows in source order, bit for bit, nothing written past them.
 //   mpi_test_collective fail-one     the last rank throws an InputError while the others wait in
 //       an all_reduce_sum: the whole job must end with exit 2 and that rank's message (end_job).
 //   mpi_test_collective fail-all     every rank throws the same InputError: exit 2, the message
@@ -15,6 +17,7 @@
 //   mpi_test_collective timeout      the last rank never joins (sleeps); the others' all_reduce_sum
 //       times out after 2 s: an error naming the collective and the rank, the job ends.
 // Exit 77 (skipped) when this binary was built without MPI or, for nccl, without a usable device.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -213,6 +216,84 @@ void check_reduce_scatter(Collective& c, Memory& mem, Checker& ck) {
     }
 }
 
+// all_to_all_v: rank r sends rows(r, p) rows of `row` elements to each peer p (0 for some
+// pairs, its own share included), element (i, j) of the rows for p carrying a value of
+// (r, p, i, j); every rank finds, in source order, rows(q, r) rows from each q with q's values,
+// bit for bit, for the training dtypes and int32 (the routing's indices).
+void check_all_to_all_v(Collective& c, Memory& mem, Checker& ck) {
+  const int n = c.size(), r = c.rank();
+  std::uint32_t salt = 350;
+  auto rows = [](int from, int to, std::uint32_t s) {
+    return std::size_t((std::uint32_t(from) + 2 * std::uint32_t(to) + s) % 4);
+  };
+  for (const DType t : {DType::f32, DType::bf16, DType::f16, DType::i32})
+    for (const std::size_t row : {std::size_t(1), std::size_t(3), std::size_t(70)}) {
+      ++salt;
+      std::vector<std::size_t> send_rows(static_cast<std::size_t>(n)),
+          recv_rows(static_cast<std::size_t>(n));
+      std::size_t sent = 0, received = 0;
+      for (int p = 0; p < n; ++p) {
+        send_rows[std::size_t(p)] = rows(r, p, salt);
+        recv_rows[std::size_t(p)] = rows(p, r, salt);
+        sent += send_rows[std::size_t(p)];
+        received += recv_rows[std::size_t(p)];
+      }
+      // Element (i, j) of the rows `from` sends `to`: an index of both and of the place.
+      auto key = [&](int from, int to, std::size_t i, std::size_t j) {
+        return (std::size_t(from) * 64 + std::size_t(to)) * 4096 + i * 97 + j;
+      };
+      Buf in(mem, t, sent * row), out(mem, t, received * row + 1);
+      std::size_t at = 0;
+      for (int p = 0; p < n; ++p)
+        for (std::size_t i = 0; i < send_rows[std::size_t(p)]; ++i)
+          for (std::size_t j = 0; j < row; ++j, ++at) {
+            if (t == DType::i32) {
+              const std::int32_t v = std::int32_t(key(r, p, i, j));
+              std::memcpy(in.host.data() + at * 4, &v, 4);
+            } else {
+              in.set(at, value(r, key(r, p, i, j), salt));
+            }
+          }
+      // A sentinel past the received rows: the collective must not write there.
+      std::fill(out.host.begin(), out.host.end(), 0x5a);
+      out.upload();
+      in.upload();
+      c.all_to_all_v(in.dev, send_rows.data(), out.dev, recv_rows.data(), row, t);
+      out.download();
+      const std::string what =
+          std::string("all_to_all_v ") + dtype_name(t) + " row " + std::to_string(row);
+      at = 0;
+      bool ok = true;
+      for (int q = 0; q < n; ++q)
+        for (std::size_t i = 0; i < recv_rows[std::size_t(q)]; ++i)
+          for (std::size_t j = 0; j < row; ++j, ++at) {
+            if (t == DType::i32) {
+              std::int32_t v = 0;
+              std::memcpy(&v, out.host.data() + at * 4, 4);
+              ok = ok && v == std::int32_t(key(q, r, i, j));
+            } else {
+              ok = ok && bits_of(out.at(at), t) ==
+                             bits_of(round_to(t, value(q, key(q, r, i, j), salt)), t);
+            }
+          }
+      ck.expect(ok, what + ": the rows from every source, in source order");
+      const std::size_t es = dtype_size(t);
+      bool untouched = true;
+      for (std::size_t b = received * row * es; b < out.host.size(); ++b)
+        untouched = untouched && out.host[b] == 0x5a;
+      ck.expect(untouched, what + ": nothing written past the received rows");
+    }
+  // A row of no elements is refused naming the collective.
+  std::vector<std::size_t> zeros(static_cast<std::size_t>(n), 0);
+  try {
+    c.all_to_all_v(nullptr, zeros.data(), nullptr, zeros.data(), 0, DType::f32);
+    ck.fail("all_to_all_v: a row of 0 elements accepted");
+  } catch (const InputError& e) {
+    ck.expect(std::string(e.what()).find("all_to_all_v: a row of 0 elements") != std::string::npos,
+              std::string("all_to_all_v's refusal names it: ") + e.what());
+  }
+}
+
 void check_all_gather(Collective& c, Memory& mem, Checker& ck) {
   const int n = c.size(), r = c.rank();
   std::uint32_t salt = 300;
@@ -384,6 +465,7 @@ int run_collectives(const std::string& backend) {
     check_all_reduce(*c, *mem, ck);
     check_reduce_scatter(*c, *mem, ck);
     check_all_gather(*c, *mem, ck);
+    check_all_to_all_v(*c, *mem, ck);
     check_in_place(*c, *mem, ck);
     check_broadcast(*c, *mem, ck);
     if (c->size() > 1) check_send_recv(*c, *mem, ck);

@@ -177,6 +177,14 @@ TEST(CliLaunch, LocalCollectiveMovesNothingAndEndJobKeepsTheStatus) {
   EXPECT_EQ(y[1], -2.0f);
   EXPECT_THROW(c->send(x, 1, DType::f32, 0), InputError);
   EXPECT_THROW(c->broadcast(x, 1, DType::f32, 1), InputError);
+  // all_to_all_v on one rank: its own rows copied (int32 too); counts that disagree refused.
+  const std::int32_t rows[4] = {7, 8, 9, 10};
+  std::int32_t got[4] = {};
+  const std::size_t two = 2, one = 1;
+  c->all_to_all_v(rows, &two, got, &two, 2, DType::i32);
+  EXPECT_EQ(got[3], 10);
+  EXPECT_THROW(c->all_to_all_v(rows, &two, got, &one, 2, DType::i32), InputError);
+  EXPECT_THROW(c->all_to_all_v(rows, &two, got, &two, 0, DType::i32), InputError);
   std::ostringstream err;
   EXPECT_EQ(end_job(*c, 2, "trainmem: error: bad input", err), 2);
   EXPECT_EQ(err.str(), "trainmem: error: bad input\n");  // one rank: no rank prefix

@@ -26,6 +26,10 @@ void sum_in_rank_order(const void* contrib, int n, std::size_t len, DType t, voi
   }
 }
 
+void check_rows(std::size_t row, const char* collective) {
+  if (row == 0) throw InputError(std::string(collective) + ": a row of 0 elements");
+}
+
 void check_float_dtype(DType t, const char* collective) {
   if (t != DType::f32 && t != DType::bf16 && t != DType::f16)
     throw InputError(std::string(collective) + ": dtype " + dtype_name(t) +
@@ -139,6 +143,15 @@ class LocalCollective final : public Collective {
   void broadcast(void*, std::size_t, DType t, int root) override {
     comm::check_float_dtype(t, "broadcast");
     peer_check(root, "broadcast");
+  }
+  void all_to_all_v(const void* send, const std::size_t* send_rows, void* recv,
+                    const std::size_t* recv_rows, std::size_t row, DType t) override {
+    comm::check_rows(row, "all_to_all_v");
+    if (send_rows[0] != recv_rows[0])
+      throw InputError("all_to_all_v: rank 0 sends itself " + std::to_string(send_rows[0]) +
+                       " rows and expects " + std::to_string(recv_rows[0]));
+    if (send != recv && send_rows[0] > 0)
+      std::memmove(recv, send, send_rows[0] * row * dtype_size(t));
   }
   void send(const void*, std::size_t, DType, int peer) override { peer_check(peer, "send"); }
   void recv(void*, std::size_t, DType, int peer) override { peer_check(peer, "recv"); }

@@ -14,6 +14,8 @@ void sum_in_rank_order(const void* contrib, int n, std::size_t len, DType t, voi
 
 // Training dtypes only (f32, bf16, f16): InputError naming the collective otherwise.
 void check_float_dtype(DType t, const char* collective);
+// all_to_all_v's rows: InputError naming the collective for a row of 0 elements.
+void check_rows(std::size_t row, const char* collective);
 
 // "rank 1 of 4"
 std::string rank_of(int rank, int size);

@@ -205,6 +205,48 @@ class MpiCollective final : public Collective {
     }
   }
 
+  // MPI_Ialltoallv on a contiguous datatype of one row, so that the counts and displacements
+  // (in rows) stay ints however many bytes move; a row past 2^31 − 1 bytes, or rows past
+  // 2^31 − 1 in all, are refused naming the collective.
+  void all_to_all_v(const void* send, const std::size_t* send_rows, void* recv,
+                    const std::size_t* recv_rows, std::size_t row, DType t) override {
+    comm::check_rows(row, "all_to_all_v");
+    const std::size_t es = dtype_size(t);
+    if (row > std::size_t{2147483647} / es)
+      throw InputError("all_to_all_v: a row of " + std::to_string(row) + " " + dtype_name(t) +
+                       " elements is past 2^31 - 1 bytes, MPI's count");
+    std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
+    std::size_t so = 0, ro = 0;
+    for (int p = 0; p < size_; ++p) {
+      if (so > kIntMax || ro > kIntMax || send_rows[p] > kIntMax - so ||
+          recv_rows[p] > kIntMax - ro)
+        throw InputError("all_to_all_v: more than 2^31 - 1 rows sent or received by " +
+                         comm::rank_of(rank_, size_));
+      sc[p] = static_cast<int>(send_rows[p]);
+      sd[p] = static_cast<int>(so);
+      rc[p] = static_cast<int>(recv_rows[p]);
+      rd[p] = static_cast<int>(ro);
+      so += send_rows[p];
+      ro += recv_rows[p];
+    }
+    MPI_Datatype row_type;
+    check(MPI_Type_contiguous(static_cast<int>(row * es), MPI_BYTE, &row_type),
+          "MPI_Type_contiguous");
+    check(MPI_Type_commit(&row_type), "MPI_Type_commit");
+    MPI_Request req;
+    const int code = MPI_Ialltoallv(send, sc.data(), sd.data(), row_type, recv, rc.data(),
+                                    rd.data(), row_type, data_, &req);
+    if (code != MPI_SUCCESS) MPI_Type_free(&row_type);
+    check(code, "MPI_Ialltoallv (all_to_all_v)");
+    try {
+      wait(&req, "all_to_all_v", so * row, t);
+    } catch (...) {
+      MPI_Type_free(&row_type);
+      throw;
+    }
+    MPI_Type_free(&row_type);
+  }
+
   // Staged: the data is copied into a buffer of this collective's and sent without waiting, so
   // two stages that send to each other before receiving (the 1F1B schedule's forward output
   // and backward gradient crossing) cannot deadlock. Completed sends are reaped at every send
@@ -273,7 +315,8 @@ class MpiCollective final : public Collective {
  private:
   static constexpr int kTag = 15;
 
-  static bool fits_int(std::size_t bytes) { return bytes <= std::size_t{2147483647}; }
+  static constexpr std::size_t kIntMax = 2147483647;
+  static bool fits_int(std::size_t bytes) { return bytes <= kIntMax; }
 
   void check(int code, const char* call) const {
     if (code != MPI_SUCCESS)

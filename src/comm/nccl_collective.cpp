@@ -142,6 +142,29 @@ class NcclCollective final : public Collective {
     finish("broadcast from rank " + std::to_string(root), count, t);
   }
 
+  // Per-peer ncclSend/ncclRecv in one group (NCCL has no all-to-all-v of its own); int32 as
+  // ncclInt32, the training dtypes as themselves.
+  void all_to_all_v(const void* send, const std::size_t* send_rows, void* recv,
+                    const std::size_t* recv_rows, std::size_t row, DType t) override {
+    comm::check_rows(row, "all_to_all_v");
+    const ncclDataType_t nt = t == DType::i32 ? ncclInt32 : nccl_type(t);
+    const std::size_t es = dtype_size(t);
+    const auto* s = static_cast<const unsigned char*>(send);
+    auto* r = static_cast<unsigned char*>(recv);
+    std::size_t so = 0, ro = 0, total = 0;
+    enqueue(ncclGroupStart(), "ncclGroupStart");
+    for (int p = 0; p < size_; ++p) {
+      const std::size_t sn = send_rows[p] * row, rn = recv_rows[p] * row;
+      if (sn) enqueue(ncclSend(s + so * es, sn, nt, p, comm_, stream_), "ncclSend");
+      if (rn) enqueue(ncclRecv(r + ro * es, rn, nt, p, comm_, stream_), "ncclRecv");
+      so += sn;
+      ro += rn;
+      total += sn;
+    }
+    enqueue(ncclGroupEnd(), "ncclGroupEnd");
+    finish("all_to_all_v", total, t);
+  }
+
   void send(const void* buf, std::size_t count, DType t, int peer) override {
     check_peer(peer, "send", false);
     if (count == 0) return;

@@ -65,6 +65,20 @@ class StagedCollective final : public Collective {
     if (rank() != root) out(buf, h, count, t);
   }
 
+  void all_to_all_v(const void* send, const std::size_t* send_rows, void* recv,
+                    const std::size_t* recv_rows, std::size_t row, DType t) override {
+    comm::check_rows(row, "all_to_all_v");
+    std::size_t sent = 0, received = 0;
+    for (int p = 0; p < size(); ++p) {
+      sent += send_rows[p];
+      received += recv_rows[p];
+    }
+    unsigned char* s = sent ? in(a_, send, sent * row, t) : room(a_, 0, t);
+    unsigned char* r = room(b_, received * row, t);
+    host_->all_to_all_v(s, send_rows, r, recv_rows, row, t);
+    if (received) out(recv, r, received * row, t);
+  }
+
   void send(const void* buf, std::size_t count, DType t, int peer) override {
     if (count == 0) return;
     host_->send(in(a_, buf, count, t), count, t, peer);  // MPI's send copies it (staged)

@@ -87,6 +87,14 @@ class Collective {
   virtual void all_gather(const void* send, void* recv, std::size_t send_count, DType t) = 0;
   // buf on every rank becomes root's buf.
   virtual void broadcast(void* buf, std::size_t count, DType t, int root) = 0;
+  // All-to-all of rows (a mixture of experts' dispatch and combine; docs/distributed.md,
+  // "Expert parallelism"): `send` holds, in peer order, send_rows[p] rows of `row` elements for
+  // each peer p (this rank's own included); `recv` receives recv_rows[p] rows from each peer p,
+  // in peer order. Each rank's send_rows[q] must equal peer q's recv_rows[rank()]. Data moves
+  // with no arithmetic, so any dtype (int32 routing too). Both arrays hold size() counts.
+  // InputError for a row of 0 elements, or a row or count past what the transport takes.
+  virtual void all_to_all_v(const void* send, const std::size_t* send_rows, void* recv,
+                            const std::size_t* recv_rows, std::size_t row, DType t) = 0;
   // Point to point (pipeline stages); messages between two ranks arrive in the order sent. MPI's
   // send returns once the data is copied into a staging buffer of the collective's (a
   // transport buffer, outside the ledger, freed when the send completes), so two ranks may send
