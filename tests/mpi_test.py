@@ -272,6 +272,19 @@ def main():
                    rank0.get("expert_shard_elements") == -(-2 * 8 * 3 * 36 * 64 // n),
                    "moe: the experts' own flat vector, sharded over the n ranks", out)
             expect_single_losses(a.trainmem, doc, 2 * n, "moe dp", out, model="tiny-qwen3-moe")
+        # Expert parallelism measured: --ep 2 (every rank's ledger against its own trace given
+        # the rows its experts received; the model states against the analytic), the losses the
+        # single rank's.
+        if n % 2 == 0:
+            rc, out, err, _ = run(n, moe + ["--world-size", str(n), "--ep", "2", "--zero", "1",
+                                            "--format", "json"], threads=1)
+            expect(rc == 0, f"--ep 2 measured: exit {rc}", out, err)
+            if rc == 0:
+                doc = json.loads(out)
+                expect(doc.get("all_ranks_match") is True and doc["layout"]["ep"] == 2,
+                       "ep 2: every rank matches its routed trace", out)
+                expect_single_losses(a.trainmem, doc, 2 * n, "moe ep 2", out,
+                                     model="tiny-qwen3-moe")
         if n % 2 == 0:
             # Tensor parallelism measured: tp 2 (dp n/2), the same global batch's losses; layer 1
             # alone checkpointed (a per-layer policy: recomputed on every rank, same losses).

@@ -31,6 +31,8 @@
 //      trace of the rank's own gradient-group index;
 //  10. a mixture of experts (tiny-qwen3-moe, tiny-qwen2-moe) at dp N under ZeRO 0-2, the experts
 //      in a flat vector of their own: checks 1-3; and tiny-qwen2-moe in check 5's pp 2 layouts;
+//  11. expert parallelism (ep 2 at N 2 and 4, ep 4 at N 4): checks 1-2 with each rank's expert
+//      slice, and the ledger equal to a meta trace given the rows its experts received;
 //   4. tensor parallelism (tp 2 with and without sp, dp N/2; tiny, tiny-qwen2 with biases and tied
 //   embeddings,
 //      tiny-qwen3 with q/k norms): every rank's slice of every weight against the same slice of
@@ -529,6 +531,91 @@ int main(int argc, char** argv) {
           }
         }
       }
+    // 11. Expert parallelism (ep 2 at N 2 and 4, ep 4 at N 4; edp = N/ep): tiny-qwen3-moe's 8
+    // experts E/ep per rank, the rows exchanged by all-to-all as the routing sends them, the
+    // experts' gradients summed over the expert-data-parallel group. Against the single rank's
+    // run of the global batch (losses within 1e-5, every rank's slice of every weight within
+    // adam_tolerance), ZeRO 1-2 bit for bit ZeRO 0's, and the ledger equal to a meta trace given
+    // the rows this rank's experts received (the measured routing; balanced routing's would
+    // differ).
+    float unbalanced = 0;  // MoE layers whose measured rows differ from balanced routing's
+    for (const std::int64_t ep : {2, 4}) {
+      if (N % ep != 0 || N < 2 || cuda) continue;  // cuda: the counts need a host ep group
+      const ModelConfig m = *find_preset("tiny-qwen3-moe");
+      TrainConfig t;
+      t.batch = 1;
+      t.seq = 12;
+      t.dtype = DType::f32;
+      t.optimizer = Optimizer::adamw;
+      t.checkpointing = ep == 2 ? Checkpointing::full : Checkpointing::none;
+      t.attention = Attention::flash;
+      const int j = rank_id, e = int(ep);
+      std::unique_ptr<Collective> ep_group = data.split(j / e, j % e);
+      std::unique_ptr<Collective> edp_group = data.split(j % e, j / e);
+      const StepsResult ref = reference_steps(m, t, N * t.batch, 17, kSteps);
+      std::vector<StepsResult> by_zero;
+      for (int zero = 0; zero <= 2; ++zero) {
+        std::ostringstream label;
+        label << "tiny-qwen3-moe fp32 dp " << N << " ep " << ep << " ZeRO-" << zero << " rank "
+              << rank_id;
+        ParallelConfig p = layout(m, t, N, zero, 1);
+        p.ep = ep;
+        p.resolve(false, m, t);
+        ShardedRun run(m, t, p, data, *world, 17, kind, nullptr, nullptr, nullptr, {}, nullptr,
+                       ep_group.get(), edp_group.get());
+        by_zero.push_back(run.run(kSteps));
+        const StepsResult& got = by_zero.back();
+        // The ledger against the trace of this rank given its measured rows.
+        MetaAllocator meta;
+        Ledger traced(meta);
+        ShardedStep trace(m, t, p, 0, traced, nullptr, rank_id);
+        trace.set_expert_rows(run.step->expert_rows());
+        trace.train_step();
+        trace.train_step();
+        const MemoryFigures a = measured_figures(*run.ledger), b = measured_figures(traced);
+        check(a.peak == b.peak && a.activations_peak == b.activations_peak &&
+                  a.workspace == b.workspace && a.params == b.params &&
+                  a.optimizer_states == b.optimizer_states && a.gradients == b.gradients &&
+                  a.peak_breakdown == b.peak_breakdown,
+              label.str() + ": the ledger differs from the trace given its rows (peak " +
+                  std::to_string(a.peak) + " vs " + std::to_string(b.peak) + ")");
+        check(!run.step->expert_rows().empty(), label.str() + ": no dispatch recorded");
+        // The measured rows against balanced routing's (printed: the given-rows trace matters
+        // where they differ).
+        if (zero == 0) {
+          MetaAllocator meta2;
+          Ledger balanced(meta2);
+          ShardedStep bal(m, t, p, 0, balanced, nullptr, rank_id);
+          bal.train_step();
+          std::string rows;
+          for (const auto& [key, n] : run.step->expert_rows()) {
+            rows += (rows.empty() ? "" : " ") + std::to_string(n) + "/" +
+                    std::to_string(bal.expert_rows().at(key));
+            unbalanced += n != bal.expert_rows().at(key) ? 1.0f : 0.0f;
+          }
+          std::printf("%s: rows received per MoE layer, measured/balanced: %s\n",
+                      label.str().c_str(), rows.c_str());
+        }
+        if (cuda) {
+          check_cuda_losses(label.str(), got, ref, kSteps);
+          continue;
+        }
+        check_against_single(label.str(), got, ref, kSteps, rank_id == 0);
+        std::string where;
+        if (zero > 0) {
+          check(bit_identical(got.weights, by_zero[0].weights, &where),
+                label.str() + ": weights not bit-identical to ZeRO-0's at " + where);
+          for (int n = 0; n < kSteps; ++n)
+            check(got.losses[n] == by_zero[0].losses[n],
+                  label.str() + ": loss not bit-identical to ZeRO-0's");
+        }
+      }
+    }
+    // The given-rows trace matters: somewhere the measured routing is not balanced.
+    if (N >= 2 && !cuda) {
+      world->all_reduce_sum(&unbalanced, 1, DType::f32);
+      check(unbalanced > 0, "expert parallelism: every measured dispatch was balanced routing's");
+    }
     // Pipeline parallelism: pp 2 with 1 and 3 micro-batches, alone (N 2) and with dp 2 or tp 2
     // (N 4); tiny-qwen2's tied embeddings live on both ends. The stages' messages travel through
     // host memory over MPI on either backend.

@@ -146,7 +146,7 @@ TEST(CliE2EFamilies, RefusedConfigsExitTwoNamingTheField) {
 
 // The MoE families load (presets and config.json files). estimate answers with hf-eager,
 // hf-sdpa and native (trainmem's own MoE layer: router, routed experts, Qwen1.5-MoE's shared
-// expert; a warning names what answers), and profile runs them; the per-rank plan, megatron and
+// expert; a warning names what answers), profile and the per-rank plan run them; megatron and
 // hf-peft refuse them with exit 2, naming the model_type, the experts and the count; nothing is
 // printed on stdout then. tiny-qwen2-moe mixes dense and MoE layers (native, hf-eager and hf-sdpa
 // all count its dense layers apart).
@@ -187,12 +187,20 @@ TEST(CliE2EFamilies, MoeModelsEstimateWithHfAndNativeProfilesAndTheRestRefusesTh
                                   "profile --backend meta --batch 1 --seq 64"}) {
       SCOPED_TRACE(cmd);
       const std::string sub = cmd.substr(0, cmd.find(' '));
-      const bool runs_native = cmd.find("native") != std::string::npos || sub == "profile";
+      // plan searches the per-rank native step's layouts (docs/distributed.md, "Mixture of
+      // experts per rank").
+      const bool runs_native =
+          cmd.find("native") != std::string::npos || sub == "profile" || sub == "plan";
       const Result r = trainmem(sub + " --model " + c.model + cmd.substr(cmd.find(' ')) +
                                 (native && runs_native ? " --format json" : ""));
       if (native && runs_native) {
-        ASSERT_EQ(r.code, 0) << r.err;
-        EXPECT_TRUE(r.j().contains(sub == "profile" ? "measured" : "analytic")) << r.out;
+        // plan exits 3 when nothing fits: Mixtral-8x7B's AdamW states alone exceed 8 × 80 GB
+        // (docs/distributed.md, "Expert parallelism"); its report is still printed.
+        ASSERT_EQ(r.code, sub == "plan" && c.model == "mixtral-8x7b" ? 3 : 0) << r.err;
+        EXPECT_TRUE(r.j().contains(sub == "profile" ? "measured"
+                                   : sub == "plan"  ? "candidates"
+                                                    : "analytic"))
+            << r.out;
         continue;
       }
       EXPECT_EQ(r.code, 2) << r.err;

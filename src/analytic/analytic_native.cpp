@@ -197,6 +197,7 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
     // The rank's place in the stage: slot j = grad_rank (check_moe_layout: tp = etp = 1), its
     // expert-parallel index j mod ep (Megatron's order: etp fastest, then ep, then edp).
     l.ep = p.ep > 1;
+    if (p.ep < 1) throw Error("analytic native: expert parallelism of " + std::to_string(p.ep));
     l.El = l.E / u(p.ep);
     l.er = l.ep ? balanced_expert_rows(l.nk, l.E, u(p.ep), u(grad_rank) % u(p.ep)) : l.nk;
     l.erh = bytes_of({l.er, l.h}, l.w);
@@ -830,6 +831,17 @@ void Stage::books() {
                 "the root's post-backward, at the end of the backward",
                 "FSDP2: the embedding's, final norm's and lm_head's gradients, padded"));
     }
+  }
+  if (l.ep) {  // the all-to-all's buffers of each MoE layer (docs/distributed.md)
+    r_.communication.push_back(entry(g_, "dispatch.send", "(b·s·K,h)", g_.dt, l.nkh, Term::sbh,
+                                     "each MoE layer's dispatch, forward and recompute",
+                                     "expert parallelism: the rank's rows in expert order, sent to "
+                                     "their experts' ranks (transient)"));
+    r_.communication.push_back(entry(g_, "combine.send", "(R,h)", g_.dt, l.erh, Term::sbh,
+                                     "each MoE layer's combine, forward and recompute",
+                                     "expert parallelism: the experts' outputs of the received "
+                                     "rows, returned to their ranks (transient); R = " +
+                                         std::to_string(l.er) + " under balanced routing"));
   }
   if (p_.sp)
     r_.communication.push_back(entry(g_, "sp gather/partial", "(b,s,h)", g_.dt, l.full, Term::sbh,

@@ -535,7 +535,7 @@ ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& tr
         {"weights and optimizer (most loaded shard)", weights,
          "P_shard·" + bpp + " + P_experts·" +
              (distributed_optimizer ? "(6 + 12/edp)" : std::string("18")) +
-             ", P_shard = ((2h²(1 + g/a) + 3h·ffn)·L_dense + (2h²(1 + g/a) + 3h·ffn_s)·L_moe)/pp" +
+             ", P_shard = (((2h²(1 + g/a) + 3h·ffn)·L_dense + (2h²(1 + g/a) + 3h·m_s)·L_moe)/pp" +
              " + Vp·h" + (untie && !pipelined ? " + Vp·h (untied output)" : "") +
              ")/tp + (2h·L + (h·E + gate)·L_moe + h)/pp, P_experts = "
              "3h·moe_ffn·E·L_moe/(pp·etp·ep)",

@@ -273,14 +273,14 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
   const double ep = static_cast<double>(layout.ep), edp = dp * cp / ep;
   const double P_local = (train.lora() ? Pa : P - P_exp) / (tp * pp);
   const double f = (dp * cp - 1.0) / (dp * cp);
-  const double fP = f * P_local + (edp - 1.0) / edp * P_exp / (ep * pp);
+  const double fe_P = (edp - 1.0) / edp * P_exp / (ep * pp);  // 0 for a dense model
   switch (layout.zero) {
     case 0:  // one all-reduce of the accumulated gradients
     case 1:  // reduce-scatter + all-gather of the updated parameters: the same volume
-      c.dp_bytes = 2.0 * fP * w;
+      c.dp_bytes = 2.0 * f * P_local * w + 2.0 * fe_P * w;
       break;
     case 2:  // a reduce-scatter per micro-batch (the shard cannot hold unreduced gradients)
-      c.dp_bytes = (M + 1.0) * fP * w;
+      c.dp_bytes = (M + 1.0) * f * P_local * w + (M + 1.0) * fe_P * w;
       break;
     default:  // 3: + the parameters gathered for every forward and every backward
       c.dp_bytes = 3.0 * M * f * P_local * w;

@@ -63,6 +63,14 @@ int run_profile(const ProfileFlags& flags) {
   const ParallelConfig par = resolve_layout(flags.layout, c.model, c.train);
   resolve_checkpointing(c, par);  // budget:SIZE picks its layers for this layout
   const std::string& be = flags.run.backend;
+  for (const auto& [flag, value] :
+       {std::pair<const char*, const std::string&>{"--dump-routing", flags.run.dump_routing},
+        {"--routing", flags.run.routing}})
+    if (!value.empty() && par.distributed())
+      throw InputError(std::string(flag) + " " + value + " with --world-size " +
+                       std::to_string(par.world) +
+                       ": routing files are one rank's; per-rank routing files are not modelled "
+                       "yet (the estimate and the trace use balanced routing per rank)");
   check_collectives_flag(flags.launch, par.distributed() && (be == "cpu" || be == "cuda"));
   if (par.distributed()) return run_profile_layout(c, flags, par);
   if (!flags.run.timeline.empty()) validate_timeline_path(flags.run.timeline);

@@ -148,6 +148,13 @@ void LayerHost::sp_reduce_scatter(const Tensor&, const Tensor&, const void*) {
 void LayerHost::cp_pass(const void*, void*, std::uint64_t, DType) {
   throw Error("decoder layer: cp_pass called on a rank without context parallelism");
 }
+MoeDispatch LayerHost::moe_dispatch(int, const std::vector<std::int32_t>&) {
+  throw Error("decoder layer: moe_dispatch called on a rank without expert parallelism");
+}
+void LayerHost::ep_all_to_all(const void*, const std::vector<std::size_t>&, void*,
+                              const std::vector<std::size_t>&, std::int64_t) {
+  throw Error("decoder layer: ep_all_to_all called on a rank without expert parallelism");
+}
 
 namespace {
 
@@ -363,10 +370,24 @@ char* moe_expert(void* w, std::int64_t e, std::int64_t per, DType D) {
   return static_cast<char*>(w) + std::size_t(e * per) * dtype_size(D);
 }
 
+// Expert parallelism: f(e, r0, c) for every chunk of the received rows in their order (peer p's
+// rows for local expert e, p ascending, then e), with rows: c rows from r0, local expert e.
+template <class F>
+void each_received_chunk(const MoeDispatch& d, std::int64_t El, F&& f) {
+  std::int64_t r0 = 0;
+  for (std::size_t k = 0; k < d.chunk.size(); ++k) {
+    const std::int64_t c = d.chunk[k];
+    if (c > 0) f(std::int64_t(k) % El, r0, c);
+    r0 += c;
+  }
+}
+
 // The forward from xn2 to `out` (its recompute up to expert_out; false then: the caller stops).
+// Under expert parallelism `er` (the forward's ActDims::er, which `through` allocates by) becomes
+// the rows this rank's experts receive.
 template <class Through>
 bool moe_mlp_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, ActPass pass,
-                     const void* xn2, Through&& through) {
+                     const void* xn2, Through&& through, std::int64_t& er) {
   const ActDims& dm = R.dims;
   const std::int64_t b = dm.b, s = dm.s, h = dm.h, n = b * s, E = dm.E, K = dm.K, mw = dm.m;
   const DType D = R.train.dtype;
@@ -389,36 +410,12 @@ bool moe_mlp_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, Ac
     if (pass == ActPass::forward)
       H.moe_routed(g, off, A[LayerAct::topk_idx], A[LayerAct::router_probs]);
   }
-  if (R.ep) {
-    // Expert parallelism: xn2's rows in expert order into the dispatch buffer, sent to their
-    // experts' ranks (all-to-all) into expert_in (the R rows this rank's experts take); the
-    // experts' down outputs into the combine buffer, returned into expert_out (the home rows).
-    if (be)
-      throw Error(
-          "decoder layer: a measured MoE layer with expert parallelism is not "
-          "modelled yet (its all-to-all); the trace is");
-    auto comm = [&](const char* name, std::int64_t rows) {  // none for no rows
-      return rows > 0 ? R.ledger.allocate(name, Category::communication, g, {rows, h}, D)
-                      : Tensor{};
-    };
-    Tensor send = comm("dispatch.send", dm.nk);
-    through(LayerAct::expert_in);
-    send.reset();
-    through(LayerAct::expert_act);  // expert_gate, expert_up, expert_act
-    Tensor back = comm("combine.send", dm.er);
-    through(LayerAct::expert_out);
-    back.reset();
-  } else {
-    through(LayerAct::expert_out);  // expert_in, expert_gate, expert_up, expert_act, expert_out
-  }
-  if (be) {
-    const std::int32_t* pos = A[LayerAct::expert_pos].as<std::int32_t>();
-    be->moe_permute(A[LayerAct::expert_in].data(), xn2, pos, n, K, h);
+  // The experts on rows in expert chunks (each_chunk(f) calls f(e, r0, c): c rows from r0 for
+  // local expert e): gate and up from expert_in, SwiGLU over the `rows` kept, down into `out`.
+  auto run_experts = [&](auto&& each_chunk, std::int64_t rows, const Tensor& out) {
     const void* gu = H.weight(l, kExpertsGateUp);
     const void* dn = H.weight(l, kExpertsDown);
-    for (std::int64_t e = 0; e < E; ++e) {
-      const std::int64_t r0 = off[std::size_t(e)], c = off[std::size_t(e + 1)] - r0;
-      if (c == 0) continue;
+    each_chunk([&](std::int64_t e, std::int64_t r0, std::int64_t c) {
       const char* wg = moe_expert(gu, e, 2 * mw * h, D);
       const char* wu = wg + std::size_t(mw * h) * dtype_size(D);
       const char* xin = moe_rows(A[LayerAct::expert_in], r0, h, D);
@@ -426,17 +423,53 @@ bool moe_mlp_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, Ac
                  Trans::yes, 1.f, 0.f);
       be->matmul(moe_rows(A[LayerAct::expert_up], r0, mw, D), xin, wu, c, mw, h, Trans::no,
                  Trans::yes, 1.f, 0.f);
-    }
-    // The kept rows, off[E] (b·s·K without a capacity; the rows past them are never read).
+    });
     be->swiglu_forward(A[LayerAct::expert_act].data(), A[LayerAct::expert_gate].data(),
-                       A[LayerAct::expert_up].data(), off[std::size_t(E)] * mw);
-    for (std::int64_t e = 0; e < E; ++e) {
-      const std::int64_t r0 = off[std::size_t(e)], c = off[std::size_t(e + 1)] - r0;
-      if (c == 0) continue;
-      be->matmul(moe_rows(A[LayerAct::expert_out], r0, h, D),
-                 moe_rows(A[LayerAct::expert_act], r0, mw, D), moe_expert(dn, e, h * mw, D), c, h,
-                 mw, Trans::no, Trans::yes, 1.f, 0.f);
-    }
+                       A[LayerAct::expert_up].data(), rows * mw);
+    each_chunk([&](std::int64_t e, std::int64_t r0, std::int64_t c) {
+      be->matmul(moe_rows(out, r0, h, D), moe_rows(A[LayerAct::expert_act], r0, mw, D),
+                 moe_expert(dn, e, h * mw, D), c, h, mw, Trans::no, Trans::yes, 1.f, 0.f);
+    });
+  };
+  if (R.ep) {
+    // Expert parallelism: xn2's rows in expert order into the dispatch buffer, sent to their
+    // experts' ranks (all-to-all) into expert_in (the R rows this rank's experts take, each
+    // peer's in expert order); each (peer, local expert) chunk through its expert; the down
+    // outputs into the combine buffer, returned into expert_out (the home rows, expert order).
+    const MoeDispatch dsp = H.moe_dispatch(g, off);
+    er = dsp.rows;
+    auto comm = [&](const char* name, std::int64_t rows) {  // none for no rows
+      return rows > 0 ? R.ledger.allocate(name, Category::communication, g, {rows, h}, D)
+                      : Tensor{};
+    };
+    Tensor send = comm("dispatch.send", dm.nk);
+    if (be) be->moe_permute(send.data(), xn2, A[LayerAct::expert_pos].as<std::int32_t>(), n, K, h);
+    through(LayerAct::expert_in);
+    if (be)
+      H.ep_all_to_all(send.data(), dsp.send_rows, A[LayerAct::expert_in].data(), dsp.recv_rows, h);
+    send.reset();
+    through(LayerAct::expert_act);  // expert_gate, expert_up, expert_act
+    Tensor back = comm("combine.send", er);
+    if (be && er > 0) run_experts([&](auto&& f) { each_received_chunk(dsp, dm.El, f); }, er, back);
+    through(LayerAct::expert_out);
+    if (be)
+      H.ep_all_to_all(back.data(), dsp.recv_rows, A[LayerAct::expert_out].data(), dsp.send_rows, h);
+    back.reset();
+  } else {
+    through(LayerAct::expert_out);  // expert_in, expert_gate, expert_up, expert_act, expert_out
+  }
+  if (be && !R.ep) {
+    be->moe_permute(A[LayerAct::expert_in].data(), xn2, A[LayerAct::expert_pos].as<std::int32_t>(),
+                    n, K, h);
+    // Each expert's rows [off[e], off[e + 1]); the kept rows, off[E] (b·s·K without a capacity;
+    // the rows past them are never read).
+    auto each_expert = [&](auto&& f) {
+      for (std::int64_t e = 0; e < E; ++e) {
+        const std::int64_t r0 = off[std::size_t(e)], c = off[std::size_t(e + 1)] - r0;
+        if (c > 0) f(e, r0, c);
+      }
+    };
+    run_experts(each_expert, off[std::size_t(E)], A[LayerAct::expert_out]);
   }
   // Qwen2-MoE's shared expert: a dense SwiGLU of width m_s over every token, and its gate's
   // logit xn2·W_sgᵀ (b, s) D.
@@ -491,9 +524,20 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
   const std::int32_t* pos = A[LayerAct::expert_pos].as<std::int32_t>();
   std::vector<std::int32_t> off;
   if (be) off = expert_offsets(R, A);
-  // Expert e's rows [r0, r0 + c), for every expert with rows.
+  // Expert parallelism: the forward's dispatch again (the routing is kept), its received rows
+  // er; one GPU: the nk rows.
+  MoeDispatch dsp;
+  if (R.ep) dsp = H.moe_dispatch(g, off);
+  const std::int64_t er = R.ep ? dsp.rows : nk;
+  // Expert e's rows [r0, r0 + c), for every expert with rows (expert parallelism: every
+  // received chunk, e its local expert).
   auto each_expert = [&](auto&& f) {
-    for (std::int64_t e = 0; be && e < E; ++e) {
+    if (!be) return;
+    if (R.ep) {
+      each_received_chunk(dsp, dm.El, f);
+      return;
+    }
+    for (std::int64_t e = 0; e < E; ++e) {
       const std::int64_t r0 = off[std::size_t(e)], c = off[std::size_t(e + 1)] - r0;
       if (c > 0) f(e, r0, c);
     }
@@ -508,14 +552,16 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
   // Expert parallelism: the gradients of the home rows sent to the experts' ranks (R rows).
   Tensor d_rows;
   if (R.ep) {
-    d_rows = ws("d_expert_rows", {dm.er, h}, D);
+    d_rows = ws("d_expert_rows", {er, h}, D);
+    if (be) H.ep_all_to_all(d_out.data(), dsp.send_rows, d_rows.data(), dsp.recv_rows, h);
     d_out.reset();
   }
-  Tensor d_act = ws("d_expert_act", {dm.er, mw}, D);
+  const Tensor& d_y = R.ep ? d_rows : d_out;
+  Tensor d_act = ws("d_expert_act", {er, mw}, D);
   void* dWd = H.grad(l, kExpertsDown);
   const void* Wd = H.weight(l, kExpertsDown);
   each_expert([&](std::int64_t e, std::int64_t r0, std::int64_t c) {
-    const char* dy = moe_rows(d_out, r0, h, D);
+    const char* dy = moe_rows(d_y, r0, h, D);
     be->matmul(moe_rows(d_act, r0, mw, D), dy, moe_expert(Wd, e, h * mw, D), c, mw, h, Trans::no,
                Trans::no, 1.f, 0.f);
     be->matmul(moe_expert(dWd, e, h * mw, D), dy, moe_rows(A[LayerAct::expert_act], r0, mw, D), h,
@@ -526,15 +572,15 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
   d_rows.reset();
   free_step(1);  // expert_out, expert_act
   // 2. SwiGLU.
-  Tensor d_gate = ws("d_expert_gate", {dm.er, mw}, D);
-  Tensor d_up = ws("d_expert_up", {dm.er, mw}, D);
-  if (be)
+  Tensor d_gate = ws("d_expert_gate", {er, mw}, D);
+  Tensor d_up = ws("d_expert_up", {er, mw}, D);
+  if (be && (R.ep ? er : off[std::size_t(E)]) > 0)
     be->swiglu_backward(d_gate.data(), d_up.data(), d_act.data(), A[LayerAct::expert_gate].data(),
-                        A[LayerAct::expert_up].data(), off[std::size_t(E)] * mw);
+                        A[LayerAct::expert_up].data(), (R.ep ? er : off[std::size_t(E)]) * mw);
   d_act.reset();
   free_step(2);  // expert_gate, expert_up
   // 3. each expert's gate and up, the rows summed back per token, the router.
-  Tensor d_in = ws(R.ep ? "d_expert_rows_in" : "d_expert_in", {dm.er, h}, D);
+  Tensor d_in = ws(R.ep ? "d_expert_rows_in" : "d_expert_in", {er, h}, D);
   void* dWgu = H.grad(l, kExpertsGateUp);
   const void* Wgu = H.weight(l, kExpertsGateUp);
   const std::size_t half = std::size_t(mw * h) * dtype_size(D);
@@ -555,6 +601,7 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
   d_up.reset();
   if (R.ep) {  // the rows' input gradients back from the experts' ranks, into the home rows
     Tensor home = ws("d_expert_in", {nk, h}, D);
+    if (be) H.ep_all_to_all(d_in.data(), dsp.recv_rows, home.data(), dsp.send_rows, h);
     d_in = std::move(home);
   }
   Tensor d_xn2 = ws("d_xn2", {b, s, h}, D);
@@ -634,7 +681,8 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
 
 void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, ActPass pass,
                            const void* x) {
-  const ActDims& dm = R.dims;
+  // A copy: under expert parallelism the experts' rows (er) are this layer's dispatch's.
+  ActDims dm = R.dims;
   const std::int64_t b = dm.b, s = dm.s, h = dm.h, i = dm.i, a = dm.a, k = dm.k, d = dm.d;
   // n: rows of the GEMMs (the whole sequence); nr: the rank's rows of the norms and the residual.
   const std::int64_t n = b * s, nr = b * dm.sr, ad = a * d, kd = k * d;
@@ -777,7 +825,7 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
   const void* xn2_all = sp ? gath.data() : at(LA::xn2);
   if (moe_layer) {
     gath.reset();  // a MoE model runs without tensor parallelism (check_moe_layout)
-    if (!moe_mlp_forward(R, l, g, A, pass, xn2_all, through)) return;  // the recompute stops
+    if (!moe_mlp_forward(R, l, g, A, pass, xn2_all, through, dm.er)) return;  // the recompute stops
   } else {
     through(LA::lora_up);  // gate, up (LoRA: their rows)
     project_into(at(LA::gate), xn2_all, kGate, i, h);

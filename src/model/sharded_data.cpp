@@ -24,6 +24,7 @@ ParamInit ShardedStep::Impl::init_of(std::size_t q) const {
 }
 
 std::uint64_t ShardedStep::Impl::global_elem(std::size_t q, std::uint64_t e) const {
+  if (ep_block(q)) return std::uint64_t(r % int(p.ep)) * P[q].n + e;  // experts ep_i·El on
   if (replicated(q)) return e;
   const ParamShape& pq = P[q];
   const int sl = pq.slot;
@@ -36,6 +37,10 @@ std::uint64_t ShardedStep::Impl::global_elem(std::size_t q, std::uint64_t e) con
 
 ShardedStep::Impl::Shape ShardedStep::Impl::whole_shape(std::size_t q) const {
   Shape sh = P[q].shape;
+  if (ep_block(q)) {
+    sh[0] *= p.ep;
+    return sh;
+  }
   if (replicated(q)) return sh;
   const int sl = P[q].slot;
   sh[sl >= 0 && layer_param_row_parallel(sl) ? 1 : 0] *= p.tp;
@@ -94,7 +99,7 @@ void ShardedStep::Impl::initialise() {
     float* master = states.empty() ? nullptr : states[q].master.as<float>();
     // The D values (and the master copy) into `dst`.
     auto fill = [&](void* dst) {
-      if (p.tp == 1 && X->weights.empty()) {
+      if (p.tp == 1 && X->weights.empty() && !ep_block(q)) {  // else the rank's elements
         be->init_param(dst, master, P[q].n, init_of(q));
         return;
       }
@@ -134,7 +139,7 @@ void ShardedStep::Impl::initialise() {
       if (P[q].trainable != trainable || P[q].expert != expert) continue;
       std::vector<float> v;
       pieces(q, [&](int owner, std::uint64_t a, std::uint64_t z, std::uint64_t at) {
-        if (owner != r) return;
+        if (owner != index_of(q)) return;
         if (v.empty()) v = rank_values(q);
         const std::uint64_t to = states_layout ? state_at(q, at) : at;
         std::copy(v.begin() + std::ptrdiff_t(a), v.begin() + std::ptrdiff_t(z),
@@ -329,9 +334,9 @@ void ShardedStep::Impl::G_done(int q) {
   const ParamShape& pq = P[std::size_t(q)];
   be->synchronize();  // the backend's work is done before the collective reads its buffers
   if (tp_partial(q)) T->all_reduce_sum(bucket.data(), pq.n, D);
-  X->data.all_reduce_sum(bucket.data(), pq.n, D);
+  group_of(std::size_t(q)).all_reduce_sum(bucket.data(), pq.n, D);
   pieces(std::size_t(q), [&](int owner, std::uint64_t a, std::uint64_t z, std::uint64_t at) {
-    if (owner != r) return;
+    if (owner != index_of(std::size_t(q))) return;
     if (offx) {  // into the host's fp32 gradient shard
       std::vector<unsigned char> raw((z - a) * es);
       be->download(raw.data(), elem_ptr(bucket, a), raw.size());
@@ -417,10 +422,12 @@ void ShardedStep::Impl::broadcast_owned_slices() {
   be->synchronize();
   for (std::size_t q = 0; q < P.size(); ++q)
     if (P[q].trainable)
-      by_owner_of(shard_of(q), P[q].off, P[q].off + P[q].n,
-                  [&](int owner, std::uint64_t a, std::uint64_t z) {
-                    X->data.broadcast(elem_ptr(value[q], a - P[q].off), z - a, D, owner);
-                  });
+      by_owner_of(
+          shard_of(q), P[q].off, P[q].off + P[q].n,
+          [&](int owner, std::uint64_t a, std::uint64_t z) {
+            group_of(q).broadcast(elem_ptr(value[q], a - P[q].off), z - a, D, owner);
+          },
+          ranks_of(q));
 }
 
 bool ShardedStep::Impl::tp_partial(int q) const {
@@ -442,7 +449,7 @@ void ShardedStep::Impl::optimizer_step() {
       if (P[q].trainable && tp_partial(int(q))) T->all_reduce_sum(grads[q].data(), P[q].n, D);
   if (p.zero < 2)
     for (std::size_t q = 0; q < P.size(); ++q)
-      if (P[q].trainable) X->data.all_reduce_sum(grads[q].data(), P[q].n, D);
+      if (P[q].trainable) group_of(q).all_reduce_sum(grads[q].data(), P[q].n, D);
   const float gs = 1.0f / S;
   if (offx) {
     offload_step(gs);

@@ -70,6 +70,18 @@ struct ShardedStep::Impl : LayerHost {
   // with ep = 1 the expert group is the gradient group; docs/distributed.md, "Mixture of experts
   // per rank").
   std::uint64_t Ek = 0, eshard = 0, elo = 0, ehi = 0;
+  // Expert parallelism (measured, ep > 1): the ep group on the backend's buffers and on host
+  // buffers, the expert-data-parallel group (null at ep 1: the gradient group serves).
+  Collective* EPc = nullptr;
+  Collective* EPH = nullptr;
+  Collective* EDP = nullptr;
+  std::int64_t cur_mb = 0;  // the micro-batch in forward or backward (the dispatch's key)
+  ShardedStep::ExpertRows given_rows, seen_rows;
+  // The flat vector's group of parameter q (the experts': the expert-data-parallel ranks), this
+  // rank's index in it (the owner pieces() names) and its size.
+  Collective& group_of(std::size_t q) const { return P[q].expert && EDP ? *EDP : X->data; }
+  int index_of(std::size_t q) const { return P[q].expert ? r / int(p.ep) : r; }
+  std::int64_t ranks_of(std::size_t q) const { return P[q].expert ? p.edp() : p.grad_ranks(); }
   std::size_t es = 4;         // bytes of D
   float S = 1, ce_scale = 1;  // the loss scale and the cross-entropy backward's scale
   double loss_sum = 0;        // this rank's summed token losses of the step
@@ -218,11 +230,14 @@ struct ShardedStep::Impl : LayerHost {
   const States& states_of(std::size_t q) const {
     return P[q].expert ? expert_states : shard_states;
   }
-  // The same over a flat vector of `per` elements per rank (the frozen base's under LoRA).
+  // The ranks' owned ranges of a flat vector of `per` elements per rank over `ranks` ranks
+  // (the gradient group's, the frozen base's under LoRA; the experts' over their group)
+  // overlapping [from, to): f(owner, first, end).
   template <class F>
-  void by_owner_of(std::uint64_t per, std::uint64_t from, std::uint64_t to, F&& f) const {
+  void by_owner_of(std::uint64_t per, std::uint64_t from, std::uint64_t to, F&& f,
+                   std::int64_t ranks) const {
     if (per == 0) return;
-    for (std::uint64_t q = from / per; q < std::uint64_t(p.grad_ranks()) && q * per < to; ++q)
+    for (std::uint64_t q = from / per; q < std::uint64_t(ranks) && q * per < to; ++q)
       f(int(q), std::max(from, q * per), std::min(to, (q + 1) * per));
   }
   // Where parameter q's elements live among the gradient group's shards: f(owner, a, z, at),
@@ -234,9 +249,12 @@ struct ShardedStep::Impl : LayerHost {
     const ParamShape& pq = P[q];
     if (!per_param || !pq.trainable) {
       const std::uint64_t per = shard_of(q);
-      by_owner_of(per, pq.off, pq.off + pq.n, [&](int o, std::uint64_t A, std::uint64_t Z) {
-        f(o, A - pq.off, Z - pq.off, A - std::uint64_t(o) * per);
-      });
+      by_owner_of(
+          per, pq.off, pq.off + pq.n,
+          [&](int o, std::uint64_t A, std::uint64_t Z) {
+            f(o, A - pq.off, Z - pq.off, A - std::uint64_t(o) * per);
+          },
+          ranks_of(q));
       return;
     }
     const std::uint64_t rows = std::uint64_t(pq.shape.at(0)), cols = rows ? pq.n / rows : 0;
@@ -253,7 +271,11 @@ struct ShardedStep::Impl : LayerHost {
   // Where local element e of parameter q sits in the whole parameter (row-major): column-parallel
   // weights and biases (q/k/v, gate/up, the vocabulary rows of the embedding and lm_head) hold a
   // block of rows, row-parallel weights (o_proj, down_proj) a block of columns, norms all.
+  // Under expert parallelism the routed experts hold experts [ep_i·El, (ep_i + 1)·El): a block
+  // of rows of dim 0 (no tensor parallelism beside it: check_moe_layout).
+  bool ep_block(std::size_t q) const { return P[q].expert && p.ep > 1; }
   bool replicated(std::size_t q) const {
+    if (ep_block(q)) return false;
     const int sl = P[q].slot;
     return p.tp == 1 || (sl >= 0 && layer_param_replicated(sl)) || (sl < 0 && int(q) == norm_i);
   }
@@ -420,6 +442,12 @@ struct ShardedStep::Impl : LayerHost {
     return lr;
   }
   const void* weight(std::int64_t l, int slot) override { return LW(l, slot); }
+  MoeDispatch moe_dispatch(int g, const std::vector<std::int32_t>& offsets) override;
+  void ep_all_to_all(const void* send, const std::vector<std::size_t>& send_rows, void* recv,
+                     const std::vector<std::size_t>& recv_rows, std::int64_t row) override {
+    be->synchronize();
+    EPc->all_to_all_v(send, send_rows.data(), recv, recv_rows.data(), std::size_t(row), D);
+  }
   const Quant4View* quant4(std::int64_t l, int slot) override {
     const int q = Li(l, slot);
     return q >= 0 && P[std::size_t(q)].quant >= 0

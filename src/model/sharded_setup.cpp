@@ -122,6 +122,10 @@ void ShardedStep::Impl::setup() {
   shard = (Pk + ranks - 1) / ranks;
   lo = std::min(Pk, std::uint64_t(r) * shard);
   hi = std::min(Pk, lo + shard);
+  if (Ek > 0 && (p.zero == 3 || p.offload != Offload::none || p.per_parameter()))
+    throw Error(
+        "sharded step: the experts' flat vector under ZeRO-3, FSDP2 or offload is not "
+        "modelled (check_moe_layout refuses them)");
   if (Ek > 0) {  // the experts' vector over the expert-data-parallel ranks (edp = dp·cp/ep)
     const std::uint64_t eranks = std::uint64_t(p.edp());
     eshard = (Ek + eranks - 1) / eranks;

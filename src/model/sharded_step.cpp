@@ -33,6 +33,7 @@ namespace trainmem {
 
 void ShardedStep::Impl::forward(std::int64_t mb, bool mark) {
   auto ph = ledger.scope(Phase::forward);
+  cur_mb = mb;
   MicroBatch& B = in_flight[mb];
   const std::int64_t n = b * s;
   if (run) upload_batch(mb);
@@ -109,6 +110,7 @@ void ShardedStep::Impl::forward(std::int64_t mb, bool mark) {
 
 void ShardedStep::Impl::backward(std::int64_t mb) {
   auto ph = ledger.scope(Phase::backward);
+  cur_mb = mb;
   MicroBatch& B = in_flight.at(mb);
   const std::int64_t n = b * s;
   std::size_t pos = std::size_t(Ls) + 1;  // the head's position
@@ -220,9 +222,43 @@ void ShardedStep::Impl::backward(std::int64_t mb) {
   in_flight.erase(mb);
 }
 
+MoeDispatch ShardedStep::Impl::moe_dispatch(int g, const std::vector<std::int32_t>& off) {
+  MoeDispatch d;
+  const auto key = std::make_pair(cur_mb, g);
+  if (!run) {  // a trace: the given routing's rows, or balanced routing's
+    const auto it = given_rows.find(key);
+    d.rows = it != given_rows.end() ? it->second : dims().er;
+    seen_rows[key] = d.rows;
+    return d;
+  }
+  // The rank's own rows per global expert, sent to each peer for its El experts; what each
+  // peer routes to this rank's experts comes back (the counts on the host, int32).
+  const std::int64_t E = m.experts, ep = p.ep, El = E / ep;
+  std::vector<std::int32_t> mine(static_cast<std::size_t>(E)), theirs(mine.size());
+  for (std::int64_t e = 0; e < E; ++e)
+    mine[std::size_t(e)] = off[std::size_t(e + 1)] - off[std::size_t(e)];
+  const std::vector<std::size_t> one(std::size_t(ep), 1);
+  EPH->all_to_all_v(mine.data(), one.data(), theirs.data(), one.data(), std::size_t(El),
+                    DType::i32);
+  d.send_rows.assign(std::size_t(ep), 0);
+  d.recv_rows.assign(std::size_t(ep), 0);
+  d.chunk.resize(std::size_t(E));
+  for (std::int64_t q = 0; q < ep; ++q)
+    for (std::int64_t e = 0; e < El; ++e) {
+      const std::size_t k = std::size_t(q * El + e);
+      d.send_rows[std::size_t(q)] += std::size_t(mine[k]);
+      d.recv_rows[std::size_t(q)] += std::size_t(theirs[k]);
+      d.chunk[k] = theirs[k];
+      d.rows += theirs[k];
+    }
+  seen_rows[key] = d.rows;
+  return d;
+}
+
 float ShardedStep::Impl::train_step() {
   ++step;
   ledger.begin_step(step);
+  seen_rows.clear();  // this step's dispatch
   if (offload) offload->begin_step(step);
   if (run) {
     loss_sum = 0;
@@ -303,11 +339,6 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
     throw InputError(std::string("--optimizer ") + optimizer_name(train.optimizer) +
                      ": the sharded step supports adamw and sgd (bitsandbytes' optimizers run "
                      "on one GPU without a parallel layout)");
-  if (exec && layout.ep > 1)
-    throw InputError("--ep " + std::to_string(layout.ep) +
-                     ": a measured run with expert parallelism is not modelled yet (the "
-                     "all-to-all of the experts' rows); `trainmem estimate` and `profile "
-                     "--backend meta` model its memory per rank");
   if (exec) {
     Impl& x = *impl_;
     x.X = exec;
@@ -353,6 +384,21 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
       x.tpx = x.run;
       x.V_lo = std::int64_t(x.tr) * x.V;
     }
+    if (layout.ep > 1) {
+      // Megatron's order within the stage: the expert-parallel index j mod ep, the expert-data-
+      // parallel index j / ep, j the rank's gradient-group index (tp = etp = 1).
+      const int j = x.r, ep = int(layout.ep);
+      if (!exec->ep || !exec->ep_host || !exec->edp || exec->ep->size() != ep ||
+          exec->ep->rank() != j % ep || exec->ep_host->size() != ep ||
+          exec->edp->size() != layout.edp() || exec->edp->rank() != j / ep)
+        throw Error("sharded step: --ep " + std::to_string(ep) +
+                    " needs the expert-parallel group (this rank index " + std::to_string(j % ep) +
+                    " of " + std::to_string(ep) + ") and the expert-data-parallel group (index " +
+                    std::to_string(j / ep) + " of " + std::to_string(layout.edp()) + ")");
+      x.EPc = exec->ep;
+      x.EPH = exec->ep_host;
+      x.EDP = exec->edp;
+    }
     x.offx = x.run && layout.offload != Offload::none;
     if (exec->optimizer.kind != train.optimizer)
       throw Error("sharded step: optimizer settings are for another optimizer");
@@ -381,6 +427,16 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
 
 ShardedStep::~ShardedStep() {
   if (impl_ && impl_->run) impl_->be->set_gemm_workspace(nullptr, 0);
+}
+
+const ShardedStep::ExpertRows& ShardedStep::expert_rows() const {
+  return impl_->seen_rows;
+}
+
+void ShardedStep::set_expert_rows(ExpertRows rows) {
+  if (impl_->run)
+    throw Error("sharded step: given expert rows are a trace's, not a measured run's");
+  impl_->given_rows = std::move(rows);
 }
 
 float ShardedStep::train_step() {

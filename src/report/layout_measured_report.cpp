@@ -74,6 +74,12 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
                            "profile byte for byte"
                          : "MISMATCH: see the rows marked NO and the differences below",
           ml.all_match() ? report::Tone::ok : report::Tone::fail);
+  if (!ml.ranks.empty() && ml.ranks.front().routed)
+    w->line(
+        "expert parallelism: each rank's meta trace is its own, given the rows its experts "
+        "received in the last step (its measured routing); the analytic assumes balanced "
+        "routing and is compared on the model states (params, gradients, optimizer states, "
+        "inputs) only");
   if (le.layout.offload != Offload::none) {
     std::string host;
     for (const auto& r : ml.ranks)
@@ -191,6 +197,10 @@ std::string render_measured_layout(const MeasuredLayout& ml, Format format, repo
                 {"matches_trace", r.trace_differences.empty()},
                 {"matches_analytic", r.analytic_differences.empty()},
                 {"differences", json::array()}};
+      if (r.routed) {  // expert parallelism: the trace given the rank's measured routing
+        j["routed_trace"] = report::figures_json(r.routed_trace, true);
+        j["analytic_compared"] = "model states (balanced routing)";
+      }
       if (r.allocator_modelled)
         j["allocator_model"] = {{"allocated_peak", r.allocator_allocated_peak},
                                 {"reserved_peak", r.allocator_reserved_peak},

@@ -238,8 +238,8 @@ void describe_layout(report::ReportWriter& w, const LayoutEstimate& le, ByteUnit
                        std::to_string(le.ranks.front().grad_rank) +
                        (le.ranks.front().grad_rank == 0 ? ", which owns the most)" : ")")
              : le.layout.ep > 1
-                 ? "; ranks of one pipeline stage differ in the rows their experts receive: shown, "
-                   "expert-parallel index " +
+                 ? "; ranks of one pipeline stage may differ in the rows their experts "
+                   "receive: shown, expert-parallel index " +
                        std::to_string(le.ranks.front().grad_rank % le.layout.ep) +
                        (le.ranks.front().grad_rank % le.layout.ep == 0
                             ? ", whose experts receive the most under balanced routing)"

@@ -84,6 +84,12 @@ std::vector<std::uint64_t> pack(const MeasuredRank& m) {
   w.push_back(m.allocator_allocated_peak);
   w.push_back(m.allocator_reserved_peak);
   w.push_back(m.allocator_run_reserved_peak);
+  w.push_back(m.routed ? 1 : 0);
+  const MemoryFigures& t = m.routed_trace;
+  for (std::uint64_t v : {t.params, t.gradients, t.optimizer_states, t.activations,
+                          t.activations_peak, t.workspace, t.inputs, t.sum, t.peak})
+    w.push_back(v);
+  for (Category c : all_categories()) w.push_back(t.peak_breakdown[int(c)]);
   return w;
 }
 MeasuredRank unpack(const std::uint64_t* w) {
@@ -112,6 +118,19 @@ MeasuredRank unpack(const std::uint64_t* w) {
   m.allocator_allocated_peak = w[kWords + 7];
   m.allocator_reserved_peak = w[kWords + 8];
   m.allocator_run_reserved_peak = w[kWords + 9];
+  m.routed = w[kWords + 10] != 0;
+  MemoryFigures& t = m.routed_trace;
+  const std::uint64_t* v = w + kWords + 11;
+  t.params = v[0];
+  t.gradients = v[1];
+  t.optimizer_states = v[2];
+  t.activations = v[3];
+  t.activations_peak = v[4];
+  t.workspace = v[5];
+  t.inputs = v[6];
+  t.sum = v[7];
+  t.peak = v[8];
+  for (Category c : all_categories()) t.peak_breakdown[int(c)] = v[9 + std::size_t(c)];
   return m;
 }
 
@@ -182,6 +201,10 @@ namespace {
 struct RankGroups {
   std::int64_t stage = 0;
   std::unique_ptr<Collective> dp_data, dp_host, tp_data, tp_host, pp_host, cp_host;
+  // Expert parallelism (tp = 1: check_moe_layout): split from the gradient group, slot
+  // j = dp_rank·cp + cp_rank, the ep group (color j / ep, key j mod ep) on the backend's and host
+  // buffers, the expert-data-parallel group (color j mod ep, key j / ep).
+  std::unique_ptr<Collective> ep_data, ep_host, edp_data;
   Collective* dpd = nullptr;  // the gradient group, on the backend's buffers
   Collective* dph = nullptr;  // the gradient group, on host buffers
 
@@ -191,7 +214,11 @@ struct RankGroups {
     stage = rank / (tp * cp * dp);
     dpd = &data;
     dph = &host;
-    if (tp == 1 && pp == 1 && cp == 1) return;
+    const int ep = int(layout.ep), j = dp_rank * cp + cp_rank;
+    if (tp == 1 && pp == 1 && cp == 1) {
+      split_experts(ep, j);
+      return;
+    }
     const int st = int(stage);
     const int dp_color = st * tp + tp_rank, dp_key = dp_rank * cp + cp_rank;
     const int tp_color = (st * dp + dp_rank) * cp + cp_rank;
@@ -207,10 +234,18 @@ struct RankGroups {
     pp_host = host.split((dp_rank * cp + cp_rank) * tp + tp_rank, st);
     // The context-parallel ring, on host buffers likewise.
     cp_host = host.split((st * dp + dp_rank) * tp + tp_rank, cp_rank);
+    split_experts(ep, j);
+  }
+  void split_experts(int ep, int j) {
+    if (ep <= 1) return;
+    ep_data = dpd->split(j / ep, j % ep);
+    ep_host = dph != dpd ? dph->split(j / ep, j % ep) : nullptr;
+    edp_data = dpd->split(j % ep, j / ep);
   }
   // Hands the groups over (to be held past a failure, see MeasuredLayout::held_groups).
   void release_into(std::vector<std::shared_ptr<Collective>>& held) {
-    for (auto* g : {&dp_data, &dp_host, &tp_data, &tp_host, &pp_host, &cp_host})
+    for (auto* g : {&dp_data, &dp_host, &tp_data, &tp_host, &pp_host, &cp_host, &ep_data, &ep_host,
+                    &edp_data})
       if (*g) held.push_back(std::move(*g));
   }
 };
@@ -314,6 +349,17 @@ void gather_ranks(MeasuredLayout& out, const MeasuredRank& mine, Collective& hos
     while (k + 1 < pred->ranks.size() && pred->ranks[k].stage != m.stage) ++k;
     m.trace_differences = differences(m.ledger, pred->ranks[k].ledger, "meta trace");
     m.analytic_differences = differences(m.ledger, pred->analytic.ranks[k].est.figures, "analytic");
+    if (m.routed) {  // expert parallelism: the routing-dependent books against the rank's trace
+      m.trace_differences = differences(m.ledger, m.routed_trace, "meta trace given its routing");
+      MemoryFigures states = m.ledger;
+      const MemoryFigures& a = pred->analytic.ranks[k].est.figures;
+      states.activations = a.activations;
+      states.activations_peak = a.activations_peak;
+      states.workspace = a.workspace;
+      states.peak = a.peak;
+      states.peak_breakdown = a.peak_breakdown;
+      m.analytic_differences = differences(states, a, "analytic");
+    }
     // The same allocations in the same order: the trace's model holds what this rank's did.
     if (m.allocator_modelled && pred->ranks[k].allocator_model) {
       const CachingAllocatorStats& t = pred->ranks[k].allocator_model->step;
@@ -376,6 +422,11 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
     }
     if (rq.layout.pp > 1) ex.pp = groups.pp_host.get();
     if (rq.layout.cp > 1) ex.cp = groups.cp_host.get();
+    if (rq.layout.ep > 1) {
+      ex.ep = groups.ep_data.get();
+      ex.ep_host = groups.ep_host ? groups.ep_host.get() : groups.ep_data.get();
+      ex.edp = groups.edp_data.get();
+    }
     const RankFiles files(rq, ex);
     // Kept past an out-of-memory, so that what was alive is still in the books when read.
     std::unique_ptr<ShardedStep> step;
@@ -405,6 +456,17 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
     }
     if (probes) ledger.set_phase_listener(nullptr);
     read_books(mine, out, ledger, probes.get(), step.get());
+    // Expert parallelism: the rank's own trace, given the rows its experts received.
+    if (rq.layout.ep > 1 && step && !out.failure) {
+      MetaAllocator meta;
+      Ledger traced(meta);
+      const std::int64_t g = groups.dpd->rank();
+      ShardedStep trace(rq.model, rq.train, rq.layout, mine.stage, traced, nullptr, g);
+      trace.set_expert_rows(step->expert_rows());
+      for (int n = 0; n < out.steps; ++n) trace.train_step();
+      mine.routed = true;
+      mine.routed_trace = measured_figures(traced);
+    }
     if (modelled) {
       const AllocatorModelResult a = modelled->result();
       mine.allocator_modelled = true;

@@ -128,6 +128,16 @@ struct LayerActs {
   const Tensor& operator[](LayerAct x) const { return rows[static_cast<std::size_t>(x)]; }
 };
 
+// Expert parallelism: one MoE layer's dispatch on a rank (LayerHost::moe_dispatch). `rows` is
+// what the rank's experts receive (R); send_rows[p] the rank's own rows for peer p's experts
+// and recv_rows[p] the rows from peer p (rows of h, in peer order, each peer's in expert order);
+// chunk[p·El + e] the rows peer p sends to local expert e. A trace fills `rows` only.
+struct MoeDispatch {
+  std::int64_t rows = 0;
+  std::vector<std::size_t> send_rows, recv_rows;
+  std::vector<std::int64_t> chunk;
+};
+
 // What a layer needs from the step that runs it. `l` is the rank's local layer index.
 class LayerHost {
  public:
@@ -166,6 +176,14 @@ class LayerHost {
   // memory, the same for every layer and token, loss scale included) when ModelConfig::
   // output_router_logits adds the loss; nullptr otherwise.
   virtual const float* moe_aux_grad() { return nullptr; }
+  // Expert parallelism (LayerRank::ep; never called otherwise): layer g's dispatch from the
+  // rank's own rows per global expert (`offsets`, E + 1 on the host; empty in a trace), the
+  // counts exchanged with the ep group in a measured run; the rows' all-to-all over the ep group
+  // (rows of `row` elements of the training dtype, on the backend's buffers).
+  virtual MoeDispatch moe_dispatch(int g, const std::vector<std::int32_t>& offsets);
+  virtual void ep_all_to_all(const void* send, const std::vector<std::size_t>& send_rows,
+                             void* recv, const std::vector<std::size_t>& recv_rows,
+                             std::int64_t row);
 };
 
 // How a rank runs its layers.

@@ -25,6 +25,7 @@
 // grads.shard); its root unit is `gathered.root`.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +64,13 @@ struct ShardedExecution {
   // buffers (the cpu backend), its rank the context-parallel index. `data` and `host` are then
   // the gradient group of dp·cp ranks, ordered dp_index·cp + cp_index.
   Collective* cp = nullptr;
+  // Expert parallelism (layout ep > 1; docs/distributed.md, "Expert parallelism"): the rank's
+  // ep group (its rank the expert-parallel index) on the backend's buffers (the rows'
+  // all-to-all) and on host buffers (the counts), and its expert-data-parallel group on the
+  // backend's buffers (the experts' gradients and ZeRO's expert shards; its rank the index j/ep).
+  Collective* ep = nullptr;
+  Collective* ep_host = nullptr;
+  Collective* edp = nullptr;
   // The whole model's weights (empty: random of `seed`): each parameter by its HF name (a tied
   // lm_head reads model.embed_tokens.weight), in the single-rank model's shape; InputError naming
   // --weights, the file and the tensor when one is missing, has another shape or no float dtype.
@@ -85,6 +93,14 @@ class ShardedStep {
   ~ShardedStep();
   ShardedStep(const ShardedStep&) = delete;
   ShardedStep& operator=(const ShardedStep&) = delete;
+
+  // Expert parallelism: the rows each MoE layer's experts received in the last step, by
+  // (micro-batch, global layer): a measured run's routing. A trace given them (before its steps)
+  // allocates those rows in place of balanced routing's, so that it reproduces the measured
+  // rank's books.
+  using ExpertRows = std::map<std::pair<std::int64_t, int>, std::int64_t>;
+  const ExpertRows& expert_rows() const;
+  void set_expert_rows(ExpertRows rows);
 
   // One optimizer step: ledger.begin_step, the stage's micro-batches in 1F1B order (the end of
   // forward is marked after the forward that precedes the first backward), the optimizer.

@@ -69,6 +69,12 @@ struct MeasuredRank {
   bool allocator_modelled = false;
   std::uint64_t allocator_allocated_peak = 0, allocator_reserved_peak = 0;
   std::uint64_t allocator_run_reserved_peak = 0;
+  // Expert parallelism: the rank's books depend on the routing it measured, so its meta trace is
+  // one the rank ran itself given the rows its experts received (ShardedStep::set_expert_rows),
+  // and the analytic (balanced routing) is compared on the model states only (params,
+  // gradients, optimizer states, inputs).
+  bool routed = false;
+  MemoryFigures routed_trace;
   std::vector<std::string> trace_differences;     // against its stage's meta trace
   std::vector<std::string> analytic_differences;  // against its stage's analytic profile
   bool matches() const { return trace_differences.empty() && analytic_differences.empty(); }
