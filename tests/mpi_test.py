@@ -285,6 +285,22 @@ def main():
                        "ep 2: every rank matches its routed trace", out)
                 expect_single_losses(a.trainmem, doc, 2 * n, "moe ep 2", out,
                                      model="tiny-qwen3-moe")
+        if n == 4:
+            # ep with context parallelism (ep 4 over dp 2 × cp 2, ZeRO-2) and with pipeline
+            # stages (pp 2, ep 2, 2 micro-batches): every rank matches, the single rank's losses.
+            for extra, rows in ((["--cp", "2", "--ep", "4", "--attention", "flash", "--zero",
+                                  "2"], 4),
+                                (["--pp", "2", "--ep", "2", "--microbatches", "2", "--zero",
+                                  "1"], 8)):
+                rc, out, err, _ = run(n, moe + ["--world-size", str(n), "--format", "json"] +
+                                      extra, threads=1)
+                expect(rc == 0, f"{' '.join(extra)} measured: exit {rc}", out, err)
+                if rc == 0:
+                    doc = json.loads(out)
+                    expect(doc.get("all_ranks_match") is True, f"{extra}: every rank matches",
+                           out)
+                    expect_single_losses(a.trainmem, doc, rows, " ".join(extra), out,
+                                         model="tiny-qwen3-moe")
         if n % 2 == 0:
             # Tensor parallelism measured: tp 2 (dp n/2), the same global batch's losses; layer 1
             # alone checkpointed (a per-layer policy: recomputed on every rank, same losses).
