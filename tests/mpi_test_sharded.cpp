@@ -167,6 +167,16 @@ void check_against_single(const std::string& label, const StepsResult& got, cons
                 label.c_str(), diff, bound);
 }
 
+// A ZeRO stage's run against ZeRO-0's of the same layout: weights and losses bit for bit.
+void check_as_zero0(const std::string& label, const StepsResult& got, const StepsResult& zero0,
+                    int steps) {
+  std::string where;
+  check(bit_identical(got.weights, zero0.weights, &where),
+        label + ": weights not bit-identical to ZeRO-0's at " + where);
+  for (int n = 0; n < steps; ++n)
+    check(got.losses[n] == zero0.losses[n], label + ": loss not bit-identical to ZeRO-0's");
+}
+
 // Tensor parallelism: where the rank's elements of each parameter sit in the whole one, worked out
 // here from the HF shapes alone (not from the step's own map, which the slice comparisons use):
 // a replicated parameter (norms) is all of it; o_proj and down_proj (h rows) hold columns
@@ -319,11 +329,7 @@ int main(int argc, char** argv) {
                             label.str().c_str(), diff, bound);
             }
             if (M == 1 && !m.tied_embeddings && zero > 0) {
-              check(bit_identical(got.weights, by_zero[0].weights, &where),
-                    label.str() + ": weights not bit-identical to ZeRO-0's at " + where);
-              for (int n = 0; n < kSteps; ++n)
-                check(got.losses[n] == by_zero[0].losses[n],
-                      label.str() + ": loss not bit-identical to ZeRO-0's");
+              check_as_zero0(label.str(), got, by_zero[0], kSteps);
             }
           }
           // --offload: the same step with the owned slices updated on the host: bit for bit the
@@ -521,14 +527,7 @@ int main(int argc, char** argv) {
                         std::to_string(got.losses[n]) + ", single rank " +
                         std::to_string(ref.losses[n]));
           }
-          std::string where;
-          if (zero > 0) {
-            check(bit_identical(got.weights, by_zero[0].weights, &where),
-                  label.str() + ": weights not bit-identical to ZeRO-0's at " + where);
-            for (int n = 0; n < kSteps; ++n)
-              check(got.losses[n] == by_zero[0].losses[n],
-                    label.str() + ": loss not bit-identical to ZeRO-0's");
-          }
+          if (zero > 0) check_as_zero0(label.str(), got, by_zero[0], kSteps);
         }
       }
     // 11. Expert parallelism (ep 2 at N 2 and 4, ep 4 at N 4; edp = N/ep): tiny-qwen3-moe's 8
@@ -601,14 +600,7 @@ int main(int argc, char** argv) {
           continue;
         }
         check_against_single(label.str(), got, ref, kSteps, rank_id == 0);
-        std::string where;
-        if (zero > 0) {
-          check(bit_identical(got.weights, by_zero[0].weights, &where),
-                label.str() + ": weights not bit-identical to ZeRO-0's at " + where);
-          for (int n = 0; n < kSteps; ++n)
-            check(got.losses[n] == by_zero[0].losses[n],
-                  label.str() + ": loss not bit-identical to ZeRO-0's");
-        }
+        if (zero > 0) check_as_zero0(label.str(), got, by_zero[0], kSteps);
       }
     }
     // The given-rows trace matters: somewhere the measured routing is not balanced.

@@ -370,13 +370,22 @@ char* moe_expert(void* w, std::int64_t e, std::int64_t per, DType D) {
   return static_cast<char*>(w) + std::size_t(e * per) * dtype_size(D);
 }
 
-// Expert parallelism: f(e, r0, c) for every chunk of the received rows in their order (peer p's
-// rows for local expert e, p ascending, then e), with rows: c rows from r0, local expert e.
+// f(e, r0, c) for every non-empty chunk of the experts' rows, in order: c rows from r0 through
+// expert e. One GPU (`dsp` null): expert e's rows [off[e], off[e + 1]). Expert parallelism: the
+// received rows (peer p's rows for local expert e, p ascending, then e; El local experts).
 template <class F>
-void each_received_chunk(const MoeDispatch& d, std::int64_t El, F&& f) {
+void each_expert_chunk(const std::vector<std::int32_t>& off, const MoeDispatch* dsp,
+                       std::int64_t El, F&& f) {
+  if (!dsp) {
+    for (std::size_t e = 0; e + 1 < off.size(); ++e) {
+      const std::int64_t r0 = off[e], c = off[e + 1] - r0;
+      if (c > 0) f(std::int64_t(e), r0, c);
+    }
+    return;
+  }
   std::int64_t r0 = 0;
-  for (std::size_t k = 0; k < d.chunk.size(); ++k) {
-    const std::int64_t c = d.chunk[k];
+  for (std::size_t k = 0; k < dsp->chunk.size(); ++k) {
+    const std::int64_t c = dsp->chunk[k];
     if (c > 0) f(std::int64_t(k) % El, r0, c);
     r0 += c;
   }
@@ -450,7 +459,8 @@ bool moe_mlp_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, Ac
     send.reset();
     through(LayerAct::expert_act);  // expert_gate, expert_up, expert_act
     Tensor back = comm("combine.send", er);
-    if (be && er > 0) run_experts([&](auto&& f) { each_received_chunk(dsp, dm.El, f); }, er, back);
+    if (be && er > 0)
+      run_experts([&](auto&& f) { each_expert_chunk(off, &dsp, dm.El, f); }, er, back);
     through(LayerAct::expert_out);
     if (be)
       H.ep_all_to_all(back.data(), dsp.recv_rows, A[LayerAct::expert_out].data(), dsp.send_rows, h);
@@ -461,15 +471,9 @@ bool moe_mlp_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, Ac
   if (be && !R.ep) {
     be->moe_permute(A[LayerAct::expert_in].data(), xn2, A[LayerAct::expert_pos].as<std::int32_t>(),
                     n, K, h);
-    // Each expert's rows [off[e], off[e + 1]); the kept rows, off[E] (b·s·K without a capacity;
-    // the rows past them are never read).
-    auto each_expert = [&](auto&& f) {
-      for (std::int64_t e = 0; e < E; ++e) {
-        const std::int64_t r0 = off[std::size_t(e)], c = off[std::size_t(e + 1)] - r0;
-        if (c > 0) f(e, r0, c);
-      }
-    };
-    run_experts(each_expert, off[std::size_t(E)], A[LayerAct::expert_out]);
+    // The kept rows, off[E] (b·s·K without a capacity; the rows past them are never read).
+    run_experts([&](auto&& f) { each_expert_chunk(off, nullptr, dm.El, f); }, off[std::size_t(E)],
+                A[LayerAct::expert_out]);
   }
   // Qwen2-MoE's shared expert: a dense SwiGLU of width m_s over every token, and its gate's
   // logit xn2·W_sgᵀ (b, s) D.
@@ -529,18 +533,10 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
   MoeDispatch dsp;
   if (R.ep) dsp = H.moe_dispatch(g, off);
   const std::int64_t er = R.ep ? dsp.rows : nk;
-  // Expert e's rows [r0, r0 + c), for every expert with rows (expert parallelism: every
-  // received chunk, e its local expert).
+  // Each expert's rows (each_expert_chunk): the rank's own, or under expert parallelism the
+  // received ones.
   auto each_expert = [&](auto&& f) {
-    if (!be) return;
-    if (R.ep) {
-      each_received_chunk(dsp, dm.El, f);
-      return;
-    }
-    for (std::int64_t e = 0; e < E; ++e) {
-      const std::int64_t r0 = off[std::size_t(e)], c = off[std::size_t(e + 1)] - r0;
-      if (c > 0) f(e, r0, c);
-    }
+    if (be) each_expert_chunk(off, R.ep ? &dsp : nullptr, dm.El, f);
   };
   // 1. the combine's backward, then each expert's down_proj.
   Tensor d_out = ws("d_expert_out", {nk, h}, D);

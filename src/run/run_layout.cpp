@@ -54,23 +54,35 @@ void compare(RankTrace& r, const MemoryFigures& want) {
   r.matches = r.differences.empty();
 }
 
-// A rank's figures as 64-bit words (the gather's payload), and back.
-constexpr std::size_t kWords = 12 + kNumCategories;  // then step seconds, tensors, device
-std::vector<std::uint64_t> pack(const MeasuredRank& m) {
-  const MemoryFigures& f = m.ledger;
-  std::vector<std::uint64_t> w = {std::uint64_t(m.rank),
-                                  std::uint64_t(m.stage),
-                                  f.params,
-                                  f.gradients,
-                                  f.optimizer_states,
-                                  f.activations,
-                                  f.activations_peak,
-                                  f.workspace,
-                                  f.inputs,
-                                  f.sum,
-                                  f.peak,
-                                  m.communication_peak};
+// A rank's figures as 64-bit words (the gather's payload), and back: rank, stage, the
+// communication peak, the ledger's figures, then step seconds, tensors, device and allocator
+// words, and (expert parallelism) the routed flag and the figures of the rank's own trace.
+constexpr std::size_t kFigureWords = 9 + kNumCategories;
+constexpr std::size_t kWords = 3 + kFigureWords;
+void put_figures(std::vector<std::uint64_t>& w, const MemoryFigures& f) {
+  for (std::uint64_t v : {f.params, f.gradients, f.optimizer_states, f.activations,
+                          f.activations_peak, f.workspace, f.inputs, f.sum, f.peak})
+    w.push_back(v);
   for (Category c : all_categories()) w.push_back(f.peak_breakdown[int(c)]);
+}
+MemoryFigures get_figures(const std::uint64_t* v) {
+  MemoryFigures f;
+  f.params = v[0];
+  f.gradients = v[1];
+  f.optimizer_states = v[2];
+  f.activations = v[3];
+  f.activations_peak = v[4];
+  f.workspace = v[5];
+  f.inputs = v[6];
+  f.sum = v[7];
+  f.peak = v[8];
+  for (Category c : all_categories()) f.peak_breakdown[int(c)] = v[9 + std::size_t(c)];
+  return f;
+}
+std::vector<std::uint64_t> pack(const MeasuredRank& m) {
+  std::vector<std::uint64_t> w = {std::uint64_t(m.rank), std::uint64_t(m.stage),
+                                  m.communication_peak};
+  put_figures(w, m.ledger);
   std::uint64_t secs = 0;
   static_assert(sizeof(double) == sizeof(std::uint64_t), "a double travels as one word");
   std::memcpy(&secs, &m.step_seconds, sizeof secs);
@@ -85,29 +97,15 @@ std::vector<std::uint64_t> pack(const MeasuredRank& m) {
   w.push_back(m.allocator_reserved_peak);
   w.push_back(m.allocator_run_reserved_peak);
   w.push_back(m.routed ? 1 : 0);
-  const MemoryFigures& t = m.routed_trace;
-  for (std::uint64_t v : {t.params, t.gradients, t.optimizer_states, t.activations,
-                          t.activations_peak, t.workspace, t.inputs, t.sum, t.peak})
-    w.push_back(v);
-  for (Category c : all_categories()) w.push_back(t.peak_breakdown[int(c)]);
+  put_figures(w, m.routed_trace);
   return w;
 }
 MeasuredRank unpack(const std::uint64_t* w) {
   MeasuredRank m;
-  MemoryFigures& f = m.ledger;
   m.rank = int(w[0]);
   m.stage = std::int64_t(w[1]);
-  f.params = w[2];
-  f.gradients = w[3];
-  f.optimizer_states = w[4];
-  f.activations = w[5];
-  f.activations_peak = w[6];
-  f.workspace = w[7];
-  f.inputs = w[8];
-  f.sum = w[9];
-  f.peak = w[10];
-  m.communication_peak = w[11];
-  for (Category c : all_categories()) f.peak_breakdown[int(c)] = w[12 + std::size_t(c)];
+  m.communication_peak = w[2];
+  m.ledger = get_figures(w + 3);
   std::memcpy(&m.step_seconds, &w[kWords], sizeof m.step_seconds);
   m.tensors_at_peak = w[kWords + 1];
   m.device_sources = w[kWords + 2] != 0;
@@ -119,18 +117,7 @@ MeasuredRank unpack(const std::uint64_t* w) {
   m.allocator_reserved_peak = w[kWords + 8];
   m.allocator_run_reserved_peak = w[kWords + 9];
   m.routed = w[kWords + 10] != 0;
-  MemoryFigures& t = m.routed_trace;
-  const std::uint64_t* v = w + kWords + 11;
-  t.params = v[0];
-  t.gradients = v[1];
-  t.optimizer_states = v[2];
-  t.activations = v[3];
-  t.activations_peak = v[4];
-  t.workspace = v[5];
-  t.inputs = v[6];
-  t.sum = v[7];
-  t.peak = v[8];
-  for (Category c : all_categories()) t.peak_breakdown[int(c)] = v[9 + std::size_t(c)];
+  m.routed_trace = get_figures(w + kWords + 11);
   return m;
 }
 
@@ -347,12 +334,13 @@ void gather_ranks(MeasuredLayout& out, const MeasuredRank& mine, Collective& hos
     }
     std::size_t k = 0;
     while (k + 1 < pred->ranks.size() && pred->ranks[k].stage != m.stage) ++k;
-    m.trace_differences = differences(m.ledger, pred->ranks[k].ledger, "meta trace");
-    m.analytic_differences = differences(m.ledger, pred->analytic.ranks[k].est.figures, "analytic");
-    if (m.routed) {  // expert parallelism: the routing-dependent books against the rank's trace
+    const MemoryFigures& a = pred->analytic.ranks[k].est.figures;
+    if (!m.routed) {
+      m.trace_differences = differences(m.ledger, pred->ranks[k].ledger, "meta trace");
+      m.analytic_differences = differences(m.ledger, a, "analytic");
+    } else {  // expert parallelism: the routing-dependent books against the rank's own trace
       m.trace_differences = differences(m.ledger, m.routed_trace, "meta trace given its routing");
-      MemoryFigures states = m.ledger;
-      const MemoryFigures& a = pred->analytic.ranks[k].est.figures;
+      MemoryFigures states = m.ledger;  // the model states only against the analytic
       states.activations = a.activations;
       states.activations_peak = a.activations_peak;
       states.workspace = a.workspace;
