@@ -275,9 +275,14 @@ def main():
         # Expert parallelism measured: --ep 2 (every rank's ledger against its own trace given
         # the rows its experts received; the model states against the analytic), the losses the
         # single rank's.
+        # --dump-routing writes every rank's choices (rank 0); the meta trace given that file
+        # reproduces every measured rank's books, and takes it at another ep too.
         if n % 2 == 0:
-            rc, out, err, _ = run(n, moe + ["--world-size", str(n), "--ep", "2", "--zero", "1",
-                                            "--format", "json"], threads=1)
+            tmp = tempfile.mkdtemp(prefix="trainmem-mpi-routing-")
+            routes = os.path.join(tmp, "routes.json")
+            layout = ["--world-size", str(n), "--zero", "1", "--format", "json"]
+            rc, out, err, _ = run(n, moe + layout + ["--ep", "2", "--dump-routing", routes],
+                                  threads=1)
             expect(rc == 0, f"--ep 2 measured: exit {rc}", out, err)
             if rc == 0:
                 doc = json.loads(out)
@@ -285,6 +290,31 @@ def main():
                        "ep 2: every rank matches its routed trace", out)
                 expect_single_losses(a.trainmem, doc, 2 * n, "moe ep 2", out,
                                      model="tiny-qwen3-moe")
+                k = moe.index("--collective-timeout")
+                spec = [x if x != "cpu" else "meta" for x in moe[1:k] + moe[k + 2:]]
+                for ep in (2, 4) if n == 4 else (2,):
+                    rc2, out2, err2 = single(a.trainmem, spec + layout +
+                                             ["--ep", str(ep), "--routing", routes])
+                    expect(rc2 == 0, f"meta --ep {ep} given the measured routing: exit {rc2}",
+                           out2, err2)
+                    if rc2 != 0:
+                        continue
+                    given = json.loads(out2)
+                    expect(given.get("all_ranks_match") is True and
+                           len(given["given_routing"]["ranks"]) >= 1,
+                           f"ep {ep} given the routing: model states match the analytic", out2)
+                    if ep != 2:
+                        continue
+                    traced = {r: g["ledger"] for g in given["given_routing"]["ranks"]
+                              for r in g["ranks"]}
+                    for m in doc["measured_ranks"]:
+                        t = traced.get(m["rank"], {})
+                        keys = ("params", "gradients", "optimizer_states", "activations",
+                                "activations_peak", "workspace", "peak")
+                        expect(all(m["ledger"].get(k) == t.get(k) for k in keys),
+                               f"ep 2: rank {m['rank']}'s measured books equal the meta trace "
+                               f"given the dumped routing ({m['ledger']} vs {t})", out2)
+            shutil.rmtree(tmp, ignore_errors=True)
         if n == 4:
             # ep with context parallelism (ep 4 over dp 2 × cp 2, ZeRO-2) and with pipeline
             # stages (pp 2, ep 2, 2 micro-batches): every rank matches, the single rank's losses.

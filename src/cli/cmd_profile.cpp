@@ -30,6 +30,24 @@ struct ProfileFlags {
   LaunchFlags launch;
 };
 
+// Routing per rank (--world-size above 1): --routing FILE is given to the meta trace, which
+// routes nothing; --dump-routing writes what a measured run's ranks routed (rank 0 writes it).
+void check_layout_routing_flags(const RunFlags& run, const std::string& be) {
+  const bool measured = be == "cpu" || be == "cuda";
+  if (!run.routing.empty() && measured)
+    throw InputError("--routing " + run.routing +
+                     ": a routing is given to the meta trace, which routes nothing; add "
+                     "--backend meta (cpu and cuda route the tokens themselves; --dump-routing "
+                     "writes what they routed)");
+  if (!run.dump_routing.empty()) {
+    if (!measured)
+      throw InputError("--dump-routing " + run.dump_routing +
+                       ": the meta trace routes nothing (it computes no logits); use --backend "
+                       "cpu or cuda under mpirun");
+    check_writable(run.dump_routing, "--dump-routing");
+  }
+}
+
 // --world-size above 1: measured under MPI (cpu, cuda), or each distinct rank traced on meta
 // beside the per-rank analytic.
 int run_profile_layout(const Common& c, const ProfileFlags& flags, const ParallelConfig& par) {
@@ -45,8 +63,12 @@ int run_profile_layout(const Common& c, const ProfileFlags& flags, const Paralle
   check_layout_request(c, false, false);
   std::optional<AllocatorSpec> allocator;
   if (!flags.run.allocator.empty()) allocator = parse_allocator(flags.run.allocator);
-  const LayoutTrace lt = trace_layout(c.model, c.train, par, resolve_overheads(flags.layout),
-                                      flags.run.steps, allocator);
+  std::optional<LayoutRouting> given;
+  if (!flags.run.routing.empty() && flags.run.routing != "balanced")
+    given = read_layout_routing_file(flags.run.routing, c.model, c.train, par);
+  LayoutTrace lt = trace_layout(c.model, c.train, par, resolve_overheads(flags.layout),
+                                flags.run.steps, allocator);
+  if (given) trace_given_routing(lt, *given);
   write_output(c.output, report::render_layout_trace(lt, c.format, stdout_colour(c.output)));
   return 0;
 }
@@ -63,14 +85,7 @@ int run_profile(const ProfileFlags& flags) {
   const ParallelConfig par = resolve_layout(flags.layout, c.model, c.train);
   resolve_checkpointing(c, par);  // budget:SIZE picks its layers for this layout
   const std::string& be = flags.run.backend;
-  for (const auto& [flag, value] :
-       {std::pair<const char*, const std::string&>{"--dump-routing", flags.run.dump_routing},
-        {"--routing", flags.run.routing}})
-    if (!value.empty() && par.distributed())
-      throw InputError(std::string(flag) + " " + value + " with --world-size " +
-                       std::to_string(par.world) +
-                       ": routing files are one rank's; per-rank routing files are not modelled "
-                       "yet (the estimate and the trace use balanced routing per rank)");
+  if (par.distributed()) check_layout_routing_flags(flags.run, be);
   check_collectives_flag(flags.launch, par.distributed() && (be == "cpu" || be == "cuda"));
   if (par.distributed()) return run_profile_layout(c, flags, par);
   if (!flags.run.timeline.empty()) validate_timeline_path(flags.run.timeline);
@@ -123,7 +138,6 @@ int run_profile(const ProfileFlags& flags) {
             r.backend +
             (r.computes ? ": the run stopped before a forward" : ": it computes nothing") + ")");
       write_output(flags.run.dump_routing, routing_json(r).dump(2) + "\n");
-      spdlog::info("wrote {}", flags.run.dump_routing);
     } catch (const InputError& e) {
       if (!output_error) output_error = e.what();
       spdlog::error("the routing was not written: {}", e.what());

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -281,11 +283,27 @@ int run_measured_layout(const Common& c, const RunFlags& run, const ParallelConf
                         const OverheadOptions& overheads, const LaunchFlags& flags) {
   return run_ranked(c, run, layout, flags, [&](Backend& be, Collective& data, Collective& world) {
     check_layout_request(c, false, false);
-    const MeasuredLayout ml = measure_layout_and_timeline(
-        measure_request(c, run, layout, overheads), run.timeline, be, data, world);
+    MeasureRequest rq = measure_request(c, run, layout, overheads);
+    rq.gather_routing = !run.dump_routing.empty();
+    const MeasuredLayout ml = measure_layout_and_timeline(rq, run.timeline, be, data, world);
     if (ml.failure) end_failed_rank(c, run, ml, world.rank(), "profile");
-    if (world.rank() == 0)
+    if (world.rank() == 0) {
+      // The routing, then the report: a routing that cannot be written does not keep the
+      // report from being written; its error is the exit status afterwards.
+      std::optional<std::string> routing_error;
+      if (rq.gather_routing) {
+        try {
+          write_output(
+              run.dump_routing,
+              layout_routing_json(c.model, c.train, layout, ml.routing, ml.steps).dump(2) + "\n");
+        } catch (const InputError& e) {
+          routing_error = e.what();
+          spdlog::error("the routing was not written: {}", e.what());
+        }
+      }
       write_output(c.output, report::render_measured_layout(ml, c.format, stdout_colour(c.output)));
+      if (routing_error) throw InputError(*routing_error);
+    }
     return 0;
   });
 }

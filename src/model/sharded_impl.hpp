@@ -77,6 +77,7 @@ struct ShardedStep::Impl : LayerHost {
   Collective* EDP = nullptr;
   std::int64_t cur_mb = 0;  // the micro-batch in forward or backward (the dispatch's key)
   ShardedStep::ExpertRows given_rows, seen_rows;
+  ShardedStep::SourceCounts routed;  // measured: this rank's choices per global expert
   // The flat vector's group of parameter q (the experts': the expert-data-parallel ranks), this
   // rank's index in it (the owner pieces() names) and its size.
   Collective& group_of(std::size_t q) const { return P[q].expert && EDP ? *EDP : X->data; }
@@ -443,6 +444,13 @@ struct ShardedStep::Impl : LayerHost {
   }
   const void* weight(std::int64_t l, int slot) override { return LW(l, slot); }
   MoeDispatch moe_dispatch(int g, const std::vector<std::int32_t>& offsets) override;
+  void moe_routed(int g, const std::vector<std::int32_t>& off, const Tensor&,
+                  const Tensor&) override {
+    if (off.empty()) return;  // a trace routes nothing
+    std::vector<std::int64_t>& c = routed[{cur_mb, g}];
+    c.resize(off.size() - 1);
+    for (std::size_t e = 0; e + 1 < off.size(); ++e) c[e] = off[e + 1] - off[e];
+  }
   void ep_all_to_all(const void* send, const std::vector<std::size_t>& send_rows, void* recv,
                      const std::vector<std::size_t>& recv_rows, std::int64_t row) override {
     be->synchronize();

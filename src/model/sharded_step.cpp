@@ -259,6 +259,7 @@ float ShardedStep::Impl::train_step() {
   ++step;
   ledger.begin_step(step);
   seen_rows.clear();  // this step's dispatch
+  routed.clear();
   if (offload) offload->begin_step(step);
   if (run) {
     loss_sum = 0;
@@ -431,6 +432,10 @@ ShardedStep::~ShardedStep() {
 
 const ShardedStep::ExpertRows& ShardedStep::expert_rows() const {
   return impl_->seen_rows;
+}
+
+const ShardedStep::SourceCounts& ShardedStep::routed() const {
+  return impl_->routed;
 }
 
 void ShardedStep::set_expert_rows(ExpertRows rows) {

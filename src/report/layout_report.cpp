@@ -356,6 +356,85 @@ report::Table reconcile_table(const LayoutTrace& lt, ByteUnit u, bool exact) {
   return t;
 }
 
+// "0-3" / "0, 2" / "5": a list of ranks, runs joined.
+std::string rank_list(const std::vector<std::int64_t>& ranks) {
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ", ";
+    out += std::to_string(ranks[i]);
+    if (j > i) out += (j == i + 1 ? ", " : "-") + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+// The worst routed rank and the worst balanced stage: the highest peak, among equals (a peak
+// the workspace decides) the most activations at their peak, then the first.
+std::pair<std::uint64_t, std::uint64_t> badness(const MemoryFigures& f) {
+  return {f.peak, f.activations_peak};
+}
+const RoutedRankTrace& worst_routed(const LayoutTrace& lt) {
+  std::size_t w = 0;
+  for (std::size_t n = 1; n < lt.routed.size(); ++n)
+    if (badness(lt.routed[n].ledger) > badness(lt.routed[w].ledger)) w = n;
+  return lt.routed[w];
+}
+const RankTrace& worst_balanced(const LayoutTrace& lt) {
+  std::size_t w = 0;
+  for (std::size_t n = 1; n < lt.ranks.size(); ++n)
+    if (badness(lt.ranks[n].ledger) > badness(lt.ranks[w].ledger)) w = n;
+  return lt.ranks[w];
+}
+
+// --routing FILE: every rank given it, beside its stage's balanced trace.
+report::Table routed_table(const LayoutTrace& lt, ByteUnit u, bool exact) {
+  const std::string un = exact ? "" : " (" + std::string(u.name) + ")";
+  report::Table t({{"ranks", report::Align::left},
+                   {"stage"},
+                   {"ep index"},
+                   {"expert rows, given"},
+                   {"balanced"},
+                   {"activations peak" + un},
+                   {"communication peak" + un},
+                   {"peak" + un},
+                   {"− balanced" + un},
+                   {"model states = analytic", report::Align::left}});
+  auto cell = [&](std::uint64_t b) { return exact ? std::to_string(b) : format_bytes(b, u); };
+  for (const RoutedRankTrace& r : lt.routed) {
+    std::size_t k = 0;
+    while (k + 1 < lt.ranks.size() && lt.ranks[k].stage != r.stage) ++k;
+    const std::int64_t d = std::int64_t(r.ledger.peak) - std::int64_t(lt.ranks[k].ledger.peak);
+    t.add_row({rank_list(r.ranks), std::to_string(r.stage), std::to_string(r.ep_index),
+               std::to_string(r.max_rows), std::to_string(r.balanced_rows),
+               cell(r.ledger.activations_peak), cell(r.communication_peak), cell(r.ledger.peak),
+               exact ? std::to_string(d) : format_signed_bytes(d, u),
+               report::check_cell(r.analytic_differences.empty())});
+  }
+  return t;
+}
+
+json routed_json(const LayoutTrace& lt) {
+  json ranks = json::array();
+  for (const RoutedRankTrace& r : lt.routed)
+    ranks.push_back({{"ranks", r.ranks},
+                     {"stage", r.stage},
+                     {"ep_index", r.ep_index},
+                     {"max_expert_rows", r.max_rows},
+                     {"balanced_expert_rows", r.balanced_rows},
+                     {"ledger", report::figures_json(r.ledger, true)},
+                     {"ledger_communication_peak", r.communication_peak},
+                     {"model_states_match_analytic", r.analytic_differences.empty()},
+                     {"differences", r.analytic_differences}});
+  const RoutedRankTrace& w = worst_routed(lt);
+  const RankTrace& b = worst_balanced(lt);
+  return {{"source", lt.routing_source},
+          {"ranks", ranks},
+          {"worst", {{"ranks", w.ranks}, {"stage", w.stage}, {"peak", w.ledger.peak}}},
+          {"balanced_worst", {{"stage", b.stage}, {"peak", b.ledger.peak}}}};
+}
+
 // --allocator: each traced rank's ledger peak beside what PyTorch's allocator would hold.
 report::Table allocator_table(const LayoutTrace& lt, ByteUnit u) {
   const std::string unit = " (" + std::string(u.name) + ")";
@@ -399,6 +478,21 @@ std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Co
         "; the last step's peaks; no device limit; docs/allocator.md)");
     w->table(allocator_table(lt, u));
   }
+  if (!lt.routed.empty()) {
+    w->heading("Every rank given the routing of " + lt.routing_source +
+               " (its experts' rows per micro-batch and layer; the analytic assumes balanced "
+               "routing, so it is compared on the model states only)");
+    w->table(routed_table(lt, u, false));
+    const RoutedRankTrace& wr = worst_routed(lt);
+    const RankTrace& wb = worst_balanced(lt);
+    w->paragraph_break();
+    w->line(
+        "worst rank under the given routing: " + rank_list(wr.ranks) + " (stage " +
+        std::to_string(wr.stage) + ", ep index " + std::to_string(wr.ep_index) + "), peak " +
+        format_bytes(wr.ledger.peak, u) + "; under balanced routing: stage " +
+        std::to_string(wb.stage) + " (ep index 0), peak " + format_bytes(wb.ledger.peak, u) + " (" +
+        format_signed_bytes(std::int64_t(wr.ledger.peak) - std::int64_t(wb.ledger.peak), u) + ")");
+  }
   w->csv_table(reconcile_table(lt, u, true));
   w->document([&] {
     json ranks = json::array();
@@ -418,6 +512,7 @@ std::string render_layout_trace(const LayoutTrace& lt, Format format, report::Co
     doc["run"] = report::run_json(le.train, "meta", lt.steps);
     doc["ranks"] = ranks;
     doc["all_ranks_match"] = lt.all_match();
+    if (!lt.routed.empty()) doc["given_routing"] = routed_json(lt);
     return doc;
   });
   return w->str();

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 
+#include "trainmem/base/checked.hpp"
 #include "trainmem/base/error.hpp"
 #include "trainmem/ledger/ledger.hpp"
 #include "trainmem/model/model.hpp"
@@ -21,6 +22,8 @@ namespace trainmem {
 bool LayoutTrace::all_match() const {
   for (const auto& r : ranks)
     if (!r.matches) return false;
+  for (const auto& r : routed)
+    if (!r.analytic_differences.empty()) return false;
   return !ranks.empty();
 }
 
@@ -47,6 +50,19 @@ std::vector<std::string> differences(const MemoryFigures& got, const MemoryFigur
     one((std::string("peak_breakdown.") + category_name(c)).c_str(),
         got.peak_breakdown[static_cast<int>(c)], want.peak_breakdown[static_cast<int>(c)]);
   return out;
+}
+
+// A routed rank's model states (params, gradients, optimizer states, inputs) against the
+// analytic, which assumes balanced routing: the routing-dependent figures are taken as equal.
+std::vector<std::string> state_differences(const MemoryFigures& got, const MemoryFigures& a) {
+  MemoryFigures states = got;
+  states.activations = a.activations;
+  states.activations_peak = a.activations_peak;
+  states.workspace = a.workspace;
+  states.sum = a.sum;
+  states.peak = a.peak;
+  states.peak_breakdown = a.peak_breakdown;
+  return differences(states, a, "analytic");
 }
 
 void compare(RankTrace& r, const MemoryFigures& want) {
@@ -160,6 +176,52 @@ LayoutTrace trace_layout(const ModelConfig& model, const TrainConfig& train,
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
+}
+
+void trace_given_routing(LayoutTrace& lt, const LayoutRouting& routing) {
+  const ModelConfig& model = lt.analytic.model;
+  const TrainConfig& train = lt.analytic.train;
+  const ParallelConfig& layout = lt.analytic.layout;
+  lt.routing_source = routing.source;
+  lt.routed.clear();
+  const LayoutRouting balanced = balanced_layout_routing(model, train, layout);
+  auto most = [](const ShardedStep::ExpertRows& rows) {
+    std::int64_t n = 0;
+    for (const auto& kv : rows) n = std::max(n, kv.second);
+    return n;
+  };
+  const std::int64_t per_stage = layout.world / layout.pp;
+  std::map<std::pair<std::int64_t, ShardedStep::ExpertRows>, std::size_t> traced;
+  for (std::int64_t r = 0; r < layout.world; ++r) {
+    const std::int64_t st = r / per_stage, j = r % per_stage;
+    ShardedStep::ExpertRows rows = expert_rows_of(routing, model, layout, r);
+    const auto key = std::make_pair(st, rows);
+    if (const auto it = traced.find(key); it != traced.end()) {
+      lt.routed[it->second].ranks.push_back(r);
+      continue;
+    }
+    MetaAllocator alloc;
+    LedgerOptions books;
+    books.timeline_cap = 0;
+    books.keep_tensor_records = false;
+    Ledger ledger(alloc, books);
+    ShardedStep step(model, train, layout, st, ledger, nullptr, j);
+    step.set_expert_rows(rows);
+    for (int n = 0; n < std::max(lt.steps, 1); ++n) step.train_step();
+    RoutedRankTrace t;
+    t.ranks = {r};
+    t.stage = st;
+    t.ep_index = j % layout.ep;
+    t.max_rows = most(rows);
+    t.balanced_rows = most(expert_rows_of(balanced, model, layout, r));
+    t.ledger = measured_figures(ledger);
+    t.communication_peak = ledger.peak(Category::communication);
+    std::size_t k = 0;
+    while (k + 1 < lt.analytic.ranks.size() && lt.analytic.ranks[k].stage != st) ++k;
+    t.analytic_differences = state_differences(t.ledger, lt.analytic.ranks[k].est.figures);
+    traced.emplace(key, lt.routed.size());
+    lt.routed.push_back(std::move(t));
+  }
 }
 
 bool MeasuredLayout::all_match() const {
@@ -340,13 +402,7 @@ void gather_ranks(MeasuredLayout& out, const MeasuredRank& mine, Collective& hos
       m.analytic_differences = differences(m.ledger, a, "analytic");
     } else {  // expert parallelism: the routing-dependent books against the rank's own trace
       m.trace_differences = differences(m.ledger, m.routed_trace, "meta trace given its routing");
-      MemoryFigures states = m.ledger;  // the model states only against the analytic
-      states.activations = a.activations;
-      states.activations_peak = a.activations_peak;
-      states.workspace = a.workspace;
-      states.peak = a.peak;
-      states.peak_breakdown = a.peak_breakdown;
-      m.analytic_differences = differences(states, a, "analytic");
+      m.analytic_differences = state_differences(m.ledger, a);
     }
     // The same allocations in the same order: the trace's model holds what this rank's did.
     if (m.allocator_modelled && pred->ranks[k].allocator_model) {
@@ -369,6 +425,38 @@ void gather_ranks(MeasuredLayout& out, const MeasuredRank& mine, Collective& hos
   }
 }
 
+// Every rank's choices of the last step to every rank: M·L·E words each (zero where a layer is
+// not its stage's or not a MoE layer), through the host collective.
+LayoutRouting gather_routing(const MeasureRequest& rq, const ShardedStep::SourceCounts& mine,
+                             Collective& host) {
+  const ModelConfig& m = rq.model;
+  const std::int64_t M = rq.layout.microbatches, L = m.layers, E = m.experts;
+  const std::size_t n = std::size_t(
+      checked_product({std::uint64_t(M), std::uint64_t(L), std::uint64_t(E)}, "routing words"));
+  auto at = [&](std::int64_t mb, std::int64_t g) { return std::size_t((mb * L + g) * E); };
+  std::vector<std::uint64_t> words(n, 0), all(n * std::size_t(host.size()));
+  for (const auto& [key, counts] : mine)
+    for (std::int64_t e = 0; e < E && std::size_t(e) < counts.size(); ++e)
+      words[at(key.first, key.second) + std::size_t(e)] = std::uint64_t(counts[std::size_t(e)]);
+  host.all_gather(words.data(), all.data(), n * 2, DType::f32);
+  LayoutRouting out;
+  out.source = "measured";
+  const std::int64_t per_stage = rq.layout.world / rq.layout.pp, Ls = L / rq.layout.pp;
+  for (std::int64_t r = 0; r < host.size(); ++r) {
+    const std::int64_t st = r / per_stage;
+    for (std::int64_t mb = 0; mb < M; ++mb) {
+      SourceRouting src{r, mb, {}};
+      for (std::int64_t g = st * Ls; g < (st + 1) * Ls; ++g) {
+        if (!m.is_moe_layer(g)) continue;
+        const std::uint64_t* w = all.data() + std::size_t(r) * n + at(mb, g);
+        src.layers.push_back({g, std::vector<std::int64_t>(w, w + E), 0});
+      }
+      out.sources.push_back(std::move(src));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collective& data,
@@ -388,6 +476,7 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
   RankGroups groups(rq.layout, mine.rank, data, host);
   mine.stage = groups.stage;
   std::vector<double> seconds;
+  ShardedStep::SourceCounts my_routing;
   {
     std::unique_ptr<ModelledAllocator> modelled;
     std::unique_ptr<BudgetAllocator> budget;
@@ -455,6 +544,7 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
       mine.routed = true;
       mine.routed_trace = measured_figures(traced);
     }
+    if (step && !out.failure) my_routing = step->routed();
     if (modelled) {
       const AllocatorModelResult a = modelled->result();
       mine.allocator_modelled = true;
@@ -477,6 +567,7 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
   std::sort(seconds.begin(), seconds.end());
   mine.step_seconds = seconds[seconds.size() / 2];
   gather_ranks(out, mine, host, rq);
+  if (rq.gather_routing && rq.model.moe()) out.routing = gather_routing(rq, my_routing, host);
   return out;
 }
 

@@ -101,6 +101,11 @@ class ShardedStep {
   using ExpertRows = std::map<std::pair<std::int64_t, int>, std::int64_t>;
   const ExpertRows& expert_rows() const;
   void set_expert_rows(ExpertRows rows);
+  // A measured run of a mixture of experts: the choices this rank's own tokens routed to every
+  // global expert in the last step's forward, by (micro-batch, global layer) (routing per rank,
+  // LayoutRouting; empty in a trace).
+  using SourceCounts = std::map<std::pair<std::int64_t, int>, std::vector<std::int64_t>>;
+  const SourceCounts& routed() const;
 
   // One optimizer step: ledger.begin_step, the stage's micro-batches in 1F1B order (the end of
   // forward is marked after the forward that precedes the first backward), the optimizer.

@@ -5,10 +5,14 @@
 // expert drops do (min(routed, capacity) kept, in token order).
 #pragma once
 #include <cstdint>
+#include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trainmem/base/config.hpp"
+#include "trainmem/base/parallel.hpp"
 
 namespace trainmem {
 
@@ -34,6 +38,48 @@ Routing balanced_routing(const ModelConfig& m, const TrainConfig& t);
 // [0, b·s] (a token picks K distinct experts) and each layer's sum b·s·K; dropped as the run's
 // capacity drops them. InputError "--routing PATH: <field>: ..." otherwise.
 Routing read_routing_file(const std::string& path, const ModelConfig& m, const TrainConfig& t);
+
+// ---- per rank (expert parallelism, docs/distributed.md "Routing per rank")
+
+// What one rank of a layout (a "source") routed in one micro-batch: the choices its b·s/cp
+// tokens sent to every global expert in each MoE layer of its pipeline stage.
+struct SourceRouting {
+  std::int64_t rank = 0;         // the global rank (Megatron's order)
+  std::int64_t micro_batch = 0;  // 0 .. M-1
+  Routing layers;                // its stage's MoE layers, ascending
+};
+
+// Every source of a layout, by (rank, micro_batch) ascending, or none (balanced routing).
+struct LayoutRouting {
+  std::string source = "balanced";  // "balanced", "file PATH", "measured"
+  std::vector<SourceRouting> sources;
+  bool given() const { return !sources.empty(); }
+};
+
+// A routing file for a layout (resolved, tp = 1 as every MoE layout is): the per-rank form a
+// measured multi-rank `profile --dump-routing` writes (its "sources"; world_size, pp, cp and
+// microbatches must be the layout's, its ep may differ: the choices a rank makes do not depend
+// on where the experts live), or the one-rank form, applied to every rank and micro-batch when
+// its batch and seq are a rank's (b and s/cp). InputError "--routing PATH: <field>: ...".
+LayoutRouting read_layout_routing_file(const std::string& path, const ModelConfig& m,
+                                       const TrainConfig& t, const ParallelConfig& layout);
+
+// Balanced routing per rank: every source spreads its own b·(s/cp)·K choices as
+// balanced_routing does, in every micro-batch (what the analytic and a trace assume).
+LayoutRouting balanced_layout_routing(const ModelConfig& m, const TrainConfig& t,
+                                      const ParallelConfig& layout);
+
+// The per-rank file's document (docs/output-formats.md "Routing per rank").
+nlohmann::json layout_routing_json(const ModelConfig& m, const TrainConfig& t,
+                                   const ParallelConfig& layout, const LayoutRouting& r, int step);
+
+// The rows the experts of `rank` receive under `r`, by (micro-batch, global layer): the choices
+// of every rank of its expert-parallel group (the ep slots of its stage with its
+// expert-data-parallel index) for its E/ep experts. What ShardedStep::set_expert_rows takes.
+std::map<std::pair<std::int64_t, int>, std::int64_t> expert_rows_of(const LayoutRouting& r,
+                                                                    const ModelConfig& m,
+                                                                    const ParallelConfig& layout,
+                                                                    std::int64_t rank);
 
 // The choices past their expert's capacity: Σ_e max(0, routed_e − capacity); 0 without one.
 std::int64_t dropped_choices(const std::vector<std::int64_t>& routed, std::int64_t capacity);

@@ -14,6 +14,7 @@
 #include "trainmem/base/figures.hpp"
 #include "trainmem/comm/collective.hpp"
 #include "trainmem/probes/probes.hpp"
+#include "trainmem/run/routing.hpp"
 #include "trainmem/run/run.hpp"
 #include "trainmem/run/timeline.hpp"
 
@@ -31,11 +32,29 @@ struct RankTrace {
   std::optional<AllocatorModelResult> allocator_model;
 };
 
+// A mixture of experts under a given routing (trace_given_routing): the ranks whose experts
+// receive the same rows in every (micro-batch, MoE layer) share one trace, given those rows.
+struct RoutedRankTrace {
+  std::vector<std::int64_t> ranks;  // global ranks, ascending
+  std::int64_t stage = 0;
+  std::int64_t ep_index = 0;
+  std::int64_t max_rows = 0;       // the most rows its experts receive in one layer's dispatch
+  std::int64_t balanced_rows = 0;  // the same under balanced routing
+  MemoryFigures ledger;
+  std::uint64_t communication_peak = 0;
+  // The model states (params, gradients, optimizer states, inputs) against its stage's analytic
+  // profile, which assumes balanced routing and so is not compared on the rest.
+  std::vector<std::string> analytic_differences;
+};
+
 struct LayoutTrace {
   LayoutEstimate analytic;
   std::vector<RankTrace> ranks;  // one per analytic rank, same order
   int steps = 0;
   double seconds = 0;  // wall time of the traces
+  // --routing FILE: every rank traced given it (the ranks above stay balanced routing's).
+  std::string routing_source;
+  std::vector<RoutedRankTrace> routed;
   bool all_match() const;
 };
 
@@ -47,6 +66,10 @@ LayoutTrace trace_layout(const ModelConfig& model, const TrainConfig& train,
                          const ParallelConfig& layout, const OverheadOptions& overheads, int steps,
                          const std::optional<AllocatorSpec>& allocator = std::nullopt,
                          std::int64_t grad_rank = 0);
+
+// A mixture of experts: every rank of `lt`'s layout traced given `routing` (expert_rows_of),
+// into lt.routed; the same number of steps as lt's.
+void trace_given_routing(LayoutTrace& lt, const LayoutRouting& routing);
 
 // ---- measured multi-rank runs (docs/distributed.md, "Measured runs")
 
@@ -102,6 +125,8 @@ struct MeasuredLayout {
   std::vector<std::shared_ptr<Collective>> held_groups;
   // Where the weights and the global batch came from: --weights / --tokens, or "" (--seed).
   std::string weights, tokens;
+  // MeasureRequest::gather_routing: every rank's choices in the last step (source "measured").
+  LayoutRouting routing;
   bool all_match() const;
 };
 
@@ -121,6 +146,8 @@ struct MeasureRequest {
   // --weights (a safetensors file of the whole model, or one shard of an HF checkpoint) and
   // --tokens (the global batch: dp·M·b rows of seq int32 ids); empty: random of `seed`.
   std::string weights, tokens;
+  // A mixture of experts: gather every rank's routing of the last step (--dump-routing).
+  bool gather_routing = false;
 };
 
 // Runs this rank's sharded step (ShardedStep with a ShardedExecution) `steps` times on `backend`
