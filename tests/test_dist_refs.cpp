@@ -467,5 +467,121 @@ TEST(DistRefs, MegatronMixtureOfExpertsSplitsTheExperts) {
                "ep 1: every parameter at 6 + 12/8");
 }
 
+// mbridge's estimator (ISEEKYAN/mbridge memory_estimator, docs/distributed-references.md
+// "mbridge"), written out from estimate_013.report_memory_usage_one_pp_rank and the layer
+// classes' num_parameter / num_activation.
+TEST(DistRefs, MbridgeMixtralOnEightGpusByHand) {
+  const ModelConfig m = preset("mixtral-8x7b");  // h 4096, L 32, a 32, g 8, d 128, m 14336, E 8
+  TrainConfig t = run(1, 4096);
+  ParallelConfig par = layout(8, 1, 1, 1);
+  par.ep = 8;
+  const auto r = mbridge_reference(m, t, par);
+  ASSERT_TRUE(r.covers) << r.why_not;
+  // Per layer: qkv (32 + 2·8)·128·4096, proj 4096·4096, the pre-MLP norm 4096, the router 0,
+  // one expert 3·14336·4096; embedding and output 32000·4096 each, the final norm 4096.
+  const u64 layer = 48ull * 128 * 4096 + 4096ull * 4096 + 4096 + 3ull * 14336 * 4096;
+  const u64 P = 2ull * 32000 * 4096 + 32 * layer + 4096, experts = 32ull * 3 * 14336 * 4096;
+  EXPECT_EQ(P, 7241601024ull);
+  EXPECT_TRUE(has_note(r, "P = 7241601024 parameters")) << r.notes[1];
+  // Dense at 6 + 12/(dp·cp) = 7.5, the experts at 6 + 12/(8/1/8/1) = 18.
+  const ld states = static_cast<ld>(P - experts) * 7.5L + static_cast<ld>(experts) * 18.0L;
+  expect_bytes(r.gpu_total - r.activations, states, "weights, gradients, optimizer");
+  expect_bytes(r.gpu_total - r.activations, 113502025728.0L, "the hand figure");
+  // One micro-batch (n = pp − 0 = 1), elements: per layer 4·s·a·d (proj and its companions) +
+  // flash 2·s·g·d + router 2·s·h + dispatcher K·s·h + experts K·s·(2m + m) + pre-MLP norm s·h +
+  // two bias-dropout-adds 2·s·h; embedding s·h, final norm s·h, logits and fp32 softmax 3·s·V.
+  const u64 s = 4096, h = 4096;
+  const u64 per_layer = 4 * s * 32 * 128 + 2 * s * 8 * 128 + 2 * s * h + 2 * s * h +
+                        2 * s * (2 * 14336 + 14336) + s * h + 2 * s * h;
+  EXPECT_EQ(per_layer, 545259520ull);
+  const u64 A = s * h + 32 * per_layer + s * h + 3 * s * 32000;
+  EXPECT_EQ(r.activations, 2 * A);  // 35,750,150,144 B (33.29 GiB in its report)
+  EXPECT_EQ(r.gpu_total, static_cast<u64>(std::llround(states)) + 2 * A);
+  EXPECT_EQ(gpu_terms(r), r.gpu_total);
+  // Full recompute (uniform, 1 layer): the layer inputs s·h·L plus the embedding, plus the larger
+  // of one layer and the output layer.
+  t.checkpointing = Checkpointing::full;
+  const auto full = mbridge_reference(m, t, par);
+  const u64 common = s * h + s * h * 32;
+  EXPECT_EQ(full.activations, 2 * (common + std::max(per_layer, 3 * s * 32000)));
+  EXPECT_EQ(full.activations, 2197815296ull);
+  // Selective: core attention (2·s·g·d) dropped from every layer.
+  t.checkpointing = Checkpointing::selective;
+  EXPECT_EQ(mbridge_reference(m, t, par).activations, 2 * (A - 32 * (2 * s * 8 * 128)));
+  // ep 1: every parameter at the dense rate (ep·etp = 1), the experts whole on every rank.
+  par.ep = 1;
+  t.checkpointing = Checkpointing::none;
+  const auto one = mbridge_reference(m, t, par);
+  const u64 P1 = P + 32 * 7 * (3ull * 14336 * 4096);
+  expect_bytes(one.gpu_total - one.activations, static_cast<ld>(P1) * 7.5L, "ep 1");
+}
+
+TEST(DistRefs, MbridgeQwen3MoeCountsQkNormsAndTheLossPeak) {
+  const ModelConfig m = preset("qwen3-30b-a3b");  // h 2048, L 48, a 32, g 4, d 128, m 768, E 128
+  TrainConfig t = run(1, 4096);
+  t.checkpointing = Checkpointing::full;
+  ParallelConfig par = layout(8, 1, 1, 1);
+  par.ep = 8;
+  const auto r = mbridge_reference(m, t, par);
+  ASSERT_TRUE(r.covers) << r.why_not;
+  // Per layer: qkv 40·128·2048, proj 2048·4096, q/k norms 2·128, pre-MLP norm 2048, 16 experts of
+  // 3·768·2048; embedding and output 151936·2048 each, final norm 2048.
+  const u64 experts = 48ull * 16 * 3 * 768 * 2048;
+  const u64 P = 2ull * 151936 * 2048 + 48 * (40ull * 128 * 2048 + 2048ull * 4096 + 256 + 2048) +
+                experts + 2048;
+  EXPECT_EQ(P, 5152290816ull);
+  expect_bytes(r.gpu_total - r.activations,
+               static_cast<ld>(P - experts) * 7.5L + static_cast<ld>(experts) * 18.0L,
+               "weights, gradients, optimizer");
+  // Full recompute: the output (3·s·V = 1,866,989,568) is larger than one layer, so the peak is
+  // the loss's: s·h·(1 + 48) + 3·s·V elements.
+  const u64 s = 4096, h = 2048;
+  EXPECT_EQ(r.activations, 2 * (s * h * 49 + 3 * s * 151936));
+  EXPECT_EQ(r.activations, 4556062720ull);
+}
+
+TEST(DistRefs, MbridgeDenseLlamaOverPipelineRanks) {
+  // LLaMA-2-7B at tp 2, pp 2, dp 2, b 1, s 2048, M 4 (which the estimator does not read).
+  ParallelConfig par = layout(2, 2, 2, 1);
+  par.microbatches = 4;
+  const auto r = mbridge_reference(preset("llama2-7b"), run(1, 2048), par);
+  ASSERT_TRUE(r.covers) << r.why_not;
+  // Rank 0: embedding 16000·4096 and 16 layers of qkv 3·64·128·4096/… = 96·128/2·4096, proj
+  // 4096·2048, MLP 3·5504·4096 (no norms: the fused input norm and a dense layer's pre-MLP norm
+  // are not counted).
+  const u64 layer = 48ull * 128 * 4096 + 4096ull * 2048 + 3ull * 5504 * 4096;
+  const u64 P0 = 16000ull * 4096 + 16 * layer;
+  EXPECT_EQ(P0, 1684537344ull);
+  expect_bytes(r.gpu_total - r.activations, static_cast<ld>(P0) * 12.0L, "6 + 12/(dp·cp)");
+  // Activations: n = pp − 0 = 2 micro-batches; per layer 4·s·(a/tp)·d + 2·s·(g/tp)·d +
+  // 3·s·i/tp (full s) + 2·(s/tp)·h (sequence parallel on, as its web UI sets it for tp > 1).
+  const u64 s = 2048, h = 4096;
+  const u64 per_layer = 4 * s * 16 * 128 + 2 * s * 16 * 128 + 3 * s * 5504 + 2 * (s / 2) * h;
+  EXPECT_EQ(r.activations, 2 * 2 * (s * h + 16 * per_layer));  // 4,345,298,944 B
+  // Rank 1 (in the notes): the final norm and output layer's parameters, one micro-batch with
+  // the final norm's s·h and the logits' 3·s·V/tp.
+  const u64 P1 = 16 * layer + 4096 + 16000ull * 4096;
+  const u64 A1 = 16 * per_layer + s * h + 3 * s * 16000;
+  const u64 total1 = P1 * 12 + 2 * A1;
+  EXPECT_TRUE(has_note(r, "rank 1 " + std::to_string(total1) + " B")) << r.notes.front();
+  EXPECT_TRUE(has_note(r, "n = pp − pp_rank = 2 micro-batches in flight whatever --microbatches"));
+}
+
+TEST(DistRefs, MbridgeSaysWhatItDoesNotCover) {
+  ModelConfig m = preset("llama-7b");
+  m.vocab = 32001;
+  const auto odd = mbridge_reference(m, run(1, 512), layout(2, 2, 1, 1));
+  EXPECT_FALSE(odd.covers);
+  EXPECT_NE(odd.why_not.find("vocab 32001 is not divisible by tp 2"), std::string::npos)
+      << odd.why_not;
+  EXPECT_TRUE(mbridge_reference(m, run(1, 512), layout(2, 1, 1, 1)).covers);
+  const auto off =
+      mbridge_reference(preset("llama-7b"), run(1, 512), layout(8, 1, 1, 2, Offload::optimizer));
+  EXPECT_FALSE(off.covers);
+  TrainConfig lora = run(1, 512);
+  lora.lora_rank = 8;
+  EXPECT_FALSE(mbridge_reference(preset("llama-7b"), lora, layout(8, 1, 1, 2)).covers);
+}
+
 }  // namespace
 }  // namespace trainmem

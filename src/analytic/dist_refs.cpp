@@ -551,6 +551,7 @@ ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& tr
                        ma.output_formula, false});
   settle(r.terms, 1, checked_add(weights, acts, "megatron total"));
   r.activations = acts;
+  r.activations_counted = true;
   r.gpu_total = checked_add(weights, acts, "megatron total");
   megatron_notes(r, model, train, par, sp_branch, Vp, mw.p_shard);
   if (model.moe())
@@ -565,6 +566,238 @@ ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& tr
         "formulas have no MoE term (every layer priced as a dense one of width ffn = "
         "intermediate), so the routed rows trainmem counts (b·s·K of h and of m per MoE layer, "
         "the dispatch buffers) are not in it");
+  return r;
+}
+
+}  // namespace trainmem
+
+// ---- mbridge (ISEEKYAN/mbridge memory_estimator, docs/distributed-references.md "mbridge")
+
+namespace trainmem {
+namespace {
+
+u64 sum_of(std::initializer_list<u64> xs, const char* what) {
+  u64 total = 0;
+  for (u64 x : xs) total = checked_add(total, x, what);
+  return total;
+}
+
+const char* kMbridge =
+    "ISEEKYAN/mbridge memory_estimator/estimate_013.py: report_memory_usage_one_pp_rank over "
+    "moe_mem_estimator/gpt_model.py and layers.py (num_parameter, num_activation)";
+
+// One pipeline rank as the estimator sees it: parameters (routed experts apart), activation
+// elements of one micro-batch by part, and what its report adds up.
+struct MbridgeRank {
+  u64 P = 0, P_sparse = 0;
+  double pre = 0, layers = 0, final_norm = 0, post = 0, between = 0, first_layer = 0;
+  u64 L_r = 0, n = 0;
+  double acts = 0;  // A_r: elements, already / cp
+  double wgo = 0;   // weight_grad_optim bytes
+};
+
+MbridgeRank mbridge_rank(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p,
+                         std::int64_t r) {
+  const u64 h = u(m.hidden), a = u(m.heads), g = u(m.kv_heads), d = u(m.head_dim());
+  const u64 tp = u(p.tp), pp = u(p.pp), cp = u(p.cp), ep = u(p.ep), etp = u(p.etp);
+  const u64 V = u(m.vocab), b = u(t.batch), s = u(t.seq);
+  const bool first = r == 0, last = r + 1 == p.pp;
+  const bool selective = t.checkpointing == Checkpointing::selective;
+  MbridgeRank x;
+  // Parameters (GPTModel.num_parameter): VocabParallelEmbedding (V/tp)·h, no padding.
+  const u64 Vt = V / tp;
+  if (first) x.P = checked_add(x.P, checked_mul(Vt, h, "mbridge params"));
+  const u64 qkv_out = checked_product({a + 2 * g, d}, "mbridge params") / tp;
+  const u64 attn = sum_of({checked_mul(qkv_out, h), m.qkv_bias ? qkv_out : 0,
+                           checked_mul(h, checked_mul(a, d) / tp), m.qk_norm ? 2 * d : 0},
+                          "mbridge params");
+  // Sequence parallelism is on whenever tp > 1 (the web UI); it divides the norms and the
+  // bias-dropout-adds only. MoE tokens: s // tp · etp.
+  const double s_sp = tp > 1 ? f(s) / f(tp) : f(s);
+  const u64 s_moe = s / tp * etp, T = checked_mul(b, s_moe);
+  const u64 Ls = u(m.layers) / pp;
+  x.L_r = Ls;
+  for (u64 l = u(r) * Ls; l < (u(r) + 1) * Ls; ++l) {
+    const bool moe = m.is_moe_layer(std::int64_t(l));
+    u64 params = attn;
+    double act = 4.0 * f(checked_product({b, s, checked_mul(a, d) / tp}, "mbridge acts"));
+    if (!selective)  // TEDotProductAttention: 2·b·s·(g/tp)·d, doubled under cp
+      act += f(checked_product({2, b, s, g / tp, d}, "mbridge acts")) * (cp > 1 ? 2.0 : 1.0);
+    if (moe) {
+      const u64 mw = u(m.expert_intermediate), E = u(m.experts), K = u(m.experts_per_token);
+      const u64 ms = u(m.shared_expert_intermediate);
+      // Router: 0 parameters (TopKRouter.num_parameter). Experts: E/ep of fc1 h × 2m/etp and
+      // fc2 m/etp × h. Shared expert: an MLP of width ms over tp. Pre-MLP norm: h.
+      const u64 experts = checked_product({E / ep, h, 3 * (mw / etp)}, "mbridge params");
+      x.P_sparse = checked_add(x.P_sparse, experts);
+      params = sum_of({params, experts, checked_product({3, ms / tp, h}), h}, "mbridge params");
+      const u64 rows = checked_mul(s_moe, K);  // int(s'·K) per sample
+      act += 2.0 * f(checked_mul(T, h)) + f(checked_product({K, T, h}, "mbridge acts"));
+      act += f(checked_product({b, rows, 2 * (mw / etp)}, "mbridge acts")) +
+             f(checked_product({b, rows, 2 * (mw / etp)}, "mbridge acts")) / 2.0;
+      act += f(checked_product({b, s_moe, 2 * ms / tp})) +
+             f(checked_product({b, s_moe, 2 * ms / tp})) / 2.0;
+      act += f(checked_mul(b, h)) * s_sp;  // pre_mlp_layernorm
+    } else {
+      const u64 ffn = u(m.intermediate);
+      params = checked_add(params, checked_product({3, ffn / tp, h}, "mbridge params"));
+      act += f(checked_product({b, s, 2 * (ffn / tp)}, "mbridge acts")) +
+             f(checked_product({b, s, 2 * (ffn / tp)}, "mbridge acts")) / 2.0;
+    }
+    act += 2.0 * f(checked_mul(b, h)) * s_sp;  // self_attn_bda + mlp_bda
+    if (l == u(r) * Ls) x.first_layer = act;
+    x.layers += act;
+    x.P = checked_add(x.P, params, "mbridge params");
+  }
+  const double bsh = f(checked_product({b, s, h}, "mbridge acts"));
+  if (first) x.pre = bsh;
+  if (last) {
+    x.P = sum_of({x.P, h, checked_mul(Vt, h)}, "mbridge params");  // final norm, output layer
+    x.final_norm = bsh;
+    x.post = 3.0 * f(checked_product({b, s, Vt}, "mbridge acts"));  // logits + fp32 softmax
+  }
+  x.between = bsh;
+  x.n = pp - u(r);  // in-flight micro-batches, whatever M
+  const double chunk = x.pre + x.layers + x.final_norm + x.post;
+  double A;
+  if (t.checkpointing == Checkpointing::full) {
+    const double common = x.pre + x.between * f(x.L_r) * f(x.n);
+    A = std::max(common + x.post, common + x.first_layer);
+  } else {
+    A = (chunk - x.post) * f(x.n) + x.post;
+  }
+  x.acts = A / f(cp);
+  // Bytes: 18, or 6 + 12/dp/cp (dense) and 6 + 12/(world/pp/ep/etp) (routed experts).
+  const bool distopt = p.zero >= 1;
+  const double B_dense = distopt ? 6.0 + 12.0 / f(u(p.dp)) / f(cp) : 18.0;
+  if (ep * etp > 1) {
+    const double edp = f(u(p.world)) / f(pp) / f(ep) / f(etp);
+    const double B_moe = distopt ? 6.0 + 12.0 / edp : 18.0;
+    x.wgo = f(x.P - x.P_sparse) * B_dense + f(x.P_sparse) * B_moe;
+  } else {
+    x.wgo = f(x.P) * B_dense;
+  }
+  return x;
+}
+
+}  // namespace
+
+ReferenceRank mbridge_reference(const ModelConfig& model, const TrainConfig& train,
+                                const ParallelConfig& par) {
+  model.validate();
+  ReferenceRank r;
+  r.profile = "mbridge";
+  r.source = kMbridge;
+  if (train.lora()) {
+    r.why_not = kFullFineTuneOnly;
+    return r;
+  }
+  if (par.offload != Offload::none) {
+    r.why_not = std::string("offload ") + offload_name(par.offload) +
+                ": the estimator has no CPU-offload term";
+    return r;
+  }
+  if (model.vocab % par.tp != 0) {
+    r.why_not = "vocab " + num(model.vocab) + " is not divisible by tp " + num(par.tp) +
+                ": the estimator splits the vocabulary unpadded and asserts it";
+    return r;
+  }
+  if (par.tp < 1 || par.pp < 1 || par.dp < 1 || par.cp < 1 || par.ep < 1 || par.etp < 1)
+    throw InputError("mbridge reference: the layout's degrees must be >= 1");
+  r.covers = true;
+  r.activations_counted = true;
+  std::vector<MbridgeRank> ranks;
+  for (std::int64_t k = 0; k < par.pp; ++k) ranks.push_back(mbridge_rank(model, train, par, k));
+  const MbridgeRank& x = ranks.front();
+  const bool split = par.ep * par.etp > 1;
+  const bool distopt = par.zero >= 1;
+  const u64 wgo = nearest(x.wgo);
+  const u64 acts = nearest(2.0 * x.acts);
+  const u64 total = nearest(x.wgo + 2.0 * x.acts);
+  if (split) {
+    r.terms.push_back(
+        {"weights, gradients, optimizer: dense",
+         nearest(f(x.P - x.P_sparse) * (distopt ? 6.0 + 12.0 / f(u(par.dp)) / f(u(par.cp)) : 18.0)),
+         std::string("(P − P_experts)·") + (distopt ? "(6 + 12/dp/cp)" : "18"), false});
+    r.terms.push_back({"weights, gradients, optimizer: routed experts", 0,
+                       std::string("P_experts·") + (distopt ? "(6 + 12/(world/pp/ep/etp))" : "18"),
+                       false});
+    settle(r.terms, 1, wgo);
+  } else {
+    r.terms.push_back({"weights, gradients and optimizer", wgo,
+                       std::string("P·") + (distopt ? "(6 + 12/dp/cp)" : "18"), false});
+  }
+  const std::size_t first_act = r.terms.size();
+  const std::string per = par.cp > 1 ? "·2 B/cp" : "·2 B";
+  if (train.checkpointing == Checkpointing::full) {
+    r.terms.push_back(
+        {"activations: layer inputs (full recompute)", 0, "(b·s·h + b·s·h·L_r·n)" + per, false});
+    r.terms.push_back({"activations: one layer recomputed, or the output",
+                       nearest(2.0 * std::max(x.post, x.first_layer) / f(u(par.cp))),
+                       "max(first layer, 3·b·s·V/tp)" + per, false});
+  } else {
+    r.terms.push_back(
+        {"activations: transformer layers (n micro-batches)", 0, "Σ layers·n" + per, false});
+    r.terms.push_back({"activations: embedding output",
+                       nearest(2.0 * x.pre * f(x.n) / f(u(par.cp))), "b·s·h·n" + per, false});
+    if (par.pp == 1)
+      r.terms.push_back({"activations: final norm, logits and fp32 softmax",
+                         nearest(2.0 * (x.final_norm * f(x.n) + x.post) / f(u(par.cp))),
+                         "(b·s·h·n + 3·b·s·V/tp)" + per, false});
+  }
+  settle(r.terms, first_act, total);
+  r.activations = acts;
+  r.gpu_total = total;
+  // Notes: the rank, the parameters as counted, the mapping of our flags, what is left out.
+  std::string every;
+  double worst = 0;
+  for (std::size_t k = 0; k < ranks.size(); ++k) {
+    const double tk = ranks[k].wgo + 2.0 * ranks[k].acts;
+    worst = std::max(worst, tk);
+    every += (k ? ", " : "") + std::string("rank ") + num(std::int64_t(k)) + " " +
+             num(nearest(tk)) + " B";
+  }
+  r.notes.push_back("pipeline rank 0 of " + num(par.pp) + " (" + every +
+                    "); its web UI's \"Total\" is the largest, " + num(nearest(worst)) +
+                    " B, plus an overhead it adds (10 GiB by default) for the CUDA context, NCCL "
+                    "and fragmentation");
+  r.notes.push_back(
+      "P = " + num(x.P) + " parameters on the rank" +
+      (model.moe() ? ", P_experts = " + num(x.P_sparse) +
+                         " of them routed experts (E/ep per layer, widths /etp)"
+                   : std::string()) +
+      ": the router's E·h per MoE layer counted as 0 (TopKRouter.num_parameter), the input norms "
+      "and a dense layer's pre-MLP norm not counted (fused into TE's linear), the vocabulary "
+      "unpadded, the output layer counted even when tied" +
+      (model.shared_expert_intermediate > 0 ? ", the shared expert's gate not counted" : ""));
+  r.notes.push_back(
+      std::string(distopt ? "--zero " + num(std::int64_t(par.zero)) +
+                                " mapped to use_distributed_optimizer: "
+                          : "no distributed optimizer: 18 B a parameter; ") +
+      (distopt
+           ? "6 + 12/(dp·cp) bytes a dense parameter" +
+                 std::string(
+                     split ? " and 6 + 12/(world/(pp·ep·etp)) a routed expert's (ep·etp > 1)" : "")
+           : std::string()) +
+      "; bf16 params, fp32 grads and Adam's fp32 states assumed, as written");
+  r.notes.push_back(
+      "activations at 2 B an element whatever the dtype; n = pp − pp_rank = " + num(x.n) +
+      " micro-batches in flight whatever --microbatches; sequence parallelism on whenever tp > 1 "
+      "(its web UI), dividing the norms and bias-dropout-adds only; flash attention's "
+      "2·b·s·(g/tp)·d (doubled under cp), no a·s² score term; a MoE layer's tokens s//tp·etp, "
+      "routed evenly (K rows each, no dispatch buffers); every term / cp");
+  r.notes.push_back(
+      std::string("checkpointing ") + checkpointing_name(train) +
+      (train.checkpointing == Checkpointing::full
+           ? " = recompute_granularity full, method uniform, 1 layer: the layer inputs of n "
+             "micro-batches plus the larger of one layer's activations and the output's"
+       : train.checkpointing == Checkpointing::selective
+           ? " = recompute_granularity selective with no recompute_modules: only core attention is "
+             "dropped"
+           : " = recompute_granularity none"));
+  r.notes.push_back(
+      "not counted: communication buffers (the all-to-all included), workspaces, the optimizer "
+      "step's temporaries, the CUDA context, allocator reserve and fragmentation");
   return r;
 }
 

@@ -52,37 +52,42 @@ json rank_json(const RankEstimate& r) {
 
 std::vector<ReferenceRank> references(const LayoutEstimate& le) {
   return {deepspeed_reference(le.model, le.train, le.layout),
-          megatron_reference(le.model, le.train, le.layout)};
+          megatron_reference(le.model, le.train, le.layout),
+          mbridge_reference(le.model, le.train, le.layout)};
 }
 
-// The groups a reference can be compared on, for the first stage's peak (Megatron reports the
-// first stage; DeepSpeed covers pp = 1 only, where stage 0 is every rank).
+// The groups a reference can be compared on, for the first stage's peak (Megatron and mbridge
+// report the first stage; DeepSpeed covers pp = 1 only, where stage 0 is every rank).
 struct Group {
   const char* name;
   std::uint64_t ours;
-  std::optional<std::uint64_t> deepspeed, megatron;  // nullopt: not counted
+  std::vector<std::optional<std::uint64_t>> theirs;  // per estimator; nullopt: not counted
 };
 
 std::vector<Group> reference_groups(const LayoutEstimate& le,
                                     const std::vector<ReferenceRank>& refs) {
   const CategoryBytes& pk = le.ranks.front().est.figures.peak_breakdown;
   auto at = [&](Category c) { return pk[static_cast<int>(c)]; };
-  const ReferenceRank& ds = refs[0];
-  const ReferenceRank& mg = refs[1];
-  auto some = [](bool covers, std::uint64_t v) {
-    return covers ? std::optional<std::uint64_t>(v) : std::nullopt;
+  auto each = [&](auto&& value) {
+    std::vector<std::optional<std::uint64_t>> v;
+    for (const ReferenceRank& r : refs) v.push_back(r.covers ? value(r) : std::nullopt);
+    return v;
   };
+  using Opt = std::optional<std::uint64_t>;
+  const std::vector<Opt> none(refs.size());
   const std::uint64_t states =
       at(Category::params) + at(Category::gradients) + at(Category::optimizer_states);
   return {
-      {"model states (params, gradients, optimizer)", states, some(ds.covers, ds.gpu_total),
-       some(mg.covers, mg.gpu_total - mg.activations)},
-      {"activations", at(Category::activations), std::nullopt, some(mg.covers, mg.activations)},
-      {"workspace", at(Category::workspace), std::nullopt, std::nullopt},
-      {"communication", at(Category::communication), std::nullopt, std::nullopt},
-      {"inputs", at(Category::inputs), std::nullopt, std::nullopt},
-      {"total (GPU)", le.ranks.front().est.figures.peak, some(ds.covers, ds.gpu_total),
-       some(mg.covers, mg.gpu_total)},
+      {"model states (params, gradients, optimizer)", states,
+       each([](const ReferenceRank& r) { return Opt(r.gpu_total - r.activations); })},
+      {"activations", at(Category::activations), each([](const ReferenceRank& r) {
+         return r.activations_counted ? Opt(r.activations) : std::nullopt;
+       })},
+      {"workspace", at(Category::workspace), none},
+      {"communication", at(Category::communication), none},
+      {"inputs", at(Category::inputs), none},
+      {"total (GPU)", le.ranks.front().est.figures.peak,
+       each([](const ReferenceRank& r) { return Opt(r.gpu_total); })},
   };
 }
 
@@ -105,27 +110,27 @@ json references_json(const LayoutEstimate& le) {
                    {"notes", r.notes}});
   }
   json groups = json::array();
-  auto opt = [](const std::optional<std::uint64_t>& v) { return v ? json(*v) : json(); };
-  for (const auto& g : reference_groups(le, refs))
-    groups.push_back({{"group", g.name},
-                      {"ours_stage0_at_peak", g.ours},
-                      {"deepspeed", opt(g.deepspeed)},
-                      {"megatron", opt(g.megatron)}});
+  for (const auto& g : reference_groups(le, refs)) {
+    json j{{"group", g.name}, {"ours_stage0_at_peak", g.ours}};
+    for (std::size_t k = 0; k < refs.size(); ++k)
+      j[refs[k].profile] = g.theirs[k] ? json(*g.theirs[k]) : json();
+    groups.push_back(std::move(j));
+  }
   return {{"estimators", out}, {"by_group", groups}};
 }
 
 // Ours (stage 0 at its peak) beside each estimator, group by group; "-" where it counts nothing.
 report::Table references_table(const LayoutEstimate& le, const std::vector<ReferenceRank>& refs,
                                ByteUnit u) {
-  report::Table t({{"stage 0 at its peak", report::Align::left},
-                   {"trainmem (" + std::string(u.name) + ")"},
-                   {"deepspeed"},
-                   {"megatron"},
-                   {"trainmem − deepspeed"},
-                   {"trainmem − megatron"}});
+  std::vector<report::Table::Column> cols = {{"stage 0 at its peak", report::Align::left},
+                                             {"trainmem (" + std::string(u.name) + ")"}};
+  for (const auto& r : refs) cols.push_back({r.profile});
+  for (const auto& r : refs) cols.push_back({"trainmem − " + r.profile});
+  report::Table t(cols);
+  bool any = false;
+  for (const auto& r : refs) any |= r.covers;
   auto cell = [&](const std::optional<std::uint64_t>& v) {
-    return v ? format_bytes(*v, u)
-             : std::string(refs[0].covers || refs[1].covers ? "not counted" : "-");
+    return v ? format_bytes(*v, u) : std::string(any ? "not counted" : "-");
   };
   auto shortfall = [&](std::uint64_t ours, const std::optional<std::uint64_t>& v, bool covers) {
     if (!covers) return std::string("-");
@@ -133,10 +138,13 @@ report::Table references_table(const LayoutEstimate& le, const std::vector<Refer
     return format_signed_bytes(static_cast<std::int64_t>(ours) - static_cast<std::int64_t>(theirs),
                                u);
   };
-  for (const auto& g : reference_groups(le, refs))
-    t.add_row({g.name, format_bytes(g.ours, u), cell(g.deepspeed), cell(g.megatron),
-               shortfall(g.ours, g.deepspeed, refs[0].covers),
-               shortfall(g.ours, g.megatron, refs[1].covers)});
+  for (const auto& g : reference_groups(le, refs)) {
+    std::vector<report::Cell> row = {report::Cell(g.name), report::Cell(format_bytes(g.ours, u))};
+    for (const auto& v : g.theirs) row.push_back(report::Cell(cell(v)));
+    for (std::size_t k = 0; k < refs.size(); ++k)
+      row.push_back(report::Cell(shortfall(g.ours, g.theirs[k], refs[k].covers)));
+    t.add_row(row);
+  }
   return t;
 }
 

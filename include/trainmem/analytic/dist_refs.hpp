@@ -9,6 +9,10 @@
 //   megatron   compute_weight_and_optimizer_memory + compute_activation_memory[_without_sp]
 //              (megatron/training/theoretical_memory_usage.py): the most loaded rank, which is
 //              the first pipeline stage.
+//   mbridge    ISEEKYAN/mbridge memory_estimator (estimate_013.report_memory_usage_one_pp_rank
+//              over moe_mem_estimator's layer classes, what its web UI runs): every pipeline
+//              rank's parameters, weight/gradient/optimizer bytes and activations; the first
+//              rank is the one reported (the others in its notes).
 //
 // Both estimators compute in Python floats; the functions here follow their evaluation order in
 // IEEE doubles and round where the source does (int() truncation in DeepSpeed; Megatron returns
@@ -42,6 +46,7 @@ struct ReferenceRank {
   // DeepSpeed splits nothing (one model-states figure); Megatron splits activations from
   // "weight and optimizer" (which it does not split further).
   std::uint64_t params = 0, gradients = 0, optimizer_states = 0, activations = 0;
+  bool activations_counted = false;  // the estimator has an activation term (`activations`)
   std::uint64_t gpu_total = 0;       // what the estimator says one GPU needs (sum of GPU terms)
   std::uint64_t host_total = 0;      // CPU memory it states (DeepSpeed), 0 otherwise
   std::vector<ReferenceTerm> terms;  // every term it adds
@@ -68,6 +73,16 @@ ReferenceRank deepspeed_reference(const ModelConfig& model, const TrainConfig& t
 // offload (no term for it). Validates the model.
 ReferenceRank megatron_reference(const ModelConfig& model, const TrainConfig& train,
                                  const ParallelConfig& parallel, bool selective_recompute = false);
+
+// mbridge's memory estimator for pipeline rank 0 (docs/distributed-references.md, "mbridge"):
+// weights, gradients and optimizer at 18 B/param, or with the distributed optimizer (--zero >= 1)
+// 6 + 12/(dp·cp) for the dense parameters and 6 + 12/(world/(pp·ep·etp)) for the routed experts
+// (when ep·etp > 1); activations of n = pp − pp_rank micro-batches at 2 B an element, / cp.
+// --checkpointing none -> recompute "none", full (and per-layer policies) -> "full" uniform over
+// 1 layer, selective -> "selective" (core attention dropped). covers = false for LoRA, offload,
+// and a vocabulary tp does not divide (the estimator asserts it). Validates the model.
+ReferenceRank mbridge_reference(const ModelConfig& model, const TrainConfig& train,
+                                const ParallelConfig& parallel);
 
 // Largest single module's own parameters, as DeepSpeed's model_to_params (stage3.py) finds
 // them for a HuggingFace LlamaForCausalLM: max over modules of the sum of the module's direct
