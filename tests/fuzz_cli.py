@@ -14,6 +14,8 @@ rerun by itself with --only i): mutants of
   report   a JSON report for `diff` (from estimate/profile --format json), mutated like configs;
   events   an allocation sequence for `replay` ({"events": [...]}), mutated like configs, with
            hostile --allocator specs and --budget sizes;
+  routing  a --routing file for tiny-qwen3-moe's meta trace: per rank (a layout's, with ep, pp,
+           cp) or one rank's, its sources' and layers' fields and the document mutated;
   flags    flag values at and around their bounds, negative, huge, non-numbers, empty, unicode,
            sizes like 1e309GiB, across estimate, profile (meta and cpu), maxbatch, plan, sweep,
            diff.
@@ -579,8 +581,68 @@ def case_events(rng, env):
     return args, files
 
 
+def routing_counts(rng, tokens, experts=8, k=2):
+    """tokens·k choices over `experts`, each expert at most `tokens` (a token picks k distinct)."""
+    counts = [0] * experts
+    for _ in range(tokens):
+        for e in rng.sample(range(experts), k):
+            counts[e] += 1
+    return counts
+
+
+def case_routing(rng, env):
+    """A routing file for tiny-qwen3-moe (E 8, K 2, two MoE layers) at b 1, s 12: per rank
+    (world 4 or 8, ep 1/2/4) for the meta trace of a layout, or one rank's for one GPU."""
+    layout = rng.random() < 0.75
+    world = rng.choice([4, 8]) if layout else 1
+    pp = rng.choice([1, 2]) if layout else 1
+    cp = rng.choice([1, 1, 2]) if layout and pp == 1 else 1
+    tokens = 12 // cp
+    layers = lambda lo, hi: [{"layer": g, "tokens_per_expert": routing_counts(rng, tokens)}
+                             for g in range(lo, hi)]
+    base = {"model": "tiny-qwen3-moe", "batch": 1, "seq": 12, "experts": 8,
+            "experts_per_token": 2}
+    if layout and rng.random() < 0.8:
+        per = world // pp
+        base.update({"world_size": world, "pp": pp, "cp": cp, "ep": 2, "microbatches": 1,
+                     "sources": [{"rank": r, "micro_batch": 0,
+                                  "layers": layers(r // per * (2 // pp), (r // per + 1) * (2 // pp))}
+                                 for r in range(world)]})
+    else:
+        base["seq"] = tokens
+        base["layers"] = layers(0, 2)
+    # Nested mutations first (the sources' and layers' fields), then the document's.
+    for _ in range(rng.choice([0, 1, 2])):
+        where = base.get("sources") or [base]
+        item = rng.choice(where)
+        if "layers" in item and item["layers"] and rng.random() < 0.6:
+            rec = rng.choice(item["layers"])
+            if rng.random() < 0.5 and rec.get("tokens_per_expert"):
+                t = rec["tokens_per_expert"]
+                t[rng.randrange(len(t))] = json_value(rng)
+            else:
+                rec[rng.choice(["layer", "tokens_per_expert", "dropped"])] = json_value(rng)
+        else:
+            item[rng.choice(["rank", "micro_batch", "layers"])] = json_value(rng)
+    files = {"routing.json": mutate_json_text(rng, base, [
+        "sources", "layers", "world_size", "pp", "cp", "ep", "microbatches", "batch", "seq",
+        "experts", "experts_per_token"])}
+    args = ["profile", "--backend", "meta", "--model", "tiny-qwen3-moe", "--batch", "1", "--seq",
+            "12", "--routing", "routing.json"]
+    if layout:
+        args += ["--world-size", str(world), "--ep", str(rng.choice([1, 2, 4]))]
+        if pp > 1:
+            args += ["--pp", str(pp)]
+        if cp > 1:
+            args += ["--cp", str(cp), "--attention", "flash"]
+    if rng.random() < 0.3:
+        args += ["--format", rng.choice(["json", "csv", "markdown", "html"])]
+    return args, files
+
+
 KINDS = [("config", case_config, 30), ("weights", case_weights, 20), ("tokens", case_tokens, 8),
-         ("report", case_report, 12), ("flags", case_flags, 30), ("events", case_events, 8)]
+         ("report", case_report, 12), ("flags", case_flags, 30), ("events", case_events, 8),
+         ("routing", case_routing, 6)]
 
 
 def make_case(seed, i, env):

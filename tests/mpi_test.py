@@ -126,6 +126,26 @@ def expect_single_losses(exe, doc, rows, what, out, extra=(), model="tiny"):
                f"{what}: losses {got} equal the single rank's {want} within 1e-5", out)
 
 
+def expect_routing_reproduced(exe, doc, spec, routes, what, out):
+    """The meta trace given a measured run's dumped routing (`spec`: the run's flags on meta)
+    equals every measured rank's books byte for byte."""
+    rc, out2, err2 = single(exe, spec + ["--routing", routes])
+    expect(rc == 0, f"{what}: meta given the measured routing: exit {rc}", out2, err2)
+    if rc != 0:
+        return
+    given = json.loads(out2)
+    expect(given.get("all_ranks_match") is True,
+           f"{what}: given the routing, the model states match the analytic", out2)
+    traced = {r: g["ledger"] for g in given["given_routing"]["ranks"] for r in g["ranks"]}
+    keys = ("params", "gradients", "optimizer_states", "activations", "activations_peak",
+            "workspace", "peak")
+    for m in doc["measured_ranks"]:
+        t = traced.get(m["rank"], {})
+        expect(all(m["ledger"].get(k) == t.get(k) for k in keys),
+               f"{what}: rank {m['rank']}'s measured books equal the meta trace given the "
+               f"dumped routing ({m['ledger']} vs {t})", out)
+
+
 def single(exe, args):
     """One process, not under a launcher."""
     env = {k: v for k, v in os.environ.items()
@@ -274,9 +294,8 @@ def main():
             expect_single_losses(a.trainmem, doc, 2 * n, "moe dp", out, model="tiny-qwen3-moe")
         # Expert parallelism measured: --ep 2 (every rank's ledger against its own trace given
         # the rows its experts received; the model states against the analytic), the losses the
-        # single rank's.
-        # --dump-routing writes every rank's choices (rank 0); the meta trace given that file
-        # reproduces every measured rank's books, and takes it at another ep too.
+        # single rank's; --dump-routing writes every rank's choices (rank 0), and the meta trace
+        # given that file reproduces every measured rank's books and takes it at ep 4 too.
         if n % 2 == 0:
             tmp = tempfile.mkdtemp(prefix="trainmem-mpi-routing-")
             routes = os.path.join(tmp, "routes.json")
@@ -291,39 +310,27 @@ def main():
                 expect_single_losses(a.trainmem, doc, 2 * n, "moe ep 2", out,
                                      model="tiny-qwen3-moe")
                 k = moe.index("--collective-timeout")
-                spec = [x if x != "cpu" else "meta" for x in moe[1:k] + moe[k + 2:]]
-                for ep in (2, 4) if n == 4 else (2,):
-                    rc2, out2, err2 = single(a.trainmem, spec + layout +
-                                             ["--ep", str(ep), "--routing", routes])
-                    expect(rc2 == 0, f"meta --ep {ep} given the measured routing: exit {rc2}",
-                           out2, err2)
-                    if rc2 != 0:
-                        continue
-                    given = json.loads(out2)
-                    expect(given.get("all_ranks_match") is True and
-                           len(given["given_routing"]["ranks"]) >= 1,
-                           f"ep {ep} given the routing: model states match the analytic", out2)
-                    if ep != 2:
-                        continue
-                    traced = {r: g["ledger"] for g in given["given_routing"]["ranks"]
-                              for r in g["ranks"]}
-                    for m in doc["measured_ranks"]:
-                        t = traced.get(m["rank"], {})
-                        keys = ("params", "gradients", "optimizer_states", "activations",
-                                "activations_peak", "workspace", "peak")
-                        expect(all(m["ledger"].get(k) == t.get(k) for k in keys),
-                               f"ep 2: rank {m['rank']}'s measured books equal the meta trace "
-                               f"given the dumped routing ({m['ledger']} vs {t})", out2)
+                spec = [x if x != "cpu" else "meta" for x in moe[1:k] + moe[k + 2:]] + layout
+                expect_routing_reproduced(a.trainmem, doc, spec + ["--ep", "2"], routes, "ep 2",
+                                          out)
+                if n == 4:  # the same choices placed over 4 experts' ranks
+                    rc2, out2, err2 = single(a.trainmem, spec + ["--ep", "4", "--routing",
+                                                                 routes])
+                    expect(rc2 == 0 and json.loads(out2).get("all_ranks_match") is True,
+                           f"ep 4 given the ep 2 run's routing: exit {rc2}", out2, err2)
             shutil.rmtree(tmp, ignore_errors=True)
         if n == 4:
             # ep with context parallelism (ep 4 over dp 2 × cp 2, ZeRO-2) and with pipeline
-            # stages (pp 2, ep 2, 2 micro-batches): every rank matches, the single rank's losses.
+            # stages (pp 2, ep 2, 2 micro-batches): every rank matches, the single rank's losses,
+            # the meta trace given the dumped routing reproduces every rank.
             for extra, rows in ((["--cp", "2", "--ep", "4", "--attention", "flash", "--zero",
                                   "2"], 4),
                                 (["--pp", "2", "--ep", "2", "--microbatches", "2", "--zero",
                                   "1"], 8)):
-                rc, out, err, _ = run(n, moe + ["--world-size", str(n), "--format", "json"] +
-                                      extra, threads=1)
+                tmp = tempfile.mkdtemp(prefix="trainmem-mpi-routing-")
+                routes = os.path.join(tmp, "routes.json")
+                rc, out, err, _ = run(n, moe + ["--world-size", str(n), "--format", "json",
+                                                "--dump-routing", routes] + extra, threads=1)
                 expect(rc == 0, f"{' '.join(extra)} measured: exit {rc}", out, err)
                 if rc == 0:
                     doc = json.loads(out)
@@ -331,6 +338,14 @@ def main():
                            out)
                     expect_single_losses(a.trainmem, doc, rows, " ".join(extra), out,
                                          model="tiny-qwen3-moe")
+                    # Each rank's choices per micro-batch and stage: the meta trace given them
+                    # reproduces every rank.
+                    k = moe.index("--collective-timeout")
+                    spec = [x if x != "cpu" else "meta" for x in moe[1:k] + moe[k + 2:]]
+                    expect_routing_reproduced(a.trainmem, doc, spec + ["--world-size", str(n),
+                                                                       "--format", "json"] +
+                                              extra, routes, " ".join(extra), out)
+                shutil.rmtree(tmp, ignore_errors=True)
         if n % 2 == 0:
             # Tensor parallelism measured: tp 2 (dp n/2), the same global batch's losses; layer 1
             # alone checkpointed (a per-layer policy: recomputed on every rank, same losses).

@@ -565,6 +565,44 @@ TEST(DistRefs, MbridgeDenseLlamaOverPipelineRanks) {
   const u64 total1 = P1 * 12 + 2 * A1;
   EXPECT_TRUE(has_note(r, "rank 1 " + std::to_string(total1) + " B")) << r.notes.front();
   EXPECT_TRUE(has_note(r, "n = pp − pp_rank = 2 micro-batches in flight whatever --microbatches"));
+  // Full recompute on rank 0: the embedding and the 16 layers' inputs of n = 2 micro-batches,
+  // plus one layer recomputed (rank 0 has no output layer).
+  TrainConfig full = run(1, 2048);
+  full.checkpointing = Checkpointing::full;
+  EXPECT_EQ(mbridge_reference(preset("llama2-7b"), full, par).activations,
+            2 * (s * h + s * h * 16 * 2 + per_layer));
+}
+
+TEST(DistRefs, MbridgeSharedExpertUnderContextParallelism) {
+  // Qwen1.5-MoE-A2.7B (h 2048, L 24 all MoE, a = k = 16, d 128, V 151936, E 60, K 4, m 1408,
+  // shared expert 5632, qkv biases) on 8 GPUs = dp 4 × cp 2, ep 2, ZeRO-1, b 1, s 4096.
+  const ModelConfig m = preset("qwen1.5-moe-a2.7b");
+  TrainConfig t = run(1, 4096);
+  t.attention = Attention::flash;
+  ParallelConfig par = layout(4, 1, 1, 1);
+  par.cp = 2;
+  par.world = 8;
+  par.ep = 2;
+  const auto r = mbridge_reference(m, t, par);
+  ASSERT_TRUE(r.covers) << r.why_not;
+  // Per layer: qkv 48·128·2048 + its bias 48·128, proj 2048·2048, pre-MLP norm 2048, 30 experts
+  // of 3·1408·2048, the shared expert 3·5632·2048 (its gate: not counted).
+  const u64 experts = 24ull * 30 * 3 * 1408 * 2048;
+  const u64 layer = 6144ull * 2048 + 6144 + 2048ull * 2048 + 2048 + 3ull * 5632 * 2048;
+  const u64 P = 2ull * 151936 * 2048 + 24 * layer + experts + 2048;
+  // Dense over dp·cp: 6 + 12/4/2 = 7.5; experts over world/(pp·ep·etp) = 4: 6 + 12/4 = 9.
+  expect_bytes(r.gpu_total - r.activations,
+               static_cast<ld>(P - experts) * 7.5L + static_cast<ld>(experts) * 9.0L,
+               "weights, gradients, optimizer");
+  // Activations, whole sequence, then / cp (= 2; × 2 bytes): per layer 4·s·a·d + flash
+  // 2·s·k·d doubled under cp + router 2·s·h + dispatcher K·s·h + experts K·s·3m + shared
+  // 3·s·m_s + pre-MLP norm s·h + 2·s·h; embedding s·h, final norm s·h, output 3·s·V.
+  const u64 s = 4096, h = 2048;
+  const u64 per_layer = 4 * s * 2048 + 2 * (2 * s * 16 * 128) + 2 * s * h + 4 * s * h +
+                        4 * s * 3 * 1408 + 3 * s * 5632 + s * h + 2 * s * h;
+  const u64 chunk = s * h + 24 * per_layer + s * h + 3 * s * 151936;
+  EXPECT_EQ(r.activations, 2 * chunk / 2);
+  EXPECT_TRUE(has_note(r, "the shared expert's gate not counted"));
 }
 
 TEST(DistRefs, MbridgeSaysWhatItDoesNotCover) {

@@ -148,7 +148,7 @@ TEST(RoutingPerRank, FilesRoundTripAndNameTheField) {
                        "sources: not an array of world_size·microbatches = 4 entries"));
   EXPECT_TRUE(contains(
       edited("sum", [](auto& d) { d["sources"][2]["layers"][1]["tokens_per_expert"][0] = 1; }),
-      "sources[2].layers[1].tokens_per_expert: sums to 23, but this rank's b·s·K/cp = 22"));
+      "sources[2].layers[1].tokens_per_expert: sums to 23, but this rank's b·s/cp·K = 22"));
   EXPECT_TRUE(contains(edited("mb", [](auto& d) { d["sources"][0]["micro_batch"] = 1; }),
                        "sources[0].micro_batch: 1 is outside [0, 1)"));
   EXPECT_TRUE(contains(edited("layer", [](auto& d) { d["sources"][0]["layers"][0]["layer"] = 1; }),
@@ -230,7 +230,6 @@ TEST(RoutingPerRank, FromTheCommand) {
   // Rank 3's experts receive the most rows of a layer (36, by hand above).
   EXPECT_EQ(g["worst"]["ranks"], nlohmann::json::array({3}));
   EXPECT_EQ(g["ranks"][3]["max_expert_rows"], 36);
-  EXPECT_EQ(g["balanced_worst"]["peak"], doc["ranks"][0]["ledger"]["peak"]);
   const auto text = run_trainmem({"profile", "--model", "tiny-qwen3-moe", "--world-size", "4",
                                   "--ep", "2", "--batch", "1", "--seq", "11", "--routing", path});
   ASSERT_EQ(text.code, 0) << text.err;

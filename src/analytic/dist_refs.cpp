@@ -685,6 +685,8 @@ MbridgeRank mbridge_rank(const ModelConfig& m, const TrainConfig& t, const Paral
 ReferenceRank mbridge_reference(const ModelConfig& model, const TrainConfig& train,
                                 const ParallelConfig& par) {
   model.validate();
+  if (par.tp < 1 || par.pp < 1 || par.dp < 1 || par.cp < 1 || par.ep < 1 || par.etp < 1)
+    throw InputError("mbridge reference: the layout's degrees must be >= 1");
   ReferenceRank r;
   r.profile = "mbridge";
   r.source = kMbridge;
@@ -702,8 +704,6 @@ ReferenceRank mbridge_reference(const ModelConfig& model, const TrainConfig& tra
                 ": the estimator splits the vocabulary unpadded and asserts it";
     return r;
   }
-  if (par.tp < 1 || par.pp < 1 || par.dp < 1 || par.cp < 1 || par.ep < 1 || par.etp < 1)
-    throw InputError("mbridge reference: the layout's degrees must be >= 1");
   r.covers = true;
   r.activations_counted = true;
   std::vector<MbridgeRank> ranks;

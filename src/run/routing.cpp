@@ -16,7 +16,8 @@ namespace {
 template <class Fail>
 Routing parse_layers(const nlohmann::json& d, const std::string& prefix,
                      const std::vector<std::int64_t>& moe_layers, const ModelConfig& m,
-                     std::int64_t tokens, std::int64_t capacity, Fail&& fail) {
+                     std::int64_t tokens, std::int64_t capacity, Fail&& fail,
+                     const std::string& bs = "b·s") {
   auto integer = [&](const nlohmann::json& v, const std::string& field) {
     if (!v.is_number_integer()) throw fail(field, "not an integer: " + clip(v.dump()));
     return v.get<std::int64_t>();
@@ -50,17 +51,16 @@ Routing parse_layers(const nlohmann::json& d, const std::string& prefix,
           integer(counts[e], at + ".tokens_per_expert[" + std::to_string(e) + "]");
       if (c < 0 || c > tokens)
         throw fail(at + ".tokens_per_expert[" + std::to_string(e) + "]",
-                   std::to_string(c) + " is outside [0, " +
-                       (prefix.empty() ? std::string("b·s") : std::string("b·s/cp")) + " = " +
-                       std::to_string(tokens) + "] (a token picks K distinct experts)");
+                   std::to_string(c) + " is outside [0, " + bs + " = " + std::to_string(tokens) +
+                       "] (a token picks K distinct experts)");
       sum += c;
       row.push_back(c);
     }
     if (sum != choices)
       throw fail(at + ".tokens_per_expert",
                  "sums to " + std::to_string(sum) + ", but " +
-                     (prefix.empty() ? std::string("b·s·K") : std::string("this rank's b·s·K/cp")) +
-                     " = " + std::to_string(choices) + " choices are routed in every layer");
+                     (prefix.empty() ? bs + "·K" : "this rank's " + bs + "·K") + " = " +
+                     std::to_string(choices) + " choices are routed in every layer");
     const std::int64_t dropped = dropped_choices(row, capacity);
     out.push_back({moe_layers[l], std::move(row), dropped});
   }
@@ -187,7 +187,8 @@ LayoutRouting read_layout_routing_file(const std::string& path, const ModelConfi
     std::vector<std::int64_t> all;
     for (std::int64_t l = 0; l < m.layers; ++l)
       if (m.is_moe_layer(l)) all.push_back(l);
-    const Routing one = parse_layers(d, "", all, m, tokens, 0, fail);
+    const Routing one =
+        parse_layers(d, "", all, m, tokens, 0, fail, layout.cp > 1 ? "b·s/cp" : "b·s");
     LayoutRouting every = every_source(one, m, layout);
     every.source = out.source;
     return every;
@@ -222,9 +223,9 @@ LayoutRouting read_layout_routing_file(const std::string& path, const ModelConfi
       throw fail(at + "rank", "rank " + std::to_string(r) + ", micro-batch " + std::to_string(mb) +
                                   " is given twice");
     once = 1;
-    out.sources.push_back(
-        {r, mb,
-         parse_layers(o, at, stage_moe_layers(m, layout, r / per_stage), m, tokens, 0, fail)});
+    out.sources.push_back({r, mb,
+                           parse_layers(o, at, stage_moe_layers(m, layout, r / per_stage), m,
+                                        tokens, 0, fail, "b·s/cp")});
   }
   std::sort(out.sources.begin(), out.sources.end(), [](const auto& a, const auto& b) {
     return std::make_pair(a.rank, a.micro_batch) < std::make_pair(b.rank, b.micro_batch);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <tuple>
 
 #include "trainmem/base/checked.hpp"
 #include "trainmem/base/error.hpp"
@@ -191,11 +192,13 @@ void trace_given_routing(LayoutTrace& lt, const LayoutRouting& routing) {
     return n;
   };
   const std::int64_t per_stage = layout.world / layout.pp;
-  std::map<std::pair<std::int64_t, ShardedStep::ExpertRows>, std::size_t> traced;
+  // Ranks of one stage and expert-parallel index whose experts receive the same rows share a
+  // trace (the model states are alike: no ZeRO-3 or FSDP2 under a MoE).
+  std::map<std::tuple<std::int64_t, std::int64_t, ShardedStep::ExpertRows>, std::size_t> traced;
   for (std::int64_t r = 0; r < layout.world; ++r) {
     const std::int64_t st = r / per_stage, j = r % per_stage;
     ShardedStep::ExpertRows rows = expert_rows_of(routing, model, layout, r);
-    const auto key = std::make_pair(st, rows);
+    const auto key = std::make_tuple(st, j % layout.ep, rows);
     if (const auto it = traced.find(key); it != traced.end()) {
       lt.routed[it->second].ranks.push_back(r);
       continue;
@@ -425,31 +428,34 @@ void gather_ranks(MeasuredLayout& out, const MeasuredRank& mine, Collective& hos
   }
 }
 
-// Every rank's choices of the last step to every rank: M·L·E words each (zero where a layer is
-// not its stage's or not a MoE layer), through the host collective.
+// Every rank's choices of the last step to every rank: M·(L/pp)·E words each, its stage's layers
+// (zero where one is not a MoE layer), through the host collective.
 LayoutRouting gather_routing(const MeasureRequest& rq, const ShardedStep::SourceCounts& mine,
                              Collective& host) {
   const ModelConfig& m = rq.model;
-  const std::int64_t M = rq.layout.microbatches, L = m.layers, E = m.experts;
+  const std::int64_t M = rq.layout.microbatches, Ls = m.layers / rq.layout.pp, E = m.experts;
+  const std::int64_t per_stage = rq.layout.world / rq.layout.pp;
   const std::size_t n = std::size_t(
-      checked_product({std::uint64_t(M), std::uint64_t(L), std::uint64_t(E)}, "routing words"));
-  auto at = [&](std::int64_t mb, std::int64_t g) { return std::size_t((mb * L + g) * E); };
+      checked_product({std::uint64_t(M), std::uint64_t(Ls), std::uint64_t(E)}, "routing words"));
+  // Word of (micro-batch, local layer k): (mb·Ls + k)·E.
+  auto at = [&](std::int64_t mb, std::int64_t k) { return std::size_t((mb * Ls + k) * E); };
   std::vector<std::uint64_t> words(n, 0), all(n * std::size_t(host.size()));
+  const std::int64_t my_first = host.rank() / per_stage * Ls;
   for (const auto& [key, counts] : mine)
     for (std::int64_t e = 0; e < E && std::size_t(e) < counts.size(); ++e)
-      words[at(key.first, key.second) + std::size_t(e)] = std::uint64_t(counts[std::size_t(e)]);
+      words[at(key.first, key.second - my_first) + std::size_t(e)] =
+          std::uint64_t(counts[std::size_t(e)]);
   host.all_gather(words.data(), all.data(), n * 2, DType::f32);
   LayoutRouting out;
   out.source = "measured";
-  const std::int64_t per_stage = rq.layout.world / rq.layout.pp, Ls = L / rq.layout.pp;
   for (std::int64_t r = 0; r < host.size(); ++r) {
-    const std::int64_t st = r / per_stage;
+    const std::int64_t first = r / per_stage * Ls;
     for (std::int64_t mb = 0; mb < M; ++mb) {
       SourceRouting src{r, mb, {}};
-      for (std::int64_t g = st * Ls; g < (st + 1) * Ls; ++g) {
-        if (!m.is_moe_layer(g)) continue;
-        const std::uint64_t* w = all.data() + std::size_t(r) * n + at(mb, g);
-        src.layers.push_back({g, std::vector<std::int64_t>(w, w + E), 0});
+      for (std::int64_t k = 0; k < Ls; ++k) {
+        if (!m.is_moe_layer(first + k)) continue;
+        const std::uint64_t* w = all.data() + std::size_t(r) * n + at(mb, k);
+        src.layers.push_back({first + k, std::vector<std::int64_t>(w, w + E), 0});
       }
       out.sources.push_back(std::move(src));
     }

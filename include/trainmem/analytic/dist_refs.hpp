@@ -14,7 +14,7 @@
 //              rank's parameters, weight/gradient/optimizer bytes and activations; the first
 //              rank is the one reported (the others in its notes).
 //
-// Both estimators compute in Python floats; the functions here follow their evaluation order in
+// The estimators compute in Python floats; the functions here follow their evaluation order in
 // IEEE doubles and round where the source does (int() truncation in DeepSpeed; Megatron returns
 // float bytes, rounded here to the nearest byte). Integer sub-expressions use checked 64-bit
 // arithmetic (trainmem/base/checked.hpp).
