@@ -346,6 +346,33 @@ def main():
                                                                        "--format", "json"] +
                                               extra, routes, " ".join(extra), out)
                 shutil.rmtree(tmp, ignore_errors=True)
+        if n == 4:
+            # A MoE under tensor parallelism (tp 2 with sp, ep 2 over the stage's dp·tp slots;
+            # the config's vocabulary made even): every rank matches, the single rank's losses,
+            # the meta trace given the dumped routing (each tp rank routes its own rows)
+            # reproduces every rank.
+            tmp = tempfile.mkdtemp(prefix="trainmem-mpi-moe-tp-")
+            cfg = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
+                                              "configs", "tiny-qwen3-moe.json")))
+            cfg["vocab_size"] = 96
+            config = os.path.join(tmp, "config.json")
+            json.dump(cfg, open(config, "w"))
+            routes = os.path.join(tmp, "routes.json")
+            moe_tp = [x if x != "tiny" else config for x in base]
+            extra = ["--world-size", "4", "--tp", "2", "--sp", "--ep", "2", "--zero", "1",
+                     "--format", "json"]
+            rc, out, err, _ = run(n, moe_tp + extra + ["--dump-routing", routes], threads=1)
+            expect(rc == 0, f"moe tp 2 sp ep 2 measured: exit {rc}", out, err)
+            if rc == 0:
+                doc = json.loads(out)
+                expect(doc.get("all_ranks_match") is True, "moe tp 2 sp ep 2: every rank matches",
+                       out)
+                expect_single_losses(a.trainmem, doc, 4, "moe tp 2 sp ep 2", out, model=config)
+                k = moe_tp.index("--collective-timeout")
+                spec = [x if x != "cpu" else "meta" for x in moe_tp[1:k] + moe_tp[k + 2:]]
+                expect_routing_reproduced(a.trainmem, doc, spec + extra, routes,
+                                          "moe tp 2 sp ep 2", out)
+            shutil.rmtree(tmp, ignore_errors=True)
         if n % 2 == 0:
             # Tensor parallelism measured: tp 2 (dp n/2), the same global batch's losses; layer 1
             # alone checkpointed (a per-layer policy: recomputed on every rank, same losses).

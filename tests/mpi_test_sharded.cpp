@@ -33,6 +33,8 @@
 //      in a flat vector of their own: checks 1-3; and tiny-qwen2-moe in check 5's pp 2 layouts;
 //  11. expert parallelism (ep 2 at N 2 and 4, ep 4 at N 4): checks 1-2 with each rank's expert
 //      slice, and the ledger equal to a meta trace given the rows its experts received;
+//  12. a mixture of experts under tensor parallelism (tp 2 with sp, ep 1, 2 and 4): checks 1-2,
+//      the ledger against the trace of the rank's slot (given its rows under ep);
 //   4. tensor parallelism (tp 2 with and without sp, dp N/2; tiny, tiny-qwen2 with biases and tied
 //   embeddings,
 //      tiny-qwen3 with q/k norms): every rank's slice of every weight against the same slice of
@@ -127,6 +129,25 @@ void check_ledger(const ShardedRun& run, const ModelConfig& m, const TrainConfig
       one((std::string("peak_breakdown.") + category_name(c)).c_str(), got.peak_breakdown[int(c)],
           want->peak_breakdown[int(c)]);
   }
+}
+
+// Expert parallelism: the ledger against the meta trace of the rank's slot in its stage given
+// the rows its experts received (the measured routing; balanced routing's would differ).
+void check_ledger_given_rows(const ShardedRun& run, const ModelConfig& m, const TrainConfig& t,
+                             const ParallelConfig& p, std::int64_t slot, const std::string& label) {
+  MetaAllocator meta;
+  Ledger traced(meta);
+  ShardedStep trace(m, t, p, 0, traced, nullptr, slot);
+  trace.set_expert_rows(run.step->expert_rows());
+  trace.train_step();
+  trace.train_step();
+  const MemoryFigures a = measured_figures(*run.ledger), b = measured_figures(traced);
+  check(a.peak == b.peak && a.activations_peak == b.activations_peak &&
+            a.workspace == b.workspace && a.params == b.params &&
+            a.optimizer_states == b.optimizer_states && a.gradients == b.gradients &&
+            a.peak_breakdown == b.peak_breakdown,
+        label + ": the ledger differs from the trace given its rows (peak " +
+            std::to_string(a.peak) + " vs " + std::to_string(b.peak) + ")");
 }
 
 // Rank rank_id's groups in a layout of N ranks, tp fastest, then dp, then the stage: the data-
@@ -564,20 +585,7 @@ int main(int argc, char** argv) {
                        ep_group.get(), edp_group.get());
         by_zero.push_back(run.run(kSteps));
         const StepsResult& got = by_zero.back();
-        // The ledger against the trace of this rank given its measured rows.
-        MetaAllocator meta;
-        Ledger traced(meta);
-        ShardedStep trace(m, t, p, 0, traced, nullptr, rank_id);
-        trace.set_expert_rows(run.step->expert_rows());
-        trace.train_step();
-        trace.train_step();
-        const MemoryFigures a = measured_figures(*run.ledger), b = measured_figures(traced);
-        check(a.peak == b.peak && a.activations_peak == b.activations_peak &&
-                  a.workspace == b.workspace && a.params == b.params &&
-                  a.optimizer_states == b.optimizer_states && a.gradients == b.gradients &&
-                  a.peak_breakdown == b.peak_breakdown,
-              label.str() + ": the ledger differs from the trace given its rows (peak " +
-                  std::to_string(a.peak) + " vs " + std::to_string(b.peak) + ")");
+        check_ledger_given_rows(run, m, t, p, rank_id, label.str());
         check(!run.step->expert_rows().empty(), label.str() + ": no dispatch recorded");
         // The measured rows against balanced routing's (printed: the given-rows trace matters
         // where they differ).
@@ -607,6 +615,63 @@ int main(int argc, char** argv) {
     if (N >= 2 && !cuda) {
       world->all_reduce_sum(&unbalanced, 1, DType::f32);
       check(unbalanced > 0, "expert parallelism: every measured dispatch was balanced routing's");
+    }
+    // 12. A mixture of experts under tensor parallelism (tp 2 with sp, dp N/2; ep 1, 2 and at
+    // N 4 ep 4 over the stage's dp·tp slots): each tensor-parallel rank routes its own s/tp rows,
+    // the router's gradient summed over tp, the experts' over the expert-data-parallel group
+    // (which spans the tensor-parallel ranks). Against the single rank's run of the global batch
+    // (losses within 1e-5, every rank's slices within adam_tolerance; at ep 1 the element map
+    // against the tensor-parallel slices), ZeRO 1-2 bit for bit ZeRO 0's, and the ledger equal to
+    // the meta trace of this rank's slot (ep 1: the analytic's too; ep > 1: given its rows).
+    if (N % 2 == 0 && !cuda) {
+      const int tp = 2, dp = N / 2, j = rank_id;  // slot j = dp_rank·tp + tp_rank (pp 1, cp 1)
+      std::unique_ptr<Collective> tp_group = data.split(rank_id / tp, rank_id % tp);
+      std::unique_ptr<Collective> dp_group = data.split(rank_id % tp, rank_id / tp);
+      ModelConfig m = *find_preset("tiny-qwen3-moe");
+      m.vocab = 96;  // tp splits the vocabulary (the preset's 103 is prime)
+      TrainConfig t;
+      t.batch = 1;
+      t.seq = 12;
+      t.dtype = DType::f32;
+      t.optimizer = Optimizer::adamw;
+      t.attention = Attention::flash;
+      const StepsResult ref = reference_steps(m, t, dp * t.batch, 23, kSteps);
+      for (const std::int64_t ep : {1, 2, 4}) {
+        if (N % ep != 0) continue;
+        const int e = int(ep);
+        std::unique_ptr<Collective> ep_group = ep > 1 ? data.split(j / e, j % e) : nullptr;
+        std::unique_ptr<Collective> edp_group = data.split(j % e, j / e);
+        std::vector<StepsResult> by_zero;
+        for (int zero = 0; zero <= 2; ++zero) {
+          std::ostringstream label;
+          label << "tiny-qwen3-moe fp32 tp 2 sp dp " << dp << " ep " << ep << " ZeRO-" << zero
+                << " rank " << rank_id;
+          ParallelConfig p;
+          p.world = N;
+          p.tp = tp;
+          p.sp = true;
+          p.ep = ep;
+          p.zero = zero;
+          try {
+            p.resolve(false, m, t);
+          } catch (const InputError&) {  // ZeRO >= 1 with nothing to shard over: skipped alike
+            continue;
+          }
+          t.checkpointing = ep == 2 ? Checkpointing::full : Checkpointing::none;
+          ShardedRun run(m, t, p, *dp_group, *dp_group, 23, kind, tp_group.get(), nullptr, nullptr,
+                         {}, nullptr, ep_group.get(), edp_group.get());
+          by_zero.push_back(run.run(kSteps));
+          const StepsResult& got = by_zero.back();
+          if (ep == 1) {
+            check_ledger(run, m, t, p, label.str(), 0, j);
+            check_tp_elements(label.str(), got, ref, m, tp, rank_id % tp);
+          } else {
+            check_ledger_given_rows(run, m, t, p, j, label.str());
+          }
+          check_against_single(label.str(), got, ref, kSteps, rank_id == 0);
+          if (zero > 0) check_as_zero0(label.str(), got, by_zero[0], kSteps);
+        }
+      }
     }
     // Pipeline parallelism: pp 2 with 1 and 3 micro-batches, alone (N 2) and with dp 2 or tp 2
     // (N 4); tiny-qwen2's tied embeddings live on both ends. The stages' messages travel through

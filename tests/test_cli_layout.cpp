@@ -305,8 +305,22 @@ TEST(CliLayout, MixtureOfExpertsPerRankAndTheExpertFlags) {
     EXPECT_EQ(ej["layout"]["ep"], 2);
     EXPECT_EQ(ej["layout"]["edp"], 1);
     EXPECT_EQ(ej["ranks"][0]["expert_params"].get<std::uint64_t>(), 2u * 4 * 3 * 36 * 64);
-    if (cmd == "profile") EXPECT_TRUE(ej["all_ranks_match"].get<bool>());
+    if (cmd == "profile") {
+      EXPECT_TRUE(ej["all_ranks_match"].get<bool>());
+    }
   }
+  // --tp 2 --sp beside --ep 4 (docs/distributed.md, "Tensor parallelism of a mixture of
+  // experts"): the attention split, whole experts placed over the stage's 4 dp·tp slots, their
+  // states over edp = 8/4 = 2; the trace of slot 0 (ep index 0) equal to the analytic.
+  const auto tpe = run_trainmem({"profile", "--model", "qwen3-30b-a3b", "--world-size", "8",
+                                 "--tp", "2", "--sp", "--ep", "4", "--zero", "1", "--seq", "512",
+                                 "--batch", "1", "--format", "json"});
+  ASSERT_EQ(tpe.code, 0) << tpe.err;
+  const auto tj = nlohmann::json::parse(tpe.out);
+  EXPECT_TRUE(tj["all_ranks_match"].get<bool>());
+  EXPECT_EQ(tj["layout"]["edp"], 2);
+  // 48 layers of 128/4 = 32 experts of 3·768·2048 elements on every rank.
+  EXPECT_EQ(tj["ranks"][0]["expert_params"].get<std::uint64_t>(), 48ull * 32 * 3 * 768 * 2048);
   // --routing balanced is the trace's own routing (routing files per rank:
   // test_routing_per_rank.cpp): no section of given routing.
   const auto routed = run_trainmem({"profile", "--model", "tiny-qwen3-moe", "--world-size", "2",
@@ -332,7 +346,10 @@ TEST(CliLayout, MixtureOfExpertsPerRankAndTheExpertFlags) {
       {{"--model", "tiny-qwen3-moe", "--world-size", "2", "--etp", "2"},
        "--etp 2 with a mixture of experts (tiny-qwen3-moe): expert tensor parallelism"},
       {{"--model", "qwen3-30b-a3b", "--world-size", "2", "--tp", "2", "--seq", "512"},
-       "--tp 2 with a mixture of experts (qwen3-30b-a3b)"},
+       "--tp 2 with a mixture of experts (qwen3-30b-a3b) needs --sp: each tensor-parallel rank "
+       "routes its own s/tp rows"},
+      {{"--model", "qwen1.5-moe-a2.7b", "--world-size", "4", "--tp", "2", "--sp", "--seq", "512"},
+       "the shared expert split over tensor-parallel ranks is not modelled yet"},
       {{"--model", "tiny-qwen3-moe", "--world-size", "2", "--fsdp2"},
        "--sharding per-parameter with a mixture of experts"},
       {{"--model", "tiny-qwen3-moe", "--world-size", "2", "--ep", "x"}, "--ep"},

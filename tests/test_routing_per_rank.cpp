@@ -148,7 +148,7 @@ TEST(RoutingPerRank, FilesRoundTripAndNameTheField) {
                        "sources: not an array of world_size·microbatches = 4 entries"));
   EXPECT_TRUE(contains(
       edited("sum", [](auto& d) { d["sources"][2]["layers"][1]["tokens_per_expert"][0] = 1; }),
-      "sources[2].layers[1].tokens_per_expert: sums to 23, but this rank's b·s/cp·K = 22"));
+      "sources[2].layers[1].tokens_per_expert: sums to 23, but this rank's b·s·K = 22"));
   EXPECT_TRUE(contains(edited("mb", [](auto& d) { d["sources"][0]["micro_batch"] = 1; }),
                        "sources[0].micro_batch: 1 is outside [0, 1)"));
   EXPECT_TRUE(contains(edited("layer", [](auto& d) { d["sources"][0]["layers"][0]["layer"] = 1; }),
@@ -164,7 +164,7 @@ TEST(RoutingPerRank, FilesRoundTripAndNameTheField) {
   cp.p.microbatches = 1;
   cp.p.resolve(true, cp.m, cp.t);
   EXPECT_TRUE(contains(message_of(one_path, cp.m, cp.t, cp.p),
-                       "seq: 11, but a rank of this layout routes seq/cp = 6 positions"));
+                       "seq: 11, but a rank of this layout routes s/cp = 6 positions"));
   // The per-rank file given to one rank's trace.
   try {
     read_routing_file(path, s.m, s.t);
@@ -213,6 +213,56 @@ TEST(RoutingPerRank, TheRowsReachTheRankThatHoldsTheExperts) {
       }
     EXPECT_TRUE(lt.all_match());
   }
+}
+
+// Under tensor parallelism with sp each tensor-parallel rank routes its own s/tp positions: at
+// b 1, s 12, tp 2 a source's 6 tokens make 12 choices, balanced 2 to experts 0-3 and 1 to 4-7,
+// so in each ep group (slots {0, 1} and {2, 3} of dp 2 × tp 2) index 0 receives 2·8 = 16 rows
+// and index 1 2·4 = 8; each slot's trace given that routing is its own balanced analytic.
+TEST(RoutingPerRank, UnderSequenceParallelismEachRankRoutesItsOwnRows) {
+  ModelConfig m = test::any_config("tiny-qwen3-moe");
+  m.vocab = 96;
+  TrainConfig t;
+  t.batch = 1;
+  t.seq = 12;
+  t.dtype = DType::bf16;
+  t.attention = Attention::flash;
+  ParallelConfig p;
+  p.world = 4;
+  p.dp = 2;
+  p.tp = 2;
+  p.sp = true;
+  p.ep = 2;
+  p.zero = 1;
+  p.resolve(true, m, t);
+  const LayoutRouting bal = balanced_layout_routing(m, t, p);
+  ASSERT_EQ(bal.sources.size(), 4u);
+  EXPECT_EQ(bal.sources[3].layers[1].tokens_per_expert,
+            (std::vector<std::int64_t>{2, 2, 2, 2, 1, 1, 1, 1}));
+  EXPECT_EQ(expert_rows_of(bal, m, p, 0).at({0, 1}), 16);
+  EXPECT_EQ(expert_rows_of(bal, m, p, 3).at({0, 0}), 8);
+  LayoutTrace lt = trace_layout(m, t, p, OverheadOptions{}, 2);
+  trace_given_routing(lt, bal);
+  ASSERT_EQ(lt.routed.size(), 2u);
+  const LayoutEstimate one = estimate_layout_of_rank(m, t, p, 1);  // slot 1: ep index 1
+  EXPECT_NE(one.ranks[0].est.figures.peak, lt.analytic.ranks[0].est.figures.peak);
+  for (const RoutedRankTrace& r : lt.routed) {
+    const MemoryFigures& a = (r.ep_index == 0 ? lt.analytic : one).ranks[0].est.figures;
+    EXPECT_EQ(r.ledger.peak, a.peak) << r.ep_index;
+    EXPECT_EQ(r.ledger.activations_peak, a.activations_peak) << r.ep_index;
+    EXPECT_EQ(r.ledger.peak_breakdown, a.peak_breakdown) << r.ep_index;
+    EXPECT_EQ(r.max_rows, r.ep_index == 0 ? 16 : 8);
+  }
+  // A one-rank file must be a rank's: s/tp = 6 positions.
+  const nlohmann::json twelve = {{"experts", 8},
+                                 {"experts_per_token", 2},
+                                 {"batch", 1},
+                                 {"seq", 12},
+                                 {"layers",
+                                  {{{"layer", 0}, {"tokens_per_expert", kLayer1[2]}},
+                                   {{"layer", 1}, {"tokens_per_expert", kLayer1[1]}}}}};
+  EXPECT_TRUE(contains(message_of(write("tp", twelve), m, t, p),
+                       "seq: 12, but a rank of this layout routes s/tp = 6 positions"));
 }
 
 TEST(RoutingPerRank, FromTheCommand) {

@@ -184,18 +184,20 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
     l.E = u(m.experts);
     l.K = u(m.experts_per_token);
     l.m = u(m.expert_intermediate);
-    l.bsE = bytes_of({l.b, l.s, l.E}, l.w);
-    l.bsE4 = bytes_of({l.b, l.s, l.E}, 4);
-    l.bsK4 = bytes_of({l.b, l.s, l.K}, 4);
+    // The rank's own rows: b·(s/tp) under sequence parallelism (no gather before the router).
+    l.bsE = bytes_of({l.b, l.sr, l.E}, l.w);
+    l.bsE4 = bytes_of({l.b, l.sr, l.E}, 4);
+    l.bsK4 = bytes_of({l.b, l.sr, l.K}, 4);
     l.off4 = bytes_of({l.E + 1}, 4);
     // The rank's b·s tokens (s/cp under context parallelism) route b·s·K rows; a capacity
     // factor is modelled on one GPU (check_moe_layout).
-    l.nk = t.capacity_factor > 0 ? u(moe_rows(m, t)) : checked_mul(checked_mul(l.b, l.s), l.K);
+    l.nk = t.capacity_factor > 0 ? u(moe_rows(m, t)) : checked_mul(checked_mul(l.b, l.sr), l.K);
     l.cap = u(moe_capacity(m, t));
     l.nkh = bytes_of({l.nk, l.h}, l.w);
     l.nkm = bytes_of({l.nk, l.m}, l.w);
-    // The rank's place in the stage: slot j = grad_rank (check_moe_layout: tp = etp = 1), its
-    // expert-parallel index j mod ep (Megatron's order: etp fastest, then ep, then edp).
+    // The rank's place in the stage: slot j = grad_rank (gradient-group index · tp + tp index;
+    // etp = 1: check_moe_layout), its expert-parallel index j mod ep (Megatron's order: etp
+    // fastest, then ep, then edp).
     l.ep = p.ep > 1;
     if (p.ep < 1) throw Error("analytic native: expert parallelism of " + std::to_string(p.ep));
     l.El = l.E / u(p.ep);
@@ -1201,12 +1203,13 @@ void Stage::forward_instants() {
     // Expert parallelism: the dispatch buffer (the rank's own nk rows in expert order) beside the
     // rows it sends to expert_in, then the combine buffer (the experts' outputs of the received
     // rows) beside expert_out, which it returns (docs/distributed.md, "Expert parallelism").
+    // (A MoE layer gathers nothing under sp: it routes the rank's own rows.)
     at("forward: layer " + layer_name(km) + " dispatch (expert_in received, dispatch.send alive)",
        csum({kept_before(km), csub(rows_through("expert_in", km), dropped(), "selective")}), C,
-       csum({l.nkh, sg}), u(km) + 1, G0);
+       l.nkh, u(km) + 1, G0);
     at("forward: layer " + layer_name(km) + " combine (expert_out received, combine.send alive)",
        csum({kept_before(km), csub(rows_through("expert_out", km), dropped(), "selective")}), C,
-       csum({l.erh, sg}), u(km) + 1, G0);
+       l.erh, u(km) + 1, G0);
   };
   for (std::int64_t k : ks) {
     if (p_.cp > 1)  // ring attention: its buffers beside the rows through attn_out
@@ -1216,12 +1219,14 @@ void Stage::forward_instants() {
       at("forward: layer " + layer_name(k) + " attn_out allocated (probs alive)",
          csum({before(k), through_attn}), C, 0, u(k) + 1, G0);
     if (k == km) router();
+    const bool partial = p_.sp && kind(k) == 0;  // a MoE layer's `out` is the combine's
     at("forward: layer " + layer_name(k) + " `out` allocated" +
-           (p_.sp       ? " (down partial alive)"
+           (partial     ? " (down partial alive)"
             : ck_[u(k)] ? " (its other tensors not yet freed)"
                         : "") +
            (off_ && k > 0 ? " (layer " + layer_name(k - 1) + "'s set still being offloaded)" : ""),
-       csum({before(k), csub(sum_bytes(set(k)), dropped(), "selective")}), C, sg, u(k) + 1, G0);
+       csum({before(k), csub(sum_bytes(set(k)), dropped(), "selective")}), C, partial ? sg : 0,
+       u(k) + 1, G0);
   }
   router();
 }
@@ -1341,11 +1346,11 @@ void Stage::layer_steps(std::int64_t kb) {
        grads(0));
   if (ck_last && moe && l.ep) {  // the recompute's dispatch and combine (forward_instants)
     at(Lb + "step 0: recompute's dispatch (dispatch.send alive)",
-       csum({kept_before(kb), rows_through("expert_in", kb)}), csum({C, l.X}), csum({l.nkh, sg}),
-       pos, grads(0));
+       csum({kept_before(kb), rows_through("expert_in", kb)}), csum({C, l.X}), l.nkh, pos,
+       grads(0));
     at(Lb + "step 0: recompute's combine (combine.send alive)",
-       csum({kept_before(kb), rows_through("expert_out", kb)}), csum({C, l.X}), csum({l.erh, sg}),
-       pos, grads(0));
+       csum({kept_before(kb), rows_through("expert_out", kb)}), csum({C, l.X}), l.erh, pos,
+       grads(0));
   }
   if (ck_last) at(Lb + "step 0: recompute done", A_L, csum({C, l.X}), 0, pos, grads(0));
   // QLoRA (one GPU): a base weight dequantized beside a step's buffers. The recompute's o_proj
@@ -1389,13 +1394,13 @@ void Stage::layer_steps(std::int64_t kb) {
     if (l.ep) {
       at(Lb + "step 1: d_expert_out, d_topk_weight, d_expert_rows (combine backward, the "
               "gradients sent to the experts)",
-         A_L, csum({C, l.X, l.nkh, l.bsK4, l.erh}), sg, pos, grads(0));
+         A_L, csum({C, l.X, l.nkh, l.bsK4, l.erh}), 0, pos, grads(0));
       at(Lb + "step 1: d_expert_act (experts' down_proj backward)", A_L,
-         csum({C, l.X, l.bsK4, l.erh, l.erm}), sg, pos, grads(0));
+         csum({C, l.X, l.bsK4, l.erh, l.erm}), 0, pos, grads(0));
     } else {
       at(Lb + "step 1: d_expert_out, d_topk_weight, d_expert_act (combine and experts' "
               "down_proj backward)",
-         A_L, csum({C, l.X, l.nkh, l.bsK4, l.erm}), sg, pos, grads(0));
+         A_L, csum({C, l.X, l.nkh, l.bsK4, l.erm}), 0, pos, grads(0));
     }
     const std::uint64_t M2 = csub(A_L, csum({l.nkh, l.erm}), "step 2");  // expert_out, _act
     at(Lb + "step 2: d_expert_gate, d_expert_up (SwiGLU backward)", M2,
@@ -1407,11 +1412,12 @@ void Stage::layer_steps(std::int64_t kb) {
     if (l.ep)
       at(Lb + "step 3: d_expert_in (the rows' gradients back from the experts)", M3,
          csum({C, l.X, l.bsK4, l.erh, l.nkh}), 0, pos, grads(0));
+    // d_xn2: the rank's rows (b, sr, h) (= (b, s, h) without sp).
     at(Lb + "step 3: d_xn2 (the rows summed back per token)", M3,
-       csum({C, l.X, l.bsK4, l.nkh, l.full}), 0, pos, grads(0));
+       csum({C, l.X, l.bsK4, l.nkh, l.X}), 0, pos, grads(0));
     at(Lb + "step 3: d_router_logits (router backward" +
            (l.aux4 ? ", the load-balancing loss's gradient beside it)" : ")"),
-       M3, csum({C, l.X, l.bsK4, l.full, l.aux4, l.bsE}), 0, pos, grads(0));
+       M3, csum({C, l.X, l.bsK4, l.X, l.aux4, l.bsE}), 0, pos, grads(0));
     if (l.ms > 0) {
       // The shared expert's backward beside d_xn2: d_shared_out, d_shared_score (the gate), then
       // d_shared_act; d_shared_out freed, d_shared_gate and d_shared_up.

@@ -76,9 +76,13 @@ LayoutEstimate estimate_layout(const ModelConfig& model, const TrainConfig& trai
 LayoutEstimate estimate_layout_of_rank(const ModelConfig& model, const TrainConfig& train,
                                        const ParallelConfig& layout, std::int64_t grad_rank,
                                        const OverheadOptions& overheads) {
-  if (grad_rank < 0 || grad_rank >= layout.grad_ranks())
-    throw Error("estimate_layout: rank " + std::to_string(grad_rank) +
-                " outside the gradient group of " + std::to_string(layout.grad_ranks()));
+  // A MoE under tensor parallelism: grad_rank is the rank's slot in its stage (the tensor-parallel
+  // index too), as ShardedStep's trace takes it.
+  const bool by_slot = model.moe() && layout.tp > 1;
+  const std::int64_t n = layout.grad_ranks() * (by_slot ? layout.tp : 1);
+  if (grad_rank < 0 || grad_rank >= n)
+    throw Error("estimate_layout: rank " + std::to_string(grad_rank) + " outside the " +
+                (by_slot ? "stage's " : "gradient group of ") + std::to_string(n));
   model.validate();
   train.validate();
   LayoutEstimate out;

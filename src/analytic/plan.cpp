@@ -268,9 +268,10 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
   // group is the dp·cp ranks that hold the same parameters.
   // What the gradient group reduces and ZeRO shards: every parameter, or the adapters.
   // A mixture of experts: the experts' E/ep per rank reduce over the expert-data-parallel ranks
-  // (edp = dp·cp/ep), in a weighted share f·P_local (the rest over dp·cp as before).
+  // (edp = dp·tp·cp/ep: whole experts on every tensor-parallel rank), in a weighted share
+  // f·P_local (the rest over dp·cp as before).
   const double P_exp = L_moe * static_cast<double>(model.experts) * expert;
-  const double ep = static_cast<double>(layout.ep), edp = dp * cp / ep;
+  const double ep = static_cast<double>(layout.ep), edp = dp * tp * cp / ep;
   const double P_local = (train.lora() ? Pa : P - P_exp) / (tp * pp);
   const double f = (dp * cp - 1.0) / (dp * cp);
   const double fe_P = (edp - 1.0) / edp * P_exp / (ep * pp);  // 0 for a dense model
@@ -294,17 +295,19 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
   }
   // Tensor parallelism: 2 all-reduces per layer forward, 2 backward (+2 in the recompute),
   // of b·s·h each; sequence parallelism replaces each by reduce-scatter + all-gather, the same
-  // volume.
+  // volume. A MoE layer has the attention's alone (each rank routes its own s/tp rows).
   if (layout.tp > 1)
-    c.tp_bytes = M * (L / pp) * (4.0 + 2.0 * r) * 2.0 * (tp - 1.0) / tp * b * sc * h * w;
+    c.tp_bytes = M * ((L - L_moe) * (4.0 + 2.0 * r) + L_moe * (2.0 + r)) / pp * 2.0 *
+                 (tp - 1.0) / tp * b * sc * h * w;
   // Pipeline: an interior stage sends b·s·h activations forward and b·s·h gradients back per
   // micro-batch.
   if (layout.pp > 1) c.pp_bytes = 2.0 * M * b * sc * h * w;
   // Expert parallelism: each MoE layer's all-to-alls, dispatch and combine in forward, their
   // gradients in backward, again in a recompute (r), each sending the (ep − 1)/ep of the rank's
-  // b·(s/cp)·K rows that go to other ranks (balanced routing).
+  // b·(s/cp)·K rows that go to other ranks (balanced routing; b·(s/(cp·tp))·K under tp with
+  // sequence parallelism: each tensor-parallel rank routes its own rows).
   if (layout.ep > 1)
-    c.ep_bytes = M * (L_moe / pp) * (4.0 + 2.0 * r) * (ep - 1.0) / ep * b * sc *
+    c.ep_bytes = M * (L_moe / pp) * (4.0 + 2.0 * r) * (ep - 1.0) / ep * b * (sc / tp) *
                  static_cast<double>(model.experts_per_token) * h * w;
   // Context parallelism: per layer, the forward's ring passes cp − 1 key/value blocks
   // (2·b·(s/cp)·(k/tp)·d of D each) on, again in a recompute (r); the backward's cp − 1 blocks
@@ -362,7 +365,8 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
 
   // The (dp, tp, pp, cp) of N GPUs: context-parallel degree (as listed), then pipeline depth,
   // then tensor width, ascending; for a mixture of experts each expert-parallel degree ep that
-  // divides the experts and the stage's dp·cp ranks (tp 1: check_moe_layout), ascending.
+  // divides the experts and the stage's dp·tp·cp ranks (tp > 1 with sequence parallelism:
+  // check_moe_layout), ascending.
   struct Triple {
     std::int64_t dp, tp, pp, cp, ep = 1;
   };
@@ -373,9 +377,9 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
       for (std::int64_t tp : divisors(N / (cp * pp))) {
         const std::int64_t dp = N / (tp * pp * cp);
         triples.push_back({dp, tp, pp, cp});
-        if (model.moe() && tp == 1)
+        if (model.moe())
           for (std::int64_t ep : divisors(model.experts))
-            if (ep > 1 && (dp * cp) % ep == 0) triples.push_back({dp, tp, pp, cp, ep});
+            if (ep > 1 && (dp * tp * cp) % ep == 0) triples.push_back({dp, tp, pp, cp, ep});
       }
   }
 

@@ -240,17 +240,21 @@ void check_moe_layout(const ParallelConfig& p, const ModelConfig& m, const Train
   if (!p.distributed()) return;
   const std::string what = " with a mixture of experts (" + m.name + ")";
   auto not_yet = [&](const std::string& flags, const std::string& why) {
-    throw InputError(flags + what + ": " + why +
-                     " is not modelled yet; the per-rank step models "
-                     "a MoE model with data, pipeline, context and expert parallelism (--ep) and "
-                     "ZeRO 0-2 (docs/distributed.md, \"Mixture of experts per rank\")");
+    throw InputError(
+        flags + what + ": " + why +
+        " is not modelled yet; the per-rank step models "
+        "a MoE model with data, pipeline, context, tensor (with --sp) and expert "
+        "parallelism (--ep) and ZeRO 0-2 (docs/distributed.md, \"Mixture of experts per rank\")");
   };
   if (p.etp > 1)
     not_yet("--etp " + str(p.etp), "expert tensor parallelism (each expert's width split)");
-  if (p.tp > 1)
-    not_yet("--tp " + str(p.tp),
-            "tensor parallelism of the attention beside replicated or expert-parallel experts "
-            "(Megatron's sequence-parallel MoE)");
+  if (p.tp > 1 && !p.sp)
+    throw InputError("--tp " + str(p.tp) + what +
+                     " needs --sp: each tensor-parallel rank routes its own s/tp rows (Megatron: "
+                     "\"When using expert parallelism and tensor parallelism, sequence "
+                     "parallelism must be used\")");
+  if (p.tp > 1 && m.shared_expert_intermediate > 0)
+    not_yet("--tp " + str(p.tp), "the shared expert split over tensor-parallel ranks");
   if (p.zero == 3 || p.per_parameter())
     not_yet(p.per_parameter() ? "--sharding per-parameter" : "--zero 3",
             "ZeRO-3 of the experts (gathering each layer's experts)");

@@ -119,7 +119,8 @@ bool lora_on_row_parallel(int slot) {
 bool layer_param_replicated(int slot) {
   if (is_lora_slot(slot))  // A of a column-parallel target, B of a row-parallel one
     return (slot == lora_a_slot((slot - kLoraFirst) / 2)) != lora_on_row_parallel(slot);
-  return slot == kInNorm || slot == kPostNorm || slot == kQNorm || slot == kKNorm;
+  return slot == kInNorm || slot == kPostNorm || slot == kQNorm || slot == kKNorm ||
+         slot == kRouter || slot == kSharedExpertGate;
 }
 bool layer_param_row_parallel(int slot) {
   if (is_lora_slot(slot))  // A of a row-parallel target: a block of its columns
@@ -398,7 +399,8 @@ template <class Through>
 bool moe_mlp_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, ActPass pass,
                      const void* xn2, Through&& through, std::int64_t& er) {
   const ActDims& dm = R.dims;
-  const std::int64_t b = dm.b, s = dm.s, h = dm.h, n = b * s, E = dm.E, K = dm.K, mw = dm.m;
+  // The rank's rows: b·(s/tp) under sequence parallelism (s = sr otherwise).
+  const std::int64_t b = dm.b, s = dm.sr, h = dm.h, n = b * s, E = dm.E, K = dm.K, mw = dm.m;
   const DType D = R.train.dtype;
   Backend* be = R.backend;
   LayerHost& H = R.host;
@@ -515,7 +517,8 @@ template <class FreeStep>
 Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
                         const Tensor& d_res, FreeStep&& free_step) {
   const ActDims& dm = R.dims;
-  const std::int64_t b = dm.b, s = dm.s, h = dm.h, n = b * s, E = dm.E, K = dm.K, mw = dm.m;
+  // The rank's rows (b, sr, h): d_res and d_xn2 are its own under sequence parallelism.
+  const std::int64_t b = dm.b, s = dm.sr, h = dm.h, n = b * s, E = dm.E, K = dm.K, mw = dm.m;
   const std::int64_t nk = dm.nk;  // the expert-ordered rows (E·capacity under a capacity factor)
   const DType D = R.train.dtype;
   Backend* be = R.backend;
@@ -816,11 +819,12 @@ void decoder_layer_forward(const LayerRank& R, std::int64_t l, int g, LayerActs&
   through(LA::xn2);  // rstd2, xn2
   if (run)
     be->rmsnorm_forward(at(LA::xn2), at_f(LA::rstd2), at(LA::h_mid), W(kPostNorm), nr, h, eps);
-  if (sp) gath = comm("xn2.gathered");
-  if (sp && run) H.sp_gather(A[LA::xn2], gath, h);
-  const void* xn2_all = sp ? gath.data() : at(LA::xn2);
+  // A MoE layer routes the rank's own rows (b, sr, h): under sp no gather (each tensor-parallel
+  // rank routes its s/tp tokens, whole experts: check_moe_layout).
+  if (sp && !moe_layer) gath = comm("xn2.gathered");
+  if (sp && !moe_layer && run) H.sp_gather(A[LA::xn2], gath, h);
+  const void* xn2_all = sp && !moe_layer ? gath.data() : at(LA::xn2);
   if (moe_layer) {
-    gath.reset();  // a MoE model runs without tensor parallelism (check_moe_layout)
     if (!moe_mlp_forward(R, l, g, A, pass, xn2_all, through, dm.er)) return;  // the recompute stops
   } else {
     through(LA::lora_up);  // gate, up (LoRA: their rows)

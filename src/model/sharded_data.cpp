@@ -24,7 +24,7 @@ ParamInit ShardedStep::Impl::init_of(std::size_t q) const {
 }
 
 std::uint64_t ShardedStep::Impl::global_elem(std::size_t q, std::uint64_t e) const {
-  if (ep_block(q)) return std::uint64_t(r % int(p.ep)) * P[q].n + e;  // experts ep_i·El on
+  if (ep_block(q)) return std::uint64_t(slot() % p.ep) * P[q].n + e;  // experts ep_i·El on
   if (replicated(q)) return e;
   const ParamShape& pq = P[q];
   const int sl = pq.slot;
@@ -435,7 +435,9 @@ bool ShardedStep::Impl::tp_partial(int q) const {
   if (!tpx) return false;
   if (sl == kQNorm || sl == kKNorm) return true;
   if (sl >= 0 && layer_param_tp_partial_grad(sl)) return true;  // LoRA: a column target's A
-  return sp && (sl == kInNorm || sl == kPostNorm || q == norm_i);
+  // Under sp each rank's own rows: the norms' gradients, and the router's (each tensor-parallel
+  // rank routes its own tokens), are partial.
+  return sp && (sl == kInNorm || sl == kPostNorm || sl == kRouter || q == norm_i);
 }
 
 void ShardedStep::Impl::optimizer_step() {

@@ -81,7 +81,7 @@ struct ShardedStep::Impl : LayerHost {
   // The flat vector's group of parameter q (the experts': the expert-data-parallel ranks), this
   // rank's index in it (the owner pieces() names) and its size.
   Collective& group_of(std::size_t q) const { return P[q].expert && EDP ? *EDP : X->data; }
-  int index_of(std::size_t q) const { return P[q].expert ? r / int(p.ep) : r; }
+  int index_of(std::size_t q) const { return P[q].expert ? int(slot() / p.ep) : r; }
   std::int64_t ranks_of(std::size_t q) const { return P[q].expert ? p.edp() : p.grad_ranks(); }
   std::size_t es = 4;         // bytes of D
   float S = 1, ce_scale = 1;  // the loss scale and the cross-entropy backward's scale
@@ -276,7 +276,7 @@ struct ShardedStep::Impl : LayerHost {
   // of rows of dim 0 (no tensor parallelism beside it: check_moe_layout).
   bool ep_block(std::size_t q) const { return P[q].expert && p.ep > 1; }
   bool replicated(std::size_t q) const {
-    if (ep_block(q)) return false;
+    if (P[q].expert) return p.ep == 1;  // whole experts on every tensor-parallel rank
     const int sl = P[q].slot;
     return p.tp == 1 || (sl >= 0 && layer_param_replicated(sl)) || (sl < 0 && int(q) == norm_i);
   }
@@ -416,19 +416,22 @@ struct ShardedStep::Impl : LayerHost {
       dm.K = m.experts_per_token;
       dm.m = m.expert_intermediate;
       dm.ms = m.shared_expert_intermediate;
-      dm.nk = checked_mul(b * s, dm.K, "routed rows");
+      dm.nk = checked_mul(b * sr, dm.K, "routed rows");  // the rank's own rows under sp
       dm.El = dm.E / p.ep;
       dm.er = p.ep > 1 ? expert_rows(dm.nk) : dm.nk;
     }
     return dm;
   }
-  // Expert parallelism: the rows this rank's experts take under balanced routing. Its place in
-  // the stage is slot r (check_moe_layout: tp = etp = 1), its expert-parallel index r mod ep
-  // (Megatron's order), its experts [ep_i·El, (ep_i + 1)·El); each of the ep ranks of its group
-  // routes ⌊nk/E⌋ of its nk choices to every expert and one more to each of the first nk mod E
-  // (the single-rank balanced_routing, per source).
+  // The rank's place in its stage (Megatron's order, the tensor-parallel index fastest):
+  // slot = r·tp + tr, r its gradient-group index; a MoE rank's expert-parallel index is
+  // slot mod ep and its expert-data-parallel index slot / ep (etp = 1: check_moe_layout).
+  std::int64_t slot() const { return std::int64_t(r) * p.tp + tr; }
+  // Expert parallelism: the rows this rank's experts take under balanced routing, its experts
+  // [ep_i·El, (ep_i + 1)·El); each of the ep ranks of its group routes ⌊nk/E⌋ of its nk choices
+  // to every expert and one more to each of the first nk mod E (the single-rank
+  // balanced_routing, per source).
   std::int64_t expert_rows(std::int64_t nk) const {
-    const std::int64_t E = m.experts, El = E / p.ep, ep_i = r % p.ep;
+    const std::int64_t E = m.experts, El = E / p.ep, ep_i = slot() % p.ep;
     std::int64_t rows = 0;
     for (std::int64_t e = ep_i * El; e < (ep_i + 1) * El; ++e)
       rows += nk / E + (e < nk % E ? 1 : 0);

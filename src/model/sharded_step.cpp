@@ -385,19 +385,22 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
       x.tpx = x.run;
       x.V_lo = std::int64_t(x.tr) * x.V;
     }
-    if (layout.ep > 1) {
+    if (layout.ep > 1 || (model.moe() && layout.tp > 1)) {
       // Megatron's order within the stage: the expert-parallel index j mod ep, the expert-data-
-      // parallel index j / ep, j the rank's gradient-group index (tp = etp = 1).
-      const int j = x.r, ep = int(layout.ep);
-      if (!exec->ep || !exec->ep_host || !exec->edp || exec->ep->size() != ep ||
-          exec->ep->rank() != j % ep || exec->ep_host->size() != ep ||
-          exec->edp->size() != layout.edp() || exec->edp->rank() != j / ep)
+      // parallel index j / ep, j the rank's slot (gradient-group index · tp + tp index; etp = 1).
+      // Under tp the experts' gradients are summed over tensor-parallel ranks too (edp spans
+      // them), even at ep 1.
+      const int j = int(x.slot()), ep = int(layout.ep);
+      const bool eps = layout.ep > 1;
+      if ((eps && (!exec->ep || !exec->ep_host || exec->ep->size() != ep ||
+                   exec->ep->rank() != j % ep || exec->ep_host->size() != ep)) ||
+          !exec->edp || exec->edp->size() != layout.edp() || exec->edp->rank() != j / ep)
         throw Error("sharded step: --ep " + std::to_string(ep) +
                     " needs the expert-parallel group (this rank index " + std::to_string(j % ep) +
                     " of " + std::to_string(ep) + ") and the expert-data-parallel group (index " +
                     std::to_string(j / ep) + " of " + std::to_string(layout.edp()) + ")");
-      x.EPc = exec->ep;
-      x.EPH = exec->ep_host;
+      x.EPc = eps ? exec->ep : nullptr;
+      x.EPH = eps ? exec->ep_host : nullptr;
       x.EDP = exec->edp;
     }
     x.offx = x.run && layout.offload != Offload::none;
@@ -405,10 +408,15 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
       throw Error("sharded step: optimizer settings are for another optimizer");
   }
   if (!exec) {
-    if (grad_rank < 0 || grad_rank >= layout.grad_ranks())
-      throw Error("sharded step: rank " + std::to_string(grad_rank) +
-                  " outside the gradient group of " + std::to_string(layout.grad_ranks()));
-    impl_->r = int(grad_rank);
+    // A MoE under tensor parallelism: the ranks of a stage differ by their slot (their
+    // tensor-parallel index too), which grad_rank then names: r = slot / tp, tr = slot mod tp.
+    const bool by_slot = model.moe() && layout.tp > 1;
+    const std::int64_t n = layout.grad_ranks() * (by_slot ? layout.tp : 1);
+    if (grad_rank < 0 || grad_rank >= n)
+      throw Error("sharded step: rank " + std::to_string(grad_rank) + " outside the " +
+                  (by_slot ? "stage's " : "gradient group of ") + std::to_string(n));
+    impl_->r = int(by_slot ? grad_rank / layout.tp : grad_rank);
+    if (by_slot) impl_->tr = int(grad_rank % layout.tp);
   }
   if (layout.cp > 1 && train.attention != Attention::flash)  // resolve's rule, for any caller
     throw InputError("--cp " + std::to_string(layout.cp) + " needs --attention flash");

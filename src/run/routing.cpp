@@ -67,6 +67,37 @@ Routing parse_layers(const nlohmann::json& d, const std::string& prefix,
   return out;
 }
 
+// A routing file read and checked field by field: InputError "--routing PATH: <field>: ...".
+struct RoutingDoc {
+  std::string who;
+  nlohmann::json d;
+  const char* whose;  // "this run" or "this layout"
+  RoutingDoc(const std::string& path, const char* whose_)
+      : who("--routing " + path), whose(whose_) {
+    d = parse_json_strict(read_input_file(path, "--routing", kMaxConfigBytes), who);
+    if (!d.is_object()) throw fail("the document", "not a JSON object (a --dump-routing file)");
+  }
+  InputError fail(const std::string& field, const std::string& what) const {
+    return InputError(who + ": " + field + ": " + what);
+  }
+  std::int64_t integer(const nlohmann::json& v, const std::string& field) const {
+    if (!v.is_number_integer()) throw fail(field, "not an integer: " + clip(v.dump()));
+    return v.get<std::int64_t>();
+  }
+  // o[key] (at: its path's prefix) must be `want`, the value of `flag`.
+  void must_equal(const nlohmann::json& o, const std::string& at, const char* key,
+                  std::int64_t want, const std::string& flag) const {
+    if (!o.contains(key)) throw fail(at + key, "missing");
+    const std::int64_t got = integer(o[key], at + key);
+    if (got != want)
+      throw fail(at + key, std::to_string(got) + ", but " + whose + " has " + flag + " " +
+                               std::to_string(want));
+  }
+  auto failer() const {
+    return [this](const std::string& field, const std::string& what) { return fail(field, what); };
+  }
+};
+
 }  // namespace
 
 Routing balanced_routing(const ModelConfig& m, const TrainConfig& t) {
@@ -80,23 +111,11 @@ Routing balanced_routing(const ModelConfig& m, const TrainConfig& t) {
 }
 
 Routing read_routing_file(const std::string& path, const ModelConfig& m, const TrainConfig& t) {
-  const std::string who = "--routing " + path;
-  const nlohmann::json d =
-      parse_json_strict(read_input_file(path, "--routing", kMaxConfigBytes), who);
-  auto fail = [&](const std::string& field, const std::string& what) -> InputError {
-    return InputError(who + ": " + field + ": " + what);
-  };
-  if (!d.is_object()) throw fail("the document", "not a JSON object (a --dump-routing file)");
-  auto integer = [&](const nlohmann::json& v, const std::string& field) {
-    if (!v.is_number_integer()) throw fail(field, "not an integer: " + clip(v.dump()));
-    return v.get<std::int64_t>();
-  };
+  const RoutingDoc doc(path, "this run");
+  const nlohmann::json& d = doc.d;
+  auto fail = doc.failer();
   auto must_equal = [&](const char* key, std::int64_t want, const std::string& flag) {
-    if (!d.contains(key)) throw fail(key, "missing");
-    const std::int64_t got = integer(d[key], key);
-    if (got != want)
-      throw fail(key,
-                 std::to_string(got) + ", but this run has " + flag + " " + std::to_string(want));
+    doc.must_equal(d, "", key, want, flag);
   };
   if (d.contains("sources"))
     throw fail("sources",
@@ -117,6 +136,15 @@ namespace {
 
 std::int64_t ranks_per_stage(const ParallelConfig& p) {
   return p.world / p.pp;
+}
+
+// The positions a rank routes: s/cp, and under sequence parallelism its s/(cp·tp) rows.
+std::int64_t rank_seq(const ParallelConfig& p, std::int64_t seq) {
+  return p.local_seq(seq) / (p.sp ? p.tp : 1);
+}
+std::string rank_seq_letters(const ParallelConfig& p) {
+  const bool sp = p.sp && p.tp > 1;
+  return p.cp > 1 ? (sp ? "s/(cp·tp)" : "s/cp") : (sp ? "s/tp" : "s");
 }
 
 // The MoE layers of pipeline stage `st` (layers % pp == 0: resolve), ascending.
@@ -149,38 +177,27 @@ LayoutRouting every_source(const Routing& one, const ModelConfig& m, const Paral
 
 LayoutRouting read_layout_routing_file(const std::string& path, const ModelConfig& m,
                                        const TrainConfig& t, const ParallelConfig& layout) {
-  if (layout.tp != 1) throw Error("routing per rank: a MoE layout has tp 1 (check_moe_layout)");
-  const std::string who = "--routing " + path;
-  const nlohmann::json d =
-      parse_json_strict(read_input_file(path, "--routing", kMaxConfigBytes), who);
-  auto fail = [&](const std::string& field, const std::string& what) -> InputError {
-    return InputError(who + ": " + field + ": " + what);
-  };
-  if (!d.is_object()) throw fail("the document", "not a JSON object (a --dump-routing file)");
+  const RoutingDoc doc(path, "this layout");
+  const nlohmann::json& d = doc.d;
+  auto fail = doc.failer();
   auto integer = [&](const nlohmann::json& v, const std::string& field) {
-    if (!v.is_number_integer()) throw fail(field, "not an integer: " + clip(v.dump()));
-    return v.get<std::int64_t>();
+    return doc.integer(v, field);
   };
   auto must_equal = [&](const nlohmann::json& o, const std::string& at, const char* key,
-                        std::int64_t want, const std::string& flag) {
-    if (!o.contains(key)) throw fail(at + key, "missing");
-    const std::int64_t got = integer(o[key], at + key);
-    if (got != want)
-      throw fail(at + key, std::to_string(got) + ", but this layout has " + flag + " " +
-                               std::to_string(want));
-  };
+                        std::int64_t want,
+                        const std::string& flag) { doc.must_equal(o, at, key, want, flag); };
   must_equal(d, "", "experts", m.experts, m.name + "'s num_local_experts");
   must_equal(d, "", "experts_per_token", m.experts_per_token, m.name + "'s num_experts_per_tok");
   must_equal(d, "", "batch", t.batch, "--batch");
-  const std::int64_t ls = layout.local_seq(t.seq), tokens = t.batch * ls;
+  const std::int64_t ls = rank_seq(layout, t.seq), tokens = t.batch * ls;
   const std::int64_t per_stage = ranks_per_stage(layout), M = layout.microbatches;
   LayoutRouting out;
   out.source = "file " + path;
   if (!d.contains("sources")) {  // one rank's file (a single-GPU --dump-routing): every source
     if (!d.contains("seq")) throw fail("seq", "missing");
     if (integer(d["seq"], "seq") != ls)
-      throw fail("seq", clip(d["seq"].dump()) +
-                            ", but a rank of this layout routes seq/cp = " + std::to_string(ls) +
+      throw fail("seq", clip(d["seq"].dump()) + ", but a rank of this layout routes " +
+                            rank_seq_letters(layout) + " = " + std::to_string(ls) +
                             " positions; a one-rank file is applied to every rank and "
                             "micro-batch, so its seq must be a rank's (or give the per-rank file "
                             "a measured --world-size run's --dump-routing writes)");
@@ -188,7 +205,7 @@ LayoutRouting read_layout_routing_file(const std::string& path, const ModelConfi
     for (std::int64_t l = 0; l < m.layers; ++l)
       if (m.is_moe_layer(l)) all.push_back(l);
     const Routing one =
-        parse_layers(d, "", all, m, tokens, 0, fail, layout.cp > 1 ? "b·s/cp" : "b·s");
+        parse_layers(d, "", all, m, tokens, 0, fail, "b·" + rank_seq_letters(layout));
     LayoutRouting every = every_source(one, m, layout);
     every.source = out.source;
     return every;
@@ -225,7 +242,7 @@ LayoutRouting read_layout_routing_file(const std::string& path, const ModelConfi
     once = 1;
     out.sources.push_back({r, mb,
                            parse_layers(o, at, stage_moe_layers(m, layout, r / per_stage), m,
-                                        tokens, 0, fail, "b·s/cp")});
+                                        tokens, 0, fail, "b·" + rank_seq_letters(layout))});
   }
   std::sort(out.sources.begin(), out.sources.end(), [](const auto& a, const auto& b) {
     return std::make_pair(a.rank, a.micro_batch) < std::make_pair(b.rank, b.micro_batch);
@@ -236,7 +253,7 @@ LayoutRouting read_layout_routing_file(const std::string& path, const ModelConfi
 LayoutRouting balanced_layout_routing(const ModelConfig& m, const TrainConfig& t,
                                       const ParallelConfig& layout) {
   TrainConfig rank = t;
-  rank.seq = layout.local_seq(t.seq);
+  rank.seq = rank_seq(layout, t.seq);
   return every_source(balanced_routing(m, rank), m, layout);
 }
 
@@ -263,7 +280,8 @@ nlohmann::json layout_routing_json(const ModelConfig& m, const TrainConfig& t,
           {"source", r.source},
           {"sources", sources},
           {"note",
-           "the choices each rank's b*seq/cp tokens routed to every global expert, per "
+           "the choices each rank's b*seq/cp tokens (b*seq/(cp*tp) under sequence parallelism) "
+           "routed to every global expert, per "
            "micro-batch and MoE layer of its stage, in the step's forward; `profile --backend "
            "meta --routing FILE` traces every rank given them, at this ep or another that the "
            "layout allows"}};
@@ -273,7 +291,6 @@ std::map<std::pair<std::int64_t, int>, std::int64_t> expert_rows_of(const Layout
                                                                     const ModelConfig& m,
                                                                     const ParallelConfig& layout,
                                                                     std::int64_t rank) {
-  if (layout.tp != 1) throw Error("routing per rank: a MoE layout has tp 1 (check_moe_layout)");
   const std::int64_t per_stage = ranks_per_stage(layout), st = rank / per_stage;
   const std::int64_t j = rank % per_stage, ep = layout.ep, El = m.experts / ep, ep_i = j % ep;
   std::map<std::pair<std::int64_t, std::int64_t>, const SourceRouting*> of;

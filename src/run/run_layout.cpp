@@ -253,22 +253,24 @@ namespace {
 struct RankGroups {
   std::int64_t stage = 0;
   std::unique_ptr<Collective> dp_data, dp_host, tp_data, tp_host, pp_host, cp_host;
-  // Expert parallelism (tp = 1: check_moe_layout): split from the gradient group, slot
-  // j = dp_rank·cp + cp_rank, the ep group (color j / ep, key j mod ep) on the backend's and host
-  // buffers, the expert-data-parallel group (color j mod ep, key j / ep).
+  // A mixture of experts under expert or tensor parallelism (etp = 1: check_moe_layout): split
+  // from the job by the rank's slot in its stage, j = (dp_rank·cp + cp_rank)·tp + tp_rank, the
+  // ep group (the stage's ranks with the same j / ep, keyed j mod ep) on the backend's and host
+  // buffers, the expert-data-parallel group (the same j mod ep, keyed j / ep).
   std::unique_ptr<Collective> ep_data, ep_host, edp_data;
   Collective* dpd = nullptr;  // the gradient group, on the backend's buffers
   Collective* dph = nullptr;  // the gradient group, on host buffers
 
-  RankGroups(const ParallelConfig& layout, int rank, Collective& data, Collective& host) {
+  RankGroups(const ParallelConfig& layout, bool moe, int rank, Collective& data, Collective& host) {
     const int tp = int(layout.tp), dp = int(layout.dp), pp = int(layout.pp), cp = int(layout.cp);
     const int tp_rank = rank % tp, cp_rank = (rank / tp) % cp, dp_rank = (rank / (tp * cp)) % dp;
     stage = rank / (tp * cp * dp);
     dpd = &data;
     dph = &host;
-    const int ep = int(layout.ep), j = dp_rank * cp + cp_rank;
+    const int ep = int(layout.ep), j = (dp_rank * cp + cp_rank) * tp + tp_rank;
+    const bool experts = ep > 1 || (moe && tp > 1);
     if (tp == 1 && pp == 1 && cp == 1) {
-      split_experts(ep, j);
+      if (experts) split_experts(data, host, ep, int(stage), tp * cp * dp, j);
       return;
     }
     const int st = int(stage);
@@ -286,13 +288,16 @@ struct RankGroups {
     pp_host = host.split((dp_rank * cp + cp_rank) * tp + tp_rank, st);
     // The context-parallel ring, on host buffers likewise.
     cp_host = host.split((st * dp + dp_rank) * tp + tp_rank, cp_rank);
-    split_experts(ep, j);
+    if (experts) split_experts(data, host, ep, st, tp * cp * dp, j);
   }
-  void split_experts(int ep, int j) {
-    if (ep <= 1) return;
-    ep_data = dpd->split(j / ep, j % ep);
-    ep_host = dph != dpd ? dph->split(j / ep, j % ep) : nullptr;
-    edp_data = dpd->split(j % ep, j / ep);
+  // Every rank of the job calls it (the splits are collective over the job).
+  void split_experts(Collective& data, Collective& host, int ep, int st, int per_stage, int j) {
+    const int ep_color = st * (per_stage / ep) + j / ep, edp_color = st * ep + j % ep;
+    if (ep > 1) {
+      ep_data = data.split(ep_color, j % ep);
+      ep_host = &host != &data ? host.split(ep_color, j % ep) : nullptr;
+    }
+    edp_data = data.split(edp_color, j / ep);
   }
   // Hands the groups over (to be held past a failure, see MeasuredLayout::held_groups).
   void release_into(std::vector<std::shared_ptr<Collective>>& held) {
@@ -479,7 +484,7 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
 
   MeasuredRank mine;
   mine.rank = host.rank();
-  RankGroups groups(rq.layout, mine.rank, data, host);
+  RankGroups groups(rq.layout, rq.model.moe(), mine.rank, data, host);
   mine.stage = groups.stage;
   std::vector<double> seconds;
   ShardedStep::SourceCounts my_routing;
@@ -505,7 +510,7 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
     }
     if (rq.layout.pp > 1) ex.pp = groups.pp_host.get();
     if (rq.layout.cp > 1) ex.cp = groups.cp_host.get();
-    if (rq.layout.ep > 1) {
+    if (groups.edp_data) {
       ex.ep = groups.ep_data.get();
       ex.ep_host = groups.ep_host ? groups.ep_host.get() : groups.ep_data.get();
       ex.edp = groups.edp_data.get();
@@ -543,7 +548,9 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
     if (rq.layout.ep > 1 && step && !out.failure) {
       MetaAllocator meta;
       Ledger traced(meta);
-      const std::int64_t g = groups.dpd->rank();
+      // Its slot in the stage (a MoE under tp: the tensor-parallel index too).
+      const std::int64_t g =
+          rq.layout.tp > 1 ? mine.rank % (rq.layout.world / rq.layout.pp) : groups.dpd->rank();
       ShardedStep trace(rq.model, rq.train, rq.layout, mine.stage, traced, nullptr, g);
       trace.set_expert_rows(step->expert_rows());
       for (int n = 0; n < out.steps; ++n) trace.train_step();

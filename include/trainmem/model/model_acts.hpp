@@ -176,8 +176,9 @@ constexpr ActShape bsa{3, {Extent::b, Extent::s, Extent::a}};
 constexpr ActShape bsk{3, {Extent::b, Extent::s, Extent::k}};
 constexpr ActShape bass{4, {Extent::b, Extent::a, Extent::s, Extent::s}};
 constexpr ActShape bsr{3, {Extent::b, Extent::s, Extent::r}};
-constexpr ActShape bsE{3, {Extent::b, Extent::s, Extent::E}};
-constexpr ActShape bsK{3, {Extent::b, Extent::s, Extent::K}};
+// A MoE layer routes the rank's own rows: b·(s/tp) under sequence parallelism (no gather).
+constexpr ActShape bsE{3, {Extent::b, Extent::sr, Extent::E}};
+constexpr ActShape bsK{3, {Extent::b, Extent::sr, Extent::K}};
 constexpr ActShape E1{1, {Extent::E1}};
 constexpr ActShape nkh{2, {Extent::nk, Extent::h}};
 constexpr ActShape nkm{2, {Extent::nk, Extent::m}};

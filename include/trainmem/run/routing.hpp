@@ -42,7 +42,8 @@ Routing read_routing_file(const std::string& path, const ModelConfig& m, const T
 // ---- per rank (expert parallelism, docs/distributed.md "Routing per rank")
 
 // What one rank of a layout (a "source") routed in one micro-batch: the choices its b·s/cp
-// tokens sent to every global expert in each MoE layer of its pipeline stage.
+// tokens (b·s/(cp·tp) under sequence parallelism) sent to every global expert in each MoE layer of
+// its pipeline stage.
 struct SourceRouting {
   std::int64_t rank = 0;         // the global rank (Megatron's order)
   std::int64_t micro_batch = 0;  // 0 .. M-1
@@ -60,11 +61,13 @@ struct LayoutRouting {
 // measured multi-rank `profile --dump-routing` writes (its "sources"; world_size, pp, cp and
 // microbatches must be the layout's, its ep may differ: the choices a rank makes do not depend
 // on where the experts live), or the one-rank form, applied to every rank and micro-batch when
-// its batch and seq are a rank's (b and s/cp). InputError "--routing PATH: <field>: ...".
+// its batch and seq are a rank's (b and s/cp, s/(cp·tp) under sequence parallelism). InputError
+// "--routing PATH: <field>: ...".
 LayoutRouting read_layout_routing_file(const std::string& path, const ModelConfig& m,
                                        const TrainConfig& t, const ParallelConfig& layout);
 
-// Balanced routing per rank: every source spreads its own b·(s/cp)·K choices as
+// Balanced routing per rank: every source spreads its own b·(s/cp)·K choices (s/(cp·tp) under
+// sequence parallelism) as
 // balanced_routing does, in every micro-batch (what the analytic and a trace assume).
 LayoutRouting balanced_layout_routing(const ModelConfig& m, const TrainConfig& t,
                                       const ParallelConfig& layout);
