@@ -313,6 +313,11 @@ TEST(AnalyticRank, OverheadsStateTheirSource) {
   OverheadOptions given;
   given.nccl = 123;
   EXPECT_EQ(estimate_overheads(p, given).nccl, 123u);
+  // A mixture of experts under tp: the experts' gradients have a group of their own (the stage's
+  // 8 ranks) even at ep 1; with ep 2 the ep group too.
+  EXPECT_EQ(estimate_overheads(p, {}, true).nccl, 3ull * 16 * 2 * 4194304);
+  p.ep = 2;
+  EXPECT_EQ(estimate_overheads(p, {}, true).nccl, 4ull * 16 * 2 * 4194304);
 }
 
 TEST(AnalyticRank, BadLayoutsNameTheFlag) {

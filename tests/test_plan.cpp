@@ -480,10 +480,12 @@ TEST(Plan, TheCostModelOfExpertParallelismMatchesHandComputedFigures) {
   EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).ep_bytes, 0.0);
 }
 
-// plan enumerates ep for a MoE model: every degree dividing E and the stage's dp·cp ranks, each
-// layout refused or estimated as `estimate --ep` would (tp > 1 refused: check_moe_layout).
+// plan enumerates ep for a MoE model: every degree dividing E and the stage's dp·tp·cp ranks,
+// each layout refused or estimated as `estimate --ep` would (tp > 1 with sequence parallelism
+// only: check_moe_layout). The preset's prime vocabulary is made even so that tp 2 can split it.
 TEST(Plan, ExpertParallelDegreesAreEnumeratedForAMixtureOfExperts) {
-  const ModelConfig m = *find_preset("tiny-qwen3-moe");
+  ModelConfig m = *find_preset("tiny-qwen3-moe");
+  m.vocab = 96;
   PlanOptions o;
   o.gpus = 4;
   o.gpu_memory = std::uint64_t(1) << 30;
@@ -496,18 +498,24 @@ TEST(Plan, ExpertParallelDegreesAreEnumeratedForAMixtureOfExperts) {
   o.offloads = {Offload::none};
   o.top = 100000;
   const PlanResult r = plan(m, o);
-  std::set<std::int64_t> eps;
+  std::set<std::int64_t> eps, tp_eps;
   for (const PlanCandidate& c : r.candidates) {
     eps.insert(c.layout.ep);
-    EXPECT_EQ(c.layout.tp, 1);
-    EXPECT_EQ((c.layout.dp * c.layout.cp) % c.layout.ep, 0);
-    if (c.layout.ep > 1) EXPECT_GT(c.cost.ep_bytes, 0.0);
+    if (c.layout.tp > 1) {
+      EXPECT_TRUE(c.layout.sp);
+      tp_eps.insert(c.layout.ep);
+    }
+    EXPECT_EQ((c.layout.dp * c.layout.tp * c.layout.cp) % c.layout.ep, 0);
+    if (c.layout.ep > 1) {
+      EXPECT_GT(c.cost.ep_bytes, 0.0);
+    }
     // The candidate's memory is estimate_layout's for its layout.
     ASSERT_TRUE(c.memory);
     EXPECT_EQ(c.memory->worst_total(),
               estimate_layout(m, c.train, c.layout, o.overheads).worst_total());
   }
-  EXPECT_EQ(eps, (std::set<std::int64_t>{1, 2, 4}));  // dp 4: ep 1, 2, 4 (8 does not divide 4)
+  EXPECT_EQ(eps, (std::set<std::int64_t>{1, 2, 4}));  // 4 slots: ep 1, 2, 4 (8 does not divide 4)
+  EXPECT_EQ(tp_eps, (std::set<std::int64_t>{1, 2, 4}));  // tp 2 (dp 2) or 4 (dp 1) with sp
 }
 
 // cp {1, 2} on tiny_options' 4 GPUs adds the cp 2 layouts, flash only (eager is not a layout

@@ -325,21 +325,25 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn
                     "residual stream after attention"));
   v.push_back(entry(g, "rstd2", rows, "fp32", l.r4, Term::sb, "post_attention_layernorm backward",
                     "1/rms of each row of h_mid"));
-  v.push_back(entry(g, "xn2", res, D, l.X, Term::sbh, "gate/up projection backward",
-                    sp ? "the rank's rows of the gate and up GEMMs' input (gathered again in "
-                         "backward)"
-                       : "input of the gate and up GEMMs"));
+  v.push_back(entry(g, "xn2", res, D, l.X, Term::sbh,
+                    moe ? "router and experts' backward" : "gate/up projection backward",
+                    moe  ? (sp ? "the rank's rows, routed by the rank itself (no gather)"
+                               : "input of the router and of the experts' rows")
+                    : sp ? "the rank's rows of the gate and up GEMMs' input (gathered again in "
+                           "backward)"
+                         : "input of the gate and up GEMMs"));
   if (moe) {
     // The router and the experts (docs/native-plan.md, "Mixture of experts"): the bytes hold all
     // b·s·K rows (E·capacity under --capacity-factor) in expert order at once, whatever the
     // routing.
-    v.push_back(entry(g, "router_probs", "(b,s,E)", "fp32", l.bsE4, Term::sb, "router backward",
+    const std::string bs = "(b," + l.rows;  // the rank's own rows (s/t under sp)
+    v.push_back(entry(g, "router_probs", bs + ",E)", "fp32", l.bsE4, Term::sb, "router backward",
                       "fp32 softmax of the router logits xn2·W_routerᵀ"));
-    v.push_back(entry(g, "topk_idx", "(b,s,K)", "int32", l.bsK4, Term::sb, "router backward",
+    v.push_back(entry(g, "topk_idx", bs + ",K)", "int32", l.bsK4, Term::sb, "router backward",
                       "the K experts each token is routed to"));
-    v.push_back(entry(g, "topk_weight", "(b,s,K)", "fp32", l.bsK4, Term::sb, "combine backward",
+    v.push_back(entry(g, "topk_weight", bs + ",K)", "fp32", l.bsK4, Term::sb, "combine backward",
                       "the routing weights (renormalised under norm_topk_prob)"));
-    v.push_back(entry(g, "expert_pos", "(b,s,K)", "int32", l.bsK4, Term::sb,
+    v.push_back(entry(g, "expert_pos", bs + ",K)", "int32", l.bsK4, Term::sb,
                       "permute and combine backward",
                       "each (token, choice)'s row in expert order"));
     v.push_back(entry(g, "expert_offsets", "(E+1)", "int32", l.off4, Term::other,

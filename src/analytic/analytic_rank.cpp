@@ -24,7 +24,7 @@ std::uint64_t Overheads::total() const {
   return checked_add(cuda_context, nccl, "overheads");
 }
 
-Overheads estimate_overheads(const ParallelConfig& layout, const OverheadOptions& opts) {
+Overheads estimate_overheads(const ParallelConfig& layout, const OverheadOptions& opts, bool moe) {
   Overheads o;
   if (opts.host_ranks) {
     o.host_ranks = true;
@@ -52,9 +52,10 @@ Overheads estimate_overheads(const ParallelConfig& layout, const OverheadOptions
   for (std::int64_t deg : {layout.grad_ranks(), layout.tp, layout.pp, layout.cp})
     if (deg > 1) ++comms;
   // Expert parallelism: the ep group's all-to-all, and the expert-data-parallel group that sums
-  // the experts' gradients (the gradient group itself when ep = etp = 1).
+  // the experts' gradients (the gradient group itself when ep = etp = tp = 1; under tp a group of
+  // its own, the stage's dp·tp·cp/ep slots, even at ep 1).
   if (layout.ep > 1) ++comms;
-  if (layout.ep * layout.etp > 1 && layout.edp() > 1) ++comms;
+  if ((layout.ep * layout.etp > 1 || (moe && layout.tp > 1)) && layout.edp() > 1) ++comms;
   const std::uint64_t per = checked_mul(checked_mul(opts.nccl_buffsize, u(opts.nccl_channels)), 2);
   o.nccl = checked_mul(comms, per, "NCCL buffers");
   o.nccl_source = std::to_string(comms) + " communicator(s) × " +
@@ -96,7 +97,8 @@ LayoutEstimate estimate_layout_of_rank(const ModelConfig& model, const TrainConf
   for (std::size_t n = 1; n < out.ranks.size(); ++n)
     if (out.ranks[n].est.figures.peak > out.ranks[u(out.worst)].est.figures.peak)
       out.worst = static_cast<int>(n);
-  out.overheads = layout.distributed() ? estimate_overheads(layout, overheads) : Overheads{};
+  out.overheads =
+      layout.distributed() ? estimate_overheads(layout, overheads, model.moe()) : Overheads{};
   if (!layout.distributed()) {
     out.overheads.cuda_context =
         overheads.cuda_context ? *overheads.cuda_context : kCudaContextBytes;

@@ -297,8 +297,8 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
   // of b·s·h each; sequence parallelism replaces each by reduce-scatter + all-gather, the same
   // volume. A MoE layer has the attention's alone (each rank routes its own s/tp rows).
   if (layout.tp > 1)
-    c.tp_bytes = M * ((L - L_moe) * (4.0 + 2.0 * r) + L_moe * (2.0 + r)) / pp * 2.0 *
-                 (tp - 1.0) / tp * b * sc * h * w;
+    c.tp_bytes = M * ((L - L_moe) * (4.0 + 2.0 * r) + L_moe * (2.0 + r)) / pp * 2.0 * (tp - 1.0) /
+                 tp * b * sc * h * w;
   // Pipeline: an interior stage sends b·s·h activations forward and b·s·h gradients back per
   // micro-batch.
   if (layout.pp > 1) c.pp_bytes = 2.0 * M * b * sc * h * w;
@@ -393,13 +393,21 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
     p.tp = t.tp;
     p.pp = t.pp;
     p.cp = t.cp;
+    p.ep = t.ep;
     TrainConfig flash = base;  // context parallelism needs flash attention
     flash.attention = Attention::flash;
-    try {
-      p.resolve(true, model, flash);
-    } catch (const InputError&) {
-      continue;
+    // Without sequence parallelism, or with it (a MoE under tp needs it) as the candidates are.
+    bool allowed = false;
+    for (bool sp : t.tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+      p.sp = sp;
+      try {
+        p.resolve(true, model, flash);
+        allowed = true;
+        break;
+      } catch (const InputError&) {
+      }
     }
+    if (!allowed) continue;
     if (G % t.dp == 0) {
       divisible = true;
       break;

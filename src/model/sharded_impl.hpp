@@ -66,9 +66,9 @@ struct ShardedStep::Impl : LayerHost {
   // A mixture of experts: the routed experts' parameters in a flat vector of their own (as
   // Megatron's expert buffers and DeepSpeed's MoE parameter groups keep them; ParamShape::expert),
   // Ek elements sharded over the expert-data-parallel ranks (ParallelConfig::edp), eshard each,
-  // this rank owning [elo, ehi) as index r / ep of the group (check_moe_layout: etp = tp = 1;
-  // with ep = 1 the expert group is the gradient group; docs/distributed.md, "Mixture of experts
-  // per rank").
+  // this rank owning [elo, ehi) as index slot() / ep of the group (check_moe_layout: etp = 1;
+  // with ep = tp = 1 the expert group is the gradient group, under tp the stage's slots with the
+  // rank's expert-parallel index; docs/distributed.md, "Mixture of experts per rank").
   std::uint64_t Ek = 0, eshard = 0, elo = 0, ehi = 0;
   // Expert parallelism (measured, ep > 1): the ep group on the backend's buffers and on host
   // buffers, the expert-data-parallel group (null at ep 1: the gradient group serves).
@@ -273,7 +273,7 @@ struct ShardedStep::Impl : LayerHost {
   // weights and biases (q/k/v, gate/up, the vocabulary rows of the embedding and lm_head) hold a
   // block of rows, row-parallel weights (o_proj, down_proj) a block of columns, norms all.
   // Under expert parallelism the routed experts hold experts [ep_i·El, (ep_i + 1)·El): a block
-  // of rows of dim 0 (no tensor parallelism beside it: check_moe_layout).
+  // of rows of dim 0; at ep 1 they are whole, as the router is (etp = 1: check_moe_layout).
   bool ep_block(std::size_t q) const { return P[q].expert && p.ep > 1; }
   bool replicated(std::size_t q) const {
     if (P[q].expert) return p.ep == 1;  // whole experts on every tensor-parallel rank

@@ -396,9 +396,11 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
                    exec->ep->rank() != j % ep || exec->ep_host->size() != ep)) ||
           !exec->edp || exec->edp->size() != layout.edp() || exec->edp->rank() != j / ep)
         throw Error("sharded step: --ep " + std::to_string(ep) +
-                    " needs the expert-parallel group (this rank index " + std::to_string(j % ep) +
-                    " of " + std::to_string(ep) + ") and the expert-data-parallel group (index " +
-                    std::to_string(j / ep) + " of " + std::to_string(layout.edp()) + ")");
+                    (eps ? " needs the expert-parallel group (this rank index " +
+                               std::to_string(j % ep) + " of " + std::to_string(ep) + ") and"
+                         : " under --tp needs") +
+                    " the expert-data-parallel group (index " + std::to_string(j / ep) + " of " +
+                    std::to_string(layout.edp()) + ")");
       x.EPc = eps ? exec->ep : nullptr;
       x.EPH = eps ? exec->ep_host : nullptr;
       x.EDP = exec->edp;

@@ -91,7 +91,7 @@ MaxbatchResult find_max(const MaxbatchRequest& rq) {
                        std::to_string(par.tp) +
                        (par.cp > 1 ? " × --cp " + std::to_string(par.cp) : std::string()) +
                        " (each rank keeps s/(cp·tp) rows)");
-    out.layout_overheads = estimate_overheads(par, rq.overheads);
+    out.layout_overheads = estimate_overheads(par, rq.overheads, rq.model.moe());
     out.added_bytes = out.layout_overheads.total();
   } else {
     out.added_bytes = rq.overhead;

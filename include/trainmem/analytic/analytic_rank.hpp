@@ -39,8 +39,10 @@ struct Overheads {
   // "GPUs", or "ranks" for host ranks (the reports' word for the layout's processes).
   const char* unit_word() const { return host_ranks ? "ranks" : "GPUs"; }
 };
-// The overheads of one rank of `layout` (0 NCCL bytes for a single GPU).
-Overheads estimate_overheads(const ParallelConfig& layout, const OverheadOptions& opts);
+// The overheads of one rank of `layout` (0 NCCL bytes for a single GPU); `moe`: the model is a
+// mixture of experts (under tp its experts' gradients have a group of their own even at ep 1).
+Overheads estimate_overheads(const ParallelConfig& layout, const OverheadOptions& opts,
+                             bool moe = false);
 
 // The figures of one distinct rank (a pipeline stage; every dp and tp rank of it is identical).
 struct RankEstimate {

@@ -67,7 +67,9 @@ struct ShardedExecution {
   // Expert parallelism (layout ep > 1; docs/distributed.md, "Expert parallelism"): the rank's
   // ep group (its rank the expert-parallel index) on the backend's buffers (the rows'
   // all-to-all) and on host buffers (the counts), and its expert-data-parallel group on the
-  // backend's buffers (the experts' gradients and ZeRO's expert shards; its rank the index j/ep).
+  // backend's buffers (the experts' gradients and ZeRO's expert shards; its rank the index j/ep,
+  // j the rank's slot in its stage). A MoE under tp needs the expert-data-parallel group at ep 1
+  // too (the stage's ranks: the experts' gradients are summed over the tensor-parallel ranks).
   Collective* ep = nullptr;
   Collective* ep_host = nullptr;
   Collective* edp = nullptr;
@@ -86,7 +88,9 @@ class ShardedStep {
   // With `exec` (measured), the rank is exec->data.rank() of the data-parallel group, and
   // the weights and states are initialised.
   // Traced (no `exec`), the rank is `grad_rank` of the gradient group: under per-parameter
-  // sharding its optimizer states hold the rows it owns (other layouts: every rank alike).
+  // sharding its optimizer states hold the rows it owns, under expert parallelism its experts
+  // receive their rows (other layouts: every rank alike). For a MoE under tp, `grad_rank` is the
+  // rank's slot in its stage, gradient index · tp + tensor-parallel index.
   ShardedStep(const ModelConfig& model, const TrainConfig& train, const ParallelConfig& layout,
               std::int64_t stage, Ledger& ledger, const ShardedExecution* exec = nullptr,
               std::int64_t grad_rank = 0);

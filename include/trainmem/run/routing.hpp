@@ -57,7 +57,8 @@ struct LayoutRouting {
   bool given() const { return !sources.empty(); }
 };
 
-// A routing file for a layout (resolved, tp = 1 as every MoE layout is): the per-rank form a
+// A routing file for a layout (resolved; under tp each tensor-parallel rank is a source): the
+// per-rank form a
 // measured multi-rank `profile --dump-routing` writes (its "sources"; world_size, pp, cp and
 // microbatches must be the layout's, its ep may differ: the choices a rank makes do not depend
 // on where the experts live), or the one-rank form, applied to every rank and micro-batch when
