@@ -312,9 +312,9 @@ TEST(CliLayout, MixtureOfExpertsPerRankAndTheExpertFlags) {
   // --tp 2 --sp beside --ep 4 (docs/distributed.md, "Tensor parallelism of a mixture of
   // experts"): the attention split, whole experts placed over the stage's 4 dp·tp slots, their
   // states over edp = 8/4 = 2; the trace of slot 0 (ep index 0) equal to the analytic.
-  const auto tpe = run_trainmem({"profile", "--model", "qwen3-30b-a3b", "--world-size", "8",
-                                 "--tp", "2", "--sp", "--ep", "4", "--zero", "1", "--seq", "512",
-                                 "--batch", "1", "--format", "json"});
+  const auto tpe = run_trainmem({"profile", "--model", "qwen3-30b-a3b", "--world-size", "8", "--tp",
+                                 "2", "--sp", "--ep", "4", "--zero", "1", "--seq", "512", "--batch",
+                                 "1", "--format", "json"});
   ASSERT_EQ(tpe.code, 0) << tpe.err;
   const auto tj = nlohmann::json::parse(tpe.out);
   EXPECT_TRUE(tj["all_ranks_match"].get<bool>());

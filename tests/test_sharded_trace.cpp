@@ -217,29 +217,31 @@ TEST(ShardedTrace, MixtureOfExpertsOverTheGrid) {
   EXPECT_EQ(more, 3 * 2 * 2 * 3 * 2 * 2);
 }
 
-// Expert parallelism (--ep; docs/distributed.md, "Expert parallelism"): E/ep experts per rank,
-// their states sharded over edp = dp·cp/ep, the dispatch and combine buffers and the received
-// rows, every rank of the gradient group (the expert-parallel indices receive different rows
-// when nk = b·s·K is not a multiple of E), over ep × dp × pp × cp × ZeRO 0-2 × checkpointing ×
-// micro-batches; s 12 (cp 2: 6 tokens a rank) leaves remainders for every E here.
-// "moe-wide-experts" (tiny-qwen3-moe with experts of width 96: h < m < 2h) makes backward step 1's
-// d_expert_act instant the peak (R·m > nk·h); on the others d_expert_out's is, and the widest
-// workspace is d_expert_rows_in's. (The dispatch and combine instants, forward and recompute,
-// never exceed step 1's and decide no compared figure: they complete the timeline.)
-TEST(ShardedTrace, ExpertParallelEveryRankOverTheGrid) {
-  int checked = 0, ranks_differ = 0;
-  for (const char* model : {"tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "moe-wide-router",
-                            "moe-mixed-dense-first", "tiny-qwen3-moe-mixed", "moe-wide-experts"})
-    for (std::int64_t ep : {2, 3, 4, 5, 8})
-      for (std::int64_t dp : {2, 4, 6})
+// The MoE grids' walk: every layout of models × eps × dps × cp {1, 2} × pp {1, 2} × ZeRO 0-2 ×
+// checkpointing none/full × micro-batches {1, 3} at tensor-parallel degree tp (with sp above 1,
+// the tiny presets' prime vocabularies made even) that resolves, b 1, s 12; every slot of the
+// stage (gradient index · tp + tp index) traced against its analytic byte for byte, slot 0
+// (expert-parallel index 0) receiving the most rows. "moe-wide-experts" is tiny-qwen3-moe with
+// experts of width 96. Counts the layouts checked and those whose slots' peaks differ.
+struct GridCounts {
+  int checked = 0, differ = 0;
+};
+GridCounts moe_grid(std::initializer_list<const char*> models,
+                    std::initializer_list<std::int64_t> eps,
+                    std::initializer_list<std::int64_t> dps, std::int64_t tp) {
+  GridCounts n;
+  for (const std::string model : models)
+    for (std::int64_t ep : eps)
+      for (std::int64_t dp : dps)
         for (std::int64_t cp : {1, 2})
           for (std::int64_t pp : {1, 2})
             for (int zero = 0; zero <= 2; ++zero)
               for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
                 for (std::int64_t M : {1, 3}) {
-                  ModelConfig m = test::any_config(
-                      std::string(model) == "moe-wide-experts" ? "tiny-qwen3-moe" : model);
-                  if (std::string(model) == "moe-wide-experts") m.expert_intermediate = 96;
+                  ModelConfig m =
+                      test::any_config(model == "moe-wide-experts" ? "tiny-qwen3-moe" : model);
+                  if (model == "moe-wide-experts") m.expert_intermediate = 96;
+                  if (tp > 1) m.vocab = 96;
                   TrainConfig t;
                   t.batch = 1;
                   t.seq = 12;
@@ -247,7 +249,9 @@ TEST(ShardedTrace, ExpertParallelEveryRankOverTheGrid) {
                   t.checkpointing = ck;
                   t.attention = Attention::flash;
                   ParallelConfig p;
-                  p.world = dp * pp * cp;
+                  p.tp = tp;
+                  p.sp = tp > 1;
+                  p.world = dp * pp * cp * tp;
                   p.dp = dp;
                   p.pp = pp;
                   p.cp = cp;
@@ -261,90 +265,53 @@ TEST(ShardedTrace, ExpertParallelEveryRankOverTheGrid) {
                   }
                   std::uint64_t first_peak = 0;
                   bool differ = false;
-                  for (std::int64_t rank = 0; rank < p.grad_ranks(); ++rank) {
-                    const std::string what = std::string(model) + " ep" + std::to_string(ep) +
-                                             " dp" + std::to_string(dp) + " cp" +
-                                             std::to_string(cp) + " pp" + std::to_string(pp) +
-                                             " z" + std::to_string(zero) + " " +
-                                             checkpointing_name(ck) + " M" + std::to_string(M) +
-                                             " rank " + std::to_string(rank);
-                    const LayoutEstimate le = test::expect_trace_equals_layout(m, t, p, what, rank);
-                    if (HasFailure()) return;
-                    const std::uint64_t peak = le.ranks.at(0).est.figures.peak;
-                    if (rank == 0) first_peak = peak;
-                    differ |= peak != first_peak;
-                    EXPECT_LE(peak, first_peak) << what << ": index 0 receives the most rows";
-                  }
-                  ++checked;
-                  ranks_differ += differ;
-                }
-  EXPECT_GT(checked, 300);
-  EXPECT_GT(ranks_differ, 50);  // the grid's remainders make ranks differ, or it tests little
-}
-
-// A mixture of experts under tensor parallelism (--tp with --sp; docs/distributed.md, "Tensor
-// parallelism of a mixture of experts"): the attention split by tp, each tensor-parallel rank
-// routing its own s/tp rows (no gather before the router), whole experts placed by ep over the
-// stage's dp·tp·cp slots, their states over edp = dp·tp·cp/ep; every slot of the stage traced
-// against the analytic byte for byte over tp 2 × ep × dp × pp × cp × ZeRO 0-2 × checkpointing ×
-// micro-batches. The tiny presets' prime vocabularies are made even (tp splits the vocabulary).
-TEST(ShardedTrace, MixtureOfExpertsUnderTensorParallelism) {
-  int checked = 0, slots_differ = 0;
-  for (const char* model :
-       {"tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen3-moe-mixed", "moe-wide-experts"})
-    for (std::int64_t ep : {1, 2, 4, 5})
-      for (std::int64_t dp : {1, 2})
-        for (std::int64_t cp : {1, 2})
-          for (std::int64_t pp : {1, 2})
-            for (int zero = 0; zero <= 2; ++zero)
-              for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
-                for (std::int64_t M : {1, 3}) {
-                  if (pp == 2 && std::string(model) == "tiny-qwen3-moe-mixed") continue;  // L 3
-                  ModelConfig m = test::any_config(
-                      std::string(model) == "moe-wide-experts" ? "tiny-qwen3-moe" : model);
-                  if (std::string(model) == "moe-wide-experts") m.expert_intermediate = 96;
-                  m.vocab = 96;
-                  TrainConfig t;
-                  t.batch = 1;
-                  t.seq = 12;
-                  t.dtype = DType::bf16;
-                  t.checkpointing = ck;
-                  t.attention = Attention::flash;
-                  ParallelConfig p;
-                  p.tp = 2;
-                  p.sp = true;
-                  p.world = dp * pp * cp * p.tp;
-                  p.dp = dp;
-                  p.pp = pp;
-                  p.cp = cp;
-                  p.ep = ep;
-                  p.zero = zero;
-                  p.microbatches = M;
-                  try {
-                    p.resolve(true, m, t);
-                  } catch (const InputError&) {
-                    continue;
-                  }
-                  std::uint64_t first_peak = 0;
-                  bool differ = false;
-                  for (std::int64_t slot = 0; slot < p.grad_ranks() * p.tp; ++slot) {
-                    const std::string what = std::string(model) + " tp2 sp ep" +
+                  for (std::int64_t slot = 0; slot < p.grad_ranks() * tp; ++slot) {
+                    const std::string what = model + " tp" + std::to_string(tp) + " ep" +
                                              std::to_string(ep) + " dp" + std::to_string(dp) +
                                              " cp" + std::to_string(cp) + " pp" +
                                              std::to_string(pp) + " z" + std::to_string(zero) +
                                              " " + checkpointing_name(ck) + " M" +
                                              std::to_string(M) + " slot " + std::to_string(slot);
                     const LayoutEstimate le = test::expect_trace_equals_layout(m, t, p, what, slot);
-                    if (HasFailure()) return;
+                    if (::testing::Test::HasFailure()) return n;
                     const std::uint64_t peak = le.ranks.at(0).est.figures.peak;
                     if (slot == 0) first_peak = peak;
                     differ |= peak != first_peak;
+                    EXPECT_LE(peak, first_peak) << what << ": index 0 receives the most rows";
                   }
-                  ++checked;
-                  slots_differ += differ;
+                  ++n.checked;
+                  n.differ += differ;
                 }
-  EXPECT_GT(checked, 150);
-  EXPECT_GT(slots_differ, 10);  // the tensor-parallel ranks of an ep group receive different rows
+  return n;
+}
+
+// Expert parallelism (--ep; docs/distributed.md, "Expert parallelism"): E/ep experts per rank,
+// their states sharded over edp = dp·cp/ep, the dispatch and combine buffers and the received
+// rows, every rank of the gradient group (the expert-parallel indices receive different rows
+// when nk = b·s·K is not a multiple of E); s 12 (cp 2: 6 tokens a rank) leaves remainders for
+// every E here. "moe-wide-experts" (h < m < 2h) makes backward step 1's d_expert_act instant the
+// peak (R·m > nk·h); on the others d_expert_out's is, and the widest workspace is
+// d_expert_rows_in's. (The dispatch and combine instants, forward and recompute, never exceed
+// step 1's and decide no compared figure: they complete the timeline.)
+TEST(ShardedTrace, ExpertParallelEveryRankOverTheGrid) {
+  const GridCounts n =
+      moe_grid({"tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "moe-wide-router",
+                "moe-mixed-dense-first", "tiny-qwen3-moe-mixed", "moe-wide-experts"},
+               {2, 3, 4, 5, 8}, {2, 4, 6}, 1);
+  EXPECT_GT(n.checked, 300);
+  EXPECT_GT(n.differ, 50);  // the grid's remainders make ranks differ, or it tests little
+}
+
+// A mixture of experts under tensor parallelism (--tp with --sp; docs/distributed.md, "Tensor
+// parallelism of a mixture of experts"): the attention split by tp, each tensor-parallel rank
+// routing its own s/tp rows (no gather before the router), whole experts placed by ep over the
+// stage's dp·tp·cp slots, their states over edp = dp·tp·cp/ep; every slot of the stage traced.
+TEST(ShardedTrace, MixtureOfExpertsUnderTensorParallelism) {
+  const GridCounts n =
+      moe_grid({"tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen3-moe-mixed", "moe-wide-experts"},
+               {1, 2, 4, 5}, {1, 2}, 2);
+  EXPECT_GT(n.checked, 150);
+  EXPECT_GT(n.differ, 10);  // the tensor-parallel ranks of an ep group receive different rows
 }
 
 TEST(ShardedTrace, LargePresetsOnMeta) {

@@ -11,62 +11,6 @@ namespace trainmem {
 
 namespace {
 
-// The "layers" array of `d` (a routing file's, or one of its sources'): one entry per layer of
-// `moe_layers` in order, each expert's count in [0, tokens], each layer's sum tokens·K.
-template <class Fail>
-Routing parse_layers(const nlohmann::json& d, const std::string& prefix,
-                     const std::vector<std::int64_t>& moe_layers, const ModelConfig& m,
-                     std::int64_t tokens, std::int64_t capacity, Fail&& fail,
-                     const std::string& bs = "b·s") {
-  auto integer = [&](const nlohmann::json& v, const std::string& field) {
-    if (!v.is_number_integer()) throw fail(field, "not an integer: " + clip(v.dump()));
-    return v.get<std::int64_t>();
-  };
-  if (!d.contains("layers") || !d["layers"].is_array())
-    throw fail(prefix + "layers", "missing or not an array");
-  const nlohmann::json& layers = d["layers"];
-  if (layers.size() != moe_layers.size())
-    throw fail(prefix + "layers", std::to_string(layers.size()) + " entries, but " +
-                                      (prefix.empty() ? m.name : "its stage") + " has " +
-                                      std::to_string(moe_layers.size()) + " MoE layers");
-  const std::int64_t choices = tokens * m.experts_per_token;
-  Routing out;
-  for (std::size_t l = 0; l < layers.size(); ++l) {
-    const std::string at = prefix + "layers[" + std::to_string(l) + "]";
-    const nlohmann::json& layer = layers[l];
-    if (!layer.is_object() || !layer.contains("layer") || !layer.contains("tokens_per_expert"))
-      throw fail(at, "not an object with \"layer\" and \"tokens_per_expert\"");
-    if (integer(layer["layer"], at + ".layer") != moe_layers[l])
-      throw fail(at + ".layer", clip(layer["layer"].dump()) + ", expected " +
-                                    std::to_string(moe_layers[l]) +
-                                    " (one entry per MoE layer, in order)");
-    const nlohmann::json& counts = layer["tokens_per_expert"];
-    if (!counts.is_array() || std::int64_t(counts.size()) != m.experts)
-      throw fail(at + ".tokens_per_expert",
-                 "not an array of " + std::to_string(m.experts) + " counts (one per expert)");
-    std::vector<std::int64_t> row;
-    std::int64_t sum = 0;
-    for (std::size_t e = 0; e < counts.size(); ++e) {
-      const std::int64_t c =
-          integer(counts[e], at + ".tokens_per_expert[" + std::to_string(e) + "]");
-      if (c < 0 || c > tokens)
-        throw fail(at + ".tokens_per_expert[" + std::to_string(e) + "]",
-                   std::to_string(c) + " is outside [0, " + bs + " = " + std::to_string(tokens) +
-                       "] (a token picks K distinct experts)");
-      sum += c;
-      row.push_back(c);
-    }
-    if (sum != choices)
-      throw fail(at + ".tokens_per_expert",
-                 "sums to " + std::to_string(sum) + ", but " +
-                     (prefix.empty() ? bs + "·K" : "this rank's " + bs + "·K") + " = " +
-                     std::to_string(choices) + " choices are routed in every layer");
-    const std::int64_t dropped = dropped_choices(row, capacity);
-    out.push_back({moe_layers[l], std::move(row), dropped});
-  }
-  return out;
-}
-
 // A routing file read and checked field by field: InputError "--routing PATH: <field>: ...".
 struct RoutingDoc {
   std::string who;
@@ -93,8 +37,55 @@ struct RoutingDoc {
       throw fail(at + key, std::to_string(got) + ", but " + whose + " has " + flag + " " +
                                std::to_string(want));
   }
-  auto failer() const {
-    return [this](const std::string& field, const std::string& what) { return fail(field, what); };
+  // The "layers" array of `o` (the document's, or one of its sources'; at: its path's prefix):
+  // one entry per layer of `moe_layers` in order, each expert's count in [0, tokens], each
+  // layer's sum tokens·K; `bs` names the tokens in messages.
+  Routing layers(const nlohmann::json& o, const std::string& prefix,
+                 const std::vector<std::int64_t>& moe_layers, const ModelConfig& m,
+                 std::int64_t tokens, std::int64_t capacity, const std::string& bs = "b·s") const {
+    if (!o.contains("layers") || !o["layers"].is_array())
+      throw fail(prefix + "layers", "missing or not an array");
+    const nlohmann::json& layers = o["layers"];
+    if (layers.size() != moe_layers.size())
+      throw fail(prefix + "layers", std::to_string(layers.size()) + " entries, but " +
+                                        (prefix.empty() ? m.name : "its stage") + " has " +
+                                        std::to_string(moe_layers.size()) + " MoE layers");
+    const std::int64_t choices = tokens * m.experts_per_token;
+    Routing out;
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      const std::string at = prefix + "layers[" + std::to_string(l) + "]";
+      const nlohmann::json& layer = layers[l];
+      if (!layer.is_object() || !layer.contains("layer") || !layer.contains("tokens_per_expert"))
+        throw fail(at, "not an object with \"layer\" and \"tokens_per_expert\"");
+      if (integer(layer["layer"], at + ".layer") != moe_layers[l])
+        throw fail(at + ".layer", clip(layer["layer"].dump()) + ", expected " +
+                                      std::to_string(moe_layers[l]) +
+                                      " (one entry per MoE layer, in order)");
+      const nlohmann::json& counts = layer["tokens_per_expert"];
+      if (!counts.is_array() || std::int64_t(counts.size()) != m.experts)
+        throw fail(at + ".tokens_per_expert",
+                   "not an array of " + std::to_string(m.experts) + " counts (one per expert)");
+      std::vector<std::int64_t> row;
+      std::int64_t sum = 0;
+      for (std::size_t e = 0; e < counts.size(); ++e) {
+        const std::int64_t c =
+            integer(counts[e], at + ".tokens_per_expert[" + std::to_string(e) + "]");
+        if (c < 0 || c > tokens)
+          throw fail(at + ".tokens_per_expert[" + std::to_string(e) + "]",
+                     std::to_string(c) + " is outside [0, " + bs + " = " + std::to_string(tokens) +
+                         "] (a token picks K distinct experts)");
+        sum += c;
+        row.push_back(c);
+      }
+      if (sum != choices)
+        throw fail(at + ".tokens_per_expert",
+                   "sums to " + std::to_string(sum) + ", but " +
+                       (prefix.empty() ? bs + "·K" : "this rank's " + bs + "·K") + " = " +
+                       std::to_string(choices) + " choices are routed in every layer");
+      const std::int64_t dropped = dropped_choices(row, capacity);
+      out.push_back({moe_layers[l], std::move(row), dropped});
+    }
+    return out;
   }
 };
 
@@ -113,23 +104,20 @@ Routing balanced_routing(const ModelConfig& m, const TrainConfig& t) {
 Routing read_routing_file(const std::string& path, const ModelConfig& m, const TrainConfig& t) {
   const RoutingDoc doc(path, "this run");
   const nlohmann::json& d = doc.d;
-  auto fail = doc.failer();
-  auto must_equal = [&](const char* key, std::int64_t want, const std::string& flag) {
-    doc.must_equal(d, "", key, want, flag);
-  };
   if (d.contains("sources"))
-    throw fail("sources",
-               "a per-rank file (a measured --world-size run's --dump-routing): give "
-               "it to a trace of that layout (--world-size, --pp, --cp, "
-               "--microbatches as it says)");
-  must_equal("experts", m.experts, m.name + "'s num_local_experts");
-  must_equal("experts_per_token", m.experts_per_token, m.name + "'s num_experts_per_tok");
-  must_equal("batch", t.batch, "--batch");
-  must_equal("seq", t.seq, "--seq");
+    throw doc.fail("sources",
+                   "a per-rank file (a measured --world-size run's --dump-routing): give "
+                   "it to a trace of that layout (--world-size, --pp, --cp, "
+                   "--microbatches as it says)");
+  doc.must_equal(d, "", "experts", m.experts, m.name + "'s num_local_experts");
+  doc.must_equal(d, "", "experts_per_token", m.experts_per_token,
+                 m.name + "'s num_experts_per_tok");
+  doc.must_equal(d, "", "batch", t.batch, "--batch");
+  doc.must_equal(d, "", "seq", t.seq, "--seq");
   std::vector<std::int64_t> moe_layers;
   for (std::int64_t l = 0; l < m.layers; ++l)
     if (m.is_moe_layer(l)) moe_layers.push_back(l);
-  return parse_layers(d, "", moe_layers, m, t.batch * t.seq, moe_capacity(m, t), fail);
+  return doc.layers(d, "", moe_layers, m, t.batch * t.seq, moe_capacity(m, t));
 }
 
 namespace {
@@ -179,70 +167,64 @@ LayoutRouting read_layout_routing_file(const std::string& path, const ModelConfi
                                        const TrainConfig& t, const ParallelConfig& layout) {
   const RoutingDoc doc(path, "this layout");
   const nlohmann::json& d = doc.d;
-  auto fail = doc.failer();
-  auto integer = [&](const nlohmann::json& v, const std::string& field) {
-    return doc.integer(v, field);
-  };
-  auto must_equal = [&](const nlohmann::json& o, const std::string& at, const char* key,
-                        std::int64_t want,
-                        const std::string& flag) { doc.must_equal(o, at, key, want, flag); };
-  must_equal(d, "", "experts", m.experts, m.name + "'s num_local_experts");
-  must_equal(d, "", "experts_per_token", m.experts_per_token, m.name + "'s num_experts_per_tok");
-  must_equal(d, "", "batch", t.batch, "--batch");
+  doc.must_equal(d, "", "experts", m.experts, m.name + "'s num_local_experts");
+  doc.must_equal(d, "", "experts_per_token", m.experts_per_token,
+                 m.name + "'s num_experts_per_tok");
+  doc.must_equal(d, "", "batch", t.batch, "--batch");
   const std::int64_t ls = rank_seq(layout, t.seq), tokens = t.batch * ls;
   const std::int64_t per_stage = ranks_per_stage(layout), M = layout.microbatches;
   LayoutRouting out;
   out.source = "file " + path;
   if (!d.contains("sources")) {  // one rank's file (a single-GPU --dump-routing): every source
-    if (!d.contains("seq")) throw fail("seq", "missing");
-    if (integer(d["seq"], "seq") != ls)
-      throw fail("seq", clip(d["seq"].dump()) + ", but a rank of this layout routes " +
-                            rank_seq_letters(layout) + " = " + std::to_string(ls) +
-                            " positions; a one-rank file is applied to every rank and "
-                            "micro-batch, so its seq must be a rank's (or give the per-rank file "
-                            "a measured --world-size run's --dump-routing writes)");
+    if (!d.contains("seq")) throw doc.fail("seq", "missing");
+    if (doc.integer(d["seq"], "seq") != ls)
+      throw doc.fail("seq",
+                     clip(d["seq"].dump()) + ", but a rank of this layout routes " +
+                         rank_seq_letters(layout) + " = " + std::to_string(ls) +
+                         " positions; a one-rank file is applied to every rank and "
+                         "micro-batch, so its seq must be a rank's (or give the per-rank file "
+                         "a measured --world-size run's --dump-routing writes)");
     std::vector<std::int64_t> all;
     for (std::int64_t l = 0; l < m.layers; ++l)
       if (m.is_moe_layer(l)) all.push_back(l);
-    const Routing one =
-        parse_layers(d, "", all, m, tokens, 0, fail, "b·" + rank_seq_letters(layout));
+    const Routing one = doc.layers(d, "", all, m, tokens, 0, "b·" + rank_seq_letters(layout));
     LayoutRouting every = every_source(one, m, layout);
     every.source = out.source;
     return every;
   }
-  must_equal(d, "", "seq", t.seq, "--seq");
-  must_equal(d, "", "world_size", layout.world, "--world-size");
-  must_equal(d, "", "pp", layout.pp, "--pp");
-  must_equal(d, "", "cp", layout.cp, "--cp");
-  must_equal(d, "", "microbatches", M, "--microbatches");
+  doc.must_equal(d, "", "seq", t.seq, "--seq");
+  doc.must_equal(d, "", "world_size", layout.world, "--world-size");
+  doc.must_equal(d, "", "pp", layout.pp, "--pp");
+  doc.must_equal(d, "", "cp", layout.cp, "--cp");
+  doc.must_equal(d, "", "microbatches", M, "--microbatches");
   const nlohmann::json& sources = d["sources"];
   const std::int64_t want = layout.world * M;
   if (!sources.is_array() || std::int64_t(sources.size()) != want)
-    throw fail("sources", "not an array of world_size·microbatches = " + std::to_string(want) +
-                              " entries (one per rank and micro-batch)");
+    throw doc.fail("sources", "not an array of world_size·microbatches = " + std::to_string(want) +
+                                  " entries (one per rank and micro-batch)");
   std::vector<char> seen(std::size_t(want), 0);
   for (std::size_t k = 0; k < sources.size(); ++k) {
     const std::string at = "sources[" + std::to_string(k) + "].";
     const nlohmann::json& o = sources[k];
-    if (!o.is_object()) throw fail("sources[" + std::to_string(k) + "]", "not an object");
+    if (!o.is_object()) throw doc.fail("sources[" + std::to_string(k) + "]", "not an object");
     for (const char* key : {"rank", "micro_batch"})
-      if (!o.contains(key)) throw fail(at + key, "missing");
-    const std::int64_t r = integer(o["rank"], at + "rank");
-    const std::int64_t mb = integer(o["micro_batch"], at + "micro_batch");
+      if (!o.contains(key)) throw doc.fail(at + key, "missing");
+    const std::int64_t r = doc.integer(o["rank"], at + "rank");
+    const std::int64_t mb = doc.integer(o["micro_batch"], at + "micro_batch");
     if (r < 0 || r >= layout.world)
-      throw fail(at + "rank",
-                 std::to_string(r) + " is outside [0, " + std::to_string(layout.world) + ")");
+      throw doc.fail(at + "rank",
+                     std::to_string(r) + " is outside [0, " + std::to_string(layout.world) + ")");
     if (mb < 0 || mb >= M)
-      throw fail(at + "micro_batch",
-                 std::to_string(mb) + " is outside [0, " + std::to_string(M) + ")");
+      throw doc.fail(at + "micro_batch",
+                     std::to_string(mb) + " is outside [0, " + std::to_string(M) + ")");
     char& once = seen[std::size_t(r * M + mb)];
     if (once)
-      throw fail(at + "rank", "rank " + std::to_string(r) + ", micro-batch " + std::to_string(mb) +
-                                  " is given twice");
+      throw doc.fail(at + "rank", "rank " + std::to_string(r) + ", micro-batch " +
+                                      std::to_string(mb) + " is given twice");
     once = 1;
     out.sources.push_back({r, mb,
-                           parse_layers(o, at, stage_moe_layers(m, layout, r / per_stage), m,
-                                        tokens, 0, fail, "b·" + rank_seq_letters(layout))});
+                           doc.layers(o, at, stage_moe_layers(m, layout, r / per_stage), m, tokens,
+                                      0, "b·" + rank_seq_letters(layout))});
   }
   std::sort(out.sources.begin(), out.sources.end(), [](const auto& a, const auto& b) {
     return std::make_pair(a.rank, a.micro_batch) < std::make_pair(b.rank, b.micro_batch);
