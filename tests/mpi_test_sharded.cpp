@@ -33,8 +33,9 @@
 //      in a flat vector of their own: checks 1-3; and tiny-qwen2-moe in check 5's pp 2 layouts;
 //  11. expert parallelism (ep 2 at N 2 and 4, ep 4 at N 4): checks 1-2 with each rank's expert
 //      slice, and the ledger equal to a meta trace given the rows its experts received;
-//  12. a mixture of experts under tensor parallelism (tp 2 with sp, ep 1, 2 and 4): checks 1-2,
-//      the ledger against the trace of the rank's slot (given its rows under ep);
+//  12. a mixture of experts under tensor parallelism (tp 2 with sp, ep 1, 2 and 4; tiny-qwen3-moe,
+//      and tiny-qwen2-moe's shared expert split like the dense MLP): checks 1-2, the ledger
+//      against the trace of the rank's slot (given its rows under ep);
 //   4. tensor parallelism (tp 2 with and without sp, dp N/2; tiny, tiny-qwen2 with biases and tied
 //   embeddings,
 //      tiny-qwen3 with q/k norms): every rank's slice of every weight against the same slice of
@@ -184,8 +185,8 @@ void check_against_single(const std::string& label, const StepsResult& got, cons
       << " (bound " << bound << ")";
   check(diff <= bound, msg.str());
   if (print)
-    std::printf("%s: worst weight difference from the single rank %.3g (bound %.3g)\n",
-                label.c_str(), diff, bound);
+    std::printf("%s: worst weight difference from the single rank %.3g at %s (bound %.3g)\n",
+                label.c_str(), diff, where.c_str(), bound);
 }
 
 // A ZeRO stage's run against ZeRO-0's of the same layout: weights and losses bit for bit.
@@ -627,49 +628,58 @@ int main(int argc, char** argv) {
       const int tp = 2, dp = N / 2, j = rank_id;  // slot j = dp_rank·tp + tp_rank (pp 1, cp 1)
       std::unique_ptr<Collective> tp_group = data.split(rank_id / tp, rank_id % tp);
       std::unique_ptr<Collective> dp_group = data.split(rank_id % tp, rank_id / tp);
-      ModelConfig m = *find_preset("tiny-qwen3-moe");
-      m.vocab = 96;  // tp splits the vocabulary (the preset's 103 is prime)
-      TrainConfig t;
-      t.batch = 1;
-      t.seq = 12;
-      t.dtype = DType::f32;
-      t.optimizer = Optimizer::adamw;
-      t.attention = Attention::flash;
-      const StepsResult ref = reference_steps(m, t, dp * t.batch, 23, kSteps);
-      for (const std::int64_t ep : {1, 2, 4}) {
-        if (N % ep != 0) continue;
-        const int e = int(ep);
-        std::unique_ptr<Collective> ep_group = ep > 1 ? data.split(j / e, j % e) : nullptr;
-        std::unique_ptr<Collective> edp_group = data.split(j % e, j / e);
-        std::vector<StepsResult> by_zero;
-        for (int zero = 0; zero <= 2; ++zero) {
-          std::ostringstream label;
-          label << "tiny-qwen3-moe fp32 tp 2 sp dp " << dp << " ep " << ep << " ZeRO-" << zero
-                << " rank " << rank_id;
-          ParallelConfig p;
-          p.world = N;
-          p.tp = tp;
-          p.sp = true;
-          p.ep = ep;
-          p.zero = zero;
-          try {
-            p.resolve(false, m, t);
-          } catch (const InputError&) {  // ZeRO >= 1 with nothing to shard over: skipped alike
-            continue;
+      // tiny-qwen2-moe: a shared expert split like the dense MLP, its gate's gradient summed over
+      // tp, and dense layers among the MoE ones. tp splits the vocabulary (the presets' 103 and
+      // 101 are prime).
+      // (tiny-qwen2-moe at seed 23 leaves one of layer 0's dense up_proj elements with a
+      // gradient near zero, whose Adam step follows rounding: 1.15e-6 of the 1.5e-6 bound, where
+      // other seeds stay near 2.5e-7; seed 29 keeps the comparison about the layout.)
+      for (const std::string name : {"tiny-qwen3-moe", "tiny-qwen2-moe"}) {
+        ModelConfig m = *find_preset(name);
+        m.vocab = name == "tiny-qwen3-moe" ? 96 : 102;
+        const std::uint64_t seed = name == "tiny-qwen3-moe" ? 23 : 29;
+        TrainConfig t;
+        t.batch = 1;
+        t.seq = 12;
+        t.dtype = DType::f32;
+        t.optimizer = Optimizer::adamw;
+        t.attention = Attention::flash;
+        const StepsResult ref = reference_steps(m, t, dp * t.batch, seed, kSteps);
+        for (const std::int64_t ep : {1, 2, 4}) {
+          if (N % ep != 0) continue;
+          const int e = int(ep);
+          std::unique_ptr<Collective> ep_group = ep > 1 ? data.split(j / e, j % e) : nullptr;
+          std::unique_ptr<Collective> edp_group = data.split(j % e, j / e);
+          std::vector<StepsResult> by_zero;
+          for (int zero = 0; zero <= 2; ++zero) {
+            std::ostringstream label;
+            label << name << " fp32 tp 2 sp dp " << dp << " ep " << ep << " ZeRO-" << zero
+                  << " rank " << rank_id;
+            ParallelConfig p;
+            p.world = N;
+            p.tp = tp;
+            p.sp = true;
+            p.ep = ep;
+            p.zero = zero;
+            try {
+              p.resolve(false, m, t);
+            } catch (const InputError&) {  // ZeRO >= 1 with nothing to shard over: skipped alike
+              continue;
+            }
+            t.checkpointing = ep == 2 ? Checkpointing::full : Checkpointing::none;
+            ShardedRun run(m, t, p, *dp_group, *dp_group, seed, kind, tp_group.get(), nullptr,
+                           nullptr, {}, nullptr, ep_group.get(), edp_group.get());
+            by_zero.push_back(run.run(kSteps));
+            const StepsResult& got = by_zero.back();
+            if (ep == 1) {
+              check_ledger(run, m, t, p, label.str(), 0, j);
+              check_tp_elements(label.str(), got, ref, m, tp, rank_id % tp);
+            } else {
+              check_ledger_given_rows(run, m, t, p, j, label.str());
+            }
+            check_against_single(label.str(), got, ref, kSteps, rank_id == 0);
+            if (zero > 0) check_as_zero0(label.str(), got, by_zero[0], kSteps);
           }
-          t.checkpointing = ep == 2 ? Checkpointing::full : Checkpointing::none;
-          ShardedRun run(m, t, p, *dp_group, *dp_group, 23, kind, tp_group.get(), nullptr, nullptr,
-                         {}, nullptr, ep_group.get(), edp_group.get());
-          by_zero.push_back(run.run(kSteps));
-          const StepsResult& got = by_zero.back();
-          if (ep == 1) {
-            check_ledger(run, m, t, p, label.str(), 0, j);
-            check_tp_elements(label.str(), got, ref, m, tp, rank_id % tp);
-          } else {
-            check_ledger_given_rows(run, m, t, p, j, label.str());
-          }
-          check_against_single(label.str(), got, ref, kSteps, rank_id == 0);
-          if (zero > 0) check_as_zero0(label.str(), got, by_zero[0], kSteps);
         }
       }
     }
@@ -697,7 +707,8 @@ int main(int argc, char** argv) {
         // tiny-qwen2-moe: its stages hold a MoE layer each (layers 1 and 5) beside dense ones.
         for (const std::string name : {"tiny", "tiny-qwen2", "tiny-qwen2-moe"})
           for (const std::int64_t M : {1, 3}) {
-            if (name == "tiny-qwen2-moe" && tp > 1) continue;  // check_moe_layout: tp 1
+            // check_moe_layout: a MoE under tp needs sp, which these layouts do not run
+            if (name == "tiny-qwen2-moe" && tp > 1) continue;
             const ModelConfig m = any_config(name);
             TrainConfig t;
             t.batch = 1;

@@ -309,6 +309,23 @@ TEST(CliLayout, MixtureOfExpertsPerRankAndTheExpertFlags) {
       EXPECT_TRUE(ej["all_ranks_match"].get<bool>());
     }
   }
+  // Qwen1.5-MoE's shared expert under --tp 2 --sp: split like the dense MLP (gate/up rows, down
+  // columns), its gate (1, h) replicated. Per rank and layer: q/k/v/o 4·h·h/2, the q/k/v biases
+  // 3·h/2, two norms 2h, the router E·h, the 60 experts whole (ep 1) 60·3·1408·h, the shared
+  // expert 3·(5632/2)·h and its gate h; 24 layers, the embedding and the untied lm_head V/2·h
+  // each, the final norm h (h 2048, V 151936).
+  {
+    const std::uint64_t h = 2048, layer = 4 * h * h / 2 + 3 * h / 2 + 2 * h + 60 * h +
+                                          60ull * 3 * 1408 * h + 3 * (5632 / 2) * h + h;
+    const auto sh =
+        run_trainmem({"profile", "--model", "qwen1.5-moe-a2.7b", "--world-size", "4", "--tp", "2",
+                      "--sp", "--zero", "1", "--seq", "64", "--batch", "1", "--format", "json"});
+    ASSERT_EQ(sh.code, 0) << sh.err;
+    const auto sj = nlohmann::json::parse(sh.out);
+    EXPECT_TRUE(sj["all_ranks_match"].get<bool>());
+    EXPECT_EQ(sj["ranks"][0]["local_params"].get<std::uint64_t>(),
+              24 * layer + 2 * (151936 / 2) * h + h);
+  }
   // --tp 2 --sp beside --ep 4 (docs/distributed.md, "Tensor parallelism of a mixture of
   // experts"): the attention split, whole experts placed over the stage's 4 dp·tp slots, their
   // states over edp = 8/4 = 2; the trace of slot 0 (ep index 0) equal to the analytic.
@@ -348,8 +365,6 @@ TEST(CliLayout, MixtureOfExpertsPerRankAndTheExpertFlags) {
       {{"--model", "qwen3-30b-a3b", "--world-size", "2", "--tp", "2", "--seq", "512"},
        "--tp 2 with a mixture of experts (qwen3-30b-a3b) needs --sp: each tensor-parallel rank "
        "routes its own s/tp rows"},
-      {{"--model", "qwen1.5-moe-a2.7b", "--world-size", "4", "--tp", "2", "--sp", "--seq", "512"},
-       "the shared expert split over tensor-parallel ranks is not modelled yet"},
       {{"--model", "tiny-qwen3-moe", "--world-size", "2", "--fsdp2"},
        "--sharding per-parameter with a mixture of experts"},
       {{"--model", "tiny-qwen3-moe", "--world-size", "2", "--ep", "x"}, "--ep"},

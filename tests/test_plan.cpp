@@ -480,6 +480,30 @@ TEST(Plan, TheCostModelOfExpertParallelismMatchesHandComputedFigures) {
   EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).ep_bytes, 0.0);
 }
 
+// A shared expert under tensor parallelism (docs/plan.md, "tensor parallelism"): split like the
+// dense MLP, its MoE layer moves a dense layer's tensor-parallel volume. tiny-qwen2-moe (h 64,
+// 6 layers, MoE layers 1 and 5) at tp 2 with sp, b 2, s 16, bf16, M 1:
+// M·((L − L_moe)·4 + L_moe·4)·2(tp−1)/tp·b·s·h·w = (16 + 8)·1·2·16·64·2; without the shared
+// expert the MoE layers carry the attention's 2 each: (16 + 4)·…
+TEST(Plan, ASharedExpertUnderTensorParallelismMovesTheDenseLayersVolume) {
+  ModelConfig m = *find_preset("tiny-qwen2-moe");
+  m.vocab = 102;
+  CostModel rates;
+  ParallelConfig p;
+  p.world = 2;
+  p.tp = 2;
+  p.sp = true;
+  TrainConfig t;
+  t.batch = 2;
+  t.seq = 16;
+  t.dtype = DType::bf16;
+  t.attention = Attention::flash;
+  p.resolve(true, m, t);
+  EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).tp_bytes, 24.0 * 2 * 16 * 64 * 2);
+  m.shared_expert_intermediate = 0;
+  EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).tp_bytes, 20.0 * 2 * 16 * 64 * 2);
+}
+
 // plan enumerates ep for a MoE model: every degree dividing E and the stage's dp·tp·cp ranks,
 // each layout refused or estimated as `estimate --ep` would (tp > 1 with sequence parallelism
 // only: check_moe_layout). The preset's prime vocabulary is made even so that tp 2 can split it.

@@ -5,6 +5,8 @@
 // every layer and micro-batch, the closed form looks at a few instants.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <set>
 #include <string>
 
 #include "family_configs.hpp"
@@ -222,9 +224,19 @@ TEST(ShardedTrace, MixtureOfExpertsOverTheGrid) {
 // the tiny presets' prime vocabularies made even) that resolves, b 1, s 12; every slot of the
 // stage (gradient index · tp + tp index) traced against its analytic byte for byte, slot 0
 // (expert-parallel index 0) receiving the most rows. "moe-wide-experts" is tiny-qwen3-moe with
-// experts of width 96. Counts the layouts checked and those whose slots' peaks differ.
+// experts of width 96; "moe-wide-shared" and "moe-mid-shared" tiny-qwen2-moe with a shared expert
+// of width 288 and 240: at tp 2 (sp) the shared expert's backward decides most of their peaks, at
+// its SwiGLU backward (3 (b,s,m_s/t) buffers) when m_s/tp > 2h, else at its input gradient's
+// partial with xn2 gathered (2 of them and 2 (b,s,h)). Counts the layouts checked and those whose
+// slots' peaks differ.
 struct GridCounts {
   int checked = 0, differ = 0;
+  std::set<std::string> peaks;  // the analytic's peak instants, every stage and slot
+  bool peaked_at(const std::string& part) const {
+    for (const std::string& p : peaks)
+      if (p.find(part) != std::string::npos) return true;
+    return false;
+  }
 };
 GridCounts moe_grid(std::initializer_list<const char*> models,
                     std::initializer_list<std::int64_t> eps,
@@ -238,9 +250,12 @@ GridCounts moe_grid(std::initializer_list<const char*> models,
             for (int zero = 0; zero <= 2; ++zero)
               for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
                 for (std::int64_t M : {1, 3}) {
-                  ModelConfig m =
-                      test::any_config(model == "moe-wide-experts" ? "tiny-qwen3-moe" : model);
+                  const bool shared = model == "moe-wide-shared" || model == "moe-mid-shared";
+                  ModelConfig m = test::any_config(model == "moe-wide-experts" ? "tiny-qwen3-moe"
+                                                   : shared                    ? "tiny-qwen2-moe"
+                                                                               : model);
                   if (model == "moe-wide-experts") m.expert_intermediate = 96;
+                  if (shared) m.shared_expert_intermediate = model == "moe-wide-shared" ? 288 : 240;
                   if (tp > 1) m.vocab = 96;
                   TrainConfig t;
                   t.batch = 1;
@@ -274,6 +289,8 @@ GridCounts moe_grid(std::initializer_list<const char*> models,
                                              std::to_string(M) + " slot " + std::to_string(slot);
                     const LayoutEstimate le = test::expect_trace_equals_layout(m, t, p, what, slot);
                     if (::testing::Test::HasFailure()) return n;
+                    for (const RankEstimate& r : le.ranks)
+                      n.peaks.insert(r.est.instants.at(std::size_t(r.est.peak_instant)).name);
                     const std::uint64_t peak = le.ranks.at(0).est.figures.peak;
                     if (slot == 0) first_peak = peak;
                     differ |= peak != first_peak;
@@ -306,12 +323,46 @@ TEST(ShardedTrace, ExpertParallelEveryRankOverTheGrid) {
 // parallelism of a mixture of experts"): the attention split by tp, each tensor-parallel rank
 // routing its own s/tp rows (no gather before the router), whole experts placed by ep over the
 // stage's dp·tp·cp slots, their states over edp = dp·tp·cp/ep; every slot of the stage traced.
+// Qwen2-MoE's shared expert split like the dense MLP (its gate/up over the gathered rows, down
+// reduce-scattered into the rank's rows).
 TEST(ShardedTrace, MixtureOfExpertsUnderTensorParallelism) {
   const GridCounts n =
-      moe_grid({"tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen3-moe-mixed", "moe-wide-experts"},
+      moe_grid({"tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen3-moe-mixed", "moe-wide-experts",
+                "tiny-qwen2-moe", "moe-wide-shared", "moe-mid-shared"},
                {1, 2, 4, 5}, {1, 2}, 2);
   EXPECT_GT(n.checked, 150);
   EXPECT_GT(n.differ, 10);  // the tensor-parallel ranks of an ep group receive different rows
+  std::printf("[moe tp grid] %d layouts, the slots' peaks differing in %d\n", n.checked, n.differ);
+  // The shared expert's instants under sp are compared where they decide the peak.
+  EXPECT_TRUE(n.peaked_at("d_shared_gate, d_shared_up")) << "moe-wide-shared's peak moved";
+  EXPECT_TRUE(n.peaked_at("d_shared_in.partial")) << "moe-mid-shared's peak moved";
+}
+
+// The shared expert's width is split by tp like intermediate_size: a width tp does not divide is
+// refused naming the flag and the field (tp 4 divides every other of tiny-qwen2-moe's, V 96).
+TEST(ShardedTrace, ASharedExpertWidthTpDoesNotDivideIsRefused) {
+  ModelConfig m = test::any_config("tiny-qwen2-moe");
+  m.vocab = 96;
+  m.shared_expert_intermediate = 70;
+  TrainConfig t;
+  t.batch = 1;
+  t.seq = 12;
+  t.attention = Attention::flash;
+  ParallelConfig p;
+  p.world = 4;
+  p.tp = 4;
+  p.sp = true;
+  try {
+    p.resolve(true, m, t);
+    ADD_FAILURE() << "tp 4 with a shared expert of width 70 resolved";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--tp 4: the model's shared_expert_intermediate_size (70) "
+                                         "is not divisible by it"),
+              std::string::npos)
+        << e.what();
+  }
+  m.shared_expert_intermediate = 72;
+  EXPECT_NO_THROW(p.resolve(true, m, t));
 }
 
 TEST(ShardedTrace, LargePresetsOnMeta) {

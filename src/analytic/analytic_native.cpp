@@ -117,13 +117,14 @@ struct Local {
   // One GPU: El = E, er = nk.
   bool ep = false;
   std::uint64_t El = 0, er = 0, erh = 0, erm = 0;
-  // Qwen2-MoE's shared expert of width ms: (b,s,ms) D rows, and its gate's logit (b,s) D.
+  // Qwen2-MoE's shared expert of width ms (m_s/tp under tensor parallelism): (b,s,ms) D rows,
+  // and its gate's logit (b,sr) D.
   std::uint64_t ms = 0, bsms = 0, bsw = 0;
   // output_router_logits: the load-balancing loss's gradient of the probabilities, (E) f32,
   // uploaded beside d_router_logits.
   std::uint64_t aux4 = 0;
   // Letters of the shapes: "a" or "a/t" under tensor parallelism, rows "s" or "s/t" under sp.
-  std::string la, lk, li, lV, rows;
+  std::string la, lk, li, lV, lms, rows;
 };
 
 // The rows the experts of expert-parallel index ep_i receive under balanced routing: every one of
@@ -204,15 +205,18 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
     l.er = l.ep ? balanced_expert_rows(l.nk, l.E, u(p.ep), u(grad_rank) % u(p.ep)) : l.nk;
     l.erh = bytes_of({l.er, l.h}, l.w);
     l.erm = bytes_of({l.er, l.m}, l.w);
-    l.ms = u(m.shared_expert_intermediate);
+    // The shared expert split like the dense MLP (m_s/tp columns of every sequence row, gathered
+    // under sp); its output and gate logit on the rank's own rows.
+    l.ms = u(m.shared_expert_intermediate / p.tp);
     l.bsms = bytes_of({l.b, l.s, l.ms}, l.w);
-    l.bsw = l.ms > 0 ? bytes_of({l.b, l.s}, l.w) : 0;
+    l.bsw = l.ms > 0 ? bytes_of({l.b, l.sr}, l.w) : 0;
     l.aux4 = m.output_router_logits ? bytes_of({l.E}, 4) : 0;
   }
   const bool split = p.tp > 1;
   l.la = split ? "a/t" : "a";
   l.lk = split ? "k/t" : "k";
   l.li = split ? "i/t" : "i";
+  l.lms = split ? "m_s/t" : "m_s";
   l.lV = split ? "V/t" : "V";
   l.rows = p.sp ? "s/t" : "s";
   return l;
@@ -368,17 +372,19 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn
                              "all-to-all, before their routing weights"
                            : "each expert's output before its routing weight"));
     if (l.ms > 0) {
-      const std::string sh = "(b,s,m_s)";
+      const std::string sh = "(b,s," + l.lms + ")";
       v.push_back(entry(g, "shared_gate", sh, D, l.bsms, Term::sbi, "shared SwiGLU backward",
                         "the shared expert's gate projection (Qwen2-MoE)"));
       v.push_back(entry(g, "shared_up", sh, D, l.bsms, Term::sbi, "shared SwiGLU backward",
                         "the shared expert's up projection"));
       v.push_back(entry(g, "shared_act", sh, D, l.bsms, Term::sbi, "shared down backward (dW_down)",
                         "silu(shared_gate)·shared_up"));
-      v.push_back(entry(g, "shared_out", "(b,s,h)", D, l.full, Term::sbh,
+      v.push_back(entry(g, "shared_out", res, D, l.X, Term::sbh,
                         "shared gate backward (σ's gradient)",
-                        "the shared expert's output before its sigmoid gate"));
-      v.push_back(entry(g, "shared_score", "(b,s)", D, l.bsw, Term::sb, "shared gate backward (σ')",
+                        sp ? "the shared expert's output before its sigmoid gate, reduce-scattered "
+                             "to the rank's rows"
+                           : "the shared expert's output before its sigmoid gate"));
+      v.push_back(entry(g, "shared_score", rows, D, l.bsw, Term::sb, "shared gate backward (σ')",
                         "the shared expert gate's logit"));
     }
     v.push_back(entry(g, "out", res, D, l.X, Term::sbh,
@@ -1203,17 +1209,28 @@ void Stage::forward_instants() {
     at("forward: layer " + layer_name(km) + " router logits (routing rows allocated)",
        csum({kept_before(km), csub(rows_through("expert_offsets", km), dropped(), "selective")}),
        csum({C, l.bsE}), 0, u(km) + 1, G0);
-    if (!l.ep) return;
+    // The rows through `name` of the last MoE layer, with the layers below it.
+    auto through = [&](const char* name) {
+      return csum({kept_before(km), csub(rows_through(name, km), dropped(), "selective")});
+    };
     // Expert parallelism: the dispatch buffer (the rank's own nk rows in expert order) beside the
     // rows it sends to expert_in, then the combine buffer (the experts' outputs of the received
     // rows) beside expert_out, which it returns (docs/distributed.md, "Expert parallelism").
-    // (A MoE layer gathers nothing under sp: it routes the rank's own rows.)
-    at("forward: layer " + layer_name(km) + " dispatch (expert_in received, dispatch.send alive)",
-       csum({kept_before(km), csub(rows_through("expert_in", km), dropped(), "selective")}), C,
-       l.nkh, u(km) + 1, G0);
-    at("forward: layer " + layer_name(km) + " combine (expert_out received, combine.send alive)",
-       csum({kept_before(km), csub(rows_through("expert_out", km), dropped(), "selective")}), C,
-       l.erh, u(km) + 1, G0);
+    // (A MoE layer's router gathers nothing under sp: it routes the rank's own rows.)
+    if (l.ep) {
+      at("forward: layer " + layer_name(km) + " dispatch (expert_in received, dispatch.send alive)",
+         through("expert_in"), C, l.nkh, u(km) + 1, G0);
+      at("forward: layer " + layer_name(km) + " combine (expert_out received, combine.send alive)",
+         through("expert_out"), C, l.erh, u(km) + 1, G0);
+    }
+    // The shared expert under sp: xn2 gathered beside its gate and up, then down's partial
+    // product beside shared_out, which it is reduce-scattered into.
+    if (l.ms > 0 && p_.sp) {
+      at("forward: layer " + layer_name(km) + " shared expert's gate/up (xn2 gathered)",
+         through("shared_up"), C, l.full, u(km) + 1, G0);
+      at("forward: layer " + layer_name(km) + " shared expert's down (partial alive)",
+         through("shared_out"), C, l.full, u(km) + 1, G0);
+    }
   };
   for (std::int64_t k : ks) {
     if (p_.cp > 1)  // ring attention: its buffers beside the rows through attn_out
@@ -1356,6 +1373,14 @@ void Stage::layer_steps(std::int64_t kb) {
        csum({kept_before(kb), rows_through("expert_out", kb)}), csum({C, l.X}), l.erh, pos,
        grads(0));
   }
+  if (ck_last && moe && l.ms > 0 && p_.sp) {  // the recompute's shared expert (forward_instants)
+    at(Lb + "step 0: recompute's shared expert's gate/up (xn2 gathered)",
+       csum({kept_before(kb), rows_through("shared_up", kb)}), csum({C, l.X}), l.full, pos,
+       grads(0));
+    at(Lb + "step 0: recompute's shared expert's down (partial alive)",
+       csum({kept_before(kb), rows_through("shared_out", kb)}), csum({C, l.X}), l.full, pos,
+       grads(0));
+  }
   if (ck_last) at(Lb + "step 0: recompute done", A_L, csum({C, l.X}), 0, pos, grads(0));
   // QLoRA (one GPU): a base weight dequantized beside a step's buffers. The recompute's o_proj
   // holds the rows through h_mid and d_residual (its q_proj fewer rows, its gate and up fewer
@@ -1423,18 +1448,30 @@ void Stage::layer_steps(std::int64_t kb) {
            (l.aux4 ? ", the load-balancing loss's gradient beside it)" : ")"),
        M3, csum({C, l.X, l.bsK4, l.X, l.aux4, l.bsE}), 0, pos, grads(0));
     if (l.ms > 0) {
-      // The shared expert's backward beside d_xn2: d_shared_out, d_shared_score (the gate), then
-      // d_shared_act; d_shared_out freed, d_shared_gate and d_shared_up.
-      at(Lb + "step 3: d_shared_out, d_shared_score, d_shared_act (shared expert's gate and "
-              "down_proj backward)",
-         M3, csum({C, l.X, l.full, l.full, l.bsw, l.bsms}), 0, pos, grads(0));
+      // The shared expert's backward beside d_residual and d_xn2 (the rank's rows): d_shared_out,
+      // d_shared_score (the gate), then d_shared_act (under sp d_shared_out gathered for it);
+      // d_shared_out freed, d_shared_gate and d_shared_up. Under sp xn2 gathered again beside
+      // their input gradient's (b,s,h) partial, then the partial reduce-scattered into a new
+      // d_xn2 (d_shared_gate and d_shared_up freed, the old d_xn2 and the partial after it).
+      const std::uint64_t base = csum({C, l.X, l.X, l.bsw});
+      at(Lb +
+             "step 3: d_shared_out, d_shared_score, d_shared_act (shared expert's gate and "
+             "down_proj backward" +
+             (p_.sp ? ", d_shared_out gathered)" : ")"),
+         M3, csum({base, l.X, l.bsms}), p_.sp ? l.full : 0, pos, grads(0));
       at(Lb + "step 3: d_shared_gate, d_shared_up (shared SwiGLU backward)", M3,
-         csum({C, l.X, l.full, l.bsw, l.bsms, l.bsms, l.bsms}), 0, pos, grads(0));
+         csum({base, checked_mul(3, l.bsms)}), 0, pos, grads(0));
+      if (p_.sp) {
+        at(Lb + "step 3: d_shared_in.partial (shared gate/up backward, xn2 gathered)", M3,
+           csum({base, checked_mul(2, l.bsms), l.full}), l.full, pos, grads(0));
+        at(Lb + "step 3: d_xn2 (the shared expert's partial reduce-scattered and added)", M3,
+           csum({base, l.full, l.X}), 0, pos, grads(0));
+      }
     }
     // xn2, expert_in, the routing's and the shared expert's rows freed
     A4 = csub(M3,
               csum({l.X, l.erh, l.bsE4, checked_mul(3, l.bsK4), l.off4, checked_mul(3, l.bsms),
-                    l.ms > 0 ? l.full : 0, l.bsw}),
+                    l.ms > 0 ? l.X : 0, l.bsw}),
               "step 4");
   } else {
     if (fsdp2_) fg_cum_ = checked_add(fg_cum_, ih, "gradients");  // down_proj's

@@ -295,10 +295,12 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
   }
   // Tensor parallelism: 2 all-reduces per layer forward, 2 backward (+2 in the recompute),
   // of b·s·h each; sequence parallelism replaces each by reduce-scatter + all-gather, the same
-  // volume. A MoE layer has the attention's alone (each rank routes its own s/tp rows).
+  // volume. A MoE layer has the attention's alone (each rank routes its own s/tp rows), and a
+  // dense one's when it has a shared expert (split like the dense MLP).
+  const double moe_tp = model.shared_expert_intermediate > 0 ? 4.0 + 2.0 * r : 2.0 + r;
   if (layout.tp > 1)
-    c.tp_bytes = M * ((L - L_moe) * (4.0 + 2.0 * r) + L_moe * (2.0 + r)) / pp * 2.0 * (tp - 1.0) /
-                 tp * b * sc * h * w;
+    c.tp_bytes = M * ((L - L_moe) * (4.0 + 2.0 * r) + L_moe * moe_tp) / pp * 2.0 * (tp - 1.0) / tp *
+                 b * sc * h * w;
   // Pipeline: an interior stage sends b·s·h activations forward and b·s·h gradients back per
   // micro-batch.
   if (layout.pp > 1) c.pp_bytes = 2.0 * M * b * sc * h * w;

@@ -117,6 +117,10 @@ void ParallelConfig::resolve(bool dp_given, const ModelConfig& model, const Trai
     check_tp_divides(model.kv_heads, "num_key_value_heads", tp);
     check_tp_divides(model.intermediate, "intermediate_size", tp);
     check_tp_divides(model.vocab, "vocab_size", tp);
+    // Qwen2-MoE's shared expert: a dense SwiGLU split like the MLP (gate/up by rows, down by
+    // columns).
+    if (model.moe() && model.shared_expert_intermediate > 0)
+      check_tp_divides(model.shared_expert_intermediate, "shared_expert_intermediate_size", tp);
   }
   if (model.layers % pp != 0)
     throw InputError("--pp " + str(pp) + ": the model's num_hidden_layers (" + str(model.layers) +
@@ -253,8 +257,6 @@ void check_moe_layout(const ParallelConfig& p, const ModelConfig& m, const Train
                      " needs --sp: each tensor-parallel rank routes its own s/tp rows (Megatron: "
                      "\"When using expert parallelism and tensor parallelism, sequence "
                      "parallelism must be used\")");
-  if (p.tp > 1 && m.shared_expert_intermediate > 0)
-    not_yet("--tp " + str(p.tp), "the shared expert split over tensor-parallel ranks");
   if (p.zero == 3 || p.per_parameter())
     not_yet(p.per_parameter() ? "--sharding per-parameter" : "--zero 3",
             "ZeRO-3 of the experts (gathering each layer's experts)");

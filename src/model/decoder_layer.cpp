@@ -125,7 +125,7 @@ bool layer_param_replicated(int slot) {
 bool layer_param_row_parallel(int slot) {
   if (is_lora_slot(slot))  // A of a row-parallel target: a block of its columns
     return slot == lora_a_slot((slot - kLoraFirst) / 2) && lora_on_row_parallel(slot);
-  return slot == kO || slot == kDown;
+  return slot == kO || slot == kDown || slot == kSharedDown;
 }
 bool layer_param_tp_partial_grad(int slot) {
   // A of a column-parallel target: every rank reads the whole input and the same A, its gradient
@@ -478,23 +478,44 @@ bool moe_mlp_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, Ac
                 A[LayerAct::expert_out]);
   }
   // Qwen2-MoE's shared expert: a dense SwiGLU of width m_s over every token, and its gate's
-  // logit xn2·W_sgᵀ (b, s) D.
-  const std::int64_t ms = dm.ms;
-  if (ms > 0) {
-    through(LayerAct::shared_score);  // shared_gate, shared_up, shared_act, shared_out, score
+  // logit xn2·W_sgᵀ (b, s) D. Under sequence parallelism it is split like the dense MLP
+  // (Megatron's SharedExpertMLP on the tensor-parallel group): xn2 gathered for gate and up (the
+  // rank's m_s/tp columns of every sequence row), down's partial product reduce-scattered into
+  // the rank's rows of shared_out; the gate's logit from the rank's own rows.
+  if (const std::int64_t ms = dm.ms; ms > 0) {
+    auto at = [&](LayerAct row) { return A[row].data(); };
+    const std::int64_t na = b * dm.s;  // every sequence row (the rank's own without sp)
+    Tensor gath;
+    if (R.sp) gath = R.ledger.allocate("xn2.gathered", Category::communication, g, {b, dm.s, h}, D);
+    if (be && R.sp) H.sp_gather(A[LayerAct::xn2], gath, h);
+    const void* xin = R.sp ? gath.data() : xn2;
+    through(LayerAct::shared_up);  // shared_gate, shared_up
     if (be) {
-      auto at = [&](LayerAct row) { return A[row].data(); };
-      be->matmul(at(LayerAct::shared_gate), xn2, H.weight(l, kSharedGate), n, ms, h, Trans::no,
+      be->matmul(at(LayerAct::shared_gate), xin, H.weight(l, kSharedGate), na, ms, h, Trans::no,
                  Trans::yes, 1.f, 0.f);
-      be->matmul(at(LayerAct::shared_up), xn2, H.weight(l, kSharedUp), n, ms, h, Trans::no,
+      be->matmul(at(LayerAct::shared_up), xin, H.weight(l, kSharedUp), na, ms, h, Trans::no,
                  Trans::yes, 1.f, 0.f);
+    }
+    gath.reset();
+    through(LayerAct::shared_act);
+    if (be)
       be->swiglu_forward(at(LayerAct::shared_act), at(LayerAct::shared_gate),
-                         at(LayerAct::shared_up), n * ms);
-      be->matmul(at(LayerAct::shared_out), at(LayerAct::shared_act), H.weight(l, kSharedDown), n, h,
-                 ms, Trans::no, Trans::yes, 1.f, 0.f);
+                         at(LayerAct::shared_up), na * ms);
+    Tensor partial;
+    if (R.sp)
+      partial =
+          R.ledger.allocate("shared_down.partial", Category::communication, g, {b, dm.s, h}, D);
+    through(LayerAct::shared_out);
+    if (be) {
+      be->matmul(R.sp ? partial.data() : at(LayerAct::shared_out), at(LayerAct::shared_act),
+                 H.weight(l, kSharedDown), na, h, ms, Trans::no, Trans::yes, 1.f, 0.f);
+      if (R.sp) H.sp_reduce_scatter(partial, A[LayerAct::shared_out], nullptr);
+    }
+    partial.reset();
+    through(LayerAct::shared_score);
+    if (be)
       be->matmul(at(LayerAct::shared_score), xn2, H.weight(l, kSharedExpertGate), n, 1, h,
                  Trans::no, Trans::yes, 1.f, 0.f);
-    }
   }
   if (pass == ActPass::recompute) return false;
   // out = h_mid + Σ_j weight_j · expert_out[pos_j] (+ σ(score)·shared_out): x_{l+1}.
@@ -503,7 +524,7 @@ bool moe_mlp_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, Ac
     be->moe_combine(A[LayerAct::out].data(), A[LayerAct::h_mid].data(),
                     A[LayerAct::expert_out].data(), A[LayerAct::topk_weight].as<float>(),
                     A[LayerAct::expert_pos].as<std::int32_t>(), n, K, h);
-    if (ms > 0)
+    if (dm.ms > 0)
       be->moe_gate_add(A[LayerAct::out].data(), A[LayerAct::shared_out].data(),
                        A[LayerAct::shared_score].data(), n, h);
   }
@@ -630,45 +651,72 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
   }
   H.grad_done(l, kRouter);
   d_logits.reset();
-  // Qwen2-MoE's shared expert: its gate's backward, then the dense SwiGLU's, into d_xn2.
+  // Qwen2-MoE's shared expert: its gate's backward, then the dense SwiGLU's, into d_xn2. Under
+  // sequence parallelism (the forward's split) d_shared_out is gathered for the down projection,
+  // xn2 gathered again for gate and up's weight gradients, and their input gradient, a (b, s, h)
+  // partial, reduce-scattered and added to the routed experts' d_xn2 as a new d_xn2.
   if (const std::int64_t ms = dm.ms; ms > 0) {
     auto at = [&](LayerAct row) { return A[row].data(); };
+    const std::int64_t na = b * dm.s;  // every sequence row (the rank's own without sp)
+    auto comm = [&](const char* name) {
+      return R.ledger.allocate(name, Category::communication, g, {b, dm.s, h}, D);
+    };
     Tensor d_sh = ws("d_shared_out", {b, s, h}, D);
     Tensor d_score = ws("d_shared_score", {b, s}, D);
     if (be)
       be->moe_gate_backward(d_sh.data(), d_score.data(), d_res.data(), at(LayerAct::shared_out),
                             at(LayerAct::shared_score), n, h);
-    Tensor d_sact = ws("d_shared_act", {b, s, ms}, D);
+    Tensor gath;
+    if (R.sp) gath = comm("d_shared_out.gathered");
+    if (be && R.sp) H.sp_gather(d_sh, gath, h);
+    const void* dy = R.sp ? gath.data() : d_sh.data();
+    Tensor d_sact = ws("d_shared_act", {b, dm.s, ms}, D);
     void* dWsd = H.grad(l, kSharedDown);
     if (be) {
-      be->matmul(d_sact.data(), d_sh.data(), H.weight(l, kSharedDown), n, ms, h, Trans::no,
-                 Trans::no, 1.f, 0.f);
-      be->matmul(dWsd, d_sh.data(), at(LayerAct::shared_act), h, ms, n, Trans::yes, Trans::no, 1.f,
-                 1.f);
+      be->matmul(d_sact.data(), dy, H.weight(l, kSharedDown), na, ms, h, Trans::no, Trans::no, 1.f,
+                 0.f);
+      be->matmul(dWsd, dy, at(LayerAct::shared_act), h, ms, na, Trans::yes, Trans::no, 1.f, 1.f);
     }
     H.grad_done(l, kSharedDown);
+    gath.reset();
     d_sh.reset();
-    Tensor d_sg = ws("d_shared_gate", {b, s, ms}, D);
-    Tensor d_su = ws("d_shared_up", {b, s, ms}, D);
+    Tensor d_sg = ws("d_shared_gate", {b, dm.s, ms}, D);
+    Tensor d_su = ws("d_shared_up", {b, dm.s, ms}, D);
     if (be)
       be->swiglu_backward(d_sg.data(), d_su.data(), d_sact.data(), at(LayerAct::shared_gate),
-                          at(LayerAct::shared_up), n * ms);
+                          at(LayerAct::shared_up), na * ms);
     d_sact.reset();
-    // d_xn2 += dy·W, dW += dyᵀ·xn2 for the shared gate and up projections and the gate's logit.
-    auto input_and_weight = [&](int slot, const Tensor& dy, std::int64_t width) {
+    Tensor partial;
+    if (R.sp) {
+      gath = comm("xn2.gathered");
+      if (be) H.sp_gather(A[LayerAct::xn2], gath, h);
+      partial = ws("d_shared_in.partial", {b, dm.s, h}, D);
+    }
+    // dx (+)= dy·W, dW += dyᵀ·x for the shared gate and up projections and the gate's logit.
+    auto input_and_weight = [&](int slot, const Tensor& d, std::int64_t rows, std::int64_t width,
+                                const void* x, void* dx, float beta) {
       void* dW = H.grad(l, slot);
       if (be) {
-        be->matmul(d_xn2.data(), dy.data(), H.weight(l, slot), n, h, width, Trans::no, Trans::no,
-                   1.f, 1.f);
-        be->matmul(dW, dy.data(), at(LayerAct::xn2), width, h, n, Trans::yes, Trans::no, 1.f, 1.f);
+        be->matmul(dx, d.data(), H.weight(l, slot), rows, h, width, Trans::no, Trans::no, 1.f,
+                   beta);
+        be->matmul(dW, d.data(), x, width, h, rows, Trans::yes, Trans::no, 1.f, 1.f);
       }
       H.grad_done(l, slot);
     };
-    input_and_weight(kSharedGate, d_sg, ms);
-    input_and_weight(kSharedUp, d_su, ms);
+    const void* x_all = R.sp ? gath.data() : at(LayerAct::xn2);
+    void* dx_all = R.sp ? partial.data() : d_xn2.data();
+    input_and_weight(kSharedGate, d_sg, na, ms, x_all, dx_all, R.sp ? 0.f : 1.f);
+    input_and_weight(kSharedUp, d_su, na, ms, x_all, dx_all, 1.f);
+    gath.reset();
     d_sg.reset();
     d_su.reset();
-    input_and_weight(kSharedExpertGate, d_score, 1);
+    if (R.sp) {
+      Tensor sum = ws("d_xn2", {b, s, h}, D);
+      if (be) H.sp_reduce_scatter(partial, sum, d_xn2.data());
+      d_xn2 = std::move(sum);
+      partial.reset();
+    }
+    input_and_weight(kSharedExpertGate, d_score, n, 1, at(LayerAct::xn2), d_xn2.data(), 1.f);
   }
   free_step(3);  // xn2, expert_in, the routing and the shared expert's rows
   return d_xn2;

@@ -435,9 +435,11 @@ bool ShardedStep::Impl::tp_partial(int q) const {
   if (!tpx) return false;
   if (sl == kQNorm || sl == kKNorm) return true;
   if (sl >= 0 && layer_param_tp_partial_grad(sl)) return true;  // LoRA: a column target's A
-  // Under sp each rank's own rows: the norms' gradients, and the router's (each tensor-parallel
-  // rank routes its own tokens), are partial.
-  return sp && (sl == kInNorm || sl == kPostNorm || sl == kRouter || q == norm_i);
+  // Under sp each rank's own rows: the norms' gradients, the router's (each tensor-parallel rank
+  // routes its own tokens) and the shared expert's gate's (its logit of the rank's rows), are
+  // partial.
+  return sp && (sl == kInNorm || sl == kPostNorm || sl == kRouter || sl == kSharedExpertGate ||
+                q == norm_i);
 }
 
 void ShardedStep::Impl::optimizer_step() {

@@ -415,7 +415,7 @@ struct ShardedStep::Impl : LayerHost {
       dm.E = m.experts;
       dm.K = m.experts_per_token;
       dm.m = m.expert_intermediate;
-      dm.ms = m.shared_expert_intermediate;
+      dm.ms = m.shared_expert_intermediate / p.tp;       // its columns, split like the MLP's
       dm.nk = checked_mul(b * sr, dm.K, "routed rows");  // the rank's own rows under sp
       dm.El = dm.E / p.ep;
       dm.er = p.ep > 1 ? expert_rows(dm.nk) : dm.nk;

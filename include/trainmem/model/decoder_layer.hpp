@@ -110,9 +110,10 @@ struct LayerParamSpec {
 // `moe_layer` (ModelConfig::is_moe_layer): the router and experts in place of gate/up/down.
 std::vector<LayerParamSpec> layer_param_specs(const ModelConfig& model, const ActDims& dims,
                                               bool moe_layer);
-// Whether the slot is the same on every tensor-parallel rank (the norms), rather than a block of
-// rows (column-parallel q/k/v with their biases, gate, up) or of columns (row-parallel o_proj,
-// down_proj). LoRA (docs/native-plan.md, "LoRA per rank"): a column-parallel target's A is
+// Whether the slot is the same on every tensor-parallel rank (the norms, the router, the shared
+// expert's gate), rather than a block of rows (column-parallel q/k/v with their biases, gate, up,
+// the shared expert's gate and up) or of columns (row-parallel o_proj, down_proj, the shared
+// expert's down_proj). LoRA (docs/native-plan.md, "LoRA per rank"): a column-parallel target's A is
 // replicated and its B a block of rows; a row-parallel target's A a block of columns and its B
 // replicated.
 bool layer_param_replicated(int slot);

@@ -184,8 +184,9 @@ constexpr ActShape nkh{2, {Extent::nk, Extent::h}};
 constexpr ActShape nkm{2, {Extent::nk, Extent::m}};
 constexpr ActShape erh{2, {Extent::er, Extent::h}};
 constexpr ActShape erm{2, {Extent::er, Extent::m}};
+// Qwen2-MoE's shared expert: its gate, up and act over every sequence row (gathered under sp, of
+// the rank's m_s/tp columns), its output and gate logit on the rank's own rows.
 constexpr ActShape bsms{3, {Extent::b, Extent::s, Extent::ms}};
-constexpr ActShape bs_all{2, {Extent::b, Extent::s}};
 }  // namespace act_shapes
 
 // clang-format off
@@ -227,8 +228,8 @@ inline constexpr LayerActSpec kLayerActs[kNumLayerActs] = {
     {LayerAct::shared_gate, "shared_gate", act_shapes::bsms, ActDType::D, Category::activations, ForAttention::both, ForModel::shared, UnderCheckpointing::recomputed, 3, "xn2·W_shared_gateᵀ (Qwen2-MoE's shared expert)"},
     {LayerAct::shared_up, "shared_up", act_shapes::bsms, ActDType::D, Category::activations, ForAttention::both, ForModel::shared, UnderCheckpointing::recomputed, 3, "xn2·W_shared_upᵀ"},
     {LayerAct::shared_act, "shared_act", act_shapes::bsms, ActDType::D, Category::activations, ForAttention::both, ForModel::shared, UnderCheckpointing::recomputed, 3, "silu(shared_gate)·shared_up: the shared down GEMM's input"},
-    {LayerAct::shared_out, "shared_out", act_shapes::bsh_all, ActDType::D, Category::activations, ForAttention::both, ForModel::shared, UnderCheckpointing::recomputed, 3, "the shared expert's output before its sigmoid gate"},
-    {LayerAct::shared_score, "shared_score", act_shapes::bs_all, ActDType::D, Category::activations, ForAttention::both, ForModel::shared, UnderCheckpointing::recomputed, 3, "xn2·W_shared_expert_gateᵀ, the gate's logit (σ' in backward)"},
+    {LayerAct::shared_out, "shared_out", act_shapes::bsh, ActDType::D, Category::activations, ForAttention::both, ForModel::shared, UnderCheckpointing::recomputed, 3, "the shared expert's output before its sigmoid gate"},
+    {LayerAct::shared_score, "shared_score", act_shapes::bs, ActDType::D, Category::activations, ForAttention::both, ForModel::shared, UnderCheckpointing::recomputed, 3, "xn2·W_shared_expert_gateᵀ, the gate's logit (σ' in backward)"},
     {LayerAct::gate,     "gate",     act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::dense,     UnderCheckpointing::recomputed, 2, "xn2·W_gateᵀ"},
     {LayerAct::up,       "up",       act_shapes::bsi,  ActDType::D,   Category::activations, ForAttention::both,  ForModel::dense,     UnderCheckpointing::recomputed, 2, "xn2·W_upᵀ"},
     {LayerAct::mask_gate, "lora_mask.gate_proj", act_shapes::bsh_all, ActDType::u8, Category::activations, ForAttention::both, ForModel::drop_gate, UnderCheckpointing::recomputed, 3, "the dropout mask of gate_proj's adapter input (xn2): its backward drops the same elements"},
