@@ -9,7 +9,9 @@
 //       (make_staged_collective, the cuda backend's --collectives mpi) with counting memcpy
 //       copies standing in for the device's: the same bits, and every call copied.
 //       all_to_all_v (rows of 1, 3 and 70 elements, uneven and zero counts per pair, int32 too):
-//       every source's rows in source order, bit for bit, nothing written past them.
+//       every source's rows in source order, bit for bit, nothing written past them;
+//       all_gather_v and reduce_scatter_sum_v likewise (uneven and zero rows per rank; the sums
+//       bit for bit the rank-order sum).
 //   mpi_test_collective fail-one     the last rank throws an InputError while the others wait in
 //       an all_reduce_sum: the whole job must end with exit 2 and that rank's message (end_job).
 //   mpi_test_collective fail-all     every rank throws the same InputError: exit 2, the message
@@ -294,6 +296,99 @@ void check_all_to_all_v(Collective& c, Memory& mem, Checker& ck) {
   }
 }
 
+// all_gather_v: rank q contributes rows(q) rows of `row` elements (0 for some), element (i, j)
+// carrying a value of (q, i, j); every rank finds every rank's rows in rank order, bit for bit,
+// nothing written past them (the training dtypes and int32).
+// reduce_scatter_sum_v: block p of every rank's input holds rows(p) rows; rank r receives the
+// rank-order sum of block r (as reduce_scatter_sum), nothing past it.
+void check_uneven_rows(Collective& c, Memory& mem, Checker& ck) {
+  const int n = c.size(), r = c.rank();
+  std::uint32_t salt = 700;
+  auto rows_of = [](int q, std::uint32_t s) { return std::size_t((std::uint32_t(q) * 3 + s) % 4); };
+  for (const DType t : {DType::f32, DType::bf16, DType::f16, DType::i32})
+    for (const std::size_t row : {std::size_t(1), std::size_t(3), std::size_t(70)}) {
+      ++salt;
+      std::vector<std::size_t> rows(static_cast<std::size_t>(n));
+      std::size_t total = 0, before = 0;
+      for (int q = 0; q < n; ++q) {
+        rows[std::size_t(q)] = rows_of(q, salt);
+        if (q < r) before += rows[std::size_t(q)];
+        total += rows[std::size_t(q)];
+      }
+      const std::size_t mine = rows[std::size_t(r)], es = dtype_size(t);
+      auto key = [](int q, std::size_t i, std::size_t j) {
+        return std::size_t(q) * 65536 + i * 97 + j;
+      };
+      const std::string what = std::string(" ") + dtype_name(t) + " row " + std::to_string(row);
+      {
+        Buf in(mem, t, mine * row), out(mem, t, total * row + 1);
+        for (std::size_t i = 0; i < mine; ++i)
+          for (std::size_t j = 0; j < row; ++j) {
+            if (t == DType::i32) {
+              const std::int32_t v = std::int32_t(key(r, i, j));
+              std::memcpy(in.host.data() + (i * row + j) * 4, &v, 4);
+            } else {
+              in.set(i * row + j, value(r, key(r, i, j), salt));
+            }
+          }
+        std::fill(out.host.begin(), out.host.end(), 0x5a);
+        out.upload();
+        in.upload();
+        c.all_gather_v(in.dev, mine, out.dev, rows.data(), row, t);
+        out.download();
+        bool ok = true;
+        std::size_t at = 0;
+        for (int q = 0; q < n; ++q)
+          for (std::size_t i = 0; i < rows[std::size_t(q)]; ++i)
+            for (std::size_t j = 0; j < row; ++j, ++at) {
+              if (t == DType::i32) {
+                std::int32_t v = 0;
+                std::memcpy(&v, out.host.data() + at * 4, 4);
+                ok = ok && v == std::int32_t(key(q, i, j));
+              } else {
+                ok = ok && bits_of(out.at(at), t) ==
+                               bits_of(round_to(t, value(q, key(q, i, j), salt)), t);
+              }
+            }
+        ck.expect(ok, "all_gather_v" + what + ": every rank's rows in rank order");
+        bool untouched = true;
+        for (std::size_t b = total * row * es; b < out.host.size(); ++b)
+          untouched = untouched && out.host[b] == 0x5a;
+        ck.expect(untouched, "all_gather_v" + what + ": nothing written past the rows");
+      }
+      if (t == DType::i32) continue;  // sums: training dtypes only
+      {
+        // Element e of every rank's input: value(rank, e); block r starts at row `before`.
+        Buf in(mem, t, total * row), out(mem, t, mine * row + 1);
+        for (std::size_t e = 0; e < total * row; ++e) in.set(e, value(r, e, salt));
+        std::fill(out.host.begin(), out.host.end(), 0x5a);
+        out.upload();
+        in.upload();
+        c.reduce_scatter_sum_v(in.dev, rows.data(), out.dev, row, t);
+        out.download();
+        for (std::size_t e = 0; e < mine * row; ++e)
+          ck.sum_equal("reduce_scatter_sum_v" + what + " [" + std::to_string(e) + "]", out.at(e),
+                       rank_order_sum(n, before * row + e, salt, t), t, n, 4096);
+        bool untouched = true;
+        for (std::size_t b = mine * row * es; b < out.host.size(); ++b)
+          untouched = untouched && out.host[b] == 0x5a;
+        ck.expect(untouched, "reduce_scatter_sum_v" + what + ": nothing written past the rows");
+      }
+    }
+  // A rank sending other rows than the ranks expect from it is refused naming the collective.
+  std::vector<std::size_t> rows(static_cast<std::size_t>(n), 1);
+  float one[2] = {1, 1}, all[64] = {};
+  try {
+    c.all_gather_v(one, 2, all, rows.data(), 1, DType::f32);
+    ck.fail("all_gather_v: 2 rows sent where 1 is expected, accepted");
+  } catch (const InputError& e) {
+    ck.expect(
+        std::string(e.what()).find("all_gather_v: rank " + std::to_string(r) +
+                                   " sends 2 rows and the ranks expect 1") != std::string::npos,
+        std::string("all_gather_v's refusal names it: ") + e.what());
+  }
+}
+
 void check_all_gather(Collective& c, Memory& mem, Checker& ck) {
   const int n = c.size(), r = c.rank();
   std::uint32_t salt = 300;
@@ -466,6 +561,7 @@ int run_collectives(const std::string& backend) {
     check_reduce_scatter(*c, *mem, ck);
     check_all_gather(*c, *mem, ck);
     check_all_to_all_v(*c, *mem, ck);
+    check_uneven_rows(*c, *mem, ck);
     check_in_place(*c, *mem, ck);
     check_broadcast(*c, *mem, ck);
     if (c->size() > 1) check_send_recv(*c, *mem, ck);

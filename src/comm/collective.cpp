@@ -30,6 +30,13 @@ void check_rows(std::size_t row, const char* collective) {
   if (row == 0) throw InputError(std::string(collective) + ": a row of 0 elements");
 }
 
+void check_own_rows(std::size_t send_rows, std::size_t expected, int rank, const char* collective) {
+  if (send_rows != expected)
+    throw InputError(std::string(collective) + ": rank " + std::to_string(rank) + " sends " +
+                     std::to_string(send_rows) + " rows and the ranks expect " +
+                     std::to_string(expected) + " from it");
+}
+
 void check_float_dtype(DType t, const char* collective) {
   if (t != DType::f32 && t != DType::bf16 && t != DType::f16)
     throw InputError(std::string(collective) + ": dtype " + dtype_name(t) +
@@ -152,6 +159,18 @@ class LocalCollective final : public Collective {
                        " rows and expects " + std::to_string(recv_rows[0]));
     if (send != recv && send_rows[0] > 0)
       std::memmove(recv, send, send_rows[0] * row * dtype_size(t));
+  }
+  void all_gather_v(const void* send, std::size_t send_rows, void* recv,
+                    const std::size_t* recv_rows, std::size_t row, DType t) override {
+    comm::check_rows(row, "all_gather_v");
+    comm::check_own_rows(send_rows, recv_rows[0], 0, "all_gather_v");
+    if (send != recv && send_rows > 0) std::memmove(recv, send, send_rows * row * dtype_size(t));
+  }
+  void reduce_scatter_sum_v(const void* send, const std::size_t* rows, void* recv, std::size_t row,
+                            DType t) override {
+    comm::check_float_dtype(t, "reduce_scatter_sum_v");
+    comm::check_rows(row, "reduce_scatter_sum_v");
+    if (send != recv && rows[0] > 0) std::memmove(recv, send, rows[0] * row * dtype_size(t));
   }
   void send(const void*, std::size_t, DType, int peer) override { peer_check(peer, "send"); }
   void recv(void*, std::size_t, DType, int peer) override { peer_check(peer, "recv"); }

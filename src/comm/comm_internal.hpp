@@ -17,6 +17,9 @@ void check_float_dtype(DType t, const char* collective);
 // all_to_all_v's rows: InputError naming the collective for a row of 0 elements.
 void check_rows(std::size_t row, const char* collective);
 
+// all_gather_v: the rows a rank sends must be the rows every rank expects from it.
+void check_own_rows(std::size_t send_rows, std::size_t expected, int rank, const char* collective);
+
 // "rank 1 of 4"
 std::string rank_of(int rank, int size);
 

@@ -211,40 +211,53 @@ class MpiCollective final : public Collective {
   void all_to_all_v(const void* send, const std::size_t* send_rows, void* recv,
                     const std::size_t* recv_rows, std::size_t row, DType t) override {
     comm::check_rows(row, "all_to_all_v");
-    const std::size_t es = dtype_size(t);
-    if (row > std::size_t{2147483647} / es)
-      throw InputError("all_to_all_v: a row of " + std::to_string(row) + " " + dtype_name(t) +
-                       " elements is past 2^31 - 1 bytes, MPI's count");
+    RowType rt(row, t, "all_to_all_v");
     std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
-    std::size_t so = 0, ro = 0;
-    for (int p = 0; p < size_; ++p) {
-      if (so > kIntMax || ro > kIntMax || send_rows[p] > kIntMax - so ||
-          recv_rows[p] > kIntMax - ro)
-        throw InputError("all_to_all_v: more than 2^31 - 1 rows sent or received by " +
-                         comm::rank_of(rank_, size_));
-      sc[p] = static_cast<int>(send_rows[p]);
-      sd[p] = static_cast<int>(so);
-      rc[p] = static_cast<int>(recv_rows[p]);
-      rd[p] = static_cast<int>(ro);
-      so += send_rows[p];
-      ro += recv_rows[p];
-    }
-    MPI_Datatype row_type;
-    check(MPI_Type_contiguous(static_cast<int>(row * es), MPI_BYTE, &row_type),
-          "MPI_Type_contiguous");
-    check(MPI_Type_commit(&row_type), "MPI_Type_commit");
+    const std::size_t so = row_counts(send_rows, sc, sd, "all_to_all_v");
+    row_counts(recv_rows, rc, rd, "all_to_all_v");
     MPI_Request req;
-    const int code = MPI_Ialltoallv(send, sc.data(), sd.data(), row_type, recv, rc.data(),
-                                    rd.data(), row_type, data_, &req);
-    if (code != MPI_SUCCESS) MPI_Type_free(&row_type);
-    check(code, "MPI_Ialltoallv (all_to_all_v)");
-    try {
-      wait(&req, "all_to_all_v", so * row, t);
-    } catch (...) {
-      MPI_Type_free(&row_type);
-      throw;
-    }
-    MPI_Type_free(&row_type);
+    check(MPI_Ialltoallv(send, sc.data(), sd.data(), rt.type, recv, rc.data(), rd.data(), rt.type,
+                         data_, &req),
+          "MPI_Ialltoallv (all_to_all_v)");
+    wait(&req, "all_to_all_v", so * row, t);
+  }
+
+  // MPI_Iallgatherv on a contiguous row type (counts and displacements in rows).
+  void all_gather_v(const void* send, std::size_t send_rows, void* recv,
+                    const std::size_t* recv_rows, std::size_t row, DType t) override {
+    comm::check_rows(row, "all_gather_v");
+    comm::check_own_rows(send_rows, recv_rows[rank_], rank_, "all_gather_v");
+    std::vector<int> rc(size_), rd(size_);
+    const std::size_t total = row_counts(recv_rows, rc, rd, "all_gather_v");
+    RowType rt(row, t, "all_gather_v");
+    MPI_Request req;
+    check(MPI_Iallgatherv(send, static_cast<int>(send_rows), rt.type, recv, rc.data(), rd.data(),
+                          rt.type, data_, &req),
+          "MPI_Iallgatherv (all_gather_v)");
+    wait(&req, "all_gather_v", total * row, t);
+  }
+
+  // Each block to its rank (MPI_Ialltoallv of rows), then each rank adds the size() blocks it
+  // received in rank order (comm::sum_in_rank_order), as reduce_scatter_sum does.
+  void reduce_scatter_sum_v(const void* send, const std::size_t* rows, void* recv, std::size_t row,
+                            DType t) override {
+    comm::check_float_dtype(t, "reduce_scatter_sum_v");
+    comm::check_rows(row, "reduce_scatter_sum_v");
+    const std::size_t mine = rows[rank_], es = dtype_size(t);
+    std::vector<int> sc(size_), sd(size_);
+    row_counts(rows, sc, sd, "reduce_scatter_sum_v");
+    std::vector<std::size_t> theirs(static_cast<std::size_t>(size_), mine);
+    std::vector<int> rc(size_), rd(size_);
+    row_counts(theirs.data(), rc, rd, "reduce_scatter_sum_v");
+    if (mine == 0 && std::all_of(sc.begin(), sc.end(), [](int c) { return c == 0; })) return;
+    contrib_.resize(static_cast<std::size_t>(size_) * mine * row * es);
+    RowType rt(row, t, "reduce_scatter_sum_v");
+    MPI_Request req;
+    check(MPI_Ialltoallv(send, sc.data(), sd.data(), rt.type, contrib_.data(), rc.data(), rd.data(),
+                         rt.type, data_, &req),
+          "MPI_Ialltoallv (reduce_scatter_sum_v)");
+    wait(&req, "reduce_scatter_sum_v", mine * row, t);
+    if (mine > 0) comm::sum_in_rank_order(contrib_.data(), size_, mine * row, t, recv);
   }
 
   // Staged: the data is copied into a buffer of this collective's and sent without waiting, so
@@ -322,6 +335,43 @@ class MpiCollective final : public Collective {
     if (code != MPI_SUCCESS)
       throw Error(std::string(call) + " failed on " + comm::rank_of(rank_, size_) + ": " +
                   mpi_error_text(code));
+  }
+
+  // A contiguous datatype of one row of `row` elements, freed when it goes out of scope; a row
+  // past 2^31 − 1 bytes is refused naming the collective.
+  struct RowType {
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+    RowType(std::size_t row, DType t, const char* what) {
+      const std::size_t es = dtype_size(t);
+      if (row > kIntMax / es)
+        throw InputError(std::string(what) + ": a row of " + std::to_string(row) + " " +
+                         dtype_name(t) + " elements is past 2^31 - 1 bytes, MPI's count");
+      int code = MPI_Type_contiguous(static_cast<int>(row * es), MPI_BYTE, &type);
+      if (code == MPI_SUCCESS) code = MPI_Type_commit(&type);
+      if (code != MPI_SUCCESS)
+        throw Error(std::string("MPI_Type_contiguous (") + what + "): " + mpi_error_text(code));
+    }
+    ~RowType() {
+      if (type != MPI_DATATYPE_NULL) MPI_Type_free(&type);
+    }
+    RowType(const RowType&) = delete;
+    RowType& operator=(const RowType&) = delete;
+  };
+
+  // counts[p] = rows[p] and displs[p] = Σ_{q<p} rows[q] as ints (in rows); the total. More than
+  // 2^31 − 1 rows in all is refused naming the collective.
+  std::size_t row_counts(const std::size_t* rows, std::vector<int>& counts,
+                         std::vector<int>& displs, const char* what) const {
+    std::size_t total = 0;
+    for (int p = 0; p < size_; ++p) {
+      if (total > kIntMax || rows[p] > kIntMax - total)
+        throw InputError(std::string(what) + ": more than 2^31 - 1 rows sent or received by " +
+                         comm::rank_of(rank_, size_));
+      counts[p] = static_cast<int>(rows[p]);
+      displs[p] = static_cast<int>(total);
+      total += rows[p];
+    }
+    return total;
   }
 
   void check_peer(int peer, const char* what, bool self_ok) const {

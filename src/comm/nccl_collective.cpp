@@ -165,6 +165,67 @@ class NcclCollective final : public Collective {
     finish("all_to_all_v", total, t);
   }
 
+  // One ncclBroadcast per rank in one group, each rank's rows from its place in recv (its own
+  // copied there first); int32 as ncclInt32.
+  void all_gather_v(const void* send, std::size_t send_rows, void* recv,
+                    const std::size_t* recv_rows, std::size_t row, DType t) override {
+    comm::check_rows(row, "all_gather_v");
+    comm::check_own_rows(send_rows, recv_rows[rank_], rank_, "all_gather_v");
+    const ncclDataType_t nt = t == DType::i32 ? ncclInt32 : nccl_type(t);
+    const std::size_t es = dtype_size(t);
+    auto* r = static_cast<unsigned char*>(recv);
+    std::size_t off = 0, total = 0;
+    for (int p = 0; p < rank_; ++p) off += recv_rows[p];
+    if (send_rows && send != r + off * row * es)
+      TM_CUDA_CHECK(cudaMemcpyAsync(r + off * row * es, send, send_rows * row * es,
+                                    cudaMemcpyDeviceToDevice, stream_));
+    off = 0;
+    enqueue(ncclGroupStart(), "ncclGroupStart");
+    for (int p = 0; p < size_; ++p) {
+      const std::size_t n = recv_rows[p] * row;
+      if (n)
+        enqueue(ncclBroadcast(r + off * es, r + off * es, n, nt, p, comm_, stream_),
+                "ncclBroadcast");
+      off += n;
+      total += n;
+    }
+    enqueue(ncclGroupEnd(), "ncclGroupEnd");
+    finish("all_gather_v", total, t);
+  }
+
+  // One ncclReduce per rank in one group (block p summed into rank p's recv), in fp32 (16-bit
+  // blocks widened and the result rounded once, as reduce_scatter_sum); NCCL's order of
+  // addition is its own.
+  void reduce_scatter_sum_v(const void* send, const std::size_t* rows, void* recv, std::size_t row,
+                            DType t) override {
+    comm::check_float_dtype(t, "reduce_scatter_sum_v");
+    comm::check_rows(row, "reduce_scatter_sum_v");
+    std::size_t total = 0;
+    for (int p = 0; p < size_; ++p) total += rows[p] * row;
+    if (total == 0) return;
+    const std::size_t mine = rows[rank_] * row;
+    const float* in = static_cast<const float*>(send);
+    float* res = static_cast<float*>(recv);
+    if (t != DType::f32) {
+      float* w = work(total + mine);
+      comm::to_f32_async(send, w, total, t, stream_);
+      in = w;
+      res = w + total;
+    }
+    std::size_t off = 0;
+    enqueue(ncclGroupStart(), "ncclGroupStart");
+    for (int p = 0; p < size_; ++p) {
+      const std::size_t n = rows[p] * row;
+      if (n)
+        enqueue(ncclReduce(in + off, res, n, ncclFloat32, ncclSum, p, comm_, stream_),
+                "ncclReduce");
+      off += n;
+    }
+    enqueue(ncclGroupEnd(), "ncclGroupEnd");
+    if (t != DType::f32 && mine) comm::from_f32_async(res, recv, mine, t, stream_);
+    finish("reduce_scatter_sum_v", mine, t);
+  }
+
   void send(const void* buf, std::size_t count, DType t, int peer) override {
     check_peer(peer, "send", false);
     if (count == 0) return;

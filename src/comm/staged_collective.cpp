@@ -79,6 +79,30 @@ class StagedCollective final : public Collective {
     if (received) out(recv, r, received * row, t);
   }
 
+  void all_gather_v(const void* send, std::size_t send_rows, void* recv,
+                    const std::size_t* recv_rows, std::size_t row, DType t) override {
+    comm::check_rows(row, "all_gather_v");
+    std::size_t received = 0;
+    for (int p = 0; p < size(); ++p) received += recv_rows[p];
+    unsigned char* s = send_rows ? in(a_, send, send_rows * row, t) : room(a_, 0, t);
+    unsigned char* r = room(b_, received * row, t);
+    host_->all_gather_v(s, send_rows, r, recv_rows, row, t);
+    if (received) out(recv, r, received * row, t);
+  }
+
+  void reduce_scatter_sum_v(const void* send, const std::size_t* rows, void* recv, std::size_t row,
+                            DType t) override {
+    comm::check_float_dtype(t, "reduce_scatter_sum_v");
+    comm::check_rows(row, "reduce_scatter_sum_v");
+    std::size_t sent = 0;
+    for (int p = 0; p < size(); ++p) sent += rows[p];
+    const std::size_t mine = rows[rank()];
+    unsigned char* s = sent ? in(a_, send, sent * row, t) : room(a_, 0, t);
+    unsigned char* r = room(b_, mine * row, t);
+    host_->reduce_scatter_sum_v(s, rows, r, row, t);
+    if (mine) out(recv, r, mine * row, t);
+  }
+
   void send(const void* buf, std::size_t count, DType t, int peer) override {
     if (count == 0) return;
     host_->send(in(a_, buf, count, t), count, t, peer);  // MPI's send copies it (staged)

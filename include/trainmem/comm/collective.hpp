@@ -95,6 +95,18 @@ class Collective {
   // InputError for a row of 0 elements, or a row or count past what the transport takes.
   virtual void all_to_all_v(const void* send, const std::size_t* send_rows, void* recv,
                             const std::size_t* recv_rows, std::size_t row, DType t) = 0;
+  // All-gather of rows, uneven (expert tensor parallelism's token gather; docs/distributed.md,
+  // "Expert tensor parallelism"): `send` holds send_rows rows of `row` elements; `recv` receives
+  // recv_rows[p] rows from each rank p, in rank order (recv_rows[rank()] must equal send_rows).
+  // Data moves with no arithmetic, so any dtype. recv_rows holds size() counts.
+  virtual void all_gather_v(const void* send, std::size_t send_rows, void* recv,
+                            const std::size_t* recv_rows, std::size_t row, DType t) = 0;
+  // Reduce-scatter of rows, uneven: `send` holds, in rank order, rows[p] rows of `row` elements
+  // for each rank p; `recv` receives rows[rank()] rows, each element the sum over ranks of their
+  // block rank() (MPI: in fp32, in rank order, rounded once, as reduce_scatter_sum). Every rank
+  // gives the same rows (size() counts). Training dtypes only.
+  virtual void reduce_scatter_sum_v(const void* send, const std::size_t* rows, void* recv,
+                                    std::size_t row, DType t) = 0;
   // Point to point (pipeline stages); messages between two ranks arrive in the order sent. MPI's
   // send returns once the data is copied into a staging buffer of the collective's (a
   // transport buffer, outside the ledger, freed when the send completes), so two ranks may send
