@@ -348,7 +348,8 @@ def main():
                 shutil.rmtree(tmp, ignore_errors=True)
         if n == 4:
             # A MoE under tensor parallelism (tp 2 with sp, ep 2 over the stage's dp·tp slots;
-            # the config's vocabulary made even): every rank matches, the single rank's losses,
+            # the config's vocabulary made even) and under expert tensor parallelism: every rank
+            # matches, the single rank's losses,
             # the meta trace given the dumped routing (each tp rank routes its own rows)
             # reproduces every rank.
             tmp = tempfile.mkdtemp(prefix="trainmem-mpi-moe-tp-")
@@ -358,18 +359,23 @@ def main():
             config = os.path.join(tmp, "config.json")
             json.dump(cfg, open(config, "w"))
             moe_tp = [x if x != "tiny" else config for x in base]
-            for ep in ("1", "2"):  # ep 1: the experts' gradients summed over every rank
-                routes = os.path.join(tmp, f"routes-ep{ep}.json")
-                what = f"moe tp 2 sp ep {ep}"
-                extra = ["--world-size", "4", "--tp", "2", "--sp", "--ep", ep, "--zero", "1",
-                         "--format", "json"]
+            # ep 1: the experts' gradients summed over every rank; etp 2 (expert tensor
+            # parallelism) with tp 2 sp and with tp 1: each expert's width split over two slots,
+            # the received rows gathered over them.
+            for tp, ep, etp in (("2", "1", "1"), ("2", "2", "1"), ("2", "2", "2"),
+                                ("1", "2", "2")):
+                routes = os.path.join(tmp, f"routes-tp{tp}-ep{ep}-etp{etp}.json")
+                what = f"moe tp {tp} ep {ep} etp {etp}"
+                extra = ["--world-size", "4", "--tp", tp] + (["--sp"] if tp == "2" else []) + [
+                    "--ep", ep, "--etp", etp, "--zero", "1", "--format", "json"]
                 rc, out, err, _ = run(n, moe_tp + extra + ["--dump-routing", routes], threads=1)
                 expect(rc == 0, f"{what} measured: exit {rc}", out, err)
                 if rc != 0:
                     continue
                 doc = json.loads(out)
                 expect(doc.get("all_ranks_match") is True, f"{what}: every rank matches", out)
-                expect_single_losses(a.trainmem, doc, 4, what, out, model=config)
+                rows = 2 * (4 // int(tp))  # b 2 on each of the dp = 4/tp replicas
+                expect_single_losses(a.trainmem, doc, rows, what, out, model=config)
                 k = moe_tp.index("--collective-timeout")
                 spec = [x if x != "cpu" else "meta" for x in moe_tp[1:k] + moe_tp[k + 2:]]
                 expect_routing_reproduced(a.trainmem, doc, spec + extra, routes, what, out)

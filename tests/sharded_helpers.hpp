@@ -66,7 +66,7 @@ struct ShardedRun {
              Collective* tp = nullptr, Collective* pp = nullptr, Collective* tp_host = nullptr,
              const std::vector<const SafeTensorsReader*>& weights = {},
              const std::vector<std::int32_t>* tokens = nullptr, Collective* ep = nullptr,
-             Collective* edp = nullptr) {
+             Collective* edp = nullptr, Collective* etp = nullptr) {
     backend = kind == BackendKind::cuda ? make_cuda_backend(t.dtype) : make_cpu_backend(t.dtype);
     ledger = std::make_unique<Ledger>(backend->allocator());
     exec = std::make_unique<ShardedExecution>(
@@ -79,6 +79,8 @@ struct ShardedRun {
     exec->ep = ep;  // expert parallelism (cpu: the host group is the same)
     exec->ep_host = ep;
     exec->edp = edp;
+    exec->etp = etp;  // expert tensor parallelism (cpu: the host group is the same)
+    exec->etp_host = etp;
     step = std::make_unique<ShardedStep>(m, t, p, pp ? pp->rank() : 0, *ledger, exec.get());
   }
   ~ShardedRun() {
@@ -91,7 +93,7 @@ struct ShardedRun {
     for (const auto& name : step->parameter_names()) {
       if (step->is_quantized(name)) continue;  // frozen 4-bit/int8: compared through the losses
       r.weights[name] = step->parameter_values(name);
-      if (exec->tp || exec->ep) r.elements[name] = step->parameter_elements(name);
+      if (exec->tp || exec->ep || exec->etp) r.elements[name] = step->parameter_elements(name);
     }
     return r;
   }

@@ -272,7 +272,8 @@ TEST(CliLayout, MaxbatchFindsTheLargestMicroBatchWhoseWorstRankFits) {
 }
 
 // A mixture of experts per rank: the experts' own flat vector in the JSON, the books equal to
-// the library's, the meta trace agreeing, and --ep/--etp refused with the flag named.
+// the library's, the meta trace agreeing, --ep and --etp, and their bad values refused with the
+// flag named.
 TEST(CliLayout, MixtureOfExpertsPerRankAndTheExpertFlags) {
   const auto r = run_trainmem({"estimate", "--model", "tiny-qwen2-moe", "--world-size", "6", "--pp",
                                "3", "--zero", "1", "--microbatches", "3", "--batch", "2", "--seq",
@@ -308,6 +309,19 @@ TEST(CliLayout, MixtureOfExpertsPerRankAndTheExpertFlags) {
     if (cmd == "profile") {
       EXPECT_TRUE(ej["all_ranks_match"].get<bool>());
     }
+  }
+  // --ep 2 --etp 2 over 4 ranks (docs/distributed.md, "Expert tensor parallelism"): 4 of the 8
+  // experts per rank, 36/2 = 18 columns of each: 2 layers · 4 · 3 · 18 · 64 elements; edp 1.
+  {
+    const auto et = run_trainmem({"profile", "--model", "tiny-qwen3-moe", "--world-size", "4",
+                                  "--ep", "2", "--etp", "2", "--zero", "1", "--batch", "1", "--seq",
+                                  "12", "--format", "json"});
+    ASSERT_EQ(et.code, 0) << et.err;
+    const auto ej = nlohmann::json::parse(et.out);
+    EXPECT_TRUE(ej["all_ranks_match"].get<bool>());
+    EXPECT_EQ(ej["layout"]["etp"], 2);
+    EXPECT_EQ(ej["layout"]["edp"], 1);
+    EXPECT_EQ(ej["ranks"][0]["expert_params"].get<std::uint64_t>(), 2u * 4 * 3 * 18 * 64);
   }
   // Qwen1.5-MoE's shared expert under --tp 2 --sp: split like the dense MLP (gate/up rows, down
   // columns), its gate (1, h) replicated. Per rank and layer: q/k/v/o 4·h·h/2, the q/k/v biases
@@ -360,8 +374,6 @@ TEST(CliLayout, MixtureOfExpertsPerRankAndTheExpertFlags) {
        "--ep 2: the model's num_local_experts (5) is not divisible by it"},
       {{"--model", "tiny-mixtral", "--world-size", "4", "--etp", "3"},
        "--etp 3: the model's intermediate_size (88) is not divisible by it"},
-      {{"--model", "tiny-qwen3-moe", "--world-size", "2", "--etp", "2"},
-       "--etp 2 with a mixture of experts (tiny-qwen3-moe): expert tensor parallelism"},
       {{"--model", "qwen3-30b-a3b", "--world-size", "2", "--tp", "2", "--seq", "512"},
        "--tp 2 with a mixture of experts (qwen3-30b-a3b) needs --sp: each tensor-parallel rank "
        "routes its own s/tp rows"},

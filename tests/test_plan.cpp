@@ -465,7 +465,7 @@ TEST(Plan, TheCostModelOfExpertParallelismMatchesHandComputedFigures) {
   t.dtype = DType::bf16;
   t.attention = Attention::flash;
   p.resolve(true, m, t);
-  const StepCost c = step_cost(m, t, p, rates);
+  StepCost c = step_cost(m, t, p, rates);
   // T = b·M·dp·s = 128 tokens over N = 4 GPUs; attention 12·L·h·s per token.
   EXPECT_DOUBLE_EQ(c.flops_per_gpu, (6.0 * 79136 * 128 + 12.0 * 2 * 64 * 16 * 128) / 4);
   // ZeRO-1: 2·(f·P_dense + f_e·P_experts/ep)·w = 2·(3/4·51,488 + 1/2·55,296)·2.
@@ -475,6 +475,15 @@ TEST(Plan, TheCostModelOfExpertParallelismMatchesHandComputedFigures) {
   EXPECT_DOUBLE_EQ(c.communication_seconds, (c.dp_bytes + c.ep_bytes) / 1e9);
   t.checkpointing = Checkpointing::full;  // + the recompute's dispatch and combine
   EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).ep_bytes, 2.0 * 6 * 0.5 * 2 * 16 * 2 * 64 * 2);
+  // ep 2 × etp 2 (edp 1: no expert gradient to reduce): the all-to-alls as above (without the
+  // recompute) and the etp gather and reduce-scatter, forward and backward, each moving
+  // (etp − 1)·A rows, A = b·s·K = 64: 2·4·(1/2)·64·64·2 + 2·4·1·64·64·2.
+  t.checkpointing = Checkpointing::none;
+  p.etp = 2;
+  c = step_cost(m, t, p, rates);
+  EXPECT_DOUBLE_EQ(c.dp_bytes, 2.0 * 0.75 * 51488 * 2);
+  EXPECT_DOUBLE_EQ(c.ep_bytes, 2.0 * 4 * 0.5 * 64 * 64 * 2 + 2.0 * 4 * 1 * 64 * 64 * 2);
+  p.etp = 1;
   p.ep = 1;  // one group for every parameter again
   EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).dp_bytes, 2.0 * 0.75 * 162080 * 2);
   EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).ep_bytes, 0.0);
@@ -539,6 +548,11 @@ TEST(Plan, ExpertParallelDegreesAreEnumeratedForAMixtureOfExperts) {
               estimate_layout(m, c.train, c.layout, o.overheads).worst_total());
   }
   EXPECT_EQ(eps, (std::set<std::int64_t>{1, 2, 4}));  // 4 slots: ep 1, 2, 4 (8 does not divide 4)
+  // etp divides the experts' width 36 and ep·etp the 4 slots: 1, 2 and 4 (at ep 1), 2 at ep 2.
+  std::set<std::pair<std::int64_t, std::int64_t>> ep_etp;
+  for (const PlanCandidate& c : r.candidates) ep_etp.insert({c.layout.ep, c.layout.etp});
+  EXPECT_EQ(ep_etp, (std::set<std::pair<std::int64_t, std::int64_t>>{
+                        {1, 1}, {1, 2}, {1, 4}, {2, 1}, {2, 2}, {4, 1}}));
   EXPECT_EQ(tp_eps, (std::set<std::int64_t>{1, 2, 4}));  // tp 2 (dp 2) or 4 (dp 1) with sp
 }
 

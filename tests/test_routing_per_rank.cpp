@@ -42,7 +42,8 @@ struct MoeLayout {
   ModelConfig m = test::any_config("tiny-qwen3-moe");
   TrainConfig t;
   ParallelConfig p;
-  explicit MoeLayout(std::int64_t world, std::int64_t ep, std::int64_t pp = 1, std::int64_t M = 1) {
+  explicit MoeLayout(std::int64_t world, std::int64_t ep, std::int64_t pp = 1, std::int64_t M = 1,
+                     std::int64_t etp = 1) {
     t.batch = 1;
     t.seq = 11;
     t.dtype = DType::bf16;
@@ -51,6 +52,7 @@ struct MoeLayout {
     p.dp = world / pp;
     p.pp = pp;
     p.ep = ep;
+    p.etp = etp;
     p.zero = 1;
     p.microbatches = M;
     p.resolve(true, m, t);
@@ -87,21 +89,38 @@ TEST(RoutingPerRank, ExpertRowsByHand) {
   for (std::int64_t rank = 0; rank < 4; ++rank) {
     const auto rows = expert_rows_of(r, s.m, s.p, rank);
     ASSERT_EQ(rows.size(), 2u) << rank;
-    EXPECT_EQ(rows.at({0, 0}), want[rank][0]) << "rank " << rank;
-    EXPECT_EQ(rows.at({0, 1}), want[rank][1]) << "rank " << rank;
+    EXPECT_EQ(rows.at({0, 0}).r, want[rank][0]) << "rank " << rank;
+    EXPECT_EQ(rows.at({0, 1}).r, want[rank][1]) << "rank " << rank;
+    for (const auto& [key, n] : rows) EXPECT_EQ(n.a, n.r) << "etp 1: the rows received";
+  }
+  // ep 2 × etp 2 over the same 4 slots (edp 1): etp groups {0, 1} and {2, 3}, ep groups {0, 2}
+  // and {1, 3}; slots 0-1 hold experts 0-3 (each half of every expert's width), 2-3 experts 4-7.
+  // A: the ep group's sources for the rank's experts; R: every source's (the etp group's A).
+  // Rank 0: A = s0 + s2 on 0-3: layer 0 12 + 12 = 24, layer 1 12 + 0 = 12; rank 1: s1 + s3:
+  // 12 + 11 = 23, 4 + 8 = 12; R = 47 and 24 for both. Rank 2: s0 + s2 on 4-7: 10 + 10 = 20,
+  // 10 + 22 = 32; rank 3: s1 + s3: 10 + 11 = 21, 18 + 14 = 32; R = 41 and 64.
+  const MoeLayout se(4, 2, 1, 1, 2);
+  const std::int64_t want_a[4][2] = {{24, 12}, {23, 12}, {20, 32}, {21, 32}};
+  const std::int64_t want_r[4][2] = {{47, 24}, {47, 24}, {41, 64}, {41, 64}};
+  for (std::int64_t rank = 0; rank < 4; ++rank) {
+    const auto rows = expert_rows_of(r, se.m, se.p, rank);
+    for (int layer = 0; layer < 2; ++layer) {
+      EXPECT_EQ(rows.at({0, layer}).a, want_a[rank][layer]) << "etp 2 rank " << rank;
+      EXPECT_EQ(rows.at({0, layer}).r, want_r[rank][layer]) << "etp 2 rank " << rank;
+    }
   }
   // ep 4 from the same choices: one group {0-3}, two experts each; rank 2 holds experts 4-5:
   // layer 0: 6 + 5 + 4 + 5 = 20; layer 1: 4 + 2 + 22 + 4 = 32.
   const MoeLayout s4(4, 4);
   const auto rows = expert_rows_of(r, s4.m, s4.p, 2);
-  EXPECT_EQ(rows.at({0, 0}), 20);
-  EXPECT_EQ(rows.at({0, 1}), 32);
+  EXPECT_EQ(rows.at({0, 0}).r, 20);
+  EXPECT_EQ(rows.at({0, 1}).r, 32);
   // Balanced: 22 choices a source, experts 0-5 take 3 and 6-7 take 2 (balanced_routing), so
   // index 0 receives 2·12 = 24 rows and index 1 2·10 = 20 (docs/distributed.md's hand figures).
   const LayoutRouting bal = balanced_layout_routing(s.m, s.t, s.p);
   EXPECT_EQ(bal.sources.size(), 4u);
-  EXPECT_EQ(expert_rows_of(bal, s.m, s.p, 0).at({0, 1}), 24);
-  EXPECT_EQ(expert_rows_of(bal, s.m, s.p, 3).at({0, 0}), 20);
+  EXPECT_EQ(expert_rows_of(bal, s.m, s.p, 0).at({0, 1}).r, 24);
+  EXPECT_EQ(expert_rows_of(bal, s.m, s.p, 3).at({0, 0}).r, 20);
 }
 
 TEST(RoutingPerRank, FilesRoundTripAndNameTheField) {
@@ -131,8 +150,8 @@ TEST(RoutingPerRank, FilesRoundTripAndNameTheField) {
   const LayoutRouting every = read_layout_routing_file(one_path, s.m, s.t, s.p);
   ASSERT_EQ(every.sources.size(), 4u);
   // Rank 1 (ep index 1, group {0, 1}): layer 0: 2·(11 + 11) = 44; layer 1: 2·(1 + 1 + 8 + 8).
-  EXPECT_EQ(expert_rows_of(every, s.m, s.p, 1).at({0, 0}), 44);
-  EXPECT_EQ(expert_rows_of(every, s.m, s.p, 1).at({0, 1}), 36);
+  EXPECT_EQ(expert_rows_of(every, s.m, s.p, 1).at({0, 0}).r, 44);
+  EXPECT_EQ(expert_rows_of(every, s.m, s.p, 1).at({0, 1}).r, 36);
 
   // Each mistake names its field.
   auto edited = [&](const char* name, auto&& edit) {
@@ -239,8 +258,8 @@ TEST(RoutingPerRank, UnderSequenceParallelismEachRankRoutesItsOwnRows) {
   ASSERT_EQ(bal.sources.size(), 4u);
   EXPECT_EQ(bal.sources[3].layers[1].tokens_per_expert,
             (std::vector<std::int64_t>{2, 2, 2, 2, 1, 1, 1, 1}));
-  EXPECT_EQ(expert_rows_of(bal, m, p, 0).at({0, 1}), 16);
-  EXPECT_EQ(expert_rows_of(bal, m, p, 3).at({0, 0}), 8);
+  EXPECT_EQ(expert_rows_of(bal, m, p, 0).at({0, 1}).r, 16);
+  EXPECT_EQ(expert_rows_of(bal, m, p, 3).at({0, 0}).r, 8);
   LayoutTrace lt = trace_layout(m, t, p, OverheadOptions{}, 2);
   trace_given_routing(lt, bal);
   ASSERT_EQ(lt.routed.size(), 2u);

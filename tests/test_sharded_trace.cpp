@@ -225,22 +225,26 @@ TEST(ShardedTrace, MixtureOfExpertsOverTheGrid) {
 // stage (gradient index · tp + tp index) traced against its analytic byte for byte, slot 0
 // (expert-parallel index 0) receiving the most rows. "moe-wide-experts" is tiny-qwen3-moe with
 // experts of width 96; "moe-wide-shared" and "moe-mid-shared" tiny-qwen2-moe with a shared expert
-// of width 288 and 240: at tp 2 (sp) the shared expert's backward decides most of their peaks, at
+// of width 288 and 240 (and 8, "moe-narrow-shared", at tp 4): at tp 2 (sp) the shared expert's
+// backward decides most of their peaks, at
 // its SwiGLU backward (3 (b,s,m_s/t) buffers) when m_s/tp > 2h, else at its input gradient's
 // partial with xn2 gathered (2 of them and 2 (b,s,h)). Counts the layouts checked and those whose
 // slots' peaks differ.
 struct GridCounts {
   int checked = 0, differ = 0;
-  std::set<std::string> peaks;  // the analytic's peak instants, every stage and slot
-  bool peaked_at(const std::string& part) const {
+  std::set<std::string> peaks;  // "model: instant" of the analytic's peaks, every stage and slot
+  // Whether an instant naming `part` was a peak (of `model`'s layouts when given).
+  bool peaked_at(const std::string& part, const std::string& model = "") const {
     for (const std::string& p : peaks)
-      if (p.find(part) != std::string::npos) return true;
+      if (p.find(part) != std::string::npos && (model.empty() || p.rfind(model + ": ", 0) == 0))
+        return true;
     return false;
   }
 };
 GridCounts moe_grid(std::initializer_list<const char*> models,
                     std::initializer_list<std::int64_t> eps,
-                    std::initializer_list<std::int64_t> dps, std::int64_t tp) {
+                    std::initializer_list<std::int64_t> dps, std::int64_t tp,
+                    std::int64_t etp = 1) {
   GridCounts n;
   for (const std::string model : models)
     for (std::int64_t ep : eps)
@@ -250,12 +254,16 @@ GridCounts moe_grid(std::initializer_list<const char*> models,
             for (int zero = 0; zero <= 2; ++zero)
               for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
                 for (std::int64_t M : {1, 3}) {
-                  const bool shared = model == "moe-wide-shared" || model == "moe-mid-shared";
+                  const bool shared = model == "moe-wide-shared" || model == "moe-mid-shared" ||
+                                      model == "moe-narrow-shared";
                   ModelConfig m = test::any_config(model == "moe-wide-experts" ? "tiny-qwen3-moe"
                                                    : shared                    ? "tiny-qwen2-moe"
                                                                                : model);
                   if (model == "moe-wide-experts") m.expert_intermediate = 96;
-                  if (shared) m.shared_expert_intermediate = model == "moe-wide-shared" ? 288 : 240;
+                  if (shared)
+                    m.shared_expert_intermediate = model == "moe-wide-shared"  ? 288
+                                                   : model == "moe-mid-shared" ? 240
+                                                                               : 8;
                   if (tp > 1) m.vocab = 96;
                   TrainConfig t;
                   t.batch = 1;
@@ -271,6 +279,7 @@ GridCounts moe_grid(std::initializer_list<const char*> models,
                   p.pp = pp;
                   p.cp = cp;
                   p.ep = ep;
+                  p.etp = etp;
                   p.zero = zero;
                   p.microbatches = M;
                   try {
@@ -281,16 +290,17 @@ GridCounts moe_grid(std::initializer_list<const char*> models,
                   std::uint64_t first_peak = 0;
                   bool differ = false;
                   for (std::int64_t slot = 0; slot < p.grad_ranks() * tp; ++slot) {
-                    const std::string what = model + " tp" + std::to_string(tp) + " ep" +
-                                             std::to_string(ep) + " dp" + std::to_string(dp) +
-                                             " cp" + std::to_string(cp) + " pp" +
-                                             std::to_string(pp) + " z" + std::to_string(zero) +
-                                             " " + checkpointing_name(ck) + " M" +
-                                             std::to_string(M) + " slot " + std::to_string(slot);
+                    const std::string what =
+                        model + " tp" + std::to_string(tp) + " etp" + std::to_string(etp) + " ep" +
+                        std::to_string(ep) + " dp" + std::to_string(dp) + " cp" +
+                        std::to_string(cp) + " pp" + std::to_string(pp) + " z" +
+                        std::to_string(zero) + " " + checkpointing_name(ck) + " M" +
+                        std::to_string(M) + " slot " + std::to_string(slot);
                     const LayoutEstimate le = test::expect_trace_equals_layout(m, t, p, what, slot);
                     if (::testing::Test::HasFailure()) return n;
                     for (const RankEstimate& r : le.ranks)
-                      n.peaks.insert(r.est.instants.at(std::size_t(r.est.peak_instant)).name);
+                      n.peaks.insert(model + ": " +
+                                     r.est.instants.at(std::size_t(r.est.peak_instant)).name);
                     const std::uint64_t peak = le.ranks.at(0).est.figures.peak;
                     if (slot == 0) first_peak = peak;
                     differ |= peak != first_peak;
@@ -334,8 +344,68 @@ TEST(ShardedTrace, MixtureOfExpertsUnderTensorParallelism) {
   EXPECT_GT(n.differ, 10);  // the tensor-parallel ranks of an ep group receive different rows
   std::printf("[moe tp grid] %d layouts, the slots' peaks differing in %d\n", n.checked, n.differ);
   // The shared expert's instants under sp are compared where they decide the peak.
-  EXPECT_TRUE(n.peaked_at("d_shared_gate, d_shared_up")) << "moe-wide-shared's peak moved";
-  EXPECT_TRUE(n.peaked_at("d_shared_in.partial")) << "moe-mid-shared's peak moved";
+  EXPECT_TRUE(n.peaked_at("d_shared_gate, d_shared_up", "moe-wide-shared"));
+  EXPECT_TRUE(n.peaked_at("d_shared_in.partial", "moe-mid-shared"));
+  // At tp 4 a narrow shared expert (m_s 8: 2 columns a rank) under full checkpointing peaks at
+  // the recompute's shared down projection (its (b,s,h) partial beside d_residual).
+  const GridCounts narrow = moe_grid({"moe-narrow-shared"}, {1, 2}, {1}, 4);
+  EXPECT_GT(narrow.checked, 5);
+  EXPECT_TRUE(narrow.peaked_at("step 0: recompute's shared expert's", "moe-narrow-shared"));
+}
+
+// Expert tensor parallelism (--etp; docs/distributed.md, "Expert tensor parallelism"): each
+// expert's width split etp ways over consecutive slots, the rows the ep all-to-all brings (A)
+// gathered over the etp group (R = etp·A under balanced routing), the down projections' partial
+// outputs reduce-scattered back; every slot of the stage traced against its analytic over
+// (tp, etp) (1, 2), (2, 2), (1, 4), (2, 4) × ep 1/2/4 × dp × cp × pp × ZeRO 0-2 × checkpointing
+// × micro-batches. "moe-wide-experts" has h < m (the experts' rows, not the gathered ones, decide
+// step 1); on the others (m < h) the gathered d_expert_rows beside d_expert_rows.recv is step 1's
+// largest instant under ep > 1, which the test asserts decides some peaks.
+TEST(ShardedTrace, ExpertTensorParallelEveryRankOverTheGrid) {
+  GridCounts all;
+  for (const auto& [tp, etp] :
+       {std::pair<std::int64_t, std::int64_t>{1, 2}, {2, 2}, {1, 4}, {2, 4}}) {
+    const GridCounts n =
+        moe_grid({"tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen2-moe", "moe-wide-experts"},
+                 {1, 2, 4}, {1, 2, 4}, tp, etp);
+    if (::testing::Test::HasFailure()) return;
+    EXPECT_GT(n.checked, 20) << "tp " << tp << " etp " << etp;
+    all.checked += n.checked;
+    all.differ += n.differ;
+    all.peaks.insert(n.peaks.begin(), n.peaks.end());
+  }
+  std::printf("[moe etp grid] %d layouts, the slots' peaks differing in %d\n", all.checked,
+              all.differ);
+  EXPECT_GT(all.differ, 10);
+  EXPECT_TRUE(all.peaked_at("d_expert_rows (the received rows gathered over etp)"));
+}
+
+// The recompute's FLOPs of a MoE layer under tp with sp, by hand (docs/formulas.md, "Recompute
+// FLOPs"): tiny-qwen3-moe (h 64, a 4 and k 2 heads of d 24, E 8, K 2, m 36, two MoE layers) at
+// tp 2, b 1, s 12, every layer checkpointed. Per layer: q, k, v, o over b·s rows, 2·12·(64·48 +
+// 2·64·24 + 48·64) = 221,184; the router over the rank's b·s/tp = 6 rows, 2·6·64·8 = 6,144; the
+// experts over its 6·2 = 12 routed rows, 2·12·3·64·36 = 165,888; attention 4·1·2·12²·24 =
+// 27,648: 420,864 a layer, 841,728 for two. Under --etp 2 a rank computes twice the rows over half
+// the columns: the same.
+TEST(ShardedTrace, RecomputeFlopsOfAMixtureOfExpertsUnderTensorParallelism) {
+  ModelConfig m = test::any_config("tiny-qwen3-moe");
+  m.vocab = 96;
+  TrainConfig t;
+  t.batch = 1;
+  t.seq = 12;
+  t.attention = Attention::flash;
+  t.checkpointing = Checkpointing::full;
+  for (const std::int64_t etp : {1, 2}) {
+    ParallelConfig p;
+    p.world = 2 * etp;
+    p.dp = etp;
+    p.tp = 2;
+    p.sp = true;
+    p.etp = etp;
+    p.resolve(true, m, t);
+    EXPECT_DOUBLE_EQ(estimate_layout_of_rank(m, t, p, 0).ranks.at(0).est.recompute_flops, 841728.0)
+        << "etp " << etp;
+  }
 }
 
 // The shared expert's width is split by tp like intermediate_size: a width tp does not divide is

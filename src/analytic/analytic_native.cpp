@@ -114,9 +114,12 @@ struct Local {
   // Expert parallelism (ep > 1; docs/distributed.md, "Expert parallelism"): the rank's El = E/ep
   // experts compute er rows, (er, h) and (er, m) bytes, the rows the ep group's ranks route to
   // them under balanced routing; the rank's own nk rows travel out (dispatch) and back (combine).
-  // One GPU: El = E, er = nk.
-  bool ep = false;
-  std::uint64_t El = 0, er = 0, erh = 0, erm = 0;
+  // Expert tensor parallelism (etp > 1, "Expert tensor parallelism"): m is the rank's m/etp
+  // columns, ea (A) the rows the all-to-all brings the rank and er = etp·A the rows of its etp
+  // group, which it computes. `ep`: the rows are dispatched (ep·etp > 1); `a2a`: ep > 1; `etp`:
+  // etp > 1. One GPU: El = E, er = ea = nk.
+  bool ep = false, a2a = false, etp = false;
+  std::uint64_t El = 0, er = 0, erh = 0, erm = 0, ea = 0, eah = 0;
   // Qwen2-MoE's shared expert of width ms (m_s/tp under tensor parallelism): (b,s,ms) D rows,
   // and its gate's logit (b,sr) D.
   std::uint64_t ms = 0, bsms = 0, bsw = 0;
@@ -184,7 +187,7 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
     l.moe = true;
     l.E = u(m.experts);
     l.K = u(m.experts_per_token);
-    l.m = u(m.expert_intermediate);
+    l.m = u(m.expert_intermediate / p.etp);  // the rank's columns of each expert
     // The rank's own rows: b·(s/tp) under sequence parallelism (no gather before the router).
     l.bsE = bytes_of({l.b, l.sr, l.E}, l.w);
     l.bsE4 = bytes_of({l.b, l.sr, l.E}, 4);
@@ -196,13 +199,20 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
     l.cap = u(moe_capacity(m, t));
     l.nkh = bytes_of({l.nk, l.h}, l.w);
     l.nkm = bytes_of({l.nk, l.m}, l.w);
-    // The rank's place in the stage: slot j = grad_rank (gradient-group index · tp + tp index;
-    // etp = 1: check_moe_layout), its expert-parallel index j mod ep (Megatron's order: etp
-    // fastest, then ep, then edp).
-    l.ep = p.ep > 1;
-    if (p.ep < 1) throw Error("analytic native: expert parallelism of " + std::to_string(p.ep));
+    // The rank's place in the stage: slot j = grad_rank (gradient-group index · tp + tp index),
+    // its expert-parallel index (j / etp) mod ep (Megatron's order: etp fastest, then ep, then
+    // edp); every rank of its etp group receives the same A under balanced routing.
+    l.a2a = p.ep > 1;
+    l.etp = p.etp > 1;
+    l.ep = l.a2a || l.etp;
+    if (p.ep < 1 || p.etp < 1)
+      throw Error("analytic native: expert parallelism of " + std::to_string(p.ep) + " × " +
+                  std::to_string(p.etp));
     l.El = l.E / u(p.ep);
-    l.er = l.ep ? balanced_expert_rows(l.nk, l.E, u(p.ep), u(grad_rank) % u(p.ep)) : l.nk;
+    l.ea =
+        l.a2a ? balanced_expert_rows(l.nk, l.E, u(p.ep), u(grad_rank) / u(p.etp) % u(p.ep)) : l.nk;
+    l.er = checked_mul(l.ea, u(p.etp), "expert rows");
+    l.eah = bytes_of({l.ea, l.h}, l.w);
     l.erh = bytes_of({l.er, l.h}, l.w);
     l.erm = bytes_of({l.er, l.m}, l.w);
     // The shared expert split like the dense MLP (m_s/tp columns of every sequence row, gathered
@@ -227,7 +237,8 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
 // (replicated: 2·d) of the families that have them.
 // A mixture-of-experts layer (`moe`) has, in place of gate/up/down, the router (E, h) and E
 // experts of three (m, h) matrices each: E·h·(1 + 3m) (under expert parallelism the rank's
-// El = E/ep experts: E·h + El·3·m·h); a shared expert adds three (m_s, h) and its gate (1, h).
+// El = E/ep experts of m/etp columns: E·h + El·3·m·h, m the rank's); a shared expert adds three
+// (m_s/tp, h) and its gate (1, h).
 std::uint64_t layer_params(const Local& l, const ModelConfig& m, bool moe) {
   const std::uint64_t shared =
       l.ms > 0 ? checked_mul(l.h, csum({1, checked_mul(3, l.ms)}), "parameters") : 0;
@@ -331,7 +342,8 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn
                     "1/rms of each row of h_mid"));
   v.push_back(entry(g, "xn2", res, D, l.X, Term::sbh,
                     moe ? "router and experts' backward" : "gate/up projection backward",
-                    moe  ? (sp ? "the rank's rows, routed by the rank itself (no gather)"
+                    moe  ? (sp ? "the rank's rows, routed by the rank itself (no gather; a shared "
+                                 "expert gathers them)"
                                : "input of the router and of the experts' rows")
                     : sp ? "the rank's rows of the gate and up GEMMs' input (gathered again in "
                            "backward)"
@@ -358,19 +370,23 @@ std::vector<TensorEntry> layer_set(const Dims& g, const Local& l, Attention attn
     const std::string er = l.ep ? "R" : nk;
     v.push_back(entry(g, "expert_in", "(" + er + ",h)", D, l.erh, Term::sbh,
                       "experts' gate/up backward",
-                      l.ep ? "the rows routed to this rank's experts, received by all-to-all"
-                           : "xn2's rows in expert order, one per (token, choice)"));
-    v.push_back(entry(g, "expert_gate", "(" + er + ",m)", D, l.erm, Term::sbi, "SwiGLU backward",
+                      l.etp  ? "the rows routed to the etp group's experts, gathered from its ranks"
+                      : l.ep ? "the rows routed to this rank's experts, received by all-to-all"
+                             : "xn2's rows in expert order, one per (token, choice)"));
+    const std::string mw = l.etp ? ",m/etp)" : ",m)";  // the rank's columns of each expert
+    v.push_back(entry(g, "expert_gate", "(" + er + mw, D, l.erm, Term::sbi, "SwiGLU backward",
                       "each expert's gate projection of its rows"));
-    v.push_back(entry(g, "expert_up", "(" + er + ",m)", D, l.erm, Term::sbi, "SwiGLU backward",
+    v.push_back(entry(g, "expert_up", "(" + er + mw, D, l.erm, Term::sbi, "SwiGLU backward",
                       "each expert's up projection of its rows"));
-    v.push_back(entry(g, "expert_act", "(" + er + ",m)", D, l.erm, Term::sbi,
+    v.push_back(entry(g, "expert_act", "(" + er + mw, D, l.erm, Term::sbi,
                       "experts' down backward (dW_down)", "silu(expert_gate)·expert_up"));
     v.push_back(entry(g, "expert_out", "(" + nk + ",h)", D, l.nkh, Term::sbh,
                       "combine backward (the weights' gradient)",
-                      l.ep ? "the experts' outputs of the rank's own rows, received back by "
-                             "all-to-all, before their routing weights"
-                           : "each expert's output before its routing weight"));
+                      l.a2a  ? "the experts' outputs of the rank's own rows, received back by "
+                               "all-to-all, before their routing weights"
+                      : l.ep ? "the experts' outputs of the rank's own rows, reduce-scattered "
+                               "over the etp group, before their routing weights"
+                             : "each expert's output before its routing weight"));
     if (l.ms > 0) {
       const std::string sh = "(b,s," + l.lms + ")";
       v.push_back(entry(g, "shared_gate", sh, D, l.bsms, Term::sbi, "shared SwiGLU backward",
@@ -847,13 +863,32 @@ void Stage::books() {
   if (l.ep) {  // the all-to-all's buffers of each MoE layer (docs/distributed.md)
     r_.communication.push_back(entry(g_, "dispatch.send", "(b·s·K,h)", g_.dt, l.nkh, Term::sbh,
                                      "each MoE layer's dispatch, forward and recompute",
-                                     "expert parallelism: the rank's rows in expert order, sent to "
-                                     "their experts' ranks (transient)"));
-    r_.communication.push_back(entry(g_, "combine.send", "(R,h)", g_.dt, l.erh, Term::sbh,
-                                     "each MoE layer's combine, forward and recompute",
-                                     "expert parallelism: the experts' outputs of the received "
-                                     "rows, returned to their ranks (transient); R = " +
-                                         std::to_string(l.er) + " under balanced routing"));
+                                     l.a2a ? "expert parallelism: the rank's rows in expert "
+                                             "order, sent to their experts' ranks (transient)"
+                                           : "expert tensor parallelism: the rank's rows in "
+                                             "expert order, gathered over the etp group "
+                                             "(transient)"));
+    if (l.a2a && l.etp)
+      r_.communication.push_back(entry(g_, "a2a.recv", "(A,h)", g_.dt, l.eah, Term::sbh,
+                                       "each MoE layer's dispatch, forward and recompute",
+                                       "expert tensor parallelism: the rows the all-to-all "
+                                       "brings, gathered over the etp group (transient); A = " +
+                                           std::to_string(l.ea) + " under balanced routing"));
+    if (l.etp)
+      r_.communication.push_back(entry(g_, "combine.partial", "(R,h)", g_.dt, l.erh, Term::sbh,
+                                       "each MoE layer's combine, forward and recompute",
+                                       "expert tensor parallelism: the down projections' partial "
+                                       "outputs of the etp group's rows, reduce-scattered "
+                                       "(transient); R = " +
+                                           std::to_string(l.er) + " under balanced routing"));
+    if (l.a2a)
+      r_.communication.push_back(entry(
+          g_, "combine.send", l.etp ? "(A,h)" : "(R,h)", g_.dt, l.etp ? l.eah : l.erh, Term::sbh,
+          "each MoE layer's combine, forward and recompute",
+          "expert parallelism: the experts' outputs of the received rows, returned to "
+          "their ranks (transient); " +
+              std::string(l.etp ? "A = " + std::to_string(l.ea) : "R = " + std::to_string(l.er)) +
+              " under balanced routing"));
   }
   if (p_.sp)
     r_.communication.push_back(entry(g_, "sp gather/partial", "(b,s,h)", g_.dt, l.full, Term::sbh,
@@ -1217,10 +1252,26 @@ void Stage::forward_instants() {
     // rows it sends to expert_in, then the combine buffer (the experts' outputs of the received
     // rows) beside expert_out, which it returns (docs/distributed.md, "Expert parallelism").
     // (A MoE layer's router gathers nothing under sp: it routes the rank's own rows.)
-    if (l.ep) {
-      at("forward: layer " + layer_name(km) + " dispatch (expert_in received, dispatch.send alive)",
-         through("expert_in"), C, l.nkh, u(km) + 1, G0);
-      at("forward: layer " + layer_name(km) + " combine (expert_out received, combine.send alive)",
+    // Expert tensor parallelism with ep > 1: the all-to-all into a2a.recv (A rows) beside
+    // dispatch.send, the gather from a2a.recv into expert_in, the partial outputs (R rows)
+    // reduce-scattered into combine.send (A rows), returned into expert_out (at ep 1 the gather
+    // reads dispatch.send and the scatter writes expert_out: the two instants above, with the
+    // partial as the combine's buffer).
+    const std::string L = "forward: layer " + layer_name(km);
+    if (l.a2a && l.etp) {
+      at(L + " dispatch (a2a.recv received, dispatch.send alive)", through("expert_offsets"), C,
+         csum({l.nkh, l.eah}), u(km) + 1, G0);
+      at(L + " etp gather (expert_in gathered, a2a.recv alive)", through("expert_in"), C, l.eah,
+         u(km) + 1, G0);
+      at(L + " etp reduce-scatter (combine.partial and combine.send alive)", through("expert_act"),
+         C, csum({l.erh, l.eah}), u(km) + 1, G0);
+      at(L + " combine (expert_out received, combine.send alive)", through("expert_out"), C, l.eah,
+         u(km) + 1, G0);
+    } else if (l.ep) {
+      at(L + " dispatch (expert_in received, dispatch.send alive)", through("expert_in"), C, l.nkh,
+         u(km) + 1, G0);
+      at(L + (l.etp ? " combine (expert_out reduce-scattered, combine.partial alive)"
+                    : " combine (expert_out received, combine.send alive)"),
          through("expert_out"), C, l.erh, u(km) + 1, G0);
     }
     // The shared expert under sp: xn2 gathered beside its gate and up, then down's partial
@@ -1366,12 +1417,25 @@ void Stage::layer_steps(std::int64_t kb) {
        csum({kept_before(kb), rows_through("expert_offsets", kb)}), csum({C, l.X, l.bsE}), 0, pos,
        grads(0));
   if (ck_last && moe && l.ep) {  // the recompute's dispatch and combine (forward_instants)
-    at(Lb + "step 0: recompute's dispatch (dispatch.send alive)",
-       csum({kept_before(kb), rows_through("expert_in", kb)}), csum({C, l.X}), l.nkh, pos,
-       grads(0));
-    at(Lb + "step 0: recompute's combine (combine.send alive)",
-       csum({kept_before(kb), rows_through("expert_out", kb)}), csum({C, l.X}), l.erh, pos,
-       grads(0));
+    auto through = [&](const char* name) {
+      return csum({kept_before(kb), rows_through(name, kb)});
+    };
+    if (l.a2a && l.etp) {
+      at(Lb + "step 0: recompute's dispatch (dispatch.send, a2a.recv alive)",
+         through("expert_offsets"), csum({C, l.X}), csum({l.nkh, l.eah}), pos, grads(0));
+      at(Lb + "step 0: recompute's etp gather (a2a.recv alive)", through("expert_in"),
+         csum({C, l.X}), l.eah, pos, grads(0));
+      at(Lb + "step 0: recompute's etp reduce-scatter (combine.partial, combine.send alive)",
+         through("expert_act"), csum({C, l.X}), csum({l.erh, l.eah}), pos, grads(0));
+      at(Lb + "step 0: recompute's combine (combine.send alive)", through("expert_out"),
+         csum({C, l.X}), l.eah, pos, grads(0));
+    } else {
+      at(Lb + "step 0: recompute's dispatch (dispatch.send alive)", through("expert_in"),
+         csum({C, l.X}), l.nkh, pos, grads(0));
+      at(Lb + (l.etp ? "step 0: recompute's combine (combine.partial alive)"
+                     : "step 0: recompute's combine (combine.send alive)"),
+         through("expert_out"), csum({C, l.X}), l.erh, pos, grads(0));
+    }
   }
   if (ck_last && moe && l.ms > 0 && p_.sp) {  // the recompute's shared expert (forward_instants)
     at(Lb + "step 0: recompute's shared expert's gate/up (xn2 gathered)",
@@ -1420,10 +1484,21 @@ void Stage::layer_steps(std::int64_t kb) {
     // Expert parallelism: the home rows' gradient d_expert_out goes to the experts' ranks
     // (d_expert_rows, R rows) and is freed; their gate/up backward's d_expert_rows_in comes back
     // (d_expert_in, the home rows). One GPU: R = nk, erh = nkh, erm = nkm.
+    // Expert tensor parallelism with ep > 1: the A rows' gradients received first
+    // (d_expert_rows.recv), then gathered over the etp group into d_expert_rows (R rows); in
+    // step 3 the partial input gradients reduce-scattered back (d_expert_rows_in.scattered, A
+    // rows) before the all-to-all home. `wire`: what the all-to-all carries beside the home rows.
+    const bool two = l.a2a && l.etp;
+    const std::uint64_t wire = two ? l.eah : l.erh;
     if (l.ep) {
-      at(Lb + "step 1: d_expert_out, d_topk_weight, d_expert_rows (combine backward, the "
-              "gradients sent to the experts)",
-         A_L, csum({C, l.X, l.nkh, l.bsK4, l.erh}), 0, pos, grads(0));
+      at(Lb + (two ? "step 1: d_expert_out, d_topk_weight, d_expert_rows.recv (combine backward, "
+                     "the gradients sent to the experts)"
+                   : "step 1: d_expert_out, d_topk_weight, d_expert_rows (combine backward, the "
+                     "gradients sent to the experts)"),
+         A_L, csum({C, l.X, l.nkh, l.bsK4, wire}), 0, pos, grads(0));
+      if (two)
+        at(Lb + "step 1: d_expert_rows (the received rows gathered over etp)", A_L,
+           csum({C, l.X, l.bsK4, l.eah, l.erh}), 0, pos, grads(0));
       at(Lb + "step 1: d_expert_act (experts' down_proj backward)", A_L,
          csum({C, l.X, l.bsK4, l.erh, l.erm}), 0, pos, grads(0));
     } else {
@@ -1438,9 +1513,12 @@ void Stage::layer_steps(std::int64_t kb) {
     at(Lb + (l.ep ? "step 3: d_expert_rows_in" : "step 3: d_expert_in") +
            " (experts' gate_up_proj backward)",
        M3, csum({C, l.X, l.bsK4, l.erm, l.erm, l.erh}), 0, pos, grads(0));
+    if (two)
+      at(Lb + "step 3: d_expert_rows_in.scattered (the partials reduce-scattered over etp)", M3,
+         csum({C, l.X, l.bsK4, l.erh, l.eah}), 0, pos, grads(0));
     if (l.ep)
       at(Lb + "step 3: d_expert_in (the rows' gradients back from the experts)", M3,
-         csum({C, l.X, l.bsK4, l.erh, l.nkh}), 0, pos, grads(0));
+         csum({C, l.X, l.bsK4, wire, l.nkh}), 0, pos, grads(0));
     // d_xn2: the rank's rows (b, sr, h) (= (b, s, h) without sp).
     at(Lb + "step 3: d_xn2 (the rows summed back per token)", M3,
        csum({C, l.X, l.bsK4, l.nkh, l.X}), 0, pos, grads(0));
@@ -1595,14 +1673,18 @@ void Stage::figures() {
     // expert row: b·s·K rows, at most E·capacity of them under --capacity-factor (the kept rows
     // depend on the routing: this counts the most).
     // A dense layer among MoE ones (Qwen) counts its dense MLP.
+    // Under sequence parallelism a MoE layer's router and shared-expert gate run on the rank's
+    // own b·s/tp rows, and it routes those (the shared expert's m_s/tp columns see every row).
+    const double sr = double(l_.sr);
     auto gemm = [&](bool moe) {
-      const double mlp =
-          moe ? h * (double(l_.E) + 3.0 * double(l_.ms) + (l_.ms > 0 ? 1.0 : 0.0)) : 3.0 * h * i;
-      const double expert_rows =
-          moe ? std::min(b * s * double(l_.K), l_.cap > 0 ? double(l_.nk) : b * s * double(l_.K))
-              : 0.0;
+      const double mlp = moe ? 3.0 * h * double(l_.ms) : 3.0 * h * i;  // per row of b·s
+      const double own = moe ? h * (double(l_.E) + (l_.ms > 0 ? 1.0 : 0.0)) : 0.0;  // of b·sr
+      const double routed = b * sr * double(l_.K);
+      const double expert_rows = moe ? std::min(routed, l_.cap > 0 ? double(l_.nk) : routed) : 0.0;
+      // (Under expert tensor parallelism the rank computes etp times the rows over m/etp
+      // columns: the same FLOPs under balanced routing.)
       return 2.0 * b * s * (h * ad + 2.0 * h * kd + ad * h + mlp + double(layer_adapters(l_))) +
-             2.0 * expert_rows * 3.0 * h * double(l_.m);
+             2.0 * b * sr * own + 2.0 * expert_rows * 3.0 * h * double(l_.m) * double(p_.etp);
     };
     const double attention = 4.0 * b * a * s * s * d;
     double recomputed = 0.0;

@@ -51,10 +51,13 @@ Overheads estimate_overheads(const ParallelConfig& layout, const OverheadOptions
   std::uint64_t comms = 0;
   for (std::int64_t deg : {layout.grad_ranks(), layout.tp, layout.pp, layout.cp})
     if (deg > 1) ++comms;
-  // Expert parallelism: the ep group's all-to-all, and the expert-data-parallel group that sums
-  // the experts' gradients (the gradient group itself when ep = etp = tp = 1; under tp a group of
-  // its own, the stage's dp·tp·cp/ep slots, even at ep 1).
+  // Expert parallelism: the ep group's all-to-all, the etp group's gather and scatter (a group
+  // of its own even where it holds the tensor-parallel ranks, as Megatron's), and the
+  // expert-data-parallel group that sums the experts' gradients (the gradient group itself when
+  // ep = etp = tp = 1; under tp a group of its own, the stage's dp·tp·cp/(ep·etp) slots, even at
+  // ep 1).
   if (layout.ep > 1) ++comms;
+  if (layout.etp > 1) ++comms;
   if ((layout.ep * layout.etp > 1 || (moe && layout.tp > 1)) && layout.edp() > 1) ++comms;
   const std::uint64_t per = checked_mul(checked_mul(opts.nccl_buffsize, u(opts.nccl_channels)), 2);
   o.nccl = checked_mul(comms, per, "NCCL buffers");

@@ -144,10 +144,10 @@ ReferenceRank deepspeed_reference(const ModelConfig& model, const TrainConfig& t
                 "(estimate_zero3_model_states_mem_needs) only";
     return r;
   }
-  if (par.ep > 1) {
-    r.why_not = "ep " + num(par.ep) +
+  if (par.ep > 1 || par.etp > 1) {
+    r.why_not = "ep " + num(par.ep) + " × etp " + num(par.etp) +
                 ": the estimators take the total parameter count and the GPU count only; a rank "
-                "holds E/ep of the experts";
+                "holds E/ep of the experts, m/etp of each one's width";
     return r;
   }
   if (par.tp > 1 || par.pp > 1) {

@@ -183,9 +183,10 @@ std::vector<PlanPolicy> parse_plan_policies(const std::string& text) {
 }
 
 std::string family_name(std::int64_t dp, std::int64_t tp, std::int64_t pp, int zero,
-                        std::int64_t cp, std::int64_t ep) {
+                        std::int64_t cp, std::int64_t ep, std::int64_t etp) {
   return "dp " + str(dp) + " tp " + str(tp) + " pp " + str(pp) + (cp > 1 ? " cp " + str(cp) : "") +
-         (ep > 1 ? " ep " + str(ep) : "") + " ZeRO-" + str(zero);
+         (ep > 1 ? " ep " + str(ep) : "") + (etp > 1 ? " etp " + str(etp) : "") + " ZeRO-" +
+         str(zero);
 }
 
 void PlanOptions::validate() const {
@@ -271,10 +272,12 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
   // (edp = dp·tp·cp/ep: whole experts on every tensor-parallel rank), in a weighted share
   // f·P_local (the rest over dp·cp as before).
   const double P_exp = L_moe * static_cast<double>(model.experts) * expert;
-  const double ep = static_cast<double>(layout.ep), edp = dp * tp * cp / ep;
+  const double ep = static_cast<double>(layout.ep), etp = static_cast<double>(layout.etp),
+               edp = dp * tp * cp / (ep * etp);
   const double P_local = (train.lora() ? Pa : P - P_exp) / (tp * pp);
   const double f = (dp * cp - 1.0) / (dp * cp);
-  const double fe_P = (edp - 1.0) / edp * P_exp / (ep * pp);  // 0 for a dense model
+  // (each rank holds E/ep experts of m/etp columns)
+  const double fe_P = (edp - 1.0) / edp * P_exp / (ep * etp * pp);  // 0 for a dense model
   switch (layout.zero) {
     case 0:  // one all-reduce of the accumulated gradients
     case 1:  // reduce-scatter + all-gather of the updated parameters: the same volume
@@ -308,9 +311,13 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
   // gradients in backward, again in a recompute (r), each sending the (ep − 1)/ep of the rank's
   // b·(s/cp)·K rows that go to other ranks (balanced routing; b·(s/(cp·tp))·K under tp with
   // sequence parallelism: each tensor-parallel rank routes its own rows).
+  // Expert tensor parallelism: the A ≈ b·(s/(cp·tp))·K rows a rank receives gathered over the
+  // etp group ((etp − 1)·A rows in) and the partial outputs reduce-scattered back ((etp − 1)·A
+  // out), in forward, backward and a recompute alike.
+  const double rows = b * (sc / tp) * static_cast<double>(model.experts_per_token);
   if (layout.ep > 1)
-    c.ep_bytes = M * (L_moe / pp) * (4.0 + 2.0 * r) * (ep - 1.0) / ep * b * (sc / tp) *
-                 static_cast<double>(model.experts_per_token) * h * w;
+    c.ep_bytes = M * (L_moe / pp) * (4.0 + 2.0 * r) * (ep - 1.0) / ep * rows * h * w;
+  if (layout.etp > 1) c.ep_bytes += M * (L_moe / pp) * (4.0 + 2.0 * r) * (etp - 1.0) * rows * h * w;
   // Context parallelism: per layer, the forward's ring passes cp − 1 key/value blocks
   // (2·b·(s/cp)·(k/tp)·d of D each) on, again in a recompute (r); the backward's cp − 1 blocks
   // and cp fp32 gradient blocks of the same shape.
@@ -370,7 +377,7 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
   // divides the experts and the stage's dp·tp·cp ranks (tp > 1 with sequence parallelism:
   // check_moe_layout), ascending.
   struct Triple {
-    std::int64_t dp, tp, pp, cp, ep = 1;
+    std::int64_t dp, tp, pp, cp, ep = 1, etp = 1;
   };
   std::vector<Triple> triples;
   for (std::int64_t cp : options.cp_degrees) {
@@ -379,9 +386,13 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
       for (std::int64_t tp : divisors(N / (cp * pp))) {
         const std::int64_t dp = N / (tp * pp * cp);
         triples.push_back({dp, tp, pp, cp});
+        // A mixture of experts: every ep dividing E and etp dividing the experts' width whose
+        // product divides the stage's dp·tp·cp slots.
         if (model.moe())
           for (std::int64_t ep : divisors(model.experts))
-            if (ep > 1 && (dp * tp * cp) % ep == 0) triples.push_back({dp, tp, pp, cp, ep});
+            for (std::int64_t etp : divisors(model.expert_intermediate))
+              if (ep * etp > 1 && (dp * tp * cp) % (ep * etp) == 0)
+                triples.push_back({dp, tp, pp, cp, ep, etp});
       }
   }
 
@@ -396,6 +407,7 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
     p.pp = t.pp;
     p.cp = t.cp;
     p.ep = t.ep;
+    p.etp = t.etp;
     TrainConfig flash = base;  // context parallelism needs flash attention
     flash.attention = Attention::flash;
     // Without sequence parallelism, or with it (a MoE under tp needs it) as the candidates are.
@@ -464,6 +476,7 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
       fam.pp = tr.pp;
       fam.cp = tr.cp;
       fam.ep = tr.ep;
+      fam.etp = tr.etp;
       fam.zero = zero;
       bool family_fits = false, enumerated_any = false;
       // ZeRO-3 under per-parameter sharding (FSDP2): no offload (CPUOffloadPolicy unmodelled).
@@ -503,6 +516,7 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
                   layout.pp = tr.pp;
                   layout.cp = tr.cp;
                   layout.ep = tr.ep;
+                  layout.etp = tr.etp;
                   layout.zero = fsdp2 ? 3 : zero;
                   layout.sharding = fsdp2 ? Sharding::per_parameter : Sharding::flat;
                   layout.reshard_after_forward = !(fsdp2 && zero == 2);

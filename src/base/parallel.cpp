@@ -247,11 +247,10 @@ void check_moe_layout(const ParallelConfig& p, const ModelConfig& m, const Train
     throw InputError(
         flags + what + ": " + why +
         " is not modelled yet; the per-rank step models "
-        "a MoE model with data, pipeline, context, tensor (with --sp) and expert "
-        "parallelism (--ep) and ZeRO 0-2 (docs/distributed.md, \"Mixture of experts per rank\")");
+        "a MoE model with data, pipeline, context, tensor (with --sp), expert (--ep) and expert "
+        "tensor (--etp) parallelism and ZeRO 0-2 (docs/distributed.md, \"Mixture of experts per "
+        "rank\")");
   };
-  if (p.etp > 1)
-    not_yet("--etp " + str(p.etp), "expert tensor parallelism (each expert's width split)");
   if (p.tp > 1 && !p.sp)
     throw InputError("--tp " + str(p.tp) + what +
                      " needs --sp: each tensor-parallel rank routes its own s/tp rows (Megatron: "

@@ -156,6 +156,15 @@ void LayerHost::ep_all_to_all(const void*, const std::vector<std::size_t>&, void
                               const std::vector<std::size_t>&, std::int64_t) {
   throw Error("decoder layer: ep_all_to_all called on a rank without expert parallelism");
 }
+void LayerHost::etp_gather_v(const void*, std::size_t, void*, const std::vector<std::size_t>&,
+                             std::int64_t) {
+  throw Error("decoder layer: etp_gather_v called on a rank without expert tensor parallelism");
+}
+void LayerHost::etp_reduce_scatter_v(const void*, const std::vector<std::size_t>&, void*,
+                                     std::int64_t) {
+  throw Error(
+      "decoder layer: etp_reduce_scatter_v called on a rank without expert tensor parallelism");
+}
 
 namespace {
 
@@ -442,11 +451,15 @@ bool moe_mlp_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, Ac
                  moe_expert(dn, e, h * mw, D), c, h, mw, Trans::no, Trans::yes, 1.f, 0.f);
     });
   };
-  if (R.ep) {
+  if (R.dispatch()) {
     // Expert parallelism: xn2's rows in expert order into the dispatch buffer, sent to their
     // experts' ranks (all-to-all) into expert_in (the R rows this rank's experts take, each
     // peer's in expert order); each (peer, local expert) chunk through its expert; the down
     // outputs into the combine buffer, returned into expert_out (the home rows, expert order).
+    // Expert tensor parallelism: the A rows received (a2a.recv; at ep 1 the rank's own, from
+    // dispatch.send) gathered from the etp group into expert_in (R = Σ A), the down outputs
+    // partial sums over the group's columns (combine.partial), reduce-scattered back to the
+    // A rows of each rank (combine.send; at ep 1 straight into expert_out).
     const MoeDispatch dsp = H.moe_dispatch(g, off);
     er = dsp.rows;
     auto comm = [&](const char* name, std::int64_t rows) {  // none for no rows
@@ -455,22 +468,42 @@ bool moe_mlp_forward(const LayerRank& R, std::int64_t l, int g, LayerActs& A, Ac
     };
     Tensor send = comm("dispatch.send", dm.nk);
     if (be) be->moe_permute(send.data(), xn2, A[LayerAct::expert_pos].as<std::int32_t>(), n, K, h);
+    Tensor recv;
+    if (R.ep && R.etp) {
+      recv = comm("a2a.recv", dsp.a);
+      if (be) H.ep_all_to_all(send.data(), dsp.send_rows, recv.data(), dsp.recv_rows, h);
+      send.reset();
+    }
     through(LayerAct::expert_in);
-    if (be)
+    if (be && !R.etp)
       H.ep_all_to_all(send.data(), dsp.send_rows, A[LayerAct::expert_in].data(), dsp.recv_rows, h);
+    else if (be)
+      H.etp_gather_v(R.ep ? recv.data() : send.data(), std::size_t(dsp.a),
+                     A[LayerAct::expert_in].data(), dsp.gather_rows, h);
+    recv.reset();
     send.reset();
     through(LayerAct::expert_act);  // expert_gate, expert_up, expert_act
-    Tensor back = comm("combine.send", er);
+    Tensor partial = R.etp ? comm("combine.partial", er) : Tensor{};
+    Tensor back = R.etp ? Tensor{} : comm("combine.send", er);
     if (be && er > 0)
-      run_experts([&](auto&& f) { each_expert_chunk(off, &dsp, dm.El, f); }, er, back);
+      run_experts([&](auto&& f) { each_expert_chunk(off, &dsp, dm.El, f); }, er,
+                  R.etp ? partial : back);
+    if (R.etp && R.ep) {
+      back = comm("combine.send", dsp.a);
+      if (be) H.etp_reduce_scatter_v(partial.data(), dsp.gather_rows, back.data(), h);
+      partial.reset();
+    }
     through(LayerAct::expert_out);
-    if (be)
+    if (be && R.ep)
       H.ep_all_to_all(back.data(), dsp.recv_rows, A[LayerAct::expert_out].data(), dsp.send_rows, h);
+    else if (be)
+      H.etp_reduce_scatter_v(partial.data(), dsp.gather_rows, A[LayerAct::expert_out].data(), h);
+    partial.reset();
     back.reset();
   } else {
     through(LayerAct::expert_out);  // expert_in, expert_gate, expert_up, expert_act, expert_out
   }
-  if (be && !R.ep) {
+  if (be && !R.dispatch()) {
     be->moe_permute(A[LayerAct::expert_in].data(), xn2, A[LayerAct::expert_pos].as<std::int32_t>(),
                     n, K, h);
     // The kept rows, off[E] (b·s·K without a capacity; the rows past them are never read).
@@ -555,12 +588,12 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
   // Expert parallelism: the forward's dispatch again (the routing is kept), its received rows
   // er; one GPU: the nk rows.
   MoeDispatch dsp;
-  if (R.ep) dsp = H.moe_dispatch(g, off);
-  const std::int64_t er = R.ep ? dsp.rows : nk;
+  if (R.dispatch()) dsp = H.moe_dispatch(g, off);
+  const std::int64_t er = R.dispatch() ? dsp.rows : nk;
   // Each expert's rows (each_expert_chunk): the rank's own, or under expert parallelism the
   // received ones.
   auto each_expert = [&](auto&& f) {
-    if (be) each_expert_chunk(off, R.ep ? &dsp : nullptr, dm.El, f);
+    if (be) each_expert_chunk(off, R.dispatch() ? &dsp : nullptr, dm.El, f);
   };
   // 1. the combine's backward, then each expert's down_proj.
   Tensor d_out = ws("d_expert_out", {nk, h}, D);
@@ -569,14 +602,27 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
     be->moe_combine_backward(d_out.data(), d_weight.as<float>(), d_res.data(),
                              A[LayerAct::expert_out].data(), A[LayerAct::topk_weight].as<float>(),
                              pos, n, K, h);
-  // Expert parallelism: the gradients of the home rows sent to the experts' ranks (R rows).
+  // Expert parallelism: the gradients of the home rows sent to the experts' ranks (R rows);
+  // under etp the A rows received (d_expert_rows.recv; at ep 1 the rank's own) gathered from the
+  // etp group, as the forward's rows were.
   Tensor d_rows;
-  if (R.ep) {
+  if (R.dispatch()) {
+    Tensor recv;
+    if (R.ep && R.etp) {
+      recv = ws("d_expert_rows.recv", {dsp.a, h}, D);
+      if (be) H.ep_all_to_all(d_out.data(), dsp.send_rows, recv.data(), dsp.recv_rows, h);
+      d_out.reset();
+    }
     d_rows = ws("d_expert_rows", {er, h}, D);
-    if (be) H.ep_all_to_all(d_out.data(), dsp.send_rows, d_rows.data(), dsp.recv_rows, h);
+    if (be && !R.etp)
+      H.ep_all_to_all(d_out.data(), dsp.send_rows, d_rows.data(), dsp.recv_rows, h);
+    else if (be)
+      H.etp_gather_v(R.ep ? recv.data() : d_out.data(), std::size_t(dsp.a), d_rows.data(),
+                     dsp.gather_rows, h);
+    recv.reset();
     d_out.reset();
   }
-  const Tensor& d_y = R.ep ? d_rows : d_out;
+  const Tensor& d_y = R.dispatch() ? d_rows : d_out;
   Tensor d_act = ws("d_expert_act", {er, mw}, D);
   void* dWd = H.grad(l, kExpertsDown);
   const void* Wd = H.weight(l, kExpertsDown);
@@ -594,13 +640,14 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
   // 2. SwiGLU.
   Tensor d_gate = ws("d_expert_gate", {er, mw}, D);
   Tensor d_up = ws("d_expert_up", {er, mw}, D);
-  if (be && (R.ep ? er : off[std::size_t(E)]) > 0)
+  const std::int64_t kept = R.dispatch() ? er : (be ? off[std::size_t(E)] : 0);
+  if (be && kept > 0)
     be->swiglu_backward(d_gate.data(), d_up.data(), d_act.data(), A[LayerAct::expert_gate].data(),
-                        A[LayerAct::expert_up].data(), (R.ep ? er : off[std::size_t(E)]) * mw);
+                        A[LayerAct::expert_up].data(), kept * mw);
   d_act.reset();
   free_step(2);  // expert_gate, expert_up
   // 3. each expert's gate and up, the rows summed back per token, the router.
-  Tensor d_in = ws(R.ep ? "d_expert_rows_in" : "d_expert_in", {er, h}, D);
+  Tensor d_in = ws(R.dispatch() ? "d_expert_rows_in" : "d_expert_in", {er, h}, D);
   void* dWgu = H.grad(l, kExpertsGateUp);
   const void* Wgu = H.weight(l, kExpertsGateUp);
   const std::size_t half = std::size_t(mw * h) * dtype_size(D);
@@ -619,10 +666,23 @@ Tensor moe_mlp_backward(const LayerRank& R, std::int64_t l, int g, LayerActs& A,
   H.grad_done(l, kExpertsGateUp);
   d_gate.reset();
   d_up.reset();
-  if (R.ep) {  // the rows' input gradients back from the experts' ranks, into the home rows
+  // The rows' input gradients back from the experts' ranks, into the home rows; under etp the
+  // partials summed over the etp group first (d_expert_rows_in.scattered; at ep 1 straight home).
+  if (R.dispatch()) {
+    Tensor scattered;
+    if (R.ep && R.etp) {
+      scattered = ws("d_expert_rows_in.scattered", {dsp.a, h}, D);
+      if (be) H.etp_reduce_scatter_v(d_in.data(), dsp.gather_rows, scattered.data(), h);
+      d_in.reset();
+    }
     Tensor home = ws("d_expert_in", {nk, h}, D);
-    if (be) H.ep_all_to_all(d_in.data(), dsp.recv_rows, home.data(), dsp.send_rows, h);
+    if (be && R.ep)
+      H.ep_all_to_all(R.etp ? scattered.data() : d_in.data(), dsp.recv_rows, home.data(),
+                      dsp.send_rows, h);
+    else if (be)
+      H.etp_reduce_scatter_v(d_in.data(), dsp.gather_rows, home.data(), h);
     d_in = std::move(home);
+    scattered.reset();
   }
   Tensor d_xn2 = ws("d_xn2", {b, s, h}, D);
   if (be) be->moe_combine(d_xn2.data(), nullptr, d_in.data(), nullptr, pos, n, K, h);

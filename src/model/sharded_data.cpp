@@ -24,7 +24,23 @@ ParamInit ShardedStep::Impl::init_of(std::size_t q) const {
 }
 
 std::uint64_t ShardedStep::Impl::global_elem(std::size_t q, std::uint64_t e) const {
-  if (ep_block(q)) return std::uint64_t(slot() % p.ep) * P[q].n + e;  // experts ep_i·El on
+  if (ep_block(q)) {
+    // Local expert x of El, its m_l = m/etp columns block etp_i: gate_up_proj (El, 2m_l, h) holds
+    // gate rows [etp_i·m_l, +m_l) then the same up rows (of m + …); down_proj (El, h, m_l) columns
+    // [etp_i·m_l, +m_l) of every row. Global expert ep_i·El + x.
+    const ParamShape& pq = P[q];
+    const std::uint64_t El = std::uint64_t(pq.shape[0]), per = pq.n / El, x = e / per, w = e % per,
+                        ge = std::uint64_t(ep_i()) * El + x, T = std::uint64_t(p.etp),
+                        ti = std::uint64_t(etp_i());
+    if (pq.slot == kExpertsGateUp) {
+      const std::uint64_t ml = std::uint64_t(pq.shape[1]) / 2, h_ = std::uint64_t(pq.shape[2]);
+      const std::uint64_t row = w / h_, col = w % h_, m_all = ml * T;
+      const std::uint64_t grow = row < ml ? ti * ml + row : m_all + ti * ml + (row - ml);
+      return (ge * 2 * m_all + grow) * h_ + col;
+    }
+    const std::uint64_t ml = std::uint64_t(pq.shape[2]), m_all = ml * T;  // down_proj
+    return ge * (per * T) + (w / ml) * m_all + ti * ml + w % ml;
+  }
   if (replicated(q)) return e;
   const ParamShape& pq = P[q];
   const int sl = pq.slot;
@@ -39,6 +55,7 @@ ShardedStep::Impl::Shape ShardedStep::Impl::whole_shape(std::size_t q) const {
   Shape sh = P[q].shape;
   if (ep_block(q)) {
     sh[0] *= p.ep;
+    sh[P[q].slot == kExpertsGateUp ? 1 : 2] *= p.etp;
     return sh;
   }
   if (replicated(q)) return sh;
@@ -85,6 +102,14 @@ std::vector<float> ShardedStep::Impl::rank_values(std::size_t q) const {
     const std::uint64_t cl = std::uint64_t(P[q].shape[1]);
     for (std::uint64_t row = 0; row < P[q].n / cl; ++row)
       file.read_f32(name, f.data() + row * cl, global_elem(q, row * cl), cl);
+  } else if (ep_block(q) && p.etp > 1) {  // the experts' column blocks: one read per run
+    for (std::uint64_t e = 0; e < P[q].n;) {
+      const std::uint64_t g0 = global_elem(q, e);
+      std::uint64_t n = 1;
+      while (e + n < P[q].n && global_elem(q, e + n) == g0 + n) ++n;
+      file.read_f32(name, f.data() + e, g0, n);
+      e += n;
+    }
   } else {  // all of it, or a block of rows
     file.read_f32(name, f.data(), global_elem(q, 0), P[q].n);
   }

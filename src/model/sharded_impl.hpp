@@ -66,22 +66,25 @@ struct ShardedStep::Impl : LayerHost {
   // A mixture of experts: the routed experts' parameters in a flat vector of their own (as
   // Megatron's expert buffers and DeepSpeed's MoE parameter groups keep them; ParamShape::expert),
   // Ek elements sharded over the expert-data-parallel ranks (ParallelConfig::edp), eshard each,
-  // this rank owning [elo, ehi) as index slot() / ep of the group (check_moe_layout: etp = 1;
-  // with ep = tp = 1 the expert group is the gradient group, under tp the stage's slots with the
-  // rank's expert-parallel index; docs/distributed.md, "Mixture of experts per rank").
+  // this rank owning [elo, ehi) as index edp_i() of the group (with ep = etp = tp = 1 the expert
+  // group is the gradient group, else the stage's slots with the rank's j mod (ep·etp);
+  // docs/distributed.md, "Mixture of experts per rank").
   std::uint64_t Ek = 0, eshard = 0, elo = 0, ehi = 0;
   // Expert parallelism (measured, ep > 1): the ep group on the backend's buffers and on host
-  // buffers, the expert-data-parallel group (null at ep 1: the gradient group serves).
+  // buffers, the expert-data-parallel group (null at ep 1: the gradient group serves); expert
+  // tensor parallelism (etp > 1): the etp group on both.
   Collective* EPc = nullptr;
   Collective* EPH = nullptr;
   Collective* EDP = nullptr;
+  Collective* ETP = nullptr;
+  Collective* ETPH = nullptr;
   std::int64_t cur_mb = 0;  // the micro-batch in forward or backward (the dispatch's key)
   ShardedStep::ExpertRows given_rows, seen_rows;
   ShardedStep::SourceCounts routed;  // measured: this rank's choices per global expert
   // The flat vector's group of parameter q (the experts': the expert-data-parallel ranks), this
   // rank's index in it (the owner pieces() names) and its size.
   Collective& group_of(std::size_t q) const { return P[q].expert && EDP ? *EDP : X->data; }
-  int index_of(std::size_t q) const { return P[q].expert ? int(slot() / p.ep) : r; }
+  int index_of(std::size_t q) const { return P[q].expert ? int(edp_i()) : r; }
   std::int64_t ranks_of(std::size_t q) const { return P[q].expert ? p.edp() : p.grad_ranks(); }
   std::size_t es = 4;         // bytes of D
   float S = 1, ce_scale = 1;  // the loss scale and the cross-entropy backward's scale
@@ -273,10 +276,12 @@ struct ShardedStep::Impl : LayerHost {
   // weights and biases (q/k/v, gate/up, the vocabulary rows of the embedding and lm_head) hold a
   // block of rows, row-parallel weights (o_proj, down_proj) a block of columns, norms all.
   // Under expert parallelism the routed experts hold experts [ep_i·El, (ep_i + 1)·El): a block
-  // of rows of dim 0; at ep 1 they are whole, as the router is (etp = 1: check_moe_layout).
-  bool ep_block(std::size_t q) const { return P[q].expert && p.ep > 1; }
+  // of rows of dim 0; under expert tensor parallelism each expert's block etp_i of m/etp columns
+  // (gate_up_proj: those gate rows, then the same up rows; down_proj: those columns); at
+  // ep = etp = 1 they are whole, as the router is.
+  bool ep_block(std::size_t q) const { return P[q].expert && (p.ep > 1 || p.etp > 1); }
   bool replicated(std::size_t q) const {
-    if (P[q].expert) return p.ep == 1;  // whole experts on every tensor-parallel rank
+    if (P[q].expert) return p.ep == 1 && p.etp == 1;  // whole experts on every rank
     const int sl = P[q].slot;
     return p.tp == 1 || (sl >= 0 && layer_param_replicated(sl)) || (sl < 0 && int(q) == norm_i);
   }
@@ -414,32 +419,38 @@ struct ShardedStep::Impl : LayerHost {
     if (m.moe()) {  // the rank's b·s tokens routed (check_moe_layout: no capacity factor)
       dm.E = m.experts;
       dm.K = m.experts_per_token;
-      dm.m = m.expert_intermediate;
+      dm.m = m.expert_intermediate / p.etp;              // the rank's columns of each expert
       dm.ms = m.shared_expert_intermediate / p.tp;       // its columns, split like the MLP's
       dm.nk = checked_mul(b * sr, dm.K, "routed rows");  // the rank's own rows under sp
       dm.El = dm.E / p.ep;
-      dm.er = p.ep > 1 ? expert_rows(dm.nk) : dm.nk;
+      dm.er = p.ep > 1 || p.etp > 1 ? checked_mul(expert_rows(dm.nk), p.etp, "expert rows") : dm.nk;
     }
     return dm;
   }
   // The rank's place in its stage (Megatron's order, the tensor-parallel index fastest):
-  // slot = r·tp + tr, r its gradient-group index; a MoE rank's expert-parallel index is
-  // slot mod ep and its expert-data-parallel index slot / ep (etp = 1: check_moe_layout).
+  // slot = r·tp + tr, r its gradient-group index; a MoE rank's expert-tensor-parallel index is
+  // slot mod etp, its expert-parallel index (slot / etp) mod ep and its expert-data-parallel
+  // index slot / (etp·ep).
   std::int64_t slot() const { return std::int64_t(r) * p.tp + tr; }
+  std::int64_t etp_i() const { return slot() % p.etp; }
+  std::int64_t ep_i() const { return slot() / p.etp % p.ep; }
+  std::int64_t edp_i() const { return slot() / (p.etp * p.ep); }
   // Expert parallelism: the rows this rank's experts take under balanced routing, its experts
   // [ep_i·El, (ep_i + 1)·El); each of the ep ranks of its group routes ⌊nk/E⌋ of its nk choices
   // to every expert and one more to each of the first nk mod E (the single-rank
   // balanced_routing, per source).
+  // This is A, the rows the ep all-to-all brings; the experts compute R = etp·A (every rank of
+  // the etp group receives the same A).
   std::int64_t expert_rows(std::int64_t nk) const {
-    const std::int64_t E = m.experts, El = E / p.ep, ep_i = slot() % p.ep;
+    const std::int64_t E = m.experts, El = E / p.ep, first = ep_i() * El;
     std::int64_t rows = 0;
-    for (std::int64_t e = ep_i * El; e < (ep_i + 1) * El; ++e)
-      rows += nk / E + (e < nk % E ? 1 : 0);
+    for (std::int64_t e = first; e < first + El; ++e) rows += nk / E + (e < nk % E ? 1 : 0);
     return checked_mul(rows, p.ep, "expert rows");
   }
   LayerRank layer_rank() {
     LayerRank lr{m, t, ledger, run ? be : nullptr, *this, dims(), sp, tpx};
     lr.ep = p.ep > 1;
+    lr.etp = p.etp > 1;
     lr.cp = cp;
     lr.cp_rank = cr;
     lr.seq = s_full;
@@ -458,6 +469,16 @@ struct ShardedStep::Impl : LayerHost {
                      const std::vector<std::size_t>& recv_rows, std::int64_t row) override {
     be->synchronize();
     EPc->all_to_all_v(send, send_rows.data(), recv, recv_rows.data(), std::size_t(row), D);
+  }
+  void etp_gather_v(const void* send, std::size_t rows, void* recv,
+                    const std::vector<std::size_t>& peer_rows, std::int64_t row) override {
+    be->synchronize();
+    ETP->all_gather_v(send, rows, recv, peer_rows.data(), std::size_t(row), D);
+  }
+  void etp_reduce_scatter_v(const void* send, const std::vector<std::size_t>& peer_rows, void* recv,
+                            std::int64_t row) override {
+    be->synchronize();
+    ETP->reduce_scatter_sum_v(send, peer_rows.data(), recv, std::size_t(row), D);
   }
   const Quant4View* quant4(std::int64_t l, int slot) override {
     const int q = Li(l, slot);

@@ -126,10 +126,10 @@ void ShardedStep::Impl::setup() {
     throw Error(
         "sharded step: the experts' flat vector under ZeRO-3, FSDP2 or offload is not "
         "modelled (check_moe_layout refuses them)");
-  if (Ek > 0) {  // the experts' vector over the expert-data-parallel ranks (edp = dp·tp·cp/ep)
+  if (Ek > 0) {  // the experts' vector over the expert-data-parallel ranks (dp·tp·cp/(ep·etp))
     const std::uint64_t eranks = std::uint64_t(p.edp());
     eshard = (Ek + eranks - 1) / eranks;
-    elo = std::min(Ek, std::uint64_t(slot() / p.ep) * eshard);
+    elo = std::min(Ek, std::uint64_t(edp_i()) * eshard);
     ehi = std::min(Ek, elo + eshard);
   }
   per_param = p.per_parameter();

@@ -227,31 +227,50 @@ MoeDispatch ShardedStep::Impl::moe_dispatch(int g, const std::vector<std::int32_
   const auto key = std::make_pair(cur_mb, g);
   if (!run) {  // a trace: the given routing's rows, or balanced routing's
     const auto it = given_rows.find(key);
-    d.rows = it != given_rows.end() ? it->second : dims().er;
-    seen_rows[key] = d.rows;
+    d.a = it != given_rows.end() ? it->second.a : expert_rows(dims().nk);
+    d.rows = it != given_rows.end() ? it->second.r : dims().er;
+    seen_rows[key] = {d.a, d.rows};
     return d;
   }
   // The rank's own rows per global expert, sent to each peer for its El experts; what each
-  // peer routes to this rank's experts comes back (the counts on the host, int32).
-  const std::int64_t E = m.experts, ep = p.ep, El = E / ep;
+  // peer routes to this rank's experts comes back (the counts on the host, int32). At ep 1 the
+  // rank's own rows are its experts' (El = E).
+  const std::int64_t E = m.experts, ep = p.ep, El = E / ep, etp = p.etp;
   std::vector<std::int32_t> mine(static_cast<std::size_t>(E)), theirs(mine.size());
   for (std::int64_t e = 0; e < E; ++e)
     mine[std::size_t(e)] = off[std::size_t(e + 1)] - off[std::size_t(e)];
-  const std::vector<std::size_t> one(std::size_t(ep), 1);
-  EPH->all_to_all_v(mine.data(), one.data(), theirs.data(), one.data(), std::size_t(El),
-                    DType::i32);
+  if (ep > 1) {
+    const std::vector<std::size_t> one(std::size_t(ep), 1);
+    EPH->all_to_all_v(mine.data(), one.data(), theirs.data(), one.data(), std::size_t(El),
+                      DType::i32);
+  } else {
+    theirs = mine;
+  }
   d.send_rows.assign(std::size_t(ep), 0);
   d.recv_rows.assign(std::size_t(ep), 0);
-  d.chunk.resize(std::size_t(E));
   for (std::int64_t q = 0; q < ep; ++q)
     for (std::int64_t e = 0; e < El; ++e) {
       const std::size_t k = std::size_t(q * El + e);
       d.send_rows[std::size_t(q)] += std::size_t(mine[k]);
       d.recv_rows[std::size_t(q)] += std::size_t(theirs[k]);
-      d.chunk[k] = theirs[k];
-      d.rows += theirs[k];
+      d.a += theirs[k];
     }
-  seen_rows[key] = d.rows;
+  // Expert tensor parallelism: every etp peer's received counts (E each, in its recv order),
+  // gathered; expert_in holds peer after peer's rows.
+  std::vector<std::int32_t> all = theirs;
+  if (etp > 1) {
+    all.resize(std::size_t(etp * E));
+    const std::vector<std::size_t> each(static_cast<std::size_t>(etp), static_cast<std::size_t>(E));
+    ETPH->all_gather_v(theirs.data(), std::size_t(E), all.data(), each.data(), 1, DType::i32);
+    d.gather_rows.assign(std::size_t(etp), 0);
+  }
+  d.chunk.resize(all.size());
+  for (std::size_t k = 0; k < all.size(); ++k) {
+    d.chunk[k] = all[k];
+    d.rows += all[k];
+    if (etp > 1) d.gather_rows[k / std::size_t(E)] += std::size_t(all[k]);
+  }
+  seen_rows[key] = {d.a, d.rows};
   return d;
 }
 
@@ -385,24 +404,36 @@ ShardedStep::ShardedStep(const ModelConfig& model, const TrainConfig& train,
       x.tpx = x.run;
       x.V_lo = std::int64_t(x.tr) * x.V;
     }
-    if (layout.ep > 1 || (model.moe() && layout.tp > 1)) {
-      // Megatron's order within the stage: the expert-parallel index j mod ep, the expert-data-
-      // parallel index j / ep, j the rank's slot (gradient-group index · tp + tp index; etp = 1).
-      // Under tp the experts' gradients are summed over tensor-parallel ranks too (edp spans
-      // them), even at ep 1.
-      const int j = int(x.slot()), ep = int(layout.ep);
-      const bool eps = layout.ep > 1;
-      if ((eps && (!exec->ep || !exec->ep_host || exec->ep->size() != ep ||
-                   exec->ep->rank() != j % ep || exec->ep_host->size() != ep)) ||
-          !exec->edp || exec->edp->size() != layout.edp() || exec->edp->rank() != j / ep)
-        throw Error("sharded step: --ep " + std::to_string(ep) +
-                    (eps ? " needs the expert-parallel group (this rank index " +
-                               std::to_string(j % ep) + " of " + std::to_string(ep) + ") and"
-                         : " under --tp needs") +
-                    " the expert-data-parallel group (index " + std::to_string(j / ep) + " of " +
+    if (layout.ep > 1 || layout.etp > 1 || (model.moe() && layout.tp > 1)) {
+      // Megatron's order within the stage: the expert-tensor-parallel index j mod etp, the
+      // expert-parallel index (j / etp) mod ep, the expert-data-parallel index j / (etp·ep), j
+      // the rank's slot (gradient-group index · tp + tp index). Under tp the experts' gradients
+      // are summed over tensor-parallel ranks too (edp spans them), even at ep = etp = 1.
+      const int ep = int(layout.ep), etp = int(layout.etp);
+      const bool eps = layout.ep > 1, etps = layout.etp > 1;
+      const std::int64_t ep_i = x.ep_i(), etp_i = x.etp_i(), edp_i = x.edp_i();
+      const bool ep_ok = !eps || (exec->ep && exec->ep_host && exec->ep->size() == ep &&
+                                  exec->ep->rank() == ep_i && exec->ep_host->size() == ep);
+      const bool etp_ok = !etps || (exec->etp && exec->etp_host && exec->etp->size() == etp &&
+                                    exec->etp->rank() == etp_i && exec->etp_host->size() == etp &&
+                                    exec->etp_host->rank() == etp_i);
+      const bool edp_ok =
+          exec->edp && exec->edp->size() == layout.edp() && exec->edp->rank() == edp_i;
+      if (!ep_ok || !etp_ok || !edp_ok)
+        throw Error("sharded step: --ep " + std::to_string(ep) + " --etp " + std::to_string(etp) +
+                    " needs" +
+                    (eps ? " the expert-parallel group (this rank index " + std::to_string(ep_i) +
+                               " of " + std::to_string(ep) + "),"
+                         : "") +
+                    (etps ? " the expert-tensor-parallel group (index " + std::to_string(etp_i) +
+                                " of " + std::to_string(etp) + "),"
+                          : "") +
+                    " the expert-data-parallel group (index " + std::to_string(edp_i) + " of " +
                     std::to_string(layout.edp()) + ")");
       x.EPc = eps ? exec->ep : nullptr;
       x.EPH = eps ? exec->ep_host : nullptr;
+      x.ETP = etps ? exec->etp : nullptr;
+      x.ETPH = etps ? exec->etp_host : nullptr;
       x.EDP = exec->edp;
     }
     x.offx = x.run && layout.offload != Offload::none;

@@ -248,8 +248,8 @@ void describe_layout(report::ReportWriter& w, const LayoutEstimate& le, ByteUnit
              : le.layout.ep > 1
                  ? "; ranks of one pipeline stage may differ in the rows their experts "
                    "receive: shown, expert-parallel index " +
-                       std::to_string(le.ranks.front().grad_rank % le.layout.ep) +
-                       (le.ranks.front().grad_rank % le.layout.ep == 0
+                       std::to_string(le.ranks.front().grad_rank / le.layout.etp % le.layout.ep) +
+                       (le.ranks.front().grad_rank / le.layout.etp % le.layout.ep == 0
                             ? ", whose experts receive the most under balanced routing)"
                             : ")")
                  : "; ranks of one pipeline stage have identical books)"));

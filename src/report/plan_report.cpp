@@ -92,7 +92,7 @@ std::string zero_cell(const ParallelConfig& p) {
 
 // A refused family's name; under per-parameter sharding stages 2 and 3 are FSDP2's.
 std::string family_label(const PlanResult& r, const RejectedFamily& f) {
-  std::string name = family_name(f.dp, f.tp, f.pp, f.zero, f.cp, f.ep);
+  std::string name = family_name(f.dp, f.tp, f.pp, f.zero, f.cp, f.ep, f.etp);
   if (r.options.sharding == Sharding::per_parameter && f.zero >= 2)
     name += f.zero == 3 ? " (FSDP2)" : " (FSDP2 SHARD_GRAD_OP)";
   return name;
@@ -104,6 +104,7 @@ json layout_json(const PlanCandidate& c) {
               {"pp", c.layout.pp},
               {"cp", c.layout.cp},
               {"ep", c.layout.ep},
+              {"etp", c.layout.etp},
               {"zero", c.layout.zero},
               {"sharding", sharding_name(c.layout.sharding)},
               {"reshard_after_forward", c.layout.reshard_after_forward},
@@ -199,6 +200,7 @@ json plan_json(const PlanResult& r) {
               {"pp", f.pp},
               {"cp", f.cp},
               {"ep", f.ep},
+              {"etp", f.etp},
               {"zero", f.zero},
               {"layouts", f.layouts},
               {"invalid", f.invalid},
@@ -213,9 +215,11 @@ json plan_json(const PlanResult& r) {
   return j;
 }
 
-// A mixture of experts: an "ep" column after "cp" (inserted into a row at the same place).
+// A mixture of experts: "ep" and "etp" columns after "cp" (inserted into a row at the same
+// place).
 void insert_ep(const PlanResult& r, std::vector<report::Table::Column>& cols) {
-  if (r.model.moe()) cols.insert(cols.begin() + 5, report::Table::Column{"ep"});
+  if (r.model.moe())
+    cols.insert(cols.begin() + 5, {report::Table::Column{"ep"}, report::Table::Column{"etp"}});
 }
 // Candidate k's cells up to its step times (the tables' shared columns; seconds by `sec`).
 template <class Sec>
@@ -238,7 +242,7 @@ std::vector<report::Cell> layout_cells(const PlanResult& r, std::size_t k, Sec&&
                                 sec(c.cost.compute_seconds),
                                 sec(c.cost.communication_seconds),
                                 sec(c.cost.pcie_seconds)};
-  if (r.model.moe()) row.insert(row.begin() + 5, str(c.layout.ep));
+  if (r.model.moe()) row.insert(row.begin() + 5, {str(c.layout.ep), str(c.layout.etp)});
   return row;
 }
 

@@ -257,6 +257,7 @@ nlohmann::json layout_routing_json(const ModelConfig& m, const TrainConfig& t,
           {"pp", layout.pp},
           {"cp", layout.cp},
           {"ep", layout.ep},
+          {"etp", layout.etp},
           {"microbatches", layout.microbatches},
           {"step", step},
           {"source", r.source},
@@ -269,26 +270,31 @@ nlohmann::json layout_routing_json(const ModelConfig& m, const TrainConfig& t,
            "layout allows"}};
 }
 
-std::map<std::pair<std::int64_t, int>, std::int64_t> expert_rows_of(const LayoutRouting& r,
-                                                                    const ModelConfig& m,
-                                                                    const ParallelConfig& layout,
-                                                                    std::int64_t rank) {
+ShardedStep::ExpertRows expert_rows_of(const LayoutRouting& r, const ModelConfig& m,
+                                       const ParallelConfig& layout, std::int64_t rank) {
   const std::int64_t per_stage = ranks_per_stage(layout), st = rank / per_stage;
-  const std::int64_t j = rank % per_stage, ep = layout.ep, El = m.experts / ep, ep_i = j % ep;
+  const std::int64_t j = rank % per_stage, ep = layout.ep, etp = layout.etp, El = m.experts / ep;
+  const std::int64_t ep_i = j / etp % ep, etp_i = j % etp, block = j - j % (ep * etp);
   std::map<std::pair<std::int64_t, std::int64_t>, const SourceRouting*> of;
   for (const SourceRouting& src : r.sources) of[{src.rank, src.micro_batch}] = &src;
-  std::map<std::pair<std::int64_t, int>, std::int64_t> rows;
-  for (std::int64_t q = 0; q < ep; ++q) {  // the ep slots of j's group, j − ep_i .. + ep − 1
-    const std::int64_t peer = st * per_stage + (j - ep_i) + q;
+  ShardedStep::ExpertRows rows;
+  // Every slot of j's block of ep·etp (the same expert-data-parallel index) routes to j's
+  // experts; the ep group's (the same etp index) arrive by the all-to-all (a), all of them by
+  // the etp gather too (r).
+  for (std::int64_t k = 0; k < ep * etp; ++k) {
+    const std::int64_t peer = st * per_stage + block + k;
+    const bool mine = k % etp == etp_i;
     for (std::int64_t mb = 0; mb < layout.microbatches; ++mb) {
       const auto it = of.find({peer, mb});
       if (it == of.end())
         throw Error("routing per rank: no source for rank " + std::to_string(peer) +
                     ", micro-batch " + std::to_string(mb));
       for (const auto& rec : it->second->layers) {
-        std::int64_t& n = rows[{mb, int(rec.layer)}];
-        for (std::int64_t e = ep_i * El; e < (ep_i + 1) * El; ++e)
-          n += rec.tokens_per_expert[std::size_t(e)];
+        ShardedStep::DispatchRows& n = rows[{mb, int(rec.layer)}];
+        for (std::int64_t e = ep_i * El; e < (ep_i + 1) * El; ++e) {
+          n.r += rec.tokens_per_expert[std::size_t(e)];
+          if (mine) n.a += rec.tokens_per_expert[std::size_t(e)];
+        }
       }
     }
   }

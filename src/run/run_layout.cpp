@@ -186,9 +186,9 @@ void trace_given_routing(LayoutTrace& lt, const LayoutRouting& routing) {
   lt.routing_source = routing.source;
   lt.routed.clear();
   const LayoutRouting balanced = balanced_layout_routing(model, train, layout);
-  auto most = [](const ShardedStep::ExpertRows& rows) {
+  auto most = [](const ShardedStep::ExpertRows& rows) {  // the most rows an expert set computes
     std::int64_t n = 0;
-    for (const auto& kv : rows) n = std::max(n, kv.second);
+    for (const auto& kv : rows) n = std::max(n, kv.second.r);
     return n;
   };
   const std::int64_t per_stage = layout.world / layout.pp;
@@ -198,7 +198,8 @@ void trace_given_routing(LayoutTrace& lt, const LayoutRouting& routing) {
   for (std::int64_t r = 0; r < layout.world; ++r) {
     const std::int64_t st = r / per_stage, j = r % per_stage;
     ShardedStep::ExpertRows rows = expert_rows_of(routing, model, layout, r);
-    const auto key = std::make_tuple(st, j % layout.ep, rows);
+    const std::int64_t ep_i = j / layout.etp % layout.ep;
+    const auto key = std::make_tuple(st, ep_i, rows);
     if (const auto it = traced.find(key); it != traced.end()) {
       lt.routed[it->second].ranks.push_back(r);
       continue;
@@ -214,7 +215,7 @@ void trace_given_routing(LayoutTrace& lt, const LayoutRouting& routing) {
     RoutedRankTrace t;
     t.ranks = {r};
     t.stage = st;
-    t.ep_index = j % layout.ep;
+    t.ep_index = ep_i;
     t.max_rows = most(rows);
     t.balanced_rows = most(expert_rows_of(balanced, model, layout, r));
     t.ledger = measured_figures(ledger);
@@ -253,11 +254,13 @@ namespace {
 struct RankGroups {
   std::int64_t stage = 0;
   std::unique_ptr<Collective> dp_data, dp_host, tp_data, tp_host, pp_host, cp_host;
-  // A mixture of experts under expert or tensor parallelism (etp = 1: check_moe_layout): split
-  // from the job by the rank's slot in its stage, j = (dp_rank·cp + cp_rank)·tp + tp_rank, the
-  // ep group (the stage's ranks with the same j / ep, keyed j mod ep) on the backend's and host
-  // buffers, the expert-data-parallel group (the same j mod ep, keyed j / ep).
-  std::unique_ptr<Collective> ep_data, ep_host, edp_data;
+  // A mixture of experts under expert, expert tensor or tensor parallelism: split from the job
+  // by the rank's slot in its stage, j = (dp_rank·cp + cp_rank)·tp + tp_rank (Megatron's order:
+  // etp_i = j mod etp, ep_i = (j / etp) mod ep, edp_i = j / (etp·ep)): the etp group (the same
+  // j / etp, keyed etp_i), the ep group (the same edp_i and etp_i, keyed ep_i), each on the
+  // backend's and host buffers, the expert-data-parallel group (the same j mod (ep·etp), keyed
+  // edp_i).
+  std::unique_ptr<Collective> ep_data, ep_host, etp_data, etp_host, edp_data;
   Collective* dpd = nullptr;  // the gradient group, on the backend's buffers
   Collective* dph = nullptr;  // the gradient group, on host buffers
 
@@ -267,10 +270,11 @@ struct RankGroups {
     stage = rank / (tp * cp * dp);
     dpd = &data;
     dph = &host;
-    const int ep = int(layout.ep), j = (dp_rank * cp + cp_rank) * tp + tp_rank;
-    const bool experts = ep > 1 || (moe && tp > 1);
+    const int ep = int(layout.ep), etp = int(layout.etp),
+              j = (dp_rank * cp + cp_rank) * tp + tp_rank;
+    const bool experts = ep > 1 || etp > 1 || (moe && tp > 1);
     if (tp == 1 && pp == 1 && cp == 1) {
-      if (experts) split_experts(data, host, ep, int(stage), tp * cp * dp, j);
+      if (experts) split_experts(data, host, ep, etp, int(stage), tp * cp * dp, j);
       return;
     }
     const int st = int(stage);
@@ -288,21 +292,28 @@ struct RankGroups {
     pp_host = host.split((dp_rank * cp + cp_rank) * tp + tp_rank, st);
     // The context-parallel ring, on host buffers likewise.
     cp_host = host.split((st * dp + dp_rank) * tp + tp_rank, cp_rank);
-    if (experts) split_experts(data, host, ep, st, tp * cp * dp, j);
+    if (experts) split_experts(data, host, ep, etp, st, tp * cp * dp, j);
   }
   // Every rank of the job calls it (the splits are collective over the job).
-  void split_experts(Collective& data, Collective& host, int ep, int st, int per_stage, int j) {
-    const int ep_color = st * (per_stage / ep) + j / ep, edp_color = st * ep + j % ep;
-    if (ep > 1) {
-      ep_data = data.split(ep_color, j % ep);
-      ep_host = &host != &data ? host.split(ep_color, j % ep) : nullptr;
+  void split_experts(Collective& data, Collective& host, int ep, int etp, int st, int per_stage,
+                     int j) {
+    const int etp_i = j % etp, ep_i = j / etp % ep, edp_i = j / (etp * ep);
+    if (etp > 1) {
+      const int color = st * (per_stage / etp) + j / etp;
+      etp_data = data.split(color, etp_i);
+      etp_host = &host != &data ? host.split(color, etp_i) : nullptr;
     }
-    edp_data = data.split(edp_color, j / ep);
+    if (ep > 1) {
+      const int color = st * (per_stage / ep) + edp_i * etp + etp_i;
+      ep_data = data.split(color, ep_i);
+      ep_host = &host != &data ? host.split(color, ep_i) : nullptr;
+    }
+    edp_data = data.split(st * ep * etp + j % (ep * etp), edp_i);
   }
   // Hands the groups over (to be held past a failure, see MeasuredLayout::held_groups).
   void release_into(std::vector<std::shared_ptr<Collective>>& held) {
     for (auto* g : {&dp_data, &dp_host, &tp_data, &tp_host, &pp_host, &cp_host, &ep_data, &ep_host,
-                    &edp_data})
+                    &etp_data, &etp_host, &edp_data})
       if (*g) held.push_back(std::move(*g));
   }
 };
@@ -514,6 +525,8 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
       ex.ep = groups.ep_data.get();
       ex.ep_host = groups.ep_host ? groups.ep_host.get() : groups.ep_data.get();
       ex.edp = groups.edp_data.get();
+      ex.etp = groups.etp_data.get();
+      ex.etp_host = groups.etp_host ? groups.etp_host.get() : groups.etp_data.get();
     }
     const RankFiles files(rq, ex);
     // Kept past an out-of-memory, so that what was alive is still in the books when read.

@@ -134,7 +134,7 @@ struct PlanCandidate {
 
 // A family of layouts (one dp × tp × pp × cp with one ZeRO stage) of which none fits.
 struct RejectedFamily {
-  std::int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
+  std::int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, etp = 1;
   int zero = 0;
   std::uint64_t layouts = 0;  // layouts of the family enumerated
   std::uint64_t invalid = 0;  // of which ParallelConfig::resolve (or the estimate) refused
@@ -174,8 +174,8 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
                 const LayoutEstimator& estimator = estimate_layout);
 
 // "dp 8 tp 1 pp 1 ZeRO-0" ("dp 4 tp 1 pp 1 cp 2 ZeRO-0" when cp > 1, "... ep 8 ZeRO-1" when
-// ep > 1)
+// ep > 1, "... ep 4 etp 2 ZeRO-1" when etp > 1)
 std::string family_name(std::int64_t dp, std::int64_t tp, std::int64_t pp, int zero,
-                        std::int64_t cp = 1, std::int64_t ep = 1);
+                        std::int64_t cp = 1, std::int64_t ep = 1, std::int64_t etp = 1);
 
 }  // namespace trainmem

@@ -130,12 +130,16 @@ struct LayerActs {
 };
 
 // Expert parallelism: one MoE layer's dispatch on a rank (LayerHost::moe_dispatch). `rows` is
-// what the rank's experts receive (R); send_rows[p] the rank's own rows for peer p's experts
-// and recv_rows[p] the rows from peer p (rows of h, in peer order, each peer's in expert order);
-// chunk[p·El + e] the rows peer p sends to local expert e. A trace fills `rows` only.
+// what the rank's experts compute (R), `a` what the ep all-to-all brings it (A; R at etp 1);
+// send_rows[p] the rank's own rows for ep peer p's experts and recv_rows[p] the rows from ep
+// peer p (rows of h, in peer order, each peer's in expert order). Under expert tensor
+// parallelism (etp > 1) gather_rows[t] is etp peer t's A, the rows the etp all-gather brings
+// from it (and the reduce-scatter returns to it), peer after peer. chunk[(t·ep + p)·El + e]:
+// the rows etp peer t received from its ep peer p for local expert e (t 0 alone at etp 1), in
+// the order they sit in expert_in. A trace fills `rows` and `a` only.
 struct MoeDispatch {
-  std::int64_t rows = 0;
-  std::vector<std::size_t> send_rows, recv_rows;
+  std::int64_t rows = 0, a = 0;
+  std::vector<std::size_t> send_rows, recv_rows, gather_rows;
   std::vector<std::int64_t> chunk;
 };
 
@@ -185,6 +189,13 @@ class LayerHost {
   virtual void ep_all_to_all(const void* send, const std::vector<std::size_t>& send_rows,
                              void* recv, const std::vector<std::size_t>& recv_rows,
                              std::int64_t row);
+  // Expert tensor parallelism: `rows` rows of `row` D elements gathered from every etp peer t
+  // (peer_rows[t] each, in peer order) into recv; the (Σ peer_rows, row) partials in `send`
+  // summed over the group, peer t receiving its block of peer_rows[t] rows.
+  virtual void etp_gather_v(const void* send, std::size_t rows, void* recv,
+                            const std::vector<std::size_t>& peer_rows, std::int64_t row);
+  virtual void etp_reduce_scatter_v(const void* send, const std::vector<std::size_t>& peer_rows,
+                                    void* recv, std::int64_t row);
 };
 
 // How a rank runs its layers.
@@ -205,8 +216,13 @@ struct LayerRank {
   // Expert parallelism (ParallelConfig::ep > 1; docs/distributed.md, "Expert parallelism"): a MoE
   // layer's nk rows leave through `dispatch.send` to the ranks of their experts, which compute
   // dims.er rows of their dims.El experts and return them through `combine.send` (all-to-all
-  // over the ep group); the backward's gradients travel alike. A trace only (no arithmetic yet).
+  // over the ep group); the backward's gradients travel alike. Expert tensor parallelism
+  // (`etp`, ParallelConfig::etp > 1; "Expert tensor parallelism"): the rows an etp group's ranks
+  // received gathered on each (every rank computes all of them over its dims.m = m/etp columns),
+  // the down projections' partial outputs reduce-scattered back to the ranks that received them.
   bool ep = false;
+  bool etp = false;
+  bool dispatch() const { return ep || etp; }
   // LoRA dropout (TrainConfig::lora_dropped): the key of this step's masks. The mask of target t
   // in global layer g is drawn from (dropout_seed, dropout_stream(dropout_step, g, t)), so the
   // recompute draws the same bits.

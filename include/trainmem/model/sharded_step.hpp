@@ -67,12 +67,20 @@ struct ShardedExecution {
   // Expert parallelism (layout ep > 1; docs/distributed.md, "Expert parallelism"): the rank's
   // ep group (its rank the expert-parallel index) on the backend's buffers (the rows'
   // all-to-all) and on host buffers (the counts), and its expert-data-parallel group on the
-  // backend's buffers (the experts' gradients and ZeRO's expert shards; its rank the index j/ep,
-  // j the rank's slot in its stage). A MoE under tp needs the expert-data-parallel group at ep 1
-  // too (the stage's ranks: the experts' gradients are summed over the tensor-parallel ranks).
+  // backend's buffers (the experts' gradients and ZeRO's expert shards; its rank the index
+  // j/(ep·etp), j the rank's slot in its stage). A MoE under tp needs the expert-data-parallel
+  // group at ep 1 too (the stage's ranks: the experts' gradients are summed over the
+  // tensor-parallel ranks). Expert tensor parallelism (etp > 1; docs/distributed.md, "Expert tensor
+  // parallelism"): the etp group (the etp consecutive slots that split each of the same experts'
+  // width; its rank the index j mod etp) on the backend's buffers (the rows' gather, the partial
+  // outputs' scatter) and on host buffers (the counts). The ep group is then the slots of the same
+  // etp and expert-data-parallel indices, and the expert-data-parallel group the slots of the same
+  // j mod (ep·etp), its rank j / (ep·etp).
   Collective* ep = nullptr;
   Collective* ep_host = nullptr;
   Collective* edp = nullptr;
+  Collective* etp = nullptr;
+  Collective* etp_host = nullptr;
   // The whole model's weights (empty: random of `seed`): each parameter by its HF name (a tied
   // lm_head reads model.embed_tokens.weight), in the single-rank model's shape; InputError naming
   // --weights, the file and the tensor when one is missing, has another shape or no float dtype.
@@ -102,7 +110,15 @@ class ShardedStep {
   // (micro-batch, global layer): a measured run's routing. A trace given them (before its steps)
   // allocates those rows in place of balanced routing's, so that it reproduces the measured
   // rank's books.
-  using ExpertRows = std::map<std::pair<std::int64_t, int>, std::int64_t>;
+  // `a`: the rows the ep all-to-all brings the rank; `r`: the rows its experts compute (the a of
+  // every rank of its etp group; r = a at etp 1).
+  struct DispatchRows {
+    std::int64_t a = 0, r = 0;
+    bool operator==(const DispatchRows& o) const { return a == o.a && r == o.r; }
+    bool operator!=(const DispatchRows& o) const { return !(*this == o); }
+    bool operator<(const DispatchRows& o) const { return a != o.a ? a < o.a : r < o.r; }
+  };
+  using ExpertRows = std::map<std::pair<std::int64_t, int>, DispatchRows>;
   const ExpertRows& expert_rows() const;
   void set_expert_rows(ExpertRows rows);
   // A measured run of a mixture of experts: the choices this rank's own tokens routed to every

@@ -13,6 +13,7 @@
 
 #include "trainmem/base/config.hpp"
 #include "trainmem/base/parallel.hpp"
+#include "trainmem/model/sharded_step.hpp"
 
 namespace trainmem {
 
@@ -77,13 +78,13 @@ LayoutRouting balanced_layout_routing(const ModelConfig& m, const TrainConfig& t
 nlohmann::json layout_routing_json(const ModelConfig& m, const TrainConfig& t,
                                    const ParallelConfig& layout, const LayoutRouting& r, int step);
 
-// The rows the experts of `rank` receive under `r`, by (micro-batch, global layer): the choices
-// of every rank of its expert-parallel group (the ep slots of its stage with its
-// expert-data-parallel index) for its E/ep experts. What ShardedStep::set_expert_rows takes.
-std::map<std::pair<std::int64_t, int>, std::int64_t> expert_rows_of(const LayoutRouting& r,
-                                                                    const ModelConfig& m,
-                                                                    const ParallelConfig& layout,
-                                                                    std::int64_t rank);
+// The rows the experts of `rank` receive under `r`, by (micro-batch, global layer): `a` the
+// choices of every rank of its expert-parallel group (the ep slots of its stage with its
+// expert-data-parallel and expert-tensor-parallel indices) for its E/ep experts, `r` those of
+// the ep·etp slots with its expert-data-parallel index (its etp group's a; r = a at etp 1).
+// What ShardedStep::set_expert_rows takes.
+ShardedStep::ExpertRows expert_rows_of(const LayoutRouting& r, const ModelConfig& m,
+                                       const ParallelConfig& layout, std::int64_t rank);
 
 // The choices past their expert's capacity: Σ_e max(0, routed_e − capacity); 0 without one.
 std::int64_t dropped_choices(const std::vector<std::int64_t>& routed, std::int64_t capacity);
