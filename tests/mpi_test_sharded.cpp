@@ -171,6 +171,21 @@ Groups groups_of(Collective& data, Collective& world, int N, int tp, int pp) {
   return g;
 }
 
+// The expert groups of slot j of a one-stage layout (Megatron's order, written out here apart
+// from run_layout's: etp_i = j mod etp, ep_i = (j / etp) mod ep, edp_i = j / (etp·ep)): the etp
+// group (etp > 1), the ep group (ep > 1), the expert-data-parallel group, on `data`.
+struct ExpertGroups {
+  int etp_i, ep_i, edp_i;
+  std::unique_ptr<Collective> etp_group, ep_group, edp_group;
+};
+ExpertGroups expert_groups_of(Collective& data, int j, int ep, int etp) {
+  ExpertGroups g{j % etp, j / etp % ep, j / (etp * ep), nullptr, nullptr, nullptr};
+  if (etp > 1) g.etp_group = data.split(j / etp, g.etp_i);
+  if (ep > 1) g.ep_group = data.split(g.edp_i * etp + g.etp_i, g.ep_i);
+  g.edp_group = data.split(j % (ep * etp), g.edp_i);
+  return g;
+}
+
 // Losses within 1e-5 relative and every weight (the rank's slice of it) within adam_tolerance
 // of the single-rank run's; prints the worst weight difference when `print`.
 void check_against_single(const std::string& label, const StepsResult& got, const StepsResult& ref,
@@ -606,9 +621,7 @@ int main(int argc, char** argv) {
       t.optimizer = Optimizer::adamw;
       t.checkpointing = ep == 2 ? Checkpointing::full : Checkpointing::none;
       t.attention = Attention::flash;
-      const int j = rank_id, e = int(ep);
-      std::unique_ptr<Collective> ep_group = data.split(j / e, j % e);
-      std::unique_ptr<Collective> edp_group = data.split(j % e, j / e);
+      const ExpertGroups eg = expert_groups_of(data, rank_id, int(ep), 1);
       const StepsResult ref = reference_steps(m, t, N * t.batch, 17, kSteps);
       std::vector<StepsResult> by_zero;
       for (int zero = 0; zero <= 2; ++zero) {
@@ -619,7 +632,7 @@ int main(int argc, char** argv) {
         p.ep = ep;
         p.resolve(false, m, t);
         ShardedRun run(m, t, p, data, *world, 17, kind, nullptr, nullptr, nullptr, {}, nullptr,
-                       ep_group.get(), edp_group.get());
+                       eg.ep_group.get(), eg.edp_group.get());
         by_zero.push_back(run.run(kSteps));
         const StepsResult& got = by_zero.back();
         check_ledger_given_rows(run, m, t, p, rank_id, label.str());
@@ -684,9 +697,7 @@ int main(int argc, char** argv) {
         int runs = 0;
         for (const std::int64_t ep : {1, 2, 4}) {
           if (N % ep != 0 || m.experts % ep != 0) continue;  // tiny-qwen2-moe: 6 experts
-          const int e = int(ep);
-          std::unique_ptr<Collective> ep_group = ep > 1 ? data.split(j / e, j % e) : nullptr;
-          std::unique_ptr<Collective> edp_group = data.split(j % e, j / e);
+          const ExpertGroups eg = expert_groups_of(data, j, int(ep), 1);
           std::vector<StepsResult> by_zero;
           for (int zero = 0; zero <= 2; ++zero) {
             std::ostringstream label;
@@ -706,7 +717,7 @@ int main(int argc, char** argv) {
             }
             t.checkpointing = ep == 2 ? Checkpointing::full : Checkpointing::none;
             ShardedRun run(m, t, p, *dp_group, *dp_group, seed, kind, tp_group.get(), nullptr,
-                           nullptr, {}, nullptr, ep_group.get(), edp_group.get());
+                           nullptr, {}, nullptr, eg.ep_group.get(), eg.edp_group.get());
             by_zero.push_back(run.run(kSteps));
             ++runs;
             const StepsResult& got = by_zero.back();
@@ -749,15 +760,11 @@ int main(int argc, char** argv) {
       int runs = 0;
       for (const Layout& lay : layouts) {
         const int tp = lay.tp, ep = lay.ep, dp = N / tp;
-        const int etp_i = j % etp, ep_i = j / etp % ep, edp_i = j / (etp * ep);
         std::unique_ptr<Collective> tp_group =
             tp > 1 ? data.split(rank_id / tp, rank_id % tp) : nullptr;
         std::unique_ptr<Collective> dp_group =
             tp > 1 ? data.split(rank_id % tp, rank_id / tp) : nullptr;
-        std::unique_ptr<Collective> etp_group = data.split(j / etp, etp_i);
-        std::unique_ptr<Collective> ep_group =
-            ep > 1 ? data.split(edp_i * etp + etp_i, ep_i) : nullptr;
-        std::unique_ptr<Collective> edp_group = data.split(j % (ep * etp), edp_i);
+        const ExpertGroups eg = expert_groups_of(data, j, ep, etp);
         Collective& dpc = dp_group ? *dp_group : data;
         const StepsResult ref = reference_steps(m, t, dp * t.batch, 31, kSteps);
         std::vector<StepsResult> by_zero;
@@ -780,7 +787,7 @@ int main(int argc, char** argv) {
           }
           t.checkpointing = ep == 2 ? Checkpointing::full : Checkpointing::none;
           ShardedRun run(m, t, p, dpc, dpc, 31, kind, tp_group.get(), nullptr, nullptr, {}, nullptr,
-                         ep_group.get(), edp_group.get(), etp_group.get());
+                         eg.ep_group.get(), eg.edp_group.get(), eg.etp_group.get());
           by_zero.push_back(run.run(kSteps));
           ++runs;
           const StepsResult& got = by_zero.back();
@@ -788,7 +795,7 @@ int main(int argc, char** argv) {
             check_ledger(run, m, t, p, label.str(), 0, j);
           else
             check_ledger_given_rows(run, m, t, p, j, label.str());
-          check_etp_elements(label.str(), got, m, ep, ep_i, etp, etp_i);
+          check_etp_elements(label.str(), got, m, ep, eg.ep_i, etp, eg.etp_i);
           check_against_single(label.str(), got, ref, kSteps, rank_id == 0);
           if (zero > 0) check_as_zero0(label.str(), got, by_zero[0], kSteps);
         }
@@ -817,11 +824,7 @@ int main(int argc, char** argv) {
         SafeTensorsReader file(wpath);
         const std::vector<std::int32_t> ids = load_tokens_file(tpath, 2 * N, t.seq, m.vocab);
         const int ep = N == 4 ? 2 : 1;
-        const int etp_i = j % etp, ep_i = j / etp % ep, edp_i = j / (etp * ep);
-        std::unique_ptr<Collective> etp_group = data.split(j / etp, etp_i);
-        std::unique_ptr<Collective> ep_group =
-            ep > 1 ? data.split(edp_i * etp + etp_i, ep_i) : nullptr;
-        std::unique_ptr<Collective> edp_group = data.split(j % (ep * etp), edp_i);
+        const ExpertGroups eg = expert_groups_of(data, j, ep, etp);
         t.batch = 2;
         t.checkpointing = Checkpointing::none;
         const StepsResult file_values = reference_steps(m, t, 2 * N, 1, 0, wpath, tpath);
@@ -833,11 +836,11 @@ int main(int argc, char** argv) {
         p.zero = 1;
         p.resolve(false, m, t);
         ShardedRun run(m, t, p, data, data, 1, kind, nullptr, nullptr, nullptr, {&file}, &ids,
-                       ep_group.get(), edp_group.get(), etp_group.get());
+                       eg.ep_group.get(), eg.edp_group.get(), eg.etp_group.get());
         const std::string label = "--weights --tokens tiny-qwen3-moe fp32 b 2 dp " +
                                   std::to_string(N) + " ep " + std::to_string(ep) + " etp 2";
         const StepsResult before = run.run(0);
-        check_etp_elements(label, before, m, ep, ep_i, etp, etp_i);
+        check_etp_elements(label, before, m, ep, eg.ep_i, etp, eg.etp_i);
         std::string where;
         check(bit_identical(before.weights, slice_of(file_values.weights, before), &where),
               label + ": the weights read differ from the file's at " + where);
