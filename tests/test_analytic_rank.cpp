@@ -485,6 +485,70 @@ TEST(AnalyticRank, ExpertParallelismPlacesEOverEpExpertsPerRank) {
   }
 }
 
+// ZeRO-3 of a mixture of experts by hand (docs/distributed.md, "ZeRO-3 of the experts"):
+// tiny-qwen3-moe (h 64, a 4 and kv 2 heads of d 24, L 2, V 103 untied, E 8, K 2, m 36), world 4
+// = dp 4, --ep 2 (edp 2), bf16, AdamW, b 1, s 12. A layer's dense part: attention q 96·64, k and v
+// 48·64 each, o 64·96 = 18,432, q/k norms 48, norms 128, router 8·64 = 512: 19,120; its 4 local
+// experts 4·3·36·64 = 27,648. Dense vector Pd = 2·19,120 + 2·103·64 + 64 = 51,488 over dp 4: 12,872
+// a rank; experts Pe = 2·27,648 = 55,296 over edp 2: 27,648. Params = gradients = (12,872 +
+// 27,648)·2 = 81,040 B, states 40,520·12 = 486,240 B. The reduce bucket: min(max(5e8, largest),
+// 106,784) = 106,784 elements, 213,568 B. Units: the embedding 6,592 el (13,184 B), a layer
+// 19,120 + 27,648 = 46,768 el (93,536 B), the head 64 + 6,592 = 6,656 el (13,312 B). At
+// --ep 1 (edp 4) the shards are the same (⌈110,592/4⌉ = 27,648) but a layer's unit holds all 8
+// experts: 19,120 + 55,296 = 74,416 el, 148,832 B, and the bucket is the rank's 162,080
+// parameters (324,160 B).
+TEST(AnalyticRank, ZeroThreeShardsTheExpertsOverTheirGroup) {
+  const ModelConfig m = preset("tiny-qwen3-moe");
+  const TrainConfig t = train(1, 12);
+  const u64 emb_unit = 13184, head_unit = 13312;
+  for (const std::int64_t ep : {2, 1})
+    for (const std::int64_t prefetch : {1, 0}) {
+      SCOPED_TRACE("ep " + std::to_string(ep) + " prefetch " + std::to_string(prefetch));
+      ParallelConfig p;
+      p.world = 4;
+      p.ep = ep;
+      p.zero = 3;
+      p.prefetch = prefetch;
+      p.resolve(false, m, t);
+      ASSERT_EQ(p.edp(), 4 / ep);
+      const u64 layer_unit = ep == 2 ? 93536 : 148832, bucket = ep == 2 ? 213568 : 324160;
+      const LayoutEstimate le = estimate_layout(m, t, p);
+      const RankEstimate& r = le.ranks.at(0);
+      EXPECT_EQ(r.shard_elements, 12872u);
+      EXPECT_EQ(r.expert_shard_elements, 27648u);
+      const MemoryFigures& f = r.est.figures;
+      EXPECT_EQ(f.params, 81040u);
+      EXPECT_EQ(f.gradients, 81040u);
+      EXPECT_EQ(f.optimizer_states, 486240u);
+      std::map<std::string, u64> comm;
+      for (const TensorEntry& e : r.communication) comm[e.name] = e.bytes;
+      EXPECT_EQ(comm["reduce_bucket"], bucket);
+      EXPECT_EQ(comm["gathered units"], layer_unit);
+      // The windows: at the end of forward the head (and, prefetching, layer 1); in the first
+      // backward step of layer 1, layer 1 (and layer 0).
+      std::map<std::string, u64> at;
+      for (const auto& in : r.est.instants)
+        for (const char* name : {"end of forward", "backward layer L-1 step 1"})
+          if (in.name.rfind(name, 0) == 0) at[name] = in.bytes[int(Category::communication)];
+      EXPECT_EQ(at["end of forward"], bucket + head_unit + u64(prefetch) * layer_unit);
+      EXPECT_EQ(at["backward layer L-1 step 1"], bucket + (1 + u64(prefetch)) * layer_unit);
+      // The trace's tensors (meta): each shard, and each unit as it is gathered.
+      MetaAllocator alloc;
+      Ledger ledger(alloc);
+      ShardedStep step(m, t, p, 0, ledger, nullptr, 0);
+      step.train_step();
+      std::map<std::string, u64> bytes;
+      for (const TensorRecord& rec : ledger.tensors()) bytes[rec.name] = rec.bytes;
+      EXPECT_EQ(bytes["params.shard"], 12872u * 2);
+      EXPECT_EQ(bytes["expert_params.shard"], 27648u * 2);
+      EXPECT_EQ(bytes["expert_grads.shard"], 27648u * 2);
+      EXPECT_EQ(bytes["gathered.embedding"], emb_unit);
+      EXPECT_EQ(bytes["gathered.layer0"], layer_unit);
+      EXPECT_EQ(bytes["gathered.layer1"], layer_unit);
+      EXPECT_EQ(bytes["gathered.head"], head_unit);
+    }
+}
+
 TEST(AnalyticRank, ExpertParallelFlagsNameTheirRule) {
   const TrainConfig t = train(1, 16);
   const ModelConfig moe = preset("tiny-qwen3-moe");
@@ -532,7 +596,11 @@ TEST(AnalyticRank, ExpertParallelFlagsNameTheirRule) {
   p = {};
   p.world = 2;
   p.zero = 3;
-  EXPECT_NE(resolve_error(p, false, moe, t).find("--zero 3 with a mixture of experts"),
+  EXPECT_EQ(resolve_error(p, false, moe, t), "(no error)");  // flat ZeRO-3 of the experts
+  p.sharding = Sharding::per_parameter;
+  EXPECT_NE(resolve_error(p, false, moe, t)
+                .find("--sharding per-parameter (--fsdp2) with a mixture of experts (tiny-qwen3-"
+                      "moe): FSDP2 of the experts"),
             std::string::npos);
   p = {};
   p.world = 2;

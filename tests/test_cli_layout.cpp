@@ -323,6 +323,21 @@ TEST(CliLayout, MixtureOfExpertsPerRankAndTheExpertFlags) {
     EXPECT_EQ(ej["layout"]["edp"], 1);
     EXPECT_EQ(ej["ranks"][0]["expert_params"].get<std::uint64_t>(), 2u * 4 * 3 * 18 * 64);
   }
+  // --zero 3 with --ep 2 over 4 ranks (docs/distributed.md, "ZeRO-3 of the experts"; worked in
+  // test_analytic_rank.cpp ZeroThreeShardsTheExpertsOverTheirGroup): the dense shard 51,488/4 =
+  // 12,872 elements, the experts' 55,296/2 = 27,648, both in bf16 params: 81,040 B; the trace of
+  // every rank equal to the analytic.
+  {
+    const auto z3 =
+        run_trainmem({"profile", "--model", "tiny-qwen3-moe", "--world-size", "4", "--ep", "2",
+                      "--zero", "3", "--batch", "1", "--seq", "12", "--format", "json"});
+    ASSERT_EQ(z3.code, 0) << z3.err;
+    const auto zj = nlohmann::json::parse(z3.out);
+    EXPECT_TRUE(zj["all_ranks_match"].get<bool>());
+    EXPECT_EQ(zj["ranks"][0]["shard_elements"].get<std::uint64_t>(), 12872u);
+    EXPECT_EQ(zj["ranks"][0]["expert_shard_elements"].get<std::uint64_t>(), 27648u);
+    EXPECT_EQ(zj["ranks"][0]["figures"]["params"].get<std::uint64_t>(), 81040u);
+  }
   // Qwen1.5-MoE's shared expert under --tp 2 --sp: split like the dense MLP (gate/up rows, down
   // columns), its gate (1, h) replicated. Per rank and layer: q/k/v/o 4·h·h/2, the q/k/v biases
   // 3·h/2, two norms 2h, the router E·h, the 60 experts whole (ep 1) 60·3·1408·h, the shared
@@ -378,7 +393,8 @@ TEST(CliLayout, MixtureOfExpertsPerRankAndTheExpertFlags) {
        "--tp 2 with a mixture of experts (qwen3-30b-a3b) needs --sp: each tensor-parallel rank "
        "routes its own s/tp rows"},
       {{"--model", "tiny-qwen3-moe", "--world-size", "2", "--fsdp2"},
-       "--sharding per-parameter with a mixture of experts"},
+       "--sharding per-parameter (--fsdp2) with a mixture of experts (tiny-qwen3-moe): FSDP2 of "
+       "the experts"},
       {{"--model", "tiny-qwen3-moe", "--world-size", "2", "--ep", "x"}, "--ep"},
   };
   for (const auto& c : cases) {

@@ -473,6 +473,12 @@ TEST(Plan, TheCostModelOfExpertParallelismMatchesHandComputedFigures) {
   // M·L_moe·4·(ep−1)/ep·b·s·K·h·w = 1·2·4·(1/2)·2·16·2·64·2.
   EXPECT_DOUBLE_EQ(c.ep_bytes, 2.0 * 4 * 0.5 * 2 * 16 * 2 * 64 * 2);
   EXPECT_DOUBLE_EQ(c.communication_seconds, (c.dp_bytes + c.ep_bytes) / 1e9);
+  // ZeRO-3 (docs/plan.md): every forward and backward gathers, and every micro-batch's gradients
+  // reduce-scatter, the dense part over dp and the rank's experts over edp: 3·M·(3/4·51,488 +
+  // 1/2·55,296)·2.
+  p.zero = 3;
+  EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).dp_bytes, 3.0 * (0.75 * 51488 + 0.5 * 55296) * 2);
+  p.zero = 1;
   t.checkpointing = Checkpointing::full;  // + the recompute's dispatch and combine
   EXPECT_DOUBLE_EQ(step_cost(m, t, p, rates).ep_bytes, 2.0 * 6 * 0.5 * 2 * 16 * 2 * 64 * 2);
   // ep 2 × etp 2 (edp 1: no expert gradient to reduce): the all-to-alls as above (without the
@@ -524,16 +530,17 @@ TEST(Plan, ExpertParallelDegreesAreEnumeratedForAMixtureOfExperts) {
   o.gpu_memory = std::uint64_t(1) << 30;
   o.seq = 16;
   o.global_batch = 8;
-  o.zero_stages = {0, 1, 2};
+  o.zero_stages = {0, 1, 2, 3};
   o.policies = {{PlanPolicy::Kind::none}};
   o.activation_offload = {false};
   o.attention = {Attention::flash};
   o.offloads = {Offload::none};
   o.top = 100000;
   const PlanResult r = plan(m, o);
-  std::set<std::int64_t> eps, tp_eps;
+  std::set<std::int64_t> eps, tp_eps, zero3_eps;
   for (const PlanCandidate& c : r.candidates) {
     eps.insert(c.layout.ep);
+    if (c.layout.zero == 3) zero3_eps.insert(c.layout.ep);  // ZeRO-3 of the experts too
     if (c.layout.tp > 1) {
       EXPECT_TRUE(c.layout.sp);
       tp_eps.insert(c.layout.ep);
@@ -554,6 +561,7 @@ TEST(Plan, ExpertParallelDegreesAreEnumeratedForAMixtureOfExperts) {
   EXPECT_EQ(ep_etp, (std::set<std::pair<std::int64_t, std::int64_t>>{
                         {1, 1}, {1, 2}, {1, 4}, {2, 1}, {2, 2}, {4, 1}}));
   EXPECT_EQ(tp_eps, (std::set<std::int64_t>{1, 2, 4}));  // tp 2 (dp 2) or 4 (dp 1) with sp
+  EXPECT_EQ(zero3_eps, (std::set<std::int64_t>{1, 2, 4}));
 }
 
 // cp {1, 2} on tiny_options' 4 GPUs adds the cp 2 layouts, flash only (eager is not a layout

@@ -732,7 +732,8 @@ void Stage::books() {
   est.train = t_;
   est.param_count = Pk;
   auto& fg = est.figures;
-  fg.params = p_.zero == 3 ? (off_params ? 0 : checked_mul(shard, w)) : checked_mul(Pk, w);
+  // ZeRO-3: the rank's shard of each flat vector (a mixture of experts: the experts' over edp).
+  fg.params = p_.zero == 3 ? (off_params ? 0 : checked_mul(shards, w)) : checked_mul(Pk, w);
   if (p_.zero == 3 && t_.lora()) {
     // LoRA under ZeRO-3: the frozen base in its own flat vector, sharded alike, beside the
     // adapters' shard (check_lora_layout: a 16-bit base, no parameter offload).
@@ -836,14 +837,23 @@ void Stage::books() {
     gather_.seq.push_back(static_cast<int>(Ls_ + 1));
     for (std::int64_t k = Ls_ - 1; k >= 0; --k) gather_.seq.push_back(static_cast<int>(1 + k));
     if (p_.per_parameter()) fsdp2_units();
-    r_.communication.push_back(
-        entry(g_, "gathered units", "(layer params)", g_.dt, gather_.bytes[1], Term::other,
-              "forward and backward of each unit",
-              "ZeRO-3: one unit's parameters gathered, plus " + std::to_string(p_.prefetch) +
-                  " prefetched" +
-                  (p_.per_parameter() ? " (FSDP2: each parameter padded to N·ceil(rows/N) "
-                                        "rows)"
-                                      : "")));
+    // The largest layer's unit (a MoE layer's holds the rank's El experts of m/etp columns,
+    // gathered from the expert-data-parallel ranks, beside its dense part from the dp·cp ranks).
+    const std::uint64_t largest_unit =
+        *std::max_element(gather_.bytes.begin() + 1, gather_.bytes.end() - 1);
+    const std::uint64_t unit_experts =
+        Pe > 0 ? checked_mul(l.El, checked_mul(3, checked_mul(l.m, l.h))) : 0;
+    r_.communication.push_back(entry(
+        g_, "gathered units", "(layer params)", g_.dt, largest_unit, Term::other,
+        "forward and backward of each unit",
+        "ZeRO-3: one unit's parameters gathered, plus " + std::to_string(p_.prefetch) +
+            " prefetched" +
+            (p_.per_parameter() ? " (FSDP2: each parameter padded to N·ceil(rows/N) rows)" : "") +
+            (unit_experts > 0
+                 ? "; a MoE layer's unit holds its " + std::to_string(l.El) + " local experts (" +
+                       std::to_string(unit_experts) + " elements), gathered over the " +
+                       std::to_string(edp) + " expert-data-parallel ranks"
+                 : "")));
     if (p_.per_parameter()) {
       r_.communication.push_back(
           entry(g_, "gathered root", "(embedding, final norm, lm_head)", g_.dt, gather_.bytes[0],
@@ -1236,11 +1246,13 @@ void Stage::forward_instants() {
   // A mixture of experts: the last MoE layer's router logits (workspace) beside its rows through
   // the routing's, right before they are freed (the experts' rows come after them, in one run of
   // allocations up to `out`).
-  const std::int64_t km = last_of(1);
-  bool router_done = false;
-  auto router = [&]() {
-    if (km < 0 || router_done) return;
-    router_done = true;
+  // Under ZeRO-3 every MoE layer of the last ones (the gather window) too: an earlier layer's
+  // position holds more units (those prefetched for the layers after it).
+  const std::int64_t k_last = last_of(1);
+  std::vector<std::int64_t> routed;  // the MoE layers whose instants are in
+  auto router = [&](std::int64_t km) {
+    if (km < 0 || std::find(routed.begin(), routed.end(), km) != routed.end()) return;
+    routed.push_back(km);
     at("forward: layer " + layer_name(km) + " router logits (routing rows allocated)",
        csum({kept_before(km), csub(rows_through("expert_offsets", km), dropped(), "selective")}),
        csum({C, l.bsE}), 0, u(km) + 1, G0);
@@ -1290,7 +1302,7 @@ void Stage::forward_instants() {
     if (sel_)
       at("forward: layer " + layer_name(k) + " attn_out allocated (probs alive)",
          csum({before(k), through_attn}), C, 0, u(k) + 1, G0);
-    if (k == km) router();
+    if (kind(k) == 1 && (k == k_last || (p_.zero == 3 && k >= Ls_ - window_layers))) router(k);
     const bool partial = p_.sp && kind(k) == 0;  // a MoE layer's `out` is the combine's
     at("forward: layer " + layer_name(k) + " `out` allocated" +
            (partial     ? " (down partial alive)"
@@ -1300,7 +1312,7 @@ void Stage::forward_instants() {
        csum({before(k), csub(sum_bytes(set(k)), dropped(), "selective")}), C, partial ? sg : 0,
        u(k) + 1, G0);
   }
-  router();
+  router(k_last);
 }
 
 void Stage::head_instants() {

@@ -98,14 +98,24 @@ std::uint64_t deepspeed_largest_layer_params(const ModelConfig& m) {
   // model_to_params: for m in model.modules(): sum(p.numel() for p in
   // m.parameters(recurse=False)); containers (the model, each decoder layer, self_attn, mlp)
   // own no direct parameters, so the candidates are the leaf modules.
-  const u64 candidates[] = {
+  const bool dense_mlp = m.moe_layer_count() < m.layers;  // a layer with gate/up/down_proj
+  u64 largest = std::max({
       checked_mul(V, h, "embed_tokens"),  // embed_tokens; lm_head (tied or not) is the same size
-      checked_mul(h, i, "mlp"),           // gate_proj, up_proj, down_proj
-      checked_mul(h, qd, "q_proj"),       // q_proj, o_proj
-      checked_mul(h, kd, "k_proj"),       // k_proj, v_proj
-      h,                                  // input_layernorm, post_attention_layernorm, norm
-  };
-  return *std::max_element(std::begin(candidates), std::end(candidates));
+      dense_mlp ? checked_mul(h, i, "mlp") : 0,  // gate_proj, up_proj, down_proj
+      checked_mul(h, qd, "q_proj"),              // q_proj, o_proj
+      checked_mul(h, kd, "k_proj"),              // k_proj, v_proj
+      h,                                         // input_layernorm, post_attention_layernorm, norm
+  });
+  if (m.moe()) {
+    // A mixture of experts as transformers 5 builds it: the experts module owns gate_up_proj
+    // (E, 2m, h) and down_proj (E, h, m) directly, the router (E, h), the shared expert's
+    // projections (m_s, h) each.
+    const u64 E = u(m.experts), me = u(m.expert_intermediate);
+    largest =
+        std::max({largest, checked_product({E, 3, me, h}, "experts"), checked_mul(E, h, "router"),
+                  checked_mul(u(m.shared_expert_intermediate), h, "shared expert")});
+  }
+  return largest;
 }
 
 std::uint64_t megatron_padded_vocab(const ModelConfig& m, std::int64_t tp) {
@@ -156,6 +166,13 @@ ReferenceRank deepspeed_reference(const ModelConfig& model, const TrainConfig& t
                 "no tensor- or pipeline-parallel degree";
     return r;
   }
+  if (model.moe() && par.zero == 3)
+    r.notes.push_back(
+        "a mixture of experts at ep 1: DeepSpeed's own MoE layer refuses stage 3 "
+        "(engine.py _configure_zero_optimizer: \"MoE not supported with Stage 3\"); a "
+        "HuggingFace MoE runs as a dense model, its experts partitioned over all the ranks, the "
+        "experts module the largest layer (" +
+        num(static_cast<std::int64_t>(deepspeed_largest_layer_params(model))) + " parameters)");
   if (par.zero == 2 && par.offload == Offload::optimizer_params) {
     r.why_not =
         "offload optimizer+params with ZeRO-2: ZeRO-2 offloads the optimizer only "

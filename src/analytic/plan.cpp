@@ -294,6 +294,9 @@ StepCost step_cost(const ModelConfig& model, const TrainConfig& train, const Par
       // LoRA: the gathers carry every parameter, the frozen base's too; the reduce-scatters
       // the adapters' gradients alone.
       if (train.lora()) c.dp_bytes = M * f * P_local * w + 2.0 * M * f * (P + Pa) / (tp * pp) * w;
+      // A mixture of experts: the rank's experts gathered over the expert-data-parallel ranks
+      // for every forward and backward, their gradients reduce-scattered there (0 when dense).
+      c.dp_bytes += 3.0 * M * fe_P * w;
       break;
   }
   // Tensor parallelism: 2 all-reduces per layer forward, 2 backward (+2 in the recompute),

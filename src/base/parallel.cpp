@@ -248,7 +248,8 @@ void check_moe_layout(const ParallelConfig& p, const ModelConfig& m, const Train
         flags + what + ": " + why +
         " is not modelled yet; the per-rank step models "
         "a MoE model with data, pipeline, context, tensor (with --sp), expert (--ep) and expert "
-        "tensor (--etp) parallelism and ZeRO 0-2 (docs/distributed.md, \"Mixture of experts per "
+        "tensor (--etp) parallelism and ZeRO 0-3, flat (docs/distributed.md, \"Mixture of experts "
+        "per "
         "rank\")");
   };
   if (p.tp > 1 && !p.sp)
@@ -256,9 +257,10 @@ void check_moe_layout(const ParallelConfig& p, const ModelConfig& m, const Train
                      " needs --sp: each tensor-parallel rank routes its own s/tp rows (Megatron: "
                      "\"When using expert parallelism and tensor parallelism, sequence "
                      "parallelism must be used\")");
-  if (p.zero == 3 || p.per_parameter())
-    not_yet(p.per_parameter() ? "--sharding per-parameter" : "--zero 3",
-            "ZeRO-3 of the experts (gathering each layer's experts)");
+  if (p.per_parameter())
+    not_yet("--sharding per-parameter (--fsdp2)",
+            "FSDP2 of the experts (a fully_shard of their own over the expert-data-parallel "
+            "mesh, as torchtitan's apply_fsdp; use --zero 3, flat)");
   if (p.offload != Offload::none)
     not_yet("--offload " + std::string(offload_name(p.offload)),
             "optimizer offload of the experts' states");

@@ -194,10 +194,13 @@ void ShardedStep::Impl::initialise() {
     for (std::size_t x = 0; x < f.size() && !h_params.empty(); ++x)
       store_from_f32(h_params.data(), x, D, f[x]);
   }
-  if (expert_states.master) {  // the experts' owned range [elo, ehi)
+  if (expert_states.master || expert_params_shard) {  // the experts' owned range [elo, ehi)
     const std::vector<float> f = owned_values(true, ehi - elo, false, true);
-    be->fill_zero(expert_states.master.data(), expert_states.master.bytes());
-    be->upload(expert_states.master.data(), f.data(), f.size() * 4);
+    if (expert_states.master) {
+      be->fill_zero(expert_states.master.data(), expert_states.master.bytes());
+      be->upload(expert_states.master.data(), f.data(), f.size() * 4);
+    }
+    if (expert_params_shard) upload_d(expert_params_shard, f);
   }
   for (States* st : all_states()) {
     if (st->m) be->fill_zero(st->m.data(), st->m.bytes());
@@ -420,17 +423,21 @@ void ShardedStep::Impl::fill_unit(int u) {
   Tensor& buf = gathered.at(u);
   be->synchronize();
   for (const auto& [q, pos] : members[std::size_t(u)]) {
-    // LoRA: a frozen parameter's elements are in the frozen base's flat vector.
-    const bool frozen = !P[std::size_t(q)].trainable;
-    pieces(std::size_t(q), [&](int owner, std::uint64_t a, std::uint64_t z, std::uint64_t at) {
+    // LoRA: a frozen parameter's elements are in the frozen base's flat vector; a routed
+    // expert's in the experts' vector, whose owners are the expert-data-parallel ranks.
+    const std::size_t qi = std::size_t(q);
+    const bool frozen = !P[qi].trainable, expert = P[qi].expert;
+    const Tensor& src = frozen ? frozen_shard : expert ? expert_params_shard : params_shard;
+    pieces(qi, [&](int owner, std::uint64_t a, std::uint64_t z, std::uint64_t at) {
       char* dst = elem_ptr(buf, pos + a);
-      if (owner == r && !frozen && !h_params.empty()) {
+      const bool mine = owner == index_of(qi);
+      if (mine && !frozen && !expert && !h_params.empty()) {
         be->upload(dst, h_params.data() + at * es, (z - a) * es);
-      } else if (owner == r) {
-        be->copy(dst, elem_ptr(frozen ? frozen_shard : params_shard, at), (z - a) * es);
+      } else if (mine) {
+        be->copy(dst, elem_ptr(src, at), (z - a) * es);
         be->synchronize();
       }
-      X->data.broadcast(dst, z - a, D, owner);
+      group_of(qi).broadcast(dst, z - a, D, owner);
     });
   }
 }
@@ -510,6 +517,8 @@ void ShardedStep::Impl::optimizer_step() {
   }
   if (p.zero == 3) {
     if (hi > lo) update(params_shard.data(), grads_shard.data(), shard_states, 0, hi - lo);
+    if (ehi > elo)  // the experts' owned range
+      update(expert_params_shard.data(), expert_grads_shard.data(), expert_states, 0, ehi - elo);
     return;
   }
   for_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {

@@ -122,8 +122,9 @@ struct ShardedStep::Impl : LayerHost {
   States shard_states;         // ZeRO >= 1
   States expert_states;        // ZeRO >= 1, the experts' flat vector
   Tensor params_shard, grads_shard, tokens, targets, bucket;
-  Tensor expert_grads_shard;  // ZeRO-2, the experts' flat vector
-  Tensor frozen_shard;        // LoRA under ZeRO-3: the rank's slice of the frozen base
+  Tensor expert_grads_shard;   // ZeRO-2/3, the experts' flat vector
+  Tensor expert_params_shard;  // ZeRO-3, the experts' flat vector
+  Tensor frozen_shard;         // LoRA under ZeRO-3: the rank's slice of the frozen base
   // --offload (measured): what DeepSpeed keeps in host memory, each (shard) elements: the
   // optimizer states (fp32 master when D is 16-bit, m, v), the fp32 gradient shard the host
   // optimizer reads, and under optimizer+params the D parameter shard; the host update runs on a
@@ -300,6 +301,9 @@ struct ShardedStep::Impl : LayerHost {
   std::vector<float> rank_values(std::size_t q) const;
 
   void initialise();
+  // ZeRO-3 of a mixture of experts (measured): the expert shards of this rank's expert-data-
+  // parallel group, by its index (eshard elements of D each), gathered on host buffers.
+  std::vector<unsigned char> expert_group_shards();
   std::vector<States*> all_states();
 
   // Micro-batch mb's rows of the global batch into tokens and targets (targets: the next

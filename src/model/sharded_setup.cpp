@@ -122,10 +122,10 @@ void ShardedStep::Impl::setup() {
   shard = (Pk + ranks - 1) / ranks;
   lo = std::min(Pk, std::uint64_t(r) * shard);
   hi = std::min(Pk, lo + shard);
-  if (Ek > 0 && (p.zero == 3 || p.offload != Offload::none || p.per_parameter()))
+  if (Ek > 0 && (p.offload != Offload::none || p.per_parameter()))
     throw Error(
-        "sharded step: the experts' flat vector under ZeRO-3, FSDP2 or offload is not "
-        "modelled (check_moe_layout refuses them)");
+        "sharded step: the experts' flat vector under FSDP2 or offload is not modelled "
+        "(check_moe_layout refuses them)");
   if (Ek > 0) {  // the experts' vector over the expert-data-parallel ranks (dp·tp·cp/(ep·etp))
     const std::uint64_t eranks = std::uint64_t(p.edp());
     eshard = (Ek + eranks - 1) / eranks;
@@ -158,6 +158,11 @@ void ShardedStep::Impl::setup() {
       frozen_shard = alloc("params.frozen_shard", Category::params, -1, {std::int64_t(fshard)}, D);
     }
     if (!off_params) params_shard = alloc("params.shard", Category::params, -1, {shard_n}, D);
+    // A mixture of experts: the rank's slice of the experts' vector, over the expert-data-
+    // parallel ranks (gathered into each MoE layer's unit from them).
+    if (Ek > 0)
+      expert_params_shard = alloc("expert_params.shard", Category::params, -1,
+                                  {static_cast<std::int64_t>(eshard)}, D);
   } else {
     for (auto& q : P) {
       if (!t.quantized() || q.slot < 0 || !is_quantizable_slot(q.slot)) {

@@ -325,6 +325,12 @@ std::vector<float> ShardedStep::Impl::parameter_values(const std::string& name) 
   std::vector<unsigned char> raw(P[q].n * es);
   if (p.zero < 3) {
     be->download(raw.data(), value[q].data(), raw.size());
+  } else if (P[q].expert) {  // the expert-data-parallel group's shards, then q's range
+    const std::vector<unsigned char> all = expert_group_shards();
+    pieces(q, [&](int owner, std::uint64_t a, std::uint64_t z, std::uint64_t at) {
+      std::memcpy(raw.data() + a * es, all.data() + (std::uint64_t(owner) * eshard + at) * es,
+                  (z - a) * es);
+    });
   } else {  // every rank's shard (the frozen base's under LoRA), then the parameter's range
     const bool frozen = !P[q].trainable;
     const std::uint64_t per = frozen ? fshard : shard;
@@ -341,6 +347,27 @@ std::vector<float> ShardedStep::Impl::parameter_values(const std::string& name) 
   }
   std::vector<float> out(P[q].n);
   for (std::size_t e = 0; e < out.size(); ++e) out[e] = load_as_f32(raw.data(), e, D);
+  return out;
+}
+
+std::vector<unsigned char> ShardedStep::Impl::expert_group_shards() {
+  // Every slot's expert shard (the stage's dp·cp·tp ranks: over the tensor-parallel group, then
+  // the gradient group, so slot r·tp + tr lands at that index), on host buffers; then, in the
+  // order of their index, the slots of this rank's expert-data-parallel group, those with its
+  // (ep_i, etp_i): slot = edp_i·(ep·etp) + ep_i·etp + etp_i.
+  const std::size_t per = std::size_t(eshard) * es, tp = std::size_t(p.tp);
+  std::vector<unsigned char> mine(per), row(per * tp), all(per * tp * std::size_t(p.grad_ranks()));
+  be->download(mine.data(), expert_params_shard.data(), per);
+  if (tp > 1)
+    TH->all_gather(mine.data(), row.data(), per / 2, DType::f16);  // bytes as 16-bit words
+  else
+    row = mine;
+  X->host.all_gather(row.data(), all.data(), per * tp / 2, DType::f16);
+  std::vector<unsigned char> out(per * std::size_t(p.edp()));
+  for (std::int64_t o = 0; o < p.edp(); ++o) {
+    const std::int64_t j = o * p.ep * p.etp + ep_i() * p.etp + etp_i();
+    std::memcpy(out.data() + std::size_t(o) * per, all.data() + std::size_t(j) * per, per);
+  }
   return out;
 }
 
