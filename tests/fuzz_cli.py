@@ -635,6 +635,8 @@ def case_routing(rng, env):
             args += ["--pp", str(pp)]
         if cp > 1:
             args += ["--cp", str(cp), "--attention", "flash"]
+        if pp == 1 and rng.random() < 0.3:  # ZeRO-3 of the experts (gathered per layer)
+            args += ["--zero", "3"]
     if rng.random() < 0.3:
         args += ["--format", rng.choice(["json", "csv", "markdown", "html"])]
     return args, files

@@ -296,12 +296,15 @@ def main():
         # the rows its experts received; the model states against the analytic), the losses the
         # single rank's; --dump-routing writes every rank's choices (rank 0), and the meta trace
         # given that file reproduces every measured rank's books and takes it at ep 4 too.
-        # ZeRO-3 of the experts too (docs/distributed.md, "ZeRO-3 of the experts"): the experts'
-        # parameters sharded over the expert-data-parallel ranks and gathered per layer.
-        for zero in ("1", "3") if n % 2 == 0 else ():
+        # ZeRO-3 of the experts too (docs/distributed.md, "ZeRO-3 and offload of the experts"): the experts'
+        # parameters sharded over the expert-data-parallel ranks and gathered per layer; and
+        # with both shards' states, gradients and parameters offloaded to the host.
+        for zero in ("1", "3", "3+offload") if n % 2 == 0 else ():
             tmp = tempfile.mkdtemp(prefix="trainmem-mpi-routing-")
             routes = os.path.join(tmp, "routes.json")
-            layout = ["--world-size", str(n), "--zero", zero, "--format", "json"]
+            layout = ["--world-size", str(n), "--zero", zero[0], "--format", "json"]
+            if zero.endswith("offload"):
+                layout += ["--offload", "optimizer+params"]
             rc, out, err, _ = run(n, moe + layout + ["--ep", "2", "--dump-routing", routes],
                                   threads=1)
             expect(rc == 0, f"--ep 2 --zero {zero} measured: exit {rc}", out, err)

@@ -32,7 +32,8 @@
 //  10. a mixture of experts (tiny-qwen3-moe, tiny-qwen2-moe) at dp N under ZeRO 0-3, the experts
 //      in a flat vector of their own: checks 1-3; and tiny-qwen2-moe in check 5's pp 2 layouts;
 //  11. expert parallelism (ep 2 at N 2 and 4, ep 4 at N 4): checks 1-2 with each rank's expert
-//      slice, and the ledger equal to a meta trace given the rows its experts received;
+//      slice, and the ledger equal to a meta trace given the rows its experts received; checks
+//      10 and 11 run --offload optimizer (ZeRO 1-3) and optimizer+params (ZeRO 3) as check 6;
 //  12. a mixture of experts under tensor parallelism (tp 2 with sp, ep 1, 2 and 4; tiny-qwen3-moe,
 //      and tiny-qwen2-moe's shared expert split like the dense MLP, ep 1 and 2 of its 6 experts):
 //      checks 1-2, the ledger against the trace of the rank's slot (given its rows under ep);
@@ -567,7 +568,8 @@ int main(int argc, char** argv) {
     // against the single-rank LlamaModel of the global batch (each token routed alike on its own
     // rank), ZeRO 1, 2 and 3 bit for bit ZeRO 0's, and check 3. (Checks 10-13 run ZeRO-3 too: the
     // experts' vector sharded over the expert-data-parallel group, each MoE layer's unit gathered
-    // from its dense owners and its expert owners; docs/distributed.md, "ZeRO-3 of the experts".)
+    // from its dense owners and its expert owners; docs/distributed.md, "ZeRO-3 and offload of the
+    // experts".)
     for (const std::string name : {"tiny-qwen3-moe", "tiny-qwen2-moe"})
       for (const DType dt : {DType::f32, DType::bf16}) {
         if (cuda && dt != DType::f32) continue;
@@ -604,6 +606,32 @@ int main(int argc, char** argv) {
           }
           if (zero > 0) check_as_zero0(label.str(), got, by_zero[0], kSteps);
         }
+        // --offload of a MoE (docs/distributed.md, "ZeRO-3 and offload of the experts"): both
+        // shards' states and fp32 gradients (and, optimizer+params, parameters) on the host, each
+        // shard updated there; bit for bit the device update's run where each gradient element has
+        // one contribution (as check 6), the host bytes the analytic's (check_ledger).
+        for (int zero = 1; zero <= 3 && N > 1 && !cuda; ++zero)
+          for (const Offload off : {Offload::optimizer, Offload::optimizer_params}) {
+            if (off == Offload::optimizer_params && zero != 3) continue;
+            std::ostringstream label;
+            label << name << " " << dtype_name(dt) << " dp " << N << " ZeRO-" << zero
+                  << " --offload " << offload_name(off);
+            ParallelConfig p = layout(m, t, N, zero, 1);
+            p.offload = off;
+            p.resolve(false, m, t);
+            ShardedRun run(m, t, p, data, *world, 7, kind);
+            const StepsResult got = run.run(kSteps);
+            check_ledger(run, m, t, p, label.str());
+            check(run.step->host_bytes() > 0, label.str() + ": nothing on the host");
+            if (zero == 1 || dt == DType::f32 || !m.tied_embeddings) {
+              std::string where;
+              check(bit_identical(got.weights, by_zero[std::size_t(zero)].weights, &where),
+                    label.str() + ": weights not bit-identical to the device update's at " + where);
+              for (int n = 0; n < kSteps; ++n)
+                check(got.losses[n] == by_zero[std::size_t(zero)].losses[n],
+                      label.str() + ": loss not bit-identical to the device update's");
+            }
+          }
       }
     // 11. Expert parallelism (ep 2 at N 2 and 4, ep 4 at N 4; edp = N/ep): tiny-qwen3-moe's 8
     // experts E/ep per rank, the rows exchanged by all-to-all as the routing sends them, the
@@ -662,6 +690,35 @@ int main(int argc, char** argv) {
         check_against_single(label.str(), got, ref, kSteps, rank_id == 0);
         if (zero > 0) check_as_zero0(label.str(), got, by_zero[0], kSteps);
       }
+      // --offload under ep (fp32, one micro-batch): bit for bit the device update's run, the
+      // ledger the trace given its rows, the host bytes (the experts' shard over edp = N/ep
+      // beside the dense one over N) the analytic's.
+      for (int zero = 1; zero <= 3; ++zero)
+        for (const Offload off : {Offload::optimizer, Offload::optimizer_params}) {
+          if (off == Offload::optimizer_params && zero != 3) continue;
+          std::ostringstream label;
+          label << "tiny-qwen3-moe fp32 dp " << N << " ep " << ep << " ZeRO-" << zero
+                << " --offload " << offload_name(off) << " rank " << rank_id;
+          ParallelConfig p = layout(m, t, N, zero, 1);
+          p.ep = ep;
+          p.offload = off;
+          p.resolve(false, m, t);
+          ShardedRun run(m, t, p, data, *world, 17, kind, nullptr, nullptr, nullptr, {}, nullptr,
+                         eg.ep_group.get(), eg.edp_group.get());
+          const StepsResult got = run.run(kSteps);
+          check_ledger_given_rows(run, m, t, p, rank_id, label.str());
+          const std::uint64_t host_want =
+              estimate_layout_of_rank(m, t, p, rank_id).ranks.at(0).host_bytes;
+          check(run.step->host_bytes() == host_want && host_want > 0,
+                label.str() + ": host bytes " + std::to_string(run.step->host_bytes()) +
+                    " != analytic " + std::to_string(host_want));
+          std::string where;
+          check(bit_identical(got.weights, by_zero[std::size_t(zero)].weights, &where),
+                label.str() + ": weights not bit-identical to the device update's at " + where);
+          for (int n = 0; n < kSteps; ++n)
+            check(got.losses[n] == by_zero[std::size_t(zero)].losses[n],
+                  label.str() + ": loss not bit-identical to the device update's");
+        }
     }
     // The given-rows trace matters: somewhere the measured routing is not balanced.
     if (N >= 2 && !cuda) {

@@ -194,9 +194,9 @@ TEST(CliE2EFamilies, MoeModelsEstimateWithHfAndNativeProfilesAndTheRestRefusesTh
       const Result r = trainmem(sub + " --model " + c.model + cmd.substr(cmd.find(' ')) +
                                 (native && runs_native ? " --format json" : ""));
       if (native && runs_native) {
-        // plan exits 3 when nothing fits: Mixtral-8x7B's AdamW states alone exceed 8 × 80 GB
-        // (docs/distributed.md, "Expert parallelism"); its report is still printed.
-        ASSERT_EQ(r.code, sub == "plan" && c.model == "mixtral-8x7b" ? 3 : 0) << r.err;
+        // Mixtral-8x7B's AdamW states alone exceed 8 × 80 GB; plan fits it with the optimizer
+        // offloaded to the host (docs/distributed.md, "Expert parallelism").
+        ASSERT_EQ(r.code, 0) << r.err;
         EXPECT_TRUE(r.j().contains(sub == "profile" ? "measured"
                                    : sub == "plan"  ? "candidates"
                                                     : "analytic"))

@@ -323,10 +323,10 @@ TEST(CliLayout, MixtureOfExpertsPerRankAndTheExpertFlags) {
     EXPECT_EQ(ej["layout"]["edp"], 1);
     EXPECT_EQ(ej["ranks"][0]["expert_params"].get<std::uint64_t>(), 2u * 4 * 3 * 18 * 64);
   }
-  // --zero 3 with --ep 2 over 4 ranks (docs/distributed.md, "ZeRO-3 of the experts"; worked in
-  // test_analytic_rank.cpp ZeroThreeShardsTheExpertsOverTheirGroup): the dense shard 51,488/4 =
-  // 12,872 elements, the experts' 55,296/2 = 27,648, both in bf16 params: 81,040 B; the trace of
-  // every rank equal to the analytic.
+  // --zero 3 with --ep 2 over 4 ranks (docs/distributed.md, "ZeRO-3 and offload of the experts";
+  // worked in test_analytic_rank.cpp ZeroThreeShardsTheExpertsOverTheirGroup): the dense shard
+  // 51,488/4 = 12,872 elements, the experts' 55,296/2 = 27,648, both in bf16 params: 81,040 B; the
+  // trace of every rank equal to the analytic.
   {
     const auto z3 =
         run_trainmem({"profile", "--model", "tiny-qwen3-moe", "--world-size", "4", "--ep", "2",

@@ -245,7 +245,8 @@ GridCounts moe_grid(std::initializer_list<const char*> models,
                     std::initializer_list<std::int64_t> eps,
                     std::initializer_list<std::int64_t> dps, std::int64_t tp, std::int64_t etp = 1,
                     std::initializer_list<int> zeros = {0, 1, 2},
-                    std::initializer_list<std::int64_t> prefetches = {1}) {
+                    std::initializer_list<std::int64_t> prefetches = {1},
+                    std::initializer_list<Offload> offloads = {Offload::none}) {
   GridCounts n;
   for (const std::string model : models)
     for (std::int64_t ep : eps)
@@ -254,66 +255,69 @@ GridCounts moe_grid(std::initializer_list<const char*> models,
           for (std::int64_t pp : {1, 2})
             for (int zero : zeros)
               for (std::int64_t prefetch : prefetches)
-                for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
-                  for (std::int64_t M : {1, 3}) {
-                    const bool shared = model == "moe-wide-shared" || model == "moe-mid-shared" ||
-                                        model == "moe-narrow-shared";
-                    ModelConfig m = test::any_config(model == "moe-wide-experts" ? "tiny-qwen3-moe"
-                                                     : shared                    ? "tiny-qwen2-moe"
-                                                                                 : model);
-                    if (model == "moe-wide-experts") m.expert_intermediate = 96;
-                    if (shared)
-                      m.shared_expert_intermediate = model == "moe-wide-shared"  ? 288
-                                                     : model == "moe-mid-shared" ? 240
-                                                                                 : 8;
-                    if (tp > 1) m.vocab = 96;
-                    TrainConfig t;
-                    t.batch = 1;
-                    t.seq = 12;
-                    t.dtype = DType::bf16;
-                    t.checkpointing = ck;
-                    t.attention = Attention::flash;
-                    ParallelConfig p;
-                    p.tp = tp;
-                    p.sp = tp > 1;
-                    p.world = dp * pp * cp * tp;
-                    p.dp = dp;
-                    p.pp = pp;
-                    p.cp = cp;
-                    p.ep = ep;
-                    p.etp = etp;
-                    p.zero = zero;
-                    p.prefetch = prefetch;
-                    p.microbatches = M;
-                    try {
-                      p.resolve(true, m, t);
-                    } catch (const InputError&) {
-                      continue;
+                for (Offload off : offloads)
+                  for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
+                    for (std::int64_t M : {1, 3}) {
+                      const bool shared = model == "moe-wide-shared" || model == "moe-mid-shared" ||
+                                          model == "moe-narrow-shared";
+                      ModelConfig m =
+                          test::any_config(model == "moe-wide-experts" ? "tiny-qwen3-moe"
+                                           : shared                    ? "tiny-qwen2-moe"
+                                                                       : model);
+                      if (model == "moe-wide-experts") m.expert_intermediate = 96;
+                      if (shared)
+                        m.shared_expert_intermediate = model == "moe-wide-shared"  ? 288
+                                                       : model == "moe-mid-shared" ? 240
+                                                                                   : 8;
+                      if (tp > 1) m.vocab = 96;
+                      TrainConfig t;
+                      t.batch = 1;
+                      t.seq = 12;
+                      t.dtype = DType::bf16;
+                      t.checkpointing = ck;
+                      t.attention = Attention::flash;
+                      ParallelConfig p;
+                      p.tp = tp;
+                      p.sp = tp > 1;
+                      p.world = dp * pp * cp * tp;
+                      p.dp = dp;
+                      p.pp = pp;
+                      p.cp = cp;
+                      p.ep = ep;
+                      p.etp = etp;
+                      p.zero = zero;
+                      p.prefetch = prefetch;
+                      p.offload = off;
+                      p.microbatches = M;
+                      try {
+                        p.resolve(true, m, t);
+                      } catch (const InputError&) {
+                        continue;
+                      }
+                      std::uint64_t first_peak = 0;
+                      bool differ = false;
+                      for (std::int64_t slot = 0; slot < p.grad_ranks() * tp; ++slot) {
+                        const std::string what =
+                            model + " tp" + std::to_string(tp) + " etp" + std::to_string(etp) +
+                            " ep" + std::to_string(ep) + " dp" + std::to_string(dp) + " cp" +
+                            std::to_string(cp) + " pp" + std::to_string(pp) + " z" +
+                            std::to_string(zero) + " pf" + std::to_string(prefetch) +
+                            " off=" + offload_name(off) + " " + checkpointing_name(ck) + " M" +
+                            std::to_string(M) + " slot " + std::to_string(slot);
+                        const LayoutEstimate le =
+                            test::expect_trace_equals_layout(m, t, p, what, slot);
+                        if (::testing::Test::HasFailure()) return n;
+                        for (const RankEstimate& r : le.ranks)
+                          n.peaks.insert(model + ": " +
+                                         r.est.instants.at(std::size_t(r.est.peak_instant)).name);
+                        const std::uint64_t peak = le.ranks.at(0).est.figures.peak;
+                        if (slot == 0) first_peak = peak;
+                        differ |= peak != first_peak;
+                        EXPECT_LE(peak, first_peak) << what << ": index 0 receives the most rows";
+                      }
+                      ++n.checked;
+                      n.differ += differ;
                     }
-                    std::uint64_t first_peak = 0;
-                    bool differ = false;
-                    for (std::int64_t slot = 0; slot < p.grad_ranks() * tp; ++slot) {
-                      const std::string what =
-                          model + " tp" + std::to_string(tp) + " etp" + std::to_string(etp) +
-                          " ep" + std::to_string(ep) + " dp" + std::to_string(dp) + " cp" +
-                          std::to_string(cp) + " pp" + std::to_string(pp) + " z" +
-                          std::to_string(zero) + " pf" + std::to_string(prefetch) + " " +
-                          checkpointing_name(ck) + " M" + std::to_string(M) + " slot " +
-                          std::to_string(slot);
-                      const LayoutEstimate le =
-                          test::expect_trace_equals_layout(m, t, p, what, slot);
-                      if (::testing::Test::HasFailure()) return n;
-                      for (const RankEstimate& r : le.ranks)
-                        n.peaks.insert(model + ": " +
-                                       r.est.instants.at(std::size_t(r.est.peak_instant)).name);
-                      const std::uint64_t peak = le.ranks.at(0).est.figures.peak;
-                      if (slot == 0) first_peak = peak;
-                      differ |= peak != first_peak;
-                      EXPECT_LE(peak, first_peak) << what << ": index 0 receives the most rows";
-                    }
-                    ++n.checked;
-                    n.differ += differ;
-                  }
   return n;
 }
 
@@ -385,8 +389,8 @@ TEST(ShardedTrace, ExpertTensorParallelEveryRankOverTheGrid) {
   EXPECT_TRUE(all.peaked_at("d_expert_rows (the received rows gathered over etp)"));
 }
 
-// ZeRO-3 of a mixture of experts (docs/distributed.md, "ZeRO-3 of the experts"): the experts'
-// vector sharded over the expert-data-parallel ranks (edp = dp·tp·cp/(ep·etp)), each MoE
+// ZeRO-3 of a mixture of experts (docs/distributed.md, "ZeRO-3 and offload of the experts"): the
+// experts' vector sharded over the expert-data-parallel ranks (edp = dp·tp·cp/(ep·etp)), each MoE
 // layer's unit holding its dense part and the rank's E/ep experts of m/etp columns, gathered
 // --prefetch 0, 1 or 2 units ahead; every slot of the stage traced against its analytic over
 // (tp, etp) (1, 1), (2, 1), (1, 2), (2, 2) × ep 1/2/4 × dp × cp × checkpointing × micro-batches
@@ -406,6 +410,14 @@ TEST(ShardedTrace, ZeroThreeOfTheExpertsEveryRankOverTheGrid) {
   std::printf("[moe zero-3 grid] %d layouts, the slots' peaks differing in %d\n", all.checked,
               all.differ);
   EXPECT_GT(all.differ, 10);
+  // --offload optimizer (ZeRO 1-3) and optimizer+params (ZeRO-3): both shards' states and
+  // gradients leave the GPU (and under optimizer+params both parameter shards).
+  for (const auto& [tp, etp] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {2, 2}}) {
+    const GridCounts n = moe_grid({"tiny-qwen3-moe", "tiny-qwen2-moe"}, {1, 2}, {2, 4}, tp, etp,
+                                  {1, 2, 3}, {1}, {Offload::optimizer, Offload::optimizer_params});
+    if (::testing::Test::HasFailure()) return;
+    EXPECT_GT(n.checked, 20) << "offload, tp " << tp << " etp " << etp;
+  }
 }
 
 // The recompute's FLOPs of a MoE layer under tp with sp, by hand (docs/formulas.md, "Recompute

@@ -802,6 +802,20 @@ void Stage::books() {
       host("parameter shard", checked_mul(shard, w), "16-bit parameter shard, gathered per unit");
       r_.host.back().dtype = g_.dt;
     }
+    // A mixture of experts: the experts' shard alike (DeepSpeed offloads each MoE parameter
+    // group's partition over its expert-data-parallel group).
+    if (eshard > 0) {
+      host("expert optimizer states", checked_mul(eshard, f),
+           "the experts' shard's optimizer states (over the " + std::to_string(edp) +
+               " expert-data-parallel ranks)");
+      host("expert gradient shard", checked_mul(eshard, 4),
+           "fp32 gradients of the experts' shard the host optimizer reads");
+      if (off_params) {
+        host("expert parameter shard", checked_mul(eshard, w),
+             "the experts' parameter shard, gathered into each MoE layer's unit");
+        r_.host.back().dtype = g_.dt;
+      }
+    }
   }
 
   // Communication buffers allocated at setup: the reduce bucket(s) of ZeRO-2/3.

@@ -248,7 +248,8 @@ void check_moe_layout(const ParallelConfig& p, const ModelConfig& m, const Train
         flags + what + ": " + why +
         " is not modelled yet; the per-rank step models "
         "a MoE model with data, pipeline, context, tensor (with --sp), expert (--ep) and expert "
-        "tensor (--etp) parallelism and ZeRO 0-3, flat (docs/distributed.md, \"Mixture of experts "
+        "tensor (--etp) parallelism, ZeRO 0-3 (flat) and --offload (docs/distributed.md, \"Mixture "
+        "of experts "
         "per "
         "rank\")");
   };
@@ -261,9 +262,6 @@ void check_moe_layout(const ParallelConfig& p, const ModelConfig& m, const Train
     not_yet("--sharding per-parameter (--fsdp2)",
             "FSDP2 of the experts (a fully_shard of their own over the expert-data-parallel "
             "mesh, as torchtitan's apply_fsdp; use --zero 3, flat)");
-  if (p.offload != Offload::none)
-    not_yet("--offload " + std::string(offload_name(p.offload)),
-            "optimizer offload of the experts' states");
   if (t.capacity_factor > 0)
     not_yet("--capacity-factor", "a per-rank expert capacity (each rank drops its own tokens)");
   if (m.output_router_logits)

@@ -143,14 +143,16 @@ void ShardedStep::Impl::initialise() {
   // The owned slices (ZeRO >= 1's master shard, ZeRO-3's parameter shard), made on the host.
   const bool shard_master = bool(shard_states.master);
   if (offx) {
+    // The dense shard's elements, then (a mixture of experts) the experts' shard's from `shard`.
+    const std::uint64_t hn = shard + eshard;
     const bool adam = t.optimizer == Optimizer::adamw;
-    if (D != DType::f32) h_master.assign(shard, 0.0f);
+    if (D != DType::f32) h_master.assign(hn, 0.0f);
     if (adam) {
-      h_m.assign(shard, 0.0f);
-      h_v.assign(shard, 0.0f);
+      h_m.assign(hn, 0.0f);
+      h_v.assign(hn, 0.0f);
     }
-    h_grad.assign(shard, 0.0f);
-    if (p.offload == Offload::optimizer_params) h_params.assign(shard * es, 0);
+    h_grad.assign(hn, 0.0f);
+    if (p.offload == Offload::optimizer_params) h_params.assign(hn * es, 0);
     host_be = make_cpu_backend(DType::f32);
   }
   // The rank's owned elements of the trainable (or, LoRA's, the frozen) parameters, in its
@@ -194,13 +196,17 @@ void ShardedStep::Impl::initialise() {
     for (std::size_t x = 0; x < f.size() && !h_params.empty(); ++x)
       store_from_f32(h_params.data(), x, D, f[x]);
   }
-  if (expert_states.master || expert_params_shard) {  // the experts' owned range [elo, ehi)
+  if (expert_states.master || expert_params_shard || (offx && Ek > 0)) {
+    // The experts' owned range [elo, ehi); offloaded, at `shard` in the host's vectors.
     const std::vector<float> f = owned_values(true, ehi - elo, false, true);
     if (expert_states.master) {
       be->fill_zero(expert_states.master.data(), expert_states.master.bytes());
       be->upload(expert_states.master.data(), f.data(), f.size() * 4);
     }
     if (expert_params_shard) upload_d(expert_params_shard, f);
+    if (!h_master.empty()) std::copy(f.begin(), f.end(), h_master.begin() + std::ptrdiff_t(shard));
+    for (std::size_t x = 0; x < f.size() && !h_params.empty(); ++x)
+      store_from_f32(h_params.data(), shard + x, D, f[x]);
   }
   for (States* st : all_states()) {
     if (st->m) be->fill_zero(st->m.data(), st->m.bytes());
@@ -369,7 +375,7 @@ void ShardedStep::Impl::G_done(int q) {
       std::vector<unsigned char> raw((z - a) * es);
       be->download(raw.data(), elem_ptr(bucket, a), raw.size());
       for (std::uint64_t x = a; x < z; ++x)
-        h_grad[at + (x - a)] += load_as_f32(raw.data(), x - a, D);
+        h_grad[host_base(std::size_t(q)) + at + (x - a)] += load_as_f32(raw.data(), x - a, D);
     } else {
       be->bias_forward(elem_ptr(grads_shard_of(std::size_t(q)), at), elem_ptr(bucket, a), 1,
                        std::int64_t(z - a));
@@ -431,8 +437,8 @@ void ShardedStep::Impl::fill_unit(int u) {
     pieces(qi, [&](int owner, std::uint64_t a, std::uint64_t z, std::uint64_t at) {
       char* dst = elem_ptr(buf, pos + a);
       const bool mine = owner == index_of(qi);
-      if (mine && !frozen && !expert && !h_params.empty()) {
-        be->upload(dst, h_params.data() + at * es, (z - a) * es);
+      if (mine && !frozen && !h_params.empty()) {
+        be->upload(dst, h_params.data() + (host_base(qi) + at) * es, (z - a) * es);
       } else if (mine) {
         be->copy(dst, elem_ptr(src, at), (z - a) * es);
         be->synchronize();
@@ -531,48 +537,71 @@ void ShardedStep::Impl::optimizer_step() {
 }
 
 void ShardedStep::Impl::offload_step(float gs) {
-  const std::uint64_t n = hi - lo;
-  // The owned elements' current D values and a place for the new ones (staging, outside the
-  // books like the host's pinned buffers).
-  std::vector<unsigned char> vals(n * es);
+  // The flat vectors' owned ranges, each at its place in the host's vectors: the dense [lo, hi)
+  // from 0, the experts' [elo, ehi) from `shard` (a mixture of experts; empty otherwise).
+  struct Range {
+    bool expert;
+    std::uint64_t from, n, at;
+  };
+  const Range ranges[2] = {{false, lo, hi - lo, 0}, {true, elo, ehi - elo, shard}};
+  auto owned_of = [&](bool expert,
+                      const std::function<void(std::size_t, std::uint64_t, std::uint64_t)>& f) {
+    for_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
+      if (P[q].expert == expert) f(q, a, z);
+    });
+  };
   if (p.zero < 2) {
     std::fill(h_grad.begin(), h_grad.end(), 0.0f);
     for_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
       std::vector<unsigned char> raw((z - a) * es);
       be->download(raw.data(), elem_ptr(grads[q], a - P[q].off), raw.size());
-      for (std::uint64_t x = a; x < z; ++x) h_grad[x - lo] = load_as_f32(raw.data(), x - a, D);
+      const std::uint64_t at = host_base(q) + (a - lo_of(q));
+      for (std::uint64_t x = a; x < z; ++x)
+        h_grad[at + (x - a)] = load_as_f32(raw.data(), x - a, D);
     });
   }
-  if (n > 0) {
+  auto at_or_null = [](std::vector<float>& v, std::uint64_t at) {
+    return v.empty() ? nullptr : v.data() + at;
+  };
+  for (const Range& rg : ranges) {
+    const std::uint64_t n = rg.n;
+    if (n == 0) continue;
+    const Tensor& dev_shard = rg.expert ? expert_params_shard : params_shard;
+    // The owned elements' current D values and a place for the new ones (staging, outside the
+    // books like the host's pinned buffers).
+    std::vector<unsigned char> vals(n * es);
     std::vector<float> work;  // fp32 D: the values themselves
-    float* target = h_master.empty() ? nullptr : h_master.data();
+    float* target = at_or_null(h_master, rg.at);
     if (!target) {
       if (!h_params.empty()) {
-        std::memcpy(vals.data(), h_params.data(), n * es);
+        std::memcpy(vals.data(), h_params.data() + rg.at * es, n * es);
       } else if (p.zero == 3) {
-        be->download(vals.data(), params_shard.data(), n * es);
+        be->download(vals.data(), dev_shard.data(), n * es);
       } else {
-        for_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
-          be->download(vals.data() + (a - lo) * es, elem_ptr(value[q], a - P[q].off), (z - a) * es);
+        owned_of(rg.expert, [&](std::size_t q, std::uint64_t a, std::uint64_t z) {
+          be->download(vals.data() + (a - rg.from) * es, elem_ptr(value[q], a - P[q].off),
+                       (z - a) * es);
         });
       }
       work.resize(n);
       for (std::uint64_t x = 0; x < n; ++x) work[x] = load_as_f32(vals.data(), x, D);
       target = work.data();
     }
+    float* g = h_grad.data() + rg.at;
     if (t.optimizer == Optimizer::adamw)
-      host_be->adamw_update(target, h_grad.data(), nullptr, h_m.data(), h_v.data(), std::int64_t(n),
-                            X->optimizer.adamw, step, gs);
+      host_be->adamw_update(target, g, nullptr, at_or_null(h_m, rg.at), at_or_null(h_v, rg.at),
+                            std::int64_t(n), X->optimizer.adamw, step, gs);
     else
-      host_be->sgd_update(target, h_grad.data(), nullptr, std::int64_t(n), X->optimizer.sgd_lr, gs);
+      host_be->sgd_update(target, g, nullptr, std::int64_t(n), X->optimizer.sgd_lr, gs);
     for (std::uint64_t x = 0; x < n; ++x) store_from_f32(vals.data(), x, D, target[x]);
     if (!h_params.empty()) {
-      std::memcpy(h_params.data(), vals.data(), n * es);
+      std::memcpy(h_params.data() + rg.at * es, vals.data(), n * es);
     } else if (p.zero == 3) {
-      be->upload(params_shard.data(), vals.data(), n * es);
+      be->upload(dev_shard.data(), vals.data(), n * es);
     } else {
-      for_owned([&](std::size_t q, std::uint64_t a, std::uint64_t z) {
-        be->upload(elem_ptr(value[q], a - P[q].off), vals.data() + (a - lo) * es, (z - a) * es);
+      owned_of(rg.expert, [&](std::size_t q, std::uint64_t a, std::uint64_t z) {
+        be->upload(elem_ptr(value[q], a - P[q].off), vals.data() + (a - rg.from) * es,
+                   (z - a) * es);
       });
     }
   }

@@ -230,6 +230,9 @@ struct ShardedStep::Impl : LayerHost {
     return !P[q].trainable ? fshard : P[q].expert ? eshard : shard;
   }
   std::uint64_t lo_of(std::size_t q) const { return P[q].expert ? elo : lo; }
+  // --offload: where parameter q's flat vector starts in the host's vectors (the dense shard's
+  // elements, then the experts' shard's).
+  std::uint64_t host_base(std::size_t q) const { return P[q].expert ? shard : 0; }
   std::uint64_t hi_of(std::size_t q) const { return P[q].expert ? ehi : hi; }
   Tensor& grads_shard_of(std::size_t q) { return P[q].expert ? expert_grads_shard : grads_shard; }
   const States& states_of(std::size_t q) const {

@@ -122,10 +122,10 @@ void ShardedStep::Impl::setup() {
   shard = (Pk + ranks - 1) / ranks;
   lo = std::min(Pk, std::uint64_t(r) * shard);
   hi = std::min(Pk, lo + shard);
-  if (Ek > 0 && (p.offload != Offload::none || p.per_parameter()))
+  if (Ek > 0 && p.per_parameter())
     throw Error(
-        "sharded step: the experts' flat vector under FSDP2 or offload is not modelled "
-        "(check_moe_layout refuses them)");
+        "sharded step: the experts' flat vector under FSDP2 is not modelled (check_moe_layout "
+        "refuses it)");
   if (Ek > 0) {  // the experts' vector over the expert-data-parallel ranks (dp·tp·cp/(ep·etp))
     const std::uint64_t eranks = std::uint64_t(p.edp());
     eshard = (Ek + eranks - 1) / eranks;
@@ -160,7 +160,7 @@ void ShardedStep::Impl::setup() {
     if (!off_params) params_shard = alloc("params.shard", Category::params, -1, {shard_n}, D);
     // A mixture of experts: the rank's slice of the experts' vector, over the expert-data-
     // parallel ranks (gathered into each MoE layer's unit from them).
-    if (Ek > 0)
+    if (Ek > 0 && !off_params)
       expert_params_shard = alloc("expert_params.shard", Category::params, -1,
                                   {static_cast<std::int64_t>(eshard)}, D);
   } else {
@@ -182,7 +182,7 @@ void ShardedStep::Impl::setup() {
     // Per-parameter (FSDP2): each unit's sharded gradient is made at its post-backward.
     if (!off && !per_param)
       grads_shard = alloc("grads.shard", Category::gradients, -1, {shard_n}, D);
-    if (Ek > 0)
+    if (Ek > 0 && !off)  // offload: the experts' fp32 gradient shard on the host
       expert_grads_shard = alloc("expert_grads.shard", Category::gradients, -1,
                                  {static_cast<std::int64_t>(eshard)}, D);
   } else {

@@ -357,7 +357,10 @@ std::vector<unsigned char> ShardedStep::Impl::expert_group_shards() {
   // (ep_i, etp_i): slot = edp_i·(ep·etp) + ep_i·etp + etp_i.
   const std::size_t per = std::size_t(eshard) * es, tp = std::size_t(p.tp);
   std::vector<unsigned char> mine(per), row(per * tp), all(per * tp * std::size_t(p.grad_ranks()));
-  be->download(mine.data(), expert_params_shard.data(), per);
+  if (!h_params.empty())  // --offload optimizer+params: the host's copy, after the dense shard
+    std::memcpy(mine.data(), h_params.data() + shard * es, per);
+  else
+    be->download(mine.data(), expert_params_shard.data(), per);
   if (tp > 1)
     TH->all_gather(mine.data(), row.data(), per / 2, DType::f16);  // bytes as 16-bit words
   else
