@@ -296,6 +296,15 @@ def main():
         # the rows its experts received; the model states against the analytic), the losses the
         # single rank's; --dump-routing writes every rank's choices (rank 0), and the meta trace
         # given that file reproduces every measured rank's books and takes it at ep 4 too.
+        # A capacity per rank (docs/distributed.md, "A capacity per rank"): --capacity-factor
+        # under context parallelism, each rank's capacity over its own b·s/cp tokens; every
+        # rank's ledger equal to its trace and the analytic (E·c expert rows).
+        if n % 2 == 0:
+            rc, out, err, _ = run(n, moe + ["--world-size", str(n), "--cp", "2", "--attention",
+                                            "flash", "--capacity-factor", "0.5", "--format",
+                                            "json"], threads=1)
+            expect(rc == 0 and json.loads(out).get("all_ranks_match") is True,
+                   f"--capacity-factor 0.5 --cp 2 measured: exit {rc}", out, err)
         # ZeRO-3 of the experts too (docs/distributed.md, "ZeRO-3 and offload of the experts"): the experts'
         # parameters sharded over the expert-data-parallel ranks and gathered per layer; and
         # with both shards' states, gradients and parameters offloaded to the host.

@@ -39,6 +39,8 @@
 //      checks 1-2, the ledger against the trace of the rank's slot (given its rows under ep);
 //  13. expert tensor parallelism (etp 2 with tp 1 and tp 2 sp, ep 1 and 2): the same, and the
 //      experts' elements against their column blocks;
+//  14. a capacity per rank (--capacity-factor 0.5, dp N): every rank given the same rows, against
+//      the single rank's run of those rows with the same capacity (checks 1-3);
 //   4. tensor parallelism (tp 2 with and without sp, dp N/2; tiny, tiny-qwen2 with biases and tied
 //   embeddings,
 //      tiny-qwen3 with q/k norms): every rank's slice of every weight against the same slice of
@@ -215,6 +217,18 @@ void check_as_zero0(const std::string& label, const StepsResult& got, const Step
         label + ": weights not bit-identical to ZeRO-0's at " + where);
   for (int n = 0; n < steps; ++n)
     check(got.losses[n] == zero0.losses[n], label + ": loss not bit-identical to ZeRO-0's");
+}
+
+// An --offload run against the same layout's run with the update on the device: weights and
+// losses bit for bit.
+void check_as_device_update(const std::string& label, const StepsResult& got,
+                            const StepsResult& device, int steps) {
+  std::string where;
+  check(bit_identical(got.weights, device.weights, &where),
+        label + ": weights not bit-identical to the device update's at " + where);
+  for (int n = 0; n < steps; ++n)
+    check(got.losses[n] == device.losses[n],
+          label + ": loss not bit-identical to the device update's");
 }
 
 // Tensor parallelism: where the rank's elements of each parameter sit in the whole one, worked out
@@ -422,16 +436,10 @@ int main(int argc, char** argv) {
               const StepsResult got = run.run(kSteps);
               check_ledger(run, m, t, p, label.str());
               check(run.step->host_bytes() > 0, label.str() + ": nothing on the host");
-              std::string where;
               // The host sums ZeRO 2/3's gradient contributions in fp32 where the device rounds
               // to D after each: the same bits in fp32, or with one contribution per element.
               if (zero == 1 || dt == DType::f32 || (M == 1 && !m.tied_embeddings)) {
-                check(
-                    bit_identical(got.weights, by_zero[std::size_t(zero)].weights, &where),
-                    label.str() + ": weights not bit-identical to the device update's at " + where);
-                for (int n = 0; n < kSteps; ++n)
-                  check(got.losses[n] == by_zero[std::size_t(zero)].losses[n],
-                        label.str() + ": loss not bit-identical to the device update's");
+                check_as_device_update(label.str(), got, by_zero[std::size_t(zero)], kSteps);
               } else {
                 for (int n = 0; n < kSteps; ++n)
                   check(std::abs(got.losses[n] - ref.losses[n]) <= 1e-2 * std::abs(ref.losses[n]),
@@ -623,16 +631,43 @@ int main(int argc, char** argv) {
             const StepsResult got = run.run(kSteps);
             check_ledger(run, m, t, p, label.str());
             check(run.step->host_bytes() > 0, label.str() + ": nothing on the host");
-            if (zero == 1 || dt == DType::f32 || !m.tied_embeddings) {
-              std::string where;
-              check(bit_identical(got.weights, by_zero[std::size_t(zero)].weights, &where),
-                    label.str() + ": weights not bit-identical to the device update's at " + where);
-              for (int n = 0; n < kSteps; ++n)
-                check(got.losses[n] == by_zero[std::size_t(zero)].losses[n],
-                      label.str() + ": loss not bit-identical to the device update's");
-            }
+            if (zero == 1 || dt == DType::f32 || !m.tied_embeddings)
+              check_as_device_update(label.str(), got, by_zero[std::size_t(zero)], kSteps);
           }
       }
+    // 14. A capacity per rank (--capacity-factor 0.5 at dp N, ep 1; docs/distributed.md, "A
+    // capacity per rank"): each rank drops its own tokens beyond c = ⌈(b·s·K/E)·C⌉ of its own
+    // b·s tokens, as Megatron's get_capacity over the local tokens. Every rank given the same
+    // rows (--tokens: the global batch is one micro-batch of b rows N times), the step is the
+    // single rank's of those b rows with the same capacity (the same drops, the gradients the
+    // mean of N equal ones): losses within 1e-5, weights within Adam's tolerance; ZeRO 1-3 bit for
+    // bit ZeRO 0's; the ledger equal to the trace and the analytic (E·c expert rows).
+    for (const std::string name : {"tiny-qwen3-moe", "tiny-qwen2-moe"}) {
+      if (N < 2 || cuda) break;
+      const ModelConfig m = *find_preset(name);
+      TrainConfig t;
+      t.batch = 1;
+      t.seq = 12;
+      t.dtype = DType::f32;
+      t.optimizer = Optimizer::adamw;
+      t.attention = Attention::flash;
+      t.capacity_factor = 0.5;
+      const std::vector<std::int32_t> rows = random_token_ids(41, t.batch * t.seq, m.vocab);
+      std::vector<std::int32_t> global;
+      for (int n = 0; n < N; ++n) global.insert(global.end(), rows.begin(), rows.end());
+      const StepsResult ref = reference_steps_on(m, t, t.batch, 41, kSteps, rows);
+      std::vector<StepsResult> by_zero;
+      for (int zero = 0; zero <= 3; ++zero) {
+        std::ostringstream label;
+        label << name << " fp32 dp " << N << " --capacity-factor 0.5 ZeRO-" << zero;
+        const ParallelConfig p = layout(m, t, N, zero, 1);
+        ShardedRun run(m, t, p, data, *world, 41, kind, nullptr, nullptr, nullptr, {}, &global);
+        by_zero.push_back(run.run(kSteps));
+        check_ledger(run, m, t, p, label.str());
+        check_against_single(label.str(), by_zero.back(), ref, kSteps, rank_id == 0);
+        if (zero > 0) check_as_zero0(label.str(), by_zero.back(), by_zero[0], kSteps);
+      }
+    }
     // 11. Expert parallelism (ep 2 at N 2 and 4, ep 4 at N 4; edp = N/ep): tiny-qwen3-moe's 8
     // experts E/ep per rank, the rows exchanged by all-to-all as the routing sends them, the
     // experts' gradients summed over the expert-data-parallel group. Against the single rank's
@@ -712,12 +747,7 @@ int main(int argc, char** argv) {
           check(run.step->host_bytes() == host_want && host_want > 0,
                 label.str() + ": host bytes " + std::to_string(run.step->host_bytes()) +
                     " != analytic " + std::to_string(host_want));
-          std::string where;
-          check(bit_identical(got.weights, by_zero[std::size_t(zero)].weights, &where),
-                label.str() + ": weights not bit-identical to the device update's at " + where);
-          for (int n = 0; n < kSteps; ++n)
-            check(got.losses[n] == by_zero[std::size_t(zero)].losses[n],
-                  label.str() + ": loss not bit-identical to the device update's");
+          check_as_device_update(label.str(), got, by_zero[std::size_t(zero)], kSteps);
         }
     }
     // The given-rows trace matters: somewhere the measured routing is not balanced.

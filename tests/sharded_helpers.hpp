@@ -101,6 +101,25 @@ struct ShardedRun {
 
 // The single-rank step of the same global batch: LlamaModel with batch `rows`, from weights and
 // tokens of `seed`, or from the files `weights` (safetensors) and `tokens` (raw int32) when given.
+// The single-rank run on the token ids given (rows·s of them), weights from init_random(seed).
+inline StepsResult reference_steps_on(const ModelConfig& m, TrainConfig t, std::int64_t rows,
+                                      std::uint64_t seed, int steps,
+                                      const std::vector<std::int32_t>& ids) {
+  t.batch = rows;
+  auto backend = make_cpu_backend(t.dtype);
+  Ledger ledger(backend->allocator());
+  StepsResult r;
+  {
+    LlamaModel model(m, t, *backend, ledger, default_optimizer_settings(t.optimizer));
+    model.init_random(seed);
+    model.set_tokens(ids);
+    for (int n = 0; n < steps; ++n) r.losses.push_back(model.train_step());
+    for (const auto& p : model.parameters())
+      if (p.quant < 0) r.weights[p.name] = model.parameter_values(p.name);
+  }
+  return r;
+}
+
 inline StepsResult reference_steps(const ModelConfig& m, TrainConfig t, std::int64_t rows,
                                    std::uint64_t seed, int steps, const std::string& weights = "",
                                    const std::string& tokens = "") {

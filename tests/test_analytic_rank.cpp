@@ -573,6 +573,38 @@ TEST(AnalyticRank, ZeroThreeShardsTheExpertsOverTheirGroup) {
   }
 }
 
+// A capacity per rank by hand (docs/distributed.md, "A capacity per rank"): tiny-qwen3-moe (E 8,
+// K 2), b 1, s 12, --capacity-factor 0.5. One GPU: c = ⌈(12·2/8)·0.5⌉ = 2, the expert-ordered
+// buffers E·c = 16 rows. At --cp 2 a rank routes its own 6 tokens: c = ⌈(6·2/8)·0.5⌉ = 1, 8
+// rows; at dp 2 its 12 tokens, the one GPU's 16. (Megatron's get_capacity over the local tokens.)
+TEST(AnalyticRank, CapacityFactorIsEachRanksOwn) {
+  const ModelConfig m = preset("tiny-qwen3-moe");
+  TrainConfig t = train(1, 12, DType::bf16, Checkpointing::none, Attention::flash);
+  t.capacity_factor = 0.5;
+  for (const std::int64_t cp : {1, 2}) {
+    SCOPED_TRACE("cp " + std::to_string(cp));
+    ParallelConfig p;
+    p.world = 2;
+    p.cp = cp;
+    p.zero = 1;
+    p.resolve(false, m, t);
+    const std::int64_t rows = cp == 2 ? 8 : 16;
+    MetaAllocator alloc;
+    Ledger ledger(alloc);
+    ShardedStep step(m, t, p, 0, ledger, nullptr, 0);
+    step.train_step();
+    std::map<std::string, std::vector<std::int64_t>> shape;
+    for (const TensorRecord& rec : ledger.tensors())
+      if (rec.layer == 1) shape[rec.name] = rec.shape;
+    using S = std::vector<std::int64_t>;
+    EXPECT_EQ(shape["expert_in"], (S{rows, 64}));
+    EXPECT_EQ(shape["expert_gate"], (S{rows, 36}));
+    EXPECT_EQ(shape["expert_out"], (S{rows, 64}));
+    EXPECT_EQ(measured_figures(ledger).activations_peak,
+              estimate_layout(m, t, p).ranks.at(0).est.figures.activations_peak);
+  }
+}
+
 TEST(AnalyticRank, ExpertParallelFlagsNameTheirRule) {
   const TrainConfig t = train(1, 16);
   const ModelConfig moe = preset("tiny-qwen3-moe");
@@ -635,7 +667,10 @@ TEST(AnalyticRank, ExpertParallelFlagsNameTheirRule) {
   cap.capacity_factor = 1.25;
   p = {};
   p.world = 2;
-  EXPECT_NE(resolve_error(p, false, moe, cap).find("--capacity-factor with a mixture of experts"),
+  EXPECT_EQ(resolve_error(p, false, moe, cap), "(no error)");  // each rank's own capacity
+  p.ep = 2;
+  EXPECT_NE(resolve_error(p, false, moe, cap)
+                .find("--capacity-factor under --ep 2 --etp 1 with a mixture of experts"),
             std::string::npos);
   ModelConfig aux = moe;
   aux.output_router_logits = true;

@@ -41,7 +41,8 @@ struct Case {
   Quant quant = Quant::none;
   bool double_quant = true;
   std::int64_t blocksize = 64;
-  double dropout = 0.0;  // LoRA dropout (each adapter's one-byte mask and dropped input)
+  double dropout = 0.0;   // LoRA dropout (each adapter's one-byte mask and dropped input)
+  double capacity = 0.0;  // a MoE's --capacity-factor (0: none)
   std::string str() const {
     return model + " dp" + std::to_string(dp) + " tp" + std::to_string(tp) + " pp" +
            std::to_string(pp) + " z" + std::to_string(zero) + (sp ? " sp" : "") + " M" +
@@ -56,7 +57,8 @@ struct Case {
                 ? std::string(" ") + quant_name(quant) + (double_quant ? " dq" : "") + " bs" +
                       std::to_string(blocksize)
                 : "") +
-           (dropout > 0 ? " dropout" : "");
+           (dropout > 0 ? " dropout" : "") +
+           (capacity > 0 ? " capacity " + std::to_string(capacity) : "");
   }
 };
 
@@ -76,6 +78,7 @@ bool check(const Case& c) {
   t.double_quant = c.double_quant;
   t.quant_blocksize = c.blocksize;
   t.lora_dropout = c.dropout;
+  t.capacity_factor = c.capacity;
   ParallelConfig p;
   p.world = c.dp * c.tp * c.pp * c.cp;
   p.cp = c.cp;
@@ -246,7 +249,8 @@ GridCounts moe_grid(std::initializer_list<const char*> models,
                     std::initializer_list<std::int64_t> dps, std::int64_t tp, std::int64_t etp = 1,
                     std::initializer_list<int> zeros = {0, 1, 2},
                     std::initializer_list<std::int64_t> prefetches = {1},
-                    std::initializer_list<Offload> offloads = {Offload::none}) {
+                    std::initializer_list<Offload> offloads = {Offload::none},
+                    double capacity = 0.0) {
   GridCounts n;
   for (const std::string model : models)
     for (std::int64_t ep : eps)
@@ -276,6 +280,7 @@ GridCounts moe_grid(std::initializer_list<const char*> models,
                       t.dtype = DType::bf16;
                       t.checkpointing = ck;
                       t.attention = Attention::flash;
+                      t.capacity_factor = capacity;
                       ParallelConfig p;
                       p.tp = tp;
                       p.sp = tp > 1;
@@ -303,7 +308,8 @@ GridCounts moe_grid(std::initializer_list<const char*> models,
                             std::to_string(cp) + " pp" + std::to_string(pp) + " z" +
                             std::to_string(zero) + " pf" + std::to_string(prefetch) +
                             " off=" + offload_name(off) + " " + checkpointing_name(ck) + " M" +
-                            std::to_string(M) + " slot " + std::to_string(slot);
+                            std::to_string(M) + " slot " + std::to_string(slot) +
+                            (capacity > 0 ? " C " + std::to_string(capacity) : "");
                         const LayoutEstimate le =
                             test::expect_trace_equals_layout(m, t, p, what, slot);
                         if (::testing::Test::HasFailure()) return n;
@@ -392,16 +398,17 @@ TEST(ShardedTrace, ExpertTensorParallelEveryRankOverTheGrid) {
 // ZeRO-3 of a mixture of experts (docs/distributed.md, "ZeRO-3 and offload of the experts"): the
 // experts' vector sharded over the expert-data-parallel ranks (edp = dp·tp·cp/(ep·etp)), each MoE
 // layer's unit holding its dense part and the rank's E/ep experts of m/etp columns, gathered
-// --prefetch 0, 1 or 2 units ahead; every slot of the stage traced against its analytic over
-// (tp, etp) (1, 1), (2, 1), (1, 2), (2, 2) × ep 1/2/4 × dp × cp × checkpointing × micro-batches
-// (ZeRO-3 runs without pipelining), edp = 1 layouts included.
+// --prefetch 0 or 2 units ahead (1 in the offload rows and MixtureOfExpertsOverTheGrid); every slot
+// of the stage traced against its analytic over (tp, etp) (1, 1), (2, 1), (1, 2), (2, 2) × ep 1/2/4
+// × dp × cp × checkpointing × micro-batches (ZeRO-3 runs without pipelining), edp = 1 layouts
+// included.
 TEST(ShardedTrace, ZeroThreeOfTheExpertsEveryRankOverTheGrid) {
   GridCounts all;
   for (const auto& [tp, etp] :
        {std::pair<std::int64_t, std::int64_t>{1, 1}, {2, 1}, {1, 2}, {2, 2}}) {
     const GridCounts n =
         moe_grid({"tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "moe-wide-experts"},
-                 {1, 2, 4}, {1, 2, 4}, tp, etp, {3}, {0, 1, 2});
+                 {1, 2, 4}, {1, 2, 4}, tp, etp, {3}, {0, 2});
     if (::testing::Test::HasFailure()) return;
     EXPECT_GT(n.checked, 20) << "tp " << tp << " etp " << etp;
     all.checked += n.checked;
@@ -418,6 +425,22 @@ TEST(ShardedTrace, ZeroThreeOfTheExpertsEveryRankOverTheGrid) {
     if (::testing::Test::HasFailure()) return;
     EXPECT_GT(n.checked, 20) << "offload, tp " << tp << " etp " << etp;
   }
+}
+
+// --capacity-factor per rank (docs/distributed.md, "A capacity per rank"): each rank's capacity
+// c = ⌈(n·K/E)·C⌉ over its own n tokens (b·s/cp, /tp under sp), its expert-ordered buffers E·c
+// rows, at ep = etp = 1; every slot traced over dp × cp × pp × ZeRO 0-3 × checkpointing ×
+// micro-batches, with tp 1 and tp 2 sp, C 0.5 (tokens dropped) and 1.25 (rows padded).
+TEST(ShardedTrace, CapacityPerRankOverTheGrid) {
+  int checked = 0;
+  for (const std::int64_t tp : {1, 2})
+    for (const double C : {0.5, 1.25}) {
+      const GridCounts n = moe_grid({"tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral"}, {1},
+                                    {1, 2, 3}, tp, 1, {0, 1, 2, 3}, {1}, {Offload::none}, C);
+      if (::testing::Test::HasFailure()) return;
+      checked += n.checked;
+    }
+  EXPECT_GT(checked, 200);
 }
 
 // The recompute's FLOPs of a MoE layer under tp with sp, by hand (docs/formulas.md, "Recompute

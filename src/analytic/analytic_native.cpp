@@ -193,10 +193,12 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
     l.bsE4 = bytes_of({l.b, l.sr, l.E}, 4);
     l.bsK4 = bytes_of({l.b, l.sr, l.K}, 4);
     l.off4 = bytes_of({l.E + 1}, 4);
-    // The rank's b·s tokens (s/cp under context parallelism) route b·s·K rows; a capacity
-    // factor is modelled on one GPU (check_moe_layout).
-    l.nk = t.capacity_factor > 0 ? u(moe_rows(m, t)) : checked_mul(checked_mul(l.b, l.sr), l.K);
-    l.cap = u(moe_capacity(m, t));
+    // The rank's b·s tokens (s/cp under context parallelism, /tp under sp) route b·s·K rows;
+    // under --capacity-factor E·c, the capacity c over the rank's own tokens (Megatron's
+    // get_capacity of the local tokens; ep = etp = 1: check_moe_layout).
+    const std::int64_t tokens = std::int64_t(checked_mul(l.b, l.sr));
+    l.nk = u(moe_rows_of(m, t.capacity_factor, tokens));
+    l.cap = u(moe_capacity_of(m, t.capacity_factor, tokens));
     l.nkh = bytes_of({l.nk, l.h}, l.w);
     l.nkm = bytes_of({l.nk, l.m}, l.w);
     // The rank's place in the stage: slot j = grad_rank (gradient-group index · tp + tp index),

@@ -300,23 +300,30 @@ void require_native_moe(const ModelConfig& m, const TrainConfig& t, const std::s
   if (t.batch > 0 && t.seq > 0) (void)moe_rows(m, t);  // the capacity's rows fit int32 too
 }
 
-std::int64_t moe_capacity(const ModelConfig& m, const TrainConfig& t) {
-  if (!m.moe() || t.capacity_factor <= 0.0) return 0;
+std::int64_t moe_capacity_of(const ModelConfig& m, double capacity_factor, std::int64_t tokens) {
+  if (!m.moe() || capacity_factor <= 0.0) return 0;
   // Megatron's get_capacity: ceil((num_tokens / num_experts) * capacity_factor), num_tokens the
-  // b·s·K choices, in double.
-  const double rows = std::ceil(
-      (double(t.batch) * double(t.seq) * double(m.experts_per_token) / double(m.experts)) *
-      t.capacity_factor);
+  // tokens·K choices, in double.
+  const double rows = std::ceil((double(tokens) * double(m.experts_per_token) / double(m.experts)) *
+                                capacity_factor);
   if (!(rows * double(m.experts) <= double(kInt32Max)))
-    throw InputError("--capacity-factor " + number_text(t.capacity_factor) + ": " +
+    throw InputError("--capacity-factor " + number_text(capacity_factor) + ": " +
                      std::to_string(m.experts) + " experts x " + number_text(rows) +
                      " rows each exceed 2^31 - 1, the int32 indices of the expert-ordered rows");
   return static_cast<std::int64_t>(rows);
 }
 
+std::int64_t moe_capacity(const ModelConfig& m, const TrainConfig& t) {
+  return moe_capacity_of(m, t.capacity_factor, t.batch * t.seq);
+}
+
+std::int64_t moe_rows_of(const ModelConfig& m, double capacity_factor, std::int64_t tokens) {
+  const std::int64_t cap = moe_capacity_of(m, capacity_factor, tokens);
+  return cap > 0 ? m.experts * cap : tokens * m.experts_per_token;
+}
+
 std::int64_t moe_rows(const ModelConfig& m, const TrainConfig& t) {
-  const std::int64_t cap = moe_capacity(m, t);
-  return cap > 0 ? m.experts * cap : t.batch * t.seq * m.experts_per_token;
+  return moe_rows_of(m, t.capacity_factor, t.batch * t.seq);
 }
 
 std::uint64_t ModelConfig::param_count() const {

@@ -262,8 +262,10 @@ void check_moe_layout(const ParallelConfig& p, const ModelConfig& m, const Train
     not_yet("--sharding per-parameter (--fsdp2)",
             "FSDP2 of the experts (a fully_shard of their own over the expert-data-parallel "
             "mesh, as torchtitan's apply_fsdp; use --zero 3, flat)");
-  if (t.capacity_factor > 0)
-    not_yet("--capacity-factor", "a per-rank expert capacity (each rank drops its own tokens)");
+  if (t.capacity_factor > 0 && (p.ep > 1 || p.etp > 1))
+    not_yet("--capacity-factor under --ep " + str(p.ep) + " --etp " + str(p.etp),
+            "a capacity under expert parallelism (each source's choices kept per peer, the "
+            "all-to-all's rows)");
   if (m.output_router_logits)
     not_yet("output_router_logits",
             "the load-balancing loss per rank (its counts over each rank's own tokens)");

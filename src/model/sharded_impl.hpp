@@ -423,12 +423,15 @@ struct ShardedStep::Impl : LayerHost {
     ActDims dm{b, s, h, i, a, k, d, sr};
     dm.r = t.lora_rank;
     dm.lora = t.lora() ? t.lora_targets : 0u;
-    if (m.moe()) {  // the rank's b·s tokens routed (check_moe_layout: no capacity factor)
+    if (m.moe()) {  // the rank's b·s tokens routed (b·s/tp under sp)
       dm.E = m.experts;
       dm.K = m.experts_per_token;
-      dm.m = m.expert_intermediate / p.etp;              // the rank's columns of each expert
-      dm.ms = m.shared_expert_intermediate / p.tp;       // its columns, split like the MLP's
-      dm.nk = checked_mul(b * sr, dm.K, "routed rows");  // the rank's own rows under sp
+      dm.m = m.expert_intermediate / p.etp;         // the rank's columns of each expert
+      dm.ms = m.shared_expert_intermediate / p.tp;  // its columns, split like the MLP's
+      // --capacity-factor (ep = etp = 1, check_moe_layout): the capacity over the rank's own
+      // tokens, the buffers E·c rows as on one GPU.
+      dm.cap = moe_capacity_of(m, t.capacity_factor, b * sr);
+      dm.nk = moe_rows_of(m, t.capacity_factor, b * sr);
       dm.El = dm.E / p.ep;
       dm.er = p.ep > 1 || p.etp > 1 ? checked_mul(expert_rows(dm.nk), p.etp, "expert rows") : dm.nk;
     }

@@ -172,6 +172,8 @@ LayoutRouting read_layout_routing_file(const std::string& path, const ModelConfi
                  m.name + "'s num_experts_per_tok");
   doc.must_equal(d, "", "batch", t.batch, "--batch");
   const std::int64_t ls = rank_seq(layout, t.seq), tokens = t.batch * ls;
+  // --capacity-factor (ep = etp = 1): each rank's capacity over its own tokens, what it drops.
+  const std::int64_t cap = moe_capacity_of(m, t.capacity_factor, tokens);
   const std::int64_t per_stage = ranks_per_stage(layout), M = layout.microbatches;
   LayoutRouting out;
   out.source = "file " + path;
@@ -187,7 +189,7 @@ LayoutRouting read_layout_routing_file(const std::string& path, const ModelConfi
     std::vector<std::int64_t> all;
     for (std::int64_t l = 0; l < m.layers; ++l)
       if (m.is_moe_layer(l)) all.push_back(l);
-    const Routing one = doc.layers(d, "", all, m, tokens, 0, "b·" + rank_seq_letters(layout));
+    const Routing one = doc.layers(d, "", all, m, tokens, cap, "b·" + rank_seq_letters(layout));
     LayoutRouting every = every_source(one, m, layout);
     every.source = out.source;
     return every;
@@ -224,7 +226,7 @@ LayoutRouting read_layout_routing_file(const std::string& path, const ModelConfi
     once = 1;
     out.sources.push_back({r, mb,
                            doc.layers(o, at, stage_moe_layers(m, layout, r / per_stage), m, tokens,
-                                      0, "b·" + rank_seq_letters(layout))});
+                                      cap, "b·" + rank_seq_letters(layout))});
   }
   std::sort(out.sources.begin(), out.sources.end(), [](const auto& a, const auto& b) {
     return std::make_pair(a.rank, a.micro_batch) < std::make_pair(b.rank, b.micro_batch);

@@ -185,8 +185,13 @@ void require_native_moe(const ModelConfig& m, const TrainConfig& t, const std::s
 // The rows each expert may take under --capacity-factor, ⌈(b·s·K / E)·C⌉ computed in double as
 // Megatron's get_capacity does; 0 without a capacity factor or for a dense model.
 std::int64_t moe_capacity(const ModelConfig& m, const TrainConfig& t);
+// The same over `tokens` routed tokens (a rank's own under a layout: b·s/cp, /tp under sp, as
+// Megatron computes it over each rank's local tokens).
+std::int64_t moe_capacity_of(const ModelConfig& m, double capacity_factor, std::int64_t tokens);
 // The rows of the expert-ordered buffers: E·capacity under a capacity factor, b·s·K otherwise.
 std::int64_t moe_rows(const ModelConfig& m, const TrainConfig& t);
+// The same over `tokens` routed tokens.
+std::int64_t moe_rows_of(const ModelConfig& m, double capacity_factor, std::int64_t tokens);
 
 // A number as %g writes it (32, 0.5, 1e-05): flag values in messages and reports.
 std::string number_text(double v);
