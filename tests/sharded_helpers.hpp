@@ -99,8 +99,6 @@ struct ShardedRun {
   }
 };
 
-// The single-rank step of the same global batch: LlamaModel with batch `rows`, from weights and
-// tokens of `seed`, or from the files `weights` (safetensors) and `tokens` (raw int32) when given.
 // The single-rank run on the token ids given (rows·s of them), weights from init_random(seed).
 inline StepsResult reference_steps_on(const ModelConfig& m, TrainConfig t, std::int64_t rows,
                                       std::uint64_t seed, int steps,
@@ -120,6 +118,8 @@ inline StepsResult reference_steps_on(const ModelConfig& m, TrainConfig t, std::
   return r;
 }
 
+// The single-rank step of the same global batch: LlamaModel with batch `rows`, from weights and
+// tokens of `seed`, or from the files `weights` (safetensors) and `tokens` (raw int32) when given.
 inline StepsResult reference_steps(const ModelConfig& m, TrainConfig t, std::int64_t rows,
                                    std::uint64_t seed, int steps, const std::string& weights = "",
                                    const std::string& tokens = "") {

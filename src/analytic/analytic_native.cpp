@@ -1227,6 +1227,11 @@ void Stage::forward_instants() {
   if (last_layers)
     for (std::int64_t k = std::max<std::int64_t>(0, Ls_ - window_layers); k < Ls_; ++k)
       ks.push_back(k);
+  // ZeRO-3 with dense layers among MoE ones: the units differ by kind, so an earlier layer's
+  // window (a MoE unit prefetched where a later one holds a dense unit) may hold the most: every
+  // layer is an instant.
+  if (p_.zero == 3 && mixed())
+    for (std::int64_t k = 0; k < Ls_; ++k) ks.push_back(k);
   if (mixed()) {
     // Dense layers among MoE ones (one GPU): the same two layers of each kind, whose sets differ.
     for (int kd = 0; kd < 2; ++kd) {
@@ -1318,7 +1323,7 @@ void Stage::forward_instants() {
     if (sel_)
       at("forward: layer " + layer_name(k) + " attn_out allocated (probs alive)",
          csum({before(k), through_attn}), C, 0, u(k) + 1, G0);
-    if (kind(k) == 1 && (k == k_last || (p_.zero == 3 && k >= Ls_ - window_layers))) router(k);
+    if (kind(k) == 1 && (k == k_last || p_.zero == 3)) router(k);
     const bool partial = p_.sp && kind(k) == 0;  // a MoE layer's `out` is the combine's
     at("forward: layer " + layer_name(k) + " `out` allocated" +
            (partial     ? " (down partial alive)"

@@ -170,9 +170,11 @@ ReferenceRank deepspeed_reference(const ModelConfig& model, const TrainConfig& t
     r.notes.push_back(
         "a mixture of experts at ep 1: DeepSpeed's own MoE layer refuses stage 3 "
         "(engine.py _configure_zero_optimizer: \"MoE not supported with Stage 3\"); a "
-        "HuggingFace MoE runs as a dense model, its experts partitioned over all the ranks, the "
-        "experts module the largest layer (" +
-        num(static_cast<std::int64_t>(deepspeed_largest_layer_params(model))) + " parameters)");
+        "HuggingFace MoE runs as a dense model, its experts partitioned over all the ranks; "
+        "largest_layer_params " +
+        num(static_cast<std::int64_t>(deepspeed_largest_layer_params(model))) +
+        " (a layer's experts count as one module: transformers 5 keeps gate_up_proj and "
+        "down_proj on it)");
   if (par.zero == 2 && par.offload == Offload::optimizer_params) {
     r.why_not =
         "offload optimizer+params with ZeRO-2: ZeRO-2 offloads the optimizer only "

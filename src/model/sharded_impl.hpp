@@ -468,11 +468,19 @@ struct ShardedStep::Impl : LayerHost {
   }
   const void* weight(std::int64_t l, int slot) override { return LW(l, slot); }
   MoeDispatch moe_dispatch(int g, const std::vector<std::int32_t>& offsets) override;
-  void moe_routed(int g, const std::vector<std::int32_t>& off, const Tensor&,
+  void moe_routed(int g, const std::vector<std::int32_t>& off, const Tensor& topk_idx,
                   const Tensor&) override {
     if (off.empty()) return;  // a trace routes nothing
     std::vector<std::int64_t>& c = routed[{cur_mb, g}];
-    c.resize(off.size() - 1);
+    c.assign(off.size() - 1, 0);
+    if (t.capacity_factor > 0) {
+      // The choices routed to each expert before the capacity drops any (the offsets count the
+      // kept rows), as the single rank's --dump-routing counts them.
+      std::vector<std::int32_t> idx(topk_idx.bytes() / sizeof(std::int32_t));
+      be->download(idx.data(), topk_idx.data(), topk_idx.bytes());
+      for (const std::int32_t e : idx) ++c[std::size_t(e)];
+      return;
+    }
     for (std::size_t e = 0; e + 1 < off.size(); ++e) c[e] = off[e + 1] - off[e];
   }
   void ep_all_to_all(const void* send, const std::vector<std::size_t>& send_rows, void* recv,
