@@ -197,6 +197,12 @@ TEST(CliE2EFamilies, MoeModelsEstimateWithHfAndNativeProfilesAndTheRestRefusesTh
         // Mixtral-8x7B's AdamW states alone exceed 8 × 80 GB; plan fits it with the optimizer
         // offloaded to the host (docs/distributed.md, "Expert parallelism").
         ASSERT_EQ(r.code, 0) << r.err;
+        if (sub == "plan" && c.model == "mixtral-8x7b") {
+          const auto plan = r.j();
+          const auto best = plan["candidates"][0]["layout"];
+          EXPECT_EQ(best["offload"], "optimizer") << best.dump();
+          EXPECT_EQ(best["ep"], 8) << best.dump();
+        }
         EXPECT_TRUE(r.j().contains(sub == "profile" ? "measured"
                                    : sub == "plan"  ? "candidates"
                                                     : "analytic"))

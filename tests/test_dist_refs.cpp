@@ -84,6 +84,14 @@ TEST(DistRefs, LargestLayerIsTheLargestModulesOwnParameters) {
   EXPECT_EQ(deepspeed_largest_layer_params(preset("llama-7b")), V7 * H7);
   EXPECT_EQ(deepspeed_largest_layer_params(preset("llama3-8b")), 128256ull * 4096);
   EXPECT_EQ(deepspeed_largest_layer_params(preset("tiny")), 64ull * 176);  // h·i > V·h = 8192
+  // A mixture of experts as transformers 5 builds it: a layer's experts are one module owning
+  // gate_up_proj (E, 2m, h) and down_proj (E, h, m): E·3·m·h, above the embedding's V·h here
+  // (Mixtral-8x7B 8·3·14,336·4,096 against 32,000·4,096; Qwen3-30B-A3B 128·3·768·2,048 against
+  // 151,936·2,048); an all-MoE model has no dense h·i module.
+  EXPECT_EQ(deepspeed_largest_layer_params(preset("mixtral-8x7b")), 8ull * 3 * 14336 * 4096);
+  EXPECT_EQ(deepspeed_largest_layer_params(preset("qwen3-30b-a3b")), 128ull * 3 * 768 * 2048);
+  // tiny-qwen3-moe (V 103, h 64, 8 experts of 36): the experts' 55,296 over attention's 96·64.
+  EXPECT_EQ(deepspeed_largest_layer_params(preset("tiny-qwen3-moe")), 8ull * 3 * 36 * 64);
 }
 
 TEST(DistRefs, DeepSpeedZero3NoOffloadLlama2_70bOn8) {
