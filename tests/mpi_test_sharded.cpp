@@ -219,6 +219,23 @@ void check_as_zero0(const std::string& label, const StepsResult& got, const Step
     check(got.losses[n] == zero0.losses[n], label + ": loss not bit-identical to ZeRO-0's");
 }
 
+// dp N under ZeRO `zero` with M micro-batches and --offload `off`, `steps` steps: the run's
+// weights and losses,
+// its ledger checked against the trace and the analytic (host bytes included, check 3), and
+// something on the host.
+StepsResult offload_run(const ModelConfig& m, const TrainConfig& t, int N, int zero, std::int64_t M,
+                        Offload off, Collective& data, Collective& world, std::uint64_t seed,
+                        BackendKind kind, int steps, const std::string& label) {
+  ParallelConfig p = layout(m, t, N, zero, M);
+  p.offload = off;
+  p.resolve(false, m, t);
+  ShardedRun run(m, t, p, data, world, seed, kind);
+  StepsResult got = run.run(steps);
+  check_ledger(run, m, t, p, label);
+  check(run.step->host_bytes() > 0, label + ": nothing on the host");
+  return got;
+}
+
 // An --offload run against the same layout's run with the update on the device: weights and
 // losses bit for bit.
 void check_as_device_update(const std::string& label, const StepsResult& got,
@@ -429,13 +446,8 @@ int main(int argc, char** argv) {
               std::ostringstream label;
               label << name << " " << dtype_name(dt) << " M " << M << " dp " << N << " ZeRO-"
                     << zero << " --offload " << offload_name(off);
-              ParallelConfig p = layout(m, t, N, zero, M);
-              p.offload = off;
-              p.resolve(false, m, t);
-              ShardedRun run(m, t, p, data, *world, 5, kind);
-              const StepsResult got = run.run(kSteps);
-              check_ledger(run, m, t, p, label.str());
-              check(run.step->host_bytes() > 0, label.str() + ": nothing on the host");
+              const StepsResult got =
+                  offload_run(m, t, N, zero, M, off, data, *world, 5, kind, kSteps, label.str());
               // The host sums ZeRO 2/3's gradient contributions in fp32 where the device rounds
               // to D after each: the same bits in fp32, or with one contribution per element.
               if (zero == 1 || dt == DType::f32 || (M == 1 && !m.tied_embeddings)) {
@@ -624,13 +636,8 @@ int main(int argc, char** argv) {
             std::ostringstream label;
             label << name << " " << dtype_name(dt) << " dp " << N << " ZeRO-" << zero
                   << " --offload " << offload_name(off);
-            ParallelConfig p = layout(m, t, N, zero, 1);
-            p.offload = off;
-            p.resolve(false, m, t);
-            ShardedRun run(m, t, p, data, *world, 7, kind);
-            const StepsResult got = run.run(kSteps);
-            check_ledger(run, m, t, p, label.str());
-            check(run.step->host_bytes() > 0, label.str() + ": nothing on the host");
+            const StepsResult got =
+                offload_run(m, t, N, zero, 1, off, data, *world, 7, kind, kSteps, label.str());
             if (zero == 1 || dt == DType::f32 || !m.tied_embeddings)
               check_as_device_update(label.str(), got, by_zero[std::size_t(zero)], kSteps);
           }

@@ -99,18 +99,18 @@ struct ShardedRun {
   }
 };
 
-// The single-rank run on the token ids given (rows·s of them), weights from init_random(seed).
-inline StepsResult reference_steps_on(const ModelConfig& m, TrainConfig t, std::int64_t rows,
-                                      std::uint64_t seed, int steps,
-                                      const std::vector<std::int32_t>& ids) {
+// The single-rank LlamaModel with batch `rows`, its weights and tokens set by `prepare`, run for
+// `steps`: the losses and every (not quantized) parameter's values.
+template <class Prepare>
+StepsResult reference_run(const ModelConfig& m, TrainConfig t, std::int64_t rows, int steps,
+                          Prepare&& prepare) {
   t.batch = rows;
   auto backend = make_cpu_backend(t.dtype);
   Ledger ledger(backend->allocator());
   StepsResult r;
   {
     LlamaModel model(m, t, *backend, ledger, default_optimizer_settings(t.optimizer));
-    model.init_random(seed);
-    model.set_tokens(ids);
+    prepare(model);
     for (int n = 0; n < steps; ++n) r.losses.push_back(model.train_step());
     for (const auto& p : model.parameters())
       if (p.quant < 0) r.weights[p.name] = model.parameter_values(p.name);
@@ -118,17 +118,22 @@ inline StepsResult reference_steps_on(const ModelConfig& m, TrainConfig t, std::
   return r;
 }
 
+// The single-rank run on the token ids given (rows·s of them), weights from init_random(seed).
+inline StepsResult reference_steps_on(const ModelConfig& m, const TrainConfig& t, std::int64_t rows,
+                                      std::uint64_t seed, int steps,
+                                      const std::vector<std::int32_t>& ids) {
+  return reference_run(m, t, rows, steps, [&](LlamaModel& model) {
+    model.init_random(seed);
+    model.set_tokens(ids);
+  });
+}
+
 // The single-rank step of the same global batch: LlamaModel with batch `rows`, from weights and
 // tokens of `seed`, or from the files `weights` (safetensors) and `tokens` (raw int32) when given.
-inline StepsResult reference_steps(const ModelConfig& m, TrainConfig t, std::int64_t rows,
+inline StepsResult reference_steps(const ModelConfig& m, const TrainConfig& t, std::int64_t rows,
                                    std::uint64_t seed, int steps, const std::string& weights = "",
                                    const std::string& tokens = "") {
-  t.batch = rows;
-  auto backend = make_cpu_backend(t.dtype);
-  Ledger ledger(backend->allocator());
-  StepsResult r;
-  {
-    LlamaModel model(m, t, *backend, ledger, default_optimizer_settings(t.optimizer));
+  return reference_run(m, t, rows, steps, [&](LlamaModel& model) {
     if (weights.empty())
       model.init_random(seed);
     else
@@ -137,11 +142,7 @@ inline StepsResult reference_steps(const ModelConfig& m, TrainConfig t, std::int
       model.random_tokens(seed);
     else
       model.set_tokens(load_tokens_file(tokens, rows, t.seq, m.vocab));
-    for (int n = 0; n < steps; ++n) r.losses.push_back(model.train_step());
-    for (const auto& p : model.parameters())
-      if (p.quant < 0) r.weights[p.name] = model.parameter_values(p.name);
-  }
-  return r;
+  });
 }
 
 // A whole model's weights in a safetensors file (fp32, HF names and shapes): LlamaModel's
