@@ -39,8 +39,9 @@
 //      checks 1-2, the ledger against the trace of the rank's slot (given its rows under ep);
 //  13. expert tensor parallelism (etp 2 with tp 1 and tp 2 sp, ep 1 and 2): the same, and the
 //      experts' elements against their column blocks;
-//  14. a capacity per rank (--capacity-factor 0.5, dp N): every rank given the same rows, against
-//      the single rank's run of those rows with the same capacity (checks 1-3);
+//  14. a capacity per rank (--capacity-factor 0.5, dp N; ep 1 and 2, etp 1 and 2; with and
+//      without output_router_logits): every rank given the same rows, against the single rank's
+//      run of those rows with the same capacity (checks 1-3);
 //   4. tensor parallelism (tp 2 with and without sp, dp N/2; tiny, tiny-qwen2 with biases and tied
 //   embeddings,
 //      tiny-qwen3 with q/k norms): every rank's slice of every weight against the same slice of
@@ -642,39 +643,58 @@ int main(int argc, char** argv) {
               check_as_device_update(label.str(), got, by_zero[std::size_t(zero)], kSteps);
           }
       }
-    // 14. A capacity per rank (--capacity-factor 0.5 at dp N, ep 1; docs/distributed.md, "A
-    // capacity per rank"): each rank drops its own tokens beyond c = ⌈(b·s·K/E)·C⌉ of its own
-    // b·s tokens, as Megatron's get_capacity over the local tokens. Every rank given the same
-    // rows (--tokens: the global batch is one micro-batch of b rows N times), the step is the
-    // single rank's of those b rows with the same capacity (the same drops, the gradients the
-    // mean of N equal ones): losses within 1e-5, weights within Adam's tolerance; ZeRO 1-3 bit for
-    // bit ZeRO 0's; the ledger equal to the trace and the analytic (E·c expert rows).
-    for (const std::string name : {"tiny-qwen3-moe", "tiny-qwen2-moe"}) {
-      if (N < 2 || cuda) break;
-      const ModelConfig m = *find_preset(name);
-      TrainConfig t;
-      t.batch = 1;
-      t.seq = 12;
-      t.dtype = DType::f32;
-      t.optimizer = Optimizer::adamw;
-      t.attention = Attention::flash;
-      t.capacity_factor = 0.5;
-      const std::vector<std::int32_t> rows = random_token_ids(41, t.batch * t.seq, m.vocab);
-      std::vector<std::int32_t> global;
-      for (int n = 0; n < N; ++n) global.insert(global.end(), rows.begin(), rows.end());
-      const StepsResult ref = reference_steps_on(m, t, t.batch, 41, kSteps, rows);
-      std::vector<StepsResult> by_zero;
-      for (int zero = 0; zero <= 3; ++zero) {
-        std::ostringstream label;
-        label << name << " fp32 dp " << N << " --capacity-factor 0.5 ZeRO-" << zero;
-        const ParallelConfig p = layout(m, t, N, zero, 1);
-        ShardedRun run(m, t, p, data, *world, 41, kind, nullptr, nullptr, nullptr, {}, &global);
-        by_zero.push_back(run.run(kSteps));
-        check_ledger(run, m, t, p, label.str());
-        check_against_single(label.str(), by_zero.back(), ref, kSteps, rank_id == 0);
-        if (zero > 0) check_as_zero0(label.str(), by_zero.back(), by_zero[0], kSteps);
+    // 14. A capacity per rank (--capacity-factor 0.5 at dp N; docs/distributed.md, "A capacity
+    // per rank"): each rank drops its own tokens beyond c = ⌈(b·s·K/E)·C⌉ of its own b·s tokens,
+    // as Megatron's get_capacity over the local tokens, and under ep 2 or etp 2 sends only the
+    // choices it keeps. Every rank given the same rows (--tokens: the global batch is one
+    // micro-batch of b rows N times), the step is the single rank's of those b rows with the same
+    // capacity (the same drops, the gradients the mean of N equal ones): losses within 1e-5,
+    // weights within Adam's tolerance; ZeRO 1-3 bit for bit ZeRO 0's; the ledger equal to the
+    // trace and the analytic (ep = etp = 1: E·c expert rows), or to the trace given the kept rows
+    // its experts received.
+    // "+aux": output_router_logits (coef 0.5), each rank's load-balancing loss over its own
+    // tokens as HF's under DDP; with identical rows it is the single rank's too.
+    for (const std::string name : {"tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-qwen3-moe+aux"})
+      for (const auto& [ep, etp] : {std::pair<int, int>{1, 1}, {2, 1}, {1, 2}}) {
+        if (N < 2 || cuda || N % (ep * etp) != 0) continue;
+        const bool aux = name == "tiny-qwen3-moe+aux";
+        ModelConfig m = *find_preset(aux ? "tiny-qwen3-moe" : name);
+        m.output_router_logits = aux;
+        m.router_aux_loss_coef = aux ? 0.5 : m.router_aux_loss_coef;
+        TrainConfig t;
+        t.batch = 1;
+        t.seq = 12;
+        t.dtype = DType::f32;
+        t.optimizer = Optimizer::adamw;
+        t.attention = Attention::flash;
+        t.capacity_factor = 0.5;
+        const std::vector<std::int32_t> rows = random_token_ids(41, t.batch * t.seq, m.vocab);
+        std::vector<std::int32_t> global;
+        for (int n = 0; n < N; ++n) global.insert(global.end(), rows.begin(), rows.end());
+        const StepsResult ref = reference_steps_on(m, t, t.batch, 41, kSteps, rows);
+        const ExpertGroups eg = expert_groups_of(data, rank_id, ep, etp);
+        std::vector<StepsResult> by_zero;
+        for (int zero = 0; zero <= 3; ++zero) {
+          std::ostringstream label;
+          label << name << " fp32 dp " << N << " ep " << ep << " etp " << etp
+                << " --capacity-factor 0.5 ZeRO-" << zero;
+          ParallelConfig p = layout(m, t, N, zero, 1);
+          p.ep = ep;
+          p.etp = etp;
+          p.resolve(false, m, t);
+          ShardedRun run(m, t, p, data, *world, 41, kind, nullptr, nullptr, nullptr, {}, &global,
+                         eg.ep_group.get(), eg.edp_group.get(), eg.etp_group.get());
+          by_zero.push_back(run.run(kSteps));
+          if (ep * etp == 1)
+            check_ledger(run, m, t, p, label.str());
+          else
+            check_ledger_given_rows(run, m, t, p, rank_id, label.str());
+          if (etp > 1)
+            check_etp_elements(label.str(), by_zero.back(), m, ep, eg.ep_i, etp, eg.etp_i);
+          check_against_single(label.str(), by_zero.back(), ref, kSteps, rank_id == 0);
+          if (zero > 0) check_as_zero0(label.str(), by_zero.back(), by_zero[0], kSteps);
+        }
       }
-    }
     // 11. Expert parallelism (ep 2 at N 2 and 4, ep 4 at N 4; edp = N/ep): tiny-qwen3-moe's 8
     // experts E/ep per rank, the rows exchanged by all-to-all as the routing sends them, the
     // experts' gradients summed over the expert-data-parallel group. Against the single rank's

@@ -605,6 +605,67 @@ TEST(AnalyticRank, CapacityFactorIsEachRanksOwn) {
   }
 }
 
+// A capacity under expert parallelism (docs/distributed.md, "A capacity per rank"): each source
+// sends the choices its capacity keeps, so the experts' rows are the kept ones received, while the
+// source's own buffers (dispatch.send, expert_out) stay E·c rows as on one GPU. tiny-qwen3-moe
+// (h 64, E 8, K 2, m 36), bf16, b 1:
+// - s 11, ep 2 (world 2): a rank's 22 choices go 3, 3, 3, 3, 3, 3, 2, 2 (balanced_routing).
+//   C 0.5: c = ⌈(22/8)·0.5⌉ = 2, every expert keeps 2: A = 2·(4·2) = 16 on both indices (24 and
+//   20 without it), E·c = 16. C 1.0: c = 3, nothing dropped: A = 2·12 = 24 on index 0, 2·10 = 20
+//   on index 1, E·c = 24.
+// - s 12, etp 2 at ep 1 (world 2): a rank's 24 choices go 3 to every expert. C 1.25:
+//   c = ⌈3·1.25⌉ = 4, E·c = 32 rows of buffers, but only the 24 kept rows are gathered: A = 24,
+//   R = 2·24 = 48 (not 2·32), of m/etp = 18 columns.
+TEST(AnalyticRank, CapacityUnderExpertParallelismMovesTheKeptRows) {
+  const ModelConfig m = preset("tiny-qwen3-moe");
+  struct Case {
+    std::int64_t seq, ep, etp;
+    double C;
+    std::int64_t slot, send, a, r, cols;
+  };
+  for (const Case& c :
+       {Case{11, 2, 1, 0.5, 0, 16, 16, 16, 36}, Case{11, 2, 1, 0.5, 1, 16, 16, 16, 36},
+        Case{11, 2, 1, 1.0, 0, 24, 24, 24, 36}, Case{11, 2, 1, 1.0, 1, 24, 20, 20, 36},
+        Case{12, 1, 2, 1.25, 0, 32, 24, 48, 18}}) {
+    SCOPED_TRACE("s " + std::to_string(c.seq) + " ep " + std::to_string(c.ep) + " etp " +
+                 std::to_string(c.etp) + " C " + std::to_string(c.C) + " slot " +
+                 std::to_string(c.slot));
+    TrainConfig t = train(1, c.seq, DType::bf16, Checkpointing::none, Attention::flash);
+    t.capacity_factor = c.C;
+    ParallelConfig p;
+    p.world = 2;
+    p.ep = c.ep;
+    p.etp = c.etp;
+    p.zero = 1;
+    p.resolve(false, m, t);
+    MetaAllocator alloc;
+    Ledger ledger(alloc);
+    ShardedStep step(m, t, p, 0, ledger, nullptr, c.slot);
+    step.train_step();
+    std::map<std::string, std::vector<std::int64_t>> shape;
+    for (const TensorRecord& rec : ledger.tensors())
+      if (rec.layer == 1) shape[rec.name] = rec.shape;
+    using S = std::vector<std::int64_t>;
+    EXPECT_EQ(shape["dispatch.send"], (S{c.send, 64}));
+    EXPECT_EQ(shape["expert_out"], (S{c.send, 64}));
+    EXPECT_EQ(shape["expert_in"], (S{c.r, 64}));
+    EXPECT_EQ(shape["expert_gate"], (S{c.r, c.cols}));
+    if (c.etp > 1) {
+      EXPECT_EQ(shape["combine.partial"], (S{c.r, 64}));
+    }
+    const auto& rows = step.expert_rows();
+    ASSERT_FALSE(rows.empty());
+    for (const auto& [key, n] : rows) {
+      EXPECT_EQ(n.a, c.a);
+      EXPECT_EQ(n.r, c.r);
+    }
+    const LayoutEstimate le = estimate_layout_of_rank(m, t, p, c.slot);
+    const auto got = measured_figures(ledger);
+    EXPECT_EQ(got.activations_peak, le.ranks.at(0).est.figures.activations_peak);
+    EXPECT_EQ(got.peak, le.ranks.at(0).est.figures.peak);
+  }
+}
+
 TEST(AnalyticRank, ExpertParallelFlagsNameTheirRule) {
   const TrainConfig t = train(1, 16);
   const ModelConfig moe = preset("tiny-qwen3-moe");
@@ -669,13 +730,30 @@ TEST(AnalyticRank, ExpertParallelFlagsNameTheirRule) {
   p.world = 2;
   EXPECT_EQ(resolve_error(p, false, moe, cap), "(no error)");  // each rank's own capacity
   p.ep = 2;
-  EXPECT_NE(resolve_error(p, false, moe, cap)
-                .find("--capacity-factor under --ep 2 --etp 1 with a mixture of experts"),
-            std::string::npos);
+  EXPECT_EQ(resolve_error(p, false, moe, cap), "(no error)");  // each source's kept choices
+  p.ep = 1;
+  p.etp = 2;
+  EXPECT_EQ(resolve_error(p, false, moe, cap), "(no error)");
+  p.etp = 1;
+  p.ep = 2;
   ModelConfig aux = moe;
   aux.output_router_logits = true;
-  EXPECT_NE(resolve_error(p, false, aux, t).find("output_router_logits with a mixture of experts"),
-            std::string::npos);
+  EXPECT_EQ(resolve_error(p, false, aux, t), "(no error)");  // each rank's own tokens (HF, DDP)
+  for (const auto& [pp, cp] : {std::pair<int, int>{2, 1}, {1, 2}}) {
+    p = {};
+    p.world = 2;
+    p.pp = pp;
+    p.cp = cp;
+    TrainConfig tf = t;
+    tf.attention = Attention::flash;  // ring attention's
+    EXPECT_NE(resolve_error(p, false, aux, tf)
+                  .find("output_router_logits with --pp " + std::to_string(pp) + " --tp 1 --cp " +
+                        std::to_string(cp) +
+                        " with a mixture of experts (tiny-qwen3-moe): the "
+                        "load-balancing loss of a rank's part of a model or sequence"),
+              std::string::npos)
+        << resolve_error(p, false, aux, tf);
+  }
   // One GPU: --ep 1 is the default and changes nothing; the flags' rules hold there too.
   p = {};
   EXPECT_EQ(resolve_error(p, false, moe, t), "(no error)");

@@ -367,6 +367,19 @@ TEST(CliLayout, MixtureOfExpertsPerRankAndTheExpertFlags) {
   EXPECT_EQ(tj["layout"]["edp"], 2);
   // 48 layers of 128/4 = 32 experts of 3·768·2048 elements on every rank.
   EXPECT_EQ(tj["ranks"][0]["expert_params"].get<std::uint64_t>(), 48ull * 32 * 3 * 768 * 2048);
+  // output_router_logits (the real tiny Mixtral config with router_aux_loss_coef 0.5) at ep 2:
+  // every rank's trace equal to the analytic, the note naming whose tokens the loss counts.
+  {
+    const auto aux = run_trainmem(
+        {"profile", "--model",
+         std::string(TRAINMEM_TEST_DATA_DIR) + "/golden_tiny_mixtral_aux_config.json",
+         "--world-size", "4", "--ep", "2", "--batch", "1", "--seq", "12", "--format", "json"});
+    ASSERT_EQ(aux.code, 0) << aux.err;
+    const auto aj = nlohmann::json::parse(aux.out);
+    EXPECT_TRUE(aj["all_ranks_match"].get<bool>());
+    EXPECT_TRUE(contains(aux.out, "over each rank's own tokens and micro-batch, as HF under DDP"))
+        << aux.out;
+  }
   // --routing balanced is the trace's own routing (routing files per rank:
   // test_routing_per_rank.cpp): no section of given routing.
   const auto routed = run_trainmem({"profile", "--model", "tiny-qwen3-moe", "--world-size", "2",
@@ -396,6 +409,11 @@ TEST(CliLayout, MixtureOfExpertsPerRankAndTheExpertFlags) {
        "--sharding per-parameter (--fsdp2) with a mixture of experts (tiny-qwen3-moe): FSDP2 of "
        "the experts"},
       {{"--model", "tiny-qwen3-moe", "--world-size", "2", "--ep", "x"}, "--ep"},
+      // output_router_logits per rank: each rank's own tokens at dp, ep and etp; a pipeline
+      // stage holds part of the layers' counts.
+      {{"--model", std::string(TRAINMEM_TEST_DATA_DIR) + "/golden_tiny_mixtral_aux_config.json",
+        "--world-size", "2", "--pp", "2"},
+       "output_router_logits with --pp 2 --tp 1 --cp 1 with a mixture of experts"},
   };
   for (const auto& c : cases) {
     std::vector<std::string> args = {"estimate"};

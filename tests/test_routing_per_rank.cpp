@@ -87,7 +87,7 @@ TEST(RoutingPerRank, ExpertRowsByHand) {
   const LayoutRouting r = four_sources();
   const std::int64_t want[4][2] = {{24, 16}, {20, 28}, {23, 8}, {21, 36}};
   for (std::int64_t rank = 0; rank < 4; ++rank) {
-    const auto rows = expert_rows_of(r, s.m, s.p, rank);
+    const auto rows = expert_rows_of(r, s.m, s.p, rank, 0);
     ASSERT_EQ(rows.size(), 2u) << rank;
     EXPECT_EQ(rows.at({0, 0}).r, want[rank][0]) << "rank " << rank;
     EXPECT_EQ(rows.at({0, 1}).r, want[rank][1]) << "rank " << rank;
@@ -103,7 +103,7 @@ TEST(RoutingPerRank, ExpertRowsByHand) {
   const std::int64_t want_a[4][2] = {{24, 12}, {23, 12}, {20, 32}, {21, 32}};
   const std::int64_t want_r[4][2] = {{47, 24}, {47, 24}, {41, 64}, {41, 64}};
   for (std::int64_t rank = 0; rank < 4; ++rank) {
-    const auto rows = expert_rows_of(r, se.m, se.p, rank);
+    const auto rows = expert_rows_of(r, se.m, se.p, rank, 0);
     for (int layer = 0; layer < 2; ++layer) {
       EXPECT_EQ(rows.at({0, layer}).a, want_a[rank][layer]) << "etp 2 rank " << rank;
       EXPECT_EQ(rows.at({0, layer}).r, want_r[rank][layer]) << "etp 2 rank " << rank;
@@ -112,15 +112,50 @@ TEST(RoutingPerRank, ExpertRowsByHand) {
   // ep 4 from the same choices: one group {0-3}, two experts each; rank 2 holds experts 4-5:
   // layer 0: 6 + 5 + 4 + 5 = 20; layer 1: 4 + 2 + 22 + 4 = 32.
   const MoeLayout s4(4, 4);
-  const auto rows = expert_rows_of(r, s4.m, s4.p, 2);
+  const auto rows = expert_rows_of(r, s4.m, s4.p, 2, 0);
   EXPECT_EQ(rows.at({0, 0}).r, 20);
   EXPECT_EQ(rows.at({0, 1}).r, 32);
   // Balanced: 22 choices a source, experts 0-5 take 3 and 6-7 take 2 (balanced_routing), so
   // index 0 receives 2·12 = 24 rows and index 1 2·10 = 20 (docs/distributed.md's hand figures).
   const LayoutRouting bal = balanced_layout_routing(s.m, s.t, s.p);
   EXPECT_EQ(bal.sources.size(), 4u);
-  EXPECT_EQ(expert_rows_of(bal, s.m, s.p, 0).at({0, 1}).r, 24);
-  EXPECT_EQ(expert_rows_of(bal, s.m, s.p, 3).at({0, 0}).r, 20);
+  EXPECT_EQ(expert_rows_of(bal, s.m, s.p, 0, 0).at({0, 1}).r, 24);
+  EXPECT_EQ(expert_rows_of(bal, s.m, s.p, 3, 0).at({0, 0}).r, 20);
+}
+
+TEST(RoutingPerRank, ACapacityKeepsEachSourcesFirstChoicesPerExpert) {
+  // --capacity-factor 0.5 at b 1, s 11: a rank's capacity is ⌈(11·2/8)·0.5⌉ = ⌈1.375⌉ = 2
+  // (Megatron's get_capacity over the rank's own tokens); each source sends at most 2 of its
+  // choices for every expert, so ep 2's rank 0 (experts 0-3, sources 0 and 1) receives
+  // layer 0: 4·2 + 4·2 = 16 (every count is 3); layer 1: s0 {6,0,0,6} → 2 + 2, s1 {1,1,1,1} → 4:
+  // 8. Rank 3 (experts 4-7, sources 2 and 3): layer 0: s2 {2,2,3,3} → 8, s3 {2,3,3,3} → 8: 16;
+  // layer 1: s2 {11,11,0,0} → 4, s3 {2,2,5,5} → 8: 12.
+  MoeLayout s(4, 2);
+  s.t.capacity_factor = 0.5;
+  const std::int64_t cap = rank_capacity(s.m, s.t, s.p);
+  EXPECT_EQ(cap, 2);
+  const LayoutRouting r = four_sources();
+  EXPECT_EQ(expert_rows_of(r, s.m, s.p, 0, cap).at({0, 0}).r, 16);
+  EXPECT_EQ(expert_rows_of(r, s.m, s.p, 0, cap).at({0, 1}).r, 8);
+  EXPECT_EQ(expert_rows_of(r, s.m, s.p, 3, cap).at({0, 0}).r, 16);
+  EXPECT_EQ(expert_rows_of(r, s.m, s.p, 3, cap).at({0, 1}).r, 12);
+  // Balanced routing sends 3, 3, 3, 3, 3, 3, 2, 2: 2 of each kept, 16 rows on both indices
+  // (24 and 20 without the capacity).
+  const LayoutRouting bal = balanced_layout_routing(s.m, s.t, s.p);
+  EXPECT_EQ(expert_rows_of(bal, s.m, s.p, 0, cap).at({0, 1}).r, 16);
+  EXPECT_EQ(expert_rows_of(bal, s.m, s.p, 3, cap).at({0, 0}).r, 16);
+  // Context parallelism 2 halves a rank's tokens (b·s/cp = 6 at s 12): ⌈(6·2/8)·0.5⌉ = 1.
+  MoeLayout c(4, 2);
+  c.t.seq = 12;
+  c.t.capacity_factor = 0.5;
+  c.p = {};
+  c.p.world = 4;
+  c.p.dp = 2;
+  c.p.cp = 2;
+  c.p.ep = 2;
+  c.p.zero = 1;
+  c.p.resolve(true, c.m, c.t);
+  EXPECT_EQ(rank_capacity(c.m, c.t, c.p), 1);
 }
 
 TEST(RoutingPerRank, FilesRoundTripAndNameTheField) {
@@ -150,8 +185,8 @@ TEST(RoutingPerRank, FilesRoundTripAndNameTheField) {
   const LayoutRouting every = read_layout_routing_file(one_path, s.m, s.t, s.p);
   ASSERT_EQ(every.sources.size(), 4u);
   // Rank 1 (ep index 1, group {0, 1}): layer 0: 2·(11 + 11) = 44; layer 1: 2·(1 + 1 + 8 + 8).
-  EXPECT_EQ(expert_rows_of(every, s.m, s.p, 1).at({0, 0}).r, 44);
-  EXPECT_EQ(expert_rows_of(every, s.m, s.p, 1).at({0, 1}).r, 36);
+  EXPECT_EQ(expert_rows_of(every, s.m, s.p, 1, 0).at({0, 0}).r, 44);
+  EXPECT_EQ(expert_rows_of(every, s.m, s.p, 1, 0).at({0, 1}).r, 36);
 
   // Each mistake names its field.
   auto edited = [&](const char* name, auto&& edit) {
@@ -258,8 +293,8 @@ TEST(RoutingPerRank, UnderSequenceParallelismEachRankRoutesItsOwnRows) {
   ASSERT_EQ(bal.sources.size(), 4u);
   EXPECT_EQ(bal.sources[3].layers[1].tokens_per_expert,
             (std::vector<std::int64_t>{2, 2, 2, 2, 1, 1, 1, 1}));
-  EXPECT_EQ(expert_rows_of(bal, m, p, 0).at({0, 1}).r, 16);
-  EXPECT_EQ(expert_rows_of(bal, m, p, 3).at({0, 0}).r, 8);
+  EXPECT_EQ(expert_rows_of(bal, m, p, 0, 0).at({0, 1}).r, 16);
+  EXPECT_EQ(expert_rows_of(bal, m, p, 3, 0).at({0, 0}).r, 8);
   LayoutTrace lt = trace_layout(m, t, p, OverheadOptions{}, 2);
   trace_given_routing(lt, bal);
   ASSERT_EQ(lt.routed.size(), 2u);

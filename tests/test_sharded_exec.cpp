@@ -96,6 +96,51 @@ TEST(ShardedExecOneRank, MicroBatchesMatchTheWholeBatch) {
   EXPECT_GT(diff, 0.0) << "several micro-batches sum the gradients in another order";
 }
 
+// output_router_logits per rank (docs/distributed.md, "The load-balancing loss per rank"): each
+// (rank, micro-batch) adds HF's load-balancing loss over its own b·s tokens, and the step's loss is
+// the mean over them. One rank with one micro-batch is the single-rank LlamaModel: every weight
+// bit for bit (the gradient coef·E·C_e/(LT)² is the same expression); the loss within 1e-6 (the
+// aux term is added to the token sum before the division here, after it there). With three
+// micro-batches of the same rows (--tokens) it is the single rank's step on those rows: each
+// micro-batch's counts and probability sums its own (counting all three together would triple
+// C_e against the same LT), the gradients the mean of three equal ones, within Adam's tolerance.
+// tiny-qwen3-moe with router_aux_loss_coef 0.5 (HF's default 0.001 would hide the term).
+TEST(ShardedExecOneRank, LoadBalancingLossPerMicroBatchIsTheSingleRanks) {
+  ModelConfig m = any_config("tiny-qwen3-moe");
+  m.output_router_logits = true;
+  m.router_aux_loss_coef = 0.5;
+  const TrainConfig t =
+      train_config(1, 12, DType::f32, Optimizer::adamw, Checkpointing::none, Attention::flash);
+  auto local = make_local_collective();
+  const std::vector<std::int32_t> rows = random_token_ids(5, t.batch * t.seq, m.vocab);
+  const StepsResult want = reference_steps_on(m, t, t.batch, 5, 2, rows);
+  ModelConfig plain = m;
+  plain.output_router_logits = false;
+  const StepsResult without = reference_steps_on(plain, t, t.batch, 5, 2, rows);
+  // Step 1 starts from the same weights: the difference is the aux term, coef·K = 1 under uniform
+  // routing and near it at initialisation.
+  ASSERT_GT(want.losses[0] - without.losses[0], 0.4f) << "the reference carries no aux loss";
+  {
+    ShardedRun run(m, t, one_rank(m, t, 1), *local, *local, 5, BackendKind::cpu, nullptr, nullptr,
+                   nullptr, {}, &rows);
+    const StepsResult got = run.run(2);
+    for (std::size_t n = 0; n < 2; ++n)
+      EXPECT_NEAR(got.losses[n], want.losses[n], 1e-6 * std::abs(want.losses[n])) << n;
+    std::string where;
+    EXPECT_TRUE(bit_identical(got.weights, want.weights, &where)) << where;
+  }
+  std::vector<std::int32_t> three;
+  for (int k = 0; k < 3; ++k) three.insert(three.end(), rows.begin(), rows.end());
+  ShardedRun run(m, t, one_rank(m, t, 3), *local, *local, 5, BackendKind::cpu, nullptr, nullptr,
+                 nullptr, {}, &three);
+  const StepsResult got = run.run(2);
+  for (std::size_t n = 0; n < 2; ++n)
+    EXPECT_NEAR(got.losses[n], want.losses[n], 1e-5 * std::abs(want.losses[n])) << n;
+  std::string where;
+  const double diff = worst_absolute_difference(got.weights, want.weights, &where);
+  EXPECT_LE(diff, adam_tolerance(default_optimizer_settings(Optimizer::adamw), 2)) << where;
+}
+
 // What the measured rank allocated is the meta trace's and the analytic profile's.
 TEST(ShardedExecOneRank, LedgerEqualsTraceAndAnalytic) {
   for (const std::string name : {"tiny", "tiny-qwen3", "tiny-tied"})

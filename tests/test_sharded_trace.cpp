@@ -265,10 +265,12 @@ GridCounts moe_grid(std::initializer_list<const char*> models,
                       const bool shared = model == "moe-wide-shared" || model == "moe-mid-shared" ||
                                           model == "moe-narrow-shared";
                       ModelConfig m =
-                          test::any_config(model == "moe-wide-experts" ? "tiny-qwen3-moe"
-                                           : shared                    ? "tiny-qwen2-moe"
-                                                                       : model);
+                          test::any_config(model == "moe-wide-experts"    ? "tiny-qwen3-moe"
+                                           : shared || model == "moe-aux" ? "tiny-qwen2-moe"
+                                                                          : model);
                       if (model == "moe-wide-experts") m.expert_intermediate = 96;
+                      // output_router_logits (dp, ep, etp only)
+                      if (model == "moe-aux") m.output_router_logits = true;
                       if (shared)
                         m.shared_expert_intermediate = model == "moe-wide-shared"  ? 288
                                                        : model == "moe-mid-shared" ? 240
@@ -334,11 +336,13 @@ GridCounts moe_grid(std::initializer_list<const char*> models,
 // every E here. "moe-wide-experts" (h < m < 2h) makes backward step 1's d_expert_act instant the
 // peak (R·m > nk·h); on the others d_expert_out's is, and the widest workspace is
 // d_expert_rows_in's. (The dispatch and combine instants, forward and recompute, never exceed
-// step 1's and decide no compared figure: they complete the timeline.)
+// step 1's and decide no compared figure: they complete the timeline.) "moe-aux" is
+// tiny-qwen2-moe with output_router_logits: the load-balancing loss's (E) f32 gradient in each
+// router backward (dp, ep, etp only: its cp and pp layouts are refused and skipped).
 TEST(ShardedTrace, ExpertParallelEveryRankOverTheGrid) {
   const GridCounts n =
       moe_grid({"tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "moe-wide-router",
-                "moe-mixed-dense-first", "tiny-qwen3-moe-mixed", "moe-wide-experts"},
+                "moe-mixed-dense-first", "tiny-qwen3-moe-mixed", "moe-wide-experts", "moe-aux"},
                {2, 3, 4, 5, 8}, {2, 4, 6}, 1);
   EXPECT_GT(n.checked, 300);
   EXPECT_GT(n.differ, 50);  // the grid's remainders make ranks differ, or it tests little
@@ -380,9 +384,9 @@ TEST(ShardedTrace, ExpertTensorParallelEveryRankOverTheGrid) {
   GridCounts all;
   for (const auto& [tp, etp] :
        {std::pair<std::int64_t, std::int64_t>{1, 2}, {2, 2}, {1, 4}, {2, 4}}) {
-    const GridCounts n =
-        moe_grid({"tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen2-moe", "moe-wide-experts"},
-                 {1, 2, 4}, {1, 2, 4}, tp, etp);
+    const GridCounts n = moe_grid(
+        {"tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen2-moe", "moe-wide-experts", "moe-aux"},
+        {1, 2, 4}, {1, 2, 4}, tp, etp);
     if (::testing::Test::HasFailure()) return;
     EXPECT_GT(n.checked, 20) << "tp " << tp << " etp " << etp;
     all.checked += n.checked;
@@ -428,19 +432,30 @@ TEST(ShardedTrace, ZeroThreeOfTheExpertsEveryRankOverTheGrid) {
 }
 
 // --capacity-factor per rank (docs/distributed.md, "A capacity per rank"): each rank's capacity
-// c = ⌈(n·K/E)·C⌉ over its own n tokens (b·s/cp, /tp under sp), its expert-ordered buffers E·c
-// rows, at ep = etp = 1; every slot traced over dp × cp × pp × ZeRO 0-3 × checkpointing ×
-// micro-batches, with tp 1 and tp 2 sp, C 0.5 (tokens dropped) and 1.25 (rows padded).
+// c = ⌈(n·K/E)·C⌉ over its own n tokens (b·s/cp, /tp under sp), its own expert-ordered buffers
+// E·c rows; under ep or etp each source sends the choices its capacity keeps, so the experts'
+// rows are ep·Σ_e min(count_e, c) (AnalyticRank.CapacityUnderExpertParallelismMovesTheKeptRows
+// works them by hand). Every slot traced over ep 1/2/4 × dp × cp × pp × ZeRO 0-3 ×
+// checkpointing × micro-batches with tp 1 and tp 2 sp, C 0.5 (tokens dropped) and 1.25 (rows
+// padded); then etp 2 (tp 1 and 2) at C 1.25, where the gathered rows are the kept ones, not E·c.
 TEST(ShardedTrace, CapacityPerRankOverTheGrid) {
   int checked = 0;
   for (const std::int64_t tp : {1, 2})
     for (const double C : {0.5, 1.25}) {
-      const GridCounts n = moe_grid({"tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral"}, {1},
+      const GridCounts n = moe_grid({"tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral"}, {1, 2, 4},
                                     {1, 2, 3}, tp, 1, {0, 1, 2, 3}, {1}, {Offload::none}, C);
       if (::testing::Test::HasFailure()) return;
       checked += n.checked;
     }
-  EXPECT_GT(checked, 200);
+  for (const std::int64_t tp : {1, 2}) {
+    const GridCounts n = moe_grid({"tiny-qwen3-moe", "tiny-qwen2-moe"}, {1, 2}, {1, 2, 4}, tp, 2,
+                                  {0, 1, 3}, {1}, {Offload::none}, 1.25);
+    if (::testing::Test::HasFailure()) return;
+    EXPECT_GT(n.checked, 20) << "etp 2, tp " << tp;
+    checked += n.checked;
+  }
+  std::printf("[moe capacity grid] %d layouts\n", checked);
+  EXPECT_GT(checked, 500);
 }
 
 // The recompute's FLOPs of a MoE layer under tp with sp, by hand (docs/formulas.md, "Recompute

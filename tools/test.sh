@@ -20,9 +20,11 @@
 # two largest emulated flash-attention cases (smaller cases run the same kernel code), the two
 # fp16 steps of 2^16 positions (needed to overflow fp16; smaller fp16 steps run the same code),
 # the 4-rank repeats of the sharded and CLI MPI jobs (their 2-rank runs stay; the 4-rank
-# collectives and failures stay), and the compare/sweep cases of ThreadTeams.* (its profile
+# collectives and failures stay), the compare/sweep cases of ThreadTeams.* (its profile
 # cases run every threaded op at 1, 2 and 4 threads under the sanitizers; compare and sweep
-# repeat those steps).
+# repeat those steps), and five of the MoE meta-trace grids (thousands of layouts of the code
+# that ShardedTrace.MixtureOfExpertsOverTheGrid, the hand-worked AnalyticRank/ShardedTrace MoE
+# cases and the 2-rank MPI jobs run under the sanitizers).
 #
 # The multi-rank tests (ctest Mpi.*: tests/mpi_test.py) run in the first stage under
 # `mpirun --oversubscribe -np 2` and `-np 4`, one MPI job at a time; they skip, saying why, when
@@ -73,6 +75,9 @@ if [ "${TRAINMEM_SANITIZE:-OFF}" = ON ]; then
   sanitize_skip+='|^Mpi\.(sharded|sharded_staged|cli)\.np4$'
   sanitize_skip+='|^Cpu/ThreadTeams\.SameBitsWithOneTwoAndFourThreads/(compare|sweep)_'
   sanitize_skip+='|^ModelTraining\.(AdamWCutsTheLossTenfold|AdamW8bitCutsTheLossFivefold)OnAFixedSequence$'
+  sanitize_skip+='|^ShardedTrace\.(ExpertParallelEveryRankOverTheGrid|MixtureOfExpertsUnderTensorParallelism)$'
+  sanitize_skip+='|^ShardedTrace\.(ExpertTensorParallel|ZeroThreeOfTheExperts)EveryRankOverTheGrid$'
+  sanitize_skip+='|^ShardedTrace\.CapacityPerRankOverTheGrid$'
   run_stage 2 -j2 -E "$sanitize_skip"
   summary=$stage_summary skipped=$stage_skipped
   also="ThreadTeams.* ran 1, 2 and 4 threads; the release run covers what was left out here"

@@ -131,14 +131,19 @@ struct Local {
 };
 
 // The rows the experts of expert-parallel index ep_i receive under balanced routing: every one of
-// the ep ranks of its group routes its nk = n·K choices ⌊nk/E⌋ to each expert and one more to
-// each of the first nk mod E experts (balanced_routing), and ep_i holds experts
-// [ep_i·El, (ep_i + 1)·El), so R = ep·(El·⌊nk/E⌋ + the remainder's experts among them).
-std::uint64_t balanced_expert_rows(std::uint64_t nk, std::uint64_t E, std::uint64_t ep,
-                                   std::uint64_t ep_i) {
-  const std::uint64_t El = E / ep, first = ep_i * El, rem = nk % E;
-  const std::uint64_t extra = rem > first ? std::min(El, rem - first) : 0;
-  return checked_mul(ep, csum({checked_mul(El, nk / E), extra}), "expert rows");
+// the ep ranks of its group routes its nK = n·K choices ⌊nK/E⌋ to each expert and one more to
+// each of the first nK mod E experts (balanced_routing), keeps at most `cap` of them per expert
+// under --capacity-factor (cap 0: all), and ep_i holds experts [ep_i·El, (ep_i + 1)·El), so
+// A = ep·Σ_{e local} min(count_e, cap). At ep 1 (El = E) that is the rank's own kept rows.
+std::uint64_t balanced_expert_rows(std::uint64_t nK, std::uint64_t cap, std::uint64_t E,
+                                   std::uint64_t ep, std::uint64_t ep_i) {
+  const std::uint64_t El = E / ep, first = ep_i * El;
+  std::uint64_t kept = 0;
+  for (std::uint64_t e = first; e < first + El; ++e) {
+    const std::uint64_t count = nK / E + (e < nK % E ? 1 : 0);
+    kept += cap > 0 ? std::min(count, cap) : count;
+  }
+  return checked_mul(ep, kept, "expert rows");
 }
 
 Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p,
@@ -195,7 +200,7 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
     l.off4 = bytes_of({l.E + 1}, 4);
     // The rank's b·s tokens (s/cp under context parallelism, /tp under sp) route b·s·K rows;
     // under --capacity-factor E·c, the capacity c over the rank's own tokens (Megatron's
-    // get_capacity of the local tokens; ep = etp = 1: check_moe_layout).
+    // get_capacity of the local tokens), whose kept rows alone travel under ep or etp.
     const std::int64_t tokens = std::int64_t(checked_mul(l.b, l.sr));
     l.nk = u(moe_rows_of(m, t.capacity_factor, tokens));
     l.cap = u(moe_capacity_of(m, t.capacity_factor, tokens));
@@ -211,8 +216,10 @@ Local make_local(const ModelConfig& m, const TrainConfig& t, const ParallelConfi
       throw Error("analytic native: expert parallelism of " + std::to_string(p.ep) + " × " +
                   std::to_string(p.etp));
     l.El = l.E / u(p.ep);
-    l.ea =
-        l.a2a ? balanced_expert_rows(l.nk, l.E, u(p.ep), u(grad_rank) / u(p.etp) % u(p.ep)) : l.nk;
+    // One GPU's buffers hold nk rows whatever the routing; under ep or etp the kept rows move.
+    l.ea = l.ep ? balanced_expert_rows(checked_mul(u(tokens), l.K), l.cap, l.E, u(p.ep),
+                                       u(grad_rank) / u(p.etp) % u(p.ep))
+                : l.nk;
     l.er = checked_mul(l.ea, u(p.etp), "expert rows");
     l.eah = bytes_of({l.ea, l.h}, l.w);
     l.erh = bytes_of({l.er, l.h}, l.w);
@@ -887,13 +894,20 @@ void Stage::books() {
     }
   }
   if (l.ep) {  // the all-to-all's buffers of each MoE layer (docs/distributed.md)
-    r_.communication.push_back(entry(g_, "dispatch.send", "(b·s·K,h)", g_.dt, l.nkh, Term::sbh,
+    // Under --capacity-factor E·c rows, of which the kept ones are sent.
+    const std::string kept =
+        l.cap > 0 ? "; the choices within the capacity c = " + std::to_string(l.cap) +
+                        " of each expert are sent"
+                  : "";
+    r_.communication.push_back(entry(g_, "dispatch.send", l.cap > 0 ? "(E·c,h)" : "(b·s·K,h)",
+                                     g_.dt, l.nkh, Term::sbh,
                                      "each MoE layer's dispatch, forward and recompute",
-                                     l.a2a ? "expert parallelism: the rank's rows in expert "
-                                             "order, sent to their experts' ranks (transient)"
-                                           : "expert tensor parallelism: the rank's rows in "
-                                             "expert order, gathered over the etp group "
-                                             "(transient)"));
+                                     (l.a2a ? "expert parallelism: the rank's rows in expert "
+                                              "order, sent to their experts' ranks (transient)"
+                                            : "expert tensor parallelism: the rank's rows in "
+                                              "expert order, gathered over the etp group "
+                                              "(transient)") +
+                                         kept));
     if (l.a2a && l.etp)
       r_.communication.push_back(entry(g_, "a2a.recv", "(A,h)", g_.dt, l.eah, Term::sbh,
                                        "each MoE layer's dispatch, forward and recompute",
@@ -1815,9 +1829,13 @@ void Stage::figures() {
         " in expert order (input, gate, up, product, output); "
         "one GEMM per expert; no byte depends on the routing" +
         (m_.output_router_logits
-             ? "; output_router_logits: the load-balancing loss from per-expert counts and "
-               "probability sums, its gradient one (E) f32 buffer per router backward"
-             : ""));
+             ? std::string("; output_router_logits: the load-balancing loss from per-expert "
+                           "counts and probability sums, its gradient one (E) f32 buffer per "
+                           "router backward") +
+                   (p_.distributed() ? " (over each rank's own tokens and micro-batch, as HF "
+                                       "under DDP)"
+                                     : "")
+             : std::string()));
   if (eight_bit_optimizer(t_.optimizer))
     est.notes.push_back(
         "adamw8bit (bitsandbytes' AdamW8bit): no fp32 master copy (the weights are updated in "

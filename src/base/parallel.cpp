@@ -262,13 +262,12 @@ void check_moe_layout(const ParallelConfig& p, const ModelConfig& m, const Train
     not_yet("--sharding per-parameter (--fsdp2)",
             "FSDP2 of the experts (a fully_shard of their own over the expert-data-parallel "
             "mesh, as torchtitan's apply_fsdp; use --zero 3, flat)");
-  if (t.capacity_factor > 0 && (p.ep > 1 || p.etp > 1))
-    not_yet("--capacity-factor under --ep " + str(p.ep) + " --etp " + str(p.etp),
-            "a capacity under expert parallelism (each source's choices kept per peer, the "
-            "all-to-all's rows)");
-  if (m.output_router_logits)
-    not_yet("output_router_logits",
-            "the load-balancing loss per rank (its counts over each rank's own tokens)");
+  if (m.output_router_logits && (p.pp > 1 || p.tp > 1 || p.cp > 1))
+    not_yet(
+        "output_router_logits with --pp " + str(p.pp) + " --tp " + str(p.tp) + " --cp " + str(p.cp),
+        "the load-balancing loss of a rank's part of a model or sequence (pipeline stages "
+        "hold different layers' counts; Megatron sums the counts over the tp·cp group; over "
+        "each rank's own tokens, as HF under DDP, it is modelled at pp = tp = cp = 1)");
 }
 
 void check_lora_layout(const ParallelConfig& p, const TrainConfig& train) {

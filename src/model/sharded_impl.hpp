@@ -81,6 +81,12 @@ struct ShardedStep::Impl : LayerHost {
   std::int64_t cur_mb = 0;  // the micro-batch in forward or backward (the dispatch's key)
   ShardedStep::ExpertRows given_rows, seen_rows;
   ShardedStep::SourceCounts routed;  // measured: this rank's choices per global expert
+  // output_router_logits: per micro-batch, the sums of the router's probabilities per expert over
+  // the rank's tokens and every MoE layer (the choices are `routed`'s), and the load-balancing
+  // loss's gradient of each probability (a trace: zeros, the buffer's bytes alone matter).
+  std::map<std::int64_t, std::vector<double>> aux_probs;
+  std::map<std::int64_t, std::vector<float>> aux_grad;
+  double router_aux_loss(std::int64_t mb);
   // The flat vector's group of parameter q (the experts': the expert-data-parallel ranks), this
   // rank's index in it (the owner pieces() names) and its size.
   Collective& group_of(std::size_t q) const { return P[q].expert && EDP ? *EDP : X->data; }
@@ -428,12 +434,12 @@ struct ShardedStep::Impl : LayerHost {
       dm.K = m.experts_per_token;
       dm.m = m.expert_intermediate / p.etp;         // the rank's columns of each expert
       dm.ms = m.shared_expert_intermediate / p.tp;  // its columns, split like the MLP's
-      // --capacity-factor (ep = etp = 1, check_moe_layout): the capacity over the rank's own
-      // tokens, the buffers E·c rows as on one GPU.
+      // --capacity-factor: the capacity over the rank's own tokens, its buffers E·c rows as on
+      // one GPU (dispatch.send, expert_out); the experts' rows are the kept ones received.
       dm.cap = moe_capacity_of(m, t.capacity_factor, b * sr);
       dm.nk = moe_rows_of(m, t.capacity_factor, b * sr);
       dm.El = dm.E / p.ep;
-      dm.er = p.ep > 1 || p.etp > 1 ? checked_mul(expert_rows(dm.nk), p.etp, "expert rows") : dm.nk;
+      dm.er = p.ep > 1 || p.etp > 1 ? checked_mul(routed_rows(), p.etp, "expert rows") : dm.nk;
     }
     return dm;
   }
@@ -446,16 +452,25 @@ struct ShardedStep::Impl : LayerHost {
   std::int64_t ep_i() const { return slot() / p.etp % p.ep; }
   std::int64_t edp_i() const { return slot() / (p.etp * p.ep); }
   // Expert parallelism: the rows this rank's experts take under balanced routing, its experts
-  // [ep_i·El, (ep_i + 1)·El); each of the ep ranks of its group routes ⌊nk/E⌋ of its nk choices
-  // to every expert and one more to each of the first nk mod E (the single-rank
-  // balanced_routing, per source).
+  // [ep_i·El, (ep_i + 1)·El); each of the ep ranks of its group routes ⌊nK/E⌋ of its nK = n·K
+  // choices to every expert and one more to each of the first nK mod E (the single-rank
+  // balanced_routing, per source), and sends at most `cap` of them per expert under
+  // --capacity-factor (cap 0: all; the rest are dropped at the source).
   // This is A, the rows the ep all-to-all brings; the experts compute R = etp·A (every rank of
   // the etp group receives the same A).
-  std::int64_t expert_rows(std::int64_t nk) const {
+  std::int64_t expert_rows(std::int64_t nK, std::int64_t cap) const {
     const std::int64_t E = m.experts, El = E / p.ep, first = ep_i() * El;
     std::int64_t rows = 0;
-    for (std::int64_t e = first; e < first + El; ++e) rows += nk / E + (e < nk % E ? 1 : 0);
+    for (std::int64_t e = first; e < first + El; ++e) {
+      const std::int64_t count = nK / E + (e < nK % E ? 1 : 0);
+      rows += cap > 0 ? std::min(count, cap) : count;
+    }
     return checked_mul(rows, p.ep, "expert rows");
+  }
+  // A under balanced routing: the rank's n·K choices, kept up to its capacity.
+  std::int64_t routed_rows() const {
+    return expert_rows(checked_mul(b * sr, m.experts_per_token, "routed rows"),
+                       moe_capacity_of(m, t.capacity_factor, b * sr));
   }
   LayerRank layer_rank() {
     LayerRank lr{m, t, ledger, run ? be : nullptr, *this, dims(), sp, tpx};
@@ -469,7 +484,7 @@ struct ShardedStep::Impl : LayerHost {
   const void* weight(std::int64_t l, int slot) override { return LW(l, slot); }
   MoeDispatch moe_dispatch(int g, const std::vector<std::int32_t>& offsets) override;
   void moe_routed(int g, const std::vector<std::int32_t>& off, const Tensor& topk_idx,
-                  const Tensor&) override {
+                  const Tensor& probs) override {
     if (off.empty()) return;  // a trace routes nothing
     std::vector<std::int64_t>& c = routed[{cur_mb, g}];
     c.assign(off.size() - 1, 0);
@@ -479,9 +494,23 @@ struct ShardedStep::Impl : LayerHost {
       std::vector<std::int32_t> idx(topk_idx.bytes() / sizeof(std::int32_t));
       be->download(idx.data(), topk_idx.data(), topk_idx.bytes());
       for (const std::int32_t e : idx) ++c[std::size_t(e)];
-      return;
+    } else {
+      for (std::size_t e = 0; e + 1 < off.size(); ++e) c[e] = off[e + 1] - off[e];
     }
-    for (std::size_t e = 0; e + 1 < off.size(); ++e) c[e] = off[e + 1] - off[e];
+    if (!m.output_router_logits) return;
+    // The load-balancing loss's probability sums over the rank's tokens (its choices: `c`).
+    const std::size_t E = std::size_t(m.experts);
+    std::vector<float> pr(probs.bytes() / sizeof(float));
+    be->download(pr.data(), probs.data(), probs.bytes());
+    std::vector<double>& sum = aux_probs[cur_mb];
+    sum.resize(E, 0.0);
+    for (std::size_t k = 0; k < pr.size(); ++k) sum[k % E] += double(pr[k]);
+  }
+  const float* moe_aux_grad() override {
+    if (!m.output_router_logits) return nullptr;
+    std::vector<float>& g = aux_grad[cur_mb];
+    g.resize(std::size_t(m.experts), 0.0f);  // a trace's (or a rank that routed nothing): zeros
+    return g.data();
   }
   void ep_all_to_all(const void* send, const std::vector<std::size_t>& send_rows, void* recv,
                      const std::vector<std::size_t>& recv_rows, std::int64_t row) override {

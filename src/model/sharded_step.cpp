@@ -99,6 +99,9 @@ void ShardedStep::Impl::forward(std::int64_t mb, bool mark) {
           be->download(host.data(), losses.data(), losses.bytes());
           for (float v : host) loss_sum += v;
         }
+        // The micro-batch's load-balancing loss counts once per b·(s−1) positions of the
+        // global mean (the step's loss divides by dp·M of them).
+        if (m.output_router_logits) loss_sum += router_aux_loss(mb) * double(b * (s_full - 1));
       }
     }
   } else if (Ls > 0) {
@@ -222,12 +225,38 @@ void ShardedStep::Impl::backward(std::int64_t mb) {
   in_flight.erase(mb);
 }
 
+// output_router_logits per rank (docs/distributed.md, "The load-balancing loss per rank"): HF's
+// load_balancing_loss_func over the micro-batch's T = b·s tokens of this rank and its L MoE
+// layers, as each rank computes it under DDP: aux = coef·E·Σ_e (C_e/LT)·(P_e/LT), C_e the choices
+// routed to expert e and P_e the sum of its probabilities. The step's loss is the mean over the
+// dp·M (rank, micro-batch) pairs, so each probability's gradient is coef·E·C_e/(LT)² / (dp·M),
+// times the loss scale as the cross-entropy's (check_moe_layout: pp = tp = cp = 1).
+double ShardedStep::Impl::router_aux_loss(std::int64_t mb) {
+  const std::size_t E = std::size_t(m.experts);
+  std::vector<double> count(E, 0.0);
+  for (const auto& [key, c] : routed)
+    if (key.first == mb)
+      for (std::size_t e = 0; e < E; ++e) count[e] += double(c[e]);
+  const std::vector<double>& prob = aux_probs[mb];
+  const double LT = double(m.moe_layer_count()) * double(b * sr);
+  const double coef = m.router_aux_loss_coef, pairs = double(std::int64_t(p.dp) * M);
+  std::vector<float>& g = aux_grad[mb];
+  g.assign(E, 0.0f);
+  if (m.moe_layer_count() == 0 || prob.size() != E) return 0.0;
+  double aux = 0.0;
+  for (std::size_t e = 0; e < E; ++e) {
+    aux += (count[e] / LT) * (prob[e] / LT);
+    g[e] = float(double(S) * coef * double(E) * count[e] / (LT * LT * pairs));
+  }
+  return coef * double(E) * aux;
+}
+
 MoeDispatch ShardedStep::Impl::moe_dispatch(int g, const std::vector<std::int32_t>& off) {
   MoeDispatch d;
   const auto key = std::make_pair(cur_mb, g);
   if (!run) {  // a trace: the given routing's rows, or balanced routing's
     const auto it = given_rows.find(key);
-    d.a = it != given_rows.end() ? it->second.a : expert_rows(dims().nk);
+    d.a = it != given_rows.end() ? it->second.a : routed_rows();
     d.rows = it != given_rows.end() ? it->second.r : dims().er;
     seen_rows[key] = {d.a, d.rows};
     return d;
@@ -279,6 +308,8 @@ float ShardedStep::Impl::train_step() {
   ledger.begin_step(step);
   seen_rows.clear();  // this step's dispatch
   routed.clear();
+  aux_probs.clear();
+  aux_grad.clear();
   if (offload) offload->begin_step(step);
   if (run) {
     loss_sum = 0;

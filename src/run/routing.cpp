@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "trainmem/base/checked.hpp"
 #include "trainmem/base/error.hpp"
 #include "trainmem/base/input_file.hpp"
 
@@ -172,8 +173,8 @@ LayoutRouting read_layout_routing_file(const std::string& path, const ModelConfi
                  m.name + "'s num_experts_per_tok");
   doc.must_equal(d, "", "batch", t.batch, "--batch");
   const std::int64_t ls = rank_seq(layout, t.seq), tokens = t.batch * ls;
-  // --capacity-factor (ep = etp = 1): each rank's capacity over its own tokens, what it drops.
-  const std::int64_t cap = moe_capacity_of(m, t.capacity_factor, tokens);
+  // --capacity-factor: each rank's capacity over its own tokens, what it drops.
+  const std::int64_t cap = rank_capacity(m, t, layout);
   const std::int64_t per_stage = ranks_per_stage(layout), M = layout.microbatches;
   LayoutRouting out;
   out.source = "file " + path;
@@ -272,8 +273,15 @@ nlohmann::json layout_routing_json(const ModelConfig& m, const TrainConfig& t,
            "layout allows"}};
 }
 
+std::int64_t rank_capacity(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p) {
+  return moe_capacity_of(m, t.capacity_factor,
+                         std::int64_t(checked_mul(std::uint64_t(t.batch),
+                                                  std::uint64_t(rank_seq(p, t.seq)), "tokens")));
+}
+
 ShardedStep::ExpertRows expert_rows_of(const LayoutRouting& r, const ModelConfig& m,
-                                       const ParallelConfig& layout, std::int64_t rank) {
+                                       const ParallelConfig& layout, std::int64_t rank,
+                                       std::int64_t capacity) {
   const std::int64_t per_stage = ranks_per_stage(layout), st = rank / per_stage;
   const std::int64_t j = rank % per_stage, ep = layout.ep, etp = layout.etp, El = m.experts / ep;
   const std::int64_t ep_i = j / etp % ep, etp_i = j % etp, block = j - j % (ep * etp);
@@ -294,8 +302,11 @@ ShardedStep::ExpertRows expert_rows_of(const LayoutRouting& r, const ModelConfig
       for (const auto& rec : it->second->layers) {
         ShardedStep::DispatchRows& n = rows[{mb, int(rec.layer)}];
         for (std::int64_t e = ep_i * El; e < (ep_i + 1) * El; ++e) {
-          n.r += rec.tokens_per_expert[std::size_t(e)];
-          if (mine) n.a += rec.tokens_per_expert[std::size_t(e)];
+          // The source sends the choices its capacity keeps (the file counts them all).
+          const std::int64_t c = rec.tokens_per_expert[std::size_t(e)];
+          const std::int64_t kept = capacity > 0 ? std::min(c, capacity) : c;
+          n.r += kept;
+          if (mine) n.a += kept;
         }
       }
     }

@@ -186,6 +186,7 @@ void trace_given_routing(LayoutTrace& lt, const LayoutRouting& routing) {
   lt.routing_source = routing.source;
   lt.routed.clear();
   const LayoutRouting balanced = balanced_layout_routing(model, train, layout);
+  const std::int64_t cap = rank_capacity(model, train, layout);
   auto most = [](const ShardedStep::ExpertRows& rows) {  // the most rows an expert set computes
     std::int64_t n = 0;
     for (const auto& kv : rows) n = std::max(n, kv.second.r);
@@ -197,7 +198,7 @@ void trace_given_routing(LayoutTrace& lt, const LayoutRouting& routing) {
   std::map<std::tuple<std::int64_t, std::int64_t, ShardedStep::ExpertRows>, std::size_t> traced;
   for (std::int64_t r = 0; r < layout.world; ++r) {
     const std::int64_t st = r / per_stage, j = r % per_stage;
-    ShardedStep::ExpertRows rows = expert_rows_of(routing, model, layout, r);
+    ShardedStep::ExpertRows rows = expert_rows_of(routing, model, layout, r, cap);
     const std::int64_t ep_i = j / layout.etp % layout.ep;
     const auto key = std::make_tuple(st, ep_i, rows);
     if (const auto it = traced.find(key); it != traced.end()) {
@@ -217,7 +218,7 @@ void trace_given_routing(LayoutTrace& lt, const LayoutRouting& routing) {
     t.stage = st;
     t.ep_index = ep_i;
     t.max_rows = most(rows);
-    t.balanced_rows = most(expert_rows_of(balanced, model, layout, r));
+    t.balanced_rows = most(expert_rows_of(balanced, model, layout, r, cap));
     t.ledger = measured_figures(ledger);
     t.communication_peak = ledger.peak(Category::communication);
     std::size_t k = 0;

@@ -82,9 +82,15 @@ nlohmann::json layout_routing_json(const ModelConfig& m, const TrainConfig& t,
 // choices of every rank of its expert-parallel group (the ep slots of its stage with its
 // expert-data-parallel and expert-tensor-parallel indices) for its E/ep experts, `r` those of
 // the ep·etp slots with its expert-data-parallel index (its etp group's a; r = a at etp 1).
-// What ShardedStep::set_expert_rows takes.
+// Under --capacity-factor each source sends at most `capacity` choices per expert (the
+// rank's capacity, rank_capacity; 0: all of them). What ShardedStep::set_expert_rows takes.
 ShardedStep::ExpertRows expert_rows_of(const LayoutRouting& r, const ModelConfig& m,
-                                       const ParallelConfig& layout, std::int64_t rank);
+                                       const ParallelConfig& layout, std::int64_t rank,
+                                       std::int64_t capacity);
+
+// A rank's expert capacity under --capacity-factor, over its own b·s/cp tokens (/tp under
+// sequence parallelism); 0 without one.
+std::int64_t rank_capacity(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p);
 
 // The choices past their expert's capacity: Σ_e max(0, routed_e − capacity); 0 without one.
 std::int64_t dropped_choices(const std::vector<std::int64_t>& routed, std::int64_t capacity);
