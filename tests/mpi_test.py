@@ -302,19 +302,21 @@ def main():
         # rank sends the choices it keeps, every ledger equal to its trace given the kept rows.
         # Its --dump-routing counts the choices before the drops, so the meta trace given that
         # file (clamped per source by the capacity) reproduces every rank.
-        for ep in ("1", "2") if n % 2 == 0 else ():
+        # Under --etp 2 (ep 1) the gathered rows are the kept ones too: each rank's ledger
+        # against its trace given them (a balanced trace would not match once a choice drops).
+        for ep in (["--ep", "1"], ["--ep", "2"], ["--etp", "2"]) if n % 2 == 0 else ():
             tmp = tempfile.mkdtemp(prefix="trainmem-mpi-routing-")
             routes = os.path.join(tmp, "routes.json")
-            layout = ["--world-size", str(n), "--cp", "2", "--ep", ep, "--attention", "flash",
+            layout = ["--world-size", str(n), "--cp", "2", *ep, "--attention", "flash",
                       "--capacity-factor", "0.5", "--format", "json"]
             rc, out, err, _ = run(n, moe + layout + ["--dump-routing", routes], threads=1)
             expect(rc == 0 and json.loads(out).get("all_ranks_match") is True,
-                   f"--capacity-factor 0.5 --cp 2 --ep {ep} measured: exit {rc}", out, err)
+                   f"--capacity-factor 0.5 --cp 2 {' '.join(ep)} measured: exit {rc}", out, err)
             if rc == 0:
                 k = moe.index("--collective-timeout")
                 spec = [x if x != "cpu" else "meta" for x in moe[1:k] + moe[k + 2:]] + layout
                 expect_routing_reproduced(a.trainmem, json.loads(out), spec, routes,
-                                          f"capacity 0.5 cp 2 ep {ep}", out)
+                                          f"capacity 0.5 cp 2 {' '.join(ep)}", out)
             shutil.rmtree(tmp, ignore_errors=True)
         # ZeRO-3 of the experts too (docs/distributed.md, "ZeRO-3 and offload of the experts"): the experts'
         # parameters sharded over the expert-data-parallel ranks and gathered per layer; and

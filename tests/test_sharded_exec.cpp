@@ -139,6 +139,17 @@ TEST(ShardedExecOneRank, LoadBalancingLossPerMicroBatchIsTheSingleRanks) {
   std::string where;
   const double diff = worst_absolute_difference(got.weights, want.weights, &where);
   EXPECT_LE(diff, adam_tolerance(default_optimizer_settings(Optimizer::adamw), 2)) << where;
+  // Two micro-batches of different rows: step 1's loss (the same weights) is the mean of the two
+  // single-rank losses, each with its own load-balancing term; counts pooled over both would give
+  // another aux (the sum of products is not the product of sums).
+  const std::vector<std::int32_t> other = random_token_ids(6, t.batch * t.seq, m.vocab);
+  std::vector<std::int32_t> two = rows;
+  two.insert(two.end(), other.begin(), other.end());
+  ShardedRun mixed(m, t, one_rank(m, t, 2), *local, *local, 5, BackendKind::cpu, nullptr, nullptr,
+                   nullptr, {}, &two);
+  const float mean =
+      0.5f * (want.losses[0] + reference_steps_on(m, t, t.batch, 5, 1, other).losses[0]);
+  EXPECT_NEAR(mixed.run(1).losses[0], mean, 1e-6 * std::abs(mean));
 }
 
 // What the measured rank allocated is the meta trace's and the analytic profile's.

@@ -346,6 +346,8 @@ TEST(ShardedTrace, ExpertParallelEveryRankOverTheGrid) {
                {2, 3, 4, 5, 8}, {2, 4, 6}, 1);
   EXPECT_GT(n.checked, 300);
   EXPECT_GT(n.differ, 50);  // the grid's remainders make ranks differ, or it tests little
+  // output_router_logits is modelled at dp and ep: its layouts were traced, not refused.
+  EXPECT_TRUE(n.peaked_at("", "moe-aux"));
 }
 
 // A mixture of experts under tensor parallelism (--tp with --sp; docs/distributed.md, "Tensor
@@ -437,7 +439,7 @@ TEST(ShardedTrace, ZeroThreeOfTheExpertsEveryRankOverTheGrid) {
 // rows are ep·Σ_e min(count_e, c) (AnalyticRank.CapacityUnderExpertParallelismMovesTheKeptRows
 // works them by hand). Every slot traced over ep 1/2/4 × dp × cp × pp × ZeRO 0-3 ×
 // checkpointing × micro-batches with tp 1 and tp 2 sp, C 0.5 (tokens dropped) and 1.25 (rows
-// padded); then etp 2 (tp 1 and 2) at C 1.25, where the gathered rows are the kept ones, not E·c.
+// padded); then etp 2 (tp 1 and 2) at both, where the gathered rows are the kept ones, not E·c.
 TEST(ShardedTrace, CapacityPerRankOverTheGrid) {
   int checked = 0;
   for (const std::int64_t tp : {1, 2})
@@ -447,13 +449,14 @@ TEST(ShardedTrace, CapacityPerRankOverTheGrid) {
       if (::testing::Test::HasFailure()) return;
       checked += n.checked;
     }
-  for (const std::int64_t tp : {1, 2}) {
-    const GridCounts n = moe_grid({"tiny-qwen3-moe", "tiny-qwen2-moe"}, {1, 2}, {1, 2, 4}, tp, 2,
-                                  {0, 1, 3}, {1}, {Offload::none}, 1.25);
-    if (::testing::Test::HasFailure()) return;
-    EXPECT_GT(n.checked, 20) << "etp 2, tp " << tp;
-    checked += n.checked;
-  }
+  for (const std::int64_t tp : {1, 2})
+    for (const double C : {0.5, 1.25}) {
+      const GridCounts n = moe_grid({"tiny-qwen3-moe", "tiny-qwen2-moe"}, {1, 2}, {1, 2, 4}, tp, 2,
+                                    {0, 1, 3}, {1}, {Offload::none}, C);
+      if (::testing::Test::HasFailure()) return;
+      EXPECT_GT(n.checked, 20) << "etp 2, tp " << tp << ", C " << C;
+      checked += n.checked;
+    }
   std::printf("[moe capacity grid] %d layouts\n", checked);
   EXPECT_GT(checked, 500);
 }

@@ -1827,7 +1827,14 @@ void Stage::figures() {
                           " of its choices, the later ones dropped)"
                     : std::string("b·s·K expert rows")) +
         " in expert order (input, gate, up, product, output); "
-        "one GEMM per expert; no byte depends on the routing" +
+        "one GEMM per expert; " +
+        (l_.ep ? std::string(
+                     "under ep/etp the experts' rows (input, gate, up, product) are those "
+                     "received (R = " +
+                     std::to_string(l_.er) + " under balanced routing" +
+                     (l_.cap > 0 ? ", each source sending the choices its capacity keeps" : "") +
+                     "), the rest stays on the rank's own rows")
+               : std::string("no byte depends on the routing")) +
         (m_.output_router_logits
              ? std::string("; output_router_logits: the load-balancing loss from per-expert "
                            "counts and probability sums, its gradient one (E) f32 buffer per "

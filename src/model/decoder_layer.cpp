@@ -357,9 +357,10 @@ Tensor dropped_input(const LayerRank& R, LayerActs& A, int g, int t, const void*
 // A mixture-of-experts MLP (docs/native-plan.md, "Mixture of experts"): the router's logits
 // (a workspace transient) into its fp32 softmax and top-K, the tokens' rows in expert order, each
 // expert's SwiGLU over its rows (one GEMM per expert and projection: the experts' row counts come
-// from the routing), and the weighted combine onto the residual. Every buffer holds all n·K rows
-// at once (E·capacity under --capacity-factor), so the bytes do not depend on the routing; only
-// the GEMMs' shapes do.
+// from the routing), and the weighted combine onto the residual. On one rank every buffer holds
+// all n·K rows at once (E·capacity under --capacity-factor), so the bytes do not depend on the
+// routing; only the GEMMs' shapes do. Under expert (tensor) parallelism the experts' buffers hold
+// the rows received (each source's kept choices), which do.
 
 // Where each expert's rows start (E + 1 entries) as the backend computed them (a cuda backend
 // waits for the routing).

@@ -558,8 +558,12 @@ MeasuredLayout measure_layout(const MeasureRequest& rq, Backend& backend, Collec
     }
     if (probes) ledger.set_phase_listener(nullptr);
     read_books(mine, out, ledger, probes.get(), step.get());
-    // Expert parallelism: the rank's own trace, given the rows its experts received.
-    if (rq.layout.ep > 1 && step && !out.failure) {
+    // Expert parallelism (and expert tensor parallelism under a capacity, whose drops make the
+    // gathered rows follow the routing): the rank's own trace, given the rows its experts
+    // received.
+    const bool routed_rows =
+        rq.layout.ep > 1 || (rq.layout.etp > 1 && rq.train.capacity_factor > 0);
+    if (routed_rows && step && !out.failure) {
       MetaAllocator meta;
       Ledger traced(meta);
       // Its slot in the stage (a MoE under tp: the tensor-parallel index too).
