@@ -162,11 +162,26 @@ TEST(CliE2EAllocator, MaxbatchSearchesTheHfStep) {
   EXPECT_EQ(reserved.j()["peak_kind"], "reserved");
   EXPECT_LE(reserved.j()["batch"].get<std::int64_t>(), best);
   EXPECT_LE(u64(reserved.j()["peak"]), 8 * MiB);
+  // hf-eager without --hf-version: the step's own era, 5.25 (hf-eager's default era for a LLaMA,
+  // 4.30, is the saved-tensor profile's; it was refused here, naming --hf-version though none
+  // was given): the same answer and peak as with --hf-version 5.25; an explicit other era is
+  // refused below.
+  const std::string eager_base =
+      "maxbatch --model tiny-gqa --seq 64 --budget 8MiB --overhead 0 --profile hf-eager "
+      "--format json";
+  const Result eager = trainmem(eager_base);
+  ASSERT_EQ(eager.code, 0) << eager.err;
+  const Result era = trainmem(eager_base + " --hf-version 5.25");
+  ASSERT_EQ(era.code, 0) << era.err;
+  EXPECT_GT(eager.j()["batch"].get<std::int64_t>(), 0);
+  EXPECT_EQ(eager.j()["batch"], era.j()["batch"]);
+  EXPECT_EQ(eager.j()["peak"], era.j()["peak"]);
   // What it does not search with is refused, naming the flag.
   for (const std::string& bad :
        {std::string("maxbatch --model tiny-gqa --budget 8MiB --profile megatron"),
         std::string("maxbatch --model tiny-gqa --budget 8MiB --precision pure"),
-        std::string("maxbatch --model tiny-gqa --budget 8MiB --profile hf-eager"),
+        std::string("maxbatch --model tiny-gqa --budget 8MiB --profile hf-eager --hf-version "
+                    "4.30"),
         std::string("maxbatch --model tiny-gqa --budget 8MiB --profile hf-sdpa --world-size 2")}) {
     const Result b = trainmem(bad);
     EXPECT_EQ(b.code, 2) << bad << "\n" << b.err;

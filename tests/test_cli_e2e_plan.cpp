@@ -186,6 +186,96 @@ TEST(CliE2EPlan, HelpListsPlanAndItsFlags) {
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag << "\n" << r.out;
 }
 
+// --profile hf-sdpa|hf-eager (docs/plan.md, "The HF step"): the HF step per rank under FSDP2,
+// which models data parallelism alone and one micro-batch: over 4 GPUs at G 8 the layouts are
+// dp 4 × b 2 × M 1, FULL_SHARD and SHARD_GRAD_OP, checkpointing none and full: 4 of them. Each
+// candidate's memory is what `estimate --profile hf-sdpa --world-size 4 --fsdp2` prints for it
+// (its worst total and every distinct rank's peak: tiny-awkward's odd rows make the last rank
+// differ), and the refusals name the flag.
+TEST(CliE2EPlan, TheHfStepUnderFsdp2IsPlannedAsEstimateGivesIt) {
+  const std::string base =
+      "plan --model tiny-awkward --gpus 4 --gpu-memory 1GiB --seq 16 --global-batch 8";
+  const Result r = trainmem(base + " --profile hf-sdpa --format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = r.j();
+  EXPECT_EQ(j["counts"]["enumerated"].get<int>(), 4);
+  EXPECT_EQ(j["counts"]["fitting"].get<int>(), 4);
+  EXPECT_EQ(j["inputs"]["step"], "hf-sdpa");
+  EXPECT_NE(
+      j["inputs"]["step_description"].get<std::string>().find("the HF step per rank under FSDP2"),
+      std::string::npos);
+  ASSERT_EQ(j["candidates"].size(), 4u);
+  std::set<std::string> seen;
+  for (const auto& c : j["candidates"]) {
+    const auto& l = c["layout"];
+    EXPECT_EQ(l["dp"], 4);
+    EXPECT_EQ(l["tp"].get<int>() * l["pp"].get<int>() * l["cp"].get<int>(), 1);
+    EXPECT_EQ(l["micro_batch"], 2);
+    EXPECT_EQ(l["microbatches"], 1);
+    EXPECT_EQ(l["zero"], 3);
+    EXPECT_EQ(l["sharding"], "per-parameter");
+    const bool keep = !l["reshard_after_forward"].get<bool>();
+    const std::string ck = l["checkpointing"];
+    seen.insert(ck + (keep ? " SHARD_GRAD_OP" : " FULL_SHARD"));
+    const Result e = trainmem(
+        "estimate --model tiny-awkward --profile hf-sdpa --world-size 4 --fsdp2 --seq 16 "
+        "--batch 2 --format json --checkpointing " +
+        ck + (keep ? " --zero 2" : ""));
+    ASSERT_EQ(e.code, 0) << e.err;
+    const json ej = e.j();
+    EXPECT_EQ(c["memory"]["worst_total"], ej["worst_total"]) << ck << keep;
+    ASSERT_EQ(c["memory"]["ranks"].size(), ej["rank_groups"].size()) << ck << keep;
+    for (std::size_t k = 0; k < ej["rank_groups"].size(); ++k)
+      EXPECT_EQ(c["memory"]["ranks"][k]["peak"], ej["rank_groups"][k]["peak"]) << ck << keep << k;
+  }
+  EXPECT_EQ(seen, (std::set<std::string>{"none FULL_SHARD", "none SHARD_GRAD_OP", "full FULL_SHARD",
+                                         "full SHARD_GRAD_OP"}));
+  // hf-eager without overheads on 330 KiB (budget 321,024 B): full checkpointing fits, none does
+  // not (the peaks are the estimate's, compared above for hf-sdpa).
+  const Result eager = trainmem(
+      "plan --model tiny-awkward --gpus 4 --gpu-memory 330KiB --seq 16 --global-batch 8 "
+      "--profile hf-eager --cuda-context 0 --nccl-memory 0 --format json");
+  ASSERT_EQ(eager.code, 0) << eager.err;
+  const json ej = eager.j();
+  EXPECT_EQ(ej["inputs"]["step"], "hf-eager");
+  EXPECT_EQ(ej["counts"]["enumerated"].get<int>(), 4);
+  EXPECT_EQ(ej["counts"]["fitting"].get<int>(), 2);
+  EXPECT_EQ(ej["counts"]["too_big"].get<int>(), 2);
+  for (const auto& c : ej["candidates"]) {
+    EXPECT_EQ(c["layout"]["checkpointing"], "full");
+    EXPECT_EQ(c["layout"]["attention"], "eager");
+    EXPECT_LE(c["memory"]["worst_total"].get<std::uint64_t>(), 321024u);
+  }
+  const std::pair<std::string, std::string> bad[] = {
+      {" --profile hf-peft", "--profile hf-peft: plan searches with native"},
+      {" --precision pure", "--precision pure: plan applies it to the HF step"},
+      {" --profile hf-sdpa --precision amp", "--precision amp with --profile hf-sdpa"},
+      {" --profile hf-sdpa --checkpointing selective",
+       "--checkpointing selective with --profile hf-sdpa: the HF step models none and full"},
+      {" --profile hf-sdpa --sharding flat", "--sharding flat with --profile hf-sdpa"},
+      {" --profile hf-sdpa --cp 2", "--cp 2 with --profile hf-sdpa"},
+      {" --profile hf-sdpa --finetune lora", "--profile hf-sdpa with --finetune lora"},
+      {" --profile hf-eager --optimizer sgd", "--optimizer sgd with --profile hf-eager"},
+      {" --profile hf-eager --optimizer all", "--optimizer all with --profile hf-eager"},
+  };
+  for (const auto& [args, message] : bad) {
+    const Result b = trainmem(base + args);
+    EXPECT_EQ(b.code, 2) << args << "\n" << b.err;
+    EXPECT_NE(b.err.find(message), std::string::npos) << args << "\n" << b.err;
+  }
+  const Result one = trainmem(
+      "plan --model tiny --gpus 1 --gpu-memory 1GiB --seq 16 --global-batch 2 --profile hf-sdpa");
+  EXPECT_EQ(one.code, 2);
+  EXPECT_NE(one.err.find("--gpus 1 (`maxbatch --profile hf-sdpa` answers for one GPU)"),
+            std::string::npos)
+      << one.err;
+  const Result moe = trainmem(
+      "plan --model tiny-mixtral --gpus 2 --gpu-memory 1GiB --seq 16 --global-batch 2 --profile "
+      "hf-sdpa");
+  EXPECT_EQ(moe.code, 2);
+  EXPECT_NE(moe.err.find("--model"), std::string::npos) << moe.err;
+}
+
 TEST(CliE2EPlan, BadFlagsExitTwoNamingTheFlag) {
   const std::string ok = " --gpu-memory 16GiB --seq 16";
   const std::pair<std::string, std::string> cases[] = {

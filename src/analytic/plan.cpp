@@ -385,6 +385,10 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
   std::vector<Triple> triples;
   for (std::int64_t cp : options.cp_degrees) {
     if (N % cp != 0) continue;
+    if (options.hf_step) {  // FSDP2 over data parallelism alone
+      if (cp == 1) triples.push_back({N, 1, 1, 1});
+      continue;
+    }
     for (std::int64_t pp : divisors(N / cp))
       for (std::int64_t tp : divisors(N / (cp * pp))) {
         const std::int64_t dp = N / (tp * pp * cp);
@@ -470,8 +474,10 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
 
   std::vector<PlanCandidate> fitting;
   for (const Triple& tr : triples) {
-    const std::vector<std::int64_t> bs =
-        G % tr.dp == 0 ? divisors(G / tr.dp) : std::vector<std::int64_t>{};
+    // The HF step per rank models one micro-batch: b = G/dp alone.
+    const std::vector<std::int64_t> bs = G % tr.dp != 0    ? std::vector<std::int64_t>{}
+                                         : options.hf_step ? std::vector<std::int64_t>{G / tr.dp}
+                                                           : divisors(G / tr.dp);
     for (int zero : options.zero_stages) {
       RejectedFamily fam;
       fam.dp = tr.dp;

@@ -142,7 +142,8 @@ int run_maxbatch(const MaxbatchFlags& flags) {
       check_hf_fsdp2_layout(prof, par);
       if (!rq.hf.precision) rq.hf.precision = Precision::pure;
     }
-    rq.hf.era = hf_era_for(p, rq.hf, c.model);  // the recipe as settled above
+    // The step models transformers 5.25: an era is checked only when --hf-version gives one
+    // (hf_era_for's default, 4.30 for hf-eager on LLaMA, is the saved-tensor profile's).
     const std::string why = hf_step_unsupported(c.model, c.train, rq.hf);
     if (!why.empty()) throw InputError(why);
   }

@@ -12,6 +12,7 @@
 #include "layout.hpp"
 #include "size.hpp"
 #include "trainmem/analytic/analytic_rank.hpp"
+#include "trainmem/analytic/hf_step.hpp"
 #include "trainmem/analytic/plan.hpp"
 #include "trainmem/base/error.hpp"
 #include "trainmem/report/plan_report.hpp"
@@ -36,6 +37,8 @@ struct PlanFlags {
   std::string cp = "auto";                  // context-parallel degrees: auto or a comma list
   std::string sharding;                     // ZeRO-3's split: flat | per-parameter ("": flat)
   bool fsdp2 = false;  // only FSDP2's layouts: per-parameter FULL_SHARD and SHARD_GRAD_OP
+  std::string profile = "native";  // native | hf-eager | hf-sdpa (the HF step under FSDP2)
+  std::string precision;           // the HF step's recipe: pure (default) | mixed
   double margin = 0.05;
   std::int64_t top = 10;
   double tflops = CostModel{}.tflops;
@@ -55,6 +58,56 @@ std::string str(std::int64_t v) {
   return std::to_string(v);
 }
 
+// The HF step per rank under FSDP2 as plan's estimator: every distinct rank's step
+// (hf_step_fsdp2_ranks), its peak and the categories at it; the other figures are each
+// category's most bytes over the step's events.
+LayoutEstimate hf_step_layout(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& lay,
+                              const OverheadOptions& ov, const HfOptions& hf, bool sdpa) {
+  if (const std::string why = hf_step_unsupported(m, t, hf); !why.empty()) throw InputError(why);
+  HfStepOptions so;
+  so.sdpa = sdpa;
+  so.fsdp_world = static_cast<int>(lay.world);
+  so.reshard_after_forward = lay.reshard_after_forward;
+  LayoutEstimate e;
+  e.layout = lay;
+  e.model = m;
+  e.train = t;
+  e.global_batch = static_cast<std::uint64_t>(t.batch * lay.microbatches * lay.dp);
+  for (const HfStepRankGroup& g : hf_step_fsdp2_ranks(m, t, hf, so)) {
+    RankEstimate r;
+    r.role = "only";
+    r.ranks = g.last - g.first + 1;
+    r.layers = m.layers;
+    r.grad_rank = g.first;
+    MemoryFigures& f = r.est.figures;
+    f.peak = g.step.peak;
+    f.peak_breakdown = hf_step_categories(g.step.by_kind_at_peak);
+    // Each category's most bytes at once: the step's live bytes per category, event by event.
+    CategoryBytes live = hf_step_categories(g.step.start_by_kind), most = live;
+    for (const HfStepEvent& ev : g.step.events) {
+      const HfStepTensor& x = g.step.tensors[ev.tensor];
+      std::uint64_t& c = live[static_cast<std::size_t>(hf_step_category(x.kind))];
+      c = ev.alloc ? c + x.bytes : c - x.bytes;
+      for (std::size_t k = 0; k < live.size(); ++k) most[k] = std::max(most[k], live[k]);
+    }
+    auto at = [&](Category k) { return most[static_cast<std::size_t>(k)]; };
+    f.params = at(Category::params);
+    f.gradients = at(Category::gradients);
+    f.optimizer_states = at(Category::optimizer_states);
+    f.activations = g.step.activations_at_backward;
+    f.activations_peak = at(Category::activations);
+    f.workspace = at(Category::workspace);
+    f.inputs = at(Category::inputs);
+    f.sum = f.params + f.gradients + f.optimizer_states + f.activations;
+    e.ranks.push_back(std::move(r));
+  }
+  for (std::size_t k = 1; k < e.ranks.size(); ++k)
+    if (e.ranks[k].est.figures.peak > e.ranks[std::size_t(e.worst)].est.figures.peak)
+      e.worst = static_cast<int>(k);
+  e.overheads = estimate_overheads(lay, ov, m.moe());
+  return e;
+}
+
 int run_plan(const PlanFlags& flags) {
   if (flags.gpus_given && !flags.gpus_given->count())
     throw InputError("--gpus is required: the number of GPUs N (>= 1), e.g. --gpus 8");
@@ -69,7 +122,17 @@ int run_plan(const PlanFlags& flags) {
   cf.seq = flags.seq;
   cf.dtype = flags.dtype;
   cf.optimizer = flags.optimizer;
-  cf.profile = "native";
+  // --profile hf-eager|hf-sdpa: the HF step per rank under FSDP2 (docs/plan.md, "The HF step").
+  const bool hf = flags.profile != "native";
+  if (hf && flags.profile != "hf-eager" && flags.profile != "hf-sdpa")
+    throw InputError("--profile " + flags.profile +
+                     ": plan searches with native (trainmem's own step, the default) or one of "
+                     "hf-eager, hf-sdpa (the HF step per rank under FSDP2, transformers 5.25)");
+  if (!hf && !flags.precision.empty())
+    throw InputError("--precision " + flags.precision +
+                     ": plan applies it to the HF step (--profile hf-eager or hf-sdpa)");
+  cf.profile = hf ? flags.profile : "native";
+  cf.precision = flags.precision;
   cf.format = flags.format;
   cf.output = flags.output;
   const Common c = resolve_common(cf, true, false, /*allow_finetune=*/false,
@@ -87,6 +150,35 @@ int run_plan(const PlanFlags& flags) {
                      "states); `trainmem maxbatch --optimizer " +
                      flags.optimizer + "` answers for one GPU");
 
+  HfOptions hf_options = c.hf;
+  if (hf) {
+    auto refuse = [&](const std::string& what) {
+      throw InputError(what + " with --profile " + flags.profile +
+                       ": plan's HF step is the HF step per rank under FSDP2 over data "
+                       "parallelism alone, one micro-batch of G/N sequences per rank, AdamW, "
+                       "checkpointing none or full, as `estimate --profile " +
+                       flags.profile + " --world-size N --fsdp2` models it");
+    };
+    if (flags.gpus == 1)
+      refuse("--gpus 1 (`maxbatch --profile " + flags.profile + "` answers for one GPU)");
+    if (!flags.sharding.empty() && flags.sharding != "per-parameter")
+      refuse("--sharding " + flags.sharding);
+    if (c.train.lora()) refuse("--finetune " + cf.finetune);
+    for (Optimizer opt : c.optimizers)
+      if (opt != Optimizer::adamw) refuse("--optimizer " + flags.optimizer);
+    if (flags.activation_offload == "on") refuse("--activation-offload on");
+    if (flags.cp != "auto" && flags.cp != "1") refuse("--cp " + flags.cp);
+    if (!hf_options.precision) hf_options.precision = Precision::pure;
+    if (*hf_options.precision == Precision::amp)
+      throw InputError("--precision amp with --profile " + flags.profile +
+                       ": the HF step under FSDP2 models pure (the model in --dtype, no "
+                       "MixedPrecisionPolicy) and mixed (an fp32 model under "
+                       "MixedPrecisionPolicy(param_dtype=--dtype, reduce_dtype=float32)); "
+                       "allowed: pure, mixed");
+    if (const std::string why = hf_step_unsupported(c.model, c.train, hf_options); !why.empty())
+      throw InputError(why);
+  }
+
   PlanOptions o;
   o.gpus = flags.gpus;
   o.gpu_memory = parse_size(flags.gpu_memory, "--gpu-memory");
@@ -97,7 +189,13 @@ int run_plan(const PlanFlags& flags) {
   o.dtype = c.train.dtype;
   o.optimizers = c.optimizers;
   o.finetune = c.train;  // its LoRA and quantization fields
-  o.policies = parse_plan_policies(flags.checkpointing);
+  o.policies = parse_plan_policies(
+      hf && flags.checkpointing == PlanFlags{}.checkpointing ? "none,full" : flags.checkpointing);
+  for (const PlanPolicy& pol : o.policies)
+    if (hf && pol.kind != PlanPolicy::Kind::none && pol.kind != PlanPolicy::Kind::full)
+      throw InputError("--checkpointing " + pol.name() + " with --profile " + flags.profile +
+                       ": the HF step models none and full (every decoder layer, "
+                       "non-reentrant); allowed: none, full");
   if (flags.activation_offload == "off")
     o.activation_offload = {false};
   else if (flags.activation_offload == "on")
@@ -128,9 +226,24 @@ int run_plan(const PlanFlags& flags) {
       o.cp_degrees.push_back(c);
     }
   }
-  o.sharding = resolve_sharding(flags.sharding, flags.fsdp2);
+  o.sharding = resolve_sharding(flags.sharding, flags.fsdp2 || hf);
   // FSDP2's layouts only: SHARD_GRAD_OP (stage 2 under per-parameter sharding) and FULL_SHARD
-  if (flags.fsdp2) o.zero_stages = {2, 3};
+  if (flags.fsdp2 || hf) o.zero_stages = {2, 3};
+  if (hf) {
+    o.hf_step = true;
+    o.cp_degrees = {1};
+    o.activation_offload = {false};
+    o.offloads = {Offload::none};
+    // One attention per profile; "flash" in the layout column for SDPA's memory-efficient
+    // kernel, whose saved set the HF step models (docs/hf-step.md).
+    o.attention = {flags.profile == "hf-sdpa" ? Attention::flash : Attention::eager};
+    o.step_profile = flags.profile;
+    o.step = "the HF step per rank under FSDP2 (--profile " + flags.profile +
+             ", transformers 5.25, precision " + precision_name(*hf_options.precision) +
+             ", AdamW " + adamw_impl_name(hf_options.adamw_impl) +
+             "): data parallelism over every GPU, one micro-batch of G/N sequences per rank, "
+             "FULL_SHARD and SHARD_GRAD_OP, checkpointing none or full (docs/plan.md)";
+  }
   if (flags.top < 1) throw InputError("--top must be at least 1, got " + str(flags.top));
   o.top = static_cast<std::size_t>(flags.top);
   o.cost.tflops = flags.tflops;
@@ -142,7 +255,13 @@ int run_plan(const PlanFlags& flags) {
   if (flags.nccl_channels < 1)
     throw InputError("--nccl-channels must be at least 1, got " + str(flags.nccl_channels));
   o.overheads.nccl_channels = flags.nccl_channels;
-  const PlanResult r = plan(c.model, o);
+  const PlanResult r =
+      hf ? plan(c.model, o,
+                [&](const ModelConfig& m, const TrainConfig& t, const ParallelConfig& lay,
+                    const OverheadOptions& ov) {
+                  return hf_step_layout(m, t, lay, ov, hf_options, flags.profile == "hf-sdpa");
+                })
+         : plan(c.model, o);
 
   const auto w = report::make_writer(c.format, stdout_colour(c.output));
   report::write_plan(*w, r);
@@ -201,6 +320,13 @@ Runner register_plan(CLI::App& app) {
   cmd->add_option("--sharding", f.sharding,
                   "How the ZeRO-3 layouts shard: flat (DeepSpeed, FSDP1; the default) or "
                   "per-parameter (PyTorch FSDP2)");
+  cmd->add_option("--profile", f.profile,
+                  "The step each layout runs: native (trainmem's own, the default) or hf-eager, "
+                  "hf-sdpa (the HF step per rank under FSDP2: dp = --gpus, one micro-batch)")
+      ->capture_default_str();
+  cmd->add_option("--precision", f.precision,
+                  "With --profile hf-eager|hf-sdpa: pure (the default: the model and AdamW's "
+                  "moments in --dtype) or mixed (an fp32 model under MixedPrecisionPolicy)");
   cmd->add_flag("--fsdp2", f.fsdp2,
                 "Only PyTorch FSDP2's layouts, sharded per parameter: FULL_SHARD and "
                 "SHARD_GRAD_OP (reshard_after_forward=False)");

@@ -169,7 +169,9 @@ json plan_json(const PlanResult& r) {
               {"checkpointing", policies},
               {"activation_offload", offload},
               {"finetune", finetune},
-              {"top", o.top}}},
+              {"top", o.top},
+              {"step", o.step_profile},
+              {"step_description", o.step.empty() ? json(nullptr) : json(o.step)}}},
             {"cost_model",
              {{"tflops", o.cost.tflops},
               {"link_gbps", o.cost.link_gbps},
@@ -309,6 +311,7 @@ void write_prose(ReportWriter& w, const PlanResult& r) {
           train_title_extras(o.finetune));
   w.paragraph_break();
   if (const std::string family = report::family_line(r.model); !family.empty()) w.paragraph(family);
+  if (!o.step.empty()) w.paragraph("step: " + o.step);
   w.paragraph("budget per GPU " + q(r.budget) + " = " + q(o.gpu_memory) + " × (1 − " +
               report::fixed(o.margin, 2) +
               " --margin); a layout fits when its worst rank's peak + overheads (CUDA context, "
@@ -370,8 +373,10 @@ void write_prose(ReportWriter& w, const PlanResult& r) {
     w.table(t);
     w.paragraph_break();
     w.paragraph(
-        "step = compute + comm + PCIe seconds per optimizer step; rank peaks: each "
-        "pipeline stage's peak, first to last (×n: n equal stages)");
+        std::string("step = compute + comm + PCIe seconds per optimizer step; rank peaks: ") +
+        (o.hf_step ? "each group of ranks whose shards have the same shapes, first rank "
+                     "to last (×n: n equal groups)"
+                   : "each pipeline stage's peak, first to last (×n: n equal stages)"));
   }
   if (!r.rejected.empty()) {
     w.heading("Families with no layout that fits");

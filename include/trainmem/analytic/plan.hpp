@@ -113,6 +113,14 @@ struct PlanOptions {
   // The context-parallel degrees searched (those dividing N; cp > 1 with flash attention only).
   // {1}: none; the CLI's --cp auto is every divisor of N.
   std::vector<std::int64_t> cp_degrees = {1};
+  // --profile hf-eager|hf-sdpa: the layouts the HF step per rank under FSDP2 models
+  // (docs/plan.md, "The HF step"): data parallelism alone (dp = N, no tp, pp, cp or expert
+  // parallelism) and one micro-batch (b = G/N); `step_profile` is its profile ("native" for
+  // trainmem's own step) and `step` describes it in the report ("" for trainmem's own). The
+  // estimator passed to plan() computes it.
+  bool hf_step = false;
+  std::string step_profile = "native";
+  std::string step;
   std::size_t top = 10;  // --top K: candidates whose memory is estimated and returned
   CostModel cost;
   OverheadOptions overheads;  // --cuda-context, --nccl-memory
