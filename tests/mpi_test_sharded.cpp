@@ -694,6 +694,36 @@ int main(int argc, char** argv) {
           check_against_single(label.str(), by_zero.back(), ref, kSteps, rank_id == 0);
           if (zero > 0) check_as_zero0(label.str(), by_zero.back(), by_zero[0], kSteps);
         }
+        // Different rows on every rank (ep = etp = 1): step 1's loss (the same weights on every
+        // rank) is the mean of the single rank's losses on each rank's rows, each with its own
+        // load-balancing term; counts pooled over the ranks would give another aux.
+        if (!aux || ep * etp != 1) continue;
+        std::vector<std::int32_t> mixed;
+        double mean = 0;
+        for (int q = 0; q < N; ++q) {
+          const std::vector<std::int32_t> own =
+              random_token_ids(100 + std::uint64_t(q), t.batch * t.seq, m.vocab);
+          mixed.insert(mixed.end(), own.begin(), own.end());
+          mean += reference_steps_on(m, t, t.batch, 41, 1, own).losses[0] / double(N);
+        }
+        ShardedRun run(m, t, layout(m, t, N, 0, 1), data, *world, 41, kind, nullptr, nullptr,
+                       nullptr, {}, &mixed);
+        const float got = run.run(1).losses[0];
+        check(std::abs(double(got) - mean) <= 1e-5 * std::abs(mean),
+              name + " fp32 dp " + std::to_string(N) + ": different rows per rank: step-1 loss " +
+                  std::to_string(got) + ", the mean of the single-rank losses " +
+                  std::to_string(mean));
+        // The pooled alternative, the single rank's run of all N rows at once (the same
+        // cross-entropy mean), differs: the rows are different enough to tell the two apart.
+        const double pooled = reference_steps_on(m, t, N * t.batch, 41, 1, mixed).losses[0];
+        check(std::abs(pooled - mean) > 1e-4 * std::abs(mean),
+              name + ": the pooled load-balancing loss " + std::to_string(pooled) +
+                  " is the per-rank mean's; the rows do not tell them apart");
+        if (rank_id == 0)
+          std::printf(
+              "%s dp %d, different rows per rank: step-1 loss %.7g, mean of the ranks' "
+              "single-rank losses %.7g (counts pooled over the ranks: %.7g)\n",
+              name.c_str(), N, double(got), mean, pooled);
       }
     // 11. Expert parallelism (ep 2 at N 2 and 4, ep 4 at N 4; edp = N/ep): tiny-qwen3-moe's 8
     // experts E/ep per rank, the rows exchanged by all-to-all as the routing sends them, the
