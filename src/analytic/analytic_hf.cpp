@@ -507,13 +507,7 @@ void apply_step_sequence(Estimate& est, bool sdpa) {
   auto& f = est.figures;
   // Each category's own maximum over the step (the workspace's: the temporaries and mixed's
   // master gradients).
-  CategoryBytes live = hf_step_categories(st.start_by_kind), most = live;
-  for (const auto& e : st.events) {
-    const auto& t = st.tensors[e.tensor];
-    auto& c = live[static_cast<int>(hf_step_category(t.kind))];
-    c = e.alloc ? c + t.bytes : c - t.bytes;
-    for (int k = 0; k < kNumCategories; ++k) most[k] = std::max(most[k], live[k]);
-  }
+  const CategoryBytes most = hf_step_category_maxima(st);
   const CategoryBytes start = hf_step_categories(st.start_by_kind);
   f.params = start[static_cast<int>(Category::params)];
   f.optimizer_states = start[static_cast<int>(Category::optimizer_states)];

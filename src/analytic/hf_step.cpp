@@ -93,6 +93,17 @@ CategoryBytes hf_step_categories(const std::array<std::uint64_t, kHfStepKinds>& 
   return c;
 }
 
+CategoryBytes hf_step_category_maxima(const HfStep& st) {
+  CategoryBytes live = hf_step_categories(st.start_by_kind), most = live;
+  for (const HfStepEvent& e : st.events) {
+    const HfStepTensor& t = st.tensors[e.tensor];
+    std::uint64_t& c = live[static_cast<int>(hf_step_category(t.kind))];
+    c = e.alloc ? c + t.bytes : c - t.bytes;
+    for (int k = 0; k < kNumCategories; ++k) most[k] = std::max(most[k], live[k]);
+  }
+  return most;
+}
+
 const char* hf_step_kind_name(HfStepKind k) {
   static const char* const names[kHfStepKinds] = {"parameter",    "gradient",     "optimizer_state",
                                                   "activation",   "temporary",    "autocast_cache",

@@ -385,7 +385,7 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
   std::vector<Triple> triples;
   for (std::int64_t cp : options.cp_degrees) {
     if (N % cp != 0) continue;
-    if (options.hf_step) {  // FSDP2 over data parallelism alone
+    if (options.hf_step()) {  // FSDP2 over data parallelism alone
       if (cp == 1) triples.push_back({N, 1, 1, 1});
       continue;
     }
@@ -475,9 +475,9 @@ PlanResult plan(const ModelConfig& model, const PlanOptions& options,
   std::vector<PlanCandidate> fitting;
   for (const Triple& tr : triples) {
     // The HF step per rank models one micro-batch: b = G/dp alone.
-    const std::vector<std::int64_t> bs = G % tr.dp != 0    ? std::vector<std::int64_t>{}
-                                         : options.hf_step ? std::vector<std::int64_t>{G / tr.dp}
-                                                           : divisors(G / tr.dp);
+    const std::vector<std::int64_t> bs = G % tr.dp != 0      ? std::vector<std::int64_t>{}
+                                         : options.hf_step() ? std::vector<std::int64_t>{G / tr.dp}
+                                                             : divisors(G / tr.dp);
     for (int zero : options.zero_stages) {
       RejectedFamily fam;
       fam.dp = tr.dp;

@@ -59,8 +59,7 @@ std::string str(std::int64_t v) {
 }
 
 // The HF step per rank under FSDP2 as plan's estimator: every distinct rank's step
-// (hf_step_fsdp2_ranks), its peak and the categories at it; the other figures are each
-// category's most bytes over the step's events.
+// (hf_step_fsdp2_ranks), its peak and the categories at it.
 LayoutEstimate hf_step_layout(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& lay,
                               const OverheadOptions& ov, const HfOptions& hf, bool sdpa) {
   if (const std::string why = hf_step_unsupported(m, t, hf); !why.empty()) throw InputError(why);
@@ -82,22 +81,18 @@ LayoutEstimate hf_step_layout(const ModelConfig& m, const TrainConfig& t, const 
     MemoryFigures& f = r.est.figures;
     f.peak = g.step.peak;
     f.peak_breakdown = hf_step_categories(g.step.by_kind_at_peak);
-    // Each category's most bytes at once: the step's live bytes per category, event by event.
-    CategoryBytes live = hf_step_categories(g.step.start_by_kind), most = live;
-    for (const HfStepEvent& ev : g.step.events) {
-      const HfStepTensor& x = g.step.tensors[ev.tensor];
-      std::uint64_t& c = live[static_cast<std::size_t>(hf_step_category(x.kind))];
-      c = ev.alloc ? c + x.bytes : c - x.bytes;
-      for (std::size_t k = 0; k < live.size(); ++k) most[k] = std::max(most[k], live[k]);
-    }
-    auto at = [&](Category k) { return most[static_cast<std::size_t>(k)]; };
-    f.params = at(Category::params);
-    f.gradients = at(Category::gradients);
-    f.optimizer_states = at(Category::optimizer_states);
+    // As estimate's HF step figures (analytic_hf.cpp): the states as the step starts, the
+    // others each category's most bytes at once.
+    const CategoryBytes start = hf_step_categories(g.step.start_by_kind),
+                        most = hf_step_category_maxima(g.step);
+    auto at = [](const CategoryBytes& c, Category k) { return c[static_cast<std::size_t>(k)]; };
+    f.params = at(start, Category::params);
+    f.optimizer_states = at(start, Category::optimizer_states);
+    f.inputs = at(start, Category::inputs);
+    f.gradients = at(most, Category::gradients);
     f.activations = g.step.activations_at_backward;
-    f.activations_peak = at(Category::activations);
-    f.workspace = at(Category::workspace);
-    f.inputs = at(Category::inputs);
+    f.activations_peak = at(most, Category::activations);
+    f.workspace = at(most, Category::workspace);
     f.sum = f.params + f.gradients + f.optimizer_states + f.activations;
     e.ranks.push_back(std::move(r));
   }
@@ -230,7 +225,6 @@ int run_plan(const PlanFlags& flags) {
   // FSDP2's layouts only: SHARD_GRAD_OP (stage 2 under per-parameter sharding) and FULL_SHARD
   if (flags.fsdp2 || hf) o.zero_stages = {2, 3};
   if (hf) {
-    o.hf_step = true;
     o.cp_degrees = {1};
     o.activation_offload = {false};
     o.offloads = {Offload::none};

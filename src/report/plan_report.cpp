@@ -374,9 +374,9 @@ void write_prose(ReportWriter& w, const PlanResult& r) {
     w.paragraph_break();
     w.paragraph(
         std::string("step = compute + comm + PCIe seconds per optimizer step; rank peaks: ") +
-        (o.hf_step ? "each group of ranks whose shards have the same shapes, first rank "
-                     "to last (×n: n equal groups)"
-                   : "each pipeline stage's peak, first to last (×n: n equal stages)"));
+        (o.hf_step() ? "each group of ranks whose shards have the same shapes, first rank "
+                       "to last (×n: n equal groups)"
+                     : "each pipeline stage's peak, first to last (×n: n equal stages)"));
   }
   if (!r.rejected.empty()) {
     w.heading("Families with no layout that fits");

@@ -126,6 +126,10 @@ struct HfStep {
 // hf.recipe() and AdamW hf.adamw_impl.
 // InputError naming the flag for what is not modelled (another era, family or loop, MoE, a
 // sliding window, selective checkpointing, an optimizer other than AdamW).
+// Each category's most bytes alive at once over the step (the live bytes per category, event by
+// event from the start's).
+CategoryBytes hf_step_category_maxima(const HfStep& st);
+
 HfStep hf_step(const ModelConfig& model, const TrainConfig& train, const HfOptions& hf,
                const HfStepOptions& opts);
 // Every rank's step under FSDP2 over o.fsdp_world ranks (o.fsdp_rank is ignored): ranks whose

@@ -118,9 +118,9 @@ struct PlanOptions {
   // parallelism) and one micro-batch (b = G/N); `step_profile` is its profile ("native" for
   // trainmem's own step) and `step` describes it in the report ("" for trainmem's own). The
   // estimator passed to plan() computes it.
-  bool hf_step = false;
   std::string step_profile = "native";
   std::string step;
+  bool hf_step() const { return step_profile != "native"; }
   std::size_t top = 10;  // --top K: candidates whose memory is estimated and returned
   CostModel cost;
   OverheadOptions overheads;  // --cuda-context, --nccl-memory
